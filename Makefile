@@ -1,0 +1,64 @@
+# geolog — see README.md. Two commands set everything up: `make demo`, `make test`.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(HOME)/go/bin:$(PATH)
+
+GO      ?= go
+BIN     := $(CURDIR)/bin
+TOOLBIN := $(CURDIR)/.bin
+RUN     := $(CURDIR)/run
+
+# Pinned code generators (make proto).
+BUF_VERSION                := v1.75.0
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+
+# Fuzz targets run briefly inside `make test`: package:target.
+FUZZ_TARGETS := \
+	./batch:FuzzDecode \
+	./batch:FuzzRoundTrip \
+	./segment:FuzzOffsetIndex \
+	./segment:FuzzTimeIndex
+FUZZ_TIME ?= 5s
+
+.PHONY: all build test unit fuzz vet demo proto tools bench clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+vet:
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -count=1 -timeout 15m ./...
+
+# A short fuzz slice: every decoder of bytes, FUZZ_TIME each.
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$pkg $$name ($(FUZZ_TIME))"; \
+		$(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=$(FUZZ_TIME) $$pkg; \
+	done
+
+test: vet build unit fuzz
+
+bench: build
+	./scripts/bench.sh
+
+demo: build
+	./scripts/demo.sh
+
+tools:
+	@mkdir -p $(TOOLBIN)
+	GOBIN=$(TOOLBIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(TOOLBIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	test -x $(TOOLBIN)/buf || GOBIN=$(TOOLBIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+
+proto: tools
+	$(TOOLBIN)/buf generate
+	$(GO) build ./proto/...
+
+clean:
+	rm -rf $(BIN) $(RUN)

@@ -1,0 +1,45 @@
+// Package batch defines the record-batch frame: the unit that geolog stores
+// in segments, replicates through Raft and ships across regions.
+//
+// A frame is little-endian: a fixed 88-byte header followed by RecordCount
+// records.
+//
+//	off size field
+//	0   4    Length               u32: bytes after this field (frame size - 4)
+//	4   4    CRC                  u32: CRC32C (Castagnoli) of bytes [8, 4+Length)
+//	8   1    Version              u8 = 1
+//	9   1    Type                 u8: 0 data, 1 noop, 2 config
+//	10  2    Flags                u16: 0 (reserved for compression)
+//	12  4    RecordCount          u32
+//	16  8    BaseOffset           u64
+//	24  8    Epoch                u64: homing epoch
+//	32  8    Term                 u64: raft term
+//	40  8    Index                u64: raft index
+//	48  8    AppendTimeUnixNanos  i64: server append time, non-decreasing per range
+//	56  8    HLC                  u64: hybrid logical clock
+//	64  8    ProducerID           u64: 0 = not idempotent
+//	72  8    BaseSequence         u64
+//	80  8    reserved             0
+//	88  ...  records
+//
+// Each record is
+//
+//	uvarint  bodyLen (bytes of the rest of this record)
+//	varint   ProducerTimeUnixNanos (zigzag)
+//	uvarint  keyLen, key
+//	uvarint  valueLen, value
+//	uvarint  headerCount, then headerCount × (uvarint kLen, k, uvarint vLen, v)
+//
+// and record i of a frame has offset BaseOffset+i.
+//
+// The encoding is canonical: every varint is minimal, reserved fields are
+// zero and a frame holds no bytes beyond its last record. Decoders reject
+// anything else as ErrCorrupt, so decode followed by encode reproduces the
+// input frame byte for byte. The wire format does not distinguish a nil
+// key, value or header value from an empty one; decoders return nil for
+// every zero-length field.
+//
+// Every decoder bounds every length against the bytes actually present before
+// it allocates or slices, and never panics, whatever its input (see the fuzz
+// targets FuzzDecode and FuzzRoundTrip).
+package batch

@@ -1,0 +1,372 @@
+package batch
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+)
+
+const (
+	// HeaderSize is the size in bytes of the fixed frame header.
+	HeaderSize = 88
+	// FrameBytesMax bounds the size of one frame, header included. A length
+	// field announcing a larger frame marks the frame as corrupt, and Encode
+	// panics rather than produce one.
+	FrameBytesMax = 64 << 20
+
+	// version is the only frame version this package reads and writes.
+	version = 1
+
+	// Byte positions of the header fields.
+	posLength       = 0
+	posCRC          = 4
+	posVersion      = 8
+	posType         = 9
+	posFlags        = 10
+	posRecordCount  = 12
+	posBaseOffset   = 16
+	posEpoch        = 24
+	posTerm         = 32
+	posIndex        = 40
+	posAppendTime   = 48
+	posHLC          = 56
+	posProducerID   = 64
+	posBaseSequence = 72
+	posReserved     = 80
+
+	// crcStart is the first byte covered by the CRC.
+	crcStart = posVersion
+
+	// recordBytesMin is the smallest encoded record: bodyLen, producer time,
+	// keyLen, valueLen and headerCount, one byte each.
+	recordBytesMin = 5
+	// recordHeaderBytesMin is the smallest encoded record header: kLen, vLen.
+	recordHeaderBytesMin = 2
+)
+
+// Type says what a batch carries.
+type Type uint8
+
+const (
+	// TypeData is a batch of producer records.
+	TypeData Type = 0
+	// TypeNoop is a leader no-op or marker batch.
+	TypeNoop Type = 1
+	// TypeConfig is a configuration batch.
+	TypeConfig Type = 2
+
+	typeMax = TypeConfig
+)
+
+// String returns the lowercase name of t.
+func (t Type) String() string {
+	switch t {
+	case TypeData:
+		return "data"
+	case TypeNoop:
+		return "noop"
+	case TypeConfig:
+		return "config"
+	default:
+		return fmt.Sprintf("type(%d)", uint8(t))
+	}
+}
+
+// Header is the decoded fixed header of a frame. Length, CRC, Version and the
+// reserved field are not part of it: the codec owns them.
+type Header struct {
+	Type                Type
+	Flags               uint16
+	RecordCount         uint32
+	BaseOffset          uint64
+	Epoch               uint64
+	Term                uint64
+	Index               uint64
+	AppendTimeUnixNanos int64
+	HLC                 uint64
+	ProducerID          uint64
+	BaseSequence        uint64
+}
+
+// NextOffset returns the offset just past the batch's last record:
+// BaseOffset + RecordCount.
+func (h Header) NextOffset() uint64 { return h.BaseOffset + uint64(h.RecordCount) }
+
+// ErrShort reports that a buffer holds fewer bytes than the frame in it needs:
+// the frame is torn or was truncated.
+var ErrShort = errors.New("batch: frame is short")
+
+// ErrCorrupt reports a frame that can never become valid: bad CRC, unknown
+// version, type or flags, impossible lengths or malformed records.
+var ErrCorrupt = errors.New("batch: frame is corrupt")
+
+// The decoders' failures are static values so that scanning garbage byte by
+// byte (as segment recovery does) costs no allocation per position.
+var (
+	errShortLength  = fmt.Errorf("%w: fewer than 4 bytes for the length field", ErrShort)
+	errShortHeader  = fmt.Errorf("%w: fewer bytes than the header", ErrShort)
+	errShortFrame   = fmt.Errorf("%w: fewer bytes than the length field announces", ErrShort)
+	errLengthSmall  = fmt.Errorf("%w: length field smaller than the header", ErrCorrupt)
+	errLengthLarge  = fmt.Errorf("%w: length field larger than FrameBytesMax", ErrCorrupt)
+	errVersion      = fmt.Errorf("%w: unknown version", ErrCorrupt)
+	errType         = fmt.Errorf("%w: unknown type", ErrCorrupt)
+	errFlags        = fmt.Errorf("%w: unknown flags", ErrCorrupt)
+	errReserved     = fmt.Errorf("%w: reserved field is not zero", ErrCorrupt)
+	errRecordCount  = fmt.Errorf("%w: record count exceeds what the frame can hold", ErrCorrupt)
+	errOffsetWrap   = fmt.Errorf("%w: base offset plus record count overflows", ErrCorrupt)
+	errCRC          = fmt.Errorf("%w: crc mismatch", ErrCorrupt)
+	errVarint       = fmt.Errorf("%w: malformed or non-minimal varint", ErrCorrupt)
+	errFieldLength  = fmt.Errorf("%w: field length exceeds the record", ErrCorrupt)
+	errHeaderCount  = fmt.Errorf("%w: header count exceeds the record", ErrCorrupt)
+	errRecordTrail  = fmt.Errorf("%w: bytes left over inside a record", ErrCorrupt)
+	errFrameTrail   = fmt.Errorf("%w: bytes left over after the last record", ErrCorrupt)
+	errRecordLength = fmt.Errorf("%w: record length exceeds the frame", ErrCorrupt)
+)
+
+// castagnoli is the CRC32C table; it is read-only after initialisation.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// FrameSize returns the total size of the frame starting at b[0], read from
+// its length field. It returns ErrShort if b holds fewer than 4 bytes and
+// ErrCorrupt if the size is below HeaderSize or above FrameBytesMax. Only
+// the length field is examined.
+func FrameSize(b []byte) (int, error) {
+	if len(b) < 4 {
+		return 0, errShortLength
+	}
+	length := binary.LittleEndian.Uint32(b[posLength:])
+	if length < HeaderSize-4 {
+		return 0, errLengthSmall
+	}
+	if length > FrameBytesMax-4 {
+		return 0, errLengthLarge
+	}
+	return int(length) + 4, nil
+}
+
+// DecodeHeader parses the header of the frame at the start of frame and
+// verifies the CRC of the whole frame. Bytes after the frame are ignored.
+//
+// Checks run cheapest first, and everything that can be judged from the
+// header alone is judged before the frame's length is demanded: a header
+// that is invalid in itself yields ErrCorrupt even when the frame is
+// incomplete, and ErrShort means the header is plausible but the buffer ends
+// before the frame does. The records are not parsed; Decode and Validate do
+// that.
+func DecodeHeader(frame []byte) (Header, error) {
+	size, err := FrameSize(frame)
+	if err != nil {
+		return Header{}, err
+	}
+	if len(frame) < HeaderSize {
+		return Header{}, errShortHeader
+	}
+	if frame[posVersion] != version {
+		return Header{}, errVersion
+	}
+	h := Header{
+		Type:                Type(frame[posType]),
+		Flags:               binary.LittleEndian.Uint16(frame[posFlags:]),
+		RecordCount:         binary.LittleEndian.Uint32(frame[posRecordCount:]),
+		BaseOffset:          binary.LittleEndian.Uint64(frame[posBaseOffset:]),
+		Epoch:               binary.LittleEndian.Uint64(frame[posEpoch:]),
+		Term:                binary.LittleEndian.Uint64(frame[posTerm:]),
+		Index:               binary.LittleEndian.Uint64(frame[posIndex:]),
+		AppendTimeUnixNanos: int64(binary.LittleEndian.Uint64(frame[posAppendTime:])),
+		HLC:                 binary.LittleEndian.Uint64(frame[posHLC:]),
+		ProducerID:          binary.LittleEndian.Uint64(frame[posProducerID:]),
+		BaseSequence:        binary.LittleEndian.Uint64(frame[posBaseSequence:]),
+	}
+	if h.Type > typeMax {
+		return Header{}, errType
+	}
+	if h.Flags != 0 {
+		return Header{}, errFlags
+	}
+	if binary.LittleEndian.Uint64(frame[posReserved:]) != 0 {
+		return Header{}, errReserved
+	}
+	if uint64(h.RecordCount) > uint64(size-HeaderSize)/recordBytesMin {
+		return Header{}, errRecordCount
+	}
+	if h.BaseOffset > math.MaxUint64-uint64(h.RecordCount) {
+		return Header{}, errOffsetWrap
+	}
+	if len(frame) < size {
+		return Header{}, errShortFrame
+	}
+	if binary.LittleEndian.Uint32(frame[posCRC:]) != crc32.Checksum(frame[crcStart:size], castagnoli) {
+		return Header{}, errCRC
+	}
+	return h, nil
+}
+
+// Validate does what DecodeHeader does and also checks the structure of
+// every record, without allocating. A frame that passes Validate decodes
+// without error.
+func Validate(frame []byte) (Header, error) {
+	h, err := DecodeHeader(frame)
+	if err != nil {
+		return Header{}, err
+	}
+	size := int(binary.LittleEndian.Uint32(frame[posLength:])) + 4
+	if _, err := walkRecords(frame[HeaderSize:size], h.RecordCount); err != nil {
+		return Header{}, err
+	}
+	return h, nil
+}
+
+// Decode parses and verifies the whole frame at the start of frame. Bytes
+// after the frame are ignored. Record keys, values and header values alias
+// frame (with their capacity capped, so appending to them never writes into
+// frame); header keys are copied into strings. Decode makes two
+// allocations plus one per record header key, whatever RecordCount says.
+func Decode(frame []byte) (Header, []Record, error) {
+	h, err := DecodeHeader(frame)
+	if err != nil {
+		return Header{}, nil, err
+	}
+	size := int(binary.LittleEndian.Uint32(frame[posLength:])) + 4
+	body := frame[HeaderSize:size]
+	// The first pass validates everything and counts record headers, so
+	// both allocations below are bounded by bytes actually present.
+	headerCount, err := walkRecords(body, h.RecordCount)
+	if err != nil {
+		return Header{}, nil, err
+	}
+	if h.RecordCount == 0 {
+		return h, nil, nil
+	}
+	recs := make([]Record, h.RecordCount)
+	var hdrs []RecordHeader
+	if headerCount > 0 {
+		hdrs = make([]RecordHeader, headerCount)
+	}
+	p := 0
+	for i := range recs {
+		n, used, err := readRecord(body[p:], &recs[i], hdrs)
+		if err != nil {
+			panic(fmt.Sprintf("batch: record %d failed the second pass after passing the first: %v", i, err))
+		}
+		p += n
+		hdrs = hdrs[used:]
+	}
+	return h, recs, nil
+}
+
+// walkRecords checks that body holds exactly count well-formed records and
+// returns their total number of record headers.
+func walkRecords(body []byte, count uint32) (int, error) {
+	p, headers := 0, 0
+	for range count {
+		n, used, err := readRecord(body[p:], nil, nil)
+		if err != nil {
+			return 0, err
+		}
+		p += n
+		headers += used
+	}
+	if p != len(body) {
+		return 0, errFrameTrail
+	}
+	return headers, nil
+}
+
+// Encode appends one frame holding recs to dst and returns the extended
+// slice. h.RecordCount is ignored and set from len(recs); Length, CRC,
+// Version and the reserved field are computed. Encode grows dst at most once.
+//
+// Encode panics if h.Type is unknown, h.Flags is not zero (no flag is defined
+// yet), the frame would exceed FrameBytesMax, or BaseOffset+len(recs)
+// overflows: callers bound their batches, so each is a broken invariant.
+func Encode(dst []byte, h Header, recs []Record) []byte {
+	if h.Type > typeMax {
+		panic(fmt.Sprintf("batch: encode of unknown type %d", h.Type))
+	}
+	if h.Flags != 0 {
+		panic(fmt.Sprintf("batch: encode with undefined flags %#x", h.Flags))
+	}
+	size := HeaderSize
+	for i := range recs {
+		size += EncodedRecordSize(recs[i])
+		if size > FrameBytesMax {
+			panic(fmt.Sprintf("batch: encode of a frame larger than FrameBytesMax (%d bytes by record %d)", size, i))
+		}
+	}
+	if uint64(len(recs)) > math.MaxUint32 || h.BaseOffset > math.MaxUint64-uint64(len(recs)) {
+		panic(fmt.Sprintf("batch: encode of %d records at base offset %d overflows", len(recs), h.BaseOffset))
+	}
+	h.RecordCount = uint32(len(recs))
+
+	start := len(dst)
+	if cap(dst)-start < size {
+		grown := make([]byte, start, start+size)
+		copy(grown, dst)
+		dst = grown
+	}
+	dst = dst[:start+size]
+	f := dst[start:]
+
+	le := binary.LittleEndian
+	le.PutUint32(f[posLength:], uint32(size-4))
+	f[posVersion] = version
+	f[posType] = byte(h.Type)
+	le.PutUint16(f[posFlags:], h.Flags)
+	le.PutUint32(f[posRecordCount:], h.RecordCount)
+	le.PutUint64(f[posBaseOffset:], h.BaseOffset)
+	le.PutUint64(f[posEpoch:], h.Epoch)
+	le.PutUint64(f[posTerm:], h.Term)
+	le.PutUint64(f[posIndex:], h.Index)
+	le.PutUint64(f[posAppendTime:], uint64(h.AppendTimeUnixNanos))
+	le.PutUint64(f[posHLC:], h.HLC)
+	le.PutUint64(f[posProducerID:], h.ProducerID)
+	le.PutUint64(f[posBaseSequence:], h.BaseSequence)
+	le.PutUint64(f[posReserved:], 0)
+
+	p := HeaderSize
+	for i := range recs {
+		p = putRecord(f, p, &recs[i])
+	}
+	if p != size {
+		panic(fmt.Sprintf("batch: encoded %d bytes, sized %d", p, size))
+	}
+	le.PutUint32(f[posCRC:], crc32.Checksum(f[crcStart:], castagnoli))
+	return dst
+}
+
+// Patch rewrites BaseOffset, Epoch and AppendTimeUnixNanos of frame and
+// recomputes its CRC. frame must hold one whole frame that the caller has
+// already validated; Patch does not re-verify the old CRC. It panics if
+// frame is shorter than its length field says or the new base offset
+// overflows with the record count.
+func Patch(frame []byte, baseOffset uint64, epoch uint64, appendTimeUnixNanos int64) {
+	f := patchable(frame)
+	if baseOffset > math.MaxUint64-uint64(binary.LittleEndian.Uint32(f[posRecordCount:])) {
+		panic(fmt.Sprintf("batch: patch to base offset %d overflows", baseOffset))
+	}
+	binary.LittleEndian.PutUint64(f[posBaseOffset:], baseOffset)
+	binary.LittleEndian.PutUint64(f[posEpoch:], epoch)
+	binary.LittleEndian.PutUint64(f[posAppendTime:], uint64(appendTimeUnixNanos))
+	binary.LittleEndian.PutUint32(f[posCRC:], crc32.Checksum(f[crcStart:], castagnoli))
+}
+
+// PatchRaft rewrites Term and Index of frame and recomputes its CRC, under
+// the same contract as Patch.
+func PatchRaft(frame []byte, term, index uint64) {
+	f := patchable(frame)
+	binary.LittleEndian.PutUint64(f[posTerm:], term)
+	binary.LittleEndian.PutUint64(f[posIndex:], index)
+	binary.LittleEndian.PutUint32(f[posCRC:], crc32.Checksum(f[crcStart:], castagnoli))
+}
+
+// patchable returns the frame at the start of frame, panicking if the
+// caller broke Patch's contract.
+func patchable(frame []byte) []byte {
+	size, err := FrameSize(frame)
+	if err != nil || len(frame) < size {
+		panic(fmt.Sprintf("batch: patch of an invalid frame (%d bytes): %v", len(frame), err))
+	}
+	return frame[:size]
+}

@@ -1,0 +1,136 @@
+package batch
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"testing"
+)
+
+// seedFrames returns valid frames used to seed both fuzz targets.
+func seedFrames() [][]byte {
+	return [][]byte{
+		Encode(nil, Header{Type: TypeNoop}, nil),
+		Encode(nil, sampleHeader(), []Record{{}}),
+		Encode(nil, sampleHeader(), []Record{{Key: []byte("k"), Value: []byte("v"), ProducerTimeUnixNanos: -3}}),
+		Encode(nil, sampleHeader(), []Record{
+			{Key: []byte("a"), Value: []byte("1"), Headers: []RecordHeader{{Key: "h", Value: []byte("x")}, {Key: "g"}}},
+			{Key: []byte("b"), Value: bytes.Repeat([]byte{7}, 300)},
+		}),
+	}
+}
+
+// FuzzDecode feeds arbitrary bytes to every decoder. None may panic; when
+// Decode succeeds, encoding its result must reproduce the frame exactly, and
+// the other decoders must agree with it.
+func FuzzDecode(f *testing.F) {
+	for _, frame := range seedFrames() {
+		f.Add(frame)
+		f.Add(frame[:len(frame)/2])
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0x54, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		checkDecoders(t, b)
+		// The CRC stops almost every mutation at the door; also try the
+		// input with its length and CRC made right, so that the fuzzer
+		// reaches the header and record parsers.
+		if len(b) >= HeaderSize && len(b) <= FrameBytesMax {
+			fixed := append([]byte(nil), b...)
+			binary.LittleEndian.PutUint32(fixed[posLength:], uint32(len(fixed)-4))
+			binary.LittleEndian.PutUint32(fixed[posCRC:], crc32.Checksum(fixed[crcStart:], castagnoli))
+			checkDecoders(t, fixed)
+		}
+	})
+}
+
+// checkDecoders runs every decoder on b and checks that they agree and that
+// a successful decode re-encodes to the same frame.
+func checkDecoders(t *testing.T, b []byte) {
+	t.Helper()
+	_, sizeErr := FrameSize(b)
+	hh, hErr := DecodeHeader(b)
+	vh, vErr := Validate(b)
+	h, recs, err := Decode(b)
+	if err != nil {
+		if !errors.Is(err, ErrShort) && !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Decode error %v is neither ErrShort nor ErrCorrupt", err)
+		}
+		if vErr == nil {
+			t.Fatalf("Validate accepted what Decode rejected: %v", err)
+		}
+		return
+	}
+	if sizeErr != nil || hErr != nil || vErr != nil || hh != h || vh != h {
+		t.Fatalf("decoders disagree: FrameSize %v, DecodeHeader %+v %v, Validate %+v %v, Decode %+v",
+			sizeErr, hh, hErr, vh, vErr, h)
+	}
+	size, _ := FrameSize(b)
+	if int(h.RecordCount) != len(recs) {
+		t.Fatalf("RecordCount %d, decoded %d records", h.RecordCount, len(recs))
+	}
+	if again := Encode(nil, h, recs); !bytes.Equal(again, b[:size]) {
+		t.Fatalf("re-encoding changed the frame:\n in  %x\n out %x", b[:size], again)
+	}
+}
+
+// FuzzRoundTrip builds a batch from structured input, encodes it and checks
+// that decoding returns the same header and records.
+func FuzzRoundTrip(f *testing.F) {
+	f.Add(uint8(0), uint64(0), uint64(1), int64(2), uint64(3), uint64(4), int64(-5), uint8(3), []byte("key=value;hdr"))
+	f.Add(uint8(1), uint64(1<<62), uint64(0), int64(-1), uint64(0), uint64(0), int64(0), uint8(0), []byte{})
+	f.Add(uint8(2), uint64(7), uint64(1<<63), int64(1<<62), uint64(9), uint64(10), int64(1<<40), uint8(40), bytes.Repeat([]byte{0xff, 0, 1}, 100))
+	f.Fuzz(func(t *testing.T, typ uint8, baseOffset, epoch uint64, appendTime int64,
+		producerID, baseSequence uint64, producerTime int64, nrec uint8, data []byte) {
+		h := Header{
+			Type:                Type(typ % 3),
+			BaseOffset:          baseOffset >> 1, // leave room for the record count
+			Epoch:               epoch,
+			Term:                epoch ^ 0x5555,
+			Index:               baseOffset,
+			AppendTimeUnixNanos: appendTime,
+			HLC:                 uint64(appendTime),
+			ProducerID:          producerID,
+			BaseSequence:        baseSequence,
+		}
+		recs := make([]Record, int(nrec)%32)
+		// Carve keys, values and headers out of data deterministically.
+		rest := data
+		take := func(n int) []byte {
+			n = min(n, len(rest))
+			out := rest[:n:n]
+			rest = rest[n:]
+			if n == 0 {
+				return nil
+			}
+			return out
+		}
+		for i := range recs {
+			var l byte
+			if len(rest) > 0 {
+				l = rest[0]
+			}
+			recs[i] = Record{
+				Key:                   take(int(l % 17)),
+				Value:                 take(int(l)),
+				ProducerTimeUnixNanos: producerTime + int64(i)*int64(l) - int64(i),
+			}
+			for j := range int(l % 4) {
+				recs[i].Headers = append(recs[i].Headers, RecordHeader{Key: string(take(j + 1)), Value: take(int(l % 5))})
+			}
+		}
+		frame := Encode(nil, h, recs)
+		got, gotRecs, err := Decode(frame)
+		if err != nil {
+			t.Fatalf("Decode of an encoded frame: %v", err)
+		}
+		h.RecordCount = uint32(len(recs))
+		if got != h {
+			t.Fatalf("header = %+v, want %+v", got, h)
+		}
+		if !recordsEqual(gotRecs, recs) {
+			t.Fatalf("records = %v, want %v", gotRecs, recs)
+		}
+	})
+}

@@ -1,0 +1,124 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/cli"
+	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/client/clienttest"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+func TestBenchCommandJSON(t *testing.T) {
+	addr := startFake(t).Addr()
+	testBenchCommandJSON(t, addr)
+}
+
+func testBenchCommandJSON(t *testing.T, addr string) {
+	out := mustRun(t, addr, "", "bench", "--stream", "b", "--ranges", "4", "--count", "3000",
+		"--producers", "2", "--keys", "16", "--record-bytes", "100", "--json")
+	var res cli.BenchResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench --json printed %q: %v", out, err)
+	}
+	checkSane(t, &res, 3000)
+	if res.Producers != 2 || res.Keys != 16 || res.RecordBytes != 100 {
+		t.Fatalf("config not echoed: %+v", res)
+	}
+	// 100-byte values plus 10-byte keys.
+	if want := res.RecordsPerSec * 110 / 1e6; res.MBPerSec < want*0.99 || res.MBPerSec > want*1.01 {
+		t.Fatalf("MB/s %f, want %f", res.MBPerSec, want)
+	}
+
+	// Sync mode, text output.
+	out = mustRun(t, addr, "", "bench", "--stream", "b", "--count", "50", "--sync")
+	for _, want := range []string{"50 acked, 0 errors", "records/s", "p99.9"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("bench printed %q, missing %q", out, want)
+		}
+	}
+}
+
+func checkSane(t *testing.T, res *cli.BenchResult, records int64) {
+	t.Helper()
+	l := res.LatencyMs
+	switch {
+	case records > 0 && res.Records != records, res.Records == 0:
+		t.Fatalf("acked %d records, want %d", res.Records, records)
+	case res.Errors != 0 || res.OrderViolations != 0 || !res.OK():
+		t.Fatalf("errors %d (%v), order violations %d", res.Errors, res.ErrorSamples, res.OrderViolations)
+	case res.RecordsPerSec <= 0 || res.MBPerSec <= 0 || res.ElapsedSeconds <= 0:
+		t.Fatalf("rates %+v", res)
+	case !(0 < l.P50 && l.P50 <= l.P99 && l.P99 <= l.P999 && l.P999 <= l.Max*1.001):
+		t.Fatalf("latencies %+v", l)
+	}
+}
+
+// The bench engine runs in-process for a fixed time, prints progress, and
+// its cheap correctness checks hold under injected faults.
+func TestRunBenchDurationWithFaults(t *testing.T) {
+	fake := startFake(t)
+	fake.SetAppendFault(func(n int64, _ *geologv1.AppendRequest) clienttest.Fault {
+		switch {
+		case n%17 == 0:
+			return clienttest.Fault{DropAfterApply: true}
+		case n%13 == 0:
+			return clienttest.Fault{Err: apierr.New(apierr.Unavailable, "injected")}
+		}
+		return clienttest.Fault{}
+	})
+	c, err := client.New(fake.Addr(), client.RetryBackoff(time.Millisecond, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var progress syncBuffer
+	res, err := cli.RunBench(testCtx(t), c, cli.BenchConfig{
+		Stream: "faulty", Ranges: 2, Producers: 2, RecordBytes: 64, Keys: 8,
+		BatchBytesMax: 4 << 10, BufferedBytesMax: 64 << 10,
+		Duration: 700 * time.Millisecond, ProgressInterval: 200 * time.Millisecond,
+	}, &progress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSane(t, res, 0)
+	t.Logf("fake stats %+v", fake.Stats())
+	if res.Duplicates == 0 {
+		t.Errorf("lost acks were not resolved as duplicates: %+v", res)
+	}
+	if n := strings.Count(progress.String(), "records/s"); n < 2 {
+		t.Fatalf("%d progress lines: %q", n, progress.String())
+	}
+	// The log holds exactly the acknowledged records.
+	total := 0
+	for r := range uint32(2) {
+		total += len(fake.Records("faulty", r))
+	}
+	if int64(total) != res.Records {
+		t.Fatalf("log holds %d records, %d were acked", total, res.Records)
+	}
+}
+
+func TestRunBenchStopsOnContext(t *testing.T) {
+	fake := startFake(t)
+	c, err := client.New(fake.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	res, err := cli.RunBench(ctx, c, cli.BenchConfig{Duration: time.Hour, ProgressInterval: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(start) > 10*time.Second || res.Records == 0 || res.Errors != 0 {
+		t.Fatalf("after %v: %+v", time.Since(start), res)
+	}
+}

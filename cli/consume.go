@@ -1,0 +1,261 @@
+package cli
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/geolog/geolog/client"
+)
+
+// consumeOpts are the consume command's settings.
+type consumeOpts struct {
+	stream     string
+	ranges     []uint32
+	fromOffset uint64
+	fromTime   time.Time
+	follow     bool
+	max        int64 // 0: no bound
+	json       bool
+}
+
+func (e *env) consume(ctx context.Context, args []string) error {
+	fs := e.flagSet("consume")
+	rng := fs.Int("range", -1, "read only this range (default: all ranges)")
+	fromOffset := fs.Uint64("from-offset", 0, "start at this offset (in every range read)")
+	fromTime := fs.String("from-time", "", "start at the first record appended at or after this RFC 3339 time")
+	follow := fs.Bool("follow", false, "keep following the tail until interrupted")
+	maxRecords := fs.Int64("max", 0, "stop after this many records (0: no bound)")
+	asJSON := fs.Bool("json", false, "print one JSON object per record")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("usage: consume <stream> [--range N] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]")
+	}
+	o := consumeOpts{stream: pos[0], fromOffset: *fromOffset, follow: *follow, max: *maxRecords, json: *asJSON}
+	if *fromTime != "" {
+		if isSet(fs, "from-offset") {
+			return usagef("--from-offset and --from-time exclude each other")
+		}
+		t, err := time.Parse(time.RFC3339Nano, *fromTime)
+		if err != nil {
+			return usagef("--from-time: %v", err)
+		}
+		o.fromTime = t
+	}
+	if o.max < 0 {
+		return usagef("--max must not be negative")
+	}
+
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	d, err := c.DescribeStream(ctx, o.stream)
+	if err != nil {
+		return err
+	}
+	if *rng >= 0 {
+		if uint32(*rng) >= d.Stream.RangeCount {
+			return usagef("stream %s has ranges 0..%d", o.stream, d.Stream.RangeCount-1)
+		}
+		o.ranges = []uint32{uint32(*rng)}
+	} else {
+		for r := range d.Stream.RangeCount {
+			o.ranges = append(o.ranges, r)
+		}
+	}
+	pr := &recordPrinter{w: e.stdout, json: o.json, max: o.max}
+	if o.follow {
+		return e.consumeFollow(ctx, c, o, pr)
+	}
+	tails := make(map[uint32]uint64)
+	for _, r := range d.Ranges {
+		tails[r.Range] = r.TailOffset
+	}
+	for _, r := range o.ranges {
+		done, err := e.consumeRange(ctx, c, o, r, tails[r], pr)
+		if err != nil {
+			return err
+		}
+		if done {
+			break
+		}
+	}
+	return nil
+}
+
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// startOffset resolves where reading range r starts, moving up to the
+// range's first retained offset if the requested one is gone.
+func (e *env) startOffset(ctx context.Context, c *client.Client, o consumeOpts, r uint32) (uint64, error) {
+	from := o.fromOffset
+	if !o.fromTime.IsZero() {
+		return c.OffsetForTime(ctx, o.stream, r, o.fromTime)
+	}
+	_, err := c.Read(ctx, o.stream, r, from, client.ReadOptions{MaxRecords: 1})
+	var ae *client.Error
+	if errors.As(err, &ae) && ae.Code == client.CodeOffsetOutOfRange && from < ae.StartOffset {
+		fmt.Fprintf(e.stderr, "range %d: offset %d is no longer retained; starting at %d\n", r, from, ae.StartOffset)
+		return ae.StartOffset, nil
+	}
+	return from, err
+}
+
+// consumeRange prints range r from the start up to tail (the tail when the
+// command started). It reports whether --max was reached.
+func (e *env) consumeRange(ctx context.Context, c *client.Client, o consumeOpts, r uint32, tail uint64, pr *recordPrinter) (bool, error) {
+	next, err := e.startOffset(ctx, c, o, r)
+	if err != nil {
+		return false, err
+	}
+	for next < tail {
+		res, err := c.Read(ctx, o.stream, r, next, client.ReadOptions{})
+		if err != nil {
+			return false, err
+		}
+		if len(res.Records) == 0 {
+			break // the range is shorter than described (retention or a racing truncation)
+		}
+		for _, rec := range res.Records {
+			if rec.Offset >= tail {
+				return false, nil
+			}
+			if !pr.print(rec) {
+				return true, nil
+			}
+		}
+		next = res.NextOffset
+	}
+	return false, nil
+}
+
+// consumeFollow subscribes to every range and prints until ctx ends, --max
+// is reached, or a subscription fails.
+func (e *env) consumeFollow(ctx context.Context, c *client.Client, o consumeOpts, pr *recordPrinter) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	outer := ctx
+	errs := make(chan error, len(o.ranges))
+	var wg sync.WaitGroup
+	for _, r := range o.ranges {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := client.StartAt{Time: o.fromTime}
+			if o.fromTime.IsZero() {
+				from, err := e.startOffset(ctx, c, o, r)
+				if err != nil {
+					errs <- err
+					cancel()
+					return
+				}
+				start.Offset = from
+			}
+			for rec, err := range c.Subscribe(ctx, o.stream, r, start) {
+				if err != nil {
+					if ctx.Err() == nil {
+						errs <- err
+						cancel()
+					}
+					return
+				}
+				if !pr.print(rec) {
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil && outer.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+// recordPrinter prints consumed records, tab-separated
+// (range, offset, key, value) or as JSON lines, up to max.
+type recordPrinter struct {
+	w    io.Writer
+	json bool
+	max  int64
+
+	mu      sync.Mutex
+	printed int64
+}
+
+// recordJSON is the --json form of a record. Key and value are strings when
+// they are valid UTF-8, else base64 in key_b64 / value_b64.
+type recordJSON struct {
+	Range        uint32            `json:"range"`
+	Offset       uint64            `json:"offset"`
+	Key          *string           `json:"key,omitempty"`
+	KeyB64       string            `json:"key_b64,omitempty"`
+	Value        *string           `json:"value,omitempty"`
+	ValueB64     string            `json:"value_b64,omitempty"`
+	Headers      map[string]string `json:"headers,omitempty"`
+	AppendTime   string            `json:"append_time,omitempty"`
+	ProducerTime string            `json:"producer_time,omitempty"`
+	Epoch        uint64            `json:"epoch"`
+}
+
+// print prints rec; false once max records have been printed.
+func (p *recordPrinter) print(rec client.StoredRecord) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.max > 0 && p.printed >= p.max {
+		return false
+	}
+	p.printed++
+	if p.json {
+		j := recordJSON{Range: rec.Range, Offset: rec.Offset, Epoch: rec.Epoch}
+		if len(rec.Key) > 0 {
+			if utf8.Valid(rec.Key) {
+				s := string(rec.Key)
+				j.Key = &s
+			} else {
+				j.KeyB64 = base64.StdEncoding.EncodeToString(rec.Key)
+			}
+		}
+		if utf8.Valid(rec.Value) {
+			s := string(rec.Value)
+			j.Value = &s
+		} else {
+			j.ValueB64 = base64.StdEncoding.EncodeToString(rec.Value)
+		}
+		if len(rec.Headers) > 0 {
+			j.Headers = make(map[string]string, len(rec.Headers))
+			for _, h := range rec.Headers {
+				j.Headers[h.Key] = string(h.Value)
+			}
+		}
+		if !rec.AppendTime.IsZero() {
+			j.AppendTime = rec.AppendTime.UTC().Format(time.RFC3339Nano)
+		}
+		if !rec.ProducerTime.IsZero() {
+			j.ProducerTime = rec.ProducerTime.UTC().Format(time.RFC3339Nano)
+		}
+		b, _ := json.Marshal(j)
+		fmt.Fprintf(p.w, "%s\n", b)
+	} else {
+		fmt.Fprintf(p.w, "%d\t%d\t%s\t%s\n", rec.Range, rec.Offset, rec.Key, rec.Value)
+	}
+	return p.max == 0 || p.printed < p.max
+}

@@ -1,0 +1,253 @@
+// Package cli is the geolog command-line tool: stream admin, produce,
+// consume and bench. cmd/geolog is a thin main around Main; tests call Run.
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/geolog/geolog/client"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1 // the operation failed
+	exitUsage = 2 // the command line is wrong
+)
+
+// DefaultAddr is the node address used when neither --addr nor GEOLOG_ADDR
+// is set.
+const DefaultAddr = "127.0.0.1:7400"
+
+const usage = `geolog — command-line client for geolog
+
+usage: geolog [global flags] <command> [flags] [args]
+
+commands:
+  streams create <name> [--ranges N] [--regions a,b] [--retention-age 168h] [--retention-bytes N]
+  streams list [--json]
+  streams describe <name> [--json]
+  produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]
+  consume <stream> [--range N] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]
+  bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 5]
+        [--linger D] [--batch-bytes N] [--buffer-bytes N] [--duration 10s | --count N] [--keys N]
+        [--sync] [--json]
+
+global flags (also accepted after the command):
+  --addr host:port     node address (default $GEOLOG_ADDR or ` + DefaultAddr + `)
+  --timeout D          bound on each admin or read call (default 30s)
+  --retries N          retries of a retriable admin or read call (default 2)
+  --tls-ca FILE        dial with TLS, trusting this CA bundle
+  --tls-cert FILE      client certificate for mutual TLS (with --tls-key)
+  --tls-key FILE       client key for mutual TLS
+  --tls-server-name S  expected server name (default: host of --addr)
+
+Run 'geolog <command> --help' for a command's flags.
+`
+
+// Main runs the tool with the process's stdin and signals and returns the
+// exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	return Run(ctx, args, os.Stdin, stdout, stderr)
+}
+
+// Run runs the tool; args exclude the program name. Ending ctx stops
+// following consumers and benchmarks cleanly.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	env := &env{stdin: stdin, stdout: stdout, stderr: stderr}
+	fs := env.flagSet("geolog")
+	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+	// Global flags stop at the command name.
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	args = fs.Args()
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmd, args := args[0], args[1:]
+	var err error
+	switch cmd {
+	case "streams":
+		err = env.streams(ctx, args)
+	case "produce":
+		err = env.produce(ctx, args)
+	case "consume":
+		err = env.consume(ctx, args)
+	case "bench":
+		err = env.bench(ctx, args)
+	case "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "geolog: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+	if err != nil {
+		switch {
+		case errors.Is(err, flag.ErrHelp), errors.Is(err, errReported), isFlagError(err):
+			// Already printed.
+		case client.CodeOf(err) == client.CodeUnavailable:
+			fmt.Fprintf(stderr, "geolog %s: %v\n(is a geolog node listening at %s?)\n", cmd, err, env.addr)
+		default:
+			fmt.Fprintf(stderr, "geolog %s: %v\n", cmd, err)
+		}
+		return exitCodeOf(err)
+	}
+	return exitOK
+}
+
+// usageError is a wrong command line.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// errReported is returned by commands that already printed their errors.
+var errReported = errors.New("errors reported")
+
+func exitCodeOf(err error) int {
+	var ue usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &ue), isFlagError(err):
+		return exitUsage
+	default:
+		return exitError
+	}
+}
+
+// flagError marks errors from flag parsing (already printed by the flag
+// package).
+type flagError struct{ err error }
+
+func (e flagError) Error() string { return e.err.Error() }
+
+func isFlagError(err error) bool {
+	var fe flagError
+	return errors.As(err, &fe)
+}
+
+// env is one invocation's I/O and global settings.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+
+	addr          string
+	timeout       time.Duration
+	retries       int
+	tlsCA         string
+	tlsCert       string
+	tlsKey        string
+	tlsServerName string
+	globalsSet    bool
+}
+
+// flagSet returns a flag set that also carries the global flags, so that
+// they may come before or after the command.
+func (e *env) flagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	if !e.globalsSet {
+		e.addr = os.Getenv("GEOLOG_ADDR")
+		if e.addr == "" {
+			e.addr = DefaultAddr
+		}
+		e.timeout = 30 * time.Second
+		e.retries = 2
+		e.globalsSet = true
+	}
+	fs.StringVar(&e.addr, "addr", e.addr, "node address host:port (env GEOLOG_ADDR)")
+	fs.DurationVar(&e.timeout, "timeout", e.timeout, "bound on each admin or read call")
+	fs.IntVar(&e.retries, "retries", e.retries, "retries of a retriable admin or read call")
+	fs.StringVar(&e.tlsCA, "tls-ca", e.tlsCA, "dial with TLS trusting this PEM CA bundle")
+	fs.StringVar(&e.tlsCert, "tls-cert", e.tlsCert, "PEM client certificate for mutual TLS")
+	fs.StringVar(&e.tlsKey, "tls-key", e.tlsKey, "PEM client key for mutual TLS")
+	fs.StringVar(&e.tlsServerName, "tls-server-name", e.tlsServerName, "expected TLS server name")
+	return fs
+}
+
+// parse parses args allowing flags and positional arguments in any order
+// (the flag package alone stops at the first positional argument).
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, flagError{err}
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// client dials the configured node.
+func (e *env) client(opts ...client.Opt) (*client.Client, error) {
+	if e.retries < 0 || e.timeout < 0 {
+		return nil, usagef("--retries and --timeout must not be negative")
+	}
+	opts = append([]client.Opt{client.RequestTimeout(e.timeout), client.RetriesMax(e.retries)}, opts...)
+	if e.tlsCA != "" || e.tlsCert != "" {
+		cfg, err := e.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.TLSConfig(cfg))
+	}
+	return client.New(e.addr, opts...)
+}
+
+func (e *env) tlsConfig() (*tls.Config, error) {
+	cfg := &tls.Config{ServerName: e.tlsServerName, MinVersion: tls.VersionTLS12}
+	if e.tlsCA != "" {
+		pem, err := os.ReadFile(e.tlsCA)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("no certificates in %s", e.tlsCA)
+		}
+	}
+	if (e.tlsCert == "") != (e.tlsKey == "") {
+		return nil, usagef("--tls-cert and --tls-key go together")
+	}
+	if e.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(e.tlsCert, e.tlsKey)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }

@@ -1,0 +1,233 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/geolog/geolog/client"
+)
+
+func (e *env) streams(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return usagef("streams needs a subcommand: create, list or describe")
+	}
+	switch sub, args := args[0], args[1:]; sub {
+	case "create":
+		return e.streamsCreate(ctx, args)
+	case "list":
+		return e.streamsList(ctx, args)
+	case "describe":
+		return e.streamsDescribe(ctx, args)
+	default:
+		return usagef("unknown streams subcommand %q (want create, list or describe)", sub)
+	}
+}
+
+func (e *env) streamsCreate(ctx context.Context, args []string) error {
+	fs := e.flagSet("streams create")
+	ranges := fs.Uint("ranges", 1, "number of hash ranges")
+	regions := fs.String("regions", "", "comma-separated regions (default: the server's)")
+	age := fs.Duration("retention-age", 0, "delete records older than this (0 keeps them)")
+	size := fs.Int64("retention-bytes", 0, "bound each range's size (0: no bound)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("usage: streams create <name> [--ranges N] [--regions a,b] [--retention-age D] [--retention-bytes N]")
+	}
+	if *ranges == 0 || *ranges > 1<<16 {
+		return usagef("--ranges must be in [1, 65536]")
+	}
+	if *age < 0 || *size < 0 {
+		return usagef("retention must not be negative")
+	}
+	var regs []string
+	for _, r := range strings.Split(*regions, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			regs = append(regs, r)
+		}
+	}
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	info, err := c.CreateStream(ctx, client.StreamConfig{
+		Name: pos[0], RangeCount: uint32(*ranges), Regions: regs, RetentionAge: *age, RetentionBytes: *size,
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "created stream %s with %d ranges in %s\n", info.Name, info.RangeCount, regionsText(info.Regions))
+	return nil
+}
+
+func regionsText(rs []string) string {
+	if len(rs) == 0 {
+		return "-"
+	}
+	return strings.Join(rs, ",")
+}
+
+func durationText(d time.Duration) string {
+	if d == 0 {
+		return "forever"
+	}
+	return d.String()
+}
+
+func bytesLimitText(n int64) string {
+	if n == 0 {
+		return "unbounded"
+	}
+	return fmt.Sprint(n)
+}
+
+// streamJSON is the --json form of a stream.
+type streamJSON struct {
+	Name           string   `json:"name"`
+	RangeCount     uint32   `json:"range_count"`
+	Regions        []string `json:"regions"`
+	RetentionAge   string   `json:"retention_age"`
+	RetentionBytes int64    `json:"retention_bytes"`
+	Created        string   `json:"created,omitempty"`
+}
+
+func toStreamJSON(s client.StreamInfo) streamJSON {
+	j := streamJSON{Name: s.Name, RangeCount: s.RangeCount, Regions: s.Regions,
+		RetentionAge: s.RetentionAge.String(), RetentionBytes: s.RetentionBytes}
+	if !s.Created.IsZero() {
+		j.Created = s.Created.UTC().Format(time.RFC3339)
+	}
+	return j
+}
+
+func (e *env) streamsList(ctx context.Context, args []string) error {
+	fs := e.flagSet("streams list")
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usagef("usage: streams list [--json]")
+	}
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	list, err := c.ListStreams(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		out := make([]streamJSON, 0, len(list))
+		for _, s := range list {
+			out = append(out, toStreamJSON(s))
+		}
+		return json.NewEncoder(e.stdout).Encode(out)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tRANGES\tREGIONS\tRETENTION-AGE\tRETENTION-BYTES\tCREATED")
+	for _, s := range list {
+		created := "-"
+		if !s.Created.IsZero() {
+			created = s.Created.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", s.Name, s.RangeCount, regionsText(s.Regions),
+			durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes), created)
+	}
+	return tw.Flush()
+}
+
+// rangeJSON is the --json form of a range.
+type rangeJSON struct {
+	Range       uint32 `json:"range"`
+	HashStart   string `json:"hash_start"`
+	HashEnd     string `json:"hash_end"`
+	StartOffset uint64 `json:"start_offset"`
+	TailOffset  uint64 `json:"tail_offset"`
+	SizeBytes   int64  `json:"size_bytes"`
+	HomeRegion  string `json:"home_region"`
+	Epoch       uint64 `json:"epoch"`
+	Leader      string `json:"leader,omitempty"`
+	Status      string `json:"status"`
+}
+
+func (e *env) streamsDescribe(ctx context.Context, args []string) error {
+	fs := e.flagSet("streams describe")
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("usage: streams describe <name> [--json]")
+	}
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	d, err := c.DescribeStream(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		out := struct {
+			Stream streamJSON  `json:"stream"`
+			Ranges []rangeJSON `json:"ranges"`
+		}{Stream: toStreamJSON(d.Stream), Ranges: []rangeJSON{}}
+		for _, r := range d.Ranges {
+			out.Ranges = append(out.Ranges, rangeJSON{
+				Range: r.Range, HashStart: fmt.Sprintf("%016x", r.HashStart), HashEnd: fmt.Sprintf("%016x", r.HashEnd),
+				StartOffset: r.StartOffset, TailOffset: r.TailOffset, SizeBytes: r.SizeBytes,
+				HomeRegion: r.HomeRegion, Epoch: r.Epoch, Leader: r.Leader, Status: r.Status,
+			})
+		}
+		return json.NewEncoder(e.stdout).Encode(out)
+	}
+	s := d.Stream
+	fmt.Fprintf(e.stdout, "stream %s: %d ranges, regions %s, retention %s / %s bytes\n\n",
+		s.Name, s.RangeCount, regionsText(s.Regions), durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes))
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RANGE\tHASH-SLICE\tSTART\tTAIL\tSIZE\tSTATUS\tHOME\tEPOCH")
+	for _, r := range d.Ranges {
+		status := r.Status
+		if status == "" {
+			status = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%016x-%016x\t%d\t%d\t%s\t%s\t%s\t%d\n", r.Range, r.HashStart, r.HashEnd,
+			r.StartOffset, r.TailOffset, humanBytes(r.SizeBytes), status, orDash(r.HomeRegion), r.Epoch)
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// humanBytes renders n in B, KiB, MiB, GiB or TiB with one decimal.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	v := float64(n)
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		v /= unit
+		if v < unit || u == "TiB" {
+			return fmt.Sprintf("%.1f%s", v, u)
+		}
+	}
+	panic("unreachable")
+}

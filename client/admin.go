@@ -1,0 +1,150 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// StreamConfig is what CreateStream needs.
+type StreamConfig struct {
+	Name string
+	// RangeCount is the number of hash ranges; must be positive.
+	RangeCount uint32
+	// Regions lists the stream's regions; empty means the server's default.
+	Regions []string
+	// RetentionAge deletes segments whose newest record is older; 0 keeps
+	// records for ever.
+	RetentionAge time.Duration
+	// RetentionBytes bounds each range's size; 0 means no bound.
+	RetentionBytes int64
+}
+
+// StreamInfo describes a stream.
+type StreamInfo struct {
+	Name           string
+	RangeCount     uint32
+	Regions        []string
+	RetentionAge   time.Duration
+	RetentionBytes int64
+	Created        time.Time
+}
+
+// RangeInfo describes one range of a stream.
+type RangeInfo struct {
+	Range uint32
+	// HashStart and HashEnd bound the key hashes the range owns (inclusive).
+	HashStart, HashEnd uint64
+	// StartOffset is the first retained offset; TailOffset the offset the
+	// next append gets.
+	StartOffset, TailOffset uint64
+	SizeBytes               int64
+	HomeRegion              string
+	Epoch                   uint64
+	Leader                  string
+	// Status is "ok" or why the range is not served.
+	Status string
+}
+
+// StreamDescription is a stream and its ranges.
+type StreamDescription struct {
+	Stream StreamInfo
+	Ranges []RangeInfo
+}
+
+// CreateStream creates a stream. It is not retried: a retry after an
+// ambiguous failure could not tell its own success from a name clash
+// (CodeStreamExists).
+func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo, error) {
+	if sc.Name == "" || sc.RangeCount == 0 {
+		return nil, apierr.New(apierr.InvalidArgument, "stream name and a positive range count are required")
+	}
+	if sc.RetentionAge < 0 || sc.RetentionBytes < 0 {
+		return nil, apierr.New(apierr.InvalidArgument, "retention must not be negative")
+	}
+	req := &geologv1.CreateStreamRequest{
+		Name:       sc.Name,
+		RangeCount: sc.RangeCount,
+		Regions:    sc.Regions,
+		Retention: &geologv1.RetentionPolicy{
+			MaxAgeMs: sc.RetentionAge.Milliseconds(),
+			MaxBytes: sc.RetentionBytes,
+		},
+	}
+	var resp *geologv1.CreateStreamResponse
+	err := c.call(ctx, false, func(ctx context.Context) (err error) {
+		resp, err = c.api.CreateStream(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create stream %q: %w", sc.Name, err)
+	}
+	info := streamInfoFromProto(resp.GetStream())
+	return &info, nil
+}
+
+// ListStreams lists all streams.
+func (c *Client) ListStreams(ctx context.Context) ([]StreamInfo, error) {
+	var resp *geologv1.ListStreamsResponse
+	err := c.call(ctx, true, func(ctx context.Context) (err error) {
+		resp, err = c.api.ListStreams(ctx, &geologv1.ListStreamsRequest{})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list streams: %w", err)
+	}
+	out := make([]StreamInfo, 0, len(resp.GetStreams()))
+	for _, s := range resp.GetStreams() {
+		out = append(out, streamInfoFromProto(s))
+	}
+	return out, nil
+}
+
+// DescribeStream returns a stream and the state of its ranges.
+func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescription, error) {
+	var resp *geologv1.DescribeStreamResponse
+	err := c.call(ctx, true, func(ctx context.Context) (err error) {
+		resp, err = c.api.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: name})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("describe stream %q: %w", name, err)
+	}
+	d := &StreamDescription{Stream: streamInfoFromProto(resp.GetStream())}
+	for _, r := range resp.GetRanges() {
+		d.Ranges = append(d.Ranges, RangeInfo{
+			Range:       r.GetRange(),
+			HashStart:   r.GetHashStart(),
+			HashEnd:     r.GetHashEnd(),
+			StartOffset: r.GetStartOffset(),
+			TailOffset:  r.GetTailOffset(),
+			SizeBytes:   r.GetSizeBytes(),
+			HomeRegion:  r.GetHomeRegion(),
+			Epoch:       r.GetEpoch(),
+			Leader:      r.GetLeader(),
+			Status:      r.GetStatus(),
+		})
+	}
+	if d.Stream.RangeCount == 0 {
+		return nil, fmt.Errorf("describe stream %q: %w", name,
+			apierr.New(apierr.Internal, "server described the stream with zero ranges"))
+	}
+	return d, nil
+}
+
+func streamInfoFromProto(s *geologv1.StreamInfo) StreamInfo {
+	info := StreamInfo{
+		Name:           s.GetName(),
+		RangeCount:     s.GetRangeCount(),
+		Regions:        s.GetRegions(),
+		RetentionAge:   time.Duration(s.GetRetention().GetMaxAgeMs()) * time.Millisecond,
+		RetentionBytes: s.GetRetention().GetMaxBytes(),
+	}
+	if ns := s.GetCreatedUnixNanos(); ns != 0 {
+		info.Created = time.Unix(0, ns)
+	}
+	return info
+}

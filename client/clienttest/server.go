@@ -1,0 +1,688 @@
+// Package clienttest provides an in-memory geolog Log server for tests of
+// clients, tools and benchmarks, in the spirit of net/http/httptest.
+//
+// The server keeps one in-memory log per range and implements the append
+// contract that the real server has: idempotent appends keyed by (producer
+// id, range) with a dedup window of the last DedupWindowBatches batches per
+// producer (a duplicate gets its original offsets, a gap gets
+// ERROR_CODE_SEQUENCE_GAP), AppendStream answering a range's requests in
+// order, and Read/Subscribe of the committed log. Faults can be injected per
+// append request and per subscribe reply: error replies, dropped streams
+// (before or after the request is applied), delays and holds.
+//
+// It is test support, not a server: nothing is durable and there is one
+// region.
+package clienttest
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/keyspace"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// Config configures a Server; zero fields take the documented defaults.
+type Config struct {
+	// RecordBytesMax bounds a record's key+value bytes; default 1 MiB.
+	RecordBytesMax int
+	// DedupWindowBatches is how many recent batches per producer and range
+	// can be answered as duplicates; default 16.
+	DedupWindowBatches int
+	// SubscribeRecordsMax bounds the records in one Subscribe reply;
+	// default 100.
+	SubscribeRecordsMax int
+	// TLS, if set, makes the fake serve TLS (require client certificates
+	// in it for mutual TLS); default plaintext.
+	TLS *tls.Config
+}
+
+// Fault is what to do to one request. The zero Fault does nothing.
+type Fault struct {
+	// Hold, if not nil, delays processing until it is closed (or the
+	// stream ends). Later requests of the stream queue up behind it.
+	Hold <-chan struct{}
+	// Delay delays processing.
+	Delay time.Duration
+	// Err fails the request with this error without applying it: as
+	// AppendResponse.error on AppendStream, as the status otherwise. Use
+	// an *apierr.Error.
+	Err error
+	// DropStream ends the stream with UNAVAILABLE before applying.
+	DropStream bool
+	// DropAfterApply applies the request, then ends the stream with
+	// UNAVAILABLE without replying (an ack lost in transit).
+	DropAfterApply bool
+	// SkipReply applies an AppendStream request but never answers it; the
+	// stream stays up.
+	SkipReply bool
+}
+
+// AppendFaultFunc decides the fault for the n-th (1-based) append request
+// since it was set.
+type AppendFaultFunc func(n int64, req *geologv1.AppendRequest) Fault
+
+// SubscribeFaultFunc decides the fault for the n-th (1-based) subscribe
+// reply since it was set; Err and DropStream end the subscription.
+type SubscribeFaultFunc func(n int64) Fault
+
+// BatchInfo records one applied (non-duplicate) batch.
+type BatchInfo struct {
+	ProducerID   uint64
+	BaseSequence uint64
+	RecordCount  int
+	BaseOffset   uint64
+}
+
+// Server is the fake. Its methods are safe for concurrent use.
+type Server struct {
+	geologv1.UnimplementedLogServer
+	cfg  Config
+	lis  net.Listener
+	grpc *grpc.Server
+
+	mu             sync.Mutex
+	streams        map[string]*fakeStream
+	appendFault    AppendFaultFunc
+	appendN        int64
+	subscribeFault SubscribeFaultFunc
+	subscribeN     int64
+	appendRequests int64
+	duplicates     int64
+	outstandingMax map[rangeKey]int
+	outstandingNow map[rangeKey]int
+	appendStreamsN int64
+	subscriptionsN int64
+	gapReplies     int64
+}
+
+type rangeKey struct {
+	stream string
+	rng    uint32
+}
+
+type fakeStream struct {
+	info   *geologv1.StreamInfo
+	ranges []*fakeRange
+}
+
+type fakeRange struct {
+	records   []*geologv1.StoredRecord
+	sizeBytes int64
+	producers map[uint64]*producerState
+	batches   []BatchInfo
+	notify    chan struct{} // closed and replaced on every append
+}
+
+type producerState struct {
+	nextSeq uint64
+	window  []dedupEntry
+}
+
+type dedupEntry struct {
+	baseSeq    uint64
+	count      uint32
+	baseOffset uint64
+	appendTime int64
+}
+
+// Start serves a fake on a loopback port.
+func Start(cfg Config) (*Server, error) {
+	if cfg.RecordBytesMax == 0 {
+		cfg.RecordBytesMax = 1 << 20
+	}
+	if cfg.DedupWindowBatches == 0 {
+		cfg.DedupWindowBatches = 16
+	}
+	if cfg.SubscribeRecordsMax == 0 {
+		cfg.SubscribeRecordsMax = 100
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:            cfg,
+		lis:            lis,
+		streams:        make(map[string]*fakeStream),
+		outstandingMax: make(map[rangeKey]int),
+		outstandingNow: make(map[rangeKey]int),
+	}
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(64<<20),
+		grpc.MaxSendMsgSize(64<<20),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	s.grpc = grpc.NewServer(opts...)
+	geologv1.RegisterLogServer(s.grpc, s)
+	go func() { _ = s.grpc.Serve(lis) }()
+	return s, nil
+}
+
+// Addr returns the host:port the fake listens on.
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Close stops the fake, ending every stream.
+func (s *Server) Close() { s.grpc.Stop() }
+
+// SetAppendFault installs f (nil removes it) and restarts its count.
+func (s *Server) SetAppendFault(f AppendFaultFunc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.appendFault, s.appendN = f, 0
+}
+
+// SetSubscribeFault installs f (nil removes it) and restarts its count.
+func (s *Server) SetSubscribeFault(f SubscribeFaultFunc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subscribeFault, s.subscribeN = f, 0
+}
+
+// MustCreateStream creates a stream with one region, panicking on error.
+func (s *Server) MustCreateStream(name string, rangeCount uint32) {
+	if _, err := s.CreateStream(context.Background(), &geologv1.CreateStreamRequest{Name: name, RangeCount: rangeCount}); err != nil {
+		panic(err)
+	}
+}
+
+// ForgetProducers drops every producer's dedup state, as a server does
+// when it expires idle producers.
+func (s *Server) ForgetProducers() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.streams {
+		for _, r := range st.ranges {
+			clear(r.producers)
+		}
+	}
+}
+
+// Records returns a copy of a range's log.
+func (s *Server) Records(stream string, rng uint32) []*geologv1.StoredRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.rangeLocked(stream, rng)
+	if err != nil {
+		return nil
+	}
+	return append([]*geologv1.StoredRecord(nil), r.records...)
+}
+
+// Batches returns the batches applied to a range, in offset order.
+func (s *Server) Batches(stream string, rng uint32) []BatchInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.rangeLocked(stream, rng)
+	if err != nil {
+		return nil
+	}
+	return append([]BatchInfo(nil), r.batches...)
+}
+
+// Stats are counters of the fake.
+type Stats struct {
+	AppendRequests int64 // requests received, duplicates and failures included
+	Duplicates     int64 // requests answered as duplicates
+	AppendStreams  int64 // AppendStream calls
+	Subscriptions  int64 // Subscribe calls
+	GapReplies     int64 // requests answered with ERROR_CODE_SEQUENCE_GAP
+}
+
+// Stats returns the fake's counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Stats{AppendRequests: s.appendRequests, Duplicates: s.duplicates, AppendStreams: s.appendStreamsN, Subscriptions: s.subscriptionsN, GapReplies: s.gapReplies}
+}
+
+// OutstandingMax returns the most AppendStream requests of one range that
+// were received but not yet answered at one time, over all streams.
+func (s *Server) OutstandingMax(stream string, rng uint32) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.outstandingMax[rangeKey{stream, rng}]
+}
+
+// Outstanding returns the AppendStream requests of one range received but
+// not yet answered now.
+func (s *Server) Outstanding(stream string, rng uint32) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.outstandingNow[rangeKey{stream, rng}]
+}
+
+func (s *Server) rangeLocked(stream string, rng uint32) (*fakeRange, error) {
+	st, ok := s.streams[stream]
+	if !ok {
+		return nil, apierr.New(apierr.StreamNotFound, "stream %q not found", stream)
+	}
+	if rng >= uint32(len(st.ranges)) {
+		return nil, apierr.New(apierr.RangeNotFound, "stream %q has no range %d", stream, rng)
+	}
+	return st.ranges[rng], nil
+}
+
+func (s *Server) nextAppendFault(req *geologv1.AppendRequest) Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.appendRequests++
+	if s.appendFault == nil {
+		return Fault{}
+	}
+	s.appendN++
+	return s.appendFault(s.appendN, req)
+}
+
+// apply appends req under the dedup contract.
+func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.rangeLocked(req.GetStream(), req.GetRange())
+	if err != nil {
+		return nil, err
+	}
+	n := uint32(len(req.GetRecords()))
+	if n == 0 {
+		return nil, apierr.New(apierr.EmptyBatch, "empty batch")
+	}
+	for _, rec := range req.GetRecords() {
+		if size := len(rec.GetKey()) + len(rec.GetValue()); size > s.cfg.RecordBytesMax {
+			return nil, apierr.New(apierr.RecordTooLarge, "record of %d bytes exceeds %d", size, s.cfg.RecordBytesMax)
+		}
+	}
+	pid, base := req.GetProducerId(), req.GetBaseSequence()
+	var ps *producerState
+	if pid != 0 {
+		ps = r.producers[pid]
+		if ps == nil {
+			ps = &producerState{}
+		}
+		if base < ps.nextSeq {
+			for _, e := range ps.window {
+				if e.baseSeq == base && e.count == n {
+					s.duplicates++
+					return &geologv1.AppendResponse{
+						RequestId: req.GetRequestId(), BaseOffset: e.baseOffset, RecordCount: n,
+						Epoch: 1, AppendTimeUnixNanos: e.appendTime, Duplicate: true,
+					}, nil
+				}
+			}
+			if len(ps.window) == 0 || base < ps.window[0].baseSeq {
+				return nil, apierr.New(apierr.DuplicateOutOfWindow, "sequence %d is older than the dedup window", base)
+			}
+			e := apierr.New(apierr.SequenceGap, "sequence %d does not start a known batch", base)
+			e.ExpectedSequence = ps.nextSeq
+			s.gapReplies++
+			return nil, e
+		}
+		if base > ps.nextSeq {
+			e := apierr.New(apierr.SequenceGap, "expected sequence %d, got %d", ps.nextSeq, base)
+			e.ExpectedSequence = ps.nextSeq
+			s.gapReplies++
+			return nil, e
+		}
+	}
+	now := time.Now().UnixNano()
+	if len(r.records) > 0 {
+		// Append times never decrease in offset order.
+		now = max(now, r.records[len(r.records)-1].GetAppendTimeUnixNanos())
+	}
+	baseOffset := uint64(len(r.records))
+	for i, rec := range req.GetRecords() {
+		r.records = append(r.records, &geologv1.StoredRecord{
+			Offset:                baseOffset + uint64(i),
+			Key:                   rec.GetKey(),
+			Value:                 rec.GetValue(),
+			Headers:               rec.GetHeaders(),
+			ProducerTimeUnixNanos: rec.GetProducerTimeUnixNanos(),
+			AppendTimeUnixNanos:   now,
+			Epoch:                 1,
+		})
+		r.sizeBytes += int64(len(rec.GetKey()) + len(rec.GetValue()))
+	}
+	r.batches = append(r.batches, BatchInfo{ProducerID: pid, BaseSequence: base, RecordCount: int(n), BaseOffset: baseOffset})
+	if ps != nil {
+		ps.nextSeq = base + uint64(n)
+		ps.window = append(ps.window, dedupEntry{baseSeq: base, count: n, baseOffset: baseOffset, appendTime: now})
+		if len(ps.window) > s.cfg.DedupWindowBatches {
+			ps.window = ps.window[len(ps.window)-s.cfg.DedupWindowBatches:]
+		}
+		r.producers[pid] = ps
+	}
+	close(r.notify)
+	r.notify = make(chan struct{})
+	return &geologv1.AppendResponse{
+		RequestId: req.GetRequestId(), BaseOffset: baseOffset, RecordCount: n, Epoch: 1, AppendTimeUnixNanos: now,
+	}, nil
+}
+
+// waitFault applies a fault's hold and delay; false if ctx ended first.
+func waitFault(ctx context.Context, f Fault) bool {
+	if f.Hold != nil {
+		select {
+		case <-f.Hold:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	if f.Delay > 0 {
+		t := time.NewTimer(f.Delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+var errDropped = status.Error(codes.Unavailable, "clienttest: stream dropped by fault injection")
+
+// Append implements geologv1.LogServer.
+func (s *Server) Append(ctx context.Context, req *geologv1.AppendRequest) (*geologv1.AppendResponse, error) {
+	f := s.nextAppendFault(req)
+	if !waitFault(ctx, f) {
+		return nil, apierr.ToStatus(apierr.New(apierr.Timeout, "request cancelled"))
+	}
+	switch {
+	case f.Err != nil:
+		return nil, apierr.ToStatus(f.Err)
+	case f.DropStream:
+		return nil, errDropped
+	}
+	resp, err := s.apply(req)
+	if err != nil {
+		return nil, apierr.ToStatus(err)
+	}
+	if f.DropAfterApply {
+		return nil, errDropped
+	}
+	resp.RequestId = 0
+	return resp, nil
+}
+
+// AppendStream implements geologv1.LogServer. A receiver goroutine reads
+// requests as they come (so the fake can count what a client has in flight)
+// and the handler answers them in order.
+func (s *Server) AppendStream(stream geologv1.Log_AppendStreamServer) error {
+	ctx := stream.Context()
+	s.mu.Lock()
+	s.appendStreamsN++
+	s.mu.Unlock()
+	reqs := make(chan *geologv1.AppendRequest, 1024)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				close(reqs)
+				return
+			}
+			s.outstanding(req, +1)
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				s.outstanding(req, -1)
+				return
+			}
+		}
+	}()
+	defer func() {
+		// Uncount what was received but never answered.
+		for {
+			select {
+			case req, ok := <-reqs:
+				if !ok {
+					return
+				}
+				s.outstanding(req, -1)
+			default:
+				return
+			}
+		}
+	}()
+	for {
+		var req *geologv1.AppendRequest
+		select {
+		case r, ok := <-reqs:
+			if !ok {
+				return nil // client closed its side
+			}
+			req = r
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		err := s.serveStreamRequest(ctx, stream, req)
+		s.outstanding(req, -1)
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (s *Server) serveStreamRequest(ctx context.Context, stream geologv1.Log_AppendStreamServer, req *geologv1.AppendRequest) error {
+	f := s.nextAppendFault(req)
+	if !waitFault(ctx, f) || ctx.Err() != nil {
+		// A real server fails the requests of a stream whose client went
+		// away; it does not apply them later.
+		return status.Error(codes.Canceled, "stream cancelled")
+	}
+	var resp *geologv1.AppendResponse
+	switch {
+	case f.DropStream:
+		return errDropped
+	case f.Err != nil:
+		resp = &geologv1.AppendResponse{RequestId: req.GetRequestId(), Error: apierr.As(f.Err).Detail()}
+	default:
+		var err error
+		resp, err = s.apply(req)
+		if err != nil {
+			resp = &geologv1.AppendResponse{RequestId: req.GetRequestId(), Error: apierr.As(err).Detail()}
+		}
+		if f.DropAfterApply {
+			return errDropped
+		}
+		if f.SkipReply {
+			return nil
+		}
+	}
+	return stream.Send(resp)
+}
+
+func (s *Server) outstanding(req *geologv1.AppendRequest, delta int) {
+	k := rangeKey{req.GetStream(), req.GetRange()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.outstandingNow[k] += delta
+	if s.outstandingNow[k] > s.outstandingMax[k] {
+		s.outstandingMax[k] = s.outstandingNow[k]
+	}
+}
+
+// Read implements geologv1.LogServer.
+func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.rangeLocked(req.GetStream(), req.GetRange())
+	if err != nil {
+		return nil, apierr.ToStatus(err)
+	}
+	tail := uint64(len(r.records))
+	from := req.GetFromOffset()
+	if from > tail {
+		e := apierr.New(apierr.OffsetOutOfRange, "offset %d is past the tail %d", from, tail)
+		e.StartOffset, e.TailOffset = 0, tail
+		return nil, apierr.ToStatus(e)
+	}
+	maxRecords := int(req.GetMaxRecords())
+	if maxRecords == 0 {
+		maxRecords = 1000
+	}
+	maxBytes := int(req.GetMaxBytes())
+	if maxBytes == 0 {
+		maxBytes = 1 << 20
+	}
+	resp := &geologv1.ReadResponse{StartOffset: 0, TailOffset: tail}
+	size := 0
+	for o := from; o < tail && len(resp.Records) < maxRecords; o++ {
+		rec := r.records[o]
+		n := len(rec.GetKey()) + len(rec.GetValue())
+		if len(resp.Records) > 0 && size+n > maxBytes {
+			break
+		}
+		size += n
+		resp.Records = append(resp.Records, rec)
+	}
+	resp.NextOffset = from + uint64(len(resp.Records))
+	return resp, nil
+}
+
+// Subscribe implements geologv1.LogServer.
+func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_SubscribeServer) error {
+	ctx := stream.Context()
+	s.mu.Lock()
+	s.subscriptionsN++
+	r, err := s.rangeLocked(req.GetStream(), req.GetRange())
+	if err != nil {
+		s.mu.Unlock()
+		return apierr.ToStatus(err)
+	}
+	var next uint64
+	switch st := req.GetStart().(type) {
+	case *geologv1.SubscribeRequest_FromOffset:
+		next = st.FromOffset
+		if next > uint64(len(r.records)) {
+			e := apierr.New(apierr.OffsetOutOfRange, "offset %d is past the tail %d", next, len(r.records))
+			e.TailOffset = uint64(len(r.records))
+			s.mu.Unlock()
+			return apierr.ToStatus(e)
+		}
+	case *geologv1.SubscribeRequest_FromTimeUnixNanos:
+		next = uint64(sort.Search(len(r.records), func(i int) bool {
+			return r.records[i].GetAppendTimeUnixNanos() >= st.FromTimeUnixNanos
+		}))
+	}
+	s.mu.Unlock()
+	for {
+		s.mu.Lock()
+		tail := uint64(len(r.records))
+		notify := r.notify
+		var recs []*geologv1.StoredRecord
+		for o := next; o < tail && len(recs) < s.cfg.SubscribeRecordsMax; o++ {
+			recs = append(recs, r.records[o])
+		}
+		var f Fault
+		if len(recs) > 0 && s.subscribeFault != nil {
+			s.subscribeN++
+			f = s.subscribeFault(s.subscribeN)
+		}
+		s.mu.Unlock()
+		if len(recs) == 0 {
+			select {
+			case <-notify:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if !waitFault(ctx, f) {
+			return nil
+		}
+		switch {
+		case f.DropStream:
+			return errDropped
+		case f.Err != nil:
+			return apierr.ToStatus(f.Err)
+		}
+		next += uint64(len(recs))
+		if err := stream.Send(&geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: tail}); err != nil {
+			return err
+		}
+	}
+}
+
+// CreateStream implements geologv1.LogServer.
+func (s *Server) CreateStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.CreateStreamResponse, error) {
+	if req.GetName() == "" || req.GetRangeCount() == 0 || req.GetRangeCount() > 1024 {
+		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "a name and a range count in [1, 1024] are required"))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.streams[req.GetName()]; ok {
+		return nil, apierr.ToStatus(apierr.New(apierr.StreamExists, "stream %q exists", req.GetName()))
+	}
+	regions := req.GetRegions()
+	if len(regions) == 0 {
+		regions = []string{"local"}
+	}
+	st := &fakeStream{info: &geologv1.StreamInfo{
+		Name:             req.GetName(),
+		RangeCount:       req.GetRangeCount(),
+		Regions:          regions,
+		Retention:        req.GetRetention(),
+		CreatedUnixNanos: time.Now().UnixNano(),
+	}}
+	for range req.GetRangeCount() {
+		st.ranges = append(st.ranges, &fakeRange{producers: make(map[uint64]*producerState), notify: make(chan struct{})})
+	}
+	s.streams[req.GetName()] = st
+	return &geologv1.CreateStreamResponse{Stream: st.info}, nil
+}
+
+// ListStreams implements geologv1.LogServer.
+func (s *Server) ListStreams(ctx context.Context, req *geologv1.ListStreamsRequest) (*geologv1.ListStreamsResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &geologv1.ListStreamsResponse{}
+	for _, st := range s.streams {
+		resp.Streams = append(resp.Streams, st.info)
+	}
+	sort.Slice(resp.Streams, func(i, j int) bool { return resp.Streams[i].GetName() < resp.Streams[j].GetName() })
+	return resp, nil
+}
+
+// DescribeStream implements geologv1.LogServer.
+func (s *Server) DescribeStream(ctx context.Context, req *geologv1.DescribeStreamRequest) (*geologv1.DescribeStreamResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.streams[req.GetName()]
+	if !ok {
+		return nil, apierr.ToStatus(apierr.New(apierr.StreamNotFound, "stream %q not found", req.GetName()))
+	}
+	resp := &geologv1.DescribeStreamResponse{Stream: st.info}
+	n := st.info.GetRangeCount()
+	for i, r := range st.ranges {
+		resp.Ranges = append(resp.Ranges, &geologv1.RangeInfo{
+			Range:       uint32(i),
+			HashStart:   keyspace.HashStart(uint32(i), n),
+			HashEnd:     keyspace.HashEnd(uint32(i), n),
+			StartOffset: 0,
+			TailOffset:  uint64(len(r.records)),
+			SizeBytes:   r.sizeBytes,
+			HomeRegion:  st.info.GetRegions()[0],
+			Epoch:       1,
+			Leader:      s.Addr(),
+			Status:      "ok",
+		})
+	}
+	return resp, nil
+}
+
+// String describes the fake, for test logs.
+func (s *Server) String() string { return fmt.Sprintf("clienttest.Server(%s)", s.Addr()) }

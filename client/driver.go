@@ -1,0 +1,678 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/geolog/geolog/apierr"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// promisedRecord is a produced record until its callback runs.
+type promisedRecord struct {
+	rec       *Record
+	cb        func(ProduceResult, error)
+	ctx       context.Context
+	stopCtx   func() bool // stops the ctx watcher; nil if ctx cannot end
+	deadline  time.Time   // zero: none
+	enqueued  time.Time
+	sizeBytes int
+}
+
+// batch is a run of a range's records with its sequence numbers.
+type batch struct {
+	recs      []*promisedRecord
+	req       *geologv1.AppendRequest
+	sizeBytes int
+	pid       uint64
+	baseSeq   uint64
+	// requestID is the id of its send on the current stream; 0 means it is
+	// not on the current stream and must be (re)sent.
+	requestID uint64
+	attempts  int
+	deadline  time.Time // the earliest of its records' deadlines; zero: none
+	// resp is set once acknowledged; a batch completes only when every
+	// batch before it has, so that callbacks run in offset order.
+	resp *geologv1.AppendResponse
+}
+
+func (b *batch) recordCount() uint64 { return uint64(len(b.recs)) }
+
+// connEvent is a reply or the terminal error of one stream.
+type connEvent struct {
+	gen  uint64
+	resp *geologv1.AppendResponse
+	err  error
+}
+
+// appendConn is one AppendStream of a range.
+type appendConn struct {
+	gen    uint64
+	stream geologv1.Log_AppendStreamClient
+	cancel context.CancelFunc
+	// broken is set when a Send failed: nothing more is sent on it, and the
+	// driver waits for the receiver to report why the stream ended.
+	broken bool
+}
+
+// rangeDriver owns one range of a producer. Produce calls append to pending
+// under mu; everything else is owned by the run goroutine.
+type rangeDriver struct {
+	p   *Producer
+	rng uint32
+	log hclog.Logger
+
+	wake        chan struct{} // cap 1: poke never blocks
+	sweepNeeded atomic.Bool
+
+	mu                 sync.Mutex
+	pending            []*promisedRecord // FIFO from pendingHead; guarded by mu
+	pendingHead        int
+	pendingBytes       int
+	pendingDeadlineMin time.Time // a lower bound of pending deadlines
+	closed             bool
+
+	// Owned by run.
+	pid            uint64
+	nextSeq        uint64
+	batches        []*batch // unacknowledged, in sequence order
+	conn           *appendConn
+	connGen        uint64
+	requestSeq     uint64
+	events         chan connEvent
+	backoffAttempt int
+	backoffUntil   time.Time
+	lastErr        error
+	timer          *time.Timer
+	timerDue       time.Time
+}
+
+func newRangeDriver(p *Producer, rng uint32) *rangeDriver {
+	pid := p.id
+	if !p.cfg.idempotent {
+		pid = 0
+	}
+	return &rangeDriver{
+		p:    p,
+		rng:  rng,
+		log:  p.log.With("range", rng),
+		wake: make(chan struct{}, 1),
+		pid:  pid,
+		// A stream's receiver never has more unread replies than batches
+		// sent on it: at most the window, plus the window again of stale
+		// sends after a renumbering, plus its terminal error. Receivers of
+		// abandoned streams exit on their context, so this never blocks
+		// for long.
+		events: make(chan connEvent, 2*InflightBatchesMaxLimit+2),
+	}
+}
+
+func (d *rangeDriver) poke() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *rangeDriver) requestSweep() {
+	d.sweepNeeded.Store(true)
+	d.poke()
+}
+
+// enqueue buffers pr; false if the driver has shut down.
+func (d *rangeDriver) enqueue(pr *promisedRecord) bool {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return false
+	}
+	wasEmpty := len(d.pending) == d.pendingHead
+	d.pending = append(d.pending, pr)
+	d.pendingBytes += pr.sizeBytes
+	full := d.pendingBytes >= d.p.cfg.batchBytesMax && d.pendingBytes-pr.sizeBytes < d.p.cfg.batchBytesMax
+	earlier := false
+	if !pr.deadline.IsZero() && (d.pendingDeadlineMin.IsZero() || pr.deadline.Before(d.pendingDeadlineMin)) {
+		d.pendingDeadlineMin = pr.deadline
+		earlier = true
+	}
+	d.mu.Unlock()
+	// The driver looks at pending whenever it can send, so it needs a poke
+	// only when there may be something new for it to do: the first record,
+	// a batch that became full (ends a linger), or an earlier deadline.
+	if wasEmpty || full || earlier {
+		d.poke()
+	}
+	return true
+}
+
+func (d *rangeDriver) run() {
+	defer d.p.wg.Done()
+	d.timer = time.NewTimer(time.Hour)
+	d.timer.Stop()
+	defer d.timer.Stop()
+	for {
+		now := time.Now()
+		d.expire(now)
+		d.pump(now)
+		d.armTimer(now)
+		select {
+		case <-d.p.ctx.Done():
+			d.shutdown()
+			return
+		case <-d.wake:
+		case ev := <-d.events:
+			d.handle(ev)
+		case <-d.timer.C:
+			d.timerDue = time.Time{}
+		}
+	}
+}
+
+// pump sends what can be sent: first the batches to resend, then new batches
+// while the window has room.
+func (d *rangeDriver) pump(now time.Time) {
+	if now.Before(d.backoffUntil) || (d.conn != nil && d.conn.broken) {
+		return
+	}
+	window := d.p.cfg.inflightBatchesMax
+	unsent := false
+	for _, b := range d.batches {
+		if b.requestID == 0 && b.resp == nil {
+			unsent = true
+			break
+		}
+	}
+	if !unsent && (len(d.batches) >= window || !d.cuttable(now)) {
+		return
+	}
+	if d.conn == nil && !d.connect() {
+		return
+	}
+	for _, b := range d.batches {
+		if b.requestID == 0 && b.resp == nil {
+			if !d.send(b) {
+				return
+			}
+		}
+	}
+	for len(d.batches) < window {
+		b := d.cut(now)
+		if b == nil {
+			return
+		}
+		d.batches = append(d.batches, b)
+		if !d.send(b) {
+			return
+		}
+	}
+}
+
+// cuttable reports whether cut would return a batch now.
+func (d *rangeDriver) cuttable(now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cuttableLocked(now)
+}
+
+func (d *rangeDriver) cuttableLocked(now time.Time) bool {
+	if len(d.pending) == d.pendingHead {
+		return false
+	}
+	linger := d.p.cfg.linger
+	return linger == 0 || d.p.flushing.Load() > 0 || d.pendingBytes >= d.p.cfg.batchBytesMax ||
+		now.Sub(d.pending[d.pendingHead].enqueued) >= linger
+}
+
+// cut takes the next batch off pending and numbers it, or returns nil.
+func (d *rangeDriver) cut(now time.Time) *batch {
+	d.mu.Lock()
+	if !d.cuttableLocked(now) {
+		d.mu.Unlock()
+		return nil
+	}
+	b := &batch{}
+	i := d.pendingHead
+	for i < len(d.pending) {
+		pr := d.pending[i]
+		if len(b.recs) > 0 && b.sizeBytes+pr.sizeBytes > d.p.cfg.batchBytesMax {
+			break
+		}
+		b.recs = append(b.recs, pr)
+		b.sizeBytes += pr.sizeBytes
+		d.pending[i] = nil
+		i++
+	}
+	d.pendingHead = i
+	d.pendingBytes -= b.sizeBytes
+	if d.pendingHead == len(d.pending) {
+		d.pending = d.pending[:0]
+		d.pendingHead = 0
+		d.pendingDeadlineMin = time.Time{}
+	} else if d.pendingHead > len(d.pending)/2 && d.pendingHead > 64 {
+		n := copy(d.pending, d.pending[d.pendingHead:])
+		clear(d.pending[n:])
+		d.pending = d.pending[:n]
+		d.pendingHead = 0
+	}
+	d.mu.Unlock()
+
+	recs := make([]*geologv1.Record, len(b.recs))
+	keyless := false
+	for i, pr := range b.recs {
+		recs[i] = pr.rec.toProto()
+		keyless = keyless || len(pr.rec.Key) == 0
+		if !pr.deadline.IsZero() && (b.deadline.IsZero() || pr.deadline.Before(b.deadline)) {
+			b.deadline = pr.deadline
+		}
+	}
+	b.req = &geologv1.AppendRequest{Stream: d.p.stream, Range: d.rng, Records: recs}
+	d.number(b)
+	if keyless {
+		d.p.rotateSticky(d.rng)
+	}
+	return b
+}
+
+// number gives b the range's current producer id and its next sequences.
+func (d *rangeDriver) number(b *batch) {
+	b.pid = d.pid
+	if d.pid == 0 {
+		b.baseSeq = 0
+		return
+	}
+	b.baseSeq = d.nextSeq
+	d.nextSeq += b.recordCount()
+}
+
+// renumber moves every unacknowledged batch to a fresh producer id, in
+// order. Only call it when none of them can ever be appended under its
+// current id (see the callers).
+func (d *rangeDriver) renumber() {
+	if d.pid == 0 {
+		return
+	}
+	d.pid = randomProducerID()
+	d.nextSeq = 0
+	for _, b := range d.batches {
+		if b.resp != nil {
+			panic("client: renumbering an acknowledged batch")
+		}
+		d.number(b)
+		b.requestID = 0
+	}
+	d.log.Debug("continuing under a fresh producer id", "new_producer_id", d.pid)
+}
+
+func (d *rangeDriver) connect() bool {
+	ctx, cancel := context.WithCancel(d.p.ctx)
+	stream, err := d.p.c.api.AppendStream(ctx)
+	if err != nil {
+		cancel()
+		d.streamEnded(err)
+		return false
+	}
+	d.connGen++
+	d.conn = &appendConn{gen: d.connGen, stream: stream, cancel: cancel}
+	go d.receive(ctx, d.conn)
+	return true
+}
+
+// receive forwards conn's replies and its terminal error to the driver. It
+// reads no driver state.
+func (d *rangeDriver) receive(ctx context.Context, conn *appendConn) {
+	for {
+		resp, err := conn.stream.Recv()
+		select {
+		case d.events <- connEvent{gen: conn.gen, resp: resp, err: err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (d *rangeDriver) closeConn() {
+	if d.conn != nil {
+		d.conn.cancel()
+		d.conn = nil
+	}
+}
+
+func (d *rangeDriver) send(b *batch) bool {
+	d.requestSeq++
+	b.requestID = d.requestSeq
+	b.attempts++
+	b.req.RequestId = b.requestID
+	b.req.ProducerId = b.pid
+	b.req.BaseSequence = b.baseSeq
+	// Send serializes the request before it returns, so b.req may be
+	// changed for a later resend.
+	if err := d.conn.stream.Send(b.req); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The stream is gone; its receiver will report why.
+			d.conn.broken = true
+		} else {
+			d.streamEnded(err)
+		}
+		return false
+	}
+	return true
+}
+
+func (d *rangeDriver) handle(ev connEvent) {
+	if d.conn == nil || ev.gen != d.conn.gen {
+		return // from an abandoned stream
+	}
+	if ev.err != nil {
+		d.streamEnded(ev.err)
+		return
+	}
+	d.onReply(ev.resp)
+}
+
+// streamEnded handles the end of the current stream (or a failure to open
+// one).
+func (d *rangeDriver) streamEnded(err error) {
+	d.closeConn()
+	if d.p.ctx.Err() != nil {
+		return // closing; shutdown fails everything
+	}
+	var e error
+	if errors.Is(err, io.EOF) {
+		e = apierr.New(apierr.Unavailable, "append stream ended by the server")
+	} else {
+		e = apierr.FromError(err)
+	}
+	if IsRetriable(e) {
+		d.rewind(e)
+		return
+	}
+	// A final stream error says nothing about which sends were appended,
+	// so everything in flight fails (see the package doc, step 6).
+	d.log.Warn("append stream failed", "error", e)
+	d.failInflight(func(*promisedRecord) error { return e })
+	d.rewind(e)
+}
+
+func (d *rangeDriver) onReply(resp *geologv1.AppendResponse) {
+	i := -1
+	for j, b := range d.batches {
+		if b.requestID == resp.GetRequestId() && b.resp == nil {
+			i = j
+			break
+		}
+	}
+	if i < 0 {
+		return // a reply to a send made before a rewind or renumbering
+	}
+	b := d.batches[i]
+	if ed := resp.GetError(); ed != nil {
+		d.onErrorReply(i, apierr.FromDetail(ed))
+		return
+	}
+	if resp.GetRecordCount() != uint32(len(b.recs)) {
+		e := apierr.New(apierr.Internal, "server acknowledged %d records of a batch of %d", resp.GetRecordCount(), len(b.recs))
+		d.log.Error("protocol violation", "error", e)
+		d.failInflight(func(*promisedRecord) error { return e })
+		return
+	}
+	b.resp = resp
+	d.backoffAttempt = 0
+	d.lastErr = nil
+	for len(d.batches) > 0 && d.batches[0].resp != nil {
+		head := d.batches[0]
+		d.batches[0] = nil
+		d.batches = d.batches[1:]
+		d.ack(head)
+	}
+}
+
+// onErrorReply handles an error reply for batches[i].
+func (d *rangeDriver) onErrorReply(i int, e *Error) {
+	b := d.batches[i]
+	switch {
+	case e.Retriable, i > 0:
+		// A batch behind an unacknowledged one failed (a SEQUENCE_GAP
+		// because its predecessor has not landed is the usual case): it is
+		// part of the rewind, which resends everything in order.
+		d.closeConn()
+		d.rewind(e)
+
+	case e.Code == apierr.SequenceGap && e.ExpectedSequence < b.baseSeq:
+		// The server has lost this producer's sequence state (an expired
+		// producer, or a failover that moved unreplicated batches to the
+		// orphan log): it does not have b, nor any batch behind it, under
+		// this id, and never will since we never send the expected
+		// sequence again. Resend them all under a fresh id.
+		d.log.Warn("server lost the producer's sequence state", "expected", e.ExpectedSequence, "base_sequence", b.baseSeq)
+		d.closeConn()
+		d.renumber()
+		d.rewind(e)
+
+	case e.Code == apierr.DuplicateOutOfWindow:
+		// b was appended long ago and its ack lost; the server can no
+		// longer tell its offsets. Its records fail with this code (they
+		// are stored); the batches behind it keep their sequences, which
+		// follow b's on the server.
+		d.batches[0] = nil
+		d.batches = d.batches[1:]
+		d.fail(b, func(*promisedRecord) error { return e })
+
+	case e.Code == apierr.SequenceGap:
+		// The server is ahead of b: it may hold b and some batches behind
+		// it. Their outcome is unknown.
+		d.log.Error("server is ahead of the producer's sequences", "expected", e.ExpectedSequence, "base_sequence", b.baseSeq)
+		d.failInflight(func(*promisedRecord) error { return e })
+
+	default:
+		// The server rejected b, so under b's id it still expects b's base
+		// sequence and accepts no later one: no batch behind b was or will
+		// be appended under that id. b fails; the rest move to a fresh id
+		// and are resent in order. Replies to their earlier sends carry
+		// old request ids and are ignored.
+		//
+		// This trusts that no earlier send of b is still in the server's
+		// pipeline from a stream we abandoned: the server fails the
+		// requests of a stream whose client went away before it reads the
+		// next stream's, and a final error is deterministic for a request.
+		d.batches[0] = nil
+		d.batches = d.batches[1:]
+		d.fail(b, func(*promisedRecord) error { return e })
+		d.renumber()
+	}
+}
+
+// rewind abandons the current stream and schedules a resend, after backoff,
+// of every unacknowledged batch with its sequence numbers.
+func (d *rangeDriver) rewind(err error) {
+	d.closeConn()
+	d.lastErr = err
+	for _, b := range d.batches {
+		b.requestID = 0
+	}
+	d.backoffAttempt++
+	delay := backoffDelay(d.backoffAttempt, d.p.cfg.backoffMin, d.p.cfg.backoffMax)
+	d.backoffUntil = time.Now().Add(delay)
+	d.log.Debug("rewinding", "attempt", d.backoffAttempt, "backoff", delay, "inflight_batches", len(d.batches), "error", err)
+}
+
+// failInflight fails every unacknowledged batch and continues the range
+// under a fresh producer id: after this nothing is resent under the old one.
+func (d *rangeDriver) failInflight(errFor func(*promisedRecord) error) {
+	bs := d.batches
+	d.batches = nil
+	for _, b := range bs {
+		d.fail(b, errFor)
+	}
+	d.renumber()
+}
+
+// expire fails records whose deadline passed or whose context ended while
+// buffered, and in-flight batches past their deadline.
+func (d *rangeDriver) expire(now time.Time) {
+	for _, b := range d.batches {
+		if !b.deadline.IsZero() && !now.Before(b.deadline) {
+			// Batches behind b share its fate: resending them under the
+			// same id while b is abandoned would leave a gap, and under a
+			// fresh id could duplicate them if an earlier send of b lands.
+			lastErr := d.lastErr
+			d.failInflight(func(pr *promisedRecord) error { return d.deadlineErr(pr, now, lastErr) })
+			break
+		}
+	}
+	d.mu.Lock()
+	due := !d.pendingDeadlineMin.IsZero() && !now.Before(d.pendingDeadlineMin)
+	d.mu.Unlock()
+	if d.sweepNeeded.Swap(false) || due {
+		d.sweep(now)
+	}
+}
+
+// sweep drops buffered records that expired or whose context ended.
+func (d *rangeDriver) sweep(now time.Time) {
+	var dropped []*promisedRecord
+	d.mu.Lock()
+	kept := d.pending[:d.pendingHead]
+	d.pendingDeadlineMin = time.Time{}
+	for _, pr := range d.pending[d.pendingHead:] {
+		if pr.ctx.Err() != nil || (!pr.deadline.IsZero() && !now.Before(pr.deadline)) {
+			dropped = append(dropped, pr)
+			d.pendingBytes -= pr.sizeBytes
+			continue
+		}
+		if !pr.deadline.IsZero() && (d.pendingDeadlineMin.IsZero() || pr.deadline.Before(d.pendingDeadlineMin)) {
+			d.pendingDeadlineMin = pr.deadline
+		}
+		kept = append(kept, pr)
+	}
+	clear(d.pending[len(kept):])
+	d.pending = kept
+	d.mu.Unlock()
+	if len(dropped) == 0 {
+		return
+	}
+	lastErr := d.lastErr
+	d.fail(&batch{recs: dropped, sizeBytes: sumSizes(dropped)}, func(pr *promisedRecord) error {
+		return d.deadlineErr(pr, now, lastErr)
+	})
+}
+
+func sumSizes(prs []*promisedRecord) int {
+	n := 0
+	for _, pr := range prs {
+		n += pr.sizeBytes
+	}
+	return n
+}
+
+// deadlineErr says why pr is failed by expire or sweep.
+func (d *rangeDriver) deadlineErr(pr *promisedRecord, now time.Time, lastErr error) error {
+	if err := pr.ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := pr.ctx.Deadline(); ok && !now.Before(dl) {
+		return context.DeadlineExceeded
+	}
+	if pr.deadline.IsZero() || now.Before(pr.deadline) {
+		return fmt.Errorf("%w: a batch in flight with the record timed out, outcome unknown", ErrDeliveryTimeout)
+	}
+	if lastErr != nil {
+		return fmt.Errorf("%w after %v (last error: %w)", ErrDeliveryTimeout, d.p.cfg.deliveryTimeout, lastErr)
+	}
+	return fmt.Errorf("%w after %v", ErrDeliveryTimeout, d.p.cfg.deliveryTimeout)
+}
+
+// armTimer sets the driver's one timer to the earliest thing it waits for:
+// the end of a backoff, of a linger, or a deadline.
+func (d *rangeDriver) armTimer(now time.Time) {
+	var due time.Time
+	earliest := func(t time.Time) {
+		if !t.IsZero() && (due.IsZero() || t.Before(due)) {
+			due = t
+		}
+	}
+	if now.Before(d.backoffUntil) {
+		earliest(d.backoffUntil)
+	}
+	for _, b := range d.batches {
+		earliest(b.deadline)
+	}
+	d.mu.Lock()
+	earliest(d.pendingDeadlineMin)
+	if d.p.cfg.linger > 0 && len(d.pending) > d.pendingHead && len(d.batches) < d.p.cfg.inflightBatchesMax {
+		earliest(d.pending[d.pendingHead].enqueued.Add(d.p.cfg.linger))
+	}
+	d.mu.Unlock()
+	if due.Equal(d.timerDue) {
+		return
+	}
+	d.timerDue = due
+	if due.IsZero() {
+		d.timer.Stop()
+		return
+	}
+	d.timer.Reset(max(due.Sub(now), time.Millisecond))
+}
+
+// ack completes an acknowledged batch.
+func (d *rangeDriver) ack(b *batch) {
+	d.p.budget.release(int64(b.sizeBytes))
+	resp := b.resp
+	var appendTime time.Time
+	if ns := resp.GetAppendTimeUnixNanos(); ns != 0 {
+		appendTime = time.Unix(0, ns)
+	}
+	for i, pr := range b.recs {
+		if pr.stopCtx != nil {
+			pr.stopCtx()
+		}
+		pr.cb(ProduceResult{
+			Record:     pr.rec,
+			Range:      d.rng,
+			Offset:     resp.GetBaseOffset() + uint64(i),
+			Epoch:      resp.GetEpoch(),
+			AppendTime: appendTime,
+			Duplicate:  resp.GetDuplicate(),
+		}, nil)
+	}
+	d.p.doneRecords(len(b.recs))
+}
+
+// fail completes b's records with errFor's errors.
+func (d *rangeDriver) fail(b *batch, errFor func(*promisedRecord) error) {
+	d.p.budget.release(int64(b.sizeBytes))
+	for _, pr := range b.recs {
+		if pr.stopCtx != nil {
+			pr.stopCtx()
+		}
+		pr.cb(ProduceResult{Record: pr.rec, Range: d.rng}, errFor(pr))
+	}
+	d.p.doneRecords(len(b.recs))
+}
+
+// shutdown fails everything left when the producer closes.
+func (d *rangeDriver) shutdown() {
+	d.closeConn()
+	d.mu.Lock()
+	d.closed = true
+	pending := d.pending[d.pendingHead:]
+	d.pending = nil
+	d.mu.Unlock()
+	closed := func(*promisedRecord) error { return ErrClosed }
+	for _, b := range d.batches {
+		d.fail(b, closed)
+	}
+	d.batches = nil
+	if len(pending) > 0 {
+		d.fail(&batch{recs: pending, sizeBytes: sumSizes(pending)}, closed)
+	}
+}

@@ -1,0 +1,96 @@
+package client
+
+import (
+	"context"
+	"errors"
+
+	"github.com/geolog/geolog/apierr"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// Error is a typed geolog API error: Code says what happened and Retriable
+// whether the same request may succeed later unchanged. It is apierr.Error.
+type Error = apierr.Error
+
+// Code is a geolog API error code.
+type Code = geologv1.ErrorCode
+
+// The API error codes, re-exported from apierr.
+const (
+	CodeInvalidArgument      = apierr.InvalidArgument
+	CodeStreamNotFound       = apierr.StreamNotFound
+	CodeStreamExists         = apierr.StreamExists
+	CodeRangeNotFound        = apierr.RangeNotFound
+	CodeRecordTooLarge       = apierr.RecordTooLarge
+	CodeBatchTooLarge        = apierr.BatchTooLarge
+	CodeEmptyBatch           = apierr.EmptyBatch
+	CodeOffsetOutOfRange     = apierr.OffsetOutOfRange
+	CodeSequenceGap          = apierr.SequenceGap
+	CodeDuplicateOutOfWindow = apierr.DuplicateOutOfWindow
+	CodeNotLeader            = apierr.NotLeader
+	CodeNotHome              = apierr.NotHome
+	CodeStaleEpoch           = apierr.StaleEpoch
+	CodeLeaseExpired         = apierr.LeaseExpired
+	CodeCorruption           = apierr.Corruption
+	CodeUnavailable          = apierr.Unavailable
+	CodeOverloaded           = apierr.Overloaded
+	CodeShuttingDown         = apierr.ShuttingDown
+	CodeTimeout              = apierr.Timeout
+	CodeUnauthenticated      = apierr.Unauthenticated
+	CodePermissionDenied     = apierr.PermissionDenied
+	CodeInternal             = apierr.Internal
+)
+
+// ErrClosed is returned for calls on, and records still unacknowledged by, a
+// closed Client or Producer. A record failed with ErrClosed after it was sent
+// may or may not have been appended.
+var ErrClosed = errors.New("client: closed")
+
+// ErrDeliveryTimeout fails a record whose delivery timeout passed before it
+// was acknowledged. If the record had been sent, the outcome is unknown: it
+// may or may not have been appended. The error wraps the last error the range
+// saw, if any.
+var ErrDeliveryTimeout = errors.New("client: delivery timeout")
+
+// IsRetriable reports whether err is an API error that a retry of the same
+// request may cure. Errors the client already gave up on (ErrClosed,
+// ErrDeliveryTimeout, context errors) are not retriable: re-producing a
+// record after them may append it twice.
+func IsRetriable(err error) bool {
+	if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrDeliveryTimeout) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var e *Error
+	return errors.As(err, &e) && e.Retriable
+}
+
+// CodeOf returns the API code carried by err: CodeTimeout for
+// ErrDeliveryTimeout and context errors, CodeUnspecified-equivalent 0 for nil
+// or for ErrClosed.
+func CodeOf(err error) Code {
+	var e *Error
+	switch {
+	case err == nil, errors.Is(err, ErrClosed):
+		return 0
+	case errors.Is(err, ErrDeliveryTimeout), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return CodeTimeout
+	case errors.As(err, &e):
+		return e.Code
+	default:
+		return CodeInternal
+	}
+}
+
+// rpcError is the client's one boundary for errors of gRPC calls: when ctx is
+// done the context error is returned (so errors.Is(err, context.Canceled)
+// works); otherwise the error is classified into an *Error.
+func rpcError(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return apierr.FromError(err)
+}

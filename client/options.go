@@ -1,0 +1,208 @@
+package client
+
+import (
+	"crypto/tls"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+)
+
+// Opt configures a Client. Options are validated together in New.
+type Opt func(*clientConfig)
+
+type clientConfig struct {
+	tls               *tls.Config
+	logger            hclog.Logger
+	messageBytesMax   int
+	streamWindowBytes int32
+	connWindowBytes   int32
+	keepaliveTime     time.Duration
+	keepaliveTimeout  time.Duration
+	requestTimeout    time.Duration
+	retriesMax        int
+	backoffMin        time.Duration
+	backoffMax        time.Duration
+	dialOpts          []grpc.DialOption
+}
+
+func defaultClientConfig() clientConfig {
+	return clientConfig{
+		logger:            hclog.NewNullLogger(),
+		messageBytesMax:   64 << 20,
+		streamWindowBytes: 4 << 20,
+		connWindowBytes:   16 << 20,
+		keepaliveTime:     30 * time.Second,
+		keepaliveTimeout:  10 * time.Second,
+		requestTimeout:    30 * time.Second,
+		retriesMax:        10,
+		backoffMin:        100 * time.Millisecond,
+		backoffMax:        2 * time.Second,
+	}
+}
+
+// TLSConfig makes the client dial with TLS using cfg (set Certificates for
+// mutual TLS), overriding the default of an insecure (plaintext) connection.
+func TLSConfig(cfg *tls.Config) Opt { return func(c *clientConfig) { c.tls = cfg } }
+
+// Logger sets the logger, overriding the default of hclog.NewNullLogger().
+func Logger(l hclog.Logger) Opt { return func(c *clientConfig) { c.logger = l } }
+
+// MessageBytesMax bounds gRPC messages in both directions, overriding the
+// default of 64 MiB. It must be at least 1 MiB.
+func MessageBytesMax(n int) Opt { return func(c *clientConfig) { c.messageBytesMax = n } }
+
+// WindowBytes sets the HTTP/2 initial flow-control windows of each stream
+// and of the connection, overriding the defaults of 4 MiB and 16 MiB, so big
+// batches stream without waiting for window updates. Each must be at least
+// 64 KiB and conn at least stream.
+func WindowBytes(stream, conn int32) Opt {
+	return func(c *clientConfig) { c.streamWindowBytes, c.connWindowBytes = stream, conn }
+}
+
+// Keepalive sets how long a connection may be idle before the client pings
+// the server and how long it then waits for the ack, overriding the defaults
+// of 30s and 10s. time must be at least 10s (gRPC's floor). The server must
+// permit pings this often (keepalive.EnforcementPolicy.MinTime).
+func Keepalive(time, timeout time.Duration) Opt {
+	return func(c *clientConfig) { c.keepaliveTime, c.keepaliveTimeout = time, timeout }
+}
+
+// RequestTimeout bounds each attempt of a unary call whose context has no
+// deadline, overriding the default of 30s. Zero disables it.
+func RequestTimeout(d time.Duration) Opt { return func(c *clientConfig) { c.requestTimeout = d } }
+
+// RetriesMax bounds the retries of a retriable read, describe or list call,
+// and the consecutive failed reconnects of a subscription that has delivered
+// nothing in between, overriding the default of 10.
+func RetriesMax(n int) Opt { return func(c *clientConfig) { c.retriesMax = n } }
+
+// RetryBackoff sets the bounds of the jittered exponential backoff between
+// retries, overriding the defaults of 100ms and 2s. It is also the default
+// for producers (see ProducerRetryBackoff).
+func RetryBackoff(min, max time.Duration) Opt {
+	return func(c *clientConfig) { c.backoffMin, c.backoffMax = min, max }
+}
+
+// DialOptions appends raw gRPC dial options (interceptors, for example)
+// after the client's own; there are none by default.
+func DialOptions(opts ...grpc.DialOption) Opt {
+	return func(c *clientConfig) { c.dialOpts = append(c.dialOpts, opts...) }
+}
+
+func (c *clientConfig) validate() error {
+	switch {
+	case c.logger == nil:
+		return fmt.Errorf("client: Logger is nil")
+	case c.messageBytesMax < 1<<20:
+		return fmt.Errorf("client: MessageBytesMax %d is below 1 MiB", c.messageBytesMax)
+	case c.streamWindowBytes < 64<<10 || c.connWindowBytes < c.streamWindowBytes:
+		return fmt.Errorf("client: WindowBytes(%d, %d): stream must be >= 64 KiB and conn >= stream", c.streamWindowBytes, c.connWindowBytes)
+	case c.keepaliveTime < 10*time.Second || c.keepaliveTimeout <= 0:
+		return fmt.Errorf("client: Keepalive(%v, %v): time must be >= 10s and timeout positive", c.keepaliveTime, c.keepaliveTimeout)
+	case c.requestTimeout < 0:
+		return fmt.Errorf("client: RequestTimeout %v is negative", c.requestTimeout)
+	case c.retriesMax < 0:
+		return fmt.Errorf("client: RetriesMax %d is negative", c.retriesMax)
+	case c.backoffMin <= 0 || c.backoffMax < c.backoffMin:
+		return fmt.Errorf("client: RetryBackoff(%v, %v): min must be positive and max >= min", c.backoffMin, c.backoffMax)
+	}
+	return nil
+}
+
+// ProducerOpt configures a Producer. Options are validated together in
+// NewProducer.
+type ProducerOpt func(*producerConfig)
+
+// InflightBatchesMaxLimit is the largest allowed InflightBatchesMax: the
+// server keeps the last 16 batches of each producer for dedup, so a longer
+// window could make a resent batch too old to deduplicate.
+const InflightBatchesMaxLimit = 16
+
+type producerConfig struct {
+	linger             time.Duration
+	batchBytesMax      int
+	inflightBatchesMax int
+	bufferedBytesMax   int64
+	deliveryTimeout    time.Duration
+	idempotent         bool
+	backoffMin         time.Duration
+	backoffMax         time.Duration
+	producerID         uint64
+}
+
+func defaultProducerConfig(c *clientConfig) producerConfig {
+	return producerConfig{
+		batchBytesMax:      1 << 20,
+		inflightBatchesMax: 5,
+		bufferedBytesMax:   64 << 20,
+		deliveryTimeout:    2 * time.Minute,
+		idempotent:         true,
+		backoffMin:         c.backoffMin,
+		backoffMax:         c.backoffMax,
+	}
+}
+
+// Linger makes a range wait up to d after its oldest buffered record for a
+// batch to fill before sending it, overriding the default of 0: send as soon
+// as the in-flight window has room, while batches form behind a full window.
+// Flush ignores the linger.
+func Linger(d time.Duration) ProducerOpt { return func(c *producerConfig) { c.linger = d } }
+
+// BatchBytesMax bounds a batch's record bytes, overriding the default of
+// 1 MiB. A record larger than this fails with CodeRecordTooLarge.
+func BatchBytesMax(n int) ProducerOpt { return func(c *producerConfig) { c.batchBytesMax = n } }
+
+// InflightBatchesMax bounds the unacknowledged batches per range, overriding
+// the default of 5; at most InflightBatchesMaxLimit (16).
+func InflightBatchesMax(n int) ProducerOpt {
+	return func(c *producerConfig) { c.inflightBatchesMax = n }
+}
+
+// BufferedBytesMax bounds the bytes of records produced but not yet
+// acknowledged or failed, across all ranges; Produce blocks while the bound
+// is reached. It overrides the default of 64 MiB and must be at least
+// BatchBytesMax.
+func BufferedBytesMax(n int64) ProducerOpt { return func(c *producerConfig) { c.bufferedBytesMax = n } }
+
+// DeliveryTimeout bounds the time from Produce to a record's callback,
+// retries included, overriding the default of 2 minutes. Zero means records
+// are bounded only by their contexts.
+func DeliveryTimeout(d time.Duration) ProducerOpt {
+	return func(c *producerConfig) { c.deliveryTimeout = d }
+}
+
+// DisableIdempotence sends batches without a producer id, overriding the
+// default of idempotent appends. Retries may then append a batch twice.
+func DisableIdempotence() ProducerOpt { return func(c *producerConfig) { c.idempotent = false } }
+
+// ProducerRetryBackoff sets the bounds of the jittered exponential backoff
+// before a range reconnects and resends, overriding the client's
+// RetryBackoff (default 100ms and 2s).
+func ProducerRetryBackoff(min, max time.Duration) ProducerOpt {
+	return func(c *producerConfig) { c.backoffMin, c.backoffMax = min, max }
+}
+
+// ProducerID sets the initial producer id, overriding the default of a
+// random non-zero id from crypto/rand. Ids must be unique among a stream's
+// producers; this exists for tests and tools.
+func ProducerID(id uint64) ProducerOpt { return func(c *producerConfig) { c.producerID = id } }
+
+func (c *producerConfig) validate() error {
+	switch {
+	case c.linger < 0:
+		return fmt.Errorf("client: Linger %v is negative", c.linger)
+	case c.batchBytesMax < 1:
+		return fmt.Errorf("client: BatchBytesMax %d is not positive", c.batchBytesMax)
+	case c.inflightBatchesMax < 1 || c.inflightBatchesMax > InflightBatchesMaxLimit:
+		return fmt.Errorf("client: InflightBatchesMax %d is outside [1, %d]", c.inflightBatchesMax, InflightBatchesMaxLimit)
+	case c.bufferedBytesMax < int64(c.batchBytesMax):
+		return fmt.Errorf("client: BufferedBytesMax %d is below BatchBytesMax %d", c.bufferedBytesMax, c.batchBytesMax)
+	case c.deliveryTimeout < 0:
+		return fmt.Errorf("client: DeliveryTimeout %v is negative", c.deliveryTimeout)
+	case c.backoffMin <= 0 || c.backoffMax < c.backoffMin:
+		return fmt.Errorf("client: ProducerRetryBackoff(%v, %v): min must be positive and max >= min", c.backoffMin, c.backoffMax)
+	}
+	return nil
+}

@@ -1,0 +1,421 @@
+package client
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/keyspace"
+)
+
+// Producer appends records to one stream: batched per range, pipelined,
+// idempotent and retried (see the package doc for the contract). It is safe
+// for concurrent use.
+type Producer struct {
+	c      *Client
+	stream string
+	cfg    producerConfig
+	log    hclog.Logger
+	id     uint64
+
+	// ctx ends when the producer is closed; every range driver and stream
+	// hangs off it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// metaMu serializes the one DescribeStream that learns the range count.
+	// drivers is written before rangeCount is stored, so a reader that loads
+	// a non-zero rangeCount sees the slice.
+	metaMu     sync.Mutex
+	rangeCount atomic.Uint32
+	drivers    []atomic.Pointer[rangeDriver]
+	sticky     atomic.Uint32
+
+	budget   byteBudget
+	flushing atomic.Int32
+
+	mu          sync.Mutex // guards the fields below and driver creation
+	closed      bool
+	closing     chan struct{}
+	outstanding int
+	idle        chan struct{} // closed when outstanding drops to 0
+}
+
+// NewProducer returns a producer for stream. The stream's range count is
+// learned (once, with DescribeStream) by the first Produce.
+func (c *Client) NewProducer(stream string, opts ...ProducerOpt) (*Producer, error) {
+	if stream == "" {
+		return nil, fmt.Errorf("client: empty stream name")
+	}
+	cfg := defaultProducerConfig(&c.cfg)
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	// A batch travels in one gRPC message together with its framing; keep
+	// a generous margin below the message bound.
+	if cfg.batchBytesMax > c.cfg.messageBytesMax-(64<<10) {
+		return nil, fmt.Errorf("client: BatchBytesMax %d does not fit MessageBytesMax %d with 64 KiB to spare",
+			cfg.batchBytesMax, c.cfg.messageBytesMax)
+	}
+	id := cfg.producerID
+	if id == 0 {
+		id = randomProducerID()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Producer{
+		c:       c,
+		stream:  stream,
+		cfg:     cfg,
+		log:     c.log.Named("producer").With("stream", stream, "producer_id", id),
+		id:      id,
+		ctx:     ctx,
+		cancel:  cancel,
+		budget:  byteBudget{max: cfg.bufferedBytesMax, freed: make(chan struct{})},
+		closing: make(chan struct{}),
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		cancel()
+		return nil, ErrClosed
+	}
+	c.producers[p] = struct{}{}
+	return p, nil
+}
+
+// ID returns the producer's initial producer id. A range that had to drop
+// batches continues under a fresh id (see the package doc).
+func (p *Producer) ID() uint64 { return p.id }
+
+// Stream returns the stream the producer appends to.
+func (p *Producer) Stream() string { return p.stream }
+
+// Produce appends rec asynchronously and calls cb exactly once with where it
+// landed or why it failed. cb runs on the range's goroutine, in offset order
+// for the range, and must not block; it may run before Produce returns (for
+// records failed up front). Produce blocks while the buffer bound is reached
+// and, for the first record, while the stream is described.
+//
+// ctx bounds the record until it is sent: cancelling it fails a record still
+// buffered. Its deadline, and the delivery timeout, bound the record always,
+// even while in flight (see ErrDeliveryTimeout).
+func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResult, error)) {
+	if cb == nil {
+		cb = func(ProduceResult, error) {}
+	}
+	if rec == nil {
+		cb(ProduceResult{}, apierr.New(apierr.InvalidArgument, "nil record"))
+		return
+	}
+	size := rec.sizeBytes()
+	if size > p.cfg.batchBytesMax {
+		cb(ProduceResult{Record: rec}, apierr.New(apierr.RecordTooLarge,
+			"record of %d bytes exceeds the producer's batch bound of %d bytes", size, p.cfg.batchBytesMax))
+		return
+	}
+	now := time.Now()
+	if rec.ProducerTime.IsZero() {
+		rec.ProducerTime = now
+	}
+	var deadline time.Time
+	if p.cfg.deliveryTimeout > 0 {
+		deadline = now.Add(p.cfg.deliveryTimeout)
+	}
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
+	rangeCount, err := p.describe(ctx, deadline)
+	if err != nil {
+		cb(ProduceResult{Record: rec}, err)
+		return
+	}
+	if err := p.budget.acquire(ctx, int64(size), p.closing, deadline); err != nil {
+		cb(ProduceResult{Record: rec}, err)
+		return
+	}
+	var rng uint32
+	if len(rec.Key) > 0 {
+		rng = keyspace.RangeForKey(rec.Key, rangeCount)
+	} else {
+		rng = p.sticky.Load()
+	}
+	pr := &promisedRecord{rec: rec, cb: cb, ctx: ctx, deadline: deadline, enqueued: now, sizeBytes: size}
+	d := p.driver(rng)
+	if d == nil || !p.addOutstanding() {
+		p.budget.release(int64(size))
+		cb(ProduceResult{Record: rec}, ErrClosed)
+		return
+	}
+	if ctx.Done() != nil {
+		// Wake the driver to drop the record if ctx ends while it is
+		// still buffered; stopped when the record completes.
+		pr.stopCtx = context.AfterFunc(ctx, d.requestSweep)
+	}
+	if !d.enqueue(pr) {
+		if pr.stopCtx != nil {
+			pr.stopCtx()
+		}
+		p.budget.release(int64(size))
+		cb(ProduceResult{Record: rec}, ErrClosed)
+		p.doneRecords(1)
+	}
+}
+
+// ProduceSync produces recs and waits for all of them. results[i] belongs to
+// recs[i]; err is the first failure in recs order (nil if all succeeded), and
+// a failed record's result holds only its Record.
+func (p *Producer) ProduceSync(ctx context.Context, recs ...*Record) (results []ProduceResult, err error) {
+	results = make([]ProduceResult, len(recs))
+	errs := make([]error, len(recs))
+	var wg sync.WaitGroup
+	wg.Add(len(recs))
+	for i, rec := range recs {
+		p.Produce(ctx, rec, func(res ProduceResult, err error) {
+			results[i], errs[i] = res, err
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return results, e
+		}
+	}
+	return results, nil
+}
+
+// Flush sends buffered records without waiting for a linger and waits until
+// every record produced before or during the call has completed (its callback
+// has returned), or ctx ends.
+func (p *Producer) Flush(ctx context.Context) error {
+	p.flushing.Add(1)
+	defer p.flushing.Add(-1)
+	p.wakeAll()
+	p.mu.Lock()
+	if p.outstanding == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	idle := p.idle
+	p.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close stops the producer: later Produce calls fail with ErrClosed, and so
+// does every record not yet acknowledged (one that was sent may still have
+// been appended). Call Flush first to deliver what is buffered. Close waits
+// for the range goroutines (and so for callbacks) to finish.
+func (p *Producer) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	close(p.closing)
+	p.mu.Unlock()
+	p.cancel()
+	p.wg.Wait()
+	p.c.mu.Lock()
+	delete(p.c.producers, p)
+	p.c.mu.Unlock()
+}
+
+// RangeCount returns the stream's range count, describing the stream on
+// first use (Produce does the same for the first record).
+func (p *Producer) RangeCount(ctx context.Context) (uint32, error) {
+	return p.describe(ctx, time.Time{})
+}
+
+// describe returns the stream's range count, asking the server the first
+// time. Concurrent first callers wait for one DescribeStream.
+func (p *Producer) describe(ctx context.Context, deadline time.Time) (uint32, error) {
+	if n := p.rangeCount.Load(); n != 0 {
+		return n, nil
+	}
+	p.metaMu.Lock()
+	defer p.metaMu.Unlock()
+	if n := p.rangeCount.Load(); n != 0 {
+		return n, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(p.ctx, cancel)
+	defer stop()
+	if !deadline.IsZero() {
+		var cancelDeadline context.CancelFunc
+		ctx, cancelDeadline = context.WithDeadline(ctx, deadline)
+		defer cancelDeadline()
+	}
+	desc, err := p.c.DescribeStream(ctx, p.stream)
+	if err != nil {
+		if p.ctx.Err() != nil {
+			return 0, ErrClosed
+		}
+		return 0, err
+	}
+	n := desc.Stream.RangeCount
+	p.drivers = make([]atomic.Pointer[rangeDriver], n)
+	p.sticky.Store(rand.Uint32N(n))
+	p.rangeCount.Store(n)
+	return n, nil
+}
+
+// driver returns the driver of range rng, starting it on first use; nil once
+// the producer is closed.
+func (p *Producer) driver(rng uint32) *rangeDriver {
+	if d := p.drivers[rng].Load(); d != nil {
+		return d
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	if d := p.drivers[rng].Load(); d != nil {
+		return d
+	}
+	d := newRangeDriver(p, rng)
+	p.drivers[rng].Store(d)
+	p.wg.Add(1)
+	go d.run()
+	return d
+}
+
+func (p *Producer) wakeAll() {
+	if p.rangeCount.Load() == 0 {
+		return
+	}
+	for i := range p.drivers {
+		if d := p.drivers[i].Load(); d != nil {
+			d.poke()
+		}
+	}
+}
+
+// rotateSticky moves keyless records off range rng once it cut a batch, so
+// that they spread over the ranges one batch at a time.
+func (p *Producer) rotateSticky(rng uint32) {
+	n := p.rangeCount.Load()
+	if n <= 1 {
+		return
+	}
+	next := (rng + 1 + rand.Uint32N(n-1)) % n
+	p.sticky.CompareAndSwap(rng, next)
+}
+
+// addOutstanding counts one more record in the producer; false once closed.
+func (p *Producer) addOutstanding() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	if p.outstanding == 0 {
+		p.idle = make(chan struct{})
+	}
+	p.outstanding++
+	return true
+}
+
+// doneRecords uncounts count completed records. It is called after their
+// callbacks returned, so that Flush returning implies the callbacks did.
+func (p *Producer) doneRecords(count int) {
+	p.mu.Lock()
+	p.outstanding -= count
+	if p.outstanding < 0 {
+		panic("client: producer outstanding record count went negative")
+	}
+	if p.outstanding == 0 {
+		close(p.idle)
+	}
+	p.mu.Unlock()
+}
+
+func randomProducerID() uint64 {
+	var b [8]byte
+	for {
+		if _, err := crand.Read(b[:]); err != nil {
+			panic(fmt.Sprintf("client: crypto/rand: %v", err))
+		}
+		if id := binary.LittleEndian.Uint64(b[:]); id != 0 {
+			return id
+		}
+	}
+}
+
+// byteBudget bounds the bytes of buffered records (BufferedBytesMax).
+type byteBudget struct {
+	mu      sync.Mutex
+	used    int64
+	max     int64
+	waiting bool
+	freed   chan struct{} // closed and replaced on a release while waiting
+}
+
+// acquire takes n bytes, blocking while they do not fit. A record larger
+// than the whole budget is let through when nothing else is buffered.
+func (b *byteBudget) acquire(ctx context.Context, n int64, closing <-chan struct{}, deadline time.Time) error {
+	var timeout <-chan time.Time
+	for {
+		b.mu.Lock()
+		if b.used == 0 || b.used+n <= b.max {
+			b.used += n
+			b.mu.Unlock()
+			return nil
+		}
+		b.waiting = true
+		freed := b.freed
+		b.mu.Unlock()
+		if timeout == nil && !deadline.IsZero() {
+			t := time.NewTimer(time.Until(deadline))
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-closing:
+			return ErrClosed
+		case <-timeout:
+			// deadline is the earlier of ctx's and the delivery timeout's;
+			// say which one passed.
+			if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+				return context.DeadlineExceeded
+			}
+			return fmt.Errorf("%w: waiting for buffer space", ErrDeliveryTimeout)
+		}
+	}
+}
+
+func (b *byteBudget) release(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	if b.used < 0 {
+		panic("client: buffered bytes went negative")
+	}
+	if b.waiting {
+		b.waiting = false
+		close(b.freed)
+		b.freed = make(chan struct{})
+	}
+	b.mu.Unlock()
+}

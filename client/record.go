@@ -1,0 +1,104 @@
+package client
+
+import (
+	"time"
+
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// Header is one record header; keys need not be unique.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Record is what a producer appends. The producer owns a Record passed to
+// Produce until its callback runs; the caller must not modify it before.
+type Record struct {
+	// Key selects the range (keyspace.RangeForKey); nil or empty means a
+	// sticky range chosen by the producer.
+	Key []byte
+	// Value is opaque bytes.
+	Value   []byte
+	Headers []Header
+	// ProducerTime is the producer's timestamp; Produce sets it to the
+	// current time when it is zero.
+	ProducerTime time.Time
+}
+
+// recordOverheadBytes approximates the per-record framing (tags, lengths,
+// timestamp) of the wire and batch formats, so that batch and buffer sizes
+// count what the record really costs.
+const recordOverheadBytes = 24
+
+// sizeBytes is the number of bytes r counts for against batch and buffer
+// bounds.
+func (r *Record) sizeBytes() int {
+	n := len(r.Key) + len(r.Value) + recordOverheadBytes
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 4
+	}
+	return n
+}
+
+func (r *Record) toProto() *geologv1.Record {
+	pr := &geologv1.Record{Key: r.Key, Value: r.Value}
+	if !r.ProducerTime.IsZero() {
+		pr.ProducerTimeUnixNanos = r.ProducerTime.UnixNano()
+	}
+	if len(r.Headers) > 0 {
+		pr.Headers = make([]*geologv1.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			pr.Headers[i] = &geologv1.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return pr
+}
+
+// ProduceResult is where an acknowledged record landed.
+type ProduceResult struct {
+	Record *Record
+	Range  uint32
+	Offset uint64
+	// Epoch is the homing epoch the record was appended under.
+	Epoch      uint64
+	AppendTime time.Time
+	// Duplicate is true when the server had already appended the record's
+	// batch (a retry after a lost ack); the offset is the original one.
+	Duplicate bool
+}
+
+// StoredRecord is a record as read back.
+type StoredRecord struct {
+	Range        uint32
+	Offset       uint64
+	Key          []byte
+	Value        []byte
+	Headers      []Header
+	ProducerTime time.Time // zero when the producer set none
+	AppendTime   time.Time
+	Epoch        uint64
+}
+
+func storedFromProto(rng uint32, r *geologv1.StoredRecord) StoredRecord {
+	s := StoredRecord{
+		Range:  rng,
+		Offset: r.GetOffset(),
+		Key:    r.GetKey(),
+		Value:  r.GetValue(),
+		Epoch:  r.GetEpoch(),
+	}
+	if ns := r.GetProducerTimeUnixNanos(); ns != 0 {
+		s.ProducerTime = time.Unix(0, ns)
+	}
+	if ns := r.GetAppendTimeUnixNanos(); ns != 0 {
+		s.AppendTime = time.Unix(0, ns)
+	}
+	if hs := r.GetHeaders(); len(hs) > 0 {
+		s.Headers = make([]Header, len(hs))
+		for i, h := range hs {
+			s.Headers[i] = Header{Key: h.GetKey(), Value: h.GetValue()}
+		}
+	}
+	return s
+}

@@ -1,0 +1,79 @@
+// Command geologd runs one geolog node.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/geolog/geolog/regionsvc"
+	"github.com/geolog/geolog/segment"
+	"github.com/hashicorp/go-hclog"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	fs := flag.NewFlagSet("geologd", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "", "data directory (required)")
+	listen := fs.String("listen", "127.0.0.1:7400", "gRPC listen address")
+	region := fs.String("region", "local", "this node's region")
+	fsync := fs.String("fsync", "always", "durability: always, or never (benchmarks only: acks mean page cache)")
+	recordBytesMax := fs.Int("record-bytes-max", 1<<20, "largest record accepted (key+value+headers)")
+	segmentBytesMax := fs.Int64("segment-bytes-max", 64<<20, "segment roll size")
+	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
+	logJSON := fs.Bool("log-json", false, "log as JSON")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	if *dataDir == "" {
+		fmt.Fprintln(os.Stderr, "geologd: --data-dir is required")
+		return 2
+	}
+	var policy segment.FsyncPolicy
+	switch *fsync {
+	case "always":
+		policy = segment.FsyncAlways
+	case "never":
+		policy = segment.FsyncNever
+	default:
+		fmt.Fprintf(os.Stderr, "geologd: --fsync must be always or never, not %q\n", *fsync)
+		return 2
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logJSON, Output: os.Stderr})
+	if policy == segment.FsyncNever {
+		logger.Warn("fsync disabled: acknowledged records can be lost on a machine crash; for benchmarks only")
+	}
+	node, err := regionsvc.New(regionsvc.Config{
+		DataDir:         *dataDir,
+		ListenAddr:      *listen,
+		Region:          *region,
+		Logger:          logger,
+		RecordBytesMax:  *recordBytesMax,
+		Fsync:           policy,
+		SegmentBytesMax: *segmentBytesMax,
+	})
+	if err != nil {
+		logger.Error("open node", "error", err)
+		return 1
+	}
+	if err := node.Start(); err != nil {
+		logger.Error("start node", "error", err)
+		node.Close()
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	err = node.Wait(ctx)
+	node.Close()
+	if err != nil && ctx.Err() == nil {
+		logger.Error("server stopped", "error", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,178 @@
+// Package nodeproc runs geologd as a real process for tests: build the
+// binary once, start it on a free loopback port, kill it with SIGKILL or stop
+// it with SIGTERM, and restart it on the same data.
+package nodeproc
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+// Binary builds cmd/geologd once per test process and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			buildErr = fmt.Errorf("go env GOMOD: %w", err)
+			return
+		}
+		root := filepath.Dir(strings.TrimSpace(string(out)))
+		dir, err := os.MkdirTemp("", "geologd-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildPath = filepath.Join(dir, "geologd")
+		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/geologd")
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build geologd: %v\n%s", err, b)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildPath
+}
+
+// FreeAddr returns a loopback address with a port that was free just now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Proc is one geologd process.
+type Proc struct {
+	t    testing.TB
+	Bin  string
+	Args []string
+	Addr string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	log    *bytes.Buffer
+}
+
+// syncBuffer guards a bytes.Buffer written by the process's output copier.
+type syncBuffer struct {
+	mu  *sync.Mutex
+	buf *bytes.Buffer
+}
+
+func (s syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+// Start runs geologd with dataDir and addr plus extra flags. The process is
+// killed at the end of the test.
+func Start(t testing.TB, dataDir, addr string, extra ...string) *Proc {
+	t.Helper()
+	p := &Proc{
+		t:    t,
+		Bin:  Binary(t),
+		Args: append([]string{"--data-dir", dataDir, "--listen", addr, "--log-level", "warn"}, extra...),
+		Addr: addr,
+		log:  &bytes.Buffer{},
+	}
+	p.start()
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("geologd %s output:\n%s", addr, p.Output())
+		}
+	})
+	return p
+}
+
+func (p *Proc) start() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cmd := exec.Command(p.Bin, p.Args...)
+	w := syncBuffer{&p.mu, p.log}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		p.t.Fatalf("start geologd: %v", err)
+	}
+	p.cmd = cmd
+	exited := make(chan struct{})
+	p.exited = exited
+	go func() { cmd.Wait(); close(exited) }()
+}
+
+// Output returns what the process (all its incarnations) printed.
+func (p *Proc) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (p *Proc) Kill() { p.signal(syscall.SIGKILL) }
+
+// Stop sends SIGTERM and waits up to 10 s, then SIGKILL.
+func (p *Proc) Stop() {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		p.Kill()
+	}
+}
+
+func (p *Proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	<-exited
+}
+
+// Restart starts the process again with the same flags (after Kill/Stop).
+func (p *Proc) Restart() {
+	select {
+	case <-p.exited:
+	default:
+		p.t.Fatal("nodeproc: Restart while the process runs")
+	}
+	p.start()
+}
+
+// Pid returns the current process id.
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd.Process.Pid
+}

@@ -1,0 +1,368 @@
+package regionsvc
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/keyspace"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/segment"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+)
+
+// Config configures a Node. Zero values take the documented defaults.
+type Config struct {
+	// DataDir holds the catalogue and every range's segments. Required.
+	DataDir string
+	// ListenAddr is the gRPC listen address, default "127.0.0.1:7400".
+	// Use "127.0.0.1:0" for an ephemeral port (see Addr).
+	ListenAddr string
+	// Region names this node's region, default "local".
+	Region string
+	// Logger defaults to a null logger.
+	Logger hclog.Logger
+	// TLS, when set, serves gRPC over TLS (mutual TLS if it asks for
+	// client certificates). Default: plaintext.
+	TLS *tls.Config
+	// RecordBytesMax bounds one record (key + value + headers), default 1 MiB.
+	RecordBytesMax int
+	// BatchBytesMax bounds one encoded append batch, default 16 MiB.
+	BatchBytesMax int
+	// Fsync is the durability policy, default segment.FsyncAlways.
+	// segment.FsyncNever is for benchmarks only: acks then mean "written to
+	// the page cache".
+	Fsync segment.FsyncPolicy
+	// SegmentBytesMax is the segment roll size, default 64 MiB.
+	SegmentBytesMax int64
+	// Epoch stamped on every batch, default 1. Homing will own it.
+	Epoch uint64
+	// InboxOpsMax bounds queued appends per range, default 4096.
+	InboxOpsMax int
+	// ProducersMax bounds idempotent producers remembered per range,
+	// default 100,000.
+	ProducersMax int
+	// ProducerStateTTL forgets producers idle for longer, default 7 days.
+	ProducerStateTTL time.Duration
+	// MaintenanceInterval is how often retention runs, default 30 s.
+	MaintenanceInterval time.Duration
+	// Now is the clock, default time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() error {
+	if c.DataDir == "" {
+		return errors.New("regionsvc: Config.DataDir is required")
+	}
+	if c.ListenAddr == "" {
+		c.ListenAddr = "127.0.0.1:7400"
+	}
+	if c.Region == "" {
+		c.Region = "local"
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.RecordBytesMax <= 0 {
+		c.RecordBytesMax = 1 << 20
+	}
+	if c.BatchBytesMax <= 0 {
+		c.BatchBytesMax = 16 << 20
+	}
+	if c.RecordBytesMax > c.BatchBytesMax {
+		return fmt.Errorf("regionsvc: RecordBytesMax %d exceeds BatchBytesMax %d", c.RecordBytesMax, c.BatchBytesMax)
+	}
+	if c.SegmentBytesMax <= 0 {
+		c.SegmentBytesMax = 64 << 20
+	}
+	if c.Epoch == 0 {
+		c.Epoch = 1
+	}
+	if c.InboxOpsMax <= 0 {
+		c.InboxOpsMax = 4096
+	}
+	if c.ProducersMax <= 0 {
+		c.ProducersMax = 100_000
+	}
+	if c.ProducerStateTTL == 0 {
+		c.ProducerStateTTL = 7 * 24 * time.Hour
+	}
+	if c.MaintenanceInterval <= 0 {
+		c.MaintenanceInterval = 30 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// streamState is an open stream: its spec and one driver per range.
+type streamState struct {
+	spec   streamSpec
+	ranges []*rangeDriver
+}
+
+// Node is one geolog region node: it owns a data directory, the streams in
+// it, and a gRPC server for the public Log API.
+type Node struct {
+	cfg    Config
+	logger hclog.Logger
+
+	mu      sync.RWMutex // guards streams
+	streams map[string]*streamState
+	// createMu serialises stream creation (catalogue writes).
+	createMu sync.Mutex
+
+	grpcServer *grpc.Server
+	listener   net.Listener
+	closing    chan struct{}
+	closeOnce  sync.Once
+	serveErr   chan error
+}
+
+// New opens the data directory, recovers every range and returns a node that
+// is not yet listening. Ranges that fail to recover (for example corrupt
+// segments) are kept closed and reported; the rest are served.
+func New(cfg Config) (*Node, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "streams"), 0o755); err != nil {
+		return nil, fmt.Errorf("regionsvc: data dir: %w", err)
+	}
+	n := &Node{
+		cfg:      cfg,
+		logger:   cfg.Logger.Named("node"),
+		streams:  map[string]*streamState{},
+		closing:  make(chan struct{}),
+		serveErr: make(chan error, 1),
+	}
+	specs, err := loadCatalog(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, spec := range specs {
+		n.streams[spec.Name] = n.openStream(spec)
+	}
+	n.logger.Info("node opened", "data_dir", cfg.DataDir, "streams", len(specs))
+	return n, nil
+}
+
+func (n *Node) rangeDir(stream string, r uint32) string {
+	return filepath.Join(n.cfg.DataDir, "streams", stream, fmt.Sprintf("%05d", r))
+}
+
+func (n *Node) openStream(spec streamSpec) *streamState {
+	st := &streamState{spec: spec, ranges: make([]*rangeDriver, spec.RangeCount)}
+	for r := uint32(0); r < spec.RangeCount; r++ {
+		st.ranges[r] = openRangeDriver(rangeDriverConfig{
+			stream:  spec.Name,
+			rangeID: r,
+			store: segment.Config{
+				Dir:             n.rangeDir(spec.Name, r),
+				SegmentBytesMax: n.cfg.SegmentBytesMax,
+				Fsync:           n.cfg.Fsync,
+				RetentionAge:    time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
+				RetentionBytes:  spec.RetentionBytes,
+				Now:             n.cfg.Now,
+			},
+			epoch:               n.cfg.Epoch,
+			logger:              n.cfg.Logger,
+			now:                 n.cfg.Now,
+			inboxOpsMax:         n.cfg.InboxOpsMax,
+			producersMax:        n.cfg.ProducersMax,
+			producerStateTTL:    n.cfg.ProducerStateTTL,
+			maintenanceInterval: n.cfg.MaintenanceInterval,
+		})
+	}
+	return st
+}
+
+// Start listens on cfg.ListenAddr and serves in the background.
+func (n *Node) Start() error {
+	lis, err := net.Listen("tcp", n.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("regionsvc: listen: %w", err)
+	}
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(n.cfg.BatchBytesMax + (4 << 20)),
+		grpc.MaxSendMsgSize(readBytesMax + (4 << 20)),
+		grpc.InitialWindowSize(4 << 20),
+		grpc.InitialConnWindowSize(16 << 20),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	}
+	if n.cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
+	}
+	n.grpcServer = grpc.NewServer(opts...)
+	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
+	n.listener = lis
+	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
+	n.logger.Info("serving", "addr", lis.Addr().String(), "region", n.cfg.Region)
+	return nil
+}
+
+// Addr is the address the node listens on (after Start).
+func (n *Node) Addr() string {
+	if n.listener == nil {
+		return ""
+	}
+	return n.listener.Addr().String()
+}
+
+// Close stops serving: subscribers are ended, every range makes what it has
+// written durable and acks it, queued appends are refused with a retriable
+// SHUTTING_DOWN, then the gRPC server stops (gracefully for up to 5 s).
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		close(n.closing)
+		n.mu.RLock()
+		var all []*rangeDriver
+		for _, st := range n.streams {
+			all = append(all, st.ranges...)
+		}
+		n.mu.RUnlock()
+		var wg sync.WaitGroup
+		for _, rd := range all {
+			wg.Add(1)
+			go func() { defer wg.Done(); rd.stop() }()
+		}
+		wg.Wait()
+		if n.grpcServer != nil {
+			stopped := make(chan struct{})
+			go func() { n.grpcServer.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-time.After(5 * time.Second):
+				n.grpcServer.Stop()
+			}
+		}
+		n.logger.Info("node closed")
+	})
+	return nil
+}
+
+// rangeOf finds an open range, or returns a typed error.
+func (n *Node) rangeOf(stream string, r uint32) (*rangeDriver, error) {
+	if stream == "" {
+		return nil, apierr.New(apierr.InvalidArgument, "stream name is empty")
+	}
+	n.mu.RLock()
+	st, ok := n.streams[stream]
+	n.mu.RUnlock()
+	if !ok {
+		return nil, apierr.New(apierr.StreamNotFound, "stream %q does not exist", stream)
+	}
+	if r >= uint32(len(st.ranges)) {
+		return nil, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
+	}
+	return st.ranges[r], nil
+}
+
+func (n *Node) createStream(req *geologv1.CreateStreamRequest) (*geologv1.StreamInfo, error) {
+	spec, err := specFromRequest(req, n.cfg.Region, n.cfg.Now().UnixNano())
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-n.closing:
+		return nil, apierr.New(apierr.ShuttingDown, "node is shutting down")
+	default:
+	}
+	n.createMu.Lock()
+	defer n.createMu.Unlock()
+	n.mu.RLock()
+	_, exists := n.streams[spec.Name]
+	specs := make([]streamSpec, 0, len(n.streams)+1)
+	for _, st := range n.streams {
+		specs = append(specs, st.spec)
+	}
+	n.mu.RUnlock()
+	if exists {
+		return nil, apierr.New(apierr.StreamExists, "stream %q already exists", spec.Name)
+	}
+	// A stream directory without a catalogue entry is debris of a create
+	// that crashed before its catalogue write: it holds no acked data.
+	if err := os.RemoveAll(filepath.Join(n.cfg.DataDir, "streams", spec.Name)); err != nil {
+		return nil, apierr.New(apierr.Internal, "clear stream directory: %v", err)
+	}
+	st := n.openStream(spec)
+	if err := saveCatalog(n.cfg.DataDir, append(specs, spec)); err != nil {
+		for _, rd := range st.ranges {
+			rd.stop()
+		}
+		return nil, apierr.New(apierr.Internal, "save catalogue: %v", err)
+	}
+	n.mu.Lock()
+	n.streams[spec.Name] = st
+	n.mu.Unlock()
+	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount)
+	return spec.info(), nil
+}
+
+func (n *Node) listStreams() []*geologv1.StreamInfo {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	out := make([]*geologv1.StreamInfo, 0, len(n.streams))
+	for _, st := range n.streams {
+		out = append(out, st.spec.info())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func (n *Node) describeStream(name string) (*geologv1.DescribeStreamResponse, error) {
+	if err := validateStreamName(name); err != nil {
+		return nil, err
+	}
+	n.mu.RLock()
+	st, ok := n.streams[name]
+	n.mu.RUnlock()
+	if !ok {
+		return nil, apierr.New(apierr.StreamNotFound, "stream %q does not exist", name)
+	}
+	resp := &geologv1.DescribeStreamResponse{Stream: st.spec.info()}
+	for r, rd := range st.ranges {
+		ri := &geologv1.RangeInfo{
+			Range:      uint32(r),
+			HashStart:  keyspace.HashStart(uint32(r), st.spec.RangeCount),
+			HashEnd:    keyspace.HashEnd(uint32(r), st.spec.RangeCount),
+			HomeRegion: n.cfg.Region,
+			Epoch:      n.cfg.Epoch,
+			Leader:     n.Addr(),
+			Status:     "ok",
+		}
+		if f := rd.failure.Load(); f != nil {
+			ri.Status = f.Error()
+		}
+		if rd.store != nil {
+			ri.StartOffset = rd.store.StartOffset()
+			ri.TailOffset = rd.committed.Load()
+			ri.SizeBytes = rd.store.Size()
+		}
+		resp.Ranges = append(resp.Ranges, ri)
+	}
+	return resp, nil
+}
+
+// Wait blocks until the gRPC server stops or ctx ends.
+func (n *Node) Wait(ctx context.Context) error {
+	select {
+	case err := <-n.serveErr:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,426 @@
+package regionsvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/segment"
+	"github.com/hashicorp/go-hclog"
+)
+
+// appendResult is the outcome of one append, handed to appendOp.reply.
+type appendResult struct {
+	baseOffset          uint64
+	recordCount         uint32
+	epoch               uint64
+	appendTimeUnixNanos int64
+	duplicate           bool
+	err                 error
+}
+
+// appendOp is one append request on its way through a range driver.
+type appendOp struct {
+	producerID   uint64
+	baseSequence uint64
+	recordCount  uint32
+	// frame is the encoded batch; the driver patches its offset, epoch and
+	// append time, and drops the reference once the frame is written.
+	frame []byte
+	// reply is called exactly once, from the driver goroutine (or from submit
+	// when the driver is gone). It must not block.
+	reply func(appendResult)
+
+	res       appendResult
+	endOffset uint64
+}
+
+// rangeDriverConfig configures one range driver.
+type rangeDriverConfig struct {
+	stream  string
+	rangeID uint32
+	store   segment.Config
+	epoch   uint64
+	logger  hclog.Logger
+	now     func() time.Time
+	// inboxOpsMax bounds queued appends; producers block beyond it.
+	inboxOpsMax int
+	// producersMax bounds the dedup table per range.
+	producersMax int
+	// producerStateTTL forgets producers idle for longer.
+	producerStateTTL time.Duration
+	// maintenanceInterval is how often retention and expiry run.
+	maintenanceInterval time.Duration
+}
+
+type syncResult struct {
+	durableOffset uint64
+	err           error
+}
+
+// rangeDriver owns one range: its segment store and idempotence state. One
+// goroutine (run) owns all mutable state; see doc.go for the contract. Reads
+// go straight to the store, bounded by the committed offset, which the driver
+// publishes atomically.
+type rangeDriver struct {
+	cfg    rangeDriverConfig
+	logger hclog.Logger
+	store  *segment.Store // nil when the range failed to open
+
+	// Published state, read by any goroutine.
+	committed atomic.Uint64               // offsets below it are durable and readable
+	failure   atomic.Pointer[apierr.Error] // set once the range stops serving
+	notifyMu  sync.Mutex
+	notifyCh  chan struct{} // closed and replaced when committed or failure changes
+
+	inbox    chan *appendOp
+	syncKick chan struct{}
+	syncDone chan syncResult
+	stopCh   chan struct{}
+	doneCh   chan struct{}
+	stopOnce sync.Once
+
+	// Owned by the run goroutine.
+	dedup              *dedupTable
+	pending            []*appendOp
+	lastAppendUnixNano int64
+	written            bool // appended since the last sync kick
+}
+
+// openRangeDriver opens the range's store, rebuilding idempotence state from
+// the log. A store that fails to open (corruption, I/O) gives a driver that
+// refuses every request with a typed error, so the rest of the node serves
+// on; nothing on disk is touched.
+func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
+	d := &rangeDriver{
+		cfg:      cfg,
+		logger:   cfg.logger.Named("range").With("stream", cfg.stream, "range", cfg.rangeID),
+		notifyCh: make(chan struct{}),
+		inbox:    make(chan *appendOp, cfg.inboxOpsMax),
+		syncKick: make(chan struct{}, 1),
+		syncDone: make(chan syncResult),
+		stopCh:   make(chan struct{}),
+		doneCh:   make(chan struct{}),
+		dedup:    newDedupTable(cfg.producersMax),
+	}
+	scfg := cfg.store
+	scfg.Logger = d.logger
+	scfg.OnRecover = func(h batch.Header) error {
+		if h.ProducerID != 0 {
+			d.dedup.record(h.ProducerID, sentBatch{
+				baseSequence:        h.BaseSequence,
+				recordCount:         h.RecordCount,
+				baseOffset:          h.BaseOffset,
+				epoch:               h.Epoch,
+				appendTimeUnixNanos: h.AppendTimeUnixNanos,
+			})
+		}
+		if h.AppendTimeUnixNanos > d.lastAppendUnixNano {
+			d.lastAppendUnixNano = h.AppendTimeUnixNanos
+		}
+		return nil
+	}
+	st, err := segment.Open(scfg)
+	if err == nil {
+		// What recovery found may sit only in the page cache (the process
+		// died, the machine did not): make it durable before serving it.
+		err = st.Sync()
+		if err != nil {
+			st.Close()
+		}
+	}
+	if err != nil {
+		code := apierr.Unavailable
+		if errors.Is(err, segment.ErrCorrupt) {
+			code = apierr.Corruption
+		}
+		e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
+		e.Retriable = false
+		d.failure.Store(e)
+		d.logger.Error("range not served", "error", err)
+		close(d.doneCh)
+		return d
+	}
+	d.store = st
+	d.committed.Store(st.NextOffset())
+	go d.run()
+	return d
+}
+
+// submit hands op to the driver. It blocks while the inbox is full
+// (backpressure) until ctx ends. On any failure op.reply gets the error.
+func (d *rangeDriver) submit(ctx context.Context, op *appendOp) {
+	if f := d.failure.Load(); f != nil {
+		op.reply(appendResult{err: f})
+		return
+	}
+	select {
+	case d.inbox <- op:
+	case <-d.stopCh:
+		op.reply(appendResult{err: apierr.New(apierr.ShuttingDown, "node is shutting down")})
+	case <-ctx.Done():
+		op.reply(appendResult{err: apierr.New(apierr.Timeout, "range %d inbox full: %v", d.cfg.rangeID, ctx.Err())})
+	}
+}
+
+// run is the driver loop; it owns the store's write side and all state.
+func (d *rangeDriver) run() {
+	defer close(d.doneCh)
+	syncStop := make(chan struct{})
+	syncExited := make(chan struct{})
+	go d.syncLoop(syncStop, syncExited)
+	defer func() {
+		close(syncStop)
+		<-syncExited
+		if err := d.store.Close(); err != nil {
+			d.logger.Error("close store", "error", err)
+		}
+	}()
+	ticker := time.NewTicker(d.cfg.maintenanceInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case op := <-d.inbox:
+			d.handleAppend(op)
+			// Take what else is queued before kicking the syncer, so one
+			// fsync covers as many batches as possible (group commit).
+		drain:
+			for drained := 0; drained < cap(d.inbox); drained++ {
+				select {
+				case op := <-d.inbox:
+					d.handleAppend(op)
+				default:
+					break drain
+				}
+			}
+			d.kickSync()
+		case r := <-d.syncDone:
+			if r.err != nil {
+				d.fail(fmt.Errorf("fsync: %w", r.err))
+				continue
+			}
+			d.advance(r.durableOffset)
+		case <-ticker.C:
+			d.maintain()
+		case <-d.stopCh:
+			d.shutdown()
+			return
+		}
+	}
+}
+
+// kickSync asks the syncer for a round if anything was written.
+func (d *rangeDriver) kickSync() {
+	if !d.written {
+		return
+	}
+	d.written = false
+	select {
+	case d.syncKick <- struct{}{}:
+	default: // a round is already requested; it will cover this write too
+	}
+}
+
+// syncLoop runs fsync rounds off the driver goroutine, so the driver keeps
+// writing new batches while a round is in progress; the next round then
+// covers all of them.
+func (d *rangeDriver) syncLoop(stop <-chan struct{}, exited chan<- struct{}) {
+	defer close(exited)
+	for {
+		select {
+		case <-d.syncKick:
+		case <-stop:
+			return
+		}
+		err := d.store.Sync()
+		r := syncResult{durableOffset: d.store.DurableOffset(), err: err}
+		select {
+		case d.syncDone <- r:
+		case <-stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (d *rangeDriver) handleAppend(op *appendOp) {
+	if f := d.failure.Load(); f != nil {
+		op.reply(appendResult{err: f})
+		return
+	}
+	if op.producerID != 0 {
+		verdict, orig, err := d.dedup.check(op.producerID, op.baseSequence, op.recordCount)
+		switch verdict {
+		case verdictReject:
+			op.reply(appendResult{err: err})
+			return
+		case verdictDuplicate:
+			op.frame = nil
+			op.res = appendResult{
+				baseOffset:          orig.baseOffset,
+				recordCount:         orig.recordCount,
+				epoch:               orig.epoch,
+				appendTimeUnixNanos: orig.appendTimeUnixNanos,
+				duplicate:           true,
+			}
+			op.endOffset = orig.baseOffset + uint64(orig.recordCount)
+			if op.endOffset <= d.committed.Load() {
+				op.reply(op.res)
+			} else {
+				// The original is written but not yet durable: answer
+				// when it is, never before.
+				d.pending = append(d.pending, op)
+			}
+			return
+		}
+	}
+	base := d.store.NextOffset()
+	now := d.cfg.now().UnixNano()
+	if now < d.lastAppendUnixNano {
+		now = d.lastAppendUnixNano // append time never goes back within a range
+	}
+	batch.Patch(op.frame, base, d.cfg.epoch, now)
+	if err := d.store.Append(op.frame); err != nil {
+		d.fail(fmt.Errorf("append: %w", err))
+		op.reply(appendResult{err: d.failure.Load()})
+		return
+	}
+	op.frame = nil
+	d.written = true
+	d.lastAppendUnixNano = now
+	if op.producerID != 0 {
+		d.dedup.record(op.producerID, sentBatch{
+			baseSequence:        op.baseSequence,
+			recordCount:         op.recordCount,
+			baseOffset:          base,
+			epoch:               d.cfg.epoch,
+			appendTimeUnixNanos: now,
+		})
+	}
+	op.res = appendResult{baseOffset: base, recordCount: op.recordCount, epoch: d.cfg.epoch, appendTimeUnixNanos: now}
+	op.endOffset = base + uint64(op.recordCount)
+	d.pending = append(d.pending, op)
+}
+
+// advance publishes a new durable offset and acks what it covers.
+func (d *rangeDriver) advance(durable uint64) {
+	if durable > d.committed.Load() {
+		d.committed.Store(durable)
+		d.notify()
+	}
+	i := 0
+	for ; i < len(d.pending); i++ {
+		op := d.pending[i]
+		if op.endOffset > durable {
+			break
+		}
+		op.reply(op.res)
+		d.pending[i] = nil
+	}
+	d.pending = d.pending[i:]
+	// Duplicates may sit behind a later, uncommitted batch; they are
+	// answered once that one is, which keeps the pending list a simple FIFO.
+}
+
+// fail stops the range: nothing more is acked, every waiter is answered.
+// Writes that were not yet durable get a retriable error: their outcome is
+// unknown, and an idempotent retry after restart resolves it.
+func (d *rangeDriver) fail(err error) {
+	e := apierr.New(apierr.Unavailable, "stream %s range %d failed: %v", d.cfg.stream, d.cfg.rangeID, err)
+	if d.failure.CompareAndSwap(nil, e) {
+		d.logger.Error("range failed; refusing appends until restart", "error", err)
+	} else {
+		e = d.failure.Load()
+	}
+	for _, op := range d.pending {
+		op.reply(appendResult{err: e})
+	}
+	d.pending = nil
+	d.notify()
+}
+
+// maintain applies retention and forgets idle producers.
+func (d *rangeDriver) maintain() {
+	if d.failure.Load() != nil {
+		return
+	}
+	if n, err := d.store.ApplyRetention(); err != nil {
+		d.logger.Warn("retention failed", "error", err)
+	} else if n > 0 {
+		d.logger.Debug("retention deleted segments", "segments", n, "start_offset", d.store.StartOffset())
+	}
+	if d.cfg.producerStateTTL > 0 {
+		d.dedup.expire(d.cfg.now().Add(-d.cfg.producerStateTTL).UnixNano())
+	}
+}
+
+// shutdown makes what was written durable, acks it, and refuses the rest.
+func (d *rangeDriver) shutdown() {
+	if d.failure.Load() == nil && len(d.pending) > 0 {
+		// Wait for the syncer's round in flight (if any) before our own.
+		if err := d.store.Sync(); err != nil {
+			d.fail(fmt.Errorf("fsync at shutdown: %w", err))
+		} else {
+			d.advance(d.store.DurableOffset())
+		}
+	}
+	e := apierr.New(apierr.ShuttingDown, "node is shutting down")
+	for _, op := range d.pending {
+		op.reply(appendResult{err: e})
+	}
+	d.pending = nil
+	for {
+		select {
+		case op := <-d.inbox:
+			op.reply(appendResult{err: e})
+		default:
+			d.failure.CompareAndSwap(nil, e)
+			d.notify()
+			return
+		}
+	}
+}
+
+// stop ends the driver and waits for it.
+func (d *rangeDriver) stop() {
+	d.stopOnce.Do(func() { close(d.stopCh) })
+	<-d.doneCh
+}
+
+func (d *rangeDriver) notify() {
+	d.notifyMu.Lock()
+	close(d.notifyCh)
+	d.notifyCh = make(chan struct{})
+	d.notifyMu.Unlock()
+}
+
+func (d *rangeDriver) changed() <-chan struct{} {
+	d.notifyMu.Lock()
+	defer d.notifyMu.Unlock()
+	return d.notifyCh
+}
+
+// waitCommitted blocks until the committed offset reaches target.
+func (d *rangeDriver) waitCommitted(ctx context.Context, target uint64) error {
+	for {
+		ch := d.changed()
+		if d.committed.Load() >= target {
+			return nil
+		}
+		if f := d.failure.Load(); f != nil {
+			return f
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return apierr.New(apierr.Timeout, "waiting for offset %d (committed %d): %v", target, d.committed.Load(), ctx.Err())
+		}
+	}
+}

@@ -1,0 +1,242 @@
+package segment
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/geolog/geolog/batch"
+)
+
+// Append writes one frame at the tail of the log with a single write. The
+// frame must be exactly one valid frame (CRC and record structure are
+// checked) holding at least one record, with BaseOffset == NextOffset() and
+// an append time no earlier than the previous batch's; otherwise Append
+// returns ErrInvalidFrame and writes nothing. The frame is not durable until
+// Sync returns. Append does not retain frame.
+//
+// Append is for the range's one appender goroutine. A failed write makes
+// the store refuse further appends (ErrFailed).
+func (s *Store) Append(frame []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if err := s.usableLocked(); err != nil {
+		return err
+	}
+	// Check the data before it reaches the disk, as readers check it after.
+	h, err := batch.Validate(frame)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidFrame, err)
+	}
+	if size, _ := batch.FrameSize(frame); size != len(frame) {
+		return fmt.Errorf("%w: %d bytes hold a frame of %d and more", ErrInvalidFrame, len(frame), size)
+	}
+	next := s.nextOffset.Load()
+	switch {
+	case h.BaseOffset != next:
+		return fmt.Errorf("%w: base offset %d, want %d", ErrInvalidFrame, h.BaseOffset, next)
+	case h.RecordCount == 0:
+		return fmt.Errorf("%w: batch at offset %d has no records", ErrInvalidFrame, next)
+	case h.AppendTimeUnixNanos < s.lastAppendTimeUnixNanos:
+		return fmt.Errorf("%w: append time %d precedes the previous batch's %d", ErrInvalidFrame,
+			h.AppendTimeUnixNanos, s.lastAppendTimeUnixNanos)
+	}
+
+	g := s.active()
+	if g.size > 0 && (g.size+int64(len(frame)) > s.cfg.SegmentBytesMax || h.NextOffset()-g.baseOffset > math.MaxUint32) {
+		if err := s.roll(); err != nil {
+			return err
+		}
+		g = s.active()
+	}
+	pos := g.size
+	if pos+int64(len(frame)) > segmentFileBytesMax {
+		panic(fmt.Sprintf("segment: segment %s would grow past %d bytes", g.name(), int64(segmentFileBytesMax)))
+	}
+	if _, err := g.f.WriteAt(frame, pos); err != nil {
+		// Part of the frame may be on disk; only recovery can tell.
+		s.fail(err)
+		return s.failed()
+	}
+
+	s.mu.Lock()
+	if needsIndexEntry(g.entries, pos, s.cfg.IndexIntervalBytes) {
+		g.entries = append(g.entries, indexEntry{
+			relOffset:           relOffset(g, h.BaseOffset),
+			position:            uint32(pos),
+			appendTimeUnixNanos: h.AppendTimeUnixNanos,
+		})
+	}
+	g.size += int64(len(frame))
+	g.nextOffset = h.NextOffset()
+	g.maxAppendTimeUnixNanos = h.AppendTimeUnixNanos
+	s.sizeBytes.Add(int64(len(frame)))
+	s.nextOffset.Store(g.nextOffset)
+	s.mu.Unlock()
+
+	s.lastAppendTimeUnixNanos = h.AppendTimeUnixNanos
+	return nil
+}
+
+// roll seals the active segment and starts a new, empty one at NextOffset:
+// fsync the finished log and write and fsync its index files, then create
+// the new file and fsync the directory, and only then publish it. Syncers
+// rely on that order: every segment but the active one is durable. The
+// caller holds wmu and the active segment is not empty.
+func (s *Store) roll() error {
+	old := s.active()
+	if old.size == 0 {
+		panic(fmt.Sprintf("segment: roll of empty segment %s", old.name()))
+	}
+	if s.cfg.Fsync == FsyncAlways {
+		if err := s.fdatasync(old.f); err != nil {
+			s.fail(err)
+			return s.failed()
+		}
+		s.advanceDurable(old.nextOffset)
+	}
+	if err := writeIndexFiles(old, old.entries, s.cfg.Fsync == FsyncAlways); err != nil {
+		// Index files are a cache that recovery verifies and rebuilds.
+		s.log.Warn("could not write index files", "segment", old.name(), "error", err)
+	}
+	g, err := s.createSegment(old.nextOffset)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.segs = append(s.segs, g)
+	s.mu.Unlock()
+	s.log.Debug("rolled segment", "sealed", old.name(), "bytes", old.size, "next_offset", old.nextOffset)
+	return nil
+}
+
+// createSegment creates the empty log file of a segment at base and makes
+// it durable in the directory. A failed create leaves the store as it was;
+// a failed directory fsync fails the store.
+func (s *Store) createSegment(base uint64) (*segment, error) {
+	path := filepath.Join(s.cfg.Dir, segmentName(base, logSuffix))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("segment: create segment: %w", err)
+	}
+	if err := syncDir(s.cfg.Dir); err != nil {
+		f.Close()
+		s.fail(err)
+		return nil, s.failed()
+	}
+	return newSegment(s.cfg.Dir, base, f), nil
+}
+
+// Sync makes every record appended before the call durable and returns nil,
+// or returns the error that prevented it. It is safe from any number of
+// goroutines, concurrently with Append.
+//
+// Group commit: a caller that finds nothing in flight becomes the leader
+// and fdatasyncs the active segment for everything written so far; callers
+// arriving meanwhile wait for that round and return if it covered them, or
+// elect the next leader for all that was written in between. One fdatasync
+// thus serves every caller waiting on it.
+//
+// A failed fdatasync is never retried (the kernel may have dropped the
+// dirty pages and would report the retry as a success): it fails the store,
+// and this and every later Sync and Append return ErrFailed. Under
+// FsyncNever Sync returns at once. After Close, Sync returns nil if Close
+// made everything durable and ErrClosed otherwise.
+func (s *Store) Sync() error {
+	need := s.nextOffset.Load()
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	for {
+		if err := s.failed(); err != nil {
+			return err
+		}
+		// A TruncateSuffix may have dropped part of what we need; what
+		// remains of it is durable once everything that exists is.
+		if d := s.durable.Load(); d >= need || d >= s.nextOffset.Load() {
+			return nil
+		}
+		if s.syncEnded {
+			return ErrClosed
+		}
+		if !s.syncing {
+			break
+		}
+		s.syncWaiters++
+		s.syncCond.Wait()
+		s.syncWaiters--
+	}
+	if s.cfg.Fsync == FsyncNever {
+		s.durable.Store(max(s.durable.Load(), s.nextOffset.Load()))
+		return nil
+	}
+
+	s.syncing = true
+	s.syncMu.Unlock()
+	// Read the active segment and the written offset together: every
+	// segment before the active one was fsynced when it was rolled, so
+	// syncing the active one makes everything below target durable. The
+	// reference keeps the file open should retention delete it meanwhile.
+	s.mu.RLock()
+	if s.closed {
+		// Close is exclusive with a leader, so this cannot happen.
+		s.mu.RUnlock()
+		panic("segment: sync leader found the store closed")
+	}
+	g := s.segs[len(s.segs)-1]
+	g.acquire()
+	target := s.nextOffset.Load()
+	s.mu.RUnlock()
+
+	err := s.fdatasync(g.f)
+	if rerr := g.release(); rerr != nil {
+		s.log.Warn("close segment file", "segment", g.name(), "error", rerr)
+	}
+
+	s.syncMu.Lock()
+	s.syncing = false
+	s.syncCond.Broadcast()
+	if err != nil {
+		s.fail(err)
+		return s.failed()
+	}
+	if target > s.durable.Load() {
+		s.durable.Store(target)
+	}
+	return nil
+}
+
+// advanceDurable raises the durable offset to off after a successful fsync
+// outside Sync and wakes waiting syncers.
+func (s *Store) advanceDurable(off uint64) {
+	s.syncMu.Lock()
+	if off > s.durable.Load() {
+		s.durable.Store(off)
+	}
+	s.syncCond.Broadcast()
+	s.syncMu.Unlock()
+}
+
+// beginExclusiveSync waits for the leader of the current group commit round
+// (if any) and takes its place, so that no fdatasync runs until
+// endExclusiveSync. Mutators that move the durable offset down use it.
+func (s *Store) beginExclusiveSync() {
+	s.syncMu.Lock()
+	for s.syncing {
+		s.syncCond.Wait()
+	}
+	s.syncing = true
+	s.syncMu.Unlock()
+}
+
+// endExclusiveSync ends beginExclusiveSync, setting the durable offset to
+// durable if setDurable.
+func (s *Store) endExclusiveSync(durable uint64, setDurable bool) {
+	s.syncMu.Lock()
+	if setDurable {
+		s.durable.Store(durable)
+	}
+	s.syncing = false
+	s.syncCond.Broadcast()
+	s.syncMu.Unlock()
+}

@@ -1,0 +1,318 @@
+package segment
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/geolog/geolog/batch"
+)
+
+// testLogger routes the store's logs to t.Log.
+func testLogger(t testing.TB) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{
+		Name:   t.Name(),
+		Level:  hclog.Debug,
+		Output: testWriter{t},
+	})
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
+
+// smallConfig is a config with tiny segments and a dense index, so that a
+// few hundred batches exercise rolls, index seeks and multi-segment reads.
+func smallConfig(t testing.TB, dir string) Config {
+	return Config{Dir: dir, SegmentBytesMax: 2048, IndexIntervalBytes: 200, Logger: testLogger(t)}
+}
+
+func mustOpen(t testing.TB, cfg Config) *Store {
+	t.Helper()
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return s
+}
+
+// recordValue is the deterministic value of the record at offset off, so
+// any reader can check what it got.
+func recordValue(off uint64, size int) []byte {
+	v := make([]byte, size)
+	binary.LittleEndian.PutUint64(v, off)
+	for i := 8; i < size; i++ {
+		v[i] = byte(off*31 + uint64(i))
+	}
+	return v
+}
+
+// makeFrame encodes a batch of n records at base with the given append
+// time; record sizes vary with the offset.
+func makeFrame(base uint64, n int, appendTime int64) []byte {
+	recs := make([]batch.Record, n)
+	for i := range recs {
+		off := base + uint64(i)
+		recs[i] = batch.Record{
+			Key:                   fmt.Appendf(nil, "k%d", off),
+			Value:                 recordValue(off, 8+int(off%37)),
+			ProducerTimeUnixNanos: int64(off),
+		}
+	}
+	return batch.Encode(nil, batch.Header{BaseOffset: base, Epoch: 1, AppendTimeUnixNanos: appendTime}, recs)
+}
+
+// checkFrames decodes frames and checks every record against recordValue,
+// returning the headers.
+func checkFrames(t testing.TB, frames []byte) []batch.Header {
+	t.Helper()
+	var hs []batch.Header
+	for len(frames) > 0 {
+		h, recs, err := batch.Decode(frames)
+		if err != nil {
+			t.Fatalf("decode returned frame: %v", err)
+		}
+		for i, r := range recs {
+			off := h.BaseOffset + uint64(i)
+			if string(r.Key) != fmt.Sprintf("k%d", off) || !bytes.Equal(r.Value, recordValue(off, 8+int(off%37))) {
+				t.Fatalf("record at offset %d has key %q and the wrong value", off, r.Key)
+			}
+		}
+		hs = append(hs, h)
+		size, _ := batch.FrameSize(frames)
+		frames = frames[size:]
+	}
+	return hs
+}
+
+// model is what a test expects the log to hold.
+type model struct {
+	frames [][]byte
+	heads  []batch.Header
+}
+
+func (m *model) next() uint64 {
+	if len(m.heads) == 0 {
+		return 0
+	}
+	return m.heads[len(m.heads)-1].NextOffset()
+}
+
+func (m *model) add(t testing.TB, frame []byte) {
+	t.Helper()
+	h, err := batch.DecodeHeader(frame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.frames = append(m.frames, frame)
+	m.heads = append(m.heads, h)
+}
+
+// truncate drops batches from offset on (a boundary).
+func (m *model) truncate(offset uint64) {
+	i := m.find(offset)
+	if i < len(m.heads) && m.heads[i].BaseOffset != offset {
+		panic("not a boundary")
+	}
+	m.frames, m.heads = m.frames[:i], m.heads[:i]
+}
+
+// dropBefore drops batches that end at or before offset.
+func (m *model) dropBefore(offset uint64) {
+	i := 0
+	for i < len(m.heads) && m.heads[i].NextOffset() <= offset {
+		i++
+	}
+	m.frames, m.heads = m.frames[i:], m.heads[i:]
+}
+
+// find returns the index of the batch holding off (len if none).
+func (m *model) find(off uint64) int {
+	i, _ := slices.BinarySearchFunc(m.heads, off, func(h batch.Header, off uint64) int {
+		switch {
+		case h.NextOffset() <= off:
+			return -1
+		case h.BaseOffset > off:
+			return 1
+		}
+		return 0
+	})
+	return i
+}
+
+// appendBatches appends count batches of 1..4 records with append times
+// starting at time and rising by 10 every other batch, syncing at the end.
+func appendBatches(t testing.TB, s *Store, m *model, count int, time int64) int64 {
+	t.Helper()
+	for i := range count {
+		base := s.NextOffset()
+		if base != m.next() {
+			t.Fatalf("NextOffset %d, model %d", base, m.next())
+		}
+		frame := makeFrame(base, 1+int(base%4), time)
+		if err := s.Append(frame); err != nil {
+			t.Fatalf("Append at %d: %v", base, err)
+		}
+		m.add(t, frame)
+		if i%2 == 1 {
+			time += 10
+		}
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	return time
+}
+
+// checkLog checks the store against the model: offsets, every single-frame
+// read at every offset, and a full read in pieces of various sizes.
+func checkLog(t testing.TB, s *Store, m *model) {
+	t.Helper()
+	if len(m.heads) > 0 {
+		if got, want := s.StartOffset(), m.heads[0].BaseOffset; got != want {
+			t.Fatalf("StartOffset %d, want %d", got, want)
+		}
+	}
+	if got, want := s.NextOffset(), m.next(); got != want {
+		t.Fatalf("NextOffset %d, want %d", got, want)
+	}
+	if len(m.heads) == 0 {
+		return
+	}
+	for off := m.heads[0].BaseOffset; off < m.next(); off++ {
+		got, err := s.ReadFrames(off, 0, m.next())
+		if err != nil {
+			t.Fatalf("ReadFrames(%d): %v", off, err)
+		}
+		if want := m.frames[m.find(off)]; !bytes.Equal(got, want) {
+			t.Fatalf("ReadFrames(%d, 0) returned %d bytes, want the %d-byte frame holding it", off, len(got), len(want))
+		}
+	}
+	for _, maxBytes := range []int{1, 300, 1000, 5000, 1 << 20} {
+		var all []byte
+		for off := m.heads[0].BaseOffset; off < m.next(); {
+			got, err := s.ReadFrames(off, maxBytes, m.next())
+			if err != nil {
+				t.Fatalf("ReadFrames(%d, %d): %v", off, maxBytes, err)
+			}
+			hs := checkFrames(t, got)
+			if len(hs) == 0 {
+				t.Fatalf("ReadFrames(%d, %d) returned nothing before the end", off, maxBytes)
+			}
+			if len(hs) > 1 && len(got) > maxBytes {
+				t.Fatalf("ReadFrames(%d, %d) returned %d bytes in %d frames", off, maxBytes, len(got), len(hs))
+			}
+			all = append(all, got...)
+			off = hs[len(hs)-1].NextOffset()
+		}
+		if want := bytes.Join(m.frames, nil); !bytes.Equal(all, want) {
+			t.Fatalf("reading the log in %d-byte pieces returned %d bytes, want %d", maxBytes, len(all), len(want))
+		}
+	}
+}
+
+// dirImage returns the contents of every file in dir.
+func dirImage(t testing.TB, dir string) map[string][]byte {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := map[string][]byte{}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		img[e.Name()] = b
+	}
+	return img
+}
+
+// writeDirImage replaces dir's contents with img.
+func writeDirImage(t testing.TB, dir string, img map[string][]byte) {
+	t.Helper()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range img {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func equalImages(a, b map[string][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || !bytes.Equal(v, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// logFiles returns the .log file names in dir, sorted.
+func logFiles(t testing.TB, dir string) []string {
+	t.Helper()
+	var names []string
+	for name := range dirImage(t, dir) {
+		if filepath.Ext(name) == logSuffix {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// syncCounter counts fdatasync calls of the log and can fail them.
+type syncCounter struct {
+	mu    sync.Mutex
+	calls int
+	failN int   // fail the failN-th call (1-based); 0 never
+	err   error // error to fail with
+	hold  chan struct{}
+}
+
+func (c *syncCounter) fdatasync(f *os.File) error {
+	c.mu.Lock()
+	c.calls++
+	n, hold := c.calls, c.hold
+	c.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	if c.failN != 0 && n == c.failN {
+		return c.err
+	}
+	return fdatasync(f)
+}
+
+func (c *syncCounter) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls
+}
+
+func errorsAs[T error](err error) (T, bool) {
+	var target T
+	ok := errors.As(err, &target)
+	return target, ok
+}

@@ -1,0 +1,213 @@
+package segment
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+)
+
+const (
+	// offsetEntryBytes is the size of one offset index entry:
+	// relOffset u32, filePos u32.
+	offsetEntryBytes = 8
+	// timeEntryBytes is the size of one time index entry:
+	// appendTime i64, relOffset u32.
+	timeEntryBytes = 12
+	// indexFileBytesMax bounds how much of an index file recovery reads
+	// before judging it; a larger file is rebuilt unread.
+	indexFileBytesMax = 64 << 20
+)
+
+// errIndexInvalid marks an index file that fails validation.
+var errIndexInvalid = errors.New("segment: invalid index file")
+
+// indexEntry is one sparse index point of a segment: the frame that starts
+// at position holds relative offset relOffset, and appendTimeUnixNanos is the
+// largest append time of the segment's frames up to and including it. The
+// offset index and the time index files hold the same points.
+type indexEntry struct {
+	relOffset           uint32
+	position            uint32
+	appendTimeUnixNanos int64
+}
+
+// needsIndexEntry reports whether the frame starting at pos gets an index
+// entry: when at least intervalBytes have been written since the last
+// entry (or the segment start, which needs no entry). Append and recovery
+// both apply this rule, so recovery recomputes exactly the entries Append
+// made and can compare them with the files.
+func needsIndexEntry(entries []indexEntry, pos int64, intervalBytes int) bool {
+	var last int64
+	if len(entries) > 0 {
+		last = int64(entries[len(entries)-1].position)
+	}
+	return pos-last >= int64(intervalBytes)
+}
+
+// floorEntry returns the last entry whose relOffset <= rel, or the segment
+// start (zero entry) if there is none.
+func floorEntry(entries []indexEntry, rel uint64) indexEntry {
+	i := sort.Search(len(entries), func(i int) bool { return uint64(entries[i].relOffset) > rel })
+	if i == 0 {
+		return indexEntry{}
+	}
+	return entries[i-1]
+}
+
+// appendOffsetIndex appends the offset index file image of entries to dst.
+func appendOffsetIndex(dst []byte, entries []indexEntry) []byte {
+	for _, e := range entries {
+		dst = binary.LittleEndian.AppendUint32(dst, e.relOffset)
+		dst = binary.LittleEndian.AppendUint32(dst, e.position)
+	}
+	return dst
+}
+
+// appendTimeIndex appends the time index file image of entries to dst.
+func appendTimeIndex(dst []byte, entries []indexEntry) []byte {
+	for _, e := range entries {
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(e.appendTimeUnixNanos))
+		dst = binary.LittleEndian.AppendUint32(dst, e.relOffset)
+	}
+	return dst
+}
+
+// offsetEntry is one decoded offset index entry.
+type offsetEntry struct {
+	relOffset uint32
+	position  uint32
+}
+
+// timeEntry is one decoded time index entry.
+type timeEntry struct {
+	appendTimeUnixNanos int64
+	relOffset           uint32
+}
+
+// decodeOffsetIndex parses an offset index file of a segment whose log holds
+// logBytes bytes and relative offsets [0, recordCount). It accepts only what
+// Append could have written: whole entries, relOffset and position strictly
+// increasing from above (0, 0) (the first frame is never indexed), every
+// relOffset below recordCount and every position inside the log.
+func decodeOffsetIndex(b []byte, logBytes int64, recordCount uint64) ([]offsetEntry, error) {
+	if len(b)%offsetEntryBytes != 0 {
+		return nil, fmt.Errorf("%w: %d bytes is not a multiple of %d", errIndexInvalid, len(b), offsetEntryBytes)
+	}
+	entries := make([]offsetEntry, len(b)/offsetEntryBytes)
+	var prev offsetEntry
+	for i := range entries {
+		e := offsetEntry{
+			relOffset: binary.LittleEndian.Uint32(b[i*offsetEntryBytes:]),
+			position:  binary.LittleEndian.Uint32(b[i*offsetEntryBytes+4:]),
+		}
+		switch {
+		case e.relOffset <= prev.relOffset || e.position <= prev.position:
+			return nil, fmt.Errorf("%w: entry %d (%d, %d) does not increase", errIndexInvalid, i, e.relOffset, e.position)
+		case uint64(e.relOffset) >= recordCount:
+			return nil, fmt.Errorf("%w: entry %d offset %d past the segment's %d records", errIndexInvalid, i, e.relOffset, recordCount)
+		case int64(e.position) >= logBytes:
+			return nil, fmt.Errorf("%w: entry %d position %d past the log's %d bytes", errIndexInvalid, i, e.position, logBytes)
+		}
+		entries[i], prev = e, e
+	}
+	return entries, nil
+}
+
+// decodeTimeIndex parses a time index file of a segment holding relative
+// offsets [0, recordCount): whole entries, append times non-decreasing,
+// relOffsets strictly increasing from above 0 and below recordCount.
+func decodeTimeIndex(b []byte, recordCount uint64) ([]timeEntry, error) {
+	if len(b)%timeEntryBytes != 0 {
+		return nil, fmt.Errorf("%w: %d bytes is not a multiple of %d", errIndexInvalid, len(b), timeEntryBytes)
+	}
+	entries := make([]timeEntry, len(b)/timeEntryBytes)
+	for i := range entries {
+		e := timeEntry{
+			appendTimeUnixNanos: int64(binary.LittleEndian.Uint64(b[i*timeEntryBytes:])),
+			relOffset:           binary.LittleEndian.Uint32(b[i*timeEntryBytes+8:]),
+		}
+		switch {
+		case i > 0 && e.appendTimeUnixNanos < entries[i-1].appendTimeUnixNanos:
+			return nil, fmt.Errorf("%w: entry %d time %d decreases", errIndexInvalid, i, e.appendTimeUnixNanos)
+		case e.relOffset == 0 || (i > 0 && e.relOffset <= entries[i-1].relOffset):
+			return nil, fmt.Errorf("%w: entry %d offset %d does not increase", errIndexInvalid, i, e.relOffset)
+		case uint64(e.relOffset) >= recordCount:
+			return nil, fmt.Errorf("%w: entry %d offset %d past the segment's %d records", errIndexInvalid, i, e.relOffset, recordCount)
+		}
+		entries[i] = e
+	}
+	return entries, nil
+}
+
+// indexFileProblem compares an index file with the image recovery computed
+// from the log and returns why it must be rebuilt, or "" if it matches.
+// decode explains what is wrong with a file of plausible size.
+func indexFileProblem(path string, want []byte, decode func([]byte) error) (string, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "missing", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	if st.Size() > indexFileBytesMax {
+		return fmt.Sprintf("%d bytes, more than %d", st.Size(), indexFileBytesMax), nil
+	}
+	got := make([]byte, st.Size())
+	if _, err := f.ReadAt(got, 0); err != nil {
+		return "", err
+	}
+	if err := decode(got); err != nil {
+		return err.Error(), nil
+	}
+	if string(got) != string(want) {
+		return fmt.Sprintf("stale: %d bytes, want %d", len(got), len(want)), nil
+	}
+	return "", nil
+}
+
+// writeIndexFiles replaces both index files of g with the images of
+// entries, fsyncing them if sync. Index files are a cache that recovery
+// verifies against the log, so a crash in the middle of this is harmless.
+func writeIndexFiles(g *segment, entries []indexEntry, sync bool) error {
+	images := [2]struct {
+		suffix string
+		data   []byte
+	}{
+		{indexSuffix, appendOffsetIndex(make([]byte, 0, len(entries)*offsetEntryBytes), entries)},
+		{timeIndexSuffix, appendTimeIndex(make([]byte, 0, len(entries)*timeEntryBytes), entries)},
+	}
+	for _, im := range images {
+		if err := writeFile(g.path(im.suffix), im.data, sync); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeFile replaces the file at path with data. Its fdatasync bypasses the
+// store's test hook: the hook counts and fails syncs of the log only.
+func writeFile(path string, data []byte, sync bool) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if sync {
+		if err := fdatasync(f); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
+}

@@ -1,0 +1,331 @@
+package segment
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/geolog/geolog/batch"
+)
+
+const (
+	// scanStepBytes is how many candidate positions the torn-tail check
+	// examines per pread.
+	scanStepBytes = 1 << 20
+)
+
+// recoveryPlan collects what recovery will change on disk. Nothing is
+// changed until every segment has been verified, so an Open that fails on
+// corruption leaves the directory exactly as it found it.
+type recoveryPlan struct {
+	tornAt       int64 // position to truncate the last segment at, or -1
+	tornBytes    int64 // bytes dropped with it
+	indexRewrite map[*segment]string
+	orphans      []string // index files without a log
+}
+
+// recover verifies the log in one pass over all segments in order, calls
+// OnRecover for each retained batch, and then applies the plan: truncate a
+// torn tail, rewrite index files that do not match the log, remove orphan
+// index files. It leaves s with its segments open and its offsets set.
+func (s *Store) recover() (err error) {
+	dirents, err := os.ReadDir(s.cfg.Dir)
+	if err != nil {
+		return fmt.Errorf("segment: list %s: %w", s.cfg.Dir, err)
+	}
+	var bases []uint64
+	indexes := map[uint64][]string{}
+	for _, de := range dirents {
+		base, suffix, ok := parseSegmentName(de.Name())
+		switch {
+		case !ok || !de.Type().IsRegular():
+			s.log.Warn("ignoring unexpected file", "name", de.Name())
+		case suffix == logSuffix:
+			bases = append(bases, base)
+		default:
+			indexes[base] = append(indexes[base], de.Name())
+		}
+	}
+	slices.Sort(bases)
+
+	plan := recoveryPlan{tornAt: -1, indexRewrite: map[*segment]string{}}
+	var segs []*segment
+	defer func() {
+		if err != nil {
+			for _, g := range segs {
+				g.f.Close()
+			}
+		}
+	}()
+	for i, base := range bases {
+		delete(indexes, base)
+		g, err := s.recoverSegment(base, i == len(bases)-1, segs, &plan)
+		if g != nil {
+			segs = append(segs, g)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, names := range indexes {
+		plan.orphans = append(plan.orphans, names...)
+	}
+	slices.Sort(plan.orphans)
+
+	if err := s.applyPlan(segs, &plan); err != nil {
+		return err
+	}
+	if len(segs) == 0 {
+		g, err := s.createSegment(0)
+		if err != nil {
+			return err
+		}
+		segs = append(segs, g)
+	}
+
+	s.segs = segs
+	last := segs[len(segs)-1]
+	s.nextOffset.Store(last.nextOffset)
+	s.publishStartLocked()
+	var size int64
+	s.lastAppendTimeUnixNanos = math.MinInt64
+	for _, g := range segs {
+		size += g.size
+		if g.size > 0 {
+			s.lastAppendTimeUnixNanos = g.maxAppendTimeUnixNanos
+		}
+	}
+	s.sizeBytes.Store(size)
+	// A crashed predecessor may have left written but unsynced data in the
+	// page cache; sync it so that DurableOffset tells the truth.
+	if s.cfg.Fsync == FsyncAlways {
+		if err := s.fdatasync(last.f); err != nil {
+			return fmt.Errorf("segment: sync recovered log: %w", err)
+		}
+	}
+	s.durable.Store(last.nextOffset)
+	s.log.Info("opened log", "segments", len(segs), "start_offset", segs[0].baseOffset,
+		"next_offset", last.nextOffset, "bytes", size)
+	return nil
+}
+
+// recoverSegment verifies one segment file: every frame's CRC and that its
+// BaseOffset continues the previous frame (across segments too), computes
+// the index entries, and decides about a bad frame (see the package
+// documentation). It returns the segment, open, even with an error, so the
+// caller can close it.
+func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, plan *recoveryPlan) (*segment, error) {
+	f, err := os.OpenFile(filepath.Join(s.cfg.Dir, segmentName(base, logSuffix)), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("segment: open: %w", err)
+	}
+	g := newSegment(s.cfg.Dir, base, f)
+	if len(prev) > 0 {
+		if p := prev[len(prev)-1]; p.nextOffset != base {
+			return g, s.corruption(g, 0, p.nextOffset, fmt.Errorf(
+				"segment base offset %d does not follow the previous segment, which ends at offset %d", base, p.nextOffset))
+		}
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return g, fmt.Errorf("segment: stat %s: %w", g.name(), err)
+	}
+	fileSize := st.Size()
+	if fileSize > segmentFileBytesMax {
+		return g, s.corruption(g, 0, base, fmt.Errorf("file of %d bytes exceeds %d", fileSize, int64(segmentFileBytesMax)))
+	}
+
+	w := frameWalker{f: f, end: fileSize, chunk: recoverChunkBytes}
+	expect := base
+	for {
+		framePos := w.pos
+		_, h, err := w.next()
+		if err == io.EOF {
+			break
+		}
+		if err == nil {
+			if err = checkSequence(h, expect); err != nil {
+				// A frame with a valid CRC is never torn: it is misplaced.
+				return g, s.corruption(g, framePos, expect, err)
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, batch.ErrShort) && !errors.Is(err, batch.ErrCorrupt) {
+				return g, fmt.Errorf("segment: read %s at position %d: %w", g.name(), framePos, err)
+			}
+			if !last {
+				return g, s.corruption(g, framePos, expect, err)
+			}
+			at, found, ferr := findValidFrameAfter(f, framePos, fileSize, expect)
+			if ferr != nil {
+				return g, fmt.Errorf("segment: scan %s after position %d: %w", g.name(), framePos, ferr)
+			}
+			if found {
+				return g, s.corruption(g, framePos, expect, fmt.Errorf("%w; a valid frame follows at position %d", err, at))
+			}
+			plan.tornAt, plan.tornBytes = framePos, fileSize-framePos
+			s.log.Warn("found torn tail", "segment", g.name(), "position", framePos, "offset", expect,
+				"bytes", fileSize-framePos, "reason", err)
+			break
+		}
+		if needsIndexEntry(g.entries, framePos, s.cfg.IndexIntervalBytes) {
+			g.entries = append(g.entries, indexEntry{
+				relOffset:           relOffset(g, h.BaseOffset),
+				position:            uint32(framePos),
+				appendTimeUnixNanos: max(h.AppendTimeUnixNanos, g.maxAppendTimeUnixNanos),
+			})
+		}
+		g.maxAppendTimeUnixNanos = max(h.AppendTimeUnixNanos, g.maxAppendTimeUnixNanos)
+		if s.cfg.OnRecover != nil {
+			if err := s.cfg.OnRecover(h); err != nil {
+				return g, fmt.Errorf("segment: OnRecover at offset %d: %w", h.BaseOffset, err)
+			}
+		}
+		expect = h.NextOffset()
+		g.size = w.pos
+		g.nextOffset = expect
+	}
+	if reason, err := s.indexProblem(g); err != nil {
+		return g, fmt.Errorf("segment: check index files of %s: %w", g.name(), err)
+	} else if reason != "" {
+		plan.indexRewrite[g] = reason
+	}
+	return g, nil
+}
+
+// indexProblem returns why g's index files must be rebuilt, or "".
+func (s *Store) indexProblem(g *segment) (string, error) {
+	records := g.nextOffset - g.baseOffset
+	reason, err := indexFileProblem(g.path(indexSuffix), appendOffsetIndex(nil, g.entries), func(b []byte) error {
+		_, err := decodeOffsetIndex(b, g.size, records)
+		return err
+	})
+	if err != nil || reason != "" {
+		return "offset index: " + reason, err
+	}
+	reason, err = indexFileProblem(g.path(timeIndexSuffix), appendTimeIndex(nil, g.entries), func(b []byte) error {
+		_, err := decodeTimeIndex(b, records)
+		return err
+	})
+	if reason != "" {
+		reason = "time index: " + reason
+	}
+	return reason, err
+}
+
+// applyPlan makes the changes recovery decided on, once the whole log has
+// been verified.
+func (s *Store) applyPlan(segs []*segment, plan *recoveryPlan) error {
+	if plan.tornAt >= 0 {
+		g := segs[len(segs)-1]
+		if err := g.f.Truncate(plan.tornAt); err != nil {
+			return fmt.Errorf("segment: truncate torn tail of %s: %w", g.name(), err)
+		}
+		// Always sync a repair, whatever the policy: a torn tail that came
+		// back after a crash would sit under appended frames as corruption.
+		if err := fdatasync(g.f); err != nil {
+			return fmt.Errorf("segment: sync truncated %s: %w", g.name(), err)
+		}
+		s.log.Warn("truncated torn tail", "segment", g.name(), "position", plan.tornAt,
+			"offset", g.nextOffset, "bytes", plan.tornBytes)
+	}
+	for _, g := range segs {
+		reason, ok := plan.indexRewrite[g]
+		if !ok {
+			continue
+		}
+		if err := writeIndexFiles(g, g.entries, s.cfg.Fsync == FsyncAlways); err != nil {
+			s.log.Warn("could not rebuild index files", "segment", g.name(), "error", err)
+			continue
+		}
+		s.log.Info("rebuilt index files", "segment", g.name(), "reason", reason)
+	}
+	for _, name := range plan.orphans {
+		if err := os.Remove(filepath.Join(s.cfg.Dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("segment: remove orphan index file: %w", err)
+		}
+		s.log.Info("removed orphan index file", "name", name)
+	}
+	if len(plan.orphans) > 0 {
+		if err := syncDir(s.cfg.Dir); err != nil {
+			return fmt.Errorf("segment: sync directory: %w", err)
+		}
+	}
+	return nil
+}
+
+// findValidFrameAfter reports whether a valid frame (CRC-valid, with
+// BaseOffset >= expect) starts anywhere in f after the bad frame at bad:
+// first where the bad frame's length field points, if plausible, then at
+// every byte position up to fileSize. Positions whose header is implausible
+// in itself are rejected without reading further, so garbage costs a few
+// comparisons per byte.
+func findValidFrameAfter(f *os.File, bad, fileSize int64, expect uint64) (int64, bool, error) {
+	var tmp []byte
+	validAt := func(pos int64) (bool, error) {
+		var lb [4]byte
+		if pos+int64(len(lb)) > fileSize {
+			return false, nil
+		}
+		if err := readFull(f, lb[:], pos); err != nil {
+			return false, err
+		}
+		size, err := batch.FrameSize(lb[:])
+		if err != nil || pos+int64(size) > fileSize {
+			return false, nil
+		}
+		if cap(tmp) < size {
+			tmp = make([]byte, size)
+		}
+		tmp = tmp[:size]
+		if err := readFull(f, tmp, pos); err != nil {
+			return false, err
+		}
+		h, err := batch.DecodeHeader(tmp)
+		return err == nil && h.BaseOffset >= expect, nil
+	}
+
+	// Follow the length field.
+	var lb [4]byte
+	if bad+4 <= fileSize {
+		if err := readFull(f, lb[:], bad); err != nil {
+			return 0, false, err
+		}
+		if size, err := batch.FrameSize(lb[:]); err == nil {
+			if ok, err := validAt(bad + int64(size)); err != nil || ok {
+				return bad + int64(size), ok, err
+			}
+		}
+	}
+
+	// Scan every later position.
+	win := make([]byte, 0, scanStepBytes+batch.HeaderSize)
+	for ws := bad + 1; ws+batch.HeaderSize <= fileSize; ws += scanStepBytes {
+		n := min(int64(scanStepBytes+batch.HeaderSize-1), fileSize-ws)
+		win = win[:n]
+		if err := readFull(f, win, ws); err != nil {
+			return 0, false, err
+		}
+		for q := 0; q < scanStepBytes && int64(q)+batch.HeaderSize <= n; q++ {
+			h, err := batch.DecodeHeader(win[q:])
+			switch {
+			case err == nil:
+				if h.BaseOffset >= expect {
+					return ws + int64(q), true, nil
+				}
+			case errors.Is(err, batch.ErrShort):
+				// The header is plausible and the frame runs past the
+				// window: judge it on the whole frame.
+				ok, err := validAt(ws + int64(q))
+				if err != nil || ok {
+					return ws + int64(q), ok, err
+				}
+			}
+		}
+	}
+	return 0, false, nil
+}

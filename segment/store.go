@@ -1,0 +1,394 @@
+package segment
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/geolog/geolog/batch"
+)
+
+const (
+	// DefaultSegmentBytesMax is the default roll threshold.
+	DefaultSegmentBytesMax = 64 << 20
+	// SegmentBytesMaxLimit bounds Config.SegmentBytesMax from above.
+	SegmentBytesMaxLimit = 1 << 30
+	// SegmentBytesMaxMin bounds Config.SegmentBytesMax from below.
+	SegmentBytesMaxMin = 1 << 10
+	// DefaultIndexIntervalBytes is the default sparse index spacing.
+	DefaultIndexIntervalBytes = 4 << 10
+	// IndexIntervalBytesLimit bounds Config.IndexIntervalBytes from above.
+	IndexIntervalBytesLimit = 16 << 20
+	// ReadBytesMax bounds the maxBytes argument of ReadFrames; larger
+	// values are clamped to it. (One frame larger than maxBytes is still
+	// returned whole, and frames are at most batch.FrameBytesMax.)
+	ReadBytesMax = batch.FrameBytesMax
+
+	// readChunkBytes is the size of the pooled buffers that seeks and scans
+	// read through.
+	readChunkBytes = 64 << 10
+	// recoverChunkBytes is how much recovery reads with one pread.
+	recoverChunkBytes = 1 << 20
+)
+
+// FsyncPolicy says whether Sync reaches the disk.
+type FsyncPolicy int
+
+const (
+	// FsyncAlways makes Sync fdatasync the log: the default, and the only
+	// policy under which an acknowledged record survives a power failure.
+	FsyncAlways FsyncPolicy = iota
+	// FsyncNever skips every fdatasync of the log, including those on roll
+	// and Close. For benchmarks only: after a machine crash the log may
+	// lose acknowledged records, or hold a torn sealed segment that Open
+	// reports as corrupt.
+	FsyncNever
+)
+
+// Config configures a Store. Zero values select the documented defaults.
+type Config struct {
+	// Dir is the range's directory, created if missing. One Store per
+	// directory at a time.
+	Dir string
+	// SegmentBytesMax is the size at which the active segment is rolled:
+	// a frame that would take it past this starts a new segment (a frame
+	// larger than this gets a segment of its own). Default 64 MiB, bounds
+	// [SegmentBytesMaxMin, SegmentBytesMaxLimit].
+	SegmentBytesMax int64
+	// IndexIntervalBytes is the spacing of the sparse offset and time
+	// index entries: a read or time lookup scans at most about this many
+	// bytes past an entry. Default 4 KiB, bounds [1, IndexIntervalBytesLimit].
+	IndexIntervalBytes int
+	// Fsync is the fsync policy. Default FsyncAlways.
+	Fsync FsyncPolicy
+	// RetentionAge makes ApplyRetention delete segments whose newest batch
+	// was appended longer ago than this. Default 0: keep forever.
+	RetentionAge time.Duration
+	// RetentionBytes makes ApplyRetention delete oldest segments while the
+	// log is larger than this. Default 0: no bound.
+	RetentionBytes int64
+	// Logger receives the store's logs. Default hclog.NewNullLogger().
+	Logger hclog.Logger
+	// Now is the clock for retention. Default time.Now.
+	Now func() time.Time
+	// OnRecover, if set, is called by Open for every retained batch, in
+	// offset order, while the log is verified (it rebuilds idempotence
+	// state). An error from it fails Open. If Open fails for any reason,
+	// whatever OnRecover built must be discarded.
+	OnRecover func(h batch.Header) error
+
+	// testHooks lets this package's tests observe and fail fdatasync.
+	testHooks testHooks
+}
+
+type testHooks struct {
+	// fdatasync, when set, replaces the fdatasync of log files.
+	fdatasync func(f *os.File) error
+}
+
+// ErrCorrupt reports mid-log corruption: a log that cannot be repaired by
+// dropping a torn tail. The range must not be served. Errors carrying it
+// are *CorruptionError values naming the place.
+var ErrCorrupt = errors.New("segment: log is corrupt")
+
+// ErrOutOfRange reports an offset below StartOffset or above NextOffset.
+var ErrOutOfRange = errors.New("segment: offset out of range")
+
+// ErrClosed reports use of a closed Store.
+var ErrClosed = errors.New("segment: store is closed")
+
+// ErrInvalidFrame reports a frame given to Append that fails validation
+// (CRC, structure, base offset, empty batch or decreasing append time).
+// Nothing was written.
+var ErrInvalidFrame = errors.New("segment: invalid frame")
+
+// ErrFailed reports that an earlier write or fsync of the log failed. The
+// store refuses appends from then on; whether the failed data reached the
+// disk is unknown, so the only way forward is Close and Open, whose
+// recovery keeps exactly what is on disk.
+var ErrFailed = errors.New("segment: store failed")
+
+// ErrNotBoundary reports a TruncateSuffix offset that is not the first
+// offset of a batch.
+var ErrNotBoundary = errors.New("segment: offset is not a batch boundary")
+
+// ErrInvalidConfig reports a Config that Open rejects.
+var ErrInvalidConfig = errors.New("segment: invalid config")
+
+// CorruptionError locates corruption. errors.Is(err, ErrCorrupt) holds for
+// it, and Unwrap returns the specific cause.
+type CorruptionError struct {
+	Segment  string // log file name
+	Position int64  // byte position of the bad frame in the file
+	Offset   uint64 // offset the bad frame should start at
+	Err      error  // what is wrong
+}
+
+func (e *CorruptionError) Error() string {
+	return fmt.Sprintf("segment: corrupt log in %s at position %d (offset %d): %v", e.Segment, e.Position, e.Offset, e.Err)
+}
+
+// Is makes errors.Is(err, ErrCorrupt) true.
+func (e *CorruptionError) Is(target error) bool { return target == ErrCorrupt }
+
+// Unwrap returns the cause.
+func (e *CorruptionError) Unwrap() error { return e.Err }
+
+// Store is one range's append-only log. See the package documentation for
+// the contract between the store, its one appender and its readers.
+type Store struct {
+	cfg       Config
+	log       hclog.Logger
+	fdatasync func(f *os.File) error
+	bufs      sync.Pool // *[]byte of readChunkBytes
+
+	// wmu serialises the mutators (Append, TruncateSuffix, DeletePrefix,
+	// ApplyRetention, Close). The contract has one appender goroutine; the
+	// lock makes a second one safe rather than a silent corruption.
+	// lastAppendTimeUnixNanos and closing are guarded by it.
+	wmu                     sync.Mutex
+	lastAppendTimeUnixNanos int64
+	closing                 bool
+
+	// truncMu excludes readers while bytes they may be reading change
+	// (TruncateSuffix, Close). Appends and deletes need not take it: appends
+	// only add bytes past every reader's snapshot, and deleted segments stay
+	// open while referenced.
+	truncMu sync.RWMutex
+
+	// mu guards segs, closed and the appender-owned fields of each segment
+	// (see segment). The appender holds it only to publish; readers hold
+	// the read lock only to snapshot.
+	mu     sync.RWMutex
+	segs   []*segment // by base offset; the last is the active segment
+	closed bool
+
+	nextOffset  atomic.Uint64 // written under mu with the segment fields
+	startOffset atomic.Uint64 // written under mu
+	sizeBytes   atomic.Int64  // written under mu
+
+	// Group commit; see Sync.
+	syncMu    sync.Mutex
+	syncCond  *sync.Cond
+	syncing   bool // a leader (or an exclusive mutator) owns the fdatasync
+	durable   atomic.Uint64
+	syncEnded bool // Close finished; guarded by syncMu
+	// syncWaiters counts Sync callers waiting for a round; guarded by
+	// syncMu. Tests read it to line up group commit rounds.
+	syncWaiters int
+
+	failure atomic.Pointer[error] // first write or fsync failure
+}
+
+// Open opens the log in cfg.Dir, creating the directory and an empty log at
+// offset 0 if there is none, and recovers it: see the package documentation
+// for what recovery verifies, repairs and refuses. On error nothing on disk
+// has been changed except that a missing directory may have been created.
+func Open(cfg Config) (*Store, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := ensureDir(cfg.Dir); err != nil {
+		return nil, fmt.Errorf("segment: create %s: %w", cfg.Dir, err)
+	}
+	s := &Store{cfg: cfg, log: cfg.Logger, fdatasync: fdatasync}
+	s.syncCond = sync.NewCond(&s.syncMu)
+	s.bufs.New = func() any { b := make([]byte, readChunkBytes); return &b }
+	if cfg.testHooks.fdatasync != nil {
+		s.fdatasync = cfg.testHooks.fdatasync
+	}
+	if err := s.recover(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (c Config) withDefaults() (Config, error) {
+	bad := func(format string, args ...any) (Config, error) {
+		return Config{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	if c.Dir == "" {
+		return bad("empty Dir")
+	}
+	if c.SegmentBytesMax == 0 {
+		c.SegmentBytesMax = DefaultSegmentBytesMax
+	}
+	if c.SegmentBytesMax < SegmentBytesMaxMin || c.SegmentBytesMax > SegmentBytesMaxLimit {
+		return bad("SegmentBytesMax %d outside [%d, %d]", c.SegmentBytesMax, SegmentBytesMaxMin, SegmentBytesMaxLimit)
+	}
+	if c.IndexIntervalBytes == 0 {
+		c.IndexIntervalBytes = DefaultIndexIntervalBytes
+	}
+	if c.IndexIntervalBytes < 1 || c.IndexIntervalBytes > IndexIntervalBytesLimit {
+		return bad("IndexIntervalBytes %d outside [1, %d]", c.IndexIntervalBytes, IndexIntervalBytesLimit)
+	}
+	if c.Fsync != FsyncAlways && c.Fsync != FsyncNever {
+		return bad("unknown Fsync policy %d", c.Fsync)
+	}
+	if c.RetentionAge < 0 || c.RetentionBytes < 0 {
+		return bad("negative retention (age %v, bytes %d)", c.RetentionAge, c.RetentionBytes)
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	c.Logger = c.Logger.Named("segment").With("dir", c.Dir)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c, nil
+}
+
+// ensureDir creates dir if missing and makes its entry in the parent
+// durable.
+func ensureDir(dir string) error {
+	if st, err := os.Stat(dir); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(filepath.Clean(dir)))
+}
+
+// NextOffset returns the offset the next appended record will get.
+func (s *Store) NextOffset() uint64 { return s.nextOffset.Load() }
+
+// DurableOffset returns the offset below which every record is durable:
+// NextOffset as of the last completed Sync (or roll, recovery,
+// TruncateSuffix). Under FsyncNever it only reports what Sync pretended.
+func (s *Store) DurableOffset() uint64 { return s.durable.Load() }
+
+// StartOffset returns the first retained offset: the base offset of the
+// oldest segment. It equals NextOffset when nothing is retained.
+func (s *Store) StartOffset() uint64 { return s.startOffset.Load() }
+
+// Size returns the bytes of all segment log files (indexes excluded).
+func (s *Store) Size() int64 { return s.sizeBytes.Load() }
+
+// fail records the first write or fsync failure; appends are refused from
+// then on.
+func (s *Store) fail(err error) {
+	if s.failure.CompareAndSwap(nil, &err) {
+		s.log.Error("log write failed, refusing further appends", "error", err)
+	}
+}
+
+// failed returns ErrFailed wrapping the recorded failure, or nil.
+func (s *Store) failed() error {
+	if p := s.failure.Load(); p != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, *p)
+	}
+	return nil
+}
+
+// usableLocked returns why mutators may not proceed; the caller holds wmu.
+func (s *Store) usableLocked() error {
+	if s.closing {
+		return ErrClosed
+	}
+	return s.failed()
+}
+
+// active returns the active segment. Only the appender (holding wmu) may
+// call it without mu: it is the only writer of segs.
+func (s *Store) active() *segment { return s.segs[len(s.segs)-1] }
+
+// publishStartLocked refreshes startOffset; the caller holds mu.
+func (s *Store) publishStartLocked() { s.startOffset.Store(s.segs[0].baseOffset) }
+
+// corruption builds a CorruptionError and logs it.
+func (s *Store) corruption(g *segment, pos int64, offset uint64, err error) *CorruptionError {
+	e := &CorruptionError{Segment: g.name(), Position: pos, Offset: offset, Err: err}
+	s.log.Error("corrupt log", "segment", e.Segment, "position", pos, "offset", offset, "error", err)
+	return e
+}
+
+// getBuf returns a pooled read buffer.
+func (s *Store) getBuf() *[]byte { return s.bufs.Get().(*[]byte) }
+
+// putBuf returns a buffer to the pool unless a large frame grew it.
+func (s *Store) putBuf(b *[]byte) {
+	if cap(*b) == readChunkBytes {
+		*b = (*b)[:readChunkBytes]
+		s.bufs.Put(b)
+	}
+}
+
+// Close makes the log durable (under FsyncAlways), writes the active
+// segment's index files and closes the store. Readers still inside a call
+// finish it; later calls return ErrClosed. Close returns the fsync error, or
+// the recorded failure of a failed store; the files are closed either way.
+func (s *Store) Close() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.closing {
+		return ErrClosed
+	}
+	s.closing = true
+	s.beginExclusiveSync()
+
+	err := s.failed()
+	g := s.active()
+	if err == nil && s.cfg.Fsync == FsyncAlways {
+		if serr := s.fdatasync(g.f); serr != nil {
+			s.fail(serr)
+			err = s.failed()
+		}
+	}
+	if err == nil {
+		if ierr := writeIndexFiles(g, g.entries, s.cfg.Fsync == FsyncAlways); ierr != nil {
+			// Index files are rebuilt by recovery; losing them costs time, not data.
+			s.log.Warn("could not write index files", "segment", g.name(), "error", ierr)
+		}
+	}
+
+	s.truncMu.Lock()
+	s.mu.Lock()
+	s.closed = true
+	segs := s.segs
+	s.segs = nil
+	s.mu.Unlock()
+	s.truncMu.Unlock()
+
+	s.syncMu.Lock()
+	if err == nil && s.cfg.Fsync == FsyncAlways {
+		s.durable.Store(s.nextOffset.Load())
+	}
+	s.syncing = false
+	s.syncEnded = true
+	s.syncCond.Broadcast()
+	s.syncMu.Unlock()
+
+	for _, g := range segs {
+		if cerr := g.release(); cerr != nil {
+			s.log.Warn("close segment file", "segment", g.name(), "error", cerr)
+		}
+	}
+	return err
+}
+
+// clampRead bounds maxBytes to [0, ReadBytesMax].
+func clampRead(maxBytes int) int {
+	return max(0, min(maxBytes, ReadBytesMax))
+}
+
+// relOffset returns off - g.baseOffset as an index relative offset,
+// panicking if it does not fit (Append rolls before it could).
+func relOffset(g *segment, off uint64) uint32 {
+	rel := off - g.baseOffset
+	if off < g.baseOffset || rel > math.MaxUint32 {
+		panic(fmt.Sprintf("segment: offset %d does not fit segment %s", off, g.name()))
+	}
+	return uint32(rel)
+}

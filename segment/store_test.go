@@ -1,0 +1,643 @@
+package segment
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/batch"
+)
+
+func TestAppendReadRestart(t *testing.T) {
+	dir := t.TempDir()
+	var recovered []batch.Header
+	cfg := smallConfig(t, dir)
+	cfg.OnRecover = func(h batch.Header) error { recovered = append(recovered, h); return nil }
+
+	s := mustOpen(t, cfg)
+	if s.NextOffset() != 0 || s.StartOffset() != 0 || s.Size() != 0 {
+		t.Fatalf("new store: next %d start %d size %d", s.NextOffset(), s.StartOffset(), s.Size())
+	}
+	var m model
+	tm := appendBatches(t, s, &m, 300, 1000)
+	if got := len(logFiles(t, dir)); got < 20 {
+		t.Fatalf("only %d segments; the test wants many", got)
+	}
+	if s.DurableOffset() != s.NextOffset() {
+		t.Fatalf("DurableOffset %d after Sync, NextOffset %d", s.DurableOffset(), s.NextOffset())
+	}
+	var size int64
+	for _, f := range m.frames {
+		size += int64(len(f))
+	}
+	if s.Size() != size {
+		t.Fatalf("Size %d, want %d", s.Size(), size)
+	}
+	checkLog(t, s, &m)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	for round := range 3 {
+		recovered = nil
+		s = mustOpen(t, cfg)
+		if len(recovered) != len(m.heads) {
+			t.Fatalf("round %d: OnRecover saw %d batches, want %d", round, len(recovered), len(m.heads))
+		}
+		for i := range recovered {
+			if recovered[i] != m.heads[i] {
+				t.Fatalf("round %d: OnRecover batch %d = %+v, want %+v", round, i, recovered[i], m.heads[i])
+			}
+		}
+		if s.DurableOffset() != m.next() || s.Size() != size {
+			t.Fatalf("round %d: durable %d size %d", round, s.DurableOffset(), s.Size())
+		}
+		checkLog(t, s, &m)
+		tm = appendBatches(t, s, &m, 50, tm)
+		for _, f := range m.frames[len(m.frames)-50:] {
+			size += int64(len(f))
+		}
+		checkLog(t, s, &m)
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestReopenWithoutClose(t *testing.T) {
+	// A crash after Sync: the active segment's index files were never
+	// written, and the next Open must rebuild them and read everything.
+	dir := t.TempDir()
+	s := mustOpen(t, smallConfig(t, dir))
+	var m model
+	appendBatches(t, s, &m, 120, 0)
+	img := dirImage(t, dir)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	writeDirImage(t, dir, img)
+	s = mustOpen(t, smallConfig(t, dir))
+	defer s.Close()
+	checkLog(t, s, &m)
+}
+
+func TestReadFramesBounds(t *testing.T) {
+	s := mustOpen(t, smallConfig(t, t.TempDir()))
+	defer s.Close()
+	if got, err := s.ReadFrames(0, 100, math.MaxUint64); got != nil || err != nil {
+		t.Fatalf("read of empty log = %v, %v", got, err)
+	}
+	var m model
+	appendBatches(t, s, &m, 100, 0)
+	next := s.NextOffset()
+	if _, err := s.ReadFrames(next+1, 100, math.MaxUint64); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("read past next: %v", err)
+	}
+	if got, err := s.ReadFrames(next, 100, math.MaxUint64); got != nil || err != nil {
+		t.Fatalf("read at next = %v, %v", got, err)
+	}
+	if err := s.DeletePrefix(m.heads[40].BaseOffset); err != nil {
+		t.Fatal(err)
+	}
+	start := s.StartOffset()
+	if start == 0 || start > m.heads[40].BaseOffset {
+		t.Fatalf("StartOffset %d after DeletePrefix(%d)", start, m.heads[40].BaseOffset)
+	}
+	_, err := s.ReadFrames(start-1, 100, math.MaxUint64)
+	if !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("read below start: %v", err)
+	}
+	t.Logf("out of range error reads: %v", err)
+
+	// endOffset: nothing whose BaseOffset >= endOffset.
+	i := m.find(start) + 5
+	h := m.heads[i]
+	if got, err := s.ReadFrames(h.BaseOffset, 1<<20, h.BaseOffset); got != nil || err != nil {
+		t.Fatalf("endOffset at the batch: %d bytes, %v", len(got), err)
+	}
+	got, err := s.ReadFrames(h.BaseOffset, 1<<20, h.BaseOffset+1)
+	if err != nil || !bytes.Equal(got, m.frames[i]) {
+		t.Fatalf("endOffset just past the batch's base: %d bytes, %v", len(got), err)
+	}
+	got, err = s.ReadFrames(h.NextOffset()-1, 1<<20, m.heads[i+3].BaseOffset)
+	if err != nil || !bytes.Equal(got, bytes.Join(m.frames[i:i+3], nil)) {
+		t.Fatalf("read of three batches: %d bytes, %v", len(got), err)
+	}
+	// maxBytes smaller than one frame still returns that frame, and only it.
+	got, err = s.ReadFrames(h.BaseOffset, 1, math.MaxUint64)
+	if err != nil || !bytes.Equal(got, m.frames[i]) {
+		t.Fatalf("maxBytes 1: %d bytes, %v", len(got), err)
+	}
+	// maxBytes exactly two frames.
+	two := len(m.frames[i]) + len(m.frames[i+1])
+	got, err = s.ReadFrames(h.BaseOffset, two, math.MaxUint64)
+	if err != nil || !bytes.Equal(got, bytes.Join(m.frames[i:i+2], nil)) {
+		t.Fatalf("maxBytes of two frames: %d bytes, %v", len(got), err)
+	}
+	got, err = s.ReadFrames(h.BaseOffset, two-1, math.MaxUint64)
+	if err != nil || !bytes.Equal(got, m.frames[i]) {
+		t.Fatalf("maxBytes of two frames less one: %d bytes, %v", len(got), err)
+	}
+	// Negative and huge maxBytes are clamped.
+	if got, err = s.ReadFrames(h.BaseOffset, -5, math.MaxUint64); err != nil || !bytes.Equal(got, m.frames[i]) {
+		t.Fatalf("maxBytes -5: %d bytes, %v", len(got), err)
+	}
+	if got, err = s.ReadFrames(start, math.MaxInt, math.MaxUint64); err != nil || !bytes.Equal(got, bytes.Join(m.frames[m.find(start):], nil)) {
+		t.Fatalf("maxBytes MaxInt: %d bytes, %v", len(got), err)
+	}
+}
+
+func TestReadFramesLargeFrames(t *testing.T) {
+	// Frames larger than the segment size, the read chunk and maxBytes.
+	cfg := smallConfig(t, t.TempDir())
+	s := mustOpen(t, cfg)
+	defer s.Close()
+	var m model
+	for i, n := range []int{1, 3000, 2, 5000, 1, 1} {
+		base := s.NextOffset()
+		recs := make([]batch.Record, n)
+		for j := range recs {
+			off := base + uint64(j)
+			recs[j] = batch.Record{Key: []byte("k" + itoa(off)), Value: recordValue(off, 8+int(off%37))}
+		}
+		value := batch.Encode(nil, batch.Header{BaseOffset: base, AppendTimeUnixNanos: int64(i)}, recs)
+		if err := s.Append(value); err != nil {
+			t.Fatal(err)
+		}
+		m.add(t, value)
+	}
+	if len(m.frames[3]) <= readChunkBytes {
+		t.Fatalf("frame of %d bytes is not larger than a read chunk", len(m.frames[3]))
+	}
+	checkLog(t, s, &m)
+}
+
+func itoa(v uint64) string { return string(bytesOfUint(v)) }
+
+func bytesOfUint(v uint64) []byte {
+	if v == 0 {
+		return []byte("0")
+	}
+	var b []byte
+	for v > 0 {
+		b = append([]byte{byte('0' + v%10)}, b...)
+		v /= 10
+	}
+	return b
+}
+
+func TestOffsetForTime(t *testing.T) {
+	dir := t.TempDir()
+	s := mustOpen(t, smallConfig(t, dir))
+	if off, err := s.OffsetForTime(0); err != nil || off != 0 {
+		t.Fatalf("empty log: %d, %v", off, err)
+	}
+	var m model
+	appendBatches(t, s, &m, 200, 1000) // times 1000, 1000, 1010, 1010, ...
+	check := func(s *Store) {
+		t.Helper()
+		last := m.heads[len(m.heads)-1].AppendTimeUnixNanos
+		for tm := m.heads[0].AppendTimeUnixNanos - 20; tm <= last+20; tm++ {
+			want := m.next()
+			for _, h := range m.heads {
+				if h.AppendTimeUnixNanos >= tm {
+					want = h.BaseOffset
+					break
+				}
+			}
+			got, err := s.OffsetForTime(tm)
+			if err != nil || got != want {
+				t.Fatalf("OffsetForTime(%d) = %d, %v; want %d", tm, got, err, want)
+			}
+		}
+	}
+	check(s)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, smallConfig(t, dir))
+	defer s.Close()
+	check(s)
+}
+
+func TestRetentionByAge(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Unix(0, 0)
+	cfg := smallConfig(t, dir)
+	cfg.RetentionAge = time.Hour
+	cfg.Now = func() time.Time { return now }
+	s := mustOpen(t, cfg)
+	var m model
+	// Batch i is appended at i minutes.
+	for i := range 200 {
+		frame := makeFrame(s.NextOffset(), 1+i%3, int64(i)*int64(time.Minute))
+		if err := s.Append(frame); err != nil {
+			t.Fatal(err)
+		}
+		m.add(t, frame)
+	}
+	if n, err := s.ApplyRetention(); n != 0 || err != nil {
+		t.Fatalf("nothing is an hour old yet: deleted %d, %v", n, err)
+	}
+
+	now = time.Unix(0, int64(100*time.Minute)) // cutoff at 40 minutes
+	n, err := s.ApplyRetention()
+	if err != nil || n == 0 {
+		t.Fatalf("ApplyRetention = %d, %v", n, err)
+	}
+	cutoff := int64(40 * time.Minute)
+	start := s.StartOffset()
+	i := m.find(start)
+	if m.heads[i].BaseOffset != start {
+		t.Fatalf("StartOffset %d is not a batch boundary", start)
+	}
+	if m.heads[i-1].AppendTimeUnixNanos >= cutoff {
+		t.Fatalf("deleted a segment holding the batch at %v, newer than the cutoff", time.Duration(m.heads[i-1].AppendTimeUnixNanos))
+	}
+	// The first kept segment holds a batch at or after the cutoff.
+	segEnd := m.next()
+	if files := logFiles(t, dir); len(files) > 1 {
+		base, _, _ := parseSegmentName(files[1])
+		segEnd = base
+	}
+	if m.heads[m.find(segEnd-1)].AppendTimeUnixNanos < cutoff {
+		t.Fatalf("kept an expired segment")
+	}
+	m.dropBefore(start)
+	checkLog(t, s, &m)
+	if n, err := s.ApplyRetention(); n != 0 || err != nil {
+		t.Fatalf("second ApplyRetention deleted %d, %v", n, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, cfg)
+	checkLog(t, s, &m)
+
+	// Everything expires: an empty segment is rolled at NextOffset and the
+	// start survives a restart.
+	now = time.Unix(0, int64(1000*time.Minute))
+	next := s.NextOffset()
+	if _, err := s.ApplyRetention(); err != nil {
+		t.Fatal(err)
+	}
+	if s.StartOffset() != next || s.NextOffset() != next || s.Size() != 0 {
+		t.Fatalf("after total expiry: start %d next %d size %d, want %d %d 0", s.StartOffset(), s.NextOffset(), s.Size(), next, next)
+	}
+	if _, err := s.ReadFrames(next-1, 100, math.MaxUint64); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("read of expired offset: %v", err)
+	}
+	if off, err := s.OffsetForTime(0); err != nil || off != next {
+		t.Fatalf("OffsetForTime on an empty log = %d, %v", off, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, cfg)
+	if s.StartOffset() != next || s.NextOffset() != next {
+		t.Fatalf("after restart: start %d next %d, want %d", s.StartOffset(), s.NextOffset(), next)
+	}
+	if files := logFiles(t, dir); len(files) != 1 || files[0] != segmentName(next, logSuffix) {
+		t.Fatalf("files %v", files)
+	}
+	m = model{}
+	frame := makeFrame(next, 2, int64(1000*time.Minute))
+	if err := s.Append(frame); err != nil {
+		t.Fatal(err)
+	}
+	m.add(t, frame)
+	checkLog(t, s, &m)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRetentionByBytes(t *testing.T) {
+	dir := t.TempDir()
+	cfg := smallConfig(t, dir)
+	cfg.RetentionBytes = 10_000
+	s := mustOpen(t, cfg)
+	defer s.Close()
+	var m model
+	appendBatches(t, s, &m, 300, 0)
+	before := s.Size()
+	n, err := s.ApplyRetention()
+	if err != nil || n == 0 {
+		t.Fatalf("ApplyRetention = %d, %v", n, err)
+	}
+	if s.Size() > cfg.RetentionBytes {
+		t.Fatalf("Size %d still above %d", s.Size(), cfg.RetentionBytes)
+	}
+	// It deleted no more than needed: adding back the newest deleted
+	// segment would exceed the bound.
+	m.dropBefore(s.StartOffset())
+	var kept int64
+	for _, f := range m.frames {
+		kept += int64(len(f))
+	}
+	if kept != s.Size() || before-s.Size() <= 0 {
+		t.Fatalf("Size %d, model holds %d", s.Size(), kept)
+	}
+	if s.Size()+cfg.SegmentBytesMax+batch.FrameBytesMax < cfg.RetentionBytes {
+		t.Fatal("deleted far too much")
+	}
+	checkLog(t, s, &m)
+
+	// The active segment is never deleted for size.
+	cfg2 := smallConfig(t, t.TempDir())
+	cfg2.RetentionBytes = 1
+	s2 := mustOpen(t, cfg2)
+	defer s2.Close()
+	var m2 model
+	appendBatches(t, s2, &m2, 40, 0)
+	if _, err := s2.ApplyRetention(); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(logFiles(t, cfg2.Dir)); got != 1 || s2.Size() == 0 {
+		t.Fatalf("%d segments left, size %d: want only the non-empty active one", got, s2.Size())
+	}
+}
+
+func TestTruncateSuffix(t *testing.T) {
+	dir := t.TempDir()
+	cfg := smallConfig(t, dir)
+	s := mustOpen(t, cfg)
+	var m model
+	tm := appendBatches(t, s, &m, 200, 0)
+	segsBefore := len(logFiles(t, dir))
+
+	// Errors change nothing.
+	if err := s.TruncateSuffix(s.NextOffset() + 1); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("truncate past next: %v", err)
+	}
+	var inside uint64
+	for _, h := range m.heads {
+		if h.RecordCount > 1 {
+			inside = h.BaseOffset + 1
+			break
+		}
+	}
+	if err := s.TruncateSuffix(inside); !errors.Is(err, ErrNotBoundary) {
+		t.Fatalf("truncate inside a batch: %v", err)
+	}
+	if err := s.TruncateSuffix(s.NextOffset()); err != nil {
+		t.Fatalf("truncate at next: %v", err)
+	}
+	checkLog(t, s, &m)
+
+	// Truncate into an older segment; later segments go.
+	cut := m.heads[70].BaseOffset
+	if err := s.TruncateSuffix(cut); err != nil {
+		t.Fatal(err)
+	}
+	m.truncate(cut)
+	if s.DurableOffset() != cut {
+		t.Fatalf("DurableOffset %d after truncate to %d", s.DurableOffset(), cut)
+	}
+	if after := len(logFiles(t, dir)); after >= segsBefore {
+		t.Fatalf("%d segments before, %d after", segsBefore, after)
+	}
+	checkLog(t, s, &m)
+	// Times restart from the truncated batch's, which is allowed.
+	appendBatches(t, s, &m, 30, m.heads[len(m.heads)-1].AppendTimeUnixNanos)
+	checkLog(t, s, &m)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, cfg)
+	checkLog(t, s, &m)
+
+	// Truncate exactly at a segment's base offset, then to the start.
+	base, _, _ := parseSegmentName(logFiles(t, dir)[2])
+	if err := s.TruncateSuffix(base); err != nil {
+		t.Fatal(err)
+	}
+	m.truncate(base)
+	checkLog(t, s, &m)
+	if err := s.TruncateSuffix(s.StartOffset()); err != nil {
+		t.Fatal(err)
+	}
+	m.truncate(0)
+	if s.NextOffset() != 0 || s.Size() != 0 || len(logFiles(t, dir)) != 1 {
+		t.Fatalf("after truncating everything: next %d size %d files %v", s.NextOffset(), s.Size(), logFiles(t, dir))
+	}
+	if off, err := s.OffsetForTime(0); err != nil || off != 0 {
+		t.Fatalf("OffsetForTime after truncating everything = %d, %v", off, err)
+	}
+	appendBatches(t, s, &m, 20, tm)
+	checkLog(t, s, &m)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, cfg)
+	defer s.Close()
+	checkLog(t, s, &m)
+}
+
+func TestDeletePrefix(t *testing.T) {
+	dir := t.TempDir()
+	cfg := smallConfig(t, dir)
+	s := mustOpen(t, cfg)
+	var m model
+	appendBatches(t, s, &m, 200, 0)
+
+	if err := s.DeletePrefix(0); err != nil || s.StartOffset() != 0 {
+		t.Fatalf("DeletePrefix(0): %v, start %d", err, s.StartOffset())
+	}
+	if err := s.DeletePrefix(s.NextOffset() + 1); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("DeletePrefix past next: %v", err)
+	}
+	mid := m.heads[100].BaseOffset + 1
+	if err := s.DeletePrefix(mid); err != nil {
+		t.Fatal(err)
+	}
+	start := s.StartOffset()
+	if start > mid || start == 0 {
+		t.Fatalf("StartOffset %d after DeletePrefix(%d)", start, mid)
+	}
+	// Only whole segments below mid went: the one holding mid-1 stays.
+	if i := m.find(mid - 1); m.heads[i].BaseOffset < start {
+		t.Fatalf("deleted the segment holding offset %d", mid-1)
+	}
+	m.dropBefore(start)
+	checkLog(t, s, &m)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, cfg)
+	checkLog(t, s, &m)
+
+	next := s.NextOffset()
+	if err := s.DeletePrefix(next); err != nil {
+		t.Fatal(err)
+	}
+	if s.StartOffset() != next || s.Size() != 0 {
+		t.Fatalf("after deleting everything: start %d size %d", s.StartOffset(), s.Size())
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, cfg)
+	defer s.Close()
+	if s.StartOffset() != next || s.NextOffset() != next {
+		t.Fatalf("after restart: start %d next %d, want %d", s.StartOffset(), s.NextOffset(), next)
+	}
+	m = model{}
+	frame := makeFrame(next, 1, 0)
+	if err := s.Append(frame); err != nil {
+		t.Fatal(err)
+	}
+	m.add(t, frame)
+	checkLog(t, s, &m)
+}
+
+func TestAppendRejectsInvalidFrames(t *testing.T) {
+	s := mustOpen(t, smallConfig(t, t.TempDir()))
+	defer s.Close()
+	if err := s.Append(makeFrame(0, 2, 100)); err != nil {
+		t.Fatal(err)
+	}
+	good := makeFrame(2, 1, 100)
+	flipped := bytes.Clone(good)
+	flipped[len(flipped)-1] ^= 1
+	empty := batch.Encode(nil, batch.Header{BaseOffset: 2, AppendTimeUnixNanos: 100}, nil)
+	for name, frame := range map[string][]byte{
+		"wrong base offset": makeFrame(3, 1, 100),
+		"base offset below": makeFrame(1, 1, 100),
+		"bad crc":           flipped,
+		"short":             good[:len(good)-1],
+		"trailing bytes":    append(bytes.Clone(good), 0),
+		"two frames":        append(bytes.Clone(good), makeFrame(3, 1, 100)...),
+		"no records":        empty,
+		"time goes back":    makeFrame(2, 1, 99),
+		"nil":               nil,
+	} {
+		if err := s.Append(frame); !errors.Is(err, ErrInvalidFrame) {
+			t.Errorf("%s: Append err = %v, want ErrInvalidFrame", name, err)
+		}
+	}
+	if s.NextOffset() != 2 || s.Size() != int64(len(makeFrame(0, 2, 100))) {
+		t.Fatalf("rejected frames changed the log: next %d size %d", s.NextOffset(), s.Size())
+	}
+	if err := s.Append(good); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClosedStore(t *testing.T) {
+	s := mustOpen(t, smallConfig(t, t.TempDir()))
+	if err := s.Append(makeFrame(0, 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.DurableOffset() != 1 {
+		t.Fatalf("Close did not make the log durable: %d", s.DurableOffset())
+	}
+	checks := map[string]error{
+		"Close":          s.Close(),
+		"Append":         s.Append(makeFrame(1, 1, 0)),
+		"TruncateSuffix": s.TruncateSuffix(0),
+		"DeletePrefix":   s.DeletePrefix(0),
+	}
+	// Close made everything durable, so Sync has nothing to report.
+	if err := s.Sync(); err != nil {
+		t.Errorf("Sync after Close: %v", err)
+	}
+	_, checks["ReadFrames"] = s.ReadFrames(0, 10, 10)
+	_, checks["OffsetForTime"] = s.OffsetForTime(0)
+	_, checks["ApplyRetention"] = s.ApplyRetention()
+	for name, err := range checks {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s after Close: %v", name, err)
+		}
+	}
+}
+
+func TestInvalidConfig(t *testing.T) {
+	dir := t.TempDir()
+	for name, cfg := range map[string]Config{
+		"no dir":             {},
+		"tiny segments":      {Dir: dir, SegmentBytesMax: 100},
+		"huge segments":      {Dir: dir, SegmentBytesMax: 2 << 30},
+		"negative interval":  {Dir: dir, IndexIntervalBytes: -1},
+		"huge interval":      {Dir: dir, IndexIntervalBytes: 1 << 30},
+		"bad policy":         {Dir: dir, Fsync: 7},
+		"negative retention": {Dir: dir, RetentionAge: -time.Second},
+	} {
+		if _, err := Open(cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: Open err = %v", name, err)
+		}
+	}
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Config{Dir: file}); err == nil {
+		t.Error("Open of a regular file succeeded")
+	}
+}
+
+func TestOpenCreatesDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "b")
+	s := mustOpen(t, Config{Dir: dir})
+	defer s.Close()
+	if files := logFiles(t, dir); len(files) != 1 || files[0] != segmentName(0, logSuffix) {
+		t.Fatalf("files %v", files)
+	}
+}
+
+func TestEmptyTrailingSegment(t *testing.T) {
+	// A crash right after a roll created the new file leaves it empty.
+	dir := t.TempDir()
+	cfg := smallConfig(t, dir)
+	s := mustOpen(t, cfg)
+	var m model
+	appendBatches(t, s, &m, 30, 0)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, segmentName(m.next(), logSuffix)), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, cfg)
+	defer s.Close()
+	checkLog(t, s, &m)
+	appendBatches(t, s, &m, 30, 1000)
+	checkLog(t, s, &m)
+}
+
+func TestUnknownFilesAreIgnored(t *testing.T) {
+	dir := t.TempDir()
+	cfg := smallConfig(t, dir)
+	s := mustOpen(t, cfg)
+	var m model
+	appendBatches(t, s, &m, 30, 0)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"notes.txt", "123.log", segmentName(5, ".tmp")} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An orphan index file (its log is gone) is removed.
+	orphan := segmentName(1<<40, indexSuffix)
+	if err := os.WriteFile(filepath.Join(dir, orphan), []byte("12345678"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, cfg)
+	defer s.Close()
+	checkLog(t, s, &m)
+	if _, err := os.Stat(filepath.Join(dir, orphan)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("orphan index file: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "notes.txt")); err != nil {
+		t.Fatalf("unknown file was touched: %v", err)
+	}
+}
