@@ -32,14 +32,14 @@ vet:
 	$(GO) vet ./...
 
 unit:
-	$(GO) test -count=1 -timeout 15m ./...
+	$(GO) test -race -count=1 -timeout 15m ./...
 
 # A short fuzz slice: every decoder of bytes, FUZZ_TIME each.
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "fuzz $$pkg $$name ($(FUZZ_TIME))"; \
-		$(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=$(FUZZ_TIME) $$pkg; \
+		$(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=$(FUZZ_TIME) -fuzzminimizetime=100x $$pkg; \
 	done
 
 test: vet build unit fuzz

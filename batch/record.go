@@ -2,7 +2,6 @@ package batch
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math/bits"
 )
 
@@ -161,9 +160,3 @@ func uvarintSize(v uint64) int {
 
 func zigzag(v int64) uint64   { return uint64(v<<1) ^ uint64(v>>63) }
 func unzigzag(u uint64) int64 { return int64(u>>1) ^ -int64(u&1) }
-
-// String summarises r for logs and test failures.
-func (r Record) String() string {
-	return fmt.Sprintf("record{key %q, %d value bytes, %d headers, producer time %d}",
-		r.Key, len(r.Value), len(r.Headers), r.ProducerTimeUnixNanos)
-}

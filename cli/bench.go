@@ -48,6 +48,11 @@ type BenchConfig struct {
 	// Sync makes each producer wait for a record's ack before producing
 	// the next.
 	Sync bool
+	// Rate caps the total records per second across producers (each
+	// producer paces at Rate/Producers); 0 means as fast as possible. With
+	// a rate, latency is measured from each record's scheduled send time,
+	// so a stall cannot hide queued records (no coordinated omission).
+	Rate float64
 	// ProgressInterval is how often a progress line is written; default
 	// 1s.
 	ProgressInterval time.Duration
@@ -89,6 +94,7 @@ type BenchResult struct {
 	BufferedBytesMax   int64   `json:"buffered_bytes_max"`
 	Keys               int     `json:"keys"`
 	Sync               bool    `json:"sync"`
+	Rate               float64 `json:"rate,omitempty"`
 
 	// Records were acknowledged; Errors failed.
 	Records      int64    `json:"records"`
@@ -158,7 +164,7 @@ func (s *benchState) recordError(err error) {
 func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress io.Writer) (*BenchResult, error) {
 	cfg.setDefaults()
 	switch {
-	case cfg.Producers < 0 || cfg.RecordBytes < 0 || cfg.Keys < 0 || cfg.Count < 0 || cfg.Duration < 0:
+	case cfg.Producers < 0 || cfg.RecordBytes < 0 || cfg.Keys < 0 || cfg.Count < 0 || cfg.Duration < 0 || cfg.Rate < 0:
 		return nil, usagef("bench settings must not be negative")
 	case cfg.InflightBatchesMax > client.InflightBatchesMaxLimit:
 		return nil, usagef("--inflight must be at most %d", client.InflightBatchesMaxLimit)
@@ -247,7 +253,7 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 	res := &BenchResult{
 		Stream: cfg.Stream, Producers: cfg.Producers, RecordBytes: cfg.RecordBytes,
 		InflightBatchesMax: cfg.InflightBatchesMax, LingerMs: float64(cfg.Linger) / float64(time.Millisecond),
-		BatchBytesMax: cfg.BatchBytesMax, BufferedBytesMax: cfg.BufferedBytesMax, Keys: cfg.Keys, Sync: cfg.Sync,
+		BatchBytesMax: cfg.BatchBytesMax, BufferedBytesMax: cfg.BufferedBytesMax, Keys: cfg.Keys, Sync: cfg.Sync, Rate: cfg.Rate,
 		Records: st.acked.Load(), Errors: st.errors.Load(), Duplicates: st.dups.Load(),
 		OrderViolations: st.violation.Load(), ElapsedSeconds: elapsed.Seconds(),
 	}
@@ -300,6 +306,11 @@ func benchProducer(p *client.Producer, w int, count int64, cfg BenchConfig, keys
 		lastOffset[res.Range] = res.Offset
 		orderMu.Unlock()
 	}
+	var interval time.Duration
+	if cfg.Rate > 0 {
+		interval = time.Duration(float64(time.Second) * float64(cfg.Producers) / cfg.Rate)
+	}
+	scheduled := time.Now()
 	for i := int64(0); count < 0 || i < count; i++ {
 		if stop.Load() {
 			break
@@ -309,6 +320,15 @@ func benchProducer(p *client.Producer, w int, count int64, cfg BenchConfig, keys
 			rec.Key = keys[(int64(w)+i)%int64(len(keys))]
 		}
 		startT := time.Now()
+		if interval > 0 {
+			// Pace to the schedule; when behind, send at once and count the
+			// latency from when the record should have gone.
+			if d := time.Until(scheduled); d > 0 {
+				time.Sleep(d)
+			}
+			startT = scheduled
+			scheduled = scheduled.Add(interval)
+		}
 		if cfg.Sync {
 			res, err := p.ProduceSync(ctx, rec)
 			observe(startT, res[0], err)
@@ -371,6 +391,7 @@ func (e *env) bench(ctx context.Context, args []string) error {
 	fs.Int64Var(&cfg.Count, "count", 0, "total records to produce (overrides --duration)")
 	fs.IntVar(&cfg.Keys, "keys", 0, "distinct keys, round robin (0: keyless records)")
 	fs.BoolVar(&cfg.Sync, "sync", false, "one at a time: wait for each ack before the next record")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "total records/s across producers (0: as fast as possible); latency then counts from each record's scheduled time")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -424,8 +445,12 @@ func (e *env) bench(ctx context.Context, args []string) error {
 }
 
 func printBench(w io.Writer, r *BenchResult) {
-	fmt.Fprintf(w, "stream %s: %d producers, %d-byte records, inflight %d, linger %gms, batch %d bytes, keys %d, sync %v\n",
-		r.Stream, r.Producers, r.RecordBytes, r.InflightBatchesMax, r.LingerMs, r.BatchBytesMax, r.Keys, r.Sync)
+	rate := "max"
+	if r.Rate > 0 {
+		rate = fmt.Sprintf("%.0f/s", r.Rate)
+	}
+	fmt.Fprintf(w, "stream %s: %d producers, %d-byte records, inflight %d, linger %gms, batch %d bytes, keys %d, sync %v, rate %s\n",
+		r.Stream, r.Producers, r.RecordBytes, r.InflightBatchesMax, r.LingerMs, r.BatchBytesMax, r.Keys, r.Sync, rate)
 	fmt.Fprintf(w, "records     %d acked, %d errors, %d duplicates, %d order violations\n",
 		r.Records, r.Errors, r.Duplicates, r.OrderViolations)
 	for _, s := range r.ErrorSamples {

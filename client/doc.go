@@ -30,7 +30,10 @@
 //     for ever, so resending it can never append a different record.
 //  3. Batches are pipelined over one AppendStream per range, at most
 //     InflightBatchesMax unacknowledged at a time; the server answers a
-//     range's requests in order.
+//     range's requests in order. Under a producer id the server has not yet
+//     acknowledged a batch of, a range sends one batch at a time: a server
+//     may take any first sequence from an unknown id, and a second batch
+//     landing before a retried first one would reorder and lose records.
 //  4. On a retriable error or a broken stream the range rewinds: after a
 //     bounded, jittered backoff it opens a new stream and resends every
 //     unacknowledged batch in sequence order with the same sequence numbers.
@@ -44,5 +47,6 @@
 //     timeout) passes while it is in flight, its batch and every batch in
 //     flight with it fail, because their outcome is unknown, and the range
 //     continues under a fresh producer id.
-//  7. Callbacks of one range run in offset order on that range's goroutine.
+//  7. Callbacks of one range run in offset order on that range's goroutine;
+//     they must not block, nor call Close.
 package client

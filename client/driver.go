@@ -80,8 +80,11 @@ type rangeDriver struct {
 	closed             bool
 
 	// Owned by run.
-	pid            uint64
-	nextSeq        uint64
+	pid     uint64
+	nextSeq uint64
+	// pidAcked is set once a batch was acknowledged under pid. Until then
+	// the range sends one batch at a time (see pump).
+	pidAcked       bool
 	batches        []*batch // unacknowledged, in sequence order
 	conn           *appendConn
 	connGen        uint64
@@ -182,8 +185,19 @@ func (d *rangeDriver) pump(now time.Time) {
 		return
 	}
 	window := d.p.cfg.inflightBatchesMax
+	if d.pid != 0 && !d.pidAcked {
+		// A server may accept any first sequence from a producer id it
+		// does not know. Were the first batch to fail retriably while the
+		// second is in flight, the second would land first and the
+		// first's resend would look like an old duplicate: lost and out
+		// of order. So a new id pipelines only once the server knows it.
+		window = 1
+	}
+	// Sent batches are a prefix of d.batches; after a rewind or a
+	// renumbering the list may be longer than the window, and only its
+	// first window batches may be on the wire.
 	unsent := false
-	for _, b := range d.batches {
+	for _, b := range d.batches[:min(window, len(d.batches))] {
 		if b.requestID == 0 && b.resp == nil {
 			unsent = true
 			break
@@ -195,7 +209,7 @@ func (d *rangeDriver) pump(now time.Time) {
 	if d.conn == nil && !d.connect() {
 		return
 	}
-	for _, b := range d.batches {
+	for _, b := range d.batches[:min(window, len(d.batches))] {
 		if b.requestID == 0 && b.resp == nil {
 			if !d.send(b) {
 				return
@@ -300,6 +314,7 @@ func (d *rangeDriver) renumber() {
 	}
 	d.pid = randomProducerID()
 	d.nextSeq = 0
+	d.pidAcked = false
 	for _, b := range d.batches {
 		if b.resp != nil {
 			panic("client: renumbering an acknowledged batch")
@@ -426,6 +441,9 @@ func (d *rangeDriver) onReply(resp *geologv1.AppendResponse) {
 		return
 	}
 	b.resp = resp
+	if b.pid == d.pid {
+		d.pidAcked = true
+	}
 	d.backoffAttempt = 0
 	d.lastErr = nil
 	for len(d.batches) > 0 && d.batches[0].resp != nil {
@@ -480,10 +498,12 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 		// and are resent in order. Replies to their earlier sends carry
 		// old request ids and are ignored.
 		//
-		// This trusts that no earlier send of b is still in the server's
-		// pipeline from a stream we abandoned: the server fails the
-		// requests of a stream whose client went away before it reads the
-		// next stream's, and a final error is deterministic for a request.
+		// This trusts that an earlier send of b, still in the server's
+		// pipeline from a stream we abandoned, fails the same way: the
+		// final errors a server gives are properties of the request
+		// (validation, unknown stream or range, permissions). A transient
+		// final error (INTERNAL) raced by a stale send that succeeds is the
+		// one case this cannot rule out.
 		d.batches[0] = nil
 		d.batches = d.batches[1:]
 		d.fail(b, func(*promisedRecord) error { return e })

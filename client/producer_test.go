@@ -19,6 +19,16 @@ import (
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
+// warmUp acknowledges one record on range 0 so that the producer's id is
+// known there and it pipelines at once (a new id sends one batch at a time
+// until its first ack).
+func warmUp(t *testing.T, p *client.Producer) {
+	t.Helper()
+	if _, err := p.ProduceSync(testCtx(t), &client.Record{Key: []byte("k"), Value: []byte("warm")}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestProduceRoutesByKey(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 4)
@@ -212,6 +222,7 @@ func TestInflightWindowBound(t *testing.T) {
 	c := newClient(t, fake.Addr())
 	p := newProducer(t, c, "s", client.InflightBatchesMax(3))
 	ctx := testCtx(t)
+	warmUp(t, p)
 
 	hold := make(chan struct{})
 	fake.SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault {
@@ -337,6 +348,7 @@ func TestSequenceGapBehindFailedBatchIsRewound(t *testing.T) {
 	c := newClient(t, fake.Addr())
 	p := newProducer(t, c, "s", client.InflightBatchesMax(5))
 	ctx := testCtx(t)
+	warmUp(t, p)
 
 	hold := make(chan struct{})
 	fake.SetAppendFault(func(n int64, _ *geologv1.AppendRequest) clienttest.Fault {
@@ -358,10 +370,14 @@ func TestSequenceGapBehindFailedBatchIsRewound(t *testing.T) {
 	if len(rs.errs) != 0 {
 		t.Fatalf("errors: %v", rs.errs)
 	}
-	for i, rec := range fake.Records("s", 0) {
+	recs := fake.Records("s", 0)[1:] // after the warm-up record
+	for i, rec := range recs {
 		if string(rec.GetValue()) != strconv.Itoa(i) {
-			t.Fatalf("offset %d holds %q", i, rec.GetValue())
+			t.Fatalf("offset %d holds %q", i+1, rec.GetValue())
 		}
+	}
+	if len(recs) != 100 {
+		t.Fatalf("log holds %d records after the warm-up", len(recs))
 	}
 	t.Logf("stats %+v", fake.Stats())
 }
@@ -374,6 +390,7 @@ func TestFinalErrorFailsOnlyItsBatch(t *testing.T) {
 	// 250 bytes: no two of these records share a batch.
 	p := newProducer(t, c, "s", client.BatchBytesMax(250))
 	ctx := testCtx(t)
+	warmUp(t, p)
 
 	hold := make(chan struct{})
 	fake.SetAppendFault(func(n int64, _ *geologv1.AppendRequest) clienttest.Fault {
@@ -395,19 +412,19 @@ func TestFinalErrorFailsOnlyItsBatch(t *testing.T) {
 	if !errors.As(err, &e) || e.Code != client.CodeRecordTooLarge || client.IsRetriable(err) {
 		t.Fatalf("record b: %v, want a final RECORD_TOO_LARGE", err)
 	}
-	if len(rs.errs) != 1 || rs.res[0].Offset != 0 || rs.res[2].Offset != 1 {
+	if len(rs.errs) != 1 || rs.res[0].Offset != 1 || rs.res[2].Offset != 2 {
 		t.Fatalf("results %+v errors %v", rs.res, rs.errs)
 	}
 	var got []string
 	for _, r := range fake.Records("s", 0) {
 		got = append(got, string(r.GetValue()))
 	}
-	if fmt.Sprint(got) != "[a c]" {
-		t.Fatalf("log %v, want [a c]", got)
+	if fmt.Sprint(got) != "[warm a c]" {
+		t.Fatalf("log %v, want [warm a c]", got)
 	}
 	// The batch behind the failed one moved to a fresh producer id.
 	bs := fake.Batches("s", 0)
-	if bs[1].ProducerID == bs[0].ProducerID || bs[1].BaseSequence != 0 {
+	if bs[2].ProducerID == bs[1].ProducerID || bs[2].BaseSequence != 0 {
 		t.Fatalf("batches %+v", bs)
 	}
 }
@@ -642,6 +659,7 @@ func TestDuplicateOutOfWindow(t *testing.T) {
 	c := newClient(t, fake.Addr())
 	p := newProducer(t, c, "s")
 	ctx := testCtx(t)
+	warmUp(t, p)
 
 	hold := make(chan struct{})
 	fake.SetAppendFault(func(n int64, _ *geologv1.AppendRequest) clienttest.Fault {
@@ -667,13 +685,51 @@ func TestDuplicateOutOfWindow(t *testing.T) {
 			t.Fatalf("record %d: %v, want DUPLICATE_OUT_OF_WINDOW", i, rs.errs[i])
 		}
 	}
-	if r, ok := rs.res[2]; !ok || !r.Duplicate || r.Offset != 2 {
-		t.Fatalf("record 2: %+v %v, want a duplicate at offset 2", r, rs.errs[2])
+	if r, ok := rs.res[2]; !ok || !r.Duplicate || r.Offset != 3 {
+		t.Fatalf("record 2: %+v %v, want a duplicate at offset 3", r, rs.errs[2])
 	}
 	produceN(t, p, 3, 2)
-	for i, rec := range fake.Records("s", 0) {
+	for i, rec := range fake.Records("s", 0)[1:] {
+		if string(rec.GetValue()) != strconv.Itoa(i) {
+			t.Fatalf("offset %d holds %q", i+1, rec.GetValue())
+		}
+	}
+}
+
+// Against a server that accepts any first sequence from an unknown
+// producer id, a retriable failure of the very first batch must not let
+// the batches behind it land first.
+func TestFirstBatchFailureWithLenientServer(t *testing.T) {
+	fake := startFake(t, clienttest.Config{AcceptAnyFirstSequence: true})
+	fake.MustCreateStream("s", 1)
+	c := newClient(t, fake.Addr())
+	p := newProducer(t, c, "s")
+	ctx := testCtx(t)
+	fake.SetAppendFault(func(n int64, _ *geologv1.AppendRequest) clienttest.Fault {
+		if n == 1 {
+			return clienttest.Fault{Delay: 50 * time.Millisecond, Err: apierr.New(apierr.Overloaded, "injected")}
+		}
+		return clienttest.Fault{}
+	})
+	rs := newResults()
+	for i := range 50 {
+		p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte(strconv.Itoa(i))}, rs.cb(i))
+		if i == 0 {
+			// The rest are produced while the first batch is in flight.
+			waitFor(t, "the first batch in flight", func() bool { return fake.Outstanding("s", 0) == 1 })
+		}
+	}
+	rs.wait(t)
+	if len(rs.errs) != 0 {
+		t.Fatalf("errors: %v", rs.errs)
+	}
+	recs := fake.Records("s", 0)
+	for i, rec := range recs {
 		if string(rec.GetValue()) != strconv.Itoa(i) {
 			t.Fatalf("offset %d holds %q", i, rec.GetValue())
 		}
+	}
+	if len(recs) != 50 {
+		t.Fatalf("log holds %d records", len(recs))
 	}
 }

@@ -57,8 +57,8 @@ func newDedupTable(producersMax int) *dedupTable {
 // baseSequence. For verdictDuplicate it returns the original batch.
 //
 // Rules (Kafka's idempotent producer, simplified):
-//   - unknown producer: any starting sequence is accepted (a new producer, or
-//     one whose state expired with the log that held it);
+//   - unknown producer: the batch must start at sequence 0, else SEQUENCE_GAP
+//     with expected sequence 0 (a lost first batch, or expired state);
 //   - baseSequence == next: append;
 //   - an exact match of a remembered batch: duplicate, original offsets;
 //   - entirely below next but no longer remembered: DUPLICATE_OUT_OF_WINDOW;
@@ -66,7 +66,18 @@ func newDedupTable(producersMax int) *dedupTable {
 //   - above next: SEQUENCE_GAP, carrying the expected sequence.
 func (d *dedupTable) check(producerID, baseSequence uint64, count uint32) (dedupVerdict, sentBatch, error) {
 	p, ok := d.producers[producerID]
-	if !ok || baseSequence == p.nextSequence {
+	if !ok {
+		if baseSequence == 0 {
+			return verdictAppend, sentBatch{}, nil
+		}
+		// Either the producer's first batch failed and a later one came
+		// first (appending it would lose the first for good), or its state
+		// expired with the log that held it. Both are a gap from 0; the SDK
+		// answers it by continuing under a fresh producer id.
+		e := apierr.New(apierr.SequenceGap, "producer %d is unknown to this range: its first batch must start at sequence 0, not %d", producerID, baseSequence)
+		return verdictReject, sentBatch{}, e
+	}
+	if baseSequence == p.nextSequence {
 		return verdictAppend, sentBatch{}, nil
 	}
 	if baseSequence > p.nextSequence {

@@ -19,13 +19,14 @@ func TestDedupTable(t *testing.T) {
 	d := newDedupTable(100)
 	offset := uint64(0)
 	steps := []step{
-		{"new producer starts anywhere", 1, 0, 3, verdictAppend, 0, 0},
+		{"unknown producer must start at 0", 1, 5, 3, verdictReject, apierr.SequenceGap, 0},
+		{"new producer starts at 0", 1, 0, 3, verdictAppend, 0, 0},
 		{"next in sequence", 1, 3, 2, verdictAppend, 0, 0},
 		{"exact duplicate of first", 1, 0, 3, verdictDuplicate, 0, 0},
 		{"exact duplicate of second", 1, 3, 2, verdictDuplicate, 0, 3},
 		{"gap", 1, 7, 1, verdictReject, apierr.SequenceGap, 0},
 		{"overlap without match", 1, 1, 2, verdictReject, apierr.InvalidArgument, 0},
-		{"other producer is independent", 2, 100, 1, verdictAppend, 0, 0},
+		{"other producer is independent", 2, 0, 1, verdictAppend, 0, 0},
 	}
 	for _, s := range steps {
 		v, orig, err := d.check(s.producer, s.seq, s.count)

@@ -48,6 +48,13 @@ type Config struct {
 	SegmentBytesMax int64
 	// Epoch stamped on every batch, default 1. Homing will own it.
 	Epoch uint64
+	// SyncConcurrencyMax bounds the fsyncs in progress at once across all
+	// ranges of the node, default 2. Each fsync has a large fixed cost (a
+	// journal commit and a device cache flush); while a range waits for a
+	// slot its next round grows, so under load fewer, larger fsyncs cover
+	// the same records. Measured on 2 cores at 75k records/s over 8 ranges:
+	// p99 ack latency 12-13 ms unbounded, 6.5-9 ms with 2 slots.
+	SyncConcurrencyMax int
 	// InboxOpsMax bounds queued appends per range, default 4096.
 	InboxOpsMax int
 	// ProducersMax bounds idempotent producers remembered per range,
@@ -89,6 +96,9 @@ func (c *Config) setDefaults() error {
 	if c.Epoch == 0 {
 		c.Epoch = 1
 	}
+	if c.SyncConcurrencyMax <= 0 {
+		c.SyncConcurrencyMax = 2
+	}
 	if c.InboxOpsMax <= 0 {
 		c.InboxOpsMax = 4096
 	}
@@ -124,6 +134,7 @@ type Node struct {
 	// createMu serialises stream creation (catalogue writes).
 	createMu sync.Mutex
 
+	syncSlots  chan struct{}
 	grpcServer *grpc.Server
 	listener   net.Listener
 	closing    chan struct{}
@@ -148,6 +159,7 @@ func New(cfg Config) (*Node, error) {
 		closing:  make(chan struct{}),
 		serveErr: make(chan error, 1),
 	}
+	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	specs, err := loadCatalog(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -184,6 +196,7 @@ func (n *Node) openStream(spec streamSpec) *streamState {
 			producersMax:        n.cfg.ProducersMax,
 			producerStateTTL:    n.cfg.ProducerStateTTL,
 			maintenanceInterval: n.cfg.MaintenanceInterval,
+			syncSlots:           n.syncSlots,
 		})
 	}
 	return st

@@ -47,7 +47,10 @@ func testNode(t *testing.T, dir string, mut func(*Config)) (*Node, geologv1.LogC
 
 type tWriter struct{ t *testing.T }
 
-func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(bytes.TrimRight(p, "\n"))); return len(p), nil }
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
 
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -435,4 +438,29 @@ func (rawCodec) Marshal(v any) ([]byte, error) { return *(v.(*rawBytes)), nil }
 func (rawCodec) Unmarshal(data []byte, v any) error {
 	*(v.(*rawBytes)) = append(rawBytes(nil), data...)
 	return nil
+}
+
+// TestCloseEndsAppendStreams: an open AppendStream does not hold shutdown
+// up; it ends with a typed, retriable SHUTTING_DOWN.
+func TestCloseEndsAppendStreams(t *testing.T) {
+	n, c := testNode(t, t.TempDir(), nil)
+	createStream(t, c, "s", 1)
+	st, err := c.AppendStream(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&geologv1.AppendRequest{Stream: "s", Records: recs("a", 1), RequestId: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := st.Recv(); err != nil || r.Error != nil {
+		t.Fatalf("first reply: %v %v", r, err)
+	}
+	closed := make(chan struct{})
+	go func() { n.Close(); close(closed) }()
+	_, err = st.Recv()
+	wantCode(t, err, apierr.ShuttingDown)
+	if !apierr.IsRetriable(err) {
+		t.Fatal("SHUTTING_DOWN must be retriable")
+	}
+	<-closed
 }

@@ -54,6 +54,8 @@ type rangeDriverConfig struct {
 	producersMax int
 	// producerStateTTL forgets producers idle for longer.
 	producerStateTTL time.Duration
+	// syncSlots bounds the fsyncs in progress across the node's ranges.
+	syncSlots chan struct{}
 	// maintenanceInterval is how often retention and expiry run.
 	maintenanceInterval time.Duration
 }
@@ -73,7 +75,7 @@ type rangeDriver struct {
 	store  *segment.Store // nil when the range failed to open
 
 	// Published state, read by any goroutine.
-	committed atomic.Uint64               // offsets below it are durable and readable
+	committed atomic.Uint64                // offsets below it are durable and readable
 	failure   atomic.Pointer[apierr.Error] // set once the range stops serving
 	notifyMu  sync.Mutex
 	notifyCh  chan struct{} // closed and replaced when committed or failure changes
@@ -237,7 +239,13 @@ func (d *rangeDriver) syncLoop(stop <-chan struct{}, exited chan<- struct{}) {
 		case <-stop:
 			return
 		}
+		select {
+		case d.cfg.syncSlots <- struct{}{}:
+		case <-stop:
+			return
+		}
 		err := d.store.Sync()
+		<-d.cfg.syncSlots
 		r := syncResult{durableOffset: d.store.DurableOffset(), err: err}
 		select {
 		case d.syncDone <- r:

@@ -156,25 +156,37 @@ func (s *logServer) AppendStream(stream geologv1.Log_AppendStreamServer) error {
 			if err := stream.Send(r); err != nil {
 				return err
 			}
+		case <-s.node.closing:
+			// Answer what is outstanding (every driver answers all it holds
+			// as it stops), then end the stream so the server can stop.
+			if err := drainReplies(ctx, stream, replies, sem); err != nil {
+				return err
+			}
+			return apierr.ToStatus(apierr.New(apierr.ShuttingDown, "node is shutting down"))
 		case err := <-recvErr:
 			if !errors.Is(err, io.EOF) {
 				return apierr.ToStatus(apierr.As(err))
 			}
 			// The client half-closed: answer what is outstanding, then end.
-			for len(sem) > 0 {
-				select {
-				case r := <-replies:
-					<-sem
-					if err := stream.Send(r); err != nil {
-						return err
-					}
-				case <-ctx.Done():
-					return apierr.ToStatus(apierr.As(ctx.Err()))
-				}
-			}
-			return nil
+			return drainReplies(ctx, stream, replies, sem)
 		}
 	}
+}
+
+// drainReplies sends replies until no request is outstanding.
+func drainReplies(ctx context.Context, stream geologv1.Log_AppendStreamServer, replies <-chan *geologv1.AppendResponse, sem chan struct{}) error {
+	for len(sem) > 0 {
+		select {
+		case r := <-replies:
+			<-sem
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return apierr.ToStatus(apierr.As(ctx.Err()))
+		}
+	}
+	return nil
 }
 
 func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {

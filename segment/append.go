@@ -179,8 +179,10 @@ func (s *Store) Sync() error {
 	// reference keeps the file open should retention delete it meanwhile.
 	s.mu.RLock()
 	if s.closed {
-		// Close is exclusive with a leader, so this cannot happen.
+		// Close is exclusive with a leader, so this cannot happen. Relock
+		// so that the deferred unlock does not mask the panic.
 		s.mu.RUnlock()
+		s.syncMu.Lock()
 		panic("segment: sync leader found the store closed")
 	}
 	g := s.segs[len(s.segs)-1]
@@ -229,13 +231,10 @@ func (s *Store) beginExclusiveSync() {
 	s.syncMu.Unlock()
 }
 
-// endExclusiveSync ends beginExclusiveSync, setting the durable offset to
-// durable if setDurable.
-func (s *Store) endExclusiveSync(durable uint64, setDurable bool) {
+// endExclusiveSync ends beginExclusiveSync and wakes waiting syncers. In
+// between, the owner may store the durable offset directly.
+func (s *Store) endExclusiveSync() {
 	s.syncMu.Lock()
-	if setDurable {
-		s.durable.Store(durable)
-	}
 	s.syncing = false
 	s.syncCond.Broadcast()
 	s.syncMu.Unlock()

@@ -58,7 +58,7 @@ func (s *Store) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte,
 	var out []byte
 	for {
 		if out == nil {
-			out = make([]byte, 0, min(int64(max(maxBytes, batch.HeaderSize)), v.size-pos+batch.HeaderSize))
+			out = make([]byte, 0, min(int64(max(maxBytes, firstReadBytes)), v.size-pos))
 		}
 		var stop bool
 		out, pos, expect, stop, err = s.collect(out, v, pos, expect, maxBytes, endOffset)
@@ -171,7 +171,13 @@ func (s *Store) collect(out []byte, v segView, pos int64, expect uint64, maxByte
 		if len(out) > 0 && budget < batch.HeaderSize {
 			return out, pos, expect, true, nil
 		}
-		want := int(min(int64(max(budget, batch.HeaderSize, need)), v.size-pos))
+		want := max(budget, batch.HeaderSize, need)
+		if len(out) == 0 {
+			// The first frame is returned whatever the budget: read enough
+			// to hold a typical one in this same pread.
+			want = max(want, firstReadBytes)
+		}
+		want = int(min(int64(want), v.size-pos))
 		out = slices.Grow(out, want)
 		chunk := out[len(out) : len(out)+want]
 		if err := readFull(v.seg.f, chunk, pos); err != nil {

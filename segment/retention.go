@@ -48,8 +48,7 @@ func (s *Store) TruncateSuffix(offset uint64) error {
 	// No fdatasync may run while files shrink under it, and no reader may
 	// read them; both wait for us.
 	s.beginExclusiveSync()
-	durableSet := false
-	defer func() { s.endExclusiveSync(offset, durableSet) }()
+	defer s.endExclusiveSync()
 	s.truncMu.Lock()
 	defer s.truncMu.Unlock()
 
@@ -89,9 +88,12 @@ func (s *Store) TruncateSuffix(offset uint64) error {
 	g.maxAppendTimeUnixNanos = lastTime
 	s.segs = s.segs[:i+1]
 	s.sizeBytes.Add(-dropped)
+	// The truncation is fsynced and nothing else writes durable while we
+	// own the sync; lower it first so DurableOffset <= NextOffset holds
+	// at every instant.
+	s.durable.Store(offset)
 	s.nextOffset.Store(offset)
 	s.mu.Unlock()
-	durableSet = true
 
 	if err := writeIndexFiles(g, g.entries, s.cfg.Fsync == FsyncAlways); err != nil {
 		s.log.Warn("could not write index files", "segment", g.name(), "error", err)

@@ -34,6 +34,8 @@ const (
 	// readChunkBytes is the size of the pooled buffers that seeks and scans
 	// read through.
 	readChunkBytes = 64 << 10
+	// firstReadBytes is the least ReadFrames reads for its first frame.
+	firstReadBytes = 4 << 10
 	// recoverChunkBytes is how much recovery reads with one pread.
 	recoverChunkBytes = 1 << 20
 )
@@ -45,9 +47,10 @@ const (
 	// FsyncAlways makes Sync fdatasync the log: the default, and the only
 	// policy under which an acknowledged record survives a power failure.
 	FsyncAlways FsyncPolicy = iota
-	// FsyncNever skips every fdatasync of the log, including those on roll
-	// and Close. For benchmarks only: after a machine crash the log may
-	// lose acknowledged records, or hold a torn sealed segment that Open
+	// FsyncNever skips the fdatasyncs of Sync, roll, Open and Close (the
+	// rare repairs, TruncateSuffix and torn-tail truncation, still sync).
+	// For benchmarks only: after a machine crash the log may lose
+	// acknowledged records, or hold a torn sealed segment that Open
 	// reports as corrupt.
 	FsyncNever
 )

@@ -3,6 +3,7 @@ package segment
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -162,7 +163,7 @@ func TestReadFramesLargeFrames(t *testing.T) {
 		recs := make([]batch.Record, n)
 		for j := range recs {
 			off := base + uint64(j)
-			recs[j] = batch.Record{Key: []byte("k" + itoa(off)), Value: recordValue(off, 8+int(off%37))}
+			recs[j] = batch.Record{Key: fmt.Appendf(nil, "k%d", off), Value: recordValue(off, 8+int(off%37))}
 		}
 		value := batch.Encode(nil, batch.Header{BaseOffset: base, AppendTimeUnixNanos: int64(i)}, recs)
 		if err := s.Append(value); err != nil {
@@ -176,18 +177,28 @@ func TestReadFramesLargeFrames(t *testing.T) {
 	checkLog(t, s, &m)
 }
 
-func itoa(v uint64) string { return string(bytesOfUint(v)) }
-
-func bytesOfUint(v uint64) []byte {
-	if v == 0 {
-		return []byte("0")
+func TestSparseIndexSeeks(t *testing.T) {
+	// The default 4 KiB index interval over small batches: reads seek an
+	// entry and walk up to ~30 frames, and OffsetForTime scans as far.
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, SegmentBytesMax: 64 << 10, Logger: testLogger(t)}
+	s := mustOpen(t, cfg)
+	var m model
+	appendBatches(t, s, &m, 800, 0)
+	checkLog(t, s, &m)
+	for i := 0; i < len(m.heads); i += 7 {
+		got, err := s.OffsetForTime(m.heads[i].AppendTimeUnixNanos)
+		want := m.heads[i].BaseOffset
+		if i%2 == 1 {
+			want = m.heads[i-1].BaseOffset // pairs of batches share a time
+		}
+		if err != nil || got != want {
+			t.Fatalf("OffsetForTime(%d) = %d, %v; want %d", m.heads[i].AppendTimeUnixNanos, got, err, want)
+		}
 	}
-	var b []byte
-	for v > 0 {
-		b = append([]byte{byte('0' + v%10)}, b...)
-		v /= 10
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
-	return b
 }
 
 func TestOffsetForTime(t *testing.T) {

@@ -44,6 +44,10 @@ type Config struct {
 	// SubscribeRecordsMax bounds the records in one Subscribe reply;
 	// default 100.
 	SubscribeRecordsMax int
+	// AcceptAnyFirstSequence makes the fake accept any base sequence as
+	// the first batch of a producer id it does not know (regionsvc's
+	// rule); by default a new id must start at 0.
+	AcceptAnyFirstSequence bool
 	// TLS, if set, makes the fake serve TLS (require client certificates
 	// in it for mutual TLS); default plaintext.
 	TLS *tls.Config
@@ -161,8 +165,8 @@ func Start(cfg Config) (*Server, error) {
 		outstandingNow: make(map[rangeKey]int),
 	}
 	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(64<<20),
-		grpc.MaxSendMsgSize(64<<20),
+		grpc.MaxRecvMsgSize(64 << 20),
+		grpc.MaxSendMsgSize(64 << 20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}
 	if cfg.TLS != nil {
@@ -312,6 +316,9 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 		ps = r.producers[pid]
 		if ps == nil {
 			ps = &producerState{}
+			if s.cfg.AcceptAnyFirstSequence {
+				ps.nextSeq = base
+			}
 		}
 		if base < ps.nextSeq {
 			for _, e := range ps.window {

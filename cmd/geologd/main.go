@@ -5,6 +5,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -26,8 +28,10 @@ func run() int {
 	fsync := fs.String("fsync", "always", "durability: always, or never (benchmarks only: acks mean page cache)")
 	recordBytesMax := fs.Int("record-bytes-max", 1<<20, "largest record accepted (key+value+headers)")
 	segmentBytesMax := fs.Int64("segment-bytes-max", 64<<20, "segment roll size")
+	syncConcurrency := fs.Int("sync-concurrency", 2, "fsyncs in progress at once across all ranges")
 	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	logJSON := fs.Bool("log-json", false, "log as JSON")
+	debugAddr := fs.String("debug-addr", "", "serve Go pprof on this address (e.g. 127.0.0.1:6060); off by default")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -46,17 +50,25 @@ func run() int {
 		return 2
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logJSON, Output: os.Stderr})
+	if *debugAddr != "" {
+		go func() {
+			if err := http.ListenAndServe(*debugAddr, nil); err != nil {
+				logger.Error("debug server", "error", err)
+			}
+		}()
+	}
 	if policy == segment.FsyncNever {
 		logger.Warn("fsync disabled: acknowledged records can be lost on a machine crash; for benchmarks only")
 	}
 	node, err := regionsvc.New(regionsvc.Config{
-		DataDir:         *dataDir,
-		ListenAddr:      *listen,
-		Region:          *region,
-		Logger:          logger,
-		RecordBytesMax:  *recordBytesMax,
-		Fsync:           policy,
-		SegmentBytesMax: *segmentBytesMax,
+		DataDir:            *dataDir,
+		ListenAddr:         *listen,
+		Region:             *region,
+		Logger:             logger,
+		RecordBytesMax:     *recordBytesMax,
+		Fsync:              policy,
+		SegmentBytesMax:    *segmentBytesMax,
+		SyncConcurrencyMax: *syncConcurrency,
 	})
 	if err != nil {
 		logger.Error("open node", "error", err)
