@@ -21,29 +21,29 @@ type Code = geologv1.ErrorCode
 
 // The codes, re-exported for brevity.
 const (
-	InvalidArgument        = geologv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT
-	StreamNotFound         = geologv1.ErrorCode_ERROR_CODE_STREAM_NOT_FOUND
-	StreamExists           = geologv1.ErrorCode_ERROR_CODE_STREAM_EXISTS
-	RangeNotFound          = geologv1.ErrorCode_ERROR_CODE_RANGE_NOT_FOUND
-	RecordTooLarge         = geologv1.ErrorCode_ERROR_CODE_RECORD_TOO_LARGE
-	BatchTooLarge          = geologv1.ErrorCode_ERROR_CODE_BATCH_TOO_LARGE
-	EmptyBatch             = geologv1.ErrorCode_ERROR_CODE_EMPTY_BATCH
-	OffsetOutOfRange       = geologv1.ErrorCode_ERROR_CODE_OFFSET_OUT_OF_RANGE
-	SequenceGap            = geologv1.ErrorCode_ERROR_CODE_SEQUENCE_GAP
-	DuplicateOutOfWindow   = geologv1.ErrorCode_ERROR_CODE_DUPLICATE_OUT_OF_WINDOW
-	NotLeader              = geologv1.ErrorCode_ERROR_CODE_NOT_LEADER
-	NotHome                = geologv1.ErrorCode_ERROR_CODE_NOT_HOME
-	StaleEpoch             = geologv1.ErrorCode_ERROR_CODE_STALE_EPOCH
-	LeaseExpired           = geologv1.ErrorCode_ERROR_CODE_LEASE_EXPIRED
-	Corruption             = geologv1.ErrorCode_ERROR_CODE_CORRUPTION
-	Unavailable            = geologv1.ErrorCode_ERROR_CODE_UNAVAILABLE
-	Overloaded             = geologv1.ErrorCode_ERROR_CODE_OVERLOADED
-	ShuttingDown           = geologv1.ErrorCode_ERROR_CODE_SHUTTING_DOWN
-	Timeout                = geologv1.ErrorCode_ERROR_CODE_TIMEOUT
-	Unauthenticated        = geologv1.ErrorCode_ERROR_CODE_UNAUTHENTICATED
-	PermissionDenied       = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
-	Internal               = geologv1.ErrorCode_ERROR_CODE_INTERNAL
-	unspecified            = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
+	InvalidArgument      = geologv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT
+	StreamNotFound       = geologv1.ErrorCode_ERROR_CODE_STREAM_NOT_FOUND
+	StreamExists         = geologv1.ErrorCode_ERROR_CODE_STREAM_EXISTS
+	RangeNotFound        = geologv1.ErrorCode_ERROR_CODE_RANGE_NOT_FOUND
+	RecordTooLarge       = geologv1.ErrorCode_ERROR_CODE_RECORD_TOO_LARGE
+	BatchTooLarge        = geologv1.ErrorCode_ERROR_CODE_BATCH_TOO_LARGE
+	EmptyBatch           = geologv1.ErrorCode_ERROR_CODE_EMPTY_BATCH
+	OffsetOutOfRange     = geologv1.ErrorCode_ERROR_CODE_OFFSET_OUT_OF_RANGE
+	SequenceGap          = geologv1.ErrorCode_ERROR_CODE_SEQUENCE_GAP
+	DuplicateOutOfWindow = geologv1.ErrorCode_ERROR_CODE_DUPLICATE_OUT_OF_WINDOW
+	NotLeader            = geologv1.ErrorCode_ERROR_CODE_NOT_LEADER
+	NotHome              = geologv1.ErrorCode_ERROR_CODE_NOT_HOME
+	StaleEpoch           = geologv1.ErrorCode_ERROR_CODE_STALE_EPOCH
+	LeaseExpired         = geologv1.ErrorCode_ERROR_CODE_LEASE_EXPIRED
+	Corruption           = geologv1.ErrorCode_ERROR_CODE_CORRUPTION
+	Unavailable          = geologv1.ErrorCode_ERROR_CODE_UNAVAILABLE
+	Overloaded           = geologv1.ErrorCode_ERROR_CODE_OVERLOADED
+	ShuttingDown         = geologv1.ErrorCode_ERROR_CODE_SHUTTING_DOWN
+	Timeout              = geologv1.ErrorCode_ERROR_CODE_TIMEOUT
+	Unauthenticated      = geologv1.ErrorCode_ERROR_CODE_UNAUTHENTICATED
+	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
+	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
+	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
 type codeInfo struct {
