@@ -27,7 +27,8 @@ type BenchConfig struct {
 	Producers int
 	// RecordBytes is each record's value size; default 1024.
 	RecordBytes int
-	// InflightBatchesMax is each producer's window per range; default 5.
+	// InflightBatchesMax is each producer's window per range; default 1
+	// (the producer's default).
 	InflightBatchesMax int
 	// Linger is each producer's linger; default 0.
 	Linger time.Duration
@@ -72,7 +73,7 @@ func (cfg *BenchConfig) setDefaults() {
 		cfg.RecordBytes = 1024
 	}
 	if cfg.InflightBatchesMax == 0 {
-		cfg.InflightBatchesMax = 5
+		cfg.InflightBatchesMax = 1
 	}
 	if cfg.Duration == 0 && cfg.Count == 0 {
 		cfg.Duration = 10 * time.Second
@@ -383,7 +384,7 @@ func (e *env) bench(ctx context.Context, args []string) error {
 	ranges := fs.Uint("ranges", 8, "range count of a stream the bench creates")
 	fs.IntVar(&cfg.Producers, "producers", 1, "concurrent producers")
 	fs.IntVar(&cfg.RecordBytes, "record-bytes", 1024, "value bytes per record")
-	fs.IntVar(&cfg.InflightBatchesMax, "inflight", 5, "in-flight batches per range and producer (max 16)")
+	fs.IntVar(&cfg.InflightBatchesMax, "inflight", 1, "in-flight batches per range and producer (max 16)")
 	fs.DurationVar(&cfg.Linger, "linger", 0, "producer linger")
 	fs.IntVar(&cfg.BatchBytesMax, "batch-bytes", 1<<20, "batch bytes max")
 	fs.Int64Var(&cfg.BufferedBytesMax, "buffer-bytes", 64<<20, "bytes each producer may buffer before Produce blocks")

@@ -56,8 +56,12 @@ func newClient(t testing.TB, addr string, opts ...client.Opt) *client.Client {
 	return c
 }
 
+// newProducer makes a producer with a window of 5 batches per range (the
+// default is 1), so that the tests exercise pipelining, rewinds and
+// out-of-order replies; opts may override it.
 func newProducer(t testing.TB, c *client.Client, stream string, opts ...client.ProducerOpt) *client.Producer {
 	t.Helper()
+	opts = append([]client.ProducerOpt{client.InflightBatchesMax(5)}, opts...)
 	p, err := c.NewProducer(stream, opts...)
 	if err != nil {
 		t.Fatal(err)

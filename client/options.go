@@ -135,7 +135,7 @@ type producerConfig struct {
 func defaultProducerConfig(c *clientConfig) producerConfig {
 	return producerConfig{
 		batchBytesMax:      1 << 20,
-		inflightBatchesMax: 5,
+		inflightBatchesMax: 1,
 		bufferedBytesMax:   64 << 20,
 		deliveryTimeout:    2 * time.Minute,
 		idempotent:         true,
@@ -155,7 +155,15 @@ func Linger(d time.Duration) ProducerOpt { return func(c *producerConfig) { c.li
 func BatchBytesMax(n int) ProducerOpt { return func(c *producerConfig) { c.batchBytesMax = n } }
 
 // InflightBatchesMax bounds the unacknowledged batches per range, overriding
-// the default of 5; at most InflightBatchesMaxLimit (16).
+// the default of 1; at most InflightBatchesMaxLimit (16).
+//
+// The default is 1 because records batch behind the batch in flight: a
+// producer spreading records over many ranges with a wider window sends
+// mostly one-record batches, and the per-batch cost (request, write, fsync
+// share) then dominates. Measured on 2 cores, 8 producers over 8 ranges at
+// 75k records/s: p99 7.4 ms with 1, 10.9 ms with 2, 19.5 ms with 5, while
+// full-speed throughput stayed within 6%. A wider window helps a producer
+// writing to few ranges over a long round trip.
 func InflightBatchesMax(n int) ProducerOpt {
 	return func(c *producerConfig) { c.inflightBatchesMax = n }
 }

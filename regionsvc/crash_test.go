@@ -46,7 +46,8 @@ func TestKill9DuringProduce(t *testing.T) {
 	}
 	p, err := c.NewProducer("crash",
 		client.ProducerRetryBackoff(20*time.Millisecond, 200*time.Millisecond),
-		client.DeliveryTimeout(2*time.Minute))
+		client.DeliveryTimeout(2*time.Minute),
+		client.InflightBatchesMax(5)) // pipelined: retries must rewind a window
 	if err != nil {
 		t.Fatal(err)
 	}
