@@ -1,24 +1,29 @@
 // Package keyspace maps record keys to ranges.
 //
 // The mapping is part of geolog's on-disk and wire contract and must never
-// change: a key's hash is the 64-bit FNV-1a of its bytes, and a stream of N
+// change: a key's hash is XXH64 (seed 0) of its bytes, and a stream of N
 // ranges splits the 64-bit hash space into N contiguous, nearly equal slices,
 // range i owning hashes [HashStart(i, N), HashEnd(i, N)]. Concretely a hash h
 // belongs to range floor(h * N / 2^64). Contiguous hash slices (rather than
 // h mod N) keep a later range split local: splitting range i in two moves
 // only keys of range i.
+//
+// Because ranges are slices of the high bits, the hash must avalanche into
+// them: FNV-1a, for example, leaves the high bits of "user-1" and "user-2"
+// nearly equal and would put such keys in one range. XXH64 mixes every input
+// bit into every output bit and is specified byte for byte, so any client
+// language can compute the same mapping.
 package keyspace
 
 import (
-	"hash/fnv"
 	"math/bits"
+
+	"github.com/cespare/xxhash/v2"
 )
 
-// Hash returns the 64-bit FNV-1a hash of key.
+// Hash returns the XXH64 hash (seed 0) of key.
 func Hash(key []byte) uint64 {
-	h := fnv.New64a()
-	h.Write(key)
-	return h.Sum64()
+	return xxhash.Sum64(key)
 }
 
 // RangeForHash returns the range owning hash h in a stream of rangeCount

@@ -27,9 +27,9 @@ say "geolog streams create chat --ranges 4"
 "$BIN/geolog" streams create chat --ranges 4 --retention-age 168h
 "$BIN/geolog" streams list
 
-say "producing 12 chat messages keyed by room (per-key order = range order)"
-for i in $(seq 1 12); do
-	room=room-$(( i % 3 ))
+say "producing 20 chat messages keyed by room (per-key order = range order)"
+for i in $(seq 1 20); do
+	room=room-$(( i % 5 ))
 	printf '%s\t%s says hello #%d\n' "$room" "user-$(( i % 5 ))" "$i"
 done | "$BIN/geolog" produce chat --tab -v
 
@@ -37,7 +37,7 @@ say "geolog streams describe chat"
 "$BIN/geolog" streams describe chat
 
 say "consuming everything from offset 0"
-"$BIN/geolog" consume chat --from-offset 0 --max 12
+"$BIN/geolog" consume chat --from-offset 0 --max 20
 
 say "bench: 2 producers, 1 KiB records, 3 s, fsync on"
 "$BIN/geolog" bench --stream bench --ranges 4 --producers 2 --record-bytes 1024 --duration 3s
