@@ -17,6 +17,11 @@ import (
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/segment"
 	"github.com/hashicorp/go-hclog"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -66,6 +71,10 @@ type Config struct {
 	MaintenanceInterval time.Duration
 	// Now is the clock, default time.Now.
 	Now func() time.Time
+	// MeterProvider receives the node's metrics, default a no-op provider.
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives gRPC spans, default a no-op provider.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() error {
@@ -114,6 +123,12 @@ func (c *Config) setDefaults() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = metricnoop.NewMeterProvider()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = tracenoop.NewTracerProvider()
+	}
 	return nil
 }
 
@@ -135,6 +150,7 @@ type Node struct {
 	createMu sync.Mutex
 
 	syncSlots  chan struct{}
+	metrics    *nodeMetrics
 	grpcServer *grpc.Server
 	listener   net.Listener
 	closing    chan struct{}
@@ -160,6 +176,10 @@ func New(cfg Config) (*Node, error) {
 		serveErr: make(chan error, 1),
 	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
+	var err error
+	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
+		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
 	specs, err := loadCatalog(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -197,6 +217,7 @@ func (n *Node) openStream(spec streamSpec) *streamState {
 			producerStateTTL:    n.cfg.ProducerStateTTL,
 			maintenanceInterval: n.cfg.MaintenanceInterval,
 			syncSlots:           n.syncSlots,
+			metrics:             n.metrics,
 		})
 	}
 	return st
@@ -215,6 +236,11 @@ func (n *Node) Start() error {
 		grpc.InitialConnWindowSize(16 << 20),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// OpenTelemetry lives at the gRPC boundary: one span and the RPC
+		// metrics per call.
+		grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithMeterProvider(n.cfg.MeterProvider),
+			otelgrpc.WithTracerProvider(n.cfg.TracerProvider))),
 	}
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))

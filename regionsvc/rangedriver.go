@@ -36,8 +36,9 @@ type appendOp struct {
 	// when the driver is gone). It must not block.
 	reply func(appendResult)
 
-	res       appendResult
-	endOffset uint64
+	res        appendResult
+	endOffset  uint64
+	frameBytes int
 }
 
 // rangeDriverConfig configures one range driver.
@@ -54,6 +55,8 @@ type rangeDriverConfig struct {
 	producersMax int
 	// producerStateTTL forgets producers idle for longer.
 	producerStateTTL time.Duration
+	// metrics are the node's instruments.
+	metrics *nodeMetrics
 	// syncSlots bounds the fsyncs in progress across the node's ranges.
 	syncSlots chan struct{}
 	// maintenanceInterval is how often retention and expiry run.
@@ -244,8 +247,13 @@ func (d *rangeDriver) syncLoop(stop <-chan struct{}, exited chan<- struct{}) {
 		case <-stop:
 			return
 		}
+		before := d.store.DurableOffset()
+		began := time.Now()
 		err := d.store.Sync()
 		<-d.cfg.syncSlots
+		if err == nil {
+			d.cfg.metrics.fsyncRound(context.Background(), time.Since(began), d.store.DurableOffset()-before)
+		}
 		r := syncResult{durableOffset: d.store.DurableOffset(), err: err}
 		select {
 		case d.syncDone <- r:
@@ -300,6 +308,7 @@ func (d *rangeDriver) handleAppend(op *appendOp) {
 		op.reply(appendResult{err: d.failure.Load()})
 		return
 	}
+	op.frameBytes = len(op.frame)
 	op.frame = nil
 	d.written = true
 	d.lastAppendUnixNano = now
@@ -324,13 +333,22 @@ func (d *rangeDriver) advance(durable uint64) {
 		d.notify()
 	}
 	i := 0
+	var records, bytes int64
 	for ; i < len(d.pending); i++ {
 		op := d.pending[i]
 		if op.endOffset > durable {
 			break
 		}
+		if !op.res.duplicate {
+			records += int64(op.recordCount)
+			bytes += int64(op.frameBytes)
+		}
 		op.reply(op.res)
 		d.pending[i] = nil
+	}
+	if records > 0 {
+		d.cfg.metrics.ackedRecords.Add(context.Background(), records)
+		d.cfg.metrics.ackedBytes.Add(context.Background(), bytes)
 	}
 	d.pending = d.pending[i:]
 	// Duplicates may sit behind a later, uncommitted batch; they are

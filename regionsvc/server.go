@@ -91,10 +91,14 @@ func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, don
 	id := req.GetRequestId()
 	rd, op, err := n.prepareAppend(req)
 	if err != nil {
+		n.metrics.appendResult(ctx, appendResult{err: err})
+	}
+	if err != nil {
 		done(&geologv1.AppendResponse{RequestId: id, Error: apierr.As(err).Detail()})
 		return
 	}
 	op.reply = func(r appendResult) {
+		n.metrics.appendResult(ctx, r)
 		if r.err != nil {
 			done(&geologv1.AppendResponse{RequestId: id, Error: apierr.As(r.err).Detail()})
 			return

@@ -14,6 +14,10 @@ import (
 	"github.com/geolog/geolog/regionsvc"
 	"github.com/geolog/geolog/segment"
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 func main() {
@@ -31,7 +35,7 @@ func run() int {
 	syncConcurrency := fs.Int("sync-concurrency", 2, "fsyncs in progress at once across all ranges")
 	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	logJSON := fs.Bool("log-json", false, "log as JSON")
-	debugAddr := fs.String("debug-addr", "", "serve Go pprof on this address (e.g. 127.0.0.1:6060); off by default")
+	debugAddr := fs.String("debug-addr", "", "serve /metrics (Prometheus) and /debug/pprof on this address (e.g. 127.0.0.1:6060); off by default")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -50,7 +54,17 @@ func run() int {
 		return 2
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logJSON, Output: os.Stderr})
+	var meterProvider metric.MeterProvider
 	if *debugAddr != "" {
+		exporter, err := otelprom.New()
+		if err != nil {
+			logger.Error("metrics exporter", "error", err)
+			return 1
+		}
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+		defer mp.Shutdown(context.Background())
+		meterProvider = mp
+		http.Handle("/metrics", promhttp.Handler())
 		go func() {
 			if err := http.ListenAndServe(*debugAddr, nil); err != nil {
 				logger.Error("debug server", "error", err)
@@ -69,6 +83,7 @@ func run() int {
 		Fsync:              policy,
 		SegmentBytesMax:    *segmentBytesMax,
 		SyncConcurrencyMax: *syncConcurrency,
+		MeterProvider:      meterProvider,
 	})
 	if err != nil {
 		logger.Error("open node", "error", err)

@@ -1,0 +1,122 @@
+package regionsvc
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// nodeMetrics are the node's OpenTelemetry instruments. They are recorded by
+// drivers and handlers only; the pure parts (dedup table, segment store) stay
+// free of telemetry.
+type nodeMetrics struct {
+	ackedRecords  metric.Int64Counter
+	ackedBytes    metric.Int64Counter
+	appendResults metric.Int64Counter
+	fsyncSeconds  metric.Float64Histogram
+	fsyncRecords  metric.Int64Histogram
+}
+
+func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
+	m := mp.Meter("github.com/geolog/geolog/regionsvc")
+	var nm nodeMetrics
+	var err error
+	if nm.ackedRecords, err = m.Int64Counter("geolog.append.acked_records",
+		metric.WithDescription("records acknowledged to producers (durable)"), metric.WithUnit("{record}")); err != nil {
+		return nil, err
+	}
+	if nm.ackedBytes, err = m.Int64Counter("geolog.append.acked_bytes",
+		metric.WithDescription("encoded batch bytes acknowledged"), metric.WithUnit("By")); err != nil {
+		return nil, err
+	}
+	if nm.appendResults, err = m.Int64Counter("geolog.append.requests",
+		metric.WithDescription("append requests by result (ok, duplicate, or the error code)")); err != nil {
+		return nil, err
+	}
+	if nm.fsyncSeconds, err = m.Float64Histogram("geolog.segment.fsync_duration",
+		metric.WithDescription("duration of one group-commit fsync round"), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)); err != nil {
+		return nil, err
+	}
+	if nm.fsyncRecords, err = m.Int64Histogram("geolog.segment.fsync_records",
+		metric.WithDescription("records made durable by one fsync round"), metric.WithUnit("{record}"),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)); err != nil {
+		return nil, err
+	}
+	tail, err := m.Int64ObservableGauge("geolog.range.tail_offset",
+		metric.WithDescription("committed end of the range: the offset the next record gets"))
+	if err != nil {
+		return nil, err
+	}
+	start, err := m.Int64ObservableGauge("geolog.range.start_offset",
+		metric.WithDescription("first retained offset of the range"))
+	if err != nil {
+		return nil, err
+	}
+	size, err := m.Int64ObservableGauge("geolog.range.size_bytes",
+		metric.WithDescription("bytes of the range's segments"), metric.WithUnit("By"))
+	if err != nil {
+		return nil, err
+	}
+	up, err := m.Int64ObservableGauge("geolog.range.serving",
+		metric.WithDescription("1 while the range is served, 0 once it stopped (corruption, I/O error)"))
+	if err != nil {
+		return nil, err
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		n.mu.RLock()
+		defer n.mu.RUnlock()
+		for _, st := range n.streams {
+			for r, rd := range st.ranges {
+				attrs := metric.WithAttributes(attribute.String("stream", st.spec.Name), attribute.Int("range", r))
+				serving := int64(1)
+				if rd.failure.Load() != nil {
+					serving = 0
+				}
+				o.ObserveInt64(up, serving, attrs)
+				if rd.store == nil {
+					continue
+				}
+				o.ObserveInt64(tail, int64(rd.committed.Load()), attrs)
+				o.ObserveInt64(start, int64(rd.store.StartOffset()), attrs)
+				o.ObserveInt64(size, rd.store.Size(), attrs)
+			}
+		}
+		return nil
+	}, tail, start, size, up)
+	if err != nil {
+		return nil, err
+	}
+	return &nm, nil
+}
+
+var (
+	resultOK        = metric.WithAttributes(attribute.String("result", "ok"))
+	resultDuplicate = metric.WithAttributes(attribute.String("result", "duplicate"))
+)
+
+func (m *nodeMetrics) appendResult(ctx context.Context, r appendResult) {
+	switch {
+	case r.err != nil:
+		m.appendResults.Add(ctx, 1, metric.WithAttributes(attribute.String("result", errorCodeName(r.err))))
+	case r.duplicate:
+		m.appendResults.Add(ctx, 1, resultDuplicate)
+	default:
+		m.appendResults.Add(ctx, 1, resultOK)
+	}
+}
+
+// errorCodeName is the short, lowercase name of err's API code, e.g.
+// "sequence_gap".
+func errorCodeName(err error) string {
+	return strings.ToLower(strings.TrimPrefix(apierr.As(err).Code.String(), "ERROR_CODE_"))
+}
+
+func (m *nodeMetrics) fsyncRound(ctx context.Context, took time.Duration, records uint64) {
+	m.fsyncSeconds.Record(ctx, took.Seconds())
+	m.fsyncRecords.Record(ctx, int64(records))
+}
