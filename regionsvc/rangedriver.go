@@ -10,6 +10,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/dedup"
 	"github.com/geolog/geolog/segment"
 	"github.com/hashicorp/go-hclog"
 )
@@ -91,7 +92,7 @@ type rangeDriver struct {
 	stopOnce sync.Once
 
 	// Owned by the run goroutine.
-	dedup              *dedupTable
+	dedup              *dedup.Table
 	pending            []*appendOp
 	lastAppendUnixNano int64
 	written            bool // appended since the last sync kick
@@ -111,18 +112,18 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		syncDone: make(chan syncResult),
 		stopCh:   make(chan struct{}),
 		doneCh:   make(chan struct{}),
-		dedup:    newDedupTable(cfg.producersMax),
+		dedup:    dedup.NewTable(cfg.producersMax),
 	}
 	scfg := cfg.store
 	scfg.Logger = d.logger
 	scfg.OnRecover = func(h batch.Header) error {
 		if h.ProducerID != 0 {
-			d.dedup.record(h.ProducerID, sentBatch{
-				baseSequence:        h.BaseSequence,
-				recordCount:         h.RecordCount,
-				baseOffset:          h.BaseOffset,
-				epoch:               h.Epoch,
-				appendTimeUnixNanos: h.AppendTimeUnixNanos,
+			d.dedup.Record(h.ProducerID, dedup.Batch{
+				BaseSequence:        h.BaseSequence,
+				RecordCount:         h.RecordCount,
+				BaseOffset:          h.BaseOffset,
+				Epoch:               h.Epoch,
+				AppendTimeUnixNanos: h.AppendTimeUnixNanos,
 			})
 		}
 		if h.AppendTimeUnixNanos > d.lastAppendUnixNano {
@@ -272,21 +273,21 @@ func (d *rangeDriver) handleAppend(op *appendOp) {
 		return
 	}
 	if op.producerID != 0 {
-		verdict, orig, err := d.dedup.check(op.producerID, op.baseSequence, op.recordCount)
+		verdict, orig, err := d.dedup.Check(op.producerID, op.baseSequence, op.recordCount)
 		switch verdict {
-		case verdictReject:
+		case dedup.Reject:
 			op.reply(appendResult{err: err})
 			return
-		case verdictDuplicate:
+		case dedup.Duplicate:
 			op.frame = nil
 			op.res = appendResult{
-				baseOffset:          orig.baseOffset,
-				recordCount:         orig.recordCount,
-				epoch:               orig.epoch,
-				appendTimeUnixNanos: orig.appendTimeUnixNanos,
+				baseOffset:          orig.BaseOffset,
+				recordCount:         orig.RecordCount,
+				epoch:               orig.Epoch,
+				appendTimeUnixNanos: orig.AppendTimeUnixNanos,
 				duplicate:           true,
 			}
-			op.endOffset = orig.baseOffset + uint64(orig.recordCount)
+			op.endOffset = orig.BaseOffset + uint64(orig.RecordCount)
 			if op.endOffset <= d.committed.Load() {
 				op.reply(op.res)
 			} else {
@@ -313,12 +314,12 @@ func (d *rangeDriver) handleAppend(op *appendOp) {
 	d.written = true
 	d.lastAppendUnixNano = now
 	if op.producerID != 0 {
-		d.dedup.record(op.producerID, sentBatch{
-			baseSequence:        op.baseSequence,
-			recordCount:         op.recordCount,
-			baseOffset:          base,
-			epoch:               d.cfg.epoch,
-			appendTimeUnixNanos: now,
+		d.dedup.Record(op.producerID, dedup.Batch{
+			BaseSequence:        op.baseSequence,
+			RecordCount:         op.recordCount,
+			BaseOffset:          base,
+			Epoch:               d.cfg.epoch,
+			AppendTimeUnixNanos: now,
 		})
 	}
 	op.res = appendResult{baseOffset: base, recordCount: op.recordCount, epoch: d.cfg.epoch, appendTimeUnixNanos: now}
@@ -383,7 +384,7 @@ func (d *rangeDriver) maintain() {
 		d.logger.Debug("retention deleted segments", "segments", n, "start_offset", d.store.StartOffset())
 	}
 	if d.cfg.producerStateTTL > 0 {
-		d.dedup.expire(d.cfg.now().Add(-d.cfg.producerStateTTL).UnixNano())
+		d.dedup.Expire(d.cfg.now().Add(-d.cfg.producerStateTTL).UnixNano())
 	}
 }
 

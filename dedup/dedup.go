@@ -1,4 +1,9 @@
-package regionsvc
+// Package dedup is a range's idempotent-producer state: for each producer,
+// the next expected sequence and its latest batches, so that a retried batch
+// gets its original offsets back. It is a pure data structure owned by one
+// range driver; it is derived from the log (replayed from batch headers on
+// open) and therefore survives restarts and, under Raft, leader changes.
+package dedup
 
 import (
 	"sort"
@@ -6,55 +11,52 @@ import (
 	"github.com/geolog/geolog/apierr"
 )
 
-// recentBatchesMax is how many of a producer's latest batches a range
+// RecentBatchesMax is how many of a producer's latest batches a range
 // remembers per producer, so that a retried batch gets its original offsets
 // back. Clients must keep their in-flight window at or below it (the SDK's
 // maximum is 16).
-const recentBatchesMax = 16
+const RecentBatchesMax = 16
 
-// sentBatch is what the dedup table remembers of one idempotent batch.
-type sentBatch struct {
-	baseSequence        uint64
-	recordCount         uint32
-	baseOffset          uint64
-	epoch               uint64
-	appendTimeUnixNanos int64
+// Batch is what the dedup table remembers of one idempotent batch.
+type Batch struct {
+	BaseSequence        uint64
+	RecordCount         uint32
+	BaseOffset          uint64
+	Epoch               uint64
+	AppendTimeUnixNanos int64
 }
 
 // producerState is one producer's state within one range.
 type producerState struct {
 	// nextSequence is the sequence the producer's next batch must start at.
 	nextSequence uint64
-	// recent holds the latest batches, oldest first, at most recentBatchesMax.
-	recent []sentBatch
+	// recent holds the latest batches, oldest first, at most RecentBatchesMax.
+	recent []Batch
 	// lastAppendUnixNanos is the append time of the newest batch, for expiry.
 	lastAppendUnixNanos int64
 }
 
-// dedupVerdict says what to do with an idempotent batch.
-type dedupVerdict int
+// Verdict says what to do with an idempotent batch.
+type Verdict int
 
 const (
-	verdictAppend    dedupVerdict = iota // new: append it
-	verdictDuplicate                     // already appended: answer with the original
-	verdictReject                        // refuse with the returned error
+	Append    Verdict = iota // new: append it
+	Duplicate                // already appended: answer with the original
+	Reject                   // refuse with the returned error
 )
 
-// dedupTable is a range's idempotent-producer state. It is a pure data
-// structure owned by the range driver goroutine: it is derived from the log
-// (rebuilt on open from batch headers) and so survives restarts, and with
-// Raft later, leader changes.
-type dedupTable struct {
+// Table is a range's idempotent-producer state; see the package comment.
+type Table struct {
 	producers    map[uint64]*producerState
 	producersMax int
 }
 
-func newDedupTable(producersMax int) *dedupTable {
-	return &dedupTable{producers: make(map[uint64]*producerState), producersMax: producersMax}
+func NewTable(producersMax int) *Table {
+	return &Table{producers: make(map[uint64]*producerState), producersMax: producersMax}
 }
 
 // check classifies a batch of count records from producer starting at
-// baseSequence. For verdictDuplicate it returns the original batch.
+// BaseSequence. For Duplicate it returns the original batch.
 //
 // Rules (Kafka's idempotent producer, simplified):
 //   - unknown producer: the batch must start at sequence 0, else SEQUENCE_GAP
@@ -64,66 +66,70 @@ func newDedupTable(producersMax int) *dedupTable {
 //   - entirely below next but no longer remembered: DUPLICATE_OUT_OF_WINDOW;
 //   - overlapping a remembered batch without matching it: INVALID_ARGUMENT;
 //   - above next: SEQUENCE_GAP, carrying the expected sequence.
-func (d *dedupTable) check(producerID, baseSequence uint64, count uint32) (dedupVerdict, sentBatch, error) {
+func (d *Table) Check(producerID, baseSequence uint64, count uint32) (Verdict, Batch, error) {
 	p, ok := d.producers[producerID]
 	if !ok {
 		if baseSequence == 0 {
-			return verdictAppend, sentBatch{}, nil
+			return Append, Batch{}, nil
 		}
 		// Either the producer's first batch failed and a later one came
 		// first (appending it would lose the first for good), or its state
 		// expired with the log that held it. Both are a gap from 0; the SDK
 		// answers it by continuing under a fresh producer id.
 		e := apierr.New(apierr.SequenceGap, "producer %d is unknown to this range: its first batch must start at sequence 0, not %d", producerID, baseSequence)
-		return verdictReject, sentBatch{}, e
+		return Reject, Batch{}, e
 	}
 	if baseSequence == p.nextSequence {
-		return verdictAppend, sentBatch{}, nil
+		return Append, Batch{}, nil
 	}
 	if baseSequence > p.nextSequence {
 		e := apierr.New(apierr.SequenceGap, "producer %d: batch starts at sequence %d, expected %d", producerID, baseSequence, p.nextSequence)
 		e.ExpectedSequence = p.nextSequence
-		return verdictReject, sentBatch{}, e
+		return Reject, Batch{}, e
 	}
 	for _, b := range p.recent {
-		if b.baseSequence == baseSequence && b.recordCount == count {
-			return verdictDuplicate, b, nil
+		if b.BaseSequence == baseSequence && b.RecordCount == count {
+			return Duplicate, b, nil
 		}
 	}
 	if baseSequence+uint64(count) <= p.nextSequence {
-		if len(p.recent) == 0 || baseSequence < p.recent[0].baseSequence {
-			e := apierr.New(apierr.DuplicateOutOfWindow, "producer %d: sequence %d was appended before the last %d batches", producerID, baseSequence, recentBatchesMax)
+		if len(p.recent) == 0 || baseSequence < p.recent[0].BaseSequence {
+			e := apierr.New(apierr.DuplicateOutOfWindow, "producer %d: sequence %d was appended before the last %d batches", producerID, baseSequence, RecentBatchesMax)
 			e.ExpectedSequence = p.nextSequence
-			return verdictReject, sentBatch{}, e
+			return Reject, Batch{}, e
 		}
 	}
 	e := apierr.New(apierr.InvalidArgument, "producer %d: batch [%d, %d) overlaps earlier batches without matching one", producerID, baseSequence, baseSequence+uint64(count))
 	e.ExpectedSequence = p.nextSequence
-	return verdictReject, sentBatch{}, e
+	return Reject, Batch{}, e
 }
 
-// record notes an appended idempotent batch. It is called both for new
+// Record notes an appended idempotent batch. It is called both for new
 // appends and, during recovery, for every batch read back from the log.
-func (d *dedupTable) record(producerID uint64, b sentBatch) {
+// Recording the producer's latest batch again is a no-op.
+func (d *Table) Record(producerID uint64, b Batch) {
 	p, ok := d.producers[producerID]
 	if !ok {
 		if len(d.producers) >= d.producersMax {
 			d.evictOldest()
 		}
-		p = &producerState{recent: make([]sentBatch, 0, 4)}
+		p = &producerState{recent: make([]Batch, 0, 4)}
 		d.producers[producerID] = p
 	}
-	p.nextSequence = b.baseSequence + uint64(b.recordCount)
-	if len(p.recent) == recentBatchesMax {
+	if n := len(p.recent); n > 0 && p.recent[n-1] == b {
+		return // already recorded: a leader records at proposal and again when the entry is written
+	}
+	p.nextSequence = b.BaseSequence + uint64(b.RecordCount)
+	if len(p.recent) == RecentBatchesMax {
 		copy(p.recent, p.recent[1:])
-		p.recent = p.recent[:recentBatchesMax-1]
+		p.recent = p.recent[:RecentBatchesMax-1]
 	}
 	p.recent = append(p.recent, b)
-	p.lastAppendUnixNanos = b.appendTimeUnixNanos
+	p.lastAppendUnixNanos = b.AppendTimeUnixNanos
 }
 
 // expire forgets producers whose newest batch is older than cutoffUnixNanos.
-func (d *dedupTable) expire(cutoffUnixNanos int64) int {
+func (d *Table) Expire(cutoffUnixNanos int64) int {
 	n := 0
 	for id, p := range d.producers {
 		if p.lastAppendUnixNanos < cutoffUnixNanos {
@@ -136,7 +142,7 @@ func (d *dedupTable) expire(cutoffUnixNanos int64) int {
 
 // evictOldest drops the tenth of producers that appended least recently, so
 // that the O(n log n) eviction cost is amortised over many inserts.
-func (d *dedupTable) evictOldest() {
+func (d *Table) evictOldest() {
 	type aged struct {
 		id   uint64
 		last int64
