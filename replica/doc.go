@@ -1,0 +1,47 @@
+// Package replica is one member of a range's Raft group (go.etcd.io/raft/v3):
+// the Raft state machine, the range's segment store as the Raft log, and the
+// range's idempotent-producer table.
+//
+// The Raft log is the message log: each Raft entry is stored once, as one
+// frame of the segment store, carrying its term and index. A data entry is a
+// record batch whose offsets the leader assigned when it proposed it; a
+// leader's empty entry and a configuration change are control frames that
+// take no offset. Offsets are therefore dense and identical on every replica:
+// they are fixed before replication and replicated verbatim.
+//
+// # Driver contract
+//
+// A Replica has no goroutines and reads no clock but Config.Now. One
+// goroutine (the range driver, or the simulator) owns it and calls, in any
+// interleaving: Tick on its ticker, Step for each message from a peer,
+// Propose for each append, and ProcessReady whenever HasReady. ProcessReady
+// does, in this order:
+//
+//  1. Persist: append the Ready's entries to the log (truncating first where a
+//     new leader overwrites this replica's uncommitted tail, then rebuilding
+//     the idempotence table from the log), fsync, and save the hard state
+//     when its term or vote changed. The commit index is not made durable on
+//     its own: a restarted replica relearns it from the leader.
+//  2. Send the Ready's messages (Config.Send must not block).
+//  3. Apply committed entries: publish the committed offset (readers read
+//     below it), answer the proposals it settles, apply configuration
+//     changes (saving the configuration durably).
+//  4. Advance Raft.
+//
+// A producer's ack therefore comes only after a quorum of the region has the
+// batch fsynced. A proposal is answered with success only if the entry that
+// commits at its offset is the one it proposed (same term); if another entry
+// commits there, or a later leader's first entry commits without it, the
+// proposal fails with a retriable NOT_LEADER, and an idempotent retry is
+// safe. A leader that lost its quorum never acks: nothing it proposes alone
+// can commit.
+//
+// Idempotence survives leader changes because the table is derived from the
+// log: every replica records every batch it appends, and rebuilds the table
+// after a truncation.
+//
+// # Determinism
+//
+// etcd raft draws election jitter from crypto/rand.Reader; the simulator
+// replaces that reader with a seeded stream so a run replays exactly.
+package replica

@@ -1,0 +1,137 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/geolog/geolog/batch"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// FrameLog is the part of a range's segment store a replica writes and
+// reads: the Raft log is the message log, one frame per Raft entry
+// (segment.Store implements it; so does its in-memory twin).
+//
+// Frames appended through a replica carry the Raft term and index of their
+// entry. Data frames take offsets; control frames (a leader's empty entry, a
+// configuration change) take none.
+type FrameLog interface {
+	// Append writes one frame at the tail; durable after Sync.
+	Append(frame []byte) error
+	// Sync makes everything appended durable (group commit).
+	Sync() error
+	// NextOffset is the offset the next data record gets.
+	NextOffset() uint64
+	// FirstIndex and LastIndex bound the Raft indexes held; both are 0 when
+	// the log holds no frame with an index.
+	FirstIndex() uint64
+	LastIndex() uint64
+	// TermAt returns the Raft term of the frame at index.
+	TermAt(index uint64) (uint64, error)
+	// ReadFramesByIndex returns whole frames with lo <= index < hi, at least
+	// one if any, about maxBytes in all.
+	ReadFramesByIndex(lo, hi uint64, maxBytes int) ([]byte, error)
+	// TruncateSuffixAtIndex drops every frame with an index >= index.
+	TruncateSuffixAtIndex(index uint64) error
+}
+
+// HardState is what a replica persists besides its log: Raft's term and
+// vote, the configuration, and the point the log was compacted to.
+type HardState struct {
+	Raft *raftpb.HardState
+	Conf *raftpb.ConfState
+	// ConfIndex is the index of the configuration change Conf reflects.
+	ConfIndex uint64
+	// SnapshotIndex and SnapshotTerm name the last entry compacted away.
+	SnapshotIndex uint64
+	SnapshotTerm  uint64
+}
+
+// AppliedConfIndex is the index a restarted replica has applied for sure:
+// entries after it are delivered again and re-applied (idempotently), so a
+// configuration change is never applied twice.
+func (h HardState) AppliedConfIndex() uint64 {
+	return min(max(h.ConfIndex, h.SnapshotIndex), h.Raft.GetCommit())
+}
+
+// StateStore persists a replica's HardState atomically and durably.
+type StateStore interface {
+	Load() (HardState, bool, error)
+	Save(HardState) error
+}
+
+// Configuration-change payloads start with a byte saying which kind of
+// ConfChange follows, so the entry type survives the round trip through a
+// control frame.
+const (
+	confChangeV1 byte = 1
+	confChangeV2 byte = 2
+)
+
+// errBadEntry reports an entry that cannot be turned into a frame.
+var errBadEntry = errors.New("replica: malformed raft entry")
+
+// entryFrame encodes the entry as the frame to store. nextOffset is the log's
+// next offset, which control frames carry as their base offset. Data entries
+// already hold a frame (built by the leader); a copy gets the entry's term and
+// index, so what raft holds is never mutated.
+func entryFrame(e *raftpb.Entry, nextOffset, epoch uint64, appendTimeUnixNanos int64) ([]byte, error) {
+	switch e.GetType() {
+	case raftpb.EntryNormal:
+		if len(e.Data) == 0 {
+			h := batch.Header{Type: batch.TypeNoop, BaseOffset: nextOffset, Epoch: epoch, Term: e.GetTerm(), Index: e.GetIndex(), AppendTimeUnixNanos: appendTimeUnixNanos}
+			return batch.EncodeControl(nil, h, nil), nil
+		}
+		if _, err := batch.Validate(e.Data); err != nil {
+			return nil, fmt.Errorf("%w: entry %d: %w", errBadEntry, e.GetIndex(), err)
+		}
+		frame := append([]byte(nil), e.Data...)
+		batch.PatchRaft(frame, e.GetTerm(), e.GetIndex())
+		return frame, nil
+	case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
+		kind := confChangeV1
+		if e.GetType() == raftpb.EntryConfChangeV2 {
+			kind = confChangeV2
+		}
+		payload := append([]byte{kind}, e.Data...)
+		h := batch.Header{Type: batch.TypeConfig, BaseOffset: nextOffset, Epoch: epoch, Term: e.GetTerm(), Index: e.GetIndex(), AppendTimeUnixNanos: appendTimeUnixNanos}
+		return batch.EncodeControl(nil, h, payload), nil
+	default:
+		return nil, fmt.Errorf("%w: entry %d has type %v", errBadEntry, e.GetIndex(), e.GetType())
+	}
+}
+
+// frameEntry decodes one stored frame back into the raft entry it holds.
+func frameEntry(frame []byte) (*raftpb.Entry, error) {
+	h, err := batch.DecodeHeader(frame)
+	if err != nil {
+		return nil, err
+	}
+	e := &raftpb.Entry{Term: proto.Uint64(h.Term), Index: proto.Uint64(h.Index), Type: raftpb.EntryNormal.Enum()}
+	switch h.Type {
+	case batch.TypeData:
+		e.Data = frame
+	case batch.TypeNoop:
+	case batch.TypeConfig:
+		_, payload, err := batch.DecodeControl(frame)
+		if err != nil {
+			return nil, err
+		}
+		if len(payload) == 0 {
+			return nil, fmt.Errorf("%w: config frame at index %d has no payload", errBadEntry, h.Index)
+		}
+		switch payload[0] {
+		case confChangeV1:
+			e.Type = raftpb.EntryConfChange.Enum()
+		case confChangeV2:
+			e.Type = raftpb.EntryConfChangeV2.Enum()
+		default:
+			return nil, fmt.Errorf("%w: config frame at index %d has kind %d", errBadEntry, h.Index, payload[0])
+		}
+		e.Data = payload[1:]
+	default:
+		return nil, fmt.Errorf("%w: frame type %v", errBadEntry, h.Type)
+	}
+	return e, nil
+}

@@ -1,0 +1,589 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/dedup"
+	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Config configures a Replica. Zero values take the documented defaults.
+type Config struct {
+	// NodeID is this replica's Raft id (non-zero). Required.
+	NodeID uint64
+	// Stream and Range name the range, for logs and errors.
+	Stream string
+	Range  uint32
+	// Peers are the voters of a new group. Ignored when the state store
+	// already holds a configuration.
+	Peers []uint64
+	// Log is the range's segment store. Required.
+	Log FrameLog
+	// State persists Raft's hard state and configuration. Required.
+	State StateStore
+	// Send hands outgoing Raft messages to the transport. It must not block
+	// and must not retain msgs past the call (it may retain the messages).
+	// Required.
+	Send func(msgs []*raftpb.Message)
+	// Epoch is stamped on every batch this replica proposes, default 1.
+	Epoch uint64
+	// Now is the clock for append times, default time.Now.
+	Now func() time.Time
+	// Logger defaults to a null logger.
+	Logger hclog.Logger
+	// ElectionTick and HeartbeatTick are in Tick calls, defaults 10 and 1.
+	ElectionTick  int
+	HeartbeatTick int
+	// ProducersMax bounds the idempotence table, default 100,000.
+	ProducersMax int
+	// MaxSizePerMsg bounds one append message, default 1 MiB.
+	MaxSizePerMsg uint64
+	// MaxInflightMsgs bounds append messages in flight per follower,
+	// default 256.
+	MaxInflightMsgs int
+}
+
+// Op is one append on its way through a replica.
+type Op struct {
+	ProducerID   uint64
+	BaseSequence uint64
+	RecordCount  uint32
+	// Frame is the encoded batch; the replica fills in offset, epoch and
+	// append time. The replica owns it after Propose.
+	Frame []byte
+	// Reply is called exactly once, from the goroutine driving the replica.
+	// It must not block.
+	Reply func(Result)
+}
+
+// Result is the outcome of an Op.
+type Result struct {
+	BaseOffset          uint64
+	RecordCount         uint32
+	Epoch               uint64
+	AppendTimeUnixNanos int64
+	Duplicate           bool
+	Err                 error
+}
+
+// proposal is an Op proposed to Raft and not yet answered.
+type proposal struct {
+	op        *Op
+	term      uint64
+	baseIndex uint64 // base offset
+	endOffset uint64
+	res       Result
+}
+
+// Replica is one member of a range's Raft group: the Raft state machine
+// (raft.RawNode), the range's log as the Raft log, and the idempotence table.
+// It has no goroutines and reads no clock but Config.Now: a driver calls
+// Tick, Step, Propose and ProcessReady from one goroutine (see doc.go), and
+// the simulator does the same with virtual time.
+type Replica struct {
+	cfg     Config
+	logger  hclog.Logger
+	rn      *raft.RawNode
+	storage *logStorage
+	state   HardState // as last saved (Commit may be ahead in memory)
+	dedup   *dedup.Table
+
+	isLeader            bool
+	term                uint64
+	proposeNext         uint64
+	lastAppendUnixNanos int64 // newest append time proposed or written
+	logAppendUnixNanos  int64 // newest append time written to the log
+	proposals           []*proposal
+	duplicates          []*proposal // answered once committed reaches endOffset
+
+	committed atomic.Uint64 // offsets below it are committed
+	leaderID  atomic.Uint64
+	notifyMu  sync.Mutex
+	notifyCh  chan struct{}
+	failure   atomic.Pointer[apierr.Error]
+}
+
+// New opens a replica over an already opened log. rebuild is called with
+// every frame header of the log, in order, to rebuild the idempotence table
+// (segment.Config.OnRecover gives exactly that); pass the headers seen.
+func New(cfg Config, headers []batch.Header) (*Replica, error) {
+	if cfg.NodeID == 0 || cfg.Log == nil || cfg.State == nil || cfg.Send == nil {
+		return nil, errors.New("replica: NodeID, Log, State and Send are required")
+	}
+	if cfg.Epoch == 0 {
+		cfg.Epoch = 1
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.ElectionTick == 0 {
+		cfg.ElectionTick = 10
+	}
+	if cfg.HeartbeatTick == 0 {
+		cfg.HeartbeatTick = 1
+	}
+	if cfg.ProducersMax == 0 {
+		cfg.ProducersMax = 100_000
+	}
+	if cfg.MaxSizePerMsg == 0 {
+		cfg.MaxSizePerMsg = 1 << 20
+	}
+	if cfg.MaxInflightMsgs == 0 {
+		cfg.MaxInflightMsgs = 256
+	}
+	r := &Replica{
+		cfg:      cfg,
+		logger:   cfg.Logger.Named("replica").With("stream", cfg.Stream, "range", cfg.Range, "node", cfg.NodeID),
+		dedup:    dedup.NewTable(cfg.ProducersMax),
+		notifyCh: make(chan struct{}),
+	}
+	st, ok, err := cfg.State.Load()
+	if err != nil {
+		return nil, fmt.Errorf("replica: load state: %w", err)
+	}
+	if !ok {
+		if len(cfg.Peers) == 0 {
+			return nil, errors.New("replica: a new group needs Peers")
+		}
+		st = HardState{Raft: &raftpb.HardState{}, Conf: &raftpb.ConfState{Voters: append([]uint64(nil), cfg.Peers...)}}
+		if err := cfg.State.Save(st); err != nil {
+			return nil, fmt.Errorf("replica: save initial state: %w", err)
+		}
+	}
+	if st.Raft == nil {
+		st.Raft = &raftpb.HardState{}
+	}
+	if st.Conf == nil {
+		st.Conf = &raftpb.ConfState{}
+	}
+	r.state = st
+	r.storage = &logStorage{log: cfg.Log, state: &r.state}
+	for _, h := range headers {
+		r.recordHeader(h)
+	}
+	rn, err := raft.NewRawNode(&raft.Config{
+		ID:                        cfg.NodeID,
+		ElectionTick:              cfg.ElectionTick,
+		HeartbeatTick:             cfg.HeartbeatTick,
+		Storage:                   r.storage,
+		Applied:                   st.AppliedConfIndex(),
+		MaxSizePerMsg:             cfg.MaxSizePerMsg,
+		MaxInflightMsgs:           cfg.MaxInflightMsgs,
+		MaxUncommittedEntriesSize: 1 << 30,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		Logger:                    raftLogger{r.logger.Named("raft")},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replica: %w", err)
+	}
+	r.rn = rn
+	return r, nil
+}
+
+// recordHeader feeds one log frame's header to the idempotence table.
+func (r *Replica) recordHeader(h batch.Header) {
+	if h.Type == batch.TypeData && h.ProducerID != 0 {
+		r.dedup.Record(h.ProducerID, dedup.Batch{
+			BaseSequence:        h.BaseSequence,
+			RecordCount:         h.RecordCount,
+			BaseOffset:          h.BaseOffset,
+			Epoch:               h.Epoch,
+			AppendTimeUnixNanos: h.AppendTimeUnixNanos,
+		})
+	}
+	if h.AppendTimeUnixNanos > r.lastAppendUnixNanos {
+		r.lastAppendUnixNanos = h.AppendTimeUnixNanos
+	}
+	if h.AppendTimeUnixNanos > r.logAppendUnixNanos {
+		r.logAppendUnixNanos = h.AppendTimeUnixNanos
+	}
+}
+
+// Tick advances Raft's logical clock by one tick.
+func (r *Replica) Tick() { r.rn.Tick() }
+
+// Step hands Raft a message from a peer. Messages for another replica or
+// from a removed one are dropped by Raft; errors are only informational.
+func (r *Replica) Step(m *raftpb.Message) error {
+	err := r.rn.Step(m)
+	if errors.Is(err, raft.ErrStepPeerNotFound) || errors.Is(err, raft.ErrStepLocalMsg) {
+		return nil
+	}
+	return err
+}
+
+// ReportUnreachable tells Raft a peer could not be reached.
+func (r *Replica) ReportUnreachable(id uint64) { r.rn.ReportUnreachable(id) }
+
+// Campaign makes this replica start an election (tests, bootstrap).
+func (r *Replica) Campaign() error { return r.rn.Campaign() }
+
+// TransferLeadership asks the leader to hand leadership to to.
+func (r *Replica) TransferLeadership(to uint64) { r.rn.TransferLeader(to) }
+
+// Status returns Raft's status.
+func (r *Replica) Status() raft.Status { return r.rn.Status() }
+
+// IsLeader reports whether this replica leads as of the last ProcessReady.
+func (r *Replica) IsLeader() bool { return r.isLeader }
+
+// LeaderID is the Raft id of the leader as last known, 0 if none; safe from
+// any goroutine.
+func (r *Replica) LeaderID() uint64 { return r.leaderID.Load() }
+
+// Committed is the committed end offset; safe from any goroutine. Readers
+// may read offsets below it.
+func (r *Replica) Committed() uint64 { return r.committed.Load() }
+
+// Failure is the error that stopped the replica, or nil.
+func (r *Replica) Failure() *apierr.Error { return r.failure.Load() }
+
+// Changed returns a channel closed when Committed or Failure next changes.
+func (r *Replica) Changed() <-chan struct{} {
+	r.notifyMu.Lock()
+	defer r.notifyMu.Unlock()
+	return r.notifyCh
+}
+
+func (r *Replica) notify() {
+	r.notifyMu.Lock()
+	close(r.notifyCh)
+	r.notifyCh = make(chan struct{})
+	r.notifyMu.Unlock()
+}
+
+// notLeader is the retriable error for an append sent to a follower.
+func (r *Replica) notLeader() *apierr.Error {
+	e := apierr.New(apierr.NotLeader, "stream %s range %d: node %d is not the leader", r.cfg.Stream, r.cfg.Range, r.cfg.NodeID)
+	if id := r.leaderID.Load(); id != 0 {
+		e.LeaderHint = fmt.Sprintf("node:%d", id) // the driver maps ids to addresses
+	}
+	return e
+}
+
+// Propose appends op if this replica leads. Offsets are assigned here, from
+// the tail of the leader's log including its own unacknowledged proposals, so
+// they are dense in log order; the reply comes once the entry commits.
+func (r *Replica) Propose(op *Op) {
+	if f := r.failure.Load(); f != nil {
+		op.Reply(Result{Err: f})
+		return
+	}
+	if !r.isLeader {
+		op.Reply(Result{Err: r.notLeader()})
+		return
+	}
+	if op.ProducerID != 0 {
+		verdict, orig, err := r.dedup.Check(op.ProducerID, op.BaseSequence, op.RecordCount)
+		switch verdict {
+		case dedup.Reject:
+			op.Reply(Result{Err: err})
+			return
+		case dedup.Duplicate:
+			p := &proposal{op: op, endOffset: orig.BaseOffset + uint64(orig.RecordCount), res: Result{
+				BaseOffset: orig.BaseOffset, RecordCount: orig.RecordCount, Epoch: orig.Epoch,
+				AppendTimeUnixNanos: orig.AppendTimeUnixNanos, Duplicate: true,
+			}}
+			if p.endOffset <= r.committed.Load() {
+				op.Reply(p.res)
+			} else {
+				r.duplicates = append(r.duplicates, p)
+			}
+			return
+		}
+	}
+	now := r.cfg.Now().UnixNano()
+	if now < r.lastAppendUnixNanos {
+		now = r.lastAppendUnixNanos // append time never goes back within a range
+	}
+	base := r.proposeNext
+	batch.Patch(op.Frame, base, r.cfg.Epoch, now)
+	if err := r.rn.Propose(op.Frame); err != nil {
+		e := r.notLeader()
+		e.Message += ": " + err.Error()
+		op.Reply(Result{Err: e})
+		return
+	}
+	r.lastAppendUnixNanos = now
+	r.proposeNext = base + uint64(op.RecordCount)
+	if op.ProducerID != 0 {
+		r.dedup.Record(op.ProducerID, dedup.Batch{
+			BaseSequence: op.BaseSequence, RecordCount: op.RecordCount, BaseOffset: base,
+			Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now,
+		})
+	}
+	r.proposals = append(r.proposals, &proposal{
+		op: op, term: r.term, baseIndex: base, endOffset: base + uint64(op.RecordCount),
+		res: Result{BaseOffset: base, RecordCount: op.RecordCount, Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now},
+	})
+	op.Frame = nil
+}
+
+// HasReady reports whether ProcessReady has work.
+func (r *Replica) HasReady() bool { return r.rn.HasReady() }
+
+// ProcessReady runs one Raft Ready cycle, in the order the Raft contract
+// requires: persist entries and hard state (fsync), then send messages, then
+// apply committed entries (publish the committed offset, answer proposals),
+// then advance. An error stops the replica: it answers everything pending
+// and refuses further work.
+func (r *Replica) ProcessReady() error {
+	if r.failure.Load() != nil || !r.rn.HasReady() {
+		return nil
+	}
+	rd := r.rn.Ready()
+	if err := r.persist(&rd); err != nil {
+		r.fail(err)
+		return err
+	}
+	if len(rd.Messages) > 0 {
+		r.cfg.Send(rd.Messages)
+	}
+	if rd.SoftState != nil {
+		r.leaderID.Store(rd.SoftState.Lead)
+		wasLeader := r.isLeader
+		r.isLeader = rd.SoftState.RaftState == raft.StateLeader
+		if r.isLeader && !wasLeader {
+			// Every entry of this leader's log is persisted now; its own
+			// proposals continue from the log's tail.
+			r.proposeNext = r.cfg.Log.NextOffset()
+			r.logger.Info("became leader", "term", r.rn.BasicStatus().GetTerm(), "next_offset", r.proposeNext)
+		}
+	}
+	r.term = r.rn.BasicStatus().GetTerm()
+	for _, e := range rd.CommittedEntries {
+		if err := r.apply(e); err != nil {
+			r.fail(err)
+			return err
+		}
+	}
+	r.rn.Advance(rd)
+	return nil
+}
+
+// persist writes the Ready's entries and hard state durably.
+func (r *Replica) persist(rd *raft.Ready) error {
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		return fmt.Errorf("replica: installing a snapshot at index %d is not supported yet", rd.Snapshot.GetMetadata().GetIndex())
+	}
+	for _, e := range rd.Entries {
+		if last := r.cfg.Log.LastIndex(); last != 0 && e.GetIndex() <= last {
+			// A new leader overwrites this follower's unacknowledged tail.
+			if err := r.cfg.Log.TruncateSuffixAtIndex(e.GetIndex()); err != nil {
+				return fmt.Errorf("replica: truncate at index %d: %w", e.GetIndex(), err)
+			}
+			// Recompute what the dropped entries contributed (idempotence
+			// state, newest append time) before writing the replacements.
+			if err := r.rebuildDedup(); err != nil {
+				return err
+			}
+		}
+		frame, err := entryFrame(e, r.cfg.Log.NextOffset(), r.cfg.Epoch, r.logAppendUnixNanos)
+		if err != nil {
+			return err
+		}
+		h, err := batch.DecodeHeader(frame)
+		if err != nil {
+			return fmt.Errorf("replica: entry %d: %w", e.GetIndex(), err)
+		}
+		if h.BaseOffset != r.cfg.Log.NextOffset() {
+			// The leader assigned offsets from its log's tail; a log that
+			// disagrees is a broken invariant, not an operating error.
+			panic(fmt.Sprintf("replica: entry %d carries base offset %d, log is at %d", e.GetIndex(), h.BaseOffset, r.cfg.Log.NextOffset()))
+		}
+		if err := r.cfg.Log.Append(frame); err != nil {
+			return fmt.Errorf("replica: append entry %d: %w", e.GetIndex(), err)
+		}
+		r.recordHeader(h)
+	}
+	if len(rd.Entries) > 0 || rd.MustSync {
+		if err := r.cfg.Log.Sync(); err != nil {
+			return fmt.Errorf("replica: sync: %w", err)
+		}
+	}
+	if !raft.IsEmptyHardState(rd.HardState) {
+		old := r.state.Raft
+		r.state.Raft = proto.Clone(rd.HardState).(*raftpb.HardState)
+		// Term and vote must be durable before any message goes out; the
+		// commit index need not be (a restarted replica relearns it), so it
+		// rides along only when the file is written anyway.
+		if old.GetTerm() != rd.HardState.GetTerm() || old.GetVote() != rd.HardState.GetVote() {
+			if err := r.cfg.State.Save(r.state); err != nil {
+				return fmt.Errorf("replica: save hard state: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// rebuildDedup recomputes the idempotence table from the whole log, after a
+// truncation removed entries it had recorded.
+func (r *Replica) rebuildDedup() error {
+	r.dedup = dedup.NewTable(r.cfg.ProducersMax)
+	// Append times too are recomputed from what is left, so that a control
+	// frame written next carries the same time on every replica (the time of
+	// the identical log prefix before it).
+	r.lastAppendUnixNanos, r.logAppendUnixNanos = 0, 0
+	first, last := r.cfg.Log.FirstIndex(), r.cfg.Log.LastIndex()
+	for lo := first; first != 0 && lo <= last; {
+		frames, err := r.cfg.Log.ReadFramesByIndex(lo, last+1, 4<<20)
+		if err != nil {
+			return fmt.Errorf("replica: rebuild idempotence state: %w", err)
+		}
+		for len(frames) > 0 {
+			n, err := batch.FrameSize(frames)
+			if err != nil {
+				return err
+			}
+			h, err := batch.DecodeHeader(frames[:n])
+			if err != nil {
+				return err
+			}
+			r.recordHeader(h)
+			lo = h.Index + 1
+			frames = frames[n:]
+		}
+	}
+	return nil
+}
+
+// apply applies one committed entry.
+func (r *Replica) apply(e *raftpb.Entry) error {
+	switch e.GetType() {
+	case raftpb.EntryNormal:
+		if len(e.Data) == 0 {
+			// A new leader's first entry commits every entry of earlier
+			// terms that survived; proposals of earlier terms not among them
+			// are lost.
+			r.failProposals(func(p *proposal) bool { return p.term < e.GetTerm() }, "superseded by a new leader")
+			return nil
+		}
+		h, err := batch.DecodeHeader(e.Data)
+		if err != nil {
+			return fmt.Errorf("replica: committed entry %d: %w", e.GetIndex(), err)
+		}
+		r.advance(h, e.GetTerm())
+	case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
+		var cc raftpb.ConfChangeI
+		if e.GetType() == raftpb.EntryConfChange {
+			var c1 raftpb.ConfChange
+			if err := proto.Unmarshal(e.Data, &c1); err != nil {
+				return fmt.Errorf("replica: conf change at %d: %w", e.GetIndex(), err)
+			}
+			cc = &c1
+		} else {
+			var c2 raftpb.ConfChangeV2
+			if err := proto.Unmarshal(e.Data, &c2); err != nil {
+				return fmt.Errorf("replica: conf change at %d: %w", e.GetIndex(), err)
+			}
+			cc = &c2
+		}
+		r.state.Conf = r.rn.ApplyConfChange(cc)
+		r.state.ConfIndex = e.GetIndex()
+		if err := r.cfg.State.Save(r.state); err != nil {
+			return fmt.Errorf("replica: save configuration: %w", err)
+		}
+		r.logger.Info("configuration changed", "index", e.GetIndex(), "voters", r.state.Conf.GetVoters(), "learners", r.state.Conf.GetLearners())
+	}
+	return nil
+}
+
+// advance publishes a committed data entry and answers what it settles.
+func (r *Replica) advance(h batch.Header, term uint64) {
+	end := h.NextOffset()
+	if end > r.committed.Load() {
+		r.committed.Store(end)
+		r.notify()
+	}
+	for len(r.proposals) > 0 && r.proposals[0].baseIndex < end {
+		p := r.proposals[0]
+		r.proposals[0] = nil
+		r.proposals = r.proposals[1:]
+		if p.baseIndex == h.BaseOffset && p.term == term {
+			p.op.Reply(p.res)
+			continue
+		}
+		// Another entry committed at this offset: ours was overwritten
+		// after a leader change. Its outcome is known: not appended.
+		e := r.notLeader()
+		e.Message += ": the proposal was superseded by a new leader"
+		p.op.Reply(Result{Err: e})
+	}
+	kept := r.duplicates[:0]
+	for _, p := range r.duplicates {
+		if p.endOffset <= end {
+			p.op.Reply(p.res)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	clear(r.duplicates[len(kept):])
+	r.duplicates = kept
+}
+
+func (r *Replica) failProposals(match func(*proposal) bool, why string) {
+	kept := r.proposals[:0]
+	for _, p := range r.proposals {
+		if match(p) {
+			e := r.notLeader()
+			e.Message += ": " + why
+			p.op.Reply(Result{Err: e})
+			continue
+		}
+		kept = append(kept, p)
+	}
+	clear(r.proposals[len(kept):])
+	r.proposals = kept
+}
+
+// fail stops the replica and answers everything pending.
+func (r *Replica) fail(err error) {
+	e := apierr.New(apierr.Unavailable, "stream %s range %d: replica stopped: %v", r.cfg.Stream, r.cfg.Range, err)
+	if r.failure.CompareAndSwap(nil, e) {
+		r.logger.Error("replica stopped", "error", err)
+		r.notify()
+	}
+	f := r.failure.Load()
+	for _, p := range append(r.proposals, r.duplicates...) {
+		p.op.Reply(Result{Err: f})
+	}
+	r.proposals, r.duplicates = nil, nil
+}
+
+// Close answers everything pending with a retriable SHUTTING_DOWN.
+func (r *Replica) Close() {
+	e := apierr.New(apierr.ShuttingDown, "replica is closing")
+	r.failure.CompareAndSwap(nil, e)
+	r.fail(errors.New("closing"))
+}
+
+// raftLogger routes etcd raft's logging to hclog.
+type raftLogger struct{ l hclog.Logger }
+
+func (l raftLogger) Debug(v ...any)                 { l.l.Debug(fmt.Sprint(v...)) }
+func (l raftLogger) Debugf(format string, v ...any) { l.l.Debug(fmt.Sprintf(format, v...)) }
+func (l raftLogger) Error(v ...any)                 { l.l.Error(fmt.Sprint(v...)) }
+func (l raftLogger) Errorf(format string, v ...any) { l.l.Error(fmt.Sprintf(format, v...)) }
+func (l raftLogger) Info(v ...any)                  { l.l.Debug(fmt.Sprint(v...)) }
+func (l raftLogger) Infof(format string, v ...any)  { l.l.Debug(fmt.Sprintf(format, v...)) }
+func (l raftLogger) Warning(v ...any)               { l.l.Warn(fmt.Sprint(v...)) }
+func (l raftLogger) Warningf(format string, v ...any) {
+	l.l.Warn(fmt.Sprintf(format, v...))
+}
+func (l raftLogger) Fatal(v ...any)                 { panic(fmt.Sprint(v...)) }
+func (l raftLogger) Fatalf(format string, v ...any) { panic(fmt.Sprintf(format, v...)) }
+func (l raftLogger) Panic(v ...any)                 { panic(fmt.Sprint(v...)) }
+func (l raftLogger) Panicf(format string, v ...any) { panic(fmt.Sprintf(format, v...)) }

@@ -1,0 +1,329 @@
+package replica
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/segment"
+	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// cluster is a test harness: replicas of one group over real segment stores,
+// with a synchronous, controllable network.
+type cluster struct {
+	t        *testing.T
+	ids      []uint64
+	dirs     map[uint64]string
+	states   map[uint64]*MemState
+	logs     map[uint64]*segment.Store
+	replicas map[uint64]*Replica
+	queue    []*raftpb.Message
+	cut      map[uint64]bool // isolated nodes
+	clock    map[uint64]time.Time
+}
+
+func newCluster(t *testing.T, n int) *cluster {
+	c := &cluster{t: t, dirs: map[uint64]string{}, states: map[uint64]*MemState{},
+		logs: map[uint64]*segment.Store{}, replicas: map[uint64]*Replica{}, cut: map[uint64]bool{},
+		clock: map[uint64]time.Time{}}
+	for i := 1; i <= n; i++ {
+		c.ids = append(c.ids, uint64(i))
+	}
+	for _, id := range c.ids {
+		c.dirs[id] = t.TempDir()
+		c.states[id] = &MemState{}
+		c.start(id)
+	}
+	t.Cleanup(func() {
+		for _, id := range c.ids {
+			if c.logs[id] != nil {
+				c.logs[id].Close()
+			}
+		}
+	})
+	return c
+}
+
+// start opens node id's log and replica (again, after stop).
+func (c *cluster) start(id uint64) {
+	var headers []batch.Header
+	st, err := segment.Open(segment.Config{
+		Dir: c.dirs[id], Fsync: segment.FsyncNever,
+		OnRecover: func(h batch.Header) error { headers = append(headers, h); return nil },
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	r, err := New(Config{
+		NodeID: id, Stream: "s", Peers: c.ids, Log: st, State: c.states[id],
+		Send:   func(msgs []*raftpb.Message) { c.send(msgs) },
+		Now: func() time.Time {
+			if t, ok := c.clock[id]; ok {
+				return t
+			}
+			return time.Now()
+		},
+		Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testWriter{c.t}}),
+	}, headers)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.logs[id], c.replicas[id] = st, r
+}
+
+// stop crashes node id: pending proposals are dropped, the log is closed.
+func (c *cluster) stop(id uint64) {
+	c.replicas[id].Close()
+	c.logs[id].Close()
+	c.logs[id], c.replicas[id] = nil, nil
+}
+
+func (c *cluster) send(msgs []*raftpb.Message) {
+	for _, m := range msgs {
+		c.queue = append(c.queue, proto.Clone(m).(*raftpb.Message))
+	}
+}
+
+// settle runs Ready cycles and delivers messages until nothing moves.
+func (c *cluster) settle() {
+	for round := 0; round < 1000; round++ {
+		moved := false
+		for _, id := range c.ids {
+			if r := c.replicas[id]; r != nil && r.HasReady() {
+				if err := r.ProcessReady(); err != nil {
+					c.t.Fatalf("node %d: %v", id, err)
+				}
+				moved = true
+			}
+		}
+		q := c.queue
+		c.queue = nil
+		for _, m := range q {
+			to, from := m.GetTo(), m.GetFrom()
+			if c.cut[to] || c.cut[from] || c.replicas[to] == nil {
+				continue
+			}
+			c.replicas[to].Step(m)
+			moved = true
+		}
+		if !moved {
+			return
+		}
+	}
+	c.t.Fatal("cluster did not settle")
+}
+
+// tick ticks every live replica n times, settling in between.
+func (c *cluster) tick(n int) {
+	for i := 0; i < n; i++ {
+		for _, id := range c.ids {
+			if r := c.replicas[id]; r != nil {
+				r.Tick()
+			}
+		}
+		c.settle()
+	}
+}
+
+func (c *cluster) leader() uint64 {
+	for _, id := range c.ids {
+		if r := c.replicas[id]; r != nil && !c.cut[id] && r.IsLeader() {
+			return id
+		}
+	}
+	return 0
+}
+
+// transfer moves leadership from the current leader to id.
+func (c *cluster) transfer(to uint64) {
+	c.t.Helper()
+	c.replicas[c.leader()].TransferLeadership(to)
+	c.settle()
+	if !c.replicas[to].IsLeader() {
+		c.t.Fatalf("leadership did not move to node %d", to)
+	}
+}
+
+// elect makes id campaign (only where no follower is in a leader's lease).
+func (c *cluster) elect(id uint64) {
+	c.t.Helper()
+	if err := c.replicas[id].Campaign(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.settle()
+	if !c.replicas[id].IsLeader() {
+		c.t.Fatalf("node %d did not become leader", id)
+	}
+}
+
+// op builds an append of n records.
+func op(producer, seq uint64, n int, tag string, results *[]Result) *Op {
+	recs := make([]batch.Record, n)
+	for i := range recs {
+		recs[i] = batch.Record{Key: []byte("k"), Value: []byte(fmt.Sprintf("%s-%d", tag, i))}
+	}
+	h := batch.Header{Type: batch.TypeData, ProducerID: producer, BaseSequence: seq}
+	return &Op{ProducerID: producer, BaseSequence: seq, RecordCount: uint32(n),
+		Frame: batch.Encode(nil, h, recs), Reply: func(r Result) { *results = append(*results, r) }}
+}
+
+// logValues reads node id's whole log (data records) as strings.
+func (c *cluster) logValues(id uint64) []string {
+	st := c.logs[id]
+	var out []string
+	for off := uint64(0); off < st.NextOffset(); {
+		frames, err := st.ReadFrames(off, 1<<20, st.NextOffset())
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		for len(frames) > 0 {
+			n, _ := batch.FrameSize(frames)
+			h, recs, err := batch.Decode(frames[:n])
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			for i, r := range recs {
+				if h.BaseOffset+uint64(i) >= off {
+					out = append(out, string(r.Value))
+				}
+			}
+			off = h.NextOffset()
+			frames = frames[n:]
+		}
+	}
+	return out
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+func TestReplicateAndCommit(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res []Result
+	for i := 0; i < 10; i++ {
+		c.replicas[1].Propose(op(7, uint64(3*i), 3, fmt.Sprint(i), &res))
+	}
+	c.settle()
+	if len(res) != 10 {
+		t.Fatalf("%d replies, want 10", len(res))
+	}
+	for i, r := range res {
+		if r.Err != nil || r.BaseOffset != uint64(3*i) || r.RecordCount != 3 {
+			t.Fatalf("reply %d: %+v", i, r)
+		}
+	}
+	c.tick(2) // heartbeats carry the commit index to followers
+	want := c.logValues(1)
+	if len(want) != 30 {
+		t.Fatalf("leader log has %d records", len(want))
+	}
+	for _, id := range c.ids {
+		if got := c.logValues(id); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("node %d log differs:\n%v\n%v", id, got, want)
+		}
+		if c.replicas[id].Committed() != 30 {
+			t.Fatalf("node %d committed %d", id, c.replicas[id].Committed())
+		}
+	}
+	// A follower refuses appends and names the leader.
+	c.replicas[2].Propose(op(8, 0, 1, "x", &res))
+	last := res[len(res)-1]
+	if apierr.CodeOf(last.Err) != apierr.NotLeader || apierr.As(last.Err).LeaderHint != "node:1" {
+		t.Fatalf("follower propose: %v", last.Err)
+	}
+}
+
+func TestDuplicateAcrossLeaderChange(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res []Result
+	c.replicas[1].Propose(op(7, 0, 2, "a", &res))
+	c.replicas[1].Propose(op(7, 2, 2, "b", &res))
+	c.settle()
+	c.transfer(2)
+	// The producer retries its second batch at the new leader: it gets the
+	// original offsets back, and nothing is appended twice.
+	c.replicas[2].Propose(op(7, 2, 2, "b", &res))
+	c.replicas[2].Propose(op(7, 4, 1, "c", &res))
+	c.settle()
+	if len(res) != 4 || !res[2].Duplicate || res[2].BaseOffset != 2 || res[3].BaseOffset != 4 {
+		t.Fatalf("replies: %+v", res)
+	}
+	c.tick(2)
+	for _, id := range c.ids {
+		if got := c.logValues(id); fmt.Sprint(got) != "[a-0 a-1 b-0 b-1 c-0]" {
+			t.Fatalf("node %d log: %v", id, got)
+		}
+	}
+}
+
+// TestIsolatedLeaderGetsNoAck: a leader cut off from its followers keeps
+// accepting proposals but can never ack them; after the partition heals its
+// tail is overwritten and the proposals fail with a retriable NOT_LEADER.
+func TestIsolatedLeaderGetsNoAck(t *testing.T) {
+	c := newCluster(t, 3)
+	// Node 1's clock runs an hour ahead: its stale tail carries later append
+	// times than the new leader's entries that replace it.
+	c.clock[1] = time.Now().Add(time.Hour)
+	c.elect(1)
+	var stale, fresh []Result
+	c.cut[1] = true
+	c.replicas[1].Propose(op(0, 0, 2, "stale", &stale))
+	c.settle()
+	// The others elect a leader of their own once their election timeout
+	// passes without hearing from node 1.
+	for i := 0; i < 100 && c.leader() == 0; i++ {
+		c.tick(1)
+	}
+	newLeader := c.leader()
+	if newLeader == 0 || newLeader == 1 {
+		t.Fatalf("no new leader (got %d)", newLeader)
+	}
+	c.replicas[newLeader].Propose(op(0, 0, 3, "fresh", &fresh))
+	c.settle()
+	if len(stale) != 0 {
+		t.Fatalf("isolated leader acked: %+v", stale)
+	}
+	if len(fresh) != 1 || fresh[0].Err != nil || fresh[0].BaseOffset != 0 {
+		t.Fatalf("new leader: %+v", fresh)
+	}
+	delete(c.cut, 1)
+	c.tick(3)
+	if len(stale) != 1 || apierr.CodeOf(stale[0].Err) != apierr.NotLeader || !apierr.IsRetriable(stale[0].Err) {
+		t.Fatalf("stale proposal: %+v", stale)
+	}
+	for _, id := range c.ids {
+		if got := c.logValues(id); fmt.Sprint(got) != "[fresh-0 fresh-1 fresh-2]" {
+			t.Fatalf("node %d log: %v", id, got)
+		}
+	}
+}
+
+func TestRestartKeepsLogAndDedup(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res []Result
+	c.replicas[1].Propose(op(9, 0, 4, "a", &res))
+	c.settle()
+	c.tick(2)
+	for _, id := range c.ids {
+		c.stop(id)
+	}
+	for _, id := range c.ids {
+		c.start(id)
+	}
+	c.elect(3)
+	c.replicas[3].Propose(op(9, 0, 4, "a", &res))
+	c.replicas[3].Propose(op(9, 4, 1, "b", &res))
+	c.settle()
+	if len(res) != 3 || !res[1].Duplicate || res[1].BaseOffset != 0 || res[2].BaseOffset != 4 || res[2].Err != nil {
+		t.Fatalf("replies after restart: %+v", res)
+	}
+}

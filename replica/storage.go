@@ -1,0 +1,111 @@
+package replica
+
+import (
+	"fmt"
+
+	"github.com/geolog/geolog/batch"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// logStorage is raft.Storage over a FrameLog. It is read by raft from the
+// replica's goroutine only; the replica writes the log between Ready calls.
+type logStorage struct {
+	log   FrameLog
+	state *HardState
+}
+
+var _ raft.Storage = (*logStorage)(nil)
+
+func (s *logStorage) InitialState() (*raftpb.HardState, *raftpb.ConfState, error) {
+	hs := proto.Clone(s.state.Raft).(*raftpb.HardState)
+	cs := proto.Clone(s.state.Conf).(*raftpb.ConfState)
+	return hs, cs, nil
+}
+
+// FirstIndex is the first index held, or the compaction point + 1 for an
+// empty log.
+func (s *logStorage) FirstIndex() (uint64, error) {
+	if f := s.log.FirstIndex(); f != 0 {
+		return f, nil
+	}
+	return s.state.SnapshotIndex + 1, nil
+}
+
+func (s *logStorage) LastIndex() (uint64, error) {
+	if l := s.log.LastIndex(); l != 0 {
+		return l, nil
+	}
+	return s.state.SnapshotIndex, nil
+}
+
+func (s *logStorage) Term(i uint64) (uint64, error) {
+	if i == s.state.SnapshotIndex {
+		return s.state.SnapshotTerm, nil
+	}
+	first, _ := s.FirstIndex()
+	if i < first {
+		return 0, raft.ErrCompacted
+	}
+	last, _ := s.LastIndex()
+	if i > last {
+		return 0, raft.ErrUnavailable
+	}
+	return s.log.TermAt(i)
+}
+
+func (s *logStorage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
+	first, _ := s.FirstIndex()
+	if lo < first {
+		return nil, raft.ErrCompacted
+	}
+	last, _ := s.LastIndex()
+	if hi > last+1 {
+		return nil, fmt.Errorf("replica: entries [%d, %d) past last index %d", lo, hi, last)
+	}
+	if lo >= hi {
+		return nil, nil
+	}
+	bytesMax := int(min(maxSize, 64<<20))
+	frames, err := s.log.ReadFramesByIndex(lo, hi, max(bytesMax, 1))
+	if err != nil {
+		return nil, err
+	}
+	var out []*raftpb.Entry
+	var size uint64
+	for len(frames) > 0 {
+		n, err := batch.FrameSize(frames)
+		if err != nil || n > len(frames) {
+			return nil, fmt.Errorf("replica: reading entries at %d: %w", lo+uint64(len(out)), err)
+		}
+		e, err := frameEntry(frames[:n])
+		if err != nil {
+			return nil, err
+		}
+		if e.GetIndex() != lo+uint64(len(out)) {
+			panic(fmt.Sprintf("replica: log returned index %d where %d was expected", e.GetIndex(), lo+uint64(len(out))))
+		}
+		size += uint64(len(e.Data)) + 24
+		if len(out) > 0 && size > maxSize {
+			break
+		}
+		out = append(out, e)
+		frames = frames[n:]
+		if e.GetIndex()+1 >= hi {
+			break
+		}
+	}
+	return out, nil
+}
+
+// Snapshot describes the compacted prefix. A geolog snapshot carries no state
+// machine image: the log is the state. Installing one means "the log starts
+// after this index"; the retained segments themselves travel separately.
+func (s *logStorage) Snapshot() (*raftpb.Snapshot, error) {
+	return &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{
+		Index:     proto.Uint64(s.state.SnapshotIndex),
+		Term:      proto.Uint64(s.state.SnapshotTerm),
+		ConfState: proto.Clone(s.state.Conf).(*raftpb.ConfState),
+	}}, nil
+}
