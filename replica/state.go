@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/geolog/geolog/vfs"
 
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -69,14 +72,22 @@ func decodeState(b []byte) (HardState, error) {
 	}, nil
 }
 
-// FileState is a StateStore in one small file, replaced atomically (write a
-// temporary file, fsync, rename, fsync the directory).
-type FileState struct{ Dir string }
+// stateFileBytesMax bounds the hard state file (it holds a few numbers and
+// the configuration).
+const stateFileBytesMax = 1 << 20
+
+// FileState is a StateStore in one small file of a range's directory,
+// replaced atomically: write a temporary file, fsync it, rename it over the
+// old one, fsync the directory.
+type FileState struct {
+	FS  vfs.FS
+	Dir string
+}
 
 // Load reads the state; ok is false when none was saved yet.
 func (f FileState) Load() (HardState, bool, error) {
-	b, err := os.ReadFile(filepath.Join(f.Dir, stateFileName))
-	if errors.Is(err, os.ErrNotExist) {
+	b, err := vfs.ReadFile(f.FS, filepath.Join(f.Dir, stateFileName), stateFileBytesMax)
+	if errors.Is(err, fs.ErrNotExist) {
 		return HardState{}, false, nil
 	}
 	if err != nil {
@@ -93,30 +104,25 @@ func (f FileState) Save(h HardState) error {
 		return err
 	}
 	tmp := filepath.Join(f.Dir, stateFileName+".tmp")
-	w, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	w, err := f.FS.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	if _, err := w.Write(b); err != nil {
+	if _, err := w.WriteAt(b, 0); err != nil {
 		w.Close()
 		return err
 	}
-	if err := w.Sync(); err != nil {
+	if err := w.Datasync(); err != nil {
 		w.Close()
 		return err
 	}
 	if err := w.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(f.Dir, stateFileName)); err != nil {
+	if err := f.FS.Rename(tmp, filepath.Join(f.Dir, stateFileName)); err != nil {
 		return err
 	}
-	d, err := os.Open(f.Dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return f.FS.SyncDir(f.Dir)
 }
 
 // MemState is the in-memory twin of FileState.
