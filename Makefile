@@ -20,7 +20,15 @@ FUZZ_TARGETS := \
 	./segment:FuzzTimeIndex
 FUZZ_TIME ?= 5s
 
-.PHONY: all build test unit fuzz vet demo proto tools bench clean
+# make sim: the deterministic simulator. SEED=n replays one seed (add
+# SIMLOG=true for the replicas' logs); otherwise RUNS seeds from FIRST.
+SEED   ?=
+RUNS   ?= 1000
+FIRST  ?= 1
+STEPS  ?= 3000
+SIMLOG ?= false
+
+.PHONY: all build test unit fuzz vet demo proto tools bench sim clean
 
 all: build
 
@@ -43,6 +51,13 @@ fuzz:
 	done
 
 test: vet build unit fuzz
+
+sim:
+	@if [ -n "$(SEED)" ]; then \
+		$(GO) test -count=1 -v -run 'TestSimulator$$' ./sim -args -seed=$(SEED) -steps=$(STEPS) -simlog=$(SIMLOG); \
+	else \
+		$(GO) test -count=1 -v -timeout 60m -run 'TestSimulator$$' ./sim -args -runs=$(RUNS) -first=$(FIRST) -steps=$(STEPS); \
+	fi
 
 bench: build
 	./scripts/bench.sh

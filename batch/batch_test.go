@@ -113,6 +113,91 @@ func TestRoundTripTable(t *testing.T) {
 	}
 }
 
+func TestControlFrames(t *testing.T) {
+	payload := []byte{2, 0x08, 0x01}
+	for _, tt := range []struct {
+		name    string
+		h       Header
+		payload []byte
+	}{
+		{"noop", Header{Type: TypeNoop, BaseOffset: 10, Epoch: 2, Term: 5, Index: 77, AppendTimeUnixNanos: 9}, nil},
+		{"config", Header{Type: TypeConfig, BaseOffset: 10, Term: 5, Index: 78}, payload},
+		{"noop with payload", Header{Type: TypeNoop, BaseOffset: math.MaxUint64}, []byte("marker")},
+		{"empty config", Header{Type: TypeConfig}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.h.RecordCount = 9 // ignored
+			frame := EncodeControl([]byte("pre"), tt.h, tt.payload)[3:]
+			want := tt.h
+			want.RecordCount = 0
+			if len(frame) != HeaderSize+len(tt.payload) {
+				t.Fatalf("frame of %d bytes", len(frame))
+			}
+			h, got, err := DecodeControl(frame)
+			if err != nil || h != want || !bytes.Equal(got, tt.payload) || (got == nil) != (len(tt.payload) == 0) {
+				t.Fatalf("DecodeControl = %+v, %q, %v", h, got, err)
+			}
+			if !h.IsControl() || h.NextOffset() != h.BaseOffset {
+				t.Fatalf("IsControl %v, NextOffset %d", h.IsControl(), h.NextOffset())
+			}
+			if len(got) > 0 {
+				_ = append(got, 'X')
+				if _, err := Validate(frame); err != nil {
+					t.Fatal("appending to the payload wrote into the frame")
+				}
+			}
+			if h2, recs, err := Decode(frame); err != nil || h2 != want || recs != nil {
+				t.Fatalf("Decode = %+v, %v, %v", h2, recs, err)
+			}
+			if h2, err := Validate(frame); err != nil || h2 != want {
+				t.Fatalf("Validate = %+v, %v", h2, err)
+			}
+			if !bytes.Equal(EncodeControl(nil, h, got), frame) {
+				t.Fatal("re-encoding changed the frame")
+			}
+			if len(tt.payload) == 0 && !bytes.Equal(Encode(nil, tt.h, nil), frame) {
+				t.Fatal("Encode without records differs from EncodeControl without payload")
+			}
+			if _, _, err := DecodeControl(frame[:len(frame)-1]); len(tt.payload) > 0 && !errors.Is(err, ErrShort) {
+				t.Fatalf("cut control frame: %v", err)
+			}
+		})
+	}
+	// Frames with records, and data frames, are not control frames.
+	for _, frame := range [][]byte{
+		Encode(nil, sampleHeader(), []Record{{}}),
+		Encode(nil, Header{Type: TypeConfig}, []Record{{Key: []byte("k")}}),
+		Encode(nil, Header{Type: TypeData}, nil),
+	} {
+		if _, _, err := DecodeControl(frame); !errors.Is(err, ErrNotControl) {
+			t.Errorf("DecodeControl of a frame that is not a control frame: %v", err)
+		}
+	}
+	// A data frame without records still may not carry a body.
+	bad := corruptFrame(EncodeControl(nil, Header{Type: TypeNoop}, []byte("xyz")), true, func(f []byte) []byte {
+		f[posType] = byte(TypeData)
+		return f
+	})
+	if _, err := Validate(bad); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("data frame with a payload: %v", err)
+	}
+	for name, fn := range map[string]func(){
+		"data":      func() { EncodeControl(nil, Header{Type: TypeData}, nil) },
+		"unknown":   func() { EncodeControl(nil, Header{Type: 3}, nil) },
+		"flags":     func() { EncodeControl(nil, Header{Type: TypeNoop, Flags: 1}, nil) },
+		"too large": func() { EncodeControl(nil, Header{Type: TypeConfig}, make([]byte, FrameBytesMax-HeaderSize+1)) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("EncodeControl %s: no panic", name)
+				}
+			}()
+			fn()
+		}()
+	}
+}
+
 func TestEncodeAppendsAndDecodeIgnoresTrailingBytes(t *testing.T) {
 	prefix := []byte("prefix")
 	f1 := Encode(append([]byte(nil), prefix...), sampleHeader(), []Record{{Key: []byte("a")}})

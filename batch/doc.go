@@ -32,14 +32,28 @@
 //
 // and record i of a frame has offset BaseOffset+i.
 //
+// # Control frames
+//
+// A frame of type noop or config with RecordCount 0 is a control frame: its
+// body, after the header, is an opaque payload of any length (a Raft
+// ConfChange, say; a leader's no-op carries none) instead of records. It
+// takes no offset: its NextOffset is its BaseOffset, the offset the next
+// record will get. EncodeControl builds one and DecodeControl returns its
+// payload; Decode returns it with no records. A data frame always holds
+// records in its body, none meaning an empty body.
+//
+// Under Raft every frame is one entry and carries the entry's Term and Index
+// (PatchRaft sets them); outside Raft both are 0.
+//
 // The encoding is canonical: every varint is minimal, reserved fields are
-// zero and a frame holds no bytes beyond its last record. Decoders reject
-// anything else as ErrCorrupt, so decode followed by encode reproduces the
-// input frame byte for byte. The wire format does not distinguish a nil
+// zero and a frame holds no bytes beyond its last record (or its payload).
+// Decoders reject anything else as ErrCorrupt, so decode followed by encode
+// (Decode and Encode, or DecodeControl and EncodeControl for a control
+// frame) reproduces the input frame byte for byte. The wire format does not distinguish a nil
 // key, value or header value from an empty one; decoders return nil for
 // every zero-length field.
 //
 // Every decoder bounds every length against the bytes actually present before
 // it allocates or slices, and never panics, whatever its input (see the fuzz
-// targets FuzzDecode and FuzzRoundTrip).
+// targets FuzzDecode and FuzzRoundTrip, which cover control frames too).
 package batch

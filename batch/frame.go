@@ -94,6 +94,11 @@ type Header struct {
 // BaseOffset + RecordCount.
 func (h Header) NextOffset() uint64 { return h.BaseOffset + uint64(h.RecordCount) }
 
+// IsControl reports whether h is the header of a control frame: a TypeNoop
+// or TypeConfig frame without records, whose body is an opaque payload (see
+// EncodeControl).
+func (h Header) IsControl() bool { return h.RecordCount == 0 && h.Type != TypeData }
+
 // ErrShort reports that a buffer holds fewer bytes than the frame in it needs:
 // the frame is torn or was truncated.
 var ErrShort = errors.New("batch: frame is short")
@@ -101,6 +106,10 @@ var ErrShort = errors.New("batch: frame is short")
 // ErrCorrupt reports a frame that can never become valid: bad CRC, unknown
 // version, type or flags, impossible lengths or malformed records.
 var ErrCorrupt = errors.New("batch: frame is corrupt")
+
+// ErrNotControl reports a frame given to DecodeControl that holds records
+// or is a data frame.
+var ErrNotControl = errors.New("batch: not a control frame")
 
 // The decoders' failures are static values so that scanning garbage byte by
 // byte (as segment recovery does) costs no allocation per position.
@@ -205,11 +214,14 @@ func DecodeHeader(frame []byte) (Header, error) {
 
 // Validate does what DecodeHeader does and also checks the structure of
 // every record, without allocating. A frame that passes Validate decodes
-// without error.
+// without error. A control frame's payload is opaque: any bytes pass.
 func Validate(frame []byte) (Header, error) {
 	h, err := DecodeHeader(frame)
 	if err != nil {
 		return Header{}, err
+	}
+	if h.IsControl() {
+		return h, nil
 	}
 	size := int(binary.LittleEndian.Uint32(frame[posLength:])) + 4
 	if _, err := walkRecords(frame[HeaderSize:size], h.RecordCount); err != nil {
@@ -223,10 +235,16 @@ func Validate(frame []byte) (Header, error) {
 // frame (with their capacity capped, so appending to them never writes into
 // frame); header keys are copied into strings. Decode makes two
 // allocations plus one per record header key, whatever RecordCount says.
+//
+// A control frame (Header.IsControl) decodes to no records; its payload is
+// returned by DecodeControl.
 func Decode(frame []byte) (Header, []Record, error) {
 	h, err := DecodeHeader(frame)
 	if err != nil {
 		return Header{}, nil, err
+	}
+	if h.IsControl() {
+		return h, nil, nil
 	}
 	size := int(binary.LittleEndian.Uint32(frame[posLength:])) + 4
 	body := frame[HeaderSize:size]
@@ -256,6 +274,25 @@ func Decode(frame []byte) (Header, []Record, error) {
 	return h, recs, nil
 }
 
+// DecodeControl parses and verifies the control frame at the start of frame
+// and returns its header and payload. The payload aliases frame with its
+// capacity capped; an empty payload is nil. Bytes after the frame are
+// ignored. A valid frame that is not a control frame returns ErrNotControl.
+func DecodeControl(frame []byte) (Header, []byte, error) {
+	h, err := DecodeHeader(frame)
+	if err != nil {
+		return Header{}, nil, err
+	}
+	if !h.IsControl() {
+		return Header{}, nil, fmt.Errorf("%w: %v frame with %d records", ErrNotControl, h.Type, h.RecordCount)
+	}
+	size := int(binary.LittleEndian.Uint32(frame[posLength:])) + 4
+	if size == HeaderSize {
+		return h, nil, nil
+	}
+	return h, frame[HeaderSize:size:size], nil
+}
+
 // walkRecords checks that body holds exactly count well-formed records and
 // returns their total number of record headers.
 func walkRecords(body []byte, count uint32) (int, error) {
@@ -277,6 +314,8 @@ func walkRecords(body []byte, count uint32) (int, error) {
 // Encode appends one frame holding recs to dst and returns the extended
 // slice. h.RecordCount is ignored and set from len(recs); Length, CRC,
 // Version and the reserved field are computed. Encode grows dst at most once.
+// With no records and a type other than TypeData the frame is a control
+// frame with an empty payload, the same as EncodeControl(dst, h, nil).
 //
 // Encode panics if h.Type is unknown, h.Flags is not zero (no flag is defined
 // yet), the frame would exceed FrameBytesMax, or BaseOffset+len(recs)
@@ -300,6 +339,48 @@ func Encode(dst []byte, h Header, recs []Record) []byte {
 	}
 	h.RecordCount = uint32(len(recs))
 
+	dst, f := grow(dst, size)
+	putHeader(f, h)
+	p := HeaderSize
+	for i := range recs {
+		p = putRecord(f, p, &recs[i])
+	}
+	if p != size {
+		panic(fmt.Sprintf("batch: encoded %d bytes, sized %d", p, size))
+	}
+	binary.LittleEndian.PutUint32(f[posCRC:], crc32.Checksum(f[crcStart:], castagnoli))
+	return dst
+}
+
+// EncodeControl appends one control frame to dst and returns the extended
+// slice: a frame of type h.Type (TypeNoop or TypeConfig) without records,
+// whose body is payload, opaque to this package (a Raft ConfChange, say).
+// h.RecordCount is ignored and set to 0. A control frame takes no offset:
+// its NextOffset is its BaseOffset. EncodeControl grows dst at most once.
+//
+// EncodeControl panics if h.Type is TypeData or unknown, h.Flags is not
+// zero, or the frame would exceed FrameBytesMax.
+func EncodeControl(dst []byte, h Header, payload []byte) []byte {
+	if h.Type == TypeData || h.Type > typeMax {
+		panic(fmt.Sprintf("batch: control frame of type %v", h.Type))
+	}
+	if h.Flags != 0 {
+		panic(fmt.Sprintf("batch: encode with undefined flags %#x", h.Flags))
+	}
+	if len(payload) > FrameBytesMax-HeaderSize {
+		panic(fmt.Sprintf("batch: control payload of %d bytes exceeds FrameBytesMax", len(payload)))
+	}
+	h.RecordCount = 0
+	dst, f := grow(dst, HeaderSize+len(payload))
+	putHeader(f, h)
+	copy(f[HeaderSize:], payload)
+	binary.LittleEndian.PutUint32(f[posCRC:], crc32.Checksum(f[crcStart:], castagnoli))
+	return dst
+}
+
+// grow extends dst by size bytes, reallocating at most once, and returns
+// the extended slice and its new part.
+func grow(dst []byte, size int) ([]byte, []byte) {
 	start := len(dst)
 	if cap(dst)-start < size {
 		grown := make([]byte, start, start+size)
@@ -307,10 +388,13 @@ func Encode(dst []byte, h Header, recs []Record) []byte {
 		dst = grown
 	}
 	dst = dst[:start+size]
-	f := dst[start:]
+	return dst, dst[start:]
+}
 
+// putHeader writes every header field of the frame f but the CRC.
+func putHeader(f []byte, h Header) {
 	le := binary.LittleEndian
-	le.PutUint32(f[posLength:], uint32(size-4))
+	le.PutUint32(f[posLength:], uint32(len(f)-4))
 	f[posVersion] = version
 	f[posType] = byte(h.Type)
 	le.PutUint16(f[posFlags:], h.Flags)
@@ -324,16 +408,6 @@ func Encode(dst []byte, h Header, recs []Record) []byte {
 	le.PutUint64(f[posProducerID:], h.ProducerID)
 	le.PutUint64(f[posBaseSequence:], h.BaseSequence)
 	le.PutUint64(f[posReserved:], 0)
-
-	p := HeaderSize
-	for i := range recs {
-		p = putRecord(f, p, &recs[i])
-	}
-	if p != size {
-		panic(fmt.Sprintf("batch: encoded %d bytes, sized %d", p, size))
-	}
-	le.PutUint32(f[posCRC:], crc32.Checksum(f[crcStart:], castagnoli))
-	return dst
 }
 
 // Patch rewrites BaseOffset, Epoch and AppendTimeUnixNanos of frame and

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"math"
 	"testing"
 )
 
@@ -18,6 +19,10 @@ func seedFrames() [][]byte {
 			{Key: []byte("a"), Value: []byte("1"), Headers: []RecordHeader{{Key: "h", Value: []byte("x")}, {Key: "g"}}},
 			{Key: []byte("b"), Value: bytes.Repeat([]byte{7}, 300)},
 		}),
+		EncodeControl(nil, Header{Type: TypeNoop, BaseOffset: 12, Term: 3, Index: 40}, nil),
+		EncodeControl(nil, Header{Type: TypeConfig, BaseOffset: 12, Term: 3, Index: 41}, []byte{2, 0x08, 0x01, 0x10, 0x02}),
+		// A payload that looks like records must stay a payload.
+		EncodeControl(nil, Header{Type: TypeConfig, Index: 7}, Encode(nil, sampleHeader(), []Record{{Key: []byte("k")}})[HeaderSize:]),
 	}
 }
 
@@ -70,8 +75,24 @@ func checkDecoders(t *testing.T, b []byte) {
 	if int(h.RecordCount) != len(recs) {
 		t.Fatalf("RecordCount %d, decoded %d records", h.RecordCount, len(recs))
 	}
-	if again := Encode(nil, h, recs); !bytes.Equal(again, b[:size]) {
-		t.Fatalf("re-encoding changed the frame:\n in  %x\n out %x", b[:size], again)
+	ch, payload, cErr := DecodeControl(b)
+	if !h.IsControl() {
+		if !errors.Is(cErr, ErrNotControl) {
+			t.Fatalf("DecodeControl of a %v frame with %d records: %v", h.Type, h.RecordCount, cErr)
+		}
+		if again := Encode(nil, h, recs); !bytes.Equal(again, b[:size]) {
+			t.Fatalf("re-encoding changed the frame:\n in  %x\n out %x", b[:size], again)
+		}
+		return
+	}
+	if cErr != nil || ch != h {
+		t.Fatalf("DecodeControl = %+v, %v; Decode says %+v", ch, cErr, h)
+	}
+	if len(payload) != size-HeaderSize || (len(payload) == 0) != (payload == nil) {
+		t.Fatalf("payload of %d bytes in a frame of %d", len(payload), size)
+	}
+	if again := EncodeControl(nil, h, payload); !bytes.Equal(again, b[:size]) {
+		t.Fatalf("re-encoding the control frame changed it:\n in  %x\n out %x", b[:size], again)
 	}
 }
 
@@ -81,6 +102,8 @@ func FuzzRoundTrip(f *testing.F) {
 	f.Add(uint8(0), uint64(0), uint64(1), int64(2), uint64(3), uint64(4), int64(-5), uint8(3), []byte("key=value;hdr"))
 	f.Add(uint8(1), uint64(1<<62), uint64(0), int64(-1), uint64(0), uint64(0), int64(0), uint8(0), []byte{})
 	f.Add(uint8(2), uint64(7), uint64(1<<63), int64(1<<62), uint64(9), uint64(10), int64(1<<40), uint8(40), bytes.Repeat([]byte{0xff, 0, 1}, 100))
+	f.Add(uint8(2), uint64(7), uint64(3), int64(5), uint64(0), uint64(0), int64(0), uint8(0), []byte{1, 0x08, 0x01, 0x10, 0x02})
+	f.Add(uint8(1), uint64(math.MaxUint64), uint64(3), int64(5), uint64(0), uint64(0), int64(0), uint8(64), []byte("noop payload"))
 	f.Fuzz(func(t *testing.T, typ uint8, baseOffset, epoch uint64, appendTime int64,
 		producerID, baseSequence uint64, producerTime int64, nrec uint8, data []byte) {
 		h := Header{
@@ -93,6 +116,21 @@ func FuzzRoundTrip(f *testing.F) {
 			HLC:                 uint64(appendTime),
 			ProducerID:          producerID,
 			BaseSequence:        baseSequence,
+		}
+		if nrec%32 == 0 && h.Type != TypeData {
+			// A control frame: data is its payload.
+			frame := EncodeControl(nil, h, data)
+			got, payload, err := DecodeControl(frame)
+			if err != nil || got != h || !bytes.Equal(payload, data) {
+				t.Fatalf("DecodeControl = %+v, %x, %v; want %+v, %x", got, payload, err, h, data)
+			}
+			if got, recs, err := Decode(frame); err != nil || got != h || recs != nil {
+				t.Fatalf("Decode of a control frame = %+v, %d records, %v", got, len(recs), err)
+			}
+			if got.NextOffset() != h.BaseOffset {
+				t.Fatalf("control frame takes offsets: NextOffset %d, BaseOffset %d", got.NextOffset(), h.BaseOffset)
+			}
+			return
 		}
 		recs := make([]Record, int(nrec)%32)
 		// Carve keys, values and headers out of data deterministically.

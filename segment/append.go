@@ -9,12 +9,23 @@ import (
 	"github.com/geolog/geolog/batch"
 )
 
-// Append writes one frame at the tail of the log with a single write. The
-// frame must be exactly one valid frame (CRC and record structure are
-// checked) holding at least one record, with BaseOffset == NextOffset() and
-// an append time no earlier than the previous batch's; otherwise Append
-// returns ErrInvalidFrame and writes nothing. The frame is not durable until
-// Sync returns. Append does not retain frame.
+// Append writes one frame at the tail of the log with a single write.
+// Otherwise it returns ErrInvalidFrame and writes nothing. The frame must be
+// exactly one valid frame (CRC and record structure are checked) with
+//
+//   - BaseOffset == NextOffset();
+//   - at least one record, unless it is a control frame (batch.TypeNoop or
+//     batch.TypeConfig without records), which takes no offset: NextOffset
+//     does not move;
+//   - an append time no earlier than the previous frame's;
+//   - Raft Index 0 and any Term while the log holds no frame with an index
+//     (LastIndex() == 0), or else Index == LastIndex()+1; a frame with an
+//     index also needs a Term no lower than the previous indexed frame's.
+//     The first indexed frame may have any index, so a log can start after
+//     a Raft snapshot; from then on every frame carries the next one.
+//
+// The frame is not durable until Sync returns. Append does not retain
+// frame.
 //
 // Append is for the range's one appender goroutine. A failed write makes
 // the store refuse further appends (ErrFailed).
@@ -32,19 +43,27 @@ func (s *Store) Append(frame []byte) error {
 	if size, _ := batch.FrameSize(frame); size != len(frame) {
 		return fmt.Errorf("%w: %d bytes hold a frame of %d and more", ErrInvalidFrame, len(frame), size)
 	}
-	next := s.nextOffset.Load()
+	next, last := s.nextOffset.Load(), s.lastIndex.Load()
 	switch {
 	case h.BaseOffset != next:
 		return fmt.Errorf("%w: base offset %d, want %d", ErrInvalidFrame, h.BaseOffset, next)
-	case h.RecordCount == 0:
-		return fmt.Errorf("%w: batch at offset %d has no records", ErrInvalidFrame, next)
+	case h.RecordCount == 0 && !h.IsControl():
+		return fmt.Errorf("%w: data frame at offset %d has no records", ErrInvalidFrame, next)
 	case h.AppendTimeUnixNanos < s.lastAppendTimeUnixNanos:
-		return fmt.Errorf("%w: append time %d precedes the previous batch's %d", ErrInvalidFrame,
+		return fmt.Errorf("%w: append time %d precedes the previous frame's %d", ErrInvalidFrame,
 			h.AppendTimeUnixNanos, s.lastAppendTimeUnixNanos)
+	case last != 0 && h.Index != last+1:
+		return fmt.Errorf("%w: raft index %d, want %d", ErrInvalidFrame, h.Index, last+1)
+	case h.Index != 0 && h.Term < s.lastTerm:
+		return fmt.Errorf("%w: raft term %d below the previous frame's %d", ErrInvalidFrame, h.Term, s.lastTerm)
+	case h.Index == math.MaxUint64:
+		return fmt.Errorf("%w: raft index %d leaves no successor", ErrInvalidFrame, h.Index)
 	}
 
 	g := s.active()
-	if g.size > 0 && (g.size+int64(len(frame)) > s.cfg.SegmentBytesMax || h.NextOffset()-g.baseOffset > math.MaxUint32) {
+	// A segment without records is never sealed (see hasRecords): control
+	// frames alone make it grow past SegmentBytesMax until a record comes.
+	if g.hasRecords() && (g.size+int64(len(frame)) > s.cfg.SegmentBytesMax || h.NextOffset()-g.baseOffset > math.MaxUint32) {
 		if err := s.roll(); err != nil {
 			return err
 		}
@@ -52,7 +71,7 @@ func (s *Store) Append(frame []byte) error {
 	}
 	pos := g.size
 	if pos+int64(len(frame)) > segmentFileBytesMax {
-		panic(fmt.Sprintf("segment: segment %s would grow past %d bytes", g.name(), int64(segmentFileBytesMax)))
+		return fmt.Errorf("%w: segment %s of %d bytes cannot take %d more", ErrInvalidFrame, g.name(), pos, len(frame))
 	}
 	if _, err := g.f.WriteAt(frame, pos); err != nil {
 		// Part of the frame may be on disk; only recovery can tell.
@@ -66,16 +85,31 @@ func (s *Store) Append(frame []byte) error {
 			relOffset:           relOffset(g, h.BaseOffset),
 			position:            uint32(pos),
 			appendTimeUnixNanos: h.AppendTimeUnixNanos,
+			index:               h.Index,
 		})
 	}
 	g.size += int64(len(frame))
 	g.nextOffset = h.NextOffset()
 	g.maxAppendTimeUnixNanos = h.AppendTimeUnixNanos
+	if h.Index != 0 {
+		if g.firstIndex == 0 {
+			g.firstIndex = h.Index
+		}
+		g.lastIndex, g.lastTerm = h.Index, h.Term
+		if s.firstIndex.Load() == 0 {
+			s.firstIndex.Store(h.Index)
+		}
+		s.lastIndex.Store(h.Index)
+	}
 	s.sizeBytes.Add(int64(len(frame)))
 	s.nextOffset.Store(g.nextOffset)
+	s.appends.Add(1)
 	s.mu.Unlock()
 
 	s.lastAppendTimeUnixNanos = h.AppendTimeUnixNanos
+	if h.Index != 0 {
+		s.lastTerm = h.Term
+	}
 	return nil
 }
 
@@ -83,20 +117,22 @@ func (s *Store) Append(frame []byte) error {
 // fsync the finished log and write and fsync its index files, then create
 // the new file and fsync the directory, and only then publish it. Syncers
 // rely on that order: every segment but the active one is durable. The
-// caller holds wmu and the active segment is not empty.
+// caller holds wmu and the active segment holds records.
 func (s *Store) roll() error {
 	old := s.active()
-	if old.size == 0 {
-		panic(fmt.Sprintf("segment: roll of empty segment %s", old.name()))
+	if !old.hasRecords() {
+		panic(fmt.Sprintf("segment: roll of segment %s, which holds no record", old.name()))
 	}
 	if s.cfg.Fsync == FsyncAlways {
+		// The caller holds wmu, so every append counted so far is in old.
+		appends := s.appends.Load()
 		if err := s.fdatasync(old.f); err != nil {
 			s.fail(err)
 			return s.failed()
 		}
-		s.advanceDurable(old.nextOffset)
+		s.advanceDurable(old.nextOffset, appends)
 	}
-	if err := writeIndexFiles(old, old.entries, s.cfg.Fsync == FsyncAlways); err != nil {
+	if err := s.writeIndexFiles(old); err != nil {
 		// Index files are a cache that recovery verifies and rebuilds.
 		s.log.Warn("could not write index files", "segment", old.name(), "error", err)
 	}
@@ -116,11 +152,11 @@ func (s *Store) roll() error {
 // a failed directory fsync fails the store.
 func (s *Store) createSegment(base uint64) (*segment, error) {
 	path := filepath.Join(s.cfg.Dir, segmentName(base, logSuffix))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := s.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("segment: create segment: %w", err)
 	}
-	if err := syncDir(s.cfg.Dir); err != nil {
+	if err := s.fs.SyncDir(s.cfg.Dir); err != nil {
 		f.Close()
 		s.fail(err)
 		return nil, s.failed()
@@ -128,9 +164,9 @@ func (s *Store) createSegment(base uint64) (*segment, error) {
 	return newSegment(s.cfg.Dir, base, f), nil
 }
 
-// Sync makes every record appended before the call durable and returns nil,
-// or returns the error that prevented it. It is safe from any number of
-// goroutines, concurrently with Append.
+// Sync makes every frame appended before the call durable (or truncated
+// away) and returns nil, or returns the error that prevented it. It is safe
+// from any number of goroutines, concurrently with Append.
 //
 // Group commit: a caller that finds nothing in flight becomes the leader
 // and fdatasyncs the active segment for everything written so far; callers
@@ -144,16 +180,17 @@ func (s *Store) createSegment(base uint64) (*segment, error) {
 // FsyncNever Sync returns at once. After Close, Sync returns nil if Close
 // made everything durable and ErrClosed otherwise.
 func (s *Store) Sync() error {
-	need := s.nextOffset.Load()
+	// Count frames rather than offsets: control frames take none. A
+	// truncation syncs what remains and counts every frame up to it as
+	// durable, so a frame it dropped is never waited for.
+	need := s.appends.Load()
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	for {
 		if err := s.failed(); err != nil {
 			return err
 		}
-		// A TruncateSuffix may have dropped part of what we need; what
-		// remains of it is durable once everything that exists is.
-		if d := s.durable.Load(); d >= need || d >= s.nextOffset.Load() {
+		if s.durableAppends.Load() >= need {
 			return nil
 		}
 		if s.syncEnded {
@@ -168,6 +205,7 @@ func (s *Store) Sync() error {
 	}
 	if s.cfg.Fsync == FsyncNever {
 		s.durable.Store(max(s.durable.Load(), s.nextOffset.Load()))
+		s.durableAppends.Store(max(s.durableAppends.Load(), s.appends.Load()))
 		return nil
 	}
 
@@ -187,7 +225,7 @@ func (s *Store) Sync() error {
 	}
 	g := s.segs[len(s.segs)-1]
 	g.acquire()
-	target := s.nextOffset.Load()
+	target, targetAppends := s.nextOffset.Load(), s.appends.Load()
 	s.mu.RUnlock()
 
 	err := s.fdatasync(g.f)
@@ -205,15 +243,22 @@ func (s *Store) Sync() error {
 	if target > s.durable.Load() {
 		s.durable.Store(target)
 	}
+	if targetAppends > s.durableAppends.Load() {
+		s.durableAppends.Store(targetAppends)
+	}
 	return nil
 }
 
-// advanceDurable raises the durable offset to off after a successful fsync
-// outside Sync and wakes waiting syncers.
-func (s *Store) advanceDurable(off uint64) {
+// advanceDurable raises the durable offset to off and the durable append
+// count to appends after a successful fsync outside Sync, and wakes waiting
+// syncers.
+func (s *Store) advanceDurable(off, appends uint64) {
 	s.syncMu.Lock()
 	if off > s.durable.Load() {
 		s.durable.Store(off)
+	}
+	if appends > s.durableAppends.Load() {
+		s.durableAppends.Store(appends)
 	}
 	s.syncCond.Broadcast()
 	s.syncMu.Unlock()

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/vfs"
 )
 
 // benchFrame encodes a batch of n records with 1 KiB values at base 0.
@@ -32,9 +32,9 @@ func BenchmarkAppendSync(b *testing.B) {
 		for _, goroutines := range []int{1, 8} {
 			b.Run(fmt.Sprintf("records=%d/goroutines=%d", records, goroutines), func(b *testing.B) {
 				var fsyncs atomic.Int64
-				cfg := Config{Dir: b.TempDir(), testHooks: testHooks{fdatasync: func(f *os.File) error {
+				cfg := Config{Dir: b.TempDir(), testHooks: testHooks{fdatasync: func(f vfs.File) error {
 					fsyncs.Add(1)
-					return fdatasync(f)
+					return f.Datasync()
 				}}}
 				s, err := Open(cfg)
 				if err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/vfs"
 )
 
 // waitFor polls cond until it holds or the deadline passes.
@@ -27,9 +27,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func TestGroupCommitSharesOneFsync(t *testing.T) {
+func TestGroupCommitSharesOneFsync(t *testing.T) { forEachFS(t, testGroupCommitSharesOneFsync) }
+
+func testGroupCommitSharesOneFsync(t *testing.T, e env) {
 	c := &syncCounter{}
-	cfg := smallConfig(t, t.TempDir())
+	cfg := smallConfig(t, e)
 	cfg.SegmentBytesMax = 1 << 20
 	cfg.testHooks.fdatasync = c.fdatasync
 	s := mustOpen(t, cfg)
@@ -86,12 +88,13 @@ func TestGroupCommitSharesOneFsync(t *testing.T) {
 	}
 }
 
-func TestGroupCommitConcurrent(t *testing.T) {
+func TestGroupCommitConcurrent(t *testing.T) { forEachFS(t, testGroupCommitConcurrent) }
+
+func testGroupCommitConcurrent(t *testing.T, e env) {
 	c := &syncCounter{}
-	dir := t.TempDir()
-	cfg := smallConfig(t, dir)
+	cfg := smallConfig(t, e)
 	cfg.SegmentBytesMax = 1 << 30 // no rolls: every fdatasync is a Sync's
-	cfg.testHooks.fdatasync = func(f *os.File) error {
+	cfg.testHooks.fdatasync = func(f vfs.File) error {
 		time.Sleep(200 * time.Microsecond) // a disk no faster than the target's
 		return c.fdatasync(f)
 	}
@@ -138,21 +141,22 @@ func TestGroupCommitConcurrent(t *testing.T) {
 	if s.DurableOffset() != goroutines*perGoroutine {
 		t.Fatalf("DurableOffset %d", s.DurableOffset())
 	}
-	img := dirImage(t, dir) // what a crash right now would leave
+	img := dirImage(t, cfg) // what a crash right now would leave
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	writeDirImage(t, dir, img)
+	writeDirImage(t, cfg, img)
 	cfg.testHooks = testHooks{}
 	s = mustOpen(t, cfg)
 	defer s.Close()
 	checkLog(t, s, &m)
 }
 
-func TestFsyncFailureIsSticky(t *testing.T) {
+func TestFsyncFailureIsSticky(t *testing.T) { forEachFS(t, testFsyncFailureIsSticky) }
+
+func testFsyncFailureIsSticky(t *testing.T, e env) {
 	c := &syncCounter{failN: 2, err: syscall.EIO}
-	dir := t.TempDir()
-	cfg := smallConfig(t, dir)
+	cfg := smallConfig(t, e)
 	cfg.testHooks.fdatasync = c.fdatasync
 	s := mustOpen(t, cfg) // fdatasync 1: recovery
 	if err := s.Append(makeFrame(0, 1, 0)); err != nil {
@@ -197,9 +201,11 @@ func TestFsyncFailureIsSticky(t *testing.T) {
 	}
 }
 
-func TestRollFsyncFailure(t *testing.T) {
+func TestRollFsyncFailure(t *testing.T) { forEachFS(t, testRollFsyncFailure) }
+
+func testRollFsyncFailure(t *testing.T, e env) {
 	c := &syncCounter{failN: 2, err: syscall.EIO} // 1 is recovery, 2 the first roll
-	cfg := smallConfig(t, t.TempDir())
+	cfg := smallConfig(t, e)
 	cfg.testHooks.fdatasync = c.fdatasync
 	s := mustOpen(t, cfg)
 	defer s.Close()
@@ -215,8 +221,10 @@ func TestRollFsyncFailure(t *testing.T) {
 	}
 }
 
-func TestReaderOfDeletedSegment(t *testing.T) {
-	s := mustOpen(t, smallConfig(t, t.TempDir()))
+func TestReaderOfDeletedSegment(t *testing.T) { forEachFS(t, testReaderOfDeletedSegment) }
+
+func testReaderOfDeletedSegment(t *testing.T, e env) {
+	s := mustOpen(t, smallConfig(t, e))
 	defer s.Close()
 	var m model
 	appendBatches(t, s, &m, 100, 0)
@@ -231,7 +239,7 @@ func TestReaderOfDeletedSegment(t *testing.T) {
 		t.Fatalf("new read of a deleted offset: %v", err)
 	}
 	// The reader holding the segment still reads its frames, intact.
-	out, _, _, _, err := s.collect(nil, v, 0, 0, 1<<20, math.MaxUint64)
+	out, _, _, _, err := s.collect(nil, v, 0, seq{}, readSpec{end: math.MaxUint64}, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,9 +280,10 @@ func checkRead(from uint64, got []byte) error {
 	return nil
 }
 
-func TestConcurrentReadersDuringAppendRetentionTruncate(t *testing.T) {
-	dir := t.TempDir()
-	cfg := smallConfig(t, dir)
+func TestConcurrentReadersDuringAppendRetentionTruncate(t *testing.T) { forEachFS(t, testConcurrentReadersDuringAppendRetentionTruncate) }
+
+func testConcurrentReadersDuringAppendRetentionTruncate(t *testing.T, e env) {
+	cfg := smallConfig(t, e)
 	cfg.Logger = nil
 	cfg.RetentionBytes = 16 << 10
 	s := mustOpen(t, cfg)

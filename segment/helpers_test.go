@@ -5,7 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
+	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/vfs"
 )
 
 // testLogger routes the store's logs to t.Log.
@@ -33,10 +34,32 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// env is where a test's store lives: a file system and a directory in it.
+type env struct {
+	fs  vfs.FS
+	dir string
+	mem *vfs.Mem // nil on the real file system
+}
+
+// osEnv is a fresh temporary directory on the real file system.
+func osEnv(t testing.TB) env { return env{fs: vfs.OS(), dir: t.TempDir()} }
+
+// memEnv is a fresh in-memory file system seeded with seed.
+func memEnv(seed uint64) env {
+	m := vfs.NewMem(rand.New(rand.NewPCG(seed, 0x5e6)))
+	return env{fs: m, dir: "/range", mem: m}
+}
+
+// forEachFS runs fn as the subtests "os" and "mem".
+func forEachFS(t *testing.T, fn func(t *testing.T, e env)) {
+	t.Run("os", func(t *testing.T) { fn(t, osEnv(t)) })
+	t.Run("mem", func(t *testing.T) { fn(t, memEnv(1)) })
+}
+
 // smallConfig is a config with tiny segments and a dense index, so that a
 // few hundred batches exercise rolls, index seeks and multi-segment reads.
-func smallConfig(t testing.TB, dir string) Config {
-	return Config{Dir: dir, SegmentBytesMax: 2048, IndexIntervalBytes: 200, Logger: testLogger(t)}
+func smallConfig(t testing.TB, e env) Config {
+	return Config{Dir: e.dir, FS: e.fs, SegmentBytesMax: 2048, IndexIntervalBytes: 200, Logger: testLogger(t)}
 }
 
 func mustOpen(t testing.TB, cfg Config) *Store {
@@ -223,37 +246,54 @@ func checkLog(t testing.TB, s *Store, m *model) {
 	}
 }
 
-// dirImage returns the contents of every file in dir.
-func dirImage(t testing.TB, dir string) map[string][]byte {
+// dirImage returns the contents of every file in cfg's directory.
+func dirImage(t testing.TB, cfg Config) map[string][]byte {
 	t.Helper()
-	ents, err := os.ReadDir(dir)
+	ents, err := cfg.FS.ReadDir(cfg.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	img := map[string][]byte{}
 	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		img[e.Name()] = b
+		img[e.Name()] = readTestFile(t, cfg.FS, filepath.Join(cfg.Dir, e.Name()))
 	}
 	return img
 }
 
-// writeDirImage replaces dir's contents with img.
-func writeDirImage(t testing.TB, dir string, img map[string][]byte) {
+// writeDirImage replaces the contents of cfg's directory with img.
+func writeDirImage(t testing.TB, cfg Config, img map[string][]byte) {
 	t.Helper()
-	if err := os.RemoveAll(dir); err != nil {
+	ents, err := cfg.FS.ReadDir(cfg.Dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range img {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+	for _, e := range ents {
+		if err := cfg.FS.Remove(filepath.Join(cfg.Dir, e.Name())); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for name, b := range img {
+		writeTestFile(t, cfg.FS, filepath.Join(cfg.Dir, name), b)
+	}
+}
+
+func readTestFile(t testing.TB, fsys vfs.FS, name string) []byte {
+	t.Helper()
+	b, err := vfs.ReadFile(fsys, name, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// writeTestFile replaces name with b, durably.
+func writeTestFile(t testing.TB, fsys vfs.FS, name string, b []byte) {
+	t.Helper()
+	if err := writeFile(fsys, name, b, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.SyncDir(filepath.Dir(name)); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -269,11 +309,11 @@ func equalImages(a, b map[string][]byte) bool {
 	return true
 }
 
-// logFiles returns the .log file names in dir, sorted.
-func logFiles(t testing.TB, dir string) []string {
+// logFiles returns the .log file names in cfg's directory, sorted.
+func logFiles(t testing.TB, cfg Config) []string {
 	t.Helper()
 	var names []string
-	for name := range dirImage(t, dir) {
+	for name := range dirImage(t, cfg) {
 		if filepath.Ext(name) == logSuffix {
 			names = append(names, name)
 		}
@@ -291,7 +331,7 @@ type syncCounter struct {
 	hold  chan struct{}
 }
 
-func (c *syncCounter) fdatasync(f *os.File) error {
+func (c *syncCounter) fdatasync(f vfs.File) error {
 	c.mu.Lock()
 	c.calls++
 	n, hold := c.calls, c.hold
@@ -302,7 +342,7 @@ func (c *syncCounter) fdatasync(f *os.File) error {
 	if c.failN != 0 && n == c.failN {
 		return c.err
 	}
-	return fdatasync(f)
+	return f.Datasync()
 }
 
 func (c *syncCounter) count() int {

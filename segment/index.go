@@ -4,8 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"sort"
+
+	"github.com/geolog/geolog/vfs"
 )
 
 const (
@@ -24,20 +27,23 @@ const (
 var errIndexInvalid = errors.New("segment: invalid index file")
 
 // indexEntry is one sparse index point of a segment: the frame that starts
-// at position holds relative offset relOffset, and appendTimeUnixNanos is the
-// largest append time of the segment's frames up to and including it. The
-// offset index and the time index files hold the same points.
+// at position has BaseOffset baseOffset+relOffset and Raft index index (0
+// if it carries none), and appendTimeUnixNanos is the largest append time of
+// the segment's frames up to and including it. The offset index and the
+// time index files hold the same points, less those fileEntries leaves out
+// and without the Raft index, which lives in memory only.
 type indexEntry struct {
 	relOffset           uint32
 	position            uint32
 	appendTimeUnixNanos int64
+	index               uint64
 }
 
 // needsIndexEntry reports whether the frame starting at pos gets an index
 // entry: when at least intervalBytes have been written since the last
 // entry (or the segment start, which needs no entry). Append and recovery
-// both apply this rule, so recovery recomputes exactly the entries Append
-// made and can compare them with the files.
+// both apply this rule, to every frame, so recovery recomputes exactly the
+// entries Append made and can compare them with the files.
 func needsIndexEntry(entries []indexEntry, pos int64, intervalBytes int) bool {
 	var last int64
 	if len(entries) > 0 {
@@ -54,6 +60,46 @@ func floorEntry(entries []indexEntry, rel uint64) indexEntry {
 		return indexEntry{}
 	}
 	return entries[i-1]
+}
+
+// floorIndexEntry returns the last entry whose Raft index is <= index, or
+// the segment start (zero entry) if there is none. An entry without an
+// index sorts first: frames carrying indexes are a suffix of the log.
+func floorIndexEntry(entries []indexEntry, index uint64) indexEntry {
+	i := sort.Search(len(entries), func(i int) bool { return entries[i].index > index })
+	if i == 0 {
+		return indexEntry{}
+	}
+	return entries[i-1]
+}
+
+// fileEntries returns the entries of a segment holding recordCount records
+// that go into its index files. The file format (see decodeOffsetIndex)
+// wants relative offsets strictly increasing from above 0 and below
+// recordCount, so an entry at a control frame that shares its offset with
+// an earlier entry or sits past the last record, or at a first record
+// preceded by control frames, stays in memory only. It returns entries
+// itself when all qualify.
+func fileEntries(entries []indexEntry, recordCount uint64) []indexEntry {
+	ok := func(e indexEntry, prevRel uint32) bool {
+		return e.relOffset > prevRel && uint64(e.relOffset) < recordCount
+	}
+	var prev uint32
+	for i, e := range entries {
+		if ok(e, prev) {
+			prev = e.relOffset
+			continue
+		}
+		out := append(make([]indexEntry, 0, len(entries)), entries[:i]...)
+		for _, e := range entries[i:] {
+			if ok(e, prev) {
+				out = append(out, e)
+				prev = e.relOffset
+			}
+		}
+		return out
+	}
+	return entries
 }
 
 // appendOffsetIndex appends the offset index file image of entries to dst.
@@ -144,24 +190,24 @@ func decodeTimeIndex(b []byte, recordCount uint64) ([]timeEntry, error) {
 // indexFileProblem compares an index file with the image recovery computed
 // from the log and returns why it must be rebuilt, or "" if it matches.
 // decode explains what is wrong with a file of plausible size.
-func indexFileProblem(path string, want []byte, decode func([]byte) error) (string, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
+func indexFileProblem(fsys vfs.FS, path string, want []byte, decode func([]byte) error) (string, error) {
+	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
 		return "missing", nil
 	}
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
-	st, err := f.Stat()
+	size, err := f.Size()
 	if err != nil {
 		return "", err
 	}
-	if st.Size() > indexFileBytesMax {
-		return fmt.Sprintf("%d bytes, more than %d", st.Size(), indexFileBytesMax), nil
+	if size > indexFileBytesMax {
+		return fmt.Sprintf("%d bytes, more than %d", size, indexFileBytesMax), nil
 	}
-	got := make([]byte, st.Size())
-	if _, err := f.ReadAt(got, 0); err != nil {
+	got := make([]byte, size)
+	if err := readFull(f, got, 0); err != nil {
 		return "", err
 	}
 	if err := decode(got); err != nil {
@@ -173,10 +219,13 @@ func indexFileProblem(path string, want []byte, decode func([]byte) error) (stri
 	return "", nil
 }
 
-// writeIndexFiles replaces both index files of g with the images of
-// entries, fsyncing them if sync. Index files are a cache that recovery
-// verifies against the log, so a crash in the middle of this is harmless.
-func writeIndexFiles(g *segment, entries []indexEntry, sync bool) error {
+// writeIndexFiles replaces both index files of g with the images of its
+// entries, fsyncing them under FsyncAlways. Index files are a cache that
+// recovery verifies against the log, so a crash in the middle of this is
+// harmless. The caller is the appender, so g does not change meanwhile.
+func (s *Store) writeIndexFiles(g *segment) error {
+	entries := fileEntries(g.entries, g.nextOffset-g.baseOffset)
+	sync := s.cfg.Fsync == FsyncAlways
 	images := [2]struct {
 		suffix string
 		data   []byte
@@ -185,7 +234,7 @@ func writeIndexFiles(g *segment, entries []indexEntry, sync bool) error {
 		{timeIndexSuffix, appendTimeIndex(make([]byte, 0, len(entries)*timeEntryBytes), entries)},
 	}
 	for _, im := range images {
-		if err := writeFile(g.path(im.suffix), im.data, sync); err != nil {
+		if err := writeFile(s.fs, g.path(im.suffix), im.data, sync); err != nil {
 			return err
 		}
 	}
@@ -194,17 +243,19 @@ func writeIndexFiles(g *segment, entries []indexEntry, sync bool) error {
 
 // writeFile replaces the file at path with data. Its fdatasync bypasses the
 // store's test hook: the hook counts and fails syncs of the log only.
-func writeFile(path string, data []byte, sync bool) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+func writeFile(fsys vfs.FS, path string, data []byte, sync bool) error {
+	f, err := fsys.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
+	if len(data) > 0 {
+		if _, err := f.WriteAt(data, 0); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if sync {
-		if err := fdatasync(f); err != nil {
+		if err := f.Datasync(); err != nil {
 			f.Close()
 			return err
 		}

@@ -4,11 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"sort"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/vfs"
 )
 
 var (
@@ -18,19 +18,21 @@ var (
 	// errFileShrunk marks a segment file shorter than the bytes the store
 	// wrote to it.
 	errFileShrunk = errors.New("segment file is shorter than the store wrote")
-	// errOutOfSequence marks a CRC-valid frame at the wrong offset.
-	errOutOfSequence = errors.New("frame is out of sequence")
-	// errEmptyBatch marks a CRC-valid frame without records, which Append
-	// never writes.
-	errEmptyBatch = errors.New("frame holds no records")
 )
 
-// ReadFrames returns whole, CRC-verified frames in offset order, starting
-// with the frame that holds offset from and stopping before any frame with
-// BaseOffset >= endOffset, at the end of the log, or before the frame that
-// would take the result past maxBytes (clamped to [0, ReadBytesMax]).
-// The first qualifying frame is returned even if it alone exceeds maxBytes,
-// so a reader always progresses. The caller owns the returned slice.
+// ReadFrames returns whole, CRC-verified data frames in offset order,
+// starting with the frame that holds offset from and stopping before any
+// frame with BaseOffset >= endOffset, at the end of the log, or before the
+// frame that would take the result past maxBytes (clamped to [0,
+// ReadBytesMax]). The first qualifying frame is returned even if it alone
+// exceeds maxBytes, so a reader always progresses. The caller owns the
+// returned slice.
+//
+// Control frames (batch.Header.IsControl) are never returned: they hold no
+// offset, and belong to the range's Raft group rather than to its readers
+// or mirrors (ReadFramesByIndex returns them). The frames returned by
+// successive reads, each from the previous one's last NextOffset, are thus
+// the data frames of the log, each once, with every offset once and no gap.
 //
 // from == NextOffset() returns nil, nil. from below StartOffset or above
 // NextOffset returns ErrOutOfRange. A frame failing verification returns a
@@ -49,39 +51,68 @@ func (s *Store) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte,
 	if err != nil || v.seg == nil {
 		return nil, err
 	}
-	defer func() { s.releaseView(v) }()
-
-	pos, expect, err := s.seek(v, from)
+	pos, q, err := s.seek(v, from)
 	if err != nil {
+		s.releaseView(v)
 		return nil, err
 	}
+	return s.readFrom(v, pos, q, readSpec{end: endOffset}, maxBytes)
+}
+
+// readSpec says which frames a read returns and where it stops.
+type readSpec struct {
+	// byIndex reads every frame, by Raft index; otherwise data frames only,
+	// by offset.
+	byIndex bool
+	// end is where the read stops: before a frame with BaseOffset >= end,
+	// or (byIndex) with Index >= end.
+	end uint64
+}
+
+// stopAt reports whether the frame that q expects next is past the end,
+// so the read stops without looking at it.
+func (rs readSpec) stopAt(q seq) bool {
+	if rs.byIndex {
+		return q.nextIndex != 0 && q.nextIndex >= rs.end
+	}
+	return q.offset >= rs.end
+}
+
+// stopBefore reports whether the read stops before frame h.
+func (rs readSpec) stopBefore(h batch.Header) bool {
+	if rs.byIndex {
+		return h.Index >= rs.end
+	}
+	return h.BaseOffset >= rs.end
+}
+
+// keep reports whether frame h is part of the result.
+func (rs readSpec) keep(h batch.Header) bool { return rs.byIndex || !h.IsControl() }
+
+// readFrom collects frames from pos of v, where q is what the frame there
+// continues, across segments, until rs or maxBytes stops it or the log
+// ends. It releases v.
+func (s *Store) readFrom(v segView, pos int64, q seq, rs readSpec, maxBytes int) ([]byte, error) {
+	defer func() { s.releaseView(v) }()
 	var out []byte
+	var err error
 	for {
 		if out == nil {
 			out = make([]byte, 0, min(int64(max(maxBytes, firstReadBytes)), v.size-pos))
 		}
 		var stop bool
-		out, pos, expect, stop, err = s.collect(out, v, pos, expect, maxBytes, endOffset)
+		out, pos, q, stop, err = s.collect(out, v, pos, q, rs, maxBytes)
 		if err != nil || stop {
 			break
 		}
-		// The snapshot of this segment is used up. Continue with whatever
-		// now holds expect: more of the same segment, the next one after a
-		// roll, or nothing (end of log, or this segment deleted).
-		nv, verr := s.viewContaining(expect)
-		if verr != nil || nv.seg == nil {
+		// The snapshot of this segment is used up. Continue with more of
+		// the same segment or the next one, if there is any.
+		nv, ok := s.viewAfter(v, pos)
+		if !ok {
 			break
 		}
-		switch {
-		case nv.seg == v.seg && nv.size > pos:
-		case nv.seg != v.seg && nv.seg.baseOffset == expect:
+		if nv.seg != v.seg {
 			pos = 0
-		default:
-			s.releaseView(nv)
-			nv = segView{}
-		}
-		if nv.seg == nil {
-			break
 		}
 		s.releaseView(v)
 		v = nv
@@ -115,6 +146,27 @@ func (s *Store) viewContaining(off uint64) (segView, error) {
 	return viewLocked(s.segs[i]), nil
 }
 
+// viewAfter snapshots what follows position pos of the segment of v: the
+// same segment if it has grown past pos, else the next segment. It reports
+// false at the end of the log, and when v's segment has been deleted.
+func (s *Store) viewAfter(v segView, pos int64) (segView, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return segView{}, false
+	}
+	i := sort.Search(len(s.segs), func(i int) bool { return s.segs[i].baseOffset >= v.seg.baseOffset })
+	switch {
+	case i == len(s.segs) || s.segs[i] != v.seg:
+		return segView{}, false
+	case v.seg.size > pos:
+		return viewLocked(v.seg), true
+	case i+1 < len(s.segs):
+		return viewLocked(s.segs[i+1]), true
+	}
+	return segView{}, false
+}
+
 func (s *Store) releaseView(v segView) {
 	if v.seg == nil {
 		return
@@ -124,20 +176,19 @@ func (s *Store) releaseView(v segView) {
 	}
 }
 
-// seek returns the position and base offset of the frame of v that holds
-// from: the sparse index gives the nearest earlier frame, and a verifying
-// walk covers the rest (about IndexIntervalBytes).
-func (s *Store) seek(v segView, from uint64) (int64, uint64, error) {
+// seek returns the position of a frame of v at or before the data frame
+// holding from, with no data frame in between (so skipping control frames
+// from there reaches it), and what that frame continues. The sparse index
+// gives the nearest earlier frame, and a verifying walk covers the rest
+// (about IndexIntervalBytes).
+func (s *Store) seek(v segView, from uint64) (int64, seq, error) {
 	e := floorEntry(v.entries, from-v.seg.baseOffset)
-	pos, expect := int64(e.position), v.seg.baseOffset+uint64(e.relOffset)
-	if expect == from {
-		return pos, expect, nil
+	pos, q := int64(e.position), entrySeq(v.seg, e)
+	if q.offset == from {
+		return pos, q, nil
 	}
-	buf := s.getBuf()
-	defer s.putBuf(buf)
-	w := frameWalker{f: v.seg.f, buf: (*buf)[:0], pos: pos, end: v.size,
-		chunk: min(s.cfg.IndexIntervalBytes+batch.HeaderSize, readChunkBytes)}
-	defer func() { *buf = w.buf }()
+	w, done := s.walker(v.seg.f, pos, v.size)
+	defer done()
 	for {
 		framePos := w.pos
 		_, h, err := w.next()
@@ -145,31 +196,45 @@ func (s *Store) seek(v segView, from uint64) (int64, uint64, error) {
 			if err == io.EOF {
 				err = fmt.Errorf("offset %d not found before the end of the segment", from)
 			}
-			return 0, 0, s.readError(v.seg, framePos, expect, err)
+			return 0, seq{}, s.readError(v.seg, framePos, q.offset, err)
 		}
-		if err := checkSequence(h, expect); err != nil {
-			return 0, 0, s.corruption(v.seg, framePos, expect, err)
+		if err := q.check(h); err != nil {
+			return 0, seq{}, s.corruption(v.seg, framePos, q.offset, err)
 		}
 		if from < h.NextOffset() {
-			return framePos, h.BaseOffset, nil
+			return framePos, q, nil
 		}
-		expect = h.NextOffset()
+		q.advance(h)
 	}
 }
 
-// collect appends to out the frames of v from pos (a frame boundary holding
-// offset expect) until endOffset, maxBytes or the end of the snapshot,
-// reading straight into out's spare capacity with as few preads as the
-// budget allows and verifying each frame. stop reports that endOffset or
-// maxBytes ended the read.
-func (s *Store) collect(out []byte, v segView, pos int64, expect uint64, maxBytes int, endOffset uint64) (
-	_ []byte, _ int64, _ uint64, stop bool, _ error,
+// walker returns a frameWalker over f from pos to end reading through a
+// pooled buffer, and the function that returns the buffer.
+func (s *Store) walker(f vfs.File, pos, end int64) (*frameWalker, func()) {
+	buf := s.getBuf()
+	w := &frameWalker{f: f, buf: (*buf)[:0], pos: pos, end: end,
+		chunk: min(s.cfg.IndexIntervalBytes+batch.HeaderSize, readChunkBytes)}
+	return w, func() {
+		*buf = w.buf
+		s.putBuf(buf)
+	}
+}
+
+// collect appends to out the frames of v from pos (a frame boundary where
+// q holds) that rs keeps, until rs, maxBytes or the end of the snapshot
+// stops it, reading straight into out's spare capacity with as few preads
+// as the budget allows, verifying each frame and moving the kept ones
+// together over the skipped ones. stop reports that rs or maxBytes ended
+// the read. Skipped frames count against maxBytes when deciding whether
+// to stop after a kept one, so a read may return less than maxBytes.
+func (s *Store) collect(out []byte, v segView, pos int64, q seq, rs readSpec, maxBytes int) (
+	_ []byte, _ int64, _ seq, stop bool, _ error,
 ) {
-	need := 0 // bytes of a first frame larger than the budget
+	need := 0 // bytes of a frame that did not fit the previous chunk
 	for pos < v.size {
 		budget := maxBytes - len(out)
-		if len(out) > 0 && budget < batch.HeaderSize {
-			return out, pos, expect, true, nil
+		if (len(out) > 0 && budget < batch.HeaderSize) || rs.stopAt(q) {
+			return out, pos, q, true, nil
 		}
 		want := max(budget, batch.HeaderSize, need)
 		if len(out) == 0 {
@@ -181,80 +246,76 @@ func (s *Store) collect(out []byte, v segView, pos int64, expect uint64, maxByte
 		out = slices.Grow(out, want)
 		chunk := out[len(out) : len(out)+want]
 		if err := readFull(v.seg.f, chunk, pos); err != nil {
-			return out, pos, expect, false, s.readError(v.seg, pos, expect, err)
+			return out, pos, q, false, s.readError(v.seg, pos, q.offset, err)
 		}
-		q := 0
-		for q < want {
-			if expect >= endOffset {
+		need = 0
+		p, w := 0, 0 // chunk bytes walked, and bytes kept (at the chunk's front)
+		for p < want {
+			if rs.stopAt(q) {
 				stop = true
 				break
 			}
-			size, err := batch.FrameSize(chunk[q:])
-			if errors.Is(err, batch.ErrShort) && pos+int64(q)+4 <= v.size {
-				break // the length field straddles the chunk: read on from q
+			size, err := batch.FrameSize(chunk[p:])
+			if errors.Is(err, batch.ErrShort) && pos+int64(p)+4 <= v.size {
+				break // the length field straddles the chunk: read on from p
 			}
-			if err == nil && pos+int64(q+size) > v.size {
+			if err == nil && pos+int64(p+size) > v.size {
 				err = errFrameCrossesEnd
 			}
 			if err != nil {
-				return out, pos, expect, false, s.corruption(v.seg, pos+int64(q), expect, err)
+				return out, pos, q, false, s.corruption(v.seg, pos+int64(p), q.offset, err)
 			}
-			if len(out)+q > 0 && len(out)+q+size > maxBytes {
+			if kept := len(out) + w; kept > 0 && kept+size > maxBytes {
 				stop = true
 				break
 			}
-			if q+size > want {
-				// Only the first frame of the result can outgrow the
-				// budget; read exactly it next.
-				if len(out)+q != 0 {
-					panic(fmt.Sprintf("segment: frame of %d bytes at %d outgrew a chunk of %d within budget", size, q, want))
-				}
-				need = size
+			if p+size > want {
+				need = size // read on from p, with room for the whole frame
 				break
 			}
-			h, err := batch.DecodeHeader(chunk[q : q+size])
+			frame := chunk[p : p+size]
+			h, err := batch.DecodeHeader(frame)
 			if err == nil {
-				err = checkSequence(h, expect)
+				err = q.check(h)
 			}
 			if err != nil {
-				return out, pos, expect, false, s.corruption(v.seg, pos+int64(q), expect, err)
+				return out, pos, q, false, s.corruption(v.seg, pos+int64(p), q.offset, err)
 			}
-			q += size
-			expect = h.NextOffset()
+			if rs.stopBefore(h) {
+				stop = true
+				break
+			}
+			if rs.keep(h) {
+				if w != p {
+					copy(chunk[w:], frame)
+				}
+				w += size
+			}
+			q.advance(h)
+			p += size
 		}
-		out = out[:len(out)+q]
-		pos += int64(q)
+		out = out[:len(out)+w]
+		pos += int64(p)
 		if stop {
-			return out, pos, expect, true, nil
+			return out, pos, q, true, nil
 		}
 	}
-	return out, pos, expect, false, nil
-}
-
-// checkSequence checks a CRC-valid frame against the offset it must start
-// at.
-func checkSequence(h batch.Header, expect uint64) error {
-	if h.BaseOffset != expect {
-		return fmt.Errorf("%w: base offset %d", errOutOfSequence, h.BaseOffset)
-	}
-	if h.RecordCount == 0 {
-		return errEmptyBatch
-	}
-	return nil
+	return out, pos, q, false, nil
 }
 
 // readError turns a failed read of a frame into the error to return: a
 // CorruptionError if the bytes are bad or missing, the I/O error otherwise.
 func (s *Store) readError(g *segment, pos int64, offset uint64, err error) error {
 	if errors.Is(err, batch.ErrCorrupt) || errors.Is(err, batch.ErrShort) || errors.Is(err, errFileShrunk) ||
-		errors.Is(err, errOutOfSequence) || errors.Is(err, errEmptyBatch) {
+		errors.Is(err, errOutOfSequence) || errors.Is(err, errEmptyBatch) ||
+		errors.Is(err, errIndexSequence) || errors.Is(err, errTermDecreases) {
 		return s.corruption(g, pos, offset, err)
 	}
 	return fmt.Errorf("segment: read %s at position %d: %w", g.name(), pos, err)
 }
 
 // readFull fills b from f at pos; a file ending early is errFileShrunk.
-func readFull(f *os.File, b []byte, pos int64) error {
+func readFull(f vfs.File, b []byte, pos int64) error {
 	n, err := f.ReadAt(b, pos)
 	if n == len(b) {
 		return nil
@@ -266,7 +327,9 @@ func readFull(f *os.File, b []byte, pos int64) error {
 }
 
 // OffsetForTime returns the first offset whose batch was appended at or
-// after tUnixNanos, or NextOffset() if there is none. It uses the time
+// after tUnixNanos, or NextOffset() if there is none. Control frames count
+// as the records after them: one appended at or after tUnixNanos yields its
+// BaseOffset. It uses the time
 // index, then scans (verifying) at most about IndexIntervalBytes. Safe
 // concurrently with the appender.
 func (s *Store) OffsetForTime(tUnixNanos int64) (uint64, error) {
@@ -299,28 +362,27 @@ func (s *Store) OffsetForTime(tUnixNanos int64) (uint64, error) {
 	if k > 0 {
 		e = v.entries[k-1] // every frame up to it is older than t
 	}
-	buf := s.getBuf()
-	defer s.putBuf(buf)
-	w := frameWalker{f: v.seg.f, buf: (*buf)[:0], pos: int64(e.position), end: v.size,
-		chunk: min(s.cfg.IndexIntervalBytes+batch.HeaderSize, readChunkBytes)}
-	defer func() { *buf = w.buf }()
-	expect := v.seg.baseOffset + uint64(e.relOffset)
+	w, done := s.walker(v.seg.f, int64(e.position), v.size)
+	defer done()
+	q := entrySeq(v.seg, e)
 	for {
 		framePos := w.pos
 		_, h, err := w.next()
 		if err == io.EOF {
-			err = fmt.Errorf("no batch at or after time %d although the segment's newest is %d", tUnixNanos, v.maxAppendTimeUnixNanos)
+			err = fmt.Errorf("no frame at or after time %d although the segment's newest is %d", tUnixNanos, v.maxAppendTimeUnixNanos)
 		}
 		if err == nil {
-			err = checkSequence(h, expect)
+			err = q.check(h)
 		}
 		if err != nil {
-			return 0, s.readError(v.seg, framePos, expect, err)
+			return 0, s.readError(v.seg, framePos, q.offset, err)
 		}
+		// A control frame's BaseOffset is the offset of the next record,
+		// which is no older than it.
 		if h.AppendTimeUnixNanos >= tUnixNanos {
 			return h.BaseOffset, nil
 		}
-		expect = h.NextOffset()
+		q.advance(h)
 	}
 }
 
@@ -328,7 +390,7 @@ func (s *Store) OffsetForTime(tUnixNanos int64) (uint64, error) {
 // boundary, through a window refilled by pread, verifying each frame's
 // header and CRC.
 type frameWalker struct {
-	f      *os.File
+	f      vfs.File
 	buf    []byte // window: file bytes [bufPos, bufPos+len(buf))
 	bufPos int64
 	pos    int64 // position of the next frame

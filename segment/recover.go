@@ -4,18 +4,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/vfs"
 )
 
 const (
 	// scanStepBytes is how many candidate positions the torn-tail check
 	// examines per pread.
 	scanStepBytes = 1 << 20
+	// holeBytes is the block of the hole rule (see the package
+	// documentation): the page size in which the kernel writes file data
+	// back, and in which vfs.Mem's crashes keep or lose it.
+	holeBytes = 4096
 )
 
 // recoveryPlan collects what recovery will change on disk. Nothing is
@@ -33,7 +39,7 @@ type recoveryPlan struct {
 // torn tail, rewrite index files that do not match the log, remove orphan
 // index files. It leaves s with its segments open and its offsets set.
 func (s *Store) recover() (err error) {
-	dirents, err := os.ReadDir(s.cfg.Dir)
+	dirents, err := s.fs.ReadDir(s.cfg.Dir)
 	if err != nil {
 		return fmt.Errorf("segment: list %s: %w", s.cfg.Dir, err)
 	}
@@ -42,6 +48,7 @@ func (s *Store) recover() (err error) {
 	for _, de := range dirents {
 		base, suffix, ok := parseSegmentName(de.Name())
 		switch {
+		case de.Name() == vfs.LockFileName:
 		case !ok || !de.Type().IsRegular():
 			s.log.Warn("ignoring unexpected file", "name", de.Name())
 		case suffix == logSuffix:
@@ -61,9 +68,10 @@ func (s *Store) recover() (err error) {
 			}
 		}
 	}()
+	var q seq // carried across segments: indexes continue from one to the next
 	for i, base := range bases {
 		delete(indexes, base)
-		g, err := s.recoverSegment(base, i == len(bases)-1, segs, &plan)
+		g, err := s.recoverSegment(base, i == len(bases)-1, segs, &q, &plan)
 		if g != nil {
 			segs = append(segs, g)
 		}
@@ -90,7 +98,8 @@ func (s *Store) recover() (err error) {
 	s.segs = segs
 	last := segs[len(segs)-1]
 	s.nextOffset.Store(last.nextOffset)
-	s.publishStartLocked()
+	s.publishBoundsLocked()
+	s.refreshLastTerm()
 	var size int64
 	s.lastAppendTimeUnixNanos = math.MinInt64
 	for _, g := range segs {
@@ -109,17 +118,18 @@ func (s *Store) recover() (err error) {
 	}
 	s.durable.Store(last.nextOffset)
 	s.log.Info("opened log", "segments", len(segs), "start_offset", segs[0].baseOffset,
-		"next_offset", last.nextOffset, "bytes", size)
+		"next_offset", last.nextOffset, "first_index", s.firstIndex.Load(), "last_index", s.lastIndex.Load(), "bytes", size)
 	return nil
 }
 
-// recoverSegment verifies one segment file: every frame's CRC and that its
-// BaseOffset continues the previous frame (across segments too), computes
-// the index entries, and decides about a bad frame (see the package
-// documentation). It returns the segment, open, even with an error, so the
-// caller can close it.
-func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, plan *recoveryPlan) (*segment, error) {
-	f, err := os.OpenFile(filepath.Join(s.cfg.Dir, segmentName(base, logSuffix)), os.O_RDWR, 0)
+// recoverSegment verifies one segment file: every frame's CRC and that it
+// continues q, the previous frame (across segments too): offsets dense,
+// Raft indexes dense and terms non-decreasing once frames carry them. It
+// computes the index entries and decides about a bad frame (see the
+// package documentation). It returns the segment, open, even with an
+// error, so the caller can close it.
+func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, plan *recoveryPlan) (*segment, error) {
+	f, err := s.fs.OpenFile(filepath.Join(s.cfg.Dir, segmentName(base, logSuffix)), os.O_RDWR, 0)
 	if err != nil {
 		return nil, fmt.Errorf("segment: open: %w", err)
 	}
@@ -130,17 +140,16 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, plan *re
 				"segment base offset %d does not follow the previous segment, which ends at offset %d", base, p.nextOffset))
 		}
 	}
-	st, err := f.Stat()
+	q.offset = base
+	fileSize, err := f.Size()
 	if err != nil {
 		return g, fmt.Errorf("segment: stat %s: %w", g.name(), err)
 	}
-	fileSize := st.Size()
 	if fileSize > segmentFileBytesMax {
 		return g, s.corruption(g, 0, base, fmt.Errorf("file of %d bytes exceeds %d", fileSize, int64(segmentFileBytesMax)))
 	}
 
 	w := frameWalker{f: f, end: fileSize, chunk: recoverChunkBytes}
-	expect := base
 	for {
 		framePos := w.pos
 		_, h, err := w.next()
@@ -148,9 +157,9 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, plan *re
 			break
 		}
 		if err == nil {
-			if err = checkSequence(h, expect); err != nil {
+			if err = q.check(h); err != nil {
 				// A frame with a valid CRC is never torn: it is misplaced.
-				return g, s.corruption(g, framePos, expect, err)
+				return g, s.corruption(g, framePos, q.offset, err)
 			}
 		}
 		if err != nil {
@@ -158,18 +167,11 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, plan *re
 				return g, fmt.Errorf("segment: read %s at position %d: %w", g.name(), framePos, err)
 			}
 			if !last {
-				return g, s.corruption(g, framePos, expect, err)
+				return g, s.corruption(g, framePos, q.offset, err)
 			}
-			at, found, ferr := findValidFrameAfter(f, framePos, fileSize, expect)
-			if ferr != nil {
-				return g, fmt.Errorf("segment: scan %s after position %d: %w", g.name(), framePos, ferr)
+			if err := s.judgeBadTail(g, framePos, fileSize, q.offset, err, plan); err != nil {
+				return g, err
 			}
-			if found {
-				return g, s.corruption(g, framePos, expect, fmt.Errorf("%w; a valid frame follows at position %d", err, at))
-			}
-			plan.tornAt, plan.tornBytes = framePos, fileSize-framePos
-			s.log.Warn("found torn tail", "segment", g.name(), "position", framePos, "offset", expect,
-				"bytes", fileSize-framePos, "reason", err)
 			break
 		}
 		if needsIndexEntry(g.entries, framePos, s.cfg.IndexIntervalBytes) {
@@ -177,17 +179,24 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, plan *re
 				relOffset:           relOffset(g, h.BaseOffset),
 				position:            uint32(framePos),
 				appendTimeUnixNanos: max(h.AppendTimeUnixNanos, g.maxAppendTimeUnixNanos),
+				index:               h.Index,
 			})
 		}
 		g.maxAppendTimeUnixNanos = max(h.AppendTimeUnixNanos, g.maxAppendTimeUnixNanos)
+		if h.Index != 0 {
+			if g.firstIndex == 0 {
+				g.firstIndex = h.Index
+			}
+			g.lastIndex, g.lastTerm = h.Index, h.Term
+		}
 		if s.cfg.OnRecover != nil {
 			if err := s.cfg.OnRecover(h); err != nil {
 				return g, fmt.Errorf("segment: OnRecover at offset %d: %w", h.BaseOffset, err)
 			}
 		}
-		expect = h.NextOffset()
+		q.advance(h)
 		g.size = w.pos
-		g.nextOffset = expect
+		g.nextOffset = q.offset
 	}
 	if reason, err := s.indexProblem(g); err != nil {
 		return g, fmt.Errorf("segment: check index files of %s: %w", g.name(), err)
@@ -197,17 +206,65 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, plan *re
 	return g, nil
 }
 
+// judgeBadTail decides about the bad frame at pos of the last segment g
+// (bad: why it failed; expect: the offset it should start at): a torn tail,
+// noted in plan, or mid-log corruption, returned. See the torn tail and
+// hole rules in the package documentation.
+func (s *Store) judgeBadTail(g *segment, pos, fileSize int64, expect uint64, bad error, plan *recoveryPlan) error {
+	at, found, err := findValidFrameAfter(g.f, pos, fileSize, expect)
+	if err != nil {
+		return fmt.Errorf("segment: scan %s after position %d: %w", g.name(), pos, err)
+	}
+	if found {
+		hole, err := findHole(g.f, pos, at, fileSize)
+		if err != nil {
+			return fmt.Errorf("segment: scan %s after position %d: %w", g.name(), pos, err)
+		}
+		if hole < 0 {
+			return s.corruption(g, pos, expect, fmt.Errorf("%w; a valid frame follows at position %d", bad, at))
+		}
+		// Writes after the last fdatasync reached the disk out of order:
+		// nothing from the hole on was synced.
+		s.log.Warn("found torn tail written out of order", "segment", g.name(), "position", pos,
+			"hole_at", hole, "valid_frame_at", at)
+	}
+	plan.tornAt, plan.tornBytes = pos, fileSize-pos
+	s.log.Warn("found torn tail", "segment", g.name(), "position", pos, "offset", expect,
+		"bytes", fileSize-pos, "reason", bad)
+	return nil
+}
+
+// findHole returns the position of a hole between the bad frame at bad and
+// the valid frame at end: a holeBytes-aligned block starting before end
+// whose bytes from max(bad, block start) to the block's end (or the
+// file's) are all zero. It returns -1 if there is none.
+func findHole(f vfs.File, bad, end, fileSize int64) (int64, error) {
+	buf := make([]byte, holeBytes)
+	for blk := bad &^ (holeBytes - 1); blk < end; blk += holeBytes {
+		lo, hi := max(bad, blk), min(blk+holeBytes, fileSize)
+		b := buf[:hi-lo]
+		if err := readFull(f, b, lo); err != nil {
+			return 0, err
+		}
+		if !slices.ContainsFunc(b, func(c byte) bool { return c != 0 }) {
+			return lo, nil
+		}
+	}
+	return -1, nil
+}
+
 // indexProblem returns why g's index files must be rebuilt, or "".
 func (s *Store) indexProblem(g *segment) (string, error) {
 	records := g.nextOffset - g.baseOffset
-	reason, err := indexFileProblem(g.path(indexSuffix), appendOffsetIndex(nil, g.entries), func(b []byte) error {
+	entries := fileEntries(g.entries, records)
+	reason, err := indexFileProblem(s.fs, g.path(indexSuffix), appendOffsetIndex(nil, entries), func(b []byte) error {
 		_, err := decodeOffsetIndex(b, g.size, records)
 		return err
 	})
 	if err != nil || reason != "" {
 		return "offset index: " + reason, err
 	}
-	reason, err = indexFileProblem(g.path(timeIndexSuffix), appendTimeIndex(nil, g.entries), func(b []byte) error {
+	reason, err = indexFileProblem(s.fs, g.path(timeIndexSuffix), appendTimeIndex(nil, entries), func(b []byte) error {
 		_, err := decodeTimeIndex(b, records)
 		return err
 	})
@@ -227,7 +284,7 @@ func (s *Store) applyPlan(segs []*segment, plan *recoveryPlan) error {
 		}
 		// Always sync a repair, whatever the policy: a torn tail that came
 		// back after a crash would sit under appended frames as corruption.
-		if err := fdatasync(g.f); err != nil {
+		if err := g.f.Datasync(); err != nil {
 			return fmt.Errorf("segment: sync truncated %s: %w", g.name(), err)
 		}
 		s.log.Warn("truncated torn tail", "segment", g.name(), "position", plan.tornAt,
@@ -238,20 +295,20 @@ func (s *Store) applyPlan(segs []*segment, plan *recoveryPlan) error {
 		if !ok {
 			continue
 		}
-		if err := writeIndexFiles(g, g.entries, s.cfg.Fsync == FsyncAlways); err != nil {
+		if err := s.writeIndexFiles(g); err != nil {
 			s.log.Warn("could not rebuild index files", "segment", g.name(), "error", err)
 			continue
 		}
 		s.log.Info("rebuilt index files", "segment", g.name(), "reason", reason)
 	}
 	for _, name := range plan.orphans {
-		if err := os.Remove(filepath.Join(s.cfg.Dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := s.fs.Remove(filepath.Join(s.cfg.Dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("segment: remove orphan index file: %w", err)
 		}
 		s.log.Info("removed orphan index file", "name", name)
 	}
 	if len(plan.orphans) > 0 {
-		if err := syncDir(s.cfg.Dir); err != nil {
+		if err := s.fs.SyncDir(s.cfg.Dir); err != nil {
 			return fmt.Errorf("segment: sync directory: %w", err)
 		}
 	}
@@ -264,7 +321,7 @@ func (s *Store) applyPlan(segs []*segment, plan *recoveryPlan) error {
 // every byte position up to fileSize. Positions whose header is implausible
 // in itself are rejected without reading further, so garbage costs a few
 // comparisons per byte.
-func findValidFrameAfter(f *os.File, bad, fileSize int64, expect uint64) (int64, bool, error) {
+func findValidFrameAfter(f vfs.File, bad, fileSize int64, expect uint64) (int64, bool, error) {
 	var tmp []byte
 	validAt := func(pos int64) (bool, error) {
 		var lb [4]byte

@@ -26,14 +26,14 @@ type builtLog struct {
 
 // buildLog appends batches until there are at least minSegments segments and
 // the last one holds at least minLast batches, then closes the store.
-func buildLog(t *testing.T, minSegments, minLast int) *builtLog {
+func buildLog(t *testing.T, e env, minSegments, minLast int) *builtLog {
 	t.Helper()
-	b := &builtLog{cfg: smallConfig(t, t.TempDir())}
+	b := &builtLog{cfg: smallConfig(t, e)}
 	s := mustOpen(t, b.cfg)
 	tm := int64(0)
 	for {
 		tm = appendBatches(t, s, &b.m, 1, tm)
-		files := logFiles(t, b.cfg.Dir)
+		files := logFiles(t, b.cfg)
 		last, _, _ := parseSegmentName(files[len(files)-1])
 		inLast := len(b.m.heads) - b.m.find(last)
 		if len(files) >= minSegments && inLast >= minLast {
@@ -43,8 +43,8 @@ func buildLog(t *testing.T, minSegments, minLast int) *builtLog {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b.img = dirImage(t, b.cfg.Dir)
-	b.files = logFiles(t, b.cfg.Dir)
+	b.img = dirImage(t, b.cfg)
+	b.files = logFiles(t, b.cfg)
 	b.lastBase, _, _ = parseSegmentName(b.files[len(b.files)-1])
 	pos := int64(0)
 	for i := b.m.find(b.lastBase); i < len(b.m.heads); i++ {
@@ -83,8 +83,10 @@ func cloneImage(img map[string][]byte) map[string][]byte {
 	return out
 }
 
-func TestTornTail(t *testing.T) {
-	b := buildLog(t, 3, 6)
+func TestTornTail(t *testing.T) { forEachFS(t, testTornTail) }
+
+func testTornTail(t *testing.T, e env) {
+	b := buildLog(t, e, 3, 6)
 	lastFile := b.files[len(b.files)-1]
 	data := b.img[lastFile]
 	first := b.lastPos[len(b.lastPos)-3] // start of the last three batches
@@ -113,7 +115,7 @@ func TestTornTail(t *testing.T) {
 					img[lastFile][i] = byte(rng.Uint32())
 				}
 			}
-			writeDirImage(t, cfg.Dir, img)
+			writeDirImage(t, cfg, img)
 			s, err := Open(cfg)
 			if err != nil {
 				t.Fatalf("%s at %d: Open: %v", mode, k, err)
@@ -125,7 +127,7 @@ func TestTornTail(t *testing.T) {
 			if err != nil || !bytes.Equal(got, want) {
 				t.Fatalf("%s at %d: read back %d bytes (%v), want %d", mode, k, len(got), err, len(want))
 			}
-			st, err := os.Stat(filepath.Join(cfg.Dir, lastFile))
+			st, err := cfg.FS.Stat(filepath.Join(cfg.Dir, lastFile))
 			if err != nil || st.Size() != wantPos {
 				t.Fatalf("%s at %d: last segment is %d bytes (%v), want truncated to %d", mode, k, st.Size(), err, wantPos)
 			}
@@ -140,7 +142,9 @@ func TestTornTail(t *testing.T) {
 	}
 }
 
-func TestTornTailOfFirstFrame(t *testing.T) {
+func TestTornTailOfFirstFrame(t *testing.T) { forEachFS(t, testTornTailOfFirstFrame) }
+
+func testTornTailOfFirstFrame(t *testing.T, e env) {
 	// A log whose only frame is torn recovers to empty; so does a file of
 	// zeros (a file extended but never written).
 	for name, content := range map[string][]byte{
@@ -149,10 +153,13 @@ func TestTornTailOfFirstFrame(t *testing.T) {
 		"three bytes":  {1, 2, 3},
 	} {
 		t.Run(name, func(t *testing.T) {
-			cfg := smallConfig(t, t.TempDir())
-			if err := os.WriteFile(filepath.Join(cfg.Dir, segmentName(0, logSuffix)), content, 0o644); err != nil {
+			e := e
+			e.dir = filepath.Join(e.dir, t.Name())
+			cfg := smallConfig(t, e)
+			if err := cfg.FS.MkdirAll(cfg.Dir, 0o755); err != nil {
 				t.Fatal(err)
 			}
+			writeTestFile(t, cfg.FS, filepath.Join(cfg.Dir, segmentName(0, logSuffix)), content)
 			s := mustOpen(t, cfg)
 			defer s.Close()
 			if s.NextOffset() != 0 || s.Size() != 0 {
@@ -162,8 +169,10 @@ func TestTornTailOfFirstFrame(t *testing.T) {
 	}
 }
 
-func TestMidLogCorruption(t *testing.T) {
-	b := buildLog(t, 4, 6)
+func TestMidLogCorruption(t *testing.T) { forEachFS(t, testMidLogCorruption) }
+
+func testMidLogCorruption(t *testing.T, e env) {
+	b := buildLog(t, e, 4, 6)
 	le := binary.LittleEndian
 	sealed := b.m.find(mustBase(t, b.files[1])) + 2 // third batch of the second segment
 	lastSecond := b.lastIdx[1]                      // second batch of the last segment
@@ -239,7 +248,7 @@ func TestMidLogCorruption(t *testing.T) {
 		t.Run(mu.name, func(t *testing.T) {
 			img := cloneImage(b.img)
 			mu.mutate(t, img)
-			writeDirImage(t, b.cfg.Dir, img)
+			writeDirImage(t, b.cfg, img)
 			cfg := b.cfg
 			cfg.Logger = testLogger(t)
 			s, err := Open(cfg)
@@ -265,7 +274,7 @@ func TestMidLogCorruption(t *testing.T) {
 			if mu.segment != "" && ce.Segment != mu.segment {
 				t.Fatalf("error names segment %s, want %s", ce.Segment, mu.segment)
 			}
-			if after := dirImage(t, b.cfg.Dir); !equalImages(after, img) {
+			if after := dirImage(t, b.cfg); !equalImages(after, img) {
 				t.Fatal("Open changed files of a corrupt log")
 			}
 		})
@@ -281,13 +290,15 @@ func mustBase(t *testing.T, name string) uint64 {
 	return base
 }
 
-func TestCorruptionOnRead(t *testing.T) {
-	b := buildLog(t, 3, 2)
+func TestCorruptionOnRead(t *testing.T) { forEachFS(t, testCorruptionOnRead) }
+
+func testCorruptionOnRead(t *testing.T, e env) {
+	b := buildLog(t, e, 3, 2)
 	s := mustOpen(t, b.cfg)
 	defer s.Close()
 	i := b.m.find(mustBase(t, b.files[1])) + 1
 	file, pos := b.framePos(i)
-	f, err := os.OpenFile(filepath.Join(b.cfg.Dir, file), os.O_RDWR, 0)
+	f, err := b.cfg.FS.OpenFile(filepath.Join(b.cfg.Dir, file), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,8 +319,10 @@ func TestCorruptionOnRead(t *testing.T) {
 	}
 }
 
-func TestIndexFilesRebuilt(t *testing.T) {
-	b := buildLog(t, 3, 2)
+func TestIndexFilesRebuilt(t *testing.T) { forEachFS(t, testIndexFilesRebuilt) }
+
+func testIndexFilesRebuilt(t *testing.T, e env) {
+	b := buildLog(t, e, 3, 2)
 	first := b.files[0]
 	idx := segmentName(mustBase(t, first), indexSuffix)
 	tidx := segmentName(mustBase(t, first), timeIndexSuffix)
@@ -337,13 +350,13 @@ func TestIndexFilesRebuilt(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			img := cloneImage(b.img)
 			mutate(img)
-			writeDirImage(t, b.cfg.Dir, img)
+			writeDirImage(t, b.cfg, img)
 			cfg := b.cfg
 			cfg.Logger = testLogger(t)
 			s := mustOpen(t, cfg)
 			defer s.Close()
 			checkLog(t, s, &b.m)
-			after := dirImage(t, b.cfg.Dir)
+			after := dirImage(t, b.cfg)
 			if !bytes.Equal(after[idx], b.img[idx]) || !bytes.Equal(after[tidx], b.img[tidx]) {
 				t.Fatal("index files were not rebuilt to match the log")
 			}

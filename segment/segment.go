@@ -1,15 +1,16 @@
 package segment
 
 import (
+	"errors"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 
-	"golang.org/x/sys/unix"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/vfs"
 )
 
 const (
@@ -22,11 +23,6 @@ const (
 
 	// segmentFileBytesMax bounds a segment file: index positions are u32.
 	segmentFileBytesMax = math.MaxUint32
-
-	// fdatasyncEINTRMax bounds retries of an fdatasync interrupted before it
-	// started (EINTR is not a write-back failure, so retrying it is not the
-	// fsyncgate mistake).
-	fdatasyncEINTRMax = 16
 )
 
 // segmentName returns the file name of the segment at base with suffix.
@@ -63,16 +59,23 @@ func parseSegmentName(name string) (base uint64, suffix string, ok bool) {
 type segment struct {
 	baseOffset uint64
 	dir        string
-	f          *os.File
+	f          vfs.File
 	refs       atomic.Int32
 
 	size                   int64  // bytes of whole, validated frames
-	nextOffset             uint64 // offset after the last frame
+	nextOffset             uint64 // offset after the last record
 	maxAppendTimeUnixNanos int64  // meaningful when size > 0
+	firstIndex, lastIndex  uint64 // Raft indexes of its first and last frames carrying one; 0 if none
+	lastTerm               uint64 // Term of the frame at lastIndex
 	entries                []indexEntry
 }
 
-func newSegment(dir string, base uint64, f *os.File) *segment {
+// hasRecords reports whether g holds a record. Only such a segment may be
+// sealed: its successor is named by g.nextOffset, which must differ from
+// g.baseOffset (a segment of control frames alone would share its name).
+func (g *segment) hasRecords() bool { return g.nextOffset > g.baseOffset }
+
+func newSegment(dir string, base uint64, f vfs.File) *segment {
 	g := &segment{baseOffset: base, dir: dir, f: f, nextOffset: base, maxAppendTimeUnixNanos: math.MinInt64}
 	g.refs.Store(1)
 	return g
@@ -116,6 +119,8 @@ type segView struct {
 	size                   int64
 	nextOffset             uint64
 	maxAppendTimeUnixNanos int64
+	firstIndex, lastIndex  uint64
+	lastTerm               uint64
 	entries                []indexEntry
 }
 
@@ -123,42 +128,59 @@ type segView struct {
 func viewLocked(g *segment) segView {
 	g.acquire()
 	return segView{seg: g, size: g.size, nextOffset: g.nextOffset,
-		maxAppendTimeUnixNanos: g.maxAppendTimeUnixNanos, entries: g.entries}
+		maxAppendTimeUnixNanos: g.maxAppendTimeUnixNanos,
+		firstIndex:             g.firstIndex, lastIndex: g.lastIndex, lastTerm: g.lastTerm, entries: g.entries}
 }
 
-// fdatasync flushes f's data and the metadata needed to read it back.
-func fdatasync(f *os.File) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	cerr := rc.Control(func(fd uintptr) {
-		for range fdatasyncEINTRMax {
-			if serr = unix.Fdatasync(int(fd)); serr != unix.EINTR {
-				return
-			}
-		}
-	})
-	if cerr != nil {
-		return cerr
-	}
-	if serr != nil {
-		return &os.PathError{Op: "fdatasync", Path: f.Name(), Err: serr}
+var (
+	// errOutOfSequence marks a CRC-valid frame at the wrong offset.
+	errOutOfSequence = errors.New("frame is out of sequence")
+	// errEmptyBatch marks a CRC-valid data frame without records, which
+	// Append never writes.
+	errEmptyBatch = errors.New("data frame holds no records")
+	// errIndexSequence marks a CRC-valid frame whose Raft index does not
+	// follow the previous frame's.
+	errIndexSequence = errors.New("frame's raft index is out of sequence")
+	// errTermDecreases marks a CRC-valid frame whose Raft term is below the
+	// previous indexed frame's.
+	errTermDecreases = errors.New("frame's raft term decreases")
+)
+
+// seq is what the next frame of the log must continue. Every frame the
+// store reads is checked against it: data frames take offsets densely,
+// control frames take none, and Raft indexes, once a frame carries one, are
+// dense with terms non-decreasing.
+type seq struct {
+	offset    uint64 // BaseOffset the next frame must have
+	nextIndex uint64 // Index the next frame must have; 0 if unknown (any passes)
+	term      uint64 // lowest Term the next indexed frame may have
+}
+
+// check returns why h cannot be the next frame, or nil.
+func (q seq) check(h batch.Header) error {
+	switch {
+	case h.BaseOffset != q.offset:
+		return fmt.Errorf("%w: base offset %d", errOutOfSequence, h.BaseOffset)
+	case h.RecordCount == 0 && h.Type == batch.TypeData:
+		return errEmptyBatch
+	case q.nextIndex != 0 && h.Index != q.nextIndex:
+		return fmt.Errorf("%w: index %d, want %d", errIndexSequence, h.Index, q.nextIndex)
+	case h.Index != 0 && h.Term < q.term:
+		return fmt.Errorf("%w: term %d after %d", errTermDecreases, h.Term, q.term)
 	}
 	return nil
 }
 
-// syncDir fsyncs the directory at path, making creates, renames and
-// unlinks in it durable.
-func syncDir(path string) error {
-	d, err := os.Open(path)
-	if err != nil {
-		return err
+// advance moves q past h, which passed check.
+func (q *seq) advance(h batch.Header) {
+	q.offset = h.NextOffset()
+	if h.Index != 0 {
+		q.nextIndex, q.term = h.Index+1, h.Term
 	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+}
+
+// entrySeq is what the frame at index entry e of g continues: its offset
+// and, if known, its index.
+func entrySeq(g *segment, e indexEntry) seq {
+	return seq{offset: g.baseOffset + uint64(e.relOffset), nextIndex: e.index}
 }

@@ -3,9 +3,11 @@ package segment
 import (
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"math"
-	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/vfs"
 )
 
 const (
@@ -26,8 +29,8 @@ const (
 	DefaultIndexIntervalBytes = 4 << 10
 	// IndexIntervalBytesLimit bounds Config.IndexIntervalBytes from above.
 	IndexIntervalBytesLimit = 16 << 20
-	// ReadBytesMax bounds the maxBytes argument of ReadFrames; larger
-	// values are clamped to it. (One frame larger than maxBytes is still
+	// ReadBytesMax bounds the maxBytes argument of ReadFrames and
+	// ReadFramesByIndex; larger values are clamped to it. (One frame larger than maxBytes is still
 	// returned whole, and frames are at most batch.FrameBytesMax.)
 	ReadBytesMax = batch.FrameBytesMax
 
@@ -58,8 +61,11 @@ const (
 // Config configures a Store. Zero values select the documented defaults.
 type Config struct {
 	// Dir is the range's directory, created if missing. One Store per
-	// directory at a time.
+	// directory at a time: Open locks it (see ErrLocked).
 	Dir string
+	// FS is the file system the store works in. Default vfs.OS(); tests
+	// and the simulator pass a *vfs.Mem.
+	FS vfs.FS
 	// SegmentBytesMax is the size at which the active segment is rolled:
 	// a frame that would take it past this starts a new segment (a frame
 	// larger than this gets a segment of its own). Default 64 MiB, bounds
@@ -81,10 +87,11 @@ type Config struct {
 	Logger hclog.Logger
 	// Now is the clock for retention. Default time.Now.
 	Now func() time.Time
-	// OnRecover, if set, is called by Open for every retained batch, in
-	// offset order, while the log is verified (it rebuilds idempotence
-	// state). An error from it fails Open. If Open fails for any reason,
-	// whatever OnRecover built must be discarded.
+	// OnRecover, if set, is called by Open for every retained frame,
+	// control frames included, in log order, while the log is verified (it
+	// rebuilds idempotence and Raft configuration state). An error from it
+	// fails Open. If Open fails for any reason, whatever OnRecover built
+	// must be discarded.
 	OnRecover func(h batch.Header) error
 
 	// testHooks lets this package's tests observe and fail fdatasync.
@@ -93,7 +100,7 @@ type Config struct {
 
 type testHooks struct {
 	// fdatasync, when set, replaces the fdatasync of log files.
-	fdatasync func(f *os.File) error
+	fdatasync func(f vfs.File) error
 }
 
 // ErrCorrupt reports mid-log corruption: a log that cannot be repaired by
@@ -101,15 +108,21 @@ type testHooks struct {
 // are *CorruptionError values naming the place.
 var ErrCorrupt = errors.New("segment: log is corrupt")
 
-// ErrOutOfRange reports an offset below StartOffset or above NextOffset.
-var ErrOutOfRange = errors.New("segment: offset out of range")
+// ErrOutOfRange reports an offset below StartOffset or above NextOffset, or
+// a Raft index outside [FirstIndex, LastIndex] (LastIndex+1 where a bound
+// is exclusive).
+var ErrOutOfRange = errors.New("segment: offset or index out of range")
+
+// ErrLocked reports a directory that another Store (in this process or
+// another) has open. Errors carrying it also carry vfs.ErrLocked.
+var ErrLocked = errors.New("segment: directory is in use by another store")
 
 // ErrClosed reports use of a closed Store.
 var ErrClosed = errors.New("segment: store is closed")
 
 // ErrInvalidFrame reports a frame given to Append that fails validation
-// (CRC, structure, base offset, empty batch or decreasing append time).
-// Nothing was written.
+// (CRC, structure, base offset, a data frame without records, decreasing
+// append time, Raft index or term out of sequence). Nothing was written.
 var ErrInvalidFrame = errors.New("segment: invalid frame")
 
 // ErrFailed reports that an earlier write or fsync of the log failed. The
@@ -118,8 +131,8 @@ var ErrInvalidFrame = errors.New("segment: invalid frame")
 // recovery keeps exactly what is on disk.
 var ErrFailed = errors.New("segment: store failed")
 
-// ErrNotBoundary reports a TruncateSuffix offset that is not the first
-// offset of a batch.
+// ErrNotBoundary reports a TruncateSuffix offset inside a batch: neither
+// the first offset of one nor NextOffset.
 var ErrNotBoundary = errors.New("segment: offset is not a batch boundary")
 
 // ErrInvalidConfig reports a Config that Open rejects.
@@ -148,16 +161,20 @@ func (e *CorruptionError) Unwrap() error { return e.Err }
 // the contract between the store, its one appender and its readers.
 type Store struct {
 	cfg       Config
+	fs        vfs.FS
 	log       hclog.Logger
-	fdatasync func(f *os.File) error
+	lock      io.Closer // the directory lock, released by Close
+	fdatasync func(f vfs.File) error
 	bufs      sync.Pool // *[]byte of readChunkBytes
 
-	// wmu serialises the mutators (Append, TruncateSuffix, DeletePrefix,
-	// ApplyRetention, Close). The contract has one appender goroutine; the
-	// lock makes a second one safe rather than a silent corruption.
-	// lastAppendTimeUnixNanos and closing are guarded by it.
+	// wmu serialises the mutators (Append, TruncateSuffix,
+	// TruncateSuffixAtIndex, DeletePrefix, ApplyRetention, Close). The
+	// contract has one appender goroutine; the lock makes a second one safe
+	// rather than a silent corruption. lastAppendTimeUnixNanos, lastTerm
+	// and closing are guarded by it.
 	wmu                     sync.Mutex
 	lastAppendTimeUnixNanos int64
+	lastTerm                uint64 // Term of the frame at LastIndex, 0 if none
 	closing                 bool
 
 	// truncMu excludes readers while bytes they may be reading change
@@ -176,13 +193,20 @@ type Store struct {
 	nextOffset  atomic.Uint64 // written under mu with the segment fields
 	startOffset atomic.Uint64 // written under mu
 	sizeBytes   atomic.Int64  // written under mu
+	firstIndex  atomic.Uint64 // written under mu; 0 when no frame has an index
+	lastIndex   atomic.Uint64 // written under mu
+	// appends counts the frames ever appended (written under mu): Sync
+	// waits for a count, not an offset, since control frames take none.
+	appends atomic.Uint64
 
-	// Group commit; see Sync.
-	syncMu    sync.Mutex
-	syncCond  *sync.Cond
-	syncing   bool // a leader (or an exclusive mutator) owns the fdatasync
-	durable   atomic.Uint64
-	syncEnded bool // Close finished; guarded by syncMu
+	// Group commit; see Sync. durableAppends is the append count the last
+	// fdatasync covered; durable the offset it covered.
+	syncMu         sync.Mutex
+	syncCond       *sync.Cond
+	syncing        bool // a leader (or an exclusive mutator) owns the fdatasync
+	durable        atomic.Uint64
+	durableAppends atomic.Uint64
+	syncEnded      bool // Close finished; guarded by syncMu
 	// syncWaiters counts Sync callers waiting for a round; guarded by
 	// syncMu. Tests read it to line up group commit rounds.
 	syncWaiters int
@@ -191,24 +215,35 @@ type Store struct {
 }
 
 // Open opens the log in cfg.Dir, creating the directory and an empty log at
-// offset 0 if there is none, and recovers it: see the package documentation
-// for what recovery verifies, repairs and refuses. On error nothing on disk
-// has been changed except that a missing directory may have been created.
+// offset 0 if there is none, locks the directory (a second Open of it, from
+// this process or another, fails with ErrLocked until Close), and recovers
+// the log: see the package documentation for what recovery verifies,
+// repairs and refuses. On error nothing on disk has been changed except that
+// a missing directory may have been created.
 func Open(cfg Config) (*Store, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureDir(cfg.Dir); err != nil {
+	if err := ensureDir(cfg.FS, cfg.Dir); err != nil {
 		return nil, fmt.Errorf("segment: create %s: %w", cfg.Dir, err)
 	}
-	s := &Store{cfg: cfg, log: cfg.Logger, fdatasync: fdatasync}
+	lock, err := cfg.FS.Lock(cfg.Dir)
+	if errors.Is(err, vfs.ErrLocked) {
+		return nil, fmt.Errorf("%w: %w", ErrLocked, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("segment: lock %s: %w", cfg.Dir, err)
+	}
+	s := &Store{cfg: cfg, fs: cfg.FS, log: cfg.Logger, lock: lock,
+		fdatasync: func(f vfs.File) error { return f.Datasync() }}
 	s.syncCond = sync.NewCond(&s.syncMu)
 	s.bufs.New = func() any { b := make([]byte, readChunkBytes); return &b }
 	if cfg.testHooks.fdatasync != nil {
 		s.fdatasync = cfg.testHooks.fdatasync
 	}
 	if err := s.recover(); err != nil {
+		lock.Close()
 		return nil, err
 	}
 	return s, nil
@@ -239,6 +274,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RetentionAge < 0 || c.RetentionBytes < 0 {
 		return bad("negative retention (age %v, bytes %d)", c.RetentionAge, c.RetentionBytes)
 	}
+	if c.FS == nil {
+		c.FS = vfs.OS()
+	}
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
@@ -249,19 +287,41 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// ensureDir creates dir if missing and makes its entry in the parent
-// durable.
-func ensureDir(dir string) error {
-	if st, err := os.Stat(dir); err == nil {
-		if !st.IsDir() {
-			return fmt.Errorf("%s is not a directory", dir)
+// ensureDir creates dir and any missing parents, and makes every entry it
+// created durable by syncing the directory that received it.
+func ensureDir(fsys vfs.FS, dir string) error {
+	dir = filepath.Clean(dir)
+	// Find the deepest existing ancestor; every directory below it is new.
+	var created []string
+	for d := dir; ; d = filepath.Dir(d) {
+		st, err := fsys.Stat(d)
+		if err == nil {
+			if !st.IsDir() {
+				return fmt.Errorf("%s is not a directory", d)
+			}
+			break
 		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		created = append(created, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	if len(created) == 0 {
 		return nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := fsys.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(filepath.Clean(dir)))
+	// Parents first: an entry is only reachable once its parent's is.
+	for i := len(created) - 1; i >= 0; i-- {
+		if err := fsys.SyncDir(filepath.Dir(created[i])); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // NextOffset returns the offset the next appended record will get.
@@ -270,6 +330,8 @@ func (s *Store) NextOffset() uint64 { return s.nextOffset.Load() }
 // DurableOffset returns the offset below which every record is durable:
 // NextOffset as of the last completed Sync (or roll, recovery,
 // TruncateSuffix). Under FsyncNever it only reports what Sync pretended.
+// Control frames take no offset, so their durability shows only in Sync
+// returning.
 func (s *Store) DurableOffset() uint64 { return s.durable.Load() }
 
 // StartOffset returns the first retained offset: the base offset of the
@@ -278,6 +340,15 @@ func (s *Store) StartOffset() uint64 { return s.startOffset.Load() }
 
 // Size returns the bytes of all segment log files (indexes excluded).
 func (s *Store) Size() int64 { return s.sizeBytes.Load() }
+
+// FirstIndex returns the Raft index of the oldest retained frame that
+// carries one, or 0 if no retained frame does.
+func (s *Store) FirstIndex() uint64 { return s.firstIndex.Load() }
+
+// LastIndex returns the Raft index of the newest frame, or 0 if no retained
+// frame carries one. Frames carrying an index are a suffix of the log with
+// indexes [FirstIndex, LastIndex], dense.
+func (s *Store) LastIndex() uint64 { return s.lastIndex.Load() }
 
 // fail records the first write or fsync failure; appends are refused from
 // then on.
@@ -307,8 +378,27 @@ func (s *Store) usableLocked() error {
 // call it without mu: it is the only writer of segs.
 func (s *Store) active() *segment { return s.segs[len(s.segs)-1] }
 
-// publishStartLocked refreshes startOffset; the caller holds mu.
-func (s *Store) publishStartLocked() { s.startOffset.Store(s.segs[0].baseOffset) }
+// publishBoundsLocked refreshes startOffset, firstIndex and lastIndex
+// from the segments; the caller holds mu.
+func (s *Store) publishBoundsLocked() {
+	var last uint64
+	if t := s.tail(); t != nil {
+		last = t.lastIndex
+	}
+	s.lastIndex.Store(last)
+	s.startOffset.Store(s.segs[0].baseOffset)
+	// Segments holding indexed frames are a suffix of the log, but for an
+	// empty active segment (which holds no frame at all).
+	n := len(s.segs)
+	if s.segs[n-1].size == 0 {
+		n--
+	}
+	var first uint64
+	if i := sort.Search(n, func(i int) bool { return s.segs[i].lastIndex != 0 }); i < n {
+		first = s.segs[i].firstIndex
+	}
+	s.firstIndex.Store(first)
+}
 
 // corruption builds a CorruptionError and logs it.
 func (s *Store) corruption(g *segment, pos int64, offset uint64, err error) *CorruptionError {
@@ -350,7 +440,7 @@ func (s *Store) Close() error {
 		}
 	}
 	if err == nil {
-		if ierr := writeIndexFiles(g, g.entries, s.cfg.Fsync == FsyncAlways); ierr != nil {
+		if ierr := s.writeIndexFiles(g); ierr != nil {
 			// Index files are rebuilt by recovery; losing them costs time, not data.
 			s.log.Warn("could not write index files", "segment", g.name(), "error", ierr)
 		}
@@ -367,6 +457,7 @@ func (s *Store) Close() error {
 	s.syncMu.Lock()
 	if err == nil && s.cfg.Fsync == FsyncAlways {
 		s.durable.Store(s.nextOffset.Load())
+		s.durableAppends.Store(s.appends.Load())
 	}
 	s.syncing = false
 	s.syncEnded = true
@@ -377,6 +468,10 @@ func (s *Store) Close() error {
 		if cerr := g.release(); cerr != nil {
 			s.log.Warn("close segment file", "segment", g.name(), "error", cerr)
 		}
+	}
+	// Last: no file of ours is written after another Store may open.
+	if lerr := s.lock.Close(); lerr != nil {
+		s.log.Warn("release directory lock", "error", lerr)
 	}
 	return err
 }

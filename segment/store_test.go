@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -13,10 +13,11 @@ import (
 	"github.com/geolog/geolog/batch"
 )
 
-func TestAppendReadRestart(t *testing.T) {
-	dir := t.TempDir()
+func TestAppendReadRestart(t *testing.T) { forEachFS(t, testAppendReadRestart) }
+
+func testAppendReadRestart(t *testing.T, e env) {
 	var recovered []batch.Header
-	cfg := smallConfig(t, dir)
+	cfg := smallConfig(t, e)
 	cfg.OnRecover = func(h batch.Header) error { recovered = append(recovered, h); return nil }
 
 	s := mustOpen(t, cfg)
@@ -25,7 +26,7 @@ func TestAppendReadRestart(t *testing.T) {
 	}
 	var m model
 	tm := appendBatches(t, s, &m, 300, 1000)
-	if got := len(logFiles(t, dir)); got < 20 {
+	if got := len(logFiles(t, cfg)); got < 20 {
 		t.Fatalf("only %d segments; the test wants many", got)
 	}
 	if s.DurableOffset() != s.NextOffset() {
@@ -69,25 +70,29 @@ func TestAppendReadRestart(t *testing.T) {
 	}
 }
 
-func TestReopenWithoutClose(t *testing.T) {
+func TestReopenWithoutClose(t *testing.T) { forEachFS(t, testReopenWithoutClose) }
+
+func testReopenWithoutClose(t *testing.T, e env) {
 	// A crash after Sync: the active segment's index files were never
 	// written, and the next Open must rebuild them and read everything.
-	dir := t.TempDir()
-	s := mustOpen(t, smallConfig(t, dir))
+	cfg := smallConfig(t, e)
+	s := mustOpen(t, cfg)
 	var m model
 	appendBatches(t, s, &m, 120, 0)
-	img := dirImage(t, dir)
+	img := dirImage(t, cfg)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	writeDirImage(t, dir, img)
-	s = mustOpen(t, smallConfig(t, dir))
+	writeDirImage(t, cfg, img)
+	s = mustOpen(t, cfg)
 	defer s.Close()
 	checkLog(t, s, &m)
 }
 
-func TestReadFramesBounds(t *testing.T) {
-	s := mustOpen(t, smallConfig(t, t.TempDir()))
+func TestReadFramesBounds(t *testing.T) { forEachFS(t, testReadFramesBounds) }
+
+func testReadFramesBounds(t *testing.T, e env) {
+	s := mustOpen(t, smallConfig(t, e))
 	defer s.Close()
 	if got, err := s.ReadFrames(0, 100, math.MaxUint64); got != nil || err != nil {
 		t.Fatalf("read of empty log = %v, %v", got, err)
@@ -152,9 +157,11 @@ func TestReadFramesBounds(t *testing.T) {
 	}
 }
 
-func TestReadFramesLargeFrames(t *testing.T) {
+func TestReadFramesLargeFrames(t *testing.T) { forEachFS(t, testReadFramesLargeFrames) }
+
+func testReadFramesLargeFrames(t *testing.T, e env) {
 	// Frames larger than the segment size, the read chunk and maxBytes.
-	cfg := smallConfig(t, t.TempDir())
+	cfg := smallConfig(t, e)
 	s := mustOpen(t, cfg)
 	defer s.Close()
 	var m model
@@ -177,11 +184,12 @@ func TestReadFramesLargeFrames(t *testing.T) {
 	checkLog(t, s, &m)
 }
 
-func TestSparseIndexSeeks(t *testing.T) {
+func TestSparseIndexSeeks(t *testing.T) { forEachFS(t, testSparseIndexSeeks) }
+
+func testSparseIndexSeeks(t *testing.T, e env) {
 	// The default 4 KiB index interval over small batches: reads seek an
 	// entry and walk up to ~30 frames, and OffsetForTime scans as far.
-	dir := t.TempDir()
-	cfg := Config{Dir: dir, SegmentBytesMax: 64 << 10, Logger: testLogger(t)}
+	cfg := Config{Dir: e.dir, FS: e.fs, SegmentBytesMax: 64 << 10, Logger: testLogger(t)}
 	s := mustOpen(t, cfg)
 	var m model
 	appendBatches(t, s, &m, 800, 0)
@@ -201,9 +209,10 @@ func TestSparseIndexSeeks(t *testing.T) {
 	}
 }
 
-func TestOffsetForTime(t *testing.T) {
-	dir := t.TempDir()
-	s := mustOpen(t, smallConfig(t, dir))
+func TestOffsetForTime(t *testing.T) { forEachFS(t, testOffsetForTime) }
+
+func testOffsetForTime(t *testing.T, e env) {
+	s := mustOpen(t, smallConfig(t, e))
 	if off, err := s.OffsetForTime(0); err != nil || off != 0 {
 		t.Fatalf("empty log: %d, %v", off, err)
 	}
@@ -230,15 +239,16 @@ func TestOffsetForTime(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s = mustOpen(t, smallConfig(t, dir))
+	s = mustOpen(t, smallConfig(t, e))
 	defer s.Close()
 	check(s)
 }
 
-func TestRetentionByAge(t *testing.T) {
-	dir := t.TempDir()
+func TestRetentionByAge(t *testing.T) { forEachFS(t, testRetentionByAge) }
+
+func testRetentionByAge(t *testing.T, e env) {
 	now := time.Unix(0, 0)
-	cfg := smallConfig(t, dir)
+	cfg := smallConfig(t, e)
 	cfg.RetentionAge = time.Hour
 	cfg.Now = func() time.Time { return now }
 	s := mustOpen(t, cfg)
@@ -271,7 +281,7 @@ func TestRetentionByAge(t *testing.T) {
 	}
 	// The first kept segment holds a batch at or after the cutoff.
 	segEnd := m.next()
-	if files := logFiles(t, dir); len(files) > 1 {
+	if files := logFiles(t, cfg); len(files) > 1 {
 		base, _, _ := parseSegmentName(files[1])
 		segEnd = base
 	}
@@ -312,7 +322,7 @@ func TestRetentionByAge(t *testing.T) {
 	if s.StartOffset() != next || s.NextOffset() != next {
 		t.Fatalf("after restart: start %d next %d, want %d", s.StartOffset(), s.NextOffset(), next)
 	}
-	if files := logFiles(t, dir); len(files) != 1 || files[0] != segmentName(next, logSuffix) {
+	if files := logFiles(t, cfg); len(files) != 1 || files[0] != segmentName(next, logSuffix) {
 		t.Fatalf("files %v", files)
 	}
 	m = model{}
@@ -327,9 +337,10 @@ func TestRetentionByAge(t *testing.T) {
 	}
 }
 
-func TestRetentionByBytes(t *testing.T) {
-	dir := t.TempDir()
-	cfg := smallConfig(t, dir)
+func TestRetentionByBytes(t *testing.T) { forEachFS(t, testRetentionByBytes) }
+
+func testRetentionByBytes(t *testing.T, e env) {
+	cfg := smallConfig(t, e)
 	cfg.RetentionBytes = 10_000
 	s := mustOpen(t, cfg)
 	defer s.Close()
@@ -359,7 +370,9 @@ func TestRetentionByBytes(t *testing.T) {
 	checkLog(t, s, &m)
 
 	// The active segment is never deleted for size.
-	cfg2 := smallConfig(t, t.TempDir())
+	e2 := e
+	e2.dir = filepath.Join(e.dir, "second")
+	cfg2 := smallConfig(t, e2)
 	cfg2.RetentionBytes = 1
 	s2 := mustOpen(t, cfg2)
 	defer s2.Close()
@@ -368,18 +381,19 @@ func TestRetentionByBytes(t *testing.T) {
 	if _, err := s2.ApplyRetention(); err != nil {
 		t.Fatal(err)
 	}
-	if got := len(logFiles(t, cfg2.Dir)); got != 1 || s2.Size() == 0 {
+	if got := len(logFiles(t, cfg2)); got != 1 || s2.Size() == 0 {
 		t.Fatalf("%d segments left, size %d: want only the non-empty active one", got, s2.Size())
 	}
 }
 
-func TestTruncateSuffix(t *testing.T) {
-	dir := t.TempDir()
-	cfg := smallConfig(t, dir)
+func TestTruncateSuffix(t *testing.T) { forEachFS(t, testTruncateSuffix) }
+
+func testTruncateSuffix(t *testing.T, e env) {
+	cfg := smallConfig(t, e)
 	s := mustOpen(t, cfg)
 	var m model
 	tm := appendBatches(t, s, &m, 200, 0)
-	segsBefore := len(logFiles(t, dir))
+	segsBefore := len(logFiles(t, cfg))
 
 	// Errors change nothing.
 	if err := s.TruncateSuffix(s.NextOffset() + 1); !errors.Is(err, ErrOutOfRange) {
@@ -409,7 +423,7 @@ func TestTruncateSuffix(t *testing.T) {
 	if s.DurableOffset() != cut {
 		t.Fatalf("DurableOffset %d after truncate to %d", s.DurableOffset(), cut)
 	}
-	if after := len(logFiles(t, dir)); after >= segsBefore {
+	if after := len(logFiles(t, cfg)); after >= segsBefore {
 		t.Fatalf("%d segments before, %d after", segsBefore, after)
 	}
 	checkLog(t, s, &m)
@@ -423,7 +437,7 @@ func TestTruncateSuffix(t *testing.T) {
 	checkLog(t, s, &m)
 
 	// Truncate exactly at a segment's base offset, then to the start.
-	base, _, _ := parseSegmentName(logFiles(t, dir)[2])
+	base, _, _ := parseSegmentName(logFiles(t, cfg)[2])
 	if err := s.TruncateSuffix(base); err != nil {
 		t.Fatal(err)
 	}
@@ -433,8 +447,8 @@ func TestTruncateSuffix(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.truncate(0)
-	if s.NextOffset() != 0 || s.Size() != 0 || len(logFiles(t, dir)) != 1 {
-		t.Fatalf("after truncating everything: next %d size %d files %v", s.NextOffset(), s.Size(), logFiles(t, dir))
+	if s.NextOffset() != 0 || s.Size() != 0 || len(logFiles(t, cfg)) != 1 {
+		t.Fatalf("after truncating everything: next %d size %d files %v", s.NextOffset(), s.Size(), logFiles(t, cfg))
 	}
 	if off, err := s.OffsetForTime(0); err != nil || off != 0 {
 		t.Fatalf("OffsetForTime after truncating everything = %d, %v", off, err)
@@ -449,9 +463,10 @@ func TestTruncateSuffix(t *testing.T) {
 	checkLog(t, s, &m)
 }
 
-func TestDeletePrefix(t *testing.T) {
-	dir := t.TempDir()
-	cfg := smallConfig(t, dir)
+func TestDeletePrefix(t *testing.T) { forEachFS(t, testDeletePrefix) }
+
+func testDeletePrefix(t *testing.T, e env) {
+	cfg := smallConfig(t, e)
 	s := mustOpen(t, cfg)
 	var m model
 	appendBatches(t, s, &m, 200, 0)
@@ -506,8 +521,10 @@ func TestDeletePrefix(t *testing.T) {
 	checkLog(t, s, &m)
 }
 
-func TestAppendRejectsInvalidFrames(t *testing.T) {
-	s := mustOpen(t, smallConfig(t, t.TempDir()))
+func TestAppendRejectsInvalidFrames(t *testing.T) { forEachFS(t, testAppendRejectsInvalidFrames) }
+
+func testAppendRejectsInvalidFrames(t *testing.T, e env) {
+	s := mustOpen(t, smallConfig(t, e))
 	defer s.Close()
 	if err := s.Append(makeFrame(0, 2, 100)); err != nil {
 		t.Fatal(err)
@@ -539,8 +556,10 @@ func TestAppendRejectsInvalidFrames(t *testing.T) {
 	}
 }
 
-func TestClosedStore(t *testing.T) {
-	s := mustOpen(t, smallConfig(t, t.TempDir()))
+func TestClosedStore(t *testing.T) { forEachFS(t, testClosedStore) }
+
+func testClosedStore(t *testing.T, e env) {
+	s := mustOpen(t, smallConfig(t, e))
 	if err := s.Append(makeFrame(0, 1, 0)); err != nil {
 		t.Fatal(err)
 	}
@@ -570,52 +589,56 @@ func TestClosedStore(t *testing.T) {
 	}
 }
 
-func TestInvalidConfig(t *testing.T) {
-	dir := t.TempDir()
+func TestInvalidConfig(t *testing.T) { forEachFS(t, testInvalidConfig) }
+
+func testInvalidConfig(t *testing.T, e env) {
+	dir := e.dir
 	for name, cfg := range map[string]Config{
-		"no dir":             {},
-		"tiny segments":      {Dir: dir, SegmentBytesMax: 100},
-		"huge segments":      {Dir: dir, SegmentBytesMax: 2 << 30},
-		"negative interval":  {Dir: dir, IndexIntervalBytes: -1},
-		"huge interval":      {Dir: dir, IndexIntervalBytes: 1 << 30},
-		"bad policy":         {Dir: dir, Fsync: 7},
-		"negative retention": {Dir: dir, RetentionAge: -time.Second},
+		"no dir":             {FS: e.fs},
+		"tiny segments":      {Dir: dir, FS: e.fs, SegmentBytesMax: 100},
+		"huge segments":      {Dir: dir, FS: e.fs, SegmentBytesMax: 2 << 30},
+		"negative interval":  {Dir: dir, FS: e.fs, IndexIntervalBytes: -1},
+		"huge interval":      {Dir: dir, FS: e.fs, IndexIntervalBytes: 1 << 30},
+		"bad policy":         {Dir: dir, FS: e.fs, Fsync: 7},
+		"negative retention": {Dir: dir, FS: e.fs, RetentionAge: -time.Second},
 	} {
 		if _, err := Open(cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s: Open err = %v", name, err)
 		}
 	}
 	file := filepath.Join(dir, "file")
-	if err := os.WriteFile(file, nil, 0o644); err != nil {
+	if err := e.fs.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(Config{Dir: file}); err == nil {
+	writeTestFile(t, e.fs, file, nil)
+	if _, err := Open(Config{Dir: file, FS: e.fs}); err == nil {
 		t.Error("Open of a regular file succeeded")
 	}
 }
 
-func TestOpenCreatesDirectory(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "a", "b")
-	s := mustOpen(t, Config{Dir: dir})
+func TestOpenCreatesDirectory(t *testing.T) { forEachFS(t, testOpenCreatesDirectory) }
+
+func testOpenCreatesDirectory(t *testing.T, e env) {
+	cfg := Config{Dir: filepath.Join(e.dir, "a", "b"), FS: e.fs}
+	s := mustOpen(t, cfg)
 	defer s.Close()
-	if files := logFiles(t, dir); len(files) != 1 || files[0] != segmentName(0, logSuffix) {
+	if files := logFiles(t, cfg); len(files) != 1 || files[0] != segmentName(0, logSuffix) {
 		t.Fatalf("files %v", files)
 	}
 }
 
-func TestEmptyTrailingSegment(t *testing.T) {
+func TestEmptyTrailingSegment(t *testing.T) { forEachFS(t, testEmptyTrailingSegment) }
+
+func testEmptyTrailingSegment(t *testing.T, e env) {
 	// A crash right after a roll created the new file leaves it empty.
-	dir := t.TempDir()
-	cfg := smallConfig(t, dir)
+	cfg := smallConfig(t, e)
 	s := mustOpen(t, cfg)
 	var m model
 	appendBatches(t, s, &m, 30, 0)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, segmentName(m.next(), logSuffix)), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, cfg.FS, filepath.Join(cfg.Dir, segmentName(m.next(), logSuffix)), nil)
 	s = mustOpen(t, cfg)
 	defer s.Close()
 	checkLog(t, s, &m)
@@ -623,9 +646,10 @@ func TestEmptyTrailingSegment(t *testing.T) {
 	checkLog(t, s, &m)
 }
 
-func TestUnknownFilesAreIgnored(t *testing.T) {
-	dir := t.TempDir()
-	cfg := smallConfig(t, dir)
+func TestUnknownFilesAreIgnored(t *testing.T) { forEachFS(t, testUnknownFilesAreIgnored) }
+
+func testUnknownFilesAreIgnored(t *testing.T, e env) {
+	cfg := smallConfig(t, e)
 	s := mustOpen(t, cfg)
 	var m model
 	appendBatches(t, s, &m, 30, 0)
@@ -633,22 +657,18 @@ func TestUnknownFilesAreIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"notes.txt", "123.log", segmentName(5, ".tmp")} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		writeTestFile(t, cfg.FS, filepath.Join(cfg.Dir, name), []byte("x"))
 	}
 	// An orphan index file (its log is gone) is removed.
 	orphan := segmentName(1<<40, indexSuffix)
-	if err := os.WriteFile(filepath.Join(dir, orphan), []byte("12345678"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, cfg.FS, filepath.Join(cfg.Dir, orphan), []byte("12345678"))
 	s = mustOpen(t, cfg)
 	defer s.Close()
 	checkLog(t, s, &m)
-	if _, err := os.Stat(filepath.Join(dir, orphan)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := cfg.FS.Stat(filepath.Join(cfg.Dir, orphan)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("orphan index file: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "notes.txt")); err != nil {
+	if _, err := cfg.FS.Stat(filepath.Join(cfg.Dir, "notes.txt")); err != nil {
 		t.Fatalf("unknown file was touched: %v", err)
 	}
 }

@@ -1,0 +1,134 @@
+package raftnet
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// testCA is a throwaway certificate authority.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "geolog test ca"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		KeyUsage:              x509.KeyUsageCertSign,
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &testCA{cert: cert, key: key, pool: pool}
+}
+
+// nodeCert issues a certificate for a node, good as server (127.0.0.1) and
+// as client.
+func (ca *testCA) nodeCert(t *testing.T, name string, serial int64) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial),
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func TestMutualTLS(t *testing.T) {
+	ca := newTestCA(t)
+	node := func(id NodeID, name string, clientCert bool) *testNode {
+		cert := ca.nodeCert(t, name, int64(id)+1)
+		serverTLS := &tls.Config{
+			Certificates: []tls.Certificate{cert},
+			ClientCAs:    ca.pool,
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			MinVersion:   tls.VersionTLS13,
+		}
+		clientTLS := &tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS13}
+		if clientCert {
+			clientTLS.Certificates = []tls.Certificate{cert}
+		}
+		return startNode(t, id, "", func(c *Config) {
+			c.ClientTLS = clientTLS
+			c.ServerTLS = serverTLS
+			c.HandshakeTimeout = time.Second
+		})
+	}
+	a, b := node(1, "node-1", true), node(2, "node-2", true)
+	connect(t, a, b)
+	sendAll(t, a, 2, 20, 2)
+	sendAll(t, b, 1, 20, 2)
+	waitFor(t, 10*time.Second, "delivery over mutual TLS", func() bool {
+		return a.rec.count() == 40 && b.rec.count() == 40
+	})
+	checkFIFO(t, a.rec)
+	checkFIFO(t, b.rec)
+
+	// A node without a client certificate is refused: it never gets a
+	// stream up, its messages are reported, and b receives nothing from it.
+	c := node(3, "node-3", false)
+	if err := c.tr.SetPeer(2, b.addr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "refusal reported", func() bool {
+		_ = c.tr.Send(1, msg(raftpb.MsgHeartbeat, 3, 2, 1)) // refused while backing off
+		return len(c.rec.unreachableGroups(2)) > 0
+	})
+	if s := c.tr.Stats(); s.StreamsOpened != 0 || s.MessagesSent != 0 {
+		t.Fatalf("node without a certificate got through: %+v", s)
+	}
+	// A plaintext client is refused as well.
+	d := startNode(t, 4, "", nil)
+	if err := d.tr.SetPeer(2, b.addr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "plaintext refusal reported", func() bool {
+		_ = d.tr.Send(1, msg(raftpb.MsgHeartbeat, 4, 2, 1))
+		return len(d.rec.unreachableGroups(2)) > 0
+	})
+	for _, m := range b.rec.received() {
+		if m.from != 1 {
+			t.Fatalf("b received from node %d", m.from)
+		}
+	}
+}

@@ -1,0 +1,391 @@
+package sim
+
+import (
+	crand "crypto/rand"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/replica"
+	"github.com/geolog/geolog/segment"
+	"github.com/geolog/geolog/vfs"
+	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Options configure a run. Zero values take the defaults named.
+type Options struct {
+	Seed int64
+	// Steps is the number of virtual milliseconds under faults, default 3000.
+	Steps int
+	// Nodes is the region's size, default 3.
+	Nodes int
+	// Ranges is the number of Raft groups, default 2.
+	Ranges int
+	// Producers is the number of idempotent producers, default 4.
+	Producers int
+	// Logger receives the replicas' logs, default none.
+	Logger hclog.Logger
+}
+
+// Result summarises a run.
+type Result struct {
+	Seed                                   int64
+	Acked, Committed                       int
+	Retries, Duplicates                    int
+	Crashes, Partitions, Dropped, Duped    int
+	LostReplies, LeaderChanges, Truncation int
+}
+
+func (r Result) String() string {
+	return fmt.Sprintf("seed %d: %d acked, %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes",
+		r.Seed, r.Acked, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges)
+}
+
+const (
+	tickMs        = 10
+	startUnixNano = int64(1_800_000_000) * 1e9
+	replyTimeout  = 400 // ms before a producer resends an unanswered batch
+	settleMsMax   = 60_000
+)
+
+// event is something due at a virtual time: a Raft message, a producer
+// request reaching a node, or a reply reaching a producer.
+type event struct {
+	at   int64
+	seq  uint64
+	kind int
+	// Raft message
+	group int
+	to    int
+	msg   *raftpb.Message
+	// request / reply
+	producer int
+	rng      int
+	attempt  uint64
+	batchSeq uint64 // reply: the batch's base sequence
+	count    int    // reply: the batch's record count
+	res      replica.Result
+}
+
+const (
+	evRaft = iota
+	evRequest
+	evReply
+)
+
+type node struct {
+	id       int
+	fs       *vfs.Mem
+	up       bool
+	downTill int64
+	cutTill  int64
+	stores   []*segment.Store
+	replicas []*replica.Replica
+	verified []uint64 // per range: committed offsets already checked
+}
+
+type inflight struct {
+	seq     uint64
+	values  []string
+	attempt uint64
+	sentAt  int64
+	target  int
+}
+
+type producer struct {
+	id      int
+	nextSeq []uint64
+	batch   []*inflight
+}
+
+type world struct {
+	opt    Options
+	rng    *rand.Rand
+	now    int64
+	evSeq  uint64
+	events []*event
+	nodes  []*node
+	prods  []*producer
+	res    Result
+
+	dropP, dupP, lostReplyP, crashP, cutP float64
+
+	canonical [][]string                 // per range, the committed log
+	acked     []map[uint64]string        // per range: offset → value acked
+	lastSeq   []map[int]int64            // per range: producer → last sequence in canonical order
+	seen      []map[string]uint64        // per range: value → offset
+	leaders   []uint64                   // per range: last leader seen
+	err       error
+}
+
+// Run simulates one seed and returns an error naming the first invariant
+// violated.
+func Run(opt Options) (res Result, err error) {
+	if opt.Steps == 0 {
+		opt.Steps = 3000
+	}
+	if opt.Nodes == 0 {
+		opt.Nodes = 3
+	}
+	if opt.Ranges == 0 {
+		opt.Ranges = 2
+	}
+	if opt.Producers == 0 {
+		opt.Producers = 4
+	}
+	if opt.Logger == nil {
+		opt.Logger = hclog.NewNullLogger()
+	}
+	w := &world{opt: opt, rng: rand.New(rand.NewPCG(uint64(opt.Seed), 0x9e3779b97f4a7c15))}
+	w.res.Seed = opt.Seed
+	// etcd raft draws election jitter from crypto/rand.Reader.
+	saved := crand.Reader
+	crand.Reader = rngReader{w.rng}
+	defer func() { crand.Reader = saved }()
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("seed %d: panic: %v", opt.Seed, p)
+		}
+	}()
+
+	w.dropP = w.rng.Float64() * 0.1
+	w.dupP = w.rng.Float64() * 0.05
+	w.lostReplyP = w.rng.Float64() * 0.1
+	w.crashP = w.rng.Float64() * 0.002
+	w.cutP = w.rng.Float64() * 0.002
+	w.canonical = make([][]string, opt.Ranges)
+	w.acked = make([]map[uint64]string, opt.Ranges)
+	w.lastSeq = make([]map[int]int64, opt.Ranges)
+	w.seen = make([]map[string]uint64, opt.Ranges)
+	w.leaders = make([]uint64, opt.Ranges)
+	for r := 0; r < opt.Ranges; r++ {
+		w.acked[r] = map[uint64]string{}
+		w.lastSeq[r] = map[int]int64{}
+		w.seen[r] = map[string]uint64{}
+	}
+	for i := 0; i < opt.Nodes; i++ {
+		n := &node{id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())))}
+		w.nodes = append(w.nodes, n)
+		if err := w.start(n); err != nil {
+			return w.res, err
+		}
+	}
+	for i := 0; i < opt.Producers; i++ {
+		p := &producer{id: i + 1, nextSeq: make([]uint64, opt.Ranges), batch: make([]*inflight, opt.Ranges)}
+		w.prods = append(w.prods, p)
+	}
+	for ; w.now < int64(opt.Steps) && w.err == nil; w.now++ {
+		w.faults(true)
+		w.step(true)
+	}
+	// Heal: restart every node, end partitions, stop faults; every producer
+	// must get its batches acked.
+	for _, n := range w.nodes {
+		n.cutTill = 0
+		if !n.up && w.err == nil {
+			w.err = w.start(n)
+		}
+	}
+	w.dropP, w.dupP, w.lostReplyP = 0, 0, 0
+	deadline := w.now + settleMsMax
+	for ; w.err == nil && w.now < deadline && w.busy(); w.now++ {
+		w.step(false)
+	}
+	if w.err == nil && w.busy() {
+		w.err = fmt.Errorf("liveness: producers still waiting %d ms after the faults ended", settleMsMax)
+	}
+	if w.err == nil {
+		w.err = w.finalCheck()
+	}
+	for r := range w.canonical {
+		w.res.Committed += len(w.canonical[r])
+	}
+	if w.err != nil {
+		return w.res, fmt.Errorf("seed %d at %d ms: %w", opt.Seed, w.now, w.err)
+	}
+	return w.res, nil
+}
+
+// rngReader feeds crypto/rand.Reader from the run's seeded generator.
+type rngReader struct{ r *rand.Rand }
+
+func (g rngReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(g.r.Uint32())
+	}
+	return len(p), nil
+}
+
+func (w *world) clock() time.Time { return time.Unix(0, startUnixNano+w.now*int64(time.Millisecond)) }
+
+func (w *world) start(n *node) error {
+	n.up = true
+	n.stores = make([]*segment.Store, w.opt.Ranges)
+	n.replicas = make([]*replica.Replica, w.opt.Ranges)
+	n.verified = make([]uint64, w.opt.Ranges)
+	peers := make([]uint64, len(w.nodes))
+	for i := range peers {
+		peers[i] = uint64(i + 1)
+	}
+	if len(peers) < w.opt.Nodes {
+		peers = peers[:0]
+		for i := 1; i <= w.opt.Nodes; i++ {
+			peers = append(peers, uint64(i))
+		}
+	}
+	for r := 0; r < w.opt.Ranges; r++ {
+		dir := filepath.Join("/data", strconv.Itoa(r))
+		var headers []batch.Header
+		st, err := segment.Open(segment.Config{
+			Dir: dir, FS: n.fs, SegmentBytesMax: 16 << 10, Logger: w.opt.Logger, Now: w.clock,
+			OnRecover: func(h batch.Header) error { headers = append(headers, h); return nil },
+		})
+		if err != nil {
+			return fmt.Errorf("node %d range %d: open after crash: %w", n.id, r, err)
+		}
+		group := r
+		rep, err := replica.New(replica.Config{
+			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers,
+			Log: st, State: replica.FileState{FS: n.fs, Dir: dir},
+			Send: func(msgs []*raftpb.Message) { w.sendRaft(group, msgs) },
+			Now:  w.clock, Logger: w.opt.Logger,
+		}, headers)
+		if err != nil {
+			return fmt.Errorf("node %d range %d: %w", n.id, r, err)
+		}
+		n.stores[r], n.replicas[r] = st, rep
+	}
+	return nil
+}
+
+// crash loses everything not synced: the node restarts on what its disk
+// kept.
+func (w *world) crash(n *node) {
+	n.up = false
+	n.fs = n.fs.Crash()
+	n.stores, n.replicas = nil, nil
+	n.downTill = w.now + 50 + w.rng.Int64N(1000)
+	w.res.Crashes++
+}
+
+func (w *world) push(e *event) {
+	w.evSeq++
+	e.seq = w.evSeq
+	w.events = append(w.events, e)
+}
+
+func (w *world) sendRaft(group int, msgs []*raftpb.Message) {
+	for _, m := range msgs {
+		from, to := int(m.GetFrom()), int(m.GetTo())
+		if w.rng.Float64() < w.dropP || w.cut(from) || w.cut(to) {
+			w.res.Dropped++
+			continue
+		}
+		copies := 1
+		if w.rng.Float64() < w.dupP {
+			copies = 2
+			w.res.Duped++
+		}
+		for c := 0; c < copies; c++ {
+			w.push(&event{at: w.now + 1 + w.rng.Int64N(8), kind: evRaft, group: group, to: to,
+				msg: proto.Clone(m).(*raftpb.Message)})
+		}
+	}
+}
+
+func (w *world) cut(id int) bool {
+	return id >= 1 && id <= len(w.nodes) && w.nodes[id-1].cutTill > w.now
+}
+
+// faults injects crashes, restarts and partitions.
+func (w *world) faults(on bool) {
+	for _, n := range w.nodes {
+		if !n.up && w.now >= n.downTill && w.err == nil {
+			w.err = w.start(n)
+		}
+	}
+	if !on {
+		return
+	}
+	if w.rng.Float64() < w.crashP {
+		n := w.nodes[w.rng.IntN(len(w.nodes))]
+		if n.up {
+			w.crash(n)
+		}
+	}
+	if w.rng.Float64() < w.cutP {
+		n := w.nodes[w.rng.IntN(len(w.nodes))]
+		n.cutTill = w.now + 100 + w.rng.Int64N(1500)
+		w.res.Partitions++
+	}
+}
+
+// step advances one virtual millisecond.
+func (w *world) step(faulty bool) {
+	if !faulty {
+		w.faults(false)
+	}
+	if w.now%tickMs == 0 {
+		for _, n := range w.nodes {
+			for _, r := range n.replicas {
+				r.Tick()
+			}
+		}
+	}
+	// Deliver what is due, in (time, sequence) order.
+	sort.Slice(w.events, func(i, j int) bool {
+		if w.events[i].at != w.events[j].at {
+			return w.events[i].at < w.events[j].at
+		}
+		return w.events[i].seq < w.events[j].seq
+	})
+	due := 0
+	for due < len(w.events) && w.events[due].at <= w.now {
+		due++
+	}
+	batchDue := w.events[:due]
+	w.events = append([]*event(nil), w.events[due:]...)
+	for _, e := range batchDue {
+		w.deliver(e)
+	}
+	for _, n := range w.nodes {
+		for r, rep := range n.replicas {
+			if rep.HasReady() {
+				if err := rep.ProcessReady(); err != nil {
+					w.err = fmt.Errorf("node %d range %d: %w", n.id, r, err)
+					return
+				}
+			}
+			if rep.IsLeader() && w.leaders[r] != uint64(n.id) {
+				w.leaders[r] = uint64(n.id)
+				w.res.LeaderChanges++
+			}
+		}
+	}
+	w.produce()
+	if w.err == nil {
+		w.err = w.check()
+	}
+}
+
+func (w *world) deliver(e *event) {
+	switch e.kind {
+	case evRaft:
+		n := w.nodes[e.to-1]
+		if !n.up || w.cut(e.to) {
+			w.res.Dropped++
+			return
+		}
+		n.replicas[e.group].Step(e.msg)
+	case evRequest:
+		w.request(e)
+	case evReply:
+		w.reply(e)
+	}
+}

@@ -1,0 +1,238 @@
+package sim
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/replica"
+)
+
+// produce starts new batches (while faults run) and resends unanswered ones.
+func (w *world) produce() {
+	newBatches := w.now < int64(w.opt.Steps)
+	for _, p := range w.prods {
+		for r := range p.batch {
+			b := p.batch[r]
+			switch {
+			case b == nil && newBatches && w.rng.Float64() < 0.05:
+				n := 1 + w.rng.IntN(3)
+				b = &inflight{seq: p.nextSeq[r], target: 1 + w.rng.IntN(len(w.nodes))}
+				for i := 0; i < n; i++ {
+					b.values = append(b.values, fmt.Sprintf("p%d/r%d/s%d", p.id, r, b.seq+uint64(i)))
+				}
+				p.batch[r] = b
+				w.sendRequest(p, r, b)
+			case b != nil && w.now-b.sentAt > replyTimeout:
+				// No answer: the request, its reply or the node was lost.
+				// Resend the same batch, same sequence, anywhere.
+				w.res.Retries++
+				b.target = 1 + w.rng.IntN(len(w.nodes))
+				w.sendRequest(p, r, b)
+			}
+		}
+	}
+}
+
+func (w *world) sendRequest(p *producer, r int, b *inflight) {
+	b.attempt++
+	b.sentAt = w.now
+	if w.rng.Float64() < w.dropP {
+		w.res.Dropped++
+		return
+	}
+	w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evRequest, producer: p.id, rng: r, to: b.target, attempt: b.attempt})
+}
+
+// request delivers a producer's batch to a node's replica.
+func (w *world) request(e *event) {
+	p := w.prods[e.producer-1]
+	b := p.batch[e.rng]
+	n := w.nodes[e.to-1]
+	if b == nil || !n.up || w.cut(n.id) {
+		return
+	}
+	recs := make([]batch.Record, len(b.values))
+	for i, v := range b.values {
+		recs[i] = batch.Record{Key: []byte(fmt.Sprintf("p%d", p.id)), Value: []byte(v)}
+	}
+	h := batch.Header{Type: batch.TypeData, ProducerID: uint64(p.id), BaseSequence: b.seq}
+	seq, values := b.seq, b.values
+	n.replicas[e.rng].Propose(&replica.Op{
+		ProducerID: uint64(p.id), BaseSequence: b.seq, RecordCount: uint32(len(b.values)),
+		Frame: batch.Encode(nil, h, recs),
+		Reply: func(res replica.Result) {
+			if w.rng.Float64() < w.lostReplyP {
+				w.res.LostReplies++ // an ambiguous ack: committed, but the producer never hears
+				return
+			}
+			w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, rng: e.rng,
+				batchSeq: seq, count: len(values), res: res})
+		},
+	})
+}
+
+// reply delivers a node's answer to the producer.
+func (w *world) reply(e *event) {
+	p := w.prods[e.producer-1]
+	seq := e.batchSeq
+	if e.res.Err != nil {
+		if !apierr.IsRetriable(e.res.Err) {
+			w.err = fmt.Errorf("producer %d range %d seq %d: final error %v", p.id, e.rng, seq, e.res.Err)
+			return
+		}
+		b := p.batch[e.rng]
+		if b == nil || b.seq != seq {
+			return
+		}
+		if hint := apierr.As(e.res.Err).LeaderHint; strings.HasPrefix(hint, "node:") {
+			if id, err := strconv.Atoi(strings.TrimPrefix(hint, "node:")); err == nil && id >= 1 && id <= len(w.nodes) {
+				b.target = id
+			}
+		}
+		b.sentAt = w.now - replyTimeout + 5 + w.rng.Int64N(20) // retry soon
+		return
+	}
+	if e.res.Duplicate {
+		w.res.Duplicates++
+	}
+	// Record the ack: every record of the batch at its offset.
+	for i := 0; i < e.count; i++ {
+		v := fmt.Sprintf("p%d/r%d/s%d", p.id, e.rng, seq+uint64(i))
+		off := e.res.BaseOffset + uint64(i)
+		if prev, ok := w.acked[e.rng][off]; ok && prev != v {
+			w.err = fmt.Errorf("range %d offset %d acked as %q and as %q", e.rng, off, prev, v)
+			return
+		}
+		w.acked[e.rng][off] = v
+		if int(off) < len(w.canonical[e.rng]) && w.canonical[e.rng][off] != v {
+			w.err = fmt.Errorf("range %d offset %d acked as %q but committed as %q", e.rng, off, v, w.canonical[e.rng][off])
+			return
+		}
+	}
+	if b := p.batch[e.rng]; b != nil && b.seq == seq {
+		w.res.Acked += len(b.values)
+		p.nextSeq[e.rng] = seq + uint64(len(b.values))
+		p.batch[e.rng] = nil
+	}
+}
+
+func (w *world) busy() bool {
+	for _, p := range w.prods {
+		for _, b := range p.batch {
+			if b != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// check reads what every live replica newly committed and holds it against
+// the canonical log: one record per offset everywhere (invariant 2), acked
+// records where they were acked (1), per producer sequence order = offset
+// order (3), each (producer, sequence) at most once (4).
+func (w *world) check() error {
+	for _, n := range w.nodes {
+		if !n.up {
+			continue
+		}
+		for r, rep := range n.replicas {
+			committed := rep.Committed()
+			for n.verified[r] < committed {
+				from := n.verified[r]
+				frames, err := n.stores[r].ReadFrames(from, 1<<20, committed)
+				if err != nil {
+					return fmt.Errorf("node %d range %d: read committed [%d, %d): %w", n.id, r, from, committed, err)
+				}
+				if len(frames) == 0 {
+					return fmt.Errorf("node %d range %d: committed %d but nothing readable at %d", n.id, r, committed, from)
+				}
+				for len(frames) > 0 {
+					size, err := batch.FrameSize(frames)
+					if err != nil {
+						return err
+					}
+					h, recs, err := batch.Decode(frames[:size])
+					frames = frames[size:]
+					if err != nil {
+						return err
+					}
+					if h.Type != batch.TypeData {
+						continue
+					}
+					for i, rec := range recs {
+						off := h.BaseOffset + uint64(i)
+						if off < n.verified[r] || off >= committed {
+							continue
+						}
+						if err := w.canonize(r, off, string(rec.Value)); err != nil {
+							return fmt.Errorf("node %d: %w", n.id, err)
+						}
+						n.verified[r] = off + 1
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (w *world) canonize(r int, off uint64, v string) error {
+	canon := w.canonical[r]
+	if off < uint64(len(canon)) {
+		if canon[off] != v {
+			return fmt.Errorf("range %d offset %d: committed %q here, %q elsewhere", r, off, v, canon[off])
+		}
+		return nil
+	}
+	if off != uint64(len(canon)) {
+		return fmt.Errorf("range %d: committed offset %d after %d: a gap", r, off, len(canon))
+	}
+	if prev, ok := w.seen[r][v]; ok {
+		return fmt.Errorf("range %d: %q committed twice, at %d and %d", r, v, prev, off)
+	}
+	var pid int
+	var seq int64
+	var rr int
+	if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &pid, &rr, &seq); err != nil || rr != r {
+		return fmt.Errorf("range %d offset %d: foreign record %q", r, off, v)
+	}
+	if last, ok := w.lastSeq[r][pid]; ok && seq != last+1 {
+		return fmt.Errorf("range %d offset %d: producer %d sequence %d after %d", r, off, pid, seq, last)
+	}
+	if a, ok := w.acked[r][off]; ok && a != v {
+		return fmt.Errorf("range %d offset %d: acked %q, committed %q", r, off, a, v)
+	}
+	w.lastSeq[r][pid] = seq
+	w.seen[r][v] = off
+	w.canonical[r] = append(canon, v)
+	return nil
+}
+
+// finalCheck runs the healed region a little longer, then requires every
+// replica to have committed the same log, holding every acked record.
+func (w *world) finalCheck() error {
+	for i := 0; i < 2000 && w.err == nil; i++ {
+		w.step(false)
+		w.now++
+	}
+	if w.err != nil {
+		return w.err
+	}
+	for r := range w.canonical {
+		for off, v := range w.acked[r] {
+			if off >= uint64(len(w.canonical[r])) || w.canonical[r][off] != v {
+				return fmt.Errorf("range %d: acked %q at %d is lost", r, v, off)
+			}
+		}
+		for _, n := range w.nodes {
+			if c := n.replicas[r].Committed(); c != uint64(len(w.canonical[r])) {
+				return fmt.Errorf("range %d: node %d committed %d, the log has %d", r, n.id, c, len(w.canonical[r]))
+			}
+		}
+	}
+	return nil
+}
