@@ -17,7 +17,8 @@ FUZZ_TARGETS := \
 	./batch:FuzzDecode \
 	./batch:FuzzRoundTrip \
 	./segment:FuzzOffsetIndex \
-	./segment:FuzzTimeIndex
+	./segment:FuzzTimeIndex \
+	./raftnet:FuzzDecodeBatch
 FUZZ_TIME ?= 5s
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add
