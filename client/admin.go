@@ -55,7 +55,9 @@ type StreamDescription struct {
 	Ranges []RangeInfo
 }
 
-// CreateStream creates a stream. It is not retried: a retry after an
+// CreateStream creates a stream. It is sent only to a node the client has
+// an established connection to (trying the next address, up to RetriesMax
+// times, while none can be reached) and never resent: a retry after an
 // ambiguous failure could not tell its own success from a name clash
 // (CodeStreamExists).
 func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo, error) {
@@ -75,8 +77,8 @@ func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo
 		},
 	}
 	var resp *geologv1.CreateStreamResponse
-	err := c.call(ctx, false, func(ctx context.Context) (err error) {
-		resp, err = c.api.CreateStream(ctx, req)
+	err := c.call(ctx, false, func(ctx context.Context, api geologv1.LogClient) (err error) {
+		resp, err = api.CreateStream(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -86,11 +88,12 @@ func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo
 	return &info, nil
 }
 
-// ListStreams lists all streams.
+// ListStreams lists all streams. Retriable errors are retried, at another
+// node (RetriesMax).
 func (c *Client) ListStreams(ctx context.Context) ([]StreamInfo, error) {
 	var resp *geologv1.ListStreamsResponse
-	err := c.call(ctx, true, func(ctx context.Context) (err error) {
-		resp, err = c.api.ListStreams(ctx, &geologv1.ListStreamsRequest{})
+	err := c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
+		resp, err = api.ListStreams(ctx, &geologv1.ListStreamsRequest{})
 		return err
 	})
 	if err != nil {
@@ -103,11 +106,12 @@ func (c *Client) ListStreams(ctx context.Context) ([]StreamInfo, error) {
 	return out, nil
 }
 
-// DescribeStream returns a stream and the state of its ranges.
+// DescribeStream returns a stream and the state of its ranges. Retriable
+// errors are retried, at another node (RetriesMax).
 func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescription, error) {
 	var resp *geologv1.DescribeStreamResponse
-	err := c.call(ctx, true, func(ctx context.Context) (err error) {
-		resp, err = c.api.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: name})
+	err := c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
+		resp, err = api.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: name})
 		return err
 	})
 	if err != nil {

@@ -2,13 +2,14 @@ package client
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -16,30 +17,39 @@ import (
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
-// Client is a connection to a geolog node. It is safe for concurrent use.
+// Client is a connection to the nodes of a geolog region. It is safe for
+// concurrent use.
+//
+// It knows a set of node addresses (see New, Addrs and AddrsMax) with one
+// lazily made connection each. Admin and read calls go to any healthy
+// address and move to the next one on a retriable error; producers route
+// each range to its leader (see the package doc, "Routing").
 type Client struct {
 	addr string
 	cfg  clientConfig
 	log  hclog.Logger
-	conn *grpc.ClientConn
-	api  geologv1.LogClient
+	pool *connPool
 
 	mu        sync.Mutex
 	closed    bool
 	producers map[*Producer]struct{}
 }
 
-// New returns a client for the node at addr ("host:port"). It validates all
-// options; the connection itself is made lazily and re-made as needed.
+// New returns a client for the nodes at addr: one "host:port" or a
+// comma-separated list of them ("10.0.0.1:7400,10.0.0.2:7400"), joined by
+// those of the Addrs option. Any node of the region will do; the client
+// learns range leaders from the nodes' hints. New validates all options and
+// addresses; connections are made lazily and re-made as needed.
 func New(addr string, opts ...Opt) (*Client, error) {
-	if addr == "" {
-		return nil, fmt.Errorf("client: empty address")
-	}
 	cfg := defaultClientConfig()
 	for _, o := range opts {
 		o(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	addrs, err := parseAddrs(append([]string{addr}, cfg.addrs...)...)
+	if err != nil {
 		return nil, err
 	}
 	creds := insecure.NewCredentials()
@@ -58,37 +68,49 @@ func New(addr string, opts ...Opt) (*Client, error) {
 			Time:    cfg.keepaliveTime,
 			Timeout: cfg.keepaliveTimeout,
 		}),
+		// A node that died and came back should be reachable again within
+		// the retry backoff, not gRPC's default of up to two minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  cfg.backoffMin,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   cfg.backoffMax,
+			},
+			MinConnectTimeout: connectTimeoutMin,
+		}),
 		grpc.WithWriteBufferSize(256 << 10),
 		grpc.WithReadBufferSize(256 << 10),
 	}
 	dial = append(dial, cfg.dialOpts...)
-	// "passthrough" hands host:port to the dialer as is, as a plain
-	// net.Dial would; the default dns resolver would also work but adds a
-	// resolution step that buys nothing for a single address.
-	conn, err := grpc.NewClient("passthrough:///"+addr, dial...)
-	if err != nil {
-		return nil, fmt.Errorf("client: %w", err)
-	}
 	return &Client{
 		addr:      addr,
 		cfg:       cfg,
 		log:       cfg.logger.Named("geolog-client"),
-		conn:      conn,
-		api:       geologv1.NewLogClient(conn),
+		pool:      newConnPool(addrs, dial, cfg.backoffMin, cfg.backoffMax),
 		producers: make(map[*Producer]struct{}),
 	}, nil
 }
 
-// Addr returns the address the client was created with.
+// connectTimeoutMin bounds one attempt to establish a connection (gRPC's
+// MinConnectTimeout, whose default is 20s).
+const connectTimeoutMin = 10 * time.Second
+
+// Addr returns the addr argument of New, as given.
 func (c *Client) Addr() string { return c.addr }
 
-// API returns the raw generated gRPC client on the client's connection, for
-// calls this package does not wrap. Errors from it should go through
-// apierr.FromError.
-func (c *Client) API() geologv1.LogClient { return c.api }
+// Addrs returns the node addresses the client knows now, bootstrap
+// addresses first, then those learned from leader hints.
+func (c *Client) Addrs() []string { return c.pool.addrs() }
+
+// API returns a raw generated gRPC client for calls this package does not
+// wrap. Each of its calls goes to the address the client currently prefers
+// for calls any node can serve, without retries or failover. Errors from it
+// should go through apierr.FromError.
+func (c *Client) API() geologv1.LogClient { return pooledAPI{c.pool} }
 
 // Close closes every producer of the client (failing unacknowledged records
-// with ErrClosed) and then the connection.
+// with ErrClosed) and then the connections.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -104,7 +126,7 @@ func (c *Client) Close() error {
 	for _, p := range ps {
 		p.Close()
 	}
-	return c.conn.Close()
+	return c.pool.close()
 }
 
 func (c *Client) isClosed() bool {
@@ -113,32 +135,77 @@ func (c *Client) isClosed() bool {
 	return c.closed
 }
 
-// call runs one unary RPC attempt at a time, bounding each attempt by the
-// request timeout when ctx has none, and retries retriable errors with backoff
-// up to RetriesMax times when retry is true. Errors go through rpcError.
-func (c *Client) call(ctx context.Context, retry bool, fn func(ctx context.Context) error) error {
+// call runs one unary RPC attempt at a time against the client's nodes,
+// bounding each attempt by the request timeout when ctx has none. Errors go
+// through rpcError.
+//
+// The first attempt goes to the pool's pick. After a retriable error the
+// next attempt goes to the error's leader hint if it has one, else the
+// address is marked failed and the next attempt goes to the pool's pick
+// (another address while one is up). With retry, retriable errors are
+// retried with backoff up to RetriesMax times. Without retry (a call that
+// must not run twice) the request is sent only over an established
+// connection and never resent; attempts that could not reach a node are
+// retried like retriable errors, since nothing was sent.
+func (c *Client) call(ctx context.Context, retry bool, fn func(ctx context.Context, api geologv1.LogClient) error) error {
 	if c.isClosed() {
 		return ErrClosed
 	}
+	addr := c.pool.pick()
 	for attempt := 0; ; attempt++ {
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if _, ok := ctx.Deadline(); !ok && c.cfg.requestTimeout > 0 {
 			actx, cancel = context.WithTimeout(ctx, c.cfg.requestTimeout)
 		}
-		err := fn(actx)
+		sent := false
+		api, conn, err := c.pool.api(addr)
+		if err == nil && !retry {
+			err = c.pool.waitReady(actx, addr, conn)
+		}
+		if err == nil {
+			sent = true
+			err = fn(actx, api)
+		}
 		cancel()
 		if err == nil {
+			c.pool.succeeded(addr)
 			return nil
 		}
 		err = rpcError(ctx, err)
-		if !retry || !IsRetriable(err) || attempt >= c.cfg.retriesMax {
+		if !IsRetriable(err) {
 			return err
 		}
-		c.log.Debug("retrying call", "attempt", attempt+1, "error", err)
+		from := addr
+		addr = c.nextAddr(addr, err)
+		if (!retry && sent) || attempt >= c.cfg.retriesMax {
+			return err
+		}
+		c.log.Debug("retrying call", "attempt", attempt+1, "addr", from, "next_addr", addr, "error", err)
 		if err := sleepCtx(ctx, backoffDelay(attempt+1, c.cfg.backoffMin, c.cfg.backoffMax)); err != nil {
 			return err
 		}
 	}
+}
+
+// nextAddr returns where a call that any node can serve goes after addr
+// answered the retriable err: to the leader hint if err carries a usable
+// one, else to the pool's pick after marking addr failed.
+func (c *Client) nextAddr(addr string, err error) string {
+	if hint := leaderHint(err, addr); hint != "" {
+		return hint
+	}
+	c.pool.failed(addr)
+	return c.pool.pick()
+}
+
+// leaderHint returns the leader hint of err when it names a well-formed
+// address other than from, or "".
+func leaderHint(err error, from string) string {
+	var e *Error
+	if !errors.As(err, &e) || e.LeaderHint == "" || e.LeaderHint == from || checkAddr(e.LeaderHint) != nil {
+		return ""
+	}
+	return e.LeaderHint
 }
 
 // backoffDelay returns the jittered exponential backoff before attempt n

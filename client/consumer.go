@@ -49,8 +49,9 @@ type ReadResult struct {
 	StartOffset, TailOffset uint64
 }
 
-// Read returns committed records of one range from fromOffset on. Retriable
-// errors are retried (RetriesMax). Reading below the range's start or past
+// Read returns committed records of one range from fromOffset on, from any
+// node (a follower may lag: use ConsistencyMinOffset or ConsistencyHome to
+// bound that). Retriable errors are retried at another node (RetriesMax). Reading below the range's start or past
 // its tail fails with CodeOffsetOutOfRange; the *Error carries the valid
 // StartOffset and TailOffset.
 func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset uint64, opts ReadOptions) (*ReadResult, error) {
@@ -64,8 +65,8 @@ func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset
 		MinOffset:   opts.MinOffset,
 	}
 	var resp *geologv1.ReadResponse
-	err := c.call(ctx, true, func(ctx context.Context) (err error) {
-		resp, err = c.api.Read(ctx, req)
+	err := c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
+		resp, err = api.Read(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -129,11 +130,14 @@ type StartAt struct {
 }
 
 // Subscribe follows one range from start: it yields every committed record
-// in offset order, then waits for new ones until ctx ends. On a retriable
-// error or a broken stream it resubscribes from the last delivered offset+1
-// (never yielding a record twice), with backoff; RetriesMax bounds the
-// consecutive attempts that deliver nothing. The sequence ends after
-// yielding one error: the final error, or ctx's error, or ErrClosed.
+// in offset order, then waits for new ones until ctx ends. Any node serves
+// it (offsets are the same on every replica). On a retriable error or a
+// broken stream it resubscribes, with backoff, at the next address (or at
+// the error's leader hint) from the last delivered offset+1, never yielding
+// a record twice; a node found behind that offset counts as a retriable
+// failure. RetriesMax bounds the consecutive attempts that deliver nothing.
+// The sequence ends after yielding one error: the final error, or ctx's
+// error, or ErrClosed.
 //
 //	for rec, err := range c.Subscribe(ctx, "chat", 0, client.StartAt{}) {
 //		if err != nil { ... break }
@@ -141,14 +145,13 @@ type StartAt struct {
 //	}
 func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start StartAt) iter.Seq2[StoredRecord, error] {
 	return func(yield func(StoredRecord, error) bool) {
-		next := start.Offset // records below next are skipped
-		delivered := false
-		failures := 0
+		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick()}
 		for {
-			err := c.subscribeOnce(ctx, stream, rng, start, &next, &delivered, &failures, yield)
+			received, err := s.once(ctx, yield)
 			if err == nil {
 				return // the consumer stopped iterating
 			}
+			err = s.lagging(err)
 			switch {
 			case c.isClosed():
 				yield(StoredRecord{}, ErrClosed)
@@ -156,13 +159,24 @@ func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start
 			case ctx.Err() != nil:
 				yield(StoredRecord{}, ctx.Err())
 				return
-			case !IsRetriable(err) || failures >= c.cfg.retriesMax:
-				yield(StoredRecord{}, fmt.Errorf("subscribe %s/%d at %d: %w", stream, rng, next, err))
+			case !IsRetriable(err) || s.failures >= c.cfg.retriesMax:
+				yield(StoredRecord{}, fmt.Errorf("subscribe %s/%d at %d: %w", stream, rng, s.next, err))
 				return
 			}
-			failures++
-			c.log.Debug("resubscribing", "stream", stream, "range", rng, "offset", next, "attempt", failures, "error", err)
-			if sleepCtx(ctx, backoffDelay(failures, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
+			s.failures++
+			from := s.addr
+			if hint := leaderHint(err, from); hint != "" {
+				s.addr = hint
+			} else {
+				if !received {
+					// Nothing came from it: it is down or cannot serve.
+					c.pool.failed(from)
+				}
+				s.addr = c.pool.next(from)
+			}
+			c.log.Debug("resubscribing", "stream", stream, "range", rng, "offset", s.next,
+				"attempt", s.failures, "addr", from, "next_addr", s.addr, "error", err)
+			if sleepCtx(ctx, backoffDelay(s.failures, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
 				yield(StoredRecord{}, ctx.Err())
 				return
 			}
@@ -170,42 +184,75 @@ func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start
 	}
 }
 
-// subscribeOnce runs one Subscribe stream until it fails (returning the
+// subscription is the state of one Subscribe across its streams.
+type subscription struct {
+	c      *Client
+	stream string
+	rng    uint32
+	start  StartAt
+	addr   string // where the next stream goes
+	// next is the offset to deliver next; records below it are skipped.
+	next      uint64
+	delivered bool // a record was yielded
+	failures  int  // consecutive attempts that delivered nothing
+}
+
+// lagging turns the OFFSET_OUT_OF_RANGE of a node whose tail is below an
+// offset already delivered (a follower that has not caught up) into a
+// retriable error: the offset exists, elsewhere.
+func (s *subscription) lagging(err error) error {
+	var e *Error
+	if !s.delivered || !errors.As(err, &e) || e.Code != apierr.OffsetOutOfRange || e.TailOffset >= s.next {
+		return err
+	}
+	return apierr.New(apierr.Unavailable, "node %s is behind: its tail %d is below offset %d (%s)", s.addr, e.TailOffset, s.next, e.Message)
+}
+
+// once runs one Subscribe stream at s.addr until it fails (returning the
 // classified error) or the consumer stops iterating (returning nil).
-func (c *Client) subscribeOnce(ctx context.Context, stream string, rng uint32, start StartAt,
-	next *uint64, delivered *bool, failures *int, yield func(StoredRecord, error) bool) error {
+// received reports whether the stream delivered anything.
+func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error) bool) (received bool, err error) {
+	c := s.c
 	if c.isClosed() {
-		return ErrClosed
+		return false, ErrClosed
+	}
+	api, _, err := c.pool.api(s.addr)
+	if err != nil {
+		return false, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req := &geologv1.SubscribeRequest{Stream: stream, Range: rng}
-	if !start.Time.IsZero() && !*delivered {
-		req.Start = &geologv1.SubscribeRequest_FromTimeUnixNanos{FromTimeUnixNanos: start.Time.UnixNano()}
+	req := &geologv1.SubscribeRequest{Stream: s.stream, Range: s.rng}
+	if !s.start.Time.IsZero() && !s.delivered {
+		req.Start = &geologv1.SubscribeRequest_FromTimeUnixNanos{FromTimeUnixNanos: s.start.Time.UnixNano()}
 	} else {
-		req.Start = &geologv1.SubscribeRequest_FromOffset{FromOffset: *next}
+		req.Start = &geologv1.SubscribeRequest_FromOffset{FromOffset: s.next}
 	}
-	sub, err := c.api.Subscribe(sctx, req)
+	sub, err := api.Subscribe(sctx, req)
 	if err != nil {
-		return rpcError(ctx, err)
+		return false, rpcError(ctx, err)
 	}
 	for {
 		resp, err := sub.Recv()
 		if errors.Is(err, io.EOF) {
-			return apierr.New(apierr.Unavailable, "subscription ended by the server")
+			return received, apierr.New(apierr.Unavailable, "subscription ended by the server")
 		}
 		if err != nil {
-			return rpcError(ctx, err)
+			return received, rpcError(ctx, err)
+		}
+		if !received {
+			received = true
+			c.pool.succeeded(s.addr)
 		}
 		for _, r := range resp.GetRecords() {
-			if r.GetOffset() < *next {
+			if r.GetOffset() < s.next {
 				continue // already delivered before a resubscribe
 			}
-			*next = r.GetOffset() + 1
-			*delivered = true
-			*failures = 0
-			if !yield(storedFromProto(rng, r), nil) {
-				return nil
+			s.next = r.GetOffset() + 1
+			s.delivered = true
+			s.failures = 0
+			if !yield(storedFromProto(s.rng, r), nil) {
+				return received, nil
 			}
 		}
 	}

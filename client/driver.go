@@ -45,21 +45,29 @@ type batch struct {
 
 func (b *batch) recordCount() uint64 { return uint64(len(b.recs)) }
 
-// connEvent is a reply or the terminal error of one stream.
+// connEvent is the outcome of opening one stream (open set), or a reply or
+// the terminal error of one stream.
 type connEvent struct {
-	gen  uint64
-	resp *geologv1.AppendResponse
-	err  error
+	gen    uint64
+	open   bool
+	stream geologv1.Log_AppendStreamClient // with open: the opened stream
+	resp   *geologv1.AppendResponse
+	err    error
 }
 
-// appendConn is one AppendStream of a range.
+// appendConn is one AppendStream of a range, to one address.
 type appendConn struct {
 	gen    uint64
-	stream geologv1.Log_AppendStreamClient
+	addr   string
+	ctx    context.Context
 	cancel context.CancelFunc
+	// stream is nil while the stream is being opened.
+	stream geologv1.Log_AppendStreamClient
 	// broken is set when a Send failed: nothing more is sent on it, and the
 	// driver waits for the receiver to report why the stream ended.
 	broken bool
+	// replied is set by the first reply, acked by the first acknowledgement.
+	replied, acked bool
 }
 
 // rangeDriver owns one range of a producer. Produce calls append to pending
@@ -80,7 +88,13 @@ type rangeDriver struct {
 	closed             bool
 
 	// Owned by run.
-	pid     uint64
+	// addr is where the range's streams go: the range leader as far as the
+	// driver knows (see the package doc, "Routing").
+	addr string
+	// hintHops counts the leader hints followed since the last
+	// acknowledgement; the first hintHopsImmediateMax go without backoff.
+	hintHops int
+	pid      uint64
 	nextSeq uint64
 	// pidAcked is set once a batch was acknowledged under pid. Until then
 	// the range sends one batch at a time (see pump).
@@ -102,18 +116,23 @@ func newRangeDriver(p *Producer, rng uint32) *rangeDriver {
 	if !p.cfg.idempotent {
 		pid = 0
 	}
+	addr := p.c.pool.leader(p.stream, rng)
+	if addr == "" {
+		addr = p.c.pool.pick()
+	}
 	return &rangeDriver{
 		p:    p,
 		rng:  rng,
 		log:  p.log.With("range", rng),
 		wake: make(chan struct{}, 1),
 		pid:  pid,
+		addr: addr,
 		// A stream's receiver never has more unread replies than batches
 		// sent on it: at most the window, plus the window again of stale
-		// sends after a renumbering, plus its terminal error. Receivers of
-		// abandoned streams exit on their context, so this never blocks
-		// for long.
-		events: make(chan connEvent, 2*InflightBatchesMaxLimit+2),
+		// sends after a renumbering, plus its terminal error; its opener
+		// sends one event. Receivers and openers of abandoned streams exit
+		// on their context, so this never blocks for long.
+		events: make(chan connEvent, 2*InflightBatchesMaxLimit+3),
 	}
 }
 
@@ -181,7 +200,7 @@ func (d *rangeDriver) run() {
 // pump sends what can be sent: first the batches to resend, then new batches
 // while the window has room.
 func (d *rangeDriver) pump(now time.Time) {
-	if now.Before(d.backoffUntil) || (d.conn != nil && d.conn.broken) {
+	if now.Before(d.backoffUntil) || (d.conn != nil && (d.conn.broken || d.conn.stream == nil)) {
 		return
 	}
 	window := d.p.cfg.inflightBatchesMax
@@ -206,7 +225,9 @@ func (d *rangeDriver) pump(now time.Time) {
 	if !unsent && (len(d.batches) >= window || !d.cuttable(now)) {
 		return
 	}
-	if d.conn == nil && !d.connect() {
+	if d.conn == nil {
+		// Sending waits for the stream to open (an event).
+		d.connect()
 		return
 	}
 	for _, b := range d.batches[:min(window, len(d.batches))] {
@@ -325,27 +346,36 @@ func (d *rangeDriver) renumber() {
 	d.log.Debug("continuing under a fresh producer id", "new_producer_id", d.pid)
 }
 
-func (d *rangeDriver) connect() bool {
-	ctx, cancel := context.WithCancel(d.p.ctx)
-	stream, err := d.p.c.api.AppendStream(ctx)
+// connect starts opening a stream to d.addr. Opening runs on its own
+// goroutine and reports as an event, because it may wait for a connection
+// (up to the connect timeout for an address that does not answer), and the
+// driver must meanwhile keep failing records whose deadlines pass.
+func (d *rangeDriver) connect() {
+	api, _, err := d.p.c.pool.api(d.addr)
 	if err != nil {
-		cancel()
 		d.streamEnded(err)
-		return false
+		return
 	}
+	ctx, cancel := context.WithCancel(d.p.ctx)
 	d.connGen++
-	d.conn = &appendConn{gen: d.connGen, stream: stream, cancel: cancel}
-	go d.receive(ctx, d.conn)
-	return true
+	conn := &appendConn{gen: d.connGen, addr: d.addr, ctx: ctx, cancel: cancel}
+	d.conn = conn
+	go func() {
+		stream, err := api.AppendStream(ctx)
+		select {
+		case d.events <- connEvent{gen: conn.gen, open: true, stream: stream, err: err}:
+		case <-ctx.Done():
+		}
+	}()
 }
 
-// receive forwards conn's replies and its terminal error to the driver. It
-// reads no driver state.
-func (d *rangeDriver) receive(ctx context.Context, conn *appendConn) {
+// receive forwards stream's replies and its terminal error to the driver.
+// It reads no driver state.
+func (d *rangeDriver) receive(ctx context.Context, gen uint64, stream geologv1.Log_AppendStreamClient) {
 	for {
-		resp, err := conn.stream.Recv()
+		resp, err := stream.Recv()
 		select {
-		case d.events <- connEvent{gen: conn.gen, resp: resp, err: err}:
+		case d.events <- connEvent{gen: gen, resp: resp, err: err}:
 		case <-ctx.Done():
 			return
 		}
@@ -391,24 +421,35 @@ func (d *rangeDriver) handle(ev connEvent) {
 		d.streamEnded(ev.err)
 		return
 	}
+	if ev.open {
+		d.conn.stream = ev.stream
+		go d.receive(d.conn.ctx, d.conn.gen, ev.stream)
+		return
+	}
+	d.conn.replied = true
 	d.onReply(ev.resp)
 }
 
 // streamEnded handles the end of the current stream (or a failure to open
 // one).
 func (d *rangeDriver) streamEnded(err error) {
+	replied := d.conn != nil && d.conn.replied
 	d.closeConn()
 	if d.p.ctx.Err() != nil {
 		return // closing; shutdown fails everything
 	}
-	var e error
+	var e *Error
 	if errors.Is(err, io.EOF) {
 		e = apierr.New(apierr.Unavailable, "append stream ended by the server")
 	} else {
 		e = apierr.FromError(err)
 	}
-	if IsRetriable(e) {
+	if e.Retriable {
+		immediate := d.retarget(e, replied)
 		d.rewind(e)
+		if immediate {
+			d.backoffUntil = time.Time{}
+		}
 		return
 	}
 	// A final stream error says nothing about which sends were appended,
@@ -444,7 +485,15 @@ func (d *rangeDriver) onReply(resp *geologv1.AppendResponse) {
 	if b.pid == d.pid {
 		d.pidAcked = true
 	}
+	if !d.conn.acked {
+		// The node appends for the range: it is the leader, for other
+		// producers of the client too.
+		d.conn.acked = true
+		d.p.c.pool.setLeader(d.p.stream, d.rng, d.conn.addr)
+		d.p.c.pool.succeeded(d.conn.addr)
+	}
 	d.backoffAttempt = 0
+	d.hintHops = 0
 	d.lastErr = nil
 	for len(d.batches) > 0 && d.batches[0].resp != nil {
 		head := d.batches[0]
@@ -461,9 +510,17 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 	case e.Retriable, i > 0:
 		// A batch behind an unacknowledged one failed (a SEQUENCE_GAP
 		// because its predecessor has not landed is the usual case): it is
-		// part of the rewind, which resends everything in order.
+		// part of the rewind, which resends everything in order. A
+		// retriable error may also say where to resend (NOT_LEADER).
+		immediate := false
+		if e.Retriable {
+			immediate = d.retarget(e, true)
+		}
 		d.closeConn()
 		d.rewind(e)
+		if immediate {
+			d.backoffUntil = time.Time{}
+		}
 
 	case e.Code == apierr.SequenceGap && e.ExpectedSequence < b.baseSeq:
 		// The server has lost this producer's sequence state (an expired
@@ -509,6 +566,61 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 		d.fail(b, func(*promisedRecord) error { return e })
 		d.renumber()
 	}
+}
+
+// hintHopsImmediateMax bounds the leader hints a range follows at once,
+// without backoff, between two acknowledgements; past it hints wait the
+// usual backoff, so that nodes whose hints point at each other (a stale
+// view during an election) cannot make a range spin.
+const hintHopsImmediateMax = 3
+
+// retarget chooses where the range's next stream goes after the retriable
+// error e ended the current one (or its opening); replied says whether the
+// node had answered on that stream. It returns whether the move may skip
+// the backoff. The rules (the package doc, "Routing"):
+//
+//   - a leader hint naming another address: go there (learning it), and
+//     cache it as the range's leader;
+//   - NOT_LEADER without a usable hint: the range's leader in the client's
+//     cache if another producer learned one, else the next address in the
+//     ring;
+//   - a stream that failed before the node answered anything (it could not
+//     be opened, or the node died at once), or SHUTTING_DOWN: the address is
+//     marked failed and the range goes on as for NOT_LEADER;
+//   - otherwise (a stream that worked broke, an overloaded or unavailable
+//     leader): the same address again. If the node is gone, that attempt
+//     fails before any answer and the rule above moves on.
+func (d *rangeDriver) retarget(e *Error, replied bool) (immediate bool) {
+	pool := d.p.c.pool
+	from := d.addr
+	switch hint := leaderHint(e, from); {
+	case hint != "":
+		d.addr = hint
+		pool.setLeader(d.p.stream, d.rng, hint)
+		d.hintHops++
+		immediate = d.hintHops <= hintHopsImmediateMax
+	case e.Code == apierr.NotLeader:
+		pool.forgetLeader(d.p.stream, d.rng, from)
+		d.addr = d.nextAddr(from)
+	case !replied || e.Code == apierr.ShuttingDown:
+		pool.failed(from)
+		pool.forgetLeader(d.p.stream, d.rng, from)
+		d.addr = d.nextAddr(from)
+	}
+	if d.addr != from {
+		d.log.Debug("moving range", "from", from, "to", d.addr, "immediate", immediate, "error", e)
+	}
+	return immediate
+}
+
+// nextAddr returns where the range goes when it gives up on from without a
+// hint: the leader another producer of the client learned meanwhile, if
+// any, else the next address in the ring.
+func (d *rangeDriver) nextAddr(from string) string {
+	if l := d.p.c.pool.leader(d.p.stream, d.rng); l != "" && l != from {
+		return l
+	}
+	return d.p.c.pool.next(from)
 }
 
 // rewind abandons the current stream and schedules a resend, after backoff,

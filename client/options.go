@@ -25,6 +25,7 @@ type clientConfig struct {
 	backoffMin        time.Duration
 	backoffMax        time.Duration
 	dialOpts          []grpc.DialOption
+	addrs             []string
 }
 
 func defaultClientConfig() clientConfig {
@@ -40,6 +41,14 @@ func defaultClientConfig() clientConfig {
 		backoffMin:        100 * time.Millisecond,
 		backoffMax:        2 * time.Second,
 	}
+}
+
+// Addrs adds bootstrap node addresses ("host:port", or comma-separated
+// lists of them) to New's addr; there are none by default. New's addr may
+// then be empty. Together they may name at most AddrsMax addresses;
+// duplicates count once.
+func Addrs(addrs ...string) Opt {
+	return func(c *clientConfig) { c.addrs = append(c.addrs, addrs...) }
 }
 
 // TLSConfig makes the client dial with TLS using cfg (set Certificates for
@@ -73,14 +82,17 @@ func Keepalive(time, timeout time.Duration) Opt {
 // deadline, overriding the default of 30s. Zero disables it.
 func RequestTimeout(d time.Duration) Opt { return func(c *clientConfig) { c.requestTimeout = d } }
 
-// RetriesMax bounds the retries of a retriable read, describe or list call,
-// and the consecutive failed reconnects of a subscription that has delivered
-// nothing in between, overriding the default of 10.
+// RetriesMax bounds the retries of a retriable read, describe or list call
+// (each may go to another node), the attempts of a CreateStream that could
+// not reach a node, and the consecutive failed reconnects of a subscription
+// that has delivered nothing in between, overriding the default of 10.
 func RetriesMax(n int) Opt { return func(c *clientConfig) { c.retriesMax = n } }
 
 // RetryBackoff sets the bounds of the jittered exponential backoff between
 // retries, overriding the defaults of 100ms and 2s. It is also the default
-// for producers (see ProducerRetryBackoff).
+// for producers (see ProducerRetryBackoff), bounds how long an address that
+// failed is avoided while others are up, and bounds gRPC's backoff between
+// attempts to re-establish a broken connection.
 func RetryBackoff(min, max time.Duration) Opt {
 	return func(c *clientConfig) { c.backoffMin, c.backoffMax = min, max }
 }

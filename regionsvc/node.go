@@ -71,6 +71,15 @@ type Config struct {
 	MaintenanceInterval time.Duration
 	// Now is the clock, default time.Now.
 	Now func() time.Time
+	// NodeID and Peers turn on replication: Peers maps every node of the
+	// region, this one included, from its Raft id (non-zero) to its listen
+	// address. Every range and the stream catalogue are then Raft groups
+	// over these nodes. Without Peers the node is a region of one.
+	NodeID uint64
+	Peers  map[uint64]string
+	// TickInterval is Raft's tick, default 50 ms: heartbeats every tick,
+	// elections after 10-20 ticks without a leader.
+	TickInterval time.Duration
 	// MeterProvider receives the node's metrics, default a no-op provider.
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives gRPC spans, default a no-op provider.
@@ -123,6 +132,17 @@ func (c *Config) setDefaults() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if len(c.Peers) > 0 {
+		if c.NodeID == 0 || c.Peers[c.NodeID] == "" {
+			return fmt.Errorf("regionsvc: NodeID %d must be one of Peers", c.NodeID)
+		}
+		if _, ok := c.Peers[0]; ok {
+			return errors.New("regionsvc: Raft id 0 is not valid")
+		}
+	}
+	if c.TickInterval <= 0 {
+		c.TickInterval = 50 * time.Millisecond
+	}
 	if c.MeterProvider == nil {
 		c.MeterProvider = metricnoop.NewMeterProvider()
 	}
@@ -151,6 +171,7 @@ type Node struct {
 
 	syncSlots  chan struct{}
 	metrics    *nodeMetrics
+	region     *region // nil unless replicated
 	grpcServer *grpc.Server
 	listener   net.Listener
 	closing    chan struct{}
@@ -180,6 +201,15 @@ func New(cfg Config) (*Node, error) {
 	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
+	if len(cfg.Peers) > 0 {
+		// The catalogue is the meta range; streams appear as it applies.
+		if err := n.openRegion(); err != nil {
+			n.Close()
+			return nil, err
+		}
+		n.logger.Info("node opened", "data_dir", cfg.DataDir, "node_id", cfg.NodeID, "peers", fmtPeers(cfg.Peers))
+		return n, nil
+	}
 	specs, err := loadCatalog(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -196,31 +226,53 @@ func (n *Node) rangeDir(stream string, r uint32) string {
 }
 
 func (n *Node) openStream(spec streamSpec) *streamState {
+	return n.openStreamAt(spec, 0)
+}
+
+// openStreamAt opens a stream's ranges; in replicated mode metaOffset, the
+// catalogue offset of the stream's creation, names their Raft groups.
+func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 	st := &streamState{spec: spec, ranges: make([]*rangeDriver, spec.RangeCount)}
 	for r := uint32(0); r < spec.RangeCount; r++ {
-		st.ranges[r] = openRangeDriver(rangeDriverConfig{
-			stream:  spec.Name,
-			rangeID: r,
-			store: segment.Config{
-				Dir:             n.rangeDir(spec.Name, r),
-				SegmentBytesMax: n.cfg.SegmentBytesMax,
-				Fsync:           n.cfg.Fsync,
-				RetentionAge:    time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
-				RetentionBytes:  spec.RetentionBytes,
-				Now:             n.cfg.Now,
-			},
-			epoch:               n.cfg.Epoch,
-			logger:              n.cfg.Logger,
-			now:                 n.cfg.Now,
-			inboxOpsMax:         n.cfg.InboxOpsMax,
-			producersMax:        n.cfg.ProducersMax,
-			producerStateTTL:    n.cfg.ProducerStateTTL,
-			maintenanceInterval: n.cfg.MaintenanceInterval,
-			syncSlots:           n.syncSlots,
-			metrics:             n.metrics,
-		})
+		var rc *replicationConfig
+		if n.replicated() {
+			rc = &replicationConfig{groupID: groupFor(metaOffset, r)}
+		}
+		st.ranges[r] = openRangeDriver(n.rangeConfig(spec.Name, r, segment.Config{
+			Dir:            n.rangeDir(spec.Name, r),
+			RetentionAge:   time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
+			RetentionBytes: spec.RetentionBytes,
+		}, rc))
 	}
 	return st
+}
+
+// rangeConfig completes a range driver's configuration from the node's.
+func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *replicationConfig) rangeDriverConfig {
+	store.SegmentBytesMax = n.cfg.SegmentBytesMax
+	store.Fsync = n.cfg.Fsync
+	store.Now = n.cfg.Now
+	if rc != nil {
+		n.completeReplication(rc)
+		// Raft's log is compacted only with snapshots, which are not
+		// supported yet: no retention on replicated ranges.
+		store.RetentionAge, store.RetentionBytes = 0, 0
+	}
+	return rangeDriverConfig{
+		stream:              stream,
+		rangeID:             r,
+		store:               store,
+		epoch:               n.cfg.Epoch,
+		logger:              n.cfg.Logger,
+		now:                 n.cfg.Now,
+		inboxOpsMax:         n.cfg.InboxOpsMax,
+		producersMax:        n.cfg.ProducersMax,
+		producerStateTTL:    n.cfg.ProducerStateTTL,
+		maintenanceInterval: n.cfg.MaintenanceInterval,
+		syncSlots:           n.syncSlots,
+		metrics:             n.metrics,
+		repl:                rc,
+	}
 }
 
 // Start listens on cfg.ListenAddr and serves in the background.
@@ -245,8 +297,16 @@ func (n *Node) Start() error {
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
 	}
+	if n.replicated() {
+		// Raft's transport shares the port; its options bound its streams.
+		opts = append(opts, n.region.transport.ServerOptions()...)
+		opts = append(opts, grpc.MaxRecvMsgSize(max(n.cfg.BatchBytesMax+(4<<20), 64<<20)))
+	}
 	n.grpcServer = grpc.NewServer(opts...)
 	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
+	if n.replicated() {
+		n.region.transport.Register(n.grpcServer)
+	}
 	n.listener = lis
 	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
 	n.logger.Info("serving", "addr", lis.Addr().String(), "region", n.cfg.Region)
@@ -272,6 +332,9 @@ func (n *Node) Close() error {
 		for _, st := range n.streams {
 			all = append(all, st.ranges...)
 		}
+		if n.replicated() && n.region.meta != nil {
+			all = append(all, n.region.meta)
+		}
 		n.mu.RUnlock()
 		var wg sync.WaitGroup
 		for _, rd := range all {
@@ -279,6 +342,10 @@ func (n *Node) Close() error {
 			go func() { defer wg.Done(); rd.stop() }()
 		}
 		wg.Wait()
+		if n.replicated() {
+			close(n.region.stopCh)
+			n.region.transport.Close()
+		}
 		if n.grpcServer != nil {
 			stopped := make(chan struct{})
 			go func() { n.grpcServer.GracefulStop(); close(stopped) }()
@@ -319,6 +386,14 @@ func (n *Node) createStream(req *geologv1.CreateStreamRequest) (*geologv1.Stream
 	case <-n.closing:
 		return nil, apierr.New(apierr.ShuttingDown, "node is shutting down")
 	default:
+	}
+	if n.replicated() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := n.createStreamReplicated(ctx, spec); err != nil {
+			return nil, err
+		}
+		return spec.info(), nil
 	}
 	n.createMu.Lock()
 	defer n.createMu.Unlock()
@@ -385,6 +460,9 @@ func (n *Node) describeStream(name string) (*geologv1.DescribeStreamResponse, er
 		}
 		if f := rd.failure.Load(); f != nil {
 			ri.Status = f.Error()
+		}
+		if rd.rep != nil {
+			ri.Leader = n.cfg.Peers[rd.rep.LeaderID()]
 		}
 		if rd.store != nil {
 			ri.StartOffset = rd.store.StartOffset()

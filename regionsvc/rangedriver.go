@@ -11,8 +11,10 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/dedup"
+	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // appendResult is the outcome of one append, handed to appendOp.reply.
@@ -60,6 +62,8 @@ type rangeDriverConfig struct {
 	metrics *nodeMetrics
 	// syncSlots bounds the fsyncs in progress across the node's ranges.
 	syncSlots chan struct{}
+	// repl, when set, makes the range a Raft group member (see replicated.go).
+	repl *replicationConfig
 	// maintenanceInterval is how often retention and expiry run.
 	maintenanceInterval time.Duration
 }
@@ -91,6 +95,11 @@ type rangeDriver struct {
 	doneCh   chan struct{}
 	stopOnce sync.Once
 
+	// Replicated mode (cfg.repl set): the Raft member and its inputs.
+	rep         *replica.Replica
+	raftIn      chan []*raftpb.Message
+	unreachable chan uint64
+
 	// Owned by the run goroutine.
 	dedup              *dedup.Table
 	pending            []*appendOp
@@ -116,7 +125,12 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 	}
 	scfg := cfg.store
 	scfg.Logger = d.logger
+	var headers []batch.Header
 	scfg.OnRecover = func(h batch.Header) error {
+		if cfg.repl != nil {
+			headers = append(headers, h) // the replica rebuilds its own state
+			return nil
+		}
 		if h.ProducerID != 0 {
 			d.dedup.Record(h.ProducerID, dedup.Batch{
 				BaseSequence:        h.BaseSequence,
@@ -153,6 +167,19 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		return d
 	}
 	d.store = st
+	if cfg.repl != nil {
+		if err := d.openReplica(headers); err != nil {
+			st.Close()
+			e := apierr.New(apierr.Unavailable, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
+			e.Retriable = false
+			d.failure.Store(e)
+			d.logger.Error("range not served", "error", err)
+			close(d.doneCh)
+			return d
+		}
+		go d.runReplicated()
+		return d
+	}
 	d.committed.Store(st.NextOffset())
 	go d.run()
 	return d

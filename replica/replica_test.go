@@ -61,7 +61,7 @@ func (c *cluster) start(id uint64) {
 	}
 	r, err := New(Config{
 		NodeID: id, Stream: "s", Peers: c.ids, Log: st, State: c.states[id],
-		Send:   func(msgs []*raftpb.Message) { c.send(msgs) },
+		Send: func(msgs []*raftpb.Message) { c.send(msgs) },
 		Now: func() time.Time {
 			if t, ok := c.clock[id]; ok {
 				return t

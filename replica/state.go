@@ -17,8 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// stateFileName is the hard state file inside a range's directory.
-const stateFileName = "raftstate"
+// stateFileName is the hard state file inside a range's directory (the
+// segment store leaves names starting with "_" alone).
+const stateFileName = "_raftstate"
 
 // ErrStateCorrupt reports a hard state file that fails its checksum.
 var ErrStateCorrupt = errors.New("replica: hard state file is corrupt")

@@ -39,7 +39,7 @@ func TestFileStateRoundTripAndCrash(t *testing.T) {
 		}
 	}
 	// A damaged file is a typed error, not a silently empty state.
-	w, _ := mem.OpenFile("/r/raftstate", 2, 0)
+	w, _ := mem.OpenFile("/r/_raftstate", 2, 0)
 	w.WriteAt([]byte{0xff}, 10)
 	w.Close()
 	if _, _, err := fsState.Load(); !errors.Is(err, ErrStateCorrupt) {

@@ -280,7 +280,9 @@ func checkRead(from uint64, got []byte) error {
 	return nil
 }
 
-func TestConcurrentReadersDuringAppendRetentionTruncate(t *testing.T) { forEachFS(t, testConcurrentReadersDuringAppendRetentionTruncate) }
+func TestConcurrentReadersDuringAppendRetentionTruncate(t *testing.T) {
+	forEachFS(t, testConcurrentReadersDuringAppendRetentionTruncate)
+}
 
 func testConcurrentReadersDuringAppendRetentionTruncate(t *testing.T, e env) {
 	cfg := smallConfig(t, e)

@@ -1,94 +1,161 @@
 // Package segment is one range's append-only log on disk: the Raft log and
 // the message log at once (batches are written once, here).
 //
+// # Frames, offsets and Raft indexes
+//
+// The log is a sequence of frames (package batch). A data frame holds one or
+// more records, which take the offsets [BaseOffset, NextOffset), dense across
+// the log. A control frame (batch.TypeNoop or batch.TypeConfig without
+// records: a Raft leader's empty entry, a configuration change with its
+// payload) takes no offset: its BaseOffset is the offset of the next record.
+//
+// Under Raft every frame is one entry and carries its term and index.
+// Frames carrying an index (Index > 0) are a suffix of the log: once one
+// does, every later frame carries the next index, with terms
+// non-decreasing. Indexes start wherever the first indexed frame says (a
+// log may start after a Raft snapshot). FirstIndex and LastIndex bound the
+// indexes held (0, 0 when none); TermAt, ReadFramesByIndex and
+// TruncateSuffixAtIndex work by index. Outside Raft every Index is 0 and
+// only offsets matter.
+//
+// Readers by offset (ReadFrames: consumers, mirrors) see data frames only,
+// each offset once and in order, never a control frame; readers by index
+// (ReadFramesByIndex: Raft) see every frame.
+//
 // # On-disk layout
 //
 // A range's directory holds, for every segment, named by the segment's base
-// offset (the offset of its first record) in 20 zero-padded digits:
+// offset (the BaseOffset of its first frame) in 20 zero-padded digits:
 //
-//	00000000000000000000.log        frames (package batch), back to back,
-//	                                offsets contiguous: each frame's BaseOffset
-//	                                is the previous frame's NextOffset
+//	00000000000000000000.log        frames back to back, in log order: each
+//	                                frame's BaseOffset is the previous
+//	                                frame's NextOffset
 //	00000000000000000000.index      sparse offset index, 8-byte entries
 //	                                (relOffset u32, filePos u32), little-endian
 //	00000000000000000000.timeindex  time index, 12-byte entries
 //	                                (appendTime i64, relOffset u32)
 //	00000000000000012345.log        the next segment starts where the last
 //	...                             one ends; the newest is the active one
+//	LOCK                            held (flock) while a Store has it open
+//
+// Other files are ignored (names starting with "_" silently: they belong to
+// the range's other components, such as the Raft hard state).
 //
 // relOffset is an offset minus the segment's base offset. A frame at file
-// position p gets an entry in both index files when p is at least
-// IndexIntervalBytes past the previous entry's position (the first frame
-// never needs one); appendTime is the newest append time up to that frame.
-// The active segment's index files are written when it is sealed and on
-// Close. Index files are a cache: Open recomputes every entry from the log
-// and rewrites a file that is missing, malformed (size not a multiple of the
+// position p gets a sparse index entry when p is at least IndexIntervalBytes
+// past the previous entry's position (the first frame never needs one);
+// appendTime is the newest append time up to that frame. An entry also
+// records, in memory only, the frame's Raft index, so that lookups by index
+// seek like lookups by offset. The index files hold the entries whose
+// relOffset increases strictly from above 0 and stays below the segment's
+// record count; entries at control frames that share their offset with an
+// earlier entry, or sit past the last record, live in memory only. The
+// active segment's index files are written when it is sealed and on Close.
+// Index files are a cache: Open recomputes every entry from the log and
+// rewrites a file that is missing, malformed (size not a multiple of the
 // entry size, entries not increasing, pointing past the log) or merely
-// stale. In memory the index costs 16 bytes per IndexIntervalBytes of log
-// (0.4% at the 4 KiB default).
+// stale. In memory the index costs 24 bytes per IndexIntervalBytes of log
+// (0.6% at the 4 KiB default).
+//
+// A segment is sealed (and the next one started) when a frame would take it
+// past SegmentBytesMax, but only once it holds a record: the next segment
+// is named by the offset where this one ends, which a segment of control
+// frames alone shares with its own name. Such a segment grows past
+// SegmentBytesMax until a record arrives.
+//
+// All file I/O goes through Config.FS (vfs.OS by default; vfs.Mem in tests
+// and the simulator), which spells out what is durable when.
 //
 // # Contract
 //
-//  1. Open a directory with one Store at a time. Open verifies the whole log
-//     (see Recovery) and calls Config.OnRecover for every retained batch in
-//     order; if Open fails, discard what OnRecover built.
+//  1. Open a directory with one Store at a time: Open locks it, and a second
+//     Open (this process or another) fails with ErrLocked until Close.
+//     Open verifies the whole log (see Recovery) and calls Config.OnRecover
+//     for every retained frame in order; if Open fails, discard what
+//     OnRecover built.
 //  2. One goroutine, the range driver, is the appender: it alone calls
-//     Append, TruncateSuffix, DeletePrefix, ApplyRetention and Close. (They
-//     are serialised internally too, so a mistake costs latency, not data.)
+//     Append, TruncateSuffix, TruncateSuffixAtIndex, DeletePrefix,
+//     ApplyRetention and Close. (They are serialised internally too, so a
+//     mistake costs latency, not data.)
 //  3. Append takes exactly one frame that the caller built with BaseOffset ==
-//     NextOffset(), at least one record and an append time no earlier than
-//     the previous batch's. Append re-validates the frame (CRC, structure,
-//     offset) before the single write; a frame failing that is refused
-//     with ErrInvalidFrame and nothing is written.
+//     NextOffset(), at least one record unless it is a control frame, an
+//     append time no earlier than the previous frame's, and either no Raft
+//     index (while the log holds none) or index LastIndex()+1 (any index
+//     for the first indexed frame) with a term no lower than the previous
+//     one. Append re-validates the frame (CRC, structure, offset, index,
+//     term) before the single write; a frame failing that is refused with
+//     ErrInvalidFrame and nothing is written.
 //  4. Nothing appended is durable until Sync returns nil for a call made
 //     after the Append. Persist before you acknowledge: a Raft entry is
 //     acked to the leader, and a record to its producer, only after a Sync
 //     covering it. Sync may be called from any goroutine; concurrent callers
-//     share one fdatasync (group commit). DurableOffset reports the result.
+//     share one fdatasync (group commit). DurableOffset reports the result
+//     for records (control frames take no offset: their durability shows
+//     only as Sync returning).
 //  5. A failed write or fdatasync is never retried: the store refuses every
 //     later Append and Sync with ErrFailed. Close it and Open again;
 //     recovery keeps exactly what reached the disk.
-//  6. Readers (ReadFrames, OffsetForTime, NextOffset, DurableOffset,
-//     StartOffset, Size) may run on any goroutines concurrently with the
-//     appender. ReadFrames verifies the CRC of every frame it returns and
-//     may return frames that are not durable or not committed yet: bound
-//     endOffset by what the caller may expose.
-//  7. TruncateSuffix drops a suffix at a batch boundary and returns once
-//     the shorter log is durable; it waits for readers in flight. Never
-//     truncate below what was acknowledged as committed.
+//  6. Readers (ReadFrames, ReadFramesByIndex, TermAt, OffsetForTime,
+//     NextOffset, DurableOffset, StartOffset, FirstIndex, LastIndex, Size)
+//     may run on any goroutines concurrently with the appender. The reads
+//     verify the CRC and sequence (offsets, indexes) of every frame they
+//     pass and may return frames that are not durable or not committed
+//     yet: bound endOffset, or hi, by what the caller may expose.
+//  7. TruncateSuffix (by offset: every frame with BaseOffset >= offset,
+//     which must be a batch boundary) and TruncateSuffixAtIndex (every frame
+//     with Index >= index; NextOffset falls back to that frame's
+//     BaseOffset) drop a suffix and return once the shorter log is durable;
+//     they wait for readers in flight. Never truncate below what was
+//     acknowledged as committed.
 //  8. DeletePrefix and ApplyRetention delete whole segments, oldest first,
-//     never the active one. A reader of a deleted segment finishes on the
-//     unlinked file; later reads below StartOffset get ErrOutOfRange.
-//  9. A *CorruptionError (errors.Is ErrCorrupt) from Open or ReadFrames means
+//     never the active one; FirstIndex moves with them. A reader of a
+//     deleted segment finishes on the unlinked file; later reads below
+//     StartOffset (or FirstIndex) get ErrOutOfRange.
+//  9. A *CorruptionError (errors.Is ErrCorrupt) from Open or a read means
 //     the range must stop serving: the store never skips over corruption
-//     and never repairs it beyond the torn tail rule below.
-//  10. Close fsyncs the log, writes the active segment's index files and
-//     closes the files once the last reader is done with them.
+//     and never repairs it beyond the torn tail rules below.
+//  10. Close fsyncs the log, writes the active segment's index files,
+//     closes the files once the last reader is done with them, and
+//     releases the directory lock.
 //
 // # Recovery
 //
-// Open makes one pass over all segments in offset order. It verifies every
+// Open makes one pass over all segments in log order. It verifies every
 // frame's CRC, that each frame's BaseOffset is the previous frame's
-// NextOffset, and that each segment's name is the offset where the previous
-// one ends and its first frame's BaseOffset. While the pass runs nothing on
-// disk changes; once the whole log has verified, recovery truncates a torn
-// tail, rewrites index files that do not match the log and removes orphan
-// index files.
+// NextOffset, that a data frame holds records, that Raft indexes, once
+// present, are dense with terms non-decreasing, and that each segment's
+// name is the offset where the previous one ends and its first frame's
+// BaseOffset. While the pass runs nothing on disk changes; once the whole
+// log has verified, recovery truncates a torn tail, rewrites index files
+// that do not match the log and removes orphan index files.
 //
 // Torn tail rule. In the last segment, a frame that is short (its length
 // runs past the end of the file) or fails its CRC or header checks is a torn
 // tail if no valid frame follows it anywhere in that segment: neither where
 // its length field points (if that length is plausible) nor at any later
 // byte position where a frame with a valid CRC and BaseOffset >= the
-// expected offset starts. Only an interrupted write can produce that: the
-// file is truncated at the bad frame's position, the truncation is fsynced,
-// and the loss is logged. Everything else is mid-log corruption and Open
-// returns a *CorruptionError naming segment, position and offset, deleting
-// and truncating nothing: a bad frame with a valid frame after it, a bad
-// frame in any segment but the last, a frame whose CRC is valid but whose
-// BaseOffset is out of sequence or that holds no records (never the product
-// of a torn write), and segments that do not join up. Empty segment files
-// are fine where they can occur: as the last segment.
+// expected offset starts. Only an interrupted write can produce that.
+//
+// Hole rule. A bad frame in the last segment that a valid frame does follow
+// is a torn tail too if a hole lies between them: a 4 KiB-aligned block,
+// starting before the valid frame, whose bytes from the bad frame (or the
+// block's start, if later) to the block's end (or the file's) are all zero.
+// That is what a crash leaves when the kernel wrote back the pages of
+// writes made since the last fdatasync out of order: a page never written
+// reads as zero, and a later page made it. Since an fdatasync makes every
+// earlier write of the file durable, a frame with a hole in it was never
+// synced, nor was anything after it. (The residual risk: a corrupt frame
+// that holds an aligned 4 KiB run of zeros of its own is taken for torn.)
+//
+// A torn tail is truncated at the bad frame's position, the truncation is
+// fsynced, and the loss is logged. Everything else is mid-log corruption and
+// Open returns a *CorruptionError naming segment, position and offset,
+// deleting and truncating nothing: a bad frame with a valid frame after it
+// and no hole between, a bad frame in any segment but the last, a frame
+// whose CRC is valid but whose offset, index or term is out of sequence or
+// that is a data frame without records (never the product of a torn
+// write), and segments that do not join up. Empty segment files are fine
+// where they can occur: as the last segment.
 //
 // Under FsyncAlways a sealed segment is complete on disk before the next one
 // is created, so only the last segment can have a torn tail.

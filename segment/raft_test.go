@@ -214,7 +214,7 @@ func testReadFramesByIndexBudget(t *testing.T, e env) {
 		}
 	}
 	// By offset the large control frames are skipped, even first.
-	for off := range s.NextOffset() {
+	for off := uint64(0); off < s.NextOffset(); off += 1 + off%61 {
 		got, err := s.ReadFrames(off, 1, math.MaxUint64)
 		if err != nil {
 			t.Fatal(err)

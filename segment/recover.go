@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/vfs"
@@ -48,7 +49,9 @@ func (s *Store) recover() (err error) {
 	for _, de := range dirents {
 		base, suffix, ok := parseSegmentName(de.Name())
 		switch {
-		case de.Name() == vfs.LockFileName:
+		case de.Name() == vfs.LockFileName, strings.HasPrefix(de.Name(), "_"):
+			// Names starting with "_" belong to the range's other
+			// components (the Raft hard state).
 		case !ok || !de.Type().IsRegular():
 			s.log.Warn("ignoring unexpected file", "name", de.Name())
 		case suffix == logSuffix:

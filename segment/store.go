@@ -68,12 +68,14 @@ type Config struct {
 	FS vfs.FS
 	// SegmentBytesMax is the size at which the active segment is rolled:
 	// a frame that would take it past this starts a new segment (a frame
-	// larger than this gets a segment of its own). Default 64 MiB, bounds
-	// [SegmentBytesMaxMin, SegmentBytesMaxLimit].
+	// larger than this gets a segment of its own), once the active segment
+	// holds a record (see the package documentation). Default 64 MiB,
+	// bounds [SegmentBytesMaxMin, SegmentBytesMaxLimit].
 	SegmentBytesMax int64
-	// IndexIntervalBytes is the spacing of the sparse offset and time
-	// index entries: a read or time lookup scans at most about this many
-	// bytes past an entry. Default 4 KiB, bounds [1, IndexIntervalBytesLimit].
+	// IndexIntervalBytes is the spacing of the sparse index entries: a
+	// read, or a lookup by offset, Raft index or time, scans at most about
+	// this many bytes past an entry. Default 4 KiB, bounds
+	// [1, IndexIntervalBytesLimit].
 	IndexIntervalBytes int
 	// Fsync is the fsync policy. Default FsyncAlways.
 	Fsync FsyncPolicy

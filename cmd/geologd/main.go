@@ -9,7 +9,10 @@ import (
 	_ "net/http/pprof"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/geolog/geolog/regionsvc"
 	"github.com/geolog/geolog/segment"
@@ -32,6 +35,9 @@ func run() int {
 	fsync := fs.String("fsync", "always", "durability: always, or never (benchmarks only: acks mean page cache)")
 	recordBytesMax := fs.Int("record-bytes-max", 1<<20, "largest record accepted (key+value+headers)")
 	segmentBytesMax := fs.Int64("segment-bytes-max", 64<<20, "segment roll size")
+	nodeID := fs.Uint64("node-id", 0, "this node's Raft id in its region (with --peers)")
+	peersFlag := fs.String("peers", "", "replicate: every node of the region as id=host:port,... (this one included); empty runs a region of one")
+	tick := fs.Duration("tick", 50*time.Millisecond, "Raft tick (heartbeat interval; elections after 10-20 ticks)")
 	syncConcurrency := fs.Int("sync-concurrency", 2, "fsyncs in progress at once across all ranges")
 	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	logJSON := fs.Bool("log-json", false, "log as JSON")
@@ -54,6 +60,11 @@ func run() int {
 		return 2
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logJSON, Output: os.Stderr})
+	peers, err := parsePeers(*peersFlag)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "geologd: --peers: %v\n", err)
+		return 2
+	}
 	var meterProvider metric.MeterProvider
 	if *debugAddr != "" {
 		exporter, err := otelprom.New()
@@ -84,6 +95,9 @@ func run() int {
 		SegmentBytesMax:    *segmentBytesMax,
 		SyncConcurrencyMax: *syncConcurrency,
 		MeterProvider:      meterProvider,
+		NodeID:             *nodeID,
+		Peers:              peers,
+		TickInterval:       *tick,
 	})
 	if err != nil {
 		logger.Error("open node", "error", err)
@@ -103,4 +117,24 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// parsePeers reads "1=host:port,2=host:port".
+func parsePeers(s string) (map[uint64]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	peers := map[uint64]string{}
+	for _, part := range strings.Split(s, ",") {
+		idStr, addr, ok := strings.Cut(strings.TrimSpace(part), "=")
+		id, err := strconv.ParseUint(idStr, 10, 64)
+		if !ok || err != nil || id == 0 || addr == "" {
+			return nil, fmt.Errorf("%q is not id=host:port with a non-zero id", part)
+		}
+		if _, dup := peers[id]; dup {
+			return nil, fmt.Errorf("id %d listed twice", id)
+		}
+		peers[id] = addr
+	}
+	return peers, nil
 }

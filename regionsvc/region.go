@@ -1,0 +1,281 @@
+package regionsvc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/raftnet"
+	"github.com/geolog/geolog/segment"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Replicated mode: when Config.Peers is set, every range is a Raft group over
+// the region's nodes, and so is the catalogue (group 1, the "meta" range,
+// whose records are stream definitions). A stream exists on a node once its
+// creation record is committed in the meta group and applied there.
+
+// metaRecord is one catalogue record in the meta range.
+type metaRecord struct {
+	Op   string     `json:"op"` // "create"
+	Spec streamSpec `json:"spec"`
+	// Nonce tells the creator its own record from a racing create of the
+	// same name (the first committed wins).
+	Nonce uint64 `json:"nonce"`
+}
+
+// region holds a node's replication machinery.
+type region struct {
+	transport *raftnet.GRPCTransport
+	meta      *rangeDriver
+	ids       []uint64
+	// groups routes incoming Raft messages: guarded by Node.mu.
+	groups map[raftnet.GroupID]*rangeDriver
+	// metaOffsets: stream name → catalogue offset of its creation record.
+	metaOffsets map[string]uint64
+	// applied is closed and replaced when the catalogue applies a record.
+	applied chan struct{}
+	tickCh  chan struct{}
+	stopCh  chan struct{}
+}
+
+func (n *Node) replicated() bool { return n.region != nil }
+
+// openRegion starts the transport, the meta range and the shared ticker.
+func (n *Node) openRegion() error {
+	rg := &region{
+		groups:      map[raftnet.GroupID]*rangeDriver{},
+		metaOffsets: map[string]uint64{},
+		applied:     make(chan struct{}),
+		tickCh:      make(chan struct{}),
+		stopCh:      make(chan struct{}),
+	}
+	for id := range n.cfg.Peers {
+		rg.ids = append(rg.ids, id)
+	}
+	sort.Slice(rg.ids, func(i, j int) bool { return rg.ids[i] < rg.ids[j] })
+	tr, err := raftnet.NewGRPCTransport(raftnet.Config{
+		NodeID:  raftnet.NodeID(n.cfg.NodeID),
+		Handler: (*raftRouter)(n),
+		Logger:  n.cfg.Logger.Named("raftnet"),
+	})
+	if err != nil {
+		return fmt.Errorf("regionsvc: raft transport: %w", err)
+	}
+	for id, addr := range n.cfg.Peers {
+		if id != n.cfg.NodeID {
+			if err := tr.SetPeer(raftnet.NodeID(id), addr); err != nil {
+				return fmt.Errorf("regionsvc: peer %d: %w", id, err)
+			}
+		}
+	}
+	rg.transport = tr
+	n.region = rg
+	go n.ticker()
+	rg.meta = openRangeDriver(n.rangeConfig("_meta", 0, segment.Config{Dir: metaDir(n.cfg.DataDir)}, &replicationConfig{
+		groupID:  metaGroupID,
+		onCommit: n.applyMeta,
+	}))
+	n.mu.Lock()
+	rg.groups[metaGroupID] = rg.meta
+	n.mu.Unlock()
+	if f := rg.meta.failure.Load(); f != nil {
+		return fmt.Errorf("regionsvc: catalogue range: %v", f)
+	}
+	return nil
+}
+
+// ticker drives every replica's Raft clock from one goroutine.
+func (n *Node) ticker() {
+	t := time.NewTicker(n.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			n.mu.Lock()
+			close(n.region.tickCh)
+			n.region.tickCh = make(chan struct{})
+			n.mu.Unlock()
+		case <-n.region.stopCh:
+			return
+		}
+	}
+}
+
+func (n *Node) tick() <-chan struct{} {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.region.tickCh
+}
+
+// completeReplication fills in the node-wide parts of a range's replication.
+func (n *Node) completeReplication(rc *replicationConfig) {
+	rc.nodeID = n.cfg.NodeID
+	rc.peers = n.region.ids
+	rc.transport = n.region.transport
+	rc.tick = n.tick
+	rc.addrOf = func(id uint64) string { return n.cfg.Peers[id] }
+}
+
+// applyMeta applies newly committed catalogue records, on the meta
+// driver's goroutine.
+func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
+	for off := from; off < to; {
+		before := off
+		frames, err := d.store.ReadFrames(off, 1<<20, to)
+		if err != nil || len(frames) == 0 {
+			n.logger.Error("read catalogue", "offset", off, "error", err)
+			return
+		}
+		for len(frames) > 0 {
+			size, err := batch.FrameSize(frames)
+			if err != nil {
+				n.logger.Error("catalogue frame", "error", err)
+				return
+			}
+			h, recs, err := batch.Decode(frames[:size])
+			frames = frames[size:]
+			if err != nil {
+				n.logger.Error("catalogue frame", "error", err)
+				return
+			}
+			for i, rec := range recs {
+				at := h.BaseOffset + uint64(i)
+				if at < off || at >= to {
+					continue
+				}
+				n.applyMetaRecord(at, rec.Value)
+				off = at + 1
+			}
+		}
+		if off == before {
+			n.logger.Error("catalogue read made no progress", "offset", off)
+			return
+		}
+	}
+	n.mu.Lock()
+	close(n.region.applied)
+	n.region.applied = make(chan struct{})
+	n.mu.Unlock()
+}
+
+func (n *Node) applyMetaRecord(at uint64, value []byte) {
+	var rec metaRecord
+	if err := json.Unmarshal(value, &rec); err != nil || rec.Op != "create" {
+		n.logger.Error("catalogue record not understood; skipped", "offset", at, "error", err)
+		return
+	}
+	n.mu.RLock()
+	_, exists := n.streams[rec.Spec.Name]
+	n.mu.RUnlock()
+	if exists {
+		return // a racing create of the same name: the first one won
+	}
+	st := n.openStreamAt(rec.Spec, at)
+	n.mu.Lock()
+	n.streams[rec.Spec.Name] = st
+	n.region.metaOffsets[rec.Spec.Name] = at
+	for r, rd := range st.ranges {
+		n.region.groups[groupFor(at, uint32(r))] = rd
+	}
+	n.mu.Unlock()
+	n.logger.Info("stream created", "stream", rec.Spec.Name, "ranges", rec.Spec.RangeCount, "catalogue_offset", at)
+}
+
+// createStreamReplicated proposes the stream to the catalogue and waits until
+// this node applied it.
+func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec) error {
+	n.mu.RLock()
+	_, exists := n.streams[spec.Name]
+	n.mu.RUnlock()
+	if exists {
+		return apierr.New(apierr.StreamExists, "stream %q already exists", spec.Name)
+	}
+	var nonceBytes [8]byte
+	rand.Read(nonceBytes[:])
+	rec := metaRecord{Op: "create", Spec: spec, Nonce: binary.LittleEndian.Uint64(nonceBytes[:])}
+	value, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	frame := batch.Encode(nil, batch.Header{Type: batch.TypeData}, []batch.Record{{Key: []byte(spec.Name), Value: value}})
+	done := make(chan appendResult, 1)
+	n.region.meta.submit(ctx, &appendOp{recordCount: 1, frame: frame, reply: func(r appendResult) { done <- r }})
+	var res appendResult
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		return apierr.New(apierr.Timeout, "create stream %q: %v", spec.Name, ctx.Err())
+	}
+	if res.err != nil {
+		return res.err
+	}
+	for {
+		n.mu.RLock()
+		at, ok := n.region.metaOffsets[spec.Name]
+		applied := n.region.applied
+		n.mu.RUnlock()
+		if ok {
+			if at != res.baseOffset {
+				return apierr.New(apierr.StreamExists, "stream %q was created concurrently", spec.Name)
+			}
+			return nil
+		}
+		select {
+		case <-applied:
+		case <-ctx.Done():
+			return apierr.New(apierr.Timeout, "create stream %q: committed, not yet applied: %v", spec.Name, ctx.Err())
+		}
+	}
+}
+
+// raftRouter is the Node as the transport's Handler.
+type raftRouter Node
+
+func (r *raftRouter) HandleMessages(from raftnet.NodeID, msgs []raftnet.GroupMessage) int {
+	n := (*Node)(r)
+	unknown := 0
+	byGroup := map[raftnet.GroupID][]*raftpb.Message{}
+	for _, m := range msgs {
+		byGroup[m.Group] = append(byGroup[m.Group], m.Message)
+	}
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	for g, ms := range byGroup {
+		d, ok := n.region.groups[g]
+		if !ok || d.rep == nil {
+			unknown += len(ms)
+			continue
+		}
+		d.deliverRaft(ms)
+	}
+	return unknown
+}
+
+func (r *raftRouter) HandleSnapshot(from raftnet.NodeID, group raftnet.GroupID, msg *raftpb.Message, body io.Reader) error {
+	return errors.New("regionsvc: snapshot installation is not supported yet")
+}
+
+func (r *raftRouter) ReportUnreachable(to raftnet.NodeID, groups []raftnet.GroupID) {
+	n := (*Node)(r)
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	for _, g := range groups {
+		if d, ok := n.region.groups[g]; ok && d.unreachable != nil {
+			select {
+			case d.unreachable <- uint64(to):
+			default:
+			}
+		}
+	}
+}
+
+func (r *raftRouter) ReportSnapshot(to raftnet.NodeID, group raftnet.GroupID, err error) {}
