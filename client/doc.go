@@ -1,7 +1,7 @@
 // Package client is the Go SDK for geolog: admin calls, an idempotent,
 // pipelined producer, and consumers that read or follow one range.
 //
-//	c, err := client.New("127.0.0.1:7400")
+//	c, err := client.New("127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403")
 //	p, err := c.NewProducer("chat")
 //	p.Produce(ctx, &client.Record{Key: k, Value: v}, func(r client.ProduceResult, err error) { ... })
 //	err = p.Flush(ctx)
@@ -16,6 +16,31 @@
 // is safe (reads, metadata, idempotent appends), so an error a caller sees is
 // usually final; the exceptions are documented where they occur.
 //
+// # Routing
+//
+// A Client knows a ring of node addresses: the bootstrap addresses given to
+// New (a comma-separated list) and Addrs, then those it learns from leader
+// hints, at most AddrsMax in all, with one connection each, made on first
+// use and closed by Close. An address that failed to serve a request is
+// avoided for a backoff (growing while it keeps failing, reset when it
+// answers) as long as another one is up.
+//
+//   - Admin calls and reads go to any node: the current address while it is
+//     up, else the next one up. After a retriable error the call moves to
+//     the error's leader hint, or else to the next address, and is retried
+//     after the usual backoff (RetriesMax, RetryBackoff). CreateStream,
+//     which is never resent, is sent only over an established connection;
+//     addresses that cannot be reached are skipped.
+//   - Subscribe resumes after a retriable error or a broken stream at the
+//     next address, from the last delivered offset + 1 (offsets are the
+//     same on every replica). A node whose tail is behind that offset is
+//     skipped like a failed one.
+//   - Each range of a producer sends to one address: the range's leader as
+//     far as the client knows. The Client caches the leader of every
+//     (stream, range) it saw acknowledge an append or named by a hint, so
+//     new producers start there; a range without one starts at any address.
+//     Only the leader appends; steps 4 and 5 below say how a range moves.
+//
 // # Producer contract
 //
 // A Producer routes each record to a range (keyspace.RangeForKey of its key;
@@ -28,25 +53,37 @@
 //  2. A batch gets the producer id and the next sequence numbers of its range
 //     when it is cut; a (producer id, sequence) pair is bound to one record
 //     for ever, so resending it can never append a different record.
-//  3. Batches are pipelined over one AppendStream per range, at most
-//     InflightBatchesMax unacknowledged at a time; the server answers a
-//     range's requests in order. Under a producer id the server has not yet
+//  3. Batches are pipelined over one AppendStream per range, to the range's
+//     address (see Routing), at most InflightBatchesMax unacknowledged at a
+//     time; the server answers a range's requests in order. Under a producer id the server has not yet
 //     acknowledged a batch of, a range sends one batch at a time: a server
 //     may take any first sequence from an unknown id, and a second batch
 //     landing before a retried first one would reorder and lose records.
-//  4. On a retriable error or a broken stream the range rewinds: after a
-//     bounded, jittered backoff it opens a new stream and resends every
-//     unacknowledged batch in sequence order with the same sequence numbers.
-//     The server's dedup returns the original offsets for batches it already
-//     had, so nothing is reordered or duplicated.
-//  5. On a final error for the oldest unacknowledged batch, that batch's
+//  4. On a retriable error or a broken stream the range rewinds: it
+//     abandons the stream and, after a bounded, jittered backoff, opens a
+//     new one at its address (step 5) and resends every unacknowledged batch
+//     in sequence order with the same producer id and sequence numbers. The
+//     server's dedup is rebuilt from the replicated log, so whichever node
+//     leads the range returns the original offsets for batches it already
+//     has: nothing is reordered or duplicated, on one node or across moves.
+//  5. A range's address changes only when it rewinds. An error with a
+//     leader hint (NOT_LEADER from a follower) moves it to the hinted
+//     address, learned and cached, without the backoff for the first three
+//     hints after an acknowledgement. NOT_LEADER without a hint moves it to
+//     the leader another producer of the client learned since, else to the
+//     next address of the ring. A stream that failed before its node
+//     answered anything (the node is down) or SHUTTING_DOWN marks the
+//     address failed and moves on the same way. Any other retriable failure
+//     (a working stream broke, an overloaded leader) keeps the address; if
+//     its node died, the next attempt fails before any answer and moves on.
+//  6. On a final error for the oldest unacknowledged batch, that batch's
 //     records fail. The server still expects that batch's base sequence, so
 //     the batches behind it cannot have been appended; they move to a fresh
 //     producer id for the range (sequences restart at 0) and are resent.
-//  6. When a record's deadline (its context's deadline or the delivery
+//  7. When a record's deadline (its context's deadline or the delivery
 //     timeout) passes while it is in flight, its batch and every batch in
 //     flight with it fail, because their outcome is unknown, and the range
 //     continues under a fresh producer id.
-//  7. Callbacks of one range run in offset order on that range's goroutine;
+//  8. Callbacks of one range run in offset order on that range's goroutine;
 //     they must not block, nor call Close.
 package client

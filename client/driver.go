@@ -89,13 +89,13 @@ type rangeDriver struct {
 
 	// Owned by run.
 	// addr is where the range's streams go: the range leader as far as the
-	// driver knows (see the package doc, "Routing").
+	// driver knows (see the package doc, "Routing" and step 5).
 	addr string
 	// hintHops counts the leader hints followed since the last
 	// acknowledgement; the first hintHopsImmediateMax go without backoff.
 	hintHops int
 	pid      uint64
-	nextSeq uint64
+	nextSeq  uint64
 	// pidAcked is set once a batch was acknowledged under pid. Until then
 	// the range sends one batch at a time (see pump).
 	pidAcked       bool
@@ -453,7 +453,7 @@ func (d *rangeDriver) streamEnded(err error) {
 		return
 	}
 	// A final stream error says nothing about which sends were appended,
-	// so everything in flight fails (see the package doc, step 6).
+	// so everything in flight fails (see the package doc, step 7).
 	d.log.Warn("append stream failed", "error", e)
 	d.failInflight(func(*promisedRecord) error { return e })
 	d.rewind(e)

@@ -77,9 +77,13 @@ type Config struct {
 	// over these nodes. Without Peers the node is a region of one.
 	NodeID uint64
 	Peers  map[uint64]string
-	// TickInterval is Raft's tick, default 50 ms: heartbeats every tick,
-	// elections after 10-20 ticks without a leader.
+	// TickInterval is Raft's tick, default 100 ms.
 	TickInterval time.Duration
+	// HeartbeatTicks is the leader's heartbeat interval in ticks, default 2;
+	// ElectionTicks the followers' election timeout, default 8 (randomised
+	// by Raft to [8, 16) ticks). Heartbeats are per range, so they set the
+	// cost of idle ranges (see notes/README.md).
+	HeartbeatTicks, ElectionTicks int
 	// MeterProvider receives the node's metrics, default a no-op provider.
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives gRPC spans, default a no-op provider.
@@ -141,7 +145,16 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	if c.TickInterval <= 0 {
-		c.TickInterval = 50 * time.Millisecond
+		c.TickInterval = 100 * time.Millisecond
+	}
+	if c.HeartbeatTicks <= 0 {
+		c.HeartbeatTicks = 2
+	}
+	if c.ElectionTicks <= 0 {
+		c.ElectionTicks = 8
+	}
+	if c.ElectionTicks <= c.HeartbeatTicks {
+		return fmt.Errorf("regionsvc: ElectionTicks %d must exceed HeartbeatTicks %d", c.ElectionTicks, c.HeartbeatTicks)
 	}
 	if c.MeterProvider == nil {
 		c.MeterProvider = metricnoop.NewMeterProvider()

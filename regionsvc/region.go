@@ -123,6 +123,7 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	rc.transport = n.region.transport
 	rc.tick = n.tick
 	rc.addrOf = func(id uint64) string { return n.cfg.Peers[id] }
+	rc.heartbeatTicks, rc.electionTicks = n.cfg.HeartbeatTicks, n.cfg.ElectionTicks
 }
 
 // applyMeta applies newly committed catalogue records, on the meta

@@ -27,6 +27,8 @@ type replicationConfig struct {
 	// committed offset advanced (the catalogue applies new streams).
 	onCommit  func(d *rangeDriver, from, to uint64)
 	raftInMax int
+	// heartbeatTicks and electionTicks configure Raft's timing.
+	heartbeatTicks, electionTicks int
 }
 
 // raftInMax bounds the message batches queued for one replica; past it,
@@ -47,10 +49,11 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	rep, err := replica.New(replica.Config{
 		NodeID: rc.nodeID, Stream: d.cfg.stream, Range: d.cfg.rangeID, Peers: rc.peers,
 		Log: d.store, State: replica.FileState{FS: fsys, Dir: d.cfg.store.Dir},
-		Send:   d.sendRaft,
-		Epoch:  d.cfg.epoch,
-		Now:    d.cfg.now,
-		Logger: d.cfg.logger,
+		Send:          d.sendRaft,
+		Epoch:         d.cfg.epoch,
+		Now:           d.cfg.now,
+		Logger:        d.cfg.logger,
+		HeartbeatTick: rc.heartbeatTicks, ElectionTick: rc.electionTicks,
 	}, headers)
 	if err != nil {
 		return err

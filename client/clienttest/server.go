@@ -10,6 +10,13 @@
 // append request and per subscribe reply: error replies, dropped streams
 // (before or after the request is applied), delays and holds.
 //
+// StartCluster runs several such nodes in one process that share one log
+// per range, as the replicas of a region's Raft groups do: only each range's
+// designated leader node appends, the others answer ERROR_CODE_NOT_LEADER
+// with the leader's address as leader_hint (unless hints are turned off),
+// any node serves reads, and a test can move leadership and kill and restart
+// nodes.
+//
 // It is test support, not a server: nothing is durable and there is one
 // region.
 package clienttest
@@ -90,15 +97,33 @@ type BatchInfo struct {
 	BaseOffset   uint64
 }
 
-// Server is the fake. Its methods are safe for concurrent use.
+// Server is the fake, or one node of a fake cluster. Its methods are safe
+// for concurrent use.
 type Server struct {
 	geologv1.UnimplementedLogServer
 	cfg  Config
-	lis  net.Listener
-	grpc *grpc.Server
+	addr string
 
-	mu             sync.Mutex
-	streams        map[string]*fakeStream
+	// lifeMu guards the listener and gRPC server, which Kill and Restart
+	// replace. It is never held together with mu.
+	lifeMu sync.Mutex
+	lis    net.Listener
+	grpc   *grpc.Server
+
+	// cluster is nil for a standalone server; index is the node's index
+	// in it.
+	cluster *Cluster
+	index   int
+
+	// mu is shared by a cluster's nodes: it guards the shared logs
+	// (streams) and the cluster's leadership as well as the fields below.
+	mu      *sync.Mutex
+	streams map[string]*fakeStream
+	// down is set while a cluster node is killed: nothing is applied.
+	down bool
+	// frozen, when not nil, caps the tails this node reads at (see
+	// FreezeReads); a range missing from it reads as empty.
+	frozen         map[rangeKey]uint64
 	appendFault    AppendFaultFunc
 	appendN        int64
 	subscribeFault SubscribeFaultFunc
@@ -110,6 +135,7 @@ type Server struct {
 	appendStreamsN int64
 	subscriptionsN int64
 	gapReplies     int64
+	notLeaderN     int64
 }
 
 type rangeKey struct {
@@ -144,6 +170,14 @@ type dedupEntry struct {
 
 // Start serves a fake on a loopback port.
 func Start(cfg Config) (*Server, error) {
+	s := newServer(cfg.withDefaults(), &sync.Mutex{}, make(map[string]*fakeStream))
+	if err := s.serve("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (cfg Config) withDefaults() Config {
 	if cfg.RecordBytesMax == 0 {
 		cfg.RecordBytesMax = 1 << 20
 	}
@@ -153,36 +187,61 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.SubscribeRecordsMax == 0 {
 		cfg.SubscribeRecordsMax = 100
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	s := &Server{
+	return cfg
+}
+
+func newServer(cfg Config, mu *sync.Mutex, streams map[string]*fakeStream) *Server {
+	return &Server{
 		cfg:            cfg,
-		lis:            lis,
-		streams:        make(map[string]*fakeStream),
+		mu:             mu,
+		streams:        streams,
 		outstandingMax: make(map[rangeKey]int),
 		outstandingNow: make(map[rangeKey]int),
+	}
+}
+
+// serve listens on addr and serves there, replacing a stopped gRPC server.
+func (s *Server) serve(addr string) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
 	}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(64 << 20),
 		grpc.MaxSendMsgSize(64 << 20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}
-	if cfg.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	if s.cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.TLS)))
 	}
-	s.grpc = grpc.NewServer(opts...)
-	geologv1.RegisterLogServer(s.grpc, s)
-	go func() { _ = s.grpc.Serve(lis) }()
-	return s, nil
+	g := grpc.NewServer(opts...)
+	geologv1.RegisterLogServer(g, s)
+	s.lifeMu.Lock()
+	s.lis, s.grpc = lis, g
+	s.lifeMu.Unlock()
+	if s.addr == "" {
+		// Set once, before the server is shared; a restart listens on the
+		// same address.
+		s.addr = lis.Addr().String()
+	}
+	go func() { _ = g.Serve(lis) }()
+	return nil
 }
 
-// Addr returns the host:port the fake listens on.
-func (s *Server) Addr() string { return s.lis.Addr().String() }
+// Addr returns the host:port the fake listens on (for a cluster node, also
+// while it is killed).
+func (s *Server) Addr() string { return s.addr }
 
-// Close stops the fake, ending every stream.
-func (s *Server) Close() { s.grpc.Stop() }
+// Close stops the fake, ending every stream. On a cluster node it is Kill.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.down = true
+	s.mu.Unlock()
+	s.lifeMu.Lock()
+	g := s.grpc
+	s.lifeMu.Unlock()
+	g.Stop()
+}
 
 // SetAppendFault installs f (nil removes it) and restarts its count.
 func (s *Server) SetAppendFault(f AppendFaultFunc) {
@@ -239,20 +298,22 @@ func (s *Server) Batches(stream string, rng uint32) []BatchInfo {
 	return append([]BatchInfo(nil), r.batches...)
 }
 
-// Stats are counters of the fake.
+// Stats are counters of the fake (of one node, in a cluster).
 type Stats struct {
-	AppendRequests int64 // requests received, duplicates and failures included
-	Duplicates     int64 // requests answered as duplicates
-	AppendStreams  int64 // AppendStream calls
-	Subscriptions  int64 // Subscribe calls
-	GapReplies     int64 // requests answered with ERROR_CODE_SEQUENCE_GAP
+	AppendRequests   int64 // requests received, duplicates and failures included
+	Duplicates       int64 // requests answered as duplicates
+	AppendStreams    int64 // AppendStream calls
+	Subscriptions    int64 // Subscribe calls
+	GapReplies       int64 // requests answered with ERROR_CODE_SEQUENCE_GAP
+	NotLeaderReplies int64 // requests answered with ERROR_CODE_NOT_LEADER
 }
 
 // Stats returns the fake's counters.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{AppendRequests: s.appendRequests, Duplicates: s.duplicates, AppendStreams: s.appendStreamsN, Subscriptions: s.subscriptionsN, GapReplies: s.gapReplies}
+	return Stats{AppendRequests: s.appendRequests, Duplicates: s.duplicates, AppendStreams: s.appendStreamsN,
+		Subscriptions: s.subscriptionsN, GapReplies: s.gapReplies, NotLeaderReplies: s.notLeaderN}
 }
 
 // OutstandingMax returns the most AppendStream requests of one range that
@@ -293,12 +354,22 @@ func (s *Server) nextAppendFault(req *geologv1.AppendRequest) Fault {
 	return s.appendFault(s.appendN, req)
 }
 
-// apply appends req under the dedup contract.
+// apply appends req under the dedup contract; in a cluster only on the
+// range's leader.
 func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.down {
+		// A killed node's handlers may outlive its listener; they must
+		// not append.
+		return nil, apierr.New(apierr.Unavailable, "node is down")
+	}
 	r, err := s.rangeLocked(req.GetStream(), req.GetRange())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.leaderCheckLocked(req.GetStream(), req.GetRange()); err != nil {
+		s.notLeaderN++
 		return nil, err
 	}
 	n := uint32(len(req.GetRecords()))
@@ -522,7 +593,8 @@ func (s *Server) outstanding(req *geologv1.AppendRequest, delta int) {
 	}
 }
 
-// Read implements geologv1.LogServer.
+// Read implements geologv1.LogServer. CONSISTENCY_MIN_OFFSET waits until
+// the node's tail reaches min_offset.
 func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -530,7 +602,19 @@ func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
-	tail := uint64(len(r.records))
+	k := rangeKey{req.GetStream(), req.GetRange()}
+	for req.GetConsistency() == geologv1.Consistency_CONSISTENCY_MIN_OFFSET && s.tailLocked(k, r) < req.GetMinOffset() {
+		notify := r.notify
+		s.mu.Unlock()
+		select {
+		case <-notify:
+			s.mu.Lock()
+		case <-ctx.Done():
+			s.mu.Lock()
+			return nil, apierr.ToStatus(apierr.New(apierr.Timeout, "waiting for offset %d: %v", req.GetMinOffset(), ctx.Err()))
+		}
+	}
+	tail := s.tailLocked(k, r)
 	from := req.GetFromOffset()
 	if from > tail {
 		e := apierr.New(apierr.OffsetOutOfRange, "offset %d is past the tail %d", from, tail)
@@ -570,25 +654,26 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 		s.mu.Unlock()
 		return apierr.ToStatus(err)
 	}
+	k := rangeKey{req.GetStream(), req.GetRange()}
 	var next uint64
 	switch st := req.GetStart().(type) {
 	case *geologv1.SubscribeRequest_FromOffset:
 		next = st.FromOffset
-		if next > uint64(len(r.records)) {
-			e := apierr.New(apierr.OffsetOutOfRange, "offset %d is past the tail %d", next, len(r.records))
-			e.TailOffset = uint64(len(r.records))
+		if tail := s.tailLocked(k, r); next > tail {
+			e := apierr.New(apierr.OffsetOutOfRange, "offset %d is past the tail %d", next, tail)
+			e.TailOffset = tail
 			s.mu.Unlock()
 			return apierr.ToStatus(e)
 		}
 	case *geologv1.SubscribeRequest_FromTimeUnixNanos:
-		next = uint64(sort.Search(len(r.records), func(i int) bool {
+		next = uint64(sort.Search(int(s.tailLocked(k, r)), func(i int) bool {
 			return r.records[i].GetAppendTimeUnixNanos() >= st.FromTimeUnixNanos
 		}))
 	}
 	s.mu.Unlock()
 	for {
 		s.mu.Lock()
-		tail := uint64(len(r.records))
+		tail := s.tailLocked(k, r)
 		notify := r.notify
 		var recs []*geologv1.StoredRecord
 		for o := next; o < tail && len(recs) < s.cfg.SubscribeRecordsMax; o++ {
@@ -680,11 +765,11 @@ func (s *Server) DescribeStream(ctx context.Context, req *geologv1.DescribeStrea
 			HashStart:   keyspace.HashStart(uint32(i), n),
 			HashEnd:     keyspace.HashEnd(uint32(i), n),
 			StartOffset: 0,
-			TailOffset:  uint64(len(r.records)),
+			TailOffset:  s.tailLocked(rangeKey{req.GetName(), uint32(i)}, r),
 			SizeBytes:   r.sizeBytes,
 			HomeRegion:  st.info.GetRegions()[0],
 			Epoch:       1,
-			Leader:      s.Addr(),
+			Leader:      s.leaderAddrLocked(req.GetName(), uint32(i)),
 			Status:      "ok",
 		})
 	}
@@ -693,3 +778,72 @@ func (s *Server) DescribeStream(ctx context.Context, req *geologv1.DescribeStrea
 
 // String describes the fake, for test logs.
 func (s *Server) String() string { return fmt.Sprintf("clienttest.Server(%s)", s.Addr()) }
+
+// tailLocked is the tail of range r (key k) as this node serves reads: the
+// log's, or the one frozen by FreezeReads.
+func (s *Server) tailLocked(k rangeKey, r *fakeRange) uint64 {
+	tail := uint64(len(r.records))
+	if s.frozen != nil {
+		tail = min(tail, s.frozen[k])
+	}
+	return tail
+}
+
+// FreezeReads makes the node serve reads (Read, Subscribe, the tails of
+// DescribeStream) only up to each range's tail now, as a follower that stops
+// applying would, until ThawReads.
+func (s *Server) FreezeReads() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.frozen = make(map[rangeKey]uint64)
+	for name, st := range s.streams {
+		for i, r := range st.ranges {
+			s.frozen[rangeKey{name, uint32(i)}] = uint64(len(r.records))
+		}
+	}
+}
+
+// ThawReads undoes FreezeReads: the node catches up at once.
+func (s *Server) ThawReads() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.frozen = nil
+	for _, st := range s.streams {
+		for _, r := range st.ranges {
+			// Wake this node's waiting readers; others recheck and wait on.
+			close(r.notify)
+			r.notify = make(chan struct{})
+		}
+	}
+}
+
+// leaderCheckLocked returns the NOT_LEADER error a cluster node that does
+// not lead the range answers appends with; nil for the leader and for a
+// standalone server.
+func (s *Server) leaderCheckLocked(stream string, rng uint32) error {
+	c := s.cluster
+	if c == nil {
+		return nil
+	}
+	leader := c.leaderLocked(stream, rng)
+	if leader == s.index {
+		return nil
+	}
+	e := apierr.New(apierr.NotLeader, "node %d does not lead %s/%d", s.index, stream, rng)
+	if c.hints && leader >= 0 {
+		e.LeaderHint = c.nodes[leader].addr
+	}
+	return e
+}
+
+// leaderAddrLocked is the address DescribeStream names as a range's leader.
+func (s *Server) leaderAddrLocked(stream string, rng uint32) string {
+	c := s.cluster
+	if c == nil {
+		return s.addr
+	}
+	if leader := c.leaderLocked(stream, rng); leader >= 0 {
+		return c.nodes[leader].addr
+	}
+	return ""
+}

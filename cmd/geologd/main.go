@@ -37,7 +37,9 @@ func run() int {
 	segmentBytesMax := fs.Int64("segment-bytes-max", 64<<20, "segment roll size")
 	nodeID := fs.Uint64("node-id", 0, "this node's Raft id in its region (with --peers)")
 	peersFlag := fs.String("peers", "", "replicate: every node of the region as id=host:port,... (this one included); empty runs a region of one")
-	tick := fs.Duration("tick", 50*time.Millisecond, "Raft tick (heartbeat interval; elections after 10-20 ticks)")
+	tick := fs.Duration("tick", 100*time.Millisecond, "Raft tick")
+	heartbeatTicks := fs.Int("heartbeat-ticks", 2, "leader heartbeat interval, in ticks")
+	electionTicks := fs.Int("election-ticks", 8, "election timeout, in ticks (randomised to [n, 2n))")
 	syncConcurrency := fs.Int("sync-concurrency", 2, "fsyncs in progress at once across all ranges")
 	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	logJSON := fs.Bool("log-json", false, "log as JSON")
@@ -98,6 +100,8 @@ func run() int {
 		NodeID:             *nodeID,
 		Peers:              peers,
 		TickInterval:       *tick,
+		HeartbeatTicks:     *heartbeatTicks,
+		ElectionTicks:      *electionTicks,
 	})
 	if err != nil {
 		logger.Error("open node", "error", err)
