@@ -77,6 +77,11 @@ type Config struct {
 	// over these nodes. Without Peers the node is a region of one.
 	NodeID uint64
 	Peers  map[uint64]string
+	// ReplicationFactor is how many of the region's nodes are the initial
+	// voters of a new range (the lowest Raft ids), default 3 or all nodes
+	// if fewer. The others host passive replicas that membership changes
+	// (Admin.ChangeReplicas) can bring in. The catalogue spans all nodes.
+	ReplicationFactor int
 	// TickInterval is Raft's tick, default 100 ms.
 	TickInterval time.Duration
 	// HeartbeatTicks is the leader's heartbeat interval in ticks, default 2;
@@ -143,6 +148,12 @@ func (c *Config) setDefaults() error {
 		if _, ok := c.Peers[0]; ok {
 			return errors.New("regionsvc: Raft id 0 is not valid")
 		}
+	}
+	if c.ReplicationFactor <= 0 {
+		c.ReplicationFactor = 3
+	}
+	if c.ReplicationFactor > len(c.Peers) {
+		c.ReplicationFactor = len(c.Peers)
 	}
 	if c.TickInterval <= 0 {
 		c.TickInterval = 100 * time.Millisecond
@@ -317,6 +328,7 @@ func (n *Node) Start() error {
 	}
 	n.grpcServer = grpc.NewServer(opts...)
 	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
+	geologv1.RegisterAdminServer(n.grpcServer, &adminServer{node: n})
 	if n.replicated() {
 		n.region.transport.Register(n.grpcServer)
 	}

@@ -99,6 +99,7 @@ type rangeDriver struct {
 	rep         *replica.Replica
 	raftIn      chan []*raftpb.Message
 	unreachable chan uint64
+	execCh      chan func()
 
 	// Owned by the run goroutine.
 	dedup              *dedup.Table

@@ -119,7 +119,10 @@ func (n *Node) tick() <-chan struct{} {
 // completeReplication fills in the node-wide parts of a range's replication.
 func (n *Node) completeReplication(rc *replicationConfig) {
 	rc.nodeID = n.cfg.NodeID
-	rc.peers = n.region.ids
+	rc.peers = n.region.ids[:n.cfg.ReplicationFactor]
+	if rc.groupID == metaGroupID {
+		rc.peers = n.region.ids
+	}
 	rc.transport = n.region.transport
 	rc.tick = n.tick
 	rc.addrOf = func(id uint64) string { return n.cfg.Peers[id] }

@@ -17,14 +17,20 @@ import (
 // testRegion runs n replicated nodes in this process.
 type testRegion struct {
 	t       *testing.T
+	rf      int
 	peers   map[uint64]string
 	dirs    map[uint64]string
 	nodes   map[uint64]*Node
 	clients map[uint64]geologv1.LogClient
+	admins  map[uint64]geologv1.AdminClient
 }
 
 func newTestRegion(t *testing.T, size int) *testRegion {
-	tr := &testRegion{t: t, peers: map[uint64]string{}, dirs: map[uint64]string{}, nodes: map[uint64]*Node{}, clients: map[uint64]geologv1.LogClient{}}
+	return newTestRegionRF(t, size, 3)
+}
+
+func newTestRegionRF(t *testing.T, size, rf int) *testRegion {
+	tr := &testRegion{t: t, rf: rf, peers: map[uint64]string{}, dirs: map[uint64]string{}, nodes: map[uint64]*Node{}, clients: map[uint64]geologv1.LogClient{}, admins: map[uint64]geologv1.AdminClient{}}
 	for id := uint64(1); id <= uint64(size); id++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -47,7 +53,7 @@ func newTestRegion(t *testing.T, size int) *testRegion {
 
 func (tr *testRegion) start(id uint64) {
 	n, err := New(Config{
-		DataDir: tr.dirs[id], ListenAddr: tr.peers[id], NodeID: id, Peers: tr.peers,
+		DataDir: tr.dirs[id], ListenAddr: tr.peers[id], NodeID: id, Peers: tr.peers, ReplicationFactor: tr.rf,
 		TickInterval: 20 * time.Millisecond, Fsync: 1, // FsyncNever: the test is about replication
 		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{tr.t}, Level: hclog.Warn}),
 	})
@@ -63,6 +69,7 @@ func (tr *testRegion) start(id uint64) {
 	}
 	tr.t.Cleanup(func() { conn.Close() })
 	tr.nodes[id], tr.clients[id] = n, geologv1.NewLogClient(conn)
+	tr.admins[id] = geologv1.NewAdminClient(conn)
 }
 
 func (tr *testRegion) stop(id uint64) {
@@ -178,6 +185,91 @@ func TestRegionReplicates(t *testing.T) {
 		}
 		if r.Offset != uint64(i) || string(r.Value) != want {
 			t.Fatalf("restarted node offset %d: %q, want %q", r.Offset, r.Value, want)
+		}
+	}
+}
+
+// TestReplaceReplicaThroughAdmin: in a 4-node region with ranges on nodes
+// 1-3, move range 0's replica from node 1 to node 4 (learner, catch-up,
+// promote, remove) while appends go on; node 4 then serves the whole log.
+func TestReplaceReplicaThroughAdmin(t *testing.T) {
+	tr := newTestRegionRF(t, 4, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	tr.retry(ctx, "create stream", func(c geologv1.LogClient) error {
+		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "m", RangeCount: 1})
+		if apierr.CodeOf(err) == apierr.StreamExists {
+			return nil
+		}
+		return err
+	})
+	seq := uint64(0)
+	appendN := func(n int) {
+		for i := 0; i < n; i++ {
+			s := seq
+			tr.retry(ctx, "append", func(c geologv1.LogClient) error {
+				_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "m", ProducerId: 3, BaseSequence: s,
+					Records: []*geologv1.Record{{Value: []byte(fmt.Sprintf("v%d", s))}}})
+				return err
+			})
+			seq++
+		}
+	}
+	appendN(10)
+	admin := func(change geologv1.ReplicaChange, node uint64) {
+		t.Helper()
+		var last error
+		for id := uint64(1); id <= 4 && ctx.Err() == nil; id = id%4 + 1 {
+			a, ok := tr.admins[id]
+			if !ok {
+				continue
+			}
+			_, last = a.ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: "m", Change: change, NodeId: node})
+			if last == nil {
+				return
+			}
+			if apierr.CodeOf(last) != apierr.NotLeader && apierr.CodeOf(last) != apierr.StreamNotFound {
+				t.Fatalf("%v %d: %v", change, node, last)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("%v %d: %v", change, node, last)
+	}
+	admin(geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, 4)
+	appendN(5)
+	// Wait until the learner has caught up with the leader.
+	tr.retry(ctx, "learner catch-up", func(c geologv1.LogClient) error {
+		for id := uint64(1); id <= 3; id++ {
+			d, err := tr.admins[id].DescribeReplicas(ctx, &geologv1.DescribeReplicasRequest{Stream: "m"})
+			if err != nil {
+				continue
+			}
+			for _, r := range d.Replicas {
+				if r.NodeId == 4 && r.Role == "learner" && r.MatchIndex == d.LastIndex {
+					return nil
+				}
+			}
+			return fmt.Errorf("learner not caught up: %v", d)
+		}
+		return fmt.Errorf("no leader answered")
+	})
+	admin(geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, 4)
+	admin(geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, 1)
+	// A bad request gets a typed error.
+	_, err := tr.admins[2].ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: "m", Change: geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, NodeId: 9})
+	if apierr.CodeOf(err) != apierr.InvalidArgument {
+		t.Fatalf("unknown node: %v", err)
+	}
+	tr.stop(1)
+	appendN(5)
+	rr, err := tr.clients[4].Read(ctx, &geologv1.ReadRequest{Stream: "m", MaxRecords: 100,
+		Consistency: geologv1.Consistency_CONSISTENCY_MIN_OFFSET, MinOffset: 20})
+	if err != nil || len(rr.Records) != 20 {
+		t.Fatalf("node 4 read: %v %v", rr, err)
+	}
+	for i, r := range rr.Records {
+		if string(r.Value) != fmt.Sprintf("v%d", i) {
+			t.Fatalf("node 4 offset %d: %q", i, r.Value)
 		}
 	}
 }

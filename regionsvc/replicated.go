@@ -1,6 +1,7 @@
 package regionsvc
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -42,6 +43,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	}
 	d.raftIn = make(chan []*raftpb.Message, rc.raftInMax)
 	d.unreachable = make(chan uint64, 64)
+	d.execCh = make(chan func(), 16)
 	fsys := d.cfg.store.FS
 	if fsys == nil {
 		fsys = vfs.OS()
@@ -120,6 +122,8 @@ func (d *rangeDriver) runReplicated() {
 			d.rep.Tick()
 		case to := <-d.unreachable:
 			d.rep.ReportUnreachable(to)
+		case fn := <-d.execCh:
+			fn()
 		case <-d.stopCh:
 			d.stopReplicated()
 			return
@@ -158,21 +162,46 @@ func (d *rangeDriver) propose(op *appendOp) {
 		Frame: op.frame,
 		Reply: func(r replica.Result) {
 			if r.Err != nil {
-				e := apierr.As(r.Err)
-				if e.Code == apierr.NotLeader && strings.HasPrefix(e.LeaderHint, "node:") {
-					id, _ := strconv.ParseUint(strings.TrimPrefix(e.LeaderHint, "node:"), 10, 64)
-					hinted := *e
-					hinted.LeaderHint = d.cfg.repl.addrOf(id)
-					op.reply(appendResult{err: &hinted})
-					return
-				}
-				op.reply(appendResult{err: r.Err})
+				op.reply(appendResult{err: d.hintAddress(r.Err)})
 				return
 			}
 			op.reply(appendResult{baseOffset: r.BaseOffset, recordCount: r.RecordCount, epoch: r.Epoch,
 				appendTimeUnixNanos: r.AppendTimeUnixNanos, duplicate: r.Duplicate})
 		},
 	})
+}
+
+// exec runs fn on the driver goroutine (which owns the replica) and waits.
+func (d *rangeDriver) exec(ctx context.Context, fn func()) error {
+	done := make(chan struct{})
+	select {
+	case d.execCh <- func() { fn(); close(done) }:
+	case <-d.doneCh:
+		return apierr.New(apierr.ShuttingDown, "range is closing")
+	case <-ctx.Done():
+		return apierr.New(apierr.Timeout, "range busy: %v", ctx.Err())
+	}
+	select {
+	case <-done:
+		return nil
+	case <-d.doneCh:
+		return apierr.New(apierr.ShuttingDown, "range is closing")
+	case <-ctx.Done():
+		return apierr.New(apierr.Timeout, "range busy: %v", ctx.Err())
+	}
+}
+
+// hintAddress turns a replica's "node:<id>" leader hint into the leader's
+// client address.
+func (d *rangeDriver) hintAddress(err error) error {
+	e := apierr.As(err)
+	if e.Code == apierr.NotLeader && strings.HasPrefix(e.LeaderHint, "node:") {
+		id, _ := strconv.ParseUint(strings.TrimPrefix(e.LeaderHint, "node:"), 10, 64)
+		hinted := *e
+		hinted.LeaderHint = d.cfg.repl.addrOf(id)
+		return &hinted
+	}
+	return err
 }
 
 // stopReplicated hands leadership away if it can (so the group does not

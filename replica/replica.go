@@ -104,6 +104,8 @@ type Replica struct {
 	logAppendUnixNanos  int64 // newest append time written to the log
 	proposals           []*proposal
 	duplicates          []*proposal // answered once committed reaches endOffset
+	pendingConf         *confProposal
+	confSeq             uint64
 
 	committed atomic.Uint64 // offsets below it are committed
 	leaderID  atomic.Uint64
@@ -234,6 +236,9 @@ func (r *Replica) Campaign() error { return r.rn.Campaign() }
 // TransferLeadership asks the leader to hand leadership to to.
 func (r *Replica) TransferLeadership(to uint64) { r.rn.TransferLeader(to) }
 
+// Conf returns the configuration as last applied here.
+func (r *Replica) Conf() *raftpb.ConfState { return proto.Clone(r.state.Conf).(*raftpb.ConfState) }
+
 // Status returns Raft's status.
 func (r *Replica) Status() raft.Status { return r.rn.Status() }
 
@@ -264,6 +269,10 @@ func (r *Replica) notify() {
 	r.notifyCh = make(chan struct{})
 	r.notifyMu.Unlock()
 }
+
+// NotLeaderError is the retriable NOT_LEADER error this replica gives, with
+// the leader as a "node:<id>" hint when known.
+func (r *Replica) NotLeaderError() error { return r.notLeader() }
 
 // notLeader is the retriable error for an append sent to a follower.
 func (r *Replica) notLeader() *apierr.Error {
@@ -330,6 +339,51 @@ func (r *Replica) Propose(op *Op) {
 		res: Result{BaseOffset: base, RecordCount: op.RecordCount, Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now},
 	})
 	op.Frame = nil
+}
+
+// confProposal is a membership change proposed and not yet applied.
+type confProposal struct {
+	context []byte
+	term    uint64
+	at      time.Time
+	reply   func(*raftpb.ConfState, error)
+}
+
+// confProposalTimeout is how long a membership change may stay unapplied
+// before a new one may replace it (Raft drops a change proposed while an
+// earlier one is unapplied, and says nothing).
+const confProposalTimeout = 10 * time.Second
+
+// ProposeConfChange proposes a membership change if this replica leads; reply
+// gets the new configuration once the change is applied here. One change at
+// a time.
+func (r *Replica) ProposeConfChange(cc *raftpb.ConfChangeV2, reply func(*raftpb.ConfState, error)) {
+	if f := r.failure.Load(); f != nil {
+		reply(nil, f)
+		return
+	}
+	if !r.isLeader {
+		reply(nil, r.notLeader())
+		return
+	}
+	if p := r.pendingConf; p != nil {
+		if r.cfg.Now().Sub(p.at) < confProposalTimeout {
+			reply(nil, apierr.New(apierr.Unavailable, "stream %s range %d: a membership change is in progress", r.cfg.Stream, r.cfg.Range))
+			return
+		}
+		p.reply(nil, apierr.New(apierr.Timeout, "membership change not applied in %v", confProposalTimeout))
+		r.pendingConf = nil
+	}
+	r.confSeq++
+	cc = proto.Clone(cc).(*raftpb.ConfChangeV2)
+	cc.Context = []byte(fmt.Sprintf("%d/%d/%d", r.cfg.NodeID, r.term, r.confSeq))
+	if err := r.rn.ProposeConfChange(cc); err != nil {
+		e := r.notLeader()
+		e.Message += ": " + err.Error()
+		reply(nil, e)
+		return
+	}
+	r.pendingConf = &confProposal{context: cc.Context, term: r.term, at: r.cfg.Now(), reply: reply}
 }
 
 // HasReady reports whether ProcessReady has work.
@@ -469,6 +523,12 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 			// terms that survived; proposals of earlier terms not among them
 			// are lost.
 			r.failProposals(func(p *proposal) bool { return p.term < e.GetTerm() }, "superseded by a new leader")
+			if p := r.pendingConf; p != nil && p.term < e.GetTerm() {
+				e := r.notLeader()
+				e.Message += ": the membership change was superseded by a new leader"
+				p.reply(nil, e)
+				r.pendingConf = nil
+			}
 			return nil
 		}
 		h, err := batch.DecodeHeader(e.Data)
@@ -495,6 +555,14 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 		r.state.ConfIndex = e.GetIndex()
 		if err := r.cfg.State.Save(r.state); err != nil {
 			return fmt.Errorf("replica: save configuration: %w", err)
+		}
+		if p := r.pendingConf; p != nil {
+			if c2, ok := cc.(*raftpb.ConfChangeV2); ok && string(c2.Context) == string(p.context) {
+				p.reply(proto.Clone(r.state.Conf).(*raftpb.ConfState), nil)
+			} else {
+				p.reply(nil, apierr.New(apierr.Unavailable, "another membership change was applied first"))
+			}
+			r.pendingConf = nil
 		}
 		r.logger.Info("configuration changed", "index", e.GetIndex(), "voters", r.state.Conf.GetVoters(), "learners", r.state.Conf.GetLearners())
 	}
@@ -561,6 +629,10 @@ func (r *Replica) fail(err error) {
 		p.op.Reply(Result{Err: f})
 	}
 	r.proposals, r.duplicates = nil, nil
+	if p := r.pendingConf; p != nil {
+		p.reply(nil, f)
+		r.pendingConf = nil
+	}
 }
 
 // Close answers everything pending with a retriable SHUTTING_DOWN.

@@ -18,6 +18,7 @@ import (
 type cluster struct {
 	t        *testing.T
 	ids      []uint64
+	voters   []uint64 // the group's initial voters (a prefix of ids)
 	dirs     map[uint64]string
 	states   map[uint64]*MemState
 	logs     map[uint64]*segment.Store
@@ -27,13 +28,18 @@ type cluster struct {
 	clock    map[uint64]time.Time
 }
 
-func newCluster(t *testing.T, n int) *cluster {
+func newCluster(t *testing.T, n int) *cluster { return newClusterVoters(t, n, n) }
+
+// newClusterVoters starts n nodes of which the first voters form the group;
+// the others host a replica that is not (yet) a member.
+func newClusterVoters(t *testing.T, n, voters int) *cluster {
 	c := &cluster{t: t, dirs: map[uint64]string{}, states: map[uint64]*MemState{},
 		logs: map[uint64]*segment.Store{}, replicas: map[uint64]*Replica{}, cut: map[uint64]bool{},
 		clock: map[uint64]time.Time{}}
 	for i := 1; i <= n; i++ {
 		c.ids = append(c.ids, uint64(i))
 	}
+	c.voters = c.ids[:voters]
 	for _, id := range c.ids {
 		c.dirs[id] = t.TempDir()
 		c.states[id] = &MemState{}
@@ -60,7 +66,7 @@ func (c *cluster) start(id uint64) {
 		c.t.Fatal(err)
 	}
 	r, err := New(Config{
-		NodeID: id, Stream: "s", Peers: c.ids, Log: st, State: c.states[id],
+		NodeID: id, Stream: "s", Peers: c.voters, Log: st, State: c.states[id],
 		Send: func(msgs []*raftpb.Message) { c.send(msgs) },
 		Now: func() time.Time {
 			if t, ok := c.clock[id]; ok {
@@ -325,5 +331,76 @@ func TestRestartKeepsLogAndDedup(t *testing.T) {
 	c.settle()
 	if len(res) != 3 || !res[1].Duplicate || res[1].BaseOffset != 0 || res[2].BaseOffset != 4 || res[2].Err != nil {
 		t.Fatalf("replies after restart: %+v", res)
+	}
+}
+
+// TestReplaceReplica replaces voter 1 by node 4: add it as a learner, let it
+// catch up, promote it, remove node 1. Writes continue throughout and every
+// remaining replica ends with the same log.
+func TestReplaceReplica(t *testing.T) {
+	c := newClusterVoters(t, 4, 3)
+	c.elect(2)
+	var res []Result
+	for i := 0; i < 5; i++ {
+		c.replicas[2].Propose(op(5, uint64(i), 1, "before", &res))
+	}
+	c.settle()
+	change := func(typ raftpb.ConfChangeType, node uint64) *raftpb.ConfState {
+		t.Helper()
+		var got *raftpb.ConfState
+		var gotErr error
+		done := false
+		cc := &raftpb.ConfChangeV2{Changes: []*raftpb.ConfChangeSingle{{Type: typ.Enum(), NodeId: proto.Uint64(node)}}}
+		c.replicas[c.leader()].ProposeConfChange(cc, func(cs *raftpb.ConfState, err error) { got, gotErr, done = cs, err, true })
+		c.settle()
+		if !done || gotErr != nil {
+			t.Fatalf("change %v %d: done=%v %v", typ, node, done, gotErr)
+		}
+		return got
+	}
+	cs := change(raftpb.ConfChangeAddLearnerNode, 4)
+	if fmt.Sprint(cs.GetLearners()) != "[4]" {
+		t.Fatalf("after add learner: %v", cs)
+	}
+	c.tick(3)
+	if got := c.logValues(4); len(got) != 5 {
+		t.Fatalf("learner caught up to %d records, want 5", len(got))
+	}
+	cs = change(raftpb.ConfChangeAddNode, 4)
+	if fmt.Sprint(cs.GetVoters()) != "[1 2 3 4]" || len(cs.GetLearners()) != 0 {
+		t.Fatalf("after promote: %v", cs)
+	}
+	cs = change(raftpb.ConfChangeRemoveNode, 1)
+	if fmt.Sprint(cs.GetVoters()) != "[2 3 4]" {
+		t.Fatalf("after remove: %v", cs)
+	}
+	// Node 1 is out: the group commits with 2, 3 and 4 even while 1 is cut.
+	c.cut[1] = true
+	for i := 5; i < 8; i++ {
+		c.replicas[c.leader()].Propose(op(5, uint64(i), 1, "after", &res))
+	}
+	c.settle()
+	c.tick(3)
+	if len(res) != 8 {
+		t.Fatalf("%d acks, want 8", len(res))
+	}
+	want := c.logValues(2)
+	for _, id := range []uint64{3, 4} {
+		if got := c.logValues(id); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("node %d log %v, want %v", id, got, want)
+		}
+	}
+	// A second change while one is unapplied is refused, not lost.
+	c.cut[3], c.cut[4] = true, true
+	var errs []error
+	l := c.leader()
+	if l == 0 {
+		l = 2
+	}
+	cc := &raftpb.ConfChangeV2{Changes: []*raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode.Enum(), NodeId: proto.Uint64(1)}}}
+	c.replicas[l].ProposeConfChange(cc, func(_ *raftpb.ConfState, err error) { errs = append(errs, err) })
+	c.replicas[l].ProposeConfChange(cc, func(_ *raftpb.ConfState, err error) { errs = append(errs, err) })
+	if len(errs) != 1 || apierr.CodeOf(errs[0]) != apierr.Unavailable {
+		t.Fatalf("second concurrent change: %v", errs)
 	}
 }

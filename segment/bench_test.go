@@ -131,3 +131,48 @@ func BenchmarkReadFrames(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRaftReads measures what Raft asks of its log over a 32 MiB log of
+// 1 KiB single-record entries (page cache warm): TermAt of random indexes
+// (an index seek each), and ReadFramesByIndex in 1 MiB pieces.
+func BenchmarkRaftReads(b *testing.B) {
+	s, err := Open(Config{Dir: b.TempDir(), Fsync: FsyncNever})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	frame := benchFrame(1)
+	for index := uint64(1); s.Size() < 32<<20; index++ {
+		batch.Patch(frame, s.NextOffset(), 1, 0)
+		batch.PatchRaft(frame, 1, index)
+		if err := s.Append(frame); err != nil {
+			b.Fatal(err)
+		}
+	}
+	first, last := s.FirstIndex(), s.LastIndex()
+	b.Run("TermAt/random", func(b *testing.B) {
+		rng := rand.New(rand.NewPCG(1, 1))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := s.TermAt(first + rng.Uint64N(last-first+1)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ReadFramesByIndex/max=1MiB", func(b *testing.B) {
+		var total int64
+		lo := first
+		b.ReportAllocs()
+		for b.Loop() {
+			got, err := s.ReadFramesByIndex(lo, last+1, 1<<20)
+			if err != nil || len(got) == 0 {
+				b.Fatalf("ReadFramesByIndex(%d): %d bytes, %v", lo, len(got), err)
+			}
+			total += int64(len(got))
+			if lo += uint64(len(got) / len(frame)); lo > last {
+				lo = first
+			}
+		}
+		b.ReportMetric(float64(total)/b.Elapsed().Seconds()/1e6, "MB/s")
+	})
+}

@@ -103,8 +103,8 @@ func (s *Store) segmentOfIndexLocked(index uint64) int {
 func (s *Store) seekIndex(v segView, index uint64) (int64, seq, batch.Header, error) {
 	e := floorIndexEntry(v.entries, index)
 	q := entrySeq(v.seg, e)
-	w, done := s.walker(v.seg.f, int64(e.position), v.size)
-	defer done()
+	w, buf := s.walker(v.seg.f, int64(e.position), v.size)
+	defer s.releaseWalker(&w, buf)
 	for {
 		framePos := w.pos
 		_, h, err := w.next()
@@ -163,8 +163,8 @@ func (s *Store) cutAtIndex(i int, index uint64) (cut, error) {
 	e := floorIndexEntry(g.entries, index-1)
 	q := entrySeq(g, e)
 	c := newCut(i)
-	w, done := s.walker(g.f, int64(e.position), g.size)
-	defer done()
+	w, buf := s.walker(g.f, int64(e.position), g.size)
+	defer s.releaseWalker(&w, buf)
 	for {
 		framePos := w.pos
 		_, h, err := w.next()

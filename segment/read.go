@@ -187,8 +187,8 @@ func (s *Store) seek(v segView, from uint64) (int64, seq, error) {
 	if q.offset == from {
 		return pos, q, nil
 	}
-	w, done := s.walker(v.seg.f, pos, v.size)
-	defer done()
+	w, buf := s.walker(v.seg.f, pos, v.size)
+	defer s.releaseWalker(&w, buf)
 	for {
 		framePos := w.pos
 		_, h, err := w.next()
@@ -209,15 +209,17 @@ func (s *Store) seek(v segView, from uint64) (int64, seq, error) {
 }
 
 // walker returns a frameWalker over f from pos to end reading through a
-// pooled buffer, and the function that returns the buffer.
-func (s *Store) walker(f vfs.File, pos, end int64) (*frameWalker, func()) {
+// pooled buffer; hand both to releaseWalker when done.
+func (s *Store) walker(f vfs.File, pos, end int64) (frameWalker, *[]byte) {
 	buf := s.getBuf()
-	w := &frameWalker{f: f, buf: (*buf)[:0], pos: pos, end: end,
-		chunk: min(s.cfg.IndexIntervalBytes+batch.HeaderSize, readChunkBytes)}
-	return w, func() {
-		*buf = w.buf
-		s.putBuf(buf)
-	}
+	return frameWalker{f: f, buf: (*buf)[:0], pos: pos, end: end,
+		chunk: min(s.cfg.IndexIntervalBytes+batch.HeaderSize, readChunkBytes)}, buf
+}
+
+// releaseWalker returns the buffer of w (which may have grown) to the pool.
+func (s *Store) releaseWalker(w *frameWalker, buf *[]byte) {
+	*buf = w.buf
+	s.putBuf(buf)
 }
 
 // collect appends to out the frames of v from pos (a frame boundary where
@@ -362,8 +364,8 @@ func (s *Store) OffsetForTime(tUnixNanos int64) (uint64, error) {
 	if k > 0 {
 		e = v.entries[k-1] // every frame up to it is older than t
 	}
-	w, done := s.walker(v.seg.f, int64(e.position), v.size)
-	defer done()
+	w, buf := s.walker(v.seg.f, int64(e.position), v.size)
+	defer s.releaseWalker(&w, buf)
 	q := entrySeq(v.seg, e)
 	for {
 		framePos := w.pos

@@ -88,8 +88,8 @@ func (s *Store) cutAtOffset(i int, offset uint64) (cut, error) {
 		e = floorEntry(g.entries, offset-g.baseOffset-1)
 	}
 	q, c := entrySeq(g, e), newCut(i)
-	w, done := s.walker(g.f, int64(e.position), g.size)
-	defer done()
+	w, buf := s.walker(g.f, int64(e.position), g.size)
+	defer s.releaseWalker(&w, buf)
 	for {
 		framePos := w.pos
 		_, h, err := w.next()

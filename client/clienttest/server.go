@@ -89,6 +89,10 @@ type AppendFaultFunc func(n int64, req *geologv1.AppendRequest) Fault
 // reply since it was set; Err and DropStream end the subscription.
 type SubscribeFaultFunc func(n int64) Fault
 
+// ReadFaultFunc decides the error (nil: none) the n-th (1-based) Read since
+// it was set fails with. Use an *apierr.Error.
+type ReadFaultFunc func(n int64) error
+
 // BatchInfo records one applied (non-duplicate) batch.
 type BatchInfo struct {
 	ProducerID   uint64
@@ -128,6 +132,8 @@ type Server struct {
 	appendN        int64
 	subscribeFault SubscribeFaultFunc
 	subscribeN     int64
+	readFault      ReadFaultFunc
+	readN          int64
 	appendRequests int64
 	duplicates     int64
 	outstandingMax map[rangeKey]int
@@ -255,6 +261,13 @@ func (s *Server) SetSubscribeFault(f SubscribeFaultFunc) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.subscribeFault, s.subscribeN = f, 0
+}
+
+// SetReadFault installs f (nil removes it) and restarts its count.
+func (s *Server) SetReadFault(f ReadFaultFunc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.readFault, s.readN = f, 0
 }
 
 // MustCreateStream creates a stream with one region, panicking on error.
@@ -598,6 +611,12 @@ func (s *Server) outstanding(req *geologv1.AppendRequest, delta int) {
 func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.readFault != nil {
+		s.readN++
+		if err := s.readFault(s.readN); err != nil {
+			return nil, apierr.ToStatus(err)
+		}
+	}
 	r, err := s.rangeLocked(req.GetStream(), req.GetRange())
 	if err != nil {
 		return nil, apierr.ToStatus(err)

@@ -204,6 +204,61 @@ func (ErrorCode) EnumDescriptor() ([]byte, []int) {
 	return file_geolog_v1_log_proto_rawDescGZIP(), []int{1}
 }
 
+type ReplicaChange int32
+
+const (
+	ReplicaChange_REPLICA_CHANGE_UNSPECIFIED ReplicaChange = 0
+	// Add the node as a learner: it receives the log but does not vote.
+	ReplicaChange_REPLICA_CHANGE_ADD_LEARNER ReplicaChange = 1
+	// Make a learner a voter.
+	ReplicaChange_REPLICA_CHANGE_PROMOTE ReplicaChange = 2
+	// Remove the node (voter or learner) from the range.
+	ReplicaChange_REPLICA_CHANGE_REMOVE ReplicaChange = 3
+)
+
+// Enum value maps for ReplicaChange.
+var (
+	ReplicaChange_name = map[int32]string{
+		0: "REPLICA_CHANGE_UNSPECIFIED",
+		1: "REPLICA_CHANGE_ADD_LEARNER",
+		2: "REPLICA_CHANGE_PROMOTE",
+		3: "REPLICA_CHANGE_REMOVE",
+	}
+	ReplicaChange_value = map[string]int32{
+		"REPLICA_CHANGE_UNSPECIFIED": 0,
+		"REPLICA_CHANGE_ADD_LEARNER": 1,
+		"REPLICA_CHANGE_PROMOTE":     2,
+		"REPLICA_CHANGE_REMOVE":      3,
+	}
+)
+
+func (x ReplicaChange) Enum() *ReplicaChange {
+	p := new(ReplicaChange)
+	*p = x
+	return p
+}
+
+func (x ReplicaChange) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReplicaChange) Descriptor() protoreflect.EnumDescriptor {
+	return file_geolog_v1_log_proto_enumTypes[2].Descriptor()
+}
+
+func (ReplicaChange) Type() protoreflect.EnumType {
+	return &file_geolog_v1_log_proto_enumTypes[2]
+}
+
+func (x ReplicaChange) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReplicaChange.Descriptor instead.
+func (ReplicaChange) EnumDescriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{2}
+}
+
 // Header is one record header. Keys need not be unique.
 type Header struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1582,6 +1637,319 @@ func (x *ErrorDetail) GetExpectedSequence() uint64 {
 	return 0
 }
 
+type ChangeReplicasRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Range  uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
+	Change ReplicaChange          `protobuf:"varint,3,opt,name=change,proto3,enum=geolog.v1.ReplicaChange" json:"change,omitempty"`
+	// node_id is the Raft id of the region node concerned.
+	NodeId        uint64 `protobuf:"varint,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeReplicasRequest) Reset() {
+	*x = ChangeReplicasRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeReplicasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeReplicasRequest) ProtoMessage() {}
+
+func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
+func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ChangeReplicasRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ChangeReplicasRequest) GetRange() uint32 {
+	if x != nil {
+		return x.Range
+	}
+	return 0
+}
+
+func (x *ChangeReplicasRequest) GetChange() ReplicaChange {
+	if x != nil {
+		return x.Change
+	}
+	return ReplicaChange_REPLICA_CHANGE_UNSPECIFIED
+}
+
+func (x *ChangeReplicasRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+type ChangeReplicasResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Voters        []uint64               `protobuf:"varint,1,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	Learners      []uint64               `protobuf:"varint,2,rep,packed,name=learners,proto3" json:"learners,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeReplicasResponse) Reset() {
+	*x = ChangeReplicasResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeReplicasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeReplicasResponse) ProtoMessage() {}
+
+func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
+func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ChangeReplicasResponse) GetVoters() []uint64 {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
+func (x *ChangeReplicasResponse) GetLearners() []uint64 {
+	if x != nil {
+		return x.Learners
+	}
+	return nil
+}
+
+type DescribeReplicasRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Range         uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeReplicasRequest) Reset() {
+	*x = DescribeReplicasRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeReplicasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeReplicasRequest) ProtoMessage() {}
+
+func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
+func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *DescribeReplicasRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *DescribeReplicasRequest) GetRange() uint32 {
+	if x != nil {
+		return x.Range
+	}
+	return 0
+}
+
+type ReplicaStatus struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	NodeId  uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Address string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// role is "voter" or "learner".
+	Role string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	// match_index is the last Raft index known to be on the replica.
+	MatchIndex    uint64 `protobuf:"varint,4,opt,name=match_index,json=matchIndex,proto3" json:"match_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaStatus) Reset() {
+	*x = ReplicaStatus{}
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaStatus) ProtoMessage() {}
+
+func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
+func (*ReplicaStatus) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReplicaStatus) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *ReplicaStatus) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *ReplicaStatus) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ReplicaStatus) GetMatchIndex() uint64 {
+	if x != nil {
+		return x.MatchIndex
+	}
+	return 0
+}
+
+type DescribeReplicasResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	LeaderId uint64                 `protobuf:"varint,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// last_index is the leader's last Raft index; a replica whose match_index
+	// equals it has caught up.
+	LastIndex       uint64           `protobuf:"varint,2,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
+	CommittedOffset uint64           `protobuf:"varint,3,opt,name=committed_offset,json=committedOffset,proto3" json:"committed_offset,omitempty"`
+	Replicas        []*ReplicaStatus `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DescribeReplicasResponse) Reset() {
+	*x = DescribeReplicasResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeReplicasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeReplicasResponse) ProtoMessage() {}
+
+func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
+func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
+	if x != nil {
+		return x.LeaderId
+	}
+	return 0
+}
+
+func (x *DescribeReplicasResponse) GetLastIndex() uint64 {
+	if x != nil {
+		return x.LastIndex
+	}
+	return 0
+}
+
+func (x *DescribeReplicasResponse) GetCommittedOffset() uint64 {
+	if x != nil {
+		return x.CommittedOffset
+	}
+	return 0
+}
+
+func (x *DescribeReplicasResponse) GetReplicas() []*ReplicaStatus {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
 var File_geolog_v1_log_proto protoreflect.FileDescriptor
 
 const file_geolog_v1_log_proto_rawDesc = "" +
@@ -1707,7 +2075,30 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x06 \x01(\x04R\n" +
 	"tailOffset\x12+\n" +
-	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence*s\n" +
+	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\"\x90\x01\n" +
+	"\x15ChangeReplicasRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
+	"\x05range\x18\x02 \x01(\rR\x05range\x120\n" +
+	"\x06change\x18\x03 \x01(\x0e2\x18.geolog.v1.ReplicaChangeR\x06change\x12\x17\n" +
+	"\anode_id\x18\x04 \x01(\x04R\x06nodeId\"L\n" +
+	"\x16ChangeReplicasResponse\x12\x16\n" +
+	"\x06voters\x18\x01 \x03(\x04R\x06voters\x12\x1a\n" +
+	"\blearners\x18\x02 \x03(\x04R\blearners\"G\n" +
+	"\x17DescribeReplicasRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
+	"\x05range\x18\x02 \x01(\rR\x05range\"w\n" +
+	"\rReplicaStatus\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x1f\n" +
+	"\vmatch_index\x18\x04 \x01(\x04R\n" +
+	"matchIndex\"\xb7\x01\n" +
+	"\x18DescribeReplicasResponse\x12\x1b\n" +
+	"\tleader_id\x18\x01 \x01(\x04R\bleaderId\x12\x1d\n" +
+	"\n" +
+	"last_index\x18\x02 \x01(\x04R\tlastIndex\x12)\n" +
+	"\x10committed_offset\x18\x03 \x01(\x04R\x0fcommittedOffset\x124\n" +
+	"\breplicas\x18\x04 \x03(\v2\x18.geolog.v1.ReplicaStatusR\breplicas*s\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
@@ -1737,7 +2128,12 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x12ERROR_CODE_TIMEOUT\x10\x13\x12\x1e\n" +
 	"\x1aERROR_CODE_UNAUTHENTICATED\x10\x14\x12 \n" +
 	"\x1cERROR_CODE_PERMISSION_DENIED\x10\x15\x12\x17\n" +
-	"\x13ERROR_CODE_INTERNAL\x10\x162\x86\x04\n" +
+	"\x13ERROR_CODE_INTERNAL\x10\x16*\x86\x01\n" +
+	"\rReplicaChange\x12\x1e\n" +
+	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aREPLICA_CHANGE_ADD_LEARNER\x10\x01\x12\x1a\n" +
+	"\x16REPLICA_CHANGE_PROMOTE\x10\x02\x12\x19\n" +
+	"\x15REPLICA_CHANGE_REMOVE\x10\x032\x86\x04\n" +
 	"\x03Log\x12=\n" +
 	"\x06Append\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse\x12G\n" +
 	"\fAppendStream\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse(\x010\x01\x127\n" +
@@ -1745,7 +2141,10 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.geolog.v1.SubscribeRequest\x1a\x1c.geolog.v1.SubscribeResponse0\x01\x12O\n" +
 	"\fCreateStream\x12\x1e.geolog.v1.CreateStreamRequest\x1a\x1f.geolog.v1.CreateStreamResponse\x12L\n" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
-	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
+	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse2\xbb\x01\n" +
+	"\x05Admin\x12U\n" +
+	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
+	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
 
 var (
 	file_geolog_v1_log_proto_rawDescOnce sync.Once
@@ -1759,65 +2158,77 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 	return file_geolog_v1_log_proto_rawDescData
 }
 
-var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_geolog_v1_log_proto_goTypes = []any{
-	(Consistency)(0),               // 0: geolog.v1.Consistency
-	(ErrorCode)(0),                 // 1: geolog.v1.ErrorCode
-	(*Header)(nil),                 // 2: geolog.v1.Header
-	(*Record)(nil),                 // 3: geolog.v1.Record
-	(*StoredRecord)(nil),           // 4: geolog.v1.StoredRecord
-	(*AppendRequest)(nil),          // 5: geolog.v1.AppendRequest
-	(*AppendResponse)(nil),         // 6: geolog.v1.AppendResponse
-	(*ReadRequest)(nil),            // 7: geolog.v1.ReadRequest
-	(*ReadResponse)(nil),           // 8: geolog.v1.ReadResponse
-	(*SubscribeRequest)(nil),       // 9: geolog.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),      // 10: geolog.v1.SubscribeResponse
-	(*RetentionPolicy)(nil),        // 11: geolog.v1.RetentionPolicy
-	(*StreamInfo)(nil),             // 12: geolog.v1.StreamInfo
-	(*RangeInfo)(nil),              // 13: geolog.v1.RangeInfo
-	(*CreateStreamRequest)(nil),    // 14: geolog.v1.CreateStreamRequest
-	(*CreateStreamResponse)(nil),   // 15: geolog.v1.CreateStreamResponse
-	(*ListStreamsRequest)(nil),     // 16: geolog.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),    // 17: geolog.v1.ListStreamsResponse
-	(*DescribeStreamRequest)(nil),  // 18: geolog.v1.DescribeStreamRequest
-	(*DescribeStreamResponse)(nil), // 19: geolog.v1.DescribeStreamResponse
-	(*ErrorDetail)(nil),            // 20: geolog.v1.ErrorDetail
+	(Consistency)(0),                 // 0: geolog.v1.Consistency
+	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
+	(ReplicaChange)(0),               // 2: geolog.v1.ReplicaChange
+	(*Header)(nil),                   // 3: geolog.v1.Header
+	(*Record)(nil),                   // 4: geolog.v1.Record
+	(*StoredRecord)(nil),             // 5: geolog.v1.StoredRecord
+	(*AppendRequest)(nil),            // 6: geolog.v1.AppendRequest
+	(*AppendResponse)(nil),           // 7: geolog.v1.AppendResponse
+	(*ReadRequest)(nil),              // 8: geolog.v1.ReadRequest
+	(*ReadResponse)(nil),             // 9: geolog.v1.ReadResponse
+	(*SubscribeRequest)(nil),         // 10: geolog.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 11: geolog.v1.SubscribeResponse
+	(*RetentionPolicy)(nil),          // 12: geolog.v1.RetentionPolicy
+	(*StreamInfo)(nil),               // 13: geolog.v1.StreamInfo
+	(*RangeInfo)(nil),                // 14: geolog.v1.RangeInfo
+	(*CreateStreamRequest)(nil),      // 15: geolog.v1.CreateStreamRequest
+	(*CreateStreamResponse)(nil),     // 16: geolog.v1.CreateStreamResponse
+	(*ListStreamsRequest)(nil),       // 17: geolog.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),      // 18: geolog.v1.ListStreamsResponse
+	(*DescribeStreamRequest)(nil),    // 19: geolog.v1.DescribeStreamRequest
+	(*DescribeStreamResponse)(nil),   // 20: geolog.v1.DescribeStreamResponse
+	(*ErrorDetail)(nil),              // 21: geolog.v1.ErrorDetail
+	(*ChangeReplicasRequest)(nil),    // 22: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 23: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 24: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 25: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 26: geolog.v1.DescribeReplicasResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
-	2,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
-	2,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
-	3,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
-	20, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
+	3,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
+	3,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
+	4,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
+	21, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
 	0,  // 4: geolog.v1.ReadRequest.consistency:type_name -> geolog.v1.Consistency
-	4,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
-	4,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
-	11, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
-	11, // 8: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
-	12, // 9: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	12, // 10: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
-	12, // 11: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	13, // 12: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
+	5,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
+	5,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
+	12, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
+	12, // 8: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
+	13, // 9: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	13, // 10: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
+	13, // 11: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	14, // 12: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
 	1,  // 13: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
-	5,  // 14: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	5,  // 15: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	7,  // 16: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	9,  // 17: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	14, // 18: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	16, // 19: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	18, // 20: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	6,  // 21: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	6,  // 22: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	8,  // 23: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	10, // 24: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	15, // 25: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	17, // 26: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	19, // 27: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	21, // [21:28] is the sub-list for method output_type
-	14, // [14:21] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	2,  // 14: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	25, // 15: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	6,  // 16: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	6,  // 17: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	8,  // 18: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	10, // 19: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	15, // 20: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	17, // 21: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	19, // 22: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	22, // 23: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	24, // 24: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	7,  // 25: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	7,  // 26: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	9,  // 27: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	11, // 28: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	16, // 29: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	18, // 30: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	20, // 31: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	23, // 32: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	26, // 33: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -1834,10 +2245,10 @@ func file_geolog_v1_log_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   19,
+			NumEnums:      3,
+			NumMessages:   24,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_geolog_v1_log_proto_goTypes,
 		DependencyIndexes: file_geolog_v1_log_proto_depIdxs,

@@ -377,3 +377,161 @@ var Log_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "geolog/v1/log.proto",
 }
+
+const (
+	Admin_ChangeReplicas_FullMethodName   = "/geolog.v1.Admin/ChangeReplicas"
+	Admin_DescribeReplicas_FullMethodName = "/geolog.v1.Admin/DescribeReplicas"
+)
+
+// AdminClient is the client API for Admin service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Admin holds operator commands. Like every service it sits behind the one
+// authorizer (admin permission) once security lands.
+type AdminClient interface {
+	// ChangeReplicas changes one range's Raft membership by one step. Replace a
+	// replica with ADD_LEARNER (new node), wait for it to catch up, PROMOTE it,
+	// then REMOVE the old one. Sent to any node; only the range leader
+	// executes it (others answer NOT_LEADER with a hint).
+	ChangeReplicas(ctx context.Context, in *ChangeReplicasRequest, opts ...grpc.CallOption) (*ChangeReplicasResponse, error)
+	// DescribeReplicas reports a range's members and how far each has caught
+	// up, as the range leader sees it.
+	DescribeReplicas(ctx context.Context, in *DescribeReplicasRequest, opts ...grpc.CallOption) (*DescribeReplicasResponse, error)
+}
+
+type adminClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewAdminClient(cc grpc.ClientConnInterface) AdminClient {
+	return &adminClient{cc}
+}
+
+func (c *adminClient) ChangeReplicas(ctx context.Context, in *ChangeReplicasRequest, opts ...grpc.CallOption) (*ChangeReplicasResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChangeReplicasResponse)
+	err := c.cc.Invoke(ctx, Admin_ChangeReplicas_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DescribeReplicas(ctx context.Context, in *DescribeReplicasRequest, opts ...grpc.CallOption) (*DescribeReplicasResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DescribeReplicasResponse)
+	err := c.cc.Invoke(ctx, Admin_DescribeReplicas_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// AdminServer is the server API for Admin service.
+// All implementations must embed UnimplementedAdminServer
+// for forward compatibility.
+//
+// Admin holds operator commands. Like every service it sits behind the one
+// authorizer (admin permission) once security lands.
+type AdminServer interface {
+	// ChangeReplicas changes one range's Raft membership by one step. Replace a
+	// replica with ADD_LEARNER (new node), wait for it to catch up, PROMOTE it,
+	// then REMOVE the old one. Sent to any node; only the range leader
+	// executes it (others answer NOT_LEADER with a hint).
+	ChangeReplicas(context.Context, *ChangeReplicasRequest) (*ChangeReplicasResponse, error)
+	// DescribeReplicas reports a range's members and how far each has caught
+	// up, as the range leader sees it.
+	DescribeReplicas(context.Context, *DescribeReplicasRequest) (*DescribeReplicasResponse, error)
+	mustEmbedUnimplementedAdminServer()
+}
+
+// UnimplementedAdminServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedAdminServer struct{}
+
+func (UnimplementedAdminServer) ChangeReplicas(context.Context, *ChangeReplicasRequest) (*ChangeReplicasResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ChangeReplicas not implemented")
+}
+func (UnimplementedAdminServer) DescribeReplicas(context.Context, *DescribeReplicasRequest) (*DescribeReplicasResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DescribeReplicas not implemented")
+}
+func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
+func (UnimplementedAdminServer) testEmbeddedByValue()               {}
+
+// UnsafeAdminServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to AdminServer will
+// result in compilation errors.
+type UnsafeAdminServer interface {
+	mustEmbedUnimplementedAdminServer()
+}
+
+func RegisterAdminServer(s grpc.ServiceRegistrar, srv AdminServer) {
+	// If the following call pancis, it indicates UnimplementedAdminServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Admin_ServiceDesc, srv)
+}
+
+func _Admin_ChangeReplicas_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChangeReplicasRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ChangeReplicas(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ChangeReplicas_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ChangeReplicas(ctx, req.(*ChangeReplicasRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DescribeReplicas_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescribeReplicasRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DescribeReplicas(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DescribeReplicas_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DescribeReplicas(ctx, req.(*DescribeReplicasRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Admin_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "geolog.v1.Admin",
+	HandlerType: (*AdminServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ChangeReplicas",
+			Handler:    _Admin_ChangeReplicas_Handler,
+		},
+		{
+			MethodName: "DescribeReplicas",
+			Handler:    _Admin_DescribeReplicas_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "geolog/v1/log.proto",
+}
