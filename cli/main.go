@@ -42,9 +42,14 @@ commands:
   bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 1]
         [--linger D] [--batch-bytes N] [--buffer-bytes N] [--duration 10s | --count N] [--keys N]
         [--sync] [--json]
+  replicas describe <stream> <range>
+  replicas add-learner|promote|remove <stream> <range> <node-id>
+  replicas replace <stream> <range> <old-node-id> <new-node-id>
 
 global flags (also accepted after the command):
-  --addr host:port     node address (default $GEOLOG_ADDR or ` + DefaultAddr + `)
+  --addr host:port[,host:port...]
+                       node addresses, any nodes of the region (default
+                       $GEOLOG_ADDR or ` + DefaultAddr + `)
   --timeout D          bound on each admin or read call (default 30s)
   --retries N          retries of a retriable admin or read call (default 2)
   --tls-ca FILE        dial with TLS, trusting this CA bundle
@@ -92,6 +97,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.consume(ctx, args)
 	case "bench":
 		err = env.bench(ctx, args)
+	case "replicas":
+		err = env.replicas(ctx, args)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -175,7 +182,7 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 		e.retries = 2
 		e.globalsSet = true
 	}
-	fs.StringVar(&e.addr, "addr", e.addr, "node address host:port (env GEOLOG_ADDR)")
+	fs.StringVar(&e.addr, "addr", e.addr, "node addresses host:port[,host:port...] (env GEOLOG_ADDR)")
 	fs.DurationVar(&e.timeout, "timeout", e.timeout, "bound on each admin or read call")
 	fs.IntVar(&e.retries, "retries", e.retries, "retries of a retriable admin or read call")
 	fs.StringVar(&e.tlsCA, "tls-ca", e.tlsCA, "dial with TLS trusting this PEM CA bundle")

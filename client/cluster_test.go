@@ -158,20 +158,21 @@ func TestClusterProducerFollowsLeaderMoves(t *testing.T) {
 			acked.Add(1)
 		})
 	}
-	// Move leadership every 100 acks while the rest is in flight: all
-	// ranges at once, or one range to a random node.
+	// Move leadership every 100 acks while the rest is in flight:
+	// alternately every range to the next node in turn (so that each node
+	// leads for a while), and one range to a random node.
 	moves := 0
 	for threshold := int64(100); threshold < int64(len(recs)); threshold += 100 {
 		waitFor(t, fmt.Sprintf("%d acks", threshold), func() bool { return acked.Load() >= threshold })
-		moves++
-		faultMu.Lock()
-		all, node, rng := rnd.IntN(2) == 0, rnd.IntN(3), uint32(rnd.IntN(ranges))
-		faultMu.Unlock()
-		if all {
-			cl.SetLeader(node)
+		if moves%2 == 0 {
+			cl.SetLeader((moves/2 + 2) % 3)
 		} else {
+			faultMu.Lock()
+			node, rng := rnd.IntN(3), uint32(rnd.IntN(ranges))
+			faultMu.Unlock()
 			cl.SetRangeLeader("s", rng, node)
 		}
+		moves++
 	}
 	rs.wait(t)
 	checkExactlyOnce(t, cl.Node(0), "s", ranges, recs, rs)
@@ -191,11 +192,13 @@ func TestClusterProducerFollowsLeaderMoves(t *testing.T) {
 	}
 }
 
-// TestClusterProducerSurvivesLeaderDeath: the leader applies batches but
-// dies before acknowledging them, and another node is elected. The
-// producer, whose streams were on the dead node, moves to the next address
-// (node 1), which redirects it to the new leader (node 2), where the
-// resent batches are answered as duplicates with their original offsets.
+// TestClusterProducerSurvivesLeaderDeath: the leader dies with batches in
+// flight: in each range the first it applied without answering (an ack
+// lost), the second it held, the rest wait behind. Another node is
+// elected. The producer, whose streams were on the dead node, moves to the
+// next address (node 1), which redirects it to the new leader (node 2):
+// there the applied batches come back as duplicates with their original
+// offsets and the others are appended after them, in order.
 func TestClusterProducerSurvivesLeaderDeath(t *testing.T) {
 	cl := startCluster(t, 3)
 	const ranges = 3
@@ -204,54 +207,82 @@ func TestClusterProducerSurvivesLeaderDeath(t *testing.T) {
 	p := newProducer(t, c, "s", client.ProducerRetryBackoff(time.Millisecond, 10*time.Millisecond))
 	ctx := testCtx(t)
 
-	recs := keyedRecords(12, 40)
+	const keys = 12 // keys 0-11 cover the 3 ranges
+	recs := keyedRecords(keys, 20)
 	rs := newResults()
-	warm := 12 * 5 // every key, so that every range's producer id is known
-	res, err := p.ProduceSync(ctx, recs[:warm]...)
+	res, err := p.ProduceSync(ctx, recs[:keys]...) // every range's producer id is known
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, r := range res {
 		rs.res[i] = r
 	}
-	applied := 0
-	for rng := range uint32(ranges) {
-		applied += len(cl.Node(0).Batches("s", rng))
-	}
 
-	// From now on node 0 applies what it gets and never answers.
-	cl.Node(0).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault {
-		return clienttest.Fault{SkipReply: true}
-	})
-	for i := warm; i < len(recs); i++ {
-		p.Produce(ctx, recs[i], rs.cb(i))
-	}
-	waitFor(t, "node 0 to apply unacknowledged batches", func() bool {
-		n := 0
-		for rng := range uint32(ranges) {
-			n += len(cl.Node(0).Batches("s", rng))
+	var faultMu sync.Mutex
+	requests := make(map[uint32]int)
+	cl.Node(0).SetAppendFault(func(_ int64, req *geologv1.AppendRequest) clienttest.Fault {
+		faultMu.Lock()
+		defer faultMu.Unlock()
+		requests[req.GetRange()]++
+		switch requests[req.GetRange()] {
+		case 1:
+			return clienttest.Fault{SkipReply: true}
+		default:
+			return clienttest.Fault{Hold: make(chan struct{})} // until the node dies
 		}
-		return n >= applied+ranges
 	})
+	batchesBefore := make([]int, ranges)
+	for rng := range uint32(ranges) {
+		batchesBefore[rng] = len(cl.Node(0).Batches("s", rng))
+	}
+	produce := func(from, to int) {
+		for i := from; i < to; i++ {
+			p.Produce(ctx, recs[i], rs.cb(i))
+		}
+	}
+	produce(keys, 2*keys)
+	waitFor(t, "a batch applied without an answer in every range", func() bool {
+		for rng := range uint32(ranges) {
+			if len(cl.Node(0).Batches("s", rng)) == batchesBefore[rng] {
+				return false
+			}
+		}
+		return true
+	})
+	produce(2*keys, 3*keys)
+	waitFor(t, "a held batch in every range", func() bool {
+		for rng := range uint32(ranges) {
+			if cl.Node(0).Outstanding("s", rng) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	produce(3*keys, len(recs))
 	notLeader1 := cl.Node(1).Stats().NotLeaderReplies
 	cl.Kill(0)
 	cl.SetLeader(2)
 	rs.wait(t)
 	checkExactlyOnce(t, cl.Node(0), "s", ranges, recs, rs)
 
-	dups := 0
-	for _, r := range rs.res {
-		if r.Duplicate {
+	dups, fresh := 0, 0
+	for i, r := range rs.res {
+		switch {
+		case i < keys:
+		case r.Duplicate:
 			dups++
+		default:
+			fresh++
 		}
 	}
-	if dups == 0 {
-		t.Fatal("no batch applied by the dead leader was acknowledged as a duplicate")
+	if dups == 0 || fresh == 0 {
+		t.Fatalf("%d duplicates and %d fresh appends after the move, want both", dups, fresh)
 	}
 	if cl.Node(1).Stats().NotLeaderReplies == notLeader1 {
 		t.Fatal("node 1 did not redirect the producer")
 	}
-	t.Logf("%d records acked as duplicates; node stats %+v %+v", dups, cl.Node(1).Stats(), cl.Node(2).Stats())
+	t.Logf("%d records acked as duplicates, %d appended at the new leader; node stats %+v %+v",
+		dups, fresh, cl.Node(1).Stats(), cl.Node(2).Stats())
 }
 
 // TestClusterNotLeaderWithoutHint: followers that do not know the leader

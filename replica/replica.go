@@ -186,6 +186,7 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 		MaxUncommittedEntriesSize: 1 << 30,
 		CheckQuorum:               true,
 		PreVote:                   true,
+		StepDownOnRemoval:         true,
 		Logger:                    raftLogger{r.logger.Named("raft")},
 	})
 	if err != nil {

@@ -30,8 +30,9 @@ const (
 	// IndexIntervalBytesLimit bounds Config.IndexIntervalBytes from above.
 	IndexIntervalBytesLimit = 16 << 20
 	// ReadBytesMax bounds the maxBytes argument of ReadFrames and
-	// ReadFramesByIndex; larger values are clamped to it. (One frame larger than maxBytes is still
-	// returned whole, and frames are at most batch.FrameBytesMax.)
+	// ReadFramesByIndex; larger values are clamped to it. (One frame
+	// larger than maxBytes is still returned whole, and frames are at most
+	// batch.FrameBytesMax.)
 	ReadBytesMax = batch.FrameBytesMax
 
 	// readChunkBytes is the size of the pooled buffers that seeks and scans
