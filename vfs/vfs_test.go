@@ -616,3 +616,71 @@ func TestMemConcurrent(t *testing.T) {
 		<-done
 	}
 }
+
+// TestCrashPagesAreVersions drives one file through random writes,
+// truncations and Datasyncs and checks every crash against the versions the
+// file went through since its last Datasync: the size is one of theirs, and
+// every page (zero-extended) is that page of one of them.
+func TestCrashPagesAreVersions(t *testing.T) {
+	for seed := range uint64(300) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		m := NewMem(rand.New(rand.NewPCG(seed, 12)))
+		f, _ := m.OpenFile("/f", os.O_RDWR|os.O_CREATE, 0o644)
+		if err := m.SyncDir("/"); err != nil {
+			t.Fatal(err)
+		}
+		var live []byte
+		versions := [][]byte{nil} // since the last Datasync, oldest first
+		for range 5 + rng.IntN(20) {
+			switch r := rng.IntN(10); {
+			case r < 6:
+				off := rng.Int64N(int64(len(live)) + 3*PageBytes)
+				p := make([]byte, 1+rng.IntN(2*PageBytes))
+				for i := range p {
+					p[i] = byte(1 + rng.IntN(255))
+				}
+				mustWrite(t, f, p, off)
+				live = fileOp{off: off, data: p}.apply(live)
+			case r < 8:
+				size := rng.Int64N(int64(len(live)) + PageBytes)
+				if err := f.Truncate(size); err != nil {
+					t.Fatal(err)
+				}
+				live = fileOp{truncate: true, size: size}.apply(live)
+			default:
+				if err := f.Datasync(); err != nil {
+					t.Fatal(err)
+				}
+				versions = versions[:0]
+			}
+			versions = append(versions, bytes.Clone(live))
+		}
+		if got := readAll(t, m, "/f"); !bytes.Equal(got, live) {
+			t.Fatalf("seed %d: reads see %d bytes, model %d", seed, len(got), len(live))
+		}
+		for range 5 {
+			got := readAll(t, m.Crash(), "/f")
+			sizeOK := false
+			for _, v := range versions {
+				sizeOK = sizeOK || len(v) == len(got)
+			}
+			if !sizeOK {
+				t.Fatalf("seed %d: crash left %d bytes, no version had that size", seed, len(got))
+			}
+			for start := 0; start < len(got); start += PageBytes {
+				page := got[start:min(start+PageBytes, len(got))]
+				ok := false
+				for _, v := range versions {
+					want := make([]byte, len(page))
+					if start < len(v) {
+						copy(want, v[start:])
+					}
+					ok = ok || bytes.Equal(page, want)
+				}
+				if !ok {
+					t.Fatalf("seed %d: page at %d matches no version", seed, start)
+				}
+			}
+		}
+	}
+}

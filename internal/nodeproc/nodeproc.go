@@ -170,6 +170,28 @@ func (p *Proc) Restart() {
 	p.start()
 }
 
+// Pause sends SIGSTOP; Resume sends SIGCONT.
+func (p *Proc) Pause()  { p.cmd.Process.Signal(syscall.SIGSTOP) }
+func (p *Proc) Resume() { p.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Region starts size geologd processes forming one replicated region on
+// free loopback ports; extra flags go to every node.
+func Region(t testing.TB, size int, extra ...string) []*Proc {
+	t.Helper()
+	addrs := make([]string, size)
+	var peers []string
+	for i := range addrs {
+		addrs[i] = FreeAddr(t)
+		peers = append(peers, fmt.Sprintf("%d=%s", i+1, addrs[i]))
+	}
+	procs := make([]*Proc, size)
+	for i := range procs {
+		args := append([]string{"--node-id", fmt.Sprint(i + 1), "--peers", strings.Join(peers, ",")}, extra...)
+		procs[i] = Start(t, t.TempDir(), addrs[i], args...)
+	}
+	return procs
+}
+
 // Pid returns the current process id.
 func (p *Proc) Pid() int {
 	p.mu.Lock()
