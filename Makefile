@@ -18,7 +18,8 @@ FUZZ_TARGETS := \
 	./batch:FuzzRoundTrip \
 	./segment:FuzzOffsetIndex \
 	./segment:FuzzTimeIndex \
-	./raftnet:FuzzDecodeBatch
+	./raftnet:FuzzDecodeBatch \
+	./segment:FuzzRecover
 FUZZ_TIME ?= 5s
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add

@@ -642,3 +642,36 @@ func TestClusterCloseEndsEverything(t *testing.T) {
 		t.Fatalf("produce after close: %v", err)
 	}
 }
+
+// TestClusterProducerReturnsToRestartedNode: the leader dies, another
+// leads, the dead node comes back and is elected again; the producer
+// follows to it over a fresh connection.
+func TestClusterProducerReturnsToRestartedNode(t *testing.T) {
+	cl := startCluster(t, 3)
+	cl.MustCreateStream("s", 1)
+	c := newClient(t, cl.AddrList())
+	p := newProducer(t, c, "s", client.ProducerRetryBackoff(time.Millisecond, 10*time.Millisecond))
+	produceN(t, p, 0, 10)
+
+	cl.Kill(0)
+	cl.SetLeader(1)
+	produceN(t, p, 10, 10)
+
+	if err := cl.Restart(0); err != nil {
+		t.Fatal(err)
+	}
+	cl.SetLeader(0)
+	before := cl.Node(0).Stats().AppendRequests
+	produceN(t, p, 20, 10)
+	if cl.Node(0).Stats().AppendRequests == before {
+		t.Fatal("the restarted leader got no appends")
+	}
+	for i, rec := range cl.Node(0).Records("s", 0) {
+		if string(rec.GetValue()) != strconv.Itoa(i) {
+			t.Fatalf("offset %d holds %q", i, rec.GetValue())
+		}
+	}
+	if n := len(cl.Node(0).Records("s", 0)); n != 30 {
+		t.Fatalf("log holds %d records", n)
+	}
+}
