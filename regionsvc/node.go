@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
 )
 
 // Config configures a Node. Zero values take the documented defaults.
@@ -41,6 +42,8 @@ type Config struct {
 	// TLS, when set, serves gRPC over TLS (mutual TLS if it asks for
 	// client certificates). Default: plaintext.
 	TLS *tls.Config
+	// ClientTLS is used when this node calls another (forwarding).
+	ClientTLS *tls.Config
 	// RecordBytesMax bounds one record (key + value + headers), default 1 MiB.
 	RecordBytesMax int
 	// BatchBytesMax bounds one encoded append batch, default 16 MiB.
@@ -196,6 +199,10 @@ type Node struct {
 	syncSlots  chan struct{}
 	metrics    *nodeMetrics
 	region     *region // nil unless replicated
+	// peerConns are client connections to the region's other nodes, for
+	// forwarding; bounded by the number of peers.
+	peerConnsMu sync.Mutex
+	peerConns   map[string]*grpc.ClientConn
 	grpcServer *grpc.Server
 	listener   net.Listener
 	closing    chan struct{}
@@ -380,6 +387,11 @@ func (n *Node) Close() error {
 				n.grpcServer.Stop()
 			}
 		}
+		n.peerConnsMu.Lock()
+		for _, c := range n.peerConns {
+			c.Close()
+		}
+		n.peerConnsMu.Unlock()
 		n.logger.Info("node closed")
 	})
 	return nil
@@ -394,7 +406,7 @@ func (n *Node) rangeOf(stream string, r uint32) (*rangeDriver, error) {
 	st, ok := n.streams[stream]
 	n.mu.RUnlock()
 	if !ok {
-		return nil, apierr.New(apierr.StreamNotFound, "stream %q does not exist", stream)
+		return nil, n.streamNotFound(stream)
 	}
 	if r >= uint32(len(st.ranges)) {
 		return nil, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
@@ -402,7 +414,17 @@ func (n *Node) rangeOf(stream string, r uint32) (*rangeDriver, error) {
 	return st.ranges[r], nil
 }
 
-func (n *Node) createStream(req *geologv1.CreateStreamRequest) (*geologv1.StreamInfo, error) {
+// streamNotFound is STREAM_NOT_FOUND, or, on a replicated node whose
+// catalogue has not caught up with the leader yet (after a restart), a
+// retriable UNAVAILABLE: the stream may exist.
+func (n *Node) streamNotFound(stream string) error {
+	if n.replicated() && (n.region.meta.rep == nil || !n.region.meta.rep.CaughtUp()) {
+		return apierr.New(apierr.Unavailable, "stream %q: this node's catalogue is catching up", stream)
+	}
+	return apierr.New(apierr.StreamNotFound, "stream %q does not exist", stream)
+}
+
+func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.StreamInfo, error) {
 	spec, err := specFromRequest(req, n.cfg.Region, n.cfg.Now().UnixNano())
 	if err != nil {
 		return nil, err
@@ -413,9 +435,11 @@ func (n *Node) createStream(req *geologv1.CreateStreamRequest) (*geologv1.Stream
 	default:
 	}
 	if n.replicated() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		md, _ := metadata.FromIncomingContext(ctx)
+		forwarded := len(md.Get(forwardedKey)) > 0
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if err := n.createStreamReplicated(ctx, spec); err != nil {
+		if err := n.createStreamReplicated(ctx, spec, forwarded); err != nil {
 			return nil, err
 		}
 		return spec.info(), nil
@@ -470,7 +494,7 @@ func (n *Node) describeStream(name string) (*geologv1.DescribeStreamResponse, er
 	st, ok := n.streams[name]
 	n.mu.RUnlock()
 	if !ok {
-		return nil, apierr.New(apierr.StreamNotFound, "stream %q does not exist", name)
+		return nil, n.streamNotFound(name)
 	}
 	resp := &geologv1.DescribeStreamResponse{Stream: st.spec.info()}
 	for r, rd := range st.ranges {

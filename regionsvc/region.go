@@ -14,8 +14,13 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/raftnet"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/segment"
 	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 )
 
 // Replicated mode: when Config.Peers is set, every range is a Raft group over
@@ -196,7 +201,7 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 
 // createStreamReplicated proposes the stream to the catalogue and waits until
 // this node applied it.
-func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec) error {
+func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forwarded bool) error {
 	n.mu.RLock()
 	_, exists := n.streams[spec.Name]
 	n.mu.RUnlock()
@@ -220,25 +225,106 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec) erro
 		return apierr.New(apierr.Timeout, "create stream %q: %v", spec.Name, ctx.Err())
 	}
 	if res.err != nil {
-		return res.err
+		e := apierr.As(res.err)
+		if e.Code != apierr.NotLeader || e.LeaderHint == "" || forwarded {
+			return res.err
+		}
+		// NOT_LEADER from the catalogue means the record was not proposed,
+		// or was superseded and can never commit: forwarding is safe.
+		if err := n.forwardCreate(ctx, e.LeaderHint, spec); err != nil {
+			return err
+		}
+		return n.waitStreamApplied(ctx, spec.Name)
 	}
+	return n.waitOwnStream(ctx, spec.Name, res.baseOffset)
+}
+
+// waitOwnStream waits until this node applied the record created at
+// offset; a different record for the name means a racing create won.
+func (n *Node) waitOwnStream(ctx context.Context, name string, offset uint64) error {
 	for {
 		n.mu.RLock()
-		at, ok := n.region.metaOffsets[spec.Name]
+		at, ok := n.region.metaOffsets[name]
 		applied := n.region.applied
 		n.mu.RUnlock()
 		if ok {
-			if at != res.baseOffset {
-				return apierr.New(apierr.StreamExists, "stream %q was created concurrently", spec.Name)
+			if at != offset {
+				return apierr.New(apierr.StreamExists, "stream %q was created concurrently", name)
 			}
 			return nil
 		}
 		select {
 		case <-applied:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "create stream %q: committed, not yet applied: %v", spec.Name, ctx.Err())
+			return apierr.New(apierr.Timeout, "create stream %q: committed, not yet applied: %v", name, ctx.Err())
 		}
 	}
+}
+
+// waitStreamApplied waits until this node knows the stream.
+func (n *Node) waitStreamApplied(ctx context.Context, name string) error {
+	for {
+		n.mu.RLock()
+		_, ok := n.streams[name]
+		applied := n.region.applied
+		n.mu.RUnlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-applied:
+		case <-ctx.Done():
+			return apierr.New(apierr.Timeout, "create stream %q: created, not yet applied here: %v", name, ctx.Err())
+		}
+	}
+}
+
+// forwardedKey marks a request one node forwarded to another, so that it is
+// never forwarded again.
+const forwardedKey = "x-geolog-forwarded"
+
+// forwardCreate sends a CreateStream to the catalogue leader.
+func (n *Node) forwardCreate(ctx context.Context, addr string, spec streamSpec) error {
+	conn, err := n.peerConn(addr)
+	if err != nil {
+		return apierr.New(apierr.Unavailable, "forward to %s: %v", addr, err)
+	}
+	req := &geologv1.CreateStreamRequest{Name: spec.Name, RangeCount: spec.RangeCount, Regions: spec.Regions,
+		Retention: &geologv1.RetentionPolicy{MaxAgeMs: spec.RetentionAgeMillis, MaxBytes: spec.RetentionBytes}}
+	_, err = geologv1.NewLogClient(conn).CreateStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), req)
+	if err != nil {
+		return apierr.FromError(err)
+	}
+	return nil
+}
+
+// peerConn returns a client connection to another node of the region.
+func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
+	n.peerConnsMu.Lock()
+	defer n.peerConnsMu.Unlock()
+	if c, ok := n.peerConns[addr]; ok {
+		return c, nil
+	}
+	known := false
+	for _, a := range n.cfg.Peers {
+		known = known || a == addr
+	}
+	if !known {
+		return nil, fmt.Errorf("%s is not a node of this region", addr)
+	}
+	creds := insecure.NewCredentials()
+	if n.cfg.ClientTLS != nil {
+		creds = credentials.NewTLS(n.cfg.ClientTLS)
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, err
+	}
+	if n.peerConns == nil {
+		n.peerConns = map[string]*grpc.ClientConn{}
+	}
+	n.peerConns[addr] = c
+	return c, nil
 }
 
 // raftRouter is the Node as the transport's Handler.

@@ -270,7 +270,7 @@ func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Lo
 }
 
 func (s *logServer) CreateStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.CreateStreamResponse, error) {
-	info, err := s.node.createStream(req)
+	info, err := s.node.createStream(ctx, req)
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}

@@ -109,6 +109,10 @@ type Replica struct {
 
 	committed atomic.Uint64 // offsets below it are committed
 	leaderID  atomic.Uint64
+	// appliedTerm is the term of the last entry applied, currentTerm Raft's
+	// term: equal once this replica applied an entry of the current leader,
+	// and so (log matching) everything that leader had committed.
+	appliedTerm, currentTerm atomic.Uint64
 	notifyMu  sync.Mutex
 	notifyCh  chan struct{}
 	failure   atomic.Pointer[apierr.Error]
@@ -253,6 +257,15 @@ func (r *Replica) LeaderID() uint64 { return r.leaderID.Load() }
 // Committed is the committed end offset; safe from any goroutine. Readers
 // may read offsets below it.
 func (r *Replica) Committed() uint64 { return r.committed.Load() }
+
+// CaughtUp reports whether this replica has applied an entry of the
+// current term, and with it everything committed before; safe from any
+// goroutine. A restarted replica is not caught up until it hears from the
+// leader.
+func (r *Replica) CaughtUp() bool {
+	t := r.currentTerm.Load()
+	return t != 0 && r.appliedTerm.Load() == t && r.leaderID.Load() != 0
+}
 
 // Failure is the error that stopped the replica, or nil.
 func (r *Replica) Failure() *apierr.Error { return r.failure.Load() }
@@ -419,11 +432,13 @@ func (r *Replica) ProcessReady() error {
 		}
 	}
 	r.term = r.rn.BasicStatus().GetTerm()
+	r.currentTerm.Store(r.term)
 	for _, e := range rd.CommittedEntries {
 		if err := r.apply(e); err != nil {
 			r.fail(err)
 			return err
 		}
+		r.appliedTerm.Store(e.GetTerm())
 	}
 	r.rn.Advance(rd)
 	return nil
