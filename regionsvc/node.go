@@ -196,18 +196,18 @@ type Node struct {
 	// createMu serialises stream creation (catalogue writes).
 	createMu sync.Mutex
 
-	syncSlots  chan struct{}
-	metrics    *nodeMetrics
-	region     *region // nil unless replicated
+	syncSlots chan struct{}
+	metrics   *nodeMetrics
+	region    *region // nil unless replicated
 	// peerConns are client connections to the region's other nodes, for
 	// forwarding; bounded by the number of peers.
 	peerConnsMu sync.Mutex
 	peerConns   map[string]*grpc.ClientConn
-	grpcServer *grpc.Server
-	listener   net.Listener
-	closing    chan struct{}
-	closeOnce  sync.Once
-	serveErr   chan error
+	grpcServer  *grpc.Server
+	listener    net.Listener
+	closing     chan struct{}
+	closeOnce   sync.Once
+	serveErr    chan error
 }
 
 // New opens the data directory, recovers every range and returns a node that

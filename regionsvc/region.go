@@ -13,8 +13,8 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
-	"github.com/geolog/geolog/raftnet"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/raftnet"
 	"github.com/geolog/geolog/segment"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"

@@ -113,9 +113,9 @@ type Replica struct {
 	// term: equal once this replica applied an entry of the current leader,
 	// and so (log matching) everything that leader had committed.
 	appliedTerm, currentTerm atomic.Uint64
-	notifyMu  sync.Mutex
-	notifyCh  chan struct{}
-	failure   atomic.Pointer[apierr.Error]
+	notifyMu                 sync.Mutex
+	notifyCh                 chan struct{}
+	failure                  atomic.Pointer[apierr.Error]
 }
 
 // New opens a replica over an already opened log. rebuild is called with
