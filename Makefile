@@ -30,7 +30,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo proto tools bench sim clean
+.PHONY: all build test unit fuzz vet demo proto tools bench bench-region sim clean
 
 all: build
 
@@ -63,6 +63,9 @@ sim:
 
 bench: build
 	./scripts/bench.sh
+
+bench-region: build
+	./scripts/bench_region.sh
 
 demo: build
 	./scripts/demo.sh

@@ -97,6 +97,12 @@ func (d *rangeDriver) runReplicated() {
 			d.logger.Error("close store", "error", err)
 		}
 	}()
+	if d.rep.IsNewGroup() && len(d.cfg.repl.peers) > 0 && d.cfg.repl.peers[0] == d.cfg.repl.nodeID {
+		if err := d.rep.Campaign(); err != nil {
+			d.logger.Warn("campaign on creation", "error", err)
+		}
+		d.ready()
+	}
 	// Retention does not run on replicated ranges yet: deleting a log prefix
 	// is Raft log compaction, which needs snapshot (segment) transfer to
 	// followers that fall behind it.
@@ -105,19 +111,8 @@ func (d *rangeDriver) runReplicated() {
 		select {
 		case op := <-d.inbox:
 			d.propose(op)
-		drain:
-			for n := 0; n < cap(d.inbox); n++ {
-				select {
-				case op := <-d.inbox:
-					d.propose(op)
-				default:
-					break drain
-				}
-			}
 		case msgs := <-d.raftIn:
-			for _, m := range msgs {
-				d.rep.Step(m)
-			}
+			d.step(msgs)
 		case <-tick:
 			d.rep.Tick()
 		case to := <-d.unreachable:
@@ -128,7 +123,36 @@ func (d *rangeDriver) runReplicated() {
 			d.stopReplicated()
 			return
 		}
+		// Take everything else already queued before the Ready cycle, so
+		// that one cycle (one fsync) covers as many proposals and messages
+		// as possible: with one event per cycle, messages would wait behind
+		// an fsync each.
+		d.drainReplicated()
 		d.ready()
+	}
+}
+
+// drainEventsMax bounds the events taken into one Ready cycle.
+const drainEventsMax = 4096
+
+func (d *rangeDriver) drainReplicated() {
+	for n := 0; n < drainEventsMax; n++ {
+		select {
+		case op := <-d.inbox:
+			d.propose(op)
+		case msgs := <-d.raftIn:
+			d.step(msgs)
+		case to := <-d.unreachable:
+			d.rep.ReportUnreachable(to)
+		default:
+			return
+		}
+	}
+}
+
+func (d *rangeDriver) step(msgs []*raftpb.Message) {
+	for _, m := range msgs {
+		d.rep.Step(m)
 	}
 }
 

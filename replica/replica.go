@@ -105,6 +105,7 @@ type Replica struct {
 	proposals           []*proposal
 	duplicates          []*proposal // answered once committed reaches endOffset
 	pendingConf         *confProposal
+	fresh               bool // the group was created by this New
 	confSeq             uint64
 
 	committed atomic.Uint64 // offsets below it are committed
@@ -175,6 +176,7 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 		st.Conf = &raftpb.ConfState{}
 	}
 	r.state = st
+	r.fresh = !ok
 	r.storage = &logStorage{log: cfg.Log, state: &r.state}
 	for _, h := range headers {
 		r.recordHeader(h)
@@ -218,6 +220,11 @@ func (r *Replica) recordHeader(h batch.Header) {
 		r.logAppendUnixNanos = h.AppendTimeUnixNanos
 	}
 }
+
+// IsNewGroup reports whether New created the group (no saved state): the
+// driver of the first voter campaigns at once instead of waiting an election
+// timeout, so a new stream is writable in milliseconds.
+func (r *Replica) IsNewGroup() bool { return r.fresh }
 
 // Tick advances Raft's logical clock by one tick.
 func (r *Replica) Tick() { r.rn.Tick() }
