@@ -116,11 +116,11 @@ type world struct {
 
 	dropP, dupP, lostReplyP, crashP, cutP float64
 
-	canonical [][]string                 // per range, the committed log
-	acked     []map[uint64]string        // per range: offset → value acked
-	lastSeq   []map[int]int64            // per range: producer → last sequence in canonical order
-	seen      []map[string]uint64        // per range: value → offset
-	leaders   []uint64                   // per range: last leader seen
+	canonical [][]string          // per range, the committed log
+	acked     []map[uint64]string // per range: offset → value acked
+	lastSeq   []map[int]int64     // per range: producer → last sequence in canonical order
+	seen      []map[string]uint64 // per range: value → offset
+	leaders   []uint64            // per range: last leader seen
 	err       error
 }
 
