@@ -17,16 +17,19 @@
 // Propose for each append, and ProcessReady whenever HasReady. ProcessReady
 // does, in this order:
 //
-//  1. Persist: append the Ready's entries to the log (truncating first where a
+//  1. Save the hard state when its term or vote changed (the commit index is
+//     not made durable on its own: a restarted replica relearns it).
+//  2. A leader sends the Ready's messages now, so its followers write in
+//     parallel with it (Raft thesis 10.2.1).
+//  3. Persist: append the Ready's entries to the log (truncating first where a
 //     new leader overwrites this replica's uncommitted tail, then rebuilding
-//     the idempotence table from the log), fsync, and save the hard state
-//     when its term or vote changed. The commit index is not made durable on
-//     its own: a restarted replica relearns it from the leader.
-//  2. Send the Ready's messages (Config.Send must not block).
-//  3. Apply committed entries: publish the committed offset (readers read
+//     the idempotence table from the log), fsync.
+//  4. A follower sends the Ready's messages only now: its acknowledgements
+//     promise durability. (Config.Send must not block.)
+//  5. Apply committed entries: publish the committed offset (readers read
 //     below it), answer the proposals it settles, apply configuration
 //     changes (saving the configuration durably).
-//  4. Advance Raft.
+//  6. Advance Raft.
 //
 // A producer's ack therefore comes only after a quorum of the region has the
 // batch fsynced. A proposal is answered with success only if the entry that

@@ -410,21 +410,35 @@ func (r *Replica) ProposeConfChange(cc *raftpb.ConfChangeV2, reply func(*raftpb.
 // HasReady reports whether ProcessReady has work.
 func (r *Replica) HasReady() bool { return r.rn.HasReady() }
 
-// ProcessReady runs one Raft Ready cycle, in the order the Raft contract
-// requires: persist entries and hard state (fsync), then send messages, then
-// apply committed entries (publish the committed offset, answer proposals),
-// then advance. An error stops the replica: it answers everything pending
+// ProcessReady runs one Raft Ready cycle in the order doc.go gives: hard
+// state, (leader) send, persist entries with fsync, (follower) send, apply
+// committed entries (publish the committed offset, answer proposals),
+// advance. An error stops the replica: it answers everything pending
 // and refuses further work.
 func (r *Replica) ProcessReady() error {
 	if r.failure.Load() != nil || !r.rn.HasReady() {
 		return nil
 	}
 	rd := r.rn.Ready()
+	// A leader sends before it persists this Ready's entries, so that its
+	// followers write in parallel with it (Raft thesis 10.2.1; etcd's Ready
+	// contract allows it once the hard state is durable). Raft counts the
+	// leader's own copy only after Advance, so nothing commits before the
+	// leader's fsync too, unless a quorum of followers has it. A follower
+	// sends only after persisting: its acks promise durability.
+	leading := r.rn.BasicStatus().RaftState == raft.StateLeader
+	if err := r.persistHardState(&rd); err != nil {
+		r.fail(err)
+		return err
+	}
+	if leading && len(rd.Messages) > 0 {
+		r.cfg.Send(rd.Messages)
+	}
 	if err := r.persist(&rd); err != nil {
 		r.fail(err)
 		return err
 	}
-	if len(rd.Messages) > 0 {
+	if !leading && len(rd.Messages) > 0 {
 		r.cfg.Send(rd.Messages)
 	}
 	if rd.SoftState != nil {
@@ -451,7 +465,7 @@ func (r *Replica) ProcessReady() error {
 	return nil
 }
 
-// persist writes the Ready's entries and hard state durably.
+// persist writes the Ready's entries durably.
 func (r *Replica) persist(rd *raft.Ready) error {
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		return fmt.Errorf("replica: installing a snapshot at index %d is not supported yet", rd.Snapshot.GetMetadata().GetIndex())
@@ -491,16 +505,22 @@ func (r *Replica) persist(rd *raft.Ready) error {
 			return fmt.Errorf("replica: sync: %w", err)
 		}
 	}
-	if !raft.IsEmptyHardState(rd.HardState) {
-		old := r.state.Raft
-		r.state.Raft = proto.Clone(rd.HardState).(*raftpb.HardState)
-		// Term and vote must be durable before any message goes out; the
-		// commit index need not be (a restarted replica relearns it), so it
-		// rides along only when the file is written anyway.
-		if old.GetTerm() != rd.HardState.GetTerm() || old.GetVote() != rd.HardState.GetVote() {
-			if err := r.cfg.State.Save(r.state); err != nil {
-				return fmt.Errorf("replica: save hard state: %w", err)
-			}
+	return nil
+}
+
+// persistHardState saves Raft's hard state when its term or vote changed.
+// Term and vote must be durable before any message goes out; the commit
+// index need not be (a restarted replica relearns it), so it rides along
+// only when the file is written anyway.
+func (r *Replica) persistHardState(rd *raft.Ready) error {
+	if raft.IsEmptyHardState(rd.HardState) {
+		return nil
+	}
+	old := r.state.Raft
+	r.state.Raft = proto.Clone(rd.HardState).(*raftpb.HardState)
+	if old.GetTerm() != rd.HardState.GetTerm() || old.GetVote() != rd.HardState.GetVote() {
+		if err := r.cfg.State.Save(r.state); err != nil {
+			return fmt.Errorf("replica: save hard state: %w", err)
 		}
 	}
 	return nil
