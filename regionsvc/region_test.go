@@ -81,7 +81,9 @@ func (tr *testRegion) stop(id uint64) {
 }
 
 // retry calls fn against every live node in turn until it succeeds.
-func (tr *testRegion) retry(ctx context.Context, what string, fn func(c geologv1.LogClient) error) {
+// Each attempt is bounded (2 s), so a call stuck on one node cannot use up
+// the test's whole budget.
+func (tr *testRegion) retry(ctx context.Context, what string, fn func(ctx context.Context, c geologv1.LogClient) error) {
 	tr.t.Helper()
 	var last error
 	for ctx.Err() == nil {
@@ -91,9 +93,8 @@ func (tr *testRegion) retry(ctx context.Context, what string, fn func(c geologv1
 				continue
 			}
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			last = fn(c)
+			last = fn(cctx, c)
 			cancel()
-			_ = cctx
 			if last == nil {
 				return
 			}
@@ -107,7 +108,7 @@ func TestRegionReplicates(t *testing.T) {
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	tr.retry(ctx, "create stream", func(c geologv1.LogClient) error {
+	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "r", RangeCount: 2})
 		if apierr.CodeOf(err) == apierr.StreamExists {
 			return nil
@@ -116,7 +117,7 @@ func TestRegionReplicates(t *testing.T) {
 	})
 	// Every node learns the stream from the catalogue.
 	for id, c := range tr.clients {
-		tr.retry(ctx, fmt.Sprintf("describe on node %d", id), func(geologv1.LogClient) error {
+		tr.retry(ctx, fmt.Sprintf("describe on node %d", id), func(ctx context.Context, _ geologv1.LogClient) error {
 			_, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "r"})
 			return err
 		})
@@ -124,7 +125,7 @@ func TestRegionReplicates(t *testing.T) {
 	appendAll := func(tag string, count int) {
 		for i := 0; i < count; i++ {
 			seq := uint64(i)
-			tr.retry(ctx, "append", func(c geologv1.LogClient) error {
+			tr.retry(ctx, "append", func(ctx context.Context, c geologv1.LogClient) error {
 				_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "r", Range: 1, ProducerId: 77,
 					BaseSequence: seq, Records: []*geologv1.Record{{Key: []byte("k"), Value: []byte(fmt.Sprintf("%s-%d", tag, i))}}})
 				return err
@@ -158,7 +159,7 @@ func TestRegionReplicates(t *testing.T) {
 	tr.stop(leader)
 	for i := 20; i < 30; i++ {
 		seq := uint64(i)
-		tr.retry(ctx, "append after leader stop", func(c geologv1.LogClient) error {
+		tr.retry(ctx, "append after leader stop", func(ctx context.Context, c geologv1.LogClient) error {
 			_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "r", Range: 1, ProducerId: 77,
 				BaseSequence: seq, Records: []*geologv1.Record{{Key: []byte("k"), Value: []byte(fmt.Sprintf("b-%d", i))}}})
 			return err
@@ -169,7 +170,7 @@ func TestRegionReplicates(t *testing.T) {
 	// It relearns the catalogue from the meta group, then the range.
 	var rr *geologv1.ReadResponse
 	c := tr.clients[leader]
-	tr.retry(ctx, "read on the restarted node", func(geologv1.LogClient) error {
+	tr.retry(ctx, "read on the restarted node", func(ctx context.Context, _ geologv1.LogClient) error {
 		var err error
 		rr, err = c.Read(ctx, &geologv1.ReadRequest{Stream: "r", Range: 1, MaxRecords: 100,
 			Consistency: geologv1.Consistency_CONSISTENCY_MIN_OFFSET, MinOffset: 30})
@@ -196,7 +197,7 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 	tr := newTestRegionRF(t, 4, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	tr.retry(ctx, "create stream", func(c geologv1.LogClient) error {
+	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "m", RangeCount: 1})
 		if apierr.CodeOf(err) == apierr.StreamExists {
 			return nil
@@ -207,7 +208,7 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 	appendN := func(n int) {
 		for i := 0; i < n; i++ {
 			s := seq
-			tr.retry(ctx, "append", func(c geologv1.LogClient) error {
+			tr.retry(ctx, "append", func(ctx context.Context, c geologv1.LogClient) error {
 				_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "m", ProducerId: 3, BaseSequence: s,
 					Records: []*geologv1.Record{{Value: []byte(fmt.Sprintf("v%d", s))}}})
 				return err
@@ -224,11 +225,13 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 			if !ok {
 				continue
 			}
-			_, last = a.ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: "m", Change: change, NodeId: node})
+			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+			_, last = a.ChangeReplicas(cctx, &geologv1.ChangeReplicasRequest{Stream: "m", Change: change, NodeId: node})
+			ccancel()
 			if last == nil {
 				return
 			}
-			if apierr.CodeOf(last) != apierr.NotLeader && apierr.CodeOf(last) != apierr.StreamNotFound {
+			if code := apierr.CodeOf(last); code != apierr.NotLeader && code != apierr.StreamNotFound && !apierr.IsRetriable(last) {
 				t.Fatalf("%v %d: %v", change, node, last)
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -238,7 +241,7 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 	admin(geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, 4)
 	appendN(5)
 	// Wait until the learner has caught up with the leader.
-	tr.retry(ctx, "learner catch-up", func(c geologv1.LogClient) error {
+	tr.retry(ctx, "learner catch-up", func(ctx context.Context, c geologv1.LogClient) error {
 		for id := uint64(1); id <= 3; id++ {
 			d, err := tr.admins[id].DescribeReplicas(ctx, &geologv1.DescribeReplicasRequest{Stream: "m"})
 			if err != nil {
