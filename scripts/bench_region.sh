@@ -23,16 +23,7 @@ done
 trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
 for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
 
-run() { # name, then bench flags
-	local name=$1; shift
-	echo "== $name: geolog bench $*" >&2
-	"$BIN/geolog" bench --json --record-bytes 1024 --ranges "$RANGES" "$@" | tee -a "$RUNDIR/results.jsonl" >/dev/null
-	tail -1 "$RUNDIR/results.jsonl" | python3 -c '
-import json,sys
-r=json.load(sys.stdin); l=r["latency_ms"]
-print("%-28s %9.0f rec/s %8.1f MB/s  p50 %7.3f ms  p99 %7.3f ms  p99.9 %7.3f ms  max %7.3f ms  errors %d" % (sys.argv[1], r["records_per_sec"], r["mb_per_sec"], l["p50"], l["p99"], l["p999"], l["max"], r["errors"]))' "$name"
-}
-settle() { sync; sleep 3; }
+. "$(dirname "$0")/benchlib.sh"
 # Create the streams and write a little first: a new stream's ranges elect
 # leaders and every node applies the catalogue record; that start-up (about a
 # second) is not what these runs measure.
@@ -42,6 +33,6 @@ for s in bs b8 bh bt; do
 done
 settle; run "one at a time"        --stream bs --ranges 1 --producers 1 --duration "$DURATION" --sync
 settle; run "8 producers"          --stream b8 --producers 8 --duration "$DURATION"
-MAX=$(tail -1 "$RUNDIR/results.jsonl" | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["records_per_sec"]))')
+MAX=$(last_rate)
 settle; run "8 producers at half"  --stream bh --producers 8 --duration "$DURATION" --rate $(( MAX / 2 ))
 settle; run "8 producers at 35k/s" --stream bt --producers 8 --duration "$DURATION" --rate 35000
