@@ -36,6 +36,9 @@ type streamSpec struct {
 	RetentionAgeMillis int64    `json:"retention_age_ms"`
 	RetentionBytes     int64    `json:"retention_bytes"`
 	CreatedUnixNanos   int64    `json:"created_unix_nanos"`
+	// MetaOffset is, in a replicated region, the catalogue offset of the
+	// stream's creation record (its ranges' Raft groups derive from it).
+	MetaOffset uint64 `json:"meta_offset,omitempty"`
 }
 
 func (s streamSpec) info() *geologv1.StreamInfo {

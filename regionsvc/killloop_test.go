@@ -14,6 +14,9 @@ import (
 
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/internal/nodeproc"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 var killLoopDuration = flag.Duration("killloop", 20*time.Second, "how long TestLeaderKillLoop kills leaders (the issue's run is 1m)")
@@ -28,7 +31,19 @@ func TestLeaderKillLoop(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-process test")
 	}
-	procs := nodeproc.Region(t, 3, "--tick", "50ms")
+	extra := []string{"--tick", "50ms"}
+	logDir := os.Getenv("GEOLOG_KILLLOOP_LOGS") // keep the nodes' logs (info level) for study
+	if logDir != "" {
+		extra = append(extra, "--log-level", "info")
+	}
+	procs := nodeproc.Region(t, 3, extra...)
+	if logDir != "" {
+		defer func() {
+			for i, p := range procs {
+				os.WriteFile(fmt.Sprintf("%s/node%d.log", logDir, i+1), []byte(p.Output()), 0o644)
+			}
+		}()
+	}
 	var addrs []string
 	byAddr := map[string]*nodeproc.Proc{}
 	for _, p := range procs {
@@ -56,7 +71,11 @@ func TestLeaderKillLoop(t *testing.T) {
 	var (
 		mu       sync.Mutex
 		acked    []ackedRecord
-		lastAck  [ranges]time.Time
+		// Per range: the newest produce time among acked records, and when
+		// that ack came. A record produced after a kill can only have been
+		// committed by the new leader.
+		newestProduced [ranges]time.Time
+		newestAckAt    [ranges]time.Time
 		failures []error
 		produced int
 		stop     = make(chan struct{})
@@ -81,6 +100,7 @@ func TestLeaderKillLoop(t *testing.T) {
 			mu.Lock()
 			produced++
 			mu.Unlock()
+			producedAt := time.Now()
 			p.Produce(ctx, &client.Record{Key: []byte(fmt.Sprintf("key-%02d", k)), Value: []byte(value)},
 				func(r client.ProduceResult, err error) {
 					mu.Lock()
@@ -90,7 +110,9 @@ func TestLeaderKillLoop(t *testing.T) {
 						return
 					}
 					acked = append(acked, ackedRecord{r.Range, r.Offset, value})
-					lastAck[r.Range] = time.Now()
+					if producedAt.After(newestProduced[r.Range]) {
+						newestProduced[r.Range], newestAckAt[r.Range] = producedAt, time.Now()
+					}
 				})
 		}
 	}()
@@ -102,18 +124,25 @@ func TestLeaderKillLoop(t *testing.T) {
 	for k := 0; time.Now().Before(deadline); k++ {
 		rng := uint32(k % ranges)
 		var leader string
-		waitFor(t, ctx, "a leader", func() bool { leader = leaderOf(ctx, clients, "", "kl", rng); return leader != "" })
+		waitFor(t, ctx, "a leader", func() bool {
+			leader = leaderOf(ctx, clients, "", "kl", rng)
+			// Only the leader itself answers DescribeReplicas: this rules
+			// out a stale view (killing a follower would measure nothing).
+			return leader != "" && confirmLeader(ctx, t, leader, "kl", rng)
+		})
 		victim := byAddr[leader]
 		killedAt := time.Now()
+		t.Logf("kill %d: range %d leader %s at %s", k+1, rng, leader, killedAt.Format("15:04:05.000"))
 		victim.Kill()
-		// Failover: the first ack on that range after the kill.
+		// Failover: the first ack, on that range, of a record produced
+		// after the kill.
 		waitFor(t, ctx, "an ack from the new leader", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
-			return lastAck[rng].After(killedAt)
+			return newestProduced[rng].After(killedAt)
 		})
 		mu.Lock()
-		failovers = append(failovers, lastAck[rng].Sub(killedAt))
+		failovers = append(failovers, newestAckAt[rng].Sub(killedAt))
 		mu.Unlock()
 		time.Sleep(time.Second)
 		victim.Restart()
@@ -206,4 +235,17 @@ func verifyLog(t *testing.T, rng uint32, log []string, acked []ackedRecord) {
 		}
 		lastSeq[key] = seq
 	}
+}
+
+// confirmLeader asks addr whether it leads the range right now.
+func confirmLeader(ctx context.Context, t *testing.T, addr, stream string, rng uint32) bool {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = geologv1.NewAdminClient(conn).DescribeReplicas(cctx, &geologv1.DescribeReplicasRequest{Stream: stream, Range: rng})
+	return err == nil
 }

@@ -85,6 +85,16 @@ func (n *Node) openRegion() error {
 	rg.transport = tr
 	n.region = rg
 	go n.ticker()
+	// Streams this node applied before a restart (all committed) open at
+	// once, from the applied catalogue it keeps, before the catalogue range
+	// starts applying (which skips streams that exist).
+	specs, err := loadCatalog(n.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	for _, spec := range specs {
+		n.addReplicatedStream(spec)
+	}
 	rg.meta = openRangeDriver(n.rangeConfig("_meta", 0, segment.Config{Dir: metaDir(n.cfg.DataDir)}, &replicationConfig{
 		groupID:  metaGroupID,
 		onCommit: n.applyMeta,
@@ -188,15 +198,35 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	if exists {
 		return // a racing create of the same name: the first one won
 	}
-	st := n.openStreamAt(rec.Spec, at)
+	spec := rec.Spec
+	spec.MetaOffset = at
+	n.addReplicatedStream(spec)
+	// Remember what was applied, so that after a restart this node hosts
+	// the stream's replicas at once instead of waiting for the catalogue
+	// group to commit again (which, with another node down, can take a
+	// quorum this node is needed for).
+	n.mu.RLock()
+	specs := make([]streamSpec, 0, len(n.streams))
+	for _, st := range n.streams {
+		specs = append(specs, st.spec)
+	}
+	n.mu.RUnlock()
+	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+		n.logger.Error("save applied catalogue", "error", err)
+	}
+	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount, "catalogue_offset", at)
+}
+
+// addReplicatedStream opens a stream the catalogue committed.
+func (n *Node) addReplicatedStream(spec streamSpec) {
+	st := n.openStreamAt(spec, spec.MetaOffset)
 	n.mu.Lock()
-	n.streams[rec.Spec.Name] = st
-	n.region.metaOffsets[rec.Spec.Name] = at
+	n.streams[spec.Name] = st
+	n.region.metaOffsets[spec.Name] = spec.MetaOffset
 	for r, rd := range st.ranges {
-		n.region.groups[groupFor(at, uint32(r))] = rd
+		n.region.groups[groupFor(spec.MetaOffset, uint32(r))] = rd
 	}
 	n.mu.Unlock()
-	n.logger.Info("stream created", "stream", rec.Spec.Name, "ranges", rec.Spec.RangeCount, "catalogue_offset", at)
 }
 
 // createStreamReplicated proposes the stream to the catalogue and waits until
