@@ -69,17 +69,17 @@ func TestLeaderKillLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	var (
-		mu       sync.Mutex
-		acked    []ackedRecord
+		mu    sync.Mutex
+		acked []ackedRecord
 		// Per range: the newest produce time among acked records, and when
 		// that ack came. A record produced after a kill can only have been
 		// committed by the new leader.
 		newestProduced [ranges]time.Time
 		newestAckAt    [ranges]time.Time
-		failures []error
-		produced int
-		stop     = make(chan struct{})
-		wg       sync.WaitGroup
+		failures       []error
+		produced       int
+		stop           = make(chan struct{})
+		wg             sync.WaitGroup
 	)
 	const keys = 16
 	wg.Add(1)
