@@ -163,7 +163,9 @@ func TestLeaderKillLoop(t *testing.T) {
 	if len(acked) != produced {
 		t.Fatalf("%d produced, %d acked", produced, len(acked))
 	}
-	// Read each range back from every node and check it.
+	// Read each range back from every node: all replicas hold the same
+	// log, and it holds exactly the acked records.
+	total := 0
 	for rng := uint32(0); rng < ranges; rng++ {
 		var tail uint64
 		for _, a := range acked {
@@ -173,28 +175,18 @@ func TestLeaderKillLoop(t *testing.T) {
 		}
 		var reference []string
 		for _, addr := range addrs {
-			var log []string
-			for from := uint64(0); from < tail; {
-				res, err := c.Read(ctx, "kl", rng, from, client.ReadOptions{MaxRecords: 10000, MaxBytes: 8 << 20,
-					Consistency: client.ConsistencyMinOffset, MinOffset: tail})
-				if err != nil {
-					t.Fatalf("read range %d: %v", rng, err)
-				}
-				for _, r := range res.Records {
-					if r.Offset != uint64(len(log)) {
-						t.Fatalf("range %d: offset %d where %d was expected", rng, r.Offset, len(log))
-					}
-					log = append(log, string(r.Value))
-				}
-				from = res.NextOffset
-			}
+			log := readRange(t, ctx, clients[addr], "kl", rng, tail)
 			if reference == nil {
 				reference = log
-			} else if fmt.Sprint(log[:tail]) != fmt.Sprint(reference[:tail]) {
-				t.Fatalf("range %d: replicas disagree (read via %s)", rng, addr)
+			} else if fmt.Sprint(log) != fmt.Sprint(reference) {
+				t.Fatalf("range %d: the replica at %s differs from the first", rng, addr)
 			}
 		}
 		verifyLog(t, rng, reference, acked)
+		total += len(reference)
+	}
+	if total != len(acked) {
+		t.Fatalf("logs hold %d records, %d were acked", total, len(acked))
 	}
 	sort.Slice(failovers, func(i, j int) bool { return failovers[i] < failovers[j] })
 	pct := func(q float64) time.Duration { return failovers[min(len(failovers)-1, int(q*float64(len(failovers))))] }
@@ -206,6 +198,33 @@ func TestLeaderKillLoop(t *testing.T) {
 			b.WriteString(strconv.FormatInt(f.Milliseconds(), 10) + "\n")
 		}
 		os.WriteFile(out, []byte(b.String()), 0o644)
+	}
+}
+
+// readRange reads one range's whole committed log from one node, after
+// waiting until that node has committed at least minTail; offsets must be
+// dense from 0.
+func readRange(t *testing.T, ctx context.Context, lc geologv1.LogClient, stream string, rng uint32, minTail uint64) []string {
+	t.Helper()
+	var log []string
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		res, err := lc.Read(cctx, &geologv1.ReadRequest{Stream: stream, Range: rng, FromOffset: uint64(len(log)),
+			MaxRecords: 10000, MaxBytes: 8 << 20,
+			Consistency: geologv1.Consistency_CONSISTENCY_MIN_OFFSET, MinOffset: minTail})
+		cancel()
+		if err != nil {
+			t.Fatalf("read range %d at %d: %v", rng, len(log), err)
+		}
+		for _, r := range res.Records {
+			if r.Offset != uint64(len(log)) {
+				t.Fatalf("range %d: offset %d where %d was expected (offsets must be dense)", rng, r.Offset, len(log))
+			}
+			log = append(log, string(r.Value))
+		}
+		if res.NextOffset >= res.TailOffset {
+			return log
+		}
 	}
 }
 

@@ -431,6 +431,13 @@ func (d *rangeDriver) shutdown() {
 		op.reply(appendResult{err: e})
 	}
 	d.pending = nil
+	d.refuseQueued()
+}
+
+// refuseQueued answers every queued append with a retriable SHUTTING_DOWN
+// and marks the range as closing, at the end of a driver's life.
+func (d *rangeDriver) refuseQueued() {
+	e := apierr.New(apierr.ShuttingDown, "node is shutting down")
 	for {
 		select {
 		case op := <-d.inbox:

@@ -181,6 +181,7 @@ func (d *rangeDriver) ready() {
 
 // propose hands an append to the replica, translating its answer.
 func (d *rangeDriver) propose(op *appendOp) {
+	frameBytes := len(op.frame)
 	d.rep.Propose(&replica.Op{
 		ProducerID: op.producerID, BaseSequence: op.baseSequence, RecordCount: op.recordCount,
 		Frame: op.frame,
@@ -188,6 +189,10 @@ func (d *rangeDriver) propose(op *appendOp) {
 			if r.Err != nil {
 				op.reply(appendResult{err: d.hintAddress(r.Err)})
 				return
+			}
+			if !r.Duplicate {
+				d.cfg.metrics.ackedRecords.Add(context.Background(), int64(r.RecordCount))
+				d.cfg.metrics.ackedBytes.Add(context.Background(), int64(frameBytes))
 			}
 			op.reply(appendResult{baseOffset: r.BaseOffset, recordCount: r.RecordCount, epoch: r.Epoch,
 				appendTimeUnixNanos: r.AppendTimeUnixNanos, duplicate: r.Duplicate})
@@ -238,17 +243,7 @@ func (d *rangeDriver) stopReplicated() {
 		}
 	}
 	d.rep.Close()
-	e := apierr.New(apierr.ShuttingDown, "node is shutting down")
-	for {
-		select {
-		case op := <-d.inbox:
-			op.reply(appendResult{err: e})
-		default:
-			d.failure.CompareAndSwap(nil, e)
-			d.notify()
-			return
-		}
-	}
+	d.refuseQueued()
 }
 
 // transferee picks the most caught-up follower.

@@ -72,33 +72,37 @@ const (
 // errBadEntry reports an entry that cannot be turned into a frame.
 var errBadEntry = errors.New("replica: malformed raft entry")
 
-// entryFrame encodes the entry as the frame to store. nextOffset is the log's
-// next offset, which control frames carry as their base offset. Data entries
-// already hold a frame (built by the leader); a copy gets the entry's term and
+// entryFrame encodes the entry as the frame to store and returns its header.
+// nextOffset is the log's next offset and appendTimeUnixNanos its newest
+// append time, which control frames carry (they take no offset and must not
+// move time backwards). Data entries already hold a frame (built by the
+// leader); it is validated once here, and a copy gets the entry's term and
 // index, so what raft holds is never mutated.
-func entryFrame(e *raftpb.Entry, nextOffset, epoch uint64, appendTimeUnixNanos int64) ([]byte, error) {
+func entryFrame(e *raftpb.Entry, nextOffset, epoch uint64, appendTimeUnixNanos int64) ([]byte, batch.Header, error) {
+	h := batch.Header{BaseOffset: nextOffset, Epoch: epoch, Term: e.GetTerm(), Index: e.GetIndex(), AppendTimeUnixNanos: appendTimeUnixNanos}
 	switch e.GetType() {
 	case raftpb.EntryNormal:
 		if len(e.Data) == 0 {
-			h := batch.Header{Type: batch.TypeNoop, BaseOffset: nextOffset, Epoch: epoch, Term: e.GetTerm(), Index: e.GetIndex(), AppendTimeUnixNanos: appendTimeUnixNanos}
-			return batch.EncodeControl(nil, h, nil), nil
+			h.Type = batch.TypeNoop
+			return batch.EncodeControl(nil, h, nil), h, nil
 		}
-		if _, err := batch.Validate(e.Data); err != nil {
-			return nil, fmt.Errorf("%w: entry %d: %w", errBadEntry, e.GetIndex(), err)
+		dh, err := batch.Validate(e.Data)
+		if err != nil {
+			return nil, batch.Header{}, fmt.Errorf("%w: entry %d: %w", errBadEntry, e.GetIndex(), err)
 		}
 		frame := append([]byte(nil), e.Data...)
 		batch.PatchRaft(frame, e.GetTerm(), e.GetIndex())
-		return frame, nil
+		dh.Term, dh.Index = e.GetTerm(), e.GetIndex()
+		return frame, dh, nil
 	case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
 		kind := confChangeV1
 		if e.GetType() == raftpb.EntryConfChangeV2 {
 			kind = confChangeV2
 		}
-		payload := append([]byte{kind}, e.Data...)
-		h := batch.Header{Type: batch.TypeConfig, BaseOffset: nextOffset, Epoch: epoch, Term: e.GetTerm(), Index: e.GetIndex(), AppendTimeUnixNanos: appendTimeUnixNanos}
-		return batch.EncodeControl(nil, h, payload), nil
+		h.Type = batch.TypeConfig
+		return batch.EncodeControl(nil, h, append([]byte{kind}, e.Data...)), h, nil
 	default:
-		return nil, fmt.Errorf("%w: entry %d has type %v", errBadEntry, e.GetIndex(), e.GetType())
+		return nil, batch.Header{}, fmt.Errorf("%w: entry %d has type %v", errBadEntry, e.GetIndex(), e.GetType())
 	}
 }
 

@@ -77,11 +77,11 @@ type Result struct {
 
 // proposal is an Op proposed to Raft and not yet answered.
 type proposal struct {
-	op        *Op
-	term      uint64
-	baseIndex uint64 // base offset
-	endOffset uint64
-	res       Result
+	op         *Op
+	term       uint64
+	baseOffset uint64
+	endOffset  uint64
+	res        Result
 }
 
 // Replica is one member of a range's Raft group: the Raft state machine
@@ -356,7 +356,7 @@ func (r *Replica) Propose(op *Op) {
 		})
 	}
 	r.proposals = append(r.proposals, &proposal{
-		op: op, term: r.term, baseIndex: base, endOffset: base + uint64(op.RecordCount),
+		op: op, term: r.term, baseOffset: base, endOffset: base + uint64(op.RecordCount),
 		res: Result{BaseOffset: base, RecordCount: op.RecordCount, Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now},
 	})
 	op.Frame = nil
@@ -482,13 +482,9 @@ func (r *Replica) persist(rd *raft.Ready) error {
 				return err
 			}
 		}
-		frame, err := entryFrame(e, r.cfg.Log.NextOffset(), r.cfg.Epoch, r.logAppendUnixNanos)
+		frame, h, err := entryFrame(e, r.cfg.Log.NextOffset(), r.cfg.Epoch, r.logAppendUnixNanos)
 		if err != nil {
 			return err
-		}
-		h, err := batch.DecodeHeader(frame)
-		if err != nil {
-			return fmt.Errorf("replica: entry %d: %w", e.GetIndex(), err)
 		}
 		if h.BaseOffset != r.cfg.Log.NextOffset() {
 			// The leader assigned offsets from its log's tail; a log that
@@ -619,11 +615,11 @@ func (r *Replica) advance(h batch.Header, term uint64) {
 		r.committed.Store(end)
 		r.notify()
 	}
-	for len(r.proposals) > 0 && r.proposals[0].baseIndex < end {
+	for len(r.proposals) > 0 && r.proposals[0].baseOffset < end {
 		p := r.proposals[0]
 		r.proposals[0] = nil
 		r.proposals = r.proposals[1:]
-		if p.baseIndex == h.BaseOffset && p.term == term {
+		if p.baseOffset == h.BaseOffset && p.term == term {
 			p.op.Reply(p.res)
 			continue
 		}

@@ -181,8 +181,8 @@ func Run(opt Options) (res Result, err error) {
 		w.prods = append(w.prods, p)
 	}
 	for ; w.now < int64(opt.Steps) && w.err == nil; w.now++ {
-		w.faults(true)
-		w.step(true)
+		w.injectFaults()
+		w.step()
 	}
 	// Heal: restart every node, end partitions, stop faults; every producer
 	// must get its batches acked.
@@ -195,7 +195,7 @@ func Run(opt Options) (res Result, err error) {
 	w.dropP, w.dupP, w.lostReplyP = 0, 0, 0
 	deadline := w.now + settleMsMax
 	for ; w.err == nil && w.now < deadline && w.busy(); w.now++ {
-		w.step(false)
+		w.step()
 	}
 	if w.err == nil && w.busy() {
 		w.err = fmt.Errorf("liveness: producers still waiting %d ms after the faults ended", settleMsMax)
@@ -229,15 +229,9 @@ func (w *world) start(n *node) error {
 	n.stores = make([]*segment.Store, w.opt.Ranges)
 	n.replicas = make([]*replica.Replica, w.opt.Ranges)
 	n.verified = make([]uint64, w.opt.Ranges)
-	peers := make([]uint64, len(w.nodes))
+	peers := make([]uint64, w.opt.Nodes)
 	for i := range peers {
 		peers[i] = uint64(i + 1)
-	}
-	if len(peers) < w.opt.Nodes {
-		peers = peers[:0]
-		for i := 1; i <= w.opt.Nodes; i++ {
-			peers = append(peers, uint64(i))
-		}
 	}
 	for r := 0; r < w.opt.Ranges; r++ {
 		dir := filepath.Join("/data", strconv.Itoa(r))
@@ -303,16 +297,17 @@ func (w *world) cut(id int) bool {
 	return id >= 1 && id <= len(w.nodes) && w.nodes[id-1].cutTill > w.now
 }
 
-// faults injects crashes, restarts and partitions.
-func (w *world) faults(on bool) {
+// restartDue restarts crashed nodes whose downtime is over.
+func (w *world) restartDue() {
 	for _, n := range w.nodes {
 		if !n.up && w.now >= n.downTill && w.err == nil {
 			w.err = w.start(n)
 		}
 	}
-	if !on {
-		return
-	}
+}
+
+// injectFaults crashes nodes and cuts them off, at the run's rates.
+func (w *world) injectFaults() {
 	if w.rng.Float64() < w.crashP {
 		n := w.nodes[w.rng.IntN(len(w.nodes))]
 		if n.up {
@@ -327,10 +322,8 @@ func (w *world) faults(on bool) {
 }
 
 // step advances one virtual millisecond.
-func (w *world) step(faulty bool) {
-	if !faulty {
-		w.faults(false)
-	}
+func (w *world) step() {
+	w.restartDue()
 	if w.now%tickMs == 0 {
 		for _, n := range w.nodes {
 			for _, r := range n.replicas {

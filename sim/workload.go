@@ -216,7 +216,7 @@ func (w *world) canonize(r int, off uint64, v string) error {
 // replica to have committed the same log, holding every acked record.
 func (w *world) finalCheck() error {
 	for i := 0; i < 2000 && w.err == nil; i++ {
-		w.step(false)
+		w.step()
 		w.now++
 	}
 	if w.err != nil {

@@ -171,8 +171,16 @@ func (p *Proc) Restart() {
 }
 
 // Pause sends SIGSTOP; Resume sends SIGCONT.
-func (p *Proc) Pause()  { p.cmd.Process.Signal(syscall.SIGSTOP) }
-func (p *Proc) Resume() { p.cmd.Process.Signal(syscall.SIGCONT) }
+func (p *Proc) Pause()  { p.send(syscall.SIGSTOP) }
+func (p *Proc) Resume() { p.send(syscall.SIGCONT) }
+
+// send signals the current process without waiting.
+func (p *Proc) send(sig syscall.Signal) {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	cmd.Process.Signal(sig)
+}
 
 // Region starts size geologd processes forming one replicated region on
 // free loopback ports; extra flags go to every node.
