@@ -21,6 +21,10 @@ type StreamConfig struct {
 	RetentionAge time.Duration
 	// RetentionBytes bounds each range's size; 0 means no bound.
 	RetentionBytes int64
+	// HomeRegion is where the ranges are homed: one of Regions, or
+	// "spread" (range i in Regions[i % len(Regions)]). Default: the region
+	// of the node that takes the request if listed, else Regions[0].
+	HomeRegion string
 }
 
 // StreamInfo describes a stream.
@@ -31,6 +35,8 @@ type StreamInfo struct {
 	RetentionAge   time.Duration
 	RetentionBytes int64
 	Created        time.Time
+	// RangeHomes[i] is the region range i was homed in at creation.
+	RangeHomes []string
 }
 
 // RangeInfo describes one range of a stream.
@@ -47,6 +53,22 @@ type RangeInfo struct {
 	Leader                  string
 	// Status is "ok" or why the range is not served.
 	Status string
+	// Replication is how far each mirror is, as the answering node knows:
+	// all of them when it leads the range in its home region, its own
+	// region's when it leads a mirror.
+	Replication []RegionProgress
+}
+
+// RegionProgress is one mirror's position and lag (see the API's
+// RegionProgress: lag never reads zero over a stalled link).
+type RegionProgress struct {
+	Region       string
+	AppliedEnd   uint64
+	OffsetLag    uint64
+	TimeLag      time.Duration
+	HeartbeatAge time.Duration
+	State        string
+	LastError    string
 }
 
 // StreamDescription is a stream and its ranges.
@@ -71,6 +93,7 @@ func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo
 		Name:       sc.Name,
 		RangeCount: sc.RangeCount,
 		Regions:    sc.Regions,
+		HomeRegion: sc.HomeRegion,
 		Retention: &geologv1.RetentionPolicy{
 			MaxAgeMs: sc.RetentionAge.Milliseconds(),
 			MaxBytes: sc.RetentionBytes,
@@ -119,7 +142,14 @@ func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescri
 	}
 	d := &StreamDescription{Stream: streamInfoFromProto(resp.GetStream())}
 	for _, r := range resp.GetRanges() {
+		var repl []RegionProgress
+		for _, p := range r.GetReplication() {
+			repl = append(repl, RegionProgress{Region: p.GetRegion(), AppliedEnd: p.GetAppliedEndOffset(), OffsetLag: p.GetOffsetLag(),
+				TimeLag: time.Duration(p.GetTimeLagMillis()) * time.Millisecond, HeartbeatAge: time.Duration(p.GetHeartbeatAgeMillis()) * time.Millisecond,
+				State: p.GetState(), LastError: p.GetLastError()})
+		}
 		d.Ranges = append(d.Ranges, RangeInfo{
+			Replication: repl,
 			Range:       r.GetRange(),
 			HashStart:   r.GetHashStart(),
 			HashEnd:     r.GetHashEnd(),
@@ -146,6 +176,7 @@ func streamInfoFromProto(s *geologv1.StreamInfo) StreamInfo {
 		Regions:        s.GetRegions(),
 		RetentionAge:   time.Duration(s.GetRetention().GetMaxAgeMs()) * time.Millisecond,
 		RetentionBytes: s.GetRetention().GetMaxBytes(),
+		RangeHomes:     s.GetRangeHomes(),
 	}
 	if ns := s.GetCreatedUnixNanos(); ns != 0 {
 		info.Created = time.Unix(0, ns)

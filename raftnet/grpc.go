@@ -184,6 +184,20 @@ func (t *GRPCTransport) send(group GroupID, msg *raftpb.Message) error {
 	return p.enqueue(group, data)
 }
 
+// PeerDown reports whether the last attempt to open a stream to node failed
+// and none has opened since: a failure detector far quicker than an election
+// timeout for a peer whose process died (its port refuses connections at
+// once) or stopped answering (the handshake times out). A node never
+// contacted is not down. Drivers use it to stop pointing clients at a dead
+// leader and to let its followers elect a successor without waiting out
+// Raft's leader lease (RawNode.ForgetLeader).
+func (t *GRPCTransport) PeerDown(node NodeID) bool {
+	t.mu.RLock()
+	p := t.peers[node]
+	t.mu.RUnlock()
+	return p != nil && p.down.Load()
+}
+
 // peer returns the peer for node, starting it on first use.
 func (t *GRPCTransport) peer(node NodeID) (*peer, error) {
 	t.mu.RLock()
@@ -328,6 +342,11 @@ func (t *GRPCTransport) serveStream(stream grpc.BidiStreamingServer[geologintern
 		return err
 	}
 	t.logger.Debug("inbound stream open", "from", uint64(from))
+	t.mu.RLock()
+	if p := t.peers[from]; p != nil {
+		p.heardFrom()
+	}
+	t.mu.RUnlock()
 	lim := batchLimits{messagesMax: t.cfg.BatchMessagesMax, messageBytesMax: t.cfg.MessageBytesMax}
 	for {
 		batch.Reset()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
@@ -50,6 +51,12 @@ type peer struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returns
 	wake   chan struct{} // capacity 1: "the queue is not empty"
+	redial chan struct{} // capacity 1: "the peer is up: end the backoff"
+
+	// down is set once a stream to the peer failed to open after the last
+	// one that worked (or before any worked): the peer's process is gone,
+	// stopped or cut off. Cleared when a stream opens. See PeerDown.
+	down atomic.Bool
 
 	mu         sync.Mutex
 	state      peerState
@@ -78,6 +85,7 @@ func newPeer(t *GRPCTransport, id NodeID, addr string) (*peer, error) {
 		cancel: cancel,
 		done:   make(chan struct{}),
 		wake:   make(chan struct{}, 1),
+		redial: make(chan struct{}, 1),
 		state:  stateConnecting,
 	}, nil
 }
@@ -162,6 +170,9 @@ func (p *peer) run() {
 		p.t.stats.streamsFailed.Add(1)
 		lost = append(lost, p.fail()...)
 		p.report(lost)
+		if !established {
+			p.down.Store(true)
+		}
 		switch {
 		case established:
 			// Only a stream that stayed up a while resets the backoff, so
@@ -183,11 +194,26 @@ func (p *peer) run() {
 		timer := time.NewTimer(jitter(backoff))
 		select {
 		case <-timer.C:
+		case <-p.redial:
+			timer.Stop()
+			backoff = 0
 		case <-p.ctx.Done():
 			timer.Stop()
 			return
 		}
 		p.setState(stateConnecting)
+	}
+}
+
+// heardFrom is called when the peer opened a stream to this node: it is up,
+// so it is no longer down and a sender in backoff redials at once (a
+// restarted node gets its followers' answers without waiting out a backoff
+// that grew while it was gone).
+func (p *peer) heardFrom() {
+	p.down.Store(false)
+	select {
+	case p.redial <- struct{}{}:
+	default:
 	}
 }
 
@@ -234,6 +260,7 @@ func (p *peer) session() (established bool, lost []queuedMessage, err error) {
 		return false, nil, fmt.Errorf("%w: %s answered as node %d, not %d", ErrWrongNode, p.addr, ack.GetNodeId(), p.id)
 	}
 	p.setState(stateConnected)
+	p.down.Store(false)
 	p.t.stats.streamsOpened.Add(1)
 	p.logger.Debug("stream to peer open")
 

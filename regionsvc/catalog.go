@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 
 	"github.com/geolog/geolog/apierr"
@@ -36,6 +37,9 @@ type streamSpec struct {
 	RetentionAgeMillis int64    `json:"retention_age_ms"`
 	RetentionBytes     int64    `json:"retention_bytes"`
 	CreatedUnixNanos   int64    `json:"created_unix_nanos"`
+	// Homes[i] is the region range i is homed in; empty (catalogues written
+	// before multi-region) means every range in Regions[0].
+	Homes []string `json:"homes,omitempty"`
 	// MetaOffset is, in a replicated region, the catalogue offset of the
 	// stream's creation record (its ranges' Raft groups derive from it).
 	MetaOffset uint64 `json:"meta_offset,omitempty"`
@@ -51,7 +55,39 @@ func (s streamSpec) info() *geologv1.StreamInfo {
 			MaxBytes: s.RetentionBytes,
 		},
 		CreatedUnixNanos: s.CreatedUnixNanos,
+		RangeHomes:       s.homes(),
 	}
+}
+
+// home is the region range r is homed in.
+func (s streamSpec) home(r uint32) string {
+	if int(r) < len(s.Homes) {
+		return s.Homes[r]
+	}
+	return s.Regions[0]
+}
+
+// homes lists every range's home region.
+func (s streamSpec) homes() []string {
+	out := make([]string, s.RangeCount)
+	for r := range out {
+		out[r] = s.home(uint32(r))
+	}
+	return out
+}
+
+// hasRegion reports whether the stream is placed in region.
+func (s streamSpec) hasRegion(region string) bool {
+	return slices.Contains(s.Regions, region)
+}
+
+// sameDefinition reports whether two specs define the same stream (a
+// creation propagated to another region, or retried): everything but the
+// creation time and the catalogue offset, which are per region.
+func (s streamSpec) sameDefinition(o streamSpec) bool {
+	return s.Name == o.Name && s.RangeCount == o.RangeCount && slices.Equal(s.Regions, o.Regions) &&
+		slices.Equal(s.homes(), o.homes()) && s.RetentionAgeMillis == o.RetentionAgeMillis &&
+		s.RetentionBytes == o.RetentionBytes
 }
 
 // validateStreamName returns an InvalidArgument error for a bad name.
@@ -97,7 +133,12 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 	if ret.GetMaxAgeMs() < 0 || ret.GetMaxBytes() < 0 {
 		return streamSpec{}, apierr.New(apierr.InvalidArgument, "retention must not be negative")
 	}
+	homes, err := rangeHomes(req, regions, defaultRegion)
+	if err != nil {
+		return streamSpec{}, err
+	}
 	return streamSpec{
+		Homes:              homes,
 		Name:               req.GetName(),
 		RangeCount:         req.GetRangeCount(),
 		Regions:            append([]string(nil), regions...),
@@ -105,6 +146,47 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 		RetentionBytes:     ret.GetMaxBytes(),
 		CreatedUnixNanos:   nowUnixNanos,
 	}, nil
+}
+
+// homeSpread places range i in regions[i % len(regions)].
+const homeSpread = "spread"
+
+// rangeHomes resolves a request's homes: range_homes if given, else
+// home_region ("spread", a listed region, or by default the taking node's
+// region if listed, else the first).
+func rangeHomes(req *geologv1.CreateStreamRequest, regions []string, nodeRegion string) ([]string, error) {
+	n := int(req.GetRangeCount())
+	if rh := req.GetRangeHomes(); len(rh) > 0 {
+		if len(rh) != n {
+			return nil, apierr.New(apierr.InvalidArgument, "range_homes lists %d homes for %d ranges", len(rh), n)
+		}
+		for i, h := range rh {
+			if !slices.Contains(regions, h) {
+				return nil, apierr.New(apierr.InvalidArgument, "range %d: home region %q is not one of the stream's regions %v", i, h, regions)
+			}
+		}
+		return append([]string(nil), rh...), nil
+	}
+	home := req.GetHomeRegion()
+	switch {
+	case home == homeSpread:
+		out := make([]string, n)
+		for i := range out {
+			out[i] = regions[i%len(regions)]
+		}
+		return out, nil
+	case home == "" && slices.Contains(regions, nodeRegion):
+		home = nodeRegion
+	case home == "":
+		home = regions[0]
+	case !slices.Contains(regions, home):
+		return nil, apierr.New(apierr.InvalidArgument, "home region %q is not one of the stream's regions %v", home, regions)
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = home
+	}
+	return out, nil
 }
 
 type catalogDisk struct {

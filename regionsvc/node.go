@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/replicator"
 	"github.com/geolog/geolog/segment"
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -25,7 +27,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/metadata"
 )
 
 // Config configures a Node. Zero values take the documented defaults.
@@ -37,6 +38,13 @@ type Config struct {
 	ListenAddr string
 	// Region names this node's region, default "local".
 	Region string
+	// Regions maps each other region to the client addresses of its nodes,
+	// as this node reaches them (in a local cluster, through the WAN
+	// emulator). Streams placed in several regions need it: creation is
+	// propagated there, the home ranges' leaders replicate there, and
+	// appends to a mirror are redirected there. Requires replication
+	// (NodeID and Peers; a region of one node is fine).
+	Regions map[string][]string
 	// Logger defaults to a null logger.
 	Logger hclog.Logger
 	// TLS, when set, serves gRPC over TLS (mutual TLS if it asks for
@@ -152,6 +160,14 @@ func (c *Config) setDefaults() error {
 			return errors.New("regionsvc: Raft id 0 is not valid")
 		}
 	}
+	for region, addrs := range c.Regions {
+		if region == c.Region || region == "" || len(addrs) == 0 {
+			return fmt.Errorf("regionsvc: Regions[%q] must name another region and list its addresses", region)
+		}
+	}
+	if len(c.Regions) > 0 && len(c.Peers) == 0 {
+		return errors.New("regionsvc: Regions needs replication (NodeID and Peers)")
+	}
 	if c.ReplicationFactor <= 0 {
 		c.ReplicationFactor = 3
 	}
@@ -199,6 +215,10 @@ type Node struct {
 	syncSlots chan struct{}
 	metrics   *nodeMetrics
 	region    *region // nil unless replicated
+	// repl runs this node's replicator tasks and replServer applies other
+	// regions' batches to the mirrors here (both nil unless replicated).
+	repl       *replicationManager
+	replServer *replicator.Server
 	// peerConns are client connections to the region's other nodes, for
 	// forwarding; bounded by the number of peers.
 	peerConnsMu sync.Mutex
@@ -269,11 +289,14 @@ func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 		if n.replicated() {
 			rc = &replicationConfig{groupID: groupFor(metaOffset, r)}
 		}
-		st.ranges[r] = openRangeDriver(n.rangeConfig(spec.Name, r, segment.Config{
+		cfg := n.rangeConfig(spec.Name, r, segment.Config{
 			Dir:            n.rangeDir(spec.Name, r),
 			RetentionAge:   time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
 			RetentionBytes: spec.RetentionBytes,
-		}, rc))
+		}, rc)
+		cfg.homeRegion = spec.home(r)
+		cfg.home = cfg.homeRegion == n.cfg.Region
+		st.ranges[r] = openRangeDriver(cfg)
 	}
 	return st
 }
@@ -284,10 +307,9 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 	store.Fsync = n.cfg.Fsync
 	store.Now = n.cfg.Now
 	if rc != nil {
+		// Retention applies to replicated ranges too, as Raft log
+		// compaction (see snapshot.go); the catalogue has none.
 		n.completeReplication(rc)
-		// Raft's log is compacted only with snapshots, which are not
-		// supported yet: no retention on replicated ranges.
-		store.RetentionAge, store.RetentionBytes = 0, 0
 	}
 	return rangeDriverConfig{
 		stream:              stream,
@@ -332,12 +354,26 @@ func (n *Node) Start() error {
 		// Raft's transport shares the port; its options bound its streams.
 		opts = append(opts, n.region.transport.ServerOptions()...)
 		opts = append(opts, grpc.MaxRecvMsgSize(max(n.cfg.BatchBytesMax+(4<<20), 64<<20)))
+		rs, err := replicator.NewServer(replicator.ServerConfig{Region: n.cfg.Region, Store: &mirrorStore{n: n},
+			Now: n.cfg.Now, Logger: n.cfg.Logger})
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("regionsvc: mirror server: %w", err)
+		}
+		n.replServer = rs
+		// The Mirror service's keepalive policy and bounds; the receive
+		// bound stays the larger one, given last.
+		opts = append(opts, rs.ServerOptions()...)
+		opts = append(opts, grpc.MaxRecvMsgSize(max(n.cfg.BatchBytesMax+(4<<20), 64<<20, batch.FrameBytesMax+(1<<20))))
 	}
 	n.grpcServer = grpc.NewServer(opts...)
 	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
 	geologv1.RegisterAdminServer(n.grpcServer, &adminServer{node: n})
 	if n.replicated() {
 		n.region.transport.Register(n.grpcServer)
+		n.replServer.Register(n.grpcServer)
+		n.repl = newReplicationManager(n)
+		go n.repl.run()
 	}
 	n.listener = lis
 	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
@@ -359,6 +395,12 @@ func (n *Node) Addr() string {
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		close(n.closing)
+		if n.repl != nil {
+			n.repl.close() // no more shipping from ranges about to stop
+		}
+		if n.replServer != nil {
+			n.replServer.Close()
+		}
 		n.mu.RLock()
 		var all []*rangeDriver
 		for _, st := range n.streams {
@@ -435,14 +477,11 @@ func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamReque
 	default:
 	}
 	if n.replicated() {
-		md, _ := metadata.FromIncomingContext(ctx)
-		forwarded := len(md.Get(forwardedKey)) > 0
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if err := n.createStreamReplicated(ctx, spec, forwarded); err != nil {
-			return nil, err
-		}
-		return spec.info(), nil
+		return n.createStreamRegions(ctx, spec)
+	}
+	if len(spec.Regions) != 1 || spec.Regions[0] != n.cfg.Region {
+		return nil, apierr.New(apierr.InvalidArgument, "stream %q lists regions %v: a node without replication (--node-id, --peers) serves its own region %q only",
+			spec.Name, spec.Regions, n.cfg.Region)
 	}
 	n.createMu.Lock()
 	defer n.createMu.Unlock()
@@ -502,7 +541,7 @@ func (n *Node) describeStream(name string) (*geologv1.DescribeStreamResponse, er
 			Range:      uint32(r),
 			HashStart:  keyspace.HashStart(uint32(r), st.spec.RangeCount),
 			HashEnd:    keyspace.HashEnd(uint32(r), st.spec.RangeCount),
-			HomeRegion: n.cfg.Region,
+			HomeRegion: st.spec.home(uint32(r)),
 			Epoch:      n.cfg.Epoch,
 			Leader:     n.Addr(),
 			Status:     "ok",
@@ -518,6 +557,7 @@ func (n *Node) describeStream(name string) (*geologv1.DescribeStreamResponse, er
 			ri.TailOffset = rd.committed.Load()
 			ri.SizeBytes = rd.store.Size()
 		}
+		ri.Replication = n.rangeReplication(st.spec, uint32(r), rd)
 		resp.Ranges = append(resp.Ranges, ri)
 	}
 	return resp, nil

@@ -35,6 +35,9 @@ type appendOp struct {
 	// frame is the encoded batch; the driver patches its offset, epoch and
 	// append time, and drops the reference once the frame is written.
 	frame []byte
+	// verbatim marks a mirrored frame (replicated from the home region):
+	// proposed as it is, offsets, epoch and append time included.
+	verbatim bool
 	// reply is called exactly once, from the driver goroutine (or from submit
 	// when the driver is gone). It must not block.
 	reply func(appendResult)
@@ -64,6 +67,10 @@ type rangeDriverConfig struct {
 	syncSlots chan struct{}
 	// repl, when set, makes the range a Raft group member (see replicated.go).
 	repl *replicationConfig
+	// homeRegion is the region the range is homed in; home says it is this
+	// node's (otherwise the range is a mirror: see multiregion.go).
+	homeRegion string
+	home       bool
 	// maintenanceInterval is how often retention and expiry run.
 	maintenanceInterval time.Duration
 }
@@ -83,10 +90,13 @@ type rangeDriver struct {
 	store  *segment.Store // nil when the range failed to open
 
 	// Published state, read by any goroutine.
-	committed atomic.Uint64                // offsets below it are durable and readable
-	failure   atomic.Pointer[apierr.Error] // set once the range stops serving
-	notifyMu  sync.Mutex
-	notifyCh  chan struct{} // closed and replaced when committed or failure changes
+	committed atomic.Uint64 // offsets below it are durable and readable
+	// highestEpoch is the highest homing epoch seen in the log, in mirrored
+	// batches and in the home's heartbeats.
+	highestEpoch atomic.Uint64
+	failure      atomic.Pointer[apierr.Error] // set once the range stops serving
+	notifyMu     sync.Mutex
+	notifyCh     chan struct{} // closed and replaced when committed or failure changes
 
 	inbox    chan *appendOp
 	syncKick chan struct{}
@@ -100,6 +110,9 @@ type rangeDriver struct {
 	raftIn      chan []*raftpb.Message
 	unreachable chan uint64
 	execCh      chan func()
+	// campaignInTicks counts down to a campaign after the leader's node was
+	// found down (see watchLeader); 0 when none is planned.
+	campaignInTicks int
 
 	// Owned by the run goroutine.
 	dedup              *dedup.Table
@@ -130,6 +143,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 	scfg.OnRecover = func(h batch.Header) error {
 		if cfg.repl != nil {
 			headers = append(headers, h) // the replica rebuilds its own state
+			d.raiseEpoch(h.Epoch)
 			return nil
 		}
 		if h.ProducerID != 0 {

@@ -5,9 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"time"
 
@@ -138,6 +138,11 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	if rc.groupID == metaGroupID {
 		rc.peers = n.region.ids
 	}
+	// The voter that campaigns when a group is created: spread over the
+	// voters by group id, so that a new stream's range leaders (who do most
+	// of the work: client appends, one append message per follower) start
+	// spread over the region's nodes instead of all on the lowest id.
+	rc.firstCampaigner = rc.peers[uint64(rc.groupID)%uint64(len(rc.peers))]
 	rc.transport = n.region.transport
 	rc.tick = n.tick
 	rc.addrOf = func(id uint64) string { return n.cfg.Peers[id] }
@@ -319,16 +324,15 @@ func (n *Node) forwardCreate(ctx context.Context, addr string, spec streamSpec) 
 	if err != nil {
 		return apierr.New(apierr.Unavailable, "forward to %s: %v", addr, err)
 	}
-	req := &geologv1.CreateStreamRequest{Name: spec.Name, RangeCount: spec.RangeCount, Regions: spec.Regions,
-		Retention: &geologv1.RetentionPolicy{MaxAgeMs: spec.RetentionAgeMillis, MaxBytes: spec.RetentionBytes}}
-	_, err = geologv1.NewLogClient(conn).CreateStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), req)
+	_, err = geologv1.NewLogClient(conn).CreateStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), createRequest(spec))
 	if err != nil {
 		return apierr.FromError(err)
 	}
 	return nil
 }
 
-// peerConn returns a client connection to another node of the region.
+// peerConn returns a client connection to another node of the region, or
+// of another region (Config.Regions); the bound is the nodes configured.
 func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	n.peerConnsMu.Lock()
 	defer n.peerConnsMu.Unlock()
@@ -339,8 +343,11 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	for _, a := range n.cfg.Peers {
 		known = known || a == addr
 	}
+	for _, addrs := range n.cfg.Regions {
+		known = known || slices.Contains(addrs, addr)
+	}
 	if !known {
-		return nil, fmt.Errorf("%s is not a node of this region", addr)
+		return nil, fmt.Errorf("%s is not a node of this region nor of a region it knows", addr)
 	}
 	creds := insecure.NewCredentials()
 	if n.cfg.ClientTLS != nil {
@@ -381,7 +388,7 @@ func (r *raftRouter) HandleMessages(from raftnet.NodeID, msgs []raftnet.GroupMes
 }
 
 func (r *raftRouter) HandleSnapshot(from raftnet.NodeID, group raftnet.GroupID, msg *raftpb.Message, body io.Reader) error {
-	return errors.New("regionsvc: snapshot installation is not supported yet")
+	return (*Node)(r).handleSnapshot(from, group, msg, body) // snapshot.go
 }
 
 func (r *raftRouter) ReportUnreachable(to raftnet.NodeID, groups []raftnet.GroupID) {
@@ -398,4 +405,6 @@ func (r *raftRouter) ReportUnreachable(to raftnet.NodeID, groups []raftnet.Group
 	}
 }
 
-func (r *raftRouter) ReportSnapshot(to raftnet.NodeID, group raftnet.GroupID, err error) {}
+func (r *raftRouter) ReportSnapshot(to raftnet.NodeID, group raftnet.GroupID, err error) {
+	(*Node)(r).reportSnapshot(to, group, err) // snapshot.go
+}

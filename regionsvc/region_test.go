@@ -23,6 +23,7 @@ type testRegion struct {
 	nodes   map[uint64]*Node
 	clients map[uint64]geologv1.LogClient
 	admins  map[uint64]geologv1.AdminClient
+	mut     func(*Config) // adjusts every node's config, if set
 }
 
 func newTestRegion(t *testing.T, size int) *testRegion {
@@ -30,7 +31,11 @@ func newTestRegion(t *testing.T, size int) *testRegion {
 }
 
 func newTestRegionRF(t *testing.T, size, rf int) *testRegion {
-	tr := &testRegion{t: t, rf: rf, peers: map[uint64]string{}, dirs: map[uint64]string{}, nodes: map[uint64]*Node{}, clients: map[uint64]geologv1.LogClient{}, admins: map[uint64]geologv1.AdminClient{}}
+	return newTestRegionWith(t, size, rf, nil)
+}
+
+func newTestRegionWith(t *testing.T, size, rf int, mut func(*Config)) *testRegion {
+	tr := &testRegion{t: t, rf: rf, peers: map[uint64]string{}, dirs: map[uint64]string{}, nodes: map[uint64]*Node{}, clients: map[uint64]geologv1.LogClient{}, admins: map[uint64]geologv1.AdminClient{}, mut: mut}
 	for id := uint64(1); id <= uint64(size); id++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -52,11 +57,15 @@ func newTestRegionRF(t *testing.T, size, rf int) *testRegion {
 }
 
 func (tr *testRegion) start(id uint64) {
-	n, err := New(Config{
+	cfg := Config{
 		DataDir: tr.dirs[id], ListenAddr: tr.peers[id], NodeID: id, Peers: tr.peers, ReplicationFactor: tr.rf,
 		TickInterval: 20 * time.Millisecond, Fsync: 1, // FsyncNever: the test is about replication
 		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{tr.t}, Level: hclog.Warn}),
-	})
+	}
+	if tr.mut != nil {
+		tr.mut(&cfg)
+	}
+	n, err := New(cfg)
 	if err != nil {
 		tr.t.Fatal(err)
 	}

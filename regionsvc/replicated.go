@@ -3,9 +3,11 @@ package regionsvc
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
@@ -18,12 +20,15 @@ import (
 // replicationConfig makes a range driver a member of the range's Raft group
 // over the region's nodes.
 type replicationConfig struct {
-	nodeID    uint64
-	groupID   raftnet.GroupID
-	peers     []uint64
-	addrOf    func(id uint64) string // Raft id → client address, for leader hints
-	transport raftnet.Transport
-	tick      func() <-chan struct{} // the node's shared ticker
+	nodeID  uint64
+	groupID raftnet.GroupID
+	peers   []uint64
+	// firstCampaigner is the voter that campaigns at once when the group
+	// is new (0: the first of peers).
+	firstCampaigner uint64
+	addrOf          func(id uint64) string // Raft id → client address, for leader hints
+	transport       raftnet.Transport
+	tick            func() <-chan struct{} // the node's shared ticker
 	// onCommit, if set, is called on the driver goroutine after the
 	// committed offset advanced (the catalogue applies new streams).
 	onCommit  func(d *rangeDriver, from, to uint64)
@@ -52,6 +57,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 		NodeID: rc.nodeID, Stream: d.cfg.stream, Range: d.cfg.rangeID, Peers: rc.peers,
 		Log: d.store, State: replica.FileState{FS: fsys, Dir: d.cfg.store.Dir},
 		Send:          d.sendRaft,
+		SendSnapshot:  d.sendSnapshot,
 		Epoch:         d.cfg.epoch,
 		Now:           d.cfg.now,
 		Logger:        d.cfg.logger,
@@ -97,15 +103,19 @@ func (d *rangeDriver) runReplicated() {
 			d.logger.Error("close store", "error", err)
 		}
 	}()
-	if d.rep.IsNewGroup() && len(d.cfg.repl.peers) > 0 && d.cfg.repl.peers[0] == d.cfg.repl.nodeID {
+	first := d.cfg.repl.firstCampaigner
+	if first == 0 && len(d.cfg.repl.peers) > 0 {
+		first = d.cfg.repl.peers[0]
+	}
+	if d.rep.IsNewGroup() && first == d.cfg.repl.nodeID {
 		if err := d.rep.Campaign(); err != nil {
 			d.logger.Warn("campaign on creation", "error", err)
 		}
 		d.ready()
 	}
-	// Retention does not run on replicated ranges yet: deleting a log prefix
-	// is Raft log compaction, which needs snapshot (segment) transfer to
-	// followers that fall behind it.
+	// Retention runs as Raft log compaction (see snapshot.go).
+	maintain := time.NewTicker(d.cfg.maintenanceInterval)
+	defer maintain.Stop()
 	for {
 		tick := d.cfg.repl.tick()
 		select {
@@ -115,10 +125,13 @@ func (d *rangeDriver) runReplicated() {
 			d.step(msgs)
 		case <-tick:
 			d.rep.Tick()
+			d.watchLeader()
 		case to := <-d.unreachable:
 			d.rep.ReportUnreachable(to)
 		case fn := <-d.execCh:
 			fn()
+		case <-maintain.C:
+			d.compact()
 		case <-d.stopCh:
 			d.stopReplicated()
 			return
@@ -182,7 +195,11 @@ func (d *rangeDriver) ready() {
 // propose hands an append to the replica, translating its answer.
 func (d *rangeDriver) propose(op *appendOp) {
 	frameBytes := len(op.frame)
-	d.rep.Propose(&replica.Op{
+	propose := d.rep.Propose
+	if op.verbatim {
+		propose = d.rep.ProposeVerbatim
+	}
+	propose(&replica.Op{
 		ProducerID: op.producerID, BaseSequence: op.baseSequence, RecordCount: op.recordCount,
 		Frame: op.frame,
 		Reply: func(r replica.Result) {
@@ -221,16 +238,62 @@ func (d *rangeDriver) exec(ctx context.Context, fn func()) error {
 }
 
 // hintAddress turns a replica's "node:<id>" leader hint into the leader's
-// client address.
+// client address. A leader whose node the transport finds down is no hint:
+// sending the client there would cost it a failed dial and a backoff.
 func (d *rangeDriver) hintAddress(err error) error {
 	e := apierr.As(err)
 	if e.Code == apierr.NotLeader && strings.HasPrefix(e.LeaderHint, "node:") {
 		id, _ := strconv.ParseUint(strings.TrimPrefix(e.LeaderHint, "node:"), 10, 64)
 		hinted := *e
 		hinted.LeaderHint = d.cfg.repl.addrOf(id)
+		if d.peerDown(id) {
+			hinted.LeaderHint = ""
+		}
 		return &hinted
 	}
 	return err
+}
+
+// peerDownReporter is the transport's failure detector
+// (raftnet.GRPCTransport.PeerDown); the simulator's transport has none.
+type peerDownReporter interface {
+	PeerDown(node raftnet.NodeID) bool
+}
+
+func (d *rangeDriver) peerDown(id uint64) bool {
+	pd, ok := d.cfg.repl.transport.(peerDownReporter)
+	return ok && id != 0 && id != d.cfg.repl.nodeID && pd.PeerDown(raftnet.NodeID(id))
+}
+
+// campaignDelayTicksMax bounds the random delay before a follower that saw
+// its leader's node go down campaigns. The delay makes it unlikely that both
+// surviving voters of a group campaign in the same tick (a split vote, which
+// costs a normal election timeout); pre-vote keeps a campaign harmless while
+// the leader is in fact alive and heard by the others.
+const campaignDelayTicksMax = 3
+
+// watchLeader runs on every tick of a follower. When the transport finds the
+// leader's node down (its port refuses connections, or the handshake times
+// out), the follower forgets the leader, so that it grants pre-votes at once
+// instead of after an election timeout, and campaigns itself after a short
+// random delay. A process crash is so detected within one reconnect attempt
+// (tens of milliseconds) instead of Raft's randomized timeout, and more than
+// once (a lagging follower's pre-vote fails, the next one's wins).
+func (d *rangeDriver) watchLeader() {
+	if lead := d.rep.LeaderID(); lead != 0 && d.peerDown(lead) {
+		d.rep.ForgetLeader()
+		d.campaignInTicks = 1 + rand.IntN(campaignDelayTicksMax)
+		return
+	}
+	if d.campaignInTicks == 0 {
+		return
+	}
+	d.campaignInTicks--
+	if d.campaignInTicks == 0 && d.rep.LeaderID() == 0 && d.rep.IsVoter() {
+		if err := d.rep.Campaign(); err != nil {
+			d.logger.Debug("campaign after the leader's node went down", "error", err)
+		}
+	}
 }
 
 // stopReplicated hands leadership away if it can (so the group does not

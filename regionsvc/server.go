@@ -37,6 +37,9 @@ func (n *Node) prepareAppend(req *geologv1.AppendRequest) (*rangeDriver, *append
 	if err != nil {
 		return nil, nil, err
 	}
+	if !rd.cfg.home {
+		return nil, nil, n.notHome(rd)
+	}
 	recs := req.GetRecords()
 	if len(recs) == 0 {
 		return nil, nil, apierr.New(apierr.EmptyBatch, "append to %s/%d carries no records", req.GetStream(), req.GetRange())

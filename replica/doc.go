@@ -31,6 +31,21 @@
 //     changes (saving the configuration durably).
 //  6. Advance Raft.
 //
+// Around the Ready cycles, the driver also (snapshot.go, compact.go):
+//
+//   - hands the transport each MsgSnap ProcessReady gives Config.SendSnapshot
+//     (with a body that streams this leader's log), and hands every outcome
+//     the transport reports back through ReportSnapshot: Raft pauses the
+//     follower until it hears one, so none may be dropped;
+//   - for a snapshot received, lets the transport's goroutine read and stage
+//     its body (ReceiveSnapshot: validated, fsynced beside the log, nothing
+//     replaced), then calls StepSnapshot and ProcessReady on its own
+//     goroutine; the Ready that carries the snapshot installs it before its
+//     entries (persist snapshot, then entries), and a Ready that does not
+//     discards the staging;
+//   - calls Compact between Ready cycles to apply retention as log
+//     compaction.
+//
 // A producer's ack therefore comes only after a quorum of the region has the
 // batch fsynced. A proposal is answered with success only if the entry that
 // commits at its offset is the one it proposed (same term); if another entry
@@ -41,7 +56,24 @@
 //
 // Idempotence survives leader changes because the table is derived from the
 // log: every replica records every batch it appends, and rebuilds the table
-// after a truncation.
+// after a truncation. Compaction keeps it: the table as of the compaction
+// point (the producer base) is saved with the compaction point and travels
+// in snapshots, and the table is the base plus the log after it.
+//
+// # Compaction and snapshots
+//
+// The stream's retention policy runs on every replica as Raft log
+// compaction (Compact): only whole sealed segments whose entries are all
+// applied here are deleted, after the compaction point (SnapshotIndex and
+// term, the offset and append time after it, the producer base) is saved
+// in the state. Raft sees the log start after the compaction point; frames
+// at or below it that are still on disk serve readers only. A leader holds
+// compaction back, within Config.CompactionHoldBackBytesMax, for followers
+// it can reach that lag; one behind the leader's first index gets a
+// snapshot: the leader's retained log up to its applied index, streamed as
+// segment frames (snapshot.go), which replaces the follower's log through
+// segment.Store.Install (crash-safe at every step; installSnapshot lists
+// them). A snapshot no newer than the follower's commit index is ignored.
 //
 // # Determinism
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/segment"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -34,6 +35,23 @@ type FrameLog interface {
 	ReadFramesByIndex(lo, hi uint64, maxBytes int) ([]byte, error)
 	// TruncateSuffixAtIndex drops every frame with an index >= index.
 	TruncateSuffixAtIndex(index uint64) error
+	// StartOffset is the first offset retained.
+	StartOffset() uint64
+	// ReadFrames returns the data frames from the one holding offset from,
+	// before endOffset, about maxBytes in all.
+	ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error)
+
+	// Log compaction (see Replica.Compact): the oldest segments retention
+	// would delete, and their deletion.
+	RetentionCandidates() ([]segment.SegmentInfo, error)
+	DeletePrefix(offset uint64) error
+
+	// Snapshot installation (see Replica.ReceiveSnapshot): a replacement
+	// log written beside this one, then swapped in. BeginStaging and the
+	// Staging's methods are safe on any goroutine; Install is the
+	// appender's.
+	BeginStaging(startOffset, firstIndex uint64) (*segment.Staging, error)
+	Install(st *segment.Staging) error
 }
 
 // HardState is what a replica persists besides its log: Raft's term and
@@ -43,9 +61,34 @@ type HardState struct {
 	Conf *raftpb.ConfState
 	// ConfIndex is the index of the configuration change Conf reflects.
 	ConfIndex uint64
-	// SnapshotIndex and SnapshotTerm name the last entry compacted away.
+	// SnapshotIndex and SnapshotTerm name the compaction point: the last
+	// entry compacted away, or the index of the snapshot installed last.
+	// Raft sees the log start at SnapshotIndex+1, even where older frames
+	// are still on disk (they are kept for readers, never used by Raft).
 	SnapshotIndex uint64
 	SnapshotTerm  uint64
+	// SnapshotNextOffset is the offset after the entry at SnapshotIndex,
+	// and SnapshotAppendUnixNanos the newest append time up to it: what a
+	// log that retains nothing after the compaction point continues from.
+	SnapshotNextOffset      uint64
+	SnapshotAppendUnixNanos int64
+	// Producers is the idempotence state as of SnapshotIndex (the producer
+	// base, see producers.go), encoded; nil when empty.
+	Producers []byte
+	// Installing is set, with the snapshot's description, only while a
+	// snapshot's log is being swapped in (see installSnapshot): a replica
+	// that finds it on opening tells from its log whether the swap
+	// happened.
+	Installing *SnapshotMeta
+}
+
+// SnapshotMeta describes a snapshot being installed.
+type SnapshotMeta struct {
+	Index, Term     uint64
+	NextOffset      uint64
+	AppendUnixNanos int64
+	Conf            *raftpb.ConfState
+	Producers       []byte
 }
 
 // AppliedConfIndex is the index a restarted replica has applied for sure:

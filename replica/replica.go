@@ -3,6 +3,7 @@ package replica
 import (
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,17 @@ type Config struct {
 	// and must not retain msgs past the call (it may retain the messages).
 	// Required.
 	Send func(msgs []*raftpb.Message)
+	// SendSnapshot hands the transport a MsgSnap and its body, which
+	// streams this leader's log frames (see snapshot.go); it must not
+	// block. The transport owns body and closes it, also when SendSnapshot
+	// fails; once it returned nil, the outcome must come back through
+	// ReportSnapshot. Unset, every snapshot is reported failed (and a
+	// follower behind the compaction point never catches up).
+	SendSnapshot func(m *raftpb.Message, body io.ReadCloser) error
+	// CompactionHoldBackBytesMax bounds how much log a leader keeps past
+	// its retention policy for followers it can reach that are behind
+	// (see Compact), default 64 MiB; negative: never hold back.
+	CompactionHoldBackBytesMax int64
 	// Epoch is stamped on every batch this replica proposes, default 1.
 	Epoch uint64
 	// Now is the clock for append times, default time.Now.
@@ -107,6 +119,21 @@ type Replica struct {
 	pendingConf         *confProposal
 	fresh               bool // the group was created by this New
 	confSeq             uint64
+	// appliedIndex is the last entry applied (or installed by a snapshot),
+	// appliedAppendUnixNanos the newest append time up to it: a leader's
+	// snapshot is taken there.
+	appliedIndex           uint64
+	appliedAppendUnixNanos int64
+	staged                 *StagedSnapshot // stepped, awaiting Raft's Ready
+	base                   *producerBase   // decodes state.Producers
+	snapReports            []snapReport    // handed to Raft after Advance
+	pins                   snapshotPins
+
+	// raftCommit is Raft's commit index as of the last Ready, for
+	// ReceiveSnapshot on the transport's goroutine.
+	raftCommit                        atomic.Uint64
+	snapshotsSent, snapshotsInstalled atomic.Uint64
+	segmentsCompacted                 atomic.Uint64
 
 	committed atomic.Uint64 // offsets below it are committed
 	leaderID  atomic.Uint64
@@ -150,6 +177,9 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	if cfg.MaxInflightMsgs == 0 {
 		cfg.MaxInflightMsgs = 256
 	}
+	if cfg.CompactionHoldBackBytesMax == 0 {
+		cfg.CompactionHoldBackBytesMax = 64 << 20
+	}
 	r := &Replica{
 		cfg:      cfg,
 		logger:   cfg.Logger.Named("replica").With("stream", cfg.Stream, "range", cfg.Range, "node", cfg.NodeID),
@@ -177,16 +207,30 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	}
 	r.state = st
 	r.fresh = !ok
-	r.storage = &logStorage{log: cfg.Log, state: &r.state}
+	r.storage = &logStorage{log: cfg.Log, state: &r.state, snapshot: r.snapshot}
+	if err := r.reconcileState(); err != nil {
+		return nil, err
+	}
+	if r.base, err = decodeProducerBase(r.state.Producers); err != nil {
+		return nil, fmt.Errorf("replica: %w: %w", ErrStateCorrupt, err)
+	}
+	r.dedup = r.base.table(cfg.ProducersMax)
 	for _, h := range headers {
-		r.recordHeader(h)
+		if h.Index > r.state.SnapshotIndex || r.state.SnapshotIndex == 0 {
+			r.recordHeader(h) // the base covers the frames up to the compaction point
+		}
+	}
+	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, r.state.SnapshotAppendUnixNanos)
+	r.logAppendUnixNanos = max(r.logAppendUnixNanos, r.state.SnapshotAppendUnixNanos)
+	if err := r.initApplied(); err != nil {
+		return nil, err
 	}
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:                        cfg.NodeID,
 		ElectionTick:              cfg.ElectionTick,
 		HeartbeatTick:             cfg.HeartbeatTick,
 		Storage:                   r.storage,
-		Applied:                   st.AppliedConfIndex(),
+		Applied:                   r.appliedIndex,
 		MaxSizePerMsg:             cfg.MaxSizePerMsg,
 		MaxInflightMsgs:           cfg.MaxInflightMsgs,
 		MaxUncommittedEntriesSize: 1 << 30,
@@ -231,7 +275,15 @@ func (r *Replica) Tick() { r.rn.Tick() }
 
 // Step hands Raft a message from a peer. Messages for another replica or
 // from a removed one are dropped by Raft; errors are only informational.
+// A MsgSnap is refused: it needs its body (ReceiveSnapshot, StepSnapshot).
 func (r *Replica) Step(m *raftpb.Message) error {
+	if m.GetType() == raftpb.MsgSnap {
+		return fmt.Errorf("%w: a snapshot message without its body", ErrSnapshotInvalid)
+	}
+	return r.step(m)
+}
+
+func (r *Replica) step(m *raftpb.Message) error {
 	err := r.rn.Step(m)
 	if errors.Is(err, raft.ErrStepPeerNotFound) || errors.Is(err, raft.ErrStepLocalMsg) {
 		return nil
@@ -432,14 +484,20 @@ func (r *Replica) ProcessReady() error {
 		return err
 	}
 	if leading && len(rd.Messages) > 0 {
-		r.cfg.Send(rd.Messages)
+		r.send(rd.Messages)
 	}
 	if err := r.persist(&rd); err != nil {
 		r.fail(err)
 		return err
 	}
 	if !leading && len(rd.Messages) > 0 {
-		r.cfg.Send(rd.Messages)
+		r.send(rd.Messages)
+	}
+	if r.staged != nil && raft.IsEmptySnap(rd.Snapshot) {
+		// Raft declined the snapshot stepped with it (not newer than the
+		// log, or from an old term).
+		r.staged.Discard()
+		r.staged = nil
 	}
 	if rd.SoftState != nil {
 		r.leaderID.Store(rd.SoftState.Lead)
@@ -459,16 +517,26 @@ func (r *Replica) ProcessReady() error {
 			r.fail(err)
 			return err
 		}
+		r.appliedIndex = e.GetIndex()
 		r.appliedTerm.Store(e.GetTerm())
 	}
+	r.raftCommit.Store(r.state.Raft.GetCommit())
 	r.rn.Advance(rd)
+	for _, rep := range r.snapReports {
+		r.rn.ReportSnapshot(rep.to, rep.status)
+	}
+	clear(r.snapReports)
+	r.snapReports = r.snapReports[:0]
 	return nil
 }
 
-// persist writes the Ready's entries durably.
+// persist writes the Ready's snapshot, if any, and then its entries
+// durably.
 func (r *Replica) persist(rd *raft.Ready) error {
 	if !raft.IsEmptySnap(rd.Snapshot) {
-		return fmt.Errorf("replica: installing a snapshot at index %d is not supported yet", rd.Snapshot.GetMetadata().GetIndex())
+		if err := r.installSnapshot(rd.Snapshot); err != nil {
+			return err
+		}
 	}
 	for _, e := range rd.Entries {
 		if last := r.cfg.Log.LastIndex(); last != 0 && e.GetIndex() <= last {
@@ -522,15 +590,19 @@ func (r *Replica) persistHardState(rd *raft.Ready) error {
 	return nil
 }
 
-// rebuildDedup recomputes the idempotence table from the whole log, after a
-// truncation removed entries it had recorded.
+// rebuildDedup recomputes the idempotence table from the producer base and
+// the log after the compaction point, after a truncation removed entries
+// it had recorded or an install replaced the log.
 func (r *Replica) rebuildDedup() error {
-	r.dedup = dedup.NewTable(r.cfg.ProducersMax)
+	r.dedup = r.base.table(r.cfg.ProducersMax)
 	// Append times too are recomputed from what is left, so that a control
 	// frame written next carries the same time on every replica (the time of
 	// the identical log prefix before it).
-	r.lastAppendUnixNanos, r.logAppendUnixNanos = 0, 0
-	first, last := r.cfg.Log.FirstIndex(), r.cfg.Log.LastIndex()
+	r.lastAppendUnixNanos, r.logAppendUnixNanos = r.state.SnapshotAppendUnixNanos, r.state.SnapshotAppendUnixNanos
+	first, last := max(r.cfg.Log.FirstIndex(), r.state.SnapshotIndex+1), r.cfg.Log.LastIndex()
+	if last < first {
+		first = 0
+	}
 	for lo := first; first != 0 && lo <= last; {
 		frames, err := r.cfg.Log.ReadFramesByIndex(lo, last+1, 4<<20)
 		if err != nil {
@@ -574,6 +646,7 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 		if err != nil {
 			return fmt.Errorf("replica: committed entry %d: %w", e.GetIndex(), err)
 		}
+		r.appliedAppendUnixNanos = max(r.appliedAppendUnixNanos, h.AppendTimeUnixNanos)
 		r.advance(h, e.GetTerm())
 	case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
 		var cc raftpb.ConfChangeI
@@ -629,6 +702,11 @@ func (r *Replica) advance(h batch.Header, term uint64) {
 		e.Message += ": the proposal was superseded by a new leader"
 		p.op.Reply(Result{Err: e})
 	}
+	r.answerDuplicates(end)
+}
+
+// answerDuplicates answers the duplicates whose originals end by end.
+func (r *Replica) answerDuplicates(end uint64) {
 	kept := r.duplicates[:0]
 	for _, p := range r.duplicates {
 		if p.endOffset <= end {
@@ -674,11 +752,14 @@ func (r *Replica) fail(err error) {
 	}
 }
 
-// Close answers everything pending with a retriable SHUTTING_DOWN.
+// Close answers everything pending with a retriable SHUTTING_DOWN and
+// discards a snapshot staged and not yet installed.
 func (r *Replica) Close() {
 	e := apierr.New(apierr.ShuttingDown, "replica is closing")
 	r.failure.CompareAndSwap(nil, e)
 	r.fail(errors.New("closing"))
+	r.staged.Discard()
+	r.staged = nil
 }
 
 // raftLogger routes etcd raft's logging to hclog.

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -24,18 +25,38 @@ type cluster struct {
 	logs     map[uint64]*segment.Store
 	replicas map[uint64]*Replica
 	queue    []*raftpb.Message
+	snaps    []snapMsg       // snapshots in flight
 	cut      map[uint64]bool // isolated nodes
 	clock    map[uint64]time.Time
+	// storeCfg and repCfg, if set, adjust a node's configuration at start.
+	storeCfg func(id uint64, cfg *segment.Config)
+	repCfg   func(id uint64, cfg *Config)
+	// drop, if set, drops a message it returns true for.
+	drop func(m *raftpb.Message) bool
+	// holdSnaps keeps snapshots in snaps instead of delivering them.
+	holdSnaps bool
+}
+
+// snapMsg is a MsgSnap and its body on their way.
+type snapMsg struct {
+	m    *raftpb.Message
+	body io.ReadCloser
 }
 
 func newCluster(t *testing.T, n int) *cluster { return newClusterVoters(t, n, n) }
 
 // newClusterVoters starts n nodes of which the first voters form the group;
 // the others host a replica that is not (yet) a member.
-func newClusterVoters(t *testing.T, n, voters int) *cluster {
+func newClusterVoters(t *testing.T, n, voters int) *cluster { return newClusterOpts(t, n, voters, nil) }
+
+// newClusterOpts is newClusterVoters with opt applied before the nodes start.
+func newClusterOpts(t *testing.T, n, voters int, opt func(c *cluster)) *cluster {
 	c := &cluster{t: t, dirs: map[uint64]string{}, states: map[uint64]*MemState{},
 		logs: map[uint64]*segment.Store{}, replicas: map[uint64]*Replica{}, cut: map[uint64]bool{},
 		clock: map[uint64]time.Time{}}
+	if opt != nil {
+		opt(c)
+	}
 	for i := 1; i <= n; i++ {
 		c.ids = append(c.ids, uint64(i))
 	}
@@ -58,24 +79,37 @@ func newClusterVoters(t *testing.T, n, voters int) *cluster {
 // start opens node id's log and replica (again, after stop).
 func (c *cluster) start(id uint64) {
 	var headers []batch.Header
-	st, err := segment.Open(segment.Config{
-		Dir: c.dirs[id], Fsync: segment.FsyncNever,
+	now := func() time.Time {
+		if t, ok := c.clock[id]; ok {
+			return t
+		}
+		return time.Now()
+	}
+	scfg := segment.Config{
+		Dir: c.dirs[id], Fsync: segment.FsyncNever, Now: now,
 		OnRecover: func(h batch.Header) error { headers = append(headers, h); return nil },
-	})
+	}
+	if c.storeCfg != nil {
+		c.storeCfg(id, &scfg)
+	}
+	st, err := segment.Open(scfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	r, err := New(Config{
+	rcfg := Config{
 		NodeID: id, Stream: "s", Peers: c.voters, Log: st, State: c.states[id],
 		Send: func(msgs []*raftpb.Message) { c.send(msgs) },
-		Now: func() time.Time {
-			if t, ok := c.clock[id]; ok {
-				return t
-			}
-			return time.Now()
+		SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
+			c.snaps = append(c.snaps, snapMsg{m: proto.Clone(m).(*raftpb.Message), body: body})
+			return nil
 		},
+		Now:    now,
 		Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testWriter{c.t}}),
-	}, headers)
+	}
+	if c.repCfg != nil {
+		c.repCfg(id, &rcfg)
+	}
+	r, err := New(rcfg, headers)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -111,11 +145,19 @@ func (c *cluster) settle() {
 		c.queue = nil
 		for _, m := range q {
 			to, from := m.GetTo(), m.GetFrom()
-			if c.cut[to] || c.cut[from] || c.replicas[to] == nil {
+			if c.cut[to] || c.cut[from] || c.replicas[to] == nil || (c.drop != nil && c.drop(m)) {
 				continue
 			}
 			c.replicas[to].Step(m)
 			moved = true
+		}
+		if !c.holdSnaps {
+			snaps := c.snaps
+			c.snaps = nil
+			for _, s := range snaps {
+				c.deliverSnapshot(s)
+				moved = true
+			}
 		}
 		if !moved {
 			return

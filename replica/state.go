@@ -39,17 +39,45 @@ type stateDisk struct {
 	ConfIndex     uint64   `json:"conf_index"`
 	SnapshotIndex uint64   `json:"snapshot_index"`
 	SnapshotTerm  uint64   `json:"snapshot_term"`
+	// Added with log compaction; absent (zero) in older files.
+	SnapshotNextOffset      uint64          `json:"snapshot_next_offset,omitempty"`
+	SnapshotAppendUnixNanos int64           `json:"snapshot_append_unix_nanos,omitempty"`
+	Producers               []byte          `json:"producers,omitempty"`
+	Installing              *installingDisk `json:"installing,omitempty"`
+}
+
+// installingDisk is HardState.Installing on disk.
+type installingDisk struct {
+	Index           uint64   `json:"index"`
+	Term            uint64   `json:"term"`
+	NextOffset      uint64   `json:"next_offset"`
+	AppendUnixNanos int64    `json:"append_unix_nanos"`
+	Voters          []uint64 `json:"voters"`
+	Learners        []uint64 `json:"learners,omitempty"`
+	VotersOut       []uint64 `json:"voters_outgoing,omitempty"`
+	LearnersNext    []uint64 `json:"learners_next,omitempty"`
+	AutoLeave       bool     `json:"auto_leave,omitempty"`
+	Producers       []byte   `json:"producers,omitempty"`
 }
 
 // encodeState frames the state as a CRC32C (4 bytes) followed by JSON.
 func encodeState(h HardState) ([]byte, error) {
-	body, err := json.Marshal(stateDisk{
+	d := stateDisk{
 		Term: h.Raft.GetTerm(), Vote: h.Raft.GetVote(), Commit: h.Raft.GetCommit(),
 		Voters: h.Conf.GetVoters(), Learners: h.Conf.GetLearners(),
 		VotersOut: h.Conf.GetVotersOutgoing(), LearnersNext: h.Conf.GetLearnersNext(),
 		AutoLeave: h.Conf.GetAutoLeave(), ConfIndex: h.ConfIndex,
 		SnapshotIndex: h.SnapshotIndex, SnapshotTerm: h.SnapshotTerm,
-	})
+		SnapshotNextOffset: h.SnapshotNextOffset, SnapshotAppendUnixNanos: h.SnapshotAppendUnixNanos,
+		Producers: h.Producers,
+	}
+	if m := h.Installing; m != nil {
+		d.Installing = &installingDisk{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,
+			Producers: m.Producers,
+			Voters:    m.Conf.GetVoters(), Learners: m.Conf.GetLearners(), VotersOut: m.Conf.GetVotersOutgoing(),
+			LearnersNext: m.Conf.GetLearnersNext(), AutoLeave: m.Conf.GetAutoLeave()}
+	}
+	body, err := json.Marshal(d)
 	if err != nil {
 		return nil, err
 	}
@@ -65,17 +93,27 @@ func decodeState(b []byte) (HardState, error) {
 	if err := json.Unmarshal(b[4:], &d); err != nil {
 		return HardState{}, fmt.Errorf("%w: %w", ErrStateCorrupt, err)
 	}
-	return HardState{
+	h := HardState{
 		Raft: &raftpb.HardState{Term: proto.Uint64(d.Term), Vote: proto.Uint64(d.Vote), Commit: proto.Uint64(d.Commit)},
 		Conf: &raftpb.ConfState{Voters: d.Voters, Learners: d.Learners, VotersOutgoing: d.VotersOut,
 			LearnersNext: d.LearnersNext, AutoLeave: proto.Bool(d.AutoLeave)},
 		ConfIndex: d.ConfIndex, SnapshotIndex: d.SnapshotIndex, SnapshotTerm: d.SnapshotTerm,
-	}, nil
+		SnapshotNextOffset: d.SnapshotNextOffset, SnapshotAppendUnixNanos: d.SnapshotAppendUnixNanos,
+		Producers: d.Producers,
+	}
+	if m := d.Installing; m != nil {
+		h.Installing = &SnapshotMeta{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,
+			Producers: m.Producers,
+			Conf: &raftpb.ConfState{Voters: m.Voters, Learners: m.Learners, VotersOutgoing: m.VotersOut,
+				LearnersNext: m.LearnersNext, AutoLeave: proto.Bool(m.AutoLeave)}}
+	}
+	return h, nil
 }
 
-// stateFileBytesMax bounds the hard state file (it holds a few numbers and
-// the configuration).
-const stateFileBytesMax = 1 << 20
+// stateFileBytesMax bounds the hard state file: a few numbers, the
+// configuration and the producer base (bounded by producerBaseBytesMax, in
+// base64 twice while an install is recorded).
+const stateFileBytesMax = 4*producerBaseBytesMax + 1<<20
 
 // FileState is a StateStore in one small file of a range's directory,
 // replaced atomically: write a temporary file, fsync it, rename it over the

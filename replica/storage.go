@@ -11,12 +11,17 @@ import (
 
 // logStorage is raft.Storage over a FrameLog. It is read by raft from the
 // replica's goroutine only; the replica writes the log between Ready calls.
+//
+// Raft sees the log start after the compaction point (state.SnapshotIndex):
+// frames at or below it may still be on disk (a snapshot's body, or
+// segments compaction has yet to delete) and are served to readers, never
+// to Raft.
 type logStorage struct {
 	log   FrameLog
 	state *HardState
+	// snapshot builds the snapshot a leader sends (see Replica.snapshot).
+	snapshot func() (*raftpb.Snapshot, error)
 }
-
-var _ raft.Storage = (*logStorage)(nil)
 
 func (s *logStorage) InitialState() (*raftpb.HardState, *raftpb.ConfState, error) {
 	hs := proto.Clone(s.state.Raft).(*raftpb.HardState)
@@ -24,20 +29,15 @@ func (s *logStorage) InitialState() (*raftpb.HardState, *raftpb.ConfState, error
 	return hs, cs, nil
 }
 
-// FirstIndex is the first index held, or the compaction point + 1 for an
-// empty log.
+// FirstIndex is the first index held past the compaction point, or the
+// compaction point + 1 for a log that holds none.
 func (s *logStorage) FirstIndex() (uint64, error) {
-	if f := s.log.FirstIndex(); f != 0 {
-		return f, nil
-	}
-	return s.state.SnapshotIndex + 1, nil
+	return max(s.log.FirstIndex(), s.state.SnapshotIndex+1), nil
 }
 
+// LastIndex is the last index held, or the compaction point.
 func (s *logStorage) LastIndex() (uint64, error) {
-	if l := s.log.LastIndex(); l != 0 {
-		return l, nil
-	}
-	return s.state.SnapshotIndex, nil
+	return max(s.log.LastIndex(), s.state.SnapshotIndex), nil
 }
 
 func (s *logStorage) Term(i uint64) (uint64, error) {
@@ -99,13 +99,8 @@ func (s *logStorage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 	return out, nil
 }
 
-// Snapshot describes the compacted prefix. A geolog snapshot carries no state
-// machine image: the log is the state. Installing one means "the log starts
-// after this index"; the retained segments themselves travel separately.
+// Snapshot returns what a leader sends a follower behind its first index:
+// see Replica.snapshot.
 func (s *logStorage) Snapshot() (*raftpb.Snapshot, error) {
-	return &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{
-		Index:     proto.Uint64(s.state.SnapshotIndex),
-		Term:      proto.Uint64(s.state.SnapshotTerm),
-		ConfState: proto.Clone(s.state.Conf).(*raftpb.ConfState),
-	}}, nil
+	return s.snapshot()
 }

@@ -39,7 +39,10 @@
 //	LOCK                            held (flock) while a Store has it open
 //
 // Other files are ignored (names starting with "_" silently: they belong to
-// the range's other components, such as the Raft hard state).
+// the range's other components, such as the Raft hard state), except
+// "_snap." files: a log being staged to replace this one, and the manifest
+// that commits the replacement (see install.go; Open completes a committed
+// install and removes abandoned staging).
 //
 // relOffset is an offset minus the segment's base offset. A frame at file
 // position p gets a sparse index entry when p is at least IndexIntervalBytes
@@ -117,6 +120,15 @@
 //  10. Close fsyncs the log, writes the active segment's index files,
 //     closes the files once the last reader is done with them, and
 //     releases the directory lock.
+//  11. Raft log compaction: RetentionCandidates says which segments
+//     ApplyRetention would delete (and deletes nothing), so that a replica
+//     can record its compaction point before DeletePrefix deletes the ones
+//     it has applied. For the appender.
+//  12. Replacing the log (a Raft snapshot): BeginStaging, Staging.Append
+//     (validated as Append validates) and Finish, on any one goroutine,
+//     write the new log beside this one; Install, on the appender, swaps it
+//     in, atomically across crashes (install.go has the steps), and waits
+//     for readers in flight. One staging per store at a time.
 //
 // # Recovery
 //

@@ -35,14 +35,65 @@ type recoveryPlan struct {
 	orphans      []string // index files without a log
 }
 
-// recover verifies the log in one pass over all segments in order, calls
-// OnRecover for each retained batch, and then applies the plan: truncate a
-// torn tail, rewrite index files that do not match the log, remove orphan
-// index files. It leaves s with its segments open and its offsets set.
-func (s *Store) recover() (err error) {
+// recover completes an interrupted install (see Install), verifies the log
+// in one pass over all segments in order, calls OnRecover for each retained
+// batch, and then applies the plan: truncate a torn tail, rewrite index
+// files that do not match the log, remove orphan index files. It leaves s
+// with its segments open and its offsets set.
+func (s *Store) recover() error {
+	if err := s.finishInstall(); err != nil {
+		return err
+	}
+	segs, err := s.loadSegments(s.cfg.OnRecover)
+	if err != nil {
+		return err
+	}
+	s.segs = segs
+	last := segs[len(segs)-1]
+	s.nextOffset.Store(last.nextOffset)
+	s.publishBoundsLocked()
+	s.refreshLastTerm()
+	size := s.refreshTotals(segs)
+	// A crashed predecessor may have left written but unsynced data in the
+	// page cache; sync it so that DurableOffset tells the truth.
+	if s.cfg.Fsync == FsyncAlways {
+		if err := s.fdatasync(last.f); err != nil {
+			for _, g := range segs {
+				g.f.Close()
+			}
+			return fmt.Errorf("segment: sync recovered log: %w", err)
+		}
+	}
+	s.durable.Store(last.nextOffset)
+	s.log.Info("opened log", "segments", len(segs), "start_offset", segs[0].baseOffset,
+		"next_offset", last.nextOffset, "first_index", s.firstIndex.Load(), "last_index", s.lastIndex.Load(), "bytes", size)
+	return nil
+}
+
+// refreshTotals sets the size and the newest append time from segs and
+// returns the size. The caller is the appender (or Open), holding mu if
+// readers may run.
+func (s *Store) refreshTotals(segs []*segment) int64 {
+	var size int64
+	s.lastAppendTimeUnixNanos = math.MinInt64
+	for _, g := range segs {
+		size += g.size
+		if g.size > 0 {
+			s.lastAppendTimeUnixNanos = g.maxAppendTimeUnixNanos
+		}
+	}
+	s.sizeBytes.Store(size)
+	return size
+}
+
+// loadSegments verifies the segments in the directory (see recover), calls
+// onRecover (if set) for every retained frame, applies the recovery plan
+// and returns the segments, open, oldest first: an empty one at offset 0 if
+// there were none. On error nothing is left open.
+func (s *Store) loadSegments(onRecover func(batch.Header) error) (segs []*segment, err error) {
 	dirents, err := s.fs.ReadDir(s.cfg.Dir)
 	if err != nil {
-		return fmt.Errorf("segment: list %s: %w", s.cfg.Dir, err)
+		return nil, fmt.Errorf("segment: list %s: %w", s.cfg.Dir, err)
 	}
 	var bases []uint64
 	indexes := map[uint64][]string{}
@@ -63,23 +114,23 @@ func (s *Store) recover() (err error) {
 	slices.Sort(bases)
 
 	plan := recoveryPlan{tornAt: -1, indexRewrite: map[*segment]string{}}
-	var segs []*segment
 	defer func() {
 		if err != nil {
 			for _, g := range segs {
 				g.f.Close()
 			}
+			segs = nil
 		}
 	}()
 	var q seq // carried across segments: indexes continue from one to the next
 	for i, base := range bases {
 		delete(indexes, base)
-		g, err := s.recoverSegment(base, i == len(bases)-1, segs, &q, &plan)
+		g, err := s.recoverSegment(base, i == len(bases)-1, segs, &q, &plan, onRecover)
 		if g != nil {
 			segs = append(segs, g)
 		}
 		if err != nil {
-			return err
+			return segs, err
 		}
 	}
 	for _, names := range indexes {
@@ -88,41 +139,16 @@ func (s *Store) recover() (err error) {
 	slices.Sort(plan.orphans)
 
 	if err := s.applyPlan(segs, &plan); err != nil {
-		return err
+		return segs, err
 	}
 	if len(segs) == 0 {
 		g, err := s.createSegment(0)
 		if err != nil {
-			return err
+			return segs, err
 		}
 		segs = append(segs, g)
 	}
-
-	s.segs = segs
-	last := segs[len(segs)-1]
-	s.nextOffset.Store(last.nextOffset)
-	s.publishBoundsLocked()
-	s.refreshLastTerm()
-	var size int64
-	s.lastAppendTimeUnixNanos = math.MinInt64
-	for _, g := range segs {
-		size += g.size
-		if g.size > 0 {
-			s.lastAppendTimeUnixNanos = g.maxAppendTimeUnixNanos
-		}
-	}
-	s.sizeBytes.Store(size)
-	// A crashed predecessor may have left written but unsynced data in the
-	// page cache; sync it so that DurableOffset tells the truth.
-	if s.cfg.Fsync == FsyncAlways {
-		if err := s.fdatasync(last.f); err != nil {
-			return fmt.Errorf("segment: sync recovered log: %w", err)
-		}
-	}
-	s.durable.Store(last.nextOffset)
-	s.log.Info("opened log", "segments", len(segs), "start_offset", segs[0].baseOffset,
-		"next_offset", last.nextOffset, "first_index", s.firstIndex.Load(), "last_index", s.lastIndex.Load(), "bytes", size)
-	return nil
+	return segs, nil
 }
 
 // recoverSegment verifies one segment file: every frame's CRC and that it
@@ -131,7 +157,8 @@ func (s *Store) recover() (err error) {
 // computes the index entries and decides about a bad frame (see the
 // package documentation). It returns the segment, open, even with an
 // error, so the caller can close it.
-func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, plan *recoveryPlan) (*segment, error) {
+func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, plan *recoveryPlan,
+	onRecover func(batch.Header) error) (*segment, error) {
 	f, err := s.fs.OpenFile(filepath.Join(s.cfg.Dir, segmentName(base, logSuffix)), os.O_RDWR, 0)
 	if err != nil {
 		return nil, fmt.Errorf("segment: open: %w", err)
@@ -192,8 +219,8 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 			}
 			g.lastIndex, g.lastTerm = h.Index, h.Term
 		}
-		if s.cfg.OnRecover != nil {
-			if err := s.cfg.OnRecover(h); err != nil {
+		if onRecover != nil {
+			if err := onRecover(h); err != nil {
 				return g, fmt.Errorf("segment: OnRecover at offset %d: %w", h.BaseOffset, err)
 			}
 		}

@@ -215,6 +215,9 @@ type Store struct {
 	syncWaiters int
 
 	failure atomic.Pointer[error] // first write or fsync failure
+
+	// staging is set while a Staging of this store is open (see Install).
+	staging atomic.Bool
 }
 
 // Open opens the log in cfg.Dir, creating the directory and an empty log at

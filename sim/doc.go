@@ -4,7 +4,14 @@
 // (vfs.Mem), a virtual network that drops, delays, reorders, duplicates and
 // partitions, a virtual clock, and idempotent producers that retry at random.
 // After every step it checks DESIGN.md's invariants 1-4 and that all replicas
-// agree on the committed prefix.
+// agree on the committed log where what they retain overlaps.
+//
+// Half the seeds compact: tiny segments and aggressive retention (by size,
+// and on some by age), applied as Raft log compaction every 20 ms, so that
+// crashed and cut-off replicas fall behind the leader's compaction point and
+// catch up by snapshot (segment transfer, as its own network event, lost and
+// reported like the others). A replica's committed records are checked from
+// its log's start, wherever compaction or a snapshot put it.
 //
 // Everything runs on one goroutine and every choice comes from one seeded
 // *rand.Rand, including etcd raft's election jitter (raft reads

@@ -3,6 +3,7 @@ package sim
 import (
 	crand "crypto/rand"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"path/filepath"
 	"sort"
@@ -40,11 +41,19 @@ type Result struct {
 	Retries, Duplicates                    int
 	Crashes, Partitions, Dropped, Duped    int
 	LostReplies, LeaderChanges, Truncation int
+	// Compaction: whether the run compacted logs (small segments,
+	// aggressive retention); segments deleted; snapshots sent, failed
+	// (lost, or refused as busy or stale) and installed.
+	Compaction                 bool
+	SegmentsCompacted          int
+	SnapshotsSent, SnapsFailed int
+	SnapshotsInstalled         int
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("seed %d: %d acked, %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes",
-		r.Seed, r.Acked, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges)
+	return fmt.Sprintf("seed %d: %d acked, %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
+		r.Seed, r.Acked, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled)
 }
 
 const (
@@ -71,16 +80,24 @@ type event struct {
 	batchSeq uint64 // reply: the batch's base sequence
 	count    int    // reply: the batch's record count
 	res      replica.Result
+	// snapshot
+	from    int
+	fromGen int
+	body    io.ReadCloser
+	snapErr error
 }
 
 const (
 	evRaft = iota
 	evRequest
 	evReply
+	evSnap       // a MsgSnap and its body reach their receiver
+	evSnapStatus // a snapshot's outcome reaches its sender
 )
 
 type node struct {
 	id       int
+	gen      int // incarnation: +1 on every start
 	fs       *vfs.Mem
 	up       bool
 	downTill int64
@@ -115,6 +132,13 @@ type world struct {
 	res    Result
 
 	dropP, dupP, lostReplyP, crashP, cutP float64
+	// compaction runs: segment size, retention, compaction period.
+	compaction      bool
+	segmentBytesMax int64
+	retentionBytes  int64
+	retentionAge    time.Duration
+	// counters of replicas that crashed (their Stats die with them)
+	compactedBefore, installedBefore int
 
 	canonical [][]string          // per range, the committed log
 	acked     []map[uint64]string // per range: offset → value acked
@@ -159,6 +183,18 @@ func Run(opt Options) (res Result, err error) {
 	w.lostReplyP = w.rng.Float64() * 0.1
 	w.crashP = w.rng.Float64() * 0.002
 	w.cutP = w.rng.Float64() * 0.002
+	// Half the seeds compact: tiny segments and aggressive retention, so
+	// that crashed and cut-off replicas fall behind the compaction point
+	// and catch up by snapshot.
+	w.segmentBytesMax = 16 << 10
+	if w.compaction = w.rng.IntN(2) == 0; w.compaction {
+		w.segmentBytesMax = segment.SegmentBytesMaxMin << w.rng.IntN(2)
+		w.retentionBytes = w.segmentBytesMax * (1 + w.rng.Int64N(3))
+		if w.rng.IntN(2) == 0 {
+			w.retentionAge = time.Duration(200+w.rng.IntN(800)) * time.Millisecond
+		}
+	}
+	w.res.Compaction = w.compaction
 	w.canonical = make([][]string, opt.Ranges)
 	w.acked = make([]map[uint64]string, opt.Ranges)
 	w.lastSeq = make([]map[int]int64, opt.Ranges)
@@ -206,6 +242,15 @@ func Run(opt Options) (res Result, err error) {
 	for r := range w.canonical {
 		w.res.Committed += len(w.canonical[r])
 	}
+	for _, n := range w.nodes {
+		for _, rep := range n.replicas {
+			st := rep.Stats()
+			w.res.SegmentsCompacted += int(st.SegmentsCompacted)
+			w.res.SnapshotsInstalled += int(st.SnapshotsInstalled)
+		}
+	}
+	w.res.SegmentsCompacted += w.compactedBefore
+	w.res.SnapshotsInstalled += w.installedBefore
 	if w.err != nil {
 		return w.res, fmt.Errorf("seed %d at %d ms: %w", opt.Seed, w.now, w.err)
 	}
@@ -226,6 +271,7 @@ func (w *world) clock() time.Time { return time.Unix(0, startUnixNano+w.now*int6
 
 func (w *world) start(n *node) error {
 	n.up = true
+	n.gen++
 	n.stores = make([]*segment.Store, w.opt.Ranges)
 	n.replicas = make([]*replica.Replica, w.opt.Ranges)
 	n.verified = make([]uint64, w.opt.Ranges)
@@ -237,18 +283,22 @@ func (w *world) start(n *node) error {
 		dir := filepath.Join("/data", strconv.Itoa(r))
 		var headers []batch.Header
 		st, err := segment.Open(segment.Config{
-			Dir: dir, FS: n.fs, SegmentBytesMax: 16 << 10, Logger: w.opt.Logger, Now: w.clock,
+			Dir: dir, FS: n.fs, SegmentBytesMax: w.segmentBytesMax, Logger: w.opt.Logger, Now: w.clock,
+			RetentionBytes: w.retentionBytes, RetentionAge: w.retentionAge,
 			OnRecover: func(h batch.Header) error { headers = append(headers, h); return nil },
 		})
 		if err != nil {
 			return fmt.Errorf("node %d range %d: open after crash: %w", n.id, r, err)
 		}
-		group := r
+		group, from, gen := r, n.id, n.gen
 		rep, err := replica.New(replica.Config{
 			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers,
 			Log: st, State: replica.FileState{FS: n.fs, Dir: dir},
 			Send: func(msgs []*raftpb.Message) { w.sendRaft(group, msgs) },
-			Now:  w.clock, Logger: w.opt.Logger,
+			SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
+				return w.sendSnapshot(group, from, gen, m, body)
+			},
+			Now: w.clock, Logger: w.opt.Logger,
 		}, headers)
 		if err != nil {
 			return fmt.Errorf("node %d range %d: %w", n.id, r, err)
@@ -261,6 +311,11 @@ func (w *world) start(n *node) error {
 // crash loses everything not synced: the node restarts on what its disk
 // kept.
 func (w *world) crash(n *node) {
+	for _, rep := range n.replicas {
+		st := rep.Stats()
+		w.compactedBefore += int(st.SegmentsCompacted)
+		w.installedBefore += int(st.SnapshotsInstalled)
+	}
 	n.up = false
 	n.fs = n.fs.Crash()
 	n.stores, n.replicas = nil, nil
@@ -331,6 +386,9 @@ func (w *world) step() {
 			}
 		}
 	}
+	if w.compaction && w.now%compactMs == compactMs/4 { // between ticks
+		w.compact()
+	}
 	// Deliver what is due, in (time, sequence) order.
 	sort.Slice(w.events, func(i, j int) bool {
 		if w.events[i].at != w.events[j].at {
@@ -380,5 +438,12 @@ func (w *world) deliver(e *event) {
 		w.request(e)
 	case evReply:
 		w.reply(e)
+	case evSnap:
+		w.deliverSnapshot(e)
+	case evSnapStatus:
+		n := w.nodes[e.from-1]
+		if n.up && n.gen == e.fromGen {
+			n.replicas[e.group].ReportSnapshot(uint64(e.to), e.snapErr)
+		}
 	}
 }

@@ -27,6 +27,7 @@ func TestSimulator(t *testing.T) {
 		}
 	}
 	var total Result
+	compacting := 0
 	for _, seed := range seeds {
 		opt := Options{Seed: seed, Steps: *stepsFlag}
 		if *verbose {
@@ -49,12 +50,24 @@ func TestSimulator(t *testing.T) {
 		total.Duped += res.Duped
 		total.LostReplies += res.LostReplies
 		total.LeaderChanges += res.LeaderChanges
+		if res.Compaction {
+			compacting++
+		}
+		total.SegmentsCompacted += res.SegmentsCompacted
+		total.SnapshotsSent += res.SnapshotsSent
+		total.SnapsFailed += res.SnapsFailed
+		total.SnapshotsInstalled += res.SnapshotsInstalled
 	}
 	t.Logf("%d seeds: %d acked, %d committed, %d retries (%d duplicates), %d crashes, %d partitions, %d msgs dropped, %d duplicated, %d replies lost, %d leader changes",
 		len(seeds), total.Acked, total.Committed, total.Retries, total.Duplicates, total.Crashes, total.Partitions,
 		total.Dropped, total.Duped, total.LostReplies, total.LeaderChanges)
+	t.Logf("%d seeds compacting: %d segments compacted, %d snapshots sent (%d failed), %d installed",
+		compacting, total.SegmentsCompacted, total.SnapshotsSent, total.SnapsFailed, total.SnapshotsInstalled)
 	if total.Acked == 0 {
 		t.Fatal("no record was acked in any run: the simulator exercised nothing")
+	}
+	if len(seeds) >= 20 && (total.SegmentsCompacted == 0 || total.SnapshotsInstalled == 0) {
+		t.Fatal("no snapshot was installed in any run: compaction and catch-up went unexercised")
 	}
 }
 

@@ -37,6 +37,8 @@ func run() int {
 	segmentBytesMax := fs.Int64("segment-bytes-max", 64<<20, "segment roll size")
 	nodeID := fs.Uint64("node-id", 0, "this node's Raft id in its region (with --peers)")
 	peersFlag := fs.String("peers", "", "replicate: every node of the region as id=host:port,... (this one included); empty runs a region of one")
+	var remote regionAddrs
+	fs.Var(&remote, "region-addrs", "another region's nodes as region=host:port,host:port (repeatable); needed by streams placed in several regions")
 	tick := fs.Duration("tick", 100*time.Millisecond, "Raft tick")
 	heartbeatTicks := fs.Int("heartbeat-ticks", 2, "leader heartbeat interval, in ticks")
 	electionTicks := fs.Int("election-ticks", 8, "election timeout, in ticks (randomised to [n, 2n))")
@@ -99,6 +101,7 @@ func run() int {
 		MeterProvider:      meterProvider,
 		NodeID:             *nodeID,
 		Peers:              peers,
+		Regions:            remote.m,
 		TickInterval:       *tick,
 		HeartbeatTicks:     *heartbeatTicks,
 		ElectionTicks:      *electionTicks,
@@ -121,6 +124,27 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// regionAddrs collects --region-addrs flags.
+type regionAddrs struct{ m map[string][]string }
+
+func (r *regionAddrs) String() string { return fmt.Sprint(r.m) }
+
+func (r *regionAddrs) Set(v string) error {
+	name, list, ok := strings.Cut(v, "=")
+	if !ok || name == "" || list == "" {
+		return fmt.Errorf("want region=host:port,host:port, got %q", v)
+	}
+	if r.m == nil {
+		r.m = map[string][]string{}
+	}
+	for _, a := range strings.Split(list, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			r.m[name] = append(r.m[name], a)
+		}
+	}
+	return nil
 }
 
 // parsePeers reads "1=host:port,2=host:port".

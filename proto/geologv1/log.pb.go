@@ -1064,8 +1064,11 @@ type StreamInfo struct {
 	Regions          []string               `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
 	Retention        *RetentionPolicy       `protobuf:"bytes,4,opt,name=retention,proto3" json:"retention,omitempty"`
 	CreatedUnixNanos int64                  `protobuf:"varint,5,opt,name=created_unix_nanos,json=createdUnixNanos,proto3" json:"created_unix_nanos,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// range_homes[i] is the region range i is homed in (as created; the
+	// lease store holds the current home once homing is on).
+	RangeHomes    []string `protobuf:"bytes,6,rep,name=range_homes,json=rangeHomes,proto3" json:"range_homes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StreamInfo) Reset() {
@@ -1133,6 +1136,13 @@ func (x *StreamInfo) GetCreatedUnixNanos() int64 {
 	return 0
 }
 
+func (x *StreamInfo) GetRangeHomes() []string {
+	if x != nil {
+		return x.RangeHomes
+	}
+	return nil
+}
+
 type RangeInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Range uint32                 `protobuf:"varint,1,opt,name=range,proto3" json:"range,omitempty"`
@@ -1147,7 +1157,11 @@ type RangeInfo struct {
 	// leader is the address of the range leader, when known.
 	Leader string `protobuf:"bytes,9,opt,name=leader,proto3" json:"leader,omitempty"`
 	// status is "ok", or why the range is not served (e.g. "corrupt: ...").
-	Status        string `protobuf:"bytes,10,opt,name=status,proto3" json:"status,omitempty"`
+	Status string `protobuf:"bytes,10,opt,name=status,proto3" json:"status,omitempty"`
+	// replication is, per region of the stream other than the home, how far
+	// its mirror is: reported by the home leader (from the mirrors' acks), or
+	// by a mirror node for its own region (from the home's heartbeats).
+	Replication   []*RegionProgress `protobuf:"bytes,11,rep,name=replication,proto3" json:"replication,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1252,19 +1266,137 @@ func (x *RangeInfo) GetStatus() string {
 	return ""
 }
 
+func (x *RangeInfo) GetReplication() []*RegionProgress {
+	if x != nil {
+		return x.Replication
+	}
+	return nil
+}
+
+// RegionProgress is one mirror's position and lag. Lag is measured so that
+// a stalled link never reads as zero: time_lag grows from the last moment
+// the mirror is known to have held everything the home had committed.
+type RegionProgress struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// applied_end_offset: every offset below it is applied in that region.
+	AppliedEndOffset uint64 `protobuf:"varint,2,opt,name=applied_end_offset,json=appliedEndOffset,proto3" json:"applied_end_offset,omitempty"`
+	// offset_lag is the home's committed tail (as last heard) minus applied.
+	OffsetLag uint64 `protobuf:"varint,3,opt,name=offset_lag,json=offsetLag,proto3" json:"offset_lag,omitempty"`
+	// time_lag_millis is now minus the home time at which the home's
+	// committed tail was last covered by the mirror.
+	TimeLagMillis int64 `protobuf:"varint,4,opt,name=time_lag_millis,json=timeLagMillis,proto3" json:"time_lag_millis,omitempty"`
+	// heartbeat_age_millis is how long ago the reporter last heard from the
+	// other side (the home's heartbeat, or the mirror's ack).
+	HeartbeatAgeMillis int64 `protobuf:"varint,5,opt,name=heartbeat_age_millis,json=heartbeatAgeMillis,proto3" json:"heartbeat_age_millis,omitempty"`
+	// state is the replicator's phase ("streaming", "backoff", ...) or "mirror".
+	State         string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	LastError     string `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionProgress) Reset() {
+	*x = RegionProgress{}
+	mi := &file_geolog_v1_log_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionProgress) ProtoMessage() {}
+
+func (x *RegionProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionProgress.ProtoReflect.Descriptor instead.
+func (*RegionProgress) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RegionProgress) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RegionProgress) GetAppliedEndOffset() uint64 {
+	if x != nil {
+		return x.AppliedEndOffset
+	}
+	return 0
+}
+
+func (x *RegionProgress) GetOffsetLag() uint64 {
+	if x != nil {
+		return x.OffsetLag
+	}
+	return 0
+}
+
+func (x *RegionProgress) GetTimeLagMillis() int64 {
+	if x != nil {
+		return x.TimeLagMillis
+	}
+	return 0
+}
+
+func (x *RegionProgress) GetHeartbeatAgeMillis() int64 {
+	if x != nil {
+		return x.HeartbeatAgeMillis
+	}
+	return 0
+}
+
+func (x *RegionProgress) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *RegionProgress) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 type CreateStreamRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	RangeCount    uint32                 `protobuf:"varint,2,opt,name=range_count,json=rangeCount,proto3" json:"range_count,omitempty"`
-	Regions       []string               `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
-	Retention     *RetentionPolicy       `protobuf:"bytes,4,opt,name=retention,proto3" json:"retention,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	RangeCount uint32                 `protobuf:"varint,2,opt,name=range_count,json=rangeCount,proto3" json:"range_count,omitempty"`
+	Regions    []string               `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
+	Retention  *RetentionPolicy       `protobuf:"bytes,4,opt,name=retention,proto3" json:"retention,omitempty"`
+	// home_region is where the ranges are homed: a region of regions
+	// (default: the region of the node that takes the request if listed,
+	// else the first of regions), or "spread" for range i homed in
+	// regions[i % len(regions)].
+	HomeRegion string `protobuf:"bytes,5,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	// range_homes, when set, gives every range's home explicitly (one per
+	// range); it overrides home_region. Nodes propagate a creation to the
+	// stream's other regions with it.
+	RangeHomes    []string `protobuf:"bytes,6,rep,name=range_homes,json=rangeHomes,proto3" json:"range_homes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateStreamRequest) Reset() {
 	*x = CreateStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[12]
+	mi := &file_geolog_v1_log_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1408,7 @@ func (x *CreateStreamRequest) String() string {
 func (*CreateStreamRequest) ProtoMessage() {}
 
 func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[12]
+	mi := &file_geolog_v1_log_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1421,7 @@ func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateStreamRequest.ProtoReflect.Descriptor instead.
 func (*CreateStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{12}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateStreamRequest) GetName() string {
@@ -1320,6 +1452,20 @@ func (x *CreateStreamRequest) GetRetention() *RetentionPolicy {
 	return nil
 }
 
+func (x *CreateStreamRequest) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+func (x *CreateStreamRequest) GetRangeHomes() []string {
+	if x != nil {
+		return x.RangeHomes
+	}
+	return nil
+}
+
 type CreateStreamResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Stream        *StreamInfo            `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -1329,7 +1475,7 @@ type CreateStreamResponse struct {
 
 func (x *CreateStreamResponse) Reset() {
 	*x = CreateStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[13]
+	mi := &file_geolog_v1_log_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1341,7 +1487,7 @@ func (x *CreateStreamResponse) String() string {
 func (*CreateStreamResponse) ProtoMessage() {}
 
 func (x *CreateStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[13]
+	mi := &file_geolog_v1_log_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1354,7 +1500,7 @@ func (x *CreateStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateStreamResponse.ProtoReflect.Descriptor instead.
 func (*CreateStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{13}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateStreamResponse) GetStream() *StreamInfo {
@@ -1372,7 +1518,7 @@ type ListStreamsRequest struct {
 
 func (x *ListStreamsRequest) Reset() {
 	*x = ListStreamsRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[14]
+	mi := &file_geolog_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1384,7 +1530,7 @@ func (x *ListStreamsRequest) String() string {
 func (*ListStreamsRequest) ProtoMessage() {}
 
 func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[14]
+	mi := &file_geolog_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1397,7 +1543,7 @@ func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsRequest.ProtoReflect.Descriptor instead.
 func (*ListStreamsRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{14}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 type ListStreamsResponse struct {
@@ -1409,7 +1555,7 @@ type ListStreamsResponse struct {
 
 func (x *ListStreamsResponse) Reset() {
 	*x = ListStreamsResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[15]
+	mi := &file_geolog_v1_log_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1567,7 @@ func (x *ListStreamsResponse) String() string {
 func (*ListStreamsResponse) ProtoMessage() {}
 
 func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[15]
+	mi := &file_geolog_v1_log_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1580,7 @@ func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsResponse.ProtoReflect.Descriptor instead.
 func (*ListStreamsResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{15}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListStreamsResponse) GetStreams() []*StreamInfo {
@@ -1453,7 +1599,7 @@ type DescribeStreamRequest struct {
 
 func (x *DescribeStreamRequest) Reset() {
 	*x = DescribeStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[16]
+	mi := &file_geolog_v1_log_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1611,7 @@ func (x *DescribeStreamRequest) String() string {
 func (*DescribeStreamRequest) ProtoMessage() {}
 
 func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[16]
+	mi := &file_geolog_v1_log_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1624,7 @@ func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeStreamRequest.ProtoReflect.Descriptor instead.
 func (*DescribeStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{16}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DescribeStreamRequest) GetName() string {
@@ -1498,7 +1644,7 @@ type DescribeStreamResponse struct {
 
 func (x *DescribeStreamResponse) Reset() {
 	*x = DescribeStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[17]
+	mi := &file_geolog_v1_log_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1656,7 @@ func (x *DescribeStreamResponse) String() string {
 func (*DescribeStreamResponse) ProtoMessage() {}
 
 func (x *DescribeStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[17]
+	mi := &file_geolog_v1_log_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1669,7 @@ func (x *DescribeStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeStreamResponse.ProtoReflect.Descriptor instead.
 func (*DescribeStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{17}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DescribeStreamResponse) GetStream() *StreamInfo {
@@ -1560,7 +1706,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_geolog_v1_log_proto_msgTypes[18]
+	mi := &file_geolog_v1_log_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +1718,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[18]
+	mi := &file_geolog_v1_log_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +1731,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{18}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ErrorDetail) GetCode() ErrorCode {
@@ -1650,7 +1796,7 @@ type ChangeReplicasRequest struct {
 
 func (x *ChangeReplicasRequest) Reset() {
 	*x = ChangeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[19]
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +1808,7 @@ func (x *ChangeReplicasRequest) String() string {
 func (*ChangeReplicasRequest) ProtoMessage() {}
 
 func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[19]
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +1821,7 @@ func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{19}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ChangeReplicasRequest) GetStream() string {
@@ -1716,7 +1862,7 @@ type ChangeReplicasResponse struct {
 
 func (x *ChangeReplicasResponse) Reset() {
 	*x = ChangeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1728,7 +1874,7 @@ func (x *ChangeReplicasResponse) String() string {
 func (*ChangeReplicasResponse) ProtoMessage() {}
 
 func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1741,7 +1887,7 @@ func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{20}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ChangeReplicasResponse) GetVoters() []uint64 {
@@ -1768,7 +1914,7 @@ type DescribeReplicasRequest struct {
 
 func (x *DescribeReplicasRequest) Reset() {
 	*x = DescribeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1926,7 @@ func (x *DescribeReplicasRequest) String() string {
 func (*DescribeReplicasRequest) ProtoMessage() {}
 
 func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +1939,7 @@ func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DescribeReplicasRequest) GetStream() string {
@@ -1824,7 +1970,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1836,7 +1982,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1849,7 +1995,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReplicaStatus) GetNodeId() uint64 {
@@ -1894,7 +2040,7 @@ type DescribeReplicasResponse struct {
 
 func (x *DescribeReplicasResponse) Reset() {
 	*x = DescribeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2052,7 @@ func (x *DescribeReplicasResponse) String() string {
 func (*DescribeReplicasResponse) ProtoMessage() {}
 
 func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2065,7 @@ func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
@@ -2025,7 +2171,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x0fRetentionPolicy\x12\x1c\n" +
 	"\n" +
 	"max_age_ms\x18\x01 \x01(\x03R\bmaxAgeMs\x12\x1b\n" +
-	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\"\xc3\x01\n" +
+	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\"\xe4\x01\n" +
 	"\n" +
 	"StreamInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
@@ -2033,7 +2179,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"rangeCount\x12\x18\n" +
 	"\aregions\x18\x03 \x03(\tR\aregions\x128\n" +
 	"\tretention\x18\x04 \x01(\v2\x1a.geolog.v1.RetentionPolicyR\tretention\x12,\n" +
-	"\x12created_unix_nanos\x18\x05 \x01(\x03R\x10createdUnixNanos\"\xa5\x02\n" +
+	"\x12created_unix_nanos\x18\x05 \x01(\x03R\x10createdUnixNanos\x12\x1f\n" +
+	"\vrange_homes\x18\x06 \x03(\tR\n" +
+	"rangeHomes\"\xe2\x02\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -2049,13 +2197,28 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06leader\x18\t \x01(\tR\x06leader\x12\x16\n" +
 	"\x06status\x18\n" +
-	" \x01(\tR\x06status\"\x9e\x01\n" +
+	" \x01(\tR\x06status\x12;\n" +
+	"\vreplication\x18\v \x03(\v2\x19.geolog.v1.RegionProgressR\vreplication\"\x84\x02\n" +
+	"\x0eRegionProgress\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12,\n" +
+	"\x12applied_end_offset\x18\x02 \x01(\x04R\x10appliedEndOffset\x12\x1d\n" +
+	"\n" +
+	"offset_lag\x18\x03 \x01(\x04R\toffsetLag\x12&\n" +
+	"\x0ftime_lag_millis\x18\x04 \x01(\x03R\rtimeLagMillis\x120\n" +
+	"\x14heartbeat_age_millis\x18\x05 \x01(\x03R\x12heartbeatAgeMillis\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\a \x01(\tR\tlastError\"\xe0\x01\n" +
 	"\x13CreateStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vrange_count\x18\x02 \x01(\rR\n" +
 	"rangeCount\x12\x18\n" +
 	"\aregions\x18\x03 \x03(\tR\aregions\x128\n" +
-	"\tretention\x18\x04 \x01(\v2\x1a.geolog.v1.RetentionPolicyR\tretention\"E\n" +
+	"\tretention\x18\x04 \x01(\v2\x1a.geolog.v1.RetentionPolicyR\tretention\x12\x1f\n" +
+	"\vhome_region\x18\x05 \x01(\tR\n" +
+	"homeRegion\x12\x1f\n" +
+	"\vrange_homes\x18\x06 \x03(\tR\n" +
+	"rangeHomes\"E\n" +
 	"\x14CreateStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\"\x14\n" +
 	"\x12ListStreamsRequest\"F\n" +
@@ -2159,7 +2322,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -2176,59 +2339,61 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*RetentionPolicy)(nil),          // 12: geolog.v1.RetentionPolicy
 	(*StreamInfo)(nil),               // 13: geolog.v1.StreamInfo
 	(*RangeInfo)(nil),                // 14: geolog.v1.RangeInfo
-	(*CreateStreamRequest)(nil),      // 15: geolog.v1.CreateStreamRequest
-	(*CreateStreamResponse)(nil),     // 16: geolog.v1.CreateStreamResponse
-	(*ListStreamsRequest)(nil),       // 17: geolog.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),      // 18: geolog.v1.ListStreamsResponse
-	(*DescribeStreamRequest)(nil),    // 19: geolog.v1.DescribeStreamRequest
-	(*DescribeStreamResponse)(nil),   // 20: geolog.v1.DescribeStreamResponse
-	(*ErrorDetail)(nil),              // 21: geolog.v1.ErrorDetail
-	(*ChangeReplicasRequest)(nil),    // 22: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 23: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 24: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 25: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 26: geolog.v1.DescribeReplicasResponse
+	(*RegionProgress)(nil),           // 15: geolog.v1.RegionProgress
+	(*CreateStreamRequest)(nil),      // 16: geolog.v1.CreateStreamRequest
+	(*CreateStreamResponse)(nil),     // 17: geolog.v1.CreateStreamResponse
+	(*ListStreamsRequest)(nil),       // 18: geolog.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),      // 19: geolog.v1.ListStreamsResponse
+	(*DescribeStreamRequest)(nil),    // 20: geolog.v1.DescribeStreamRequest
+	(*DescribeStreamResponse)(nil),   // 21: geolog.v1.DescribeStreamResponse
+	(*ErrorDetail)(nil),              // 22: geolog.v1.ErrorDetail
+	(*ChangeReplicasRequest)(nil),    // 23: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 24: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 25: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 26: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 27: geolog.v1.DescribeReplicasResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	3,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
 	3,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
 	4,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
-	21, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
+	22, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
 	0,  // 4: geolog.v1.ReadRequest.consistency:type_name -> geolog.v1.Consistency
 	5,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
 	5,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
 	12, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
-	12, // 8: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
-	13, // 9: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	13, // 10: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
-	13, // 11: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	14, // 12: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
-	1,  // 13: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
-	2,  // 14: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	25, // 15: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	6,  // 16: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	6,  // 17: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	8,  // 18: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	10, // 19: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	15, // 20: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	17, // 21: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	19, // 22: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	22, // 23: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	24, // 24: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	7,  // 25: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	7,  // 26: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	9,  // 27: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	11, // 28: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	16, // 29: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	18, // 30: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	20, // 31: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	23, // 32: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	26, // 33: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	15, // 8: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
+	12, // 9: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
+	13, // 10: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	13, // 11: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
+	13, // 12: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	14, // 13: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
+	1,  // 14: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
+	2,  // 15: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	26, // 16: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	6,  // 17: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	6,  // 18: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	8,  // 19: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	10, // 20: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	16, // 21: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	18, // 22: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	20, // 23: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	23, // 24: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	25, // 25: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	7,  // 26: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	7,  // 27: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	9,  // 28: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	11, // 29: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	17, // 30: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	19, // 31: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	21, // 32: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	24, // 33: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	27, // 34: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -2246,7 +2411,7 @@ func file_geolog_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,157 @@
+package homing
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+)
+
+// TestDriverTimers runs the driver on its own timers with the in-memory
+// store, in a synctest bubble (virtual time): heartbeats every interval,
+// lease validity, an outage, recovery.
+func TestDriverTimers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemStore()
+		ctx := context.Background()
+		key := RangeKey{Stream: "chat", Range: 3}
+		if _, err := mem.CreateHomes(ctx, []HomeSpec{{Key: key, Region: "us", StartOffset: 5}}); err != nil {
+			t.Fatal(err)
+		}
+		h, err := Start(Config{NodeID: 7, Region: "us", Store: mem, Logger: testLogger(t)}) // defaults: 1s, 5s TTL, 500ms offset
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		t0 := time.Now()
+		synctest.Wait()
+		// Registration and the first extension happen at once.
+		if e, err := h.Check("chat", 3); err != nil || e != 1 {
+			t.Fatalf("check at start: %d %v", e, err)
+		}
+		if l, _ := h.Lease("chat", 3); l.StartOffset != 5 || l.UntilNanos != t0.Add(4500*time.Millisecond).UnixNano() {
+			t.Fatalf("lease at start: %+v", l)
+		}
+		select {
+		case <-h.Changed():
+		default:
+			t.Fatal("Changed not signalled")
+		}
+
+		calls := mem.Calls()
+		time.Sleep(10*time.Second + time.Millisecond)
+		synctest.Wait()
+		if n := mem.Calls() - calls; n != 10 {
+			t.Fatalf("%d heartbeats in 10s at a 1s interval, want 10", n)
+		}
+		last := time.Now().Add(-time.Millisecond) // the last heartbeat's send time
+		if got, want := h.MayServeUntil(), last.Add(4500*time.Millisecond); !got.Equal(want) {
+			t.Fatalf("MayServeUntil %v, want %v", got, want)
+		}
+
+		// Outage: retried every 250ms, acks until the last expiration minus
+		// the max offset, not a nanosecond longer.
+		mem.SetDown(true)
+		time.Sleep(last.Add(4500 * time.Millisecond).Sub(time.Now()) - time.Nanosecond)
+		if _, err := h.Check("chat", 3); err != nil {
+			t.Fatalf("check just before the lease's end: %v", err)
+		}
+		time.Sleep(time.Nanosecond)
+		_, err = h.Check("chat", 3)
+		if !errors.Is(err, ErrLeaseExpired) || !errors.Is(err, ErrStoreUnavailable) || !IsRetriable(err) {
+			t.Fatalf("check at the lease's end: %v", err)
+		}
+		// Attempts at last+1s (due), then every 250ms up to last+4.25s.
+		if v := h.View(); v.Failures != 14 {
+			t.Fatalf("%d failed heartbeats, want 14 (every 250ms from 1s to 4.25s)", v.Failures)
+		}
+		mem.SetDown(false)
+		time.Sleep(300 * time.Millisecond)
+		synctest.Wait()
+		if e, err := h.Check("chat", 3); err != nil || e != 1 {
+			t.Fatalf("check after recovery: %d %v", e, err)
+		}
+
+		// A takeover elsewhere fences this node: it learns at its next
+		// heartbeat and signals the change.
+		<-h.Changed() // drain
+		mem.SetDown(true)
+		time.Sleep(10 * time.Second) // expire
+		mem.SetDown(false)
+		res, err := mem.Takeover(ctx, TakeoverRequest{From: "us", To: "eu", NowNanos: time.Now().UnixNano(), MaxOffsetNanos: int64(500 * time.Millisecond),
+			Ranges: []TakeoverRange{{Key: key, Epoch: 1, StartOffset: 9}}})
+		if err != nil || res.Granted() != 1 {
+			t.Fatalf("takeover: %+v %v", res, err)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		select {
+		case <-h.Changed():
+		default:
+			t.Fatal("Changed not signalled after the takeover")
+		}
+		if v := h.View(); v.LivenessEpoch != 2 || v.ServeUntilNanos == 0 {
+			t.Fatalf("view after fencing: %+v", v)
+		}
+		if _, err := h.Check("chat", 3); !errors.Is(err, ErrNotHome) || apierr.As(err).Code != apierr.NotHome {
+			t.Fatalf("check after takeover: %v, want ErrNotHome", err)
+		}
+
+		if err := h.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Refresh(ctx); !errors.Is(err, ErrClosed) {
+			t.Fatalf("refresh after close: %v", err)
+		}
+	})
+}
+
+// TestDriverRefreshBounded: refreshes queue behind a slow heartbeat, up to
+// RefreshWaitersMax; the rest fail at once.
+func TestDriverRefreshBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		slow := &slowStore{MemStore: NewMemStore(), release: make(chan struct{})}
+		h, err := Start(Config{NodeID: 1, Region: "us", Store: slow, RefreshWaitersMax: 2, HeartbeatTimeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		synctest.Wait() // the registration heartbeat is blocked in the store
+		errs := make(chan error, 3)
+		for range 3 {
+			go func() { errs <- h.Refresh(context.Background()) }()
+		}
+		synctest.Wait()
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrStoreUnavailable) {
+				t.Fatalf("third refresh: %v", err)
+			}
+		default:
+			t.Fatal("no refresh refused")
+		}
+		close(slow.release)
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("queued refresh: %v", err)
+			}
+		}
+	})
+}
+
+type slowStore struct {
+	*MemStore
+	release chan struct{}
+}
+
+func (s *slowStore) Heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error) {
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return HeartbeatResult{}, newErrorAlso(ErrStoreUnavailable, ctx.Err(), "%v", ctx.Err())
+	}
+	return s.MemStore.Heartbeat(ctx, req)
+}

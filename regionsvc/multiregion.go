@@ -1,0 +1,506 @@
+package regionsvc
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/replicator"
+	"google.golang.org/grpc/metadata"
+)
+
+// Multi-region placement (DESIGN.md "Mirrors"). Every region of a stream
+// holds a Raft group per range. In the range's home region the group is
+// writable; in the others it is a mirror that takes only the replicator's
+// batches, verbatim. The pieces here:
+//
+//   - creation: a stream created in one region is propagated to each of its
+//     other regions (idempotently: a region that has the same definition
+//     counts as done), so every region's catalogue holds it;
+//   - appends to a mirror get NOT_HOME with an address in the home region;
+//   - on the home region, the leader of each range runs one replicator task
+//     per other region (replicationManager), shipping committed frames;
+//   - on every node, the replicator's Mirror server applies them through
+//     mirrorStore: the mirror group's leader proposes each frame verbatim.
+
+// propagatedKey marks a CreateStream that a node of another region sent to
+// carry a creation over: the receiving region creates the stream and does
+// not propagate it further.
+const propagatedKey = "x-geolog-propagated"
+
+func isPropagated(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return len(md.Get(propagatedKey)) > 0
+}
+
+// createRequest is the CreateStream request that recreates spec exactly
+// (homes explicit) in another node or region.
+func createRequest(spec streamSpec) *geologv1.CreateStreamRequest {
+	return &geologv1.CreateStreamRequest{Name: spec.Name, RangeCount: spec.RangeCount, Regions: spec.Regions,
+		Retention:  &geologv1.RetentionPolicy{MaxAgeMs: spec.RetentionAgeMillis, MaxBytes: spec.RetentionBytes},
+		RangeHomes: spec.homes()}
+}
+
+// propagateCreate creates spec in every other region of the stream. A
+// region that already holds the same definition counts as done; one that
+// holds a different stream under the name is an error. It tries each
+// address of a region in turn.
+func (n *Node) propagateCreate(ctx context.Context, spec streamSpec) error {
+	var missing []string
+	for _, region := range spec.Regions {
+		if region == n.cfg.Region {
+			continue
+		}
+		if err := n.createInRegion(ctx, region, spec); err != nil {
+			if e := apierr.As(err); e.Code == apierr.StreamExists || e.Code == apierr.InvalidArgument {
+				return err
+			}
+			missing = append(missing, fmt.Sprintf("%s (%v)", region, err))
+		}
+	}
+	if len(missing) > 0 {
+		return apierr.New(apierr.Unavailable, "stream %q is not yet created in regions %v; creating it again completes it", spec.Name, missing)
+	}
+	return nil
+}
+
+func (n *Node) createInRegion(ctx context.Context, region string, spec streamSpec) error {
+	addrs := n.cfg.Regions[region]
+	if len(addrs) == 0 {
+		return apierr.New(apierr.InvalidArgument, "region %q has no known addresses on this node (see Config.Regions)", region)
+	}
+	var last error
+	for _, addr := range addrs {
+		conn, err := n.peerConn(addr)
+		if err != nil {
+			last = err
+			continue
+		}
+		cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, propagatedKey, n.cfg.Region), 20*time.Second)
+		_, err = geologv1.NewLogClient(conn).CreateStream(cctx, createRequest(spec))
+		cancel()
+		if err == nil {
+			return nil
+		}
+		e := apierr.FromError(err)
+		if e.Code == apierr.StreamExists {
+			return n.checkSameDefinition(ctx, addr, spec)
+		}
+		if !e.Retriable && e.Code != apierr.NotLeader {
+			return e
+		}
+		last = e
+	}
+	return last
+}
+
+// checkSameDefinition confirms that the stream another region holds under
+// spec's name is spec.
+func (n *Node) checkSameDefinition(ctx context.Context, addr string, spec streamSpec) error {
+	conn, err := n.peerConn(addr)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := geologv1.NewLogClient(conn).DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: spec.Name})
+	if err != nil {
+		return apierr.FromError(err)
+	}
+	si := resp.GetStream()
+	other := streamSpec{Name: si.GetName(), RangeCount: si.GetRangeCount(), Regions: si.GetRegions(), Homes: si.GetRangeHomes(),
+		RetentionAgeMillis: si.GetRetention().GetMaxAgeMs(), RetentionBytes: si.GetRetention().GetMaxBytes()}
+	if !spec.sameDefinition(other) {
+		return apierr.New(apierr.StreamExists, "region behind %s holds a different stream %q", addr, spec.Name)
+	}
+	return nil
+}
+
+// notHome is the retriable NOT_HOME an append to a mirror gets, with an
+// address of a node of the home region to retry at (spread over the
+// region's nodes by range; a home node that does not lead the range
+// redirects again within its region).
+func (n *Node) notHome(d *rangeDriver) error {
+	e := apierr.New(apierr.NotHome, "stream %s range %d is homed in region %s; region %s holds a read-only mirror",
+		d.cfg.stream, d.cfg.rangeID, d.cfg.homeRegion, n.cfg.Region)
+	if addrs := n.cfg.Regions[d.cfg.homeRegion]; len(addrs) > 0 {
+		e.LeaderHint = addrs[int(d.cfg.rangeID)%len(addrs)]
+	}
+	return e
+}
+
+// mirrorStore is the node's side of the replicator's Mirror server.
+type mirrorStore struct{ n *Node }
+
+var _ replicator.MirrorStore = (*mirrorStore)(nil)
+
+// Open implements replicator.MirrorStore.
+func (s *mirrorStore) Open(ctx context.Context, stream string, rng uint32) (replicator.MirrorRange, error) {
+	d, err := s.n.rangeOf(stream, rng)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case d.rep == nil || d.store == nil:
+		return nil, apierr.New(apierr.Unavailable, "stream %s range %d is not served here", stream, rng)
+	case d.cfg.home:
+		// Static homes (until the lease store moves them): a source that
+		// believes it is home for a range homed here is misconfigured or
+		// stale; it must stop.
+		return nil, apierr.New(apierr.StaleEpoch, "stream %s range %d is homed in region %s, which takes no mirrored batches", stream, rng, s.n.cfg.Region)
+	case d.rep.LeaderID() != s.n.cfg.NodeID:
+		// No hint: the source reaches this region through its own address
+		// list (in a local cluster, the WAN proxy's), in which our peers'
+		// addresses mean nothing; it tries the next one.
+		return nil, apierr.New(apierr.NotLeader, "stream %s range %d: node %d does not lead the mirror group", stream, rng, s.n.cfg.NodeID)
+	}
+	return &mirrorRange{n: s.n, d: d}, nil
+}
+
+// mirrorRange is one range's mirror group, as led by this node.
+type mirrorRange struct {
+	n *Node
+	d *rangeDriver
+}
+
+var _ replicator.MirrorRange = (*mirrorRange)(nil)
+
+func (m *mirrorRange) AppliedEnd() uint64   { return m.d.committed.Load() }
+func (m *mirrorRange) HighestEpoch() uint64 { return m.d.highestEpoch.Load() }
+
+// RecordHeartbeat raises the highest epoch seen. It is not made durable:
+// a restarted node relearns it from its log and from the home's next
+// heartbeat (the lease store will be the durable source once homing lands).
+func (m *mirrorRange) RecordHeartbeat(hb replicator.Heartbeat) error {
+	m.d.raiseEpoch(hb.Epoch)
+	return nil
+}
+
+func (m *mirrorRange) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error) {
+	return m.d.store.ReadFrames(from, maxBytes, min(endOffset, m.d.committed.Load()))
+}
+
+// Apply proposes each frame verbatim to the mirror group, in order, and
+// returns once the last is committed.
+func (m *mirrorRange) Apply(ctx context.Context, frames []byte) (uint64, error) {
+	var ops []chan appendResult
+	for len(frames) > 0 {
+		size, err := batch.FrameSize(frames)
+		if err != nil || size > len(frames) {
+			return 0, apierr.New(apierr.InvalidArgument, "mirrored frames are malformed: %v", err)
+		}
+		h, err := batch.DecodeHeader(frames[:size])
+		if err != nil {
+			return 0, apierr.New(apierr.InvalidArgument, "mirrored frame: %v", err)
+		}
+		done := make(chan appendResult, 1)
+		ops = append(ops, done)
+		m.d.raiseEpoch(h.Epoch)
+		m.d.submit(ctx, &appendOp{verbatim: true, recordCount: h.RecordCount, frame: frames[:size:size],
+			reply: func(r appendResult) { done <- r }})
+		frames = frames[size:]
+	}
+	var end uint64
+	var first error
+	for _, done := range ops {
+		select {
+		case r := <-done:
+			if r.err != nil && first == nil {
+				first = r.err
+			}
+			if r.err == nil {
+				end = r.baseOffset + uint64(r.recordCount)
+			}
+		case <-ctx.Done():
+			return 0, apierr.New(apierr.Timeout, "mirror apply: %v", ctx.Err())
+		}
+	}
+	if first != nil {
+		return 0, first
+	}
+	return end, nil
+}
+
+// raiseEpoch records that the range has seen homing epoch e.
+func (d *rangeDriver) raiseEpoch(e uint64) {
+	for {
+		cur := d.highestEpoch.Load()
+		if e <= cur || d.highestEpoch.CompareAndSwap(cur, e) {
+			return
+		}
+	}
+}
+
+// driverSource is a home range as the replicator reads it: committed data
+// frames of the range's log.
+type driverSource struct{ d *rangeDriver }
+
+var _ replicator.Source = driverSource{}
+
+func (s driverSource) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error) {
+	return s.d.store.ReadFrames(from, maxBytes, min(endOffset, s.d.committed.Load()))
+}
+func (s driverSource) CommittedEnd() uint64         { return s.d.committed.Load() }
+func (s driverSource) TailChanged() <-chan struct{} { return s.d.changed() }
+
+// replicationManager runs the replicator tasks of the ranges this node
+// leads in their home region: one per (range, other region of the stream).
+// It rescans on an interval, so leadership changes start and stop tasks
+// within replicationScanInterval.
+type replicationManager struct {
+	n      *Node
+	dialer *replicator.GRPCDialer
+
+	mu    sync.Mutex
+	tasks map[taskKey]*runningTask
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+type taskKey struct {
+	stream string
+	rng    uint32
+	region string
+}
+
+type runningTask struct {
+	task   *replicator.Task
+	cancel context.CancelFunc
+	done   chan struct{}
+	ended  atomic.Bool
+	err    atomic.Pointer[error]
+	endAt  atomic.Int64 // unix nanos when Run returned
+}
+
+// replicationScanInterval is how often the manager looks for ranges whose
+// leadership moved.
+const replicationScanInterval = 100 * time.Millisecond
+
+// fencedRetryInterval is how long a task that ended (fenced by a newer
+// home, or failed) waits before the manager starts it again.
+const fencedRetryInterval = 5 * time.Second
+
+func newReplicationManager(n *Node) *replicationManager {
+	return &replicationManager{
+		n:      n,
+		dialer: replicator.NewGRPCDialer(replicator.DialerConfig{TLS: n.cfg.ClientTLS}),
+		tasks:  map[taskKey]*runningTask{},
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+}
+
+func (m *replicationManager) run() {
+	defer close(m.done)
+	t := time.NewTicker(replicationScanInterval)
+	defer t.Stop()
+	for {
+		m.scan()
+		select {
+		case <-t.C:
+		case <-m.stop:
+			m.stopAll()
+			return
+		}
+	}
+}
+
+// scan starts the tasks of ranges led here and stops the others.
+func (m *replicationManager) scan() {
+	n := m.n
+	want := map[taskKey]*rangeDriver{}
+	n.mu.RLock()
+	for _, st := range n.streams {
+		for r, d := range st.ranges {
+			if !d.cfg.home || d.rep == nil || d.store == nil || d.failure.Load() != nil || d.rep.LeaderID() != n.cfg.NodeID {
+				continue
+			}
+			for _, region := range st.spec.Regions {
+				if region != n.cfg.Region {
+					want[taskKey{st.spec.Name, uint32(r), region}] = d
+				}
+			}
+		}
+	}
+	n.mu.RUnlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	for k, rt := range m.tasks {
+		if _, ok := want[k]; !ok {
+			rt.cancel()
+			<-rt.done
+			delete(m.tasks, k)
+			continue
+		}
+		if rt.ended.Load() && now.Sub(time.Unix(0, rt.endAt.Load())) >= fencedRetryInterval {
+			delete(m.tasks, k) // restarted below
+		}
+	}
+	for k, d := range want {
+		if _, ok := m.tasks[k]; ok {
+			continue
+		}
+		m.start(k, d)
+	}
+}
+
+func (m *replicationManager) start(k taskKey, d *rangeDriver) {
+	n := m.n
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%s/%d/%s", n.cfg.NodeID, k.stream, k.rng, k.region)
+	task, err := replicator.NewTask(replicator.TaskConfig{
+		Stream: k.stream, Range: k.rng,
+		SourceRegion: n.cfg.Region, DestinationRegion: k.region,
+		Epoch:  d.cfg.epoch,
+		Source: driverSource{d},
+		Dialer: m.dialer,
+		Addrs:  func() []string { return n.cfg.Regions[k.region] },
+		Now:    n.cfg.Now,
+		Seed:   h.Sum64() ^ uint64(time.Now().UnixNano()),
+		Logger: n.cfg.Logger,
+	})
+	if err != nil {
+		n.logger.Error("replicator task", "stream", k.stream, "range", k.rng, "region", k.region, "error", err)
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rt := &runningTask{task: task, cancel: cancel, done: make(chan struct{})}
+	m.tasks[k] = rt
+	go func() {
+		defer close(rt.done)
+		err := task.Run(ctx)
+		if ctx.Err() == nil {
+			n.logger.Warn("replicator task ended", "stream", k.stream, "range", k.rng, "region", k.region, "error", err)
+		}
+		rt.err.Store(&err)
+		rt.endAt.Store(time.Now().UnixNano())
+		rt.ended.Store(true)
+	}()
+}
+
+func (m *replicationManager) stopAll() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, rt := range m.tasks {
+		rt.cancel()
+		<-rt.done
+		delete(m.tasks, k)
+	}
+}
+
+func (m *replicationManager) close() {
+	close(m.stop)
+	<-m.done
+}
+
+// progress reports, for a range led here, each mirror's position as the
+// replicator tasks know it.
+func (m *replicationManager) progress(stream string, rng uint32, now time.Time) []*geologv1.RegionProgress {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*geologv1.RegionProgress
+	for k, rt := range m.tasks {
+		if k.stream != stream || k.rng != rng {
+			continue
+		}
+		lag := rt.task.Lag(now)
+		st := rt.task.Stats()
+		p := lagProgress(k.region, lag)
+		p.State = st.Phase.String()
+		p.LastError = st.LastError
+		if rt.ended.Load() {
+			p.State = "ended"
+		}
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Region < out[j].Region })
+	return out
+}
+
+func lagProgress(region string, lag replicator.LagStatus) *geologv1.RegionProgress {
+	return &geologv1.RegionProgress{
+		Region:             region,
+		AppliedEndOffset:   lag.AppliedEnd,
+		OffsetLag:          lag.OffsetLag,
+		TimeLagMillis:      lag.TimeLag.Milliseconds(),
+		HeartbeatAgeMillis: lag.HeartbeatAge.Milliseconds(),
+	}
+}
+
+// rangeReplication is what DescribeStream reports of a range's mirrors: on
+// the home leader, every mirror's progress; on a mirror's leader, its own.
+func (n *Node) rangeReplication(spec streamSpec, r uint32, d *rangeDriver) []*geologv1.RegionProgress {
+	if n.repl == nil || d.rep == nil {
+		return nil
+	}
+	now := n.cfg.Now()
+	if d.cfg.home {
+		return n.repl.progress(spec.Name, r, now)
+	}
+	if !slices.Contains(spec.Regions, n.cfg.Region) {
+		return nil
+	}
+	lag, ok := n.replServer.Lag(spec.Name, r)
+	if !ok {
+		return nil
+	}
+	p := lagProgress(n.cfg.Region, lag)
+	p.AppliedEndOffset = d.committed.Load()
+	p.State = "mirror"
+	return []*geologv1.RegionProgress{p}
+}
+
+// createStreamRegions creates spec in this region's catalogue (if the
+// stream is placed here) and, unless the request was itself propagated
+// from another region, in each of the stream's other regions. Creating an
+// existing stream again with the same definition completes a propagation
+// that failed half-way, and still answers STREAM_EXISTS.
+func (n *Node) createStreamRegions(ctx context.Context, spec streamSpec) (*geologv1.StreamInfo, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	forwarded := len(md.Get(forwardedKey)) > 0
+	propagated := isPropagated(ctx)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if propagated {
+		ctx = metadata.AppendToOutgoingContext(ctx, propagatedKey, "1") // kept when forwarded to the catalogue leader
+	}
+	var localErr error
+	if spec.hasRegion(n.cfg.Region) {
+		localErr = n.createStreamReplicated(ctx, spec, forwarded)
+		if e := apierr.As(localErr); localErr != nil && e.Code == apierr.StreamExists {
+			n.mu.RLock()
+			st, ok := n.streams[spec.Name]
+			n.mu.RUnlock()
+			if ok && st.spec.sameDefinition(spec) {
+				if propagated || forwarded {
+					return st.spec.info(), nil
+				}
+			} else if ok {
+				return nil, localErr
+			}
+		} else if localErr != nil {
+			return nil, localErr
+		}
+	} else if propagated || forwarded {
+		return nil, apierr.New(apierr.InvalidArgument, "stream %q is not placed in region %q", spec.Name, n.cfg.Region)
+	}
+	if !propagated && !forwarded {
+		if err := n.propagateCreate(ctx, spec); err != nil {
+			return nil, err
+		}
+	}
+	if localErr != nil {
+		return nil, localErr
+	}
+	return spec.info(), nil
+}

@@ -1,0 +1,608 @@
+package regionsvc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/client"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/wan"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+var linkCutDuration = flag.Duration("linkcut", 5*time.Second, "how long TestMirrorCatchesUpAfterLinkCut cuts a region off (the issue's run is 30s)")
+
+// world is several regions of replicated nodes in this process, joined by
+// emulated WAN links: every node reaches another region's node through the
+// link "<from>-><to>.n<id>".
+type world struct {
+	t       *testing.T
+	regions []string
+	net     *wan.Net
+	nodes   map[string]map[uint64]*Node
+	addrs   map[string]map[uint64]string // node listen addresses
+	dirs    map[string]map[uint64]string
+	conns   map[string]map[uint64]geologv1.LogClient
+	remote  map[string]map[string][]string // region → other region → link addresses
+	size    int
+}
+
+func newWorld(t *testing.T, regions []string, size int, latency, jitter time.Duration) *world {
+	w := &world{t: t, regions: regions, size: size, net: wan.NewNet(hclog.NewNullLogger()),
+		nodes: map[string]map[uint64]*Node{}, addrs: map[string]map[uint64]string{}, dirs: map[string]map[uint64]string{},
+		conns: map[string]map[uint64]geologv1.LogClient{}, remote: map[string]map[string][]string{}}
+	t.Cleanup(func() { w.net.Close() })
+	for _, r := range regions {
+		w.nodes[r], w.addrs[r], w.dirs[r], w.conns[r] = map[uint64]*Node{}, map[uint64]string{}, map[uint64]string{}, map[uint64]geologv1.LogClient{}
+		for id := uint64(1); id <= uint64(size); id++ {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.addrs[r][id] = l.Addr().String()
+			l.Close()
+			w.dirs[r][id] = t.TempDir()
+		}
+	}
+	for i, from := range regions {
+		w.remote[from] = map[string][]string{}
+		for _, to := range regions {
+			if to == from {
+				continue
+			}
+			for id := uint64(1); id <= uint64(size); id++ {
+				l, err := w.net.Add(wan.Config{Name: fmt.Sprintf("%s->%s.n%d", from, to, id), From: from, To: to,
+					Upstream: w.addrs[to][id], Latency: latency, Jitter: jitter, Seed: uint64(i)*100 + id})
+				if err != nil {
+					t.Fatal(err)
+				}
+				w.remote[from][to] = append(w.remote[from][to], l.Addr())
+			}
+		}
+	}
+	for _, r := range regions {
+		for id := uint64(1); id <= uint64(size); id++ {
+			w.start(r, id)
+		}
+	}
+	t.Cleanup(func() {
+		for _, r := range regions {
+			for id := range w.nodes[r] {
+				w.stop(r, id)
+			}
+		}
+	})
+	return w
+}
+
+func (w *world) start(region string, id uint64) {
+	n, err := New(Config{
+		DataDir: w.dirs[region][id], ListenAddr: w.addrs[region][id], Region: region, Regions: w.remote[region],
+		NodeID: id, Peers: w.addrs[region], TickInterval: 20 * time.Millisecond, Fsync: 1, // FsyncNever: the test is about replication
+		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{w.t}, Level: hclog.Warn, Name: region}),
+	})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		w.t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(w.addrs[region][id], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { conn.Close() })
+	w.nodes[region][id], w.conns[region][id] = n, geologv1.NewLogClient(conn)
+}
+
+func (w *world) stop(region string, id uint64) {
+	if n := w.nodes[region][id]; n != nil {
+		n.Close()
+		delete(w.nodes[region], id)
+		delete(w.conns[region], id)
+	}
+}
+
+// regionAddrs is a region's node addresses, for an SDK client in it.
+func (w *world) regionAddrs(region string) string {
+	var out []string
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		out = append(out, w.addrs[region][id])
+	}
+	return strings.Join(out, ",")
+}
+
+// readLocal reads [from, to) of a range from one region's copy (any live
+// node that has it committed), as records.
+func (w *world) readLocal(ctx context.Context, region string, stream string, rng uint32, from, to uint64) ([]*geologv1.StoredRecord, error) {
+	var out []*geologv1.StoredRecord
+	for from < to {
+		var res *geologv1.ReadResponse
+		var err error
+		for _, c := range w.conns[region] {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			res, err = c.Read(cctx, &geologv1.ReadRequest{Stream: stream, Range: rng, FromOffset: from, MaxRecords: 2000, MaxBytes: 4 << 20,
+				Consistency: geologv1.Consistency_CONSISTENCY_MIN_OFFSET, MinOffset: to})
+			cancel()
+			if err == nil {
+				break
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range res.GetRecords() {
+			if r.GetOffset() >= to {
+				return out, nil
+			}
+			out = append(out, r)
+		}
+		if len(res.GetRecords()) == 0 {
+			return nil, fmt.Errorf("read %s/%d at %d in %s returned nothing", stream, rng, from, region)
+		}
+		from = res.GetRecords()[len(res.GetRecords())-1].GetOffset() + 1
+	}
+	return out, nil
+}
+
+// tails returns each region's committed tail of every range, from each
+// region's own view (the highest any of its live nodes reports).
+func (w *world) tails(ctx context.Context, stream string) map[string][]uint64 {
+	out := map[string][]uint64{}
+	for _, region := range w.regions {
+		for _, c := range w.conns[region] {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			d, err := c.DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: stream})
+			cancel()
+			if err != nil {
+				continue
+			}
+			if out[region] == nil {
+				out[region] = make([]uint64, len(d.GetRanges()))
+			}
+			for i, r := range d.GetRanges() {
+				out[region][i] = max(out[region][i], r.GetTailOffset())
+			}
+		}
+	}
+	return out
+}
+
+// recordHash is what must be identical at an offset in every region: the
+// record as appended, with the home's epoch and append time.
+func recordHash(h interface{ Write([]byte) (int, error) }, r *geologv1.StoredRecord) {
+	var b [32]byte
+	binary.LittleEndian.PutUint64(b[0:], r.GetOffset())
+	binary.LittleEndian.PutUint64(b[8:], r.GetEpoch())
+	binary.LittleEndian.PutUint64(b[16:], uint64(r.GetAppendTimeUnixNanos()))
+	binary.LittleEndian.PutUint64(b[24:], uint64(r.GetProducerTimeUnixNanos()))
+	h.Write(b[:])
+	h.Write([]byte(fmt.Sprintf("%d:%s|%d:%s", len(r.GetKey()), r.GetKey(), len(r.GetValue()), r.GetValue())))
+}
+
+func sameRecord(a, b *geologv1.StoredRecord) bool {
+	return a.GetOffset() == b.GetOffset() && string(a.GetKey()) == string(b.GetKey()) && string(a.GetValue()) == string(b.GetValue()) &&
+		a.GetEpoch() == b.GetEpoch() && a.GetAppendTimeUnixNanos() == b.GetAppendTimeUnixNanos()
+}
+
+// geoWorkload runs idempotent producers, one per region, each writing keyed
+// records through an SDK client that knows only its own region's nodes
+// (appends to ranges homed elsewhere follow NOT_HOME across the WAN).
+type geoWorkload struct {
+	mu       sync.Mutex
+	acked    map[uint32]map[uint64]string // range → offset → value
+	failures []error
+	produced int
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func startGeoWorkload(t *testing.T, ctx context.Context, w *world, stream string, ratePerRegion int) *geoWorkload {
+	g := &geoWorkload{acked: map[uint32]map[uint64]string{}, stop: make(chan struct{})}
+	for _, region := range w.regions {
+		c, err := client.New(w.regionAddrs(region), client.RetryBackoff(10*time.Millisecond, 200*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		p, err := c.NewProducer(stream, client.InflightBatchesMax(4), client.ProducerRetryBackoff(10*time.Millisecond, 200*time.Millisecond),
+			client.DeliveryTimeout(3*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			defer p.Close()
+			tick := time.NewTicker(time.Second / time.Duration(ratePerRegion))
+			defer tick.Stop()
+			for i := 0; ; i++ {
+				select {
+				case <-g.stop:
+					if err := p.Flush(ctx); err != nil {
+						g.mu.Lock()
+						g.failures = append(g.failures, err)
+						g.mu.Unlock()
+					}
+					return
+				case <-tick.C:
+				}
+				value := fmt.Sprintf("%s/%08d", region, i)
+				g.mu.Lock()
+				g.produced++
+				g.mu.Unlock()
+				p.Produce(ctx, &client.Record{Key: []byte(fmt.Sprintf("%s-key-%d", region, i%7)), Value: []byte(value)},
+					func(r client.ProduceResult, err error) {
+						g.mu.Lock()
+						defer g.mu.Unlock()
+						if err != nil {
+							g.failures = append(g.failures, err)
+							return
+						}
+						if g.acked[r.Range] == nil {
+							g.acked[r.Range] = map[uint64]string{}
+						}
+						g.acked[r.Range][r.Offset] = value
+					})
+			}
+		}()
+	}
+	return g
+}
+
+func (g *geoWorkload) finish(t *testing.T) {
+	close(g.stop)
+	g.wg.Wait()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.failures) > 0 {
+		t.Fatalf("%d produce failures (first: %v)", len(g.failures), g.failures[0])
+	}
+	n := 0
+	for _, m := range g.acked {
+		n += len(m)
+	}
+	if n != g.produced {
+		t.Fatalf("%d produced, %d acked", g.produced, n)
+	}
+}
+
+// prefixChecker checks, each time it runs, that every mirror is a prefix of
+// its home log: the records a mirror holds beyond what was checked before
+// equal the home's at the same offsets.
+type prefixChecker struct {
+	w       *world
+	stream  string
+	homes   []string
+	checked map[string][]uint64 // region → range → offsets verified
+	checks  int
+}
+
+func (pc *prefixChecker) check(ctx context.Context, t *testing.T) {
+	pc.checks++
+	tails := pc.w.tails(ctx, pc.stream)
+	for rng, home := range pc.homes {
+		for _, region := range pc.w.regions {
+			if region == home || tails[region] == nil {
+				continue
+			}
+			from, to := pc.checked[region][rng], tails[region][rng]
+			if to <= from {
+				continue
+			}
+			mirror, err := pc.w.readLocal(ctx, region, pc.stream, uint32(rng), from, to)
+			if err != nil {
+				t.Fatalf("read mirror %s range %d: %v", region, rng, err)
+			}
+			homeRecs, err := pc.w.readLocal(ctx, home, pc.stream, uint32(rng), from, to)
+			if err != nil {
+				t.Fatalf("read home %s range %d [%d, %d) (the mirror in %s has it, so the home must): %v", home, rng, from, to, region, err)
+			}
+			if len(mirror) != len(homeRecs) {
+				t.Fatalf("range %d: mirror %s has %d records in [%d, %d), home %s has %d", rng, region, len(mirror), from, to, home, len(homeRecs))
+			}
+			for i := range mirror {
+				if mirror[i].GetOffset() != from+uint64(i) {
+					t.Fatalf("range %d: mirror %s has offset %d where %d was expected (a gap)", rng, region, mirror[i].GetOffset(), from+uint64(i))
+				}
+				if !sameRecord(mirror[i], homeRecs[i]) {
+					t.Fatalf("range %d offset %d: mirror %s holds %q (epoch %d), home %s holds %q (epoch %d)", rng, mirror[i].GetOffset(),
+						region, mirror[i].GetValue(), mirror[i].GetEpoch(), home, homeRecs[i].GetValue(), homeRecs[i].GetEpoch())
+				}
+			}
+			pc.checked[region][rng] = to
+		}
+	}
+}
+
+// converge waits until every mirror's tail equals its home's, then checks
+// that every region holds the same log for every range (a hash over each
+// range's records) and that it holds every acked record at its offset.
+func converge(t *testing.T, ctx context.Context, w *world, stream string, homes []string, acked map[uint32]map[uint64]string) map[string][]uint64 {
+	var tails map[string][]uint64
+	waitUntil(t, ctx, 2*time.Minute, "mirrors caught up with their homes", func() bool {
+		tails = w.tails(ctx, stream)
+		for rng, home := range homes {
+			for _, region := range w.regions {
+				if tails[region] == nil || tails[region][rng] != tails[home][rng] {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	for rng, home := range homes {
+		var ref []byte
+		for _, region := range w.regions {
+			recs, err := w.readLocal(ctx, region, stream, uint32(rng), 0, tails[home][rng])
+			if err != nil {
+				t.Fatalf("read %s range %d: %v", region, rng, err)
+			}
+			h := sha256.New()
+			for i, r := range recs {
+				if r.GetOffset() != uint64(i) {
+					t.Fatalf("%s range %d: offset %d at position %d", region, rng, r.GetOffset(), i)
+				}
+				recordHash(h, r)
+			}
+			sum := h.Sum(nil)
+			if ref == nil {
+				ref = sum
+				// The home holds every acked record at its acked offset.
+				for off, v := range acked[uint32(rng)] {
+					if off >= uint64(len(recs)) || string(recs[off].GetValue()) != v {
+						t.Fatalf("range %d: acked %q at %d is not in the home log", rng, v, off)
+					}
+				}
+				if len(recs) != len(acked[uint32(rng)]) {
+					t.Fatalf("range %d: home log holds %d records, %d were acked", rng, len(recs), len(acked[uint32(rng)]))
+				}
+			} else if string(sum) != string(ref) {
+				t.Fatalf("range %d: the log in %s differs from the home's (%s)", rng, region, home)
+			}
+		}
+		t.Logf("range %d (home %s): %d records, identical in %v", rng, home, tails[home][rng], w.regions)
+	}
+	return tails
+}
+
+func waitUntil(t *testing.T, ctx context.Context, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func createGeoStream(t *testing.T, ctx context.Context, w *world, name string, ranges uint32) []string {
+	c, err := client.New(w.regionAddrs(w.regions[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var info *client.StreamInfo
+	waitUntil(t, ctx, time.Minute, "stream created in every region", func() bool {
+		i, err := c.CreateStream(ctx, client.StreamConfig{Name: name, RangeCount: ranges, Regions: w.regions, HomeRegion: "spread"})
+		if err != nil && client.CodeOf(err) != client.CodeStreamExists {
+			t.Logf("create stream: %v", err)
+		}
+		if i != nil {
+			info = i
+		}
+		return err == nil || (info != nil && client.CodeOf(err) == client.CodeStreamExists)
+	})
+	// Every region knows it.
+	waitUntil(t, ctx, time.Minute, "stream visible everywhere", func() bool {
+		for _, region := range w.regions {
+			for _, c := range w.conns[region] {
+				if _, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: name}); err != nil {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	return info.RangeHomes
+}
+
+// TestMultiRegionMirrorsArePrefixes: three regions of three nodes with
+// emulated WAN latency, a stream with one range homed in each region, and
+// producers in every region. While they run, every mirror is at every check
+// a prefix of its home log; after they stop, every mirror equals its home
+// (a hash over each range), with every acked record at its offset.
+func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newWorld(t, []string{"us", "eu", "ap"}, 3, 15*time.Millisecond, 5*time.Millisecond)
+	homes := createGeoStream(t, ctx, w, "geo", 3)
+	if fmt.Sprint(homes) != "[us eu ap]" {
+		t.Fatalf("homes %v, want one range in each region", homes)
+	}
+	g := startGeoWorkload(t, ctx, w, "geo", 150)
+	pc := &prefixChecker{w: w, stream: "geo", homes: homes, checked: map[string][]uint64{}}
+	for _, r := range w.regions {
+		pc.checked[r] = make([]uint64, len(homes))
+	}
+	deadline := time.Now().Add(6 * time.Second)
+	for time.Now().Before(deadline) {
+		pc.check(ctx, t)
+		time.Sleep(200 * time.Millisecond)
+	}
+	g.finish(t)
+	pc.check(ctx, t)
+	converge(t, ctx, w, "geo", homes, g.acked)
+	t.Logf("%d prefix checks passed", pc.checks)
+
+	// Once caught up, each home leader reports every mirror, with no
+	// offset lag (acks and heartbeats cross the WAN: poll for it).
+	waitUntil(t, ctx, 30*time.Second, "home leaders report zero offset lag", func() bool {
+		for rng, home := range homes {
+			reported := false
+			for _, c := range w.conns[home] {
+				d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "geo"})
+				if err != nil {
+					continue
+				}
+				repl := d.GetRanges()[rng].GetReplication()
+				if len(repl) == 0 {
+					continue // not the leader
+				}
+				if len(repl) != 2 {
+					t.Fatalf("range %d: the home leader reports %d mirrors, want 2", rng, len(repl))
+				}
+				for _, p := range repl {
+					if p.GetOffsetLag() != 0 || p.GetAppliedEndOffset() != d.GetRanges()[rng].GetTailOffset() {
+						return false
+					}
+				}
+				reported = true
+			}
+			if !reported {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestMirrorRefusesAppends: a producer talking to a mirror region's node is
+// redirected to the home region (NOT_HOME with an address there); the
+// SDK follows, so the record lands in the home log; and a mirror's own
+// Append RPC answers NOT_HOME.
+func TestMirrorRefusesAppends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	w := newWorld(t, []string{"us", "eu"}, 1, 5*time.Millisecond, 0)
+	homes := createGeoStream(t, ctx, w, "m", 2)
+	for rng, home := range homes {
+		for _, region := range w.regions {
+			if region == home {
+				continue
+			}
+			_, err := w.conns[region][1].Append(ctx, &geologv1.AppendRequest{Stream: "m", Range: uint32(rng), Records: recs("x", 1)})
+			wantCode(t, err, 12) // NOT_HOME
+		}
+	}
+	c, err := client.New(w.regionAddrs("eu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p, err := c.NewProducer("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	results, err := p.ProduceSync(ctx, &client.Record{Key: []byte("k"), Value: []byte("v")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := results[0]
+	if got, err := w.readLocal(ctx, homes[res.Range], "m", res.Range, res.Offset, res.Offset+1); err != nil || string(got[0].GetValue()) != "v" {
+		t.Fatalf("the record is not in the home log: %v %v", got, err)
+	}
+}
+
+// TestMirrorCatchesUpAfterLinkCut cuts one region off from the others
+// (every WAN link to and from it black-holed) for -linkcut while producers
+// run, then heals: its mirrors catch up with no gap and no reordering (the
+// prefix and convergence checks), and the lag it reports grew while cut.
+// Then it stops the node leading a home range (its replicator dies with
+// it) under load: the range's new leader resumes shipping where the
+// mirrors are.
+func TestMirrorCatchesUpAfterLinkCut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute+*linkCutDuration)
+	defer cancel()
+	w := newWorld(t, []string{"us", "eu", "ap"}, 3, 15*time.Millisecond, 5*time.Millisecond)
+	homes := createGeoStream(t, ctx, w, "cut", 3)
+	g := startGeoWorkload(t, ctx, w, "cut", 150)
+	pc := &prefixChecker{w: w, stream: "cut", homes: homes, checked: map[string][]uint64{}}
+	for _, r := range w.regions {
+		pc.checked[r] = make([]uint64, len(homes))
+	}
+	time.Sleep(time.Second)
+	if _, err := w.net.CutRegion("ap", wan.CutBlackhole); err != nil {
+		t.Fatal(err)
+	}
+	cutAt := time.Now()
+	for time.Since(cutAt) < *linkCutDuration {
+		pc.check(ctx, t)
+		time.Sleep(500 * time.Millisecond)
+	}
+	// While cut, ap's mirror of the us-homed range (range 0) stalls, and
+	// the lag its node reports has grown with the cut.
+	var lagSeen time.Duration
+	for _, c := range w.conns["ap"] {
+		d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "cut"})
+		if err != nil {
+			continue
+		}
+		for _, p := range d.GetRanges()[0].GetReplication() {
+			lagSeen = max(lagSeen, time.Duration(p.GetTimeLagMillis())*time.Millisecond)
+		}
+	}
+	if lagSeen < *linkCutDuration/2 {
+		t.Fatalf("after a %v cut the mirror in ap reports a time lag of %v", *linkCutDuration, lagSeen)
+	}
+	healAt := time.Now()
+	backlogTails := w.tails(ctx, "cut")
+	if err := w.net.HealAll(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, 2*time.Minute, "ap caught up with the us home", func() bool {
+		tails := w.tails(ctx, "cut")
+		return tails["ap"] != nil && tails["ap"][0] >= backlogTails["us"][0]
+	})
+	caughtUp := time.Since(healAt)
+	backlog := backlogTails["us"][0] - backlogTails["ap"][0]
+	t.Logf("cut %v: ap's mirror of range 0 was %d records behind (reported lag %v); caught up in %v after the heal (%.0f records/s)",
+		*linkCutDuration, backlog, lagSeen, caughtUp.Round(time.Millisecond), float64(backlog)/caughtUp.Seconds())
+	pc.check(ctx, t)
+
+	// Stop the leader of the us-homed range: its replicator stops with it.
+	var leader uint64
+	waitUntil(t, ctx, time.Minute, "the us leader of range 0", func() bool {
+		for id, n := range w.nodes["us"] {
+			n.mu.RLock()
+			st := n.streams["cut"]
+			n.mu.RUnlock()
+			if st != nil && st.ranges[0].rep != nil && st.ranges[0].rep.LeaderID() == id {
+				leader = id
+				return true
+			}
+		}
+		return false
+	})
+	w.stop("us", leader)
+	for i := 0; i < 6; i++ {
+		pc.check(ctx, t)
+		time.Sleep(500 * time.Millisecond)
+	}
+	w.start("us", leader)
+	g.finish(t)
+	pc.check(ctx, t)
+	converge(t, ctx, w, "cut", homes, g.acked)
+	t.Logf("%d prefix checks passed", pc.checks)
+}

@@ -1,0 +1,230 @@
+package replica
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/segment"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
+	"google.golang.org/protobuf/proto"
+)
+
+// Compact runs the log's retention policy (segment.Config.RetentionAge and
+// RetentionBytes) as Raft log compaction, on every replica independently:
+// of the segments retention would delete, it deletes the oldest ones whose
+// entries are all applied here, after recording the compaction point (the
+// last deleted entry's index and term, the offset and append time after
+// it, and a commit index at least as high) in the state. A crash between
+// the two leaves segments that Raft no longer sees (its log starts after
+// the compaction point) and the next Compact deletes. It returns how many
+// segments it deleted.
+//
+// What else holds compaction back:
+//
+//   - Snapshot bodies being sent: their frames stay until the transport
+//     closes them.
+//   - On a leader, followers it can reach that are behind. A follower
+//     behind the first index costs a snapshot, the whole retained log,
+//     where the entries it lacks would do; so, like CockroachDB's raft log
+//     queue, a leader keeps what its recently active followers (Raft's
+//     RecentActive, not being sent a snapshot) have yet to acknowledge, as
+//     long as that keeps at most Config.CompactionHoldBackBytesMax beyond
+//     the policy. A follower that is down or cut off holds nothing back: it
+//     gets a snapshot when it returns. Followers do not hold back for each
+//     other (they do not know each other's progress); a follower that
+//     becomes leader sends snapshots where its own log falls short.
+//
+// Compaction runs between Ready cycles (it skips a round while a Ready is
+// pending, whose MsgSnap may name frames it would delete). For the driver
+// goroutine.
+func (r *Replica) Compact() (deletedSegments int, err error) {
+	if r.failure.Load() != nil || r.rn.HasReady() {
+		return 0, nil
+	}
+	cands, err := r.cfg.Log.RetentionCandidates()
+	if err != nil || len(cands) == 0 {
+		return 0, err
+	}
+	limit := r.appliedIndex
+	if first, ok := r.pins.min(); ok {
+		limit = min(limit, first-1)
+	}
+	k := prefixThrough(cands, limit)
+	if r.isLeader && r.cfg.CompactionHoldBackBytesMax >= 0 {
+		if hold := r.followersMatch(); hold < limit {
+			kh := prefixThrough(cands, hold)
+			var held int64
+			for _, c := range cands[kh:k] {
+				held += c.Bytes
+			}
+			if held <= r.cfg.CompactionHoldBackBytesMax {
+				k = kh
+			}
+		}
+	}
+	if k == 0 {
+		return 0, nil
+	}
+	last := cands[k-1]
+	if last.LastIndex > r.state.SnapshotIndex {
+		// The producer base follows the compaction point: it takes in the
+		// batches about to be deleted.
+		base, err := r.advanceBase(last.LastIndex)
+		if err != nil {
+			return 0, err
+		}
+		prev := r.state
+		r.state.Producers = base.encode()
+		r.state.SnapshotIndex, r.state.SnapshotTerm = last.LastIndex, last.LastTerm
+		r.state.SnapshotNextOffset, r.state.SnapshotAppendUnixNanos = last.NextOffset, last.MaxAppendTimeUnixNanos
+		if r.state.Raft.GetCommit() < last.LastIndex {
+			// Raft refuses to start with a commit index below the log's
+			// start; the compacted entries are applied, so committed.
+			hs := proto.Clone(r.state.Raft).(*raftpb.HardState)
+			hs.Commit = proto.Uint64(last.LastIndex)
+			r.state.Raft = hs
+		}
+		if err := r.cfg.State.Save(r.state); err != nil {
+			r.state = prev
+			return 0, fmt.Errorf("replica: save compaction point %d: %w", last.LastIndex, err)
+		}
+		r.base = base
+	}
+	if err := r.cfg.Log.DeletePrefix(last.NextOffset); err != nil {
+		return 0, fmt.Errorf("replica: compact through index %d: %w", last.LastIndex, err)
+	}
+	r.segmentsCompacted.Add(uint64(k))
+	r.logger.Debug("compacted log", "segments", k, "snapshot_index", r.state.SnapshotIndex,
+		"start_offset", r.cfg.Log.StartOffset(), "first_index", r.cfg.Log.FirstIndex())
+	return k, nil
+}
+
+// advanceBase returns the producer base as of index: the current one (as
+// of the compaction point) with the frames after it up to index.
+func (r *Replica) advanceBase(index uint64) (*producerBase, error) {
+	base := r.base.clone()
+	for lo := max(r.cfg.Log.FirstIndex(), r.state.SnapshotIndex+1); lo <= index; {
+		frames, err := r.cfg.Log.ReadFramesByIndex(lo, index+1, snapshotReadBytes)
+		if err != nil {
+			return nil, fmt.Errorf("replica: read frames to compact at index %d: %w", lo, err)
+		}
+		for len(frames) > 0 {
+			n, err := batch.FrameSize(frames)
+			if err != nil || n > len(frames) {
+				return nil, fmt.Errorf("replica: log returned a bad frame at index %d: %w", lo, err)
+			}
+			h, err := batch.DecodeHeader(frames[:n])
+			if err != nil {
+				return nil, fmt.Errorf("replica: log returned a bad frame at index %d: %w", lo, err)
+			}
+			base.record(h)
+			lo = h.Index + 1
+			frames = frames[n:]
+		}
+	}
+	return base, nil
+}
+
+// prefixThrough is how many of cands, from the oldest, hold only entries
+// at or below index.
+func prefixThrough(cands []segment.SegmentInfo, index uint64) int {
+	k := 0
+	for k < len(cands) && cands[k].LastIndex <= index {
+		k++
+	}
+	return k
+}
+
+// followersMatch is the lowest index acknowledged by the followers a leader
+// should hold compaction back for (see Compact); MaxUint64 if none.
+func (r *Replica) followersMatch() uint64 {
+	hold := uint64(math.MaxUint64)
+	r.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if id != r.cfg.NodeID && pr.RecentActive && pr.State != tracker.StateSnapshot {
+			hold = min(hold, pr.Match)
+		}
+	})
+	return hold
+}
+
+// reconcileState runs when a replica opens: it completes or drops an
+// interrupted snapshot install (see installSnapshot), checks that the log
+// reaches the compaction point, and brings the commit index within what the
+// log holds (a hard state saved with a commit index ahead of entries that
+// a crash then lost; the commit index is relearned from the leader).
+func (r *Replica) reconcileState() error {
+	log := r.cfg.Log
+	if m := r.state.Installing; m != nil {
+		var swapped bool
+		if last := log.LastIndex(); last != 0 {
+			t, err := log.TermAt(last)
+			swapped = err == nil && last == m.Index && t == m.Term
+		} else {
+			swapped = log.NextOffset() == m.NextOffset
+		}
+		if swapped {
+			r.adoptSnapshot(*m)
+			r.logger.Warn("completed an interrupted snapshot install", "index", m.Index, "term", m.Term)
+		} else {
+			r.state.Installing = nil
+			r.logger.Warn("dropped an interrupted snapshot install; the log is the old one", "index", m.Index)
+		}
+		if err := r.cfg.State.Save(r.state); err != nil {
+			return fmt.Errorf("replica: save state: %w", err)
+		}
+	}
+	if last := log.LastIndex(); (last != 0 && last < r.state.SnapshotIndex) || log.NextOffset() < r.state.SnapshotNextOffset {
+		return fmt.Errorf("replica: the log ends at index %d offset %d, before the compaction point (index %d, offset %d)",
+			last, log.NextOffset(), r.state.SnapshotIndex, r.state.SnapshotNextOffset)
+	}
+	if first := log.FirstIndex(); first > r.state.SnapshotIndex+1 {
+		return fmt.Errorf("replica: the log starts at index %d, after the compaction point %d: entries are missing",
+			first, r.state.SnapshotIndex)
+	}
+	commit := r.state.Raft.GetCommit()
+	if c := min(max(commit, r.state.SnapshotIndex), max(log.LastIndex(), r.state.SnapshotIndex)); c != commit {
+		hs := proto.Clone(r.state.Raft).(*raftpb.HardState)
+		hs.Commit = proto.Uint64(c)
+		r.state.Raft = hs
+	}
+	r.raftCommit.Store(r.state.Raft.GetCommit())
+	return nil
+}
+
+// initApplied sets the index Raft restarts applying after (entries after
+// it are applied again), and what follows from it: the committed offset
+// readers may read below, and the newest append time up to it.
+func (r *Replica) initApplied() error {
+	r.appliedIndex = r.state.AppliedConfIndex()
+	if r.appliedIndex <= r.state.SnapshotIndex {
+		r.committed.Store(r.state.SnapshotNextOffset)
+		r.appliedAppendUnixNanos = r.state.SnapshotAppendUnixNanos
+		return nil
+	}
+	h, err := r.frameHeader(r.appliedIndex)
+	if err != nil {
+		return fmt.Errorf("replica: read applied entry %d: %w", r.appliedIndex, err)
+	}
+	r.committed.Store(h.NextOffset())
+	r.appliedAppendUnixNanos = h.AppendTimeUnixNanos
+	return nil
+}
+
+// Stats are a replica's snapshot and compaction counters.
+type Stats struct {
+	// SnapshotsSent counts snapshots handed to the transport.
+	SnapshotsSent uint64
+	// SnapshotsInstalled counts snapshots installed here.
+	SnapshotsInstalled uint64
+	// SegmentsCompacted counts segments deleted by Compact.
+	SegmentsCompacted uint64
+}
+
+// Stats returns the counters; safe from any goroutine.
+func (r *Replica) Stats() Stats {
+	return Stats{SnapshotsSent: r.snapshotsSent.Load(), SnapshotsInstalled: r.snapshotsInstalled.Load(),
+		SegmentsCompacted: r.segmentsCompacted.Load()}
+}

@@ -1,0 +1,29 @@
+package replica
+
+// ForgetLeader makes a follower forget its leader, for when a failure
+// detector outside Raft (the transport cannot reach the leader's node) says
+// it is gone. With CheckQuorum and PreVote a follower refuses pre-votes while
+// it has heard from a leader within an election timeout (the leader lease);
+// once a quorum of followers has forgotten the dead leader, a candidate wins
+// at once instead of after a second timeout. A follower that hears from the
+// leader again follows it as before. No-op on a leader and on a follower
+// with no leader.
+func (r *Replica) ForgetLeader() {
+	if r.isLeader || r.rn.BasicStatus().Lead == 0 {
+		return
+	}
+	if err := r.rn.ForgetLeader(); err != nil {
+		r.logger.Debug("forget leader", "error", err)
+	}
+}
+
+// IsVoter reports whether this replica is a voter in its configuration as
+// last applied (learners cannot campaign).
+func (r *Replica) IsVoter() bool {
+	for _, id := range r.state.Conf.GetVoters() {
+		if id == r.cfg.NodeID {
+			return true
+		}
+	}
+	return false
+}

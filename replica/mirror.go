@@ -1,0 +1,54 @@
+package replica
+
+import (
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+)
+
+// ProposeVerbatim appends a frame built by another region's home leader, as
+// a mirror does: the frame keeps its offsets, epoch, append time and
+// producer fields (only the Raft term and index are this group's, stamped
+// when it is persisted). It must start exactly at the tail of this leader's
+// log, its own unacknowledged proposals included; otherwise the reply is a
+// retriable OFFSET_OUT_OF_RANGE whose TailOffset is that tail (after a
+// leader change the tail may be ahead of the committed end until the new
+// leader's first entry commits). The reply comes once the entry commits.
+// The caller (the replicator's server) has validated the frame.
+func (r *Replica) ProposeVerbatim(op *Op) {
+	if f := r.failure.Load(); f != nil {
+		op.Reply(Result{Err: f})
+		return
+	}
+	if !r.isLeader {
+		op.Reply(Result{Err: r.notLeader()})
+		return
+	}
+	h, err := batch.DecodeHeader(op.Frame)
+	if err != nil || h.Type != batch.TypeData || h.RecordCount == 0 {
+		op.Reply(Result{Err: apierr.New(apierr.InvalidArgument, "stream %s range %d: a mirrored frame must be a valid data frame", r.cfg.Stream, r.cfg.Range)})
+		return
+	}
+	if h.BaseOffset != r.proposeNext {
+		e := apierr.New(apierr.OffsetOutOfRange, "stream %s range %d: mirrored frame at offset %d, the log continues at %d",
+			r.cfg.Stream, r.cfg.Range, h.BaseOffset, r.proposeNext)
+		e.Retriable = true
+		e.StartOffset, e.TailOffset = r.cfg.Log.StartOffset(), r.proposeNext
+		op.Reply(Result{Err: e})
+		return
+	}
+	if err := r.rn.Propose(op.Frame); err != nil {
+		e := r.notLeader()
+		e.Message += ": " + err.Error()
+		op.Reply(Result{Err: e})
+		return
+	}
+	r.proposeNext = h.NextOffset()
+	if h.AppendTimeUnixNanos > r.lastAppendUnixNanos {
+		r.lastAppendUnixNanos = h.AppendTimeUnixNanos
+	}
+	r.proposals = append(r.proposals, &proposal{
+		op: op, term: r.term, baseOffset: h.BaseOffset, endOffset: h.NextOffset(),
+		res: Result{BaseOffset: h.BaseOffset, RecordCount: h.RecordCount, Epoch: h.Epoch, AppendTimeUnixNanos: h.AppendTimeUnixNanos},
+	})
+	op.Frame = nil
+}

@@ -1,0 +1,644 @@
+package replica
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"slices"
+	"sync"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/segment"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// A snapshot is segment transfer. The log is the state, so a snapshot at
+// index S is the leader's retained log up to S: its body streams the frames
+// [F, S] from the leader's first retained index F, as they lie in the
+// leader's segments, and the follower's log becomes exactly those frames,
+// at the same offsets. Raft then continues with MsgApp from S+1. Ahead of
+// the frames the body carries the leader's producer base (the idempotence
+// state as of its compaction point, see producers.go), from which and the
+// frames the follower derives its own as of S. The snapshot's Data
+// describes the body (snapshotDesc) so that the follower can check what
+// arrives against it; the metadata carries S, its term and the
+// configuration as of S.
+
+var (
+	// ErrSnapshotInvalid reports a snapshot whose description or body does
+	// not hold together: truncated, corrupt or out-of-sequence frames,
+	// indexes or offsets other than described, bytes past the last frame.
+	// Nothing was installed.
+	ErrSnapshotInvalid = errors.New("replica: invalid snapshot")
+	// ErrSnapshotStale reports a snapshot at or below the commit index:
+	// there is nothing to install. Step the message anyway (StepSnapshot
+	// with no staged body), so that Raft answers the leader.
+	ErrSnapshotStale = errors.New("replica: snapshot is not newer than the log")
+	// ErrSnapshotBusy reports a snapshot arriving while another is being
+	// received or installed; the leader retries.
+	ErrSnapshotBusy = errors.New("replica: another snapshot is in progress")
+)
+
+const (
+	// snapshotFormatVersion is the version of snapshotDesc and of the body.
+	snapshotFormatVersion = 1
+	snapshotDescMagic     = "GLSN"
+	snapshotDescBytes     = len(snapshotDescMagic) + 1 + 7*8 + 4
+	// snapshotReadBytes is how much of the log a body reads at a time.
+	snapshotReadBytes = 1 << 20
+	// snapshotsOutMax bounds the snapshot bodies a leader has open at once;
+	// past it Raft hears ErrSnapshotTemporarilyUnavailable and retries.
+	snapshotsOutMax = 8
+)
+
+// snapshotDesc is a snapshot's Data: what its body holds.
+type snapshotDesc struct {
+	// FirstIndex is the Raft index of the body's first frame: the snapshot
+	// index + 1 when the body is empty.
+	FirstIndex uint64
+	// FirstOffset is the BaseOffset of the body's first frame (NextOffset
+	// when the body is empty): where the follower's log will start.
+	FirstOffset uint64
+	// NextOffset is the offset after the entry at the snapshot index.
+	NextOffset uint64
+	// Frames is the number of frames in the body: the snapshot index -
+	// FirstIndex + 1.
+	Frames uint64
+	// AppendUnixNanos is the newest append time up to the snapshot index.
+	AppendUnixNanos int64
+	// ProducersBytes is the length of the producer base that starts the
+	// body, and ProducersIndex the index it is as of: frames after it
+	// update it. FirstIndex <= ProducersIndex+1 <= index+1.
+	ProducersBytes, ProducersIndex uint64
+}
+
+// encode: magic, version, the fields little-endian, CRC-32C of the rest.
+func (d snapshotDesc) encode() []byte {
+	b := make([]byte, 0, snapshotDescBytes)
+	b = append(b, snapshotDescMagic...)
+	b = append(b, snapshotFormatVersion)
+	for _, v := range []uint64{d.FirstIndex, d.FirstOffset, d.NextOffset, d.Frames, uint64(d.AppendUnixNanos), d.ProducersBytes, d.ProducersIndex} {
+		b = binary.LittleEndian.AppendUint64(b, v)
+	}
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+func decodeSnapshotDesc(b []byte) (snapshotDesc, error) {
+	if len(b) != snapshotDescBytes || string(b[:len(snapshotDescMagic)]) != snapshotDescMagic {
+		return snapshotDesc{}, fmt.Errorf("%w: description of %d bytes is not one", ErrSnapshotInvalid, len(b))
+	}
+	if binary.LittleEndian.Uint32(b[len(b)-4:]) != crc32.Checksum(b[:len(b)-4], castagnoli) {
+		return snapshotDesc{}, fmt.Errorf("%w: description fails its checksum", ErrSnapshotInvalid)
+	}
+	if v := b[len(snapshotDescMagic)]; v != snapshotFormatVersion {
+		return snapshotDesc{}, fmt.Errorf("%w: format version %d, want %d", ErrSnapshotInvalid, v, snapshotFormatVersion)
+	}
+	f := func(i int) uint64 { return binary.LittleEndian.Uint64(b[len(snapshotDescMagic)+1+8*i:]) }
+	return snapshotDesc{FirstIndex: f(0), FirstOffset: f(1), NextOffset: f(2), Frames: f(3), AppendUnixNanos: int64(f(4)),
+		ProducersBytes: f(5), ProducersIndex: f(6)}, nil
+}
+
+// check holds d against the snapshot index.
+func (d snapshotDesc) check(index uint64) error {
+	switch {
+	case d.FirstIndex == 0 || d.FirstIndex > index+1:
+		return fmt.Errorf("%w: body starts at index %d, snapshot is at %d", ErrSnapshotInvalid, d.FirstIndex, index)
+	case d.Frames != index+1-d.FirstIndex:
+		return fmt.Errorf("%w: %d frames from index %d do not end at %d", ErrSnapshotInvalid, d.Frames, d.FirstIndex, index)
+	case d.FirstOffset > d.NextOffset:
+		return fmt.Errorf("%w: offsets [%d, %d)", ErrSnapshotInvalid, d.FirstOffset, d.NextOffset)
+	case d.Frames == 0 && d.FirstOffset != d.NextOffset:
+		return fmt.Errorf("%w: an empty body spans offsets [%d, %d)", ErrSnapshotInvalid, d.FirstOffset, d.NextOffset)
+	case d.ProducersIndex > index || d.FirstIndex > d.ProducersIndex+1:
+		return fmt.Errorf("%w: producer base as of index %d does not join frames [%d, %d]", ErrSnapshotInvalid, d.ProducersIndex, d.FirstIndex, index)
+	case d.ProducersBytes > producerBaseBytesMax:
+		return fmt.Errorf("%w: producer base of %d bytes", ErrSnapshotInvalid, d.ProducersBytes)
+	}
+	return nil
+}
+
+// snapshot is the leader's raft.Storage.Snapshot: the snapshot at the
+// applied index, whose body is the retained log up to it. Raft asks for it
+// only for a follower that needs entries below the first index.
+func (r *Replica) snapshot() (*raftpb.Snapshot, error) {
+	index := r.appliedIndex
+	if r.failure.Load() != nil || index == 0 || r.pins.count() >= snapshotsOutMax {
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	term, err := r.storage.Term(index)
+	if err != nil {
+		r.logger.Warn("no term for the snapshot index", "index", index, "error", err)
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	next := r.committed.Load()
+	d := snapshotDesc{FirstIndex: index + 1, FirstOffset: next, NextOffset: next, AppendUnixNanos: r.appliedAppendUnixNanos,
+		ProducersBytes: uint64(len(r.state.Producers)), ProducersIndex: r.state.SnapshotIndex}
+	if first := r.cfg.Log.FirstIndex(); first != 0 && first <= index {
+		h, err := r.frameHeader(first)
+		if err != nil {
+			r.logger.Warn("cannot read the log's first frame for a snapshot", "index", first, "error", err)
+			return nil, raft.ErrSnapshotTemporarilyUnavailable
+		}
+		d.FirstIndex, d.FirstOffset, d.Frames = first, h.BaseOffset, index-first+1
+	}
+	return &raftpb.Snapshot{Data: d.encode(), Metadata: &raftpb.SnapshotMetadata{
+		Index: proto.Uint64(index), Term: proto.Uint64(term), ConfState: proto.Clone(r.state.Conf).(*raftpb.ConfState),
+	}}, nil
+}
+
+// frameHeader reads the header of the frame at index.
+func (r *Replica) frameHeader(index uint64) (batch.Header, error) {
+	b, err := r.cfg.Log.ReadFramesByIndex(index, index+1, 1)
+	if err != nil {
+		return batch.Header{}, err
+	}
+	h, err := batch.DecodeHeader(b)
+	if err == nil && h.Index != index {
+		err = fmt.Errorf("replica: log returned index %d for %d", h.Index, index)
+	}
+	return h, err
+}
+
+// snapshotPins are the first indexes of the snapshot bodies being sent:
+// compaction keeps the frames they still have to read. The only state of a
+// Replica shared with other goroutines (the transport's, reading bodies).
+type snapshotPins struct {
+	mu     sync.Mutex
+	firsts []uint64
+}
+
+func (p *snapshotPins) add(first uint64) {
+	p.mu.Lock()
+	p.firsts = append(p.firsts, first)
+	p.mu.Unlock()
+}
+
+func (p *snapshotPins) remove(first uint64) {
+	p.mu.Lock()
+	if i := slices.Index(p.firsts, first); i >= 0 {
+		p.firsts = slices.Delete(p.firsts, i, i+1)
+	}
+	p.mu.Unlock()
+}
+
+func (p *snapshotPins) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.firsts)
+}
+
+// min returns the lowest pinned index, if any.
+func (p *snapshotPins) min() (uint64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.firsts) == 0 {
+		return 0, false
+	}
+	return slices.Min(p.firsts), true
+}
+
+// snapshotBody streams a snapshot's producer base and then its frames,
+// [next, end), from the leader's log, a chunk at a time, on whatever
+// goroutine the transport reads it. It pins its first index against
+// compaction until closed.
+type snapshotBody struct {
+	log       FrameLog
+	pins      *snapshotPins
+	pinned    uint64
+	producers []byte // still to send; never written to (the state replaces, not mutates, its copy)
+	next, end uint64
+	buf       []byte
+	closeOnce sync.Once
+}
+
+func (b *snapshotBody) Read(p []byte) (int, error) {
+	if len(b.producers) > 0 {
+		n := copy(p, b.producers)
+		b.producers = b.producers[n:]
+		return n, nil
+	}
+	for len(b.buf) == 0 {
+		if b.next >= b.end {
+			return 0, io.EOF
+		}
+		frames, err := b.log.ReadFramesByIndex(b.next, b.end, snapshotReadBytes)
+		if err != nil {
+			return 0, fmt.Errorf("replica: read snapshot frames at index %d: %w", b.next, err)
+		}
+		n := 0
+		for rest := frames; len(rest) > 0; n++ {
+			size, err := batch.FrameSize(rest)
+			if err != nil || size > len(rest) {
+				return 0, fmt.Errorf("replica: log returned a bad frame at index %d: %w", b.next+uint64(n), err)
+			}
+			rest = rest[size:]
+		}
+		if n == 0 {
+			return 0, fmt.Errorf("replica: log returned no frame at index %d", b.next)
+		}
+		b.next += uint64(n)
+		b.buf = frames
+	}
+	n := copy(p, b.buf)
+	b.buf = b.buf[n:]
+	return n, nil
+}
+
+// Close releases the pin; the transport calls it once the body is sent or
+// abandoned. Safe to call more than once.
+func (b *snapshotBody) Close() error {
+	b.closeOnce.Do(func() { b.pins.remove(b.pinned) })
+	return nil
+}
+
+// snapReport is a snapshot outcome to hand Raft after the Ready cycle.
+type snapReport struct {
+	to     uint64
+	status raft.SnapshotStatus
+}
+
+// send hands msgs to Config.Send, except MsgSnap: each goes with its body
+// to Config.SendSnapshot.
+func (r *Replica) send(msgs []*raftpb.Message) {
+	snaps := 0
+	for _, m := range msgs {
+		if m.GetType() == raftpb.MsgSnap {
+			snaps++
+		}
+	}
+	if snaps == 0 {
+		r.cfg.Send(msgs)
+		return
+	}
+	rest := make([]*raftpb.Message, 0, len(msgs)-snaps)
+	for _, m := range msgs {
+		if m.GetType() != raftpb.MsgSnap {
+			rest = append(rest, m)
+			continue
+		}
+		r.sendSnapshot(m)
+	}
+	if len(rest) > 0 {
+		r.cfg.Send(rest)
+	}
+}
+
+// sendSnapshot gives one MsgSnap its body and hands both to the transport.
+// A snapshot that cannot leave is reported failed to Raft after the Ready
+// cycle (Raft then probes the follower again and may retry).
+func (r *Replica) sendSnapshot(m *raftpb.Message) {
+	to := m.GetTo()
+	fail := func(err error) {
+		r.logger.Warn("snapshot not sent", "to", to, "index", m.GetSnapshot().GetMetadata().GetIndex(), "error", err)
+		r.snapReports = append(r.snapReports, snapReport{to: to, status: raft.SnapshotFailure})
+	}
+	if r.cfg.SendSnapshot == nil {
+		fail(errors.New("no snapshot transport configured"))
+		return
+	}
+	d, err := decodeSnapshotDesc(m.GetSnapshot().GetData())
+	if err != nil {
+		fail(err)
+		return
+	}
+	if d.ProducersBytes != uint64(len(r.state.Producers)) || d.ProducersIndex != r.state.SnapshotIndex {
+		// Compaction moved the producer base since Raft took the snapshot.
+		fail(errors.New("the compaction point moved since the snapshot was taken"))
+		return
+	}
+	body := &snapshotBody{log: r.cfg.Log, pins: &r.pins, pinned: d.FirstIndex, producers: r.state.Producers,
+		next: d.FirstIndex, end: d.FirstIndex + d.Frames}
+	r.pins.add(d.FirstIndex)
+	r.logger.Info("sending snapshot", "to", to, "index", m.GetSnapshot().GetMetadata().GetIndex(),
+		"first_index", d.FirstIndex, "frames", d.Frames, "start_offset", d.FirstOffset, "next_offset", d.NextOffset)
+	if err := r.cfg.SendSnapshot(m, body); err != nil {
+		body.Close() // the transport closes it too; the pin goes once
+		fail(err)
+		return
+	}
+	r.snapshotsSent.Add(1)
+}
+
+// ReportSnapshot tells Raft what became of a snapshot sent to node to (err
+// nil: the follower accepted it). Call it for every SendSnapshot that
+// returned nil, from the driver goroutine.
+func (r *Replica) ReportSnapshot(to uint64, err error) {
+	status := raft.SnapshotFinish
+	if err != nil {
+		status = raft.SnapshotFailure
+		r.logger.Warn("snapshot failed", "to", to, "error", err)
+	}
+	r.rn.ReportSnapshot(to, status)
+}
+
+// StagedSnapshot is a snapshot whose body was received, validated and
+// written beside the log (see ReceiveSnapshot), not yet installed.
+type StagedSnapshot struct {
+	meta    SnapshotMeta
+	base    *producerBase // as of meta.Index; meta.Producers encodes it
+	staging *segment.Staging
+}
+
+// Discard drops a staged snapshot that will not be installed. A nil
+// StagedSnapshot, or one already installed or discarded, is fine.
+func (s *StagedSnapshot) Discard() {
+	if s != nil && s.staging != nil {
+		s.staging.Abort()
+	}
+}
+
+// ReceiveSnapshot reads the body of the MsgSnap m and writes it beside the
+// log, validating every frame (CRC and structure, dense offsets from the
+// described first offset, contiguous indexes from the described first index
+// to the snapshot index, whose term must be the snapshot's, the described
+// next offset, nothing after the last frame). Nothing replaces the log
+// here: hand the result to StepSnapshot. A body that fails any check gives
+// ErrSnapshotInvalid (or the body's own error) and leaves nothing behind;
+// a snapshot at or below the commit index gives ErrSnapshotStale.
+//
+// It may run on any goroutine (the transport's), concurrently with the
+// driver: it reads only the replica's published commit index and writes
+// only the staging files.
+func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSnapshot, error) {
+	snap := m.GetSnapshot()
+	meta := snap.GetMetadata()
+	index, term := meta.GetIndex(), meta.GetTerm()
+	switch {
+	case m.GetType() != raftpb.MsgSnap || snap == nil:
+		return nil, fmt.Errorf("%w: %v message", ErrSnapshotInvalid, m.GetType())
+	case index == 0 || term == 0:
+		return nil, fmt.Errorf("%w: index %d term %d", ErrSnapshotInvalid, index, term)
+	case len(meta.GetConfState().GetVoters()) == 0:
+		return nil, fmt.Errorf("%w: configuration without voters", ErrSnapshotInvalid)
+	}
+	d, err := decodeSnapshotDesc(snap.GetData())
+	if err != nil {
+		return nil, err
+	}
+	if err := d.check(index); err != nil {
+		return nil, err
+	}
+	if f := r.failure.Load(); f != nil {
+		return nil, f
+	}
+	if c := r.raftCommit.Load(); index <= c {
+		return nil, fmt.Errorf("%w: snapshot at %d, committed %d", ErrSnapshotStale, index, c)
+	}
+	st, err := r.cfg.Log.BeginStaging(d.FirstOffset, d.FirstIndex)
+	if errors.Is(err, segment.ErrStagingBusy) {
+		return nil, fmt.Errorf("%w: %w", ErrSnapshotBusy, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replica: stage snapshot: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			st.Abort()
+		}
+	}()
+	blob := make([]byte, d.ProducersBytes)
+	if _, err := io.ReadFull(body, blob); err != nil {
+		return nil, fmt.Errorf("%w: producer base: %w", ErrSnapshotInvalid, err)
+	}
+	base, err := decodeProducerBase(blob)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSnapshotInvalid, err)
+	}
+	fr := frameReader{r: body}
+	for i := uint64(0); i < d.Frames; i++ {
+		frame, err := fr.next()
+		if err != nil {
+			return nil, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
+		}
+		h, err := st.Append(frame)
+		if err != nil {
+			return nil, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
+		}
+		if h.Index > d.ProducersIndex {
+			base.record(h)
+		}
+	}
+	if err := fr.end(); err != nil {
+		return nil, fmt.Errorf("%w: after %d frames: %w", ErrSnapshotInvalid, d.Frames, err)
+	}
+	appendTime := d.AppendUnixNanos
+	if d.Frames > 0 {
+		if st.LastIndex() != index || st.LastTerm() != term {
+			return nil, fmt.Errorf("%w: body ends at index %d term %d, snapshot is at index %d term %d",
+				ErrSnapshotInvalid, st.LastIndex(), st.LastTerm(), index, term)
+		}
+		appendTime = st.LastAppendTimeUnixNanos()
+	}
+	if st.NextOffset() != d.NextOffset {
+		return nil, fmt.Errorf("%w: body ends at offset %d, described %d", ErrSnapshotInvalid, st.NextOffset(), d.NextOffset)
+	}
+	if err := st.Finish(); err != nil {
+		return nil, fmt.Errorf("replica: stage snapshot: %w", err)
+	}
+	ok = true
+	return &StagedSnapshot{staging: st, base: base, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
+		AppendUnixNanos: appendTime, Conf: proto.Clone(meta.GetConfState()).(*raftpb.ConfState), Producers: base.encode()}}, nil
+}
+
+// frameReader reads whole frames from a snapshot body.
+type frameReader struct {
+	r   io.Reader
+	buf []byte
+}
+
+// next returns the next frame, valid until the next call.
+func (f *frameReader) next() ([]byte, error) {
+	var lb [4]byte
+	if _, err := io.ReadFull(f.r, lb[:]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	n, err := batch.FrameSize(lb[:])
+	if err != nil {
+		return nil, err
+	}
+	if cap(f.buf) < n {
+		f.buf = make([]byte, n)
+	}
+	f.buf = f.buf[:n]
+	copy(f.buf, lb[:])
+	if _, err := io.ReadFull(f.r, f.buf[4:]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return f.buf, nil
+}
+
+// end checks that the body ends here, intact.
+func (f *frameReader) end() error {
+	var one [1]byte
+	for range 16 {
+		n, err := f.r.Read(one[:])
+		switch {
+		case n > 0:
+			return errors.New("bytes after the last frame")
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		}
+	}
+	return io.ErrNoProgress
+}
+
+// StepSnapshot hands Raft a MsgSnap whose body ReceiveSnapshot staged.
+// Raft installs it in the next ProcessReady (which swaps the staged log in)
+// or declines it (a snapshot no newer than the log, a message from an old
+// term), and then ProcessReady discards the staging. With st nil (the
+// snapshot was stale when received) m is stepped only if it is still at or
+// below the commit index, so that Raft answers the leader with its
+// progress; otherwise it returns ErrSnapshotInvalid. For the driver
+// goroutine.
+func (r *Replica) StepSnapshot(m *raftpb.Message, st *StagedSnapshot) error {
+	meta := m.GetSnapshot().GetMetadata()
+	index := meta.GetIndex()
+	commit := r.rn.BasicStatus().GetCommit()
+	if st == nil {
+		if index > commit {
+			return fmt.Errorf("%w: snapshot at %d is past the commit index %d and has no body", ErrSnapshotInvalid, index, commit)
+		}
+		return r.step(m)
+	}
+	switch {
+	case st.meta.Index != index || st.meta.Term != meta.GetTerm():
+		st.Discard()
+		return fmt.Errorf("%w: staged body is for index %d term %d, message for %d term %d",
+			ErrSnapshotInvalid, st.meta.Index, st.meta.Term, index, meta.GetTerm())
+	case r.failure.Load() != nil:
+		st.Discard()
+		return r.failure.Load()
+	case index <= commit:
+		st.Discard()
+		return r.step(m) // it became stale meanwhile: Raft declines it
+	case r.staged != nil:
+		st.Discard()
+		return ErrSnapshotBusy
+	}
+	r.staged = st
+	return r.step(m)
+}
+
+// installSnapshot makes the snapshot Raft restored durable: the staged log
+// replaces the log, and the state records the new compaction point and
+// configuration. Crash safety, step by step:
+//
+//  1. Save the state with Installing set (the old log is still the log).
+//  2. Swap the log in (segment.Store.Install: atomic across crashes).
+//  3. Save the state with the snapshot as the compaction point, its
+//     configuration, Installing cleared.
+//
+// A replica opened after a crash between 1 and 3 finds Installing and
+// tells from its log whether step 2 happened (the log ends at the snapshot
+// index with its term, or, for an empty body, is empty at its next offset):
+// if so it completes step 3, else it drops the record. Then the in-memory
+// state follows the new log: idempotence table, append times, applied
+// index, committed offset.
+func (r *Replica) installSnapshot(snap *raftpb.Snapshot) error {
+	meta := snap.GetMetadata()
+	st := r.staged
+	r.staged = nil
+	if st == nil || st.meta.Index != meta.GetIndex() || st.meta.Term != meta.GetTerm() {
+		st.Discard()
+		return fmt.Errorf("replica: raft installs a snapshot at index %d term %d without its body", meta.GetIndex(), meta.GetTerm())
+	}
+	m := st.meta
+	m.Conf = proto.Clone(meta.GetConfState()).(*raftpb.ConfState)
+	r.state.Installing = &m
+	if err := r.cfg.State.Save(r.state); err != nil {
+		r.state.Installing = nil
+		st.Discard()
+		return fmt.Errorf("replica: save state before installing a snapshot: %w", err)
+	}
+	if err := r.cfg.Log.Install(st.staging); err != nil {
+		st.Discard() // a no-op once the install committed
+		return fmt.Errorf("replica: install snapshot at index %d: %w", m.Index, err)
+	}
+	r.adoptSnapshot(m)
+	if err := r.cfg.State.Save(r.state); err != nil {
+		return fmt.Errorf("replica: save state after installing a snapshot: %w", err)
+	}
+	r.base = st.base
+	if err := r.rebuildDedup(); err != nil {
+		return err
+	}
+	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, m.AppendUnixNanos)
+	r.logAppendUnixNanos = max(r.logAppendUnixNanos, m.AppendUnixNanos)
+	r.appliedIndex, r.appliedAppendUnixNanos = m.Index, m.AppendUnixNanos
+	if m.NextOffset > r.committed.Load() {
+		r.committed.Store(m.NextOffset)
+		r.notify()
+	}
+	r.appliedTerm.Store(m.Term)
+	r.settleAfterInstall(m)
+	r.snapshotsInstalled.Add(1)
+	r.logger.Info("installed snapshot", "index", m.Index, "term", m.Term, "start_offset", r.cfg.Log.StartOffset(),
+		"next_offset", m.NextOffset, "first_index", r.cfg.Log.FirstIndex(), "voters", m.Conf.GetVoters())
+	return nil
+}
+
+// adoptSnapshot makes m the compaction point and configuration of the
+// state (in memory; the caller saves it).
+func (r *Replica) adoptSnapshot(m SnapshotMeta) {
+	r.state.SnapshotIndex, r.state.SnapshotTerm = m.Index, m.Term
+	r.state.SnapshotNextOffset, r.state.SnapshotAppendUnixNanos = m.NextOffset, m.AppendUnixNanos
+	r.state.Conf, r.state.ConfIndex = proto.Clone(m.Conf).(*raftpb.ConfState), m.Index
+	r.state.Producers = m.Producers
+	if r.state.Raft.GetCommit() < m.Index {
+		hs := proto.Clone(r.state.Raft).(*raftpb.HardState)
+		hs.Commit = proto.Uint64(m.Index)
+		r.state.Raft = hs
+	}
+	r.state.Installing = nil
+}
+
+// settleAfterInstall answers what the snapshot decided. A replica that
+// installs a snapshot is a follower, but it may hold proposals from when it
+// led: one whose offsets the snapshot covers succeeded if the frame there
+// is the one it proposed (same offset and term), else it was superseded.
+// Later proposals stay: entries committing at their offsets answer them.
+func (r *Replica) settleAfterInstall(m SnapshotMeta) {
+	kept := r.proposals[:0]
+	for _, p := range r.proposals {
+		if p.endOffset > m.NextOffset {
+			kept = append(kept, p)
+			continue
+		}
+		frames, err := r.cfg.Log.ReadFrames(p.baseOffset, 1, p.baseOffset+1)
+		h, herr := batch.DecodeHeader(frames)
+		switch {
+		case err != nil || herr != nil:
+			p.op.Reply(Result{Err: apierr.New(apierr.Unavailable,
+				"stream %s range %d: the outcome of the append at offset %d is unknown after a snapshot (retry with the same sequence)",
+				r.cfg.Stream, r.cfg.Range, p.baseOffset)})
+		case h.BaseOffset == p.baseOffset && h.Term == p.term:
+			p.op.Reply(p.res)
+		default:
+			e := r.notLeader()
+			e.Message += ": the proposal was superseded by a new leader"
+			p.op.Reply(Result{Err: e})
+		}
+	}
+	clear(r.proposals[len(kept):])
+	r.proposals = kept
+	r.answerDuplicates(r.committed.Load())
+	if p := r.pendingConf; p != nil {
+		p.reply(nil, apierr.New(apierr.Unavailable, "stream %s range %d: the outcome of the membership change is unknown after a snapshot",
+			r.cfg.Stream, r.cfg.Range))
+		r.pendingConf = nil
+	}
+}

@@ -1,0 +1,78 @@
+package replicator
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/geolog/geolog/batch"
+)
+
+// Byte positions of the frame header fields this package reads without a
+// CRC pass, on frames already validated (see batch/doc.go for the layout;
+// TestHeaderPositions pins them against batch.DecodeHeader).
+const (
+	posRecordCount = 12
+	posBaseOffset  = 16
+	posEpoch       = 24
+	posTerm        = 32
+	posAppendTime  = 48 // first byte after Term and Index
+)
+
+// frameBase is the BaseOffset of a validated frame.
+func frameBase(f []byte) uint64 { return binary.LittleEndian.Uint64(f[posBaseOffset:]) }
+
+// frameNext is the NextOffset of a validated frame.
+func frameNext(f []byte) uint64 {
+	return frameBase(f) + uint64(binary.LittleEndian.Uint32(f[posRecordCount:]))
+}
+
+// sameData reports whether two validated frames are equal in every field
+// that carries data: everything but the CRC and the Raft term and index,
+// which each region's Raft group stamps for itself. Both frames' CRCs were
+// verified, so equal bytes outside the CRC mean equal frames up to those
+// two fields.
+func sameData(a, b []byte) bool {
+	return len(a) == len(b) &&
+		bytes.Equal(a[8:posTerm], b[8:posTerm]) &&
+		bytes.Equal(a[posAppendTime:], b[posAppendTime:])
+}
+
+// SameData reports whether two frames hold the same data: both are valid
+// frames, equal in every field but the CRC and the Raft term and index (the
+// fields a mirror's own Raft group re-stamps). Tests and checkers use it to
+// compare a mirror with its home.
+func SameData(a, b []byte) bool {
+	sa, err := batch.FrameSize(a)
+	if err != nil || sa != len(a) {
+		return false
+	}
+	if _, err := batch.DecodeHeader(a); err != nil {
+		return false
+	}
+	if _, err := batch.DecodeHeader(b); err != nil {
+		return false
+	}
+	return sameData(a, b)
+}
+
+// SplitFrames splits concatenated whole frames, checking each one's CRC and
+// structure. The frames alias buf.
+func SplitFrames(buf []byte) ([][]byte, error) {
+	var out [][]byte
+	for p := 0; p < len(buf); {
+		size, err := batch.FrameSize(buf[p:])
+		if err != nil {
+			return nil, err
+		}
+		if size > len(buf)-p {
+			return nil, fmt.Errorf("%w: frame at byte %d runs past the buffer", batch.ErrShort, p)
+		}
+		if _, err := batch.Validate(buf[p : p+size]); err != nil {
+			return nil, err
+		}
+		out = append(out, buf[p:p+size:p+size])
+		p += size
+	}
+	return out, nil
+}

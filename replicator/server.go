@@ -1,0 +1,450 @@
+package replicator
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
+	"github.com/hashicorp/go-hclog"
+	"github.com/klauspost/compress/zstd"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+)
+
+// ServerConfig configures a Server. Zero values take the documented
+// defaults; NewServer validates the rest.
+type ServerConfig struct {
+	// Region is this node's region. Required: streams meant for another
+	// region, or coming from this one, are refused.
+	Region string
+	// Store finds the ranges this node mirrors. Required.
+	Store MirrorStore
+	// Now is the local clock for lag, default time.Now.
+	Now func() time.Time
+	// Logger defaults to a null logger; the server names it
+	// "replicator-server".
+	Logger hclog.Logger
+	// ServerTLS, when set, makes ServerOptions include it as credentials.
+	ServerTLS *tls.Config
+	// UncompressedBytesMax bounds one batch's frames, default
+	// batch.FrameBytesMax (a lone largest frame must fit). Sources' batches
+	// stay below it: their BatchBytesMax is smaller, and a frame larger than
+	// that travels alone.
+	UncompressedBytesMax int
+	// DecoderConcurrency bounds the batches decompressed at once (each
+	// decoder state holds a zstd window), default GOMAXPROCS.
+	DecoderConcurrency int
+	// RangesMax bounds the ranges the server keeps state for (a lock and a
+	// Lag each), default 65,536. A range's state outlives its streams, so
+	// that its lag keeps growing while the link is down; when the table is
+	// full, the state of a range without a stream that heard from its home
+	// least recently is dropped, and an open finding no such range is
+	// refused with OVERLOADED.
+	RangesMax int
+	// KeepaliveMinInterval is the most frequent client ping the server
+	// permits, default 5 s (half the dialer's default interval).
+	KeepaliveMinInterval time.Duration
+}
+
+func (c *ServerConfig) setDefaults() error {
+	if c.Region == "" {
+		return errors.New("replicator: ServerConfig.Region is required")
+	}
+	if c.Store == nil {
+		return errors.New("replicator: ServerConfig.Store is required")
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	setInt(&c.UncompressedBytesMax, batch.FrameBytesMax)
+	setInt(&c.DecoderConcurrency, runtime.GOMAXPROCS(0))
+	setInt(&c.RangesMax, 1<<16)
+	setDuration(&c.KeepaliveMinInterval, 5*time.Second)
+	if c.UncompressedBytesMax < batch.HeaderSize {
+		return fmt.Errorf("replicator: UncompressedBytesMax %d is below a frame header", c.UncompressedBytesMax)
+	}
+	return nil
+}
+
+// Server is the destination side: the Mirror service of a node. It
+// validates every request, serializes the requests of each range, compares
+// overlaps and hands exact extensions to the range's MirrorRange. One per
+// node; register it on the node's cross-region grpc.Server.
+type Server struct {
+	geologinternalv1.UnimplementedMirrorServer
+
+	cfg    ServerConfig
+	logger hclog.Logger
+	dec    *zstd.Decoder
+	closed atomic.Bool
+
+	mu     sync.Mutex
+	ranges map[rangeKey]*rangeState
+
+	stats serverCounters
+}
+
+// rangeState is the server's state of one range: the lock that serializes
+// its requests, and its lag.
+type rangeState struct {
+	key     rangeKey
+	mu      sync.Mutex // held around each request's check and apply
+	streams int        // open streams; guarded by Server.mu
+	// lagMu guards lag and lastHeard. It is not mu, so that Lag never
+	// waits behind an Apply (a blocked mirror is when lag matters most).
+	lagMu     sync.Mutex
+	lag       *Lag
+	lastHeard time.Time
+}
+
+type serverCounters struct {
+	streams, refusals, batches, frameBytes, wireBytes, duplicates atomic.Uint64
+}
+
+// ServerStats are a server's counters since it was created.
+type ServerStats struct {
+	// Streams counts streams opened (answered without a refusal).
+	Streams uint64
+	// Refusals counts refused requests (opens included).
+	Refusals uint64
+	// Batches counts batches acknowledged; FrameBytes their frame bytes;
+	// WireBytes their payload bytes as received.
+	Batches    uint64
+	FrameBytes uint64
+	WireBytes  uint64
+	// Duplicates counts batches that were wholly below the applied end
+	// and identical: acknowledged without applying anything.
+	Duplicates uint64
+}
+
+var _ geologinternalv1.MirrorServer = (*Server)(nil)
+
+// NewServer validates cfg and returns a server.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	dec, err := newDecoder(cfg.DecoderConcurrency, cfg.UncompressedBytesMax)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{
+		cfg:    cfg,
+		logger: cfg.Logger.Named("replicator-server").With("region", cfg.Region),
+		dec:    dec,
+		ranges: make(map[rangeKey]*rangeState),
+	}, nil
+}
+
+// Register registers the Mirror service on s, which the caller owns,
+// serves and stops.
+func (s *Server) Register(r grpc.ServiceRegistrar) {
+	geologinternalv1.RegisterMirrorServer(r, s)
+}
+
+// ServerOptions are the grpc.Server options the Mirror service needs: a
+// receive bound that fits the largest batch, a keepalive policy that
+// permits the dialer's pings, and ServerTLS when set. A server that also
+// serves other services takes the larger of the receive bounds.
+func (s *Server) ServerOptions() []grpc.ServerOption {
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(s.cfg.UncompressedBytesMax + 64<<10),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             s.cfg.KeepaliveMinInterval,
+			PermitWithoutStream: true,
+		}),
+	}
+	if s.cfg.ServerTLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.ServerTLS)))
+	}
+	return opts
+}
+
+// Close makes the server refuse new streams and end the open ones at their
+// next request (with SHUTTING_DOWN). The grpc.Server belongs to the caller.
+func (s *Server) Close() {
+	s.closed.Store(true)
+}
+
+// Stats returns the counters so far.
+func (s *Server) Stats() ServerStats {
+	return ServerStats{
+		Streams:    s.stats.streams.Load(),
+		Refusals:   s.stats.refusals.Load(),
+		Batches:    s.stats.batches.Load(),
+		FrameBytes: s.stats.frameBytes.Load(),
+		WireBytes:  s.stats.wireBytes.Load(),
+		Duplicates: s.stats.duplicates.Load(),
+	}
+}
+
+// Lag returns the lag of a range this server has heard of, at the server's
+// clock: how far its mirror trails the home (see Lag). A range whose
+// stream is down keeps its state, so its lag keeps growing. Only the node
+// leading the range's mirror group hears from the home; ask it.
+func (s *Server) Lag(stream string, rng uint32) (LagStatus, bool) {
+	s.mu.Lock()
+	st := s.ranges[rangeKey{stream, rng}]
+	s.mu.Unlock()
+	if st == nil {
+		return LagStatus{}, false
+	}
+	st.lagMu.Lock()
+	defer st.lagMu.Unlock()
+	return st.lag.Status(s.cfg.Now()), true
+}
+
+// Forget drops the state of a range (the node no longer mirrors it: the
+// range became homed here, or the stream was deleted).
+func (s *Server) Forget(stream string, rng uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := rangeKey{stream, rng}
+	if st := s.ranges[k]; st != nil && st.streams == 0 {
+		delete(s.ranges, k)
+	}
+}
+
+// acquire returns the state of k with one more stream on it.
+func (s *Server) acquire(k rangeKey) (*rangeState, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.ranges[k]; st != nil {
+		st.streams++
+		return st, nil
+	}
+	if len(s.ranges) >= s.cfg.RangesMax {
+		var victim *rangeState
+		for _, st := range s.ranges {
+			// lastHeard is read without st.lagMu: a range with no stream
+			// has no request in progress that could write it.
+			if st.streams == 0 && (victim == nil || st.lastHeard.Before(victim.lastHeard)) {
+				victim = st
+			}
+		}
+		if victim == nil {
+			return nil, apierr.New(apierr.Overloaded, "mirror server: %d ranges with open streams", len(s.ranges))
+		}
+		delete(s.ranges, victim.key)
+	}
+	now := s.cfg.Now()
+	st := &rangeState{key: k, streams: 1, lag: NewLag(now), lastHeard: now}
+	s.ranges[k] = st
+	return st, nil
+}
+
+func (s *Server) release(st *rangeState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.streams--
+}
+
+// Replicate implements geologinternalv1.MirrorServer: one stream of one
+// range (see mirror.proto).
+func (s *Server) Replicate(stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse]) error {
+	err := s.serve(stream)
+	if err == nil || errors.Is(err, io.EOF) {
+		return nil
+	}
+	return apierr.ToStatus(err)
+}
+
+func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse]) error {
+	ctx := stream.Context()
+	req := new(geologinternalv1.ReplicateRequest)
+	if err := stream.RecvMsg(req); err != nil {
+		return err
+	}
+	if s.closed.Load() {
+		return s.refuse(stream, nil, apierr.New(apierr.ShuttingDown, "mirror server is closed"), 0, 0)
+	}
+	open, err := checkOpen(req, s.cfg.Region)
+	if err != nil {
+		return s.refuse(stream, nil, err, 0, 0)
+	}
+	logger := s.logger.With("stream", open.stream, "range", open.rng, "from", open.sourceRegion, "epoch", open.epoch)
+	mr, err := s.cfg.Store.Open(ctx, open.stream, open.rng)
+	if err != nil {
+		return s.refuse(stream, logger, err, 0, 0)
+	}
+	st, err := s.acquire(rangeKey{open.stream, open.rng})
+	if err != nil {
+		return s.refuse(stream, logger, err, 0, 0)
+	}
+	defer s.release(st)
+
+	applied, highest, err := s.handleOpen(st, mr, open)
+	if err != nil {
+		return s.refuse(stream, logger, err, applied, highest)
+	}
+	if err := stream.Send(&geologinternalv1.ReplicateResponse{AppliedEndOffset: applied, HighestEpoch: highest}); err != nil {
+		return err
+	}
+	s.stats.streams.Add(1)
+	logger.Debug("stream open", "applied_end", applied)
+	for {
+		req.Reset()
+		if err := stream.RecvMsg(req); err != nil {
+			return err
+		}
+		if s.closed.Load() {
+			return s.refuse(stream, logger, apierr.New(apierr.ShuttingDown, "mirror server is closed"), applied, highest)
+		}
+		var final bool
+		applied, highest, final, err = s.handle(ctx, st, mr, open, req)
+		if err != nil {
+			if rerr := s.refuse(stream, logger, err, applied, highest); final || rerr != nil {
+				return rerr
+			}
+			continue
+		}
+		if err := stream.Send(&geologinternalv1.ReplicateResponse{AppliedEndOffset: applied, HighestEpoch: highest}); err != nil {
+			return err
+		}
+	}
+}
+
+// refuse answers a request with the refusal for err. It returns nil, or
+// the error sending failed with; whether the stream goes on is the
+// caller's call.
+func (s *Server) refuse(stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse], logger hclog.Logger, err error, applied, highest uint64) error {
+	r := asRefusal(err)
+	s.stats.refusals.Add(1)
+	if logger == nil {
+		logger = s.logger
+	}
+	switch {
+	case errors.Is(r, ErrGap), errors.Is(r, ErrNotLeader):
+		logger.Debug("refusing", "error", r)
+	default:
+		logger.Warn("refusing", "error", r)
+	}
+	return stream.Send(&geologinternalv1.ReplicateResponse{
+		AppliedEndOffset: applied,
+		HighestEpoch:     highest,
+		Error:            r.API.Detail(),
+	})
+}
+
+// handleOpen fences and records the open's heartbeat.
+func (s *Server) handleOpen(st *rangeState, mr MirrorRange, open openRequest) (applied, highest uint64, err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	applied, highest = mr.AppliedEnd(), mr.HighestEpoch()
+	if err := s.heartbeat(st, mr, open.hb, applied); err != nil {
+		return applied, highest, err
+	}
+	return applied, mr.HighestEpoch(), nil
+}
+
+// heartbeat fences hb's epoch and records it, in the mirror and in the
+// range's lag; st.mu is held.
+func (s *Server) heartbeat(st *rangeState, mr MirrorRange, hb Heartbeat, applied uint64) error {
+	if h := mr.HighestEpoch(); hb.Epoch < h {
+		return newRefusal(ErrStaleEpoch, "home epoch %d, mirror has seen %d", hb.Epoch, h)
+	}
+	if err := mr.RecordHeartbeat(hb); err != nil {
+		return err
+	}
+	now := s.cfg.Now()
+	st.lagMu.Lock()
+	defer st.lagMu.Unlock()
+	st.lag.Applied(applied)
+	st.lag.Heartbeat(hb, now)
+	st.lastHeard = now
+	return nil
+}
+
+// applied records the range's new applied end in its lag.
+func (s *Server) applied(st *rangeState, end uint64) {
+	st.lagMu.Lock()
+	defer st.lagMu.Unlock()
+	st.lag.Applied(end)
+}
+
+// handle serves one request after the open. final says the stream ends
+// with the refusal err.
+func (s *Server) handle(ctx context.Context, st *rangeState, mr MirrorRange, open openRequest, req *geologinternalv1.ReplicateRequest) (applied, highest uint64, final bool, err error) {
+	if req.GetOpen() != nil {
+		return 0, 0, true, newRefusal(ErrMalformed, "open repeated")
+	}
+	hb, err := checkHeartbeat(req, open.epoch)
+	if err != nil {
+		return 0, 0, true, err
+	}
+	var d decodedBatch
+	if b := req.GetBatch(); b != nil {
+		// Decompression and frame checks take no lock: they depend on the
+		// request alone.
+		if d, err = decodeBatch(b, open.epoch, s.cfg.UncompressedBytesMax, s.dec); err != nil {
+			return 0, 0, true, err
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	applied, highest = mr.AppliedEnd(), mr.HighestEpoch()
+	// The heartbeat fences first, and reaches the lag before the apply: a
+	// blocked apply then shows as offset lag at once.
+	if err := s.heartbeat(st, mr, hb, applied); err != nil {
+		return applied, highest, true, err
+	}
+	highest = mr.HighestEpoch()
+	if d.frames != nil {
+		applied, err = s.apply(ctx, mr, d)
+		s.applied(st, applied)
+		if err != nil {
+			return applied, highest, !errors.Is(err, ErrGap), err
+		}
+		s.stats.batches.Add(1)
+		s.stats.frameBytes.Add(uint64(len(d.frames)))
+		s.stats.wireBytes.Add(uint64(len(req.GetBatch().GetPayload())))
+	}
+	return applied, highest, false, nil
+}
+
+// apply brings d into mr: refuses a gap, compares an overlap, applies the
+// rest. It returns the applied end after it (the current one on a gap).
+func (s *Server) apply(ctx context.Context, mr MirrorRange, d decodedBatch) (uint64, error) {
+	applied := mr.AppliedEnd()
+	if d.first > applied {
+		return applied, gapRefusal(d.first, applied)
+	}
+	suffix := 0
+	if d.first < applied {
+		// What the batch overlaps must be what the mirror holds. The stored
+		// frames of an identical overlap have the same sizes, so a read of
+		// the batch's size covers them.
+		stored, err := mr.ReadFrames(d.first, len(d.frames), min(applied, d.end))
+		if err != nil {
+			return applied, apierr.New(apierr.Unavailable, "read the mirror's frames from %d to compare: %v", d.first, err)
+		}
+		if suffix, err = overlapSuffix(d, applied, stored); err != nil {
+			return applied, err
+		}
+		if suffix == len(d.frames) {
+			s.stats.duplicates.Add(1)
+			return applied, nil // a resend of what is applied: acknowledged as is
+		}
+	}
+	end, err := mr.Apply(ctx, d.frames[suffix:])
+	if err != nil {
+		return mr.AppliedEnd(), err
+	}
+	if end < d.end {
+		return end, apierr.New(apierr.Internal, "mirror applied to %d, batch ends at %d", end, d.end)
+	}
+	return end, nil
+}

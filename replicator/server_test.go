@@ -1,0 +1,325 @@
+package replicator
+
+import (
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
+	"google.golang.org/protobuf/proto"
+)
+
+// refusalOf returns the refusal in resp, or fails.
+func refusalOf(t *testing.T, resp *geologinternalv1.ReplicateResponse) *Refusal {
+	t.Helper()
+	if resp.GetError() == nil {
+		t.Fatalf("request accepted (applied end %d), want a refusal", resp.GetAppliedEndOffset())
+	}
+	return fromDetail(resp.GetError())
+}
+
+// expectEnd checks that the server ended the stream.
+func expectEnd(t *testing.T, c *rawClient) {
+	t.Helper()
+	if resp, err := c.stream.Recv(); err != io.EOF {
+		t.Fatalf("stream goes on after a final refusal: %v, %v", resp, err)
+	}
+}
+
+// TestServerGapOverlapDuplicate walks the mirror's contract on one stream:
+// a gap is refused with the expected offset and the stream goes on; an
+// exact extension applies; a resend of applied frames (a lost ack) is
+// acknowledged without applying; a batch across the applied end applies
+// its new part; different data below the applied end is refused and ends
+// the stream.
+func TestServerGapOverlapDuplicate(t *testing.T) {
+	g := newLogGen(20, 200)
+	frames := make([][]byte, 8)
+	for i := range frames {
+		frames[i] = g.frame(3)
+	}
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	c := dialRaw(t, node.addr)
+	if resp := c.mustAnswer(openReq(1)); resp.GetError() != nil || resp.GetAppliedEndOffset() != 0 {
+		t.Fatalf("open answered %v", resp)
+	}
+
+	// Gap: frames 2..3 before 0..1.
+	r := refusalOf(t, c.mustAnswer(batchReq(1, CompressionNone, frames[2:4]...)))
+	if !errors.Is(r, ErrGap) || r.ExpectedOffset() != 0 || r.API.Code != apierr.OffsetOutOfRange {
+		t.Fatalf("gap refused with %v (expected offset %d)", r, r.ExpectedOffset())
+	}
+	// The stream goes on: the exact extension applies.
+	resp := c.mustAnswer(batchReq(1, CompressionZstd, frames[0:4]...))
+	if resp.GetError() != nil || resp.GetAppliedEndOffset() != frameNext(frames[3]) {
+		t.Fatalf("extension answered %v", resp)
+	}
+	applies := m.Applies()
+
+	// A resend of applied frames: acknowledged, nothing applied.
+	resp = c.mustAnswer(batchReq(1, CompressionNone, frames[1:3]...))
+	if resp.GetError() != nil || resp.GetAppliedEndOffset() != frameNext(frames[3]) {
+		t.Fatalf("resend answered %v", resp)
+	}
+	if m.Applies() != applies || node.srv.Stats().Duplicates != 1 {
+		t.Fatalf("resend applied something (applies %d -> %d)", applies, m.Applies())
+	}
+
+	// Across the applied end: frames 2..5, of which 4..5 are new.
+	resp = c.mustAnswer(batchReq(1, CompressionZstd, frames[2:6]...))
+	if resp.GetError() != nil || resp.GetAppliedEndOffset() != frameNext(frames[5]) {
+		t.Fatalf("overlapping extension answered %v", resp)
+	}
+	got := m.Frames()
+	if len(got) != 6 {
+		t.Fatalf("mirror holds %d frames, want 6", len(got))
+	}
+	for i := range got {
+		if !SameData(got[i], frames[i]) {
+			t.Fatalf("mirror frame %d differs", i)
+		}
+		if h, _ := batch.DecodeHeader(got[i]); h.Term != memTerm {
+			t.Fatalf("mirror frame %d has term %d: the twin should stamp its own", i, h.Term)
+		}
+	}
+
+	// Different data at applied offsets: the same offsets from another
+	// producer (a divergent tail).
+	other := newLogGen(21, 200)
+	other.next, other.appendTime = frameBase(frames[4]), g.appendTime
+	r = refusalOf(t, c.mustAnswer(batchReq(1, CompressionNone, other.frame(3))))
+	if !errors.Is(r, ErrDiverged) || r.API.Code != apierr.Corruption {
+		t.Fatalf("divergent overlap refused with %v", r)
+	}
+	expectEnd(t, c)
+	if len(m.Frames()) != 6 {
+		t.Fatal("a refused batch changed the mirror")
+	}
+}
+
+// TestServerOverlapBoundaries: an overlap whose frame boundaries differ
+// from the mirror's is a divergence, even if it starts at a boundary.
+func TestServerOverlapBoundaries(t *testing.T) {
+	g := newLogGen(22, 100)
+	f0, f1 := g.frame(2), g.frame(4) // [0,2) [2,6)
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	if err := m.Seed(f0, f1); err != nil {
+		t.Fatal(err)
+	}
+	// [2,4) then [4,6): the first straddles nothing but differs from [2,6).
+	alt := newLogGen(22, 100)
+	alt.frame(2)
+	a1 := alt.frame(2)
+	c := dialRaw(t, node.addr)
+	c.mustAnswer(openReq(1))
+	r := refusalOf(t, c.mustAnswer(batchReq(1, CompressionNone, a1)))
+	if !errors.Is(r, ErrDiverged) {
+		t.Fatalf("refused with %v, want ErrDiverged", r)
+	}
+}
+
+// TestServerStaleEpoch: a lower epoch than the mirror has seen is refused
+// at the open; a newer home's open fences the older one's stream.
+func TestServerStaleEpoch(t *testing.T) {
+	g := newLogGen(23, 100)
+	g.epoch = 2
+	f := g.frame(2)
+	node := startMirror(t, NewMemMirrorStore(), nil)
+
+	old := dialRaw(t, node.addr)
+	if resp := old.mustAnswer(openReq(2)); resp.GetError() != nil {
+		t.Fatal(resp.GetError())
+	}
+	newer := dialRaw(t, node.addr)
+	if resp := newer.mustAnswer(openReq(3)); resp.GetError() != nil || resp.GetHighestEpoch() != 3 {
+		t.Fatalf("newer home's open answered %v", resp)
+	}
+	r := refusalOf(t, old.mustAnswer(batchReq(2, CompressionNone, f)))
+	if !errors.Is(r, ErrStaleEpoch) || r.API.Code != apierr.StaleEpoch {
+		t.Fatalf("stale home's batch refused with %v", r)
+	}
+	expectEnd(t, old)
+	again := dialRaw(t, node.addr)
+	if r := refusalOf(t, again.mustAnswer(openReq(2))); !errors.Is(r, ErrStaleEpoch) {
+		t.Fatalf("stale open refused with %v", r)
+	}
+	expectEnd(t, again)
+	// The newer home's frames (of epoch 2, shipped by epoch 3) apply.
+	if resp := newer.mustAnswer(batchReq(3, CompressionNone, f)); resp.GetError() != nil {
+		t.Fatal(resp.GetError())
+	}
+}
+
+// TestServerNotLeader: a follower refuses the open with the leader's
+// address.
+func TestServerNotLeader(t *testing.T) {
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	node.store.SetNotLeader("10.0.0.9:7000")
+	c := dialRaw(t, node.addr)
+	r := refusalOf(t, c.mustAnswer(openReq(1)))
+	if !errors.Is(r, ErrNotLeader) || r.API.LeaderHint != "10.0.0.9:7000" || !r.API.Retriable {
+		t.Fatalf("refused with %v (hint %q)", r, r.API.LeaderHint)
+	}
+	expectEnd(t, c)
+}
+
+// TestServerMalformed sends every kind of malformed request: each is
+// refused with INVALID_ARGUMENT, the stream ends, nothing is applied, and
+// the server goes on serving.
+func TestServerMalformed(t *testing.T) {
+	g := newLogGen(24, 300)
+	f0, f1, f2 := g.frame(2), g.frame(3), g.frame(1)
+	good := func() *geologinternalv1.ReplicateRequest { return batchReq(1, CompressionNone, f0, f1) }
+	mod := func(edit func(r *geologinternalv1.ReplicateRequest)) *geologinternalv1.ReplicateRequest {
+		r := good()
+		edit(r)
+		return r
+	}
+	corrupt := append([]byte(nil), f1...)
+	corrupt[len(corrupt)-3] ^= 0x40
+	control := batch.EncodeControl(nil, batch.Header{Type: batch.TypeNoop, BaseOffset: 2}, nil)
+	futureEpoch := newLogGen(24, 300)
+	futureEpoch.epoch = 9
+
+	openCases := []struct {
+		name string
+		req  *geologinternalv1.ReplicateRequest
+	}{
+		{"no open", good()},
+		{"open with batch", func() *geologinternalv1.ReplicateRequest { r := openReq(1); r.Batch = good().Batch; return r }()},
+		{"empty stream", func() *geologinternalv1.ReplicateRequest { r := openReq(1); r.Open.Stream = ""; return r }()},
+		{"wrong region", func() *geologinternalv1.ReplicateRequest {
+			r := openReq(1)
+			r.Open.DestinationRegion = "ap"
+			return r
+		}()},
+		{"from own region", func() *geologinternalv1.ReplicateRequest { r := openReq(1); r.Open.SourceRegion = dstRegion; return r }()},
+		{"epoch 0", openReq(0)},
+		{"no heartbeat", func() *geologinternalv1.ReplicateRequest { r := openReq(1); r.Heartbeat = nil; return r }()},
+		{"heartbeat epoch", func() *geologinternalv1.ReplicateRequest { r := openReq(1); r.Heartbeat.HomeEpoch = 2; return r }()},
+	}
+	batchCases := []struct {
+		name string
+		req  *geologinternalv1.ReplicateRequest
+	}{
+		{"repeated open", openReq(1)},
+		{"no heartbeat", mod(func(r *geologinternalv1.ReplicateRequest) { r.Heartbeat = nil })},
+		{"compression unspecified", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.Compression = 0 })},
+		{"unknown compression", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.Compression = 7 })},
+		{"zstd garbage", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.Compression = CompressionZstd })},
+		{"zstd short", func() *geologinternalv1.ReplicateRequest {
+			r := batchReq(1, CompressionZstd, f0, f1)
+			r.Batch.UncompressedBytes--
+			return r
+		}()},
+		{"zstd long", func() *geologinternalv1.ReplicateRequest {
+			r := batchReq(1, CompressionZstd, f0, f1)
+			r.Batch.UncompressedBytes++
+			return r
+		}()},
+		{"size mismatch", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.UncompressedBytes++ })},
+		{"too large", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.UncompressedBytes = 1 << 40 })},
+		{"corrupt frame", batchReq(1, CompressionNone, f0, corrupt)},
+		{"truncated frame", mod(func(r *geologinternalv1.ReplicateRequest) {
+			r.Batch.Payload = r.Batch.Payload[:len(r.Batch.Payload)-1]
+			r.Batch.UncompressedBytes--
+		})},
+		{"control frame", func() *geologinternalv1.ReplicateRequest {
+			r := batchReq(1, CompressionNone, f0)
+			r.Batch.Payload = append(r.Batch.Payload, control...)
+			r.Batch.UncompressedBytes = uint64(len(r.Batch.Payload))
+			r.Batch.FrameCount = 2
+			return r
+		}()},
+		{"offsets not dense", func() *geologinternalv1.ReplicateRequest {
+			r := batchReq(1, CompressionNone, f0, f2) // f1 missing
+			r.Batch.EndOffset = frameNext(f2)
+			return r
+		}()},
+		{"first offset wrong", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.FirstOffset = 1 })},
+		{"end offset wrong", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.EndOffset++ })},
+		{"end before first", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.EndOffset = 0 })},
+		{"frame count high", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.FrameCount = 3 })},
+		{"frame count low", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.FrameCount = 1 })},
+		{"frame count 0", mod(func(r *geologinternalv1.ReplicateRequest) { r.Batch.FrameCount = 0 })},
+		{"epoch above home", batchReq(1, CompressionNone, futureEpoch.frame(2))},
+		{"heartbeat epoch changes", mod(func(r *geologinternalv1.ReplicateRequest) { r.Heartbeat.HomeEpoch = 2 })},
+	}
+
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	check := func(t *testing.T, c *rawClient, req *geologinternalv1.ReplicateRequest) {
+		t.Helper()
+		resp, err := c.roundTrip(req)
+		if err != nil {
+			t.Fatalf("stream failed instead of refusing: %v", err)
+		}
+		r := refusalOf(t, resp)
+		if !errors.Is(r, ErrMalformed) || r.API.Code != apierr.InvalidArgument || r.API.Retriable {
+			t.Fatalf("refused with %v, want a final INVALID_ARGUMENT", r)
+		}
+		expectEnd(t, c)
+	}
+	for _, tc := range openCases {
+		t.Run("open/"+tc.name, func(t *testing.T) { check(t, dialRaw(t, node.addr), tc.req) })
+	}
+	for _, tc := range batchCases {
+		t.Run("batch/"+tc.name, func(t *testing.T) {
+			c := dialRaw(t, node.addr)
+			c.mustAnswer(openReq(1))
+			check(t, c, proto.Clone(tc.req).(*geologinternalv1.ReplicateRequest))
+		})
+	}
+	if m.AppliedEnd() != 0 {
+		t.Fatalf("malformed requests applied up to %d", m.AppliedEnd())
+	}
+	// The server still serves, and the good request applies.
+	c := dialRaw(t, node.addr)
+	c.mustAnswer(openReq(1))
+	if resp := c.mustAnswer(good()); resp.GetError() != nil || resp.GetAppliedEndOffset() != frameNext(f1) {
+		t.Fatalf("good batch answered %v", resp)
+	}
+}
+
+// TestServerApplyFailure: an error of the node's Apply ends the stream
+// with it, and the applied end is unchanged.
+func TestServerApplyFailure(t *testing.T) {
+	g := newLogGen(25, 100)
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	m.FailApply(apierr.New(apierr.Unavailable, "raft group has no quorum"))
+	c := dialRaw(t, node.addr)
+	c.mustAnswer(openReq(1))
+	r := refusalOf(t, c.mustAnswer(batchReq(1, CompressionNone, g.frame(2))))
+	if r.API.Code != apierr.Unavailable || !r.API.Retriable {
+		t.Fatalf("refused with %v", r)
+	}
+	expectEnd(t, c)
+}
+
+// TestServerRangesMax: the per-range state is bounded; idle ranges make
+// room, ranges with streams do not.
+func TestServerRangesMax(t *testing.T) {
+	node := startMirror(t, NewMemMirrorStore(), func(c *ServerConfig) { c.RangesMax = 1 })
+	c1 := dialRaw(t, node.addr)
+	c1.mustAnswer(openReq(1))
+	other := openReq(1)
+	other.Open.Range = 9
+	c2 := dialRaw(t, node.addr)
+	if r := refusalOf(t, c2.mustAnswer(other)); r.API.Code != apierr.Overloaded {
+		t.Fatalf("second range refused with %v", r)
+	}
+	c1.cancel()
+	waitFor(t, 5e9, "the first stream's state to be released", func() bool {
+		c3 := dialRaw(t, node.addr)
+		resp, err := c3.roundTrip(proto.Clone(other).(*geologinternalv1.ReplicateRequest))
+		return err == nil && resp.GetError() == nil
+	})
+	if _, ok := node.srv.Lag(testStream, testRange); ok {
+		t.Fatal("the idle range's state was not dropped")
+	}
+}

@@ -1,0 +1,222 @@
+package replicator
+
+import (
+	"fmt"
+
+	"github.com/geolog/geolog/batch"
+	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
+	"github.com/klauspost/compress/zstd"
+)
+
+// Bounds of the open request's names: the catalogue bounds them tighter;
+// these only stop a peer from making the server hold large strings.
+const (
+	streamNameBytesMax = 1024
+	regionNameBytesMax = 256
+)
+
+// openRequest is a validated first request of a stream.
+type openRequest struct {
+	stream       string
+	rng          uint32
+	sourceRegion string
+	epoch        uint64
+	hb           Heartbeat
+}
+
+// checkOpen validates the first request of a stream, sent to region.
+func checkOpen(req *geologinternalv1.ReplicateRequest, region string) (openRequest, error) {
+	o := req.GetOpen()
+	switch {
+	case o == nil:
+		return openRequest{}, newRefusal(ErrMalformed, "first request has no open")
+	case req.GetBatch() != nil:
+		return openRequest{}, newRefusal(ErrMalformed, "open request carries a batch")
+	case o.GetStream() == "" || len(o.GetStream()) > streamNameBytesMax:
+		return openRequest{}, newRefusal(ErrMalformed, "stream name of %d bytes", len(o.GetStream()))
+	case o.GetSourceRegion() == "" || len(o.GetSourceRegion()) > regionNameBytesMax:
+		return openRequest{}, newRefusal(ErrMalformed, "source region name of %d bytes", len(o.GetSourceRegion()))
+	case o.GetSourceRegion() == region:
+		return openRequest{}, newRefusal(ErrMalformed, "source region %q is this region", region)
+	case o.GetDestinationRegion() != region:
+		return openRequest{}, newRefusal(ErrMalformed, "stream for region %.256q reached region %q", o.GetDestinationRegion(), region)
+	case o.GetHomeEpoch() == 0:
+		return openRequest{}, newRefusal(ErrMalformed, "home epoch 0")
+	}
+	hb, err := checkHeartbeat(req, o.GetHomeEpoch())
+	if err != nil {
+		return openRequest{}, err
+	}
+	return openRequest{
+		stream:       o.GetStream(),
+		rng:          o.GetRange(),
+		sourceRegion: o.GetSourceRegion(),
+		epoch:        o.GetHomeEpoch(),
+		hb:           hb,
+	}, nil
+}
+
+// checkHeartbeat validates the heartbeat every request carries.
+func checkHeartbeat(req *geologinternalv1.ReplicateRequest, epoch uint64) (Heartbeat, error) {
+	hb := req.GetHeartbeat()
+	switch {
+	case hb == nil:
+		return Heartbeat{}, newRefusal(ErrMalformed, "request without heartbeat")
+	case hb.GetHomeEpoch() != epoch:
+		return Heartbeat{}, newRefusal(ErrMalformed, "heartbeat epoch %d on a stream opened at epoch %d", hb.GetHomeEpoch(), epoch)
+	}
+	return Heartbeat{
+		CommittedEnd:      hb.GetCommittedEndOffset(),
+		HomeTimeUnixNanos: hb.GetHomeTimeUnixNanos(),
+		Epoch:             hb.GetHomeEpoch(),
+	}, nil
+}
+
+// decodedBatch is a validated MirrorBatch: frameCount whole, CRC-checked
+// data frames covering [first, end) densely.
+type decodedBatch struct {
+	first, end uint64
+	frameCount int
+	frames     []byte
+}
+
+// decodeBatch decompresses and validates b, a batch sent by a home at
+// epoch homeEpoch. Every failure is an ErrMalformed refusal. dec may be nil
+// when uncompressedBytesMax is below what zstd needs (then ZSTD is refused);
+// the payload is never decompressed past the announced size, which is
+// bounded by uncompressedBytesMax first.
+func decodeBatch(b *geologinternalv1.MirrorBatch, homeEpoch uint64, uncompressedBytesMax int, dec *zstd.Decoder) (decodedBatch, error) {
+	first, end, count := b.GetFirstOffset(), b.GetEndOffset(), b.GetFrameCount()
+	size := b.GetUncompressedBytes()
+	switch {
+	case count == 0:
+		return decodedBatch{}, newRefusal(ErrMalformed, "batch of no frames")
+	case end <= first:
+		return decodedBatch{}, newRefusal(ErrMalformed, "batch covers [%d, %d)", first, end)
+	case size > uint64(uncompressedBytesMax):
+		return decodedBatch{}, newRefusal(ErrMalformed, "batch of %d bytes exceeds %d", size, uncompressedBytesMax)
+	case size < uint64(count)*batch.HeaderSize:
+		return decodedBatch{}, newRefusal(ErrMalformed, "%d bytes cannot hold %d frames", size, count)
+	case uint64(count) > end-first:
+		return decodedBatch{}, newRefusal(ErrMalformed, "%d frames cannot each hold records in [%d, %d)", count, first, end)
+	}
+	var frames []byte
+	switch b.GetCompression() {
+	case CompressionNone:
+		if uint64(len(b.GetPayload())) != size {
+			return decodedBatch{}, newRefusal(ErrMalformed, "payload of %d bytes announced as %d", len(b.GetPayload()), size)
+		}
+		frames = b.GetPayload()
+	case CompressionZstd:
+		if dec == nil {
+			return decodedBatch{}, newRefusal(ErrMalformed, "zstd is not accepted here")
+		}
+		if len(b.GetPayload()) > uncompressedBytesMax {
+			return decodedBatch{}, newRefusal(ErrMalformed, "compressed payload of %d bytes", len(b.GetPayload()))
+		}
+		out, err := dec.DecodeAll(b.GetPayload(), make([]byte, 0, size))
+		if err != nil {
+			return decodedBatch{}, newRefusal(ErrMalformed, "zstd payload: %v", err)
+		}
+		if uint64(len(out)) != size {
+			return decodedBatch{}, newRefusal(ErrMalformed, "payload decompressed to %d bytes, announced %d", len(out), size)
+		}
+		frames = out
+	default:
+		return decodedBatch{}, newRefusal(ErrMalformed, "compression %v", b.GetCompression())
+	}
+	if err := checkFrames(frames, first, end, count, homeEpoch); err != nil {
+		return decodedBatch{}, err
+	}
+	return decodedBatch{first: first, end: end, frameCount: int(count), frames: frames}, nil
+}
+
+// checkFrames checks that frames holds exactly count whole, valid data
+// frames with records, covering [first, end) densely, whose epochs never
+// decrease and never exceed homeEpoch and whose append times never
+// decrease.
+func checkFrames(frames []byte, first, end uint64, count uint32, homeEpoch uint64) error {
+	next := first
+	var n uint32
+	var epoch uint64
+	var appendTime int64
+	for p := 0; p < len(frames); n++ {
+		if n == count {
+			return newRefusal(ErrMalformed, "more than %d frames", count)
+		}
+		size, err := batch.FrameSize(frames[p:])
+		if err != nil {
+			return newRefusal(ErrMalformed, "frame %d: %v", n, err)
+		}
+		if size > len(frames)-p {
+			return newRefusal(ErrMalformed, "frame %d runs past the payload", n)
+		}
+		h, err := batch.Validate(frames[p : p+size])
+		switch {
+		case err != nil:
+			return newRefusal(ErrMalformed, "frame %d: %v", n, err)
+		case h.Type != batch.TypeData || h.RecordCount == 0:
+			return newRefusal(ErrMalformed, "frame %d is a %v frame of %d records: only data frames with records are shipped", n, h.Type, h.RecordCount)
+		case h.BaseOffset != next:
+			return newRefusal(ErrMalformed, "frame %d starts at %d, expected %d", n, h.BaseOffset, next)
+		case h.Epoch > homeEpoch:
+			return newRefusal(ErrMalformed, "frame %d has epoch %d above the home's %d", n, h.Epoch, homeEpoch)
+		case h.Epoch < epoch:
+			return newRefusal(ErrMalformed, "frame %d has epoch %d after epoch %d", n, h.Epoch, epoch)
+		case h.AppendTimeUnixNanos < appendTime:
+			return newRefusal(ErrMalformed, "frame %d goes back in append time", n)
+		}
+		epoch, appendTime = h.Epoch, h.AppendTimeUnixNanos
+		next = h.NextOffset()
+		p += size
+	}
+	switch {
+	case n != count:
+		return newRefusal(ErrMalformed, "%d frames announced, %d present", count, n)
+	case next != end:
+		return newRefusal(ErrMalformed, "frames end at %d, batch announces %d", next, end)
+	}
+	return nil
+}
+
+// overlapSuffix compares the part of a batch below the mirror's applied end
+// with what the mirror stored there. stored holds the mirror's frames from
+// the one holding d.first (as MirrorRange.ReadFrames returns them). It
+// returns the byte position in d.frames where the frames at and past
+// applied begin (len(d.frames) when the batch ends at or below applied), or
+// an ErrDiverged refusal when any overlapping frame differs in data or in
+// its boundaries, or the mirror lacks some of them.
+func overlapSuffix(d decodedBatch, applied uint64, stored []byte) (int, error) {
+	p, q := 0, 0
+	for p < len(d.frames) {
+		size, _ := batch.FrameSize(d.frames[p:]) // validated by decodeBatch
+		f := d.frames[p : p+size]
+		base := frameBase(f)
+		if base >= applied {
+			if base != applied {
+				panic(fmt.Sprintf("replicator: dense frames skip applied end %d (frame at %d)", applied, base))
+			}
+			return p, nil
+		}
+		if frameNext(f) > applied {
+			return 0, newRefusal(ErrDiverged, "frame [%d, %d) straddles the applied end %d", base, frameNext(f), applied)
+		}
+		if q >= len(stored) {
+			return 0, newRefusal(ErrDiverged, "mirror has no frame at %d below its applied end %d", base, applied)
+		}
+		ssize, err := batch.FrameSize(stored[q:])
+		if err != nil || ssize > len(stored)-q {
+			return 0, newRefusal(ErrDiverged, "mirror's stored frame at byte %d is unreadable: %v", q, err)
+		}
+		s := stored[q : q+ssize]
+		if _, err := batch.DecodeHeader(s); err != nil {
+			return 0, newRefusal(ErrDiverged, "mirror's stored frame at byte %d: %v", q, err)
+		}
+		if !sameData(f, s) {
+			return 0, newRefusal(ErrDiverged, "frame at %d differs from the mirror's (stored frame at %d, %d bytes vs %d)", base, frameBase(s), len(s), len(f))
+		}
+		p += size
+		q += ssize
+	}
+	return p, nil
+}

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# A private PostgreSQL 15 for geolog's lease store: tests, demo and clusters.
+#
+#   scripts/pg.sh start    start it (initdb on first use); idempotent; prints the URL
+#   scripts/pg.sh stop     stop it (fast shutdown); fine when already stopped
+#   scripts/pg.sh status   "running <url>" (exit 0) or "stopped" (exit 3)
+#   scripts/pg.sh url      print the connection URL
+#
+# Environment:
+#   GEOLOG_PG_DIR   data folder, default run/pg in the project (holds data/, sock/, postgres.log)
+#   GEOLOG_PG_PORT  TCP port on 127.0.0.1, default 55432
+#   GEOLOG_PG_BIN   PostgreSQL binaries, default /usr/lib/postgresql/15/bin
+#
+# As root the server runs as the postgres user (runuser); the binaries are
+# installed with apt-get only when they are missing. Trust authentication on
+# 127.0.0.1 and a private socket folder: this instance is for local use only.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PGDIR=${GEOLOG_PG_DIR:-$ROOT/run/pg}
+PORT=${GEOLOG_PG_PORT:-55432}
+PGBIN=${GEOLOG_PG_BIN:-/usr/lib/postgresql/15/bin}
+DATA=$PGDIR/data
+SOCK=$PGDIR/sock
+LOG=$PGDIR/postgres.log
+URL="postgres://postgres@127.0.0.1:$PORT/postgres?sslmode=disable"
+
+die() { echo "pg.sh: $*" >&2; exit 1; }
+
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+# as_pg runs a PostgreSQL binary as the user that owns the cluster.
+as_pg() {
+	if is_root; then
+		runuser -u postgres -- "$@"
+	else
+		"$@"
+	fi
+}
+
+ensure_binaries() {
+	if [ -x "$PGBIN/initdb" ] && [ -x "$PGBIN/pg_ctl" ]; then
+		return
+	fi
+	is_root || die "PostgreSQL binaries not found in $PGBIN; install PostgreSQL 15 (apt-get install postgresql) or set GEOLOG_PG_BIN"
+	echo "pg.sh: installing postgresql with apt-get" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq >&2
+	apt-get install -y -qq postgresql >&2
+	[ -x "$PGBIN/initdb" ] || die "apt-get installed postgresql but $PGBIN/initdb is missing (another major version?); set GEOLOG_PG_BIN"
+}
+
+ensure_user() {
+	is_root || return 0
+	if ! id postgres >/dev/null 2>&1; then
+		useradd --system --home-dir /var/lib/postgresql --shell /bin/bash postgres
+	fi
+}
+
+running() {
+	[ -f "$DATA/PG_VERSION" ] || return 1
+	as_pg "$PGBIN/pg_ctl" status -D "$DATA" >/dev/null 2>&1
+}
+
+start() {
+	ensure_binaries
+	ensure_user
+	mkdir -p "$PGDIR"
+	# One starter at a time: concurrent test processes may all call start.
+	exec 9>"$PGDIR/.lock"
+	flock 9
+	if running; then
+		echo "$URL"
+		return
+	fi
+	if is_root; then
+		chown postgres: "$PGDIR"
+		# The server (user postgres) must be able to reach its folder.
+		d=$PGDIR
+		while [ "$d" != / ]; do
+			d=$(dirname "$d")
+			perms=$(stat -c %A "$d")
+			[ "${perms:9:1}" = x ] || [ "${perms:9:1}" = t ] || die "$d is not searchable by the postgres user; choose another GEOLOG_PG_DIR"
+		done
+	fi
+	if [ ! -f "$DATA/PG_VERSION" ]; then
+		rm -rf "$DATA"
+		as_pg mkdir -p "$DATA"
+		as_pg "$PGBIN/initdb" -D "$DATA" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 >"$PGDIR/initdb.log" 2>&1 ||
+			{ cat "$PGDIR/initdb.log" >&2; die "initdb failed"; }
+	fi
+	as_pg mkdir -p "$SOCK"
+	# 9>&-: the server must not inherit the lock, or it would hold it forever.
+	if ! as_pg "$PGBIN/pg_ctl" start -D "$DATA" -l "$LOG" -w -t 60 -o \
+		"-p $PORT -k $SOCK -c listen_addresses=127.0.0.1 -c max_connections=300 -c max_pred_locks_per_transaction=256" >/dev/null 9>&-; then
+		tail -n 30 "$LOG" >&2 || true
+		die "pg_ctl start failed (is port $PORT in use? set GEOLOG_PG_PORT)"
+	fi
+	echo "$URL"
+}
+
+stop() {
+	[ -x "$PGBIN/pg_ctl" ] || return 0
+	if running; then
+		as_pg "$PGBIN/pg_ctl" stop -D "$DATA" -m fast -w -t 60 >/dev/null
+	fi
+}
+
+case "${1:-}" in
+start) start ;;
+stop) stop ;;
+status)
+	if [ -x "$PGBIN/pg_ctl" ] && running; then
+		echo "running $URL"
+	else
+		echo "stopped"
+		exit 3
+	fi
+	;;
+url) echo "$URL" ;;
+*)
+	echo "usage: $0 start|stop|status|url" >&2
+	exit 2
+	;;
+esac
