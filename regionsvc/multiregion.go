@@ -452,7 +452,14 @@ func (n *Node) rangeReplication(spec streamSpec, r uint32, d *rangeDriver) []*ge
 	}
 	lag, ok := n.replServer.Lag(spec.Name, r)
 	if !ok {
-		return nil
+		if d.rep.LeaderID() != n.cfg.NodeID {
+			return nil
+		}
+		// This node leads the mirror but has not heard from the home since
+		// it started: the lag is at least that long, never zero.
+		age := now.Sub(n.started)
+		return []*geologv1.RegionProgress{{Region: n.cfg.Region, AppliedEndOffset: d.committed.Load(),
+			TimeLagMillis: age.Milliseconds(), HeartbeatAgeMillis: age.Milliseconds(), State: "mirror: no heartbeat yet"}}
 	}
 	p := lagProgress(n.cfg.Region, lag)
 	p.AppliedEndOffset = d.committed.Load()
@@ -503,4 +510,25 @@ func (n *Node) createStreamRegions(ctx context.Context, spec streamSpec) (*geolo
 		return nil, localErr
 	}
 	return spec.info(), nil
+}
+
+// mirrorFloor is the lowest offset the mirrors of a home range have yet to
+// apply, as the replicator tasks on this node (its leader) know it: log
+// compaction keeps everything from there on. A node that does not lead the
+// range knows no floor and holds back nothing (see notes/README.md: a
+// follower that compacted past a mirror's position and then becomes leader
+// cannot ship that part; the mirror's lag then grows and its task reports
+// the error, nothing is skipped).
+func (n *Node) mirrorFloor(stream string, rng uint32) (uint64, bool) {
+	if n.repl == nil {
+		return 0, false
+	}
+	now := n.cfg.Now()
+	floor, ok := uint64(0), false
+	for _, p := range n.repl.progress(stream, rng, now) {
+		if !ok || p.AppliedEndOffset < floor {
+			floor, ok = p.AppliedEndOffset, true
+		}
+	}
+	return floor, ok
 }

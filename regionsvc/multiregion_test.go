@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -45,12 +46,7 @@ func newWorld(t *testing.T, regions []string, size int, latency, jitter time.Dur
 	for _, r := range regions {
 		w.nodes[r], w.addrs[r], w.dirs[r], w.conns[r] = map[uint64]*Node{}, map[uint64]string{}, map[uint64]string{}, map[uint64]geologv1.LogClient{}
 		for id := uint64(1); id <= uint64(size); id++ {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			w.addrs[r][id] = l.Addr().String()
-			l.Close()
+			w.addrs[r][id] = freeAddr(t)
 			w.dirs[r][id] = t.TempDir()
 		}
 	}
@@ -553,14 +549,20 @@ func TestMirrorCatchesUpAfterLinkCut(t *testing.T) {
 	}
 	// While cut, ap's mirror of the us-homed range (range 0) stalls, and
 	// the lag its node reports has grown with the cut.
+	// Both sides say so: the home leader (from the mirror's acks) and the
+	// mirror's leader in ap (from the home's heartbeats).
 	var lagSeen time.Duration
-	for _, c := range w.conns["ap"] {
-		d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "cut"})
-		if err != nil {
-			continue
-		}
-		for _, p := range d.GetRanges()[0].GetReplication() {
-			lagSeen = max(lagSeen, time.Duration(p.GetTimeLagMillis())*time.Millisecond)
+	for _, region := range []string{"us", "ap"} {
+		for _, c := range w.conns[region] {
+			d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "cut"})
+			if err != nil {
+				continue
+			}
+			for _, p := range d.GetRanges()[0].GetReplication() {
+				if p.GetRegion() == "ap" {
+					lagSeen = max(lagSeen, time.Duration(p.GetTimeLagMillis())*time.Millisecond)
+				}
+			}
 		}
 	}
 	if lagSeen < *linkCutDuration/2 {
@@ -605,4 +607,22 @@ func TestMirrorCatchesUpAfterLinkCut(t *testing.T) {
 	pc.check(ctx, t)
 	converge(t, ctx, w, "cut", homes, g.acked)
 	t.Logf("%d prefix checks passed", pc.checks)
+}
+
+// freeAddr returns a loopback address that was free a moment ago, from
+// below Linux's ephemeral port range (32768 and up), so that the
+// connections other tests open meanwhile cannot take it before the node
+// binds it.
+func freeAddr(t *testing.T) string {
+	for i := 0; i < 100; i++ {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return addr
+	}
+	t.Fatal("no free port")
+	return ""
 }

@@ -226,6 +226,7 @@ type Node struct {
 	grpcServer  *grpc.Server
 	listener    net.Listener
 	closing     chan struct{}
+	started     time.Time // when New returned (Config.Now)
 	closeOnce   sync.Once
 	serveErr    chan error
 }
@@ -246,6 +247,7 @@ func New(cfg Config) (*Node, error) {
 		streams:  map[string]*streamState{},
 		closing:  make(chan struct{}),
 		serveErr: make(chan error, 1),
+		started:  cfg.Now(),
 	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	var err error
@@ -296,6 +298,9 @@ func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 		}, rc)
 		cfg.homeRegion = spec.home(r)
 		cfg.home = cfg.homeRegion == n.cfg.Region
+		if cfg.home && len(spec.Regions) > 1 {
+			cfg.compactionFloor = func() (uint64, bool) { return n.mirrorFloor(spec.Name, r) }
+		}
 		st.ranges[r] = openRangeDriver(cfg)
 	}
 	return st

@@ -71,6 +71,9 @@ type rangeDriverConfig struct {
 	// node's (otherwise the range is a mirror: see multiregion.go).
 	homeRegion string
 	home       bool
+	// compactionFloor, if set, returns the lowest offset still to be kept
+	// for other regions' mirrors (ok false: no bound). See multiregion.go.
+	compactionFloor func() (offset uint64, ok bool)
 	// maintenanceInterval is how often retention and expiry run.
 	maintenanceInterval time.Duration
 }

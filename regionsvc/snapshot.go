@@ -47,6 +47,10 @@ func (d *rangeDriver) compact() {
 	if d.failure.Load() != nil {
 		return
 	}
+	if d.cfg.compactionFloor != nil {
+		floor, ok := d.cfg.compactionFloor()
+		d.rep.SetCompactionFloor(floor, ok)
+	}
 	n, err := d.rep.Compact()
 	if err != nil {
 		d.logger.Warn("log compaction failed", "error", err)

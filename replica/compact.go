@@ -53,6 +53,13 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 		limit = min(limit, first-1)
 	}
 	k := prefixThrough(cands, limit)
+	if r.floorSet {
+		// Offsets at or past the floor are still wanted (by the
+		// cross-region replicator): keep every segment that holds any.
+		for k > 0 && cands[k-1].NextOffset > r.floorOffset {
+			k--
+		}
+	}
 	if r.isLeader && r.cfg.CompactionHoldBackBytesMax >= 0 {
 		if hold := r.followersMatch(); hold < limit {
 			kh := prefixThrough(cands, hold)
@@ -227,4 +234,13 @@ type Stats struct {
 func (r *Replica) Stats() Stats {
 	return Stats{SnapshotsSent: r.snapshotsSent.Load(), SnapshotsInstalled: r.snapshotsInstalled.Load(),
 		SegmentsCompacted: r.segmentsCompacted.Load()}
+}
+
+// SetCompactionFloor makes Compact keep every segment holding an offset at
+// or past offset (set: false removes the floor). The home range's leader
+// sets it to the lowest offset its mirrors in other regions have applied,
+// so that retention never deletes what the replicator has yet to ship: a
+// mirror must stay a gapless prefix. For the driver goroutine.
+func (r *Replica) SetCompactionFloor(offset uint64, set bool) {
+	r.floorOffset, r.floorSet = offset, set
 }

@@ -115,10 +115,13 @@ type Replica struct {
 	lastAppendUnixNanos int64 // newest append time proposed or written
 	logAppendUnixNanos  int64 // newest append time written to the log
 	proposals           []*proposal
-	duplicates          []*proposal // answered once committed reaches endOffset
-	pendingConf         *confProposal
-	fresh               bool // the group was created by this New
-	confSeq             uint64
+	// floorOffset, when floorSet, bounds compaction (SetCompactionFloor).
+	floorOffset uint64
+	floorSet    bool
+	duplicates  []*proposal // answered once committed reaches endOffset
+	pendingConf *confProposal
+	fresh       bool // the group was created by this New
+	confSeq     uint64
 	// appliedIndex is the last entry applied (or installed by a snapshot),
 	// appliedAppendUnixNanos the newest append time up to it: a leader's
 	// snapshot is taken there.
@@ -486,6 +489,14 @@ func (r *Replica) ProcessReady() error {
 	if leading && len(rd.Messages) > 0 {
 		r.send(rd.Messages)
 	}
+	// Committed means a quorum has the entries durably, whether or not
+	// this replica wrote them yet: answer the proposals they settle now,
+	// not after this Ready's fsync (which would add a whole fsync to every
+	// producer's ack). Readers see the committed offset only once the
+	// entries are in this replica's log too (apply, below).
+	if len(rd.CommittedEntries) > 0 && (len(r.proposals) > 0 || len(r.duplicates) > 0) {
+		r.answerCommitted(rd.CommittedEntries)
+	}
 	if err := r.persist(&rd); err != nil {
 		r.fail(err)
 		return err
@@ -688,6 +699,33 @@ func (r *Replica) advance(h batch.Header, term uint64) {
 		r.committed.Store(end)
 		r.notify()
 	}
+	r.answerProposals(h, term)
+}
+
+// answerCommitted answers the proposals and duplicates that committed
+// entries settle, ahead of applying them (see ProcessReady). Applying them
+// later finds nothing more to answer.
+func (r *Replica) answerCommitted(entries []*raftpb.Entry) {
+	for _, e := range entries {
+		if e.GetType() != raftpb.EntryNormal {
+			continue
+		}
+		if len(e.Data) == 0 {
+			r.failProposals(func(p *proposal) bool { return p.term < e.GetTerm() }, "superseded by a new leader")
+			continue
+		}
+		h, err := batch.DecodeHeader(e.Data)
+		if err != nil {
+			return // apply reports it and stops the replica
+		}
+		r.answerProposals(h, e.GetTerm())
+	}
+}
+
+// answerProposals answers the proposals and duplicates that the committed
+// entry with header h (of term) settles.
+func (r *Replica) answerProposals(h batch.Header, term uint64) {
+	end := h.NextOffset()
 	for len(r.proposals) > 0 && r.proposals[0].baseOffset < end {
 		p := r.proposals[0]
 		r.proposals[0] = nil
