@@ -532,3 +532,71 @@ func (n *Node) mirrorFloor(stream string, rng uint32) (uint64, bool) {
 	}
 	return floor, ok
 }
+
+// homeTail is the committed end offset of a range as its home leader
+// confirms it now (DESIGN.md "Read path", consistency home): every record
+// acknowledged before the call lies below it. On the home leader it is a
+// Raft ReadIndex; anywhere else the home leader is asked (within the region
+// through the leader's address, from a mirror region through that region's
+// addresses), and the caller then waits until the local copy has it.
+func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (uint64, error) {
+	if d.rep == nil {
+		return d.committed.Load(), nil // a region of one without Raft: its own home
+	}
+	if d.cfg.home && d.rep.LeaderID() == n.cfg.NodeID {
+		done := make(chan struct{})
+		var tail uint64
+		var rerr error
+		if err := d.exec(ctx, func() {
+			d.rep.ReadIndex(func(end uint64, err error) { tail, rerr = end, err; close(done) })
+		}); err != nil {
+			return 0, err
+		}
+		select {
+		case <-done:
+			if rerr != nil {
+				return 0, d.hintAddress(rerr)
+			}
+			return tail, nil
+		case <-ctx.Done():
+			return 0, apierr.New(apierr.Timeout, "confirming the home tail: %v", ctx.Err())
+		}
+	}
+	if forwarded {
+		// Asked by another node: only the leader answers, so that a stale
+		// view can never pass for the home's.
+		return 0, d.hintAddress(d.rep.NotLeaderError())
+	}
+	var addrs []string
+	if d.cfg.home {
+		if a := n.cfg.Peers[d.rep.LeaderID()]; a != "" && d.rep.LeaderID() != 0 {
+			addrs = []string{a}
+		}
+	} else {
+		addrs = n.cfg.Regions[d.cfg.homeRegion]
+	}
+	if len(addrs) == 0 {
+		return 0, apierr.New(apierr.Unavailable, "stream %s range %d: no known leader in the home region %s", d.cfg.stream, d.cfg.rangeID, d.cfg.homeRegion)
+	}
+	var last error
+	for _, addr := range addrs {
+		conn, err := n.peerConn(addr)
+		if err != nil {
+			last = err
+			continue
+		}
+		cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), 10*time.Second)
+		resp, err := geologv1.NewLogClient(conn).Read(cctx, &geologv1.ReadRequest{Stream: d.cfg.stream, Range: d.cfg.rangeID,
+			Consistency: geologv1.Consistency_CONSISTENCY_HOME})
+		cancel()
+		if err == nil {
+			return resp.GetTailOffset(), nil
+		}
+		last = apierr.FromError(err)
+	}
+	e := apierr.As(last)
+	if e.Code == apierr.NotLeader || e.Code == apierr.Unavailable {
+		return 0, apierr.New(apierr.Unavailable, "stream %s range %d: the home leader could not confirm its tail: %v", d.cfg.stream, d.cfg.rangeID, last)
+	}
+	return 0, last
+}

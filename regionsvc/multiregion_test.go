@@ -480,14 +480,15 @@ func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
 // TestMirrorRefusesAppends: a producer talking to a mirror region's node is
 // redirected to the home region (NOT_HOME with an address there); the
 // SDK follows, so the record lands in the home log; and a mirror's own
-// Append RPC answers NOT_HOME.
+// Append RPC answers NOT_HOME. Reads with consistency home see what was
+// acked before them in every region.
 func TestMirrorRefusesAppends(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	w := newWorld(t, []string{"us", "eu"}, 1, 5*time.Millisecond, 0)
+	w := newWorld(t, []string{"us", "eu"}, 1, 50*time.Millisecond, 0)
 	homes := createGeoStream(t, ctx, w, "m", 2)
 	for rng, home := range homes {
 		for _, region := range w.regions {
@@ -515,6 +516,28 @@ func TestMirrorRefusesAppends(t *testing.T) {
 	res := results[0]
 	if got, err := w.readLocal(ctx, homes[res.Range], "m", res.Range, res.Offset, res.Offset+1); err != nil || string(got[0].GetValue()) != "v" {
 		t.Fatalf("the record is not in the home log: %v %v", got, err)
+	}
+
+	// Consistency home: a read in either region, right after an ack, sees
+	// the acked record, although the mirror trails by a 50 ms WAN hop (the
+	// node asks the home leader for its confirmed tail and waits for it).
+	for i := 0; i < 10; i++ {
+		v := fmt.Sprintf("home-read-%d", i)
+		results, err := p.ProduceSync(ctx, &client.Record{Key: []byte(v), Value: []byte(v)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := results[0]
+		for _, region := range w.regions {
+			resp, err := w.conns[region][1].Read(ctx, &geologv1.ReadRequest{Stream: "m", Range: r.Range, FromOffset: r.Offset, MaxRecords: 1,
+				Consistency: geologv1.Consistency_CONSISTENCY_HOME})
+			if err != nil {
+				t.Fatalf("home read in %s: %v", region, err)
+			}
+			if len(resp.GetRecords()) != 1 || string(resp.GetRecords()[0].GetValue()) != v || resp.GetTailOffset() <= r.Offset {
+				t.Fatalf("home read in %s of %d/%d right after its ack: %v (tail %d)", region, r.Range, r.Offset, resp.GetRecords(), resp.GetTailOffset())
+			}
+		}
 	}
 }
 

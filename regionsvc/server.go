@@ -10,6 +10,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"google.golang.org/grpc/metadata"
 )
 
 // Bounds on requests.
@@ -201,17 +202,29 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
+	wctx := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, minOffsetWaitMax)
+		defer cancel()
+	}
 	switch req.GetConsistency() {
-	case geologv1.Consistency_CONSISTENCY_UNSPECIFIED, geologv1.Consistency_CONSISTENCY_LOCAL,
-		geologv1.Consistency_CONSISTENCY_HOME:
-		// One node is its own home: its committed prefix is the log.
-	case geologv1.Consistency_CONSISTENCY_MIN_OFFSET:
-		wctx := ctx
-		if _, ok := ctx.Deadline(); !ok {
-			var cancel context.CancelFunc
-			wctx, cancel = context.WithTimeout(ctx, minOffsetWaitMax)
-			defer cancel()
+	case geologv1.Consistency_CONSISTENCY_UNSPECIFIED, geologv1.Consistency_CONSISTENCY_LOCAL:
+	case geologv1.Consistency_CONSISTENCY_HOME:
+		md, _ := metadata.FromIncomingContext(ctx)
+		forwarded := len(md.Get(forwardedKey)) > 0
+		tail, err := s.node.homeTail(wctx, rd, forwarded)
+		if err != nil {
+			return nil, apierr.ToStatus(err)
 		}
+		if forwarded {
+			// Another node asks for the confirmed tail only.
+			return &geologv1.ReadResponse{NextOffset: req.GetFromOffset(), StartOffset: rd.store.StartOffset(), TailOffset: tail}, nil
+		}
+		if err := rd.waitCommitted(wctx, tail); err != nil {
+			return nil, apierr.ToStatus(err)
+		}
+	case geologv1.Consistency_CONSISTENCY_MIN_OFFSET:
 		if err := rd.waitCommitted(wctx, req.GetMinOffset()); err != nil {
 			return nil, apierr.ToStatus(err)
 		}

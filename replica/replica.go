@@ -115,6 +115,9 @@ type Replica struct {
 	lastAppendUnixNanos int64 // newest append time proposed or written
 	logAppendUnixNanos  int64 // newest append time written to the log
 	proposals           []*proposal
+	// reads are linearizable reads in progress (readindex.go).
+	reads   []*readRequest
+	readSeq uint64
 	// floorOffset, when floorSet, bounds compaction (SetCompactionFloor).
 	floorOffset uint64
 	floorSet    bool
@@ -532,6 +535,7 @@ func (r *Replica) ProcessReady() error {
 		r.appliedTerm.Store(e.GetTerm())
 	}
 	r.raftCommit.Store(r.state.Raft.GetCommit())
+	r.processReads(rd.ReadStates)
 	r.rn.Advance(rd)
 	for _, rep := range r.snapReports {
 		r.rn.ReportSnapshot(rep.to, rep.status)
@@ -788,6 +792,10 @@ func (r *Replica) fail(err error) {
 		p.reply(nil, f)
 		r.pendingConf = nil
 	}
+	for _, rq := range r.reads {
+		rq.reply(0, f)
+	}
+	r.reads = nil
 }
 
 // Close answers everything pending with a retriable SHUTTING_DOWN and
