@@ -183,7 +183,7 @@ type Cursor struct {
 
 	inflight      []inflightRequest // FIFO: answers come in request order
 	inflightBytes int
-	inflightPeak  int // the highest inflightBytes ever
+	inflightPeak  int  // the highest inflightBytes ever
 	reading       bool // a Read is outstanding
 	blockedBytes  int  // the last read did not fit: wait for this much room
 	sentSinceTick bool

@@ -137,4 +137,17 @@
 // decompressions at once (DecoderConcurrency), the server's per-range
 // state (RangesMax), the dialer's connections, the backoff, the hints
 // followed in a row, the handshake, and the Lag's pending heartbeats.
+//
+// # Not yet
+//
+//   - A mirror whose applied end is below the home's retention start cannot
+//     catch up: the Source read fails and the Task retries with backoff,
+//     logging each failure. It needs the segment transfer that Raft
+//     snapshots will bring.
+//   - The Server applies one request of a range at a time and answers it
+//     once applied; a MirrorRange that pipelined proposals would let one
+//     stream fill the mirror's Raft pipeline.
+//   - Server.Lag is the view of the node that leads the mirror group; the
+//     others know nothing (Known false, time lag counting from their
+//     state's creation).
 package replicator

@@ -344,3 +344,14 @@ func batchReq(epoch uint64, comp Compression, frames ...[]byte) *geologinternalv
 	}
 	return &geologinternalv1.ReplicateRequest{Heartbeat: heartbeatPB(epoch, b.EndOffset), Batch: b}
 }
+
+// openStreams counts the streams a server is serving.
+func openStreams(s *Server) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, st := range s.ranges {
+		n += st.streams
+	}
+	return n
+}

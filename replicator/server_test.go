@@ -1,9 +1,11 @@
 package replicator
 
 import (
+	"context"
 	"errors"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
@@ -321,5 +323,48 @@ func TestServerRangesMax(t *testing.T) {
 	})
 	if _, ok := node.srv.Lag(testStream, testRange); ok {
 		t.Fatal("the idle range's state was not dropped")
+	}
+}
+
+// TestConfigValidation: bad configurations are errors, not panics.
+func TestConfigValidation(t *testing.T) {
+	src := NewMemSource(0)
+	d := newDialer(t)
+	addrs := func() []string { return nil }
+	for name, cfg := range map[string]TaskConfig{
+		"no stream":        {SourceRegion: "a", DestinationRegion: "b", Epoch: 1, Source: src, Dialer: d, Addrs: addrs},
+		"same regions":     {Stream: "s", SourceRegion: "a", DestinationRegion: "a", Epoch: 1, Source: src, Dialer: d, Addrs: addrs},
+		"no epoch":         {Stream: "s", SourceRegion: "a", DestinationRegion: "b", Source: src, Dialer: d, Addrs: addrs},
+		"no source":        {Stream: "s", SourceRegion: "a", DestinationRegion: "b", Epoch: 1, Dialer: d, Addrs: addrs},
+		"batch > window":   {Stream: "s", SourceRegion: "a", DestinationRegion: "b", Epoch: 1, Source: src, Dialer: d, Addrs: addrs, BatchBytesMax: 2 << 20, WindowBytes: 1 << 20},
+		"backoff inverted": {Stream: "s", SourceRegion: "a", DestinationRegion: "b", Epoch: 1, Source: src, Dialer: d, Addrs: addrs, BackoffMin: time.Second, BackoffMax: time.Millisecond},
+		"bad compression":  {Stream: "s", SourceRegion: "a", DestinationRegion: "b", Epoch: 1, Source: src, Dialer: d, Addrs: addrs, Compression: 9},
+	} {
+		if _, err := NewTask(cfg); err == nil {
+			t.Errorf("%s: NewTask accepted %+v", name, cfg)
+		}
+	}
+	if _, err := NewCursor(CursorConfig{Epoch: 1}); err == nil {
+		t.Error("NewCursor accepted a config without Rand")
+	}
+	for name, cfg := range map[string]ServerConfig{
+		"no region": {Store: NewMemMirrorStore()},
+		"no store":  {Region: "us"},
+		"tiny max":  {Region: "us", Store: NewMemMirrorStore(), UncompressedBytesMax: 10},
+	} {
+		if _, err := NewServer(cfg); err == nil {
+			t.Errorf("%s: NewServer accepted it", name)
+		}
+	}
+	// A task runs once.
+	task, err := NewTask(taskConfig(t, src, d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = task.Run(ctx)
+	if err := task.Run(ctx); err == nil || errors.Is(err, context.Canceled) {
+		t.Errorf("second Run returned %v", err)
 	}
 }

@@ -23,11 +23,17 @@ var errNoAddress = errors.New("replicator: no destination address")
 // task's inbox, and a sender goroutine that compresses and sends what Run
 // queues. Run ends a session by cancelling it and waiting for both.
 type session struct {
-	gen    uint64
+	gen uint64
+	// ctx is the stream's: cancelled by Run ending the session, and by the
+	// handshake timer.
 	ctx    context.Context
 	cancel context.CancelFunc
-	sendq  chan outgoing
-	wg     sync.WaitGroup
+	// ended is closed by Run when it ends the session: reports then have
+	// no reader. (Not ctx: a session cancelled by its handshake timer
+	// still reports why.)
+	ended chan struct{}
+	sendq chan outgoing
+	wg    sync.WaitGroup
 	// stream is set by run before it reports evConnected, and read by the
 	// sender, which Run starts on that report.
 	stream   ReplicateStream
@@ -43,7 +49,7 @@ func (t *Task) startSession(ctx context.Context, a Action) {
 		return
 	}
 	t.gen++
-	s := &session{gen: t.gen, sendq: make(chan outgoing, t.core.cfg.WindowRequestsMax+1)}
+	s := &session{gen: t.gen, sendq: make(chan outgoing, t.core.cfg.WindowRequestsMax+1), ended: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	t.sess = s
 	open := t.request(nil)
@@ -63,6 +69,7 @@ func (t *Task) endSession() {
 	if t.sess == nil {
 		return
 	}
+	close(t.sess.ended)
 	t.sess.cancel()
 	t.sess.wg.Wait()
 	t.sess = nil
@@ -72,22 +79,26 @@ func (s *session) post(t *Task, ev taskEvent) {
 	ev.gen = s.gen
 	select {
 	case t.inbox <- ev:
-	case <-s.ctx.Done():
+	case <-s.ended:
 	}
 }
 
 // run opens the stream and receives until it ends.
 func (s *session) run(t *Task, addr string, open *geologinternalv1.ReplicateRequest) {
 	defer s.wg.Done()
-	stream, err := t.cfg.Dialer.Open(s.ctx, addr)
-	if err != nil {
-		s.post(t, taskEvent{kind: evFailed, err: fmt.Errorf("open stream to %s: %w", addr, err)})
-		return
-	}
 	timer := time.AfterFunc(t.cfg.HandshakeTimeout, func() {
 		s.timedOut.Store(true)
 		s.cancel()
 	})
+	stream, err := t.cfg.Dialer.Open(s.ctx, addr)
+	if err != nil {
+		timer.Stop()
+		if s.timedOut.Load() {
+			err = fmt.Errorf("%w within %s: %w", errHandshakeTimeout, t.cfg.HandshakeTimeout, err)
+		}
+		s.post(t, taskEvent{kind: evFailed, err: fmt.Errorf("open stream to %s: %w", addr, err)})
+		return
+	}
 	var resp *geologinternalv1.ReplicateResponse
 	if err = stream.Send(open); err == nil {
 		resp, err = stream.Recv()

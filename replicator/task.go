@@ -50,8 +50,10 @@ type TaskConfig struct {
 	// Compression of batches, default zstd (CompressionZstd);
 	// CompressionNone turns it off.
 	Compression Compression
-	// ZstdLevel, default zstd.SpeedDefault. The encoder of each level is
-	// shared by every task of the process.
+	// ZstdLevel, default zstd.SpeedFastest: on chat-like JSON records it
+	// compresses 2.8:1 against SpeedDefault's 3.1:1 at 1.4 times the
+	// throughput (BenchmarkReplicate). The encoder of each level is shared
+	// by every task of the process.
 	ZstdLevel zstd.EncoderLevel
 	// HeartbeatInterval is how often an idle stream sends a heartbeat,
 	// default 250 ms. It bounds how stale a mirror's lag view gets.
@@ -86,8 +88,9 @@ type Task struct {
 	ran     atomic.Bool
 	sess    *session
 	gen     uint64
-	addr    string // the address of the current or last stream
-	pending *Action
+	addr    string  // the address of the current or last stream
+	pending *Action // the Connect waiting for its delay
+	rearm   bool    // pending changed: (re)start the connect timer
 	tail    uint64
 
 	mu    sync.Mutex // guards stats and lag, read by other goroutines
@@ -159,7 +162,7 @@ func NewTask(cfg TaskConfig) (*Task, error) {
 		return nil, fmt.Errorf("replicator: unknown compression %v", cfg.Compression)
 	}
 	if cfg.ZstdLevel == 0 {
-		cfg.ZstdLevel = zstd.SpeedDefault
+		cfg.ZstdLevel = zstd.SpeedFastest
 	}
 	setDuration(&cfg.HeartbeatInterval, 250*time.Millisecond)
 	setDuration(&cfg.HandshakeTimeout, 5*time.Second)
@@ -222,7 +225,11 @@ func (t *Task) Run(ctx context.Context) error {
 			t.publish()
 			return err
 		}
-		if t.pending != nil && connectC == nil {
+		if t.rearm {
+			t.rearm = false
+			if connectTimer != nil {
+				connectTimer.Stop()
+			}
 			connectTimer = time.NewTimer(t.pending.Delay)
 			connectC = connectTimer.C
 		}
@@ -230,6 +237,7 @@ func (t *Task) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			t.core.Stop(ctx.Err())
+			t.publish()
 			return ctx.Err()
 		case <-ticker.C:
 			t.core.Tick()
@@ -264,7 +272,7 @@ func (t *Task) step() error {
 					t.noteError(a.Err)
 					t.logger.Debug("reconnecting", "delay", a.Delay, "hint", a.Hint, "error", a.Err)
 				}
-				t.pending = &a
+				t.pending, t.rearm = &a, true
 			case ActionRead:
 				t.read(a)
 			case ActionHeartbeat:

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
+	"google.golang.org/grpc"
 )
 
 // TestShipInOrder ships a log of many frames, with and without
@@ -77,6 +79,9 @@ func TestResumeAfterRestart(t *testing.T) {
 	if err := first.stop(t); !errors.Is(err, context.Canceled) {
 		t.Fatalf("stopped task returned %v", err)
 	}
+	// The server may still be applying a batch the task sent before it was
+	// killed; the resume point is where the mirror stands once it is done.
+	waitFor(t, 10*time.Second, "the killed task's stream to end", func() bool { return openStreams(node.srv) == 0 })
 	resumeAt := m.AppliedEnd()
 	if resumeAt == src.CommittedEnd() {
 		t.Fatal("the first task finished before it was killed: the test proves nothing")
@@ -426,5 +431,65 @@ func TestSourceReadFailure(t *testing.T) {
 	assertMirrored(t, src, m)
 	if st := rt.task.Stats(); st.Streams < 2 {
 		t.Errorf("stats %+v: a read failure should have cost a stream", st)
+	}
+}
+
+// blockingStore is a MirrorStore whose Open waits until released, as a
+// node stuck before it can answer.
+type blockingStore struct {
+	*MemMirrorStore
+	release chan struct{}
+}
+
+func (s *blockingStore) Open(ctx context.Context, stream string, rng uint32) (MirrorRange, error) {
+	select {
+	case <-s.release:
+		return s.MemMirrorStore.Open(ctx, stream, rng)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestHandshakeTimeout: a mirror that does not answer the open costs the
+// task a handshake timeout and a retry, not a hang.
+func TestHandshakeTimeout(t *testing.T) {
+	g := newLogGen(14, 128)
+	src := NewMemSource(0)
+	g.fill(t, src, 5, 4)
+	store := &blockingStore{MemMirrorStore: NewMemMirrorStore(), release: make(chan struct{})}
+	srv, err := NewServer(ServerConfig{Region: dstRegion, Store: store, Logger: testLogger(t, "mirror")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(srv.ServerOptions()...)
+	srv.Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+
+	cfg := taskConfig(t, src, newDialer(t), lis.Addr().String())
+	cfg.HandshakeTimeout = 50 * time.Millisecond
+	rt := startTask(t, cfg)
+	waitFor(t, 10*time.Second, "a handshake timeout", func() bool {
+		return strings.Contains(rt.task.Stats().LastError, "no answer to the open")
+	})
+	close(store.release)
+	m := store.Range(testStream, testRange)
+	waitFor(t, 10*time.Second, "catch up", func() bool { return m.AppliedEnd() == src.CommittedEnd() })
+	assertMirrored(t, src, m)
+}
+
+// TestServerClose: a closed server refuses streams with SHUTTING_DOWN,
+// which the task retries.
+func TestServerClose(t *testing.T) {
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	node.srv.Close()
+	c := dialRaw(t, node.addr)
+	resp := c.mustAnswer(openReq(1))
+	if r := fromDetail(resp.GetError()); r.API.Code != apierr.ShuttingDown || !r.API.Retriable {
+		t.Fatalf("closed server answered %v", resp)
 	}
 }
