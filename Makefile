@@ -24,7 +24,11 @@ FUZZ_TARGETS := \
 	./segment:FuzzOffsetIndex:300000 \
 	./segment:FuzzTimeIndex:300000 \
 	./segment:FuzzRecover:30000 \
-	./raftnet:FuzzDecodeBatch:60000
+	./raftnet:FuzzDecodeBatch:60000 \
+	./replicator:FuzzDecodeRequest:60000 \
+	./segment:FuzzManifest:30000 \
+	./replica:FuzzSnapshotDesc:60000 \
+	./replica:FuzzProducerBase:60000
 FUZZ_TIME ?=
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add
@@ -35,7 +39,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo proto tools bench bench-region sim clean
+.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region sim clean
 
 all: build
 
@@ -73,8 +77,26 @@ bench: build
 bench-region: build
 	./scripts/bench_region.sh
 
+# make demo: the multi-region demo on the local cluster (started if it is
+# not running, left running: make down stops it). make demo-single: the
+# single-node demo (starts and stops its own node under run/demo).
 demo: build
-	./scripts/demo.sh
+	./scripts/demo.sh multi
+
+demo-single: build
+	./scripts/demo.sh single
+
+# The local multi-region cluster (scripts/cluster.sh): us, eu, ap x 3 nodes
+# and a WAN emulator under run/cluster. GEOLOG_CLUSTER_PORT moves the port
+# plan (default 7500); GEOLOG_WAN_LATENCY overrides every pair's latency.
+up: build
+	./scripts/cluster.sh up
+
+down:
+	./scripts/cluster.sh down
+
+status:
+	./scripts/cluster.sh status
 
 tools:
 	@mkdir -p $(TOOLBIN)
