@@ -293,7 +293,7 @@ func (h *Homes) run() {
 		case out := <-results:
 			inflight = false
 			ev := h.core.Done(out.req, out.res, out.err)
-			// Contract step 2: publish before anything else can observe
+			// Contract step 3: publish before anything else can observe
 			// the outcome.
 			prev := h.view.Load()
 			h.view.Store(h.core.View())

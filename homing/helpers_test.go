@@ -240,4 +240,3 @@ func urlVia(t testing.TB, url, addr string) string {
 	}
 	return strings.Replace(url, cfg.Host+":"+strconv.Itoa(int(cfg.Port)), addr, 1)
 }
-

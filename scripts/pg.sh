@@ -17,17 +17,25 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PGDIR=${GEOLOG_PG_DIR:-$ROOT/run/pg}
 PORT=${GEOLOG_PG_PORT:-55432}
 PGBIN=${GEOLOG_PG_BIN:-/usr/lib/postgresql/15/bin}
-DATA=$PGDIR/data
-SOCK=$PGDIR/sock
-LOG=$PGDIR/postgres.log
 URL="postgres://postgres@127.0.0.1:$PORT/postgres?sslmode=disable"
 
 die() { echo "pg.sh: $*" >&2; exit 1; }
 
 is_root() { [ "$(id -u)" -eq 0 ]; }
+
+# The data folder. As root the server runs as postgres, which must be able to
+# reach it: when the project sits where postgres cannot go (a clone under
+# /root, say), the default moves to /var/tmp, one folder per project path.
+PGDIR=${GEOLOG_PG_DIR:-$ROOT/run/pg}
+if [ -z "${GEOLOG_PG_DIR:-}" ] && is_root && id postgres >/dev/null 2>&1 &&
+	! runuser -u postgres -- test -x "$ROOT" 2>/dev/null; then
+	PGDIR=/var/tmp/geolog-pg-$(printf %s "$ROOT" | cksum | cut -d' ' -f1)
+fi
+DATA=$PGDIR/data
+SOCK=$PGDIR/sock
+LOG=$PGDIR/postgres.log
 
 # as_pg runs a PostgreSQL binary as the user that owns the cluster.
 as_pg() {
@@ -75,13 +83,8 @@ start() {
 	fi
 	if is_root; then
 		chown postgres: "$PGDIR"
-		# The server (user postgres) must be able to reach its folder.
-		d=$PGDIR
-		while [ "$d" != / ]; do
-			d=$(dirname "$d")
-			perms=$(stat -c %A "$d")
-			[ "${perms:9:1}" = x ] || [ "${perms:9:1}" = t ] || die "$d is not searchable by the postgres user; choose another GEOLOG_PG_DIR"
-		done
+		runuser -u postgres -- test -w "$PGDIR" ||
+			die "$PGDIR is not reachable by the postgres user; set GEOLOG_PG_DIR to a folder it can reach"
 	fi
 	if [ ! -f "$DATA/PG_VERSION" ]; then
 		rm -rf "$DATA"
