@@ -34,9 +34,17 @@ const usage = `geolog — command-line client for geolog
 usage: geolog [global flags] <command> [flags] [args]
 
 commands:
-  streams create <name> [--ranges N] [--regions a,b] [--retention-age 168h] [--retention-bytes N]
+  streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread]
+                 [--retention-age 168h] [--retention-bytes N]
   streams list [--json]
   streams describe <name> [--json]
+  ranges <stream> [--json]
+                       per range: home, epoch, tail, leader, and each region's
+                       applied offset and lag (offsets/time), merged from every
+                       node of --addr (give nodes of every region)
+  lag <stream> [--duration 30s] [--home REGION] [--json]
+                       follow every range from its tail on --addr's nodes and
+                       report replication lag (receipt minus home append time)
   produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]
   consume <stream> [--range N] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]
   bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 1]
@@ -99,6 +107,10 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.bench(ctx, args)
 	case "replicas":
 		err = env.replicas(ctx, args)
+	case "ranges":
+		err = env.ranges(ctx, args)
+	case "lag":
+		err = env.lag(ctx, args)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -212,8 +224,13 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// client dials the configured node.
+// client dials the configured nodes (--addr).
 func (e *env) client(opts ...client.Opt) (*client.Client, error) {
+	return e.clientFor(e.addr, opts...)
+}
+
+// clientFor dials addrs (a comma-separated list) with the global settings.
+func (e *env) clientFor(addrs string, opts ...client.Opt) (*client.Client, error) {
 	if e.retries < 0 || e.timeout < 0 {
 		return nil, usagef("--retries and --timeout must not be negative")
 	}
@@ -225,7 +242,7 @@ func (e *env) client(opts ...client.Opt) (*client.Client, error) {
 		}
 		opts = append(opts, client.TLSConfig(cfg))
 	}
-	return client.New(e.addr, opts...)
+	return client.New(addrs, opts...)
 }
 
 func (e *env) tlsConfig() (*tls.Config, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -31,6 +32,7 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 	fs := e.flagSet("streams create")
 	ranges := fs.Uint("ranges", 1, "number of hash ranges")
 	regions := fs.String("regions", "", "comma-separated regions (default: the server's)")
+	home := fs.String("home", "", "home region of the ranges: one of --regions, or spread (range i in region i mod count); default: the region of the node that takes the request if listed, else the first")
 	age := fs.Duration("retention-age", 0, "delete records older than this (0 keeps them)")
 	size := fs.Int64("retention-bytes", 0, "bound each range's size (0: no bound)")
 	pos, err := parse(fs, args)
@@ -38,7 +40,7 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: streams create <name> [--ranges N] [--regions a,b] [--retention-age D] [--retention-bytes N]")
+		return usagef("usage: streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread] [--retention-age D] [--retention-bytes N]")
 	}
 	if *ranges == 0 || *ranges > 1<<16 {
 		return usagef("--ranges must be in [1, 65536]")
@@ -52,19 +54,36 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 			regs = append(regs, r)
 		}
 	}
+	*home = strings.TrimSpace(*home)
+	if *home != "" && *home != "spread" && len(regs) > 0 && !slices.Contains(regs, *home) {
+		return usagef("--home %s is not one of --regions %s (or spread)", *home, strings.Join(regs, ","))
+	}
 	c, err := e.client()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	info, err := c.CreateStream(ctx, client.StreamConfig{
-		Name: pos[0], RangeCount: uint32(*ranges), Regions: regs, RetentionAge: *age, RetentionBytes: *size,
+		Name: pos[0], RangeCount: uint32(*ranges), Regions: regs, HomeRegion: *home,
+		RetentionAge: *age, RetentionBytes: *size,
 	})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "created stream %s with %d ranges in %s\n", info.Name, info.RangeCount, regionsText(info.Regions))
+	if len(info.RangeHomes) > 0 {
+		fmt.Fprintf(e.stdout, "range homes: %s\n", rangeHomesText(info.RangeHomes))
+	}
 	return nil
+}
+
+// rangeHomesText renders homes as "0=us 1=eu 2=ap".
+func rangeHomesText(homes []string) string {
+	parts := make([]string, len(homes))
+	for i, h := range homes {
+		parts[i] = fmt.Sprintf("%d=%s", i, h)
+	}
+	return strings.Join(parts, " ")
 }
 
 func regionsText(rs []string) string {
