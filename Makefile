@@ -39,7 +39,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region sim clean
+.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-geo sim clean
 
 all: build
 
@@ -76,6 +76,10 @@ bench: build
 
 bench-region: build
 	./scripts/bench_region.sh
+
+# Issue-4 figures on the local 3-region cluster (make up first).
+bench-geo: build
+	./scripts/bench_geo.sh
 
 # make demo: the multi-region demo on the local cluster (started if it is
 # not running, left running: make down stops it). make demo-single: the

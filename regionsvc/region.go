@@ -250,14 +250,26 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 	if err != nil {
 		return err
 	}
-	frame := batch.Encode(nil, batch.Header{Type: batch.TypeData}, []batch.Record{{Key: []byte(spec.Name), Value: value}})
-	done := make(chan appendResult, 1)
-	n.region.meta.submit(ctx, &appendOp{recordCount: 1, frame: frame, reply: func(r appendResult) { done <- r }})
 	var res appendResult
-	select {
-	case res = <-done:
-	case <-ctx.Done():
-		return apierr.New(apierr.Timeout, "create stream %q: %v", spec.Name, ctx.Err())
+	for {
+		frame := batch.Encode(nil, batch.Header{Type: batch.TypeData}, []batch.Record{{Key: []byte(spec.Name), Value: value}})
+		done := make(chan appendResult, 1)
+		n.region.meta.submit(ctx, &appendOp{recordCount: 1, frame: frame, reply: func(r appendResult) { done <- r }})
+		select {
+		case res = <-done:
+		case <-ctx.Done():
+			return apierr.New(apierr.Timeout, "create stream %q: %v", spec.Name, ctx.Err())
+		}
+		// The catalogue has no leader yet (a region starting or electing):
+		// wait for one rather than fail the create.
+		if e := apierr.As(res.err); res.err == nil || e.Code != apierr.NotLeader || e.LeaderHint != "" {
+			break
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return apierr.New(apierr.Unavailable, "create stream %q: the catalogue has no leader: %v", spec.Name, ctx.Err())
+		}
 	}
 	if res.err != nil {
 		e := apierr.As(res.err)
