@@ -107,6 +107,15 @@ func (d *rangeDriver) runReplicated() {
 	if first == 0 && len(d.cfg.repl.peers) > 0 {
 		first = d.cfg.repl.peers[0]
 	}
+	// The replica's log writes (append, fsync, then the acks that waited
+	// for them) run on their own goroutine, so that this one keeps
+	// stepping messages and proposals while an fsync is in flight.
+	writerStop, writerDone := make(chan struct{}), make(chan struct{})
+	go d.runLogWriter(writerStop, writerDone)
+	stopWriter := func() {
+		close(writerStop)
+		<-writerDone
+	}
 	if d.rep.IsNewGroup() && first == d.cfg.repl.nodeID {
 		if err := d.rep.Campaign(); err != nil {
 			d.logger.Warn("campaign on creation", "error", err)
@@ -123,6 +132,9 @@ func (d *rangeDriver) runReplicated() {
 			d.propose(op)
 		case msgs := <-d.raftIn:
 			d.step(msgs)
+		case <-d.rep.LogWritten():
+			// Acks of durable entries (MsgStorageAppendResp, the leader's
+			// own MsgAppResp) to step: ready below.
 		case <-tick:
 			d.rep.Tick()
 			d.watchLeader()
@@ -133,7 +145,7 @@ func (d *rangeDriver) runReplicated() {
 		case <-maintain.C:
 			d.compact()
 		case <-d.stopCh:
-			d.stopReplicated()
+			d.stopReplicated(stopWriter)
 			return
 		}
 		// Take everything else already queued before the Ready cycle, so
@@ -142,6 +154,26 @@ func (d *rangeDriver) runReplicated() {
 		// an fsync each.
 		d.drainReplicated()
 		d.ready()
+	}
+}
+
+// runLogWriter is the replica's log-writer goroutine: it runs WriteLog
+// whenever the driver's Ready cycles queued writes, until stop. Each
+// WriteLog takes everything queued so far (one fsync for all of it) and
+// sends the acks that waited for it straight to the transport; what is
+// for the replica itself wakes the driver (LogWritten). A failure is
+// reported by the driver's next ProcessReady, which stops the replica.
+func (d *rangeDriver) runLogWriter(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-d.rep.LogWrites():
+			if err := d.rep.WriteLog(); err != nil {
+				d.logger.Error("log write failed", "error", err)
+			}
+		case <-stop:
+			return
+		}
 	}
 }
 
@@ -297,13 +329,18 @@ func (d *rangeDriver) watchLeader() {
 }
 
 // stopReplicated hands leadership away if it can (so the group does not
-// wait an election timeout), answers what is pending and refuses the rest.
-func (d *rangeDriver) stopReplicated() {
+// wait an election timeout), stops the log writer (stopWriter) and writes
+// what it left queued, answers what is pending and refuses the rest.
+func (d *rangeDriver) stopReplicated(stopWriter func()) {
 	if d.rep.IsLeader() {
 		if to := d.transferee(); to != 0 {
 			d.rep.TransferLeadership(to)
 			d.ready()
 		}
+	}
+	stopWriter()
+	if err := d.rep.WriteLog(); err != nil {
+		d.logger.Warn("log write on shutdown", "error", err)
 	}
 	d.rep.Close()
 	d.refuseQueued()

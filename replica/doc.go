@@ -14,22 +14,38 @@
 // A Replica has no goroutines and reads no clock but Config.Now. One
 // goroutine (the range driver, or the simulator) owns it and calls, in any
 // interleaving: Tick on its ticker, Step for each message from a peer,
-// Propose for each append, and ProcessReady whenever HasReady. ProcessReady
-// does, in this order:
+// Propose for each append, and ProcessReady whenever HasReady. A second
+// goroutine, the log writer, calls WriteLog whenever LogWrites receives
+// (the simulator calls it after a virtual disk latency); the driver wakes
+// for ProcessReady when LogWritten receives. Raft runs with
+// AsyncStorageWrites (logwriter.go says what the two goroutines share).
+// ProcessReady does, in this order:
 //
-//  1. Save the hard state when its term or vote changed (the commit index is
-//     not made durable on its own: a restarted replica relearns it).
-//  2. A leader sends the Ready's messages now, so its followers write in
-//     parallel with it (Raft thesis 10.2.1).
-//  3. Persist: append the Ready's entries to the log (truncating first where a
-//     new leader overwrites this replica's uncommitted tail, then rebuilding
-//     the idempotence table from the log), fsync.
-//  4. A follower sends the Ready's messages only now: its acknowledgements
-//     promise durability. (Config.Send must not block.)
-//  5. Apply committed entries: publish the committed offset (readers read
-//     below it), answer the proposals it settles, apply configuration
-//     changes (saving the configuration durably).
-//  6. Advance Raft.
+//  1. Step what WriteLog delivered to this replica's Raft
+//     (MsgStorageAppendResp, a leader's own MsgAppResp): entries now
+//     durable here, and what they commit.
+//  2. Save the hard state when its term or vote changed, synchronously
+//     (the commit index is not made durable on its own: a restarted
+//     replica relearns it, and clamps a saved one to its log).
+//  3. Send what Raft lets go at once: a leader's appends and heartbeats go
+//     out before its own write, so its followers write in parallel with it
+//     (Raft thesis 10.2.1). (Config.Send must not block.)
+//  4. Queue the Ready's entries for WriteLog, encoded as frames, with the
+//     messages that must wait until they are durable (a follower's acks, a
+//     vote): WriteLog appends everything queued, fsyncs once, then sends
+//     those. The idempotence table, append times and the log's tail (where
+//     a new leader's proposals continue) follow the entries as they are
+//     queued. Entries that overwrite this replica's uncommitted tail (a new
+//     leader's), and a snapshot, are written here instead, after everything
+//     queued: truncate, rebuild the idempotence table from the log, append,
+//     fsync.
+//  5. Apply committed entries (Raft hands them over once they are durable
+//     here): publish the committed offset, answer the proposals they
+//     settle, apply configuration changes (saving the configuration
+//     durably).
+//  6. Answer the proposals of the current term that Raft's commit index
+//     covers: a quorum has them durably, this replica's own write may still
+//     be in flight.
 //
 // Around the Ready cycles, the driver also (snapshot.go, compact.go):
 //
@@ -47,7 +63,8 @@
 //     compaction.
 //
 // A producer's ack therefore comes only after a quorum of the region has the
-// batch fsynced. A proposal is answered with success only if the entry that
+// batch fsynced (a follower acks an append only after its WriteLog's fsync;
+// a leader counts its own copy the same way). A proposal is answered with success only if the entry that
 // commits at its offset is the one it proposed (same term); if another entry
 // commits there, or a later leader's first entry commits without it, the
 // proposal fails with a retriable NOT_LEADER, and an idempotent retry is
@@ -55,8 +72,11 @@
 // can commit.
 //
 // Idempotence survives leader changes because the table is derived from the
-// log: every replica records every batch it appends, and rebuilds the table
-// after a truncation. Compaction keeps it: the table as of the compaction
+// log: every replica records every batch as it queues it for its log
+// (written or not: a replica that becomes leader knows every batch of its
+// log before it accepts a retry), and rebuilds the table after a
+// truncation. Proposals are never forwarded (their offsets are the
+// proposer's): a replica that lost leadership refuses them. Compaction keeps it: the table as of the compaction
 // point (the producer base) is saved with the compaction point and travels
 // in snapshots, and the table is the base plus the log after it.
 //

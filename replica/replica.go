@@ -33,7 +33,9 @@ type Config struct {
 	State StateStore
 	// Send hands outgoing Raft messages to the transport. It must not block
 	// and must not retain msgs past the call (it may retain the messages).
-	// Required.
+	// It is called from the driver goroutine and from the one running
+	// WriteLog (a follower's acks leave as soon as they are durable), so it
+	// must be safe for both. Required.
 	Send func(msgs []*raftpb.Message)
 	// SendSnapshot hands the transport a MsgSnap and its body, which
 	// streams this leader's log frames (see snapshot.go); it must not
@@ -93,7 +95,10 @@ type proposal struct {
 	term       uint64
 	baseOffset uint64
 	endOffset  uint64
-	res        Result
+	// index is the Raft index of the entry, once it was queued for the log
+	// in term (0 before, or if it never was).
+	index uint64
+	res   Result
 }
 
 // Replica is one member of a range's Raft group: the Raft state machine
@@ -108,12 +113,19 @@ type Replica struct {
 	storage *logStorage
 	state   HardState // as last saved (Commit may be ahead in memory)
 	dedup   *dedup.Table
+	// writer is what the driver shares with the goroutine running WriteLog
+	// (logwriter.go).
+	writer logWriter
+	// tailIndex and tailOffset are the last index of the log as Raft sees
+	// it (every entry queued for writing, written or not; the compaction
+	// point if none) and the offset after it.
+	tailIndex, tailOffset uint64
 
 	isLeader            bool
 	term                uint64
 	proposeNext         uint64
-	lastAppendUnixNanos int64 // newest append time proposed or written
-	logAppendUnixNanos  int64 // newest append time written to the log
+	lastAppendUnixNanos int64 // newest append time proposed or in the log
+	logAppendUnixNanos  int64 // newest append time in the log (queued or written)
 	proposals           []*proposal
 	// reads are linearizable reads in progress (readindex.go).
 	reads   []*readRequest
@@ -190,6 +202,7 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 		cfg:      cfg,
 		logger:   cfg.Logger.Named("replica").With("stream", cfg.Stream, "range", cfg.Range, "node", cfg.NodeID),
 		dedup:    dedup.NewTable(cfg.ProducersMax),
+		writer:   newLogWriter(),
 		notifyCh: make(chan struct{}),
 	}
 	st, ok, err := cfg.State.Load()
@@ -228,6 +241,7 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	}
 	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, r.state.SnapshotAppendUnixNanos)
 	r.logAppendUnixNanos = max(r.logAppendUnixNanos, r.state.SnapshotAppendUnixNanos)
+	r.tailIndex, r.tailOffset = max(cfg.Log.LastIndex(), r.state.SnapshotIndex), cfg.Log.NextOffset()
 	if err := r.initApplied(); err != nil {
 		return nil, err
 	}
@@ -243,7 +257,15 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 		CheckQuorum:               true,
 		PreVote:                   true,
 		StepDownOnRemoval:         true,
-		Logger:                    raftLogger{r.logger.Named("raft")},
+		// A proposal carries the offsets its proposer assigned from its
+		// own log's tail: a replica that still believes it leads (its
+		// isLeader is as of the last Ready) must not have Raft forward
+		// it to the new leader, whose tail may be elsewhere. Propose
+		// fails instead, with a retriable NOT_LEADER.
+		DisableProposalForwarding: true,
+		// Log writes run beside the Ready loop (logwriter.go).
+		AsyncStorageWrites: true,
+		Logger:             raftLogger{r.logger.Named("raft")},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("replica: %w", err)
@@ -365,7 +387,11 @@ func (r *Replica) notLeader() *apierr.Error {
 // Propose appends op if this replica leads. Offsets are assigned here, from
 // the tail of the leader's log including its own unacknowledged proposals, so
 // they are dense in log order; the reply comes once the entry commits.
-func (r *Replica) Propose(op *Op) {
+func (r *Replica) Propose(op *Op) { r.propose(op, false) }
+
+// propose is Propose; leaderConfirmed says a quorum confirmed this
+// replica's leadership since op arrived (see confirmRejection).
+func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 	if f := r.failure.Load(); f != nil {
 		op.Reply(Result{Err: f})
 		return
@@ -378,6 +404,10 @@ func (r *Replica) Propose(op *Op) {
 		verdict, orig, err := r.dedup.Check(op.ProducerID, op.BaseSequence, op.RecordCount)
 		switch verdict {
 		case dedup.Reject:
+			if !leaderConfirmed {
+				r.confirmRejection(op)
+				return
+			}
 			op.Reply(Result{Err: err})
 			return
 		case dedup.Duplicate:
@@ -418,6 +448,27 @@ func (r *Replica) Propose(op *Op) {
 		res: Result{BaseOffset: base, RecordCount: op.RecordCount, Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now},
 	})
 	op.Frame = nil
+}
+
+// confirmRejection answers a batch the idempotence table rejects (a
+// sequence gap, a batch older than the window, an overlap: final errors
+// for the producer) only once a quorum has confirmed that this replica
+// still leads (Raft's ReadIndex). A leader deposed without knowing it yet
+// has a table that lacks what its successor appended, and would fail a
+// producer that did nothing wrong; its ReadIndex fails instead, and the
+// producer hears a retriable NOT_LEADER. Once leadership is confirmed the
+// table holds every batch of the log (a leader's log holds everything
+// committed, and only it appends in its term), so the check is repeated
+// and its answer stands. Rejections are rare: the round trip costs
+// nothing on the common path.
+func (r *Replica) confirmRejection(op *Op) {
+	r.ReadIndex(func(_ uint64, err error) {
+		if err != nil {
+			op.Reply(Result{Err: err})
+			return
+		}
+		r.propose(op, true)
+	})
 }
 
 // confProposal is a membership change proposed and not yet applied.
@@ -465,47 +516,60 @@ func (r *Replica) ProposeConfChange(cc *raftpb.ConfChangeV2, reply func(*raftpb.
 	r.pendingConf = &confProposal{context: cc.Context, term: r.term, at: r.cfg.Now(), reply: reply}
 }
 
-// HasReady reports whether ProcessReady has work.
-func (r *Replica) HasReady() bool { return r.rn.HasReady() }
+// HasReady reports whether ProcessReady has work: a Raft Ready, or
+// messages and failures WriteLog left for it.
+func (r *Replica) HasReady() bool {
+	if r.failure.Load() != nil {
+		return false
+	}
+	return r.writer.pending.Load() || r.rn.HasReady()
+}
 
-// ProcessReady runs one Raft Ready cycle in the order doc.go gives: hard
-// state, (leader) send, persist entries with fsync, (follower) send, apply
-// committed entries (publish the committed offset, answer proposals),
-// advance. An error stops the replica: it answers everything pending
-// and refuses further work.
+// ProcessReady runs one Raft Ready cycle in the order doc.go gives: step
+// what WriteLog delivered, save the hard state if term or vote changed,
+// send, queue the log writes (or write a truncation or snapshot here),
+// apply committed entries (publish the committed offset, answer
+// proposals), answer proposals the commit index covers. An error stops
+// the replica: it answers everything pending and refuses further work.
 func (r *Replica) ProcessReady() error {
-	if r.failure.Load() != nil || !r.rn.HasReady() {
+	if r.failure.Load() != nil {
+		return nil
+	}
+	if err := r.stepLogWritten(); err != nil {
+		r.fail(err)
+		return err
+	}
+	if !r.rn.HasReady() {
 		return nil
 	}
 	rd := r.rn.Ready()
-	// A leader sends before it persists this Ready's entries, so that its
-	// followers write in parallel with it (Raft thesis 10.2.1; etcd's Ready
-	// contract allows it once the hard state is durable). Raft counts the
-	// leader's own copy only after Advance, so nothing commits before the
-	// leader's fsync too, unless a quorum of followers has it. A follower
-	// sends only after persisting: its acks promise durability.
-	leading := r.rn.BasicStatus().RaftState == raft.StateLeader
+	// Term and vote are durable before anything that depends on them
+	// leaves or is queued (a vote, a candidate's requests, an append of
+	// the new term).
 	if err := r.persistHardState(&rd); err != nil {
 		r.fail(err)
 		return err
 	}
-	if leading && len(rd.Messages) > 0 {
-		r.send(rd.Messages)
+	// Raft puts its messages for the local append and apply threads last.
+	msgs := rd.Messages
+	var appendMsg, applyMsg *raftpb.Message
+	for len(msgs) > 0 {
+		m := msgs[len(msgs)-1]
+		if to := m.GetTo(); to == raft.LocalAppendThread {
+			appendMsg = m
+		} else if to == raft.LocalApplyThread {
+			applyMsg = m
+		} else {
+			break
+		}
+		msgs = msgs[:len(msgs)-1]
 	}
-	// Committed means a quorum has the entries durably, whether or not
-	// this replica wrote them yet: answer the proposals they settle now,
-	// not after this Ready's fsync (which would add a whole fsync to every
-	// producer's ack). Readers see the committed offset only once the
-	// entries are in this replica's log too (apply, below).
-	if len(rd.CommittedEntries) > 0 && (len(r.proposals) > 0 || len(r.duplicates) > 0) {
-		r.answerCommitted(rd.CommittedEntries)
-	}
-	if err := r.persist(&rd); err != nil {
-		r.fail(err)
-		return err
-	}
-	if !leading && len(rd.Messages) > 0 {
-		r.send(rd.Messages)
+	// What Raft lets go now goes now: a leader's appends and heartbeats,
+	// so that its followers write in parallel with it (Raft thesis
+	// 10.2.1). Acks of appends and votes wait in appendMsg's responses
+	// until what they promise is durable.
+	if len(msgs) > 0 {
+		r.send(msgs)
 	}
 	if r.staged != nil && raft.IsEmptySnap(rd.Snapshot) {
 		// Raft declined the snapshot stepped with it (not newer than the
@@ -513,77 +577,51 @@ func (r *Replica) ProcessReady() error {
 		r.staged.Discard()
 		r.staged = nil
 	}
+	if appendMsg != nil {
+		if err := r.handleAppend(appendMsg); err != nil {
+			r.fail(err)
+			return err
+		}
+	}
 	if rd.SoftState != nil {
 		r.leaderID.Store(rd.SoftState.Lead)
 		wasLeader := r.isLeader
 		r.isLeader = rd.SoftState.RaftState == raft.StateLeader
 		if r.isLeader && !wasLeader {
-			// Every entry of this leader's log is persisted now; its own
-			// proposals continue from the log's tail.
-			r.proposeNext = r.cfg.Log.NextOffset()
+			// Every entry of this leader's log is queued by now (this
+			// Ready's included), written or not; its own proposals
+			// continue from the log's tail.
+			r.proposeNext = r.tailOffset
 			r.logger.Info("became leader", "term", r.rn.BasicStatus().GetTerm(), "next_offset", r.proposeNext)
 		}
 	}
-	r.term = r.rn.BasicStatus().GetTerm()
+	st := r.rn.BasicStatus()
+	r.term = st.GetTerm()
 	r.currentTerm.Store(r.term)
-	for _, e := range rd.CommittedEntries {
-		if err := r.apply(e); err != nil {
-			r.fail(err)
-			return err
+	if applyMsg != nil {
+		// Raft hands over committed entries only once they are in this
+		// replica's log, durably: readers may read them.
+		for _, e := range applyMsg.GetEntries() {
+			if err := r.apply(e); err != nil {
+				r.fail(err)
+				return err
+			}
+			r.appliedIndex = e.GetIndex()
+			r.appliedTerm.Store(e.GetTerm())
 		}
-		r.appliedIndex = e.GetIndex()
-		r.appliedTerm.Store(e.GetTerm())
+		for _, m := range applyMsg.GetResponses() {
+			_ = r.step(m)
+		}
+		r.storage.cache.trim(r.appliedIndex)
 	}
+	r.answerCommittedIndex(st.GetCommit(), st.GetTerm())
 	r.raftCommit.Store(r.state.Raft.GetCommit())
 	r.processReads(rd.ReadStates)
-	r.rn.Advance(rd)
 	for _, rep := range r.snapReports {
 		r.rn.ReportSnapshot(rep.to, rep.status)
 	}
 	clear(r.snapReports)
 	r.snapReports = r.snapReports[:0]
-	return nil
-}
-
-// persist writes the Ready's snapshot, if any, and then its entries
-// durably.
-func (r *Replica) persist(rd *raft.Ready) error {
-	if !raft.IsEmptySnap(rd.Snapshot) {
-		if err := r.installSnapshot(rd.Snapshot); err != nil {
-			return err
-		}
-	}
-	for _, e := range rd.Entries {
-		if last := r.cfg.Log.LastIndex(); last != 0 && e.GetIndex() <= last {
-			// A new leader overwrites this follower's unacknowledged tail.
-			if err := r.cfg.Log.TruncateSuffixAtIndex(e.GetIndex()); err != nil {
-				return fmt.Errorf("replica: truncate at index %d: %w", e.GetIndex(), err)
-			}
-			// Recompute what the dropped entries contributed (idempotence
-			// state, newest append time) before writing the replacements.
-			if err := r.rebuildDedup(); err != nil {
-				return err
-			}
-		}
-		frame, h, err := entryFrame(e, r.cfg.Log.NextOffset(), r.cfg.Epoch, r.logAppendUnixNanos)
-		if err != nil {
-			return err
-		}
-		if h.BaseOffset != r.cfg.Log.NextOffset() {
-			// The leader assigned offsets from its log's tail; a log that
-			// disagrees is a broken invariant, not an operating error.
-			panic(fmt.Sprintf("replica: entry %d carries base offset %d, log is at %d", e.GetIndex(), h.BaseOffset, r.cfg.Log.NextOffset()))
-		}
-		if err := r.cfg.Log.Append(frame); err != nil {
-			return fmt.Errorf("replica: append entry %d: %w", e.GetIndex(), err)
-		}
-		r.recordHeader(h)
-	}
-	if len(rd.Entries) > 0 || rd.MustSync {
-		if err := r.cfg.Log.Sync(); err != nil {
-			return fmt.Errorf("replica: sync: %w", err)
-		}
-	}
 	return nil
 }
 
@@ -706,23 +744,23 @@ func (r *Replica) advance(h batch.Header, term uint64) {
 	r.answerProposals(h, term)
 }
 
-// answerCommitted answers the proposals and duplicates that committed
-// entries settle, ahead of applying them (see ProcessReady). Applying them
-// later finds nothing more to answer.
-func (r *Replica) answerCommitted(entries []*raftpb.Entry) {
-	for _, e := range entries {
-		if e.GetType() != raftpb.EntryNormal {
-			continue
+// answerCommittedIndex answers, from the oldest, the proposals that Raft's
+// commit index covers: a quorum has them durably, whether or not this
+// replica's own write has finished (it need not wait for that fsync, nor
+// for the apply that follows it). Only proposals of the current term
+// qualify: this replica led that term, so the entry at the proposal's index
+// is the one it appended, and nothing can have overwritten it since (only
+// a leader of a later term could). The rest are answered when their offset
+// is applied (answerProposals).
+func (r *Replica) answerCommittedIndex(commit, term uint64) {
+	for len(r.proposals) > 0 {
+		p := r.proposals[0]
+		if p.index == 0 || p.index > commit || p.term != term {
+			return
 		}
-		if len(e.Data) == 0 {
-			r.failProposals(func(p *proposal) bool { return p.term < e.GetTerm() }, "superseded by a new leader")
-			continue
-		}
-		h, err := batch.DecodeHeader(e.Data)
-		if err != nil {
-			return // apply reports it and stops the replica
-		}
-		r.answerProposals(h, e.GetTerm())
+		r.proposals[0] = nil
+		r.proposals = r.proposals[1:]
+		p.op.Reply(p.res)
 	}
 }
 
@@ -745,6 +783,30 @@ func (r *Replica) answerProposals(h batch.Header, term uint64) {
 		p.op.Reply(Result{Err: e})
 	}
 	r.answerDuplicates(end)
+}
+
+// recheckDuplicates fails the duplicates waiting for an original the log
+// no longer holds. A retry is answered as a duplicate of a batch in this
+// replica's log, committed or not; a truncation or an install may then
+// replace that batch with another leader's at the same offsets, and the
+// duplicate must not be answered with them. The idempotence table is
+// rebuilt from the log first, so a duplicate stands exactly if the table
+// still maps it to the same batch.
+func (r *Replica) recheckDuplicates() {
+	kept := r.duplicates[:0]
+	for _, p := range r.duplicates {
+		v, orig, _ := r.dedup.Check(p.op.ProducerID, p.op.BaseSequence, p.op.RecordCount)
+		if v == dedup.Duplicate && orig.BaseOffset == p.res.BaseOffset && orig.Epoch == p.res.Epoch &&
+			orig.AppendTimeUnixNanos == p.res.AppendTimeUnixNanos {
+			kept = append(kept, p)
+			continue
+		}
+		e := r.notLeader()
+		e.Message += ": the batch it repeats was superseded by a new leader"
+		p.op.Reply(Result{Err: e})
+	}
+	clear(r.duplicates[len(kept):])
+	r.duplicates = kept
 }
 
 // answerDuplicates answers the duplicates whose originals end by end.
@@ -798,14 +860,20 @@ func (r *Replica) fail(err error) {
 	r.reads = nil
 }
 
-// Close answers everything pending with a retriable SHUTTING_DOWN and
-// discards a snapshot staged and not yet installed.
+// Close answers everything pending with a retriable SHUTTING_DOWN,
+// discards a snapshot staged and not yet installed, and drops log writes
+// not yet taken by WriteLog (as a crash would; a driver that shuts down
+// gracefully calls WriteLog once more first). For the driver goroutine.
 func (r *Replica) Close() {
 	e := apierr.New(apierr.ShuttingDown, "replica is closing")
 	r.failure.CompareAndSwap(nil, e)
 	r.fail(errors.New("closing"))
 	r.staged.Discard()
 	r.staged = nil
+	r.writer.mu.Lock()
+	r.writer.closed = true
+	r.writer.queue, r.writer.queuedBytes, r.writer.local = nil, 0, nil
+	r.writer.mu.Unlock()
 }
 
 // raftLogger routes etcd raft's logging to hclog.

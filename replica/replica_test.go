@@ -35,6 +35,8 @@ type cluster struct {
 	drop func(m *raftpb.Message) bool
 	// holdSnaps keeps snapshots in snaps instead of delivering them.
 	holdSnaps bool
+	// holdWrites keeps a node's log writes queued (its disk is slow).
+	holdWrites map[uint64]bool
 }
 
 // snapMsg is a MsgSnap and its body on their way.
@@ -53,7 +55,7 @@ func newClusterVoters(t *testing.T, n, voters int) *cluster { return newClusterO
 func newClusterOpts(t *testing.T, n, voters int, opt func(c *cluster)) *cluster {
 	c := &cluster{t: t, dirs: map[uint64]string{}, states: map[uint64]*MemState{},
 		logs: map[uint64]*segment.Store{}, replicas: map[uint64]*Replica{}, cut: map[uint64]bool{},
-		clock: map[uint64]time.Time{}}
+		clock: map[uint64]time.Time{}, holdWrites: map[uint64]bool{}}
 	if opt != nil {
 		opt(c)
 	}
@@ -137,6 +139,16 @@ func (c *cluster) settle() {
 			if r := c.replicas[id]; r != nil && r.HasReady() {
 				if err := r.ProcessReady(); err != nil {
 					c.t.Fatalf("node %d: %v", id, err)
+				}
+				moved = true
+			}
+		}
+		// Log writes land a round after their Ready cycle (unless held):
+		// Raft steps on meanwhile, as with a driver's log-writer goroutine.
+		for _, id := range c.ids {
+			if r := c.replicas[id]; r != nil && !c.holdWrites[id] && r.HasLogWrites() {
+				if err := r.WriteLog(); err != nil {
+					c.t.Fatalf("node %d: write log: %v", id, err)
 				}
 				moved = true
 			}

@@ -635,6 +635,7 @@ func (r *Replica) settleAfterInstall(m SnapshotMeta) {
 	}
 	clear(r.proposals[len(kept):])
 	r.proposals = kept
+	r.recheckDuplicates()
 	r.answerDuplicates(r.committed.Load())
 	if p := r.pendingConf; p != nil {
 		p.reply(nil, apierr.New(apierr.Unavailable, "stream %s range %d: the outcome of the membership change is unknown after a snapshot",

@@ -10,7 +10,12 @@ import (
 )
 
 // logStorage is raft.Storage over a FrameLog. It is read by raft from the
-// replica's goroutine only; the replica writes the log between Ready calls.
+// driver goroutine only, while WriteLog may be appending on another: with
+// AsyncStorageWrites Raft reads from Storage only entries it knows are
+// durable (below its unstable log), which no append touches, and
+// LastIndex only when nothing it handed out is still being written.
+// Truncations and installs, which change what it reads, run on the driver
+// (logwriter.go).
 //
 // Raft sees the log start after the compaction point (state.SnapshotIndex):
 // frames at or below it may still be on disk (a snapshot's body, or
@@ -19,6 +24,8 @@ import (
 type logStorage struct {
 	log   FrameLog
 	state *HardState
+	// cache answers reads of the newest entries from memory.
+	cache entryCache
 	// snapshot builds the snapshot a leader sends (see Replica.snapshot).
 	snapshot func() (*raftpb.Snapshot, error)
 }
@@ -52,6 +59,9 @@ func (s *logStorage) Term(i uint64) (uint64, error) {
 	if i > last {
 		return 0, raft.ErrUnavailable
 	}
+	if t, ok := s.cache.term(i); ok {
+		return t, nil
+	}
 	return s.log.TermAt(i)
 }
 
@@ -66,6 +76,9 @@ func (s *logStorage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 	}
 	if lo >= hi {
 		return nil, nil
+	}
+	if ents, ok := s.cache.entries(lo, hi, maxSize); ok {
+		return ents, nil
 	}
 	bytesMax := int(min(maxSize, 64<<20))
 	frames, err := s.log.ReadFramesByIndex(lo, hi, max(bytesMax, 1))

@@ -23,10 +23,16 @@
 //  1. Start Nodes nodes, each with its own vfs.Mem, hosting one replica of
 //     every range (Ranges Raft groups of Nodes voters).
 //  2. For Steps virtual milliseconds: tick Raft every 10 ms, deliver due
-//     messages, run every replica's Ready cycle, let producers send, retry
-//     and receive replies, and inject faults: message loss, delay and
-//     duplication, lost replies (ambiguous acks), partitions of a node, and
-//     crashes (the disk keeps only what was synced) with restarts.
+//     messages, run every replica's Ready cycle, run each replica's log
+//     writer (WriteLog) a virtual disk latency after its Ready cycles
+//     queued writes (0-2 ms, now and then 5-35 ms; Raft steps on
+//     meanwhile, as beside a driver's log-writer goroutine), let
+//     producers send, retry and receive replies, and inject faults:
+//     message loss, delay and duplication, lost replies (ambiguous acks),
+//     partitions of a node, and crashes (the disk keeps only what was synced; queued log writes are
+//     lost) with restarts, including crashes inside a log fsync (the
+//     replica sees the Sync fail, then the node dies: nothing that waited
+//     for that write may have left before).
 //  3. Heal everything and run until every producer's batches are acked.
 //  4. After every step and at the end, check the invariants.
 package sim

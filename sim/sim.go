@@ -2,6 +2,7 @@ package sim
 
 import (
 	crand "crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -41,6 +42,9 @@ type Result struct {
 	Retries, Duplicates                    int
 	Crashes, Partitions, Dropped, Duped    int
 	LostReplies, LeaderChanges, Truncation int
+	// AckedAhead counts acks a leader gave before its own log held the
+	// batch (a quorum of followers had it durably; its write was queued).
+	AckedAhead int
 	// Compaction: whether the run compacted logs (small segments,
 	// aggressive retention); segments deleted; snapshots sent, failed
 	// (lost, or refused as busy or stale) and installed.
@@ -51,8 +55,8 @@ type Result struct {
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("seed %d: %d acked, %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
-		r.Seed, r.Acked, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
+	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
+		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
 		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled)
 }
 
@@ -93,6 +97,7 @@ const (
 	evReply
 	evSnap       // a MsgSnap and its body reach their receiver
 	evSnapStatus // a snapshot's outcome reaches its sender
+	evWrite      // a replica's log writer runs (WriteLog) on what is queued
 )
 
 type node struct {
@@ -105,6 +110,41 @@ type node struct {
 	stores   []*segment.Store
 	replicas []*replica.Replica
 	verified []uint64 // per range: committed offsets already checked
+	writing  []bool   // per range: an evWrite is due
+	dying    bool     // a Sync was where the process died (syncCrashLog)
+}
+
+// errSyncCrash is what a replica sees from the Sync its process dies in.
+var errSyncCrash = errors.New("sim: the process dies in fdatasync")
+
+// syncCrashLog is a range's log as the replica sees it: now and then a
+// Sync is where the process dies, after the frames were written and before
+// any of them is durable. The replica sees an error (it must neither ack
+// nor send anything that waited for the write), and the simulator crashes
+// the node before anything else runs, so what was written is lost as a
+// crash loses it.
+type syncCrashLog struct {
+	*segment.Store
+	w *world
+	n *node
+}
+
+func (l *syncCrashLog) Sync() error {
+	if l.w.rng.Float64() < l.w.syncCrashP {
+		l.n.dying = true
+		return errSyncCrash
+	}
+	return l.Store.Sync()
+}
+
+// failed handles an error from a replica of n: the node dies if a Sync
+// said so, else the run fails.
+func (w *world) failed(n *node, r int, err error) {
+	if n.dying {
+		w.crash(n)
+		return
+	}
+	w.err = fmt.Errorf("node %d range %d: %w", n.id, r, err)
 }
 
 type inflight struct {
@@ -132,6 +172,9 @@ type world struct {
 	res    Result
 
 	dropP, dupP, lostReplyP, crashP, cutP float64
+	// syncCrashP is the chance that a replica's log Sync is where its
+	// process dies (syncCrashLog).
+	syncCrashP float64
 	// compaction runs: segment size, retention, compaction period.
 	compaction      bool
 	segmentBytesMax int64
@@ -183,6 +226,7 @@ func Run(opt Options) (res Result, err error) {
 	w.lostReplyP = w.rng.Float64() * 0.1
 	w.crashP = w.rng.Float64() * 0.002
 	w.cutP = w.rng.Float64() * 0.002
+	w.syncCrashP = w.rng.Float64() * 0.0005
 	// Half the seeds compact: tiny segments and aggressive retention, so
 	// that crashed and cut-off replicas fall behind the compaction point
 	// and catch up by snapshot.
@@ -275,6 +319,8 @@ func (w *world) start(n *node) error {
 	n.stores = make([]*segment.Store, w.opt.Ranges)
 	n.replicas = make([]*replica.Replica, w.opt.Ranges)
 	n.verified = make([]uint64, w.opt.Ranges)
+	n.writing = make([]bool, w.opt.Ranges)
+	n.dying = false
 	peers := make([]uint64, w.opt.Nodes)
 	for i := range peers {
 		peers[i] = uint64(i + 1)
@@ -293,7 +339,7 @@ func (w *world) start(n *node) error {
 		group, from, gen := r, n.id, n.gen
 		rep, err := replica.New(replica.Config{
 			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers,
-			Log: st, State: replica.FileState{FS: n.fs, Dir: dir},
+			Log: &syncCrashLog{Store: st, w: w, n: n}, State: replica.FileState{FS: n.fs, Dir: dir},
 			Send: func(msgs []*raftpb.Message) { w.sendRaft(group, msgs) },
 			SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
 				return w.sendSnapshot(group, from, gen, m, body)
@@ -409,9 +455,12 @@ func (w *world) step() {
 		for r, rep := range n.replicas {
 			if rep.HasReady() {
 				if err := rep.ProcessReady(); err != nil {
-					w.err = fmt.Errorf("node %d range %d: %w", n.id, r, err)
-					return
+					if w.failed(n, r, err); w.err != nil {
+						return
+					}
+					break // the node died
 				}
+				w.scheduleWrite(n, r)
 			}
 			if rep.IsLeader() && w.leaders[r] != uint64(n.id) {
 				w.leaders[r] = uint64(n.id)
@@ -445,5 +494,33 @@ func (w *world) deliver(e *event) {
 		if n.up && n.gen == e.fromGen {
 			n.replicas[e.group].ReportSnapshot(uint64(e.to), e.snapErr)
 		}
+	case evWrite:
+		n := w.nodes[e.to-1]
+		if !n.up || n.gen != e.fromGen {
+			return // the writes died with the process
+		}
+		n.writing[e.group] = false
+		if err := n.replicas[e.group].WriteLog(); err != nil {
+			w.failed(n, e.group, fmt.Errorf("write log: %w", err))
+		}
 	}
+}
+
+// scheduleWrite runs a replica's log writer after a virtual disk latency
+// (the driver's log-writer goroutine, fsync included): meanwhile the
+// replica steps messages, proposes and runs Ready cycles, whose writes
+// join the queue and go with the same WriteLog. Now and then the disk is
+// slow, long enough for a leader to commit on its followers' acks alone
+// and for messages to pile up behind the write. A crash loses what is
+// queued.
+func (w *world) scheduleWrite(n *node, r int) {
+	if n.writing[r] || !n.replicas[r].HasLogWrites() {
+		return
+	}
+	n.writing[r] = true
+	delay := w.rng.Int64N(3)
+	if w.rng.Float64() < 0.05 {
+		delay = 5 + w.rng.Int64N(30)
+	}
+	w.push(&event{at: w.now + delay, kind: evWrite, group: r, to: n.id, fromGen: n.gen})
 }

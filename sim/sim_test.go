@@ -41,6 +41,7 @@ func TestSimulator(t *testing.T) {
 			t.Log(res)
 		}
 		total.Acked += res.Acked
+		total.AckedAhead += res.AckedAhead
 		total.Committed += res.Committed
 		total.Retries += res.Retries
 		total.Duplicates += res.Duplicates
@@ -58,8 +59,8 @@ func TestSimulator(t *testing.T) {
 		total.SnapsFailed += res.SnapsFailed
 		total.SnapshotsInstalled += res.SnapshotsInstalled
 	}
-	t.Logf("%d seeds: %d acked, %d committed, %d retries (%d duplicates), %d crashes, %d partitions, %d msgs dropped, %d duplicated, %d replies lost, %d leader changes",
-		len(seeds), total.Acked, total.Committed, total.Retries, total.Duplicates, total.Crashes, total.Partitions,
+	t.Logf("%d seeds: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d duplicates), %d crashes, %d partitions, %d msgs dropped, %d duplicated, %d replies lost, %d leader changes",
+		len(seeds), total.Acked, total.AckedAhead, total.Committed, total.Retries, total.Duplicates, total.Crashes, total.Partitions,
 		total.Dropped, total.Duped, total.LostReplies, total.LeaderChanges)
 	t.Logf("%d seeds compacting: %d segments compacted, %d snapshots sent (%d failed), %d installed",
 		compacting, total.SegmentsCompacted, total.SnapshotsSent, total.SnapsFailed, total.SnapshotsInstalled)

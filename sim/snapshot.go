@@ -25,10 +25,11 @@ func (w *world) compact() {
 		for r, rep := range n.replicas {
 			for i := 0; i < 4 && rep.HasReady(); i++ {
 				if err := rep.ProcessReady(); err != nil {
-					w.err = fmt.Errorf("node %d range %d: %w", n.id, r, err)
+					w.failed(n, r, err)
 					return
 				}
 			}
+			w.scheduleWrite(n, r)
 			if _, err := rep.Compact(); err != nil {
 				w.err = fmt.Errorf("node %d range %d: compact: %w", n.id, r, err)
 				return

@@ -64,6 +64,9 @@ func (w *world) request(e *event) {
 		ProducerID: uint64(p.id), BaseSequence: b.seq, RecordCount: uint32(len(b.values)),
 		Frame: batch.Encode(nil, h, recs),
 		Reply: func(res replica.Result) {
+			if res.Err == nil && !res.Duplicate && n.replicas[e.rng].Committed() < res.BaseOffset+uint64(res.RecordCount) {
+				w.res.AckedAhead++
+			}
 			if w.rng.Float64() < w.lostReplyP {
 				w.res.LostReplies++ // an ambiguous ack: committed, but the producer never hears
 				return

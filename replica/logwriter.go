@@ -1,0 +1,350 @@
+package replica
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/geolog/geolog/batch"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Log writes run off the driver goroutine (etcd raft's AsyncStorageWrites):
+// ProcessReady turns each MsgStorageAppend into frames and queues them with
+// the messages Raft may deliver only once they are durable (a follower's
+// MsgAppResp, a vote, the leader's own MsgAppResp, MsgStorageAppendResp);
+// WriteLog, on the driver's log-writer goroutine, appends everything queued,
+// fsyncs once (group commit across Ready cycles) and delivers those
+// messages: to peers at once through Config.Send, to this replica's Raft
+// through a queue that the next ProcessReady steps. Meanwhile the driver
+// keeps stepping messages, proposing and committing: a leader sends its
+// appends and counts its followers' acks while its own fsync is in flight.
+//
+// What the two goroutines share, and how:
+//
+//   - The queue, the delivered local messages and the first write error:
+//     logWriter.mu.
+//   - The segment store: the writer is its one appender while the driver
+//     reads (Raft reads only entries it knows are stable, which are below
+//     anything being written) and compacts (segment.Store serialises
+//     DeletePrefix with Append). Truncations and snapshot installs, which
+//     replace what the driver reads, happen on the driver with the writer
+//     drained and held off (logWriter.wmu); both are rare (leader changes,
+//     catch-up).
+//   - Config.Send: called from both (the transport is goroutine-safe).
+//
+// Everything else stays on the driver goroutine: the hard state (term and
+// vote are saved synchronously before anything that depends on them is
+// queued or sent), the idempotence table and append times (fed from each
+// entry as it is queued, so a replica that becomes leader knows every batch
+// of its log, written or not), the tail of the log as Raft sees it (where a
+// new leader's proposals continue), applying, acks.
+
+// logWrite is one MsgStorageAppend: its entries encoded as frames and the
+// messages to deliver once they are durable.
+type logWrite struct {
+	frames    [][]byte
+	bytes     int
+	responses []*raftpb.Message
+}
+
+// logWriteQueueBytesMax bounds the frame bytes queued for the writer: past
+// it ProcessReady writes the queue itself, so that the driver takes no more
+// work until the disk has caught up.
+const logWriteQueueBytesMax = 64 << 20
+
+// logWriter is the state the driver and the log-writer goroutine share.
+type logWriter struct {
+	// wmu is held while writing: by WriteLog, and by the driver while it
+	// writes itself (truncation, snapshot, backpressure).
+	wmu sync.Mutex
+
+	mu          sync.Mutex // guards the fields below
+	queue       []*logWrite
+	queuedBytes int
+	busy        bool              // WriteLog took queue and has not delivered it yet
+	local       []*raftpb.Message // delivered to this replica's Raft, to step
+	err         error             // first write failure; nothing is written after it
+	closed      bool
+
+	// pending is set with local or err: the driver has work (HasReady).
+	pending atomic.Bool
+	// queued and written are signals (capacity 1): writes were queued for
+	// WriteLog; WriteLog left work for the driver.
+	queued, written chan struct{}
+}
+
+func newLogWriter() logWriter {
+	return logWriter{queued: make(chan struct{}, 1), written: make(chan struct{}, 1)}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// LogWrites returns a channel that receives when ProcessReady queued log
+// writes: the driver's log-writer goroutine then calls WriteLog. Safe from
+// any goroutine.
+func (r *Replica) LogWrites() <-chan struct{} { return r.writer.queued }
+
+// LogWritten returns a channel that receives when WriteLog left work for
+// the driver (messages to step, or a failure): the driver then runs
+// ProcessReady. Safe from any goroutine.
+func (r *Replica) LogWritten() <-chan struct{} { return r.writer.written }
+
+// HasLogWrites reports whether ProcessReady queued log writes that WriteLog
+// has not taken yet. Safe from any goroutine.
+func (r *Replica) HasLogWrites() bool {
+	r.writer.mu.Lock()
+	defer r.writer.mu.Unlock()
+	return len(r.writer.queue) > 0
+}
+
+// WriteLog appends the frames ProcessReady queued, fsyncs, and delivers the
+// messages that waited for them: to peers through Config.Send, to this
+// replica's Raft for the next ProcessReady (LogWritten receives). It is
+// for the driver's log-writer goroutine (one per replica, or a pool that
+// never runs two WriteLog of one replica at once: a second waits), and
+// returns once what it took is durable. A failure is returned and also
+// kept for ProcessReady, which stops the replica: nothing is written or
+// delivered after it.
+func (r *Replica) WriteLog() error {
+	r.writer.wmu.Lock()
+	defer r.writer.wmu.Unlock()
+	return r.writeQueued()
+}
+
+// writeQueued is WriteLog; the caller holds wmu.
+func (r *Replica) writeQueued() error {
+	w := &r.writer
+	w.mu.Lock()
+	writes := w.queue
+	w.queue, w.queuedBytes = nil, 0
+	if w.err != nil || w.closed || len(writes) == 0 || r.failure.Load() != nil {
+		err := w.err
+		w.mu.Unlock()
+		return err
+	}
+	w.busy = true
+	w.mu.Unlock()
+	err := r.appendFrames(writes)
+	if err == nil {
+		for _, lw := range writes {
+			r.deliver(lw.responses)
+		}
+	}
+	w.mu.Lock()
+	// busy is cleared only after delivering, so that ProcessReady delivers
+	// nothing of a later write ahead of these (see queueWrite).
+	w.busy = false
+	if err != nil && w.err == nil {
+		w.err = err
+		w.pending.Store(true)
+	}
+	w.mu.Unlock()
+	if err != nil {
+		signal(w.written)
+	}
+	return err
+}
+
+// appendFrames writes the frames of writes and makes them durable.
+func (r *Replica) appendFrames(writes []*logWrite) error {
+	n := 0
+	for _, lw := range writes {
+		for _, f := range lw.frames {
+			if err := r.cfg.Log.Append(f); err != nil {
+				return fmt.Errorf("replica: append: %w", err)
+			}
+			n++
+		}
+	}
+	if n > 0 {
+		if err := r.cfg.Log.Sync(); err != nil {
+			return fmt.Errorf("replica: sync: %w", err)
+		}
+	}
+	return nil
+}
+
+// deliver hands messages that waited for durability on: to peers through
+// Config.Send, to this replica's Raft through the local queue.
+func (r *Replica) deliver(msgs []*raftpb.Message) {
+	var remote, local []*raftpb.Message
+	for _, m := range msgs {
+		if m.GetTo() == r.cfg.NodeID {
+			local = append(local, m)
+		} else {
+			remote = append(remote, m)
+		}
+	}
+	if len(remote) > 0 {
+		r.cfg.Send(remote)
+	}
+	if len(local) > 0 {
+		w := &r.writer
+		w.mu.Lock()
+		w.local = append(w.local, local...)
+		w.pending.Store(true)
+		w.mu.Unlock()
+		signal(w.written)
+	}
+}
+
+// queueWrite hands lw to the writer. A write without frames whose
+// predecessors are all written and delivered needs no disk: its messages
+// are delivered at once. Past logWriteQueueBytesMax the driver writes the
+// queue itself. For the driver goroutine.
+func (r *Replica) queueWrite(lw *logWrite) error {
+	w := &r.writer
+	w.mu.Lock()
+	if len(lw.frames) == 0 && len(w.queue) == 0 && !w.busy && w.err == nil {
+		w.mu.Unlock()
+		r.deliver(lw.responses)
+		return nil
+	}
+	w.queue = append(w.queue, lw)
+	w.queuedBytes += lw.bytes
+	over := w.queuedBytes > logWriteQueueBytesMax
+	w.mu.Unlock()
+	if over {
+		return r.WriteLog()
+	}
+	signal(w.queued)
+	return nil
+}
+
+// stepLogWritten steps the messages WriteLog delivered to this replica's
+// Raft and returns the writer's failure, if any. For the driver goroutine.
+func (r *Replica) stepLogWritten() error {
+	w := &r.writer
+	if !w.pending.Load() {
+		return nil
+	}
+	w.mu.Lock()
+	msgs, err := w.local, w.err
+	w.local = nil
+	w.pending.Store(false)
+	w.mu.Unlock()
+	for _, m := range msgs {
+		_ = r.step(m) // informational only, as for any message
+	}
+	return err
+}
+
+// handleAppend takes a Ready's MsgStorageAppend: the common case (entries
+// that extend the log) is encoded here and queued for WriteLog; a snapshot
+// or entries that overwrite part of the log are written here (appendSync).
+// For the driver goroutine.
+func (r *Replica) handleAppend(m *raftpb.Message) error {
+	ents := m.GetEntries()
+	if m.GetSnapshot() != nil || (len(ents) > 0 && ents[0].GetIndex() <= r.tailIndex) {
+		return r.appendSync(m)
+	}
+	lw := &logWrite{responses: m.GetResponses()}
+	if len(ents) > 0 {
+		lw.frames = make([][]byte, 0, len(ents))
+	}
+	j := 0 // r.proposals before j start before the entry at hand
+	for _, e := range ents {
+		if e.GetIndex() != r.tailIndex+1 {
+			panic(fmt.Sprintf("replica: raft appends index %d after %d", e.GetIndex(), r.tailIndex))
+		}
+		frame, h, err := entryFrame(e, r.tailOffset, r.cfg.Epoch, r.logAppendUnixNanos)
+		if err != nil {
+			return err
+		}
+		if h.BaseOffset != r.tailOffset {
+			// The leader assigned offsets from its log's tail; a log that
+			// disagrees is a broken invariant, not an operating error.
+			panic(fmt.Sprintf("replica: node %d: entry %d carries base offset %d, the log's tail is at %d", r.cfg.NodeID, e.GetIndex(), h.BaseOffset, r.tailOffset))
+		}
+		// The idempotence table and append times follow the log as Raft
+		// sees it, written or not: a replica that becomes leader must know
+		// every batch of its log before it accepts a retry.
+		r.recordHeader(h)
+		r.tailOffset, r.tailIndex = h.NextOffset(), e.GetIndex()
+		lw.frames = append(lw.frames, frame)
+		lw.bytes += len(frame)
+		if h.Type == batch.TypeData {
+			// The leader's own proposal at this offset, in this term, is
+			// this entry: note its index, so that it is answered as soon
+			// as the commit index covers it (answerCommittedIndex).
+			for j < len(r.proposals) && r.proposals[j].baseOffset < h.BaseOffset {
+				j++
+			}
+			if j < len(r.proposals) {
+				if p := r.proposals[j]; p.baseOffset == h.BaseOffset && p.term == e.GetTerm() {
+					p.index = e.GetIndex()
+				}
+			}
+		}
+	}
+	r.storage.cache.add(ents)
+	return r.queueWrite(lw)
+}
+
+// appendSync writes a MsgStorageAppend on the driver goroutine: a snapshot
+// to install, or entries that overwrite this replica's uncommitted tail
+// (a new leader's). Everything queued before is written first, and the
+// writer is held off meanwhile: the log, the idempotence table and the
+// compaction point change under the driver's reads only here.
+func (r *Replica) appendSync(m *raftpb.Message) error {
+	r.writer.wmu.Lock()
+	defer r.writer.wmu.Unlock()
+	if err := r.writeQueued(); err != nil {
+		return err
+	}
+	if snap := m.GetSnapshot(); snap != nil {
+		r.storage.cache.clear()
+		if err := r.installSnapshot(snap); err != nil {
+			return err
+		}
+	}
+	if err := r.persistEntries(m.GetEntries()); err != nil {
+		return err
+	}
+	r.storage.cache.add(m.GetEntries())
+	r.tailIndex, r.tailOffset = max(r.cfg.Log.LastIndex(), r.state.SnapshotIndex), r.cfg.Log.NextOffset()
+	r.deliver(m.GetResponses())
+	return nil
+}
+
+// persistEntries appends ents durably, truncating first where a new leader
+// overwrites this replica's uncommitted tail (and then rebuilding the
+// idempotence table from the log). The caller holds the writer off.
+func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
+	for _, e := range ents {
+		if last := r.cfg.Log.LastIndex(); last != 0 && e.GetIndex() <= last {
+			if err := r.cfg.Log.TruncateSuffixAtIndex(e.GetIndex()); err != nil {
+				return fmt.Errorf("replica: truncate at index %d: %w", e.GetIndex(), err)
+			}
+			// Recompute what the dropped entries contributed (idempotence
+			// state, newest append time) before writing the replacements.
+			if err := r.rebuildDedup(); err != nil {
+				return err
+			}
+			r.recheckDuplicates()
+		}
+		frame, h, err := entryFrame(e, r.cfg.Log.NextOffset(), r.cfg.Epoch, r.logAppendUnixNanos)
+		if err != nil {
+			return err
+		}
+		if h.BaseOffset != r.cfg.Log.NextOffset() {
+			panic(fmt.Sprintf("replica: node %d: entry %d carries base offset %d, log is at %d", r.cfg.NodeID, e.GetIndex(), h.BaseOffset, r.cfg.Log.NextOffset()))
+		}
+		if err := r.cfg.Log.Append(frame); err != nil {
+			return fmt.Errorf("replica: append entry %d: %w", e.GetIndex(), err)
+		}
+		r.recordHeader(h)
+	}
+	if len(ents) > 0 {
+		if err := r.cfg.Log.Sync(); err != nil {
+			return fmt.Errorf("replica: sync: %w", err)
+		}
+	}
+	return nil
+}
