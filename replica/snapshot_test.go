@@ -651,6 +651,13 @@ func TestIdempotenceSurvivesCompaction(t *testing.T) {
 	c.stop(1)
 	c.start(1)
 	c.tick(20)
+	// The restart may cost an election; wait for its outcome (bounded).
+	for i := 0; i < 200 && c.leader() == 0; i++ {
+		c.tick(1)
+	}
+	if c.leader() == 0 {
+		t.Fatal("no leader after node 1 restarted")
+	}
 	for _, id := range []uint64{1, 3} {
 		if c.leader() != id {
 			c.transfer(id)
