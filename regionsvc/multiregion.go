@@ -131,7 +131,15 @@ func (n *Node) checkSameDefinition(ctx context.Context, addr string, spec stream
 func (n *Node) notHome(d *rangeDriver) error {
 	e := apierr.New(apierr.NotHome, "stream %s range %d is homed in region %s; region %s holds a read-only mirror",
 		d.cfg.stream, d.cfg.rangeID, d.cfg.homeRegion, n.cfg.Region)
-	if addrs := n.cfg.Regions[d.cfg.homeRegion]; len(addrs) > 0 {
+	addrs := n.cfg.Regions[d.cfg.homeRegion]
+	switch id := d.homeLeaderID.Load(); {
+	case id != 0 && id <= uint64(len(addrs)):
+		// The home leader, as its heartbeats name it, through this node's
+		// way to that region (Config.Regions lists nodes in Raft id order):
+		// the producer's next hop is the leader itself, not a node of the
+		// home region that would redirect it by a local address.
+		e.LeaderHint = addrs[id-1]
+	case len(addrs) > 0:
 		e.LeaderHint = addrs[int(d.cfg.rangeID)%len(addrs)]
 	}
 	return e
@@ -181,6 +189,9 @@ func (m *mirrorRange) HighestEpoch() uint64 { return m.d.highestEpoch.Load() }
 // heartbeat (the lease store will be the durable source once homing lands).
 func (m *mirrorRange) RecordHeartbeat(hb replicator.Heartbeat) error {
 	m.d.raiseEpoch(hb.Epoch)
+	if hb.LeaderNodeID != 0 {
+		m.d.homeLeaderID.Store(hb.LeaderNodeID)
+	}
 	return nil
 }
 
@@ -360,7 +371,7 @@ func (m *replicationManager) start(k taskKey, d *rangeDriver) {
 	fmt.Fprintf(h, "%d/%s/%d/%s", n.cfg.NodeID, k.stream, k.rng, k.region)
 	task, err := replicator.NewTask(replicator.TaskConfig{
 		Stream: k.stream, Range: k.rng,
-		SourceRegion: n.cfg.Region, DestinationRegion: k.region,
+		SourceRegion: n.cfg.Region, DestinationRegion: k.region, SourceNodeID: n.cfg.NodeID,
 		Epoch:  d.cfg.epoch,
 		Source: driverSource{d},
 		Dialer: m.dialer,

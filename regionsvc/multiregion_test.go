@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
@@ -444,6 +445,44 @@ func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
 	pc.check(ctx, t)
 	converge(t, ctx, w, "geo", homes, g.acked)
 	t.Logf("%d prefix checks passed", pc.checks)
+
+	// A mirror's leader sends producers straight to the home leader (named
+	// by the home's heartbeats, which only it receives) through its own link
+	// to that node.
+	for rng, home := range homes {
+		var leader uint64
+		for id, n := range w.nodes[home] {
+			n.mu.RLock()
+			if st := n.streams["geo"]; st != nil && st.ranges[rng].rep.LeaderID() == id {
+				leader = id
+			}
+			n.mu.RUnlock()
+		}
+		for _, region := range w.regions {
+			if region == home || leader == 0 {
+				continue
+			}
+			want := w.remote[region][home][leader-1]
+			waitUntil(t, ctx, 10*time.Second, "NOT_HOME names the home leader", func() bool {
+				asked := 0
+				for id, c := range w.conns[region] {
+					n := w.nodes[region][id]
+					n.mu.RLock()
+					led := n.streams["geo"].ranges[rng].rep.LeaderID() == id
+					n.mu.RUnlock()
+					if !led {
+						continue
+					}
+					_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "geo", Range: uint32(rng), Records: recs("x", 1)})
+					if e := apierr.FromError(err); e.Code != apierr.NotHome || e.LeaderHint != want {
+						return false
+					}
+					asked++
+				}
+				return asked == 1
+			})
+		}
+	}
 
 	// Once caught up, each home leader reports every mirror, with no
 	// offset lag (acks and heartbeats cross the WAN: poll for it).

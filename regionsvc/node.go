@@ -40,7 +40,7 @@ type Config struct {
 	Region string
 	// Regions maps each other region to the client addresses of its nodes,
 	// as this node reaches them (in a local cluster, through the WAN
-	// emulator). Streams placed in several regions need it: creation is
+	// emulator), in Raft id order (the first is node 1's). Streams placed in several regions need it: creation is
 	// propagated there, the home ranges' leaders replicate there, and
 	// appends to a mirror are redirected there. Requires replication
 	// (NodeID and Peers; a region of one node is fine).

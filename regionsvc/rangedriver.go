@@ -97,6 +97,9 @@ type rangeDriver struct {
 	// highestEpoch is the highest homing epoch seen in the log, in mirrored
 	// batches and in the home's heartbeats.
 	highestEpoch atomic.Uint64
+	// homeLeaderID is, on a mirror, the home leader's Raft id in its region
+	// as its heartbeats say (0: not heard yet).
+	homeLeaderID atomic.Uint64
 	failure      atomic.Pointer[apierr.Error] // set once the range stops serving
 	notifyMu     sync.Mutex
 	notifyCh     chan struct{} // closed and replaced when committed or failure changes

@@ -53,13 +53,6 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 		limit = min(limit, first-1)
 	}
 	k := prefixThrough(cands, limit)
-	if r.floorSet {
-		// Offsets at or past the floor are still wanted (by the
-		// cross-region replicator): keep every segment that holds any.
-		for k > 0 && cands[k-1].NextOffset > r.floorOffset {
-			k--
-		}
-	}
 	if r.isLeader && r.cfg.CompactionHoldBackBytesMax >= 0 {
 		if hold := r.followersMatch(); hold < limit {
 			kh := prefixThrough(cands, hold)
@@ -70,6 +63,14 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 			if held <= r.cfg.CompactionHoldBackBytesMax {
 				k = kh
 			}
+		}
+	}
+	if r.floorSet {
+		// Offsets at or past the floor are still wanted (by the
+		// cross-region replicator): keep every segment that holds any. A
+		// hard bound, unlike the followers' hold-back above.
+		for k > 0 && cands[k-1].NextOffset > r.floorOffset {
+			k--
 		}
 	}
 	if k == 0 {

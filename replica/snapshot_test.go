@@ -651,6 +651,13 @@ func TestIdempotenceSurvivesCompaction(t *testing.T) {
 	c.stop(1)
 	c.start(1)
 	c.tick(20)
+	// The restart may cost an election; wait for its outcome (bounded).
+	for i := 0; i < 200 && c.leader() == 0; i++ {
+		c.tick(1)
+	}
+	if c.leader() == 0 {
+		t.Fatal("no leader after node 1 restarted")
+	}
 	for _, id := range []uint64{1, 3} {
 		if c.leader() != id {
 			c.transfer(id)
@@ -671,5 +678,42 @@ func TestIdempotenceSurvivesCompaction(t *testing.T) {
 		t.Fatalf("producer 5's next batch: %+v", res)
 	}
 	c.tick(2)
+	c.agree()
+}
+
+// TestCompactionFloor: a floor set by the node (the lowest offset its
+// mirrors in other regions have yet to apply) keeps every segment holding
+// an offset at or past it, whatever retention and the followers allow, on
+// top of the followers' hold-back (a floor below a held-back point used to
+// cut the candidate list short and panic).
+func TestCompactionFloor(t *testing.T) {
+	c := newClusterOpts(t, 3, 3, func(c *cluster) {
+		withCompaction(3000)(c)
+		c.repCfg = func(_ uint64, cfg *Config) { cfg.CompactionHoldBackBytesMax = 1 << 20 }
+	})
+	c.elect(1)
+	// Node 3 has most of the log (the followers' hold-back point is high)
+	// and misses only the newest entries.
+	c.proposeN(7, 0, 40, "a")
+	c.tick(2)
+	c.drop = func(m *raftpb.Message) bool {
+		return m.GetTo() == 3 && m.GetType() == raftpb.MsgApp && len(m.GetEntries()) > 0
+	}
+	c.proposeN(7, 120, 5, "b")
+	c.tick(3)
+	const floor = 0
+	c.replicas[1].SetCompactionFloor(floor, true)
+	c.compact(1)
+	if start := c.logs[1].StartOffset(); start > floor {
+		t.Fatalf("the leader's log starts at offset %d past the floor %d", start, floor)
+	}
+	// Lifting the floor lets retention and the hold-back decide again.
+	c.drop = nil
+	c.tick(3)
+	c.replicas[1].SetCompactionFloor(0, false)
+	c.compact(1)
+	if start := c.logs[1].StartOffset(); start <= floor {
+		t.Fatalf("without a floor the leader kept its log from offset %d", start)
+	}
 	c.agree()
 }

@@ -14,6 +14,9 @@ type Heartbeat struct {
 	HomeTimeUnixNanos int64
 	// Epoch is the home's epoch.
 	Epoch uint64
+	// LeaderNodeID is the sending home leader's Raft id in its region (0:
+	// unknown).
+	LeaderNodeID uint64
 }
 
 // lagPendingMax is the default bound on the heartbeats a Lag keeps while

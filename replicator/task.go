@@ -29,6 +29,9 @@ type TaskConfig struct {
 	// mirror's. Required and distinct.
 	SourceRegion      string
 	DestinationRegion string
+	// SourceNodeID is this node's Raft id in the source region, sent in
+	// heartbeats (optional).
+	SourceNodeID uint64
 	// Epoch is the home epoch this region holds the range under. Required.
 	// A task serves one epoch: the node starts a new task after a homing
 	// change.
@@ -364,7 +367,7 @@ type outgoing struct {
 func (t *Task) request(b *geologinternalv1.MirrorBatch) *geologinternalv1.ReplicateRequest {
 	now := t.cfg.Now()
 	t.tail = max(t.tail, t.cfg.Source.CommittedEnd())
-	hb := Heartbeat{CommittedEnd: t.tail, HomeTimeUnixNanos: now.UnixNano(), Epoch: t.cfg.Epoch}
+	hb := Heartbeat{CommittedEnd: t.tail, HomeTimeUnixNanos: now.UnixNano(), Epoch: t.cfg.Epoch, LeaderNodeID: t.cfg.SourceNodeID}
 	t.mu.Lock()
 	t.lag.Heartbeat(hb, now)
 	t.mu.Unlock()
@@ -373,6 +376,7 @@ func (t *Task) request(b *geologinternalv1.MirrorBatch) *geologinternalv1.Replic
 			CommittedEndOffset: hb.CommittedEnd,
 			HomeTimeUnixNanos:  hb.HomeTimeUnixNanos,
 			HomeEpoch:          hb.Epoch,
+			LeaderNodeId:       hb.LeaderNodeID,
 		},
 		Batch: b,
 	}

@@ -69,6 +69,7 @@ func checkHeartbeat(req *geologinternalv1.ReplicateRequest, epoch uint64) (Heart
 		CommittedEnd:      hb.GetCommittedEndOffset(),
 		HomeTimeUnixNanos: hb.GetHomeTimeUnixNanos(),
 		Epoch:             hb.GetHomeEpoch(),
+		LeaderNodeID:      hb.GetLeaderNodeId(),
 	}, nil
 }
 

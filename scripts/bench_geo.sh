@@ -58,7 +58,7 @@ AP=$!
 sleep 1
 geolog --addr "$GEOLOG_ADDR_US" bench --stream "$STREAM" --producers 8 --duration "$DURATION" --rate "$HALF" --json >run/cluster/bench-half.json
 wait $EU $AP
-echo "produce at $HALF/s in us: $(sed -n 's/.*"p50_ms":\([0-9.]*\).*"p99_ms":\([0-9.]*\).*/ack p50 \1 ms p99 \2 ms/p' run/cluster/bench-half.json)"
+echo "produce at $HALF/s in us: $(grep -o '"records_per_sec":[0-9.]*\|"latency_ms":{[^}]*}' run/cluster/bench-half.json | tr '\n' ' ')"
 for r in eu ap; do
 	echo "lag in $r: $(cat run/cluster/lag-$r.json)"
 done

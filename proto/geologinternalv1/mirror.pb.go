@@ -244,7 +244,11 @@ type HomeHeartbeat struct {
 	// replicator.Lag for the clock-offset caveat.
 	HomeTimeUnixNanos int64 `protobuf:"varint,2,opt,name=home_time_unix_nanos,json=homeTimeUnixNanos,proto3" json:"home_time_unix_nanos,omitempty"`
 	// home_epoch is the source's homing epoch (see ReplicateOpen).
-	HomeEpoch     uint64 `protobuf:"varint,3,opt,name=home_epoch,json=homeEpoch,proto3" json:"home_epoch,omitempty"`
+	HomeEpoch uint64 `protobuf:"varint,3,opt,name=home_epoch,json=homeEpoch,proto3" json:"home_epoch,omitempty"`
+	// leader_node_id is the Raft id, within the home region, of the node
+	// sending (the range's home leader), 0 if unknown. Mirrors use it to send
+	// producers that reach them straight to the home leader.
+	LeaderNodeId  uint64 `protobuf:"varint,4,opt,name=leader_node_id,json=leaderNodeId,proto3" json:"leader_node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -296,6 +300,13 @@ func (x *HomeHeartbeat) GetHomeTimeUnixNanos() int64 {
 func (x *HomeHeartbeat) GetHomeEpoch() uint64 {
 	if x != nil {
 		return x.HomeEpoch
+	}
+	return 0
+}
+
+func (x *HomeHeartbeat) GetLeaderNodeId() uint64 {
+	if x != nil {
+		return x.LeaderNodeId
 	}
 	return 0
 }
@@ -481,12 +492,13 @@ const file_geolog_internal_v1_mirror_proto_rawDesc = "" +
 	"\rsource_region\x18\x03 \x01(\tR\fsourceRegion\x12-\n" +
 	"\x12destination_region\x18\x04 \x01(\tR\x11destinationRegion\x12\x1d\n" +
 	"\n" +
-	"home_epoch\x18\x05 \x01(\x04R\thomeEpoch\"\x91\x01\n" +
+	"home_epoch\x18\x05 \x01(\x04R\thomeEpoch\"\xb7\x01\n" +
 	"\rHomeHeartbeat\x120\n" +
 	"\x14committed_end_offset\x18\x01 \x01(\x04R\x12committedEndOffset\x12/\n" +
 	"\x14home_time_unix_nanos\x18\x02 \x01(\x03R\x11homeTimeUnixNanos\x12\x1d\n" +
 	"\n" +
-	"home_epoch\x18\x03 \x01(\x04R\thomeEpoch\"\xfc\x01\n" +
+	"home_epoch\x18\x03 \x01(\x04R\thomeEpoch\x12$\n" +
+	"\x0eleader_node_id\x18\x04 \x01(\x04R\fleaderNodeId\"\xfc\x01\n" +
 	"\vMirrorBatch\x12!\n" +
 	"\ffirst_offset\x18\x01 \x01(\x04R\vfirstOffset\x12\x1d\n" +
 	"\n" +
