@@ -39,7 +39,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-geo sim clean
+.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean
 
 all: build
 
@@ -76,6 +76,10 @@ bench: build
 
 bench-region: build
 	./scripts/bench_region.sh
+
+# The CPU of 1,000 idle ranges on a 3-node region.
+bench-idle: build
+	./scripts/bench_idle.sh
 
 # Issue-4 figures on the local 3-region cluster (make up first).
 bench-geo: build
