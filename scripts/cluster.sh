@@ -29,7 +29,9 @@
 # GEOLOG_WAN_LATENCY_US_EU / _US_AP / _EU_AP (one pair; these win) and
 # GEOLOG_WAN_JITTER. GEOLOG_CLUSTER_LOG_LEVEL sets the nodes' log level
 # (default info); GEOLOG_CLUSTER_STOP_TIMEOUT the seconds down waits after
-# SIGTERM before SIGKILL (default 15).
+# SIGTERM before SIGKILL (default 15). GEOLOG_CLUSTER_NODES sets the nodes
+# per region (default 3; 1 gives three one-node regions, for measuring
+# replication without three Raft groups per range competing for the CPU).
 #
 # up keeps the data of an earlier run (a restart); up --fresh wipes it first.
 # up refuses while any process of the cluster runs.
@@ -41,7 +43,7 @@ DIR=$ROOT/run/cluster
 PIDS=$DIR/pids
 BASE=${GEOLOG_CLUSTER_PORT:-7500}
 REGIONS=(us eu ap)
-NODES=(1 2 3)
+NODES=($(seq 1 "${GEOLOG_CLUSTER_NODES:-3}")) # nodes per region
 LOG_LEVEL=${GEOLOG_CLUSTER_LOG_LEVEL:-info}
 STOP_TIMEOUT=${GEOLOG_CLUSTER_STOP_TIMEOUT:-15}
 JITTER=${GEOLOG_WAN_JITTER:-3ms}
