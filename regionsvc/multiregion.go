@@ -170,14 +170,12 @@ func (s *mirrorStore) Open(ctx context.Context, stream string, rng uint32) (repl
 		// addresses mean nothing; it tries the next one.
 		return nil, apierr.New(apierr.NotLeader, "stream %s range %d: node %d does not lead the mirror group", stream, rng, s.n.cfg.NodeID)
 	}
-	return &mirrorRange{n: s.n, d: d}, nil
+	return &mirrorRange{driverSource{d}}, nil
 }
 
-// mirrorRange is one range's mirror group, as led by this node.
-type mirrorRange struct {
-	n *Node
-	d *rangeDriver
-}
+// mirrorRange is one range's mirror group, as led by this node; it reads
+// its applied frames as a home's source does.
+type mirrorRange struct{ driverSource }
 
 var _ replicator.MirrorRange = (*mirrorRange)(nil)
 
@@ -193,10 +191,6 @@ func (m *mirrorRange) RecordHeartbeat(hb replicator.Heartbeat) error {
 		m.d.homeLeaderID.Store(hb.LeaderNodeID)
 	}
 	return nil
-}
-
-func (m *mirrorRange) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error) {
-	return m.d.store.ReadFrames(from, maxBytes, min(endOffset, m.d.committed.Load()))
 }
 
 // Apply proposes each frame verbatim to the mirror group, in order, and

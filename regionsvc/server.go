@@ -202,11 +202,15 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
+	// Only reads that wait get a bound on the wait; a local read (the common
+	// case) takes no timer.
 	wctx := ctx
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, minOffsetWaitMax)
-		defer cancel()
+	if c := req.GetConsistency(); c == geologv1.Consistency_CONSISTENCY_HOME || c == geologv1.Consistency_CONSISTENCY_MIN_OFFSET {
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithTimeout(ctx, minOffsetWaitMax)
+			defer cancel()
+		}
 	}
 	switch req.GetConsistency() {
 	case geologv1.Consistency_CONSISTENCY_UNSPECIFIED, geologv1.Consistency_CONSISTENCY_LOCAL:

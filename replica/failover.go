@@ -1,5 +1,7 @@
 package replica
 
+import "slices"
+
 // ForgetLeader makes a follower forget its leader, for when a failure
 // detector outside Raft (the transport cannot reach the leader's node) says
 // it is gone. With CheckQuorum and PreVote a follower refuses pre-votes while
@@ -20,10 +22,5 @@ func (r *Replica) ForgetLeader() {
 // IsVoter reports whether this replica is a voter in its configuration as
 // last applied (learners cannot campaign).
 func (r *Replica) IsVoter() bool {
-	for _, id := range r.state.Conf.GetVoters() {
-		if id == r.cfg.NodeID {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(r.state.Conf.GetVoters(), r.cfg.NodeID)
 }

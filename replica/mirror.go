@@ -36,19 +36,5 @@ func (r *Replica) ProposeVerbatim(op *Op) {
 		op.Reply(Result{Err: e})
 		return
 	}
-	if err := r.rn.Propose(op.Frame); err != nil {
-		e := r.notLeader()
-		e.Message += ": " + err.Error()
-		op.Reply(Result{Err: e})
-		return
-	}
-	r.proposeNext = h.NextOffset()
-	if h.AppendTimeUnixNanos > r.lastAppendUnixNanos {
-		r.lastAppendUnixNanos = h.AppendTimeUnixNanos
-	}
-	r.proposals = append(r.proposals, &proposal{
-		op: op, term: r.term, baseOffset: h.BaseOffset, endOffset: h.NextOffset(),
-		res: Result{BaseOffset: h.BaseOffset, RecordCount: h.RecordCount, Epoch: h.Epoch, AppendTimeUnixNanos: h.AppendTimeUnixNanos},
-	})
-	op.Frame = nil
+	r.proposeFrame(op, Result{BaseOffset: h.BaseOffset, RecordCount: h.RecordCount, Epoch: h.Epoch, AppendTimeUnixNanos: h.AppendTimeUnixNanos})
 }

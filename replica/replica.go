@@ -429,25 +429,34 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 	}
 	base := r.proposeNext
 	batch.Patch(op.Frame, base, r.cfg.Epoch, now)
-	if err := r.rn.Propose(op.Frame); err != nil {
-		e := r.notLeader()
-		e.Message += ": " + err.Error()
-		op.Reply(Result{Err: e})
+	if !r.proposeFrame(op, Result{BaseOffset: base, RecordCount: op.RecordCount, Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now}) {
 		return
 	}
-	r.lastAppendUnixNanos = now
-	r.proposeNext = base + uint64(op.RecordCount)
 	if op.ProducerID != 0 {
 		r.dedup.Record(op.ProducerID, dedup.Batch{
 			BaseSequence: op.BaseSequence, RecordCount: op.RecordCount, BaseOffset: base,
 			Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now,
 		})
 	}
-	r.proposals = append(r.proposals, &proposal{
-		op: op, term: r.term, baseOffset: base, endOffset: base + uint64(op.RecordCount),
-		res: Result{BaseOffset: base, RecordCount: op.RecordCount, Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now},
-	})
+}
+
+// proposeFrame hands op's frame, stamped with the offsets and times of res,
+// to Raft, moves the proposal tail past it, and tracks it until its entry
+// commits (answered with res) or is superseded. It answers op and returns
+// false when Raft refuses the proposal.
+func (r *Replica) proposeFrame(op *Op, res Result) bool {
+	if err := r.rn.Propose(op.Frame); err != nil {
+		e := r.notLeader()
+		e.Message += ": " + err.Error()
+		op.Reply(Result{Err: e})
+		return false
+	}
+	end := res.BaseOffset + uint64(res.RecordCount)
+	r.proposeNext = end
+	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, res.AppendTimeUnixNanos)
+	r.proposals = append(r.proposals, &proposal{op: op, term: r.term, baseOffset: res.BaseOffset, endOffset: end, res: res})
 	op.Frame = nil
+	return true
 }
 
 // confirmRejection answers a batch the idempotence table rejects (a
