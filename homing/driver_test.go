@@ -56,17 +56,20 @@ func TestDriverTimers(t *testing.T) {
 		// the max offset, not a nanosecond longer.
 		mem.SetDown(true)
 		time.Sleep(last.Add(4500*time.Millisecond).Sub(time.Now()) - time.Nanosecond)
+		synctest.Wait() // the driver has made every attempt due by now
 		if _, err := h.Check("chat", 3); err != nil {
 			t.Fatalf("check just before the lease's end: %v", err)
+		}
+		// Attempts at last+1s (due), then every 250ms up to last+4.25s.
+		// (The next is due at last+4.5s, the instant the lease ends: read
+		// the count before it, not racing it.)
+		if v := h.View(); v.Failures != 14 {
+			t.Fatalf("%d failed heartbeats, want 14 (every 250ms from 1s to 4.25s)", v.Failures)
 		}
 		time.Sleep(time.Nanosecond)
 		_, err = h.Check("chat", 3)
 		if !errors.Is(err, ErrLeaseExpired) || !errors.Is(err, ErrStoreUnavailable) || !IsRetriable(err) {
 			t.Fatalf("check at the lease's end: %v", err)
-		}
-		// Attempts at last+1s (due), then every 250ms up to last+4.25s.
-		if v := h.View(); v.Failures != 14 {
-			t.Fatalf("%d failed heartbeats, want 14 (every 250ms from 1s to 4.25s)", v.Failures)
 		}
 		mem.SetDown(false)
 		time.Sleep(300 * time.Millisecond)

@@ -18,8 +18,8 @@ type adminServer struct {
 }
 
 // replicatedRange finds a range that is a Raft group.
-func (n *Node) replicatedRange(stream string, r uint32) (*rangeDriver, error) {
-	rd, err := n.rangeOf(stream, r)
+func (n *Node) replicatedRange(ctx context.Context, stream string, r uint32) (*rangeDriver, error) {
+	rd, err := n.rangeOf(ctx, stream, r)
 	if err != nil {
 		return nil, err
 	}
@@ -33,7 +33,7 @@ func (n *Node) replicatedRange(stream string, r uint32) (*rangeDriver, error) {
 }
 
 func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeReplicasRequest) (*geologv1.ChangeReplicasResponse, error) {
-	rd, err := s.node.replicatedRange(req.GetStream(), req.GetRange())
+	rd, err := s.node.replicatedRange(ctx, req.GetStream(), req.GetRange())
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -95,7 +95,7 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 }
 
 func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.DescribeReplicasRequest) (*geologv1.DescribeReplicasResponse, error) {
-	rd, err := s.node.replicatedRange(req.GetStream(), req.GetRange())
+	rd, err := s.node.replicatedRange(ctx, req.GetStream(), req.GetRange())
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}

@@ -152,7 +152,7 @@ var _ replicator.MirrorStore = (*mirrorStore)(nil)
 
 // Open implements replicator.MirrorStore.
 func (s *mirrorStore) Open(ctx context.Context, stream string, rng uint32) (replicator.MirrorRange, error) {
-	d, err := s.n.rangeOf(stream, rng)
+	d, err := s.n.rangeOf(ctx, stream, rng)
 	if err != nil {
 		return nil, err
 	}

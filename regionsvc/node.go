@@ -445,30 +445,18 @@ func (n *Node) Close() error {
 }
 
 // rangeOf finds an open range, or returns a typed error.
-func (n *Node) rangeOf(stream string, r uint32) (*rangeDriver, error) {
+func (n *Node) rangeOf(ctx context.Context, stream string, r uint32) (*rangeDriver, error) {
 	if stream == "" {
 		return nil, apierr.New(apierr.InvalidArgument, "stream name is empty")
 	}
-	n.mu.RLock()
-	st, ok := n.streams[stream]
-	n.mu.RUnlock()
-	if !ok {
-		return nil, n.streamNotFound(stream)
+	st, err := n.lookupStream(ctx, stream)
+	if err != nil {
+		return nil, err
 	}
 	if r >= uint32(len(st.ranges)) {
 		return nil, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
 	}
 	return st.ranges[r], nil
-}
-
-// streamNotFound is STREAM_NOT_FOUND, or, on a replicated node whose
-// catalogue has not caught up with the leader yet (after a restart), a
-// retriable UNAVAILABLE: the stream may exist.
-func (n *Node) streamNotFound(stream string) error {
-	if n.replicated() && (n.region.meta.rep == nil || !n.region.meta.rep.CaughtUp()) {
-		return apierr.New(apierr.Unavailable, "stream %q: this node's catalogue is catching up", stream)
-	}
-	return apierr.New(apierr.StreamNotFound, "stream %q does not exist", stream)
 }
 
 func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.StreamInfo, error) {
@@ -530,15 +518,13 @@ func (n *Node) listStreams() []*geologv1.StreamInfo {
 	return out
 }
 
-func (n *Node) describeStream(name string) (*geologv1.DescribeStreamResponse, error) {
+func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.DescribeStreamResponse, error) {
 	if err := validateStreamName(name); err != nil {
 		return nil, err
 	}
-	n.mu.RLock()
-	st, ok := n.streams[name]
-	n.mu.RUnlock()
-	if !ok {
-		return nil, n.streamNotFound(name)
+	st, err := n.lookupStream(ctx, name)
+	if err != nil {
+		return nil, err
 	}
 	resp := &geologv1.DescribeStreamResponse{Stream: st.spec.info()}
 	for r, rd := range st.ranges {

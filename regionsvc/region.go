@@ -9,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
@@ -48,8 +49,10 @@ type region struct {
 	metaOffsets map[string]uint64
 	// applied is closed and replaced when the catalogue applies a record.
 	applied chan struct{}
-	tickCh  chan struct{}
-	stopCh  chan struct{}
+	// metaApplied is the catalogue offset applied up to (exclusive).
+	metaApplied atomic.Uint64
+	tickCh      chan struct{}
+	stopCh      chan struct{}
 }
 
 func (n *Node) replicated() bool { return n.region != nil }
@@ -185,6 +188,7 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 			return
 		}
 	}
+	n.region.metaApplied.Store(to)
 	n.mu.Lock()
 	close(n.region.applied)
 	n.region.applied = make(chan struct{})

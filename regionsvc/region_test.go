@@ -285,3 +285,39 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamNotFoundIsFinal: a stream created through one node is found at
+// once through every other node, although their copies of the catalogue
+// learn of the commit a message later (a miss is confirmed with the
+// catalogue leader); a stream that was never created is STREAM_NOT_FOUND
+// everywhere.
+func TestStreamNotFoundIsFinal(t *testing.T) {
+	tr := newTestRegion(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	tr.retry(ctx, "first stream", func(ctx context.Context, c geologv1.LogClient) error {
+		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "first", RangeCount: 1})
+		if apierr.CodeOf(err) == apierr.StreamExists {
+			return nil
+		}
+		return err
+	})
+	for i := 0; i < 30; i++ {
+		name := fmt.Sprintf("s%d", i)
+		via := uint64(i%3) + 1
+		if _, err := tr.clients[via].CreateStream(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: 1}); err != nil {
+			t.Fatalf("create %s via node %d: %v", name, via, err)
+		}
+		for id := uint64(1); id <= 3; id++ {
+			if _, err := tr.clients[id].DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: name}); err != nil {
+				t.Fatalf("describe %s on node %d right after its create via node %d: %v", name, id, via, err)
+			}
+		}
+	}
+	for id := uint64(1); id <= 3; id++ {
+		_, err := tr.clients[id].DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "never"})
+		wantCode(t, err, apierr.StreamNotFound)
+		_, err = tr.clients[id].Append(ctx, &geologv1.AppendRequest{Stream: "never", Records: []*geologv1.Record{{Value: []byte("x")}}})
+		wantCode(t, err, apierr.StreamNotFound)
+	}
+}

@@ -33,8 +33,8 @@ type logServer struct {
 }
 
 // prepareAppend validates req and encodes its frame. Errors are *apierr.Error.
-func (n *Node) prepareAppend(req *geologv1.AppendRequest) (*rangeDriver, *appendOp, error) {
-	rd, err := n.rangeOf(req.GetStream(), req.GetRange())
+func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest) (*rangeDriver, *appendOp, error) {
+	rd, err := n.rangeOf(ctx, req.GetStream(), req.GetRange())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -93,7 +93,7 @@ func (n *Node) prepareAppend(req *geologv1.AppendRequest) (*rangeDriver, *append
 // some goroutine, with the reply (errors ride in its Error field).
 func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, done func(*geologv1.AppendResponse)) {
 	id := req.GetRequestId()
-	rd, op, err := n.prepareAppend(req)
+	rd, op, err := n.prepareAppend(ctx, req)
 	if err != nil {
 		n.metrics.appendResult(ctx, appendResult{err: err})
 	}
@@ -198,7 +198,7 @@ func drainReplies(ctx context.Context, stream geologv1.Log_AppendStreamServer, r
 }
 
 func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {
-	rd, err := s.node.rangeOf(req.GetStream(), req.GetRange())
+	rd, err := s.node.rangeOf(ctx, req.GetStream(), req.GetRange())
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -250,7 +250,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 
 func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_SubscribeServer) error {
 	ctx := stream.Context()
-	rd, err := s.node.rangeOf(req.GetStream(), req.GetRange())
+	rd, err := s.node.rangeOf(ctx, req.GetStream(), req.GetRange())
 	if err != nil {
 		return apierr.ToStatus(err)
 	}
@@ -302,7 +302,7 @@ func (s *logServer) ListStreams(ctx context.Context, req *geologv1.ListStreamsRe
 }
 
 func (s *logServer) DescribeStream(ctx context.Context, req *geologv1.DescribeStreamRequest) (*geologv1.DescribeStreamResponse, error) {
-	resp, err := s.node.describeStream(req.GetName())
+	resp, err := s.node.describeStream(ctx, req.GetName())
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}

@@ -155,13 +155,9 @@ type Replica struct {
 
 	committed atomic.Uint64 // offsets below it are committed
 	leaderID  atomic.Uint64
-	// appliedTerm is the term of the last entry applied, currentTerm Raft's
-	// term: equal once this replica applied an entry of the current leader,
-	// and so (log matching) everything that leader had committed.
-	appliedTerm, currentTerm atomic.Uint64
-	notifyMu                 sync.Mutex
-	notifyCh                 chan struct{}
-	failure                  atomic.Pointer[apierr.Error]
+	notifyMu  sync.Mutex
+	notifyCh  chan struct{}
+	failure   atomic.Pointer[apierr.Error]
 }
 
 // New opens a replica over an already opened log. rebuild is called with
@@ -344,15 +340,6 @@ func (r *Replica) LeaderID() uint64 { return r.leaderID.Load() }
 // Committed is the committed end offset; safe from any goroutine. Readers
 // may read offsets below it.
 func (r *Replica) Committed() uint64 { return r.committed.Load() }
-
-// CaughtUp reports whether this replica has applied an entry of the
-// current term, and with it everything committed before; safe from any
-// goroutine. A restarted replica is not caught up until it hears from the
-// leader.
-func (r *Replica) CaughtUp() bool {
-	t := r.currentTerm.Load()
-	return t != 0 && r.appliedTerm.Load() == t && r.leaderID.Load() != 0
-}
 
 // Failure is the error that stopped the replica, or nil.
 func (r *Replica) Failure() *apierr.Error { return r.failure.Load() }
@@ -606,7 +593,6 @@ func (r *Replica) ProcessReady() error {
 	}
 	st := r.rn.BasicStatus()
 	r.term = st.GetTerm()
-	r.currentTerm.Store(r.term)
 	if applyMsg != nil {
 		// Raft hands over committed entries only once they are in this
 		// replica's log, durably: readers may read them.
@@ -616,7 +602,6 @@ func (r *Replica) ProcessReady() error {
 				return err
 			}
 			r.appliedIndex = e.GetIndex()
-			r.appliedTerm.Store(e.GetTerm())
 		}
 		for _, m := range applyMsg.GetResponses() {
 			_ = r.step(m)

@@ -583,7 +583,6 @@ func (r *Replica) installSnapshot(snap *raftpb.Snapshot) error {
 		r.committed.Store(m.NextOffset)
 		r.notify()
 	}
-	r.appliedTerm.Store(m.Term)
 	r.settleAfterInstall(m)
 	r.snapshotsInstalled.Add(1)
 	r.logger.Info("installed snapshot", "index", m.Index, "term", m.Term, "start_offset", r.cfg.Log.StartOffset(),
