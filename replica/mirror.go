@@ -28,6 +28,10 @@ func (r *Replica) ProposeVerbatim(op *Op) {
 		op.Reply(Result{Err: apierr.New(apierr.InvalidArgument, "stream %s range %d: a mirrored frame must be a valid data frame", r.cfg.Stream, r.cfg.Range)})
 		return
 	}
+	if err := r.staleEpoch(h.Epoch); err != nil {
+		op.Reply(Result{Err: err})
+		return
+	}
 	if h.BaseOffset != r.proposeNext {
 		e := apierr.New(apierr.OffsetOutOfRange, "stream %s range %d: mirrored frame at offset %d, the log continues at %d",
 			r.cfg.Stream, r.cfg.Range, h.BaseOffset, r.proposeNext)

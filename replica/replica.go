@@ -74,6 +74,12 @@ type Op struct {
 	// Frame is the encoded batch; the replica fills in offset, epoch and
 	// append time. The replica owns it after Propose.
 	Frame []byte
+	// Epoch is the homing epoch the proposer holds the range at (checked
+	// against its lease when it decided to propose), stamped on the batch;
+	// 0 means Config.Epoch. Propose refuses an epoch below the highest in
+	// the log with a final STALE_EPOCH. ProposeVerbatim ignores it (the
+	// frame carries its home's epoch, checked the same way).
+	Epoch uint64
 	// Reply is called exactly once, from the goroutine driving the replica.
 	// It must not block.
 	Reply func(Result)
@@ -125,6 +131,12 @@ type Replica struct {
 	term                uint64
 	proposeNext         uint64
 	lastAppendUnixNanos int64 // newest append time proposed or in the log
+	// logEpoch is the highest homing epoch of any frame in the log (queued
+	// or written, control frames included: they carry the epoch of the log
+	// before them), proposeEpoch the highest this leader proposed; epochs
+	// never go down along a log. highestEpoch publishes their maximum.
+	logEpoch, proposeEpoch uint64
+	highestEpoch           atomic.Uint64
 	logAppendUnixNanos  int64 // newest append time in the log (queued or written)
 	proposals           []*proposal
 	// reads are linearizable reads in progress (readindex.go).
@@ -231,6 +243,7 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	}
 	r.dedup = r.base.table(cfg.ProducersMax)
 	for _, h := range headers {
+		r.noteLogEpoch(h.Epoch)
 		if h.Index > r.state.SnapshotIndex || r.state.SnapshotIndex == 0 {
 			r.recordHeader(h) // the base covers the frames up to the compaction point
 		}
@@ -272,6 +285,7 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 
 // recordHeader feeds one log frame's header to the idempotence table.
 func (r *Replica) recordHeader(h batch.Header) {
+	r.noteLogEpoch(h.Epoch)
 	if h.Type == batch.TypeData && h.ProducerID != 0 {
 		r.dedup.Record(h.ProducerID, dedup.Batch{
 			BaseSequence:        h.BaseSequence,
@@ -287,6 +301,31 @@ func (r *Replica) recordHeader(h batch.Header) {
 	if h.AppendTimeUnixNanos > r.logAppendUnixNanos {
 		r.logAppendUnixNanos = h.AppendTimeUnixNanos
 	}
+}
+
+// noteLogEpoch raises the log's highest epoch to e. It never lowers it,
+// not even when an uncommitted suffix is replaced: epochs come from the
+// lease store, so an epoch once proposed anywhere was granted, and the
+// fence stays at it.
+func (r *Replica) noteLogEpoch(e uint64) {
+	if e > r.logEpoch {
+		r.logEpoch = e
+	}
+	r.highestEpoch.Store(max(r.logEpoch, r.proposeEpoch))
+}
+
+// HighestEpoch is the highest homing epoch in this replica's log or
+// proposed by it; safe from any goroutine.
+func (r *Replica) HighestEpoch() uint64 { return r.highestEpoch.Load() }
+
+// staleEpoch checks a proposal's epoch against the log's: batches of an
+// older homing epoch than one already in the log are refused (DESIGN.md
+// "Fencing": the check happens where data is written).
+func (r *Replica) staleEpoch(e uint64) *apierr.Error {
+	if top := max(r.logEpoch, r.proposeEpoch); e < top {
+		return apierr.New(apierr.StaleEpoch, "stream %s range %d: a batch of homing epoch %d, the log is at epoch %d", r.cfg.Stream, r.cfg.Range, e, top)
+	}
+	return nil
 }
 
 // IsNewGroup reports whether New created the group (no saved state): the
@@ -410,19 +449,27 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 			return
 		}
 	}
+	epoch := op.Epoch
+	if epoch == 0 {
+		epoch = r.cfg.Epoch
+	}
+	if err := r.staleEpoch(epoch); err != nil {
+		op.Reply(Result{Err: err})
+		return
+	}
 	now := r.cfg.Now().UnixNano()
 	if now < r.lastAppendUnixNanos {
 		now = r.lastAppendUnixNanos // append time never goes back within a range
 	}
 	base := r.proposeNext
-	batch.Patch(op.Frame, base, r.cfg.Epoch, now)
-	if !r.proposeFrame(op, Result{BaseOffset: base, RecordCount: op.RecordCount, Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now}) {
+	batch.Patch(op.Frame, base, epoch, now)
+	if !r.proposeFrame(op, Result{BaseOffset: base, RecordCount: op.RecordCount, Epoch: epoch, AppendTimeUnixNanos: now}) {
 		return
 	}
 	if op.ProducerID != 0 {
 		r.dedup.Record(op.ProducerID, dedup.Batch{
 			BaseSequence: op.BaseSequence, RecordCount: op.RecordCount, BaseOffset: base,
-			Epoch: r.cfg.Epoch, AppendTimeUnixNanos: now,
+			Epoch: epoch, AppendTimeUnixNanos: now,
 		})
 	}
 }
@@ -440,6 +487,10 @@ func (r *Replica) proposeFrame(op *Op, res Result) bool {
 	}
 	end := res.BaseOffset + uint64(res.RecordCount)
 	r.proposeNext = end
+	if res.Epoch > r.proposeEpoch {
+		r.proposeEpoch = res.Epoch
+		r.highestEpoch.Store(max(r.logEpoch, r.proposeEpoch))
+	}
 	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, res.AppendTimeUnixNanos)
 	r.proposals = append(r.proposals, &proposal{op: op, term: r.term, baseOffset: res.BaseOffset, endOffset: end, res: res})
 	op.Frame = nil
@@ -588,6 +639,7 @@ func (r *Replica) ProcessReady() error {
 			// Ready's included), written or not; its own proposals
 			// continue from the log's tail.
 			r.proposeNext = r.tailOffset
+			r.proposeEpoch = r.logEpoch
 			r.logger.Info("became leader", "term", r.rn.BasicStatus().GetTerm(), "next_offset", r.proposeNext)
 		}
 	}

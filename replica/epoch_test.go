@@ -1,0 +1,69 @@
+package replica
+
+import (
+	"testing"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+)
+
+// TestStaleEpochRefused: once a batch of homing epoch 2 is in the log, a
+// proposal at epoch 1 (a leader whose lease view is behind) and a mirrored
+// frame of epoch 1 (a fenced home's replicator) are refused with
+// STALE_EPOCH, on the leader that wrote it and on the next one after a
+// restart of the whole group; control frames carry the epoch on, so the
+// fence survives.
+func TestStaleEpochRefused(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res, r1, r2, r3 []Result
+	at := func(o *Op, e uint64) *Op { o.Epoch = e; return o }
+	c.replicas[1].Propose(at(op(7, 0, 2, "e1", &r1), 1))
+	c.replicas[1].Propose(at(op(7, 2, 2, "e2", &r2), 2))
+	c.replicas[1].Propose(at(op(7, 4, 1, "stale", &r3), 1))
+	c.settle()
+	if len(r1) != 1 || r1[0].Err != nil || r1[0].Epoch != 1 || len(r2) != 1 || r2[0].Err != nil || r2[0].Epoch != 2 {
+		t.Fatalf("replies: %+v %+v", r1, r2)
+	}
+	if len(r3) != 1 || apierr.CodeOf(r3[0].Err) != apierr.StaleEpoch {
+		t.Fatalf("epoch 1 after epoch 2: %+v, want STALE_EPOCH", r3)
+	}
+	c.tick(2)
+	for _, id := range c.ids {
+		if e := c.replicas[id].HighestEpoch(); e != 2 {
+			t.Fatalf("node %d highest epoch %d, want 2", id, e)
+		}
+	}
+	// A mirrored frame of epoch 1 at the tail.
+	mirrored := func(e uint64, base uint64) *Op {
+		h := batch.Header{Type: batch.TypeData, BaseOffset: base, Epoch: e, AppendTimeUnixNanos: 1}
+		frame := batch.Encode(nil, h, []batch.Record{{Key: []byte("k"), Value: []byte("m")}})
+		return &Op{RecordCount: 1, Frame: frame, Reply: func(r Result) { res = append(res, r) }}
+	}
+	c.replicas[1].ProposeVerbatim(mirrored(1, 4))
+	if r := res[len(res)-1]; apierr.CodeOf(r.Err) != apierr.StaleEpoch {
+		t.Fatalf("mirrored epoch-1 frame: %+v", r)
+	}
+	for _, id := range c.ids {
+		c.stop(id)
+	}
+	for _, id := range c.ids {
+		c.start(id)
+	}
+	c.elect(2)
+	c.tick(2)
+	c.settle()
+	if e := c.replicas[2].HighestEpoch(); e != 2 {
+		t.Fatalf("after restart, highest epoch %d, want 2", e)
+	}
+	var r4, r5 []Result
+	c.replicas[2].Propose(at(op(8, 0, 1, "stale-again", &r4), 1))
+	c.replicas[2].Propose(at(op(8, 0, 1, "e3", &r5), 3))
+	c.settle()
+	if len(r4) != 1 || apierr.CodeOf(r4[0].Err) != apierr.StaleEpoch || len(r5) != 1 || r5[0].Err != nil || r5[0].Epoch != 3 || r5[0].BaseOffset != 4 {
+		t.Fatalf("after restart: %+v %+v", r4, r5)
+	}
+	if got := c.logValues(2); len(got) != 5 {
+		t.Fatalf("log %v, want 5 records (the stale ones refused)", got)
+	}
+}
