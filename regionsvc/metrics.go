@@ -17,6 +17,7 @@ type nodeMetrics struct {
 	ackedRecords  metric.Int64Counter
 	ackedBytes    metric.Int64Counter
 	appendResults metric.Int64Counter
+	takeovers     metric.Int64Counter
 	fsyncSeconds  metric.Float64Histogram
 	fsyncRecords  metric.Int64Histogram
 }
@@ -35,6 +36,10 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	}
 	if nm.appendResults, err = m.Int64Counter("geolog.append.requests",
 		metric.WithDescription("append requests by result (ok, duplicate, or the error code)")); err != nil {
+		return nil, err
+	}
+	if nm.takeovers, err = m.Int64Counter("geolog.homing.takeovers",
+		metric.WithDescription("ranges this node's region took over from a failed home region")); err != nil {
 		return nil, err
 	}
 	if nm.fsyncSeconds, err = m.Float64Histogram("geolog.segment.fsync_duration",

@@ -129,9 +129,15 @@ func (n *Node) checkSameDefinition(ctx context.Context, addr string, spec stream
 // region's nodes by range; a home node that does not lead the range
 // redirects again within its region).
 func (n *Node) notHome(d *rangeDriver) error {
-	e := apierr.New(apierr.NotHome, "stream %s range %d is homed in region %s; region %s holds a read-only mirror",
-		d.cfg.stream, d.cfg.rangeID, d.cfg.homeRegion, n.cfg.Region)
-	addrs := n.cfg.Regions[d.cfg.homeRegion]
+	role := d.role()
+	if role.region == "" || role.region == n.cfg.Region {
+		// Homing on, and the home is not known here yet (or is moving):
+		// nowhere to send the producer but back here, later.
+		return apierr.New(apierr.Unavailable, "stream %s range %d: its home is being settled (homing epoch %d); retry", d.cfg.stream, d.cfg.rangeID, role.epoch)
+	}
+	e := apierr.New(apierr.NotHome, "stream %s range %d is homed in region %s (epoch %d); region %s holds a read-only mirror",
+		d.cfg.stream, d.cfg.rangeID, role.region, role.epoch, n.cfg.Region)
+	addrs := n.cfg.Regions[role.region]
 	switch id := d.homeLeaderID.Load(); {
 	case id != 0 && id <= uint64(len(addrs)):
 		// The home leader, as its heartbeats name it, through this node's
@@ -159,10 +165,10 @@ func (s *mirrorStore) Open(ctx context.Context, stream string, rng uint32) (repl
 	switch {
 	case d.rep == nil || d.store == nil:
 		return nil, apierr.New(apierr.Unavailable, "stream %s range %d is not served here", stream, rng)
-	case d.cfg.home:
-		// Static homes (until the lease store moves them): a source that
-		// believes it is home for a range homed here is misconfigured or
-		// stale; it must stop.
+	case d.isHome():
+		// A source that believes it is home for a range homed here is
+		// stale (fenced by a takeover or a rehome) or misconfigured; it
+		// must stop.
 		return nil, apierr.New(apierr.StaleEpoch, "stream %s range %d is homed in region %s, which takes no mirrored batches", stream, rng, s.n.cfg.Region)
 	case d.rep.LeaderID() != s.n.cfg.NodeID:
 		// No hint: the source reaches this region through its own address
@@ -275,6 +281,7 @@ type taskKey struct {
 	stream string
 	rng    uint32
 	region string
+	epoch  uint64 // the home epoch the task ships under
 }
 
 type runningTask struct {
@@ -326,12 +333,12 @@ func (m *replicationManager) scan() {
 	n.mu.RLock()
 	for _, st := range n.streams {
 		for r, d := range st.ranges {
-			if !d.cfg.home || d.rep == nil || d.store == nil || d.failure.Load() != nil || d.rep.LeaderID() != n.cfg.NodeID {
+			if !d.isHome() || d.rep == nil || d.store == nil || d.failure.Load() != nil || d.rep.LeaderID() != n.cfg.NodeID {
 				continue
 			}
 			for _, region := range st.spec.Regions {
 				if region != n.cfg.Region {
-					want[taskKey{st.spec.Name, uint32(r), region}] = d
+					want[taskKey{st.spec.Name, uint32(r), region, d.role().epoch}] = d
 				}
 			}
 		}
@@ -366,7 +373,7 @@ func (m *replicationManager) start(k taskKey, d *rangeDriver) {
 	task, err := replicator.NewTask(replicator.TaskConfig{
 		Stream: k.stream, Range: k.rng,
 		SourceRegion: n.cfg.Region, DestinationRegion: k.region, SourceNodeID: n.cfg.NodeID,
-		Epoch:  d.cfg.epoch,
+		Epoch:  k.epoch,
 		Source: driverSource{d},
 		Dialer: m.dialer,
 		Addrs:  func() []string { return n.cfg.Regions[k.region] },
@@ -449,7 +456,7 @@ func (n *Node) rangeReplication(spec streamSpec, r uint32, d *rangeDriver) []*ge
 		return nil
 	}
 	now := n.cfg.Now()
-	if d.cfg.home {
+	if d.isHome() {
 		return n.repl.progress(spec.Name, r, now)
 	}
 	if !slices.Contains(spec.Regions, n.cfg.Region) {
@@ -510,6 +517,12 @@ func (n *Node) createStreamRegions(ctx context.Context, spec streamSpec) (*geolo
 		if err := n.propagateCreate(ctx, spec); err != nil {
 			return nil, err
 		}
+		// Homes are registered once every region has the stream (a
+		// region homes only ranges it holds), before the create returns,
+		// so appends are admitted at once.
+		if err := n.registerStreamHomes(ctx, spec); err != nil {
+			return nil, err
+		}
 	}
 	if localErr != nil {
 		return nil, localErr
@@ -548,7 +561,8 @@ func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (ui
 	if d.rep == nil {
 		return d.committed.Load(), nil // a region of one without Raft: its own home
 	}
-	if d.cfg.home && d.rep.LeaderID() == n.cfg.NodeID {
+	role := d.role()
+	if role.home && d.rep.LeaderID() == n.cfg.NodeID {
 		done := make(chan struct{})
 		var tail uint64
 		var rerr error
@@ -573,15 +587,15 @@ func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (ui
 		return 0, d.hintAddress(d.rep.NotLeaderError())
 	}
 	var addrs []string
-	if d.cfg.home {
+	if role.home {
 		if a := n.cfg.Peers[d.rep.LeaderID()]; a != "" && d.rep.LeaderID() != 0 {
 			addrs = []string{a}
 		}
 	} else {
-		addrs = n.cfg.Regions[d.cfg.homeRegion]
+		addrs = n.cfg.Regions[role.region]
 	}
 	if len(addrs) == 0 {
-		return 0, apierr.New(apierr.Unavailable, "stream %s range %d: no known leader in the home region %s", d.cfg.stream, d.cfg.rangeID, d.cfg.homeRegion)
+		return 0, apierr.New(apierr.Unavailable, "stream %s range %d: no known leader in the home region %q", d.cfg.stream, d.cfg.rangeID, role.region)
 	}
 	var last error
 	for _, addr := range addrs {

@@ -37,10 +37,17 @@ type world struct {
 	conns   map[string]map[uint64]geologv1.LogClient
 	remote  map[string]map[string][]string // region → other region → link addresses
 	size    int
+	mut     func(region string, id uint64, cfg *Config) // adjusts a node's config, if set
 }
 
 func newWorld(t *testing.T, regions []string, size int, latency, jitter time.Duration) *world {
-	w := &world{t: t, regions: regions, size: size, net: wan.NewNet(hclog.NewNullLogger()),
+	return newWorldWith(t, regions, size, latency, jitter, nil, nil)
+}
+
+// newWorldWith is newWorld with a setup step run before any node starts
+// and a hook adjusting every node's configuration.
+func newWorldWith(t *testing.T, regions []string, size int, latency, jitter time.Duration, setup func(*world), mut func(region string, id uint64, cfg *Config)) *world {
+	w := &world{t: t, regions: regions, size: size, net: wan.NewNet(hclog.NewNullLogger()), mut: mut,
 		nodes: map[string]map[uint64]*Node{}, addrs: map[string]map[uint64]string{}, dirs: map[string]map[uint64]string{},
 		conns: map[string]map[uint64]geologv1.LogClient{}, remote: map[string]map[string][]string{}}
 	t.Cleanup(func() { w.net.Close() })
@@ -67,6 +74,9 @@ func newWorld(t *testing.T, regions []string, size int, latency, jitter time.Dur
 			}
 		}
 	}
+	if setup != nil {
+		setup(w)
+	}
 	for _, r := range regions {
 		for id := uint64(1); id <= uint64(size); id++ {
 			w.start(r, id)
@@ -83,11 +93,15 @@ func newWorld(t *testing.T, regions []string, size int, latency, jitter time.Dur
 }
 
 func (w *world) start(region string, id uint64) {
-	n, err := New(Config{
+	cfg := Config{
 		DataDir: w.dirs[region][id], ListenAddr: w.addrs[region][id], Region: region, Regions: w.remote[region],
 		NodeID: id, Peers: w.addrs[region], TickInterval: 20 * time.Millisecond, Fsync: 1, // FsyncNever: the test is about replication
 		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{w.t}, Level: hclog.Warn, Name: region}),
-	})
+	}
+	if w.mut != nil {
+		w.mut(region, id, &cfg)
+	}
+	n, err := New(cfg)
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replicator"
@@ -62,8 +63,24 @@ type Config struct {
 	Fsync segment.FsyncPolicy
 	// SegmentBytesMax is the segment roll size, default 64 MiB.
 	SegmentBytesMax int64
-	// Epoch stamped on every batch, default 1. Homing will own it.
+	// Epoch stamped on every batch without a lease store, default 1.
 	Epoch uint64
+	// LeaseStore, if set, turns homing on (see homing.go): which region is
+	// home for each range, at which epoch, comes from it; appends are
+	// admitted and acked under a lease only; failed home regions are taken
+	// over. Requires replication. The node does not close it.
+	LeaseStore homing.Store
+	// LeaseHeartbeat, LeaseTTL and MaxClockOffset configure the liveness
+	// lease (homing.Config: defaults 1 s, 5 s, 500 ms). MaxClockOffset
+	// must be the same on every node.
+	LeaseHeartbeat, LeaseTTL, MaxClockOffset time.Duration
+	// FailoverOrder is the preference among regions for taking over a
+	// failed home when mirrors are equally caught up (default: the
+	// stream's region order).
+	FailoverOrder []string
+	// FailoverDisabled turns the takeover agent off (operators then move
+	// homes by hand).
+	FailoverDisabled bool
 	// SyncConcurrencyMax bounds the fsyncs in progress at once across all
 	// ranges of the node, default 2. Each fsync has a large fixed cost (a
 	// journal commit and a device cache flush); while a range waits for a
@@ -165,6 +182,9 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("regionsvc: Regions[%q] must name another region and list its addresses", region)
 		}
 	}
+	if c.LeaseStore != nil && len(c.Peers) == 0 {
+		return errors.New("regionsvc: LeaseStore needs replication (NodeID and Peers)")
+	}
 	if len(c.Regions) > 0 && len(c.Peers) == 0 {
 		return errors.New("regionsvc: Regions needs replication (NodeID and Peers)")
 	}
@@ -219,6 +239,8 @@ type Node struct {
 	// regions' batches to the mirrors here (both nil unless replicated).
 	repl       *replicationManager
 	replServer *replicator.Server
+	// homing is nil unless Config.LeaseStore is set.
+	homing *homingState
 	// peerConns are client connections to the region's other nodes, for
 	// forwarding; bounded by the number of peers.
 	peerConnsMu sync.Mutex
@@ -298,10 +320,15 @@ func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 		}, rc)
 		cfg.homeRegion = spec.home(r)
 		cfg.home = cfg.homeRegion == n.cfg.Region
-		if cfg.home && len(spec.Regions) > 1 {
+		if len(spec.Regions) > 1 {
 			cfg.compactionFloor = func() (uint64, bool) { return n.mirrorFloor(spec.Name, r) }
 		}
-		st.ranges[r] = openRangeDriver(cfg)
+		if n.cfg.LeaseStore != nil {
+			cfg.leaseCheck = n.leaseCheckFor(spec.Name, r)
+		}
+		d := openRangeDriver(cfg)
+		d.setRole(n.initialRole(spec.Name, r, spec))
+		st.ranges[r] = d
 	}
 	return st
 }
@@ -379,6 +406,10 @@ func (n *Node) Start() error {
 		n.replServer.Register(n.grpcServer)
 		n.repl = newReplicationManager(n)
 		go n.repl.run()
+		if err := n.startHoming(); err != nil {
+			lis.Close()
+			return fmt.Errorf("regionsvc: homing: %w", err)
+		}
 	}
 	n.listener = lis
 	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
@@ -400,6 +431,7 @@ func (n *Node) Addr() string {
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		close(n.closing)
+		n.closeHoming()
 		if n.repl != nil {
 			n.repl.close() // no more shipping from ranges about to stop
 		}
@@ -532,8 +564,8 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 			Range:      uint32(r),
 			HashStart:  keyspace.HashStart(uint32(r), st.spec.RangeCount),
 			HashEnd:    keyspace.HashEnd(uint32(r), st.spec.RangeCount),
-			HomeRegion: st.spec.home(uint32(r)),
-			Epoch:      n.cfg.Epoch,
+			HomeRegion: rd.role().region,
+			Epoch:      rd.role().epoch,
 			Leader:     n.Addr(),
 			Status:     "ok",
 		}

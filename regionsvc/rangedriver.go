@@ -38,6 +38,9 @@ type appendOp struct {
 	// verbatim marks a mirrored frame (replicated from the home region):
 	// proposed as it is, offsets, epoch and append time included.
 	verbatim bool
+	// epoch is the homing epoch the append was admitted at (the lease
+	// checked when it arrived); 0: the range's static epoch.
+	epoch uint64
 	// reply is called exactly once, from the driver goroutine (or from submit
 	// when the driver is gone). It must not block.
 	reply func(appendResult)
@@ -67,10 +70,14 @@ type rangeDriverConfig struct {
 	syncSlots chan struct{}
 	// repl, when set, makes the range a Raft group member (see replicated.go).
 	repl *replicationConfig
-	// homeRegion is the region the range is homed in; home says it is this
-	// node's (otherwise the range is a mirror: see multiregion.go).
+	// homeRegion is the region the range is homed in as created; home says
+	// it is this node's. With a lease store (homing.go) they are only the
+	// starting point: rangeDriver.role is what counts.
 	homeRegion string
 	home       bool
+	// leaseCheck, if set (homing on), is asked before every ack whether
+	// the node may still ack at the batch's epoch.
+	leaseCheck func(epoch uint64) error
 	// compactionFloor, if set, returns the lowest offset still to be kept
 	// for other regions' mirrors (ok false: no bound). See multiregion.go.
 	compactionFloor func() (offset uint64, ok bool)
@@ -100,9 +107,12 @@ type rangeDriver struct {
 	// homeLeaderID is, on a mirror, the home leader's Raft id in its region
 	// as its heartbeats say (0: not heard yet).
 	homeLeaderID atomic.Uint64
-	failure      atomic.Pointer[apierr.Error] // set once the range stops serving
-	notifyMu     sync.Mutex
-	notifyCh     chan struct{} // closed and replaced when committed or failure changes
+	// roleP is the range's current home (see homing.go); never nil after
+	// open.
+	roleP    atomic.Pointer[rangeRole]
+	failure  atomic.Pointer[apierr.Error] // set once the range stops serving
+	notifyMu sync.Mutex
+	notifyCh chan struct{} // closed and replaced when committed or failure changes
 
 	inbox    chan *appendOp
 	syncKick chan struct{}

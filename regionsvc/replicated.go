@@ -233,11 +233,21 @@ func (d *rangeDriver) propose(op *appendOp) {
 	}
 	propose(&replica.Op{
 		ProducerID: op.producerID, BaseSequence: op.baseSequence, RecordCount: op.recordCount,
-		Frame: op.frame,
+		Frame: op.frame, Epoch: op.epoch,
 		Reply: func(r replica.Result) {
 			if r.Err != nil {
 				op.reply(appendResult{err: d.hintAddress(r.Err)})
 				return
+			}
+			if !op.verbatim && d.cfg.leaseCheck != nil {
+				// DESIGN.md "Fencing": no ack once the lease may have
+				// expired, or under an epoch that is no longer current.
+				// The batch is committed here, but unacknowledged it may
+				// end in the orphan log; an idempotent retry resolves it.
+				if err := d.cfg.leaseCheck(r.Epoch); err != nil {
+					op.reply(appendResult{err: err})
+					return
+				}
 			}
 			if !r.Duplicate {
 				d.cfg.metrics.ackedRecords.Add(context.Background(), int64(r.RecordCount))

@@ -38,8 +38,12 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest) (
 	if err != nil {
 		return nil, nil, err
 	}
-	if !rd.cfg.home {
+	if !rd.isHome() {
 		return nil, nil, n.notHome(rd)
+	}
+	epoch, err := n.admit(rd)
+	if err != nil {
+		return nil, nil, err
 	}
 	recs := req.GetRecords()
 	if len(recs) == 0 {
@@ -86,6 +90,7 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest) (
 		baseSequence: h.BaseSequence,
 		recordCount:  uint32(len(recs)),
 		frame:        frame,
+		epoch:        epoch,
 	}, nil
 }
 

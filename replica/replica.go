@@ -137,8 +137,8 @@ type Replica struct {
 	// never go down along a log. highestEpoch publishes their maximum.
 	logEpoch, proposeEpoch uint64
 	highestEpoch           atomic.Uint64
-	logAppendUnixNanos  int64 // newest append time in the log (queued or written)
-	proposals           []*proposal
+	logAppendUnixNanos     int64 // newest append time in the log (queued or written)
+	proposals              []*proposal
 	// reads are linearizable reads in progress (readindex.go).
 	reads   []*readRequest
 	readSeq uint64

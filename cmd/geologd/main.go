@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/regionsvc"
 	"github.com/geolog/geolog/segment"
 	"github.com/hashicorp/go-hclog"
@@ -45,6 +46,12 @@ func run() int {
 	syncConcurrency := fs.Int("sync-concurrency", 2, "fsyncs in progress at once across all ranges")
 	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	logJSON := fs.Bool("log-json", false, "log as JSON")
+	leaseStore := fs.String("lease-store", "", "homing: the lease store's connection string (postgres://... for PostgreSQL or CockroachDB); empty: static homes from the stream specs")
+	leaseTTL := fs.Duration("lease-ttl", 5*time.Second, "homing: how far a liveness heartbeat extends this node's lease")
+	leaseHeartbeat := fs.Duration("lease-heartbeat", time.Second, "homing: liveness heartbeat interval")
+	maxClockOffset := fs.Duration("max-clock-offset", 500*time.Millisecond, "homing: the cluster's maximum clock offset (the same on every node)")
+	failoverOrder := fs.String("failover-order", "", "homing: preferred regions to take over a failed home, comma-separated (default: each stream's region order)")
+	noFailover := fs.Bool("no-failover", false, "homing: never take over a failed home region automatically")
 	debugAddr := fs.String("debug-addr", "", "serve /metrics (Prometheus) and /debug/pprof on this address (e.g. 127.0.0.1:6060); off by default")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
@@ -89,7 +96,31 @@ func run() int {
 	if policy == segment.FsyncNever {
 		logger.Warn("fsync disabled: acknowledged records can be lost on a machine crash; for benchmarks only")
 	}
+	var store homing.Store
+	if *leaseStore != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		s, err := homing.OpenSQL(ctx, homing.SQLConfig{URL: *leaseStore, Logger: logger})
+		cancel()
+		if err != nil {
+			logger.Error("open lease store", "error", err)
+			return 1
+		}
+		defer s.Close()
+		store = s
+	}
+	var order []string
+	for _, r := range strings.Split(*failoverOrder, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			order = append(order, r)
+		}
+	}
 	node, err := regionsvc.New(regionsvc.Config{
+		LeaseStore:         store,
+		LeaseTTL:           *leaseTTL,
+		LeaseHeartbeat:     *leaseHeartbeat,
+		MaxClockOffset:     *maxClockOffset,
+		FailoverOrder:      order,
+		FailoverDisabled:   *noFailover,
 		DataDir:            *dataDir,
 		ListenAddr:         *listen,
 		Region:             *region,

@@ -1,0 +1,460 @@
+package regionsvc
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/homing/pgtest"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/wan"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+
+var homingRegionSize = flag.Int("homingsize", 1, "nodes per region in the homing tests (3 for the full shape)")
+
+// Lease timing of the homing tests: short, so that failovers take seconds.
+const (
+	testLeaseTTL       = 2 * time.Second
+	testLeaseHeartbeat = 250 * time.Millisecond
+	testMaxClockOffset = 100 * time.Millisecond
+)
+
+// homingWorld is a world whose nodes home ranges through a lease store on
+// PostgreSQL, each region reaching it through its own link ("<region>->pg")
+// so that a region can be cut off from it.
+type homingWorld struct {
+	*world
+	pgURL string
+}
+
+func newHomingWorld(t *testing.T, regions []string, size int) *homingWorld {
+	dbURL := pgtest.NewDatabase(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hw := &homingWorld{pgURL: dbURL}
+	stores := map[string]homing.Store{}
+	var mu sync.Mutex
+	hw.world = newWorldWith(t, regions, size, 5*time.Millisecond, time.Millisecond, func(w *world) {
+		for i, r := range regions {
+			l, err := w.net.Add(wan.Config{Name: r + "->pg", From: r, To: "pg", Upstream: u.Host, Seed: uint64(900 + i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ru := *u
+			ru.Host = l.Addr()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			s, err := homing.OpenSQL(ctx, homing.SQLConfig{URL: ru.String(), ConnectTimeout: time.Second, MaxConns: 16})
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(s.Close)
+			stores[r] = s
+		}
+	}, func(region string, id uint64, cfg *Config) {
+		mu.Lock()
+		defer mu.Unlock()
+		cfg.LeaseStore = stores[region]
+		cfg.LeaseTTL, cfg.LeaseHeartbeat, cfg.MaxClockOffset = testLeaseTTL, testLeaseHeartbeat, testMaxClockOffset
+	})
+	return hw
+}
+
+// ackLog is what a test's producers were told.
+type ackLog struct {
+	mu    sync.Mutex
+	acks  []ack
+	fails []error
+}
+
+type ack struct {
+	value    string
+	key      string
+	seq      int
+	rng      uint32
+	offset   uint64
+	epoch    uint64
+	at       time.Time
+	producer string
+}
+
+// produceLoop produces key/seq-numbered values from region at rate until
+// stop is closed, recording every outcome.
+func produceLoop(t *testing.T, ctx context.Context, w *world, stream, region string, rate int, stop <-chan struct{}, log *ackLog, wg *sync.WaitGroup) {
+	c, err := client.New(w.regionAddrs(region), client.RetryBackoff(10*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.NewProducer(stream, client.InflightBatchesMax(2), client.ProducerRetryBackoff(10*time.Millisecond, 100*time.Millisecond),
+		client.DeliveryTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer c.Close()
+		defer p.Close()
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				fctx, cancel := context.WithTimeout(ctx, time.Minute)
+				if err := p.Flush(fctx); err != nil {
+					log.mu.Lock()
+					log.fails = append(log.fails, err)
+					log.mu.Unlock()
+				}
+				cancel()
+				return
+			case <-tick.C:
+			}
+			key := fmt.Sprintf("%s-k%d", region, i%5)
+			seq := i / 5
+			value := fmt.Sprintf("%s/%d", key, seq)
+			p.Produce(ctx, &client.Record{Key: []byte(key), Value: []byte(value)}, func(r client.ProduceResult, err error) {
+				log.mu.Lock()
+				defer log.mu.Unlock()
+				if err != nil {
+					log.fails = append(log.fails, err)
+					return
+				}
+				log.acks = append(log.acks, ack{value: value, key: key, seq: seq, rng: r.Range, offset: r.Offset, epoch: r.Epoch, at: time.Now(), producer: region})
+			})
+		}
+	}()
+}
+
+// createHomedStream creates a stream homed in home, placed in every region.
+func createHomedStream(t *testing.T, ctx context.Context, w *world, name string, ranges uint32, home string) {
+	c, err := client.New(w.regionAddrs(home))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitUntil(t, ctx, time.Minute, "stream created", func() bool {
+		_, err := c.CreateStream(ctx, client.StreamConfig{Name: name, RangeCount: ranges, Regions: w.regions, HomeRegion: home})
+		if err != nil {
+			t.Logf("create stream: %v", err)
+		}
+		return err == nil || client.CodeOf(err) == client.CodeStreamExists
+	})
+}
+
+// rangeHome asks a live node of region where the range is homed.
+func rangeHome(ctx context.Context, w *world, region, stream string, rng uint32) (string, uint64) {
+	for _, c := range w.conns[region] {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := c.DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: stream})
+		cancel()
+		if err == nil && int(rng) < len(resp.GetRanges()) {
+			ri := resp.GetRanges()[rng]
+			return ri.GetHomeRegion(), ri.GetEpoch()
+		}
+	}
+	return "", 0
+}
+
+// TestRegionFailover: a stream homed in us, producers in eu and ap; every
+// node of us is killed under load. A surviving region takes the home at
+// epoch 2 within the lease TTL plus a bound, producers carry on by
+// themselves, and: every record acked before the kill is in the new home's
+// log at its acked offset unless its offset is at or past the fork (never
+// replicated: it waits in the dead region, for the orphan log); no
+// idempotent retry is appended twice; per key, offsets follow sequence
+// numbers across the epoch boundary.
+func TestRegionFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster with a lease store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := newHomingWorld(t, []string{"us", "eu", "ap"}, *homingRegionSize)
+	createHomedStream(t, ctx, w.world, "hf", 2, "us")
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var log ackLog
+	for _, r := range []string{"eu", "ap"} {
+		produceLoop(t, ctx, w.world, "hf", r, 100, stop, &log, &wg)
+	}
+	waitUntil(t, ctx, time.Minute, "acks before the kill", func() bool {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		return len(log.acks) >= 200
+	})
+	killAt := time.Now()
+	for id := range w.nodes["us"] {
+		w.stop("us", id)
+	}
+	log.mu.Lock()
+	ackedBefore := len(log.acks)
+	log.mu.Unlock()
+	t.Logf("killed every node of us at %s after %d acks", killAt.Format("15:04:05.000"), ackedBefore)
+
+	// A new home per range, and the first ack under epoch 2.
+	var firstNew time.Time
+	waitUntil(t, ctx, time.Minute, "an ack under the new epoch", func() bool {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		for _, a := range log.acks {
+			if a.epoch >= 2 && (firstNew.IsZero() || a.at.Before(firstNew)) {
+				firstNew = a.at
+			}
+		}
+		return !firstNew.IsZero()
+	})
+	failover := firstNew.Sub(killAt)
+	t.Logf("failover: kill → first ack in the new home %v (lease TTL %v)", failover, testLeaseTTL)
+	if bound := testLeaseTTL + testMaxClockOffset + 2*time.Second; failover > bound {
+		t.Errorf("failover took %v, over the bound of %v", failover, bound)
+	}
+	// Keep producing a little under the new home, then stop.
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+
+	homes := map[uint32]string{}
+	for r := uint32(0); r < 2; r++ {
+		home, epoch := rangeHome(ctx, w.world, "eu", "hf", r)
+		if home == "us" || home == "" || epoch < 2 {
+			t.Fatalf("range %d: home %q epoch %d after the kill", r, home, epoch)
+		}
+		homes[r] = home
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if len(log.fails) > 0 {
+		t.Fatalf("%d produce failures (first: %v): producers must carry on by themselves", len(log.fails), log.fails[0])
+	}
+	checkAfterFailover(t, ctx, w.world, "hf", homes, log.acks)
+
+	// Failback: us returns, learns it is no longer home, and follows as a
+	// mirror: appends there are redirected, and its copy converges to the
+	// new home's log.
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.start("us", id)
+	}
+	waitUntil(t, ctx, 30*time.Second, "us redirects appends to the new home", func() bool {
+		for _, c := range w.conns["us"] {
+			_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "hf", Range: 0, Records: []*geologv1.Record{{Value: []byte("x")}}})
+			if apierr.CodeOf(err) == apierr.NotHome {
+				return true
+			}
+		}
+		return false
+	})
+	waitUntil(t, ctx, time.Minute, "us caught up with the new home", func() bool {
+		tails := w.tails(ctx, "hf")
+		for r, home := range homes {
+			if tails["us"] == nil || tails["us"][r] != tails[home][r] {
+				return false
+			}
+		}
+		return true
+	})
+	for r, home := range homes {
+		tail := w.tails(ctx, "hf")[home][r]
+		want, err := w.readLocal(ctx, home, "hf", r, 0, tail)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := w.readLocal(ctx, "us", "hf", r, 0, tail)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if !sameRecord(want[i], got[i]) {
+				t.Fatalf("range %d offset %d: us holds %q epoch %d, the home %q epoch %d", r, i, got[i].GetValue(), got[i].GetEpoch(), want[i].GetValue(), want[i].GetEpoch())
+			}
+		}
+	}
+}
+
+// checkAfterFailover reads each range's new home log and checks it against
+// the acks: acked records at their offsets or past the fork (orphans to
+// be), no duplicate value, per-key order.
+func checkAfterFailover(t *testing.T, ctx context.Context, w *world, stream string, homes map[uint32]string, acks []ack) {
+	t.Helper()
+	for rng, home := range homes {
+		tail := w.tails(ctx, stream)[home][rng]
+		recs, err := w.readLocal(ctx, home, stream, rng, 0, tail)
+		if err != nil {
+			t.Fatalf("read %s range %d: %v", home, rng, err)
+		}
+		byOffset := map[uint64]*geologv1.StoredRecord{}
+		seen := map[string]uint64{}
+		fork := uint64(0) // the first offset of epoch 2 or later
+		forkSet := false
+		for _, r := range recs {
+			byOffset[r.GetOffset()] = r
+			if prev, dup := seen[string(r.GetValue())]; dup {
+				t.Fatalf("range %d: %q at offsets %d and %d (a duplicate)", rng, r.GetValue(), prev, r.GetOffset())
+			}
+			seen[string(r.GetValue())] = r.GetOffset()
+			if r.GetEpoch() >= 2 && !forkSet {
+				fork, forkSet = r.GetOffset(), true
+			}
+		}
+		if !forkSet {
+			t.Fatalf("range %d: no record of epoch 2 in %s", rng, home)
+		}
+		orphans := 0
+		lastSeq := map[string]int{}
+		lastOff := map[string]uint64{}
+		for _, a := range acks {
+			if a.rng != rng {
+				continue
+			}
+			r, ok := byOffset[a.offset]
+			switch {
+			case ok && string(r.GetValue()) == a.value && r.GetEpoch() == a.epoch:
+			case a.epoch < 2 && a.offset >= fork:
+				orphans++ // acked by the old home, never replicated
+				continue
+			default:
+				t.Fatalf("range %d: %q acked at offset %d epoch %d is not there (fork %d)", rng, a.value, a.offset, a.epoch, fork)
+			}
+			if s, ok := lastSeq[a.key]; ok && a.seq > s && a.offset <= lastOff[a.key] {
+				t.Fatalf("range %d key %s: seq %d at offset %d, before seq %d at %d", rng, a.key, a.seq, a.offset, s, lastOff[a.key])
+			}
+			if s, ok := lastSeq[a.key]; !ok || a.seq > s {
+				lastSeq[a.key], lastOff[a.key] = a.seq, a.offset
+			}
+		}
+		// Per key, offsets follow sequence numbers in the log itself.
+		type ks struct {
+			seq int
+			off uint64
+		}
+		perKey := map[string][]ks{}
+		for _, r := range recs {
+			var key string
+			var seq int
+			if _, err := fmt.Sscanf(string(r.GetValue()), "%s", &key); err != nil {
+				continue
+			}
+			if i := lastSlash(key); i >= 0 {
+				fmt.Sscanf(key[i+1:], "%d", &seq)
+				key = key[:i]
+			}
+			perKey[key] = append(perKey[key], ks{seq, r.GetOffset()})
+		}
+		for key, l := range perKey {
+			if !sort.SliceIsSorted(l, func(i, j int) bool { return l[i].seq < l[j].seq }) {
+				t.Fatalf("range %d key %s: sequence order differs from offset order: %v", rng, key, l)
+			}
+		}
+		t.Logf("range %d: new home %s, fork at offset %d, %d records, %d acked records past the fork (orphaned, RPO)", rng, home, fork, len(recs), orphans)
+	}
+}
+
+func lastSlash(s string) int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '/' {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestLeaseStoreOutage: the lease store is unreachable for twice the lease
+// TTL under load. The home acks nothing after its lease could have expired
+// (its last heartbeat plus the TTL, minus the max clock offset); appends
+// are refused with a typed, retriable LEASE_EXPIRED meanwhile; nobody takes
+// the home over (no new epoch while the store is down); and service resumes
+// when the store returns.
+func TestLeaseStoreOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster with a lease store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := newHomingWorld(t, []string{"us", "eu"}, *homingRegionSize)
+	createHomedStream(t, ctx, w.world, "lo", 1, "us")
+	c, err := client.New(w.regionAddrs("us"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn := w.conns["us"][1]
+	appendOne := func(i int) (*geologv1.AppendResponse, error) {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var resp *geologv1.AppendResponse
+		var err error
+		for _, cc := range w.conns["us"] {
+			resp, err = cc.Append(cctx, &geologv1.AppendRequest{Stream: "lo", Range: 0, Records: []*geologv1.Record{{Value: []byte(fmt.Sprint(i))}}})
+			if apierr.CodeOf(err) != apierr.NotLeader {
+				return resp, err
+			}
+		}
+		return resp, err
+	}
+	_ = conn
+	waitUntil(t, ctx, 30*time.Second, "appends admitted", func() bool { _, err := appendOne(-1); return err == nil })
+
+	var links []*wan.Link
+	for _, r := range w.regions {
+		l, err := w.net.Link(r + "->pg")
+		if err != nil {
+			t.Fatal(err)
+		}
+		links = append(links, l)
+	}
+	cutAt := time.Now()
+	for _, l := range links {
+		if err := l.Cut(wan.CutBlackhole); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lastAck, refused := time.Time{}, 0
+	for i := 0; time.Since(cutAt) < 2*testLeaseTTL; i++ {
+		_, err := appendOne(i)
+		switch {
+		case err == nil:
+			lastAck = time.Now()
+		case apierr.CodeOf(err) == apierr.LeaseExpired:
+			if !apierr.As(apierr.FromError(err)).Retriable {
+				t.Fatalf("LEASE_EXPIRED must be retriable: %v", err)
+			}
+			refused++
+		default:
+			t.Logf("append during the outage: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The lease was extended at most up to the cut plus the TTL.
+	if bound := cutAt.Add(testLeaseTTL); lastAck.After(bound) {
+		t.Fatalf("acked at %v, after the lease could have expired (%v)", lastAck.Sub(cutAt), testLeaseTTL)
+	}
+	if refused == 0 {
+		t.Fatalf("no append refused with LEASE_EXPIRED during a %v outage", 2*testLeaseTTL)
+	}
+	t.Logf("outage: last ack %v after the cut, %d appends refused with LEASE_EXPIRED", lastAck.Sub(cutAt), refused)
+	for _, l := range links {
+		if err := l.Heal(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	healAt := time.Now()
+	waitUntil(t, ctx, 30*time.Second, "appends admitted again", func() bool { _, err := appendOne(-2); return err == nil })
+	t.Logf("service resumed %v after the store returned", time.Since(healAt))
+	if home, epoch := rangeHome(ctx, w.world, "us", "lo", 0); home != "us" || epoch != 1 {
+		t.Fatalf("after the outage the range is homed in %q at epoch %d; want us at 1 (no epoch granted while the store was down)", home, epoch)
+	}
+}

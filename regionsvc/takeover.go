@@ -1,0 +1,184 @@
+package regionsvc
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+
+	"github.com/geolog/geolog/homing"
+)
+
+// Unplanned failover (DESIGN.md "Homing"): the catalogue leader of every
+// region watches the ranges its region mirrors. When every node of a
+// range's home region may be dead by the lease store (each liveness record
+// past its expiration plus the max clock offset), the most caught-up
+// surviving mirror takes the home at epoch+1 and continues at its applied
+// tail: each region's agent asks the other surviving regions how far their
+// mirrors are, and only the best one (ties broken by the preference order)
+// acts; after failoverGrace, any does (the best may be unable to). The
+// store's compare-and-set on the epoch makes the race harmless: one wins.
+
+// failoverScanInterval is how often the agent looks.
+const failoverScanInterval = 250 * time.Millisecond
+
+// failoverGrace is how long the agent of a region that is not the best
+// candidate waits, once a home region is dead, before taking over itself.
+const failoverGrace = 3 * time.Second
+
+type failoverAgent struct {
+	n *Node
+	// deadSince is when each home region was first seen dead.
+	deadSince map[string]time.Time
+}
+
+func newFailoverAgent(n *Node) *failoverAgent {
+	return &failoverAgent{n: n, deadSince: map[string]time.Time{}}
+}
+
+// scan runs one round (on the homing loop).
+func (a *failoverAgent) scan(ctx context.Context) {
+	n := a.n
+	if n.cfg.FailoverDisabled || !n.leadsCatalogue() {
+		clear(a.deadSince)
+		return
+	}
+	hs := n.homing
+	now := n.cfg.Now()
+	if v := hs.homes.View(); v.ServeUntilNanos == 0 || now.UnixNano() >= v.ServeUntilNanos {
+		return // not live itself: it could not serve what it took
+	}
+	byRegion := map[string][]homing.Home{}
+	hs.dirMu.Lock()
+	for _, h := range hs.dir {
+		if h.Region != n.cfg.Region && h.MovingTo == "" {
+			byRegion[h.Region] = append(byRegion[h.Region], h)
+		}
+	}
+	hs.dirMu.Unlock()
+	for from, homes := range byRegion {
+		if !a.regionDead(ctx, from, now) {
+			delete(a.deadSince, from)
+			continue
+		}
+		if _, ok := a.deadSince[from]; !ok {
+			a.deadSince[from] = now
+			n.logger.Warn("home region may be down: every node's liveness has expired", "region", from, "ranges", len(homes))
+		}
+		graceOver := now.Sub(a.deadSince[from]) >= failoverGrace
+		tails := map[string]map[string][]uint64{} // region → stream → range tails
+		var take []homing.TakeoverRange
+		for _, h := range homes {
+			spec, ok := n.streamSpec(h.Key.Stream)
+			if !ok {
+				continue
+			}
+			d, err := n.rangeOf(ctx, h.Key.Stream, h.Key.Range)
+			if err != nil || d.rep == nil || d.failure.Load() != nil {
+				continue
+			}
+			mine := d.committed.Load()
+			best, bestTail := n.cfg.Region, mine
+			order := orderRegions(spec.Regions, n.cfg.FailoverOrder)
+			for _, r := range order {
+				if r == n.cfg.Region || r == from {
+					continue
+				}
+				st, ok := tails[r]
+				if !ok {
+					st = map[string][]uint64{}
+					tails[r] = st
+				}
+				rt, ok := st[spec.Name]
+				if !ok {
+					rt = n.remoteTails(ctx, r, spec.Name)
+					st[spec.Name] = rt
+				}
+				if int(h.Key.Range) >= len(rt) {
+					continue // unreachable: not a candidate
+				}
+				t := rt[h.Key.Range]
+				if t > bestTail || (t == bestTail && slices.Index(order, r) < slices.Index(order, best)) {
+					best, bestTail = r, t
+				}
+			}
+			if best != n.cfg.Region && !graceOver {
+				continue
+			}
+			take = append(take, homing.TakeoverRange{Key: h.Key, Epoch: h.Epoch, StartOffset: mine})
+		}
+		if len(take) == 0 {
+			continue
+		}
+		for len(take) > 0 {
+			chunk := take[:min(len(take), homing.RangesPerRequestMax)]
+			take = take[len(chunk):]
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			res, err := hs.homes.Takeover(cctx, from, chunk)
+			cancel()
+			if err != nil {
+				n.logger.Warn("takeover failed", "from", from, "ranges", len(chunk), "error", err)
+				break
+			}
+			granted := 0
+			for i, o := range res.Ranges {
+				if o.Outcome == homing.Granted {
+					granted++
+					n.logger.Warn("took over the home", "stream", chunk[i].Key.Stream, "range", chunk[i].Key.Range,
+						"from", from, "epoch", chunk[i].Epoch+1, "start_offset", chunk[i].StartOffset)
+				}
+			}
+			n.metrics.takeovers.Add(context.Background(), int64(granted))
+		}
+		// The directory is stale for what moved: read it again now.
+		n.refreshDirectory(ctx)
+	}
+}
+
+// regionDead reports whether every node of region may be dead by the lease
+// store (and the store answered).
+func (a *failoverAgent) regionDead(ctx context.Context, region string, now time.Time) bool {
+	n := a.n
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	live, err := n.homing.store.Liveness(cctx, region)
+	if err != nil || len(live) == 0 {
+		return false
+	}
+	maxOffset := n.cfg.MaxClockOffset
+	if maxOffset == 0 {
+		maxOffset = 500 * time.Millisecond
+	}
+	for _, l := range live {
+		if now.UnixNano() <= l.ExpirationNanos+int64(maxOffset) {
+			return false
+		}
+	}
+	return true
+}
+
+// remoteTails asks region for the committed tails of a stream's ranges, as
+// one of its nodes sees them; nil when no node answers.
+func (n *Node) remoteTails(ctx context.Context, region, stream string) []uint64 {
+	for _, addr := range n.cfg.Regions[region] {
+		conn, err := n.peerConn(addr)
+		if err != nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := geologv1.NewLogClient(conn).DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: stream})
+		cancel()
+		if err != nil {
+			continue
+		}
+		out := make([]uint64, len(resp.GetRanges()))
+		for _, ri := range resp.GetRanges() {
+			if int(ri.GetRange()) < len(out) {
+				out[ri.GetRange()] = ri.GetTailOffset()
+			}
+		}
+		return out
+	}
+	return nil
+}
