@@ -50,8 +50,13 @@ build:
 vet:
 	$(GO) vet ./...
 
+# The tests share one private PostgreSQL (the lease store's), started here
+# and stopped after unless it was already running.
 unit:
-	$(GO) test -race -count=1 -timeout 15m ./...
+	@was=running; ./scripts/pg.sh status >/dev/null 2>&1 || was=stopped; \
+	./scripts/pg.sh start >/dev/null || exit 1; \
+	GEOLOG_PG_URL=$$(./scripts/pg.sh url) $(GO) test -race -count=1 -timeout 15m ./...; rc=$$?; \
+	[ $$was = running ] || ./scripts/pg.sh stop; exit $$rc
 
 # A short fuzz slice: every decoder of bytes, FUZZ_TIME each.
 fuzz:

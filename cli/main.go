@@ -50,6 +50,8 @@ commands:
   bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 1]
         [--linger D] [--batch-bytes N] [--buffer-bytes N] [--duration 10s | --count N] [--keys N]
         [--sync] [--json]
+  rehome <stream> <range|all> <region> [--json]
+                       move homes to region with zero loss (needs --lease-store)
   replicas describe <stream> <range>
   replicas add-learner|promote|remove <stream> <range> <node-id>
   replicas replace <stream> <range> <old-node-id> <new-node-id>
@@ -111,6 +113,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.ranges(ctx, args)
 	case "lag":
 		err = env.lag(ctx, args)
+	case "rehome":
+		err = env.rehome(ctx, args)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

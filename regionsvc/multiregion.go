@@ -176,7 +176,7 @@ func (s *mirrorStore) Open(ctx context.Context, stream string, rng uint32) (repl
 		// addresses mean nothing; it tries the next one.
 		return nil, apierr.New(apierr.NotLeader, "stream %s range %d: node %d does not lead the mirror group", stream, rng, s.n.cfg.NodeID)
 	}
-	return &mirrorRange{driverSource{d}}, nil
+	return &mirrorRange{driverSource{d: d}}, nil
 }
 
 // mirrorRange is one range's mirror group, as led by this node; it reads
@@ -251,13 +251,41 @@ func (d *rangeDriver) raiseEpoch(e uint64) {
 }
 
 // driverSource is a home range as the replicator reads it: committed data
-// frames of the range's log.
-type driverSource struct{ d *rangeDriver }
+// frames of the range's log. With epoch set (a replicator task's), it
+// ships only frames of that epoch or older: once the range's log holds a
+// newer home's frames (this region is a mirror now), the task is stale and
+// must not pass them on as its own.
+type driverSource struct {
+	d     *rangeDriver
+	epoch uint64
+}
 
 var _ replicator.Source = driverSource{}
 
 func (s driverSource) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error) {
-	return s.d.store.ReadFrames(from, maxBytes, min(endOffset, s.d.committed.Load()))
+	frames, err := s.d.store.ReadFrames(from, maxBytes, min(endOffset, s.d.committed.Load()))
+	if err != nil || s.epoch == 0 {
+		return frames, err
+	}
+	for at := 0; at < len(frames); {
+		size, err := batch.FrameSize(frames[at:])
+		if err != nil {
+			return nil, err
+		}
+		h, err := batch.DecodeHeader(frames[at : at+size])
+		if err != nil {
+			return nil, err
+		}
+		if h.Epoch > s.epoch {
+			if at == 0 {
+				return nil, apierr.New(apierr.StaleEpoch, "stream %s range %d: the log continues at homing epoch %d, past this source's %d",
+					s.d.cfg.stream, s.d.cfg.rangeID, h.Epoch, s.epoch)
+			}
+			return frames[:at], nil
+		}
+		at += size
+	}
+	return frames, nil
 }
 func (s driverSource) CommittedEnd() uint64         { return s.d.committed.Load() }
 func (s driverSource) TailChanged() <-chan struct{} { return s.d.changed() }
@@ -374,7 +402,7 @@ func (m *replicationManager) start(k taskKey, d *rangeDriver) {
 		Stream: k.stream, Range: k.rng,
 		SourceRegion: n.cfg.Region, DestinationRegion: k.region, SourceNodeID: n.cfg.NodeID,
 		Epoch:  k.epoch,
-		Source: driverSource{d},
+		Source: driverSource{d: d, epoch: k.epoch},
 		Dialer: m.dialer,
 		Addrs:  func() []string { return n.cfg.Regions[k.region] },
 		Now:    n.cfg.Now,

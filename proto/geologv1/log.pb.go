@@ -1783,6 +1783,298 @@ func (x *ErrorDetail) GetExpectedSequence() uint64 {
 	return 0
 }
 
+type RehomeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// ranges to move; all_ranges moves every range of the stream instead.
+	Ranges    []uint32 `protobuf:"varint,2,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
+	AllRanges bool     `protobuf:"varint,3,opt,name=all_ranges,json=allRanges,proto3" json:"all_ranges,omitempty"`
+	// region is the new home: a region of the stream.
+	Region        string `protobuf:"bytes,4,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RehomeRequest) Reset() {
+	*x = RehomeRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RehomeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RehomeRequest) ProtoMessage() {}
+
+func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RehomeRequest.ProtoReflect.Descriptor instead.
+func (*RehomeRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RehomeRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *RehomeRequest) GetRanges() []uint32 {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+func (x *RehomeRequest) GetAllRanges() bool {
+	if x != nil {
+		return x.AllRanges
+	}
+	return false
+}
+
+func (x *RehomeRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+type RangeRehome struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Range      uint32                 `protobuf:"varint,1,opt,name=range,proto3" json:"range,omitempty"`
+	FromRegion string                 `protobuf:"bytes,2,opt,name=from_region,json=fromRegion,proto3" json:"from_region,omitempty"`
+	ToRegion   string                 `protobuf:"bytes,3,opt,name=to_region,json=toRegion,proto3" json:"to_region,omitempty"`
+	// epoch is the range's homing epoch after the move.
+	Epoch uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// start_offset is where the new home continues the log.
+	StartOffset uint64 `protobuf:"varint,5,opt,name=start_offset,json=startOffset,proto3" json:"start_offset,omitempty"`
+	// pause_micros is how long the range admitted no appends: from the old
+	// home's stop to the new home's start.
+	PauseMicros int64 `protobuf:"varint,6,opt,name=pause_micros,json=pauseMicros,proto3" json:"pause_micros,omitempty"`
+	// status is "moved", "already home", or the error that stopped the move.
+	Status        string `protobuf:"bytes,7,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeRehome) Reset() {
+	*x = RangeRehome{}
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeRehome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeRehome) ProtoMessage() {}
+
+func (x *RangeRehome) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeRehome.ProtoReflect.Descriptor instead.
+func (*RangeRehome) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RangeRehome) GetRange() uint32 {
+	if x != nil {
+		return x.Range
+	}
+	return 0
+}
+
+func (x *RangeRehome) GetFromRegion() string {
+	if x != nil {
+		return x.FromRegion
+	}
+	return ""
+}
+
+func (x *RangeRehome) GetToRegion() string {
+	if x != nil {
+		return x.ToRegion
+	}
+	return ""
+}
+
+func (x *RangeRehome) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RangeRehome) GetStartOffset() uint64 {
+	if x != nil {
+		return x.StartOffset
+	}
+	return 0
+}
+
+func (x *RangeRehome) GetPauseMicros() int64 {
+	if x != nil {
+		return x.PauseMicros
+	}
+	return 0
+}
+
+func (x *RangeRehome) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+type RehomeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ranges        []*RangeRehome         `protobuf:"bytes,1,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RehomeResponse) Reset() {
+	*x = RehomeResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RehomeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RehomeResponse) ProtoMessage() {}
+
+func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RehomeResponse.ProtoReflect.Descriptor instead.
+func (*RehomeResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RehomeResponse) GetRanges() []*RangeRehome {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+type RefreshHomesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefreshHomesRequest) Reset() {
+	*x = RefreshHomesRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefreshHomesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefreshHomesRequest) ProtoMessage() {}
+
+func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefreshHomesRequest.ProtoReflect.Descriptor instead.
+func (*RefreshHomesRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+}
+
+type RefreshHomesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// homes_version is the node's region's homes version after the refresh.
+	HomesVersion  uint64 `protobuf:"varint,1,opt,name=homes_version,json=homesVersion,proto3" json:"homes_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefreshHomesResponse) Reset() {
+	*x = RefreshHomesResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefreshHomesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefreshHomesResponse) ProtoMessage() {}
+
+func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefreshHomesResponse.ProtoReflect.Descriptor instead.
+func (*RefreshHomesResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RefreshHomesResponse) GetHomesVersion() uint64 {
+	if x != nil {
+		return x.HomesVersion
+	}
+	return 0
+}
+
 type ChangeReplicasRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -1796,7 +2088,7 @@ type ChangeReplicasRequest struct {
 
 func (x *ChangeReplicasRequest) Reset() {
 	*x = ChangeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +2100,7 @@ func (x *ChangeReplicasRequest) String() string {
 func (*ChangeReplicasRequest) ProtoMessage() {}
 
 func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +2113,7 @@ func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{20}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ChangeReplicasRequest) GetStream() string {
@@ -1862,7 +2154,7 @@ type ChangeReplicasResponse struct {
 
 func (x *ChangeReplicasResponse) Reset() {
 	*x = ChangeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1874,7 +2166,7 @@ func (x *ChangeReplicasResponse) String() string {
 func (*ChangeReplicasResponse) ProtoMessage() {}
 
 func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1887,7 +2179,7 @@ func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ChangeReplicasResponse) GetVoters() []uint64 {
@@ -1914,7 +2206,7 @@ type DescribeReplicasRequest struct {
 
 func (x *DescribeReplicasRequest) Reset() {
 	*x = DescribeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2218,7 @@ func (x *DescribeReplicasRequest) String() string {
 func (*DescribeReplicasRequest) ProtoMessage() {}
 
 func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2231,7 @@ func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DescribeReplicasRequest) GetStream() string {
@@ -1970,7 +2262,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2274,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2287,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReplicaStatus) GetNodeId() uint64 {
@@ -2040,7 +2332,7 @@ type DescribeReplicasResponse struct {
 
 func (x *DescribeReplicasResponse) Reset() {
 	*x = DescribeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2344,7 @@ func (x *DescribeReplicasResponse) String() string {
 func (*DescribeReplicasResponse) ProtoMessage() {}
 
 func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2357,7 @@ func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
@@ -2238,7 +2530,27 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x06 \x01(\x04R\n" +
 	"tailOffset\x12+\n" +
-	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\"\x90\x01\n" +
+	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\"v\n" +
+	"\rRehomeRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x16\n" +
+	"\x06ranges\x18\x02 \x03(\rR\x06ranges\x12\x1d\n" +
+	"\n" +
+	"all_ranges\x18\x03 \x01(\bR\tallRanges\x12\x16\n" +
+	"\x06region\x18\x04 \x01(\tR\x06region\"\xd5\x01\n" +
+	"\vRangeRehome\x12\x14\n" +
+	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1f\n" +
+	"\vfrom_region\x18\x02 \x01(\tR\n" +
+	"fromRegion\x12\x1b\n" +
+	"\tto_region\x18\x03 \x01(\tR\btoRegion\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12!\n" +
+	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12!\n" +
+	"\fpause_micros\x18\x06 \x01(\x03R\vpauseMicros\x12\x16\n" +
+	"\x06status\x18\a \x01(\tR\x06status\"@\n" +
+	"\x0eRehomeResponse\x12.\n" +
+	"\x06ranges\x18\x01 \x03(\v2\x16.geolog.v1.RangeRehomeR\x06ranges\"\x15\n" +
+	"\x13RefreshHomesRequest\";\n" +
+	"\x14RefreshHomesResponse\x12#\n" +
+	"\rhomes_version\x18\x01 \x01(\x04R\fhomesVersion\"\x90\x01\n" +
 	"\x15ChangeReplicasRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x120\n" +
@@ -2304,10 +2616,12 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.geolog.v1.SubscribeRequest\x1a\x1c.geolog.v1.SubscribeResponse0\x01\x12O\n" +
 	"\fCreateStream\x12\x1e.geolog.v1.CreateStreamRequest\x1a\x1f.geolog.v1.CreateStreamResponse\x12L\n" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
-	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse2\xbb\x01\n" +
+	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse2\xcb\x02\n" +
 	"\x05Admin\x12U\n" +
 	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
-	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
+	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponse\x12=\n" +
+	"\x06Rehome\x12\x18.geolog.v1.RehomeRequest\x1a\x19.geolog.v1.RehomeResponse\x12O\n" +
+	"\fRefreshHomes\x12\x1e.geolog.v1.RefreshHomesRequest\x1a\x1f.geolog.v1.RefreshHomesResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
 
 var (
 	file_geolog_v1_log_proto_rawDescOnce sync.Once
@@ -2322,7 +2636,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -2347,11 +2661,16 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*DescribeStreamRequest)(nil),    // 20: geolog.v1.DescribeStreamRequest
 	(*DescribeStreamResponse)(nil),   // 21: geolog.v1.DescribeStreamResponse
 	(*ErrorDetail)(nil),              // 22: geolog.v1.ErrorDetail
-	(*ChangeReplicasRequest)(nil),    // 23: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 24: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 25: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 26: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 27: geolog.v1.DescribeReplicasResponse
+	(*RehomeRequest)(nil),            // 23: geolog.v1.RehomeRequest
+	(*RangeRehome)(nil),              // 24: geolog.v1.RangeRehome
+	(*RehomeResponse)(nil),           // 25: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 26: geolog.v1.RefreshHomesRequest
+	(*RefreshHomesResponse)(nil),     // 27: geolog.v1.RefreshHomesResponse
+	(*ChangeReplicasRequest)(nil),    // 28: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 29: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 30: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 31: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 32: geolog.v1.DescribeReplicasResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	3,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -2369,31 +2688,36 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	13, // 12: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
 	14, // 13: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
 	1,  // 14: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
-	2,  // 15: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	26, // 16: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	6,  // 17: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	6,  // 18: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	8,  // 19: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	10, // 20: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	16, // 21: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	18, // 22: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	20, // 23: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	23, // 24: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	25, // 25: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	7,  // 26: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	7,  // 27: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	9,  // 28: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	11, // 29: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	17, // 30: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	19, // 31: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	21, // 32: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	24, // 33: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	27, // 34: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	24, // 15: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	2,  // 16: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	31, // 17: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	6,  // 18: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	6,  // 19: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	8,  // 20: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	10, // 21: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	16, // 22: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	18, // 23: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	20, // 24: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	28, // 25: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	30, // 26: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	23, // 27: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	26, // 28: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	7,  // 29: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	7,  // 30: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	9,  // 31: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	11, // 32: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	17, // 33: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	19, // 34: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	21, // 35: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	29, // 36: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	32, // 37: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	25, // 38: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	27, // 39: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	29, // [29:40] is the sub-list for method output_type
+	18, // [18:29] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -2411,7 +2735,7 @@ func file_geolog_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   25,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -381,6 +381,8 @@ var Log_ServiceDesc = grpc.ServiceDesc{
 const (
 	Admin_ChangeReplicas_FullMethodName   = "/geolog.v1.Admin/ChangeReplicas"
 	Admin_DescribeReplicas_FullMethodName = "/geolog.v1.Admin/DescribeReplicas"
+	Admin_Rehome_FullMethodName           = "/geolog.v1.Admin/Rehome"
+	Admin_RefreshHomes_FullMethodName     = "/geolog.v1.Admin/RefreshHomes"
 )
 
 // AdminClient is the client API for Admin service.
@@ -398,6 +400,16 @@ type AdminClient interface {
 	// DescribeReplicas reports a range's members and how far each has caught
 	// up, as the range leader sees it.
 	DescribeReplicas(ctx context.Context, in *DescribeReplicasRequest, opts ...grpc.CallOption) (*DescribeReplicasResponse, error)
+	// Rehome moves ranges' homes to another region of the stream with zero
+	// loss (DESIGN.md "Planned rehome"): the home stops admitting appends,
+	// the target's mirror catches up to the home's final tail, the lease
+	// moves at epoch+1, and the target starts admitting. Needs homing (a
+	// lease store). Sent to any node of a region of the stream.
+	Rehome(ctx context.Context, in *RehomeRequest, opts ...grpc.CallOption) (*RehomeResponse, error)
+	// RefreshHomes makes the node heartbeat the lease store at once and take
+	// up what it learned (its ranges' homes). A rehome's coordinator calls it
+	// on the regions concerned so that the pause is not a heartbeat interval.
+	RefreshHomes(ctx context.Context, in *RefreshHomesRequest, opts ...grpc.CallOption) (*RefreshHomesResponse, error)
 }
 
 type adminClient struct {
@@ -428,6 +440,26 @@ func (c *adminClient) DescribeReplicas(ctx context.Context, in *DescribeReplicas
 	return out, nil
 }
 
+func (c *adminClient) Rehome(ctx context.Context, in *RehomeRequest, opts ...grpc.CallOption) (*RehomeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RehomeResponse)
+	err := c.cc.Invoke(ctx, Admin_Rehome_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) RefreshHomes(ctx context.Context, in *RefreshHomesRequest, opts ...grpc.CallOption) (*RefreshHomesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RefreshHomesResponse)
+	err := c.cc.Invoke(ctx, Admin_RefreshHomes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -443,6 +475,16 @@ type AdminServer interface {
 	// DescribeReplicas reports a range's members and how far each has caught
 	// up, as the range leader sees it.
 	DescribeReplicas(context.Context, *DescribeReplicasRequest) (*DescribeReplicasResponse, error)
+	// Rehome moves ranges' homes to another region of the stream with zero
+	// loss (DESIGN.md "Planned rehome"): the home stops admitting appends,
+	// the target's mirror catches up to the home's final tail, the lease
+	// moves at epoch+1, and the target starts admitting. Needs homing (a
+	// lease store). Sent to any node of a region of the stream.
+	Rehome(context.Context, *RehomeRequest) (*RehomeResponse, error)
+	// RefreshHomes makes the node heartbeat the lease store at once and take
+	// up what it learned (its ranges' homes). A rehome's coordinator calls it
+	// on the regions concerned so that the pause is not a heartbeat interval.
+	RefreshHomes(context.Context, *RefreshHomesRequest) (*RefreshHomesResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -458,6 +500,12 @@ func (UnimplementedAdminServer) ChangeReplicas(context.Context, *ChangeReplicasR
 }
 func (UnimplementedAdminServer) DescribeReplicas(context.Context, *DescribeReplicasRequest) (*DescribeReplicasResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DescribeReplicas not implemented")
+}
+func (UnimplementedAdminServer) Rehome(context.Context, *RehomeRequest) (*RehomeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Rehome not implemented")
+}
+func (UnimplementedAdminServer) RefreshHomes(context.Context, *RefreshHomesRequest) (*RefreshHomesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RefreshHomes not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -516,6 +564,42 @@ func _Admin_DescribeReplicas_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_Rehome_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RehomeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Rehome(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Rehome_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Rehome(ctx, req.(*RehomeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_RefreshHomes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RefreshHomesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RefreshHomes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RefreshHomes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RefreshHomes(ctx, req.(*RefreshHomesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -530,6 +614,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DescribeReplicas",
 			Handler:    _Admin_DescribeReplicas_Handler,
+		},
+		{
+			MethodName: "Rehome",
+			Handler:    _Admin_Rehome_Handler,
+		},
+		{
+			MethodName: "RefreshHomes",
+			Handler:    _Admin_RefreshHomes_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
