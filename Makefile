@@ -39,7 +39,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean
+.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill
 
 all: build
 
@@ -78,6 +78,16 @@ sim:
 
 bench: build
 	./scripts/bench.sh
+
+# Operator drills on a fresh local cluster with homing: whole-region
+# failover (DRILL_RUNS runs) and planned rehomes under load, with figures.
+DRILL_RUNS ?= 5
+DRILL_MOVES ?= 12
+drill: build
+	./scripts/cluster.sh up --fresh
+	@$(GO) test -count=1 -v -timeout 40m -run 'Drill$$' ./drill -args -cluster=$(CURDIR)/run/cluster/env \
+		-runs=$(DRILL_RUNS) -moves=$(DRILL_MOVES) -lease-ttl=$${GEOLOG_LEASE_TTL:-4s}; rc=$$?; \
+		./scripts/cluster.sh down; exit $$rc
 
 bench-region: build
 	./scripts/bench_region.sh

@@ -74,6 +74,8 @@ type homingState struct {
 	created map[string]bool
 
 	failover *failoverAgent
+	// writeMu serialises the rehome coordinator's store writes.
+	writeMu sync.Mutex
 
 	stop chan struct{}
 	done chan struct{}
@@ -188,11 +190,15 @@ func (n *Node) refreshDirectory(ctx context.Context) {
 	hs := n.homing
 	view := hs.homes.View()
 	var keys []homing.RangeKey
+	hs.dirMu.Lock()
 	for _, k := range n.rangeKeys() {
 		if _, ok := view.Home(k); !ok {
 			keys = append(keys, k)
+		} else {
+			delete(hs.dir, k) // homed here now: the view is the source
 		}
 	}
+	hs.dirMu.Unlock()
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), homing.RangesPerRequestMax)]
 		keys = keys[len(chunk):]
@@ -343,21 +349,30 @@ func (n *Node) admit(d *rangeDriver) (uint64, error) {
 	return e, nil
 }
 
-// leaseCheckFor is a range's ack-time check (rangeDriverConfig.leaseCheck).
-func (n *Node) leaseCheckFor(stream string, r uint32) func(uint64) error {
-	return func(epoch uint64) error {
-		e, err := n.homing.homes.Check(stream, r)
-		if err != nil {
-			ae := apierr.As(homingErr(err))
-			ae.Message = "batch committed but not acknowledged, the outcome is unknown: " + ae.Message
-			ae.Retriable = true
-			return ae
-		}
-		if e != epoch {
-			return apierr.New(apierr.NotHome, "stream %s range %d: batch committed at homing epoch %d, the range is now at epoch %d: not acknowledged, the outcome is unknown", stream, r, epoch, e)
-		}
+// leaseCheck is a range's lease check before it proposes an admitted
+// append and before it acks one (rangeDriverConfig.leaseCheck). A
+// duplicate (a retry of a batch already in this home's log) carries the
+// epoch it was first appended at, possibly an older one: it is in the log
+// the home serves, so only the lease matters.
+func (n *Node) leaseCheck(d *rangeDriver, epoch uint64, duplicate, committed bool) error {
+	e, err := n.homing.homes.Check(d.cfg.stream, d.cfg.rangeID)
+	if err == nil && (e == epoch || duplicate) {
 		return nil
 	}
+	if !committed {
+		if err == nil || errors.Is(err, homing.ErrNotHome) {
+			return n.notHome(d)
+		}
+		return homingErr(err)
+	}
+	if err != nil {
+		ae := apierr.As(homingErr(err))
+		ae.Message = "batch committed but not acknowledged, the outcome is unknown: " + ae.Message
+		ae.Retriable = true
+		return ae
+	}
+	return apierr.New(apierr.NotHome, "stream %s range %d: batch committed at homing epoch %d, the range is now at epoch %d: not acknowledged, the outcome is unknown",
+		d.cfg.stream, d.cfg.rangeID, epoch, e)
 }
 
 // homingErr maps a homing error to the API's typed error.

@@ -324,7 +324,7 @@ func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 			cfg.compactionFloor = func() (uint64, bool) { return n.mirrorFloor(spec.Name, r) }
 		}
 		if n.cfg.LeaseStore != nil {
-			cfg.leaseCheck = n.leaseCheckFor(spec.Name, r)
+			cfg.leaseCheck = n.leaseCheck
 		}
 		d := openRangeDriver(cfg)
 		d.setRole(n.initialRole(spec.Name, r, spec))

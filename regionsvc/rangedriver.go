@@ -77,7 +77,7 @@ type rangeDriverConfig struct {
 	home       bool
 	// leaseCheck, if set (homing on), is asked before every ack whether
 	// the node may still ack at the batch's epoch.
-	leaseCheck func(epoch uint64) error
+	leaseCheck func(d *rangeDriver, epoch uint64, duplicate, committed bool) error
 	// compactionFloor, if set, returns the lowest offset still to be kept
 	// for other regions' mirrors (ok false: no bound). See multiregion.go.
 	compactionFloor func() (offset uint64, ok bool)

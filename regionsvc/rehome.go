@@ -7,34 +7,34 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/metadata"
+
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/homing"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
-// Planned rehome (DESIGN.md "Planned rehome"), coordinated by the node that
-// takes the request, range by range:
+// Planned rehome (DESIGN.md "Planned rehome"), coordinated by a node of
+// the target region (the request is forwarded there), for the ranges of
+// one request that share an old home, together:
 //
-//  1. PrepareRehome marks the range as moving (compare-and-set on its
-//     epoch); the old home's nodes are told to refresh at once (twice: the
-//     second heartbeat confirms to the store that they act on the mark), so
-//     they admit no more appends and ack nothing more.
-//  2. The old home's final tail T is read from its leader (a ReadIndex,
-//     repeated until two readings agree: batches already in Raft when the
-//     mark arrived commit unacknowledged).
-//  3. The target region's mirror catches up to T (the replicator keeps
+//  1. PrepareRehome marks each range as moving (compare-and-set on its
+//     epoch). The old home's nodes are told to refresh at once (twice: the
+//     second heartbeat confirms to the store that they act on the mark):
+//     from then on they propose and ack nothing more for those ranges
+//     (appends are checked against the lease when admitted, proposed and
+//     acked). Each range's leader then waits until its proposals in flight
+//     are answered and reports its confirmed committed end (a ReadIndex):
+//     the final tail T.
+//  2. The target region's mirror catches up to T (the replicator keeps
 //     shipping from the old home).
-//  4. CompleteRehome moves the lease to the target at epoch+1 from offset
+//  3. CompleteRehome moves each lease to the target at epoch+1 from offset
 //     T; the store refuses while a live node of the old home has not
 //     confirmed the mark. The target's nodes refresh and start admitting.
 //
-// Every acknowledged record is below T (it was acked before the old home
-// learned of the mark, so committed before the tail was read), and the
-// target holds everything below T before it appends: zero loss. The pause
-// is steps 1–4.
-
-// rehomeConcurrency bounds the ranges moved at once by one request.
-const rehomeConcurrency = 16
+// Every acknowledged record is below T (acked before the old home learned
+// of the mark, so committed before T was read), and the target holds
+// everything below T before it appends: zero loss. The pause is 1–3.
 
 func (s *adminServer) Rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geologv1.RehomeResponse, error) {
 	resp, err := s.node.rehome(ctx, req)
@@ -44,31 +44,90 @@ func (s *adminServer) Rehome(ctx context.Context, req *geologv1.RehomeRequest) (
 	return resp, nil
 }
 
-func (s *adminServer) RefreshHomes(ctx context.Context, _ *geologv1.RefreshHomesRequest) (*geologv1.RefreshHomesResponse, error) {
+func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHomesRequest) (*geologv1.RefreshHomesResponse, error) {
 	n := s.node
 	if n.homing == nil {
 		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)"))
 	}
-	for i := 0; i < 2; i++ {
-		if err := n.homing.homes.Refresh(ctx); err != nil {
-			return nil, apierr.ToStatus(homingErr(err))
+	// The first heartbeat learns the homes (and the node acts on them as
+	// soon as it returns); with confirm, a second one tells the store so
+	// (a planned rehome waits for it), while the final tails are read.
+	t0 := time.Now()
+	if err := n.homing.homes.Refresh(ctx); err != nil {
+		return nil, apierr.ToStatus(homingErr(err))
+	}
+	tRefreshed := time.Now()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var confirmErr error
+	if req.GetConfirm() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			confirmErr = n.homing.homes.Refresh(ctx)
+		}()
+	}
+	n.applyRoles() // the directory is refreshed after the tails are read
+	resp := &geologv1.RefreshHomesResponse{HomesVersion: n.homing.homes.View().HomesVersion}
+	for _, r := range req.GetRanges() {
+		if req.GetStream() == "" {
+			break
+		}
+		d, err := n.rangeOf(ctx, req.GetStream(), r)
+		if err != nil || d.rep == nil || !d.isHome() || d.rep.LeaderID() != n.cfg.NodeID {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if t, err := n.finalTail(ctx, d); err == nil {
+				mu.Lock()
+				resp.Tails = append(resp.Tails, &geologv1.RangeTail{Range: r, TailOffset: t})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	n.logger.Debug("refreshed homes", "refresh", tRefreshed.Sub(t0), "tails_and_confirm", time.Since(tRefreshed), "tails", len(resp.Tails))
+	// Ranges that moved away are looked up next (for redirects), off the
+	// caller's path.
+	go n.refreshDirectory(context.WithoutCancel(ctx))
+	if confirmErr != nil {
+		return nil, apierr.ToStatus(homingErr(confirmErr))
+	}
+	return resp, nil
+}
+
+// finalTail is the tail of a home range that stopped admitting, on its
+// leader: once every append it proposed is answered, its confirmed
+// committed end (a ReadIndex) is final.
+func (n *Node) finalTail(ctx context.Context, d *rangeDriver) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		pending := -1
+		if err := d.exec(ctx, func() { pending = d.rep.Pending() }); err != nil {
+			return 0, err
+		}
+		if pending == 0 {
+			return n.homeTail(ctx, d, true)
+		}
+		select {
+		case <-time.After(2 * time.Millisecond):
+		case <-ctx.Done():
+			return 0, apierr.New(apierr.Timeout, "stream %s range %d: %d appends still in flight", d.cfg.stream, d.cfg.rangeID, pending)
 		}
 	}
-	n.refreshDirectory(ctx)
-	return &geologv1.RefreshHomesResponse{HomesVersion: n.homing.homes.View().HomesVersion}, nil
 }
 
 func (n *Node) rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geologv1.RehomeResponse, error) {
 	if n.homing == nil {
 		return nil, apierr.New(apierr.InvalidArgument, "rehome needs homing: this node runs without a lease store (--lease-store)")
 	}
-	spec, ok := n.streamSpec(req.GetStream())
-	if !ok {
-		if _, err := n.lookupStream(ctx, req.GetStream()); err != nil {
-			return nil, err
-		}
-		spec, _ = n.streamSpec(req.GetStream())
+	if _, err := n.lookupStream(ctx, req.GetStream()); err != nil {
+		return nil, err
 	}
+	spec, _ := n.streamSpec(req.GetStream())
 	to := req.GetRegion()
 	if !slices.Contains(spec.Regions, to) {
 		return nil, apierr.New(apierr.InvalidArgument, "region %q is not a region of stream %q (%v)", to, spec.Name, spec.Regions)
@@ -93,96 +152,276 @@ func (n *Node) rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geolog
 			}
 		}
 	}
-	out := make([]*geologv1.RangeRehome, len(ranges))
-	sem := make(chan struct{}, rehomeConcurrency)
-	var wg sync.WaitGroup
-	for i, r := range ranges {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			out[i] = n.rehomeRange(ctx, spec, r, to)
-		}()
+	// The target region coordinates: its catch-up and its start are then
+	// local, and only the old home's stop crosses the WAN.
+	md, _ := metadata.FromIncomingContext(ctx)
+	if to != n.cfg.Region && len(md.Get(forwardedKey)) == 0 {
+		for _, addr := range n.cfg.Regions[to] {
+			conn, err := n.peerConn(addr)
+			if err != nil {
+				continue
+			}
+			resp, err := geologv1.NewAdminClient(conn).Rehome(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), req)
+			if err == nil {
+				return resp, nil
+			}
+			if e := apierr.FromError(err); !e.Retriable {
+				return nil, e
+			}
+		}
+		// No node of the target answers: coordinate from here.
 	}
-	wg.Wait()
+	keys := make([]homing.RangeKey, len(ranges))
+	for i, r := range ranges {
+		keys[i] = homing.RangeKey{Stream: spec.Name, Range: r}
+	}
+	cur, err := n.homing.store.Homes(ctx, keys)
+	if err != nil {
+		return nil, homingErr(err)
+	}
+	out := make([]*geologv1.RangeRehome, len(ranges))
+	groups := map[string][]int{} // old home → indexes
+	for i, h := range cur {
+		out[i] = &geologv1.RangeRehome{Range: ranges[i], FromRegion: h.Region, ToRegion: to, Epoch: h.Epoch}
+		switch {
+		case h.Epoch == 0:
+			out[i].Status = apierr.New(apierr.RangeNotFound, "range %s has no home record", keys[i]).Error()
+		case h.Region == to && h.MovingTo == "":
+			out[i].Status = "already home"
+		case h.MovingTo != "" && h.MovingTo != to:
+			out[i].Status = apierr.New(apierr.InvalidArgument, "range %s is already moving to %s", keys[i], h.MovingTo).Error()
+		default:
+			groups[h.Region] = append(groups[h.Region], i)
+		}
+	}
+	for from, idx := range groups {
+		n.rehomeGroup(ctx, spec, from, to, idx, cur, out)
+	}
 	return &geologv1.RehomeResponse{Ranges: out}, nil
 }
 
-// rehomeRange moves one range; errors are reported in the result.
-func (n *Node) rehomeRange(ctx context.Context, spec streamSpec, r uint32, to string) *geologv1.RangeRehome {
-	res := &geologv1.RangeRehome{Range: r, ToRegion: to}
-	fail := func(err error) *geologv1.RangeRehome {
-		res.Status = apierr.As(homingErr(err)).Error()
-		return res
-	}
+// rehomeGroup moves ranges homed in from to to, together: one stop of the
+// old home, one catch-up wait, one start of the new home.
+func (n *Node) rehomeGroup(ctx context.Context, spec streamSpec, from, to string, idx []int, cur []homing.Home, out []*geologv1.RangeRehome) {
 	hs := n.homing
-	key := homing.RangeKey{Stream: spec.Name, Range: r}
-	homes, err := hs.store.Homes(ctx, []homing.RangeKey{key})
-	if err != nil {
-		return fail(err)
-	}
-	cur := homes[0]
-	res.FromRegion, res.Epoch = cur.Region, cur.Epoch
-	switch {
-	case cur.Epoch == 0:
-		return fail(apierr.New(apierr.RangeNotFound, "range %s has no home record", key))
-	case cur.Region == to && cur.MovingTo == "":
-		res.Status = "already home"
-		return res
-	case cur.MovingTo != "" && cur.MovingTo != to:
-		return fail(apierr.New(apierr.InvalidArgument, "range %s is already moving to %s", key, cur.MovingTo))
-	}
 	start := time.Now()
-	prepared, err := hs.homes.PrepareRehome(ctx, key, cur.Epoch, to)
-	if err != nil {
-		return fail(err)
+	key := func(i int) homing.RangeKey { return cur[i].Key }
+	fail := func(i int, err error) { out[i].Status = apierr.As(homingErr(err)).Error() }
+	prepared := map[int]homing.Home{}
+	batch, _ := hs.store.(homing.BatchRehomer)
+	if batch != nil {
+		reqs := make([]homing.RehomeRequest, len(idx))
+		for j, i := range idx {
+			reqs[j] = homing.RehomeRequest{Key: key(i), Epoch: cur[i].Epoch, To: to}
+		}
+		var homes []homing.Home
+		var errs []error
+		err := n.storeWrite(ctx, func() (err error) {
+			homes, errs, err = batch.PrepareRehomes(ctx, reqs)
+			return err
+		})
+		for j, i := range idx {
+			switch {
+			case err != nil:
+				fail(i, err)
+			case errs[j] != nil:
+				fail(i, errs[j])
+			default:
+				prepared[i] = homes[j]
+			}
+		}
+	} else {
+		for _, i := range idx {
+			var h homing.Home
+			err := n.storeWrite(ctx, func() (err error) {
+				h, err = hs.homes.PrepareRehome(ctx, key(i), cur[i].Epoch, to)
+				return err
+			})
+			if err != nil {
+				fail(i, err)
+				continue
+			}
+			prepared[i] = h
+		}
 	}
-	abort := func(err error) *geologv1.RangeRehome {
-		// Give the range back to its home rather than leave it stopped.
+	if len(prepared) == 0 {
+		return
+	}
+	// abort gives a range back to its home rather than leave it stopped.
+	abort := func(i int, err error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if _, cerr := hs.homes.CancelRehome(cctx, key, prepared.Epoch); cerr != nil {
-			n.logger.Error("rehome: cancel failed; the range stays stopped until a rehome completes or is cancelled", "range", key, "error", cerr)
+		if cerr := n.storeWrite(cctx, func() error { _, err := hs.homes.CancelRehome(cctx, key(i), prepared[i].Epoch); return err }); cerr != nil {
+			n.logger.Error("rehome: cancel failed; the range stays stopped until a rehome completes or is cancelled", "range", key(i), "error", cerr)
 		}
-		n.refreshRegion(cctx, cur.Region)
-		return fail(err)
+		delete(prepared, i)
+		fail(i, err)
 	}
-	if err := n.refreshRegion(ctx, cur.Region); err != nil {
-		n.logger.Warn("rehome: refreshing the old home", "range", key, "error", err) // the store's drain check decides
+	tPrepared := time.Now()
+	var rs []uint32
+	for i := range prepared {
+		rs = append(rs, out[i].Range)
 	}
-	tail, err := n.drainedTail(ctx, spec, r, cur.Region)
+	tails, err := n.refreshRegionTails(ctx, from, &geologv1.RefreshHomesRequest{Stream: spec.Name, Ranges: rs, Confirm: true})
 	if err != nil {
-		return abort(err)
+		n.logger.Warn("rehome: refreshing the old home", "region", from, "error", err) // the store's drain check decides
 	}
-	if err := n.waitRegionTail(ctx, to, spec.Name, r, tail); err != nil {
-		return abort(err)
-	}
-	var moved homing.Home
-	for {
-		moved, err = hs.homes.CompleteRehome(ctx, key, prepared.Epoch, to, tail)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, homing.ErrNotDrained) || ctx.Err() != nil {
-			return abort(err)
-		}
-		n.refreshRegion(ctx, cur.Region)
-		select {
-		case <-time.After(20 * time.Millisecond):
-		case <-ctx.Done():
-			return abort(ctx.Err())
+	for i := range prepared {
+		if _, ok := tails[out[i].Range]; !ok {
+			// Its leader did not answer: ask the home leader again.
+			t, err := n.drainedTail(ctx, spec, out[i].Range, from)
+			if err != nil {
+				abort(i, err)
+				continue
+			}
+			tails[out[i].Range] = t
 		}
 	}
-	if err := n.refreshRegion(ctx, to); err != nil {
-		n.logger.Warn("rehome: refreshing the new home", "range", key, "error", err)
+	tStopped := time.Now()
+	for i := range prepared {
+		if err := n.waitRegionTail(ctx, to, spec.Name, out[i].Range, tails[out[i].Range]); err != nil {
+			abort(i, err)
+		}
 	}
-	res.PauseMicros = time.Since(start).Microseconds()
+	tCaught := time.Now()
+	moved := map[int]homing.Home{}
+	for batch != nil && len(prepared) > len(moved) {
+		var pend []int
+		var reqs []homing.RehomeRequest
+		now := n.cfg.Now().UnixNano()
+		maxOffset := n.cfg.MaxClockOffset
+		if maxOffset == 0 {
+			maxOffset = 500 * time.Millisecond
+		}
+		for i := range prepared {
+			if _, ok := moved[i]; !ok {
+				pend = append(pend, i)
+				reqs = append(reqs, homing.RehomeRequest{Key: key(i), Epoch: prepared[i].Epoch, To: to, StartOffset: tails[out[i].Range],
+					NowNanos: now, MaxOffsetNanos: int64(maxOffset)})
+			}
+		}
+		var homes []homing.Home
+		var errs []error
+		err := n.storeWrite(ctx, func() (err error) {
+			homes, errs, err = batch.CompleteRehomes(ctx, reqs)
+			return err
+		})
+		undrained := false
+		for j, i := range pend {
+			switch {
+			case err != nil:
+				abort(i, err)
+			case errs[j] == nil:
+				moved[i] = homes[j]
+			case errors.Is(errs[j], homing.ErrNotDrained) && ctx.Err() == nil:
+				undrained = true
+			default:
+				abort(i, errs[j])
+			}
+		}
+		if undrained {
+			n.refreshRegionTails(ctx, from, &geologv1.RefreshHomesRequest{Confirm: true})
+		}
+	}
+	for i := range prepared {
+		if _, ok := moved[i]; ok || batch != nil {
+			continue
+		}
+		for {
+			var h homing.Home
+			err := n.storeWrite(ctx, func() (err error) {
+				h, err = hs.homes.CompleteRehome(ctx, key(i), prepared[i].Epoch, to, tails[out[i].Range])
+				return err
+			})
+			if err == nil {
+				moved[i] = h
+				break
+			}
+			if !errors.Is(err, homing.ErrNotDrained) || ctx.Err() != nil {
+				abort(i, err)
+				break
+			}
+			n.refreshRegionTails(ctx, from, &geologv1.RefreshHomesRequest{Confirm: true})
+		}
+	}
+	tMoved := time.Now()
+	if len(moved) > 0 {
+		if err := n.refreshRegion(ctx, to); err != nil {
+			n.logger.Warn("rehome: refreshing the new home", "region", to, "error", err)
+		}
+	}
+	pause := time.Since(start)
+	for i, h := range moved {
+		out[i].Epoch, out[i].StartOffset, out[i].Status, out[i].PauseMicros = h.Epoch, tails[out[i].Range], "moved", pause.Microseconds()
+	}
 	// The old home learns where its producers go now.
-	go n.refreshRegion(context.WithoutCancel(ctx), cur.Region)
-	res.Epoch, res.StartOffset, res.Status = moved.Epoch, tail, "moved"
-	n.logger.Info("rehomed", "range", key, "from", cur.Region, "to", to, "epoch", moved.Epoch, "start_offset", tail, "pause", time.Since(start))
-	return res
+	go n.refreshRegion(context.WithoutCancel(ctx), from)
+	n.logger.Info("rehomed", "stream", spec.Name, "ranges", len(moved), "from", from, "to", to, "pause", pause,
+		"prepare", tPrepared.Sub(start), "stop_old", tStopped.Sub(tPrepared), "catch_up", tCaught.Sub(tStopped),
+		"complete", tMoved.Sub(tCaught), "start_new", time.Since(tMoved))
+}
+
+// refreshRegionTails refreshes every node of region and collects the
+// final tails of the ranges their leaders report.
+func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geologv1.RefreshHomesRequest) (map[uint32]uint64, error) {
+	addrs := n.regionAddrList(region)
+	errs := make([]error, len(addrs))
+	tails := map[uint32]uint64{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i, addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var resp *geologv1.RefreshHomesResponse
+			if region == n.cfg.Region && addr == n.cfg.Peers[n.cfg.NodeID] {
+				resp, errs[i] = (&adminServer{node: n}).RefreshHomes(ctx, req)
+			} else {
+				conn, err := n.peerConn(addr)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				resp, errs[i] = geologv1.NewAdminClient(conn).RefreshHomes(cctx, req)
+			}
+			if errs[i] != nil {
+				return
+			}
+			mu.Lock()
+			for _, t := range resp.GetTails() {
+				tails[t.GetRange()] = t.GetTailOffset()
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return tails, errors.Join(errs...)
+}
+
+// storeWrite runs one of the coordinator's lease-store writes: one at a
+// time on this node (the ranges of one request write the same region
+// rows, and concurrent serializable transactions on them mostly abort
+// each other), retried while the store reports a transient failure
+// (a conflict that outlasted the store's own attempts), for up to 5 s.
+// Every write is a compare-and-set, so a retry after an ambiguous commit
+// fails harmlessly (ErrEpochMismatch) rather than acting twice.
+func (n *Node) storeWrite(ctx context.Context, fn func() error) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for attempt := 1; ; attempt++ {
+		n.homing.writeMu.Lock()
+		err := fn()
+		n.homing.writeMu.Unlock()
+		if err == nil || !errors.Is(err, homing.ErrStoreUnavailable) || errors.Is(err, homing.ErrAmbiguousCommit) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-time.After(time.Duration(attempt) * 10 * time.Millisecond):
+		case <-ctx.Done():
+			return err
+		}
+	}
 }
 
 // regionAddrs is how this node reaches a region's nodes.
@@ -200,29 +439,8 @@ func (n *Node) regionAddrList(region string) []string {
 // refreshRegion asks every node of region to refresh its homes now; the
 // error is the first failure (the others still ran).
 func (n *Node) refreshRegion(ctx context.Context, region string) error {
-	addrs := n.regionAddrList(region)
-	errs := make([]error, len(addrs))
-	var wg sync.WaitGroup
-	for i, addr := range addrs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if addr == n.Addr() || (region == n.cfg.Region && addr == n.cfg.Peers[n.cfg.NodeID]) {
-				_, errs[i] = (&adminServer{node: n}).RefreshHomes(ctx, nil)
-				return
-			}
-			conn, err := n.peerConn(addr)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			_, errs[i] = geologv1.NewAdminClient(conn).RefreshHomes(cctx, &geologv1.RefreshHomesRequest{})
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	_, err := n.refreshRegionTails(ctx, region, &geologv1.RefreshHomesRequest{})
+	return err
 }
 
 // drainedTail reads the old home's final tail: the home leader's

@@ -226,6 +226,15 @@ func (d *rangeDriver) ready() {
 
 // propose hands an append to the replica, translating its answer.
 func (d *rangeDriver) propose(op *appendOp) {
+	if !op.verbatim && d.cfg.leaseCheck != nil {
+		// Admitted when it arrived; checked again now that it is proposed:
+		// a home told to stop (a planned rehome) proposes nothing more, so
+		// its tail is final once its proposals in flight are answered.
+		if err := d.cfg.leaseCheck(d, op.epoch, false, false); err != nil {
+			op.reply(appendResult{err: err})
+			return
+		}
+	}
 	frameBytes := len(op.frame)
 	propose := d.rep.Propose
 	if op.verbatim {
@@ -244,7 +253,7 @@ func (d *rangeDriver) propose(op *appendOp) {
 				// expired, or under an epoch that is no longer current.
 				// The batch is committed here, but unacknowledged it may
 				// end in the orphan log; an idempotent retry resolves it.
-				if err := d.cfg.leaseCheck(r.Epoch); err != nil {
+				if err := d.cfg.leaseCheck(d, r.Epoch, r.Duplicate, true); err != nil {
 					op.reply(appendResult{err: err})
 					return
 				}

@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"time"
 
@@ -111,6 +112,7 @@ func (a *failoverAgent) scan(ctx context.Context) {
 		if len(take) == 0 {
 			continue
 		}
+		tookOver := false
 		for len(take) > 0 {
 			chunk := take[:min(len(take), homing.RangesPerRequestMax)]
 			take = take[len(chunk):]
@@ -130,9 +132,29 @@ func (a *failoverAgent) scan(ctx context.Context) {
 				}
 			}
 			n.metrics.takeovers.Add(context.Background(), int64(granted))
+			if granted > 0 {
+				tookOver = true
+			}
 		}
 		// The directory is stale for what moved: read it again now.
 		n.refreshDirectory(ctx)
+		if tookOver {
+			// Every node of this region (which leads the ranges now) and
+			// of the other surviving regions (which redirect producers
+			// here) learns of it at once, not at its next heartbeat.
+			for _, r := range append([]string{n.cfg.Region}, slices.Collect(maps.Keys(n.cfg.Regions))...) {
+				if r == from {
+					continue
+				}
+				go func() {
+					cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+					defer cancel()
+					if err := n.refreshRegion(cctx, r); err != nil {
+						n.logger.Debug("refresh after takeover", "region", r, "error", err)
+					}
+				}()
+			}
+		}
 	}
 }
 

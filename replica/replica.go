@@ -376,6 +376,11 @@ func (r *Replica) IsLeader() bool { return r.isLeader }
 // any goroutine.
 func (r *Replica) LeaderID() uint64 { return r.leaderID.Load() }
 
+// Pending is the number of appends proposed by this replica and not yet
+// answered (driver goroutine only): a home that stopped admitting has a
+// final tail once it is zero.
+func (r *Replica) Pending() int { return len(r.proposals) + len(r.duplicates) }
+
 // Committed is the committed end offset; safe from any goroutine. Readers
 // may read offsets below it.
 func (r *Replica) Committed() uint64 { return r.committed.Load() }

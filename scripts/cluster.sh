@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # scripts/cluster.sh up [--fresh] | down | status
+# scripts/cluster.sh kill|pause|resume|start us|us-n2 ...
+#                      SIGKILL, SIGSTOP, SIGCONT, or start again (same
+#                      command line) a region's nodes or one node
 #
 # A local multi-region geolog cluster on loopback: regions us, eu and ap of
 # three replicated nodes each (--fsync always), and one geolog-wan process
@@ -18,6 +21,15 @@
 #   node debug     B + 100 + 10r + i   /metrics and pprof (7601-7623)
 #   WAN control    B + 99              (7599)
 #   WAN link       B + 200 + 30f + 10t + i: from region f to node i of region t
+#   lease link     B + 290 + r: from region r to the lease store
+#
+# Homing (default on; GEOLOG_CLUSTER_HOMING=off for static homes): the
+# lease store is the project's private PostgreSQL (scripts/pg.sh), database
+# geolog_cluster (wiped by up --fresh), reached by each region through its
+# own WAN link "<region>->pg" (GEOLOG_WAN_LATENCY_PG, default 2ms), so
+# cutting a region (POST /regions/us/cut) cuts it off from the lease store
+# too. GEOLOG_LEASE_TTL (default 4s) and GEOLOG_LEASE_HEARTBEAT (default
+# 1s) set the liveness lease. down stops PostgreSQL if up started it.
 #
 # A node reaches another region only through the WAN: its --region-addrs
 # list that region's nodes at the listen addresses of the links from its own
@@ -54,6 +66,10 @@ NODE_PROCS=${GEOLOG_CLUSTER_GOMAXPROCS:-1}
 LOG_LEVEL=${GEOLOG_CLUSTER_LOG_LEVEL:-info}
 STOP_TIMEOUT=${GEOLOG_CLUSTER_STOP_TIMEOUT:-15}
 JITTER=${GEOLOG_WAN_JITTER:-3ms}
+HOMING=${GEOLOG_CLUSTER_HOMING:-on}
+LEASE_TTL=${GEOLOG_LEASE_TTL:-4s}
+LEASE_HEARTBEAT=${GEOLOG_LEASE_HEARTBEAT:-1s}
+PG_LATENCY=${GEOLOG_WAN_LATENCY_PG:-2ms}
 
 die() { echo "cluster: $*" >&2; exit 1; }
 
@@ -118,8 +134,50 @@ answers() { "$BIN/geolog" --addr "$1" --retries 0 --timeout 2s streams list >/de
 # NAME.log, record its pid.
 start() {
 	local name=$1; shift
+	# The command line is kept, so that kill/start can bring a node back.
+	mkdir -p "$DIR/cmd"
+	printf '%q ' "$@" >"$DIR/cmd/$name.cmd"
 	setsid "$@" >>"$DIR/$name.log" 2>&1 </dev/null &
 	echo $! >"$PIDS/$name.pid"
+}
+
+# kill_nodes SIGNAL NAME...: signal nodes of the running cluster (KILL
+# removes their pid files; STOP/CONT pause and resume them).
+kill_nodes() {
+	local sig=$1 name; shift
+	local pids=()
+	for name in "$@"; do
+		[[ -f $PIDS/$name.pid ]] || { echo "cluster: $name is not running" >&2; continue; }
+		pids+=("$(cat "$PIDS/$name.pid")")
+	done
+	(( ${#pids[@]} )) || return 0
+	kill -"$sig" "${pids[@]}" 2>/dev/null || true # all at once: a region fails together
+	if [[ $sig == KILL ]]; then
+		for name in "$@"; do
+			[[ -f $PIDS/$name.pid ]] || continue
+			while kill -0 "$(cat "$PIDS/$name.pid")" 2>/dev/null; do sleep 0.02; done
+			rm -f "$PIDS/$name.pid"
+		done
+	fi
+}
+
+# start_nodes NAME...: start stopped nodes again with their command lines.
+start_nodes() {
+	local name
+	for name in "$@"; do
+		[[ -f $DIR/cmd/$name.cmd ]] || die "no command line kept for $name (was the cluster up?)"
+		if [[ -f $PIDS/$name.pid ]] && alive "$PIDS/$name.pid"; then continue; fi
+		local -a argv
+		eval "argv=($(cat "$DIR/cmd/$name.cmd"))"
+		GOMAXPROCS=$NODE_PROCS start "$name" "${argv[@]}"
+	done
+}
+
+# nodes_of TARGET: the node names of a region ("us") or one node ("us-n2").
+nodes_of() {
+	local t=$1 i
+	if [[ $t == *-n* ]]; then echo "$t"; return; fi
+	for i in "${NODES[@]}"; do echo "$t-n$i"; done
 }
 
 stop_all() {
@@ -149,6 +207,10 @@ stop_all() {
 	done
 	rm -f "$PIDS"/*.pid "$DIR/env" "$DIR/wan.addr"
 	rmdir "$PIDS" 2>/dev/null || true
+	if [[ -f $DIR/pg.started ]]; then
+		scripts/pg.sh stop || true
+		rm -f "$DIR/pg.started"
+	fi
 	echo "cluster: stopped ${#files[@]} processes (data and logs kept in run/cluster)"
 }
 
@@ -174,6 +236,7 @@ up() {
 		for t in 0 1 2; do (( t == r )) || { p=$(link_port $r $t $i); port_busy "$p" && busy+=("$p"); }; done
 	done; done
 	port_busy $(( BASE + 99 )) && busy+=($(( BASE + 99 )))
+	if [[ $HOMING == on ]]; then for r in 0 1 2; do port_busy $(( BASE + 290 + r )) && busy+=($(( BASE + 290 + r ))); done; fi
 	(( ${#busy[@]} == 0 )) || die "ports in use: ${busy[*]} (another cluster? set GEOLOG_CLUSTER_PORT to move the port plan)"
 
 	local links=()
@@ -184,6 +247,20 @@ up() {
 			links+=(--link "${REGIONS[r]}->${REGIONS[t]}.n$i,127.0.0.1:$(link_port $r $t $i),127.0.0.1:$(node_port $t $i),$lat,$JITTER")
 		done
 	done; done
+	local lease_url=""
+	if [[ $HOMING == on ]]; then
+		if ! scripts/pg.sh status >/dev/null 2>&1; then
+			scripts/pg.sh start >/dev/null || die "could not start PostgreSQL for the lease store (scripts/pg.sh start)"
+			touch "$DIR/pg.started"
+		fi
+		local db_url pg_port
+		if $fresh; then db_url=$(scripts/pg.sh db geolog_cluster --fresh); else db_url=$(scripts/pg.sh db geolog_cluster); fi
+		pg_port=$(echo "$db_url" | sed -E 's#.*@[^:]+:([0-9]+)/.*#\1#')
+		for r in 0 1 2; do
+			links+=(--link "${REGIONS[r]}->pg,127.0.0.1:$(( BASE + 290 + r )),127.0.0.1:$pg_port,$PG_LATENCY,0ms")
+		done
+		lease_url=${db_url/:$pg_port\//:PORT/}
+	fi
 	echo "cluster: starting geolog-wan (${#links[@]} flags: $(( ${#links[@]} / 2 )) links, control $WAN_CONTROL; us-eu $(latency us eu), us-ap $(latency us ap), eu-ap $(latency eu ap), jitter $JITTER)"
 	start wan "$BIN/geolog-wan" --control "$WAN_CONTROL" --seed 1 "${links[@]}"
 	local deadline=$(( SECONDS + 10 ))
@@ -198,10 +275,14 @@ up() {
 		local reg=${REGIONS[r]} peers=() remote=()
 		for i in "${NODES[@]}"; do peers+=("$i=127.0.0.1:$(node_port $r $i)"); done
 		for t in 0 1 2; do (( t == r )) || remote+=(--region-addrs "${REGIONS[t]}=$(wan_addrs $r $t)"); done
+		local homing=()
+		if [[ -n $lease_url ]]; then
+			homing=(--lease-store "${lease_url/:PORT\//:$(( BASE + 290 + r ))/}" --lease-ttl "$LEASE_TTL" --lease-heartbeat "$LEASE_HEARTBEAT")
+		fi
 		for i in "${NODES[@]}"; do
 			local name=$reg-n$i
 			GOMAXPROCS=$NODE_PROCS start "$name" "$BIN/geologd" --data-dir "$DIR/data/$name" --listen "127.0.0.1:$(node_port $r $i)" \
-				--region "$reg" --node-id "$i" --peers "$(IFS=,; echo "${peers[*]}")" "${remote[@]}" \
+				--region "$reg" --node-id "$i" --peers "$(IFS=,; echo "${peers[*]}")" "${remote[@]}" "${homing[@]}" \
 				--fsync always --debug-addr "127.0.0.1:$(debug_port $r $i)" --log-level "$LOG_LEVEL"
 		done
 	done
@@ -228,6 +309,7 @@ up() {
 		echo "export GEOLOG_ADDR_ALL=$(region_addrs 0),$(region_addrs 1),$(region_addrs 2)"
 		echo "export GEOLOG_WAN_CONTROL=$WAN_CONTROL"
 		echo "export GEOLOG_CLUSTER_REGIONS=\"${REGIONS[*]}\""
+		[[ -z $lease_url ]] || echo "export GEOLOG_LEASE_STORE=${lease_url/:PORT\//:$(scripts/pg.sh url | sed -E 's#.*@[^:]+:([0-9]+)/.*#\1#')/}"
 	} >"$DIR/env.tmp"
 	mv "$DIR/env.tmp" "$DIR/env"
 	echo "cluster: up. Regions (nodes answer on these addresses; logs in run/cluster/<region>-n<i>.log):"
@@ -269,6 +351,10 @@ status() {
 case "${1:-}" in
 	up) shift; up "$@" ;;
 	down) stop_all ;;
+	kill) shift; for t in "$@"; do kill_nodes KILL $(nodes_of "$t"); done ;;
+	pause) shift; for t in "$@"; do kill_nodes STOP $(nodes_of "$t"); done ;;
+	resume) shift; for t in "$@"; do kill_nodes CONT $(nodes_of "$t"); done ;;
+	start) shift; for t in "$@"; do start_nodes $(nodes_of "$t"); done ;;
 	status) shift; status "$@" ;;
-	*) echo "usage: scripts/cluster.sh up [--fresh] | down | status [-q]" >&2; exit 2 ;;
+	*) echo "usage: scripts/cluster.sh up [--fresh] | down | status [-q] | kill|pause|resume|start REGION|NODE..." >&2; exit 2 ;;
 esac

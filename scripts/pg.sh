@@ -5,6 +5,9 @@
 #   scripts/pg.sh stop     stop it (fast shutdown); fine when already stopped
 #   scripts/pg.sh status   "running <url>" (exit 0) or "stopped" (exit 3)
 #   scripts/pg.sh url      print the connection URL
+#   scripts/pg.sh db NAME [--fresh]
+#                          create database NAME if missing (drop it first
+#                          with --fresh) and print its URL; the server must run
 #
 # Environment:
 #   GEOLOG_PG_DIR   data folder, default run/pg in the project (holds data/, sock/, postgres.log)
@@ -121,8 +124,21 @@ status)
 	fi
 	;;
 url) echo "$URL" ;;
+db)
+	name=${2:-}
+	[[ $name =~ ^[a-z_][a-z0-9_]*$ ]] || die "db: want a lower-case database name, got '$name'"
+	running || die "db: the server is not running (scripts/pg.sh start)"
+	if [ "${3:-}" = --fresh ]; then
+		PGOPTIONS='-c client_min_messages=warning' as_pg "$PGBIN/psql" -h "$SOCK" -p "$PORT" -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 \
+			-c "DROP DATABASE IF EXISTS $name WITH (FORCE)" >/dev/null
+	fi
+	if [ -z "$(as_pg "$PGBIN/psql" -h "$SOCK" -p "$PORT" -U postgres -d postgres -qAt -c "SELECT 1 FROM pg_database WHERE datname = '$name'")" ]; then
+		as_pg "$PGBIN/psql" -h "$SOCK" -p "$PORT" -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 -c "CREATE DATABASE $name" >/dev/null
+	fi
+	echo "${URL/\/postgres\?//$name?}"
+	;;
 *)
-	echo "usage: $0 start|stop|status|url" >&2
+	echo "usage: $0 start|stop|status|url|db NAME [--fresh]" >&2
 	exit 2
 	;;
 esac

@@ -1995,7 +1995,17 @@ func (x *RehomeResponse) GetRanges() []*RangeRehome {
 }
 
 type RefreshHomesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// stream and ranges, if set, ask for the final tails of those ranges
+	// that this node leads, once it has refreshed (and so stopped admitting
+	// appends to ranges marked as moving) and their appends in flight are
+	// answered.
+	Stream string   `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Ranges []uint32 `protobuf:"varint,2,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
+	// confirm: heartbeat a second time, so that the lease store records that
+	// this node acts on what the first heartbeat brought (a planned rehome's
+	// old home must confirm before the move completes).
+	Confirm       bool `protobuf:"varint,3,opt,name=confirm,proto3" json:"confirm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2030,10 +2040,33 @@ func (*RefreshHomesRequest) Descriptor() ([]byte, []int) {
 	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
 }
 
+func (x *RefreshHomesRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *RefreshHomesRequest) GetRanges() []uint32 {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+func (x *RefreshHomesRequest) GetConfirm() bool {
+	if x != nil {
+		return x.Confirm
+	}
+	return false
+}
+
 type RefreshHomesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// homes_version is the node's region's homes version after the refresh.
-	HomesVersion  uint64 `protobuf:"varint,1,opt,name=homes_version,json=homesVersion,proto3" json:"homes_version,omitempty"`
+	HomesVersion uint64 `protobuf:"varint,1,opt,name=homes_version,json=homesVersion,proto3" json:"homes_version,omitempty"`
+	// tails are the final tails of the requested ranges this node leads.
+	Tails         []*RangeTail `protobuf:"bytes,2,rep,name=tails,proto3" json:"tails,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2075,6 +2108,65 @@ func (x *RefreshHomesResponse) GetHomesVersion() uint64 {
 	return 0
 }
 
+func (x *RefreshHomesResponse) GetTails() []*RangeTail {
+	if x != nil {
+		return x.Tails
+	}
+	return nil
+}
+
+type RangeTail struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Range         uint32                 `protobuf:"varint,1,opt,name=range,proto3" json:"range,omitempty"`
+	TailOffset    uint64                 `protobuf:"varint,2,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeTail) Reset() {
+	*x = RangeTail{}
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeTail) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeTail) ProtoMessage() {}
+
+func (x *RangeTail) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeTail.ProtoReflect.Descriptor instead.
+func (*RangeTail) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RangeTail) GetRange() uint32 {
+	if x != nil {
+		return x.Range
+	}
+	return 0
+}
+
+func (x *RangeTail) GetTailOffset() uint64 {
+	if x != nil {
+		return x.TailOffset
+	}
+	return 0
+}
+
 type ChangeReplicasRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -2088,7 +2180,7 @@ type ChangeReplicasRequest struct {
 
 func (x *ChangeReplicasRequest) Reset() {
 	*x = ChangeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2192,7 @@ func (x *ChangeReplicasRequest) String() string {
 func (*ChangeReplicasRequest) ProtoMessage() {}
 
 func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2205,7 @@ func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ChangeReplicasRequest) GetStream() string {
@@ -2154,7 +2246,7 @@ type ChangeReplicasResponse struct {
 
 func (x *ChangeReplicasResponse) Reset() {
 	*x = ChangeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2258,7 @@ func (x *ChangeReplicasResponse) String() string {
 func (*ChangeReplicasResponse) ProtoMessage() {}
 
 func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2271,7 @@ func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ChangeReplicasResponse) GetVoters() []uint64 {
@@ -2206,7 +2298,7 @@ type DescribeReplicasRequest struct {
 
 func (x *DescribeReplicasRequest) Reset() {
 	*x = DescribeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2310,7 @@ func (x *DescribeReplicasRequest) String() string {
 func (*DescribeReplicasRequest) ProtoMessage() {}
 
 func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2323,7 @@ func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DescribeReplicasRequest) GetStream() string {
@@ -2262,7 +2354,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +2366,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +2379,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReplicaStatus) GetNodeId() uint64 {
@@ -2332,7 +2424,7 @@ type DescribeReplicasResponse struct {
 
 func (x *DescribeReplicasResponse) Reset() {
 	*x = DescribeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2344,7 +2436,7 @@ func (x *DescribeReplicasResponse) String() string {
 func (*DescribeReplicasResponse) ProtoMessage() {}
 
 func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2357,7 +2449,7 @@ func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
@@ -2547,10 +2639,18 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fpause_micros\x18\x06 \x01(\x03R\vpauseMicros\x12\x16\n" +
 	"\x06status\x18\a \x01(\tR\x06status\"@\n" +
 	"\x0eRehomeResponse\x12.\n" +
-	"\x06ranges\x18\x01 \x03(\v2\x16.geolog.v1.RangeRehomeR\x06ranges\"\x15\n" +
-	"\x13RefreshHomesRequest\";\n" +
+	"\x06ranges\x18\x01 \x03(\v2\x16.geolog.v1.RangeRehomeR\x06ranges\"_\n" +
+	"\x13RefreshHomesRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x16\n" +
+	"\x06ranges\x18\x02 \x03(\rR\x06ranges\x12\x18\n" +
+	"\aconfirm\x18\x03 \x01(\bR\aconfirm\"g\n" +
 	"\x14RefreshHomesResponse\x12#\n" +
-	"\rhomes_version\x18\x01 \x01(\x04R\fhomesVersion\"\x90\x01\n" +
+	"\rhomes_version\x18\x01 \x01(\x04R\fhomesVersion\x12*\n" +
+	"\x05tails\x18\x02 \x03(\v2\x14.geolog.v1.RangeTailR\x05tails\"B\n" +
+	"\tRangeTail\x12\x14\n" +
+	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1f\n" +
+	"\vtail_offset\x18\x02 \x01(\x04R\n" +
+	"tailOffset\"\x90\x01\n" +
 	"\x15ChangeReplicasRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x120\n" +
@@ -2636,7 +2736,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -2666,11 +2766,12 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*RehomeResponse)(nil),           // 25: geolog.v1.RehomeResponse
 	(*RefreshHomesRequest)(nil),      // 26: geolog.v1.RefreshHomesRequest
 	(*RefreshHomesResponse)(nil),     // 27: geolog.v1.RefreshHomesResponse
-	(*ChangeReplicasRequest)(nil),    // 28: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 29: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 30: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 31: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 32: geolog.v1.DescribeReplicasResponse
+	(*RangeTail)(nil),                // 28: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 29: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 30: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 31: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 32: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 33: geolog.v1.DescribeReplicasResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	3,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -2689,35 +2790,36 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	14, // 13: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
 	1,  // 14: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
 	24, // 15: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	2,  // 16: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	31, // 17: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	6,  // 18: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	6,  // 19: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	8,  // 20: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	10, // 21: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	16, // 22: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	18, // 23: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	20, // 24: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	28, // 25: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	30, // 26: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	23, // 27: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	26, // 28: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	7,  // 29: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	7,  // 30: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	9,  // 31: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	11, // 32: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	17, // 33: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	19, // 34: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	21, // 35: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	29, // 36: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	32, // 37: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	25, // 38: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	27, // 39: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	29, // [29:40] is the sub-list for method output_type
-	18, // [18:29] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	28, // 16: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	2,  // 17: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	32, // 18: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	6,  // 19: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	6,  // 20: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	8,  // 21: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	10, // 22: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	16, // 23: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	18, // 24: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	20, // 25: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	29, // 26: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	31, // 27: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	23, // 28: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	26, // 29: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	7,  // 30: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	7,  // 31: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	9,  // 32: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	11, // 33: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	17, // 34: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	19, // 35: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	21, // 36: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	30, // 37: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	33, // 38: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	25, // 39: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	27, // 40: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	30, // [30:41] is the sub-list for method output_type
+	19, // [19:30] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -2735,7 +2837,7 @@ func file_geolog_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
