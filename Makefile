@@ -12,6 +12,15 @@ BUF_VERSION                := v1.75.0
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 
+# Terraform (make terraform, tf-*): the one on PATH, else .bin/terraform,
+# which make terraform builds from the module proxy when it is missing.
+TERRAFORM_VERSION := v1.5.7
+TERRAFORM ?= $(shell command -v terraform 2>/dev/null || echo $(TOOLBIN)/terraform)
+TF_LOCAL  := terraform/local
+# TF_VARS: more options for tf-up/tf-down, e.g.
+#   make tf-up TF_VARS='-var nodes_per_region=1 -var base_port=7640'
+TF_VARS ?=
+
 # Fuzz targets run briefly inside `make test`: package:target:executions.
 # Counts, not durations: go1.26's fuzz coordinator can fail a run with a
 # spurious "context deadline exceeded" when a -fuzztime duration expires under
@@ -39,7 +48,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill
+.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test
 
 all: build
 
@@ -120,6 +129,38 @@ down:
 
 status:
 	./scripts/cluster.sh status
+
+# terraform/local: the local cluster through Terraform (terraform/README.md).
+terraform:
+	@if [ -x "$(TERRAFORM)" ]; then \
+		echo "terraform: $(TERRAFORM)"; \
+	else \
+		echo "terraform missing: building $(TERRAFORM_VERSION) into $(TOOLBIN) (a few minutes)"; \
+		mkdir -p $(TOOLBIN); \
+		GOBIN=$(TOOLBIN) $(GO) install github.com/hashicorp/terraform@$(TERRAFORM_VERSION); \
+	fi
+
+tf-up: build terraform
+	$(TERRAFORM) -chdir=$(TF_LOCAL) init -input=false
+	$(TERRAFORM) -chdir=$(TF_LOCAL) apply -auto-approve -input=false $(TF_VARS)
+
+tf-down: terraform
+	$(TERRAFORM) -chdir=$(TF_LOCAL) init -input=false
+	$(TERRAFORM) -chdir=$(TF_LOCAL) destroy -auto-approve -input=false $(TF_VARS)
+
+tf-fmt: terraform
+	$(TERRAFORM) fmt -recursive terraform/
+
+# Formatting and the static reference check of every module (no provider
+# needed); both also run in make test.
+tf-check: terraform
+	$(TERRAFORM) fmt -check -recursive -diff terraform/
+	$(GO) test -count=1 -run 'TestModules|TestCheck|TestFormatted' ./terraform/
+
+# The real apply/destroy cycle of terraform/local (2 regions x 1 node on
+# ports 7660-7667); make test runs it too when terraform is installed.
+tf-test: build terraform
+	$(GO) test -count=1 -v -run TestLocalApplyDestroy ./terraform/
 
 tools:
 	@mkdir -p $(TOOLBIN)

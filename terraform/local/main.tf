@@ -1,0 +1,261 @@
+locals {
+  repo_dir   = var.repo_dir != "" ? abspath(var.repo_dir) : abspath("${path.module}/../..")
+  bin_dir    = var.bin_dir != "" ? abspath(var.bin_dir) : "${local.repo_dir}/bin"
+  geologd    = var.geologd_path != "" ? abspath(var.geologd_path) : "${local.bin_dir}/geologd"
+  geolog     = var.geolog_path != "" ? abspath(var.geolog_path) : "${local.bin_dir}/geolog"
+  geolog_wan = var.geolog_wan_path != "" ? abspath(var.geolog_wan_path) : "${local.bin_dir}/geolog-wan"
+  pg_script  = "${local.repo_dir}/scripts/pg.sh"
+  helper     = abspath("${path.module}/scripts/proc.sh")
+  run_dir    = var.data_dir != "" ? abspath(var.data_dir) : abspath("${path.module}/run")
+  env_file   = "${local.run_dir}/env"
+
+  region_count = length(var.regions)
+  node_count   = var.nodes_per_region
+
+  # The port plan (README.md). B = base_port, R regions, M nodes per region,
+  # region index r, node i in 1..M:
+  #   B                          WAN control API
+  #   B + 1                      PostgreSQL (lease_store)
+  #   B + 2 + rM + i - 1         node gRPC
+  #   B + 2 + RM + rM + i - 1    node debug (metrics, pprof)
+  #   B + 2 + 2RM + (f(R-1) + t')M + i - 1
+  #                              WAN link from region f to node i of region t
+  #                              (t' = t, less one when t > f)
+  wan_control    = "127.0.0.1:${var.base_port}"
+  pg_port        = var.base_port + 1
+  pg_dir         = "${local.run_dir}/pg"
+  lease_store    = var.lease_store ? "postgres://postgres@127.0.0.1:${local.pg_port}/postgres?sslmode=disable" : ""
+  node_port_base = var.base_port + 2
+  debug_port_base = (
+    var.base_port + 2 + local.region_count * local.node_count
+  )
+  link_port_base = (
+    var.base_port + 2 + 2 * local.region_count * local.node_count
+  )
+  port_last = (
+    local.link_port_base + local.region_count * (local.region_count - 1) * local.node_count - 1
+  )
+
+  node_addrs = {
+    for r, region in var.regions : region => [
+      for i in range(1, local.node_count + 1) :
+      "127.0.0.1:${local.node_port_base + r * local.node_count + i - 1}"
+    ]
+  }
+
+  # link_addrs[from][to]: to's nodes as seen from from, through the WAN.
+  link_addrs = {
+    for f, from in var.regions : from => {
+      for t, to in var.regions : to => [
+        for i in range(1, local.node_count + 1) :
+        "127.0.0.1:${local.link_port_base + (f * (local.region_count - 1) + (t > f ? t - 1 : t)) * local.node_count + i - 1}"
+      ] if t != f
+    }
+  }
+
+  links = flatten([
+    for f, from in var.regions : [
+      for t, to in var.regions : [
+        for i in range(1, local.node_count + 1) : {
+          name     = "${from}->${to}.n${i}"
+          listen   = local.link_addrs[from][to][i - 1]
+          upstream = local.node_addrs[to][i - 1]
+          latency  = lookup(var.latencies, "${from}-${to}", lookup(var.latencies, "${to}-${from}", var.latency_default))
+        }
+      ] if t != f
+    ]
+  ])
+
+  wan_argv = concat(
+    [local.geolog_wan, "--control", local.wan_control, "--seed", "1"],
+    flatten([for l in local.links : ["--link", "${l.name},${l.listen},${l.upstream},${l.latency},${var.jitter}"]]),
+  )
+
+  nodes = merge([
+    for r, region in var.regions : {
+      for i in range(1, local.node_count + 1) : "${region}-n${i}" => {
+        region     = region
+        id         = i
+        addr       = local.node_addrs[region][i - 1]
+        port       = local.node_port_base + r * local.node_count + i - 1
+        debug_addr = var.debug_listeners ? "127.0.0.1:${local.debug_port_base + r * local.node_count + i - 1}" : ""
+        data       = "${local.run_dir}/data/${region}-n${i}"
+        log        = "${local.run_dir}/${region}-n${i}.log"
+      }
+    }
+  ]...)
+
+  node_argv = {
+    for name, n in local.nodes : name => concat(
+      ["env", "GOMAXPROCS=${var.gomaxprocs}", local.geologd,
+        "--data-dir", n.data,
+        "--listen", n.addr,
+        "--region", n.region,
+        "--node-id", tostring(n.id),
+        "--peers", join(",", [for i, a in local.node_addrs[n.region] : "${i + 1}=${a}"]),
+        "--fsync", var.fsync,
+      "--log-level", var.log_level],
+      n.debug_addr != "" ? ["--debug-addr", n.debug_addr] : [],
+      flatten([for to, addrs in local.link_addrs[n.region] : ["--region-addrs", "${to}=${join(",", addrs)}"]]),
+    )
+  }
+
+  # Any change to a node's flags (the set of nodes, their peers, fsync, ...)
+  # recreates every node with empty data: a Raft member must not come back
+  # with a blank log under its old id, and this is a test cluster.
+  nodes_fingerprint = sha256(jsonencode(local.node_argv))
+
+  all_addrs = flatten([for region in var.regions : local.node_addrs[region]])
+
+  # What tools source (like run/cluster/env of scripts/cluster.sh).
+  env_content = join("\n", concat(
+    ["# written by terraform/local (terraform apply), removed by terraform destroy; source it: . ${local.env_file}"],
+    [for region in var.regions : "export GEOLOG_ADDR_${upper(region)}=${join(",", local.node_addrs[region])}"],
+    ["export GEOLOG_ADDR_ALL=${join(",", local.all_addrs)}"],
+    ["export GEOLOG_WAN_CONTROL=${local.wan_control}"],
+    ["export GEOLOG_CLUSTER_REGIONS=\"${join(" ", var.regions)}\""],
+    var.lease_store ? ["export GEOLOG_LEASE_STORE='${local.lease_store}'"] : [],
+  ))
+
+  # Shell words for local-exec: each argument in single quotes.
+  wan_start = join(" ", [for a in concat([local.helper, "start", local.run_dir, "wan", tostring(var.base_port), tostring(var.start_timeout_seconds), "--"], local.wan_argv) : "'${replace(a, "'", "'\\''")}'"])
+  wan_stop  = join(" ", [for a in [local.helper, "stop", local.run_dir, "wan", tostring(var.stop_timeout_seconds)] : "'${replace(a, "'", "'\\''")}'"])
+  node_start = {
+    for name, n in local.nodes : name => join(" ", [
+      for a in concat(
+        [local.helper, "start"],
+        var.lease_store ? ["--if-flag", "--lease-store", local.lease_store] : [],
+        [local.run_dir, name, tostring(n.port), tostring(var.start_timeout_seconds), "--"],
+        local.node_argv[name],
+      ) : "'${replace(a, "'", "'\\''")}'"
+    ])
+  }
+  node_stop = {
+    for name, n in local.nodes : name => join(" ", [
+      for a in [local.helper, "stop", local.run_dir, name, tostring(var.stop_timeout_seconds), n.data] : "'${replace(a, "'", "'\\''")}'"
+    ])
+  }
+  ready_check = join(" ", [
+    for a in concat([local.helper, "ready", tostring(var.start_timeout_seconds), local.geolog, local.env_file], local.all_addrs) :
+    "'${replace(a, "'", "'\\''")}'"
+  ])
+  pg_env = "GEOLOG_PG_PORT=${local.pg_port} GEOLOG_PG_DIR='${replace(local.pg_dir, "'", "'\\''")}'"
+}
+
+# The run folder. Created first, destroyed last: its destroy sweeps up
+# whatever a failed apply left running (Terraform runs no destroy
+# provisioner of a resource whose create provisioner failed) and removes
+# the folder.
+resource "terraform_data" "run_dir" {
+  triggers_replace = [local.run_dir]
+  input = {
+    init  = "'${local.helper}' init '${replace(local.run_dir, "'", "'\\''")}'"
+    sweep = "'${local.helper}' sweep '${replace(local.run_dir, "'", "'\\''")}' ${var.stop_timeout_seconds} '${local.pg_script}'"
+  }
+
+  lifecycle {
+    precondition {
+      condition     = local.port_last <= 65535
+      error_message = "The port plan ends past 65535 (base_port ${var.base_port}, last port ${local.port_last}): lower base_port."
+    }
+    precondition {
+      condition     = fileexists(local.geologd) && fileexists(local.geolog) && fileexists(local.geolog_wan)
+      error_message = "Missing binaries in ${local.bin_dir} (geologd, geolog, geolog-wan): run make build, or set bin_dir."
+    }
+  }
+
+  provisioner "local-exec" {
+    command = self.input.init
+  }
+
+  provisioner "local-exec" {
+    when    = destroy
+    command = self.input.sweep
+  }
+}
+
+# PostgreSQL for the lease store, through scripts/pg.sh.
+resource "terraform_data" "postgres" {
+  count      = var.lease_store ? 1 : 0
+  depends_on = [terraform_data.run_dir]
+
+  triggers_replace = [local.pg_dir, local.pg_port]
+  input = {
+    start = "${local.pg_env} '${local.pg_script}' start"
+    stop  = "${local.pg_env} '${local.pg_script}' stop && rm -rf '${replace(local.pg_dir, "'", "'\\''")}'"
+  }
+
+  provisioner "local-exec" {
+    command = self.input.start
+  }
+
+  provisioner "local-exec" {
+    when    = destroy
+    command = self.input.stop
+  }
+}
+
+# One geolog-wan process carrying every cross-region link.
+resource "terraform_data" "wan" {
+  depends_on = [terraform_data.run_dir]
+
+  triggers_replace = sha256(local.wan_start)
+  input = {
+    start = local.wan_start
+    stop  = local.wan_stop
+  }
+
+  provisioner "local-exec" {
+    command = self.input.start
+  }
+
+  provisioner "local-exec" {
+    when    = destroy
+    command = self.input.stop
+  }
+}
+
+resource "terraform_data" "node" {
+  for_each   = local.nodes
+  depends_on = [terraform_data.wan, terraform_data.postgres]
+
+  triggers_replace = sha256("${local.node_start[each.key]} ${local.nodes_fingerprint}")
+  input = {
+    start = local.node_start[each.key]
+    stop  = local.node_stop[each.key]
+  }
+
+  provisioner "local-exec" {
+    command = self.input.start
+  }
+
+  provisioner "local-exec" {
+    when    = destroy
+    command = self.input.stop
+  }
+}
+
+# Waits until every node answers, then writes the env file.
+resource "terraform_data" "ready" {
+  depends_on = [terraform_data.node]
+
+  triggers_replace = sha256(jsonencode([local.ready_check, local.env_content, local.nodes_fingerprint, local.wan_start]))
+  input = {
+    check    = local.ready_check
+    env      = local.env_content
+    env_file = local.env_file
+    remove   = "rm -f '${replace(local.env_file, "'", "'\\''")}'"
+  }
+
+  provisioner "local-exec" {
+    command = self.input.check
+    environment = {
+      GEOLOG_TF_ENV = self.input.env
+    }
+  }
+
+  provisioner "local-exec" {
+    when    = destroy
+    command = self.input.remove
+  }
+}

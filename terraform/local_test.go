@@ -1,0 +1,239 @@
+package terraform
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// localBasePort is the port plan of TestLocalApplyDestroy: 2 regions x 1
+// node use basePort .. basePort+7 (WAN control, PostgreSQL, 2 nodes, 2
+// debug listeners, 2 WAN links).
+const (
+	localBasePort  = 7660
+	localPortCount = 8
+)
+
+// TestLocalApplyDestroy runs terraform/local for real: init, apply a
+// 2-region x 1-node cluster, use it through bin/geolog, apply again (no
+// change), destroy, and checks that no process or port is left.
+func TestLocalApplyDestroy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the terraform apply/destroy cycle is not run")
+	}
+	tf := terraformBinary()
+	if tf == "" {
+		t.Skip("terraform is not installed (make terraform installs it): the apply/destroy cycle is not run")
+	}
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"geologd", "geolog", "geolog-wan"} {
+		if _, err := os.Stat(filepath.Join(repo, "bin", b)); err != nil {
+			t.Skipf("bin/%s missing (make build): the apply/destroy cycle is not run", b)
+		}
+	}
+	for p := localBasePort; p < localBasePort+localPortCount; p++ {
+		if listening(p) {
+			t.Fatalf("port %d is in use before apply: %d-%d must be free", p, localBasePort, localBasePort+localPortCount-1)
+		}
+	}
+
+	tmp := t.TempDir()
+	// PostgreSQL runs as the postgres user when the test runs as root: it
+	// must be able to reach its folder under the temporary directory.
+	for _, d := range []string{filepath.Dir(tmp), tmp} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runDir := filepath.Join(tmp, "run")
+	state := filepath.Join(tmp, "terraform.tfstate")
+	vars := filepath.Join(tmp, "test.tfvars.json")
+	writeJSON(t, vars, map[string]any{
+		"regions":               []string{"us", "eu"},
+		"nodes_per_region":      1,
+		"base_port":             localBasePort,
+		"data_dir":              runDir,
+		"latencies":             map[string]string{"us-eu": "20ms"},
+		"start_timeout_seconds": 60,
+		"stop_timeout_seconds":  10,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	terraform := func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, tf, append([]string{"-chdir=" + filepath.Join(repo, "terraform", "local")}, args...)...)
+		// The module's own .terraform and state stay untouched: a user's
+		// `make tf-up` cluster is not this one.
+		cmd.Env = append(os.Environ(), "TF_DATA_DIR="+filepath.Join(tmp, ".terraform"), "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		start := time.Now()
+		out, err := cmd.Output()
+		t.Logf("terraform %s (%s)", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+		if err != nil {
+			t.Fatalf("terraform %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.String())
+		}
+		return string(out)
+	}
+	destroyed := false
+	destroy := func() {
+		terraform("destroy", "-auto-approve", "-input=false", "-no-color", "-state="+state, "-var-file="+vars)
+		destroyed = true
+	}
+	t.Cleanup(func() {
+		if !destroyed {
+			// After a failure: stop what the apply started, whatever it got to.
+			cmd := exec.Command(tf, "-chdir="+filepath.Join(repo, "terraform", "local"), "destroy", "-auto-approve", "-input=false", "-no-color", "-state="+state, "-var-file="+vars)
+			cmd.Env = append(os.Environ(), "TF_DATA_DIR="+filepath.Join(tmp, ".terraform"))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Logf("cleanup destroy: %v\n%s", err, out)
+			}
+		}
+	})
+
+	terraform("init", "-input=false", "-no-color")
+	terraform("apply", "-auto-approve", "-input=false", "-no-color", "-state="+state, "-var-file="+vars)
+
+	var outputs struct {
+		RegionEndpoints struct{ Value map[string]string } `json:"region_endpoints"`
+		AllEndpoints    struct{ Value string }            `json:"all_endpoints"`
+		WANControlURL   struct{ Value string }            `json:"wan_control_url"`
+		PostgresURL     struct{ Value string }            `json:"postgres_url"`
+		EnvFile         struct{ Value string }            `json:"env_file"`
+	}
+	if err := json.Unmarshal([]byte(terraform("output", "-json", "-state="+state)), &outputs); err != nil {
+		t.Fatal(err)
+	}
+	us, eu := outputs.RegionEndpoints.Value["us"], outputs.RegionEndpoints.Value["eu"]
+	if us != fmt.Sprintf("127.0.0.1:%d", localBasePort+2) || eu != fmt.Sprintf("127.0.0.1:%d", localBasePort+3) {
+		t.Fatalf("region_endpoints = %v", outputs.RegionEndpoints.Value)
+	}
+	if want := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", localBasePort+1); outputs.PostgresURL.Value != want {
+		t.Errorf("postgres_url = %q, want %q", outputs.PostgresURL.Value, want)
+	}
+	if !listening(localBasePort + 1) {
+		t.Errorf("PostgreSQL does not listen on %d", localBasePort+1)
+	}
+	env, err := os.ReadFile(outputs.EnvFile.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"GEOLOG_ADDR_US=" + us, "GEOLOG_ADDR_EU=" + eu, "GEOLOG_ADDR_ALL=" + us + "," + eu, "GEOLOG_WAN_CONTROL=127.0.0.1:" + strconv.Itoa(localBasePort), "GEOLOG_LEASE_STORE="} {
+		if !strings.Contains(string(env), want) {
+			t.Errorf("env file lacks %q:\n%s", want, env)
+		}
+	}
+	resp, err := http.Get(outputs.WANControlURL.Value + "/links")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var links struct{ Links []struct{ Name string } }
+	err = json.NewDecoder(resp.Body).Decode(&links)
+	resp.Body.Close()
+	if err != nil || len(links.Links) != 2 {
+		t.Fatalf("WAN links: %v %+v", err, links)
+	}
+
+	// Use the cluster: a stream in both regions, produce through eu (the
+	// home is us: redirected across the WAN), read eu's own copy.
+	geolog := func(addr, stdin string, args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, filepath.Join(repo, "bin", "geolog"), append([]string{"--addr", addr}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("geolog %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	geolog(us, "", "streams", "create", "tf", "--ranges", "2", "--regions", "us,eu", "--home", "us")
+	geolog(eu, "k1\thello\nk2\tworld\n", "produce", "tf", "--tab")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out := geolog(eu, "", "consume", "tf", "--from-offset", "0")
+		if strings.Contains(out, "k1\thello") && strings.Contains(out, "k2\tworld") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("eu's copy did not get both records in 30s:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// apply twice is fine: nothing changes.
+	if out := terraform("apply", "-auto-approve", "-input=false", "-no-color", "-state="+state, "-var-file="+vars); !strings.Contains(out, "0 added, 0 changed, 0 destroyed") {
+		t.Errorf("second apply changed something:\n%s", out)
+	}
+
+	pids := clusterPids(t, runDir)
+	if len(pids) != 4 { // wan, 2 nodes, postgres
+		t.Fatalf("pids before destroy: %v, want 4", pids)
+	}
+	destroy()
+	for name, pid := range pids {
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("%s (pid %d) still runs after destroy", name, pid)
+		}
+	}
+	for p := localBasePort; p < localBasePort+localPortCount; p++ {
+		if listening(p) {
+			t.Errorf("port %d still held after destroy", p)
+		}
+	}
+	if _, err := os.Stat(runDir); !os.IsNotExist(err) {
+		t.Errorf("%s still exists after destroy (%v)", runDir, err)
+	}
+}
+
+// clusterPids reads the pid files of proc.sh and PostgreSQL's postmaster.pid.
+func clusterPids(t *testing.T, runDir string) map[string]int {
+	t.Helper()
+	pids := map[string]int{}
+	files, _ := filepath.Glob(filepath.Join(runDir, "pids", "*.pid"))
+	files = append(files, filepath.Join(runDir, "pg", "data", "postmaster.pid"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, err := strconv.Atoi(strings.Fields(string(data))[0])
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		pids[strings.TrimSuffix(filepath.Base(f), ".pid")] = pid
+	}
+	return pids
+}
+
+func listening(port int) bool {
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+func writeJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
