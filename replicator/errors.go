@@ -74,6 +74,15 @@ type Refusal struct {
 	API *apierr.Error
 	// Sentinel is the package sentinel for API.Code, or nil.
 	Sentinel error
+	// fork, on an ErrDiverged refusal, is where the mirror's log leaves a
+	// newer home's: a fork the mirror may cut (see Forker).
+	fork *forkPoint
+}
+
+// forkPoint is where a mirror's stored frames stop matching a newer home's:
+// at offset at, the home's frame has epoch, above the stored frame's.
+type forkPoint struct {
+	at, epoch, storedEpoch uint64
 }
 
 // ExpectedOffset is the offset the mirror expects next (its applied end),

@@ -22,6 +22,8 @@ const (
 // frameBase is the BaseOffset of a validated frame.
 func frameBase(f []byte) uint64 { return binary.LittleEndian.Uint64(f[posBaseOffset:]) }
 
+func frameEpoch(f []byte) uint64 { return binary.LittleEndian.Uint64(f[posEpoch:]) }
+
 // frameNext is the NextOffset of a validated frame.
 func frameNext(f []byte) uint64 {
 	return frameBase(f) + uint64(binary.LittleEndian.Uint32(f[posRecordCount:]))

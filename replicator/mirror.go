@@ -62,6 +62,21 @@ type MirrorRange interface {
 	Apply(ctx context.Context, frames []byte) (appliedEnd uint64, err error)
 }
 
+// Forker is implemented by mirrors that can cut a divergent tail
+// (DESIGN.md "Divergent tails"). When a batch from the current home (its
+// epoch fenced as usual) overlaps the mirror's applied frames and, at
+// offset at, carries a newer homing epoch than the frame the mirror holds
+// there, the mirror's log forked off the home's at at: the Server calls
+// Fork, then applies the batch from at on.
+type Forker interface {
+	// Fork moves the mirror's frames at and past offset at into the
+	// range's orphan log (original offsets, epochs and records), truncates
+	// the mirror to at on every replica of its group, durably, and raises
+	// its highest epoch to epoch. It returns the applied end after the fork
+	// (at).
+	Fork(ctx context.Context, at, epoch uint64) (uint64, error)
+}
+
 // MemMirrorStore is the in-memory twin of a destination node: it mirrors
 // any range it is asked for (creating it on first Open), unless told it is
 // not the leader.
@@ -150,6 +165,31 @@ type MemMirror struct {
 	applies      int
 	hold         chan struct{} // non-nil: Apply waits until it is closed
 	applyErr     error
+	orphans      [][]byte // frames cut by Fork, in order
+}
+
+var _ Forker = (*MemMirror)(nil)
+
+// Fork implements Forker: the frames at and past at move to Orphans.
+func (m *MemMirror) Fork(ctx context.Context, at, epoch uint64) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := sort.Search(len(m.frames), func(i int) bool { return frameBase(m.frames[i]) >= at })
+	if at > m.end || (i < len(m.frames) && frameBase(m.frames[i]) != at) {
+		return m.end, fmt.Errorf("%w: fork at %d is not a frame boundary at or below %d", ErrOutOfRange, at, m.end)
+	}
+	m.orphans = append(m.orphans, m.frames[i:]...)
+	m.frames = m.frames[:i]
+	m.end = at
+	m.highestEpoch = max(m.highestEpoch, epoch)
+	return at, nil
+}
+
+// Orphans returns the frames Fork cut, in order.
+func (m *MemMirror) Orphans() [][]byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([][]byte(nil), m.orphans...)
 }
 
 var _ MirrorRange = (*MemMirror)(nil)

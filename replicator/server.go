@@ -111,7 +111,7 @@ type rangeState struct {
 }
 
 type serverCounters struct {
-	streams, refusals, batches, frameBytes, wireBytes, duplicates atomic.Uint64
+	streams, refusals, batches, frameBytes, wireBytes, duplicates, forks atomic.Uint64
 }
 
 // ServerStats are a server's counters since it was created.
@@ -128,6 +128,8 @@ type ServerStats struct {
 	// Duplicates counts batches that were wholly below the applied end
 	// and identical: acknowledged without applying anything.
 	Duplicates uint64
+	// Forks counts divergent tails cut (Forker.Fork).
+	Forks uint64
 }
 
 var _ geologinternalv1.MirrorServer = (*Server)(nil)
@@ -188,6 +190,7 @@ func (s *Server) Stats() ServerStats {
 		FrameBytes: s.stats.frameBytes.Load(),
 		WireBytes:  s.stats.wireBytes.Load(),
 		Duplicates: s.stats.duplicates.Load(),
+		Forks:      s.stats.forks.Load(),
 	}
 }
 
@@ -418,6 +421,12 @@ func (s *Server) handle(ctx context.Context, st *rangeState, mr MirrorRange, ope
 // apply brings d into mr: refuses a gap, compares an overlap, applies the
 // rest. It returns the applied end after it (the current one on a gap).
 func (s *Server) apply(ctx context.Context, mr MirrorRange, d decodedBatch) (uint64, error) {
+	return s.applyOnce(ctx, mr, d, false)
+}
+
+// applyOnce is apply; forked says a fork was cut for this batch already
+// (the retry after it must not cut another).
+func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, forked bool) (uint64, error) {
 	applied := mr.AppliedEnd()
 	if d.first > applied {
 		return applied, gapRefusal(d.first, applied)
@@ -432,7 +441,19 @@ func (s *Server) apply(ctx context.Context, mr MirrorRange, d decodedBatch) (uin
 			return applied, apierr.New(apierr.Unavailable, "read the mirror's frames from %d to compare: %v", d.first, err)
 		}
 		if suffix, err = overlapSuffix(d, applied, stored); err != nil {
-			return applied, err
+			var ref *Refusal
+			f, ok := mr.(Forker)
+			if !ok || !errors.As(err, &ref) || ref.fork == nil || forked {
+				return applied, err
+			}
+			at, ferr := f.Fork(ctx, ref.fork.at, ref.fork.epoch)
+			if ferr != nil {
+				return mr.AppliedEnd(), ferr
+			}
+			s.stats.forks.Add(1)
+			s.logger.Warn("cut a divergent tail into the orphan log", "fork_offset", ref.fork.at, "epoch", ref.fork.epoch,
+				"mirror_epoch", ref.fork.storedEpoch, "orphaned_to", applied, "applied_end", at)
+			return s.applyOnce(ctx, mr, d, true)
 		}
 		if suffix == len(d.frames) {
 			s.stats.duplicates.Add(1)

@@ -368,3 +368,48 @@ func TestConfigValidation(t *testing.T) {
 		t.Errorf("second Run returned %v", err)
 	}
 }
+
+// TestServerForksDivergentTail: a mirror holding an old home's tail that
+// the new home (epoch 2) never had is cut at the fork into the orphan log
+// (Forker) and then applies the new home's frames from there; an older
+// epoch's divergent frames are refused as before and cut nothing.
+func TestServerForksDivergentTail(t *testing.T) {
+	g := newLogGen(31, 100)
+	common := []([]byte){g.frame(2), g.frame(3)} // [0,5), epoch 1, both homes
+	old := *g
+	old.seqs = map[uint64]uint64{}
+	tail := []([]byte){old.frame(2), old.frame(2)} // [5,9), epoch 1, only the old home
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	if err := m.Seed(append(append([][]byte{}, common...), tail...)...); err != nil {
+		t.Fatal(err)
+	}
+	// The new home continues at 5 under epoch 2.
+	g.epoch = 2
+	next := []([]byte){g.frame(1), g.frame(4)} // [5,6) [6,10)
+	c := dialRaw(t, node.addr)
+	c.mustAnswer(openReq(2))
+	resp := c.mustAnswer(batchReq(2, CompressionNone, append(append([][]byte{}, common[1]), next...)...))
+	if resp.GetError() != nil || resp.GetAppliedEndOffset() != 10 {
+		t.Fatalf("batch across the fork answered %v", resp)
+	}
+	orphans := m.Orphans()
+	if len(orphans) != 2 || !SameData(orphans[0], tail[0]) || !SameData(orphans[1], tail[1]) {
+		t.Fatalf("orphans: %d frames, want the old home's 2", len(orphans))
+	}
+	got := m.Frames()
+	if len(got) != 4 || !SameData(got[2], next[0]) || !SameData(got[3], next[1]) {
+		t.Fatalf("mirror after the fork holds %d frames", len(got))
+	}
+	if node.srv.Stats().Forks != 1 {
+		t.Fatalf("forks %d, want 1", node.srv.Stats().Forks)
+	}
+	// An epoch-2 frame that differs from the mirror's epoch-2 frame is not
+	// a fork (same epoch): refused, nothing cut.
+	alt := newLogGen(32, 100)
+	alt.epoch, alt.next, alt.appendTime = 2, 6, g.appendTime
+	r := refusalOf(t, c.mustAnswer(batchReq(2, CompressionNone, alt.frame(4))))
+	if !errors.Is(r, ErrDiverged) || len(m.Orphans()) != 2 {
+		t.Fatalf("same-epoch divergence: %v, orphans %d", r, len(m.Orphans()))
+	}
+}

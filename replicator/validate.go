@@ -199,6 +199,21 @@ func overlapSuffix(d decodedBatch, applied uint64, stored []byte) (int, error) {
 			}
 			return p, nil
 		}
+		if q < len(stored) {
+			// A newer home's frame where the mirror holds an older epoch's
+			// (straddling or differing): the mirror's log forked off at
+			// base, which a Forker may cut (DESIGN.md "Divergent tails").
+			if ssize, err := batch.FrameSize(stored[q:]); err == nil && ssize <= len(stored)-q {
+				s := stored[q : q+ssize]
+				if sh, err := batch.DecodeHeader(s); err == nil && sh.BaseOffset == base && frameEpoch(f) > sh.Epoch &&
+					(frameNext(f) > applied || !sameData(f, s)) {
+					r := newRefusal(ErrDiverged, "frame at %d is of homing epoch %d, the mirror holds epoch %d there: the mirror forked off the home's log at %d",
+						base, frameEpoch(f), sh.Epoch, base)
+					r.fork = &forkPoint{at: base, epoch: frameEpoch(f), storedEpoch: sh.Epoch}
+					return 0, r
+				}
+			}
+		}
 		if frameNext(f) > applied {
 			return 0, newRefusal(ErrDiverged, "frame [%d, %d) straddles the applied end %d", base, frameNext(f), applied)
 		}
