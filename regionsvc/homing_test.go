@@ -15,6 +15,7 @@ import (
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/homing/pgtest"
+	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 	"google.golang.org/grpc"
@@ -244,6 +245,46 @@ func TestRegionFailover(t *testing.T) {
 		t.Fatalf("%d produce failures (first: %v): producers must carry on by themselves", len(log.fails), log.fails[0])
 	}
 	checkAfterFailover(t, ctx, w.world, "hf", homes, log.acks)
+
+	// A replayed replication stream of the old home (epoch 1) is refused
+	// by the mirror that saw epoch 2, and appends proposed at epoch 1 by
+	// the replicas (TestStaleEpochRefused covers the replica level).
+	for _, region := range []string{"eu", "ap"} {
+		if homes[0] == region {
+			continue
+		}
+		refused := false
+		for id := uint64(1); id <= uint64(w.size) && !refused; id++ {
+			conn, err := grpcConn(w.addrs[region][id])
+			if err != nil {
+				t.Fatal(err)
+			}
+			stream, err := geologinternalv1.NewMirrorClient(conn).Replicate(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hb := &geologinternalv1.HomeHeartbeat{HomeEpoch: 1, HomeTimeUnixNanos: time.Now().UnixNano()}
+			if err := stream.Send(&geologinternalv1.ReplicateRequest{Heartbeat: hb, Open: &geologinternalv1.ReplicateOpen{
+				Stream: "hf", Range: 0, SourceRegion: "us", DestinationRegion: region, HomeEpoch: 1}}); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := stream.Recv()
+			if err == nil {
+				err = apierr.FromDetail(resp.GetError())
+			}
+			if apierr.CodeOf(err) != apierr.StaleEpoch && apierr.CodeOf(err) != apierr.NotLeader {
+				t.Fatalf("replayed epoch-1 replication to %s: %v, want STALE_EPOCH", region, err)
+			}
+			if apierr.CodeOf(err) == apierr.StaleEpoch {
+				t.Logf("replayed epoch-1 replication to %s refused: %v", region, err)
+				refused = true
+			}
+			conn.Close()
+		}
+		if !refused {
+			t.Fatalf("no node of %s refused a replayed epoch-1 replication with STALE_EPOCH", region)
+		}
+	}
 
 	// Failback: us returns, learns it is no longer home, and follows as a
 	// mirror: appends there are redirected, and its copy converges to the
