@@ -240,13 +240,22 @@ sys.stdout.write("".join(lines))' "$out-ap.jsonl" "$r" | tee "$out-reader-r$r.js
 		echo "demo: ap's copy differs from a home (files run/cluster/demo/$STREAM-*-r*.jsonl)" >&2
 		exit 1
 	fi
-	say "demo done: ap holds every range exactly as its home does, at the same offsets"
+	say "demo: ap holds every range exactly as its home does, at the same offsets"
+	if grep -q '^export GEOLOG_LEASE_STORE=' run/cluster/env; then
+		say "planned rehome (homing on the lease store): every range of $STREAM moves to eu, then range 0 back to us"
+		"$BIN/geolog" --addr "$GEOLOG_ADDR_EU" rehome "$STREAM" all eu
+		"$BIN/geolog" --addr "$GEOLOG_ADDR_US" rehome "$STREAM" 0 us
+		printf 'after-rehome\tstill in order\n' | "$BIN/geolog" --addr "$GEOLOG_ADDR_AP" produce "$STREAM" --tab -v
+		"$BIN/geolog" --addr "$GEOLOG_ADDR_ALL" ranges "$STREAM"
+	fi
+	say "demo done"
 	cat <<-EOF
 	The cluster is still running. Try:
 	  . run/cluster/env
 	  bin/geolog --addr \$GEOLOG_ADDR_ALL ranges $STREAM
 	  bin/geolog --addr \$GEOLOG_ADDR_AP consume $STREAM --range 0 --max 5
 	  curl -X POST http://\$GEOLOG_WAN_CONTROL/regions/ap/cut     # then watch ap's lag grow; POST /heal
+	  scripts/cluster.sh kill us    # a region failure: its ranges fail over (make drill measures it)
 	Stop it with: make down   (scripts/cluster.sh down)
 	EOF
 }
