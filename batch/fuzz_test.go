@@ -21,6 +21,7 @@ func seedFrames() [][]byte {
 		}),
 		EncodeControl(nil, Header{Type: TypeNoop, BaseOffset: 12, Term: 3, Index: 40}, nil),
 		EncodeControl(nil, Header{Type: TypeConfig, BaseOffset: 12, Term: 3, Index: 41}, []byte{2, 0x08, 0x01, 0x10, 0x02}),
+		EncodeControl(nil, Header{Type: TypeFork, BaseOffset: 12, Epoch: 2, Term: 3, Index: 90}, []byte{41, 0, 0, 0, 0, 0, 0, 0, 'x'}),
 		// A payload that looks like records must stay a payload.
 		EncodeControl(nil, Header{Type: TypeConfig, Index: 7}, Encode(nil, sampleHeader(), []Record{{Key: []byte("k")}})[HeaderSize:]),
 	}

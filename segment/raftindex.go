@@ -91,9 +91,11 @@ func (s *Store) segmentOfIndexLocked(index uint64) int {
 		n--
 	}
 	i := sort.Search(n, func(i int) bool { return s.segs[i].lastIndex >= index })
-	if i == n || s.segs[i].firstIndex == 0 || s.segs[i].firstIndex > index {
+	if i == n || s.segs[i].firstIndex == 0 {
 		panic(fmt.Sprintf("segment: raft index %d within [%d, %d] is in no segment", index, s.firstIndex.Load(), s.lastIndex.Load()))
 	}
+	// A segment starting after index (firstIndex > index) begins with a
+	// fork frame whose gap holds index: the walk from its start finds that.
 	return i
 }
 
@@ -112,6 +114,11 @@ func (s *Store) seekIndex(v segView, index uint64) (int64, seq, batch.Header, er
 			err = q.check(h)
 		}
 		if err == nil && h.Index > index {
+			if h.Type == batch.TypeFork {
+				// The entries of a divergent tail were moved out of the
+				// log; the fork frame ends the gap they left.
+				return 0, seq{}, batch.Header{}, fmt.Errorf("%w: raft index %d lies in the gap before the fork frame at %d", ErrOutOfRange, index, h.Index)
+			}
 			err = fmt.Errorf("%w: index %d follows %d", errIndexSequence, h.Index, index-1)
 		}
 		if err == io.EOF {
@@ -177,7 +184,9 @@ func (s *Store) cutAtIndex(i int, index uint64) (cut, error) {
 		if err != nil {
 			return cut{}, s.readError(g, framePos, q.offset, err)
 		}
-		if h.Index == index {
+		if h.Index >= index {
+			// Past index only at a fork frame whose gap holds index: the
+			// frames from it on are the ones at or past index.
 			c.pos, c.nextOffset = framePos, h.BaseOffset
 			return c, nil
 		}
