@@ -23,9 +23,10 @@
 // replica): its index may skip the indexes of that tail, and its payload
 // names the index of the frame before it (batch.ForkPrevIndex), so that
 // the gap is recorded where it is and a gap anywhere else is corruption.
-// An index in such a gap is out of range (ErrOutOfRange) for TermAt and
-// ReadFramesByIndex; TruncateSuffixAtIndex at one drops the fork frame and
-// everything after it. Outside Raft every Index is 0 and
+// An index in such a gap is out of range (ErrOutOfRange) for TermAt; a
+// ReadFramesByIndex from one starts at the fork frame, and
+// TruncateSuffixAtIndex at one drops the fork frame and everything after
+// it. Outside Raft every Index is 0 and
 // only offsets matter.
 //
 // Readers by offset (ReadFrames: consumers, mirrors) see data frames only,

@@ -90,8 +90,12 @@ func testForkGap(t *testing.T, e env) {
 			t.Fatalf("indexes read %v, want %v", got, want)
 		}
 		for _, index := range []uint64{prev + 1, 30, 39} {
-			if _, err := s.ReadFramesByIndex(index, 45, ReadBytesMax); !errors.Is(err, ErrOutOfRange) {
+			frames, err := s.ReadFramesByIndex(index, 45, ReadBytesMax)
+			if err != nil {
 				t.Fatalf("read at %d, in the gap: %v", index, err)
+			}
+			if hs := checkFrames(t, frames); hs[0].Index != 40 || len(hs) != 5 {
+				t.Fatalf("read at %d, in the gap: from index %d, %d frames", index, hs[0].Index, len(hs))
 			}
 			if _, err := s.TermAt(index); !errors.Is(err, ErrOutOfRange) {
 				t.Fatalf("term at %d, in the gap: %v", index, err)
