@@ -191,7 +191,7 @@ func (r *Replica) ProposeFork(at, epoch uint64, reply func(ForkResult)) {
 	case epoch == 0:
 		fail(apierr.New(apierr.InvalidArgument, "%s: fork to epoch 0", name()))
 		return
-	case r.fork.proposal != nil || len(r.fork.unapplied) > 0:
+	case r.forkPending():
 		fail(apierr.New(apierr.Unavailable, "%s: another fork is in progress", name()))
 		return
 	}
@@ -296,10 +296,16 @@ func (r *Replica) ReadOrphans(forkIndex, from uint64, maxBytes int) ([]byte, err
 	return r.cfg.Orphans.ReadFrames(forkIndex, from, maxBytes)
 }
 
-// forkBlocksAppends is the error for an append while a fork is proposed
-// or unapplied in the log: its offsets would depend on the fork.
+// forkPending reports whether a fork is proposed here or in the log and
+// not applied here.
+func (r *Replica) forkPending() bool {
+	return r.fork.proposal != nil || len(r.fork.unapplied) > 0
+}
+
+// forkBlocksAppends is the error for an append while a fork is pending:
+// its offsets would depend on the fork.
 func (r *Replica) forkBlocksAppends() error {
-	if r.fork.proposal == nil && len(r.fork.unapplied) == 0 {
+	if !r.forkPending() {
 		return nil
 	}
 	return apierr.New(apierr.Unavailable, "stream %s range %d: a fork is being applied; appends continue at its offset once it is",
@@ -716,22 +722,29 @@ func (r *Replica) forkGaps(first, index uint64) uint64 {
 }
 
 // receiveOrphans reads the orphan log a snapshot body carries (size bytes)
-// into this replica's orphan store; see ReceiveSnapshot. For the
+// and stages the forks this replica lacks; see ReceiveSnapshot, which
+// commits them once the whole body checked out, or discards them. For the
 // transport's goroutine: the store takes writers from any.
-func (r *Replica) receiveOrphans(body io.Reader, size uint64) error {
+func (r *Replica) receiveOrphans(body io.Reader, size uint64) ([]*pendingFork, error) {
 	if size == 0 {
-		return nil
+		return nil, nil
 	}
-	if r.cfg.Orphans == nil {
-		return fmt.Errorf("%w: it carries an orphan log and no orphan store is configured", ErrSnapshotInvalid)
+	o := r.cfg.Orphans
+	if o == nil {
+		return nil, fmt.Errorf("%w: it carries an orphan log and no orphan store is configured", ErrSnapshotInvalid)
 	}
 	lr := io.LimitReader(body, int64(min(size, 1<<62)))
+	var staged []*pendingFork
 	for read := uint64(0); read < size; {
-		n, err := r.cfg.Orphans.receiveFork(lr)
+		p, n, err := o.receiveFork(lr)
 		if err != nil {
-			return fmt.Errorf("%w: orphan log after %d of %d bytes: %w", ErrSnapshotInvalid, read, size, err)
+			o.discard(staged)
+			return nil, fmt.Errorf("%w: orphan log after %d of %d bytes: %w", ErrSnapshotInvalid, read, size, err)
+		}
+		if p != nil {
+			staged = append(staged, p)
 		}
 		read += n
 	}
-	return nil
+	return staged, nil
 }

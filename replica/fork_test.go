@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -614,6 +615,187 @@ func TestForkDescRoundTrip(t *testing.T) {
 	} {
 		if _, err := decodeForkDesc(b); !errors.Is(err, ErrForkInvalid) {
 			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestForkSnapshotChecked: a snapshot across a fork is checked like any
+// other: its body may skip indexes only where the fork frame says it
+// does, and its orphan log must hold what its records count. Refused ones
+// leave nothing behind; the intact one installs with the orphans.
+func TestForkSnapshotChecked(t *testing.T) {
+	c := forkCluster(t)
+	c.cut[3] = true
+	c.proposeN(7, 30, 5, "b")
+	res := c.proposeFork(21, 2)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	c.tick(25) // node 3 is no longer recently active: it gets a snapshot
+	m, body := capturedSnapshot(t, c)
+	d, err := decodeSnapshotDesc(m.GetSnapshot().GetData())
+	if err != nil || d.OrphansBytes == 0 {
+		t.Fatalf("description %+v: %v", d, err)
+	}
+	if want := c.logs[1].LastIndex() - c.logs[1].FirstIndex() + 1 - (res.Index - res.PrevIndex - 1); d.Frames != want {
+		t.Fatalf("%d frames described, want %d", d.Frames, want)
+	}
+	orphansAt := int(d.ProducersBytes)
+	framesAt := orphansAt + int(d.OrphansBytes)
+	// The frames, and where the fork frame is among them.
+	var starts []int
+	fork := -1
+	for p := framesAt; p < len(body); {
+		n, err := batch.FrameSize(body[p:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if batch.IsFork(body[p:]) {
+			fork = len(starts)
+		}
+		starts = append(starts, p)
+		p += n
+	}
+	if fork < 1 {
+		t.Fatalf("no fork frame after a kept one in the body (at %d)", fork)
+	}
+	without := func(i int) []byte {
+		end := len(body)
+		if i+1 < len(starts) {
+			end = starts[i+1]
+		}
+		return append(bytes.Clone(body[:starts[i]]), body[end:]...)
+	}
+	badOrphans := bytes.Clone(body)
+	badOrphans[framesAt-1] ^= 1 // inside the last orphaned frame
+	shortOrphans := withFrames(m, func(d *snapshotDesc) { d.OrphansBytes-- })
+	r3 := c.replicas[3]
+	for name, tc := range map[string]struct {
+		m    *raftpb.Message
+		body []byte
+	}{
+		"frame before the fork missing": {withFrames(m, func(d *snapshotDesc) { d.Frames-- }), without(fork - 1)},
+		"fork frame missing":            {withFrames(m, func(d *snapshotDesc) { d.Frames-- }), without(fork)},
+		"orphaned frame corrupt":        {m, badOrphans},
+		"orphan log cut short":          {shortOrphans, body},
+	} {
+		if _, err := r3.ReceiveSnapshot(tc.m, bytes.NewReader(tc.body)); !errors.Is(err, ErrSnapshotInvalid) {
+			t.Fatalf("%s: %v, want ErrSnapshotInvalid", name, err)
+		}
+		if len(r3.Orphans()) != 0 || len(stagedFiles(t, c.dirs[3])) != 0 {
+			t.Fatalf("%s: left %d forks, staged files %v", name, len(r3.Orphans()), stagedFiles(t, c.dirs[3]))
+		}
+		if files := c.orphanFiles(3); len(files) != 0 {
+			t.Fatalf("%s: left orphan files %v", name, files)
+		}
+	}
+	st, err := r3.ReceiveSnapshot(m, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r3.StepSnapshot(m, st); err != nil {
+		t.Fatal(err)
+	}
+	c.holdSnaps = false
+	c.tick(3)
+	if r3.Stats().SnapshotsInstalled != 1 || len(r3.Orphans()) != 1 {
+		t.Fatalf("node 3: %d snapshots, %d forks", r3.Stats().SnapshotsInstalled, len(r3.Orphans()))
+	}
+	c.identical()
+}
+
+// withFrames returns m with its description changed by f.
+func withFrames(m *raftpb.Message, f func(d *snapshotDesc)) *raftpb.Message {
+	d, _ := decodeSnapshotDesc(m.GetSnapshot().GetData())
+	f(&d)
+	m2 := proto.Clone(m).(*raftpb.Message)
+	m2.Snapshot.Data = d.encode()
+	return m2
+}
+
+// TestOrphanStore: the store refuses what is not a complete fork, drops a
+// fork whose writing was interrupted, and reads frames by offset within a
+// fork's bounds.
+func TestOrphanStore(t *testing.T) {
+	fs := vfs.NewMem(rand.New(rand.NewPCG(1, 2)))
+	dir := "/r/" + OrphanDirName
+	o, err := OpenOrphans(fs, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frames [][]byte
+	for i := uint64(0); i < 40; i++ {
+		recs := []batch.Record{{Key: []byte("k"), Value: bytes.Repeat([]byte{byte(i)}, 3000)}, {Value: []byte("v")}}
+		frames = append(frames, batch.Encode(nil, batch.Header{BaseOffset: 10 + 2*i, Epoch: 1, ProducerID: 5, Term: 2, Index: 20 + i}, recs))
+	}
+	src := func(emit func([]byte) error) error {
+		for _, f := range frames {
+			if err := emit(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	rec := ForkRecord{Index: 70, Term: 3, PrevIndex: 19, At: 10, Epoch: 2, FirstOffset: 10, NextOffset: 90}
+	got, wrote, err := o.writeFork(rec, src, nil)
+	if err != nil || !wrote || got.Records != 80 || got.Frames != 40 {
+		t.Fatalf("write: %+v %v %v", got, wrote, err)
+	}
+	if _, wrote, _ := o.writeFork(rec, src, nil); wrote {
+		t.Fatal("a fork was written twice")
+	}
+	// Bad frames are refused before anything is stored.
+	bad := rec
+	bad.Index, bad.NextOffset = 80, 92
+	if _, _, err := o.writeFork(bad, src, nil); err == nil {
+		t.Fatal("frames short of the tail were stored")
+	}
+	if len(o.Forks()) != 1 {
+		t.Fatalf("forks: %+v", o.Forks())
+	}
+	// A crash while writing leaves a temporary file, which opening drops.
+	f, err := fs.OpenFile(dir+"/"+forkFileName(90)+forkTmpSuffix, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte("torn"), 0)
+	f.Close()
+	if o, err = OpenOrphans(fs, dir, nil); err != nil || len(o.Forks()) != 1 || o.Forks()[0] != got {
+		t.Fatalf("reopen: %+v %v", o.Forks(), err)
+	}
+	for _, from := range []uint64{10, 11, 47, 88, 89} {
+		b, err := o.ReadFrames(70, from, 1)
+		h, herr := batch.DecodeHeader(b)
+		if err != nil || herr != nil || h.BaseOffset > from || h.NextOffset() <= from || len(b) != len(frames[(from-10)/2]) {
+			t.Fatalf("read from %d: %+v %v %v", from, h, err, herr)
+		}
+	}
+	if b, err := o.ReadFrames(70, 10, 1<<30); err != nil || !bytes.Equal(b, bytes.Join(frames, nil)) {
+		t.Fatalf("read all: %d bytes, %v", len(b), err)
+	}
+	if b, err := o.ReadFrames(70, 90, 1); err != nil || b != nil {
+		t.Fatalf("read at the end: %v %v", b, err)
+	}
+	if _, err := o.ReadFrames(70, 9, 1); !errors.Is(err, ErrOrphanRange) {
+		t.Fatalf("read below: %v", err)
+	}
+	if _, err := o.ReadFrames(71, 10, 1); !errors.Is(err, ErrForkNotFound) {
+		t.Fatalf("read an unknown fork: %v", err)
+	}
+	// A damaged record or a file cut short is corruption.
+	for name, damage := range map[string]func(f vfs.File){
+		"record": func(f vfs.File) { f.WriteAt([]byte{0xff}, 10) },
+		"short":  func(f vfs.File) { f.Truncate(int64(forkRecordBytes) + 100) },
+	} {
+		fs2 := fs.Crash()
+		f, err := fs2.OpenFile(dir+"/"+forkFileName(70), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		damage(f)
+		f.Close()
+		if _, err := OpenOrphans(fs2, dir, nil); !errors.Is(err, ErrOrphansCorrupt) {
+			t.Fatalf("%s: open: %v", name, err)
 		}
 	}
 }

@@ -356,19 +356,42 @@ func (o *OrphanStore) writeFork(rec ForkRecord, src frameSource, want *ForkRecor
 	if held, ok := o.Fork(rec.Index); ok {
 		return held, false, nil
 	}
-	name := forkFileName(rec.Index)
-	tmp := filepath.Join(o.dir, name+forkTmpSuffix)
+	p, err := o.stage(rec, src, want, forkTmpSuffix)
+	if err != nil {
+		return ForkRecord{}, false, err
+	}
+	if err := o.commitLocked(p); err != nil {
+		return ForkRecord{}, false, err
+	}
+	return p.rec, true, nil
+}
+
+// pendingFork is a fork written, whole and durable, under a temporary
+// name: not in the store until committed.
+type pendingFork struct {
+	rec ForkRecord
+	tmp string
+}
+
+// snapTmpSuffix names the forks a snapshot brings until it is received
+// whole (one snapshot is received at a time; the driver's writes use
+// forkTmpSuffix).
+const snapTmpSuffix = ".snap" + forkTmpSuffix
+
+// stage writes the fork rec with the frames src yields to its temporary
+// file (the name's suffix) and makes it durable; see writeFork. On error
+// nothing is left behind.
+func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, suffix string) (*pendingFork, error) {
+	tmp := filepath.Join(o.dir, forkFileName(rec.Index)+suffix)
 	f, err := o.fs.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: create %s: %w", tmp, err)
+		return nil, fmt.Errorf("replica: create %s: %w", tmp, err)
 	}
 	done := false
 	defer func() {
 		if !done {
 			f.Close()
-			if err := o.fs.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				o.logger.Warn("could not remove an unfinished fork", "name", tmp, "error", err)
-			}
+			o.remove(tmp)
 		}
 	}()
 	rec.Records, rec.Frames, rec.Bytes = 0, 0, 0
@@ -393,45 +416,84 @@ func (o *OrphanStore) writeFork(rec ForkRecord, src frameSource, want *ForkRecor
 			return nil
 		})
 		if err != nil {
-			return ForkRecord{}, false, err
+			return nil, err
 		}
 	}
 	if rec.Frames == 0 {
 		rec.FirstOffset = rec.NextOffset
 	} else if next != rec.NextOffset {
-		return ForkRecord{}, false, fmt.Errorf("replica: orphaned frames end at offset %d, the tail was at %d", next, rec.NextOffset)
+		return nil, fmt.Errorf("replica: orphaned frames end at offset %d, the tail was at %d", next, rec.NextOffset)
 	}
 	rec.Records = rec.NextOffset - rec.FirstOffset
 	if err := rec.check(); err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: fork to write: %w", err)
+		return nil, fmt.Errorf("replica: fork to write: %w", err)
 	}
 	if want != nil && rec != *want {
-		return ForkRecord{}, false, fmt.Errorf("replica: fork %d holds %d records in %d frames of %d bytes from offset %d, its record says %d in %d of %d from %d",
+		return nil, fmt.Errorf("replica: fork %d holds %d records in %d frames of %d bytes from offset %d, its record says %d in %d of %d from %d",
 			rec.Index, rec.Records, rec.Frames, rec.Bytes, rec.FirstOffset, want.Records, want.Frames, want.Bytes, want.FirstOffset)
 	}
 	if _, err := f.WriteAt(rec.encode(), 0); err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: write %s: %w", tmp, err)
+		return nil, fmt.Errorf("replica: write %s: %w", tmp, err)
 	}
 	if err := f.Datasync(); err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: sync %s: %w", tmp, err)
+		return nil, fmt.Errorf("replica: sync %s: %w", tmp, err)
 	}
 	done = true
 	if err := f.Close(); err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: close %s: %w", tmp, err)
+		o.remove(tmp)
+		return nil, fmt.Errorf("replica: close %s: %w", tmp, err)
 	}
-	if err := o.fs.Rename(tmp, filepath.Join(o.dir, name)); err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: rename %s: %w", tmp, err)
+	return &pendingFork{rec: rec, tmp: tmp}, nil
+}
+
+// commitLocked moves a staged fork into the store (rename, directory
+// fsync), or drops it if the store holds that fork by now. The caller
+// holds writeMu.
+func (o *OrphanStore) commitLocked(p *pendingFork) error {
+	if _, ok := o.Fork(p.rec.Index); ok {
+		o.remove(p.tmp)
+		return nil
+	}
+	if err := o.fs.Rename(p.tmp, filepath.Join(o.dir, forkFileName(p.rec.Index))); err != nil {
+		return fmt.Errorf("replica: rename %s: %w", p.tmp, err)
 	}
 	if err := o.fs.SyncDir(o.dir); err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: sync orphan store: %w", err)
+		return fmt.Errorf("replica: sync orphan store: %w", err)
 	}
 	o.mu.Lock()
-	i, _ := slices.BinarySearchFunc(o.forks, rec.Index, func(f ForkRecord, index uint64) int { return cmpUint64(f.Index, index) })
-	o.forks = slices.Insert(o.forks, i, rec)
+	i, _ := slices.BinarySearchFunc(o.forks, p.rec.Index, func(f ForkRecord, index uint64) int { return cmpUint64(f.Index, index) })
+	o.forks = slices.Insert(o.forks, i, p.rec)
 	o.mu.Unlock()
+	rec := p.rec
 	o.logger.Info("stored fork", "index", rec.Index, "at", rec.At, "epoch", rec.Epoch, "records", rec.Records,
 		"first_offset", rec.FirstOffset, "next_offset", rec.NextOffset, "bytes", rec.Bytes)
-	return rec, true, nil
+	return nil
+}
+
+// commit moves staged forks into the store; see commitLocked.
+func (o *OrphanStore) commit(ps []*pendingFork) error {
+	o.writeMu.Lock()
+	defer o.writeMu.Unlock()
+	for _, p := range ps {
+		if err := o.commitLocked(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// discard removes staged forks that will not be committed.
+func (o *OrphanStore) discard(ps []*pendingFork) {
+	for _, p := range ps {
+		o.remove(p.tmp)
+	}
+}
+
+// remove removes a temporary file, best effort: opening removes leftovers.
+func (o *OrphanStore) remove(tmp string) {
+	if err := o.fs.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		o.logger.Warn("could not remove an unfinished fork", "name", tmp, "error", err)
+	}
 }
 
 // openFork opens the file of the fork at index for reading and returns it
@@ -559,19 +621,21 @@ func (o *OrphanStore) bytesUpTo(index uint64) (uint64, []ForkRecord) {
 }
 
 // receiveFork reads one fork's file, as a snapshot body carries it, from r
-// and stores it unless the store holds it already (then its frames are
-// read and checked all the same, and this replica's copy stays). The
-// frames must be what the record counts, and nothing may follow them
-// within the file. It returns the bytes read.
-func (o *OrphanStore) receiveFork(r io.Reader) (uint64, error) {
+// and stages it (commit makes it part of the store) unless the store holds
+// it already: then its frames are read and checked all the same, this
+// replica's copy stays, and the pending fork is nil. The frames must be
+// what the record counts, and nothing may follow them within the file. It
+// returns the bytes read.
+func (o *OrphanStore) receiveFork(r io.Reader) (*pendingFork, uint64, error) {
 	b := make([]byte, forkRecordBytes)
 	if _, err := io.ReadFull(r, b); err != nil {
-		return 0, fmt.Errorf("fork record: %w", err)
+		return nil, 0, fmt.Errorf("fork record: %w", err)
 	}
 	rec, err := decodeForkRecord(b)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
+	size := uint64(forkRecordBytes) + rec.Bytes
 	fr := frameReader{r: io.LimitReader(r, int64(rec.Bytes))}
 	src := func(emit func([]byte) error) error {
 		for i := uint64(0); i < rec.Frames; i++ {
@@ -588,26 +652,25 @@ func (o *OrphanStore) receiveFork(r io.Reader) (uint64, error) {
 		}
 		return nil
 	}
-	held, wrote, err := o.writeFork(rec, src, &rec)
-	if err != nil {
-		return 0, err
+	held, ok := o.Fork(rec.Index)
+	if !ok {
+		p, err := o.stage(rec, src, &rec, snapTmpSuffix)
+		return p, size, err
 	}
-	if !wrote {
-		// This replica applied the fork itself: read past the sender's
-		// copy, checking it.
-		if err := src(func(frame []byte) error {
-			_, err := batch.Validate(frame)
-			return err
-		}); err != nil {
-			return 0, err
-		}
-		if held.At != rec.At || held.Epoch != rec.Epoch || held.NextOffset != rec.NextOffset {
-			return 0, fmt.Errorf("fork %d: received at offset %d epoch %d, holds at %d epoch %d", rec.Index, rec.At, rec.Epoch, held.At, held.Epoch)
-		}
-		if held.Records != rec.Records {
-			o.logger.Warn("kept this replica's copy of a fork that a snapshot carried too", "index", rec.Index,
-				"records_held", held.Records, "records_received", rec.Records)
-		}
+	// This replica applied the fork itself: read past the sender's copy,
+	// checking it.
+	if err := src(func(frame []byte) error {
+		_, err := batch.Validate(frame)
+		return err
+	}); err != nil {
+		return nil, 0, err
 	}
-	return uint64(forkRecordBytes) + rec.Bytes, nil
+	if held.At != rec.At || held.Epoch != rec.Epoch || held.NextOffset != rec.NextOffset {
+		return nil, 0, fmt.Errorf("fork %d: received at offset %d epoch %d, holds at %d epoch %d", rec.Index, rec.At, rec.Epoch, held.At, held.Epoch)
+	}
+	if held.Records != rec.Records {
+		o.logger.Warn("kept this replica's copy of a fork that a snapshot carried too", "index", rec.Index,
+			"records_held", held.Records, "records_received", rec.Records)
+	}
+	return nil, size, nil
 }

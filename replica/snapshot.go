@@ -431,15 +431,20 @@ func (s *StagedSnapshot) Discard() {
 // ReceiveSnapshot reads the body of the MsgSnap m and writes it beside the
 // log, validating every frame (CRC and structure, dense offsets from the
 // described first offset, contiguous indexes from the described first index
-// to the snapshot index, whose term must be the snapshot's, the described
-// next offset, nothing after the last frame). Nothing replaces the log
-// here: hand the result to StepSnapshot. A body that fails any check gives
+// to the snapshot index but where a fork frame describes a gap, the
+// snapshot index's term must be the snapshot's, the described next offset,
+// nothing after the last frame) and the orphan log it carries (each fork's
+// record and frames). Nothing replaces the log here: hand the result to
+// StepSnapshot. The forks this replica lacks join its orphan store once
+// the whole body checked out (they are committed facts, whether or not
+// the snapshot is installed). A body that fails any check gives
 // ErrSnapshotInvalid (or the body's own error) and leaves nothing behind;
 // a snapshot at or below the commit index gives ErrSnapshotStale.
 //
 // It may run on any goroutine (the transport's), concurrently with the
 // driver: it reads only the replica's published commit index and writes
-// only the staging files.
+// only the staging files and the orphan store (which takes writers from
+// any goroutine).
 func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSnapshot, error) {
 	snap := m.GetSnapshot()
 	meta := snap.GetMetadata()
@@ -486,9 +491,17 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSnapshotInvalid, err)
 	}
-	if err := r.receiveOrphans(body, d.OrphansBytes); err != nil {
+	// The forks the snapshot brings are committed facts (the leader applied
+	// them), but join the orphan store only with a body that checks out.
+	forks, err := r.receiveOrphans(body, d.OrphansBytes)
+	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if !ok {
+			r.cfg.Orphans.discard(forks)
+		}
+	}()
 	fr := frameReader{r: body}
 	for i := uint64(0); i < d.Frames; i++ {
 		frame, err := fr.next()
@@ -522,6 +535,11 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 	}
 	if err := st.Finish(); err != nil {
 		return nil, fmt.Errorf("replica: stage snapshot: %w", err)
+	}
+	if len(forks) > 0 {
+		if err := r.cfg.Orphans.commit(forks); err != nil {
+			return nil, fmt.Errorf("replica: store the snapshot's orphans: %w", err)
+		}
 	}
 	ok = true
 	return &StagedSnapshot{staging: st, base: base, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
