@@ -59,6 +59,13 @@ func checkDecoders(t *testing.T, b []byte) {
 	hh, hErr := DecodeHeader(b)
 	vh, vErr := Validate(b)
 	h, recs, err := Decode(b)
+	prev, fErr := ForkPrevIndex(b)
+	if fErr == nil && (err != nil || h.Type != TypeFork || binary.LittleEndian.Uint64(b[HeaderSize:]) != prev) {
+		t.Fatalf("ForkPrevIndex accepted a frame Decode did not take for a fork: %v", err)
+	}
+	if IsFork(b) && err == nil && h.Type != TypeFork || IsData(b) && err == nil && h.Type != TypeData {
+		t.Fatalf("IsFork or IsData disagree with type %v", h.Type)
+	}
 	if err != nil {
 		if !errors.Is(err, ErrShort) && !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("Decode error %v is neither ErrShort nor ErrCorrupt", err)

@@ -503,12 +503,13 @@ func TestForkAfterCompaction(t *testing.T) {
 		t.Fatalf("fork: %+v %v", res.ForkRecord, res.Err)
 	}
 	c.tick(2)
+	// Node 2 orphaned what it still held: [its start offset, 180).
 	got := c.replicas[2].Orphans()
-	if len(got) != 1 || got[0].At != at || got[0].NextOffset != 180 || got[0].FirstOffset != c.logs[2].StartOffset() && got[0].FirstOffset <= at {
+	if len(got) != 1 || got[0].At != at || got[0].NextOffset != 180 || got[0].FirstOffset <= at || got[0].Records != 180-got[0].FirstOffset {
 		t.Fatalf("node 2's fork: %+v", got)
 	}
-	if got[0].FirstOffset <= at || got[0].Records >= res.Records {
-		t.Fatalf("node 2 orphaned records it no longer held: %+v", got[0])
+	if v := c.orphanValues(2, got[0].Index); uint64(len(v)) != got[0].Records || v[len(v)-1] != "179:e1:p7:a059-2" {
+		t.Fatalf("node 2 orphaned %d records, last %q", len(v), v[len(v)-1])
 	}
 	for _, id := range c.ids {
 		if c.logs[id].NextOffset() != at || c.replicas[id].Committed() != at {
