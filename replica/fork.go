@@ -479,8 +479,8 @@ func (r *Replica) forkLog(index, term uint64, h batch.Header, d forkDesc) (ForkR
 	}
 
 	m := &ForkMeta{Record: rec}
-	first2 := log.FirstIndex()
-	m.Reset = first2 == 0 || first2 > d.KeepIndex+1
+	logFirst := log.FirstIndex()
+	m.Reset = logFirst == 0 || logFirst > d.KeepIndex+1
 	var base *producerBase
 	if r.state.SnapshotIndex <= d.KeepIndex {
 		if base, err = r.advanceBase(d.KeepIndex); err != nil {
