@@ -37,7 +37,9 @@ FUZZ_TARGETS := \
 	./replicator:FuzzDecodeRequest:60000 \
 	./segment:FuzzManifest:30000 \
 	./replica:FuzzSnapshotDesc:60000 \
-	./replica:FuzzProducerBase:60000
+	./replica:FuzzProducerBase:60000 \
+	./replica:FuzzForkRecord:60000 \
+	./replica:FuzzForkDesc:60000
 FUZZ_TIME ?=
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add

@@ -183,7 +183,7 @@ func TestControlFrames(t *testing.T) {
 	}
 	for name, fn := range map[string]func(){
 		"data":      func() { EncodeControl(nil, Header{Type: TypeData}, nil) },
-		"unknown":   func() { EncodeControl(nil, Header{Type: 3}, nil) },
+		"unknown":   func() { EncodeControl(nil, Header{Type: typeMax + 1}, nil) },
 		"flags":     func() { EncodeControl(nil, Header{Type: TypeNoop, Flags: 1}, nil) },
 		"too large": func() { EncodeControl(nil, Header{Type: TypeConfig}, make([]byte, FrameBytesMax-HeaderSize+1)) },
 	} {
@@ -260,7 +260,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"length too large", corruptFrame(frame, false, func(f []byte) []byte { le.PutUint32(f, FrameBytesMax); return f }), ErrCorrupt},
 		{"crc", corruptFrame(frame, false, func(f []byte) []byte { f[len(f)-1] ^= 1; return f }), ErrCorrupt},
 		{"version", corruptFrame(frame, true, func(f []byte) []byte { f[posVersion] = 2; return f }), ErrCorrupt},
-		{"type", corruptFrame(frame, true, func(f []byte) []byte { f[posType] = 3; return f }), ErrCorrupt},
+		{"type", corruptFrame(frame, true, func(f []byte) []byte { f[posType] = byte(typeMax) + 1; return f }), ErrCorrupt},
 		{"flags", corruptFrame(frame, true, func(f []byte) []byte { f[posFlags] = 1; return f }), ErrCorrupt},
 		{"reserved", corruptFrame(frame, true, func(f []byte) []byte { f[posReserved+7] = 1; return f }), ErrCorrupt},
 		{"record count too large", corruptFrame(frame, true, func(f []byte) []byte { le.PutUint32(f[posRecordCount:], 1<<31); return f }), ErrCorrupt},
@@ -350,7 +350,7 @@ func TestPatch(t *testing.T) {
 
 func TestEncodePanics(t *testing.T) {
 	for name, fn := range map[string]func(){
-		"unknown type":    func() { Encode(nil, Header{Type: 3}, nil) },
+		"unknown type":    func() { Encode(nil, Header{Type: typeMax + 1}, nil) },
 		"flags":           func() { Encode(nil, Header{Flags: 1}, nil) },
 		"offset overflow": func() { Encode(nil, Header{BaseOffset: math.MaxUint64}, []Record{{}}) },
 		"too large":       func() { Encode(nil, Header{}, []Record{{Value: make([]byte, FrameBytesMax)}}) },
@@ -431,5 +431,36 @@ func TestDecodeAllocations(t *testing.T) {
 	dst := make([]byte, 0, len(frame))
 	if n := testing.AllocsPerRun(100, func() { _ = Encode(dst[:0], sampleHeader(), recs) }); n != 0 {
 		t.Errorf("Encode into a large enough dst allocates %v times", n)
+	}
+}
+
+// TestForkFrame: a fork frame is a control frame that names the index
+// before it; one claiming records is corrupt, and ForkPrevIndex refuses
+// what is not a fork frame.
+func TestForkFrame(t *testing.T) {
+	payload := binary.LittleEndian.AppendUint64(nil, 41)
+	f := EncodeControl(nil, Header{Type: TypeFork, BaseOffset: 7, Epoch: 3, Term: 2, Index: 50}, append(payload, "rest"...))
+	h, err := Validate(f)
+	if err != nil || !h.IsControl() || h.Type != TypeFork || !IsFork(f) || IsData(f) {
+		t.Fatalf("fork frame: %+v %v", h, err)
+	}
+	if prev, err := ForkPrevIndex(f); err != nil || prev != 41 {
+		t.Fatalf("ForkPrevIndex = %d, %v", prev, err)
+	}
+	if _, err := ForkPrevIndex(EncodeControl(nil, Header{Type: TypeFork}, []byte{1, 2})); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("short fork payload: %v", err)
+	}
+	if _, err := ForkPrevIndex(EncodeControl(nil, Header{Type: TypeNoop}, payload)); !errors.Is(err, ErrNotControl) {
+		t.Fatalf("noop frame: %v", err)
+	}
+	if _, err := ForkPrevIndex(f[:20]); err == nil {
+		t.Fatal("a torn fork frame passed")
+	}
+	withRecords := corruptFrame(Encode(nil, Header{}, []Record{{Key: []byte("k")}}), true, func(b []byte) []byte {
+		b[posType] = byte(TypeFork)
+		return b
+	})
+	if _, err := DecodeHeader(withRecords); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("fork frame with records: %v", err)
 	}
 }

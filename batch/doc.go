@@ -8,7 +8,7 @@
 //	0   4    Length               u32: bytes after this field (frame size - 4)
 //	4   4    CRC                  u32: CRC32C (Castagnoli) of bytes [8, 4+Length)
 //	8   1    Version              u8 = 1
-//	9   1    Type                 u8: 0 data, 1 noop, 2 config
+//	9   1    Type                 u8: 0 data, 1 noop, 2 config, 3 fork
 //	10  2    Flags                u16: 0 (reserved for compression)
 //	12  4    RecordCount          u32
 //	16  8    BaseOffset           u64
@@ -34,13 +34,15 @@
 //
 // # Control frames
 //
-// A frame of type noop or config with RecordCount 0 is a control frame: its
-// body, after the header, is an opaque payload of any length (a Raft
-// ConfChange, say; a leader's no-op carries none) instead of records. It
-// takes no offset: its NextOffset is its BaseOffset, the offset the next
+// A frame of type noop, config or fork with RecordCount 0 is a control
+// frame: its body, after the header, is an opaque payload of any length (a
+// Raft ConfChange, say; a leader's no-op carries none) instead of records.
+// It takes no offset: its NextOffset is its BaseOffset, the offset the next
 // record will get. EncodeControl builds one and DecodeControl returns its
 // payload; Decode returns it with no records. A data frame always holds
-// records in its body, none meaning an empty body.
+// records in its body, none meaning an empty body. A fork frame never holds
+// records (decoders reject one that claims some); its payload starts with
+// the Raft index of the frame before it (ForkPrevIndex), see TypeFork.
 //
 // Under Raft every frame is one entry and carries the entry's Term and Index
 // (PatchRaft sets them); outside Raft both are 0.

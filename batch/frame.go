@@ -56,8 +56,14 @@ const (
 	TypeNoop Type = 1
 	// TypeConfig is a configuration batch.
 	TypeConfig Type = 2
+	// TypeFork is a fork marker: a control frame (never with records) that
+	// ends a divergent tail. Its payload starts with the Raft index of the
+	// frame before it (see ForkPrevIndex), which lets its own Raft index
+	// follow a gap: the entries of the divergent tail in between were moved
+	// out of the log.
+	TypeFork Type = 3
 
-	typeMax = TypeConfig
+	typeMax = TypeFork
 )
 
 // String returns the lowercase name of t.
@@ -69,6 +75,8 @@ func (t Type) String() string {
 		return "noop"
 	case TypeConfig:
 		return "config"
+	case TypeFork:
+		return "fork"
 	default:
 		return fmt.Sprintf("type(%d)", uint8(t))
 	}
@@ -121,6 +129,7 @@ var (
 	errLengthLarge  = fmt.Errorf("%w: length field larger than FrameBytesMax", ErrCorrupt)
 	errVersion      = fmt.Errorf("%w: unknown version", ErrCorrupt)
 	errType         = fmt.Errorf("%w: unknown type", ErrCorrupt)
+	errForkRecords  = fmt.Errorf("%w: fork frame holds records", ErrCorrupt)
 	errFlags        = fmt.Errorf("%w: unknown flags", ErrCorrupt)
 	errReserved     = fmt.Errorf("%w: reserved field is not zero", ErrCorrupt)
 	errRecordCount  = fmt.Errorf("%w: record count exceeds what the frame can hold", ErrCorrupt)
@@ -190,6 +199,9 @@ func DecodeHeader(frame []byte) (Header, error) {
 	}
 	if h.Type > typeMax {
 		return Header{}, errType
+	}
+	if h.Type == TypeFork && h.RecordCount != 0 {
+		return Header{}, errForkRecords
 	}
 	if h.Flags != 0 {
 		return Header{}, errFlags
@@ -317,12 +329,15 @@ func walkRecords(body []byte, count uint32) (int, error) {
 // With no records and a type other than TypeData the frame is a control
 // frame with an empty payload, the same as EncodeControl(dst, h, nil).
 //
-// Encode panics if h.Type is unknown, h.Flags is not zero (no flag is defined
-// yet), the frame would exceed FrameBytesMax, or BaseOffset+len(recs)
-// overflows: callers bound their batches, so each is a broken invariant.
+// Encode panics if h.Type is unknown, h.Type is TypeFork with records,
+// h.Flags is not zero (no flag is defined yet), the frame would exceed
+// FrameBytesMax, or BaseOffset+len(recs) overflows: callers bound their batches, so each is a broken invariant.
 func Encode(dst []byte, h Header, recs []Record) []byte {
 	if h.Type > typeMax {
 		panic(fmt.Sprintf("batch: encode of unknown type %d", h.Type))
+	}
+	if h.Type == TypeFork && len(recs) > 0 {
+		panic("batch: encode of a fork frame with records")
 	}
 	if h.Flags != 0 {
 		panic(fmt.Sprintf("batch: encode with undefined flags %#x", h.Flags))

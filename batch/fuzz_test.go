@@ -21,6 +21,7 @@ func seedFrames() [][]byte {
 		}),
 		EncodeControl(nil, Header{Type: TypeNoop, BaseOffset: 12, Term: 3, Index: 40}, nil),
 		EncodeControl(nil, Header{Type: TypeConfig, BaseOffset: 12, Term: 3, Index: 41}, []byte{2, 0x08, 0x01, 0x10, 0x02}),
+		EncodeControl(nil, Header{Type: TypeFork, BaseOffset: 12, Epoch: 2, Term: 3, Index: 90}, []byte{41, 0, 0, 0, 0, 0, 0, 0, 'x'}),
 		// A payload that looks like records must stay a payload.
 		EncodeControl(nil, Header{Type: TypeConfig, Index: 7}, Encode(nil, sampleHeader(), []Record{{Key: []byte("k")}})[HeaderSize:]),
 	}
@@ -58,6 +59,13 @@ func checkDecoders(t *testing.T, b []byte) {
 	hh, hErr := DecodeHeader(b)
 	vh, vErr := Validate(b)
 	h, recs, err := Decode(b)
+	prev, fErr := ForkPrevIndex(b)
+	if fErr == nil && (err != nil || h.Type != TypeFork || binary.LittleEndian.Uint64(b[HeaderSize:]) != prev) {
+		t.Fatalf("ForkPrevIndex accepted a frame Decode did not take for a fork: %v", err)
+	}
+	if IsFork(b) && err == nil && h.Type != TypeFork || IsData(b) && err == nil && h.Type != TypeData {
+		t.Fatalf("IsFork or IsData disagree with type %v", h.Type)
+	}
 	if err != nil {
 		if !errors.Is(err, ErrShort) && !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("Decode error %v is neither ErrShort nor ErrCorrupt", err)

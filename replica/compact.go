@@ -38,10 +38,11 @@ import (
 //     becomes leader sends snapshots where its own log falls short.
 //
 // Compaction runs between Ready cycles (it skips a round while a Ready is
-// pending, whose MsgSnap may name frames it would delete). For the driver
-// goroutine.
+// pending, whose MsgSnap may name frames it would delete, and while a fork
+// is proposed or unapplied here, which will orphan frames it would
+// delete). For the driver goroutine.
 func (r *Replica) Compact() (deletedSegments int, err error) {
-	if r.failure.Load() != nil || r.rn.HasReady() {
+	if r.failure.Load() != nil || r.rn.HasReady() || r.forkPending() {
 		return 0, nil
 	}
 	cands, err := r.cfg.Log.RetentionCandidates()

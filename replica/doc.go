@@ -95,6 +95,22 @@
 // segment.Store.Install (crash-safe at every step; installSnapshot lists
 // them). A snapshot no newer than the follower's commit index is ignored.
 //
+// # Forks
+//
+// After a failover the range may hold a divergent tail: records past the
+// offset where the new home continued. ProposeFork (fork.go) moves them,
+// on every replica alike, into the range's orphan log (orphans.go, the
+// directory OrphanDirName beside the segments) and truncates the log to
+// the fork offset, which then continues there at the fork's epoch. The
+// fork entry becomes the compaction point (Raft never asks for the entries
+// it removed; a follower that needs them gets a snapshot, which carries
+// the orphan log too), and its frame in the log ends the gap in Raft
+// indexes and describes it. While a fork is proposed or unapplied, the
+// leader takes no appends and Compact deletes nothing; a follower holds
+// back data entries that follow a fork entry it has not applied. A crash
+// at any step leaves the pre-fork state (the entry applies again, never
+// orphaning twice) or a recorded one that New completes.
+//
 // # Determinism
 //
 // etcd raft draws election jitter from crypto/rand.Reader; the simulator

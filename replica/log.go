@@ -80,6 +80,9 @@ type HardState struct {
 	// that finds it on opening tells from its log whether the swap
 	// happened.
 	Installing *SnapshotMeta
+	// Forking is set only while a fork's truncation of the log is under
+	// way (see applyFork): a replica that finds it on opening completes it.
+	Forking *ForkMeta
 }
 
 // SnapshotMeta describes a snapshot being installed.
@@ -157,7 +160,8 @@ func frameEntry(frame []byte) (*raftpb.Entry, error) {
 	}
 	e := &raftpb.Entry{Term: proto.Uint64(h.Term), Index: proto.Uint64(h.Index), Type: raftpb.EntryNormal.Enum()}
 	switch h.Type {
-	case batch.TypeData:
+	case batch.TypeData, batch.TypeFork:
+		// A fork entry's data is its frame, as a data entry's (fork.go).
 		e.Data = frame
 	case batch.TypeNoop:
 	case batch.TypeConfig:

@@ -23,6 +23,10 @@ func (r *Replica) ProposeVerbatim(op *Op) {
 		op.Reply(Result{Err: r.notLeader()})
 		return
 	}
+	if err := r.forkBlocksAppends(); err != nil {
+		op.Reply(Result{Err: err})
+		return
+	}
 	h, err := batch.DecodeHeader(op.Frame)
 	if err != nil || h.Type != batch.TypeData || h.RecordCount == 0 {
 		op.Reply(Result{Err: apierr.New(apierr.InvalidArgument, "stream %s range %d: a mirrored frame must be a valid data frame", r.cfg.Stream, r.cfg.Range)})

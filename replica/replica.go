@@ -31,6 +31,11 @@ type Config struct {
 	Log FrameLog
 	// State persists Raft's hard state and configuration. Required.
 	State StateStore
+	// Orphans is the range's orphan log (OpenOrphans on OrphanDirName in
+	// the range's directory), where a fork moves a divergent tail (see
+	// ProposeFork). Without it the replica refuses to propose a fork, and
+	// stops rather than apply one.
+	Orphans *OrphanStore
 	// Send hands outgoing Raft messages to the transport. It must not block
 	// and must not retain msgs past the call (it may retain the messages).
 	// It is called from the driver goroutine and from the one running
@@ -158,6 +163,7 @@ type Replica struct {
 	base                   *producerBase   // decodes state.Producers
 	snapReports            []snapReport    // handed to Raft after Advance
 	pins                   snapshotPins
+	fork                   forkState // fork.go
 
 	// raftCommit is Raft's commit index as of the last Ready, for
 	// ReceiveSnapshot on the transport's goroutine.
@@ -235,6 +241,9 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	r.state = st
 	r.fresh = !ok
 	r.storage = &logStorage{log: cfg.Log, state: &r.state, snapshot: r.snapshot}
+	if err := r.recoverFork(headers); err != nil {
+		return nil, err
+	}
 	if err := r.reconcileState(); err != nil {
 		return nil, err
 	}
@@ -252,6 +261,9 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	r.logAppendUnixNanos = max(r.logAppendUnixNanos, r.state.SnapshotAppendUnixNanos)
 	r.tailIndex, r.tailOffset = max(cfg.Log.LastIndex(), r.state.SnapshotIndex), cfg.Log.NextOffset()
 	if err := r.initApplied(); err != nil {
+		return nil, err
+	}
+	if err := r.openForks(); err != nil {
 		return nil, err
 	}
 	rn, err := raft.NewRawNode(&raft.Config{
@@ -286,6 +298,7 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 // recordHeader feeds one log frame's header to the idempotence table.
 func (r *Replica) recordHeader(h batch.Header) {
 	r.noteLogEpoch(h.Epoch)
+	r.noteFrame(h)
 	if h.Type == batch.TypeData && h.ProducerID != 0 {
 		r.dedup.Record(h.ProducerID, dedup.Batch{
 			BaseSequence:        h.BaseSequence,
@@ -314,15 +327,11 @@ func (r *Replica) noteLogEpoch(e uint64) {
 	r.highestEpoch.Store(max(r.logEpoch, r.proposeEpoch))
 }
 
-// HighestEpoch is the highest homing epoch in this replica's log or
-// proposed by it; safe from any goroutine.
-func (r *Replica) HighestEpoch() uint64 { return r.highestEpoch.Load() }
-
 // staleEpoch checks a proposal's epoch against the log's: batches of an
 // older homing epoch than one already in the log are refused (DESIGN.md
 // "Fencing": the check happens where data is written).
 func (r *Replica) staleEpoch(e uint64) *apierr.Error {
-	if top := max(r.logEpoch, r.proposeEpoch); e < top {
+	if top := max(r.logEpoch, r.proposeEpoch, r.HighestEpoch()); e < top {
 		return apierr.New(apierr.StaleEpoch, "stream %s range %d: a batch of homing epoch %d, the log is at epoch %d", r.cfg.Stream, r.cfg.Range, e, top)
 	}
 	return nil
@@ -342,6 +351,9 @@ func (r *Replica) Tick() { r.rn.Tick() }
 func (r *Replica) Step(m *raftpb.Message) error {
 	if m.GetType() == raftpb.MsgSnap {
 		return fmt.Errorf("%w: a snapshot message without its body", ErrSnapshotInvalid)
+	}
+	if m.GetType() == raftpb.MsgApp {
+		r.holdBackAfterFork(m)
 	}
 	return r.step(m)
 }
@@ -429,6 +441,10 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 	}
 	if !r.isLeader {
 		op.Reply(Result{Err: r.notLeader()})
+		return
+	}
+	if err := r.forkBlocksAppends(); err != nil {
+		op.Reply(Result{Err: err})
 		return
 	}
 	if op.ProducerID != 0 {
@@ -699,6 +715,7 @@ func (r *Replica) persistHardState(rd *raft.Ready) error {
 // it had recorded or an install replaced the log.
 func (r *Replica) rebuildDedup() error {
 	r.dedup = r.base.table(r.cfg.ProducersMax)
+	r.fork.unapplied = r.fork.unapplied[:0] // noted again as the log is replayed
 	// Append times too are recomputed from what is left, so that a control
 	// frame written next carries the same time on every replica (the time of
 	// the identical log prefix before it).
@@ -738,6 +755,7 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 			// terms that survived; proposals of earlier terms not among them
 			// are lost.
 			r.failProposals(func(p *proposal) bool { return p.term < e.GetTerm() }, "superseded by a new leader")
+			r.supersedeFork(e.GetTerm())
 			if p := r.pendingConf; p != nil && p.term < e.GetTerm() {
 				e := r.notLeader()
 				e.Message += ": the membership change was superseded by a new leader"
@@ -745,6 +763,9 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 				r.pendingConf = nil
 			}
 			return nil
+		}
+		if batch.IsFork(e.Data) {
+			return r.applyFork(e)
 		}
 		h, err := batch.DecodeHeader(e.Data)
 		if err != nil {
@@ -901,6 +922,7 @@ func (r *Replica) fail(err error) {
 		p.op.Reply(Result{Err: f})
 	}
 	r.proposals, r.duplicates = nil, nil
+	r.failFork(f)
 	if p := r.pendingConf; p != nil {
 		p.reply(nil, f)
 		r.pendingConf = nil

@@ -24,10 +24,14 @@ import (
 // at the same offsets. Raft then continues with MsgApp from S+1. Ahead of
 // the frames the body carries the leader's producer base (the idempotence
 // state as of its compaction point, see producers.go), from which and the
-// frames the follower derives its own as of S. The snapshot's Data
-// describes the body (snapshotDesc) so that the follower can check what
-// arrives against it; the metadata carries S, its term and the
-// configuration as of S.
+// frames the follower derives its own as of S, and the leader's orphan log
+// (the forks up to S, each fork's file as it lies in the orphan store, see
+// orphans.go), which the follower stores where it lacks them, so that
+// every replica holds every fork. Where a fork moved a divergent tail out
+// of the log, the frames skip its indexes and the fork frame describes the
+// gap (segment.Staging checks it). The snapshot's Data describes the body
+// (snapshotDesc) so that the follower can check what arrives against it;
+// the metadata carries S, its term and the configuration as of S.
 
 var (
 	// ErrSnapshotInvalid reports a snapshot whose description or body does
@@ -45,10 +49,13 @@ var (
 )
 
 const (
-	// snapshotFormatVersion is the version of snapshotDesc and of the body.
+	// snapshotFormatVersion is the version of snapshotDesc and of the body
+	// without orphans; snapshotFormatOrphans adds them (OrphansBytes).
 	snapshotFormatVersion = 1
+	snapshotFormatOrphans = 2
 	snapshotDescMagic     = "GLSN"
 	snapshotDescBytes     = len(snapshotDescMagic) + 1 + 7*8 + 4
+	snapshotDescBytesV2   = snapshotDescBytes + 8
 	// snapshotReadBytes is how much of the log a body reads at a time.
 	snapshotReadBytes = 1 << 20
 	// snapshotsOutMax bounds the snapshot bodies a leader has open at once;
@@ -67,7 +74,7 @@ type snapshotDesc struct {
 	// NextOffset is the offset after the entry at the snapshot index.
 	NextOffset uint64
 	// Frames is the number of frames in the body: the snapshot index -
-	// FirstIndex + 1.
+	// FirstIndex + 1, less the indexes of the gaps forks left.
 	Frames uint64
 	// AppendUnixNanos is the newest append time up to the snapshot index.
 	AppendUnixNanos int64
@@ -75,32 +82,52 @@ type snapshotDesc struct {
 	// body, and ProducersIndex the index it is as of: frames after it
 	// update it. FirstIndex <= ProducersIndex+1 <= index+1.
 	ProducersBytes, ProducersIndex uint64
+	// OrphansBytes is the length of the orphan log that follows the
+	// producer base (format version 2; 0, and version 1, without).
+	OrphansBytes uint64
 }
 
 // encode: magic, version, the fields little-endian, CRC-32C of the rest.
+// A description without orphans is written in version 1, which receivers
+// from before forks read too.
 func (d snapshotDesc) encode() []byte {
-	b := make([]byte, 0, snapshotDescBytes)
+	fields := []uint64{d.FirstIndex, d.FirstOffset, d.NextOffset, d.Frames, uint64(d.AppendUnixNanos), d.ProducersBytes, d.ProducersIndex}
+	version := byte(snapshotFormatVersion)
+	if d.OrphansBytes != 0 {
+		fields, version = append(fields, d.OrphansBytes), snapshotFormatOrphans
+	}
+	b := make([]byte, 0, snapshotDescBytesV2)
 	b = append(b, snapshotDescMagic...)
-	b = append(b, snapshotFormatVersion)
-	for _, v := range []uint64{d.FirstIndex, d.FirstOffset, d.NextOffset, d.Frames, uint64(d.AppendUnixNanos), d.ProducersBytes, d.ProducersIndex} {
+	b = append(b, version)
+	for _, v := range fields {
 		b = binary.LittleEndian.AppendUint64(b, v)
 	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
 func decodeSnapshotDesc(b []byte) (snapshotDesc, error) {
-	if len(b) != snapshotDescBytes || string(b[:len(snapshotDescMagic)]) != snapshotDescMagic {
+	if (len(b) != snapshotDescBytes && len(b) != snapshotDescBytesV2) || string(b[:len(snapshotDescMagic)]) != snapshotDescMagic {
 		return snapshotDesc{}, fmt.Errorf("%w: description of %d bytes is not one", ErrSnapshotInvalid, len(b))
 	}
 	if binary.LittleEndian.Uint32(b[len(b)-4:]) != crc32.Checksum(b[:len(b)-4], castagnoli) {
 		return snapshotDesc{}, fmt.Errorf("%w: description fails its checksum", ErrSnapshotInvalid)
 	}
-	if v := b[len(snapshotDescMagic)]; v != snapshotFormatVersion {
-		return snapshotDesc{}, fmt.Errorf("%w: format version %d, want %d", ErrSnapshotInvalid, v, snapshotFormatVersion)
+	v, want := b[len(snapshotDescMagic)], byte(snapshotFormatVersion)
+	if len(b) == snapshotDescBytesV2 {
+		want = snapshotFormatOrphans
+	}
+	if v != want {
+		return snapshotDesc{}, fmt.Errorf("%w: format version %d in %d bytes, want %d", ErrSnapshotInvalid, v, len(b), want)
 	}
 	f := func(i int) uint64 { return binary.LittleEndian.Uint64(b[len(snapshotDescMagic)+1+8*i:]) }
-	return snapshotDesc{FirstIndex: f(0), FirstOffset: f(1), NextOffset: f(2), Frames: f(3), AppendUnixNanos: int64(f(4)),
-		ProducersBytes: f(5), ProducersIndex: f(6)}, nil
+	d := snapshotDesc{FirstIndex: f(0), FirstOffset: f(1), NextOffset: f(2), Frames: f(3), AppendUnixNanos: int64(f(4)),
+		ProducersBytes: f(5), ProducersIndex: f(6)}
+	if v == snapshotFormatOrphans {
+		if d.OrphansBytes = f(7); d.OrphansBytes == 0 {
+			return snapshotDesc{}, fmt.Errorf("%w: version %d without orphans", ErrSnapshotInvalid, v)
+		}
+	}
+	return d, nil
 }
 
 // check holds d against the snapshot index.
@@ -108,7 +135,9 @@ func (d snapshotDesc) check(index uint64) error {
 	switch {
 	case d.FirstIndex == 0 || d.FirstIndex > index+1:
 		return fmt.Errorf("%w: body starts at index %d, snapshot is at %d", ErrSnapshotInvalid, d.FirstIndex, index)
-	case d.Frames != index+1-d.FirstIndex:
+	case d.Frames > index+1-d.FirstIndex || (d.Frames == 0) != (d.FirstIndex == index+1):
+		// Fewer frames than indexes where forks left gaps (the frames
+		// themselves must describe them, see ReceiveSnapshot).
 		return fmt.Errorf("%w: %d frames from index %d do not end at %d", ErrSnapshotInvalid, d.Frames, d.FirstIndex, index)
 	case d.FirstOffset > d.NextOffset:
 		return fmt.Errorf("%w: offsets [%d, %d)", ErrSnapshotInvalid, d.FirstOffset, d.NextOffset)
@@ -144,7 +173,10 @@ func (r *Replica) snapshot() (*raftpb.Snapshot, error) {
 			r.logger.Warn("cannot read the log's first frame for a snapshot", "index", first, "error", err)
 			return nil, raft.ErrSnapshotTemporarilyUnavailable
 		}
-		d.FirstIndex, d.FirstOffset, d.Frames = first, h.BaseOffset, index-first+1
+		d.FirstIndex, d.FirstOffset, d.Frames = first, h.BaseOffset, index-first+1-r.forkGaps(first, index)
+	}
+	if o := r.cfg.Orphans; o != nil {
+		d.OrphansBytes, _ = o.bytesUpTo(index)
 	}
 	return &raftpb.Snapshot{Data: d.encode(), Metadata: &raftpb.SnapshotMetadata{
 		Index: proto.Uint64(index), Term: proto.Uint64(term), ConfState: proto.Clone(r.state.Conf).(*raftpb.ConfState),
@@ -211,9 +243,15 @@ type snapshotBody struct {
 	pins      *snapshotPins
 	pinned    uint64
 	producers []byte // still to send; never written to (the state replaces, not mutates, its copy)
-	next, end uint64
-	buf       []byte
-	closeOnce sync.Once
+	// orphans, forks: the forks' files still to send; orphan is the one
+	// being sent (file open).
+	orphans    *OrphanStore
+	forks      []ForkRecord
+	orphan     io.Reader
+	orphanFile io.Closer
+	next, end  uint64
+	buf        []byte
+	closeOnce  sync.Once
 }
 
 func (b *snapshotBody) Read(p []byte) (int, error) {
@@ -221,6 +259,26 @@ func (b *snapshotBody) Read(p []byte) (int, error) {
 		n := copy(p, b.producers)
 		b.producers = b.producers[n:]
 		return n, nil
+	}
+	for b.orphan != nil || len(b.forks) > 0 {
+		if b.orphan == nil {
+			f, rec, err := b.orphans.openFork(b.forks[0].Index)
+			if err != nil {
+				return 0, fmt.Errorf("replica: snapshot orphans: %w", err)
+			}
+			b.orphan, b.orphanFile = io.NewSectionReader(f, 0, int64(forkRecordBytes)+int64(rec.Bytes)), f
+			b.forks = b.forks[1:]
+		}
+		n, err := b.orphan.Read(p)
+		if n > 0 {
+			return n, nil
+		}
+		if err == io.EOF {
+			b.orphanFile.Close()
+			b.orphan, b.orphanFile = nil, nil
+			continue
+		}
+		return 0, fmt.Errorf("replica: snapshot orphans: %w", err)
 	}
 	for len(b.buf) == 0 {
 		if b.next >= b.end {
@@ -230,18 +288,19 @@ func (b *snapshotBody) Read(p []byte) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("replica: read snapshot frames at index %d: %w", b.next, err)
 		}
-		n := 0
-		for rest := frames; len(rest) > 0; n++ {
+		var last []byte
+		for rest := frames; len(rest) > 0; {
 			size, err := batch.FrameSize(rest)
 			if err != nil || size > len(rest) {
-				return 0, fmt.Errorf("replica: log returned a bad frame at index %d: %w", b.next+uint64(n), err)
+				return 0, fmt.Errorf("replica: log returned a bad frame after index %d: %w", b.next, err)
 			}
-			rest = rest[size:]
+			last, rest = rest[:size], rest[size:]
 		}
-		if n == 0 {
-			return 0, fmt.Errorf("replica: log returned no frame at index %d", b.next)
+		h, err := batch.DecodeHeader(last)
+		if err != nil || h.Index < b.next {
+			return 0, fmt.Errorf("replica: log returned no frame at index %d: %w", b.next, err)
 		}
-		b.next += uint64(n)
+		b.next = h.Index + 1 // past a fork's gap too
 		b.buf = frames
 	}
 	n := copy(p, b.buf)
@@ -252,7 +311,12 @@ func (b *snapshotBody) Read(p []byte) (int, error) {
 // Close releases the pin; the transport calls it once the body is sent or
 // abandoned. Safe to call more than once.
 func (b *snapshotBody) Close() error {
-	b.closeOnce.Do(func() { b.pins.remove(b.pinned) })
+	b.closeOnce.Do(func() {
+		b.pins.remove(b.pinned)
+		if b.orphanFile != nil {
+			b.orphanFile.Close()
+		}
+	})
 	return nil
 }
 
@@ -311,8 +375,20 @@ func (r *Replica) sendSnapshot(m *raftpb.Message) {
 		fail(errors.New("the compaction point moved since the snapshot was taken"))
 		return
 	}
+	index := m.GetSnapshot().GetMetadata().GetIndex()
+	var forks []ForkRecord
+	if o := r.cfg.Orphans; o != nil {
+		var n uint64
+		if n, forks = o.bytesUpTo(index); n != d.OrphansBytes {
+			fail(errors.New("the orphan log changed since the snapshot was taken"))
+			return
+		}
+	}
 	body := &snapshotBody{log: r.cfg.Log, pins: &r.pins, pinned: d.FirstIndex, producers: r.state.Producers,
-		next: d.FirstIndex, end: d.FirstIndex + d.Frames}
+		orphans: r.cfg.Orphans, forks: forks, next: d.FirstIndex, end: d.FirstIndex}
+	if d.Frames > 0 {
+		body.end = index + 1
+	}
 	r.pins.add(d.FirstIndex)
 	r.logger.Info("sending snapshot", "to", to, "index", m.GetSnapshot().GetMetadata().GetIndex(),
 		"first_index", d.FirstIndex, "frames", d.Frames, "start_offset", d.FirstOffset, "next_offset", d.NextOffset)
@@ -355,15 +431,20 @@ func (s *StagedSnapshot) Discard() {
 // ReceiveSnapshot reads the body of the MsgSnap m and writes it beside the
 // log, validating every frame (CRC and structure, dense offsets from the
 // described first offset, contiguous indexes from the described first index
-// to the snapshot index, whose term must be the snapshot's, the described
-// next offset, nothing after the last frame). Nothing replaces the log
-// here: hand the result to StepSnapshot. A body that fails any check gives
+// to the snapshot index but where a fork frame describes a gap, the
+// snapshot index's term must be the snapshot's, the described next offset,
+// nothing after the last frame) and the orphan log it carries (each fork's
+// record and frames). Nothing replaces the log here: hand the result to
+// StepSnapshot. The forks this replica lacks join its orphan store once
+// the whole body checked out (they are committed facts, whether or not
+// the snapshot is installed). A body that fails any check gives
 // ErrSnapshotInvalid (or the body's own error) and leaves nothing behind;
 // a snapshot at or below the commit index gives ErrSnapshotStale.
 //
 // It may run on any goroutine (the transport's), concurrently with the
 // driver: it reads only the replica's published commit index and writes
-// only the staging files.
+// only the staging files and the orphan store (which takes writers from
+// any goroutine).
 func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSnapshot, error) {
 	snap := m.GetSnapshot()
 	meta := snap.GetMetadata()
@@ -410,6 +491,17 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSnapshotInvalid, err)
 	}
+	// The forks the snapshot brings are committed facts (the leader applied
+	// them), but join the orphan store only with a body that checks out.
+	forks, err := r.receiveOrphans(body, d.OrphansBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if !ok {
+			r.cfg.Orphans.discard(forks)
+		}
+	}()
 	fr := frameReader{r: body}
 	for i := uint64(0); i < d.Frames; i++ {
 		frame, err := fr.next()
@@ -422,6 +514,9 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 		}
 		if h.Index > d.ProducersIndex {
 			base.record(h)
+		}
+		if h.Type == batch.TypeData {
+			r.raiseEpoch(h.Epoch)
 		}
 	}
 	if err := fr.end(); err != nil {
@@ -440,6 +535,11 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 	}
 	if err := st.Finish(); err != nil {
 		return nil, fmt.Errorf("replica: stage snapshot: %w", err)
+	}
+	if len(forks) > 0 {
+		if err := r.cfg.Orphans.commit(forks); err != nil {
+			return nil, fmt.Errorf("replica: store the snapshot's orphans: %w", err)
+		}
 	}
 	ok = true
 	return &StagedSnapshot{staging: st, base: base, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
@@ -579,7 +679,8 @@ func (r *Replica) installSnapshot(snap *raftpb.Snapshot) error {
 	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, m.AppendUnixNanos)
 	r.logAppendUnixNanos = max(r.logAppendUnixNanos, m.AppendUnixNanos)
 	r.appliedIndex, r.appliedAppendUnixNanos = m.Index, m.AppendUnixNanos
-	if m.NextOffset > r.committed.Load() {
+	if m.NextOffset != r.committed.Load() {
+		// Lower only when a fork in the snapshot moved a tail out of it.
 		r.committed.Store(m.NextOffset)
 		r.notify()
 	}
@@ -634,6 +735,7 @@ func (r *Replica) settleAfterInstall(m SnapshotMeta) {
 	}
 	clear(r.proposals[len(kept):])
 	r.proposals = kept
+	r.settleForkAfterInstall()
 	r.recheckDuplicates()
 	r.answerDuplicates(r.committed.Load())
 	if p := r.pendingConf; p != nil {

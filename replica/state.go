@@ -44,6 +44,16 @@ type stateDisk struct {
 	SnapshotAppendUnixNanos int64           `json:"snapshot_append_unix_nanos,omitempty"`
 	Producers               []byte          `json:"producers,omitempty"`
 	Installing              *installingDisk `json:"installing,omitempty"`
+	// Added with forks; absent in older files.
+	Forking *forkingDisk `json:"forking,omitempty"`
+}
+
+// forkingDisk is HardState.Forking on disk.
+type forkingDisk struct {
+	Record    ForkRecord `json:"record"`
+	Reset     bool       `json:"reset,omitempty"`
+	Producers []byte     `json:"producers,omitempty"`
+	Tail      [][]byte   `json:"tail"`
 }
 
 // installingDisk is HardState.Installing on disk.
@@ -70,6 +80,9 @@ func encodeState(h HardState) ([]byte, error) {
 		SnapshotIndex: h.SnapshotIndex, SnapshotTerm: h.SnapshotTerm,
 		SnapshotNextOffset: h.SnapshotNextOffset, SnapshotAppendUnixNanos: h.SnapshotAppendUnixNanos,
 		Producers: h.Producers,
+	}
+	if m := h.Forking; m != nil {
+		d.Forking = &forkingDisk{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}
 	}
 	if m := h.Installing; m != nil {
 		d.Installing = &installingDisk{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,
@@ -101,6 +114,9 @@ func decodeState(b []byte) (HardState, error) {
 		SnapshotNextOffset: d.SnapshotNextOffset, SnapshotAppendUnixNanos: d.SnapshotAppendUnixNanos,
 		Producers: d.Producers,
 	}
+	if m := d.Forking; m != nil {
+		h.Forking = &ForkMeta{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}
+	}
 	if m := d.Installing; m != nil {
 		h.Installing = &SnapshotMeta{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,
 			Producers: m.Producers,
@@ -112,8 +128,9 @@ func decodeState(b []byte) (HardState, error) {
 
 // stateFileBytesMax bounds the hard state file: a few numbers, the
 // configuration and the producer base (bounded by producerBaseBytesMax, in
-// base64 twice while an install is recorded).
-const stateFileBytesMax = 4*producerBaseBytesMax + 1<<20
+// base64 twice while an install or a fork is recorded), and while a fork
+// is recorded the frames after it (forkTailBytesMax, in base64).
+const stateFileBytesMax = 4*producerBaseBytesMax + 2*forkTailBytesMax + 1<<20
 
 // FileState is a StateStore in one small file of a range's directory,
 // replaced atomically: write a temporary file, fsync it, rename it over the

@@ -19,8 +19,10 @@ import (
 //     does not move;
 //   - an append time no earlier than the previous frame's;
 //   - Raft Index 0 and any Term while the log holds no frame with an index
-//     (LastIndex() == 0), or else Index == LastIndex()+1; a frame with an
-//     index also needs a Term no lower than the previous indexed frame's.
+//     (LastIndex() == 0), or else Index == LastIndex()+1, except that a
+//     fork frame (batch.TypeFork) whose payload names LastIndex() as the
+//     frame before it may skip indexes; a frame with an index also needs a
+//     Term no lower than the previous indexed frame's.
 //     The first indexed frame may have any index, so a log can start after
 //     a Raft snapshot; from then on every frame carries the next one.
 //
@@ -52,8 +54,8 @@ func (s *Store) Append(frame []byte) error {
 	case h.AppendTimeUnixNanos < s.lastAppendTimeUnixNanos:
 		return fmt.Errorf("%w: append time %d precedes the previous frame's %d", ErrInvalidFrame,
 			h.AppendTimeUnixNanos, s.lastAppendTimeUnixNanos)
-	case last != 0 && h.Index != last+1:
-		return fmt.Errorf("%w: raft index %d, want %d", ErrInvalidFrame, h.Index, last+1)
+	case last != 0 && forkFollows(frame, h, last) != nil:
+		return fmt.Errorf("%w: %w", ErrInvalidFrame, forkFollows(frame, h, last))
 	case h.Index != 0 && h.Term < s.lastTerm:
 		return fmt.Errorf("%w: raft term %d below the previous frame's %d", ErrInvalidFrame, h.Term, s.lastTerm)
 	case h.Index == math.MaxUint64:

@@ -5,9 +5,10 @@
 //
 // The log is a sequence of frames (package batch). A data frame holds one or
 // more records, which take the offsets [BaseOffset, NextOffset), dense across
-// the log. A control frame (batch.TypeNoop or batch.TypeConfig without
-// records: a Raft leader's empty entry, a configuration change with its
-// payload) takes no offset: its BaseOffset is the offset of the next record.
+// the log. A control frame (batch.TypeNoop, batch.TypeConfig or
+// batch.TypeFork without records: a Raft leader's empty entry, a
+// configuration change with its payload, a fork marker) takes no offset:
+// its BaseOffset is the offset of the next record.
 //
 // Under Raft every frame is one entry and carries its term and index.
 // Frames carrying an index (Index > 0) are a suffix of the log: once one
@@ -15,7 +16,17 @@
 // non-decreasing. Indexes start wherever the first indexed frame says (a
 // log may start after a Raft snapshot). FirstIndex and LastIndex bound the
 // indexes held (0, 0 when none); TermAt, ReadFramesByIndex and
-// TruncateSuffixAtIndex work by index. Outside Raft every Index is 0 and
+// TruncateSuffixAtIndex work by index.
+//
+// The one exception to dense indexes is a fork frame (batch.TypeFork),
+// which ends a divergent tail that the range moved out of its log (package
+// replica): its index may skip the indexes of that tail, and its payload
+// names the index of the frame before it (batch.ForkPrevIndex), so that
+// the gap is recorded where it is and a gap anywhere else is corruption.
+// An index in such a gap is out of range (ErrOutOfRange) for TermAt; a
+// ReadFramesByIndex from one starts at the fork frame, and
+// TruncateSuffixAtIndex at one drops the fork frame and everything after
+// it. Outside Raft every Index is 0 and
 // only offsets matter.
 //
 // Readers by offset (ReadFrames: consumers, mirrors) see data frames only,
@@ -135,7 +146,8 @@
 // Open makes one pass over all segments in log order. It verifies every
 // frame's CRC, that each frame's BaseOffset is the previous frame's
 // NextOffset, that a data frame holds records, that Raft indexes, once
-// present, are dense with terms non-decreasing, and that each segment's
+// present, are dense (but at a fork frame that names the frame before its
+// gap) with terms non-decreasing, and that each segment's
 // name is the offset where the previous one ends and its first frame's
 // BaseOffset. While the pass runs nothing on disk changes; once the whole
 // log has verified, recovery truncates a torn tail, rewrites index files

@@ -154,7 +154,7 @@ func (st *Staging) append(frame []byte) (batch.Header, error) {
 	if size, _ := batch.FrameSize(frame); size != len(frame) {
 		return h, fmt.Errorf("%w: %d bytes hold a frame of %d and more", ErrInvalidFrame, len(frame), size)
 	}
-	if err := st.q.check(h); err != nil {
+	if err := st.q.checkFrame(frame, h); err != nil {
 		return h, fmt.Errorf("%w: %w", ErrInvalidFrame, err)
 	}
 	switch {

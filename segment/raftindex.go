@@ -9,10 +9,11 @@ import (
 )
 
 // ReadFramesByIndex returns whole, CRC-verified frames, control frames
-// included, with lo <= Index < hi, in index order: the frame at lo first,
-// then each following one while the result stays within maxBytes (clamped
-// to [0, ReadBytesMax]). The frame at lo is returned even if it alone
-// exceeds maxBytes. The caller owns the returned slice.
+// included, with lo <= Index < hi, in index order: the frame at lo first
+// (or, for an lo in the gap before a fork frame, that fork frame), then
+// each following one while the result stays within maxBytes (clamped to
+// [0, ReadBytesMax]). The first frame is returned even if it alone exceeds
+// maxBytes. The caller owns the returned slice.
 //
 // lo == hi returns nil, nil. Otherwise [lo, hi) must lie within
 // [FirstIndex(), LastIndex()+1), or ErrOutOfRange is returned (Raft's
@@ -31,7 +32,7 @@ func (s *Store) ReadFramesByIndex(lo, hi uint64, maxBytes int) ([]byte, error) {
 	if err != nil || v.seg == nil {
 		return nil, err
 	}
-	pos, q, _, err := s.seekIndex(v, lo)
+	pos, q, _, err := s.seekIndex(v, lo, true)
 	if err != nil {
 		s.releaseView(v)
 		return nil, err
@@ -56,7 +57,7 @@ func (s *Store) TermAt(index uint64) (uint64, error) {
 	if index == v.lastIndex {
 		return v.lastTerm, nil // the common question: the term of the tail
 	}
-	_, _, h, err := s.seekIndex(v, index)
+	_, _, h, err := s.seekIndex(v, index, false)
 	return h.Term, err
 }
 
@@ -91,16 +92,20 @@ func (s *Store) segmentOfIndexLocked(index uint64) int {
 		n--
 	}
 	i := sort.Search(n, func(i int) bool { return s.segs[i].lastIndex >= index })
-	if i == n || s.segs[i].firstIndex == 0 || s.segs[i].firstIndex > index {
+	if i == n || s.segs[i].firstIndex == 0 {
 		panic(fmt.Sprintf("segment: raft index %d within [%d, %d] is in no segment", index, s.firstIndex.Load(), s.lastIndex.Load()))
 	}
+	// A segment starting after index (firstIndex > index) begins with a
+	// fork frame whose gap holds index: the walk from its start finds that.
 	return i
 }
 
 // seekIndex returns the position of the frame of v at Raft index index,
 // what that frame continues, and its header, walking from the nearest
-// earlier index entry (about IndexIntervalBytes).
-func (s *Store) seekIndex(v segView, index uint64) (int64, seq, batch.Header, error) {
+// earlier index entry (about IndexIntervalBytes). An index in the gap
+// before a fork frame is ErrOutOfRange, unless gapOK: then the fork frame
+// is the one returned.
+func (s *Store) seekIndex(v segView, index uint64, gapOK bool) (int64, seq, batch.Header, error) {
 	e := floorIndexEntry(v.entries, index)
 	q := entrySeq(v.seg, e)
 	w, buf := s.walker(v.seg.f, int64(e.position), v.size)
@@ -112,6 +117,14 @@ func (s *Store) seekIndex(v segView, index uint64) (int64, seq, batch.Header, er
 			err = q.check(h)
 		}
 		if err == nil && h.Index > index {
+			if h.Type == batch.TypeFork && gapOK {
+				return framePos, q, h, nil
+			}
+			if h.Type == batch.TypeFork {
+				// The entries of a divergent tail were moved out of the
+				// log; the fork frame ends the gap they left.
+				return 0, seq{}, batch.Header{}, fmt.Errorf("%w: raft index %d lies in the gap before the fork frame at %d", ErrOutOfRange, index, h.Index)
+			}
 			err = fmt.Errorf("%w: index %d follows %d", errIndexSequence, h.Index, index-1)
 		}
 		if err == io.EOF {
@@ -177,7 +190,9 @@ func (s *Store) cutAtIndex(i int, index uint64) (cut, error) {
 		if err != nil {
 			return cut{}, s.readError(g, framePos, q.offset, err)
 		}
-		if h.Index == index {
+		if h.Index >= index {
+			// Past index only at a fork frame whose gap holds index: the
+			// frames from it on are the ones at or past index.
 			c.pos, c.nextOffset = framePos, h.BaseOffset
 			return c, nil
 		}

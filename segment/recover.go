@@ -182,12 +182,12 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 	w := frameWalker{f: f, end: fileSize, chunk: recoverChunkBytes}
 	for {
 		framePos := w.pos
-		_, h, err := w.next()
+		frame, h, err := w.next()
 		if err == io.EOF {
 			break
 		}
 		if err == nil {
-			if err = q.check(h); err != nil {
+			if err = q.checkFrame(frame, h); err != nil {
 				// A frame with a valid CRC is never torn: it is misplaced.
 				return g, s.corruption(g, framePos, q.offset, err)
 			}

@@ -156,17 +156,60 @@ type seq struct {
 	term      uint64 // lowest Term the next indexed frame may have
 }
 
-// check returns why h cannot be the next frame, or nil.
+// check returns why h cannot be the next frame, or nil. A fork frame may
+// skip indexes (see forkFollows); check trusts its header, which a CRC
+// covers: checkFrame, for the paths that hold the frame and have not
+// verified it before (appends, staging, recovery), also checks that its
+// payload describes the gap.
 func (q seq) check(h batch.Header) error {
 	switch {
 	case h.BaseOffset != q.offset:
 		return fmt.Errorf("%w: base offset %d", errOutOfSequence, h.BaseOffset)
 	case h.RecordCount == 0 && h.Type == batch.TypeData:
 		return errEmptyBatch
-	case q.nextIndex != 0 && h.Index != q.nextIndex:
+	case q.nextIndex != 0 && h.Index != q.nextIndex && !(h.Type == batch.TypeFork && h.Index > q.nextIndex):
 		return fmt.Errorf("%w: index %d, want %d", errIndexSequence, h.Index, q.nextIndex)
 	case h.Index != 0 && h.Term < q.term:
 		return fmt.Errorf("%w: term %d after %d", errTermDecreases, h.Term, q.term)
+	}
+	return nil
+}
+
+// checkFrame is check, and for a fork frame that the previous indexed
+// frame is the one its payload names.
+func (q seq) checkFrame(frame []byte, h batch.Header) error {
+	if err := q.check(h); err != nil {
+		return err
+	}
+	if q.nextIndex != 0 {
+		return forkFollows(frame, h, q.nextIndex-1)
+	}
+	return nil
+}
+
+// forkFollows checks the Raft index of frame (header h) against prev, the
+// index of the indexed frame before it: a frame continues at prev+1, but a
+// fork frame (batch.TypeFork) may skip indexes if its payload names prev
+// as the frame before it, so that the gap it ends is recorded where it is
+// and nowhere else. A fork frame at prev+1 names prev or 0.
+func forkFollows(frame []byte, h batch.Header, prev uint64) error {
+	if h.Type != batch.TypeFork {
+		if h.Index != prev+1 {
+			return fmt.Errorf("%w: index %d, want %d", errIndexSequence, h.Index, prev+1)
+		}
+		return nil
+	}
+	named, err := batch.ForkPrevIndex(frame)
+	if err != nil {
+		return fmt.Errorf("%w: fork frame at index %d: %w", errIndexSequence, h.Index, err)
+	}
+	switch {
+	case h.Index <= prev:
+		return fmt.Errorf("%w: fork frame at index %d after %d", errIndexSequence, h.Index, prev)
+	case h.Index == prev+1 && named != 0 && named != prev:
+		return fmt.Errorf("%w: fork frame at index %d names %d as the frame before it", errIndexSequence, h.Index, named)
+	case h.Index > prev+1 && named != prev:
+		return fmt.Errorf("%w: fork frame at index %d follows %d but names %d: indexes are missing", errIndexSequence, h.Index, prev, named)
 	}
 	return nil
 }
