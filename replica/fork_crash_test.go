@@ -221,7 +221,9 @@ func checkForkCrash(t *testing.T, name string, fs *vfs.Mem, orig []byte) string 
 		t.Fatalf("%s: the orphaned frames differ from the originals: %v", name, err)
 	}
 	var res []Result
-	n.r.Propose(op(7, 15, 3, "retry", &res))
+	retry := op(7, 15, 3, "retry", &res)
+	retry.Epoch = 2 // the new home's epoch: epoch 1 is fenced by the fork
+	n.r.Propose(retry)
 	if err := n.run(); err != nil || len(res) != 1 || res[0].Err != nil || res[0].Duplicate || res[0].BaseOffset != 15 {
 		t.Fatalf("%s: retry of an orphaned batch: %v %+v", name, err, res)
 	}

@@ -253,7 +253,7 @@ func (r *Replica) handleAppend(m *raftpb.Message) error {
 		if e.GetIndex() != r.tailIndex+1 {
 			panic(fmt.Sprintf("replica: raft appends index %d after %d", e.GetIndex(), r.tailIndex))
 		}
-		frame, h, err := entryFrame(e, r.tailOffset, r.logEpoch, r.logAppendUnixNanos)
+		frame, h, err := entryFrame(e, r.tailOffset, r.cfg.Epoch, r.logAppendUnixNanos)
 		if err != nil {
 			return err
 		}
@@ -329,7 +329,7 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 			}
 			r.recheckDuplicates()
 		}
-		frame, h, err := entryFrame(e, r.cfg.Log.NextOffset(), r.logEpoch, r.logAppendUnixNanos)
+		frame, h, err := entryFrame(e, r.cfg.Log.NextOffset(), r.cfg.Epoch, r.logAppendUnixNanos)
 		if err != nil {
 			return err
 		}
