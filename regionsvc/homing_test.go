@@ -593,3 +593,163 @@ func TestPlannedRehome(t *testing.T) {
 func grpcConn(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
+
+// TestFailbackOrphans: the home region us keeps acking while its links to
+// the other regions are cut (its mirrors fall behind), then dies; eu takes
+// over at its own tail. When us returns, its range learns it is a mirror,
+// the new home's batches fork off its divergent tail: the records us
+// acked but never replicated move, with their original offsets and epoch,
+// to us's orphan log (Admin.ListOrphans / ReadOrphans), and us's copy then
+// equals the new home's log. Every acked record is in the new home's log
+// at its offset or in the orphan log: none vanished.
+func TestFailbackOrphans(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster with a lease store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := newHomingWorld(t, []string{"us", "eu", "ap"}, *homingRegionSize)
+	createHomedStream(t, ctx, w.world, "fb", 1, "us")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var log ackLog
+	produceLoop(t, ctx, w.world, "fb", "us", 200, stop, &log, &wg)
+	waitUntil(t, ctx, time.Minute, "replicated acks", func() bool {
+		return w.tails(ctx, "fb")["eu"] != nil && w.tails(ctx, "fb")["eu"][0] >= 100
+	})
+	// Cut us's replication: its links to eu and ap (the lease store stays).
+	var cut []*wan.Link
+	for _, l := range w.net.Links() {
+		if l.From() == "us" && (l.To() == "eu" || l.To() == "ap") {
+			if err := l.Cut(wan.CutBlackhole); err != nil {
+				t.Fatal(err)
+			}
+			cut = append(cut, l)
+		}
+	}
+	base := w.tails(ctx, "fb")["eu"][0]
+	waitUntil(t, ctx, time.Minute, "acks past the cut", func() bool {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		n := 0
+		for _, a := range log.acks {
+			if a.offset >= base+50 {
+				n++
+			}
+		}
+		return n > 0
+	})
+	close(stop)
+	for id := range w.nodes["us"] {
+		w.stop("us", id)
+	}
+	wg.Wait()
+	for _, l := range cut {
+		if err := l.Heal(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, ctx, time.Minute, "a new home", func() bool {
+		home, epoch := rangeHome(ctx, w.world, "eu", "fb", 0)
+		return home != "us" && home != "" && epoch >= 2
+	})
+	newHome, _ := rangeHome(ctx, w.world, "eu", "fb", 0)
+	// The new home appends (from ap), under epoch 2.
+	c, err := client.New(w.regionAddrs("ap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p, err := c.NewProducer("fb", client.DeliveryTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		p.Produce(ctx, &client.Record{Key: []byte("after"), Value: []byte(fmt.Sprintf("after/%d", i))}, nil)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+
+	// us returns and follows as a mirror, after a fork.
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.start("us", id)
+	}
+	waitUntil(t, ctx, time.Minute, "us equals the new home", func() bool {
+		tails := w.tails(ctx, "fb")
+		if tails["us"] == nil || tails["us"][0] != tails[newHome][0] {
+			return false
+		}
+		a, err1 := w.readLocal(ctx, "us", "fb", 0, 0, tails[newHome][0])
+		b, err2 := w.readLocal(ctx, newHome, "fb", 0, 0, tails[newHome][0])
+		if err1 != nil || err2 != nil || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if !sameRecord(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	})
+	admin := geologv1.NewAdminClient(mustConn(t, w.addrs["us"][1]))
+	forks, err := admin.ListOrphans(ctx, &geologv1.ListOrphansRequest{Stream: "fb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(forks.GetForks()) != 1 {
+		t.Fatalf("us holds %d forks, want 1: %v", len(forks.GetForks()), forks.GetForks())
+	}
+	f := forks.GetForks()[0]
+	orphans := map[uint64]*geologv1.StoredRecord{}
+	for from := f.GetFirstOffset(); from < f.GetNextOffset(); {
+		res, err := admin.ReadOrphans(ctx, &geologv1.ReadOrphansRequest{Stream: "fb", Range: 0, ForkIndex: f.GetForkIndex(), FromOffset: from})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res.GetRecords() {
+			orphans[r.GetOffset()] = r
+		}
+		if res.GetNextOffset() <= from {
+			t.Fatalf("ReadOrphans made no progress at %d", from)
+		}
+		from = res.GetNextOffset()
+	}
+	if uint64(len(orphans)) != f.GetRecords() || f.GetRecords() == 0 {
+		t.Fatalf("read %d orphaned records, the fork lists %d", len(orphans), f.GetRecords())
+	}
+	tail := w.tails(ctx, "fb")[newHome][0]
+	homeRecs, err := w.readLocal(ctx, newHome, "fb", 0, 0, tail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	inHome, orphaned := 0, 0
+	for _, a := range log.acks {
+		if a.offset < uint64(len(homeRecs)) && string(homeRecs[a.offset].GetValue()) == a.value {
+			inHome++
+			continue
+		}
+		o, ok := orphans[a.offset]
+		if !ok || string(o.GetValue()) != a.value || o.GetEpoch() != a.epoch {
+			t.Fatalf("%q acked at offset %d (epoch %d) is neither in the new home's log nor in the orphan log", a.value, a.offset, a.epoch)
+		}
+		orphaned++
+	}
+	if orphaned == 0 {
+		t.Fatal("no acked record was orphaned: the cut did not leave a divergent tail")
+	}
+	t.Logf("fork at offset %d (epoch %d): %d acked records in the new home's log, %d in us's orphan log (the RPO), %d orphaned records in all",
+		f.GetForkOffset(), f.GetEpoch(), inHome, orphaned, f.GetRecords())
+}
+
+func mustConn(t *testing.T, addr string) *grpc.ClientConn {
+	conn, err := grpcConn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}

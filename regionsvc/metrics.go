@@ -72,6 +72,17 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	if err != nil {
 		return nil, err
 	}
+	orphaned, err := m.Int64ObservableGauge("geolog.range.orphaned_records",
+		metric.WithDescription("records moved to the range's orphan log by forks after failovers (the RPO suffered): list and republish them with geolog orphans"),
+		metric.WithUnit("{record}"))
+	if err != nil {
+		return nil, err
+	}
+	forks, err := m.Int64ObservableGauge("geolog.range.forks",
+		metric.WithDescription("forks of the range's log kept in its orphan log"))
+	if err != nil {
+		return nil, err
+	}
 	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		n.mu.RLock()
 		defer n.mu.RUnlock()
@@ -89,10 +100,19 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 				o.ObserveInt64(tail, int64(rd.committed.Load()), attrs)
 				o.ObserveInt64(start, int64(rd.store.StartOffset()), attrs)
 				o.ObserveInt64(size, rd.store.Size(), attrs)
+				if rd.rep != nil {
+					var recs int64
+					fs := rd.rep.Orphans()
+					for _, f := range fs {
+						recs += int64(f.Records)
+					}
+					o.ObserveInt64(orphaned, recs, attrs)
+					o.ObserveInt64(forks, int64(len(fs)), attrs)
+				}
 			}
 		}
 		return nil
-	}, tail, start, size, up)
+	}, tail, start, size, up, orphaned, forks)
 	if err != nil {
 		return nil, err
 	}

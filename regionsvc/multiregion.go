@@ -13,6 +13,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/replicator"
 	"google.golang.org/grpc/metadata"
 )
@@ -238,6 +239,51 @@ func (m *mirrorRange) Apply(ctx context.Context, frames []byte) (uint64, error) 
 		return 0, first
 	}
 	return end, nil
+}
+
+var _ replicator.Forker = (*mirrorRange)(nil)
+
+// Fork implements replicator.Forker: the mirror group (led here) cuts its
+// divergent tail at offset at into the range's orphan log, on every
+// replica (replica.ProposeFork), and continues at at under epoch.
+func (m *mirrorRange) Fork(ctx context.Context, at, epoch uint64) (uint64, error) {
+	d := m.d
+	for {
+		done := make(chan replica.ForkResult, 1)
+		if err := d.exec(ctx, func() { d.rep.ProposeFork(at, epoch, func(r replica.ForkResult) { done <- r }) }); err != nil {
+			return d.committed.Load(), err
+		}
+		var res replica.ForkResult
+		select {
+		case res = <-done:
+		case <-ctx.Done():
+			return d.committed.Load(), apierr.New(apierr.Timeout, "fork at %d: %v", at, ctx.Err())
+		}
+		if res.Err == nil {
+			d.raiseEpoch(epoch)
+			// The driver publishes the cut log right after the reply.
+			for d.committed.Load() > at {
+				select {
+				case <-d.changed():
+				case <-time.After(10 * time.Millisecond):
+				case <-ctx.Done():
+					return d.committed.Load(), apierr.New(apierr.Timeout, "fork at %d: %v", at, ctx.Err())
+				}
+			}
+			d.logger.Warn("forked: the divergent tail is in the orphan log", "fork_offset", at, "epoch", epoch,
+				"orphaned_records", res.Records, "orphaned_offsets", fmt.Sprintf("[%d, %d)", res.FirstOffset, res.NextOffset))
+			return at, nil
+		}
+		// Appends in flight, or another fork pending: retry shortly.
+		if e := apierr.As(res.Err); e.Code != apierr.Unavailable {
+			return d.committed.Load(), res.Err
+		}
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			return d.committed.Load(), apierr.New(apierr.Timeout, "fork at %d: %v", at, ctx.Err())
+		}
+	}
 }
 
 // raiseEpoch records that the range has seen homing epoch e.

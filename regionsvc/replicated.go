@@ -53,8 +53,14 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	if fsys == nil {
 		fsys = vfs.OS()
 	}
+	// The orphan log: where a fork moves a divergent tail (multiregion.go).
+	orphans, err := replica.OpenOrphans(fsys, filepath.Join(d.cfg.store.Dir, replica.OrphanDirName), d.cfg.logger)
+	if err != nil {
+		return err
+	}
 	rep, err := replica.New(replica.Config{
-		NodeID: rc.nodeID, Stream: d.cfg.stream, Range: d.cfg.rangeID, Peers: rc.peers,
+		Orphans: orphans,
+		NodeID:  rc.nodeID, Stream: d.cfg.stream, Range: d.cfg.rangeID, Peers: rc.peers,
 		Log: d.store, State: replica.FileState{FS: fsys, Dir: d.cfg.store.Dir},
 		Send:          d.sendRaft,
 		SendSnapshot:  d.sendSnapshot,
@@ -221,6 +227,12 @@ func (d *rangeDriver) ready() {
 		if d.cfg.repl.onCommit != nil {
 			d.cfg.repl.onCommit(d, from, c)
 		}
+	} else if c < d.committed.Load() {
+		// A fork cut the log back to c (its divergent tail is in the
+		// orphan log now): readers see the log the new home continues.
+		d.logger.Warn("log forked: records past the fork moved to the orphan log", "fork_offset", c, "was", d.committed.Load())
+		d.committed.Store(c)
+		d.notify()
 	}
 }
 

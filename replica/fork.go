@@ -240,15 +240,17 @@ func (r *Replica) ProposeFork(at, epoch uint64, reply func(ForkResult)) {
 	}
 	r.fork.seq++
 	d := forkDesc{At: at, KeepIndex: keep, Proposer: r.cfg.NodeID, ProposalTerm: r.term, ProposalSeq: r.fork.seq}
-	now := max(r.cfg.Now().UnixNano(), r.lastAppendUnixNanos)
-	frame := batch.EncodeControl(nil, batch.Header{Type: batch.TypeFork, BaseOffset: tail, Epoch: epoch, AppendTimeUnixNanos: now}, d.encode())
+	// Appended after the log's newest frame, the fork entry carries its
+	// time (not this node's clock: at the tail it stays as written, and the
+	// new home's records that follow were appended on its own clock). The
+	// fork rewrites it to the last kept record's time (forkLog).
+	frame := batch.EncodeControl(nil, batch.Header{Type: batch.TypeFork, BaseOffset: tail, Epoch: epoch, AppendTimeUnixNanos: r.logAppendUnixNanos}, d.encode())
 	if err := r.rn.Propose(frame); err != nil {
 		e := r.notLeader()
 		e.Message += ": " + err.Error()
 		fail(e)
 		return
 	}
-	r.lastAppendUnixNanos = now
 	r.fork.proposal = &forkProposal{term: r.term, seq: d.ProposalSeq, reply: reply}
 	r.logger.Info("proposed fork", "at", at, "epoch", epoch, "tail", tail, "keep_index", keep)
 }
@@ -433,6 +435,19 @@ func (r *Replica) forkLog(index, term uint64, h batch.Header, d forkDesc) (ForkR
 	}
 	rec.PrevIndex = d.KeepIndex
 	log := r.cfg.Log
+	// Past the fork the log continues from the last kept record: its append
+	// time, not the orphaned tail's (from the old home's clock, possibly
+	// later than the new home's records that follow), is the fork frame's
+	// and the log's newest. Every replica reads the same frame here.
+	rec.TimeUnixNanos = r.state.SnapshotAppendUnixNanos
+	if d.KeepIndex > r.state.SnapshotIndex {
+		if f, err := log.ReadFramesByIndex(d.KeepIndex, d.KeepIndex+1, 1); err == nil && len(f) > 0 {
+			if kh, err := batch.DecodeHeader(f); err == nil && kh.Index == d.KeepIndex {
+				rec.TimeUnixNanos = kh.AppendTimeUnixNanos
+			}
+		}
+	}
+	h.AppendTimeUnixNanos = rec.TimeUnixNanos
 	// The log changes under the writer's feet: drain it and hold it off,
 	// as for a truncation (appendSync).
 	r.writer.wmu.Lock()
@@ -519,7 +534,7 @@ func (r *Replica) forkLog(index, term uint64, h batch.Header, d forkDesc) (ForkR
 	if r.isLeader {
 		r.proposeNext = r.tailOffset
 	}
-	r.appliedAppendUnixNanos = max(r.appliedAppendUnixNanos, rec.TimeUnixNanos)
+	r.appliedAppendUnixNanos = rec.TimeUnixNanos // the last kept record's: the orphaned ones' are gone
 	r.committed.Store(d.At)
 	r.notify()
 	r.logger.Info("applied fork", "index", index, "at", d.At, "epoch", h.Epoch, "records", rec.Records,
@@ -556,7 +571,9 @@ func (r *Replica) forkTail(index, term uint64, h batch.Header, d forkDesc) ([][]
 				return nil, fmt.Errorf("replica: data entry %d follows fork entry %d, which was not applied", th.Index, index)
 			}
 			f := slices.Clone(frames[:n])
-			batch.Patch(f, d.At, th.Epoch, th.AppendTimeUnixNanos)
+			// Control entries after the fork take its time: theirs may
+			// come from the orphaned tail's.
+			batch.Patch(f, d.At, th.Epoch, fh.AppendTimeUnixNanos)
 			out = append(out, f)
 			if size += n; size > forkTailBytesMax {
 				return nil, fmt.Errorf("replica: %d bytes of entries follow fork entry %d", size, index)
@@ -632,7 +649,7 @@ func (r *Replica) completeFork(m *ForkMeta) error {
 	}
 	r.state.SnapshotIndex, r.state.SnapshotTerm = rec.Index, rec.Term
 	r.state.SnapshotNextOffset = rec.At
-	r.state.SnapshotAppendUnixNanos = max(r.state.SnapshotAppendUnixNanos, rec.TimeUnixNanos)
+	r.state.SnapshotAppendUnixNanos = rec.TimeUnixNanos // the log's newest append time now
 	r.state.Producers = m.Producers
 	if r.state.Raft.GetCommit() < rec.Index {
 		hs := proto.Clone(r.state.Raft).(*raftpb.HardState)

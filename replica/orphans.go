@@ -45,7 +45,7 @@ import (
 //	                        a fork that orphaned nothing)
 //	29  8    At             the fork offset: the log continues here
 //	37  8    Epoch          the epoch the fork raised the range to
-//	45  8    TimeUnixNanos  the fork's time (its proposer's clock)
+//	45  8    TimeUnixNanos  the last kept record's append time
 //	53  8    Records        orphaned records: NextOffset - FirstOffset
 //	61  8    Frames         orphaned frames
 //	69  8    Bytes          bytes of the frames after the record
@@ -94,7 +94,8 @@ type ForkRecord struct {
 	At uint64 `json:"at"`
 	// Epoch is the epoch the fork raised the range to.
 	Epoch uint64 `json:"epoch"`
-	// TimeUnixNanos is the fork's time: its proposer's Config.Now.
+	// TimeUnixNanos is the append time of the last record kept before the
+	// fork (the fork frame's: the log's newest append time after it).
 	TimeUnixNanos int64 `json:"time_unix_nanos"`
 	// Records, Frames and Bytes count what was orphaned.
 	Records uint64 `json:"records"`

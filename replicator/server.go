@@ -293,7 +293,16 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 	if err != nil {
 		return s.refuse(stream, logger, err, applied, highest)
 	}
-	if err := stream.Send(&geologinternalv1.ReplicateResponse{AppliedEndOffset: applied, HighestEpoch: highest}); err != nil {
+	answer := &geologinternalv1.ReplicateResponse{AppliedEndOffset: applied, HighestEpoch: highest}
+	if applied > 0 {
+		// The epoch of the last applied frame (see the field's doc).
+		if f, err := mr.ReadFrames(applied-1, 1, applied); err == nil && len(f) >= batch.HeaderSize {
+			if h, err := batch.DecodeHeader(f); err == nil {
+				answer.LogEpoch = &h.Epoch
+			}
+		}
+	}
+	if err := stream.Send(answer); err != nil {
 		return err
 	}
 	s.stats.streams.Add(1)

@@ -413,7 +413,19 @@ func (t *Task) handle(ev taskEvent) {
 		t.lag.Applied(ev.resp.GetAppliedEndOffset())
 		t.mu.Unlock()
 		t.sess.startSender(t)
-		t.core.Connected(ev.resp.GetAppliedEndOffset(), ev.resp.GetHighestEpoch())
+		applied := ev.resp.GetAppliedEndOffset()
+		if ev.resp.LogEpoch != nil && ev.resp.GetLogEpoch() < t.cfg.Epoch && applied > 0 {
+			// The mirror's log ends in an older epoch than this home's: what
+			// it holds past where this log left that epoch may be another
+			// home's divergent tail. Resend from there; the mirror compares
+			// and forks if it differs.
+			if at := t.epochStart(ev.resp.GetLogEpoch(), applied); at < applied {
+				t.logger.Info("mirror's log ends in an older epoch: resending from this log's epoch change", "mirror_epoch", ev.resp.GetLogEpoch(),
+					"applied_end", applied, "from", at)
+				applied = at
+			}
+		}
+		t.core.Connected(applied, ev.resp.GetHighestEpoch())
 	case evResponse:
 		d := ev.resp.GetError()
 		if d != nil {
@@ -514,4 +526,35 @@ func (t *Task) publish() {
 	t.stats.Next, t.stats.Acked, t.stats.Tail = st.Next, st.Acked, st.Tail
 	t.stats.InflightBytes, t.stats.InflightRequests = st.InflightBytes, st.InflightRequests
 	t.stats.InflightBytesMax = st.InflightBytesMax
+}
+
+// epochStart is the first offset below end whose frame in the source's log
+// has an epoch above after (end when there is none): epochs never decrease
+// along a log, so a binary search over offsets finds it. Offsets below the
+// log's start (compacted) count as older.
+func (t *Task) epochStart(after, end uint64) uint64 {
+	end = min(end, t.cfg.Source.CommittedEnd())
+	lo, hi := uint64(0), end
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		f, err := t.cfg.Source.ReadFrames(mid, 1, end)
+		if err != nil || len(f) == 0 {
+			lo = mid + 1 // below the start, or unreadable: not past the change
+			continue
+		}
+		h, err := batch.DecodeHeader(f)
+		if err != nil {
+			lo = mid + 1
+			continue
+		}
+		if h.Epoch > after {
+			hi = min(mid, h.BaseOffset) // the frame holding mid may start before it
+			if h.BaseOffset < lo {
+				lo = h.BaseOffset
+			}
+		} else {
+			lo = h.NextOffset()
+		}
+	}
+	return lo
 }

@@ -493,3 +493,40 @@ func TestServerClose(t *testing.T) {
 		t.Fatalf("closed server answered %v", resp)
 	}
 }
+
+// TestFailbackForksLongerMirror: the mirror holds an old home's log that
+// runs past where the new home (epoch 2) took over, longer than the new
+// home's log itself. The new home's task resends from where its log left
+// epoch 1; the mirror forks its divergent tail off into the orphan log and
+// ends equal to the new home's log, not extended past it.
+func TestFailbackForksLongerMirror(t *testing.T) {
+	g := newLogGen(41, 200)
+	src := NewMemSource(0)
+	g.fill(t, src, 20, 4) // the common prefix, epoch 1
+	old := *g
+	old.seqs = map[uint64]uint64{}
+	var tail [][]byte
+	for range 30 { // the old home's unreplicated tail, epoch 1
+		tail = append(tail, old.frame(1+old.rng.IntN(4)))
+	}
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	if err := m.Seed(append(src.Frames(), tail...)...); err != nil {
+		t.Fatal(err)
+	}
+	g.epoch = 2
+	g.fill(t, src, 10, 4) // the new home's frames: shorter than the old tail
+	if src.CommittedEnd() >= m.AppliedEnd() {
+		t.Fatalf("setup: the source (%d) should end below the mirror (%d)", src.CommittedEnd(), m.AppliedEnd())
+	}
+	cfg := taskConfig(t, src, newDialer(t), node.addr)
+	cfg.Epoch = 2
+	startTask(t, cfg)
+	waitFor(t, 20*time.Second, "the mirror to fork and catch up", func() bool {
+		return len(m.Orphans()) > 0 && m.AppliedEnd() == src.CommittedEnd()
+	})
+	assertMirrored(t, src, m)
+	if got := m.Orphans(); len(got) != len(tail) || !SameData(got[0], tail[0]) {
+		t.Fatalf("orphans: %d frames, want the old home's %d", len(got), len(tail))
+	}
+}

@@ -421,7 +421,13 @@ type ReplicateResponse struct {
 	// overlaps applied offsets with different content. NOT_LEADER: this node
 	// does not lead the range's mirror group; error.leader_hint is an address
 	// to try. INVALID_ARGUMENT: a malformed request.
-	Error         *geologv1.ErrorDetail `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Error *geologv1.ErrorDetail `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// log_epoch, in the answer to the open, is the homing epoch of the last
+	// frame the mirror applied (absent when it holds none). A source of a
+	// newer epoch resends from where its log left that epoch, so that the
+	// mirror compares what it holds there and cuts a divergent tail (a fork)
+	// instead of extending it.
+	LogEpoch      *uint64 `protobuf:"varint,4,opt,name=log_epoch,json=logEpoch,proto3,oneof" json:"log_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -477,6 +483,13 @@ func (x *ReplicateResponse) GetError() *geologv1.ErrorDetail {
 	return nil
 }
 
+func (x *ReplicateResponse) GetLogEpoch() uint64 {
+	if x != nil && x.LogEpoch != nil {
+		return *x.LogEpoch
+	}
+	return 0
+}
+
 var File_geolog_internal_v1_mirror_proto protoreflect.FileDescriptor
 
 const file_geolog_internal_v1_mirror_proto_rawDesc = "" +
@@ -507,11 +520,14 @@ const file_geolog_internal_v1_mirror_proto_rawDesc = "" +
 	"frameCount\x12A\n" +
 	"\vcompression\x18\x04 \x01(\x0e2\x1f.geolog.internal.v1.CompressionR\vcompression\x12\x18\n" +
 	"\apayload\x18\x05 \x01(\fR\apayload\x12-\n" +
-	"\x12uncompressed_bytes\x18\x06 \x01(\x04R\x11uncompressedBytes\"\x94\x01\n" +
+	"\x12uncompressed_bytes\x18\x06 \x01(\x04R\x11uncompressedBytes\"\xc4\x01\n" +
 	"\x11ReplicateResponse\x12,\n" +
 	"\x12applied_end_offset\x18\x01 \x01(\x04R\x10appliedEndOffset\x12#\n" +
 	"\rhighest_epoch\x18\x02 \x01(\x04R\fhighestEpoch\x12,\n" +
-	"\x05error\x18\x03 \x01(\v2\x16.geolog.v1.ErrorDetailR\x05error*V\n" +
+	"\x05error\x18\x03 \x01(\v2\x16.geolog.v1.ErrorDetailR\x05error\x12 \n" +
+	"\tlog_epoch\x18\x04 \x01(\x04H\x00R\blogEpoch\x88\x01\x01B\f\n" +
+	"\n" +
+	"_log_epoch*V\n" +
 	"\vCompression\x12\x1b\n" +
 	"\x17COMPRESSION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10COMPRESSION_NONE\x10\x01\x12\x14\n" +
@@ -562,6 +578,7 @@ func file_geolog_internal_v1_mirror_proto_init() {
 	if File_geolog_internal_v1_mirror_proto != nil {
 		return
 	}
+	file_geolog_internal_v1_mirror_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1783,6 +1783,345 @@ func (x *ErrorDetail) GetExpectedSequence() uint64 {
 	return 0
 }
 
+type ListOrphansRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOrphansRequest) Reset() {
+	*x = ListOrphansRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOrphansRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOrphansRequest) ProtoMessage() {}
+
+func (x *ListOrphansRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOrphansRequest.ProtoReflect.Descriptor instead.
+func (*ListOrphansRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListOrphansRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+type OrphanFork struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Range uint32                 `protobuf:"varint,1,opt,name=range,proto3" json:"range,omitempty"`
+	// fork_index identifies the fork (the Raft index of its entry).
+	ForkIndex uint64 `protobuf:"varint,2,opt,name=fork_index,json=forkIndex,proto3" json:"fork_index,omitempty"`
+	// fork_offset is where the log forked: the new home continued there.
+	ForkOffset uint64 `protobuf:"varint,3,opt,name=fork_offset,json=forkOffset,proto3" json:"fork_offset,omitempty"`
+	// epoch is the new home's epoch the fork was cut for.
+	Epoch uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Orphaned records: offsets [first_offset, next_offset) of the old log.
+	Records       uint64 `protobuf:"varint,5,opt,name=records,proto3" json:"records,omitempty"`
+	FirstOffset   uint64 `protobuf:"varint,6,opt,name=first_offset,json=firstOffset,proto3" json:"first_offset,omitempty"`
+	NextOffset    uint64 `protobuf:"varint,7,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	Bytes         int64  `protobuf:"varint,8,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	TimeUnixNanos int64  `protobuf:"varint,9,opt,name=time_unix_nanos,json=timeUnixNanos,proto3" json:"time_unix_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OrphanFork) Reset() {
+	*x = OrphanFork{}
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OrphanFork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OrphanFork) ProtoMessage() {}
+
+func (x *OrphanFork) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OrphanFork.ProtoReflect.Descriptor instead.
+func (*OrphanFork) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *OrphanFork) GetRange() uint32 {
+	if x != nil {
+		return x.Range
+	}
+	return 0
+}
+
+func (x *OrphanFork) GetForkIndex() uint64 {
+	if x != nil {
+		return x.ForkIndex
+	}
+	return 0
+}
+
+func (x *OrphanFork) GetForkOffset() uint64 {
+	if x != nil {
+		return x.ForkOffset
+	}
+	return 0
+}
+
+func (x *OrphanFork) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *OrphanFork) GetRecords() uint64 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
+func (x *OrphanFork) GetFirstOffset() uint64 {
+	if x != nil {
+		return x.FirstOffset
+	}
+	return 0
+}
+
+func (x *OrphanFork) GetNextOffset() uint64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+func (x *OrphanFork) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *OrphanFork) GetTimeUnixNanos() int64 {
+	if x != nil {
+		return x.TimeUnixNanos
+	}
+	return 0
+}
+
+type ListOrphansResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Forks         []*OrphanFork          `protobuf:"bytes,1,rep,name=forks,proto3" json:"forks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOrphansResponse) Reset() {
+	*x = ListOrphansResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOrphansResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOrphansResponse) ProtoMessage() {}
+
+func (x *ListOrphansResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOrphansResponse.ProtoReflect.Descriptor instead.
+func (*ListOrphansResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListOrphansResponse) GetForks() []*OrphanFork {
+	if x != nil {
+		return x.Forks
+	}
+	return nil
+}
+
+type ReadOrphansRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Range     uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
+	ForkIndex uint64                 `protobuf:"varint,3,opt,name=fork_index,json=forkIndex,proto3" json:"fork_index,omitempty"`
+	// from_offset: the first orphaned offset to return (0: the fork's first).
+	FromOffset    uint64 `protobuf:"varint,4,opt,name=from_offset,json=fromOffset,proto3" json:"from_offset,omitempty"`
+	MaxRecords    uint32 `protobuf:"varint,5,opt,name=max_records,json=maxRecords,proto3" json:"max_records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadOrphansRequest) Reset() {
+	*x = ReadOrphansRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadOrphansRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadOrphansRequest) ProtoMessage() {}
+
+func (x *ReadOrphansRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadOrphansRequest.ProtoReflect.Descriptor instead.
+func (*ReadOrphansRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReadOrphansRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ReadOrphansRequest) GetRange() uint32 {
+	if x != nil {
+		return x.Range
+	}
+	return 0
+}
+
+func (x *ReadOrphansRequest) GetForkIndex() uint64 {
+	if x != nil {
+		return x.ForkIndex
+	}
+	return 0
+}
+
+func (x *ReadOrphansRequest) GetFromOffset() uint64 {
+	if x != nil {
+		return x.FromOffset
+	}
+	return 0
+}
+
+func (x *ReadOrphansRequest) GetMaxRecords() uint32 {
+	if x != nil {
+		return x.MaxRecords
+	}
+	return 0
+}
+
+type ReadOrphansResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Records []*StoredRecord        `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	// next_offset is where to continue; equal to the fork's next_offset at
+	// the end.
+	NextOffset    uint64 `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	EndOffset     uint64 `protobuf:"varint,3,opt,name=end_offset,json=endOffset,proto3" json:"end_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadOrphansResponse) Reset() {
+	*x = ReadOrphansResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadOrphansResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadOrphansResponse) ProtoMessage() {}
+
+func (x *ReadOrphansResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadOrphansResponse.ProtoReflect.Descriptor instead.
+func (*ReadOrphansResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ReadOrphansResponse) GetRecords() []*StoredRecord {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *ReadOrphansResponse) GetNextOffset() uint64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+func (x *ReadOrphansResponse) GetEndOffset() uint64 {
+	if x != nil {
+		return x.EndOffset
+	}
+	return 0
+}
+
 type RehomeRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -1797,7 +2136,7 @@ type RehomeRequest struct {
 
 func (x *RehomeRequest) Reset() {
 	*x = RehomeRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +2148,7 @@ func (x *RehomeRequest) String() string {
 func (*RehomeRequest) ProtoMessage() {}
 
 func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +2161,7 @@ func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeRequest.ProtoReflect.Descriptor instead.
 func (*RehomeRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{20}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RehomeRequest) GetStream() string {
@@ -1873,7 +2212,7 @@ type RangeRehome struct {
 
 func (x *RangeRehome) Reset() {
 	*x = RangeRehome{}
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1885,7 +2224,7 @@ func (x *RangeRehome) String() string {
 func (*RangeRehome) ProtoMessage() {}
 
 func (x *RangeRehome) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1898,7 +2237,7 @@ func (x *RangeRehome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeRehome.ProtoReflect.Descriptor instead.
 func (*RangeRehome) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RangeRehome) GetRange() uint32 {
@@ -1959,7 +2298,7 @@ type RehomeResponse struct {
 
 func (x *RehomeResponse) Reset() {
 	*x = RehomeResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2310,7 @@ func (x *RehomeResponse) String() string {
 func (*RehomeResponse) ProtoMessage() {}
 
 func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2323,7 @@ func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeResponse.ProtoReflect.Descriptor instead.
 func (*RehomeResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RehomeResponse) GetRanges() []*RangeRehome {
@@ -2012,7 +2351,7 @@ type RefreshHomesRequest struct {
 
 func (x *RefreshHomesRequest) Reset() {
 	*x = RefreshHomesRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2363,7 @@ func (x *RefreshHomesRequest) String() string {
 func (*RefreshHomesRequest) ProtoMessage() {}
 
 func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2376,7 @@ func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesRequest.ProtoReflect.Descriptor instead.
 func (*RefreshHomesRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RefreshHomesRequest) GetStream() string {
@@ -2073,7 +2412,7 @@ type RefreshHomesResponse struct {
 
 func (x *RefreshHomesResponse) Reset() {
 	*x = RefreshHomesResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2424,7 @@ func (x *RefreshHomesResponse) String() string {
 func (*RefreshHomesResponse) ProtoMessage() {}
 
 func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2437,7 @@ func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesResponse.ProtoReflect.Descriptor instead.
 func (*RefreshHomesResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RefreshHomesResponse) GetHomesVersion() uint64 {
@@ -2125,7 +2464,7 @@ type RangeTail struct {
 
 func (x *RangeTail) Reset() {
 	*x = RangeTail{}
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2137,7 +2476,7 @@ func (x *RangeTail) String() string {
 func (*RangeTail) ProtoMessage() {}
 
 func (x *RangeTail) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2150,7 +2489,7 @@ func (x *RangeTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeTail.ProtoReflect.Descriptor instead.
 func (*RangeTail) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RangeTail) GetRange() uint32 {
@@ -2180,7 +2519,7 @@ type ChangeReplicasRequest struct {
 
 func (x *ChangeReplicasRequest) Reset() {
 	*x = ChangeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2192,7 +2531,7 @@ func (x *ChangeReplicasRequest) String() string {
 func (*ChangeReplicasRequest) ProtoMessage() {}
 
 func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2205,7 +2544,7 @@ func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ChangeReplicasRequest) GetStream() string {
@@ -2246,7 +2585,7 @@ type ChangeReplicasResponse struct {
 
 func (x *ChangeReplicasResponse) Reset() {
 	*x = ChangeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2597,7 @@ func (x *ChangeReplicasResponse) String() string {
 func (*ChangeReplicasResponse) ProtoMessage() {}
 
 func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2610,7 @@ func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ChangeReplicasResponse) GetVoters() []uint64 {
@@ -2298,7 +2637,7 @@ type DescribeReplicasRequest struct {
 
 func (x *DescribeReplicasRequest) Reset() {
 	*x = DescribeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2649,7 @@ func (x *DescribeReplicasRequest) String() string {
 func (*DescribeReplicasRequest) ProtoMessage() {}
 
 func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2662,7 @@ func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DescribeReplicasRequest) GetStream() string {
@@ -2354,7 +2693,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2705,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2718,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReplicaStatus) GetNodeId() uint64 {
@@ -2424,7 +2763,7 @@ type DescribeReplicasResponse struct {
 
 func (x *DescribeReplicasResponse) Reset() {
 	*x = DescribeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2436,7 +2775,7 @@ func (x *DescribeReplicasResponse) String() string {
 func (*DescribeReplicasResponse) ProtoMessage() {}
 
 func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2449,7 +2788,7 @@ func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
@@ -2622,7 +2961,40 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x06 \x01(\x04R\n" +
 	"tailOffset\x12+\n" +
-	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\"v\n" +
+	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\",\n" +
+	"\x12ListOrphansRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\"\x94\x02\n" +
+	"\n" +
+	"OrphanFork\x12\x14\n" +
+	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
+	"\n" +
+	"fork_index\x18\x02 \x01(\x04R\tforkIndex\x12\x1f\n" +
+	"\vfork_offset\x18\x03 \x01(\x04R\n" +
+	"forkOffset\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\arecords\x18\x05 \x01(\x04R\arecords\x12!\n" +
+	"\ffirst_offset\x18\x06 \x01(\x04R\vfirstOffset\x12\x1f\n" +
+	"\vnext_offset\x18\a \x01(\x04R\n" +
+	"nextOffset\x12\x14\n" +
+	"\x05bytes\x18\b \x01(\x03R\x05bytes\x12&\n" +
+	"\x0ftime_unix_nanos\x18\t \x01(\x03R\rtimeUnixNanos\"B\n" +
+	"\x13ListOrphansResponse\x12+\n" +
+	"\x05forks\x18\x01 \x03(\v2\x15.geolog.v1.OrphanForkR\x05forks\"\xa3\x01\n" +
+	"\x12ReadOrphansRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
+	"\x05range\x18\x02 \x01(\rR\x05range\x12\x1d\n" +
+	"\n" +
+	"fork_index\x18\x03 \x01(\x04R\tforkIndex\x12\x1f\n" +
+	"\vfrom_offset\x18\x04 \x01(\x04R\n" +
+	"fromOffset\x12\x1f\n" +
+	"\vmax_records\x18\x05 \x01(\rR\n" +
+	"maxRecords\"\x88\x01\n" +
+	"\x13ReadOrphansResponse\x121\n" +
+	"\arecords\x18\x01 \x03(\v2\x17.geolog.v1.StoredRecordR\arecords\x12\x1f\n" +
+	"\vnext_offset\x18\x02 \x01(\x04R\n" +
+	"nextOffset\x12\x1d\n" +
+	"\n" +
+	"end_offset\x18\x03 \x01(\x04R\tendOffset\"v\n" +
 	"\rRehomeRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x16\n" +
 	"\x06ranges\x18\x02 \x03(\rR\x06ranges\x12\x1d\n" +
@@ -2716,12 +3088,14 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.geolog.v1.SubscribeRequest\x1a\x1c.geolog.v1.SubscribeResponse0\x01\x12O\n" +
 	"\fCreateStream\x12\x1e.geolog.v1.CreateStreamRequest\x1a\x1f.geolog.v1.CreateStreamResponse\x12L\n" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
-	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse2\xcb\x02\n" +
+	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse2\xe7\x03\n" +
 	"\x05Admin\x12U\n" +
 	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
 	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponse\x12=\n" +
 	"\x06Rehome\x12\x18.geolog.v1.RehomeRequest\x1a\x19.geolog.v1.RehomeResponse\x12O\n" +
-	"\fRefreshHomes\x12\x1e.geolog.v1.RefreshHomesRequest\x1a\x1f.geolog.v1.RefreshHomesResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
+	"\fRefreshHomes\x12\x1e.geolog.v1.RefreshHomesRequest\x1a\x1f.geolog.v1.RefreshHomesResponse\x12L\n" +
+	"\vListOrphans\x12\x1d.geolog.v1.ListOrphansRequest\x1a\x1e.geolog.v1.ListOrphansResponse\x12L\n" +
+	"\vReadOrphans\x12\x1d.geolog.v1.ReadOrphansRequest\x1a\x1e.geolog.v1.ReadOrphansResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
 
 var (
 	file_geolog_v1_log_proto_rawDescOnce sync.Once
@@ -2736,7 +3110,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -2761,17 +3135,22 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*DescribeStreamRequest)(nil),    // 20: geolog.v1.DescribeStreamRequest
 	(*DescribeStreamResponse)(nil),   // 21: geolog.v1.DescribeStreamResponse
 	(*ErrorDetail)(nil),              // 22: geolog.v1.ErrorDetail
-	(*RehomeRequest)(nil),            // 23: geolog.v1.RehomeRequest
-	(*RangeRehome)(nil),              // 24: geolog.v1.RangeRehome
-	(*RehomeResponse)(nil),           // 25: geolog.v1.RehomeResponse
-	(*RefreshHomesRequest)(nil),      // 26: geolog.v1.RefreshHomesRequest
-	(*RefreshHomesResponse)(nil),     // 27: geolog.v1.RefreshHomesResponse
-	(*RangeTail)(nil),                // 28: geolog.v1.RangeTail
-	(*ChangeReplicasRequest)(nil),    // 29: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 30: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 31: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 32: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 33: geolog.v1.DescribeReplicasResponse
+	(*ListOrphansRequest)(nil),       // 23: geolog.v1.ListOrphansRequest
+	(*OrphanFork)(nil),               // 24: geolog.v1.OrphanFork
+	(*ListOrphansResponse)(nil),      // 25: geolog.v1.ListOrphansResponse
+	(*ReadOrphansRequest)(nil),       // 26: geolog.v1.ReadOrphansRequest
+	(*ReadOrphansResponse)(nil),      // 27: geolog.v1.ReadOrphansResponse
+	(*RehomeRequest)(nil),            // 28: geolog.v1.RehomeRequest
+	(*RangeRehome)(nil),              // 29: geolog.v1.RangeRehome
+	(*RehomeResponse)(nil),           // 30: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 31: geolog.v1.RefreshHomesRequest
+	(*RefreshHomesResponse)(nil),     // 32: geolog.v1.RefreshHomesResponse
+	(*RangeTail)(nil),                // 33: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 34: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 35: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 36: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 37: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 38: geolog.v1.DescribeReplicasResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	3,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -2789,37 +3168,43 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	13, // 12: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
 	14, // 13: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
 	1,  // 14: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
-	24, // 15: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	28, // 16: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
-	2,  // 17: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	32, // 18: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	6,  // 19: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	6,  // 20: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	8,  // 21: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	10, // 22: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	16, // 23: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	18, // 24: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	20, // 25: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	29, // 26: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	31, // 27: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	23, // 28: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	26, // 29: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	7,  // 30: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	7,  // 31: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	9,  // 32: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	11, // 33: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	17, // 34: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	19, // 35: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	21, // 36: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	30, // 37: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	33, // 38: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	25, // 39: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	27, // 40: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	30, // [30:41] is the sub-list for method output_type
-	19, // [19:30] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	24, // 15: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
+	5,  // 16: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
+	29, // 17: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	33, // 18: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	2,  // 19: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	37, // 20: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	6,  // 21: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	6,  // 22: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	8,  // 23: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	10, // 24: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	16, // 25: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	18, // 26: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	20, // 27: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	34, // 28: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	36, // 29: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	28, // 30: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	31, // 31: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	23, // 32: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	26, // 33: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	7,  // 34: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	7,  // 35: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	9,  // 36: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	11, // 37: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	17, // 38: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	19, // 39: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	21, // 40: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	35, // 41: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	38, // 42: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	30, // 43: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	32, // 44: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	25, // 45: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	27, // 46: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	34, // [34:47] is the sub-list for method output_type
+	21, // [21:34] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -2837,7 +3222,7 @@ func file_geolog_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   31,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

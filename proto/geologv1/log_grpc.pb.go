@@ -383,6 +383,8 @@ const (
 	Admin_DescribeReplicas_FullMethodName = "/geolog.v1.Admin/DescribeReplicas"
 	Admin_Rehome_FullMethodName           = "/geolog.v1.Admin/Rehome"
 	Admin_RefreshHomes_FullMethodName     = "/geolog.v1.Admin/RefreshHomes"
+	Admin_ListOrphans_FullMethodName      = "/geolog.v1.Admin/ListOrphans"
+	Admin_ReadOrphans_FullMethodName      = "/geolog.v1.Admin/ReadOrphans"
 )
 
 // AdminClient is the client API for Admin service.
@@ -410,6 +412,13 @@ type AdminClient interface {
 	// up what it learned (its ranges' homes). A rehome's coordinator calls it
 	// on the regions concerned so that the pause is not a heartbeat interval.
 	RefreshHomes(ctx context.Context, in *RefreshHomesRequest, opts ...grpc.CallOption) (*RefreshHomesResponse, error)
+	// ListOrphans lists the forks of a stream's ranges as this node's replicas
+	// hold them (DESIGN.md "Divergent tails"): where each range's log forked
+	// after a failover, and the records moved to its orphan log.
+	ListOrphans(ctx context.Context, in *ListOrphansRequest, opts ...grpc.CallOption) (*ListOrphansResponse, error)
+	// ReadOrphans reads the records of one fork, with their original offsets
+	// and epoch, for an operator to inspect or republish.
+	ReadOrphans(ctx context.Context, in *ReadOrphansRequest, opts ...grpc.CallOption) (*ReadOrphansResponse, error)
 }
 
 type adminClient struct {
@@ -460,6 +469,26 @@ func (c *adminClient) RefreshHomes(ctx context.Context, in *RefreshHomesRequest,
 	return out, nil
 }
 
+func (c *adminClient) ListOrphans(ctx context.Context, in *ListOrphansRequest, opts ...grpc.CallOption) (*ListOrphansResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListOrphansResponse)
+	err := c.cc.Invoke(ctx, Admin_ListOrphans_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ReadOrphans(ctx context.Context, in *ReadOrphansRequest, opts ...grpc.CallOption) (*ReadOrphansResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadOrphansResponse)
+	err := c.cc.Invoke(ctx, Admin_ReadOrphans_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -485,6 +514,13 @@ type AdminServer interface {
 	// up what it learned (its ranges' homes). A rehome's coordinator calls it
 	// on the regions concerned so that the pause is not a heartbeat interval.
 	RefreshHomes(context.Context, *RefreshHomesRequest) (*RefreshHomesResponse, error)
+	// ListOrphans lists the forks of a stream's ranges as this node's replicas
+	// hold them (DESIGN.md "Divergent tails"): where each range's log forked
+	// after a failover, and the records moved to its orphan log.
+	ListOrphans(context.Context, *ListOrphansRequest) (*ListOrphansResponse, error)
+	// ReadOrphans reads the records of one fork, with their original offsets
+	// and epoch, for an operator to inspect or republish.
+	ReadOrphans(context.Context, *ReadOrphansRequest) (*ReadOrphansResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -506,6 +542,12 @@ func (UnimplementedAdminServer) Rehome(context.Context, *RehomeRequest) (*Rehome
 }
 func (UnimplementedAdminServer) RefreshHomes(context.Context, *RefreshHomesRequest) (*RefreshHomesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RefreshHomes not implemented")
+}
+func (UnimplementedAdminServer) ListOrphans(context.Context, *ListOrphansRequest) (*ListOrphansResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListOrphans not implemented")
+}
+func (UnimplementedAdminServer) ReadOrphans(context.Context, *ReadOrphansRequest) (*ReadOrphansResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReadOrphans not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -600,6 +642,42 @@ func _Admin_RefreshHomes_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListOrphans_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListOrphansRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListOrphans(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListOrphans_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListOrphans(ctx, req.(*ListOrphansRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ReadOrphans_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadOrphansRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ReadOrphans(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ReadOrphans_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ReadOrphans(ctx, req.(*ReadOrphansRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -622,6 +700,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RefreshHomes",
 			Handler:    _Admin_RefreshHomes_Handler,
+		},
+		{
+			MethodName: "ListOrphans",
+			Handler:    _Admin_ListOrphans_Handler,
+		},
+		{
+			MethodName: "ReadOrphans",
+			Handler:    _Admin_ReadOrphans_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
