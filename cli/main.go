@@ -50,6 +50,10 @@ commands:
   bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 1]
         [--linger D] [--batch-bytes N] [--buffer-bytes N] [--duration 10s | --count N] [--keys N]
         [--sync] [--json]
+  orphans list <stream> [--json]
+  orphans republish <stream> [--range N] [--fork INDEX] [--dry-run]
+                       records a failed home acked but never replicated, kept
+                       by a fork in its orphan log (needs --lease-store)
   rehome <stream> <range|all> <region> [--json]
                        move homes to region with zero loss (needs --lease-store)
   replicas describe <stream> <range>
@@ -115,6 +119,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.lag(ctx, args)
 	case "rehome":
 		err = env.rehome(ctx, args)
+	case "orphans":
+		err = env.orphans(ctx, args)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

@@ -7,11 +7,13 @@ import (
 	"net/url"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/cli"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/homing/pgtest"
@@ -640,10 +642,10 @@ func TestFailbackOrphans(t *testing.T) {
 		return n > 0
 	})
 	close(stop)
+	wg.Wait() // every record answered while us is up
 	for id := range w.nodes["us"] {
 		w.stop("us", id)
 	}
-	wg.Wait()
 	for _, l := range cut {
 		if err := l.Heal(); err != nil {
 			t.Fatal(err)
@@ -664,12 +666,14 @@ func TestFailbackOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	flushStart := time.Now()
 	for i := 0; i < 20; i++ {
 		p.Produce(ctx, &client.Record{Key: []byte("after"), Value: []byte(fmt.Sprintf("after/%d", i))}, nil)
 	}
 	if err := p.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("20 records through ap to the new home %s in %v", newHome, time.Since(flushStart))
 	p.Close()
 
 	// us returns and follows as a mirror, after a fork.
@@ -743,6 +747,50 @@ func TestFailbackOrphans(t *testing.T) {
 	}
 	t.Logf("fork at offset %d (epoch %d): %d acked records in the new home's log, %d in us's orphan log (the RPO), %d orphaned records in all",
 		f.GetForkOffset(), f.GetEpoch(), inHome, orphaned, f.GetRecords())
+
+	// geolog orphans list / republish (twice: the second appends nothing).
+	addrs := w.regionAddrs("us") + "," + w.regionAddrs(newHome)
+	run := func(args ...string) string {
+		var out, errOut strings.Builder
+		if code := cli.Run(ctx, append([]string{"--addr", addrs}, args...), strings.NewReader(""), &out, &errOut); code != 0 {
+			t.Fatalf("geolog %v: exit %d: %s", args, code, errOut.String())
+		}
+		return out.String()
+	}
+	if out := run("orphans", "list", "fb"); !strings.Contains(out, fmt.Sprintf("1 forks, %d orphaned records", f.GetRecords())) {
+		t.Fatalf("orphans list:\n%s", out)
+	}
+	if out := run("orphans", "republish", "fb"); !strings.Contains(out, fmt.Sprintf("republished %d records (0 already", f.GetRecords())) {
+		t.Fatalf("orphans republish:\n%s", out)
+	}
+	if out := run("orphans", "republish", "fb"); !strings.Contains(out, fmt.Sprintf("republished 0 records (%d already", f.GetRecords())) {
+		t.Fatalf("orphans republish, again:\n%s", out)
+	}
+	tail2 := w.tails(ctx, "fb")[newHome][0]
+	after, err := w.readLocal(ctx, newHome, "fb", 0, tail, tail2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := 0
+	for _, r := range after {
+		if len(r.GetHeaders()) > 0 && r.GetHeaders()[0].GetKey() == "geolog-orphan" {
+			if o, ok := orphans[parseOrphanOffset(t, string(r.GetHeaders()[0].GetValue()))]; !ok || string(o.GetValue()) != string(r.GetValue()) {
+				t.Fatalf("republished %q (%s) does not match the orphan log", r.GetValue(), r.GetHeaders()[0].GetValue())
+			}
+			back++
+		}
+	}
+	if uint64(back) != f.GetRecords() {
+		t.Fatalf("%d republished records in the home's log, want %d", back, f.GetRecords())
+	}
+}
+
+func parseOrphanOffset(t *testing.T, origin string) uint64 {
+	var rng, off, epoch, fork uint64
+	if _, err := fmt.Sscanf(origin, "range=%d offset=%d epoch=%d fork=%d", &rng, &off, &epoch, &fork); err != nil {
+		t.Fatalf("origin header %q: %v", origin, err)
+	}
+	return off
 }
 
 func mustConn(t *testing.T, addr string) *grpc.ClientConn {
