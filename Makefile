@@ -50,7 +50,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test
+.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -62,12 +62,20 @@ vet:
 	$(GO) vet ./...
 
 # The tests share one private PostgreSQL (the lease store's), started here
-# and stopped after unless it was already running.
+# and stopped after unless it was already running. TestSlice (the chaos
+# slice) runs in its own step, chaos-slice, so that its clusters do not
+# compete with the other packages' tests for the cores.
 unit:
 	@was=running; ./scripts/pg.sh status >/dev/null 2>&1 || was=stopped; \
 	./scripts/pg.sh start >/dev/null || exit 1; \
-	GEOLOG_PG_URL=$$(./scripts/pg.sh url) $(GO) test -race -count=1 -timeout 15m ./...; rc=$$?; \
+	GEOLOG_PG_URL=$$(./scripts/pg.sh url) $(GO) test -race -count=1 -timeout 15m -skip '^TestSlice$$' ./...; rc=$$?; \
 	[ $$was = running ] || ./scripts/pg.sh stop; exit $$rc
+
+# The chaos slice: chaos.Slice(), three fixed-seed scenarios on local
+# clusters (ports 7700-7799, GEOLOG_CHAOS_PORTS=lo-hi moves them), about a
+# minute; prints the table, fails on any anomaly or unverified check.
+chaos-slice:
+	$(GO) test -race -count=1 -timeout 10m -run '^TestSlice$$' -v ./chaos/
 
 # A short fuzz slice: every decoder of bytes, FUZZ_TIME each.
 fuzz:
@@ -78,7 +86,18 @@ fuzz:
 		$(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=$$budget -fuzzminimizetime=100x $$pkg; \
 	done
 
-test: vet build unit fuzz
+test: vet build unit chaos-slice fuzz
+
+# make chaos: every chaos scenario (chaos.Scenarios(), about 7 minutes), each
+# on a fresh local 3x3 cluster with geolog-wan (ports 7700-7799); histories
+# and clusters under run/chaos. CHAOS_SCENARIOS=a,b picks scenarios,
+# CHAOS_SEED the seed, CHAOS_ENV=run/cluster/env attaches to a running
+# cluster (scripts/cluster.sh or terraform) instead of starting one.
+CHAOS_SCENARIOS ?= all
+CHAOS_SEED      ?= 1
+CHAOS_ENV       ?=
+chaos: build
+	$(BIN)/geolog-chaos --scenarios $(CHAOS_SCENARIOS) --seed $(CHAOS_SEED) --dir $(RUN)/chaos $(if $(CHAOS_ENV),--env $(CHAOS_ENV))
 
 sim:
 	@if [ -n "$(SEED)" ]; then \

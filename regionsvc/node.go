@@ -19,6 +19,7 @@ import (
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replicator"
 	"github.com/geolog/geolog/segment"
+	"github.com/geolog/geolog/vfs"
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/metric"
@@ -99,6 +100,9 @@ type Config struct {
 	MaintenanceInterval time.Duration
 	// Now is the clock, default time.Now.
 	Now func() time.Time
+	// FS is the file system of every range's segments and Raft state,
+	// default vfs.OS(). geologd --debug-failpoints passes vfs.WithFaults.
+	FS vfs.FS
 	// NodeID and Peers turn on replication: Peers maps every node of the
 	// region, this one included, from its Raft id (non-zero) to its listen
 	// address. Every range and the stream catalogue are then Raft groups
@@ -338,6 +342,7 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 	store.SegmentBytesMax = n.cfg.SegmentBytesMax
 	store.Fsync = n.cfg.Fsync
 	store.Now = n.cfg.Now
+	store.FS = n.cfg.FS
 	if rc != nil {
 		// Retention applies to replicated ranges too, as Raft log
 		// compaction (see snapshot.go); the catalogue has none.

@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/failpoint"
 	"github.com/geolog/geolog/regionsvc"
 	"github.com/geolog/geolog/segment"
+	"github.com/geolog/geolog/vfs"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
@@ -53,6 +55,8 @@ func run() int {
 	failoverOrder := fs.String("failover-order", "", "homing: preferred regions to take over a failed home, comma-separated (default: each stream's region order)")
 	noFailover := fs.Bool("no-failover", false, "homing: never take over a failed home region automatically")
 	debugAddr := fs.String("debug-addr", "", "serve /metrics (Prometheus) and /debug/pprof on this address (e.g. 127.0.0.1:6060); off by default")
+	debugFailpoints := fs.Bool("debug-failpoints", false, "chaos tests only: serve "+failpoint.Path+" on --debug-addr to slow or fail fsyncs and skew the clock at run time; off by default")
+	clockSkew := fs.Duration("clock-skew", 0, "chaos tests only: add this to the node's clock (needs --debug-failpoints; changeable at run time)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -74,6 +78,25 @@ func run() int {
 	peers, err := parsePeers(*peersFlag)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: --peers: %v\n", err)
+		return 2
+	}
+	// Failpoints (internal/failpoint) exist only when asked for: without
+	// the flag the node runs on the plain file system and clock.
+	var failpoints *failpoint.Set
+	if *debugFailpoints {
+		if *debugAddr == "" {
+			fmt.Fprintln(os.Stderr, "geologd: --debug-failpoints needs --debug-addr")
+			return 2
+		}
+		failpoints = &failpoint.Set{}
+		if err := failpoints.Apply(failpoint.Settings{ClockSkew: failpoint.Duration(*clockSkew)}); err != nil {
+			fmt.Fprintf(os.Stderr, "geologd: --clock-skew: %v\n", err)
+			return 2
+		}
+		http.Handle(failpoint.Path, failpoints.Handler())
+		logger.Warn("failpoints enabled: fsyncs and the clock can be faulted over the debug address", "path", failpoint.Path, "clock_skew", *clockSkew)
+	} else if *clockSkew != 0 {
+		fmt.Fprintln(os.Stderr, "geologd: --clock-skew needs --debug-failpoints")
 		return 2
 	}
 	var meterProvider metric.MeterProvider
@@ -114,7 +137,7 @@ func run() int {
 			order = append(order, r)
 		}
 	}
-	node, err := regionsvc.New(regionsvc.Config{
+	cfg := regionsvc.Config{
 		LeaseStore:         store,
 		LeaseTTL:           *leaseTTL,
 		LeaseHeartbeat:     *leaseHeartbeat,
@@ -136,7 +159,12 @@ func run() int {
 		TickInterval:       *tick,
 		HeartbeatTicks:     *heartbeatTicks,
 		ElectionTicks:      *electionTicks,
-	})
+	}
+	if failpoints != nil {
+		cfg.FS = vfs.WithFaults(vfs.OS(), &failpoints.Faults)
+		cfg.Now = failpoints.Now
+	}
+	node, err := regionsvc.New(cfg)
 	if err != nil {
 		logger.Error("open node", "error", err)
 		return 1

@@ -1,0 +1,144 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// ErrUnsupported is returned by a Cluster for an action it cannot take (a
+// cluster attached through an env file without pid files cannot kill).
+var ErrUnsupported = errors.New("chaos: not supported by this cluster")
+
+// NodeRef names one node: its region and Raft id.
+type NodeRef struct {
+	Region string `json:"region"`
+	ID     int    `json:"id"`
+}
+
+// String is the node's selector and link-endpoint name, "us:n2".
+func (n NodeRef) String() string { return fmt.Sprintf("%s:n%d", n.Region, n.ID) }
+
+// Node is one node of a cluster as the harness reaches it.
+type Node struct {
+	NodeRef
+	// Addr is the node's own gRPC address; the harness's admin calls
+	// (who leads?) go there directly.
+	Addr string
+	// ClientAddr is where SDK clients dial it: a client link of the WAN
+	// emulator, or Addr.
+	ClientAddr string
+	// DebugAddr serves /metrics and, with failpoints, /debug/failpoints;
+	// empty when unknown.
+	DebugAddr string
+	// Aliases are other addresses that name the node in leader hints (its
+	// peers' links to it); clients dial ClientAddr instead.
+	Aliases []string
+}
+
+// Caps says which faults a cluster can inject.
+type Caps struct {
+	// Processes: Kill, Restart, Pause and Resume work.
+	Processes bool
+	// WAN: a geolog-wan control API carries the links between regions.
+	WAN bool
+	// IntraRegionLinks: Raft traffic between a region's nodes goes through
+	// the WAN emulator too (links "us:n1->us:n2"), so nodes of one region
+	// can be partitioned.
+	IntraRegionLinks bool
+	// ClientLinks: SDK clients reach nodes through links "client->us:n1".
+	ClientLinks bool
+	// Failpoints: nodes run with --debug-failpoints (disk, clock skew).
+	Failpoints bool
+	// LeaseStore: the cluster runs a lease store it can stop and start.
+	LeaseStore bool
+}
+
+// Cluster is a running geolog cluster the harness injects faults into.
+// Methods are safe for concurrent use.
+type Cluster interface {
+	// Regions lists the regions, Nodes every node (in region, id order).
+	Regions() []string
+	Nodes() []Node
+	Caps() Caps
+	// WANControl is the address of geolog-wan's control API, "" if none.
+	WANControl() string
+	// Kill SIGKILLs a node and waits for it to be gone; Restart starts it
+	// again with the same flags and data; Pause and Resume send SIGSTOP
+	// and SIGCONT. ErrUnsupported without Caps.Processes.
+	Kill(NodeRef) error
+	Restart(NodeRef) error
+	Pause(NodeRef) error
+	Resume(NodeRef) error
+	// StopLeaseStore and StartLeaseStore stop and start the lease store's
+	// server; ErrUnsupported without Caps.LeaseStore.
+	StopLeaseStore() error
+	StartLeaseStore() error
+	// Close stops what the cluster started; an attached cluster stays up.
+	Close() error
+}
+
+// ClusterFactory provides the cluster a scenario runs on: a fresh one of
+// the given shape, or an attached one that must have the shape's regions.
+type ClusterFactory func(ctx context.Context, name string, shape Shape) (Cluster, error)
+
+// regionNodes returns the nodes of region in id order.
+func regionNodes(c Cluster, region string) []Node {
+	var out []Node
+	for _, n := range c.Nodes() {
+		if n.Region == region {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// clientAddrs is a region's client addresses, comma-separated.
+func clientAddrs(c Cluster, region string) string {
+	var out []string
+	for _, n := range regionNodes(c, region) {
+		out = append(out, n.ClientAddr)
+	}
+	return strings.Join(out, ",")
+}
+
+// clientDialer makes SDK clients dial a node's ClientAddr for any address
+// that names it (leader hints carry the hinting node's peer address, which
+// in a cluster with intra-region links is that node's link to the leader:
+// a client must not depend on a Raft link).
+func clientDialer(c Cluster) grpc.DialOption {
+	alias := map[string]string{}
+	for _, n := range c.Nodes() {
+		alias[n.Addr] = n.ClientAddr
+		for _, a := range n.Aliases {
+			alias[a] = n.ClientAddr
+		}
+	}
+	var d net.Dialer
+	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		if to, ok := alias[addr]; ok {
+			addr = to
+		}
+		return d.DialContext(ctx, "tcp", addr)
+	})
+}
+
+// answers reports whether the node at addr serves the API.
+func answers(ctx context.Context, addr string) bool {
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = geologv1.NewLogClient(conn).ListStreams(cctx, &geologv1.ListStreamsRequest{})
+	return err == nil
+}

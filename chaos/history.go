@@ -1,0 +1,194 @@
+package chaos
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Outcome is how an operation ended, as its client saw it.
+type Outcome string
+
+// The outcomes (Jepsen's :ok, :fail and :info).
+const (
+	// OK: the operation took effect (an append acknowledged at an offset,
+	// a read answered).
+	OK Outcome = "ok"
+	// Fail: the operation certainly did not take effect (the server
+	// refused the record before appending it).
+	Fail Outcome = "fail"
+	// Info: the outcome is unknown (a timeout, a closed producer, a lost
+	// reply): the record may or may not be in the log.
+	Info Outcome = "info"
+)
+
+// OpKind tells appends from linearizable tail reads.
+type OpKind string
+
+// The operation kinds.
+const (
+	OpAppend OpKind = "append"
+	// OpRead is a read of a range's whole log at the home with
+	// consistency "home" (linearizable): its result is the tail and the
+	// chained hash of every record below it.
+	OpRead OpKind = "read"
+)
+
+// Op is one operation of a history. Times are nanoseconds since the
+// history's start, on the monotonic clock.
+type Op struct {
+	Kind    OpKind  `json:"kind"`
+	Process int     `json:"process"` // producer or reader index
+	Range   uint32  `json:"range"`
+	Call    int64   `json:"call"`
+	Return  int64   `json:"return"` // for Info: when the client gave up
+	Outcome Outcome `json:"outcome"`
+	Err     string  `json:"err,omitempty"`
+
+	// Appends: the record (Value is unique in the history) and, when OK,
+	// where it landed.
+	Key    string `json:"key,omitempty"`
+	Value  string `json:"value,omitempty"`
+	Offset uint64 `json:"offset,omitempty"`
+	Epoch  uint64 `json:"epoch,omitempty"`
+	// Duplicate: the server acked a resent batch with its original offsets
+	// (the first ack was lost).
+	Duplicate bool `json:"duplicate,omitempty"`
+
+	// Reads: the tail and the chained hash (ChainHash) of records [0, Tail).
+	Tail uint64 `json:"tail,omitempty"`
+	Hash uint64 `json:"hash,omitempty"`
+}
+
+// Observation is one record as some reader saw it: a consumer following a
+// range in a region, a tail reader, or a final read.
+type Observation struct {
+	// Source names the reader: "consume/<region>", "tail", "final/<region>";
+	// one source reads each range in offset order.
+	Source string `json:"source"`
+	Region string `json:"region"`
+	// Final marks the final read after the faults healed.
+	Final  bool   `json:"final,omitempty"`
+	Range  uint32 `json:"range"`
+	Offset uint64 `json:"offset"`
+	Epoch  uint64 `json:"epoch"`
+	Key    string `json:"key"`
+	Value  string `json:"value"`
+	// At is when the reader got it (ns since the history's start);
+	// AppendUnixNanos the home leader's append time.
+	At              int64 `json:"at"`
+	AppendUnixNanos int64 `json:"append_unix_nanos"`
+}
+
+// FaultEvent is one injected fault, as it happened.
+type FaultEvent struct {
+	Fault Fault  `json:"fault"`
+	What  string `json:"what"` // the resolved target, e.g. "kill us:n2"
+	Range uint32 `json:"range"`
+	// LeaderFault marks a fault on the range's leader or home (kill, pause
+	// or isolation of the leader): failover is measured from its Start.
+	LeaderFault bool   `json:"leader_fault,omitempty"`
+	Start       int64  `json:"start"`
+	End         int64  `json:"end"`
+	Err         string `json:"err,omitempty"`
+}
+
+// History is what a scenario's run recorded, everything the checkers read.
+type History struct {
+	Start  time.Time `json:"start"`
+	End    int64     `json:"end"` // ns since Start when recording stopped
+	Stream string    `json:"stream"`
+	// Homes is each range's home region; Regions the stream's regions.
+	Homes   []string      `json:"homes"`
+	Regions []string      `json:"regions"`
+	Ops     []Op          `json:"ops"`
+	Reads   []Observation `json:"reads"`
+	Faults  []FaultEvent  `json:"faults"`
+	// FinalRead says, per "region/range", whether the final read of that
+	// copy completed; the checkers judge loss only against a complete
+	// final read of the home.
+	FinalRead map[string]bool `json:"final_read"`
+}
+
+// RangeCount is the number of ranges.
+func (h *History) RangeCount() uint32 { return uint32(len(h.Homes)) }
+
+// FinalKey is the FinalRead key of a region's copy of a range.
+func FinalKey(region string, rng uint32) string {
+	return region + "/" + strconv.FormatUint(uint64(rng), 10)
+}
+
+// recorder builds a History from many goroutines.
+type recorder struct {
+	mu sync.Mutex
+	h  History
+}
+
+func newRecorder(stream string, homes, regions []string) *recorder {
+	return &recorder{h: History{Start: time.Now(), Stream: stream, Homes: homes, Regions: regions, FinalRead: map[string]bool{}}}
+}
+
+// now is the history's clock.
+func (r *recorder) now() int64 { return int64(time.Since(r.h.Start)) }
+
+// wall converts a history time to wall-clock Unix nanoseconds.
+func (r *recorder) wall(at int64) int64 { return r.h.Start.UnixNano() + at }
+
+func (r *recorder) addOp(op Op) {
+	r.mu.Lock()
+	r.h.Ops = append(r.h.Ops, op)
+	r.mu.Unlock()
+}
+
+func (r *recorder) addReads(obs ...Observation) {
+	r.mu.Lock()
+	r.h.Reads = append(r.h.Reads, obs...)
+	r.mu.Unlock()
+}
+
+func (r *recorder) addFault(ev FaultEvent) {
+	r.mu.Lock()
+	r.h.Faults = append(r.h.Faults, ev)
+	r.mu.Unlock()
+}
+
+func (r *recorder) setFinal(region string, rng uint32, complete bool) {
+	r.mu.Lock()
+	r.h.FinalRead[FinalKey(region, rng)] = complete
+	r.mu.Unlock()
+}
+
+// finish stops recording and returns the history.
+func (r *recorder) finish() *History {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.h.End = r.now()
+	h := r.h
+	return &h
+}
+
+// Values encode what the checkers need to know of a record without the
+// history: "p<producer>|<key>|<seq>|" then padding. The key is the
+// record's key, so one value names one (producer, key, seq).
+
+// EncodeValue returns the unique value of producer's seq-th record of key,
+// padded with pad bytes.
+func EncodeValue(producer int, key string, seq uint64, pad int) string {
+	return fmt.Sprintf("p%d|%s|%d|%s", producer, key, seq, strings.Repeat(".", pad))
+}
+
+// DecodeValue parses what EncodeValue wrote; ok is false for anything else.
+func DecodeValue(v string) (producer int, key string, seq uint64, ok bool) {
+	parts := strings.SplitN(v, "|", 4)
+	if len(parts) != 4 || !strings.HasPrefix(parts[0], "p") {
+		return 0, "", 0, false
+	}
+	p, err1 := strconv.Atoi(parts[0][1:])
+	s, err2 := strconv.ParseUint(parts[2], 10, 64)
+	if err1 != nil || err2 != nil || parts[1] == "" {
+		return 0, "", 0, false
+	}
+	return p, parts[1], s, true
+}

@@ -1,0 +1,443 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// LocalConfig configures LocalCluster.
+type LocalConfig struct {
+	// BinDir holds geologd and geolog-wan (make build's bin/). Required.
+	BinDir string
+	// Dir is where each cluster lives (Dir/<scenario>: data, logs, env,
+	// pids); a scenario's folder is wiped when its cluster starts.
+	// Required.
+	Dir string
+	// PortMin and PortMax bound the loopback ports used (busy ones are
+	// skipped), default 7700 and 7799. A 3×3 cluster with every link
+	// takes 55.
+	PortMin, PortMax int
+	// GOMAXPROCS of each node, default 1 (as scripts/cluster.sh: nine
+	// runtimes share the machine's cores).
+	GOMAXPROCS int
+	// LogLevel of the nodes, default "info".
+	LogLevel string
+	// PGScript is scripts/pg.sh, for shapes with a lease store; PGPort its
+	// port, default 55452.
+	PGScript string
+	PGPort   int
+	// Logger hears the cluster's life, default null.
+	Logger hclog.Logger
+}
+
+func (c *LocalConfig) setDefaults() error {
+	if c.BinDir == "" || c.Dir == "" {
+		return fmt.Errorf("chaos: LocalConfig needs BinDir and Dir")
+	}
+	if c.PortMin == 0 {
+		c.PortMin = 7700
+	}
+	if c.PortMax == 0 {
+		c.PortMax = 7799
+	}
+	if c.GOMAXPROCS <= 0 {
+		c.GOMAXPROCS = 1
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if c.PGPort == 0 {
+		c.PGPort = 55452
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	c.BinDir, c.Dir = absPath(c.BinDir), absPath(c.Dir)
+	return nil
+}
+
+// LocalFactory starts a fresh LocalCluster of each scenario's shape under
+// cfg.Dir/<scenario>.
+func LocalFactory(cfg LocalConfig) ClusterFactory {
+	return func(ctx context.Context, name string, shape Shape) (Cluster, error) {
+		c := cfg
+		c.Dir = filepath.Join(cfg.Dir, name)
+		return StartLocal(ctx, c, shape)
+	}
+}
+
+// LocalCluster is a cluster of geologd processes and one geolog-wan on
+// loopback, started and owned by the harness. Every byte between nodes
+// crosses the WAN emulator:
+//
+//   - between regions, as scripts/cluster.sh: link "<f>-><t>.n<i>" per
+//     pair of regions and node of the destination, with the shape's
+//     latency;
+//   - inside a region (the choice made for Raft-link faults): link
+//     "<r>:n<i>-><r>:n<j>" per ordered pair of nodes, no added latency;
+//     each node's --peers lists itself at its own address and every peer
+//     at its link to that peer, so the links i→j and j→i carry the
+//     messages each side sends (raftnet dials per direction) and cutting
+//     both partitions the pair while clients still reach both nodes;
+//   - with Shape.ClientLinks, SDK clients reach node n through
+//     "client-><r>:n<i>", which the reply-dropping fault resets.
+//
+// Leader hints name peer addresses, i.e. a peer's link; the harness's
+// clients map every address of a node to its client address (see
+// clientDialer), so no client traffic rides a Raft link. It writes an env
+// file (Dir/env, scripts/cluster.sh's variables) and pid files (Dir/pids),
+// so EnvCluster can attach to it as to cluster.sh's cluster.
+type LocalCluster struct {
+	cfg     LocalConfig
+	shape   Shape
+	regions []string
+	nodes   []Node
+	procs   map[NodeRef]*proc
+	wan     *proc
+	control string
+	pg      *pgServer
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// StartLocal starts a cluster of shape and waits until every node answers.
+func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalCluster, err error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	shape.setDefaults()
+	for _, bin := range []string{"geologd", "geolog-wan"} {
+		if _, err := os.Stat(filepath.Join(cfg.BinDir, bin)); err != nil {
+			return nil, fmt.Errorf("chaos: %s: %w (make build)", bin, err)
+		}
+	}
+	if err := os.RemoveAll(cfg.Dir); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"data", "pids"} {
+		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	c := &LocalCluster{cfg: cfg, shape: shape, regions: shape.Regions, procs: map[NodeRef]*proc{}}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+
+	ports := &portAllocator{next: cfg.PortMin, last: cfg.PortMax}
+	type plan struct {
+		addr, debug string
+		peers       map[int]string      // id → address this node dials
+		remote      map[string][]string // region → this node's links to its nodes
+	}
+	plans := map[NodeRef]*plan{}
+	var refs []NodeRef
+	for _, r := range shape.Regions {
+		for i := 1; i <= shape.NodesPerRegion; i++ {
+			ref := NodeRef{r, i}
+			refs = append(refs, ref)
+			p := &plan{peers: map[int]string{}, remote: map[string][]string{}}
+			if p.addr, err = ports.addr(); err != nil {
+				return nil, err
+			}
+			if p.debug, err = ports.addr(); err != nil {
+				return nil, err
+			}
+			plans[ref] = p
+		}
+	}
+	if c.control, err = ports.addr(); err != nil {
+		return nil, err
+	}
+	var links []string
+	aliases := map[NodeRef][]string{}
+	clientAddr := map[NodeRef]string{}
+	link := func(name, upstream string, latency, jitter time.Duration) (string, error) {
+		listen, err := ports.addr()
+		if err != nil {
+			return "", err
+		}
+		links = append(links, "--link", fmt.Sprintf("%s,%s,%s,%s,%s", name, listen, upstream, latency, jitter))
+		return listen, nil
+	}
+	for _, from := range refs {
+		for _, to := range refs {
+			switch {
+			case from == to:
+				plans[from].peers[from.ID] = plans[from].addr
+			case from.Region == to.Region:
+				l, err := link(from.String()+"->"+to.String(), plans[to].addr, 0, 0)
+				if err != nil {
+					return nil, err
+				}
+				plans[from].peers[to.ID] = l
+				aliases[to] = append(aliases[to], l)
+			}
+		}
+	}
+	for _, f := range shape.Regions {
+		for _, to := range refs {
+			if to.Region == f {
+				continue
+			}
+			l, err := link(fmt.Sprintf("%s->%s.n%d", f, to.Region, to.ID), plans[to].addr, shape.WANLatency.Std(), shape.WANJitter.Std())
+			if err != nil {
+				return nil, err
+			}
+			for _, from := range refs {
+				if from.Region == f {
+					plans[from].remote[to.Region] = append(plans[from].remote[to.Region], l)
+				}
+			}
+		}
+	}
+	for _, ref := range refs {
+		clientAddr[ref] = plans[ref].addr
+		if shape.ClientLinks {
+			l, err := link("client->"+ref.String(), plans[ref].addr, shape.ClientLatency.Std(), 0)
+			if err != nil {
+				return nil, err
+			}
+			clientAddr[ref] = l
+		}
+	}
+	leaseStoreURL := map[string]string{}
+	if shape.LeaseStore {
+		if c.pg, err = startPG(ctx, cfg); err != nil {
+			return nil, err
+		}
+		for _, r := range shape.Regions {
+			l, err := link(r+"->pg", fmt.Sprintf("127.0.0.1:%d", cfg.PGPort), 0, 0)
+			if err != nil {
+				return nil, err
+			}
+			leaseStoreURL[r] = fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", l)
+		}
+	}
+
+	wanArgs := append([]string{"--control", c.control, "--seed", "1", "--log-level", "warn"}, links...)
+	c.wan = &proc{name: "wan", bin: filepath.Join(cfg.BinDir, "geolog-wan"), args: wanArgs,
+		logPath: filepath.Join(cfg.Dir, "wan.log"), pidPath: filepath.Join(cfg.Dir, "pids", "wan.pid")}
+	if err := c.wan.start(); err != nil {
+		return nil, err
+	}
+	if err := waitFor(ctx, 10*time.Second, func() bool { return httpOK("http://" + c.control + "/healthz") }); err != nil {
+		return nil, fmt.Errorf("chaos: geolog-wan did not come up (%s): %w", c.wan.logPath, err)
+	}
+
+	for _, ref := range refs {
+		p := plans[ref]
+		var peers []string
+		for i := 1; i <= shape.NodesPerRegion; i++ {
+			peers = append(peers, fmt.Sprintf("%d=%s", i, p.peers[i]))
+		}
+		args := []string{
+			"--data-dir", filepath.Join(cfg.Dir, "data", ref.Region+"-n"+strconv.Itoa(ref.ID)),
+			"--listen", p.addr, "--region", ref.Region, "--node-id", strconv.Itoa(ref.ID),
+			"--peers", strings.Join(peers, ","), "--fsync", "always",
+			"--debug-addr", p.debug, "--debug-failpoints", "--log-level", cfg.LogLevel,
+		}
+		for _, r := range shape.Regions {
+			if r != ref.Region {
+				args = append(args, "--region-addrs", r+"="+strings.Join(p.remote[r], ","))
+			}
+		}
+		for _, f := range shape.NodeFlags {
+			args = append(args, strings.ReplaceAll(f, "{lease-store}", leaseStoreURL[ref.Region]))
+		}
+		name := ref.Region + "-n" + strconv.Itoa(ref.ID)
+		c.procs[ref] = &proc{name: name, bin: filepath.Join(cfg.BinDir, "geologd"), args: args,
+			env:     []string{"GOMAXPROCS=" + strconv.Itoa(cfg.GOMAXPROCS)},
+			logPath: filepath.Join(cfg.Dir, name+".log"), pidPath: filepath.Join(cfg.Dir, "pids", name+".pid")}
+		if err := c.procs[ref].start(); err != nil {
+			return nil, err
+		}
+		c.nodes = append(c.nodes, Node{NodeRef: ref, Addr: p.addr, ClientAddr: clientAddr[ref], DebugAddr: p.debug, Aliases: aliases[ref]})
+	}
+	for _, n := range c.nodes {
+		pr := c.procs[n.NodeRef]
+		err := waitFor(ctx, 60*time.Second, func() bool { return pr.running() && answers(ctx, n.Addr) })
+		if err != nil || !pr.running() {
+			return nil, fmt.Errorf("chaos: %s did not come up (%s): %v", n.NodeRef, pr.logPath, err)
+		}
+	}
+	if err := c.writeEnv(); err != nil {
+		return nil, err
+	}
+	cfg.Logger.Info("cluster up", "dir", cfg.Dir, "regions", shape.Regions, "nodes_per_region", shape.NodesPerRegion, "wan_control", c.control)
+	return c, nil
+}
+
+// writeEnv writes Dir/env in scripts/cluster.sh's format.
+func (c *LocalCluster) writeEnv() error {
+	var b strings.Builder
+	b.WriteString("# written by the chaos harness (chaos.LocalCluster); same variables as scripts/cluster.sh\n")
+	var all []string
+	for _, r := range c.regions {
+		var addrs []string
+		for _, n := range regionNodes(c, r) {
+			addrs = append(addrs, n.Addr)
+		}
+		all = append(all, addrs...)
+		fmt.Fprintf(&b, "export GEOLOG_ADDR_%s=%s\n", strings.ToUpper(r), strings.Join(addrs, ","))
+	}
+	fmt.Fprintf(&b, "export GEOLOG_ADDR_ALL=%s\nexport GEOLOG_WAN_CONTROL=%s\nexport GEOLOG_CLUSTER_REGIONS=%q\n",
+		strings.Join(all, ","), c.control, strings.Join(c.regions, " "))
+	return os.WriteFile(filepath.Join(c.cfg.Dir, "env"), []byte(b.String()), 0o644)
+}
+
+func (c *LocalCluster) Regions() []string  { return c.regions }
+func (c *LocalCluster) Nodes() []Node      { return c.nodes }
+func (c *LocalCluster) WANControl() string { return c.control }
+
+// Dir is the cluster's folder (data, logs, env, pids).
+func (c *LocalCluster) Dir() string { return c.cfg.Dir }
+
+func (c *LocalCluster) Caps() Caps {
+	return Caps{Processes: true, WAN: true, IntraRegionLinks: c.shape.NodesPerRegion > 1, ClientLinks: c.shape.ClientLinks,
+		Failpoints: true, LeaseStore: c.pg != nil}
+}
+
+func (c *LocalCluster) proc(n NodeRef) (*proc, error) {
+	p, ok := c.procs[n]
+	if !ok {
+		return nil, fmt.Errorf("chaos: no node %s", n)
+	}
+	return p, nil
+}
+
+func (c *LocalCluster) Kill(n NodeRef) error {
+	p, err := c.proc(n)
+	if err != nil {
+		return err
+	}
+	return p.kill()
+}
+
+func (c *LocalCluster) Restart(n NodeRef) error {
+	p, err := c.proc(n)
+	if err != nil {
+		return err
+	}
+	return p.start()
+}
+
+func (c *LocalCluster) Pause(n NodeRef) error {
+	p, err := c.proc(n)
+	if err != nil {
+		return err
+	}
+	return p.signal(sigStop, 0)
+}
+
+func (c *LocalCluster) Resume(n NodeRef) error {
+	p, err := c.proc(n)
+	if err != nil {
+		return err
+	}
+	return p.signal(sigCont, 0)
+}
+
+func (c *LocalCluster) StopLeaseStore() error {
+	if c.pg == nil {
+		return ErrUnsupported
+	}
+	return c.pg.run(context.Background(), "stop")
+}
+
+func (c *LocalCluster) StartLeaseStore() error {
+	if c.pg == nil {
+		return ErrUnsupported
+	}
+	return c.pg.run(context.Background(), "start")
+}
+
+// Close stops the nodes (SIGTERM, then SIGKILL), the WAN emulator and the
+// lease store. Data and logs stay in Dir.
+func (c *LocalCluster) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range c.procs {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.stop(10 * time.Second) }()
+	}
+	wg.Wait()
+	if c.wan != nil {
+		c.wan.stop(5 * time.Second)
+	}
+	if c.pg != nil {
+		_ = c.pg.run(context.Background(), "stop")
+	}
+	return nil
+}
+
+// pgServer is a private PostgreSQL run by scripts/pg.sh.
+type pgServer struct {
+	script, dir string
+	port        int
+}
+
+func startPG(ctx context.Context, cfg LocalConfig) (*pgServer, error) {
+	if cfg.PGScript == "" {
+		return nil, fmt.Errorf("chaos: the shape needs a lease store and LocalConfig.PGScript is empty")
+	}
+	pg := &pgServer{script: absPath(cfg.PGScript), dir: filepath.Join(cfg.Dir, "pg"), port: cfg.PGPort}
+	return pg, pg.run(ctx, "start")
+}
+
+func (pg *pgServer) run(ctx context.Context, action string) error {
+	cmd := exec.CommandContext(ctx, pg.script, action)
+	cmd.Env = append(os.Environ(), "GEOLOG_PG_PORT="+strconv.Itoa(pg.port), "GEOLOG_PG_DIR="+pg.dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("chaos: pg.sh %s: %v: %s", action, err, out)
+	}
+	return nil
+}
+
+// waitFor polls cond every 100 ms until it holds, ctx ends or timeout
+// passes.
+func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %v", timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func httpOK(url string) bool {
+	cl := http.Client{Timeout: time.Second}
+	resp, err := cl.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}

@@ -1,0 +1,171 @@
+package chaos
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// proc is one process the harness started and owns: it signals it by its
+// pid only, never by name.
+type proc struct {
+	name    string
+	bin     string
+	args    []string
+	env     []string // added to the harness's environment
+	logPath string
+	pidPath string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{}
+	paused bool
+}
+
+// start runs the process, appending its output to logPath. It must not be
+// running.
+func (p *proc) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		select {
+		case <-p.done:
+		default:
+			return fmt.Errorf("chaos: %s is running", p.name)
+		}
+	}
+	log, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer log.Close() // the child has its own descriptor
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Stdout, cmd.Stderr = log, log
+	// Its own process group: a Ctrl-C meant for the harness does not
+	// reach the cluster, which the harness stops in order.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("chaos: start %s: %w", p.name, err)
+	}
+	p.cmd, p.done, p.paused = cmd, make(chan struct{}), false
+	done := p.done
+	go func() { _ = cmd.Wait(); close(done) }()
+	if p.pidPath != "" {
+		_ = os.WriteFile(p.pidPath, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644)
+	}
+	return nil
+}
+
+// running reports whether the process runs (paused counts).
+func (p *proc) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// signal sends sig to the running process; wait makes it wait for the exit.
+func (p *proc) signal(sig syscall.Signal, wait time.Duration) error {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	if cmd != nil {
+		switch sig {
+		case syscall.SIGSTOP:
+			p.paused = true
+		case syscall.SIGCONT, syscall.SIGKILL:
+			p.paused = false
+		}
+	}
+	p.mu.Unlock()
+	if cmd == nil {
+		return fmt.Errorf("chaos: %s was never started", p.name)
+	}
+	select {
+	case <-done:
+		return fmt.Errorf("chaos: %s is not running", p.name)
+	default:
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("chaos: signal %s: %w", p.name, err)
+	}
+	if wait <= 0 {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-time.After(wait):
+		return fmt.Errorf("chaos: %s still runs %v after %v", p.name, wait, sig)
+	}
+}
+
+func (p *proc) kill() error { return p.signal(syscall.SIGKILL, 30*time.Second) }
+
+// stop ends the process politely (SIGTERM, SIGKILL after timeout); a
+// process that is not running is fine.
+func (p *proc) stop(timeout time.Duration) {
+	if !p.running() {
+		return
+	}
+	_ = p.signal(syscall.SIGCONT, 0)
+	if err := p.signal(syscall.SIGTERM, timeout); err != nil && p.running() {
+		_ = p.kill()
+	}
+	if p.pidPath != "" {
+		_ = os.Remove(p.pidPath)
+	}
+}
+
+// portAllocator hands out free loopback ports from [next, last].
+type portAllocator struct {
+	next, last int
+}
+
+func (a *portAllocator) take() (int, error) {
+	for ; a.next <= a.last; a.next++ {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(a.next)))
+		if err != nil {
+			continue // busy: someone else's
+		}
+		l.Close()
+		a.next++
+		return a.next - 1, nil
+	}
+	return 0, errors.New("chaos: no free port left in the range")
+}
+
+func (a *portAllocator) addr() (string, error) {
+	p, err := a.take()
+	if err != nil {
+		return "", err
+	}
+	return "127.0.0.1:" + strconv.Itoa(p), nil
+}
+
+// absPath makes p absolute (processes run with the harness's directory).
+func absPath(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
+const (
+	sigStop = syscall.SIGSTOP
+	sigCont = syscall.SIGCONT
+)

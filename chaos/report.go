@@ -1,0 +1,122 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// Status is a result's one-word verdict: SKIP, ERROR, FAIL (a safety
+// violation), UNVERIFIED (no violation found, but a check could not
+// complete) or PASS.
+func (r Result) Status() string {
+	switch {
+	case r.Skipped != "":
+		return "SKIP"
+	case r.Err != nil:
+		return "ERROR"
+	case !r.Safe():
+		return "FAIL"
+	case !r.Verified():
+		return "UNVERIFIED"
+	}
+	return "PASS"
+}
+
+// WriteTable prints one row per result, then the details of every result
+// that is not a plain PASS.
+func WriteTable(w io.Writer, results []Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintln(tw, "scenario\tresult\tsecs\tacked\tdedup\tambiguous\tlost\torphaned\tdup\torder\tincons\tunexp\tgap\tlinear\tfailover p50/p99\tmax lag\t")
+	for _, r := range results {
+		if r.Skipped != "" || r.Err != nil {
+			fmt.Fprintf(tw, "%s\t%s\t%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario, r.Status(), r.Elapsed.Seconds())
+			continue
+		}
+		q := r.Queue
+		orphaned := "n/a"
+		if r.Orphaned >= 0 {
+			orphaned = fmt.Sprint(r.Orphaned)
+		}
+		failover := "-"
+		if len(r.Failovers) > 0 || r.Unrecovered > 0 {
+			failover = fmt.Sprintf("%s/%s", ms(percentile(r.Failovers, 0.5)), ms(percentile(r.Failovers, 0.99)))
+			if r.Unrecovered > 0 {
+				failover += fmt.Sprintf(" (%d unrecovered)", r.Unrecovered)
+			}
+		}
+		lag := "-"
+		if r.MaxLag >= 0 {
+			lag = ms(r.MaxLag)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%d\t%d\t%d (%d in)\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n",
+			r.Scenario, r.Status(), r.Elapsed.Seconds(), q.Acked, q.Deduplicated, q.Ambiguous, q.AmbiguousPresent,
+			q.Counts[Lost], orphaned, q.Counts[Duplicated], q.Counts[OutOfOrder], q.Counts[Inconsistent],
+			q.Counts[Unexpected], q.Counts[Gap], linearCell(r.Linear), failover, lag)
+	}
+	tw.Flush()
+	for _, r := range results {
+		notes := r.notes()
+		if len(notes) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s (%s):\n", r.Scenario, r.Status())
+		for _, n := range notes {
+			fmt.Fprintf(w, "  %s\n", n)
+		}
+	}
+}
+
+func (r Result) notes() []string {
+	var out []string
+	if r.Skipped != "" {
+		return []string{r.Skipped}
+	}
+	if r.Err != nil {
+		return []string{"error: " + r.Err.Error()}
+	}
+	for _, a := range r.Queue.Anomalies {
+		out = append(out, a.String())
+	}
+	out = append(out, r.Linear.Details...)
+	if len(r.Queue.Unverified) > 0 {
+		out = append(out, "home final read incomplete (loss not judged): "+strings.Join(r.Queue.Unverified, ", "))
+	}
+	if len(r.Queue.Unconverged) > 0 {
+		out = append(out, "mirror copies behind the home at the end (liveness): "+strings.Join(r.Queue.Unconverged, ", "))
+	}
+	if len(r.ConsumersBehind) > 0 {
+		out = append(out, "consumers behind at the end (liveness): "+strings.Join(r.ConsumersBehind, ", "))
+	}
+	for _, e := range r.FaultErrors {
+		out = append(out, "fault: "+e)
+	}
+	if len(out) > 0 && r.HistoryPath != "" {
+		out = append(out, "history: "+r.HistoryPath)
+	}
+	return out
+}
+
+func linearCell(l LinearResult) string {
+	switch l.Result {
+	case porcupine.Ok:
+		return fmt.Sprintf("ok (%d ops)", l.Ops)
+	case porcupine.Illegal:
+		return "ILLEGAL"
+	}
+	return "unknown"
+}
+
+func ms(d time.Duration) string {
+	if d < 0 {
+		return "-"
+	}
+	if d >= 10*time.Second {
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	}
+	return fmt.Sprintf("%dms", d.Milliseconds())
+}

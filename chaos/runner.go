@@ -1,0 +1,290 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/geolog/geolog/client"
+	"github.com/hashicorp/go-hclog"
+)
+
+// RunConfig is how scenarios run.
+type RunConfig struct {
+	// Cluster provides each scenario's cluster. Required.
+	Cluster ClusterFactory
+	// Seed drives every random choice of the harness (which follower,
+	// jitter of the plan); the same seed picks the same targets.
+	Seed uint64
+	// Dir, when set, receives each scenario's history (history.json) and
+	// any linearizability visualisation, in Dir/<scenario>.
+	Dir string
+	// LinearTimeout bounds porcupine's search per range, default 60s.
+	LinearTimeout time.Duration
+	// Logger hears progress, default null.
+	Logger hclog.Logger
+}
+
+// Result is one scenario's outcome: the table row and what is behind it.
+type Result struct {
+	Scenario string
+	// Skipped says why the scenario did not run (pending, or a fault the
+	// cluster cannot inject).
+	Skipped string
+	// Err is a harness failure (the cluster did not start, the stream could
+	// not be created); the checks did not run.
+	Err     error
+	Elapsed time.Duration
+
+	Queue  QueueResult
+	Linear LinearResult
+	// Orphaned counts records in the orphan logs; -1 while the node has
+	// no orphan log to list (issue 5).
+	Orphaned int
+	// Failovers are the times from each leader fault to the first ack of
+	// an append to that range invoked after it; Unrecovered counts leader
+	// faults with no such ack before the workload ended.
+	Failovers   []time.Duration
+	Unrecovered int
+	// MaxLag is the largest delay between a record's append (home clock)
+	// and its delivery to a consumer in a mirror region (-1: no mirror).
+	MaxLag time.Duration
+	// FaultErrors are faults that could not be injected or reverted.
+	FaultErrors []string
+	// ConsumersBehind lists consumers that had not caught up at the end.
+	ConsumersBehind []string
+	HistoryPath     string
+	// History is what the checks read (nil when they did not run).
+	History *History
+}
+
+// Safe reports whether no checker found a violation: no anomaly, and no
+// illegal history. It is false for a harness error too (nothing was shown
+// safe), and true for a skipped scenario.
+func (r Result) Safe() bool {
+	if r.Skipped != "" {
+		return true
+	}
+	return r.Err == nil && r.Queue.Total() == 0 && r.Linear.Result != porcupine.Illegal
+}
+
+// Verified reports whether the checks covered everything: every home final
+// read completed and porcupine reached a verdict on every range.
+func (r Result) Verified() bool {
+	return r.Skipped != "" || (r.Err == nil && len(r.Queue.Unverified) == 0 && r.Linear.Result == porcupine.Ok)
+}
+
+// Run runs one scenario and checks its history.
+func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
+	start := time.Now()
+	res = Result{Scenario: sc.Name, Orphaned: -1, MaxLag: -1}
+	defer func() { res.Elapsed = time.Since(start) }()
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.LinearTimeout <= 0 {
+		cfg.LinearTimeout = time.Minute
+	}
+	log := cfg.Logger.Named(sc.Name)
+	if sc.Pending != "" {
+		res.Skipped = "pending: " + sc.Pending
+		return res
+	}
+	if err := sc.Validate(); err != nil {
+		res.Err = err
+		return res
+	}
+	sc.Shape.setDefaults()
+	sc.Workload.setDefaults(sc.Shape)
+
+	cl, err := cfg.Cluster(ctx, sc.Name, sc.Shape)
+	if errors.Is(err, ErrUnsupported) {
+		res.Skipped = err.Error()
+		return res
+	}
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	defer cl.Close()
+	regions := sc.Shape.Regions
+	homes := make([]string, sc.Workload.Ranges)
+	for r := range homes {
+		homes[r] = sc.Workload.homeOf(uint32(r), regions)
+	}
+	stream := fmt.Sprintf("chaos-%s-%d-%d", sc.Name, cfg.Seed, time.Now().Unix())
+	rec := newRecorder(stream, homes, regions)
+	in := newInjector(cl, stream, homes, regions, rec, cfg.Seed, log)
+	defer in.close()
+	for _, f := range sc.Faults {
+		if err := in.check(f); err != nil {
+			res.Skipped = err.Error()
+			return res
+		}
+	}
+
+	if err := createStream(ctx, cl, stream, sc.Workload, regions); err != nil {
+		res.Err = err
+		return res
+	}
+	wl, err := newWorkload(sc.Workload, cl, stream, regions, homes, rec, log)
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	defer wl.close()
+	wl.startReaders(ctx)
+	if err := wl.startProducers(ctx); err != nil {
+		res.Err = err
+		return res
+	}
+	log.Info("workload running", "stream", stream, "duration", sc.Duration.Std())
+
+	in.runSchedule(ctx, sc.Faults, sc.Duration.Std())
+	if err := in.healAll(ctx); err != nil {
+		res.FaultErrors = append(res.FaultErrors, "heal: "+err.Error())
+	}
+	log.Info("faults over; stopping the workload")
+	wl.stopProducers(time.Minute)
+	wl.stopTailReaders()
+
+	// The final reads: the home's copy of each range (consistency home),
+	// then every other region's, waiting for it to reach the home's tail.
+	tails := make([]uint64, sc.Workload.Ranges)
+	for r := range sc.Workload.Ranges {
+		tail, err := wl.finalRead(ctx, homes[r], r, 0)
+		rec.setFinal(homes[r], r, err == nil)
+		if err != nil {
+			log.Warn("final read failed", "region", homes[r], "range", r, "error", err)
+			continue
+		}
+		tails[r] = tail
+		for _, region := range regions {
+			if region == homes[r] {
+				continue
+			}
+			_, err := wl.finalRead(ctx, region, r, tail)
+			rec.setFinal(region, r, err == nil)
+			if err != nil {
+				log.Warn("final read failed", "region", region, "range", r, "error", err)
+			}
+		}
+	}
+	res.ConsumersBehind = wl.waitConsumers(tails, 30*time.Second)
+	h := rec.finish()
+
+	var vizDir string
+	if cfg.Dir != "" {
+		vizDir = filepath.Join(cfg.Dir, sc.Name)
+		if err := os.MkdirAll(vizDir, 0o755); err == nil {
+			res.HistoryPath = filepath.Join(vizDir, "history.json")
+			if b, err := json.Marshal(h); err == nil {
+				_ = os.WriteFile(res.HistoryPath, b, 0o644)
+			}
+		}
+	}
+	res.History = h
+	res.Queue = CheckQueue(h)
+	res.Linear = CheckLinearizable(h, cfg.LinearTimeout, vizDir)
+	res.Failovers, res.Unrecovered = failovers(h)
+	res.MaxLag = maxLag(h)
+	for _, ev := range h.Faults {
+		if ev.Err != "" {
+			res.FaultErrors = append(res.FaultErrors, fmt.Sprintf("%s: %s", ev.Fault, ev.Err))
+		}
+	}
+	return res
+}
+
+// createStream creates the scenario's stream and waits until every region
+// describes it with a leader for every range.
+func createStream(ctx context.Context, cl Cluster, name string, w Workload, regions []string) error {
+	c, err := newClient(cl, regions[0])
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = waitFor(cctx, time.Minute, func() bool {
+		_, err := c.CreateStream(cctx, client.StreamConfig{Name: name, RangeCount: w.Ranges, Regions: regions, HomeRegion: w.Home})
+		return err == nil || client.CodeOf(err) == client.CodeStreamExists
+	})
+	if err != nil {
+		return fmt.Errorf("chaos: create stream %s: %w", name, err)
+	}
+	for _, region := range regions {
+		rc, err := newClient(cl, region)
+		if err != nil {
+			return err
+		}
+		err = waitFor(cctx, time.Minute, func() bool {
+			d, err := rc.DescribeStream(cctx, name)
+			if err != nil || len(d.Ranges) != int(w.Ranges) {
+				return false
+			}
+			for _, r := range d.Ranges {
+				if r.Leader == "" {
+					return false
+				}
+			}
+			return true
+		})
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("chaos: stream %s not ready in %s: %w", name, region, err)
+		}
+	}
+	return nil
+}
+
+// failovers measures, for each leader fault, the time from its start to
+// the first ack of an append to its range invoked after it started.
+func failovers(h *History) (out []time.Duration, unrecovered int) {
+	for _, ev := range h.Faults {
+		if !ev.LeaderFault || ev.Err != "" {
+			continue
+		}
+		first := int64(-1)
+		for _, op := range h.Ops {
+			if op.Kind == OpAppend && op.Outcome == OK && op.Range == ev.Range && op.Call >= ev.Start && (first < 0 || op.Return < first) {
+				first = op.Return
+			}
+		}
+		if first < 0 {
+			unrecovered++
+			continue
+		}
+		out = append(out, time.Duration(first-ev.Start))
+	}
+	slices.Sort(out)
+	return out, unrecovered
+}
+
+// maxLag is the largest append-to-delivery delay seen by a consumer in a
+// mirror region, or -1 when the stream has none.
+func maxLag(h *History) time.Duration {
+	lag := time.Duration(-1)
+	for _, o := range h.Reads {
+		if o.Final || o.Source == "tail" || o.Region == h.Homes[o.Range] || o.AppendUnixNanos == 0 {
+			continue
+		}
+		lag = max(lag, time.Duration(h.Start.UnixNano()+o.At-o.AppendUnixNanos))
+	}
+	return lag
+}
+
+// percentile returns the q-quantile of sorted durations (nearest rank).
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return -1
+	}
+	i := int(q*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}

@@ -1,0 +1,279 @@
+package chaos
+
+import (
+	"fmt"
+	"time"
+)
+
+// Shape is the cluster a scenario needs.
+type Shape struct {
+	// Regions of the cluster and of the scenario's stream, default
+	// [us eu ap].
+	Regions []string `json:"regions,omitempty"`
+	// NodesPerRegion, default 3.
+	NodesPerRegion int `json:"nodes_per_region,omitempty"`
+	// WANLatency and WANJitter of every link between regions, default 20ms
+	// and 2ms (lower than scripts/cluster.sh's 40–75 ms: the faults are the
+	// point, not the distance).
+	WANLatency Duration `json:"wan_latency,omitempty"`
+	WANJitter  Duration `json:"wan_jitter,omitempty"`
+	// ClientLinks puts the SDK clients behind links with ClientLatency
+	// (default 10ms), so the reply-dropping fault has replies to drop.
+	ClientLinks   bool     `json:"client_links,omitempty"`
+	ClientLatency Duration `json:"client_latency,omitempty"`
+	// LeaseStore runs PostgreSQL (scripts/pg.sh) behind links
+	// "<region>->pg"; "{lease-store}" in NodeFlags becomes the node's URL.
+	LeaseStore bool `json:"lease_store,omitempty"`
+	// NodeFlags are added to every geologd command line.
+	NodeFlags []string `json:"node_flags,omitempty"`
+}
+
+func (s *Shape) setDefaults() {
+	if len(s.Regions) == 0 {
+		s.Regions = []string{"us", "eu", "ap"}
+	}
+	if s.NodesPerRegion <= 0 {
+		s.NodesPerRegion = 3
+	}
+	if s.WANLatency == 0 {
+		s.WANLatency = D(20 * time.Millisecond)
+	}
+	if s.WANJitter == 0 {
+		s.WANJitter = D(2 * time.Millisecond)
+	}
+	if s.ClientLinks && s.ClientLatency == 0 {
+		s.ClientLatency = D(10 * time.Millisecond)
+	}
+}
+
+// Workload is what the clients do during a scenario.
+type Workload struct {
+	// Ranges of the stream, default 4; KeysPerRange keys are written to
+	// each, default 3.
+	Ranges       uint32 `json:"ranges,omitempty"`
+	KeysPerRange int    `json:"keys_per_range,omitempty"`
+	// Producers, default 2, each an idempotent client.Producer whose
+	// client knows one region's nodes (round robin over the regions);
+	// each writes every key in turn at RatePerProducer records/s (default
+	// 100) with values of ValueBytes (default 64).
+	Producers       int     `json:"producers,omitempty"`
+	RatePerProducer float64 `json:"rate_per_producer,omitempty"`
+	ValueBytes      int     `json:"value_bytes,omitempty"`
+	// InflightBatchesMax per range, default 5 (pipelining on).
+	InflightBatchesMax int `json:"inflight_batches_max,omitempty"`
+	// DeliveryTimeout of a record, default 30s: a record not acked by
+	// then is an ambiguous (info) operation.
+	DeliveryTimeout Duration `json:"delivery_timeout,omitempty"`
+	// Home is where ranges are homed: a region or "spread", default the
+	// first region.
+	Home string `json:"home,omitempty"`
+	// TailReadInterval is how often each range is read at the home with
+	// consistency "home" for the linearizability checker, default 200ms.
+	TailReadInterval Duration `json:"tail_read_interval,omitempty"`
+}
+
+func (w *Workload) setDefaults(shape Shape) {
+	if w.Ranges == 0 {
+		w.Ranges = 4
+	}
+	if w.KeysPerRange <= 0 {
+		w.KeysPerRange = 3
+	}
+	if w.Producers <= 0 {
+		w.Producers = 2
+	}
+	if w.RatePerProducer <= 0 {
+		w.RatePerProducer = 100
+	}
+	if w.ValueBytes <= 0 {
+		w.ValueBytes = 64
+	}
+	if w.InflightBatchesMax <= 0 {
+		w.InflightBatchesMax = 5
+	}
+	if w.DeliveryTimeout <= 0 {
+		w.DeliveryTimeout = D(30 * time.Second)
+	}
+	if w.Home == "" {
+		w.Home = shape.Regions[0]
+	}
+	if w.TailReadInterval <= 0 {
+		w.TailReadInterval = D(200 * time.Millisecond)
+	}
+}
+
+// homeOf is range r's home region as created.
+func (w *Workload) homeOf(r uint32, regions []string) string {
+	if w.Home == "spread" {
+		return regions[int(r)%len(regions)]
+	}
+	return w.Home
+}
+
+// Scenario is one chaos run: a cluster shape, a workload, a fault schedule
+// and a duration. It is data (JSON) so that runs can be listed, stored and
+// replayed: geolog-chaos --print writes the built-in list.
+type Scenario struct {
+	Name        string   `json:"name"`
+	Description string   `json:"description"`
+	Shape       Shape    `json:"shape"`
+	Workload    Workload `json:"workload"`
+	Faults      []Fault  `json:"faults"`
+	// Duration is how long the workload runs; faults start only inside
+	// it and are reverted at its end at the latest.
+	Duration Duration `json:"duration"`
+	// Pending, when set, says why the scenario cannot run yet: it is
+	// listed, and skipped.
+	Pending string `json:"pending,omitempty"`
+}
+
+// Validate checks the scenario's faults and names.
+func (s Scenario) Validate() error {
+	if s.Name == "" || s.Duration <= 0 {
+		return fmt.Errorf("chaos: a scenario needs a name and a positive duration")
+	}
+	for i, f := range s.Faults {
+		if err := f.Validate(); err != nil {
+			return fmt.Errorf("chaos: scenario %s fault %d: %w", s.Name, i, err)
+		}
+	}
+	return nil
+}
+
+// leaseFlags are the homing flags the node will take (issue 5), for the
+// pending scenarios.
+var leaseFlags = []string{"--lease-store", "{lease-store}", "--lease-ttl", "2s", "--max-clock-offset", "250ms"}
+
+// pendingHoming is why the homing scenarios wait.
+const pendingHoming = "needs homing in the node (--lease-store, --lease-ttl, --max-clock-offset; issue 5)"
+
+// Scenarios is the full list that make chaos runs: minutes on the local
+// 3×3 cluster.
+func Scenarios() []Scenario {
+	full := Shape{}
+	return []Scenario{
+		leaderKillLoop(full, 60*time.Second),
+		zombieLeader(full, 45*time.Second),
+		leaderIsolated(full, 45*time.Second),
+		regionLinkCut(full, 50*time.Second),
+		ambiguousAckKill(full, 45*time.Second),
+		degradedNodes(full, 50*time.Second),
+		{
+			Name:        "home-lease-store-cut",
+			Description: "the home region loses the lease store for 2×TTL: it must stop acking before its lease may expire; another region takes over; the old home's unreplicated tail goes to the orphan log",
+			Shape:       Shape{LeaseStore: true, NodeFlags: leaseFlags},
+			Workload:    Workload{Home: "us"},
+			Faults: []Fault{{Kind: KindLeaseStoreOutage, Target: Target{A: "home"}, Params: Params{StoreMode: "cut"},
+				Start: D(10 * time.Second), Duration: D(4 * time.Second)}},
+			Duration: D(45 * time.Second),
+			Pending:  pendingHoming,
+		},
+		{
+			Name:        "region-kill-and-return",
+			Description: "every node of the home region is killed; a mirror region takes over at epoch+1; the old home returns, truncates its divergent tail into the orphan log and mirrors the new home",
+			Shape:       Shape{LeaseStore: true, NodeFlags: leaseFlags},
+			Workload:    Workload{Home: "us"},
+			Faults: []Fault{{Kind: KindKill, Target: Target{Node: "home:all"},
+				Start: D(10 * time.Second), Duration: D(20 * time.Second)}},
+			Duration: D(60 * time.Second),
+			Pending:  pendingHoming,
+		},
+	}
+}
+
+// Slice is the short fixed-seed slice that make test runs: three scenarios
+// on small clusters, about two minutes on two cores.
+func Slice() []Scenario {
+	region := Shape{Regions: []string{"us"}}
+	two := Shape{Regions: []string{"us", "eu"}, NodesPerRegion: 1}
+	return []Scenario{
+		leaderKillLoop(region, 20*time.Second),
+		zombieLeader(region, 17*time.Second),
+		regionLinkCut(two, 20*time.Second),
+	}
+}
+
+func leaderKillLoop(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name:        "leader-kill-loop",
+		Description: "SIGKILL the home leader of a range (a different range each time) every 6s, restart it 1.5s later",
+		Shape:       shape,
+		Workload:    Workload{Home: "spread"},
+		Faults: []Fault{{Kind: KindKill, Target: Target{Node: "home:leader", RotateRanges: true},
+			Start: D(4 * time.Second), Duration: D(1500 * time.Millisecond), Every: D(6 * time.Second)}},
+		Duration: D(d),
+	}
+}
+
+func zombieLeader(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name:        "zombie-leader",
+		Description: "SIGSTOP range 0's home leader for 4s (past the election timeout), then SIGCONT: the old leader must not ack under its stale term",
+		Shape:       shape,
+		Workload:    Workload{Home: "spread"},
+		Faults: []Fault{{Kind: KindPause, Target: Target{Node: "home:leader"},
+			Start: D(4 * time.Second), Duration: D(4 * time.Second), Every: D(9 * time.Second)}},
+		Duration: D(d),
+	}
+}
+
+func leaderIsolated(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name:        "leader-isolated",
+		Description: "cut range 0's home leader off from its followers (Raft links, blackhole) for 5s while clients still reach it",
+		Shape:       shape,
+		Workload:    Workload{Home: "spread"},
+		Faults: []Fault{{Kind: KindPartition, Target: Target{A: "home:leader", B: "home:followers"},
+			Start: D(4 * time.Second), Duration: D(5 * time.Second), Every: D(12 * time.Second)}},
+		Duration: D(d),
+	}
+}
+
+func regionLinkCut(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name:        "region-link-cut",
+		Description: "partition the WAN between the first two regions for 6s and heal: mirrors fall behind and catch up, redirected appends stall and resume",
+		Shape:       shape,
+		Workload:    Workload{Home: "spread"},
+		Faults: []Fault{{Kind: KindPartition, Target: Target{A: "home", B: "mirror"},
+			Start: D(4 * time.Second), Duration: D(6 * time.Second), Every: D(12 * time.Second)}},
+		Duration: D(d),
+	}
+}
+
+func ambiguousAckKill(shape Shape, d time.Duration) Scenario {
+	shape.ClientLinks = true
+	return Scenario{
+		Name: "ambiguous-ack-kill",
+		Description: "reset the clients' links to the home leader (dropping acks in flight) and SIGKILL it, with a 400ms delivery timeout: " +
+			"retries must dedup, timed-out records may land at most once",
+		Shape:    shape,
+		Workload: Workload{Home: "us", DeliveryTimeout: D(400 * time.Millisecond)},
+		Faults: []Fault{{Kind: KindKill, Target: Target{Node: "home:leader", RotateRanges: true}, Params: Params{DropReplies: true},
+			Start: D(4 * time.Second), Duration: D(2 * time.Second), Every: D(7 * time.Second)}},
+		Duration: D(d),
+	}
+}
+
+func degradedNodes(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name: "degraded",
+		Description: "a slow disk (200ms fsync) on a home follower, clock skew on the leader, a WAN latency spike, " +
+			"replication from the home stopped, then a failing disk on a follower",
+		Shape:    shape,
+		Workload: Workload{Home: "us"},
+		Faults: []Fault{
+			{Kind: KindDisk, Target: Target{Node: "home:follower"}, Params: Params{FsyncDelay: D(200 * time.Millisecond)},
+				Start: D(3 * time.Second), Duration: D(8 * time.Second)},
+			{Kind: KindClockSkew, Target: Target{Node: "home:leader"}, Params: Params{ClockSkew: D(-3 * time.Second)},
+				Start: D(5 * time.Second), Duration: D(15 * time.Second)},
+			{Kind: KindLatency, Target: Target{A: "home", B: "mirror"}, Params: Params{Latency: D(250 * time.Millisecond), Jitter: D(50 * time.Millisecond)},
+				Start: D(12 * time.Second), Duration: D(8 * time.Second)},
+			{Kind: KindReplicatorStop, Target: Target{A: "home"},
+				Start: D(22 * time.Second), Duration: D(8 * time.Second)},
+			{Kind: KindDisk, Target: Target{Node: "home:follower"}, Params: Params{FsyncFail: true},
+				Start: D(33 * time.Second), Duration: D(5 * time.Second)},
+		},
+		Duration: D(d),
+	}
+}

@@ -1,0 +1,212 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/hashicorp/go-hclog"
+)
+
+var sliceDir = flag.String("chaos.dir", "", "keep the slice's clusters, logs and histories in this folder (default: a temporary one)")
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// binaries builds geologd and geolog-wan once per test process.
+func binaries(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		if binDir, buildErr = os.MkdirTemp("", "geolog-chaos-bin-"); buildErr != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/geologd", "./cmd/geolog-wan")
+		cmd.Dir = filepath.Dir(strings.TrimSpace(string(out)))
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, b)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// testPorts reads GEOLOG_CHAOS_PORTS ("7700-7799", the default).
+func testPorts(t *testing.T) (int, int) {
+	lo, hi := 7700, 7799
+	if s := os.Getenv("GEOLOG_CHAOS_PORTS"); s != "" {
+		if _, err := fmt.Sscanf(s, "%d-%d", &lo, &hi); err != nil {
+			t.Fatalf("GEOLOG_CHAOS_PORTS=%q: want LOW-HIGH", s)
+		}
+	}
+	return lo, hi
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestSlice runs the fixed-seed slice (Slice) on local clusters: real
+// processes, real faults, the checkers must pass and reach a verdict.
+func TestSlice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-process chaos slice")
+	}
+	dir := *sliceDir
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	lo, hi := testPorts(t)
+	logger := hclog.New(&hclog.LoggerOptions{Name: "chaos", Level: hclog.Warn, Output: tWriter{t}})
+	cfg := RunConfig{
+		Cluster: LocalFactory(LocalConfig{BinDir: binaries(t), Dir: filepath.Join(dir, "clusters"), PortMin: lo, PortMax: hi, Logger: logger}),
+		Seed:    1, Dir: dir, Logger: logger,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var results []Result
+	for _, sc := range Slice() {
+		results = append(results, Run(ctx, cfg, sc))
+	}
+	var table bytes.Buffer
+	WriteTable(&table, results)
+	t.Logf("\n%s", table.String())
+	for _, r := range results {
+		if r.Status() != "PASS" {
+			t.Errorf("%s: %s (table above; clusters and histories under %s, keep them with -chaos.dir)", r.Scenario, r.Status(), dir)
+		}
+	}
+	if h := results[0].History; h != nil && !t.Failed() {
+		checkersBite(t, h)
+	}
+}
+
+// checkersBite damages a real history of the slice in ways a broken node
+// would, and expects the checkers to object: the safety assertions of the
+// slice can fail.
+func checkersBite(t *testing.T, h *History) {
+	damaged := func(edit func(h *History)) *History {
+		c := *h
+		c.Ops = slices.Clone(h.Ops)
+		c.Reads = slices.Clone(h.Reads)
+		edit(&c)
+		return &c
+	}
+	// An acked record missing from the home's final read.
+	lost := damaged(func(h *History) {
+		i := slices.IndexFunc(h.Reads, func(o Observation) bool { return o.Final && o.Region == h.Homes[o.Range] })
+		h.Reads = slices.Delete(h.Reads, i, i+1)
+	})
+	if q := CheckQueue(lost); q.Counts[Lost] == 0 {
+		t.Errorf("a record dropped from the final read: no loss found (%v)", q.Anomalies)
+	}
+	// A consumer that read another record at an offset.
+	forked := damaged(func(h *History) {
+		i := slices.IndexFunc(h.Reads, func(o Observation) bool { return !o.Final && o.Source != "tail" && o.Offset > 10 })
+		h.Reads[i].Value = h.Reads[i-1].Value
+	})
+	if q := CheckQueue(forked); q.Counts[Inconsistent] == 0 || q.Counts[Duplicated] == 0 {
+		t.Errorf("a consumer read another record at an offset: %v", q.Anomalies)
+	}
+	// An ack at the wrong offset.
+	moved := damaged(func(h *History) {
+		i := slices.IndexFunc(h.Ops, func(op Op) bool { return op.Kind == OpAppend && op.Outcome == OK && op.Offset > 10 })
+		h.Ops[i].Offset -= 3
+	})
+	if l := CheckLinearizable(moved, time.Minute, ""); l.Result != porcupine.Illegal {
+		t.Errorf("an ack moved 3 offsets down: linearizability %s", l.Result)
+	}
+}
+
+// TestEnvClusterAttach attaches to a LocalCluster through the env file it
+// writes, as geolog-chaos --env does to scripts/cluster.sh's, and kills,
+// restarts, pauses and resumes one of its nodes by pid file.
+func TestEnvClusterAttach(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-process test")
+	}
+	lo, hi := testPorts(t)
+	ctx := context.Background()
+	local, err := StartLocal(ctx, LocalConfig{BinDir: binaries(t), Dir: t.TempDir(), PortMin: lo, PortMax: hi, LogLevel: "warn"},
+		Shape{Regions: []string{"us"}, NodesPerRegion: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer local.Close()
+	env, err := AttachEnv(ctx, filepath.Join(local.Dir(), "env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caps := env.Caps(); !caps.Processes || !caps.WAN || !caps.Failpoints || caps.IntraRegionLinks {
+		t.Fatalf("caps %+v", caps)
+	}
+	if len(env.Nodes()) != 3 || env.Nodes()[1].Addr != local.Nodes()[1].Addr || env.Nodes()[1].DebugAddr != local.Nodes()[1].DebugAddr {
+		t.Fatalf("nodes %+v, want those of %+v", env.Nodes(), local.Nodes())
+	}
+	n2 := env.Nodes()[1]
+	if err := env.Kill(n2.NodeRef); err != nil {
+		t.Fatal(err)
+	}
+	if answers(ctx, n2.Addr) {
+		t.Fatal("killed node answers")
+	}
+	if err := env.Restart(n2.NodeRef); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(ctx, 30*time.Second, func() bool { return answers(ctx, n2.Addr) }); err != nil {
+		t.Fatalf("restarted node: %v", err)
+	}
+	n3 := env.Nodes()[2]
+	if err := env.Pause(n3.NodeRef); err != nil {
+		t.Fatal(err)
+	}
+	if answers(ctx, n3.Addr) {
+		t.Fatal("paused node answers")
+	}
+	if err := env.Resume(n3.NodeRef); err != nil {
+		t.Fatal(err)
+	}
+	if !answers(ctx, n3.Addr) {
+		t.Fatal("resumed node does not answer")
+	}
+	// A scenario through the attach path: faults by pid file and through
+	// the cluster's WAN; one that needs intra-region links is skipped.
+	factory := EnvFactory(filepath.Join(local.Dir(), "env"))
+	cfg := RunConfig{Cluster: factory, Seed: 2}
+	zombie := zombieLeader(Shape{Regions: []string{"us"}}, 8*time.Second)
+	zombie.Workload.Ranges = 2
+	if r := Run(ctx, cfg, zombie); r.Status() != "PASS" || len(r.Failovers) == 0 {
+		var b bytes.Buffer
+		WriteTable(&b, []Result{r})
+		t.Fatalf("zombie-leader on the attached cluster:\n%s", b.String())
+	}
+	if r := Run(ctx, cfg, leaderIsolated(Shape{Regions: []string{"us"}}, 8*time.Second)); r.Status() != "SKIP" {
+		t.Fatalf("leader-isolated on a cluster without intra-region links: %s, want SKIP", r.Status())
+	}
+	// The restarted n2 is no longer the LocalCluster's child: stop it here.
+	if err := env.Kill(n2.NodeRef); err != nil {
+		t.Fatal(err)
+	}
+}

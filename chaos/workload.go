@@ -1,0 +1,347 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/keyspace"
+	"github.com/hashicorp/go-hclog"
+)
+
+// workload drives the clients of one scenario and records every operation
+// and every record read into the history:
+//
+//   - producers: idempotent client.Producers, each with a client that
+//     knows one region's nodes; each writes all keys in turn, paced, with
+//     a sequence number per key in the value (EncodeValue);
+//   - consumers: in every region, a Subscribe from offset 0 of every range
+//     (resubscribing where a subscription gives up);
+//   - tail readers: per range, reads at the home with consistency "home"
+//     of everything new, recorded as linearizable reads of (tail, hash).
+type workload struct {
+	w       Workload
+	cl      Cluster
+	stream  string
+	regions []string
+	homes   []string
+	rec     *recorder
+	log     hclog.Logger
+
+	clients map[string]*client.Client // by region
+	keys    []string                  // every key; key i is in range keyRange[i]
+	keyRng  []uint32
+
+	producers   []*client.Producer
+	stopProduce chan struct{}
+	produceWG   sync.WaitGroup
+
+	readCancel  context.CancelFunc
+	readWG      sync.WaitGroup
+	tailCancel  context.CancelFunc
+	tailWG      sync.WaitGroup
+	consumed    map[string][]*atomic.Uint64 // region → range → next offset delivered
+	outstanding atomic.Int64                // records produced, callback not yet run
+}
+
+// newClient returns an SDK client that knows region's nodes.
+func newClient(cl Cluster, region string) (*client.Client, error) {
+	return client.New(clientAddrs(cl, region), client.DialOptions(clientDialer(cl)),
+		client.RetryBackoff(20*time.Millisecond, 500*time.Millisecond), client.RequestTimeout(5*time.Second))
+}
+
+func newWorkload(w Workload, cl Cluster, stream string, regions, homes []string, rec *recorder, log hclog.Logger) (*workload, error) {
+	wl := &workload{w: w, cl: cl, stream: stream, regions: regions, homes: homes, rec: rec, log: log,
+		clients: map[string]*client.Client{}, stopProduce: make(chan struct{}), consumed: map[string][]*atomic.Uint64{}}
+	for _, r := range regions {
+		c, err := newClient(cl, r)
+		if err != nil {
+			wl.close()
+			return nil, err
+		}
+		wl.clients[r] = c
+		wl.consumed[r] = make([]*atomic.Uint64, w.Ranges)
+		for i := range wl.consumed[r] {
+			wl.consumed[r][i] = &atomic.Uint64{}
+		}
+	}
+	// KeysPerRange keys in each range, interleaved so that writing them in
+	// turn spreads the load over the ranges.
+	perRange := make([][]string, w.Ranges)
+	for i, need := 0, int(w.Ranges)*w.KeysPerRange; need > 0; i++ {
+		k := fmt.Sprintf("k%d", i)
+		r := keyspace.RangeForKey([]byte(k), w.Ranges)
+		if len(perRange[r]) < w.KeysPerRange {
+			perRange[r] = append(perRange[r], k)
+			need--
+		}
+	}
+	for j := range w.KeysPerRange {
+		for r := range w.Ranges {
+			wl.keys = append(wl.keys, perRange[r][j])
+			wl.keyRng = append(wl.keyRng, r)
+		}
+	}
+	return wl, nil
+}
+
+func (wl *workload) close() {
+	for _, c := range wl.clients {
+		c.Close()
+	}
+}
+
+// classify maps a failed append to its outcome: only errors that refuse a
+// record before it is appended are definite; everything else (timeouts,
+// closed producers, lost connections, retriable codes) may or may not have
+// appended it.
+func classify(err error) Outcome {
+	switch client.CodeOf(err) {
+	case client.CodeInvalidArgument, client.CodeRecordTooLarge, client.CodeBatchTooLarge, client.CodeEmptyBatch,
+		client.CodeStreamNotFound, client.CodeRangeNotFound, client.CodeSequenceGap,
+		client.CodePermissionDenied, client.CodeUnauthenticated:
+		return Fail
+	}
+	return Info
+}
+
+// startProducers starts the producers; stopProducers stops them.
+func (wl *workload) startProducers(ctx context.Context) error {
+	for p := range wl.w.Producers {
+		region := wl.regions[p%len(wl.regions)]
+		prod, err := wl.clients[region].NewProducer(wl.stream,
+			client.InflightBatchesMax(wl.w.InflightBatchesMax), client.DeliveryTimeout(wl.w.DeliveryTimeout.Std()),
+			client.ProducerRetryBackoff(20*time.Millisecond, 500*time.Millisecond))
+		if err != nil {
+			return err
+		}
+		wl.producers = append(wl.producers, prod)
+		wl.produceWG.Add(1)
+		go wl.produce(ctx, p, prod)
+	}
+	return nil
+}
+
+func (wl *workload) produce(ctx context.Context, p int, prod *client.Producer) {
+	defer wl.produceWG.Done()
+	seq := make([]uint64, len(wl.keys))
+	tick := time.NewTicker(time.Duration(float64(time.Second) / wl.w.RatePerProducer))
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-wl.stopProduce:
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		k := (i + p) % len(wl.keys) // producers start on different keys
+		key, rng := wl.keys[k], wl.keyRng[k]
+		value := EncodeValue(p, key, seq[k], wl.w.ValueBytes)
+		seq[k]++
+		call := wl.rec.now()
+		wl.outstanding.Add(1)
+		prod.Produce(ctx, &client.Record{Key: []byte(key), Value: []byte(value)}, func(res client.ProduceResult, err error) {
+			defer wl.outstanding.Add(-1)
+			op := Op{Kind: OpAppend, Process: p, Range: rng, Call: call, Return: wl.rec.now(), Key: key, Value: value, Outcome: OK}
+			if err != nil {
+				op.Outcome, op.Err = classify(err), err.Error()
+			} else {
+				op.Offset, op.Epoch, op.Duplicate = res.Offset, res.Epoch, res.Duplicate
+				if res.Range != rng {
+					// The SDK hashed the key elsewhere: record where it
+					// says, and the checker will find the mismatch.
+					op.Range = res.Range
+				}
+			}
+			wl.rec.addOp(op)
+		})
+	}
+}
+
+// stopProducers stops producing, flushes for up to flushTimeout and closes
+// the producers: records still unacknowledged then fail with ErrClosed
+// (ambiguous).
+func (wl *workload) stopProducers(flushTimeout time.Duration) {
+	close(wl.stopProduce)
+	wl.produceWG.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, p := range wl.producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.Flush(ctx); err != nil {
+				wl.log.Warn("flush did not complete", "error", err, "outstanding", wl.outstanding.Load())
+			}
+			p.Close()
+		}()
+	}
+	wg.Wait()
+}
+
+// startReaders starts the consumers of every region and the tail readers.
+func (wl *workload) startReaders(ctx context.Context) {
+	rctx, cancel := context.WithCancel(ctx)
+	wl.readCancel = cancel
+	for _, region := range wl.regions {
+		for r := range wl.w.Ranges {
+			wl.readWG.Add(1)
+			go wl.consume(rctx, region, r)
+		}
+	}
+	tctx, tcancel := context.WithCancel(ctx)
+	wl.tailCancel = tcancel
+	for r := range wl.w.Ranges {
+		wl.tailWG.Add(1)
+		go wl.readTail(tctx, r)
+	}
+}
+
+func (wl *workload) consume(ctx context.Context, region string, r uint32) {
+	defer wl.readWG.Done()
+	c := wl.clients[region]
+	source := "consume/" + region
+	for ctx.Err() == nil {
+		next := wl.consumed[region][r].Load()
+		for rec, err := range c.Subscribe(ctx, wl.stream, r, client.StartAt{Offset: next}) {
+			if err != nil {
+				if ctx.Err() == nil {
+					wl.log.Debug("subscription ended; resubscribing", "region", region, "range", r, "error", err)
+				}
+				break
+			}
+			wl.rec.addReads(Observation{Source: source, Region: region, Range: r, Offset: rec.Offset, Epoch: rec.Epoch,
+				Key: string(rec.Key), Value: string(rec.Value), At: wl.rec.now(), AppendUnixNanos: rec.AppendTime.UnixNano()})
+			wl.consumed[region][r].Store(rec.Offset + 1)
+		}
+		sleepUntil(ctx, time.Now().Add(300*time.Millisecond))
+	}
+}
+
+// readTail reads range r at its home with consistency "home" every
+// TailReadInterval, extending its copy of the log; each read that reaches
+// the tail the server confirmed is one linearizable read operation.
+func (wl *workload) readTail(ctx context.Context, r uint32) {
+	defer wl.tailWG.Done()
+	c := wl.clients[wl.homes[r]]
+	hashes := []uint64{0} // hashes[n]: ChainHash of records [0, n)
+	broken := false       // the reader saw a gap; its hashes mean nothing
+	tick := time.NewTicker(wl.w.TailReadInterval.Std())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for ctx.Err() == nil {
+			from := uint64(len(hashes) - 1)
+			call := wl.rec.now()
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			res, err := c.Read(rctx, wl.stream, r, from, client.ReadOptions{Consistency: client.ConsistencyHome, MaxRecords: 2000})
+			cancel()
+			ret := wl.rec.now()
+			if err != nil {
+				break // no outcome: a read has no effect to account for
+			}
+			var obs []Observation
+			for _, rec := range res.Records {
+				obs = append(obs, Observation{Source: "tail", Region: wl.homes[r], Range: r, Offset: rec.Offset, Epoch: rec.Epoch,
+					Key: string(rec.Key), Value: string(rec.Value), At: ret, AppendUnixNanos: rec.AppendTime.UnixNano()})
+				if rec.Offset != uint64(len(hashes)-1) {
+					broken = true
+				}
+				if !broken {
+					hashes = append(hashes, ChainHash(hashes[len(hashes)-1], rec.Offset, rec.Epoch, string(rec.Value)))
+				}
+			}
+			wl.rec.addReads(obs...)
+			if broken {
+				return // the queue checker reports the gap
+			}
+			if res.NextOffset < res.TailOffset {
+				continue // more below the tail: read on, then record
+			}
+			if res.TailOffset < uint64(len(hashes)) {
+				wl.rec.addOp(Op{Kind: OpRead, Process: 1000 + int(r), Range: r, Call: call, Return: ret, Outcome: OK,
+					Tail: res.TailOffset, Hash: hashes[res.TailOffset]})
+			}
+			break
+		}
+	}
+}
+
+// stopTailReaders stops the tail readers.
+func (wl *workload) stopTailReaders() {
+	if wl.tailCancel != nil {
+		wl.tailCancel()
+	}
+	wl.tailWG.Wait()
+}
+
+// waitConsumers waits until every consumer delivered up to tails[range]
+// or timeout passes, then stops them; it returns the lagging consumers.
+func (wl *workload) waitConsumers(tails []uint64, timeout time.Duration) []string {
+	deadline := time.Now().Add(timeout)
+	var behind []string
+	for {
+		behind = behind[:0]
+		for _, region := range wl.regions {
+			for r, t := range tails {
+				if got := wl.consumed[region][r].Load(); got < t {
+					behind = append(behind, fmt.Sprintf("%s/%d at %d of %d", region, r, got, t))
+				}
+			}
+		}
+		if len(behind) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if wl.readCancel != nil {
+		wl.readCancel()
+	}
+	wl.readWG.Wait()
+	return behind
+}
+
+// finalRead reads region's whole copy of range r, at least minTail records
+// (waiting for them), into the history. At the home the reads have
+// consistency "home".
+func (wl *workload) finalRead(ctx context.Context, region string, r uint32, minTail uint64) (uint64, error) {
+	c := wl.clients[region]
+	opts := client.ReadOptions{MaxRecords: 5000, MaxBytes: 8 << 20, Consistency: client.ConsistencyMinOffset, MinOffset: minTail}
+	if region == wl.homes[r] {
+		opts = client.ReadOptions{MaxRecords: 5000, MaxBytes: 8 << 20, Consistency: client.ConsistencyHome}
+	}
+	var obs []Observation
+	var next uint64
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		res, err := c.Read(rctx, wl.stream, r, next, opts)
+		cancel()
+		if err != nil {
+			return next, fmt.Errorf("final read of %s/%d at %d: %w", region, r, next, err)
+		}
+		at := wl.rec.now()
+		for _, rec := range res.Records {
+			obs = append(obs, Observation{Source: "final/" + region, Region: region, Final: true, Range: r, Offset: rec.Offset,
+				Epoch: rec.Epoch, Key: string(rec.Key), Value: string(rec.Value), At: at, AppendUnixNanos: rec.AppendTime.UnixNano()})
+		}
+		if len(res.Records) == 0 && res.NextOffset < res.TailOffset {
+			return next, errors.New("final read: an empty reply below the tail")
+		}
+		next = res.NextOffset
+		if next >= res.TailOffset && next >= minTail {
+			break
+		}
+	}
+	wl.rec.addReads(obs...)
+	return next, nil
+}
