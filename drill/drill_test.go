@@ -191,6 +191,91 @@ func (c *cluster) readRange(t *testing.T, ctx context.Context, region, stream st
 	}
 }
 
+// waitFailback waits until the returned region's copy of every range
+// equals the new home's (as read from another surviving region), then
+// reads the returned region's orphan log: range → offset → record.
+func (c *cluster) waitFailback(t *testing.T, ctx context.Context, returned, survivor, stream string, ranges uint32) map[uint32]map[uint64]*geologv1.StoredRecord {
+	t.Helper()
+	admin := c.admin(t, returned)
+	deadline := time.Now().Add(2 * time.Minute)
+	for r := uint32(0); r < ranges; r++ {
+		for {
+			want := c.readRange(t, ctx, survivor, stream, r)
+			got, err := c.tryReadLocal(ctx, returned, stream, r, uint64(len(want)))
+			if err == nil && len(got) == len(want) {
+				same := true
+				for i := range got {
+					same = same && string(got[i].Value) == string(want[i].GetValue()) && got[i].Epoch == want[i].GetEpoch()
+				}
+				if same {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's copy of %s/%d did not come to equal the new home's (%d records): %v", returned, stream, r, len(want), err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	out := map[uint32]map[uint64]*geologv1.StoredRecord{}
+	forks, err := admin.ListOrphans(ctx, &geologv1.ListOrphansRequest{Stream: stream})
+	if err != nil {
+		t.Fatalf("list orphans in %s: %v", returned, err)
+	}
+	for _, f := range forks.GetForks() {
+		if out[f.GetRange()] == nil {
+			out[f.GetRange()] = map[uint64]*geologv1.StoredRecord{}
+		}
+		for from := f.GetFirstOffset(); from < f.GetNextOffset(); {
+			res, err := admin.ReadOrphans(ctx, &geologv1.ReadOrphansRequest{Stream: stream, Range: f.GetRange(), ForkIndex: f.GetForkIndex(), FromOffset: from})
+			if err != nil {
+				t.Fatalf("read orphans in %s: %v", returned, err)
+			}
+			for _, r := range res.GetRecords() {
+				out[f.GetRange()][r.GetOffset()] = r
+			}
+			if res.GetNextOffset() <= from {
+				break
+			}
+			from = res.GetNextOffset()
+		}
+	}
+	return out
+}
+
+// tryReadLocal reads [0, n) of a range from region's own copy.
+func (c *cluster) tryReadLocal(ctx context.Context, region, stream string, rng uint32, n uint64) ([]client.StoredRecord, error) {
+	cl, err := client.New(c.addrs[region])
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []client.StoredRecord
+	for from := uint64(0); from < n; {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := cl.Read(cctx, stream, rng, from, client.ReadOptions{Consistency: client.ConsistencyMinOffset, MinOffset: n, MaxRecords: 5000, MaxBytes: 4 << 20})
+		cancel()
+		if err != nil {
+			return out, err
+		}
+		if len(res.Records) == 0 {
+			return out, nil
+		}
+		out = append(out, res.Records...)
+		from = res.NextOffset
+	}
+	return out, nil
+}
+
+func (c *cluster) admin(t *testing.T, region string) geologv1.AdminClient {
+	conn, err := grpc.NewClient(strings.Split(c.addrs[region], ",")[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return geologv1.NewAdminClient(conn)
+}
+
 func percentile(d []time.Duration, p float64) time.Duration {
 	s := append([]time.Duration(nil), d...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
@@ -247,9 +332,11 @@ func TestRegionFailoverDrill(t *testing.T) {
 		if len(w.fails) > 0 {
 			t.Fatalf("run %d: %d produce failures (first: %v)", run, len(w.fails), w.fails[0])
 		}
+		// Failback: the old home returns as a mirror and forks its
+		// divergent tail off into its orphan log.
+		orphanLog := c.waitFailback(t, ctx, home, others[0], stream, 4)
 		orphaned := 0
 		for rng := uint32(0); rng < 4; rng++ {
-			newHome := ""
 			recs := c.readRange(t, ctx, others[0], stream, rng)
 			byOff := map[uint64]*geologv1.StoredRecord{}
 			seen := map[string]bool{}
@@ -274,6 +361,10 @@ func TestRegionFailoverDrill(t *testing.T) {
 				switch {
 				case ok && string(r.GetValue()) == a.value:
 				case a.epoch < 2 && a.offset >= fork:
+					o, ok := orphanLog[rng][a.offset]
+					if !ok || string(o.GetValue()) != a.value || o.GetEpoch() != a.epoch {
+						t.Fatalf("run %d range %d: %q acked at %d (epoch %d) is neither in the new home's log nor in %s's orphan log", run, rng, a.value, a.offset, a.epoch, home)
+					}
 					orphaned++
 					continue
 				default:
@@ -286,7 +377,6 @@ func TestRegionFailoverDrill(t *testing.T) {
 					lastSeq[a.key], last[a.key] = a.seq, a.offset
 				}
 			}
-			_ = newHome
 		}
 		rpo = append(rpo, orphaned)
 		t.Logf("run %d: killed %s; first ack under the new epoch after %v; %d acks; %d acked records orphaned (RPO)", run, home, took.Round(time.Millisecond), len(w.acks), orphaned)
@@ -381,4 +471,108 @@ func TestRehomeDrill(t *testing.T) {
 	t.Logf("planned rehome over %d range moves (%d requests of 4 ranges, load %d records/s from each region): pause p50 %v, p99 %v, max %v; %d acks, zero lost, zero duplicated",
 		len(pauses), *moves, *rate, percentile(pauses, 0.5).Round(time.Millisecond), percentile(pauses, 0.99).Round(time.Millisecond),
 		percentile(pauses, 1).Round(time.Millisecond), len(w.acks))
+}
+
+// TestLeaseStoreOutageDrill stops the cluster's PostgreSQL (the lease
+// store) for twice the lease TTL under load: no append is acked after the
+// home's lease could have expired, appends are refused with a retriable
+// LEASE_EXPIRED meanwhile, no epoch changes (no takeover without the
+// store), and service resumes once the store is back.
+func TestLeaseStoreOutageDrill(t *testing.T) {
+	c := attach(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	stream := fmt.Sprintf("lo-%d", time.Now().Unix())
+	c.createStream(t, ctx, stream, "us", 4)
+	var apis []geologv1.LogClient
+	for _, addr := range strings.Split(c.addrs["us"], ",") {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		apis = append(apis, geologv1.NewLogClient(conn))
+	}
+	// appendOne tries each node of us until one answers other than
+	// NOT_LEADER (the range's leader).
+	appendOne := func(rng uint32, v string) error {
+		var err error
+		for _, api := range apis {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err = api.Append(cctx, &geologv1.AppendRequest{Stream: stream, Range: rng, Records: []*geologv1.Record{{Value: []byte(v)}}})
+			cancel()
+			if client.CodeOf(err) != client.CodeNotLeader {
+				return err
+			}
+		}
+		return err
+	}
+	var mu sync.Mutex
+	var lastAck time.Time
+	var refused, acked int
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			err := appendOne(uint32(i%4), fmt.Sprint(i))
+			mu.Lock()
+			switch {
+			case err == nil:
+				lastAck, acked = time.Now(), acked+1
+			case client.CodeOf(err) == client.CodeLeaseExpired:
+				refused++
+			}
+			mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	time.Sleep(2 * time.Second)
+	stoppedAt := time.Now()
+	c.ctl(t, "pg-stop")
+	time.Sleep(2 * *leaseTTL)
+	mu.Lock()
+	last, ref := lastAck, refused
+	mu.Unlock()
+	c.ctl(t, "pg-start")
+	startedAt := time.Now()
+	var resumed time.Duration
+	for {
+		mu.Lock()
+		ok := lastAck.After(startedAt)
+		mu.Unlock()
+		if ok {
+			resumed = time.Since(startedAt)
+			break
+		}
+		if time.Since(startedAt) > time.Minute {
+			t.Fatal("no append acked within a minute of the lease store's return")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if last.After(stoppedAt.Add(*leaseTTL)) {
+		t.Fatalf("acked %v after the lease store stopped, past the lease TTL %v", last.Sub(stoppedAt), *leaseTTL)
+	}
+	if ref == 0 {
+		t.Fatal("no append refused with LEASE_EXPIRED while the lease store was down")
+	}
+	for r := uint32(0); r < 4; r++ {
+		desc, err := c.client(t, "us").DescribeStream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := desc.Ranges[r]; h.HomeRegion != "us" || h.Epoch != 1 {
+			t.Fatalf("range %d homed in %s at epoch %d after the outage; want us at 1", r, h.HomeRegion, h.Epoch)
+		}
+	}
+	t.Logf("lease store down %v: last ack %v after the stop (TTL %v), %d appends refused with LEASE_EXPIRED, acks resumed %v after it returned",
+		2**leaseTTL, last.Sub(stoppedAt).Round(time.Millisecond), *leaseTTL, ref, resumed.Round(time.Millisecond))
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # scripts/cluster.sh up [--fresh] | down | status
+# scripts/cluster.sh pg-stop|pg-start   stop or start the lease store
 # scripts/cluster.sh kill|pause|resume|start us|us-n2 ...
 #                      SIGKILL, SIGSTOP, SIGCONT, or start again (same
 #                      command line) a region's nodes or one node
@@ -355,6 +356,8 @@ case "${1:-}" in
 	pause) shift; for t in "$@"; do kill_nodes STOP $(nodes_of "$t"); done ;;
 	resume) shift; for t in "$@"; do kill_nodes CONT $(nodes_of "$t"); done ;;
 	start) shift; for t in "$@"; do start_nodes $(nodes_of "$t"); done ;;
+	pg-stop) scripts/pg.sh stop ;;           # a lease-store outage
+	pg-start) scripts/pg.sh start >/dev/null ;;
 	status) shift; status "$@" ;;
 	*) echo "usage: scripts/cluster.sh up [--fresh] | down | status [-q] | kill|pause|resume|start REGION|NODE..." >&2; exit 2 ;;
 esac
