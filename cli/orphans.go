@@ -1,18 +1,16 @@
 package cli
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"sort"
-	"sync"
 	"text/tabwriter"
-	"time"
 
 	"github.com/geolog/geolog/client"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"google.golang.org/grpc"
 )
 
 const orphansUsage = `usage:
@@ -117,34 +115,24 @@ func (e *env) orphans(ctx context.Context, args []string) error {
 		return nil
 	}
 
-	c, err := e.client()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	var mu sync.Mutex // the produce callbacks run on the producer's goroutines
 	republished, dups := 0, 0
 	for _, f := range forks {
 		if (*rng >= 0 && int(f.GetRange()) != *rng) || (*forkIdx != 0 && f.GetForkIndex() != *forkIdx) {
 			continue
 		}
-		// One producer per fork, its id derived from the fork: a rerun
-		// sends the same (producer, sequence) pairs, which the home
-		// recognises as duplicates.
+		// One producer per fork, its id derived from the fork, and one
+		// append per orphaned batch, as the batch was: a rerun sends the
+		// very same (producer, sequence) batches, which the home recognises
+		// as duplicates (or, past its idempotence window, as appended
+		// before).
 		h := fnv.New64a()
 		fmt.Fprintf(h, "orphans/%s/%d/%d/%d", stream, f.GetRange(), f.GetForkIndex(), f.GetEpoch())
 		pid := h.Sum64()&(1<<62-1) | 1
-		var p *client.Producer
-		if !*dry {
-			if p, err = c.NewProducer(stream, client.ProducerID(pid), client.DeliveryTimeout(2*time.Minute)); err != nil {
-				return err
-			}
-		}
 		ac, err := a.conn(f.addr)
 		if err != nil {
 			return err
 		}
-		var perr error
+		seq := uint64(0)
 		for from := f.GetFirstOffset(); from < f.GetNextOffset(); {
 			cctx, cancel := context.WithTimeout(ctx, e.timeout)
 			res, err := ac.ReadOrphans(cctx, &geologv1.ReadOrphansRequest{Stream: stream, Range: f.GetRange(), ForkIndex: f.GetForkIndex(), FromOffset: from})
@@ -152,52 +140,52 @@ func (e *env) orphans(ctx context.Context, args []string) error {
 			if err != nil {
 				return err
 			}
-			for _, r := range res.GetRecords() {
-				origin := fmt.Sprintf("range=%d offset=%d epoch=%d fork=%d", f.GetRange(), r.GetOffset(), r.GetEpoch(), f.GetForkIndex())
+			// Group the records back into their original batches (same
+			// epoch and append time, consecutive offsets).
+			recs := res.GetRecords()
+			for len(recs) > 0 {
+				n := 1
+				for n < len(recs) && recs[n].GetAppendTimeUnixNanos() == recs[0].GetAppendTimeUnixNanos() && recs[n].GetEpoch() == recs[0].GetEpoch() {
+					n++
+				}
+				group := recs[:n]
+				recs = recs[n:]
 				if *dry {
-					fmt.Fprintf(e.stdout, "%s\t%q\t%q\n", origin, r.GetKey(), r.GetValue())
+					for _, r := range group {
+						fmt.Fprintf(e.stdout, "range=%d offset=%d epoch=%d\t%q\t%q\n", f.GetRange(), r.GetOffset(), r.GetEpoch(), r.GetKey(), r.GetValue())
+					}
+					seq += uint64(n)
 					continue
 				}
-				rec := &client.Record{Key: r.GetKey(), Value: r.GetValue(), Headers: []client.Header{{Key: orphanHeader, Value: []byte(origin)}}}
-				for _, hd := range r.GetHeaders() {
-					rec.Headers = append(rec.Headers, client.Header{Key: hd.GetKey(), Value: hd.GetValue()})
+				req := &geologv1.AppendRequest{Stream: stream, Range: f.GetRange(), ProducerId: pid, BaseSequence: seq}
+				for _, r := range group {
+					rec := &geologv1.Record{Key: r.GetKey(), Value: r.GetValue(), ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos(),
+						Headers: append([]*geologv1.Header{{Key: orphanHeader, Value: []byte(fmt.Sprintf("range=%d offset=%d epoch=%d fork=%d",
+							f.GetRange(), r.GetOffset(), r.GetEpoch(), f.GetForkIndex()))}}, r.GetHeaders()...)}
+					req.Records = append(req.Records, rec)
 				}
-				if pt := r.GetProducerTimeUnixNanos(); pt != 0 {
-					rec.ProducerTime = time.Unix(0, pt)
-				}
-				p.Produce(ctx, rec, func(res client.ProduceResult, err error) {
-					mu.Lock()
-					defer mu.Unlock()
-					switch {
-					case err != nil:
-						if perr == nil {
-							perr = err
-						}
-					case res.Duplicate:
-						dups++
-					default:
-						republished++
-					}
+				var resp *geologv1.AppendResponse
+				err := a.callConn(ctx, e.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+					var err error
+					resp, err = geologv1.NewLogClient(c).Append(ctx, req)
+					return err
 				})
+				switch {
+				case err == nil && resp.GetDuplicate():
+					dups += n
+				case err == nil:
+					republished += n
+				case client.CodeOf(err) == client.CodeDuplicateOutOfWindow:
+					dups += n // appended by an earlier run, before the home's idempotence window
+				default:
+					return fmt.Errorf("republish range %d fork %d offset %d: %w", f.GetRange(), f.GetForkIndex(), group[0].GetOffset(), err)
+				}
+				seq += uint64(n)
 			}
 			if res.GetNextOffset() <= from {
 				break
 			}
 			from = res.GetNextOffset()
-		}
-		if p != nil {
-			if err := p.Flush(ctx); err != nil {
-				mu.Lock()
-				perr = cmp.Or(perr, err)
-				mu.Unlock()
-			}
-			p.Close()
-		}
-		mu.Lock()
-		err = perr
-		mu.Unlock()
-		if err != nil {
-			return fmt.Errorf("republish range %d fork %d: %w", f.GetRange(), f.GetForkIndex(), err)
 		}
 	}
 	if !*dry {
@@ -205,4 +193,3 @@ func (e *env) orphans(ctx context.Context, args []string) error {
 	}
 	return nil
 }
-

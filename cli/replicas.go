@@ -146,6 +146,14 @@ func (e *env) adminDialer() (*adminDialer, error) {
 }
 
 func (a *adminDialer) conn(addr string) (geologv1.AdminClient, error) {
+	c, err := a.grpcConn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return geologv1.NewAdminClient(c), nil
+}
+
+func (a *adminDialer) grpcConn(addr string) (*grpc.ClientConn, error) {
 	c, ok := a.conns[addr]
 	if !ok {
 		var err error
@@ -154,12 +162,17 @@ func (a *adminDialer) conn(addr string) (geologv1.AdminClient, error) {
 		}
 		a.conns[addr] = c
 	}
-	return geologv1.NewAdminClient(c), nil
+	return c, nil
 }
 
 // call tries the addresses in turn, jumping to a leader hint when one comes,
 // for up to 10 attempts.
 func (a *adminDialer) call(ctx context.Context, timeout time.Duration, fn func(context.Context, geologv1.AdminClient) error) error {
+	return a.callConn(ctx, timeout, func(ctx context.Context, c *grpc.ClientConn) error { return fn(ctx, geologv1.NewAdminClient(c)) })
+}
+
+// callConn is call for any service on the node's connection.
+func (a *adminDialer) callConn(ctx context.Context, timeout time.Duration, fn func(context.Context, *grpc.ClientConn) error) error {
 	var last error
 	next := 0
 	hint := ""
@@ -170,12 +183,12 @@ func (a *adminDialer) call(ctx context.Context, timeout time.Duration, fn func(c
 			next++
 		}
 		hint = ""
-		ac, err := a.conn(addr)
+		c, err := a.grpcConn(addr)
 		if err != nil {
 			return err
 		}
 		cctx, cancel := context.WithTimeout(ctx, timeout)
-		last = fn(cctx, ac)
+		last = fn(cctx, c)
 		cancel()
 		if last == nil {
 			return nil
