@@ -272,6 +272,22 @@ func (n *Node) registerStreamHomes(ctx context.Context, spec streamSpec) error {
 	if err := n.registerHomes(ctx, specs); err != nil {
 		return apierr.New(apierr.Unavailable, "stream %q was created but its homes are not registered yet (the region's catalogue leader retries): %v", spec.Name, homingErr(err))
 	}
+	// Every node of the stream's regions learns the homes now, not at its
+	// next heartbeat: the create returns when appends can be admitted and
+	// redirected everywhere.
+	var wg sync.WaitGroup
+	for _, r := range spec.Regions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			if err := n.refreshRegion(cctx, r); err != nil {
+				n.logger.Debug("refresh after create", "region", r, "error", err)
+			}
+		}()
+	}
+	wg.Wait()
 	return nil
 }
 

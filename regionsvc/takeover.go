@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -21,8 +22,11 @@ import (
 // acts; after failoverGrace, any does (the best may be unable to). The
 // store's compare-and-set on the epoch makes the race harmless: one wins.
 
-// failoverScanInterval is how often the agent looks.
-const failoverScanInterval = 250 * time.Millisecond
+// failoverScanInterval is how often the agent looks. It reads a region's
+// liveness records only when they could have expired by then (see
+// regionDead), so a short interval costs no lease-store reads and the
+// takeover follows the last expiry within it.
+const failoverScanInterval = 50 * time.Millisecond
 
 // failoverGrace is how long the agent of a region that is not the best
 // candidate waits, once a home region is dead, before taking over itself.
@@ -32,10 +36,14 @@ type failoverAgent struct {
 	n *Node
 	// deadSince is when each home region was first seen dead.
 	deadSince map[string]time.Time
+	// aliveUntil is, per region, the first instant at which every node of
+	// it may be dead by its liveness records as last read (latest
+	// expiration plus the max clock offset): no need to read them before.
+	aliveUntil map[string]time.Time
 }
 
 func newFailoverAgent(n *Node) *failoverAgent {
-	return &failoverAgent{n: n, deadSince: map[string]time.Time{}}
+	return &failoverAgent{n: n, deadSince: map[string]time.Time{}, aliveUntil: map[string]time.Time{}}
 }
 
 // scan runs one round (on the homing loop).
@@ -43,6 +51,7 @@ func (a *failoverAgent) scan(ctx context.Context) {
 	n := a.n
 	if n.cfg.FailoverDisabled || !n.leadsCatalogue() {
 		clear(a.deadSince)
+		clear(a.aliveUntil)
 		return
 	}
 	hs := n.homing
@@ -68,7 +77,7 @@ func (a *failoverAgent) scan(ctx context.Context) {
 			n.logger.Warn("home region may be down: every node's liveness has expired", "region", from, "ranges", len(homes))
 		}
 		graceOver := now.Sub(a.deadSince[from]) >= failoverGrace
-		tails := map[string]map[string][]uint64{} // region → stream → range tails
+		tails := a.surveyTails(ctx, from, homes) // region → stream → range tails
 		var take []homing.TakeoverRange
 		for _, h := range homes {
 			spec, ok := n.streamSpec(h.Key.Stream)
@@ -86,16 +95,7 @@ func (a *failoverAgent) scan(ctx context.Context) {
 				if r == n.cfg.Region || r == from {
 					continue
 				}
-				st, ok := tails[r]
-				if !ok {
-					st = map[string][]uint64{}
-					tails[r] = st
-				}
-				rt, ok := st[spec.Name]
-				if !ok {
-					rt = n.remoteTails(ctx, r, spec.Name)
-					st[spec.Name] = rt
-				}
+				rt := tails[r][spec.Name]
 				if int(h.Key.Range) >= len(rt) {
 					continue // unreachable: not a candidate
 				}
@@ -158,10 +158,50 @@ func (a *failoverAgent) scan(ctx context.Context) {
 	}
 }
 
+// surveyTails asks, at once, every surviving region of the streams of
+// homes (but this one and from) for its ranges' tails.
+func (a *failoverAgent) surveyTails(ctx context.Context, from string, homes []homing.Home) map[string]map[string][]uint64 {
+	n := a.n
+	type ask struct{ region, stream string }
+	asks := map[ask]bool{}
+	for _, h := range homes {
+		spec, ok := n.streamSpec(h.Key.Stream)
+		if !ok {
+			continue
+		}
+		for _, r := range spec.Regions {
+			if r != n.cfg.Region && r != from {
+				asks[ask{r, spec.Name}] = true
+			}
+		}
+	}
+	out := map[string]map[string][]uint64{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for q := range asks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := n.remoteTails(ctx, q.region, q.stream)
+			mu.Lock()
+			defer mu.Unlock()
+			if out[q.region] == nil {
+				out[q.region] = map[string][]uint64{}
+			}
+			out[q.region][q.stream] = t
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
 // regionDead reports whether every node of region may be dead by the lease
 // store (and the store answered).
 func (a *failoverAgent) regionDead(ctx context.Context, region string, now time.Time) bool {
 	n := a.n
+	if now.Before(a.aliveUntil[region]) {
+		return false
+	}
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	live, err := n.homing.store.Liveness(cctx, region)
@@ -172,10 +212,13 @@ func (a *failoverAgent) regionDead(ctx context.Context, region string, now time.
 	if maxOffset == 0 {
 		maxOffset = 500 * time.Millisecond
 	}
+	latest := int64(0)
 	for _, l := range live {
-		if now.UnixNano() <= l.ExpirationNanos+int64(maxOffset) {
-			return false
-		}
+		latest = max(latest, l.ExpirationNanos+int64(maxOffset))
+	}
+	if now.UnixNano() <= latest {
+		a.aliveUntil[region] = time.Unix(0, latest+1)
+		return false
 	}
 	return true
 }
