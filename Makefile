@@ -71,9 +71,11 @@ unit:
 	GEOLOG_PG_URL=$$(./scripts/pg.sh url) $(GO) test -race -count=1 -timeout 15m -skip '^TestSlice$$' ./...; rc=$$?; \
 	[ $$was = running ] || ./scripts/pg.sh stop; exit $$rc
 
-# The chaos slice: chaos.Slice(), three fixed-seed scenarios on local
-# clusters (ports 7700-7799, GEOLOG_CHAOS_PORTS=lo-hi moves them), about a
-# minute; prints the table, fails on any anomaly or unverified check.
+# The chaos slice: chaos.Slice(), fixed-seed scenarios on the harness's
+# own local clusters (no terraform; ports 7700-7799, GEOLOG_CHAOS_PORTS=lo-hi
+# moves them; the homing one's PostgreSQL on GEOLOG_CHAOS_PG_PORT, default
+# 55452), about a minute and a half; prints the table, fails on any
+# anomaly or unverified check.
 chaos-slice:
 	$(GO) test -race -count=1 -timeout 10m -run '^TestSlice$$' -v ./chaos/
 
@@ -88,16 +90,31 @@ fuzz:
 
 test: vet build unit chaos-slice fuzz
 
-# make chaos: every chaos scenario (chaos.Scenarios(), about 7 minutes), each
-# on a fresh local 3x3 cluster with geolog-wan (ports 7700-7799); histories
-# and clusters under run/chaos. CHAOS_SCENARIOS=a,b picks scenarios,
-# CHAOS_SEED the seed, CHAOS_ENV=run/cluster/env attaches to a running
-# cluster (scripts/cluster.sh or terraform) instead of starting one.
+# make chaos: every chaos scenario (chaos.Scenarios(), about 8 minutes)
+# on one cluster provisioned through terraform/local (scripts/chaos_tf.sh:
+# apply 3 regions x 3 nodes with homing (lease TTL 3s), failpoints and the
+# chaos links on ports 7700-7767, run geolog-chaos attached to its env file,
+# destroy). CHAOS_PROVISION=local runs each scenario on a fresh cluster of
+# the harness's own (chaos.LocalCluster, ports 7700-7799, PostgreSQL on
+# CHAOS_PG_PORT) instead; CHAOS_ENV=run/cluster/env attaches to a running
+# cluster (scripts/cluster.sh, terraform). Histories under run/chaos.
+# CHAOS_SCENARIOS=a,b picks scenarios, CHAOS_SEED the seed.
 CHAOS_SCENARIOS ?= all
 CHAOS_SEED      ?= 1
 CHAOS_ENV       ?=
+CHAOS_PROVISION ?= terraform
+CHAOS_PG_PORT   ?= 55452
+CHAOS_FLAGS      = --scenarios $(CHAOS_SCENARIOS) --seed $(CHAOS_SEED) --dir $(RUN)/chaos
 chaos: build
-	$(BIN)/geolog-chaos --scenarios $(CHAOS_SCENARIOS) --seed $(CHAOS_SEED) --dir $(RUN)/chaos $(if $(CHAOS_ENV),--env $(CHAOS_ENV))
+	@if [ -n "$(CHAOS_ENV)" ]; then \
+		$(BIN)/geolog-chaos $(CHAOS_FLAGS) --env $(CHAOS_ENV); \
+	elif [ "$(CHAOS_PROVISION)" = local ]; then \
+		$(BIN)/geolog-chaos $(CHAOS_FLAGS) --pg-port $(CHAOS_PG_PORT); \
+	elif [ "$(CHAOS_PROVISION)" = terraform ]; then \
+		$(MAKE) --no-print-directory terraform && TERRAFORM=$(TERRAFORM) ./scripts/chaos_tf.sh $(CHAOS_FLAGS); \
+	else \
+		echo "CHAOS_PROVISION=$(CHAOS_PROVISION): want terraform or local" >&2; exit 2; \
+	fi
 
 sim:
 	@if [ -n "$(SEED)" ]; then \

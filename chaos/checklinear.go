@@ -83,13 +83,21 @@ type LinearResult struct {
 	Details []string
 	// Ops is the number of operations checked.
 	Ops int
+	// OrphanedAcks and OrphanReads count the acks and home reads of
+	// divergent tails (later forked off into orphan logs) left out: the
+	// range's log is the final timeline; CheckQueue accounts for them.
+	OrphanedAcks, OrphanReads int
 }
 
 // CheckLinearizable checks, per range, that the acknowledged appends
 // (offset and epoch as acked), the ambiguous appends found in the home's
 // final read (at the offset found, completing at the end of the history;
 // the absent ones never happened), and the home reads (tail and chained
-// hash) have a linearization in rangeModel. Failed appends are left out.
+// hash) have a linearization in rangeModel. Failed appends are left out,
+// and so are the acks found in an orphan log and the home reads that
+// returned a prefix ending in such a divergent tail, if they were invoked
+// before the first ack under a newer epoch returned (after it, such a
+// read is stale and stays in, to be found).
 // A range whose home final read is incomplete is Unknown (its ambiguous
 // appends cannot be resolved). timeout bounds each range's search
 // (porcupine's search is exponential in the worst case). With vizDir set,
@@ -98,15 +106,58 @@ func CheckLinearizable(h *History, timeout time.Duration, vizDir string) LinearR
 	res := LinearResult{Result: porcupine.Ok, Ranges: make([]porcupine.CheckResult, h.RangeCount())}
 	type place struct{ offset, epoch uint64 }
 	final := make([]map[string]place, h.RangeCount())
+	finalHash := make([][]uint64, h.RangeCount()) // finalHash[r][n]: ChainHash of the final log's [0, n)
 	for rng := range h.RangeCount() {
-		if h.FinalRead[FinalKey(h.Homes[rng], rng)] {
+		if h.FinalRead[FinalKey(h.FinalHome(rng), rng)] {
 			final[rng] = map[string]place{}
+			finalHash[rng] = []uint64{0}
 		}
 	}
 	for _, o := range h.Reads {
-		if o.Final && o.Region == h.Homes[o.Range] && final[o.Range] != nil {
+		if o.Final && o.Region == h.FinalHome(o.Range) && final[o.Range] != nil {
 			final[o.Range][o.Value] = place{o.Offset, o.Epoch}
+			if fh := finalHash[o.Range]; uint64(len(fh)-1) == o.Offset {
+				finalHash[o.Range] = append(fh, ChainHash(fh[len(fh)-1], o.Offset, o.Epoch, o.Value))
+			}
 		}
+	}
+	orphans := indexOrphans(h, func(Anomaly) {}) // CheckQueue reports its anomalies
+	// newerAck[r][e]: when range r's first ack under an epoch newer than e
+	// returned (reads of e's divergent tail are stale from then on).
+	newerAck := func(rng uint32, e uint64) int64 {
+		first := int64(math.MaxInt64)
+		for _, op := range h.Ops {
+			if op.Kind == OpAppend && op.Outcome == OK && op.Range == rng && op.Epoch > e {
+				first = min(first, op.Return)
+			}
+		}
+		return first
+	}
+	// orphanRead reports whether a home read returned a prefix that ends
+	// in a divergent tail (later forked off), while that tail's home was
+	// still the newest in service.
+	orphanRead := func(op Op) bool {
+		fh := finalHash[op.Range]
+		if op.Tail < uint64(len(fh)) && fh[op.Tail] == op.Hash {
+			return false
+		}
+		for _, f := range orphans.forks {
+			if f.rng != op.Range || f.at >= uint64(len(fh)) || op.Tail <= f.at {
+				continue
+			}
+			hash := fh[f.at]
+			for off := f.at; off < op.Tail; off++ {
+				v, ok := f.values[off]
+				if !ok {
+					break
+				}
+				hash = ChainHash(hash, off, f.epoch, v)
+				if off+1 == op.Tail && hash == op.Hash {
+					return op.Call < newerAck(op.Range, f.epoch)
+				}
+			}
+		}
+		return false
 	}
 	ops := make([][]porcupine.Operation, h.RangeCount())
 	for _, op := range h.Ops {
@@ -117,8 +168,16 @@ func CheckLinearizable(h *History, timeout time.Duration, vizDir string) LinearR
 		var out linOutput
 		ret := op.Return
 		switch {
+		case op.Kind == OpRead && op.Outcome == OK && final[op.Range] != nil && orphanRead(op):
+			// The old home's timeline before the fork: not the log's
+			// any more (CheckQueue checks the orphan logs).
+			res.OrphanReads++
+			continue
 		case op.Kind == OpRead && op.Outcome == OK:
 			in, out = linInput{read: true}, linOutput{tail: op.Tail, hash: op.Hash}
+		case op.Kind == OpAppend && op.Outcome == OK && orphans.holds(op.Range, op.Offset, op.Epoch, op.Value):
+			res.OrphanedAcks++
+			continue
 		case op.Kind == OpAppend && op.Outcome == OK:
 			in, out = linInput{value: op.Value}, linOutput{offset: op.Offset, epoch: op.Epoch}
 		case op.Kind == OpAppend && op.Outcome == Info && final[op.Range] != nil:

@@ -31,13 +31,17 @@ const (
 	// Gap: a reader of a range skipped or repeated an offset (offsets are
 	// dense and each reader reads in order from 0).
 	Gap AnomalyKind = "gap"
+	// Stale: an ack the homing rules forbid: under a lease that may have
+	// expired, or under an epoch older than one already in service
+	// (checkEpochs).
+	Stale AnomalyKind = "stale-epoch"
 	// NonLinearizable: a range's appends and home reads have no
 	// linearization in the log model (see CheckLinearizable).
 	NonLinearizable AnomalyKind = "non-linearizable"
 )
 
 // AnomalyKinds lists the kinds in report order.
-var AnomalyKinds = []AnomalyKind{Lost, Duplicated, Inconsistent, OutOfOrder, Unexpected, Gap, NonLinearizable}
+var AnomalyKinds = []AnomalyKind{Lost, Duplicated, Inconsistent, OutOfOrder, Unexpected, Gap, Stale, NonLinearizable}
 
 // Anomaly is one finding.
 type Anomaly struct {
@@ -68,8 +72,14 @@ type QueueResult struct {
 	// AmbiguousPresent counts ambiguous appends found in the home's final
 	// read (the others are absent: both are allowed).
 	AmbiguousPresent int
-	Counts           map[AnomalyKind]int
-	Anomalies        []Anomaly
+	// Orphaned counts acknowledged records found in an orphan log instead
+	// of the final log (allowed after an unplanned failover of their
+	// home: the RPO suffered); OrphanRecords counts every record of the
+	// orphan logs (acked or not). Both are -1 when the history has no
+	// orphan logs read.
+	Orphaned, OrphanRecords int
+	Counts                  map[AnomalyKind]int
+	Anomalies               []Anomaly
 	// Unverified lists ranges whose home final read did not complete:
 	// their losses could not be judged.
 	Unverified []string
@@ -114,7 +124,11 @@ type seen struct {
 // see the AnomalyKind constants for what it reports. Appends with unknown
 // outcome may be present or absent, but not twice.
 func CheckQueue(h *History) QueueResult {
-	var q QueueResult
+	q := QueueResult{Orphaned: -1, OrphanRecords: -1}
+	orphans := indexOrphans(h, q.add)
+	if h.OrphansRead {
+		q.Orphaned, q.OrphanRecords = 0, len(orphans.at)
+	}
 	attempts := map[string]*Op{}
 	for i := range h.Ops {
 		op := &h.Ops[i]
@@ -159,9 +173,22 @@ func CheckQueue(h *History) QueueResult {
 		}
 	}
 	// Acks first: an acknowledged offset is the reference reads must match.
+	// An ack of a record now in an orphan log is checked against it below.
+	orphanedAck := map[string]bool{}
 	for _, op := range h.Ops {
 		if op.Kind == OpAppend && op.Outcome == OK {
+			if orphans.holds(op.Range, op.Offset, op.Epoch, op.Value) {
+				orphanedAck[op.Value] = true
+				continue
+			}
 			observe(position{op.Range, op.Offset}, seen{op.Value, op.Epoch, "ack"})
+		}
+	}
+	// The orphan logs hold only records some producer attempted.
+	for p, v := range orphans.at {
+		if op, ok := attempts[v]; !ok || op.Outcome == Fail {
+			q.add(Anomaly{Kind: Unexpected, Range: p.rng, Offset: p.offset, Value: v,
+				Detail: "an orphan log holds a record no producer attempted, or whose append definitely failed"})
 		}
 	}
 
@@ -183,7 +210,11 @@ func CheckQueue(h *History) QueueResult {
 				Detail: fmt.Sprintf("%s went back from %d to %d", o.Source, want, o.Offset)})
 		}
 		next[s] = max(want, o.Offset+1)
-		observe(position{o.Range, o.Offset}, seen{o.Value, o.Epoch, o.Source})
+		// A read of a divergent tail before its fork: the orphan log
+		// holds what it saw.
+		if !orphans.holds(o.Range, o.Offset, o.Epoch, o.Value) {
+			observe(position{o.Range, o.Offset}, seen{o.Value, o.Epoch, o.Source})
+		}
 
 		op, attempted := attempts[o.Value]
 		switch {
@@ -203,10 +234,10 @@ func CheckQueue(h *History) QueueResult {
 	homeFinal := make([]map[string]bool, h.RangeCount())
 	homeTail := make([]uint64, h.RangeCount())
 	for rng := range h.RangeCount() {
-		if h.FinalRead[FinalKey(h.Homes[rng], rng)] {
+		if h.FinalRead[FinalKey(h.FinalHome(rng), rng)] {
 			homeFinal[rng] = map[string]bool{}
 		} else {
-			q.Unverified = append(q.Unverified, FinalKey(h.Homes[rng], rng))
+			q.Unverified = append(q.Unverified, FinalKey(h.FinalHome(rng), rng))
 		}
 	}
 	finalLen := map[string]uint64{}
@@ -215,13 +246,13 @@ func CheckQueue(h *History) QueueResult {
 			continue
 		}
 		finalLen[FinalKey(o.Region, o.Range)] = max(finalLen[FinalKey(o.Region, o.Range)], o.Offset+1)
-		if o.Region == h.Homes[o.Range] && homeFinal[o.Range] != nil {
+		if o.Region == h.FinalHome(o.Range) && homeFinal[o.Range] != nil {
 			homeFinal[o.Range][o.Value] = true
 			homeTail[o.Range] = max(homeTail[o.Range], o.Offset+1)
 		}
 	}
 	for _, o := range h.Reads {
-		if homeFinal[o.Range] != nil && o.Offset >= homeTail[o.Range] {
+		if homeFinal[o.Range] != nil && o.Offset >= homeTail[o.Range] && !orphans.holds(o.Range, o.Offset, o.Epoch, o.Value) {
 			q.add(Anomaly{Kind: Inconsistent, Range: o.Range, Offset: o.Offset, Value: o.Value,
 				Detail: fmt.Sprintf("%s read it past the home's final tail %d", o.Source, homeTail[o.Range])})
 		}
@@ -232,7 +263,7 @@ func CheckQueue(h *History) QueueResult {
 		}
 		for _, region := range h.Regions {
 			k := FinalKey(region, rng)
-			if region != h.Homes[rng] && (!h.FinalRead[k] || finalLen[k] < homeTail[rng]) {
+			if region != h.FinalHome(rng) && (!h.FinalRead[k] || finalLen[k] < homeTail[rng]) {
 				q.Unconverged = append(q.Unconverged, k)
 			}
 		}
@@ -244,6 +275,17 @@ func CheckQueue(h *History) QueueResult {
 		}
 		present := homeFinal[op.Range][op.Value]
 		switch {
+		case op.Outcome == OK && orphanedAck[op.Value]:
+			switch {
+			case present:
+				q.add(Anomaly{Kind: Duplicated, Range: op.Range, Offset: op.Offset, Value: op.Value,
+					Detail: fmt.Sprintf("acknowledged at offset %d epoch %d, forked off into the orphan log, and in the home's final log too", op.Offset, op.Epoch)})
+			case !orphanAllowed(h, op.Range, op.Epoch):
+				q.add(Anomaly{Kind: Lost, Range: op.Range, Offset: op.Offset, Value: op.Value,
+					Detail: fmt.Sprintf("acknowledged at offset %d epoch %d, found only in an orphan log, and no fault took its home region away", op.Offset, op.Epoch)})
+			default:
+				q.Orphaned++
+			}
 		case op.Outcome == OK && !present:
 			q.add(Anomaly{Kind: Lost, Range: op.Range, Offset: op.Offset, Value: op.Value,
 				Detail: fmt.Sprintf("acknowledged at offset %d epoch %d, absent from the home's final read (tail %d)", op.Offset, op.Epoch, homeTail[op.Range])})
@@ -289,7 +331,7 @@ func CheckQueue(h *History) QueueResult {
 	var keys []pk
 	for i := range h.Ops {
 		op := &h.Ops[i]
-		if op.Kind != OpAppend || op.Outcome != OK {
+		if op.Kind != OpAppend || op.Outcome != OK || orphanedAck[op.Value] {
 			continue
 		}
 		p, key, seq, ok := DecodeValue(op.Value)
@@ -312,6 +354,8 @@ func CheckQueue(h *History) QueueResult {
 			}
 		}
 	}
+	checkFinalEpochs(h, q.add)
+	checkEpochs(h, q.add)
 	sort.Strings(q.Unverified)
 	sort.Strings(q.Unconverged)
 	return q

@@ -57,8 +57,13 @@ type Caps struct {
 	ClientLinks bool
 	// Failpoints: nodes run with --debug-failpoints (disk, clock skew).
 	Failpoints bool
-	// LeaseStore: the cluster runs a lease store it can stop and start.
+	// LeaseStore: the cluster runs a lease store it can stop and start
+	// (lease-store-outage in "stop" mode).
 	LeaseStore bool
+	// LeaseTTL is the nodes' --lease-ttl when they run with a lease store
+	// (homing on), 0 when homing is off. A "cut" lease-store outage needs
+	// it and WAN links "<region>->pg".
+	LeaseTTL time.Duration
 }
 
 // Cluster is a running geolog cluster the harness injects faults into.

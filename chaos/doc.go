@@ -21,12 +21,34 @@
 //  4. After the faults the harness heals every link, resumes and restarts
 //     every node and clears every failpoint, flushes the producers (what
 //     is still unacked becomes Info), then reads each range at its home
-//     with consistency "home" and at every mirror up to the home's tail.
+//     (with homing: where the cluster says it is now) with consistency
+//     "home", and every mirror until its copy equals the home's (a
+//     returning home forks its divergent tail off only when the new
+//     home's replicator reaches it) or 90 s pass. With homing it then
+//     reads the orphan log of every node (Admin ListOrphans, ReadOrphans).
 //  5. Checks: CheckQueue (lost, duplicated, inconsistent, out of order,
-//     unexpected, gaps) and CheckLinearizable (porcupine, per range). Any
-//     anomaly or an Illegal history fails the scenario; a check that could
-//     not complete (home final read failed, porcupine timed out) makes it
-//     UNVERIFIED, never PASS.
+//     unexpected, gaps, stale epochs) and CheckLinearizable (porcupine, per
+//     range). Any anomaly or an Illegal history fails the scenario; a check
+//     that could not complete (home final read failed, porcupine timed
+//     out) makes it UNVERIFIED, never PASS.
+//
+// # Homing in the checks
+//
+// A record acked by a home that then died (or lost the lease store) and
+// never shipped is, after the failover, in the old home's orphan log, at
+// its offset and epoch, not in the log: the checkers judge every ack and
+// observation of such a divergent tail against the orphan logs
+// (checkorphans.go). Such an acked record counts as "orphaned" (the RPO
+// suffered) only if a fault took its home region away under that epoch
+// (FaultEvent.HomeEpochs); otherwise it is lost. Porcupine checks the final
+// timeline: orphaned acks, and home reads of the divergent tail invoked
+// before the new home's first ack, are left out; such a read invoked later
+// is stale, kept, and found. Stale-epoch anomalies: an ack under an epoch
+// older than one whose ack had already returned when the append was
+// invoked (invariant 5), and, under a lease-store outage of its home, an
+// ack under the home's epoch returned between cut + lease TTL and the heal
+// (the node must stop max-clock-offset before its lease may expire, which
+// is the slack the reply has to reach the client).
 //
 // # Choices
 //
@@ -50,8 +72,21 @@
 //     to the node (dropping acks inside the proxy) just before SIGKILL;
 //     a short delivery timeout turns some in-flight records into Info ops.
 //   - Failover is measured from the moment a leader fault is applied to
-//     the first ack of an append to that range invoked after it.
-//   - The lease-store faults (links "<region>->pg" to a PostgreSQL started
-//     with scripts/pg.sh, or pg.sh stop/start) exist; the scenarios that
-//     need homing in the node are listed with Pending set.
+//     the first ack of an append to that range invoked after it; for a
+//     fault that takes a whole home region away (every node killed, or
+//     cut off from the lease store), per range homed there, to the first
+//     ack under a newer epoch (the takeover's).
+//   - The lease store is reached by each region through its own WAN link
+//     "<region>->pg" (LocalCluster; terraform/local with chaos_links), so
+//     a region can lose it alone; "stop" mode stops PostgreSQL (pg.sh).
+//   - Producers of region faults run in the surviving regions
+//     (Workload.ProducerRegions): a client knows its region's addresses
+//     only, and one whose region died would wait out its delivery timeout.
+//   - A tail reader re-reads the last record it holds with every read; if
+//     it changed (a fork under it), it starts over from 0 as a new source.
+//   - make chaos provisions one cluster through terraform/local
+//     (scripts/chaos_tf.sh) and attaches to it (EnvCluster): pid files
+//     "PID STARTTIME", links found by name in the WAN's list, the lease
+//     store's script from the env file. CHAOS_PROVISION=local starts a
+//     LocalCluster per scenario; the slice in make test always does.
 package chaos

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/geolog/geolog/wan"
 )
 
 // EnvCluster attaches to a running cluster described by an env file in
@@ -24,16 +26,27 @@ import (
 //	export GEOLOG_WAN_CONTROL=127.0.0.1:7599                              (optional)
 //	export GEOLOG_CLUSTER_REGIONS="us eu ap"                               (optional: else every GEOLOG_ADDR_<R>)
 //	export GEOLOG_PID_DIR=/path/pids                                       (optional: default <env dir>/pids)
+//	export GEOLOG_PG_SCRIPT=/repo/scripts/pg.sh GEOLOG_PG_PORT=7701 GEOLOG_PG_DIR=/path/pg
+//	                                                                       (optional: the lease store, terraform/local)
 //
-// Process faults need the pid files <region>-n<i>.pid (cluster.sh writes
-// them); each pid is checked to be a geologd before it is signalled. A
-// killed node is restarted with the command line, environment and working
-// directory it had, its output appended to <env dir>/<region>-n<i>.log.
-// Failpoint faults need nodes started with --debug-addr and
-// --debug-failpoints (read from their command lines). Raft links inside a
-// region do not pass through the WAN emulator in such a cluster, so
-// intra-region partitions are unsupported, as are client links and the
-// lease store. Close leaves the cluster running.
+// Process faults need the pid files <region>-n<i>.pid, holding "PID" (as
+// cluster.sh writes them) or "PID STARTTIME" (terraform/local's proc.sh:
+// field 22 of /proc/PID/stat, checked so that a reused pid is never
+// signalled); each pid is checked to be a geologd before it is signalled.
+// A killed node is restarted with the command line, environment and working
+// directory it had, its output appended to <env dir>/<region>-n<i>.log, and
+// its pid file rewritten in the format it had (so terraform destroy stops
+// the new process). Failpoint faults need nodes started with --debug-addr
+// and --debug-failpoints, homing nodes started with --lease-store (its TTL
+// is read from --lease-ttl): all read from their command lines.
+//
+// Links are found in the WAN emulator's list by name, as LocalCluster and
+// terraform/local (chaos_links) name them: Raft links inside a region
+// ("us:n1->us:n2") make intra-region partitions possible and name the
+// addresses leader hints carry; client links ("client->us:n1") become the
+// nodes' client addresses; lease-store links ("us->pg") make a lease-store
+// cut possible. The GEOLOG_PG_* variables make a lease-store stop
+// possible. Close leaves the cluster running.
 type EnvCluster struct {
 	dir     string
 	pidDir  string
@@ -41,6 +54,9 @@ type EnvCluster struct {
 	nodes   []Node
 	control string
 	caps    Caps
+
+	// pg runs the lease store's script (GEOLOG_PG_*), nil without.
+	pg *pgServer
 
 	mu    sync.Mutex
 	saved map[NodeRef]*savedProc // command lines of killed nodes
@@ -50,6 +66,8 @@ type savedProc struct {
 	argv []string
 	env  []string
 	cwd  string
+	// withStart: the pid file held "PID STARTTIME"; the restart's does too.
+	withStart bool
 }
 
 // ReadEnvFile parses "export K=V" / "K=V" lines (values may be quoted).
@@ -104,6 +122,25 @@ func AttachEnv(ctx context.Context, path string) (*EnvCluster, error) {
 		return nil, fmt.Errorf("chaos: %s names no GEOLOG_ADDR_<REGION>", path)
 	}
 	c.caps = Caps{Processes: true, WAN: c.control != "", Failpoints: true}
+	if script := vars["GEOLOG_PG_SCRIPT"]; script != "" && vars["GEOLOG_PG_DIR"] != "" {
+		port, err := strconv.Atoi(vars["GEOLOG_PG_PORT"])
+		if err != nil {
+			return nil, fmt.Errorf("chaos: %s: GEOLOG_PG_PORT=%q", path, vars["GEOLOG_PG_PORT"])
+		}
+		c.pg = &pgServer{script: script, dir: vars["GEOLOG_PG_DIR"], port: port}
+		c.caps.LeaseStore = true
+	}
+	var links []wan.LinkStatus
+	if c.control != "" {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		all, err := newWANClient(c.control).Links(cctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("chaos: %s: the WAN emulator: %w", path, err)
+		}
+		links = all
+	}
+	homing, ttls := 0, map[time.Duration]bool{}
 	for _, r := range c.regions {
 		list := vars["GEOLOG_ADDR_"+strings.ToUpper(r)]
 		if list == "" {
@@ -112,11 +149,30 @@ func AttachEnv(ctx context.Context, path string) (*EnvCluster, error) {
 		for i, a := range strings.Split(list, ",") {
 			n := Node{NodeRef: NodeRef{r, i + 1}, Addr: strings.TrimSpace(a)}
 			n.ClientAddr = n.Addr
-			if pid, err := c.pid(n.NodeRef); err == nil {
+			for _, l := range links {
+				e := endsOf(l)
+				switch {
+				case len(e.to) == 1 && e.to[0] == n.NodeRef.String() && e.from[0] == "client":
+					n.ClientAddr = l.Listen
+					c.caps.ClientLinks = true
+				case len(e.to) == 1 && e.to[0] == n.NodeRef.String() && strings.HasPrefix(e.from[0], r+":"):
+					n.Aliases = append(n.Aliases, l.Listen)
+					c.caps.IntraRegionLinks = true
+				}
+			}
+			if pid, _, err := c.pid(n.NodeRef); err == nil {
 				args := cmdline(pid)
 				n.DebugAddr = flagValue(args, "debug-addr")
 				if n.DebugAddr == "" || !slices.Contains(args, "--debug-failpoints") {
 					c.caps.Failpoints = false
+				}
+				if flagValue(args, "lease-store") != "" {
+					homing++
+					ttl, err := time.ParseDuration(flagValue(args, "lease-ttl"))
+					if err != nil {
+						ttl = 5 * time.Second // geologd's default
+					}
+					ttls[ttl] = true
 				}
 			} else {
 				c.caps.Processes, c.caps.Failpoints = false, false
@@ -125,6 +181,13 @@ func AttachEnv(ctx context.Context, path string) (*EnvCluster, error) {
 				return nil, fmt.Errorf("chaos: node %s at %s does not answer", n.NodeRef, n.Addr)
 			}
 			c.nodes = append(c.nodes, n)
+		}
+	}
+	// Homing: every node runs with a lease store, all with one TTL (the
+	// checks read it).
+	if homing == len(c.nodes) && len(ttls) == 1 {
+		for ttl := range ttls {
+			c.caps.LeaseTTL = ttl
 		}
 	}
 	return c, nil
@@ -149,11 +212,11 @@ func EnvFactory(path string) ClusterFactory {
 				return nil, fmt.Errorf("%w: the scenario needs region %s; the cluster has %v", ErrUnsupported, r, c.regions)
 			}
 		}
-		if shape.LeaseStore {
-			return nil, fmt.Errorf("%w: an attached cluster has no lease store the harness controls", ErrUnsupported)
+		if shape.LeaseStore && c.caps.LeaseTTL == 0 {
+			return nil, fmt.Errorf("%w: the attached cluster's nodes do not all run with --lease-store (and one --lease-ttl)", ErrUnsupported)
 		}
-		if shape.ClientLinks {
-			return nil, fmt.Errorf("%w: an attached cluster has no client links", ErrUnsupported)
+		if shape.ClientLinks && !c.caps.ClientLinks {
+			return nil, fmt.Errorf("%w: the attached cluster has no client links", ErrUnsupported)
 		}
 		return c, nil
 	}
@@ -165,36 +228,71 @@ func (c *EnvCluster) Caps() Caps         { return c.caps }
 func (c *EnvCluster) WANControl() string { return c.control }
 func (c *EnvCluster) Close() error       { return nil }
 
-func (c *EnvCluster) StopLeaseStore() error  { return ErrUnsupported }
-func (c *EnvCluster) StartLeaseStore() error { return ErrUnsupported }
+func (c *EnvCluster) StopLeaseStore() error {
+	if c.pg == nil {
+		return ErrUnsupported
+	}
+	return c.pg.run(context.Background(), "stop")
+}
+
+func (c *EnvCluster) StartLeaseStore() error {
+	if c.pg == nil {
+		return ErrUnsupported
+	}
+	return c.pg.run(context.Background(), "start")
+}
 
 func (c *EnvCluster) pidPath(n NodeRef) string {
 	return filepath.Join(c.pidDir, fmt.Sprintf("%s-n%d.pid", n.Region, n.ID))
 }
 
-// pid reads a node's pid file and checks that the process is a live
-// geologd (a pid reused by another program is refused).
-func (c *EnvCluster) pid(n NodeRef) (int, error) {
+// pid reads a node's pid file ("PID" or "PID STARTTIME") and checks that
+// the process is a live geologd (a pid reused by another program is
+// refused); withStart says which format the file has.
+func (c *EnvCluster) pid(n NodeRef) (pid int, withStart bool, err error) {
 	b, err := os.ReadFile(c.pidPath(n))
 	if err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrUnsupported, err)
+		return 0, false, fmt.Errorf("%w: %v", ErrUnsupported, err)
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	fields := strings.Fields(string(b))
+	if len(fields) == 0 || len(fields) > 2 {
+		return 0, false, fmt.Errorf("chaos: %s: bad pid file %q", c.pidPath(n), b)
+	}
+	pid, err = strconv.Atoi(fields[0])
 	if err != nil || pid <= 1 {
-		return 0, fmt.Errorf("chaos: %s: bad pid %q", c.pidPath(n), b)
+		return 0, false, fmt.Errorf("chaos: %s: bad pid %q", c.pidPath(n), b)
+	}
+	if len(fields) == 2 && fields[1] != startTime(pid) {
+		return 0, false, fmt.Errorf("chaos: pid %d of %s started at %s, not %s: another process", pid, n, startTime(pid), fields[1])
 	}
 	args := cmdline(pid)
 	if len(args) == 0 || filepath.Base(args[0]) != "geologd" || processGone(pid) {
-		return 0, fmt.Errorf("chaos: pid %d of %s is not a running geologd", pid, n)
+		return 0, false, fmt.Errorf("chaos: pid %d of %s is not a running geologd", pid, n)
 	}
-	return pid, nil
+	return pid, len(fields) == 2, nil
+}
+
+// startTime is field 22 of /proc/pid/stat (clock ticks after boot), "" if
+// the process is gone.
+func startTime(pid int) string {
+	stat := string(readProc(pid, "stat"))
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return ""
+	}
+	// Fields after the command: state is field 3, start time field 22.
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
 }
 
 func (c *EnvCluster) signal(n NodeRef, sig syscall.Signal) (int, error) {
 	if !c.caps.Processes {
 		return 0, ErrUnsupported
 	}
-	pid, err := c.pid(n)
+	pid, _, err := c.pid(n)
 	if err != nil {
 		return 0, err
 	}
@@ -210,11 +308,11 @@ func (c *EnvCluster) Kill(n NodeRef) error {
 	if !c.caps.Processes {
 		return ErrUnsupported
 	}
-	pid, err := c.pid(n)
+	pid, withStart, err := c.pid(n)
 	if err != nil {
 		return err
 	}
-	sp := &savedProc{argv: cmdline(pid), env: nulSplit(readProc(pid, "environ"))}
+	sp := &savedProc{argv: cmdline(pid), env: nulSplit(readProc(pid, "environ")), withStart: withStart}
 	sp.cwd, _ = os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
 	c.mu.Lock()
 	c.saved[n] = sp
@@ -246,7 +344,11 @@ func (c *EnvCluster) Restart(n NodeRef) error {
 		return fmt.Errorf("chaos: restart %s: %w", n, err)
 	}
 	go func() { _ = cmd.Wait() }() // reap it if it dies while we run
-	return os.WriteFile(c.pidPath(n), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644)
+	line := strconv.Itoa(cmd.Process.Pid)
+	if sp.withStart {
+		line += " " + startTime(cmd.Process.Pid)
+	}
+	return os.WriteFile(c.pidPath(n), []byte(line+"\n"), 0o644)
 }
 
 func readProc(pid int, file string) []byte {

@@ -48,17 +48,25 @@ const (
 	// region; every region when empty) and the store; "stop" stops the
 	// store's server (scripts/pg.sh stop) and starts it again.
 	KindLeaseStoreOutage Kind = "lease-store-outage"
+	// KindRehome is a planned move of range Target.Range (every range
+	// with Params.AllRanges) to the region Target.A (e.g. "next", "eu")
+	// through the Admin Rehome RPC: zero loss, a short pause, which the
+	// event records. It lasts as long as the RPC; Duration is ignored.
+	// Needs homing.
+	KindRehome Kind = "rehome"
 )
 
 // kinds lists every Kind, for validation.
-var kinds = []Kind{KindKill, KindPause, KindPartition, KindLatency, KindDisk, KindClockSkew, KindReplicatorStop, KindLeaseStoreOutage}
+var kinds = []Kind{KindKill, KindPause, KindPartition, KindLatency, KindDisk, KindClockSkew, KindReplicatorStop, KindLeaseStoreOutage, KindRehome}
 
 // Target says what a fault hits. Selectors are resolved when the fault
 // starts (a leader is whoever leads then):
 //
-//	region part   a region name, "home" (Range's home region), "mirror"
-//	              (the first of the stream's other regions), "client" (the
-//	              SDK clients' side of client links), "pg" (the lease store)
+//	region part   a region name, "home" (Range's home region now: with
+//	              homing, as the cluster reports it), "mirror" (the first
+//	              of the stream's other regions), "next" (the region after
+//	              the home in the stream's order), "client" (the SDK
+//	              clients' side of client links), "pg" (the lease store)
 //	node part     after a colon: "n2" (Raft id 2), "leader" (Range's
 //	              leader in that region), "followers", "follower" (one,
 //	              seeded), "any" (one, seeded), "all"
@@ -73,7 +81,7 @@ type Target struct {
 	// Node selects the node(s) of kill, pause, disk and clock-skew.
 	Node string `json:"node,omitempty"`
 	// A and B are the two sides of partition, latency, replicator-stop and
-	// lease-store-outage.
+	// lease-store-outage; A is the destination of rehome.
 	A string `json:"a,omitempty"`
 	B string `json:"b,omitempty"`
 	// OneWay restricts a link fault to the links from A to B.
@@ -96,6 +104,7 @@ type Params struct {
 	ClockSkew   Duration `json:"clock_skew,omitempty"`
 	DropReplies bool     `json:"drop_replies,omitempty"`
 	StoreMode   string   `json:"store_mode,omitempty"`
+	AllRanges   bool     `json:"all_ranges,omitempty"`
 }
 
 // Fault is one fault of a scenario's schedule: it starts Start after the
@@ -204,6 +213,11 @@ func (f Fault) Validate() error {
 		}
 		if f.Target.A != "" {
 			return checkSelector(f.Target.A)
+		}
+		return nil
+	case KindRehome:
+		if f.Target.A == "" || strings.Contains(f.Target.A, ":") {
+			return fmt.Errorf("chaos: rehome needs target.a, a region")
 		}
 		return nil
 	}

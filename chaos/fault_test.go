@@ -61,6 +61,8 @@ func TestFaultValidateRefuses(t *testing.T) {
 		{Kind: KindLeaseStoreOutage, Params: Params{StoreMode: "unplug"}},
 		{Kind: KindPause, Target: Target{Node: "us:n1"}, Duration: D(5e9), Every: D(5e9)},
 		{Kind: KindPause, Target: Target{Node: "us:n1"}, Start: -1},
+		{Kind: KindRehome},
+		{Kind: KindRehome, Target: Target{A: "us:n1"}},
 	}
 	for _, f := range bad {
 		if err := f.Validate(); err == nil {

@@ -65,7 +65,8 @@ type Op struct {
 // Observation is one record as some reader saw it: a consumer following a
 // range in a region, a tail reader, or a final read.
 type Observation struct {
-	// Source names the reader: "consume/<region>", "tail", "final/<region>";
+	// Source names the reader: "consume/<region>", "tail" (then "tail#1", ...
+	// when the reader starts over after a fork), "final/<region>";
 	// one source reads each range in offset order.
 	Source string `json:"source"`
 	Region string `json:"region"`
@@ -93,6 +94,37 @@ type FaultEvent struct {
 	Start       int64  `json:"start"`
 	End         int64  `json:"end"`
 	Err         string `json:"err,omitempty"`
+	// HomeEpochs is set by a fault that takes a whole home region away
+	// (every node killed, or cut off from the lease store): each range
+	// homed there when it started, and its homing epoch then. Failover
+	// is measured per such range up to the first ack under a newer epoch;
+	// the lease check (Stale) and the orphan allowance read it too.
+	HomeEpochs map[uint32]uint64 `json:"home_epochs,omitempty"`
+	// LeaseCut marks a lease-store outage of the ranges in HomeEpochs:
+	// no ack under their epoch may return later than Start + the
+	// history's LeaseTTL.
+	LeaseCut bool `json:"lease_cut,omitempty"`
+	// Pauses are the per-range pauses a planned rehome reported.
+	Pauses []Duration `json:"pauses,omitempty"`
+	// Sides are the two resolved sides of a link fault (partition,
+	// latency, replicator-stop, lease-store cut): regions ("us"), nodes
+	// ("us:n2"), "client" or "pg".
+	Sides [][]string `json:"sides,omitempty"`
+}
+
+// OrphanRecord is one record of a range's orphan log, as a node's Admin
+// ReadOrphans returned it: the divergent tail a returning home forked off
+// (DESIGN.md "Divergent tails"), with its original offset and epoch.
+type OrphanRecord struct {
+	Node      string `json:"node"` // "us:n2"
+	Range     uint32 `json:"range"`
+	ForkIndex uint64 `json:"fork_index"`
+	// ForkOffset is where the log continued in the newer epoch.
+	ForkOffset uint64 `json:"fork_offset"`
+	Offset     uint64 `json:"offset"`
+	Epoch      uint64 `json:"epoch"`
+	Key        string `json:"key"`
+	Value      string `json:"value"`
 }
 
 // History is what a scenario's run recorded, everything the checkers read.
@@ -110,6 +142,26 @@ type History struct {
 	// copy completed; the checkers judge loss only against a complete
 	// final read of the home.
 	FinalRead map[string]bool `json:"final_read"`
+	// FinalHomes is each range's home region at the end (homing may have
+	// moved it: a takeover, a rehome); empty means Homes.
+	FinalHomes []string `json:"final_homes,omitempty"`
+	// Orphans are the orphan logs of every node that answered, read after
+	// the final reads; OrphansRead says that they were read at all.
+	Orphans     []OrphanRecord `json:"orphans,omitempty"`
+	OrphansRead bool           `json:"orphans_read,omitempty"`
+	// LeaseTTL is the nodes' lease TTL (0: homing off).
+	LeaseTTL Duration `json:"lease_ttl,omitempty"`
+	// ProducerRegions is, per producer (Op.Process), the region whose
+	// nodes its client knows.
+	ProducerRegions []string `json:"producer_regions,omitempty"`
+}
+
+// FinalHome is range rng's home at the end: where its log is judged.
+func (h *History) FinalHome(rng uint32) string {
+	if int(rng) < len(h.FinalHomes) && h.FinalHomes[rng] != "" {
+		return h.FinalHomes[rng]
+	}
+	return h.Homes[rng]
 }
 
 // RangeCount is the number of ranges.
@@ -126,8 +178,8 @@ type recorder struct {
 	h  History
 }
 
-func newRecorder(stream string, homes, regions []string) *recorder {
-	return &recorder{h: History{Start: time.Now(), Stream: stream, Homes: homes, Regions: regions, FinalRead: map[string]bool{}}}
+func newRecorder(stream string, homes, regions []string, leaseTTL time.Duration) *recorder {
+	return &recorder{h: History{Start: time.Now(), Stream: stream, Homes: homes, Regions: regions, FinalRead: map[string]bool{}, LeaseTTL: D(leaseTTL)}}
 }
 
 // now is the history's clock.
@@ -151,6 +203,24 @@ func (r *recorder) addReads(obs ...Observation) {
 func (r *recorder) addFault(ev FaultEvent) {
 	r.mu.Lock()
 	r.h.Faults = append(r.h.Faults, ev)
+	r.mu.Unlock()
+}
+
+func (r *recorder) setProducerRegions(regions []string) {
+	r.mu.Lock()
+	r.h.ProducerRegions = regions
+	r.mu.Unlock()
+}
+
+func (r *recorder) setFinalHomes(homes []string) {
+	r.mu.Lock()
+	r.h.FinalHomes = homes
+	r.mu.Unlock()
+}
+
+func (r *recorder) setOrphans(recs []OrphanRecord) {
+	r.mu.Lock()
+	r.h.Orphans, r.h.OrphansRead = recs, true
 	r.mu.Unlock()
 }
 

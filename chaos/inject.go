@@ -89,14 +89,32 @@ func (in *injector) check(f Fault) error {
 		return fmt.Errorf("%w: %s between nodes of a region needs intra-region links", ErrUnsupported, f.Kind)
 	case slices.Contains(sides, "client") && !caps.ClientLinks:
 		return fmt.Errorf("%w: a client side needs client links", ErrUnsupported)
-	case f.Kind == KindLeaseStoreOutage && !caps.LeaseStore:
-		return fmt.Errorf("%w: no lease store", ErrUnsupported)
+	case f.Kind == KindLeaseStoreOutage && f.Params.StoreMode == "stop" && !caps.LeaseStore:
+		return fmt.Errorf("%w: no lease store the harness can stop", ErrUnsupported)
+	case f.Kind == KindLeaseStoreOutage && f.Params.StoreMode != "stop" && (caps.LeaseTTL == 0 || !caps.WAN):
+		return fmt.Errorf("%w: a lease-store cut needs homing and the WAN emulator", ErrUnsupported)
+	case f.Kind == KindRehome && caps.LeaseTTL == 0:
+		return fmt.Errorf("%w: rehome needs homing (a lease store)", ErrUnsupported)
+	}
+	if f.Kind == KindLeaseStoreOutage && f.Params.StoreMode != "stop" {
+		// The links are looked up now: a cut that touches nothing would
+		// pass for a survived outage.
+		all, err := in.wan.Links(context.Background())
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(all, func(l wan.LinkStatus) bool { return slices.Contains(endsOf(l).to, "pg") }) {
+			return fmt.Errorf("%w: the WAN emulator has no links to the lease store (<region>->pg)", ErrUnsupported)
+		}
 	}
 	return nil
 }
 
 // runSchedule runs every fault of faults from start until window ends,
-// each in its own goroutine, and returns when all are reverted.
+// each in its own goroutine, and returns when the window has ended and
+// all are reverted (the workload runs for the whole window: what follows
+// the last fault, e.g. a returned region serving as a mirror, is part of
+// the run).
 func (in *injector) runSchedule(ctx context.Context, faults []Fault, window time.Duration) {
 	wctx, cancel := context.WithTimeout(ctx, window)
 	defer cancel()
@@ -119,6 +137,7 @@ func (in *injector) runSchedule(ctx context.Context, faults []Fault, window time
 		}()
 	}
 	wg.Wait()
+	<-wctx.Done()
 }
 
 // once applies one repetition of f, holds it for its duration (or until
@@ -137,8 +156,8 @@ func (in *injector) once(ctx context.Context, f Fault, rep int) {
 			marked, ev.Start = true, in.rec.now()
 		}
 	}
-	revert, what, leader, err := in.apply(ctx, f, rng, mark)
-	ev.What, ev.LeaderFault = what, leader
+	revert, err := in.apply(ctx, f, rng, mark, &ev)
+	what := ev.What
 	if err != nil {
 		ev.Err = err.Error()
 		in.log.Warn("fault not injected", "fault", f.String(), "error", err)
@@ -158,9 +177,11 @@ func (in *injector) once(ctx context.Context, f Fault, rep int) {
 	in.rec.addFault(ev)
 }
 
-// apply injects f on range rng and returns how to revert it, what it hit,
-// and whether it hit the range's leader.
-func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func()) (revert func(context.Context) error, what string, leader bool, err error) {
+// apply injects f on range rng and returns how to revert it; it fills in
+// what it hit (ev.What), whether that was the range's leader or a whole
+// home region (ev.LeaderFault, ev.HomeEpochs, ev.LeaseCut) and a rehome's
+// pauses.
+func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func(), ev *FaultEvent) (revert func(context.Context) error, err error) {
 	// Both sides of a fault see the same leader, even if it moves while
 	// the second is resolved.
 	ctx = context.WithValue(ctx, leaderCacheKey{}, map[string]Node{})
@@ -168,11 +189,15 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func())
 	case KindKill, KindPause, KindDisk, KindClockSkew:
 		nodes, err := in.resolveNodes(ctx, f.Target.Node, rng)
 		if err != nil {
-			return nil, "", false, err
+			return nil, err
 		}
-		_, part, _ := strings.Cut(f.Target.Node, ":")
-		leader = (part == "leader" || part == "all") && (f.Kind == KindKill || f.Kind == KindPause)
-		what = fmt.Sprintf("%s %v", f.Kind, nodes)
+		_, part, hasNode := strings.Cut(f.Target.Node, ":")
+		ev.LeaderFault = (part == "leader" || part == "all" || !hasNode) && (f.Kind == KindKill || f.Kind == KindPause)
+		ev.What = fmt.Sprintf("%s %v", f.Kind, nodes)
+		if f.Kind == KindKill && (part == "all" || !hasNode) && len(nodes) == len(regionNodes(in.cl, nodes[0].Region)) {
+			// A whole region dies: each range homed there fails over.
+			ev.HomeEpochs = in.homeEpochs(ctx, []string{nodes[0].Region})
+		}
 		switch f.Kind {
 		case KindKill:
 			revert, err = in.kill(ctx, nodes, f.Params.DropReplies, mark)
@@ -181,11 +206,11 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func())
 		default:
 			revert, err = in.failpoint(ctx, nodes, f, mark)
 		}
-		return revert, what, leader, err
+		return revert, err
 	case KindPartition, KindLatency, KindReplicatorStop:
 		a, err := in.resolveSide(ctx, f.Target.A, rng)
 		if err != nil {
-			return nil, "", false, err
+			return nil, err
 		}
 		var b []string
 		oneWay := f.Target.OneWay
@@ -201,46 +226,61 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func())
 		}
 		if b == nil {
 			if b, err = in.resolveSide(ctx, f.Target.B, rng); err != nil {
-				return nil, "", false, err
+				return nil, err
 			}
 		}
 		links, err := in.links(ctx, a, b, oneWay)
 		if err != nil {
-			return nil, "", false, err
+			return nil, err
 		}
 		_, pa, _ := strings.Cut(f.Target.A, ":")
 		_, pb, _ := strings.Cut(f.Target.B, ":")
-		leader = f.Kind == KindPartition && (pa == "leader" || pb == "leader")
-		what = fmt.Sprintf("%s %v|%v (%d links)", f.Kind, a, b, len(links))
+		ev.LeaderFault = f.Kind == KindPartition && (pa == "leader" || pb == "leader")
+		ev.What = fmt.Sprintf("%s %v|%v (%d links)", f.Kind, a, b, len(links))
+		ev.Sides = [][]string{a, b}
 		if f.Kind == KindLatency {
-			revert, err = in.slow(ctx, links, f.Params.Latency.Std(), f.Params.Jitter.Std(), mark)
-		} else {
-			mode, _ := parseCutMode(f.Params.CutMode)
-			if f.Kind == KindReplicatorStop {
-				mode = "reset"
-			}
-			revert, err = in.cutLinks(ctx, links, mode, mark)
+			return in.slow(ctx, links, f.Params.Latency.Std(), f.Params.Jitter.Std(), mark)
 		}
-		return revert, what, leader, err
+		mode, _ := parseCutMode(f.Params.CutMode)
+		if f.Kind == KindReplicatorStop {
+			mode = "reset"
+		}
+		return in.cutLinks(ctx, links, mode, mark)
 	case KindLeaseStoreOutage:
+		a := in.regions
+		if f.Target.A != "" && f.Params.StoreMode != "stop" {
+			if a, err = in.resolveSide(ctx, f.Target.A, rng); err != nil {
+				return nil, err
+			}
+		}
+		if in.cl.Caps().LeaseTTL > 0 {
+			ev.HomeEpochs, ev.LeaseCut = in.homeEpochs(ctx, a), true
+		}
 		if f.Params.StoreMode == "stop" {
+			ev.What = "lease store stopped"
 			mark()
 			return in.stopLeaseStore()
 		}
-		a := in.regions
-		if f.Target.A != "" {
-			if a, err = in.resolveSide(ctx, f.Target.A, rng); err != nil {
-				return nil, "", false, err
-			}
-		}
 		links, err := in.links(ctx, a, []string{"pg"}, false)
 		if err != nil {
-			return nil, "", false, err
+			return nil, err
 		}
-		revert, err = in.cutLinks(ctx, links, "blackhole", mark)
-		return revert, fmt.Sprintf("lease store cut from %v", a), false, err
+		ev.What = fmt.Sprintf("lease store cut from %v (%d links)", a, len(links))
+		ev.Sides = [][]string{a, {"pg"}}
+		return in.cutLinks(ctx, links, "blackhole", mark)
+	case KindRehome:
+		to, err := in.region(ctx, f.Target.A, rng)
+		if err != nil {
+			return nil, err
+		}
+		ev.What = fmt.Sprintf("rehome r%d to %s", rng, to)
+		if f.Params.AllRanges {
+			ev.What = "rehome every range to " + to
+		}
+		ev.Pauses, err = in.rehome(ctx, rng, f.Params.AllRanges, to, mark)
+		return func(context.Context) error { return nil }, err
 	}
-	return nil, "", false, fmt.Errorf("chaos: unknown kind %q", f.Kind)
+	return nil, fmt.Errorf("chaos: unknown kind %q", f.Kind)
 }
 
 func (in *injector) kill(ctx context.Context, nodes []Node, dropReplies bool, mark func()) (func(context.Context) error, error) {
@@ -457,9 +497,9 @@ func (in *injector) slow(ctx context.Context, links []wan.LinkStatus, latency, j
 
 func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
 
-func (in *injector) stopLeaseStore() (func(context.Context) error, string, bool, error) {
+func (in *injector) stopLeaseStore() (func(context.Context) error, error) {
 	if err := in.cl.StopLeaseStore(); err != nil {
-		return nil, "", false, err
+		return nil, err
 	}
 	in.mu.Lock()
 	in.pgStopped = true
@@ -469,7 +509,7 @@ func (in *injector) stopLeaseStore() (func(context.Context) error, string, bool,
 		in.pgStopped = false
 		in.mu.Unlock()
 		return in.cl.StartLeaseStore()
-	}, "lease store stopped", false, nil
+	}, nil
 }
 
 // healAll mends whatever is still broken: the end of a scenario's fault
@@ -546,7 +586,7 @@ func (in *injector) resolveSide(ctx context.Context, sel string, rng uint32) ([]
 		return []string{region}, nil
 	}
 	if !hasNode {
-		r, err := in.region(region, rng)
+		r, err := in.region(ctx, region, rng)
 		if err != nil {
 			return nil, err
 		}
@@ -563,34 +603,48 @@ func (in *injector) resolveSide(ctx context.Context, sel string, rng uint32) ([]
 	return out, nil
 }
 
-// region resolves the region part of a selector.
-func (in *injector) region(sel string, rng uint32) (string, error) {
+// region resolves the region part of a selector: "home" is where range
+// rng is homed now (homing may have moved it), "mirror" the first other
+// region of the stream, "next" the one after the home in the stream's
+// region order.
+func (in *injector) region(ctx context.Context, sel string, rng uint32) (string, error) {
 	if int(rng) >= len(in.homes) {
 		return "", fmt.Errorf("chaos: range %d: the stream has %d", rng, len(in.homes))
 	}
+	switch sel {
+	case "home", "mirror", "next":
+	default:
+		if !slices.Contains(in.cl.Regions(), sel) {
+			return "", fmt.Errorf("chaos: no region %q", sel)
+		}
+		return sel, nil
+	}
 	home := in.homes[rng]
+	if in.cl.Caps().LeaseTTL > 0 {
+		home = in.currentHomes(ctx)[rng].region
+	}
 	switch sel {
 	case "home":
 		return home, nil
-	case "mirror":
-		for _, r := range in.regions {
-			if r != home {
-				return r, nil
-			}
+	case "next":
+		if i := slices.Index(in.regions, home); i >= 0 && len(in.regions) > 1 {
+			return in.regions[(i+1)%len(in.regions)], nil
 		}
-		return "", fmt.Errorf("chaos: range %d has no mirror region", rng)
+		return "", fmt.Errorf("chaos: range %d has no next region", rng)
 	}
-	if !slices.Contains(in.cl.Regions(), sel) {
-		return "", fmt.Errorf("chaos: no region %q", sel)
+	for _, r := range in.regions {
+		if r != home {
+			return r, nil
+		}
 	}
-	return sel, nil
+	return "", fmt.Errorf("chaos: range %d has no mirror region", rng)
 }
 
 // resolveNodes turns a node selector into nodes, finding the range's
 // leader when asked.
 func (in *injector) resolveNodes(ctx context.Context, sel string, rng uint32) ([]Node, error) {
 	regionSel, part, hasNode := strings.Cut(sel, ":")
-	region, err := in.region(regionSel, rng)
+	region, err := in.region(ctx, regionSel, rng)
 	if err != nil {
 		return nil, err
 	}

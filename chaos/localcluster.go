@@ -255,6 +255,11 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 				args = append(args, "--region-addrs", r+"="+strings.Join(p.remote[r], ","))
 			}
 		}
+		if shape.LeaseStore {
+			args = append(args, "--lease-store", leaseStoreURL[ref.Region], "--lease-ttl", shape.LeaseTTL.Std().String(),
+				"--lease-heartbeat", max(shape.LeaseTTL.Std()/3, 100*time.Millisecond).String(),
+				"--max-clock-offset", shape.MaxClockOffset.Std().String())
+		}
 		for _, f := range shape.NodeFlags {
 			args = append(args, strings.ReplaceAll(f, "{lease-store}", leaseStoreURL[ref.Region]))
 		}
@@ -307,8 +312,12 @@ func (c *LocalCluster) WANControl() string { return c.control }
 func (c *LocalCluster) Dir() string { return c.cfg.Dir }
 
 func (c *LocalCluster) Caps() Caps {
-	return Caps{Processes: true, WAN: true, IntraRegionLinks: c.shape.NodesPerRegion > 1, ClientLinks: c.shape.ClientLinks,
+	caps := Caps{Processes: true, WAN: true, IntraRegionLinks: c.shape.NodesPerRegion > 1, ClientLinks: c.shape.ClientLinks,
 		Failpoints: true, LeaseStore: c.pg != nil}
+	if c.pg != nil {
+		caps.LeaseTTL = c.shape.LeaseTTL.Std()
+	}
+	return caps
 }
 
 func (c *LocalCluster) proc(n NodeRef) (*proc, error) {

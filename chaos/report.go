@@ -31,10 +31,10 @@ func (r Result) Status() string {
 // that is not a plain PASS.
 func WriteTable(w io.Writer, results []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-	fmt.Fprintln(tw, "scenario\tresult\tsecs\tacked\tdedup\tambiguous\tlost\torphaned\tdup\torder\tincons\tunexp\tgap\tlinear\tfailover p50/p99\tmax lag\t")
+	fmt.Fprintln(tw, "scenario\tresult\tsecs\tacked\tdedup\tambiguous\tlost\torphaned\tdup\torder\tincons\tunexp\tgap\tstale\tlinear\tfailover p50/p99\tmax lag\t")
 	for _, r := range results {
 		if r.Skipped != "" || r.Err != nil {
-			fmt.Fprintf(tw, "%s\t%s\t%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario, r.Status(), r.Elapsed.Seconds())
+			fmt.Fprintf(tw, "%s\t%s\t%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario, r.Status(), r.Elapsed.Seconds())
 			continue
 		}
 		q := r.Queue
@@ -49,14 +49,19 @@ func WriteTable(w io.Writer, results []Result) {
 				failover += fmt.Sprintf(" (%d unrecovered)", r.Unrecovered)
 			}
 		}
+		if len(r.RehomePauses) > 0 {
+			// A planned move is no failover: its pause takes the column.
+			pauses := durations(r.RehomePauses)
+			failover = fmt.Sprintf("pause %s/%s", ms(percentile(pauses, 0.5)), ms(percentile(pauses, 0.99)))
+		}
 		lag := "-"
 		if r.MaxLag >= 0 {
 			lag = ms(r.MaxLag)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%d\t%d\t%d (%d in)\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%d\t%d\t%d (%d in)\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n",
 			r.Scenario, r.Status(), r.Elapsed.Seconds(), q.Acked, q.Deduplicated, q.Ambiguous, q.AmbiguousPresent,
 			q.Counts[Lost], orphaned, q.Counts[Duplicated], q.Counts[OutOfOrder], q.Counts[Inconsistent],
-			q.Counts[Unexpected], q.Counts[Gap], linearCell(r.Linear), failover, lag)
+			q.Counts[Unexpected], q.Counts[Gap], q.Counts[Stale], linearCell(r.Linear), failover, lag)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -83,6 +88,14 @@ func (r Result) notes() []string {
 		out = append(out, a.String())
 	}
 	out = append(out, r.Linear.Details...)
+	if q := r.Queue; q.OrphanRecords > 0 {
+		out = append(out, fmt.Sprintf("orphan logs: %d records, %d of them acknowledged (the orphaned column); the linearizability check left out %d orphaned acks and %d reads of divergent tails",
+			q.OrphanRecords, q.Orphaned, r.Linear.OrphanedAcks, r.Linear.OrphanReads))
+	}
+	if n := len(r.RehomePauses); n > 0 {
+		out = append(out, fmt.Sprintf("planned rehome: %d range moves, pause p50 %s, p99 %s, max %s", n,
+			ms(percentile(durations(r.RehomePauses), 0.5)), ms(percentile(durations(r.RehomePauses), 0.99)), ms(r.RehomePauses[n-1].Std())))
+	}
 	if len(r.Queue.Unverified) > 0 {
 		out = append(out, "home final read incomplete (loss not judged): "+strings.Join(r.Queue.Unverified, ", "))
 	}
@@ -119,4 +132,12 @@ func ms(d time.Duration) string {
 		return fmt.Sprintf("%.1fs", d.Seconds())
 	}
 	return fmt.Sprintf("%dms", d.Milliseconds())
+}
+
+func durations(ds []Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Std()
+	}
+	return out
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -44,9 +45,12 @@ type Result struct {
 
 	Queue  QueueResult
 	Linear LinearResult
-	// Orphaned counts records in the orphan logs; -1 while the node has
-	// no orphan log to list (issue 5).
+	// Orphaned counts acknowledged records found in an orphan log instead
+	// of the final log (the RPO of unplanned failovers); -1 when the
+	// cluster runs without homing (no orphan logs).
 	Orphaned int
+	// RehomePauses are the pauses planned rehomes reported, sorted.
+	RehomePauses []Duration
 	// Failovers are the times from each leader fault to the first ack of
 	// an append to that range invoked after it; Unrecovered counts leader
 	// faults with no such ack before the workload ended.
@@ -103,6 +107,13 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 	sc.Shape.setDefaults()
 	sc.Workload.setDefaults(sc.Shape)
 
+	for _, r := range sc.Workload.ProducerRegions {
+		if !slices.Contains(sc.Shape.Regions, r) {
+			res.Err = fmt.Errorf("chaos: producer region %s is not a region of the scenario", r)
+			return res
+		}
+	}
+
 	cl, err := cfg.Cluster(ctx, sc.Name, sc.Shape)
 	if errors.Is(err, ErrUnsupported) {
 		res.Skipped = err.Error()
@@ -113,13 +124,17 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 		return res
 	}
 	defer cl.Close()
+	if sc.Shape.LeaseStore && cl.Caps().LeaseTTL == 0 {
+		res.Skipped = "the scenario needs homing: the cluster runs without a lease store"
+		return res
+	}
 	regions := sc.Shape.Regions
 	homes := make([]string, sc.Workload.Ranges)
 	for r := range homes {
 		homes[r] = sc.Workload.homeOf(uint32(r), regions)
 	}
 	stream := fmt.Sprintf("chaos-%s-%d-%d", sc.Name, cfg.Seed, time.Now().Unix())
-	rec := newRecorder(stream, homes, regions)
+	rec := newRecorder(stream, homes, regions, cl.Caps().LeaseTTL)
 	in := newInjector(cl, stream, homes, regions, rec, cfg.Seed, log)
 	defer in.close()
 	for _, f := range sc.Faults {
@@ -155,26 +170,55 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 	wl.stopTailReaders()
 
 	// The final reads: the home's copy of each range (consistency home),
-	// then every other region's, waiting for it to reach the home's tail.
+	// then every other region's, waiting for it to reach the home's tail
+	// and to equal it (a returning home forks its divergent tail off only
+	// once the new home's replicator reaches it). With homing the home is
+	// where the cluster says it is now.
+	finalHomes := slices.Clone(homes)
+	if cl.Caps().LeaseTTL > 0 {
+		for r, h := range in.currentHomes(ctx) {
+			finalHomes[r] = h.region
+		}
+		rec.setFinalHomes(finalHomes)
+	}
 	tails := make([]uint64, sc.Workload.Ranges)
+	// One deadline for every copy: a mirror that never converges costs
+	// the wait once.
+	deadline := time.Now().Add(mirrorConvergeMax)
 	for r := range sc.Workload.Ranges {
-		tail, err := wl.finalRead(ctx, homes[r], r, 0)
-		rec.setFinal(homes[r], r, err == nil)
+		home := finalHomes[r]
+		want, err := wl.readCopy(ctx, home, r, 0, true)
+		rec.setFinal(home, r, err == nil)
 		if err != nil {
-			log.Warn("final read failed", "region", homes[r], "range", r, "error", err)
+			log.Warn("final read failed", "region", home, "range", r, "error", err)
 			continue
 		}
-		tails[r] = tail
+		rec.addReads(want...)
+		tails[r] = uint64(len(want))
 		for _, region := range regions {
-			if region == homes[r] {
+			if region == home {
 				continue
 			}
-			_, err := wl.finalRead(ctx, region, r, tail)
+			var got []Observation
+			for {
+				got, err = wl.readCopy(ctx, region, r, tails[r], false)
+				if (err == nil && sameLog(got, want)) || time.Now().After(deadline) || ctx.Err() != nil {
+					break
+				}
+				sleepUntil(ctx, time.Now().Add(300*time.Millisecond))
+			}
 			rec.setFinal(region, r, err == nil)
 			if err != nil {
 				log.Warn("final read failed", "region", region, "range", r, "error", err)
+				continue
 			}
+			rec.addReads(got...)
 		}
+	}
+	if cl.Caps().LeaseTTL > 0 {
+		orphans, errs := in.readOrphans(ctx)
+		rec.setOrphans(orphans)
+		res.FaultErrors = append(res.FaultErrors, errs...)
 	}
 	res.ConsumersBehind = wl.waitConsumers(tails, 30*time.Second)
 	h := rec.finish()
@@ -192,7 +236,12 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 	res.History = h
 	res.Queue = CheckQueue(h)
 	res.Linear = CheckLinearizable(h, cfg.LinearTimeout, vizDir)
+	res.Orphaned = res.Queue.Orphaned
 	res.Failovers, res.Unrecovered = failovers(h)
+	for _, ev := range h.Faults {
+		res.RehomePauses = append(res.RehomePauses, ev.Pauses...)
+	}
+	slices.Sort(res.RehomePauses)
 	res.MaxLag = maxLag(h)
 	for _, ev := range h.Faults {
 		if ev.Err != "" {
@@ -245,10 +294,36 @@ func createStream(ctx context.Context, cl Cluster, name string, w Workload, regi
 }
 
 // failovers measures, for each leader fault, the time from its start to
-// the first ack of an append to its range invoked after it started.
+// the first ack of an append to its range invoked after it started. For a
+// fault that took a whole home region away (FaultEvent.HomeEpochs) it
+// measures, per range homed there, the time to the first ack under a newer
+// epoch (the takeover's), or, if the home never changed, to the first ack
+// of an append invoked after the fault ended.
 func failovers(h *History) (out []time.Duration, unrecovered int) {
 	for _, ev := range h.Faults {
-		if !ev.LeaderFault || ev.Err != "" {
+		if ev.Err != "" {
+			continue
+		}
+		if len(ev.HomeEpochs) > 0 {
+			for rng, e0 := range ev.HomeEpochs {
+				first := int64(-1)
+				for _, op := range h.Ops {
+					if op.Kind != OpAppend || op.Outcome != OK || op.Range != rng || op.Return < ev.Start {
+						continue
+					}
+					if (op.Epoch > e0 || op.Call >= ev.End) && (first < 0 || op.Return < first) {
+						first = op.Return
+					}
+				}
+				if first < 0 {
+					unrecovered++
+					continue
+				}
+				out = append(out, time.Duration(first-ev.Start))
+			}
+			continue
+		}
+		if !ev.LeaderFault {
 			continue
 		}
 		first := int64(-1)
@@ -267,12 +342,30 @@ func failovers(h *History) (out []time.Duration, unrecovered int) {
 	return out, unrecovered
 }
 
+// mirrorConvergeMax bounds the wait for the mirrors' copies to equal the
+// home's in the final reads (all of them together).
+const mirrorConvergeMax = 90 * time.Second
+
+// sameLog reports whether two final reads of a range hold the same records
+// at the same offsets under the same epochs.
+func sameLog(a, b []Observation) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Offset != b[i].Offset || a[i].Epoch != b[i].Epoch || a[i].Value != b[i].Value {
+			return false
+		}
+	}
+	return true
+}
+
 // maxLag is the largest append-to-delivery delay seen by a consumer in a
 // mirror region, or -1 when the stream has none.
 func maxLag(h *History) time.Duration {
 	lag := time.Duration(-1)
 	for _, o := range h.Reads {
-		if o.Final || o.Source == "tail" || o.Region == h.Homes[o.Range] || o.AppendUnixNanos == 0 {
+		if o.Final || strings.HasPrefix(o.Source, "tail") || o.Region == h.Homes[o.Range] || o.AppendUnixNanos == 0 {
 			continue
 		}
 		lag = max(lag, time.Duration(h.Start.UnixNano()+o.At-o.AppendUnixNanos))

@@ -21,11 +21,24 @@ type Shape struct {
 	// (default 10ms), so the reply-dropping fault has replies to drop.
 	ClientLinks   bool     `json:"client_links,omitempty"`
 	ClientLatency Duration `json:"client_latency,omitempty"`
-	// LeaseStore runs PostgreSQL (scripts/pg.sh) behind links
-	// "<region>->pg"; "{lease-store}" in NodeFlags becomes the node's URL.
-	LeaseStore bool `json:"lease_store,omitempty"`
+	// LeaseStore turns homing on: PostgreSQL (scripts/pg.sh) behind links
+	// "<region>->pg", and every node runs with --lease-store (its region's
+	// link), --lease-ttl LeaseTTL (default 3s), --lease-heartbeat (a third
+	// of it) and --max-clock-offset MaxClockOffset (default 250ms).
+	// "{lease-store}" in NodeFlags becomes the node's URL too. An attached
+	// cluster must run with homing (its own TTL is used).
+	LeaseStore     bool     `json:"lease_store,omitempty"`
+	LeaseTTL       Duration `json:"lease_ttl,omitempty"`
+	MaxClockOffset Duration `json:"max_clock_offset,omitempty"`
 	// NodeFlags are added to every geologd command line.
 	NodeFlags []string `json:"node_flags,omitempty"`
+}
+
+// defaults returns s with its defaults set.
+func (s *Shape) defaults() Shape {
+	c := *s
+	c.setDefaults()
+	return c
 }
 
 func (s *Shape) setDefaults() {
@@ -44,6 +57,12 @@ func (s *Shape) setDefaults() {
 	if s.ClientLinks && s.ClientLatency == 0 {
 		s.ClientLatency = D(10 * time.Millisecond)
 	}
+	if s.LeaseStore && s.LeaseTTL == 0 {
+		s.LeaseTTL = D(3 * time.Second)
+	}
+	if s.LeaseStore && s.MaxClockOffset == 0 {
+		s.MaxClockOffset = D(250 * time.Millisecond)
+	}
 }
 
 // Workload is what the clients do during a scenario.
@@ -53,12 +72,15 @@ type Workload struct {
 	Ranges       uint32 `json:"ranges,omitempty"`
 	KeysPerRange int    `json:"keys_per_range,omitempty"`
 	// Producers, default 2, each an idempotent client.Producer whose
-	// client knows one region's nodes (round robin over the regions);
+	// client knows one region's nodes (round robin over ProducerRegions,
+	// default the regions: a producer whose region dies waits out its
+	// delivery timeout, so region faults produce from the others);
 	// each writes every key in turn at RatePerProducer records/s (default
 	// 100) with values of ValueBytes (default 64).
-	Producers       int     `json:"producers,omitempty"`
-	RatePerProducer float64 `json:"rate_per_producer,omitempty"`
-	ValueBytes      int     `json:"value_bytes,omitempty"`
+	Producers       int      `json:"producers,omitempty"`
+	ProducerRegions []string `json:"producer_regions,omitempty"`
+	RatePerProducer float64  `json:"rate_per_producer,omitempty"`
+	ValueBytes      int      `json:"value_bytes,omitempty"`
 	// InflightBatchesMax per range, default 5 (pipelining on).
 	InflightBatchesMax int `json:"inflight_batches_max,omitempty"`
 	// DeliveryTimeout of a record, default 30s: a record not acked by
@@ -81,6 +103,9 @@ func (w *Workload) setDefaults(shape Shape) {
 	}
 	if w.Producers <= 0 {
 		w.Producers = 2
+	}
+	if len(w.ProducerRegions) == 0 {
+		w.ProducerRegions = shape.Regions
 	}
 	if w.RatePerProducer <= 0 {
 		w.RatePerProducer = 100
@@ -140,17 +165,11 @@ func (s Scenario) Validate() error {
 	return nil
 }
 
-// leaseFlags are the homing flags the node will take (issue 5), for the
-// pending scenarios.
-var leaseFlags = []string{"--lease-store", "{lease-store}", "--lease-ttl", "2s", "--max-clock-offset", "250ms"}
-
-// pendingHoming is why the homing scenarios wait.
-const pendingHoming = "needs homing in the node (--lease-store, --lease-ttl, --max-clock-offset; issue 5)"
-
 // Scenarios is the full list that make chaos runs: minutes on the local
-// 3×3 cluster.
+// 3×3 cluster (or the terraform/local one).
 func Scenarios() []Scenario {
 	full := Shape{}
+	homing := Shape{LeaseStore: true}
 	return []Scenario{
 		leaderKillLoop(full, 60*time.Second),
 		zombieLeader(full, 45*time.Second),
@@ -158,38 +177,26 @@ func Scenarios() []Scenario {
 		regionLinkCut(full, 50*time.Second),
 		ambiguousAckKill(full, 45*time.Second),
 		degradedNodes(full, 50*time.Second),
-		{
-			Name:        "home-lease-store-cut",
-			Description: "the home region loses the lease store for 2×TTL: it must stop acking before its lease may expire; another region takes over; the old home's unreplicated tail goes to the orphan log",
-			Shape:       Shape{LeaseStore: true, NodeFlags: leaseFlags},
-			Workload:    Workload{Home: "us"},
-			Faults: []Fault{{Kind: KindLeaseStoreOutage, Target: Target{A: "home"}, Params: Params{StoreMode: "cut"},
-				Start: D(10 * time.Second), Duration: D(4 * time.Second)}},
-			Duration: D(45 * time.Second),
-			Pending:  pendingHoming,
-		},
-		{
-			Name:        "region-kill-and-return",
-			Description: "every node of the home region is killed; a mirror region takes over at epoch+1; the old home returns, truncates its divergent tail into the orphan log and mirrors the new home",
-			Shape:       Shape{LeaseStore: true, NodeFlags: leaseFlags},
-			Workload:    Workload{Home: "us"},
-			Faults: []Fault{{Kind: KindKill, Target: Target{Node: "home:all"},
-				Start: D(10 * time.Second), Duration: D(20 * time.Second)}},
-			Duration: D(60 * time.Second),
-			Pending:  pendingHoming,
-		},
+		homeLeaseStoreCut(homing, 35*time.Second),
+		regionKillAndReturn(homing, 15*time.Second, 40*time.Second),
+		homeRegionPartitioned(homing, 40*time.Second),
+		plannedRehome(homing, 38*time.Second),
 	}
 }
 
-// Slice is the short fixed-seed slice that make test runs: three scenarios
-// on small clusters, about two minutes on two cores.
+// Slice is the short fixed-seed slice that make test runs: four scenarios
+// on small clusters, one of them with homing (a one-node home region killed
+// and returned), about two and a half minutes on two cores.
 func Slice() []Scenario {
 	region := Shape{Regions: []string{"us"}}
 	two := Shape{Regions: []string{"us", "eu"}, NodesPerRegion: 1}
+	twoHoming := two
+	twoHoming.LeaseStore = true
 	return []Scenario{
 		leaderKillLoop(region, 20*time.Second),
 		zombieLeader(region, 17*time.Second),
 		regionLinkCut(two, 20*time.Second),
+		regionKillAndReturn(twoHoming, 8*time.Second, 22*time.Second),
 	}
 }
 
@@ -274,6 +281,78 @@ func degradedNodes(shape Shape, d time.Duration) Scenario {
 			{Kind: KindDisk, Target: Target{Node: "home:follower"}, Params: Params{FsyncFail: true},
 				Start: D(33 * time.Second), Duration: D(5 * time.Second)},
 		},
+		Duration: D(d),
+	}
+}
+
+// The homing scenarios run with a lease store (Shape.LeaseStore: lease TTL
+// 3s, max clock offset 250ms on the local cluster), every range homed in
+// us at first.
+
+func homeLeaseStoreCut(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name: "home-lease-store-cut",
+		Description: "cut the home region off from the lease store for 3×TTL under load: it must stop acking before its lease may expire " +
+			"(no ack under its epoch from cut+TTL until the heal); another region takes over; after the heal the old home mirrors it, " +
+			"its unreplicated tail (if any) in the orphan log",
+		Shape:    shape,
+		Workload: Workload{Home: "us", Producers: 3},
+		Faults: []Fault{{Kind: KindLeaseStoreOutage, Target: Target{A: "home"}, Params: Params{StoreMode: "cut"},
+			Start: D(8 * time.Second), Duration: D(9 * time.Second)}},
+		Duration: D(d),
+	}
+}
+
+func regionKillAndReturn(shape Shape, down, d time.Duration) Scenario {
+	regions := shape.Regions
+	if len(regions) == 0 {
+		regions = (&Shape{}).defaults().Regions
+	}
+	return Scenario{
+		Name: "region-kill-and-return",
+		Description: "SIGKILL every node of the home region under load (producers in the other regions), wait for a takeover at epoch+1, " +
+			"restart the region: it returns as a mirror and forks its divergent tail (what it acked in the 1.5 s its replication was " +
+			"stopped before the kill) into the orphan log; every acked record is in the " +
+			"final log at its offset or in an orphan log (the orphaned column); failover = kill → first ack under the new epoch",
+		Shape:    shape,
+		Workload: Workload{Home: regions[0], ProducerRegions: regions[1:]},
+		Faults: []Fault{
+			// The home stops shipping 1.5 s before it dies: what it acks
+			// meanwhile is the divergent tail its return forks off.
+			{Kind: KindReplicatorStop, Target: Target{A: "home"}, Start: D(6500 * time.Millisecond), Duration: D(3 * time.Second)},
+			{Kind: KindKill, Target: Target{Node: "home:all"}, Start: D(8 * time.Second), Duration: D(down)},
+		},
+		Duration: D(d),
+	}
+}
+
+func homeRegionPartitioned(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name: "home-region-partitioned",
+		Description: "partition the home region from the other regions and from the lease store for 3×TTL while its own producers and " +
+			"home readers still reach it (split brain): it must stop acking, and answering home reads, before its lease may expire; " +
+			"another region takes over; after the heal the old home forks off what it acked and never shipped",
+		Shape:    shape,
+		Workload: Workload{Home: "us", Producers: 3},
+		Faults: []Fault{
+			{Kind: KindPartition, Target: Target{A: "home", B: "eu"}, Start: D(8 * time.Second), Duration: D(9 * time.Second)},
+			{Kind: KindPartition, Target: Target{A: "home", B: "ap"}, Start: D(8 * time.Second), Duration: D(9 * time.Second)},
+			{Kind: KindLeaseStoreOutage, Target: Target{A: "home"}, Params: Params{StoreMode: "cut"},
+				Start: D(8 * time.Second), Duration: D(9 * time.Second)},
+		},
+		Duration: D(d),
+	}
+}
+
+func plannedRehome(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name: "planned-rehome",
+		Description: "move every range's home to the next region (us → eu → ap → us ...) every 7s under load with Admin.Rehome: " +
+			"zero loss, zero duplicates, nothing orphaned; the column shows the pause the moves reported",
+		Shape:    shape,
+		Workload: Workload{Home: "us", Producers: 3},
+		Faults: []Fault{{Kind: KindRehome, Target: Target{A: "next"}, Params: Params{AllRanges: true},
+			Start: D(5 * time.Second), Every: D(7 * time.Second)}},
 		Duration: D(d),
 	}
 }

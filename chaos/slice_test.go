@@ -61,6 +61,27 @@ func testPorts(t *testing.T) (int, int) {
 	return lo, hi
 }
 
+// testPGPort reads GEOLOG_CHAOS_PG_PORT, the port of the slice's
+// PostgreSQL (default 55452: not the unit tests' 55432).
+func testPGPort(t *testing.T) int {
+	port := 55452
+	if s := os.Getenv("GEOLOG_CHAOS_PG_PORT"); s != "" {
+		if _, err := fmt.Sscanf(s, "%d", &port); err != nil {
+			t.Fatalf("GEOLOG_CHAOS_PG_PORT=%q: want a port", s)
+		}
+	}
+	return port
+}
+
+// repoRoot is the module's folder.
+func repoRoot(t *testing.T) string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
 type tWriter struct{ t *testing.T }
 
 func (w tWriter) Write(p []byte) (int, error) {
@@ -77,12 +98,21 @@ func TestSlice(t *testing.T) {
 	dir := *sliceDir
 	if dir == "" {
 		dir = t.TempDir()
+		// PostgreSQL (the homing scenario's lease store) runs as the
+		// postgres user when the test runs as root: it must reach its
+		// folder under the temporary directory.
+		for _, d := range []string{filepath.Dir(dir), dir} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	lo, hi := testPorts(t)
 	logger := hclog.New(&hclog.LoggerOptions{Name: "chaos", Level: hclog.Warn, Output: tWriter{t}})
 	cfg := RunConfig{
-		Cluster: LocalFactory(LocalConfig{BinDir: binaries(t), Dir: filepath.Join(dir, "clusters"), PortMin: lo, PortMax: hi, Logger: logger}),
-		Seed:    1, Dir: dir, Logger: logger,
+		Cluster: LocalFactory(LocalConfig{BinDir: binaries(t), Dir: filepath.Join(dir, "clusters"), PortMin: lo, PortMax: hi,
+			PGScript: filepath.Join(repoRoot(t), "scripts", "pg.sh"), PGPort: testPGPort(t), Logger: logger}),
+		Seed: 1, Dir: dir, Logger: logger,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -100,6 +130,37 @@ func TestSlice(t *testing.T) {
 	}
 	if h := results[0].History; h != nil && !t.Failed() {
 		checkersBite(t, h)
+	}
+	if h := results[len(results)-1].History; h != nil && !t.Failed() {
+		homingCheckersBite(t, h)
+	}
+}
+
+// homingCheckersBite damages the real history of a region kill and
+// return: the checkers must object to an orphan log that lost its records
+// and to an ack under the old epoch after the new one's.
+func homingCheckersBite(t *testing.T, h *History) {
+	if len(h.Orphans) == 0 {
+		t.Errorf("region-kill-and-return orphaned nothing: the replicator stop before the kill should leave a divergent tail")
+		return
+	}
+	noOrphans := *h
+	noOrphans.Orphans = nil
+	if q := CheckQueue(&noOrphans); q.Counts[Lost] == 0 {
+		t.Errorf("orphan logs dropped: no loss found (%v)", q.Anomalies)
+	}
+	stale := *h
+	stale.Ops = slices.Clone(h.Ops)
+	i := slices.IndexFunc(stale.Ops, func(op Op) bool { return op.Kind == OpAppend && op.Outcome == OK && op.Epoch > 1 })
+	if i < 0 {
+		t.Errorf("no ack under a new epoch in the history")
+		return
+	}
+	stale.Ops[i].Epoch = 1
+	stale.Ops[i].Call = stale.Ops[len(stale.Ops)-1].Return + 1
+	stale.Ops[i].Return = stale.Ops[i].Call + 1
+	if q := CheckQueue(&stale); q.Counts[Stale] == 0 {
+		t.Errorf("an ack under epoch 1 after epoch 2's: no stale epoch found (%v)", q.Anomalies)
 	}
 }
 
@@ -124,7 +185,7 @@ func checkersBite(t *testing.T, h *History) {
 	}
 	// A consumer that read another record at an offset.
 	forked := damaged(func(h *History) {
-		i := slices.IndexFunc(h.Reads, func(o Observation) bool { return !o.Final && o.Source != "tail" && o.Offset > 10 })
+		i := slices.IndexFunc(h.Reads, func(o Observation) bool { return !o.Final && !strings.HasPrefix(o.Source, "tail") && o.Offset > 10 })
 		h.Reads[i].Value = h.Reads[i-1].Value
 	})
 	if q := CheckQueue(forked); q.Counts[Inconsistent] == 0 || q.Counts[Duplicated] == 0 {
@@ -159,11 +220,19 @@ func TestEnvClusterAttach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if caps := env.Caps(); !caps.Processes || !caps.WAN || !caps.Failpoints || caps.IntraRegionLinks {
+	if caps := env.Caps(); !caps.Processes || !caps.WAN || !caps.Failpoints || !caps.IntraRegionLinks || caps.ClientLinks || caps.LeaseTTL != 0 {
 		t.Fatalf("caps %+v", caps)
 	}
 	if len(env.Nodes()) != 3 || env.Nodes()[1].Addr != local.Nodes()[1].Addr || env.Nodes()[1].DebugAddr != local.Nodes()[1].DebugAddr {
 		t.Fatalf("nodes %+v, want those of %+v", env.Nodes(), local.Nodes())
+	}
+	for i, n := range env.Nodes() {
+		// The Raft links found in the WAN's list are the addresses leader
+		// hints name.
+		got, want := slices.Sorted(slices.Values(n.Aliases)), slices.Sorted(slices.Values(local.Nodes()[i].Aliases))
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: aliases %v, want %v", n.NodeRef, got, want)
+		}
 	}
 	n2 := env.Nodes()[1]
 	if err := env.Kill(n2.NodeRef); err != nil {
@@ -202,8 +271,11 @@ func TestEnvClusterAttach(t *testing.T) {
 		WriteTable(&b, []Result{r})
 		t.Fatalf("zombie-leader on the attached cluster:\n%s", b.String())
 	}
-	if r := Run(ctx, cfg, leaderIsolated(Shape{Regions: []string{"us"}}, 8*time.Second)); r.Status() != "SKIP" {
-		t.Fatalf("leader-isolated on a cluster without intra-region links: %s, want SKIP", r.Status())
+	if r := Run(ctx, cfg, ambiguousAckKill(Shape{Regions: []string{"us"}}, 8*time.Second)); r.Status() != "SKIP" {
+		t.Fatalf("ambiguous-ack-kill on a cluster without client links: %s, want SKIP", r.Status())
+	}
+	if r := Run(ctx, cfg, homeLeaseStoreCut(Shape{Regions: []string{"us"}, LeaseStore: true}, 8*time.Second)); r.Status() != "SKIP" {
+		t.Fatalf("a homing scenario on a cluster without a lease store: %s, want SKIP", r.Status())
 	}
 	// The restarted n2 is no longer the LocalCluster's child: stop it here.
 	if err := env.Kill(n2.NodeRef); err != nil {

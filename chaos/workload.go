@@ -111,8 +111,13 @@ func classify(err error) Outcome {
 
 // startProducers starts the producers; stopProducers stops them.
 func (wl *workload) startProducers(ctx context.Context) error {
+	var regions []string
 	for p := range wl.w.Producers {
-		region := wl.regions[p%len(wl.regions)]
+		regions = append(regions, wl.w.ProducerRegions[p%len(wl.w.ProducerRegions)])
+	}
+	wl.rec.setProducerRegions(regions)
+	for p := range wl.w.Producers {
+		region := wl.w.ProducerRegions[p%len(wl.w.ProducerRegions)]
 		prod, err := wl.clients[region].NewProducer(wl.stream,
 			client.InflightBatchesMax(wl.w.InflightBatchesMax), client.DeliveryTimeout(wl.w.DeliveryTimeout.Std()),
 			client.ProducerRetryBackoff(20*time.Millisecond, 500*time.Millisecond))
@@ -227,11 +232,25 @@ func (wl *workload) consume(ctx context.Context, region string, r uint32) {
 // readTail reads range r at its home with consistency "home" every
 // TailReadInterval, extending its copy of the log; each read that reaches
 // the tail the server confirmed is one linearizable read operation.
+//
+// Each read starts one record early, at the last record the reader holds:
+// if that record changed (a returning home forked its divergent tail off
+// under the reader) or is gone, the reader's copy is of a timeline that is
+// not the log's any more, and it starts over from offset 0 as a new
+// source ("tail#1", ...), whose reads the checkers take in order again.
 func (wl *workload) readTail(ctx context.Context, r uint32) {
 	defer wl.tailWG.Done()
 	c := wl.clients[wl.homes[r]]
+	source := "tail"
 	hashes := []uint64{0} // hashes[n]: ChainHash of records [0, n)
-	broken := false       // the reader saw a gap; its hashes mean nothing
+	var last client.StoredRecord
+	broken := false // the reader saw a gap; its hashes mean nothing
+	restarts := 0
+	restart := func(why string) {
+		restarts++
+		source, hashes, last = fmt.Sprintf("tail#%d", restarts), []uint64{0}, client.StoredRecord{}
+		wl.log.Info("tail reader starts over", "range", r, "why", why, "source", source)
+	}
 	tick := time.NewTicker(wl.w.TailReadInterval.Std())
 	defer tick.Stop()
 	for {
@@ -242,23 +261,42 @@ func (wl *workload) readTail(ctx context.Context, r uint32) {
 		}
 		for ctx.Err() == nil {
 			from := uint64(len(hashes) - 1)
+			readFrom := from
+			if from > 0 {
+				readFrom = from - 1
+			}
 			call := wl.rec.now()
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			res, err := c.Read(rctx, wl.stream, r, from, client.ReadOptions{Consistency: client.ConsistencyHome, MaxRecords: 2000})
+			res, err := c.Read(rctx, wl.stream, r, readFrom, client.ReadOptions{Consistency: client.ConsistencyHome, MaxRecords: 2000})
 			cancel()
 			ret := wl.rec.now()
 			if err != nil {
+				if from > 0 && client.CodeOf(err) == client.CodeOffsetOutOfRange {
+					restart(err.Error())
+				}
 				break // no outcome: a read has no effect to account for
 			}
+			recs := res.Records
+			if from > 0 {
+				if len(recs) == 0 || recs[0].Offset != from-1 || recs[0].Epoch != last.Epoch || string(recs[0].Value) != string(last.Value) {
+					if len(recs) == 0 && res.TailOffset >= from {
+						break // nothing returned below the tail: try again later
+					}
+					restart(fmt.Sprintf("the record at %d changed or is gone (tail %d)", from-1, res.TailOffset))
+					continue
+				}
+				recs = recs[1:]
+			}
 			var obs []Observation
-			for _, rec := range res.Records {
-				obs = append(obs, Observation{Source: "tail", Region: wl.homes[r], Range: r, Offset: rec.Offset, Epoch: rec.Epoch,
+			for _, rec := range recs {
+				obs = append(obs, Observation{Source: source, Region: wl.homes[r], Range: r, Offset: rec.Offset, Epoch: rec.Epoch,
 					Key: string(rec.Key), Value: string(rec.Value), At: ret, AppendUnixNanos: rec.AppendTime.UnixNano()})
 				if rec.Offset != uint64(len(hashes)-1) {
 					broken = true
 				}
 				if !broken {
 					hashes = append(hashes, ChainHash(hashes[len(hashes)-1], rec.Offset, rec.Epoch, string(rec.Value)))
+					last = rec
 				}
 			}
 			wl.rec.addReads(obs...)
@@ -311,13 +349,14 @@ func (wl *workload) waitConsumers(tails []uint64, timeout time.Duration) []strin
 	return behind
 }
 
-// finalRead reads region's whole copy of range r, at least minTail records
-// (waiting for them), into the history. At the home the reads have
-// consistency "home".
-func (wl *workload) finalRead(ctx context.Context, region string, r uint32, minTail uint64) (uint64, error) {
+// readCopy reads region's whole copy of range r, at least minTail records
+// (waiting for them), for the final reads; home makes the reads
+// consistency "home" (the home's copy: every acked record is below the
+// tail it confirms). The caller records what it keeps.
+func (wl *workload) readCopy(ctx context.Context, region string, r uint32, minTail uint64, home bool) ([]Observation, error) {
 	c := wl.clients[region]
 	opts := client.ReadOptions{MaxRecords: 5000, MaxBytes: 8 << 20, Consistency: client.ConsistencyMinOffset, MinOffset: minTail}
-	if region == wl.homes[r] {
+	if home {
 		opts = client.ReadOptions{MaxRecords: 5000, MaxBytes: 8 << 20, Consistency: client.ConsistencyHome}
 	}
 	var obs []Observation
@@ -327,7 +366,7 @@ func (wl *workload) finalRead(ctx context.Context, region string, r uint32, minT
 		res, err := c.Read(rctx, wl.stream, r, next, opts)
 		cancel()
 		if err != nil {
-			return next, fmt.Errorf("final read of %s/%d at %d: %w", region, r, next, err)
+			return nil, fmt.Errorf("final read of %s/%d at %d: %w", region, r, next, err)
 		}
 		at := wl.rec.now()
 		for _, rec := range res.Records {
@@ -335,13 +374,11 @@ func (wl *workload) finalRead(ctx context.Context, region string, r uint32, minT
 				Epoch: rec.Epoch, Key: string(rec.Key), Value: string(rec.Value), At: at, AppendUnixNanos: rec.AppendTime.UnixNano()})
 		}
 		if len(res.Records) == 0 && res.NextOffset < res.TailOffset {
-			return next, errors.New("final read: an empty reply below the tail")
+			return nil, errors.New("final read: an empty reply below the tail")
 		}
 		next = res.NextOffset
 		if next >= res.TailOffset && next >= minTail {
-			break
+			return obs, nil
 		}
 	}
-	wl.rec.addReads(obs...)
-	return next, nil
 }

@@ -190,6 +190,10 @@ type Cursor struct {
 
 	attempts int // failed connects in a row
 	hints    int // hints followed in a row without a stream coming up
+	// resending: this stream resumed below the mirror's applied end (see
+	// Resend); until the mirror answers a batch, its applied end does not
+	// move the cursor.
+	resending bool
 
 	actions []Action
 	err     error // why the cursor stopped
@@ -248,6 +252,25 @@ func (c *Cursor) Connected(appliedEnd, highestEpoch uint64) {
 	c.resetStream()
 	c.next, c.acked = appliedEnd, appliedEnd
 	c.hints = 0
+	c.resending = false
+}
+
+// Resend reports that the offset the stream was Connected at lies below
+// the mirror's applied end, because the mirror's log ends in an older
+// epoch than the source's: what it holds past that offset may be another
+// home's divergent tail, which the mirror finds (and forks off) only by
+// comparing the batches sent from there (DESIGN.md "Divergent tails").
+// Until the mirror answers one of them, the applied end it reports (to a
+// heartbeat, say) counts that tail: it neither acknowledges offsets nor
+// moves the cursor past what it has sent. Without this, a heartbeat
+// answered before the first batch went out moved the cursor to the
+// mirror's end, the batch that followed started inside the divergent
+// tail, and the mirror forked there, keeping the old home's records below
+// it in its log (found by the chaos scenario home-region-partitioned).
+func (c *Cursor) Resend() {
+	if c.phase == PhaseStreaming {
+		c.resending = true
+	}
 }
 
 // OpenRefused reports that the mirror refused the open request; the stream
@@ -299,6 +322,12 @@ func (c *Cursor) Response(appliedEnd, highestEpoch uint64) {
 		return
 	}
 	c.attempts = 0
+	if c.resending {
+		if head.heartbeat || head.stale {
+			return // the mirror has not compared anything of ours yet
+		}
+		c.resending = false
+	}
 	c.acked = max(c.acked, appliedEnd)
 	// A mirror ahead of what was sent (another source of the same home
 	// shipped more) needs none of it again.

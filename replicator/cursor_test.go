@@ -70,6 +70,9 @@ func TestCursor(t *testing.T) {
 				c.TailAdvanced(u64("end"))
 			case "connected":
 				c.Connected(u64("applied"), epochArg())
+				if d.HasArg("resend") {
+					c.Resend()
+				}
 			case "read-done":
 				var bytes int
 				d.ScanArgs(t, "bytes", &bytes)

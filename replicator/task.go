@@ -422,7 +422,9 @@ func (t *Task) handle(ev taskEvent) {
 			if at := t.epochStart(ev.resp.GetLogEpoch(), applied); at < applied {
 				t.logger.Info("mirror's log ends in an older epoch: resending from this log's epoch change", "mirror_epoch", ev.resp.GetLogEpoch(),
 					"applied_end", applied, "from", at)
-				applied = at
+				t.core.Connected(at, ev.resp.GetHighestEpoch())
+				t.core.Resend()
+				return
 			}
 		}
 		t.core.Connected(applied, ev.resp.GetHighestEpoch())

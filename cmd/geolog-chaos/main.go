@@ -4,7 +4,7 @@
 //	geolog-chaos                              every built-in scenario, each on a fresh local cluster
 //	geolog-chaos --scenarios slice            the short slice make test runs
 //	geolog-chaos --scenarios zombie-leader,leader-kill-loop --seed 7
-//	geolog-chaos --env run/cluster/env        attach to a running cluster (scripts/cluster.sh, terraform)
+//	geolog-chaos --env run/cluster/env        attach to a running cluster (scripts/cluster.sh, terraform: make chaos does, through scripts/chaos_tf.sh)
 //	geolog-chaos --print > s.json; geolog-chaos --file s.json
 //
 // Exit status: 0 when every scenario passed or was skipped, 1 on a safety
@@ -51,7 +51,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	portMin := fs.Int("port-min", 7700, "lowest port of the local clusters")
 	portMax := fs.Int("port-max", 7799, "highest port of the local clusters")
 	pgScript := fs.String("pg-script", "", "scripts/pg.sh, for scenarios with a lease store (default: ../scripts/pg.sh from --bin)")
+	pgPort := fs.Int("pg-port", 55452, "port of the local clusters' PostgreSQL (the lease store; its data lives in each cluster's folder)")
 	logLevel := fs.String("log-level", "info", "the harness's log level (trace, debug, info, warn, error)")
+	nodeLogLevel := fs.String("node-log-level", "info", "the local clusters' nodes' --log-level")
 	linearTimeout := fs.Duration("linear-timeout", time.Minute, "bound of the linearizability search per range")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -82,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			*pgScript = filepath.Join(*binDir, "..", "scripts", "pg.sh")
 		}
 		factory = chaos.LocalFactory(chaos.LocalConfig{BinDir: *binDir, Dir: filepath.Join(*dir, "clusters"),
-			PortMin: *portMin, PortMax: *portMax, PGScript: *pgScript, Logger: logger})
+			PortMin: *portMin, PortMax: *portMax, PGScript: *pgScript, PGPort: *pgPort, LogLevel: *nodeLogLevel, Logger: logger})
 	}
 	cfg := chaos.RunConfig{Cluster: factory, Seed: *seed, Dir: *dir, LinearTimeout: *linearTimeout, Logger: logger}
 	var results []chaos.Result

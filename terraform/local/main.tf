@@ -32,8 +32,21 @@ locals {
   link_port_base = (
     var.base_port + 2 + 2 * local.region_count * local.node_count
   )
+  # With chaos_links, after the WAN links (L = the first port after them):
+  #   L + r                      lease-store link of region r ("<r>->pg")
+  #   L + R + rM(M-1) + (i-1)(M-1) + j' - 1
+  #                              Raft link from node i to node j of region r
+  #                              (j' = j, less one when j > i)
+  #   L + R + RM(M-1) + rM + i - 1
+  #                              client link to node i of region r
+  pg_link_base = (
+    local.link_port_base + local.region_count * (local.region_count - 1) * local.node_count
+  )
+  raft_link_base   = local.pg_link_base + local.region_count
+  client_link_base = local.raft_link_base + local.region_count * local.node_count * (local.node_count - 1)
   port_last = (
-    local.link_port_base + local.region_count * (local.region_count - 1) * local.node_count - 1
+    var.chaos_links ? local.client_link_base + local.region_count * local.node_count - 1 :
+    local.pg_link_base - 1
   )
 
   node_addrs = {
@@ -66,9 +79,63 @@ locals {
     ]
   ])
 
+  # chaos_links: the lease store per region, Raft inside a region, clients.
+  pg_links = var.chaos_links && var.lease_store ? [
+    for r, region in var.regions : {
+      name     = "${region}->pg"
+      listen   = "127.0.0.1:${local.pg_link_base + r}"
+      upstream = "127.0.0.1:${local.pg_port}"
+    }
+  ] : []
+  raft_link_addrs = {
+    for r, region in var.regions : region => {
+      for i in range(1, local.node_count + 1) : tostring(i) => {
+        for j in range(1, local.node_count + 1) : tostring(j) =>
+        "127.0.0.1:${local.raft_link_base + (r * local.node_count + i - 1) * (local.node_count - 1) + (j > i ? j - 1 : j) - 1}"
+        if j != i
+      }
+    }
+  }
+  raft_links = var.chaos_links ? flatten([
+    for r, region in var.regions : [
+      for i in range(1, local.node_count + 1) : [
+        for j in range(1, local.node_count + 1) : {
+          name     = "${region}:n${i}->${region}:n${j}"
+          listen   = local.raft_link_addrs[region][tostring(i)][tostring(j)]
+          upstream = local.node_addrs[region][j - 1]
+        } if j != i
+      ]
+    ]
+  ]) : []
+  client_links = var.chaos_links ? flatten([
+    for r, region in var.regions : [
+      for i in range(1, local.node_count + 1) : {
+        name     = "client->${region}:n${i}"
+        listen   = "127.0.0.1:${local.client_link_base + r * local.node_count + i - 1}"
+        upstream = local.node_addrs[region][i - 1]
+      }
+    ]
+  ]) : []
+
   wan_argv = concat(
     [local.geolog_wan, "--control", local.wan_control, "--seed", "1"],
     flatten([for l in local.links : ["--link", "${l.name},${l.listen},${l.upstream},${l.latency},${var.jitter}"]]),
+    flatten([for l in local.pg_links : ["--link", "${l.name},${l.listen},${l.upstream},0s,0s"]]),
+    flatten([for l in local.raft_links : ["--link", "${l.name},${l.listen},${l.upstream},0s,0s"]]),
+    flatten([for l in local.client_links : ["--link", "${l.name},${l.listen},${l.upstream},${var.client_latency},0s"]]),
+  )
+
+  # Each node's lease store: through its region's link with chaos_links.
+  lease_store_of = {
+    for r, region in var.regions : region => (
+      var.chaos_links ? "postgres://postgres@127.0.0.1:${local.pg_link_base + r}/postgres?sslmode=disable" : local.lease_store
+    )
+  }
+  # Homing flags, passed (like --lease-store) only to a geologd that has them.
+  homing_flags = concat(
+    var.lease_ttl != "" ? ["--if-flag", "--lease-ttl", var.lease_ttl] : [],
+    var.lease_heartbeat != "" ? ["--if-flag", "--lease-heartbeat", var.lease_heartbeat] : [],
+    var.max_clock_offset != "" ? ["--if-flag", "--max-clock-offset", var.max_clock_offset] : [],
   )
 
   nodes = merge([
@@ -92,10 +159,14 @@ locals {
         "--listen", n.addr,
         "--region", n.region,
         "--node-id", tostring(n.id),
-        "--peers", join(",", [for i, a in local.node_addrs[n.region] : "${i + 1}=${a}"]),
+        "--peers", join(",", [
+          for i, a in local.node_addrs[n.region] :
+          "${i + 1}=${var.chaos_links && i + 1 != n.id ? local.raft_link_addrs[n.region][tostring(n.id)][tostring(i + 1)] : a}"
+        ]),
         "--fsync", var.fsync,
       "--log-level", var.log_level],
       n.debug_addr != "" ? ["--debug-addr", n.debug_addr] : [],
+      n.debug_addr != "" && var.debug_failpoints ? ["--debug-failpoints"] : [],
       flatten([for to, addrs in local.link_addrs[n.region] : ["--region-addrs", "${to}=${join(",", addrs)}"]]),
     )
   }
@@ -115,6 +186,12 @@ locals {
     ["export GEOLOG_WAN_CONTROL=${local.wan_control}"],
     ["export GEOLOG_CLUSTER_REGIONS=\"${join(" ", var.regions)}\""],
     var.lease_store ? ["export GEOLOG_LEASE_STORE='${local.lease_store}'"] : [],
+    # What the chaos harness needs to stop and start the lease store.
+    var.lease_store ? [
+      "export GEOLOG_PG_SCRIPT='${local.pg_script}'",
+      "export GEOLOG_PG_PORT=${local.pg_port}",
+      "export GEOLOG_PG_DIR='${local.pg_dir}'",
+    ] : [],
   ))
 
   # Shell words for local-exec: each argument in single quotes.
@@ -124,7 +201,7 @@ locals {
     for name, n in local.nodes : name => join(" ", [
       for a in concat(
         [local.helper, "start"],
-        var.lease_store ? ["--if-flag", "--lease-store", local.lease_store] : [],
+        var.lease_store ? concat(["--if-flag", "--lease-store", local.lease_store_of[n.region]], local.homing_flags) : [],
         [local.run_dir, name, tostring(n.port), tostring(var.start_timeout_seconds), "--"],
         local.node_argv[name],
       ) : "'${replace(a, "'", "'\\''")}'"

@@ -135,3 +135,39 @@ variable "stop_timeout_seconds" {
   type        = number
   default     = 15
 }
+
+variable "lease_ttl" {
+  description = "geologd --lease-ttl (a Go duration) with lease_store; empty keeps geologd's default."
+  type        = string
+  default     = ""
+}
+
+variable "lease_heartbeat" {
+  description = "geologd --lease-heartbeat (a Go duration) with lease_store; empty keeps geologd's default."
+  type        = string
+  default     = ""
+}
+
+variable "max_clock_offset" {
+  description = "geologd --max-clock-offset (a Go duration) with lease_store; empty keeps geologd's default."
+  type        = string
+  default     = ""
+}
+
+variable "debug_failpoints" {
+  description = "Start every node with --debug-failpoints (slow or failing fsync, clock skew, set on its debug listener): chaos runs only. Needs debug_listeners."
+  type        = bool
+  default     = false
+}
+
+variable "chaos_links" {
+  description = "Route more through the WAN emulator, as the chaos harness's own clusters do: each region's link to the lease store (\"<region>->pg\", with lease_store), the Raft links between a region's nodes (\"us:n1->us:n2\", no added latency) and a client link to every node (\"client->us:n1\", client_latency). The port plan grows at its end (README.md)."
+  type        = bool
+  default     = false
+}
+
+variable "client_latency" {
+  description = "One-way latency of the client links (chaos_links), a Go duration."
+  type        = string
+  default     = "10ms"
+}
