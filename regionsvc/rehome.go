@@ -204,6 +204,19 @@ func (n *Node) rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geolog
 // old home, one catch-up wait, one start of the new home.
 func (n *Node) rehomeGroup(ctx context.Context, spec streamSpec, from, to string, idx []int, cur []homing.Home, out []*geologv1.RangeRehome) {
 	hs := n.homing
+	// Before anything stops: let the target's mirrors come within reach of
+	// the old home's current tails (as reassignments wait for a replica to
+	// be in sync before moving leadership), so that the pause only covers
+	// what arrives meanwhile, not a lagging mirror's backlog.
+	if t := n.regionTailsOf(ctx, from, spec.Name); t != nil {
+		for _, i := range idx {
+			if r := out[i].Range; int(r) < len(t) {
+				if err := n.waitRegionTail(ctx, to, spec.Name, r, t[r]); err != nil {
+					n.logger.Warn("rehome: the target did not catch up before the move; moving anyway", "range", cur[i].Key, "error", err)
+				}
+			}
+		}
+	}
 	start := time.Now()
 	key := func(i int) homing.RangeKey { return cur[i].Key }
 	fail := func(i int, err error) { out[i].Status = apierr.As(homingErr(err)).Error() }
@@ -422,6 +435,23 @@ func (n *Node) storeWrite(ctx context.Context, fn func() error) error {
 			return err
 		}
 	}
+}
+
+// regionTailsOf is a region's committed tails of a stream's ranges, from
+// this node's copy when the region is its own.
+func (n *Node) regionTailsOf(ctx context.Context, region, stream string) []uint64 {
+	if region != n.cfg.Region {
+		return n.remoteTails(ctx, region, stream)
+	}
+	st, err := n.lookupStream(ctx, stream)
+	if err != nil {
+		return nil
+	}
+	out := make([]uint64, len(st.ranges))
+	for r, d := range st.ranges {
+		out[r] = d.committed.Load()
+	}
+	return out
 }
 
 // regionAddrs is how this node reaches a region's nodes.
