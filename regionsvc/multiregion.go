@@ -372,8 +372,11 @@ type runningTask struct {
 const replicationScanInterval = 100 * time.Millisecond
 
 // fencedRetryInterval is how long a task that ended (fenced by a newer
-// home, or failed) waits before the manager starts it again.
-const fencedRetryInterval = 5 * time.Second
+// home, or failed) waits before the manager starts it again. A fence is
+// often a mirror whose own view of the homes is a heartbeat behind (after
+// a rehome or a takeover): a second is enough for it to catch up, and a
+// retry that is fenced again costs one refused open.
+const fencedRetryInterval = time.Second
 
 func newReplicationManager(n *Node) *replicationManager {
 	return &replicationManager{
