@@ -405,7 +405,7 @@ func homingErr(err error) error {
 	return apierr.New(apierr.Unavailable, "%v", err)
 }
 
-// knownRegions is the stream's regions, the preference order first.
+// orderRegions is the stream's regions, the preference order first.
 func orderRegions(regions, preferred []string) []string {
 	out := make([]string, 0, len(regions))
 	for _, r := range preferred {

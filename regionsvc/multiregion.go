@@ -310,8 +310,8 @@ var _ replicator.Source = driverSource{}
 
 func (s driverSource) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error) {
 	frames, err := s.d.store.ReadFrames(from, maxBytes, min(endOffset, s.d.committed.Load()))
-	if err != nil || s.epoch == 0 {
-		return frames, err
+	if err != nil || s.epoch == 0 || s.d.rep == nil || s.d.rep.HighestEpoch() <= s.epoch {
+		return frames, err // the common case: no newer epoch anywhere in the log
 	}
 	for at := 0; at < len(frames); {
 		size, err := batch.FrameSize(frames[at:])

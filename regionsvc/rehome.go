@@ -124,6 +124,10 @@ func (n *Node) rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geolog
 	if n.homing == nil {
 		return nil, apierr.New(apierr.InvalidArgument, "rehome needs homing: this node runs without a lease store (--lease-store)")
 	}
+	batch, ok := n.homing.store.(homing.BatchRehomer)
+	if !ok {
+		return nil, apierr.New(apierr.InvalidArgument, "rehome needs a lease store that moves ranges in batches (homing.BatchRehomer)")
+	}
 	if _, err := n.lookupStream(ctx, req.GetStream()); err != nil {
 		return nil, err
 	}
@@ -195,14 +199,14 @@ func (n *Node) rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geolog
 		}
 	}
 	for from, idx := range groups {
-		n.rehomeGroup(ctx, spec, from, to, idx, cur, out)
+		n.rehomeGroup(ctx, batch, spec, from, to, idx, cur, out)
 	}
 	return &geologv1.RehomeResponse{Ranges: out}, nil
 }
 
 // rehomeGroup moves ranges homed in from to to, together: one stop of the
 // old home, one catch-up wait, one start of the new home.
-func (n *Node) rehomeGroup(ctx context.Context, spec streamSpec, from, to string, idx []int, cur []homing.Home, out []*geologv1.RangeRehome) {
+func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec streamSpec, from, to string, idx []int, cur []homing.Home, out []*geologv1.RangeRehome) {
 	hs := n.homing
 	// Before anything stops: let the target's mirrors come within reach of
 	// the old home's current tails (as reassignments wait for a replica to
@@ -221,40 +225,24 @@ func (n *Node) rehomeGroup(ctx context.Context, spec streamSpec, from, to string
 	key := func(i int) homing.RangeKey { return cur[i].Key }
 	fail := func(i int, err error) { out[i].Status = apierr.As(homingErr(err)).Error() }
 	prepared := map[int]homing.Home{}
-	batch, _ := hs.store.(homing.BatchRehomer)
-	if batch != nil {
-		reqs := make([]homing.RehomeRequest, len(idx))
-		for j, i := range idx {
-			reqs[j] = homing.RehomeRequest{Key: key(i), Epoch: cur[i].Epoch, To: to}
-		}
-		var homes []homing.Home
-		var errs []error
-		err := n.storeWrite(ctx, func() (err error) {
-			homes, errs, err = batch.PrepareRehomes(ctx, reqs)
-			return err
-		})
-		for j, i := range idx {
-			switch {
-			case err != nil:
-				fail(i, err)
-			case errs[j] != nil:
-				fail(i, errs[j])
-			default:
-				prepared[i] = homes[j]
-			}
-		}
-	} else {
-		for _, i := range idx {
-			var h homing.Home
-			err := n.storeWrite(ctx, func() (err error) {
-				h, err = hs.homes.PrepareRehome(ctx, key(i), cur[i].Epoch, to)
-				return err
-			})
-			if err != nil {
-				fail(i, err)
-				continue
-			}
-			prepared[i] = h
+	reqs := make([]homing.RehomeRequest, len(idx))
+	for j, i := range idx {
+		reqs[j] = homing.RehomeRequest{Key: key(i), Epoch: cur[i].Epoch, To: to}
+	}
+	var homes []homing.Home
+	var errs []error
+	err := n.storeWrite(ctx, func() (err error) {
+		homes, errs, err = batch.PrepareRehomes(ctx, reqs)
+		return err
+	})
+	for j, i := range idx {
+		switch {
+		case err != nil:
+			fail(i, err)
+		case errs[j] != nil:
+			fail(i, errs[j])
+		default:
+			prepared[i] = homes[j]
 		}
 	}
 	if len(prepared) == 0 {
@@ -298,7 +286,7 @@ func (n *Node) rehomeGroup(ctx context.Context, spec streamSpec, from, to string
 	}
 	tCaught := time.Now()
 	moved := map[int]homing.Home{}
-	for batch != nil && len(prepared) > len(moved) {
+	for len(prepared) > len(moved) {
 		var pend []int
 		var reqs []homing.RehomeRequest
 		now := n.cfg.Now().UnixNano()
@@ -333,27 +321,6 @@ func (n *Node) rehomeGroup(ctx context.Context, spec streamSpec, from, to string
 			}
 		}
 		if undrained {
-			n.refreshRegionTails(ctx, from, &geologv1.RefreshHomesRequest{Confirm: true})
-		}
-	}
-	for i := range prepared {
-		if _, ok := moved[i]; ok || batch != nil {
-			continue
-		}
-		for {
-			var h homing.Home
-			err := n.storeWrite(ctx, func() (err error) {
-				h, err = hs.homes.CompleteRehome(ctx, key(i), prepared[i].Epoch, to, tails[out[i].Range])
-				return err
-			})
-			if err == nil {
-				moved[i] = h
-				break
-			}
-			if !errors.Is(err, homing.ErrNotDrained) || ctx.Err() != nil {
-				abort(i, err)
-				break
-			}
 			n.refreshRegionTails(ctx, from, &geologv1.RefreshHomesRequest{Confirm: true})
 		}
 	}

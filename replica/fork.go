@@ -259,12 +259,12 @@ func (r *Replica) ProposeFork(at, epoch uint64, reply func(ForkResult)) {
 // seen in its log (since it opened: those it held then, and every one
 // since) and of any fork it applied: the fencing floor for appends. Safe
 // from any goroutine. (Retention that deletes every data frame of the log
-// leaves, after a restart, only the forks' epochs.)
-//
-// It also covers what this replica proposed and the epochs control frames
-// carry on (see noteLogEpoch).
+// leaves, after a restart, only the forks' epochs.) It never goes down, not
+// even when an uncommitted suffix is replaced: epochs come from the lease
+// store, so an epoch once proposed anywhere was granted. It also covers
+// what this replica, as leader, proposed.
 func (r *Replica) HighestEpoch() uint64 {
-	e := max(r.fork.epoch.Load(), r.highestEpoch.Load())
+	e := max(r.fork.epoch.Load(), r.proposedEpoch.Load())
 	if o := r.cfg.Orphans; o != nil {
 		e = max(e, o.maxEpoch())
 	}

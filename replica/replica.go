@@ -136,13 +136,10 @@ type Replica struct {
 	term                uint64
 	proposeNext         uint64
 	lastAppendUnixNanos int64 // newest append time proposed or in the log
-	// logEpoch is the highest homing epoch of any frame in the log (queued
-	// or written, control frames included: they carry the epoch of the log
-	// before them), proposeEpoch the highest this leader proposed; epochs
-	// never go down along a log. highestEpoch publishes their maximum.
-	logEpoch, proposeEpoch uint64
-	highestEpoch           atomic.Uint64
-	logAppendUnixNanos     int64 // newest append time in the log (queued or written)
+	// proposedEpoch is the highest homing epoch this leader proposed (the
+	// log's own, with the forks', is fork.epoch): see HighestEpoch.
+	proposedEpoch      atomic.Uint64
+	logAppendUnixNanos int64 // newest append time in the log (queued or written)
 	proposals              []*proposal
 	// reads are linearizable reads in progress (readindex.go).
 	reads   []*readRequest
@@ -252,7 +249,9 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	}
 	r.dedup = r.base.table(cfg.ProducersMax)
 	for _, h := range headers {
-		r.noteLogEpoch(h.Epoch)
+		if h.Type == batch.TypeData {
+			r.raiseEpoch(h.Epoch) // every frame held, compacted-over ones too
+		}
 		if h.Index > r.state.SnapshotIndex || r.state.SnapshotIndex == 0 {
 			r.recordHeader(h) // the base covers the frames up to the compaction point
 		}
@@ -297,7 +296,6 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 
 // recordHeader feeds one log frame's header to the idempotence table.
 func (r *Replica) recordHeader(h batch.Header) {
-	r.noteLogEpoch(h.Epoch)
 	r.noteFrame(h)
 	if h.Type == batch.TypeData && h.ProducerID != 0 {
 		r.dedup.Record(h.ProducerID, dedup.Batch{
@@ -316,22 +314,11 @@ func (r *Replica) recordHeader(h batch.Header) {
 	}
 }
 
-// noteLogEpoch raises the log's highest epoch to e. It never lowers it,
-// not even when an uncommitted suffix is replaced: epochs come from the
-// lease store, so an epoch once proposed anywhere was granted, and the
-// fence stays at it.
-func (r *Replica) noteLogEpoch(e uint64) {
-	if e > r.logEpoch {
-		r.logEpoch = e
-	}
-	r.highestEpoch.Store(max(r.logEpoch, r.proposeEpoch))
-}
-
 // staleEpoch checks a proposal's epoch against the log's: batches of an
 // older homing epoch than one already in the log are refused (DESIGN.md
 // "Fencing": the check happens where data is written).
 func (r *Replica) staleEpoch(e uint64) *apierr.Error {
-	if top := max(r.logEpoch, r.proposeEpoch, r.HighestEpoch()); e < top {
+	if top := r.HighestEpoch(); e < top {
 		return apierr.New(apierr.StaleEpoch, "stream %s range %d: a batch of homing epoch %d, the log is at epoch %d", r.cfg.Stream, r.cfg.Range, e, top)
 	}
 	return nil
@@ -508,9 +495,8 @@ func (r *Replica) proposeFrame(op *Op, res Result) bool {
 	}
 	end := res.BaseOffset + uint64(res.RecordCount)
 	r.proposeNext = end
-	if res.Epoch > r.proposeEpoch {
-		r.proposeEpoch = res.Epoch
-		r.highestEpoch.Store(max(r.logEpoch, r.proposeEpoch))
+	if res.Epoch > r.proposedEpoch.Load() {
+		r.proposedEpoch.Store(res.Epoch)
 	}
 	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, res.AppendTimeUnixNanos)
 	r.proposals = append(r.proposals, &proposal{op: op, term: r.term, baseOffset: res.BaseOffset, endOffset: end, res: res})
@@ -660,7 +646,7 @@ func (r *Replica) ProcessReady() error {
 			// Ready's included), written or not; its own proposals
 			// continue from the log's tail.
 			r.proposeNext = r.tailOffset
-			r.proposeEpoch = r.logEpoch
+			r.proposedEpoch.Store(0) // a new leader's floor is its log's
 			r.logger.Info("became leader", "term", r.rn.BasicStatus().GetTerm(), "next_offset", r.proposeNext)
 		}
 	}
