@@ -164,6 +164,7 @@ type MemMirror struct {
 	heartbeats   int
 	applies      int
 	hold         chan struct{} // non-nil: Apply waits until it is closed
+	held         int           // Apply calls waiting on hold now
 	applyErr     error
 	orphans      [][]byte // frames cut by Fork, in order
 }
@@ -263,10 +264,20 @@ func (m *MemMirror) Apply(ctx context.Context, frames []byte) (uint64, error) {
 	hold := m.hold
 	m.mu.Unlock()
 	if hold != nil {
+		m.mu.Lock()
+		m.held++
+		m.mu.Unlock()
+		var err error
 		select {
 		case <-hold:
 		case <-ctx.Done():
-			return 0, apierr.New(apierr.Unavailable, "apply: %v", ctx.Err())
+			err = apierr.New(apierr.Unavailable, "apply: %v", ctx.Err())
+		}
+		m.mu.Lock()
+		m.held--
+		m.mu.Unlock()
+		if err != nil {
+			return 0, err
 		}
 	}
 	fs, err := SplitFrames(frames)
@@ -320,6 +331,13 @@ func (m *MemMirror) Applies() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.applies
+}
+
+// Held counts the Apply calls blocked by Hold now.
+func (m *MemMirror) Held() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.held
 }
 
 // Hold makes Apply block (until Release or its context ends), as a mirror

@@ -111,13 +111,16 @@ type rangeState struct {
 }
 
 type serverCounters struct {
-	streams, refusals, batches, frameBytes, wireBytes, duplicates, forks atomic.Uint64
+	streams, requests, refusals, batches, frameBytes, wireBytes, duplicates, forks atomic.Uint64
 }
 
 // ServerStats are a server's counters since it was created.
 type ServerStats struct {
 	// Streams counts streams opened (answered without a refusal).
 	Streams uint64
+	// Requests counts the requests received on open streams (opens not
+	// included).
+	Requests uint64
 	// Refusals counts refused requests (opens included).
 	Refusals uint64
 	// Batches counts batches acknowledged; FrameBytes their frame bytes;
@@ -185,6 +188,7 @@ func (s *Server) Close() {
 func (s *Server) Stats() ServerStats {
 	return ServerStats{
 		Streams:    s.stats.streams.Load(),
+		Requests:   s.stats.requests.Load(),
 		Refusals:   s.stats.refusals.Load(),
 		Batches:    s.stats.batches.Load(),
 		FrameBytes: s.stats.frameBytes.Load(),
@@ -307,26 +311,91 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 	}
 	s.stats.streams.Add(1)
 	logger.Debug("stream open", "applied_end", applied)
+	// Requests are read ahead of the applies: those that arrived while
+	// one group was applied are applied together (see handleGroup), so a
+	// burst waits for one commit round in this region, not one per request.
+	reqs := s.readAhead(ctx, stream)
+	group := make([]*geologinternalv1.ReplicateRequest, 0, groupRequestsMax)
 	for {
-		req.Reset()
-		if err := stream.RecvMsg(req); err != nil {
-			return err
+		group = group[:0]
+		var recvErr error
+		select {
+		case r := <-reqs:
+			if r.err != nil {
+				return r.err
+			}
+			group = append(group, r.req)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	drain:
+		for len(group) < groupRequestsMax {
+			select {
+			case r := <-reqs:
+				if r.err != nil {
+					recvErr = r.err
+					break drain
+				}
+				group = append(group, r.req)
+			default:
+				break drain
+			}
 		}
 		if s.closed.Load() {
 			return s.refuse(stream, logger, apierr.New(apierr.ShuttingDown, "mirror server is closed"), applied, highest)
 		}
-		var final bool
-		applied, highest, final, err = s.handle(ctx, st, mr, open, req)
-		if err != nil {
-			if rerr := s.refuse(stream, logger, err, applied, highest); final || rerr != nil {
-				return rerr
+		answers := s.handleGroup(ctx, st, mr, open, group)
+		for _, a := range answers {
+			applied, highest = a.applied, a.highest
+			if a.err != nil {
+				if rerr := s.refuse(stream, logger, a.err, a.applied, a.highest); a.final || rerr != nil {
+					return rerr
+				}
+				continue
 			}
-			continue
+			if err := stream.Send(&geologinternalv1.ReplicateResponse{AppliedEndOffset: a.applied, HighestEpoch: a.highest}); err != nil {
+				return err
+			}
 		}
-		if err := stream.Send(&geologinternalv1.ReplicateResponse{AppliedEndOffset: applied, HighestEpoch: highest}); err != nil {
-			return err
+		if recvErr != nil {
+			return recvErr
 		}
 	}
+}
+
+// groupRequestsMax bounds the requests applied together; a source keeps at
+// most its window (32 by default) in flight.
+const groupRequestsMax = 64
+
+// received is one RecvMsg's outcome.
+type received struct {
+	req *geologinternalv1.ReplicateRequest
+	err error
+}
+
+// readAhead receives the stream's requests on a goroutine of its own until
+// an error (which it delivers last) or until ctx, the stream's context,
+// ends when the handler returns.
+func (s *Server) readAhead(ctx context.Context, stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse]) <-chan received {
+	ch := make(chan received, groupRequestsMax)
+	go func() {
+		for {
+			req := new(geologinternalv1.ReplicateRequest)
+			err := stream.RecvMsg(req)
+			if err == nil {
+				s.stats.requests.Add(1)
+			}
+			select {
+			case ch <- received{req, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ch
 }
 
 // refuse answers a request with the refusal for err. It returns nil, or
@@ -387,44 +456,125 @@ func (s *Server) applied(st *rangeState, end uint64) {
 	st.lag.Applied(end)
 }
 
-// handle serves one request after the open. final says the stream ends
-// with the refusal err.
-func (s *Server) handle(ctx context.Context, st *rangeState, mr MirrorRange, open openRequest, req *geologinternalv1.ReplicateRequest) (applied, highest uint64, final bool, err error) {
-	if req.GetOpen() != nil {
-		return 0, 0, true, newRefusal(ErrMalformed, "open repeated")
-	}
-	hb, err := checkHeartbeat(req, open.epoch)
-	if err != nil {
-		return 0, 0, true, err
-	}
-	var d decodedBatch
-	if b := req.GetBatch(); b != nil {
-		// Decompression and frame checks take no lock: they depend on the
-		// request alone.
-		if d, err = decodeBatch(b, open.epoch, s.cfg.UncompressedBytesMax, s.dec); err != nil {
-			return 0, 0, true, err
-		}
-	}
+// answer is the outcome of one request: the applied end and highest epoch
+// to report, or a refusal; final says the stream ends with it.
+type answer struct {
+	applied, highest uint64
+	err              error
+	final            bool
+}
+
+// handleGroup serves requests received one after the other on a stream,
+// with one apply for each run of batches that extend each other: the
+// answers, in order, are what serving them one at a time would give (a
+// gap refuses every batch of its run; an apply failure refuses the first
+// batch of the run and ends the stream). The answers stop at the first
+// final refusal.
+func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange, open openRequest, group []*geologinternalv1.ReplicateRequest) []answer {
+	answers := make([]answer, 0, len(group))
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	applied, highest = mr.AppliedEnd(), mr.HighestEpoch()
-	// The heartbeat fences first, and reaches the lag before the apply: a
-	// blocked apply then shows as offset lag at once.
-	if err := s.heartbeat(st, mr, hb, applied); err != nil {
-		return applied, highest, true, err
-	}
-	highest = mr.HighestEpoch()
-	if d.frames != nil {
-		applied, err = s.apply(ctx, mr, d)
-		s.applied(st, applied)
-		if err != nil {
-			return applied, highest, !errors.Is(err, ErrGap), err
+	var (
+		run      decodedBatch
+		runReqs  []int // indexes in answers of the requests the run answers
+		runBatch []bool
+		runWire  int
+		merged   bool
+	)
+	// flush applies the run and fills its answers; false when the stream
+	// ends.
+	flush := func() bool {
+		if len(runReqs) == 0 {
+			return true
 		}
-		s.stats.batches.Add(1)
-		s.stats.frameBytes.Add(uint64(len(d.frames)))
-		s.stats.wireBytes.Add(uint64(len(req.GetBatch().GetPayload())))
+		defer func() { run, runReqs, runBatch, runWire, merged = decodedBatch{}, runReqs[:0], runBatch[:0], 0, false }()
+		applied, highest := mr.AppliedEnd(), mr.HighestEpoch()
+		var err error
+		if run.frames != nil {
+			applied, err = s.apply(ctx, mr, run)
+			s.applied(st, applied)
+			highest = mr.HighestEpoch()
+		}
+		if err == nil {
+			for k, i := range runReqs {
+				answers[i] = answer{applied: applied, highest: highest}
+				if runBatch[k] {
+					s.stats.batches.Add(1)
+				}
+			}
+			s.stats.frameBytes.Add(uint64(len(run.frames)))
+			s.stats.wireBytes.Add(uint64(runWire))
+			return true
+		}
+		gap := errors.Is(err, ErrGap)
+		for k, i := range runReqs {
+			switch {
+			case !runBatch[k]:
+				answers[i] = answer{applied: applied, highest: highest}
+			case gap:
+				// Each batch of the run starts past the applied end too.
+				answers[i] = answer{applied: applied, highest: highest, err: err}
+			default:
+				answers[i] = answer{applied: applied, highest: highest, err: err, final: true}
+				answers = answers[:i+1]
+				return false
+			}
+		}
+		return true
 	}
-	return applied, highest, false, nil
+	for _, req := range group {
+		i := len(answers)
+		answers = append(answers, answer{})
+		fail := func(err error) []answer {
+			if !flush() {
+				return answers
+			}
+			answers[i] = answer{applied: mr.AppliedEnd(), highest: mr.HighestEpoch(), err: err, final: true}
+			return answers[:i+1]
+		}
+		if req.GetOpen() != nil {
+			return fail(newRefusal(ErrMalformed, "open repeated"))
+		}
+		hb, err := checkHeartbeat(req, open.epoch)
+		if err != nil {
+			return fail(err)
+		}
+		var d decodedBatch
+		if b := req.GetBatch(); b != nil {
+			// Decompression and frame checks depend on the request alone.
+			if d, err = decodeBatch(b, open.epoch, s.cfg.UncompressedBytesMax, s.dec); err != nil {
+				return fail(err)
+			}
+		}
+		// The heartbeat fences first, and reaches the lag before the
+		// apply: a blocked apply then shows as offset lag at once.
+		if err := s.heartbeat(st, mr, hb, mr.AppliedEnd()); err != nil {
+			return fail(err)
+		}
+		if d.frames != nil {
+			switch {
+			case run.frames == nil:
+				run = d
+			case d.first == run.end:
+				if !merged {
+					run.frames = append(make([]byte, 0, 2*(len(run.frames)+len(d.frames))), run.frames...)
+					merged = true
+				}
+				run.frames = append(run.frames, d.frames...)
+				run.end, run.frameCount = d.end, run.frameCount+d.frameCount
+			default:
+				if !flush() {
+					return answers
+				}
+				run = d
+			}
+			runWire += len(req.GetBatch().GetPayload())
+		}
+		runReqs = append(runReqs, i)
+		runBatch = append(runBatch, d.frames != nil)
+	}
+	flush()
+	return answers
 }
 
 // apply brings d into mr: refuses a gap, compares an overlap, applies the

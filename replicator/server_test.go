@@ -413,3 +413,81 @@ func TestServerForksDivergentTail(t *testing.T) {
 		t.Fatalf("same-epoch divergence: %v, orphans %d", r, len(m.Orphans()))
 	}
 }
+
+// TestServerGroupsQueuedRequests: requests that arrive while an apply is
+// in progress are served together, one apply per run of batches that
+// extend each other, with the answers serving them one at a time would
+// give (each at or past its batch's end; a gap refused, the stream going
+// on).
+func TestServerGroupsQueuedRequests(t *testing.T) {
+	g := newLogGen(26, 100)
+	f := make([][]byte, 8)
+	for i := range f {
+		f[i] = g.frame(2)
+	}
+	end := func(i int) uint64 { return frameNext(f[i]) }
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	c := dialRaw(t, node.addr)
+	c.mustAnswer(openReq(1))
+
+	m.Hold()
+	send := func(req *geologinternalv1.ReplicateRequest) {
+		t.Helper()
+		if err := c.stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(batchReq(1, CompressionNone, f[0], f[1]))
+	waitFor(t, 5*time.Second, "the first apply to block", func() bool { return m.Held() == 1 })
+	send(batchReq(1, CompressionZstd, f[2]))
+	send(&geologinternalv1.ReplicateRequest{Heartbeat: heartbeatPB(1, end(7))})
+	send(batchReq(1, CompressionNone, f[3], f[4]))
+	send(batchReq(1, CompressionNone, f[6])) // f[5] not sent yet: a gap
+	send(batchReq(1, CompressionNone, f[5]))
+	send(batchReq(1, CompressionZstd, f[6], f[7]))
+	waitFor(t, 5*time.Second, "the server to receive every request", func() bool { return node.srv.Stats().Requests == 7 })
+	m.Release()
+
+	type want struct {
+		applied uint64
+		gap     bool
+	}
+	wants := []want{{end(1), false}, {end(4), false}, {end(4), false}, {end(4), false}, {end(4), true}, {end(7), false}, {end(7), false}}
+	for i, w := range wants {
+		resp, err := c.stream.Recv()
+		if err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+		if w.gap {
+			r := refusalOf(t, resp)
+			if !errors.Is(r, ErrGap) || r.ExpectedOffset() != end(4) {
+				t.Fatalf("answer %d: refused with %v (expected offset %d), want a gap at %d", i, r, r.ExpectedOffset(), end(4))
+			}
+			continue
+		}
+		if resp.GetError() != nil || resp.GetAppliedEndOffset() != w.applied {
+			t.Fatalf("answer %d: %v, want applied end %d", i, resp, w.applied)
+		}
+	}
+	// One apply for f0..f1, one for f2..f4, one for f5..f7.
+	if got := m.Applies(); got != 3 {
+		t.Fatalf("%d applies, want 3", got)
+	}
+	got := m.Frames()
+	if len(got) != len(f) {
+		t.Fatalf("mirror holds %d frames, want %d", len(got), len(f))
+	}
+	for i := range got {
+		if !SameData(got[i], f[i]) {
+			t.Fatalf("mirror frame %d differs", i)
+		}
+	}
+	if st := node.srv.Stats(); st.Batches != 5 {
+		t.Fatalf("stats count %d batches acknowledged, want 5", st.Batches)
+	}
+	// The stream goes on after the group.
+	if resp := c.mustAnswer(&geologinternalv1.ReplicateRequest{Heartbeat: heartbeatPB(1, end(7))}); resp.GetError() != nil || resp.GetAppliedEndOffset() != end(7) {
+		t.Fatalf("heartbeat after the group answered %v", resp)
+	}
+}
