@@ -727,7 +727,7 @@ func (s *SQLStore) CompleteRehome(ctx context.Context, req RehomeRequest) (Home,
 				return err
 			}
 		}
-		next, err := decideCompleteRehome(cur, req, nodes)
+		next, err := decideCompleteRehome(cur, req, nodes, nil)
 		if err != nil {
 			return err
 		}
