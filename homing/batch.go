@@ -3,7 +3,6 @@ package homing
 import (
 	"context"
 	"slices"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -98,10 +97,9 @@ func (s *SQLStore) PrepareRehomes(ctx context.Context, reqs []RehomeRequest) (Re
 		clear(out)
 		clear(errs)
 		regions = nil
-		versions := map[string]uint64{}
 		var writes []Home
 		bump := map[string]bool{}
-		cur0, err := homesForUpdate(ctx, tx, reqs)
+		cur0, versions, _, err := readRehomeRows(ctx, tx, reqs, false)
 		if err != nil {
 			return err
 		}
@@ -109,14 +107,7 @@ func (s *SQLStore) PrepareRehomes(ctx context.Context, reqs []RehomeRequest) (Re
 			cur := cur0[req.Key]
 			var from uint64
 			if cur != nil {
-				v, ok := versions[cur.Region]
-				if !ok {
-					if v, err = regionVersion(ctx, tx, cur.Region); err != nil {
-						return err
-					}
-					versions[cur.Region] = v
-				}
-				from = v
+				from = versions[cur.Region]
 			}
 			next, changed, err := decidePrepareRehome(cur, req, from)
 			if err != nil {
@@ -132,10 +123,7 @@ func (s *SQLStore) PrepareRehomes(ctx context.Context, reqs []RehomeRequest) (Re
 		if len(writes) == 0 {
 			return nil
 		}
-		if err := writeHomes(ctx, tx, writes); err != nil {
-			return err
-		}
-		regions, err = bumpAndReadRegions(ctx, tx, keysOf(bump))
+		regions, err = writeRehomeRows(ctx, tx, writes, nil, keysOf(bump))
 		return err
 	})
 	if err != nil {
@@ -156,11 +144,10 @@ func (s *SQLStore) CompleteRehomes(ctx context.Context, reqs []RehomeRequest, se
 		clear(out)
 		clear(errs)
 		regions = nil
-		nodes := map[string][]Liveness{}
 		var writes []Home
 		bump := map[string]bool{}
 		var nowNanos int64
-		cur0, err := homesForUpdate(ctx, tx, reqs)
+		cur0, _, nodes, err := readRehomeRows(ctx, tx, reqs, true)
 		if err != nil {
 			return err
 		}
@@ -168,14 +155,7 @@ func (s *SQLStore) CompleteRehomes(ctx context.Context, reqs []RehomeRequest, se
 			cur := cur0[req.Key]
 			var live []Liveness
 			if cur != nil {
-				l, ok := nodes[cur.Region]
-				if !ok {
-					if l, err = queryLiveness(ctx, tx, `SELECT `+livenessColumns+` FROM liveness WHERE region = $1`, cur.Region); err != nil {
-						return err
-					}
-					nodes[cur.Region] = l
-				}
-				live = l
+				live = nodes[cur.Region]
 			}
 			next, err := decideCompleteRehome(cur, req, live, seen)
 			if err != nil {
@@ -190,13 +170,7 @@ func (s *SQLStore) CompleteRehomes(ctx context.Context, reqs []RehomeRequest, se
 		if len(writes) == 0 {
 			return nil
 		}
-		if err := writeHomes(ctx, tx, writes); err != nil {
-			return err
-		}
-		if err := insertEpochs(ctx, tx, KindRehome, nowNanos, writes); err != nil {
-			return err
-		}
-		regions, err = bumpAndReadRegions(ctx, tx, keysOf(bump))
+		regions, err = writeRehomeRows(ctx, tx, writes, &epochGrant{kind: KindRehome, nanos: nowNanos}, keysOf(bump))
 		return err
 	})
 	if err != nil {
@@ -205,71 +179,135 @@ func (s *SQLStore) CompleteRehomes(ctx context.Context, reqs []RehomeRequest, se
 	return RehomeBatch{Homes: out, Errs: errs, Regions: regions}, nil
 }
 
-// bumpAndReadRegions bumps the homes version of each region and reads
-// each one's homes at its new version, in two statements.
-func bumpAndReadRegions(ctx context.Context, tx pgx.Tx, regions []string) ([]RegionHomes, error) {
-	regions = slices.DeleteFunc(regions, func(r string) bool { return r == "" })
-	slices.Sort(regions)
-	rows, err := tx.Query(ctx, `INSERT INTO regions (region, homes_version) SELECT r, 2 FROM unnest($1::TEXT[]) AS t(r)
-		ON CONFLICT (region) DO UPDATE SET homes_version = regions.homes_version + 1
-		RETURNING region, homes_version`, regions)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]RegionHomes, 0, len(regions))
-	for rows.Next() {
-		var r RegionHomes
-		var v int64
-		if err := rows.Scan(&r.Region, &v); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		if v < 0 {
-			rows.Close()
-			return nil, newError(ErrSchema, "region %s has a negative homes version", r.Region)
-		}
-		r.Version = uint64(v)
-		out = append(out, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	homes, err := queryHomes(ctx, tx, `SELECT `+homeColumns+` FROM range_homes WHERE home_region = ANY($1::TEXT[])`, regions)
-	if err != nil {
-		return nil, err
-	}
-	slices.SortFunc(homes, func(a, b Home) int { return compareKeys(a.Key, b.Key) })
-	for i := range out {
-		out[i].Homes = []Home{}
-		for _, h := range homes {
-			if h.Region == out[i].Region {
-				out[i].Homes = append(out[i].Homes, h)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b RegionHomes) int { return strings.Compare(a.Region, b.Region) })
-	return out, nil
-}
-
-// homesForUpdate reads (and locks) the home records of the requests'
-// ranges in one statement.
-func homesForUpdate(ctx context.Context, tx pgx.Tx, reqs []RehomeRequest) (map[RangeKey]*Home, error) {
+// readRehomeRows reads, in one round trip, the home records of the
+// requests' ranges (locked for update) and, for the regions they are homed
+// in, the homes versions or (withLiveness) the liveness records.
+func readRehomeRows(ctx context.Context, tx pgx.Tx, reqs []RehomeRequest, withLiveness bool) (map[RangeKey]*Home, map[string]uint64, map[string][]Liveness, error) {
 	keys := make([]RangeKey, len(reqs))
 	for i, r := range reqs {
 		keys[i] = r.Key
 	}
 	streams, ranges := keyArrays(keys)
-	homes, err := queryHomes(ctx, tx, `SELECT `+homeColumns+` FROM range_homes
-		WHERE (stream, range_id) IN (SELECT s, r FROM unnest($1::TEXT[], $2::INT8[]) AS t(s, r)) FOR UPDATE`, streams, ranges)
+	const inKeys = `(stream, range_id) IN (SELECT s, r FROM unnest($1::TEXT[], $2::INT8[]) AS t(s, r))`
+	b := &pgx.Batch{}
+	b.Queue(`SELECT `+homeColumns+` FROM range_homes WHERE `+inKeys+` FOR UPDATE`, streams, ranges)
+	if withLiveness {
+		b.Queue(`SELECT `+livenessColumns+` FROM liveness WHERE region IN (SELECT home_region FROM range_homes WHERE `+inKeys+`)`, streams, ranges)
+	} else {
+		b.Queue(`SELECT region, homes_version FROM regions WHERE region IN (SELECT home_region FROM range_homes WHERE `+inKeys+`)`, streams, ranges)
+	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	homes, err := scanHomes(rows)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cur := make(map[RangeKey]*Home, len(homes))
+	for i := range homes {
+		cur[homes[i].Key] = &homes[i]
+	}
+	if rows, err = br.Query(); err != nil {
+		return nil, nil, nil, err
+	}
+	if withLiveness {
+		ls, err := scanLivenesses(rows)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		nodes := map[string][]Liveness{}
+		for _, l := range ls {
+			nodes[l.Region] = append(nodes[l.Region], l)
+		}
+		return cur, nil, nodes, br.Close()
+	}
+	versions, err := scanVersions(rows)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return cur, versions, nil, br.Close()
+}
+
+// epochGrant is the history to record for a batch's writes.
+type epochGrant struct {
+	kind  string
+	nanos int64
+}
+
+// writeRehomeRows writes the home records (and their history with grant),
+// bumps the homes version of each region and reads each one's homes at its
+// new version, in one round trip.
+func writeRehomeRows(ctx context.Context, tx pgx.Tx, writes []Home, grant *epochGrant, regions []string) ([]RegionHomes, error) {
+	regions = slices.DeleteFunc(regions, func(r string) bool { return r == "" })
+	slices.Sort(regions)
+	b := &pgx.Batch{}
+	sql, args := writeHomesSQL(writes)
+	b.Queue(sql, args...)
+	if grant != nil {
+		sql, args := insertEpochsSQL(grant.kind, grant.nanos, writes)
+		b.Queue(sql, args...)
+	}
+	b.Queue(`INSERT INTO regions (region, homes_version) SELECT r, 2 FROM unnest($1::TEXT[]) AS t(r)
+		ON CONFLICT (region) DO UPDATE SET homes_version = regions.homes_version + 1
+		RETURNING region, homes_version`, regions)
+	b.Queue(`SELECT `+homeColumns+` FROM range_homes WHERE home_region = ANY($1::TEXT[])`, regions)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	if grant != nil {
+		if _, err := br.Exec(); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[RangeKey]*Home, len(homes))
-	for i := range homes {
-		out[homes[i].Key] = &homes[i]
+	versions, err := scanVersions(rows)
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	if rows, err = br.Query(); err != nil {
+		return nil, err
+	}
+	homes, err := scanHomes(rows)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]RegionHomes, 0, len(regions))
+	for _, r := range regions {
+		rh := RegionHomes{Region: r, Version: versions[r], Homes: []Home{}}
+		for _, h := range homes {
+			if h.Region == r {
+				rh.Homes = append(rh.Homes, h)
+			}
+		}
+		out = append(out, rh)
+	}
+	return out, br.Close()
+}
+
+// scanVersions reads (region, homes_version) rows and closes rows.
+func scanVersions(rows pgx.Rows) (map[string]uint64, error) {
+	defer rows.Close()
+	out := map[string]uint64{}
+	for rows.Next() {
+		var r string
+		var v int64
+		if err := rows.Scan(&r, &v); err != nil {
+			return nil, err
+		}
+		if v < 0 {
+			return nil, newError(ErrSchema, "region %s has a negative homes version", r)
+		}
+		out[r] = uint64(v)
+	}
+	return out, rows.Err()
 }
 
 func keysOf(m map[string]bool) []string {
