@@ -98,21 +98,6 @@ func OpenSQL(ctx context.Context, cfg SQLConfig) (*SQLStore, error) {
 	if cfg.Tracer != nil {
 		pcfg.ConnConfig.Tracer = cfg.Tracer
 	}
-	// On PostgreSQL a sequential scan takes a relation-level predicate lock
-	// under SERIALIZABLE, and the planner scans these small tables
-	// sequentially: every heartbeat would then conflict with every other
-	// and with each rehome step (serialization failures, retried at a
-	// round trip each). Index scans lock the rows and index pages read
-	// (PostgreSQL's documentation on serializable isolation suggests
-	// steering the planner this way). CockroachDB (which reports
-	// crdb_version) has no such locks and no such setting.
-	pcfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		if conn.PgConn().ParameterStatus("crdb_version") != "" {
-			return nil
-		}
-		_, err := conn.Exec(ctx, `SET enable_seqscan = off`)
-		return err
-	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, newErrorAlso(ErrStoreUnavailable, err, "connect: %v", err)
