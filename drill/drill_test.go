@@ -409,6 +409,9 @@ func TestRehomeDrill(t *testing.T) {
 	admin := geologv1.NewAdminClient(conn)
 	targets := []string{"eu", "ap", "us"}
 	var pauses []time.Duration
+	phases := map[string][]time.Duration{}
+	phaseNames := []string{"prepare", "stop_old", "catch_up", "complete", "start_new"}
+	var completeRetries int
 	type window struct{ from, to time.Time }
 	var windows []window
 	for i := 0; i < *moves; i++ {
@@ -425,6 +428,12 @@ func TestRehomeDrill(t *testing.T) {
 				t.Fatalf("rehome to %s: range %d: %s", to, r.GetRange(), r.GetStatus())
 			}
 			pauses = append(pauses, time.Duration(r.GetPauseMicros())*time.Microsecond)
+			if p := r.GetPhases(); p != nil && r.GetRange() == resp.GetRanges()[0].GetRange() { // one per request
+				for i, us := range []int64{p.GetPrepareMicros(), p.GetStopOldMicros(), p.GetCatchUpMicros(), p.GetCompleteMicros(), p.GetStartNewMicros()} {
+					phases[phaseNames[i]] = append(phases[phaseNames[i]], time.Duration(us)*time.Microsecond)
+				}
+				completeRetries += int(p.GetCompleteAttempts()) - 1
+			}
 		}
 	}
 	time.Sleep(time.Second)
@@ -471,6 +480,15 @@ func TestRehomeDrill(t *testing.T) {
 	}
 	t.Logf("producers' longest wait for an ack across a move (per range and move): p50 %v, p99 %v, max %v",
 		percentile(gaps, 0.5).Round(time.Millisecond), percentile(gaps, 0.99).Round(time.Millisecond), percentile(gaps, 1).Round(time.Millisecond))
+	var breakdown []string
+	for _, name := range phaseNames {
+		if ds := phases[name]; len(ds) > 0 {
+			breakdown = append(breakdown, fmt.Sprintf("%s p50 %v p99 %v", name, percentile(ds, 0.5).Round(time.Millisecond), percentile(ds, 0.99).Round(time.Millisecond)))
+		}
+	}
+	if len(breakdown) > 0 { // nodes that report phases
+		t.Logf("pause by phase (per request): %s; complete retried %d times", strings.Join(breakdown, ", "), completeRetries)
+	}
 	t.Logf("planned rehome over %d range moves (%d requests of 4 ranges, load %d records/s from each region): pause p50 %v, p99 %v, max %v; %d acks, zero lost, zero duplicated",
 		len(pauses), *moves, *rate, percentile(pauses, 0.5).Round(time.Millisecond), percentile(pauses, 0.99).Round(time.Millisecond),
 		percentile(pauses, 1).Round(time.Millisecond), len(w.acks))

@@ -58,6 +58,11 @@ type Core struct {
 	expiration   int64  // newest expiration written and acknowledged at epoch
 	homesVersion uint64
 	homes        map[RangeKey]Home // replaced, never mutated: views share it
+	// homesFloor is the highest homes version this core has held, kept
+	// across a lost liveness epoch: homes older than it are never taken
+	// again (a heartbeat that read the store before an Install committed
+	// must not bring back what the Install replaced).
+	homesFloor uint64
 
 	inflight bool
 	nextAt   int64 // Next returns a heartbeat once now >= nextAt
@@ -172,16 +177,41 @@ func (c *Core) Done(req HeartbeatRequest, res HeartbeatResult, err error) Event 
 		// retry.
 		c.nextAt = satAdd(req.NowNanos, c.cfg.RetryIntervalNanos)
 	}
-	if res.HomesChanged {
-		homes := make(map[RangeKey]Home, len(res.Homes))
-		for _, h := range res.Homes {
-			homes[h.Key] = h
-		}
-		ev.HomesChanged = !sameHomes(c.homes, homes)
-		c.homes = homes
-		c.homesVersion = res.HomesVersion
+	// Versions only grow in the store, so an answer below what the core
+	// holds was read before something the core already took (an Install
+	// while this heartbeat was in flight): keep the newer homes.
+	if res.HomesChanged && res.HomesVersion >= c.homesFloor {
+		ev.HomesChanged = c.setHomes(res.HomesVersion, res.Homes)
 	}
 	return ev
+}
+
+// Install takes a snapshot of the region's homes read by a committed store
+// transaction at version (a planned rehome's prepare or complete, handed
+// over by its coordinator), as if a heartbeat had brought it: the lease is
+// not extended. It is taken only if version is newer than what the core
+// has held (false otherwise). The caller must publish View() at once, before
+// anything else acts on it (driver contract, step 3): the next heartbeat
+// then reports version as seen.
+func (c *Core) Install(version uint64, homes []Home) (changed, taken bool) {
+	if version <= c.homesFloor { // the floor is at least homesVersion
+		return false, false
+	}
+	return c.setHomes(version, homes), true
+}
+
+// setHomes replaces the homes with those of version; changed reports
+// whether the set or an epoch differs.
+func (c *Core) setHomes(version uint64, list []Home) bool {
+	homes := make(map[RangeKey]Home, len(list))
+	for _, h := range list {
+		homes[h.Key] = h
+	}
+	changed := !sameHomes(c.homes, homes)
+	c.homes = homes
+	c.homesVersion = version
+	c.homesFloor = max(c.homesFloor, version)
+	return changed
 }
 
 func sameHomes(a, b map[RangeKey]Home) bool {

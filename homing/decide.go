@@ -155,9 +155,10 @@ func decidePrepareRehome(cur *Home, req RehomeRequest, fromVersion uint64) (next
 }
 
 // decideCompleteRehome moves a prepared range to its target at epoch+1, once
-// every node of the old home either confirmed (HomesSeen) a homes version
-// that shows the move, or may no longer be live.
-func decideCompleteRehome(cur *Home, req RehomeRequest, fromNodes []Liveness) (Home, error) {
+// every node of the old home either confirmed a homes version that shows
+// the move (HomesSeen, written by its heartbeat, or seen[node], which it
+// reported to the caller directly), or may no longer be live.
+func decideCompleteRehome(cur *Home, req RehomeRequest, fromNodes []Liveness, seen map[uint64]uint64) (Home, error) {
 	if err := checkCurrent(cur, req.Key, req.Epoch); err != nil {
 		return Home{}, err
 	}
@@ -168,7 +169,7 @@ func decideCompleteRehome(cur *Home, req RehomeRequest, fromNodes []Liveness) (H
 		return Home{}, newError(ErrEpochMismatch, "range %s is moving to %s, not %s", req.Key, cur.MovingTo, req.To)
 	}
 	for _, l := range fromNodes {
-		if l.HomesSeen < cur.DrainVersion && mayBeLive(l, req.NowNanos, req.MaxOffsetNanos) {
+		if max(l.HomesSeen, seen[l.NodeID]) < cur.DrainVersion && mayBeLive(l, req.NowNanos, req.MaxOffsetNanos) {
 			return Home{}, newError(ErrNotDrained, "node %d of region %s has seen homes version %d, the move needs %d",
 				l.NodeID, l.Region, l.HomesSeen, cur.DrainVersion)
 		}

@@ -53,6 +53,16 @@
 // home acks under E once E+1 exists, without anyone waiting for a lease to
 // run out, and the store still sees O(nodes) writes.
 //
+// The batch forms (BatchRehomer) also return each changed region's homes
+// at its new version, read in the same transaction. A coordinator hands
+// them to the nodes of that region (Homes.Install): the old home stops at
+// once, without a heartbeat, and reports the version it now acts on
+// straight back; CompleteRehomes takes those reports as confirmations
+// (the node will not go back to older homes: a core never takes homes
+// older than what it has held). The new home starts as soon as the
+// complete commits, the same way. Heartbeats still confirm for nodes the
+// coordinator could not reach.
+//
 // Invariant 5 ("at most one home per epoch; no ack under an epoch older
 // than the newest granted") follows: every grant is a serializable
 // compare-and-set on the range's epoch, and it is made only when no node of
@@ -85,8 +95,9 @@
 //  2. Send at most one heartbeat at a time; bound it with a timeout. The
 //     expiration it carries comes from the clock read before sending, so a
 //     late answer only shortens the lease.
-//  3. Feed the answer (or the error) to Core.Done and publish Core.View()
-//     at once, before anything else acts on the outcome.
+//  3. Feed the answer (or the error) to Core.Done, or a snapshot to
+//     Core.Install, and publish Core.View() at once, before anything else
+//     acts on the outcome.
 //  4. Ack an append only after View.Check (or Lease) at the clock reading
 //     taken when the ack is decided, with the epoch it returned stamped on
 //     the batch; never from a cached "yes". Replicas still reject batches

@@ -93,6 +93,7 @@ type Homes struct {
 
 	view      atomic.Pointer[View]
 	refreshCh chan chan error
+	installCh chan installRequest
 	changed   chan struct{}
 
 	ctx    context.Context
@@ -122,6 +123,7 @@ func Start(cfg Config) (*Homes, error) {
 		logger:    cfg.Logger.Named("homing").With("node", cfg.NodeID, "region", cfg.Region),
 		core:      core,
 		refreshCh: make(chan chan error, 16),
+		installCh: make(chan installRequest),
 		changed:   make(chan struct{}, 1),
 		ctx:       ctx,
 		cancel:    cancel,
@@ -185,6 +187,39 @@ func (h *Homes) Refresh(ctx context.Context) error {
 	case <-h.done:
 		return newError(ErrClosed, "homes driver is closed")
 	}
+}
+
+type installRequest struct {
+	snap RegionHomes
+	done chan *View
+}
+
+// Install hands the driver a snapshot of this node's region's homes read by
+// a committed store transaction (RehomeBatch.Regions): if it is newer than
+// the view's, it becomes the view at once, without a heartbeat (the lease
+// is not extended). It returns the view published afterwards: from then on
+// the node acts on homes at least as new as its HomesVersion, and never on
+// older ones (heartbeat answers read before the snapshot are ignored). A
+// planned rehome uses it to stop the old home and start the new one without
+// a lease-store round trip on their nodes.
+func (h *Homes) Install(ctx context.Context, snap RegionHomes) (*View, error) {
+	if snap.Region != h.cfg.Region {
+		return nil, invalidf("homes of region %q handed to a node of region %q", snap.Region, h.cfg.Region)
+	}
+	for _, hm := range snap.Homes {
+		if hm.Region != h.cfg.Region {
+			return nil, invalidf("range %s is homed in %q, not in %q", hm.Key, hm.Region, h.cfg.Region)
+		}
+	}
+	req := installRequest{snap: snap, done: make(chan *View, 1)}
+	select {
+	case h.installCh <- req:
+	case <-ctx.Done():
+		return nil, newErrorAlso(ErrStoreUnavailable, ctx.Err(), "install: %v", ctx.Err())
+	case <-h.done:
+		return nil, newError(ErrClosed, "homes driver is closed")
+	}
+	return <-req.done, nil // answered at once by the loop
 }
 
 // Takeover takes ranges homed in the failed region from over to this
@@ -309,6 +344,20 @@ func (h *Homes) run() {
 				queued = append(waiting, queued...)
 			}
 			waiting = nil
+		case in := <-h.installCh:
+			changed, taken := h.core.Install(in.snap.Version, in.snap.Homes)
+			// Contract step 3: publish before anyone learns of it.
+			h.view.Store(h.core.View())
+			if taken {
+				h.logger.Debug("homes installed", "homes_version", in.snap.Version, "ranges", len(in.snap.Homes), "changed", changed)
+			}
+			if changed {
+				select {
+				case h.changed <- struct{}{}:
+				default:
+				}
+			}
+			in.done <- h.view.Load()
 		case w := <-h.refreshCh:
 			if len(queued)+len(waiting) >= h.cfg.RefreshWaitersMax {
 				w <- newError(ErrStoreUnavailable, "%d refreshes already waiting", len(queued)+len(waiting))

@@ -311,7 +311,7 @@ func (m *MemStore) CompleteRehome(ctx context.Context, req RehomeRequest) (Home,
 	if cur != nil {
 		nodes = m.liveness(cur.Region)
 	}
-	next, err := decideCompleteRehome(cur, req, nodes)
+	next, err := decideCompleteRehome(cur, req, nodes, nil)
 	if err != nil {
 		return Home{}, err
 	}

@@ -166,9 +166,20 @@ func (s *SQLStore) runTx(ctx context.Context, readOnly bool, fn func(pgx.Tx) err
 	}
 	ictx := crdb.WithMaxRetries(ctx, s.innerRetries)
 	var err error
-	for attempt := 1; attempt <= s.cfg.TxAttemptsMax; attempt++ {
+	began := time.Now()
+	attempt := 1
+	defer func() {
+		if attempt > 1 {
+			s.logger.Debug("transaction retried", "attempts", attempt, "took", time.Since(began), "error", err)
+		}
+	}()
+	for ; attempt <= s.cfg.TxAttemptsMax; attempt++ {
 		conn := &commitCapture{pool: s.pool}
-		err = crdbpgx.ExecuteTx(ictx, conn, opts, fn)
+		if s.cockroach {
+			err = crdbpgx.ExecuteTx(ictx, conn, opts, fn)
+		} else {
+			err = execOnce(ctx, conn, opts, fn)
+		}
 		if err == nil && conn.committed && conn.commitErr != nil {
 			err = conn.commitErr
 			if !retryable(err) {
@@ -194,6 +205,30 @@ func (s *SQLStore) runTx(ctx context.Context, readOnly bool, fn func(pgx.Tx) err
 		return nil
 	}
 	return classify(err, "")
+}
+
+// execOnce runs fn in one transaction on PostgreSQL, where ExecuteTx's
+// SAVEPOINT cockroach_restart and RELEASE are two more round trips that
+// buy nothing: a serialization failure dooms the whole transaction there,
+// and runTx retries it with a fresh one. COMMIT's error is recorded in
+// conn, as with ExecuteTx.
+func execOnce(ctx context.Context, conn *commitCapture, opts pgx.TxOptions, fn func(pgx.Tx) error) (err error) {
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			_ = tx.Rollback(ctx)
+			panic(r)
+		}
+	}()
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	_ = tx.Commit(ctx)
+	return nil
 }
 
 // retryable reports a conflict that a fresh transaction may not hit.
@@ -251,6 +286,11 @@ func queryHomes(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]Home
 	if err != nil {
 		return nil, err
 	}
+	return scanHomes(rows)
+}
+
+// scanHomes reads home rows, sorted by key, and closes rows.
+func scanHomes(rows pgx.Rows) ([]Home, error) {
 	defer rows.Close()
 	out := []Home{}
 	for rows.Next() {
@@ -288,6 +328,11 @@ func queryLiveness(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]L
 	if err != nil {
 		return nil, err
 	}
+	return scanLivenesses(rows)
+}
+
+// scanLivenesses reads liveness rows and closes rows.
+func scanLivenesses(rows pgx.Rows) ([]Liveness, error) {
 	defer rows.Close()
 	out := []Liveness{}
 	for rows.Next() {
@@ -380,20 +425,31 @@ func regionVersion(ctx context.Context, tx pgx.Tx, region string) (uint64, error
 }
 
 func insertEpochs(ctx context.Context, tx pgx.Tx, kind string, grantedNanos int64, homes []Home) error {
+	sql, args := insertEpochsSQL(kind, grantedNanos, homes)
+	_, err := tx.Exec(ctx, sql, args...)
+	return err
+}
+
+func insertEpochsSQL(kind string, grantedNanos int64, homes []Home) (string, []any) {
 	n := len(homes)
 	streams, regions, prevs := make([]string, n), make([]string, n), make([]string, n)
 	ranges, epochs, starts := make([]int64, n), make([]int64, n), make([]int64, n)
 	for i, h := range homes {
 		streams[i], ranges[i], epochs[i], regions[i], starts[i], prevs[i] = h.Key.Stream, int64(h.Key.Range), int64(h.Epoch), h.Region, int64(h.StartOffset), h.PrevRegion
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO range_epochs (stream, range_id, epoch, region, start_offset, prev_region, kind, granted_nanos)
+	return `INSERT INTO range_epochs (stream, range_id, epoch, region, start_offset, prev_region, kind, granted_nanos)
 		SELECT s, r, e, reg, o, p, $7, $8 FROM unnest($1::TEXT[], $2::INT8[], $3::INT8[], $4::TEXT[], $5::INT8[], $6::TEXT[]) AS t(s, r, e, reg, o, p)`,
-		streams, ranges, epochs, regions, starts, prevs, kind, grantedNanos)
-	return err
+		[]any{streams, ranges, epochs, regions, starts, prevs, kind, grantedNanos}
 }
 
 // writeHomes overwrites existing home records.
 func writeHomes(ctx context.Context, tx pgx.Tx, homes []Home) error {
+	sql, args := writeHomesSQL(homes)
+	_, err := tx.Exec(ctx, sql, args...)
+	return err
+}
+
+func writeHomesSQL(homes []Home) (string, []any) {
 	n := len(homes)
 	streams, regions, prevs, moving := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	ranges, epochs, starts, drains := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
@@ -401,13 +457,12 @@ func writeHomes(ctx context.Context, tx pgx.Tx, homes []Home) error {
 		streams[i], ranges[i], regions[i], epochs[i] = h.Key.Stream, int64(h.Key.Range), h.Region, int64(h.Epoch)
 		starts[i], prevs[i], moving[i], drains[i] = int64(h.StartOffset), h.PrevRegion, h.MovingTo, int64(h.DrainVersion)
 	}
-	_, err := tx.Exec(ctx, `UPDATE range_homes SET home_region = t.reg, epoch = t.e, start_offset = t.o, prev_region = t.p,
+	return `UPDATE range_homes SET home_region = t.reg, epoch = t.e, start_offset = t.o, prev_region = t.p,
 			moving_to = t.m, drain_version = t.d
 		FROM unnest($1::TEXT[], $2::INT8[], $3::TEXT[], $4::INT8[], $5::INT8[], $6::TEXT[], $7::TEXT[], $8::INT8[])
 			AS t(s, r, reg, e, o, p, m, d)
 		WHERE range_homes.stream = t.s AND range_homes.range_id = t.r`,
-		streams, ranges, regions, epochs, starts, prevs, moving, drains)
-	return err
+		[]any{streams, ranges, regions, epochs, starts, prevs, moving, drains}
 }
 
 // Heartbeat implements Store.
@@ -420,22 +475,28 @@ func (s *SQLStore) Heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbe
 		res = HeartbeatResult{}
 		extended := false
 		if req.Epoch != 0 {
-			// The common case in one statement. It is decideHeartbeat's
-			// extend branch (same region, same non-zero epoch: expiration
-			// never moves back, homes_seen is the request's); anything else
-			// falls through to the general path below.
-			row := tx.QueryRow(ctx, `UPDATE liveness
+			// The common case in one round trip. The update is
+			// decideHeartbeat's extend branch (same region, same non-zero
+			// epoch: expiration never moves back, homes_seen is the
+			// request's); anything else falls through to the general path
+			// below. The region's version and, only if it differs from the
+			// one the node knows, its homes are read in the same trip.
+			b := &pgx.Batch{}
+			b.Queue(`UPDATE liveness
 				SET expiration_nanos = GREATEST(expiration_nanos, $4), homes_seen = $5, updated_nanos = $6
 				WHERE node_id = $1 AND region = $2 AND epoch = $3
 				RETURNING `+livenessColumns,
 				int64(req.NodeID), req.Region, int64(req.Epoch), req.ExpirationNanos, int64(req.HomesSeen), req.NowNanos)
-			l, err := scanLiveness(row)
-			switch {
-			case err == nil:
-				res.Liveness, res.Extended, extended = l, true, true
-			case errors.Is(err, pgx.ErrNoRows):
-			default:
+			b.Queue(`SELECT COALESCE((SELECT homes_version FROM regions WHERE region = $1), 0)`, req.Region)
+			b.Queue(`SELECT `+homeColumns+` FROM range_homes
+				WHERE home_region = $1 AND COALESCE((SELECT homes_version FROM regions WHERE region = $1), 0) <> $2`,
+				req.Region, int64(req.HomesKnown))
+			extended, err := heartbeatFast(ctx, tx, b, req, &res)
+			if err != nil {
 				return err
+			}
+			if extended {
+				return nil
 			}
 		}
 		if !extended {
@@ -487,6 +548,40 @@ func (s *SQLStore) Heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbe
 		return HeartbeatResult{}, err
 	}
 	return res, nil
+}
+
+// heartbeatFast reads the answers to Heartbeat's one-trip batch into res;
+// false if the record was not extended (res is then left empty).
+func heartbeatFast(ctx context.Context, tx pgx.Tx, b *pgx.Batch, req HeartbeatRequest, res *HeartbeatResult) (bool, error) {
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	l, err := scanLiveness(br.QueryRow())
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, br.Close()
+	case err != nil:
+		return false, err
+	}
+	var v int64
+	if err := br.QueryRow().Scan(&v); err != nil {
+		return false, err
+	}
+	if v < 0 {
+		return false, newError(ErrSchema, "region %s has a negative homes version", req.Region)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return false, err
+	}
+	homes, err := scanHomes(rows)
+	if err != nil {
+		return false, err
+	}
+	res.Liveness, res.Extended, res.HomesVersion = l, true, uint64(v)
+	if res.HomesVersion != req.HomesKnown {
+		res.HomesChanged, res.Homes = true, homes
+	}
+	return true, br.Close()
 }
 
 // CreateHomes implements Store.
@@ -727,7 +822,7 @@ func (s *SQLStore) CompleteRehome(ctx context.Context, req RehomeRequest) (Home,
 				return err
 			}
 		}
-		next, err := decideCompleteRehome(cur, req, nodes)
+		next, err := decideCompleteRehome(cur, req, nodes, nil)
 		if err != nil {
 			return err
 		}

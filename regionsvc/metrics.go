@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -18,6 +19,7 @@ type nodeMetrics struct {
 	ackedBytes    metric.Int64Counter
 	appendResults metric.Int64Counter
 	takeovers     metric.Int64Counter
+	rehomePhases  metric.Float64Histogram
 	fsyncSeconds  metric.Float64Histogram
 	fsyncRecords  metric.Int64Histogram
 }
@@ -40,6 +42,11 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	}
 	if nm.takeovers, err = m.Int64Counter("geolog.homing.takeovers",
 		metric.WithDescription("ranges this node's region took over from a failed home region")); err != nil {
+		return nil, err
+	}
+	if nm.rehomePhases, err = m.Float64Histogram("geolog.homing.rehome_duration",
+		metric.WithDescription("planned rehomes this node coordinated: the pause (phase \"pause\") and each of its phases"), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5)); err != nil {
 		return nil, err
 	}
 	if nm.fsyncSeconds, err = m.Float64Histogram("geolog.segment.fsync_duration",
@@ -144,4 +151,19 @@ func errorCodeName(err error) string {
 func (m *nodeMetrics) fsyncRound(ctx context.Context, took time.Duration, records uint64) {
 	m.fsyncSeconds.Record(ctx, took.Seconds())
 	m.fsyncRecords.Record(ctx, int64(records))
+}
+
+// recordRehome records a coordinated rehome's pause and its phases.
+func (m *nodeMetrics) recordRehome(p *geologv1.RehomePhases, pause time.Duration) {
+	if m == nil {
+		return
+	}
+	ctx := context.Background()
+	for _, ph := range []struct {
+		name   string
+		micros int64
+	}{{"pause", pause.Microseconds()}, {"prepare", p.GetPrepareMicros()}, {"stop_old", p.GetStopOldMicros()},
+		{"catch_up", p.GetCatchUpMicros()}, {"complete", p.GetCompleteMicros()}, {"start_new", p.GetStartNewMicros()}} {
+		m.rehomePhases.Record(ctx, float64(ph.micros)/1e6, metric.WithAttributes(attribute.String("phase", ph.name)))
+	}
 }

@@ -18,23 +18,37 @@ import (
 // the target region (the request is forwarded there), for the ranges of
 // one request that share an old home, together:
 //
-//  1. PrepareRehome marks each range as moving (compare-and-set on its
-//     epoch). The old home's nodes are told to refresh at once (twice: the
-//     second heartbeat confirms to the store that they act on the mark):
-//     from then on they propose and ack nothing more for those ranges
-//     (appends are checked against the lease when admitted, proposed and
-//     acked). Each range's leader then waits until its proposals in flight
-//     are answered and reports its confirmed committed end (a ReadIndex):
-//     the final tail T.
+//  0. Before anything stops, the target's mirrors catch up to the old
+//     home's current tails, so that the pause covers only what arrives
+//     meanwhile.
+//  1. PrepareRehomes marks each range as moving (compare-and-set on its
+//     epoch) and bumps the old home's homes version, in one transaction
+//     that also reads the old home's homes at that new version. The
+//     coordinator hands that snapshot to every node of the old home
+//     (RefreshHomes with homes): each takes it at once (homing.Homes.
+//     Install: no lease-store round trip), so it proposes and acks nothing
+//     more for those ranges (appends are checked against the lease when
+//     admitted, proposed and acked), and answers with the homes version it
+//     now acts on (and will never go back from): its confirmation. Each
+//     range's leader first waits until its proposals in flight are
+//     answered and reports its confirmed committed end (a ReadIndex): the
+//     final tail T.
 //  2. The target region's mirror catches up to T (the replicator keeps
 //     shipping from the old home).
-//  3. CompleteRehome moves each lease to the target at epoch+1 from offset
-//     T; the store refuses while a live node of the old home has not
-//     confirmed the mark. The target's nodes refresh and start admitting.
+//  3. CompleteRehomes moves each lease to the target at epoch+1 from offset
+//     T, given the confirmations; the store refuses while a live node of
+//     the old home has confirmed neither to the coordinator nor through its
+//     heartbeat (the coordinator then makes those heartbeat: the fallback
+//     for a node it could not reach). The transaction also reads the
+//     target's homes at their new version; the coordinator hands them to
+//     the target's nodes, which start admitting at once.
 //
-// Every acknowledged record is below T (acked before the old home learned
-// of the mark, so committed before T was read), and the target holds
-// everything below T before it appends: zero loss. The pause is 1–3.
+// Every acknowledged record is below T (acked before the old home took the
+// mark, so committed before T was read), and the target holds everything
+// below T before it appends: zero loss. No node of the old home acks under
+// the old epoch once the new one exists: each confirmed that it stopped,
+// or may no longer be live. The pause is 1–3: two lease-store transactions
+// and one round trip to the old home, plus what arrived meanwhile.
 
 func (s *adminServer) Rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geologv1.RehomeResponse, error) {
 	resp, err := s.node.rehome(ctx, req)
@@ -49,26 +63,36 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 	if n.homing == nil {
 		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)"))
 	}
-	// The first heartbeat learns the homes (and the node acts on them as
-	// soon as it returns); with confirm, a second one tells the store so
-	// (a planned rehome waits for it), while the final tails are read.
 	t0 := time.Now()
-	if err := n.homing.homes.Refresh(ctx); err != nil {
-		return nil, apierr.ToStatus(homingErr(err))
-	}
-	tRefreshed := time.Now()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var confirmErr error
-	if req.GetConfirm() {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			confirmErr = n.homing.homes.Refresh(ctx)
-		}()
+	if snap := req.GetHomes(); snap != nil {
+		// The homes come from a committed transaction: take them (if newer)
+		// without a heartbeat. The published version is the confirmation.
+		if _, err := n.homing.homes.Install(ctx, regionHomesFromProto(snap)); err != nil {
+			return nil, apierr.ToStatus(homingErr(err))
+		}
+	} else {
+		// The first heartbeat learns the homes (and the node acts on them
+		// as soon as it returns); with confirm, a second one tells the
+		// store so (a planned rehome waits for it), while the final tails
+		// are read.
+		if err := n.homing.homes.Refresh(ctx); err != nil {
+			return nil, apierr.ToStatus(homingErr(err))
+		}
+		if req.GetConfirm() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				confirmErr = n.homing.homes.Refresh(ctx)
+			}()
+		}
 	}
+	tRefreshed := time.Now()
 	n.applyRoles() // the directory is refreshed after the tails are read
-	resp := &geologv1.RefreshHomesResponse{HomesVersion: n.homing.homes.View().HomesVersion}
+	view := n.homing.homes.View()
+	resp := &geologv1.RefreshHomesResponse{HomesVersion: view.HomesVersion, LivenessNodeId: view.NodeID}
 	for _, r := range req.GetRanges() {
 		if req.GetStream() == "" {
 			break
@@ -88,7 +112,8 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		}()
 	}
 	wg.Wait()
-	n.logger.Debug("refreshed homes", "refresh", tRefreshed.Sub(t0), "tails_and_confirm", time.Since(tRefreshed), "tails", len(resp.Tails))
+	n.logger.Debug("refreshed homes", "installed", req.GetHomes() != nil, "homes_version", view.HomesVersion,
+		"refresh", tRefreshed.Sub(t0), "tails_and_confirm", time.Since(tRefreshed), "tails", len(resp.Tails))
 	// Ranges that moved away are looked up next (for redirects), off the
 	// caller's path.
 	go n.refreshDirectory(context.WithoutCancel(ctx))
@@ -96,6 +121,24 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		return nil, apierr.ToStatus(homingErr(confirmErr))
 	}
 	return resp, nil
+}
+
+func regionHomesToProto(r homing.RegionHomes) *geologv1.RegionHomes {
+	out := &geologv1.RegionHomes{Region: r.Region, Version: r.Version, Homes: make([]*geologv1.HomeRecord, len(r.Homes))}
+	for i, h := range r.Homes {
+		out.Homes[i] = &geologv1.HomeRecord{Stream: h.Key.Stream, Range: h.Key.Range, Region: h.Region, Epoch: h.Epoch,
+			StartOffset: h.StartOffset, PrevRegion: h.PrevRegion, MovingTo: h.MovingTo, DrainVersion: h.DrainVersion}
+	}
+	return out
+}
+
+func regionHomesFromProto(p *geologv1.RegionHomes) homing.RegionHomes {
+	out := homing.RegionHomes{Region: p.GetRegion(), Version: p.GetVersion(), Homes: make([]homing.Home, len(p.GetHomes()))}
+	for i, h := range p.GetHomes() {
+		out.Homes[i] = homing.Home{Key: homing.RangeKey{Stream: h.GetStream(), Range: h.GetRange()}, Region: h.GetRegion(), Epoch: h.GetEpoch(),
+			StartOffset: h.GetStartOffset(), PrevRegion: h.GetPrevRegion(), MovingTo: h.GetMovingTo(), DrainVersion: h.GetDrainVersion()}
+	}
+	return out
 }
 
 // finalTail is the tail of a home range that stopped admitting, on its
@@ -229,20 +272,19 @@ func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec 
 	for j, i := range idx {
 		reqs[j] = homing.RehomeRequest{Key: key(i), Epoch: cur[i].Epoch, To: to}
 	}
-	var homes []homing.Home
-	var errs []error
+	var pb homing.RehomeBatch
 	err := n.storeWrite(ctx, func() (err error) {
-		homes, errs, err = batch.PrepareRehomes(ctx, reqs)
+		pb, err = batch.PrepareRehomes(ctx, reqs)
 		return err
 	})
 	for j, i := range idx {
 		switch {
 		case err != nil:
 			fail(i, err)
-		case errs[j] != nil:
-			fail(i, errs[j])
+		case pb.Errs[j] != nil:
+			fail(i, pb.Errs[j])
 		default:
-			prepared[i] = homes[j]
+			prepared[i] = pb.Homes[j]
 		}
 	}
 	if len(prepared) == 0 {
@@ -263,10 +305,18 @@ func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec 
 	for i := range prepared {
 		rs = append(rs, out[i].Range)
 	}
-	tails, err := n.refreshRegionTails(ctx, from, &geologv1.RefreshHomesRequest{Stream: spec.Name, Ranges: rs, Confirm: true})
-	if err != nil {
-		n.logger.Warn("rehome: refreshing the old home", "region", from, "error", err) // the store's drain check decides
+	// Stop the old home: hand its nodes their homes at the prepare's
+	// version (a repeated prepare changed nothing and returns no snapshot:
+	// they heartbeat instead, and confirm so).
+	stop := &geologv1.RefreshHomesRequest{Stream: spec.Name, Ranges: rs, Confirm: true}
+	if snap, ok := pb.Region(from); ok {
+		stop.Homes, stop.Confirm = regionHomesToProto(snap), false
 	}
+	stopped, err := n.refreshRegionTails(ctx, from, stop)
+	if err != nil {
+		n.logger.Warn("rehome: stopping the old home", "region", from, "error", err) // the store's drain check decides
+	}
+	tails := stopped.tails
 	for i := range prepared {
 		if _, ok := tails[out[i].Range]; !ok {
 			// Its leader did not answer: ask the home leader again.
@@ -286,7 +336,11 @@ func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec 
 	}
 	tCaught := time.Now()
 	moved := map[int]homing.Home{}
+	// The target's and the old home's homes after the last complete.
+	var started, vacated homing.RegionHomes
+	attempts := 0
 	for len(prepared) > len(moved) {
+		attempts++
 		var pend []int
 		var reqs []homing.RehomeRequest
 		now := n.cfg.Now().UnixNano()
@@ -301,52 +355,91 @@ func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec 
 					NowNanos: now, MaxOffsetNanos: int64(maxOffset)})
 			}
 		}
-		var homes []homing.Home
-		var errs []error
+		var cb homing.RehomeBatch
 		err := n.storeWrite(ctx, func() (err error) {
-			homes, errs, err = batch.CompleteRehomes(ctx, reqs)
+			cb, err = batch.CompleteRehomes(ctx, reqs, stopped.seen)
 			return err
 		})
+		if snap, ok := cb.Region(to); ok && snap.Version > started.Version {
+			started = snap
+		}
+		if snap, ok := cb.Region(from); ok && snap.Version > vacated.Version {
+			vacated = snap
+		}
 		undrained := false
 		for j, i := range pend {
 			switch {
 			case err != nil:
 				abort(i, err)
-			case errs[j] == nil:
-				moved[i] = homes[j]
-			case errors.Is(errs[j], homing.ErrNotDrained) && ctx.Err() == nil:
+			case cb.Errs[j] == nil:
+				moved[i] = cb.Homes[j]
+			case errors.Is(cb.Errs[j], homing.ErrNotDrained) && ctx.Err() == nil:
 				undrained = true
 			default:
-				abort(i, errs[j])
+				abort(i, cb.Errs[j])
 			}
 		}
 		if undrained {
-			n.refreshRegionTails(ctx, from, &geologv1.RefreshHomesRequest{Confirm: true})
+			// A node of the old home did not confirm to us: it confirms
+			// through its heartbeats (or its liveness runs out).
+			n.logger.Debug("rehome: the old home has not confirmed yet", "region", from, "confirmed", stopped.seen)
+			again, _ := n.refreshRegionTails(ctx, from, &geologv1.RefreshHomesRequest{Confirm: true})
+			for id, v := range again.seen {
+				stopped.seen[id] = max(stopped.seen[id], v)
+			}
 		}
 	}
 	tMoved := time.Now()
 	if len(moved) > 0 {
-		if err := n.refreshRegion(ctx, to); err != nil {
-			n.logger.Warn("rehome: refreshing the new home", "region", to, "error", err)
+		// Start the new home: its nodes take the complete's homes at once.
+		start := &geologv1.RefreshHomesRequest{}
+		if started.Version > 0 {
+			start.Homes = regionHomesToProto(started)
+		}
+		if _, err := n.refreshRegionTails(ctx, to, start); err != nil {
+			n.logger.Warn("rehome: starting the new home", "region", to, "error", err) // its heartbeats bring the homes
 		}
 	}
 	pause := time.Since(start)
+	phases := &geologv1.RehomePhases{
+		PrepareMicros: tPrepared.Sub(start).Microseconds(), StopOldMicros: tStopped.Sub(tPrepared).Microseconds(),
+		CatchUpMicros: tCaught.Sub(tStopped).Microseconds(), CompleteMicros: tMoved.Sub(tCaught).Microseconds(),
+		CompleteAttempts: uint32(attempts), StartNewMicros: pause.Microseconds() - tMoved.Sub(start).Microseconds(),
+	}
 	for i, h := range moved {
 		out[i].Epoch, out[i].StartOffset, out[i].Status, out[i].PauseMicros = h.Epoch, tails[out[i].Range], "moved", pause.Microseconds()
+		out[i].Phases = phases
 	}
-	// The old home learns where its producers go now.
-	go n.refreshRegion(context.WithoutCancel(ctx), from)
+	if len(moved) > 0 {
+		n.metrics.recordRehome(phases, pause)
+	}
+	// The old home learns where its producers go now: the complete's
+	// homes, else its heartbeat.
+	left := &geologv1.RefreshHomesRequest{}
+	if vacated.Version > 0 {
+		left.Homes = regionHomesToProto(vacated)
+	}
+	go n.refreshRegionTails(context.WithoutCancel(ctx), from, left)
 	n.logger.Info("rehomed", "stream", spec.Name, "ranges", len(moved), "from", from, "to", to, "pause", pause,
 		"prepare", tPrepared.Sub(start), "stop_old", tStopped.Sub(tPrepared), "catch_up", tCaught.Sub(tStopped),
-		"complete", tMoved.Sub(tCaught), "start_new", time.Since(tMoved))
+		"complete", tMoved.Sub(tCaught), "complete_attempts", attempts, "start_new", time.Since(tMoved))
+}
+
+// regionRefresh is what a region's nodes answered to RefreshHomes.
+type regionRefresh struct {
+	// tails are the final tails their leaders reported, by range.
+	tails map[uint32]uint64
+	// seen is the homes version each node acts on now, by liveness id.
+	seen map[uint64]uint64
 }
 
 // refreshRegionTails refreshes every node of region and collects the
-// final tails of the ranges their leaders report.
-func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geologv1.RefreshHomesRequest) (map[uint32]uint64, error) {
+// final tails of the ranges their leaders report, and the homes versions
+// the nodes act on.
+func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geologv1.RefreshHomesRequest) (regionRefresh, error) {
 	addrs := n.regionAddrList(region)
 	errs := make([]error, len(addrs))
-	tails := map[uint32]uint64{}
+	out := regionRefresh{tails: map[uint32]uint64{}, seen: map[uint64]uint64{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for i, addr := range addrs {
@@ -371,13 +464,16 @@ func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geolo
 			}
 			mu.Lock()
 			for _, t := range resp.GetTails() {
-				tails[t.GetRange()] = t.GetTailOffset()
+				out.tails[t.GetRange()] = t.GetTailOffset()
+			}
+			if id := resp.GetLivenessNodeId(); id != 0 {
+				out.seen[id] = max(out.seen[id], resp.GetHomesVersion())
 			}
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	return tails, errors.Join(errs...)
+	return out, errors.Join(errs...)
 }
 
 // storeWrite runs one of the coordinator's lease-store writes: one at a

@@ -2205,7 +2205,9 @@ type RangeRehome struct {
 	// home's stop to the new home's start.
 	PauseMicros int64 `protobuf:"varint,6,opt,name=pause_micros,json=pauseMicros,proto3" json:"pause_micros,omitempty"`
 	// status is "moved", "already home", or the error that stopped the move.
-	Status        string `protobuf:"bytes,7,opt,name=status,proto3" json:"status,omitempty"`
+	Status string `protobuf:"bytes,7,opt,name=status,proto3" json:"status,omitempty"`
+	// phases is where the pause went (set when the range moved).
+	Phases        *RehomePhases `protobuf:"bytes,8,opt,name=phases,proto3" json:"phases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2289,6 +2291,109 @@ func (x *RangeRehome) GetStatus() string {
 	return ""
 }
 
+func (x *RangeRehome) GetPhases() *RehomePhases {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
+}
+
+// RehomePhases breaks a planned rehome's pause down, in the coordinator's
+// order; the phases add up to pause_micros.
+type RehomePhases struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// prepare_micros: the lease-store transaction that marks the ranges as
+	// moving.
+	PrepareMicros int64 `protobuf:"varint,1,opt,name=prepare_micros,json=prepareMicros,proto3" json:"prepare_micros,omitempty"`
+	// stop_old_micros: the old home's nodes take the marks (one round trip
+	// to them) and report the final tails once their appends in flight are
+	// answered.
+	StopOldMicros int64 `protobuf:"varint,2,opt,name=stop_old_micros,json=stopOldMicros,proto3" json:"stop_old_micros,omitempty"`
+	// catch_up_micros: the new home's copy reaches the final tails.
+	CatchUpMicros int64 `protobuf:"varint,3,opt,name=catch_up_micros,json=catchUpMicros,proto3" json:"catch_up_micros,omitempty"`
+	// complete_micros: the lease-store transaction(s) that move the ranges
+	// at epoch+1; complete_attempts counts them (more than one when a node
+	// of the old home had to confirm through its heartbeat).
+	CompleteMicros   int64  `protobuf:"varint,4,opt,name=complete_micros,json=completeMicros,proto3" json:"complete_micros,omitempty"`
+	CompleteAttempts uint32 `protobuf:"varint,5,opt,name=complete_attempts,json=completeAttempts,proto3" json:"complete_attempts,omitempty"`
+	// start_new_micros: the new home's nodes take the new homes.
+	StartNewMicros int64 `protobuf:"varint,6,opt,name=start_new_micros,json=startNewMicros,proto3" json:"start_new_micros,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RehomePhases) Reset() {
+	*x = RehomePhases{}
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RehomePhases) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RehomePhases) ProtoMessage() {}
+
+func (x *RehomePhases) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RehomePhases.ProtoReflect.Descriptor instead.
+func (*RehomePhases) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RehomePhases) GetPrepareMicros() int64 {
+	if x != nil {
+		return x.PrepareMicros
+	}
+	return 0
+}
+
+func (x *RehomePhases) GetStopOldMicros() int64 {
+	if x != nil {
+		return x.StopOldMicros
+	}
+	return 0
+}
+
+func (x *RehomePhases) GetCatchUpMicros() int64 {
+	if x != nil {
+		return x.CatchUpMicros
+	}
+	return 0
+}
+
+func (x *RehomePhases) GetCompleteMicros() int64 {
+	if x != nil {
+		return x.CompleteMicros
+	}
+	return 0
+}
+
+func (x *RehomePhases) GetCompleteAttempts() uint32 {
+	if x != nil {
+		return x.CompleteAttempts
+	}
+	return 0
+}
+
+func (x *RehomePhases) GetStartNewMicros() int64 {
+	if x != nil {
+		return x.StartNewMicros
+	}
+	return 0
+}
+
 type RehomeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ranges        []*RangeRehome         `protobuf:"bytes,1,rep,name=ranges,proto3" json:"ranges,omitempty"`
@@ -2298,7 +2403,7 @@ type RehomeResponse struct {
 
 func (x *RehomeResponse) Reset() {
 	*x = RehomeResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2415,7 @@ func (x *RehomeResponse) String() string {
 func (*RehomeResponse) ProtoMessage() {}
 
 func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2428,7 @@ func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeResponse.ProtoReflect.Descriptor instead.
 func (*RehomeResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RehomeResponse) GetRanges() []*RangeRehome {
@@ -2344,14 +2449,20 @@ type RefreshHomesRequest struct {
 	// confirm: heartbeat a second time, so that the lease store records that
 	// this node acts on what the first heartbeat brought (a planned rehome's
 	// old home must confirm before the move completes).
-	Confirm       bool `protobuf:"varint,3,opt,name=confirm,proto3" json:"confirm,omitempty"`
+	Confirm bool `protobuf:"varint,3,opt,name=confirm,proto3" json:"confirm,omitempty"`
+	// homes, if set, are the node's region's homes at a version, as a
+	// committed lease-store transaction read them (a planned rehome's
+	// prepare or complete): the node takes them at once if they are newer
+	// than its own, instead of heartbeating (confirm is then not needed:
+	// the answer's homes_version is the confirmation).
+	Homes         *RegionHomes `protobuf:"bytes,4,opt,name=homes,proto3" json:"homes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RefreshHomesRequest) Reset() {
 	*x = RefreshHomesRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2474,7 @@ func (x *RefreshHomesRequest) String() string {
 func (*RefreshHomesRequest) ProtoMessage() {}
 
 func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2487,7 @@ func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesRequest.ProtoReflect.Descriptor instead.
 func (*RefreshHomesRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RefreshHomesRequest) GetStream() string {
@@ -2400,19 +2511,191 @@ func (x *RefreshHomesRequest) GetConfirm() bool {
 	return false
 }
 
-type RefreshHomesResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// homes_version is the node's region's homes version after the refresh.
-	HomesVersion uint64 `protobuf:"varint,1,opt,name=homes_version,json=homesVersion,proto3" json:"homes_version,omitempty"`
-	// tails are the final tails of the requested ranges this node leads.
-	Tails         []*RangeTail `protobuf:"bytes,2,rep,name=tails,proto3" json:"tails,omitempty"`
+func (x *RefreshHomesRequest) GetHomes() *RegionHomes {
+	if x != nil {
+		return x.Homes
+	}
+	return nil
+}
+
+// RegionHomes is the set of ranges homed in a region at one homes version.
+type RegionHomes struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Version       uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Homes         []*HomeRecord          `protobuf:"bytes,3,rep,name=homes,proto3" json:"homes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
+func (x *RegionHomes) Reset() {
+	*x = RegionHomes{}
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionHomes) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionHomes) ProtoMessage() {}
+
+func (x *RegionHomes) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionHomes.ProtoReflect.Descriptor instead.
+func (*RegionHomes) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RegionHomes) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RegionHomes) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RegionHomes) GetHomes() []*HomeRecord {
+	if x != nil {
+		return x.Homes
+	}
+	return nil
+}
+
+// HomeRecord is a range's home record in the lease store.
+type HomeRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Range         uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
+	Region        string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	StartOffset   uint64                 `protobuf:"varint,5,opt,name=start_offset,json=startOffset,proto3" json:"start_offset,omitempty"`
+	PrevRegion    string                 `protobuf:"bytes,6,opt,name=prev_region,json=prevRegion,proto3" json:"prev_region,omitempty"`
+	MovingTo      string                 `protobuf:"bytes,7,opt,name=moving_to,json=movingTo,proto3" json:"moving_to,omitempty"`
+	DrainVersion  uint64                 `protobuf:"varint,8,opt,name=drain_version,json=drainVersion,proto3" json:"drain_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HomeRecord) Reset() {
+	*x = HomeRecord{}
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HomeRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HomeRecord) ProtoMessage() {}
+
+func (x *HomeRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HomeRecord.ProtoReflect.Descriptor instead.
+func (*HomeRecord) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *HomeRecord) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *HomeRecord) GetRange() uint32 {
+	if x != nil {
+		return x.Range
+	}
+	return 0
+}
+
+func (x *HomeRecord) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *HomeRecord) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HomeRecord) GetStartOffset() uint64 {
+	if x != nil {
+		return x.StartOffset
+	}
+	return 0
+}
+
+func (x *HomeRecord) GetPrevRegion() string {
+	if x != nil {
+		return x.PrevRegion
+	}
+	return ""
+}
+
+func (x *HomeRecord) GetMovingTo() string {
+	if x != nil {
+		return x.MovingTo
+	}
+	return ""
+}
+
+func (x *HomeRecord) GetDrainVersion() uint64 {
+	if x != nil {
+		return x.DrainVersion
+	}
+	return 0
+}
+
+type RefreshHomesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// homes_version is the node's region's homes version after the refresh:
+	// the node acts on homes at least this new from now on.
+	HomesVersion uint64 `protobuf:"varint,1,opt,name=homes_version,json=homesVersion,proto3" json:"homes_version,omitempty"`
+	// tails are the final tails of the requested ranges this node leads.
+	Tails []*RangeTail `protobuf:"bytes,2,rep,name=tails,proto3" json:"tails,omitempty"`
+	// liveness_node_id is the node's id in the lease store's liveness table.
+	LivenessNodeId uint64 `protobuf:"varint,3,opt,name=liveness_node_id,json=livenessNodeId,proto3" json:"liveness_node_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
 func (x *RefreshHomesResponse) Reset() {
 	*x = RefreshHomesResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2424,7 +2707,7 @@ func (x *RefreshHomesResponse) String() string {
 func (*RefreshHomesResponse) ProtoMessage() {}
 
 func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2437,7 +2720,7 @@ func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesResponse.ProtoReflect.Descriptor instead.
 func (*RefreshHomesResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RefreshHomesResponse) GetHomesVersion() uint64 {
@@ -2454,6 +2737,13 @@ func (x *RefreshHomesResponse) GetTails() []*RangeTail {
 	return nil
 }
 
+func (x *RefreshHomesResponse) GetLivenessNodeId() uint64 {
+	if x != nil {
+		return x.LivenessNodeId
+	}
+	return 0
+}
+
 type RangeTail struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Range         uint32                 `protobuf:"varint,1,opt,name=range,proto3" json:"range,omitempty"`
@@ -2464,7 +2754,7 @@ type RangeTail struct {
 
 func (x *RangeTail) Reset() {
 	*x = RangeTail{}
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2766,7 @@ func (x *RangeTail) String() string {
 func (*RangeTail) ProtoMessage() {}
 
 func (x *RangeTail) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2779,7 @@ func (x *RangeTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeTail.ProtoReflect.Descriptor instead.
 func (*RangeTail) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RangeTail) GetRange() uint32 {
@@ -2519,7 +2809,7 @@ type ChangeReplicasRequest struct {
 
 func (x *ChangeReplicasRequest) Reset() {
 	*x = ChangeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2531,7 +2821,7 @@ func (x *ChangeReplicasRequest) String() string {
 func (*ChangeReplicasRequest) ProtoMessage() {}
 
 func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2544,7 +2834,7 @@ func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ChangeReplicasRequest) GetStream() string {
@@ -2585,7 +2875,7 @@ type ChangeReplicasResponse struct {
 
 func (x *ChangeReplicasResponse) Reset() {
 	*x = ChangeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2597,7 +2887,7 @@ func (x *ChangeReplicasResponse) String() string {
 func (*ChangeReplicasResponse) ProtoMessage() {}
 
 func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2610,7 +2900,7 @@ func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ChangeReplicasResponse) GetVoters() []uint64 {
@@ -2637,7 +2927,7 @@ type DescribeReplicasRequest struct {
 
 func (x *DescribeReplicasRequest) Reset() {
 	*x = DescribeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +2939,7 @@ func (x *DescribeReplicasRequest) String() string {
 func (*DescribeReplicasRequest) ProtoMessage() {}
 
 func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +2952,7 @@ func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DescribeReplicasRequest) GetStream() string {
@@ -2693,7 +2983,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +2995,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,7 +3008,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReplicaStatus) GetNodeId() uint64 {
@@ -2763,7 +3053,7 @@ type DescribeReplicasResponse struct {
 
 func (x *DescribeReplicasResponse) Reset() {
 	*x = DescribeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +3065,7 @@ func (x *DescribeReplicasResponse) String() string {
 func (*DescribeReplicasResponse) ProtoMessage() {}
 
 func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +3078,7 @@ func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
@@ -3000,7 +3290,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x06ranges\x18\x02 \x03(\rR\x06ranges\x12\x1d\n" +
 	"\n" +
 	"all_ranges\x18\x03 \x01(\bR\tallRanges\x12\x16\n" +
-	"\x06region\x18\x04 \x01(\tR\x06region\"\xd5\x01\n" +
+	"\x06region\x18\x04 \x01(\tR\x06region\"\x86\x02\n" +
 	"\vRangeRehome\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1f\n" +
 	"\vfrom_region\x18\x02 \x01(\tR\n" +
@@ -3009,16 +3299,41 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12!\n" +
 	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12!\n" +
 	"\fpause_micros\x18\x06 \x01(\x03R\vpauseMicros\x12\x16\n" +
-	"\x06status\x18\a \x01(\tR\x06status\"@\n" +
+	"\x06status\x18\a \x01(\tR\x06status\x12/\n" +
+	"\x06phases\x18\b \x01(\v2\x17.geolog.v1.RehomePhasesR\x06phases\"\x85\x02\n" +
+	"\fRehomePhases\x12%\n" +
+	"\x0eprepare_micros\x18\x01 \x01(\x03R\rprepareMicros\x12&\n" +
+	"\x0fstop_old_micros\x18\x02 \x01(\x03R\rstopOldMicros\x12&\n" +
+	"\x0fcatch_up_micros\x18\x03 \x01(\x03R\rcatchUpMicros\x12'\n" +
+	"\x0fcomplete_micros\x18\x04 \x01(\x03R\x0ecompleteMicros\x12+\n" +
+	"\x11complete_attempts\x18\x05 \x01(\rR\x10completeAttempts\x12(\n" +
+	"\x10start_new_micros\x18\x06 \x01(\x03R\x0estartNewMicros\"@\n" +
 	"\x0eRehomeResponse\x12.\n" +
-	"\x06ranges\x18\x01 \x03(\v2\x16.geolog.v1.RangeRehomeR\x06ranges\"_\n" +
+	"\x06ranges\x18\x01 \x03(\v2\x16.geolog.v1.RangeRehomeR\x06ranges\"\x8d\x01\n" +
 	"\x13RefreshHomesRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x16\n" +
 	"\x06ranges\x18\x02 \x03(\rR\x06ranges\x12\x18\n" +
-	"\aconfirm\x18\x03 \x01(\bR\aconfirm\"g\n" +
+	"\aconfirm\x18\x03 \x01(\bR\aconfirm\x12,\n" +
+	"\x05homes\x18\x04 \x01(\v2\x16.geolog.v1.RegionHomesR\x05homes\"l\n" +
+	"\vRegionHomes\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12+\n" +
+	"\x05homes\x18\x03 \x03(\v2\x15.geolog.v1.HomeRecordR\x05homes\"\xee\x01\n" +
+	"\n" +
+	"HomeRecord\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
+	"\x05range\x18\x02 \x01(\rR\x05range\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12!\n" +
+	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12\x1f\n" +
+	"\vprev_region\x18\x06 \x01(\tR\n" +
+	"prevRegion\x12\x1b\n" +
+	"\tmoving_to\x18\a \x01(\tR\bmovingTo\x12#\n" +
+	"\rdrain_version\x18\b \x01(\x04R\fdrainVersion\"\x91\x01\n" +
 	"\x14RefreshHomesResponse\x12#\n" +
 	"\rhomes_version\x18\x01 \x01(\x04R\fhomesVersion\x12*\n" +
-	"\x05tails\x18\x02 \x03(\v2\x14.geolog.v1.RangeTailR\x05tails\"B\n" +
+	"\x05tails\x18\x02 \x03(\v2\x14.geolog.v1.RangeTailR\x05tails\x12(\n" +
+	"\x10liveness_node_id\x18\x03 \x01(\x04R\x0elivenessNodeId\"B\n" +
 	"\tRangeTail\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1f\n" +
 	"\vtail_offset\x18\x02 \x01(\x04R\n" +
@@ -3110,7 +3425,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -3142,15 +3457,18 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*ReadOrphansResponse)(nil),      // 27: geolog.v1.ReadOrphansResponse
 	(*RehomeRequest)(nil),            // 28: geolog.v1.RehomeRequest
 	(*RangeRehome)(nil),              // 29: geolog.v1.RangeRehome
-	(*RehomeResponse)(nil),           // 30: geolog.v1.RehomeResponse
-	(*RefreshHomesRequest)(nil),      // 31: geolog.v1.RefreshHomesRequest
-	(*RefreshHomesResponse)(nil),     // 32: geolog.v1.RefreshHomesResponse
-	(*RangeTail)(nil),                // 33: geolog.v1.RangeTail
-	(*ChangeReplicasRequest)(nil),    // 34: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 35: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 36: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 37: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 38: geolog.v1.DescribeReplicasResponse
+	(*RehomePhases)(nil),             // 30: geolog.v1.RehomePhases
+	(*RehomeResponse)(nil),           // 31: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 32: geolog.v1.RefreshHomesRequest
+	(*RegionHomes)(nil),              // 33: geolog.v1.RegionHomes
+	(*HomeRecord)(nil),               // 34: geolog.v1.HomeRecord
+	(*RefreshHomesResponse)(nil),     // 35: geolog.v1.RefreshHomesResponse
+	(*RangeTail)(nil),                // 36: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 37: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 38: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 39: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 40: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 41: geolog.v1.DescribeReplicasResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	3,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -3170,41 +3488,44 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	1,  // 14: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
 	24, // 15: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
 	5,  // 16: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
-	29, // 17: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	33, // 18: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
-	2,  // 19: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	37, // 20: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	6,  // 21: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	6,  // 22: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	8,  // 23: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	10, // 24: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	16, // 25: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	18, // 26: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	20, // 27: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	34, // 28: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	36, // 29: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	28, // 30: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	31, // 31: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	23, // 32: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	26, // 33: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	7,  // 34: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	7,  // 35: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	9,  // 36: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	11, // 37: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	17, // 38: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	19, // 39: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	21, // 40: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	35, // 41: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	38, // 42: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	30, // 43: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	32, // 44: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	25, // 45: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	27, // 46: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	34, // [34:47] is the sub-list for method output_type
-	21, // [21:34] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	30, // 17: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
+	29, // 18: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	33, // 19: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
+	34, // 20: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
+	36, // 21: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	2,  // 22: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	40, // 23: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	6,  // 24: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	6,  // 25: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	8,  // 26: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	10, // 27: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	16, // 28: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	18, // 29: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	20, // 30: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	37, // 31: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	39, // 32: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	28, // 33: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	32, // 34: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	23, // 35: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	26, // 36: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	7,  // 37: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	7,  // 38: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	9,  // 39: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	11, // 40: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	17, // 41: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	19, // 42: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	21, // 43: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	38, // 44: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	41, // 45: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	31, // 46: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	35, // 47: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	25, // 48: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	27, // 49: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	37, // [37:50] is the sub-list for method output_type
+	24, // [24:37] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -3222,7 +3543,7 @@ func file_geolog_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
