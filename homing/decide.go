@@ -1,6 +1,9 @@
 package homing
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // The decisions every Store implementation makes, as pure functions of the
 // rows it read inside one serializable transaction (or under its lock) and
@@ -14,6 +17,21 @@ import "math"
 // maxOffset, so l is certainly past its expiration only once nowNanos >
 // expiration + maxOffset. The second margin leaves room for an ack decided
 // just before the holder's deadline to reach the wire.
+// Undrained lists the nodes (liveness ids) that may still act on a homes
+// version below drainVersion: those that may be live and confirmed
+// neither in their heartbeat (HomesSeen) nor to the caller (seen). Once
+// it is empty, no node of the region admits or acks what the version
+// stopped.
+func Undrained(nodes []Liveness, drainVersion uint64, seen map[uint64]uint64, nowNanos, maxOffsetNanos int64) []uint64 {
+	var out []uint64
+	for _, l := range nodes {
+		if max(l.HomesSeen, seen[l.NodeID]) < drainVersion && mayBeLive(l, nowNanos, maxOffsetNanos) {
+			out = append(out, l.NodeID)
+		}
+	}
+	return out
+}
+
 func mayBeLive(l Liveness, nowNanos, maxOffsetNanos int64) bool {
 	return nowNanos <= satAdd(l.ExpirationNanos, maxOffsetNanos)
 }
@@ -168,11 +186,10 @@ func decideCompleteRehome(cur *Home, req RehomeRequest, fromNodes []Liveness, se
 		}
 		return Home{}, newError(ErrEpochMismatch, "range %s is moving to %s, not %s", req.Key, cur.MovingTo, req.To)
 	}
-	for _, l := range fromNodes {
-		if max(l.HomesSeen, seen[l.NodeID]) < cur.DrainVersion && mayBeLive(l, req.NowNanos, req.MaxOffsetNanos) {
-			return Home{}, newError(ErrNotDrained, "node %d of region %s has seen homes version %d, the move needs %d",
-				l.NodeID, l.Region, l.HomesSeen, cur.DrainVersion)
-		}
+	if ids := Undrained(fromNodes, cur.DrainVersion, seen, req.NowNanos, req.MaxOffsetNanos); len(ids) > 0 {
+		l := fromNodes[slices.IndexFunc(fromNodes, func(l Liveness) bool { return l.NodeID == ids[0] })]
+		return Home{}, newError(ErrNotDrained, "node %d of region %s has seen homes version %d, the move needs %d",
+			l.NodeID, l.Region, max(l.HomesSeen, seen[l.NodeID]), cur.DrainVersion)
 	}
 	return Home{Key: req.Key, Region: req.To, Epoch: cur.Epoch + 1, StartOffset: req.StartOffset, PrevRegion: cur.Region}, nil
 }

@@ -175,11 +175,10 @@ func (s *SQLStore) runTx(ctx context.Context, readOnly bool, fn func(pgx.Tx) err
 	}()
 	for ; attempt <= s.cfg.TxAttemptsMax; attempt++ {
 		conn := &commitCapture{pool: s.pool}
-		if s.cockroach {
-			err = crdbpgx.ExecuteTx(ictx, conn, opts, fn)
-		} else {
-			err = execOnce(ctx, conn, opts, fn)
-		}
+		// Every transaction goes through ExecuteTx, on PostgreSQL too (its
+		// SAVEPOINT and RELEASE cost two round trips there, but the path
+		// tested is the one CockroachDB runs).
+		err = crdbpgx.ExecuteTx(ictx, conn, opts, fn)
 		if err == nil && conn.committed && conn.commitErr != nil {
 			err = conn.commitErr
 			if !retryable(err) {
@@ -205,30 +204,6 @@ func (s *SQLStore) runTx(ctx context.Context, readOnly bool, fn func(pgx.Tx) err
 		return nil
 	}
 	return classify(err, "")
-}
-
-// execOnce runs fn in one transaction on PostgreSQL, where ExecuteTx's
-// SAVEPOINT cockroach_restart and RELEASE are two more round trips that
-// buy nothing: a serialization failure dooms the whole transaction there,
-// and runTx retries it with a fresh one. COMMIT's error is recorded in
-// conn, as with ExecuteTx.
-func execOnce(ctx context.Context, conn *commitCapture, opts pgx.TxOptions, fn func(pgx.Tx) error) (err error) {
-	tx, err := conn.BeginTx(ctx, opts)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			_ = tx.Rollback(ctx)
-			panic(r)
-		}
-	}()
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	_ = tx.Commit(ctx)
-	return nil
 }
 
 // retryable reports a conflict that a fresh transaction may not hit.

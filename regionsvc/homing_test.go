@@ -552,42 +552,7 @@ func TestPlannedRehome(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	final := targets[(*rehomeMoves-1)%len(targets)]
-	log.mu.Lock()
-	defer log.mu.Unlock()
-	if len(log.fails) > 0 {
-		t.Fatalf("%d produce failures (first: %v)", len(log.fails), log.fails[0])
-	}
-	tails := w.tails(ctx, "rh")
-	for r := uint32(0); r < 2; r++ {
-		if home, _ := rangeHome(ctx, w.world, final, "rh", r); home != final {
-			t.Fatalf("range %d homed in %q, want %s", r, home, final)
-		}
-		recs, err := w.readLocal(ctx, final, "rh", r, 0, tails[final][r])
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen := map[string]bool{}
-		for i, rec := range recs {
-			if rec.GetOffset() != uint64(i) {
-				t.Fatalf("range %d: offset %d at position %d", r, rec.GetOffset(), i)
-			}
-			if seen[string(rec.GetValue())] {
-				t.Fatalf("range %d: %q twice", r, rec.GetValue())
-			}
-			seen[string(rec.GetValue())] = true
-		}
-		n := 0
-		for _, a := range log.acks {
-			if a.rng != r {
-				continue
-			}
-			n++
-			if a.offset >= uint64(len(recs)) || string(recs[a.offset].GetValue()) != a.value {
-				t.Fatalf("range %d: %q acked at %d (epoch %d) is not there: zero loss broken", r, a.value, a.offset, a.epoch)
-			}
-		}
-		t.Logf("range %d: %d records in the final home (%s), %d acked, all present", r, len(recs), final, n)
-	}
+	checkRehomedZeroLoss(t, ctx, w.world, "rh", 2, final, &log)
 	sort.Slice(pauses, func(i, j int) bool { return pauses[i] < pauses[j] })
 	t.Logf("rehome pause over %d moves: p50 %v, p99 %v, max %v", len(pauses), pauses[len(pauses)/2], pauses[(len(pauses)*99)/100], pauses[len(pauses)-1])
 }
@@ -800,4 +765,107 @@ func mustConn(t *testing.T, addr string) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// checkRehomedZeroLoss checks that every range of stream is homed in
+// final, whose log is dense and free of duplicate values, and holds every
+// record acked in log at its offset; and that no append failed.
+func checkRehomedZeroLoss(t *testing.T, ctx context.Context, w *world, stream string, ranges uint32, final string, log *ackLog) {
+	t.Helper()
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if len(log.fails) > 0 {
+		t.Fatalf("%d produce failures (first: %v)", len(log.fails), log.fails[0])
+	}
+	tails := w.tails(ctx, stream)
+	for r := uint32(0); r < ranges; r++ {
+		if home, _ := rangeHome(ctx, w, final, stream, r); home != final {
+			t.Fatalf("range %d homed in %q, want %s", r, home, final)
+		}
+		recs, err := w.readLocal(ctx, final, stream, r, 0, tails[final][r])
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for i, rec := range recs {
+			if rec.GetOffset() != uint64(i) {
+				t.Fatalf("range %d: offset %d at position %d", r, rec.GetOffset(), i)
+			}
+			if seen[string(rec.GetValue())] {
+				t.Fatalf("range %d: %q twice", r, rec.GetValue())
+			}
+			seen[string(rec.GetValue())] = true
+		}
+		n := 0
+		for _, a := range log.acks {
+			if a.rng != r {
+				continue
+			}
+			n++
+			if a.offset >= uint64(len(recs)) || string(recs[a.offset].GetValue()) != a.value {
+				t.Fatalf("range %d: %q acked at %d (epoch %d) is not there: zero loss broken", r, a.value, a.offset, a.epoch)
+			}
+		}
+		t.Logf("range %d: %d records in the final home (%s), %d acked, all present", r, len(recs), final, n)
+	}
+}
+
+// TestPlannedRehomeUnreachableNode: the coordinator cannot reach the old
+// home's leader of a range when it stops the old home. That node takes the
+// stop from its heartbeat; the move waits until it has, reads the final
+// tails again, and loses nothing.
+func TestPlannedRehomeUnreachableNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster with a lease store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := newHomingWorld(t, []string{"us", "eu", "ap"}, 3) // a leader to cut off, among followers
+	createHomedStream(t, ctx, w.world, "ru", 2, "us")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var log ackLog
+	produceLoop(t, ctx, w.world, "ru", "us", 200, stop, &log, &wg)
+	time.Sleep(500 * time.Millisecond)
+	// The node leading range 0 in us, cut off from eu (the coordinator).
+	var leader uint64
+	waitUntil(t, ctx, 10*time.Second, "a leader of range 0 in us", func() bool {
+		for id, n := range w.nodes["us"] {
+			if d, err := n.rangeOf(ctx, "ru", 0); err == nil && d.rep != nil && d.rep.LeaderID() == n.cfg.NodeID {
+				leader = id
+				return true
+			}
+		}
+		return false
+	})
+	l, err := w.net.Link(fmt.Sprintf("eu->us.n%d", leader))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Cut(wan.CutReset); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpcConn(w.addrs["eu"][1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := geologv1.NewAdminClient(conn).Rehome(ctx, &geologv1.RehomeRequest{Stream: "ru", AllRanges: true, Region: "eu"})
+	if err != nil {
+		t.Fatalf("rehome: %v", err)
+	}
+	for _, r := range resp.GetRanges() {
+		if r.GetStatus() != "moved" {
+			t.Fatalf("range %d: %s", r.GetRange(), r.GetStatus())
+		}
+		t.Logf("range %d: moved to eu at epoch %d from offset %d, pause %v", r.GetRange(), r.GetEpoch(), r.GetStartOffset(),
+			time.Duration(r.GetPauseMicros())*time.Microsecond)
+	}
+	if err := l.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	checkRehomedZeroLoss(t, ctx, w.world, "ru", 2, "eu", &log)
 }

@@ -98,7 +98,17 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 			break
 		}
 		d, err := n.rangeOf(ctx, req.GetStream(), r)
-		if err != nil || d.rep == nil || !d.isHome() || d.rep.LeaderID() != n.cfg.NodeID {
+		if err != nil || d.rep == nil {
+			continue
+		}
+		if !d.isHome() || d.rep.LeaderID() != n.cfg.NodeID {
+			// A follower reports its committed end, read after it took the
+			// new homes: a node that led the range before it took them, and
+			// acked appends then, reports at least what it acked even if
+			// it lost the lead since. The caller takes the highest report.
+			mu.Lock()
+			resp.Tails = append(resp.Tails, &geologv1.RangeTail{Range: r, TailOffset: d.committed.Load()})
+			mu.Unlock()
 			continue
 		}
 		wg.Add(1)
@@ -328,6 +338,30 @@ func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec 
 			tails[out[i].Range] = t
 		}
 	}
+	if err != nil {
+		// A node of the old home did not take the stop from us. It may
+		// lead a range and ack appends past the tails reported until its
+		// heartbeat brings the prepare (or its lease runs out): wait until
+		// no node may act on the old homes, then read the final tails
+		// again from the leaders of now.
+		var drain uint64
+		for _, h := range prepared {
+			drain = max(drain, h.DrainVersion)
+		}
+		if werr := n.waitDrained(ctx, from, drain, stopped); werr != nil {
+			for i := range prepared {
+				abort(i, werr)
+			}
+		}
+		for i := range prepared {
+			t, err := n.drainedTail(ctx, spec, out[i].Range, from)
+			if err != nil {
+				abort(i, err)
+				continue
+			}
+			tails[out[i].Range] = max(tails[out[i].Range], t)
+		}
+	}
 	tStopped := time.Now()
 	for i := range prepared {
 		if err := n.waitRegionTail(ctx, to, spec.Name, out[i].Range, tails[out[i].Range]); err != nil {
@@ -425,6 +459,36 @@ func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec 
 		"complete", tMoved.Sub(tCaught), "complete_attempts", attempts, "start_new", time.Since(tMoved))
 }
 
+// waitDrained waits until every node of region that may be live has
+// confirmed homes version drain, to the coordinator (stopped.seen, which it
+// extends) or in its heartbeat, asking the region's nodes to confirm again
+// meanwhile.
+func (n *Node) waitDrained(ctx context.Context, region string, drain uint64, stopped regionRefresh) error {
+	maxOffset := n.cfg.MaxClockOffset
+	if maxOffset == 0 {
+		maxOffset = 500 * time.Millisecond
+	}
+	for {
+		nodes, err := n.homing.store.Liveness(ctx, region)
+		if err == nil {
+			left := homing.Undrained(nodes, drain, stopped.seen, n.cfg.Now().UnixNano(), int64(maxOffset))
+			if len(left) == 0 {
+				return nil
+			}
+			n.logger.Debug("rehome: waiting for the old home to confirm", "region", region, "nodes", left, "version", drain)
+		}
+		again, _ := n.refreshRegionTails(ctx, region, &geologv1.RefreshHomesRequest{Confirm: true})
+		for id, v := range again.seen {
+			stopped.seen[id] = max(stopped.seen[id], v)
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return apierr.New(apierr.Timeout, "the old home %s did not confirm the move: %v", region, ctx.Err())
+		}
+	}
+}
+
 // regionRefresh is what a region's nodes answered to RefreshHomes.
 type regionRefresh struct {
 	// tails are the final tails their leaders reported, by range.
@@ -464,7 +528,9 @@ func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geolo
 			}
 			mu.Lock()
 			for _, t := range resp.GetTails() {
-				out.tails[t.GetRange()] = t.GetTailOffset()
+				// The highest report: every ack came from a leader that had
+				// not taken the new homes yet, and reported after it did.
+				out.tails[t.GetRange()] = max(out.tails[t.GetRange()], t.GetTailOffset())
 			}
 			if id := resp.GetLivenessNodeId(); id != 0 {
 				out.seen[id] = max(out.seen[id], resp.GetHomesVersion())
@@ -547,9 +613,11 @@ func (n *Node) drainedTail(ctx context.Context, spec streamSpec, r uint32, home 
 			}
 			return n.homeTail(ctx, d, false)
 		}
+		var last error
 		for _, addr := range n.cfg.Regions[home] {
 			conn, err := n.peerConn(addr)
 			if err != nil {
+				last = err
 				continue
 			}
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -559,8 +627,9 @@ func (n *Node) drainedTail(ctx context.Context, spec streamSpec, r uint32, home 
 			if err == nil {
 				return resp.GetTailOffset(), nil
 			}
+			last = errors.Join(last, err)
 		}
-		return 0, apierr.New(apierr.Unavailable, "the home region %s could not confirm the tail of %s/%d", home, spec.Name, r)
+		return 0, apierr.New(apierr.Unavailable, "the home region %s could not confirm the tail of %s/%d: %v", home, spec.Name, r, last)
 	}
 	prev, err := read()
 	if err != nil {
