@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/segment"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -115,24 +114,14 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 // of the compaction point) with the frames after it up to index.
 func (r *Replica) advanceBase(index uint64) (*producerBase, error) {
 	base := r.base.clone()
-	for lo := max(r.cfg.Log.FirstIndex(), r.state.SnapshotIndex+1); lo <= index; {
-		frames, err := r.cfg.Log.ReadFramesByIndex(lo, index+1, snapshotReadBytes)
-		if err != nil {
-			return nil, fmt.Errorf("replica: read frames to compact at index %d: %w", lo, err)
-		}
-		for len(frames) > 0 {
-			n, err := batch.FrameSize(frames)
-			if err != nil || n > len(frames) {
-				return nil, fmt.Errorf("replica: log returned a bad frame at index %d: %w", lo, err)
-			}
-			h, err := batch.DecodeHeader(frames[:n])
-			if err != nil {
-				return nil, fmt.Errorf("replica: log returned a bad frame at index %d: %w", lo, err)
-			}
-			base.record(h)
-			lo = h.Index + 1
-			frames = frames[n:]
-		}
+	lo := max(r.cfg.Log.FirstIndex(), r.state.SnapshotIndex+1)
+	if lo > index {
+		return base, nil
+	}
+	// Headers only: the frames about to be deleted are not copied out
+	// (with retention, every compaction reads a whole segment).
+	if err := r.cfg.Log.HeadersByIndex(lo, index+1, base.record); err != nil {
+		return nil, fmt.Errorf("replica: read frames to compact at index %d: %w", lo, err)
 	}
 	return base, nil
 }

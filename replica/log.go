@@ -33,6 +33,9 @@ type FrameLog interface {
 	// ReadFramesByIndex returns whole frames with lo <= index < hi, at least
 	// one if any, about maxBytes in all.
 	ReadFramesByIndex(lo, hi uint64, maxBytes int) ([]byte, error)
+	// HeadersByIndex calls fn with the header of every frame with lo <=
+	// index < hi, in order, without copying the frames out.
+	HeadersByIndex(lo, hi uint64, fn func(batch.Header)) error
 	// TruncateSuffixAtIndex drops every frame with an index >= index.
 	TruncateSuffixAtIndex(index uint64) error
 	// StartOffset is the first offset retained.

@@ -569,3 +569,63 @@ func runIndexSequence(seed uint64, st map[string]int) (err error) {
 	}
 	return m.checkStore(s, true)
 }
+
+func TestHeadersByIndex(t *testing.T) { forEachFS(t, testHeadersByIndex) }
+
+// testHeadersByIndex: HeadersByIndex yields, for any [lo, hi), the headers
+// of exactly the frames ReadFramesByIndex returns, across segments and
+// around frames larger than a read window.
+func testHeadersByIndex(t *testing.T, e env) {
+	s := mustOpen(t, smallConfig(t, e))
+	defer s.Close()
+	index := uint64(5)
+	for i := range 40 {
+		var f []byte
+		switch {
+		case i%7 == 3:
+			f = controlFrame(batch.TypeConfig, s.NextOffset(), int64(i), 1, index, bytes.Repeat([]byte{byte(i)}, 5000))
+		default:
+			f = dataFrame(s.NextOffset(), 1+i%4, int64(i), 1, index)
+		}
+		if err := s.Append(f); err != nil {
+			t.Fatal(err)
+		}
+		index++
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	first, last := s.FirstIndex(), s.LastIndex()
+	for lo := first; lo <= last+1; lo += 3 {
+		for _, hi := range []uint64{lo, min(lo+1, last+1), min(lo+9, last+1), last + 1} {
+			var got []batch.Header
+			if err := s.HeadersByIndex(lo, hi, func(h batch.Header) { got = append(got, h) }); err != nil {
+				t.Fatalf("HeadersByIndex(%d, %d): %v", lo, hi, err)
+			}
+			var want []batch.Header
+			if lo < hi {
+				frames, err := s.ReadFramesByIndex(lo, hi, math.MaxInt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for len(frames) > 0 {
+					h, err := batch.DecodeHeader(frames)
+					if err != nil {
+						t.Fatal(err)
+					}
+					want = append(want, h)
+					n, _ := batch.FrameSize(frames)
+					frames = frames[n:]
+				}
+			}
+			if len(got) != len(want) {
+				t.Fatalf("HeadersByIndex(%d, %d): %d headers, want %d", lo, hi, len(got), len(want))
+			}
+			for i := range got {
+				if got[i] != want[i] {
+					t.Fatalf("HeadersByIndex(%d, %d): header %d is %+v, want %+v", lo, hi, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
