@@ -140,7 +140,7 @@ type Replica struct {
 	// log's own, with the forks', is fork.epoch): see HighestEpoch.
 	proposedEpoch      atomic.Uint64
 	logAppendUnixNanos int64 // newest append time in the log (queued or written)
-	proposals              []*proposal
+	proposals          []*proposal
 	// reads are linearizable reads in progress (readindex.go).
 	reads   []*readRequest
 	readSeq uint64
