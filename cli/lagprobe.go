@@ -29,6 +29,58 @@ type lagReport struct {
 	Clamped  int64   `json:"clamped"`
 	Ranges   int     `json:"ranges"`
 	Negative int64   `json:"negative"`
+	// Home: with --home-addr, the time each record reached this region
+	// after a reader in the home region received it: the replication hop
+	// alone, without the home's own commit.
+	Home *homeLagReport `json:"from_home,omitempty"`
+}
+
+// homeLagReport is the lag from home receipt to receipt here.
+type homeLagReport struct {
+	Records  int64   `json:"records"`
+	P50Ms    float64 `json:"p50_ms"`
+	P99Ms    float64 `json:"p99_ms"`
+	P999Ms   float64 `json:"p999_ms"`
+	MaxMs    float64 `json:"max_ms"`
+	Negative int64   `json:"negative"`
+}
+
+// lagKey names one record of a stream.
+type lagKey struct {
+	rng    uint32
+	offset uint64
+}
+
+// lagPairs matches the receipts of the same record by two readers (home,
+// here); a receipt waits in its map until the other comes.
+type lagPairs struct {
+	home, here map[lagKey]time.Time
+	hist       *hdrhistogram.Histogram
+	negative   int64
+}
+
+// saw records a receipt by the home reader (home) or the local one; mu
+// held.
+func (p *lagPairs) saw(k lagKey, at time.Time, home bool) {
+	mine, other := p.here, p.home
+	if home {
+		mine, other = p.home, p.here
+	}
+	t, ok := other[k]
+	if !ok {
+		mine[k] = at
+		return
+	}
+	delete(other, k)
+	d := at.Sub(t) // here minus home
+	if home {
+		d = t.Sub(at)
+	}
+	if d < 0 {
+		p.negative++
+		d = 0
+	}
+	_ = p.hist.RecordValue(min(max(d.Microseconds(), 1), lagMaxMicros))
 }
 
 // lag follows every range of a stream from its current tail on the nodes of
@@ -37,18 +89,23 @@ type lagReport struct {
 // lag a reader in this region sees, end to end (home commit, the WAN hop,
 // the mirror's commit, delivery). The two times come from two clocks; on
 // one machine (a local cluster) they are the same clock. Records appended
-// in the reader's own region measure the local commit-to-read path.
+// in the reader's own region measure the local commit-to-read path. With
+// --home-addr it also follows the stream in the home region and reports
+// how long after a reader there each record arrived here: the replication
+// hop alone (the WAN, the mirror's commit, delivery), without the home's
+// commit.
 func (e *env) lag(ctx context.Context, args []string) error {
 	fs := e.flagSet("lag")
 	duration := fs.Duration("duration", 30*time.Second, "how long to follow the stream")
 	jsonOut := fs.Bool("json", false, "print the summary as JSON")
 	homeFilter := fs.String("home", "", "only ranges homed in this region (default all)")
+	homeAddr := fs.String("home-addr", "", "also follow the stream on these nodes of its home region, and report how long after a reader there each record reached this one (the replication hop alone)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: lag <stream> [--duration 30s] [--home REGION] [--json]")
+		return usagef("usage: lag <stream> [--duration 30s] [--home REGION] [--home-addr ADDRS] [--json]")
 	}
 	if *duration <= 0 {
 		return usagef("--duration must be positive")
@@ -74,12 +131,41 @@ func (e *env) lag(ctx context.Context, args []string) error {
 		errs     []error
 		ranges   int
 	)
+	var pairs *lagPairs
+	var hc *client.Client
+	if *homeAddr != "" {
+		if hc, err = e.clientFor(*homeAddr); err != nil {
+			return err
+		}
+		defer hc.Close()
+		pairs = &lagPairs{home: map[lagKey]time.Time{}, here: map[lagKey]time.Time{}, hist: hdrhistogram.New(1, lagMaxMicros, 3)}
+	}
 	start := time.Now()
 	for _, r := range desc.Ranges {
 		if *homeFilter != "" && r.HomeRegion != *homeFilter {
 			continue
 		}
 		ranges++
+		if pairs != nil {
+			wg.Add(1)
+			go func(rng uint32, from uint64) {
+				defer wg.Done()
+				for rec, err := range hc.Subscribe(ctx, stream, rng, client.StartAt{Offset: from}) {
+					if err != nil {
+						if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+							mu.Lock()
+							errs = append(errs, fmt.Errorf("range %d at home: %w", rng, err))
+							mu.Unlock()
+						}
+						return
+					}
+					now := time.Now()
+					mu.Lock()
+					pairs.saw(lagKey{rng, rec.Offset}, now, true)
+					mu.Unlock()
+				}
+			}(r.Range, r.TailOffset)
+		}
 		wg.Add(1)
 		go func(rng uint32, from uint64) {
 			defer wg.Done()
@@ -92,8 +178,12 @@ func (e *env) lag(ctx context.Context, args []string) error {
 					}
 					return
 				}
-				lag := time.Since(rec.AppendTime)
+				now := time.Now()
+				lag := now.Sub(rec.AppendTime)
 				mu.Lock()
+				if pairs != nil {
+					pairs.saw(lagKey{rng, rec.Offset}, now, false)
+				}
 				switch us := lag.Microseconds(); {
 				case us < 0:
 					negative++
@@ -116,12 +206,21 @@ func (e *env) lag(ctx context.Context, args []string) error {
 	rep := lagReport{Stream: stream, Seconds: time.Since(start).Seconds(), Records: hist.TotalCount(),
 		P50Ms: ms(hist.ValueAtQuantile(50)), P99Ms: ms(hist.ValueAtQuantile(99)), P999Ms: ms(hist.ValueAtQuantile(99.9)),
 		MaxMs: ms(hist.Max()), MeanMs: hist.Mean() / 1000, Clamped: clamped, Ranges: ranges, Negative: negative}
+	if pairs != nil {
+		h := pairs.hist
+		rep.Home = &homeLagReport{Records: h.TotalCount(), P50Ms: ms(h.ValueAtQuantile(50)), P99Ms: ms(h.ValueAtQuantile(99)),
+			P999Ms: ms(h.ValueAtQuantile(99.9)), MaxMs: ms(h.Max()), Negative: pairs.negative}
+	}
 	if *jsonOut {
 		return json.NewEncoder(e.stdout).Encode(rep)
 	}
 	fmt.Fprintf(e.stdout, "stream %s, %d ranges, %d records in %.1fs\n", rep.Stream, rep.Ranges, rep.Records, rep.Seconds)
 	fmt.Fprintf(e.stdout, "replication lag ms  p50 %.1f  p99 %.1f  p99.9 %.1f  max %.1f  mean %.1f\n",
 		rep.P50Ms, rep.P99Ms, rep.P999Ms, rep.MaxMs, rep.MeanMs)
+	if h := rep.Home; h != nil {
+		fmt.Fprintf(e.stdout, "after the home's readers (%d records): ms  p50 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n",
+			h.Records, h.P50Ms, h.P99Ms, h.P999Ms, h.MaxMs)
+	}
 	if negative > 0 {
 		fmt.Fprintf(e.stdout, "%d records appended \"in the future\" (clock offset between regions)\n", negative)
 	}

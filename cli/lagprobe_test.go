@@ -10,7 +10,8 @@ import (
 
 // TestNodeLagCommand: `geolog lag` follows every range from its tail and
 // measures each record it receives; records produced while it runs are all
-// counted, with lags that are positive and bounded by the run.
+// counted, with lags that are positive and bounded by the run; with
+// --home-addr each is also matched with its receipt by a reader there.
 func TestNodeLagCommand(t *testing.T) {
 	addr := startNode(t)
 	mustRun(t, addr, "", "streams", "create", "lagged", "--ranges", "3")
@@ -23,7 +24,7 @@ func TestNodeLagCommand(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		out, _, code = run(t, context.Background(), "", "--addr", addr, "lag", "lagged", "--duration", "3s", "--json")
+		out, _, code = run(t, context.Background(), "", "--addr", addr, "lag", "lagged", "--duration", "3s", "--json", "--home-addr", addr)
 	}()
 	time.Sleep(time.Second) // the probe subscribes at the tails first
 	mustRun(t, addr, "", "bench", "--stream", "lagged", "--count", "300", "--record-bytes", "50")
@@ -36,6 +37,10 @@ func TestNodeLagCommand(t *testing.T) {
 		Ranges  int     `json:"ranges"`
 		P50Ms   float64 `json:"p50_ms"`
 		MaxMs   float64 `json:"max_ms"`
+		Home    *struct {
+			Records int64   `json:"records"`
+			P99Ms   float64 `json:"p99_ms"`
+		} `json:"from_home"`
 	}
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("lag --json printed %q: %v", out, err)
@@ -45,5 +50,10 @@ func TestNodeLagCommand(t *testing.T) {
 	}
 	if rep.P50Ms <= 0 || rep.MaxMs > 3000 {
 		t.Fatalf("lags p50 %v ms max %v ms: not plausible for a local node", rep.P50Ms, rep.MaxMs)
+	}
+	// --home-addr naming the same node: every record is matched with its
+	// receipt by the "home" reader, a moment apart.
+	if rep.Home == nil || rep.Home.Records != 300 || rep.Home.P99Ms > rep.MaxMs+1000 {
+		t.Fatalf("from_home %+v: want the 300 records matched", rep.Home)
 	}
 }

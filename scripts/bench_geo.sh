@@ -2,7 +2,9 @@
 # make bench-geo: issue-4 figures on the local 3-region cluster (make up):
 #   1. the home region's full-speed throughput for a stream homed in us;
 #   2. replication lag seen by readers in eu and ap (receipt time minus the
-#      home's append time, every record) while us produces at half that;
+#      home's append time, every record; and, as from_home, receipt time
+#      minus a reader's in us: the replication hop alone) while us produces
+#      at half that;
 #   3. a cut: ap's WAN links black-holed for CUT (default 30s) while us keeps
 #      producing, then healed; the catch-up rate is the backlog over the
 #      time ap's mirrors took to reach the home's tails.
@@ -51,9 +53,9 @@ for i in $(seq 1 600); do
 	sleep 0.5
 done
 LAGDUR=${DURATION%s}
-geolog --addr "$GEOLOG_ADDR_EU" lag "$STREAM" --duration "$((LAGDUR + 2))s" --json >run/cluster/lag-eu.json &
+geolog --addr "$GEOLOG_ADDR_EU" lag "$STREAM" --duration "$((LAGDUR + 2))s" --home-addr "$GEOLOG_ADDR_US" --json >run/cluster/lag-eu.json &
 EU=$!
-geolog --addr "$GEOLOG_ADDR_AP" lag "$STREAM" --duration "$((LAGDUR + 2))s" --json >run/cluster/lag-ap.json &
+geolog --addr "$GEOLOG_ADDR_AP" lag "$STREAM" --duration "$((LAGDUR + 2))s" --home-addr "$GEOLOG_ADDR_US" --json >run/cluster/lag-ap.json &
 AP=$!
 sleep 1
 geolog --addr "$GEOLOG_ADDR_US" bench --stream "$STREAM" --producers 8 --duration "$DURATION" --rate "$HALF" --json >run/cluster/bench-half.json
