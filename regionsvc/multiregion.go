@@ -201,7 +201,7 @@ func (m *mirrorRange) RecordHeartbeat(hb replicator.Heartbeat) error {
 }
 
 // Apply proposes each frame verbatim to the mirror group, in order, and
-// returns once the last is committed.
+// returns once the last is committed and AppliedEnd shows it.
 func (m *mirrorRange) Apply(ctx context.Context, frames []byte) (uint64, error) {
 	var ops []chan appendResult
 	for len(frames) > 0 {
@@ -237,6 +237,13 @@ func (m *mirrorRange) Apply(ctx context.Context, frames []byte) (uint64, error) 
 	}
 	if first != nil {
 		return 0, first
+	}
+	// The replies come from inside the driver's Ready cycle, before it
+	// publishes the committed end (AppliedEnd): wait for it, or the
+	// server would take the next batch for a gap and the source would
+	// resend from the stale end, a round trip lost.
+	if err := m.d.waitCommitted(ctx, end); err != nil {
+		return 0, err
 	}
 	return end, nil
 }

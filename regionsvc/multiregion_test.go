@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"github.com/geolog/geolog/batch"
 	"math/rand/v2"
 	"net"
 	"strings"
@@ -459,6 +460,19 @@ func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
 	pc.check(ctx, t)
 	converge(t, ctx, w, "geo", homes, g.acked)
 	t.Logf("%d prefix checks passed", pc.checks)
+	// Nothing failed: no mirror took a batch for a gap (a mirror that
+	// answered an apply before its applied end showed it did, and each
+	// such gap cost its source a round trip).
+	var gaps, batches uint64
+	for _, r := range w.regions {
+		for _, n := range w.nodes[r] {
+			st := n.replServer.Stats()
+			gaps, batches = gaps+st.Gaps, batches+st.Batches
+		}
+	}
+	if gaps != 0 {
+		t.Fatalf("mirrors refused %d of %d batches for a gap with no fault injected", gaps, batches)
+	}
 
 	// A mirror's leader sends producers straight to the home leader (named
 	// by the home's heartbeats, which only it receives) through its own link
@@ -701,4 +715,67 @@ func freeAddr(t *testing.T) string {
 	}
 	t.Fatal("no free port")
 	return ""
+}
+
+// TestMirrorApplyPublishesItsEnd: once a mirror's Apply returns, its
+// AppliedEnd shows what it applied. The replicator's server checks the next
+// batch against AppliedEnd: an Apply that returned first (its replies come
+// from inside the driver's Ready cycle, before the driver publishes the
+// committed end) made the next batch look like a gap, and the source lost
+// a round trip resending it (tens of times a second under load).
+func TestMirrorApplyPublishesItsEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	w := newWorld(t, []string{"us", "eu"}, 1, 5*time.Millisecond, 0)
+	homes := createGeoStream(t, ctx, w, "pub", 2)
+	if homes[0] != "us" {
+		t.Fatalf("range 0 homed in %s, want us", homes[0])
+	}
+	// The replicator cannot deliver: this test applies to eu's mirror
+	// itself, from the home's log.
+	l, err := w.net.Link("us->eu.n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Cut(wan.CutBlackhole); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		if _, err := w.conns["us"][1].Append(ctx, &geologv1.AppendRequest{Stream: "pub", Range: 0, Records: recs(fmt.Sprintf("p%d", i), 1+i%3)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	home, err := w.nodes["us"][1].rangeOf(ctx, "pub", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := w.nodes["eu"][1].rangeOf(ctx, "pub", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &mirrorRange{driverSource{d: md}}
+	tail := home.committed.Load()
+	applies := 0
+	for from := m.AppliedEnd(); from < tail; from = m.AppliedEnd() {
+		frames, err := (driverSource{d: home}).ReadFrames(from, 1, tail)
+		if err != nil || len(frames) == 0 {
+			t.Fatalf("read the home's frames from %d: %d bytes, %v", from, len(frames), err)
+		}
+		size, _ := batch.FrameSize(frames)
+		end, err := m.Apply(ctx, frames[:size])
+		if err != nil {
+			t.Fatalf("apply at %d: %v", from, err)
+		}
+		if got := m.AppliedEnd(); got < end {
+			t.Fatalf("apply %d returned applied end %d, but AppliedEnd is %d", applies, end, got)
+		}
+		applies++
+	}
+	if applies == 0 {
+		t.Fatal("the replicator delivered everything before the cut; nothing was applied here")
+	}
+	t.Logf("%d applies, each visible in AppliedEnd on return", applies)
 }

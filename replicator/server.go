@@ -111,7 +111,7 @@ type rangeState struct {
 }
 
 type serverCounters struct {
-	streams, requests, refusals, batches, frameBytes, wireBytes, duplicates, forks atomic.Uint64
+	streams, requests, refusals, gaps, batches, frameBytes, wireBytes, duplicates, forks atomic.Uint64
 }
 
 // ServerStats are a server's counters since it was created.
@@ -123,6 +123,9 @@ type ServerStats struct {
 	Requests uint64
 	// Refusals counts refused requests (opens included).
 	Refusals uint64
+	// Gaps counts the batches among them refused for starting past the
+	// applied end (each costs the source a round trip: it rewinds).
+	Gaps uint64
 	// Batches counts batches acknowledged; FrameBytes their frame bytes;
 	// WireBytes their payload bytes as received.
 	Batches    uint64
@@ -190,6 +193,7 @@ func (s *Server) Stats() ServerStats {
 		Streams:    s.stats.streams.Load(),
 		Requests:   s.stats.requests.Load(),
 		Refusals:   s.stats.refusals.Load(),
+		Gaps:       s.stats.gaps.Load(),
 		Batches:    s.stats.batches.Load(),
 		FrameBytes: s.stats.frameBytes.Load(),
 		WireBytes:  s.stats.wireBytes.Load(),
@@ -513,6 +517,7 @@ func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange
 				answers[i] = answer{applied: applied, highest: highest}
 			case gap:
 				// Each batch of the run starts past the applied end too.
+				s.stats.gaps.Add(1)
 				answers[i] = answer{applied: applied, highest: highest, err: err}
 			default:
 				answers[i] = answer{applied: applied, highest: highest, err: err, final: true}
