@@ -5,6 +5,7 @@
 #      home's append time, every record; and, as from_home, receipt time
 #      minus a reader's in us: the replication hop alone) while us produces
 #      at half that;
+#   2b. with RATES="1000 5000 ...", the same at each of those rates;
 #   3. a cut: ap's WAN links black-holed for CUT (default 30s) while us keeps
 #      producing, then healed; the catch-up rate is the backlog over the
 #      time ap's mirrors took to reach the home's tails.
@@ -63,6 +64,28 @@ wait $EU $AP
 echo "produce at $HALF/s in us: $(grep -o '"records_per_sec":[0-9.]*\|"latency_ms":{[^}]*}' run/cluster/bench-half.json | tr '\n' ' ')"
 for r in eu ap; do
 	echo "lag in $r: $(cat run/cluster/lag-$r.json)"
+done
+
+# lag_at RATE TAG: produce at RATE in us for DURATION while readers in eu and
+# ap measure; prints the ack latency and both regions' lag.
+lag_at() {
+	geolog --addr "$GEOLOG_ADDR_EU" lag "$STREAM" --duration "$((LAGDUR + 2))s" --home-addr "$GEOLOG_ADDR_US" --json >run/cluster/lag-eu-$2.json &
+	local eu=$!
+	geolog --addr "$GEOLOG_ADDR_AP" lag "$STREAM" --duration "$((LAGDUR + 2))s" --home-addr "$GEOLOG_ADDR_US" --json >run/cluster/lag-ap-$2.json &
+	local ap=$!
+	sleep 1
+	geolog --addr "$GEOLOG_ADDR_US" bench --stream "$STREAM" --producers 8 --duration "$DURATION" --rate "$1" --json >run/cluster/bench-$2.json
+	wait $eu $ap
+	echo "produce at $1/s in us: $(grep -o '"records_per_sec":[0-9.]*\|"latency_ms":{[^}]*}' run/cluster/bench-$2.json | tr '\n' ' ')"
+	for r in eu ap; do
+		echo "lag in $r: $(cat run/cluster/lag-$r-$2.json)"
+	done
+}
+
+# RATES (e.g. "1000 5000 10000"): the lag at fixed rates too.
+for rate in ${RATES:-}; do
+	echo "== 2b. replication lag at $rate records/s"
+	lag_at "$rate" "r$rate"
 done
 
 echo "== 3. ap cut off for ${CUT}s while us produces at $HALF/s"
