@@ -691,3 +691,39 @@ func TestClusterProducerReturnsToRestartedNode(t *testing.T) {
 		t.Fatalf("log holds %d records", n)
 	}
 }
+
+// TestClusterLeaseExpiredGoesBackToBootstrap: a range that followed a hint
+// to another node (a home in another region) and is answered LEASE_EXPIRED
+// there goes back to the client's own nodes, which redirect it to wherever
+// the range went, instead of retrying the node that cannot renew its lease.
+func TestClusterLeaseExpiredGoesBackToBootstrap(t *testing.T) {
+	cl := startCluster(t, 3)
+	cl.MustCreateStream("s", 1)
+	cl.SetLeader(2) // node 0, the only one the client knows, redirects to 2
+	c := newClient(t, cl.Node(0).Addr())
+	p := newProducer(t, c, "s", client.ProducerRetryBackoff(time.Millisecond, 10*time.Millisecond))
+	ctx := testCtx(t)
+	produceN(t, p, 0, 10)
+	if n := cl.Node(2).Stats().AppendRequests; n == 0 {
+		t.Fatal("the producer never reached node 2 through the hint")
+	}
+	// Node 2 loses its lease; node 1 takes the range over.
+	expired := apierr.New(apierr.LeaseExpired, "the home's lease may have expired")
+	expired.Retriable = true
+	cl.Node(2).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Err: expired} })
+	cl.SetLeader(1)
+	rs := newResults()
+	for i := range 10 {
+		p.Produce(ctx, &client.Record{Value: []byte(strconv.Itoa(10 + i))}, rs.cb(i))
+	}
+	rs.wait(t)
+	if len(rs.errs) != 0 {
+		t.Fatal(rs.errs)
+	}
+	if got := len(cl.Node(0).Records("s", 0)); got != 20 {
+		t.Fatalf("log holds %d records, want 20", got)
+	}
+	if n := cl.Node(1).Stats().AppendRequests; n == 0 {
+		t.Fatal("the records reached the new leader without it serving an append")
+	}
+}

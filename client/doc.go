@@ -71,7 +71,9 @@
 //     address, learned and cached, without the backoff for the first three
 //     hints after an acknowledgement. NOT_LEADER without a hint moves it to
 //     the leader another producer of the client learned since, else to the
-//     next address of the ring. A stream that failed before its node
+//     next address of the ring. LEASE_EXPIRED (a home that could not renew
+//     its lease, perhaps taken over by another region) moves it back to the
+//     next bootstrap address, whose node redirects it. A stream that failed before its node
 //     answered anything (the node is down) or SHUTTING_DOWN marks the
 //     address failed and moves on the same way. Any other retriable failure
 //     (a working stream broke, an overloaded leader) keeps the address; if

@@ -584,6 +584,8 @@ const hintHopsImmediateMax = 3
 //   - NOT_LEADER without a usable hint: the range's leader in the client's
 //     cache if another producer learned one, else the next address in the
 //     ring;
+//   - LEASE_EXPIRED: the next bootstrap address (the client's own nodes
+//     know where the range went if another region took it over);
 //   - a stream that failed before the node answered anything (it could not
 //     be opened, or the node died at once), or SHUTTING_DOWN: the address is
 //     marked failed and the range goes on as for NOT_LEADER;
@@ -602,6 +604,14 @@ func (d *rangeDriver) retarget(e *Error, replied bool) (immediate bool) {
 	case e.Code == apierr.NotLeader:
 		pool.forgetLeader(d.p.stream, d.rng, from)
 		d.addr = d.nextAddr(from)
+	case e.Code == apierr.LeaseExpired:
+		// The home could not renew its lease (cut off from the lease
+		// store, or from the other regions): another region may have
+		// taken the range over, and only the client's own nodes can say
+		// (they redirect with NOT_HOME). If they are that home, they
+		// answer LEASE_EXPIRED too until it recovers.
+		pool.forgetLeader(d.p.stream, d.rng, from)
+		d.addr = pool.nextBootstrap(from)
 	case !replied || e.Code == apierr.ShuttingDown:
 		pool.failed(from)
 		pool.forgetLeader(d.p.stream, d.rng, from)

@@ -171,6 +171,35 @@ func (p *connPool) next(addr string) string {
 	return p.nodes[(i+1)%len(p.nodes)].addr
 }
 
+// nextBootstrap returns the bootstrap address after addr in ring order
+// (the first if addr is not one), skipping down ones while one is up.
+func (p *connPool) nextBootstrap(addr string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := p.indexLocked(addr)
+	if i < 0 {
+		i = len(p.nodes) - 1
+	}
+	now := time.Now()
+	first := ""
+	for k := 1; k <= len(p.nodes); k++ {
+		n := p.nodes[(i+k)%len(p.nodes)]
+		if !n.bootstrap {
+			continue
+		}
+		if !now.Before(n.downUntil) {
+			return n.addr
+		}
+		if first == "" {
+			first = n.addr
+		}
+	}
+	if first == "" {
+		return p.nodes[(i+1)%len(p.nodes)].addr
+	}
+	return first
+}
+
 // failed records that addr could not serve a request: it is down for a
 // backoff, and calls that may go anywhere move off it.
 func (p *connPool) failed(addr string) {
