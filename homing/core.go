@@ -1,6 +1,7 @@
 package homing
 
 import (
+	"errors"
 	"math"
 	"slices"
 )
@@ -307,6 +308,23 @@ func (v *View) cause() string {
 func (v *View) Check(key RangeKey, now int64) (uint64, error) {
 	l, err := v.Lease(key, now)
 	return l.Epoch, err
+}
+
+// CheckRead returns the epoch at which this node may answer a
+// linearizable (home) read of key now, or why it may not: as Check, except
+// that a range stopped here by a planned move still reads (its log is
+// final; the target acks only once every node here confirmed the stop).
+// A home whose lease may have expired must not: another region may have
+// taken the range over and acked appends this log lacks.
+func (v *View) CheckRead(key RangeKey, now int64) (uint64, error) {
+	l, err := v.Lease(key, now)
+	if err == nil {
+		return l.Epoch, nil
+	}
+	if h, ok := v.homes[key]; ok && h.MovingTo != "" && errors.Is(err, ErrNotHome) {
+		return h.Epoch, nil
+	}
+	return 0, err
 }
 
 // Home returns this region's home record for key, if the range is homed

@@ -148,6 +148,11 @@ func (h *Homes) Check(stream string, rangeID uint32) (uint64, error) {
 	return h.view.Load().Check(RangeKey{Stream: stream, Range: rangeID}, h.now())
 }
 
+// CheckRead is Check for a linearizable read (see View.CheckRead).
+func (h *Homes) CheckRead(stream string, rangeID uint32) (uint64, error) {
+	return h.view.Load().CheckRead(RangeKey{Stream: stream, Range: rangeID}, h.now())
+}
+
 // Lease is Check with the lease's deadline and start offset.
 func (h *Homes) Lease(stream string, rangeID uint32) (Lease, error) {
 	return h.view.Load().Lease(RangeKey{Stream: stream, Range: rangeID}, h.now())

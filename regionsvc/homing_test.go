@@ -450,6 +450,19 @@ func TestLeaseStoreOutage(t *testing.T) {
 		}
 		return resp, err
 	}
+	// readHome is a linearizable read (consistency home) in us.
+	readHome := func() error {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var err error
+		for _, cc := range w.conns["us"] {
+			_, err = cc.Read(cctx, &geologv1.ReadRequest{Stream: "lo", Range: 0, Consistency: geologv1.Consistency_CONSISTENCY_HOME, MaxRecords: 1})
+			if apierr.CodeOf(err) != apierr.NotLeader {
+				return err
+			}
+		}
+		return err
+	}
 	_ = conn
 	waitUntil(t, ctx, 30*time.Second, "appends admitted", func() bool { _, err := appendOne(-1); return err == nil })
 
@@ -468,6 +481,7 @@ func TestLeaseStoreOutage(t *testing.T) {
 		}
 	}
 	lastAck, refused := time.Time{}, 0
+	lastRead, readsRefused := time.Time{}, 0
 	for i := 0; time.Since(cutAt) < 2*testLeaseTTL; i++ {
 		_, err := appendOne(i)
 		switch {
@@ -481,7 +495,23 @@ func TestLeaseStoreOutage(t *testing.T) {
 		default:
 			t.Logf("append during the outage: %v", err)
 		}
+		// A home read is answered under the lease too: past it another
+		// region could have taken over and acked what this log lacks.
+		switch err := readHome(); {
+		case err == nil:
+			lastRead = time.Now()
+		case apierr.CodeOf(err) == apierr.LeaseExpired:
+			readsRefused++
+		default:
+			t.Logf("home read during the outage: %v", err)
+		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if bound := cutAt.Add(testLeaseTTL); lastRead.After(bound) {
+		t.Fatalf("home read answered at %v, after the lease could have expired (%v)", lastRead.Sub(cutAt), testLeaseTTL)
+	}
+	if readsRefused == 0 {
+		t.Fatalf("no home read refused with LEASE_EXPIRED during a %v outage", 2*testLeaseTTL)
 	}
 	// The lease was extended at most up to the cut plus the TTL.
 	if bound := cutAt.Add(testLeaseTTL); lastAck.After(bound) {
@@ -498,6 +528,7 @@ func TestLeaseStoreOutage(t *testing.T) {
 	}
 	healAt := time.Now()
 	waitUntil(t, ctx, 30*time.Second, "appends admitted again", func() bool { _, err := appendOne(-2); return err == nil })
+	waitUntil(t, ctx, 30*time.Second, "home reads answered again", func() bool { return readHome() == nil })
 	t.Logf("service resumed %v after the store returned", time.Since(healAt))
 	if home, epoch := rangeHome(ctx, w.world, "us", "lo", 0); home != "us" || epoch != 1 {
 		t.Fatalf("after the outage the range is homed in %q at epoch %d; want us at 1 (no epoch granted while the store was down)", home, epoch)

@@ -2,7 +2,9 @@ package regionsvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/geolog/geolog/homing"
 	"hash/fnv"
 	"slices"
 	"sort"
@@ -659,6 +661,17 @@ func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (ui
 		case <-done:
 			if rerr != nil {
 				return 0, d.hintAddress(rerr)
+			}
+			if n.homing != nil {
+				// As for an ack (DESIGN.md "Fencing"): confirmed under a
+				// lease that may have expired, the tail may miss appends
+				// another region acked after taking the range over.
+				if _, err := n.homing.homes.CheckRead(d.cfg.stream, d.cfg.rangeID); err != nil {
+					if errors.Is(err, homing.ErrNotHome) {
+						return 0, n.notHome(d)
+					}
+					return 0, homingErr(err)
+				}
 			}
 			return tail, nil
 		case <-ctx.Done():
