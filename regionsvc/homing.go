@@ -3,6 +3,7 @@ package regionsvc
 import (
 	"context"
 	"errors"
+	"github.com/geolog/geolog/batch"
 	"hash/fnv"
 	"slices"
 	"sync"
@@ -419,4 +420,35 @@ func orderRegions(regions, preferred []string) []string {
 		}
 	}
 	return out
+}
+
+// onHomeTimeline checks, for a home read served from this region's copy of
+// a range homed elsewhere, that the copy follows the home's timeline: a
+// region that was home and came back holds, past the epoch's start offset,
+// a divergent tail of its old epoch until the new home's first batch forks
+// it off (DESIGN.md "Divergent tails"). Such a copy reaches the home's
+// tail at once, with other records: the read must wait for the fork.
+func (n *Node) onHomeTimeline(d *rangeDriver) error {
+	if n.homing == nil || d.isHome() {
+		return nil
+	}
+	key := homing.RangeKey{Stream: d.cfg.stream, Range: d.cfg.rangeID}
+	n.homing.dirMu.Lock()
+	h, ok := n.homing.dir[key]
+	n.homing.dirMu.Unlock()
+	if !ok || h.Epoch <= 1 || d.committed.Load() <= h.StartOffset {
+		return nil
+	}
+	f, err := d.store.ReadFrames(h.StartOffset, 1, h.StartOffset+1)
+	if err != nil || len(f) < batch.HeaderSize {
+		return nil // compacted past it: long forked, or long caught up
+	}
+	fh, err := batch.DecodeHeader(f)
+	if err != nil || fh.Epoch >= h.Epoch {
+		return nil
+	}
+	e := apierr.New(apierr.Unavailable, "stream %s range %d: this region's copy holds, from offset %d, records of epoch %d that the home (%s, epoch %d) does not have; it is cut into the orphan log when the home's next batch arrives",
+		d.cfg.stream, d.cfg.rangeID, h.StartOffset, fh.Epoch, h.Region, h.Epoch)
+	e.Retriable = true
+	return e
 }

@@ -672,10 +672,54 @@ func TestFailbackOrphans(t *testing.T) {
 	t.Logf("20 records through ap to the new home %s in %v", newHome, time.Since(flushStart))
 	p.Close()
 
-	// us returns and follows as a mirror, after a fork.
+	// us returns while the new home's batches cannot reach it: its copy
+	// still holds its divergent tail, longer than the new home's log. A
+	// home read there gets the new home's tail, which that copy "has": it
+	// must not be answered from it.
+	var held []*wan.Link
+	for _, l := range w.net.Links() {
+		if l.From() == newHome && l.To() == "us" {
+			if err := l.Cut(wan.CutBlackhole); err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, l)
+		}
+	}
 	for id := uint64(1); id <= uint64(w.size); id++ {
 		w.start("us", id)
 	}
+	waitUntil(t, ctx, time.Minute, "us knows the new home", func() bool {
+		home, epoch := rangeHome(ctx, w.world, "us", "fb", 0)
+		return home == newHome && epoch >= 2
+	})
+	newTail := w.tails(ctx, "fb")[newHome][0]
+	truth, err := w.readLocal(ctx, newHome, "fb", 0, base, newTail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	for _, cc := range w.conns["us"] {
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		resp, err := cc.Read(rctx, &geologv1.ReadRequest{Stream: "fb", Range: 0, FromOffset: base, MaxRecords: 1000,
+			Consistency: geologv1.Consistency_CONSISTENCY_HOME})
+		rcancel()
+		if err != nil {
+			refused++
+			continue
+		}
+		for i, rec := range resp.GetRecords() {
+			if i >= len(truth) || !sameRecord(rec, truth[i]) {
+				t.Fatalf("a home read on the returning old home served its divergent tail: offset %d holds %q", rec.GetOffset(), rec.GetValue())
+			}
+		}
+	}
+	t.Logf("home reads on the returning old home before its fork: %d of %d refused, none stale", refused, len(w.conns["us"]))
+	for _, l := range held {
+		if err := l.Heal(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// us follows as a mirror, after a fork.
 	waitUntil(t, ctx, time.Minute, "us equals the new home", func() bool {
 		tails := w.tails(ctx, "fb")
 		if tails["us"] == nil || tails["us"][0] != tails[newHome][0] {

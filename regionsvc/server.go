@@ -233,6 +233,9 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		if err := rd.waitCommitted(wctx, tail); err != nil {
 			return nil, apierr.ToStatus(err)
 		}
+		if err := s.node.onHomeTimeline(rd); err != nil {
+			return nil, apierr.ToStatus(err)
+		}
 	case geologv1.Consistency_CONSISTENCY_MIN_OFFSET:
 		if err := rd.waitCommitted(wctx, req.GetMinOffset()); err != nil {
 			return nil, apierr.ToStatus(err)
