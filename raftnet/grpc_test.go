@@ -293,9 +293,14 @@ func TestSendRefusesInvalid(t *testing.T) {
 		t.Fatalf("DroppedInvalid %d, want %d", got, len(cases))
 	}
 	// A follower forwards MsgTransferLeader with From naming the
-	// transferee, not itself: that is carried.
-	if err := a.tr.Send(1, msg(raftpb.MsgTransferLeader, 3, 2, 0)); err != nil {
+	// transferee, not itself: that is carried (queued; or refused as
+	// unreachable if a case above started the peer and its dial to the
+	// dead address already failed), not refused as invalid.
+	if err := a.tr.Send(1, msg(raftpb.MsgTransferLeader, 3, 2, 0)); err != nil && !errors.Is(err, ErrPeerUnreachable) {
 		t.Fatalf("forwarded MsgTransferLeader: %v", err)
+	}
+	if got := a.tr.Stats().DroppedInvalid; got != uint64(len(cases)) {
+		t.Fatalf("forwarded MsgTransferLeader counted invalid: DroppedInvalid %d, want %d", got, len(cases))
 	}
 }
 
