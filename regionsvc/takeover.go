@@ -40,10 +40,27 @@ type failoverAgent struct {
 	// it may be dead by its liveness records as last read (latest
 	// expiration plus the max clock offset): no need to read them before.
 	aliveUntil map[string]time.Time
+	// liveSince is when this node's own lease last became valid after it
+	// had none (zero while it has none).
+	liveSince time.Time
 }
 
 func newFailoverAgent(n *Node) *failoverAgent {
 	return &failoverAgent{n: n, deadSince: map[string]time.Time{}, aliveUntil: map[string]time.Time{}}
+}
+
+// settle is how long the agent's own lease must have held before it
+// judges other regions by their liveness: a lease TTL plus the max clock
+// offset.
+func (a *failoverAgent) settle() time.Duration {
+	ttl, offset := a.n.cfg.LeaseTTL, a.n.cfg.MaxClockOffset
+	if ttl == 0 {
+		ttl = 5 * time.Second
+	}
+	if offset == 0 {
+		offset = 500 * time.Millisecond
+	}
+	return ttl + offset
 }
 
 // scan runs one round (on the homing loop).
@@ -57,7 +74,18 @@ func (a *failoverAgent) scan(ctx context.Context) {
 	hs := n.homing
 	now := n.cfg.Now()
 	if v := hs.homes.View(); v.ServeUntilNanos == 0 || now.UnixNano() >= v.ServeUntilNanos {
+		a.liveSince = time.Time{}
 		return // not live itself: it could not serve what it took
+	}
+	if a.liveSince.IsZero() {
+		a.liveSince = now
+	}
+	if now.Sub(a.liveSince) < a.settle() {
+		// This node just gained (or regained) its lease: the store may
+		// have been out for every region, whose homes renew now too. Their
+		// expired liveness says nothing until they had a lease's time to
+		// renew with the store back.
+		return
 	}
 	byRegion := map[string][]homing.Home{}
 	hs.dirMu.Lock()
