@@ -140,63 +140,55 @@ func (e *env) lag(ctx context.Context, args []string) error {
 		defer hc.Close()
 		pairs = &lagPairs{home: map[lagKey]time.Time{}, here: map[lagKey]time.Time{}, hist: hdrhistogram.New(1, lagMaxMicros, 3)}
 	}
+	// follow subscribes to one range on c from offset from and calls
+	// onRecord, with mu held, at each record's receipt.
+	follow := func(c *client.Client, where string, rng uint32, from uint64, onRecord func(rec client.StoredRecord, now time.Time)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rec, err := range c.Subscribe(ctx, stream, rng, client.StartAt{Offset: from}) {
+				if err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+						mu.Lock()
+						errs = append(errs, fmt.Errorf("range %d%s: %w", rng, where, err))
+						mu.Unlock()
+					}
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				onRecord(rec, now)
+				mu.Unlock()
+			}
+		}()
+	}
 	start := time.Now()
 	for _, r := range desc.Ranges {
 		if *homeFilter != "" && r.HomeRegion != *homeFilter {
 			continue
 		}
 		ranges++
+		rng := r.Range
 		if pairs != nil {
-			wg.Add(1)
-			go func(rng uint32, from uint64) {
-				defer wg.Done()
-				for rec, err := range hc.Subscribe(ctx, stream, rng, client.StartAt{Offset: from}) {
-					if err != nil {
-						if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-							mu.Lock()
-							errs = append(errs, fmt.Errorf("range %d at home: %w", rng, err))
-							mu.Unlock()
-						}
-						return
-					}
-					now := time.Now()
-					mu.Lock()
-					pairs.saw(lagKey{rng, rec.Offset}, now, true)
-					mu.Unlock()
-				}
-			}(r.Range, r.TailOffset)
+			follow(hc, " at home", rng, r.TailOffset, func(rec client.StoredRecord, now time.Time) {
+				pairs.saw(lagKey{rng, rec.Offset}, now, true)
+			})
 		}
-		wg.Add(1)
-		go func(rng uint32, from uint64) {
-			defer wg.Done()
-			for rec, err := range c.Subscribe(ctx, stream, rng, client.StartAt{Offset: from}) {
-				if err != nil {
-					if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-						mu.Lock()
-						errs = append(errs, fmt.Errorf("range %d: %w", rng, err))
-						mu.Unlock()
-					}
-					return
-				}
-				now := time.Now()
-				lag := now.Sub(rec.AppendTime)
-				mu.Lock()
-				if pairs != nil {
-					pairs.saw(lagKey{rng, rec.Offset}, now, false)
-				}
-				switch us := lag.Microseconds(); {
-				case us < 0:
-					negative++
-					_ = hist.RecordValue(1)
-				case us > lagMaxMicros:
-					clamped++
-					_ = hist.RecordValue(lagMaxMicros)
-				default:
-					_ = hist.RecordValue(max(us, 1))
-				}
-				mu.Unlock()
+		follow(c, "", rng, r.TailOffset, func(rec client.StoredRecord, now time.Time) {
+			if pairs != nil {
+				pairs.saw(lagKey{rng, rec.Offset}, now, false)
 			}
-		}(r.Range, r.TailOffset)
+			switch us := now.Sub(rec.AppendTime).Microseconds(); {
+			case us < 0:
+				negative++
+				_ = hist.RecordValue(1)
+			case us > lagMaxMicros:
+				clamped++
+				_ = hist.RecordValue(lagMaxMicros)
+			default:
+				_ = hist.RecordValue(max(us, 1))
+			}
+		})
 	}
 	wg.Wait()
 	if len(errs) > 0 {

@@ -161,43 +161,43 @@ func (p *connPool) next(addr string) string {
 	if i < 0 {
 		i = p.cur
 	}
-	now := time.Now()
-	for k := 1; k <= len(p.nodes); k++ {
-		n := p.nodes[(i+k)%len(p.nodes)]
-		if !now.Before(n.downUntil) {
-			return n.addr
-		}
-	}
-	return p.nodes[(i+1)%len(p.nodes)].addr
+	return p.afterLocked(i, func(*poolNode) bool { return true })
 }
 
-// nextBootstrap returns the bootstrap address after addr in ring order
-// (the first if addr is not one), skipping down ones while one is up.
+// nextBootstrap is next among the bootstrap addresses (from the first if
+// addr is not one).
 func (p *connPool) nextBootstrap(addr string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	i := p.indexLocked(addr)
-	if i < 0 {
+	if i < 0 || !p.nodes[i].bootstrap {
 		i = len(p.nodes) - 1
 	}
+	return p.afterLocked(i, func(n *poolNode) bool { return n.bootstrap })
+}
+
+// afterLocked returns the first address after ring index i that keep
+// accepts and that is up, else the first it accepts (else the next one).
+func (p *connPool) afterLocked(i int, keep func(*poolNode) bool) string {
 	now := time.Now()
-	first := ""
+	first := -1
 	for k := 1; k <= len(p.nodes); k++ {
-		n := p.nodes[(i+k)%len(p.nodes)]
-		if !n.bootstrap {
+		j := (i + k) % len(p.nodes)
+		n := p.nodes[j]
+		if !keep(n) {
 			continue
 		}
 		if !now.Before(n.downUntil) {
 			return n.addr
 		}
-		if first == "" {
-			first = n.addr
+		if first < 0 {
+			first = j
 		}
 	}
-	if first == "" {
-		return p.nodes[(i+1)%len(p.nodes)].addr
+	if first < 0 {
+		first = (i + 1) % len(p.nodes)
 	}
-	return first
+	return p.nodes[first].addr
 }
 
 // failed records that addr could not serve a request: it is down for a

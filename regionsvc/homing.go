@@ -3,13 +3,13 @@ package regionsvc
 import (
 	"context"
 	"errors"
-	"github.com/geolog/geolog/batch"
 	"hash/fnv"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/homing"
 )
 
@@ -436,15 +436,20 @@ func (n *Node) onHomeTimeline(d *rangeDriver) error {
 	n.homing.dirMu.Lock()
 	h, ok := n.homing.dir[key]
 	n.homing.dirMu.Unlock()
-	if !ok || h.Epoch <= 1 || d.committed.Load() <= h.StartOffset {
+	if !ok || h.Epoch <= max(1, d.timelineEpoch.Load()) || d.committed.Load() <= h.StartOffset {
 		return nil
 	}
+	// The frame at the start offset settles it, once per epoch: a fork
+	// only ever replaces it with a newer epoch's.
 	f, err := d.store.ReadFrames(h.StartOffset, 1, h.StartOffset+1)
 	if err != nil || len(f) < batch.HeaderSize {
 		return nil // compacted past it: long forked, or long caught up
 	}
 	fh, err := batch.DecodeHeader(f)
 	if err != nil || fh.Epoch >= h.Epoch {
+		if err == nil {
+			d.timelineEpoch.Store(h.Epoch)
+		}
 		return nil
 	}
 	e := apierr.New(apierr.Unavailable, "stream %s range %d: this region's copy holds, from offset %d, records of epoch %d that the home (%s, epoch %d) does not have; it is cut into the orphan log when the home's next batch arrives",

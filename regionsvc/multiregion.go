@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/geolog/geolog/homing"
 	"hash/fnv"
 	"slices"
 	"sort"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/homing"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/replicator"

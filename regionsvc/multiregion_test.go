@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
-	"github.com/geolog/geolog/batch"
 	"math/rand/v2"
 	"net"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/client"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"

@@ -173,6 +173,17 @@ func (c *Config) setDefaults() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	// The lease defaults (homing.Config's), set here so that the node's
+	// own uses (rehome, takeover) see the values the lease runs with.
+	if c.LeaseHeartbeat == 0 {
+		c.LeaseHeartbeat = time.Second
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 5 * time.Second
+	}
+	if c.MaxClockOffset == 0 {
+		c.MaxClockOffset = 500 * time.Millisecond
+	}
 	if len(c.Peers) > 0 {
 		if c.NodeID == 0 || c.Peers[c.NodeID] == "" {
 			return fmt.Errorf("regionsvc: NodeID %d must be one of Peers", c.NodeID)

@@ -109,10 +109,14 @@ type rangeDriver struct {
 	homeLeaderID atomic.Uint64
 	// roleP is the range's current home (see homing.go); never nil after
 	// open.
-	roleP    atomic.Pointer[rangeRole]
-	failure  atomic.Pointer[apierr.Error] // set once the range stops serving
-	notifyMu sync.Mutex
-	notifyCh chan struct{} // closed and replaced when committed or failure changes
+	roleP atomic.Pointer[rangeRole]
+	// timelineEpoch is the highest homing epoch this copy was found to
+	// follow past that epoch's start offset (onHomeTimeline): a home read
+	// checks the log only when the home's epoch is newer.
+	timelineEpoch atomic.Uint64
+	failure       atomic.Pointer[apierr.Error] // set once the range stops serving
+	notifyMu      sync.Mutex
+	notifyCh      chan struct{} // closed and replaced when committed or failure changes
 
 	inbox    chan *appendOp
 	syncKick chan struct{}

@@ -378,15 +378,11 @@ func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec 
 		var pend []int
 		var reqs []homing.RehomeRequest
 		now := n.cfg.Now().UnixNano()
-		maxOffset := n.cfg.MaxClockOffset
-		if maxOffset == 0 {
-			maxOffset = 500 * time.Millisecond
-		}
 		for i := range prepared {
 			if _, ok := moved[i]; !ok {
 				pend = append(pend, i)
 				reqs = append(reqs, homing.RehomeRequest{Key: key(i), Epoch: prepared[i].Epoch, To: to, StartOffset: tails[out[i].Range],
-					NowNanos: now, MaxOffsetNanos: int64(maxOffset)})
+					NowNanos: now, MaxOffsetNanos: int64(n.cfg.MaxClockOffset)})
 			}
 		}
 		var cb homing.RehomeBatch
@@ -464,14 +460,10 @@ func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec 
 // extends) or in its heartbeat, asking the region's nodes to confirm again
 // meanwhile.
 func (n *Node) waitDrained(ctx context.Context, region string, drain uint64, stopped regionRefresh) error {
-	maxOffset := n.cfg.MaxClockOffset
-	if maxOffset == 0 {
-		maxOffset = 500 * time.Millisecond
-	}
 	for {
 		nodes, err := n.homing.store.Liveness(ctx, region)
 		if err == nil {
-			left := homing.Undrained(nodes, drain, stopped.seen, n.cfg.Now().UnixNano(), int64(maxOffset))
+			left := homing.Undrained(nodes, drain, stopped.seen, n.cfg.Now().UnixNano(), int64(n.cfg.MaxClockOffset))
 			if len(left) == 0 {
 				return nil
 			}

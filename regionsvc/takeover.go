@@ -53,14 +53,7 @@ func newFailoverAgent(n *Node) *failoverAgent {
 // judges other regions by their liveness: a lease TTL plus the max clock
 // offset.
 func (a *failoverAgent) settle() time.Duration {
-	ttl, offset := a.n.cfg.LeaseTTL, a.n.cfg.MaxClockOffset
-	if ttl == 0 {
-		ttl = 5 * time.Second
-	}
-	if offset == 0 {
-		offset = 500 * time.Millisecond
-	}
-	return ttl + offset
+	return a.n.cfg.LeaseTTL + a.n.cfg.MaxClockOffset
 }
 
 // scan runs one round (on the homing loop).
@@ -236,13 +229,9 @@ func (a *failoverAgent) regionDead(ctx context.Context, region string, now time.
 	if err != nil || len(live) == 0 {
 		return false
 	}
-	maxOffset := n.cfg.MaxClockOffset
-	if maxOffset == 0 {
-		maxOffset = 500 * time.Millisecond
-	}
 	latest := int64(0)
 	for _, l := range live {
-		latest = max(latest, l.ExpirationNanos+int64(maxOffset))
+		latest = max(latest, l.ExpirationNanos+int64(n.cfg.MaxClockOffset))
 	}
 	if now.UnixNano() <= latest {
 		a.aliveUntil[region] = time.Unix(0, latest+1)

@@ -479,19 +479,19 @@ func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	var (
-		run      decodedBatch
-		runReqs  []int // indexes in answers of the requests the run answers
-		runBatch []bool
-		runWire  int
-		merged   bool
+		run     decodedBatch
+		runReqs []int // indexes (in group and answers) of the requests the run answers
+		runWire int
+		merged  bool // run.frames is a copy of its own (batches were merged into it)
 	)
+	isBatch := func(i int) bool { return group[i].GetBatch() != nil }
 	// flush applies the run and fills its answers; false when the stream
 	// ends.
 	flush := func() bool {
 		if len(runReqs) == 0 {
 			return true
 		}
-		defer func() { run, runReqs, runBatch, runWire, merged = decodedBatch{}, runReqs[:0], runBatch[:0], 0, false }()
+		defer func() { run, runReqs, runWire, merged = decodedBatch{}, runReqs[:0], 0, false }()
 		applied, highest := mr.AppliedEnd(), mr.HighestEpoch()
 		var err error
 		if run.frames != nil {
@@ -500,9 +500,9 @@ func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange
 			highest = mr.HighestEpoch()
 		}
 		if err == nil {
-			for k, i := range runReqs {
+			for _, i := range runReqs {
 				answers[i] = answer{applied: applied, highest: highest}
-				if runBatch[k] {
+				if isBatch(i) {
 					s.stats.batches.Add(1)
 				}
 			}
@@ -511,9 +511,9 @@ func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange
 			return true
 		}
 		gap := errors.Is(err, ErrGap)
-		for k, i := range runReqs {
+		for _, i := range runReqs {
 			switch {
-			case !runBatch[k]:
+			case !isBatch(i):
 				answers[i] = answer{applied: applied, highest: highest}
 			case gap:
 				// Each batch of the run starts past the applied end too.
@@ -527,34 +527,35 @@ func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange
 		}
 		return true
 	}
-	for _, req := range group {
-		i := len(answers)
-		answers = append(answers, answer{})
-		fail := func(err error) []answer {
-			if !flush() {
-				return answers
-			}
-			answers[i] = answer{applied: mr.AppliedEnd(), highest: mr.HighestEpoch(), err: err, final: true}
-			return answers[:i+1]
+	// fail ends the answers with request i's final refusal, after the
+	// run before it.
+	fail := func(i int, err error) []answer {
+		if !flush() {
+			return answers
 		}
+		answers[i] = answer{applied: mr.AppliedEnd(), highest: mr.HighestEpoch(), err: err, final: true}
+		return answers[:i+1]
+	}
+	for i, req := range group {
+		answers = append(answers, answer{})
 		if req.GetOpen() != nil {
-			return fail(newRefusal(ErrMalformed, "open repeated"))
+			return fail(i, newRefusal(ErrMalformed, "open repeated"))
 		}
 		hb, err := checkHeartbeat(req, open.epoch)
 		if err != nil {
-			return fail(err)
+			return fail(i, err)
 		}
 		var d decodedBatch
 		if b := req.GetBatch(); b != nil {
 			// Decompression and frame checks depend on the request alone.
 			if d, err = decodeBatch(b, open.epoch, s.cfg.UncompressedBytesMax, s.dec); err != nil {
-				return fail(err)
+				return fail(i, err)
 			}
 		}
 		// The heartbeat fences first, and reaches the lag before the
 		// apply: a blocked apply then shows as offset lag at once.
 		if err := s.heartbeat(st, mr, hb, mr.AppliedEnd()); err != nil {
-			return fail(err)
+			return fail(i, err)
 		}
 		if d.frames != nil {
 			switch {
@@ -576,7 +577,6 @@ func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange
 			runWire += len(req.GetBatch().GetPayload())
 		}
 		runReqs = append(runReqs, i)
-		runBatch = append(runBatch, d.frames != nil)
 	}
 	flush()
 	return answers
