@@ -347,7 +347,7 @@ func (t *GRPCTransport) serveStream(stream grpc.BidiStreamingServer[geologintern
 		p.heardFrom()
 	}
 	t.mu.RUnlock()
-	lim := batchLimits{messagesMax: t.cfg.BatchMessagesMax, messageBytesMax: t.cfg.MessageBytesMax}
+	lim := batchLimits{messagesMax: t.cfg.BatchMessagesMax, messageBytesMax: t.cfg.MessageBytesMax, check: t.cfg.CheckMessage}
 	for {
 		batch.Reset()
 		if err := stream.RecvMsg(batch); err != nil {

@@ -276,3 +276,42 @@ func FuzzDecodeBatch(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckMessageEndsStream: a message that Config.CheckMessage refuses
+// (a Raft member's judgement of its payload) ends the stream as malformed,
+// and the handler sees nothing of its batch.
+func TestCheckMessageEndsStream(t *testing.T) {
+	var checked []uint64
+	b := startNode(t, 2, "", func(c *Config) {
+		c.CheckMessage = func(group GroupID, m *raftpb.Message) error {
+			checked = append(checked, m.GetIndex())
+			if m.GetIndex() == 13 {
+				return errors.New("unlucky")
+			}
+			return nil
+		}
+	})
+	c := rawClient(t, b)
+	hello := &geologinternalv1.RaftBatch{FromNode: 1, ToNode: 2}
+	batch := func(indexes ...uint64) *geologinternalv1.RaftBatch {
+		out := &geologinternalv1.RaftBatch{FromNode: 1, ToNode: 2}
+		for _, i := range indexes {
+			out.Messages = append(out.Messages, &geologinternalv1.GroupMessage{GroupId: 7, Message: encoded(t, msg(raftpb.MsgApp, 1, 2, i))})
+		}
+		return out
+	}
+	before := b.tr.Stats().StreamsRejected
+	if got := streamOutcome(t, c, hello, batch(1, 2), batch(3, 13, 4), batch(5)); got != codes.InvalidArgument {
+		t.Fatalf("status %s, want InvalidArgument", got)
+	}
+	if b.tr.Stats().StreamsRejected != before+1 {
+		t.Fatal("rejection not counted")
+	}
+	got := b.rec.received()
+	if len(got) != 2 || got[0].index != 1 || got[1].index != 2 {
+		t.Fatalf("handler got %+v, want the first batch only", got)
+	}
+	if len(checked) != 4 {
+		t.Fatalf("checked %v", checked)
+	}
+}

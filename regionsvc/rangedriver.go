@@ -133,6 +133,8 @@ type rangeDriver struct {
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
+	// peerRefusedLogged is when a refused peer message was last logged.
+	peerRefusedLogged time.Time
 
 	// Owned by the run goroutine.
 	dedup              *dedup.Table

@@ -16,6 +16,7 @@ import (
 	"github.com/geolog/geolog/batch"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/raftnet"
+	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
@@ -74,6 +75,9 @@ func (n *Node) openRegion() error {
 		NodeID:  raftnet.NodeID(n.cfg.NodeID),
 		Handler: (*raftRouter)(n),
 		Logger:  n.cfg.Logger.Named("raftnet"),
+		// Entries are checked on receipt (frames, offsets, indexes): a
+		// peer that sends a bad one loses its stream (replica/peercheck.go).
+		CheckMessage: func(_ raftnet.GroupID, m *raftpb.Message) error { return replica.CheckPeerMessage(m) },
 	})
 	if err != nil {
 		return fmt.Errorf("regionsvc: raft transport: %w", err)

@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -203,7 +204,23 @@ func (d *rangeDriver) drainReplicated() {
 
 func (d *rangeDriver) step(msgs []*raftpb.Message) {
 	for _, m := range msgs {
-		d.rep.Step(m)
+		if err := d.rep.Step(m); errors.Is(err, replica.ErrInvalidMessage) {
+			d.peerRefused(err, m.GetFrom())
+		}
+	}
+}
+
+// peerRefusedLogInterval bounds how often a range logs the peer messages
+// it refuses (each is counted).
+const peerRefusedLogInterval = 10 * time.Second
+
+// peerRefused counts, and logs now and then, a Raft message the replica
+// refused: a peer sent what no correct member sends.
+func (d *rangeDriver) peerRefused(err error, from uint64) {
+	d.cfg.metrics.peerRefused.Add(context.Background(), 1, peerRaft)
+	if now := d.cfg.now(); now.Sub(d.peerRefusedLogged) >= peerRefusedLogInterval {
+		d.peerRefusedLogged = now
+		d.logger.Warn("refused a raft message from a peer", "from", from, "error", err)
 	}
 }
 
