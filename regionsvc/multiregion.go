@@ -179,12 +179,41 @@ func (s *mirrorStore) Open(ctx context.Context, stream string, rng uint32) (repl
 		// addresses mean nothing; it tries the next one.
 		return nil, apierr.New(apierr.NotLeader, "stream %s range %d: node %d does not lead the mirror group", stream, rng, s.n.cfg.NodeID)
 	}
-	return &mirrorRange{driverSource{d: d}}, nil
+	return &mirrorRange{driverSource: driverSource{d: d}, n: s.n}, nil
 }
 
 // mirrorRange is one range's mirror group, as led by this node; it reads
 // its applied frames as a home's source does.
-type mirrorRange struct{ driverSource }
+type mirrorRange struct {
+	driverSource
+	n *Node
+}
+
+var _ replicator.HomeChecker = (*mirrorRange)(nil)
+
+// CheckHome implements replicator.HomeChecker: a mirror takes frames from
+// the range's home at the current epoch only, as this node knows them
+// (the lease store's, through its homing view; the stream's spec without
+// homing). A source at an epoch this node has not heard of yet is told to
+// retry, and the node reads the lease store's homes at once: a new home's
+// first stream after a takeover or a rehome waits for that read, not for
+// the next directory interval.
+func (m *mirrorRange) CheckHome(region string, epoch uint64) error {
+	role := m.d.role()
+	switch {
+	case role.region == "" || epoch > role.epoch:
+		m.n.refreshHomesSoon()
+		return apierr.New(apierr.NotHome, "stream %s range %d: homing epoch %d from region %s is above the current one here (%s at epoch %d)",
+			m.d.cfg.stream, m.d.cfg.rangeID, epoch, region, role.region, role.epoch)
+	case epoch < role.epoch:
+		return apierr.New(apierr.StaleEpoch, "stream %s range %d: homing epoch %d from region %s, the home is %s at epoch %d",
+			m.d.cfg.stream, m.d.cfg.rangeID, epoch, region, role.region, role.epoch)
+	case region != role.region:
+		return apierr.New(apierr.NotHome, "stream %s range %d: region %s is not the home (%s at epoch %d)",
+			m.d.cfg.stream, m.d.cfg.rangeID, region, role.region, role.epoch)
+	}
+	return nil
+}
 
 var _ replicator.MirrorRange = (*mirrorRange)(nil)
 

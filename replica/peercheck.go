@@ -56,6 +56,13 @@ const peerNumberMax = 1 << 62
 // peerEntriesMax bounds the entries of one append message.
 const peerEntriesMax = 1 << 16
 
+// ErrMessageDropped reports a well-formed Raft message from a peer that
+// the replica dropped because its state cannot take it now (a leadership
+// transfer that reached a node no longer leading, an append right after a
+// snapshot not yet taken in): a correct peer may send one in a race; Raft
+// recovers from the loss.
+var ErrMessageDropped = errors.New("replica: raft message dropped")
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidMessage, fmt.Sprintf(format, args...))
 }

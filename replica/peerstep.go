@@ -41,7 +41,7 @@ func (r *Replica) checkStep(m *raftpb.Message) error {
 		// only a leader takes one from a peer: Raft panics forwarding one
 		// that came with a term.
 		if st := r.rn.BasicStatus(); st.RaftState != raft.StateLeader {
-			return invalid("leadership transfer from node %d to a %s", m.GetFrom(), st.RaftState)
+			return fmt.Errorf("%w: leadership transfer from node %d to a %s", ErrMessageDropped, m.GetFrom(), st.RaftState)
 		}
 	case raftpb.MsgHeartbeat:
 		// Raft commits a heartbeat's index without looking (and panics
@@ -79,7 +79,7 @@ func (r *Replica) checkAppend(m *raftpb.Message) error {
 		return nil
 	}
 	if r.snapStepped {
-		return invalid("append after a snapshot not yet taken in; the leader sends it again")
+		return fmt.Errorf("%w: an append after a snapshot not yet taken in; the leader sends it again", ErrMessageDropped)
 	}
 	st := r.rn.BasicStatus()
 	if m.GetTerm() < st.GetTerm() || (m.GetTerm() == st.GetTerm() && st.RaftState == raft.StateLeader) || m.GetIndex() < st.GetCommit() {

@@ -291,6 +291,12 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 	if err != nil {
 		return s.refuse(stream, logger, err, 0, 0)
 	}
+	// Only the range's home, at the current epoch, may raise the epoch a
+	// mirror fences with, or cut its log: checked before anything is
+	// recorded (and again with every request, in handleGroup).
+	if err := checkHome(mr, open); err != nil {
+		return s.refuse(stream, logger, err, 0, 0)
+	}
 	st, err := s.acquire(rangeKey{open.stream, open.rng})
 	if err != nil {
 		return s.refuse(stream, logger, err, 0, 0)
@@ -543,6 +549,9 @@ func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange
 		}
 		hb, err := checkHeartbeat(req, open.epoch)
 		if err != nil {
+			return fail(i, err)
+		}
+		if err := checkHome(mr, open); err != nil {
 			return fail(i, err)
 		}
 		var d decodedBatch
