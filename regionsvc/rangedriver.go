@@ -48,6 +48,9 @@ type appendOp struct {
 	res        appendResult
 	endOffset  uint64
 	frameBytes int
+	// held is what the append holds of the node's budget of appends in
+	// flight, released as it is answered (server.go).
+	held int64
 }
 
 // rangeDriverConfig configures one range driver.

@@ -57,6 +57,7 @@ func run() int {
 	debugAddr := fs.String("debug-addr", "", "serve /metrics (Prometheus) and /debug/pprof on this address (e.g. 127.0.0.1:6060); off by default")
 	debugFailpoints := fs.Bool("debug-failpoints", false, "chaos tests only: serve "+failpoint.Path+" on --debug-addr to slow or fail fsyncs and skew the clock at run time; off by default")
 	clockSkew := fs.Duration("clock-skew", 0, "chaos tests only: add this to the node's clock (needs --debug-failpoints; changeable at run time)")
+	limits := addLimitFlags(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -160,6 +161,7 @@ func run() int {
 		HeartbeatTicks:     *heartbeatTicks,
 		ElectionTicks:      *electionTicks,
 	}
+	limits.apply(&cfg, logger)
 	if failpoints != nil {
 		cfg.FS = vfs.WithFaults(vfs.OS(), &failpoints.Faults)
 		cfg.Now = failpoints.Now

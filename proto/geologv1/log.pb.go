@@ -121,6 +121,12 @@ const (
 	ErrorCode_ERROR_CODE_UNAUTHENTICATED   ErrorCode = 20
 	ErrorCode_ERROR_CODE_PERMISSION_DENIED ErrorCode = 21
 	ErrorCode_ERROR_CODE_INTERNAL          ErrorCode = 22
+	// A subscriber did not take what it was sent in time and was cut off;
+	// it may subscribe again from the next offset it has not seen.
+	ErrorCode_ERROR_CODE_SLOW_CONSUMER ErrorCode = 33
+	// A node-wide limit would be exceeded (e.g. the ranges a node hosts);
+	// the same request will not succeed later on its own.
+	ErrorCode_ERROR_CODE_LIMIT_EXCEEDED ErrorCode = 34
 )
 
 // Enum value maps for ErrorCode.
@@ -149,6 +155,8 @@ var (
 		20: "ERROR_CODE_UNAUTHENTICATED",
 		21: "ERROR_CODE_PERMISSION_DENIED",
 		22: "ERROR_CODE_INTERNAL",
+		33: "ERROR_CODE_SLOW_CONSUMER",
+		34: "ERROR_CODE_LIMIT_EXCEEDED",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":             0,
@@ -174,6 +182,8 @@ var (
 		"ERROR_CODE_UNAUTHENTICATED":         20,
 		"ERROR_CODE_PERMISSION_DENIED":       21,
 		"ERROR_CODE_INTERNAL":                22,
+		"ERROR_CODE_SLOW_CONSUMER":           33,
+		"ERROR_CODE_LIMIT_EXCEEDED":          34,
 	}
 )
 
@@ -1700,6 +1710,9 @@ type ErrorDetail struct {
 	TailOffset  uint64 `protobuf:"varint,6,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
 	// For SEQUENCE_GAP: the sequence the server expected next.
 	ExpectedSequence uint64 `protobuf:"varint,7,opt,name=expected_sequence,json=expectedSequence,proto3" json:"expected_sequence,omitempty"`
+	// For OVERLOADED (and SLOW_CONSUMER): how long to wait, at least, before
+	// sending the request again; 0 when the server does not say.
+	RetryAfterMillis int64 `protobuf:"varint,10,opt,name=retry_after_millis,json=retryAfterMillis,proto3" json:"retry_after_millis,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -1779,6 +1792,13 @@ func (x *ErrorDetail) GetTailOffset() uint64 {
 func (x *ErrorDetail) GetExpectedSequence() uint64 {
 	if x != nil {
 		return x.ExpectedSequence
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetRetryAfterMillis() int64 {
+	if x != nil {
+		return x.RetryAfterMillis
 	}
 	return 0
 }
@@ -3109,6 +3129,86 @@ func (x *DescribeReplicasResponse) GetReplicas() []*ReplicaStatus {
 	return nil
 }
 
+type DeleteStreamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteStreamRequest) Reset() {
+	*x = DeleteStreamRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteStreamRequest) ProtoMessage() {}
+
+func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
+func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DeleteStreamRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteStreamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteStreamResponse) Reset() {
+	*x = DeleteStreamResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteStreamResponse) ProtoMessage() {}
+
+func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
+func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
+}
+
 var File_geolog_v1_log_proto protoreflect.FileDescriptor
 
 const file_geolog_v1_log_proto_rawDesc = "" +
@@ -3241,7 +3341,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"u\n" +
 	"\x16DescribeStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
-	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\"\x81\x02\n" +
+	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\"\xaf\x02\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -3251,7 +3351,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x06 \x01(\x04R\n" +
 	"tailOffset\x12+\n" +
-	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\",\n" +
+	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\x12,\n" +
+	"\x12retry_after_millis\x18\n" +
+	" \x01(\x03R\x10retryAfterMillis\",\n" +
 	"\x12ListOrphansRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\"\x94\x02\n" +
 	"\n" +
@@ -3360,12 +3462,15 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"last_index\x18\x02 \x01(\x04R\tlastIndex\x12)\n" +
 	"\x10committed_offset\x18\x03 \x01(\x04R\x0fcommittedOffset\x124\n" +
-	"\breplicas\x18\x04 \x03(\v2\x18.geolog.v1.ReplicaStatusR\breplicas*s\n" +
+	"\breplicas\x18\x04 \x03(\v2\x18.geolog.v1.ReplicaStatusR\breplicas\")\n" +
+	"\x13DeleteStreamRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
+	"\x14DeleteStreamResponse*s\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xbe\x05\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xfb\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -3390,12 +3495,14 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x12ERROR_CODE_TIMEOUT\x10\x13\x12\x1e\n" +
 	"\x1aERROR_CODE_UNAUTHENTICATED\x10\x14\x12 \n" +
 	"\x1cERROR_CODE_PERMISSION_DENIED\x10\x15\x12\x17\n" +
-	"\x13ERROR_CODE_INTERNAL\x10\x16*\x86\x01\n" +
+	"\x13ERROR_CODE_INTERNAL\x10\x16\x12\x1c\n" +
+	"\x18ERROR_CODE_SLOW_CONSUMER\x10!\x12\x1d\n" +
+	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\"*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_ADD_LEARNER\x10\x01\x12\x1a\n" +
 	"\x16REPLICA_CHANGE_PROMOTE\x10\x02\x12\x19\n" +
-	"\x15REPLICA_CHANGE_REMOVE\x10\x032\x86\x04\n" +
+	"\x15REPLICA_CHANGE_REMOVE\x10\x032\xd7\x04\n" +
 	"\x03Log\x12=\n" +
 	"\x06Append\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse\x12G\n" +
 	"\fAppendStream\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse(\x010\x01\x127\n" +
@@ -3403,7 +3510,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.geolog.v1.SubscribeRequest\x1a\x1c.geolog.v1.SubscribeResponse0\x01\x12O\n" +
 	"\fCreateStream\x12\x1e.geolog.v1.CreateStreamRequest\x1a\x1f.geolog.v1.CreateStreamResponse\x12L\n" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
-	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse2\xe7\x03\n" +
+	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse\x12O\n" +
+	"\fDeleteStream\x12\x1e.geolog.v1.DeleteStreamRequest\x1a\x1f.geolog.v1.DeleteStreamResponse2\xe7\x03\n" +
 	"\x05Admin\x12U\n" +
 	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
 	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponse\x12=\n" +
@@ -3425,7 +3533,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -3469,6 +3577,8 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*DescribeReplicasRequest)(nil),  // 39: geolog.v1.DescribeReplicasRequest
 	(*ReplicaStatus)(nil),            // 40: geolog.v1.ReplicaStatus
 	(*DescribeReplicasResponse)(nil), // 41: geolog.v1.DescribeReplicasResponse
+	(*DeleteStreamRequest)(nil),      // 42: geolog.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),     // 43: geolog.v1.DeleteStreamResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	3,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -3502,27 +3612,29 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	16, // 28: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
 	18, // 29: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
 	20, // 30: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	37, // 31: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	39, // 32: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	28, // 33: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	32, // 34: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	23, // 35: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	26, // 36: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	7,  // 37: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	7,  // 38: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	9,  // 39: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	11, // 40: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	17, // 41: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	19, // 42: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	21, // 43: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	38, // 44: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	41, // 45: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	31, // 46: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	35, // 47: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	25, // 48: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	27, // 49: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	37, // [37:50] is the sub-list for method output_type
-	24, // [24:37] is the sub-list for method input_type
+	42, // 31: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	37, // 32: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	39, // 33: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	28, // 34: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	32, // 35: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	23, // 36: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	26, // 37: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	7,  // 38: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	7,  // 39: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	9,  // 40: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	11, // 41: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	17, // 42: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	19, // 43: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	21, // 44: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	43, // 45: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	38, // 46: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	41, // 47: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	31, // 48: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	35, // 49: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	25, // 50: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	27, // 51: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	38, // [38:52] is the sub-list for method output_type
+	24, // [24:38] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
 	24, // [24:24] is the sub-list for extension extendee
 	0,  // [0:24] is the sub-list for field type_name
@@ -3543,7 +3655,7 @@ func file_geolog_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   39,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
