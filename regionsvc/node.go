@@ -277,8 +277,8 @@ type Node struct {
 	// deleted are the streams this node deleted (delete.go).
 	deletedMu sync.Mutex
 	deleted   map[string]bool
-	closeOnce   sync.Once
-	serveErr    chan error
+	closeOnce sync.Once
+	serveErr  chan error
 }
 
 // New opens the data directory, recovers every range and returns a node that
