@@ -39,7 +39,10 @@ FUZZ_TARGETS := \
 	./replica:FuzzSnapshotDesc:60000 \
 	./replica:FuzzProducerBase:60000 \
 	./replica:FuzzForkRecord:60000 \
-	./replica:FuzzForkDesc:60000
+	./replica:FuzzForkDesc:60000 \
+	./replica:FuzzStep:600 \
+	./replicator:FuzzServe:6000 \
+	./internal/appendwire:FuzzAppendCodec:30000
 FUZZ_TIME ?=
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add

@@ -33,7 +33,8 @@ import (
 // catalogue offset). A retry that finds the stream gone here still
 // removes its home records (step 3 may be what was cut short): the node
 // remembers the streams it deleted (deletedStreamsMax of them, in
-// memory), and answers such a retry OK once their homes are gone.
+// memory), and removes their homes again on such a retry, which answers
+// STREAM_NOT_FOUND as any for a stream that no longer exists.
 
 func (n *Node) deleteStream(ctx context.Context, name string) error {
 	if err := validateStreamName(name); err != nil {
@@ -52,7 +53,9 @@ func (n *Node) deleteStream(ctx context.Context, name string) error {
 	st, err := n.lookupStream(ctx, name)
 	if err != nil {
 		if origin && apierr.As(err).Code == apierr.StreamNotFound && n.wasDeleted(name) {
-			return n.deleteHomes(ctx, name)
+			if herr := n.deleteHomes(ctx, name); herr != nil {
+				return herr
+			}
 		}
 		return err
 	}

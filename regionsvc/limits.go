@@ -128,8 +128,32 @@ type limits struct {
 	receiving *slots
 	quotas    *quotas
 	metrics   *nodeMetrics
-	// refusedConns counts connections closed at accept.
+	// refusedConns counts connections closed at accept; refused the
+	// requests refused, by limit (limitNames).
 	refusedConns atomic.Uint64
+	refused      [len(limitNames)]atomic.Uint64
+}
+
+// limitNames are the limits a request can be refused by, as counted.
+var limitNames = [...]string{"receiving", "appends", "reads", "quota", "slow_consumer"}
+
+// count counts a refusal by limit.
+func (l *limits) count(limit string) {
+	for i, name := range limitNames {
+		if name == limit {
+			l.refused[i].Add(1)
+		}
+	}
+}
+
+// refusals returns the requests refused by limit so far.
+func (l *limits) refusals(limit string) uint64 {
+	for i, name := range limitNames {
+		if name == limit {
+			return l.refused[i].Load()
+		}
+	}
+	return 0
 }
 
 func newLimits(cfg LimitsConfig, now func() time.Time, metrics *nodeMetrics, logger hclog.Logger) *limits {
@@ -146,6 +170,7 @@ func newLimits(cfg LimitsConfig, now func() time.Time, metrics *nodeMetrics, log
 
 // overloaded is the refusal of a request by limit, counted.
 func (l *limits) overloaded(ctx context.Context, limit string, retryAfter time.Duration, format string, args ...any) *apierr.Error {
+	l.count(limit)
 	if l.metrics != nil {
 		l.metrics.overloads.Add(ctx, 1, limitAttr(limit))
 	}

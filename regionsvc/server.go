@@ -9,6 +9,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/appendwire"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
@@ -35,7 +36,7 @@ type logServer struct {
 // which the op holds until it is answered (op.held). Errors are
 // *apierr.Error.
 func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, streamed bool) (*rangeDriver, *appendOp, error) {
-	if err := appendOver(req); err != nil {
+	if err := appendwire.Over(req); err != nil {
 		return nil, nil, err
 	}
 	rd, rangeCount, err := n.rangeAndCount(ctx, req.GetStream(), req.GetRange())

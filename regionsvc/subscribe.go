@@ -65,6 +65,10 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 	_, maxBytes := clampRead(0, req.GetMaxBytes())
 	send := newSubscriptionSender(stream)
 	defer send.close()
+	send.cutOff = func() {
+		n.limits.count("slow_consumer")
+		n.metrics.overloads.Add(ctx, 1, limitAttr("slow_consumer"))
+	}
 	timeout := n.cfg.Limits.SubscriberSendTimeout
 	principal := principalOf(ctx)
 	for {
@@ -135,6 +139,8 @@ func (n *Node) waitQuota(ctx context.Context, principal string) error {
 type subscriptionSender struct {
 	msgs chan subscriptionMsg
 	sent chan error // one per message
+	// cutOff, if set, is called when the subscriber is cut off.
+	cutOff func()
 }
 
 type subscriptionMsg struct {
@@ -164,6 +170,9 @@ func (s *subscriptionSender) send(ctx context.Context, msg *geologv1.SubscribeRe
 	case err := <-s.sent:
 		return err
 	case <-t.C:
+		if s.cutOff != nil {
+			s.cutOff()
+		}
 		e := apierr.New(apierr.SlowConsumer, "the subscriber took no message for %v; subscribe again from offset %d", timeout, msg.GetRecords()[0].GetOffset())
 		e.RetryAfter = overloadRetryAfter
 		return e
