@@ -61,7 +61,7 @@ type LimitsConfig struct {
 	// messages being read and sent, default 128 MiB.
 	ReadBytesInflightMax int64
 	// RequestsReceivingMax bounds the client requests being received and
-	// decoded at once (AppendStream's aside), default 16.
+	// decoded at once (AppendStream's aside), default 8.
 	RequestsReceivingMax int
 	// StreamsPerConnectionMax bounds the concurrent RPCs of a connection,
 	// default 1024.
@@ -103,7 +103,7 @@ const overloadRetryAfter = 100 * time.Millisecond
 func (c *LimitsConfig) setDefaults(fileLimit int) {
 	setDefault(&c.AppendBytesInflightMax, 128<<20)
 	setDefault(&c.ReadBytesInflightMax, 128<<20)
-	setDefault(&c.RequestsReceivingMax, 16)
+	setDefault(&c.RequestsReceivingMax, 8)
 	setDefault(&c.StreamsPerConnectionMax, 1024)
 	setDefault(&c.ConnectionsMax, max(64, fileLimit/4))
 	setDefault(&c.ConnectionsPerAddressMax, max(16, c.ConnectionsMax/2))

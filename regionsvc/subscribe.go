@@ -48,7 +48,7 @@ func recordBytes(recs []*geologv1.StoredRecord) int64 {
 // subscribe serves a subscription: it reads the range from the start the
 // request names and sends what is committed, then follows the tail.
 // Each message holds its bytes of the node's read budget from its read
-// until the subscriber took it (the budget may make it wait up to
+// until it is sent (the budget may make it wait up to
 // SubscriberSendTimeout); a subscriber that does not take a message in
 // that time is cut off with SLOW_CONSUMER. A message waits for its
 // principal's byte quota rather than fail.
@@ -151,9 +151,17 @@ type subscriptionMsg struct {
 func newSubscriptionSender(stream geologv1.Log_SubscribeServer) *subscriptionSender {
 	s := &subscriptionSender{msgs: make(chan subscriptionMsg), sent: make(chan error, 1)}
 	go func() {
+		// Send returns once gRPC queued the message (its write quota is
+		// far smaller than a message), not once it is on the wire: a
+		// message holds its budget until the next Send returns (gRPC
+		// then wrote all but the quota of it), or until the RPC ends
+		// (gRPC then drops what it still queued).
+		prev := func() {}
+		defer func() { prev() }()
 		for m := range s.msgs {
 			err := stream.Send(m.resp)
-			m.release()
+			prev()
+			prev = m.release
 			s.sent <- err
 		}
 	}()

@@ -33,7 +33,7 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 	fs.Var(&f.batchBytesMax, "batch-bytes-max", "largest append batch accepted, encoded (default 16MiB); every message the node takes is bounded by it plus 1 MiB")
 	fs.Var(&f.appendInflight, "append-bytes-inflight-max", "bytes of appends held between receipt and answer, node-wide (default 128MiB); past it appends get OVERLOADED")
 	fs.Var(&f.readInflight, "read-bytes-inflight-max", "bytes of reads and subscription messages being sent, node-wide (default 128MiB)")
-	f.receiving = fs.Int("requests-receiving-max", 0, "client requests being received and decoded at once (default 16; AppendStream aside)")
+	f.receiving = fs.Int("requests-receiving-max", 0, "client requests being received and decoded at once (default 8; AppendStream aside)")
 	f.streamsPerConn = fs.Int("streams-per-connection-max", 0, "concurrent RPCs per connection (default 1024)")
 	f.connections = fs.Int("connections-max", 0, "inbound connections (default a quarter of RLIMIT_NOFILE, raised to its hard limit at start)")
 	f.connectionsPerAddr = fs.Int("connections-per-address-max", 0, "inbound connections from one address (default half of --connections-max)")
