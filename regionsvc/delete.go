@@ -90,30 +90,13 @@ func (n *Node) propagateDelete(ctx context.Context, spec streamSpec) error {
 }
 
 func (n *Node) deleteInRegion(ctx context.Context, region, name string) error {
-	addrs := n.cfg.Regions[region]
-	if len(addrs) == 0 {
-		return apierr.New(apierr.InvalidArgument, "region %q has no known addresses on this node (see Config.Regions)", region)
-	}
-	var last error
-	for _, addr := range addrs {
-		conn, err := n.peerConn(addr)
-		if err != nil {
-			last = err
-			continue
-		}
-		cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, propagatedKey, n.cfg.Region), 20*time.Second)
-		_, err = geologv1.NewLogClient(conn).DeleteStream(cctx, &geologv1.DeleteStreamRequest{Name: name})
-		cancel()
-		e := apierr.FromError(err)
-		if err == nil || e.Code == apierr.StreamNotFound {
+	return n.propagateToRegion(ctx, region, func(cctx context.Context, _ string, c geologv1.LogClient) error {
+		_, err := c.DeleteStream(cctx, &geologv1.DeleteStreamRequest{Name: name})
+		if apierr.CodeOf(err) == apierr.StreamNotFound {
 			return nil
 		}
-		if !e.Retriable && e.Code != apierr.NotLeader {
-			return e
-		}
-		last = e
-	}
-	return last
+		return err
+	})
 }
 
 // deleteStreamReplicated proposes the deletion to the region's catalogue

@@ -70,12 +70,7 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)); err != nil {
 		return nil, err
 	}
-	if nm.peerRefused, err = m.Int64Counter("geolog.peer.refused_messages",
-		metric.WithDescription("Raft messages and mirror requests from peers refused as invalid (the node changed nothing)")); err != nil {
-		return nil, err
-	}
-	if nm.overloads, err = m.Int64Counter("geolog.limits.refused_requests",
-		metric.WithDescription("requests refused with OVERLOADED or RESOURCE_EXHAUSTED by a budget or quota, by limit")); err != nil {
+	if err := nm.addRefusalCounters(m); err != nil {
 		return nil, err
 	}
 	tail, err := m.Int64ObservableGauge("geolog.range.tail_offset",
@@ -143,6 +138,19 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 		return nil, err
 	}
 	return &nm, nil
+}
+
+// addRefusalCounters makes the counters of what peers and clients were
+// refused (peer checks, limits.go).
+func (nm *nodeMetrics) addRefusalCounters(m metric.Meter) error {
+	var err error
+	if nm.peerRefused, err = m.Int64Counter("geolog.peer.refused_messages",
+		metric.WithDescription("Raft messages and mirror requests from peers refused (the node changed nothing), by source")); err != nil {
+		return err
+	}
+	nm.overloads, err = m.Int64Counter("geolog.limits.refused_requests",
+		metric.WithDescription("requests refused with OVERLOADED or RESOURCE_EXHAUSTED by a budget or quota, by limit"))
+	return err
 }
 
 var (

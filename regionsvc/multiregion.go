@@ -76,6 +76,20 @@ func (n *Node) propagateCreate(ctx context.Context, spec streamSpec) error {
 }
 
 func (n *Node) createInRegion(ctx context.Context, region string, spec streamSpec) error {
+	return n.propagateToRegion(ctx, region, func(cctx context.Context, addr string, c geologv1.LogClient) error {
+		_, err := c.CreateStream(cctx, createRequest(spec))
+		if apierr.CodeOf(err) == apierr.StreamExists {
+			return n.checkSameDefinition(ctx, addr, spec)
+		}
+		return err
+	})
+}
+
+// propagateToRegion makes a request propagated to region (marked so that
+// the region does not propagate it further) through its nodes in turn:
+// call sends it to one; a node that answers NOT_LEADER or a retriable
+// error passes the turn to the next.
+func (n *Node) propagateToRegion(ctx context.Context, region string, call func(ctx context.Context, addr string, c geologv1.LogClient) error) error {
 	addrs := n.cfg.Regions[region]
 	if len(addrs) == 0 {
 		return apierr.New(apierr.InvalidArgument, "region %q has no known addresses on this node (see Config.Regions)", region)
@@ -88,15 +102,12 @@ func (n *Node) createInRegion(ctx context.Context, region string, spec streamSpe
 			continue
 		}
 		cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, propagatedKey, n.cfg.Region), 20*time.Second)
-		_, err = geologv1.NewLogClient(conn).CreateStream(cctx, createRequest(spec))
+		err = call(cctx, addr, geologv1.NewLogClient(conn))
 		cancel()
 		if err == nil {
 			return nil
 		}
 		e := apierr.FromError(err)
-		if e.Code == apierr.StreamExists {
-			return n.checkSameDefinition(ctx, addr, spec)
-		}
 		if !e.Retriable && e.Code != apierr.NotLeader {
 			return e
 		}
@@ -199,6 +210,14 @@ var _ replicator.HomeChecker = (*mirrorRange)(nil)
 // first stream after a takeover or a rehome waits for that read, not for
 // the next directory interval.
 func (m *mirrorRange) CheckHome(region string, epoch uint64) error {
+	err := m.checkHome(region, epoch)
+	if err != nil {
+		m.n.metrics.peerRefused.Add(context.Background(), 1, peerMirror)
+	}
+	return err
+}
+
+func (m *mirrorRange) checkHome(region string, epoch uint64) error {
 	role := m.d.role()
 	switch {
 	case role.region == "" || epoch > role.epoch:
