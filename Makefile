@@ -33,15 +33,15 @@ FUZZ_TARGETS := \
 	./segment:FuzzOffsetIndex:300000 \
 	./segment:FuzzTimeIndex:300000 \
 	./segment:FuzzRecover:30000 \
+	./client/e2e:FuzzOpen:30000 \
+	./client/e2e:FuzzDecodePayload:30000 \
 	./raftnet:FuzzDecodeBatch:60000 \
 	./replicator:FuzzDecodeRequest:60000 \
 	./segment:FuzzManifest:30000 \
 	./replica:FuzzSnapshotDesc:60000 \
 	./replica:FuzzProducerBase:60000 \
 	./replica:FuzzForkRecord:60000 \
-	./replica:FuzzForkDesc:60000 \
-	./client/e2e:FuzzOpen:30000 \
-	./client/e2e:FuzzDecodePayload:30000
+	./replica:FuzzForkDesc:60000
 FUZZ_TIME ?=
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add
