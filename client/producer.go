@@ -130,23 +130,9 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 		return
 	}
 	now := time.Now()
-	if rec.ProducerTime.IsZero() {
-		rec.ProducerTime = now
-	}
-	wire := rec
-	if p.sealer != nil {
-		// Sealed here, once, on the caller's goroutine: a resent batch
-		// must carry the same bytes under its sequence numbers.
-		var err error
-		if wire, err = p.seal(rec); err != nil {
-			cb(ProduceResult{Record: rec}, err)
-			return
-		}
-	}
-	size := wire.sizeBytes()
-	if size > p.cfg.batchBytesMax {
-		cb(ProduceResult{Record: rec}, apierr.New(apierr.RecordTooLarge,
-			"record of %d bytes exceeds the producer's batch bound of %d bytes", size, p.cfg.batchBytesMax))
+	wire, size, err := p.prepare(rec, now)
+	if err != nil {
+		cb(ProduceResult{Record: rec}, err)
 		return
 	}
 	var deadline time.Time
@@ -191,6 +177,29 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 		cb(ProduceResult{Record: rec}, ErrClosed)
 		p.doneRecords(1)
 	}
+}
+
+// prepare stamps rec's producer time if it has none and returns the record
+// to send (rec, or its sealed form with SealWith) and its size, or why it
+// cannot be sent.
+func (p *Producer) prepare(rec *Record, now time.Time) (wire *Record, size int, err error) {
+	if rec.ProducerTime.IsZero() {
+		rec.ProducerTime = now
+	}
+	wire = rec
+	if p.sealer != nil {
+		// Sealed here, once, on the caller's goroutine: a resent batch
+		// must carry the same bytes under its sequence numbers.
+		if wire, err = p.seal(rec); err != nil {
+			return nil, 0, err
+		}
+	}
+	size = wire.sizeBytes()
+	if size > p.cfg.batchBytesMax {
+		return nil, 0, apierr.New(apierr.RecordTooLarge,
+			"record of %d bytes exceeds the producer's batch bound of %d bytes", size, p.cfg.batchBytesMax)
+	}
+	return wire, size, nil
 }
 
 // ProduceSync produces recs and waits for all of them. results[i] belongs to
