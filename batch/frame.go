@@ -114,7 +114,7 @@ type Header struct {
 	Type  Type
 	Flags uint16
 	// RecordCount is the number of records the frame holds.
-	RecordCount uint32
+	RecordCount         uint32
 	BaseOffset          uint64
 	Epoch               uint64
 	Term                uint64
