@@ -104,17 +104,18 @@ func (s *Store) sealedView(base uint64) (segView, error) {
 
 // WalkSegment calls fn with every frame of the sealed segment at base, in
 // order, each verified (CRC, sequence) as readers verify them; frame
-// aliases a read window valid until fn returns. throttle, if not nil, is
-// called with the bytes of each read before it is made (the caller bounds
-// its I/O there). An error from fn stops the walk and is returned. Safe
-// from any goroutine, concurrently with the appender.
-func (s *Store) WalkSegment(base uint64, throttle func(bytes int), fn func(frame []byte, h batch.Header) error) error {
+// aliases a read window valid until fn returns, and last says it is the
+// segment's last frame. throttle, if not nil, is called with the bytes of
+// each read before it is made (the caller bounds its I/O there). An error
+// from fn stops the walk and is returned. Safe from any goroutine,
+// concurrently with the appender.
+func (s *Store) WalkSegment(base uint64, throttle func(bytes int), fn func(frame []byte, h batch.Header, last bool) error) error {
 	v, err := s.sealedView(base)
 	if err != nil {
 		return err
 	}
 	defer s.releaseView(v)
-	return s.walkView(v, throttle, func(frame []byte, h batch.Header, _ bool) error { return fn(frame, h) })
+	return s.walkView(v, throttle, fn)
 }
 
 // walkView walks every frame of v (see WalkSegment), telling fn which one
