@@ -95,7 +95,7 @@ func (n *Node) readOrphans(ctx context.Context, req *geologv1.ReadOrphansRequest
 		}
 		frames = frames[size:]
 		for i, r := range recs {
-			off := h.BaseOffset + uint64(i)
+			off := h.Offset(&recs[i])
 			if off < from || len(resp.Records) >= maxRecords {
 				continue
 			}

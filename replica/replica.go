@@ -160,6 +160,8 @@ type Replica struct {
 	base                   *producerBase   // decodes state.Producers
 	snapReports            []snapReport    // handed to Raft after Advance
 	pins                   snapshotPins
+	// keyDecision is the newest compaction marker applied (compact.go).
+	keyDecision batch.Compaction
 	fork                   forkState // fork.go
 
 	// raftCommit is Raft's commit index as of the last Ready, for
@@ -260,6 +262,9 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	r.logAppendUnixNanos = max(r.logAppendUnixNanos, r.state.SnapshotAppendUnixNanos)
 	r.tailIndex, r.tailOffset = max(cfg.Log.LastIndex(), r.state.SnapshotIndex), cfg.Log.NextOffset()
 	if err := r.initApplied(); err != nil {
+		return nil, err
+	}
+	if err := r.recoverKeyCompaction(headers); err != nil {
 		return nil, err
 	}
 	if err := r.openForks(); err != nil {
@@ -756,6 +761,11 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 		h, err := batch.DecodeHeader(e.Data)
 		if err != nil {
 			return fmt.Errorf("replica: committed entry %d: %w", e.GetIndex(), err)
+		}
+		if h.Type == batch.TypeCompact {
+			if err := r.noteCompaction(e.Data); err != nil {
+				return fmt.Errorf("replica: committed compaction marker %d: %w", e.GetIndex(), err)
+			}
 		}
 		r.appliedAppendUnixNanos = max(r.appliedAppendUnixNanos, h.AppendTimeUnixNanos)
 		r.advance(h, e.GetTerm())
