@@ -162,7 +162,7 @@ type Replica struct {
 	pins                   snapshotPins
 	// keyDecision is the newest compaction marker applied (compact.go).
 	keyDecision batch.Compaction
-	fork                   forkState // fork.go
+	fork        forkState // fork.go
 
 	// raftCommit is Raft's commit index as of the last Ready, for
 	// ReceiveSnapshot on the transport's goroutine.
@@ -305,7 +305,7 @@ func (r *Replica) recordHeader(h batch.Header) {
 	if h.Type == batch.TypeData && h.ProducerID != 0 {
 		r.dedup.Record(h.ProducerID, dedup.Batch{
 			BaseSequence:        h.BaseSequence,
-			RecordCount:         h.RecordCount,
+			RecordCount:         h.Span(), // a compacted batch keeps its span
 			BaseOffset:          h.BaseOffset,
 			Epoch:               h.Epoch,
 			AppendTimeUnixNanos: h.AppendTimeUnixNanos,
