@@ -24,7 +24,7 @@ import (
 //	compact point=N [tcut=T] [pcut=T] [limit=N]
 //	show                              records, markers, segments
 //	reopen
-//	decide now=T committed=N lag=N [floor=N] [regions=N] [last=N] [lastat=T] [minlag=D] [retention=D] [interval=D]
+//	decide now=T committed=N lag=N [floor=N] [regions=N] [last=N] [lastat=T] [markerend=N] [minlag=D] [retention=D] [interval=D]
 func TestDataDriven(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		var l *testLog
@@ -168,7 +168,7 @@ func ddDecide(t *testing.T, d *datadriven.TestData) string {
 	p := Policy{MinLag: dur("minlag"), DeleteRetention: dur("retention"), ProducerRetention: dur("producers"), Interval: dur("interval")}
 	in := Inputs{NowUnixNanos: int64(num("now")), Committed: num("committed"), LagPoint: num("lag"),
 		Floor: num("floor"), FloorKnown: d.HasArg("floor"), Regions: int(num("regions")),
-		Last: batch.Compaction{Point: num("last")}, LastUnixNanos: int64(num("lastat"))}
+		Last: batch.Compaction{Point: num("last")}, LastUnixNanos: int64(num("lastat")), MarkerEnd: num("markerend")}
 	c, ok := Decide(p, in)
 	if !ok {
 		return "no decision"

@@ -22,13 +22,14 @@ const (
 	DefaultProducerRetention = 7 * 24 * time.Hour
 )
 
-// Policy is when a range's home leader decides a compaction.
+// Policy is when a range's home leader decides a compaction. A zero field
+// takes its default; a negative one means none (zero time).
 type Policy struct {
 	// MinLag: a decision's point is never past the first record appended
-	// less than MinLag ago. Default DefaultMinLag; negative: 0.
+	// less than MinLag ago. Default DefaultMinLag.
 	MinLag time.Duration
 	// DeleteRetention: a tombstone is removed once it is older than this.
-	// Default DefaultDeleteRetention; negative: 0.
+	// Default DefaultDeleteRetention.
 	DeleteRetention time.Duration
 	// ProducerRetention: see DefaultProducerRetention. Default it.
 	ProducerRetention time.Duration
@@ -38,17 +39,14 @@ type Policy struct {
 }
 
 func orDefault(d, def time.Duration) time.Duration {
-	switch {
-	case d == 0:
+	if d == 0 {
 		return def
-	case d < 0:
-		return 0
 	}
 	return d
 }
 
-// WithDefaults returns p with its zero fields at their defaults and its
-// negative ones at 0.
+// WithDefaults returns p with its zero fields at their defaults (negative
+// ones stay: none). Applying it again changes nothing.
 func (p Policy) WithDefaults() Policy {
 	p.MinLag = orDefault(p.MinLag, DefaultMinLag)
 	p.DeleteRetention = orDefault(p.DeleteRetention, DefaultDeleteRetention)
@@ -64,6 +62,8 @@ type Inputs struct {
 	// LastUnixNanos when this leader made or first saw it (0: never).
 	Last          batch.Compaction
 	LastUnixNanos int64
+	// MarkerEnd is the offset after Last's marker (0: unknown).
+	MarkerEnd uint64
 	// Committed is the committed tail.
 	Committed uint64
 	// LagPoint is the first offset appended at or after Now - MinLag (the
@@ -79,14 +79,15 @@ type Inputs struct {
 }
 
 // Decide returns the next decision of a range's home leader, if one is
-// due: at least Interval after the last, at a point past the last one, no
-// further than the committed tail, the minimum lag and (in a stream of
-// several regions) what every mirror has applied, so that no region ever
-// compacts with records it might later lose to a failover. Cutoffs never
-// go back. Pure: the caller supplies the clock and the log's positions.
+// due: at least Interval after the last, at a point past the last one
+// covering more than the last marker, no further than the committed tail,
+// the minimum lag and (in a stream of several regions) what every mirror
+// has applied, so that no region ever compacts with records it might later
+// lose to a failover. Cutoffs never go back. Pure: the caller supplies the
+// clock and the log's positions.
 func Decide(p Policy, in Inputs) (batch.Compaction, bool) {
 	p = p.WithDefaults()
-	if in.LastUnixNanos != 0 && in.NowUnixNanos-in.LastUnixNanos < int64(p.Interval) {
+	if in.LastUnixNanos != 0 && in.NowUnixNanos-in.LastUnixNanos < int64(max(p.Interval, 0)) {
 		return batch.Compaction{}, false
 	}
 	point := min(in.Committed, in.LagPoint)
@@ -99,10 +100,15 @@ func Decide(p Policy, in Inputs) (batch.Compaction, bool) {
 	if point <= in.Last.Point {
 		return batch.Compaction{}, false
 	}
+	if in.Last.Point+1 == in.MarkerEnd && point <= in.MarkerEnd {
+		// Nothing but the last marker since the last point: a decision
+		// would only add a marker of its own, and so on, for ever.
+		return batch.Compaction{}, false
+	}
 	return batch.Compaction{
 		Point:                    point,
-		TombstoneCutoffUnixNanos: max(in.Last.TombstoneCutoffUnixNanos, in.NowUnixNanos-int64(p.DeleteRetention)),
-		ProducerCutoffUnixNanos:  max(in.Last.ProducerCutoffUnixNanos, in.NowUnixNanos-int64(p.ProducerRetention)),
+		TombstoneCutoffUnixNanos: max(in.Last.TombstoneCutoffUnixNanos, in.NowUnixNanos-int64(max(p.DeleteRetention, 0))),
+		ProducerCutoffUnixNanos:  max(in.Last.ProducerCutoffUnixNanos, in.NowUnixNanos-int64(max(p.ProducerRetention, 0))),
 	}, true
 }
 

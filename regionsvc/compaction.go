@@ -51,9 +51,11 @@ type keyCompactor struct {
 	cfg compactionConfig
 	// applied is the newest decision applied to this copy; proposed the
 	// newest this node proposed (applied or not), decidedAt when this node
-	// last proposed or first saw a new one.
+	// last proposed or first saw a new one; markerEnd the offset after the
+	// newest marker known (0: unknown).
 	applied, proposed batch.Compaction
 	decidedAt         int64
+	markerEnd         uint64
 	proposing         bool
 	// cleaned is the decision this copy last completed; running says a job
 	// is queued or running, done receives its result.
@@ -87,6 +89,7 @@ func (d *rangeDriver) compactByKey() {
 	if d.rep != nil {
 		if a := d.rep.KeyCompaction(); a.Point > k.applied.Point {
 			k.applied, k.decidedAt = a, max(k.decidedAt, now)
+			k.markerEnd = max(k.markerEnd, d.rep.KeyCompactionMarkerEnd())
 		}
 	}
 	d.maybeDecide(now)
@@ -110,13 +113,13 @@ func (d *rangeDriver) maybeDecide(now int64) {
 	}
 	committed := d.committed.Load()
 	p := k.cfg.policy.WithDefaults()
-	lag, err := d.store.OffsetForTime(now - int64(p.MinLag))
+	lag, err := d.store.OffsetForTime(now - int64(max(p.MinLag, 0)))
 	if err != nil {
 		d.logger.Warn("compaction: offset for the minimum lag", "error", err)
 		return
 	}
-	in := compact.Inputs{NowUnixNanos: now, Last: last, LastUnixNanos: k.decidedAt, Committed: committed,
-		LagPoint: min(lag, committed), Regions: k.cfg.regions}
+	in := compact.Inputs{NowUnixNanos: now, Last: last, LastUnixNanos: k.decidedAt, MarkerEnd: k.markerEnd,
+		Committed: committed, LagPoint: min(lag, committed), Regions: k.cfg.regions}
 	if k.cfg.floor != nil {
 		in.Floor, in.FloorKnown = k.cfg.floor()
 	}
@@ -136,6 +139,7 @@ func (d *rangeDriver) maybeDecide(now int64) {
 			// A single node: the marker is durable, so applied.
 			k.applied = dec
 		}
+		k.markerEnd = max(k.markerEnd, r.baseOffset+1)
 		d.logger.Debug("compaction decided", "point", dec.Point, "offset", r.baseOffset)
 	}
 	if d.rep != nil {
@@ -191,7 +195,7 @@ func (d *rangeDriver) recoverKeyDecision(markerAt uint64, found bool) {
 	if err == nil {
 		var c batch.Compaction
 		if _, c, err = batch.DecodeCompaction(f); err == nil {
-			d.keyc.applied = c
+			d.keyc.applied, d.keyc.markerEnd = c, markerAt+1
 			return
 		}
 	}

@@ -6,10 +6,12 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/client"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -145,6 +147,20 @@ func TestCompactedStreamOnANode(t *testing.T) {
 		// The last marker sits past the records: everything is below a point.
 		return strings.Join(got, " ") == strings.Join(want, " ")
 	})
+	// An idle range stops deciding: at most one more marker (for the last
+	// one's offset) follows.
+	tail := func() uint64 {
+		r, err := c.Read(ctx, &geologv1.ReadRequest{Stream: "kv", FromOffset: 0, MaxRecords: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetTailOffset()
+	}
+	before := tail()
+	time.Sleep(20 * 50 * time.Millisecond) // twenty decision intervals
+	if after := tail(); after > before+1 {
+		t.Fatalf("an idle range went on deciding: tail %d, then %d", before, after)
+	}
 	// A retry of a batch whose records are gone is a duplicate.
 	old := batches[len(batches)-10]
 	res, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "kv", Records: old.recs, ProducerId: 77, BaseSequence: old.seq})
@@ -188,4 +204,101 @@ func checkSubscribe(t *testing.T, ctx context.Context, c geologv1.LogClient, wan
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("subscribe delivered\n %v\nwant\n %v", got, want)
 	}
+}
+
+// TestCompactedStreamTwoRegions: a compacted stream homed in us with a
+// mirror in eu, three nodes each, WAN latency between them. Records
+// produced in us (keys rewritten over and over, tombstones among them),
+// once compaction ran, read end to end through the API from every node of
+// both regions as the same records at the same offsets: the newest of each
+// key. The mirror compacted at the home's decisions (markers shipped with
+// the data), with its own segment boundaries.
+func TestCompactedStreamTwoRegions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := newWorldWith(t, []string{"us", "eu"}, 3, 20*time.Millisecond, 0, nil, func(region string, id uint64, cfg *Config) {
+		compactingNode()(cfg)
+		if region == "eu" {
+			cfg.SegmentBytesMax = 6 << 10 // other segment boundaries than the home's
+		}
+	})
+	c, err := client.New(w.regionAddrs("us"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitUntil(t, ctx, time.Minute, "stream created in both regions", func() bool {
+		_, err := c.CreateStream(ctx, client.StreamConfig{Name: "kv", RangeCount: 1, Regions: w.regions, HomeRegion: "us",
+			Cleanup: client.CleanupCompact, DeleteRetention: -1, MinCompactionLag: -1})
+		return err == nil || client.CodeOf(err) == client.CodeStreamExists
+	})
+	p, err := c.NewProducer("kv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	offsets, values := map[string]uint64{}, map[string]string{}
+	began := time.Now()
+	var mu sync.Mutex
+	for i := range 400 {
+		key := fmt.Sprintf("k%d", i%23)
+		rec := &client.Record{Key: []byte(key), Value: []byte(fmt.Sprintf("%s@%d", key, i))}
+		if i%17 == 16 {
+			rec.Value, rec.Tombstone = nil, true
+		}
+		p.Produce(ctx, rec, func(res client.ProduceResult, err error) {
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if off, ok := offsets[key]; !ok || res.Offset > off {
+				offsets[key], values[key] = res.Offset, string(rec.Value)
+				if rec.Tombstone {
+					values[key] = "~"
+				}
+			}
+		})
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join(latestOf(offsets, values), " ")
+	t.Logf("produced in %v", time.Since(began))
+	for _, region := range w.regions {
+		for id := uint64(1); id <= 3; id++ {
+			conn := w.conns[region][id]
+			var last string
+			waitUntil(t, ctx, time.Minute, fmt.Sprintf("%s node %d to hold the compacted range", region, id), func() bool {
+				last = strings.Join(readRange(t, ctx, conn, "kv", 0, geologv1.Consistency_CONSISTENCY_LOCAL, 0), " ")
+				return last == want
+			})
+		}
+	}
+	// The same records in every region, with the home's epoch and append
+	// time: compare every field.
+	var ref []*geologv1.StoredRecord
+	for _, region := range w.regions {
+		got, err := w.conns[region][1].Read(ctx, &geologv1.ReadRequest{Stream: "kv", FromOffset: 0, MaxRecords: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref == nil {
+			ref = got.GetRecords()
+			continue
+		}
+		if len(got.GetRecords()) != len(ref) {
+			t.Fatalf("%s holds %d records from 0, us %d", region, len(got.GetRecords()), len(ref))
+		}
+		for i, r := range got.GetRecords() {
+			if !sameRecord(r, ref[i]) || r.GetTombstone() != ref[i].GetTombstone() {
+				t.Fatalf("%s record %d differs: %v vs %v", region, i, r, ref[i])
+			}
+		}
+	}
+	t.Logf("%d records kept of 400 produced, identical in us and eu", len(ref))
 }

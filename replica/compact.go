@@ -169,14 +169,18 @@ func (r *Replica) PrepareRewrite(point uint64) (uint64, error) {
 // compact below. For the driver goroutine.
 func (r *Replica) KeyCompaction() batch.Compaction { return r.keyDecision }
 
+// KeyCompactionMarkerEnd returns the offset after KeyCompaction's marker
+// (0 if unknown, as after a snapshot). For the driver goroutine.
+func (r *Replica) KeyCompactionMarkerEnd() uint64 { return r.keyMarkerEnd }
+
 // noteCompaction applies a committed compaction marker.
 func (r *Replica) noteCompaction(frame []byte) error {
-	_, c, err := batch.DecodeCompaction(frame)
+	h, c, err := batch.DecodeCompaction(frame)
 	if err != nil {
 		return err
 	}
 	if c.Point > r.keyDecision.Point {
-		r.keyDecision = c
+		r.keyDecision, r.keyMarkerEnd = c, h.NextOffset()
 	}
 	return nil
 }

@@ -160,8 +160,10 @@ type Replica struct {
 	base                   *producerBase   // decodes state.Producers
 	snapReports            []snapReport    // handed to Raft after Advance
 	pins                   snapshotPins
-	// keyDecision is the newest compaction marker applied (compact.go).
-	keyDecision batch.Compaction
+	// keyDecision is the newest compaction marker applied (compact.go),
+	// keyMarkerEnd the offset after it.
+	keyDecision  batch.Compaction
+	keyMarkerEnd uint64
 	fork        forkState // fork.go
 
 	// raftCommit is Raft's commit index as of the last Ready, for

@@ -689,7 +689,7 @@ func (r *Replica) installSnapshot(snap *raftpb.Snapshot) error {
 	}
 	r.base = st.base
 	if st.decision.Point > r.keyDecision.Point {
-		r.keyDecision = st.decision
+		r.keyDecision, r.keyMarkerEnd = st.decision, 0
 	}
 	if err := r.rebuildDedup(); err != nil {
 		return err
