@@ -164,7 +164,7 @@ type Replica struct {
 	// keyMarkerEnd the offset after it.
 	keyDecision  batch.Compaction
 	keyMarkerEnd uint64
-	fork        forkState // fork.go
+	fork         forkState // fork.go
 
 	// raftCommit is Raft's commit index as of the last Ready, for
 	// ReceiveSnapshot on the transport's goroutine.
