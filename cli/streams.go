@@ -210,14 +210,14 @@ func (e *env) streamsList(ctx context.Context, args []string) error {
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tRANGES\tREGIONS\tRETENTION-AGE\tRETENTION-BYTES\tCREATED")
+	fmt.Fprintln(tw, "NAME\tRANGES\tREGIONS\tRETENTION-AGE\tRETENTION-BYTES\tCLEANUP\tCREATED")
 	for _, s := range list {
 		created := "-"
 		if !s.Created.IsZero() {
 			created = s.Created.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", s.Name, s.RangeCount, regionsText(s.Regions),
-			durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes), created)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.RangeCount, regionsText(s.Regions),
+			durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes), cleanupText(s), created)
 	}
 	return tw.Flush()
 }
