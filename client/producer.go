@@ -187,7 +187,9 @@ func (p *Producer) prepare(rec *Record, now time.Time) (wire *Record, size int, 
 		rec.ProducerTime = now
 	}
 	wire = rec
-	if p.sealer != nil {
+	// A tombstone has no value to seal and must stay a tombstone: it goes
+	// as it is, its key in clear like every record's.
+	if p.sealer != nil && !rec.Tombstone {
 		// Sealed here, once, on the caller's goroutine: a resent batch
 		// must carry the same bytes under its sequence numbers.
 		if wire, err = p.seal(rec); err != nil {
