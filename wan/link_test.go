@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/geolog/geolog/internal/portlock"
 )
 
 // stampServer answers each 8-byte request with the time it arrived (unix
@@ -431,12 +433,7 @@ func TestHalfCloseTravels(t *testing.T) {
 }
 
 func TestUpstreamDownResetsClient(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := portlock.Addr(t) // held, and nothing listens on it
 	l := startLink(t, Config{Name: "a->b", Upstream: dead})
 	expectRefused(t, l.Addr())
 	waitFor(t, "dial error counted", 5*time.Second, func() bool { return l.Stats().DialErrors == 1 })
