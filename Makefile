@@ -196,8 +196,9 @@ tf-check: terraform
 	$(TERRAFORM) fmt -check -recursive -diff terraform/
 	$(GO) test -count=1 -run 'TestModules|TestCheck|TestFormatted' ./terraform/
 
-# The real apply/destroy cycle of terraform/local (2 regions x 1 node on
-# ports 7660-7667); make test runs it too when terraform is installed.
+# The real apply/destroy cycle of terraform/local (2 regions x 1 node on 8
+# free consecutive ports held through internal/portlock); make test runs it
+# too when terraform is installed.
 tf-test: build terraform
 	$(GO) test -count=1 -v -run TestLocalApplyDestroy ./terraform/
 
