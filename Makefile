@@ -50,7 +50,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -90,6 +90,13 @@ fuzz:
 	done
 
 test: vet build unit chaos-slice fuzz
+
+# make test-loaded RUNS=5: make test RUNS times in a row beside stress-ng
+# --cpu $(nproc) (installed with apt-get when missing), one line per run
+# with its result and time, logs under run/test-loaded/ (scripts/test_loaded.sh).
+# RUNS defaults to 5 here (make sim's default of 1000 is not meant).
+test-loaded:
+	@./scripts/test_loaded.sh $(if $(filter command line environment,$(origin RUNS)),$(RUNS),5)
 
 # make chaos: every chaos scenario (chaos.Scenarios(), about 8 minutes)
 # on one cluster provisioned through terraform/local (scripts/chaos_tf.sh:
