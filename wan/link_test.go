@@ -379,34 +379,44 @@ func TestConcurrentConnections(t *testing.T) {
 	}
 }
 
+// TestBandwidthCap: a capped link never delivers faster than its rate
+// (minus the one block a read may take ahead); once the cap is removed the
+// next bytes go faster than the cap allows. How close to the rate a
+// capped link comes is a figure (BenchmarkBandwidthCap): on a busy
+// machine it may be slower, which says nothing about the cap.
 func TestBandwidthCap(t *testing.T) {
 	up := startUpstream(t, discard)
-	const rate = 4 << 20 // bytes per second
+	const rate = 1 << 20 // bytes per second
 	l := startLink(t, Config{Name: "a->b", Upstream: up.addr(), BandwidthBytesPerSecond: rate, BufferBytesMax: 256 << 10})
 	c := dial(t, l.Addr())
-	const total = 1 << 20
+	const total = 256 << 10
 	start := time.Now()
 	if _, err := c.Write(make([]byte, total)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "bytes delivered", 10*time.Second, func() bool { return l.Stats().BytesToUpstream == total })
+	waitFor(t, "bytes delivered", time.Minute, func() bool { return l.Stats().BytesToUpstream == total })
 	elapsed := time.Since(start)
 	want := time.Duration(total) * time.Second / rate // 250 ms
-	t.Logf("1 MiB at 4 MiB/s took %s (want ≈ %s)", elapsed, want)
-	if elapsed < want-blockBytes*time.Second/rate || elapsed > 3*want {
-		t.Fatalf("took %s, want about %s", elapsed, want)
+	t.Logf("256 KiB at 1 MiB/s took %s (want ≈ %s)", elapsed, want)
+	if floor := want - blockBytes*time.Second/rate; elapsed < floor {
+		t.Fatalf("took %s, faster than the cap allows (%s)", elapsed, floor)
 	}
-	// Removing the cap takes effect for the next bytes.
+	// Removing the cap takes effect for the next bytes: 8 MiB arrive
+	// sooner than the 7.7 s the cap would take for them (less the link's
+	// buffer and a block), a margin a busy machine does not use up.
 	if err := l.SetBandwidth(0); err != nil {
 		t.Fatal(err)
 	}
+	const more = 8 << 20
 	start = time.Now()
-	if _, err := c.Write(make([]byte, total)); err != nil {
+	if _, err := c.Write(make([]byte, more)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "bytes delivered", 10*time.Second, func() bool { return l.Stats().BytesToUpstream == 2*total })
-	if elapsed := time.Since(start); elapsed > want {
-		t.Fatalf("uncapped 1 MiB took %s", elapsed)
+	waitFor(t, "bytes delivered", time.Minute, func() bool { return l.Stats().BytesToUpstream == total+more })
+	elapsed = time.Since(start)
+	t.Logf("8 MiB uncapped took %s", elapsed)
+	if capped := time.Duration(more-(256<<10)-blockBytes) * time.Second / rate; elapsed >= capped {
+		t.Fatalf("uncapped 8 MiB took %s, as long as the cap would (%s)", elapsed, capped)
 	}
 }
 
