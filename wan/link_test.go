@@ -62,50 +62,49 @@ func oneWay(t *testing.T, c net.Conn) (there, back time.Duration) {
 	return at.Sub(sent), got.Sub(at)
 }
 
+// TestLatencyBothDirections: each direction of a link delays every byte by
+// at least its latency, and SetLatency applies at once to both directions
+// of a live connection. How little a request is late (timer slack and
+// scheduling) is logged here and measured by BenchmarkRTT: on a busy
+// machine it can be anything.
 func TestLatencyBothDirections(t *testing.T) {
 	up := startUpstream(t, stampServer)
-	const latency = 40 * time.Millisecond
+	const latency = 200 * time.Millisecond
 	l := startLink(t, Config{Name: "a->b", Upstream: up.addr(), Latency: latency})
 	c := dial(t, l.Addr())
-	var theres, backs []time.Duration
-	for i := 0; i < 8; i++ {
-		there, back := oneWay(t, c)
-		theres, backs = append(theres, there), append(backs, back)
+	sample := func(n int) (theres, backs []time.Duration) {
+		for i := 0; i < n; i++ {
+			there, back := oneWay(t, c)
+			theres, backs = append(theres, there), append(backs, back)
+		}
+		return theres, backs
 	}
-	check := func(dir string, ds []time.Duration, want time.Duration) {
+	// check: never early; with a faster-than limit, at least one request
+	// beat it (the old latency no longer applies).
+	check := func(dir string, ds []time.Duration, want, fasterThan time.Duration) {
 		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 		t.Logf("%s: min %s median %s max %s (want %s)", dir, ds[0], ds[len(ds)/2], ds[len(ds)-1], want)
-		// Never early; late by timer slack and scheduling only. The
-		// median is held tight, the max loosely (a shared, loaded CI box).
 		if ds[0] < want {
 			t.Errorf("%s: a request took %s, less than the latency %s", dir, ds[0], want)
 		}
-		if ds[len(ds)/2] > want+5*time.Millisecond {
-			t.Errorf("%s: median %s, want within 5ms of %s", dir, ds[len(ds)/2], want)
-		}
-		if ds[len(ds)-1] > want+30*time.Millisecond {
-			t.Errorf("%s: max %s, want within 30ms of %s", dir, ds[len(ds)-1], want)
+		if fasterThan > 0 && ds[0] >= fasterThan {
+			t.Errorf("%s: every request took %s or more, as under the old latency %s", dir, ds[0], fasterThan)
 		}
 	}
-	check("to upstream", theres, latency)
-	check("from upstream", backs, latency)
+	theres, backs := sample(4)
+	check("to upstream", theres, latency, 0)
+	check("from upstream", backs, latency, 0)
 
-	// SetLatency on the fly applies to both directions of a live
-	// connection.
 	if err := l.SetLatency(10*time.Millisecond, 0); err != nil {
 		t.Fatal(err)
 	}
-	theres, backs = nil, nil
-	for i := 0; i < 6; i++ {
-		there, back := oneWay(t, c)
-		theres, backs = append(theres, there), append(backs, back)
-	}
-	check("to upstream after SetLatency", theres, 10*time.Millisecond)
-	check("from upstream after SetLatency", backs, 10*time.Millisecond)
+	theres, backs = sample(8)
+	check("to upstream after SetLatency", theres, 10*time.Millisecond, latency)
+	check("from upstream after SetLatency", backs, 10*time.Millisecond, latency)
 	// Counters move just after the bytes are written: poll.
-	waitFor(t, "byte counters", 5*time.Second, func() bool {
+	waitFor(t, "byte counters", time.Minute, func() bool {
 		s := l.Stats()
-		return s.Latency == 10*time.Millisecond && s.BytesToUpstream == 14*8 && s.BytesFromUpstream == 14*16 && s.BytesHeld == 0
+		return s.Latency == 10*time.Millisecond && s.BytesToUpstream == 12*8 && s.BytesFromUpstream == 12*16 && s.BytesHeld == 0
 	})
 }
 
