@@ -29,19 +29,25 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 var homingRegionSize = flag.Int("homingsize", 1, "nodes per region in the homing tests (3 for the full shape)")
 
 // Lease timing of the homing tests: failovers take seconds, and a node
-// that gets a fraction of a core (the tests run with -race, beside other
+// that gets a sliver of a core (the tests run with -race, beside other
 // packages' tests, on shared machines) still renews its lease. The ratios
-// are the production defaults' (heartbeat TTL/5, offset TTL/10; 1 s, 5 s,
-// 500 ms): a heartbeat may take half of the servable lease
-// (homing.DefaultHeartbeatTimeout, 1.8 s here), and there is room for a
-// few attempts in each lease. The first version's 2 s TTL with a 250 ms
-// heartbeat (and a heartbeat cut off after 250 ms, and 1 s to connect) lost
-// every lease as soon as the machine was busy: a heartbeat there takes a
-// second or more, so none ever succeeded, and the tests timed out waiting.
+// are the production defaults' (heartbeat TTL/5, offset TTL/10: 1 s, 5 s,
+// 500 ms), so a heartbeat may take 3.6 s (homing.DefaultHeartbeatTimeout)
+// and a node loses its lease only after two attempts in a row failed.
+//
+// Why not shorter: a heartbeat is five round trips to PostgreSQL through
+// the region's WAN link, each waiting for the proxy, a PostgreSQL backend
+// and the node to be scheduled; with a load average of 30 on 2 cores they
+// took p50 0.75 s, p90 2 s, p99 4 s, max 7 s (measured with the timeout
+// lifted). The first version's 2 s TTL with a 250 ms heartbeat (cut off
+// after 250 ms, and 1 s to connect) renewed nothing on a busy machine;
+// with 4 s a single node's region still lapsed now and then, and another
+// region's failover agent rightly took its homes in the middle of a test
+// about something else.
 const (
-	testLeaseTTL       = 4 * time.Second
-	testLeaseHeartbeat = 800 * time.Millisecond
-	testMaxClockOffset = 400 * time.Millisecond
+	testLeaseTTL       = 8 * time.Second
+	testLeaseHeartbeat = 1600 * time.Millisecond
+	testMaxClockOffset = 800 * time.Millisecond
 )
 
 // homingWorld is a world whose nodes home ranges through a lease store on
