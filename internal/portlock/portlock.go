@@ -24,6 +24,11 @@
 // What remains is a program that binds a fixed port without asking, after
 // the probe; the caller's bind then fails and it may take another port.
 //
+// Lock files are never removed (removing one while another process opens
+// it would let two processes lock different files for one port): the
+// folder holds one empty file per port ever handed out, at most the
+// range's size.
+//
 // GEOLOG_TEST_PORTS=LOW-HIGH overrides the range (DefaultRange).
 package portlock
 
