@@ -46,6 +46,7 @@ const (
 	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
 	SlowConsumer         = geologv1.ErrorCode_ERROR_CODE_SLOW_CONSUMER
 	LimitExceeded        = geologv1.ErrorCode_ERROR_CODE_LIMIT_EXCEEDED
+	KeyRequired          = geologv1.ErrorCode_ERROR_CODE_KEY_REQUIRED
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
@@ -81,6 +82,7 @@ var catalogue = map[Code]codeInfo{
 	Internal:             {codes.Internal, false},
 	SlowConsumer:         {codes.ResourceExhausted, true},
 	LimitExceeded:        {codes.ResourceExhausted, false},
+	KeyRequired:          {codes.InvalidArgument, false},
 }
 
 // Error is a typed API error.

@@ -86,6 +86,8 @@ type rangeDriverConfig struct {
 	compactionFloor func() (offset uint64, ok bool)
 	// maintenanceInterval is how often retention and expiry run.
 	maintenanceInterval time.Duration
+	// compaction, if set, makes the range compacted by key (compaction.go).
+	compaction *compactionConfig
 }
 
 type syncResult struct {
@@ -140,6 +142,7 @@ type rangeDriver struct {
 	peerRefusedLogged time.Time
 
 	// Owned by the run goroutine.
+	keyc               *keyCompactor // nil unless the stream compacts by key
 	dedup              *dedup.Table
 	pending            []*appendOp
 	lastAppendUnixNano int64
@@ -162,10 +165,18 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		doneCh:   make(chan struct{}),
 		dedup:    dedup.NewTable(cfg.producersMax),
 	}
+	if cfg.compaction != nil {
+		d.keyc = newKeyCompactor(*cfg.compaction)
+	}
 	scfg := cfg.store
 	scfg.Logger = d.logger
 	var headers []batch.Header
+	var markerAt uint64
+	var markerFound bool
 	scfg.OnRecover = func(h batch.Header) error {
+		if h.Type == batch.TypeCompact {
+			markerAt, markerFound = h.BaseOffset, true
+		}
 		if cfg.repl != nil {
 			headers = append(headers, h) // the replica rebuilds its own state
 			d.raiseEpoch(h.Epoch)
@@ -174,7 +185,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		if h.ProducerID != 0 {
 			d.dedup.Record(h.ProducerID, dedup.Batch{
 				BaseSequence:        h.BaseSequence,
-				RecordCount:         h.RecordCount,
+				RecordCount:         h.Span(), // a compacted batch keeps its span
 				BaseOffset:          h.BaseOffset,
 				Epoch:               h.Epoch,
 				AppendTimeUnixNanos: h.AppendTimeUnixNanos,
@@ -221,6 +232,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		return d
 	}
 	d.committed.Store(st.NextOffset())
+	d.recoverKeyDecision(markerAt, markerFound)
 	go d.run()
 	return d
 }
@@ -453,6 +465,7 @@ func (d *rangeDriver) maintain() {
 	if d.cfg.producerStateTTL > 0 {
 		d.dedup.Expire(d.cfg.now().Add(-d.cfg.producerStateTTL).UnixNano())
 	}
+	d.compactByKey()
 }
 
 // shutdown makes what was written durable, acks it, and refuses the rest.

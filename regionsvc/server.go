@@ -60,7 +60,7 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, s
 	if req.GetProducerId() != 0 && req.GetBaseSequence() > math.MaxUint64-uint64(len(recs)) {
 		return nil, nil, apierr.New(apierr.InvalidArgument, "base_sequence %d overflows", req.GetBaseSequence())
 	}
-	brecs, size, err := n.batchRecords(req, rangeCount)
+	brecs, size, err := n.batchRecords(req, rangeCount, rd.cfg.compaction != nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -84,9 +84,10 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, s
 }
 
 // batchRecords validates an append's records, each of whose keys must
-// belong to the range (an empty key goes anywhere), and returns them as
-// batch records with the encoded batch's size.
-func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32) ([]batch.Record, int, error) {
+// belong to the range (an empty key goes anywhere; a compacted stream
+// takes no keyless records), and returns them as batch records with the
+// encoded batch's size.
+func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32, compacted bool) ([]batch.Record, int, error) {
 	recs := req.GetRecords()
 	brecs := make([]batch.Record, len(recs))
 	size := batch.HeaderSize
@@ -115,7 +116,11 @@ func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32) ([]b
 		if recBytes > n.cfg.RecordBytesMax {
 			return nil, 0, apierr.New(apierr.RecordTooLarge, "record %d is %d bytes, over the maximum of %d", i, recBytes, n.cfg.RecordBytesMax)
 		}
-		brecs[i] = batch.Record{Key: r.GetKey(), Value: r.GetValue(), Headers: hdrs, ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos()}
+		if err := checkRecordForCleanup(i, r, compacted); err != nil {
+			return nil, 0, err
+		}
+		brecs[i] = batch.Record{Key: r.GetKey(), Value: r.GetValue(), Headers: hdrs, ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos(),
+			Tombstone: r.GetTombstone()}
 		size += batch.EncodedRecordSize(brecs[i])
 		if size > n.cfg.BatchBytesMax {
 			return nil, 0, apierr.New(apierr.BatchTooLarge, "batch is over the maximum of %d bytes", n.cfg.BatchBytesMax)

@@ -85,7 +85,9 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 			release()
 			return err
 		}
-		if len(recs) > 0 {
+		if nx > next {
+			// Records, or holes only (compaction by key): either way the
+			// subscriber learns where to resume.
 			next = nx
 			n.limits.quotas.charge(principal, recordBytes(recs))
 			msg := &geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: rd.committed.Load()}
