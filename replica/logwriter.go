@@ -258,7 +258,7 @@ func (r *Replica) handleAppend(m *raftpb.Message) error {
 		if err != nil {
 			return err
 		}
-		if h.BaseOffset != r.tailOffset {
+		if !continues(h, r.tailOffset) {
 			// The leader assigned offsets from its log's tail, and Step
 			// refuses an append that does not continue this log: a log
 			// that disagrees here is a broken invariant. It stops this
@@ -339,7 +339,7 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 		if err != nil {
 			return err
 		}
-		if h.BaseOffset != r.cfg.Log.NextOffset() {
+		if !continues(h, r.cfg.Log.NextOffset()) {
 			// Defence in depth, as in handleAppend (checkOverwrite ran
 			// before the truncation, this after it).
 			return fmt.Errorf("%w: node %d: entry %d carries base offset %d, log is at %d", ErrLogMismatch, r.cfg.NodeID, e.GetIndex(), h.BaseOffset, r.cfg.Log.NextOffset())
@@ -382,7 +382,7 @@ func (r *Replica) checkOverwrite(e *raftpb.Entry) error {
 	} else if err := r.cfg.Log.HeadersByIndex(e.GetIndex()-1, e.GetIndex(), func(p batch.Header) { next, found = p.NextOffset(), true }); err != nil {
 		return fmt.Errorf("replica: read index %d: %w", e.GetIndex()-1, err)
 	}
-	if found && h.BaseOffset != next {
+	if found && !continues(h, next) {
 		return fmt.Errorf("%w: node %d: entry %d carries base offset %d, the log keeps going at %d", ErrLogMismatch, r.cfg.NodeID, e.GetIndex(), h.BaseOffset, next)
 	}
 	return nil

@@ -29,8 +29,9 @@ import (
 //     types a peer sends, never a proposal (they are never forwarded:
 //     DisableProposalForwarding), bounded numbers, entries that follow the
 //     message's index and terms, frames that decode (CRC and structure),
-//     data and fork frames whose offsets chain, configuration changes that
-//     decode.
+//     data, fork and compaction marker frames whose offsets chain (with
+//     holes only before frames compaction by key rewrote), configuration
+//     changes that decode.
 //   - Step, against this replica's log as Raft will see it: an append
 //     that Raft would take must continue the log at the offset the log
 //     has where the append starts, and must not overwrite a committed
@@ -126,8 +127,8 @@ func checkShape(m *raftpb.Message) error {
 
 // checkEntries checks an append's entries against the message: indexes
 // follow m.Index, terms do not decrease from m.LogTerm nor pass m.Term,
-// every entry is of a kind a leader proposes, and the offsets of its data
-// and fork frames chain.
+// every entry is of a kind a leader proposes, and the offsets of its data,
+// fork and marker frames chain.
 func checkEntries(m *raftpb.Message) error {
 	ents := m.GetEntries()
 	if len(ents) > peerEntriesMax {
@@ -152,7 +153,7 @@ func checkEntries(m *raftpb.Message) error {
 		if !framed {
 			continue
 		}
-		if chained && h.BaseOffset != next {
+		if chained && !continues(h, next) {
 			return invalid("entry %d starts at offset %d, the entry before it ends at %d", e.GetIndex(), h.BaseOffset, next)
 		}
 		if chained && h.AppendTimeUnixNanos < appendTime {
@@ -164,7 +165,8 @@ func checkEntries(m *raftpb.Message) error {
 }
 
 // entryHeader checks one entry's kind and returns its frame's header when
-// it carries a frame with offsets (a data or fork frame; framed false for
+// it carries a frame with offsets (a data, fork or compaction marker
+// frame; framed false for
 // a leader's empty entry and configuration changes, which take their
 // offset from the log they land in).
 func entryHeader(e *raftpb.Entry) (batch.Header, bool, error) {
@@ -180,7 +182,7 @@ func entryHeader(e *raftpb.Entry) (batch.Header, bool, error) {
 			return h, false, invalid("entry %d: %v", e.GetIndex(), err)
 		case size != len(e.GetData()):
 			return h, false, invalid("entry %d: %d bytes after its frame", e.GetIndex(), len(e.GetData())-size)
-		case h.Type == batch.TypeData && h.RecordCount == 0:
+		case h.Type == batch.TypeData && h.RecordCount == 0 && !h.Compacted():
 			return h, false, invalid("entry %d: a data frame without records", e.GetIndex())
 		case h.Type == batch.TypeFork:
 			// As proposed: a fork frame follows its predecessor (the
@@ -189,7 +191,7 @@ func entryHeader(e *raftpb.Entry) (batch.Header, bool, error) {
 			if d, err := decodeForkDesc(e.GetData()[batch.HeaderSize:size]); err != nil || d.PrevIndex != 0 {
 				return h, false, invalid("entry %d: fork frame %+v: %v", e.GetIndex(), d, err)
 			}
-		case h.Type != batch.TypeData:
+		case h.Type != batch.TypeData && h.Type != batch.TypeCompact:
 			return h, false, invalid("entry %d: a %s frame is not proposed", e.GetIndex(), h.Type)
 		}
 		return h, true, nil
@@ -201,6 +203,14 @@ func entryHeader(e *raftpb.Entry) (batch.Header, bool, error) {
 	default:
 		return batch.Header{}, false, invalid("entry %d has type %v", e.GetIndex(), e.GetType())
 	}
+}
+
+// continues reports whether a frame of header h may follow a log that
+// goes on at offset next: at next, or past it for a frame compaction by
+// key rewrote (a mirror proposes those as the home shipped them; the
+// offsets between were compacted away).
+func continues(h batch.Header, next uint64) bool {
+	return h.BaseOffset == next || (h.Compacted() && h.BaseOffset > next)
 }
 
 // checkConfChangeData checks that a configuration change entry decodes to

@@ -194,6 +194,54 @@ func TestPeerMessagesRefused(t *testing.T) {
 	}
 }
 
+// TestCompactedFramesFromPeer: what a leader of a compacted range sends
+// passes the peer checks: a compaction marker, and a frame compaction by
+// key rewrote that starts past the log's next offset (a mirror group
+// proposes those as its home shipped them). The follower stores both,
+// holes included. A frame that was not compacted may not leave a hole.
+func TestCompactedFramesFromPeer(t *testing.T) {
+	c := forgedCluster(t)
+	r2 := c.replicas[2]
+	term := r2.rn.BasicStatus().GetTerm()
+	u := proto.Uint64
+	at := r2.logAppendUnixNanos + 1
+	marker := &raftpb.Entry{Index: u(r2.tailIndex + 1), Term: u(term), Type: raftpb.EntryNormal.Enum(),
+		Data: batch.EncodeCompaction(nil, batch.Header{BaseOffset: 6, Epoch: 1, AppendTimeUnixNanos: at}, batch.Compaction{Point: 6})}
+	compacted := &raftpb.Entry{Index: u(r2.tailIndex + 2), Term: u(term), Type: raftpb.EntryNormal.Enum(),
+		Data: batch.Encode(nil, batch.Header{Type: batch.TypeData, BaseOffset: 10, Epoch: 1, OffsetSpan: 3, AppendTimeUnixNanos: at},
+			[]batch.Record{{Key: []byte("k"), Value: []byte("kept"), OffsetDelta: 2}})}
+	plain := dataEntry(r2.tailIndex+2, term, 10, "x")
+
+	before := c.view(2)
+	bad := c.appendFrom(1, 2, marker, plain)
+	if err := CheckPeerMessage(bad); !errors.Is(err, ErrInvalidMessage) {
+		t.Fatalf("a plain frame after a hole: CheckPeerMessage = %v, want ErrInvalidMessage", err)
+	}
+	if err := r2.Step(c.appendFrom(1, 2, dataEntry(r2.tailIndex+1, term, 10, "x"))); !errors.Is(err, ErrInvalidMessage) {
+		t.Fatalf("a plain frame past the log's next offset: Step = %v, want ErrInvalidMessage", err)
+	}
+	c.settle()
+	if got := c.view(2); got != before {
+		t.Fatalf("node 2 changed: %+v, was %+v", got, before)
+	}
+
+	good := c.appendFrom(1, 2, marker, compacted)
+	if err := CheckPeerMessage(good); err != nil {
+		t.Fatalf("a marker and a compacted frame: CheckPeerMessage = %v", err)
+	}
+	c.drop = func(m *raftpb.Message) bool { return true } // node 1 never sent these
+	if err := r2.Step(good); err != nil {
+		t.Fatalf("a marker and a compacted frame: Step = %v", err)
+	}
+	c.settle()
+	if f := r2.Failure(); f != nil {
+		t.Fatalf("node 2 failed: %v", f)
+	}
+	if next := c.logs[2].NextOffset(); next != 13 {
+		t.Fatalf("node 2's log continues at offset %d, want 13 (marker at 6, hole 7-9, compacted frame 10-12)", next)
+	}
+}
+
 // TestHeartbeatCommitBounded: a heartbeat whose commit index is past the
 // follower's log (Raft panics on it) is bounded to the log.
 func TestHeartbeatCommitBounded(t *testing.T) {

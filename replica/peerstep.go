@@ -118,7 +118,7 @@ func (r *Replica) checkAppend(m *raftpb.Message) error {
 		if framed {
 			// What the segment store takes: offsets that continue the
 			// log, append times that do not go back.
-			if h.BaseOffset != next {
+			if !continues(h, next) {
 				return invalid("entry %d carries base offset %d, the log continues at offset %d", e.GetIndex(), h.BaseOffset, next)
 			}
 			if h.AppendTimeUnixNanos < appendTime {
