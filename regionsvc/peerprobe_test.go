@@ -32,8 +32,13 @@ func rangeState(t *testing.T, n *Node, stream string) probeState {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var term uint64
+	// Raft's status is the driver goroutine's to read.
+	if err := d.exec(context.Background(), func() { term = d.rep.Status().GetTerm() }); err != nil && d.failure.Load() == nil {
+		t.Fatalf("read the term of %s/0: %v", stream, err)
+	}
 	return probeState{next: d.store.NextOffset(), lastIndex: d.store.LastIndex(), committed: d.committed.Load(),
-		term: d.rep.Status().GetTerm(), epoch: d.highestEpoch.Load(), forks: len(d.rep.Orphans()), failed: d.failure.Load() != nil}
+		term: term, epoch: d.highestEpoch.Load(), forks: len(d.rep.Orphans()), failed: d.failure.Load() != nil}
 }
 
 func regionStates(t *testing.T, w *world, region, stream string) map[uint64]probeState {
