@@ -136,6 +136,10 @@ func testInstallReplacesLog(t *testing.T, e env) {
 		if _, err := s.ReadFrames(0, 100, 10); !errors.Is(err, ErrOutOfRange) {
 			t.Fatalf("%s: read of the old log: %v", when, err)
 		}
+		// The receiver ends with valid key indexes: a file for every
+		// sealed segment, built from its log, and reads that agree.
+		checkKeyIndexFiles(t, cfg)
+		checkKeyReads(t, s, 10)
 	}
 	check(s, "after install")
 	if len(logFiles(t, cfg)) < 2 {
@@ -309,6 +313,8 @@ func TestInstallCrashAtEveryStep(t *testing.T) {
 		if n := stagedNames(t, Config{FS: crashed, Dir: cfg.Dir}); len(n) != 0 {
 			t.Fatalf("crash before operation %d: staged files left after open: %v", k, n)
 		}
+		checkKeyIndexFiles(t, Config{FS: crashed, Dir: cfg.Dir})
+		checkKeyReads(t, r, 4)
 		r.Close()
 	}
 	if outcomes["old"] == 0 || outcomes["new"] == 0 {
