@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"reflect"
 	"testing"
 )
 
@@ -48,6 +49,33 @@ func checkRecordKeys(t *testing.T, b []byte) {
 			t.Fatalf("record %d: RecordKeys key %q, Decode key %q", i, keys[i], recs[i].Key)
 		}
 	}
+	// EachRecord and DecodeRecord give the records Decode gives.
+	n := 0
+	if err := EachRecord(b, func(i int, rec []byte) bool {
+		r, err := DecodeRecord(rec)
+		if err != nil || i != n || !reflect.DeepEqual(r, recs[i]) {
+			t.Fatalf("record %d (%d): DecodeRecord %+v, %v; Decode %+v", i, n, r, err, recs[i])
+		}
+		n++
+		return true
+	}); err != nil || n != len(recs) {
+		t.Fatalf("EachRecord: %d records, %v", n, err)
+	}
+}
+
+// checkEachRecord runs EachRecord and DecodeRecord on any input: they
+// never panic, and fail only with ErrCorrupt or ErrShort.
+func checkEachRecord(t *testing.T, b []byte) {
+	t.Helper()
+	err := EachRecord(b, func(i int, rec []byte) bool {
+		if _, err := DecodeRecord(rec); err != nil && !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("DecodeRecord error %v is not ErrCorrupt", err)
+		}
+		return i < 1000
+	})
+	if err != nil && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrShort) {
+		t.Fatalf("EachRecord error %v is neither ErrCorrupt nor ErrShort", err)
+	}
 }
 
 func TestRecordKeys(t *testing.T) {
@@ -74,7 +102,8 @@ func TestRecordKeys(t *testing.T) {
 }
 
 // FuzzRecordKeys feeds arbitrary bytes, and the same bytes with a valid
-// length and CRC, to RecordKeys (see checkRecordKeys).
+// length and CRC, to RecordKeys, EachRecord and DecodeRecord (see
+// checkRecordKeys and checkEachRecord).
 func FuzzRecordKeys(f *testing.F) {
 	for _, frame := range seedFrames() {
 		f.Add(frame)
@@ -83,11 +112,13 @@ func FuzzRecordKeys(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		checkRecordKeys(t, b)
+		checkEachRecord(t, b)
 		if len(b) >= HeaderSize && len(b) <= FrameBytesMax {
 			fixed := bytes.Clone(b)
 			binary.LittleEndian.PutUint32(fixed[posLength:], uint32(len(fixed)-4))
 			binary.LittleEndian.PutUint32(fixed[posCRC:], crc32.Checksum(fixed[crcStart:], castagnoli))
 			checkRecordKeys(t, fixed)
+			checkEachRecord(t, fixed)
 		}
 	})
 }

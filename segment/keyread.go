@@ -261,31 +261,58 @@ func (s *Store) readCandidates(r *keyRead, v segView, cands []keyEntry) error {
 	w, buf := s.walker(v.seg.f, 0, v.size)
 	defer s.releaseWalker(&w, buf)
 	w.chunk = firstReadBytes
-	for i := 0; i < len(cands) && !r.stopped; {
-		pos := cands[i].pos
+	for len(cands) > 0 && !r.stopped {
+		pos := cands[0].pos
 		w.pos = int64(pos)
 		frame, h, err := w.next()
 		if err != nil {
 			return fmt.Errorf("%w: frame at position %d: %w", errKeyIndexMismatch, pos, err)
 		}
-		if h.Type != batch.TypeData {
-			return fmt.Errorf("%w: a %v frame at position %d", errKeyIndexMismatch, h.Type, pos)
+		// Frames of one range tend to be alike: read the next one whole
+		// in one go if it is no larger than this one.
+		w.chunk = min(max(firstReadBytes, len(frame)), readChunkBytes)
+		n := 1
+		for n < len(cands) && cands[n].pos == pos {
+			n++
 		}
-		_, recs, err := batch.Decode(frame)
-		if err != nil {
+		if err := r.addFromFrame(frame, h, v.seg.baseOffset, cands[:n]); err != nil {
 			return fmt.Errorf("%w: frame at position %d: %w", errKeyIndexMismatch, pos, err)
 		}
-		for ; i < len(cands) && cands[i].pos == pos && !r.stopped; i++ {
-			off := v.seg.baseOffset + uint64(cands[i].rel)
-			if off < h.BaseOffset || off >= h.NextOffset() {
-				return fmt.Errorf("%w: offset %d is not in the frame at position %d", errKeyIndexMismatch, off, pos)
-			}
-			if rec := &recs[off-h.BaseOffset]; bytes.Equal(rec.Key, r.key) {
-				r.add(off, h, rec) // else another key with the same hash
-			}
-		}
+		cands = cands[n:]
 	}
 	return nil
+}
+
+// addFromFrame adds to r the records of its key at the offsets of cands
+// (entries of one frame, in offset order, of the segment based at base)
+// in the verified frame with header h, decoding only those records (a
+// record of another key is a hash collision). It fails if the frame does
+// not hold the offsets.
+func (r *keyRead) addFromFrame(frame []byte, h batch.Header, base uint64, cands []keyEntry) error {
+	if h.Type != batch.TypeData {
+		return fmt.Errorf("a %v frame", h.Type)
+	}
+	if first, last := base+uint64(cands[0].rel), base+uint64(cands[len(cands)-1].rel); first < h.BaseOffset || last >= h.NextOffset() {
+		return fmt.Errorf("offsets [%d, %d] are not in the frame's [%d, %d)", first, last, h.BaseOffset, h.NextOffset())
+	}
+	var decodeErr error
+	err := batch.EachRecord(frame, func(i int, raw []byte) bool {
+		off := h.BaseOffset + uint64(i)
+		if off < base+uint64(cands[0].rel) {
+			return true
+		}
+		rec, err := batch.DecodeRecord(raw)
+		if err != nil {
+			decodeErr = err
+			return false
+		}
+		if bytes.Equal(rec.Key, r.key) {
+			r.add(off, h, &rec)
+		}
+		cands = cands[1:]
+		return len(cands) > 0 && !r.stopped
+	})
+	return errors.Join(err, decodeErr)
 }
 
 // scanKeys adds to r the records of its key at offsets [off, stop) of
