@@ -45,13 +45,9 @@ func outOfRange(from, start, tail uint64) error {
 // maxRecords of them and, past the first, at most maxBytes of keys and
 // values. It runs on the caller's goroutine, concurrently with the driver.
 func (d *rangeDriver) readRecords(from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
-	if f := d.failure.Load(); f != nil {
-		return nil, from, f
-	}
-	committed := d.committed.Load()
-	start := d.store.StartOffset()
-	if from < start || from > committed {
-		return nil, from, outOfRange(from, start, committed)
+	committed, err := d.readBounds(from)
+	if err != nil {
+		return nil, from, err
 	}
 	if from == committed {
 		return nil, from, nil
@@ -87,25 +83,46 @@ func (d *rangeDriver) readRecords(from uint64, maxRecords, maxBytes int) ([]*geo
 				return out, next, nil
 			}
 			bytes += size
-			sr := &geologv1.StoredRecord{
-				Offset:                off,
-				Key:                   r.Key,
-				Value:                 r.Value,
-				ProducerTimeUnixNanos: r.ProducerTimeUnixNanos,
-				AppendTimeUnixNanos:   h.AppendTimeUnixNanos,
-				Epoch:                 h.Epoch,
-			}
-			if len(r.Headers) > 0 {
-				sr.Headers = make([]*geologv1.Header, len(r.Headers))
-				for j, hd := range r.Headers {
-					sr.Headers[j] = &geologv1.Header{Key: hd.Key, Value: hd.Value}
-				}
-			}
-			out = append(out, sr)
+			out = append(out, storedRecord(off, h, r))
 			next = off + 1
 		}
 	}
 	return out, next, nil
+}
+
+// readBounds returns the committed offset that bounds a read from offset
+// from, or the typed error of a range that does not serve or of an offset
+// outside [start, committed].
+func (d *rangeDriver) readBounds(from uint64) (uint64, error) {
+	if f := d.failure.Load(); f != nil {
+		return 0, f
+	}
+	committed := d.committed.Load()
+	start := d.store.StartOffset()
+	if from < start || from > committed {
+		return 0, outOfRange(from, start, committed)
+	}
+	return committed, nil
+}
+
+// storedRecord is the API form of record r at offset off of the batch
+// with header h; it aliases r's bytes.
+func storedRecord(off uint64, h batch.Header, r *batch.Record) *geologv1.StoredRecord {
+	sr := &geologv1.StoredRecord{
+		Offset:                off,
+		Key:                   r.Key,
+		Value:                 r.Value,
+		ProducerTimeUnixNanos: r.ProducerTimeUnixNanos,
+		AppendTimeUnixNanos:   h.AppendTimeUnixNanos,
+		Epoch:                 h.Epoch,
+	}
+	if len(r.Headers) > 0 {
+		sr.Headers = make([]*geologv1.Header, len(r.Headers))
+		for j, hd := range r.Headers {
+			sr.Headers[j] = &geologv1.Header{Key: hd.Key, Value: hd.Value}
+		}
+	}
+	return sr
 }
 
 // readError classifies a store read error. Corruption stops the range.

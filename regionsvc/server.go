@@ -203,7 +203,7 @@ func drainReplies(ctx context.Context, stream geologv1.Log_AppendStreamServer, r
 }
 
 func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {
-	rd, err := s.node.rangeOf(ctx, req.GetStream(), req.GetRange())
+	rd, err := s.node.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -244,7 +244,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "unknown consistency %d", req.GetConsistency()))
 	}
 	maxRecords, maxBytes := clampRead(req.GetMaxRecords(), req.GetMaxBytes())
-	recs, next, err := rd.readRecords(req.GetFromOffset(), maxRecords, maxBytes)
+	recs, next, err := rd.read(req.Key, req.GetFromOffset(), maxRecords, maxBytes)
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -258,7 +258,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 
 func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_SubscribeServer) error {
 	ctx := stream.Context()
-	rd, err := s.node.rangeOf(ctx, req.GetStream(), req.GetRange())
+	rd, err := s.node.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
 	if err != nil {
 		return apierr.ToStatus(err)
 	}
@@ -276,9 +276,12 @@ func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Lo
 	_, maxBytes := clampRead(0, req.GetMaxBytes())
 	for {
 		changed := rd.changed()
-		recs, n, err := rd.readRecords(next, readRecordsDefault, maxBytes)
+		recs, n, err := rd.read(req.Key, next, readRecordsDefault, maxBytes)
 		if err != nil {
 			return apierr.ToStatus(err)
+		}
+		if len(recs) == 0 {
+			next = max(next, n) // a read by key skips other keys' records
 		}
 		if len(recs) > 0 {
 			next = n
