@@ -46,7 +46,7 @@ commands:
                        follow every range from its tail on --addr's nodes and
                        report replication lag (receipt minus home append time)
   produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]
-  consume <stream> [--range N] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]
+  consume <stream> [--range N] [--key K] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]
   bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 1]
         [--linger D] [--batch-bytes N] [--buffer-bytes N] [--duration 10s | --count N] [--keys N]
         [--sync] [--json]
