@@ -17,7 +17,7 @@ func TestConsumeByKey(t *testing.T)     { testConsumeByKey(t, startFake(t).Addr(
 func TestNodeConsumeByKey(t *testing.T) { testConsumeByKey(t, startNode(t)) }
 
 // testConsumeByKey: consume --key prints one key's records, in its range
-// (derived from the key, or checked against --range), --key '' the
+// (derived from the key, or checked against --range), --key ” the
 // keyless records of every range, and --follow follows the key.
 func testConsumeByKey(t *testing.T, addr string) {
 	mustRun(t, addr, "", "streams", "create", "chat", "--ranges", "3")
