@@ -52,7 +52,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo bench-keysync sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -140,6 +140,13 @@ drill: build
 
 bench-region: build
 	./scripts/bench_region.sh
+
+# Per-key sync figures (issue 16): one conversation synced from offset 0
+# on a range of 10 million records (RECORDS=n), with the key index and by
+# a full scan, through the segment store and a node's Read RPC. Builds
+# the ranges under run/keysync (about 1.3 GB each), removes them after.
+bench-keysync:
+	./scripts/bench_keysync.sh
 
 # The CPU of 1,000 idle ranges on a 3-node region.
 bench-idle: build

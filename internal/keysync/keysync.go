@@ -9,6 +9,7 @@ package keysync
 import (
 	"fmt"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/geolog/geolog/batch"
@@ -87,4 +88,15 @@ func Percentiles(ds []time.Duration, ps ...float64) []time.Duration {
 		out[i] = ds[max(0, min(k, len(ds)-1))]
 	}
 	return out
+}
+
+// CPUTime returns the user and system CPU time this process has used, so
+// that a benchmark can report the CPU an operation costs, which the load
+// of a shared machine does not inflate as it does latency.
+func CPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
