@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 GO=${GO:-go}
 RECORDS=${RECORDS:-10000000}
 SYNCS=${SYNCS:-2000}
-SCANS=${SCANS:-2}
+SCANS=${SCANS:-1}
 DIR=$PWD/run/keysync
 rm -rf "$DIR"; mkdir -p "$DIR"
 trap 'rm -rf "$DIR"' EXIT
