@@ -94,8 +94,9 @@
 //     last segment, TruncateSuffix cuts it (or rebuilds it from the log
 //     when the cut makes a sealed segment the active one again). It has no
 //     file. SegmentRecordsMax (default 512 Ki) bounds it whatever the
-//     record size: about 16 MiB per range at most, with every key
-//     distinct.
+//     record size: 17 MiB of heap per range at most, measured with every
+//     key distinct (sealing takes about as much again for a moment, to
+//     sort).
 //   - Sealing a segment writes its ".keyindex" file (fsynced under
 //     FsyncAlways, like the other index files): a 32-byte header (magic
 //     "GLKI", version 1, the segment's base offset, the log bytes it

@@ -80,8 +80,8 @@ type Config struct {
 	// active one holds a record (a frame with more records than this gets
 	// a segment of its own). It bounds the memory of the active segment's
 	// key index (16 bytes per record plus a map slot per distinct key
-	// hash), whatever the record size. Default 512 Ki records, bounds [1,
-	// math.MaxUint32].
+	// hash: 17 MiB at the default with every key distinct), whatever the
+	// record size. Default 512 Ki records, bounds [1, math.MaxUint32].
 	SegmentRecordsMax int64
 	// IndexIntervalBytes is the spacing of the sparse index entries: a
 	// read, or a lookup by offset, Raft index or time, scans at most about
