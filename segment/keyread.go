@@ -145,14 +145,20 @@ type keyView struct {
 	sealed *sealedKeys
 }
 
-// viewKeys snapshots the segment holding off (false past the end of the
-// log or once the store is closed), taking the active segment's candidates
-// for r in [off, end) under the same lock.
-func (s *Store) viewKeys(r *keyRead, off, end uint64) (keyView, bool) {
+// viewKeys snapshots the segment holding off (false at the end of the
+// log), taking the active segment's candidates for r in [off, end) under
+// the same lock. Retention may have deleted it since the read began
+// (ErrOutOfRange: the records there are gone).
+func (s *Store) viewKeys(r *keyRead, off, end uint64) (keyView, bool, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.closed || off < s.startOffset.Load() || off >= s.nextOffset.Load() {
-		return keyView{}, false
+	switch start, next := s.startOffset.Load(), s.nextOffset.Load(); {
+	case s.closed:
+		return keyView{}, false, ErrClosed
+	case off < start:
+		return keyView{}, false, fmt.Errorf("%w: offset %d not in [%d, %d]", ErrOutOfRange, off, start, next)
+	case off >= next:
+		return keyView{}, false, nil
 	}
 	i := sort.Search(len(s.segs), func(i int) bool { return s.segs[i].baseOffset > off }) - 1
 	g := s.segs[i]
@@ -167,16 +173,16 @@ func (s *Store) viewKeys(r *keyRead, off, end uint64) (keyView, bool) {
 			kv.sealed = k
 		}
 	}
-	return kv, true
+	return kv, true, nil
 }
 
 // readKeySegment reads the records of r's key at offsets [off, end) of the
 // segment holding off, and returns the offset up to which it looked (off
 // itself at the end of the log).
 func (s *Store) readKeySegment(r *keyRead, off, end uint64) (uint64, error) {
-	kv, ok := s.viewKeys(r, off, end)
+	kv, ok, err := s.viewKeys(r, off, end)
 	if !ok {
-		return off, nil
+		return off, err
 	}
 	defer s.releaseView(kv.v)
 	stop := min(end, kv.v.nextOffset)
