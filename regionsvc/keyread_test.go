@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,25 +18,32 @@ import (
 // order.
 type chatLog map[uint32][]*geologv1.StoredRecord
 
+// chatProducers numbers the producers of appendChat.
+var chatProducers atomic.Uint64
+
 // appendFunc appends one batch.
 type appendFunc func(ctx context.Context, req *geologv1.AppendRequest) (*geologv1.AppendResponse, error)
 
 // appendChat appends n records to stream (of rangeCount ranges) with
 // send: record i has key "room-<i%rooms>" and goes to that key's range,
 // except every tenth, which is keyless and goes to range i%rangeCount.
-// Records go in batches of up to 8 per range. It adds what was appended
-// to log.
+// Records go in batches of up to 8 per range, under a producer id of
+// their own, so that send may retry any retriable failure. It adds what
+// was appended to log.
 func appendChat(t *testing.T, ctx context.Context, send appendFunc, stream string, rangeCount uint32, n, rooms int, log chatLog) {
 	t.Helper()
 	pending := map[uint32][]*geologv1.Record{}
+	producer, seqs := chatProducers.Add(1), map[uint32]uint64{}
 	flush := func(r uint32) {
 		if len(pending[r]) == 0 {
 			return
 		}
-		resp, err := send(ctx, &geologv1.AppendRequest{Stream: stream, Range: r, Records: pending[r]})
+		resp, err := send(ctx, &geologv1.AppendRequest{Stream: stream, Range: r, Records: pending[r],
+			ProducerId: producer, BaseSequence: seqs[r]})
 		if err != nil {
 			t.Fatalf("append to range %d: %v", r, err)
 		}
+		seqs[r] += uint64(len(pending[r]))
 		for i, rec := range pending[r] {
 			log[r] = append(log[r], &geologv1.StoredRecord{Offset: resp.BaseOffset + uint64(i), Key: rec.Key, Value: rec.Value})
 		}
@@ -55,6 +63,14 @@ func appendChat(t *testing.T, ctx context.Context, send appendFunc, stream strin
 	for r := range rangeCount {
 		flush(r)
 	}
+}
+
+// ctxLong is the context of a test that makes many calls: generous, for
+// a loaded machine.
+func ctxLong(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // nodeAppend appends through c.
@@ -93,12 +109,17 @@ func sameRecords(got, want []*geologv1.StoredRecord) bool {
 
 // readKeyAll reads key in range r from offset from to the tail through c,
 // in pages of pageRecords, checking that next_offset moves forward and
-// ends at the tail.
+// ends at the tail. A retriable error (a follower that lost its leader
+// for a moment) is retried, as clients do.
 func readKeyAll(ctx context.Context, c geologv1.LogClient, req *geologv1.ReadRequest, pageRecords uint32) ([]*geologv1.StoredRecord, error) {
 	var out []*geologv1.StoredRecord
 	req.MaxRecords = pageRecords
 	for {
 		resp, err := c.Read(ctx, req)
+		if apierr.IsRetriable(err) && ctx.Err() == nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -111,6 +132,23 @@ func readKeyAll(ctx context.Context, c geologv1.LogClient, req *geologv1.ReadReq
 		}
 		req.FromOffset = resp.NextOffset
 	}
+}
+
+// keyedRead is one way checkKeyedReads reads a key.
+type keyedRead struct {
+	consistency geologv1.Consistency
+	page        uint32
+	fromHalf    bool // from the middle of the range rather than 0
+}
+
+// keyedReads are the reads checkKeyedReads makes of each key. MIN_OFFSET
+// comes first: it waits for the local copy (a follower or mirror may lag),
+// so that the LOCAL reads after it see it all.
+var keyedReads = []keyedRead{
+	{geologv1.Consistency_CONSISTENCY_MIN_OFFSET, 1000, false},
+	{geologv1.Consistency_CONSISTENCY_LOCAL, 1000, true},
+	{geologv1.Consistency_CONSISTENCY_LOCAL, 7, false},
+	{geologv1.Consistency_CONSISTENCY_HOME, 1000, false},
 }
 
 // checkKeyedReads reads every room key and the empty key of every range
@@ -128,21 +166,18 @@ func checkKeyedReads(t *testing.T, ctx context.Context, c geologv1.LogClient, st
 				continue
 			}
 			tail := log.tail(r)
-			// MIN_OFFSET first: it waits for the local copy (a follower or
-			// mirror may lag), so that a LOCAL read sees it all then.
-			for _, cons := range []geologv1.Consistency{geologv1.Consistency_CONSISTENCY_MIN_OFFSET,
-				geologv1.Consistency_CONSISTENCY_LOCAL, geologv1.Consistency_CONSISTENCY_HOME} {
-				for _, page := range []uint32{1000, 3} {
-					for _, from := range []uint64{0, tail / 2} {
-						got, err := readKeyAll(ctx, c, &geologv1.ReadRequest{Stream: stream, Range: r, FromOffset: from, Key: key,
-							Consistency: cons, MinOffset: tail}, page)
-						if err != nil {
-							t.Fatalf("read key %q of range %d from %d (%v, pages of %d): %v", key, r, from, cons, page, err)
-						}
-						if want := log.want(r, key, from); !sameRecords(got, want) {
-							t.Fatalf("read key %q of range %d from %d (%v, pages of %d): %d records, want %d", key, r, from, cons, page, len(got), len(want))
-						}
-					}
+			for _, kr := range keyedReads {
+				from := uint64(0)
+				if kr.fromHalf {
+					from = tail / 2
+				}
+				got, err := readKeyAll(ctx, c, &geologv1.ReadRequest{Stream: stream, Range: r, FromOffset: from, Key: key,
+					Consistency: kr.consistency, MinOffset: tail}, kr.page)
+				if err != nil {
+					t.Fatalf("read key %q of range %d from %d (%v, pages of %d): %v", key, r, from, kr.consistency, kr.page, err)
+				}
+				if want := log.want(r, key, from); !sameRecords(got, want) {
+					t.Fatalf("read key %q of range %d from %d (%v, pages of %d): %d records, want %d", key, r, from, kr.consistency, kr.page, len(got), len(want))
 				}
 			}
 		}
@@ -159,7 +194,7 @@ func TestReadByKey(t *testing.T) {
 	small := func(c *Config) { c.SegmentBytesMax = 4096 }
 	n, c := testNode(t, dir, small)
 	createStream(t, c, "chat", 3)
-	ctx := ctxT(t)
+	ctx := ctxLong(t)
 	log := chatLog{}
 	appendChat(t, ctx, nodeAppend(c), "chat", 3, 600, 9, log)
 	checkKeyedReads(t, ctx, c, "chat", 3, 9, log)
@@ -213,7 +248,7 @@ func TestReadByKey(t *testing.T) {
 // key, and one from below it is OFFSET_OUT_OF_RANGE with the start.
 func TestReadByKeyAcrossRetention(t *testing.T) {
 	_, c := testNode(t, t.TempDir(), func(c *Config) { c.SegmentBytesMax = 2048; c.MaintenanceInterval = 20 * time.Millisecond })
-	ctx := ctxT(t)
+	ctx := ctxLong(t)
 	if _, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 1,
 		Retention: &geologv1.RetentionPolicy{MaxBytes: 8192}}); err != nil {
 		t.Fatal(err)
@@ -313,7 +348,7 @@ func (f *keyFollower) check(want []*geologv1.StoredRecord) {
 func TestSubscribeByKey(t *testing.T) {
 	_, c := testNode(t, t.TempDir(), func(c *Config) { c.SegmentBytesMax = 4096 })
 	createStream(t, c, "chat", 2)
-	ctx := ctxT(t)
+	ctx := ctxLong(t)
 	log := chatLog{}
 	appendChat(t, ctx, nodeAppend(c), "chat", 2, 200, 5, log)
 	key := []byte("room-2")
@@ -337,7 +372,7 @@ func TestSubscribeByKey(t *testing.T) {
 // the key, and its subscription by key follows the tail.
 func TestReadByKeyReplicated(t *testing.T) {
 	tr := newTestRegionWith(t, 3, 3, func(c *Config) { c.SegmentBytesMax = 4096 })
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 2})
@@ -362,8 +397,10 @@ func TestReadByKeyReplicated(t *testing.T) {
 	}
 }
 
-// leaderAppend sends an append to each node in turn until one takes it:
-// the others refuse with NOT_LEADER, which appends nothing.
+// leaderAppend sends an idempotent append to each node in turn until one
+// takes it: the others refuse with NOT_LEADER, or another retriable error
+// while leaders change (a retry of a batch that did land is answered with
+// its offsets).
 func (tr *testRegion) leaderAppend(ctx context.Context, req *geologv1.AppendRequest) (*geologv1.AppendResponse, error) {
 	for ctx.Err() == nil {
 		for id := uint64(1); id <= uint64(len(tr.peers)); id++ {
@@ -372,7 +409,7 @@ func (tr *testRegion) leaderAppend(ctx context.Context, req *geologv1.AppendRequ
 				continue
 			}
 			resp, err := c.Append(ctx, req)
-			if apierr.CodeOf(err) != apierr.NotLeader {
+			if !apierr.IsRetriable(err) {
 				return resp, err
 			}
 		}
