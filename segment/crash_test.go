@@ -235,13 +235,16 @@ func runCrash(seed uint64, logger hclog.Logger, st map[string]int) error {
 		if start+n > 0 && s.NextOffset() != wantNext {
 			return fmt.Errorf("round %d: NextOffset %d, want %d", round, s.NextOffset(), wantNext)
 		}
-		// Key indexes: every sealed segment's file matches its log, and
-		// key reads agree with the log.
-		if err := verifyKeyIndexFiles(cfg); err != nil {
-			return fmt.Errorf("round %d: %w", round, err)
-		}
-		if err := verifyKeyReads(s, 6); err != nil {
-			return fmt.Errorf("round %d: %w", round, err)
+		// Key indexes, after one of the seed's crashes (all four cost
+		// minutes under -race): every sealed segment's file matches its
+		// log, and key reads agree with the log.
+		if round == int(seed%4) {
+			if err := verifyKeyIndexFiles(cfg); err != nil {
+				return fmt.Errorf("round %d: %w", round, err)
+			}
+			if err := verifyKeyReads(s, 6, false); err != nil {
+				return fmt.Errorf("round %d: %w", round, err)
+			}
 		}
 		st["crashes"]++
 		if start+n < len(frames) {

@@ -61,7 +61,7 @@ func FuzzRecover(f *testing.F) {
 		if err != nil {
 			t.Fatalf("ReadFrames of a recovered log: %v", err)
 		}
-		if err := verifyKeyReads(s, 5); err != nil {
+		if err := verifyKeyReads(s, 5, true); err != nil {
 			t.Fatalf("key reads of a recovered log: %v", err)
 		}
 		var byIndex []byte
