@@ -33,6 +33,8 @@ FUZZ_TARGETS := \
 	./segment:FuzzOffsetIndex:300000 \
 	./segment:FuzzTimeIndex:300000 \
 	./segment:FuzzRecover:30000 \
+	./client/e2e:FuzzOpen:30000 \
+	./client/e2e:FuzzDecodePayload:30000 \
 	./raftnet:FuzzDecodeBatch:60000 \
 	./replicator:FuzzDecodeRequest:60000 \
 	./segment:FuzzManifest:30000 \

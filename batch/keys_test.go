@@ -15,17 +15,27 @@ import (
 func checkRecordKeys(t *testing.T, b []byte) {
 	t.Helper()
 	var keys [][]byte
-	err := RecordKeys(b, func(i int, key []byte) {
-		if i != len(keys) {
-			t.Fatalf("RecordKeys gave record %d after %d records", i, len(keys))
+	var deltas []uint32
+	err := RecordKeys(b, func(delta uint32, key []byte) {
+		if len(deltas) > 0 && delta <= deltas[len(deltas)-1] {
+			t.Fatalf("RecordKeys gave delta %d after %d", delta, deltas[len(deltas)-1])
 		}
-		keys = append(keys, key)
+		keys, deltas = append(keys, key), append(deltas, delta)
 	})
 	if err != nil && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrShort) {
 		t.Fatalf("RecordKeys error %v is neither ErrCorrupt nor ErrShort", err)
 	}
-	if _, herr := DecodeHeader(b); herr != nil {
+	hh, herr := DecodeHeader(b)
+	if herr != nil {
 		return // RecordKeys trusts a header check it does not make
+	}
+	if hh.Type != TypeData {
+		// Readers see no record of another frame: neither does RecordKeys,
+		// whatever the frame's payload.
+		if err != nil || len(keys) > 0 {
+			t.Fatalf("RecordKeys of a %v frame: %d keys, %v", hh.Type, len(keys), err)
+		}
+		return
 	}
 	_, verr := Validate(b)
 	if (err == nil) != (verr == nil) {
@@ -34,27 +44,24 @@ func checkRecordKeys(t *testing.T, b []byte) {
 	if err != nil {
 		return
 	}
-	h, recs, derr := Decode(b)
+	_, recs, derr := Decode(b)
 	if derr != nil {
 		t.Fatalf("Decode of a valid frame: %v", derr)
-	}
-	if h.IsControl() {
-		recs = nil
 	}
 	if len(keys) != len(recs) {
 		t.Fatalf("RecordKeys gave %d keys, Decode %d records", len(keys), len(recs))
 	}
 	for i := range recs {
-		if !bytes.Equal(keys[i], recs[i].Key) || (keys[i] == nil) != (recs[i].Key == nil) {
-			t.Fatalf("record %d: RecordKeys key %q, Decode key %q", i, keys[i], recs[i].Key)
+		if !bytes.Equal(keys[i], recs[i].Key) || (keys[i] == nil) != (recs[i].Key == nil) || deltas[i] != recs[i].OffsetDelta {
+			t.Fatalf("record %d: RecordKeys key %q delta %d, Decode key %q delta %d", i, keys[i], deltas[i], recs[i].Key, recs[i].OffsetDelta)
 		}
 	}
-	// EachRecord and DecodeRecord give the records Decode gives.
+	// EachRecord and RawRecord.Decode give the records Decode gives.
 	n := 0
-	if err := EachRecord(b, func(i int, rec []byte) bool {
-		r, err := DecodeRecord(rec)
-		if err != nil || i != n || !reflect.DeepEqual(r, recs[i]) {
-			t.Fatalf("record %d (%d): DecodeRecord %+v, %v; Decode %+v", i, n, r, err, recs[i])
+	if err := EachRecord(b, func(raw RawRecord) bool {
+		r, err := raw.Decode()
+		if err != nil || raw.Delta != recs[n].OffsetDelta || !reflect.DeepEqual(r, recs[n]) {
+			t.Fatalf("record %d (delta %d): Decode %+v, %v; frame's Decode %+v", n, raw.Delta, r, err, recs[n])
 		}
 		n++
 		return true
@@ -63,14 +70,16 @@ func checkRecordKeys(t *testing.T, b []byte) {
 	}
 }
 
-// checkEachRecord runs EachRecord and DecodeRecord on any input: they
+// checkEachRecord runs EachRecord and RawRecord.Decode on any input: they
 // never panic, and fail only with ErrCorrupt or ErrShort.
 func checkEachRecord(t *testing.T, b []byte) {
 	t.Helper()
-	err := EachRecord(b, func(i int, rec []byte) bool {
-		if _, err := DecodeRecord(rec); err != nil && !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("DecodeRecord error %v is not ErrCorrupt", err)
+	i := 0
+	err := EachRecord(b, func(raw RawRecord) bool {
+		if _, err := raw.Decode(); err != nil && !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("RawRecord.Decode error %v is not ErrCorrupt", err)
 		}
+		i++
 		return i < 1000
 	})
 	if err != nil && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrShort) {
@@ -84,25 +93,36 @@ func TestRecordKeys(t *testing.T) {
 	}
 	frame := Encode(nil, sampleHeader(), []Record{{Key: []byte("a")}, {}, {Key: []byte("ccc"), Value: []byte("v")}})
 	var got []string
-	if err := RecordKeys(frame, func(i int, key []byte) { got = append(got, string(key)) }); err != nil {
+	if err := RecordKeys(frame, func(_ uint32, key []byte) { got = append(got, string(key)) }); err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 3 || got[0] != "a" || got[1] != "" || got[2] != "ccc" {
 		t.Fatalf("keys %q", got)
 	}
+	// A compacted frame gives its records' deltas; a compaction marker
+	// gives nothing (readers never see its record).
+	compacted := Encode(nil, compactedHeader(9), []Record{{Key: []byte("a"), OffsetDelta: 2}, {Key: []byte("b"), Tombstone: true, OffsetDelta: 8}})
+	var deltas []uint32
+	if err := RecordKeys(compacted, func(d uint32, key []byte) { deltas = append(deltas, d) }); err != nil || !reflect.DeepEqual(deltas, []uint32{2, 8}) {
+		t.Fatalf("compacted deltas %v, %v", deltas, err)
+	}
+	marker := EncodeCompaction(nil, Header{BaseOffset: 40}, Compaction{Point: 30})
+	if err := RecordKeys(marker, func(uint32, []byte) { t.Fatal("a marker has a key") }); err != nil {
+		t.Fatal(err)
+	}
 	// A torn frame, and a record count the body cannot hold.
-	if err := RecordKeys(frame[:len(frame)-1], func(int, []byte) {}); !errors.Is(err, ErrShort) {
+	if err := RecordKeys(frame[:len(frame)-1], func(uint32, []byte) {}); !errors.Is(err, ErrShort) {
 		t.Fatalf("torn frame: %v", err)
 	}
 	bad := bytes.Clone(frame)
 	binary.LittleEndian.PutUint32(bad[posRecordCount:], 4)
-	if err := RecordKeys(bad, func(int, []byte) {}); !errors.Is(err, ErrCorrupt) {
+	if err := RecordKeys(bad, func(uint32, []byte) {}); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("too many records: %v", err)
 	}
 }
 
 // FuzzRecordKeys feeds arbitrary bytes, and the same bytes with a valid
-// length and CRC, to RecordKeys, EachRecord and DecodeRecord (see
+// length and CRC, to RecordKeys, EachRecord and RawRecord.Decode (see
 // checkRecordKeys and checkEachRecord).
 func FuzzRecordKeys(f *testing.F) {
 	for _, frame := range seedFrames() {

@@ -57,9 +57,10 @@ func (c *Client) RangeOfKey(ctx context.Context, stream string, key []byte) (uin
 
 // SubscribeKey is Subscribe filtered by key: it yields only the records
 // of range rng whose key equals key (an empty key: the keyless records),
-// in offset order, then waits for new ones, resuming after a failure as
-// Subscribe does. A non-empty key must belong to the range (RangeOfKey);
-// otherwise the sequence ends with a CodeInvalidArgument error.
-func (c *Client) SubscribeKey(ctx context.Context, stream string, rng uint32, key []byte, start StartAt) iter.Seq2[StoredRecord, error] {
-	return c.subscribe(ctx, stream, rng, nonNil(key), start)
+// in offset order, then waits for new ones, resuming after a failure and
+// opening records (copts) as Subscribe does. A non-empty key must belong
+// to the range (RangeOfKey); otherwise the sequence ends with a
+// CodeInvalidArgument error.
+func (c *Client) SubscribeKey(ctx context.Context, stream string, rng uint32, key []byte, start StartAt, copts ...ConsumerOpt) iter.Seq2[StoredRecord, error] {
+	return c.subscribe(ctx, stream, rng, nonNil(key), start, copts)
 }

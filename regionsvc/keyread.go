@@ -70,7 +70,7 @@ func (d *rangeDriver) readKeyRecords(key []byte, from uint64, maxRecords, maxByt
 	}
 	out := make([]*geologv1.StoredRecord, len(recs))
 	for i := range recs {
-		out[i] = storedRecord(recs[i].Offset, recs[i].Batch, &recs[i].Record)
+		out[i] = storedRecord(recs[i].Batch, recs[i].Offset, &recs[i].Record)
 	}
 	return out, next, nil
 }

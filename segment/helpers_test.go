@@ -108,7 +108,7 @@ func checkFrames(t testing.TB, frames []byte) []batch.Header {
 			t.Fatalf("decode returned frame: %v", err)
 		}
 		for i, r := range recs {
-			off := h.BaseOffset + uint64(i)
+			off := h.Offset(&recs[i])
 			if string(r.Key) != fmt.Sprintf("k%d", off) || !bytes.Equal(r.Value, recordValue(off, 8+int(off%37))) {
 				t.Fatalf("record at offset %d has key %q and the wrong value", off, r.Key)
 			}

@@ -79,7 +79,9 @@ type keyFingerprint struct {
 func (f *keyFingerprint) add(e keyEntry) { f.count++; f.sum += e.mix() }
 
 // frameKeyEntries calls fn with the entry of every record of the data frame
-// at position pos of the segment based at base (control frames have none).
+// at position pos of the segment based at base, at its offset (BaseOffset
+// plus its delta, which has holes in a compacted frame). Other frames
+// (control frames, compaction markers) have none.
 // The frame passed batch.DecodeHeader; h is its header.
 func frameKeyEntries(frame []byte, h batch.Header, base uint64, pos int64, fn func(keyEntry)) error {
 	if h.RecordCount == 0 {
@@ -89,8 +91,8 @@ func frameKeyEntries(frame []byte, h batch.Header, base uint64, pos int64, fn fu
 		return fmt.Errorf("frame at offset %d, position %d does not fit the key index of segment %d", h.BaseOffset, pos, base)
 	}
 	rel := uint32(h.BaseOffset - base)
-	return batch.RecordKeys(frame, func(i int, key []byte) {
-		fn(keyEntry{hash: keyHash(key), rel: rel + uint32(i), pos: uint32(pos)})
+	return batch.RecordKeys(frame, func(delta uint32, key []byte) {
+		fn(keyEntry{hash: keyHash(key), rel: rel + delta, pos: uint32(pos)})
 	})
 }
 

@@ -302,12 +302,17 @@ func (r *keyRead) addFromFrame(frame []byte, h batch.Header, base uint64, cands 
 		return fmt.Errorf("offsets [%d, %d] are not in the frame's [%d, %d)", first, last, h.BaseOffset, h.NextOffset())
 	}
 	var decodeErr error
-	err := batch.EachRecord(frame, func(i int, raw []byte) bool {
-		off := h.BaseOffset + uint64(i)
-		if off < base+uint64(cands[0].rel) {
+	err := batch.EachRecord(frame, func(raw batch.RawRecord) bool {
+		off := h.BaseOffset + uint64(raw.Delta)
+		want := base + uint64(cands[0].rel)
+		if off < want {
 			return true
 		}
-		rec, err := batch.DecodeRecord(raw)
+		if off > want {
+			decodeErr = fmt.Errorf("no record at offset %d", want)
+			return false
+		}
+		rec, err := raw.Decode()
 		if err != nil {
 			decodeErr = err
 			return false
@@ -318,6 +323,9 @@ func (r *keyRead) addFromFrame(frame []byte, h batch.Header, base uint64, cands 
 		cands = cands[1:]
 		return len(cands) > 0 && !r.stopped
 	})
+	if err == nil && decodeErr == nil && len(cands) > 0 && !r.stopped {
+		return fmt.Errorf("no record at offset %d", base+uint64(cands[0].rel))
+	}
 	return errors.Join(err, decodeErr)
 }
 
@@ -360,8 +368,8 @@ func (s *Store) scanKeys(r *keyRead, v segView, off, stop uint64) error {
 // verified frame.
 func (s *Store) scanFrame(r *keyRead, frame []byte, h batch.Header, off, stop uint64) error {
 	found := false
-	err := batch.RecordKeys(frame, func(i int, key []byte) {
-		o := h.BaseOffset + uint64(i)
+	err := batch.RecordKeys(frame, func(delta uint32, key []byte) {
+		o := h.BaseOffset + uint64(delta)
 		found = found || (o >= off && o < stop && bytes.Equal(key, r.key))
 	})
 	if err != nil || !found {
@@ -372,7 +380,7 @@ func (s *Store) scanFrame(r *keyRead, frame []byte, h batch.Header, off, stop ui
 		return err
 	}
 	for i := range recs {
-		o := h.BaseOffset + uint64(i)
+		o := h.Offset(&recs[i])
 		if o >= off && o < stop && bytes.Equal(recs[i].Key, r.key) && !r.stopped {
 			r.add(o, h, &recs[i])
 		}

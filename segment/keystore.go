@@ -204,22 +204,26 @@ func (s *Store) walkKeyEntries(g *segment, end int64, fn func(keyEntry)) error {
 
 // appendKeys adds the records of frame h, written at position pos of the
 // active segment g, to its key index. The caller is the appender, holding
-// mu; hashes are the records' key hashes (see frameKeyHashes).
-func appendKeys(g *segment, h batch.Header, pos int64, hashes []uint32) {
+// mu; hashes are the records' key hashes and offset deltas (see
+// frameKeyHashes).
+func appendKeys(g *segment, h batch.Header, pos int64, hashes []keyEntry) {
 	if g.keys == nil {
 		return // a segment left unindexed by a failed rebuild: scanned
 	}
 	rel := relOffset(g, h.BaseOffset)
-	for i, hash := range hashes {
-		g.keys.add(keyEntry{hash: hash, rel: rel + uint32(i), pos: uint32(pos)})
+	for _, e := range hashes {
+		g.keys.add(keyEntry{hash: e.hash, rel: rel + e.rel, pos: uint32(pos)})
 	}
 }
 
-// frameKeyHashes returns the key hashes of the records of a frame that
-// passed batch.Validate, in dst.
-func frameKeyHashes(dst []uint32, frame []byte) []uint32 {
+// frameKeyHashes returns in dst the key hash and offset delta (as rel) of
+// each record of a frame that passed batch.Validate (none for a frame
+// that is not a data frame, such as a compaction marker).
+func frameKeyHashes(dst []keyEntry, frame []byte) []keyEntry {
 	dst = dst[:0]
-	if err := batch.RecordKeys(frame, func(_ int, key []byte) { dst = append(dst, keyHash(key)) }); err != nil {
+	if err := batch.RecordKeys(frame, func(delta uint32, key []byte) {
+		dst = append(dst, keyEntry{hash: keyHash(key), rel: delta})
+	}); err != nil {
 		panic(fmt.Sprintf("segment: records of a validated frame do not parse: %v", err))
 	}
 	return dst

@@ -170,7 +170,7 @@ func BenchmarkKeySyncScan(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := batch.RecordKeys(frames[:n], func(_ int, k []byte) {
+				if err := batch.RecordKeys(frames[:n], func(_ uint32, k []byte) {
 					if string(k) == string(key) {
 						found++
 					}

@@ -189,8 +189,9 @@ type Store struct {
 	lastAppendTimeUnixNanos int64
 	lastTerm                uint64 // Term of the frame at LastIndex, 0 if none
 	closing                 bool
-	// keyHashes is the appender's scratch for the key hashes of a frame.
-	keyHashes []uint32
+	// keyHashes is the appender's scratch for the key hashes and offset
+	// deltas of a frame's records.
+	keyHashes []keyEntry
 
 	// truncMu excludes readers while bytes they may be reading change
 	// (TruncateSuffix, Close). Appends and deletes need not take it: appends
