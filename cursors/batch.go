@@ -6,7 +6,7 @@ import (
 )
 
 // CommitPositionsMax bounds the positions of one commit.
-const CommitPositionsMax = 10_000
+const CommitPositionsMax = 4096
 
 // epochShift places the homing epoch of the cursor range in the high bits
 // of group epochs: 2^40 epochs per homing epoch, 2^24 homing epochs.
@@ -67,6 +67,25 @@ func (b *Batch) Records() []Record {
 
 // Empty reports whether the batch changed nothing.
 func (b *Batch) Empty() bool { return len(b.order) == 0 }
+
+// Len is the number of records the batch would write.
+func (b *Batch) Len() int { return len(b.order) }
+
+// Positions returns a cursor's positions as the batch sees them, sorted by
+// stream and range; on one stream only if stream is set.
+func (b *Batch) Positions(cursor, stream string) []Position {
+	var out []Position
+	for _, p := range b.cursorPositions(cursor) {
+		if stream == "" || p.Stream == stream {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Group returns a group as the batch sees it, or nil. The caller must not
+// modify it.
+func (b *Batch) Group(name string) *Group { return b.group(name) }
 
 // position returns the position as the batch sees it.
 func (b *Batch) position(cursor, stream string, rng uint32) (Position, bool) {
