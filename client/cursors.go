@@ -166,11 +166,11 @@ type GroupDescription struct {
 
 // GroupMember is one member of a group.
 type GroupMember struct {
-	MemberID, InstanceID      string
-	Epoch, JoinEpoch          uint64
-	Ranges, Revoking, Target  []uint32
-	Away                      bool
-	SessionTimeout            time.Duration
+	MemberID, InstanceID     string
+	Epoch, JoinEpoch         uint64
+	Ranges, Revoking, Target []uint32
+	Away                     bool
+	SessionTimeout           time.Duration
 	// LastHeartbeatAge is how long ago the coordinator heard from it; -1
 	// when the answering node is not the coordinator.
 	LastHeartbeatAge time.Duration
@@ -240,7 +240,9 @@ func (c *Client) DeleteGroup(ctx context.Context, group string) (int, error) {
 
 // ResetTo is where ResetGroup moves a cursor: build it with
 // ResetToEarliest, ResetToLatest, ResetToTime or ResetToOffset.
-type ResetTo struct{ req func(*geologv1.ResetGroupRequest) }
+type ResetTo struct {
+	req func(*geologv1.ResetGroupRequest)
+}
 
 // ResetToEarliest moves to each range's first retained offset.
 func ResetToEarliest() ResetTo {

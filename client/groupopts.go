@@ -66,12 +66,16 @@ func SessionTimeout(d time.Duration) GroupOpt { return func(c *groupConfig) { c.
 // RebalanceTimeout overrides the default of 30s: a member asked to
 // release ranges that has not within this long is removed. Between 500ms
 // and 10m.
-func RebalanceTimeout(d time.Duration) GroupOpt { return func(c *groupConfig) { c.rebalanceTimeout = d } }
+func RebalanceTimeout(d time.Duration) GroupOpt {
+	return func(c *groupConfig) { c.rebalanceTimeout = d }
+}
 
 // AutoCommitInterval overrides the default of 1s: how often the positions
 // of processed records are committed. Records are also committed when
 // their ranges are revoked and on Close.
-func AutoCommitInterval(d time.Duration) GroupOpt { return func(c *groupConfig) { c.autoCommitInterval = d } }
+func AutoCommitInterval(d time.Duration) GroupOpt {
+	return func(c *groupConfig) { c.autoCommitInterval = d }
+}
 
 // ManualCommit turns automatic marking off, overriding the default: a
 // record counts as processed only once Mark is called for it, and
