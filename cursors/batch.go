@@ -25,6 +25,10 @@ type Batch struct {
 	epochFloor   uint64
 	positions    map[posKey]Position
 	groups       map[string]*Group
+	// order is the records to write, in the order they were staged: a key
+	// changed again after another key was staged gets a second record
+	// (the first frozen at the value it had), so that in the log every
+	// record follows every value it was validated against.
 	order        []stagedKey
 	newPositions int
 	newGroups    int
@@ -35,10 +39,32 @@ type posKey struct {
 	rng            uint32
 }
 
-// stagedKey is one staged record: a position (group == "") or a group.
+// stagedKey is one staged record: a position (group == "") or a group;
+// frozen, if set, is its value as of when another record was staged after
+// it.
 type stagedKey struct {
-	pos   posKey
-	group string
+	pos    posKey
+	group  string
+	frozen *Record
+}
+
+// restage makes k the last record of the batch: if k's live record is the
+// last one, it stays (its value changes in place); else that record is
+// frozen at its current value (encode) and a new live one is appended.
+func (b *Batch) restage(k stagedKey, encode func() Record) {
+	for i := len(b.order) - 1; i >= 0; i-- {
+		o := &b.order[i]
+		if o.frozen != nil || o.group != k.group || o.pos != k.pos {
+			continue
+		}
+		if i == len(b.order)-1 {
+			return
+		}
+		r := encode()
+		o.frozen = &r
+		break
+	}
+	b.order = append(b.order, k)
 }
 
 // Begin opens a batch at now, for a coordinator whose cursor range is
@@ -51,11 +77,16 @@ func (s *State) Begin(now time.Time, homingEpoch uint64) *Batch {
 // Now is the batch's time.
 func (b *Batch) Now() time.Time { return time.Unix(0, b.nowUnixNanos) }
 
-// Records returns one record per key the batch changed, in the order the
-// keys were first changed, with their final values.
+// Records returns the records the batch writes, in the order they were
+// staged (see Batch.order): at least one per key it changed, the last with
+// the key's final value.
 func (b *Batch) Records() []Record {
 	out := make([]Record, 0, len(b.order))
 	for _, k := range b.order {
+		if k.frozen != nil {
+			out = append(out, *k.frozen)
+			continue
+		}
 		if k.group != "" {
 			out = append(out, EncodeGroup(b.groups[k.group]))
 		} else {
@@ -68,7 +99,7 @@ func (b *Batch) Records() []Record {
 // Empty reports whether the batch changed nothing.
 func (b *Batch) Empty() bool { return len(b.order) == 0 }
 
-// Len is the number of records the batch would write.
+// Len is the number of records the batch writes.
 func (b *Batch) Len() int { return len(b.order) }
 
 // Positions returns a cursor's positions as the batch sees them, sorted by
@@ -104,7 +135,9 @@ func (b *Batch) stagePosition(cursor string, p Position) {
 	case held && p.Deleted:
 		b.newPositions--
 	}
-	if _, ok := b.positions[k]; !ok {
+	if old, ok := b.positions[k]; ok {
+		b.restage(stagedKey{pos: k}, func() Record { return EncodePosition(cursor, old) })
+	} else {
 		b.order = append(b.order, stagedKey{pos: k})
 	}
 	b.positions[k] = p
@@ -122,6 +155,7 @@ func (b *Batch) group(name string) *Group {
 // mutGroup returns the batch's own copy of a group to change, staging it.
 func (b *Batch) mutGroup(name string) *Group {
 	if g, ok := b.groups[name]; ok {
+		b.restage(stagedKey{group: name}, func() Record { return EncodeGroup(g) })
 		return g
 	}
 	var g *Group

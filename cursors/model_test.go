@@ -187,6 +187,9 @@ func runGroupModel(t *testing.T, seed uint64) {
 		sim.check()
 	}
 	sim.checkSettled()
+	if vs := CheckLog(sim.log); len(vs) > 0 {
+		t.Fatalf("the coordinator's log breaks its promises: %v", vs)
+	}
 }
 
 func (sim *groupSim) liveIDs() []string {
@@ -474,5 +477,35 @@ func TestPositionModel(t *testing.T) {
 				t.Fatalf("seed %d: %d positions, model %d", seed, n, len(model))
 			}
 		}
+	}
+}
+
+// TestCheckLog: CheckLog finds what the coordinator must never write.
+func TestCheckLog(t *testing.T) {
+	g := &Group{Name: "g", Stream: "s", RangeCount: 2, Epoch: 5, AssignmentEpoch: 5,
+		Members: []Member{{ID: "a", Epoch: 5, JoinEpoch: 3, SessionTimeoutMillis: 1000, RebalanceTimeoutMillis: 1000, Target: []uint32{0}, Owned: []uint32{0}}}}
+	pos := func(off, epoch uint64, member string, rng uint32) Record {
+		return EncodePosition("g", Position{Stream: "s", Range: rng, Offset: off, MemberID: member, MemberEpoch: epoch})
+	}
+	older := g.clone()
+	older.Epoch = 4
+	log := []Record{
+		EncodeGroup(g),
+		pos(10, 5, "a", 0), // fine
+		pos(10, 5, "a", 0), // does not raise
+		pos(9, 5, "a", 0),  // goes back
+		pos(11, 2, "a", 0), // an epoch before a's join
+		pos(12, 5, "b", 0), // not a member
+		pos(1, 5, "a", 1),  // a range a does not own
+		EncodeGroup(older), // group epoch back
+		pos(13, 4, "a", 0), // fine
+	}
+	vs := CheckLog(log)
+	var got []int
+	for _, v := range vs {
+		got = append(got, v.Index)
+	}
+	if fmt.Sprint(got) != "[2 3 4 5 6 7]" {
+		t.Fatalf("violations %v", vs)
 	}
 }
