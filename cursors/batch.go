@@ -22,9 +22,9 @@ type Batch struct {
 	nowUnixNanos int64
 	// epochFloor is the lowest group epoch this coordinator may issue:
 	// its homing epoch in the high bits.
-	epochFloor   uint64
-	positions    map[posKey]Position
-	groups       map[string]*Group
+	epochFloor uint64
+	positions  map[posKey]Position
+	groups     map[string]*Group
 	// order is the records to write, in the order they were staged: a key
 	// changed again after another key was staged gets a second record
 	// (the first frozen at the value it had), so that in the log every
