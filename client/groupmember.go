@@ -2,10 +2,12 @@ package client
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"time"
 
+	"github.com/geolog/geolog/apierr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -31,9 +33,14 @@ func (g *GroupConsumer) run() {
 	g.finish()
 }
 
+// joinTimeout bounds one join, retries included: a member owns nothing
+// while it joins, so it may wait (the first join of a cluster also
+// creates the cursor stream).
+const joinTimeout = 30 * time.Second
+
 // join joins the group as a new incarnation of the member.
 func (g *GroupConsumer) join() (*geologv1.GroupAssignment, error) {
-	ctx, cancel := context.WithTimeout(g.ctx, g.heartbeatTimeout())
+	ctx, cancel := context.WithTimeout(g.ctx, joinTimeout)
 	defer cancel()
 	var a *geologv1.GroupAssignment
 	err := g.c.callConsumer(ctx, true, func(ctx context.Context, cc geologv1.ConsumerClient) (err error) {
@@ -41,6 +48,7 @@ func (g *GroupConsumer) join() (*geologv1.GroupAssignment, error) {
 		return err
 	})
 	if err != nil {
+		err = g.retriableTimeout(err)
 		g.log.Debug("join", "error", err)
 		return nil, err
 	}
@@ -106,7 +114,16 @@ func (g *GroupConsumer) heartbeat() (*geologv1.GroupAssignment, error) {
 		a, err = cc.GroupHeartbeat(ctx, req)
 		return err
 	})
-	return a, err
+	return a, g.retriableTimeout(err)
+}
+
+// retriableTimeout turns the expiry of a call's own deadline (not the
+// consumer's end) into a retriable Timeout: the call may succeed later.
+func (g *GroupConsumer) retriableTimeout(err error) error {
+	if err != nil && g.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return apierr.New(apierr.Timeout, "%v", err)
+	}
+	return err
 }
 
 // reconcile moves the member to an assignment: releases the ranges it no
