@@ -301,3 +301,96 @@ type groupOpts struct {
 	session                 time.Duration
 	latest                  bool
 }
+
+// rangeGroups fills in each range's consumer groups (those consuming
+// stream) and returns their names; a failure to ask is reported and
+// leaves the groups out.
+func (e *env) rangeGroups(ctx context.Context, stream string, views []rangeView) []string {
+	c, err := e.client()
+	if err != nil {
+		return nil
+	}
+	defer c.Close()
+	groups, err := c.ListGroups(ctx, stream)
+	if err != nil {
+		if client.CodeOf(err) != client.CodeUnavailable {
+			fmt.Fprintf(e.stderr, "geolog ranges: consumer groups: %v (left out)\n", err)
+		}
+		return nil
+	}
+	var names []string
+	for _, g := range groups {
+		d, err := c.DescribeGroup(ctx, g.Group)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "geolog ranges: group %s: %v (left out)\n", g.Group, err)
+			continue
+		}
+		names = append(names, g.Group)
+		for _, rl := range d.Ranges {
+			for i := range views {
+				if views[i].rng == rl.Range {
+					if views[i].groups == nil {
+						views[i].groups = map[string]client.RangeLag{}
+					}
+					views[i].groups[g.Group] = rl
+				}
+			}
+		}
+	}
+	return names
+}
+
+// printRangeGroups prints each group's position and lag per range:
+// "812 lag 3/120ms" (committed offset, records and time behind).
+func printRangeGroups(w io.Writer, groups []string, views []rangeView) error {
+	if len(groups) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprint(tw, "RANGE")
+	for _, g := range groups {
+		fmt.Fprintf(tw, "\tgroup %s", g)
+	}
+	fmt.Fprintln(tw)
+	for _, v := range views {
+		fmt.Fprintf(tw, "%d", v.rng)
+		for _, g := range groups {
+			rl, ok := v.groups[g]
+			switch {
+			case !ok:
+				fmt.Fprint(tw, "\t?")
+			case !rl.HasPosition:
+				fmt.Fprintf(tw, "\t- lag %d/%s", rl.LagRecords, rl.Lag.Round(time.Millisecond))
+			default:
+				fmt.Fprintf(tw, "\t%d lag %d/%s", rl.Committed, rl.LagRecords, rl.Lag.Round(time.Millisecond))
+			}
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
+}
+
+// rangeGroupJSON is a group's position and lag in a range (--json).
+type rangeGroupJSON struct {
+	Committed  *uint64 `json:"committed"`
+	LagRecords uint64  `json:"lag_records"`
+	LagMs      int64   `json:"lag_ms"`
+	Owner      string  `json:"owner,omitempty"`
+}
+
+func groupsJSON(groups map[string]client.RangeLag) map[string]rangeGroupJSON {
+	if len(groups) == 0 {
+		return nil
+	}
+	out := make(map[string]rangeGroupJSON, len(groups))
+	for name, rl := range groups {
+		j := rangeGroupJSON{LagRecords: rl.LagRecords, LagMs: rl.Lag.Milliseconds(), Owner: rl.Owner}
+		if rl.HasPosition {
+			c := rl.Committed
+			j.Committed = &c
+		}
+		out[name] = j
+	}
+	return out
+}

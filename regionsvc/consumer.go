@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -161,7 +162,10 @@ func (n *Node) getCursors(ctx context.Context, req *geologv1.GetCursorsRequest) 
 	if err := checkCursorName(req.GetCursor()); err != nil {
 		return nil, err
 	}
-	cr, err := n.cursors.rangeFor(ctx, req.GetCursor())
+	cr, err := n.cursors.rangeForRead(ctx, req.GetCursor())
+	if errors.Is(err, errNoCursorStream) {
+		return &geologv1.GetCursorsResponse{}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -308,7 +312,10 @@ func (s *consumerServer) DeleteGroup(ctx context.Context, req *geologv1.DeleteGr
 	if err := checkCursorName(req.GetGroup()); err != nil {
 		return nil, apierr.ToStatus(err)
 	}
-	cr, err := s.node.cursors.rangeFor(ctx, req.GetGroup())
+	cr, err := s.node.cursors.rangeForRead(ctx, req.GetGroup())
+	if errors.Is(err, errNoCursorStream) {
+		err = apierr.New(apierr.GroupNotFound, "no group or cursor %q", req.GetGroup())
+	}
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}

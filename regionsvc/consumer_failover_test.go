@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/client"
-	"github.com/hashicorp/go-hclog"
 	"github.com/geolog/geolog/cursors"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/hashicorp/go-hclog"
 )
 
 // groupHomedIn returns a group name whose cursor range is homed in region

@@ -2,13 +2,14 @@ package regionsvc
 
 import (
 	"context"
-	"io"
 	"testing"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -276,4 +277,58 @@ func TestCursorsRegion(t *testing.T) {
 	}
 }
 
-var _ = io.EOF
+// TestGroupLagMetrics: the lag of a group per range is exported as
+// geolog.group.lag.records and .seconds.
+func TestGroupLagMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	n, lc := testNode(t, t.TempDir(), func(cfg *Config) { cfg.MeterProvider = mp })
+	ctx := ctxT(t)
+	createStream(t, lc, "m", 2)
+	appendN(t, ctx, lc, "m", 0, 10)
+	appendN(t, ctx, lc, "m", 1, 4)
+	cc := consumerClient(t, n.Addr())
+	a, err := cc.JoinGroup(ctx, &geologv1.JoinGroupRequest{Group: "lagging", MemberId: "a", Stream: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: "lagging", MemberId: "a", MemberEpoch: a.MemberEpoch,
+		Positions: []*geologv1.CursorPosition{{Stream: "m", Range: 0, Offset: 7}, {Stream: "m", Range: 1, Offset: 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	lag := map[int64]int64{}
+	var seconds float64
+	members := int64(-1)
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					if g, _ := p.Attributes.Value("group"); g.AsString() != "lagging" {
+						continue
+					}
+					switch m.Name {
+					case "geolog.group.lag.records":
+						r, _ := p.Attributes.Value("range")
+						lag[r.AsInt64()] = p.Value
+					case "geolog.group.members":
+						members = p.Value
+					}
+				}
+			case metricdata.Gauge[float64]:
+				for _, p := range d.DataPoints {
+					if r, _ := p.Attributes.Value("range"); m.Name == "geolog.group.lag.seconds" && r.AsInt64() == 0 {
+						seconds = p.Value
+					}
+				}
+			}
+		}
+	}
+	if lag[0] != 3 || lag[1] != 0 || members != 1 || seconds < 0 {
+		t.Fatalf("lag %v, members %d, seconds %v", lag, members, seconds)
+	}
+}

@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -113,7 +114,10 @@ func (s *consumerServer) ListGroups(ctx context.Context, req *geologv1.ListGroup
 }
 
 func (n *Node) listGroups(ctx context.Context, req *geologv1.ListGroupsRequest) (*geologv1.ListGroupsResponse, error) {
-	rs, err := n.cursors.ready(ctx)
+	rs, err := n.cursors.existing(ctx)
+	if errors.Is(err, errNoCursorStream) {
+		return &geologv1.ListGroupsResponse{}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +168,10 @@ func (n *Node) describeGroup(ctx context.Context, req *geologv1.DescribeGroupReq
 	if err := checkCursorName(req.GetGroup()); err != nil {
 		return nil, err
 	}
-	cr, err := n.cursors.rangeFor(ctx, req.GetGroup())
+	cr, err := n.cursors.rangeForRead(ctx, req.GetGroup())
+	if errors.Is(err, errNoCursorStream) {
+		return nil, apierr.New(apierr.GroupNotFound, "no group or cursor %q", req.GetGroup())
+	}
 	if err != nil {
 		return nil, err
 	}

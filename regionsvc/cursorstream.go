@@ -227,9 +227,36 @@ func (cs *cursorService) ready(ctx context.Context) ([]*cursorRange, error) {
 	}
 }
 
-// rangeFor returns the cursorRange holding name.
+// rangeFor returns the cursorRange holding name, creating the cursor
+// stream if it does not exist yet.
 func (cs *cursorService) rangeFor(ctx context.Context, name string) (*cursorRange, error) {
 	rs, err := cs.ready(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return rs[keyspace.RangeForKey([]byte(name), uint32(len(rs)))], nil
+}
+
+// errNoCursorStream is what a read finds when the cursor stream was never
+// created here: nothing is stored.
+var errNoCursorStream = errors.New("regionsvc: no cursor stream")
+
+// existing returns the cursor ranges for a read: errNoCursorStream if the
+// stream does not exist here (a read never creates it), else once open.
+func (cs *cursorService) existing(ctx context.Context) ([]*cursorRange, error) {
+	if rs := cs.all(); len(rs) > 0 {
+		return rs, nil
+	}
+	if _, ok := cs.n.streamSpec(cursorStreamName); !ok {
+		return nil, errNoCursorStream
+	}
+	return cs.ready(ctx)
+}
+
+// rangeForRead is rangeFor for a read: errNoCursorStream when nothing was
+// ever stored.
+func (cs *cursorService) rangeForRead(ctx context.Context, name string) (*cursorRange, error) {
+	rs, err := cs.existing(ctx)
 	if err != nil {
 		return nil, err
 	}

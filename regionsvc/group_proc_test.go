@@ -291,4 +291,3 @@ func checkCursorLog(t *testing.T, ctx context.Context, c *client.Client) {
 		t.Fatalf("commits by only %d members: the test did not exercise handovers", len(memberCommits))
 	}
 }
-
