@@ -77,6 +77,10 @@ func (s *State) Begin(now time.Time, homingEpoch uint64) *Batch {
 // Now is the batch's time.
 func (b *Batch) Now() time.Time { return time.Unix(0, b.nowUnixNanos) }
 
+// SetNow moves the batch's time (a batch kept across proposals, see Cut);
+// time never goes back.
+func (b *Batch) SetNow(now time.Time) { b.nowUnixNanos = max(b.nowUnixNanos, now.UnixNano()) }
+
 // Records returns the records the batch writes, in the order they were
 // staged (see Batch.order): at least one per key it changed, the last with
 // the key's final value.
@@ -96,11 +100,24 @@ func (b *Batch) Records() []Record {
 	return out
 }
 
-// Empty reports whether the batch changed nothing.
+// Empty reports whether the batch changed nothing (since the last Cut).
 func (b *Batch) Empty() bool { return len(b.order) == 0 }
 
-// Len is the number of records the batch writes.
+// Len is the number of records the batch writes (since the last Cut).
 func (b *Batch) Len() int { return len(b.order) }
+
+// Cut returns the records staged since the last Cut (as Records does) and
+// starts a new set, while the batch keeps every change as its view: a
+// coordinator with several proposals in flight keeps one batch for all of
+// them, cutting one proposal's records at a time, so that each request is
+// validated against the changes of every proposal before it, committed or
+// not. It drops the batch once none is in flight (the State then has them
+// all).
+func (b *Batch) Cut() []Record {
+	out := b.Records()
+	b.order = nil
+	return out
+}
 
 // Positions returns a cursor's positions as the batch sees them, sorted by
 // stream and range; on one stream only if stream is set.

@@ -509,3 +509,53 @@ func TestCheckLog(t *testing.T) {
 		t.Fatalf("violations %v", vs)
 	}
 }
+
+// TestBatchCut: one batch kept across proposals (Cut after each) writes
+// records that, applied in order, give the state that one batch per
+// proposal gives, and each cut holds only what was staged since the last.
+func TestBatchCut(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	one := NewState(Limits{})
+	kept := NewState(Limits{})
+	b := kept.Begin(now, 1)
+	c := NewCoordinator()
+	c1 := NewCoordinator()
+	var cuts [][]Record
+	for round := 0; round < 5; round++ {
+		fresh := one.Begin(now, 1)
+		for _, bb := range []*Batch{fresh, b} {
+			if _, err := bb.Commit(CommitRequest{Cursor: "c", Positions: []Position{{Stream: "s", Range: 0, Offset: uint64(10 * (round + 1))}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c1.Join(fresh, JoinRequest{Group: "g", MemberID: fmt.Sprintf("m%d", round), Stream: "s", RangeCount: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Join(b, JoinRequest{Group: "g", MemberID: fmt.Sprintf("m%d", round), Stream: "s", RangeCount: 4}); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range fresh.Records() {
+			if err := one.Apply(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cut := b.Cut()
+		if len(cut) != 2 {
+			t.Fatalf("round %d cut %d records, want the round's 2", round, len(cut))
+		}
+		cuts = append(cuts, cut)
+	}
+	for _, cut := range cuts {
+		for _, r := range cut {
+			if err := kept.Apply(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if a, b := EncodeGroup(one.Group("g")), EncodeGroup(kept.Group("g")); !bytes.Equal(a.Value, b.Value) {
+		t.Fatal("the group differs")
+	}
+	if p, _ := kept.Position("c", "s", 0); p.Offset != 50 {
+		t.Fatalf("position %+v", p)
+	}
+}

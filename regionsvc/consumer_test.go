@@ -227,7 +227,7 @@ func TestGroupOneNode(t *testing.T) {
 // it with CONSISTENCY_HOME.
 func TestCursorsRegion(t *testing.T) {
 	tr := newTestRegion(t, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	tr.retry(ctx, "create", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 2})

@@ -14,21 +14,27 @@ import (
 // serves the range's cursors and groups by the driver contract in package
 // cursors' doc.go:
 //
-//  1. Once per term of leadership (and after any failed proposal) it reads
-//     the home's confirmed tail (a Raft ReadIndex; with homing, under the
-//     lease) and waits until its State has applied it: every entry
-//     committed before its own next proposal is then in the State, since
-//     only it proposes in its term. It starts its sessions afresh.
-//  2. It takes the queued requests, runs them through one Batch in arrival
-//     order (and the session expiry), and proposes the Batch's records as
-//     one append, stamped with the homing epoch admit gives. One proposal
-//     at a time: the next Batch is built only once this one is applied.
-//  3. It answers the requests once the append committed and the State
-//     applied it (a grant or a commit is durable before anyone hears of
-//     it). A request that failed in the Batch changed nothing and is
-//     answered at once; if the append fails, every request of the Batch
-//     gets the error (retriable: nothing, or everything, of it committed,
-//     and a retry of a commit or a heartbeat is harmless).
+//  1. Once per term of leadership (and after a failed proposal, once
+//     nothing is in flight) it reads the home's confirmed tail (a Raft
+//     ReadIndex; with homing, under the lease) and waits until its State
+//     has applied it: every entry committed before its own next proposal
+//     is then in the State, since only it proposes in its term. It starts
+//     its sessions afresh.
+//  2. It runs the queued requests, in arrival order (and the session
+//     expiry), through one Batch that it keeps while proposals are in
+//     flight, so that each request sees the changes of every proposal
+//     before it; it proposes the records staged since the last proposal as
+//     one append, stamped with the homing epoch admit gives, up to
+//     cursorPipelineMax appends in flight. It drops the Batch once none is
+//     in flight (the State has them all).
+//  3. It answers a request once the append of its round, and every append
+//     before it, committed and the State applied them (a grant or a commit
+//     is durable before anyone hears of it; a request that changed nothing
+//     waits for the appends whose changes its answer may show). A request
+//     that failed in the Batch changed nothing and is answered at once.
+//     When an append fails, its requests and those of every append after
+//     it get the error (retriable: a retry of a commit or a heartbeat is
+//     harmless), and the next round starts with step 1.
 //  4. While it does not lead the range at home, it answers every request
 //     with NOT_LEADER or NOT_HOME, with a hint.
 
@@ -56,11 +62,20 @@ const (
 	// cursorBatchRecordsMax bounds the records of one proposal (a record
 	// is at most ~1.7 KiB: 14 MiB, under the node's batch bound).
 	cursorBatchRecordsMax = 8192
+	// cursorPipelineMax bounds the appends in flight per cursor range.
+	cursorPipelineMax = 4
 	// cursorTickInterval is how often sessions are checked.
 	cursorTickInterval = 100 * time.Millisecond
-	// cursorBarrierTimeout bounds the read barrier of a new term.
+	// cursorBarrierTimeout bounds the read barrier of a new term, and the
+	// wait for the State to apply an append.
 	cursorBarrierTimeout = 10 * time.Second
 )
+
+// proposal is one append in flight and the requests it answers.
+type proposal struct {
+	ops  []*cursorOp
+	done chan appendResult // capacity 1
+}
 
 // coordinatorLoop is the state of runWriter.
 type coordinatorLoop struct {
@@ -69,6 +84,16 @@ type coordinatorLoop struct {
 	// syncedTerm is the term in which the State was brought up to date
 	// (0: not synced).
 	syncedTerm uint64
+	// batch is the view of every proposal in flight (nil when none);
+	// state the State it was begun on.
+	batch    *cursors.Batch
+	state    *cursors.State
+	inflight []*proposal
+	// failed is the error of a failed append, for the ones after it.
+	failed error
+	// drainFirst holds rounds back until nothing is in flight (the term
+	// changed under appends in flight).
+	drainFirst bool
 }
 
 // runWriter is the coordinator goroutine of a cursor range.
@@ -79,26 +104,53 @@ func (cr *cursorRange) runWriter() {
 	defer tick.Stop()
 	var pending []*cursorOp
 	for {
-		if len(pending) == 0 {
+		var oldest <-chan appendResult
+		if len(w.inflight) > 0 {
+			oldest = w.inflight[0].done
+		}
+		ready := len(pending) > 0 && w.canPropose()
+		if !ready {
+			inbox := cr.inbox
+			if len(pending) >= cursorInboxOpsMax {
+				inbox = nil
+			}
 			select {
-			case op := <-cr.inbox:
+			case op := <-inbox:
 				pending = append(pending, op)
+			case r := <-oldest:
+				w.complete(r)
+				continue
 			case <-tick.C:
 			case <-cr.stop:
-				w.refuseQueued()
+				w.stop(pending)
 				return
 			}
 		}
 		pending = w.drain(pending)
-		pending = w.round(pending)
-		select {
-		case <-cr.stop:
-			w.answerAll(pending, apierr.New(apierr.ShuttingDown, "node is shutting down"))
-			w.refuseQueued()
-			return
-		default:
+		if w.canPropose() {
+			pending = w.round(pending)
 		}
 	}
+}
+
+// canPropose reports whether a round may run now: room in the pipeline,
+// and no failed append still in flight.
+func (w *coordinatorLoop) canPropose() bool {
+	if len(w.inflight) == 0 {
+		return true
+	}
+	return len(w.inflight) < cursorPipelineMax && w.failed == nil && !w.drainFirst
+}
+
+// stop answers everything with SHUTTING_DOWN (appends in flight end with
+// the range's driver).
+func (w *coordinatorLoop) stop(pending []*cursorOp) {
+	e := apierr.New(apierr.ShuttingDown, "node is shutting down")
+	for _, p := range w.inflight {
+		w.answerAll(p.ops, e)
+	}
+	w.answerAll(pending, e)
+	w.refuseQueued()
 }
 
 // drain takes what else is queued, up to the inbox's size.
@@ -159,8 +211,8 @@ func (w *coordinatorLoop) notCoordinator() error {
 	return d.hintAddress(d.rep.NotLeaderError())
 }
 
-// round runs one batch over ops; it returns the ops left for the next
-// round (those that did not fit).
+// round runs the queued requests through the batch and proposes what they
+// staged; it returns the requests left for a later round.
 func (w *coordinatorLoop) round(ops []*cursorOp) []*cursorOp {
 	term := w.leaderTerm()
 	if term == 0 {
@@ -169,6 +221,10 @@ func (w *coordinatorLoop) round(ops []*cursorOp) []*cursorOp {
 		return nil
 	}
 	if term != w.syncedTerm {
+		if len(w.inflight) > 0 {
+			w.drainFirst = true // the term changed under appends in flight: let them end first
+			return ops
+		}
 		if err := w.sync(); err != nil {
 			w.answerAll(ops, err)
 			return nil
@@ -186,43 +242,48 @@ func (w *coordinatorLoop) round(ops []*cursorOp) []*cursorOp {
 	if homingEpoch == 0 {
 		homingEpoch = n.cfg.Epoch
 	}
-	b, ran, rest := w.build(ops, homingEpoch)
-	if b.Empty() {
+	recs, ran, rest := w.build(ops, homingEpoch)
+	switch {
+	case len(recs) > 0:
+		w.propose(recs, epoch, ran)
+	case len(w.inflight) > 0:
+		// Nothing to write, but the answers may show the changes of the
+		// appends in flight: they wait for the last of them.
+		last := w.inflight[len(w.inflight)-1]
+		last.ops = append(last.ops, ran...)
+	default:
 		w.answer(ran)
-		return rest
 	}
-	if err := w.commit(b.Records(), epoch); err != nil {
-		w.syncedTerm = 0 // what committed is unknown: read it again first
-		for _, op := range ran {
-			if op.err == nil {
-				op.err = err
-			}
-		}
-	}
-	w.answer(ran)
 	return rest
 }
 
-// build runs the expiry and as many requests as fit into one batch.
-func (w *coordinatorLoop) build(ops []*cursorOp, homingEpoch uint64) (*cursors.Batch, []*cursorOp, []*cursorOp) {
+// build runs the expiry and as many requests as fit into one proposal,
+// and cuts its records.
+func (w *coordinatorLoop) build(ops []*cursorOp, homingEpoch uint64) ([]cursors.Record, []*cursorOp, []*cursorOp) {
 	cr := w.cr
 	cr.mu.RLock()
 	defer cr.mu.RUnlock()
-	b := cr.state.Begin(cr.cs.n.cfg.Now(), homingEpoch)
-	for _, e := range w.c.Expire(b) {
+	if w.batch == nil || w.state != cr.state {
+		w.batch, w.state = cr.state.Begin(cr.cs.n.cfg.Now(), homingEpoch), cr.state
+	} else {
+		w.batch.SetNow(cr.cs.n.cfg.Now())
+	}
+	for _, e := range w.c.Expire(w.batch) {
 		cr.logger.Info("group member removed", "group", e.Group, "member", e.MemberID, "reason", e.Reason)
 	}
+	ran, rest := ops, []*cursorOp(nil)
 	for i, op := range ops {
-		if b.Len() >= cursorBatchRecordsMax {
-			return b, ops[:i], ops[i:]
+		if w.batch.Len() >= cursorBatchRecordsMax {
+			ran, rest = ops[:i], ops[i:]
+			break
 		}
 		if err := op.ctx.Err(); err != nil {
 			op.err = apierr.New(apierr.Timeout, "%v", err) // the caller is gone: do not act for it
 			continue
 		}
-		op.val, op.err = op.run(b, w.c)
+		op.val, op.err = op.run(w.batch, w.c)
 	}
-	return b, ops, nil
+	return w.batch.Cut(), ran, rest
 }
 
 func (w *coordinatorLoop) answer(ops []*cursorOp) {
@@ -250,9 +311,9 @@ func (w *coordinatorLoop) sync() error {
 	return w.cr.waitApplied(ctx, tail)
 }
 
-// commit proposes records as one append and waits until the State has
-// applied it.
-func (w *coordinatorLoop) commit(recs []cursors.Record, epoch uint64) error {
+// propose hands records to the range as one append, in flight until
+// complete.
+func (w *coordinatorLoop) propose(recs []cursors.Record, epoch uint64, ops []*cursorOp) {
 	brecs := make([]batch.Record, len(recs))
 	size := batch.HeaderSize
 	for i, r := range recs {
@@ -260,23 +321,44 @@ func (w *coordinatorLoop) commit(recs []cursors.Record, epoch uint64) error {
 		size += batch.EncodedRecordSize(brecs[i])
 	}
 	frame := batch.Encode(make([]byte, 0, size), batch.Header{Type: batch.TypeData}, brecs)
-	done := make(chan appendResult, 1)
+	p := &proposal{ops: ops, done: make(chan appendResult, 1)}
+	w.inflight = append(w.inflight, p)
 	w.cr.d.submit(context.Background(), &appendOp{recordCount: uint32(len(recs)), frame: frame, epoch: epoch,
-		reply: func(r appendResult) { done <- r }})
-	var res appendResult
-	select {
-	case res = <-done:
-	case <-w.cr.stop:
-		return apierr.New(apierr.ShuttingDown, "node is shutting down")
+		reply: func(r appendResult) { p.done <- r }})
+}
+
+// complete takes the answer of the oldest append in flight (answers come
+// in log order): its requests are answered once the State applied it, or
+// with the error of the first append that failed.
+func (w *coordinatorLoop) complete(r appendResult) {
+	p := w.inflight[0]
+	w.inflight = w.inflight[1:]
+	err := w.failed
+	if err == nil && r.err != nil {
+		e := *apierr.As(r.err)
+		e.Retriable = true // nothing or all of the append committed; a retry is harmless
+		err = &e
 	}
-	if res.err != nil {
-		e := *apierr.As(res.err)
-		e.Retriable = true // nothing or all of the batch committed; a retry is harmless
-		return &e
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), cursorBarrierTimeout)
+		err = w.cr.waitApplied(ctx, r.baseOffset+uint64(r.recordCount))
+		cancel()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cursorBarrierTimeout)
-	defer cancel()
-	return w.cr.waitApplied(ctx, res.baseOffset+uint64(res.recordCount))
+	if err != nil {
+		w.failed = err
+		for _, op := range p.ops {
+			if op.err == nil {
+				op.err = err
+			}
+		}
+	}
+	w.answer(p.ops)
+	if len(w.inflight) == 0 {
+		w.batch, w.state, w.drainFirst = nil, nil, false
+		if w.failed != nil {
+			w.failed, w.syncedTerm = nil, 0 // what committed is unknown: read it again first
+		}
+	}
 }
 
 // submit hands a request to the coordinator goroutine and waits for its
