@@ -118,7 +118,10 @@ func TestConsumerBadInput(t *testing.T) {
 			return err
 		}, apierr.OffsetOutOfRange},
 		{"delete of a live group", func() error { _, err := cc.DeleteGroup(ctx, &geologv1.DeleteGroupRequest{Group: "g"}); return err }, apierr.GroupNotEmpty},
-		{"delete of nothing", func() error { _, err := cc.DeleteGroup(ctx, &geologv1.DeleteGroupRequest{Group: "nothing"}); return err }, apierr.GroupNotFound},
+		{"delete of nothing", func() error {
+			_, err := cc.DeleteGroup(ctx, &geologv1.DeleteGroupRequest{Group: "nothing"})
+			return err
+		}, apierr.GroupNotFound},
 		{"bad consistency", func() error {
 			_, err := cc.GetCursors(ctx, &geologv1.GetCursorsRequest{Cursor: "g", Consistency: geologv1.Consistency_CONSISTENCY_MIN_OFFSET})
 			return err
