@@ -33,6 +33,8 @@ type Client struct {
 	mu        sync.Mutex
 	closed    bool
 	producers map[*Producer]struct{}
+	// coordinators: where cursors' and groups' requests go (cursors.go).
+	coordinators coordinators
 }
 
 // New returns a client for the nodes at addr: one "host:port" or a

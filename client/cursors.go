@@ -3,11 +3,13 @@ package client
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 )
 
 // Cursors are named positions in streams, stored by geolog itself (see
@@ -92,8 +94,8 @@ func (c *Client) commitCursors(ctx context.Context, cursor, member string, epoch
 		req.Positions[i] = p.toProto()
 	}
 	var resp *geologv1.CommitCursorsResponse
-	err := c.callConsumer(ctx, true, func(ctx context.Context, cc geologv1.ConsumerClient) (err error) {
-		resp, err = cc.CommitCursors(ctx, req)
+	err := c.callCoordinator(ctx, cursor, func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) (err error) {
+		resp, err = cc.CommitCursors(ctx, req, opts...)
 		return err
 	})
 	if err != nil {
@@ -285,4 +287,86 @@ func (c *Client) ResetGroup(ctx context.Context, group, stream string, to ResetT
 		return nil, fmt.Errorf("reset group %q: %w", group, err)
 	}
 	return positionsFromProto(resp.GetPositions()), nil
+}
+
+// coordinatorHeader is regionsvc.CoordinatorHeader: a node that took a
+// Consumer request names the node (of its region) that coordinated it.
+const coordinatorHeader = "x-geolog-coordinator"
+
+// coordinatorsMax bounds the names whose coordinator a Client remembers.
+const coordinatorsMax = 4096
+
+// coordinators caches, per cursor or group name, the node that
+// coordinated its last request, so that the next ones go there directly
+// instead of through a forwarding node. A hint only: a node that no longer
+// coordinates forwards the request and names the new coordinator.
+type coordinators struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (cs *coordinators) get(name string) string {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.m[name]
+}
+
+func (cs *coordinators) learn(name string, md metadata.MD) {
+	v := md.Get(coordinatorHeader)
+	if len(v) == 0 || checkAddr(v[0]) != nil {
+		return
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.m == nil {
+		cs.m = map[string]string{}
+	}
+	if _, ok := cs.m[name]; !ok && len(cs.m) >= coordinatorsMax {
+		for k := range cs.m {
+			delete(cs.m, k)
+			break
+		}
+	}
+	cs.m[name] = v[0]
+}
+
+func (cs *coordinators) forget(name, addr string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.m[name] == addr {
+		delete(cs.m, name)
+	}
+}
+
+// callCoordinator runs a Consumer call for name at the node that last
+// coordinated it, once, then (or without one) the way callConsumer does;
+// it learns the coordinator from the answer.
+func (c *Client) callCoordinator(ctx context.Context, name string, fn func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) error) error {
+	if addr := c.coordinators.get(name); addr != "" {
+		if _, conn, err := c.pool.api(addr); err == nil {
+			actx, cancel := ctx, context.CancelFunc(func() {})
+			if _, ok := ctx.Deadline(); !ok && c.cfg.requestTimeout > 0 {
+				actx, cancel = context.WithTimeout(ctx, c.cfg.requestTimeout)
+			}
+			var md metadata.MD
+			err = fn(actx, geologv1.NewConsumerClient(conn), grpc.Header(&md))
+			cancel()
+			if err == nil {
+				c.coordinators.learn(name, md)
+				return nil
+			}
+			if err = rpcError(ctx, err); !IsRetriable(err) {
+				return err
+			}
+		}
+		c.coordinators.forget(name, addr)
+	}
+	return c.callConsumer(ctx, true, func(ctx context.Context, cc geologv1.ConsumerClient) error {
+		var md metadata.MD
+		err := fn(ctx, cc, grpc.Header(&md))
+		if err == nil {
+			c.coordinators.learn(name, md)
+		}
+		return err
+	})
 }

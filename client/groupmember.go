@@ -9,6 +9,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"google.golang.org/grpc"
 )
 
 // run is the membership goroutine (the member contract in group.go).
@@ -43,8 +44,8 @@ func (g *GroupConsumer) join() (*geologv1.GroupAssignment, error) {
 	ctx, cancel := context.WithTimeout(g.ctx, joinTimeout)
 	defer cancel()
 	var a *geologv1.GroupAssignment
-	err := g.c.callConsumer(ctx, true, func(ctx context.Context, cc geologv1.ConsumerClient) (err error) {
-		a, err = cc.JoinGroup(ctx, g.joinRequest())
+	err := g.c.callCoordinator(ctx, g.group, func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) (err error) {
+		a, err = cc.JoinGroup(ctx, g.joinRequest(), opts...)
 		return err
 	})
 	if err != nil {
@@ -110,8 +111,8 @@ func (g *GroupConsumer) heartbeat() (*geologv1.GroupAssignment, error) {
 	ctx, cancel := context.WithTimeout(g.ctx, g.heartbeatTimeout())
 	defer cancel()
 	var a *geologv1.GroupAssignment
-	err := g.c.callConsumer(ctx, true, func(ctx context.Context, cc geologv1.ConsumerClient) (err error) {
-		a, err = cc.GroupHeartbeat(ctx, req)
+	err := g.c.callCoordinator(ctx, g.group, func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) (err error) {
+		a, err = cc.GroupHeartbeat(ctx, req, opts...)
 		return err
 	})
 	return a, g.retriableTimeout(err)

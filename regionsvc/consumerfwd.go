@@ -7,6 +7,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/cursors"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -43,8 +44,12 @@ func (n *Node) coordinate(ctx context.Context, cr *cursorRange, run func(b *curs
 		var err error
 		if cr.coordinatesHere() {
 			v, err = cr.submit(ctx, run)
+			if n.replicated() {
+				n.hintCoordinator(ctx, cr, n.cfg.Peers[n.cfg.NodeID], err)
+			}
 		} else if addr := n.coordinatorAddr(cr, attempt, hint); addr != "" {
 			v, err = n.forwardTo(ctx, addr, forward)
+			n.hintCoordinator(ctx, cr, addr, err)
 		} else {
 			err = apierr.New(apierr.Unavailable, "cursor range %d: no coordinator known yet (home %q)", cr.idx, cr.d.role().region)
 		}
@@ -62,6 +67,21 @@ func (n *Node) coordinate(ctx context.Context, cr *cursorRange, run func(b *curs
 	}
 	e := apierr.New(apierr.Unavailable, "cursor range %d: the coordinator could not be reached: %v", cr.idx, last)
 	return nil, e
+}
+
+// CoordinatorHeader is the response header in which a node that took a
+// Consumer request names the node that coordinated it, when that node is
+// in its own region (an address the client can dial): a client may send
+// the next requests for the same name there, saving the forwarding hop.
+// A hint only: a node that no longer coordinates forwards the request.
+const CoordinatorHeader = "x-geolog-coordinator"
+
+// hintCoordinator sets CoordinatorHeader after a request addr served.
+func (n *Node) hintCoordinator(ctx context.Context, cr *cursorRange, addr string, err error) {
+	if err != nil || !cr.d.role().home {
+		return
+	}
+	_ = grpc.SetHeader(ctx, metadata.Pairs(CoordinatorHeader, addr))
 }
 
 // redirectable reports whether an error means "not here, try the
