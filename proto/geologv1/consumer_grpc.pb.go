@@ -17,7 +17,11 @@
 // leader of a range in its home region is the coordinator of every cursor
 // and group hashed to it. Any node takes every request below and forwards
 // it to the coordinator (within its region, or to the home region); reads
-// with CONSISTENCY_LOCAL are answered from the node's own copy.
+// with CONSISTENCY_LOCAL are answered from the node's own copy. When the
+// coordinator is in the node's own region, the response carries its
+// address in the header "x-geolog-coordinator": a client may send the
+// next requests for the same name there (a hint only: a node that no
+// longer coordinates forwards them).
 //
 // A position is a max-register: a commit takes effect only if its
 // (generation, offset) is above the stored one, so a late or repeated
@@ -79,7 +83,7 @@ type ConsumerClient interface {
 	// (STALE_CURSOR_GENERATION). Positions that are not above the stored
 	// ones are not errors: their result says applied=false and gives the
 	// stored position. The reply comes once the commit is durable in the
-	// coordinator's region (a quorum of its replicas has it). At most 10,000
+	// coordinator's region (a quorum of its replicas has it). At most 4,096
 	// positions per request.
 	CommitCursors(ctx context.Context, in *CommitCursorsRequest, opts ...grpc.CallOption) (*CommitCursorsResponse, error)
 	// GetCursors returns a cursor's positions.
@@ -265,7 +269,7 @@ type ConsumerServer interface {
 	// (STALE_CURSOR_GENERATION). Positions that are not above the stored
 	// ones are not errors: their result says applied=false and gives the
 	// stored position. The reply comes once the commit is durable in the
-	// coordinator's region (a quorum of its replicas has it). At most 10,000
+	// coordinator's region (a quorum of its replicas has it). At most 4,096
 	// positions per request.
 	CommitCursors(context.Context, *CommitCursorsRequest) (*CommitCursorsResponse, error)
 	// GetCursors returns a cursor's positions.
