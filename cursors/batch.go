@@ -231,6 +231,34 @@ func (b *Batch) Commit(req CommitRequest) ([]CommitResult, error) {
 	return out, nil
 }
 
+// Merge raises a cursor's positions from records a failover stranded in
+// an orphan log (doc.go, "Commits"): each position above the held one
+// (by generation, then offset) is staged, as a commit by no member; the
+// others, deleted ones and older generations included, are skipped. No
+// fencing: a position is a max-register, so merging one back can only
+// raise the cursor to where it had been acknowledged.
+func (b *Batch) Merge(cursor string, ps []Position) ([]CommitResult, error) {
+	if err := checkName("cursor", cursor, false); err != nil {
+		return nil, err
+	}
+	if len(ps) == 0 || len(ps) > CommitPositionsMax {
+		return nil, errInvalid("a merge carries %d positions: at least 1, at most %d", len(ps), CommitPositionsMax)
+	}
+	out := make([]CommitResult, len(ps))
+	for i, p := range ps {
+		cur, held := b.position(cursor, p.Stream, p.Range)
+		if p.Deleted || checkStream(p.Stream) != nil || p.Range >= RangesMax || len(p.Metadata) > MetadataBytesMax ||
+			(held && !p.after(cur)) || (!held && b.s.positions+b.newPositions >= b.s.limits.PositionsMax) {
+			out[i] = CommitResult{Position: cur}
+			continue
+		}
+		p.MemberID, p.MemberEpoch, p.CommitTimeUnixNanos = "", 0, b.nowUnixNanos
+		b.stagePosition(cursor, p)
+		out[i] = CommitResult{Position: p, Applied: true}
+	}
+	return out, nil
+}
+
 // checkCommit validates a commit against the batch without changing it.
 func (b *Batch) checkCommit(req CommitRequest) error {
 	if err := checkName("cursor", req.Cursor, false); err != nil {

@@ -20,6 +20,7 @@ import (
 // apply-held). Regenerate the expected output with -rewrite.
 //
 //	commit cursor=C [member=M epoch=E] [hold]   positions, one per line: STREAM/RANGE off=N [gen=G] [epoch=E] [meta=X]
+//	merge cursor=C                              positions as for commit: merged back from an orphan log
 //	get cursor=C [stream=S]
 //	reset cursor=C stream=S                     targets, one per line: RANGE off=N
 //	delete name=N
@@ -112,6 +113,16 @@ func (h *harness) change(t *testing.T, d *datadriven.TestData, b *Batch) (string
 		}
 		req.Positions = parsePositions(t, d)
 		res, err := b.Commit(req)
+		if err != nil {
+			return "", err
+		}
+		var out strings.Builder
+		for _, r := range res {
+			fmt.Fprintf(&out, "%s applied=%t\n", fmtPosition(r.Position), r.Applied)
+		}
+		return out.String(), nil
+	case "merge":
+		res, err := b.Merge(argStr(t, d, "cursor"), parsePositions(t, d))
 		if err != nil {
 			return "", err
 		}

@@ -46,6 +46,12 @@ func (n *Node) commitCursors(ctx context.Context, req *geologv1.CommitCursorsReq
 	if err := checkCursorName(creq.Cursor); err != nil {
 		return nil, err
 	}
+	if req.GetMerge() {
+		if !isForwarded(ctx) {
+			return nil, apierr.New(apierr.InvalidArgument, "merge is for nodes merging back an orphan log")
+		}
+		return n.mergeCursor(ctx, creq.Cursor, creq.Positions, req)
+	}
 	if !isForwarded(ctx) {
 		if err := n.checkPositions(ctx, creq.Positions); err != nil {
 			return nil, err
@@ -56,15 +62,7 @@ func (n *Node) commitCursors(ctx context.Context, req *geologv1.CommitCursorsReq
 		return nil, err
 	}
 	v, err := n.coordinate(ctx, cr, func(b *cursors.Batch, _ *cursors.Coordinator) (any, error) {
-		res, err := b.Commit(creq)
-		if err != nil {
-			return nil, err
-		}
-		out := &geologv1.CommitCursorsResponse{Results: make([]*geologv1.CursorCommitResult, len(res))}
-		for i, r := range res {
-			out.Results[i] = &geologv1.CursorCommitResult{Position: positionToProto(r.Position), Applied: r.Applied}
-		}
-		return out, nil
+		return commitResponse(b.Commit(creq))
 	}, func(ctx context.Context, c geologv1.ConsumerClient) (any, error) { return c.CommitCursors(ctx, req) })
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"github.com/geolog/geolog/cursors"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/wan"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -246,4 +247,93 @@ func checkRegionCursorLog(t *testing.T, ctx context.Context, w *homingWorld, reg
 		t.Logf("%s's cursor range %d: %d records checked", region, r, len(recs))
 		return
 	}
+}
+
+// TestCursorOrphansMergedBack: a commit acknowledged by the home of a
+// cursor range and never shipped (us cut off, then killed) is missing at
+// the new home (eu), which moves on; when us returns, its copy forks, the
+// commit lands in its orphan log, and us merges it back: the cursor rises
+// to it at eu (it was above what eu held), and eu's log stays clean.
+func TestCursorOrphansMergedBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster with a lease store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	regions := []string{"eu", "us"}
+	w := newHomingWorld(t, regions, *homingRegionSize)
+	createHomedStream(t, ctx, w.world, "chat", 1, "us")
+	cursor := groupHomedIn(regions, "us")
+	us := regionClient(t, w, "us")
+	eu := regionClient(t, w, "eu")
+	p, err := us.NewProducer("chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		p.Produce(ctx, &client.Record{Value: []byte("m")}, nil)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	commitAt := func(c *client.Client, off uint64) {
+		t.Helper()
+		waitUntil(t, ctx, time.Minute, fmt.Sprintf("commit %d", off), func() bool {
+			_, err := c.CommitCursors(ctx, cursor, client.CursorPosition{Stream: "chat", Range: 0, Offset: off})
+			return err == nil
+		})
+	}
+	positionAt := func(c *client.Client, consistency client.Consistency) uint64 {
+		ps, err := c.GetCursors(ctx, cursor, "chat", consistency)
+		if err != nil || len(ps) == 0 {
+			return 0
+		}
+		return ps[0].Offset
+	}
+	commitAt(us, 10)
+	waitUntil(t, ctx, time.Minute, "eu's copy has the commit", func() bool { return positionAt(eu, client.ConsistencyLocal) == 10 })
+	var cut []*wan.Link
+	for _, l := range w.net.Links() {
+		if l.From() == "us" && l.To() == "eu" {
+			// A reset cut: a blackholed link would deliver what it held
+			// once healed.
+			if err := l.Cut(wan.CutReset); err != nil {
+				t.Fatal(err)
+			}
+			cut = append(cut, l)
+		}
+	}
+	commitAt(us, 50) // acknowledged by us, never shipped
+	for id := range w.nodes["us"] {
+		w.stop("us", id)
+	}
+	for _, l := range cut {
+		if err := l.Heal(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cr := keyspace.RangeForKey([]byte(cursor), cursorRangesDefault)
+	waitUntil(t, ctx, time.Minute, "eu homes the cursor range", func() bool {
+		home, epoch := rangeHome(ctx, w.world, "eu", cursorStreamName, cr)
+		return home == "eu" && epoch >= 2
+	})
+	if got := positionAt(eu, client.ConsistencyHome); got != 10 {
+		t.Fatalf("eu holds %d before us returns, want the shipped 10", got)
+	}
+	commitAt(eu, 30) // the new home moves on
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.start("us", id)
+	}
+	waitUntil(t, ctx, 2*time.Minute, "the stranded commit merged back", func() bool { return positionAt(eu, client.ConsistencyHome) == 50 })
+	checkRegionCursorLog(t, ctx, w, "eu", cr)
+}
+
+func regionClient(t *testing.T, w *homingWorld, region string) *client.Client {
+	c, err := client.New(w.regionAddrs(region), client.RetryBackoff(10*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

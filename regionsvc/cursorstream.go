@@ -72,13 +72,15 @@ type cursorService struct {
 
 	// kick asks run to create the stream now (a request needs it).
 	kick chan struct{}
-	stop chan struct{}
-	done chan struct{}
+	// merged are the forks of cursor ranges merged back (run's only).
+	merged map[mergeKey]bool
+	stop   chan struct{}
+	done   chan struct{}
 }
 
 func newCursorService(n *Node) *cursorService {
 	return &cursorService{n: n, logger: n.cfg.Logger.Named("cursors"), kick: make(chan struct{}, 1),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		merged: map[mergeKey]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // cursorEnsureInterval is how often a node checks that the cursor stream
@@ -100,7 +102,7 @@ func (cs *cursorService) run() {
 	defer cancel()
 	go func() { <-cs.stop; cancel() }()
 	attached, propagated := false, !cs.n.replicated() || len(cs.n.cfg.Regions) == 0
-	var lastPropagate time.Time
+	var lastPropagate, lastMerge time.Time
 	for {
 		if !attached {
 			attached = cs.attach()
@@ -108,6 +110,10 @@ func (cs *cursorService) run() {
 		if attached && !propagated && cs.n.leadsCatalogue() && time.Since(lastPropagate) >= cursorPropagateInterval {
 			lastPropagate = time.Now()
 			propagated = cs.propagate(ctx)
+		}
+		if attached && cs.n.replicated() && time.Since(lastMerge) >= cursorMergeInterval {
+			lastMerge = time.Now()
+			cs.mergeOrphans(ctx)
 		}
 		select {
 		case <-t.C:

@@ -165,8 +165,14 @@ type CommitCursorsRequest struct {
 	// member_id and member_epoch identify a group member committing its
 	// ranges' positions (from its latest GroupAssignment); empty for a
 	// cursor without members.
-	MemberId      string `protobuf:"bytes,3,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
-	MemberEpoch   uint64 `protobuf:"varint,4,opt,name=member_epoch,json=memberEpoch,proto3" json:"member_epoch,omitempty"`
+	MemberId    string `protobuf:"bytes,3,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	MemberEpoch uint64 `protobuf:"varint,4,opt,name=member_epoch,json=memberEpoch,proto3" json:"member_epoch,omitempty"`
+	// merge is set by a node merging back positions a failover stranded in
+	// the orphan log of "_cursors" (docs/consumers.md): each raises its
+	// register if it is above it, with no fencing, and is otherwise skipped
+	// (an older generation included). Only honoured on a request one node
+	// forwards to another; a client's is refused (INVALID_ARGUMENT).
+	Merge         bool `protobuf:"varint,5,opt,name=merge,proto3" json:"merge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -227,6 +233,13 @@ func (x *CommitCursorsRequest) GetMemberEpoch() uint64 {
 		return x.MemberEpoch
 	}
 	return 0
+}
+
+func (x *CommitCursorsRequest) GetMerge() bool {
+	if x != nil {
+		return x.Merge
+	}
+	return false
 }
 
 type CursorCommitResult struct {
@@ -1854,12 +1867,13 @@ const file_geolog_v1_consumer_proto_rawDesc = "" +
 	"generation\x18\x05 \x01(\x04R\n" +
 	"generation\x12\x1a\n" +
 	"\bmetadata\x18\x06 \x01(\fR\bmetadata\x123\n" +
-	"\x16commit_time_unix_nanos\x18\a \x01(\x03R\x13commitTimeUnixNanos\"\xa7\x01\n" +
+	"\x16commit_time_unix_nanos\x18\a \x01(\x03R\x13commitTimeUnixNanos\"\xbd\x01\n" +
 	"\x14CommitCursorsRequest\x12\x16\n" +
 	"\x06cursor\x18\x01 \x01(\tR\x06cursor\x127\n" +
 	"\tpositions\x18\x02 \x03(\v2\x19.geolog.v1.CursorPositionR\tpositions\x12\x1b\n" +
 	"\tmember_id\x18\x03 \x01(\tR\bmemberId\x12!\n" +
-	"\fmember_epoch\x18\x04 \x01(\x04R\vmemberEpoch\"e\n" +
+	"\fmember_epoch\x18\x04 \x01(\x04R\vmemberEpoch\x12\x14\n" +
+	"\x05merge\x18\x05 \x01(\bR\x05merge\"e\n" +
 	"\x12CursorCommitResult\x125\n" +
 	"\bposition\x18\x01 \x01(\v2\x19.geolog.v1.CursorPositionR\bposition\x12\x18\n" +
 	"\aapplied\x18\x02 \x01(\bR\aapplied\"P\n" +
