@@ -34,12 +34,7 @@ func (e *env) consume(ctx context.Context, args []string) error {
 	follow := fs.Bool("follow", false, "keep following the tail until interrupted")
 	maxRecords := fs.Int64("max", 0, "stop after this many records (0: no bound)")
 	asJSON := fs.Bool("json", false, "print one JSON object per record")
-	var g groupOpts
-	fs.StringVar(&g.group, "group", "", "consume as a member of this consumer group (from its committed positions; commits what it printed)")
-	fs.StringVar(&g.member, "member", "", "with --group: the member id (default: random)")
-	fs.StringVar(&g.instance, "instance", "", "with --group: a static instance id")
-	fs.DurationVar(&g.session, "session", 10*time.Second, "with --group: the session timeout")
-	start := fs.String("start", "earliest", "with --group: where ranges without a committed position start: earliest or latest")
+	g := groupFlags(fs) // groups.go
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -51,19 +46,7 @@ func (e *env) consume(ctx context.Context, args []string) error {
 		if *rng >= 0 || isSet(fs, "from-offset") || *fromTime != "" {
 			return usagef("--group takes its positions from the group: no --range, --from-offset or --from-time")
 		}
-		if *start != "earliest" && *start != "latest" {
-			return usagef("--start is earliest or latest")
-		}
-		g.latest = *start == "latest"
-		c, err := e.client()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		if *maxRecords < 0 {
-			return usagef("--max must not be negative")
-		}
-		return e.consumeGroup(ctx, c, consumeOpts{stream: pos[0]}, g, &recordPrinter{w: e.stdout, json: *asJSON, max: *maxRecords})
+		return e.consumeGroup(ctx, pos[0], g, &recordPrinter{w: e.stdout, json: *asJSON, max: *maxRecords})
 	}
 	o := consumeOpts{stream: pos[0], fromOffset: *fromOffset, follow: *follow, max: *maxRecords, json: *asJSON}
 	if *fromTime != "" {

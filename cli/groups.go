@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -259,9 +260,31 @@ func (l *uintList) Set(v string) error {
 	return nil
 }
 
-// consumeGroup consumes as a member of a group until ctx ends or --max
-// records were printed, then closes the member (commit and leave).
-func (e *env) consumeGroup(ctx context.Context, c *client.Client, o consumeOpts, g groupOpts, pr *recordPrinter) error {
+// groupFlags adds consume's group flags to fs.
+func groupFlags(fs *flag.FlagSet) *groupOpts {
+	g := &groupOpts{}
+	fs.StringVar(&g.group, "group", "", "consume as a member of this consumer group (from its committed positions; commits what it printed)")
+	fs.StringVar(&g.member, "member", "", "with --group: the member id (default: random)")
+	fs.StringVar(&g.instance, "instance", "", "with --group: a static instance id")
+	fs.DurationVar(&g.session, "session", 10*time.Second, "with --group: the session timeout")
+	fs.StringVar(&g.start, "start", "earliest", "with --group: where ranges without a committed position start: earliest or latest")
+	return g
+}
+
+// consumeGroup consumes stream as a member of a group until ctx ends or
+// --max records were printed, then closes the member (commit and leave).
+func (e *env) consumeGroup(ctx context.Context, stream string, g *groupOpts, pr *recordPrinter) error {
+	if g.start != "earliest" && g.start != "latest" {
+		return usagef("--start is earliest or latest")
+	}
+	if pr.max < 0 {
+		return usagef("--max must not be negative")
+	}
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
 	opts := []client.GroupOpt{client.SessionTimeout(g.session),
 		client.OnAssigned(func(r []uint32) { fmt.Fprintf(e.stderr, "assigned ranges %s\n", rangeList(r)) }),
 		client.OnRevoked(func(r []uint32) { fmt.Fprintf(e.stderr, "released ranges %s\n", rangeList(r)) }),
@@ -272,10 +295,10 @@ func (e *env) consumeGroup(ctx context.Context, c *client.Client, o consumeOpts,
 	if g.instance != "" {
 		opts = append(opts, client.GroupInstanceID(g.instance))
 	}
-	if g.latest {
+	if g.start == "latest" {
 		opts = append(opts, client.StartFrom(client.StartLatest))
 	}
-	gc, err := c.NewGroupConsumer(o.stream, g.group, opts...)
+	gc, err := c.NewGroupConsumer(stream, g.group, opts...)
 	if err != nil {
 		return err
 	}
@@ -297,9 +320,8 @@ func (e *env) consumeGroup(ctx context.Context, c *client.Client, o consumeOpts,
 
 // groupOpts are consume's group settings.
 type groupOpts struct {
-	group, member, instance string
-	session                 time.Duration
-	latest                  bool
+	group, member, instance, start string
+	session                        time.Duration
 }
 
 // rangeGroups fills in each range's consumer groups (those consuming
