@@ -48,22 +48,12 @@ func (e *env) benchCursors(ctx context.Context, args []string) error {
 	if *ranges == 0 || *ranges > 4096 || *cursors < 1 || *concurrency < 1 || *duration <= 0 {
 		return usagef("bench cursors: --ranges in [1, 4096]; --cursors, --concurrency, --duration positive")
 	}
-	c, err := e.client(client.RetryBackoff(20*time.Millisecond, time.Second))
+	c, rangeCount, err := e.benchStream(ctx, *stream, uint32(*ranges))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if err := ensureStream(ctx, c, *stream, uint32(*ranges)); err != nil {
-		return err
-	}
-	d, err := c.DescribeStream(ctx, *stream)
-	if err != nil {
-		return err
-	}
-	n := d.Stream.RangeCount
-	// Every cursor's offsets rise by one per commit: the ranges need that
-	// many records (fed as the bench goes).
-	res := runCursorBench(ctx, c, *stream, n, *cursors, *concurrency, *duration, e.stderr)
+	res := runCursorBench(ctx, c, *stream, rangeCount, *cursors, *concurrency, *duration, e.stderr)
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(res)
 	}
@@ -76,6 +66,25 @@ func (e *env) benchCursors(ctx context.Context, args []string) error {
 		return fmt.Errorf("%d commits failed", res.Errors)
 	}
 	return nil
+}
+
+// benchStream dials the cluster and creates the bench's stream if it is
+// missing; it returns the stream's range count.
+func (e *env) benchStream(ctx context.Context, stream string, ranges uint32) (*client.Client, uint32, error) {
+	c, err := e.client(client.RetryBackoff(20*time.Millisecond, time.Second))
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := ensureStream(ctx, c, stream, ranges); err != nil {
+		c.Close()
+		return nil, 0, err
+	}
+	d, err := c.DescribeStream(ctx, stream)
+	if err != nil {
+		c.Close()
+		return nil, 0, err
+	}
+	return c, d.Stream.RangeCount, nil
 }
 
 // runCursorBench commits every range's position of round-robin cursors,
@@ -218,19 +227,12 @@ func (e *env) benchRebalance(ctx context.Context, args []string) error {
 	if *ranges == 0 || *members < 2 || *rounds < 1 || *rate < 1 {
 		return usagef("bench rebalance: --ranges positive, --members at least 2, --rounds and --rate positive")
 	}
-	c, err := e.client(client.RetryBackoff(20*time.Millisecond, time.Second))
+	c, rangeCount, err := e.benchStream(ctx, *stream, uint32(*ranges))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if err := ensureStream(ctx, c, *stream, uint32(*ranges)); err != nil {
-		return err
-	}
-	d, err := c.DescribeStream(ctx, *stream)
-	if err != nil {
-		return err
-	}
-	res, err := runRebalanceBench(ctx, c, *stream, d.Stream.RangeCount, *members, *rounds, *session, *rate, e.stderr)
+	res, err := runRebalanceBench(ctx, c, *stream, rangeCount, *members, *rounds, *session, *rate, e.stderr)
 	if err != nil {
 		return err
 	}

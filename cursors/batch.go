@@ -2,6 +2,7 @@ package cursors
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -381,7 +382,7 @@ func (b *Batch) cursorPositions(cursor string) []Position {
 		}
 	}
 	slices.SortFunc(out, func(x, y Position) int {
-		if c := compareStrings(x.Stream, y.Stream); c != 0 {
+		if c := strings.Compare(x.Stream, y.Stream); c != 0 {
 			return c
 		}
 		return int(x.Range) - int(y.Range)

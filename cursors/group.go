@@ -3,6 +3,7 @@ package cursors
 import (
 	"slices"
 	"sort"
+	"strings"
 )
 
 // Group is the durable state of a consumer group, one record per change
@@ -84,7 +85,7 @@ func (g *Group) clone() *Group {
 
 // Member returns the member with id, or nil.
 func (g *Group) Member(id string) *Member {
-	i, ok := sort.Find(len(g.Members), func(i int) int { return compareStrings(id, g.Members[i].ID) })
+	i, ok := sort.Find(len(g.Members), func(i int) int { return strings.Compare(id, g.Members[i].ID) })
 	if !ok {
 		return nil
 	}
@@ -103,7 +104,7 @@ func (g *Group) memberByInstance(inst string) *Member {
 
 // addMember inserts m in id order.
 func (g *Group) addMember(m Member) {
-	i, _ := sort.Find(len(g.Members), func(i int) int { return compareStrings(m.ID, g.Members[i].ID) })
+	i, _ := sort.Find(len(g.Members), func(i int) int { return strings.Compare(m.ID, g.Members[i].ID) })
 	g.Members = slices.Insert(g.Members, i, m)
 }
 
@@ -125,16 +126,6 @@ func (g *Group) owner(r uint32) *Member {
 
 // Live reports whether the group has members.
 func (g *Group) Live() bool { return len(g.Members) > 0 }
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
 
 // minus returns the sorted set a \ b (both sorted).
 func minus(a, b []uint32) []uint32 {

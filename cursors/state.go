@@ -3,6 +3,7 @@ package cursors
 import (
 	"slices"
 	"sort"
+	"strings"
 )
 
 // Limits bound a State (one range of the cursor stream).
@@ -112,7 +113,7 @@ func (s *State) setGroup(g *Group) {
 // findPosition finds (stream, rng) in ps, sorted by (stream, range).
 func findPosition(ps []Position, stream string, rng uint32) (int, bool) {
 	return sort.Find(len(ps), func(i int) int {
-		if c := compareStrings(stream, ps[i].Stream); c != 0 {
+		if c := strings.Compare(stream, ps[i].Stream); c != 0 {
 			return c
 		}
 		switch {
