@@ -316,8 +316,10 @@ func (g *GroupConsumer) joinRequest() *geologv1.JoinGroupRequest {
 		SessionTimeoutMs: uint32(g.cfg.sessionTimeout.Milliseconds()), RebalanceTimeoutMs: uint32(g.cfg.rebalanceTimeout.Milliseconds())}
 }
 
-// heartbeatTimeout bounds one heartbeat (retries included): a third of
-// the session, so a few fit before the member fences itself.
+// heartbeatTimeout bounds one heartbeat (retries included): half the
+// session, so that a slow coordinator (a heartbeat that grants or
+// releases waits for an append) is waited for, and a second attempt still
+// fits before the member fences itself.
 func (g *GroupConsumer) heartbeatTimeout() time.Duration {
-	return max(g.cfg.sessionTimeout/3, 200*time.Millisecond)
+	return max(g.cfg.sessionTimeout/2, 200*time.Millisecond)
 }
