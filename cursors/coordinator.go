@@ -29,9 +29,10 @@ type sessionKey struct{ group, member string }
 
 type session struct {
 	// lastHeard is when the member was last heard from; expires when its
-	// session ends; revokeBy, if set, when it must have released the
-	// ranges it was asked to (unix nanos).
+	// session ends; revokeBy, if set, when it must have released told,
+	// the ranges it was last asked to release (unix nanos).
 	lastHeard, expires, revokeBy int64
+	told                         []uint32
 }
 
 // NewCoordinator returns a coordinator with no sessions.
@@ -173,9 +174,10 @@ func (c *Coordinator) Join(b *Batch, req JoinRequest) (Assignment, error) {
 	if rebalance {
 		c.retarget(g)
 	}
+	c.heard(b, g.Name, g.Member(req.MemberID))
+	c.grants(b, g)
 	mm := g.Member(req.MemberID)
-	c.heard(b, g.Name, mm)
-	c.reconcile(b, g, mm, mm.Owned)
+	c.toldToRelease(b, g.Name, mm)
 	return c.assignment(b, g, mm), nil
 }
 
@@ -225,6 +227,7 @@ func (c *Coordinator) Leave(b *Batch, req LeaveRequest) error {
 	g.removeMember(m.ID)
 	g.Epoch = b.nextEpoch(g.Epoch)
 	c.retarget(g)
+	c.grants(b, g)
 	return nil
 }
 
@@ -245,18 +248,16 @@ func (c *Coordinator) Expire(b *Batch) []Expired {
 			m := &held.Members[i]
 			s := c.sessions[sessionKey{name, m.ID}]
 			if s == nil {
-				// A new coordinator: a full session from now, and a full
-				// rebalance timeout for a release asked by the old one.
+				// A new coordinator: a full session from now; a release
+				// the old one may have asked for is timed from when this
+				// one asks (the member's next heartbeat).
 				s = c.heard(b, name, m)
 				s.lastHeard = 0
-				if len(m.Revoking) > 0 {
-					s.revokeBy = b.nowUnixNanos + int64(m.RebalanceTimeoutMillis)*int64(time.Millisecond)
-				}
 			}
 			switch {
 			case b.nowUnixNanos >= s.expires:
 				gone = append(gone, Expired{name, m.ID, "session timed out"})
-			case s.revokeBy != 0 && len(m.Revoking) > 0 && b.nowUnixNanos >= s.revokeBy:
+			case s.revokeBy != 0 && len(intersect(m.Revoking, s.told)) > 0 && b.nowUnixNanos >= s.revokeBy:
 				gone = append(gone, Expired{name, m.ID, "ranges not released within the rebalance timeout"})
 			}
 		}
@@ -270,6 +271,7 @@ func (c *Coordinator) Expire(b *Batch) []Expired {
 		}
 		g.Epoch = b.nextEpoch(g.Epoch)
 		c.retarget(g)
+		c.grants(b, g)
 		out = append(out, gone...)
 	}
 	return out
@@ -308,39 +310,78 @@ func (c *Coordinator) retarget(g *Group) {
 }
 
 // reconcile moves member m toward its target, given the ranges it reports
-// owning: the ranges it was asked to release and no longer reports are
-// free; what it owns outside its target it is asked to release (by its
-// rebalance timeout); once it releases nothing more, it is granted the
-// ranges of its target that no one owns, and its epoch moves to a new
-// group epoch. It reports whether the group changed.
+// owning: what it owned outside its target and no longer reports is free;
+// then grants. It reports whether the group changed.
 func (c *Coordinator) reconcile(b *Batch, g *Group, m *Member, reported []uint32) bool {
 	changed := false
-	if released := minus(m.Revoking, reported); len(released) > 0 {
+	if released := minus(minus(m.Owned, m.Target), reported); len(released) > 0 {
 		m.Owned = minus(m.Owned, released)
-		m.Revoking = minus(m.Revoking, released)
 		changed = true
 	}
-	if release := minus(minus(m.Owned, m.Target), m.Revoking); len(release) > 0 {
-		m.Revoking = union(m.Revoking, release)
-		c.sessions[sessionKey{g.Name, m.ID}].revokeBy = b.nowUnixNanos + int64(m.RebalanceTimeoutMillis)*int64(time.Millisecond)
-		changed = true
+	changed = c.grants(b, g) || changed
+	c.toldToRelease(b, g.Name, m)
+	return changed
+}
+
+// toldToRelease starts m's rebalance timeout when the answer it is about
+// to get asks it to release ranges (the clock starts when it is told, not
+// when the coordinator decided: a member is never removed for a release
+// it did not know of).
+func (c *Coordinator) toldToRelease(b *Batch, group string, m *Member) {
+	s := c.sessionOf(b, group, m)
+	if slices.Equal(s.told, m.Revoking) {
+		return
 	}
+	s.told = slices.Clone(m.Revoking)
+	s.revokeBy = 0
 	if len(m.Revoking) > 0 {
-		return changed
+		s.revokeBy = b.nowUnixNanos + int64(m.RebalanceTimeoutMillis)*int64(time.Millisecond)
 	}
-	var grant []uint32
-	for _, r := range minus(m.Target, m.Owned) {
-		if g.owner(r) == nil {
-			grant = append(grant, r)
+}
+
+// grants asks every member to release what it owns outside its target
+// (Revoking: derived, so asking changes nothing durable; a release not
+// done within the member's rebalance timeout of its being told removes
+// it, see toldToRelease and Expire), and
+// grants each member that has nothing left to release the ranges of its
+// target that no one owns, moving it to a new group epoch. A range freed
+// by one member's heartbeat (or leave, or removal) is thereby granted in
+// the same batch: its new owner learns of it at its next heartbeat, which
+// then writes nothing. It reports whether any grant was made.
+func (c *Coordinator) grants(b *Batch, g *Group) bool {
+	granted := false
+	for i := range g.Members {
+		m := &g.Members[i]
+		m.Revoking = minus(m.Owned, m.Target)
+		if len(m.Revoking) > 0 {
+			continue
+		}
+		var grant []uint32
+		for _, r := range minus(m.Target, m.Owned) {
+			if g.owner(r) == nil {
+				grant = append(grant, r)
+			}
+		}
+		if len(grant) > 0 {
+			m.Owned = union(m.Owned, grant)
+			g.Epoch = b.nextEpoch(g.Epoch)
+			m.Epoch = g.Epoch
+			granted = true
 		}
 	}
-	if len(grant) == 0 {
-		return changed
+	return granted
+}
+
+// sessionOf returns a member's session, starting a full one if the
+// coordinator has none yet (as Expire would).
+func (c *Coordinator) sessionOf(b *Batch, group string, m *Member) *session {
+	k := sessionKey{group, m.ID}
+	if s := c.sessions[k]; s != nil {
+		return s
 	}
-	m.Owned = union(m.Owned, grant)
-	g.Epoch = b.nextEpoch(g.Epoch)
-	m.Epoch = g.Epoch
-	return true
+	s := &session{expires: b.nowUnixNanos + int64(m.SessionTimeoutMillis)*int64(time.Millisecond)}
+	c.sessions[k] = s
+	return s
 }
 
 // assignment is what member m of g is told.

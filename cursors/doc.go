@@ -31,13 +31,15 @@
 //
 // A group's members each own a set of ranges; the coordinator computes a
 // target assignment (Assign: balanced, fewest moves) on every membership
-// change and moves each member toward its target on its heartbeats: first
-// it asks the member to release what its target no longer holds (the
-// member stops, commits, and heartbeats without those ranges), then it
-// grants the member the ranges of its target that no one owns. A range is
-// therefore never owned by two members, and a grant never waits for an
-// unrelated member. Every grant raises the group epoch and moves the
-// member to it. Commits are fenced: the member must be known, in the
+// change and moves each member toward its target: a member is asked to
+// release what it owns outside its target (its answers list only the rest;
+// asking writes nothing), and once it reports them released (it stops,
+// commits, and heartbeats without them) they are free; a member with
+// nothing left to release is granted the free ranges of its target, in the
+// same batch that freed them (by a release, a leave or a removal), so that
+// it learns of them at its next heartbeat. A range is therefore never
+// owned by two members, and a grant never waits for an unrelated member.
+// Every grant raises the group epoch and moves the member to it. Commits are fenced: the member must be known, in the
 // incarnation the request's epoch belongs to ([JoinEpoch, Epoch]), and
 // own the range. Group epochs carry the coordinator's homing epoch in
 // their high bits (epochShift), so after a region failover every epoch the
