@@ -39,12 +39,19 @@ func (e *env) consume(ctx context.Context, args []string) error {
 	maxRecords := fs.Int64("max", 0, "stop after this many records (0: no bound)")
 	asJSON := fs.Bool("json", false, "print one JSON object per record")
 	key := fs.String("key", "", "read only the records of this key (one conversation), through the key index; its range unless --range; --key '' reads the keyless records")
+	g := groupFlags(fs) // groups.go
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: consume <stream> [--range N] [--key K] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]")
+		return usagef("usage: consume <stream> [--range N] [--key K] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]\n       consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID] [--session D] [--max N] [--json]")
+	}
+	if g.group != "" {
+		if *rng >= 0 || isSet(fs, "from-offset") || *fromTime != "" || isSet(fs, "key") {
+			return usagef("--group takes its positions from the group: no --range, --key, --from-offset or --from-time")
+		}
+		return e.consumeGroup(ctx, pos[0], g, &recordPrinter{w: e.stdout, json: *asJSON, max: *maxRecords})
 	}
 	o := consumeOpts{stream: pos[0], fromOffset: *fromOffset, follow: *follow, max: *maxRecords, json: *asJSON,
 		byKey: isSet(fs, "key"), key: []byte(*key)}
