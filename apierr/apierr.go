@@ -45,9 +45,19 @@ const (
 	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
 	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
 	SlowConsumer         = geologv1.ErrorCode_ERROR_CODE_SLOW_CONSUMER
-	LimitExceeded        = geologv1.ErrorCode_ERROR_CODE_LIMIT_EXCEEDED
 	KeyRequired          = geologv1.ErrorCode_ERROR_CODE_KEY_REQUIRED
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
+)
+
+// The codes of consumer groups and cursors (consumer.proto).
+const (
+	UnknownMember         = geologv1.ErrorCode_ERROR_CODE_UNKNOWN_MEMBER
+	StaleMemberEpoch      = geologv1.ErrorCode_ERROR_CODE_STALE_MEMBER_EPOCH
+	RangeNotAssigned      = geologv1.ErrorCode_ERROR_CODE_RANGE_NOT_ASSIGNED
+	GroupNotEmpty         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_EMPTY
+	GroupNotFound         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_FOUND
+	StaleCursorGeneration = geologv1.ErrorCode_ERROR_CODE_STALE_CURSOR_GENERATION
+	LimitExceeded         = geologv1.ErrorCode_ERROR_CODE_LIMIT_EXCEEDED
 )
 
 type codeInfo struct {
@@ -80,9 +90,17 @@ var catalogue = map[Code]codeInfo{
 	Unauthenticated:      {codes.Unauthenticated, false},
 	PermissionDenied:     {codes.PermissionDenied, false},
 	Internal:             {codes.Internal, false},
-	SlowConsumer:         {codes.ResourceExhausted, true},
-	LimitExceeded:        {codes.ResourceExhausted, false},
-	KeyRequired:          {codes.InvalidArgument, false},
+	// A member told it is unknown or stale joins again; the request as
+	// sent cannot succeed.
+	UnknownMember:         {codes.FailedPrecondition, false},
+	StaleMemberEpoch:      {codes.FailedPrecondition, false},
+	RangeNotAssigned:      {codes.FailedPrecondition, false},
+	GroupNotEmpty:         {codes.FailedPrecondition, false},
+	GroupNotFound:         {codes.NotFound, false},
+	StaleCursorGeneration: {codes.FailedPrecondition, false},
+	LimitExceeded:         {codes.ResourceExhausted, false},
+	SlowConsumer:          {codes.ResourceExhausted, true},
+	KeyRequired:           {codes.InvalidArgument, false},
 }
 
 // Error is a typed API error.
@@ -97,6 +115,10 @@ type Error struct {
 	// RetryAfter is, for OVERLOADED and SLOW_CONSUMER, how long to wait
 	// before sending the request again (0: not said).
 	RetryAfter time.Duration
+	// MemberEpoch (STALE_MEMBER_EPOCH) and CursorGeneration
+	// (STALE_CURSOR_GENERATION) carry the current values.
+	MemberEpoch      uint64
+	CursorGeneration uint64
 }
 
 // NewOverloaded is a retriable OVERLOADED that asks for a wait of
@@ -145,6 +167,8 @@ func (e *Error) Detail() *geologv1.ErrorDetail {
 		TailOffset:       e.TailOffset,
 		ExpectedSequence: e.ExpectedSequence,
 		RetryAfterMillis: e.RetryAfter.Milliseconds(),
+		MemberEpoch:      e.MemberEpoch,
+		CursorGeneration: e.CursorGeneration,
 	}
 }
 
@@ -162,6 +186,8 @@ func FromDetail(d *geologv1.ErrorDetail) *Error {
 		TailOffset:       d.GetTailOffset(),
 		ExpectedSequence: d.GetExpectedSequence(),
 		RetryAfter:       time.Duration(min(max(d.GetRetryAfterMillis(), 0), retryAfterMillisMax)) * time.Millisecond,
+		MemberEpoch:      d.GetMemberEpoch(),
+		CursorGeneration: d.GetCursorGeneration(),
 	}
 }
 

@@ -279,15 +279,3 @@ func (n *Node) deleteHomes(ctx context.Context, name string) error {
 	}
 	return nil
 }
-
-// sleepCtx waits d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return apierr.As(ctx.Err())
-	}
-}

@@ -43,6 +43,9 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, s
 	if err != nil {
 		return nil, nil, err
 	}
+	if isInternalStream(req.GetStream()) {
+		return nil, nil, apierr.New(apierr.PermissionDenied, "stream %q is the node's own: use the Consumer service", req.GetStream())
+	}
 	if !rd.isHome() {
 		return nil, nil, n.notHome(rd)
 	}
@@ -257,7 +260,7 @@ func drainReplies(ctx context.Context, stream geologv1.Log_AppendStreamServer, r
 }
 
 func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {
-	rd, err := s.node.rangeOf(ctx, req.GetStream(), req.GetRange())
+	rd, err := s.node.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -301,7 +304,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 	if err := s.node.holdReadReply(ctx, maxBytes); err != nil {
 		return nil, apierr.ToStatus(err)
 	}
-	recs, next, err := rd.readRecords(req.GetFromOffset(), maxRecords, maxBytes)
+	recs, next, err := rd.read(req.Key, req.GetFromOffset(), maxRecords, maxBytes)
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}

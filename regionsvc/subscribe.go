@@ -54,7 +54,7 @@ func recordBytes(recs []*geologv1.StoredRecord) int64 {
 // principal's byte quota rather than fail.
 func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_SubscribeServer) error {
 	ctx := stream.Context()
-	rd, err := n.rangeOf(ctx, req.GetStream(), req.GetRange())
+	rd, err := n.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
 	if err != nil {
 		return err
 	}
@@ -80,10 +80,15 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 		if err != nil {
 			return err
 		}
-		recs, nx, err := rd.readRecords(next, readRecordsDefault, maxBytes)
+		recs, nx, err := rd.read(req.Key, next, readRecordsDefault, maxBytes)
 		if err != nil {
 			release()
 			return err
+		}
+		if len(recs) == 0 && req.Key != nil {
+			// A read by key skipped other keys' records: its subscriber
+			// hears of its key only.
+			next = max(next, nx)
 		}
 		if nx > next {
 			// Records, or holes only (compaction by key): either way the

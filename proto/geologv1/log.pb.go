@@ -121,12 +121,32 @@ const (
 	ErrorCode_ERROR_CODE_UNAUTHENTICATED   ErrorCode = 20
 	ErrorCode_ERROR_CODE_PERMISSION_DENIED ErrorCode = 21
 	ErrorCode_ERROR_CODE_INTERNAL          ErrorCode = 22
+	// Consumer groups and cursors (consumer.proto). The member id is not a
+	// member of the group (it never joined, left, or was removed when its
+	// session or rebalance timed out): join again with a member epoch of 0.
+	ErrorCode_ERROR_CODE_UNKNOWN_MEMBER ErrorCode = 23
+	// The request carries a member epoch of an older incarnation of the
+	// member, or one the coordinator never issued: the member was fenced and
+	// must join again. member_epoch gives the current one when known.
+	ErrorCode_ERROR_CODE_STALE_MEMBER_EPOCH ErrorCode = 24
+	// A commit or fetch for a range the member does not own (it was never
+	// granted it, or released it).
+	ErrorCode_ERROR_CODE_RANGE_NOT_ASSIGNED ErrorCode = 25
+	// The operation (delete, reset, a commit outside the group) needs a
+	// group without live members.
+	ErrorCode_ERROR_CODE_GROUP_NOT_EMPTY ErrorCode = 26
+	ErrorCode_ERROR_CODE_GROUP_NOT_FOUND ErrorCode = 27
+	// A commit carries a reset generation older than the cursor's: an
+	// operator reset the cursor since; cursor_generation gives the current
+	// one. Read the cursor again.
+	ErrorCode_ERROR_CODE_STALE_CURSOR_GENERATION ErrorCode = 28
+	// A bound was reached: on the consumer state (members per group, cursors
+	// or groups per cursor range) or on a node (the ranges it hosts). The
+	// same request will not succeed later on its own.
+	ErrorCode_ERROR_CODE_LIMIT_EXCEEDED ErrorCode = 29
 	// A subscriber did not take what it was sent in time and was cut off;
 	// it may subscribe again from the next offset it has not seen.
 	ErrorCode_ERROR_CODE_SLOW_CONSUMER ErrorCode = 33
-	// A node-wide limit would be exceeded (e.g. the ranges a node hosts);
-	// the same request will not succeed later on its own.
-	ErrorCode_ERROR_CODE_LIMIT_EXCEEDED ErrorCode = 34
 	// A record without a key was appended to a stream compacted by key.
 	ErrorCode_ERROR_CODE_KEY_REQUIRED ErrorCode = 37
 )
@@ -157,8 +177,14 @@ var (
 		20: "ERROR_CODE_UNAUTHENTICATED",
 		21: "ERROR_CODE_PERMISSION_DENIED",
 		22: "ERROR_CODE_INTERNAL",
+		23: "ERROR_CODE_UNKNOWN_MEMBER",
+		24: "ERROR_CODE_STALE_MEMBER_EPOCH",
+		25: "ERROR_CODE_RANGE_NOT_ASSIGNED",
+		26: "ERROR_CODE_GROUP_NOT_EMPTY",
+		27: "ERROR_CODE_GROUP_NOT_FOUND",
+		28: "ERROR_CODE_STALE_CURSOR_GENERATION",
+		29: "ERROR_CODE_LIMIT_EXCEEDED",
 		33: "ERROR_CODE_SLOW_CONSUMER",
-		34: "ERROR_CODE_LIMIT_EXCEEDED",
 		37: "ERROR_CODE_KEY_REQUIRED",
 	}
 	ErrorCode_value = map[string]int32{
@@ -185,8 +211,14 @@ var (
 		"ERROR_CODE_UNAUTHENTICATED":         20,
 		"ERROR_CODE_PERMISSION_DENIED":       21,
 		"ERROR_CODE_INTERNAL":                22,
+		"ERROR_CODE_UNKNOWN_MEMBER":          23,
+		"ERROR_CODE_STALE_MEMBER_EPOCH":      24,
+		"ERROR_CODE_RANGE_NOT_ASSIGNED":      25,
+		"ERROR_CODE_GROUP_NOT_EMPTY":         26,
+		"ERROR_CODE_GROUP_NOT_FOUND":         27,
+		"ERROR_CODE_STALE_CURSOR_GENERATION": 28,
+		"ERROR_CODE_LIMIT_EXCEEDED":          29,
 		"ERROR_CODE_SLOW_CONSUMER":           33,
-		"ERROR_CODE_LIMIT_EXCEEDED":          34,
 		"ERROR_CODE_KEY_REQUIRED":            37,
 	}
 )
@@ -772,7 +804,16 @@ type ReadRequest struct {
 	Consistency Consistency `protobuf:"varint,6,opt,name=consistency,proto3,enum=geolog.v1.Consistency" json:"consistency,omitempty"`
 	// min_offset: with CONSISTENCY_MIN_OFFSET, wait until the local tail
 	// (next offset) is at least min_offset, bounded by the request deadline.
-	MinOffset     uint64 `protobuf:"varint,7,opt,name=min_offset,json=minOffset,proto3" json:"min_offset,omitempty"`
+	MinOffset uint64 `protobuf:"varint,7,opt,name=min_offset,json=minOffset,proto3" json:"min_offset,omitempty"`
+	// key, when present, returns only the records whose key equals it (one
+	// conversation), in offset order from from_offset, found through the
+	// range's key index: the cost is about the records of that key, not the
+	// range. next_offset then may skip offsets of other keys (up to the
+	// tail when the key has no more records). The key must belong to the
+	// range (INVALID_ARGUMENT otherwise), but for the empty key, which
+	// selects the range's keyless records (producers spread those over every
+	// range). Every consistency works as without it.
+	Key           []byte `protobuf:"bytes,8,opt,name=key,proto3,oneof" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -856,6 +897,13 @@ func (x *ReadRequest) GetMinOffset() uint64 {
 	return 0
 }
 
+func (x *ReadRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
 type ReadResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Records []*StoredRecord        `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
@@ -937,7 +985,10 @@ type SubscribeRequest struct {
 	//	*SubscribeRequest_FromTimeUnixNanos
 	Start isSubscribeRequest_Start `protobuf_oneof:"start"`
 	// max_bytes bounds each reply message; 0 means the server default (1 MiB).
-	MaxBytes      uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// key, when present, follows only the records whose key equals it, as
+	// ReadRequest.key reads them.
+	Key           []byte `protobuf:"bytes,6,opt,name=key,proto3,oneof" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1016,6 +1067,13 @@ func (x *SubscribeRequest) GetMaxBytes() uint32 {
 		return x.MaxBytes
 	}
 	return 0
+}
+
+func (x *SubscribeRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
 }
 
 type isSubscribeRequest_Start interface {
@@ -1832,6 +1890,10 @@ type ErrorDetail struct {
 	TailOffset  uint64 `protobuf:"varint,6,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
 	// For SEQUENCE_GAP: the sequence the server expected next.
 	ExpectedSequence uint64 `protobuf:"varint,7,opt,name=expected_sequence,json=expectedSequence,proto3" json:"expected_sequence,omitempty"`
+	// For STALE_MEMBER_EPOCH: the member's current epoch (0: unknown).
+	MemberEpoch uint64 `protobuf:"varint,8,opt,name=member_epoch,json=memberEpoch,proto3" json:"member_epoch,omitempty"`
+	// For STALE_CURSOR_GENERATION: the cursor's current reset generation.
+	CursorGeneration uint64 `protobuf:"varint,9,opt,name=cursor_generation,json=cursorGeneration,proto3" json:"cursor_generation,omitempty"`
 	// For OVERLOADED (and SLOW_CONSUMER): how long to wait, at least, before
 	// sending the request again; 0 when the server does not say.
 	RetryAfterMillis int64 `protobuf:"varint,10,opt,name=retry_after_millis,json=retryAfterMillis,proto3" json:"retry_after_millis,omitempty"`
@@ -1914,6 +1976,20 @@ func (x *ErrorDetail) GetTailOffset() uint64 {
 func (x *ErrorDetail) GetExpectedSequence() uint64 {
 	if x != nil {
 		return x.ExpectedSequence
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetMemberEpoch() uint64 {
+	if x != nil {
+		return x.MemberEpoch
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetCursorGeneration() uint64 {
+	if x != nil {
+		return x.CursorGeneration
 	}
 	return 0
 }
@@ -3430,7 +3506,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x123\n" +
 	"\x16append_time_unix_nanos\x18\x05 \x01(\x03R\x13appendTimeUnixNanos\x12\x1c\n" +
 	"\tduplicate\x18\x06 \x01(\bR\tduplicate\x12,\n" +
-	"\x05error\x18\a \x01(\v2\x16.geolog.v1.ErrorDetailR\x05error\"\xf3\x01\n" +
+	"\x05error\x18\a \x01(\v2\x16.geolog.v1.ErrorDetailR\x05error\"\x92\x02\n" +
 	"\vReadRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12\x1f\n" +
@@ -3441,22 +3517,26 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytes\x128\n" +
 	"\vconsistency\x18\x06 \x01(\x0e2\x16.geolog.v1.ConsistencyR\vconsistency\x12\x1d\n" +
 	"\n" +
-	"min_offset\x18\a \x01(\x04R\tminOffset\"\xa6\x01\n" +
+	"min_offset\x18\a \x01(\x04R\tminOffset\x12\x15\n" +
+	"\x03key\x18\b \x01(\fH\x00R\x03key\x88\x01\x01B\x06\n" +
+	"\x04_key\"\xa6\x01\n" +
 	"\fReadResponse\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.geolog.v1.StoredRecordR\arecords\x12\x1f\n" +
 	"\vnext_offset\x18\x02 \x01(\x04R\n" +
 	"nextOffset\x12!\n" +
 	"\fstart_offset\x18\x03 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x04 \x01(\x04R\n" +
-	"tailOffset\"\xbc\x01\n" +
+	"tailOffset\"\xdb\x01\n" +
 	"\x10SubscribeRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12!\n" +
 	"\vfrom_offset\x18\x03 \x01(\x04H\x00R\n" +
 	"fromOffset\x121\n" +
 	"\x14from_time_unix_nanos\x18\x04 \x01(\x03H\x00R\x11fromTimeUnixNanos\x12\x1b\n" +
-	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytesB\a\n" +
-	"\x05start\"\x88\x01\n" +
+	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytes\x12\x15\n" +
+	"\x03key\x18\x06 \x01(\fH\x01R\x03key\x88\x01\x01B\a\n" +
+	"\x05startB\x06\n" +
+	"\x04_key\"\x88\x01\n" +
 	"\x11SubscribeResponse\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.geolog.v1.StoredRecordR\arecords\x12\x1f\n" +
 	"\vnext_offset\x18\x02 \x01(\x04R\n" +
@@ -3531,7 +3611,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"u\n" +
 	"\x16DescribeStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
-	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\"\xaf\x02\n" +
+	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\"\xff\x02\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -3541,7 +3621,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x06 \x01(\x04R\n" +
 	"tailOffset\x12+\n" +
-	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\x12,\n" +
+	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\x12!\n" +
+	"\fmember_epoch\x18\b \x01(\x04R\vmemberEpoch\x12+\n" +
+	"\x11cursor_generation\x18\t \x01(\x04R\x10cursorGeneration\x12,\n" +
 	"\x12retry_after_millis\x18\n" +
 	" \x01(\x03R\x10retryAfterMillis\",\n" +
 	"\x12ListOrphansRequest\x12\x16\n" +
@@ -3664,7 +3746,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\x98\x06\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xe5\a\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -3689,9 +3771,15 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x12ERROR_CODE_TIMEOUT\x10\x13\x12\x1e\n" +
 	"\x1aERROR_CODE_UNAUTHENTICATED\x10\x14\x12 \n" +
 	"\x1cERROR_CODE_PERMISSION_DENIED\x10\x15\x12\x17\n" +
-	"\x13ERROR_CODE_INTERNAL\x10\x16\x12\x1c\n" +
-	"\x18ERROR_CODE_SLOW_CONSUMER\x10!\x12\x1d\n" +
-	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\"\x12\x1b\n" +
+	"\x13ERROR_CODE_INTERNAL\x10\x16\x12\x1d\n" +
+	"\x19ERROR_CODE_UNKNOWN_MEMBER\x10\x17\x12!\n" +
+	"\x1dERROR_CODE_STALE_MEMBER_EPOCH\x10\x18\x12!\n" +
+	"\x1dERROR_CODE_RANGE_NOT_ASSIGNED\x10\x19\x12\x1e\n" +
+	"\x1aERROR_CODE_GROUP_NOT_EMPTY\x10\x1a\x12\x1e\n" +
+	"\x1aERROR_CODE_GROUP_NOT_FOUND\x10\x1b\x12&\n" +
+	"\"ERROR_CODE_STALE_CURSOR_GENERATION\x10\x1c\x12\x1d\n" +
+	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1c\n" +
+	"\x18ERROR_CODE_SLOW_CONSUMER\x10!\x12\x1b\n" +
 	"\x17ERROR_CODE_KEY_REQUIRED\x10%*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
@@ -3851,6 +3939,7 @@ func file_geolog_v1_log_proto_init() {
 	if File_geolog_v1_log_proto != nil {
 		return
 	}
+	file_geolog_v1_log_proto_msgTypes[5].OneofWrappers = []any{}
 	file_geolog_v1_log_proto_msgTypes[7].OneofWrappers = []any{
 		(*SubscribeRequest_FromOffset)(nil),
 		(*SubscribeRequest_FromTimeUnixNanos)(nil),
