@@ -257,7 +257,7 @@ type Node struct {
 	syncSlots   chan struct{}
 	metrics     *nodeMetrics
 	authMetrics *authMetrics
-	region    *region // nil unless replicated
+	region      *region // nil unless replicated
 	// repl runs this node's replicator tasks and replServer applies other
 	// regions' batches to the mirrors here (both nil unless replicated).
 	repl       *replicationManager
