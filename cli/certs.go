@@ -26,8 +26,10 @@ func (e *env) certs(ctx context.Context, args []string) error {
 		return e.certsCreateNode(args)
 	case "create-client":
 		return e.certsCreateClient(args)
+	case "create-server":
+		return e.certsCreateServer(args)
 	default:
-		return usagef("unknown certs subcommand %q (want create-ca, create-node or create-client)", sub)
+		return usagef("unknown certs subcommand %q (want create-ca, create-node, create-client or create-server)", sub)
 	}
 }
 
@@ -149,6 +151,36 @@ func (e *env) certsCreateClient(args []string) error {
 		return err
 	}
 	return e.writeLeaf(p, pki.ClientCertFile, pki.ClientKeyFile, cf.overwrite, pki.ClientIdentity(pos[0]))
+}
+
+// certsCreateServer issues a certificate for a server that is not a node
+// (the lease store's PostgreSQL): server.crt and server.key.
+func (e *env) certsCreateServer(args []string) error {
+	fs, cf := e.certFlagSet("certs create-server", pki.CertLifetimeDefault)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usagef("usage: certs create-server --certs-dir DIR [--ca-cert FILE] [--ca-key FILE] HOST...")
+	}
+	if err := e.certPaths(cf); err != nil {
+		return err
+	}
+	ca, err := e.authority(cf)
+	if err != nil {
+		return err
+	}
+	p, err := pki.CreateServer(ca, pos, pki.Options{Lifetime: cf.lifetime})
+	if err != nil {
+		return err
+	}
+	cert, key := filepath.Join(e.certsDir, pki.ServerCertFile), filepath.Join(e.certsDir, pki.ServerKeyFile)
+	if err := pki.WritePair(cert, key, p, cf.overwrite); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "wrote %s and %s for %v\n", cert, key, pos)
+	return nil
 }
 
 func (e *env) writeLeaf(p pki.Pair, certName, keyName string, overwrite bool, id pki.Identity) error {

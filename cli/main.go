@@ -63,9 +63,11 @@ commands:
   certs create-ca --certs-dir DIR [--ca-key FILE] [--lifetime D] [--overwrite]
   certs create-node --certs-dir DIR --region R --node-id N [--ca-cert F] [--ca-key F] HOST...
   certs create-client --certs-dir DIR [--ca-cert F] [--ca-key F] PRINCIPAL
+  certs create-server --certs-dir DIR [--ca-cert F] [--ca-key F] HOST...
                        a development PKI (ECDSA P-256), files 0600; node
                        certificates name geolog://node/<region>/<id>, client
-                       certificates geolog://client/<principal>
+                       certificates geolog://client/<principal>; server
+                       certificates (the lease store's) name no identity
 
 global flags (also accepted after the command):
   --addr host:port[,host:port...]

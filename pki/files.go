@@ -20,6 +20,8 @@ const (
 	NodeKeyFile    = "node.key"
 	ClientCertFile = "client.crt"
 	ClientKeyFile  = "client.key"
+	ServerCertFile = "server.crt"
+	ServerKeyFile  = "server.key"
 )
 
 // fileMode is the mode of every file this package writes, certificates

@@ -131,6 +131,18 @@ func CreateClient(ca *Authority, principal string, o Options) (Pair, error) {
 	return createLeaf(ca, ident, principal, nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, o)
 }
 
+// CreateServer issues a certificate for a server that is not a geolog
+// node (the lease store's PostgreSQL, a proxy), signed by ca: each of
+// hosts as an IP or DNS SAN (at least one), good for TLS server
+// authentication only, naming no geolog identity, so that it can never
+// pass for a node or a client.
+func CreateServer(ca *Authority, hosts []string, o Options) (Pair, error) {
+	if len(hosts) == 0 {
+		return Pair{}, errors.New("pki: a server certificate needs at least one host (an IP address or a DNS name it is dialed by)")
+	}
+	return createLeaf(ca, Identity{}, hosts[0], hosts, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, o)
+}
+
 var dnsNameRE = regexp.MustCompile(`^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
 
 func createLeaf(ca *Authority, ident Identity, commonName string, hosts []string, usage []x509.ExtKeyUsage, o Options) (Pair, error) {
@@ -152,7 +164,9 @@ func createLeaf(ca *Authority, ident Identity, commonName string, hosts []string
 	}
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	tmpl.ExtKeyUsage = usage
-	tmpl.URIs = []*url.URL{ident.URI()}
+	if u := ident.URI(); u != nil {
+		tmpl.URIs = []*url.URL{u}
+	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)

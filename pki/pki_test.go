@@ -274,3 +274,26 @@ func TestHostsGoToTheRightSANs(t *testing.T) {
 		t.Fatalf("IPs %v DNS %v", leaf.IPAddresses, leaf.DNSNames)
 	}
 }
+
+func TestCreateServerNamesNoIdentity(t *testing.T) {
+	ca := newCA(t, "test ca")
+	p, err := CreateServer(ca, []string{"127.0.0.1", "db.local"}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := leafOf(t, p)
+	if _, err := FromCertificate(leaf); !errors.Is(err, ErrBadIdentity) {
+		t.Fatalf("a server certificate names an identity: %v", err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "db.local", KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Fatal("a server certificate is good for client authentication")
+	}
+	if _, err := CreateServer(ca, nil, Options{}); err == nil {
+		t.Fatal("server certificate without hosts")
+	}
+}
