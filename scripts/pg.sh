@@ -13,6 +13,8 @@
 #   GEOLOG_PG_DIR   data folder, default run/pg in the project (holds data/, sock/, postgres.log)
 #   GEOLOG_PG_PORT  TCP port on 127.0.0.1, default 55432
 #   GEOLOG_PG_BIN   PostgreSQL binaries, default /usr/lib/postgresql/15/bin
+#   GEOLOG_PG_GEOLOG a geolog binary to make the TLS certificate with
+#                   (default bin/geolog, else one built from this checkout)
 #
 # As root the server runs as the postgres user (runuser); the binaries are
 # installed with apt-get only when they are missing. TCP connections must
@@ -78,9 +80,17 @@ ensure_tls() {
 	if [ -f "$TLS/ca.crt" ] && [ -f "$TLS/server.crt" ] && [ -f "$TLS/server.key" ]; then
 		return
 	fi
-	local geolog=$PGDIR/.bin/geolog
-	echo "pg.sh: making the server's TLS certificate (building geolog certs)" >&2
-	(cd "$ROOT" && go build -o "$geolog" ./cmd/geolog) >&2 || die "cannot build geolog for its certs command"
+	# A geolog that has the certs command: GEOLOG_PG_GEOLOG, bin/geolog,
+	# else one built from this checkout.
+	local geolog
+	for geolog in "${GEOLOG_PG_GEOLOG:-}" "$ROOT/bin/geolog" ""; do
+		[ -n "$geolog" ] && "$geolog" certs create-server --help >/dev/null 2>&1 && break
+	done
+	if [ -z "$geolog" ]; then
+		geolog=$PGDIR/.bin/geolog
+		echo "pg.sh: building geolog for its certs command" >&2
+		(cd "$ROOT" && go build -o "$geolog" ./cmd/geolog) >&2 || die "cannot build geolog for its certs command"
+	fi
 	rm -rf "$TLS"
 	"$geolog" certs create-ca --certs-dir "$TLS/ca" --name "geolog pg.sh CA" >/dev/null
 	"$geolog" certs create-server --certs-dir "$TLS" --ca-cert "$TLS/ca/ca.crt" --ca-key "$TLS/ca/ca.key" 127.0.0.1 localhost >/dev/null
