@@ -7,22 +7,19 @@
 TLS=${TLS:-on}
 case $TLS in on | off) ;; *) echo "TLS=$TLS: want on or off" >&2; exit 2 ;; esac
 
-# pki_setup REGION N: the CA, node folders n1..nN of REGION, and the
-# client's; exports GEOLOG_CERTS_DIR for every geolog command that follows.
+# pki_setup REGION N: the CA, the folders of nodes 1..N of REGION, and the
+# client's (scripts/pki.sh); exports GEOLOG_CERTS_DIR for every geolog
+# command that follows.
 pki_setup() {
 	[ "$TLS" = on ] || return 0
-	local region=$1 n=$2 i ca=(--ca-cert "$RUNDIR/certs/ca/ca.crt" --ca-key "$RUNDIR/certs/ca/ca.key")
-	"$BIN/geolog" certs create-ca --certs-dir "$RUNDIR/certs/ca" >/dev/null
-	for i in $(seq 1 "$n"); do
-		"$BIN/geolog" certs create-node --certs-dir "$RUNDIR/certs/n$i" "${ca[@]}" --region "$region" --node-id "$i" 127.0.0.1 localhost >/dev/null
-	done
-	"$BIN/geolog" certs create-client --certs-dir "$RUNDIR/certs/client" "${ca[@]}" bench >/dev/null
+	GEOLOG=$BIN/geolog "$(dirname "${BASH_SOURCE[0]}")/pki.sh" "$RUNDIR/certs" bench "$1=$2"
 	export GEOLOG_CERTS_DIR=$RUNDIR/certs/client
+	NODE_REGION=$1
 }
 
 # node_security I prints node I's transport security flags.
 node_security() {
-	if [ "$TLS" = on ]; then echo "--certs-dir $RUNDIR/certs/n$1"; else echo "--insecure"; fi
+	if [ "$TLS" = on ]; then echo "--certs-dir $RUNDIR/certs/$NODE_REGION-n$1"; else echo "--insecure"; fi
 }
 
 # run NAME FLAGS... runs geolog bench

@@ -33,7 +33,7 @@
 # 1s) set the liveness lease. down stops PostgreSQL if up started it.
 #
 # TLS (default on; GEOLOG_CLUSTER_TLS=off runs every node with --insecure):
-# up makes a development PKI under run/cluster/certs with bin/geolog certs
+# up makes a development PKI under run/cluster/certs with scripts/pki.sh
 # (kept across restarts, wiped by --fresh): ca/ (the CA and its key),
 # <region>-n<i>/ (each node's ca.crt, node.crt, node.key, for 127.0.0.1
 # and localhost) and client/ (principal "operator"); every node serves and
@@ -138,18 +138,6 @@ running_pidfiles() {
 }
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-# make_pki: the cluster's CA, a certs folder per node and the client's
-# (made once; a folder that exists is kept).
-make_pki() {
-	local ca=(--ca-cert "$CERTS/ca/ca.crt" --ca-key "$CERTS/ca/ca.key") r i
-	[[ -f $CERTS/ca/ca.key ]] || "$BIN/geolog" certs create-ca --certs-dir "$CERTS/ca" --name "geolog local cluster CA" >/dev/null
-	for r in 0 1 2; do for i in "${NODES[@]}"; do
-		local d=$CERTS/${REGIONS[r]}-n$i
-		[[ -f $d/node.crt ]] || "$BIN/geolog" certs create-node --certs-dir "$d" "${ca[@]}" --region "${REGIONS[r]}" --node-id "$i" 127.0.0.1 localhost >/dev/null
-	done; done
-	[[ -f $CERTS/client/client.crt ]] || "$BIN/geolog" certs create-client --certs-dir "$CERTS/client" "${ca[@]}" operator >/dev/null
-}
 
 # answers ADDR: the node at ADDR serves the API.
 answers() { "$BIN/geolog" --addr "$1" --retries 0 --timeout 2s streams list >/dev/null 2>&1; }
@@ -264,7 +252,9 @@ up() {
 	if [[ $HOMING == on ]]; then for r in 0 1 2; do port_busy $(( BASE + 290 + r )) && busy+=($(( BASE + 290 + r ))); done; fi
 	(( ${#busy[@]} == 0 )) || die "ports in use: ${busy[*]} (another cluster? set GEOLOG_CLUSTER_PORT to move the port plan)"
 
-	if [[ $TLS == on ]]; then make_pki; fi
+	if [[ $TLS == on ]]; then
+		GEOLOG=$BIN/geolog scripts/pki.sh "$CERTS" operator "${REGIONS[@]/%/=${#NODES[@]}}"
+	fi
 	local links=()
 	for r in 0 1 2; do for t in 0 1 2; do
 		(( r == t )) && continue
