@@ -122,8 +122,13 @@ start() {
 	exec 9>"$PGDIR/.lock"
 	flock 9
 	if running; then
-		echo "$URL"
-		return
+		if [ -f "$TLS/server.crt" ]; then
+			echo "$URL"
+			return
+		fi
+		# Started by a pg.sh from before TLS: the URL printed would fail.
+		echo "pg.sh: restarting the running server to serve TLS" >&2
+		stop
 	fi
 	if is_root; then
 		chown postgres: "$PGDIR"
