@@ -148,7 +148,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		case errors.Is(err, flag.ErrHelp), errors.Is(err, errReported), isFlagError(err):
 			// Already printed.
 		case client.CodeOf(err) == client.CodeUnavailable:
-			fmt.Fprintf(stderr, "geolog %s: %v\n(is a geolog node listening at %s?)\n", cmd, err, env.addr)
+			fmt.Fprintf(stderr, "geolog %s: %v\n(is a geolog node listening at %s? %s)\n", cmd, err, env.addr, env.tlsHint())
 		default:
 			fmt.Fprintf(stderr, "geolog %s: %v\n", cmd, err)
 		}
@@ -275,6 +275,14 @@ func (e *env) clientFor(addrs string, opts ...client.Opt) (*client.Client, error
 		opts = append(opts, client.TLSConfig(cfg))
 	}
 	return client.New(addrs, opts...)
+}
+
+// tlsHint says what to check about TLS when a node cannot be reached.
+func (e *env) tlsHint() string {
+	if cfg, err := e.tlsConfig(); err == nil && cfg == nil {
+		return "nodes serve TLS unless run with --insecure: give --certs-dir or GEOLOG_CERTS_DIR"
+	}
+	return "with TLS: do the node and --certs-dir share a CA, and does the node's certificate name the address dialed?"
 }
 
 // tlsConfig is the client TLS configuration the global flags ask for, nil
