@@ -3,8 +3,10 @@ package regionsvc_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"math/big"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -509,4 +511,48 @@ func TestTLSReloadOnSIGHUP(t *testing.T) {
 	if out := node.Output(); strings.Contains(out, "panic") {
 		t.Fatalf("node output:\n%s", out)
 	}
+}
+
+// TestGeologdWantsTLSOrInsecure: geologd without TLS files and without
+// --insecure refuses to start with one line; with a certificate that
+// names another node than its flags it refuses too; with --insecure it
+// starts and says so in its log.
+func TestGeologdWantsTLSOrInsecure(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-process test")
+	}
+	bin := nodeproc.Binary(t)
+	p := nodeproc.NewPKI(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"nothing", nil, "geologd: no TLS: give --certs-dir (or --tls-ca, --tls-cert and --tls-key), or --insecure for development without TLS"},
+		{"both", []string{"--insecure", "--certs-dir", p.NodeDir("local", 1)}, "geologd: --insecure and TLS files exclude each other"},
+		{"another region", []string{"--certs-dir", p.NodeDir("eu", 1)}, "names node:eu/1, a node of region eu, but --region is local"},
+		{"another node", []string{"--certs-dir", p.NodeDir("local", 2), "--node-id", "1", "--peers", "1=127.0.0.1:1"}, "names node:local/2, but --node-id is 1"},
+		{"a client certificate", []string{"--tls-ca", filepath.Join(p.ClientDir("alice"), "ca.crt"),
+			"--tls-cert", filepath.Join(p.ClientDir("alice"), "client.crt"), "--tls-key", filepath.Join(p.ClientDir("alice"), "client.key")}, "names alice, not a node"},
+	} {
+		cmd := exec.Command(bin, append([]string{"--data-dir", t.TempDir(), "--listen", "127.0.0.1:0"}, tc.args...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+			t.Errorf("%s: %v, want exit status 2", tc.name, err)
+		}
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		if last := lines[len(lines)-1]; !strings.Contains(last, tc.want) {
+			t.Errorf("%s: said %q, want %q", tc.name, stderr.String(), tc.want)
+		}
+		if tc.name == "nothing" && len(lines) != 1 {
+			t.Errorf("refusal in %d lines: %q", len(lines), stderr.String())
+		}
+	}
+	node := nodeproc.Start(t, t.TempDir(), nodeproc.FreeAddr(t), "--insecure")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	waitFor(t, ctx, "the insecure warning", func() bool { return strings.Contains(node.Output(), "INSECURE MODE") })
 }
