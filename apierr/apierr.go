@@ -43,6 +43,7 @@ const (
 	Unauthenticated      = geologv1.ErrorCode_ERROR_CODE_UNAUTHENTICATED
 	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
 	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
+	KeyRequired          = geologv1.ErrorCode_ERROR_CODE_KEY_REQUIRED
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
@@ -76,6 +77,7 @@ var catalogue = map[Code]codeInfo{
 	Unauthenticated:      {codes.Unauthenticated, false},
 	PermissionDenied:     {codes.PermissionDenied, false},
 	Internal:             {codes.Internal, false},
+	KeyRequired:          {codes.InvalidArgument, false},
 }
 
 // Error is a typed API error.

@@ -264,6 +264,10 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			received = true
 			c.pool.succeeded(s.addr)
 		}
+		if n := resp.GetNextOffset(); n > s.next && len(resp.GetRecords()) == 0 {
+			// Holes only (compaction by key): resume past them.
+			s.next = n
+		}
 		for _, r := range resp.GetRecords() {
 			if r.GetOffset() < s.next {
 				continue // already delivered before a resubscribe

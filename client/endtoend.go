@@ -94,7 +94,7 @@ func newOpener(stream string, opts []ConsumerOpt) (*opener, error) {
 // open returns rec opened. ok is false when rec is to be skipped (it was
 // reported); err is set when the read must fail.
 func (op *opener) open(rec StoredRecord) (opened StoredRecord, ok bool, err error) {
-	if op == nil {
+	if op == nil || rec.Tombstone {
 		return rec, true, nil
 	}
 	out, oerr := op.o.Open(&e2e.Record{Stream: op.stream, Key: rec.Key, Headers: toE2EHeaders(rec.Headers),

@@ -340,3 +340,32 @@ func TestSealedOnceAcrossResends(t *testing.T) {
 		t.Fatalf("%d records in the log", n)
 	}
 }
+
+// A tombstone has no value: a sealing producer sends it as a tombstone and
+// an opening consumer passes it through, instead of sealing an empty value
+// (which compaction would then keep as a live record) or failing to open it.
+func TestSealWithTombstone(t *testing.T) {
+	fake := startFake(t, clienttest.Config{})
+	fake.MustCreateStream("chat", 1)
+	keys := e2e.NewKeyring()
+	if err := keys.Add("chat", []byte("room-1"), newKey(t, "room-1/1")); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, fake.Addr())
+	p := newProducer(t, c, "chat", client.SealWith(keys))
+	recs := []*client.Record{{Key: []byte("room-1"), Value: []byte("SECRET")}, {Key: []byte("room-1"), Tombstone: true}}
+	if _, err := p.ProduceSync(testCtx(t), recs...); err != nil {
+		t.Fatal(err)
+	}
+	stored := fake.Records("chat", 0)
+	if len(stored) != 2 || stored[0].GetTombstone() || !stored[1].GetTombstone() || len(stored[1].GetValue()) != 0 {
+		t.Fatalf("stored %v, want a sealed record then a bare tombstone", stored)
+	}
+	got, err := c.Read(testCtx(t), "chat", 0, 0, client.ReadOptions{}, client.OpenWith(keys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Records) != 2 || string(got.Records[0].Value) != "SECRET" || !got.Records[1].Tombstone {
+		t.Fatalf("opened %+v, want the value then the tombstone", got.Records)
+	}
+}

@@ -41,6 +41,14 @@
 // this region only; Raft and Mirror streams are bound to the node their
 // certificate names. Without Config.TLS nothing is checked.
 //
+// # Compaction by key
+//
+// A range of a stream whose cleanup policy compacts by key also decides
+// (on its home leader), applies and carries out compactions on its
+// maintenance tick; the node's one cleaner rewrites segments in the
+// background. compaction.go lists the steps; package compact and
+// docs/compaction.md give the rule.
+//
 // # Idempotence
 //
 // The dedup table is derived from the log: on open, every batch header is
