@@ -453,3 +453,83 @@ func TestReadByKeyOnMirror(t *testing.T) {
 		f.check(log.want(1, nil, 0))
 	}
 }
+
+// TestReadByKeyCompacted: on a stream compacted by key, a read by key
+// returns what the compacted range holds of the key (its newest record at
+// its offset, nothing for a deleted key), paging over the holes; a keyed
+// subscription delivers the same; and a restart, which checks the key
+// index files of the rewritten segments, keeps it so.
+func TestReadByKeyCompacted(t *testing.T) {
+	dir := t.TempDir()
+	n, c := testNode(t, dir, compactingNode())
+	ctx := ctxLong(t)
+	_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "kv", RangeCount: 1,
+		Cleanup:    geologv1.CleanupPolicy_CLEANUP_POLICY_COMPACT,
+		Compaction: &geologv1.CompactionPolicy{DeleteRetentionMs: -1, MinLagMs: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	offsets, values := map[string]uint64{}, map[string]string{}
+	for round := range 40 {
+		var rs []*geologv1.Record
+		for k := range 5 {
+			key := fmt.Sprintf("k%d", (round*5+k)%12)
+			r := &geologv1.Record{Key: []byte(key), Value: []byte(fmt.Sprintf("%s@%d", key, round))}
+			if round%7 == 6 && k == 0 {
+				r.Value, r.Tombstone = nil, true
+			}
+			rs = append(rs, r)
+		}
+		res, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "kv", Records: rs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range rs {
+			v := string(r.GetValue())
+			if r.GetTombstone() {
+				v = "~"
+			}
+			offsets[string(r.GetKey())], values[string(r.GetKey())] = res.GetBaseOffset()+uint64(i), v
+		}
+	}
+	want := latestOf(offsets, values)
+	waitUntil(t, ctx, 60*time.Second, "the range to compact below its tail", func() bool {
+		return slices.Equal(readRange(t, ctx, c, "kv", 0, geologv1.Consistency_CONSISTENCY_LOCAL, 0), want)
+	})
+	check := func(c geologv1.LogClient) {
+		t.Helper()
+		for k := range 12 {
+			key := fmt.Sprintf("k%d", k)
+			var keyWant []string
+			if values[key] != "~" {
+				keyWant = []string{fmt.Sprintf("%d:%s=%s", offsets[key], key, values[key])}
+			}
+			for _, page := range []uint32{1, 100} {
+				recs, err := readKeyAll(ctx, c, &geologv1.ReadRequest{Stream: "kv", Key: []byte(key)}, page)
+				if err != nil {
+					t.Fatalf("read %s: %v", key, err)
+				}
+				var got []string
+				for _, r := range recs {
+					got = append(got, recordText(r))
+				}
+				if !slices.Equal(got, keyWant) {
+					t.Fatalf("read %s by key (pages of %d): %v, want %v", key, page, got, keyWant)
+				}
+			}
+		}
+	}
+	check(c)
+	live := "k1"
+	if values[live] == "~" {
+		t.Fatal("the test wants k1 alive")
+	}
+	f := followKey(t, ctx, c, "kv", 0, []byte(live), 0)
+	f.collect(1)
+	if got := recordText(f.seen[0]); got != fmt.Sprintf("%d:%s=%s", offsets[live], live, values[live]) {
+		t.Fatalf("keyed subscription delivered %s", got)
+	}
+	n.Close()
+	_, c2 := testNode(t, dir, compactingNode())
+	check(c2)
+}

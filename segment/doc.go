@@ -103,6 +103,10 @@
 // (hash, relOffset, filePos) of u32 each, where hash is the low 32 bits of
 // the key's XXH64 (the high bits pick the key's range, so the keys of a
 // range share them) and filePos is the position of the record's frame.
+// A record's offset is its frame's BaseOffset plus its offset delta
+// (batch.RecordKeys gives both), so records of compacted frames keep
+// theirs; only data frames have entries (a compaction marker's record is
+// no reader's).
 //
 //   - The active segment's index is in memory: the entries in log order
 //     and, per hash, a chain from the newest entry back (16 bytes per
@@ -148,13 +152,17 @@
 //     and its reload rebuilds them, so a transferred log ends with valid
 //     key indexes. A frame whose CRC is valid but whose records do not
 //     parse is corruption.
-//   - KeyIndexBuilder builds a segment's key index file from its frames as
-//     the store does, for a segment rewritten by another component (key
-//     compaction): write its File beside the log as the segment's
-//     ".keyindex" (recovery checks it like any other); a store that swaps
-//     a rewritten segment in also swaps its sealed index in memory (see
-//     rebuildKeyIndex). The key index is a file of its own with its own
-//     CRCs, so that encryption at rest can seal logs and indexes apart.
+//   - RewriteSegment (compaction by key) builds the new segment's key
+//     index from the frames it writes (12 bytes per record kept), writes
+//     it as "_clean.<segment>.keyindex" and renames it over the old file
+//     before it publishes the new segment, so that no reader of the new
+//     segment uses the old index; readers of the old segment keep the old
+//     file, which the swap opens for them first. A crash in between leaves
+//     an index that does not match its log, which Open rebuilds.
+//     KeyIndexBuilder builds a segment's key index file from its frames
+//     exactly as the store does, for any other component that writes
+//     segments. The key index is a file of its own with its own CRCs, so
+//     that encryption at rest can seal logs and indexes apart.
 //
 // All file I/O goes through Config.FS (vfs.OS by default; vfs.Mem in tests
 // and the simulator), which spells out what is durable when.
