@@ -43,6 +43,7 @@ const (
 	Unauthenticated      = geologv1.ErrorCode_ERROR_CODE_UNAUTHENTICATED
 	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
 	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
+	KeyRequired          = geologv1.ErrorCode_ERROR_CODE_KEY_REQUIRED
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
@@ -96,6 +97,7 @@ var catalogue = map[Code]codeInfo{
 	GroupNotFound:         {codes.NotFound, false},
 	StaleCursorGeneration: {codes.FailedPrecondition, false},
 	LimitExceeded:         {codes.ResourceExhausted, false},
+	KeyRequired:           {codes.InvalidArgument, false},
 }
 
 // Error is a typed API error.

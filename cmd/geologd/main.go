@@ -60,6 +60,9 @@ func run() int {
 	cursorRanges := fs.Int("cursor-ranges", 16, "consumers: range count of the cursor stream _cursors (the same on every node)")
 	cursorHome := fs.String("cursor-home", "", "consumers: the region homing every range of _cursors at its creation (default: spread over the regions; the same on every node)")
 	groupHeartbeat := fs.Duration("group-heartbeat", 500*time.Millisecond, "consumers: how often group members heartbeat")
+	maintenance := fs.Duration("maintenance-interval", 30*time.Second, "how often each range applies retention and considers compaction by key")
+	compactionInterval := fs.Duration("compaction-interval", time.Minute, "compaction by key: least time between two decisions of a range")
+	compactionRate := fs.Int64("compaction-bytes-per-second", 64<<20, "compaction by key: the node's read and write rate (negative: unbounded)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -162,6 +165,10 @@ func run() int {
 		TickInterval:       *tick,
 		HeartbeatTicks:     *heartbeatTicks,
 		ElectionTicks:      *electionTicks,
+
+		MaintenanceInterval:      *maintenance,
+		CompactionInterval:       *compactionInterval,
+		CompactionBytesPerSecond: *compactionRate,
 	}
 	cfg.CursorRanges, cfg.CursorHome, cfg.GroupHeartbeatInterval = *cursorRanges, *cursorHome, *groupHeartbeat
 	if failpoints != nil {
