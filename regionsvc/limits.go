@@ -212,8 +212,9 @@ func (l *limits) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 	h := &rpcHold{}
 	if info.FullMethodName != "/geolog.v1.Log/AppendStream" {
 		// An AppendStream's requests take the quota one by one.
-		if wait := l.quotas.take(principalOf(ctx), 1, 0); wait > 0 {
-			e := l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", principalOf(ctx), wait)
+		p := l.quotas.principal(ctx)
+		if wait := l.quotas.take(p, 1, 0); wait > 0 {
+			e := l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", p, wait)
 			return ctx, apierr.ToStatus(e)
 		}
 		if !l.receiving.tryTake() {

@@ -6,16 +6,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/geolog/geolog/pki"
 	"google.golang.org/grpc/peer"
 )
 
-// principalOf names who sends a request: the one place the node decides
-// it, for quotas now and for authorization once identities land (they
-// replace this function: a client certificate's or token's principal, a
-// node's identity). Until then it is the peer's IP address, so that a
-// client's connections share its quota; calls made in-process (no peer)
-// are "local".
-func principalOf(ctx context.Context) string {
+// addrPrincipal names a caller without a verified identity (a node without
+// TLS): by the peer's IP address, so that a client's connections share its
+// quota; calls made in-process (no peer) are "local".
+func addrPrincipal(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return "local"
@@ -60,8 +58,22 @@ func newQuotas(requestsPerSecond, bytesPerSecond float64, now func() time.Time) 
 // take admits a request of principal costing requests and bytes, or
 // returns how long to wait (> 0) before it may be admitted. A nil quotas
 // admits everything.
-func (q *quotas) take(principal string, requests, bytes int64) time.Duration {
+// principal is the principal whose quota ctx's request takes
+// (principalOf), or "" when quotas are off or the caller is a node: nodes
+// forward and propagate their clients' requests, which took their quota
+// where they arrived.
+func (q *quotas) principal(ctx context.Context) string {
 	if q == nil {
+		return ""
+	}
+	if id, err := pki.PeerIdentity(ctx); err == nil && id.IsNode() {
+		return ""
+	}
+	return principalOf(ctx)
+}
+
+func (q *quotas) take(principal string, requests, bytes int64) time.Duration {
+	if q == nil || principal == "" {
 		return 0
 	}
 	now := q.now()
@@ -92,7 +104,7 @@ func (q *quotas) take(principal string, requests, bytes int64) time.Duration {
 // charge takes bytes from principal's byte bucket without asking (a read
 // whose size is known once it is read); the debt delays its next request.
 func (q *quotas) charge(principal string, bytes int64) {
-	if q == nil || q.bytesPerSecond <= 0 {
+	if q == nil || q.bytesPerSecond <= 0 || principal == "" {
 		return
 	}
 	q.mu.Lock()

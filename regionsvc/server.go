@@ -141,8 +141,9 @@ func (n *Node) admitAppendBytes(ctx context.Context, size int, streamed bool) er
 	if streamed {
 		requests = 1
 	}
-	if wait := l.quotas.take(principalOf(ctx), requests, int64(size)); wait > 0 {
-		return l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", principalOf(ctx), wait)
+	p := l.quotas.principal(ctx)
+	if wait := l.quotas.take(p, requests, int64(size)); wait > 0 {
+		return l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", p, wait)
 	}
 	if !l.appends.tryAcquire(int64(size)) {
 		return l.overloaded(ctx, "appends", jittered(overloadRetryAfter), "node holds %d bytes of appends in flight", l.appends.inUse())
@@ -308,7 +309,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
-	s.node.limits.quotas.charge(principalOf(ctx), recordBytes(recs))
+	s.node.limits.quotas.charge(s.node.limits.quotas.principal(ctx), recordBytes(recs))
 	return &geologv1.ReadResponse{
 		Records:     recs,
 		NextOffset:  next,

@@ -17,8 +17,9 @@ func replyBytesHeld(maxBytes int) int64 { return 2 * int64(maxBytes) }
 // or the node sending too much already).
 func (n *Node) holdReadReply(ctx context.Context, maxBytes int) error {
 	l := n.limits
-	if wait := l.quotas.take(principalOf(ctx), 0, 0); wait > 0 {
-		return l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", principalOf(ctx), wait)
+	p := l.quotas.principal(ctx)
+	if wait := l.quotas.take(p, 0, 0); wait > 0 {
+		return l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", p, wait)
 	}
 	h := holdOf(ctx)
 	if h == nil {
@@ -70,7 +71,7 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 		n.metrics.overloads.Add(ctx, 1, limitAttr("slow_consumer"))
 	}
 	timeout := n.cfg.Limits.SubscriberSendTimeout
-	principal := principalOf(ctx)
+	principal := n.limits.quotas.principal(ctx)
 	for {
 		if err := n.waitQuota(ctx, principal); err != nil {
 			return err
