@@ -39,7 +39,7 @@ func binaries(t *testing.T) string {
 		if binDir, buildErr = os.MkdirTemp("", "geolog-chaos-bin-"); buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/geologd", "./cmd/geolog-wan")
+		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/geologd", "./cmd/geolog-wan", "./cmd/geolog")
 		cmd.Dir = filepath.Dir(strings.TrimSpace(string(out)))
 		if b, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, b)
@@ -127,6 +127,31 @@ func TestSlice(t *testing.T) {
 	}
 	if h := results[len(results)-1].History; h != nil && !t.Failed() {
 		homingCheckersBite(t, h)
+	}
+	if h := results[len(results)-2].History; h != nil && !t.Failed() {
+		groupCheckersBite(t, h)
+	}
+}
+
+// groupCheckersBite: the consumer scenario's members processed records,
+// rebalanced after a fault, and committed through the coordinator; a
+// record no member processed is found.
+func groupCheckersBite(t *testing.T, h *History) {
+	g := h.Group
+	if g == nil || len(g.Processed) == 0 || g.CursorRecords == 0 {
+		t.Errorf("consumer-faults: no group history (%v)", g)
+		return
+	}
+	if r := CheckGroup(h); len(r.Rebalances) == 0 {
+		t.Errorf("consumer-faults: no rebalance measured after the member faults")
+	}
+	damaged := *h
+	dg := *g
+	gone := g.Processed[len(g.Processed)/2].Value
+	dg.Processed = slices.DeleteFunc(slices.Clone(g.Processed), func(p Processed) bool { return p.Value == gone })
+	damaged.Group = &dg
+	if r := CheckGroup(&damaged); r.Unprocessed != 1 || !r.Violated() {
+		t.Errorf("a record no member processed: %d unprocessed found", r.Unprocessed)
 	}
 }
 
@@ -217,6 +242,9 @@ func TestEnvClusterAttach(t *testing.T) {
 	if caps := env.Caps(); !caps.Processes || !caps.WAN || !caps.Failpoints || !caps.IntraRegionLinks || caps.ClientLinks || caps.LeaseTTL != 0 {
 		t.Fatalf("caps %+v", caps)
 	}
+	if env.ClientTLS() == nil || local.ClientTLS() == nil {
+		t.Fatal("the cluster's nodes serve TLS, and the env file does not say so (GEOLOG_CERTS_DIR)")
+	}
 	if len(env.Nodes()) != 3 || env.Nodes()[1].Addr != local.Nodes()[1].Addr || env.Nodes()[1].DebugAddr != local.Nodes()[1].DebugAddr {
 		t.Fatalf("nodes %+v, want those of %+v", env.Nodes(), local.Nodes())
 	}
@@ -232,26 +260,26 @@ func TestEnvClusterAttach(t *testing.T) {
 	if err := env.Kill(n2.NodeRef); err != nil {
 		t.Fatal(err)
 	}
-	if answers(ctx, n2.Addr) {
+	if answers(ctx, n2.Addr, env.ClientTLS()) {
 		t.Fatal("killed node answers")
 	}
 	if err := env.Restart(n2.NodeRef); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(ctx, 30*time.Second, func() bool { return answers(ctx, n2.Addr) }); err != nil {
+	if err := waitFor(ctx, 30*time.Second, func() bool { return answers(ctx, n2.Addr, env.ClientTLS()) }); err != nil {
 		t.Fatalf("restarted node: %v", err)
 	}
 	n3 := env.Nodes()[2]
 	if err := env.Pause(n3.NodeRef); err != nil {
 		t.Fatal(err)
 	}
-	if answers(ctx, n3.Addr) {
+	if answers(ctx, n3.Addr, env.ClientTLS()) {
 		t.Fatal("paused node answers")
 	}
 	if err := env.Resume(n3.NodeRef); err != nil {
 		t.Fatal(err)
 	}
-	if !answers(ctx, n3.Addr) {
+	if !answers(ctx, n3.Addr, env.ClientTLS()) {
 		t.Fatal("resumed node does not answer")
 	}
 	// A scenario through the attach path: faults by pid file and through
