@@ -66,6 +66,9 @@ type logWriter struct {
 	local       []*raftpb.Message // delivered to this replica's Raft, to step
 	err         error             // first write failure; nothing is written after it
 	closed      bool
+	// markWant is the commit index ProcessReady wants marked durable,
+	// markDone the one the last mark saved (commitmark.go).
+	markWant, markDone uint64
 
 	// pending is set with local or err: the driver has work (HasReady).
 	pending atomic.Bool
@@ -100,12 +103,13 @@ func (r *Replica) LogWritten() <-chan struct{} { return r.writer.written }
 func (r *Replica) HasLogWrites() bool {
 	r.writer.mu.Lock()
 	defer r.writer.mu.Unlock()
-	return len(r.writer.queue) > 0
+	return len(r.writer.queue) > 0 || r.writer.markWant > r.writer.markDone
 }
 
 // WriteLog appends the frames ProcessReady queued, fsyncs, and delivers the
 // messages that waited for them: to peers through Config.Send, to this
-// replica's Raft for the next ProcessReady (LogWritten receives). It is
+// replica's Raft for the next ProcessReady (LogWritten receives); then it
+// saves the commit mark ProcessReady asked for (commitmark.go). It is
 // for the driver's log-writer goroutine (one per replica, or a pool that
 // never runs two WriteLog of one replica at once: a second waits), and
 // returns once what it took is durable. A failure is returned and also
@@ -123,7 +127,8 @@ func (r *Replica) writeQueued() error {
 	w.mu.Lock()
 	writes := w.queue
 	w.queue, w.queuedBytes = nil, 0
-	if w.err != nil || w.closed || len(writes) == 0 || r.failure.Load() != nil {
+	mark := w.markWant > w.markDone
+	if w.err != nil || w.closed || (len(writes) == 0 && !mark) || r.failure.Load() != nil {
 		err := w.err
 		w.mu.Unlock()
 		return err
@@ -135,6 +140,8 @@ func (r *Replica) writeQueued() error {
 		for _, lw := range writes {
 			r.deliver(lw.responses)
 		}
+		// After the acks: they need the log durable, not the mark.
+		err = r.writeMark()
 	}
 	w.mu.Lock()
 	// busy is cleared only after delivering, so that ProcessReady delivers
