@@ -23,7 +23,7 @@ func TestRestartPublishesWhatItPublished(t *testing.T) {
 		c.replicas[1].Propose(op(7, uint64(2*i), 2, fmt.Sprint(i), &res))
 		c.settle()
 	}
-	c.tick(2) // heartbeats carry the commit index to the followers
+	c.tick(2)                              // heartbeats carry the commit index to the followers
 	for _, id := range []uint64{2, 3, 1} { // followers, then the leader
 		before := c.replicas[id].Committed()
 		if before != 40 {

@@ -176,10 +176,10 @@ type Replica struct {
 	committed  atomic.Uint64
 	appliedEnd uint64
 	pubs       []pubPoint
-	leaderID  atomic.Uint64
-	notifyMu  sync.Mutex
-	notifyCh  chan struct{}
-	failure   atomic.Pointer[apierr.Error]
+	leaderID   atomic.Uint64
+	notifyMu   sync.Mutex
+	notifyCh   chan struct{}
+	failure    atomic.Pointer[apierr.Error]
 }
 
 // New opens a replica over an already opened log. rebuild is called with
