@@ -23,8 +23,10 @@ func TestRestartPublishesWhatItPublished(t *testing.T) {
 		c.replicas[1].Propose(op(7, uint64(2*i), 2, fmt.Sprint(i), &res))
 		c.settle()
 	}
-	c.tick(2)                              // heartbeats carry the commit index to the followers
-	for _, id := range []uint64{2, 3, 1} { // followers, then the leader
+	// Heartbeats carry the commit index to the followers; then restart
+	// the followers, and the leader last.
+	c.tick(2)
+	for _, id := range []uint64{2, 3, 1} {
 		before := c.replicas[id].Committed()
 		if before != 40 {
 			t.Fatalf("node %d published %d before the restart, want 40", id, before)
