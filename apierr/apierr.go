@@ -46,6 +46,10 @@ const (
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
+// PastLocalTail is an offset past what the answering node serves now,
+// which the range may hold (see the proto): retriable.
+const PastLocalTail = geologv1.ErrorCode_ERROR_CODE_OFFSET_PAST_LOCAL_TAIL
+
 type codeInfo struct {
 	grpc      codes.Code
 	retriable bool
@@ -76,6 +80,7 @@ var catalogue = map[Code]codeInfo{
 	Unauthenticated:      {codes.Unauthenticated, false},
 	PermissionDenied:     {codes.PermissionDenied, false},
 	Internal:             {codes.Internal, false},
+	PastLocalTail:        {codes.Unavailable, true},
 }
 
 // Error is a typed API error.
