@@ -133,11 +133,20 @@ type StartAt struct {
 // in offset order, then waits for new ones until ctx ends. Any node serves
 // it (offsets are the same on every replica). On a retriable error or a
 // broken stream it resubscribes, with backoff, at the next address (or at
-// the error's leader hint) from the last delivered offset+1, never yielding
-// a record twice; a node found behind that offset counts as a retriable
-// failure. RetriesMax bounds the consecutive attempts that deliver nothing.
-// The sequence ends after yielding one error: the final error, or ctx's
-// error, or ErrClosed.
+// the error's leader hint) from the last delivered offset, never yielding
+// a record twice nor an offset below one it yielded; a node found behind
+// that offset (CodeOffsetPastLocalTail) counts as a retriable failure.
+// RetriesMax bounds the consecutive attempts that deliver nothing.
+//
+// After an unplanned failover the records it delivered may not all be in
+// the range's log: the old home served records it could not replicate
+// (the RPO; see fork.go). Resubscribing, it checks that the log still
+// holds the last record it delivered (same offset, same epoch); when not,
+// the sequence ends with a *ForkError (errors.Is(err, ErrForked)) whose
+// Offset is where to read again.
+//
+// The sequence ends after yielding one error: the final error, a
+// *ForkError, ctx's error, or ErrClosed.
 //
 //	for rec, err := range c.Subscribe(ctx, "chat", 0, client.StartAt{}) {
 //		if err != nil { ... break }
@@ -151,8 +160,15 @@ func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start
 			if err == nil {
 				return // the consumer stopped iterating
 			}
-			err = s.lagging(err)
+			if s.checkFailed(err) {
+				continue // the first record cannot be checked: resume after it
+			}
+			err = s.lagging(ctx, err)
+			var fe *ForkError
 			switch {
+			case errors.As(err, &fe):
+				yield(StoredRecord{}, fe)
+				return
 			case c.isClosed():
 				yield(StoredRecord{}, ErrClosed)
 				return
@@ -195,17 +211,43 @@ type subscription struct {
 	next      uint64
 	delivered bool // a record was yielded
 	failures  int  // consecutive attempts that delivered nothing
+	// runs are the epochs of the records delivered (fork.go).
+	runs []epochRun
+	// checking: the stream was asked from next-1, whose record must have
+	// the epoch delivered there; uncheckable: retention removed it.
+	checking, uncheckable bool
 }
 
-// lagging turns the OFFSET_OUT_OF_RANGE of a node whose tail is below an
-// offset already delivered (a follower that has not caught up) into a
-// retriable error: the offset exists, elsewhere.
-func (s *subscription) lagging(err error) error {
+// checkFailed reports whether err refused a subscription resumed one
+// record early because that record is no longer retained: it then
+// resumes at next, unchecked (a failover long ago).
+func (s *subscription) checkFailed(err error) bool {
 	var e *Error
-	if !s.delivered || !errors.As(err, &e) || e.Code != apierr.OffsetOutOfRange || e.TailOffset >= s.next {
+	if !s.checking || !errors.As(err, &e) || e.Code != apierr.OffsetOutOfRange || e.StartOffset < s.next {
+		return false
+	}
+	s.checking, s.uncheckable = false, true
+	return true
+}
+
+// lagging looks into a node's answer that it serves less than offsets
+// already delivered: OFFSET_PAST_LOCAL_TAIL, or an older server's
+// OFFSET_OUT_OF_RANGE, with a tail below next. Either the node lags (the
+// offset exists, elsewhere: a retriable error), or what was delivered
+// there was a divergent tail that the log no longer holds: a *ForkError.
+// The home tells which (checkLast); if it cannot be asked, the error
+// stays retriable.
+func (s *subscription) lagging(ctx context.Context, err error) error {
+	var e *Error
+	if !s.delivered || !errors.As(err, &e) || e.TailOffset >= s.next ||
+		(e.Code != apierr.OffsetOutOfRange && e.Code != apierr.PastLocalTail) {
 		return err
 	}
-	return apierr.New(apierr.Unavailable, "node %s is behind: its tail %d is below offset %d (%s)", s.addr, e.TailOffset, s.next, e.Message)
+	var fe *ForkError
+	if cerr := s.checkLast(ctx); errors.As(cerr, &fe) {
+		return fe
+	}
+	return apierr.New(apierr.Unavailable, "node %s is behind: it serves up to %d, below offset %d (%s)", s.addr, e.TailOffset, s.next, e.Message)
 }
 
 // once runs one Subscribe stream at s.addr until it fails (returning the
@@ -223,9 +265,16 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	req := &geologv1.SubscribeRequest{Stream: s.stream, Range: s.rng}
-	if !s.start.Time.IsZero() && !s.delivered {
+	s.checking = false
+	switch {
+	case !s.start.Time.IsZero() && !s.delivered:
 		req.Start = &geologv1.SubscribeRequest_FromTimeUnixNanos{FromTimeUnixNanos: s.start.Time.UnixNano()}
-	} else {
+	case s.delivered && !s.uncheckable:
+		// One record early: the log must still hold the last one
+		// delivered (fork.go).
+		req.Start = &geologv1.SubscribeRequest_FromOffset{FromOffset: s.next - 1}
+		s.checking = true
+	default:
 		req.Start = &geologv1.SubscribeRequest_FromOffset{FromOffset: s.next}
 	}
 	sub, err := api.Subscribe(sctx, req)
@@ -245,12 +294,20 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			c.pool.succeeded(s.addr)
 		}
 		for _, r := range resp.GetRecords() {
+			if s.checking && r.GetOffset() == s.next-1 {
+				s.checking = false
+				if r.GetEpoch() != s.lastEpoch() {
+					return received, s.forked(ctx, r.GetEpoch())
+				}
+			}
 			if r.GetOffset() < s.next {
 				continue // already delivered before a resubscribe
 			}
+			s.checking = false
 			s.next = r.GetOffset() + 1
 			s.delivered = true
 			s.failures = 0
+			s.noteDelivered(r.GetOffset(), r.GetEpoch())
 			if !yield(storedFromProto(s.rng, r), nil) {
 				return received, nil
 			}

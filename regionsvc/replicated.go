@@ -234,6 +234,7 @@ func (d *rangeDriver) ready() {
 		d.committed.Store(c)
 		d.notify()
 	}
+	d.noteLogEpoch() // a fork, or a newer epoch's frames, may lift a fence
 }
 
 // propose hands an append to the replica, translating its answer.
