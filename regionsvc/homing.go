@@ -54,14 +54,16 @@ func (d *rangeDriver) setRole(r rangeRole) {
 		return
 	}
 	old := d.role()
-	d.roleP.Store(&r)
-	if old != r {
-		d.logger.Info("home changed", "home_region", r.region, "epoch", r.epoch, "homed_here", r.home)
-	}
 	if r.epoch > 0 {
 		d.raiseEpoch(r.epoch)
 	}
-	d.updateFence()
+	// The fence for the new role is in place before the role shows
+	// (DescribeStream): a node that says it knows the new home serves
+	// nothing that home replaced.
+	d.updateFenceFor(&r)
+	if old != r {
+		d.logger.Info("home changed", "home_region", r.region, "epoch", r.epoch, "homed_here", r.home)
+	}
 }
 
 // homingState is a node's homing machinery (nil when homing is off).

@@ -13,6 +13,7 @@ import (
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/raftnet"
 	"github.com/geolog/geolog/replica"
+	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -61,7 +62,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	rep, err := replica.New(replica.Config{
 		Orphans: orphans,
 		NodeID:  rc.nodeID, Stream: d.cfg.stream, Range: d.cfg.rangeID, Peers: rc.peers,
-		Log: d.store, State: replica.FileState{FS: fsys, Dir: d.cfg.store.Dir},
+		Log: d.store, State: replica.FileState{FS: fsys, Dir: d.cfg.store.Dir, CommitNoSync: d.cfg.store.Fsync == segment.FsyncNever},
 		Send:          d.sendRaft,
 		SendSnapshot:  d.sendSnapshot,
 		Epoch:         d.cfg.epoch,

@@ -112,16 +112,29 @@ func (d *rangeDriver) learnEpochStarts(starts map[uint64]uint64, history bool) {
 
 // updateFence recomputes the fence from what the node knows (see the top
 // of this file); it asks the node (cfg.wantEpochs) for what it lacks.
-func (d *rangeDriver) updateFence() {
+func (d *rangeDriver) updateFence() { d.updateFenceFor(nil) }
+
+// updateFenceFor is updateFence; a role, if not nil, becomes the range's
+// role at the same time (setRole).
+func (d *rangeDriver) updateFenceFor(newRole *rangeRole) {
 	if !d.cfg.fenced || d.rep == nil {
+		if newRole != nil {
+			d.roleP.Store(newRole)
+		}
 		return
 	}
 	d.tl.mu.Lock()
 	role := d.role()
+	if newRole != nil {
+		role = *newRole
+	}
 	logEpoch := d.rep.HighestEpoch()
 	d.tl.logEpoch.Store(logEpoch)
 	f, want := d.computeFence(role, logEpoch)
 	old := d.tl.fence.Swap(f)
+	if newRole != nil {
+		d.roleP.Store(newRole) // after the fence: see setRole
+	}
 	d.tl.mu.Unlock()
 	if want != wantNothing && d.cfg.wantEpochs != nil {
 		d.cfg.wantEpochs(d, want == wantHistory)
