@@ -127,6 +127,12 @@ func (c *Client) OffsetForTime(ctx context.Context, stream string, rng uint32, t
 type StartAt struct {
 	Offset uint64
 	Time   time.Time
+	// Epoch, if not 0 (with Offset > 0), is the epoch of the record at
+	// Offset-1, the last one the caller processed: the subscription first
+	// checks that the range's log still holds it, and ends with a
+	// *ForkError if a failover replaced it (the offset and epoch of a
+	// record are what a consumer should keep as its position).
+	Epoch uint64
 }
 
 // Subscribe follows one range from start: it yields every committed record
@@ -155,6 +161,11 @@ type StartAt struct {
 func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start StartAt) iter.Seq2[StoredRecord, error] {
 	return func(yield func(StoredRecord, error) bool) {
 		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick()}
+		if start.Time.IsZero() && start.Epoch != 0 && start.Offset > 0 {
+			// As if it had delivered the caller's last record: checked
+			// first (fork.go).
+			s.delivered, s.lastEpoch = true, start.Epoch
+		}
 		for {
 			received, err := s.once(ctx, yield)
 			if err == nil {
@@ -211,8 +222,9 @@ type subscription struct {
 	next      uint64
 	delivered bool // a record was yielded
 	failures  int  // consecutive attempts that delivered nothing
-	// runs are the epochs of the records delivered (fork.go).
-	runs []epochRun
+	// lastEpoch is the epoch of the last record delivered (or vouched for
+	// by StartAt.Epoch; fork.go).
+	lastEpoch uint64
 	// checking: the stream was asked from next-1, whose record must have
 	// the epoch delivered there; uncheckable: retention removed it.
 	checking, uncheckable bool
@@ -296,7 +308,7 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 		for _, r := range resp.GetRecords() {
 			if s.checking && r.GetOffset() == s.next-1 {
 				s.checking = false
-				if r.GetEpoch() != s.lastEpoch() {
+				if r.GetEpoch() != s.lastEpoch {
 					return received, s.forked(ctx, r.GetEpoch())
 				}
 			}
@@ -307,7 +319,7 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			s.next = r.GetOffset() + 1
 			s.delivered = true
 			s.failures = 0
-			s.noteDelivered(r.GetOffset(), r.GetEpoch())
+			s.lastEpoch = r.GetEpoch()
 			if !yield(storedFromProto(s.rng, r), nil) {
 				return received, nil
 			}

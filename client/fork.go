@@ -57,14 +57,6 @@ func (e *ForkError) Error() string {
 // Is makes errors.Is(err, ErrForked) hold.
 func (e *ForkError) Is(target error) bool { return target == ErrForked }
 
-// epochRun is a run of delivered records of one epoch, from start.
-type epochRun struct{ start, epoch uint64 }
-
-// epochRunsMax bounds the runs a subscription remembers (epochs change
-// rarely; past it the oldest are forgotten and a fork found before them
-// is reported at the oldest remembered).
-const epochRunsMax = 16
-
 // forkSearchTimeout bounds the home reads that locate a fork, and
 // homeReadTimeout each of them.
 const (
@@ -72,19 +64,8 @@ const (
 	homeReadTimeout   = 5 * time.Second
 )
 
-// noteDelivered records the epoch of a record delivered at offset.
-func (s *subscription) noteDelivered(offset, epoch uint64) {
-	if n := len(s.runs); n > 0 && s.runs[n-1].epoch == epoch {
-		return
-	}
-	if len(s.runs) == epochRunsMax {
-		s.runs = append(s.runs[:0], s.runs[1:]...)
-	}
-	s.runs = append(s.runs, epochRun{start: offset, epoch: epoch})
-}
-
-// lastEpoch is the epoch of the last record delivered.
-func (s *subscription) lastEpoch() uint64 { return s.runs[len(s.runs)-1].epoch }
+// errBelowStart: an offset below the range's retained start.
+var errBelowStart = errors.New("client: offset below the range's retained start")
 
 // logEpochAt reads the log's record at offset with a home read: its epoch,
 // or present false when the log (as its home confirms it) does not reach
@@ -95,7 +76,9 @@ func (s *subscription) logEpochAt(ctx context.Context, offset uint64) (epoch uin
 	r, err := s.c.Read(ctx, s.stream, s.rng, offset, ReadOptions{MaxRecords: 1, Consistency: ConsistencyHome})
 	var e *Error
 	switch {
-	case errors.As(err, &e) && e.Code == apierr.OffsetOutOfRange && e.TailOffset <= offset && offset >= e.StartOffset:
+	case errors.As(err, &e) && e.Code == apierr.OffsetOutOfRange && offset < e.StartOffset:
+		return 0, false, errBelowStart
+	case errors.As(err, &e) && e.Code == apierr.OffsetOutOfRange && e.TailOffset <= offset:
 		return 0, false, nil
 	case err != nil:
 		return 0, false, err
@@ -115,7 +98,7 @@ func (s *subscription) checkLast(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if present && epoch == s.lastEpoch() {
+	if present && epoch == s.lastEpoch {
 		return nil
 	}
 	return s.forked(ctx, epoch)
@@ -128,49 +111,40 @@ func (s *subscription) forked(ctx context.Context, logEpoch uint64) *ForkError {
 	cctx, cancel := context.WithTimeout(ctx, forkSearchTimeout)
 	defer cancel()
 	return &ForkError{Stream: s.stream, Range: s.rng, Offset: s.forkPoint(cctx),
-		DeliveredEnd: s.next, DeliveredEpoch: s.lastEpoch(), LogEpoch: logEpoch}
+		DeliveredEnd: s.next, DeliveredEpoch: s.lastEpoch, LogEpoch: logEpoch}
 }
 
-// forkPoint is the first delivered offset whose record the log does not
-// hold. Epochs along a log never decrease, so within a run of delivered
-// records of one epoch the log holds a prefix: the runs are checked from
-// the newest back to the one whose first record the log holds, and that
-// run is bisected. A home read that fails ends the search low: at the
-// start of the run being searched (re-reading a few records is safe,
-// skipping some is not).
+// forkPoint is the first offset whose record, as the caller received it,
+// the log does not hold: a bisection of [0, next) with home reads (about
+// log2(next) of them). What the caller received comes from one copy's log
+// (a resubscription, and StartAt.Epoch, check the record it resumes
+// after), whose epochs never decrease; its divergent records were
+// replaced by a newer epoch's, above the last epoch it received; below the
+// fork the log holds what it received, of that epoch or older. So the
+// log's record at an offset is of a newer epoch than lastEpoch, or
+// missing, exactly from the fork on. Offsets below the log's retained
+// start count as held. A home read that fails ends the search low
+// (re-reading a few records is safe, skipping some is not).
 func (s *subscription) forkPoint(ctx context.Context) uint64 {
-	for i := len(s.runs) - 1; i >= 0; i-- {
-		run := s.runs[i]
-		end := s.next
-		if i+1 < len(s.runs) {
-			end = s.runs[i+1].start
+	replaced := func(o uint64) (bool, error) {
+		e, ok, err := s.logEpochAt(ctx, o)
+		if errors.Is(err, errBelowStart) {
+			return false, nil
 		}
-		holds := func(o uint64) (bool, error) {
-			e, ok, err := s.logEpochAt(ctx, o)
-			return ok && e == run.epoch, err
-		}
-		ok, err := holds(run.start)
-		if err != nil {
-			return run.start
-		}
-		if !ok {
-			continue
-		}
-		// The log holds run.start and not end (or the next run's start).
-		lo, hi := run.start+1, end
-		for lo < hi {
-			mid := lo + (hi-lo)/2
-			ok, err := holds(mid)
-			if err != nil {
-				return run.start
-			}
-			if ok {
-				lo = mid + 1
-			} else {
-				hi = mid
-			}
-		}
-		return lo
+		return !ok || e > s.lastEpoch, err
 	}
-	return s.runs[0].start
+	lo, hi := uint64(0), s.next-1 // replaced(hi) holds
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		r, err := replaced(mid)
+		if err != nil {
+			return lo
+		}
+		if r {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
 }

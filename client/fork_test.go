@@ -88,10 +88,10 @@ func TestSubscribeDetectsForkWhenLogIsShorter(t *testing.T) {
 	produceN(t, newProducer(t, c, "s"), 0, 100)
 	_, err := subscribeUntilError(t, c, func(rec client.StoredRecord) {
 		if rec.Offset == 99 {
-			if err := fake.Fork("s", 0, 42, 3); err != nil {
+			// Epoch 3 continues at 42 with 5 records.
+			if err := fake.Fork("s", 0, 42, 3, []byte("x"), []byte("y"), []byte("z"), []byte("v"), []byte("w")); err != nil {
 				t.Error(err)
 			}
-			go produceN(t, newProducer(t, c, "s"), 1000, 5) // epoch 3, offsets 42-46
 		}
 	})
 	var fe *client.ForkError
@@ -146,5 +146,35 @@ func TestSubscribeLaggingNodeIsNotAFork(t *testing.T) {
 		Read(testCtx(t), "s", 0, 90, client.ReadOptions{})
 	if err != nil || len(r.Records) != 10 || r.Records[0].Offset != 90 {
 		t.Fatalf("read past the lagging node's tail: %v", err)
+	}
+}
+
+// TestSubscribeFromCheckedPosition: a subscription that starts after a
+// record the caller processed (StartAt.Epoch, its epoch) checks that the
+// log still holds it: it does, and the subscription goes on; after a
+// fork that replaced it, it ends at once with a ForkError at the fork.
+func TestSubscribeFromCheckedPosition(t *testing.T) {
+	fake := startFake(t, clienttest.Config{})
+	fake.MustCreateStream("s", 1)
+	c := newClient(t, fake.Addr(), client.RetryBackoff(time.Millisecond, 10*time.Millisecond))
+	produceN(t, newProducer(t, c, "s"), 0, 50)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	for rec, err := range c.Subscribe(ctx, "s", 0, client.StartAt{Offset: 30, Epoch: 1}) {
+		if err != nil || rec.Offset != 30 {
+			t.Fatalf("first record %d, %v; want 30", rec.Offset, err)
+		}
+		break
+	}
+	cancel()
+	if err := fake.Fork("s", 0, 20, 2, []byte("a"), []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, newProducer(t, c, "s"), 100, 20) // epoch 2, offsets 22-41
+	for rec, err := range c.Subscribe(testCtx(t), "s", 0, client.StartAt{Offset: 30, Epoch: 1}) {
+		var fe *client.ForkError
+		if !errors.As(err, &fe) || fe.Offset != 20 || fe.LogEpoch != 2 {
+			t.Fatalf("got %d, %v; want a ForkError at 20", rec.Offset, err)
+		}
+		break
 	}
 }
