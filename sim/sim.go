@@ -110,8 +110,11 @@ type node struct {
 	stores   []*segment.Store
 	replicas []*replica.Replica
 	verified []uint64 // per range: committed offsets already checked
-	writing  []bool   // per range: an evWrite is due
-	dying    bool     // a Sync was where the process died (syncCrashLog)
+	// served is, per range, the highest committed end the node has
+	// published in any incarnation: it never publishes less (invariant 8).
+	served  []uint64
+	writing []bool // per range: an evWrite is due
+	dying   bool   // a Sync was where the process died (syncCrashLog)
 }
 
 // errSyncCrash is what a replica sees from the Sync its process dies in.
@@ -250,7 +253,7 @@ func Run(opt Options) (res Result, err error) {
 		w.seen[r] = map[string]uint64{}
 	}
 	for i := 0; i < opt.Nodes; i++ {
-		n := &node{id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())))}
+		n := &node{id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64()))), served: make([]uint64, opt.Ranges)}
 		w.nodes = append(w.nodes, n)
 		if err := w.start(n); err != nil {
 			return w.res, err
