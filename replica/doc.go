@@ -25,8 +25,8 @@
 //     (MsgStorageAppendResp, a leader's own MsgAppResp): entries now
 //     durable here, and what they commit.
 //  2. Save the hard state when its term or vote changed, synchronously
-//     (the commit index is not made durable on its own: a restarted
-//     replica relearns it, and clamps a saved one to its log).
+//     (the commit index rides along; on its own it is made durable by the
+//     commit mark, step 5).
 //  3. Send what Raft lets go at once: a leader's appends and heartbeats go
 //     out before its own write, so its followers write in parallel with it
 //     (Raft thesis 10.2.1). (Config.Send must not block.)
@@ -40,9 +40,11 @@
 //     queued: truncate, rebuild the idempotence table from the log, append,
 //     fsync.
 //  5. Apply committed entries (Raft hands them over once they are durable
-//     here): publish the committed offset, answer the proposals they
-//     settle, apply configuration changes (saving the configuration
-//     durably).
+//     here): answer the proposals they settle, apply configuration changes
+//     (saving the configuration durably), and ask WriteLog for a commit
+//     mark covering them; publish the committed offset once a durable mark
+//     covers it (commitmark.go: a restarted replica publishes at once what
+//     it published before).
 //  6. Answer the proposals of the current term that Raft's commit index
 //     covers: a quorum has them durably, this replica's own write may still
 //     be in flight.
