@@ -117,11 +117,13 @@ func (d *rangeDriver) runReplicated() {
 	// The replica's log writes (append, fsync, then the acks that waited
 	// for them) run on their own goroutine, so that this one keeps
 	// stepping messages and proposals while an fsync is in flight.
-	writerStop, writerDone := make(chan struct{}), make(chan struct{})
+	writerStop, writerDone, markDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go d.runLogWriter(writerStop, writerDone)
+	go d.runMarkWriter(writerStop, markDone)
 	stopWriter := func() {
 		close(writerStop)
 		<-writerDone
+		<-markDone
 	}
 	if d.rep.IsNewGroup() && first == d.cfg.repl.nodeID {
 		if err := d.rep.Campaign(); err != nil {
@@ -177,6 +179,24 @@ func (d *rangeDriver) runLogWriter(stop <-chan struct{}, done chan<- struct{}) {
 		case <-d.rep.LogWrites():
 			if err := d.rep.WriteLog(); err != nil {
 				d.logger.Error("log write failed", "error", err)
+			}
+		case <-stop:
+			return
+		}
+	}
+}
+
+// runMarkWriter is the replica's commit-mark goroutine: it runs WriteMark
+// whenever the driver's Ready cycles applied entries (replica's
+// commitmark.go), beside the log writer, so that a mark's fdatasync delays
+// no log write, until stop.
+func (d *rangeDriver) runMarkWriter(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-d.rep.MarkWrites():
+			if err := d.rep.WriteMark(); err != nil {
+				d.logger.Error("commit mark write failed", "error", err)
 			}
 		case <-stop:
 			return
@@ -374,6 +394,9 @@ func (d *rangeDriver) stopReplicated(stopWriter func()) {
 	stopWriter()
 	if err := d.rep.WriteLog(); err != nil {
 		d.logger.Warn("log write on shutdown", "error", err)
+	}
+	if err := d.rep.WriteMark(); err != nil {
+		d.logger.Warn("commit mark on shutdown", "error", err)
 	}
 	d.rep.Close()
 	d.refuseQueued()

@@ -19,9 +19,10 @@ import "fmt"
 //     the end offset it reaches); ProcessReady asks the log writer for a
 //     mark at the applied index (entries are applied only once durable
 //     here, so the mark never names an entry this log could lose).
-//  2. WriteLog, after its log writes and their acks (acks do not wait for
-//     the mark), saves the mark (StateStore.SaveCommit: one small record
-//     rewritten in place, one fdatasync) and wakes the driver.
+//  2. WriteMark, on its own goroutine beside WriteLog (acks and log
+//     writes do not wait for the mark), saves the mark
+//     (StateStore.SaveCommit: one small record rewritten in place, one
+//     fdatasync) and wakes the driver.
 //  3. ProcessReady publishes the publication points the durable mark
 //     covers. A restarted replica starts with the commit index the mark
 //     (or the state) holds, clamped to its log, and publishes it at once:
@@ -60,7 +61,7 @@ func (r *Replica) markApplied() {
 	}
 	w.mu.Unlock()
 	if need {
-		signal(w.queued)
+		signal(w.marks)
 	}
 }
 
@@ -114,23 +115,48 @@ func (r *Replica) markedIndex() uint64 {
 	return w.markDone
 }
 
-// writeMark saves the mark ProcessReady asked for, if any, and wakes the
-// driver to publish. For WriteLog, after its log writes (wmu held).
-func (r *Replica) writeMark() error {
+// MarkWrites returns a channel that receives when ProcessReady wants a
+// commit mark saved: the driver then calls WriteMark. Safe from any
+// goroutine.
+func (r *Replica) MarkWrites() <-chan struct{} { return r.writer.marks }
+
+// HasMarkWrite reports whether a commit mark is wanted and not saved yet.
+// Safe from any goroutine.
+func (r *Replica) HasMarkWrite() bool {
 	w := &r.writer
 	w.mu.Lock()
-	want, done := w.markWant, w.markDone
+	defer w.mu.Unlock()
+	return w.markWant > w.markDone && w.err == nil && !w.closed
+}
+
+// WriteMark saves the commit mark ProcessReady asked for, if any, and
+// wakes the driver to publish what it covers (LogWritten receives). It may
+// run on its own goroutine, beside WriteLog (the mark names applied
+// entries only, durable already, and is a file of its own): a mark's
+// fdatasync then delays no log write. Calls are serialised. A failure is
+// returned and kept for ProcessReady, which stops the replica.
+func (r *Replica) WriteMark() error {
+	w := &r.writer
+	w.markMu.Lock()
+	defer w.markMu.Unlock()
+	w.mu.Lock()
+	want, done, failed := w.markWant, w.markDone, w.err != nil || w.closed
 	w.mu.Unlock()
-	if want <= done {
+	if want <= done || failed || r.failure.Load() != nil {
 		return nil
 	}
-	if err := r.cfg.State.SaveCommit(want); err != nil {
-		return fmt.Errorf("replica: save commit mark %d: %w", want, err)
-	}
+	err := r.cfg.State.SaveCommit(want)
 	w.mu.Lock()
-	w.markDone = max(w.markDone, want)
+	if err != nil {
+		err = fmt.Errorf("replica: save commit mark %d: %w", want, err)
+		if w.err == nil {
+			w.err = err
+		}
+	} else {
+		w.markDone = max(w.markDone, want)
+	}
 	w.pending.Store(true)
 	w.mu.Unlock()
 	signal(w.written)
-	return nil
+	return err
 }

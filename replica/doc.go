@@ -15,9 +15,10 @@
 // goroutine (the range driver, or the simulator) owns it and calls, in any
 // interleaving: Tick on its ticker, Step for each message from a peer,
 // Propose for each append, and ProcessReady whenever HasReady. A second
-// goroutine, the log writer, calls WriteLog whenever LogWrites receives
-// (the simulator calls it after a virtual disk latency); the driver wakes
-// for ProcessReady when LogWritten receives. Raft runs with
+// goroutine, the log writer, calls WriteLog whenever LogWrites receives,
+// and a third (or the second) WriteMark whenever MarkWrites receives (the
+// simulator calls them after a virtual disk latency); the driver wakes for
+// ProcessReady when LogWritten receives. Raft runs with
 // AsyncStorageWrites (logwriter.go says what the two goroutines share).
 // ProcessReady does, in this order:
 //
@@ -41,7 +42,7 @@
 //     fsync.
 //  5. Apply committed entries (Raft hands them over once they are durable
 //     here): answer the proposals they settle, apply configuration changes
-//     (saving the configuration durably), and ask WriteLog for a commit
+//     (saving the configuration durably), and ask WriteMark for a commit
 //     mark covering them; publish the committed offset once a durable mark
 //     covers it (commitmark.go: a restarted replica publishes at once what
 //     it published before).

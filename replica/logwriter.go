@@ -69,16 +69,19 @@ type logWriter struct {
 	// markWant is the commit index ProcessReady wants marked durable,
 	// markDone the one the last mark saved (commitmark.go).
 	markWant, markDone uint64
+	// markMu is held by WriteMark while it saves a mark.
+	markMu sync.Mutex
 
 	// pending is set with local or err: the driver has work (HasReady).
 	pending atomic.Bool
-	// queued and written are signals (capacity 1): writes were queued for
-	// WriteLog; WriteLog left work for the driver.
-	queued, written chan struct{}
+	// queued, marks and written are signals (capacity 1): writes were
+	// queued for WriteLog; a mark is wanted from WriteMark; WriteLog or
+	// WriteMark left work for the driver.
+	queued, marks, written chan struct{}
 }
 
 func newLogWriter() logWriter {
-	return logWriter{queued: make(chan struct{}, 1), written: make(chan struct{}, 1)}
+	return logWriter{queued: make(chan struct{}, 1), marks: make(chan struct{}, 1), written: make(chan struct{}, 1)}
 }
 
 func signal(ch chan struct{}) {
@@ -103,13 +106,12 @@ func (r *Replica) LogWritten() <-chan struct{} { return r.writer.written }
 func (r *Replica) HasLogWrites() bool {
 	r.writer.mu.Lock()
 	defer r.writer.mu.Unlock()
-	return len(r.writer.queue) > 0 || r.writer.markWant > r.writer.markDone
+	return len(r.writer.queue) > 0
 }
 
 // WriteLog appends the frames ProcessReady queued, fsyncs, and delivers the
 // messages that waited for them: to peers through Config.Send, to this
-// replica's Raft for the next ProcessReady (LogWritten receives); then it
-// saves the commit mark ProcessReady asked for (commitmark.go). It is
+// replica's Raft for the next ProcessReady (LogWritten receives). It is
 // for the driver's log-writer goroutine (one per replica, or a pool that
 // never runs two WriteLog of one replica at once: a second waits), and
 // returns once what it took is durable. A failure is returned and also
@@ -127,8 +129,7 @@ func (r *Replica) writeQueued() error {
 	w.mu.Lock()
 	writes := w.queue
 	w.queue, w.queuedBytes = nil, 0
-	mark := w.markWant > w.markDone
-	if w.err != nil || w.closed || (len(writes) == 0 && !mark) || r.failure.Load() != nil {
+	if w.err != nil || w.closed || len(writes) == 0 || r.failure.Load() != nil {
 		err := w.err
 		w.mu.Unlock()
 		return err
@@ -140,8 +141,6 @@ func (r *Replica) writeQueued() error {
 		for _, lw := range writes {
 			r.deliver(lw.responses)
 		}
-		// After the acks: they need the log durable, not the mark.
-		err = r.writeMark()
 	}
 	w.mu.Lock()
 	// busy is cleared only after delivering, so that ProcessReady delivers
