@@ -79,7 +79,15 @@ type timeline struct {
 	fence         atomic.Pointer[timelineFence]
 	// logEpoch is the log's highest epoch at the last computation.
 	logEpoch atomic.Uint64
+	// wanted is what was last asked of the node, and when (d.tl.mu).
+	wanted   int
+	wantedAt time.Time
 }
+
+// epochWantRepeat is how often a range asks the node again for the same
+// thing while it lacks it (a range without a home record, a store that
+// does not answer): the first ask goes at once.
+const epochWantRepeat = time.Second
 
 // servableEnd is the end of what local reads may serve: the committed end,
 // or the fence if lower.
@@ -135,8 +143,14 @@ func (d *rangeDriver) updateFenceFor(newRole *rangeRole) {
 	if newRole != nil {
 		d.roleP.Store(newRole) // after the fence: see setRole
 	}
+	ask := want != wantNothing && (want != d.tl.wanted || time.Since(d.tl.wantedAt) >= epochWantRepeat)
+	if ask {
+		d.tl.wanted, d.tl.wantedAt = want, time.Now()
+	} else if want == wantNothing {
+		d.tl.wanted = wantNothing
+	}
 	d.tl.mu.Unlock()
-	if want != wantNothing && d.cfg.wantEpochs != nil {
+	if ask && d.cfg.wantEpochs != nil {
 		d.cfg.wantEpochs(d, want == wantHistory)
 	}
 	if (old == nil) != (f == nil) || (f != nil && *old != *f) {
