@@ -51,9 +51,13 @@ type ReadResult struct {
 
 // Read returns committed records of one range from fromOffset on, from any
 // node (a follower may lag: use ConsistencyMinOffset or ConsistencyHome to
-// bound that). Retriable errors are retried at another node (RetriesMax). Reading below the range's start or past
-// its tail fails with CodeOffsetOutOfRange; the *Error carries the valid
-// StartOffset and TailOffset.
+// bound that). Retriable errors are retried at another node (RetriesMax),
+// among them CodeOffsetPastLocalTail: fromOffset is past what the node
+// serves, which the range may hold. Reading below the range's start or
+// past its tail (as the home confirms it) fails with CodeOffsetOutOfRange;
+// the *Error carries the valid StartOffset and TailOffset. A reader that
+// moves between nodes should compare the epoch of the record at its last
+// offset (see Subscribe, and docs/reads-never-go-backwards.md).
 func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset uint64, opts ReadOptions) (*ReadResult, error) {
 	req := &geologv1.ReadRequest{
 		Stream:      stream,
