@@ -39,7 +39,8 @@ FUZZ_TARGETS := \
 	./replica:FuzzSnapshotDesc:60000 \
 	./replica:FuzzProducerBase:60000 \
 	./replica:FuzzForkRecord:60000 \
-	./replica:FuzzForkDesc:60000
+	./replica:FuzzForkDesc:60000 \
+	./replica:FuzzCommitMark:20000
 FUZZ_TIME ?=
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add
