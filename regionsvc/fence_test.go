@@ -116,7 +116,7 @@ func TestFailbackFencesLocalReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	var newHome string
-	waitUntil(t, ctx, time.Minute, "a new home", func() bool {
+	waitUntil(t, ctx, 2*time.Minute, "a new home", func() bool {
 		h, e := rangeHome(ctx, w.world, "eu", "fence", 0)
 		newHome = h
 		return h != "us" && h != "" && e >= 2
@@ -131,7 +131,7 @@ func TestFailbackFencesLocalReads(t *testing.T) {
 			}
 		}
 	}
-	waitUntil(t, ctx, time.Minute, "us knows the new home", func() bool {
+	waitUntil(t, ctx, 2*time.Minute, "us knows the new home", func() bool {
 		h, e := rangeHome(ctx, w.world, "us", "fence", 0)
 		return h == newHome && e >= 2
 	})
