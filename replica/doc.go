@@ -19,7 +19,7 @@
 // and a third (or the second) WriteMark whenever MarkWrites receives (the
 // simulator calls them after a virtual disk latency); the driver wakes for
 // ProcessReady when LogWritten receives. Raft runs with
-// AsyncStorageWrites (logwriter.go says what the two goroutines share).
+// AsyncStorageWrites (logwriter.go says what the goroutines share).
 // ProcessReady does, in this order:
 //
 //  1. Step what WriteLog delivered to this replica's Raft

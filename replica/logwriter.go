@@ -32,6 +32,9 @@ import (
 //     drained and held off (logWriter.wmu); both are rare (leader changes,
 //     catch-up).
 //   - Config.Send: called from both (the transport is goroutine-safe).
+//   - The commit mark wanted and saved (markWant, markDone):
+//     logWriter.mu. WriteMark runs on a third goroutine (or the log
+//     writer's), one call at a time (markMu); commitmark.go.
 //
 // Everything else stays on the driver goroutine: the hard state (term and
 // vote are saved synchronously before anything that depends on them is
