@@ -43,6 +43,7 @@ const (
 	Unauthenticated      = geologv1.ErrorCode_ERROR_CODE_UNAUTHENTICATED
 	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
 	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
+	KeyRequired          = geologv1.ErrorCode_ERROR_CODE_KEY_REQUIRED
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
@@ -81,6 +82,7 @@ var catalogue = map[Code]codeInfo{
 	PermissionDenied:     {codes.PermissionDenied, false},
 	Internal:             {codes.Internal, false},
 	PastLocalTail:        {codes.Unavailable, true},
+	KeyRequired:          {codes.InvalidArgument, false},
 }
 
 // Error is a typed API error.

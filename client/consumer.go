@@ -57,8 +57,15 @@ type ReadResult struct {
 // past its tail (as the home confirms it) fails with CodeOffsetOutOfRange;
 // the *Error carries the valid StartOffset and TailOffset. A reader that
 // moves between nodes should compare the epoch of the record at its last
-// offset (see Subscribe, and docs/reads-never-go-backwards.md).
-func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset uint64, opts ReadOptions) (*ReadResult, error) {
+// offset (see Subscribe, and docs/reads-never-go-backwards.md). With
+// OpenWith, records are opened (see there); a record skipped by
+// SkipUnopenable is left out of Records, and NextOffset still moves past
+// it.
+func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset uint64, opts ReadOptions, copts ...ConsumerOpt) (*ReadResult, error) {
+	op, err := newOpener(stream, copts)
+	if err != nil {
+		return nil, err
+	}
 	req := &geologv1.ReadRequest{
 		Stream:      stream,
 		Range:       rng,
@@ -69,7 +76,7 @@ func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset
 		MinOffset:   opts.MinOffset,
 	}
 	var resp *geologv1.ReadResponse
-	err := c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
+	err = c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
 		resp, err = api.Read(ctx, req)
 		return err
 	})
@@ -77,13 +84,19 @@ func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset
 		return nil, fmt.Errorf("read %s/%d at %d: %w", stream, rng, fromOffset, err)
 	}
 	out := &ReadResult{
-		Records:     make([]StoredRecord, len(resp.GetRecords())),
+		Records:     make([]StoredRecord, 0, len(resp.GetRecords())),
 		NextOffset:  resp.GetNextOffset(),
 		StartOffset: resp.GetStartOffset(),
 		TailOffset:  resp.GetTailOffset(),
 	}
-	for i, r := range resp.GetRecords() {
-		out.Records[i] = storedFromProto(rng, r)
+	for _, r := range resp.GetRecords() {
+		rec, ok, err := op.open(storedFromProto(rng, r))
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out.Records = append(out.Records, rec)
+		}
 	}
 	return out, nil
 }
@@ -146,7 +159,10 @@ type StartAt struct {
 // the error's leader hint) from the last delivered offset, never yielding
 // a record twice nor an offset below one it yielded; a node found behind
 // that offset (CodeOffsetPastLocalTail) counts as a retriable failure.
-// RetriesMax bounds the consecutive attempts that deliver nothing.
+// RetriesMax bounds the consecutive attempts that deliver nothing. With
+// OpenWith, records are opened (see there): a record that does not open
+// ends the sequence with an *OpenError, or is skipped and reported with
+// SkipUnopenable.
 //
 // After an unplanned failover the records it delivered may not all be in
 // the range's log: the old home served records it could not replicate
@@ -156,15 +172,20 @@ type StartAt struct {
 // Offset is where to read again.
 //
 // The sequence ends after yielding one error: the final error, a
-// *ForkError, ctx's error, or ErrClosed.
+// *ForkError, an *OpenError, ctx's error, or ErrClosed.
 //
 //	for rec, err := range c.Subscribe(ctx, "chat", 0, client.StartAt{}) {
 //		if err != nil { ... break }
 //		...
 //	}
-func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start StartAt) iter.Seq2[StoredRecord, error] {
+func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start StartAt, copts ...ConsumerOpt) iter.Seq2[StoredRecord, error] {
 	return func(yield func(StoredRecord, error) bool) {
-		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick()}
+		op, err := newOpener(stream, copts)
+		if err != nil {
+			yield(StoredRecord{}, err)
+			return
+		}
+		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op}
 		if start.Time.IsZero() && start.Epoch != 0 && start.Offset > 0 {
 			// As if it had delivered the caller's last record: checked
 			// first (fork.go).
@@ -221,7 +242,8 @@ type subscription struct {
 	stream string
 	rng    uint32
 	start  StartAt
-	addr   string // where the next stream goes
+	op     *opener // nil without OpenWith
+	addr   string  // where the next stream goes
 	// next is the offset to deliver next; records below it are skipped.
 	next      uint64
 	delivered bool // a record was yielded
@@ -309,6 +331,12 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			received = true
 			c.pool.succeeded(s.addr)
 		}
+		if n := resp.GetNextOffset(); n > s.next && len(resp.GetRecords()) == 0 {
+			// Holes only (compaction by key): resume past them. The
+			// record at next-1, if it was being checked, is one of them.
+			s.next = n
+			s.checking = false
+		}
 		for _, r := range resp.GetRecords() {
 			if s.checking && r.GetOffset() == s.next-1 {
 				s.checking = false
@@ -319,12 +347,16 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			if r.GetOffset() < s.next {
 				continue // already delivered before a resubscribe
 			}
+			rec, ok, err := s.op.open(storedFromProto(s.rng, r))
+			if err != nil {
+				return received, err // final: an *OpenError is not retriable
+			}
 			s.checking = false
 			s.next = r.GetOffset() + 1
 			s.delivered = true
 			s.failures = 0
 			s.lastEpoch = r.GetEpoch()
-			if !yield(storedFromProto(s.rng, r), nil) {
+			if ok && !yield(rec, nil) {
 				return received, nil
 			}
 		}

@@ -43,10 +43,19 @@ type streamSpec struct {
 	// MetaOffset is, in a replicated region, the catalogue offset of the
 	// stream's creation record (its ranges' Raft groups derive from it).
 	MetaOffset uint64 `json:"meta_offset,omitempty"`
+	// Cleanup is the cleanup policy (unset in catalogues written before
+	// compaction by key: delete); the compaction settings are in
+	// milliseconds, 0 the default, -1 none (see compaction.go).
+	Cleanup                geologv1.CleanupPolicy `json:"cleanup,omitempty"`
+	DeleteRetentionMillis  int64                  `json:"delete_retention_ms,omitempty"`
+	MinCompactionLagMillis int64                  `json:"min_compaction_lag_ms,omitempty"`
 }
 
 func (s streamSpec) info() *geologv1.StreamInfo {
+	cleanup, compaction := s.cleanupInfo()
 	return &geologv1.StreamInfo{
+		Cleanup:    cleanup,
+		Compaction: compaction,
 		Name:       s.Name,
 		RangeCount: s.RangeCount,
 		Regions:    append([]string(nil), s.Regions...),
@@ -87,7 +96,7 @@ func (s streamSpec) hasRegion(region string) bool {
 func (s streamSpec) sameDefinition(o streamSpec) bool {
 	return s.Name == o.Name && s.RangeCount == o.RangeCount && slices.Equal(s.Regions, o.Regions) &&
 		slices.Equal(s.homes(), o.homes()) && s.RetentionAgeMillis == o.RetentionAgeMillis &&
-		s.RetentionBytes == o.RetentionBytes
+		s.RetentionBytes == o.RetentionBytes && s.sameCleanup(o)
 }
 
 // validateStreamName returns an InvalidArgument error for a bad name.
@@ -137,7 +146,7 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 	if err != nil {
 		return streamSpec{}, err
 	}
-	return streamSpec{
+	spec := streamSpec{
 		Homes:              homes,
 		Name:               req.GetName(),
 		RangeCount:         req.GetRangeCount(),
@@ -145,7 +154,11 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 		RetentionAgeMillis: ret.GetMaxAgeMs(),
 		RetentionBytes:     ret.GetMaxBytes(),
 		CreatedUnixNanos:   nowUnixNanos,
-	}, nil
+	}
+	if err := cleanupFromRequest(req, &spec); err != nil {
+		return streamSpec{}, err
+	}
+	return spec, nil
 }
 
 // homeSpread places range i in regions[i % len(regions)].

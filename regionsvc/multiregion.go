@@ -47,9 +47,10 @@ func isPropagated(ctx context.Context) bool {
 // createRequest is the CreateStream request that recreates spec exactly
 // (homes explicit) in another node or region.
 func createRequest(spec streamSpec) *geologv1.CreateStreamRequest {
+	cleanup, compaction := spec.cleanupInfo()
 	return &geologv1.CreateStreamRequest{Name: spec.Name, RangeCount: spec.RangeCount, Regions: spec.Regions,
 		Retention:  &geologv1.RetentionPolicy{MaxAgeMs: spec.RetentionAgeMillis, MaxBytes: spec.RetentionBytes},
-		RangeHomes: spec.homes()}
+		RangeHomes: spec.homes(), Cleanup: cleanup, Compaction: compaction}
 }
 
 // propagateCreate creates spec in every other region of the stream. A
@@ -120,7 +121,9 @@ func (n *Node) checkSameDefinition(ctx context.Context, addr string, spec stream
 	}
 	si := resp.GetStream()
 	other := streamSpec{Name: si.GetName(), RangeCount: si.GetRangeCount(), Regions: si.GetRegions(), Homes: si.GetRangeHomes(),
-		RetentionAgeMillis: si.GetRetention().GetMaxAgeMs(), RetentionBytes: si.GetRetention().GetMaxBytes()}
+		RetentionAgeMillis: si.GetRetention().GetMaxAgeMs(), RetentionBytes: si.GetRetention().GetMaxBytes(),
+		Cleanup: si.GetCleanup(), DeleteRetentionMillis: si.GetCompaction().GetDeleteRetentionMs(),
+		MinCompactionLagMillis: si.GetCompaction().GetMinLagMs()}
 	if !spec.sameDefinition(other) {
 		return apierr.New(apierr.StreamExists, "region behind %s holds a different stream %q", addr, spec.Name)
 	}
@@ -223,7 +226,7 @@ func (m *mirrorRange) Apply(ctx context.Context, frames []byte) (uint64, error) 
 		done := make(chan appendResult, 1)
 		ops = append(ops, done)
 		m.d.raiseEpoch(h.Epoch)
-		m.d.submit(ctx, &appendOp{verbatim: true, recordCount: h.RecordCount, frame: frames[:size:size],
+		m.d.submit(ctx, &appendOp{verbatim: true, recordCount: h.Span(), frame: frames[:size:size],
 			reply: func(r appendResult) { done <- r }})
 		frames = frames[size:]
 	}

@@ -447,6 +447,7 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 			ProducerTimeUnixNanos: rec.GetProducerTimeUnixNanos(),
 			AppendTimeUnixNanos:   now,
 			Epoch:                 epoch,
+			Tombstone:             rec.GetTombstone(),
 		})
 		r.sizeBytes += int64(len(rec.GetKey()) + len(rec.GetValue()))
 	}
