@@ -51,6 +51,17 @@ const (
 // which the range may hold (see the proto): retriable.
 const PastLocalTail = geologv1.ErrorCode_ERROR_CODE_OFFSET_PAST_LOCAL_TAIL
 
+// The codes of consumer groups and cursors (consumer.proto).
+const (
+	UnknownMember         = geologv1.ErrorCode_ERROR_CODE_UNKNOWN_MEMBER
+	StaleMemberEpoch      = geologv1.ErrorCode_ERROR_CODE_STALE_MEMBER_EPOCH
+	RangeNotAssigned      = geologv1.ErrorCode_ERROR_CODE_RANGE_NOT_ASSIGNED
+	GroupNotEmpty         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_EMPTY
+	GroupNotFound         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_FOUND
+	StaleCursorGeneration = geologv1.ErrorCode_ERROR_CODE_STALE_CURSOR_GENERATION
+	LimitExceeded         = geologv1.ErrorCode_ERROR_CODE_LIMIT_EXCEEDED
+)
+
 type codeInfo struct {
 	grpc      codes.Code
 	retriable bool
@@ -81,8 +92,17 @@ var catalogue = map[Code]codeInfo{
 	Unauthenticated:      {codes.Unauthenticated, false},
 	PermissionDenied:     {codes.PermissionDenied, false},
 	Internal:             {codes.Internal, false},
-	PastLocalTail:        {codes.Unavailable, true},
-	KeyRequired:          {codes.InvalidArgument, false},
+	// A member told it is unknown or stale joins again; the request as
+	// sent cannot succeed.
+	UnknownMember:         {codes.FailedPrecondition, false},
+	StaleMemberEpoch:      {codes.FailedPrecondition, false},
+	RangeNotAssigned:      {codes.FailedPrecondition, false},
+	GroupNotEmpty:         {codes.FailedPrecondition, false},
+	GroupNotFound:         {codes.NotFound, false},
+	StaleCursorGeneration: {codes.FailedPrecondition, false},
+	LimitExceeded:         {codes.ResourceExhausted, false},
+	KeyRequired:           {codes.InvalidArgument, false},
+	PastLocalTail:         {codes.Unavailable, true},
 }
 
 // Error is a typed API error.
@@ -94,6 +114,10 @@ type Error struct {
 	StartOffset      uint64
 	TailOffset       uint64
 	ExpectedSequence uint64
+	// MemberEpoch (STALE_MEMBER_EPOCH) and CursorGeneration
+	// (STALE_CURSOR_GENERATION) carry the current values.
+	MemberEpoch      uint64
+	CursorGeneration uint64
 }
 
 // New returns an *Error with the catalogue's retriability for code.
@@ -129,6 +153,8 @@ func (e *Error) Detail() *geologv1.ErrorDetail {
 		StartOffset:      e.StartOffset,
 		TailOffset:       e.TailOffset,
 		ExpectedSequence: e.ExpectedSequence,
+		MemberEpoch:      e.MemberEpoch,
+		CursorGeneration: e.CursorGeneration,
 	}
 }
 
@@ -145,6 +171,8 @@ func FromDetail(d *geologv1.ErrorDetail) *Error {
 		StartOffset:      d.GetStartOffset(),
 		TailOffset:       d.GetTailOffset(),
 		ExpectedSequence: d.GetExpectedSequence(),
+		MemberEpoch:      d.GetMemberEpoch(),
+		CursorGeneration: d.GetCursorGeneration(),
 	}
 }
 
