@@ -37,6 +37,15 @@ type ReadOptions struct {
 	// MinOffset: with ConsistencyMinOffset, wait until the local tail is at
 	// least MinOffset, bounded by ctx.
 	MinOffset uint64
+	// ByKey reads only the records whose key equals Key (one
+	// conversation; an empty Key selects the keyless records), through
+	// the range's key index: the cost is about that key's records, not
+	// the range's. NextOffset may then skip other keys' records; it is
+	// TailOffset when the key has no more. A non-empty Key must belong to
+	// the range (RangeOfKey), else CodeInvalidArgument. Default false: every
+	// record. A non-empty Key without ByKey is refused.
+	ByKey bool
+	Key   []byte
 }
 
 // ReadResult is one Read's records and the range's bounds.
@@ -74,6 +83,9 @@ func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset
 		MaxBytes:    opts.MaxBytes,
 		Consistency: opts.Consistency,
 		MinOffset:   opts.MinOffset,
+	}
+	if err := opts.setKey(req); err != nil {
+		return nil, fmt.Errorf("read %s/%d at %d: %w", stream, rng, fromOffset, err)
 	}
 	var resp *geologv1.ReadResponse
 	err = c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
@@ -179,17 +191,22 @@ type StartAt struct {
 //		...
 //	}
 func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start StartAt, copts ...ConsumerOpt) iter.Seq2[StoredRecord, error] {
+	return c.subscribe(ctx, stream, rng, nil, start, copts)
+}
+
+// subscribe is Subscribe, filtered by key if key is not nil.
+func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key []byte, start StartAt, copts []ConsumerOpt) iter.Seq2[StoredRecord, error] {
 	return func(yield func(StoredRecord, error) bool) {
 		op, err := newOpener(stream, copts)
 		if err != nil {
 			yield(StoredRecord{}, err)
 			return
 		}
-		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op}
+		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op, key: key}
 		if start.Time.IsZero() && start.Epoch != 0 && start.Offset > 0 {
 			// As if it had delivered the caller's last record: checked
 			// first (fork.go).
-			s.delivered, s.lastEpoch = true, start.Epoch
+			s.delivered, s.last, s.lastEpoch = true, start.Offset-1, start.Epoch
 		}
 		for {
 			received, err := s.once(ctx, yield)
@@ -242,16 +259,18 @@ type subscription struct {
 	stream string
 	rng    uint32
 	start  StartAt
+	key    []byte  // non-nil: only this key's records (SubscribeKey)
 	op     *opener // nil without OpenWith
 	addr   string  // where the next stream goes
 	// next is the offset to deliver next; records below it are skipped.
 	next      uint64
 	delivered bool // a record was yielded
 	failures  int  // consecutive attempts that delivered nothing
-	// lastEpoch is the epoch of the last record delivered (or vouched for
-	// by StartAt.Epoch; fork.go).
-	lastEpoch uint64
-	// checking: the stream was asked from next-1, whose record must have
+	// last and lastEpoch are the offset and epoch of the last record
+	// delivered (or vouched for by StartAt.Epoch; fork.go); next may be
+	// past last+1 (holes of a compacted log, other keys' records).
+	last, lastEpoch uint64
+	// checking: the stream was asked from last, whose record must have
 	// the epoch delivered there; uncheckable: retention removed it.
 	checking, uncheckable bool
 }
@@ -261,7 +280,7 @@ type subscription struct {
 // resumes at next, unchecked (a failover long ago).
 func (s *subscription) checkFailed(err error) bool {
 	var e *Error
-	if !s.checking || !errors.As(err, &e) || e.Code != apierr.OffsetOutOfRange || e.StartOffset < s.next {
+	if !s.checking || !errors.As(err, &e) || e.Code != apierr.OffsetOutOfRange || e.StartOffset <= s.last {
 		return false
 	}
 	s.checking, s.uncheckable = false, true
@@ -302,7 +321,7 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req := &geologv1.SubscribeRequest{Stream: s.stream, Range: s.rng}
+	req := &geologv1.SubscribeRequest{Stream: s.stream, Range: s.rng, Key: s.key}
 	s.checking = false
 	switch {
 	case !s.start.Time.IsZero() && !s.delivered:
@@ -310,7 +329,7 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 	case s.delivered && !s.uncheckable:
 		// One record early: the log must still hold the last one
 		// delivered (fork.go).
-		req.Start = &geologv1.SubscribeRequest_FromOffset{FromOffset: s.next - 1}
+		req.Start = &geologv1.SubscribeRequest_FromOffset{FromOffset: s.last}
 		s.checking = true
 	default:
 		req.Start = &geologv1.SubscribeRequest_FromOffset{FromOffset: s.next}
@@ -333,12 +352,12 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 		}
 		if n := resp.GetNextOffset(); n > s.next && len(resp.GetRecords()) == 0 {
 			// Holes only (compaction by key): resume past them. The
-			// record at next-1, if it was being checked, is one of them.
+			// record at last, if it was being checked, is one of them.
 			s.next = n
 			s.checking = false
 		}
 		for _, r := range resp.GetRecords() {
-			if s.checking && r.GetOffset() == s.next-1 {
+			if s.checking && r.GetOffset() == s.last {
 				s.checking = false
 				if r.GetEpoch() != s.lastEpoch {
 					return received, s.forked(ctx, r.GetEpoch())
@@ -355,7 +374,7 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			s.next = r.GetOffset() + 1
 			s.delivered = true
 			s.failures = 0
-			s.lastEpoch = r.GetEpoch()
+			s.last, s.lastEpoch = r.GetOffset(), r.GetEpoch()
 			if ok && !yield(rec, nil) {
 				return received, nil
 			}

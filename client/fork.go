@@ -69,23 +69,45 @@ var errBelowStart = errors.New("client: offset below the range's retained start"
 
 // logEpochAt reads the log's record at offset with a home read: its epoch,
 // or present false when the log (as its home confirms it) does not reach
-// offset.
-func (s *subscription) logEpochAt(ctx context.Context, offset uint64) (epoch uint64, present bool, err error) {
+// offset. A hole at offset (compaction by key removed the record since)
+// answers the epoch of the next record, with hole true (epoch 0: none).
+func (s *subscription) logEpochAt(ctx context.Context, offset uint64) (epoch uint64, present, hole bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, homeReadTimeout)
 	defer cancel()
 	r, err := s.c.Read(ctx, s.stream, s.rng, offset, ReadOptions{MaxRecords: 1, Consistency: ConsistencyHome})
 	var e *Error
 	switch {
 	case errors.As(err, &e) && e.Code == apierr.OffsetOutOfRange && offset < e.StartOffset:
-		return 0, false, errBelowStart
+		return 0, false, false, errBelowStart
 	case errors.As(err, &e) && e.Code == apierr.OffsetOutOfRange && e.TailOffset <= offset:
-		return 0, false, nil
+		return 0, false, false, nil
 	case err != nil:
-		return 0, false, err
-	case len(r.Records) == 0 || r.Records[0].Offset != offset:
-		return 0, false, nil
+		return 0, false, false, err
+	case len(r.Records) == 0:
+		return 0, r.TailOffset > offset, true, nil
+	case r.Records[0].Offset != offset:
+		return r.Records[0].Epoch, true, true, nil
 	}
-	return r.Records[0].Epoch, true, nil
+	return r.Records[0].Epoch, true, false, nil
+}
+
+// heldAt reports whether the log holds at offset what the subscription
+// delivered there, or, for an offset it did not deliver, the timeline it
+// delivered from (epoch at most lastEpoch). exact asks for the record's
+// epoch to be lastEpoch. A hole is held when a later record is of the
+// delivered timeline (epochs never decrease along a log), else not
+// (re-reading is safe). logEpoch is the log's epoch there (0: unknown).
+func (s *subscription) heldAt(ctx context.Context, offset uint64, exact bool) (held bool, logEpoch uint64, err error) {
+	epoch, present, hole, err := s.logEpochAt(ctx, offset)
+	switch {
+	case err != nil || !present:
+		return false, 0, err
+	case hole:
+		return epoch != 0 && epoch <= s.lastEpoch, 0, nil
+	case exact:
+		return epoch == s.lastEpoch, epoch, nil
+	}
+	return epoch <= s.lastEpoch, epoch, nil
 }
 
 // checkLast asks the home whether the last delivered record is in the
@@ -94,11 +116,11 @@ func (s *subscription) logEpochAt(ctx context.Context, offset uint64) (epoch uin
 func (s *subscription) checkLast(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, forkSearchTimeout)
 	defer cancel()
-	epoch, present, err := s.logEpochAt(cctx, s.next-1)
+	held, epoch, err := s.heldAt(cctx, s.last, true)
 	if err != nil {
 		return err
 	}
-	if present && epoch == s.lastEpoch {
+	if held {
 		return nil
 	}
 	return s.forked(ctx, epoch)
@@ -127,13 +149,13 @@ func (s *subscription) forked(ctx context.Context, logEpoch uint64) *ForkError {
 // (re-reading a few records is safe, skipping some is not).
 func (s *subscription) forkPoint(ctx context.Context) uint64 {
 	replaced := func(o uint64) (bool, error) {
-		e, ok, err := s.logEpochAt(ctx, o)
+		held, _, err := s.heldAt(ctx, o, false)
 		if errors.Is(err, errBelowStart) {
 			return false, nil
 		}
-		return !ok || e > s.lastEpoch, err
+		return !held, err
 	}
-	lo, hi := uint64(0), s.next-1 // replaced(hi) holds
+	lo, hi := uint64(0), s.last // replaced(hi) holds
 	for lo < hi {
 		mid := lo + (hi-lo)/2
 		r, err := replaced(mid)

@@ -68,23 +68,14 @@ func (d *rangeDriver) pastTail(from, end uint64) *apierr.Error {
 
 // readRecords returns committed records from offset from on, at most
 // maxRecords of them and, past the first, at most maxBytes of keys and
-// values, below servableEnd (the committed end, or a timeline fence), and
-// the offset to read next. Offsets may have holes (compaction by key,
-// compaction markers): the next offset then jumps over them, also when no
-// record is returned. An offset past the end gets OFFSET_PAST_LOCAL_TAIL
-// (the callers decide whether to wait, ask the home, or answer it). It
-// runs on the caller's goroutine, concurrently with the driver.
+// values, below readBounds' end, and the offset to read next. Offsets may
+// have holes (compaction by key, compaction markers): the next offset then
+// jumps over them, also when no record is returned. It runs on the
+// caller's goroutine, concurrently with the driver.
 func (d *rangeDriver) readRecords(from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
-	if f := d.failure.Load(); f != nil {
-		return nil, from, f
-	}
-	end := d.servableEnd()
-	start := d.store.StartOffset()
-	switch {
-	case from < start:
-		return nil, from, outOfRange(from, start, end)
-	case from > end:
-		return nil, from, d.pastTail(from, end)
+	end, err := d.readBounds(from)
+	if err != nil {
+		return nil, from, err
 	}
 	rd := recordReader{from: from, next: from, end: end, maxRecords: maxRecords, maxBytes: maxBytes,
 		out: make([]*geologv1.StoredRecord, 0, 64)}
@@ -154,6 +145,27 @@ func (rd *recordReader) frames(frames []byte) (full bool, err error) {
 		rd.next = max(rd.next, min(h.NextOffset(), rd.end))
 	}
 	return false, nil
+}
+
+// readBounds returns the offset that bounds a read from offset from, what
+// this node serves now (servableEnd: the committed end, or a timeline
+// fence), or the typed error of a range that does not serve, of an offset
+// below the start (OFFSET_OUT_OF_RANGE) or past that end (the retriable
+// OFFSET_PAST_LOCAL_TAIL: the callers decide whether to wait, ask the
+// home, or answer it).
+func (d *rangeDriver) readBounds(from uint64) (uint64, error) {
+	if f := d.failure.Load(); f != nil {
+		return 0, f
+	}
+	end := d.servableEnd()
+	start := d.store.StartOffset()
+	switch {
+	case from < start:
+		return 0, outOfRange(from, start, end)
+	case from > end:
+		return 0, d.pastTail(from, end)
+	}
+	return end, nil
 }
 
 // storedRecord is the API form of record r at offset off of frame h.

@@ -85,28 +85,28 @@ func (n *Node) settlePastTail(ctx context.Context, d *rangeDriver, from uint64) 
 }
 
 // readLocal is a read at from without a home confirmation (consistency
-// local or min_offset): readRecords, settling a read past the servable
-// end.
-func (n *Node) readLocal(ctx context.Context, d *rangeDriver, from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
-	recs, next, err := d.readRecords(from, maxRecords, maxBytes)
+// local or min_offset), filtered by key if not nil (d.read), settling a
+// read past the servable end.
+func (n *Node) readLocal(ctx context.Context, d *rangeDriver, key []byte, from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
+	recs, next, err := d.read(key, from, maxRecords, maxBytes)
 	if apierr.CodeOf(err) != apierr.PastLocalTail {
 		return recs, next, err
 	}
 	if err := n.settlePastTail(ctx, d, from); err != nil {
 		return nil, from, err
 	}
-	return d.readRecords(from, maxRecords, maxBytes)
+	return d.read(key, from, maxRecords, maxBytes)
 }
 
 // readAtHomeTail is a home read at from once the local copy committed the
 // home's confirmed tail: refused (retriable) while a fence keeps the copy
 // below it (a divergent tail not yet forked off), and past the tail an
-// OFFSET_OUT_OF_RANGE.
-func (d *rangeDriver) readAtHomeTail(from, tail uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
+// OFFSET_OUT_OF_RANGE. key filters as in d.read.
+func (d *rangeDriver) readAtHomeTail(key []byte, from, tail uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
 	if end := d.servableEnd(); end < tail {
 		return nil, from, d.pastTail(tail, end)
 	}
-	recs, next, err := d.readRecords(from, maxRecords, maxBytes)
+	recs, next, err := d.read(key, from, maxRecords, maxBytes)
 	if e := apierr.As(err); e != nil && e.Code == apierr.PastLocalTail {
 		return nil, from, outOfRange(from, e.StartOffset, e.TailOffset)
 	}

@@ -210,7 +210,7 @@ func drainReplies(ctx context.Context, stream geologv1.Log_AppendStreamServer, r
 }
 
 func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {
-	rd, err := s.node.rangeOf(ctx, req.GetStream(), req.GetRange())
+	rd, err := s.node.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -254,9 +254,9 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 	var recs []*geologv1.StoredRecord
 	var next uint64
 	if homeTail != nil {
-		recs, next, err = rd.readAtHomeTail(req.GetFromOffset(), *homeTail, maxRecords, maxBytes)
+		recs, next, err = rd.readAtHomeTail(req.Key, req.GetFromOffset(), *homeTail, maxRecords, maxBytes)
 	} else {
-		recs, next, err = s.node.readLocal(wctx, rd, req.GetFromOffset(), maxRecords, maxBytes)
+		recs, next, err = s.node.readLocal(wctx, rd, req.Key, req.GetFromOffset(), maxRecords, maxBytes)
 	}
 	if err != nil {
 		return nil, apierr.ToStatus(err)
@@ -271,7 +271,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 
 func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_SubscribeServer) error {
 	ctx := stream.Context()
-	rd, err := s.node.rangeOf(ctx, req.GetStream(), req.GetRange())
+	rd, err := s.node.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
 	if err != nil {
 		return apierr.ToStatus(err)
 	}
@@ -290,7 +290,7 @@ func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Lo
 	var behind time.Time // since when next is past the servable end
 	for {
 		changed := rd.changed()
-		recs, n, err := rd.readRecords(next, readRecordsDefault, maxBytes)
+		recs, n, err := rd.read(req.Key, next, readRecordsDefault, maxBytes)
 		var wait <-chan time.Time
 		if apierr.CodeOf(err) == apierr.PastLocalTail {
 			left, werr := rd.subscribeWait(next, &behind)
@@ -306,6 +306,11 @@ func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Lo
 		}
 		if err != nil {
 			return apierr.ToStatus(err)
+		}
+		if len(recs) == 0 && req.Key != nil {
+			// A read by key skipped other keys' records: its subscriber
+			// hears of its key only.
+			next = max(next, n)
 		}
 		if n > next {
 			// Records, or holes only (compaction by key): either way the
