@@ -43,6 +43,11 @@ const (
 	CodeSlowConsumer         = apierr.SlowConsumer
 )
 
+// CodeOffsetPastLocalTail is a read past what the answering node serves
+// now, which the range may hold (the node lags, or fences off a divergent
+// tail): retriable, elsewhere or later.
+const CodeOffsetPastLocalTail = apierr.PastLocalTail
+
 // RetryAfter returns how long the server asked to wait before a request
 // it refused is sent again (OVERLOADED: a budget or quota), or 0.
 func RetryAfter(err error) time.Duration {

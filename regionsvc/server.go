@@ -275,6 +275,8 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 			defer cancel()
 		}
 	}
+	// homeTail is the home's confirmed tail, for a home read (readpast.go).
+	var homeTail *uint64
 	switch req.GetConsistency() {
 	case geologv1.Consistency_CONSISTENCY_UNSPECIFIED, geologv1.Consistency_CONSISTENCY_LOCAL:
 	case geologv1.Consistency_CONSISTENCY_HOME:
@@ -291,9 +293,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		if err := rd.waitCommitted(wctx, tail); err != nil {
 			return nil, apierr.ToStatus(err)
 		}
-		if err := s.node.onHomeTimeline(rd); err != nil {
-			return nil, apierr.ToStatus(err)
-		}
+		homeTail = &tail
 	case geologv1.Consistency_CONSISTENCY_MIN_OFFSET:
 		if err := rd.waitCommitted(wctx, req.GetMinOffset()); err != nil {
 			return nil, apierr.ToStatus(err)
@@ -305,7 +305,13 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 	if err := s.node.holdReadReply(ctx, maxBytes); err != nil {
 		return nil, apierr.ToStatus(err)
 	}
-	recs, next, err := rd.read(req.Key, req.GetFromOffset(), maxRecords, maxBytes)
+	var recs []*geologv1.StoredRecord
+	var next uint64
+	if homeTail != nil {
+		recs, next, err = rd.readAtHomeTail(req.Key, req.GetFromOffset(), *homeTail, maxRecords, maxBytes)
+	} else {
+		recs, next, err = s.node.readLocal(wctx, rd, req.Key, req.GetFromOffset(), maxRecords, maxBytes)
+	}
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -314,7 +320,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		Records:     recs,
 		NextOffset:  next,
 		StartOffset: rd.store.StartOffset(),
-		TailOffset:  rd.committed.Load(),
+		TailOffset:  rd.servableEnd(),
 	}, nil
 }
 

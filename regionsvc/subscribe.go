@@ -72,6 +72,7 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 	}
 	timeout := n.cfg.Limits.SubscriberSendTimeout
 	principal := n.limits.quotas.principal(ctx)
+	var behind time.Time // since when next is past the servable end
 	for {
 		if err := n.waitQuota(ctx, principal); err != nil {
 			return err
@@ -81,7 +82,7 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 		if err != nil {
 			return err
 		}
-		recs, nx, err := rd.read(req.Key, next, readRecordsDefault, maxBytes)
+		recs, nx, wait, err := subscribeRead(rd, req.Key, next, maxBytes, &behind)
 		if err != nil {
 			release()
 			return err
@@ -96,7 +97,7 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 			// subscriber learns where to resume.
 			next = nx
 			n.limits.quotas.charge(principal, recordBytes(recs))
-			msg := &geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: rd.committed.Load()}
+			msg := &geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: rd.servableEnd()}
 			if err := send.send(ctx, msg, release, timeout); err != nil {
 				return err
 			}
@@ -105,12 +106,30 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 		release()
 		select {
 		case <-changed:
+		case <-wait:
 		case <-ctx.Done():
 			return apierr.As(ctx.Err())
 		case <-n.closing:
 			return apierr.New(apierr.ShuttingDown, "node is shutting down")
 		}
 	}
+}
+
+// subscribeRead reads a subscription's next message from next on. A read
+// past what this copy serves (it lags, or fences off a divergent tail) is
+// waited out for a while (subscribeWait): nothing is read, and wait fires
+// when to look again.
+func subscribeRead(rd *rangeDriver, key []byte, next uint64, maxBytes int, behind *time.Time) (recs []*geologv1.StoredRecord, nx uint64, wait <-chan time.Time, err error) {
+	recs, nx, err = rd.read(key, next, readRecordsDefault, maxBytes)
+	if apierr.CodeOf(err) != apierr.PastLocalTail {
+		*behind = time.Time{}
+		return recs, nx, nil, err
+	}
+	left, err := rd.subscribeWait(next, behind)
+	if err != nil || left <= 0 {
+		return nil, next, nil, err
+	}
+	return nil, next, time.After(left), nil
 }
 
 // subscribeStart is the first offset a subscription sends.
