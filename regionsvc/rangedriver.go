@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/dedup"
 	"github.com/geolog/geolog/replica"
@@ -117,8 +118,11 @@ type rangeDriver struct {
 	// checks the log only when the home's epoch is newer.
 	timelineEpoch atomic.Uint64
 	failure       atomic.Pointer[apierr.Error] // set once the range stops serving
-	notifyMu      sync.Mutex
-	notifyCh      chan struct{} // closed and replaced when committed or failure changes
+	// keyErr is set, before the driver is published, when its log could
+	// not open for want of a data key (atrest): New refuses to start.
+	keyErr   error
+	notifyMu sync.Mutex
+	notifyCh chan struct{} // closed and replaced when committed or failure changes
 
 	inbox    chan *appendOp
 	syncKick chan struct{}
@@ -207,6 +211,9 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		}
 		e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
 		e.Retriable = false
+		if errors.Is(err, atrest.ErrKeyUnavailable) {
+			d.keyErr = err
+		}
 		d.failure.Store(e)
 		d.logger.Error("range not served", "error", err)
 		close(d.doneCh)
