@@ -47,6 +47,17 @@ const (
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
+// The codes of consumer groups and cursors (consumer.proto).
+const (
+	UnknownMember         = geologv1.ErrorCode_ERROR_CODE_UNKNOWN_MEMBER
+	StaleMemberEpoch      = geologv1.ErrorCode_ERROR_CODE_STALE_MEMBER_EPOCH
+	RangeNotAssigned      = geologv1.ErrorCode_ERROR_CODE_RANGE_NOT_ASSIGNED
+	GroupNotEmpty         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_EMPTY
+	GroupNotFound         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_FOUND
+	StaleCursorGeneration = geologv1.ErrorCode_ERROR_CODE_STALE_CURSOR_GENERATION
+	LimitExceeded         = geologv1.ErrorCode_ERROR_CODE_LIMIT_EXCEEDED
+)
+
 type codeInfo struct {
 	grpc      codes.Code
 	retriable bool
@@ -77,7 +88,16 @@ var catalogue = map[Code]codeInfo{
 	Unauthenticated:      {codes.Unauthenticated, false},
 	PermissionDenied:     {codes.PermissionDenied, false},
 	Internal:             {codes.Internal, false},
-	KeyRequired:          {codes.InvalidArgument, false},
+	// A member told it is unknown or stale joins again; the request as
+	// sent cannot succeed.
+	UnknownMember:         {codes.FailedPrecondition, false},
+	StaleMemberEpoch:      {codes.FailedPrecondition, false},
+	RangeNotAssigned:      {codes.FailedPrecondition, false},
+	GroupNotEmpty:         {codes.FailedPrecondition, false},
+	GroupNotFound:         {codes.NotFound, false},
+	StaleCursorGeneration: {codes.FailedPrecondition, false},
+	LimitExceeded:         {codes.ResourceExhausted, false},
+	KeyRequired:           {codes.InvalidArgument, false},
 }
 
 // Error is a typed API error.
@@ -89,6 +109,10 @@ type Error struct {
 	StartOffset      uint64
 	TailOffset       uint64
 	ExpectedSequence uint64
+	// MemberEpoch (STALE_MEMBER_EPOCH) and CursorGeneration
+	// (STALE_CURSOR_GENERATION) carry the current values.
+	MemberEpoch      uint64
+	CursorGeneration uint64
 }
 
 // New returns an *Error with the catalogue's retriability for code.
@@ -124,6 +148,8 @@ func (e *Error) Detail() *geologv1.ErrorDetail {
 		StartOffset:      e.StartOffset,
 		TailOffset:       e.TailOffset,
 		ExpectedSequence: e.ExpectedSequence,
+		MemberEpoch:      e.MemberEpoch,
+		CursorGeneration: e.CursorGeneration,
 	}
 }
 
@@ -140,6 +166,8 @@ func FromDetail(d *geologv1.ErrorDetail) *Error {
 		StartOffset:      d.GetStartOffset(),
 		TailOffset:       d.GetTailOffset(),
 		ExpectedSequence: d.GetExpectedSequence(),
+		MemberEpoch:      d.GetMemberEpoch(),
+		CursorGeneration: d.GetCursorGeneration(),
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -144,6 +145,12 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 	}
 	rangeCount, err := p.describe(ctx, deadline)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			// The delivery timeout ran out while the stream was being
+			// described (its first record, on a slow server): the same
+			// outcome as running out later.
+			err = fmt.Errorf("%w while describing the stream: %v", ErrDeliveryTimeout, err)
+		}
 		cb(ProduceResult{Record: rec}, err)
 		return
 	}

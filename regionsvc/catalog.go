@@ -224,7 +224,7 @@ func loadCatalog(dataDir string) ([]streamSpec, error) {
 		return nil, fmt.Errorf("regionsvc: catalogue version %d, this build reads %d", c.Version, catalogVersion)
 	}
 	for _, s := range c.Streams {
-		if err := validateStreamName(s.Name); err != nil || s.RangeCount == 0 || s.RangeCount > rangeCountMax {
+		if err := validateStreamNameOrInternal(s.Name); err != nil || s.RangeCount == 0 || s.RangeCount > rangeCountMax {
 			return nil, fmt.Errorf("regionsvc: catalogue holds an invalid stream %q", s.Name)
 		}
 	}

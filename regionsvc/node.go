@@ -145,6 +145,16 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives gRPC spans, default a no-op provider.
 	TracerProvider trace.TracerProvider
+
+	// CursorRanges is the range count of the cursor stream ("_cursors",
+	// cursorstream.go), default 16; CursorHome the region its ranges are
+	// homed in at creation, default "" (spread over the regions). Both are
+	// part of the stream's definition: set them alike on every node.
+	CursorRanges int
+	CursorHome   string
+	// GroupHeartbeatInterval is how often group members are told to
+	// heartbeat, default 500 ms.
+	GroupHeartbeatInterval time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -247,7 +257,7 @@ func (c *Config) setDefaults() error {
 	if c.TracerProvider == nil {
 		c.TracerProvider = tracenoop.NewTracerProvider()
 	}
-	return nil
+	return c.setConsumerDefaults()
 }
 
 // streamState is an open stream: its spec and one driver per range.
@@ -282,6 +292,8 @@ type Node struct {
 	replServer *replicator.Server
 	// homing is nil unless Config.LeaseStore is set.
 	homing *homingState
+	// cursors serves cursors and consumer groups (cursorstream.go).
+	cursors *cursorService
 	// peerConns are client connections to the region's other nodes, for
 	// forwarding; bounded by the number of peers.
 	peerConnsMu sync.Mutex
@@ -462,6 +474,7 @@ func (n *Node) Start() error {
 	n.grpcServer = grpc.NewServer(opts...)
 	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
 	geologv1.RegisterAdminServer(n.grpcServer, &adminServer{node: n})
+	geologv1.RegisterConsumerServer(n.grpcServer, &consumerServer{node: n})
 	if n.replicated() {
 		n.region.transport.Register(n.grpcServer)
 		n.replServer.Register(n.grpcServer)
@@ -473,6 +486,8 @@ func (n *Node) Start() error {
 		}
 	}
 	n.listener = lis
+	n.cursors = newCursorService(n)
+	go n.cursors.run()
 	n.startCleaner()
 	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
 	n.logger.Info("serving", "addr", lis.Addr().String(), "region", n.cfg.Region)
@@ -493,6 +508,9 @@ func (n *Node) Addr() string {
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		close(n.closing)
+		if n.cursors != nil {
+			n.cursors.close() // before the ranges it proposes to stop
+		}
 		n.stopCleaner() // no rewrite runs under ranges about to close
 		n.closeHoming()
 		if n.repl != nil {
@@ -558,10 +576,18 @@ func (n *Node) rangeOf(ctx context.Context, stream string, r uint32) (*rangeDriv
 }
 
 func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.StreamInfo, error) {
+	if isInternalStream(req.GetName()) {
+		return n.createInternalStream(ctx, req) // cursorstream.go
+	}
 	spec, err := specFromRequest(req, n.cfg.Region, n.cfg.Now().UnixNano())
 	if err != nil {
 		return nil, err
 	}
+	return n.createStreamFromSpec(ctx, spec)
+}
+
+// createStreamFromSpec creates a validated stream.
+func (n *Node) createStreamFromSpec(ctx context.Context, spec streamSpec) (*geologv1.StreamInfo, error) {
 	select {
 	case <-n.closing:
 		return nil, apierr.New(apierr.ShuttingDown, "node is shutting down")
@@ -610,14 +636,16 @@ func (n *Node) listStreams() []*geologv1.StreamInfo {
 	defer n.mu.RUnlock()
 	out := make([]*geologv1.StreamInfo, 0, len(n.streams))
 	for _, st := range n.streams {
-		out = append(out, st.spec.info())
+		if !isInternalStream(st.spec.Name) { // described by name only
+			out = append(out, st.spec.info())
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
 func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.DescribeStreamResponse, error) {
-	if err := validateStreamName(name); err != nil {
+	if err := validateStreamNameOrInternal(name); err != nil {
 		return nil, err
 	}
 	st, err := n.lookupStream(ctx, name)
