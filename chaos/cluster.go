@@ -118,7 +118,10 @@ func clientAddrs(c Cluster, region string) string {
 // that names it (leader hints carry the hinting node's peer address, which
 // in a cluster with intra-region links is that node's link to the leader:
 // a client must not depend on a Raft link).
-func clientDialer(c Cluster) grpc.DialOption {
+func clientDialer(c Cluster) grpc.DialOption { return grpc.WithContextDialer(clientDialFunc(c)) }
+
+// clientDialFunc is clientDialer's dial function.
+func clientDialFunc(c Cluster) func(context.Context, string) (net.Conn, error) {
 	alias := map[string]string{}
 	for _, n := range c.Nodes() {
 		alias[n.Addr] = n.ClientAddr
@@ -127,12 +130,12 @@ func clientDialer(c Cluster) grpc.DialOption {
 		}
 	}
 	var d net.Dialer
-	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
 		if to, ok := alias[addr]; ok {
 			addr = to
 		}
 		return d.DialContext(ctx, "tcp", addr)
-	})
+	}
 }
 
 // answers reports whether the node at addr serves the API.

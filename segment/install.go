@@ -168,7 +168,7 @@ func (st *Staging) append(frame []byte) (batch.Header, error) {
 	// A received frame is sealed under this node's own active key: regions
 	// and nodes share no key (see package atrest).
 	unit := sealFrame(st.s.cfg.Keyring, &st.sealBuf, frame)
-	if g.hasRecords() && (g.size+int64(len(unit)) > st.s.cfg.SegmentBytesMax || h.NextOffset()-g.base > math.MaxUint32) {
+	if g.hasRecords() && st.s.overflows(g.size, g.base, len(unit), h) {
 		if err := st.seal(g); err != nil {
 			return h, err
 		}

@@ -396,9 +396,12 @@ type frameWalker struct {
 	keys   *atrest.Keyring // opens sealed units; nil: none can be opened
 	buf    []byte          // window: file bytes [bufPos, bufPos+len(buf))
 	bufPos int64
-	pos    int64 // position of the next frame
-	end    int64 // bytes of the file that may be read
-	chunk  int   // bytes to read at once (more for a larger frame)
+	// staleEnd: window bytes before it were decrypted in place and are
+	// not the file's any more.
+	staleEnd int64
+	pos      int64 // position of the next frame
+	end      int64 // bytes of the file that may be read
+	chunk    int   // bytes to read at once (more for a larger frame)
 	// throttle, if set, is called with the size of each read before it is
 	// made (rewrites bound their I/O with it).
 	throttle func(bytes int)
@@ -429,10 +432,13 @@ func (w *frameWalker) next() ([]byte, batch.Header, error) {
 		return nil, batch.Header{}, err
 	}
 	frame, h, err := openUnit(w.keys, b)
+	if atrest.Sealed(b) {
+		// A sealed unit is decrypted in place (and cleared if that fails):
+		// the window no longer holds the file's bytes up to its end, which
+		// a walker moved back (w.pos set by its user) must read again.
+		w.staleEnd = w.pos + int64(size)
+	}
 	if err != nil {
-		// A sealed unit is decrypted in place, and cleared when it fails:
-		// the window no longer holds the file's bytes.
-		w.buf = w.buf[:0]
 		return nil, batch.Header{}, err
 	}
 	w.pos += int64(size)
@@ -443,7 +449,7 @@ func (w *frameWalker) next() ([]byte, batch.Header, error) {
 // window of max(n, w.chunk) bytes (within w.end) if the current one does
 // not hold them.
 func (w *frameWalker) window(pos int64, n int) ([]byte, error) {
-	if pos >= w.bufPos && pos+int64(n) <= w.bufPos+int64(len(w.buf)) {
+	if pos >= w.bufPos && pos >= w.staleEnd && pos+int64(n) <= w.bufPos+int64(len(w.buf)) {
 		off := int(pos - w.bufPos)
 		return w.buf[off : off+n], nil
 	}
@@ -459,6 +465,6 @@ func (w *frameWalker) window(pos int64, n int) ([]byte, error) {
 		w.buf = w.buf[:0]
 		return nil, err
 	}
-	w.bufPos = pos
+	w.bufPos, w.staleEnd = pos, 0
 	return w.buf[:n], nil
 }
