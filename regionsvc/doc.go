@@ -31,6 +31,16 @@
 //  7. On shutdown the driver fsyncs what it wrote, acks it, and refuses what
 //     is still queued with a retriable SHUTTING_DOWN.
 //
+// # Callers
+//
+// With Config.TLS set, every gRPC call is authorized before its handler
+// runs (peerauth.go, docs/security.md): the caller's certificate names a
+// node or a client principal (package pki); node-to-node services (Raft,
+// Mirror, RefreshHomes, anything outside geolog.v1, and requests with the
+// internal forwarded/propagated headers) take nodes only, Raft nodes of
+// this region only; Raft and Mirror streams are bound to the node their
+// certificate names. Without Config.TLS nothing is checked.
+//
 // # Compaction by key
 //
 // A range of a stream whose cleanup policy compacts by key also decides

@@ -92,6 +92,9 @@ func newHomingWorld(t *testing.T, regions []string, size int) *homingWorld {
 		defer mu.Unlock()
 		cfg.LeaseStore = stores[region]
 		cfg.LeaseTTL, cfg.LeaseHeartbeat, cfg.MaxClockOffset = testLeaseTTL, testLeaseHeartbeat, testMaxClockOffset
+		// The consumer tests check whole cursor logs (cursors.CheckLog):
+		// no compaction of _cursors within a test.
+		cfg.CursorCompactionLag = time.Hour
 	})
 	return hw
 }

@@ -182,6 +182,9 @@ func (s *mirrorStore) Open(ctx context.Context, stream string, rng uint32) (repl
 		// addresses mean nothing; it tries the next one.
 		return nil, apierr.New(apierr.NotLeader, "stream %s range %d: node %d does not lead the mirror group", stream, rng, s.n.cfg.NodeID)
 	}
+	if err := s.n.checkMirrorCaller(ctx, d); err != nil {
+		return nil, err
+	}
 	return &mirrorRange{driverSource{d: d}}, nil
 }
 
@@ -393,7 +396,7 @@ const fencedRetryInterval = time.Second
 func newReplicationManager(n *Node) *replicationManager {
 	return &replicationManager{
 		n:      n,
-		dialer: replicator.NewGRPCDialer(replicator.DialerConfig{TLS: n.cfg.ClientTLS}),
+		dialer: replicator.NewGRPCDialer(replicator.DialerConfig{Credentials: n.dialCredentials()}),
 		tasks:  map[taskKey]*runningTask{},
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),

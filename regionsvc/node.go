@@ -51,11 +51,18 @@ type Config struct {
 	Regions map[string][]string
 	// Logger defaults to a null logger.
 	Logger hclog.Logger
-	// TLS, when set, serves gRPC over TLS (mutual TLS if it asks for
-	// client certificates). Default: plaintext.
+	// TLS, when set, serves gRPC over TLS and turns identity checks on
+	// (peerauth.go): every caller must present a certificate the node
+	// verifies (set ClientAuth to tls.RequireAndVerifyClientCert) naming a
+	// geolog identity (pki), and node-to-node services take nodes only.
+	// Default: plaintext, and no check of who calls.
 	TLS *tls.Config
-	// ClientTLS is used when this node calls another (forwarding).
+	// ClientTLS is used when this node calls another (Raft, forwarding,
+	// replication, catalogue propagation).
 	ClientTLS *tls.Config
+	// ClientCredentials, when set, are used instead of ClientTLS
+	// (pki.Files.ClientCredentials: they reload their certificates).
+	ClientCredentials credentials.TransportCredentials
 	// RecordBytesMax bounds one record (key + value + headers), default 1 MiB.
 	RecordBytesMax int
 	// BatchBytesMax bounds one encoded append batch, default 16 MiB.
@@ -152,6 +159,12 @@ type Config struct {
 	// part of the stream's definition: set them alike on every node.
 	CursorRanges int
 	CursorHome   string
+	// CursorCompactionLag and CursorDeleteRetention are the cursor
+	// stream's compaction by key (it is created with cleanup compact): the
+	// least age of a record compaction may drop, and how long a deleted
+	// position's tombstone stays; 0 takes package compact's defaults (1
+	// min, 24 h), negative means none. Part of the stream's definition.
+	CursorCompactionLag, CursorDeleteRetention time.Duration
 	// GroupHeartbeatInterval is how often group members are told to
 	// heartbeat, default 500 ms.
 	GroupHeartbeatInterval time.Duration
@@ -277,9 +290,10 @@ type Node struct {
 	// createMu serialises stream creation (catalogue writes).
 	createMu sync.Mutex
 
-	syncSlots chan struct{}
-	metrics   *nodeMetrics
-	region    *region // nil unless replicated
+	syncSlots   chan struct{}
+	metrics     *nodeMetrics
+	authMetrics *authMetrics
+	region      *region // nil unless replicated
 	// cleaner runs the compactions by key of every range here
 	// (compaction.go); cleanerStop and cleanerDone stop it.
 	cleaner        *compact.Cleaner
@@ -333,6 +347,9 @@ func New(cfg Config) (*Node, error) {
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
 	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
+		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
+	if n.authMetrics, err = newAuthMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
@@ -455,12 +472,13 @@ func (n *Node) Start() error {
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
 	}
+	opts = append(opts, n.authInterceptors()...)
 	if n.replicated() {
 		// Raft's transport shares the port; its options bound its streams.
 		opts = append(opts, n.region.transport.ServerOptions()...)
 		opts = append(opts, grpc.MaxRecvMsgSize(max(n.cfg.BatchBytesMax+(4<<20), 64<<20)))
 		rs, err := replicator.NewServer(replicator.ServerConfig{Region: n.cfg.Region, Store: &mirrorStore{n: n},
-			Now: n.cfg.Now, Logger: n.cfg.Logger})
+			Now: n.cfg.Now, Logger: n.cfg.Logger, AuthorizeSource: n.authorizeMirrorSource})
 		if err != nil {
 			lis.Close()
 			return fmt.Errorf("regionsvc: mirror server: %w", err)
@@ -490,7 +508,7 @@ func (n *Node) Start() error {
 	go n.cursors.run()
 	n.startCleaner()
 	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
-	n.logger.Info("serving", "addr", lis.Addr().String(), "region", n.cfg.Region)
+	n.logger.Info("serving", "addr", lis.Addr().String(), "region", n.cfg.Region, "tls", n.secure())
 	return nil
 }
 

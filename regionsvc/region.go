@@ -71,9 +71,11 @@ func (n *Node) openRegion() error {
 	}
 	sort.Slice(rg.ids, func(i, j int) bool { return rg.ids[i] < rg.ids[j] })
 	tr, err := raftnet.NewGRPCTransport(raftnet.Config{
-		NodeID:  raftnet.NodeID(n.cfg.NodeID),
-		Handler: (*raftRouter)(n),
-		Logger:  n.cfg.Logger.Named("raftnet"),
+		NodeID:            raftnet.NodeID(n.cfg.NodeID),
+		Handler:           (*raftRouter)(n),
+		Logger:            n.cfg.Logger.Named("raftnet"),
+		ClientCredentials: n.dialCredentials(),
+		AuthorizePeer:     n.authorizeRaftPeer,
 	})
 	if err != nil {
 		return fmt.Errorf("regionsvc: raft transport: %w", err)
@@ -365,11 +367,7 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	if !known {
 		return nil, fmt.Errorf("%s is not a node of this region nor of a region it knows", addr)
 	}
-	creds := insecure.NewCredentials()
-	if n.cfg.ClientTLS != nil {
-		creds = credentials.NewTLS(n.cfg.ClientTLS)
-	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(n.dialCredentials()))
 	if err != nil {
 		return nil, err
 	}
@@ -378,6 +376,18 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	}
 	n.peerConns[addr] = c
 	return c, nil
+}
+
+// dialCredentials secure every connection this node makes to another:
+// Config.ClientCredentials, else Config.ClientTLS, else plaintext.
+func (n *Node) dialCredentials() credentials.TransportCredentials {
+	switch {
+	case n.cfg.ClientCredentials != nil:
+		return n.cfg.ClientCredentials
+	case n.cfg.ClientTLS != nil:
+		return credentials.NewTLS(n.cfg.ClientTLS)
+	}
+	return insecure.NewCredentials()
 }
 
 // raftRouter is the Node as the transport's Handler.
