@@ -216,9 +216,20 @@ func (wl *workload) consume(ctx context.Context, region string, r uint32) {
 	defer wl.readWG.Done()
 	c := wl.clients[region]
 	source := "consume/" + region
+	var epoch uint64 // of the record at consumed-1, checked on resuming
 	for ctx.Err() == nil {
 		next := wl.consumed[region][r].Load()
-		for rec, err := range c.Subscribe(ctx, wl.stream, r, client.StartAt{Offset: next}) {
+		for rec, err := range c.Subscribe(ctx, wl.stream, r, client.StartAt{Offset: next, Epoch: epoch}) {
+			var fe *client.ForkError
+			if errors.As(err, &fe) {
+				// It delivered a divergent tail (the RPO): read the log
+				// again from where it forked, as an application would.
+				wl.log.Info("consumer read a divergent tail; reading again from the fork", "region", region, "range", r,
+					"fork_offset", fe.Offset, "delivered_end", fe.DeliveredEnd)
+				wl.consumed[region][r].Store(fe.Offset)
+				epoch = 0 // the fork point is checked by the log's own order
+				break
+			}
 			if err != nil {
 				if ctx.Err() == nil {
 					wl.log.Debug("subscription ended; resubscribing", "region", region, "range", r, "error", err)
@@ -228,6 +239,7 @@ func (wl *workload) consume(ctx context.Context, region string, r uint32) {
 			wl.rec.addReads(Observation{Source: source, Region: region, Range: r, Offset: rec.Offset, Epoch: rec.Epoch,
 				Key: string(rec.Key), Value: string(rec.Value), At: wl.rec.now(), AppendUnixNanos: rec.AppendTime.UnixNano()})
 			wl.consumed[region][r].Store(rec.Offset + 1)
+			epoch = rec.Epoch
 		}
 		sleepUntil(ctx, time.Now().Add(300*time.Millisecond))
 	}

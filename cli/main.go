@@ -63,6 +63,9 @@ commands:
                        move a group's positions (refused while it has members)
   bench cursors [--cursors 1000] [--batch 500] [--concurrency 8] [--duration 10s]
   bench rebalance [--ranges 64] [--members 8] [--rounds 5] [--session 3s]
+  bench e2e --consume-addr host:port,... [--stream S] [--rate 1000] [--duration 20s] [--producers 8]
+                       produce on --addr, consume as a group member on
+                       --consume-addr: end-to-end latency p50/p99
   bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 1]
         [--linger D] [--batch-bytes N] [--buffer-bytes N] [--duration 10s | --count N] [--keys N]
         [--sync] [--json]

@@ -21,8 +21,11 @@
 //     round completes does the driver publish the new committed offset and
 //     ack the pending requests it covers, in offset order.
 //  5. Readers never go through the driver: they read the store directly,
-//     bounded by the published committed offset, so nothing unacked is ever
-//     visible.
+//     bounded by the published committed offset (and, on a copy that holds
+//     a divergent tail, by its timeline fence: timeline.go), so nothing
+//     unacked is ever visible. A read past that bound is never a final
+//     error unless the home confirms the range ends before it
+//     (readpast.go).
 //  6. An I/O error or a failed fsync stops the range: every pending request
 //     gets a retriable UNAVAILABLE (its outcome is unknown; an idempotent
 //     retry after restart resolves it), nothing more is acked. Corruption

@@ -202,6 +202,11 @@ func (m *mirrorRange) HighestEpoch() uint64 { return m.d.highestEpoch.Load() }
 // heartbeat (the lease store will be the durable source once homing lands).
 func (m *mirrorRange) RecordHeartbeat(hb replicator.Heartbeat) error {
 	m.d.raiseEpoch(hb.Epoch)
+	if hb.Epoch > m.d.role().epoch {
+		// A newer home than the directory's: learn where it starts
+		// (timeline.go).
+		m.d.updateFence()
+	}
 	if hb.LeaderNodeID != 0 {
 		m.d.homeLeaderID.Store(hb.LeaderNodeID)
 	}

@@ -413,6 +413,8 @@ func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 		}
 		if n.cfg.LeaseStore != nil {
 			cfg.leaseCheck = n.leaseCheck
+			cfg.fenced = len(spec.Regions) > 1
+			cfg.wantEpochs = n.wantEpochs
 		}
 		d := openRangeDriver(cfg)
 		d.setRole(n.initialRole(spec.Name, r, spec))
@@ -691,6 +693,10 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 			ri.StartOffset = rd.store.StartOffset()
 			ri.TailOffset = rd.committed.Load()
 			ri.SizeBytes = rd.store.Size()
+		}
+		if f := rd.fenceNow(); f != nil {
+			fence := f.offset
+			ri.TimelineFenceOffset = &fence
 		}
 		ri.Replication = n.rangeReplication(st.spec, uint32(r), rd)
 		resp.Ranges = append(resp.Ranges, ri)

@@ -145,6 +145,16 @@ const (
 	ErrorCode_ERROR_CODE_LIMIT_EXCEEDED ErrorCode = 29
 	// A record without a key was appended to a stream compacted by key.
 	ErrorCode_ERROR_CODE_KEY_REQUIRED ErrorCode = 37
+	// The offset is past what this node serves now (tail_offset), but the
+	// range may hold it: this copy lags (a follower, a mirror, a node that
+	// restarted), or it holds from tail_offset on records of an older epoch
+	// than the range's, a divergent tail that a fork will replace. Retriable:
+	// read again later, here or at another node. A reader positioned past
+	// tail_offset because it read records of that divergent tail finds out
+	// from the epoch of the record at its last offset (see
+	// docs/reads-never-go-backwards.md). A read past the range's confirmed
+	// tail gets OFFSET_OUT_OF_RANGE instead.
+	ErrorCode_ERROR_CODE_OFFSET_PAST_LOCAL_TAIL ErrorCode = 39
 )
 
 // Enum value maps for ErrorCode.
@@ -181,6 +191,7 @@ var (
 		28: "ERROR_CODE_STALE_CURSOR_GENERATION",
 		29: "ERROR_CODE_LIMIT_EXCEEDED",
 		37: "ERROR_CODE_KEY_REQUIRED",
+		39: "ERROR_CODE_OFFSET_PAST_LOCAL_TAIL",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":             0,
@@ -214,6 +225,7 @@ var (
 		"ERROR_CODE_STALE_CURSOR_GENERATION": 28,
 		"ERROR_CODE_LIMIT_EXCEEDED":          29,
 		"ERROR_CODE_KEY_REQUIRED":            37,
+		"ERROR_CODE_OFFSET_PAST_LOCAL_TAIL":  39,
 	}
 )
 
@@ -1325,9 +1337,14 @@ type RangeInfo struct {
 	// replication is, per region of the stream other than the home, how far
 	// its mirror is: reported by the home leader (from the mirrors' acks), or
 	// by a mirror node for its own region (from the home's heartbeats).
-	Replication   []*RegionProgress `protobuf:"bytes,11,rep,name=replication,proto3" json:"replication,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Replication []*RegionProgress `protobuf:"bytes,11,rep,name=replication,proto3" json:"replication,omitempty"`
+	// timeline_fence_offset, when set, is where the answering node's copy
+	// leaves the range's current timeline: it holds records of an older
+	// epoch from this offset on (a divergent tail awaiting its fork), and
+	// serves local reads and subscriptions only below it.
+	TimelineFenceOffset *uint64 `protobuf:"varint,14,opt,name=timeline_fence_offset,json=timelineFenceOffset,proto3,oneof" json:"timeline_fence_offset,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *RangeInfo) Reset() {
@@ -1435,6 +1452,13 @@ func (x *RangeInfo) GetReplication() []*RegionProgress {
 		return x.Replication
 	}
 	return nil
+}
+
+func (x *RangeInfo) GetTimelineFenceOffset() uint64 {
+	if x != nil && x.TimelineFenceOffset != nil {
+		return *x.TimelineFenceOffset
+	}
+	return 0
 }
 
 // RegionProgress is one mirror's position and lag. Lag is measured so that
@@ -3464,7 +3488,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\acleanup\x18\a \x01(\x0e2\x18.geolog.v1.CleanupPolicyR\acleanup\x12;\n" +
 	"\n" +
 	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
-	"compaction\"\xe2\x02\n" +
+	"compaction\"\xb5\x03\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -3481,7 +3505,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x06leader\x18\t \x01(\tR\x06leader\x12\x16\n" +
 	"\x06status\x18\n" +
 	" \x01(\tR\x06status\x12;\n" +
-	"\vreplication\x18\v \x03(\v2\x19.geolog.v1.RegionProgressR\vreplication\"\x84\x02\n" +
+	"\vreplication\x18\v \x03(\v2\x19.geolog.v1.RegionProgressR\vreplication\x127\n" +
+	"\x15timeline_fence_offset\x18\x0e \x01(\x04H\x00R\x13timelineFenceOffset\x88\x01\x01B\x18\n" +
+	"\x16_timeline_fence_offset\"\x84\x02\n" +
 	"\x0eRegionProgress\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12,\n" +
 	"\x12applied_end_offset\x18\x02 \x01(\x04R\x10appliedEndOffset\x12\x1d\n" +
@@ -3645,7 +3671,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xc7\a\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xee\a\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -3678,7 +3704,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aERROR_CODE_GROUP_NOT_FOUND\x10\x1b\x12&\n" +
 	"\"ERROR_CODE_STALE_CURSOR_GENERATION\x10\x1c\x12\x1d\n" +
 	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1b\n" +
-	"\x17ERROR_CODE_KEY_REQUIRED\x10%*\x86\x01\n" +
+	"\x17ERROR_CODE_KEY_REQUIRED\x10%\x12%\n" +
+	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_ADD_LEARNER\x10\x01\x12\x1a\n" +
@@ -3837,6 +3864,7 @@ func file_geolog_v1_log_proto_init() {
 		(*SubscribeRequest_FromOffset)(nil),
 		(*SubscribeRequest_FromTimeUnixNanos)(nil),
 	}
+	file_geolog_v1_log_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
