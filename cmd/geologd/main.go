@@ -201,6 +201,10 @@ func run() int {
 	if certs != nil {
 		cfg.TLS = certs.ServerTLS()
 		cfg.ClientCredentials = certs.ClientCredentials(pki.RequireNode)
+		if err := certs.RegisterMetrics(meterProvider); err != nil {
+			logger.Error("tls metrics", "error", err)
+			return 1
+		}
 	}
 	cfg.CursorRanges, cfg.CursorHome, cfg.GroupHeartbeatInterval = *cursorRanges, *cursorHome, *groupHeartbeat
 	cfg.CursorCompactionLag, cfg.CursorDeleteRetention = *cursorLag, *cursorTombstones
