@@ -262,7 +262,7 @@ func (f FileState) Save(h HardState) error {
 		return err
 	}
 	tmp := filepath.Join(f.Dir, stateFileName+".tmp")
-	w, err := f.FS.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	w, err := f.FS.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
