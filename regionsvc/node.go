@@ -340,9 +340,6 @@ func New(cfg Config) (*Node, error) {
 		serveErr: make(chan error, 1),
 		started:  cfg.Now(),
 	}
-	if n.keyring, err = openKeyring(cfg); err != nil {
-		return nil, err
-	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
@@ -354,6 +351,11 @@ func New(cfg Config) (*Node, error) {
 	}
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
+	// The keyring opens last before the ranges: every later failure
+	// closes the node, which releases it.
+	if n.keyring, err = openKeyring(cfg); err != nil {
+		return nil, err
 	}
 	if len(cfg.Peers) > 0 {
 		// The catalogue is the meta range; streams appear as it applies.
@@ -370,6 +372,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	specs, err := loadCatalog(cfg.DataDir)
 	if err != nil {
+		n.Close()
 		return nil, err
 	}
 	for _, spec := range specs {
