@@ -109,7 +109,7 @@ func TestTLSRegion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	p := nodeproc.NewPKI(t)
-	procs := nodeproc.TLSRegion(t, p, "us", 3, "--tick", "50ms")
+	procs := nodeproc.TLSRegion(t, p, "us", 3, "--tick", "50ms", "--superusers", "alice")
 	alice := p.ClientDir("alice")
 	c := tlsClient(t, procAddrs(procs), alice)
 	waitFor(t, ctx, "stream created", func() bool {
@@ -280,7 +280,7 @@ func twoRegions(t *testing.T, p *nodeproc.PKI) (us, eu *nodeproc.Proc) {
 	usAddr, euAddr := nodeproc.FreeAddr(t), nodeproc.FreeAddr(t)
 	start := func(region, addr, other, otherAddr string) *nodeproc.Proc {
 		return nodeproc.Start(t, t.TempDir(), addr, "--region", region, "--node-id", "1", "--peers", "1="+addr,
-			"--region-addrs", other+"="+otherAddr, "--tick", "50ms", "--certs-dir", p.NodeDir(region, 1))
+			"--region-addrs", other+"="+otherAddr, "--tick", "50ms", "--certs-dir", p.NodeDir(region, 1), "--superusers", "alice")
 	}
 	return start("us", usAddr, "eu", euAddr), start("eu", euAddr, "us", usAddr)
 }
@@ -411,7 +411,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	p := nodeproc.NewPKI(t)
-	procs := nodeproc.TLSRegion(t, p, "us", 3, "--tick", "50ms", "--tls-reload-interval", "200ms")
+	procs := nodeproc.TLSRegion(t, p, "us", 3, "--tick", "50ms", "--tls-reload-interval", "200ms", "--superusers", "alice")
 	alice := p.ClientDir("alice")
 	c := tlsClient(t, procAddrs(procs), alice)
 	waitFor(t, ctx, "stream created", func() bool {
@@ -494,7 +494,7 @@ func TestTLSReloadOnSIGHUP(t *testing.T) {
 	defer cancel()
 	p := nodeproc.NewPKI(t)
 	dir := p.NodeDir("local", 1)
-	node := nodeproc.Start(t, t.TempDir(), nodeproc.FreeAddr(t), "--certs-dir", dir, "--tls-reload-interval", "1h")
+	node := nodeproc.Start(t, t.TempDir(), nodeproc.FreeAddr(t), "--certs-dir", dir, "--tls-reload-interval", "1h", "--superusers", "alice")
 	cfg := nodeproc.ClientTLS(t, p.ClientDir("alice"))
 	first := serialOf(t, filepath.Join(dir, pki.NodeCertFile))
 	waitFor(t, ctx, "the node serves", func() bool {
