@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
-	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/compact"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/keyspace"
@@ -96,6 +96,15 @@ type Config struct {
 	// FailoverDisabled turns the takeover agent off (operators then move
 	// homes by hand).
 	FailoverDisabled bool
+	// KEK, if set, turns encryption at rest on: the node's data keys live
+	// in <DataDir>/keys, wrapped by this provider (geologd --kek-file), and
+	// every range's log is sealed under them (see atrest.go). Without it a
+	// data directory that holds a keyring is refused. Default nil.
+	KEK atrest.KEKProvider
+	// DataKeyRotationPeriod makes the node start a new data key when it
+	// starts with an active one older than this, default 7 days; negative
+	// never. (geolog keys rotate rotates a stopped node's at once.)
+	DataKeyRotationPeriod time.Duration
 	// SyncConcurrencyMax bounds the fsyncs in progress at once across all
 	// ranges of the node, default 2. Each fsync has a large fixed cost (a
 	// journal commit and a device cache flush); while a range waits for a
@@ -148,6 +157,8 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives gRPC spans, default a no-op provider.
 	TracerProvider trace.TracerProvider
+	// Limits are the node's resource bounds (limits.go).
+	Limits LimitsConfig
 
 	// CursorRanges is the range count of the cursor stream ("_cursors",
 	// cursorstream.go), default 16; CursorHome the region its ranges are
@@ -266,6 +277,7 @@ func (c *Config) setDefaults() error {
 	if c.TracerProvider == nil {
 		c.TracerProvider = tracenoop.NewTracerProvider()
 	}
+	c.Limits.setDefaults(fileLimit())
 	return c.setConsumerDefaults()
 }
 
@@ -314,10 +326,22 @@ type Node struct {
 	peerConns   map[string]*grpc.ClientConn
 	grpcServer  *grpc.Server
 	listener    net.Listener
+	keyring     *atrest.Keyring // nil: encryption at rest is off
 	closing     chan struct{}
 	started     time.Time // when New returned (Config.Now)
-	closeOnce   sync.Once
-	serveErr    chan error
+	// limits are the node's budgets and quotas (limits.go); conns its
+	// bounded listener (after Start).
+	limits *limits
+	conns  *limitListener
+	// rangesMu guards rangesReserved: the ranges of creates in progress,
+	// counted against Limits.RangesMax.
+	rangesMu       sync.Mutex
+	rangesReserved int
+	// deleted are the streams this node deleted (delete.go).
+	deletedMu sync.Mutex
+	deleted   map[string]bool
+	closeOnce sync.Once
+	serveErr  chan error
 }
 
 // New opens the data directory, recovers every range and returns a node that
@@ -327,9 +351,10 @@ func New(cfg Config) (*Node, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "streams"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "streams"), 0o700); err != nil {
 		return nil, fmt.Errorf("regionsvc: data dir: %w", err)
 	}
+	var err error
 	n := &Node{
 		cfg:      cfg,
 		logger:   cfg.Logger.Named("node"),
@@ -338,13 +363,16 @@ func New(cfg Config) (*Node, error) {
 		serveErr: make(chan error, 1),
 		started:  cfg.Now(),
 	}
+	if n.keyring, err = openKeyring(cfg); err != nil {
+		return nil, err
+	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
-	var err error
 	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
+	n.limits = newLimits(cfg.Limits, cfg.Now, n.metrics, cfg.Logger)
 	if n.authMetrics, err = newAuthMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
@@ -360,6 +388,10 @@ func New(cfg Config) (*Node, error) {
 			n.Close()
 			return nil, err
 		}
+		if err := n.checkRangeKeys(); err != nil {
+			n.Close()
+			return nil, err
+		}
 		n.logger.Info("node opened", "data_dir", cfg.DataDir, "node_id", cfg.NodeID, "peers", fmtPeers(cfg.Peers))
 		return n, nil
 	}
@@ -369,6 +401,10 @@ func New(cfg Config) (*Node, error) {
 	}
 	for _, spec := range specs {
 		n.streams[spec.Name] = n.openStream(spec)
+	}
+	if err := n.checkRangeKeys(); err != nil {
+		n.Close()
+		return nil, err
 	}
 	n.logger.Info("node opened", "data_dir", cfg.DataDir, "streams", len(specs))
 	return n, nil
@@ -420,6 +456,7 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 	store.Fsync = n.cfg.Fsync
 	store.Now = n.cfg.Now
 	store.FS = n.cfg.FS
+	store.Keyring = n.keyring
 	if rc != nil {
 		// Retention applies to replicated ranges too, as Raft log
 		// compaction (see snapshot.go); the catalogue has none.
@@ -449,11 +486,9 @@ func (n *Node) Start() error {
 		return fmt.Errorf("regionsvc: listen: %w", err)
 	}
 	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(n.cfg.BatchBytesMax + (4 << 20)),
 		grpc.MaxSendMsgSize(readBytesMax + (4 << 20)),
 		grpc.InitialWindowSize(4 << 20),
 		grpc.InitialConnWindowSize(16 << 20),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		// OpenTelemetry lives at the gRPC boundary: one span and the RPC
 		// metrics per call.
@@ -468,9 +503,9 @@ func (n *Node) Start() error {
 	if n.replicated() {
 		// Raft's transport shares the port; its options bound its streams.
 		opts = append(opts, n.region.transport.ServerOptions()...)
-		opts = append(opts, grpc.MaxRecvMsgSize(max(n.cfg.BatchBytesMax+(4<<20), 64<<20)))
 		rs, err := replicator.NewServer(replicator.ServerConfig{Region: n.cfg.Region, Store: &mirrorStore{n: n},
-			Now: n.cfg.Now, Logger: n.cfg.Logger, AuthorizeSource: n.authorizeMirrorSource})
+			Now: n.cfg.Now, Logger: n.cfg.Logger, UncompressedBytesMax: n.cfg.frameBytesMax(),
+			AuthorizeSource: n.authorizeMirrorSource})
 		if err != nil {
 			lis.Close()
 			return fmt.Errorf("regionsvc: mirror server: %w", err)
@@ -479,8 +514,12 @@ func (n *Node) Start() error {
 		// The Mirror service's keepalive policy and bounds; the receive
 		// bound stays the larger one, given last.
 		opts = append(opts, rs.ServerOptions()...)
-		opts = append(opts, grpc.MaxRecvMsgSize(max(n.cfg.BatchBytesMax+(4<<20), 64<<20, batch.FrameBytesMax+(1<<20))))
 	}
+	// The limits come last: their receive limit, near the batch bound,
+	// is the one for every service on the port (Raft's messages and the
+	// mirror's batches carry frames of at most a batch).
+	opts = append(opts, n.limits.serverOptions(n.cfg.recvMsgBytesMax())...)
+	n.conns = newLimitListener(lis, n.limits)
 	n.grpcServer = grpc.NewServer(opts...)
 	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
 	geologv1.RegisterAdminServer(n.grpcServer, &adminServer{node: n})
@@ -499,7 +538,7 @@ func (n *Node) Start() error {
 	n.cursors = newCursorService(n)
 	go n.cursors.run()
 	n.startCleaner()
-	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
+	go func() { n.serveErr <- n.grpcServer.Serve(n.conns) }()
 	n.logger.Info("serving", "addr", lis.Addr().String(), "region", n.cfg.Region, "tls", n.secure())
 	return nil
 }
@@ -562,6 +601,9 @@ func (n *Node) Close() error {
 			c.Close()
 		}
 		n.peerConnsMu.Unlock()
+		if n.keyring != nil {
+			n.keyring.Close()
+		}
 		n.logger.Info("node closed")
 	})
 	return nil
@@ -569,17 +611,23 @@ func (n *Node) Close() error {
 
 // rangeOf finds an open range, or returns a typed error.
 func (n *Node) rangeOf(ctx context.Context, stream string, r uint32) (*rangeDriver, error) {
+	d, _, err := n.rangeAndCount(ctx, stream, r)
+	return d, err
+}
+
+// rangeAndCount is rangeOf, with the stream's range count.
+func (n *Node) rangeAndCount(ctx context.Context, stream string, r uint32) (*rangeDriver, uint32, error) {
 	if stream == "" {
-		return nil, apierr.New(apierr.InvalidArgument, "stream name is empty")
+		return nil, 0, apierr.New(apierr.InvalidArgument, "stream name is empty")
 	}
 	st, err := n.lookupStream(ctx, stream)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if r >= uint32(len(st.ranges)) {
-		return nil, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
+		return nil, 0, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
 	}
-	return st.ranges[r], nil
+	return st.ranges[r], uint32(len(st.ranges)), nil
 }
 
 func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.StreamInfo, error) {
@@ -599,6 +647,15 @@ func (n *Node) createStreamFromSpec(ctx context.Context, spec streamSpec) (*geol
 	case <-n.closing:
 		return nil, apierr.New(apierr.ShuttingDown, "node is shutting down")
 	default:
+	}
+	if spec.hasRegion(n.cfg.Region) {
+		// The node must be able to open every range: refused up front,
+		// not accepted and left unopenable.
+		release, err := n.reserveRanges(spec.RangeCount)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 	}
 	if n.replicated() {
 		return n.createStreamRegions(ctx, spec)
@@ -634,6 +691,7 @@ func (n *Node) createStreamFromSpec(ctx context.Context, spec streamSpec) (*geol
 	n.mu.Lock()
 	n.streams[spec.Name] = st
 	n.mu.Unlock()
+	n.forgetDeleted(spec.Name)
 	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount)
 	return spec.info(), nil
 }

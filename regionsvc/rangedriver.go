@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/dedup"
 	"github.com/geolog/geolog/replica"
@@ -48,6 +49,9 @@ type appendOp struct {
 	res        appendResult
 	endOffset  uint64
 	frameBytes int
+	// held is what the append holds of the node's budget of appends in
+	// flight, released as it is answered (server.go).
+	held int64
 }
 
 // rangeDriverConfig configures one range driver.
@@ -118,8 +122,11 @@ type rangeDriver struct {
 	// open.
 	roleP atomic.Pointer[rangeRole]
 	// tl is the timeline fence: local reads stop below it (timeline.go).
-	tl       timeline
-	failure  atomic.Pointer[apierr.Error] // set once the range stops serving
+	tl      timeline
+	failure atomic.Pointer[apierr.Error] // set once the range stops serving
+	// keyErr is set, before the driver is published, when its log could
+	// not open for want of a data key (atrest): New refuses to start.
+	keyErr   error
 	notifyMu sync.Mutex
 	notifyCh chan struct{} // closed and replaced when committed or failure changes
 
@@ -138,6 +145,8 @@ type rangeDriver struct {
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
+	// peerRefusedLogged is when a refused peer message was last logged.
+	peerRefusedLogged time.Time
 
 	// Owned by the run goroutine.
 	keyc               *keyCompactor // nil unless the stream compacts by key
@@ -210,6 +219,9 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		}
 		e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
 		e.Retriable = false
+		if errors.Is(err, atrest.ErrKeyUnavailable) {
+			d.keyErr = err
+		}
 		d.failure.Store(e)
 		d.logger.Error("range not served", "error", err)
 		close(d.doneCh)
