@@ -7,16 +7,14 @@ import (
 	"testing"
 
 	"github.com/geolog/geolog/apierr"
-	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
-	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 )
 
-// TestCallClasses lists who may call every method the node serves: a new
-// method is classified by the rule (a geolog.v1 method is public, anything
-// else is for nodes) and shows up here.
+// TestCallClasses lists who may call every method a replicated node
+// serves (read from the node's gRPC server, so a service or method added
+// later shows up here): a geolog.v1 method is public, anything else is
+// for nodes.
 func TestCallClasses(t *testing.T) {
 	want := map[string]callClass{
 		"/geolog.v1.Log/Append":                      callPublic,
@@ -32,35 +30,40 @@ func TestCallClasses(t *testing.T) {
 		"/geolog.v1.Admin/RefreshHomes":              callNode,
 		"/geolog.v1.Admin/ListOrphans":               callPublic,
 		"/geolog.v1.Admin/ReadOrphans":               callPublic,
+		"/geolog.v1.Consumer/CommitCursors":          callPublic,
+		"/geolog.v1.Consumer/GetCursors":             callPublic,
+		"/geolog.v1.Consumer/JoinGroup":              callPublic,
+		"/geolog.v1.Consumer/GroupHeartbeat":         callPublic,
+		"/geolog.v1.Consumer/LeaveGroup":             callPublic,
+		"/geolog.v1.Consumer/Fetch":                  callPublic,
+		"/geolog.v1.Consumer/ListGroups":             callPublic,
+		"/geolog.v1.Consumer/DescribeGroup":          callPublic,
+		"/geolog.v1.Consumer/DeleteGroup":            callPublic,
+		"/geolog.v1.Consumer/ResetGroup":             callPublic,
 		"/geolog.internal.v1.Mirror/Replicate":       callNode,
 		"/geolog.internal.v1.RaftTransport/Stream":   callRegion,
 		"/geolog.internal.v1.RaftTransport/Snapshot": callRegion,
 	}
-	seen := 0
-	for _, sd := range []grpc.ServiceDesc{geologv1.Log_ServiceDesc, geologv1.Admin_ServiceDesc,
-		geologinternalv1.Mirror_ServiceDesc, geologinternalv1.RaftTransport_ServiceDesc} {
-		var names []string
-		for _, m := range sd.Methods {
-			names = append(names, m.MethodName)
-		}
-		for _, s := range sd.Streams {
-			names = append(names, s.StreamName)
-		}
-		for _, name := range names {
-			full := "/" + sd.ServiceName + "/" + name
+	w := newWorld(t, []string{"us", "eu"}, 1, 0, 0)
+	served := map[string]bool{}
+	for service, info := range w.nodes["us"][1].grpcServer.GetServiceInfo() {
+		for _, m := range info.Methods {
+			full := "/" + service + "/" + m.Name
+			served[full] = true
 			w, ok := want[full]
 			if !ok {
 				t.Errorf("%s is not in this test: say who may call it (classOf: %v)", full, classOf(full))
 				continue
 			}
-			seen++
 			if got := classOf(full); got != w {
 				t.Errorf("%s: class %v, want %v", full, got, w)
 			}
 		}
 	}
-	if seen != len(want) {
-		t.Errorf("%d of the %d methods listed here are served", seen, len(want))
+	for full := range want {
+		if !served[full] {
+			t.Errorf("%s is listed here and not served", full)
+		}
 	}
 	// Unknown services fail closed.
 	if classOf("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo") != callNode {
