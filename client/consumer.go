@@ -245,7 +245,7 @@ func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key [
 			}
 			c.log.Debug("resubscribing", "stream", stream, "range", rng, "offset", s.next,
 				"attempt", s.failures, "addr", from, "next_addr", s.addr, "error", err)
-			if sleepCtx(ctx, backoffDelay(s.failures, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
+			if sleepCtx(ctx, retryDelay(err, s.failures, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
 				yield(StoredRecord{}, ctx.Err())
 				return
 			}

@@ -46,6 +46,11 @@ type Store interface {
 	CancelRehome(ctx context.Context, req RehomeRequest) (Home, error)
 	// History returns the epochs granted to a range, oldest first.
 	History(ctx context.Context, key RangeKey) ([]EpochRecord, error)
+	// DeleteHomes removes every home record and epoch history of stream
+	// (the stream was deleted; a new stream under its name starts afresh
+	// at epoch 1), bumping the homes version of the regions they were in.
+	// Deleting a stream without records does nothing.
+	DeleteHomes(ctx context.Context, stream string) error
 	// Close releases the store's resources.
 	Close()
 }

@@ -140,9 +140,13 @@ const (
 	// operator reset the cursor since; cursor_generation gives the current
 	// one. Read the cursor again.
 	ErrorCode_ERROR_CODE_STALE_CURSOR_GENERATION ErrorCode = 28
-	// A bound on the consumer state was reached (members per group, cursors
-	// or groups per cursor range).
+	// A bound was reached: on the consumer state (members per group, cursors
+	// or groups per cursor range) or on a node (the ranges it hosts). The
+	// same request will not succeed later on its own.
 	ErrorCode_ERROR_CODE_LIMIT_EXCEEDED ErrorCode = 29
+	// A subscriber did not take what it was sent in time and was cut off;
+	// it may subscribe again from the next offset it has not seen.
+	ErrorCode_ERROR_CODE_SLOW_CONSUMER ErrorCode = 33
 	// A record without a key was appended to a stream compacted by key.
 	ErrorCode_ERROR_CODE_KEY_REQUIRED ErrorCode = 37
 	// The offset is past what this node serves now (tail_offset), but the
@@ -190,6 +194,7 @@ var (
 		27: "ERROR_CODE_GROUP_NOT_FOUND",
 		28: "ERROR_CODE_STALE_CURSOR_GENERATION",
 		29: "ERROR_CODE_LIMIT_EXCEEDED",
+		33: "ERROR_CODE_SLOW_CONSUMER",
 		37: "ERROR_CODE_KEY_REQUIRED",
 		39: "ERROR_CODE_OFFSET_PAST_LOCAL_TAIL",
 	}
@@ -224,6 +229,7 @@ var (
 		"ERROR_CODE_GROUP_NOT_FOUND":         27,
 		"ERROR_CODE_STALE_CURSOR_GENERATION": 28,
 		"ERROR_CODE_LIMIT_EXCEEDED":          29,
+		"ERROR_CODE_SLOW_CONSUMER":           33,
 		"ERROR_CODE_KEY_REQUIRED":            37,
 		"ERROR_CODE_OFFSET_PAST_LOCAL_TAIL":  39,
 	}
@@ -1912,6 +1918,9 @@ type ErrorDetail struct {
 	MemberEpoch uint64 `protobuf:"varint,8,opt,name=member_epoch,json=memberEpoch,proto3" json:"member_epoch,omitempty"`
 	// For STALE_CURSOR_GENERATION: the cursor's current reset generation.
 	CursorGeneration uint64 `protobuf:"varint,9,opt,name=cursor_generation,json=cursorGeneration,proto3" json:"cursor_generation,omitempty"`
+	// For OVERLOADED (and SLOW_CONSUMER): how long to wait, at least, before
+	// sending the request again; 0 when the server does not say.
+	RetryAfterMillis int64 `protobuf:"varint,10,opt,name=retry_after_millis,json=retryAfterMillis,proto3" json:"retry_after_millis,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -2005,6 +2014,13 @@ func (x *ErrorDetail) GetMemberEpoch() uint64 {
 func (x *ErrorDetail) GetCursorGeneration() uint64 {
 	if x != nil {
 		return x.CursorGeneration
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetRetryAfterMillis() int64 {
+	if x != nil {
+		return x.RetryAfterMillis
 	}
 	return 0
 }
@@ -3335,6 +3351,86 @@ func (x *DescribeReplicasResponse) GetReplicas() []*ReplicaStatus {
 	return nil
 }
 
+type DeleteStreamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteStreamRequest) Reset() {
+	*x = DeleteStreamRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteStreamRequest) ProtoMessage() {}
+
+func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
+func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DeleteStreamRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteStreamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteStreamResponse) Reset() {
+	*x = DeleteStreamResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteStreamResponse) ProtoMessage() {}
+
+func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
+func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
+}
+
 // CompactionPolicy tunes compaction by key. Zero fields take the defaults.
 type CompactionPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3351,7 +3447,7 @@ type CompactionPolicy struct {
 
 func (x *CompactionPolicy) Reset() {
 	*x = CompactionPolicy{}
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3363,7 +3459,7 @@ func (x *CompactionPolicy) String() string {
 func (*CompactionPolicy) ProtoMessage() {}
 
 func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3376,7 +3472,7 @@ func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
 func (*CompactionPolicy) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CompactionPolicy) GetDeleteRetentionMs() int64 {
@@ -3541,7 +3637,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"u\n" +
 	"\x16DescribeStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
-	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\"\xd1\x02\n" +
+	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\"\xff\x02\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -3553,7 +3649,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"tailOffset\x12+\n" +
 	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\x12!\n" +
 	"\fmember_epoch\x18\b \x01(\x04R\vmemberEpoch\x12+\n" +
-	"\x11cursor_generation\x18\t \x01(\x04R\x10cursorGeneration\",\n" +
+	"\x11cursor_generation\x18\t \x01(\x04R\x10cursorGeneration\x12,\n" +
+	"\x12retry_after_millis\x18\n" +
+	" \x01(\x03R\x10retryAfterMillis\",\n" +
 	"\x12ListOrphansRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\"\x94\x02\n" +
 	"\n" +
@@ -3662,7 +3760,10 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"last_index\x18\x02 \x01(\x04R\tlastIndex\x12)\n" +
 	"\x10committed_offset\x18\x03 \x01(\x04R\x0fcommittedOffset\x124\n" +
-	"\breplicas\x18\x04 \x03(\v2\x18.geolog.v1.ReplicaStatusR\breplicas\"`\n" +
+	"\breplicas\x18\x04 \x03(\v2\x18.geolog.v1.ReplicaStatusR\breplicas\")\n" +
+	"\x13DeleteStreamRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
+	"\x14DeleteStreamResponse\"`\n" +
 	"\x10CompactionPolicy\x12.\n" +
 	"\x13delete_retention_ms\x18\x01 \x01(\x03R\x11deleteRetentionMs\x12\x1c\n" +
 	"\n" +
@@ -3671,7 +3772,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xee\a\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\x8c\b\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -3703,7 +3804,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aERROR_CODE_GROUP_NOT_EMPTY\x10\x1a\x12\x1e\n" +
 	"\x1aERROR_CODE_GROUP_NOT_FOUND\x10\x1b\x12&\n" +
 	"\"ERROR_CODE_STALE_CURSOR_GENERATION\x10\x1c\x12\x1d\n" +
-	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1b\n" +
+	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1c\n" +
+	"\x18ERROR_CODE_SLOW_CONSUMER\x10!\x12\x1b\n" +
 	"\x17ERROR_CODE_KEY_REQUIRED\x10%\x12%\n" +
 	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
@@ -3715,7 +3817,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aCLEANUP_POLICY_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15CLEANUP_POLICY_DELETE\x10\x01\x12\x1a\n" +
 	"\x16CLEANUP_POLICY_COMPACT\x10\x02\x12!\n" +
-	"\x1dCLEANUP_POLICY_COMPACT_DELETE\x10\x032\x86\x04\n" +
+	"\x1dCLEANUP_POLICY_COMPACT_DELETE\x10\x032\xd7\x04\n" +
 	"\x03Log\x12=\n" +
 	"\x06Append\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse\x12G\n" +
 	"\fAppendStream\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse(\x010\x01\x127\n" +
@@ -3723,7 +3825,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.geolog.v1.SubscribeRequest\x1a\x1c.geolog.v1.SubscribeResponse0\x01\x12O\n" +
 	"\fCreateStream\x12\x1e.geolog.v1.CreateStreamRequest\x1a\x1f.geolog.v1.CreateStreamResponse\x12L\n" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
-	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse2\xe7\x03\n" +
+	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse\x12O\n" +
+	"\fDeleteStream\x12\x1e.geolog.v1.DeleteStreamRequest\x1a\x1f.geolog.v1.DeleteStreamResponse2\xe7\x03\n" +
 	"\x05Admin\x12U\n" +
 	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
 	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponse\x12=\n" +
@@ -3745,7 +3848,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -3790,7 +3893,9 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*DescribeReplicasRequest)(nil),  // 40: geolog.v1.DescribeReplicasRequest
 	(*ReplicaStatus)(nil),            // 41: geolog.v1.ReplicaStatus
 	(*DescribeReplicasResponse)(nil), // 42: geolog.v1.DescribeReplicasResponse
-	(*CompactionPolicy)(nil),         // 43: geolog.v1.CompactionPolicy
+	(*DeleteStreamRequest)(nil),      // 43: geolog.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),     // 44: geolog.v1.DeleteStreamResponse
+	(*CompactionPolicy)(nil),         // 45: geolog.v1.CompactionPolicy
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	4,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -3802,11 +3907,11 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	6,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
 	13, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
 	3,  // 8: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
-	43, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
+	45, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
 	16, // 10: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
 	13, // 11: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
 	3,  // 12: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
-	43, // 13: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
+	45, // 13: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
 	14, // 14: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
 	14, // 15: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
 	14, // 16: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
@@ -3828,27 +3933,29 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	17, // 32: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
 	19, // 33: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
 	21, // 34: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	38, // 35: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	40, // 36: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	29, // 37: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	33, // 38: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	24, // 39: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	27, // 40: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	8,  // 41: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	8,  // 42: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	10, // 43: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	12, // 44: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	18, // 45: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	20, // 46: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	22, // 47: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	39, // 48: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	42, // 49: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	32, // 50: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	36, // 51: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	26, // 52: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	28, // 53: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	41, // [41:54] is the sub-list for method output_type
-	28, // [28:41] is the sub-list for method input_type
+	43, // 35: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	38, // 36: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	40, // 37: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	29, // 38: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	33, // 39: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	24, // 40: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	27, // 41: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	8,  // 42: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	8,  // 43: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	10, // 44: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	12, // 45: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	18, // 46: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	20, // 47: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	22, // 48: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	44, // 49: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	39, // 50: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	42, // 51: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	32, // 52: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	36, // 53: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	26, // 54: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	28, // 55: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	42, // [42:56] is the sub-list for method output_type
+	28, // [28:42] is the sub-list for method input_type
 	28, // [28:28] is the sub-list for extension type_name
 	28, // [28:28] is the sub-list for extension extendee
 	0,  // [0:28] is the sub-list for field type_name
@@ -3871,7 +3978,7 @@ func file_geolog_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
