@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/geolog/geolog/authz"
 	"net"
 	"os"
 	"path/filepath"
@@ -56,6 +57,11 @@ type Config struct {
 	// geolog identity (pki), and node-to-node services take nodes only.
 	// Default: plaintext, and no check of who calls.
 	TLS *tls.Config
+	// Authz, when set with TLS, turns per-stream authorization on
+	// (authz.go): a client principal may make only the calls the policy
+	// grants it (superusers, rules); nodes pass. Default: any verified
+	// identity may call every public method.
+	Authz *authz.Policy
 	// ClientTLS is used when this node calls another (Raft, forwarding,
 	// replication, catalogue propagation).
 	ClientTLS *tls.Config
@@ -295,7 +301,11 @@ type Node struct {
 	syncSlots   chan struct{}
 	metrics     *nodeMetrics
 	authMetrics *authMetrics
-	region      *region // nil unless replicated
+	// policy is what client principals may do (authz.go); refusals
+	// rate-limits the refusal log.
+	policy   policyState
+	refusals refusalLog
+	region   *region // nil unless replicated
 	// cleaner runs the compactions by key of every range here
 	// (compaction.go); cleanerStop and cleanerDone stop it.
 	cleaner        *compact.Cleaner
@@ -362,6 +372,9 @@ func New(cfg Config) (*Node, error) {
 	n.limits = newLimits(cfg.Limits, cfg.Now, n.metrics, cfg.Logger)
 	if n.authMetrics, err = newAuthMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
+	if cfg.Authz != nil {
+		n.policy.set(cfg.Authz)
 	}
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
