@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/geolog/geolog/authz"
 	"net"
 	"os"
 	"path/filepath"
@@ -56,6 +57,11 @@ type Config struct {
 	// geolog identity (pki), and node-to-node services take nodes only.
 	// Default: plaintext, and no check of who calls.
 	TLS *tls.Config
+	// Authz, when set with TLS, turns per-stream authorization on
+	// (authz.go): a client principal may make only the calls the policy
+	// grants it (superusers, rules); nodes pass. Default: any verified
+	// identity may call every public method.
+	Authz *authz.Policy
 	// ClientTLS is used when this node calls another (Raft, forwarding,
 	// replication, catalogue propagation).
 	ClientTLS *tls.Config
@@ -295,7 +301,11 @@ type Node struct {
 	syncSlots   chan struct{}
 	metrics     *nodeMetrics
 	authMetrics *authMetrics
-	region      *region // nil unless replicated
+	// policy is what client principals may do (authz.go); refusals
+	// rate-limits the refusal log.
+	policy   policyState
+	refusals refusalLog
+	region   *region // nil unless replicated
 	// cleaner runs the compactions by key of every range here
 	// (compaction.go); cleanerStop and cleanerDone stop it.
 	cleaner        *compact.Cleaner
@@ -353,9 +363,6 @@ func New(cfg Config) (*Node, error) {
 		serveErr: make(chan error, 1),
 		started:  cfg.Now(),
 	}
-	if n.keyring, err = openKeyring(cfg); err != nil {
-		return nil, err
-	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
@@ -366,8 +373,16 @@ func New(cfg Config) (*Node, error) {
 	if n.authMetrics, err = newAuthMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
+	if cfg.Authz != nil {
+		n.policy.set(cfg.Authz)
+	}
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
+	// The keyring opens last before the ranges: every later failure
+	// closes the node, which releases it.
+	if n.keyring, err = openKeyring(cfg); err != nil {
+		return nil, err
 	}
 	if len(cfg.Peers) > 0 {
 		// The catalogue is the meta range; streams appear as it applies.
@@ -384,6 +399,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	specs, err := loadCatalog(cfg.DataDir)
 	if err != nil {
+		n.Close()
 		return nil, err
 	}
 	for _, spec := range specs {
