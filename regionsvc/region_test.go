@@ -299,8 +299,17 @@ func TestStreamNotFoundIsFinal(t *testing.T) {
 	for i := 0; i < 30; i++ {
 		name := fmt.Sprintf("s%d", i)
 		via := uint64(i%3) + 1
-		if _, err := tr.clients[via].CreateStream(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: 1}); err != nil {
-			t.Fatalf("create %s via node %d: %v", name, via, err)
+		// A leader change under load answers a create NOT_LEADER: retried
+		// at the same node (the stream may exist by then).
+		for {
+			_, err := tr.clients[via].CreateStream(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: 1})
+			if err == nil || apierr.CodeOf(err) == apierr.StreamExists {
+				break
+			}
+			if !apierr.IsRetriable(err) || ctx.Err() != nil {
+				t.Fatalf("create %s via node %d: %v", name, via, err)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 		for id := uint64(1); id <= 3; id++ {
 			if _, err := tr.clients[id].DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: name}); err != nil {

@@ -512,7 +512,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 	}
 	var read int
 	for r := uint32(0); r < 2; r++ {
-		res, err := c.Read(ctx, "r", r, 0, client.ReadOptions{MaxRecords: 100000})
+		res, err := c.Read(ctx, "r", r, 0, client.ReadOptions{MaxRecords: 100000, Consistency: client.ConsistencyHome}) // a follower may be behind the last acks
 		if err != nil {
 			t.Fatal(err)
 		}
