@@ -43,6 +43,7 @@ const (
 	Unauthenticated      = geologv1.ErrorCode_ERROR_CODE_UNAUTHENTICATED
 	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
 	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
+	ProducerStateLost    = geologv1.ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
@@ -76,6 +77,9 @@ var catalogue = map[Code]codeInfo{
 	Unauthenticated:      {codes.Unauthenticated, false},
 	PermissionDenied:     {codes.PermissionDenied, false},
 	Internal:             {codes.Internal, false},
+	// Not retriable under the same producer id; the client restarts at a
+	// higher level (a new producer id), which is what Aborted says.
+	ProducerStateLost: {codes.Aborted, false},
 }
 
 // Error is a typed API error.
@@ -87,6 +91,10 @@ type Error struct {
 	StartOffset      uint64
 	TailOffset       uint64
 	ExpectedSequence uint64
+	// ForkEpoch and ForkOffset, for PRODUCER_STATE_LOST: the range's
+	// current epoch and where it started (see the API's ErrorDetail).
+	ForkEpoch  uint64
+	ForkOffset uint64
 }
 
 // New returns an *Error with the catalogue's retriability for code.
@@ -122,6 +130,8 @@ func (e *Error) Detail() *geologv1.ErrorDetail {
 		StartOffset:      e.StartOffset,
 		TailOffset:       e.TailOffset,
 		ExpectedSequence: e.ExpectedSequence,
+		ForkEpoch:        e.ForkEpoch,
+		ForkOffset:       e.ForkOffset,
 	}
 }
 
@@ -138,6 +148,8 @@ func FromDetail(d *geologv1.ErrorDetail) *Error {
 		StartOffset:      d.GetStartOffset(),
 		TailOffset:       d.GetTailOffset(),
 		ExpectedSequence: d.GetExpectedSequence(),
+		ForkEpoch:        d.GetForkEpoch(),
+		ForkOffset:       d.GetForkOffset(),
 	}
 }
 

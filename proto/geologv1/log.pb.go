@@ -121,6 +121,17 @@ const (
 	ErrorCode_ERROR_CODE_UNAUTHENTICATED   ErrorCode = 20
 	ErrorCode_ERROR_CODE_PERMISSION_DENIED ErrorCode = 21
 	ErrorCode_ERROR_CODE_INTERNAL          ErrorCode = 22
+	// An idempotent producer's state on this range is gone: the range does
+	// not know the producer id and the batch does not start at sequence 0,
+	// or the range changed epoch after the producer's last batch it holds
+	// and the producer is past it (its later acknowledged batches were cut
+	// off the log by an unplanned failover). Not retriable under this
+	// producer id: continue under a new producer id from sequence 0 and
+	// resend the batches not yet acknowledged (see AppendRequest,
+	// "Idempotent producers"). fork_epoch and fork_offset tell which earlier
+	// acknowledgements the log lost. expected_sequence is the sequence the
+	// range holds the producer up to (0 when it does not know it).
+	ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST ErrorCode = 30
 )
 
 // Enum value maps for ErrorCode.
@@ -149,6 +160,7 @@ var (
 		20: "ERROR_CODE_UNAUTHENTICATED",
 		21: "ERROR_CODE_PERMISSION_DENIED",
 		22: "ERROR_CODE_INTERNAL",
+		30: "ERROR_CODE_PRODUCER_STATE_LOST",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":             0,
@@ -174,6 +186,7 @@ var (
 		"ERROR_CODE_UNAUTHENTICATED":         20,
 		"ERROR_CODE_PERMISSION_DENIED":       21,
 		"ERROR_CODE_INTERNAL":                22,
+		"ERROR_CODE_PRODUCER_STATE_LOST":     30,
 	}
 )
 
@@ -259,6 +272,116 @@ func (ReplicaChange) EnumDescriptor() ([]byte, []int) {
 	return file_geolog_v1_log_proto_rawDescGZIP(), []int{2}
 }
 
+type EpochKind int32
+
+const (
+	EpochKind_EPOCH_KIND_UNSPECIFIED EpochKind = 0
+	// The range was created (epoch 1).
+	EpochKind_EPOCH_KIND_CREATE EpochKind = 1
+	// Another region took the range over after its home failed (unplanned):
+	// the old home's records at or past start_offset under earlier epochs
+	// went to its orphan log.
+	EpochKind_EPOCH_KIND_TAKEOVER EpochKind = 2
+	// A planned rehome (Admin.Rehome): nothing was lost.
+	EpochKind_EPOCH_KIND_REHOME EpochKind = 3
+)
+
+// Enum value maps for EpochKind.
+var (
+	EpochKind_name = map[int32]string{
+		0: "EPOCH_KIND_UNSPECIFIED",
+		1: "EPOCH_KIND_CREATE",
+		2: "EPOCH_KIND_TAKEOVER",
+		3: "EPOCH_KIND_REHOME",
+	}
+	EpochKind_value = map[string]int32{
+		"EPOCH_KIND_UNSPECIFIED": 0,
+		"EPOCH_KIND_CREATE":      1,
+		"EPOCH_KIND_TAKEOVER":    2,
+		"EPOCH_KIND_REHOME":      3,
+	}
+)
+
+func (x EpochKind) Enum() *EpochKind {
+	p := new(EpochKind)
+	*p = x
+	return p
+}
+
+func (x EpochKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EpochKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_geolog_v1_log_proto_enumTypes[3].Descriptor()
+}
+
+func (EpochKind) Type() protoreflect.EnumType {
+	return &file_geolog_v1_log_proto_enumTypes[3]
+}
+
+func (x EpochKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EpochKind.Descriptor instead.
+func (EpochKind) EnumDescriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{3}
+}
+
+// OrphanScope is how far ListOrphans looks.
+type OrphanScope int32
+
+const (
+	// As ORPHAN_SCOPE_NODE.
+	OrphanScope_ORPHAN_SCOPE_UNSPECIFIED OrphanScope = 0
+	// The answering node's replicas only.
+	OrphanScope_ORPHAN_SCOPE_NODE OrphanScope = 1
+	// Every node of every region of the stream (ListOrphansRequest.scope).
+	OrphanScope_ORPHAN_SCOPE_CLUSTER OrphanScope = 2
+)
+
+// Enum value maps for OrphanScope.
+var (
+	OrphanScope_name = map[int32]string{
+		0: "ORPHAN_SCOPE_UNSPECIFIED",
+		1: "ORPHAN_SCOPE_NODE",
+		2: "ORPHAN_SCOPE_CLUSTER",
+	}
+	OrphanScope_value = map[string]int32{
+		"ORPHAN_SCOPE_UNSPECIFIED": 0,
+		"ORPHAN_SCOPE_NODE":        1,
+		"ORPHAN_SCOPE_CLUSTER":     2,
+	}
+)
+
+func (x OrphanScope) Enum() *OrphanScope {
+	p := new(OrphanScope)
+	*p = x
+	return p
+}
+
+func (x OrphanScope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OrphanScope) Descriptor() protoreflect.EnumDescriptor {
+	return file_geolog_v1_log_proto_enumTypes[4].Descriptor()
+}
+
+func (OrphanScope) Type() protoreflect.EnumType {
+	return &file_geolog_v1_log_proto_enumTypes[4]
+}
+
+func (x OrphanScope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OrphanScope.Descriptor instead.
+func (OrphanScope) EnumDescriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{4}
+}
+
 // Header is one record header. Keys need not be unique.
 type Header struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -313,9 +436,44 @@ func (x *Header) GetValue() []byte {
 }
 
 // Record is what a producer appends.
+//
+// # Keys and ranges
+//
+// A stream of N ranges splits the 64-bit hash space into N contiguous
+// slices. A key's hash h is XXH64 of the key's bytes with seed 0 (the
+// xxHash specification's 64-bit variant; the key is hashed as given, no
+// encoding or terminator), read as an unsigned 64-bit integer, and range i
+// owns the hashes with floor(h * N / 2^64) = i: the high 64 bits of the
+// 128-bit product h * N. Range i's slice is therefore
+// [ceil(i * 2^64 / N), ceil((i + 1) * 2^64 / N) - 1] (RangeInfo.hash_start
+// and hash_end; the last range ends at 2^64 - 1). The mapping never changes
+// for a stream: per-key order is range order only because of it. A record
+// without a key may go to any range; the Go SDK spreads them.
+//
+// Reference vectors (checked against package keyspace by its test
+// TestProtoReferenceVectors, which reads this comment: keep the layout):
+//
+//	key            XXH64               range for N = 1 2 3 8 100 4096
+//	""             0xef46db3751d8e999  0 1 2 7 93 3828
+//	"a"            0xd24ec4f1a98c6e5b  0 1 2 6 82 3364
+//	"abc"          0x44bc2cf5ad770999  0 0 0 2 26 1099
+//	"room-1"       0xa6e642c3447f8d00  0 1 1 5 65 2670
+//	"room-2"       0x320c75ea74fc4333  0 0 0 1 19 800
+//	"user-42"      0x397e9d3a76af7c81  0 0 0 1 22 919
+//	"chat/room-7"  0xb194a35c5fc36c10  0 1 2 5 69 2841
+//	"\x00"         0xe934a84adb052768  0 1 2 7 91 3731
+//	"\xff\xfe\xfd" 0x622529177845a110  0 0 1 3 38 1570
+//
+// (Keys are written as Go string literals: "\x00" is the one byte 0.)
+// Slices, as [hash_start, hash_end]:
+//
+//	N=3 range 0 [0x0000000000000000, 0x5555555555555555]
+//	N=3 range 1 [0x5555555555555556, 0xaaaaaaaaaaaaaaaa]
+//	N=3 range 2 [0xaaaaaaaaaaaaaaab, 0xffffffffffffffff]
+//	N=8 range 5 [0xa000000000000000, 0xbfffffffffffffff]
 type Record struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// key selects the range (see keyspace.RangeForKey); may be empty.
+	// key selects the range (see "Keys and ranges" above); may be empty.
 	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// value is opaque bytes (may be client-side ciphertext).
 	Value   []byte    `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
@@ -480,14 +638,66 @@ func (x *StoredRecord) GetEpoch() uint64 {
 	return 0
 }
 
+// AppendRequest appends one batch to one range.
+//
+// # Idempotent producers
+//
+// With producer_id set (non-zero), appends are exactly-once across retries,
+// leader changes and planned rehomes. What a client keeps to:
+//
+//  1. A producer id is a random non-zero 64-bit number the client draws
+//     (the server does not hand them out). Its state is per (stream,
+//     range, producer_id); one id may write to many ranges.
+//  2. Sequences count records. The first batch of a producer id on a range
+//     starts at sequence 0; every later batch on that range starts where
+//     the previous one ended (base_sequence + len(records)). A (producer id,
+//     range, sequence) is bound to one record for ever: a resend carries
+//     the very same records.
+//  3. The dedup window: a range remembers, per producer, its last 16
+//     batches (batches, not records; the Go SDK's in-flight limit is the
+//     same 16). A batch resent inside the window (same base_sequence and
+//     record count as a remembered one) is answered OK with duplicate =
+//     true and its original offsets, epoch and append time, and is not
+//     appended again, whichever node of the home region leads the range by
+//     then. Before the window (older than the last 16 batches) it gets
+//     DUPLICATE_OUT_OF_WINDOW: it is in the log, its offsets are no longer
+//     known. A batch that overlaps remembered ones without matching one
+//     gets INVALID_ARGUMENT.
+//  4. A batch that starts past the next expected sequence gets
+//     SEQUENCE_GAP with expected_sequence, and nothing is appended: within
+//     one epoch this is a client bug (a batch was skipped). Send batches in
+//     sequence order; until the first batch under a producer id is
+//     acknowledged on a range, send only that one (a later batch would
+//     otherwise be refused while the first is retried).
+//  5. PRODUCER_STATE_LOST says the range no longer holds the producer's
+//     state as the producer knows it: the id is unknown to the range and
+//     the batch does not start at 0 (a range may forget a producer idle
+//     for long, 7 days by default, and, when it tracks very many, the
+//     least recently active ones: beyond 100,000 producers by default,
+//     16,384 across log compaction), or the range changed epoch
+//     since the producer's last batch it holds and the producer's later
+//     acknowledged batches are not in the log (an unplanned failover cut
+//     them into the old home's orphan log). The producer id is dead on
+//     that range: continue under a new id, from sequence 0, resending the
+//     batches not yet acknowledged. fork_epoch and fork_offset in the
+//     error say which earlier acknowledgements the log lost: those under
+//     an older epoch at offsets at or past fork_offset.
+//  6. On a retriable error, or a stream that broke with requests
+//     unanswered, resend every unacknowledged batch, in sequence order,
+//     with the same producer id and sequences (to the leader hint, if
+//     any). Never renumber a batch whose outcome is unknown: that could
+//     append it twice.
+//
+// Without a producer id a retry may append a batch twice.
 type AppendRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Stream  string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	Range   uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
 	Records []*Record              `protobuf:"bytes,3,rep,name=records,proto3" json:"records,omitempty"`
-	// producer_id enables idempotence when non-zero. Sequences are per
-	// (producer_id, range) and count records: base_sequence is the sequence of
-	// records[0], and the next batch must start at base_sequence+len(records).
+	// producer_id enables idempotence when non-zero (see "Idempotent
+	// producers" above). Sequences are per (producer_id, range) and count
+	// records: base_sequence is the sequence of records[0], and the next
+	// batch must start at base_sequence+len(records).
 	ProducerId   uint64 `protobuf:"varint,4,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
 	BaseSequence uint64 `protobuf:"varint,5,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
 	// request_id correlates AppendStream replies; ignored by Append.
@@ -1154,14 +1364,31 @@ type RangeInfo struct {
 	SizeBytes   int64  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	HomeRegion  string `protobuf:"bytes,7,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
 	Epoch       uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// leader is the address of the range leader, when known.
+	// leader is the advertised address (geologd --advertise-addr) of the
+	// leader of the range's group in the answering node's region, when
+	// known: in the home region, where appends go; in a mirror region, the
+	// copy that region's reads come from.
 	Leader string `protobuf:"bytes,9,opt,name=leader,proto3" json:"leader,omitempty"`
 	// status is "ok", or why the range is not served (e.g. "corrupt: ...").
 	Status string `protobuf:"bytes,10,opt,name=status,proto3" json:"status,omitempty"`
 	// replication is, per region of the stream other than the home, how far
 	// its mirror is: reported by the home leader (from the mirrors' acks), or
 	// by a mirror node for its own region (from the home's heartbeats).
-	Replication   []*RegionProgress `protobuf:"bytes,11,rep,name=replication,proto3" json:"replication,omitempty"`
+	Replication []*RegionProgress `protobuf:"bytes,11,rep,name=replication,proto3" json:"replication,omitempty"`
+	// epochs is the range's epoch history, oldest first: where each homing
+	// epoch starts in the log and which region was home. An epoch spans the
+	// offsets from its start_offset up to the next listed epoch's (none if
+	// nothing was appended under it); a record read back carries the epoch
+	// it was appended under, the one whose span holds its offset. After an unplanned failover the old
+	// home may have acknowledged records under the old epoch at offsets at or
+	// past the new epoch's start: those are not in the log (they are in that
+	// region's orphan log, Admin.ListOrphans). Records below the range's
+	// start_offset may have been deleted by retention; their epochs stay
+	// listed. See DescribeStreamResponse.epochs_unavailable.
+	Epochs []*EpochStart `protobuf:"bytes,12,rep,name=epochs,proto3" json:"epochs,omitempty"`
+	// home_leader is the advertised address of the range's leader in its
+	// home region, when the answering node knows it: where appends go.
+	HomeLeader    string `protobuf:"bytes,13,opt,name=home_leader,json=homeLeader,proto3" json:"home_leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1271,6 +1498,20 @@ func (x *RangeInfo) GetReplication() []*RegionProgress {
 		return x.Replication
 	}
 	return nil
+}
+
+func (x *RangeInfo) GetEpochs() []*EpochStart {
+	if x != nil {
+		return x.Epochs
+	}
+	return nil
+}
+
+func (x *RangeInfo) GetHomeLeader() string {
+	if x != nil {
+		return x.HomeLeader
+	}
+	return ""
 }
 
 // RegionProgress is one mirror's position and lag. Lag is measured so that
@@ -1635,11 +1876,16 @@ func (x *DescribeStreamRequest) GetName() string {
 }
 
 type DescribeStreamResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stream        *StreamInfo            `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	Ranges        []*RangeInfo           `protobuf:"bytes,2,rep,name=ranges,proto3" json:"ranges,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream *StreamInfo            `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Ranges []*RangeInfo           `protobuf:"bytes,2,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	// epochs_unavailable is empty when every RangeInfo.epochs is the range's
+	// full history. Otherwise it says why not (with homing on, the histories
+	// come from the lease store, which did not answer): the ranges then list
+	// the epochs this node knew, at least their current one.
+	EpochsUnavailable string `protobuf:"bytes,3,opt,name=epochs_unavailable,json=epochsUnavailable,proto3" json:"epochs_unavailable,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *DescribeStreamResponse) Reset() {
@@ -1686,6 +1932,13 @@ func (x *DescribeStreamResponse) GetRanges() []*RangeInfo {
 	return nil
 }
 
+func (x *DescribeStreamResponse) GetEpochsUnavailable() string {
+	if x != nil {
+		return x.EpochsUnavailable
+	}
+	return ""
+}
+
 // ErrorDetail rides in the gRPC status details of every geolog error.
 type ErrorDetail struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1700,8 +1953,16 @@ type ErrorDetail struct {
 	TailOffset  uint64 `protobuf:"varint,6,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
 	// For SEQUENCE_GAP: the sequence the server expected next.
 	ExpectedSequence uint64 `protobuf:"varint,7,opt,name=expected_sequence,json=expectedSequence,proto3" json:"expected_sequence,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// For PRODUCER_STATE_LOST: the range's current epoch (fork_epoch) and the
+	// offset where it started (fork_offset). A record the producer saw
+	// acknowledged under an older epoch at an offset at or past fork_offset
+	// is not in the log: an unplanned failover cut it into the old home's
+	// orphan log (Admin.ListOrphans). Acknowledgements below fork_offset,
+	// and under fork_epoch, stand.
+	ForkOffset    uint64 `protobuf:"varint,11,opt,name=fork_offset,json=forkOffset,proto3" json:"fork_offset,omitempty"`
+	ForkEpoch     uint64 `protobuf:"varint,12,opt,name=fork_epoch,json=forkEpoch,proto3" json:"fork_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
@@ -1783,9 +2044,31 @@ func (x *ErrorDetail) GetExpectedSequence() uint64 {
 	return 0
 }
 
+func (x *ErrorDetail) GetForkOffset() uint64 {
+	if x != nil {
+		return x.ForkOffset
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetForkEpoch() uint64 {
+	if x != nil {
+		return x.ForkEpoch
+	}
+	return 0
+}
+
 type ListOrphansRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// scope: ORPHAN_SCOPE_UNSPECIFIED and ORPHAN_SCOPE_NODE answer with this
+	// node's forks (ListOrphansResponse.forks). ORPHAN_SCOPE_CLUSTER asks
+	// every node of every region of the stream that this node knows (its
+	// own region's peers and the addresses it has for the others), at most
+	// 8 at a time, each within the request's deadline (10 s if it has none,
+	// at most 30 s), and answers with one ListOrphansResponse.nodes entry per
+	// node, including those that did not answer.
+	Scope         OrphanScope `protobuf:"varint,2,opt,name=scope,proto3,enum=geolog.v1.OrphanScope" json:"scope,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1825,6 +2108,13 @@ func (x *ListOrphansRequest) GetStream() string {
 		return x.Stream
 	}
 	return ""
+}
+
+func (x *ListOrphansRequest) GetScope() OrphanScope {
+	if x != nil {
+		return x.Scope
+	}
+	return OrphanScope_ORPHAN_SCOPE_UNSPECIFIED
 }
 
 type OrphanFork struct {
@@ -1940,8 +2230,16 @@ func (x *OrphanFork) GetTimeUnixNanos() int64 {
 }
 
 type ListOrphansResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Forks         []*OrphanFork          `protobuf:"bytes,1,rep,name=forks,proto3" json:"forks,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// forks: with scope NODE (or unspecified), this node's forks; with scope
+	// CLUSTER, every fork found, once per (region, range, fork_index), in
+	// region, range and fork order (nodes tells which nodes hold which).
+	Forks []*OrphanFork `protobuf:"bytes,1,rep,name=forks,proto3" json:"forks,omitempty"`
+	// nodes: with scope CLUSTER, every node asked, answered or not.
+	Nodes []*NodeOrphans `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// partial is set when some node did not answer (its NodeOrphans.error
+	// says why): forks kept only by those nodes are missing.
+	Partial       bool `protobuf:"varint,3,opt,name=partial,proto3" json:"partial,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1981,6 +2279,20 @@ func (x *ListOrphansResponse) GetForks() []*OrphanFork {
 		return x.Forks
 	}
 	return nil
+}
+
+func (x *ListOrphansResponse) GetNodes() []*NodeOrphans {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListOrphansResponse) GetPartial() bool {
+	if x != nil {
+		return x.Partial
+	}
+	return false
 }
 
 type ReadOrphansRequest struct {
@@ -3109,6 +3421,160 @@ func (x *DescribeReplicasResponse) GetReplicas() []*ReplicaStatus {
 	return nil
 }
 
+// EpochStart is where one homing epoch of a range starts (RangeInfo.epochs).
+type EpochStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// start_offset is the first offset appended under epoch.
+	StartOffset uint64 `protobuf:"varint,2,opt,name=start_offset,json=startOffset,proto3" json:"start_offset,omitempty"`
+	// home_region is the region that was home during epoch.
+	HomeRegion string `protobuf:"bytes,3,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	// kind is how the epoch began.
+	Kind          EpochKind `protobuf:"varint,4,opt,name=kind,proto3,enum=geolog.v1.EpochKind" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochStart) Reset() {
+	*x = EpochStart{}
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochStart) ProtoMessage() {}
+
+func (x *EpochStart) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochStart.ProtoReflect.Descriptor instead.
+func (*EpochStart) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *EpochStart) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *EpochStart) GetStartOffset() uint64 {
+	if x != nil {
+		return x.StartOffset
+	}
+	return 0
+}
+
+func (x *EpochStart) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+func (x *EpochStart) GetKind() EpochKind {
+	if x != nil {
+		return x.Kind
+	}
+	return EpochKind_EPOCH_KIND_UNSPECIFIED
+}
+
+// NodeOrphans is one node's answer to a cluster-wide ListOrphans.
+type NodeOrphans struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// node_id is the node's Raft id in its region.
+	NodeId uint64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// address is the node's advertised address when known (else the
+	// address the answering node reached it at): ReadOrphans of its forks
+	// go there.
+	Address string        `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Forks   []*OrphanFork `protobuf:"bytes,4,rep,name=forks,proto3" json:"forks,omitempty"`
+	// error is why the node did not answer; empty when it did.
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeOrphans) Reset() {
+	*x = NodeOrphans{}
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeOrphans) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeOrphans) ProtoMessage() {}
+
+func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeOrphans.ProtoReflect.Descriptor instead.
+func (*NodeOrphans) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *NodeOrphans) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *NodeOrphans) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *NodeOrphans) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodeOrphans) GetForks() []*OrphanFork {
+	if x != nil {
+		return x.Forks
+	}
+	return nil
+}
+
+func (x *NodeOrphans) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_geolog_v1_log_proto protoreflect.FileDescriptor
 
 const file_geolog_v1_log_proto_rawDesc = "" +
@@ -3194,7 +3660,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tretention\x18\x04 \x01(\v2\x1a.geolog.v1.RetentionPolicyR\tretention\x12,\n" +
 	"\x12created_unix_nanos\x18\x05 \x01(\x03R\x10createdUnixNanos\x12\x1f\n" +
 	"\vrange_homes\x18\x06 \x03(\tR\n" +
-	"rangeHomes\"\xe2\x02\n" +
+	"rangeHomes\"\xb2\x03\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -3211,7 +3677,10 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x06leader\x18\t \x01(\tR\x06leader\x12\x16\n" +
 	"\x06status\x18\n" +
 	" \x01(\tR\x06status\x12;\n" +
-	"\vreplication\x18\v \x03(\v2\x19.geolog.v1.RegionProgressR\vreplication\"\x84\x02\n" +
+	"\vreplication\x18\v \x03(\v2\x19.geolog.v1.RegionProgressR\vreplication\x12-\n" +
+	"\x06epochs\x18\f \x03(\v2\x15.geolog.v1.EpochStartR\x06epochs\x12\x1f\n" +
+	"\vhome_leader\x18\r \x01(\tR\n" +
+	"homeLeader\"\x84\x02\n" +
 	"\x0eRegionProgress\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12,\n" +
 	"\x12applied_end_offset\x18\x02 \x01(\x04R\x10appliedEndOffset\x12\x1d\n" +
@@ -3238,10 +3707,11 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x13ListStreamsResponse\x12/\n" +
 	"\astreams\x18\x01 \x03(\v2\x15.geolog.v1.StreamInfoR\astreams\"+\n" +
 	"\x15DescribeStreamRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"u\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xa4\x01\n" +
 	"\x16DescribeStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
-	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\"\x81\x02\n" +
+	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\x12-\n" +
+	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\"\xc1\x02\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -3251,9 +3721,14 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x06 \x01(\x04R\n" +
 	"tailOffset\x12+\n" +
-	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\",\n" +
+	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\x12\x1f\n" +
+	"\vfork_offset\x18\v \x01(\x04R\n" +
+	"forkOffset\x12\x1d\n" +
+	"\n" +
+	"fork_epoch\x18\f \x01(\x04R\tforkEpoch\"Z\n" +
 	"\x12ListOrphansRequest\x12\x16\n" +
-	"\x06stream\x18\x01 \x01(\tR\x06stream\"\x94\x02\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12,\n" +
+	"\x05scope\x18\x02 \x01(\x0e2\x16.geolog.v1.OrphanScopeR\x05scope\"\x94\x02\n" +
 	"\n" +
 	"OrphanFork\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
@@ -3267,9 +3742,11 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vnext_offset\x18\a \x01(\x04R\n" +
 	"nextOffset\x12\x14\n" +
 	"\x05bytes\x18\b \x01(\x03R\x05bytes\x12&\n" +
-	"\x0ftime_unix_nanos\x18\t \x01(\x03R\rtimeUnixNanos\"B\n" +
+	"\x0ftime_unix_nanos\x18\t \x01(\x03R\rtimeUnixNanos\"\x8a\x01\n" +
 	"\x13ListOrphansResponse\x12+\n" +
-	"\x05forks\x18\x01 \x03(\v2\x15.geolog.v1.OrphanForkR\x05forks\"\xa3\x01\n" +
+	"\x05forks\x18\x01 \x03(\v2\x15.geolog.v1.OrphanForkR\x05forks\x12,\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x16.geolog.v1.NodeOrphansR\x05nodes\x12\x18\n" +
+	"\apartial\x18\x03 \x01(\bR\apartial\"\xa3\x01\n" +
 	"\x12ReadOrphansRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12\x1d\n" +
@@ -3360,12 +3837,25 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"last_index\x18\x02 \x01(\x04R\tlastIndex\x12)\n" +
 	"\x10committed_offset\x18\x03 \x01(\x04R\x0fcommittedOffset\x124\n" +
-	"\breplicas\x18\x04 \x03(\v2\x18.geolog.v1.ReplicaStatusR\breplicas*s\n" +
+	"\breplicas\x18\x04 \x03(\v2\x18.geolog.v1.ReplicaStatusR\breplicas\"\x90\x01\n" +
+	"\n" +
+	"EpochStart\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12!\n" +
+	"\fstart_offset\x18\x02 \x01(\x04R\vstartOffset\x12\x1f\n" +
+	"\vhome_region\x18\x03 \x01(\tR\n" +
+	"homeRegion\x12(\n" +
+	"\x04kind\x18\x04 \x01(\x0e2\x14.geolog.v1.EpochKindR\x04kind\"\x9b\x01\n" +
+	"\vNodeOrphans\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12+\n" +
+	"\x05forks\x18\x04 \x03(\v2\x15.geolog.v1.OrphanForkR\x05forks\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error*s\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xbe\x05\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xe2\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -3390,12 +3880,22 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x12ERROR_CODE_TIMEOUT\x10\x13\x12\x1e\n" +
 	"\x1aERROR_CODE_UNAUTHENTICATED\x10\x14\x12 \n" +
 	"\x1cERROR_CODE_PERMISSION_DENIED\x10\x15\x12\x17\n" +
-	"\x13ERROR_CODE_INTERNAL\x10\x16*\x86\x01\n" +
+	"\x13ERROR_CODE_INTERNAL\x10\x16\x12\"\n" +
+	"\x1eERROR_CODE_PRODUCER_STATE_LOST\x10\x1e*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_ADD_LEARNER\x10\x01\x12\x1a\n" +
 	"\x16REPLICA_CHANGE_PROMOTE\x10\x02\x12\x19\n" +
-	"\x15REPLICA_CHANGE_REMOVE\x10\x032\x86\x04\n" +
+	"\x15REPLICA_CHANGE_REMOVE\x10\x03*n\n" +
+	"\tEpochKind\x12\x1a\n" +
+	"\x16EPOCH_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11EPOCH_KIND_CREATE\x10\x01\x12\x17\n" +
+	"\x13EPOCH_KIND_TAKEOVER\x10\x02\x12\x15\n" +
+	"\x11EPOCH_KIND_REHOME\x10\x03*\\\n" +
+	"\vOrphanScope\x12\x1c\n" +
+	"\x18ORPHAN_SCOPE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11ORPHAN_SCOPE_NODE\x10\x01\x12\x18\n" +
+	"\x14ORPHAN_SCOPE_CLUSTER\x10\x022\x86\x04\n" +
 	"\x03Log\x12=\n" +
 	"\x06Append\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse\x12G\n" +
 	"\fAppendStream\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse(\x010\x01\x127\n" +
@@ -3424,108 +3924,117 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 	return file_geolog_v1_log_proto_rawDescData
 }
 
-var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
 	(ReplicaChange)(0),               // 2: geolog.v1.ReplicaChange
-	(*Header)(nil),                   // 3: geolog.v1.Header
-	(*Record)(nil),                   // 4: geolog.v1.Record
-	(*StoredRecord)(nil),             // 5: geolog.v1.StoredRecord
-	(*AppendRequest)(nil),            // 6: geolog.v1.AppendRequest
-	(*AppendResponse)(nil),           // 7: geolog.v1.AppendResponse
-	(*ReadRequest)(nil),              // 8: geolog.v1.ReadRequest
-	(*ReadResponse)(nil),             // 9: geolog.v1.ReadResponse
-	(*SubscribeRequest)(nil),         // 10: geolog.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 11: geolog.v1.SubscribeResponse
-	(*RetentionPolicy)(nil),          // 12: geolog.v1.RetentionPolicy
-	(*StreamInfo)(nil),               // 13: geolog.v1.StreamInfo
-	(*RangeInfo)(nil),                // 14: geolog.v1.RangeInfo
-	(*RegionProgress)(nil),           // 15: geolog.v1.RegionProgress
-	(*CreateStreamRequest)(nil),      // 16: geolog.v1.CreateStreamRequest
-	(*CreateStreamResponse)(nil),     // 17: geolog.v1.CreateStreamResponse
-	(*ListStreamsRequest)(nil),       // 18: geolog.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),      // 19: geolog.v1.ListStreamsResponse
-	(*DescribeStreamRequest)(nil),    // 20: geolog.v1.DescribeStreamRequest
-	(*DescribeStreamResponse)(nil),   // 21: geolog.v1.DescribeStreamResponse
-	(*ErrorDetail)(nil),              // 22: geolog.v1.ErrorDetail
-	(*ListOrphansRequest)(nil),       // 23: geolog.v1.ListOrphansRequest
-	(*OrphanFork)(nil),               // 24: geolog.v1.OrphanFork
-	(*ListOrphansResponse)(nil),      // 25: geolog.v1.ListOrphansResponse
-	(*ReadOrphansRequest)(nil),       // 26: geolog.v1.ReadOrphansRequest
-	(*ReadOrphansResponse)(nil),      // 27: geolog.v1.ReadOrphansResponse
-	(*RehomeRequest)(nil),            // 28: geolog.v1.RehomeRequest
-	(*RangeRehome)(nil),              // 29: geolog.v1.RangeRehome
-	(*RehomePhases)(nil),             // 30: geolog.v1.RehomePhases
-	(*RehomeResponse)(nil),           // 31: geolog.v1.RehomeResponse
-	(*RefreshHomesRequest)(nil),      // 32: geolog.v1.RefreshHomesRequest
-	(*RegionHomes)(nil),              // 33: geolog.v1.RegionHomes
-	(*HomeRecord)(nil),               // 34: geolog.v1.HomeRecord
-	(*RefreshHomesResponse)(nil),     // 35: geolog.v1.RefreshHomesResponse
-	(*RangeTail)(nil),                // 36: geolog.v1.RangeTail
-	(*ChangeReplicasRequest)(nil),    // 37: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 38: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 39: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 40: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 41: geolog.v1.DescribeReplicasResponse
+	(EpochKind)(0),                   // 3: geolog.v1.EpochKind
+	(OrphanScope)(0),                 // 4: geolog.v1.OrphanScope
+	(*Header)(nil),                   // 5: geolog.v1.Header
+	(*Record)(nil),                   // 6: geolog.v1.Record
+	(*StoredRecord)(nil),             // 7: geolog.v1.StoredRecord
+	(*AppendRequest)(nil),            // 8: geolog.v1.AppendRequest
+	(*AppendResponse)(nil),           // 9: geolog.v1.AppendResponse
+	(*ReadRequest)(nil),              // 10: geolog.v1.ReadRequest
+	(*ReadResponse)(nil),             // 11: geolog.v1.ReadResponse
+	(*SubscribeRequest)(nil),         // 12: geolog.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 13: geolog.v1.SubscribeResponse
+	(*RetentionPolicy)(nil),          // 14: geolog.v1.RetentionPolicy
+	(*StreamInfo)(nil),               // 15: geolog.v1.StreamInfo
+	(*RangeInfo)(nil),                // 16: geolog.v1.RangeInfo
+	(*RegionProgress)(nil),           // 17: geolog.v1.RegionProgress
+	(*CreateStreamRequest)(nil),      // 18: geolog.v1.CreateStreamRequest
+	(*CreateStreamResponse)(nil),     // 19: geolog.v1.CreateStreamResponse
+	(*ListStreamsRequest)(nil),       // 20: geolog.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),      // 21: geolog.v1.ListStreamsResponse
+	(*DescribeStreamRequest)(nil),    // 22: geolog.v1.DescribeStreamRequest
+	(*DescribeStreamResponse)(nil),   // 23: geolog.v1.DescribeStreamResponse
+	(*ErrorDetail)(nil),              // 24: geolog.v1.ErrorDetail
+	(*ListOrphansRequest)(nil),       // 25: geolog.v1.ListOrphansRequest
+	(*OrphanFork)(nil),               // 26: geolog.v1.OrphanFork
+	(*ListOrphansResponse)(nil),      // 27: geolog.v1.ListOrphansResponse
+	(*ReadOrphansRequest)(nil),       // 28: geolog.v1.ReadOrphansRequest
+	(*ReadOrphansResponse)(nil),      // 29: geolog.v1.ReadOrphansResponse
+	(*RehomeRequest)(nil),            // 30: geolog.v1.RehomeRequest
+	(*RangeRehome)(nil),              // 31: geolog.v1.RangeRehome
+	(*RehomePhases)(nil),             // 32: geolog.v1.RehomePhases
+	(*RehomeResponse)(nil),           // 33: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 34: geolog.v1.RefreshHomesRequest
+	(*RegionHomes)(nil),              // 35: geolog.v1.RegionHomes
+	(*HomeRecord)(nil),               // 36: geolog.v1.HomeRecord
+	(*RefreshHomesResponse)(nil),     // 37: geolog.v1.RefreshHomesResponse
+	(*RangeTail)(nil),                // 38: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 39: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 40: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 41: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 42: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 43: geolog.v1.DescribeReplicasResponse
+	(*EpochStart)(nil),               // 44: geolog.v1.EpochStart
+	(*NodeOrphans)(nil),              // 45: geolog.v1.NodeOrphans
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
-	3,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
-	3,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
-	4,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
-	22, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
+	5,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
+	5,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
+	6,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
+	24, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
 	0,  // 4: geolog.v1.ReadRequest.consistency:type_name -> geolog.v1.Consistency
-	5,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
-	5,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
-	12, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
-	15, // 8: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
-	12, // 9: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
-	13, // 10: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	13, // 11: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
-	13, // 12: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	14, // 13: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
-	1,  // 14: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
-	24, // 15: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
-	5,  // 16: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
-	30, // 17: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
-	29, // 18: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	33, // 19: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
-	34, // 20: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
-	36, // 21: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
-	2,  // 22: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	40, // 23: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	6,  // 24: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	6,  // 25: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	8,  // 26: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	10, // 27: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	16, // 28: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	18, // 29: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	20, // 30: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	37, // 31: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	39, // 32: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	28, // 33: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	32, // 34: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	23, // 35: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	26, // 36: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	7,  // 37: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	7,  // 38: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	9,  // 39: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	11, // 40: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	17, // 41: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	19, // 42: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	21, // 43: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	38, // 44: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	41, // 45: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	31, // 46: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	35, // 47: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	25, // 48: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	27, // 49: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	37, // [37:50] is the sub-list for method output_type
-	24, // [24:37] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	7,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
+	7,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
+	14, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
+	17, // 8: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
+	44, // 9: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
+	14, // 10: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
+	15, // 11: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	15, // 12: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
+	15, // 13: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	16, // 14: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
+	1,  // 15: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
+	4,  // 16: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
+	26, // 17: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
+	45, // 18: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
+	7,  // 19: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
+	32, // 20: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
+	31, // 21: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	35, // 22: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
+	36, // 23: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
+	38, // 24: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	2,  // 25: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	42, // 26: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	3,  // 27: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
+	26, // 28: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
+	8,  // 29: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	8,  // 30: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	10, // 31: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	12, // 32: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	18, // 33: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	20, // 34: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	22, // 35: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	39, // 36: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	41, // 37: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	30, // 38: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	34, // 39: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	25, // 40: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	28, // 41: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	9,  // 42: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	9,  // 43: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	11, // 44: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	13, // 45: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	19, // 46: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	21, // 47: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	23, // 48: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	40, // 49: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	43, // 50: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	33, // 51: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	37, // 52: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	27, // 53: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	29, // 54: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	42, // [42:55] is the sub-list for method output_type
+	29, // [29:42] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -3542,8 +4051,8 @@ func file_geolog_v1_log_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   39,
+			NumEnums:      5,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
