@@ -39,6 +39,7 @@ const (
 	CodeUnauthenticated      = apierr.Unauthenticated
 	CodePermissionDenied     = apierr.PermissionDenied
 	CodeInternal             = apierr.Internal
+	CodeProducerStateLost    = apierr.ProducerStateLost
 )
 
 // ErrClosed is returned for calls on, and records still unacknowledged by, a

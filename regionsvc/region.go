@@ -148,7 +148,7 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	rc.firstCampaigner = rc.peers[uint64(rc.groupID)%uint64(len(rc.peers))]
 	rc.transport = n.region.transport
 	rc.tick = n.tick
-	rc.addrOf = func(id uint64) string { return n.cfg.Peers[id] }
+	rc.addrOf = func(id uint64) string { return n.clientAddr(n.cfg.Region, id) }
 	rc.heartbeatTicks, rc.electionTicks = n.cfg.HeartbeatTicks, n.cfg.ElectionTicks
 }
 
@@ -266,7 +266,7 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 		}
 		// The catalogue has no leader yet (a region starting or electing):
 		// wait for one rather than fail the create.
-		if e := apierr.As(res.err); res.err == nil || e.Code != apierr.NotLeader || e.LeaderHint != "" {
+		if e := apierr.As(res.err); res.err == nil || e.Code != apierr.NotLeader || n.region.meta.rep.LeaderID() != 0 {
 			break
 		}
 		select {
@@ -276,13 +276,16 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 		}
 	}
 	if res.err != nil {
+		// The leader's peer address, not the error's hint: a hint is for
+		// clients (an advertised address), this is a node's call.
+		leader := n.region.meta.rep.LeaderID()
 		e := apierr.As(res.err)
-		if e.Code != apierr.NotLeader || e.LeaderHint == "" || forwarded {
+		if e.Code != apierr.NotLeader || forwarded || leader == 0 || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
 			return res.err
 		}
 		// NOT_LEADER from the catalogue means the record was not proposed,
 		// or was superseded and can never commit: forwarding is safe.
-		if err := n.forwardCreate(ctx, e.LeaderHint, spec); err != nil {
+		if err := n.forwardCreate(ctx, n.cfg.Peers[leader], spec); err != nil {
 			return err
 		}
 		return n.waitStreamApplied(ctx, spec.Name)

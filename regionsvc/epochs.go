@@ -1,0 +1,164 @@
+package regionsvc
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/homing"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// Epoch histories (the API's RangeInfo.epochs) and fork points (the
+// PRODUCER_STATE_LOST error's fork_epoch and fork_offset).
+//
+// With homing on, the lease store records every epoch it grants (where
+// it starts, which region, how: homing.EpochRecord): that is the history.
+// A node reads a whole stream's at once (homing.Store.StreamHistory, one
+// statement) and keeps it until one of the stream's ranges shows an epoch
+// newer than the history holds; epochs change only by grants, so until
+// then the cached history is as new as anything the node knows. Without
+// homing a range has one epoch, from its creation.
+
+// epochHistoryTimeout bounds the lease-store read behind a DescribeStream.
+const epochHistoryTimeout = 2 * time.Second
+
+// epochHistories is a node's cache of its streams' epoch histories.
+type epochHistories struct {
+	mu sync.Mutex
+	// byStream holds, per stream, every range's epochs, oldest first.
+	byStream map[string][][]*geologv1.EpochStart
+}
+
+// epochKinds maps the lease store's kinds to the API's.
+var epochKinds = map[string]geologv1.EpochKind{
+	homing.KindCreate:   geologv1.EpochKind_EPOCH_KIND_CREATE,
+	homing.KindTakeover: geologv1.EpochKind_EPOCH_KIND_TAKEOVER,
+	homing.KindRehome:   geologv1.EpochKind_EPOCH_KIND_REHOME,
+}
+
+// rangeEpochs returns every range's epoch history, and why it is
+// incomplete ("" when it is not).
+func (n *Node) rangeEpochs(ctx context.Context, st *streamState) ([][]*geologv1.EpochStart, string) {
+	if n.cfg.LeaseStore == nil || n.homing == nil {
+		out := make([][]*geologv1.EpochStart, len(st.ranges))
+		for r, d := range st.ranges {
+			role := d.role()
+			out[r] = []*geologv1.EpochStart{{Epoch: role.epoch, HomeRegion: role.region, Kind: geologv1.EpochKind_EPOCH_KIND_CREATE}}
+		}
+		return out, ""
+	}
+	if cached, ok := n.cachedEpochs(st); ok {
+		return cached, ""
+	}
+	cctx, cancel := context.WithTimeout(ctx, epochHistoryTimeout)
+	recs, err := n.homing.store.StreamHistory(cctx, st.spec.Name)
+	cancel()
+	if err != nil {
+		return n.knownEpochs(st), "the lease store's epoch history could not be read: " + err.Error()
+	}
+	hist := make([][]*geologv1.EpochStart, len(st.ranges))
+	for _, rec := range recs {
+		if int(rec.Key.Range) >= len(hist) {
+			continue
+		}
+		hist[rec.Key.Range] = append(hist[rec.Key.Range], &geologv1.EpochStart{
+			Epoch: rec.Epoch, StartOffset: rec.StartOffset, HomeRegion: rec.Region, Kind: epochKinds[rec.Kind]})
+	}
+	n.epochs.mu.Lock()
+	if n.epochs.byStream == nil {
+		n.epochs.byStream = map[string][][]*geologv1.EpochStart{}
+	}
+	n.epochs.byStream[st.spec.Name] = hist
+	n.epochs.mu.Unlock()
+	if cached, ok := n.cachedEpochs(st); ok {
+		return cached, ""
+	}
+	// The store answered without an epoch this node has seen: its grant
+	// is committed, so this is a read that raced it. Say what we know.
+	return n.knownEpochs(st), "the lease store's epoch history lags this node's view; retry"
+}
+
+// cachedEpochs returns the cached history of st if it holds, for every
+// range, the epoch the node knows now.
+func (n *Node) cachedEpochs(st *streamState) ([][]*geologv1.EpochStart, bool) {
+	n.epochs.mu.Lock()
+	hist, ok := n.epochs.byStream[st.spec.Name]
+	n.epochs.mu.Unlock()
+	if !ok || len(hist) != len(st.ranges) {
+		return nil, false
+	}
+	for r, d := range st.ranges {
+		var last uint64
+		if h := hist[r]; len(h) > 0 {
+			last = h[len(h)-1].GetEpoch()
+		}
+		if last < d.role().epoch {
+			return nil, false
+		}
+	}
+	return hist, true
+}
+
+// knownEpochs is the history as far as the node knows it without the
+// lease store: the cached history, with each range's current epoch added
+// when the cache lacks it.
+func (n *Node) knownEpochs(st *streamState) [][]*geologv1.EpochStart {
+	n.epochs.mu.Lock()
+	cached := n.epochs.byStream[st.spec.Name]
+	n.epochs.mu.Unlock()
+	out := make([][]*geologv1.EpochStart, len(st.ranges))
+	for r, d := range st.ranges {
+		if r < len(cached) {
+			out[r] = append(out[r], cached[r]...)
+		}
+		epoch, start, region, ok := n.currentEpoch(d)
+		if !ok {
+			continue
+		}
+		if k := len(out[r]); k == 0 || out[r][k-1].GetEpoch() < epoch {
+			out[r] = append(out[r], &geologv1.EpochStart{Epoch: epoch, StartOffset: start, HomeRegion: region})
+		}
+	}
+	return out
+}
+
+// currentEpoch is the range's homing epoch as this node knows it now, the
+// offset it started at and its home region; ok is false when the node
+// does not know the range's home.
+func (n *Node) currentEpoch(d *rangeDriver) (epoch, start uint64, region string, ok bool) {
+	role := d.role()
+	if n.homing == nil {
+		return role.epoch, 0, role.region, role.epoch != 0
+	}
+	key := homing.RangeKey{Stream: d.cfg.stream, Range: d.cfg.rangeID}
+	if h, found := n.homing.homes.View().Home(key); found {
+		return h.Epoch, h.StartOffset, h.Region, true
+	}
+	n.homing.dirMu.Lock()
+	h, found := n.homing.dir[key]
+	n.homing.dirMu.Unlock()
+	if found {
+		return h.Epoch, h.StartOffset, h.Region, true
+	}
+	return 0, 0, "", false
+}
+
+// withForkPoint completes a PRODUCER_STATE_LOST error with the range's
+// current epoch and its start (the dedup table that gives the error does
+// not know them); any other error is returned as is.
+func (n *Node) withForkPoint(d *rangeDriver, err error) error {
+	var e *apierr.Error
+	if err == nil || !errors.As(err, &e) || e.Code != apierr.ProducerStateLost {
+		return err
+	}
+	epoch, start, _, ok := n.currentEpoch(d)
+	if !ok {
+		return err
+	}
+	out := *e
+	out.ForkEpoch, out.ForkOffset = epoch, start
+	return &out
+}
