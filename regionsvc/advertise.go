@@ -82,6 +82,15 @@ func (b *addrBook) lookup(region string, id uint64) string {
 	return ""
 }
 
+// identity returns what the node at target (an address this node
+// reaches it at) said it is, if it answered.
+func (b *addrBook) identity(target string) (nodeIdentity, bool) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	ni, ok := b.byTarget[target]
+	return ni, ok
+}
+
 // regionAddrs returns the advertised addresses known for region's nodes,
 // in Raft id order.
 func (b *addrBook) regionAddrs(region string) []string {

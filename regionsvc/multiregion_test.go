@@ -475,8 +475,9 @@ func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
 	}
 
 	// A mirror's leader sends producers straight to the home leader (named
-	// by the home's heartbeats, which only it receives) through its own link
-	// to that node.
+	// by the home's heartbeats, which only it receives), at the address the
+	// home leader advertises (here its listen address), not at this node's
+	// link to it.
 	for rng, home := range homes {
 		var leader uint64
 		for id, n := range w.nodes[home] {
@@ -490,7 +491,7 @@ func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
 			if region == home || leader == 0 {
 				continue
 			}
-			want := w.remote[region][home][leader-1]
+			want := w.addrs[home][leader]
 			waitUntil(t, ctx, 10*time.Second, "NOT_HOME names the home leader", func() bool {
 				asked := 0
 				for id, c := range w.conns[region] {
