@@ -10,6 +10,7 @@ import (
 	"time"
 
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
+	"google.golang.org/grpc"
 )
 
 // Advertised addresses. A node listens at Config.ListenAddr and its peers
@@ -244,12 +245,16 @@ func (n *Node) refreshAddrBook(ctx context.Context) bool {
 }
 
 // identify asks the node at tg who it is, and checks the answer against
-// what this node's configuration says is there.
+// what this node's configuration says is there. It dials a connection of
+// its own, closed after the call: a node that is not up yet must not leave
+// the node's shared connection to it (peerConn) backing off, failing the
+// forwards that follow as soon as it is up.
 func (n *Node) identify(ctx context.Context, tg identifyTarget) (nodeIdentity, error) {
-	conn, err := n.peerConn(tg.addr)
+	conn, err := grpc.NewClient(tg.addr, grpc.WithTransportCredentials(n.clientCreds()))
 	if err != nil {
 		return nodeIdentity{}, err
 	}
+	defer conn.Close()
 	cctx, cancel := context.WithTimeout(ctx, identifyTimeout)
 	defer cancel()
 	resp, err := geologinternalv1.NewNodeDirectoryClient(conn).Identify(cctx,

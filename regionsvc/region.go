@@ -264,9 +264,10 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 		case <-ctx.Done():
 			return apierr.New(apierr.Timeout, "create stream %q: %v", spec.Name, ctx.Err())
 		}
-		// The catalogue has no leader yet (a region starting or electing):
-		// wait for one rather than fail the create.
-		if e := apierr.As(res.err); res.err == nil || e.Code != apierr.NotLeader || n.region.meta.rep.LeaderID() != 0 {
+		// The catalogue has no leader yet (a region starting or electing),
+		// or one whose node is down: wait for one rather than fail the
+		// create.
+		if e := apierr.As(res.err); res.err == nil || e.Code != apierr.NotLeader || n.catalogueLeaderUp() {
 			break
 		}
 		select {
@@ -280,7 +281,7 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 		// clients (an advertised address), this is a node's call.
 		leader := n.region.meta.rep.LeaderID()
 		e := apierr.As(res.err)
-		if e.Code != apierr.NotLeader || forwarded || leader == 0 || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
+		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
 			return res.err
 		}
 		// NOT_LEADER from the catalogue means the record was not proposed,
@@ -291,6 +292,13 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 		return n.waitStreamApplied(ctx, spec.Name)
 	}
 	return n.waitOwnStream(ctx, spec.Name, res.baseOffset)
+}
+
+// catalogueLeaderUp reports whether this node knows a leader of the
+// catalogue whose node the transport does not find down.
+func (n *Node) catalogueLeaderUp() bool {
+	id := n.region.meta.rep.LeaderID()
+	return id != 0 && !n.region.meta.peerDown(id)
 }
 
 // waitOwnStream waits until this node applied the record created at
@@ -368,11 +376,7 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	if !known {
 		return nil, fmt.Errorf("%s is not a node of this region nor of a region it knows", addr)
 	}
-	creds := insecure.NewCredentials()
-	if n.cfg.ClientTLS != nil {
-		creds = credentials.NewTLS(n.cfg.ClientTLS)
-	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(n.clientCreds()))
 	if err != nil {
 		return nil, err
 	}
@@ -381,6 +385,15 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	}
 	n.peerConns[addr] = c
 	return c, nil
+}
+
+// clientCreds are the transport credentials of the node's calls to other
+// nodes.
+func (n *Node) clientCreds() credentials.TransportCredentials {
+	if n.cfg.ClientTLS != nil {
+		return credentials.NewTLS(n.cfg.ClientTLS)
+	}
+	return insecure.NewCredentials()
 }
 
 // raftRouter is the Node as the transport's Handler.
