@@ -50,7 +50,7 @@ type workload struct {
 
 // newClient returns an SDK client that knows region's nodes.
 func newClient(cl Cluster, region string) (*client.Client, error) {
-	return client.New(clientAddrs(cl, region), client.DialOptions(clientDialer(cl)),
+	return client.New(clientAddrs(cl, region),
 		client.RetryBackoff(20*time.Millisecond, 500*time.Millisecond), client.RequestTimeout(5*time.Second))
 }
 
