@@ -69,12 +69,12 @@ type RangeInfo struct {
 
 // EpochStart is where one homing epoch of a range starts.
 type EpochStart struct {
-	Epoch       uint64
-	StartOffset uint64
-	HomeRegion  string
+	Epoch       uint64 `json:"epoch"`
+	StartOffset uint64 `json:"start_offset"`
+	HomeRegion  string `json:"home_region"`
 	// Kind is how the epoch began: "create", "takeover" (an unplanned
 	// failover) or "rehome" (a planned move); "" if unknown.
-	Kind string
+	Kind string `json:"kind,omitempty"`
 }
 
 // RegionProgress is one mirror's position and lag (see the API's
