@@ -524,10 +524,10 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 
 	case e.Code == apierr.ProducerStateLost:
 		// The range lost this producer's state (expired or evicted, or a
-		// failover cut acknowledged batches off the log: those at or past
-		// ForkOffset under an epoch before ForkEpoch are in the old home's
-		// orphan log). It does not have b, nor any batch behind it, under
-		// this id, and never will: resend them all under a fresh id.
+		// failover cut acknowledged batches off the log: with ForkEpoch
+		// set, every one acknowledged at ForkOffset or later is in an old
+		// home's orphan log). It does not have b, nor any batch behind it,
+		// under this id, and never will: resend them all under a fresh id.
 		d.log.Warn("the range lost the producer's state; continuing under a fresh producer id",
 			"expected", e.ExpectedSequence, "base_sequence", b.baseSeq, "fork_epoch", e.ForkEpoch, "fork_offset", e.ForkOffset)
 		d.closeConn()

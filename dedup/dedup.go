@@ -77,7 +77,10 @@ func NewTable(producersMax int) *Table {
 //     (within one epoch, a client that skipped sequences).
 //
 // The PRODUCER_STATE_LOST errors carry ExpectedSequence (0 for an unknown
-// producer); the caller adds the fork point, which the table does not know.
+// producer) and, for a known producer, ForkEpoch: the first epoch after its
+// newest batch here (epochs grow by one), whose start the caller knows and
+// the table does not (it completes ForkOffset). An unknown producer's
+// ForkEpoch is 0: the table cannot tell what it lost.
 func (d *Table) Check(producerID, baseSequence uint64, count uint32, epoch uint64) (Verdict, Batch, error) {
 	p, ok := d.producers[producerID]
 	if !ok {
@@ -94,7 +97,7 @@ func (d *Table) Check(producerID, baseSequence uint64, count uint32, epoch uint6
 		if newest := p.recent[len(p.recent)-1]; newest.Epoch < epoch {
 			e := apierr.New(apierr.ProducerStateLost, "producer %d: this range holds its batches up to sequence %d, the last appended under epoch %d; the range is at epoch %d and the batch starts at %d: the batches in between were cut off the log by a failover: continue under a new producer id",
 				producerID, p.nextSequence, newest.Epoch, epoch, baseSequence)
-			e.ExpectedSequence = p.nextSequence
+			e.ExpectedSequence, e.ForkEpoch = p.nextSequence, newest.Epoch+1
 			return Reject, Batch{}, e
 		}
 		e := apierr.New(apierr.SequenceGap, "producer %d: batch starts at sequence %d, expected %d", producerID, baseSequence, p.nextSequence)

@@ -61,10 +61,17 @@ func TestDedupTable(t *testing.T) {
 	if e := apierr.As(err); e.ExpectedSequence != 7 {
 		t.Fatalf("expected sequence %d, want 7", e.ExpectedSequence)
 	}
-	// So does the lost state: where this range holds the producer up to.
-	_, _, err = d.Check(2, 4, 1, 2)
-	if e := apierr.As(err); e.ExpectedSequence != 1 || e.Retriable {
-		t.Fatalf("lost state: %+v, want expected sequence 1, not retriable", e)
+	// So does the lost state: where this range holds the producer up to,
+	// and the first epoch after the producer's newest batch here (even
+	// with several epochs since).
+	_, _, err = d.Check(2, 4, 1, 5)
+	if e := apierr.As(err); e.ExpectedSequence != 1 || e.Retriable || e.ForkEpoch != 2 {
+		t.Fatalf("lost state: %+v, want expected sequence 1, fork epoch 2, not retriable", e)
+	}
+	// An unknown producer: nothing to tell.
+	_, _, err = d.Check(3, 4, 1, 5)
+	if e := apierr.As(err); e.Code != apierr.ProducerStateLost || e.ForkEpoch != 0 || e.ExpectedSequence != 0 {
+		t.Fatalf("unknown producer: %+v", e)
 	}
 }
 

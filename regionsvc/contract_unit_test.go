@@ -198,3 +198,38 @@ func TestIdentifyTrustsOnlyWhatMatches(t *testing.T) {
 		t.Fatal("an advertised address without a port was accepted")
 	}
 }
+
+// TestForkPoint: the offset from which a producer's acknowledgements were
+// lost is the lowest start of the first epoch after its newest batch and
+// of every later one (a takeover may continue below an earlier start).
+func TestForkPoint(t *testing.T) {
+	h := func(starts ...uint64) []*geologv1.EpochStart {
+		var out []*geologv1.EpochStart
+		for i, s := range starts {
+			out = append(out, &geologv1.EpochStart{Epoch: uint64(i + 1), StartOffset: s})
+		}
+		return out
+	}
+	for _, c := range []struct {
+		hist      []*geologv1.EpochStart
+		forkEpoch uint64
+		want      uint64
+		found     bool
+	}{
+		{h(0, 25), 2, 25, true},
+		{h(0, 25, 45), 2, 25, true},
+		{h(0, 25, 45), 3, 45, true},
+		// Epoch 2's home appended 100..119 and failed; epoch 3 took over
+		// at 90: a producer last seen under epoch 1 lost everything from 90.
+		{h(0, 100, 90), 2, 90, true},
+		{h(0, 100, 90, 95), 2, 90, true},
+		{h(0, 100, 90, 95), 4, 95, true},
+		{h(0, 25), 3, 0, false},
+		{h(0, 25), 1, 0, true},
+	} {
+		got, found := forkPoint(c.forkEpoch, c.hist)
+		if got != c.want || found != c.found {
+			t.Errorf("forkPoint(%d, %v) = %d, %v; want %d, %v", c.forkEpoch, c.hist, got, found, c.want, c.found)
+		}
+	}
+}

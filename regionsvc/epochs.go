@@ -146,19 +146,89 @@ func (n *Node) currentEpoch(d *rangeDriver) (epoch, start uint64, region string,
 	return 0, 0, "", false
 }
 
-// withForkPoint completes a PRODUCER_STATE_LOST error with the range's
-// current epoch and its start (the dedup table that gives the error does
-// not know them); any other error is returned as is.
+// withForkPoint completes a PRODUCER_STATE_LOST error with its fork
+// offset: the dedup table that gives it names the first epoch after the
+// producer's newest batch in the log (ForkEpoch), and the lowest start of
+// that epoch or any later one is where the log lost what the producer had
+// acknowledged after that batch. It runs on the range driver's goroutine,
+// so it reads only what the node holds in memory: the cached history, or,
+// when ForkEpoch is the current epoch, the home record's start. When
+// neither tells, ForkEpoch is cleared (unknown). Any other error is
+// returned as is.
 func (n *Node) withForkPoint(d *rangeDriver, err error) error {
 	var e *apierr.Error
-	if err == nil || !errors.As(err, &e) || e.Code != apierr.ProducerStateLost {
-		return err
-	}
-	epoch, start, _, ok := n.currentEpoch(d)
-	if !ok {
+	if err == nil || !errors.As(err, &e) || e.Code != apierr.ProducerStateLost || e.ForkEpoch == 0 {
 		return err
 	}
 	out := *e
-	out.ForkEpoch, out.ForkOffset = epoch, start
+	out.ForkEpoch, out.ForkOffset = 0, 0
+	epoch, start, _, ok := n.currentEpoch(d)
+	if hist := n.cachedRangeEpochs(d, epoch); hist != nil {
+		if off, found := forkPoint(e.ForkEpoch, hist); found {
+			out.ForkEpoch, out.ForkOffset = e.ForkEpoch, off
+		}
+	} else if ok && e.ForkEpoch == epoch {
+		out.ForkEpoch, out.ForkOffset = epoch, start
+	}
 	return &out
+}
+
+// forkPoint is the lowest start offset of forkEpoch and every later epoch
+// of hist (a takeover may continue below where an earlier epoch began);
+// found is false when hist does not list forkEpoch.
+func forkPoint(forkEpoch uint64, hist []*geologv1.EpochStart) (offset uint64, found bool) {
+	for _, es := range hist {
+		if es.GetEpoch() < forkEpoch {
+			continue
+		}
+		if !found || es.GetStartOffset() < offset {
+			offset = es.GetStartOffset()
+		}
+		found = found || es.GetEpoch() == forkEpoch
+	}
+	return offset, found
+}
+
+// cachedRangeEpochs returns the cached history of d's range if it reaches
+// epoch (the range's current one), else nil.
+func (n *Node) cachedRangeEpochs(d *rangeDriver, epoch uint64) []*geologv1.EpochStart {
+	n.epochs.mu.Lock()
+	defer n.epochs.mu.Unlock()
+	hist := n.epochs.byStream[d.cfg.stream]
+	if int(d.cfg.rangeID) >= len(hist) {
+		return nil
+	}
+	h := hist[d.cfg.rangeID]
+	if len(h) == 0 || h[len(h)-1].GetEpoch() < epoch {
+		return nil
+	}
+	return h
+}
+
+// epochWarmStreamsMax bounds the streams whose history one round of
+// warmEpochHistories reads.
+const epochWarmStreamsMax = 8
+
+// warmEpochHistories reads the history of the streams with a range homed
+// here whose cached history lacks its current epoch (after a takeover or a
+// rehome): a producer that lost its state there gets an exact fork point
+// from memory. The lease store sees one statement per such stream, once
+// per change of epoch. Runs on the homing loop.
+func (n *Node) warmEpochHistories(ctx context.Context) {
+	stale := map[string]*streamState{}
+	for _, h := range n.homing.homes.View().Homes() {
+		if len(stale) >= epochWarmStreamsMax {
+			break
+		}
+		n.mu.RLock()
+		st := n.streams[h.Key.Stream]
+		n.mu.RUnlock()
+		if st == nil || h.Epoch <= 1 || int(h.Key.Range) >= len(st.ranges) || n.cachedRangeEpochs(st.ranges[h.Key.Range], h.Epoch) != nil {
+			continue
+		}
+		stale[h.Key.Stream] = st
+	}
+	for _, st := range stale {
+		n.rangeEpochs(ctx, st)
+	}
 }

@@ -163,6 +163,7 @@ func (n *Node) homingLoop() {
 			n.applyRoles()
 		case <-dirTick.C:
 			n.refreshDirectory(ctx)
+			n.warmEpochHistories(ctx)
 		case <-failTick.C:
 			hs.failover.scan(ctx)
 		case <-hs.stop:

@@ -129,8 +129,9 @@ const (
 	// producer id: continue under a new producer id from sequence 0 and
 	// resend the batches not yet acknowledged (see AppendRequest,
 	// "Idempotent producers"). fork_epoch and fork_offset tell which earlier
-	// acknowledgements the log lost. expected_sequence is the sequence the
-	// range holds the producer up to (0 when it does not know it).
+	// acknowledgements the log lost (see ErrorDetail). expected_sequence is
+	// the sequence the range holds the producer up to (0 when it does not
+	// know it).
 	ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST ErrorCode = 30
 )
 
@@ -679,9 +680,9 @@ func (x *StoredRecord) GetEpoch() uint64 {
 //     acknowledged batches are not in the log (an unplanned failover cut
 //     them into the old home's orphan log). The producer id is dead on
 //     that range: continue under a new id, from sequence 0, resending the
-//     batches not yet acknowledged. fork_epoch and fork_offset in the
-//     error say which earlier acknowledgements the log lost: those under
-//     an older epoch at offsets at or past fork_offset.
+//     batches not yet acknowledged. fork_offset in the error says which
+//     earlier acknowledgements of this id the log lost: those at offsets
+//     at or past it (see ErrorDetail).
 //  6. On a retriable error, or a stream that broke with requests
 //     unanswered, resend every unacknowledged batch, in sequence order,
 //     with the same producer id and sequences (to the leader hint, if
@@ -1376,15 +1377,15 @@ type RangeInfo struct {
 	// by a mirror node for its own region (from the home's heartbeats).
 	Replication []*RegionProgress `protobuf:"bytes,11,rep,name=replication,proto3" json:"replication,omitempty"`
 	// epochs is the range's epoch history, oldest first: where each homing
-	// epoch starts in the log and which region was home. An epoch spans the
-	// offsets from its start_offset up to the next listed epoch's (none if
-	// nothing was appended under it); a record read back carries the epoch
-	// it was appended under, the one whose span holds its offset. After an unplanned failover the old
-	// home may have acknowledged records under the old epoch at offsets at or
-	// past the new epoch's start: those are not in the log (they are in that
-	// region's orphan log, Admin.ListOrphans). Records below the range's
-	// start_offset may have been deleted by retention; their epochs stay
-	// listed. See DescribeStreamResponse.epochs_unavailable.
+	// epoch starts in the log (start_offset: the home's tail when it took
+	// the range) and which region was home. The record at offset o was
+	// appended under the highest epoch whose start_offset is at or below o.
+	// An acknowledgement (offset o, epoch e) stands exactly when no epoch
+	// after e started at or below o; after an unplanned failover the old
+	// home may have acknowledged records that fail this (they are in that
+	// region's orphan log, Admin.ListOrphans). Epochs of records that
+	// retention deleted stay listed. See
+	// DescribeStreamResponse.epochs_unavailable.
 	Epochs []*EpochStart `protobuf:"bytes,12,rep,name=epochs,proto3" json:"epochs,omitempty"`
 	// home_leader is the advertised address of the range's leader in its
 	// home region, when the answering node knows it: where appends go.
@@ -1953,12 +1954,17 @@ type ErrorDetail struct {
 	TailOffset  uint64 `protobuf:"varint,6,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
 	// For SEQUENCE_GAP: the sequence the server expected next.
 	ExpectedSequence uint64 `protobuf:"varint,7,opt,name=expected_sequence,json=expectedSequence,proto3" json:"expected_sequence,omitempty"`
-	// For PRODUCER_STATE_LOST: the range's current epoch (fork_epoch) and the
-	// offset where it started (fork_offset). A record the producer saw
-	// acknowledged under an older epoch at an offset at or past fork_offset
-	// is not in the log: an unplanned failover cut it into the old home's
-	// orphan log (Admin.ListOrphans). Acknowledgements below fork_offset,
-	// and under fork_epoch, stand.
+	// For PRODUCER_STATE_LOST: fork_epoch is the first epoch after the one
+	// the producer's newest batch in the log was appended under, and
+	// fork_offset the lowest offset at which that epoch or a later one began
+	// (a takeover continues at the new home's tail, which may lie below an
+	// earlier epoch's start). Every record this producer id saw acknowledged
+	// on the range at an offset at or past fork_offset is not in the log: an
+	// unplanned failover cut it into an old home's orphan log
+	// (Admin.ListOrphans); its acknowledgements below fork_offset stand.
+	// Both are 0 when the range cannot tell (it does not know the producer
+	// at all, or the answering node has no epoch history at hand): compare
+	// the acknowledgements with RangeInfo.epochs then.
 	ForkOffset    uint64 `protobuf:"varint,11,opt,name=fork_offset,json=forkOffset,proto3" json:"fork_offset,omitempty"`
 	ForkEpoch     uint64 `protobuf:"varint,12,opt,name=fork_epoch,json=forkEpoch,proto3" json:"fork_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -3425,7 +3431,8 @@ func (x *DescribeReplicasResponse) GetReplicas() []*ReplicaStatus {
 type EpochStart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// start_offset is the first offset appended under epoch.
+	// start_offset is where the epoch begins: the home's tail when it took
+	// the range, the first offset appended under epoch if any was.
 	StartOffset uint64 `protobuf:"varint,2,opt,name=start_offset,json=startOffset,proto3" json:"start_offset,omitempty"`
 	// home_region is the region that was home during epoch.
 	HomeRegion string `protobuf:"bytes,3,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
