@@ -19,7 +19,7 @@ import (
 // store; while the store is down and the node has read no history yet, it
 // answers with the epoch it knows (the current one, from its view) and
 // says why the history is incomplete; once the store is back, the full
-// history.
+// history, which it then keeps.
 func TestEpochHistoryWithoutTheLeaseStore(t *testing.T) {
 	store := homing.NewMemStore()
 	addr := freeAddr(t)
@@ -47,14 +47,13 @@ func TestEpochHistoryWithoutTheLeaseStore(t *testing.T) {
 			t.Fatalf("range %d with the store down: epochs %v, want the current one", ri.GetRange(), es)
 		}
 	}
+	// Once the store is back, the node reads it again (not at once: a
+	// failed read is not retried for epochHistoryRetry).
 	store.SetDown(false)
-	d, err = c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "h"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.GetEpochsUnavailable() != "" {
-		t.Fatalf("epochs_unavailable %q with the store up", d.GetEpochsUnavailable())
-	}
+	waitUntil(t, ctx, 15*time.Second, "the full history", func() bool {
+		d, err = c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "h"})
+		return err == nil && d.GetEpochsUnavailable() == ""
+	})
 	for _, ri := range d.GetRanges() {
 		es := ri.GetEpochs()
 		if len(es) != 1 || es[0].GetKind() != geologv1.EpochKind_EPOCH_KIND_CREATE || es[0].GetHomeRegion() != "us" {

@@ -22,14 +22,29 @@ import (
 // then the cached history is as new as anything the node knows. Without
 // homing a range has one epoch, from its creation.
 
-// epochHistoryTimeout bounds the lease-store read behind a DescribeStream.
-const epochHistoryTimeout = 2 * time.Second
+const (
+	// epochHistoryTimeout bounds the lease-store read behind a
+	// DescribeStream.
+	epochHistoryTimeout = 2 * time.Second
+	// epochHistoryRetry is how long after a failed read a stream's
+	// DescribeStream answers from what the node knows without trying the
+	// store again: during a lease-store outage a describe (every new
+	// producer's first call) must not wait out a timeout each time.
+	epochHistoryRetry = 5 * time.Second
+)
 
 // epochHistories is a node's cache of its streams' epoch histories.
 type epochHistories struct {
 	mu sync.Mutex
 	// byStream holds, per stream, every range's epochs, oldest first.
 	byStream map[string][][]*geologv1.EpochStart
+	// failed holds, per stream, when and why its last read failed.
+	failed map[string]epochReadFailure
+}
+
+type epochReadFailure struct {
+	at  time.Time
+	why string
 }
 
 // epochKinds maps the lease store's kinds to the API's.
@@ -53,11 +68,38 @@ func (n *Node) rangeEpochs(ctx context.Context, st *streamState) ([][]*geologv1.
 	if cached, ok := n.cachedEpochs(st); ok {
 		return cached, ""
 	}
+	n.epochs.mu.Lock()
+	f, failed := n.epochs.failed[st.spec.Name]
+	n.epochs.mu.Unlock()
+	if failed && n.cfg.Now().Sub(f.at) < epochHistoryRetry {
+		return n.knownEpochs(st), f.why
+	}
+	if why := n.readEpochs(ctx, st); why != "" {
+		return n.knownEpochs(st), why
+	}
+	if cached, ok := n.cachedEpochs(st); ok {
+		return cached, ""
+	}
+	// The store answered without an epoch this node has seen: its grant
+	// is committed, so this is a read that raced it. Say what we know.
+	return n.knownEpochs(st), "the lease store's epoch history lags this node's view; retry"
+}
+
+// readEpochs reads st's history from the lease store into the cache, or
+// records and returns why it could not.
+func (n *Node) readEpochs(ctx context.Context, st *streamState) string {
 	cctx, cancel := context.WithTimeout(ctx, epochHistoryTimeout)
 	recs, err := n.homing.store.StreamHistory(cctx, st.spec.Name)
 	cancel()
+	n.epochs.mu.Lock()
+	defer n.epochs.mu.Unlock()
 	if err != nil {
-		return n.knownEpochs(st), "the lease store's epoch history could not be read: " + err.Error()
+		why := "the lease store's epoch history could not be read: " + err.Error()
+		if n.epochs.failed == nil {
+			n.epochs.failed = map[string]epochReadFailure{}
+		}
+		n.epochs.failed[st.spec.Name] = epochReadFailure{at: n.cfg.Now(), why: why}
+		return why
 	}
 	hist := make([][]*geologv1.EpochStart, len(st.ranges))
 	for _, rec := range recs {
@@ -67,18 +109,12 @@ func (n *Node) rangeEpochs(ctx context.Context, st *streamState) ([][]*geologv1.
 		hist[rec.Key.Range] = append(hist[rec.Key.Range], &geologv1.EpochStart{
 			Epoch: rec.Epoch, StartOffset: rec.StartOffset, HomeRegion: rec.Region, Kind: epochKinds[rec.Kind]})
 	}
-	n.epochs.mu.Lock()
 	if n.epochs.byStream == nil {
 		n.epochs.byStream = map[string][][]*geologv1.EpochStart{}
 	}
 	n.epochs.byStream[st.spec.Name] = hist
-	n.epochs.mu.Unlock()
-	if cached, ok := n.cachedEpochs(st); ok {
-		return cached, ""
-	}
-	// The store answered without an epoch this node has seen: its grant
-	// is committed, so this is a read that raced it. Say what we know.
-	return n.knownEpochs(st), "the lease store's epoch history lags this node's view; retry"
+	delete(n.epochs.failed, st.spec.Name)
+	return ""
 }
 
 // cachedEpochs returns the cached history of st if it holds, for every
