@@ -33,6 +33,8 @@ FUZZ_TARGETS := \
 	./segment:FuzzOffsetIndex:300000 \
 	./segment:FuzzTimeIndex:300000 \
 	./segment:FuzzRecover:30000 \
+	./client/e2e:FuzzOpen:30000 \
+	./client/e2e:FuzzDecodePayload:30000 \
 	./raftnet:FuzzDecodeBatch:60000 \
 	./replicator:FuzzDecodeRequest:60000 \
 	./segment:FuzzManifest:30000 \
@@ -50,7 +52,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -61,21 +63,22 @@ build:
 vet:
 	$(GO) vet ./...
 
-# The tests share one private PostgreSQL (the lease store's), started here
-# and stopped after unless it was already running. TestSlice (the chaos
-# slice) runs in its own step, chaos-slice, so that its clusters do not
-# compete with the other packages' tests for the cores.
+# Every test process that needs PostgreSQL (the lease store's) starts its
+# own, in a temporary folder on a free port (homing/pgtest), never the
+# demo's or the local cluster's (scripts/pg.sh, run/pg): two clones can run
+# make test at once, beside a running demo. GEOLOG_PG_URL=postgres://...
+# makes them use that server instead. TestSlice (the chaos slice) runs in
+# its own step, chaos-slice, so that its clusters do not compete with the
+# other packages' tests for the cores.
 unit:
-	@was=running; ./scripts/pg.sh status >/dev/null 2>&1 || was=stopped; \
-	./scripts/pg.sh start >/dev/null || exit 1; \
-	GEOLOG_PG_URL=$$(./scripts/pg.sh url) $(GO) test -race -count=1 -timeout 15m -skip '^TestSlice$$' ./...; rc=$$?; \
-	[ $$was = running ] || ./scripts/pg.sh stop; exit $$rc
+	$(GO) test -race -count=1 -timeout 15m -skip '^TestSlice$$' ./...
 
 # The chaos slice: chaos.Slice(), fixed-seed scenarios on the harness's
-# own local clusters (no terraform; ports 7700-7799, GEOLOG_CHAOS_PORTS=lo-hi
-# moves them; the homing one's PostgreSQL on GEOLOG_CHAOS_PG_PORT, default
-# 55452), about a minute and a half; prints the table, fails on any
-# anomaly or unverified check.
+# own local clusters (no terraform; every port, the homing one's
+# PostgreSQL's too, is a free one held through internal/portlock, above the
+# kernel's ephemeral range; GEOLOG_CHAOS_PORTS=lo-hi narrows them), about a
+# minute and a half; prints the table, fails on any anomaly or unverified
+# check.
 chaos-slice:
 	$(GO) test -race -count=1 -timeout 10m -run '^TestSlice$$' -v ./chaos/
 
@@ -90,20 +93,27 @@ fuzz:
 
 test: vet build unit chaos-slice fuzz
 
+# make test-loaded RUNS=5: make test RUNS times in a row beside stress-ng
+# --cpu $(nproc) (installed with apt-get when missing), one line per run
+# with its result and time, logs under run/test-loaded/ (scripts/test_loaded.sh).
+# RUNS defaults to 5 here (make sim's default of 1000 is not meant).
+test-loaded:
+	@./scripts/test_loaded.sh $(if $(filter command line environment,$(origin RUNS)),$(RUNS),5)
+
 # make chaos: every chaos scenario (chaos.Scenarios(), about 8 minutes)
 # on one cluster provisioned through terraform/local (scripts/chaos_tf.sh:
 # apply 3 regions x 3 nodes with homing (lease TTL 3s), failpoints and the
 # chaos links on ports 7700-7767, run geolog-chaos attached to its env file,
 # destroy). CHAOS_PROVISION=local runs each scenario on a fresh cluster of
-# the harness's own (chaos.LocalCluster, ports 7700-7799, PostgreSQL on
-# CHAOS_PG_PORT) instead; CHAOS_ENV=run/cluster/env attaches to a running
-# cluster (scripts/cluster.sh, terraform). Histories under run/chaos.
+# the harness's own (chaos.LocalCluster, free ports as the slice's;
+# CHAOS_PG_PORT=n pins its PostgreSQL's) instead; CHAOS_ENV=run/cluster/env
+# attaches to a running cluster (scripts/cluster.sh, terraform). Histories under run/chaos.
 # CHAOS_SCENARIOS=a,b picks scenarios, CHAOS_SEED the seed.
 CHAOS_SCENARIOS ?= all
 CHAOS_SEED      ?= 1
 CHAOS_ENV       ?=
 CHAOS_PROVISION ?= terraform
-CHAOS_PG_PORT   ?= 55452
+CHAOS_PG_PORT   ?= 0
 CHAOS_FLAGS      = --scenarios $(CHAOS_SCENARIOS) --seed $(CHAOS_SEED) --dir $(RUN)/chaos
 chaos: build
 	@if [ -n "$(CHAOS_ENV)" ]; then \
@@ -195,8 +205,9 @@ tf-check: terraform
 	$(TERRAFORM) fmt -check -recursive -diff terraform/
 	$(GO) test -count=1 -run 'TestModules|TestCheck|TestFormatted' ./terraform/
 
-# The real apply/destroy cycle of terraform/local (2 regions x 1 node on
-# ports 7660-7667); make test runs it too when terraform is installed.
+# The real apply/destroy cycle of terraform/local (2 regions x 1 node on 8
+# free consecutive ports held through internal/portlock); make test runs it
+# too when terraform is installed.
 tf-test: build terraform
 	$(GO) test -count=1 -v -run TestLocalApplyDestroy ./terraform/
 

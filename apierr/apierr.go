@@ -44,6 +44,7 @@ const (
 	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
 	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
 	ProducerStateLost    = geologv1.ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST
+	KeyRequired          = geologv1.ErrorCode_ERROR_CODE_KEY_REQUIRED
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
@@ -80,6 +81,7 @@ var catalogue = map[Code]codeInfo{
 	// Not retriable under the same producer id; the client restarts at a
 	// higher level (a new producer id), which is what Aborted says.
 	ProducerStateLost: {codes.Aborted, false},
+	KeyRequired:       {codes.InvalidArgument, false},
 }
 
 // Error is a typed API error.

@@ -33,7 +33,7 @@ func recordsEqual(a, b []Record) bool {
 	}
 	for i := range a {
 		x, y := a[i], b[i]
-		if !bytes.Equal(x.Key, y.Key) || !bytes.Equal(x.Value, y.Value) ||
+		if !bytes.Equal(x.Key, y.Key) || !bytes.Equal(x.Value, y.Value) || x.Tombstone != y.Tombstone ||
 			x.ProducerTimeUnixNanos != y.ProducerTimeUnixNanos || len(x.Headers) != len(y.Headers) {
 			return false
 		}

@@ -8,8 +8,8 @@
 //	0   4    Length               u32: bytes after this field (frame size - 4)
 //	4   4    CRC                  u32: CRC32C (Castagnoli) of bytes [8, 4+Length)
 //	8   1    Version              u8 = 1
-//	9   1    Type                 u8: 0 data, 1 noop, 2 config, 3 fork
-//	10  2    Flags                u16: 0 (reserved for compression)
+//	9   1    Type                 u8: 0 data, 1 noop, 2 config, 3 fork, 4 compact
+//	10  2    Flags                u16: 0x100 compacted, 0x200 tombstones (low byte reserved for compression)
 //	12  4    RecordCount          u32
 //	16  8    BaseOffset           u64
 //	24  8    Epoch                u64: homing epoch
@@ -19,18 +19,45 @@
 //	56  8    HLC                  u64: hybrid logical clock
 //	64  8    ProducerID           u64: 0 = not idempotent
 //	72  8    BaseSequence         u64
-//	80  8    reserved             0
+//	80  8    reserved             0; with FlagCompacted: OffsetSpan u32, then 4 zero bytes
 //	88  ...  records
 //
 // Each record is
 //
 //	uvarint  bodyLen (bytes of the rest of this record)
+//	uvarint  offsetDelta          only with FlagCompacted
+//	u8       attributes           only with FlagTombstones: bit 0 tombstone, others 0
 //	varint   ProducerTimeUnixNanos (zigzag)
 //	uvarint  keyLen, key
 //	uvarint  valueLen, value
 //	uvarint  headerCount, then headerCount × (uvarint kLen, k, uvarint vLen, v)
 //
-// and record i of a frame has offset BaseOffset+i.
+// and record i of a frame as appended has offset BaseOffset+i.
+//
+// # Compaction by key
+//
+// Compaction by key (package compact) rewrites a frame to hold only some of
+// its records (FlagCompacted): each record then carries its offset delta
+// (its offset minus BaseOffset; strictly increasing, below OffsetSpan), and
+// the header keeps the span of offsets the batch took when appended, so
+// NextOffset (BaseOffset + OffsetSpan) and every other header field are
+// unchanged. Offsets thus stay with their records and become sparse. A
+// compacted frame may hold no record at all (a batch header kept for its
+// producer), and in a log it may start past the previous frame's end: the
+// frames in between were compacted away.
+//
+// A tombstone is a record whose value is absent, not empty (a key's
+// deletion, which compaction eventually removes): a frame holding one sets
+// FlagTombstones and every record of it carries an attributes byte. A
+// tombstone with a value is corrupt. Decode reports each record's
+// Tombstone and OffsetDelta (i for record i of a frame as appended);
+// Encode derives both flags from the header's OffsetSpan and the records.
+//
+// A compaction marker (TypeCompact) is the decision of a range's home
+// leader to compact below a point (Compaction): one record without key,
+// headers, producer time or producer, whose value is the decision. It
+// takes an offset like a record (it is shipped to mirrors with the data
+// frames) but readers never see it.
 //
 // # Control frames
 //
@@ -48,7 +75,9 @@
 // (PatchRaft sets them); outside Raft both are 0.
 //
 // The encoding is canonical: every varint is minimal, reserved fields are
-// zero and a frame holds no bytes beyond its last record (or its payload).
+// zero, a flag is set exactly when the frame needs it (FlagTombstones with
+// at least one tombstone) and a frame holds no bytes beyond its last
+// record (or its payload).
 // Decoders reject anything else as ErrCorrupt, so decode followed by encode
 // (Decode and Encode, or DecodeControl and EncodeControl for a control
 // frame) reproduces the input frame byte for byte. The wire format does not distinguish a nil

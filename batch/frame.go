@@ -62,8 +62,31 @@ const (
 	// follow a gap: the entries of the divergent tail in between were moved
 	// out of the log.
 	TypeFork Type = 3
+	// TypeCompact is a compaction marker: a home leader's decision to
+	// compact its range by key below a point (see Compaction). It holds
+	// exactly one record, which takes one offset like any record and is
+	// shipped to mirrors like any frame, but belongs to no producer and is
+	// never shown to readers: its offset reads as a hole. EncodeCompaction
+	// builds one and DecodeCompaction returns its decision.
+	TypeCompact Type = 4
 
-	typeMax = TypeFork
+	typeMax = TypeCompact
+)
+
+// Frame flags (the Flags header field). Encode derives them from the
+// header and records; decoders reject unknown bits and flags that do not
+// match the frame. The low byte stays free for compression codecs.
+const (
+	// FlagCompacted marks a frame that compaction by key rewrote: its
+	// records are a subset of the OffsetSpan offsets from BaseOffset, each
+	// record carries its offset delta, and the header's reserved field
+	// holds OffsetSpan. Only data frames carry it.
+	FlagCompacted uint16 = 1 << 8
+	// FlagTombstones marks a data frame holding at least one tombstone:
+	// every record of it carries an attributes byte.
+	FlagTombstones uint16 = 1 << 9
+
+	flagsKnown = FlagCompacted | FlagTombstones
 )
 
 // String returns the lowercase name of t.
@@ -77,16 +100,20 @@ func (t Type) String() string {
 		return "config"
 	case TypeFork:
 		return "fork"
+	case TypeCompact:
+		return "compact"
 	default:
 		return fmt.Sprintf("type(%d)", uint8(t))
 	}
 }
 
 // Header is the decoded fixed header of a frame. Length, CRC, Version and the
-// reserved field are not part of it: the codec owns them.
+// reserved field are not part of it: the codec owns them. Flags is as
+// decoded; Encode derives it (see FlagCompacted, FlagTombstones).
 type Header struct {
-	Type                Type
-	Flags               uint16
+	Type  Type
+	Flags uint16
+	// RecordCount is the number of records the frame holds.
 	RecordCount         uint32
 	BaseOffset          uint64
 	Epoch               uint64
@@ -96,11 +123,34 @@ type Header struct {
 	HLC                 uint64
 	ProducerID          uint64
 	BaseSequence        uint64
+	// OffsetSpan is, for a frame compaction rewrote (FlagCompacted), how
+	// many offsets the frame spans: those of the batch as appended, of
+	// which RecordCount remain. 0 for every other frame, which spans
+	// RecordCount offsets.
+	OffsetSpan uint32
 }
 
-// NextOffset returns the offset just past the batch's last record:
-// BaseOffset + RecordCount.
-func (h Header) NextOffset() uint64 { return h.BaseOffset + uint64(h.RecordCount) }
+// NextOffset returns the offset just past the batch's offsets: BaseOffset
+// + OffsetSpan for a compacted frame, else BaseOffset + RecordCount.
+func (h Header) NextOffset() uint64 { return h.BaseOffset + uint64(h.Span()) }
+
+// Span returns how many offsets the frame spans (see OffsetSpan).
+func (h Header) Span() uint32 {
+	if h.OffsetSpan != 0 {
+		return h.OffsetSpan
+	}
+	return h.RecordCount
+}
+
+// Compacted reports whether compaction by key rewrote the frame: its
+// records may leave holes among its offsets, and in a log it may start
+// past the previous frame's NextOffset (the frames in between were
+// compacted away).
+func (h Header) Compacted() bool { return h.OffsetSpan != 0 }
+
+// Offset returns the offset of record r of this frame, as Decode returned
+// it: BaseOffset + r.OffsetDelta.
+func (h Header) Offset(r *Record) uint64 { return h.BaseOffset + uint64(r.OffsetDelta) }
 
 // IsControl reports whether h is the header of a control frame: a TypeNoop
 // or TypeConfig frame without records, whose body is an opaque payload (see
@@ -131,7 +181,15 @@ var (
 	errType         = fmt.Errorf("%w: unknown type", ErrCorrupt)
 	errForkRecords  = fmt.Errorf("%w: fork frame holds records", ErrCorrupt)
 	errFlags        = fmt.Errorf("%w: unknown flags", ErrCorrupt)
+	errFlagsType    = fmt.Errorf("%w: flags on a frame that is not a data frame", ErrCorrupt)
 	errReserved     = fmt.Errorf("%w: reserved field is not zero", ErrCorrupt)
+	errSpan         = fmt.Errorf("%w: compacted frame spans fewer offsets than it holds records", ErrCorrupt)
+	errCompact      = fmt.Errorf("%w: compaction marker is not one record of no producer", ErrCorrupt)
+	errDelta        = fmt.Errorf("%w: record offset delta out of order or past the span", ErrCorrupt)
+	errAttributes   = fmt.Errorf("%w: unknown record attributes", ErrCorrupt)
+	errTombstone    = fmt.Errorf("%w: tombstone with a value", ErrCorrupt)
+	errNoTombstone  = fmt.Errorf("%w: tombstones flag without a tombstone", ErrCorrupt)
+	errMarker       = fmt.Errorf("%w: malformed compaction marker record", ErrCorrupt)
 	errRecordCount  = fmt.Errorf("%w: record count exceeds what the frame can hold", ErrCorrupt)
 	errOffsetWrap   = fmt.Errorf("%w: base offset plus record count overflows", ErrCorrupt)
 	errCRC          = fmt.Errorf("%w: crc mismatch", ErrCorrupt)
@@ -203,16 +261,13 @@ func DecodeHeader(frame []byte) (Header, error) {
 	if h.Type == TypeFork && h.RecordCount != 0 {
 		return Header{}, errForkRecords
 	}
-	if h.Flags != 0 {
-		return Header{}, errFlags
-	}
-	if binary.LittleEndian.Uint64(frame[posReserved:]) != 0 {
-		return Header{}, errReserved
+	if err := checkFlags(&h, frame); err != nil {
+		return Header{}, err
 	}
 	if uint64(h.RecordCount) > uint64(size-HeaderSize)/recordBytesMin {
 		return Header{}, errRecordCount
 	}
-	if h.BaseOffset > math.MaxUint64-uint64(h.RecordCount) {
+	if h.BaseOffset > math.MaxUint64-uint64(h.Span()) {
 		return Header{}, errOffsetWrap
 	}
 	if len(frame) < size {
@@ -222,6 +277,36 @@ func DecodeHeader(frame []byte) (Header, error) {
 		return Header{}, errCRC
 	}
 	return h, nil
+}
+
+// checkFlags judges the flags and the reserved field of the header h read
+// from frame, and sets h.OffsetSpan for a compacted frame.
+func checkFlags(h *Header, frame []byte) error {
+	le := binary.LittleEndian
+	switch {
+	case h.Flags&^flagsKnown != 0:
+		return errFlags
+	case h.Flags != 0 && h.Type != TypeData:
+		return errFlagsType
+	case h.Type == TypeCompact && (h.RecordCount != 1 || h.ProducerID != 0 || h.BaseSequence != 0):
+		return errCompact
+	case h.Flags&FlagTombstones != 0 && h.RecordCount == 0:
+		return errNoTombstone
+	}
+	if h.Flags&FlagCompacted == 0 {
+		if le.Uint64(frame[posReserved:]) != 0 {
+			return errReserved
+		}
+		return nil
+	}
+	if le.Uint32(frame[posReserved+4:]) != 0 {
+		return errReserved
+	}
+	h.OffsetSpan = le.Uint32(frame[posReserved:])
+	if h.OffsetSpan == 0 || h.OffsetSpan < h.RecordCount {
+		return errSpan
+	}
+	return nil
 }
 
 // Validate does what DecodeHeader does and also checks the structure of
@@ -236,7 +321,7 @@ func Validate(frame []byte) (Header, error) {
 		return h, nil
 	}
 	size := int(binary.LittleEndian.Uint32(frame[posLength:])) + 4
-	if _, err := walkRecords(frame[HeaderSize:size], h.RecordCount); err != nil {
+	if _, err := walkRecords(frame[HeaderSize:size], h); err != nil {
 		return Header{}, err
 	}
 	return h, nil
@@ -262,7 +347,7 @@ func Decode(frame []byte) (Header, []Record, error) {
 	body := frame[HeaderSize:size]
 	// The first pass validates everything and counts record headers, so
 	// both allocations below are bounded by bytes actually present.
-	headerCount, err := walkRecords(body, h.RecordCount)
+	headerCount, err := walkRecords(body, h)
 	if err != nil {
 		return Header{}, nil, err
 	}
@@ -274,9 +359,9 @@ func Decode(frame []byte) (Header, []Record, error) {
 	if headerCount > 0 {
 		hdrs = make([]RecordHeader, headerCount)
 	}
-	p := 0
+	p, f := 0, newRecordFormat(h)
 	for i := range recs {
-		n, used, err := readRecord(body[p:], &recs[i], hdrs)
+		n, used, err := readRecord(body[p:], &f, &recs[i], hdrs)
 		if err != nil {
 			panic(fmt.Sprintf("batch: record %d failed the second pass after passing the first: %v", i, err))
 		}
@@ -305,12 +390,13 @@ func DecodeControl(frame []byte) (Header, []byte, error) {
 	return h, frame[HeaderSize:size:size], nil
 }
 
-// walkRecords checks that body holds exactly count well-formed records and
-// returns their total number of record headers.
-func walkRecords(body []byte, count uint32) (int, error) {
-	p, headers := 0, 0
-	for range count {
-		n, used, err := readRecord(body[p:], nil, nil)
+// walkRecords checks that body holds exactly the h.RecordCount well-formed
+// records h describes (offset deltas, attributes and a compaction marker's
+// record included) and returns their total number of record headers.
+func walkRecords(body []byte, h Header) (int, error) {
+	p, headers, f := 0, 0, newRecordFormat(h)
+	for range h.RecordCount {
+		n, used, err := readRecord(body[p:], &f, nil, nil)
 		if err != nil {
 			return 0, err
 		}
@@ -320,51 +406,98 @@ func walkRecords(body []byte, count uint32) (int, error) {
 	if p != len(body) {
 		return 0, errFrameTrail
 	}
+	if f.attributes && f.tombstones == 0 {
+		return 0, errNoTombstone
+	}
+	if h.Type == TypeCompact && (headers != 0 || !validMarker(body)) {
+		return 0, errMarker
+	}
 	return headers, nil
 }
 
 // Encode appends one frame holding recs to dst and returns the extended
 // slice. h.RecordCount is ignored and set from len(recs); Length, CRC,
-// Version and the reserved field are computed. Encode grows dst at most once.
-// With no records and a type other than TypeData the frame is a control
+// Version, the reserved field and the flags are computed (h.Flags is
+// ignored but for unknown bits): a frame with h.OffsetSpan set is a
+// compacted frame whose records carry their OffsetDelta, and a frame
+// holding a tombstone carries attributes. Record.OffsetDelta is ignored in
+// a frame that is not compacted. Encode grows dst at most once. With no
+// records, no span and a type other than TypeData the frame is a control
 // frame with an empty payload, the same as EncodeControl(dst, h, nil).
 //
 // Encode panics if h.Type is unknown, h.Type is TypeFork with records,
-// h.Flags is not zero (no flag is defined yet), the frame would exceed
-// FrameBytesMax, or BaseOffset+len(recs) overflows: callers bound their batches, so each is a broken invariant.
+// h.Flags has an unknown bit, the frame would exceed FrameBytesMax,
+// BaseOffset plus the span overflows, a compacted frame is not a data
+// frame or its offset deltas do not increase within its span, a tombstone
+// has a value, or a compaction marker is not one record of no producer:
+// callers build their frames, so each is a broken invariant.
 func Encode(dst []byte, h Header, recs []Record) []byte {
-	if h.Type > typeMax {
-		panic(fmt.Sprintf("batch: encode of unknown type %d", h.Type))
-	}
-	if h.Type == TypeFork && len(recs) > 0 {
-		panic("batch: encode of a fork frame with records")
-	}
-	if h.Flags != 0 {
-		panic(fmt.Sprintf("batch: encode with undefined flags %#x", h.Flags))
-	}
+	h = encodeHeader(h, recs)
+	f := newRecordFormat(h)
 	size := HeaderSize
 	for i := range recs {
-		size += EncodedRecordSize(recs[i])
+		size += f.recordSize(&recs[i])
 		if size > FrameBytesMax {
 			panic(fmt.Sprintf("batch: encode of a frame larger than FrameBytesMax (%d bytes by record %d)", size, i))
 		}
 	}
-	if uint64(len(recs)) > math.MaxUint32 || h.BaseOffset > math.MaxUint64-uint64(len(recs)) {
-		panic(fmt.Sprintf("batch: encode of %d records at base offset %d overflows", len(recs), h.BaseOffset))
-	}
-	h.RecordCount = uint32(len(recs))
 
-	dst, f := grow(dst, size)
-	putHeader(f, h)
+	dst, out := grow(dst, size)
+	putHeader(out, h)
 	p := HeaderSize
 	for i := range recs {
-		p = putRecord(f, p, &recs[i])
+		p = f.putRecord(out, p, &recs[i])
 	}
 	if p != size {
 		panic(fmt.Sprintf("batch: encoded %d bytes, sized %d", p, size))
 	}
-	binary.LittleEndian.PutUint32(f[posCRC:], crc32.Checksum(f[crcStart:], castagnoli))
+	binary.LittleEndian.PutUint32(out[posCRC:], crc32.Checksum(out[crcStart:], castagnoli))
 	return dst
+}
+
+// encodeHeader checks h and recs for Encode (see its panics) and returns h
+// with the record count and flags set.
+func encodeHeader(h Header, recs []Record) Header {
+	switch {
+	case h.Type > typeMax:
+		panic(fmt.Sprintf("batch: encode of unknown type %d", h.Type))
+	case h.Type == TypeFork && len(recs) > 0:
+		panic("batch: encode of a fork frame with records")
+	case h.Flags&^flagsKnown != 0:
+		panic(fmt.Sprintf("batch: encode with undefined flags %#x", h.Flags))
+	case h.OffsetSpan != 0 && h.Type != TypeData:
+		panic(fmt.Sprintf("batch: encode of a compacted %v frame", h.Type))
+	case h.Type == TypeCompact && (len(recs) != 1 || h.ProducerID != 0 || h.BaseSequence != 0):
+		panic("batch: encode of a compaction marker that is not one record of no producer")
+	case uint64(len(recs)) > math.MaxUint32:
+		panic(fmt.Sprintf("batch: encode of %d records", len(recs)))
+	}
+	h.RecordCount = uint32(len(recs))
+	span := uint64(h.Span())
+	if h.OffsetSpan != 0 && uint64(h.OffsetSpan) < uint64(len(recs)) || h.BaseOffset > math.MaxUint64-span {
+		panic(fmt.Sprintf("batch: encode of %d records spanning %d offsets at base offset %d", len(recs), span, h.BaseOffset))
+	}
+	h.Flags = 0
+	if h.OffsetSpan != 0 {
+		h.Flags |= FlagCompacted
+	}
+	next := uint64(0)
+	for i := range recs {
+		r := &recs[i]
+		if h.OffsetSpan != 0 {
+			if uint64(r.OffsetDelta) < next || r.OffsetDelta >= h.OffsetSpan {
+				panic(fmt.Sprintf("batch: record %d has offset delta %d, want [%d, %d)", i, r.OffsetDelta, next, h.OffsetSpan))
+			}
+			next = uint64(r.OffsetDelta) + 1
+		}
+		if r.Tombstone {
+			if len(r.Value) > 0 || h.Type != TypeData {
+				panic(fmt.Sprintf("batch: record %d is a tombstone with a value or in a %v frame", i, h.Type))
+			}
+			h.Flags |= FlagTombstones
+		}
+	}
+	return h
 }
 
 // EncodeControl appends one control frame to dst and returns the extended
@@ -373,14 +506,14 @@ func Encode(dst []byte, h Header, recs []Record) []byte {
 // h.RecordCount is ignored and set to 0. A control frame takes no offset:
 // its NextOffset is its BaseOffset. EncodeControl grows dst at most once.
 //
-// EncodeControl panics if h.Type is TypeData or unknown, h.Flags is not
-// zero, or the frame would exceed FrameBytesMax.
+// EncodeControl panics if h.Type is TypeData, TypeCompact or unknown,
+// h.Flags or h.OffsetSpan is not zero, or the frame would exceed FrameBytesMax.
 func EncodeControl(dst []byte, h Header, payload []byte) []byte {
-	if h.Type == TypeData || h.Type > typeMax {
+	if h.Type == TypeData || h.Type == TypeCompact || h.Type > typeMax {
 		panic(fmt.Sprintf("batch: control frame of type %v", h.Type))
 	}
-	if h.Flags != 0 {
-		panic(fmt.Sprintf("batch: encode with undefined flags %#x", h.Flags))
+	if h.Flags != 0 || h.OffsetSpan != 0 {
+		panic(fmt.Sprintf("batch: control frame with flags %#x or span %d", h.Flags, h.OffsetSpan))
 	}
 	if len(payload) > FrameBytesMax-HeaderSize {
 		panic(fmt.Sprintf("batch: control payload of %d bytes exceeds FrameBytesMax", len(payload)))
@@ -422,7 +555,7 @@ func putHeader(f []byte, h Header) {
 	le.PutUint64(f[posHLC:], h.HLC)
 	le.PutUint64(f[posProducerID:], h.ProducerID)
 	le.PutUint64(f[posBaseSequence:], h.BaseSequence)
-	le.PutUint64(f[posReserved:], 0)
+	le.PutUint64(f[posReserved:], uint64(h.OffsetSpan))
 }
 
 // Patch rewrites BaseOffset, Epoch and AppendTimeUnixNanos of frame and
@@ -432,7 +565,11 @@ func putHeader(f []byte, h Header) {
 // overflows with the record count.
 func Patch(frame []byte, baseOffset uint64, epoch uint64, appendTimeUnixNanos int64) {
 	f := patchable(frame)
-	if baseOffset > math.MaxUint64-uint64(binary.LittleEndian.Uint32(f[posRecordCount:])) {
+	span := uint64(binary.LittleEndian.Uint32(f[posRecordCount:]))
+	if binary.LittleEndian.Uint16(f[posFlags:])&FlagCompacted != 0 {
+		span = uint64(binary.LittleEndian.Uint32(f[posReserved:]))
+	}
+	if baseOffset > math.MaxUint64-span {
 		panic(fmt.Sprintf("batch: patch to base offset %d overflows", baseOffset))
 	}
 	binary.LittleEndian.PutUint64(f[posBaseOffset:], baseOffset)

@@ -11,44 +11,101 @@ type RecordHeader struct {
 	Value []byte
 }
 
-// Record is one producer record. Record i of a batch has offset
-// BaseOffset+i.
+// Record is one producer record. Its offset is its frame's BaseOffset plus
+// OffsetDelta (Header.Offset): record i of a frame as appended has
+// OffsetDelta i; in a frame compaction rewrote, the records kept keep
+// their offsets and the deltas have holes.
 type Record struct {
 	Key                   []byte
 	Value                 []byte
 	Headers               []RecordHeader
 	ProducerTimeUnixNanos int64
+	// Tombstone marks a deletion of Key: the record has no value (not an
+	// empty one), and compaction by key eventually removes the key.
+	Tombstone bool
+	// OffsetDelta is the record's offset minus its frame's BaseOffset, as
+	// decoded; Encode reads it only for a compacted frame.
+	OffsetDelta uint32
 }
 
-// EncodedRecordSize returns the number of bytes r takes inside a frame.
+// Record attributes (the byte a record carries in a frame with
+// FlagTombstones).
+const (
+	attrTombstone = 1 << 0
+	attrsKnown    = attrTombstone
+)
+
+// EncodedRecordSize returns the number of bytes r takes inside a frame as
+// appended (not compacted), counting an attributes byte if r is a
+// tombstone. In a frame holding a tombstone every record carries that
+// byte, so a batch of both kinds takes up to one byte per record more.
 func EncodedRecordSize(r Record) int {
-	body := recordBodySize(&r)
+	f := recordFormat{attributes: r.Tombstone}
+	return f.recordSize(&r)
+}
+
+// recordFormat is how the records of one frame are laid out (from its
+// header) and, while a frame is walked, what the walk has seen.
+type recordFormat struct {
+	compacted  bool   // each record starts with its offset delta
+	attributes bool   // each record carries an attributes byte
+	span       uint32 // a compacted frame's OffsetSpan
+	// next is the lowest offset delta the next record may have (a dense
+	// frame's next record has exactly that one).
+	next       uint64
+	tombstones int
+}
+
+func newRecordFormat(h Header) recordFormat {
+	return recordFormat{compacted: h.Flags&FlagCompacted != 0, attributes: h.Flags&FlagTombstones != 0, span: h.OffsetSpan}
+}
+
+// recordSize returns the bytes r takes in a frame of format f.
+func (f *recordFormat) recordSize(r *Record) int {
+	body := f.bodySize(r)
 	return uvarintSize(uint64(body)) + body
 }
 
-// recordBodySize returns the bytes of r after its bodyLen prefix.
-func recordBodySize(r *Record) int {
+// bodySize returns the bytes of r after its bodyLen prefix.
+func (f *recordFormat) bodySize(r *Record) int {
 	n := uvarintSize(zigzag(r.ProducerTimeUnixNanos)) +
 		fieldSize(len(r.Key)) + fieldSize(len(r.Value)) +
 		uvarintSize(uint64(len(r.Headers)))
+	if f.compacted {
+		n += uvarintSize(uint64(r.OffsetDelta))
+	}
+	if f.attributes {
+		n++
+	}
 	for i := range r.Headers {
 		n += fieldSize(len(r.Headers[i].Key)) + fieldSize(len(r.Headers[i].Value))
 	}
 	return n
 }
 
-// putRecord encodes r into f at p, which Encode has sized, and returns the
+// putRecord encodes r into b at p, which Encode has sized, and returns the
 // position after it.
-func putRecord(f []byte, p int, r *Record) int {
-	p += binary.PutUvarint(f[p:], uint64(recordBodySize(r)))
-	p += binary.PutUvarint(f[p:], zigzag(r.ProducerTimeUnixNanos))
-	p = putField(f, p, r.Key)
-	p = putField(f, p, r.Value)
-	p += binary.PutUvarint(f[p:], uint64(len(r.Headers)))
+func (f *recordFormat) putRecord(b []byte, p int, r *Record) int {
+	p += binary.PutUvarint(b[p:], uint64(f.bodySize(r)))
+	if f.compacted {
+		p += binary.PutUvarint(b[p:], uint64(r.OffsetDelta))
+	}
+	if f.attributes {
+		var a byte
+		if r.Tombstone {
+			a |= attrTombstone
+		}
+		b[p] = a
+		p++
+	}
+	p += binary.PutUvarint(b[p:], zigzag(r.ProducerTimeUnixNanos))
+	p = putField(b, p, r.Key)
+	p = putField(b, p, r.Value)
+	p += binary.PutUvarint(b[p:], uint64(len(r.Headers)))
 	for i := range r.Headers {
-		p += binary.PutUvarint(f[p:], uint64(len(r.Headers[i].Key)))
-		p += copy(f[p:], r.Headers[i].Key)
-		p = putField(f, p, r.Headers[i].Value)
+		p += binary.PutUvarint(b[p:], uint64(len(r.Headers[i].Key)))
+		p += copy(b[p:], r.Headers[i].Key)
+		p = putField(b, p, r.Headers[i].Value)
 	}
 	return p
 }
@@ -58,11 +115,12 @@ func putField(f []byte, p int, b []byte) int {
 	return p + copy(f[p:], b)
 }
 
-// readRecord parses the record at the start of b and returns its encoded
-// size and number of headers. With rec == nil it only validates. Otherwise
-// it fills *rec, storing the record's headers in hdrs, which must have room
-// for them (the validating pass counted them).
-func readRecord(b []byte, rec *Record, hdrs []RecordHeader) (n, headerCount int, err error) {
+// readRecord parses the record at the start of b, laid out as f says, and
+// returns its encoded size and number of headers; f notes the record's
+// offset delta and attributes. With rec == nil it only validates.
+// Otherwise it fills *rec, storing the record's headers in hdrs, which
+// must have room for them (the validating pass counted them).
+func readRecord(b []byte, f *recordFormat, rec *Record, hdrs []RecordHeader) (n, headerCount int, err error) {
 	bodyLen, m := readUvarint(b)
 	if m <= 0 {
 		return 0, 0, errVarint
@@ -73,10 +131,15 @@ func readRecord(b []byte, rec *Record, hdrs []RecordHeader) (n, headerCount int,
 	body := b[m : m+int(bodyLen)]
 	n = m + int(bodyLen)
 
-	ts, p := readUvarint(body)
-	if p <= 0 {
+	delta, tombstone, p, err := f.readPrefix(body)
+	if err != nil {
+		return 0, 0, err
+	}
+	ts, q := readUvarint(body[p:])
+	if q <= 0 {
 		return 0, 0, errVarint
 	}
+	p += q
 	key, p, err := readField(body, p)
 	if err != nil {
 		return 0, 0, err
@@ -84,6 +147,9 @@ func readRecord(b []byte, rec *Record, hdrs []RecordHeader) (n, headerCount int,
 	value, p, err := readField(body, p)
 	if err != nil {
 		return 0, 0, err
+	}
+	if tombstone && len(value) > 0 {
+		return 0, 0, errTombstone
 	}
 	count, m := readUvarint(body[p:])
 	if m <= 0 {
@@ -98,6 +164,7 @@ func readRecord(b []byte, rec *Record, hdrs []RecordHeader) (n, headerCount int,
 	if rec != nil {
 		rec.Key, rec.Value, rec.Headers = key, value, nil
 		rec.ProducerTimeUnixNanos = unzigzag(ts)
+		rec.Tombstone, rec.OffsetDelta = tombstone, delta
 		if headerCount > 0 {
 			rec.Headers = hdrs[:headerCount:headerCount]
 		}
@@ -118,6 +185,41 @@ func readRecord(b []byte, rec *Record, hdrs []RecordHeader) (n, headerCount int,
 		return 0, 0, errRecordTrail
 	}
 	return n, headerCount, nil
+}
+
+// readPrefix parses what precedes a record's producer time in format f: its
+// offset delta (a compacted frame's records carry theirs, strictly
+// increasing within the span; a dense frame's record i has delta i) and
+// its attributes byte. It returns the bytes of body it read.
+func (f *recordFormat) readPrefix(body []byte) (delta uint32, tombstone bool, p int, err error) {
+	d := f.next
+	if f.compacted {
+		var m int
+		d, m = readUvarint(body)
+		if m <= 0 {
+			return 0, false, 0, errVarint
+		}
+		if d < f.next || d >= uint64(f.span) {
+			return 0, false, 0, errDelta
+		}
+		p = m
+	}
+	f.next = d + 1
+	if f.attributes {
+		if p >= len(body) {
+			return 0, false, 0, errRecordTrail
+		}
+		a := body[p]
+		if a&^attrsKnown != 0 {
+			return 0, false, 0, errAttributes
+		}
+		tombstone = a&attrTombstone != 0
+		p++
+	}
+	if tombstone {
+		f.tombstones++
+	}
+	return uint32(d), tombstone, p, nil
 }
 
 // readField parses a uvarint length and that many bytes of b at p. A

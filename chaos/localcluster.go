@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/geolog/geolog/internal/portlock"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -23,9 +24,11 @@ type LocalConfig struct {
 	// pids); a scenario's folder is wiped when its cluster starts.
 	// Required.
 	Dir string
-	// PortMin and PortMax bound the loopback ports used (busy ones are
-	// skipped), default 7700 and 7799. A 3×3 cluster with every link
-	// takes 55.
+	// PortMin and PortMax bound the loopback ports used, default
+	// portlock.DefaultRange() (above the kernel's ephemeral range). Ports
+	// are held through portlock while the cluster lives: two clusters, of
+	// one run or of two, never share one, and busy ones are skipped. A
+	// 3×3 cluster with every link takes 55.
 	PortMin, PortMax int
 	// GOMAXPROCS of each node, default 1 (as scripts/cluster.sh: nine
 	// runtimes share the machine's cores).
@@ -33,7 +36,8 @@ type LocalConfig struct {
 	// LogLevel of the nodes, default "info".
 	LogLevel string
 	// PGScript is scripts/pg.sh, for shapes with a lease store; PGPort its
-	// port, default 55452.
+	// port, default a free one of the cluster's range (held like the
+	// others).
 	PGScript string
 	PGPort   int
 	// Logger hears the cluster's life, default null.
@@ -44,20 +48,21 @@ func (c *LocalConfig) setDefaults() error {
 	if c.BinDir == "" || c.Dir == "" {
 		return fmt.Errorf("chaos: LocalConfig needs BinDir and Dir")
 	}
-	if c.PortMin == 0 {
-		c.PortMin = 7700
+	if c.PortMin == 0 && c.PortMax == 0 {
+		r, err := portlock.DefaultRange()
+		if err != nil {
+			return fmt.Errorf("chaos: %w", err)
+		}
+		c.PortMin, c.PortMax = r.Min, r.Max
 	}
-	if c.PortMax == 0 {
-		c.PortMax = 7799
+	if c.PortMin < 1024 || c.PortMax > 65535 || c.PortMin > c.PortMax {
+		return fmt.Errorf("chaos: ports %d-%d: want a range within 1024-65535", c.PortMin, c.PortMax)
 	}
 	if c.GOMAXPROCS <= 0 {
 		c.GOMAXPROCS = 1
 	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
-	}
-	if c.PGPort == 0 {
-		c.PGPort = 55452
 	}
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
@@ -108,6 +113,7 @@ type LocalCluster struct {
 	wan     *proc
 	control string
 	pg      *pgServer
+	ports   *portAllocator
 
 	mu     sync.Mutex
 	closed bool
@@ -132,14 +138,15 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 			return nil, err
 		}
 	}
-	c := &LocalCluster{cfg: cfg, shape: shape, regions: shape.Regions, procs: map[NodeRef]*proc{}}
+	c := &LocalCluster{cfg: cfg, shape: shape, regions: shape.Regions, procs: map[NodeRef]*proc{},
+		ports: &portAllocator{r: portlock.Range{Min: cfg.PortMin, Max: cfg.PortMax}}}
 	defer func() {
 		if err != nil {
 			c.Close()
 		}
 	}()
 
-	ports := &portAllocator{next: cfg.PortMin, last: cfg.PortMax}
+	ports := c.ports
 	type plan struct {
 		addr, debug string
 		peers       map[int]string      // id → address this node dials
@@ -216,11 +223,11 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 	}
 	leaseStoreURL := map[string]string{}
 	if shape.LeaseStore {
-		if c.pg, err = startPG(ctx, cfg); err != nil {
+		if c.pg, err = startPG(ctx, cfg, ports); err != nil {
 			return nil, err
 		}
 		for _, r := range shape.Regions {
-			l, err := link(r+"->pg", fmt.Sprintf("127.0.0.1:%d", cfg.PGPort), 0, 0)
+			l, err := link(r+"->pg", fmt.Sprintf("127.0.0.1:%d", c.pg.port), 0, 0)
 			if err != nil {
 				return nil, err
 			}
@@ -396,6 +403,7 @@ func (c *LocalCluster) Close() error {
 	if c.pg != nil {
 		_ = c.pg.run(context.Background(), "stop")
 	}
+	c.ports.release()
 	return nil
 }
 
@@ -405,11 +413,20 @@ type pgServer struct {
 	port        int
 }
 
-func startPG(ctx context.Context, cfg LocalConfig) (*pgServer, error) {
+// startPG starts the cluster's PostgreSQL on cfg.PGPort, or on a port
+// from ports.
+func startPG(ctx context.Context, cfg LocalConfig, ports *portAllocator) (*pgServer, error) {
 	if cfg.PGScript == "" {
 		return nil, fmt.Errorf("chaos: the shape needs a lease store and LocalConfig.PGScript is empty")
 	}
-	pg := &pgServer{script: absPath(cfg.PGScript), dir: filepath.Join(cfg.Dir, "pg"), port: cfg.PGPort}
+	port := cfg.PGPort
+	if port == 0 {
+		var err error
+		if port, err = ports.take(); err != nil {
+			return nil, err
+		}
+	}
+	pg := &pgServer{script: absPath(cfg.PGScript), dir: filepath.Join(cfg.Dir, "pg"), port: port}
 	return pg, pg.run(ctx, "start")
 }
 

@@ -1,9 +1,7 @@
 package chaos
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/geolog/geolog/internal/portlock"
 )
 
 // proc is one process the harness started and owns: it signals it by its
@@ -131,22 +131,21 @@ func (p *proc) stop(timeout time.Duration) {
 	}
 }
 
-// portAllocator hands out free loopback ports from [next, last].
+// portAllocator hands out loopback ports of a range through portlock: each
+// is held (no other run takes it) until release, so a node killed and
+// restarted finds its port still free.
 type portAllocator struct {
-	next, last int
+	r    portlock.Range
+	held []*portlock.Port
 }
 
 func (a *portAllocator) take() (int, error) {
-	for ; a.next <= a.last; a.next++ {
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(a.next)))
-		if err != nil {
-			continue // busy: someone else's
-		}
-		l.Close()
-		a.next++
-		return a.next - 1, nil
+	p, err := portlock.Take(a.r)
+	if err != nil {
+		return 0, fmt.Errorf("chaos: %w", err)
 	}
-	return 0, errors.New("chaos: no free port left in the range")
+	a.held = append(a.held, p)
+	return p.Number(), nil
 }
 
 func (a *portAllocator) addr() (string, error) {
@@ -155,6 +154,14 @@ func (a *portAllocator) addr() (string, error) {
 		return "", err
 	}
 	return "127.0.0.1:" + strconv.Itoa(p), nil
+}
+
+// release gives every port back.
+func (a *portAllocator) release() {
+	for _, p := range a.held {
+		p.Release()
+	}
+	a.held = nil
 }
 
 // absPath makes p absolute (processes run with the harness's directory).

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/geolog/geolog/internal/portlock"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -50,27 +51,20 @@ func binaries(t *testing.T) string {
 	return binDir
 }
 
-// testPorts reads GEOLOG_CHAOS_PORTS ("7700-7799", the default).
+// testPorts reads GEOLOG_CHAOS_PORTS (LOW-HIGH), the range the slice's
+// clusters take their ports from; unset, portlock's default range. Either
+// way ports are held through portlock (two runs never share one) and the
+// PostgreSQL of the homing scenario takes its port from the same range.
 func testPorts(t *testing.T) (int, int) {
-	lo, hi := 7700, 7799
-	if s := os.Getenv("GEOLOG_CHAOS_PORTS"); s != "" {
-		if _, err := fmt.Sscanf(s, "%d-%d", &lo, &hi); err != nil {
-			t.Fatalf("GEOLOG_CHAOS_PORTS=%q: want LOW-HIGH", s)
-		}
+	s := os.Getenv("GEOLOG_CHAOS_PORTS")
+	if s == "" {
+		return 0, 0
 	}
-	return lo, hi
-}
-
-// testPGPort reads GEOLOG_CHAOS_PG_PORT, the port of the slice's
-// PostgreSQL (default 55452: not the unit tests' 55432).
-func testPGPort(t *testing.T) int {
-	port := 55452
-	if s := os.Getenv("GEOLOG_CHAOS_PG_PORT"); s != "" {
-		if _, err := fmt.Sscanf(s, "%d", &port); err != nil {
-			t.Fatalf("GEOLOG_CHAOS_PG_PORT=%q: want a port", s)
-		}
+	r, err := portlock.ParseRange(s)
+	if err != nil {
+		t.Fatalf("GEOLOG_CHAOS_PORTS: %v", err)
 	}
-	return port
+	return r.Min, r.Max
 }
 
 // repoRoot is the module's folder.
@@ -111,7 +105,7 @@ func TestSlice(t *testing.T) {
 	logger := hclog.New(&hclog.LoggerOptions{Name: "chaos", Level: hclog.Warn, Output: tWriter{t}})
 	cfg := RunConfig{
 		Cluster: LocalFactory(LocalConfig{BinDir: binaries(t), Dir: filepath.Join(dir, "clusters"), PortMin: lo, PortMax: hi,
-			PGScript: filepath.Join(repoRoot(t), "scripts", "pg.sh"), PGPort: testPGPort(t), Logger: logger}),
+			PGScript: filepath.Join(repoRoot(t), "scripts", "pg.sh"), Logger: logger}),
 		Seed: 1, Dir: dir, Logger: logger,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -1,21 +1,17 @@
 package cli_test
 
 import (
-	"net"
 	"strings"
 	"testing"
+
+	"github.com/geolog/geolog/internal/portlock"
 )
 
 // --addr takes a list; a dead node in it is skipped.
 func TestAddrList(t *testing.T) {
 	fake := startFake(t)
 	fake.MustCreateStream("s", 1)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := lis.Addr().String()
-	lis.Close()
+	dead := portlock.Addr(t) // held, and nothing listens on it
 	out := mustRun(t, dead+","+fake.Addr(), "", "streams", "list")
 	if !strings.Contains(out, "s ") {
 		t.Fatalf("streams list: %q", out)

@@ -129,7 +129,7 @@ func (e *env) consumeRange(ctx context.Context, c *client.Client, o consumeOpts,
 		if err != nil {
 			return false, err
 		}
-		if len(res.Records) == 0 {
+		if len(res.Records) == 0 && res.NextOffset <= next {
 			break // the range is shorter than described (retention or a racing truncation)
 		}
 		for _, rec := range res.Records {
@@ -214,6 +214,8 @@ type recordJSON struct {
 	AppendTime   string            `json:"append_time,omitempty"`
 	ProducerTime string            `json:"producer_time,omitempty"`
 	Epoch        uint64            `json:"epoch"`
+	// Tombstone: a deletion of key (a compacted stream's), no value.
+	Tombstone bool `json:"tombstone,omitempty"`
 }
 
 // print prints rec; false once max records have been printed.
@@ -225,7 +227,7 @@ func (p *recordPrinter) print(rec client.StoredRecord) bool {
 	}
 	p.printed++
 	if p.json {
-		j := recordJSON{Range: rec.Range, Offset: rec.Offset, Epoch: rec.Epoch}
+		j := recordJSON{Range: rec.Range, Offset: rec.Offset, Epoch: rec.Epoch, Tombstone: rec.Tombstone}
 		if len(rec.Key) > 0 {
 			if utf8.Valid(rec.Key) {
 				s := string(rec.Key)
@@ -234,10 +236,12 @@ func (p *recordPrinter) print(rec client.StoredRecord) bool {
 				j.KeyB64 = base64.StdEncoding.EncodeToString(rec.Key)
 			}
 		}
-		if utf8.Valid(rec.Value) {
+		switch {
+		case rec.Tombstone:
+		case utf8.Valid(rec.Value):
 			s := string(rec.Value)
 			j.Value = &s
-		} else {
+		default:
 			j.ValueB64 = base64.StdEncoding.EncodeToString(rec.Value)
 		}
 		if len(rec.Headers) > 0 {
@@ -254,6 +258,8 @@ func (p *recordPrinter) print(rec client.StoredRecord) bool {
 		}
 		b, _ := json.Marshal(j)
 		fmt.Fprintf(p.w, "%s\n", b)
+	} else if rec.Tombstone {
+		fmt.Fprintf(p.w, "%d\t%d\t%s\t(tombstone)\n", rec.Range, rec.Offset, rec.Key)
 	} else {
 		fmt.Fprintf(p.w, "%d\t%d\t%s\t%s\n", rec.Range, rec.Offset, rec.Key, rec.Value)
 	}

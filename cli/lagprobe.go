@@ -162,6 +162,9 @@ func (e *env) lag(ctx context.Context, args []string) error {
 			}
 		}()
 	}
+	// Say so on stderr: the records counted from here on are those
+	// appended after this point (the tails just read).
+	fmt.Fprintf(e.stderr, "following %s from its tails for %v\n", stream, *duration)
 	start := time.Now()
 	for _, r := range desc.Ranges {
 		if *homeFilter != "" && r.HomeRegion != *homeFilter {

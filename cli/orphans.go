@@ -131,7 +131,7 @@ func (e *env) orphans(ctx context.Context, args []string) error {
 				}
 				req := &geologv1.AppendRequest{Stream: stream, Range: f.GetRange(), ProducerId: pid, BaseSequence: seq}
 				for _, r := range group {
-					rec := &geologv1.Record{Key: r.GetKey(), Value: r.GetValue(), ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos(),
+					rec := &geologv1.Record{Key: r.GetKey(), Value: r.GetValue(), ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos(), Tombstone: r.GetTombstone(),
 						Headers: append([]*geologv1.Header{{Key: orphanHeader, Value: []byte(fmt.Sprintf("range=%d offset=%d epoch=%d fork=%d",
 							f.GetRange(), r.GetOffset(), r.GetEpoch(), f.GetForkIndex()))}}, r.GetHeaders()...)}
 					req.Records = append(req.Records, rec)

@@ -20,6 +20,7 @@ func (e *env) produce(ctx context.Context, args []string) error {
 	key := fs.String("key", "", "key for every record")
 	keyField := fs.String("key-field", "", "input lines are JSON objects; the key is this field's value")
 	tab := fs.Bool("tab", false, "input lines are key<TAB>value")
+	tombstones := fs.Bool("tombstones", false, "with --tab: a line holding a key alone (no TAB) is a tombstone, a deletion of the key")
 	var values, headers stringList
 	fs.Var(&values, "value", "produce this value instead of reading stdin (repeatable)")
 	fs.Var(&headers, "header", "add header k=v to every record (repeatable)")
@@ -30,7 +31,10 @@ func (e *env) produce(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]")
+		return usagef("usage: produce <stream> [--key K | --key-field F | --tab [--tombstones]] [--value V]... [--header k=v]... [-v]")
+	}
+	if *tombstones && !*tab {
+		return usagef("--tombstones needs --tab")
 	}
 	modes := 0
 	for _, set := range []bool{*key != "", *keyField != "", *tab} {
@@ -59,7 +63,11 @@ func (e *env) produce(ctx context.Context, args []string) error {
 			rec.Key = []byte(*key)
 		case *tab:
 			k, v, ok := bytes.Cut(line, []byte("\t"))
-			if !ok {
+			switch {
+			case !ok && *tombstones:
+				rec.Key, rec.Value, rec.Tombstone = line, nil, true
+				return rec, nil
+			case !ok:
 				return nil, errors.New("no TAB between key and value")
 			}
 			rec.Key, rec.Value = k, v

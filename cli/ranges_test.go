@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/portlock"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -141,12 +142,7 @@ func rangesCluster(t *testing.T) (us1, us2, eu1, ap1, dead string) {
 		rangeInfo(1, "eu", 3, 7, a1.addr, &geologv1.RegionProgress{Region: "ap", AppliedEndOffset: 7, OffsetLag: 3,
 			TimeLagMillis: 200, State: "mirror: no heartbeat yet"}),
 	}})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead = lis.Addr().String()
-	lis.Close()
+	dead = portlock.Addr(t) // held, and nothing listens on it
 	return u1.addr, u2.addr, e1.addr, a1.addr, dead
 }
 

@@ -35,12 +35,25 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 	home := fs.String("home", "", "home region of the ranges: one of --regions, or spread (range i in region i mod count); default: the region of the node that takes the request if listed, else the first")
 	age := fs.Duration("retention-age", 0, "delete records older than this (0 keeps them)")
 	size := fs.Int64("retention-bytes", 0, "bound each range's size (0: no bound)")
+	cleanup := fs.String("cleanup", "delete", "delete (retention only), compact (keep the newest record of each key; records need keys) or compact,delete")
+	delRet := fs.Duration("delete-retention", 0, "with --cleanup compact: how long a tombstone stays readable (0: the server's default, 24h)")
+	minLag := fs.Duration("min-compaction-lag", 0, "with --cleanup compact: never compact records younger than this (0: the server's default, 1m)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread] [--retention-age D] [--retention-bytes N]")
+		return usagef("usage: streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread] [--retention-age D] [--retention-bytes N] [--cleanup delete|compact|compact,delete] [--delete-retention D] [--min-compaction-lag D]")
+	}
+	policy, err := parseCleanup(*cleanup)
+	if err != nil {
+		return err
+	}
+	if policy == client.CleanupDelete && (*delRet != 0 || *minLag != 0) {
+		return usagef("--delete-retention and --min-compaction-lag need --cleanup compact")
+	}
+	if *delRet < 0 || *minLag < 0 {
+		return usagef("--delete-retention and --min-compaction-lag must not be negative")
 	}
 	if *ranges == 0 || *ranges > 1<<16 {
 		return usagef("--ranges must be in [1, 65536]")
@@ -66,15 +79,49 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 	info, err := c.CreateStream(ctx, client.StreamConfig{
 		Name: pos[0], RangeCount: uint32(*ranges), Regions: regs, HomeRegion: *home,
 		RetentionAge: *age, RetentionBytes: *size,
+		Cleanup: policy, DeleteRetention: *delRet, MinCompactionLag: *minLag,
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "created stream %s with %d ranges in %s\n", info.Name, info.RangeCount, regionsText(info.Regions))
+	fmt.Fprintf(e.stdout, "created stream %s with %d ranges in %s, cleanup %s\n", info.Name, info.RangeCount, regionsText(info.Regions), cleanupText(*info))
 	if len(info.RangeHomes) > 0 {
 		fmt.Fprintf(e.stdout, "range homes: %s\n", rangeHomesText(info.RangeHomes))
 	}
 	return nil
+}
+
+// parseCleanup parses --cleanup: delete, compact, or both comma-separated.
+func parseCleanup(s string) (client.Cleanup, error) {
+	var del, comp bool
+	for _, p := range strings.Split(s, ",") {
+		switch strings.TrimSpace(p) {
+		case "delete":
+			del = true
+		case "compact":
+			comp = true
+		default:
+			return 0, usagef("--cleanup %q: want delete, compact or compact,delete", s)
+		}
+	}
+	switch {
+	case comp && del:
+		return client.CleanupCompactDelete, nil
+	case comp:
+		return client.CleanupCompact, nil
+	}
+	return client.CleanupDelete, nil
+}
+
+// cleanupText renders a stream's cleanup policy as --cleanup takes it.
+func cleanupText(s client.StreamInfo) string {
+	switch s.Cleanup {
+	case client.CleanupCompact:
+		return "compact"
+	case client.CleanupCompactDelete:
+		return "compact,delete"
+	}
+	return "delete"
 }
 
 // rangeHomesText renders homes as "0=us 1=eu 2=ap".
@@ -115,11 +162,21 @@ type streamJSON struct {
 	RetentionAge   string   `json:"retention_age"`
 	RetentionBytes int64    `json:"retention_bytes"`
 	Created        string   `json:"created,omitempty"`
+	Cleanup        string   `json:"cleanup"`
+	// DeleteRetention and MinCompactionLag: "" for the server's defaults.
+	DeleteRetention  string `json:"delete_retention,omitempty"`
+	MinCompactionLag string `json:"min_compaction_lag,omitempty"`
 }
 
 func toStreamJSON(s client.StreamInfo) streamJSON {
 	j := streamJSON{Name: s.Name, RangeCount: s.RangeCount, Regions: s.Regions,
-		RetentionAge: s.RetentionAge.String(), RetentionBytes: s.RetentionBytes}
+		RetentionAge: s.RetentionAge.String(), RetentionBytes: s.RetentionBytes, Cleanup: cleanupText(s)}
+	if s.DeleteRetention != 0 {
+		j.DeleteRetention = s.DeleteRetention.String()
+	}
+	if s.MinCompactionLag != 0 {
+		j.MinCompactionLag = s.MinCompactionLag.String()
+	}
 	if !s.Created.IsZero() {
 		j.Created = s.Created.UTC().Format(time.RFC3339)
 	}
@@ -153,14 +210,14 @@ func (e *env) streamsList(ctx context.Context, args []string) error {
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tRANGES\tREGIONS\tRETENTION-AGE\tRETENTION-BYTES\tCREATED")
+	fmt.Fprintln(tw, "NAME\tRANGES\tREGIONS\tRETENTION-AGE\tRETENTION-BYTES\tCLEANUP\tCREATED")
 	for _, s := range list {
 		created := "-"
 		if !s.Created.IsZero() {
 			created = s.Created.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", s.Name, s.RangeCount, regionsText(s.Regions),
-			durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes), created)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.RangeCount, regionsText(s.Regions),
+			durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes), cleanupText(s), created)
 	}
 	return tw.Flush()
 }
@@ -216,8 +273,8 @@ func (e *env) streamsDescribe(ctx context.Context, args []string) error {
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
 	s := d.Stream
-	fmt.Fprintf(e.stdout, "stream %s: %d ranges, regions %s, retention %s / %s bytes\n\n",
-		s.Name, s.RangeCount, regionsText(s.Regions), durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes))
+	fmt.Fprintf(e.stdout, "stream %s: %d ranges, regions %s, retention %s / %s bytes, cleanup %s\n\n",
+		s.Name, s.RangeCount, regionsText(s.Regions), durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes), cleanupText(s))
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RANGE\tHASH-SLICE\tSTART\tTAIL\tSIZE\tSTATUS\tHOME\tEPOCH\tEPOCH STARTS")
 	for _, r := range d.Ranges {

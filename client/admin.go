@@ -25,6 +25,37 @@ type StreamConfig struct {
 	// "spread" (range i in Regions[i % len(Regions)]). Default: the region
 	// of the node that takes the request if listed, else Regions[0].
 	HomeRegion string
+	// Cleanup is how the stream sheds records: CleanupDelete (retention
+	// only, the default), CleanupCompact (compaction by key: each range
+	// keeps the newest record of each key, and every record needs a key)
+	// or CleanupCompactDelete (both).
+	Cleanup Cleanup
+	// DeleteRetention is how long a tombstone stays readable in a
+	// compacted stream before compaction removes it; 0 means the server's
+	// default (24 h), a negative value none.
+	DeleteRetention time.Duration
+	// MinCompactionLag: compaction never removes a record younger than
+	// this; 0 means the server's default (1 min), a negative value none.
+	MinCompactionLag time.Duration
+}
+
+// Cleanup is a stream's cleanup policy (see StreamConfig.Cleanup).
+type Cleanup = geologv1.CleanupPolicy
+
+// The cleanup policies.
+const (
+	CleanupDelete        = geologv1.CleanupPolicy_CLEANUP_POLICY_DELETE
+	CleanupCompact       = geologv1.CleanupPolicy_CLEANUP_POLICY_COMPACT
+	CleanupCompactDelete = geologv1.CleanupPolicy_CLEANUP_POLICY_COMPACT_DELETE
+)
+
+// compactionMillis is a StreamConfig duration as the API takes it: 0 the
+// default, -1 none.
+func compactionMillis(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return d.Milliseconds()
 }
 
 // StreamInfo describes a stream.
@@ -37,6 +68,10 @@ type StreamInfo struct {
 	Created        time.Time
 	// RangeHomes[i] is the region range i was homed in at creation.
 	RangeHomes []string
+	// Cleanup, DeleteRetention and MinCompactionLag are as created (the
+	// durations 0 for the server's defaults, negative for none).
+	Cleanup                           Cleanup
+	DeleteRetention, MinCompactionLag time.Duration
 }
 
 // RangeInfo describes one range of a stream.
@@ -122,6 +157,11 @@ func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo
 			MaxAgeMs: sc.RetentionAge.Milliseconds(),
 			MaxBytes: sc.RetentionBytes,
 		},
+		Cleanup: sc.Cleanup,
+	}
+	if sc.DeleteRetention != 0 || sc.MinCompactionLag != 0 {
+		req.Compaction = &geologv1.CompactionPolicy{DeleteRetentionMs: compactionMillis(sc.DeleteRetention),
+			MinLagMs: compactionMillis(sc.MinCompactionLag)}
 	}
 	var resp *geologv1.CreateStreamResponse
 	err := c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
@@ -218,6 +258,11 @@ func streamInfoFromProto(s *geologv1.StreamInfo) StreamInfo {
 		RetentionAge:   time.Duration(s.GetRetention().GetMaxAgeMs()) * time.Millisecond,
 		RetentionBytes: s.GetRetention().GetMaxBytes(),
 		RangeHomes:     s.GetRangeHomes(),
+		Cleanup:        s.GetCleanup(),
+	}
+	if cp := s.GetCompaction(); cp != nil {
+		info.DeleteRetention = time.Duration(cp.GetDeleteRetentionMs()) * time.Millisecond
+		info.MinCompactionLag = time.Duration(cp.GetMinLagMs()) * time.Millisecond
 	}
 	if ns := s.GetCreatedUnixNanos(); ns != 0 {
 		info.Created = time.Unix(0, ns)

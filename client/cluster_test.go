@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -23,6 +22,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/client/clienttest"
+	"github.com/geolog/geolog/internal/portlock"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -40,12 +40,7 @@ func startCluster(t testing.TB, nodes int) *clienttest.Cluster {
 // deadAddr returns a loopback address nothing listens on.
 func deadAddr(t testing.TB) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
+	addr := portlock.Addr(t) // held, and nothing listens on it
 	return addr
 }
 

@@ -53,8 +53,14 @@ type ReadResult struct {
 // node (a follower may lag: use ConsistencyMinOffset or ConsistencyHome to
 // bound that). Retriable errors are retried at another node (RetriesMax). Reading below the range's start or past
 // its tail fails with CodeOffsetOutOfRange; the *Error carries the valid
-// StartOffset and TailOffset.
-func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset uint64, opts ReadOptions) (*ReadResult, error) {
+// StartOffset and TailOffset. With OpenWith, records are opened (see
+// there); a record skipped by SkipUnopenable is left out of Records, and
+// NextOffset still moves past it.
+func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset uint64, opts ReadOptions, copts ...ConsumerOpt) (*ReadResult, error) {
+	op, err := newOpener(stream, copts)
+	if err != nil {
+		return nil, err
+	}
 	req := &geologv1.ReadRequest{
 		Stream:      stream,
 		Range:       rng,
@@ -65,7 +71,7 @@ func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset
 		MinOffset:   opts.MinOffset,
 	}
 	var resp *geologv1.ReadResponse
-	err := c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
+	err = c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
 		resp, err = api.Read(ctx, req)
 		return err
 	})
@@ -73,13 +79,19 @@ func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset
 		return nil, fmt.Errorf("read %s/%d at %d: %w", stream, rng, fromOffset, err)
 	}
 	out := &ReadResult{
-		Records:     make([]StoredRecord, len(resp.GetRecords())),
+		Records:     make([]StoredRecord, 0, len(resp.GetRecords())),
 		NextOffset:  resp.GetNextOffset(),
 		StartOffset: resp.GetStartOffset(),
 		TailOffset:  resp.GetTailOffset(),
 	}
-	for i, r := range resp.GetRecords() {
-		out.Records[i] = storedFromProto(rng, r)
+	for _, r := range resp.GetRecords() {
+		rec, ok, err := op.open(storedFromProto(rng, r))
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out.Records = append(out.Records, rec)
+		}
 	}
 	return out, nil
 }
@@ -137,15 +149,22 @@ type StartAt struct {
 // a record twice; a node found behind that offset counts as a retriable
 // failure. RetriesMax bounds the consecutive attempts that deliver nothing.
 // The sequence ends after yielding one error: the final error, or ctx's
-// error, or ErrClosed.
+// error, or ErrClosed. With OpenWith, records are opened (see there): a
+// record that does not open ends the sequence with an *OpenError, or is
+// skipped and reported with SkipUnopenable.
 //
 //	for rec, err := range c.Subscribe(ctx, "chat", 0, client.StartAt{}) {
 //		if err != nil { ... break }
 //		...
 //	}
-func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start StartAt) iter.Seq2[StoredRecord, error] {
+func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start StartAt, copts ...ConsumerOpt) iter.Seq2[StoredRecord, error] {
 	return func(yield func(StoredRecord, error) bool) {
-		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick()}
+		op, err := newOpener(stream, copts)
+		if err != nil {
+			yield(StoredRecord{}, err)
+			return
+		}
+		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op}
 		for {
 			received, err := s.once(ctx, yield)
 			if err == nil {
@@ -190,7 +209,8 @@ type subscription struct {
 	stream string
 	rng    uint32
 	start  StartAt
-	addr   string // where the next stream goes
+	op     *opener // nil without OpenWith
+	addr   string  // where the next stream goes
 	// next is the offset to deliver next; records below it are skipped.
 	next      uint64
 	delivered bool // a record was yielded
@@ -244,14 +264,22 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			received = true
 			c.pool.succeeded(s.addr)
 		}
+		if n := resp.GetNextOffset(); n > s.next && len(resp.GetRecords()) == 0 {
+			// Holes only (compaction by key): resume past them.
+			s.next = n
+		}
 		for _, r := range resp.GetRecords() {
 			if r.GetOffset() < s.next {
 				continue // already delivered before a resubscribe
 			}
+			rec, ok, err := s.op.open(storedFromProto(s.rng, r))
+			if err != nil {
+				return received, err // final: an *OpenError is not retriable
+			}
 			s.next = r.GetOffset() + 1
 			s.delivered = true
 			s.failures = 0
-			if !yield(storedFromProto(s.rng, r), nil) {
+			if ok && !yield(rec, nil) {
 				return received, nil
 			}
 		}

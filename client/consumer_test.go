@@ -18,6 +18,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/client/clienttest"
+	"github.com/geolog/geolog/internal/portlock"
 )
 
 func produceN(t *testing.T, p *client.Producer, from, n int) {
@@ -250,14 +251,9 @@ func TestOptionValidation(t *testing.T) {
 }
 
 func TestUnreachableServerIsRetriable(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
+	addr := portlock.Addr(t) // held, and nothing listens on it
 	c := newClient(t, addr, client.RetriesMax(1))
-	_, err = c.ListStreams(testCtx(t))
+	_, err := c.ListStreams(testCtx(t))
 	if !client.IsRetriable(err) || client.CodeOf(err) != client.CodeUnavailable {
 		t.Fatalf("got %v, want a retriable UNAVAILABLE", err)
 	}

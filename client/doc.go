@@ -7,6 +7,15 @@
 //	err = p.Flush(ctx)
 //	for rec, err := range c.Subscribe(ctx, "chat", 0, client.StartAt{Offset: 0}) { ... }
 //
+// # End-to-end encryption
+//
+// SealWith (a ProducerOpt) seals record values, and the headers it names,
+// under keys the application supplies per conversation (package
+// client/e2e); OpenWith (a ConsumerOpt for Read and Subscribe) opens them,
+// failing or, with SkipUnopenable, skipping and reporting records that do
+// not open. Servers see ciphertext only. docs/e2e-encryption.md has the
+// format.
+//
 // # Errors
 //
 // Every error that came from the server is an *Error (an alias of

@@ -18,6 +18,7 @@ import (
 // promisedRecord is a produced record until its callback runs.
 type promisedRecord struct {
 	rec       *Record
+	wire      *Record // what is sent: rec, or its sealed form (SealWith)
 	cb        func(ProduceResult, error)
 	ctx       context.Context
 	stopCtx   func() bool // stops the ctx watcher; nil if ctx cannot end
@@ -301,7 +302,7 @@ func (d *rangeDriver) cut(now time.Time) *batch {
 	recs := make([]*geologv1.Record, len(b.recs))
 	keyless := false
 	for i, pr := range b.recs {
-		recs[i] = pr.rec.toProto()
+		recs[i] = pr.wire.toProto()
 		keyless = keyless || len(pr.rec.Key) == 0
 		if !pr.deadline.IsZero() && (b.deadline.IsZero() || pr.deadline.Before(b.deadline)) {
 			b.deadline = pr.deadline

@@ -7,6 +7,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+
+	"github.com/geolog/geolog/client/e2e"
 )
 
 // Opt configures a Client. Options are validated together in New.
@@ -142,6 +144,11 @@ type producerConfig struct {
 	backoffMin         time.Duration
 	backoffMax         time.Duration
 	producerID         uint64
+	// SealWith: seal is set by the option, sealKeys may still be nil
+	// (refused by validate).
+	seal        bool
+	sealKeys    e2e.KeyProvider
+	sealHeaders []string
 }
 
 func defaultProducerConfig(c *clientConfig) producerConfig {

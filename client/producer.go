@@ -4,6 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/client/e2e"
 	"github.com/geolog/geolog/keyspace"
 )
 
@@ -25,6 +27,7 @@ type Producer struct {
 	cfg    producerConfig
 	log    hclog.Logger
 	id     uint64
+	sealer *e2e.Sealer // nil without SealWith
 
 	// ctx ends when the producer is closed; every range driver and stream
 	// hangs off it.
@@ -69,6 +72,13 @@ func (c *Client) NewProducer(stream string, opts ...ProducerOpt) (*Producer, err
 		return nil, fmt.Errorf("client: BatchBytesMax %d does not fit MessageBytesMax %d with 64 KiB to spare",
 			cfg.batchBytesMax, c.cfg.messageBytesMax)
 	}
+	var sealer *e2e.Sealer
+	if cfg.seal {
+		var err error
+		if sealer, err = e2e.NewSealer(cfg.sealKeys, cfg.sealHeaders...); err != nil {
+			return nil, fmt.Errorf("client: SealWith: %w", err)
+		}
+	}
 	id := cfg.producerID
 	if id == 0 {
 		id = randomProducerID()
@@ -80,6 +90,7 @@ func (c *Client) NewProducer(stream string, opts ...ProducerOpt) (*Producer, err
 		cfg:     cfg,
 		log:     c.log.Named("producer").With("stream", stream, "producer_id", id),
 		id:      id,
+		sealer:  sealer,
 		ctx:     ctx,
 		cancel:  cancel,
 		budget:  byteBudget{max: cfg.bufferedBytesMax, freed: make(chan struct{})},
@@ -119,15 +130,11 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 		cb(ProduceResult{}, apierr.New(apierr.InvalidArgument, "nil record"))
 		return
 	}
-	size := rec.sizeBytes()
-	if size > p.cfg.batchBytesMax {
-		cb(ProduceResult{Record: rec}, apierr.New(apierr.RecordTooLarge,
-			"record of %d bytes exceeds the producer's batch bound of %d bytes", size, p.cfg.batchBytesMax))
-		return
-	}
 	now := time.Now()
-	if rec.ProducerTime.IsZero() {
-		rec.ProducerTime = now
+	wire, size, err := p.prepare(rec, now)
+	if err != nil {
+		cb(ProduceResult{Record: rec}, err)
+		return
 	}
 	var deadline time.Time
 	if p.cfg.deliveryTimeout > 0 {
@@ -138,6 +145,12 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 	}
 	rangeCount, err := p.describe(ctx, deadline)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			// The delivery timeout ran out while the stream was being
+			// described (its first record, on a slow server): the same
+			// outcome as running out later.
+			err = fmt.Errorf("%w while describing the stream: %v", ErrDeliveryTimeout, err)
+		}
 		cb(ProduceResult{Record: rec}, err)
 		return
 	}
@@ -151,7 +164,7 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 	} else {
 		rng = p.sticky.Load()
 	}
-	pr := &promisedRecord{rec: rec, cb: cb, ctx: ctx, deadline: deadline, enqueued: now, sizeBytes: size}
+	pr := &promisedRecord{rec: rec, wire: wire, cb: cb, ctx: ctx, deadline: deadline, enqueued: now, sizeBytes: size}
 	d := p.driver(rng)
 	if d == nil || !p.addOutstanding() {
 		p.budget.release(int64(size))
@@ -171,6 +184,31 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 		cb(ProduceResult{Record: rec}, ErrClosed)
 		p.doneRecords(1)
 	}
+}
+
+// prepare stamps rec's producer time if it has none and returns the record
+// to send (rec, or its sealed form with SealWith) and its size, or why it
+// cannot be sent.
+func (p *Producer) prepare(rec *Record, now time.Time) (wire *Record, size int, err error) {
+	if rec.ProducerTime.IsZero() {
+		rec.ProducerTime = now
+	}
+	wire = rec
+	// A tombstone has no value to seal and must stay a tombstone: it goes
+	// as it is, its key in clear like every record's.
+	if p.sealer != nil && !rec.Tombstone {
+		// Sealed here, once, on the caller's goroutine: a resent batch
+		// must carry the same bytes under its sequence numbers.
+		if wire, err = p.seal(rec); err != nil {
+			return nil, 0, err
+		}
+	}
+	size = wire.sizeBytes()
+	if size > p.cfg.batchBytesMax {
+		return nil, 0, apierr.New(apierr.RecordTooLarge,
+			"record of %d bytes exceeds the producer's batch bound of %d bytes", size, p.cfg.batchBytesMax)
+	}
+	return wire, size, nil
 }
 
 // ProduceSync produces recs and waits for all of them. results[i] belongs to

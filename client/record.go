@@ -24,6 +24,10 @@ type Record struct {
 	// ProducerTime is the producer's timestamp; Produce sets it to the
 	// current time when it is zero.
 	ProducerTime time.Time
+	// Tombstone marks a deletion of Key (Value must be empty): in a
+	// compacted stream, compaction removes the key's older records and,
+	// after the stream's delete retention, the tombstone itself.
+	Tombstone bool
 }
 
 // recordOverheadBytes approximates the per-record framing (tags, lengths,
@@ -42,7 +46,7 @@ func (r *Record) sizeBytes() int {
 }
 
 func (r *Record) toProto() *geologv1.Record {
-	pr := &geologv1.Record{Key: r.Key, Value: r.Value}
+	pr := &geologv1.Record{Key: r.Key, Value: r.Value, Tombstone: r.Tombstone}
 	if !r.ProducerTime.IsZero() {
 		pr.ProducerTimeUnixNanos = r.ProducerTime.UnixNano()
 	}
@@ -78,15 +82,18 @@ type StoredRecord struct {
 	ProducerTime time.Time // zero when the producer set none
 	AppendTime   time.Time
 	Epoch        uint64
+	// Tombstone: a deletion of Key, without a value.
+	Tombstone bool
 }
 
 func storedFromProto(rng uint32, r *geologv1.StoredRecord) StoredRecord {
 	s := StoredRecord{
-		Range:  rng,
-		Offset: r.GetOffset(),
-		Key:    r.GetKey(),
-		Value:  r.GetValue(),
-		Epoch:  r.GetEpoch(),
+		Range:     rng,
+		Offset:    r.GetOffset(),
+		Key:       r.GetKey(),
+		Value:     r.GetValue(),
+		Epoch:     r.GetEpoch(),
+		Tombstone: r.GetTombstone(),
 	}
 	if ns := r.GetProducerTimeUnixNanos(); ns != 0 {
 		s.ProducerTime = time.Unix(0, ns)

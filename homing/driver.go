@@ -33,7 +33,9 @@ type Config struct {
 	// default 500ms (CockroachDB's default). The same value must be used
 	// cluster-wide.
 	MaxClockOffset time.Duration
-	// HeartbeatTimeout bounds one heartbeat, default HeartbeatInterval.
+	// HeartbeatTimeout bounds one heartbeat, default
+	// DefaultHeartbeatTimeout(HeartbeatInterval, LivenessTTL,
+	// MaxClockOffset).
 	HeartbeatTimeout time.Duration
 	// RefreshWaitersMax bounds the Refresh calls waiting at once, default
 	// 1024; more fail at once with ErrStoreUnavailable.
@@ -62,7 +64,7 @@ func (c *Config) setDefaults() {
 		c.MaxClockOffset = 500 * time.Millisecond
 	}
 	if c.HeartbeatTimeout == 0 {
-		c.HeartbeatTimeout = c.HeartbeatInterval
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout(c.HeartbeatInterval, c.LivenessTTL, c.MaxClockOffset)
 	}
 	if c.RefreshWaitersMax == 0 {
 		c.RefreshWaitersMax = 1024
@@ -70,6 +72,25 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
+}
+
+// DefaultHeartbeatTimeout is how long one heartbeat may take unless
+// Config.HeartbeatTimeout says otherwise: half of the time a lease can be
+// served (TTL minus the max clock offset), and at least the interval.
+//
+// A heartbeat's answer is worth waiting for while the lease it brings (from
+// its send time) still has time to run. Cutting it off at the interval, as
+// the first version did, threw such answers away: a store slowed by load
+// (or a busy machine running the node) past the interval never renewed
+// anything although each answer would have extended the lease by seconds,
+// the more so as an abandoned attempt closes its connection and the next
+// one must open another. Half of the servable lease still leaves time for
+// a second attempt, on a fresh connection, when one hangs. With the
+// defaults (1 s, 5 s, 500 ms) it is 2.25 s. Other lease-store calls whose
+// answers are as short-lived (a node's reads of its ranges' homes, the
+// liveness a failover judges by) are bounded by the same.
+func DefaultHeartbeatTimeout(interval, ttl, maxOffset time.Duration) time.Duration {
+	return max(interval, (ttl-maxOffset)/2)
 }
 
 func (c *Config) coreConfig() CoreConfig {

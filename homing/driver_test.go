@@ -3,6 +3,7 @@ package homing
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -160,4 +161,70 @@ func (s *slowStore) Heartbeat(ctx context.Context, req HeartbeatRequest) (Heartb
 		return HeartbeatResult{}, newErrorAlso(ErrStoreUnavailable, ctx.Err(), "%v", ctx.Err())
 	}
 	return s.MemStore.Heartbeat(ctx, req)
+}
+
+// delayStore answers every heartbeat after delay (unless the call's context
+// ends first); it counts the heartbeats abandoned that way.
+type delayStore struct {
+	*MemStore
+	delay     time.Duration
+	abandoned atomic.Int64
+}
+
+func (s *delayStore) Heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		s.abandoned.Add(1)
+		return HeartbeatResult{}, newErrorAlso(ErrStoreUnavailable, ctx.Err(), "%v", ctx.Err())
+	}
+	return s.MemStore.Heartbeat(ctx, req)
+}
+
+// TestDriverSlowStoreKeepsLease: a store (or a node on a busy machine) that
+// takes longer than the heartbeat interval to answer, but far less than the
+// lease, does not cost the node its lease: by default a heartbeat may take
+// half of the servable lease. With the heartbeat cut off at the interval
+// (the first version's default) the same node never holds a lease at all.
+func TestDriverSlowStoreKeepsLease(t *testing.T) {
+	if got, want := DefaultHeartbeatTimeout(time.Second, 5*time.Second, 500*time.Millisecond), 2250*time.Millisecond; got != want {
+		t.Fatalf("default heartbeat timeout %v, want %v", got, want)
+	}
+	if got := DefaultHeartbeatTimeout(time.Second, 2*time.Second, 500*time.Millisecond); got != time.Second {
+		t.Fatalf("default heartbeat timeout %v, want at least the interval", got)
+	}
+	run := func(t *testing.T, timeout time.Duration) (served, sampled int, abandoned int64) {
+		synctest.Test(t, func(t *testing.T) {
+			store := &delayStore{MemStore: NewMemStore(), delay: 1500 * time.Millisecond}
+			key := RangeKey{Stream: "chat", Range: 0}
+			if _, err := store.CreateHomes(context.Background(), []HomeSpec{{Key: key, Region: "us"}}); err != nil {
+				t.Fatal(err)
+			}
+			// Defaults: interval 1 s, TTL 5 s, max offset 500 ms.
+			h, err := Start(Config{NodeID: 1, Region: "us", Store: store, HeartbeatTimeout: timeout, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Close()
+			// Registration and first extension: two answers, 3 s.
+			time.Sleep(3100 * time.Millisecond)
+			for range 300 { // 30 s, sampled every 100 ms
+				sampled++
+				if _, err := h.Check("chat", 0); err == nil {
+					served++
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			abandoned = store.abandoned.Load()
+		})
+		return served, sampled, abandoned
+	}
+	served, sampled, abandoned := run(t, 0)
+	if served != sampled || abandoned != 0 {
+		t.Fatalf("default timeout, 1.5 s answers: lease held at %d of %d samples, %d heartbeats abandoned; want every sample, none abandoned", served, sampled, abandoned)
+	}
+	served, sampled, abandoned = run(t, time.Second)
+	if served != 0 || abandoned == 0 {
+		t.Fatalf("timeout at the interval, 1.5 s answers: lease held at %d of %d samples, %d abandoned; want none held (the failure the default avoids)", served, sampled, abandoned)
+	}
 }

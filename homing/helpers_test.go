@@ -125,23 +125,63 @@ func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.nanos.Load(
 func (c *fakeClock) Set(d time.Duration)     { c.nanos.Store(int64(d)) }
 func (c *fakeClock) Advance(d time.Duration) { c.nanos.Add(int64(d)) }
 
-// statementCounter is a pgx tracer that counts statements.
-type statementCounter struct{ n atomic.Int64 }
+// statementCounter is a pgx tracer that counts statements: all of them (n),
+// and by the outcome of the transaction they were sent in: committed, or
+// aborted (rolled back, or a failed COMMIT). On a busy machine concurrent
+// heartbeats conflict more often and are retried in fresh transactions;
+// the statements of committed transactions are what one heartbeat costs.
+type statementCounter struct {
+	n                  atomic.Int64
+	committed, aborted atomic.Int64
 
-func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
+	mu   sync.Mutex
+	open map[*pgx.Conn]int64 // statements of the transaction under way on a connection
 }
 
-func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+type sqlKey struct{}
+
+func (c *statementCounter) sent(conn *pgx.Conn, sql string) {
+	c.n.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open == nil {
+		c.open = map[*pgx.Conn]int64{}
+	}
+	if strings.HasPrefix(strings.ToLower(sql), "begin") {
+		c.open[conn] = 0 // statements before it were outside any transaction
+	}
+	c.open[conn]++
+}
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	c.sent(conn, data.SQL)
+	return context.WithValue(ctx, sqlKey{}, data.SQL)
+}
+
+func (c *statementCounter) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	sql, _ := ctx.Value(sqlKey{}).(string)
+	sql = strings.ToLower(sql)
+	commit := strings.HasPrefix(sql, "commit")
+	if !commit && (!strings.HasPrefix(sql, "rollback") || strings.Contains(sql, "savepoint")) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if commit && data.Err == nil {
+		c.committed.Add(c.open[conn])
+	} else {
+		c.aborted.Add(c.open[conn])
+	}
+	delete(c.open, conn)
+}
 
 // The statements of a batch (one round trip) count one by one.
 func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	return ctx
 }
 
-func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
-	c.n.Add(1)
+func (c *statementCounter) TraceBatchQuery(_ context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	c.sent(conn, data.SQL)
 }
 
 func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

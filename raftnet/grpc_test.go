@@ -59,7 +59,7 @@ func TestThreeNodesManyGroups(t *testing.T) {
 	wg.Wait()
 	want := 2 * groups * perGroup
 	for _, n := range nodes {
-		waitFor(t, 10*time.Second, "all messages", func() bool { return n.rec.count() == want })
+		waitFor(t, 30*time.Second, "all messages", func() bool { return n.rec.count() == want })
 		checkFIFO(t, n.rec)
 		perGroupCount := map[GroupID]int{}
 		for _, m := range n.rec.received() {
@@ -387,23 +387,38 @@ func TestSendNeverBlocksOnStuckReceiver(t *testing.T) {
 	t.Cleanup(unblock) // before the nodes stop (cleanups run last-in first-out)
 
 	m := appMsg(1, 2, 1, 1024)
+	// The sends run beside a watchdog: a Send that blocks would never
+	// return while the receiver is stuck, so the loop ending at all shows
+	// that none did. The minute is slack for a busy machine, not a goal.
 	start := time.Now()
 	full := 0
-	for i := 0; i < 100_000 && full < 1000; i++ {
-		err := a.tr.Send(GroupID(i%100+1), m)
-		switch {
-		case errors.Is(err, ErrQueueFull):
-			full++
-		case err != nil:
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < 100_000 && full < 1000; i++ {
+			err := a.tr.Send(GroupID(i%100+1), m)
+			switch {
+			case errors.Is(err, ErrQueueFull):
+				full++
+			case err != nil:
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
 			t.Fatal(err)
 		}
+	case <-time.After(time.Minute):
+		unblock()
+		t.Fatalf("Send blocked behind a stuck receiver (sends still running after %s)", time.Since(start))
 	}
 	if full < 1000 {
 		t.Fatalf("queue never filled (%d refusals)", full)
 	}
-	if d := time.Since(start); d > 10*time.Second {
-		t.Fatalf("sends took %s", d)
-	}
+	t.Logf("%d sends refused with ErrQueueFull in %s", full, time.Since(start))
 	unblock()
 	sent := a.tr.Stats().MessagesSent
 	waitFor(t, 20*time.Second, "drain", func() bool {
@@ -464,7 +479,8 @@ func TestPeerDownDetector(t *testing.T) {
 // finishing its backoff (here at least 15 s: a restarted node would
 // otherwise not hear its followers' answers for that long).
 func TestInboundStreamEndsBackoff(t *testing.T) {
-	slow := func(c *Config) { c.ReconnectBackoffMin, c.ReconnectBackoffMax = 30*time.Second, 30*time.Second }
+	// The backoff is jittered to [d/2, d): 30 s at least.
+	slow := func(c *Config) { c.ReconnectBackoffMin, c.ReconnectBackoffMax = time.Minute, time.Minute }
 	a, b := startNode(t, 1, "", slow), startNode(t, 2, "", slow)
 	connect(t, a, b)
 	sendAll(t, a, 2, 1, 1)
@@ -479,12 +495,12 @@ func TestInboundStreamEndsBackoff(t *testing.T) {
 	if err := b2.tr.Send(1, msg(raftpb.MsgHeartbeat, 2, 1, 1)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "outbound stream reopened without waiting out the backoff", func() bool {
+	// Well under the 30 s the backoff takes at least, with room for a busy
+	// machine.
+	waitFor(t, 25*time.Second, "outbound stream reopened without waiting out the backoff", func() bool {
 		return a.tr.Stats().StreamsOpened >= 2
 	})
-	if waited := time.Since(start); waited >= 15*time.Second {
-		t.Fatalf("the sender reconnected after %v: it waited out its backoff", waited)
-	}
+	t.Logf("reconnected %v after the peer came back (backoff 30 s or more)", time.Since(start))
 	if err := a.tr.Send(1, msg(raftpb.MsgApp, 1, 2, 7)); err != nil {
 		t.Fatal(err)
 	}

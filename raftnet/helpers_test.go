@@ -218,10 +218,13 @@ type testNode struct {
 // fastConfig returns a config with test-friendly timings.
 func fastConfig(t testing.TB, id NodeID, h Handler) Config {
 	return Config{
-		NodeID:              id,
-		Handler:             h,
-		Logger:              testLogger(t, fmt.Sprintf("n%d", id)),
-		HandshakeTimeout:    2 * time.Second,
+		NodeID:  id,
+		Handler: h,
+		Logger:  testLogger(t, fmt.Sprintf("n%d", id)),
+		// HandshakeTimeout: the default (5 s). Messages queued behind a
+		// handshake that times out are dropped (Raft resends), and on a
+		// busy machine a stream with its hello took over 2 s, the first
+		// version's value here: TestThreeNodesManyGroups lost messages.
 		ReconnectBackoffMin: 10 * time.Millisecond,
 		ReconnectBackoffMax: 100 * time.Millisecond,
 	}

@@ -349,12 +349,15 @@ func TestRaftOverGRPC(t *testing.T) {
 		tns = append(tns, tn)
 	}
 	connect(t, tns...)
-	// Each node ticks on its own clock, as in production.
+	// Each node ticks on its own clock, as in production, every 20 ms:
+	// elections after 200-400 ms of silence (ElectionTick 10). With 5 ms
+	// (50-100 ms) a busy machine's scheduling delays alone kept every
+	// group electing, and nothing committed for 30 s.
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, n := range nodes {
 		wg.Go(func() {
-			tick := time.NewTicker(5 * time.Millisecond)
+			tick := time.NewTicker(20 * time.Millisecond)
 			defer tick.Stop()
 			for {
 				select {
@@ -373,7 +376,7 @@ func TestRaftOverGRPC(t *testing.T) {
 	propose := func(want int, on []*raftNode) {
 		t.Helper()
 		i := 0
-		waitFor(t, 30*time.Second, fmt.Sprintf("%d values in every group", want), func() bool {
+		waitFor(t, time.Minute, fmt.Sprintf("%d values in every group", want), func() bool {
 			i++
 			for g := range groups {
 				if len(on[0].state(GroupID(g+1))) < want {
@@ -400,7 +403,7 @@ func TestRaftOverGRPC(t *testing.T) {
 	n3.tr = tn3.tr
 	n3.mu.Unlock()
 	connect(t, tns[0], tns[1], tn3)
-	waitFor(t, 30*time.Second, "node 3 to catch up", func() bool { return converged(nodes, groups, 60) })
+	waitFor(t, time.Minute, "node 3 to catch up", func() bool { return converged(nodes, groups, 60) })
 	if s := tn3.tr.Stats(); s.SnapshotsReceived == 0 {
 		t.Fatalf("node 3 caught up without a snapshot: %+v", s)
 	}

@@ -44,10 +44,19 @@ type streamSpec struct {
 	// MetaOffset is, in a replicated region, the catalogue offset of the
 	// stream's creation record (its ranges' Raft groups derive from it).
 	MetaOffset uint64 `json:"meta_offset,omitempty"`
+	// Cleanup is the cleanup policy (unset in catalogues written before
+	// compaction by key: delete); the compaction settings are in
+	// milliseconds, 0 the default, -1 none (see compaction.go).
+	Cleanup                geologv1.CleanupPolicy `json:"cleanup,omitempty"`
+	DeleteRetentionMillis  int64                  `json:"delete_retention_ms,omitempty"`
+	MinCompactionLagMillis int64                  `json:"min_compaction_lag_ms,omitempty"`
 }
 
 func (s streamSpec) info() *geologv1.StreamInfo {
+	cleanup, compaction := s.cleanupInfo()
 	return &geologv1.StreamInfo{
+		Cleanup:    cleanup,
+		Compaction: compaction,
 		Name:       s.Name,
 		RangeCount: s.RangeCount,
 		Regions:    append([]string(nil), s.Regions...),
@@ -124,6 +133,9 @@ func (w createWant) diff(existing streamSpec) string {
 	if w.spec.RetentionBytes != existing.RetentionBytes {
 		d = append(d, fmt.Sprintf("retention max_bytes %d (the stream has %d)", w.spec.RetentionBytes, existing.RetentionBytes))
 	}
+	if !w.spec.sameCleanup(existing) {
+		d = append(d, fmt.Sprintf("cleanup %s (the stream has %s)", w.spec.cleanupString(), existing.cleanupString()))
+	}
 	if w.homesSet && w.spec.RangeCount == existing.RangeCount {
 		want, have := w.spec.homes(), existing.homes()
 		for r := range want {
@@ -189,7 +201,7 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 	if err != nil {
 		return streamSpec{}, err
 	}
-	return streamSpec{
+	spec := streamSpec{
 		Homes:              homes,
 		Name:               req.GetName(),
 		RangeCount:         req.GetRangeCount(),
@@ -197,7 +209,11 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 		RetentionAgeMillis: ret.GetMaxAgeMs(),
 		RetentionBytes:     ret.GetMaxBytes(),
 		CreatedUnixNanos:   nowUnixNanos,
-	}, nil
+	}
+	if err := cleanupFromRequest(req, &spec); err != nil {
+		return streamSpec{}, err
+	}
+	return spec, nil
 }
 
 // homeSpread places range i in regions[i % len(regions)].

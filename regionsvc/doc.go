@@ -31,6 +31,14 @@
 //  7. On shutdown the driver fsyncs what it wrote, acks it, and refuses what
 //     is still queued with a retriable SHUTTING_DOWN.
 //
+// # Compaction by key
+//
+// A range of a stream whose cleanup policy compacts by key also decides
+// (on its home leader), applies and carries out compactions on its
+// maintenance tick; the node's one cleaner rewrites segments in the
+// background. compaction.go lists the steps; package compact and
+// docs/compaction.md give the rule.
+//
 // # Idempotence
 //
 // The dedup table is derived from the log: on open, every batch header is

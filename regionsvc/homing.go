@@ -87,6 +87,15 @@ type homingState struct {
 // count (reads; the writes stay one heartbeat per node per interval).
 const homeDirectoryInterval = time.Second
 
+// storeTimeout bounds the node's lease-store reads whose answers live as
+// short as a heartbeat's (the home directory, the liveness a failover
+// judges by): homing.DefaultHeartbeatTimeout of the node's lease. Not the
+// directory interval: a store slower than that (under load) would never
+// answer one read in time, and a read that is late is still worth having.
+func (n *Node) storeTimeout() time.Duration {
+	return homing.DefaultHeartbeatTimeout(n.cfg.LeaseHeartbeat, n.cfg.LeaseTTL, n.cfg.MaxClockOffset)
+}
+
 // LivenessID is the node's id in the lease store's liveness table: unique
 // across regions (Raft ids are per region), derived from the region and
 // the Raft id, positive in a signed 63-bit column.
@@ -204,7 +213,7 @@ func (n *Node) refreshDirectory(ctx context.Context) {
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), homing.RangesPerRequestMax)]
 		keys = keys[len(chunk):]
-		cctx, cancel := context.WithTimeout(ctx, homeDirectoryInterval)
+		cctx, cancel := context.WithTimeout(ctx, n.storeTimeout())
 		homes, err := hs.store.Homes(cctx, chunk)
 		cancel()
 		if err != nil {

@@ -47,9 +47,10 @@ func isPropagated(ctx context.Context) bool {
 // createRequest is the CreateStream request that recreates spec exactly
 // (homes explicit) in another node or region.
 func createRequest(spec streamSpec) *geologv1.CreateStreamRequest {
+	cleanup, compaction := spec.cleanupInfo()
 	return &geologv1.CreateStreamRequest{Name: spec.Name, RangeCount: spec.RangeCount, Regions: spec.Regions,
 		Retention:  &geologv1.RetentionPolicy{MaxAgeMs: spec.RetentionAgeMillis, MaxBytes: spec.RetentionBytes},
-		RangeHomes: spec.homes()}
+		RangeHomes: spec.homes(), Cleanup: cleanup, Compaction: compaction}
 }
 
 // propagateCreate creates w's stream in every other region of it. A
@@ -134,7 +135,8 @@ func (n *Node) describeRemote(ctx context.Context, addr, stream string) (streamS
 	si := resp.GetStream()
 	return streamSpec{Name: si.GetName(), RangeCount: si.GetRangeCount(), Regions: si.GetRegions(), Homes: si.GetRangeHomes(),
 		RetentionAgeMillis: si.GetRetention().GetMaxAgeMs(), RetentionBytes: si.GetRetention().GetMaxBytes(),
-		CreatedUnixNanos: si.GetCreatedUnixNanos()}, nil
+		Cleanup: si.GetCleanup(), DeleteRetentionMillis: si.GetCompaction().GetDeleteRetentionMs(),
+		MinCompactionLagMillis: si.GetCompaction().GetMinLagMs(), CreatedUnixNanos: si.GetCreatedUnixNanos()}, nil
 }
 
 // existingDefinition looks for the stream in its other regions: the first
@@ -263,7 +265,7 @@ func (m *mirrorRange) Apply(ctx context.Context, frames []byte) (uint64, error) 
 		done := make(chan appendResult, 1)
 		ops = append(ops, done)
 		m.d.raiseEpoch(h.Epoch)
-		m.d.submit(ctx, &appendOp{verbatim: true, recordCount: h.RecordCount, frame: frames[:size:size],
+		m.d.submit(ctx, &appendOp{verbatim: true, recordCount: h.Span(), frame: frames[:size:size],
 			reply: func(r appendResult) { done <- r }})
 		frames = frames[size:]
 	}

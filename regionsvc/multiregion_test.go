@@ -6,8 +6,6 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +14,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/portlock"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 	"github.com/hashicorp/go-hclog"
@@ -96,7 +95,10 @@ func newWorldWith(t *testing.T, regions []string, size int, latency, jitter time
 func (w *world) start(region string, id uint64) {
 	cfg := Config{
 		DataDir: w.dirs[region][id], ListenAddr: w.addrs[region][id], Region: region, Regions: w.remote[region],
-		NodeID: id, Peers: w.addrs[region], TickInterval: 20 * time.Millisecond, Fsync: 1, // FsyncNever: the test is about replication
+		// A 50 ms tick: elections after 400-800 ms of silence. With 20 ms
+		// (160-320 ms) a busy machine's scheduling delays alone deposed
+		// leaders every few seconds ("quorum is not active").
+		NodeID: id, Peers: w.addrs[region], TickInterval: 50 * time.Millisecond, Fsync: 1, // FsyncNever: the test is about replication
 		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{w.t}, Level: hclog.Warn, Name: region}),
 	}
 	if w.mut != nil {
@@ -714,23 +716,10 @@ func TestMirrorCatchesUpAfterLinkCut(t *testing.T) {
 	t.Logf("%d prefix checks passed", pc.checks)
 }
 
-// freeAddr returns a loopback address that was free a moment ago, from
-// below Linux's ephemeral port range (32768 and up), so that the
-// connections other tests open meanwhile cannot take it before the node
-// binds it.
-func freeAddr(t *testing.T) string {
-	for i := 0; i < 100; i++ {
-		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		l.Close()
-		return addr
-	}
-	t.Fatal("no free port")
-	return ""
-}
+// freeAddr holds a free loopback port for the rest of the test
+// (internal/portlock): a node stopped and started again finds its address
+// still free, and no other test run takes it meanwhile.
+func freeAddr(t *testing.T) string { return portlock.Addr(t) }
 
 // TestMirrorApplyPublishesItsEnd: once a mirror's Apply returns, its
 // AppliedEnd shows what it applied. The replicator's server checks the next

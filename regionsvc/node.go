@@ -14,6 +14,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/compact"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/keyspace"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
@@ -104,6 +105,15 @@ type Config struct {
 	ProducerStateTTL time.Duration
 	// MaintenanceInterval is how often retention runs, default 30 s.
 	MaintenanceInterval time.Duration
+	// CompactionInterval is the least time between two compaction
+	// decisions of a range compacted by key (checked every
+	// MaintenanceInterval), default 1 min. CompactionBytesPerSecond bounds
+	// the node's compaction I/O, default 64 MiB/s (negative: none);
+	// CompactionMemoryBytesMax the keys one compaction remembers, default
+	// 64 MiB (see package compact).
+	CompactionInterval       time.Duration
+	CompactionBytesPerSecond int64
+	CompactionMemoryBytesMax int64
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	// FS is the file system of every range's segments and Raft state,
@@ -261,6 +271,12 @@ type Node struct {
 	syncSlots chan struct{}
 	metrics   *nodeMetrics
 	region    *region // nil unless replicated
+	// cleaner runs the compactions by key of every range here
+	// (compaction.go); cleanerStop and cleanerDone stop it.
+	cleaner        *compact.Cleaner
+	compactMetrics *compactionMetrics
+	cleanerStop    context.CancelFunc
+	cleanerDone    chan struct{}
 	// repl runs this node's replicator tasks and replServer applies other
 	// regions' batches to the mirrors here (both nil unless replicated).
 	repl       *replicationManager
@@ -307,8 +323,13 @@ func New(cfg Config) (*Node, error) {
 		book:     newAddrBook(),
 	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
+	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
+		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
 	var err error
 	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
+		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
+	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
 	if len(cfg.Peers) > 0 {
@@ -355,6 +376,7 @@ func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 		}, rc)
 		cfg.homeRegion = spec.home(r)
 		cfg.home = cfg.homeRegion == n.cfg.Region
+		cfg.compaction = n.compactionConfigFor(spec, r)
 		if len(spec.Regions) > 1 {
 			cfg.compactionFloor = func() (uint64, bool) { return n.mirrorFloor(spec.Name, r) }
 		}
@@ -455,6 +477,7 @@ func (n *Node) Start() error {
 		}
 	}
 	n.listener = lis
+	n.startCleaner()
 	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
 	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region)
 	return nil
@@ -477,6 +500,7 @@ func (n *Node) Close() error {
 		if n.bookDone != nil {
 			<-n.bookDone
 		}
+		n.stopCleaner() // no rewrite runs under ranges about to close
 		n.closeHoming()
 		if n.repl != nil {
 			n.repl.close() // no more shipping from ranges about to stop

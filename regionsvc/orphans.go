@@ -114,13 +114,16 @@ func (n *Node) readOrphans(ctx context.Context, req *geologv1.ReadOrphansRequest
 			return nil, apierr.New(apierr.Corruption, "orphan log of %s/%d: %v", req.GetStream(), req.GetRange(), err)
 		}
 		frames = frames[size:]
+		if h.Type != batch.TypeData {
+			continue // a compaction marker: no record of a producer's
+		}
 		for i, r := range recs {
-			off := h.BaseOffset + uint64(i)
+			off := h.Offset(&recs[i])
 			if off < from || len(resp.Records) >= maxRecords {
 				continue
 			}
 			sr := &geologv1.StoredRecord{Offset: off, Key: r.Key, Value: r.Value, ProducerTimeUnixNanos: r.ProducerTimeUnixNanos,
-				AppendTimeUnixNanos: h.AppendTimeUnixNanos, Epoch: h.Epoch}
+				AppendTimeUnixNanos: h.AppendTimeUnixNanos, Epoch: h.Epoch, Tombstone: r.Tombstone}
 			for _, hd := range r.Headers {
 				sr.Headers = append(sr.Headers, &geologv1.Header{Key: hd.Key, Value: hd.Value})
 			}

@@ -83,6 +83,8 @@ type rangeDriverConfig struct {
 	compactionFloor func() (offset uint64, ok bool)
 	// maintenanceInterval is how often retention and expiry run.
 	maintenanceInterval time.Duration
+	// compaction, if set, makes the range compacted by key (compaction.go).
+	compaction *compactionConfig
 }
 
 type syncResult struct {
@@ -135,6 +137,7 @@ type rangeDriver struct {
 	campaignInTicks int
 
 	// Owned by the run goroutine.
+	keyc               *keyCompactor // nil unless the stream compacts by key
 	dedup              *dedup.Table
 	pending            []*appendOp
 	lastAppendUnixNano int64
@@ -157,10 +160,18 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		doneCh:   make(chan struct{}),
 		dedup:    dedup.NewTable(cfg.producersMax),
 	}
+	if cfg.compaction != nil {
+		d.keyc = newKeyCompactor(*cfg.compaction)
+	}
 	scfg := cfg.store
 	scfg.Logger = d.logger
 	var headers []batch.Header
+	var markerAt uint64
+	var markerFound bool
 	scfg.OnRecover = func(h batch.Header) error {
+		if h.Type == batch.TypeCompact {
+			markerAt, markerFound = h.BaseOffset, true
+		}
 		if cfg.repl != nil {
 			headers = append(headers, h) // the replica rebuilds its own state
 			d.raiseEpoch(h.Epoch)
@@ -169,7 +180,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		if h.ProducerID != 0 {
 			d.dedup.Record(h.ProducerID, dedup.Batch{
 				BaseSequence:        h.BaseSequence,
-				RecordCount:         h.RecordCount,
+				RecordCount:         h.Span(), // a compacted batch keeps its span
 				BaseOffset:          h.BaseOffset,
 				Epoch:               h.Epoch,
 				AppendTimeUnixNanos: h.AppendTimeUnixNanos,
@@ -216,6 +227,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		return d
 	}
 	d.committed.Store(st.NextOffset())
+	d.recoverKeyDecision(markerAt, markerFound)
 	go d.run()
 	return d
 }
@@ -448,6 +460,7 @@ func (d *rangeDriver) maintain() {
 	if d.cfg.producerStateTTL > 0 {
 		d.dedup.Expire(d.cfg.now().Add(-d.cfg.producerStateTTL).UnixNano())
 	}
+	d.compactByKey()
 }
 
 // shutdown makes what was written durable, acks it, and refuses the rest.

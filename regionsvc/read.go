@@ -41,9 +41,18 @@ func outOfRange(from, start, tail uint64) error {
 	return e
 }
 
+// readScanBytesMax bounds the bytes of frames one read walks without
+// finding a record: a compacted part of a log may hold many empty batch
+// headers (see package compact). Past it the read returns what it has, its
+// next offset past what it walked.
+const readScanBytesMax = 8 << 20
+
 // readRecords returns committed records from offset from on, at most
 // maxRecords of them and, past the first, at most maxBytes of keys and
-// values. It runs on the caller's goroutine, concurrently with the driver.
+// values, and the offset to read next. Offsets may have holes (compaction
+// by key, compaction markers): the next offset then jumps over them, also
+// when no record is returned. It runs on the caller's goroutine,
+// concurrently with the driver.
 func (d *rangeDriver) readRecords(from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
 	if f := d.failure.Load(); f != nil {
 		return nil, from, f
@@ -53,59 +62,94 @@ func (d *rangeDriver) readRecords(from uint64, maxRecords, maxBytes int) ([]*geo
 	if from < start || from > committed {
 		return nil, from, outOfRange(from, start, committed)
 	}
-	if from == committed {
-		return nil, from, nil
+	rd := recordReader{from: from, next: from, committed: committed, maxRecords: maxRecords, maxBytes: maxBytes,
+		out: make([]*geologv1.StoredRecord, 0, 64)}
+	for scanned := 0; rd.next < committed && len(rd.out) == 0 && scanned < readScanBytesMax; {
+		frames, err := d.store.ReadFrames(rd.next, maxBytes, committed)
+		if err != nil {
+			return nil, from, d.readError(rd.next, err)
+		}
+		if len(frames) == 0 {
+			break
+		}
+		scanned += len(frames)
+		full, err := rd.frames(frames)
+		if err != nil {
+			return nil, from, d.readError(from, err)
+		}
+		if full {
+			break
+		}
 	}
-	frames, err := d.store.ReadFrames(from, maxBytes, committed)
-	if err != nil {
-		return nil, from, d.readError(from, err)
-	}
-	out := make([]*geologv1.StoredRecord, 0, 64)
-	next := from
-	bytes := 0
-	for len(frames) > 0 && len(out) < maxRecords {
+	return rd.out, rd.next, nil
+}
+
+// recordReader collects the records of a read (readRecords).
+type recordReader struct {
+	from, next, committed uint64
+	maxRecords, maxBytes  int
+	bytes                 int
+	out                   []*geologv1.StoredRecord
+}
+
+// frames takes the records of concatenated frames; full reports that the
+// read is complete (a bound reached).
+func (rd *recordReader) frames(frames []byte) (full bool, err error) {
+	for len(frames) > 0 {
+		if len(rd.out) >= rd.maxRecords {
+			return true, nil
+		}
 		n, err := batch.FrameSize(frames)
 		if err != nil || n > len(frames) {
-			return nil, from, d.readError(from, &segment.CorruptionError{Offset: next, Err: errors.Join(segment.ErrCorrupt, err)})
+			return false, &segment.CorruptionError{Offset: rd.next, Err: errors.Join(segment.ErrCorrupt, err)}
 		}
 		h, recs, err := batch.Decode(frames[:n])
 		if err != nil {
-			return nil, from, d.readError(from, &segment.CorruptionError{Offset: next, Err: errors.Join(segment.ErrCorrupt, err)})
+			return false, &segment.CorruptionError{Offset: rd.next, Err: errors.Join(segment.ErrCorrupt, err)}
 		}
 		frames = frames[n:]
-		for i := range recs {
-			off := h.BaseOffset + uint64(i)
-			if off < from {
-				continue
-			}
-			if off >= committed || len(out) >= maxRecords {
-				break
-			}
-			r := &recs[i]
-			size := len(r.Key) + len(r.Value)
-			if len(out) > 0 && bytes+size > maxBytes {
-				return out, next, nil
-			}
-			bytes += size
-			sr := &geologv1.StoredRecord{
-				Offset:                off,
-				Key:                   r.Key,
-				Value:                 r.Value,
-				ProducerTimeUnixNanos: r.ProducerTimeUnixNanos,
-				AppendTimeUnixNanos:   h.AppendTimeUnixNanos,
-				Epoch:                 h.Epoch,
-			}
-			if len(r.Headers) > 0 {
-				sr.Headers = make([]*geologv1.Header, len(r.Headers))
-				for j, hd := range r.Headers {
-					sr.Headers[j] = &geologv1.Header{Key: hd.Key, Value: hd.Value}
+		if h.Type == batch.TypeData {
+			for i := range recs {
+				off := h.Offset(&recs[i])
+				if off < rd.from {
+					continue
 				}
+				if off >= rd.committed || len(rd.out) >= rd.maxRecords {
+					return true, nil
+				}
+				size := len(recs[i].Key) + len(recs[i].Value)
+				if len(rd.out) > 0 && rd.bytes+size > rd.maxBytes {
+					return true, nil
+				}
+				rd.bytes += size
+				rd.out = append(rd.out, storedRecord(h, off, &recs[i]))
+				rd.next = off + 1
 			}
-			out = append(out, sr)
-			next = off + 1
+		}
+		// The frame is done: past its holes (and a marker's offset).
+		rd.next = max(rd.next, min(h.NextOffset(), rd.committed))
+	}
+	return false, nil
+}
+
+// storedRecord is the API form of record r at offset off of frame h.
+func storedRecord(h batch.Header, off uint64, r *batch.Record) *geologv1.StoredRecord {
+	sr := &geologv1.StoredRecord{
+		Offset:                off,
+		Key:                   r.Key,
+		Value:                 r.Value,
+		ProducerTimeUnixNanos: r.ProducerTimeUnixNanos,
+		AppendTimeUnixNanos:   h.AppendTimeUnixNanos,
+		Epoch:                 h.Epoch,
+		Tombstone:             r.Tombstone,
+	}
+	if len(r.Headers) > 0 {
+		sr.Headers = make([]*geologv1.Header, len(r.Headers))
+		for j, hd := range r.Headers {
+			sr.Headers[j] = &geologv1.Header{Key: hd.Key, Value: hd.Value}
 		}
 	}
-	return out, next, nil
+	return sr
 }
 
 // readError classifies a store read error. Corruption stops the range.

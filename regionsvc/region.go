@@ -175,7 +175,7 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 				return
 			}
 			for i, rec := range recs {
-				at := h.BaseOffset + uint64(i)
+				at := h.Offset(&recs[i])
 				if at < off || at >= to {
 					continue
 				}

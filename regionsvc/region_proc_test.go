@@ -72,7 +72,9 @@ func TestStaleLeaderGetsNoAck(t *testing.T) {
 		return clients[addr].Append(cctx, &geologv1.AppendRequest{Stream: "z", ProducerId: 1, BaseSequence: seq,
 			Records: []*geologv1.Record{{Value: []byte(value)}}})
 	}
-	if _, err := appendTo(old, "before", 0, 5*time.Second); err != nil {
+	// One attempt each: 30 s leaves a busy machine time for an fsync'd
+	// quorum write.
+	if _, err := appendTo(old, "before", 0, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	var oldProc *nodeproc.Proc
@@ -84,7 +86,7 @@ func TestStaleLeaderGetsNoAck(t *testing.T) {
 	oldProc.Pause()
 	var fresh string
 	waitFor(t, ctx, "a new leader", func() bool { fresh = leaderOf(ctx, clients, old, "z", 0); return fresh != "" })
-	if _, err := appendTo(fresh, "fresh", 1, 5*time.Second); err != nil {
+	if _, err := appendTo(fresh, "fresh", 1, 30*time.Second); err != nil {
 		t.Fatalf("append to the new leader: %v", err)
 	}
 	// The stale leader gets an append (from another producer) while paused;

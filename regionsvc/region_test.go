@@ -3,7 +3,6 @@ package regionsvc
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -37,12 +36,7 @@ func newTestRegionRF(t *testing.T, size, rf int) *testRegion {
 func newTestRegionWith(t *testing.T, size, rf int, mut func(*Config)) *testRegion {
 	tr := &testRegion{t: t, rf: rf, peers: map[uint64]string{}, dirs: map[uint64]string{}, nodes: map[uint64]*Node{}, clients: map[uint64]geologv1.LogClient{}, admins: map[uint64]geologv1.AdminClient{}, mut: mut}
 	for id := uint64(1); id <= uint64(size); id++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr.peers[id] = l.Addr().String()
-		l.Close()
+		tr.peers[id] = freeAddr(t)
 		tr.dirs[id] = t.TempDir()
 	}
 	for id := range tr.peers {

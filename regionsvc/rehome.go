@@ -597,33 +597,7 @@ func (n *Node) refreshRegion(ctx context.Context, region string) error {
 // drainedTail reads the old home's final tail: the home leader's
 // confirmed committed end, read until two readings agree.
 func (n *Node) drainedTail(ctx context.Context, spec streamSpec, r uint32, home string) (uint64, error) {
-	read := func() (uint64, error) {
-		if home == n.cfg.Region {
-			d, err := n.rangeOf(ctx, spec.Name, r)
-			if err != nil {
-				return 0, err
-			}
-			return n.homeTail(ctx, d, false)
-		}
-		var last error
-		for _, addr := range n.cfg.Regions[home] {
-			conn, err := n.peerConn(addr)
-			if err != nil {
-				last = err
-				continue
-			}
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			resp, err := geologv1.NewLogClient(conn).Read(cctx, &geologv1.ReadRequest{Stream: spec.Name, Range: r,
-				Consistency: geologv1.Consistency_CONSISTENCY_HOME, MaxRecords: 1})
-			cancel()
-			if err == nil {
-				return resp.GetTailOffset(), nil
-			}
-			last = errors.Join(last, err)
-		}
-		return 0, apierr.New(apierr.Unavailable, "the home region %s could not confirm the tail of %s/%d: %v", home, spec.Name, r, last)
-	}
-	prev, err := read()
+	prev, err := n.confirmedTail(ctx, spec, r, home)
 	if err != nil {
 		return 0, err
 	}
@@ -634,7 +608,7 @@ func (n *Node) drainedTail(ctx context.Context, spec streamSpec, r uint32, home 
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
-		t, err := read()
+		t, err := n.confirmedTail(ctx, spec, r, home)
 		if err != nil {
 			return 0, err
 		}
@@ -646,6 +620,55 @@ func (n *Node) drainedTail(ctx context.Context, spec streamSpec, r uint32, home 
 		}
 		prev = t
 	}
+}
+
+// confirmedTailWait bounds confirmedTail's rounds over the home's nodes.
+const confirmedTailWait = 30 * time.Second
+
+// confirmedTail asks the home region for the range's tail as its home
+// leader confirms it (a home read), trying its nodes in turn, round after
+// round, for up to confirmedTailWait. Each attempt is bounded by
+// attemptTimeout: a dead node is passed over in seconds, and a slow one
+// (a busy machine, a slow link) is still heard in a later round.
+func (n *Node) confirmedTail(ctx context.Context, spec streamSpec, r uint32, home string) (uint64, error) {
+	if home == n.cfg.Region {
+		d, err := n.rangeOf(ctx, spec.Name, r)
+		if err != nil {
+			return 0, err
+		}
+		return n.homeTail(ctx, d, false)
+	}
+	deadline := time.Now().Add(confirmedTailWait)
+	var last error
+	for round := 0; round == 0 || time.Now().Before(deadline); round++ {
+		for _, addr := range n.cfg.Regions[home] {
+			conn, err := n.peerConn(addr)
+			if err != nil {
+				last = err
+				continue
+			}
+			cctx, cancel := context.WithTimeout(ctx, attemptTimeout(round))
+			resp, err := geologv1.NewLogClient(conn).Read(cctx, &geologv1.ReadRequest{Stream: spec.Name, Range: r,
+				Consistency: geologv1.Consistency_CONSISTENCY_HOME, MaxRecords: 1})
+			cancel()
+			if err == nil {
+				return resp.GetTailOffset(), nil
+			}
+			last = err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return 0, apierr.New(apierr.Unavailable, "the home region %s could not confirm the tail of %s/%d: %v", home, spec.Name, r, last)
+}
+
+// attemptTimeout bounds one attempt of a request to another node in the
+// given round (0 first) over a region's nodes: 2 s, then doubling up to 16
+// s. The first round passes over a dead node quickly; the later ones wait
+// longer for a live node that is slow to answer.
+func attemptTimeout(round int) time.Duration {
+	return min(2*time.Second<<min(round, 3), 16*time.Second)
 }
 
 // waitRegionTail waits until region's copy of the range has tail.

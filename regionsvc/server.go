@@ -73,7 +73,11 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest) (
 		if recBytes > n.cfg.RecordBytesMax {
 			return nil, nil, apierr.New(apierr.RecordTooLarge, "record %d is %d bytes, over the maximum of %d", i, recBytes, n.cfg.RecordBytesMax)
 		}
-		brecs[i] = batch.Record{Key: r.GetKey(), Value: r.GetValue(), Headers: hdrs, ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos()}
+		if err := checkRecordForCleanup(i, r, rd.cfg.compaction != nil); err != nil {
+			return nil, nil, err
+		}
+		brecs[i] = batch.Record{Key: r.GetKey(), Value: r.GetValue(), Headers: hdrs, ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos(),
+			Tombstone: r.GetTombstone()}
 		size += batch.EncodedRecordSize(brecs[i])
 		if size > n.cfg.BatchBytesMax {
 			return nil, nil, apierr.New(apierr.BatchTooLarge, "batch is over the maximum of %d bytes", n.cfg.BatchBytesMax)
@@ -280,7 +284,9 @@ func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Lo
 		if err != nil {
 			return apierr.ToStatus(err)
 		}
-		if len(recs) > 0 {
+		if n > next {
+			// Records, or holes only (compaction by key): either way the
+			// subscriber learns where to resume.
 			next = n
 			if err := stream.Send(&geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: rd.committed.Load()}); err != nil {
 				return err

@@ -59,6 +59,7 @@ func (d *rangeDriver) compact() {
 	if n > 0 {
 		d.logger.Debug("compacted log", "segments", n, "start_offset", d.store.StartOffset(), "first_index", d.store.FirstIndex())
 	}
+	d.compactByKey()
 }
 
 // replicatedDriver returns the driver of group, or nil.

@@ -223,7 +223,7 @@ func (a *failoverAgent) regionDead(ctx context.Context, region string, now time.
 	if now.Before(a.aliveUntil[region]) {
 		return false
 	}
-	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	cctx, cancel := context.WithTimeout(ctx, n.storeTimeout())
 	defer cancel()
 	live, err := n.homing.store.Liveness(cctx, region)
 	if err != nil || len(live) == 0 {

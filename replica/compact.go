@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/segment"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -48,6 +49,36 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 	if err != nil || len(cands) == 0 {
 		return 0, err
 	}
+	k := r.compactable(cands)
+	if r.floorSet {
+		// Offsets at or past the floor are still wanted (by the
+		// cross-region replicator): keep every segment that holds any. A
+		// hard bound, unlike the followers' hold-back above.
+		for k > 0 && cands[k-1].NextOffset > r.floorOffset {
+			k--
+		}
+	}
+	if k == 0 {
+		return 0, nil
+	}
+	last := cands[k-1]
+	if err := r.moveCompactionPoint(last); err != nil {
+		return 0, err
+	}
+	if err := r.cfg.Log.DeletePrefix(last.NextOffset); err != nil {
+		return 0, fmt.Errorf("replica: compact through index %d: %w", last.LastIndex, err)
+	}
+	r.segmentsCompacted.Add(uint64(k))
+	r.logger.Debug("compacted log", "segments", k, "snapshot_index", r.state.SnapshotIndex,
+		"start_offset", r.cfg.Log.StartOffset(), "first_index", r.cfg.Log.FirstIndex())
+	return k, nil
+}
+
+// compactable is how many of cands, from the oldest, the compaction point
+// may move over: segments whose entries are all applied, not pinned by a
+// snapshot being sent and, on a leader, not held back for followers it
+// can reach that lag (within CompactionHoldBackBytesMax; see Compact).
+func (r *Replica) compactable(cands []segment.SegmentInfo) int {
 	limit := r.appliedIndex
 	if first, ok := r.pins.min(); ok {
 		limit = min(limit, first-1)
@@ -65,49 +96,111 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 			}
 		}
 	}
-	if r.floorSet {
-		// Offsets at or past the floor are still wanted (by the
-		// cross-region replicator): keep every segment that holds any. A
-		// hard bound, unlike the followers' hold-back above.
-		for k > 0 && cands[k-1].NextOffset > r.floorOffset {
-			k--
-		}
+	return k
+}
+
+// moveCompactionPoint makes the end of segment last the compaction point,
+// if it is past the current one, saving it with the producer base as of
+// it: Raft then sees the log start after it.
+func (r *Replica) moveCompactionPoint(last segment.SegmentInfo) error {
+	if last.LastIndex <= r.state.SnapshotIndex {
+		return nil
 	}
+	// The producer base follows the compaction point: it takes in the
+	// batches Raft no longer reads.
+	base, err := r.advanceBase(last.LastIndex)
+	if err != nil {
+		return err
+	}
+	prev := r.state
+	r.state.Producers = base.encode()
+	r.state.SnapshotIndex, r.state.SnapshotTerm = last.LastIndex, last.LastTerm
+	r.state.SnapshotNextOffset, r.state.SnapshotAppendUnixNanos = last.NextOffset, last.MaxAppendTimeUnixNanos
+	if r.state.Raft.GetCommit() < last.LastIndex {
+		// Raft refuses to start with a commit index below the log's
+		// start; the compacted entries are applied, so committed.
+		hs := proto.Clone(r.state.Raft).(*raftpb.HardState)
+		hs.Commit = proto.Uint64(last.LastIndex)
+		r.state.Raft = hs
+	}
+	if err := r.cfg.State.Save(r.state); err != nil {
+		r.state = prev
+		return fmt.Errorf("replica: save compaction point %d: %w", last.LastIndex, err)
+	}
+	r.base = base
+	return nil
+}
+
+// PrepareRewrite readies the log for compaction by key below point (the
+// decision KeyCompaction returns): it seals the segments holding an offset
+// below point and moves the compaction point over those of them it may
+// (see compactable): Raft no longer reads them as entries, so their frames
+// may be rewritten with holes (a follower behind them gets a snapshot).
+// It returns the offset at which those segments end: segments ending at
+// or below it may be rewritten (0: none yet). It does nothing while a
+// Ready is pending or a fork is proposed or unapplied (like Compact). For
+// the driver goroutine.
+func (r *Replica) PrepareRewrite(point uint64) (uint64, error) {
+	if r.failure.Load() != nil || r.rn.HasReady() || r.forkPending() || point == 0 {
+		return 0, nil
+	}
+	if err := r.cfg.Log.SealBefore(point); err != nil {
+		return 0, fmt.Errorf("replica: seal below %d: %w", point, err)
+	}
+	var cands []segment.SegmentInfo
+	for _, g := range r.cfg.Log.Sealed() {
+		if g.BaseOffset >= point {
+			break
+		}
+		cands = append(cands, g)
+	}
+	k := r.compactable(cands)
 	if k == 0 {
 		return 0, nil
 	}
-	last := cands[k-1]
-	if last.LastIndex > r.state.SnapshotIndex {
-		// The producer base follows the compaction point: it takes in the
-		// batches about to be deleted.
-		base, err := r.advanceBase(last.LastIndex)
+	if err := r.moveCompactionPoint(cands[k-1]); err != nil {
+		return 0, err
+	}
+	return cands[k-1].NextOffset, nil
+}
+
+// KeyCompaction returns the newest compaction decision (a marker,
+// batch.TypeCompact) applied here: what PrepareRewrite and the cleaner
+// compact below. For the driver goroutine.
+func (r *Replica) KeyCompaction() batch.Compaction { return r.keyDecision }
+
+// KeyCompactionMarkerEnd returns the offset after KeyCompaction's marker
+// (0 if unknown, as after a snapshot). For the driver goroutine.
+func (r *Replica) KeyCompactionMarkerEnd() uint64 { return r.keyMarkerEnd }
+
+// noteCompaction applies a committed compaction marker.
+func (r *Replica) noteCompaction(frame []byte) error {
+	h, c, err := batch.DecodeCompaction(frame)
+	if err != nil {
+		return err
+	}
+	if c.Point > r.keyDecision.Point {
+		r.keyDecision, r.keyMarkerEnd = c, h.NextOffset()
+	}
+	return nil
+}
+
+// recoverKeyCompaction finds, on opening, the newest marker at or below
+// the applied index among the log's frames (headers): later ones are
+// applied again by Raft.
+func (r *Replica) recoverKeyCompaction(headers []batch.Header) error {
+	for i := len(headers) - 1; i >= 0; i-- {
+		h := headers[i]
+		if h.Type != batch.TypeCompact || h.Index > r.appliedIndex {
+			continue
+		}
+		f, err := r.cfg.Log.ReadFramesByIndex(h.Index, h.Index+1, 1)
 		if err != nil {
-			return 0, err
+			return fmt.Errorf("replica: read compaction marker at index %d: %w", h.Index, err)
 		}
-		prev := r.state
-		r.state.Producers = base.encode()
-		r.state.SnapshotIndex, r.state.SnapshotTerm = last.LastIndex, last.LastTerm
-		r.state.SnapshotNextOffset, r.state.SnapshotAppendUnixNanos = last.NextOffset, last.MaxAppendTimeUnixNanos
-		if r.state.Raft.GetCommit() < last.LastIndex {
-			// Raft refuses to start with a commit index below the log's
-			// start; the compacted entries are applied, so committed.
-			hs := proto.Clone(r.state.Raft).(*raftpb.HardState)
-			hs.Commit = proto.Uint64(last.LastIndex)
-			r.state.Raft = hs
-		}
-		if err := r.cfg.State.Save(r.state); err != nil {
-			r.state = prev
-			return 0, fmt.Errorf("replica: save compaction point %d: %w", last.LastIndex, err)
-		}
-		r.base = base
+		return r.noteCompaction(f)
 	}
-	if err := r.cfg.Log.DeletePrefix(last.NextOffset); err != nil {
-		return 0, fmt.Errorf("replica: compact through index %d: %w", last.LastIndex, err)
-	}
-	r.segmentsCompacted.Add(uint64(k))
-	r.logger.Debug("compacted log", "segments", k, "snapshot_index", r.state.SnapshotIndex,
-		"start_offset", r.cfg.Log.StartOffset(), "first_index", r.cfg.Log.FirstIndex())
-	return k, nil
+	return nil
 }
 
 // advanceBase returns the producer base as of index: the current one (as

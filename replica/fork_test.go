@@ -177,7 +177,7 @@ func (c *cluster) orphanValues(id, index uint64) []string {
 				c.t.Fatal(err)
 			}
 			for i, r := range recs {
-				out = append(out, fmt.Sprintf("%d:e%d:p%d:%s", h.BaseOffset+uint64(i), h.Epoch, h.ProducerID, r.Value))
+				out = append(out, fmt.Sprintf("%d:e%d:p%d:%s", h.Offset(&recs[i]), h.Epoch, h.ProducerID, r.Value))
 			}
 			off, b = h.NextOffset(), b[n:]
 		}

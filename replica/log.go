@@ -48,6 +48,10 @@ type FrameLog interface {
 	// would delete, and their deletion.
 	RetentionCandidates() ([]segment.SegmentInfo, error)
 	DeletePrefix(offset uint64) error
+	// Compaction by key (see Replica.PrepareRewrite): seal what lies
+	// below an offset, and list the sealed segments.
+	SealBefore(offset uint64) error
+	Sealed() []segment.SegmentInfo
 
 	// Snapshot installation (see Replica.ReceiveSnapshot): a replacement
 	// log written beside this one, then swapped in. BeginStaging and the

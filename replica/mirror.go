@@ -9,7 +9,8 @@ import (
 // a mirror does: the frame keeps its offsets, epoch, append time and
 // producer fields (only the Raft term and index are this group's, stamped
 // when it is persisted). It must start exactly at the tail of this leader's
-// log, its own unacknowledged proposals included; otherwise the reply is a
+// log, its own unacknowledged proposals included (a compacted frame may
+// start past it); otherwise the reply is a
 // retriable OFFSET_OUT_OF_RANGE whose TailOffset is that tail (after a
 // leader change the tail may be ahead of the committed end until the new
 // leader's first entry commits). The reply comes once the entry commits.
@@ -28,15 +29,17 @@ func (r *Replica) ProposeVerbatim(op *Op) {
 		return
 	}
 	h, err := batch.DecodeHeader(op.Frame)
-	if err != nil || h.Type != batch.TypeData || h.RecordCount == 0 {
-		op.Reply(Result{Err: apierr.New(apierr.InvalidArgument, "stream %s range %d: a mirrored frame must be a valid data frame", r.cfg.Stream, r.cfg.Range)})
+	if err != nil || h.IsControl() || (h.RecordCount == 0 && !h.Compacted()) {
+		op.Reply(Result{Err: apierr.New(apierr.InvalidArgument, "stream %s range %d: a mirrored frame must be a valid data frame or compaction marker", r.cfg.Stream, r.cfg.Range)})
 		return
 	}
 	if err := r.staleEpoch(h.Epoch); err != nil {
 		op.Reply(Result{Err: err})
 		return
 	}
-	if h.BaseOffset != r.proposeNext {
+	// A compacted frame (the home compacted below it before shipping it)
+	// may start past the tail: the offsets between were compacted away.
+	if h.BaseOffset != r.proposeNext && !(h.Compacted() && h.BaseOffset > r.proposeNext) {
 		e := apierr.New(apierr.OffsetOutOfRange, "stream %s range %d: mirrored frame at offset %d, the log continues at %d",
 			r.cfg.Stream, r.cfg.Range, h.BaseOffset, r.proposeNext)
 		e.Retriable = true
@@ -44,5 +47,6 @@ func (r *Replica) ProposeVerbatim(op *Op) {
 		op.Reply(Result{Err: e})
 		return
 	}
-	r.proposeFrame(op, Result{BaseOffset: h.BaseOffset, RecordCount: h.RecordCount, Epoch: h.Epoch, AppendTimeUnixNanos: h.AppendTimeUnixNanos})
+	// RecordCount counts the offsets the frame takes, holes included.
+	r.proposeFrame(op, Result{BaseOffset: h.BaseOffset, RecordCount: h.Span(), Epoch: h.Epoch, AppendTimeUnixNanos: h.AppendTimeUnixNanos})
 }

@@ -51,7 +51,7 @@ func (p *producerBase) record(h batch.Header) {
 	if h.Type != batch.TypeData || h.ProducerID == 0 {
 		return
 	}
-	b := dedup.Batch{BaseSequence: h.BaseSequence, RecordCount: h.RecordCount, BaseOffset: h.BaseOffset,
+	b := dedup.Batch{BaseSequence: h.BaseSequence, RecordCount: h.Span(), BaseOffset: h.BaseOffset,
 		Epoch: h.Epoch, AppendTimeUnixNanos: h.AppendTimeUnixNanos}
 	recent := p.producers[h.ProducerID]
 	if n := len(recent); n > 0 && recent[n-1] == b {

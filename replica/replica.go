@@ -160,7 +160,11 @@ type Replica struct {
 	base                   *producerBase   // decodes state.Producers
 	snapReports            []snapReport    // handed to Raft after Advance
 	pins                   snapshotPins
-	fork                   forkState // fork.go
+	// keyDecision is the newest compaction marker applied (compact.go),
+	// keyMarkerEnd the offset after it.
+	keyDecision  batch.Compaction
+	keyMarkerEnd uint64
+	fork         forkState // fork.go
 
 	// raftCommit is Raft's commit index as of the last Ready, for
 	// ReceiveSnapshot on the transport's goroutine.
@@ -262,6 +266,9 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	if err := r.initApplied(); err != nil {
 		return nil, err
 	}
+	if err := r.recoverKeyCompaction(headers); err != nil {
+		return nil, err
+	}
 	if err := r.openForks(); err != nil {
 		return nil, err
 	}
@@ -300,7 +307,7 @@ func (r *Replica) recordHeader(h batch.Header) {
 	if h.Type == batch.TypeData && h.ProducerID != 0 {
 		r.dedup.Record(h.ProducerID, dedup.Batch{
 			BaseSequence:        h.BaseSequence,
-			RecordCount:         h.RecordCount,
+			RecordCount:         h.Span(), // a compacted batch keeps its span
 			BaseOffset:          h.BaseOffset,
 			Epoch:               h.Epoch,
 			AppendTimeUnixNanos: h.AppendTimeUnixNanos,
@@ -756,6 +763,11 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 		h, err := batch.DecodeHeader(e.Data)
 		if err != nil {
 			return fmt.Errorf("replica: committed entry %d: %w", e.GetIndex(), err)
+		}
+		if h.Type == batch.TypeCompact {
+			if err := r.noteCompaction(e.Data); err != nil {
+				return fmt.Errorf("replica: committed compaction marker %d: %w", e.GetIndex(), err)
+			}
 		}
 		r.appliedAppendUnixNanos = max(r.appliedAppendUnixNanos, h.AppendTimeUnixNanos)
 		r.advance(h, e.GetTerm())

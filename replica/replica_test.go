@@ -248,7 +248,7 @@ func (c *cluster) logValues(id uint64) []string {
 				c.t.Fatal(err)
 			}
 			for i, r := range recs {
-				if h.BaseOffset+uint64(i) >= off {
+				if h.Offset(&recs[i]) >= off {
 					out = append(out, string(r.Value))
 				}
 			}

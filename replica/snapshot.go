@@ -74,7 +74,10 @@ type snapshotDesc struct {
 	// NextOffset is the offset after the entry at the snapshot index.
 	NextOffset uint64
 	// Frames is the number of frames in the body: the snapshot index -
-	// FirstIndex + 1, less the indexes of the gaps forks left.
+	// FirstIndex + 1, less the indexes of the gaps forks left. Compaction
+	// by key may have removed frames (and their indexes) below the
+	// leader's compaction point too: then the body holds fewer, and ends
+	// after its last.
 	Frames uint64
 	// AppendUnixNanos is the newest append time up to the snapshot index.
 	AppendUnixNanos int64
@@ -418,6 +421,8 @@ type StagedSnapshot struct {
 	meta    SnapshotMeta
 	base    *producerBase // as of meta.Index; meta.Producers encodes it
 	staging *segment.Staging
+	// decision is the newest compaction marker in the body.
+	decision batch.Compaction
 }
 
 // Discard drops a staged snapshot that will not be installed. A nil
@@ -503,8 +508,15 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 		}
 	}()
 	fr := frameReader{r: body}
+	var decision batch.Compaction
 	for i := uint64(0); i < d.Frames; i++ {
 		frame, err := fr.next()
+		if err == io.EOF && i > 0 {
+			// Fewer frames than described: compaction by key removed
+			// some (and their indexes) from the leader's log. The checks
+			// below hold the body to its end.
+			break
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
 		}
@@ -517,6 +529,11 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 		}
 		if h.Type == batch.TypeData {
 			r.raiseEpoch(h.Epoch)
+		}
+		if h.Type == batch.TypeCompact {
+			if _, c, err := batch.DecodeCompaction(frame); err == nil && c.Point > decision.Point {
+				decision = c
+			}
 		}
 	}
 	if err := fr.end(); err != nil {
@@ -542,7 +559,7 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 		}
 	}
 	ok = true
-	return &StagedSnapshot{staging: st, base: base, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
+	return &StagedSnapshot{staging: st, base: base, decision: decision, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
 		AppendUnixNanos: appendTime, Conf: proto.Clone(meta.GetConfState()).(*raftpb.ConfState), Producers: base.encode()}}, nil
 }
 
@@ -552,14 +569,12 @@ type frameReader struct {
 	buf []byte
 }
 
-// next returns the next frame, valid until the next call.
+// next returns the next frame, valid until the next call; io.EOF if the
+// body ends cleanly before it.
 func (f *frameReader) next() ([]byte, error) {
 	var lb [4]byte
 	if _, err := io.ReadFull(f.r, lb[:]); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return nil, err
+		return nil, err // io.EOF only when no byte of a frame came
 	}
 	n, err := batch.FrameSize(lb[:])
 	if err != nil {
@@ -673,6 +688,9 @@ func (r *Replica) installSnapshot(snap *raftpb.Snapshot) error {
 		return fmt.Errorf("replica: save state after installing a snapshot: %w", err)
 	}
 	r.base = st.base
+	if st.decision.Point > r.keyDecision.Point {
+		r.keyDecision, r.keyMarkerEnd = st.decision, 0
+	}
 	if err := r.rebuildDedup(); err != nil {
 		return err
 	}

@@ -92,7 +92,7 @@ func (c *cluster) retained(id uint64) map[uint64]string {
 				c.t.Fatal(err)
 			}
 			for i, rec := range recs {
-				out[h.BaseOffset+uint64(i)] = string(rec.Value)
+				out[h.Offset(&recs[i])] = string(rec.Value)
 			}
 			off = h.NextOffset()
 			frames = frames[n:]

@@ -44,14 +44,28 @@
 // returns data frames only (segment.Store.ReadFrames already does). The
 // mirror refuses a control frame as malformed.
 //
+// Compaction by key (package compact) ships like any data: its markers
+// (batch.TypeCompact) take an offset and travel with the data frames, so
+// every mirror compacts at the home's decisions. A home that compacted
+// below a point may ship frames it rewrote (batch.FlagCompacted): they may
+// hold no record, and may start past the previous frame's end (the frames
+// between were compacted away). So a batch may begin with a hole (its
+// first_offset is where the mirror stands, its first frame later), the
+// mirror applies a compacted frame past its applied end, and frames below
+// the applied end that compaction rewrote on either side are not compared
+// frame by frame (the copies hold the same records, but not always the
+// same emptied batches): compaction only runs below what every mirror had
+// applied, where no divergent tail can be.
+//
 // # The mirror's contract
 //
 // The Server validates everything before the MirrorRange sees it: the open
 // (names, regions, epoch), every heartbeat's epoch (that of the open), the
 // compression and sizes (nothing is decompressed past the announced size,
 // which is bounded), and every frame (CRC and structure, data frames with
-// records only, offsets dense from first_offset to end_offset, epochs not
-// decreasing and not above the home's, append times not decreasing).
+// records, compacted frames or markers only, offsets dense from
+// first_offset to end_offset but for holes before compacted frames, epochs
+// not decreasing and not above the home's, append times not decreasing).
 // Anything else ends the stream with INVALID_ARGUMENT (ErrMalformed);
 // nothing a peer sends makes the server panic. Then, with the range's
 // requests serialized and A = AppliedEnd():

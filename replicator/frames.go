@@ -12,11 +12,13 @@ import (
 // CRC pass, on frames already validated (see batch/doc.go for the layout;
 // TestHeaderPositions pins them against batch.DecodeHeader).
 const (
+	posFlags       = 10
 	posRecordCount = 12
 	posBaseOffset  = 16
 	posEpoch       = 24
 	posTerm        = 32
 	posAppendTime  = 48 // first byte after Term and Index
+	posSpan        = 80 // a compacted frame's OffsetSpan
 )
 
 // frameBase is the BaseOffset of a validated frame.
@@ -24,9 +26,33 @@ func frameBase(f []byte) uint64 { return binary.LittleEndian.Uint64(f[posBaseOff
 
 func frameEpoch(f []byte) uint64 { return binary.LittleEndian.Uint64(f[posEpoch:]) }
 
-// frameNext is the NextOffset of a validated frame.
+// frameNext is the NextOffset of a validated frame: past its span, for a
+// frame compaction by key rewrote.
 func frameNext(f []byte) uint64 {
+	if frameCompacted(f) {
+		return frameBase(f) + uint64(binary.LittleEndian.Uint32(f[posSpan:]))
+	}
 	return frameBase(f) + uint64(binary.LittleEndian.Uint32(f[posRecordCount:]))
+}
+
+// frameCompacted reports whether a validated frame was rewritten by
+// compaction by key: it may start past the previous frame's end.
+func frameCompacted(f []byte) bool {
+	return binary.LittleEndian.Uint16(f[posFlags:])&batch.FlagCompacted != 0
+}
+
+// follows reports whether frame h may come next in a log whose frames so
+// far end at next: exactly there, or past it if compaction rewrote it (the
+// offsets between were compacted away).
+func follows(h batch.Header, next uint64) bool {
+	return h.BaseOffset == next || (h.Compacted() && h.BaseOffset > next)
+}
+
+// shipped reports whether frame h is one the replicator ships: a data
+// frame (with records, unless compaction emptied it) or a compaction
+// marker. Control frames never are.
+func shipped(h batch.Header) bool {
+	return !h.IsControl() && (h.RecordCount > 0 || h.Compacted())
 }
 
 // sameData reports whether two validated frames are equal in every field

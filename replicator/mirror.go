@@ -293,9 +293,9 @@ func (m *MemMirror) Apply(ctx context.Context, frames []byte) (uint64, error) {
 	for _, f := range fs {
 		h, _ := batch.DecodeHeader(f)
 		switch {
-		case h.Type != batch.TypeData || h.RecordCount == 0:
+		case !shipped(h):
 			return 0, newRefusal(ErrMalformed, "apply: control or empty frame")
-		case h.BaseOffset != next:
+		case !follows(h, next):
 			return 0, gapRefusal(h.BaseOffset, next)
 		case h.Epoch > m.highestEpoch:
 			return 0, newRefusal(ErrMalformed, "apply: frame epoch %d above the highest seen %d", h.Epoch, m.highestEpoch)
@@ -377,7 +377,7 @@ func (m *MemMirror) Seed(frames ...[]byte) error {
 		if err != nil {
 			return err
 		}
-		if h.BaseOffset != m.end {
+		if !follows(h, m.end) {
 			return gapRefusal(h.BaseOffset, m.end)
 		}
 		m.frames = append(m.frames, append([]byte(nil), f...))

@@ -66,12 +66,12 @@ func (s *MemSource) Append(frame []byte) error {
 		return err
 	}
 	size, _ := batch.FrameSize(frame)
-	if h.Type != batch.TypeData || h.RecordCount == 0 || size != len(frame) {
-		return fmt.Errorf("replicator: MemSource takes whole data frames with records")
+	if !shipped(h) || size != len(frame) {
+		return fmt.Errorf("replicator: MemSource takes whole data frames with records, compacted frames and markers")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if h.BaseOffset != s.next {
+	if !follows(h, s.next) {
 		return fmt.Errorf("%w: frame at %d, source next is %d", ErrOutOfRange, h.BaseOffset, s.next)
 	}
 	s.frames = append(s.frames, frame)

@@ -308,6 +308,11 @@ func (t *Task) read(a Action) {
 		return
 	}
 	first, end, count, err := scanFrames(frames)
+	if err == nil && first > a.From && frameCompacted(frames) {
+		// The home compacted [a.From, first) away: the batch covers that
+		// hole too, so that it continues where the mirror stands.
+		first = a.From
+	}
 	if err == nil && (first > a.From || end <= a.From) {
 		err = fmt.Errorf("%w: source returned [%d, %d) for a read from %d", ErrOutOfRange, first, end, a.From)
 	}
@@ -342,7 +347,7 @@ func scanFrames(frames []byte) (first, end uint64, count uint32, err error) {
 		f := frames[p : p+size]
 		if p == 0 {
 			first = frameBase(f)
-		} else if frameBase(f) != end {
+		} else if frameBase(f) != end && !(frameCompacted(f) && frameBase(f) > end) {
 			return 0, 0, 0, fmt.Errorf("%w: frame at %d follows end %d", batch.ErrCorrupt, frameBase(f), end)
 		}
 		end = frameNext(f)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/portlock"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"google.golang.org/grpc"
 )
@@ -320,12 +321,7 @@ func TestLeaderHints(t *testing.T) {
 	a.store.SetNotLeader(b.addr)
 
 	// A dead address first: the task walks on to a, which points at b.
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := lis.Addr().String()
-	lis.Close()
+	dead := portlock.Addr(t) // held, and nothing listens on it
 	rt := startTask(t, taskConfig(t, src, newDialer(t), dead, a.addr))
 	mb := b.store.Range(testStream, testRange)
 	waitFor(t, 10*time.Second, "b to catch up", func() bool { return mb.AppliedEnd() == src.CommittedEnd() })

@@ -133,9 +133,10 @@ func decodeBatch(b *geologinternalv1.MirrorBatch, homeEpoch uint64, uncompressed
 }
 
 // checkFrames checks that frames holds exactly count whole, valid data
-// frames with records, covering [first, end) densely, whose epochs never
-// decrease and never exceed homeEpoch and whose append times never
-// decrease.
+// frames with records (or emptied by compaction) and compaction markers,
+// covering [first, end) densely but for holes before compacted frames,
+// whose epochs never decrease and never exceed homeEpoch and whose append
+// times never decrease.
 func checkFrames(frames []byte, first, end uint64, count uint32, homeEpoch uint64) error {
 	next := first
 	var n uint32
@@ -156,9 +157,9 @@ func checkFrames(frames []byte, first, end uint64, count uint32, homeEpoch uint6
 		switch {
 		case err != nil:
 			return newRefusal(ErrMalformed, "frame %d: %v", n, err)
-		case h.Type != batch.TypeData || h.RecordCount == 0:
-			return newRefusal(ErrMalformed, "frame %d is a %v frame of %d records: only data frames with records are shipped", n, h.Type, h.RecordCount)
-		case h.BaseOffset != next:
+		case !shipped(h):
+			return newRefusal(ErrMalformed, "frame %d is a %v frame of %d records: only data frames with records and markers are shipped", n, h.Type, h.RecordCount)
+		case !follows(h, next):
 			return newRefusal(ErrMalformed, "frame %d starts at %d, expected %d", n, h.BaseOffset, next)
 		case h.Epoch > homeEpoch:
 			return newRefusal(ErrMalformed, "frame %d has epoch %d above the home's %d", n, h.Epoch, homeEpoch)
@@ -188,6 +189,9 @@ func checkFrames(frames []byte, first, end uint64, count uint32, homeEpoch uint6
 // an ErrDiverged refusal when any overlapping frame differs in data or in
 // its boundaries, or the mirror lacks some of them.
 func overlapSuffix(d decodedBatch, applied uint64, stored []byte) (int, error) {
+	if anyCompacted(d.frames, applied) || anyCompacted(stored, applied) {
+		return compactedSuffix(d, applied)
+	}
 	p, q := 0, 0
 	for p < len(d.frames) {
 		size, _ := batch.FrameSize(d.frames[p:]) // validated by decodeBatch
@@ -235,4 +239,47 @@ func overlapSuffix(d decodedBatch, applied uint64, stored []byte) (int, error) {
 		q += ssize
 	}
 	return p, nil
+}
+
+// anyCompacted reports whether any of the concatenated frames below end
+// was rewritten by compaction by key (frames that do not parse count as
+// not: the comparison that follows refuses them).
+func anyCompacted(frames []byte, end uint64) bool {
+	for p := 0; p < len(frames); {
+		size, err := batch.FrameSize(frames[p:])
+		if err != nil || size > len(frames)-p {
+			return false
+		}
+		f := frames[p : p+size]
+		if frameBase(f) >= end {
+			return false
+		}
+		if frameCompacted(f) {
+			return true
+		}
+		p += size
+	}
+	return false
+}
+
+// compactedSuffix is overlapSuffix where compaction by key rewrote the
+// home's frames or the mirror's below its applied end: the two copies may
+// then hold different frames (which emptied batches stay depends on each
+// copy's segments) with the same records, so frames below the applied end
+// are not compared. Compaction only runs below points every mirror had
+// applied, so what lies there is no divergent tail. A frame across the
+// applied end is still refused.
+func compactedSuffix(d decodedBatch, applied uint64) (int, error) {
+	for p := 0; p < len(d.frames); {
+		size, _ := batch.FrameSize(d.frames[p:]) // validated by decodeBatch
+		f := d.frames[p : p+size]
+		switch {
+		case frameBase(f) >= applied:
+			return p, nil
+		case frameNext(f) > applied:
+			return 0, newRefusal(ErrDiverged, "frame [%d, %d) straddles the applied end %d", frameBase(f), frameNext(f), applied)
+		}
+		p += size
+	}
+	return len(d.frames), nil
 }

@@ -13,10 +13,12 @@ import (
 // Otherwise it returns ErrInvalidFrame and writes nothing. The frame must be
 // exactly one valid frame (CRC and record structure are checked) with
 //
-//   - BaseOffset == NextOffset();
+//   - BaseOffset == NextOffset(), or above it for a compacted frame (a
+//     mirror applying frames a compacted home shipped: the offsets in
+//     between were compacted away);
 //   - at least one record, unless it is a control frame (batch.TypeNoop or
 //     batch.TypeConfig without records), which takes no offset: NextOffset
-//     does not move;
+//     does not move, or a compacted frame;
 //   - an append time no earlier than the previous frame's;
 //   - Raft Index 0 and any Term while the log holds no frame with an index
 //     (LastIndex() == 0), or else Index == LastIndex()+1, except that a
@@ -47,9 +49,9 @@ func (s *Store) Append(frame []byte) error {
 	}
 	next, last := s.nextOffset.Load(), s.lastIndex.Load()
 	switch {
-	case h.BaseOffset != next:
+	case h.BaseOffset != next && !(h.Compacted() && h.BaseOffset > next):
 		return fmt.Errorf("%w: base offset %d, want %d", ErrInvalidFrame, h.BaseOffset, next)
-	case h.RecordCount == 0 && !h.IsControl():
+	case h.RecordCount == 0 && !h.IsControl() && !h.Compacted():
 		return fmt.Errorf("%w: data frame at offset %d has no records", ErrInvalidFrame, next)
 	case h.AppendTimeUnixNanos < s.lastAppendTimeUnixNanos:
 		return fmt.Errorf("%w: append time %d precedes the previous frame's %d", ErrInvalidFrame,

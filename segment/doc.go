@@ -33,6 +33,21 @@
 // each offset once and in order, never a control frame; readers by index
 // (ReadFramesByIndex: Raft) see every frame.
 //
+// # Holes left by compaction by key
+//
+// Compaction by key (package compact) rewrites sealed segments
+// (RewriteSegment, rewrite.go): frames keep only some of their records,
+// as compacted frames (batch.FlagCompacted) whose records keep their
+// offsets, and frames left without records may go altogether, their Raft
+// indexes with them. So a compacted frame may start past the previous
+// frame's NextOffset and past the next Raft index: offsets, and indexes,
+// become sparse where compaction ran (below the Raft compaction point,
+// which Raft never reads below), and dense everywhere else. A rewrite
+// always keeps a segment's last frame, so that segments still join up by
+// name, and a read by offset from inside a hole starts at the frame after
+// it. A mirror may append compacted frames its home shipped, holes
+// included.
+//
 // # On-disk layout
 //
 // A range's directory holds, for every segment, named by the segment's base
@@ -53,7 +68,9 @@
 // the range's other components, such as the Raft hard state), except
 // "_snap." files: a log being staged to replace this one, and the manifest
 // that commits the replacement (see install.go; Open completes a committed
-// install and removes abandoned staging).
+// install and removes abandoned staging), and "_clean." files: a segment
+// being rewritten (see rewrite.go; Open removes them, the segment being
+// the old one).
 //
 // relOffset is an offset minus the segment's base offset. A frame at file
 // position p gets a sparse index entry when p is at least IndexIntervalBytes
@@ -140,14 +157,23 @@
 //     write the new log beside this one; Install, on the appender, swaps it
 //     in, atomically across crashes (install.go has the steps), and waits
 //     for readers in flight. One staging per store at a time.
+//  13. Rewriting a sealed segment (compaction by key): SealBefore, on the
+//     appender, seals what lies below an offset; WalkSegment and
+//     RewriteSegment, on any one goroutine (one rewrite at a time), read a
+//     sealed segment and replace it with the frames a function returns,
+//     validated, atomically across crashes (rewrite.go has the steps). A
+//     rewrite takes the appender's lock only to swap; readers of the old
+//     file finish on it. A segment that retention, a truncation or an
+//     install changed meanwhile is left alone (ErrRewriteAbandoned).
 //
 // # Recovery
 //
 // Open makes one pass over all segments in log order. It verifies every
 // frame's CRC, that each frame's BaseOffset is the previous frame's
-// NextOffset, that a data frame holds records, that Raft indexes, once
-// present, are dense (but at a fork frame that names the frame before its
-// gap) with terms non-decreasing, and that each segment's
+// NextOffset (or past it, for a compacted frame), that a data frame holds
+// records (but a compacted one), that Raft indexes, once present, are
+// dense (but at a fork frame that names the frame before its gap, and at
+// a compacted frame) with terms non-decreasing, and that each segment's
 // name is the offset where the previous one ends and its first frame's
 // BaseOffset. While the pass runs nothing on disk changes; once the whole
 // log has verified, recovery truncates a torn tail, rewrites index files

@@ -182,13 +182,15 @@ func (s *Store) seekIndex(v segView, index uint64, gapOK bool) (int64, seq, batc
 			err = q.check(h)
 		}
 		if err == nil && h.Index > index {
-			if h.Type == batch.TypeFork && gapOK {
+			gap := h.Type == batch.TypeFork || h.Compacted()
+			if gap && gapOK {
 				return framePos, q, h, nil
 			}
-			if h.Type == batch.TypeFork {
+			if gap {
 				// The entries of a divergent tail were moved out of the
-				// log; the fork frame ends the gap they left.
-				return 0, seq{}, batch.Header{}, fmt.Errorf("%w: raft index %d lies in the gap before the fork frame at %d", ErrOutOfRange, index, h.Index)
+				// log, or compaction by key removed them; the fork frame,
+				// or the compacted one, ends the gap they left.
+				return 0, seq{}, batch.Header{}, fmt.Errorf("%w: raft index %d lies in the gap before the %v frame at %d", ErrOutOfRange, index, h.Type, h.Index)
 			}
 			err = fmt.Errorf("%w: index %d follows %d", errIndexSequence, h.Index, index-1)
 		}

@@ -398,6 +398,9 @@ type frameWalker struct {
 	pos    int64 // position of the next frame
 	end    int64 // bytes of the file that may be read
 	chunk  int   // bytes to read at once (more for a larger frame)
+	// throttle, if set, is called with the size of each read before it is
+	// made (rewrites bound their I/O with it).
+	throttle func(bytes int)
 }
 
 // next returns the frame at w.pos and advances past it. The frame aliases
@@ -444,6 +447,9 @@ func (w *frameWalker) window(pos int64, n int) ([]byte, error) {
 		w.buf = make([]byte, want)
 	}
 	w.buf = w.buf[:want]
+	if w.throttle != nil {
+		w.throttle(want)
+	}
 	if err := readFull(w.f, w.buf, pos); err != nil {
 		w.buf = w.buf[:0]
 		return nil, err

@@ -44,6 +44,9 @@ func (s *Store) recover() error {
 	if err := s.finishInstall(); err != nil {
 		return err
 	}
+	if err := s.removeCleanLeftovers(); err != nil {
+		return err
+	}
 	segs, err := s.loadSegments(s.cfg.OnRecover)
 	if err != nil {
 		return err

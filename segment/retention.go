@@ -165,6 +165,7 @@ func (s *Store) truncate(c cut, what string, at uint64) error {
 	dropped += g.size - c.pos
 	g.entries = g.entries[:keep:keep] // the next append reallocates rather than overwriting a reader's snapshot
 	g.size = c.pos
+	g.truncations++
 	g.nextOffset = c.nextOffset
 	g.maxAppendTimeUnixNanos = c.lastTime
 	g.lastIndex, g.lastTerm = c.lastIndex, c.lastTerm

@@ -68,6 +68,9 @@ type segment struct {
 	firstIndex, lastIndex  uint64 // Raft indexes of its first and last frames carrying one; 0 if none
 	lastTerm               uint64 // Term of the frame at lastIndex
 	entries                []indexEntry
+	// truncations counts the truncations that cut into this segment, so
+	// that a rewrite notices one however the segment grew back.
+	truncations uint32
 }
 
 // hasRecords reports whether g holds a record. Only such a segment may be
@@ -122,6 +125,7 @@ type segView struct {
 	firstIndex, lastIndex  uint64
 	lastTerm               uint64
 	entries                []indexEntry
+	truncations            uint32
 }
 
 // viewLocked snapshots g and takes a reference; the caller holds Store.mu.
@@ -129,7 +133,8 @@ func viewLocked(g *segment) segView {
 	g.acquire()
 	return segView{seg: g, size: g.size, nextOffset: g.nextOffset,
 		maxAppendTimeUnixNanos: g.maxAppendTimeUnixNanos,
-		firstIndex:             g.firstIndex, lastIndex: g.lastIndex, lastTerm: g.lastTerm, entries: g.entries}
+		firstIndex:             g.firstIndex, lastIndex: g.lastIndex, lastTerm: g.lastTerm, entries: g.entries,
+		truncations: g.truncations}
 }
 
 var (
@@ -161,13 +166,17 @@ type seq struct {
 // covers: checkFrame, for the paths that hold the frame and have not
 // verified it before (appends, staging, recovery), also checks that its
 // payload describes the gap.
+//
+// A compacted frame (batch.Header.Compacted) may start past q: compaction
+// by key removed the frames in between, with their offsets and Raft
+// indexes (see the package documentation), and it may hold no record.
 func (q seq) check(h batch.Header) error {
 	switch {
-	case h.BaseOffset != q.offset:
+	case h.BaseOffset != q.offset && !(h.Compacted() && h.BaseOffset > q.offset):
 		return fmt.Errorf("%w: base offset %d", errOutOfSequence, h.BaseOffset)
-	case h.RecordCount == 0 && h.Type == batch.TypeData:
+	case h.RecordCount == 0 && h.Type == batch.TypeData && !h.Compacted():
 		return errEmptyBatch
-	case q.nextIndex != 0 && h.Index != q.nextIndex && !(h.Type == batch.TypeFork && h.Index > q.nextIndex):
+	case q.nextIndex != 0 && h.Index != q.nextIndex && !((h.Type == batch.TypeFork || h.Compacted()) && h.Index > q.nextIndex):
 		return fmt.Errorf("%w: index %d, want %d", errIndexSequence, h.Index, q.nextIndex)
 	case h.Index != 0 && h.Term < q.term:
 		return fmt.Errorf("%w: term %d after %d", errTermDecreases, h.Term, q.term)
@@ -194,7 +203,7 @@ func (q seq) checkFrame(frame []byte, h batch.Header) error {
 // and nowhere else. A fork frame at prev+1 names prev or 0.
 func forkFollows(frame []byte, h batch.Header, prev uint64) error {
 	if h.Type != batch.TypeFork {
-		if h.Index != prev+1 {
+		if h.Index != prev+1 && !(h.Compacted() && h.Index > prev) {
 			return fmt.Errorf("%w: index %d, want %d", errIndexSequence, h.Index, prev+1)
 		}
 		return nil

@@ -171,7 +171,7 @@ func (w *world) check() error {
 						continue
 					}
 					for i, rec := range recs {
-						off := h.BaseOffset + uint64(i)
+						off := h.Offset(&recs[i])
 						if off < n.verified[r] || off >= committed {
 							continue
 						}

@@ -14,15 +14,36 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/geolog/geolog/internal/portlock"
 )
 
-// localBasePort is the port plan of TestLocalApplyDestroy: 2 regions x 1
-// node use basePort .. basePort+7 (WAN control, PostgreSQL, 2 nodes, 2
+// localPortCount is the size of TestLocalApplyDestroy's port plan: 2
+// regions x 1 node use base .. base+7 (WAN control, PostgreSQL, 2 nodes, 2
 // debug listeners, 2 WAN links).
-const (
-	localBasePort  = 7660
-	localPortCount = 8
-)
+const localPortCount = 8
+
+// localPortBlock holds localPortCount consecutive free ports for the rest of
+// t (internal/portlock: no other run, of this clone or another, takes them)
+// and returns the first. The module wants base_port <= 65000.
+func localPortBlock(t *testing.T) int {
+	t.Helper()
+	r, err := portlock.DefaultRange()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Max = min(r.Max, 65000+localPortCount-1)
+	ports, err := portlock.TakeBlock(r, localPortCount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range ports {
+			p.Release()
+		}
+	})
+	return ports[0].Number()
+}
 
 // TestLocalApplyDestroy runs terraform/local for real: init, apply a
 // 2-region x 1-node cluster, use it through bin/geolog, apply again (no
@@ -44,11 +65,7 @@ func TestLocalApplyDestroy(t *testing.T) {
 			t.Skipf("bin/%s missing (make build): the apply/destroy cycle is not run", b)
 		}
 	}
-	for p := localBasePort; p < localBasePort+localPortCount; p++ {
-		if listening(p) {
-			t.Fatalf("port %d is in use before apply: %d-%d must be free", p, localBasePort, localBasePort+localPortCount-1)
-		}
-	}
+	localBasePort := localPortBlock(t)
 
 	tmp := t.TempDir()
 	// PostgreSQL runs as the postgres user when the test runs as root: it
@@ -183,9 +200,16 @@ func TestLocalApplyDestroy(t *testing.T) {
 		t.Fatalf("pids before destroy: %v, want 4", pids)
 	}
 	destroy()
+	// Each process is gone, or a zombie (exited, not yet reaped: init may
+	// reap late on a busy machine, and kill(pid, 0) still finds it), within
+	// a minute of the destroy.
 	for name, pid := range pids {
-		if syscall.Kill(pid, 0) == nil {
-			t.Errorf("%s (pid %d) still runs after destroy", name, pid)
+		deadline := time.Now().Add(time.Minute)
+		for running(pid) && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if running(pid) {
+			t.Errorf("%s (pid %d) still runs a minute after destroy", name, pid)
 		}
 	}
 	for p := localBasePort; p < localBasePort+localPortCount; p++ {
@@ -216,6 +240,21 @@ func clusterPids(t *testing.T, runDir string) map[string]int {
 		pids[strings.TrimSuffix(filepath.Base(f), ".pid")] = pid
 	}
 	return pids
+}
+
+// running reports whether pid is a live process: one that exists and is
+// not a zombie.
+func running(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which may hold spaces.
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
 }
 
 func listening(port int) bool {

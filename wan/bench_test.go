@@ -306,3 +306,28 @@ func benchRTT(b *testing.B, kind string, loaded bool) {
 	b.ReportMetric(ms(rtts[len(rtts)-1]), "max-ms")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkBandwidthCap sends 2 MiB through a link capped at 8 MiB/s per
+// iteration and reports the rate achieved as a share of the cap (want
+// close to 100%; TestBandwidthCap only checks that it is never above).
+func BenchmarkBandwidthCap(b *testing.B) {
+	up, received := countingSink(b)
+	const rate = 8 << 20
+	l := startLink(b, Config{Name: "a->b", Upstream: up.addr(), BandwidthBytesPerSecond: rate, BufferBytesMax: 256 << 10})
+	c := dial(b, l.Addr())
+	const chunk = 2 << 20
+	buf := make([]byte, chunk)
+	b.SetBytes(chunk)
+	start := time.Now()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		want := int64(i+1) * chunk
+		waitFor(b, "bytes delivered", time.Minute, func() bool { return received.Load() == want })
+	}
+	b.StopTimer()
+	achieved := float64(b.N) * chunk / time.Since(start).Seconds()
+	b.ReportMetric(100*achieved/rate, "%-of-cap")
+}

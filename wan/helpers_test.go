@@ -109,7 +109,7 @@ func startLink(t testing.TB, cfg Config) *Link {
 
 func dial(t testing.TB, addr string) *net.TCPConn {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := net.DialTimeout("tcp", addr, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func roundTrip(t testing.TB, c net.Conn, msg []byte) time.Duration {
 		t.Fatal(err)
 	}
 	got := make([]byte, len(msg))
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if _, err := io.ReadFull(c, got); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,8 @@ func expectSilence(t testing.TB, c net.Conn, d time.Duration) {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor polls cond until it holds or the deadline passes (callers give
+// slack for a busy machine: it returns as soon as cond holds).
 func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -164,10 +165,10 @@ func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool)
 }
 
 // expectBroken waits for c to fail with an error other than a timeout (the
-// peer reset or closed it).
+// peer reset or closed it), for up to 30 s (slack for a busy machine).
 func expectBroken(t testing.TB, c net.Conn) {
 	t.Helper()
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	buf := make([]byte, 4096)
 	for {
 		_, err := c.Read(buf)
@@ -186,7 +187,7 @@ func expectBroken(t testing.TB, c net.Conn) {
 // the connect (the RST can beat connect's return) or at the first read.
 func expectRefused(t testing.TB, addr string) {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := net.DialTimeout("tcp", addr, 30*time.Second)
 	if err != nil {
 		return
 	}

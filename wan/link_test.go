@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/geolog/geolog/internal/portlock"
 )
 
 // stampServer answers each 8-byte request with the time it arrived (unix
@@ -47,7 +49,7 @@ func oneWay(t *testing.T, c net.Conn) (there, back time.Duration) {
 		t.Fatal(err)
 	}
 	var resp [16]byte
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if _, err := io.ReadFull(c, resp[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -60,50 +62,49 @@ func oneWay(t *testing.T, c net.Conn) (there, back time.Duration) {
 	return at.Sub(sent), got.Sub(at)
 }
 
+// TestLatencyBothDirections: each direction of a link delays every byte by
+// at least its latency, and SetLatency applies at once to both directions
+// of a live connection. How little a request is late (timer slack and
+// scheduling) is logged here and measured by BenchmarkRTT: on a busy
+// machine it can be anything.
 func TestLatencyBothDirections(t *testing.T) {
 	up := startUpstream(t, stampServer)
-	const latency = 40 * time.Millisecond
+	const latency = 200 * time.Millisecond
 	l := startLink(t, Config{Name: "a->b", Upstream: up.addr(), Latency: latency})
 	c := dial(t, l.Addr())
-	var theres, backs []time.Duration
-	for i := 0; i < 8; i++ {
-		there, back := oneWay(t, c)
-		theres, backs = append(theres, there), append(backs, back)
+	sample := func(n int) (theres, backs []time.Duration) {
+		for i := 0; i < n; i++ {
+			there, back := oneWay(t, c)
+			theres, backs = append(theres, there), append(backs, back)
+		}
+		return theres, backs
 	}
-	check := func(dir string, ds []time.Duration, want time.Duration) {
+	// check: never early; with a faster-than limit, at least one request
+	// beat it (the old latency no longer applies).
+	check := func(dir string, ds []time.Duration, want, fasterThan time.Duration) {
 		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 		t.Logf("%s: min %s median %s max %s (want %s)", dir, ds[0], ds[len(ds)/2], ds[len(ds)-1], want)
-		// Never early; late by timer slack and scheduling only. The
-		// median is held tight, the max loosely (a shared, loaded CI box).
 		if ds[0] < want {
 			t.Errorf("%s: a request took %s, less than the latency %s", dir, ds[0], want)
 		}
-		if ds[len(ds)/2] > want+5*time.Millisecond {
-			t.Errorf("%s: median %s, want within 5ms of %s", dir, ds[len(ds)/2], want)
-		}
-		if ds[len(ds)-1] > want+30*time.Millisecond {
-			t.Errorf("%s: max %s, want within 30ms of %s", dir, ds[len(ds)-1], want)
+		if fasterThan > 0 && ds[0] >= fasterThan {
+			t.Errorf("%s: every request took %s or more, as under the old latency %s", dir, ds[0], fasterThan)
 		}
 	}
-	check("to upstream", theres, latency)
-	check("from upstream", backs, latency)
+	theres, backs := sample(4)
+	check("to upstream", theres, latency, 0)
+	check("from upstream", backs, latency, 0)
 
-	// SetLatency on the fly applies to both directions of a live
-	// connection.
 	if err := l.SetLatency(10*time.Millisecond, 0); err != nil {
 		t.Fatal(err)
 	}
-	theres, backs = nil, nil
-	for i := 0; i < 6; i++ {
-		there, back := oneWay(t, c)
-		theres, backs = append(theres, there), append(backs, back)
-	}
-	check("to upstream after SetLatency", theres, 10*time.Millisecond)
-	check("from upstream after SetLatency", backs, 10*time.Millisecond)
+	theres, backs = sample(8)
+	check("to upstream after SetLatency", theres, 10*time.Millisecond, latency)
+	check("from upstream after SetLatency", backs, 10*time.Millisecond, latency)
 	// Counters move just after the bytes are written: poll.
-	waitFor(t, "byte counters", 5*time.Second, func() bool {
+	waitFor(t, "byte counters", time.Minute, func() bool {
 		s := l.Stats()
-		return s.Latency == 10*time.Millisecond && s.BytesToUpstream == 14*8 && s.BytesFromUpstream == 14*16 && s.BytesHeld == 0
+		return s.Latency == 10*time.Millisecond && s.BytesToUpstream == 12*8 && s.BytesFromUpstream == 12*16 && s.BytesHeld == 0
 	})
 }
 
@@ -167,7 +168,7 @@ func TestOrderUnderJitter(t *testing.T) {
 		t.Fatal("echoed stream differs from the stream sent (order or content)")
 	}
 	// Both ends closed: the connection goes away.
-	waitFor(t, "connection to close", 5*time.Second, func() bool { return l.Stats().ConnsOpen == 0 })
+	waitFor(t, "connection to close", time.Minute, func() bool { return l.Stats().ConnsOpen == 0 })
 	if s := l.Stats(); s.BytesToUpstream != total || s.BytesFromUpstream != total || s.BytesHeld != 0 {
 		t.Fatalf("stats %+v", s)
 	}
@@ -211,12 +212,12 @@ func TestCutBlackholeStallsThenHealResumes(t *testing.T) {
 	}
 	// What was held is delivered, in order, and both connections carry on.
 	got := make([]byte, len("held-1held-2"))
-	_ = old.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = old.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if _, err := io.ReadFull(old, got); err != nil || string(got) != "held-1held-2" {
 		t.Fatalf("after heal old conn read %q, %v", got, err)
 	}
 	got = make([]byte, len("fresh"))
-	_ = fresh.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = fresh.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if _, err := io.ReadFull(fresh, got); err != nil || string(got) != "fresh" {
 		t.Fatalf("after heal new conn read %q, %v", got, err)
 	}
@@ -225,7 +226,7 @@ func TestCutBlackholeStallsThenHealResumes(t *testing.T) {
 	if s := l.Stats(); s.State != "up" {
 		t.Fatalf("stats after heal %+v", s)
 	}
-	waitFor(t, "nothing held", 5*time.Second, func() bool { return l.Stats().BytesHeld == 0 })
+	waitFor(t, "nothing held", time.Minute, func() bool { return l.Stats().BytesHeld == 0 })
 }
 
 // TestBlackholeBackpressure: a sender into a blackhole is eventually
@@ -242,7 +243,7 @@ func TestBlackholeBackpressure(t *testing.T) {
 		}
 	}
 	roundTripDiscard()
-	waitFor(t, "first byte delivered", 5*time.Second, func() bool { return l.Stats().BytesToUpstream == 1 })
+	waitFor(t, "first byte delivered", time.Minute, func() bool { return l.Stats().BytesToUpstream == 1 })
 	if err := l.Cut(CutBlackhole); err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +278,7 @@ func TestBlackholeBackpressure(t *testing.T) {
 	if err := l.Heal(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "held bytes delivered", 10*time.Second, func() bool { return l.Stats().BytesToUpstream == 1+uint64(written) })
+	waitFor(t, "held bytes delivered", time.Minute, func() bool { return l.Stats().BytesToUpstream == 1+uint64(written) })
 }
 
 func TestCutReset(t *testing.T) {
@@ -290,7 +291,7 @@ func TestCutReset(t *testing.T) {
 	}
 	expectBroken(t, old)
 	expectRefused(t, l.Addr()) // the handshake completes; the reset follows
-	waitFor(t, "conns to close", 5*time.Second, func() bool { return l.Stats().ConnsOpen == 0 })
+	waitFor(t, "conns to close", time.Minute, func() bool { return l.Stats().ConnsOpen == 0 })
 	if s := l.Stats(); s.State != "reset" || s.ConnsRefused < 1 {
 		t.Fatalf("stats %+v", s)
 	}
@@ -313,7 +314,7 @@ func TestBlackholeThenReset(t *testing.T) {
 	if _, err := c.Write([]byte("lost")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "bytes held", 5*time.Second, func() bool { return l.Stats().BytesHeld > 0 })
+	waitFor(t, "bytes held", time.Minute, func() bool { return l.Stats().BytesHeld > 0 })
 	if err := l.Cut(CutReset); err != nil {
 		t.Fatal(err)
 	}
@@ -371,40 +372,50 @@ func TestConcurrentConnections(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	waitFor(t, "conns to close", 5*time.Second, func() bool { return l.Stats().ConnsOpen == 0 })
+	waitFor(t, "conns to close", time.Minute, func() bool { return l.Stats().ConnsOpen == 0 })
 	if s := l.Stats(); s.ConnsAccepted != conns || s.BytesToUpstream != conns*size || s.BytesFromUpstream != conns*size {
 		t.Fatalf("stats %+v", s)
 	}
 }
 
+// TestBandwidthCap: a capped link never delivers faster than its rate
+// (minus the one block a read may take ahead); once the cap is removed the
+// next bytes go faster than the cap allows. How close to the rate a
+// capped link comes is a figure (BenchmarkBandwidthCap): on a busy
+// machine it may be slower, which says nothing about the cap.
 func TestBandwidthCap(t *testing.T) {
 	up := startUpstream(t, discard)
-	const rate = 4 << 20 // bytes per second
+	const rate = 1 << 20 // bytes per second
 	l := startLink(t, Config{Name: "a->b", Upstream: up.addr(), BandwidthBytesPerSecond: rate, BufferBytesMax: 256 << 10})
 	c := dial(t, l.Addr())
-	const total = 1 << 20
+	const total = 256 << 10
 	start := time.Now()
 	if _, err := c.Write(make([]byte, total)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "bytes delivered", 10*time.Second, func() bool { return l.Stats().BytesToUpstream == total })
+	waitFor(t, "bytes delivered", time.Minute, func() bool { return l.Stats().BytesToUpstream == total })
 	elapsed := time.Since(start)
 	want := time.Duration(total) * time.Second / rate // 250 ms
-	t.Logf("1 MiB at 4 MiB/s took %s (want ≈ %s)", elapsed, want)
-	if elapsed < want-blockBytes*time.Second/rate || elapsed > 3*want {
-		t.Fatalf("took %s, want about %s", elapsed, want)
+	t.Logf("256 KiB at 1 MiB/s took %s (want ≈ %s)", elapsed, want)
+	if floor := want - blockBytes*time.Second/rate; elapsed < floor {
+		t.Fatalf("took %s, faster than the cap allows (%s)", elapsed, floor)
 	}
-	// Removing the cap takes effect for the next bytes.
+	// Removing the cap takes effect for the next bytes: 8 MiB arrive
+	// sooner than the 7.7 s the cap would take for them (less the link's
+	// buffer and a block), a margin a busy machine does not use up.
 	if err := l.SetBandwidth(0); err != nil {
 		t.Fatal(err)
 	}
+	const more = 8 << 20
 	start = time.Now()
-	if _, err := c.Write(make([]byte, total)); err != nil {
+	if _, err := c.Write(make([]byte, more)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "bytes delivered", 10*time.Second, func() bool { return l.Stats().BytesToUpstream == 2*total })
-	if elapsed := time.Since(start); elapsed > want {
-		t.Fatalf("uncapped 1 MiB took %s", elapsed)
+	waitFor(t, "bytes delivered", time.Minute, func() bool { return l.Stats().BytesToUpstream == total+more })
+	elapsed = time.Since(start)
+	t.Logf("8 MiB uncapped took %s", elapsed)
+	if capped := time.Duration(more-(256<<10)-blockBytes) * time.Second / rate; elapsed >= capped {
+		t.Fatalf("uncapped 8 MiB took %s, as long as the cap would (%s)", elapsed, capped)
 	}
 }
 
@@ -423,7 +434,7 @@ func TestHalfCloseTravels(t *testing.T) {
 	if err := c.CloseWrite(); err != nil {
 		t.Fatal(err)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	got, err := io.ReadAll(c)
 	if err != nil || string(got) != "got 1000" {
 		t.Fatalf("read %q, %v", got, err)
@@ -431,15 +442,10 @@ func TestHalfCloseTravels(t *testing.T) {
 }
 
 func TestUpstreamDownResetsClient(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := portlock.Addr(t) // held, and nothing listens on it
 	l := startLink(t, Config{Name: "a->b", Upstream: dead})
 	expectRefused(t, l.Addr())
-	waitFor(t, "dial error counted", 5*time.Second, func() bool { return l.Stats().DialErrors == 1 })
+	waitFor(t, "dial error counted", time.Minute, func() bool { return l.Stats().DialErrors == 1 })
 }
 
 func TestConnsMax(t *testing.T) {
@@ -453,7 +459,7 @@ func TestConnsMax(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 	a.Close()
-	waitFor(t, "a slot to free", 5*time.Second, func() bool { return l.Stats().ConnsOpen < 2 })
+	waitFor(t, "a slot to free", time.Minute, func() bool { return l.Stats().ConnsOpen < 2 })
 	roundTrip(t, dial(t, l.Addr()), []byte("c"))
 }
 
@@ -470,7 +476,7 @@ func TestCloseResetsEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := dial(t, l.Addr())
-	waitFor(t, "held conn", 5*time.Second, func() bool { return l.Stats().ConnsOpen == 2 })
+	waitFor(t, "held conn", time.Minute, func() bool { return l.Stats().ConnsOpen == 2 })
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +487,7 @@ func TestCloseResetsEverything(t *testing.T) {
 	}
 	// Every goroutine of the link is gone (the upstream's handlers end
 	// with the reset too).
-	waitFor(t, "goroutines to exit", 5*time.Second, func() bool { return runtime.NumGoroutine() <= goroutines })
+	waitFor(t, "goroutines to exit", time.Minute, func() bool { return runtime.NumGoroutine() <= goroutines })
 	for name, err := range map[string]error{"Close": l.Close(), "Cut": l.Cut(CutBlackhole), "Heal": l.Heal()} {
 		if !errors.Is(err, ErrClosed) {
 			t.Errorf("%s after Close: %v, want ErrClosed", name, err)

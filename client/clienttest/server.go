@@ -449,6 +449,7 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 			ProducerTimeUnixNanos: rec.GetProducerTimeUnixNanos(),
 			AppendTimeUnixNanos:   now,
 			Epoch:                 1,
+			Tombstone:             rec.GetTombstone(),
 		})
 		r.sizeBytes += int64(len(rec.GetKey()) + len(rec.GetValue()))
 	}

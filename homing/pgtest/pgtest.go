@@ -1,12 +1,18 @@
-// Package pgtest gives tests a private PostgreSQL 15: the project's own
-// instance, started with scripts/pg.sh (data in run/pg, port 55432 or
-// GEOLOG_PG_PORT) unless GEOLOG_PG_URL names a server, and a fresh database
-// per test.
+// Package pgtest gives tests a PostgreSQL 15 of their own and a fresh
+// database per test.
+//
+// Unless GEOLOG_PG_URL names a server, each test process starts a private
+// one with the project's scripts/pg.sh: its data in a new temporary folder
+// (geolog-pgtest-* under os.TempDir()), on a free port held with
+// internal/portlock for as long as the process runs, never the instance
+// the demo and the local cluster use (run/pg, GEOLOG_PG_PORT). Two test
+// processes, of one clone or of two, never share a server or a port. Run,
+// from TestMain, stops the server and removes its folder; a server left
+// behind by a test process that was killed is stopped and removed by the
+// next test process that starts one.
 //
 // It never skips: when no server is configured and the script cannot start
-// one, the test fails with the script's output. Use Run from TestMain so
-// that a server this process started is stopped at the end (set
-// GEOLOG_PG_KEEP=1 to keep it running between runs).
+// one, the test fails with the script's output.
 package pgtest
 
 import (
@@ -18,29 +24,41 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/geolog/geolog/internal/portlock"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 var (
-	once        sync.Once
-	adminURL    string
-	startErr    error
-	startedHere atomic.Bool
-	scriptPath  string
-	dbSeq       atomic.Int64
-	createMu    sync.Mutex
+	once     sync.Once
+	adminURL string
+	startErr error
+	private  *server // the server this process started, if any
+	dbSeq    atomic.Int64
+	createMu sync.Mutex
 )
 
 // startTimeout bounds scripts/pg.sh start, which may have to apt-get
 // install PostgreSQL on a fresh machine.
 const startTimeout = 10 * time.Minute
+
+// startAttempts bounds the ports tried: a start fails when a program that
+// does not use portlock took the port after it was probed.
+const startAttempts = 3
+
+// server is a private PostgreSQL: its folder, its port, the script.
+type server struct {
+	script string
+	dir    string
+	port   *portlock.Port
+}
 
 func start() {
 	if u := os.Getenv("GEOLOG_PG_URL"); u != "" {
@@ -52,21 +70,124 @@ func start() {
 		startErr = err
 		return
 	}
-	scriptPath = script
+	reapOrphans(script)
+	for attempt := 1; attempt <= startAttempts; attempt++ {
+		var s *server
+		s, adminURL, err = startServer(script)
+		if err == nil {
+			private = s
+			return
+		}
+		startErr = err
+	}
+}
+
+// startServer starts a server in a new folder on a port of its own.
+func startServer(script string) (*server, string, error) {
+	r, err := portlock.DefaultRange()
+	if err != nil {
+		return nil, "", err
+	}
+	port, err := portlock.Take(r)
+	if err != nil {
+		return nil, "", err
+	}
+	dir, err := os.MkdirTemp("", "geolog-pgtest-")
+	if err != nil {
+		port.Release()
+		return nil, "", err
+	}
+	s := &server{script: script, dir: dir, port: port}
+	// As root, the server runs as the postgres user, which must reach
+	// its folder (pg.sh gives it data/ and sock/).
+	if err := os.Chmod(dir, 0o755); err == nil {
+		err = os.WriteFile(filepath.Join(dir, ownerFile), []byte(ownerOf(os.Getpid())), 0o644)
+	}
+	if err != nil {
+		s.remove()
+		return nil, "", err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	if exec.CommandContext(ctx, script, "status").Run() != nil {
-		startedHere.Store(true)
-	}
-	out, err := exec.CommandContext(ctx, script, "start").CombinedOutput()
+	out, err := s.run(ctx, "start")
 	if err != nil {
-		startErr = fmt.Errorf("pgtest: %s start failed: %v\n%s", script, err, out)
-		return
+		s.remove()
+		return nil, "", fmt.Errorf("pgtest: %s start (port %d, folder %s) failed: %v\n%s", script, port.Number(), dir, err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	adminURL = strings.TrimSpace(lines[len(lines)-1])
-	if !strings.HasPrefix(adminURL, "postgres://") {
-		startErr = fmt.Errorf("pgtest: %s start printed no URL:\n%s", script, out)
+	u := strings.TrimSpace(lines[len(lines)-1])
+	if !strings.HasPrefix(u, "postgres://") {
+		s.remove()
+		return nil, "", fmt.Errorf("pgtest: %s start printed no URL:\n%s", script, out)
+	}
+	return s, u, nil
+}
+
+// run runs the script with action for s's folder and port.
+func (s *server) run(ctx context.Context, action string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, s.script, action)
+	cmd.Env = append(os.Environ(), "GEOLOG_PG_DIR="+s.dir)
+	if s.port != nil {
+		cmd.Env = append(cmd.Env, "GEOLOG_PG_PORT="+strconv.Itoa(s.port.Number()))
+	}
+	return cmd.CombinedOutput()
+}
+
+// remove stops the server (if it runs), deletes its folder and gives its
+// port back.
+func (s *server) remove() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := s.run(ctx, "stop"); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: %s stop (%s): %v\n%s", s.script, s.dir, err, out)
+	}
+	if err := os.RemoveAll(s.dir); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+	}
+	if s.port != nil {
+		s.port.Release()
+	}
+}
+
+// ownerFile, in a server's folder, names the test process that owns it:
+// "PID STARTTIME" (the start time tells a reused pid apart).
+const ownerFile = "owner"
+
+// ownerOf is pid's owner line; "" if the process does not exist.
+func ownerOf(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// Field 22 is the start time; the command name (field 2) may hold
+	// spaces, so count from the parenthesis that closes it.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return ""
+	}
+	return fmt.Sprintf("%d %s", pid, f[19])
+}
+
+// reapOrphans stops and removes the servers of test processes that are
+// gone (killed by a timeout, say, before Run could stop their server).
+func reapOrphans(script string) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "geolog-pgtest-*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue // being set up, or not ours
+		}
+		owner := strings.TrimSpace(string(b))
+		pid, _, _ := strings.Cut(owner, " ")
+		n, err := strconv.Atoi(pid)
+		if err != nil || ownerOf(n) == owner {
+			continue // its owner lives
+		}
+		(&server{script: script, dir: dir}).remove()
 	}
 }
 
@@ -163,16 +284,12 @@ func adminExec(ctx context.Context, admin, sql string) error {
 	return err
 }
 
-// Run is for TestMain: it runs the tests, then stops the server if this
-// process started it (unless GEOLOG_PG_KEEP=1), and returns the exit code.
+// Run is for TestMain: it runs the tests, then stops and removes the
+// server this process started, and returns the exit code.
 func Run(m *testing.M) int {
 	code := m.Run()
-	if startedHere.Load() && scriptPath != "" && os.Getenv("GEOLOG_PG_KEEP") != "1" {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if out, err := exec.CommandContext(ctx, scriptPath, "stop").CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "pgtest: %s stop: %v\n%s", scriptPath, err, out)
-		}
+	if private != nil {
+		private.remove()
 	}
 	return code
 }

@@ -6,7 +6,6 @@ package nodeproc
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/geolog/geolog/internal/portlock"
 )
 
 var (
@@ -51,15 +52,12 @@ func Binary(t testing.TB) string {
 	return buildPath
 }
 
-// FreeAddr returns a loopback address with a port that was free just now.
+// FreeAddr holds a free loopback port for the rest of the test and returns
+// its address (internal/portlock: no other run takes it, and a process
+// restarted on it finds it free).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return portlock.Addr(t)
 }
 
 // Proc is one geologd process.

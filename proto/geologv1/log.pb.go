@@ -133,6 +133,8 @@ const (
 	// the sequence the range holds the producer up to (0 when it does not
 	// know it).
 	ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST ErrorCode = 30
+	// A record without a key was appended to a stream compacted by key.
+	ErrorCode_ERROR_CODE_KEY_REQUIRED ErrorCode = 37
 )
 
 // Enum value maps for ErrorCode.
@@ -162,6 +164,7 @@ var (
 		21: "ERROR_CODE_PERMISSION_DENIED",
 		22: "ERROR_CODE_INTERNAL",
 		30: "ERROR_CODE_PRODUCER_STATE_LOST",
+		37: "ERROR_CODE_KEY_REQUIRED",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":             0,
@@ -188,6 +191,7 @@ var (
 		"ERROR_CODE_PERMISSION_DENIED":       21,
 		"ERROR_CODE_INTERNAL":                22,
 		"ERROR_CODE_PRODUCER_STATE_LOST":     30,
+		"ERROR_CODE_KEY_REQUIRED":            37,
 	}
 )
 
@@ -383,6 +387,66 @@ func (OrphanScope) EnumDescriptor() ([]byte, []int) {
 	return file_geolog_v1_log_proto_rawDescGZIP(), []int{4}
 }
 
+// CleanupPolicy is how a stream's ranges shed records (see
+// docs/compaction.md).
+type CleanupPolicy int32
+
+const (
+	// CLEANUP_POLICY_UNSPECIFIED behaves as CLEANUP_POLICY_DELETE.
+	CleanupPolicy_CLEANUP_POLICY_UNSPECIFIED CleanupPolicy = 0
+	// CLEANUP_POLICY_DELETE: whole old segments go by the retention policy.
+	CleanupPolicy_CLEANUP_POLICY_DELETE CleanupPolicy = 1
+	// CLEANUP_POLICY_COMPACT: each range keeps, below a compaction point its
+	// home leader moves forward, the newest record of each key (offsets stay:
+	// readers see next_offset jump over the holes); tombstones delete keys.
+	CleanupPolicy_CLEANUP_POLICY_COMPACT CleanupPolicy = 2
+	// CLEANUP_POLICY_COMPACT_DELETE: both.
+	CleanupPolicy_CLEANUP_POLICY_COMPACT_DELETE CleanupPolicy = 3
+)
+
+// Enum value maps for CleanupPolicy.
+var (
+	CleanupPolicy_name = map[int32]string{
+		0: "CLEANUP_POLICY_UNSPECIFIED",
+		1: "CLEANUP_POLICY_DELETE",
+		2: "CLEANUP_POLICY_COMPACT",
+		3: "CLEANUP_POLICY_COMPACT_DELETE",
+	}
+	CleanupPolicy_value = map[string]int32{
+		"CLEANUP_POLICY_UNSPECIFIED":    0,
+		"CLEANUP_POLICY_DELETE":         1,
+		"CLEANUP_POLICY_COMPACT":        2,
+		"CLEANUP_POLICY_COMPACT_DELETE": 3,
+	}
+)
+
+func (x CleanupPolicy) Enum() *CleanupPolicy {
+	p := new(CleanupPolicy)
+	*p = x
+	return p
+}
+
+func (x CleanupPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CleanupPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_geolog_v1_log_proto_enumTypes[5].Descriptor()
+}
+
+func (CleanupPolicy) Type() protoreflect.EnumType {
+	return &file_geolog_v1_log_proto_enumTypes[5]
+}
+
+func (x CleanupPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CleanupPolicy.Descriptor instead.
+func (CleanupPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{5}
+}
+
 // Header is one record header. Keys need not be unique.
 type Header struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -481,8 +545,13 @@ type Record struct {
 	Headers []*Header `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty"`
 	// producer_time_unix_nanos is the producer's own timestamp; 0 means unset.
 	ProducerTimeUnixNanos int64 `protobuf:"varint,4,opt,name=producer_time_unix_nanos,json=producerTimeUnixNanos,proto3" json:"producer_time_unix_nanos,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// tombstone marks a deletion of key: the record has no value (value must
+	// be empty). In a stream whose cleanup includes compaction, compaction
+	// removes the key's older records and, after the stream's
+	// delete_retention, the tombstone itself.
+	Tombstone     bool `protobuf:"varint,5,opt,name=tombstone,proto3" json:"tombstone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Record) Reset() {
@@ -543,6 +612,13 @@ func (x *Record) GetProducerTimeUnixNanos() int64 {
 	return 0
 }
 
+func (x *Record) GetTombstone() bool {
+	if x != nil {
+		return x.Tombstone
+	}
+	return false
+}
+
 // StoredRecord is a record as read back.
 type StoredRecord struct {
 	state                 protoimpl.MessageState `protogen:"open.v1"`
@@ -555,7 +631,9 @@ type StoredRecord struct {
 	// offset order within a range.
 	AppendTimeUnixNanos int64 `protobuf:"varint,6,opt,name=append_time_unix_nanos,json=appendTimeUnixNanos,proto3" json:"append_time_unix_nanos,omitempty"`
 	// epoch is the homing epoch the record was appended under.
-	Epoch         uint64 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// tombstone: a deletion of key, without a value (see Record.tombstone).
+	Tombstone     bool `protobuf:"varint,8,opt,name=tombstone,proto3" json:"tombstone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -637,6 +715,13 @@ func (x *StoredRecord) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *StoredRecord) GetTombstone() bool {
+	if x != nil {
+		return x.Tombstone
+	}
+	return false
 }
 
 // AppendRequest appends one batch to one range.
@@ -1277,7 +1362,10 @@ type StreamInfo struct {
 	CreatedUnixNanos int64                  `protobuf:"varint,5,opt,name=created_unix_nanos,json=createdUnixNanos,proto3" json:"created_unix_nanos,omitempty"`
 	// range_homes[i] is the region range i is homed in (as created; the
 	// lease store holds the current home once homing is on).
-	RangeHomes    []string `protobuf:"bytes,6,rep,name=range_homes,json=rangeHomes,proto3" json:"range_homes,omitempty"`
+	RangeHomes []string `protobuf:"bytes,6,rep,name=range_homes,json=rangeHomes,proto3" json:"range_homes,omitempty"`
+	// cleanup and compaction are as created (see CreateStreamRequest).
+	Cleanup       CleanupPolicy     `protobuf:"varint,7,opt,name=cleanup,proto3,enum=geolog.v1.CleanupPolicy" json:"cleanup,omitempty"`
+	Compaction    *CompactionPolicy `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1350,6 +1438,20 @@ func (x *StreamInfo) GetCreatedUnixNanos() int64 {
 func (x *StreamInfo) GetRangeHomes() []string {
 	if x != nil {
 		return x.RangeHomes
+	}
+	return nil
+}
+
+func (x *StreamInfo) GetCleanup() CleanupPolicy {
+	if x != nil {
+		return x.Cleanup
+	}
+	return CleanupPolicy_CLEANUP_POLICY_UNSPECIFIED
+}
+
+func (x *StreamInfo) GetCompaction() *CompactionPolicy {
+	if x != nil {
+		return x.Compaction
 	}
 	return nil
 }
@@ -1631,7 +1733,13 @@ type CreateStreamRequest struct {
 	// range_homes, when set, gives every range's home explicitly (one per
 	// range); it overrides home_region. Nodes propagate a creation to the
 	// stream's other regions with it.
-	RangeHomes    []string `protobuf:"bytes,6,rep,name=range_homes,json=rangeHomes,proto3" json:"range_homes,omitempty"`
+	RangeHomes []string `protobuf:"bytes,6,rep,name=range_homes,json=rangeHomes,proto3" json:"range_homes,omitempty"`
+	// cleanup says how the stream sheds records: by retention (delete, the
+	// default), by compaction by key (compact: each range keeps the newest
+	// record of each key; a record must then have a key), or both.
+	Cleanup CleanupPolicy `protobuf:"varint,7,opt,name=cleanup,proto3,enum=geolog.v1.CleanupPolicy" json:"cleanup,omitempty"`
+	// compaction tunes compaction by key; unset fields take the defaults.
+	Compaction    *CompactionPolicy `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1704,6 +1812,20 @@ func (x *CreateStreamRequest) GetHomeRegion() string {
 func (x *CreateStreamRequest) GetRangeHomes() []string {
 	if x != nil {
 		return x.RangeHomes
+	}
+	return nil
+}
+
+func (x *CreateStreamRequest) GetCleanup() CleanupPolicy {
+	if x != nil {
+		return x.Cleanup
+	}
+	return CleanupPolicy_CLEANUP_POLICY_UNSPECIFIED
+}
+
+func (x *CreateStreamRequest) GetCompaction() *CompactionPolicy {
+	if x != nil {
+		return x.Compaction
 	}
 	return nil
 }
@@ -3582,6 +3704,64 @@ func (x *NodeOrphans) GetError() string {
 	return ""
 }
 
+// CompactionPolicy tunes compaction by key. Zero fields take the defaults.
+type CompactionPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// delete_retention_ms is how long a tombstone stays readable after it was
+	// appended, before compaction removes it (default 24 h; -1: 0).
+	DeleteRetentionMs int64 `protobuf:"varint,1,opt,name=delete_retention_ms,json=deleteRetentionMs,proto3" json:"delete_retention_ms,omitempty"`
+	// min_lag_ms: compaction never removes a record appended less than this
+	// long ago, so that consumers near the tail never see it happen (default
+	// 60 s; -1: 0).
+	MinLagMs      int64 `protobuf:"varint,2,opt,name=min_lag_ms,json=minLagMs,proto3" json:"min_lag_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompactionPolicy) Reset() {
+	*x = CompactionPolicy{}
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactionPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactionPolicy) ProtoMessage() {}
+
+func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
+func (*CompactionPolicy) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CompactionPolicy) GetDeleteRetentionMs() int64 {
+	if x != nil {
+		return x.DeleteRetentionMs
+	}
+	return 0
+}
+
+func (x *CompactionPolicy) GetMinLagMs() int64 {
+	if x != nil {
+		return x.MinLagMs
+	}
+	return 0
+}
+
 var File_geolog_v1_log_proto protoreflect.FileDescriptor
 
 const file_geolog_v1_log_proto_rawDesc = "" +
@@ -3589,12 +3769,13 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x13geolog/v1/log.proto\x12\tgeolog.v1\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\x96\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xb4\x01\n" +
 	"\x06Record\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12+\n" +
 	"\aheaders\x18\x03 \x03(\v2\x11.geolog.v1.HeaderR\aheaders\x127\n" +
-	"\x18producer_time_unix_nanos\x18\x04 \x01(\x03R\x15producerTimeUnixNanos\"\xff\x01\n" +
+	"\x18producer_time_unix_nanos\x18\x04 \x01(\x03R\x15producerTimeUnixNanos\x12\x1c\n" +
+	"\ttombstone\x18\x05 \x01(\bR\ttombstone\"\x9d\x02\n" +
 	"\fStoredRecord\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -3602,7 +3783,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\aheaders\x18\x04 \x03(\v2\x11.geolog.v1.HeaderR\aheaders\x127\n" +
 	"\x18producer_time_unix_nanos\x18\x05 \x01(\x03R\x15producerTimeUnixNanos\x123\n" +
 	"\x16append_time_unix_nanos\x18\x06 \x01(\x03R\x13appendTimeUnixNanos\x12\x14\n" +
-	"\x05epoch\x18\a \x01(\x04R\x05epoch\"\xcf\x01\n" +
+	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x1c\n" +
+	"\ttombstone\x18\b \x01(\bR\ttombstone\"\xcf\x01\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12+\n" +
@@ -3657,7 +3839,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x0fRetentionPolicy\x12\x1c\n" +
 	"\n" +
 	"max_age_ms\x18\x01 \x01(\x03R\bmaxAgeMs\x12\x1b\n" +
-	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\"\xe4\x01\n" +
+	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\"\xd5\x02\n" +
 	"\n" +
 	"StreamInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
@@ -3667,7 +3849,11 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tretention\x18\x04 \x01(\v2\x1a.geolog.v1.RetentionPolicyR\tretention\x12,\n" +
 	"\x12created_unix_nanos\x18\x05 \x01(\x03R\x10createdUnixNanos\x12\x1f\n" +
 	"\vrange_homes\x18\x06 \x03(\tR\n" +
-	"rangeHomes\"\xb2\x03\n" +
+	"rangeHomes\x122\n" +
+	"\acleanup\x18\a \x01(\x0e2\x18.geolog.v1.CleanupPolicyR\acleanup\x12;\n" +
+	"\n" +
+	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
+	"compaction\"\xb2\x03\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -3697,7 +3883,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x14heartbeat_age_millis\x18\x05 \x01(\x03R\x12heartbeatAgeMillis\x12\x14\n" +
 	"\x05state\x18\x06 \x01(\tR\x05state\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\a \x01(\tR\tlastError\"\xe0\x01\n" +
+	"last_error\x18\a \x01(\tR\tlastError\"\xd1\x02\n" +
 	"\x13CreateStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vrange_count\x18\x02 \x01(\rR\n" +
@@ -3707,7 +3893,11 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vhome_region\x18\x05 \x01(\tR\n" +
 	"homeRegion\x12\x1f\n" +
 	"\vrange_homes\x18\x06 \x03(\tR\n" +
-	"rangeHomes\"E\n" +
+	"rangeHomes\x122\n" +
+	"\acleanup\x18\a \x01(\x0e2\x18.geolog.v1.CleanupPolicyR\acleanup\x12;\n" +
+	"\n" +
+	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
+	"compaction\"E\n" +
 	"\x14CreateStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\"\x14\n" +
 	"\x12ListStreamsRequest\"F\n" +
@@ -3857,12 +4047,16 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12+\n" +
 	"\x05forks\x18\x04 \x03(\v2\x15.geolog.v1.OrphanForkR\x05forks\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error*s\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"`\n" +
+	"\x10CompactionPolicy\x12.\n" +
+	"\x13delete_retention_ms\x18\x01 \x01(\x03R\x11deleteRetentionMs\x12\x1c\n" +
+	"\n" +
+	"min_lag_ms\x18\x02 \x01(\x03R\bminLagMs*s\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xe2\x05\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xff\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -3888,7 +4082,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aERROR_CODE_UNAUTHENTICATED\x10\x14\x12 \n" +
 	"\x1cERROR_CODE_PERMISSION_DENIED\x10\x15\x12\x17\n" +
 	"\x13ERROR_CODE_INTERNAL\x10\x16\x12\"\n" +
-	"\x1eERROR_CODE_PRODUCER_STATE_LOST\x10\x1e*\x86\x01\n" +
+	"\x1eERROR_CODE_PRODUCER_STATE_LOST\x10\x1e\x12\x1b\n" +
+	"\x17ERROR_CODE_KEY_REQUIRED\x10%*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_ADD_LEARNER\x10\x01\x12\x1a\n" +
@@ -3902,7 +4097,12 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vOrphanScope\x12\x1c\n" +
 	"\x18ORPHAN_SCOPE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11ORPHAN_SCOPE_NODE\x10\x01\x12\x18\n" +
-	"\x14ORPHAN_SCOPE_CLUSTER\x10\x022\x86\x04\n" +
+	"\x14ORPHAN_SCOPE_CLUSTER\x10\x02*\x89\x01\n" +
+	"\rCleanupPolicy\x12\x1e\n" +
+	"\x1aCLEANUP_POLICY_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15CLEANUP_POLICY_DELETE\x10\x01\x12\x1a\n" +
+	"\x16CLEANUP_POLICY_COMPACT\x10\x02\x12!\n" +
+	"\x1dCLEANUP_POLICY_COMPACT_DELETE\x10\x032\x86\x04\n" +
 	"\x03Log\x12=\n" +
 	"\x06Append\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse\x12G\n" +
 	"\fAppendStream\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse(\x010\x01\x127\n" +
@@ -3931,117 +4131,123 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 	return file_geolog_v1_log_proto_rawDescData
 }
 
-var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
 	(ReplicaChange)(0),               // 2: geolog.v1.ReplicaChange
 	(EpochKind)(0),                   // 3: geolog.v1.EpochKind
 	(OrphanScope)(0),                 // 4: geolog.v1.OrphanScope
-	(*Header)(nil),                   // 5: geolog.v1.Header
-	(*Record)(nil),                   // 6: geolog.v1.Record
-	(*StoredRecord)(nil),             // 7: geolog.v1.StoredRecord
-	(*AppendRequest)(nil),            // 8: geolog.v1.AppendRequest
-	(*AppendResponse)(nil),           // 9: geolog.v1.AppendResponse
-	(*ReadRequest)(nil),              // 10: geolog.v1.ReadRequest
-	(*ReadResponse)(nil),             // 11: geolog.v1.ReadResponse
-	(*SubscribeRequest)(nil),         // 12: geolog.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 13: geolog.v1.SubscribeResponse
-	(*RetentionPolicy)(nil),          // 14: geolog.v1.RetentionPolicy
-	(*StreamInfo)(nil),               // 15: geolog.v1.StreamInfo
-	(*RangeInfo)(nil),                // 16: geolog.v1.RangeInfo
-	(*RegionProgress)(nil),           // 17: geolog.v1.RegionProgress
-	(*CreateStreamRequest)(nil),      // 18: geolog.v1.CreateStreamRequest
-	(*CreateStreamResponse)(nil),     // 19: geolog.v1.CreateStreamResponse
-	(*ListStreamsRequest)(nil),       // 20: geolog.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),      // 21: geolog.v1.ListStreamsResponse
-	(*DescribeStreamRequest)(nil),    // 22: geolog.v1.DescribeStreamRequest
-	(*DescribeStreamResponse)(nil),   // 23: geolog.v1.DescribeStreamResponse
-	(*ErrorDetail)(nil),              // 24: geolog.v1.ErrorDetail
-	(*ListOrphansRequest)(nil),       // 25: geolog.v1.ListOrphansRequest
-	(*OrphanFork)(nil),               // 26: geolog.v1.OrphanFork
-	(*ListOrphansResponse)(nil),      // 27: geolog.v1.ListOrphansResponse
-	(*ReadOrphansRequest)(nil),       // 28: geolog.v1.ReadOrphansRequest
-	(*ReadOrphansResponse)(nil),      // 29: geolog.v1.ReadOrphansResponse
-	(*RehomeRequest)(nil),            // 30: geolog.v1.RehomeRequest
-	(*RangeRehome)(nil),              // 31: geolog.v1.RangeRehome
-	(*RehomePhases)(nil),             // 32: geolog.v1.RehomePhases
-	(*RehomeResponse)(nil),           // 33: geolog.v1.RehomeResponse
-	(*RefreshHomesRequest)(nil),      // 34: geolog.v1.RefreshHomesRequest
-	(*RegionHomes)(nil),              // 35: geolog.v1.RegionHomes
-	(*HomeRecord)(nil),               // 36: geolog.v1.HomeRecord
-	(*RefreshHomesResponse)(nil),     // 37: geolog.v1.RefreshHomesResponse
-	(*RangeTail)(nil),                // 38: geolog.v1.RangeTail
-	(*ChangeReplicasRequest)(nil),    // 39: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 40: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 41: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 42: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 43: geolog.v1.DescribeReplicasResponse
-	(*EpochStart)(nil),               // 44: geolog.v1.EpochStart
-	(*NodeOrphans)(nil),              // 45: geolog.v1.NodeOrphans
+	(CleanupPolicy)(0),               // 5: geolog.v1.CleanupPolicy
+	(*Header)(nil),                   // 6: geolog.v1.Header
+	(*Record)(nil),                   // 7: geolog.v1.Record
+	(*StoredRecord)(nil),             // 8: geolog.v1.StoredRecord
+	(*AppendRequest)(nil),            // 9: geolog.v1.AppendRequest
+	(*AppendResponse)(nil),           // 10: geolog.v1.AppendResponse
+	(*ReadRequest)(nil),              // 11: geolog.v1.ReadRequest
+	(*ReadResponse)(nil),             // 12: geolog.v1.ReadResponse
+	(*SubscribeRequest)(nil),         // 13: geolog.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 14: geolog.v1.SubscribeResponse
+	(*RetentionPolicy)(nil),          // 15: geolog.v1.RetentionPolicy
+	(*StreamInfo)(nil),               // 16: geolog.v1.StreamInfo
+	(*RangeInfo)(nil),                // 17: geolog.v1.RangeInfo
+	(*RegionProgress)(nil),           // 18: geolog.v1.RegionProgress
+	(*CreateStreamRequest)(nil),      // 19: geolog.v1.CreateStreamRequest
+	(*CreateStreamResponse)(nil),     // 20: geolog.v1.CreateStreamResponse
+	(*ListStreamsRequest)(nil),       // 21: geolog.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),      // 22: geolog.v1.ListStreamsResponse
+	(*DescribeStreamRequest)(nil),    // 23: geolog.v1.DescribeStreamRequest
+	(*DescribeStreamResponse)(nil),   // 24: geolog.v1.DescribeStreamResponse
+	(*ErrorDetail)(nil),              // 25: geolog.v1.ErrorDetail
+	(*ListOrphansRequest)(nil),       // 26: geolog.v1.ListOrphansRequest
+	(*OrphanFork)(nil),               // 27: geolog.v1.OrphanFork
+	(*ListOrphansResponse)(nil),      // 28: geolog.v1.ListOrphansResponse
+	(*ReadOrphansRequest)(nil),       // 29: geolog.v1.ReadOrphansRequest
+	(*ReadOrphansResponse)(nil),      // 30: geolog.v1.ReadOrphansResponse
+	(*RehomeRequest)(nil),            // 31: geolog.v1.RehomeRequest
+	(*RangeRehome)(nil),              // 32: geolog.v1.RangeRehome
+	(*RehomePhases)(nil),             // 33: geolog.v1.RehomePhases
+	(*RehomeResponse)(nil),           // 34: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 35: geolog.v1.RefreshHomesRequest
+	(*RegionHomes)(nil),              // 36: geolog.v1.RegionHomes
+	(*HomeRecord)(nil),               // 37: geolog.v1.HomeRecord
+	(*RefreshHomesResponse)(nil),     // 38: geolog.v1.RefreshHomesResponse
+	(*RangeTail)(nil),                // 39: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 40: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 41: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 42: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 43: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 44: geolog.v1.DescribeReplicasResponse
+	(*EpochStart)(nil),               // 45: geolog.v1.EpochStart
+	(*NodeOrphans)(nil),              // 46: geolog.v1.NodeOrphans
+	(*CompactionPolicy)(nil),         // 47: geolog.v1.CompactionPolicy
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
-	5,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
-	5,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
-	6,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
-	24, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
+	6,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
+	6,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
+	7,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
+	25, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
 	0,  // 4: geolog.v1.ReadRequest.consistency:type_name -> geolog.v1.Consistency
-	7,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
-	7,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
-	14, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
-	17, // 8: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
-	44, // 9: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
-	14, // 10: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
-	15, // 11: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	15, // 12: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
-	15, // 13: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	16, // 14: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
-	1,  // 15: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
-	4,  // 16: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
-	26, // 17: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
-	45, // 18: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
-	7,  // 19: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
-	32, // 20: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
-	31, // 21: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	35, // 22: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
-	36, // 23: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
-	38, // 24: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
-	2,  // 25: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	42, // 26: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	3,  // 27: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
-	26, // 28: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
-	8,  // 29: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	8,  // 30: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	10, // 31: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	12, // 32: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	18, // 33: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	20, // 34: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	22, // 35: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	39, // 36: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	41, // 37: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	30, // 38: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	34, // 39: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	25, // 40: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	28, // 41: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	9,  // 42: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	9,  // 43: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	11, // 44: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	13, // 45: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	19, // 46: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	21, // 47: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	23, // 48: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	40, // 49: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	43, // 50: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	33, // 51: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	37, // 52: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	27, // 53: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	29, // 54: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	42, // [42:55] is the sub-list for method output_type
-	29, // [29:42] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	8,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
+	8,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
+	15, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
+	5,  // 8: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
+	47, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
+	18, // 10: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
+	45, // 11: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
+	15, // 12: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
+	5,  // 13: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
+	47, // 14: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
+	16, // 15: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	16, // 16: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
+	16, // 17: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	17, // 18: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
+	1,  // 19: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
+	4,  // 20: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
+	27, // 21: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
+	46, // 22: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
+	8,  // 23: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
+	33, // 24: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
+	32, // 25: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	36, // 26: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
+	37, // 27: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
+	39, // 28: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	2,  // 29: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	43, // 30: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	3,  // 31: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
+	27, // 32: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
+	9,  // 33: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	9,  // 34: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	11, // 35: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	13, // 36: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	19, // 37: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	21, // 38: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	23, // 39: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	40, // 40: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	42, // 41: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	31, // 42: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	35, // 43: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	26, // 44: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	29, // 45: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	10, // 46: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	10, // 47: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	12, // 48: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	14, // 49: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	20, // 50: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	22, // 51: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	24, // 52: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	41, // 53: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	44, // 54: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	34, // 55: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	38, // 56: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	28, // 57: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	30, // 58: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	46, // [46:59] is the sub-list for method output_type
+	33, // [33:46] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -4058,8 +4264,8 @@ func file_geolog_v1_log_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   41,
+			NumEnums:      6,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

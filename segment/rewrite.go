@@ -1,0 +1,372 @@
+package segment
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/geolog/geolog/batch"
+)
+
+// Rewriting a sealed segment (compaction by key, package compact) replaces
+// its file with a smaller one holding the same frames, some with fewer
+// records and some dropped, so that a crash at any point leaves the old
+// segment or the new one, never neither:
+//
+//  1. Write the new frames to "_clean.<segment file name>" (names starting
+//     with "_" are not segments; Open removes leftovers of this prefix),
+//     validating each as recovery would, and fdatasync it whatever the
+//     fsync policy: a rename must never publish unsynced data.
+//  2. On the appender's lock, check that the segment is still the one read
+//     (retention, a truncation or an install may have replaced it: then
+//     the new file is dropped), rename the new file over the segment's
+//     (atomic), fsync the directory, and publish the new segment; readers
+//     of the old one finish on the unlinked file.
+//  3. Write the new segment's index files. They are a cache: a crash before
+//     they are written leaves stale ones, which Open rebuilds.
+//
+// What the new file must keep, so that the log around it still joins up:
+// its frames continue each other as compacted frames may (see seq.check),
+// from the segment's base offset; its last frame is the old last frame's
+// (same NextOffset, Raft index, term and append time), so that the next
+// segment follows it as before and the segment's bounds do not move.
+
+// cleanPrefix starts the names of segments being rewritten.
+const cleanPrefix = "_clean."
+
+// ErrRewriteAbandoned reports a rewrite whose segment changed while it ran
+// (deleted by retention, truncated, replaced by an install, or the store
+// closed): nothing was replaced. Try again with the current segments.
+var ErrRewriteAbandoned = errors.New("segment: segment changed during its rewrite")
+
+// RewriteFunc returns what replaces one frame of a segment being
+// rewritten: the frame itself, another frame appended to dst (returned),
+// or dst unchanged to drop it. frame aliases a read window valid until the
+// call returns; last says it is the segment's last frame, which must be
+// kept (with its offsets, index, term and append time).
+type RewriteFunc func(dst, frame []byte, h batch.Header, last bool) ([]byte, error)
+
+// RewriteStats describes one rewrite.
+type RewriteStats struct {
+	BytesBefore, BytesAfter   int64
+	FramesBefore, FramesAfter int
+}
+
+// Sealed returns the sealed segments (every one but the active segment),
+// oldest first. Safe from any goroutine.
+func (s *Store) Sealed() []SegmentInfo {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed || len(s.segs) < 2 {
+		return nil
+	}
+	out := make([]SegmentInfo, 0, len(s.segs)-1)
+	for _, g := range s.segs[:len(s.segs)-1] {
+		out = append(out, infoOf(g))
+	}
+	return out
+}
+
+// SealBefore rolls the active segment if it holds a record below offset,
+// so that every offset below offset lies in a sealed segment (which
+// WalkSegment and RewriteSegment take). For the appender goroutine.
+func (s *Store) SealBefore(offset uint64) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if err := s.usableLocked(); err != nil {
+		return err
+	}
+	if g := s.active(); g.hasRecords() && g.baseOffset < offset {
+		return s.roll()
+	}
+	return nil
+}
+
+// sealedView snapshots the sealed segment at base, or fails with
+// ErrRewriteAbandoned when there is none (it was deleted, or is active).
+func (s *Store) sealedView(base uint64) (segView, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return segView{}, ErrClosed
+	}
+	for _, g := range s.segs[:len(s.segs)-1] {
+		if g.baseOffset == base {
+			return viewLocked(g), nil
+		}
+	}
+	return segView{}, fmt.Errorf("%w: no sealed segment at %d", ErrRewriteAbandoned, base)
+}
+
+// WalkSegment calls fn with every frame of the sealed segment at base, in
+// order, each verified (CRC, sequence) as readers verify them; frame
+// aliases a read window valid until fn returns, and last says it is the
+// segment's last frame. throttle, if not nil, is called with the bytes of
+// each read before it is made (the caller bounds its I/O there). An error
+// from fn stops the walk and is returned. Safe from any goroutine,
+// concurrently with the appender.
+func (s *Store) WalkSegment(base uint64, throttle func(bytes int), fn func(frame []byte, h batch.Header, last bool) error) error {
+	v, err := s.sealedView(base)
+	if err != nil {
+		return err
+	}
+	defer s.releaseView(v)
+	return s.walkView(v, throttle, fn)
+}
+
+// walkView walks every frame of v (see WalkSegment), telling fn which one
+// is the last.
+func (s *Store) walkView(v segView, throttle func(int), fn func(frame []byte, h batch.Header, last bool) error) error {
+	w, buf := s.walker(v.seg.f, 0, v.size)
+	defer s.releaseWalker(&w, buf)
+	w.chunk = readChunkBytes
+	w.throttle = throttle
+	q := seq{offset: v.seg.baseOffset}
+	for {
+		framePos := w.pos
+		frame, h, err := w.next()
+		if err == io.EOF {
+			return nil
+		}
+		if err == nil {
+			err = q.check(h)
+		}
+		if err != nil {
+			return s.readError(v.seg, framePos, q.offset, err)
+		}
+		q.advance(h)
+		if err := fn(frame, h, w.pos == v.size); err != nil {
+			return err
+		}
+	}
+}
+
+// RewriteSegment replaces the sealed segment at base with the frames
+// rewrite returns for its frames (see the steps above and RewriteFunc),
+// and returns what it saved. The new frames are validated as recovery
+// validates a log, and must end with the old last frame's offsets, index,
+// term and append time; a rewrite that breaks that replaces nothing and
+// returns ErrInvalidFrame. throttle is WalkSegment's, and is also called
+// with the bytes of each write. A segment that changed meanwhile returns
+// ErrRewriteAbandoned. Safe from any goroutine, concurrently with the
+// appender and readers (it takes the appender's lock only to swap); one
+// rewrite of a store at a time.
+func (s *Store) RewriteSegment(base uint64, throttle func(bytes int), rewrite RewriteFunc) (RewriteStats, error) {
+	v, err := s.sealedView(base)
+	if err != nil {
+		return RewriteStats{}, err
+	}
+	defer s.releaseView(v)
+	tmp := filepath.Join(s.cfg.Dir, cleanPrefix+segmentName(base, logSuffix))
+	out, err := s.writeRewrite(v, tmp, throttle, rewrite)
+	if err != nil {
+		if rerr := s.fs.Remove(tmp); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			s.log.Warn("remove abandoned rewrite", "file", tmp, "error", rerr)
+		}
+		return RewriteStats{}, err
+	}
+	st := RewriteStats{BytesBefore: v.size, BytesAfter: out.g.size, FramesBefore: out.framesBefore, FramesAfter: out.framesAfter}
+	if err := s.swapRewritten(v, tmp, out.g); err != nil {
+		out.g.f.Close()
+		if rerr := s.fs.Remove(tmp); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			s.log.Warn("remove abandoned rewrite", "file", tmp, "error", rerr)
+		}
+		return RewriteStats{}, err
+	}
+	s.log.Debug("rewrote segment", "segment", v.seg.name(), "bytes_before", st.BytesBefore, "bytes_after", st.BytesAfter,
+		"frames_before", st.FramesBefore, "frames_after", st.FramesAfter)
+	return st, nil
+}
+
+// rewritten is a segment file written by writeRewrite, open, with its
+// in-memory fields computed, not yet published.
+type rewritten struct {
+	g                         *segment
+	framesBefore, framesAfter int
+}
+
+// writeRewrite writes the frames rewrite returns for v's frames to a new
+// file at path, validating them, and fsyncs it.
+func (s *Store) writeRewrite(v segView, path string, throttle func(int), rewrite RewriteFunc) (rewritten, error) {
+	f, err := s.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return rewritten{}, fmt.Errorf("segment: create rewrite of %s: %w", v.seg.name(), err)
+	}
+	g := newSegment(s.cfg.Dir, v.seg.baseOffset, f)
+	out := rewritten{g: g}
+	q := seq{offset: v.seg.baseOffset}
+	var last batch.Header
+	var pending []byte // frames not yet written
+	flush := func() error {
+		if len(pending) == 0 {
+			return nil
+		}
+		if throttle != nil {
+			throttle(len(pending))
+		}
+		_, err := f.WriteAt(pending, g.size-int64(len(pending)))
+		pending = pending[:0]
+		return err
+	}
+	err = s.walkView(v, throttle, func(frame []byte, h batch.Header, isLast bool) error {
+		out.framesBefore++
+		if isLast {
+			last = h
+		}
+		n := len(pending)
+		var err error
+		if pending, err = rewrite(pending, frame, h, isLast); err != nil {
+			return err
+		}
+		if err := s.placeRewritten(g, &q, pending[n:], isLast, &out); err != nil {
+			return err
+		}
+		if len(pending) >= readChunkBytes {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err == nil {
+		err = checkRewrittenEnd(g, last, v)
+	}
+	if err == nil {
+		err = f.Datasync()
+	}
+	if err != nil {
+		f.Close()
+		return rewritten{}, err
+	}
+	return out, nil
+}
+
+// placeRewritten validates the frames b (what rewrite returned for one old
+// frame: none, or one) as continuing q, and notes them in g as Append
+// would (index entries, bounds) at the end of the file being written.
+func (s *Store) placeRewritten(g *segment, q *seq, b []byte, isLast bool, out *rewritten) error {
+	if len(b) == 0 {
+		if isLast {
+			return fmt.Errorf("%w: a rewrite dropped the last frame of %s", ErrInvalidFrame, g.name())
+		}
+		return nil
+	}
+	h, err := batch.Validate(b)
+	if err == nil {
+		if size, _ := batch.FrameSize(b); size != len(b) {
+			err = fmt.Errorf("%d bytes hold a frame of %d and more", len(b), size)
+		}
+	}
+	if err == nil {
+		err = q.checkFrame(b, h)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: rewrite of %s at offset %d: %w", ErrInvalidFrame, g.name(), q.offset, err)
+	}
+	pos := g.size
+	if needsIndexEntry(g.entries, pos, s.cfg.IndexIntervalBytes) {
+		g.entries = append(g.entries, indexEntry{relOffset: relOffset(g, h.BaseOffset), position: uint32(pos),
+			appendTimeUnixNanos: max(h.AppendTimeUnixNanos, g.maxAppendTimeUnixNanos), index: h.Index})
+	}
+	g.size += int64(len(b))
+	g.nextOffset = h.NextOffset()
+	g.maxAppendTimeUnixNanos = max(h.AppendTimeUnixNanos, g.maxAppendTimeUnixNanos)
+	if h.Index != 0 {
+		if g.firstIndex == 0 {
+			g.firstIndex = h.Index
+		}
+		g.lastIndex, g.lastTerm = h.Index, h.Term
+	}
+	q.advance(h)
+	out.framesAfter++
+	return nil
+}
+
+// checkRewrittenEnd checks that the rewritten segment g ends as the old
+// one (v, whose last frame is last) did.
+func checkRewrittenEnd(g *segment, last batch.Header, v segView) error {
+	if g.nextOffset != v.nextOffset || g.lastIndex != v.lastIndex || g.lastTerm != v.lastTerm ||
+		g.maxAppendTimeUnixNanos != v.maxAppendTimeUnixNanos || (v.lastIndex != 0 && g.lastIndex != last.Index) {
+		return fmt.Errorf("%w: rewrite of %s ends at offset %d index %d term %d time %d, the segment at %d, %d, %d, %d",
+			ErrInvalidFrame, g.name(), g.nextOffset, g.lastIndex, g.lastTerm, g.maxAppendTimeUnixNanos,
+			v.nextOffset, v.lastIndex, v.lastTerm, v.maxAppendTimeUnixNanos)
+	}
+	return nil
+}
+
+// swapRewritten publishes the rewritten segment ng (written to tmp) in
+// place of v's segment, if that is still in the log unchanged: rename,
+// directory fsync, publish, then index files (see the steps above).
+func (s *Store) swapRewritten(v segView, tmp string, ng *segment) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if err := s.usableLocked(); err != nil {
+		return err
+	}
+	i := s.indexOfLocked(v.seg)
+	if i < 0 || i == len(s.segs)-1 || v.seg.size != v.size || v.seg.truncations != v.truncations {
+		return fmt.Errorf("%w: %s", ErrRewriteAbandoned, v.seg.name())
+	}
+	if err := s.fs.Rename(tmp, v.seg.path(logSuffix)); err != nil {
+		return fmt.Errorf("segment: replace %s: %w", v.seg.name(), err)
+	}
+	if err := s.fs.SyncDir(s.cfg.Dir); err != nil {
+		// Whether the directory holds the old file or the new one is
+		// unknown; both are valid segments, but the store cannot tell
+		// which it serves after a crash. Like a failed fsync, not retried.
+		s.fail(err)
+		return s.failed()
+	}
+	s.mu.Lock()
+	s.segs[i] = ng
+	s.sizeBytes.Add(ng.size - v.seg.size)
+	s.publishBoundsLocked()
+	s.mu.Unlock()
+	if err := v.seg.release(); err != nil {
+		s.log.Warn("close segment file", "segment", v.seg.name(), "error", err)
+	}
+	if err := s.writeIndexFiles(ng); err != nil {
+		s.log.Warn("could not write index files", "segment", ng.name(), "error", err)
+	}
+	return nil
+}
+
+// indexOfLocked returns the position of g in segs, or -1. The caller holds
+// wmu or mu.
+func (s *Store) indexOfLocked(g *segment) int {
+	for i, x := range s.segs {
+		if x == g {
+			return i
+		}
+	}
+	return -1
+}
+
+// removeCleanLeftovers removes the files of rewrites a crash interrupted
+// (before their rename: the segment is the old one). Open runs it first.
+func (s *Store) removeCleanLeftovers() error {
+	dirents, err := s.fs.ReadDir(s.cfg.Dir)
+	if err != nil {
+		return fmt.Errorf("segment: list %s: %w", s.cfg.Dir, err)
+	}
+	removed := 0
+	for _, de := range dirents {
+		if !strings.HasPrefix(de.Name(), cleanPrefix) {
+			continue
+		}
+		if err := s.fs.Remove(filepath.Join(s.cfg.Dir, de.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("segment: remove %s: %w", de.Name(), err)
+		}
+		removed++
+	}
+	if removed == 0 {
+		return nil
+	}
+	s.log.Info("removed interrupted segment rewrites", "files", removed)
+	return s.fs.SyncDir(s.cfg.Dir)
+}
