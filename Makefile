@@ -41,7 +41,8 @@ FUZZ_TARGETS := \
 	./replica:FuzzSnapshotDesc:60000 \
 	./replica:FuzzProducerBase:60000 \
 	./replica:FuzzForkRecord:60000 \
-	./replica:FuzzForkDesc:60000
+	./replica:FuzzForkDesc:60000 \
+	./cursors:FuzzDecode:100000
 FUZZ_TIME ?=
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add
@@ -52,7 +53,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -148,6 +149,11 @@ drill: build
 
 bench-region: build
 	./scripts/bench_region.sh
+
+# Issue-16 consumer figures on a 3-node region: cursor commits/s and group
+# rebalance times (scripts/bench_groups.sh; GEOLOG_BENCH_PORT moves it).
+bench-groups: build
+	./scripts/bench_groups.sh
 
 # The CPU of 1,000 idle ranges on a 3-node region.
 bench-idle: build

@@ -48,6 +48,17 @@ const (
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
+// The codes of consumer groups and cursors (consumer.proto).
+const (
+	UnknownMember         = geologv1.ErrorCode_ERROR_CODE_UNKNOWN_MEMBER
+	StaleMemberEpoch      = geologv1.ErrorCode_ERROR_CODE_STALE_MEMBER_EPOCH
+	RangeNotAssigned      = geologv1.ErrorCode_ERROR_CODE_RANGE_NOT_ASSIGNED
+	GroupNotEmpty         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_EMPTY
+	GroupNotFound         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_FOUND
+	StaleCursorGeneration = geologv1.ErrorCode_ERROR_CODE_STALE_CURSOR_GENERATION
+	LimitExceeded         = geologv1.ErrorCode_ERROR_CODE_LIMIT_EXCEEDED
+)
+
 type codeInfo struct {
 	grpc      codes.Code
 	retriable bool
@@ -81,7 +92,16 @@ var catalogue = map[Code]codeInfo{
 	// Not retriable under the same producer id; the client restarts at a
 	// higher level (a new producer id), which is what Aborted says.
 	ProducerStateLost: {codes.Aborted, false},
-	KeyRequired:       {codes.InvalidArgument, false},
+	// A member told it is unknown or stale joins again; the request as
+	// sent cannot succeed.
+	UnknownMember:         {codes.FailedPrecondition, false},
+	StaleMemberEpoch:      {codes.FailedPrecondition, false},
+	RangeNotAssigned:      {codes.FailedPrecondition, false},
+	GroupNotEmpty:         {codes.FailedPrecondition, false},
+	GroupNotFound:         {codes.NotFound, false},
+	StaleCursorGeneration: {codes.FailedPrecondition, false},
+	LimitExceeded:         {codes.ResourceExhausted, false},
+	KeyRequired:           {codes.InvalidArgument, false},
 }
 
 // Error is a typed API error.
@@ -97,6 +117,10 @@ type Error struct {
 	// current epoch and where it started (see the API's ErrorDetail).
 	ForkEpoch  uint64
 	ForkOffset uint64
+	// MemberEpoch (STALE_MEMBER_EPOCH) and CursorGeneration
+	// (STALE_CURSOR_GENERATION) carry the current values.
+	MemberEpoch      uint64
+	CursorGeneration uint64
 }
 
 // New returns an *Error with the catalogue's retriability for code.
@@ -134,6 +158,8 @@ func (e *Error) Detail() *geologv1.ErrorDetail {
 		ExpectedSequence: e.ExpectedSequence,
 		ForkEpoch:        e.ForkEpoch,
 		ForkOffset:       e.ForkOffset,
+		MemberEpoch:      e.MemberEpoch,
+		CursorGeneration: e.CursorGeneration,
 	}
 }
 
@@ -152,6 +178,8 @@ func FromDetail(d *geologv1.ErrorDetail) *Error {
 		ExpectedSequence: d.GetExpectedSequence(),
 		ForkEpoch:        d.GetForkEpoch(),
 		ForkOffset:       d.GetForkOffset(),
+		MemberEpoch:      d.GetMemberEpoch(),
+		CursorGeneration: d.GetCursorGeneration(),
 	}
 }
 

@@ -378,6 +378,14 @@ func ensureStream(ctx context.Context, c *client.Client, stream string, ranges u
 }
 
 func (e *env) bench(ctx context.Context, args []string) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "cursors":
+			return e.benchCursors(ctx, args[1:]) // benchgroups.go
+		case "rebalance":
+			return e.benchRebalance(ctx, args[1:])
+		}
+	}
 	fs := e.flagSet("bench")
 	var cfg BenchConfig
 	fs.StringVar(&cfg.Stream, "stream", "bench", "stream to produce to (created if missing)")

@@ -34,12 +34,19 @@ func (e *env) consume(ctx context.Context, args []string) error {
 	follow := fs.Bool("follow", false, "keep following the tail until interrupted")
 	maxRecords := fs.Int64("max", 0, "stop after this many records (0: no bound)")
 	asJSON := fs.Bool("json", false, "print one JSON object per record")
+	g := groupFlags(fs) // groups.go
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: consume <stream> [--range N] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]")
+		return usagef("usage: consume <stream> [--range N] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]\n       consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID] [--session D] [--max N] [--json]")
+	}
+	if g.group != "" {
+		if *rng >= 0 || isSet(fs, "from-offset") || *fromTime != "" {
+			return usagef("--group takes its positions from the group: no --range, --from-offset or --from-time")
+		}
+		return e.consumeGroup(ctx, pos[0], g, &recordPrinter{w: e.stdout, json: *asJSON, max: *maxRecords})
 	}
 	o := consumeOpts{stream: pos[0], fromOffset: *fromOffset, follow: *follow, max: *maxRecords, json: *asJSON}
 	if *fromTime != "" {

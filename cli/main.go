@@ -47,6 +47,21 @@ commands:
                        report replication lag (receipt minus home append time)
   produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]
   consume <stream> [--range N] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]
+  consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID]
+          [--session 10s] [--max N] [--json]
+                       consume as a member of a consumer group: ranges are
+                       shared with the group's other members, records printed
+                       are committed (at least once)
+  groups list [--stream S] [--json]
+  groups describe <group> [--json]
+                       members, ranges, committed positions and lag (records
+                       and time) per range
+  groups delete <group>
+  groups reset <group> [--stream S] [--range N]... --to-earliest | --to-latest |
+               --to-time RFC3339 | --to-offset N
+                       move a group's positions (refused while it has members)
+  bench cursors [--cursors 1000] [--batch 500] [--concurrency 8] [--duration 10s]
+  bench rebalance [--ranges 64] [--members 8] [--rounds 5] [--session 3s]
   bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 1]
         [--linger D] [--batch-bytes N] [--buffer-bytes N] [--duration 10s | --count N] [--keys N]
         [--sync] [--json]
@@ -121,6 +136,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.rehome(ctx, args)
 	case "orphans":
 		err = env.orphans(ctx, args)
+	case "groups":
+		err = env.groups(ctx, args)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

@@ -63,6 +63,9 @@ type rangeView struct {
 	tail    uint64
 	leader  string
 	regions map[string]regionView
+	// groups is each consumer group's position and lag in the range, as
+	// the answering node's copy of the stream shows it (groups.go).
+	groups map[string]client.RangeLag
 }
 
 // mergeRanges merges the reports of every node (failed ones are skipped)
@@ -243,6 +246,8 @@ type rangesJSON struct {
 	TailOffset *uint64                     `json:"tail_offset"`
 	Leader     string                      `json:"leader,omitempty"`
 	Regions    map[string]rangesRegionJSON `json:"regions"`
+	// Groups: each consumer group's position and lag in the range.
+	Groups map[string]rangeGroupJSON `json:"groups,omitempty"`
 }
 
 func (e *env) ranges(ctx context.Context, args []string) error {
@@ -286,6 +291,7 @@ func (e *env) ranges(ctx context.Context, args []string) error {
 			}
 		}
 	}
+	groups := e.rangeGroups(ctx, pos[0], views) // groups.go
 	if *asJSON {
 		return writeRangesJSON(e.stdout, regions, views)
 	}
@@ -306,7 +312,10 @@ func (e *env) ranges(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintln(tw)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return printRangeGroups(e.stdout, groups, views)
 }
 
 // regionCell renders a region's copy of a range: "812 home", "790 lag
@@ -354,6 +363,7 @@ func writeRangesJSON(w io.Writer, regions []string, views []rangeView) error {
 			}
 			j.Regions[reg] = rj
 		}
+		j.Groups = groupsJSON(v.groups)
 		out = append(out, j)
 	}
 	return json.NewEncoder(w).Encode(out)

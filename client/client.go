@@ -33,6 +33,8 @@ type Client struct {
 	mu        sync.Mutex
 	closed    bool
 	producers map[*Producer]struct{}
+	// coordinators: where cursors' and groups' requests go (cursors.go).
+	coordinators coordinators
 }
 
 // New returns a client for the nodes at addr: one "host:port" or a
@@ -148,6 +150,12 @@ func (c *Client) isClosed() bool {
 // connection and never resent; attempts that could not reach a node are
 // retried like retriable errors, since nothing was sent.
 func (c *Client) call(ctx context.Context, retry bool, fn func(ctx context.Context, api geologv1.LogClient) error) error {
+	return c.callConn(ctx, retry, func(ctx context.Context, api geologv1.LogClient, _ *grpc.ClientConn) error { return fn(ctx, api) })
+}
+
+// callConn is call with the attempt's connection, for the other services
+// a node serves (the Consumer service).
+func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.Context, api geologv1.LogClient, conn *grpc.ClientConn) error) error {
 	if c.isClosed() {
 		return ErrClosed
 	}
@@ -164,7 +172,7 @@ func (c *Client) call(ctx context.Context, retry bool, fn func(ctx context.Conte
 		}
 		if err == nil {
 			sent = true
-			err = fn(actx, api)
+			err = fn(actx, api, conn)
 		}
 		cancel()
 		if err == nil {

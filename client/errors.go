@@ -95,3 +95,22 @@ func rpcError(ctx context.Context, err error) error {
 	}
 	return apierr.FromError(err)
 }
+
+// The error codes of consumer groups and cursors.
+const (
+	// CodeUnknownMember: the member is not in the group (removed after its
+	// session or rebalance timeout, or it left); join again.
+	CodeUnknownMember = apierr.UnknownMember
+	// CodeStaleMemberEpoch: the request carries an epoch of an older
+	// incarnation of the member; join again.
+	CodeStaleMemberEpoch = apierr.StaleMemberEpoch
+	// CodeRangeNotAssigned: a commit or fetch for a range the member does
+	// not own.
+	CodeRangeNotAssigned = apierr.RangeNotAssigned
+	// CodeGroupNotEmpty: delete, reset, or a commit outside the group, while
+	// the group has members.
+	CodeGroupNotEmpty         = apierr.GroupNotEmpty
+	CodeGroupNotFound         = apierr.GroupNotFound
+	CodeStaleCursorGeneration = apierr.StaleCursorGeneration
+	CodeLimitExceeded         = apierr.LimitExceeded
+)

@@ -22,6 +22,10 @@ const (
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
+// streamRE is a stream name: a user's (as nameRE), or a node's internal
+// stream, which starts with '_' ("_cursors").
+var streamRE = regexp.MustCompile(`^_?[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
 // RangeKey names one range of one stream.
 type RangeKey struct {
 	Stream string
@@ -244,7 +248,7 @@ func validateStream(s string) error {
 	if len(s) > StreamNameBytesMax {
 		return invalidf("stream name is %d bytes, over the maximum of %d", len(s), StreamNameBytesMax)
 	}
-	if !utf8.ValidString(s) || !nameRE.MatchString(s) {
+	if !utf8.ValidString(s) || !streamRE.MatchString(s) {
 		return invalidf("stream name %q: use letters, digits, '.', '_' and '-', starting with a letter or digit", s)
 	}
 	return nil

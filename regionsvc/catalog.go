@@ -148,6 +148,10 @@ func (w createWant) diff(existing streamSpec) string {
 	return strings.Join(d, "; ")
 }
 
+// sameDefinition reports whether two specs define the same stream (all
+// but the creation time and the catalogue offset, which are per region).
+func (s streamSpec) sameDefinition(o streamSpec) bool { return wantExactly(s).diff(o) == "" }
+
 // streamExistsDiff is the STREAM_EXISTS a create gets for a stream that
 // exists with another definition.
 func streamExistsDiff(name, diff string) error {
@@ -279,7 +283,7 @@ func loadCatalog(dataDir string) ([]streamSpec, error) {
 		return nil, fmt.Errorf("regionsvc: catalogue version %d, this build reads %d", c.Version, catalogVersion)
 	}
 	for _, s := range c.Streams {
-		if err := validateStreamName(s.Name); err != nil || s.RangeCount == 0 || s.RangeCount > rangeCountMax {
+		if err := validateStreamNameOrInternal(s.Name); err != nil || s.RangeCount == 0 || s.RangeCount > rangeCountMax {
 			return nil, fmt.Errorf("regionsvc: catalogue holds an invalid stream %q", s.Name)
 		}
 	}

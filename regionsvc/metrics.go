@@ -123,6 +123,9 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := registerGroupMetrics(n, m); err != nil { // groupmetrics.go
+		return nil, err
+	}
 	return &nm, nil
 }
 

@@ -141,6 +141,16 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives gRPC spans, default a no-op provider.
 	TracerProvider trace.TracerProvider
+
+	// CursorRanges is the range count of the cursor stream ("_cursors",
+	// cursorstream.go), default 16; CursorHome the region its ranges are
+	// homed in at creation, default "" (spread over the regions). Both are
+	// part of the stream's definition: set them alike on every node.
+	CursorRanges int
+	CursorHome   string
+	// GroupHeartbeatInterval is how often group members are told to
+	// heartbeat, default 500 ms.
+	GroupHeartbeatInterval time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -248,7 +258,7 @@ func (c *Config) setDefaults() error {
 	if c.TracerProvider == nil {
 		c.TracerProvider = tracenoop.NewTracerProvider()
 	}
-	return nil
+	return c.setConsumerDefaults()
 }
 
 // streamState is an open stream: its spec and one driver per range.
@@ -291,6 +301,8 @@ type Node struct {
 	advertise string
 	book      *addrBook
 	bookDone  chan struct{}
+	// cursors serves cursors and consumer groups (cursorstream.go).
+	cursors *cursorService
 	// peerConns are client connections to the region's other nodes, for
 	// forwarding; bounded by the number of peers.
 	peerConnsMu sync.Mutex
@@ -464,6 +476,7 @@ func (n *Node) Start() error {
 	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
 	geologv1.RegisterAdminServer(n.grpcServer, &adminServer{node: n})
 	geologinternalv1.RegisterNodeDirectoryServer(n.grpcServer, &directoryServer{node: n})
+	geologv1.RegisterConsumerServer(n.grpcServer, &consumerServer{node: n})
 	if n.replicated() {
 		n.region.transport.Register(n.grpcServer)
 		n.replServer.Register(n.grpcServer)
@@ -477,6 +490,8 @@ func (n *Node) Start() error {
 		}
 	}
 	n.listener = lis
+	n.cursors = newCursorService(n)
+	go n.cursors.run()
 	n.startCleaner()
 	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
 	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region)
@@ -499,6 +514,9 @@ func (n *Node) Close() error {
 		close(n.closing)
 		if n.bookDone != nil {
 			<-n.bookDone
+		}
+		if n.cursors != nil {
+			n.cursors.close() // before the ranges it proposes to stop
 		}
 		n.stopCleaner() // no rewrite runs under ranges about to close
 		n.closeHoming()
@@ -562,17 +580,27 @@ func (n *Node) rangeOf(ctx context.Context, stream string, r uint32) (*rangeDriv
 }
 
 func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.StreamInfo, error) {
+	if isInternalStream(req.GetName()) {
+		return n.createInternalStream(ctx, req) // cursorstream.go
+	}
 	spec, err := specFromRequest(req, n.cfg.Region, n.cfg.Now().UnixNano())
 	if err != nil {
 		return nil, err
 	}
+	return n.createStreamFromSpec(ctx, wantFromRequest(req, spec))
+}
+
+// createStreamFromSpec creates a validated stream (w.spec), or answers a
+// retry of the same create with the existing stream.
+func (n *Node) createStreamFromSpec(ctx context.Context, w createWant) (*geologv1.StreamInfo, error) {
+	spec := w.spec
 	select {
 	case <-n.closing:
 		return nil, apierr.New(apierr.ShuttingDown, "node is shutting down")
 	default:
 	}
 	if n.replicated() {
-		return n.createStreamRegions(ctx, wantFromRequest(req, spec))
+		return n.createStreamRegions(ctx, w)
 	}
 	if len(spec.Regions) != 1 || spec.Regions[0] != n.cfg.Region {
 		return nil, apierr.New(apierr.InvalidArgument, "stream %q lists regions %v: a node without replication (--node-id, --peers) serves its own region %q only",
@@ -589,7 +617,7 @@ func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamReque
 	n.mu.RUnlock()
 	if exists {
 		// A retry of the same create is answered with the stream.
-		if diff := wantFromRequest(req, spec).diff(existing.spec); diff != "" {
+		if diff := w.diff(existing.spec); diff != "" {
 			return nil, streamExistsDiff(spec.Name, diff)
 		}
 		return existing.spec.info(), nil
@@ -618,14 +646,16 @@ func (n *Node) listStreams() []*geologv1.StreamInfo {
 	defer n.mu.RUnlock()
 	out := make([]*geologv1.StreamInfo, 0, len(n.streams))
 	for _, st := range n.streams {
-		out = append(out, st.spec.info())
+		if !isInternalStream(st.spec.Name) { // described by name only
+			out = append(out, st.spec.info())
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
 func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.DescribeStreamResponse, error) {
-	if err := validateStreamName(name); err != nil {
+	if err := validateStreamNameOrInternal(name); err != nil {
 		return nil, err
 	}
 	st, err := n.lookupStream(ctx, name)

@@ -38,6 +38,9 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest) (
 	if err != nil {
 		return nil, nil, err
 	}
+	if isInternalStream(req.GetStream()) {
+		return nil, nil, apierr.New(apierr.PermissionDenied, "stream %q is the node's own: use the Consumer service", req.GetStream())
+	}
 	if !rd.isHome() {
 		return nil, nil, n.notHome(rd)
 	}

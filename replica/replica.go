@@ -177,6 +177,9 @@ type Replica struct {
 	notifyMu  sync.Mutex
 	notifyCh  chan struct{}
 	failure   atomic.Pointer[apierr.Error]
+
+	// leaderTerm is the term this replica leads in, 0 while it does not.
+	leaderTerm atomic.Uint64
 }
 
 // New opens a replica over an already opened log. rebuild is called with
@@ -381,6 +384,13 @@ func (r *Replica) IsLeader() bool { return r.isLeader }
 // LeaderID is the Raft id of the leader as last known, 0 if none; safe from
 // any goroutine.
 func (r *Replica) LeaderID() uint64 { return r.leaderID.Load() }
+
+// LeaderTerm returns the Raft term this replica leads in, or 0 while it
+// does not lead. Safe from any goroutine. A state machine that validates
+// proposals against what it applied (regionsvc's cursor coordinator) reads
+// everything committed before its term once per term, and notices a new
+// term here.
+func (r *Replica) LeaderTerm() uint64 { return r.leaderTerm.Load() }
 
 // Pending is the number of appends proposed by this replica and not yet
 // answered (driver goroutine only): a home that stopped admitting has a
@@ -659,6 +669,11 @@ func (r *Replica) ProcessReady() error {
 	}
 	st := r.rn.BasicStatus()
 	r.term = st.GetTerm()
+	if r.isLeader {
+		r.leaderTerm.Store(r.term)
+	} else {
+		r.leaderTerm.Store(0)
+	}
 	if applyMsg != nil {
 		// Raft hands over committed entries only once they are in this
 		// replica's log, durably: readers may read them.

@@ -58,6 +58,9 @@ func run() int {
 	debugAddr := fs.String("debug-addr", "", "serve /metrics (Prometheus) and /debug/pprof on this address (e.g. 127.0.0.1:6060); off by default")
 	debugFailpoints := fs.Bool("debug-failpoints", false, "chaos tests only: serve "+failpoint.Path+" on --debug-addr to slow or fail fsyncs and skew the clock at run time; off by default")
 	clockSkew := fs.Duration("clock-skew", 0, "chaos tests only: add this to the node's clock (needs --debug-failpoints; changeable at run time)")
+	cursorRanges := fs.Int("cursor-ranges", 16, "consumers: range count of the cursor stream _cursors (the same on every node)")
+	cursorHome := fs.String("cursor-home", "", "consumers: the region homing every range of _cursors at its creation (default: spread over the regions; the same on every node)")
+	groupHeartbeat := fs.Duration("group-heartbeat", 500*time.Millisecond, "consumers: how often group members heartbeat")
 	maintenance := fs.Duration("maintenance-interval", 30*time.Second, "how often each range applies retention and considers compaction by key")
 	compactionInterval := fs.Duration("compaction-interval", time.Minute, "compaction by key: least time between two decisions of a range")
 	compactionRate := fs.Int64("compaction-bytes-per-second", 64<<20, "compaction by key: the node's read and write rate (negative: unbounded)")
@@ -169,6 +172,7 @@ func run() int {
 		CompactionInterval:       *compactionInterval,
 		CompactionBytesPerSecond: *compactionRate,
 	}
+	cfg.CursorRanges, cfg.CursorHome, cfg.GroupHeartbeatInterval = *cursorRanges, *cursorHome, *groupHeartbeat
 	if failpoints != nil {
 		cfg.FS = vfs.WithFaults(vfs.OS(), &failpoints.Faults)
 		cfg.Now = failpoints.Now

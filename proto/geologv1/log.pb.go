@@ -133,6 +133,28 @@ const (
 	// the sequence the range holds the producer up to (0 when it does not
 	// know it).
 	ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST ErrorCode = 30
+	// Consumer groups and cursors (consumer.proto). The member id is not a
+	// member of the group (it never joined, left, or was removed when its
+	// session or rebalance timed out): join again with a member epoch of 0.
+	ErrorCode_ERROR_CODE_UNKNOWN_MEMBER ErrorCode = 23
+	// The request carries a member epoch of an older incarnation of the
+	// member, or one the coordinator never issued: the member was fenced and
+	// must join again. member_epoch gives the current one when known.
+	ErrorCode_ERROR_CODE_STALE_MEMBER_EPOCH ErrorCode = 24
+	// A commit or fetch for a range the member does not own (it was never
+	// granted it, or released it).
+	ErrorCode_ERROR_CODE_RANGE_NOT_ASSIGNED ErrorCode = 25
+	// The operation (delete, reset, a commit outside the group) needs a
+	// group without live members.
+	ErrorCode_ERROR_CODE_GROUP_NOT_EMPTY ErrorCode = 26
+	ErrorCode_ERROR_CODE_GROUP_NOT_FOUND ErrorCode = 27
+	// A commit carries a reset generation older than the cursor's: an
+	// operator reset the cursor since; cursor_generation gives the current
+	// one. Read the cursor again.
+	ErrorCode_ERROR_CODE_STALE_CURSOR_GENERATION ErrorCode = 28
+	// A bound on the consumer state was reached (members per group, cursors
+	// or groups per cursor range).
+	ErrorCode_ERROR_CODE_LIMIT_EXCEEDED ErrorCode = 29
 	// A record without a key was appended to a stream compacted by key.
 	ErrorCode_ERROR_CODE_KEY_REQUIRED ErrorCode = 37
 )
@@ -164,6 +186,13 @@ var (
 		21: "ERROR_CODE_PERMISSION_DENIED",
 		22: "ERROR_CODE_INTERNAL",
 		30: "ERROR_CODE_PRODUCER_STATE_LOST",
+		23: "ERROR_CODE_UNKNOWN_MEMBER",
+		24: "ERROR_CODE_STALE_MEMBER_EPOCH",
+		25: "ERROR_CODE_RANGE_NOT_ASSIGNED",
+		26: "ERROR_CODE_GROUP_NOT_EMPTY",
+		27: "ERROR_CODE_GROUP_NOT_FOUND",
+		28: "ERROR_CODE_STALE_CURSOR_GENERATION",
+		29: "ERROR_CODE_LIMIT_EXCEEDED",
 		37: "ERROR_CODE_KEY_REQUIRED",
 	}
 	ErrorCode_value = map[string]int32{
@@ -191,6 +220,13 @@ var (
 		"ERROR_CODE_PERMISSION_DENIED":       21,
 		"ERROR_CODE_INTERNAL":                22,
 		"ERROR_CODE_PRODUCER_STATE_LOST":     30,
+		"ERROR_CODE_UNKNOWN_MEMBER":          23,
+		"ERROR_CODE_STALE_MEMBER_EPOCH":      24,
+		"ERROR_CODE_RANGE_NOT_ASSIGNED":      25,
+		"ERROR_CODE_GROUP_NOT_EMPTY":         26,
+		"ERROR_CODE_GROUP_NOT_FOUND":         27,
+		"ERROR_CODE_STALE_CURSOR_GENERATION": 28,
+		"ERROR_CODE_LIMIT_EXCEEDED":          29,
 		"ERROR_CODE_KEY_REQUIRED":            37,
 	}
 )
@@ -2076,6 +2112,10 @@ type ErrorDetail struct {
 	TailOffset  uint64 `protobuf:"varint,6,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
 	// For SEQUENCE_GAP: the sequence the server expected next.
 	ExpectedSequence uint64 `protobuf:"varint,7,opt,name=expected_sequence,json=expectedSequence,proto3" json:"expected_sequence,omitempty"`
+	// For STALE_MEMBER_EPOCH: the member's current epoch (0: unknown).
+	MemberEpoch uint64 `protobuf:"varint,8,opt,name=member_epoch,json=memberEpoch,proto3" json:"member_epoch,omitempty"`
+	// For STALE_CURSOR_GENERATION: the cursor's current reset generation.
+	CursorGeneration uint64 `protobuf:"varint,9,opt,name=cursor_generation,json=cursorGeneration,proto3" json:"cursor_generation,omitempty"`
 	// For PRODUCER_STATE_LOST: fork_epoch is the first epoch after the one
 	// the producer's newest batch in the log was appended under, and
 	// fork_offset the lowest offset at which that epoch or a later one began
@@ -2168,6 +2208,20 @@ func (x *ErrorDetail) GetTailOffset() uint64 {
 func (x *ErrorDetail) GetExpectedSequence() uint64 {
 	if x != nil {
 		return x.ExpectedSequence
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetMemberEpoch() uint64 {
+	if x != nil {
+		return x.MemberEpoch
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetCursorGeneration() uint64 {
+	if x != nil {
+		return x.CursorGeneration
 	}
 	return 0
 }
@@ -3908,7 +3962,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x16DescribeStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
 	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\x12-\n" +
-	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\"\xc1\x02\n" +
+	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\"\x91\x03\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -3918,7 +3972,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fstart_offset\x18\x05 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x06 \x01(\x04R\n" +
 	"tailOffset\x12+\n" +
-	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\x12\x1f\n" +
+	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\x12!\n" +
+	"\fmember_epoch\x18\b \x01(\x04R\vmemberEpoch\x12+\n" +
+	"\x11cursor_generation\x18\t \x01(\x04R\x10cursorGeneration\x12\x1f\n" +
 	"\vfork_offset\x18\v \x01(\x04R\n" +
 	"forkOffset\x12\x1d\n" +
 	"\n" +
@@ -4056,7 +4112,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xff\x05\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xeb\a\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -4082,7 +4138,14 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aERROR_CODE_UNAUTHENTICATED\x10\x14\x12 \n" +
 	"\x1cERROR_CODE_PERMISSION_DENIED\x10\x15\x12\x17\n" +
 	"\x13ERROR_CODE_INTERNAL\x10\x16\x12\"\n" +
-	"\x1eERROR_CODE_PRODUCER_STATE_LOST\x10\x1e\x12\x1b\n" +
+	"\x1eERROR_CODE_PRODUCER_STATE_LOST\x10\x1e\x12\x1d\n" +
+	"\x19ERROR_CODE_UNKNOWN_MEMBER\x10\x17\x12!\n" +
+	"\x1dERROR_CODE_STALE_MEMBER_EPOCH\x10\x18\x12!\n" +
+	"\x1dERROR_CODE_RANGE_NOT_ASSIGNED\x10\x19\x12\x1e\n" +
+	"\x1aERROR_CODE_GROUP_NOT_EMPTY\x10\x1a\x12\x1e\n" +
+	"\x1aERROR_CODE_GROUP_NOT_FOUND\x10\x1b\x12&\n" +
+	"\"ERROR_CODE_STALE_CURSOR_GENERATION\x10\x1c\x12\x1d\n" +
+	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1b\n" +
 	"\x17ERROR_CODE_KEY_REQUIRED\x10%*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
