@@ -42,6 +42,8 @@ FUZZ_TARGETS := \
 	./replica:FuzzProducerBase:60000 \
 	./replica:FuzzForkRecord:60000 \
 	./replica:FuzzForkDesc:60000 \
+	./segment:FuzzKeyIndex:200000 \
+	./batch:FuzzRecordKeys:100000 \
 	./cursors:FuzzDecode:100000
 FUZZ_TIME ?=
 
@@ -53,7 +55,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -154,6 +156,13 @@ bench-region: build
 # rebalance times (scripts/bench_groups.sh; GEOLOG_BENCH_PORT moves it).
 bench-groups: build
 	./scripts/bench_groups.sh
+
+# Per-key sync figures (issue 16): one conversation synced from offset 0
+# on a range of 10 million records (RECORDS=n), with the key index and by
+# a full scan, through the segment store and a node's Read RPC. Builds
+# the ranges under run/keysync (about 1.3 GB each), removes them after.
+bench-keysync:
+	./scripts/bench_keysync.sh
 
 # The CPU of 1,000 idle ranges on a 3-node region.
 bench-idle: build

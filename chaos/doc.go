@@ -32,6 +32,22 @@
 //     that could not complete (home final read failed, porcupine timed
 //     out) makes it UNVERIFIED, never PASS.
 //
+// # Consumer groups
+//
+// A scenario with Workload.Group runs group members (client.GroupConsumer,
+// in the harness's process, each with its own client behind its own gate)
+// beside the producers; they record every record they receive and each
+// OnAssigned. Faults: member-kill (Abandon, a new member Duration later),
+// member-partition (the member's connections reset and refused for
+// Duration), and kill "cursors:leader" (the group's coordinator, the
+// leader of its range of _cursors in that range's home region). After the
+// final reads the members run until they processed every record of the
+// final home logs (a minute at most), then close; the group's range of
+// _cursors is read at its home and replayed by cursors.CheckLog.
+// CheckGroup's columns: records never processed, cursor regressions and
+// commits accepted from old generations (all must be 0), and per member
+// fault the time until every range the victim owned was assigned again.
+//
 // # Homing in the checks
 //
 // A record acked by a home that then died (or lost the lease store) and

@@ -54,16 +54,30 @@ const (
 	// event records. It lasts as long as the RPC; Duration is ignored.
 	// Needs homing.
 	KindRehome Kind = "rehome"
+	// KindMemberKill crashes a member of the scenario's consumer group
+	// (Workload.Group; round robin over the live members): no commit, no
+	// leave, so the coordinator gives its ranges away after its session.
+	// A new member (a new id) starts Duration later. No target.
+	KindMemberKill Kind = "member-kill"
+	// KindMemberPartition cuts a group member off from every node for
+	// Duration (its connections reset, new ones refused): it fences itself
+	// after a session without answers, its ranges move, and it joins again
+	// once healed. No target.
+	KindMemberPartition Kind = "member-partition"
 )
 
 // kinds lists every Kind, for validation.
-var kinds = []Kind{KindKill, KindPause, KindPartition, KindLatency, KindDisk, KindClockSkew, KindReplicatorStop, KindLeaseStoreOutage, KindRehome}
+var kinds = []Kind{KindKill, KindPause, KindPartition, KindLatency, KindDisk, KindClockSkew, KindReplicatorStop, KindLeaseStoreOutage, KindRehome,
+	KindMemberKill, KindMemberPartition}
 
 // Target says what a fault hits. Selectors are resolved when the fault
 // starts (a leader is whoever leads then):
 //
 //	region part   a region name, "home" (Range's home region now: with
-//	              homing, as the cluster reports it), "mirror" (the first
+//	              homing, as the cluster reports it), "cursors" (the home
+//	              region of the consumer group's range of the cursor
+//	              stream; "cursors:leader" is the group's coordinator,
+//	              whatever Range says), "mirror" (the first
 //	              of the stream's other regions), "next" (the region after
 //	              the home in the stream's order), "client" (the SDK
 //	              clients' side of client links), "pg" (the lease store)

@@ -106,6 +106,10 @@ type FaultEvent struct {
 	LeaseCut bool `json:"lease_cut,omitempty"`
 	// Pauses are the per-range pauses a planned rehome reported.
 	Pauses []Duration `json:"pauses,omitempty"`
+	// MemberRanges are the ranges a member fault's victim owned when it
+	// was hit; Coordinator marks a fault on the group's coordinator.
+	MemberRanges []uint32 `json:"member_ranges,omitempty"`
+	Coordinator  bool     `json:"coordinator,omitempty"`
 	// Sides are the two resolved sides of a link fault (partition,
 	// latency, replicator-stop, lease-store cut): regions ("us"), nodes
 	// ("us:n2"), "client" or "pg".
@@ -154,6 +158,8 @@ type History struct {
 	// ProducerRegions is, per producer (Op.Process), the region whose
 	// nodes its client knows.
 	ProducerRegions []string `json:"producer_regions,omitempty"`
+	// Group is what the consumer group did (nil without one).
+	Group *GroupHistory `json:"group,omitempty"`
 }
 
 // FinalHome is range rng's home at the end: where its log is judged.
@@ -231,6 +237,26 @@ func (r *recorder) setFinal(region string, rng uint32, complete bool) {
 }
 
 // finish stops recording and returns the history.
+// setGroup records what the consumer group did.
+func (r *recorder) setGroup(g GroupHistory) {
+	r.mu.Lock()
+	r.h.Group = &g
+	r.mu.Unlock()
+}
+
+// finalValues is the value of every record of the final home reads.
+func (r *recorder) finalValues() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, o := range r.h.Reads {
+		if o.Final && o.Region == r.h.FinalHome(o.Range) {
+			out = append(out, o.Value)
+		}
+	}
+	return out
+}
+
 func (r *recorder) finish() *History {
 	r.mu.Lock()
 	defer r.mu.Unlock()

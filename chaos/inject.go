@@ -45,6 +45,11 @@ type injector struct {
 	latency    map[string][2]time.Duration // link → latency and jitter before the fault
 	pgStopped  bool
 	httpClient *http.Client
+
+	// group is the scenario's consumer group (inject_group.go), nil
+	// without one; memberFaults counts member faults applied.
+	group        *groupRun
+	memberFaults int
 }
 
 func newInjector(cl Cluster, stream string, homes, regions []string, rec *recorder, seed uint64, log hclog.Logger) *injector {
@@ -191,8 +196,12 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func(),
 		if err != nil {
 			return nil, err
 		}
-		_, part, hasNode := strings.Cut(f.Target.Node, ":")
+		regionSel, part, hasNode := strings.Cut(f.Target.Node, ":")
 		ev.LeaderFault = (part == "leader" || part == "all" || !hasNode) && (f.Kind == KindKill || f.Kind == KindPause)
+		if regionSel == "cursors" {
+			// The group's coordinator: no range of the stream fails over.
+			ev.LeaderFault, ev.Coordinator = false, true
+		}
 		ev.What = fmt.Sprintf("%s %v", f.Kind, nodes)
 		if f.Kind == KindKill && (part == "all" || !hasNode) && len(nodes) == len(regionNodes(in.cl, nodes[0].Region)) {
 			// A whole region dies: each range homed there fails over.
@@ -268,6 +277,8 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func(),
 		ev.What = fmt.Sprintf("lease store cut from %v (%d links)", a, len(links))
 		ev.Sides = [][]string{a, {"pg"}}
 		return in.cutLinks(ctx, links, "blackhole", mark)
+	case KindMemberKill, KindMemberPartition:
+		return in.memberFault(f, mark, ev)
 	case KindRehome:
 		to, err := in.region(ctx, f.Target.A, rng)
 		if err != nil {
@@ -644,7 +655,14 @@ func (in *injector) region(ctx context.Context, sel string, rng uint32) (string,
 // leader when asked.
 func (in *injector) resolveNodes(ctx context.Context, sel string, rng uint32) ([]Node, error) {
 	regionSel, part, hasNode := strings.Cut(sel, ":")
-	region, err := in.region(ctx, regionSel, rng)
+	stream, region, err := in.stream, "", error(nil)
+	if regionSel == "cursors" {
+		// The group's range of the cursor stream, in its home region.
+		stream = cursorStream
+		region, rng, err = in.cursorTarget(ctx)
+	} else {
+		region, err = in.region(ctx, regionSel, rng)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -663,7 +681,7 @@ func (in *injector) resolveNodes(ctx context.Context, sel string, rng uint32) ([
 	case "any":
 		return pick(nodes), nil
 	case "leader", "followers", "follower":
-		leader, err := in.leader(ctx, region, rng)
+		leader, err := in.leader(ctx, stream, region, rng)
 		if err != nil {
 			return nil, err
 		}
@@ -696,14 +714,14 @@ func (in *injector) resolveNodes(ctx context.Context, sel string, rng uint32) ([
 // one (only a leader answers DescribeReplicas; should two answer, as a
 // deposed leader may until it hears the new term, the one further ahead
 // wins).
-func (in *injector) leader(ctx context.Context, region string, rng uint32) (n Node, err error) {
+func (in *injector) leader(ctx context.Context, stream, region string, rng uint32) (n Node, err error) {
 	if cache, ok := ctx.Value(leaderCacheKey{}).(map[string]Node); ok {
-		if n, ok := cache[region]; ok {
+		if n, ok := cache[stream+"/"+region]; ok {
 			return n, nil
 		}
 		defer func() {
 			if err == nil {
-				cache[region] = n
+				cache[stream+"/"+region] = n
 			}
 		}()
 	}
@@ -717,7 +735,7 @@ func (in *injector) leader(ctx context.Context, region string, rng uint32) (n No
 				continue
 			}
 			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			resp, err := geologv1.NewAdminClient(conn).DescribeReplicas(cctx, &geologv1.DescribeReplicasRequest{Stream: in.stream, Range: rng})
+			resp, err := geologv1.NewAdminClient(conn).DescribeReplicas(cctx, &geologv1.DescribeReplicasRequest{Stream: stream, Range: rng})
 			cancel()
 			if err == nil && (best == nil || resp.GetLastIndex() > bestIndex) {
 				best, bestIndex = &n, resp.GetLastIndex()
@@ -727,7 +745,7 @@ func (in *injector) leader(ctx context.Context, region string, rng uint32) (n No
 			return *best, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return Node{}, fmt.Errorf("chaos: no leader of range %d in %s", rng, region)
+			return Node{}, fmt.Errorf("chaos: no leader of %s/%d in %s", stream, rng, region)
 		}
 		sleepUntil(ctx, time.Now().Add(200*time.Millisecond))
 	}

@@ -31,10 +31,10 @@ func (r Result) Status() string {
 // that is not a plain PASS.
 func WriteTable(w io.Writer, results []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-	fmt.Fprintln(tw, "scenario\tresult\tsecs\tacked\tdedup\tambiguous\tlost\torphaned\tdup\torder\tincons\tunexp\tgap\tstale\tlinear\tfailover p50/p99\tmax lag\t")
+	fmt.Fprintln(tw, "scenario\tresult\tsecs\tacked\tdedup\tambiguous\tlost\torphaned\tdup\torder\tincons\tunexp\tgap\tstale\tlinear\tfailover p50/p99\tmax lag\tgroup unproc/regress/stale\trebalance p50/p99\t")
 	for _, r := range results {
 		if r.Skipped != "" || r.Err != nil {
-			fmt.Fprintf(tw, "%s\t%s\t%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario, r.Status(), r.Elapsed.Seconds())
+			fmt.Fprintf(tw, "%s\t%s\t%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario, r.Status(), r.Elapsed.Seconds())
 			continue
 		}
 		q := r.Queue
@@ -58,10 +58,11 @@ func WriteTable(w io.Writer, results []Result) {
 		if r.MaxLag >= 0 {
 			lag = ms(r.MaxLag)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%d\t%d\t%d (%d in)\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n",
+		group, rebalance := groupCells(r.Group)
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%d\t%d\t%d (%d in)\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n",
 			r.Scenario, r.Status(), r.Elapsed.Seconds(), q.Acked, q.Deduplicated, q.Ambiguous, q.AmbiguousPresent,
 			q.Counts[Lost], orphaned, q.Counts[Duplicated], q.Counts[OutOfOrder], q.Counts[Inconsistent],
-			q.Counts[Unexpected], q.Counts[Gap], q.Counts[Stale], linearCell(r.Linear), failover, lag)
+			q.Counts[Unexpected], q.Counts[Gap], q.Counts[Stale], linearCell(r.Linear), failover, lag, group, rebalance)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -102,6 +103,7 @@ func (r Result) notes() []string {
 	if len(r.Queue.Unconverged) > 0 {
 		out = append(out, "mirror copies behind the home at the end (liveness): "+strings.Join(r.Queue.Unconverged, ", "))
 	}
+	out = append(out, r.Group.notes()...)
 	if len(r.ConsumersBehind) > 0 {
 		out = append(out, "consumers behind at the end (liveness): "+strings.Join(r.ConsumersBehind, ", "))
 	}
@@ -138,6 +140,39 @@ func durations(ds []Duration) []time.Duration {
 	out := make([]time.Duration, len(ds))
 	for i, d := range ds {
 		out[i] = d.Std()
+	}
+	return out
+}
+
+// groupCells are the consumer group's columns: unprocessed records,
+// cursor regressions and stale commits; rebalance times.
+func groupCells(g GroupResult) (string, string) {
+	if !g.Ran {
+		return "-", "-"
+	}
+	rebalance := "-"
+	if len(g.Rebalances) > 0 || g.Unrebalanced > 0 {
+		rebalance = fmt.Sprintf("%s/%s", ms(percentile(g.Rebalances, 0.5)), ms(percentile(g.Rebalances, 0.99)))
+		if g.Unrebalanced > 0 {
+			rebalance += fmt.Sprintf(" (%d not)", g.Unrebalanced)
+		}
+	}
+	return fmt.Sprintf("%d/%d/%d", g.Unprocessed, g.Regressions, g.StaleCommits), rebalance
+}
+
+func (g GroupResult) notes() []string {
+	if !g.Ran {
+		return nil
+	}
+	var out []string
+	if g.Unprocessed > 0 {
+		out = append(out, fmt.Sprintf("group: %d records of the final log never processed by a member", g.Unprocessed))
+	}
+	for _, v := range g.Violations {
+		out = append(out, "group cursor log: "+v)
+	}
+	for _, u := range g.Unverified {
+		out = append(out, "group unverified: "+u)
 	}
 	return out
 }

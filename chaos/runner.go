@@ -59,6 +59,8 @@ type Result struct {
 	// MaxLag is the largest delay between a record's append (home clock)
 	// and its delivery to a consumer in a mirror region (-1: no mirror).
 	MaxLag time.Duration
+	// Group is what CheckGroup found (Ran false without a group).
+	Group GroupResult
 	// FaultErrors are faults that could not be injected or reverted.
 	FaultErrors []string
 	// ConsumersBehind lists consumers that had not caught up at the end.
@@ -75,13 +77,14 @@ func (r Result) Safe() bool {
 	if r.Skipped != "" {
 		return true
 	}
-	return r.Err == nil && r.Queue.Total() == 0 && r.Linear.Result != porcupine.Illegal
+	return r.Err == nil && r.Queue.Total() == 0 && r.Linear.Result != porcupine.Illegal && !r.Group.Violated()
 }
 
 // Verified reports whether the checks covered everything: every home final
 // read completed and porcupine reached a verdict on every range.
 func (r Result) Verified() bool {
-	return r.Skipped != "" || (r.Err == nil && len(r.Queue.Unverified) == 0 && r.Linear.Result == porcupine.Ok)
+	return r.Skipped != "" || (r.Err == nil && len(r.Queue.Unverified) == 0 && r.Linear.Result == porcupine.Ok &&
+		len(r.Group.Unverified) == 0)
 }
 
 // Run runs one scenario and checks its history.
@@ -107,6 +110,13 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 	sc.Shape.setDefaults()
 	sc.Workload.setDefaults(sc.Shape)
 
+	for _, f := range sc.Faults {
+		if (f.Kind == KindMemberKill || f.Kind == KindMemberPartition || strings.HasPrefix(f.Target.Node, "cursors")) &&
+			sc.Workload.Group.Members == 0 {
+			res.Err = fmt.Errorf("chaos: fault %s needs a consumer group (workload.group.members)", f)
+			return res
+		}
+	}
 	for _, r := range sc.Workload.ProducerRegions {
 		if !slices.Contains(sc.Shape.Regions, r) {
 			res.Err = fmt.Errorf("chaos: producer region %s is not a region of the scenario", r)
@@ -154,6 +164,15 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 		return res
 	}
 	defer wl.close()
+	if sc.Workload.Group.Members > 0 {
+		gr, err := newGroupRun(ctx, sc.Workload.Group, cl, stream, rec, log)
+		if err != nil {
+			res.Err = err
+			return res
+		}
+		defer gr.close()
+		in.group = gr
+	}
 	wl.startReaders(ctx)
 	if err := wl.startProducers(ctx); err != nil {
 		res.Err = err
@@ -221,6 +240,9 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 		res.FaultErrors = append(res.FaultErrors, errs...)
 	}
 	res.ConsumersBehind = wl.waitConsumers(tails, 30*time.Second)
+	if in.group != nil {
+		rec.setGroup(in.group.finish(ctx, rec.finalValues(), groupCatchUpMax))
+	}
 	h := rec.finish()
 
 	var vizDir string
@@ -243,6 +265,7 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 	}
 	slices.Sort(res.RehomePauses)
 	res.MaxLag = maxLag(h)
+	res.Group = CheckGroup(h)
 	for _, ev := range h.Faults {
 		if ev.Err != "" {
 			res.FaultErrors = append(res.FaultErrors, fmt.Sprintf("%s: %s", ev.Fault, ev.Err))
@@ -341,6 +364,10 @@ func failovers(h *History) (out []time.Duration, unrecovered int) {
 	slices.Sort(out)
 	return out, unrecovered
 }
+
+// groupCatchUpMax bounds the wait for the group's members to process
+// every record of the final log.
+const groupCatchUpMax = time.Minute
 
 // mirrorConvergeMax bounds the wait for the mirrors' copies to equal the
 // home's in the final reads (all of them together).

@@ -92,6 +92,9 @@ type Workload struct {
 	// TailReadInterval is how often each range is read at the home with
 	// consistency "home" for the linearizability checker, default 200ms.
 	TailReadInterval Duration `json:"tail_read_interval,omitempty"`
+	// Group runs a consumer group on the stream (group.go), none by
+	// default.
+	Group GroupWorkload `json:"group,omitzero"`
 }
 
 func (w *Workload) setDefaults(shape Shape) {
@@ -125,6 +128,7 @@ func (w *Workload) setDefaults(shape Shape) {
 	if w.TailReadInterval <= 0 {
 		w.TailReadInterval = D(200 * time.Millisecond)
 	}
+	w.Group.setDefaults(shape)
 }
 
 // homeOf is range r's home region as created.
@@ -181,12 +185,16 @@ func Scenarios() []Scenario {
 		regionKillAndReturn(homing, 15*time.Second, 40*time.Second),
 		homeRegionPartitioned(homing, 40*time.Second),
 		plannedRehome(homing, 38*time.Second),
+		memberKillLoop(full, 40*time.Second),
+		memberPartitioned(full, 40*time.Second),
+		coordinatorFailover(full, 40*time.Second),
 	}
 }
 
-// Slice is the short fixed-seed slice that make test runs: four scenarios
+// Slice is the short fixed-seed slice that make test runs: five scenarios
 // on small clusters, one of them with homing (a one-node home region killed
-// and returned), about two and a half minutes on two cores.
+// and returned), one with a consumer group under member and coordinator
+// faults, about three minutes on two cores.
 func Slice() []Scenario {
 	region := Shape{Regions: []string{"us"}}
 	two := Shape{Regions: []string{"us", "eu"}, NodesPerRegion: 1}
@@ -196,6 +204,7 @@ func Slice() []Scenario {
 		leaderKillLoop(region, 20*time.Second),
 		zombieLeader(region, 17*time.Second),
 		regionLinkCut(two, 20*time.Second),
+		consumerFaults(region, 25*time.Second),
 		regionKillAndReturn(twoHoming, 8*time.Second, 22*time.Second),
 	}
 }
@@ -353,6 +362,74 @@ func plannedRehome(shape Shape, d time.Duration) Scenario {
 		Workload: Workload{Home: "us", Producers: 3},
 		Faults: []Fault{{Kind: KindRehome, Target: Target{A: "next"}, Params: Params{AllRanges: true},
 			Start: D(5 * time.Second), Every: D(7 * time.Second)}},
+		Duration: D(d),
+	}
+}
+
+// The consumer scenarios run a consumer group of three members
+// (Workload.Group) on the stream beside the usual workload; their columns
+// are records never processed, cursor regressions and commits accepted
+// from old generations (each must be 0), and the rebalance time of member
+// faults (fault → every range the victim owned assigned again).
+
+func memberKillLoop(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name: "member-kill-loop",
+		Description: "crash a consumer-group member (no commit, no leave) every 6s, a new one starting 1s later: its ranges move " +
+			"after its 3s session; every record processed at least once, no cursor regression, no commit from an old generation",
+		Shape:    shape,
+		Workload: Workload{Home: "spread", Ranges: 6, Group: GroupWorkload{Members: 3}},
+		Faults: []Fault{{Kind: KindMemberKill, Start: D(6 * time.Second), Duration: D(time.Second),
+			Every: D(6 * time.Second)}},
+		Duration: D(d),
+	}
+}
+
+func memberPartitioned(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name: "member-partitioned",
+		Description: "cut a consumer-group member off from every node for 8s (past its 3s session): it fences itself, its ranges " +
+			"move, its late commits are refused, and it joins again as a new incarnation after the heal",
+		Shape:    shape,
+		Workload: Workload{Home: "spread", Ranges: 6, Group: GroupWorkload{Members: 3}},
+		Faults: []Fault{{Kind: KindMemberPartition, Start: D(6 * time.Second), Duration: D(8 * time.Second),
+			Every: D(14 * time.Second)}},
+		Duration: D(d),
+	}
+}
+
+func coordinatorFailover(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name: "coordinator-failover",
+		Description: "SIGKILL the group's coordinator (the leader of its cursor range, in that range's home region) every 8s, " +
+			"restart it 2s later, while members commit and a member crashes: the new leader continues from the log, no position " +
+			"goes back, no old generation commits",
+		Shape:    shape,
+		Workload: Workload{Home: "spread", Ranges: 6, Group: GroupWorkload{Members: 3}},
+		Faults: []Fault{
+			{Kind: KindKill, Target: Target{Node: "cursors:leader"}, Start: D(4 * time.Second), Duration: D(2 * time.Second),
+				Every: D(8 * time.Second)},
+			{Kind: KindMemberKill, Start: D(9 * time.Second), Duration: D(time.Second), Every: D(16 * time.Second)},
+		},
+		Duration: D(d),
+	}
+}
+
+// consumerFaults is the slice's consumer scenario: the three consumer
+// faults one after the other on one region, with 2s sessions.
+func consumerFaults(shape Shape, d time.Duration) Scenario {
+	return Scenario{
+		Name:        "consumer-faults",
+		Description: "a group member crashed, another partitioned past its session, then the coordinator killed",
+		Shape:       shape,
+		Workload:    Workload{Ranges: 4, Group: GroupWorkload{Members: 3, SessionTimeout: D(2 * time.Second)}},
+		Faults: []Fault{
+			// The group settles first (the first member takes every range,
+			// then releases to the others).
+			{Kind: KindMemberKill, Start: D(6 * time.Second), Duration: D(time.Second)},
+			{Kind: KindMemberPartition, Start: D(11 * time.Second), Duration: D(5 * time.Second)},
+			{Kind: KindKill, Target: Target{Node: "cursors:leader"}, Start: D(18 * time.Second), Duration: D(2 * time.Second)},
+		},
 		Duration: D(d),
 	}
 }

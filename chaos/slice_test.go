@@ -128,6 +128,31 @@ func TestSlice(t *testing.T) {
 	if h := results[len(results)-1].History; h != nil && !t.Failed() {
 		homingCheckersBite(t, h)
 	}
+	if h := results[len(results)-2].History; h != nil && !t.Failed() {
+		groupCheckersBite(t, h)
+	}
+}
+
+// groupCheckersBite: the consumer scenario's members processed records,
+// rebalanced after a fault, and committed through the coordinator; a
+// record no member processed is found.
+func groupCheckersBite(t *testing.T, h *History) {
+	g := h.Group
+	if g == nil || len(g.Processed) == 0 || g.CursorRecords == 0 {
+		t.Errorf("consumer-faults: no group history (%v)", g)
+		return
+	}
+	if r := CheckGroup(h); len(r.Rebalances) == 0 {
+		t.Errorf("consumer-faults: no rebalance measured after the member faults")
+	}
+	damaged := *h
+	dg := *g
+	gone := g.Processed[len(g.Processed)/2].Value
+	dg.Processed = slices.DeleteFunc(slices.Clone(g.Processed), func(p Processed) bool { return p.Value == gone })
+	damaged.Group = &dg
+	if r := CheckGroup(&damaged); r.Unprocessed != 1 || !r.Violated() {
+		t.Errorf("a record no member processed: %d unprocessed found", r.Unprocessed)
+	}
 }
 
 // homingCheckersBite damages the real history of a region kill and

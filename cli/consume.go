@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/keyspace"
 )
 
 // consumeOpts are the consume command's settings.
@@ -24,6 +25,9 @@ type consumeOpts struct {
 	follow     bool
 	max        int64 // 0: no bound
 	json       bool
+	// byKey reads only the records of key (--key).
+	byKey bool
+	key   []byte
 }
 
 func (e *env) consume(ctx context.Context, args []string) error {
@@ -34,21 +38,23 @@ func (e *env) consume(ctx context.Context, args []string) error {
 	follow := fs.Bool("follow", false, "keep following the tail until interrupted")
 	maxRecords := fs.Int64("max", 0, "stop after this many records (0: no bound)")
 	asJSON := fs.Bool("json", false, "print one JSON object per record")
+	key := fs.String("key", "", "read only the records of this key (one conversation), through the key index; its range unless --range; --key '' reads the keyless records")
 	g := groupFlags(fs) // groups.go
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: consume <stream> [--range N] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]\n       consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID] [--session D] [--max N] [--json]")
+		return usagef("usage: consume <stream> [--range N] [--key K] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]\n       consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID] [--session D] [--max N] [--json]")
 	}
 	if g.group != "" {
-		if *rng >= 0 || isSet(fs, "from-offset") || *fromTime != "" {
-			return usagef("--group takes its positions from the group: no --range, --from-offset or --from-time")
+		if *rng >= 0 || isSet(fs, "from-offset") || *fromTime != "" || isSet(fs, "key") {
+			return usagef("--group takes its positions from the group: no --range, --key, --from-offset or --from-time")
 		}
 		return e.consumeGroup(ctx, pos[0], g, &recordPrinter{w: e.stdout, json: *asJSON, max: *maxRecords})
 	}
-	o := consumeOpts{stream: pos[0], fromOffset: *fromOffset, follow: *follow, max: *maxRecords, json: *asJSON}
+	o := consumeOpts{stream: pos[0], fromOffset: *fromOffset, follow: *follow, max: *maxRecords, json: *asJSON,
+		byKey: isSet(fs, "key"), key: []byte(*key)}
 	if *fromTime != "" {
 		if isSet(fs, "from-offset") {
 			return usagef("--from-offset and --from-time exclude each other")
@@ -72,12 +78,10 @@ func (e *env) consume(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *rng >= 0 {
-		if uint32(*rng) >= d.Stream.RangeCount {
-			return usagef("stream %s has ranges 0..%d", o.stream, d.Stream.RangeCount-1)
-		}
-		o.ranges = []uint32{uint32(*rng)}
-	} else {
+	if o.ranges, err = consumeRanges(o, *rng, d.Stream.RangeCount); err != nil {
+		return err
+	}
+	if len(o.ranges) == 0 {
 		for r := range d.Stream.RangeCount {
 			o.ranges = append(o.ranges, r)
 		}
@@ -100,6 +104,24 @@ func (e *env) consume(ctx context.Context, args []string) error {
 		}
 	}
 	return nil
+}
+
+// consumeRanges returns the ranges consume reads: rng if it is not -1;
+// else, with a non-empty --key, the key's range; else none (every range).
+// A key of another range than rng is refused.
+func consumeRanges(o consumeOpts, rng int, rangeCount uint32) ([]uint32, error) {
+	keyed := o.byKey && len(o.key) > 0
+	switch {
+	case rng >= 0 && uint32(rng) >= rangeCount:
+		return nil, usagef("stream %s has ranges 0..%d", o.stream, rangeCount-1)
+	case rng >= 0 && keyed && keyspace.RangeForKey(o.key, rangeCount) != uint32(rng):
+		return nil, usagef("key %q is in range %d of stream %s, not %d", o.key, keyspace.RangeForKey(o.key, rangeCount), o.stream, rng)
+	case rng >= 0:
+		return []uint32{uint32(rng)}, nil
+	case keyed:
+		return []uint32{keyspace.RangeForKey(o.key, rangeCount)}, nil
+	}
+	return nil, nil
 }
 
 func isSet(fs *flag.FlagSet, name string) bool {
@@ -132,7 +154,7 @@ func (e *env) consumeRange(ctx context.Context, c *client.Client, o consumeOpts,
 		return false, err
 	}
 	for next < tail {
-		res, err := c.Read(ctx, o.stream, r, next, client.ReadOptions{})
+		res, err := c.Read(ctx, o.stream, r, next, client.ReadOptions{ByKey: o.byKey, Key: o.key})
 		if err != nil {
 			return false, err
 		}
@@ -174,7 +196,11 @@ func (e *env) consumeFollow(ctx context.Context, c *client.Client, o consumeOpts
 				}
 				start.Offset = from
 			}
-			for rec, err := range c.Subscribe(ctx, o.stream, r, start) {
+			records := c.Subscribe(ctx, o.stream, r, start)
+			if o.byKey {
+				records = c.SubscribeKey(ctx, o.stream, r, o.key, start)
+			}
+			for rec, err := range records {
 				if err != nil {
 					if ctx.Err() == nil {
 						errs <- err

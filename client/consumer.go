@@ -37,6 +37,15 @@ type ReadOptions struct {
 	// MinOffset: with ConsistencyMinOffset, wait until the local tail is at
 	// least MinOffset, bounded by ctx.
 	MinOffset uint64
+	// ByKey reads only the records whose key equals Key (one
+	// conversation; an empty Key selects the keyless records), through
+	// the range's key index: the cost is about that key's records, not
+	// the range's. NextOffset may then skip other keys' records; it is
+	// TailOffset when the key has no more. A non-empty Key must belong to
+	// the range (RangeOfKey), else CodeInvalidArgument. Default false: every
+	// record. A non-empty Key without ByKey is refused.
+	ByKey bool
+	Key   []byte
 }
 
 // ReadResult is one Read's records and the range's bounds.
@@ -69,6 +78,9 @@ func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset
 		MaxBytes:    opts.MaxBytes,
 		Consistency: opts.Consistency,
 		MinOffset:   opts.MinOffset,
+	}
+	if err := opts.setKey(req); err != nil {
+		return nil, fmt.Errorf("read %s/%d at %d: %w", stream, rng, fromOffset, err)
 	}
 	var resp *geologv1.ReadResponse
 	err = c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
@@ -158,13 +170,18 @@ type StartAt struct {
 //		...
 //	}
 func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start StartAt, copts ...ConsumerOpt) iter.Seq2[StoredRecord, error] {
+	return c.subscribe(ctx, stream, rng, nil, start, copts)
+}
+
+// subscribe is Subscribe, filtered by key if key is not nil.
+func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key []byte, start StartAt, copts []ConsumerOpt) iter.Seq2[StoredRecord, error] {
 	return func(yield func(StoredRecord, error) bool) {
 		op, err := newOpener(stream, copts)
 		if err != nil {
 			yield(StoredRecord{}, err)
 			return
 		}
-		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op}
+		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op, key: key}
 		for {
 			received, err := s.once(ctx, yield)
 			if err == nil {
@@ -209,6 +226,7 @@ type subscription struct {
 	stream string
 	rng    uint32
 	start  StartAt
+	key    []byte  // non-nil: only this key's records (SubscribeKey)
 	op     *opener // nil without OpenWith
 	addr   string  // where the next stream goes
 	// next is the offset to deliver next; records below it are skipped.
@@ -242,7 +260,7 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req := &geologv1.SubscribeRequest{Stream: s.stream, Range: s.rng}
+	req := &geologv1.SubscribeRequest{Stream: s.stream, Range: s.rng, Key: s.key}
 	if !s.start.Time.IsZero() && !s.delivered {
 		req.Start = &geologv1.SubscribeRequest_FromTimeUnixNanos{FromTimeUnixNanos: s.start.Time.UnixNano()}
 	} else {

@@ -1,5 +1,6 @@
 // Package client is the Go SDK for geolog: admin calls, an idempotent,
-// pipelined producer, and consumers that read or follow one range.
+// pipelined producer, and consumers that read or follow one range, or one
+// key of it (ReadOptions.ByKey, SubscribeKey: a conversation's sync).
 //
 //	c, err := client.New("127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403")
 //	p, err := c.NewProducer("chat")

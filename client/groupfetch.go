@@ -17,6 +17,10 @@ import (
 // heartbeat: the membership goroutine then releases or loses the range.
 func (g *GroupConsumer) fetch(ctx context.Context, gr *groupRange, from uint64, known bool) {
 	defer close(gr.fetched)
+	from, known, err := g.externalStart(ctx, gr, from, known)
+	if err != nil {
+		return
+	}
 	if !known && g.cfg.start == StartLatest {
 		tail, err := g.tail(ctx, gr.rng)
 		if err != nil {

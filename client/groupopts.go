@@ -36,6 +36,7 @@ type groupConfig struct {
 	onLost             func([]uint32)
 	fetchBytesMax      uint32
 	bufferedBatchesMax int
+	startPositions     StartPositionsFunc // groupstart.go
 }
 
 func defaultGroupConfig() groupConfig {

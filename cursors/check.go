@@ -31,6 +31,9 @@ func (v Violation) String() string {
 //
 // Records that do not decode are reported too. Orphan merges and resets
 // are position records like the others: they too must raise.
+//
+// The log must be whole (not compacted by key): compaction drops the
+// group records a commit was validated against.
 func CheckLog(recs []Record) []Violation {
 	s := NewState(Limits{PositionsMax: 1 << 62, GroupsMax: 1 << 62})
 	var out []Violation

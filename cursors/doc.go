@@ -14,7 +14,9 @@
 // one per group, keyed by the group's name, holding the whole group state.
 // A coordinator writes a record only when it changes something, and every
 // record it writes for a key supersedes the ones before it, so keeping the
-// newest record per key (compaction by key) keeps exactly the state.
+// newest record per key (compaction by key) keeps exactly the state. A
+// deleted position is a tombstone; a deleted group is a group record
+// marked deleted, which keeps its epoch.
 //
 // # Commits
 //

@@ -5,8 +5,8 @@ import (
 	"testing"
 )
 
-// FuzzDecode feeds Decode arbitrary records: it must never panic, and a
-// record it accepts must re-encode to exactly its bytes (one encoding per
+// FuzzDecode feeds Decode arbitrary records and tombstones: it must never
+// panic, and a record it accepts must re-encode to exactly its bytes (one encoding per
 // value, so replicas and compaction agree byte for byte).
 func FuzzDecode(f *testing.F) {
 	g := &Group{Name: "g", Stream: "orders", RangeCount: 8, Epoch: 1<<40 | 5, AssignmentEpoch: 1<<40 | 4, Members: []Member{
@@ -22,10 +22,10 @@ func FuzzDecode(f *testing.F) {
 			MemberID: "a", MemberEpoch: 9, Metadata: []byte("m")}),
 		EncodePosition("c", Position{Stream: "s", Deleted: true}),
 	} {
-		f.Add(r.Key, r.Value)
+		f.Add(r.Key, r.Value, r.Tombstone)
 	}
-	f.Fuzz(func(t *testing.T, key, value []byte) {
-		d, err := Decode(Record{Key: key, Value: value})
+	f.Fuzz(func(t *testing.T, key, value []byte, tombstone bool) {
+		d, err := Decode(Record{Key: key, Value: value, Tombstone: tombstone})
 		if err != nil {
 			return
 		}
@@ -35,11 +35,11 @@ func FuzzDecode(f *testing.F) {
 		} else {
 			again = EncodeGroup(d.Group)
 		}
-		if !bytes.Equal(again.Key, key) || !bytes.Equal(again.Value, value) {
-			t.Fatalf("re-encoding differs:\nkey   %x\n      %x\nvalue %x\n      %x", key, again.Key, value, again.Value)
+		if !bytes.Equal(again.Key, key) || !bytes.Equal(again.Value, value) || again.Tombstone != tombstone {
+			t.Fatalf("re-encoding differs:\nkey   %x\n      %x\nvalue %x\n      %x\ntombstone %t, %t", key, again.Key, value, again.Value, tombstone, again.Tombstone)
 		}
 		// A decoded record applies to a state without trouble.
-		if err := NewState(Limits{}).Apply(Record{Key: key, Value: value}); err != nil {
+		if err := NewState(Limits{}).Apply(Record{Key: key, Value: value, Tombstone: tombstone}); err != nil {
 			t.Fatalf("apply of a decoded record: %v", err)
 		}
 	})

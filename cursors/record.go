@@ -15,6 +15,12 @@ import (
 //	position key: 'P' str(cursor) str(stream) u32be(range)
 //	group key:    'G' str(group)
 //
+// A deleted position is a tombstone (its key, no value): compaction by
+// key keeps it for the stream's delete retention, then drops the key. A
+// deleted group is not a tombstone but a group record marked deleted: it
+// keeps the group's epoch, so that a group created again under the name
+// issues epochs above every one the old group issued (fencing).
+//
 // Values start with the format version (1). Integers are minimal uvarints
 // (a non-minimal encoding is refused, so that every value has one exact
 // encoding); strings and byte strings are a uvarint length and the bytes;
@@ -50,9 +56,11 @@ const (
 // ErrMalformed is returned for a record that does not decode.
 var ErrMalformed = errors.New("cursors: malformed record")
 
-// Record is one record of the cursor stream: a key and a value.
+// Record is one record of the cursor stream: a key and a value, or a
+// tombstone (a key and no value).
 type Record struct {
 	Key, Value []byte
+	Tombstone  bool
 }
 
 // Position is a cursor's committed place in one range of a stream: the
@@ -78,9 +86,10 @@ type Position struct {
 	MemberID    string
 	MemberEpoch uint64
 	Metadata    []byte
-	// Deleted marks the record of a position removed by DeleteGroup: it
-	// removes the position whatever it held (only a record; a State never
-	// holds a deleted position).
+	// Deleted marks the record of a position removed by DeleteGroup, a
+	// tombstone: it removes the position whatever it held (only a record;
+	// a State never holds a deleted position). A tombstone carries only
+	// the key's fields (Stream, Range).
 	Deleted bool
 }
 
@@ -107,9 +116,16 @@ func GroupKey(group string) []byte {
 	return appendString([]byte{kindGroup}, group)
 }
 
-// EncodePosition is the record of cursor's position p.
+// EncodePosition is the record of cursor's position p: a tombstone if p
+// is Deleted.
 func EncodePosition(cursor string, p Position) Record {
-	v := []byte{formatVersion, boolByte(p.Deleted)}
+	key := PositionKey(cursor, p.Stream, p.Range)
+	if p.Deleted {
+		return Record{Key: key, Tombstone: true}
+	}
+	// The byte after the version is reserved (0): it was a deleted flag
+	// before deletions were tombstones.
+	v := []byte{formatVersion, 0}
 	v = binary.AppendUvarint(v, p.Generation)
 	v = binary.AppendUvarint(v, p.Offset)
 	v = binary.AppendUvarint(v, p.Epoch)
@@ -117,7 +133,7 @@ func EncodePosition(cursor string, p Position) Record {
 	v = appendString(v, p.MemberID)
 	v = binary.AppendUvarint(v, p.MemberEpoch)
 	v = appendString(v, string(p.Metadata))
-	return Record{Key: PositionKey(cursor, p.Stream, p.Range), Value: v}
+	return Record{Key: key, Value: v}
 }
 
 // EncodeGroup is the record of group g.
@@ -170,7 +186,7 @@ func Decode(r Record) (Decoded, error) {
 		if err := k.end(); err != nil {
 			return Decoded{}, err
 		}
-		p, err := decodePosition(r.Value)
+		p, err := decodePosition(r)
 		if err != nil {
 			return Decoded{}, err
 		}
@@ -184,8 +200,8 @@ func Decode(r Record) (Decoded, error) {
 		if err := k.end(); err != nil {
 			return Decoded{}, err
 		}
-		if name == "" {
-			return Decoded{}, fmt.Errorf("%w: group key names no group", ErrMalformed)
+		if name == "" || r.Tombstone {
+			return Decoded{}, fmt.Errorf("%w: group key names no group, or is a tombstone", ErrMalformed)
 		}
 		g, err := decodeGroup(name, r.Value)
 		if err != nil {
@@ -197,11 +213,19 @@ func Decode(r Record) (Decoded, error) {
 	}
 }
 
-func decodePosition(v []byte) (Position, error) {
-	d := &reader{b: v}
+func decodePosition(r Record) (Position, error) {
+	if r.Tombstone {
+		if len(r.Value) > 0 {
+			return Position{}, fmt.Errorf("%w: a tombstone with a value", ErrMalformed)
+		}
+		return Position{Deleted: true}, nil
+	}
+	d := &reader{b: r.Value}
 	d.version()
 	var p Position
-	p.Deleted = d.flag()
+	if d.flag() {
+		d.fail("reserved flag set")
+	}
 	p.Generation = d.uvarint()
 	p.Offset = d.uvarint()
 	p.Epoch = d.uvarint()

@@ -234,7 +234,7 @@ func checkRegionCursorLog(t *testing.T, ctx context.Context, w *homingWorld, reg
 				t.Fatal(err)
 			}
 			for _, rec := range resp.Records {
-				recs = append(recs, cursors.Record{Key: rec.Key, Value: rec.Value})
+				recs = append(recs, cursors.Record{Key: rec.Key, Value: rec.Value, Tombstone: rec.Tombstone})
 			}
 			if resp.NextOffset >= resp.TailOffset {
 				break

@@ -26,7 +26,8 @@ func TestCursorsAcrossLeaderChanges(t *testing.T) {
 	if testing.Short() {
 		t.Skip("leader changes of a 3-node region")
 	}
-	tr := newTestRegion(t, 3)
+	// No compaction of _cursors: checkCursorRange needs the whole log.
+	tr := newTestRegionWith(t, 3, 3, func(cfg *Config) { cfg.CursorCompactionLag = time.Hour })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var addrs []string
@@ -187,7 +188,7 @@ func checkCursorRange(t *testing.T, ctx context.Context, tr *testRegion, r uint3
 				return err
 			}
 			for _, rec := range resp.Records {
-				recs = append(recs, cursors.Record{Key: rec.Key, Value: rec.Value})
+				recs = append(recs, cursors.Record{Key: rec.Key, Value: rec.Value, Tombstone: rec.Tombstone})
 			}
 			if resp.NextOffset >= resp.TailOffset {
 				return nil

@@ -60,7 +60,7 @@ func (cs *cursorService) mergeFork(ctx context.Context, cr *cursorRange, f repli
 			return err
 		}
 		for _, r := range resp.Records {
-			d, err := cursors.Decode(cursors.Record{Key: r.Key, Value: r.Value})
+			d, err := cursors.Decode(cursors.Record{Key: r.Key, Value: r.Value, Tombstone: r.Tombstone})
 			if err == nil && d.Position != nil && !d.Position.Deleted {
 				byCursor[d.Cursor] = append(byCursor[d.Cursor], *d.Position)
 			}

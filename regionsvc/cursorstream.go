@@ -54,7 +54,21 @@ func (n *Node) cursorStreamSpec() streamSpec {
 			homes[i] = n.cfg.CursorHome
 		}
 	}
-	return streamSpec{Name: cursorStreamName, RangeCount: uint32(n.cfg.CursorRanges), Regions: regions, Homes: homes}
+	return streamSpec{Name: cursorStreamName, RangeCount: uint32(n.cfg.CursorRanges), Regions: regions, Homes: homes,
+		Cleanup:                geologv1.CleanupPolicy_CLEANUP_POLICY_COMPACT,
+		MinCompactionLagMillis: specMillis(n.cfg.CursorCompactionLag), DeleteRetentionMillis: specMillis(n.cfg.CursorDeleteRetention)}
+}
+
+// specMillis is a compaction setting of a streamSpec: 0 the default, -1
+// none, else milliseconds (at least 1).
+func specMillis(d time.Duration) int64 {
+	switch {
+	case d < 0:
+		return -1
+	case d == 0:
+		return 0
+	}
+	return max(d.Milliseconds(), 1)
 }
 
 // isInternalStream reports whether a stream is the node's own (no user
@@ -490,23 +504,37 @@ func (cr *cursorRange) applyMore() error {
 		if err != nil {
 			return err
 		}
-		for i, rec := range recs {
-			at := h.BaseOffset + uint64(i)
+		cr.applyFrame(h, recs, committed)
+	}
+	return nil
+}
+
+// applyFrame applies the records of one frame below committed. Compaction
+// by key leaves holes (a compacted frame's records keep their offsets, and
+// whole frames may be gone) and writes markers, which hold no cursor
+// record: the applied offset moves to the frame's end either way.
+func (cr *cursorRange) applyFrame(h batch.Header, recs []batch.Record, committed uint64) {
+	if h.Type == batch.TypeData {
+		for i := range recs {
+			at := h.Offset(&recs[i])
 			if at < cr.applied || at >= committed {
 				continue
 			}
-			if err := cr.state.Apply(cursors.Record{Key: rec.Key, Value: rec.Value}); err != nil {
+			rec := &recs[i]
+			if err := cr.state.Apply(cursors.Record{Key: rec.Key, Value: rec.Value, Tombstone: rec.Tombstone}); err != nil {
 				// Same bytes, same decision on every replica: skipped
 				// everywhere.
 				cr.logger.Error("cursor record not understood; skipped", "offset", at, "error", err)
 			}
 			cr.applied = at + 1
 		}
-		if cr.applied == h.BaseOffset+uint64(h.RecordCount) {
-			cr.last = frameID{h.BaseOffset, h.Epoch, h.AppendTimeUnixNanos}
-		}
 	}
-	return nil
+	if end := h.NextOffset(); end <= committed && end > cr.applied {
+		cr.applied = end
+	}
+	if cr.applied == h.NextOffset() {
+		cr.last = frameID{h.BaseOffset, h.Epoch, h.AppendTimeUnixNanos}
+	}
 }
 
 // setConsumerDefaults completes the cursor and group settings of Config.
@@ -536,8 +564,11 @@ func (n *Node) createInternalStream(ctx context.Context, req *geologv1.CreateStr
 	spec := n.cursorStreamSpec()
 	asked := streamSpec{Name: req.GetName(), RangeCount: req.GetRangeCount(), Regions: req.GetRegions(), Homes: req.GetRangeHomes(),
 		RetentionAgeMillis: req.GetRetention().GetMaxAgeMs(), RetentionBytes: req.GetRetention().GetMaxBytes()}
+	if err := cleanupFromRequest(req, &asked); err != nil {
+		return nil, err
+	}
 	if !spec.sameDefinition(asked) {
-		return nil, apierr.New(apierr.InvalidArgument, "the cursor stream's definition differs between nodes: asked %d ranges in %v homed %v, this node's is %d ranges in %v homed %v (Config.Regions, CursorRanges, CursorHome must agree)",
+		return nil, apierr.New(apierr.InvalidArgument, "the cursor stream's definition differs between nodes: asked %d ranges in %v homed %v, this node's is %d ranges in %v homed %v (Config.Regions, CursorRanges, CursorHome, CursorCompactionLag, CursorDeleteRetention must agree)",
 			asked.RangeCount, asked.Regions, asked.homes(), spec.RangeCount, spec.Regions, spec.homes())
 	}
 	spec.CreatedUnixNanos = n.cfg.Now().UnixNano()

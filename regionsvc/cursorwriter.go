@@ -317,7 +317,7 @@ func (w *coordinatorLoop) propose(recs []cursors.Record, epoch uint64, ops []*cu
 	brecs := make([]batch.Record, len(recs))
 	size := batch.HeaderSize
 	for i, r := range recs {
-		brecs[i] = batch.Record{Key: r.Key, Value: r.Value}
+		brecs[i] = batch.Record{Key: r.Key, Value: r.Value, Tombstone: r.Tombstone}
 		size += batch.EncodedRecordSize(brecs[i])
 	}
 	frame := batch.Encode(make([]byte, 0, size), batch.Header{Type: batch.TypeData}, brecs)

@@ -98,6 +98,9 @@ func newHomingWorldTTL(t *testing.T, regions []string, size int, leaseTTL time.D
 		defer mu.Unlock()
 		cfg.LeaseStore = stores[region]
 		cfg.LeaseTTL, cfg.LeaseHeartbeat, cfg.MaxClockOffset = leaseTTL, testLeaseHeartbeat, testMaxClockOffset
+		// The consumer tests check whole cursor logs (cursors.CheckLog):
+		// no compaction of _cursors within a test.
+		cfg.CursorCompactionLag = time.Hour
 	})
 	return hw
 }

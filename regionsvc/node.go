@@ -148,6 +148,12 @@ type Config struct {
 	// part of the stream's definition: set them alike on every node.
 	CursorRanges int
 	CursorHome   string
+	// CursorCompactionLag and CursorDeleteRetention are the cursor
+	// stream's compaction by key (it is created with cleanup compact): the
+	// least age of a record compaction may drop, and how long a deleted
+	// position's tombstone stays; 0 takes package compact's defaults (1
+	// min, 24 h), negative means none. Part of the stream's definition.
+	CursorCompactionLag, CursorDeleteRetention time.Duration
 	// GroupHeartbeatInterval is how often group members are told to
 	// heartbeat, default 500 ms.
 	GroupHeartbeatInterval time.Duration

@@ -54,13 +54,9 @@ const readScanBytesMax = 8 << 20
 // when no record is returned. It runs on the caller's goroutine,
 // concurrently with the driver.
 func (d *rangeDriver) readRecords(from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
-	if f := d.failure.Load(); f != nil {
-		return nil, from, f
-	}
-	committed := d.committed.Load()
-	start := d.store.StartOffset()
-	if from < start || from > committed {
-		return nil, from, outOfRange(from, start, committed)
+	committed, err := d.readBounds(from)
+	if err != nil {
+		return nil, from, err
 	}
 	rd := recordReader{from: from, next: from, committed: committed, maxRecords: maxRecords, maxBytes: maxBytes,
 		out: make([]*geologv1.StoredRecord, 0, 64)}
@@ -130,6 +126,21 @@ func (rd *recordReader) frames(frames []byte) (full bool, err error) {
 		rd.next = max(rd.next, min(h.NextOffset(), rd.committed))
 	}
 	return false, nil
+}
+
+// readBounds returns the committed offset that bounds a read from offset
+// from, or the typed error of a range that does not serve or of an offset
+// outside [start, committed].
+func (d *rangeDriver) readBounds(from uint64) (uint64, error) {
+	if f := d.failure.Load(); f != nil {
+		return 0, f
+	}
+	committed := d.committed.Load()
+	start := d.store.StartOffset()
+	if from < start || from > committed {
+		return 0, outOfRange(from, start, committed)
+	}
+	return committed, nil
 }
 
 // storedRecord is the API form of record r at offset off of frame h.

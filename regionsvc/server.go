@@ -210,7 +210,7 @@ func drainReplies(ctx context.Context, stream geologv1.Log_AppendStreamServer, r
 }
 
 func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {
-	rd, err := s.node.rangeOf(ctx, req.GetStream(), req.GetRange())
+	rd, err := s.node.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -251,7 +251,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "unknown consistency %d", req.GetConsistency()))
 	}
 	maxRecords, maxBytes := clampRead(req.GetMaxRecords(), req.GetMaxBytes())
-	recs, next, err := rd.readRecords(req.GetFromOffset(), maxRecords, maxBytes)
+	recs, next, err := rd.read(req.Key, req.GetFromOffset(), maxRecords, maxBytes)
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -265,7 +265,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 
 func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_SubscribeServer) error {
 	ctx := stream.Context()
-	rd, err := s.node.rangeOf(ctx, req.GetStream(), req.GetRange())
+	rd, err := s.node.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
 	if err != nil {
 		return apierr.ToStatus(err)
 	}
@@ -283,9 +283,14 @@ func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Lo
 	_, maxBytes := clampRead(0, req.GetMaxBytes())
 	for {
 		changed := rd.changed()
-		recs, n, err := rd.readRecords(next, readRecordsDefault, maxBytes)
+		recs, n, err := rd.read(req.Key, next, readRecordsDefault, maxBytes)
 		if err != nil {
 			return apierr.ToStatus(err)
+		}
+		if len(recs) == 0 && req.Key != nil {
+			// A read by key skipped other keys' records: its subscriber
+			// hears of its key only.
+			next = max(next, n)
 		}
 		if n > next {
 			// Records, or holes only (compaction by key): either way the

@@ -38,7 +38,7 @@ func (tr *testRegion) rangeDriverOf(id uint64, stream string, r uint32) *rangeDr
 // TestSnapshotCatchUpThroughRegion: a follower is stopped, the leader's
 // retention compacts its log past the follower's, and the restarted
 // follower catches up by segment transfer; all three nodes then serve the
-// same records at the same offsets.
+// same records at the same offsets, and the follower reads by key.
 func TestSnapshotCatchUpThroughRegion(t *testing.T) {
 	tr := newCompactingRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -130,6 +130,24 @@ func TestSnapshotCatchUpThroughRegion(t *testing.T) {
 	}
 	if from >= uint64(seq) {
 		t.Fatalf("nothing retained in common: start %d, tail %d", from, seq)
+	}
+	// The follower's key index came with the transfer: a read by key
+	// (every record has key "k") gives what it retains.
+	for attempt := 0; ; attempt++ {
+		start := fd.store.StartOffset()
+		resp, err := tr.clients[follower].Read(ctx, &geologv1.ReadRequest{Stream: "snap", FromOffset: start, Key: []byte("k"), MaxRecords: 1000})
+		if apierr.CodeOf(err) == apierr.OffsetOutOfRange && attempt < 10 {
+			continue // retention moved the start
+		}
+		if err != nil || len(resp.Records) != seq-int(start) || resp.NextOffset != uint64(seq) {
+			t.Fatalf("read by key on the follower from %d: %v, %d records next %d, want %d", start, err, len(resp.GetRecords()), resp.GetNextOffset(), seq-int(start))
+		}
+		for i, r := range resp.Records {
+			if string(r.Value) != string(value(int(start)+i)) {
+				t.Fatalf("read by key on the follower: offset %d holds %q", r.Offset, r.Value[:6])
+			}
+		}
+		break
 	}
 	t.Logf("follower installed %d snapshot(s); logs start at %d, end at %d", fd.rep.Stats().SnapshotsInstalled, from, seq)
 }

@@ -280,7 +280,9 @@ func TestLogWriterGoroutines(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("only %d of %d batches acked", seq, batches)
 			}
-			reply := make(chan Result, 1)
+			// Room for a reply from every node: during a transfer two may
+			// still think they lead, and a reply is sent on the driver.
+			reply := make(chan Result, len(nodes))
 			var leader uint64
 			for id, n := range nodes {
 				on(id, func() {

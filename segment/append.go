@@ -67,7 +67,7 @@ func (s *Store) Append(frame []byte) error {
 	g := s.active()
 	// A segment without records is never sealed (see hasRecords): control
 	// frames alone make it grow past SegmentBytesMax until a record comes.
-	if g.hasRecords() && (g.size+int64(len(frame)) > s.cfg.SegmentBytesMax || h.NextOffset()-g.baseOffset > math.MaxUint32) {
+	if g.hasRecords() && s.overflows(g.size, g.baseOffset, len(frame), h) {
 		if err := s.roll(); err != nil {
 			return err
 		}
@@ -83,7 +83,9 @@ func (s *Store) Append(frame []byte) error {
 		return s.failed()
 	}
 
+	s.keyHashes = frameKeyHashes(s.keyHashes, frame)
 	s.mu.Lock()
+	appendKeys(g, h, pos, s.keyHashes)
 	if needsIndexEntry(g.entries, pos, s.cfg.IndexIntervalBytes) {
 		g.entries = append(g.entries, indexEntry{
 			relOffset:           relOffset(g, h.BaseOffset),
@@ -114,7 +116,22 @@ func (s *Store) Append(frame []byte) error {
 	if h.Index != 0 {
 		s.lastTerm = h.Term
 	}
+	if cap(s.keyHashes) > keyHashesKeepMax {
+		s.keyHashes = nil // a huge batch: do not keep its scratch
+	}
 	return nil
+}
+
+// keyHashesKeepMax bounds the key hash scratch the appender keeps between
+// appends.
+const keyHashesKeepMax = 1 << 12
+
+// overflows reports whether a frame of frameBytes bytes with header h
+// would take a segment based at base, holding size bytes, past
+// SegmentBytesMax or SegmentRecordsMax: it must start a new segment if the
+// segment holds a record. Append and Staging roll by it.
+func (s *Store) overflows(size int64, base uint64, frameBytes int, h batch.Header) bool {
+	return size+int64(frameBytes) > s.cfg.SegmentBytesMax || h.NextOffset()-base > uint64(s.cfg.SegmentRecordsMax)
 }
 
 // roll seals the active segment and starts a new, empty one at NextOffset:
@@ -140,6 +157,7 @@ func (s *Store) roll() error {
 		// Index files are a cache that recovery verifies and rebuilds.
 		s.log.Warn("could not write index files", "segment", old.name(), "error", err)
 	}
+	s.sealKeys(old)
 	g, err := s.createSegment(old.nextOffset)
 	if err != nil {
 		return err
@@ -165,7 +183,9 @@ func (s *Store) createSegment(base uint64) (*segment, error) {
 		s.fail(err)
 		return nil, s.failed()
 	}
-	return newSegment(s.cfg.Dir, base, f), nil
+	g := newSegment(s.cfg.Dir, base, f)
+	g.keys = newActiveKeys()
+	return g, nil
 }
 
 // Sync makes every frame appended before the call durable (or truncated

@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -317,6 +318,10 @@ func testConcurrentReadersDuringAppendRetentionTruncate(t *testing.T, e env) {
 					}
 					reads.Add(1)
 				}
+				if err := checkKeyRead(s, rng); err != nil {
+					t.Error(err)
+					return
+				}
 				if _, err := s.OffsetForTime(rng.Int64N(appends)); err != nil {
 					t.Errorf("OffsetForTime: %v", err)
 					return
@@ -380,4 +385,32 @@ func testConcurrentReadersDuringAppendRetentionTruncate(t *testing.T, e env) {
 	if err := checkRead(start, got); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// checkKeyRead reads the key of a random offset of s (makeFrame gives the
+// record at offset o the key "k<o>", before and after truncations) from
+// the start and checks the answer: that record alone, or nothing if it is
+// gone meanwhile (truncated, not yet appended again), or ErrOutOfRange if
+// retention passed the start.
+func checkKeyRead(s *Store, rng *rand.Rand) error {
+	start, next := s.StartOffset(), s.NextOffset()
+	if next == start {
+		return nil
+	}
+	off := start + rng.Uint64N(next-start)
+	key := fmt.Appendf(nil, "k%d", off)
+	recs, n, err := s.ReadKey(key, start, math.MaxUint64, 10, math.MaxInt)
+	switch {
+	case errors.Is(err, ErrOutOfRange):
+		return nil
+	case err != nil:
+		return fmt.Errorf("ReadKey(%s): %w", key, err)
+	case len(recs) > 1:
+		return fmt.Errorf("ReadKey(%s) returned %d records", key, len(recs))
+	case len(recs) == 0 && n > off:
+		return fmt.Errorf("ReadKey(%s) found nothing up to %d", key, n)
+	case len(recs) == 1 && (recs[0].Offset != off || !bytes.Equal(recs[0].Record.Value, recordValue(off, 8+int(off%37)))):
+		return fmt.Errorf("ReadKey(%s) returned offset %d with the wrong value", key, recs[0].Offset)
+	}
+	return nil
 }

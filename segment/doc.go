@@ -60,6 +60,8 @@
 //	                                (relOffset u32, filePos u32), little-endian
 //	00000000000000000000.timeindex  time index, 12-byte entries
 //	                                (appendTime i64, relOffset u32)
+//	00000000000000000000.keyindex   key index of a sealed segment (see Key
+//	                                index below)
 //	00000000000000012345.log        the next segment starts where the last
 //	...                             one ends; the newest is the active one
 //	LOCK                            held (flock) while a Store has it open
@@ -89,10 +91,78 @@
 // (0.6% at the 4 KiB default).
 //
 // A segment is sealed (and the next one started) when a frame would take it
-// past SegmentBytesMax, but only once it holds a record: the next segment
-// is named by the offset where this one ends, which a segment of control
-// frames alone shares with its own name. Such a segment grows past
-// SegmentBytesMax until a record arrives.
+// past SegmentBytesMax or SegmentRecordsMax, but only once it holds a
+// record: the next segment is named by the offset where this one ends,
+// which a segment of control frames alone shares with its own name. Such a
+// segment grows past SegmentBytesMax until a record arrives.
+//
+// # Key index
+//
+// ReadKey finds one key's records (a chat conversation) without reading
+// the range: every segment has a key index with one entry per record,
+// (hash, relOffset, filePos) of u32 each, where hash is the low 32 bits of
+// the key's XXH64 (the high bits pick the key's range, so the keys of a
+// range share them) and filePos is the position of the record's frame.
+// A record's offset is its frame's BaseOffset plus its offset delta
+// (batch.RecordKeys gives both), so records of compacted frames keep
+// theirs; only data frames have entries (a compaction marker's record is
+// no reader's).
+//
+//   - The active segment's index is in memory: the entries in log order
+//     and, per hash, a chain from the newest entry back (16 bytes per
+//     record plus a map slot per distinct hash). Append adds a frame's
+//     records as it writes it, recovery rebuilds it in its pass over the
+//     last segment, TruncateSuffix cuts it (or rebuilds it from the log
+//     when the cut makes a sealed segment the active one again). It has no
+//     file. SegmentRecordsMax (default 512 Ki) bounds it whatever the
+//     record size: 17 MiB of heap per range at most, measured with every
+//     key distinct (sealing takes about as much again for a moment, to
+//     sort).
+//   - Sealing a segment writes its ".keyindex" file (fsynced under
+//     FsyncAlways, like the other index files): a 32-byte header (magic
+//     "GLKI", version 1, the segment's base offset, the log bytes it
+//     covers, the entry count, entries per block, and the header's
+//     CRC-32C), then the entries sorted by (hash, relOffset) in blocks of
+//     256, each block followed by the CRC-32C of its entries. Only the
+//     fence stays in memory, the first (hash, relOffset) of every block: 8
+//     bytes per 256 records (a twentieth of what the sparse offset index
+//     takes for 100-byte records), so that millions of distinct keys cost
+//     memory in the active segment only.
+//   - A lookup of a key from an offset costs, per sealed segment from the
+//     one holding the offset, a binary search of the fence and one read of
+//     the block where the key's first entry would be (3 KiB; none when the
+//     fence alone shows the key is absent), then one read per frame that
+//     holds records of the key. Every frame read is verified (its CRC,
+//     that it holds the entry's offset, and the record's key byte for
+//     byte, which resolves hash collisions); an entry the log does not
+//     bear out, or a block failing its CRC, makes the read scan that
+//     segment instead (a bad block marks the file broken until the next
+//     Open). The log is the truth; the key index only says where to look.
+//   - Recovery verifies every sealed segment's key index file against the
+//     log without holding its entries: its pass over the segment sums a
+//     fingerprint of the entries it computes from the frames (their count
+//     and a 64-bit sum of a mix of each entry, independent of order), and
+//     the file must decode (header and block CRCs, entries strictly
+//     sorted, offsets and positions inside the segment) to the same
+//     fingerprint. A file missing, torn, corrupt or stale is rebuilt from
+//     the log (one more read of that segment) once the whole log has
+//     verified; a file beside the active segment, or without a log, is
+//     removed. A failure to write one leaves the segment without a key
+//     index (scanned) until the next Open. Install removes every index file
+//     and its reload rebuilds them, so a transferred log ends with valid
+//     key indexes. A frame whose CRC is valid but whose records do not
+//     parse is corruption.
+//   - RewriteSegment (compaction by key) builds the new segment's key
+//     index from the frames it writes (12 bytes per record kept), writes
+//     it as "_clean.<segment>.keyindex" and renames it over the old file
+//     before it publishes the new segment, so that no reader of the new
+//     segment uses the old index; readers of the old segment keep the old
+//     file, which the swap opens for them first. A crash in between leaves
+//     an index that does not match its log, which Open rebuilds.
+//     KeyIndexBuilder builds a segment's key index file from its frames
+//     exactly as the store does, for any other component that writes
+//     segments. The key index is a file of its own with its own CRCs, so
+//     that encryption at rest can seal logs and indexes apart.
 //
 // All file I/O goes through Config.FS (vfs.OS by default; vfs.Mem in tests
 // and the simulator), which spells out what is durable when.
@@ -126,7 +196,7 @@
 //  5. A failed write or fdatasync is never retried: the store refuses every
 //     later Append and Sync with ErrFailed. Close it and Open again;
 //     recovery keeps exactly what reached the disk.
-//  6. Readers (ReadFrames, ReadFramesByIndex, TermAt, OffsetForTime,
+//  6. Readers (ReadFrames, ReadFramesByIndex, ReadKey, TermAt, OffsetForTime,
 //     NextOffset, DurableOffset, StartOffset, FirstIndex, LastIndex, Size)
 //     may run on any goroutines concurrently with the appender. The reads
 //     verify the CRC and sequence (offsets, indexes) of every frame they
@@ -177,7 +247,8 @@
 // name is the offset where the previous one ends and its first frame's
 // BaseOffset. While the pass runs nothing on disk changes; once the whole
 // log has verified, recovery truncates a torn tail, rewrites index files
-// that do not match the log and removes orphan index files.
+// (the key index too) that do not match the log and removes orphan index
+// files.
 //
 // Torn tail rule. In the last segment, a frame that is short (its length
 // runs past the end of the file) or fails its CRC or header checks is a torn

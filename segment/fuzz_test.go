@@ -15,7 +15,8 @@ import (
 // FuzzRecover opens a log whose one segment holds arbitrary bytes, on
 // vfs.Mem. Open must not panic; it fails only with corruption, and when it
 // succeeds the log it kept is a prefix of the bytes, every read of it
-// verifies, and a second Open keeps the same.
+// verifies (key reads agree with the frames), and a second Open keeps the
+// same.
 func FuzzRecover(f *testing.F) {
 	var valid []byte
 	g := &crashGen{rng: rand.New(rand.NewPCG(3, 3)), term: 1}
@@ -59,6 +60,9 @@ func FuzzRecover(f *testing.F) {
 		all, err := s.ReadFrames(s.StartOffset(), math.MaxInt, math.MaxUint64)
 		if err != nil {
 			t.Fatalf("ReadFrames of a recovered log: %v", err)
+		}
+		if err := verifyKeyReads(s, 5, true); err != nil {
+			t.Fatalf("key reads of a recovered log: %v", err)
 		}
 		var byIndex []byte
 		if s.LastIndex() != 0 {

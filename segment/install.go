@@ -164,7 +164,7 @@ func (st *Staging) append(frame []byte) (batch.Header, error) {
 		return h, fmt.Errorf("%w: raft index %d leaves no successor", ErrInvalidFrame, h.Index)
 	}
 	g := st.segs[len(st.segs)-1]
-	if g.hasRecords() && (g.size+int64(len(frame)) > st.s.cfg.SegmentBytesMax || h.NextOffset()-g.base > math.MaxUint32) {
+	if g.hasRecords() && st.s.overflows(g.size, g.base, len(frame), h) {
 		if err := st.seal(g); err != nil {
 			return h, err
 		}

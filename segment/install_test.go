@@ -136,6 +136,10 @@ func testInstallReplacesLog(t *testing.T, e env) {
 		if _, err := s.ReadFrames(0, 100, 10); !errors.Is(err, ErrOutOfRange) {
 			t.Fatalf("%s: read of the old log: %v", when, err)
 		}
+		// The receiver ends with valid key indexes: a file for every
+		// sealed segment, built from its log, and reads that agree.
+		checkKeyIndexFiles(t, cfg)
+		checkKeyReads(t, s, 10)
 	}
 	check(s, "after install")
 	if len(logFiles(t, cfg)) < 2 {
@@ -308,6 +312,12 @@ func TestInstallCrashAtEveryStep(t *testing.T) {
 		}
 		if n := stagedNames(t, Config{FS: crashed, Dir: cfg.Dir}); len(n) != 0 {
 			t.Fatalf("crash before operation %d: staged files left after open: %v", k, n)
+		}
+		if k%3 == 0 { // a third of the crash points: all of them cost seconds under -race
+			checkKeyIndexFiles(t, Config{FS: crashed, Dir: cfg.Dir})
+			if err := verifyKeyReads(r, 4, false); err != nil {
+				t.Fatalf("crash before operation %d: %v", k, err)
+			}
 		}
 		r.Close()
 	}

@@ -33,6 +33,11 @@ type recoveryPlan struct {
 	tornBytes    int64 // bytes dropped with it
 	indexRewrite map[*segment]string
 	orphans      []string // index files without a log
+	// keyRewrite holds the sealed segments whose key index file must be
+	// rebuilt, and why; keyStale the active segment if a key index file
+	// (stale: the active segment keeps its index in memory) lies beside it.
+	keyRewrite map[*segment]string
+	keyStale   []*segment
 }
 
 // recover completes an interrupted install (see Install), verifies the log
@@ -116,7 +121,7 @@ func (s *Store) loadSegments(onRecover func(batch.Header) error) (segs []*segmen
 	}
 	slices.Sort(bases)
 
-	plan := recoveryPlan{tornAt: -1, indexRewrite: map[*segment]string{}}
+	plan := recoveryPlan{tornAt: -1, indexRewrite: map[*segment]string{}, keyRewrite: map[*segment]string{}}
 	defer func() {
 		if err != nil {
 			for _, g := range segs {
@@ -183,6 +188,10 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 	}
 
 	w := frameWalker{f: f, end: fileSize, chunk: recoverChunkBytes}
+	var keys keyPass
+	if last {
+		keys.active = newActiveKeys()
+	}
 	for {
 		framePos := w.pos
 		frame, h, err := w.next()
@@ -206,6 +215,11 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 				return g, err
 			}
 			break
+		}
+		if err := frameKeyEntries(frame, h, base, framePos, keys.add); err != nil {
+			// A frame with a valid CRC whose records do not parse was
+			// never written by Append: corruption, not a torn write.
+			return g, s.corruption(g, framePos, q.offset, err)
 		}
 		if needsIndexEntry(g.entries, framePos, s.cfg.IndexIntervalBytes) {
 			g.entries = append(g.entries, indexEntry{
@@ -236,7 +250,7 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 	} else if reason != "" {
 		plan.indexRewrite[g] = reason
 	}
-	return g, nil
+	return g, s.finishKeys(g, last, &keys, plan)
 }
 
 // judgeBadTail decides about the bad frame at pos of the last segment g
@@ -334,6 +348,7 @@ func (s *Store) applyPlan(segs []*segment, plan *recoveryPlan) error {
 		}
 		s.log.Info("rebuilt index files", "segment", g.name(), "reason", reason)
 	}
+	s.applyKeyPlan(segs, plan)
 	for _, name := range plan.orphans {
 		if err := s.fs.Remove(filepath.Join(s.cfg.Dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("segment: remove orphan index file: %w", err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -345,6 +346,18 @@ func testCorruptionOnRead(t *testing.T, e env) {
 	// Reads that do not touch the bad frame still work.
 	if got, err := s.ReadFrames(b.m.heads[i-1].BaseOffset, 0, math.MaxUint64); err != nil || !bytes.Equal(got, b.m.frames[i-1]) {
 		t.Fatalf("read of the frame before: %v", err)
+	}
+	// A read by key of a record in the bad frame meets it through the key
+	// index, scans the segment and reports the corruption; one of a key
+	// elsewhere does not.
+	key := fmt.Appendf(nil, "k%d", b.m.heads[i].BaseOffset)
+	_, _, err = s.ReadKey(key, s.StartOffset(), math.MaxUint64, 10, 1<<20)
+	if ce, ok := errorsAs[*CorruptionError](err); !ok || ce.Segment != file || ce.Position != pos {
+		t.Fatalf("ReadKey(%s) err = %v, want corruption at %s:%d", key, err, file, pos)
+	}
+	key = fmt.Appendf(nil, "k%d", b.m.heads[i-1].BaseOffset)
+	if recs, _, err := s.ReadKey(key, s.StartOffset(), math.MaxUint64, 10, 1<<20); err != nil || len(recs) != 1 {
+		t.Fatalf("ReadKey(%s): %d records, %v", key, len(recs), err)
 	}
 }
 

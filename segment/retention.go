@@ -157,7 +157,9 @@ func (s *Store) truncate(c cut, what string, at uint64) error {
 	}
 
 	keep := sort.Search(len(g.entries), func(k int) bool { return int64(g.entries[k].position) >= c.pos })
+	cutKeys, staleKeys := s.cutKeys(g, c.pos)
 	s.mu.Lock()
+	cutKeys()
 	var dropped int64
 	for _, r := range removed {
 		dropped += r.size
@@ -185,6 +187,9 @@ func (s *Store) truncate(c cut, what string, at uint64) error {
 
 	if err := s.writeIndexFiles(g); err != nil {
 		s.log.Warn("could not write index files", "segment", g.name(), "error", err)
+	}
+	if staleKeys {
+		s.removeKeyIndexFile(g)
 	}
 	for _, r := range removed {
 		if err := r.release(); err != nil {
@@ -328,11 +333,11 @@ func (s *Store) deleteOldest(del func(*segment) bool) (int, error) {
 	return n, nil
 }
 
-// unlinkSegment removes g's index files and then its log, so that a crash
+// unlinkSegment removes g's index files (the key index too) and then its log, so that a crash
 // in between leaves a log without index files (rebuilt) rather than index
 // files without a log.
 func (s *Store) unlinkSegment(g *segment) error {
-	for _, suffix := range []string{indexSuffix, timeIndexSuffix, logSuffix} {
+	for _, suffix := range []string{indexSuffix, timeIndexSuffix, keyIndexSuffix, logSuffix} {
 		if err := s.fs.Remove(g.path(suffix)); err != nil && !(suffix != logSuffix && errors.Is(err, fs.ErrNotExist)) {
 			return fmt.Errorf("segment: delete %s: %w", g.path(suffix), err)
 		}

@@ -26,8 +26,14 @@ import (
 //     the new file is dropped), rename the new file over the segment's
 //     (atomic), fsync the directory, and publish the new segment; readers
 //     of the old one finish on the unlinked file.
-//  3. Write the new segment's index files. They are a cache: a crash before
-//     they are written leaves stale ones, which Open rebuilds.
+//     The new key index, built from the new frames while they were
+//     written and saved as "_clean.<segment>.keyindex", is renamed over
+//     the old one before the new segment is published, so that readers of
+//     the new segment never see the old index; readers of the old segment
+//     keep the old index file open (opened before the renames).
+//  3. Write the new segment's offset and time index files. They are a
+//     cache: a crash before they are written leaves stale ones, which Open
+//     rebuilds (as it rebuilds a key index that does not match its log).
 //
 // What the new file must keep, so that the log around it still joins up:
 // its frames continue each other as compacted frames may (see seq.check),
@@ -164,17 +170,14 @@ func (s *Store) RewriteSegment(base uint64, throttle func(bytes int), rewrite Re
 	tmp := filepath.Join(s.cfg.Dir, cleanPrefix+segmentName(base, logSuffix))
 	out, err := s.writeRewrite(v, tmp, throttle, rewrite)
 	if err != nil {
-		if rerr := s.fs.Remove(tmp); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-			s.log.Warn("remove abandoned rewrite", "file", tmp, "error", rerr)
-		}
+		s.removeRewriteFiles(tmp, "")
 		return RewriteStats{}, err
 	}
+	keys := s.writeRewrittenKeys(out)
 	st := RewriteStats{BytesBefore: v.size, BytesAfter: out.g.size, FramesBefore: out.framesBefore, FramesAfter: out.framesAfter}
-	if err := s.swapRewritten(v, tmp, out.g); err != nil {
+	if err := s.swapRewritten(v, tmp, out.g, keys); err != nil {
 		out.g.f.Close()
-		if rerr := s.fs.Remove(tmp); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-			s.log.Warn("remove abandoned rewrite", "file", tmp, "error", rerr)
-		}
+		s.removeRewriteFiles(tmp, keys.tmp)
 		return RewriteStats{}, err
 	}
 	s.log.Debug("rewrote segment", "segment", v.seg.name(), "bytes_before", st.BytesBefore, "bytes_after", st.BytesAfter,
@@ -187,6 +190,44 @@ func (s *Store) RewriteSegment(base uint64, throttle func(bytes int), rewrite Re
 type rewritten struct {
 	g                         *segment
 	framesBefore, framesAfter int
+	// keys holds the key index entries of the new frames: 12 bytes per
+	// record kept, fewer than the segment had.
+	keys *KeyIndexBuilder
+}
+
+// rewrittenKeys is the key index of a rewritten segment, written to tmp
+// ("" if it could not be written: the new segment is then scanned by key
+// reads until Open rebuilds its index).
+type rewrittenKeys struct {
+	tmp    string
+	sealed *sealedKeys
+}
+
+// writeRewrittenKeys writes the key index of the rewritten segment to its
+// temporary file. A failure is logged, not returned: the index is a cache.
+func (s *Store) writeRewrittenKeys(out rewritten) rewrittenKeys {
+	g := out.g
+	tmp := filepath.Join(s.cfg.Dir, cleanPrefix+segmentName(g.baseOffset, keyIndexSuffix))
+	ents := out.keys.sorted()
+	if err := writeFile(s.fs, tmp, appendKeyIndexFile(nil, g.baseOffset, g.size, ents), s.cfg.Fsync == FsyncAlways); err != nil {
+		s.log.Warn("could not write the key index of a rewritten segment; it will be scanned", "segment", g.name(), "error", err)
+		s.removeRewriteFiles(tmp)
+		return rewrittenKeys{}
+	}
+	return rewrittenKeys{tmp: tmp, sealed: &sealedKeys{fence: fenceOf(ents), count: uint64(len(ents))}}
+}
+
+// removeRewriteFiles removes the temporary files of an abandoned rewrite
+// (either name may be "").
+func (s *Store) removeRewriteFiles(names ...string) {
+	for _, name := range names {
+		if name == "" {
+			continue
+		}
+		if err := s.fs.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("remove abandoned rewrite", "file", name, "error", err)
+		}
+	}
 }
 
 // writeRewrite writes the frames rewrite returns for v's frames to a new
@@ -197,7 +238,7 @@ func (s *Store) writeRewrite(v segView, path string, throttle func(int), rewrite
 		return rewritten{}, fmt.Errorf("segment: create rewrite of %s: %w", v.seg.name(), err)
 	}
 	g := newSegment(s.cfg.Dir, v.seg.baseOffset, f)
-	out := rewritten{g: g}
+	out := rewritten{g: g, keys: NewKeyIndexBuilder(v.seg.baseOffset)}
 	q := seq{offset: v.seg.baseOffset}
 	var last batch.Header
 	var pending []byte // frames not yet written
@@ -265,6 +306,9 @@ func (s *Store) placeRewritten(g *segment, q *seq, b []byte, isLast bool, out *r
 	if err == nil {
 		err = q.checkFrame(b, h)
 	}
+	if err == nil {
+		err = out.keys.add(b, h, g.size)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: rewrite of %s at offset %d: %w", ErrInvalidFrame, g.name(), q.offset, err)
 	}
@@ -299,10 +343,11 @@ func checkRewrittenEnd(g *segment, last batch.Header, v segView) error {
 	return nil
 }
 
-// swapRewritten publishes the rewritten segment ng (written to tmp) in
-// place of v's segment, if that is still in the log unchanged: rename,
-// directory fsync, publish, then index files (see the steps above).
-func (s *Store) swapRewritten(v segView, tmp string, ng *segment) error {
+// swapRewritten publishes the rewritten segment ng (written to tmp, its
+// key index to keys.tmp) in place of v's segment, if that is still in the
+// log unchanged: rename, directory fsync, key index, publish, then the
+// other index files (see the steps above).
+func (s *Store) swapRewritten(v segView, tmp string, ng *segment, keys rewrittenKeys) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if err := s.usableLocked(); err != nil {
@@ -312,6 +357,7 @@ func (s *Store) swapRewritten(v segView, tmp string, ng *segment) error {
 	if i < 0 || i == len(s.segs)-1 || v.seg.size != v.size || v.seg.truncations != v.truncations {
 		return fmt.Errorf("%w: %s", ErrRewriteAbandoned, v.seg.name())
 	}
+	holdOldKeys(s, v.seg)
 	if err := s.fs.Rename(tmp, v.seg.path(logSuffix)); err != nil {
 		return fmt.Errorf("segment: replace %s: %w", v.seg.name(), err)
 	}
@@ -322,6 +368,7 @@ func (s *Store) swapRewritten(v segView, tmp string, ng *segment) error {
 		s.fail(err)
 		return s.failed()
 	}
+	s.swapKeyIndex(ng, keys)
 	s.mu.Lock()
 	s.segs[i] = ng
 	s.sizeBytes.Add(ng.size - v.seg.size)
@@ -334,6 +381,35 @@ func (s *Store) swapRewritten(v segView, tmp string, ng *segment) error {
 		s.log.Warn("could not write index files", "segment", ng.name(), "error", err)
 	}
 	return nil
+}
+
+// holdOldKeys opens the key index file of g, a segment about to be
+// replaced, if it has a sealed index: its readers keep reading the file
+// they verified once the new segment's index replaces it by name.
+func holdOldKeys(s *Store, g *segment) {
+	k := g.sealed.Load()
+	if k == nil {
+		return
+	}
+	if _, err := k.open(s.fs, g.path(keyIndexSuffix)); err != nil {
+		k.broken.Store(true) // its readers scan
+	}
+}
+
+// swapKeyIndex puts the rewritten segment ng's key index file in place and
+// gives ng its sealed index; without one (not written, or the rename
+// failed) ng is scanned by key reads and the file left beside it is
+// stale, which the next Open notices and rebuilds.
+func (s *Store) swapKeyIndex(ng *segment, keys rewrittenKeys) {
+	if keys.tmp == "" {
+		return
+	}
+	if err := s.fs.Rename(keys.tmp, ng.path(keyIndexSuffix)); err != nil {
+		s.log.Warn("could not replace the key index of a rewritten segment; it will be scanned", "segment", ng.name(), "error", err)
+		s.removeRewriteFiles(keys.tmp)
+		return
+	}
+	ng.sealed.Store(keys.sealed)
 }
 
 // indexOfLocked returns the position of g in segs, or -1. The caller holds

@@ -280,6 +280,9 @@ func TestRewriteCrashAtEveryStep(t *testing.T) {
 				t.Fatalf("crash before operation %d: %s left after open", k, name)
 			}
 		}
+		// Whichever log it is, its key index files are its own.
+		checkKeyIndexFiles(t, Config{FS: crashed, Dir: cfg.Dir})
+		checkKeyReads(t, r, 10)
 		r.Close()
 	}
 	if outcomes["old"] == 0 || outcomes["new"] == 0 {

@@ -17,6 +17,7 @@ const (
 	logSuffix       = ".log"
 	indexSuffix     = ".index"
 	timeIndexSuffix = ".timeindex"
+	keyIndexSuffix  = ".keyindex"
 
 	// baseDigits is the width of the zero-padded base offset in file names.
 	baseDigits = 20
@@ -36,7 +37,7 @@ func parseSegmentName(name string) (base uint64, suffix string, ok bool) {
 		return 0, "", false
 	}
 	digits, suffix := name[:baseDigits], name[baseDigits:]
-	if suffix != logSuffix && suffix != indexSuffix && suffix != timeIndexSuffix {
+	if suffix != logSuffix && suffix != indexSuffix && suffix != timeIndexSuffix && suffix != keyIndexSuffix {
 		return 0, "", false
 	}
 	if strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }) >= 0 {
@@ -71,6 +72,13 @@ type segment struct {
 	// truncations counts the truncations that cut into this segment, so
 	// that a rewrite notices one however the segment grew back.
 	truncations uint32
+	// keys is the active segment's key index (nil once sealed).
+	keys *activeKeys
+	// sealed is a sealed segment's key index, nil while it is active or
+	// when its file could not be written (then readers scan it). It is
+	// set by the appender (roll, recovery, a rewrite's swap) and closed
+	// with the last reference.
+	sealed atomic.Pointer[sealedKeys]
 }
 
 // hasRecords reports whether g holds a record. Only such a segment may be
@@ -107,6 +115,9 @@ func (g *segment) acquire() {
 func (g *segment) release() error {
 	switch n := g.refs.Add(-1); {
 	case n == 0:
+		if k := g.sealed.Load(); k != nil {
+			k.close() // a read-only file: nothing to lose
+		}
 		return g.f.Close()
 	case n < 0:
 		panic(fmt.Sprintf("segment: release of released segment %s", g.name()))

@@ -29,6 +29,8 @@ const (
 	DefaultIndexIntervalBytes = 4 << 10
 	// IndexIntervalBytesLimit bounds Config.IndexIntervalBytes from above.
 	IndexIntervalBytesLimit = 16 << 20
+	// DefaultSegmentRecordsMax is the default bound on a segment's records.
+	DefaultSegmentRecordsMax = 1 << 19
 	// ReadBytesMax bounds the maxBytes argument of ReadFrames and
 	// ReadFramesByIndex; larger values are clamped to it. (One frame
 	// larger than maxBytes is still returned whole, and frames are at most
@@ -73,6 +75,14 @@ type Config struct {
 	// holds a record (see the package documentation). Default 64 MiB,
 	// bounds [SegmentBytesMaxMin, SegmentBytesMaxLimit].
 	SegmentBytesMax int64
+	// SegmentRecordsMax bounds the records of a segment: a frame that
+	// would take the active segment past it starts a new segment, once the
+	// active one holds a record (a frame with more records than this gets
+	// a segment of its own). It bounds the memory of the active segment's
+	// key index (16 bytes per record plus a map slot per distinct key
+	// hash: 17 MiB at the default with every key distinct), whatever the
+	// record size. Default 512 Ki records, bounds [1, math.MaxUint32].
+	SegmentRecordsMax int64
 	// IndexIntervalBytes is the spacing of the sparse index entries: a
 	// read, or a lookup by offset, Raft index or time, scans at most about
 	// this many bytes past an entry. Default 4 KiB, bounds
@@ -179,6 +189,9 @@ type Store struct {
 	lastAppendTimeUnixNanos int64
 	lastTerm                uint64 // Term of the frame at LastIndex, 0 if none
 	closing                 bool
+	// keyHashes is the appender's scratch for the key hashes and offset
+	// deltas of a frame's records.
+	keyHashes []keyEntry
 
 	// truncMu excludes readers while bytes they may be reading change
 	// (TruncateSuffix, Close). Appends and deletes need not take it: appends
@@ -267,6 +280,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.SegmentBytesMax < SegmentBytesMaxMin || c.SegmentBytesMax > SegmentBytesMaxLimit {
 		return bad("SegmentBytesMax %d outside [%d, %d]", c.SegmentBytesMax, SegmentBytesMaxMin, SegmentBytesMaxLimit)
+	}
+	if c.SegmentRecordsMax == 0 {
+		c.SegmentRecordsMax = DefaultSegmentRecordsMax
+	}
+	if c.SegmentRecordsMax < 1 || c.SegmentRecordsMax > math.MaxUint32 {
+		return bad("SegmentRecordsMax %d outside [1, %d]", c.SegmentRecordsMax, uint64(math.MaxUint32))
 	}
 	if c.IndexIntervalBytes == 0 {
 		c.IndexIntervalBytes = DefaultIndexIntervalBytes

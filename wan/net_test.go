@@ -90,7 +90,7 @@ func TestNetRegions(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 4)
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if _, err := c.Read(buf); err != nil || string(buf) != "held" {
 		t.Fatalf("after heal read %q, %v", buf, err)
 	}

@@ -23,6 +23,7 @@
 package clienttest
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -656,8 +657,12 @@ func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1
 	}
 	resp := &geologv1.ReadResponse{StartOffset: 0, TailOffset: tail}
 	size := 0
-	for o := from; o < tail && len(resp.Records) < maxRecords; o++ {
+	o := from
+	for ; o < tail && len(resp.Records) < maxRecords; o++ {
 		rec := r.records[o]
+		if req.Key != nil && !bytes.Equal(rec.GetKey(), req.Key) {
+			continue // a read by key skips other keys' records
+		}
 		n := len(rec.GetKey()) + len(rec.GetValue())
 		if len(resp.Records) > 0 && size+n > maxBytes {
 			break
@@ -665,7 +670,7 @@ func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1
 		size += n
 		resp.Records = append(resp.Records, rec)
 	}
-	resp.NextOffset = from + uint64(len(resp.Records))
+	resp.NextOffset = o
 	return resp, nil
 }
 
@@ -701,8 +706,11 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 		tail := s.tailLocked(k, r)
 		notify := r.notify
 		var recs []*geologv1.StoredRecord
-		for o := next; o < tail && len(recs) < s.cfg.SubscribeRecordsMax; o++ {
-			recs = append(recs, r.records[o])
+		o := next
+		for ; o < tail && len(recs) < s.cfg.SubscribeRecordsMax; o++ {
+			if req.Key == nil || bytes.Equal(r.records[o].GetKey(), req.Key) {
+				recs = append(recs, r.records[o])
+			}
 		}
 		var f Fault
 		if len(recs) > 0 && s.subscribeFault != nil {
@@ -711,6 +719,7 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 		}
 		s.mu.Unlock()
 		if len(recs) == 0 {
+			next = o // past other keys' records
 			select {
 			case <-notify:
 				continue
@@ -727,7 +736,7 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 		case f.Err != nil:
 			return apierr.ToStatus(f.Err)
 		}
-		next += uint64(len(recs))
+		next = o
 		if err := stream.Send(&geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: tail}); err != nil {
 			return err
 		}

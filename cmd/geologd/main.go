@@ -61,6 +61,8 @@ func run() int {
 	cursorRanges := fs.Int("cursor-ranges", 16, "consumers: range count of the cursor stream _cursors (the same on every node)")
 	cursorHome := fs.String("cursor-home", "", "consumers: the region homing every range of _cursors at its creation (default: spread over the regions; the same on every node)")
 	groupHeartbeat := fs.Duration("group-heartbeat", 500*time.Millisecond, "consumers: how often group members heartbeat")
+	cursorLag := fs.Duration("cursor-compaction-lag", 0, "consumers: the least age of a cursor-stream record compaction by key may drop (0: 1 min; negative: none; the same on every node)")
+	cursorTombstones := fs.Duration("cursor-delete-retention", 0, "consumers: how long a deleted cursor position's tombstone stays in the cursor stream (0: 24 h; negative: none; the same on every node)")
 	maintenance := fs.Duration("maintenance-interval", 30*time.Second, "how often each range applies retention and considers compaction by key")
 	compactionInterval := fs.Duration("compaction-interval", time.Minute, "compaction by key: least time between two decisions of a range")
 	compactionRate := fs.Int64("compaction-bytes-per-second", 64<<20, "compaction by key: the node's read and write rate (negative: unbounded)")
@@ -173,6 +175,7 @@ func run() int {
 		CompactionBytesPerSecond: *compactionRate,
 	}
 	cfg.CursorRanges, cfg.CursorHome, cfg.GroupHeartbeatInterval = *cursorRanges, *cursorHome, *groupHeartbeat
+	cfg.CursorCompactionLag, cfg.CursorDeleteRetention = *cursorLag, *cursorTombstones
 	if failpoints != nil {
 		cfg.FS = vfs.WithFaults(vfs.OS(), &failpoints.Faults)
 		cfg.Now = failpoints.Now

@@ -1009,7 +1009,16 @@ type ReadRequest struct {
 	Consistency Consistency `protobuf:"varint,6,opt,name=consistency,proto3,enum=geolog.v1.Consistency" json:"consistency,omitempty"`
 	// min_offset: with CONSISTENCY_MIN_OFFSET, wait until the local tail
 	// (next offset) is at least min_offset, bounded by the request deadline.
-	MinOffset     uint64 `protobuf:"varint,7,opt,name=min_offset,json=minOffset,proto3" json:"min_offset,omitempty"`
+	MinOffset uint64 `protobuf:"varint,7,opt,name=min_offset,json=minOffset,proto3" json:"min_offset,omitempty"`
+	// key, when present, returns only the records whose key equals it (one
+	// conversation), in offset order from from_offset, found through the
+	// range's key index: the cost is about the records of that key, not the
+	// range. next_offset then may skip offsets of other keys (up to the
+	// tail when the key has no more records). The key must belong to the
+	// range (INVALID_ARGUMENT otherwise), but for the empty key, which
+	// selects the range's keyless records (producers spread those over every
+	// range). Every consistency works as without it.
+	Key           []byte `protobuf:"bytes,8,opt,name=key,proto3,oneof" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1093,6 +1102,13 @@ func (x *ReadRequest) GetMinOffset() uint64 {
 	return 0
 }
 
+func (x *ReadRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
 type ReadResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Records []*StoredRecord        `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
@@ -1174,7 +1190,10 @@ type SubscribeRequest struct {
 	//	*SubscribeRequest_FromTimeUnixNanos
 	Start isSubscribeRequest_Start `protobuf_oneof:"start"`
 	// max_bytes bounds each reply message; 0 means the server default (1 MiB).
-	MaxBytes      uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// key, when present, follows only the records whose key equals it, as
+	// ReadRequest.key reads them.
+	Key           []byte `protobuf:"bytes,6,opt,name=key,proto3,oneof" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1253,6 +1272,13 @@ func (x *SubscribeRequest) GetMaxBytes() uint32 {
 		return x.MaxBytes
 	}
 	return 0
+}
+
+func (x *SubscribeRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
 }
 
 type isSubscribeRequest_Start interface {
@@ -3857,7 +3883,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x123\n" +
 	"\x16append_time_unix_nanos\x18\x05 \x01(\x03R\x13appendTimeUnixNanos\x12\x1c\n" +
 	"\tduplicate\x18\x06 \x01(\bR\tduplicate\x12,\n" +
-	"\x05error\x18\a \x01(\v2\x16.geolog.v1.ErrorDetailR\x05error\"\xf3\x01\n" +
+	"\x05error\x18\a \x01(\v2\x16.geolog.v1.ErrorDetailR\x05error\"\x92\x02\n" +
 	"\vReadRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12\x1f\n" +
@@ -3868,22 +3894,26 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytes\x128\n" +
 	"\vconsistency\x18\x06 \x01(\x0e2\x16.geolog.v1.ConsistencyR\vconsistency\x12\x1d\n" +
 	"\n" +
-	"min_offset\x18\a \x01(\x04R\tminOffset\"\xa6\x01\n" +
+	"min_offset\x18\a \x01(\x04R\tminOffset\x12\x15\n" +
+	"\x03key\x18\b \x01(\fH\x00R\x03key\x88\x01\x01B\x06\n" +
+	"\x04_key\"\xa6\x01\n" +
 	"\fReadResponse\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.geolog.v1.StoredRecordR\arecords\x12\x1f\n" +
 	"\vnext_offset\x18\x02 \x01(\x04R\n" +
 	"nextOffset\x12!\n" +
 	"\fstart_offset\x18\x03 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x04 \x01(\x04R\n" +
-	"tailOffset\"\xbc\x01\n" +
+	"tailOffset\"\xdb\x01\n" +
 	"\x10SubscribeRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12!\n" +
 	"\vfrom_offset\x18\x03 \x01(\x04H\x00R\n" +
 	"fromOffset\x121\n" +
 	"\x14from_time_unix_nanos\x18\x04 \x01(\x03H\x00R\x11fromTimeUnixNanos\x12\x1b\n" +
-	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytesB\a\n" +
-	"\x05start\"\x88\x01\n" +
+	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytes\x12\x15\n" +
+	"\x03key\x18\x06 \x01(\fH\x01R\x03key\x88\x01\x01B\a\n" +
+	"\x05startB\x06\n" +
+	"\x04_key\"\x88\x01\n" +
 	"\x11SubscribeResponse\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.geolog.v1.StoredRecordR\arecords\x12\x1f\n" +
 	"\vnext_offset\x18\x02 \x01(\x04R\n" +
@@ -4318,6 +4348,7 @@ func file_geolog_v1_log_proto_init() {
 	if File_geolog_v1_log_proto != nil {
 		return
 	}
+	file_geolog_v1_log_proto_msgTypes[5].OneofWrappers = []any{}
 	file_geolog_v1_log_proto_msgTypes[7].OneofWrappers = []any{
 		(*SubscribeRequest_FromOffset)(nil),
 		(*SubscribeRequest_FromTimeUnixNanos)(nil),

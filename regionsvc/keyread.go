@@ -1,0 +1,76 @@
+package regionsvc
+
+import (
+	"context"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/keyspace"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// Reads filtered by key (ReadRequest.key, SubscribeRequest.key): one
+// conversation's records, found through the segment store's key index
+// (segment.Store.ReadKey), bounded by the committed offset like every
+// read, so they work the same on the home, followers and mirrors.
+
+// readRangeOf returns the driver of range r of stream for a read, with key
+// non-nil for a read filtered by it: the key must belong to the range
+// (keyspace.RangeForKey), but for the empty key, which selects keyless
+// records, that producers spread over every range.
+func (n *Node) readRangeOf(ctx context.Context, stream string, r uint32, key []byte) (*rangeDriver, error) {
+	rd, err := n.rangeOf(ctx, stream, r)
+	if err != nil || len(key) == 0 {
+		return rd, err
+	}
+	if len(key) > n.cfg.RecordBytesMax {
+		return nil, apierr.New(apierr.InvalidArgument, "key of %d bytes is longer than any record (%d bytes at most)", len(key), n.cfg.RecordBytesMax)
+	}
+	st, err := n.lookupStream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	if want := keyspace.RangeForKey(key, uint32(len(st.ranges))); want != r {
+		return nil, apierr.New(apierr.InvalidArgument, "key %q belongs to range %d of stream %q, not range %d", clip(key), want, stream, r)
+	}
+	return rd, nil
+}
+
+// clip shortens a key for an error message.
+func clip(key []byte) []byte {
+	const keyShownMax = 64
+	if len(key) > keyShownMax {
+		return key[:keyShownMax]
+	}
+	return key
+}
+
+// read returns committed records from offset from on as readRecords does,
+// or, with key non-nil, as readKeyRecords does.
+func (d *rangeDriver) read(key []byte, from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
+	if key == nil {
+		return d.readRecords(from, maxRecords, maxBytes)
+	}
+	return d.readKeyRecords(key, from, maxRecords, maxBytes)
+}
+
+// readKeyRecords returns the committed records of key from offset from on,
+// in offset order, at most maxRecords of them and, past the first, at most
+// maxBytes of keys and values, and the offset to read next: after the
+// last record returned when a bound stopped the read, else the committed
+// offset (the records in between belong to other keys). It runs on the
+// caller's goroutine, concurrently with the driver.
+func (d *rangeDriver) readKeyRecords(key []byte, from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
+	committed, err := d.readBounds(from)
+	if err != nil {
+		return nil, from, err
+	}
+	recs, next, err := d.store.ReadKey(key, from, committed, maxRecords, maxBytes)
+	if err != nil {
+		return nil, from, d.readError(from, err)
+	}
+	out := make([]*geologv1.StoredRecord, len(recs))
+	for i := range recs {
+		out[i] = storedRecord(recs[i].Batch, recs[i].Offset, &recs[i].Record)
+	}
+	return out, next, nil
+}
