@@ -42,6 +42,7 @@ FUZZ_TARGETS := \
 	./replica:FuzzProducerBase:60000 \
 	./replica:FuzzForkRecord:60000 \
 	./replica:FuzzForkDesc:60000 \
+	./replica:FuzzCommitMark:20000 \
 	./segment:FuzzKeyIndex:200000 \
 	./batch:FuzzRecordKeys:100000 \
 	./cursors:FuzzDecode:100000

@@ -48,6 +48,10 @@ const (
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
 
+// PastLocalTail is an offset past what the answering node serves now,
+// which the range may hold (see the proto): retriable.
+const PastLocalTail = geologv1.ErrorCode_ERROR_CODE_OFFSET_PAST_LOCAL_TAIL
+
 // The codes of consumer groups and cursors (consumer.proto).
 const (
 	UnknownMember         = geologv1.ErrorCode_ERROR_CODE_UNKNOWN_MEMBER
@@ -102,6 +106,7 @@ var catalogue = map[Code]codeInfo{
 	StaleCursorGeneration: {codes.FailedPrecondition, false},
 	LimitExceeded:         {codes.ResourceExhausted, false},
 	KeyRequired:           {codes.InvalidArgument, false},
+	PastLocalTail:         {codes.Unavailable, true},
 }
 
 // Error is a typed API error.

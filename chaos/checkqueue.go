@@ -38,10 +38,14 @@ const (
 	// NonLinearizable: a range's appends and home reads have no
 	// linearization in the log model (see CheckLinearizable).
 	NonLinearizable AnomalyKind = "non-linearizable"
+	// SplitRead: an offset read with two different records: a read of a
+	// divergent tail (now in an orphan log) that returned after its node
+	// could know of the newer epoch (checktimeline.go).
+	SplitRead AnomalyKind = "split-read"
 )
 
 // AnomalyKinds lists the kinds in report order.
-var AnomalyKinds = []AnomalyKind{Lost, Duplicated, Inconsistent, OutOfOrder, Unexpected, Gap, Stale, NonLinearizable}
+var AnomalyKinds = []AnomalyKind{Lost, Duplicated, Inconsistent, OutOfOrder, Unexpected, Gap, Stale, NonLinearizable, SplitRead}
 
 // Anomaly is one finding.
 type Anomaly struct {
@@ -192,7 +196,9 @@ func CheckQueue(h *History) QueueResult {
 		}
 	}
 
-	// Each (source, range) reads in offset order from 0.
+	// Each (source, range) reads in offset order from 0; it may go back
+	// to a fork point only (a reader told that it read a divergent tail
+	// reads the log again from where it forked).
 	type stream struct {
 		source string
 		rng    uint32
@@ -205,11 +211,15 @@ func CheckQueue(h *History) QueueResult {
 		case o.Offset > want:
 			q.add(Anomaly{Kind: Gap, Range: o.Range, Offset: o.Offset, Value: o.Value,
 				Detail: fmt.Sprintf("%s skipped offsets [%d, %d)", o.Source, want, o.Offset)})
+		case o.Offset < want && orphans.isForkPoint(o.Range, o.Offset):
+			want = o.Offset // rewound to a fork point
 		case o.Offset < want:
 			q.add(Anomaly{Kind: Gap, Range: o.Range, Offset: o.Offset, Value: o.Value,
 				Detail: fmt.Sprintf("%s went back from %d to %d", o.Source, want, o.Offset)})
 		}
-		next[s] = max(want, o.Offset+1)
+		if o.Offset >= want {
+			next[s] = o.Offset + 1
+		}
 		// A read of a divergent tail before its fork: the orphan log
 		// holds what it saw.
 		if !orphans.holds(o.Range, o.Offset, o.Epoch, o.Value) {
@@ -356,6 +366,7 @@ func CheckQueue(h *History) QueueResult {
 	}
 	checkFinalEpochs(h, q.add)
 	checkEpochs(h, q.add)
+	checkSplitReads(h, orphans, q.add)
 	sort.Strings(q.Unverified)
 	sort.Strings(q.Unconverged)
 	return q

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -83,6 +85,10 @@ type Cluster interface {
 	// server; ErrUnsupported without Caps.LeaseStore.
 	StopLeaseStore() error
 	StartLeaseStore() error
+	// ClientTLS is the TLS configuration clients dial the nodes with (a
+	// client certificate of the cluster's CA), nil when the nodes run
+	// --insecure.
+	ClientTLS() *tls.Config
 	// Close stops what the cluster started; an attached cluster stays up.
 	Close() error
 }
@@ -111,9 +117,19 @@ func clientAddrs(c Cluster, region string) string {
 	return strings.Join(out, ",")
 }
 
-// answers reports whether the node at addr serves the API.
-func answers(ctx context.Context, addr string) bool {
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// transportCreds are the credentials of a client dialing with cfg (nil:
+// plaintext).
+func transportCreds(cfg *tls.Config) credentials.TransportCredentials {
+	if cfg == nil {
+		return insecure.NewCredentials()
+	}
+	return credentials.NewTLS(cfg)
+}
+
+// answers reports whether the node at addr serves the API to a client
+// dialing with cfg.
+func answers(ctx context.Context, addr string, cfg *tls.Config) bool {
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(transportCreds(cfg)))
 	if err != nil {
 		return false
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/geolog/geolog/pki"
 	"github.com/geolog/geolog/wan"
 )
 
@@ -57,6 +59,8 @@ type EnvCluster struct {
 
 	// pg runs the lease store's script (GEOLOG_PG_*), nil without.
 	pg *pgServer
+	// tls is the clients' configuration (GEOLOG_CERTS_DIR), nil without.
+	tls *tls.Config
 
 	mu    sync.Mutex
 	saved map[NodeRef]*savedProc // command lines of killed nodes
@@ -122,6 +126,14 @@ func AttachEnv(ctx context.Context, path string) (*EnvCluster, error) {
 		return nil, fmt.Errorf("chaos: %s names no GEOLOG_ADDR_<REGION>", path)
 	}
 	c.caps = Caps{Processes: true, WAN: c.control != "", Failpoints: true}
+	if dir := vars["GEOLOG_CERTS_DIR"]; dir != "" {
+		// The cluster serves TLS: dial with its client certificate.
+		cfg, err := pki.ClientConfig(filepath.Join(dir, pki.CACertFile), filepath.Join(dir, pki.ClientCertFile), filepath.Join(dir, pki.ClientKeyFile), "")
+		if err != nil {
+			return nil, fmt.Errorf("chaos: %s: GEOLOG_CERTS_DIR: %w", path, err)
+		}
+		c.tls = cfg
+	}
 	if script := vars["GEOLOG_PG_SCRIPT"]; script != "" && vars["GEOLOG_PG_DIR"] != "" {
 		port, err := strconv.Atoi(vars["GEOLOG_PG_PORT"])
 		if err != nil {
@@ -176,7 +188,7 @@ func AttachEnv(ctx context.Context, path string) (*EnvCluster, error) {
 			} else {
 				c.caps.Processes, c.caps.Failpoints = false, false
 			}
-			if !answers(ctx, n.Addr) {
+			if !answers(ctx, n.Addr, c.tls) {
 				return nil, fmt.Errorf("chaos: node %s at %s does not answer", n.NodeRef, n.Addr)
 			}
 			c.nodes = append(c.nodes, n)
@@ -221,11 +233,12 @@ func EnvFactory(path string) ClusterFactory {
 	}
 }
 
-func (c *EnvCluster) Regions() []string  { return c.regions }
-func (c *EnvCluster) Nodes() []Node      { return c.nodes }
-func (c *EnvCluster) Caps() Caps         { return c.caps }
-func (c *EnvCluster) WANControl() string { return c.control }
-func (c *EnvCluster) Close() error       { return nil }
+func (c *EnvCluster) Regions() []string      { return c.regions }
+func (c *EnvCluster) Nodes() []Node          { return c.nodes }
+func (c *EnvCluster) Caps() Caps             { return c.caps }
+func (c *EnvCluster) ClientTLS() *tls.Config { return c.tls }
+func (c *EnvCluster) WANControl() string     { return c.control }
+func (c *EnvCluster) Close() error           { return nil }
 
 func (c *EnvCluster) StopLeaseStore() error {
 	if c.pg == nil {

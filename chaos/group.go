@@ -50,6 +50,7 @@ type GroupHistory struct {
 	// CursorRecords records.
 	CursorLog     []string `json:"cursor_log,omitempty"`
 	CursorLogRead bool     `json:"cursor_log_read"`
+	CursorLogErr  string   `json:"cursor_log_err,omitempty"`
 	CursorRecords int      `json:"cursor_records"`
 	// CaughtUp says whether the members processed every acked record
 	// before the harness stopped waiting.
@@ -280,6 +281,9 @@ func (gr *groupRun) readCursorLog(ctx context.Context) {
 	d, err := c.DescribeStream(ctx, cursorStream)
 	if err != nil || d.Stream.RangeCount == 0 {
 		gr.log.Warn("cursor stream not described", "error", err)
+		gr.mu.Lock()
+		gr.hist.CursorLogErr = fmt.Sprintf("describe %s: %v", cursorStream, err)
+		gr.mu.Unlock()
 		return
 	}
 	rng := keyspace.RangeForKey([]byte(gr.hist.Group), d.Stream.RangeCount)
@@ -294,7 +298,10 @@ func (gr *groupRun) readCursorLog(ctx context.Context) {
 	defer hc.Close()
 	violations, n, err := checkCursorRange(ctx, hc, rng)
 	if err != nil {
-		gr.log.Warn("cursor stream not read", "range", rng, "error", err)
+		gr.log.Warn("cursor stream not checked", "range", rng, "error", err)
+		gr.mu.Lock()
+		gr.hist.CursorLogErr = err.Error()
+		gr.mu.Unlock()
 		return
 	}
 	gr.mu.Lock()

@@ -18,7 +18,6 @@ import (
 	"github.com/geolog/geolog/wan"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // injector applies a scenario's faults to a cluster and remembers what it
@@ -761,7 +760,7 @@ func (in *injector) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := in.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(transportCreds(in.cl.ClientTLS())))
 	if err != nil {
 		return nil, err
 	}

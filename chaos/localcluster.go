@@ -2,8 +2,10 @@ package chaos
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/internal/portlock"
+	"github.com/geolog/geolog/pki"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -42,6 +45,11 @@ type LocalConfig struct {
 	PGPort   int
 	// Logger hears the cluster's life, default null.
 	Logger hclog.Logger
+	// Insecure runs the nodes with --insecure. By default every node
+	// serves and dials with TLS, its certificate from a development PKI
+	// the harness makes under Dir/certs, and the harness's clients dial
+	// with a client certificate of it.
+	Insecure bool
 }
 
 func (c *LocalConfig) setDefaults() error {
@@ -110,6 +118,7 @@ type LocalCluster struct {
 	regions []string
 	nodes   []Node
 	procs   map[NodeRef]*proc
+	tls     *tls.Config // the clients'; nil with Insecure
 	wan     *proc
 	control string
 	pg      *pgServer
@@ -145,6 +154,11 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 			c.Close()
 		}
 	}()
+	if !cfg.Insecure {
+		if c.tls, err = makePKI(filepath.Join(cfg.Dir, "certs"), shape); err != nil {
+			return nil, err
+		}
+	}
 
 	ports := c.ports
 	type plan struct {
@@ -231,7 +245,8 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 			if err != nil {
 				return nil, err
 			}
-			leaseStoreURL[r] = fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", l)
+			leaseStoreURL[r] = fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=verify-full&sslrootcert=%s", l,
+				url.QueryEscape(filepath.Join(c.pg.dir, "tls", "ca.crt")))
 		}
 	}
 
@@ -257,6 +272,11 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 			"--peers", strings.Join(peers, ","), "--fsync", "always",
 			"--debug-addr", p.debug, "--debug-failpoints", "--log-level", cfg.LogLevel,
 		}
+		if c.tls == nil {
+			args = append(args, "--insecure")
+		} else {
+			args = append(args, "--certs-dir", filepath.Join(cfg.Dir, "certs", ref.Region+"-n"+strconv.Itoa(ref.ID)))
+		}
 		for _, r := range shape.Regions {
 			if r != ref.Region {
 				args = append(args, "--region-addrs", r+"="+strings.Join(p.remote[r], ","))
@@ -281,7 +301,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 	}
 	for _, n := range c.nodes {
 		pr := c.procs[n.NodeRef]
-		err := waitFor(ctx, 60*time.Second, func() bool { return pr.running() && answers(ctx, n.Addr) })
+		err := waitFor(ctx, 60*time.Second, func() bool { return pr.running() && answers(ctx, n.Addr, c.tls) })
 		if err != nil || !pr.running() {
 			return nil, fmt.Errorf("chaos: %s did not come up (%s): %v", n.NodeRef, pr.logPath, err)
 		}
@@ -308,12 +328,16 @@ func (c *LocalCluster) writeEnv() error {
 	}
 	fmt.Fprintf(&b, "export GEOLOG_ADDR_ALL=%s\nexport GEOLOG_WAN_CONTROL=%s\nexport GEOLOG_CLUSTER_REGIONS=%q\n",
 		strings.Join(all, ","), c.control, strings.Join(c.regions, " "))
+	if c.tls != nil {
+		fmt.Fprintf(&b, "export GEOLOG_CERTS_DIR=%s\n", filepath.Join(c.cfg.Dir, "certs", "client"))
+	}
 	return os.WriteFile(filepath.Join(c.cfg.Dir, "env"), []byte(b.String()), 0o644)
 }
 
-func (c *LocalCluster) Regions() []string  { return c.regions }
-func (c *LocalCluster) Nodes() []Node      { return c.nodes }
-func (c *LocalCluster) WANControl() string { return c.control }
+func (c *LocalCluster) Regions() []string      { return c.regions }
+func (c *LocalCluster) ClientTLS() *tls.Config { return c.tls }
+func (c *LocalCluster) Nodes() []Node          { return c.nodes }
+func (c *LocalCluster) WANControl() string     { return c.control }
 
 // Dir is the cluster's folder (data, logs, env, pids).
 func (c *LocalCluster) Dir() string { return c.cfg.Dir }
@@ -407,10 +431,55 @@ func (c *LocalCluster) Close() error {
 	return nil
 }
 
+// makePKI writes a development PKI under dir: the CA (ca/), a certs
+// folder per node of shape (<region>-n<i>/), and the harness's client
+// folder (client/, principal "chaos"); it returns the client's TLS
+// configuration.
+func makePKI(dir string, shape Shape) (*tls.Config, error) {
+	p, err := pki.CreateCA("geolog chaos CA", pki.Options{})
+	if err != nil {
+		return nil, err
+	}
+	ca, err := pki.ParseAuthority(p.CertPEM, p.KeyPEM)
+	if err != nil {
+		return nil, err
+	}
+	write := func(sub, certName, keyName string, pair pki.Pair) error {
+		if err := pki.WriteCACopy(filepath.Join(dir, sub, pki.CACertFile), ca.CertPEM, false); err != nil {
+			return err
+		}
+		return pki.WritePair(filepath.Join(dir, sub, certName), filepath.Join(dir, sub, keyName), pair, false)
+	}
+	if err := pki.WritePair(filepath.Join(dir, "ca", pki.CACertFile), filepath.Join(dir, "ca", pki.CAKeyFile), p, false); err != nil {
+		return nil, err
+	}
+	for _, r := range shape.Regions {
+		for i := 1; i <= shape.NodesPerRegion; i++ {
+			pair, err := pki.CreateNode(ca, r, uint64(i), []string{"127.0.0.1", "localhost"}, pki.Options{})
+			if err == nil {
+				err = write(fmt.Sprintf("%s-n%d", r, i), pki.NodeCertFile, pki.NodeKeyFile, pair)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	pair, err := pki.CreateClient(ca, "chaos", pki.Options{})
+	if err == nil {
+		err = write("client", pki.ClientCertFile, pki.ClientKeyFile, pair)
+	}
+	if err != nil {
+		return nil, err
+	}
+	cd := filepath.Join(dir, "client")
+	return pki.ClientConfig(filepath.Join(cd, pki.CACertFile), filepath.Join(cd, pki.ClientCertFile), filepath.Join(cd, pki.ClientKeyFile), "")
+}
+
 // pgServer is a private PostgreSQL run by scripts/pg.sh.
 type pgServer struct {
 	script, dir string
 	port        int
+	geolog      string // the geolog binary pg.sh makes its certificate with ("": it builds one)
 }
 
 // startPG starts the cluster's PostgreSQL on cfg.PGPort, or on a port
@@ -426,13 +495,17 @@ func startPG(ctx context.Context, cfg LocalConfig, ports *portAllocator) (*pgSer
 			return nil, err
 		}
 	}
-	pg := &pgServer{script: absPath(cfg.PGScript), dir: filepath.Join(cfg.Dir, "pg"), port: port}
+	pg := &pgServer{script: absPath(cfg.PGScript), dir: filepath.Join(cfg.Dir, "pg"), port: port,
+		geolog: filepath.Join(cfg.BinDir, "geolog")}
 	return pg, pg.run(ctx, "start")
 }
 
 func (pg *pgServer) run(ctx context.Context, action string) error {
 	cmd := exec.CommandContext(ctx, pg.script, action)
 	cmd.Env = append(os.Environ(), "GEOLOG_PG_PORT="+strconv.Itoa(pg.port), "GEOLOG_PG_DIR="+pg.dir)
+	if pg.geolog != "" {
+		cmd.Env = append(cmd.Env, "GEOLOG_PG_GEOLOG="+pg.geolog) // for its certificate: no build
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("chaos: pg.sh %s: %v: %s", action, err, out)
 	}

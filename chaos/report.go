@@ -31,10 +31,10 @@ func (r Result) Status() string {
 // that is not a plain PASS.
 func WriteTable(w io.Writer, results []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-	fmt.Fprintln(tw, "scenario\tresult\tsecs\tacked\tdedup\tambiguous\tlost\torphaned\tdup\torder\tincons\tunexp\tgap\tstale\tlinear\tfailover p50/p99\tmax lag\tgroup unproc/regress/stale\trebalance p50/p99\t")
+	fmt.Fprintln(tw, "scenario\tresult\tsecs\tacked\tdedup\tambiguous\tlost\torphaned\tdup\torder\tincons\tunexp\tgap\tstale\tsplit\tlinear\tfailover p50/p99\tmax lag\tgroup unproc/regress/stale\trebalance p50/p99\t")
 	for _, r := range results {
 		if r.Skipped != "" || r.Err != nil {
-			fmt.Fprintf(tw, "%s\t%s\t%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario, r.Status(), r.Elapsed.Seconds())
+			fmt.Fprintf(tw, "%s\t%s\t%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario, r.Status(), r.Elapsed.Seconds())
 			continue
 		}
 		q := r.Queue
@@ -59,10 +59,10 @@ func WriteTable(w io.Writer, results []Result) {
 			lag = ms(r.MaxLag)
 		}
 		group, rebalance := groupCells(r.Group)
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%d\t%d\t%d (%d in)\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%d\t%d\t%d (%d in)\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n",
 			r.Scenario, r.Status(), r.Elapsed.Seconds(), q.Acked, q.Deduplicated, q.Ambiguous, q.AmbiguousPresent,
 			q.Counts[Lost], orphaned, q.Counts[Duplicated], q.Counts[OutOfOrder], q.Counts[Inconsistent],
-			q.Counts[Unexpected], q.Counts[Gap], q.Counts[Stale], linearCell(r.Linear), failover, lag, group, rebalance)
+			q.Counts[Unexpected], q.Counts[Gap], q.Counts[Stale], q.Counts[SplitRead], linearCell(r.Linear), failover, lag, group, rebalance)
 	}
 	tw.Flush()
 	for _, r := range results {

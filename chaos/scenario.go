@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -372,7 +373,17 @@ func plannedRehome(shape Shape, d time.Duration) Scenario {
 // from old generations (each must be 0), and the rebalance time of member
 // faults (fault → every range the victim owned assigned again).
 
+// consumerShape keeps the cursor stream whole for the checker: no
+// compaction by key of _cursors during the scenario (its default least
+// lag is a minute; an attached cluster's own setting holds there, and a
+// compacted log leaves the check unverified).
+func consumerShape(shape Shape) Shape {
+	shape.NodeFlags = append(slices.Clone(shape.NodeFlags), "--cursor-compaction-lag", "1h")
+	return shape
+}
+
 func memberKillLoop(shape Shape, d time.Duration) Scenario {
+	shape = consumerShape(shape)
 	return Scenario{
 		Name: "member-kill-loop",
 		Description: "crash a consumer-group member (no commit, no leave) every 6s, a new one starting 1s later: its ranges move " +
@@ -386,6 +397,7 @@ func memberKillLoop(shape Shape, d time.Duration) Scenario {
 }
 
 func memberPartitioned(shape Shape, d time.Duration) Scenario {
+	shape = consumerShape(shape)
 	return Scenario{
 		Name: "member-partitioned",
 		Description: "cut a consumer-group member off from every node for 8s (past its 3s session): it fences itself, its ranges " +
@@ -399,6 +411,7 @@ func memberPartitioned(shape Shape, d time.Duration) Scenario {
 }
 
 func coordinatorFailover(shape Shape, d time.Duration) Scenario {
+	shape = consumerShape(shape)
 	return Scenario{
 		Name: "coordinator-failover",
 		Description: "SIGKILL the group's coordinator (the leader of its cursor range, in that range's home region) every 8s, " +
@@ -418,6 +431,7 @@ func coordinatorFailover(shape Shape, d time.Duration) Scenario {
 // consumerFaults is the slice's consumer scenario: the three consumer
 // faults one after the other on one region, with 2s sessions.
 func consumerFaults(shape Shape, d time.Duration) Scenario {
+	shape = consumerShape(shape)
 	return Scenario{
 		Name:        "consumer-faults",
 		Description: "a group member crashed, another partitioned past its session, then the coordinator killed",

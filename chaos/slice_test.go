@@ -39,7 +39,7 @@ func binaries(t *testing.T) string {
 		if binDir, buildErr = os.MkdirTemp("", "geolog-chaos-bin-"); buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/geologd", "./cmd/geolog-wan")
+		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/geologd", "./cmd/geolog-wan", "./cmd/geolog")
 		cmd.Dir = filepath.Dir(strings.TrimSpace(string(out)))
 		if b, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, b)
@@ -242,6 +242,9 @@ func TestEnvClusterAttach(t *testing.T) {
 	if caps := env.Caps(); !caps.Processes || !caps.WAN || !caps.Failpoints || !caps.IntraRegionLinks || caps.ClientLinks || caps.LeaseTTL != 0 {
 		t.Fatalf("caps %+v", caps)
 	}
+	if env.ClientTLS() == nil || local.ClientTLS() == nil {
+		t.Fatal("the cluster's nodes serve TLS, and the env file does not say so (GEOLOG_CERTS_DIR)")
+	}
 	if len(env.Nodes()) != 3 || env.Nodes()[1].Addr != local.Nodes()[1].Addr || env.Nodes()[1].DebugAddr != local.Nodes()[1].DebugAddr {
 		t.Fatalf("nodes %+v, want those of %+v", env.Nodes(), local.Nodes())
 	}
@@ -255,26 +258,26 @@ func TestEnvClusterAttach(t *testing.T) {
 	if err := env.Kill(n2.NodeRef); err != nil {
 		t.Fatal(err)
 	}
-	if answers(ctx, n2.Addr) {
+	if answers(ctx, n2.Addr, env.ClientTLS()) {
 		t.Fatal("killed node answers")
 	}
 	if err := env.Restart(n2.NodeRef); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(ctx, 30*time.Second, func() bool { return answers(ctx, n2.Addr) }); err != nil {
+	if err := waitFor(ctx, 30*time.Second, func() bool { return answers(ctx, n2.Addr, env.ClientTLS()) }); err != nil {
 		t.Fatalf("restarted node: %v", err)
 	}
 	n3 := env.Nodes()[2]
 	if err := env.Pause(n3.NodeRef); err != nil {
 		t.Fatal(err)
 	}
-	if answers(ctx, n3.Addr) {
+	if answers(ctx, n3.Addr, env.ClientTLS()) {
 		t.Fatal("paused node answers")
 	}
 	if err := env.Resume(n3.NodeRef); err != nil {
 		t.Fatal(err)
 	}
-	if !answers(ctx, n3.Addr) {
+	if !answers(ctx, n3.Addr, env.ClientTLS()) {
 		t.Fatal("resumed node does not answer")
 	}
 	// A scenario through the attach path: faults by pid file and through

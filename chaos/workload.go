@@ -50,8 +50,11 @@ type workload struct {
 
 // newClient returns an SDK client that knows region's nodes.
 func newClient(cl Cluster, region string) (*client.Client, error) {
-	return client.New(clientAddrs(cl, region),
-		client.RetryBackoff(20*time.Millisecond, 500*time.Millisecond), client.RequestTimeout(5*time.Second))
+	opts := []client.Opt{client.RetryBackoff(20*time.Millisecond, 500*time.Millisecond), client.RequestTimeout(5 * time.Second)}
+	if cfg := cl.ClientTLS(); cfg != nil {
+		opts = append(opts, client.TLSConfig(cfg))
+	}
+	return client.New(clientAddrs(cl, region), opts...)
 }
 
 func newWorkload(w Workload, cl Cluster, stream string, regions, homes []string, rec *recorder, log hclog.Logger) (*workload, error) {
@@ -212,9 +215,20 @@ func (wl *workload) consume(ctx context.Context, region string, r uint32) {
 	defer wl.readWG.Done()
 	c := wl.clients[region]
 	source := "consume/" + region
+	var epoch uint64 // of the record at consumed-1, checked on resuming
 	for ctx.Err() == nil {
 		next := wl.consumed[region][r].Load()
-		for rec, err := range c.Subscribe(ctx, wl.stream, r, client.StartAt{Offset: next}) {
+		for rec, err := range c.Subscribe(ctx, wl.stream, r, client.StartAt{Offset: next, Epoch: epoch}) {
+			var fe *client.ForkError
+			if errors.As(err, &fe) {
+				// It delivered a divergent tail (the RPO): read the log
+				// again from where it forked, as an application would.
+				wl.log.Info("consumer read a divergent tail; reading again from the fork", "region", region, "range", r,
+					"fork_offset", fe.Offset, "delivered_end", fe.DeliveredEnd)
+				wl.consumed[region][r].Store(fe.Offset)
+				epoch = 0 // the fork point is checked by the log's own order
+				break
+			}
 			if err != nil {
 				if ctx.Err() == nil {
 					wl.log.Debug("subscription ended; resubscribing", "region", region, "range", r, "error", err)
@@ -224,6 +238,7 @@ func (wl *workload) consume(ctx context.Context, region string, r uint32) {
 			wl.rec.addReads(Observation{Source: source, Region: region, Range: r, Offset: rec.Offset, Epoch: rec.Epoch,
 				Key: string(rec.Key), Value: string(rec.Value), At: wl.rec.now(), AppendUnixNanos: rec.AppendTime.UnixNano()})
 			wl.consumed[region][r].Store(rec.Offset + 1)
+			epoch = rec.Epoch
 		}
 		sleepUntil(ctx, time.Now().Add(300*time.Millisecond))
 	}

@@ -384,6 +384,8 @@ func (e *env) bench(ctx context.Context, args []string) error {
 			return e.benchCursors(ctx, args[1:]) // benchgroups.go
 		case "rebalance":
 			return e.benchRebalance(ctx, args[1:])
+		case "e2e":
+			return e.benchE2E(ctx, args[1:]) // benche2e.go
 		}
 	}
 	fs := e.flagSet("bench")

@@ -5,17 +5,18 @@ package cli
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/pki"
 )
 
 // Exit codes.
@@ -62,6 +63,9 @@ commands:
                        move a group's positions (refused while it has members)
   bench cursors [--cursors 1000] [--batch 500] [--concurrency 8] [--duration 10s]
   bench rebalance [--ranges 64] [--members 8] [--rounds 5] [--session 3s]
+  bench e2e --consume-addr host:port,... [--stream S] [--rate 1000] [--duration 20s] [--producers 8]
+                       produce on --addr, consume as a group member on
+                       --consume-addr: end-to-end latency p50/p99
   bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 1]
         [--linger D] [--batch-bytes N] [--buffer-bytes N] [--duration 10s | --count N] [--keys N]
         [--sync] [--json]
@@ -74,6 +78,14 @@ commands:
   replicas describe <stream> <range>
   replicas add-learner|promote|remove <stream> <range> <node-id>
   replicas replace <stream> <range> <old-node-id> <new-node-id>
+  certs create-ca --certs-dir DIR [--ca-key FILE] [--lifetime D] [--overwrite]
+  certs create-node --certs-dir DIR --region R --node-id N [--ca-cert F] [--ca-key F] HOST...
+  certs create-client --certs-dir DIR [--ca-cert F] [--ca-key F] PRINCIPAL
+  certs create-server --certs-dir DIR [--ca-cert F] [--ca-key F] HOST...
+                       a development PKI (ECDSA P-256), files 0600; node
+                       certificates name geolog://node/<region>/<id>, client
+                       certificates geolog://client/<principal>; server
+                       certificates (the lease store's) name no identity
 
 global flags (also accepted after the command):
   --addr host:port[,host:port...]
@@ -81,10 +93,14 @@ global flags (also accepted after the command):
                        $GEOLOG_ADDR or ` + DefaultAddr + `)
   --timeout D          bound on each admin or read call (default 30s)
   --retries N          retries of a retriable admin or read call (default 2)
-  --tls-ca FILE        dial with TLS, trusting this CA bundle
-  --tls-cert FILE      client certificate for mutual TLS (with --tls-key)
-  --tls-key FILE       client key for mutual TLS
-  --tls-server-name S  expected server name (default: host of --addr)
+  --certs-dir DIR      dial with TLS: ca.crt, and client.crt/client.key when
+                       present, from DIR (default $GEOLOG_CERTS_DIR)
+  --tls-ca FILE        dial with TLS, trusting this CA bundle ($GEOLOG_TLS_CA)
+  --tls-cert FILE      client certificate for mutual TLS, with --tls-key
+                       ($GEOLOG_TLS_CERT)
+  --tls-key FILE       client key for mutual TLS ($GEOLOG_TLS_KEY)
+  --tls-server-name S  expected server name (default: host of --addr;
+                       $GEOLOG_TLS_SERVER_NAME)
 
 Run 'geolog <command> --help' for a command's flags.
 `
@@ -136,6 +152,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.rehome(ctx, args)
 	case "orphans":
 		err = env.orphans(ctx, args)
+	case "certs":
+		err = env.certs(ctx, args)
 	case "groups":
 		err = env.groups(ctx, args)
 	case "help":
@@ -150,7 +168,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		case errors.Is(err, flag.ErrHelp), errors.Is(err, errReported), isFlagError(err):
 			// Already printed.
 		case client.CodeOf(err) == client.CodeUnavailable:
-			fmt.Fprintf(stderr, "geolog %s: %v\n(is a geolog node listening at %s?)\n", cmd, err, env.addr)
+			fmt.Fprintf(stderr, "geolog %s: %v\n(is a geolog node listening at %s? %s)\n", cmd, err, env.addr, env.tlsHint())
 		default:
 			fmt.Fprintf(stderr, "geolog %s: %v\n", cmd, err)
 		}
@@ -204,6 +222,7 @@ type env struct {
 	tlsCert       string
 	tlsKey        string
 	tlsServerName string
+	certsDir      string
 	globalsSet    bool
 }
 
@@ -219,6 +238,11 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 		}
 		e.timeout = 30 * time.Second
 		e.retries = 2
+		e.certsDir = os.Getenv("GEOLOG_CERTS_DIR")
+		e.tlsCA = os.Getenv("GEOLOG_TLS_CA")
+		e.tlsCert = os.Getenv("GEOLOG_TLS_CERT")
+		e.tlsKey = os.Getenv("GEOLOG_TLS_KEY")
+		e.tlsServerName = os.Getenv("GEOLOG_TLS_SERVER_NAME")
 		e.globalsSet = true
 	}
 	fs.StringVar(&e.addr, "addr", e.addr, "node addresses host:port[,host:port...] (env GEOLOG_ADDR)")
@@ -228,6 +252,7 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 	fs.StringVar(&e.tlsCert, "tls-cert", e.tlsCert, "PEM client certificate for mutual TLS")
 	fs.StringVar(&e.tlsKey, "tls-key", e.tlsKey, "PEM client key for mutual TLS")
 	fs.StringVar(&e.tlsServerName, "tls-server-name", e.tlsServerName, "expected TLS server name")
+	fs.StringVar(&e.certsDir, "certs-dir", e.certsDir, "TLS folder: ca.crt, client.crt, client.key (env GEOLOG_CERTS_DIR)")
 	return fs
 }
 
@@ -262,39 +287,47 @@ func (e *env) clientFor(addrs string, opts ...client.Opt) (*client.Client, error
 		return nil, usagef("--retries and --timeout must not be negative")
 	}
 	opts = append([]client.Opt{client.RequestTimeout(e.timeout), client.RetriesMax(e.retries)}, opts...)
-	if e.tlsCA != "" || e.tlsCert != "" {
-		cfg, err := e.tlsConfig()
-		if err != nil {
-			return nil, err
-		}
+	cfg, err := e.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if cfg != nil {
 		opts = append(opts, client.TLSConfig(cfg))
 	}
 	return client.New(addrs, opts...)
 }
 
+// tlsHint says what to check about TLS when a node cannot be reached.
+func (e *env) tlsHint() string {
+	if cfg, err := e.tlsConfig(); err == nil && cfg == nil {
+		return "nodes serve TLS unless run with --insecure: give --certs-dir or GEOLOG_CERTS_DIR"
+	}
+	return "with TLS: do the node and --certs-dir share a CA, and does the node's certificate name the address dialed?"
+}
+
+// tlsConfig is the client TLS configuration the global flags ask for, nil
+// for plaintext (no --certs-dir and no --tls-* file). Explicit --tls-*
+// files win over the folder's.
 func (e *env) tlsConfig() (*tls.Config, error) {
-	cfg := &tls.Config{ServerName: e.tlsServerName, MinVersion: tls.VersionTLS12}
-	if e.tlsCA != "" {
-		pem, err := os.ReadFile(e.tlsCA)
-		if err != nil {
-			return nil, err
+	ca, cert, key := e.tlsCA, e.tlsCert, e.tlsKey
+	if e.certsDir != "" {
+		if ca == "" {
+			ca = filepath.Join(e.certsDir, pki.CACertFile)
 		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("no certificates in %s", e.tlsCA)
+		if cert == "" && key == "" {
+			c, k := filepath.Join(e.certsDir, pki.ClientCertFile), filepath.Join(e.certsDir, pki.ClientKeyFile)
+			if _, err := os.Stat(c); err == nil {
+				cert, key = c, k
+			}
 		}
 	}
-	if (e.tlsCert == "") != (e.tlsKey == "") {
+	if ca == "" && cert == "" && key == "" {
+		return nil, nil
+	}
+	if (cert == "") != (key == "") {
 		return nil, usagef("--tls-cert and --tls-key go together")
 	}
-	if e.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(e.tlsCert, e.tlsKey)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	}
-	return cfg, nil
+	return pki.ClientConfig(ca, cert, key, e.tlsServerName)
 }
 
 // stringList is a repeatable string flag.

@@ -129,11 +129,11 @@ type adminDialer struct {
 
 func (e *env) adminDialer() (*adminDialer, error) {
 	creds := insecure.NewCredentials()
-	if e.tlsCA != "" || e.tlsCert != "" {
-		tlsCfg, err := e.tlsConfig()
-		if err != nil {
-			return nil, err
-		}
+	tlsCfg, err := e.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if tlsCfg != nil {
 		creds = credentials.NewTLS(tlsCfg)
 	}
 	a := &adminDialer{opts: []grpc.DialOption{grpc.WithTransportCredentials(creds)}, conns: map[string]*grpc.ClientConn{}}

@@ -60,11 +60,16 @@ type ReadResult struct {
 
 // Read returns committed records of one range from fromOffset on, from any
 // node (a follower may lag: use ConsistencyMinOffset or ConsistencyHome to
-// bound that). Retriable errors are retried at another node (RetriesMax). Reading below the range's start or past
-// its tail fails with CodeOffsetOutOfRange; the *Error carries the valid
-// StartOffset and TailOffset. With OpenWith, records are opened (see
-// there); a record skipped by SkipUnopenable is left out of Records, and
-// NextOffset still moves past it.
+// bound that). Retriable errors are retried at another node (RetriesMax),
+// among them CodeOffsetPastLocalTail: fromOffset is past what the node
+// serves, which the range may hold. Reading below the range's start or
+// past its tail (as the home confirms it) fails with CodeOffsetOutOfRange;
+// the *Error carries the valid StartOffset and TailOffset. A reader that
+// moves between nodes should compare the epoch of the record at its last
+// offset (see Subscribe, and docs/reads-never-go-backwards.md). With
+// OpenWith, records are opened (see there); a record skipped by
+// SkipUnopenable is left out of Records, and NextOffset still moves past
+// it.
 func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset uint64, opts ReadOptions, copts ...ConsumerOpt) (*ReadResult, error) {
 	op, err := newOpener(stream, copts)
 	if err != nil {
@@ -151,19 +156,35 @@ func (c *Client) OffsetForTime(ctx context.Context, stream string, rng uint32, t
 type StartAt struct {
 	Offset uint64
 	Time   time.Time
+	// Epoch, if not 0 (with Offset > 0), is the epoch of the record at
+	// Offset-1, the last one the caller processed: the subscription first
+	// checks that the range's log still holds it, and ends with a
+	// *ForkError if a failover replaced it (the offset and epoch of a
+	// record are what a consumer should keep as its position).
+	Epoch uint64
 }
 
 // Subscribe follows one range from start: it yields every committed record
 // in offset order, then waits for new ones until ctx ends. Any node serves
 // it (offsets are the same on every replica). On a retriable error or a
 // broken stream it resubscribes, with backoff, at the next address (or at
-// the error's leader hint) from the last delivered offset+1, never yielding
-// a record twice; a node found behind that offset counts as a retriable
-// failure. RetriesMax bounds the consecutive attempts that deliver nothing.
-// The sequence ends after yielding one error: the final error, or ctx's
-// error, or ErrClosed. With OpenWith, records are opened (see there): a
-// record that does not open ends the sequence with an *OpenError, or is
-// skipped and reported with SkipUnopenable.
+// the error's leader hint) from the last delivered offset, never yielding
+// a record twice nor an offset below one it yielded; a node found behind
+// that offset (CodeOffsetPastLocalTail) counts as a retriable failure.
+// RetriesMax bounds the consecutive attempts that deliver nothing. With
+// OpenWith, records are opened (see there): a record that does not open
+// ends the sequence with an *OpenError, or is skipped and reported with
+// SkipUnopenable.
+//
+// After an unplanned failover the records it delivered may not all be in
+// the range's log: the old home served records it could not replicate
+// (the RPO; see fork.go). Resubscribing, it checks that the log still
+// holds the last record it delivered (same offset, same epoch); when not,
+// the sequence ends with a *ForkError (errors.Is(err, ErrForked)) whose
+// Offset is where to read again.
+//
+// The sequence ends after yielding one error: the final error, a
+// *ForkError, an *OpenError, ctx's error, or ErrClosed.
 //
 //	for rec, err := range c.Subscribe(ctx, "chat", 0, client.StartAt{}) {
 //		if err != nil { ... break }
@@ -182,13 +203,25 @@ func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key [
 			return
 		}
 		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op, key: key}
+		if start.Time.IsZero() && start.Epoch != 0 && start.Offset > 0 {
+			// As if it had delivered the caller's last record: checked
+			// first (fork.go).
+			s.delivered, s.last, s.lastEpoch = true, start.Offset-1, start.Epoch
+		}
 		for {
 			received, err := s.once(ctx, yield)
 			if err == nil {
 				return // the consumer stopped iterating
 			}
-			err = s.lagging(err)
+			if s.checkFailed(err) {
+				continue // the first record cannot be checked: resume after it
+			}
+			err = s.lagging(ctx, err)
+			var fe *ForkError
 			switch {
+			case errors.As(err, &fe):
+				yield(StoredRecord{}, fe)
+				return
 			case c.isClosed():
 				yield(StoredRecord{}, ErrClosed)
 				return
@@ -233,17 +266,45 @@ type subscription struct {
 	next      uint64
 	delivered bool // a record was yielded
 	failures  int  // consecutive attempts that delivered nothing
+	// last and lastEpoch are the offset and epoch of the last record
+	// delivered (or vouched for by StartAt.Epoch; fork.go); next may be
+	// past last+1 (holes of a compacted log, other keys' records).
+	last, lastEpoch uint64
+	// checking: the stream was asked from last, whose record must have
+	// the epoch delivered there; uncheckable: retention removed it.
+	checking, uncheckable bool
 }
 
-// lagging turns the OFFSET_OUT_OF_RANGE of a node whose tail is below an
-// offset already delivered (a follower that has not caught up) into a
-// retriable error: the offset exists, elsewhere.
-func (s *subscription) lagging(err error) error {
+// checkFailed reports whether err refused a subscription resumed one
+// record early because that record is no longer retained: it then
+// resumes at next, unchecked (a failover long ago).
+func (s *subscription) checkFailed(err error) bool {
 	var e *Error
-	if !s.delivered || !errors.As(err, &e) || e.Code != apierr.OffsetOutOfRange || e.TailOffset >= s.next {
+	if !s.checking || !errors.As(err, &e) || e.Code != apierr.OffsetOutOfRange || e.StartOffset <= s.last {
+		return false
+	}
+	s.checking, s.uncheckable = false, true
+	return true
+}
+
+// lagging looks into a node's answer that it serves less than offsets
+// already delivered: OFFSET_PAST_LOCAL_TAIL, or an older server's
+// OFFSET_OUT_OF_RANGE, with a tail below next. Either the node lags (the
+// offset exists, elsewhere: a retriable error), or what was delivered
+// there was a divergent tail that the log no longer holds: a *ForkError.
+// The home tells which (checkLast); if it cannot be asked, the error
+// stays retriable.
+func (s *subscription) lagging(ctx context.Context, err error) error {
+	var e *Error
+	if !s.delivered || !errors.As(err, &e) || e.TailOffset >= s.next ||
+		(e.Code != apierr.OffsetOutOfRange && e.Code != apierr.PastLocalTail) {
 		return err
 	}
-	return apierr.New(apierr.Unavailable, "node %s is behind: its tail %d is below offset %d (%s)", s.addr, e.TailOffset, s.next, e.Message)
+	var fe *ForkError
+	if cerr := s.checkLast(ctx); errors.As(cerr, &fe) {
+		return fe
+	}
+	return apierr.New(apierr.Unavailable, "node %s is behind: it serves up to %d, below offset %d (%s)", s.addr, e.TailOffset, s.next, e.Message)
 }
 
 // once runs one Subscribe stream at s.addr until it fails (returning the
@@ -261,9 +322,16 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	req := &geologv1.SubscribeRequest{Stream: s.stream, Range: s.rng, Key: s.key}
-	if !s.start.Time.IsZero() && !s.delivered {
+	s.checking = false
+	switch {
+	case !s.start.Time.IsZero() && !s.delivered:
 		req.Start = &geologv1.SubscribeRequest_FromTimeUnixNanos{FromTimeUnixNanos: s.start.Time.UnixNano()}
-	} else {
+	case s.delivered && !s.uncheckable:
+		// One record early: the log must still hold the last one
+		// delivered (fork.go).
+		req.Start = &geologv1.SubscribeRequest_FromOffset{FromOffset: s.last}
+		s.checking = true
+	default:
 		req.Start = &geologv1.SubscribeRequest_FromOffset{FromOffset: s.next}
 	}
 	sub, err := api.Subscribe(sctx, req)
@@ -283,10 +351,18 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			c.pool.succeeded(s.addr)
 		}
 		if n := resp.GetNextOffset(); n > s.next && len(resp.GetRecords()) == 0 {
-			// Holes only (compaction by key): resume past them.
+			// Holes only (compaction by key): resume past them. The
+			// record at last, if it was being checked, is one of them.
 			s.next = n
+			s.checking = false
 		}
 		for _, r := range resp.GetRecords() {
+			if s.checking && r.GetOffset() == s.last {
+				s.checking = false
+				if r.GetEpoch() != s.lastEpoch {
+					return received, s.forked(ctx, r.GetEpoch())
+				}
+			}
 			if r.GetOffset() < s.next {
 				continue // already delivered before a resubscribe
 			}
@@ -294,9 +370,11 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			if err != nil {
 				return received, err // final: an *OpenError is not retriable
 			}
+			s.checking = false
 			s.next = r.GetOffset() + 1
 			s.delivered = true
 			s.failures = 0
+			s.last, s.lastEpoch = r.GetOffset(), r.GetEpoch()
 			if ok && !yield(rec, nil) {
 				return received, nil
 			}

@@ -42,9 +42,12 @@
 //     retried too: the server answers a repeated create of the same
 //     stream with the stream.
 //   - Subscribe resumes after a retriable error or a broken stream at the
-//     next address, from the last delivered offset + 1 (offsets are the
-//     same on every replica). A node whose tail is behind that offset is
-//     skipped like a failed one.
+//     next address, from the last delivered offset (offsets are the same
+//     on every replica), checking that that record has the epoch it was
+//     delivered with: a failover may have replaced a divergent tail it
+//     delivered, which ends the subscription with a ForkError (fork.go).
+//     A node whose tail is behind that offset (CodeOffsetPastLocalTail) is
+//     skipped like a failed one, once the home confirms the record.
 //   - Each range of a producer sends to one address: the range's leader as
 //     far as the client knows. The Client caches the leader of every
 //     (stream, range) it saw acknowledge an append or named by a hint, so

@@ -42,6 +42,11 @@ const (
 	CodeProducerStateLost    = apierr.ProducerStateLost
 )
 
+// CodeOffsetPastLocalTail is a read past what the answering node serves
+// now, which the range may hold (the node lags, or fences off a divergent
+// tail): retriable, elsewhere or later.
+const CodeOffsetPastLocalTail = apierr.PastLocalTail
+
 // ErrClosed is returned for calls on, and records still unacknowledged by, a
 // closed Client or Producer. A record failed with ErrClosed after it was sent
 // may or may not have been appended.

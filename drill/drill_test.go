@@ -8,6 +8,7 @@ package drill
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"math"
@@ -22,8 +23,10 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/pki"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -38,6 +41,7 @@ var (
 type cluster struct {
 	root  string
 	addrs map[string]string // region → its nodes' addresses
+	tls   *tls.Config       // the env file's GEOLOG_CERTS_DIR; nil: plaintext
 }
 
 func attach(t *testing.T) *cluster {
@@ -56,6 +60,14 @@ func attach(t *testing.T) *cluster {
 	for sc.Scan() {
 		line := strings.TrimPrefix(sc.Text(), "export ")
 		k, v, ok := strings.Cut(line, "=")
+		if ok && k == "GEOLOG_CERTS_DIR" {
+			dir := strings.Trim(v, "'\"")
+			cfg, err := pki.ClientConfig(filepath.Join(dir, pki.CACertFile), filepath.Join(dir, pki.ClientCertFile), filepath.Join(dir, pki.ClientKeyFile), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.tls = cfg
+		}
 		if !ok || !strings.HasPrefix(k, "GEOLOG_ADDR_") || k == "GEOLOG_ADDR_ALL" {
 			continue
 		}
@@ -65,6 +77,22 @@ func attach(t *testing.T) *cluster {
 		t.Fatalf("%s lists %d regions; want 3", *clusterEnv, len(c.addrs))
 	}
 	return c
+}
+
+// tlsOpt adds the cluster's client certificate to opts.
+func (c *cluster) tlsOpt(opts ...client.Opt) []client.Opt {
+	if c.tls != nil {
+		opts = append(opts, client.TLSConfig(c.tls))
+	}
+	return opts
+}
+
+// creds are the gRPC credentials of a client of the cluster.
+func (c *cluster) creds() credentials.TransportCredentials {
+	if c.tls != nil {
+		return credentials.NewTLS(c.tls)
+	}
+	return insecure.NewCredentials()
 }
 
 // ctl runs scripts/cluster.sh with args.
@@ -78,7 +106,7 @@ func (c *cluster) ctl(t *testing.T, args ...string) {
 }
 
 func (c *cluster) client(t *testing.T, region string) *client.Client {
-	cl, err := client.New(c.addrs[region], client.RetryBackoff(20*time.Millisecond, 200*time.Millisecond))
+	cl, err := client.New(c.addrs[region], c.tlsOpt(client.RetryBackoff(20*time.Millisecond, 200*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +275,7 @@ func (c *cluster) waitFailback(t *testing.T, ctx context.Context, returned, surv
 
 // tryReadLocal reads [0, n) of a range from region's own copy.
 func (c *cluster) tryReadLocal(ctx context.Context, region, stream string, rng uint32, n uint64) ([]client.StoredRecord, error) {
-	cl, err := client.New(c.addrs[region])
+	cl, err := client.New(c.addrs[region], c.tlsOpt()...)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +298,7 @@ func (c *cluster) tryReadLocal(ctx context.Context, region, stream string, rng u
 }
 
 func (c *cluster) admin(t *testing.T, region string) geologv1.AdminClient {
-	conn, err := grpc.NewClient(strings.Split(c.addrs[region], ",")[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(strings.Split(c.addrs[region], ",")[0], grpc.WithTransportCredentials(c.creds()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +429,7 @@ func TestRehomeDrill(t *testing.T) {
 	stream := fmt.Sprintf("rh-%d", time.Now().Unix())
 	c.createStream(t, ctx, stream, "us", 4)
 	w := c.produce(t, ctx, stream, []string{"us", "eu", "ap"})
-	conn, err := grpc.NewClient(strings.Split(c.addrs["eu"], ",")[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(strings.Split(c.addrs["eu"], ",")[0], grpc.WithTransportCredentials(c.creds()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +535,7 @@ func TestLeaseStoreOutageDrill(t *testing.T) {
 	c.createStream(t, ctx, stream, "us", 4)
 	var apis []geologv1.LogClient
 	for _, addr := range strings.Split(c.addrs["us"], ",") {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.creds()))
 		if err != nil {
 			t.Fatal(err)
 		}

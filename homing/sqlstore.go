@@ -37,6 +37,27 @@ type SQLConfig struct {
 	Tracer pgx.QueryTracer
 	// Logger defaults to a null logger.
 	Logger hclog.Logger
+	// RequireVerifyFull refuses a URL that lets a connection go without
+	// TLS or without verifying the server's certificate and name: only
+	// sslmode=verify-full passes (geologd sets it unless --insecure).
+	RequireVerifyFull bool
+}
+
+// verifiesServer reports whether every connection cfg may make (its
+// fallbacks included) uses TLS and verifies the server's chain and name:
+// pgx's sslmode=verify-full. The other modes leave no TLS config on some
+// fallback (disable, allow, prefer) or skip Go's verification (require,
+// verify-ca).
+func verifiesServer(cfg *pgconn.Config) bool {
+	if cfg.TLSConfig == nil || cfg.TLSConfig.InsecureSkipVerify {
+		return false
+	}
+	for _, fb := range cfg.Fallbacks {
+		if fb.TLSConfig == nil || fb.TLSConfig.InsecureSkipVerify {
+			return false
+		}
+	}
+	return true
 }
 
 // SQLStore is the lease store on CockroachDB, or on PostgreSQL for local
@@ -93,6 +114,9 @@ func OpenSQL(ctx context.Context, cfg SQLConfig) (*SQLStore, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
 		return nil, invalidf("lease store URL: %v", err)
+	}
+	if cfg.RequireVerifyFull && !verifiesServer(&pcfg.ConnConfig.Config) {
+		return nil, invalidf("lease store URL: TLS is required with sslmode=verify-full (and sslrootcert naming the CA); the URL allows a connection without TLS or without checking the server")
 	}
 	pcfg.MaxConns = cfg.MaxConns
 	pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout

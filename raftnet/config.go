@@ -1,12 +1,14 @@
 package raftnet
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/credentials"
 )
 
 // snapshotChunkBytesLimit is the largest body chunk any receiver accepts,
@@ -31,6 +33,14 @@ type Config struct {
 	// ClientTLS configures outgoing connections: RootCAs to verify peers,
 	// and Certificates to present for mutual TLS. Default: plaintext.
 	ClientTLS *tls.Config
+	// ClientCredentials, when set, secure outgoing connections instead of
+	// ClientTLS (credentials that reload their certificates, for example).
+	ClientCredentials credentials.TransportCredentials
+	// AuthorizePeer, when set, is asked whether the caller of an inbound
+	// stream or snapshot (its certificate is in ctx) may speak for node
+	// from, before anything of it is accepted. An error refuses it with
+	// ErrUnauthorized (PERMISSION_DENIED). Default: everyone may.
+	AuthorizePeer func(ctx context.Context, from NodeID) error
 	// ServerTLS, when set, makes ServerOptions include it as the server's
 	// credentials (set ClientAuth to tls.RequireAndVerifyClientCert for
 	// mutual TLS). Leave it nil when the grpc.Server is built elsewhere with

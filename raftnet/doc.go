@@ -80,9 +80,13 @@
 //  12. Stats returns counters (sent, received, batches, bytes, drops by
 //     reason, unknown groups, streams, snapshots). Telemetry is wired
 //     outside, from Stats; the package imports none.
-//  13. Security: ClientTLS secures outgoing connections; the server side is
-//     the grpc.Server's (ServerTLS feeds ServerOptions). Mutual TLS is a
-//     setting of those two tls.Configs.
+//  13. Security: ClientTLS (or ClientCredentials) secures outgoing
+//     connections; the server side is the grpc.Server's (ServerTLS feeds
+//     ServerOptions). Mutual TLS is a setting of those. AuthorizePeer binds
+//     a stream's or snapshot's claimed sender to its caller (the node's
+//     certificate): it is asked before the stream is accepted, so a caller
+//     that may not speak for a node can neither deliver in its name nor
+//     supersede its real stream (ErrUnauthorized, PERMISSION_DENIED).
 //  14. Close stops the peers and discards their queues (without a report),
 //     cancels and waits out outgoing snapshots, and waits out HandleMessages
 //     calls in progress; none starts after. The grpc.Server, and with it the

@@ -231,7 +231,10 @@ func (t *GRPCTransport) peer(node NodeID) (*peer, error) {
 // keepalive and reconnect backoff. It does not connect until first used.
 func (t *GRPCTransport) dial(addr string) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
-	if t.cfg.ClientTLS != nil {
+	switch {
+	case t.cfg.ClientCredentials != nil:
+		creds = t.cfg.ClientCredentials
+	case t.cfg.ClientTLS != nil:
 		creds = credentials.NewTLS(t.cfg.ClientTLS)
 	}
 	conn, err := grpc.NewClient(addr,
@@ -333,6 +336,12 @@ func (t *GRPCTransport) serveStream(stream grpc.BidiStreamingServer[geologintern
 		t.logger.Warn("refusing stream addressed to another node", "from", uint64(from), "to", batch.GetToNode())
 		return fmt.Errorf("%w: stream for node %d reached node %d", ErrWrongNode, batch.GetToNode(), t.self)
 	}
+	// Before acceptInbound: a stream accepted supersedes the node's
+	// current one, which a caller that may not speak for it must not do.
+	if err := t.authorize(stream.Context(), from); err != nil {
+		t.stats.streamsRejected.Add(1)
+		return err
+	}
 	in, gen, err := t.acceptInbound(from)
 	if err != nil {
 		t.stats.streamsRejected.Add(1)
@@ -364,6 +373,19 @@ func (t *GRPCTransport) serveStream(stream grpc.BidiStreamingServer[geologintern
 			return err
 		}
 	}
+}
+
+// authorize asks Config.AuthorizePeer whether the caller may speak for
+// node from.
+func (t *GRPCTransport) authorize(ctx context.Context, from NodeID) error {
+	if t.cfg.AuthorizePeer == nil {
+		return nil
+	}
+	if err := t.cfg.AuthorizePeer(ctx, from); err != nil {
+		t.logger.Warn("refusing inbound stream: the caller may not speak for the node it names", "from", uint64(from), "error", err)
+		return fmt.Errorf("%w: node %d: %v", ErrUnauthorized, from, err)
+	}
+	return nil
 }
 
 // acceptInbound makes a new stream from node from the current one and

@@ -180,6 +180,9 @@ var (
 	// ErrSnapshotCorrupt fails a snapshot whose body arrived truncated, out
 	// of sequence, or with a wrong length or CRC.
 	ErrSnapshotCorrupt = errors.New("raftnet: snapshot body corrupt")
+	// ErrUnauthorized is what a receiver answers to a stream or snapshot
+	// whose caller may not speak for the node it names (Config.AuthorizePeer).
+	ErrUnauthorized = errors.New("raftnet: caller may not speak for this node")
 	// ErrDropped fails a snapshot the simulated network lost.
 	ErrDropped = errors.New("raftnet: dropped by the network")
 )

@@ -177,6 +177,9 @@ func (t *GRPCTransport) receiveSnapshot(stream grpc.ClientStreamingServer[geolog
 	if NodeID(hdr.GetToNode()) != t.self {
 		return fmt.Errorf("%w: snapshot for node %d reached node %d", ErrWrongNode, hdr.GetToNode(), t.self)
 	}
+	if err := t.authorize(stream.Context(), from); err != nil {
+		return err
+	}
 	msg, err := decodeMessage(hdr.GetMessage(), group, from, t.self, true, t.cfg.MessageBytesMax)
 	if err != nil {
 		return err

@@ -25,6 +25,7 @@ var statusCodes = []struct {
 	{ErrSnapshotTooLarge, codes.OutOfRange},
 	{ErrSnapshotCorrupt, codes.DataLoss},
 	{ErrUnknownGroup, codes.NotFound},
+	{ErrUnauthorized, codes.PermissionDenied},
 }
 
 // toStatus turns an error of a server handler into the status the client

@@ -1,18 +1,23 @@
 package raftnet
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"testing"
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/grpc/credentials"
+	grpcpeer "google.golang.org/grpc/peer"
 )
 
 // testCA is a throwaway certificate authority.
@@ -130,5 +135,62 @@ func TestMutualTLS(t *testing.T) {
 		if m.from != 1 {
 			t.Fatalf("b received from node %d", m.from)
 		}
+	}
+}
+
+// TestAuthorizePeer: a caller with a valid certificate that names another
+// node than the one its stream claims is refused before its stream is
+// accepted: it delivers nothing and does not supersede the real node's
+// stream, which goes on delivering.
+func TestAuthorizePeer(t *testing.T) {
+	ca := newTestCA(t)
+	// The receiver's rule: the caller's certificate is named node-<from>.
+	authorize := func(ctx context.Context, from NodeID) error {
+		p, ok := grpcpeer.FromContext(ctx)
+		if !ok {
+			return errors.New("no peer")
+		}
+		info, ok := p.AuthInfo.(credentials.TLSInfo)
+		if !ok || len(info.State.VerifiedChains) == 0 {
+			return errors.New("no verified certificate")
+		}
+		if cn := info.State.VerifiedChains[0][0].Subject.CommonName; cn != fmt.Sprintf("node-%d", from) {
+			return fmt.Errorf("certificate %s", cn)
+		}
+		return nil
+	}
+	node := func(id NodeID, name string, serial int64, authz func(context.Context, NodeID) error) *testNode {
+		cert := ca.nodeCert(t, name, serial)
+		return startNode(t, id, "", func(c *Config) {
+			c.ClientTLS = &tls.Config{RootCAs: ca.pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
+			c.ServerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.pool,
+				ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
+			c.AuthorizePeer = authz
+		})
+	}
+	a, b := node(1, "node-1", 11, nil), node(2, "node-2", 12, authorize)
+	connect(t, a, b)
+	sendAll(t, a, 2, 4, 5)
+	waitFor(t, 10*time.Second, "a's messages", func() bool { return b.rec.count() == 20 })
+
+	// An impostor: a certificate of node 3 on a transport calling itself 1.
+	imp := node(1, "node-3", 13, nil)
+	if err := imp.tr.SetPeer(2, b.addr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "impostor refused", func() bool {
+		_ = imp.tr.Send(7, msg(raftpb.MsgHeartbeat, 1, 2, 1))
+		return len(imp.rec.unreachableGroups(2)) > 0 && b.tr.Stats().StreamsRejected > 0
+	})
+	// a's stream was never superseded: it still delivers.
+	sendAll(t, a, 2, 4, 5)
+	waitFor(t, 10*time.Second, "a's messages after the impostor", func() bool { return b.rec.count() == 40 })
+	for _, m := range b.rec.received() {
+		if m.group == 7 {
+			t.Fatal("b received the impostor's message")
+		}
+	}
+	if s := a.tr.Stats(); s.StreamsOpened != 1 {
+		t.Fatalf("a opened %d streams; its first was superseded", s.StreamsOpened)
 	}
 }

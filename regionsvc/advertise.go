@@ -250,7 +250,7 @@ func (n *Node) refreshAddrBook(ctx context.Context) bool {
 // the node's shared connection to it (peerConn) backing off, failing the
 // forwards that follow as soon as it is up.
 func (n *Node) identify(ctx context.Context, tg identifyTarget) (nodeIdentity, error) {
-	conn, err := grpc.NewClient(tg.addr, grpc.WithTransportCredentials(n.clientCreds()))
+	conn, err := grpc.NewClient(tg.addr, grpc.WithTransportCredentials(n.dialCredentials()))
 	if err != nil {
 		return nodeIdentity{}, err
 	}

@@ -36,7 +36,15 @@ func TestConsumerBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A cursor without members, reset once: generation 1.
+	if _, err := cc.ResetGroup(ctx, &geologv1.ResetGroupRequest{Group: "plain", Stream: "s", Ranges: []uint32{0}, To: &geologv1.ResetGroupRequest_ToOffset{ToOffset: 2}}); err != nil {
+		t.Fatal(err)
+	}
 	before := describeState(t, ctx, cc)
+	plainBefore, err := cc.GetCursors(ctx, &geologv1.GetCursorsRequest{Cursor: "plain", Consistency: geologv1.Consistency_CONSISTENCY_HOME})
+	if err != nil {
+		t.Fatal(err)
+	}
 	long := strings.Repeat("x", 300)
 	pos := func(r uint32, off uint64) []*geologv1.CursorPosition {
 		return []*geologv1.CursorPosition{{Stream: "s", Range: r, Offset: off}}
@@ -70,6 +78,19 @@ func TestConsumerBadInput(t *testing.T) {
 			_, err := cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: "g", Positions: []*geologv1.CursorPosition{{Stream: "nope"}}})
 			return err
 		}, apierr.StreamNotFound},
+		{"commit of a generation older than a reset", func() error {
+			_, err := cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: "plain", Positions: []*geologv1.CursorPosition{
+				{Stream: "s", Range: 1, Offset: 0}, {Stream: "s", Range: 0, Offset: 9, Generation: 0}}})
+			return err
+		}, apierr.StaleCursorGeneration},
+		{"commit of more positions than a request may carry", func() error {
+			many := make([]*geologv1.CursorPosition, 5000)
+			for i := range many {
+				many[i] = &geologv1.CursorPosition{Stream: "s", Range: 0, Offset: 9, Generation: 1}
+			}
+			_, err := cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: "plain", Positions: many})
+			return err
+		}, apierr.InvalidArgument},
 		{"a cursor name too long", func() error {
 			_, err := cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: long, Positions: pos(0, 1)})
 			return err
@@ -134,6 +155,13 @@ func TestConsumerBadInput(t *testing.T) {
 	}
 	if after := describeState(t, ctx, cc); after != before {
 		t.Fatalf("refused requests changed the group:\nbefore %s\nafter  %s", before, after)
+	}
+	plainAfter, err := cc.GetCursors(ctx, &geologv1.GetCursorsRequest{Cursor: "plain", Consistency: geologv1.Consistency_CONSISTENCY_HOME})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if prototext.Format(plainAfter) != prototext.Format(plainBefore) {
+		t.Fatalf("refused requests changed the cursor:\nbefore %v\nafter  %v", plainBefore, plainAfter)
 	}
 }
 

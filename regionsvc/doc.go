@@ -21,8 +21,11 @@
 //     round completes does the driver publish the new committed offset and
 //     ack the pending requests it covers, in offset order.
 //  5. Readers never go through the driver: they read the store directly,
-//     bounded by the published committed offset, so nothing unacked is ever
-//     visible.
+//     bounded by the published committed offset (and, on a copy that holds
+//     a divergent tail, by its timeline fence: timeline.go), so nothing
+//     unacked is ever visible. A read past that bound is never a final
+//     error unless the home confirms the range ends before it
+//     (readpast.go).
 //  6. An I/O error or a failed fsync stops the range: every pending request
 //     gets a retriable UNAVAILABLE (its outcome is unknown; an idempotent
 //     retry after restart resolves it), nothing more is acked. Corruption
@@ -30,6 +33,16 @@
 //     disk is deleted.
 //  7. On shutdown the driver fsyncs what it wrote, acks it, and refuses what
 //     is still queued with a retriable SHUTTING_DOWN.
+//
+// # Callers
+//
+// With Config.TLS set, every gRPC call is authorized before its handler
+// runs (peerauth.go, docs/security.md): the caller's certificate names a
+// node or a client principal (package pki); node-to-node services (Raft,
+// Mirror, RefreshHomes, anything outside geolog.v1, and requests with the
+// internal forwarded/propagated headers) take nodes only, Raft nodes of
+// this region only; Raft and Mirror streams are bound to the node their
+// certificate names. Without Config.TLS nothing is checked.
 //
 // # Compaction by key
 //

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
-	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/homing"
 )
 
@@ -35,8 +34,10 @@ type rangeRole struct {
 	// region is the home region; "" when unknown (homing on, no record
 	// found yet).
 	region string
-	// epoch is the homing epoch of region's home (0 unknown).
+	// epoch is the homing epoch of region's home (0 unknown), and start
+	// the offset it starts at (the home record's; for a home elsewhere).
 	epoch uint64
+	start uint64
 }
 
 func (d *rangeDriver) role() rangeRole {
@@ -53,12 +54,15 @@ func (d *rangeDriver) setRole(r rangeRole) {
 		return
 	}
 	old := d.role()
-	d.roleP.Store(&r)
-	if old != r {
-		d.logger.Info("home changed", "home_region", r.region, "epoch", r.epoch, "homed_here", r.home)
-	}
 	if r.epoch > 0 {
 		d.raiseEpoch(r.epoch)
+	}
+	// The fence for the new role is in place before the role shows
+	// (DescribeStream): a node that says it knows the new home serves
+	// nothing that home replaced.
+	d.updateFenceFor(&r)
+	if old != r {
+		d.logger.Info("home changed", "home_region", r.region, "epoch", r.epoch, "homed_here", r.home)
 	}
 }
 
@@ -77,6 +81,8 @@ type homingState struct {
 	failover *failoverAgent
 	// writeMu serialises the rehome coordinator's store writes.
 	writeMu sync.Mutex
+	// wants are the epoch starts range fences lack (timeline.go).
+	wants epochWants
 
 	stop chan struct{}
 	done chan struct{}
@@ -134,6 +140,7 @@ func (n *Node) startHoming() error {
 		homes:   h,
 		dir:     map[homing.RangeKey]homing.Home{},
 		created: map[string]bool{},
+		wants:   epochWants{ch: make(chan struct{}, 1)},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -173,6 +180,9 @@ func (n *Node) homingLoop() {
 		case <-dirTick.C:
 			n.refreshDirectory(ctx)
 			n.warmEpochHistories(ctx)
+			n.serveEpochWants(ctx)
+		case <-hs.wants.ch:
+			n.serveEpochWants(ctx)
 		case <-failTick.C:
 			hs.failover.scan(ctx)
 		case <-hs.stop:
@@ -339,7 +349,7 @@ func (n *Node) roleOf(view *homing.View, key homing.RangeKey) rangeRole {
 		return rangeRole{home: true, region: n.cfg.Region, epoch: h.Epoch}
 	}
 	if h, ok := n.homing.dir[key]; ok && h.Region != n.cfg.Region {
-		return rangeRole{region: h.Region, epoch: h.Epoch}
+		return rangeRole{region: h.Region, epoch: h.Epoch, start: h.StartOffset}
 	}
 	return rangeRole{}
 }
@@ -430,40 +440,4 @@ func orderRegions(regions, preferred []string) []string {
 		}
 	}
 	return out
-}
-
-// onHomeTimeline checks, for a home read served from this region's copy of
-// a range homed elsewhere, that the copy follows the home's timeline: a
-// region that was home and came back holds, past the epoch's start offset,
-// a divergent tail of its old epoch until the new home's first batch forks
-// it off (DESIGN.md "Divergent tails"). Such a copy reaches the home's
-// tail at once, with other records: the read must wait for the fork.
-func (n *Node) onHomeTimeline(d *rangeDriver) error {
-	if n.homing == nil || d.isHome() {
-		return nil
-	}
-	key := homing.RangeKey{Stream: d.cfg.stream, Range: d.cfg.rangeID}
-	n.homing.dirMu.Lock()
-	h, ok := n.homing.dir[key]
-	n.homing.dirMu.Unlock()
-	if !ok || h.Epoch <= max(1, d.timelineEpoch.Load()) || d.committed.Load() <= h.StartOffset {
-		return nil
-	}
-	// The frame at the start offset settles it, once per epoch: a fork
-	// only ever replaces it with a newer epoch's.
-	f, err := d.store.ReadFrames(h.StartOffset, 1, h.StartOffset+1)
-	if err != nil || len(f) < batch.HeaderSize {
-		return nil // compacted past it: long forked, or long caught up
-	}
-	fh, err := batch.DecodeHeader(f)
-	if err != nil || fh.Epoch >= h.Epoch {
-		if err == nil {
-			d.timelineEpoch.Store(h.Epoch)
-		}
-		return nil
-	}
-	e := apierr.New(apierr.Unavailable, "stream %s range %d: this region's copy holds, from offset %d, records of epoch %d that the home (%s, epoch %d) does not have; it is cut into the orphan log when the home's next batch arrives",
-		d.cfg.stream, d.cfg.rangeID, h.StartOffset, fh.Epoch, h.Region, h.Epoch)
-	e.Retriable = true
-	return e
 }

@@ -226,6 +226,9 @@ func (s *mirrorStore) Open(ctx context.Context, stream string, rng uint32) (repl
 		// addresses mean nothing; it tries the next one.
 		return nil, apierr.New(apierr.NotLeader, "stream %s range %d: node %d does not lead the mirror group", stream, rng, s.n.cfg.NodeID)
 	}
+	if err := s.n.checkMirrorCaller(ctx, d); err != nil {
+		return nil, err
+	}
 	return &mirrorRange{driverSource{d: d}}, nil
 }
 
@@ -243,6 +246,11 @@ func (m *mirrorRange) HighestEpoch() uint64 { return m.d.highestEpoch.Load() }
 // heartbeat (the lease store will be the durable source once homing lands).
 func (m *mirrorRange) RecordHeartbeat(hb replicator.Heartbeat) error {
 	m.d.raiseEpoch(hb.Epoch)
+	if hb.Epoch > m.d.role().epoch {
+		// A newer home than the directory's: learn where it starts
+		// (timeline.go).
+		m.d.updateFence()
+	}
 	if hb.LeaderNodeID != 0 {
 		m.d.homeLeaderID.Store(hb.LeaderNodeID)
 	}
@@ -437,7 +445,7 @@ const fencedRetryInterval = time.Second
 func newReplicationManager(n *Node) *replicationManager {
 	return &replicationManager{
 		n:      n,
-		dialer: replicator.NewGRPCDialer(replicator.DialerConfig{TLS: n.cfg.ClientTLS}),
+		dialer: replicator.NewGRPCDialer(replicator.DialerConfig{Credentials: n.dialCredentials()}),
 		tasks:  map[taskKey]*runningTask{},
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),

@@ -56,11 +56,18 @@ type Config struct {
 	Regions map[string][]string
 	// Logger defaults to a null logger.
 	Logger hclog.Logger
-	// TLS, when set, serves gRPC over TLS (mutual TLS if it asks for
-	// client certificates). Default: plaintext.
+	// TLS, when set, serves gRPC over TLS and turns identity checks on
+	// (peerauth.go): every caller must present a certificate the node
+	// verifies (set ClientAuth to tls.RequireAndVerifyClientCert) naming a
+	// geolog identity (pki), and node-to-node services take nodes only.
+	// Default: plaintext, and no check of who calls.
 	TLS *tls.Config
-	// ClientTLS is used when this node calls another (forwarding).
+	// ClientTLS is used when this node calls another (Raft, forwarding,
+	// replication, catalogue propagation).
 	ClientTLS *tls.Config
+	// ClientCredentials, when set, are used instead of ClientTLS
+	// (pki.Files.ClientCredentials: they reload their certificates).
+	ClientCredentials credentials.TransportCredentials
 	// RecordBytesMax bounds one record (key + value + headers), default 1 MiB.
 	RecordBytesMax int
 	// BatchBytesMax bounds one encoded append batch, default 16 MiB.
@@ -284,9 +291,10 @@ type Node struct {
 	// createMu serialises stream creation (catalogue writes).
 	createMu sync.Mutex
 
-	syncSlots chan struct{}
-	metrics   *nodeMetrics
-	region    *region // nil unless replicated
+	syncSlots   chan struct{}
+	metrics     *nodeMetrics
+	authMetrics *authMetrics
+	region      *region // nil unless replicated
 	// cleaner runs the compactions by key of every range here
 	// (compaction.go); cleanerStop and cleanerDone stop it.
 	cleaner        *compact.Cleaner
@@ -347,6 +355,9 @@ func New(cfg Config) (*Node, error) {
 	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
+	if n.authMetrics, err = newAuthMetrics(cfg.MeterProvider); err != nil {
+		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
@@ -400,6 +411,8 @@ func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 		}
 		if n.cfg.LeaseStore != nil {
 			cfg.leaseCheck = n.leaseCheck
+			cfg.fenced = len(spec.Regions) > 1
+			cfg.wantEpochs = n.wantEpochs
 		}
 		d := openRangeDriver(cfg)
 		d.setRole(n.initialRole(spec.Name, r, spec))
@@ -458,12 +471,13 @@ func (n *Node) Start() error {
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
 	}
+	opts = append(opts, n.authInterceptors()...)
 	if n.replicated() {
 		// Raft's transport shares the port; its options bound its streams.
 		opts = append(opts, n.region.transport.ServerOptions()...)
 		opts = append(opts, grpc.MaxRecvMsgSize(max(n.cfg.BatchBytesMax+(4<<20), 64<<20)))
 		rs, err := replicator.NewServer(replicator.ServerConfig{Region: n.cfg.Region, Store: &mirrorStore{n: n},
-			Now: n.cfg.Now, Logger: n.cfg.Logger})
+			Now: n.cfg.Now, Logger: n.cfg.Logger, AuthorizeSource: n.authorizeMirrorSource})
 		if err != nil {
 			lis.Close()
 			return fmt.Errorf("regionsvc: mirror server: %w", err)
@@ -500,7 +514,7 @@ func (n *Node) Start() error {
 	go n.cursors.run()
 	n.startCleaner()
 	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
-	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region)
+	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region, "tls", n.secure())
 	return nil
 }
 
@@ -692,6 +706,10 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 			ri.StartOffset = rd.store.StartOffset()
 			ri.TailOffset = rd.committed.Load()
 			ri.SizeBytes = rd.store.Size()
+		}
+		if f := rd.fenceNow(); f != nil {
+			fence := f.offset
+			ri.TimelineFenceOffset = &fence
 		}
 		ri.Replication = n.rangeReplication(st.spec, uint32(r), rd)
 		resp.Ranges = append(resp.Ranges, ri)

@@ -83,6 +83,11 @@ type rangeDriverConfig struct {
 	compactionFloor func() (offset uint64, ok bool)
 	// maintenanceInterval is how often retention and expiry run.
 	maintenanceInterval time.Duration
+	// fenced turns on timeline fences (timeline.go): homing on, a stream
+	// of several regions. wantEpochs asks the node for the epoch starts a
+	// fence lacks (history: the range's epoch history); it must not block.
+	fenced     bool
+	wantEpochs func(d *rangeDriver, history bool)
 	// compaction, if set, makes the range compacted by key (compaction.go).
 	compaction *compactionConfig
 }
@@ -112,13 +117,11 @@ type rangeDriver struct {
 	// roleP is the range's current home (see homing.go); never nil after
 	// open.
 	roleP atomic.Pointer[rangeRole]
-	// timelineEpoch is the highest homing epoch this copy was found to
-	// follow past that epoch's start offset (onHomeTimeline): a home read
-	// checks the log only when the home's epoch is newer.
-	timelineEpoch atomic.Uint64
-	failure       atomic.Pointer[apierr.Error] // set once the range stops serving
-	notifyMu      sync.Mutex
-	notifyCh      chan struct{} // closed and replaced when committed or failure changes
+	// tl is the timeline fence: local reads stop below it (timeline.go).
+	tl       timeline
+	failure  atomic.Pointer[apierr.Error] // set once the range stops serving
+	notifyMu sync.Mutex
+	notifyCh chan struct{} // closed and replaced when committed or failure changes
 
 	inbox    chan *appendOp
 	syncKick chan struct{}

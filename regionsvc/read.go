@@ -47,21 +47,40 @@ func outOfRange(from, start, tail uint64) error {
 // next offset past what it walked.
 const readScanBytesMax = 8 << 20
 
+// pastTail builds the retriable OFFSET_PAST_LOCAL_TAIL for a read at from
+// past end, what this node serves now (servableEnd), saying why.
+func (d *rangeDriver) pastTail(from, end uint64) *apierr.Error {
+	var e *apierr.Error
+	switch f := d.fenceNow(); {
+	case f.known() && from > f.offset:
+		e = apierr.New(apierr.PastLocalTail, "stream %s range %d: offset %d: this node's copy holds from offset %d records of epoch %d or older, which the range's epoch %d replaced (a divergent tail, moved to the orphan log when the new home's next batch arrives); a reader that read them must read again from offset %d",
+			d.cfg.stream, d.cfg.rangeID, from, f.offset, f.logEpoch, f.epoch, f.offset)
+	case f != nil:
+		e = apierr.New(apierr.PastLocalTail, "stream %s range %d: offset %d: this node serves only below offset %d until it learns where the range's current homing epoch starts; retry",
+			d.cfg.stream, d.cfg.rangeID, from, end)
+	default:
+		e = apierr.New(apierr.PastLocalTail, "stream %s range %d: offset %d is past this node's committed tail %d, which the range may hold (this copy lags, or restarted and catches up): retry later or at another node",
+			d.cfg.stream, d.cfg.rangeID, from, end)
+	}
+	e.StartOffset, e.TailOffset = d.store.StartOffset(), end
+	return e
+}
+
 // readRecords returns committed records from offset from on, at most
 // maxRecords of them and, past the first, at most maxBytes of keys and
-// values, and the offset to read next. Offsets may have holes (compaction
-// by key, compaction markers): the next offset then jumps over them, also
-// when no record is returned. It runs on the caller's goroutine,
-// concurrently with the driver.
+// values, below readBounds' end, and the offset to read next. Offsets may
+// have holes (compaction by key, compaction markers): the next offset then
+// jumps over them, also when no record is returned. It runs on the
+// caller's goroutine, concurrently with the driver.
 func (d *rangeDriver) readRecords(from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
-	committed, err := d.readBounds(from)
+	end, err := d.readBounds(from)
 	if err != nil {
 		return nil, from, err
 	}
-	rd := recordReader{from: from, next: from, committed: committed, maxRecords: maxRecords, maxBytes: maxBytes,
+	rd := recordReader{from: from, next: from, end: end, maxRecords: maxRecords, maxBytes: maxBytes,
 		out: make([]*geologv1.StoredRecord, 0, 64)}
-	for scanned := 0; rd.next < committed && len(rd.out) == 0 && scanned < readScanBytesMax; {
-		frames, err := d.store.ReadFrames(rd.next, maxBytes, committed)
+	for scanned := 0; rd.next < end && len(rd.out) == 0 && scanned < readScanBytesMax; {
+		frames, err := d.store.ReadFrames(rd.next, maxBytes, end)
 		if err != nil {
 			return nil, from, d.readError(rd.next, err)
 		}
@@ -82,10 +101,10 @@ func (d *rangeDriver) readRecords(from uint64, maxRecords, maxBytes int) ([]*geo
 
 // recordReader collects the records of a read (readRecords).
 type recordReader struct {
-	from, next, committed uint64
-	maxRecords, maxBytes  int
-	bytes                 int
-	out                   []*geologv1.StoredRecord
+	from, next, end      uint64
+	maxRecords, maxBytes int
+	bytes                int
+	out                  []*geologv1.StoredRecord
 }
 
 // frames takes the records of concatenated frames; full reports that the
@@ -110,7 +129,7 @@ func (rd *recordReader) frames(frames []byte) (full bool, err error) {
 				if off < rd.from {
 					continue
 				}
-				if off >= rd.committed || len(rd.out) >= rd.maxRecords {
+				if off >= rd.end || len(rd.out) >= rd.maxRecords {
 					return true, nil
 				}
 				size := len(recs[i].Key) + len(recs[i].Value)
@@ -123,24 +142,30 @@ func (rd *recordReader) frames(frames []byte) (full bool, err error) {
 			}
 		}
 		// The frame is done: past its holes (and a marker's offset).
-		rd.next = max(rd.next, min(h.NextOffset(), rd.committed))
+		rd.next = max(rd.next, min(h.NextOffset(), rd.end))
 	}
 	return false, nil
 }
 
-// readBounds returns the committed offset that bounds a read from offset
-// from, or the typed error of a range that does not serve or of an offset
-// outside [start, committed].
+// readBounds returns the offset that bounds a read from offset from, what
+// this node serves now (servableEnd: the committed end, or a timeline
+// fence), or the typed error of a range that does not serve, of an offset
+// below the start (OFFSET_OUT_OF_RANGE) or past that end (the retriable
+// OFFSET_PAST_LOCAL_TAIL: the callers decide whether to wait, ask the
+// home, or answer it).
 func (d *rangeDriver) readBounds(from uint64) (uint64, error) {
 	if f := d.failure.Load(); f != nil {
 		return 0, f
 	}
-	committed := d.committed.Load()
+	end := d.servableEnd()
 	start := d.store.StartOffset()
-	if from < start || from > committed {
-		return 0, outOfRange(from, start, committed)
+	switch {
+	case from < start:
+		return 0, outOfRange(from, start, end)
+	case from > end:
+		return 0, d.pastTail(from, end)
 	}
-	return committed, nil
+	return end, nil
 }
 
 // storedRecord is the API form of record r at offset off of frame h.
@@ -168,7 +193,7 @@ func (d *rangeDriver) readError(from uint64, err error) error {
 	switch {
 	case errors.Is(err, segment.ErrOutOfRange):
 		// Retention moved the start past from since we checked.
-		return outOfRange(from, d.store.StartOffset(), d.committed.Load())
+		return outOfRange(from, d.store.StartOffset(), d.servableEnd())
 	case errors.Is(err, segment.ErrCorrupt):
 		e := apierr.New(apierr.Corruption, "stream %s range %d is not served: %v", d.cfg.stream, d.cfg.rangeID, err)
 		if d.failure.CompareAndSwap(nil, e) {
@@ -192,7 +217,7 @@ func (d *rangeDriver) offsetForTime(tUnixNanos int64) (uint64, error) {
 	if err != nil {
 		return 0, d.readError(0, err)
 	}
-	if c := d.committed.Load(); off > c {
+	if c := d.servableEnd(); off > c {
 		off = c
 	}
 	return off, nil

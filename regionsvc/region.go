@@ -71,9 +71,11 @@ func (n *Node) openRegion() error {
 	}
 	sort.Slice(rg.ids, func(i, j int) bool { return rg.ids[i] < rg.ids[j] })
 	tr, err := raftnet.NewGRPCTransport(raftnet.Config{
-		NodeID:  raftnet.NodeID(n.cfg.NodeID),
-		Handler: (*raftRouter)(n),
-		Logger:  n.cfg.Logger.Named("raftnet"),
+		NodeID:            raftnet.NodeID(n.cfg.NodeID),
+		Handler:           (*raftRouter)(n),
+		Logger:            n.cfg.Logger.Named("raftnet"),
+		ClientCredentials: n.dialCredentials(),
+		AuthorizePeer:     n.authorizeRaftPeer,
 	})
 	if err != nil {
 		return fmt.Errorf("regionsvc: raft transport: %w", err)
@@ -376,7 +378,7 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	if !known {
 		return nil, fmt.Errorf("%s is not a node of this region nor of a region it knows", addr)
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(n.clientCreds()))
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(n.dialCredentials()))
 	if err != nil {
 		return nil, err
 	}
@@ -387,10 +389,13 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
-// clientCreds are the transport credentials of the node's calls to other
-// nodes.
-func (n *Node) clientCreds() credentials.TransportCredentials {
-	if n.cfg.ClientTLS != nil {
+// dialCredentials secure every connection this node makes to another:
+// Config.ClientCredentials, else Config.ClientTLS, else plaintext.
+func (n *Node) dialCredentials() credentials.TransportCredentials {
+	switch {
+	case n.cfg.ClientCredentials != nil:
+		return n.cfg.ClientCredentials
+	case n.cfg.ClientTLS != nil:
 		return credentials.NewTLS(n.cfg.ClientTLS)
 	}
 	return insecure.NewCredentials()

@@ -13,6 +13,7 @@ import (
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/raftnet"
 	"github.com/geolog/geolog/replica"
+	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -61,7 +62,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	rep, err := replica.New(replica.Config{
 		Orphans: orphans,
 		NodeID:  rc.nodeID, Stream: d.cfg.stream, Range: d.cfg.rangeID, Peers: rc.peers,
-		Log: d.store, State: replica.FileState{FS: fsys, Dir: d.cfg.store.Dir},
+		Log: d.store, State: replica.FileState{FS: fsys, Dir: d.cfg.store.Dir, CommitNoSync: d.cfg.store.Fsync == segment.FsyncNever},
 		Send:          d.sendRaft,
 		SendSnapshot:  d.sendSnapshot,
 		Epoch:         d.cfg.epoch,
@@ -116,11 +117,13 @@ func (d *rangeDriver) runReplicated() {
 	// The replica's log writes (append, fsync, then the acks that waited
 	// for them) run on their own goroutine, so that this one keeps
 	// stepping messages and proposals while an fsync is in flight.
-	writerStop, writerDone := make(chan struct{}), make(chan struct{})
+	writerStop, writerDone, markDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go d.runLogWriter(writerStop, writerDone)
+	go d.runMarkWriter(writerStop, markDone)
 	stopWriter := func() {
 		close(writerStop)
 		<-writerDone
+		<-markDone
 	}
 	if d.rep.IsNewGroup() && first == d.cfg.repl.nodeID {
 		if err := d.rep.Campaign(); err != nil {
@@ -183,6 +186,24 @@ func (d *rangeDriver) runLogWriter(stop <-chan struct{}, done chan<- struct{}) {
 	}
 }
 
+// runMarkWriter is the replica's commit-mark goroutine: it runs WriteMark
+// whenever the driver's Ready cycles applied entries (replica's
+// commitmark.go), beside the log writer, so that a mark's fdatasync delays
+// no log write, until stop.
+func (d *rangeDriver) runMarkWriter(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-d.rep.MarkWrites():
+			if err := d.rep.WriteMark(); err != nil {
+				d.logger.Error("commit mark write failed", "error", err)
+			}
+		case <-stop:
+			return
+		}
+	}
+}
+
 // drainEventsMax bounds the events taken into one Ready cycle.
 const drainEventsMax = 4096
 
@@ -234,6 +255,7 @@ func (d *rangeDriver) ready() {
 		d.committed.Store(c)
 		d.notify()
 	}
+	d.noteLogEpoch() // a fork, or a newer epoch's frames, may lift a fence
 }
 
 // propose hands an append to the replica, translating its answer.
@@ -372,6 +394,9 @@ func (d *rangeDriver) stopReplicated(stopWriter func()) {
 	stopWriter()
 	if err := d.rep.WriteLog(); err != nil {
 		d.logger.Warn("log write on shutdown", "error", err)
+	}
+	if err := d.rep.WriteMark(); err != nil {
+		d.logger.Warn("commit mark on shutdown", "error", err)
 	}
 	d.rep.Close()
 	d.refuseQueued()

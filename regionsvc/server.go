@@ -224,6 +224,8 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 			defer cancel()
 		}
 	}
+	// homeTail is the home's confirmed tail, for a home read (readpast.go).
+	var homeTail *uint64
 	switch req.GetConsistency() {
 	case geologv1.Consistency_CONSISTENCY_UNSPECIFIED, geologv1.Consistency_CONSISTENCY_LOCAL:
 	case geologv1.Consistency_CONSISTENCY_HOME:
@@ -240,9 +242,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		if err := rd.waitCommitted(wctx, tail); err != nil {
 			return nil, apierr.ToStatus(err)
 		}
-		if err := s.node.onHomeTimeline(rd); err != nil {
-			return nil, apierr.ToStatus(err)
-		}
+		homeTail = &tail
 	case geologv1.Consistency_CONSISTENCY_MIN_OFFSET:
 		if err := rd.waitCommitted(wctx, req.GetMinOffset()); err != nil {
 			return nil, apierr.ToStatus(err)
@@ -251,7 +251,13 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "unknown consistency %d", req.GetConsistency()))
 	}
 	maxRecords, maxBytes := clampRead(req.GetMaxRecords(), req.GetMaxBytes())
-	recs, next, err := rd.read(req.Key, req.GetFromOffset(), maxRecords, maxBytes)
+	var recs []*geologv1.StoredRecord
+	var next uint64
+	if homeTail != nil {
+		recs, next, err = rd.readAtHomeTail(req.Key, req.GetFromOffset(), *homeTail, maxRecords, maxBytes)
+	} else {
+		recs, next, err = s.node.readLocal(wctx, rd, req.Key, req.GetFromOffset(), maxRecords, maxBytes)
+	}
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
@@ -259,7 +265,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		Records:     recs,
 		NextOffset:  next,
 		StartOffset: rd.store.StartOffset(),
-		TailOffset:  rd.committed.Load(),
+		TailOffset:  rd.servableEnd(),
 	}, nil
 }
 
@@ -281,9 +287,23 @@ func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Lo
 		next = 0
 	}
 	_, maxBytes := clampRead(0, req.GetMaxBytes())
+	var behind time.Time // since when next is past the servable end
 	for {
 		changed := rd.changed()
 		recs, n, err := rd.read(req.Key, next, readRecordsDefault, maxBytes)
+		var wait <-chan time.Time
+		if apierr.CodeOf(err) == apierr.PastLocalTail {
+			left, werr := rd.subscribeWait(next, &behind)
+			if werr != nil {
+				return apierr.ToStatus(werr)
+			}
+			if left > 0 {
+				wait = time.After(left)
+			}
+			err = nil
+		} else {
+			behind = time.Time{}
+		}
 		if err != nil {
 			return apierr.ToStatus(err)
 		}
@@ -296,13 +316,14 @@ func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Lo
 			// Records, or holes only (compaction by key): either way the
 			// subscriber learns where to resume.
 			next = n
-			if err := stream.Send(&geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: rd.committed.Load()}); err != nil {
+			if err := stream.Send(&geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: rd.servableEnd()}); err != nil {
 				return err
 			}
 			continue
 		}
 		select {
 		case <-changed:
+		case <-wait:
 		case <-ctx.Done():
 			return apierr.ToStatus(apierr.As(ctx.Err()))
 		case <-s.node.closing:

@@ -79,7 +79,9 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 // snapshot being sent and, on a leader, not held back for followers it
 // can reach that lag (within CompactionHoldBackBytesMax; see Compact).
 func (r *Replica) compactable(cands []segment.SegmentInfo) int {
-	limit := r.appliedIndex
+	// Only what is published: a reader never finds the start past the
+	// committed end.
+	limit := min(r.appliedIndex, r.markedIndex())
 	if first, ok := r.pins.min(); ok {
 		limit = min(limit, first-1)
 	}
@@ -286,22 +288,33 @@ func (r *Replica) reconcileState() error {
 }
 
 // initApplied sets the index Raft restarts applying after (entries after
-// it are applied again), and what follows from it: the committed offset
-// readers may read below, and the newest append time up to it.
+// it are applied again), and what follows from it: the applied end and the
+// newest append time up to it; and publishes the commit index the state
+// and the commit mark hold (reconcileState clamped it to the log): at
+// least what this replica published before it stopped (commitmark.go).
 func (r *Replica) initApplied() error {
 	r.appliedIndex = r.state.AppliedConfIndex()
-	if r.appliedIndex <= r.state.SnapshotIndex {
-		r.committed.Store(r.state.SnapshotNextOffset)
-		r.appliedAppendUnixNanos = r.state.SnapshotAppendUnixNanos
-		return nil
-	}
-	h, err := r.frameHeader(r.appliedIndex)
+	h, err := r.endAt(r.appliedIndex)
 	if err != nil {
 		return fmt.Errorf("replica: read applied entry %d: %w", r.appliedIndex, err)
 	}
+	r.appliedEnd, r.appliedAppendUnixNanos = h.NextOffset(), h.AppendTimeUnixNanos
+	commit := r.state.Raft.GetCommit()
+	if h, err = r.endAt(commit); err != nil {
+		return fmt.Errorf("replica: read committed entry %d: %w", commit, err)
+	}
 	r.committed.Store(h.NextOffset())
-	r.appliedAppendUnixNanos = h.AppendTimeUnixNanos
+	r.writer.markDone = commit
 	return nil
+}
+
+// endAt is the header of the entry at index, or the compaction point's
+// end (offset and append time) for an index at or below it.
+func (r *Replica) endAt(index uint64) (batch.Header, error) {
+	if index <= r.state.SnapshotIndex {
+		return batch.Header{BaseOffset: r.state.SnapshotNextOffset, AppendTimeUnixNanos: r.state.SnapshotAppendUnixNanos}, nil
+	}
+	return r.frameHeader(index)
 }
 
 // Stats are a replica's snapshot and compaction counters.

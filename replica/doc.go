@@ -15,18 +15,19 @@
 // goroutine (the range driver, or the simulator) owns it and calls, in any
 // interleaving: Tick on its ticker, Step for each message from a peer,
 // Propose for each append, and ProcessReady whenever HasReady. A second
-// goroutine, the log writer, calls WriteLog whenever LogWrites receives
-// (the simulator calls it after a virtual disk latency); the driver wakes
-// for ProcessReady when LogWritten receives. Raft runs with
-// AsyncStorageWrites (logwriter.go says what the two goroutines share).
+// goroutine, the log writer, calls WriteLog whenever LogWrites receives,
+// and a third (or the second) WriteMark whenever MarkWrites receives (the
+// simulator calls them after a virtual disk latency); the driver wakes for
+// ProcessReady when LogWritten receives. Raft runs with
+// AsyncStorageWrites (logwriter.go says what the goroutines share).
 // ProcessReady does, in this order:
 //
 //  1. Step what WriteLog delivered to this replica's Raft
 //     (MsgStorageAppendResp, a leader's own MsgAppResp): entries now
 //     durable here, and what they commit.
 //  2. Save the hard state when its term or vote changed, synchronously
-//     (the commit index is not made durable on its own: a restarted
-//     replica relearns it, and clamps a saved one to its log).
+//     (the commit index rides along; on its own it is made durable by the
+//     commit mark, step 5).
 //  3. Send what Raft lets go at once: a leader's appends and heartbeats go
 //     out before its own write, so its followers write in parallel with it
 //     (Raft thesis 10.2.1). (Config.Send must not block.)
@@ -40,9 +41,11 @@
 //     queued: truncate, rebuild the idempotence table from the log, append,
 //     fsync.
 //  5. Apply committed entries (Raft hands them over once they are durable
-//     here): publish the committed offset, answer the proposals they
-//     settle, apply configuration changes (saving the configuration
-//     durably).
+//     here): answer the proposals they settle, apply configuration changes
+//     (saving the configuration durably), and ask WriteMark for a commit
+//     mark covering them; publish the committed offset once a durable mark
+//     covers it (commitmark.go: a restarted replica publishes at once what
+//     it published before).
 //  6. Answer the proposals of the current term that Raft's commit index
 //     covers: a quorum has them durably, this replica's own write may still
 //     be in flight.

@@ -195,7 +195,7 @@ func (r *Replica) ProposeFork(at, epoch uint64, reply func(ForkResult)) {
 		fail(apierr.New(apierr.Unavailable, "%s: another fork is in progress", name()))
 		return
 	}
-	tail := r.committed.Load()
+	tail := r.appliedEnd
 	if r.proposeNext != tail || len(r.proposals) > 0 {
 		fail(apierr.New(apierr.Unavailable, "%s: appends are in flight (log continues at %d, committed %d)", name(), r.proposeNext, tail))
 		return
@@ -535,8 +535,9 @@ func (r *Replica) forkLog(index, term uint64, h batch.Header, d forkDesc) (ForkR
 		r.proposeNext = r.tailOffset
 	}
 	r.appliedAppendUnixNanos = rec.TimeUnixNanos // the last kept record's: the orphaned ones' are gone
-	r.committed.Store(d.At)
-	r.notify()
+	// The state saved with the fork covers it: publish the cut log now.
+	r.appliedEnd = d.At
+	r.publishNow(index, d.At)
 	r.logger.Info("applied fork", "index", index, "at", d.At, "epoch", h.Epoch, "records", rec.Records,
 		"first_offset", rec.FirstOffset, "next_offset", rec.NextOffset, "kept_index", d.KeepIndex, "reset", m.Reset)
 	return ForkResult{ForkRecord: rec}, nil

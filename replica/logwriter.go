@@ -32,6 +32,9 @@ import (
 //     drained and held off (logWriter.wmu); both are rare (leader changes,
 //     catch-up).
 //   - Config.Send: called from both (the transport is goroutine-safe).
+//   - The commit mark wanted and saved (markWant, markDone):
+//     logWriter.mu. WriteMark runs on a third goroutine (or the log
+//     writer's), one call at a time (markMu); commitmark.go.
 //
 // Everything else stays on the driver goroutine: the hard state (term and
 // vote are saved synchronously before anything that depends on them is
@@ -66,16 +69,22 @@ type logWriter struct {
 	local       []*raftpb.Message // delivered to this replica's Raft, to step
 	err         error             // first write failure; nothing is written after it
 	closed      bool
+	// markWant is the commit index ProcessReady wants marked durable,
+	// markDone the one the last mark saved (commitmark.go).
+	markWant, markDone uint64
+	// markMu is held by WriteMark while it saves a mark.
+	markMu sync.Mutex
 
 	// pending is set with local or err: the driver has work (HasReady).
 	pending atomic.Bool
-	// queued and written are signals (capacity 1): writes were queued for
-	// WriteLog; WriteLog left work for the driver.
-	queued, written chan struct{}
+	// queued, marks and written are signals (capacity 1): writes were
+	// queued for WriteLog; a mark is wanted from WriteMark; WriteLog or
+	// WriteMark left work for the driver.
+	queued, marks, written chan struct{}
 }
 
 func newLogWriter() logWriter {
-	return logWriter{queued: make(chan struct{}, 1), written: make(chan struct{}, 1)}
+	return logWriter{queued: make(chan struct{}, 1), marks: make(chan struct{}, 1), written: make(chan struct{}, 1)}
 }
 
 func signal(ch chan struct{}) {

@@ -76,7 +76,7 @@ func (r *Replica) processReads(states []raft.ReadState) {
 			e.Message += ": leadership changed before the read was confirmed"
 			rq.reply(0, e)
 		case rq.index != 0 && r.appliedIndex >= rq.index:
-			rq.reply(r.committed.Load(), nil)
+			rq.reply(r.appliedEnd, nil)
 		default:
 			kept = append(kept, rq)
 		}

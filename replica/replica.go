@@ -172,11 +172,18 @@ type Replica struct {
 	snapshotsSent, snapshotsInstalled atomic.Uint64
 	segmentsCompacted                 atomic.Uint64
 
-	committed atomic.Uint64 // offsets below it are committed
-	leaderID  atomic.Uint64
-	notifyMu  sync.Mutex
-	notifyCh  chan struct{}
-	failure   atomic.Pointer[apierr.Error]
+	// committed is published to readers: offsets below it are committed,
+	// applied here, and covered by the durable commit mark. appliedEnd,
+	// for the driver goroutine, is where the applied entries end (ahead of
+	// committed until the mark covers them); pubs wait for the mark
+	// (commitmark.go).
+	committed  atomic.Uint64
+	appliedEnd uint64
+	pubs       []pubPoint
+	leaderID   atomic.Uint64
+	notifyMu   sync.Mutex
+	notifyCh   chan struct{}
+	failure    atomic.Pointer[apierr.Error]
 
 	// leaderTerm is the term this replica leads in, 0 while it does not.
 	leaderTerm atomic.Uint64
@@ -397,8 +404,11 @@ func (r *Replica) LeaderTerm() uint64 { return r.leaderTerm.Load() }
 // final tail once it is zero.
 func (r *Replica) Pending() int { return len(r.proposals) + len(r.duplicates) }
 
-// Committed is the committed end offset; safe from any goroutine. Readers
-// may read offsets below it.
+// Committed is the committed end offset published to readers; safe from
+// any goroutine. Readers may read offsets below it. It covers only entries
+// applied here and recorded by the durable commit mark, so a restarted
+// replica publishes at once at least what it published before
+// (commitmark.go); it moves back only when a fork cuts the log.
 func (r *Replica) Committed() uint64 { return r.committed.Load() }
 
 // Failure is the error that stopped the replica, or nil.
@@ -470,7 +480,7 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 				BaseOffset: orig.BaseOffset, RecordCount: orig.RecordCount, Epoch: orig.Epoch,
 				AppendTimeUnixNanos: orig.AppendTimeUnixNanos, Duplicate: true,
 			}}
-			if p.endOffset <= r.committed.Load() {
+			if p.endOffset <= r.appliedEnd {
 				op.Reply(p.res)
 			} else {
 				r.duplicates = append(r.duplicates, p)
@@ -610,6 +620,7 @@ func (r *Replica) ProcessReady() error {
 		r.fail(err)
 		return err
 	}
+	r.publish() // what a mark WriteLog saved covers
 	if !r.rn.HasReady() {
 		return nil
 	}
@@ -688,6 +699,8 @@ func (r *Replica) ProcessReady() error {
 			_ = r.step(m)
 		}
 		r.storage.cache.trim(r.appliedIndex)
+		r.markApplied()
+		r.publish()
 	}
 	r.answerCommittedIndex(st.GetCommit(), st.GetTerm())
 	r.raftCommit.Store(r.state.Raft.GetCommit())
@@ -819,13 +832,10 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 	return nil
 }
 
-// advance publishes a committed data entry and answers what it settles.
+// advance applies a committed data entry (published once the commit mark
+// covers it: commitmark.go) and answers what it settles.
 func (r *Replica) advance(h batch.Header, term uint64) {
-	end := h.NextOffset()
-	if end > r.committed.Load() {
-		r.committed.Store(end)
-		r.notify()
-	}
+	r.appliedEnd = max(r.appliedEnd, h.NextOffset())
 	r.answerProposals(h, term)
 }
 

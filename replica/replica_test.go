@@ -152,6 +152,12 @@ func (c *cluster) settle() {
 				}
 				moved = true
 			}
+			if r := c.replicas[id]; r != nil && !c.holdWrites[id] && r.HasMarkWrite() {
+				if err := r.WriteMark(); err != nil {
+					c.t.Fatalf("node %d: write mark: %v", id, err)
+				}
+				moved = true
+			}
 		}
 		q := c.queue
 		c.queue = nil

@@ -167,7 +167,7 @@ func (r *Replica) snapshot() (*raftpb.Snapshot, error) {
 		r.logger.Warn("no term for the snapshot index", "index", index, "error", err)
 		return nil, raft.ErrSnapshotTemporarilyUnavailable
 	}
-	next := r.committed.Load()
+	next := r.appliedEnd
 	d := snapshotDesc{FirstIndex: index + 1, FirstOffset: next, NextOffset: next, AppendUnixNanos: r.appliedAppendUnixNanos,
 		ProducersBytes: uint64(len(r.state.Producers)), ProducersIndex: r.state.SnapshotIndex}
 	if first := r.cfg.Log.FirstIndex(); first != 0 && first <= index {
@@ -697,11 +697,10 @@ func (r *Replica) installSnapshot(snap *raftpb.Snapshot) error {
 	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, m.AppendUnixNanos)
 	r.logAppendUnixNanos = max(r.logAppendUnixNanos, m.AppendUnixNanos)
 	r.appliedIndex, r.appliedAppendUnixNanos = m.Index, m.AppendUnixNanos
-	if m.NextOffset != r.committed.Load() {
-		// Lower only when a fork in the snapshot moved a tail out of it.
-		r.committed.Store(m.NextOffset)
-		r.notify()
-	}
+	// The state saved with the install covers it: publish it now (lower
+	// than before only when a fork in the snapshot moved a tail out).
+	r.appliedEnd = m.NextOffset
+	r.publishNow(m.Index, m.NextOffset)
 	r.settleAfterInstall(m)
 	r.snapshotsInstalled.Add(1)
 	r.logger.Info("installed snapshot", "index", m.Index, "term", m.Term, "start_offset", r.cfg.Log.StartOffset(),
@@ -755,7 +754,7 @@ func (r *Replica) settleAfterInstall(m SnapshotMeta) {
 	r.proposals = kept
 	r.settleForkAfterInstall()
 	r.recheckDuplicates()
-	r.answerDuplicates(r.committed.Load())
+	r.answerDuplicates(r.appliedEnd)
 	if p := r.pendingConf; p != nil {
 		p.reply(nil, apierr.New(apierr.Unavailable, "stream %s range %d: the outcome of the membership change is unknown after a snapshot",
 			r.cfg.Stream, r.cfg.Range))

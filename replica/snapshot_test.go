@@ -550,6 +550,8 @@ type flakyState struct {
 
 func (f *flakyState) Load() (HardState, bool, error) { return f.inner.Load() }
 
+func (f *flakyState) SaveCommit(index uint64) error { return f.inner.SaveCommit(index) }
+
 func (f *flakyState) Save(h HardState) error {
 	switch {
 	case f.failed:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -20,6 +21,44 @@ import (
 // stateFileName is the hard state file inside a range's directory (the
 // segment store leaves names starting with "_" alone).
 const stateFileName = "_raftstate"
+
+// commitFileName holds the commit mark (SaveCommit): one record of
+// commitRecordBytes, rewritten in place.
+const commitFileName = "_commit"
+
+// commitRecordBytes is the commit mark's record: the index (u64), a magic
+// (u32) and a CRC32C of both (u32), little-endian. Sixteen bytes at offset
+// 0 never straddle a sector: a write is whole or detected by its CRC.
+const commitRecordBytes = 16
+
+const commitMagic = 0x4b4d4347 // "GCMK"
+
+func encodeCommit(index uint64) []byte {
+	b := binary.LittleEndian.AppendUint64(make([]byte, 0, commitRecordBytes), index)
+	b = binary.LittleEndian.AppendUint32(b, commitMagic)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// decodeCommit returns the mark's index; ok is false for a record that is
+// missing, torn or damaged.
+func decodeCommit(b []byte) (index uint64, ok bool) {
+	if len(b) != commitRecordBytes || binary.LittleEndian.Uint32(b[8:]) != commitMagic ||
+		binary.LittleEndian.Uint32(b[12:]) != crc32.Checksum(b[:12], castagnoli) {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint64(b), true
+}
+
+// withCommit raises h's Raft commit index to the mark's.
+func withCommit(h HardState, mark uint64) HardState {
+	if h.Raft == nil || mark <= h.Raft.GetCommit() {
+		return h
+	}
+	hs := proto.Clone(h.Raft).(*raftpb.HardState)
+	hs.Commit = proto.Uint64(mark)
+	h.Raft = hs
+	return h
+}
 
 // ErrStateCorrupt reports a hard state file that fails its checksum.
 var ErrStateCorrupt = errors.New("replica: hard state file is corrupt")
@@ -138,9 +177,14 @@ const stateFileBytesMax = 4*producerBaseBytesMax + 2*forkTailBytesMax + 1<<20
 type FileState struct {
 	FS  vfs.FS
 	Dir string
+	// CommitNoSync skips the commit mark's fdatasync, for a log that is
+	// not fsynced either (segment.FsyncNever, benchmarks only): the mark
+	// then survives a process crash, not a machine's.
+	CommitNoSync bool
 }
 
-// Load reads the state; ok is false when none was saved yet.
+// Load reads the state, its commit index raised to the commit mark's; ok
+// is false when none was saved yet.
 func (f FileState) Load() (HardState, bool, error) {
 	b, err := vfs.ReadFile(f.FS, filepath.Join(f.Dir, stateFileName), stateFileBytesMax)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -150,7 +194,65 @@ func (f FileState) Load() (HardState, bool, error) {
 		return HardState{}, false, err
 	}
 	h, err := decodeState(b)
-	return h, err == nil, err
+	if err != nil {
+		return h, false, err
+	}
+	mark, err := f.loadCommit()
+	if err != nil {
+		return h, false, err
+	}
+	return withCommit(h, mark), true, nil
+}
+
+// loadCommit reads the commit mark: 0 when there is none, or when its
+// record is torn or damaged (the state's own commit index then stands).
+func (f FileState) loadCommit() (uint64, error) {
+	r, err := f.FS.OpenFile(filepath.Join(f.Dir, commitFileName), os.O_RDONLY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer r.Close()
+	b := make([]byte, commitRecordBytes)
+	if n, err := r.ReadAt(b, 0); n < len(b) && err != nil && !errors.Is(err, io.EOF) {
+		return 0, err
+	}
+	mark, _ := decodeCommit(b)
+	return mark, nil
+}
+
+// SaveCommit rewrites the commit mark in place and fdatasyncs it; the
+// first one creates the file and syncs the directory.
+func (f FileState) SaveCommit(index uint64) error {
+	name := filepath.Join(f.Dir, commitFileName)
+	w, err := f.FS.OpenFile(name, os.O_WRONLY, 0)
+	created := false
+	if errors.Is(err, fs.ErrNotExist) {
+		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_WRONLY, 0o644)
+		created = true
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := w.WriteAt(encodeCommit(index), 0); err != nil {
+		w.Close()
+		return err
+	}
+	if !f.CommitNoSync {
+		if err := w.Datasync(); err != nil {
+			w.Close()
+			return err
+		}
+	}
+	if err := w.Close(); err != nil {
+		return err
+	}
+	if created {
+		return f.FS.SyncDir(f.Dir)
+	}
+	return nil
 }
 
 // Save replaces the state durably.
@@ -185,9 +287,10 @@ func (f FileState) Save(h HardState) error {
 type MemState struct {
 	mu    sync.Mutex
 	saved []byte
+	mark  uint64
 }
 
-// Load returns what was last saved.
+// Load returns what was last saved, its commit index raised to the mark's.
 func (m *MemState) Load() (HardState, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -195,7 +298,18 @@ func (m *MemState) Load() (HardState, bool, error) {
 		return HardState{}, false, nil
 	}
 	h, err := decodeState(m.saved)
-	return h, err == nil, err
+	if err != nil {
+		return h, false, err
+	}
+	return withCommit(h, m.mark), true, nil
+}
+
+// SaveCommit keeps the mark.
+func (m *MemState) SaveCommit(index uint64) error {
+	m.mu.Lock()
+	m.mark = index
+	m.mu.Unlock()
+	return nil
 }
 
 // Save keeps an encoded copy.

@@ -40,6 +40,9 @@ type DialerConfig struct {
 	// TLS secures the connections (RootCAs to verify the mirrors, and
 	// Certificates for mutual TLS). Default: plaintext.
 	TLS *tls.Config
+	// Credentials, when set, secure the connections instead of TLS
+	// (credentials that reload their certificates, for example).
+	Credentials credentials.TransportCredentials
 	// KeepaliveInterval is how often an idle connection is pinged, default
 	// 10 s; a ping unanswered for KeepaliveTimeout (default 5 s) breaks the
 	// connection and with it its streams. The server must permit it (see
@@ -111,7 +114,10 @@ func (d *GRPCDialer) conn(addr string) (geologinternalv1.MirrorClient, error) {
 		delete(d.conns, oldest)
 	}
 	creds := insecure.NewCredentials()
-	if d.cfg.TLS != nil {
+	switch {
+	case d.cfg.Credentials != nil:
+		creds = d.cfg.Credentials
+	case d.cfg.TLS != nil:
 		creds = credentials.NewTLS(d.cfg.TLS)
 	}
 	conn, err := grpc.NewClient(addr,

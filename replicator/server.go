@@ -36,6 +36,13 @@ type ServerConfig struct {
 	Logger hclog.Logger
 	// ServerTLS, when set, makes ServerOptions include it as credentials.
 	ServerTLS *tls.Config
+	// AuthorizeSource, when set, is asked whether the caller of a stream
+	// (its certificate is in ctx) may speak for the source it names: its
+	// region, and the home leader's node id its heartbeats carry (0: not
+	// given). It runs after the open is validated and before anything of
+	// the stream reaches the MirrorStore; an error ends the stream with
+	// PERMISSION_DENIED. Default: everyone may.
+	AuthorizeSource func(ctx context.Context, sourceRegion string, leaderNodeID uint64) error
 	// UncompressedBytesMax bounds one batch's frames, default
 	// batch.FrameBytesMax (a lone largest frame must fit). Sources' batches
 	// stay below it: their BatchBytesMax is smaller, and a frame larger than
@@ -287,6 +294,13 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 		return s.refuse(stream, nil, err, 0, 0)
 	}
 	logger := s.logger.With("stream", open.stream, "range", open.rng, "from", open.sourceRegion, "epoch", open.epoch)
+	if s.cfg.AuthorizeSource != nil {
+		if err := s.cfg.AuthorizeSource(ctx, open.sourceRegion, open.hb.LeaderNodeID); err != nil {
+			s.stats.refusals.Add(1)
+			logger.Warn("refusing stream: the caller may not speak for its source", "leader_node", open.hb.LeaderNodeID, "error", err)
+			return apierr.New(apierr.PermissionDenied, "mirror stream from region %s: %v", open.sourceRegion, err)
+		}
+	}
 	mr, err := s.cfg.Store.Open(ctx, open.stream, open.rng)
 	if err != nil {
 		return s.refuse(stream, logger, err, 0, 0)
@@ -544,6 +558,10 @@ func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange
 		hb, err := checkHeartbeat(req, open.epoch)
 		if err != nil {
 			return fail(i, err)
+		}
+		if hb.LeaderNodeID != open.hb.LeaderNodeID {
+			// AuthorizeSource bound the stream to the open's leader.
+			return fail(i, newRefusal(ErrMalformed, "heartbeat from leader node %d on a stream opened by node %d", hb.LeaderNodeID, open.hb.LeaderNodeID))
 		}
 		var d decodedBatch
 		if b := req.GetBatch(); b != nil {

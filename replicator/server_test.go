@@ -3,6 +3,7 @@ package replicator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -10,6 +11,8 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -489,5 +492,42 @@ func TestServerGroupsQueuedRequests(t *testing.T) {
 	// The stream goes on after the group.
 	if resp := c.mustAnswer(&geologinternalv1.ReplicateRequest{Heartbeat: heartbeatPB(1, end(7))}); resp.GetError() != nil || resp.GetAppliedEndOffset() != end(7) {
 		t.Fatalf("heartbeat after the group answered %v", resp)
+	}
+}
+
+// TestServerAuthorizeSource: a stream whose caller may not speak for the
+// source it names ends with PERMISSION_DENIED before the mirror sees it
+// (its epoch raises nothing), and a stream cannot change the leader its
+// heartbeats name after the open was authorized.
+func TestServerAuthorizeSource(t *testing.T) {
+	node := startMirror(t, NewMemMirrorStore(), func(c *ServerConfig) {
+		c.AuthorizeSource = func(_ context.Context, region string, leader uint64) error {
+			if region != homeRegion || leader != 5 {
+				return fmt.Errorf("caller is not node 5 of %s", homeRegion)
+			}
+			return nil
+		}
+	})
+	withLeader := func(req *geologinternalv1.ReplicateRequest, leader uint64) *geologinternalv1.ReplicateRequest {
+		req.Heartbeat.LeaderNodeId = leader
+		return req
+	}
+	forged := dialRaw(t, node.addr)
+	if _, err := forged.roundTrip(withLeader(openReq(9), 6)); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("open in another leader's name: %v, want PermissionDenied", err)
+	}
+	real := dialRaw(t, node.addr)
+	resp := real.mustAnswer(withLeader(openReq(1), 5))
+	if resp.GetError() != nil || resp.GetHighestEpoch() != 1 {
+		t.Fatalf("the authorized open answered %v: the refused open left a trace", resp)
+	}
+	g := newLogGen(29, 100)
+	r := refusalOf(t, real.mustAnswer(withLeader(batchReq(1, CompressionNone, g.frame(1)), 6)))
+	if !errors.Is(r, ErrMalformed) {
+		t.Fatalf("heartbeat naming another leader refused with %v", r)
+	}
+	expectEnd(t, real)
+	if m := node.store.Range(testStream, testRange); m != nil && m.AppliedEnd() != 0 {
+		t.Fatalf("applied end %d, want nothing applied", m.AppliedEnd())
 	}
 }

@@ -16,12 +16,13 @@ RANGES=${RANGES:-8}
 export GEOLOG_ADDR=$ADDR
 
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
-"$BIN/geologd" --data-dir "$RUNDIR/data" --listen "$ADDR" --fsync always --log-level warn >"$RUNDIR/geologd.log" 2>&1 &
+. "$(dirname "$0")/benchlib.sh"
+pki_setup local 1
+# shellcheck disable=SC2046
+"$BIN/geologd" --data-dir "$RUNDIR/data" --listen "$ADDR" --fsync always --log-level warn $(node_security 1) >"$RUNDIR/geologd.log" 2>&1 &
 NODE_PID=$!
 trap 'kill -TERM $NODE_PID 2>/dev/null; wait $NODE_PID 2>/dev/null || true' EXIT
 for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
-
-. "$(dirname "$0")/benchlib.sh"
 
 # Latency-sensitive runs first, and a settled disk before each run.
 settle; run "one at a time"         --stream bs --ranges 1 --producers 1 --duration "$DURATION" --sync

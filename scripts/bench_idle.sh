@@ -2,6 +2,7 @@
 # The cost of idle ranges (issue 3): a 3-node region with RANGES (default
 # 1000) ranges and no traffic; prints the CPU all three nodes use together,
 # as a share of one core, over IDLE_SECONDS (default 20) after they settle.
+# TLS on every hop unless TLS=off (benchlib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/bin
@@ -12,10 +13,13 @@ BASE=${GEOLOG_BENCH_PORT:-7480}
 PEERS="1=127.0.0.1:$((BASE+1)),2=127.0.0.1:$((BASE+2)),3=127.0.0.1:$((BASE+3))"
 export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BASE+3))"
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
+. "$(dirname "$0")/benchlib.sh"
+pki_setup local 3
 PIDS=()
 for i in 1 2 3; do
+	# shellcheck disable=SC2046
 	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--log-level warn >"$RUNDIR/n$i.log" 2>&1 &
+		--log-level warn $(node_security $i) >"$RUNDIR/n$i.log" 2>&1 &
 	PIDS+=($!)
 done
 trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true; rm -rf "$RUNDIR"' EXIT

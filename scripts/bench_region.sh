@@ -14,16 +14,17 @@ PEERS="1=127.0.0.1:$((BASE+1)),2=127.0.0.1:$((BASE+2)),3=127.0.0.1:$((BASE+3))"
 export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BASE+3))"
 
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
+. "$(dirname "$0")/benchlib.sh"
+pki_setup local 3
 PIDS=()
 for i in 1 2 3; do
+	# shellcheck disable=SC2046
 	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn >"$RUNDIR/n$i.log" 2>&1 &
+		--fsync always --log-level warn $(node_security $i) >"$RUNDIR/n$i.log" 2>&1 &
 	PIDS+=($!)
 done
 trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
 for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
-
-. "$(dirname "$0")/benchlib.sh"
 # Create the streams and write a little first: a new stream's ranges elect
 # leaders and every node applies the catalogue record; that start-up (about a
 # second) is not what these runs measure.

@@ -1,15 +1,39 @@
-# Shared by bench.sh and bench_region.sh: run NAME FLAGS... runs geolog bench
+# Shared by bench.sh, bench_region.sh and bench_idle.sh.
+#
+# Transport security: TLS=on (the default) makes a development PKI under
+# $RUNDIR/certs with bin/geolog certs and runs the nodes with TLS and
+# geolog bench with a client certificate; TLS=off runs the nodes with
+# --insecure. Compare the two: TLS=off make bench-region.
+TLS=${TLS:-on}
+case $TLS in on | off) ;; *) echo "TLS=$TLS: want on or off" >&2; exit 2 ;; esac
+
+# pki_setup REGION N: the CA, the folders of nodes 1..N of REGION, and the
+# client's (scripts/pki.sh); exports GEOLOG_CERTS_DIR for every geolog
+# command that follows.
+pki_setup() {
+	[ "$TLS" = on ] || return 0
+	GEOLOG=$BIN/geolog "$(dirname "${BASH_SOURCE[0]}")/pki.sh" "$RUNDIR/certs" bench "$1=$2"
+	export GEOLOG_CERTS_DIR=$RUNDIR/certs/client
+	NODE_REGION=$1
+}
+
+# node_security I prints node I's transport security flags.
+node_security() {
+	if [ "$TLS" = on ]; then echo "--certs-dir $RUNDIR/certs/$NODE_REGION-n$1"; else echo "--insecure"; fi
+}
+
+# run NAME FLAGS... runs geolog bench
 # with 1 KiB records over $RANGES ranges, appends its JSON result to
 # $RUNDIR/results.jsonl and prints one summary line; settle lets the page
 # cache drain between runs (full-speed runs leave gigabytes for writeback).
 run() {
 	local name=$1; shift
-	echo "== $name: geolog bench $*" >&2
+	echo "== $name (TLS $TLS): geolog bench $*" >&2
 	"$BIN/geolog" bench --json --record-bytes 1024 --ranges "$RANGES" "$@" | tee -a "$RUNDIR/results.jsonl" >/dev/null
 	tail -1 "$RUNDIR/results.jsonl" | python3 -c '
 import json,sys
 r=json.load(sys.stdin); l=r["latency_ms"]
-print("%-28s %9.0f rec/s %8.1f MB/s  p50 %7.3f ms  p99 %7.3f ms  p99.9 %7.3f ms  max %7.3f ms  errors %d" % (sys.argv[1], r["records_per_sec"], r["mb_per_sec"], l["p50"], l["p99"], l["p999"], l["max"], r["errors"]))' "$name"
+print("%-28s TLS %-3s %9.0f rec/s %8.1f MB/s  p50 %7.3f ms  p99 %7.3f ms  p99.9 %7.3f ms  max %7.3f ms  errors %d" % (sys.argv[1], sys.argv[2], r["records_per_sec"], r["mb_per_sec"], l["p50"], l["p99"], l["p999"], l["max"], r["errors"]))' "$name" "$TLS"
 }
 
 settle() { sync; sleep 3; }

@@ -32,6 +32,15 @@
 # too. GEOLOG_LEASE_TTL (default 4s) and GEOLOG_LEASE_HEARTBEAT (default
 # 1s) set the liveness lease. down stops PostgreSQL if up started it.
 #
+# TLS (default on; GEOLOG_CLUSTER_TLS=off runs every node with --insecure):
+# up makes a development PKI under run/cluster/certs with scripts/pki.sh
+# (kept across restarts, wiped by --fresh): ca/ (the CA and its key),
+# <region>-n<i>/ (each node's ca.crt, node.crt, node.key, for 127.0.0.1
+# and localhost) and client/ (principal "operator"); every node serves and
+# dials with its own, and the env file exports GEOLOG_CERTS_DIR=.../client
+# so that bin/geolog, and whatever sources it, dials with a client
+# certificate. The lease store is reached with sslmode=verify-full.
+#
 # A node reaches another region only through the WAN: its --region-addrs
 # list that region's nodes at the listen addresses of the links from its own
 # region. Clients do not: every leader and home hint names a node's
@@ -75,6 +84,9 @@ HOMING=${GEOLOG_CLUSTER_HOMING:-on}
 LEASE_TTL=${GEOLOG_LEASE_TTL:-4s}
 LEASE_HEARTBEAT=${GEOLOG_LEASE_HEARTBEAT:-1s}
 PG_LATENCY=${GEOLOG_WAN_LATENCY_PG:-2ms}
+TLS=${GEOLOG_CLUSTER_TLS:-on}
+CERTS=$DIR/certs
+[[ $TLS == on ]] && export GEOLOG_CERTS_DIR=$CERTS/client # for answers and the env file
 
 die() { echo "cluster: $*" >&2; exit 1; }
 
@@ -244,6 +256,9 @@ up() {
 	if [[ $HOMING == on ]]; then for r in 0 1 2; do port_busy $(( BASE + 290 + r )) && busy+=($(( BASE + 290 + r ))); done; fi
 	(( ${#busy[@]} == 0 )) || die "ports in use: ${busy[*]} (another cluster? set GEOLOG_CLUSTER_PORT to move the port plan)"
 
+	if [[ $TLS == on ]]; then
+		GEOLOG=$BIN/geolog scripts/pki.sh "$CERTS" operator "${REGIONS[@]/%/=${#NODES[@]}}"
+	fi
 	local links=()
 	for r in 0 1 2; do for t in 0 1 2; do
 		(( r == t )) && continue
@@ -285,13 +300,14 @@ up() {
 			homing=(--lease-store "${lease_url/:PORT\//:$(( BASE + 290 + r ))/}" --lease-ttl "$LEASE_TTL" --lease-heartbeat "$LEASE_HEARTBEAT")
 		fi
 		for i in "${NODES[@]}"; do
-			local name=$reg-n$i
+			local name=$reg-n$i security=(--insecure)
+			[[ $TLS == on ]] && security=(--certs-dir "$CERTS/$name")
 			GOMAXPROCS=$NODE_PROCS start "$name" "$BIN/geologd" --data-dir "$DIR/data/$name" --listen "127.0.0.1:$(node_port $r $i)" \
-				--region "$reg" --node-id "$i" --peers "$(IFS=,; echo "${peers[*]}")" "${remote[@]}" "${homing[@]}" \
+				--region "$reg" --node-id "$i" --peers "$(IFS=,; echo "${peers[*]}")" "${remote[@]}" "${homing[@]}" "${security[@]}" \
 				--fsync always --debug-addr "127.0.0.1:$(debug_port $r $i)" --log-level "$LOG_LEVEL"
 		done
 	done
-	echo "cluster: started 9 nodes; waiting until each answers"
+	echo "cluster: started $(( 3 * ${#NODES[@]} )) nodes ($([[ $TLS == on ]] && echo "TLS, certificates in run/cluster/certs" || echo "INSECURE: no TLS")); waiting until each answers"
 	deadline=$(( SECONDS + ${GEOLOG_CLUSTER_START_TIMEOUT:-60} ))
 	for r in 0 1 2; do for i in "${NODES[@]}"; do
 		local name=${REGIONS[r]}-n$i addr=127.0.0.1:$(node_port $r $i)
@@ -314,6 +330,7 @@ up() {
 		echo "export GEOLOG_ADDR_ALL=$(region_addrs 0),$(region_addrs 1),$(region_addrs 2)"
 		echo "export GEOLOG_WAN_CONTROL=$WAN_CONTROL"
 		echo "export GEOLOG_CLUSTER_REGIONS=\"${REGIONS[*]}\""
+		if [[ $TLS == on ]]; then echo "export GEOLOG_CERTS_DIR=$CERTS/client"; else echo "unset GEOLOG_CERTS_DIR"; fi
 		[[ -z $lease_url ]] || echo "export GEOLOG_LEASE_STORE=${lease_url/:PORT\//:$(scripts/pg.sh url | sed -E 's#.*@[^:]+:([0-9]+)/.*#\1#')/}"
 	} >"$DIR/env.tmp"
 	mv "$DIR/env.tmp" "$DIR/env"

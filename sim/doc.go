@@ -3,8 +3,10 @@
 // segment) on an in-memory disk that loses unsynced writes on a crash
 // (vfs.Mem), a virtual network that drops, delays, reorders, duplicates and
 // partitions, a virtual clock, and idempotent producers that retry at random.
-// After every step it checks DESIGN.md's invariants 1-4 and that all replicas
-// agree on the committed log where what they retain overlaps.
+// After every step it checks DESIGN.md's invariants 1-4 and 8 (no node
+// publishes a lower committed end than it published before, across its
+// crashes: the region has no forks) and that all replicas agree on the
+// committed log where what they retain overlaps.
 //
 // Half the seeds compact: tiny segments and aggressive retention (by size,
 // and on some by age), applied as Raft log compaction every 20 ms, so that

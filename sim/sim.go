@@ -98,6 +98,7 @@ const (
 	evSnap       // a MsgSnap and its body reach their receiver
 	evSnapStatus // a snapshot's outcome reaches its sender
 	evWrite      // a replica's log writer runs (WriteLog) on what is queued
+	evMark       // a replica's commit-mark writer runs (WriteMark)
 )
 
 type node struct {
@@ -110,8 +111,12 @@ type node struct {
 	stores   []*segment.Store
 	replicas []*replica.Replica
 	verified []uint64 // per range: committed offsets already checked
-	writing  []bool   // per range: an evWrite is due
-	dying    bool     // a Sync was where the process died (syncCrashLog)
+	// served is, per range, the highest committed end the node has
+	// published in any incarnation: it never publishes less (invariant 8).
+	served  []uint64
+	writing []bool // per range: an evWrite is due
+	marking []bool // per range: an evMark is due
+	dying   bool   // a Sync was where the process died (syncCrashLog)
 }
 
 // errSyncCrash is what a replica sees from the Sync its process dies in.
@@ -250,7 +255,7 @@ func Run(opt Options) (res Result, err error) {
 		w.seen[r] = map[string]uint64{}
 	}
 	for i := 0; i < opt.Nodes; i++ {
-		n := &node{id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())))}
+		n := &node{id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64()))), served: make([]uint64, opt.Ranges)}
 		w.nodes = append(w.nodes, n)
 		if err := w.start(n); err != nil {
 			return w.res, err
@@ -320,6 +325,7 @@ func (w *world) start(n *node) error {
 	n.replicas = make([]*replica.Replica, w.opt.Ranges)
 	n.verified = make([]uint64, w.opt.Ranges)
 	n.writing = make([]bool, w.opt.Ranges)
+	n.marking = make([]bool, w.opt.Ranges)
 	n.dying = false
 	peers := make([]uint64, w.opt.Nodes)
 	for i := range peers {
@@ -503,6 +509,15 @@ func (w *world) deliver(e *event) {
 		if err := n.replicas[e.group].WriteLog(); err != nil {
 			w.failed(n, e.group, fmt.Errorf("write log: %w", err))
 		}
+	case evMark:
+		n := w.nodes[e.to-1]
+		if !n.up || n.gen != e.fromGen {
+			return
+		}
+		n.marking[e.group] = false
+		if err := n.replicas[e.group].WriteMark(); err != nil {
+			w.failed(n, e.group, fmt.Errorf("write commit mark: %w", err))
+		}
 	}
 }
 
@@ -514,6 +529,11 @@ func (w *world) deliver(e *event) {
 // and for messages to pile up behind the write. A crash loses what is
 // queued.
 func (w *world) scheduleWrite(n *node, r int) {
+	if !n.marking[r] && n.replicas[r].HasMarkWrite() {
+		// The commit mark's own goroutine: one small fdatasync.
+		n.marking[r] = true
+		w.push(&event{at: w.now + w.rng.Int64N(3), kind: evMark, group: r, to: n.id, fromGen: n.gen})
+	}
 	if n.writing[r] || !n.replicas[r].HasLogWrites() {
 		return
 	}

@@ -136,7 +136,9 @@ func (w *world) busy() bool {
 // check reads what every live replica newly committed and holds it against
 // the canonical log: one record per offset everywhere (invariant 2), acked
 // records where they were acked (1), per producer sequence order = offset
-// order (3), each (producer, sequence) at most once (4).
+// order (3), each (producer, sequence) at most once (4); and no node
+// publishes less than it published before, across crashes too (8: the
+// region has no forks).
 func (w *world) check() error {
 	for _, n := range w.nodes {
 		if !n.up {
@@ -144,6 +146,10 @@ func (w *world) check() error {
 		}
 		for r, rep := range n.replicas {
 			committed := rep.Committed()
+			if committed < n.served[r] {
+				return fmt.Errorf("node %d range %d: publishes a committed end of %d, below the %d it published before (invariant 8)", n.id, r, committed, n.served[r])
+			}
+			n.served[r] = committed
 			// What compaction or a snapshot took from this replica was
 			// checked elsewhere (or here) when it committed: agreement is
 			// on what the replicas retain.

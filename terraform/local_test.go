@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,8 +139,10 @@ func TestLocalApplyDestroy(t *testing.T) {
 	if us != fmt.Sprintf("127.0.0.1:%d", localBasePort+2) || eu != fmt.Sprintf("127.0.0.1:%d", localBasePort+3) {
 		t.Fatalf("region_endpoints = %v", outputs.RegionEndpoints.Value)
 	}
-	if want := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", localBasePort+1); outputs.PostgresURL.Value != want {
-		t.Errorf("postgres_url = %q, want %q", outputs.PostgresURL.Value, want)
+	// The lease store is reached with verify-full, against pg.sh's own CA.
+	if u, err := url.Parse(outputs.PostgresURL.Value); err != nil || u.Host != fmt.Sprintf("127.0.0.1:%d", localBasePort+1) ||
+		u.Query().Get("sslmode") != "verify-full" || u.Query().Get("sslrootcert") != filepath.Join(runDir, "pg", "tls", "ca.crt") {
+		t.Errorf("postgres_url = %q, want 127.0.0.1:%d with sslmode=verify-full and sslrootcert under %s", outputs.PostgresURL.Value, localBasePort+1, runDir)
 	}
 	if !listening(localBasePort + 1) {
 		t.Errorf("PostgreSQL does not listen on %d", localBasePort+1)
@@ -148,7 +151,8 @@ func TestLocalApplyDestroy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"GEOLOG_ADDR_US=" + us, "GEOLOG_ADDR_EU=" + eu, "GEOLOG_ADDR_ALL=" + us + "," + eu, "GEOLOG_WAN_CONTROL=127.0.0.1:" + strconv.Itoa(localBasePort), "GEOLOG_LEASE_STORE="} {
+	for _, want := range []string{"GEOLOG_ADDR_US=" + us, "GEOLOG_ADDR_EU=" + eu, "GEOLOG_ADDR_ALL=" + us + "," + eu, "GEOLOG_WAN_CONTROL=127.0.0.1:" + strconv.Itoa(localBasePort), "GEOLOG_LEASE_STORE=",
+		"GEOLOG_CERTS_DIR='" + filepath.Join(runDir, "certs", "client") + "'"} {
 		if !strings.Contains(string(env), want) {
 			t.Errorf("env file lacks %q:\n%s", want, env)
 		}
@@ -166,15 +170,25 @@ func TestLocalApplyDestroy(t *testing.T) {
 
 	// Use the cluster: a stream in both regions, produce through eu (the
 	// home is us: redirected across the WAN), read eu's own copy.
-	geolog := func(addr, stdin string, args ...string) string {
-		t.Helper()
+	// The nodes serve TLS: the CLI dials with the cluster's client
+	// certificate, and is refused without.
+	geologWith := func(certs, addr, stdin string, args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, filepath.Join(repo, "bin", "geolog"), append([]string{"--addr", addr}, args...)...)
+		cmd.Env = append(os.Environ(), "GEOLOG_CERTS_DIR="+certs)
 		cmd.Stdin = strings.NewReader(stdin)
 		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	geolog := func(addr, stdin string, args ...string) string {
+		t.Helper()
+		out, err := geologWith(filepath.Join(runDir, "certs", "client"), addr, stdin, args...)
 		if err != nil {
 			t.Fatalf("geolog %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
-		return string(out)
+		return out
+	}
+	if out, err := geologWith("", us, "", "--timeout", "5s", "--retries", "0", "streams", "list"); err == nil {
+		t.Fatalf("a plaintext client reached a node:\n%s", out)
 	}
 	geolog(us, "", "streams", "create", "tf", "--ranges", "2", "--regions", "us,eu", "--home", "us")
 	geolog(eu, "k1\thello\nk2\tworld\n", "produce", "tf", "--tab")

@@ -158,6 +158,8 @@ type fakeStream struct {
 }
 
 type fakeRange struct {
+	// epoch is the homing epoch new records get (0 means 1; see Fork).
+	epoch     uint64
 	records   []*geologv1.StoredRecord
 	sizeBytes int64
 	producers map[uint64]*producerState
@@ -441,6 +443,7 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 		now = max(now, r.records[len(r.records)-1].GetAppendTimeUnixNanos())
 	}
 	baseOffset := uint64(len(r.records))
+	epoch := max(r.epoch, 1)
 	for i, rec := range req.GetRecords() {
 		r.records = append(r.records, &geologv1.StoredRecord{
 			Offset:                baseOffset + uint64(i),
@@ -449,7 +452,7 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 			Headers:               rec.GetHeaders(),
 			ProducerTimeUnixNanos: rec.GetProducerTimeUnixNanos(),
 			AppendTimeUnixNanos:   now,
-			Epoch:                 1,
+			Epoch:                 epoch,
 			Tombstone:             rec.GetTombstone(),
 		})
 		r.sizeBytes += int64(len(rec.GetKey()) + len(rec.GetValue()))
@@ -466,8 +469,41 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 	close(r.notify)
 	r.notify = make(chan struct{})
 	return &geologv1.AppendResponse{
-		RequestId: req.GetRequestId(), BaseOffset: baseOffset, RecordCount: n, Epoch: 1, AppendTimeUnixNanos: now,
+		RequestId: req.GetRequestId(), BaseOffset: baseOffset, RecordCount: n, Epoch: epoch, AppendTimeUnixNanos: now,
 	}, nil
+}
+
+// Fork makes the range's log continue at offset at under homing epoch
+// epoch, as after a region failover: the records from at on are gone (the
+// real server moves them to an orphan log), the new home's records values
+// follow at once (keyed "fork"), new appends get epoch, and producers
+// start afresh. Every node of a cluster serves the new log; a live
+// subscription past its tail ends with OFFSET_PAST_LOCAL_TAIL, others
+// carry on (drop them with a fault to make the client resubscribe).
+func (s *Server) Fork(stream string, rng uint32, at, epoch uint64, values ...[]byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.rangeLocked(stream, rng)
+	if err != nil {
+		return err
+	}
+	if at > uint64(len(r.records)) {
+		return fmt.Errorf("clienttest: fork at %d past the tail %d", at, len(r.records))
+	}
+	r.records = r.records[:at:at]
+	r.epoch = epoch
+	r.producers = make(map[uint64]*producerState)
+	now := time.Now().UnixNano()
+	if at > 0 {
+		now = max(now, r.records[at-1].GetAppendTimeUnixNanos())
+	}
+	for i, v := range values {
+		r.records = append(r.records, &geologv1.StoredRecord{Offset: at + uint64(i), Key: []byte("fork"), Value: v,
+			AppendTimeUnixNanos: now, Epoch: epoch})
+	}
+	close(r.notify)
+	r.notify = make(chan struct{})
+	return nil
 }
 
 // waitFault applies a fault's hold and delay; false if ctx ended first.
@@ -643,9 +679,7 @@ func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1
 	tail := s.tailLocked(k, r)
 	from := req.GetFromOffset()
 	if from > tail {
-		e := apierr.New(apierr.OffsetOutOfRange, "offset %d is past the tail %d", from, tail)
-		e.StartOffset, e.TailOffset = 0, tail
-		return nil, apierr.ToStatus(e)
+		return nil, apierr.ToStatus(pastTail(from, tail, uint64(len(r.records))))
 	}
 	maxRecords := int(req.GetMaxRecords())
 	if maxRecords == 0 {
@@ -690,9 +724,11 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 	case *geologv1.SubscribeRequest_FromOffset:
 		next = st.FromOffset
 		if tail := s.tailLocked(k, r); next > tail {
-			e := apierr.New(apierr.OffsetOutOfRange, "offset %d is past the tail %d", next, tail)
-			e.TailOffset = tail
 			s.mu.Unlock()
+			// As the real server: a subscription past a node's tail is
+			// never final (it waits a while, then this).
+			e := apierr.New(apierr.PastLocalTail, "offset %d is past this node's tail %d", next, tail)
+			e.TailOffset = tail
 			return apierr.ToStatus(e)
 		}
 	case *geologv1.SubscribeRequest_FromTimeUnixNanos:
@@ -705,6 +741,14 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 		s.mu.Lock()
 		tail := s.tailLocked(k, r)
 		notify := r.notify
+		if next > tail {
+			// The log was forked below the subscription (Fork), or
+			// the node stopped serving it: as the real server.
+			s.mu.Unlock()
+			e := apierr.New(apierr.PastLocalTail, "offset %d is past this node's tail %d", next, tail)
+			e.TailOffset = tail
+			return apierr.ToStatus(e)
+		}
 		var recs []*geologv1.StoredRecord
 		o := next
 		for ; o < tail && len(recs) < s.cfg.SubscribeRecordsMax; o++ {
@@ -829,6 +873,20 @@ func (s *Server) tailLocked(k rangeKey, r *fakeRange) uint64 {
 		tail = min(tail, s.frozen[k])
 	}
 	return tail
+}
+
+// pastTail is the real server's answer to a read at from past this node's
+// tail: OFFSET_OUT_OF_RANGE past the range's tail (final), else
+// OFFSET_PAST_LOCAL_TAIL (retriable; a node that lags).
+func pastTail(from, tail, rangeTail uint64) error {
+	if from > rangeTail {
+		e := apierr.New(apierr.OffsetOutOfRange, "offset %d is past the tail %d", from, rangeTail)
+		e.TailOffset = rangeTail
+		return e
+	}
+	e := apierr.New(apierr.PastLocalTail, "offset %d is past this node's tail %d", from, tail)
+	e.TailOffset = tail
+	return e
 }
 
 // FreezeReads makes the node serve reads (Read, Subscribe, the tails of

@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/geolog/geolog/internal/atomicfile"
 )
 
 // KeyFileVersion is the key file format version this package reads and
@@ -140,39 +141,12 @@ func WriteKeyFile(path string, r *Keyring) error {
 	return writeFileAtomic(path, append(b, '\n'))
 }
 
+// writeFileAtomic writes a key file: mode 0600, atomically.
 func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*") // mode 0600
-	if err != nil {
-		return fmt.Errorf("e2e: write key file: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err == nil {
-		err = syncDir(dir)
-	}
-	if err != nil {
+	if err := atomicfile.Write(path, data, 0o600); err != nil {
 		return fmt.Errorf("e2e: write key file: %w", err)
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // KeyFile is a KeyProvider backed by a key file: the keyring ReadKeyFile

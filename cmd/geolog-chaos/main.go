@@ -55,6 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	logLevel := fs.String("log-level", "info", "the harness's log level (trace, debug, info, warn, error)")
 	nodeLogLevel := fs.String("node-log-level", "info", "the local clusters' nodes' --log-level")
 	linearTimeout := fs.Duration("linear-timeout", time.Minute, "bound of the linearizability search per range")
+	insecure := fs.Bool("insecure", false, "run the local clusters' nodes with --insecure (default: TLS, with a PKI in each cluster's folder)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -84,7 +85,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			*pgScript = filepath.Join(*binDir, "..", "scripts", "pg.sh")
 		}
 		factory = chaos.LocalFactory(chaos.LocalConfig{BinDir: *binDir, Dir: filepath.Join(*dir, "clusters"),
-			PortMin: *portMin, PortMax: *portMax, PGScript: *pgScript, PGPort: *pgPort, LogLevel: *nodeLogLevel, Logger: logger})
+			PortMin: *portMin, PortMax: *portMax, PGScript: *pgScript, PGPort: *pgPort, LogLevel: *nodeLogLevel, Logger: logger,
+			Insecure: *insecure})
 	}
 	cfg := chaos.RunConfig{Cluster: factory, Seed: *seed, Dir: *dir, LinearTimeout: *linearTimeout, Logger: logger}
 	var results []chaos.Result

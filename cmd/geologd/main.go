@@ -16,6 +16,7 @@ import (
 
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/internal/failpoint"
+	"github.com/geolog/geolog/pki"
 	"github.com/geolog/geolog/regionsvc"
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
@@ -58,6 +59,7 @@ func run() int {
 	debugAddr := fs.String("debug-addr", "", "serve /metrics (Prometheus) and /debug/pprof on this address (e.g. 127.0.0.1:6060); off by default")
 	debugFailpoints := fs.Bool("debug-failpoints", false, "chaos tests only: serve "+failpoint.Path+" on --debug-addr to slow or fail fsyncs and skew the clock at run time; off by default")
 	clockSkew := fs.Duration("clock-skew", 0, "chaos tests only: add this to the node's clock (needs --debug-failpoints; changeable at run time)")
+	tlsf := addTLSFlags(fs)
 	cursorRanges := fs.Int("cursor-ranges", 16, "consumers: range count of the cursor stream _cursors (the same on every node)")
 	cursorHome := fs.String("cursor-home", "", "consumers: the region homing every range of _cursors at its creation (default: spread over the regions; the same on every node)")
 	groupHeartbeat := fs.Duration("group-heartbeat", 500*time.Millisecond, "consumers: how often group members heartbeat")
@@ -69,6 +71,10 @@ func run() int {
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
+	// SIGHUP reloads the TLS files; caught from the start, so that one
+	// sent while the node opens does not kill it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	if *dataDir == "" {
 		fmt.Fprintln(os.Stderr, "geologd: --data-dir is required")
 		return 2
@@ -87,6 +93,11 @@ func run() int {
 	peers, err := parsePeers(*peersFlag)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: --peers: %v\n", err)
+		return 2
+	}
+	certs, err := tlsf.open(logger, *region, *nodeID)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "geologd: %v\n", err)
 		return 2
 	}
 	// Failpoints (internal/failpoint) exist only when asked for: without
@@ -131,7 +142,7 @@ func run() int {
 	var store homing.Store
 	if *leaseStore != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		s, err := homing.OpenSQL(ctx, homing.SQLConfig{URL: *leaseStore, Logger: logger})
+		s, err := homing.OpenSQL(ctx, homing.SQLConfig{URL: *leaseStore, Logger: logger, RequireVerifyFull: !tlsf.insecure})
 		cancel()
 		if err != nil {
 			logger.Error("open lease store", "error", err)
@@ -174,6 +185,10 @@ func run() int {
 		CompactionInterval:       *compactionInterval,
 		CompactionBytesPerSecond: *compactionRate,
 	}
+	if certs != nil {
+		cfg.TLS = certs.ServerTLS()
+		cfg.ClientCredentials = certs.ClientCredentials(pki.RequireNode)
+	}
 	cfg.CursorRanges, cfg.CursorHome, cfg.GroupHeartbeatInterval = *cursorRanges, *cursorHome, *groupHeartbeat
 	cfg.CursorCompactionLag, cfg.CursorDeleteRetention = *cursorLag, *cursorTombstones
 	if failpoints != nil {
@@ -192,6 +207,9 @@ func run() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); tlsf.watch(ctx, logger, certs, hup) }()
+	defer func() { stop(); <-watchDone }()
 	err = node.Wait(ctx)
 	node.Close()
 	if err != nil && ctx.Err() == nil {

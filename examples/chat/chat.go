@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/client"
-	"github.com/geolog/geolog/keyspace"
 )
 
 // The record format of a chat message: the key is the conversation, the
@@ -36,10 +34,9 @@ const (
 // App is the chat logic on the public SDK: send, sync and ack for one
 // stream whose keys are conversations.
 type App struct {
-	c          *client.Client
-	stream     string
-	rangeCount uint32
-	producer   *client.Producer
+	c        *client.Client
+	stream   string
+	producer *client.Producer
 }
 
 // Message is one chat message as stored.
@@ -50,14 +47,12 @@ type Message struct {
 	Sent                 time.Time
 }
 
-// NewApp describes stream once (its range count maps conversations to
-// ranges). Close it to flush and stop its producer.
+// NewApp checks that stream exists. Close the app to stop its producer.
 func NewApp(ctx context.Context, c *client.Client, stream string) (*App, error) {
-	d, err := c.DescribeStream(ctx, stream)
-	if err != nil {
+	if _, err := c.DescribeStream(ctx, stream); err != nil {
 		return nil, err
 	}
-	return &App{c: c, stream: stream, rangeCount: d.Stream.RangeCount}, nil
+	return &App{c: c, stream: stream}, nil
 }
 
 // Close stops the app's producer, if it made one.
@@ -174,14 +169,14 @@ func seenMetadata(seen []string) []byte {
 	return []byte(strings.Join(seen[n:], "\n"))
 }
 
-// receipt reads device's receipt for conv from the coordinator's view
-// (ConsistencyHome: an ack from another region is seen).
-func (a *App) receipt(ctx context.Context, device, conv string) (receipt, error) {
+// receipt reads device's receipt for conv, whose range is rng, from the
+// coordinator's view (ConsistencyHome: an ack from another region is
+// seen).
+func (a *App) receipt(ctx context.Context, device, conv string, rng uint32) (receipt, error) {
 	ps, err := a.c.GetCursors(ctx, cursorName(device, conv), a.stream, client.ConsistencyHome)
 	if err != nil {
 		return receipt{}, err
 	}
-	rng := a.rangeOf(conv)
 	for _, p := range ps {
 		if p.Range == rng {
 			return receipt{Offset: p.Offset, Generation: p.Generation, Seen: seenOf(p.Metadata)}, nil
@@ -190,18 +185,17 @@ func (a *App) receipt(ctx context.Context, device, conv string) (receipt, error)
 	return receipt{}, nil
 }
 
-// rangeOf is the range of conversation conv: the SDK's producer routes a
-// key by keyspace.RangeForKey, the hash the API documents.
-func (a *App) rangeOf(conv string) uint32 { return keyspace.RangeForKey([]byte(conv), a.rangeCount) }
-
-// scan calls fn with every record of range rng in [from, to), reading from
-// the nearest node once it has from (ConsistencyMinOffset). to == 0 means
-// the range's tail at the first read. It returns the end it scanned to.
-// Records below the range's retained start are gone; it starts there.
-func (a *App) scan(ctx context.Context, rng uint32, from, to uint64, fn func(client.StoredRecord)) (uint64, error) {
+// scan calls fn with every message of conversation conv (range rng) in
+// [from, to), read by key: the range's key index on the server makes it
+// cost about the conversation's records, not the range's. It reads from
+// the nearest node once that has from (ConsistencyMinOffset). to == 0
+// means the range's tail at the first read. It returns the end it
+// scanned to. Records below the range's retained start are gone; it
+// starts there.
+func (a *App) scan(ctx context.Context, conv string, rng uint32, from, to uint64, fn func(client.StoredRecord)) (uint64, error) {
 	for {
 		res, err := a.c.Read(ctx, a.stream, rng, from, client.ReadOptions{MaxRecords: readRecordsMax,
-			Consistency: client.ConsistencyMinOffset, MinOffset: from})
+			Consistency: client.ConsistencyMinOffset, MinOffset: from, ByKey: true, Key: []byte(conv)})
 		var e *client.Error
 		if errors.As(err, &e) && e.Code == client.CodeOffsetOutOfRange && from < e.StartOffset {
 			from = e.StartOffset
@@ -241,71 +235,55 @@ type SyncResult struct {
 
 // Sync returns everything in convs that device has not acknowledged: the
 // messages at or after each conversation's receipt, without those whose id
-// was already delivered. Conversations sharing a range are read in one
-// pass from the lowest receipt among them, filtered by key here (a read
-// filtered by key on the server will make that cost the conversation's
-// records only; see README.md).
+// was already delivered, each conversation read by key from its receipt.
 func (a *App) Sync(ctx context.Context, device string, convs []string) (*SyncResult, error) {
 	if err := checkName("device", device, idBytesMax); err != nil {
 		return nil, err
 	}
-	rcpts := map[string]receipt{}
-	byRange := map[uint32][]string{}
-	for _, conv := range convs {
-		if err := checkName("conversation", conv, idBytesMax); err != nil {
-			return nil, err
-		}
-		r, err := a.receipt(ctx, device, conv)
-		if err != nil {
-			return nil, err
-		}
-		rcpts[conv] = r
-		byRange[a.rangeOf(conv)] = append(byRange[a.rangeOf(conv)], conv)
-	}
 	out := &SyncResult{Next: map[string]uint64{}}
-	perConv := map[string][]Message{}
-	for rng, cs := range byRange {
-		if err := a.syncRange(ctx, rng, cs, rcpts, perConv, out); err != nil {
+	for _, conv := range convs {
+		if _, done := out.Next[conv]; done {
+			continue // named twice
+		}
+		if err := a.syncConv(ctx, device, conv, out); err != nil {
 			return nil, err
 		}
-	}
-	for _, conv := range convs {
-		out.Messages = append(out.Messages, perConv[conv]...)
-		perConv[conv] = nil // a conversation named twice is listed once
 	}
 	return out, nil
 }
 
-// syncRange reads range rng once for the conversations cs.
-func (a *App) syncRange(ctx context.Context, rng uint32, cs []string, rcpts map[string]receipt,
-	perConv map[string][]Message, out *SyncResult) error {
-	from := rcpts[cs[0]].Offset
-	seen := map[string]map[string]bool{}
-	for _, conv := range cs {
-		from = min(from, rcpts[conv].Offset)
-		seen[conv] = map[string]bool{}
-		for _, id := range rcpts[conv].Seen {
-			seen[conv][id] = true
-		}
+// syncConv adds conversation conv's part to out.
+func (a *App) syncConv(ctx context.Context, device, conv string, out *SyncResult) error {
+	if err := checkName("conversation", conv, idBytesMax); err != nil {
+		return err
 	}
-	end, err := a.scan(ctx, rng, from, 0, func(r client.StoredRecord) {
-		m, ok := messageOf(r)
-		if !ok || seen[m.Conv] == nil || m.Offset < rcpts[m.Conv].Offset {
-			return
-		}
-		if seen[m.Conv][m.ID] {
+	rng, err := a.c.RangeOfKey(ctx, a.stream, []byte(conv))
+	if err != nil {
+		return err
+	}
+	r, err := a.receipt(ctx, device, conv, rng)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for _, id := range r.Seen {
+		seen[id] = true
+	}
+	end, err := a.scan(ctx, conv, rng, r.Offset, 0, func(rec client.StoredRecord) {
+		m, ok := messageOf(rec)
+		switch {
+		case !ok || m.Conv != conv:
+		case seen[m.ID]:
 			out.Duplicates++
-			return
+		default:
+			seen[m.ID] = true
+			out.Messages = append(out.Messages, m)
 		}
-		seen[m.Conv][m.ID] = true
-		perConv[m.Conv] = append(perConv[m.Conv], m)
 	})
 	if err != nil {
 		return err
 	}
-	for _, conv := range cs {
-		out.Next[conv] = max(end, rcpts[conv].Offset)
-	}
+	out.Next[conv] = max(end, r.Offset)
 	return nil
 }
 
@@ -322,7 +300,11 @@ func (a *App) Ack(ctx context.Context, device, conv string, upto uint64) (at uin
 	if err := checkName("conversation", conv, idBytesMax); err != nil {
 		return 0, false, err
 	}
-	r, err := a.receipt(ctx, device, conv)
+	rng, err := a.c.RangeOfKey(ctx, a.stream, []byte(conv))
+	if err != nil {
+		return 0, false, err
+	}
+	r, err := a.receipt(ctx, device, conv, rng)
 	if err != nil {
 		return 0, false, err
 	}
@@ -330,7 +312,7 @@ func (a *App) Ack(ctx context.Context, device, conv string, upto uint64) (at uin
 		return r.Offset, false, nil
 	}
 	seen, epoch := r.Seen, uint64(0)
-	end, err := a.scan(ctx, a.rangeOf(conv), r.Offset, upto, func(rec client.StoredRecord) {
+	end, err := a.scan(ctx, conv, rng, r.Offset, upto, func(rec client.StoredRecord) {
 		if m, ok := messageOf(rec); ok && m.Conv == conv && !slices.Contains(seen, m.ID) {
 			seen = append(seen, m.ID)
 		}
@@ -344,19 +326,11 @@ func (a *App) Ack(ctx context.Context, device, conv string, upto uint64) (at uin
 	if end <= r.Offset {
 		return r.Offset, false, nil
 	}
-	pos := client.CursorPosition{Stream: a.stream, Range: a.rangeOf(conv), Offset: end, Epoch: epoch,
+	pos := client.CursorPosition{Stream: a.stream, Range: rng, Offset: end, Epoch: epoch,
 		Generation: r.Generation, Metadata: seenMetadata(seen)}
 	res, err := a.c.CommitCursors(ctx, cursorName(device, conv), pos)
 	if err != nil {
 		return 0, false, err
 	}
 	return res[0].Position.Offset, res[0].Applied, nil
-}
-
-// sortMessages orders messages by conversation, then offset (for tests
-// and output that must not depend on map order).
-func sortMessages(ms []Message) {
-	slices.SortFunc(ms, func(a, b Message) int {
-		return cmp.Or(strings.Compare(a.Conv, b.Conv), cmp.Compare(a.Offset, b.Offset))
-	})
 }

@@ -86,9 +86,13 @@ func (s syncBuffer) Write(p []byte) (int, error) {
 }
 
 // Start runs geologd with dataDir and addr plus extra flags. The process is
-// killed at the end of the test.
+// killed at the end of the test. Without a TLS flag among extra (see
+// TLSFlags) it runs with --insecure, which geologd wants said explicitly.
 func Start(t testing.TB, dataDir, addr string, extra ...string) *Proc {
 	t.Helper()
+	if !hasTLSFlag(extra) {
+		extra = append([]string{"--insecure"}, extra...)
+	}
 	p := &Proc{
 		t:    t,
 		Bin:  Binary(t),
@@ -104,6 +108,20 @@ func Start(t testing.TB, dataDir, addr string, extra ...string) *Proc {
 		}
 	})
 	return p
+}
+
+// hasTLSFlag reports whether args choose geologd's transport security.
+func hasTLSFlag(args []string) bool {
+	for _, a := range args {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		switch name {
+		case "certs-dir", "tls-ca", "tls-cert", "tls-key", "insecure":
+			if strings.HasPrefix(a, "-") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (p *Proc) start() {
@@ -167,6 +185,10 @@ func (p *Proc) Restart() {
 	}
 	p.start()
 }
+
+// Signal sends sig to the current process without waiting (SIGHUP makes
+// geologd reload its TLS files).
+func (p *Proc) Signal(sig syscall.Signal) { p.send(sig) }
 
 // Pause sends SIGSTOP; Resume sends SIGCONT.
 func (p *Proc) Pause()  { p.send(syscall.SIGSTOP) }

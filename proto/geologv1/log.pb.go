@@ -157,6 +157,16 @@ const (
 	ErrorCode_ERROR_CODE_LIMIT_EXCEEDED ErrorCode = 29
 	// A record without a key was appended to a stream compacted by key.
 	ErrorCode_ERROR_CODE_KEY_REQUIRED ErrorCode = 37
+	// The offset is past what this node serves now (tail_offset), but the
+	// range may hold it: this copy lags (a follower, a mirror, a node that
+	// restarted), or it holds from tail_offset on records of an older epoch
+	// than the range's, a divergent tail that a fork will replace. Retriable:
+	// read again later, here or at another node. A reader positioned past
+	// tail_offset because it read records of that divergent tail finds out
+	// from the epoch of the record at its last offset (see
+	// docs/reads-never-go-backwards.md). A read past the range's confirmed
+	// tail gets OFFSET_OUT_OF_RANGE instead.
+	ErrorCode_ERROR_CODE_OFFSET_PAST_LOCAL_TAIL ErrorCode = 39
 )
 
 // Enum value maps for ErrorCode.
@@ -194,6 +204,7 @@ var (
 		28: "ERROR_CODE_STALE_CURSOR_GENERATION",
 		29: "ERROR_CODE_LIMIT_EXCEEDED",
 		37: "ERROR_CODE_KEY_REQUIRED",
+		39: "ERROR_CODE_OFFSET_PAST_LOCAL_TAIL",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":             0,
@@ -228,6 +239,7 @@ var (
 		"ERROR_CODE_STALE_CURSOR_GENERATION": 28,
 		"ERROR_CODE_LIMIT_EXCEEDED":          29,
 		"ERROR_CODE_KEY_REQUIRED":            37,
+		"ERROR_CODE_OFFSET_PAST_LOCAL_TAIL":  39,
 	}
 )
 
@@ -1553,9 +1565,14 @@ type RangeInfo struct {
 	Epochs []*EpochStart `protobuf:"bytes,12,rep,name=epochs,proto3" json:"epochs,omitempty"`
 	// home_leader is the advertised address of the range's leader in its
 	// home region, when the answering node knows it: where appends go.
-	HomeLeader    string `protobuf:"bytes,13,opt,name=home_leader,json=homeLeader,proto3" json:"home_leader,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HomeLeader string `protobuf:"bytes,13,opt,name=home_leader,json=homeLeader,proto3" json:"home_leader,omitempty"`
+	// timeline_fence_offset, when set, is where the answering node's copy
+	// leaves the range's current timeline: it holds records of an older
+	// epoch from this offset on (a divergent tail awaiting its fork), and
+	// serves local reads and subscriptions only below it.
+	TimelineFenceOffset *uint64 `protobuf:"varint,14,opt,name=timeline_fence_offset,json=timelineFenceOffset,proto3,oneof" json:"timeline_fence_offset,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *RangeInfo) Reset() {
@@ -1677,6 +1694,13 @@ func (x *RangeInfo) GetHomeLeader() string {
 		return x.HomeLeader
 	}
 	return ""
+}
+
+func (x *RangeInfo) GetTimelineFenceOffset() uint64 {
+	if x != nil && x.TimelineFenceOffset != nil {
+		return *x.TimelineFenceOffset
+	}
+	return 0
 }
 
 // RegionProgress is one mirror's position and lag. Lag is measured so that
@@ -3937,7 +3961,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\acleanup\x18\a \x01(\x0e2\x18.geolog.v1.CleanupPolicyR\acleanup\x12;\n" +
 	"\n" +
 	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
-	"compaction\"\xb2\x03\n" +
+	"compaction\"\x85\x04\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -3957,7 +3981,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vreplication\x18\v \x03(\v2\x19.geolog.v1.RegionProgressR\vreplication\x12-\n" +
 	"\x06epochs\x18\f \x03(\v2\x15.geolog.v1.EpochStartR\x06epochs\x12\x1f\n" +
 	"\vhome_leader\x18\r \x01(\tR\n" +
-	"homeLeader\"\x84\x02\n" +
+	"homeLeader\x127\n" +
+	"\x15timeline_fence_offset\x18\x0e \x01(\x04H\x00R\x13timelineFenceOffset\x88\x01\x01B\x18\n" +
+	"\x16_timeline_fence_offset\"\x84\x02\n" +
 	"\x0eRegionProgress\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12,\n" +
 	"\x12applied_end_offset\x18\x02 \x01(\x04R\x10appliedEndOffset\x12\x1d\n" +
@@ -4142,7 +4168,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xeb\a\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\x92\b\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -4176,7 +4202,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aERROR_CODE_GROUP_NOT_FOUND\x10\x1b\x12&\n" +
 	"\"ERROR_CODE_STALE_CURSOR_GENERATION\x10\x1c\x12\x1d\n" +
 	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1b\n" +
-	"\x17ERROR_CODE_KEY_REQUIRED\x10%*\x86\x01\n" +
+	"\x17ERROR_CODE_KEY_REQUIRED\x10%\x12%\n" +
+	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_ADD_LEARNER\x10\x01\x12\x1a\n" +
@@ -4353,6 +4380,7 @@ func file_geolog_v1_log_proto_init() {
 		(*SubscribeRequest_FromOffset)(nil),
 		(*SubscribeRequest_FromTimeUnixNanos)(nil),
 	}
+	file_geolog_v1_log_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -38,6 +38,9 @@ locals {
     ]
   }
   cockroach_nodes_flat = { for n in flatten(values(local.cockroach_nodes)) : n.key => n }
+  geolog_nodes_flat = merge([
+    for r, nodes in local.geolog_nodes : { for n in nodes : n.name => merge(n, { region = r }) }
+  ]...)
 
   geolog_addrs = { for r, nodes in local.geolog_nodes : r => [for n in nodes : "${n.ip}:${var.geolog_port}"] }
 
@@ -56,6 +59,8 @@ locals {
   # own region (pgx tries the hosts in order; node n starts at the n-th so
   # the gateways share the load), over TLS with the geolog client cert.
   cert_dir = "/etc/geolog/certs"
+  # geologd's own TLS folder (--certs-dir): ca.crt, node.crt, node.key.
+  tls_dir = "/etc/geolog/tls"
   lease_url = {
     for r in local.regions : r.name => [
       for n in range(var.geolog_nodes_per_region) : format(
@@ -91,11 +96,15 @@ locals {
   # Flags passed only where the installed geologd lists them in --help.
   geologd_optional_args = {
     for r in local.regions : r.name => [
-      for n in local.geolog_nodes[r.name] : var.lease_store ? [
-        ["--lease-store", local.lease_url[r.name][n.id - 1]],
-        ["--lease-ttl", var.lease_ttl],
-        ["--max-clock-offset", var.max_clock_offset],
-      ] : []
+      for n in local.geolog_nodes[r.name] : concat(
+        # A geologd from before TLS has no --certs-dir; one after needs it.
+        [["--certs-dir", local.tls_dir]],
+        var.lease_store ? [
+          ["--lease-store", local.lease_url[r.name][n.id - 1]],
+          ["--lease-ttl", var.lease_ttl],
+          ["--max-clock-offset", var.max_clock_offset],
+        ] : [],
+      )
     ]
   }
 
@@ -112,6 +121,10 @@ locals {
         ca_cert        = tls_self_signed_cert.ca.cert_pem
         client_cert    = var.lease_store ? tls_locally_signed_cert.client["geolog"].cert_pem : ""
         client_key     = var.lease_store ? tls_private_key.client["geolog"].private_key_pem_pkcs8 : ""
+        tls_dir        = local.tls_dir
+        geolog_ca_cert = tls_self_signed_cert.geolog_ca.cert_pem
+        node_cert      = tls_locally_signed_cert.geolog_node[n.name].cert_pem
+        node_key       = tls_private_key.geolog_node[n.name].private_key_pem_pkcs8
       })
     ]
   }

@@ -57,3 +57,17 @@ output "cockroach_root_client" {
     key  = tls_private_key.client["root"].private_key_pem_pkcs8
   }
 }
+
+output "geolog_ca_cert" {
+  description = "The geolog CA certificate: clients verify geologd with it (geolog --tls-ca, or ca.crt in --certs-dir)."
+  value       = tls_self_signed_cert.geolog_ca.cert_pem
+}
+
+output "geolog_operator_client" {
+  description = "The operator principal's client certificate and key (client.crt and client.key in geolog --certs-dir; sensitive)."
+  sensitive   = true
+  value = {
+    cert = tls_locally_signed_cert.geolog_operator.cert_pem
+    key  = tls_private_key.geolog_operator.private_key_pem_pkcs8
+  }
+}

@@ -21,10 +21,13 @@ locals {
   #   B + 2 + 2RM + (f(R-1) + t')M + i - 1
   #                              WAN link from region f to node i of region t
   #                              (t' = t, less one when t > f)
-  wan_control    = "127.0.0.1:${var.base_port}"
-  pg_port        = var.base_port + 1
-  pg_dir         = "${local.run_dir}/pg"
-  lease_store    = var.lease_store ? "postgres://postgres@127.0.0.1:${local.pg_port}/postgres?sslmode=disable" : ""
+  wan_control = "127.0.0.1:${var.base_port}"
+  pg_port     = var.base_port + 1
+  pg_dir      = "${local.run_dir}/pg"
+  # scripts/pg.sh serves TLS only, its certificate from its own CA.
+  pg_tls         = "sslmode=verify-full&sslrootcert=${urlencode("${local.pg_dir}/tls/ca.crt")}"
+  lease_store    = var.lease_store ? "postgres://postgres@127.0.0.1:${local.pg_port}/postgres?${local.pg_tls}" : ""
+  certs_dir      = "${local.run_dir}/certs"
   node_port_base = var.base_port + 2
   debug_port_base = (
     var.base_port + 2 + local.region_count * local.node_count
@@ -133,7 +136,7 @@ locals {
   # Each node's lease store: through its region's link with chaos_links.
   lease_store_of = {
     for r, region in var.regions : region => (
-      var.chaos_links ? "postgres://postgres@127.0.0.1:${local.pg_link_base + r}/postgres?sslmode=disable" : local.lease_store
+      var.chaos_links ? "postgres://postgres@127.0.0.1:${local.pg_link_base + r}/postgres?${local.pg_tls}" : local.lease_store
     )
   }
   # Homing flags, passed (like --lease-store) only to a geologd that has them.
@@ -170,6 +173,7 @@ locals {
         ]),
         "--fsync", var.fsync,
       "--log-level", var.log_level],
+      var.tls ? ["--certs-dir", "${local.certs_dir}/${name}"] : ["--insecure"],
       n.debug_addr != "" ? ["--debug-addr", n.debug_addr] : [],
       n.debug_addr != "" && var.debug_failpoints ? ["--debug-failpoints"] : [],
       flatten([for to, addrs in local.link_addrs[n.region] : ["--region-addrs", "${to}=${join(",", addrs)}"]]),
@@ -190,6 +194,7 @@ locals {
     ["export GEOLOG_ADDR_ALL=${join(",", local.all_addrs)}"],
     ["export GEOLOG_WAN_CONTROL=${local.wan_control}"],
     ["export GEOLOG_CLUSTER_REGIONS=\"${join(" ", var.regions)}\""],
+    var.tls ? ["export GEOLOG_CERTS_DIR='${local.certs_dir}/client'"] : [],
     var.lease_store ? ["export GEOLOG_LEASE_STORE='${local.lease_store}'"] : [],
     # What the chaos harness needs to stop and start the lease store.
     var.lease_store ? [
@@ -222,7 +227,11 @@ locals {
     for a in concat([local.helper, "ready", tostring(var.start_timeout_seconds), local.geolog, local.env_file], local.all_addrs) :
     "'${replace(a, "'", "'\\''")}'"
   ])
-  pg_env = "GEOLOG_PG_PORT=${local.pg_port} GEOLOG_PG_DIR='${replace(local.pg_dir, "'", "'\\''")}'"
+  pg_env = "GEOLOG_PG_PORT=${local.pg_port} GEOLOG_PG_DIR='${replace(local.pg_dir, "'", "'\\''")}' GEOLOG_PG_GEOLOG='${replace(local.geolog, "'", "'\\''")}'"
+  pki_make = "GEOLOG='${replace(local.geolog, "'", "'\\''")}' ${join(" ", [
+    for a in concat(["${local.repo_dir}/scripts/pki.sh", local.certs_dir, "operator"], [for region in var.regions : "${region}=${local.node_count}"]) :
+    "'${replace(a, "'", "'\\''")}'"
+  ])}"
 }
 
 # The run folder. Created first, destroyed last: its destroy sweeps up
@@ -254,6 +263,27 @@ resource "terraform_data" "run_dir" {
   provisioner "local-exec" {
     when    = destroy
     command = self.input.sweep
+  }
+}
+
+# The development PKI (tls): made once, removed by destroy.
+resource "terraform_data" "pki" {
+  count      = var.tls ? 1 : 0
+  depends_on = [terraform_data.run_dir]
+
+  triggers_replace = [local.pki_make]
+  input = {
+    make   = local.pki_make
+    remove = "rm -rf '${replace(local.certs_dir, "'", "'\\''")}'"
+  }
+
+  provisioner "local-exec" {
+    command = self.input.make
+  }
+
+  provisioner "local-exec" {
+    when    = destroy
+    command = self.input.remove
   }
 }
 
@@ -300,7 +330,7 @@ resource "terraform_data" "wan" {
 
 resource "terraform_data" "node" {
   for_each   = local.nodes
-  depends_on = [terraform_data.wan, terraform_data.postgres]
+  depends_on = [terraform_data.wan, terraform_data.postgres, terraform_data.pki]
 
   triggers_replace = sha256("${local.node_start[each.key]} ${local.nodes_fingerprint}")
   input = {
@@ -327,13 +357,15 @@ resource "terraform_data" "ready" {
     check    = local.ready_check
     env      = local.env_content
     env_file = local.env_file
+    certs    = var.tls ? "${local.certs_dir}/client" : ""
     remove   = "rm -f '${replace(local.env_file, "'", "'\\''")}'"
   }
 
   provisioner "local-exec" {
     command = self.input.check
     environment = {
-      GEOLOG_TF_ENV = self.input.env
+      GEOLOG_TF_ENV    = self.input.env
+      GEOLOG_CERTS_DIR = self.input.certs
     }
   }
 

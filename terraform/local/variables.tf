@@ -94,6 +94,12 @@ variable "lease_store" {
   default     = true
 }
 
+variable "tls" {
+  description = "TLS on every hop: a development PKI under data_dir/certs (scripts/pki.sh: a CA, a folder per node, a client \"operator\"), every node with its certificate, the env file exporting GEOLOG_CERTS_DIR for clients. False runs every node with --insecure."
+  type        = bool
+  default     = true
+}
+
 variable "repo_dir" {
   description = "The geolog checkout (for scripts/pg.sh and the default binaries); empty means two folders above this module."
   type        = string

@@ -22,7 +22,7 @@
 #       destroy's last step: stop whatever pid file is left (a process whose
 #       own resource failed to create: Terraform runs no destroy provisioner
 #       of a tainted resource), stop PostgreSQL in DIR/pg, remove what the
-#       module put in DIR and DIR itself when it is then empty
+#       module put in DIR (certs/ included) and DIR itself when it is then empty
 #
 # A pid file holds "PID STARTTIME" (field 22 of /proc/PID/stat), so a pid
 # reused by an unrelated program is never signalled.
@@ -168,7 +168,7 @@ cmd_sweep() {
 	if [[ -d $dir/pg ]]; then
 		GEOLOG_PG_DIR=$dir/pg "$pg" stop
 	fi
-	rm -rf "$dir/pids" "$dir/data" "$dir/pg" "$dir/env" "$dir/env.tmp" "$dir"/*.log
+	rm -rf "$dir/pids" "$dir/data" "$dir/pg" "$dir/certs" "$dir/env" "$dir/env.tmp" "$dir"/*.log
 	rmdir "$dir" 2>/dev/null || echo "proc.sh: $dir not removed: it holds files the module did not put there"
 }
 

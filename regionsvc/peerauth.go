@@ -1,0 +1,207 @@
+package regionsvc
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/pki"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/raftnet"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+)
+
+// Who may call what (docs/security.md). With Config.TLS set, every caller
+// presents a certificate the node verified, and its identity (pki) decides:
+//
+//   - the public API (geolog.v1 Log and Admin) takes any identity, node or
+//     client principal (per-stream permissions come with the authorizer);
+//   - node-to-node services take node identities only: every service
+//     outside geolog.v1 (Mirror, and whatever internal service is added:
+//     the rule fails closed), Admin.RefreshHomes, and any request that
+//     carries the internal headers (x-geolog-forwarded, x-geolog-propagated);
+//   - Raft takes nodes of this region only, and raftnet then binds each
+//     stream to its caller (authorizeRaftPeer): a stream in another node's
+//     name is refused. The Mirror server binds its streams the same way
+//     (authorizeMirrorSource), and a mirror takes frames only from a node
+//     of the range's home region (mirrorStore.Open).
+//
+// Without Config.TLS (geologd --insecure) nothing is checked.
+
+// callClass is who may make a call.
+type callClass int
+
+const (
+	callPublic callClass = iota // any verified identity
+	callNode                    // node identities
+	callRegion                  // nodes of this region
+)
+
+func (c callClass) String() string {
+	switch c {
+	case callPublic:
+		return "public"
+	case callNode:
+		return "nodes"
+	case callRegion:
+		return "nodes of the region"
+	}
+	return "unknown"
+}
+
+const raftMethodPrefix = "/geolog.internal.v1.RaftTransport/"
+
+// classOf classifies a gRPC method by its full name.
+func classOf(fullMethod string) callClass {
+	switch {
+	case strings.HasPrefix(fullMethod, raftMethodPrefix):
+		return callRegion
+	case fullMethod == geologv1.Admin_RefreshHomes_FullMethodName:
+		return callNode
+	case strings.HasPrefix(fullMethod, "/geolog.v1."):
+		return callPublic
+	}
+	return callNode
+}
+
+// hasInternalHeader reports whether a request carries a header only nodes
+// may set.
+func hasInternalHeader(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return len(md.Get(forwardedKey)) > 0 || len(md.Get(propagatedKey)) > 0
+}
+
+// secure reports whether the node checks identities (it serves TLS).
+func (n *Node) secure() bool { return n.cfg.TLS != nil }
+
+// principalOf names the caller of a request for logs, metrics and access
+// rules: "node:<region>/<id>" or a client's principal; "" without TLS or
+// without a valid identity.
+func principalOf(ctx context.Context) string {
+	id, err := pki.PeerIdentity(ctx)
+	if err != nil {
+		return ""
+	}
+	return id.Name()
+}
+
+// authorizeCall decides whether the caller of ctx may make a call to
+// fullMethod. Errors are *apierr.Error (UNAUTHENTICATED or
+// PERMISSION_DENIED).
+func (n *Node) authorizeCall(ctx context.Context, fullMethod string) error {
+	if !n.secure() {
+		return nil
+	}
+	id, err := pki.PeerIdentity(ctx)
+	if err != nil {
+		return n.authRefused(ctx, fullMethod, "", apierr.New(apierr.Unauthenticated, "%s: %v", fullMethod, err))
+	}
+	class := classOf(fullMethod)
+	if class == callPublic && hasInternalHeader(ctx) {
+		class = callNode
+	}
+	switch {
+	case class == callNode && !id.IsNode():
+		return n.authRefused(ctx, fullMethod, id.Name(), apierr.New(apierr.PermissionDenied, "%s is for nodes only; the caller is %s", fullMethod, id.Name()))
+	case class == callRegion && (!id.IsNode() || id.Region != n.cfg.Region):
+		return n.authRefused(ctx, fullMethod, id.Name(), apierr.New(apierr.PermissionDenied, "%s is for nodes of region %s only; the caller is %s", fullMethod, n.cfg.Region, id.Name()))
+	}
+	return nil
+}
+
+// authRefused logs and counts a refusal, and returns err.
+func (n *Node) authRefused(ctx context.Context, method, principal string, err *apierr.Error) error {
+	n.logger.Warn("call refused", "method", method, "principal", principal, "code", err.Code.String(), "error", err.Message)
+	if n.authMetrics != nil {
+		n.authMetrics.refused.Add(ctx, 1, metric.WithAttributes(attribute.String("code", err.Code.String())))
+	}
+	return err
+}
+
+// authInterceptors put authorizeCall in front of every handler.
+func (n *Node) authInterceptors() []grpc.ServerOption {
+	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := n.authorizeCall(ctx, info.FullMethod); err != nil {
+			return nil, apierr.ToStatus(err)
+		}
+		return h(ctx, req)
+	}
+	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if err := n.authorizeCall(ss.Context(), info.FullMethod); err != nil {
+			return apierr.ToStatus(err)
+		}
+		return h(srv, ss)
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream)}
+}
+
+// authorizeRaftPeer is raftnet's AuthorizePeer: the caller must be node
+// from of this region, and from one of the region's nodes.
+func (n *Node) authorizeRaftPeer(ctx context.Context, from raftnet.NodeID) error {
+	if !n.secure() {
+		return nil
+	}
+	id, err := pki.PeerIdentity(ctx)
+	switch {
+	case err != nil:
+		return err
+	case id != pki.NodeIdentity(n.cfg.Region, uint64(from)):
+		return errors.New("the caller is " + id.Name() + ", not the node the stream names")
+	case n.cfg.Peers[uint64(from)] == "":
+		return errors.New("the caller is not a node of this region's --peers")
+	}
+	return nil
+}
+
+// authorizeMirrorSource is the Mirror server's AuthorizeSource: the caller
+// must be a node of the region the stream names as its source and, when
+// the stream names the home leader, that node.
+func (n *Node) authorizeMirrorSource(ctx context.Context, sourceRegion string, leaderNodeID uint64) error {
+	if !n.secure() {
+		return nil
+	}
+	id, err := pki.PeerIdentity(ctx)
+	switch {
+	case err != nil:
+		return err
+	case !id.IsNode() || id.Region != sourceRegion:
+		return errors.New("the caller is " + id.Name() + ", not a node of region " + sourceRegion)
+	case leaderNodeID != 0 && id.NodeID != leaderNodeID:
+		return errors.New("the caller is " + id.Name() + ", not the leader node its heartbeats name")
+	}
+	return nil
+}
+
+// checkMirrorCaller refuses a mirror stream for d unless its caller is a
+// node of the range's home region as this node knows it.
+func (n *Node) checkMirrorCaller(ctx context.Context, d *rangeDriver) error {
+	if !n.secure() {
+		return nil
+	}
+	id, err := pki.PeerIdentity(ctx)
+	if err != nil {
+		return apierr.New(apierr.Unauthenticated, "mirror stream: %v", err)
+	}
+	if home := d.role().region; id.Region != home {
+		return apierr.New(apierr.NotHome, "stream %s range %d: %s is not a node of the home region %s", d.cfg.stream, d.cfg.rangeID, id.Name(), home)
+	}
+	return nil
+}
+
+// authMetrics counts refused calls.
+type authMetrics struct {
+	refused metric.Int64Counter
+}
+
+func newAuthMetrics(mp metric.MeterProvider) (*authMetrics, error) {
+	c, err := mp.Meter("github.com/geolog/geolog/regionsvc").Int64Counter("geolog.auth.refused_calls",
+		metric.WithDescription("calls refused for their caller's identity (UNAUTHENTICATED, PERMISSION_DENIED), by code"))
+	if err != nil {
+		return nil, err
+	}
+	return &authMetrics{refused: c}, nil
+}

@@ -1,0 +1,189 @@
+package replica
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/geolog/geolog/vfs"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// TestRestartPublishesWhatItPublished: a replica stopped without warning
+// (its queued writes lost, as in a kill -9) publishes, as soon as New
+// returns and before any Ready cycle, at least the committed end it had
+// published: readers never see its tail move back. Before the commit mark,
+// a follower restarted at the commit index of the last election (here 0).
+func TestRestartPublishesWhatItPublished(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res []Result
+	for i := 0; i < 20; i++ {
+		c.replicas[1].Propose(op(7, uint64(2*i), 2, fmt.Sprint(i), &res))
+		c.settle()
+	}
+	// Heartbeats carry the commit index to the followers; then restart
+	// the followers, and the leader last.
+	c.tick(2)
+	for _, id := range []uint64{2, 3, 1} {
+		before := c.replicas[id].Committed()
+		if before != 40 {
+			t.Fatalf("node %d published %d before the restart, want 40", id, before)
+		}
+		c.stop(id)
+		c.start(id)
+		if got := c.replicas[id].Committed(); got < before {
+			t.Fatalf("node %d: published %d before the restart, %d after it", id, before, got)
+		}
+		c.settle()
+		c.tick(25) // a new election if the leader was the one restarted
+	}
+	if l := c.leader(); l == 0 {
+		t.Fatal("no leader after the restarts")
+	}
+}
+
+// TestPublicationWaitsForTheMark: applied entries are published only once
+// the commit mark covering them is durable (saved by WriteLog), so there is
+// no moment at which a reader could see more than a restart would keep.
+func TestPublicationWaitsForTheMark(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res []Result
+	c.replicas[1].Propose(op(7, 0, 5, "a", &res))
+	c.settle()
+	c.tick(2)
+	if got := c.replicas[2].Committed(); got != 5 {
+		t.Fatalf("follower published %d, want 5", got)
+	}
+	// Node 2's disk stalls: it acks nothing new (its writes wait), and it
+	// publishes nothing beyond its durable mark although the leader tells
+	// it the commit index.
+	c.holdWrites[2] = true
+	c.replicas[1].Propose(op(7, 5, 5, "b", &res))
+	c.settle()
+	c.tick(2)
+	if got := c.replicas[1].Committed(); got != 10 {
+		t.Fatalf("leader published %d, want 10", got)
+	}
+	if got := c.replicas[2].Committed(); got != 5 {
+		t.Fatalf("follower with a stalled disk published %d, want 5", got)
+	}
+	st := c.states[2]
+	st.mu.Lock()
+	mark := st.mark
+	st.mu.Unlock()
+	c.holdWrites[2] = false
+	c.settle()
+	c.tick(2)
+	if got := c.replicas[2].Committed(); got != 10 {
+		t.Fatalf("follower published %d after its disk caught up, want 10", got)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.mark <= mark {
+		t.Fatalf("the follower's mark stayed at %d", st.mark)
+	}
+}
+
+// TestCommitMarkSurvivesCrash: FileState's mark is durable once SaveCommit
+// returns (a machine crash keeps it), Load raises the state's commit index
+// to it and never lowers it, and a damaged record is ignored, not trusted.
+func TestCommitMarkSurvivesCrash(t *testing.T) {
+	mem := vfs.NewMem(rand.New(rand.NewPCG(2, 2)))
+	if err := mem.MkdirAll("/r", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := mem.SyncDir("/"); err != nil {
+		t.Fatal(err)
+	}
+	fst := FileState{FS: mem, Dir: "/r"}
+	hs := HardState{Raft: &raftpb.HardState{Term: proto.Uint64(2), Vote: proto.Uint64(1), Commit: proto.Uint64(7)},
+		Conf: &raftpb.ConfState{Voters: []uint64{1}}}
+	if err := fst.Save(hs); err != nil {
+		t.Fatal(err)
+	}
+	load := func(fs vfs.FS) uint64 {
+		t.Helper()
+		h, ok, err := FileState{FS: fs, Dir: "/r"}.Load()
+		if !ok || err != nil {
+			t.Fatalf("load: %v %v", ok, err)
+		}
+		return h.Raft.GetCommit()
+	}
+	if got := load(mem); got != 7 {
+		t.Fatalf("no mark: commit %d, want 7", got)
+	}
+	for i, mark := range []uint64{30, 31, 95} {
+		if err := fst.SaveCommit(mark); err != nil {
+			t.Fatal(err)
+		}
+		for seed := 0; seed < 5; seed++ {
+			if got := load(mem.Crash()); got != mark {
+				t.Fatalf("mark %d (save %d): commit %d after a crash", mark, i, got)
+			}
+		}
+	}
+	// A state saved later with a lower commit index does not lower it.
+	if err := fst.Save(hs); err != nil {
+		t.Fatal(err)
+	}
+	if got := load(mem); got != 95 {
+		t.Fatalf("after a state save: commit %d, want 95", got)
+	}
+	// A damaged mark is ignored: the state's own commit index stands.
+	w, err := mem.OpenFile("/r/"+commitFileName, 2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.WriteAt([]byte{0xee}, 3)
+	w.Close()
+	if got := load(mem); got != 7 {
+		t.Fatalf("damaged mark: commit %d, want the state's 7", got)
+	}
+	for _, b := range [][]byte{nil, make([]byte, commitRecordBytes), encodeCommit(1)[:15]} {
+		if _, ok := decodeCommit(b); ok {
+			t.Fatalf("decodeCommit accepted %x", b)
+		}
+	}
+	if v, ok := decodeCommit(encodeCommit(1 << 60)); !ok || v != 1<<60 {
+		t.Fatalf("round trip: %d %v", v, ok)
+	}
+}
+
+// FuzzCommitMark: any bytes decode to a mark or are refused, never a
+// panic; a decoded mark re-encodes to the same bytes, and FileState.Load
+// of any commit file content yields the state's commit index or a higher
+// mark, never an error.
+func FuzzCommitMark(f *testing.F) {
+	f.Add(encodeCommit(0))
+	f.Add(encodeCommit(1 << 62))
+	f.Add(encodeCommit(17)[:9])
+	f.Add([]byte("GCMK"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if v, ok := decodeCommit(b); ok && string(encodeCommit(v)) != string(b) {
+			t.Fatal("round trip changed the bytes")
+		}
+		mem := vfs.NewMem(rand.New(rand.NewPCG(3, 3)))
+		if err := mem.MkdirAll("/r", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		st := FileState{FS: mem, Dir: "/r"}
+		hs := HardState{Raft: &raftpb.HardState{Term: proto.Uint64(1), Commit: proto.Uint64(5)}, Conf: &raftpb.ConfState{Voters: []uint64{1}}}
+		if err := st.Save(hs); err != nil {
+			t.Fatal(err)
+		}
+		w, err := mem.OpenFile("/r/"+commitFileName, os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.WriteAt(b, 0)
+		w.Close()
+		got, ok, err := st.Load()
+		if err != nil || !ok || got.Raft.GetCommit() < 5 {
+			t.Fatalf("load with commit file %x: commit %d, %v, %v", b, got.Raft.GetCommit(), ok, err)
+		}
+	})
+}
