@@ -56,7 +56,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -164,6 +164,12 @@ bench-groups: build
 # the ranges under run/keysync (about 1.3 GB each), removes them after.
 bench-keysync:
 	./scripts/bench_keysync.sh
+
+# The end-to-end figure (issue 16): produce in us at half its throughput,
+# a consumer-group member in eu; p50/p99 from produce to delivery. Needs
+# the local cluster (make up). CONSUMER=ap for ap.
+bench-e2e: build
+	./scripts/bench_e2e.sh
 
 # The CPU of 1,000 idle ranges on a 3-node region.
 bench-idle: build

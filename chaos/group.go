@@ -123,8 +123,12 @@ func (gr *groupRun) startMember() error {
 	id := fmt.Sprintf("m%d", gr.started)
 	gr.mu.Unlock()
 	m := &member{id: id, gate: &gate{conns: map[net.Conn]struct{}{}}}
-	c, err := client.New(clientAddrs(gr.cl, gr.gw.Region), client.DialOptions(grpc.WithContextDialer(m.gate.dialer(gr.gateDial))),
-		client.RetryBackoff(20*time.Millisecond, 500*time.Millisecond), client.RequestTimeout(5*time.Second))
+	opts := []client.Opt{client.DialOptions(grpc.WithContextDialer(m.gate.dialer(gr.gateDial))),
+		client.RetryBackoff(20*time.Millisecond, 500*time.Millisecond), client.RequestTimeout(5 * time.Second)}
+	if cfg := gr.cl.ClientTLS(); cfg != nil {
+		opts = append(opts, client.TLSConfig(cfg)) // as newClient's
+	}
+	c, err := client.New(clientAddrs(gr.cl, gr.gw.Region), opts...)
 	if err != nil {
 		return err
 	}

@@ -98,7 +98,7 @@ func runE2EBench(ctx context.Context, pc, cc *client.Client, cfg BenchConfig, ra
 	// assignment: give the fetchers a second before producing.
 	time.Sleep(time.Second)
 	start := time.Now()
-	rec := &e2eRecorder{hist: hdrhistogram.New(1, benchLatencyMaxMicros, 3), after: start.Add(warmup)}
+	rec := &e2eRecorder{hist: hdrhistogram.New(1, benchLatencyMaxMicros, 3), start: start, after: start.Add(warmup)}
 	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -146,13 +146,17 @@ func waitAssigned(ctx context.Context, g *client.GroupConsumer, n int) error {
 type e2eRecorder struct {
 	mu       sync.Mutex
 	hist     *hdrhistogram.Histogram
+	start    time.Time // records produced before are a backlog the copy had not reached yet: not counted
 	after    time.Time
-	n        int64 // received
+	n        int64 // received, produced from start on
 	measured int64 // received and produced after the warm-up
 }
 
 func (r *e2eRecorder) add(rec client.StoredRecord) {
 	us := min(max(time.Since(rec.ProducerTime).Microseconds(), 1), benchLatencyMaxMicros)
+	if rec.ProducerTime.Before(r.start) {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n++

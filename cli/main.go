@@ -73,6 +73,10 @@ commands:
   orphans republish <stream> [--range N] [--fork INDEX] [--dry-run]
                        records a failed home acked but never replicated, kept
                        by a fork in its orphan log (needs --lease-store)
+  keys list|rotate|rewrap --data-dir DIR --kek-file FILE
+  keys add-kek|remove-kek --kek-file FILE
+                       encryption at rest: a stopped node's data keys and the
+                       KEK file (see 'geolog keys --help')
   rehome <stream> <range|all> <region> [--json]
                        move homes to region with zero loss (needs --lease-store)
   replicas describe <stream> <range>
@@ -152,6 +156,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.rehome(ctx, args)
 	case "orphans":
 		err = env.orphans(ctx, args)
+	case "keys":
+		err = env.keys(ctx, args)
 	case "certs":
 		err = env.certs(ctx, args)
 	case "groups":

@@ -391,7 +391,7 @@ func (b *Batch) cursorPositions(cursor string) []Position {
 }
 
 // Delete removes a group or cursor and its positions (each gets a
-// deleted record; the group record, if any, is rewritten deleted, keeping
+// tombstone; the group record, if any, is rewritten deleted, keeping
 // its epoch). It returns how many positions it removed. Refused while the
 // group has members. A commit arriving after the delete creates the
 // cursor anew (doc.go, "Deletes").

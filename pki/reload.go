@@ -56,6 +56,8 @@ type material struct {
 	pool   *x509.CertPool
 	raw    [3][]byte // ca, cert, key as read
 	server *tls.Config
+	// caNotAfter is when the bundle's first certificate to expire does.
+	caNotAfter time.Time
 }
 
 // OpenFiles loads the files once; an error names what is wrong with them.
@@ -148,7 +150,7 @@ func (f *Files) parse(raw [3][]byte) (*material, error) {
 		CurrentTime: f.cfg.Now(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return nil, fmt.Errorf("pki: %s does not verify against %s: %w", f.cfg.CertFile, f.cfg.CAFile, err)
 	}
-	m := &material{cert: cert, ident: ident, pool: pool, raw: raw}
+	m := &material{cert: cert, ident: ident, pool: pool, raw: raw, caNotAfter: soonestNotAfter(raw[0])}
 	m.server = &tls.Config{
 		MinVersion:   tls.VersionTLS12,
 		Certificates: []tls.Certificate{cert},

@@ -305,7 +305,7 @@ func saveCatalog(dataDir string, specs []streamSpec) error {
 // writeFileAtomic replaces dir/name with data durably.
 func writeFileAtomic(dir, name string, data []byte) error {
 	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/compact"
 	"github.com/geolog/geolog/homing"
@@ -96,6 +97,15 @@ type Config struct {
 	// FailoverDisabled turns the takeover agent off (operators then move
 	// homes by hand).
 	FailoverDisabled bool
+	// KEK, if set, turns encryption at rest on: the node's data keys live
+	// in <DataDir>/keys, wrapped by this provider (geologd --kek-file), and
+	// every range's log is sealed under them (see atrest.go). Without it a
+	// data directory that holds a keyring is refused. Default nil.
+	KEK atrest.KEKProvider
+	// DataKeyRotationPeriod makes the node start a new data key when it
+	// starts with an active one older than this, default 7 days; negative
+	// never. (geolog keys rotate rotates a stopped node's at once.)
+	DataKeyRotationPeriod time.Duration
 	// SyncConcurrencyMax bounds the fsyncs in progress at once across all
 	// ranges of the node, default 2. Each fsync has a large fixed cost (a
 	// journal commit and a device cache flush); while a range waits for a
@@ -323,6 +333,7 @@ type Node struct {
 	peerConns   map[string]*grpc.ClientConn
 	grpcServer  *grpc.Server
 	listener    net.Listener
+	keyring     *atrest.Keyring // nil: encryption at rest is off
 	closing     chan struct{}
 	started     time.Time // when New returned (Config.Now)
 	closeOnce   sync.Once
@@ -336,9 +347,10 @@ func New(cfg Config) (*Node, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "streams"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "streams"), 0o700); err != nil {
 		return nil, fmt.Errorf("regionsvc: data dir: %w", err)
 	}
+	var err error
 	n := &Node{
 		cfg:      cfg,
 		logger:   cfg.Logger.Named("node"),
@@ -348,10 +360,12 @@ func New(cfg Config) (*Node, error) {
 		started:  cfg.Now(),
 		book:     newAddrBook(),
 	}
+	if n.keyring, err = openKeyring(cfg); err != nil {
+		return nil, err
+	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
-	var err error
 	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
@@ -367,6 +381,10 @@ func New(cfg Config) (*Node, error) {
 			n.Close()
 			return nil, err
 		}
+		if err := n.checkRangeKeys(); err != nil {
+			n.Close()
+			return nil, err
+		}
 		n.logger.Info("node opened", "data_dir", cfg.DataDir, "node_id", cfg.NodeID, "peers", fmtPeers(cfg.Peers))
 		return n, nil
 	}
@@ -376,6 +394,10 @@ func New(cfg Config) (*Node, error) {
 	}
 	for _, spec := range specs {
 		n.streams[spec.Name] = n.openStream(spec)
+	}
+	if err := n.checkRangeKeys(); err != nil {
+		n.Close()
+		return nil, err
 	}
 	n.logger.Info("node opened", "data_dir", cfg.DataDir, "streams", len(specs))
 	return n, nil
@@ -427,6 +449,7 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 	store.Fsync = n.cfg.Fsync
 	store.Now = n.cfg.Now
 	store.FS = n.cfg.FS
+	store.Keyring = n.keyring
 	if rc != nil {
 		// Retention applies to replicated ranges too, as Raft log
 		// compaction (see snapshot.go); the catalogue has none.
@@ -579,6 +602,9 @@ func (n *Node) Close() error {
 			c.Close()
 		}
 		n.peerConnsMu.Unlock()
+		if n.keyring != nil {
+			n.keyring.Close()
+		}
 		n.logger.Info("node closed")
 	})
 	return nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/dedup"
 	"github.com/geolog/geolog/replica"
@@ -118,8 +119,11 @@ type rangeDriver struct {
 	// open.
 	roleP atomic.Pointer[rangeRole]
 	// tl is the timeline fence: local reads stop below it (timeline.go).
-	tl       timeline
-	failure  atomic.Pointer[apierr.Error] // set once the range stops serving
+	tl      timeline
+	failure atomic.Pointer[apierr.Error] // set once the range stops serving
+	// keyErr is set, before the driver is published, when its log could
+	// not open for want of a data key (atrest): New refuses to start.
+	keyErr   error
 	notifyMu sync.Mutex
 	notifyCh chan struct{} // closed and replaced when committed or failure changes
 
@@ -210,6 +214,9 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		}
 		e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
 		e.Retriable = false
+		if errors.Is(err, atrest.ErrKeyUnavailable) {
+			d.keyErr = err
+		}
 		d.failure.Store(e)
 		d.logger.Error("range not served", "error", err)
 		close(d.doneCh)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/atrest"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -39,8 +40,28 @@ func (tr *testRegion) rangeDriverOf(id uint64, stream string, r uint32) *rangeDr
 // retention compacts its log past the follower's, and the restarted
 // follower catches up by segment transfer; all three nodes then serve the
 // same records at the same offsets, and the follower reads by key.
-func TestSnapshotCatchUpThroughRegion(t *testing.T) {
-	tr := newCompactingRegion(t, 3)
+func TestSnapshotCatchUpThroughRegion(t *testing.T) { testSnapshotCatchUp(t, false) }
+
+// TestSnapshotCatchUpSealed is TestSnapshotCatchUpThroughRegion with
+// encryption at rest on, each node under its own KEK: segment transfer
+// ships frames the follower seals under its own key, and no node's data
+// directory holds a record value in the clear.
+func TestSnapshotCatchUpSealed(t *testing.T) { testSnapshotCatchUp(t, true) }
+
+func testSnapshotCatchUp(t *testing.T, sealed bool) {
+	var tr *testRegion
+	if !sealed {
+		tr = newCompactingRegion(t, 3)
+	} else {
+		keks := map[uint64]atrest.KEKProvider{}
+		for id := uint64(1); id <= 3; id++ {
+			_, keks[id] = newKEKFile(t)
+		}
+		tr = newTestRegionWith(t, 3, 3, func(cfg *Config) {
+			cfg.SegmentBytesMax, cfg.MaintenanceInterval = 1<<10, 30*time.Millisecond
+			cfg.KEK = keks[cfg.NodeID]
+		})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
@@ -150,6 +171,14 @@ func TestSnapshotCatchUpThroughRegion(t *testing.T) {
 		break
 	}
 	t.Logf("follower installed %d snapshot(s); logs start at %d, end at %d", fd.rep.Stats().SnapshotsInstalled, from, seq)
+	if sealed {
+		for id := range tr.nodes {
+			tr.stop(id)
+		}
+		for _, dir := range tr.dirs {
+			grepTree(t, dir, []byte(strings.Repeat("x", 80)))
+		}
+	}
 }
 
 // pollUntil polls cond every 10 ms until it holds or ctx ends.

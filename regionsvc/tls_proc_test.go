@@ -5,9 +5,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"math/big"
+	"net/http"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -377,6 +381,39 @@ func forgeMirror(t *testing.T, ctx context.Context, addr, dir, src string, leade
 	return codes.OK
 }
 
+// leafExpiry reads when the certificate in file expires.
+func leafExpiry(t *testing.T, file string) time.Time {
+	t.Helper()
+	f, err := pki.OpenFiles(pki.FilesConfig{CAFile: filepath.Join(filepath.Dir(file), pki.CACertFile), CertFile: file,
+		KeyFile: filepath.Join(filepath.Dir(file), pki.NodeKeyFile)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Leaf().NotAfter
+}
+
+// scrapeGauge reads the value of the first line of addr's /metrics that
+// starts with series.
+func scrapeGauge(t *testing.T, addr, series string) (float64, bool) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, series) {
+			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
 // serialOf reads the serial number of the certificate in file.
 func serialOf(t *testing.T, file string) *big.Int {
 	t.Helper()
@@ -485,7 +522,8 @@ func TestTLSCertificateRotation(t *testing.T) {
 
 // TestTLSReloadOnSIGHUP: a node that does not poll (an hour's interval)
 // takes a new certificate on SIGHUP, and on SIGHUP with unchanged files
-// keeps serving.
+// keeps serving; its /metrics says how long the certificate in use has
+// left.
 func TestTLSReloadOnSIGHUP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-process test")
@@ -494,7 +532,8 @@ func TestTLSReloadOnSIGHUP(t *testing.T) {
 	defer cancel()
 	p := nodeproc.NewPKI(t)
 	dir := p.NodeDir("local", 1)
-	node := nodeproc.Start(t, t.TempDir(), nodeproc.FreeAddr(t), "--certs-dir", dir, "--tls-reload-interval", "1h")
+	debug := nodeproc.FreeAddr(t)
+	node := nodeproc.Start(t, t.TempDir(), nodeproc.FreeAddr(t), "--certs-dir", dir, "--tls-reload-interval", "1h", "--debug-addr", debug)
 	cfg := nodeproc.ClientTLS(t, p.ClientDir("alice"))
 	first := serialOf(t, filepath.Join(dir, pki.NodeCertFile))
 	waitFor(t, ctx, "the node serves", func() bool {
@@ -508,6 +547,16 @@ func TestTLSReloadOnSIGHUP(t *testing.T) {
 		got, err := presented(node.Addr, cfg)
 		return err == nil && got.Cmp(second) == 0
 	})
+	leaf := leafExpiry(t, filepath.Join(dir, pki.NodeCertFile))
+	var left float64
+	waitFor(t, ctx, "the certificate's expiry on /metrics", func() bool {
+		var ok bool
+		left, ok = scrapeGauge(t, debug, `geolog_tls_certificate_expiry_seconds{certificate="leaf",identity="node:local/1"`)
+		return ok
+	})
+	if want := time.Until(leaf).Seconds(); math.Abs(left-want) > 600 {
+		t.Errorf("/metrics: the certificate has %.0f s left, want about %.0f", left, want)
+	}
 	if out := node.Output(); strings.Contains(out, "panic") {
 		t.Fatalf("node output:\n%s", out)
 	}

@@ -267,7 +267,7 @@ func ensureDir(fsys vfs.FS, dir string) error {
 	if len(created) == 0 {
 		return nil
 	}
-	if err := fsys.MkdirAll(dir, 0o755); err != nil {
+	if err := fsys.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	for i := len(created) - 1; i >= 0; i-- {
@@ -384,7 +384,7 @@ const snapTmpSuffix = ".snap" + forkTmpSuffix
 // nothing is left behind.
 func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, suffix string) (*pendingFork, error) {
 	tmp := filepath.Join(o.dir, forkFileName(rec.Index)+suffix)
-	f, err := o.fs.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := o.fs.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("replica: create %s: %w", tmp, err)
 	}

@@ -230,7 +230,7 @@ func (f FileState) SaveCommit(index uint64) error {
 	w, err := f.FS.OpenFile(name, os.O_WRONLY, 0)
 	created := false
 	if errors.Is(err, fs.ErrNotExist) {
-		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_WRONLY, 0o644)
+		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_WRONLY, 0o600)
 		created = true
 	}
 	if err != nil {
@@ -262,7 +262,7 @@ func (f FileState) Save(h HardState) error {
 		return err
 	}
 	tmp := filepath.Join(f.Dir, stateFileName+".tmp")
-	w, err := f.FS.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	w, err := f.FS.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}

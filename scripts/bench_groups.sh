@@ -6,7 +6,7 @@
 # nodes' CPU time per position, as the machine may be shared), and the
 # time for a group of 8 members on 64 ranges to consume every range again
 # after a graceful leave, a kill (session timeout 3 s), and a join
-# (geolog bench rebalance).
+# (geolog bench rebalance). TLS=off runs the nodes with --insecure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/bin
@@ -18,10 +18,13 @@ PEERS="1=127.0.0.1:$((BASE+1)),2=127.0.0.1:$((BASE+2)),3=127.0.0.1:$((BASE+3))"
 export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BASE+3))"
 
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
+. "$(dirname "$0")/benchlib.sh"   # TLS=on (default) or off, as make bench-region
+pki_setup local 3
 PIDS=()
 for i in 1 2 3; do
+	# shellcheck disable=SC2046
 	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn >"$RUNDIR/n$i.log" 2>&1 &
+		--fsync always --log-level warn $(node_security $i) >"$RUNDIR/n$i.log" 2>&1 &
 	PIDS+=($!)
 done
 trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT

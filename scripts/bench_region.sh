@@ -20,7 +20,7 @@ PIDS=()
 for i in 1 2 3; do
 	# shellcheck disable=SC2046
 	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn $(node_security $i) >"$RUNDIR/n$i.log" 2>&1 &
+		--fsync always --log-level warn $(node_security $i) $(node_atrest) >"$RUNDIR/n$i.log" 2>&1 &
 	PIDS+=($!)
 done
 trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT

@@ -7,6 +7,20 @@
 TLS=${TLS:-on}
 case $TLS in on | off) ;; *) echo "TLS=$TLS: want on or off" >&2; exit 2 ;; esac
 
+# Encryption at rest: ATREST=on runs the nodes with --kek-file (a KEK file
+# made under $RUNDIR), so every segment is sealed; ATREST=off (the default)
+# leaves them in the clear. Compare: ATREST=on make bench-region.
+ATREST=${ATREST:-off}
+case $ATREST in on | off) ;; *) echo "ATREST=$ATREST: want on or off" >&2; exit 2 ;; esac
+
+# node_atrest prints the nodes' encryption-at-rest flags, making the KEK
+# file the first time.
+node_atrest() {
+	[ "$ATREST" = on ] || return 0
+	[ -f "$RUNDIR/kek.json" ] || "$BIN/geolog" keys add-kek --kek-file "$RUNDIR/kek.json" >/dev/null
+	echo "--kek-file $RUNDIR/kek.json"
+}
+
 # pki_setup REGION N: the CA, the folders of nodes 1..N of REGION, and the
 # client's (scripts/pki.sh); exports GEOLOG_CERTS_DIR for every geolog
 # command that follows.
@@ -28,12 +42,12 @@ node_security() {
 # cache drain between runs (full-speed runs leave gigabytes for writeback).
 run() {
 	local name=$1; shift
-	echo "== $name (TLS $TLS): geolog bench $*" >&2
+	echo "== $name (TLS $TLS, at rest $ATREST): geolog bench $*" >&2
 	"$BIN/geolog" bench --json --record-bytes 1024 --ranges "$RANGES" "$@" | tee -a "$RUNDIR/results.jsonl" >/dev/null
 	tail -1 "$RUNDIR/results.jsonl" | python3 -c '
 import json,sys
 r=json.load(sys.stdin); l=r["latency_ms"]
-print("%-28s TLS %-3s %9.0f rec/s %8.1f MB/s  p50 %7.3f ms  p99 %7.3f ms  p99.9 %7.3f ms  max %7.3f ms  errors %d" % (sys.argv[1], sys.argv[2], r["records_per_sec"], r["mb_per_sec"], l["p50"], l["p99"], l["p999"], l["max"], r["errors"]))' "$name" "$TLS"
+print("%-28s TLS %-3s at-rest %-3s %9.0f rec/s %8.1f MB/s  p50 %7.3f ms  p99 %7.3f ms  p99.9 %7.3f ms  max %7.3f ms  errors %d" % (sys.argv[1], sys.argv[2], sys.argv[3], r["records_per_sec"], r["mb_per_sec"], l["p50"], l["p99"], l["p999"], l["max"], r["errors"]))' "$name" "$TLS" "$ATREST"
 }
 
 settle() { sync; sleep 3; }

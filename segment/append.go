@@ -65,22 +65,26 @@ func (s *Store) Append(frame []byte) error {
 	}
 
 	g := s.active()
+	unit := sealFrame(s.cfg.Keyring, &s.sealBuf, frame)
 	// A segment without records is never sealed (see hasRecords): control
 	// frames alone make it grow past SegmentBytesMax until a record comes.
-	if g.hasRecords() && s.overflows(g.size, g.baseOffset, len(frame), h) {
+	if g.hasRecords() && s.overflows(g.size, g.baseOffset, len(unit), h) {
 		if err := s.roll(); err != nil {
 			return err
 		}
 		g = s.active()
 	}
 	pos := g.size
-	if pos+int64(len(frame)) > segmentFileBytesMax {
-		return fmt.Errorf("%w: segment %s of %d bytes cannot take %d more", ErrInvalidFrame, g.name(), pos, len(frame))
+	if pos+int64(len(unit)) > segmentFileBytesMax {
+		return fmt.Errorf("%w: segment %s of %d bytes cannot take %d more", ErrInvalidFrame, g.name(), pos, len(unit))
 	}
-	if _, err := g.f.WriteAt(frame, pos); err != nil {
+	if _, err := g.f.WriteAt(unit, pos); err != nil {
 		// Part of the frame may be on disk; only recovery can tell.
 		s.fail(err)
 		return s.failed()
+	}
+	if cap(s.sealBuf) > sealBufBytesMax {
+		s.sealBuf = nil // a rare large frame: do not keep its buffer
 	}
 
 	s.keyHashes = frameKeyHashes(s.keyHashes, frame)
@@ -94,7 +98,7 @@ func (s *Store) Append(frame []byte) error {
 			index:               h.Index,
 		})
 	}
-	g.size += int64(len(frame))
+	g.size += int64(len(unit))
 	g.nextOffset = h.NextOffset()
 	g.maxAppendTimeUnixNanos = h.AppendTimeUnixNanos
 	if h.Index != 0 {
@@ -107,7 +111,7 @@ func (s *Store) Append(frame []byte) error {
 		}
 		s.lastIndex.Store(h.Index)
 	}
-	s.sizeBytes.Add(int64(len(frame)))
+	s.sizeBytes.Add(int64(len(unit)))
 	s.nextOffset.Store(g.nextOffset)
 	s.appends.Add(1)
 	s.mu.Unlock()
@@ -174,7 +178,7 @@ func (s *Store) roll() error {
 // a failed directory fsync fails the store.
 func (s *Store) createSegment(base uint64) (*segment, error) {
 	path := filepath.Join(s.cfg.Dir, segmentName(base, logSuffix))
-	f, err := s.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := s.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("segment: create segment: %w", err)
 	}

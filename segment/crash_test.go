@@ -104,6 +104,10 @@ func runCrash(seed uint64, logger hclog.Logger, st map[string]int) error {
 	cfg := Config{Dir: e.dir, FS: e.fs, Logger: logger,
 		SegmentBytesMax:    []int64{SegmentBytesMaxMin, 8 << 10, 64 << 10}[rng.IntN(3)],
 		IndexIntervalBytes: []int{1, 500, 4096}[rng.IntN(3)]}
+	if sealAll || seed%2 == 1 {
+		// Half the seeds run with encryption at rest on.
+		cfg.Keyring = testKeyring()
+	}
 	s, err := Open(cfg)
 	if err != nil {
 		return err
@@ -305,7 +309,7 @@ func testHoleRule(t *testing.T, e env) {
 			t.Fatal(err)
 		}
 		frames = append(frames, f)
-		size += int64(len(f))
+		size += int64(unitBytes(cfg.Keyring, len(f)))
 		ends = append(ends, size)
 	}
 	if err := s.Close(); err != nil {

@@ -59,7 +59,11 @@ func forEachFS(t *testing.T, fn func(t *testing.T, e env)) {
 // smallConfig is a config with tiny segments and a dense index, so that a
 // few hundred batches exercise rolls, index seeks and multi-segment reads.
 func smallConfig(t testing.TB, e env) Config {
-	return Config{Dir: e.dir, FS: e.fs, SegmentBytesMax: 2048, IndexIntervalBytes: 200, Logger: testLogger(t)}
+	cfg := Config{Dir: e.dir, FS: e.fs, SegmentBytesMax: 2048, IndexIntervalBytes: 200, Logger: testLogger(t)}
+	if sealAll {
+		cfg.Keyring = testKeyring()
+	}
+	return cfg
 }
 
 func mustOpen(t testing.TB, cfg Config) *Store {

@@ -244,7 +244,7 @@ func (s *Store) writeIndexFiles(g *segment) error {
 // writeFile replaces the file at path with data. Its fdatasync bypasses the
 // store's test hook: the hook counts and fails syncs of the log only.
 func writeFile(fsys vfs.FS, path string, data []byte, sync bool) error {
-	f, err := fsys.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := fsys.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}

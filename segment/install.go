@@ -79,6 +79,7 @@ type Staging struct {
 	frames   uint64
 	finished bool
 	closed   bool
+	sealBuf  []byte // Append's scratch for sealed units
 }
 
 // stagedSegment is one staged segment file.
@@ -121,7 +122,7 @@ func (s *Store) BeginStaging(startOffset, firstIndex uint64) (*Staging, error) {
 // name (from a staging whose Abort could not remove it) is overwritten.
 func (st *Staging) newSegment(base uint64) error {
 	s := st.s
-	f, err := s.fs.OpenFile(filepath.Join(s.cfg.Dir, stagedName(base)), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := s.fs.OpenFile(filepath.Join(s.cfg.Dir, stagedName(base)), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("segment: create staged segment: %w", err)
 	}
@@ -164,7 +165,10 @@ func (st *Staging) append(frame []byte) (batch.Header, error) {
 		return h, fmt.Errorf("%w: raft index %d leaves no successor", ErrInvalidFrame, h.Index)
 	}
 	g := st.segs[len(st.segs)-1]
-	if g.hasRecords() && st.s.overflows(g.size, g.base, len(frame), h) {
+	// A received frame is sealed under this node's own active key: regions
+	// and nodes share no key (see package atrest).
+	unit := sealFrame(st.s.cfg.Keyring, &st.sealBuf, frame)
+	if g.hasRecords() && st.s.overflows(g.size, g.base, len(unit), h) {
 		if err := st.seal(g); err != nil {
 			return h, err
 		}
@@ -173,13 +177,13 @@ func (st *Staging) append(frame []byte) (batch.Header, error) {
 		}
 		g = st.segs[len(st.segs)-1]
 	}
-	if g.size+int64(len(frame)) > segmentFileBytesMax {
-		return h, fmt.Errorf("%w: staged segment at %d of %d bytes cannot take %d more", ErrInvalidFrame, g.base, g.size, len(frame))
+	if g.size+int64(len(unit)) > segmentFileBytesMax {
+		return h, fmt.Errorf("%w: staged segment at %d of %d bytes cannot take %d more", ErrInvalidFrame, g.base, g.size, len(unit))
 	}
-	if _, err := g.f.WriteAt(frame, g.size); err != nil {
+	if _, err := g.f.WriteAt(unit, g.size); err != nil {
 		return h, fmt.Errorf("segment: write staged segment: %w", err)
 	}
-	g.size += int64(len(frame))
+	g.size += int64(len(unit))
 	g.nextOffset = h.NextOffset()
 	st.q.advance(h)
 	st.lastTime = h.AppendTimeUnixNanos

@@ -174,11 +174,15 @@ func verifyKeyIndexFiles(cfg Config) error {
 		b := NewKeyIndexBuilder(base)
 		log := img[name]
 		for pos := 0; pos < len(log); {
-			size, err := batch.FrameSize(log[pos:])
+			size, err := unitSize(log[pos:])
 			if err != nil {
 				return err
 			}
-			if err := b.AddFrame(log[pos:pos+size], int64(pos)); err != nil {
+			frame, _, err := openUnit(cfg.Keyring, bytes.Clone(log[pos:pos+size]))
+			if err != nil {
+				return err
+			}
+			if err := b.AddFrame(frame, int64(pos)); err != nil {
 				return err
 			}
 			pos += size
@@ -440,6 +444,10 @@ func runKeyModel(t *testing.T, seed uint64, e env) {
 		SegmentBytesMax:    []int64{SegmentBytesMaxMin, 4 << 10, 64 << 10}[rng.IntN(3)],
 		SegmentRecordsMax:  []int64{7, 50, 0}[rng.IntN(3)],
 		IndexIntervalBytes: []int{1, 300, 4096}[rng.IntN(3)]}
+	if sealAll || seed%2 == 1 {
+		// Half the seeds read by key through sealed units.
+		cfg.Keyring = testKeyring()
+	}
 	s := mustOpen(t, cfg)
 	defer func() { s.Close() }()
 	var m keyModel

@@ -181,7 +181,7 @@ func (s *Store) removeKeyIndexFile(g *segment) {
 // walkKeyEntries calls fn with the key entry of every record of g's log in
 // bytes [0, end), verifying every frame (CRC, offsets, records).
 func (s *Store) walkKeyEntries(g *segment, end int64, fn func(keyEntry)) error {
-	w := frameWalker{f: g.f, end: end, chunk: recoverChunkBytes}
+	w := frameWalker{f: g.f, keys: s.cfg.Keyring, end: end, chunk: recoverChunkBytes}
 	q := seq{offset: g.baseOffset}
 	for {
 		pos := w.pos

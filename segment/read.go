@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/vfs"
 )
@@ -212,7 +213,7 @@ func (s *Store) seek(v segView, from uint64) (int64, seq, error) {
 // pooled buffer; hand both to releaseWalker when done.
 func (s *Store) walker(f vfs.File, pos, end int64) (frameWalker, *[]byte) {
 	buf := s.getBuf()
-	return frameWalker{f: f, buf: (*buf)[:0], pos: pos, end: end,
+	return frameWalker{f: f, keys: s.cfg.Keyring, buf: (*buf)[:0], pos: pos, end: end,
 		chunk: min(s.cfg.IndexIntervalBytes+batch.HeaderSize, readChunkBytes)}, buf
 }
 
@@ -257,7 +258,7 @@ func (s *Store) collect(out []byte, v segView, pos int64, q seq, rs readSpec, ma
 				stop = true
 				break
 			}
-			size, err := batch.FrameSize(chunk[p:])
+			size, err := unitSize(chunk[p:])
 			if errors.Is(err, batch.ErrShort) && pos+int64(p)+4 <= v.size {
 				break // the length field straddles the chunk: read on from p
 			}
@@ -275,23 +276,22 @@ func (s *Store) collect(out []byte, v segView, pos int64, q seq, rs readSpec, ma
 				need = size // read on from p, with room for the whole frame
 				break
 			}
-			frame := chunk[p : p+size]
-			h, err := batch.DecodeHeader(frame)
+			// Opening a sealed unit decrypts it in place: the frame lies
+			// inside the unit, at or after w, so moving it down is safe.
+			frame, h, err := openUnit(s.cfg.Keyring, chunk[p:p+size])
 			if err == nil {
 				err = q.check(h)
 			}
 			if err != nil {
-				return out, pos, q, false, s.corruption(v.seg, pos+int64(p), q.offset, err)
+				return out, pos, q, false, s.readError(v.seg, pos+int64(p), q.offset, err)
 			}
 			if rs.stopBefore(h) {
 				stop = true
 				break
 			}
 			if rs.keep(h) {
-				if w != p {
-					copy(chunk[w:], frame)
-				}
-				w += size
+				copy(chunk[w:], frame)
+				w += len(frame)
 			}
 			q.advance(h)
 			p += size
@@ -393,18 +393,23 @@ func (s *Store) OffsetForTime(tUnixNanos int64) (uint64, error) {
 // header and CRC.
 type frameWalker struct {
 	f      vfs.File
-	buf    []byte // window: file bytes [bufPos, bufPos+len(buf))
+	keys   *atrest.Keyring // opens sealed units; nil: none can be opened
+	buf    []byte          // window: file bytes [bufPos, bufPos+len(buf))
 	bufPos int64
-	pos    int64 // position of the next frame
-	end    int64 // bytes of the file that may be read
-	chunk  int   // bytes to read at once (more for a larger frame)
+	// staleEnd: window bytes before it were decrypted in place and are
+	// not the file's any more.
+	staleEnd int64
+	pos      int64 // position of the next frame
+	end      int64 // bytes of the file that may be read
+	chunk    int   // bytes to read at once (more for a larger frame)
 	// throttle, if set, is called with the size of each read before it is
 	// made (rewrites bound their I/O with it).
 	throttle func(bytes int)
 }
 
-// next returns the frame at w.pos and advances past it. The frame aliases
-// the window until the next call. It returns io.EOF at w.end, an error
+// next returns the frame at w.pos and advances past it, opening a sealed
+// unit (its size counts in w.pos). The frame aliases the window until the
+// next call. It returns io.EOF at w.end, an error
 // wrapping batch.ErrShort or batch.ErrCorrupt for a bad frame (without
 // advancing), and other errors for failed reads.
 func (w *frameWalker) next() ([]byte, batch.Header, error) {
@@ -416,7 +421,7 @@ func (w *frameWalker) next() ([]byte, batch.Header, error) {
 	if err != nil {
 		return nil, batch.Header{}, err
 	}
-	size, err := batch.FrameSize(b)
+	size, err := unitSize(b)
 	if err != nil {
 		return nil, batch.Header{}, err
 	}
@@ -426,19 +431,25 @@ func (w *frameWalker) next() ([]byte, batch.Header, error) {
 	if b, err = w.window(w.pos, size); err != nil {
 		return nil, batch.Header{}, err
 	}
-	h, err := batch.DecodeHeader(b)
+	frame, h, err := openUnit(w.keys, b)
+	if atrest.Sealed(b) {
+		// A sealed unit is decrypted in place (and cleared if that fails):
+		// the window no longer holds the file's bytes up to its end, which
+		// a walker moved back (w.pos set by its user) must read again.
+		w.staleEnd = w.pos + int64(size)
+	}
 	if err != nil {
 		return nil, batch.Header{}, err
 	}
 	w.pos += int64(size)
-	return b, h, nil
+	return frame, h, nil
 }
 
 // window returns file bytes [pos, pos+n), n <= w.end-pos, reading a new
 // window of max(n, w.chunk) bytes (within w.end) if the current one does
 // not hold them.
 func (w *frameWalker) window(pos int64, n int) ([]byte, error) {
-	if pos >= w.bufPos && pos+int64(n) <= w.bufPos+int64(len(w.buf)) {
+	if pos >= w.bufPos && pos >= w.staleEnd && pos+int64(n) <= w.bufPos+int64(len(w.buf)) {
 		off := int(pos - w.bufPos)
 		return w.buf[off : off+n], nil
 	}
@@ -454,6 +465,6 @@ func (w *frameWalker) window(pos int64, n int) ([]byte, error) {
 		w.buf = w.buf[:0]
 		return nil, err
 	}
-	w.bufPos = pos
+	w.bufPos, w.staleEnd = pos, 0
 	return w.buf[:n], nil
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/vfs"
 )
@@ -187,7 +188,7 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 		return g, s.corruption(g, 0, base, fmt.Errorf("file of %d bytes exceeds %d", fileSize, int64(segmentFileBytesMax)))
 	}
 
-	w := frameWalker{f: f, end: fileSize, chunk: recoverChunkBytes}
+	w := frameWalker{f: f, keys: s.cfg.Keyring, end: fileSize, chunk: recoverChunkBytes}
 	var keys keyPass
 	if last {
 		keys.active = newActiveKeys()
@@ -205,6 +206,10 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 			}
 		}
 		if err != nil {
+			if isKeyError(err) {
+				// Never a torn tail: the bytes may be fine, the key is not here.
+				return g, fmt.Errorf("segment: open %s at position %d (offset %d): %w", g.name(), framePos, q.offset, err)
+			}
 			if !errors.Is(err, batch.ErrShort) && !errors.Is(err, batch.ErrCorrupt) {
 				return g, fmt.Errorf("segment: read %s at position %d: %w", g.name(), framePos, err)
 			}
@@ -258,7 +263,7 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 // noted in plan, or mid-log corruption, returned. See the torn tail and
 // hole rules in the package documentation.
 func (s *Store) judgeBadTail(g *segment, pos, fileSize int64, expect uint64, bad error, plan *recoveryPlan) error {
-	at, found, err := findValidFrameAfter(g.f, pos, fileSize, expect)
+	at, found, err := findValidFrameAfter(s.cfg.Keyring, g.f, pos, fileSize, expect)
 	if err != nil {
 		return fmt.Errorf("segment: scan %s after position %d: %w", g.name(), pos, err)
 	}
@@ -364,12 +369,13 @@ func (s *Store) applyPlan(segs []*segment, plan *recoveryPlan) error {
 }
 
 // findValidFrameAfter reports whether a valid frame (CRC-valid, with
-// BaseOffset >= expect) starts anywhere in f after the bad frame at bad:
-// first where the bad frame's length field points, if plausible, then at
-// every byte position up to fileSize. Positions whose header is implausible
-// in itself are rejected without reading further, so garbage costs a few
-// comparisons per byte.
-func findValidFrameAfter(f vfs.File, bad, fileSize int64, expect uint64) (int64, bool, error) {
+// BaseOffset >= expect), or a sealed unit that k opens holding one, starts
+// anywhere in f after the bad frame at bad: first where the bad frame's
+// length field points, if plausible, then at every byte position up to
+// fileSize. Positions whose header is implausible in itself are rejected
+// without reading further, so garbage costs a few comparisons per byte;
+// a sealed unit's header must name a key k holds before it is opened.
+func findValidFrameAfter(k *atrest.Keyring, f vfs.File, bad, fileSize int64, expect uint64) (int64, bool, error) {
 	var tmp []byte
 	validAt := func(pos int64) (bool, error) {
 		var lb [4]byte
@@ -379,7 +385,7 @@ func findValidFrameAfter(f vfs.File, bad, fileSize int64, expect uint64) (int64,
 		if err := readFull(f, lb[:], pos); err != nil {
 			return false, err
 		}
-		size, err := batch.FrameSize(lb[:])
+		size, err := unitSize(lb[:])
 		if err != nil || pos+int64(size) > fileSize {
 			return false, nil
 		}
@@ -390,7 +396,7 @@ func findValidFrameAfter(f vfs.File, bad, fileSize int64, expect uint64) (int64,
 		if err := readFull(f, tmp, pos); err != nil {
 			return false, err
 		}
-		h, err := batch.DecodeHeader(tmp)
+		_, h, err := openUnit(k, tmp)
 		return err == nil && h.BaseOffset >= expect, nil
 	}
 
@@ -400,7 +406,7 @@ func findValidFrameAfter(f vfs.File, bad, fileSize int64, expect uint64) (int64,
 		if err := readFull(f, lb[:], bad); err != nil {
 			return 0, false, err
 		}
-		if size, err := batch.FrameSize(lb[:]); err == nil {
+		if size, err := unitSize(lb[:]); err == nil {
 			if ok, err := validAt(bad + int64(size)); err != nil || ok {
 				return bad + int64(size), ok, err
 			}
@@ -409,28 +415,47 @@ func findValidFrameAfter(f vfs.File, bad, fileSize int64, expect uint64) (int64,
 
 	// Scan every later position.
 	win := make([]byte, 0, scanStepBytes+batch.HeaderSize)
-	for ws := bad + 1; ws+batch.HeaderSize <= fileSize; ws += scanStepBytes {
+	for ws := bad + 1; ws+atrest.HeaderBytes <= fileSize; ws += scanStepBytes {
 		n := min(int64(scanStepBytes+batch.HeaderSize-1), fileSize-ws)
 		win = win[:n]
 		if err := readFull(f, win, ws); err != nil {
 			return 0, false, err
 		}
-		for q := 0; q < scanStepBytes && int64(q)+batch.HeaderSize <= n; q++ {
-			h, err := batch.DecodeHeader(win[q:])
-			switch {
-			case err == nil:
-				if h.BaseOffset >= expect {
-					return ws + int64(q), true, nil
-				}
-			case errors.Is(err, batch.ErrShort):
-				// The header is plausible and the frame runs past the
-				// window: judge it on the whole frame.
-				ok, err := validAt(ws + int64(q))
-				if err != nil || ok {
-					return ws + int64(q), ok, err
-				}
+		for q := 0; q < scanStepBytes && int64(q)+atrest.HeaderBytes <= n; q++ {
+			if at, ok, err := validFrameAt(k, win[q:], ws+int64(q), expect, validAt); err != nil || ok {
+				return at, ok, err
 			}
 		}
+	}
+	return 0, false, nil
+}
+
+// validFrameAt judges the candidate position pos whose bytes start b (at
+// least atrest.HeaderBytes of them): a plain frame's header is decoded
+// from b when it holds the whole frame, a sealed unit (whose key k holds)
+// or a longer frame is judged whole by validAt.
+func validFrameAt(k *atrest.Keyring, b []byte, pos int64, expect uint64, validAt func(int64) (bool, error)) (int64, bool, error) {
+	if atrest.Sealed(b) {
+		if _, id, err := atrest.CheckHeader(b); err != nil || k == nil || !k.Has(id) {
+			return 0, false, nil
+		}
+		ok, err := validAt(pos)
+		return pos, ok, err
+	}
+	if len(b) < batch.HeaderSize {
+		return 0, false, nil
+	}
+	h, err := batch.DecodeHeader(b)
+	switch {
+	case err == nil:
+		if h.BaseOffset >= expect {
+			return pos, true, nil
+		}
+	case errors.Is(err, batch.ErrShort):
+		// The header is plausible and the frame runs past the window:
+		// judge it on the whole frame.
+		ok, err := validAt(pos)
+		return pos, ok, err
 	}
 	return 0, false, nil
 }

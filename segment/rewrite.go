@@ -233,7 +233,7 @@ func (s *Store) removeRewriteFiles(names ...string) {
 // writeRewrite writes the frames rewrite returns for v's frames to a new
 // file at path, validating them, and fsyncs it.
 func (s *Store) writeRewrite(v segView, path string, throttle func(int), rewrite RewriteFunc) (rewritten, error) {
-	f, err := s.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := s.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return rewritten{}, fmt.Errorf("segment: create rewrite of %s: %w", v.seg.name(), err)
 	}
@@ -241,7 +241,8 @@ func (s *Store) writeRewrite(v segView, path string, throttle func(int), rewrite
 	out := rewritten{g: g, keys: NewKeyIndexBuilder(v.seg.baseOffset)}
 	q := seq{offset: v.seg.baseOffset}
 	var last batch.Header
-	var pending []byte // frames not yet written
+	var pending []byte // units not yet written
+	var scratch []byte // a sealed unit being built
 	flush := func() error {
 		if len(pending) == 0 {
 			return nil
@@ -265,6 +266,12 @@ func (s *Store) writeRewrite(v segView, path string, throttle func(int), rewrite
 		}
 		if err := s.placeRewritten(g, &q, pending[n:], isLast, &out); err != nil {
 			return err
+		}
+		if s.cfg.Keyring != nil && len(pending) > n {
+			// Seal what was placed, under the active key: a rewrite is
+			// also how old data keys are retired (see Reseal).
+			scratch = sealFrame(s.cfg.Keyring, &scratch, pending[n:])
+			pending = append(pending[:n], scratch...)
 		}
 		if len(pending) >= readChunkBytes {
 			return flush()
@@ -317,7 +324,7 @@ func (s *Store) placeRewritten(g *segment, q *seq, b []byte, isLast bool, out *r
 		g.entries = append(g.entries, indexEntry{relOffset: relOffset(g, h.BaseOffset), position: uint32(pos),
 			appendTimeUnixNanos: max(h.AppendTimeUnixNanos, g.maxAppendTimeUnixNanos), index: h.Index})
 	}
-	g.size += int64(len(b))
+	g.size += int64(unitBytes(s.cfg.Keyring, len(b)))
 	g.nextOffset = h.NextOffset()
 	g.maxAppendTimeUnixNanos = max(h.AppendTimeUnixNanos, g.maxAppendTimeUnixNanos)
 	if h.Index != 0 {

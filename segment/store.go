@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/vfs"
 )
@@ -106,6 +107,12 @@ type Config struct {
 	// fails Open. If Open fails for any reason, whatever OnRecover built
 	// must be discarded.
 	OnRecover func(h batch.Header) error
+	// Keyring, if set, turns on encryption at rest: every frame written
+	// is sealed under its active data key, and units sealed under any key
+	// it holds are opened (seal.go). Without it, frames are written in
+	// the clear and a sealed unit is an error (atrest.ErrKeyUnavailable)
+	// that Open and reads return. Default nil.
+	Keyring *atrest.Keyring
 
 	// testHooks lets this package's tests observe and fail fdatasync.
 	testHooks testHooks
@@ -189,6 +196,7 @@ type Store struct {
 	lastAppendTimeUnixNanos int64
 	lastTerm                uint64 // Term of the frame at LastIndex, 0 if none
 	closing                 bool
+	sealBuf                 []byte // Append's scratch for sealed units
 	// keyHashes is the appender's scratch for the key hashes and offset
 	// deltas of a frame's records.
 	keyHashes []keyEntry
@@ -337,7 +345,7 @@ func ensureDir(fsys vfs.FS, dir string) error {
 	if len(created) == 0 {
 		return nil
 	}
-	if err := fsys.MkdirAll(dir, 0o755); err != nil {
+	if err := fsys.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	// Parents first: an entry is only reachable once its parent's is.

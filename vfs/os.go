@@ -53,7 +53,7 @@ func (osFS) SyncDir(dir string) error {
 // second Lock of the same directory fails in the same process too.
 func (osFS) Lock(dir string) (io.Closer, error) {
 	name := filepath.Join(dir, LockFileName)
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/internal/failpoint"
 	"github.com/geolog/geolog/pki"
@@ -68,6 +69,8 @@ func run() int {
 	maintenance := fs.Duration("maintenance-interval", 30*time.Second, "how often each range applies retention and considers compaction by key")
 	compactionInterval := fs.Duration("compaction-interval", time.Minute, "compaction by key: least time between two decisions of a range")
 	compactionRate := fs.Int64("compaction-bytes-per-second", 64<<20, "compaction by key: the node's read and write rate (negative: unbounded)")
+	kekFile := fs.String("kek-file", "", "encryption at rest: the KEK file (JSON, mode 0600, kept off the data disk; geolog keys add-kek makes one); empty: off, and a data directory holding a keyring is refused")
+	dataKeyRotation := fs.Duration("data-key-rotation-period", 7*24*time.Hour, "encryption at rest: start a new data key at startup when the active one is older (negative: never)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -139,6 +142,15 @@ func run() int {
 	if policy == segment.FsyncNever {
 		logger.Warn("fsync disabled: acknowledged records can be lost on a machine crash; for benchmarks only")
 	}
+	var kek atrest.KEKProvider
+	if *kekFile != "" {
+		fk, err := atrest.OpenKEKFile(*kekFile)
+		if err != nil {
+			logger.Error("encryption at rest", "error", err)
+			return 1
+		}
+		kek = fk
+	}
 	var store homing.Store
 	if *leaseStore != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -181,6 +193,9 @@ func run() int {
 		HeartbeatTicks:     *heartbeatTicks,
 		ElectionTicks:      *electionTicks,
 
+		KEK:                   kek,
+		DataKeyRotationPeriod: *dataKeyRotation,
+
 		MaintenanceInterval:      *maintenance,
 		CompactionInterval:       *compactionInterval,
 		CompactionBytesPerSecond: *compactionRate,
@@ -188,6 +203,10 @@ func run() int {
 	if certs != nil {
 		cfg.TLS = certs.ServerTLS()
 		cfg.ClientCredentials = certs.ClientCredentials(pki.RequireNode)
+		if err := certs.RegisterMetrics(meterProvider); err != nil {
+			logger.Error("tls metrics", "error", err)
+			return 1
+		}
 	}
 	cfg.CursorRanges, cfg.CursorHome, cfg.GroupHeartbeatInterval = *cursorRanges, *cursorHome, *groupHeartbeat
 	cfg.CursorCompactionLag, cfg.CursorDeleteRetention = *cursorLag, *cursorTombstones
