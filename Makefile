@@ -45,7 +45,10 @@ FUZZ_TARGETS := \
 	./replica:FuzzCommitMark:20000 \
 	./segment:FuzzKeyIndex:200000 \
 	./batch:FuzzRecordKeys:100000 \
-	./cursors:FuzzDecode:100000
+	./cursors:FuzzDecode:100000 \
+	./replica:FuzzStep:600 \
+	./replicator:FuzzServe:6000 \
+	./internal/appendwire:FuzzAppendCodec:30000
 FUZZ_TIME ?=
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/codes"
@@ -44,6 +45,7 @@ const (
 	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
 	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
 	ProducerStateLost    = geologv1.ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST
+	SlowConsumer         = geologv1.ErrorCode_ERROR_CODE_SLOW_CONSUMER
 	KeyRequired          = geologv1.ErrorCode_ERROR_CODE_KEY_REQUIRED
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 )
@@ -105,6 +107,7 @@ var catalogue = map[Code]codeInfo{
 	GroupNotFound:         {codes.NotFound, false},
 	StaleCursorGeneration: {codes.FailedPrecondition, false},
 	LimitExceeded:         {codes.ResourceExhausted, false},
+	SlowConsumer:          {codes.ResourceExhausted, true},
 	KeyRequired:           {codes.InvalidArgument, false},
 	PastLocalTail:         {codes.Unavailable, true},
 }
@@ -122,11 +125,26 @@ type Error struct {
 	// current epoch and where it started (see the API's ErrorDetail).
 	ForkEpoch  uint64
 	ForkOffset uint64
+	// RetryAfter is, for OVERLOADED and SLOW_CONSUMER, how long to wait
+	// before sending the request again (0: not said).
+	RetryAfter time.Duration
 	// MemberEpoch (STALE_MEMBER_EPOCH) and CursorGeneration
 	// (STALE_CURSOR_GENERATION) carry the current values.
 	MemberEpoch      uint64
 	CursorGeneration uint64
 }
+
+// NewOverloaded is a retriable OVERLOADED that asks for a wait of
+// retryAfter before the request is sent again.
+func NewOverloaded(retryAfter time.Duration, format string, args ...any) *Error {
+	e := New(Overloaded, format, args...)
+	e.RetryAfter = retryAfter
+	return e
+}
+
+// retryAfterMillisMax bounds the wait a server can ask for (a detail
+// comes from the network).
+const retryAfterMillisMax = 10 * 60 * 1000
 
 // New returns an *Error with the catalogue's retriability for code.
 func New(code Code, format string, args ...any) *Error {
@@ -163,6 +181,7 @@ func (e *Error) Detail() *geologv1.ErrorDetail {
 		ExpectedSequence: e.ExpectedSequence,
 		ForkEpoch:        e.ForkEpoch,
 		ForkOffset:       e.ForkOffset,
+		RetryAfterMillis: e.RetryAfter.Milliseconds(),
 		MemberEpoch:      e.MemberEpoch,
 		CursorGeneration: e.CursorGeneration,
 	}
@@ -183,6 +202,7 @@ func FromDetail(d *geologv1.ErrorDetail) *Error {
 		ExpectedSequence: d.GetExpectedSequence(),
 		ForkEpoch:        d.GetForkEpoch(),
 		ForkOffset:       d.GetForkOffset(),
+		RetryAfter:       time.Duration(min(max(d.GetRetryAfterMillis(), 0), retryAfterMillisMax)) * time.Millisecond,
 		MemberEpoch:      d.GetMemberEpoch(),
 		CursorGeneration: d.GetCursorGeneration(),
 	}

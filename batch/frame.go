@@ -232,6 +232,24 @@ func FrameSize(b []byte) (int, error) {
 // before the frame does. The records are not parsed; Decode and Validate do
 // that.
 func DecodeHeader(frame []byte) (Header, error) {
+	h, err := PeekHeader(frame)
+	if err != nil {
+		return Header{}, err
+	}
+	size := int(binary.LittleEndian.Uint32(frame[posLength:])) + 4
+	if binary.LittleEndian.Uint32(frame[posCRC:]) != crc32.Checksum(frame[crcStart:size], castagnoli) {
+		return Header{}, errCRC
+	}
+	return h, nil
+}
+
+// PeekHeader is DecodeHeader without the CRC: it parses and checks the
+// header alone (and that frame holds the whole frame), so it costs nothing
+// per byte of the body. For a caller that needs a frame's offsets before
+// the frame is verified in full elsewhere (as a Raft follower does before
+// it steps a leader's entries); the frame must still pass DecodeHeader or
+// Validate before it is trusted.
+func PeekHeader(frame []byte) (Header, error) {
 	size, err := FrameSize(frame)
 	if err != nil {
 		return Header{}, err
@@ -272,9 +290,6 @@ func DecodeHeader(frame []byte) (Header, error) {
 	}
 	if len(frame) < size {
 		return Header{}, errShortFrame
-	}
-	if binary.LittleEndian.Uint32(frame[posCRC:]) != crc32.Checksum(frame[crcStart:size], castagnoli) {
-		return Header{}, errCRC
 	}
 	return h, nil
 }

@@ -39,6 +39,7 @@ commands:
                  [--retention-age 168h] [--retention-bytes N]
   streams list [--json]
   streams describe <name> [--json]
+  streams delete <name>
   ranges <stream> [--json]
                        per range: home, epoch, tail, leader, and each region's
                        applied offset and lag (offsets/time), merged from every

@@ -14,7 +14,7 @@ import (
 
 func (e *env) streams(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return usagef("streams needs a subcommand: create, list or describe")
+		return usagef("streams needs a subcommand: create, list, describe or delete")
 	}
 	switch sub, args := args[0], args[1:]; sub {
 	case "create":
@@ -23,9 +23,33 @@ func (e *env) streams(ctx context.Context, args []string) error {
 		return e.streamsList(ctx, args)
 	case "describe":
 		return e.streamsDescribe(ctx, args)
+	case "delete":
+		return e.streamsDelete(ctx, args)
 	default:
-		return usagef("unknown streams subcommand %q (want create, list or describe)", sub)
+		return usagef("unknown streams subcommand %q (want create, list, describe or delete)", sub)
 	}
+}
+
+// streamsDelete deletes a stream in every region of it.
+func (e *env) streamsDelete(ctx context.Context, args []string) error {
+	fs := e.flagSet("streams delete")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("usage: streams delete <name>")
+	}
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.DeleteStream(ctx, pos[0]); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "deleted stream %s\n", pos[0])
+	return nil
 }
 
 func (e *env) streamsCreate(ctx context.Context, args []string) error {

@@ -193,6 +193,24 @@ func (c *Client) ListStreams(ctx context.Context) ([]StreamInfo, error) {
 	return out, nil
 }
 
+// DeleteStream deletes a stream in every region of it: its data is
+// removed and the name is free again. Retriable errors are retried, at
+// another node (RetriesMax); a deletion that a retry finds done answers
+// STREAM_NOT_FOUND.
+func (c *Client) DeleteStream(ctx context.Context, name string) error {
+	if name == "" {
+		return apierr.New(apierr.InvalidArgument, "stream name is required")
+	}
+	err := c.call(ctx, false, func(ctx context.Context, api geologv1.LogClient) error {
+		_, err := api.DeleteStream(ctx, &geologv1.DeleteStreamRequest{Name: name})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("delete stream %q: %w", name, err)
+	}
+	return nil
+}
+
 // DescribeStream returns a stream and the state of its ranges. Retriable
 // errors are retried, at another node (RetriesMax).
 func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescription, error) {

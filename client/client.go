@@ -189,7 +189,7 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 			return err
 		}
 		c.log.Debug("retrying call", "attempt", attempt+1, "addr", from, "next_addr", addr, "error", err)
-		if err := sleepCtx(ctx, backoffDelay(attempt+1, c.cfg.backoffMin, c.cfg.backoffMax)); err != nil {
+		if err := sleepCtx(ctx, retryDelay(err, attempt+1, c.cfg.backoffMin, c.cfg.backoffMax)); err != nil {
 			return err
 		}
 	}

@@ -245,7 +245,7 @@ func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key [
 			}
 			c.log.Debug("resubscribing", "stream", stream, "range", rng, "offset", s.next,
 				"attempt", s.failures, "addr", from, "next_addr", s.addr, "error", err)
-			if sleepCtx(ctx, backoffDelay(s.failures, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
+			if sleepCtx(ctx, retryDelay(err, s.failures, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
 				yield(StoredRecord{}, ctx.Err())
 				return
 			}
@@ -307,6 +307,27 @@ func (s *subscription) lagging(ctx context.Context, err error) error {
 	return apierr.New(apierr.Unavailable, "node %s is behind: it serves up to %d, below offset %d (%s)", s.addr, e.TailOffset, s.next, e.Message)
 }
 
+// checkSkipped is a resume check whose stream went past the record at
+// last without it: a key subscription's filter left it out (the log there
+// may now hold another key's record, after a fork), or compaction by key
+// removed it. The home tells (checkLast): a *ForkError ends the
+// subscription; when the home cannot be asked it goes on unchecked, as
+// after retention (the node serving it fences a divergent tail it knows
+// of; docs/reads-never-go-backwards.md).
+func (s *subscription) checkSkipped(ctx context.Context) error {
+	if !s.checking {
+		return nil
+	}
+	s.checking = false
+	var fe *ForkError
+	if err := s.checkLast(ctx); errors.As(err, &fe) {
+		return fe
+	} else if err != nil {
+		s.c.log.Debug("resume check skipped: the home cannot be asked", "stream", s.stream, "range", s.rng, "offset", s.last, "error", err)
+	}
+	return nil
+}
+
 // once runs one Subscribe stream at s.addr until it fails (returning the
 // classified error) or the consumer stops iterating (returning nil).
 // received reports whether the stream delivered anything.
@@ -351,16 +372,22 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			c.pool.succeeded(s.addr)
 		}
 		if n := resp.GetNextOffset(); n > s.next && len(resp.GetRecords()) == 0 {
-			// Holes only (compaction by key): resume past them. The
-			// record at last, if it was being checked, is one of them.
+			// Holes only (compaction by key), or other keys' records.
+			if err := s.checkSkipped(ctx); err != nil {
+				return received, err
+			}
 			s.next = n
-			s.checking = false
 		}
 		for _, r := range resp.GetRecords() {
 			if s.checking && r.GetOffset() == s.last {
 				s.checking = false
 				if r.GetEpoch() != s.lastEpoch {
 					return received, s.forked(ctx, r.GetEpoch())
+				}
+			}
+			if r.GetOffset() > s.last {
+				if err := s.checkSkipped(ctx); err != nil {
+					return received, err
 				}
 			}
 			if r.GetOffset() < s.next {

@@ -24,7 +24,10 @@
 // same request may succeed later. IsRetriable and CodeOf classify any error
 // this package returns. The client retries retriable errors itself where that
 // is safe (reads, metadata, idempotent appends), so an error a caller sees is
-// usually final; the exceptions are documented where they occur.
+// usually final; the exceptions are documented where they occur. A server
+// that refuses a request for its load or a quota (OVERLOADED) says how long
+// to wait (RetryAfter); the client then waits at least that long before the
+// request is sent again, whatever its own backoff.
 //
 // # Routing
 //

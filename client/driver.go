@@ -648,7 +648,8 @@ func (d *rangeDriver) rewind(err error) {
 		b.requestID = 0
 	}
 	d.backoffAttempt++
-	delay := backoffDelay(d.backoffAttempt, d.p.cfg.backoffMin, d.p.cfg.backoffMax)
+	// An OVERLOADED refusal says how long to wait, at least.
+	delay := retryDelay(err, d.backoffAttempt, d.p.cfg.backoffMin, d.p.cfg.backoffMax)
 	d.backoffUntil = time.Now().Add(delay)
 	d.log.Debug("rewinding", "attempt", d.backoffAttempt, "backoff", delay, "inflight_batches", len(d.batches), "error", err)
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/geolog/geolog/apierr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -40,12 +41,32 @@ const (
 	CodePermissionDenied     = apierr.PermissionDenied
 	CodeInternal             = apierr.Internal
 	CodeProducerStateLost    = apierr.ProducerStateLost
+	CodeSlowConsumer         = apierr.SlowConsumer
 )
 
 // CodeOffsetPastLocalTail is a read past what the answering node serves
 // now, which the range may hold (the node lags, or fences off a divergent
 // tail): retriable, elsewhere or later.
 const CodeOffsetPastLocalTail = apierr.PastLocalTail
+
+// RetryAfter returns how long the server asked to wait before a request
+// it refused is sent again (OVERLOADED: a budget or quota), or 0.
+func RetryAfter(err error) time.Duration {
+	if e := apierr.FromError(err); e != nil {
+		return e.RetryAfter
+	}
+	return 0
+}
+
+// retryDelay is the wait before retry attempt n after err: the backoff,
+// or longer if the server asked for it.
+func retryDelay(err error, n int, min, max time.Duration) time.Duration {
+	d := backoffDelay(n, min, max)
+	if ra := RetryAfter(err); ra > d {
+		return ra
+	}
+	return d
+}
 
 // ErrClosed is returned for calls on, and records still unacknowledged by, a
 // closed Client or Producer. A record failed with ErrClosed after it was sent

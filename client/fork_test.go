@@ -178,3 +178,59 @@ func TestSubscribeFromCheckedPosition(t *testing.T) {
 		break
 	}
 }
+
+// TestSubscribeKeyDetectsForkOnResume: a key subscription delivered the
+// records of key "a" (the even offsets of 0-99, epoch 1); the log then
+// forks at 60 (epoch 2, other keys) and a record of "a" follows at 110.
+// Resumed at its last record (98) after a dropped stream, its filter
+// leaves that offset out (the log holds another key there now): it asks
+// the home, and ends with a ForkError at 60 instead of delivering 110 as
+// if nothing had happened.
+func TestSubscribeKeyDetectsForkOnResume(t *testing.T) {
+	fake := startFake(t, clienttest.Config{SubscribeRecordsMax: 10})
+	fake.MustCreateStream("s", 1)
+	c := newClient(t, fake.Addr(), client.RetryBackoff(time.Millisecond, 10*time.Millisecond))
+	p := newProducer(t, c, "s")
+	var recs []*client.Record
+	for i := range 100 {
+		recs = append(recs, &client.Record{Key: []byte{"ab"[i%2]}, Value: []byte(strconv.Itoa(i))})
+	}
+	if _, err := p.ProduceSync(testCtx(t), recs...); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	var last uint64
+	var err error
+	for rec, rerr := range c.SubscribeKey(ctx, "s", 0, []byte("a"), client.StartAt{}) {
+		if err = rerr; err != nil {
+			break
+		}
+		if string(rec.Key) != "a" || rec.Offset < last || rec.Offset > 98 {
+			t.Fatalf("delivered %q at %d after %d", rec.Key, rec.Offset, last)
+		}
+		last = rec.Offset
+		if rec.Offset == 98 {
+			fake.SetSubscribeFault(func(n int64) clienttest.Fault {
+				return clienttest.Fault{DropStream: n == 1}
+			})
+			var values [][]byte
+			for i := range 50 {
+				values = append(values, []byte(strconv.Itoa(1000+i)))
+			}
+			if err := fake.Fork("s", 0, 60, 2, values...); err != nil { // epoch 2, offsets 60-109, key "fork"
+				t.Fatal(err)
+			}
+			if _, err := p.ProduceSync(testCtx(t), &client.Record{Key: []byte("a"), Value: []byte("after")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var fe *client.ForkError
+	if !errors.As(err, &fe) {
+		t.Fatalf("ended after %d with %v, want a ForkError", last, err)
+	}
+	if fe.Offset != 60 || fe.DeliveredEpoch != 1 || fe.LogEpoch != 2 || last != 98 {
+		t.Fatalf("fork error %+v after %d, want offset 60, epochs 1 then 2, after 98", fe, last)
+	}
+}

@@ -429,3 +429,11 @@ func (a pooledAPI) DescribeStream(ctx context.Context, in *geologv1.DescribeStre
 	}
 	return api.DescribeStream(ctx, in, opts...)
 }
+
+func (a pooledAPI) DeleteStream(ctx context.Context, in *geologv1.DeleteStreamRequest, opts ...grpc.CallOption) (*geologv1.DeleteStreamResponse, error) {
+	api, err := a.api()
+	if err != nil {
+		return nil, err
+	}
+	return api.DeleteStream(ctx, in, opts...)
+}

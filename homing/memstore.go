@@ -383,3 +383,31 @@ func (m *MemStore) Close() {
 	defer m.mu.Unlock()
 	m.closed = true
 }
+
+// DeleteHomes implements Store.
+func (m *MemStore) DeleteHomes(ctx context.Context, stream string) error {
+	if err := validateStream(stream); err != nil {
+		return err
+	}
+	if err := m.enter(ctx); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	bumped := map[string]bool{}
+	for k, h := range m.homes {
+		if k.Stream != stream {
+			continue
+		}
+		delete(m.homes, k)
+		if !bumped[h.Region] {
+			bumped[h.Region] = true
+			m.bump(h.Region)
+		}
+	}
+	for k := range m.history {
+		if k.Stream == stream {
+			delete(m.history, k)
+		}
+	}
+	return nil
+}

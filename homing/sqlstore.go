@@ -947,3 +947,33 @@ func (s *SQLStore) String() string {
 	}
 	return fmt.Sprintf("homing.SQLStore(%s)", dialect)
 }
+
+// DeleteHomes implements Store.
+func (s *SQLStore) DeleteHomes(ctx context.Context, stream string) error {
+	if err := validateStream(stream); err != nil {
+		return err
+	}
+	return s.runTx(ctx, false, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `DELETE FROM range_homes WHERE stream = $1 RETURNING home_region`, stream)
+		if err != nil {
+			return err
+		}
+		var regions []string
+		for rows.Next() {
+			var r string
+			if err := rows.Scan(&r); err != nil {
+				rows.Close()
+				return err
+			}
+			regions = append(regions, r)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM range_epochs WHERE stream = $1`, stream); err != nil {
+			return err
+		}
+		return bumpVersions(ctx, tx, regions...)
+	})
+}

@@ -49,6 +49,11 @@ type Store interface {
 	// StreamHistory returns the epochs granted to every range of stream, by
 	// range then epoch: one statement, whatever the range count.
 	StreamHistory(ctx context.Context, stream string) ([]EpochRecord, error)
+	// DeleteHomes removes every home record and epoch history of stream
+	// (the stream was deleted; a new stream under its name starts afresh
+	// at epoch 1), bumping the homes version of the regions they were in.
+	// Deleting a stream without records does nothing.
+	DeleteHomes(ctx context.Context, stream string) error
 	// Close releases the store's resources.
 	Close()
 }

@@ -102,6 +102,8 @@ func decodeMessage(data []byte, group GroupID, from, self NodeID, snap bool, byt
 type batchLimits struct {
 	messagesMax     int
 	messageBytesMax int
+	// check is Config.CheckMessage (nil: none).
+	check func(GroupID, *raftpb.Message) error
 }
 
 // decodeBatch checks a received batch against the stream's sender and this
@@ -129,6 +131,11 @@ func decodeBatch(b *geologinternalv1.RaftBatch, from, self NodeID, lim batchLimi
 		m, err := decodeMessage(gm.GetMessage(), group, from, self, false, lim.messageBytesMax)
 		if err != nil {
 			return nil, 0, fmt.Errorf("message %d: %w", i, err)
+		}
+		if lim.check != nil {
+			if err := lim.check(group, m); err != nil {
+				return nil, 0, fmt.Errorf("%w: message %d of group %d: %w", ErrMalformed, i, group, err)
+			}
 		}
 		msgs[i] = GroupMessage{Group: group, Message: m}
 		size += len(gm.GetMessage())

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc/credentials"
 )
 
@@ -48,6 +49,13 @@ type Config struct {
 	ServerTLS *tls.Config
 	// Logger defaults to a null logger; the transport names it "raftnet".
 	Logger hclog.Logger
+	// CheckMessage, if set, validates what the transport cannot: the
+	// payload of every message received (a Raft member's entries), after
+	// the checks of contract step 8 and before the Handler sees it. It
+	// runs on the receiving goroutine; an error ends the stream as
+	// malformed (ErrMalformed), as any other invalid batch. Default: no
+	// further check.
+	CheckMessage func(group GroupID, m *raftpb.Message) error
 
 	// QueueMessagesMax bounds the messages queued for one peer, default
 	// 4096. Send refuses more with ErrQueueFull.

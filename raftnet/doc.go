@@ -56,7 +56,8 @@
 //     and every batch must name this node as receiver (else ErrWrongNode,
 //     FAILED_PRECONDITION) and the stream's sender; every message must decode
 //     and pass the checks of step 3 with from = the sender and to = this
-//     node; batches are bounded in count and bytes. Anything else ends the
+//     node, and Config.CheckMessage (the payload: a Raft member's entries);
+//     batches are bounded in count and bytes. Anything else ends the
 //     stream with ErrMalformed (INVALID_ARGUMENT) and is counted; nothing a
 //     peer sends can make the receiver panic.
 //  9. Handler.HandleMessages is called once per batch, never concurrently for

@@ -62,6 +62,8 @@ type GRPCTransport struct {
 type inboundPeer struct {
 	mu  sync.Mutex
 	gen uint64
+	// refusedGen is the generation EndInbound ended (0: none).
+	refusedGen uint64
 }
 
 var _ Transport = (*GRPCTransport)(nil)
@@ -356,7 +358,7 @@ func (t *GRPCTransport) serveStream(stream grpc.BidiStreamingServer[geologintern
 		p.heardFrom()
 	}
 	t.mu.RUnlock()
-	lim := batchLimits{messagesMax: t.cfg.BatchMessagesMax, messageBytesMax: t.cfg.MessageBytesMax}
+	lim := batchLimits{messagesMax: t.cfg.BatchMessagesMax, messageBytesMax: t.cfg.MessageBytesMax, check: t.cfg.CheckMessage}
 	for {
 		batch.Reset()
 		if err := stream.RecvMsg(batch); err != nil {
@@ -373,6 +375,23 @@ func (t *GRPCTransport) serveStream(stream grpc.BidiStreamingServer[geologintern
 			return err
 		}
 	}
+}
+
+// EndInbound ends the current inbound stream from node from at its next
+// batch, as malformed (INVALID_ARGUMENT), delivering nothing more of it:
+// for the Handler's owner, when a member found a message it delivered
+// invalid (the transport checks the form of messages, a member their
+// consistency with its log). The node's next stream is accepted as usual.
+func (t *GRPCTransport) EndInbound(from NodeID) {
+	t.inboundMu.Lock()
+	in := t.inbound[from]
+	t.inboundMu.Unlock()
+	if in == nil {
+		return
+	}
+	in.mu.Lock()
+	in.refusedGen = in.gen
+	in.mu.Unlock()
 }
 
 // authorize asks Config.AuthorizePeer whether the caller may speak for
@@ -418,6 +437,10 @@ func (t *GRPCTransport) deliver(in *inboundPeer, gen uint64, from NodeID, msgs [
 	defer in.mu.Unlock()
 	if in.gen != gen {
 		return fmt.Errorf("%w: from node %d", ErrSuperseded, from)
+	}
+	if in.refusedGen == gen {
+		t.logger.Warn("ending inbound stream: a member refused a message it carried", "from", uint64(from))
+		return fmt.Errorf("%w: a member refused a message of the stream from node %d", ErrMalformed, from)
 	}
 	t.deliverMu.RLock()
 	defer t.deliverMu.RUnlock()

@@ -184,6 +184,11 @@ func (t *GRPCTransport) receiveSnapshot(stream grpc.ClientStreamingServer[geolog
 	if err != nil {
 		return err
 	}
+	if t.cfg.CheckMessage != nil {
+		if err := t.cfg.CheckMessage(group, msg); err != nil {
+			return fmt.Errorf("%w: snapshot header: %w", ErrMalformed, err)
+		}
+	}
 	select {
 	case t.snapshotRecvSlots <- struct{}{}:
 		defer func() { <-t.snapshotRecvSlots }()

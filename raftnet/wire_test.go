@@ -276,3 +276,80 @@ func FuzzDecodeBatch(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckMessageEndsStream: a message that Config.CheckMessage refuses
+// (a Raft member's judgement of its payload) ends the stream as malformed,
+// and the handler sees nothing of its batch.
+func TestCheckMessageEndsStream(t *testing.T) {
+	var checked []uint64
+	b := startNode(t, 2, "", func(c *Config) {
+		c.CheckMessage = func(group GroupID, m *raftpb.Message) error {
+			checked = append(checked, m.GetIndex())
+			if m.GetIndex() == 13 {
+				return errors.New("unlucky")
+			}
+			return nil
+		}
+	})
+	c := rawClient(t, b)
+	hello := &geologinternalv1.RaftBatch{FromNode: 1, ToNode: 2}
+	batch := func(indexes ...uint64) *geologinternalv1.RaftBatch {
+		out := &geologinternalv1.RaftBatch{FromNode: 1, ToNode: 2}
+		for _, i := range indexes {
+			out.Messages = append(out.Messages, &geologinternalv1.GroupMessage{GroupId: 7, Message: encoded(t, msg(raftpb.MsgApp, 1, 2, i))})
+		}
+		return out
+	}
+	before := b.tr.Stats().StreamsRejected
+	if got := streamOutcome(t, c, hello, batch(1, 2), batch(3, 13, 4), batch(5)); got != codes.InvalidArgument {
+		t.Fatalf("status %s, want InvalidArgument", got)
+	}
+	if b.tr.Stats().StreamsRejected != before+1 {
+		t.Fatal("rejection not counted")
+	}
+	got := b.rec.received()
+	if len(got) != 2 || got[0].index != 1 || got[1].index != 2 {
+		t.Fatalf("handler got %+v, want the first batch only", got)
+	}
+	if len(checked) != 4 {
+		t.Fatalf("checked %v", checked)
+	}
+}
+
+// TestEndInbound: a stream its receiver's member refused ends at its next
+// batch, as malformed, and delivers nothing more; the sender's next stream
+// is taken as usual.
+func TestEndInbound(t *testing.T) {
+	b := startNode(t, 2, "", nil)
+	c := rawClient(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := c.Stream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := func(i uint64) *geologinternalv1.RaftBatch {
+		return &geologinternalv1.RaftBatch{FromNode: 1, ToNode: 2, Messages: []*geologinternalv1.GroupMessage{{GroupId: 7, Message: encoded(t, msg(raftpb.MsgApp, 1, 2, i))}}}
+	}
+	if err := s.Send(&geologinternalv1.RaftBatch{FromNode: 1, ToNode: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(batch(1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the first batch delivered", func() bool { return b.rec.count() == 1 })
+	b.tr.EndInbound(1)
+	_ = s.Send(batch(2))
+	if _, err := s.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("stream ended with %v, want InvalidArgument", err)
+	}
+	if b.rec.count() != 1 {
+		t.Fatalf("%d messages delivered, want 1", b.rec.count())
+	}
+	if got := streamOutcome(t, c, &geologinternalv1.RaftBatch{FromNode: 1, ToNode: 2}, batch(3)); got != codes.OK || b.rec.count() != 2 {
+		t.Fatalf("next stream: %s, %d delivered", got, b.rec.count())
+	}
+}

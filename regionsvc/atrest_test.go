@@ -91,7 +91,7 @@ func TestAtRestNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	createStream(t, c, "s", 2)
+	createStream(t, c, "s", 1) // one range: every key belongs to range 0
 	for i := range 60 {
 		var rs []*geologv1.Record
 		for j := range 5 {

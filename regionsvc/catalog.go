@@ -26,6 +26,10 @@ const (
 	streamNameBytesMax = 128
 	rangeCountMax      = 4096
 	regionsMax         = 16
+	// retentionAgeMillisMax bounds a retention age: 100 years.
+	retentionAgeMillisMax = 100 * 365 * 24 * 3600 * 1000
+	// retentionBytesMax bounds a range's retained bytes: 1 EiB.
+	retentionBytesMax = 1 << 60
 )
 
 var streamNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
@@ -200,6 +204,14 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 	ret := req.GetRetention()
 	if ret.GetMaxAgeMs() < 0 || ret.GetMaxBytes() < 0 {
 		return streamSpec{}, apierr.New(apierr.InvalidArgument, "retention must not be negative")
+	}
+	// The age becomes a time.Duration (nanoseconds in an int64): past
+	// about 9.2e12 ms it would wrap negative and the ranges never open.
+	if ret.GetMaxAgeMs() > retentionAgeMillisMax {
+		return streamSpec{}, apierr.New(apierr.InvalidArgument, "retention max_age_ms %d is over the maximum of %d (100 years)", ret.GetMaxAgeMs(), int64(retentionAgeMillisMax))
+	}
+	if ret.GetMaxBytes() > retentionBytesMax {
+		return streamSpec{}, apierr.New(apierr.InvalidArgument, "retention max_bytes %d is over the maximum of %d", ret.GetMaxBytes(), int64(retentionBytesMax))
 	}
 	homes, err := rangeHomes(req, regions, defaultRegion)
 	if err != nil {

@@ -60,7 +60,7 @@ func (n *Node) fetch(ctx context.Context, req *geologv1.FetchRequest, send func(
 		}
 		if len(recs) > 0 {
 			next = after
-			if err := send(&geologv1.FetchResponse{Records: recs, NextOffset: next, TailOffset: rd.committed.Load()}); err != nil {
+			if err := send(&geologv1.FetchResponse{Records: recs, NextOffset: next, TailOffset: rd.servableEnd()}); err != nil {
 				return err
 			}
 			continue

@@ -113,6 +113,7 @@ func coordinateBackoff(attempt int) time.Duration {
 	return min(10*time.Millisecond<<attempt, 500*time.Millisecond)
 }
 
+// sleepCtx waits d or until ctx ends (a TIMEOUT *apierr.Error then).
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -120,7 +121,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return apierr.As(ctx.Err())
 	}
 }
 

@@ -42,6 +42,14 @@ type epochHistories struct {
 	failed map[string]epochReadFailure
 }
 
+// forget drops what the cache holds of stream (deleted).
+func (e *epochHistories) forget(stream string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.byStream, stream)
+	delete(e.failed, stream)
+}
+
 type epochReadFailure struct {
 	at  time.Time
 	why string

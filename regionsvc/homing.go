@@ -79,6 +79,9 @@ type homingState struct {
 	created map[string]bool
 
 	failover *failoverAgent
+	// refresh asks the homing loop to read the directory now (capacity 1;
+	// see refreshHomesSoon).
+	refresh chan struct{}
 	// writeMu serialises the rehome coordinator's store writes.
 	writeMu sync.Mutex
 	// wants are the epoch starts range fences lack (timeline.go).
@@ -140,6 +143,7 @@ func (n *Node) startHoming() error {
 		homes:   h,
 		dir:     map[homing.RangeKey]homing.Home{},
 		created: map[string]bool{},
+		refresh: make(chan struct{}, 1),
 		wants:   epochWants{ch: make(chan struct{}, 1)},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -173,6 +177,7 @@ func (n *Node) homingLoop() {
 	defer cancel()
 	go func() { <-hs.stop; cancel() }()
 	n.refreshDirectory(ctx)
+	lastRead := time.Now()
 	for {
 		select {
 		case <-hs.homes.Changed():
@@ -180,7 +185,15 @@ func (n *Node) homingLoop() {
 		case <-dirTick.C:
 			n.refreshDirectory(ctx)
 			n.warmEpochHistories(ctx)
+			lastRead = time.Now()
 			n.serveEpochWants(ctx)
+		case <-hs.refresh:
+			// At most one extra read per homeRefreshIntervalMin, however
+			// often mirrors ask (a peer can make them ask).
+			if time.Since(lastRead) >= homeRefreshIntervalMin {
+				n.refreshDirectory(ctx)
+				lastRead = time.Now()
+			}
 		case <-hs.wants.ch:
 			n.serveEpochWants(ctx)
 		case <-failTick.C:
@@ -188,6 +201,24 @@ func (n *Node) homingLoop() {
 		case <-hs.stop:
 			return
 		}
+	}
+}
+
+// homeRefreshIntervalMin bounds how often refreshHomesSoon reads the
+// directory between its regular reads.
+const homeRefreshIntervalMin = 100 * time.Millisecond
+
+// refreshHomesSoon asks the homing loop to read the homes of the ranges
+// homed elsewhere now rather than at its next interval: a mirror heard of
+// an epoch it does not know. It never blocks; without homing it does
+// nothing.
+func (n *Node) refreshHomesSoon() {
+	if n.homing == nil {
+		return
+	}
+	select {
+	case n.homing.refresh <- struct{}{}:
+	default:
 	}
 }
 

@@ -22,7 +22,18 @@ type nodeMetrics struct {
 	rehomePhases  metric.Float64Histogram
 	fsyncSeconds  metric.Float64Histogram
 	fsyncRecords  metric.Int64Histogram
+	// peerRefused counts messages from peers refused as invalid, by
+	// source ("raft", "mirror").
+	peerRefused metric.Int64Counter
+	// overloads counts requests refused by a budget or quota, by limit
+	// (limits.go).
+	overloads metric.Int64Counter
 }
+
+var (
+	peerRaft   = metric.WithAttributes(attribute.String("source", "raft"))
+	peerMirror = metric.WithAttributes(attribute.String("source", "mirror"))
+)
 
 func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	m := mp.Meter("github.com/geolog/geolog/regionsvc")
@@ -57,6 +68,9 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	if nm.fsyncRecords, err = m.Int64Histogram("geolog.segment.fsync_records",
 		metric.WithDescription("records made durable by one fsync round"), metric.WithUnit("{record}"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)); err != nil {
+		return nil, err
+	}
+	if err := nm.addRefusalCounters(m); err != nil {
 		return nil, err
 	}
 	tail, err := m.Int64ObservableGauge("geolog.range.tail_offset",
@@ -127,6 +141,19 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 		return nil, err
 	}
 	return &nm, nil
+}
+
+// addRefusalCounters makes the counters of what peers and clients were
+// refused (peer checks, limits.go).
+func (nm *nodeMetrics) addRefusalCounters(m metric.Meter) error {
+	var err error
+	if nm.peerRefused, err = m.Int64Counter("geolog.peer.refused_messages",
+		metric.WithDescription("Raft messages and mirror requests from peers refused (the node changed nothing), by source")); err != nil {
+		return err
+	}
+	nm.overloads, err = m.Int64Counter("geolog.limits.refused_requests",
+		metric.WithDescription("requests refused with OVERLOADED or RESOURCE_EXHAUSTED by a budget or quota, by limit"))
+	return err
 }
 
 var (

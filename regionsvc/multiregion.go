@@ -77,6 +77,20 @@ func (n *Node) propagateCreate(ctx context.Context, w createWant) error {
 }
 
 func (n *Node) createInRegion(ctx context.Context, region string, w createWant) error {
+	return n.propagateToRegion(ctx, region, func(cctx context.Context, addr string, c geologv1.LogClient) error {
+		_, err := c.CreateStream(cctx, createRequest(w.spec))
+		if apierr.CodeOf(err) == apierr.StreamExists {
+			return n.checkSameDefinition(ctx, addr, region, w)
+		}
+		return err
+	})
+}
+
+// propagateToRegion makes a request propagated to region (marked so that
+// the region does not propagate it further) through its nodes in turn:
+// call sends it to one; a node that answers NOT_LEADER or a retriable
+// error passes the turn to the next.
+func (n *Node) propagateToRegion(ctx context.Context, region string, call func(ctx context.Context, addr string, c geologv1.LogClient) error) error {
 	addrs := n.cfg.Regions[region]
 	if len(addrs) == 0 {
 		return apierr.New(apierr.InvalidArgument, "region %q has no known addresses on this node (see Config.Regions)", region)
@@ -89,15 +103,12 @@ func (n *Node) createInRegion(ctx context.Context, region string, w createWant) 
 			continue
 		}
 		cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, propagatedKey, n.cfg.Region), 20*time.Second)
-		_, err = geologv1.NewLogClient(conn).CreateStream(cctx, createRequest(w.spec))
+		err = call(cctx, addr, geologv1.NewLogClient(conn))
 		cancel()
 		if err == nil {
 			return nil
 		}
 		e := apierr.FromError(err)
-		if e.Code == apierr.StreamExists {
-			return n.checkSameDefinition(ctx, addr, region, w)
-		}
 		if !e.Retriable && e.Code != apierr.NotLeader {
 			return e
 		}
@@ -229,12 +240,49 @@ func (s *mirrorStore) Open(ctx context.Context, stream string, rng uint32) (repl
 	if err := s.n.checkMirrorCaller(ctx, d); err != nil {
 		return nil, err
 	}
-	return &mirrorRange{driverSource{d: d}}, nil
+	return &mirrorRange{driverSource: driverSource{d: d}, n: s.n}, nil
 }
 
 // mirrorRange is one range's mirror group, as led by this node; it reads
 // its applied frames as a home's source does.
-type mirrorRange struct{ driverSource }
+type mirrorRange struct {
+	driverSource
+	n *Node
+}
+
+var _ replicator.HomeChecker = (*mirrorRange)(nil)
+
+// CheckHome implements replicator.HomeChecker: a mirror takes frames from
+// the range's home at the current epoch only, as this node knows them
+// (the lease store's, through its homing view; the stream's spec without
+// homing). A source at an epoch this node has not heard of yet is told to
+// retry, and the node reads the lease store's homes at once: a new home's
+// first stream after a takeover or a rehome waits for that read, not for
+// the next directory interval.
+func (m *mirrorRange) CheckHome(region string, epoch uint64) error {
+	err := m.checkHome(region, epoch)
+	if err != nil {
+		m.n.metrics.peerRefused.Add(context.Background(), 1, peerMirror)
+	}
+	return err
+}
+
+func (m *mirrorRange) checkHome(region string, epoch uint64) error {
+	role := m.d.role()
+	switch {
+	case role.region == "" || epoch > role.epoch:
+		m.n.refreshHomesSoon()
+		return apierr.New(apierr.NotHome, "stream %s range %d: homing epoch %d from region %s is above the current one here (%s at epoch %d)",
+			m.d.cfg.stream, m.d.cfg.rangeID, epoch, region, role.region, role.epoch)
+	case epoch < role.epoch:
+		return apierr.New(apierr.StaleEpoch, "stream %s range %d: homing epoch %d from region %s, the home is %s at epoch %d",
+			m.d.cfg.stream, m.d.cfg.rangeID, epoch, region, role.region, role.epoch)
+	case region != role.region:
+		return apierr.New(apierr.NotHome, "stream %s range %d: region %s is not the home (%s at epoch %d)",
+			m.d.cfg.stream, m.d.cfg.rangeID, region, role.region, role.epoch)
+	}
+	return nil
+}
 
 var _ replicator.MirrorRange = (*mirrorRange)(nil)
 

@@ -760,7 +760,7 @@ func TestMirrorApplyPublishesItsEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &mirrorRange{driverSource{d: md}}
+	m := &mirrorRange{driverSource: driverSource{d: md}, n: w.nodes["eu"][1]}
 	tail := home.committed.Load()
 	applies := 0
 	for from := m.AppliedEnd(); from < tail; from = m.AppliedEnd() {

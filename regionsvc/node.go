@@ -14,7 +14,6 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/atrest"
-	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/compact"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/keyspace"
@@ -158,6 +157,8 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives gRPC spans, default a no-op provider.
 	TracerProvider trace.TracerProvider
+	// Limits are the node's resource bounds (limits.go).
+	Limits LimitsConfig
 
 	// CursorRanges is the range count of the cursor stream ("_cursors",
 	// cursorstream.go), default 16; CursorHome the region its ranges are
@@ -281,6 +282,7 @@ func (c *Config) setDefaults() error {
 	if c.TracerProvider == nil {
 		c.TracerProvider = tracenoop.NewTracerProvider()
 	}
+	c.Limits.setDefaults(fileLimit())
 	return c.setConsumerDefaults()
 }
 
@@ -336,8 +338,19 @@ type Node struct {
 	keyring     *atrest.Keyring // nil: encryption at rest is off
 	closing     chan struct{}
 	started     time.Time // when New returned (Config.Now)
-	closeOnce   sync.Once
-	serveErr    chan error
+	// limits are the node's budgets and quotas (limits.go); conns its
+	// bounded listener (after Start).
+	limits *limits
+	conns  *limitListener
+	// rangesMu guards rangesReserved: the ranges of creates in progress,
+	// counted against Limits.RangesMax.
+	rangesMu       sync.Mutex
+	rangesReserved int
+	// deleted are the streams this node deleted (delete.go).
+	deletedMu sync.Mutex
+	deleted   map[string]bool
+	closeOnce sync.Once
+	serveErr  chan error
 }
 
 // New opens the data directory, recovers every range and returns a node that
@@ -369,6 +382,7 @@ func New(cfg Config) (*Node, error) {
 	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
+	n.limits = newLimits(cfg.Limits, cfg.Now, n.metrics, cfg.Logger)
 	if n.authMetrics, err = newAuthMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
@@ -479,11 +493,9 @@ func (n *Node) Start() error {
 		return fmt.Errorf("regionsvc: listen: %w", err)
 	}
 	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(n.cfg.BatchBytesMax + (4 << 20)),
 		grpc.MaxSendMsgSize(readBytesMax + (4 << 20)),
 		grpc.InitialWindowSize(4 << 20),
 		grpc.InitialConnWindowSize(16 << 20),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		// OpenTelemetry lives at the gRPC boundary: one span and the RPC
 		// metrics per call.
@@ -498,9 +510,9 @@ func (n *Node) Start() error {
 	if n.replicated() {
 		// Raft's transport shares the port; its options bound its streams.
 		opts = append(opts, n.region.transport.ServerOptions()...)
-		opts = append(opts, grpc.MaxRecvMsgSize(max(n.cfg.BatchBytesMax+(4<<20), 64<<20)))
 		rs, err := replicator.NewServer(replicator.ServerConfig{Region: n.cfg.Region, Store: &mirrorStore{n: n},
-			Now: n.cfg.Now, Logger: n.cfg.Logger, AuthorizeSource: n.authorizeMirrorSource})
+			Now: n.cfg.Now, Logger: n.cfg.Logger, UncompressedBytesMax: n.cfg.frameBytesMax(),
+			AuthorizeSource: n.authorizeMirrorSource})
 		if err != nil {
 			lis.Close()
 			return fmt.Errorf("regionsvc: mirror server: %w", err)
@@ -509,12 +521,16 @@ func (n *Node) Start() error {
 		// The Mirror service's keepalive policy and bounds; the receive
 		// bound stays the larger one, given last.
 		opts = append(opts, rs.ServerOptions()...)
-		opts = append(opts, grpc.MaxRecvMsgSize(max(n.cfg.BatchBytesMax+(4<<20), 64<<20, batch.FrameBytesMax+(1<<20))))
 	}
 	n.advertise = n.cfg.AdvertiseAddr
 	if n.advertise == "" {
 		n.advertise = lis.Addr().String()
 	}
+	// The limits come last: their receive limit, near the batch bound,
+	// is the one for every service on the port (Raft's messages and the
+	// mirror's batches carry frames of at most a batch).
+	opts = append(opts, n.limits.serverOptions(n.cfg.recvMsgBytesMax())...)
+	n.conns = newLimitListener(lis, n.limits)
 	n.grpcServer = grpc.NewServer(opts...)
 	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
 	geologv1.RegisterAdminServer(n.grpcServer, &adminServer{node: n})
@@ -536,7 +552,7 @@ func (n *Node) Start() error {
 	n.cursors = newCursorService(n)
 	go n.cursors.run()
 	n.startCleaner()
-	go func() { n.serveErr <- n.grpcServer.Serve(lis) }()
+	go func() { n.serveErr <- n.grpcServer.Serve(n.conns) }()
 	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region, "tls", n.secure())
 	return nil
 }
@@ -612,17 +628,23 @@ func (n *Node) Close() error {
 
 // rangeOf finds an open range, or returns a typed error.
 func (n *Node) rangeOf(ctx context.Context, stream string, r uint32) (*rangeDriver, error) {
+	d, _, err := n.rangeAndCount(ctx, stream, r)
+	return d, err
+}
+
+// rangeAndCount is rangeOf, with the stream's range count.
+func (n *Node) rangeAndCount(ctx context.Context, stream string, r uint32) (*rangeDriver, uint32, error) {
 	if stream == "" {
-		return nil, apierr.New(apierr.InvalidArgument, "stream name is empty")
+		return nil, 0, apierr.New(apierr.InvalidArgument, "stream name is empty")
 	}
 	st, err := n.lookupStream(ctx, stream)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if r >= uint32(len(st.ranges)) {
-		return nil, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
+		return nil, 0, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
 	}
-	return st.ranges[r], nil
+	return st.ranges[r], uint32(len(st.ranges)), nil
 }
 
 func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.StreamInfo, error) {
@@ -644,6 +666,15 @@ func (n *Node) createStreamFromSpec(ctx context.Context, w createWant) (*geologv
 	case <-n.closing:
 		return nil, apierr.New(apierr.ShuttingDown, "node is shutting down")
 	default:
+	}
+	if spec.hasRegion(n.cfg.Region) {
+		// The node must be able to open every range: refused up front,
+		// not accepted and left unopenable.
+		release, err := n.reserveRanges(spec.RangeCount)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 	}
 	if n.replicated() {
 		return n.createStreamRegions(ctx, w)
@@ -683,6 +714,7 @@ func (n *Node) createStreamFromSpec(ctx context.Context, w createWant) (*geologv
 	n.mu.Lock()
 	n.streams[spec.Name] = st
 	n.mu.Unlock()
+	n.forgetDeleted(spec.Name)
 	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount)
 	return spec.info(), nil
 }

@@ -68,11 +68,12 @@ func createStream(t *testing.T, c geologv1.LogClient, name string, ranges uint32
 	}
 }
 
+// recs builds n keyless records (a key must belong to the range it is
+// appended to; a keyless record goes anywhere).
 func recs(prefix string, n int) []*geologv1.Record {
 	out := make([]*geologv1.Record, n)
 	for i := range out {
 		out[i] = &geologv1.Record{
-			Key:     []byte(prefix),
 			Value:   []byte(fmt.Sprintf("%s-%d", prefix, i)),
 			Headers: []*geologv1.Header{{Key: "i", Value: []byte{byte(i)}}},
 		}

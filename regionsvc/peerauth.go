@@ -78,15 +78,15 @@ func hasInternalHeader(ctx context.Context) bool {
 // secure reports whether the node checks identities (it serves TLS).
 func (n *Node) secure() bool { return n.cfg.TLS != nil }
 
-// principalOf names the caller of a request for logs, metrics and access
-// rules: "node:<region>/<id>" or a client's principal; "" without TLS or
-// without a valid identity.
+// principalOf names the caller of a request, the one place the node
+// decides it (logs, metrics, access rules, quotas): "node:<region>/<id>"
+// or a client's principal from its verified certificate; without TLS or a
+// valid identity, the peer's address (addrPrincipal).
 func principalOf(ctx context.Context) string {
-	id, err := pki.PeerIdentity(ctx)
-	if err != nil {
-		return ""
+	if id, err := pki.PeerIdentity(ctx); err == nil && id.Name() != "" {
+		return id.Name()
 	}
-	return id.Name()
+	return addrPrincipal(ctx)
 }
 
 // authorizeCall decides whether the caller of ctx may make a call to

@@ -49,6 +49,9 @@ type appendOp struct {
 	res        appendResult
 	endOffset  uint64
 	frameBytes int
+	// held is what the append holds of the node's budget of appends in
+	// flight, released as it is answered (server.go).
+	held int64
 }
 
 // rangeDriverConfig configures one range driver.
@@ -142,6 +145,8 @@ type rangeDriver struct {
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
+	// peerRefusedLogged is when a refused peer message was last logged.
+	peerRefusedLogged time.Time
 
 	// Owned by the run goroutine.
 	keyc               *keyCompactor // nil unless the stream compacts by key

@@ -16,6 +16,7 @@ import (
 	"github.com/geolog/geolog/batch"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/raftnet"
+	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
@@ -31,7 +32,7 @@ import (
 
 // metaRecord is one catalogue record in the meta range.
 type metaRecord struct {
-	Op   string     `json:"op"` // "create"
+	Op   string     `json:"op"` // "create" or "delete" (delete.go)
 	Spec streamSpec `json:"spec"`
 	// Nonce tells the creator its own record from a racing create of the
 	// same name (the first committed wins).
@@ -76,6 +77,11 @@ func (n *Node) openRegion() error {
 		Logger:            n.cfg.Logger.Named("raftnet"),
 		ClientCredentials: n.dialCredentials(),
 		AuthorizePeer:     n.authorizeRaftPeer,
+		// Entries are checked on receipt (frames, offsets, indexes): a
+		// peer that sends a bad one loses its stream (replica/peercheck.go).
+		CheckMessage: func(_ raftnet.GroupID, m *raftpb.Message) error { return replica.CheckPeerMessage(m) },
+		// Within the node's receive limit: an entry is a frame.
+		MessageBytesMax: n.cfg.raftMessageBytesMax(),
 	})
 	if err != nil {
 		return fmt.Errorf("regionsvc: raft transport: %w", err)
@@ -199,8 +205,12 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 
 func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	var rec metaRecord
-	if err := json.Unmarshal(value, &rec); err != nil || rec.Op != "create" {
+	if err := json.Unmarshal(value, &rec); err != nil || (rec.Op != "create" && rec.Op != "delete") {
 		n.logger.Error("catalogue record not understood; skipped", "offset", at, "error", err)
+		return
+	}
+	if rec.Op == "delete" {
+		n.applyDelete(at, rec.Spec)
 		return
 	}
 	n.mu.RLock()
@@ -212,6 +222,7 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	spec := rec.Spec
 	spec.MetaOffset = at
 	n.addReplicatedStream(spec)
+	n.forgetDeleted(spec.Name)
 	// Remember what was applied, so that after a restart this node hosts
 	// the stream's replicas at once instead of waiting for the catalogue
 	// group to commit again (which, with another node down, can take a
@@ -249,34 +260,9 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 	if exists {
 		return apierr.New(apierr.StreamExists, "stream %q already exists", spec.Name)
 	}
-	var nonceBytes [8]byte
-	rand.Read(nonceBytes[:])
-	rec := metaRecord{Op: "create", Spec: spec, Nonce: binary.LittleEndian.Uint64(nonceBytes[:])}
-	value, err := json.Marshal(rec)
+	res, err := n.proposeMeta(ctx, metaRecord{Op: "create", Spec: spec})
 	if err != nil {
 		return err
-	}
-	var res appendResult
-	for {
-		frame := batch.Encode(nil, batch.Header{Type: batch.TypeData}, []batch.Record{{Key: []byte(spec.Name), Value: value}})
-		done := make(chan appendResult, 1)
-		n.region.meta.submit(ctx, &appendOp{recordCount: 1, frame: frame, reply: func(r appendResult) { done <- r }})
-		select {
-		case res = <-done:
-		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "create stream %q: %v", spec.Name, ctx.Err())
-		}
-		// The catalogue has no leader yet (a region starting or electing),
-		// or one whose node is down: wait for one rather than fail the
-		// create.
-		if e := apierr.As(res.err); res.err == nil || e.Code != apierr.NotLeader || n.catalogueLeaderUp() {
-			break
-		}
-		select {
-		case <-time.After(50 * time.Millisecond):
-		case <-ctx.Done():
-			return apierr.New(apierr.Unavailable, "create stream %q: the catalogue has no leader: %v", spec.Name, ctx.Err())
-		}
 	}
 	if res.err != nil {
 		// The leader's peer address, not the error's hint: a hint is for
@@ -301,6 +287,40 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 func (n *Node) catalogueLeaderUp() bool {
 	id := n.region.meta.rep.LeaderID()
 	return id != 0 && !n.region.meta.peerDown(id)
+}
+
+// proposeMeta proposes a catalogue record (with a fresh nonce) and returns
+// its outcome; while the catalogue has no leader (a region starting or
+// electing) it waits for one rather than fail.
+func (n *Node) proposeMeta(ctx context.Context, rec metaRecord) (appendResult, error) {
+	var nonceBytes [8]byte
+	rand.Read(nonceBytes[:])
+	rec.Nonce = binary.LittleEndian.Uint64(nonceBytes[:])
+	value, err := json.Marshal(rec)
+	if err != nil {
+		return appendResult{}, err
+	}
+	for {
+		frame := batch.Encode(nil, batch.Header{Type: batch.TypeData}, []batch.Record{{Key: []byte(rec.Spec.Name), Value: value}})
+		done := make(chan appendResult, 1)
+		n.region.meta.submit(ctx, &appendOp{recordCount: 1, frame: frame, reply: func(r appendResult) { done <- r }})
+		var res appendResult
+		select {
+		case res = <-done:
+		case <-ctx.Done():
+			return appendResult{}, apierr.New(apierr.Timeout, "%s stream %q: %v", rec.Op, rec.Spec.Name, ctx.Err())
+		}
+		// A leader whose node is down counts as none (hints name advertised
+		// addresses, and a node may not know its leader's yet).
+		if e := apierr.As(res.err); res.err == nil || e.Code != apierr.NotLeader || n.catalogueLeaderUp() {
+			return res, nil
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return appendResult{}, apierr.New(apierr.Unavailable, "%s stream %q: the catalogue has no leader: %v", rec.Op, rec.Spec.Name, ctx.Err())
+		}
+	}
 }
 
 // waitOwnStream waits until this node applied the record created at

@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -224,7 +225,33 @@ func (d *rangeDriver) drainReplicated() {
 
 func (d *rangeDriver) step(msgs []*raftpb.Message) {
 	for _, m := range msgs {
-		d.rep.Step(m)
+		if err := d.rep.Step(m); errors.Is(err, replica.ErrInvalidMessage) {
+			d.peerRefused(err, m.GetFrom())
+		}
+	}
+}
+
+// peerRefusedLogInterval bounds how often a range logs the peer messages
+// it refuses (each is counted).
+const peerRefusedLogInterval = 10 * time.Second
+
+// inboundEnder is the transport's way to end a peer's stream
+// (raftnet.GRPCTransport.EndInbound); the simulator's transport has none.
+type inboundEnder interface {
+	EndInbound(from raftnet.NodeID)
+}
+
+// peerRefused counts, and logs now and then, a Raft message the replica
+// refused: a peer sent what no correct member sends. The stream that
+// carried it ends.
+func (d *rangeDriver) peerRefused(err error, from uint64) {
+	d.cfg.metrics.peerRefused.Add(context.Background(), 1, peerRaft)
+	if e, ok := d.cfg.repl.transport.(inboundEnder); ok {
+		e.EndInbound(raftnet.NodeID(from))
+	}
+	if now := d.cfg.now(); now.Sub(d.peerRefusedLogged) >= peerRefusedLogInterval {
+		d.peerRefusedLogged = now
+		d.logger.Warn("refused a raft message from a peer", "from", from, "error", err)
 	}
 }
 

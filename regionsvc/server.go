@@ -9,16 +9,14 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/appendwire"
+	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
 )
 
 // Bounds on requests.
 const (
-	// recordsPerBatchMax bounds the records of one append.
-	recordsPerBatchMax = 1 << 17
-	// headersPerRecordMax bounds the headers of one record.
-	headersPerRecordMax = 256
 	// streamInflightMax bounds the unanswered requests of one AppendStream.
 	streamInflightMax = 1024
 	// minOffsetWaitMax bounds a min_offset read without a deadline.
@@ -32,9 +30,16 @@ type logServer struct {
 	node *Node
 }
 
-// prepareAppend validates req and encodes its frame. Errors are *apierr.Error.
-func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest) (*rangeDriver, *appendOp, error) {
-	rd, err := n.rangeOf(ctx, req.GetStream(), req.GetRange())
+// prepareAppend validates req and encodes its frame, within the node's
+// bounds: the principal's quota (its request too when streamed: a unary
+// request's was taken as it arrived) and the bytes of appends in flight,
+// which the op holds until it is answered (op.held). Errors are
+// *apierr.Error.
+func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, streamed bool) (*rangeDriver, *appendOp, error) {
+	if err := appendwire.Over(req); err != nil {
+		return nil, nil, err
+	}
+	rd, rangeCount, err := n.rangeAndCount(ctx, req.GetStream(), req.GetRange())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -58,33 +63,12 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest) (
 	if req.GetProducerId() != 0 && req.GetBaseSequence() > math.MaxUint64-uint64(len(recs)) {
 		return nil, nil, apierr.New(apierr.InvalidArgument, "base_sequence %d overflows", req.GetBaseSequence())
 	}
-	brecs := make([]batch.Record, len(recs))
-	size := batch.HeaderSize
-	for i, r := range recs {
-		if len(r.GetHeaders()) > headersPerRecordMax {
-			return nil, nil, apierr.New(apierr.InvalidArgument, "record %d has %d headers, over the maximum of %d", i, len(r.GetHeaders()), headersPerRecordMax)
-		}
-		recBytes := len(r.GetKey()) + len(r.GetValue())
-		var hdrs []batch.RecordHeader
-		if len(r.GetHeaders()) > 0 {
-			hdrs = make([]batch.RecordHeader, len(r.GetHeaders()))
-			for j, h := range r.GetHeaders() {
-				hdrs[j] = batch.RecordHeader{Key: h.GetKey(), Value: h.GetValue()}
-				recBytes += len(h.GetKey()) + len(h.GetValue())
-			}
-		}
-		if recBytes > n.cfg.RecordBytesMax {
-			return nil, nil, apierr.New(apierr.RecordTooLarge, "record %d is %d bytes, over the maximum of %d", i, recBytes, n.cfg.RecordBytesMax)
-		}
-		if err := checkRecordForCleanup(i, r, rd.cfg.compaction != nil); err != nil {
-			return nil, nil, err
-		}
-		brecs[i] = batch.Record{Key: r.GetKey(), Value: r.GetValue(), Headers: hdrs, ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos(),
-			Tombstone: r.GetTombstone()}
-		size += batch.EncodedRecordSize(brecs[i])
-		if size > n.cfg.BatchBytesMax {
-			return nil, nil, apierr.New(apierr.BatchTooLarge, "batch is over the maximum of %d bytes", n.cfg.BatchBytesMax)
-		}
+	brecs, size, err := n.batchRecords(req, rangeCount, rd.cfg.compaction != nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := n.admitAppendBytes(ctx, size, streamed); err != nil {
+		return nil, nil, err
 	}
 	h := batch.Header{Type: batch.TypeData}
 	if req.GetProducerId() != 0 {
@@ -98,14 +82,80 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest) (
 		recordCount:  uint32(len(recs)),
 		frame:        frame,
 		epoch:        epoch,
+		held:         int64(size),
 	}, nil
+}
+
+// batchRecords validates an append's records, each of whose keys must
+// belong to the range (an empty key goes anywhere; a compacted stream
+// takes no keyless records), and returns them as batch records with the
+// encoded batch's size.
+func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32, compacted bool) ([]batch.Record, int, error) {
+	recs := req.GetRecords()
+	brecs := make([]batch.Record, len(recs))
+	size := batch.HeaderSize
+	headers := 0
+	for i, r := range recs {
+		if len(r.GetHeaders()) > headersPerRecordMax {
+			return nil, 0, apierr.New(apierr.InvalidArgument, "record %d has %d headers, over the maximum of %d", i, len(r.GetHeaders()), headersPerRecordMax)
+		}
+		if headers += len(r.GetHeaders()); headers > headersPerBatchMax {
+			return nil, 0, apierr.New(apierr.BatchTooLarge, "over %d record headers in one batch", headersPerBatchMax)
+		}
+		if k := r.GetKey(); len(k) > 0 {
+			if home := keyspace.RangeForKey(k, rangeCount); home != req.GetRange() {
+				return nil, 0, apierr.New(apierr.InvalidArgument, "record %d: its key belongs to range %d of %s, not range %d", i, home, req.GetStream(), req.GetRange())
+			}
+		}
+		recBytes := len(r.GetKey()) + len(r.GetValue())
+		var hdrs []batch.RecordHeader
+		if len(r.GetHeaders()) > 0 {
+			hdrs = make([]batch.RecordHeader, len(r.GetHeaders()))
+			for j, h := range r.GetHeaders() {
+				hdrs[j] = batch.RecordHeader{Key: h.GetKey(), Value: h.GetValue()}
+				recBytes += len(h.GetKey()) + len(h.GetValue())
+			}
+		}
+		if recBytes > n.cfg.RecordBytesMax {
+			return nil, 0, apierr.New(apierr.RecordTooLarge, "record %d is %d bytes, over the maximum of %d", i, recBytes, n.cfg.RecordBytesMax)
+		}
+		if err := checkRecordForCleanup(i, r, compacted); err != nil {
+			return nil, 0, err
+		}
+		brecs[i] = batch.Record{Key: r.GetKey(), Value: r.GetValue(), Headers: hdrs, ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos(),
+			Tombstone: r.GetTombstone()}
+		size += batch.EncodedRecordSize(brecs[i])
+		if size > n.cfg.BatchBytesMax {
+			return nil, 0, apierr.New(apierr.BatchTooLarge, "batch is over the maximum of %d bytes", n.cfg.BatchBytesMax)
+		}
+	}
+	return brecs, size, nil
+}
+
+// admitAppendBytes takes an append of size bytes from the principal's
+// quota and from the node's budget of appends in flight (released when
+// the append is answered), or refuses it with OVERLOADED.
+func (n *Node) admitAppendBytes(ctx context.Context, size int, streamed bool) error {
+	l := n.limits
+	requests := int64(0)
+	if streamed {
+		requests = 1
+	}
+	p := l.quotas.principal(ctx)
+	if wait := l.quotas.take(p, requests, int64(size)); wait > 0 {
+		return l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", p, wait)
+	}
+	if !l.appends.tryAcquire(int64(size)) {
+		return l.overloaded(ctx, "appends", jittered(overloadRetryAfter), "node holds %d bytes of appends in flight", l.appends.inUse())
+	}
+	return nil
 }
 
 // appendAsync validates and submits req; done is called exactly once, from
 // some goroutine, with the reply (errors ride in its Error field).
-func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, done func(*geologv1.AppendResponse)) {
+func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, streamed bool, done func(*geologv1.AppendResponse)) {
 	id := req.GetRequestId()
-	rd, op, err := n.prepareAppend(ctx, req)
+	rd, op, err := n.prepareAppend(ctx, req, streamed)
 	if err != nil {
 		n.metrics.appendResult(ctx, appendResult{err: err})
 	}
@@ -114,6 +164,7 @@ func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, don
 		return
 	}
 	op.reply = func(r appendResult) {
+		n.limits.appends.release(op.held)
 		n.metrics.appendResult(ctx, r)
 		if r.err != nil {
 			done(&geologv1.AppendResponse{RequestId: id, Error: apierr.As(n.withForkPoint(rd, r.err)).Detail()})
@@ -133,7 +184,7 @@ func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, don
 
 func (s *logServer) Append(ctx context.Context, req *geologv1.AppendRequest) (*geologv1.AppendResponse, error) {
 	ch := make(chan *geologv1.AppendResponse, 1)
-	s.node.appendAsync(ctx, req, func(r *geologv1.AppendResponse) { ch <- r })
+	s.node.appendAsync(ctx, req, false, func(r *geologv1.AppendResponse) { ch <- r })
 	select {
 	case r := <-ch:
 		if r.Error != nil {
@@ -166,7 +217,7 @@ func (s *logServer) AppendStream(stream geologv1.Log_AppendStreamServer) error {
 				recvErr <- ctx.Err()
 				return
 			}
-			s.node.appendAsync(ctx, req, func(r *geologv1.AppendResponse) { replies <- r })
+			s.node.appendAsync(ctx, req, true, func(r *geologv1.AppendResponse) { replies <- r })
 		}
 	}()
 	for {
@@ -251,6 +302,9 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "unknown consistency %d", req.GetConsistency()))
 	}
 	maxRecords, maxBytes := clampRead(req.GetMaxRecords(), req.GetMaxBytes())
+	if err := s.node.holdReadReply(ctx, maxBytes); err != nil {
+		return nil, apierr.ToStatus(err)
+	}
 	var recs []*geologv1.StoredRecord
 	var next uint64
 	if homeTail != nil {
@@ -261,6 +315,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
+	s.node.limits.quotas.charge(s.node.limits.quotas.principal(ctx), recordBytes(recs))
 	return &geologv1.ReadResponse{
 		Records:     recs,
 		NextOffset:  next,
@@ -270,66 +325,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 }
 
 func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_SubscribeServer) error {
-	ctx := stream.Context()
-	rd, err := s.node.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
-	if err != nil {
-		return apierr.ToStatus(err)
-	}
-	var next uint64
-	switch start := req.GetStart().(type) {
-	case *geologv1.SubscribeRequest_FromOffset:
-		next = start.FromOffset
-	case *geologv1.SubscribeRequest_FromTimeUnixNanos:
-		if next, err = rd.offsetForTime(start.FromTimeUnixNanos); err != nil {
-			return apierr.ToStatus(err)
-		}
-	default:
-		next = 0
-	}
-	_, maxBytes := clampRead(0, req.GetMaxBytes())
-	var behind time.Time // since when next is past the servable end
-	for {
-		changed := rd.changed()
-		recs, n, err := rd.read(req.Key, next, readRecordsDefault, maxBytes)
-		var wait <-chan time.Time
-		if apierr.CodeOf(err) == apierr.PastLocalTail {
-			left, werr := rd.subscribeWait(next, &behind)
-			if werr != nil {
-				return apierr.ToStatus(werr)
-			}
-			if left > 0 {
-				wait = time.After(left)
-			}
-			err = nil
-		} else {
-			behind = time.Time{}
-		}
-		if err != nil {
-			return apierr.ToStatus(err)
-		}
-		if len(recs) == 0 && req.Key != nil {
-			// A read by key skipped other keys' records: its subscriber
-			// hears of its key only.
-			next = max(next, n)
-		}
-		if n > next {
-			// Records, or holes only (compaction by key): either way the
-			// subscriber learns where to resume.
-			next = n
-			if err := stream.Send(&geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: rd.servableEnd()}); err != nil {
-				return err
-			}
-			continue
-		}
-		select {
-		case <-changed:
-		case <-wait:
-		case <-ctx.Done():
-			return apierr.ToStatus(apierr.As(ctx.Err()))
-		case <-s.node.closing:
-			return apierr.ToStatus(apierr.New(apierr.ShuttingDown, "node is shutting down"))
-		}
-	}
+	return apierr.ToStatus(s.node.subscribe(req, stream))
 }
 
 func (s *logServer) CreateStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.CreateStreamResponse, error) {
@@ -350,4 +346,11 @@ func (s *logServer) DescribeStream(ctx context.Context, req *geologv1.DescribeSt
 		return nil, apierr.ToStatus(err)
 	}
 	return resp, nil
+}
+
+func (s *logServer) DeleteStream(ctx context.Context, req *geologv1.DeleteStreamRequest) (*geologv1.DeleteStreamResponse, error) {
+	if err := s.node.deleteStream(ctx, req.GetName()); err != nil {
+		return nil, apierr.ToStatus(err)
+	}
+	return &geologv1.DeleteStreamResponse{}, nil
 }

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -260,16 +261,18 @@ func (r *Replica) handleAppend(m *raftpb.Message) error {
 	j := 0 // r.proposals before j start before the entry at hand
 	for _, e := range ents {
 		if e.GetIndex() != r.tailIndex+1 {
-			panic(fmt.Sprintf("replica: raft appends index %d after %d", e.GetIndex(), r.tailIndex))
+			return fmt.Errorf("%w: raft appends index %d after %d", ErrLogMismatch, e.GetIndex(), r.tailIndex)
 		}
 		frame, h, err := entryFrame(e, r.tailOffset, r.cfg.Epoch, r.logAppendUnixNanos)
 		if err != nil {
 			return err
 		}
-		if h.BaseOffset != r.tailOffset {
-			// The leader assigned offsets from its log's tail; a log that
-			// disagrees is a broken invariant, not an operating error.
-			panic(fmt.Sprintf("replica: node %d: entry %d carries base offset %d, the log's tail is at %d", r.cfg.NodeID, e.GetIndex(), h.BaseOffset, r.tailOffset))
+		if !continues(h, r.tailOffset) {
+			// The leader assigned offsets from its log's tail, and Step
+			// refuses an append that does not continue this log: a log
+			// that disagrees here is a broken invariant. It stops this
+			// replica (the node serves on), storing nothing.
+			return fmt.Errorf("%w: node %d: entry %d carries base offset %d, the log's tail is at %d", ErrLogMismatch, r.cfg.NodeID, e.GetIndex(), h.BaseOffset, r.tailOffset)
 		}
 		// The idempotence table and append times follow the log as Raft
 		// sees it, written or not: a replica that becomes leader must know
@@ -327,6 +330,9 @@ func (r *Replica) appendSync(m *raftpb.Message) error {
 // idempotence table from the log). The caller holds the writer off.
 func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 	for _, e := range ents {
+		if err := r.checkOverwrite(e); err != nil {
+			return err
+		}
 		if last := r.cfg.Log.LastIndex(); last != 0 && e.GetIndex() <= last {
 			if err := r.cfg.Log.TruncateSuffixAtIndex(e.GetIndex()); err != nil {
 				return fmt.Errorf("replica: truncate at index %d: %w", e.GetIndex(), err)
@@ -342,8 +348,10 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 		if err != nil {
 			return err
 		}
-		if h.BaseOffset != r.cfg.Log.NextOffset() {
-			panic(fmt.Sprintf("replica: node %d: entry %d carries base offset %d, log is at %d", r.cfg.NodeID, e.GetIndex(), h.BaseOffset, r.cfg.Log.NextOffset()))
+		if !continues(h, r.cfg.Log.NextOffset()) {
+			// Defence in depth, as in handleAppend (checkOverwrite ran
+			// before the truncation, this after it).
+			return fmt.Errorf("%w: node %d: entry %d carries base offset %d, log is at %d", ErrLogMismatch, r.cfg.NodeID, e.GetIndex(), h.BaseOffset, r.cfg.Log.NextOffset())
 		}
 		if err := r.cfg.Log.Append(frame); err != nil {
 			return fmt.Errorf("replica: append entry %d: %w", e.GetIndex(), err)
@@ -354,6 +362,37 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 		if err := r.cfg.Log.Sync(); err != nil {
 			return fmt.Errorf("replica: sync: %w", err)
 		}
+	}
+	return nil
+}
+
+// ErrLogMismatch reports entries Raft handed over that do not continue
+// this replica's log (Step refuses the messages that would carry them, so
+// it means a bug): the replica stops instead of storing them.
+var ErrLogMismatch = errors.New("replica: entries do not continue the log")
+
+// checkOverwrite checks, before a truncation, that a data or fork entry
+// overwriting the log's uncommitted tail starts where the log keeps going
+// after the entries it keeps: nothing is truncated for an entry that
+// could not be stored after.
+func (r *Replica) checkOverwrite(e *raftpb.Entry) error {
+	last := r.cfg.Log.LastIndex()
+	if last == 0 || e.GetIndex() > last || e.GetType() != raftpb.EntryNormal || len(e.GetData()) == 0 {
+		return nil
+	}
+	h, err := batch.PeekHeader(e.GetData())
+	if err != nil {
+		return fmt.Errorf("%w: entry %d: %w", errBadEntry, e.GetIndex(), err)
+	}
+	var next uint64
+	found := false
+	if e.GetIndex()-1 == r.state.SnapshotIndex {
+		next, found = r.state.SnapshotNextOffset, true
+	} else if err := r.cfg.Log.HeadersByIndex(e.GetIndex()-1, e.GetIndex(), func(p batch.Header) { next, found = p.NextOffset(), true }); err != nil {
+		return fmt.Errorf("replica: read index %d: %w", e.GetIndex()-1, err)
+	}
+	if found && !continues(h, next) {
+		return fmt.Errorf("%w: node %d: entry %d carries base offset %d, the log keeps going at %d", ErrLogMismatch, r.cfg.NodeID, e.GetIndex(), h.BaseOffset, next)
 	}
 	return nil
 }

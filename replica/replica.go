@@ -165,6 +165,10 @@ type Replica struct {
 	keyDecision  batch.Compaction
 	keyMarkerEnd uint64
 	fork         forkState // fork.go
+	// stepped are the entries Step let Raft append since the last Ready,
+	// and snapStepped says a snapshot was stepped since (peerstep.go).
+	stepped     []steppedEntry
+	snapStepped bool
 
 	// raftCommit is Raft's commit index as of the last Ready, for
 	// ReceiveSnapshot on the transport's goroutine.
@@ -352,12 +356,23 @@ func (r *Replica) Tick() { r.rn.Tick() }
 // Step hands Raft a message from a peer. Messages for another replica or
 // from a removed one are dropped by Raft; errors are only informational.
 // A MsgSnap is refused: it needs its body (ReceiveSnapshot, StepSnapshot).
+//
+// Every message is checked first (peercheck.go): one that is malformed or
+// inconsistent with this replica's log is refused with an error wrapping
+// ErrInvalidMessage and changes nothing. Step may change m (an append's
+// entries held back after a fork, a heartbeat's commit index bounded).
 func (r *Replica) Step(m *raftpb.Message) error {
 	if m.GetType() == raftpb.MsgSnap {
 		return fmt.Errorf("%w: a snapshot message without its body", ErrSnapshotInvalid)
 	}
+	if err := checkShape(m); err != nil {
+		return err
+	}
 	if m.GetType() == raftpb.MsgApp {
 		r.holdBackAfterFork(m)
+	}
+	if err := r.checkStep(m); err != nil {
+		return err
 	}
 	return r.step(m)
 }
@@ -622,9 +637,13 @@ func (r *Replica) ProcessReady() error {
 	}
 	r.publish() // what a mark WriteLog saved covers
 	if !r.rn.HasReady() {
+		r.stepped, r.snapStepped = r.stepped[:0], false
 		return nil
 	}
 	rd := r.rn.Ready()
+	// The Ready hands over every entry Raft took since the last one: the
+	// log's tail (tailIndex) covers them once handleAppend ran.
+	r.stepped, r.snapStepped = r.stepped[:0], false
 	// Term and vote are durable before anything that depends on them
 	// leaves or is queued (a vote, a candidate's requests, an append of
 	// the new term).
@@ -800,19 +819,16 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 		r.appliedAppendUnixNanos = max(r.appliedAppendUnixNanos, h.AppendTimeUnixNanos)
 		r.advance(h, e.GetTerm())
 	case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
-		var cc raftpb.ConfChangeI
-		if e.GetType() == raftpb.EntryConfChange {
-			var c1 raftpb.ConfChange
-			if err := proto.Unmarshal(e.Data, &c1); err != nil {
-				return fmt.Errorf("replica: conf change at %d: %w", e.GetIndex(), err)
-			}
-			cc = &c1
-		} else {
-			var c2 raftpb.ConfChangeV2
-			if err := proto.Unmarshal(e.Data, &c2); err != nil {
-				return fmt.Errorf("replica: conf change at %d: %w", e.GetIndex(), err)
-			}
-			cc = &c2
+		cc, err := decodeConfChange(e)
+		if err != nil {
+			return fmt.Errorf("replica: conf change at %d: %w", e.GetIndex(), err)
+		}
+		if err := checkConfChange(r.state.Conf, cc); err != nil {
+			// Raft panics on a change its configuration cannot take.
+			// Every replica holds the same configuration here, so every
+			// one skips the entry alike.
+			r.refuseConfChange(cc, e.GetIndex(), err)
+			return nil
 		}
 		r.state.Conf = r.rn.ApplyConfChange(cc)
 		r.state.ConfIndex = e.GetIndex()

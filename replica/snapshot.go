@@ -645,6 +645,7 @@ func (r *Replica) StepSnapshot(m *raftpb.Message, st *StagedSnapshot) error {
 		return ErrSnapshotBusy
 	}
 	r.staged = st
+	r.snapStepped = true
 	return r.step(m)
 }
 

@@ -70,6 +70,14 @@
 // nothing a peer sends makes the server panic. Then, with the range's
 // requests serialized and A = AppliedEnd():
 //
+//  0. Home. A MirrorRange that knows the range's home (HomeChecker: the
+//     node's homing view, i.e. the lease store's current home and epoch)
+//     is asked first, at the open and with every request: a source of
+//     another region, or at an epoch above the current one, is refused
+//     with NOT_HOME (ErrNotHome; the source retries later), one below it
+//     with STALE_EPOCH, before anything is recorded or applied. So a
+//     forged or confused stream cannot raise the epoch the mirror fences
+//     its real home with, nor cut its log into the orphan log.
 //  1. Fencing. A home epoch below HighestEpoch is refused with STALE_EPOCH
 //     (ErrStaleEpoch) and the stream ends; the source stops (ErrFenced). A
 //     home epoch above it is recorded through RecordHeartbeat at the open,

@@ -37,6 +37,14 @@ var ErrMalformed = errors.New("replicator: malformed request")
 // the refusal's LeaderHint names an address to try. Wire code NOT_LEADER.
 var ErrNotLeader = errors.New("replicator: not the mirror leader")
 
+// ErrNotHome reports a source that is not the range's home at its epoch as
+// the mirror's node knows homes (the lease store's, through the node's
+// homing view): another region, or an epoch above the current one. Wire
+// code NOT_HOME; the stream ends, nothing of the request was recorded, and
+// the source backs off and retries (the node may yet learn of a newer
+// home).
+var ErrNotHome = errors.New("replicator: source is not the range's home")
+
 // ErrProtocol reports a server that broke the protocol towards a source:
 // more responses than requests, or an acknowledgement that does not cover
 // the batch it answers. The source drops the stream and reconnects.
@@ -63,6 +71,7 @@ var refusalCodes = []struct {
 	{ErrStaleEpoch, apierr.StaleEpoch},
 	{ErrMalformed, apierr.InvalidArgument},
 	{ErrNotLeader, apierr.NotLeader},
+	{ErrNotHome, apierr.NotHome},
 }
 
 // Refusal is a mirror's refusal of a request: an API error (code, expected

@@ -62,6 +62,26 @@ type MirrorRange interface {
 	Apply(ctx context.Context, frames []byte) (appliedEnd uint64, err error)
 }
 
+// HomeChecker is implemented by mirrors whose node knows the range's home
+// (its homing view: the lease store's current home and epoch). The Server
+// asks it before it records or applies anything of a stream: at the open,
+// and again with every request (the view moves). CheckHome returns nil if
+// sourceRegion is the range's home at epoch; otherwise ErrNotHome (another
+// region at the current epoch, or an epoch above the current one: retried
+// later, changing nothing) or ErrStaleEpoch (an epoch below the current
+// one: the source is fenced), as *Refusal or *apierr.Error values.
+type HomeChecker interface {
+	CheckHome(sourceRegion string, epoch uint64) error
+}
+
+// checkHome asks mr's HomeChecker, if it has one.
+func checkHome(mr MirrorRange, open openRequest) error {
+	if hc, ok := mr.(HomeChecker); ok {
+		return hc.CheckHome(open.sourceRegion, open.epoch)
+	}
+	return nil
+}
+
 // Forker is implemented by mirrors that can cut a divergent tail
 // (DESIGN.md "Divergent tails"). When a batch from the current home (its
 // epoch fenced as usual) overlaps the mirror's applied frames and, at
@@ -85,6 +105,42 @@ type MemMirrorStore struct {
 	ranges     map[rangeKey]*MemMirror
 	leaderHint string // non-empty: not the leader, this address is
 	notLeader  bool
+	// homeRegion and homeEpoch, when homeRegion is set, are every range's
+	// home as the node knows it (SetHome): the mirrors check sources
+	// against it (HomeChecker).
+	homeRegion string
+	homeEpoch  uint64
+}
+
+// SetHome makes the node know region as every range's home at epoch, as a
+// node's homing view would: its mirrors then take frames from that home at
+// that epoch only (HomeChecker). Region "" turns the check off (the
+// default).
+func (s *MemMirrorStore) SetHome(region string, epoch uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.homeRegion, s.homeEpoch = region, epoch
+}
+
+var _ HomeChecker = (*MemMirror)(nil)
+
+// CheckHome implements HomeChecker against the store's SetHome.
+func (m *MemMirror) CheckHome(region string, epoch uint64) error {
+	s := m.store
+	s.mu.Lock()
+	home, current := s.homeRegion, s.homeEpoch
+	s.mu.Unlock()
+	switch {
+	case home == "":
+		return nil
+	case epoch > current:
+		return newRefusal(ErrNotHome, "epoch %d from %s is above the current %d", epoch, region, current)
+	case epoch < current:
+		return newRefusal(ErrStaleEpoch, "epoch %d from %s, the current is %d", epoch, region, current)
+	case region != home:
+		return newRefusal(ErrNotHome, "region %s is not the home (%s at epoch %d)", region, home, current)
+	}
+	return nil
 }
 
 var _ MirrorStore = (*MemMirrorStore)(nil)

@@ -305,6 +305,12 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 	if err != nil {
 		return s.refuse(stream, logger, err, 0, 0)
 	}
+	// Only the range's home, at the current epoch, may raise the epoch a
+	// mirror fences with, or cut its log: checked before anything is
+	// recorded (and again with every request, in handleGroup).
+	if err := checkHome(mr, open); err != nil {
+		return s.refuse(stream, logger, err, 0, 0)
+	}
 	st, err := s.acquire(rangeKey{open.stream, open.rng})
 	if err != nil {
 		return s.refuse(stream, logger, err, 0, 0)
@@ -562,6 +568,9 @@ func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange
 		if hb.LeaderNodeID != open.hb.LeaderNodeID {
 			// AuthorizeSource bound the stream to the open's leader.
 			return fail(i, newRefusal(ErrMalformed, "heartbeat from leader node %d on a stream opened by node %d", hb.LeaderNodeID, open.hb.LeaderNodeID))
+		}
+		if err := checkHome(mr, open); err != nil {
+			return fail(i, err)
 		}
 		var d decodedBatch
 		if b := req.GetBatch(); b != nil {

@@ -495,6 +495,59 @@ func TestServerGroupsQueuedRequests(t *testing.T) {
 	}
 }
 
+// TestServerRefusesNotHome: with a home known (the node's homing view), a
+// stream from another region, or at an epoch above the current one, is
+// refused with NOT_HOME, one below it with STALE_EPOCH, before anything
+// is recorded: the mirror's epoch and frames stay as they were. The view
+// moving mid-stream refuses the next request.
+func TestServerRefusesNotHome(t *testing.T) {
+	g := newLogGen(23, 100)
+	frames := [][]byte{g.frame(2), g.frame(3)}
+	store := NewMemMirrorStore()
+	store.SetHome(homeRegion, 2)
+	node := startMirror(t, store, nil)
+	m := store.Range(testStream, testRange)
+	m.SetHighestEpoch(2)
+	other := openReq(2)
+	other.Open.SourceRegion = "elsewhere"
+	for _, tc := range []struct {
+		name string
+		open *geologinternalv1.ReplicateRequest
+		want error
+	}{
+		{"an epoch above the current", openReq(3), ErrNotHome},
+		{"another region", other, ErrNotHome},
+		{"an epoch below the current", openReq(1), ErrStaleEpoch},
+	} {
+		c := dialRaw(t, node.addr)
+		r := refusalOf(t, c.mustAnswer(tc.open))
+		if !errors.Is(r, tc.want) {
+			t.Fatalf("%s: refused with %v, want %v", tc.name, r, tc.want)
+		}
+		expectEnd(t, c)
+		if _, hbs := m.LastHeartbeat(); m.HighestEpoch() != 2 || len(m.Frames()) != 0 || hbs != 0 {
+			t.Fatalf("%s: the mirror changed: epoch %d, %d frames, %d heartbeats", tc.name, m.HighestEpoch(), len(m.Frames()), hbs)
+		}
+	}
+	c := dialRaw(t, node.addr)
+	if resp := c.mustAnswer(openReq(2)); resp.GetError() != nil {
+		t.Fatalf("the home's open refused: %v", resp.GetError())
+	}
+	if resp := c.mustAnswer(batchReq(2, CompressionNone, frames[0])); resp.GetError() != nil {
+		t.Fatalf("the home's batch refused: %v", resp.GetError())
+	}
+	// A takeover elsewhere, as the node learns it: the stream's next
+	// request is refused and applies nothing.
+	store.SetHome("elsewhere", 2)
+	if r := refusalOf(t, c.mustAnswer(batchReq(2, CompressionNone, frames[1]))); !errors.Is(r, ErrNotHome) {
+		t.Fatalf("after the move: %v", r)
+	}
+	expectEnd(t, c)
+	if len(m.Frames()) != 1 {
+		t.Fatalf("mirror holds %d frames, want 1", len(m.Frames()))
+	}
+}
+
 // TestServerAuthorizeSource: a stream whose caller may not speak for the
 // source it names ends with PERMISSION_DENIED before the mirror sees it
 // (its epoch raises nothing), and a stream cannot change the leader its

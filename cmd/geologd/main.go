@@ -60,6 +60,7 @@ func run() int {
 	debugAddr := fs.String("debug-addr", "", "serve /metrics (Prometheus) and /debug/pprof on this address (e.g. 127.0.0.1:6060); off by default")
 	debugFailpoints := fs.Bool("debug-failpoints", false, "chaos tests only: serve "+failpoint.Path+" on --debug-addr to slow or fail fsyncs and skew the clock at run time; off by default")
 	clockSkew := fs.Duration("clock-skew", 0, "chaos tests only: add this to the node's clock (needs --debug-failpoints; changeable at run time)")
+	limits := addLimitFlags(fs)
 	tlsf := addTLSFlags(fs)
 	cursorRanges := fs.Int("cursor-ranges", 16, "consumers: range count of the cursor stream _cursors (the same on every node)")
 	cursorHome := fs.String("cursor-home", "", "consumers: the region homing every range of _cursors at its creation (default: spread over the regions; the same on every node)")
@@ -200,6 +201,7 @@ func run() int {
 		CompactionInterval:       *compactionInterval,
 		CompactionBytesPerSecond: *compactionRate,
 	}
+	limits.apply(&cfg, logger)
 	if certs != nil {
 		cfg.TLS = certs.ServerTLS()
 		cfg.ClientCredentials = certs.ClientCredentials(pki.RequireNode)

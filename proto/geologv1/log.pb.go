@@ -152,9 +152,13 @@ const (
 	// operator reset the cursor since; cursor_generation gives the current
 	// one. Read the cursor again.
 	ErrorCode_ERROR_CODE_STALE_CURSOR_GENERATION ErrorCode = 28
-	// A bound on the consumer state was reached (members per group, cursors
-	// or groups per cursor range).
+	// A bound was reached: on the consumer state (members per group, cursors
+	// or groups per cursor range) or on a node (the ranges it hosts). The
+	// same request will not succeed later on its own.
 	ErrorCode_ERROR_CODE_LIMIT_EXCEEDED ErrorCode = 29
+	// A subscriber did not take what it was sent in time and was cut off;
+	// it may subscribe again from the next offset it has not seen.
+	ErrorCode_ERROR_CODE_SLOW_CONSUMER ErrorCode = 33
 	// A record without a key was appended to a stream compacted by key.
 	ErrorCode_ERROR_CODE_KEY_REQUIRED ErrorCode = 37
 	// The offset is past what this node serves now (tail_offset), but the
@@ -203,6 +207,7 @@ var (
 		27: "ERROR_CODE_GROUP_NOT_FOUND",
 		28: "ERROR_CODE_STALE_CURSOR_GENERATION",
 		29: "ERROR_CODE_LIMIT_EXCEEDED",
+		33: "ERROR_CODE_SLOW_CONSUMER",
 		37: "ERROR_CODE_KEY_REQUIRED",
 		39: "ERROR_CODE_OFFSET_PAST_LOCAL_TAIL",
 	}
@@ -238,6 +243,7 @@ var (
 		"ERROR_CODE_GROUP_NOT_FOUND":         27,
 		"ERROR_CODE_STALE_CURSOR_GENERATION": 28,
 		"ERROR_CODE_LIMIT_EXCEEDED":          29,
+		"ERROR_CODE_SLOW_CONSUMER":           33,
 		"ERROR_CODE_KEY_REQUIRED":            37,
 		"ERROR_CODE_OFFSET_PAST_LOCAL_TAIL":  39,
 	}
@@ -2177,10 +2183,13 @@ type ErrorDetail struct {
 	// Both are 0 when the range cannot tell (it does not know the producer
 	// at all, or the answering node has no epoch history at hand): compare
 	// the acknowledgements with RangeInfo.epochs then.
-	ForkOffset    uint64 `protobuf:"varint,11,opt,name=fork_offset,json=forkOffset,proto3" json:"fork_offset,omitempty"`
-	ForkEpoch     uint64 `protobuf:"varint,12,opt,name=fork_epoch,json=forkEpoch,proto3" json:"fork_epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ForkOffset uint64 `protobuf:"varint,11,opt,name=fork_offset,json=forkOffset,proto3" json:"fork_offset,omitempty"`
+	ForkEpoch  uint64 `protobuf:"varint,12,opt,name=fork_epoch,json=forkEpoch,proto3" json:"fork_epoch,omitempty"`
+	// For OVERLOADED (and SLOW_CONSUMER): how long to wait, at least, before
+	// sending the request again; 0 when the server does not say.
+	RetryAfterMillis int64 `protobuf:"varint,10,opt,name=retry_after_millis,json=retryAfterMillis,proto3" json:"retry_after_millis,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
@@ -2286,6 +2295,13 @@ func (x *ErrorDetail) GetForkOffset() uint64 {
 func (x *ErrorDetail) GetForkEpoch() uint64 {
 	if x != nil {
 		return x.ForkEpoch
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetRetryAfterMillis() int64 {
+	if x != nil {
+		return x.RetryAfterMillis
 	}
 	return 0
 }
@@ -3808,6 +3824,86 @@ func (x *NodeOrphans) GetError() string {
 	return ""
 }
 
+type DeleteStreamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteStreamRequest) Reset() {
+	*x = DeleteStreamRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteStreamRequest) ProtoMessage() {}
+
+func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
+func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *DeleteStreamRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteStreamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteStreamResponse) Reset() {
+	*x = DeleteStreamResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteStreamResponse) ProtoMessage() {}
+
+func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
+func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
+}
+
 // CompactionPolicy tunes compaction by key. Zero fields take the defaults.
 type CompactionPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3824,7 +3920,7 @@ type CompactionPolicy struct {
 
 func (x *CompactionPolicy) Reset() {
 	*x = CompactionPolicy{}
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3836,7 +3932,7 @@ func (x *CompactionPolicy) String() string {
 func (*CompactionPolicy) ProtoMessage() {}
 
 func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3849,7 +3945,7 @@ func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
 func (*CompactionPolicy) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CompactionPolicy) GetDeleteRetentionMs() int64 {
@@ -4018,7 +4114,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x16DescribeStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
 	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\x12-\n" +
-	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\"\x91\x03\n" +
+	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\"\xbf\x03\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -4034,7 +4130,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vfork_offset\x18\v \x01(\x04R\n" +
 	"forkOffset\x12\x1d\n" +
 	"\n" +
-	"fork_epoch\x18\f \x01(\x04R\tforkEpoch\"Z\n" +
+	"fork_epoch\x18\f \x01(\x04R\tforkEpoch\x12,\n" +
+	"\x12retry_after_millis\x18\n" +
+	" \x01(\x03R\x10retryAfterMillis\"Z\n" +
 	"\x12ListOrphansRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12,\n" +
 	"\x05scope\x18\x02 \x01(\x0e2\x16.geolog.v1.OrphanScopeR\x05scope\"\x94\x02\n" +
@@ -4159,7 +4257,10 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12+\n" +
 	"\x05forks\x18\x04 \x03(\v2\x15.geolog.v1.OrphanForkR\x05forks\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"`\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\")\n" +
+	"\x13DeleteStreamRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
+	"\x14DeleteStreamResponse\"`\n" +
 	"\x10CompactionPolicy\x12.\n" +
 	"\x13delete_retention_ms\x18\x01 \x01(\x03R\x11deleteRetentionMs\x12\x1c\n" +
 	"\n" +
@@ -4168,7 +4269,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\x92\b\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xb0\b\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -4201,7 +4302,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aERROR_CODE_GROUP_NOT_EMPTY\x10\x1a\x12\x1e\n" +
 	"\x1aERROR_CODE_GROUP_NOT_FOUND\x10\x1b\x12&\n" +
 	"\"ERROR_CODE_STALE_CURSOR_GENERATION\x10\x1c\x12\x1d\n" +
-	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1b\n" +
+	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1c\n" +
+	"\x18ERROR_CODE_SLOW_CONSUMER\x10!\x12\x1b\n" +
 	"\x17ERROR_CODE_KEY_REQUIRED\x10%\x12%\n" +
 	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
@@ -4222,7 +4324,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aCLEANUP_POLICY_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15CLEANUP_POLICY_DELETE\x10\x01\x12\x1a\n" +
 	"\x16CLEANUP_POLICY_COMPACT\x10\x02\x12!\n" +
-	"\x1dCLEANUP_POLICY_COMPACT_DELETE\x10\x032\x86\x04\n" +
+	"\x1dCLEANUP_POLICY_COMPACT_DELETE\x10\x032\xd7\x04\n" +
 	"\x03Log\x12=\n" +
 	"\x06Append\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse\x12G\n" +
 	"\fAppendStream\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse(\x010\x01\x127\n" +
@@ -4230,7 +4332,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.geolog.v1.SubscribeRequest\x1a\x1c.geolog.v1.SubscribeResponse0\x01\x12O\n" +
 	"\fCreateStream\x12\x1e.geolog.v1.CreateStreamRequest\x1a\x1f.geolog.v1.CreateStreamResponse\x12L\n" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
-	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse2\xe7\x03\n" +
+	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse\x12O\n" +
+	"\fDeleteStream\x12\x1e.geolog.v1.DeleteStreamRequest\x1a\x1f.geolog.v1.DeleteStreamResponse2\xe7\x03\n" +
 	"\x05Admin\x12U\n" +
 	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
 	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponse\x12=\n" +
@@ -4252,7 +4355,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -4301,7 +4404,9 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*DescribeReplicasResponse)(nil), // 44: geolog.v1.DescribeReplicasResponse
 	(*EpochStart)(nil),               // 45: geolog.v1.EpochStart
 	(*NodeOrphans)(nil),              // 46: geolog.v1.NodeOrphans
-	(*CompactionPolicy)(nil),         // 47: geolog.v1.CompactionPolicy
+	(*DeleteStreamRequest)(nil),      // 47: geolog.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),     // 48: geolog.v1.DeleteStreamResponse
+	(*CompactionPolicy)(nil),         // 49: geolog.v1.CompactionPolicy
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	6,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -4313,12 +4418,12 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	8,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
 	15, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
 	5,  // 8: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
-	47, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
+	49, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
 	18, // 10: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
 	45, // 11: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
 	15, // 12: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
 	5,  // 13: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
-	47, // 14: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
+	49, // 14: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
 	16, // 15: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
 	16, // 16: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
 	16, // 17: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
@@ -4344,27 +4449,29 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	19, // 37: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
 	21, // 38: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
 	23, // 39: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	40, // 40: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	42, // 41: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	31, // 42: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	35, // 43: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	26, // 44: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	29, // 45: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	10, // 46: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	10, // 47: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	12, // 48: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	14, // 49: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	20, // 50: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	22, // 51: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	24, // 52: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	41, // 53: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	44, // 54: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	34, // 55: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	38, // 56: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	28, // 57: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	30, // 58: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	46, // [46:59] is the sub-list for method output_type
-	33, // [33:46] is the sub-list for method input_type
+	47, // 40: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	40, // 41: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	42, // 42: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	31, // 43: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	35, // 44: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	26, // 45: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	29, // 46: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	10, // 47: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	10, // 48: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	12, // 49: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	14, // 50: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	20, // 51: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	22, // 52: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	24, // 53: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	48, // 54: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	41, // 55: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	44, // 56: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	34, // 57: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	38, // 58: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	28, // 59: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	30, // 60: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	47, // [47:61] is the sub-list for method output_type
+	33, // [33:47] is the sub-list for method input_type
 	33, // [33:33] is the sub-list for extension type_name
 	33, // [33:33] is the sub-list for extension extendee
 	0,  // [0:33] is the sub-list for field type_name
@@ -4387,7 +4494,7 @@ func file_geolog_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

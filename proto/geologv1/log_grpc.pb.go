@@ -32,6 +32,7 @@ const (
 	Log_CreateStream_FullMethodName   = "/geolog.v1.Log/CreateStream"
 	Log_ListStreams_FullMethodName    = "/geolog.v1.Log/ListStreams"
 	Log_DescribeStream_FullMethodName = "/geolog.v1.Log/DescribeStream"
+	Log_DeleteStream_FullMethodName   = "/geolog.v1.Log/DeleteStream"
 )
 
 // LogClient is the client API for Log service.
@@ -70,6 +71,12 @@ type LogClient interface {
 	CreateStream(ctx context.Context, in *CreateStreamRequest, opts ...grpc.CallOption) (*CreateStreamResponse, error)
 	ListStreams(ctx context.Context, in *ListStreamsRequest, opts ...grpc.CallOption) (*ListStreamsResponse, error)
 	DescribeStream(ctx context.Context, in *DescribeStreamRequest, opts ...grpc.CallOption) (*DescribeStreamResponse, error)
+	// DeleteStream deletes a stream in every region of it (a node propagates
+	// the deletion to the stream's other regions, as a creation): its ranges
+	// stop serving, their data and home records are removed, and the name is
+	// free for a new stream. Deleting a stream that does not exist (or no
+	// longer does) answers STREAM_NOT_FOUND.
+	DeleteStream(ctx context.Context, in *DeleteStreamRequest, opts ...grpc.CallOption) (*DeleteStreamResponse, error)
 }
 
 type logClient struct {
@@ -162,6 +169,16 @@ func (c *logClient) DescribeStream(ctx context.Context, in *DescribeStreamReques
 	return out, nil
 }
 
+func (c *logClient) DeleteStream(ctx context.Context, in *DeleteStreamRequest, opts ...grpc.CallOption) (*DeleteStreamResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteStreamResponse)
+	err := c.cc.Invoke(ctx, Log_DeleteStream_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LogServer is the server API for Log service.
 // All implementations must embed UnimplementedLogServer
 // for forward compatibility.
@@ -198,6 +215,12 @@ type LogServer interface {
 	CreateStream(context.Context, *CreateStreamRequest) (*CreateStreamResponse, error)
 	ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error)
 	DescribeStream(context.Context, *DescribeStreamRequest) (*DescribeStreamResponse, error)
+	// DeleteStream deletes a stream in every region of it (a node propagates
+	// the deletion to the stream's other regions, as a creation): its ranges
+	// stop serving, their data and home records are removed, and the name is
+	// free for a new stream. Deleting a stream that does not exist (or no
+	// longer does) answers STREAM_NOT_FOUND.
+	DeleteStream(context.Context, *DeleteStreamRequest) (*DeleteStreamResponse, error)
 	mustEmbedUnimplementedLogServer()
 }
 
@@ -228,6 +251,9 @@ func (UnimplementedLogServer) ListStreams(context.Context, *ListStreamsRequest) 
 }
 func (UnimplementedLogServer) DescribeStream(context.Context, *DescribeStreamRequest) (*DescribeStreamResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DescribeStream not implemented")
+}
+func (UnimplementedLogServer) DeleteStream(context.Context, *DeleteStreamRequest) (*DeleteStreamResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteStream not implemented")
 }
 func (UnimplementedLogServer) mustEmbedUnimplementedLogServer() {}
 func (UnimplementedLogServer) testEmbeddedByValue()             {}
@@ -358,6 +384,24 @@ func _Log_DescribeStream_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Log_DeleteStream_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteStreamRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LogServer).DeleteStream(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Log_DeleteStream_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LogServer).DeleteStream(ctx, req.(*DeleteStreamRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Log_ServiceDesc is the grpc.ServiceDesc for Log service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -384,6 +428,10 @@ var Log_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DescribeStream",
 			Handler:    _Log_DescribeStream_Handler,
+		},
+		{
+			MethodName: "DeleteStream",
+			Handler:    _Log_DeleteStream_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
