@@ -275,7 +275,8 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 		if c.tls == nil {
 			args = append(args, "--insecure")
 		} else {
-			args = append(args, "--certs-dir", filepath.Join(cfg.Dir, "certs", ref.Region+"-n"+strconv.Itoa(ref.ID)))
+			args = append(args, "--certs-dir", filepath.Join(cfg.Dir, "certs", ref.Region+"-n"+strconv.Itoa(ref.ID)),
+				"--superusers", chaosPrincipal)
 		}
 		for _, r := range shape.Regions {
 			if r != ref.Region {
@@ -464,7 +465,7 @@ func makePKI(dir string, shape Shape) (*tls.Config, error) {
 			}
 		}
 	}
-	pair, err := pki.CreateClient(ca, "chaos", pki.Options{})
+	pair, err := pki.CreateClient(ca, chaosPrincipal, pki.Options{})
 	if err == nil {
 		err = write("client", pki.ClientCertFile, pki.ClientKeyFile, pair)
 	}
@@ -540,3 +541,7 @@ func httpOK(url string) bool {
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
 }
+
+// chaosPrincipal is the harness's client principal, a superuser of the
+// cluster (--superusers).
+const chaosPrincipal = "chaos"

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/geolog/geolog/authz"
 	"net"
 	"os"
 	"path/filepath"
@@ -62,6 +63,11 @@ type Config struct {
 	// geolog identity (pki), and node-to-node services take nodes only.
 	// Default: plaintext, and no check of who calls.
 	TLS *tls.Config
+	// Authz, when set with TLS, turns per-stream authorization on
+	// (authz.go): a client principal may make only the calls the policy
+	// grants it (superusers, rules); nodes pass. Default: any verified
+	// identity may call every public method.
+	Authz *authz.Policy
 	// ClientTLS is used when this node calls another (Raft, forwarding,
 	// replication, catalogue propagation).
 	ClientTLS *tls.Config
@@ -306,7 +312,11 @@ type Node struct {
 	syncSlots   chan struct{}
 	metrics     *nodeMetrics
 	authMetrics *authMetrics
-	region      *region // nil unless replicated
+	// policy is what client principals may do (authz.go); refusals
+	// rate-limits the refusal log.
+	policy   policyState
+	refusals refusalLog
+	region   *region // nil unless replicated
 	// cleaner runs the compactions by key of every range here
 	// (compaction.go); cleanerStop and cleanerDone stop it.
 	cleaner        *compact.Cleaner
@@ -373,9 +383,6 @@ func New(cfg Config) (*Node, error) {
 		started:  cfg.Now(),
 		book:     newAddrBook(),
 	}
-	if n.keyring, err = openKeyring(cfg); err != nil {
-		return nil, err
-	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
@@ -386,8 +393,16 @@ func New(cfg Config) (*Node, error) {
 	if n.authMetrics, err = newAuthMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
+	if cfg.Authz != nil {
+		n.policy.set(cfg.Authz)
+	}
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
+	// The keyring opens last before the ranges: every later failure
+	// closes the node, which releases it.
+	if n.keyring, err = openKeyring(cfg); err != nil {
+		return nil, err
 	}
 	if len(cfg.Peers) > 0 {
 		// The catalogue is the meta range; streams appear as it applies.
@@ -404,6 +419,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	specs, err := loadCatalog(cfg.DataDir)
 	if err != nil {
+		n.Close()
 		return nil, err
 	}
 	for _, spec := range specs {

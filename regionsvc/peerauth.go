@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/pki"
@@ -18,8 +19,9 @@ import (
 // Who may call what (docs/security.md). With Config.TLS set, every caller
 // presents a certificate the node verified, and its identity (pki) decides:
 //
-//   - the public API (geolog.v1 Log and Admin) takes any identity, node or
-//     client principal (per-stream permissions come with the authorizer);
+//   - the public API (geolog.v1 Log, Admin and Consumer) takes any
+//     identity, node or client principal; with Config.Authz a client
+//     principal needs the permissions methodPerms names (authz.go);
 //   - node-to-node services take node identities only: every service
 //     outside geolog.v1 (Mirror, and whatever internal service is added:
 //     the rule fails closed), Admin.RefreshHomes, and any request that
@@ -89,8 +91,28 @@ func principalOf(ctx context.Context) string {
 	return addrPrincipal(ctx)
 }
 
+// Why a call was refused, the "reason" of the refused-calls metric.
+const (
+	reasonNoIdentity    = "no identity"
+	reasonNodesOnly     = "nodes only"
+	reasonRegionOnly    = "region nodes only"
+	reasonUnknownMethod = "not in the permission table"
+	reasonNoPermission  = "no permission"
+)
+
+// callerOf names the verified caller of ctx and says whether it is a
+// node.
+func callerOf(ctx context.Context) (string, bool) {
+	id, err := pki.PeerIdentity(ctx)
+	if err != nil {
+		return "", false
+	}
+	return id.Name(), id.IsNode()
+}
+
 // authorizeCall decides whether the caller of ctx may make a call to
-// fullMethod. Errors are *apierr.Error (UNAUTHENTICATED or
+// fullMethod at all (its class); authorizeRequest then decides the
+// request's permissions. Errors are *apierr.Error (UNAUTHENTICATED or
 // PERMISSION_DENIED).
 func (n *Node) authorizeCall(ctx context.Context, fullMethod string) error {
 	if !n.secure() {
@@ -98,7 +120,7 @@ func (n *Node) authorizeCall(ctx context.Context, fullMethod string) error {
 	}
 	id, err := pki.PeerIdentity(ctx)
 	if err != nil {
-		return n.authRefused(ctx, fullMethod, "", apierr.New(apierr.Unauthenticated, "%s: %v", fullMethod, err))
+		return n.authRefused(ctx, fullMethod, "", reasonNoIdentity, apierr.New(apierr.Unauthenticated, "%s: %v", fullMethod, err))
 	}
 	class := classOf(fullMethod)
 	if class == callPublic && hasInternalHeader(ctx) {
@@ -106,26 +128,39 @@ func (n *Node) authorizeCall(ctx context.Context, fullMethod string) error {
 	}
 	switch {
 	case class == callNode && !id.IsNode():
-		return n.authRefused(ctx, fullMethod, id.Name(), apierr.New(apierr.PermissionDenied, "%s is for nodes only; the caller is %s", fullMethod, id.Name()))
+		return n.authRefused(ctx, fullMethod, id.Name(), reasonNodesOnly, apierr.New(apierr.PermissionDenied, "%s is for nodes only; the caller is %s", fullMethod, id.Name()))
 	case class == callRegion && (!id.IsNode() || id.Region != n.cfg.Region):
-		return n.authRefused(ctx, fullMethod, id.Name(), apierr.New(apierr.PermissionDenied, "%s is for nodes of region %s only; the caller is %s", fullMethod, n.cfg.Region, id.Name()))
+		return n.authRefused(ctx, fullMethod, id.Name(), reasonRegionOnly, apierr.New(apierr.PermissionDenied, "%s is for nodes of region %s only; the caller is %s", fullMethod, n.cfg.Region, id.Name()))
 	}
 	return nil
 }
 
-// authRefused logs and counts a refusal, and returns err.
-func (n *Node) authRefused(ctx context.Context, method, principal string, err *apierr.Error) error {
-	n.logger.Warn("call refused", "method", method, "principal", principal, "code", err.Code.String(), "error", err.Message)
+// authRefused logs (rate-limited) and counts a refusal, and returns err.
+func (n *Node) authRefused(ctx context.Context, method, principal, reason string, err *apierr.Error) error {
+	now := time.Now
+	if n.cfg.Now != nil {
+		now = n.cfg.Now
+	}
+	if ok, leftOut := n.refusals.admit(now()); ok {
+		n.logger.Warn("call refused", "method", method, "principal", principal, "reason", reason,
+			"code", err.Code.String(), "error", err.Message, "refusals_not_logged", leftOut)
+	}
 	if n.authMetrics != nil {
-		n.authMetrics.refused.Add(ctx, 1, metric.WithAttributes(attribute.String("code", err.Code.String())))
+		n.authMetrics.refused.Add(ctx, 1, metric.WithAttributes(attribute.String("code", err.Code.String()),
+			attribute.String("method", method), attribute.String("reason", reason)))
 	}
 	return err
 }
 
-// authInterceptors put authorizeCall in front of every handler.
+// authInterceptors put authorizeCall and authorizeRequest in front of
+// every handler: a unary request is decided before its handler runs, a
+// stream's on each message the client sends (authzStream).
 func (n *Node) authInterceptors() []grpc.ServerOption {
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if err := n.authorizeCall(ctx, info.FullMethod); err != nil {
+			return nil, apierr.ToStatus(err)
+		}
+		if err := n.authorizeRequest(ctx, info.FullMethod, req); err != nil {
 			return nil, apierr.ToStatus(err)
 		}
 		return h(ctx, req)
@@ -133,6 +168,9 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		if err := n.authorizeCall(ss.Context(), info.FullMethod); err != nil {
 			return apierr.ToStatus(err)
+		}
+		if n.authzOn() && classOf(info.FullMethod) == callPublic {
+			ss = &authzStream{ServerStream: ss, n: n, method: info.FullMethod}
 		}
 		return h(srv, ss)
 	}
@@ -199,7 +237,7 @@ type authMetrics struct {
 
 func newAuthMetrics(mp metric.MeterProvider) (*authMetrics, error) {
 	c, err := mp.Meter("github.com/geolog/geolog/regionsvc").Int64Counter("geolog.auth.refused_calls",
-		metric.WithDescription("calls refused for their caller's identity (UNAUTHENTICATED, PERMISSION_DENIED), by code"))
+		metric.WithDescription("calls refused for their caller's identity or permissions (UNAUTHENTICATED, PERMISSION_DENIED), by code, method and reason"))
 	if err != nil {
 		return nil, err
 	}

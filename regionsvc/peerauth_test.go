@@ -107,3 +107,35 @@ func TestSecureNodeWantsAnIdentity(t *testing.T) {
 		t.Fatal("Mirror stream without a certificate authorized")
 	}
 }
+
+// TestMethodPermsComplete walks every method a replicated node serves:
+// each public one (a client principal may call it) has an entry in the
+// permission table, and each entry is a served method. A public method
+// left out of the table is refused to a client, whatever the policy.
+func TestMethodPermsComplete(t *testing.T) {
+	w := newWorld(t, []string{"us", "eu"}, 1, 0, 0)
+	served := map[string]bool{}
+	for service, info := range w.nodes["us"][1].grpcServer.GetServiceInfo() {
+		for _, m := range info.Methods {
+			full := "/" + service + "/" + m.Name
+			served[full] = true
+			_, listed := methodPerms[full]
+			switch public := classOf(full) == callPublic; {
+			case public && !listed:
+				t.Errorf("%s is public and has no entry in methodPerms: say what it needs", full)
+			case !public && listed:
+				t.Errorf("%s is for nodes only and has an entry in methodPerms", full)
+			}
+		}
+	}
+	for full, needsOf := range methodPerms {
+		if !served[full] {
+			t.Errorf("%s is in methodPerms and not served", full)
+		}
+		// Every entry copes with an empty or foreign request (a decoder
+		// never hands one, but a table entry must not panic on it).
+		if len(needsOf(nil)) == 0 {
+			t.Errorf("%s needs no permission", full)
+		}
+	}
+}

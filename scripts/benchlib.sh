@@ -33,7 +33,7 @@ pki_setup() {
 
 # node_security I prints node I's transport security flags.
 node_security() {
-	if [ "$TLS" = on ]; then echo "--certs-dir $RUNDIR/certs/$NODE_REGION-n$1"; else echo "--insecure"; fi
+	if [ "$TLS" = on ]; then echo "--certs-dir $RUNDIR/certs/$NODE_REGION-n$1 --superusers bench"; else echo "--insecure"; fi
 }
 
 # run NAME FLAGS... runs geolog bench

@@ -301,7 +301,7 @@ up() {
 		fi
 		for i in "${NODES[@]}"; do
 			local name=$reg-n$i security=(--insecure)
-			[[ $TLS == on ]] && security=(--certs-dir "$CERTS/$name")
+			[[ $TLS == on ]] && security=(--certs-dir "$CERTS/$name" --superusers operator)
 			GOMAXPROCS=$NODE_PROCS start "$name" "$BIN/geologd" --data-dir "$DIR/data/$name" --listen "127.0.0.1:$(node_port $r $i)" \
 				--region "$reg" --node-id "$i" --peers "$(IFS=,; echo "${peers[*]}")" "${remote[@]}" "${homing[@]}" "${security[@]}" \
 				--fsync always --debug-addr "127.0.0.1:$(debug_port $r $i)" --log-level "$LOG_LEVEL"

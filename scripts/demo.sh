@@ -30,7 +30,7 @@ single() {
 	export GEOLOG_CERTS_DIR=$RUNDIR/certs/client # every geolog command below dials with TLS as "demo"
 
 	say "starting geologd on $ADDR with TLS (data in run/demo)"
-	"$BIN/geologd" --data-dir "$RUNDIR/data" --listen "$ADDR" --log-level info --certs-dir "$RUNDIR/certs/local-n1" >"$RUNDIR/geologd.log" 2>&1 &
+	"$BIN/geologd" --data-dir "$RUNDIR/data" --listen "$ADDR" --log-level info --certs-dir "$RUNDIR/certs/local-n1" --superusers demo >"$RUNDIR/geologd.log" 2>&1 &
 	NODE_PID=$!
 	cleanup() { if kill -0 "$NODE_PID" 2>/dev/null; then kill -TERM "$NODE_PID"; wait "$NODE_PID" || true; fi; }
 	trap cleanup EXIT
@@ -62,7 +62,7 @@ single() {
 	say "stopping geologd (SIGTERM: it syncs and acks what it has, then exits)"
 	kill -TERM "$NODE_PID"; wait "$NODE_PID" || true
 	say "restarting to show recovery: the log is still there"
-	"$BIN/geologd" --data-dir "$RUNDIR/data" --listen "$ADDR" --certs-dir "$RUNDIR/certs/local-n1" >>"$RUNDIR/geologd.log" 2>&1 &
+	"$BIN/geologd" --data-dir "$RUNDIR/data" --listen "$ADDR" --certs-dir "$RUNDIR/certs/local-n1" --superusers demo >>"$RUNDIR/geologd.log" 2>&1 &
 	NODE_PID=$!
 	for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
 	"$BIN/geolog" consume chat --from-offset 0 --max 3

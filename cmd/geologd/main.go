@@ -62,6 +62,7 @@ func run() int {
 	clockSkew := fs.Duration("clock-skew", 0, "chaos tests only: add this to the node's clock (needs --debug-failpoints; changeable at run time)")
 	limits := addLimitFlags(fs)
 	tlsf := addTLSFlags(fs)
+	authzf := addAuthzFlags(fs)
 	cursorRanges := fs.Int("cursor-ranges", 16, "consumers: range count of the cursor stream _cursors (the same on every node)")
 	cursorHome := fs.String("cursor-home", "", "consumers: the region homing every range of _cursors at its creation (default: spread over the regions; the same on every node)")
 	groupHeartbeat := fs.Duration("group-heartbeat", 500*time.Millisecond, "consumers: how often group members heartbeat")
@@ -100,6 +101,11 @@ func run() int {
 		return 2
 	}
 	certs, err := tlsf.open(logger, *region, *nodeID)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "geologd: %v\n", err)
+		return 2
+	}
+	access, err := authzf.policy(logger, certs != nil)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: %v\n", err)
 		return 2
@@ -205,6 +211,7 @@ func run() int {
 	if certs != nil {
 		cfg.TLS = certs.ServerTLS()
 		cfg.ClientCredentials = certs.ClientCredentials(pki.RequireNode)
+		cfg.Authz = access
 		if err := certs.RegisterMetrics(meterProvider); err != nil {
 			logger.Error("tls metrics", "error", err)
 			return 1
