@@ -44,6 +44,7 @@ const (
 	Unauthenticated      = geologv1.ErrorCode_ERROR_CODE_UNAUTHENTICATED
 	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
 	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
+	ProducerStateLost    = geologv1.ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST
 	SlowConsumer         = geologv1.ErrorCode_ERROR_CODE_SLOW_CONSUMER
 	KeyRequired          = geologv1.ErrorCode_ERROR_CODE_KEY_REQUIRED
 	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
@@ -94,6 +95,9 @@ var catalogue = map[Code]codeInfo{
 	Unauthenticated:      {codes.Unauthenticated, false},
 	PermissionDenied:     {codes.PermissionDenied, false},
 	Internal:             {codes.Internal, false},
+	// Not retriable under the same producer id; the client restarts at a
+	// higher level (a new producer id), which is what Aborted says.
+	ProducerStateLost: {codes.Aborted, false},
 	// A member told it is unknown or stale joins again; the request as
 	// sent cannot succeed.
 	UnknownMember:         {codes.FailedPrecondition, false},
@@ -117,6 +121,10 @@ type Error struct {
 	StartOffset      uint64
 	TailOffset       uint64
 	ExpectedSequence uint64
+	// ForkEpoch and ForkOffset, for PRODUCER_STATE_LOST: the range's
+	// current epoch and where it started (see the API's ErrorDetail).
+	ForkEpoch  uint64
+	ForkOffset uint64
 	// RetryAfter is, for OVERLOADED and SLOW_CONSUMER, how long to wait
 	// before sending the request again (0: not said).
 	RetryAfter time.Duration
@@ -171,6 +179,8 @@ func (e *Error) Detail() *geologv1.ErrorDetail {
 		StartOffset:      e.StartOffset,
 		TailOffset:       e.TailOffset,
 		ExpectedSequence: e.ExpectedSequence,
+		ForkEpoch:        e.ForkEpoch,
+		ForkOffset:       e.ForkOffset,
 		RetryAfterMillis: e.RetryAfter.Milliseconds(),
 		MemberEpoch:      e.MemberEpoch,
 		CursorGeneration: e.CursorGeneration,
@@ -190,6 +200,8 @@ func FromDetail(d *geologv1.ErrorDetail) *Error {
 		StartOffset:      d.GetStartOffset(),
 		TailOffset:       d.GetTailOffset(),
 		ExpectedSequence: d.GetExpectedSequence(),
+		ForkEpoch:        d.GetForkEpoch(),
+		ForkOffset:       d.GetForkOffset(),
 		RetryAfter:       time.Duration(min(max(d.GetRetryAfterMillis(), 0), retryAfterMillisMax)) * time.Millisecond,
 		MemberEpoch:      d.GetMemberEpoch(),
 		CursorGeneration: d.GetCursorGeneration(),

@@ -25,6 +25,7 @@ func TestCatalogueCoversEveryCode(t *testing.T) {
 		}
 		e := New(code, "boom %d", 7)
 		e.LeaderHint, e.StartOffset, e.TailOffset, e.ExpectedSequence = "10.0.0.1:7400", 3, 9, 11
+		e.ForkEpoch, e.ForkOffset = 4, 1234
 		st, _ := status.FromError(ToStatus(fmt.Errorf("wrapped: %w", e)))
 		if st.Code() != info.grpc {
 			t.Fatalf("%v maps to %v, want %v", code, st.Code(), info.grpc)

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"time"
 
@@ -35,14 +34,12 @@ type Node struct {
 	// (who leads?) go there directly.
 	Addr string
 	// ClientAddr is where SDK clients dial it: a client link of the WAN
-	// emulator, or Addr.
+	// emulator, or Addr. It is the address the node advertises (geologd
+	// --advertise-addr), which every leader and home hint names.
 	ClientAddr string
 	// DebugAddr serves /metrics and, with failpoints, /debug/failpoints;
 	// empty when unknown.
 	DebugAddr string
-	// Aliases are other addresses that name the node in leader hints (its
-	// peers' links to it); clients dial ClientAddr instead.
-	Aliases []string
 }
 
 // Caps says which faults a cluster can inject.
@@ -118,30 +115,6 @@ func clientAddrs(c Cluster, region string) string {
 		out = append(out, n.ClientAddr)
 	}
 	return strings.Join(out, ",")
-}
-
-// clientDialer makes SDK clients dial a node's ClientAddr for any address
-// that names it (leader hints carry the hinting node's peer address, which
-// in a cluster with intra-region links is that node's link to the leader:
-// a client must not depend on a Raft link).
-func clientDialer(c Cluster) grpc.DialOption { return grpc.WithContextDialer(clientDialFunc(c)) }
-
-// clientDialFunc is clientDialer's dial function.
-func clientDialFunc(c Cluster) func(context.Context, string) (net.Conn, error) {
-	alias := map[string]string{}
-	for _, n := range c.Nodes() {
-		alias[n.Addr] = n.ClientAddr
-		for _, a := range n.Aliases {
-			alias[a] = n.ClientAddr
-		}
-	}
-	var d net.Dialer
-	return func(ctx context.Context, addr string) (net.Conn, error) {
-		if to, ok := alias[addr]; ok {
-			addr = to
-		}
-		return d.DialContext(ctx, "tcp", addr)
-	}
 }
 
 // transportCreds are the credentials of a client dialing with cfg (nil:

@@ -168,7 +168,6 @@ func AttachEnv(ctx context.Context, path string) (*EnvCluster, error) {
 					n.ClientAddr = l.Listen
 					c.caps.ClientLinks = true
 				case len(e.to) == 1 && e.to[0] == n.NodeRef.String() && strings.HasPrefix(e.from[0], r+":"):
-					n.Aliases = append(n.Aliases, l.Listen)
 					c.caps.IntraRegionLinks = true
 				}
 			}

@@ -105,7 +105,8 @@ func groupName(stream string) string { return "g-" + stream }
 func newGroupRun(ctx context.Context, gw GroupWorkload, cl Cluster, stream string, rec *recorder, log hclog.Logger) (*groupRun, error) {
 	gr := &groupRun{gw: gw, cl: cl, stream: stream, rec: rec, log: log.Named("group"), hist: GroupHistory{Group: groupName(stream)}}
 	gr.ctx, gr.cancel = context.WithCancel(ctx)
-	gr.gateDial = clientDialFunc(cl)
+	var d net.Dialer // hints name the nodes' advertised (client) addresses: dialled as they are
+	gr.gateDial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 	for range gw.Members {
 		if err := gr.startMember(); err != nil {
 			gr.close()

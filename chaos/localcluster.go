@@ -105,9 +105,11 @@ func LocalFactory(cfg LocalConfig) ClusterFactory {
 //   - with Shape.ClientLinks, SDK clients reach node n through
 //     "client-><r>:n<i>", which the reply-dropping fault resets.
 //
-// Leader hints name peer addresses, i.e. a peer's link; the harness's
-// clients map every address of a node to its client address (see
-// clientDialer), so no client traffic rides a Raft link. It writes an env
+// Each node advertises its client address (geologd --advertise-addr: its
+// client link, or its own address), so every leader and home hint a
+// client gets names a node's client address: no client traffic rides a
+// Raft or WAN link, and the harness's clients need no address mapping. It
+// writes an env
 // file (Dir/env, scripts/cluster.sh's variables) and pid files (Dir/pids),
 // so EnvCluster can attach to it as to cluster.sh's cluster.
 type LocalCluster struct {
@@ -184,7 +186,6 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 		return nil, err
 	}
 	var links []string
-	aliases := map[NodeRef][]string{}
 	clientAddr := map[NodeRef]string{}
 	link := func(name, upstream string, latency, jitter time.Duration) (string, error) {
 		listen, err := ports.addr()
@@ -205,7 +206,6 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 					return nil, err
 				}
 				plans[from].peers[to.ID] = l
-				aliases[to] = append(aliases[to], l)
 			}
 		}
 	}
@@ -268,7 +268,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 		}
 		args := []string{
 			"--data-dir", filepath.Join(cfg.Dir, "data", ref.Region+"-n"+strconv.Itoa(ref.ID)),
-			"--listen", p.addr, "--region", ref.Region, "--node-id", strconv.Itoa(ref.ID),
+			"--listen", p.addr, "--advertise-addr", clientAddr[ref], "--region", ref.Region, "--node-id", strconv.Itoa(ref.ID),
 			"--peers", strings.Join(peers, ","), "--fsync", "always",
 			"--debug-addr", p.debug, "--debug-failpoints", "--log-level", cfg.LogLevel,
 		}
@@ -298,7 +298,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 		if err := c.procs[ref].start(); err != nil {
 			return nil, err
 		}
-		c.nodes = append(c.nodes, Node{NodeRef: ref, Addr: p.addr, ClientAddr: clientAddr[ref], DebugAddr: p.debug, Aliases: aliases[ref]})
+		c.nodes = append(c.nodes, Node{NodeRef: ref, Addr: p.addr, ClientAddr: clientAddr[ref], DebugAddr: p.debug})
 	}
 	for _, n := range c.nodes {
 		pr := c.procs[n.NodeRef]

@@ -249,11 +249,9 @@ func TestEnvClusterAttach(t *testing.T) {
 		t.Fatalf("nodes %+v, want those of %+v", env.Nodes(), local.Nodes())
 	}
 	for i, n := range env.Nodes() {
-		// The Raft links found in the WAN's list are the addresses leader
-		// hints name.
-		got, want := slices.Sorted(slices.Values(n.Aliases)), slices.Sorted(slices.Values(local.Nodes()[i].Aliases))
-		if !slices.Equal(got, want) {
-			t.Fatalf("%s: aliases %v, want %v", n.NodeRef, got, want)
+		// The client address found (the one the node advertises).
+		if n.ClientAddr != local.Nodes()[i].ClientAddr {
+			t.Fatalf("%s: client address %s, want %s", n.NodeRef, n.ClientAddr, local.Nodes()[i].ClientAddr)
 		}
 	}
 	n2 := env.Nodes()[1]

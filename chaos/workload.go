@@ -50,8 +50,7 @@ type workload struct {
 
 // newClient returns an SDK client that knows region's nodes.
 func newClient(cl Cluster, region string) (*client.Client, error) {
-	opts := []client.Opt{client.DialOptions(clientDialer(cl)),
-		client.RetryBackoff(20*time.Millisecond, 500*time.Millisecond), client.RequestTimeout(5 * time.Second)}
+	opts := []client.Opt{client.RetryBackoff(20*time.Millisecond, 500*time.Millisecond), client.RequestTimeout(5 * time.Second)}
 	if cfg := cl.ClientTLS(); cfg != nil {
 		opts = append(opts, client.TLSConfig(cfg))
 	}

@@ -104,7 +104,7 @@ func testStreamsCommands(t *testing.T, addr string) {
 	out = mustRun(t, addr, "", "streams", "describe", "chat")
 	var rows [][]string
 	for _, l := range strings.Split(out, "\n") {
-		if f := strings.Fields(l); len(f) == 8 && f[0] != "RANGE" {
+		if f := strings.Fields(l); len(f) == 9 && f[0] != "RANGE" {
 			rows = append(rows, f)
 		}
 	}

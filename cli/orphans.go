@@ -15,10 +15,11 @@ import (
 
 const orphansUsage = `usage:
   orphans list <stream> [--json]
-      the forks of the stream's ranges (after failovers): where each log
-      forked and how many acked-but-unreplicated records its orphan log holds.
-      Ask nodes of every region (--addr $GEOLOG_ADDR_ALL): a fork is kept by
-      the region whose log it cut.
+      the forks of the stream's ranges (after failovers), in every region:
+      where each log forked and how many acked-but-unreplicated records its
+      orphan log holds. One node (the first of --addr that answers) asks
+      every node of the stream's regions; nodes that did not answer are
+      named on stderr (forks only they hold are then missing).
   orphans republish <stream> [--range N] [--fork INDEX] [--dry-run]
       append orphaned records again, in their original order, to the stream's
       current home, each with a geolog-orphan header naming where it came
@@ -27,9 +28,13 @@ const orphansUsage = `usage:
 // orphanHeader marks a republished record with its origin.
 const orphanHeader = "geolog-orphan"
 
+// orphanFork is one fork and a node that holds it (the JSON of list).
 type orphanFork struct {
+	Region string `json:"region"`
+	NodeID uint64 `json:"node_id"`
+	// Addr is the node's advertised address: ReadOrphans go there.
+	Addr string `json:"address"`
 	*geologv1.OrphanFork
-	addr string // a node that holds it
 }
 
 // orphans runs the orphan-log commands.
@@ -56,58 +61,25 @@ func (e *env) orphans(ctx context.Context, args []string) error {
 		return err
 	}
 	defer a.close()
-	// Every node's view: forks are per region (each replica of the region
-	// holds the same ones).
-	found := map[[2]uint64]*orphanFork{}
-	var lastErr error
-	for _, addr := range a.addrs {
-		ac, err := a.conn(addr)
-		if err != nil {
-			return err
-		}
-		cctx, cancel := context.WithTimeout(ctx, e.timeout)
-		resp, err := ac.ListOrphans(cctx, &geologv1.ListOrphansRequest{Stream: stream})
-		cancel()
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		for _, f := range resp.GetForks() {
-			k := [2]uint64{uint64(f.GetRange()), f.GetForkIndex()}
-			if _, ok := found[k]; !ok {
-				found[k] = &orphanFork{OrphanFork: f, addr: addr}
-			}
-		}
+	forks, err := e.listOrphans(ctx, a, stream)
+	if err != nil {
+		return err
 	}
-	if len(found) == 0 && lastErr != nil {
-		return lastErr
-	}
-	forks := make([]*orphanFork, 0, len(found))
-	for _, f := range found {
-		forks = append(forks, f)
-	}
-	sort.Slice(forks, func(i, j int) bool {
-		if forks[i].GetRange() != forks[j].GetRange() {
-			return forks[i].GetRange() < forks[j].GetRange()
-		}
-		return forks[i].GetForkIndex() < forks[j].GetForkIndex()
-	})
 	if sub == "list" {
 		if *asJSON {
-			out := make([]*geologv1.OrphanFork, len(forks))
-			for i, f := range forks {
-				out[i] = f.OrphanFork
+			if forks == nil {
+				forks = []*orphanFork{}
 			}
 			enc := json.NewEncoder(e.stdout)
 			enc.SetIndent("", "  ")
-			return enc.Encode(out)
+			return enc.Encode(forks)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "RANGE\tFORK\tFORK OFFSET\tNEW EPOCH\tRECORDS\tORPHANED OFFSETS\tBYTES\tNODE")
+		fmt.Fprintln(tw, "REGION\tRANGE\tFORK\tFORK OFFSET\tNEW EPOCH\tRECORDS\tORPHANED OFFSETS\tBYTES\tNODE")
 		total := uint64(0)
 		for _, f := range forks {
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t[%d, %d)\t%d\t%s\n", f.GetRange(), f.GetForkIndex(), f.GetForkOffset(), f.GetEpoch(),
-				f.GetRecords(), f.GetFirstOffset(), f.GetNextOffset(), f.GetBytes(), f.addr)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t[%d, %d)\t%d\tn%d %s\n", f.Region, f.GetRange(), f.GetForkIndex(), f.GetForkOffset(), f.GetEpoch(),
+				f.GetRecords(), f.GetFirstOffset(), f.GetNextOffset(), f.GetBytes(), f.NodeID, f.Addr)
 			total += f.GetRecords()
 		}
 		tw.Flush()
@@ -128,7 +100,7 @@ func (e *env) orphans(ctx context.Context, args []string) error {
 		h := fnv.New64a()
 		fmt.Fprintf(h, "orphans/%s/%d/%d/%d", stream, f.GetRange(), f.GetForkIndex(), f.GetEpoch())
 		pid := h.Sum64()&(1<<62-1) | 1
-		ac, err := a.conn(f.addr)
+		ac, err := a.conn(f.Addr)
 		if err != nil {
 			return err
 		}
@@ -192,4 +164,57 @@ func (e *env) orphans(ctx context.Context, args []string) error {
 		fmt.Fprintf(e.stdout, "republished %d records (%d already republished before)\n", republished, dups)
 	}
 	return nil
+}
+
+// listOrphans asks the first node of --addr that answers for the stream's
+// forks in the whole cluster (ListOrphans, scope cluster), warns on stderr
+// of the nodes that did not answer, and returns each fork with a node of
+// its region that holds it, by region, range and fork.
+func (e *env) listOrphans(ctx context.Context, a *adminDialer, stream string) ([]*orphanFork, error) {
+	var resp *geologv1.ListOrphansResponse
+	var lastErr error
+	for _, addr := range a.addrs {
+		ac, err := a.conn(addr)
+		if err != nil {
+			return nil, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, e.timeout)
+		resp, err = ac.ListOrphans(cctx, &geologv1.ListOrphansRequest{Stream: stream, Scope: geologv1.OrphanScope_ORPHAN_SCOPE_CLUSTER})
+		cancel()
+		if err == nil {
+			break
+		}
+		if lastErr = err; !client.IsRetriable(err) {
+			return nil, err
+		}
+	}
+	if resp == nil {
+		return nil, lastErr
+	}
+	var forks []*orphanFork
+	found := map[string]bool{}
+	for _, no := range resp.GetNodes() {
+		if no.GetError() != "" {
+			fmt.Fprintf(e.stderr, "warning: %s node %d (%s) did not answer: %s; forks only it holds are missing\n", no.GetRegion(), no.GetNodeId(), no.GetAddress(), no.GetError())
+			continue
+		}
+		for _, f := range no.GetForks() {
+			k := fmt.Sprintf("%s/%d/%d", no.GetRegion(), f.GetRange(), f.GetForkIndex())
+			if !found[k] {
+				found[k] = true
+				forks = append(forks, &orphanFork{Region: no.GetRegion(), NodeID: no.GetNodeId(), Addr: no.GetAddress(), OrphanFork: f})
+			}
+		}
+	}
+	sort.SliceStable(forks, func(i, j int) bool {
+		fi, fj := forks[i], forks[j]
+		if fi.Region != fj.Region {
+			return fi.Region < fj.Region
+		}
+		if fi.GetRange() != fj.GetRange() {
+			return fi.GetRange() < fj.GetRange()
+		}
+		return fi.GetForkIndex() < fj.GetForkIndex()
+	})
+	return forks, nil
 }

@@ -257,7 +257,10 @@ type rangeJSON struct {
 	HomeRegion  string `json:"home_region"`
 	Epoch       uint64 `json:"epoch"`
 	Leader      string `json:"leader,omitempty"`
+	HomeLeader  string `json:"home_leader,omitempty"`
 	Status      string `json:"status"`
+	// Epochs is the range's epoch history, oldest first.
+	Epochs []client.EpochStart `json:"epochs"`
 }
 
 func (e *env) streamsDescribe(ctx context.Context, args []string) error {
@@ -288,7 +291,7 @@ func (e *env) streamsDescribe(ctx context.Context, args []string) error {
 			out.Ranges = append(out.Ranges, rangeJSON{
 				Range: r.Range, HashStart: fmt.Sprintf("%016x", r.HashStart), HashEnd: fmt.Sprintf("%016x", r.HashEnd),
 				StartOffset: r.StartOffset, TailOffset: r.TailOffset, SizeBytes: r.SizeBytes,
-				HomeRegion: r.HomeRegion, Epoch: r.Epoch, Leader: r.Leader, Status: r.Status,
+				HomeRegion: r.HomeRegion, Epoch: r.Epoch, Leader: r.Leader, HomeLeader: r.HomeLeader, Status: r.Status, Epochs: r.Epochs,
 			})
 		}
 		return json.NewEncoder(e.stdout).Encode(out)
@@ -297,16 +300,38 @@ func (e *env) streamsDescribe(ctx context.Context, args []string) error {
 	fmt.Fprintf(e.stdout, "stream %s: %d ranges, regions %s, retention %s / %s bytes, cleanup %s\n\n",
 		s.Name, s.RangeCount, regionsText(s.Regions), durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes), cleanupText(s))
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RANGE\tHASH-SLICE\tSTART\tTAIL\tSIZE\tSTATUS\tHOME\tEPOCH")
+	fmt.Fprintln(tw, "RANGE\tHASH-SLICE\tSTART\tTAIL\tSIZE\tSTATUS\tHOME\tEPOCH\tEPOCH STARTS")
 	for _, r := range d.Ranges {
 		status := r.Status
 		if status == "" {
 			status = "-"
 		}
-		fmt.Fprintf(tw, "%d\t%016x-%016x\t%d\t%d\t%s\t%s\t%s\t%d\n", r.Range, r.HashStart, r.HashEnd,
-			r.StartOffset, r.TailOffset, humanBytes(r.SizeBytes), status, orDash(r.HomeRegion), r.Epoch)
+		fmt.Fprintf(tw, "%d\t%016x-%016x\t%d\t%d\t%s\t%s\t%s\t%d\t%s\n", r.Range, r.HashStart, r.HashEnd,
+			r.StartOffset, r.TailOffset, humanBytes(r.SizeBytes), status, orDash(r.HomeRegion), r.Epoch, epochStartsText(r.Epochs))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if d.EpochsUnavailable != "" {
+		fmt.Fprintf(e.stderr, "warning: epoch histories incomplete: %s\n", d.EpochsUnavailable)
+	}
+	return nil
+}
+
+// epochStartsText renders an epoch history as "1@0:us,2@25:eu(takeover)":
+// epoch, start offset, home region and how a later epoch began.
+func epochStartsText(es []client.EpochStart) string {
+	if len(es) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(es))
+	for i, e := range es {
+		parts[i] = fmt.Sprintf("%d@%d:%s", e.Epoch, e.StartOffset, orDash(e.HomeRegion))
+		if e.Kind != "" && e.Kind != "create" {
+			parts[i] += "(" + e.Kind + ")"
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 func orDash(s string) string {

@@ -85,13 +85,31 @@ type RangeInfo struct {
 	SizeBytes               int64
 	HomeRegion              string
 	Epoch                   uint64
-	Leader                  string
+	// Leader is the advertised address of the range's leader in the
+	// answering node's region; HomeLeader that of its leader in the home
+	// region (where appends go), when the node knows it.
+	Leader     string
+	HomeLeader string
+	// Epochs is the range's epoch history, oldest first (see the API's
+	// RangeInfo.epochs): an acknowledgement under an epoch at an offset
+	// at or past a later epoch's start is not in the log.
+	Epochs []EpochStart
 	// Status is "ok" or why the range is not served.
 	Status string
 	// Replication is how far each mirror is, as the answering node knows:
 	// all of them when it leads the range in its home region, its own
 	// region's when it leads a mirror.
 	Replication []RegionProgress
+}
+
+// EpochStart is where one homing epoch of a range starts.
+type EpochStart struct {
+	Epoch       uint64 `json:"epoch"`
+	StartOffset uint64 `json:"start_offset"`
+	HomeRegion  string `json:"home_region"`
+	// Kind is how the epoch began: "create", "takeover" (an unplanned
+	// failover) or "rehome" (a planned move); "" if unknown.
+	Kind string `json:"kind,omitempty"`
 }
 
 // RegionProgress is one mirror's position and lag (see the API's
@@ -110,13 +128,19 @@ type RegionProgress struct {
 type StreamDescription struct {
 	Stream StreamInfo
 	Ranges []RangeInfo
+	// EpochsUnavailable is empty when every range's Epochs is complete,
+	// else why it is not (the lease store did not answer).
+	EpochsUnavailable string
 }
 
-// CreateStream creates a stream. It is sent only to a node the client has
-// an established connection to (trying the next address, up to RetriesMax
-// times, while none can be reached) and never resent: a retry after an
-// ambiguous failure could not tell its own success from a name clash
-// (CodeStreamExists).
+// CreateStream creates a stream, or returns it if it exists with the
+// definition sc asks for (fields left to their default, Regions and
+// HomeRegion, match whatever the stream has). The server makes creation
+// idempotent, so retriable errors are retried, at another node
+// (RetriesMax): a retry completes what an earlier attempt left undone
+// (regions not yet holding the stream, homes not yet registered). A stream
+// of the name with another definition fails with CodeStreamExists, whose
+// message names the difference.
 func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo, error) {
 	if sc.Name == "" || sc.RangeCount == 0 {
 		return nil, apierr.New(apierr.InvalidArgument, "stream name and a positive range count are required")
@@ -140,7 +164,7 @@ func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo
 			MinLagMs: compactionMillis(sc.MinCompactionLag)}
 	}
 	var resp *geologv1.CreateStreamResponse
-	err := c.call(ctx, false, func(ctx context.Context, api geologv1.LogClient) (err error) {
+	err := c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
 		resp, err = api.CreateStream(ctx, req)
 		return err
 	})
@@ -198,7 +222,7 @@ func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescri
 	if err != nil {
 		return nil, fmt.Errorf("describe stream %q: %w", name, err)
 	}
-	d := &StreamDescription{Stream: streamInfoFromProto(resp.GetStream())}
+	d := &StreamDescription{Stream: streamInfoFromProto(resp.GetStream()), EpochsUnavailable: resp.GetEpochsUnavailable()}
 	for _, r := range resp.GetRanges() {
 		var repl []RegionProgress
 		for _, p := range r.GetReplication() {
@@ -217,6 +241,8 @@ func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescri
 			HomeRegion:  r.GetHomeRegion(),
 			Epoch:       r.GetEpoch(),
 			Leader:      r.GetLeader(),
+			HomeLeader:  r.GetHomeLeader(),
+			Epochs:      epochsFromProto(r.GetEpochs()),
 			Status:      r.GetStatus(),
 		})
 	}
@@ -225,6 +251,21 @@ func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescri
 			apierr.New(apierr.Internal, "server described the stream with zero ranges"))
 	}
 	return d, nil
+}
+
+// epochKindNames names the API's epoch kinds.
+var epochKindNames = map[geologv1.EpochKind]string{
+	geologv1.EpochKind_EPOCH_KIND_CREATE:   "create",
+	geologv1.EpochKind_EPOCH_KIND_TAKEOVER: "takeover",
+	geologv1.EpochKind_EPOCH_KIND_REHOME:   "rehome",
+}
+
+func epochsFromProto(es []*geologv1.EpochStart) []EpochStart {
+	out := make([]EpochStart, 0, len(es))
+	for _, e := range es {
+		out = append(out, EpochStart{Epoch: e.GetEpoch(), StartOffset: e.GetStartOffset(), HomeRegion: e.GetHomeRegion(), Kind: epochKindNames[e.GetKind()]})
+	}
+	return out
 }
 
 func streamInfoFromProto(s *geologv1.StreamInfo) StreamInfo {

@@ -171,6 +171,12 @@ func TestAdmin(t *testing.T) {
 	if info.RangeCount != 3 || info.RetentionAge != 168*time.Hour || info.RetentionBytes != 1<<30 || len(info.Regions) != 2 {
 		t.Fatalf("created %+v", info)
 	}
+	// The same create again (a retry) is answered with the stream, even
+	// with the regions left to the server's default.
+	again, err := c.CreateStream(ctx, client.StreamConfig{Name: "chat", RangeCount: 3, RetentionAge: 168 * time.Hour, RetentionBytes: 1 << 30})
+	if err != nil || again.RangeCount != 3 || len(again.Regions) != 2 {
+		t.Fatalf("the same create again: %+v %v", again, err)
+	}
 	_, err = c.CreateStream(ctx, client.StreamConfig{Name: "chat", RangeCount: 1})
 	if client.CodeOf(err) != client.CodeStreamExists {
 		t.Fatalf("second create: %v", err)

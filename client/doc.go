@@ -41,9 +41,9 @@
 //   - Admin calls and reads go to any node: the current address while it is
 //     up, else the next one up. After a retriable error the call moves to
 //     the error's leader hint, or else to the next address, and is retried
-//     after the usual backoff (RetriesMax, RetryBackoff). CreateStream,
-//     which is never resent, is sent only over an established connection;
-//     addresses that cannot be reached are skipped.
+//     after the usual backoff (RetriesMax, RetryBackoff). CreateStream is
+//     retried too: the server answers a repeated create of the same
+//     stream with the stream.
 //   - Subscribe resumes after a retriable error or a broken stream at the
 //     next address, from the last delivered offset (offsets are the same
 //     on every replica), checking that that record has the epoch it was
@@ -98,6 +98,11 @@
 //     records fail. The server still expects that batch's base sequence, so
 //     the batches behind it cannot have been appended; they move to a fresh
 //     producer id for the range (sequences restart at 0) and are resent.
+//     PRODUCER_STATE_LOST (the range no longer knows the producer as it
+//     knows itself: its state expired, or a failover cut acknowledged
+//     batches off the log) fails nothing: every unacknowledged batch moves
+//     to a fresh id and is resent. SEQUENCE_GAP (the server disagrees
+//     within one epoch) fails every batch in flight.
 //  7. When a record's deadline (its context's deadline or the delivery
 //     timeout) passes while it is in flight, its batch and every batch in
 //     flight with it fail, because their outcome is unknown, and the range

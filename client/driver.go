@@ -523,13 +523,14 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 			d.backoffUntil = time.Time{}
 		}
 
-	case e.Code == apierr.SequenceGap && e.ExpectedSequence < b.baseSeq:
-		// The server has lost this producer's sequence state (an expired
-		// producer, or a failover that moved unreplicated batches to the
-		// orphan log): it does not have b, nor any batch behind it, under
-		// this id, and never will since we never send the expected
-		// sequence again. Resend them all under a fresh id.
-		d.log.Warn("server lost the producer's sequence state", "expected", e.ExpectedSequence, "base_sequence", b.baseSeq)
+	case e.Code == apierr.ProducerStateLost:
+		// The range lost this producer's state (expired or evicted, or a
+		// failover cut acknowledged batches off the log: with ForkEpoch
+		// set, every one acknowledged at ForkOffset or later is in an old
+		// home's orphan log). It does not have b, nor any batch behind it,
+		// under this id, and never will: resend them all under a fresh id.
+		d.log.Warn("the range lost the producer's state; continuing under a fresh producer id",
+			"expected", e.ExpectedSequence, "base_sequence", b.baseSeq, "fork_epoch", e.ForkEpoch, "fork_offset", e.ForkOffset)
 		d.closeConn()
 		d.renumber()
 		d.rewind(e)
@@ -544,9 +545,13 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 		d.fail(b, func(*promisedRecord) error { return e })
 
 	case e.Code == apierr.SequenceGap:
-		// The server is ahead of b: it may hold b and some batches behind
-		// it. Their outcome is unknown.
-		d.log.Error("server is ahead of the producer's sequences", "expected", e.ExpectedSequence, "base_sequence", b.baseSeq)
+		// Within one epoch the range's sequences and ours disagree, which
+		// a server that keeps the contract never causes for this client:
+		// ahead of b, it may hold b and some batches behind it; behind
+		// it, it lacks batches it acknowledged. Either way the outcome of
+		// what is in flight is unknown: it fails, and the range continues
+		// under a fresh id.
+		d.log.Error("the range's producer sequence disagrees with ours", "expected", e.ExpectedSequence, "base_sequence", b.baseSeq)
 		d.failInflight(func(*promisedRecord) error { return e })
 
 	default:

@@ -40,6 +40,7 @@ const (
 	CodeUnauthenticated      = apierr.Unauthenticated
 	CodePermissionDenied     = apierr.PermissionDenied
 	CodeInternal             = apierr.Internal
+	CodeProducerStateLost    = apierr.ProducerStateLost
 	CodeSlowConsumer         = apierr.SlowConsumer
 )
 

@@ -84,9 +84,9 @@ func Keepalive(time, timeout time.Duration) Opt {
 // deadline, overriding the default of 30s. Zero disables it.
 func RequestTimeout(d time.Duration) Opt { return func(c *clientConfig) { c.requestTimeout = d } }
 
-// RetriesMax bounds the retries of a retriable read, describe or list call
-// (each may go to another node), the attempts of a CreateStream that could
-// not reach a node, and the consecutive failed reconnects of a subscription
+// RetriesMax bounds the retries of a retriable read, describe, list or
+// create call (each may go to another node), and the consecutive failed
+// reconnects of a subscription
 // that has delivered nothing in between, overriding the default of 10.
 func RetriesMax(n int) Opt { return func(c *clientConfig) { c.retriesMax = n } }
 

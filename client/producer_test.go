@@ -660,9 +660,9 @@ func TestConcurrentProducers(t *testing.T) {
 	}
 }
 
-// A server that lost the producer's sequence state answers SEQUENCE_GAP
-// with an expected sequence below the batch's: the range continues under a
-// fresh producer id without failing anything.
+// A server that lost the producer's sequence state answers
+// PRODUCER_STATE_LOST: the range continues under a fresh producer id
+// without failing anything.
 func TestServerLostSequenceState(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 1)
@@ -684,6 +684,59 @@ func TestServerLostSequenceState(t *testing.T) {
 		t.Fatal("no gap was answered")
 	}
 	_ = ctx
+}
+
+// The two answers a range gives when its sequences and the producer's
+// disagree: PRODUCER_STATE_LOST (the documented condition after a failover
+// or an expired state) moves the batch and those behind it to a fresh id,
+// failing nothing; SEQUENCE_GAP (a disagreement within one epoch, which no
+// conforming server causes) fails what is in flight. Either way the range
+// goes on under a fresh id.
+func TestProducerStateLostAndSequenceGap(t *testing.T) {
+	for _, c := range []struct {
+		code     apierr.Code
+		wantFail bool
+	}{
+		{apierr.ProducerStateLost, false},
+		{apierr.SequenceGap, true},
+	} {
+		t.Run(c.code.String(), func(t *testing.T) {
+			fake := startFake(t, clienttest.Config{})
+			fake.MustCreateStream("s", 1)
+			cl := newClient(t, fake.Addr())
+			p := newProducer(t, cl, "s")
+			ctx := testCtx(t)
+			warmUp(t, p)
+			firstID := fake.Batches("s", 0)[0].ProducerID
+			fake.SetAppendFault(func(n int64, _ *geologv1.AppendRequest) clienttest.Fault {
+				if n == 1 {
+					e := apierr.New(c.code, "injected")
+					e.ExpectedSequence, e.ForkEpoch, e.ForkOffset = 0, 2, 1
+					return clienttest.Fault{Err: e}
+				}
+				return clienttest.Fault{}
+			})
+			rs := newResults()
+			p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("a")}, rs.cb(0))
+			rs.wait(t)
+			if c.wantFail {
+				if client.CodeOf(rs.errs[0]) != c.code || client.IsRetriable(rs.errs[0]) {
+					t.Fatalf("record: %+v %v, want a final %v", rs.res[0], rs.errs[0], c.code)
+				}
+			} else if len(rs.errs) != 0 {
+				t.Fatalf("record failed: %v", rs.errs[0])
+			}
+			produceN(t, p, 1, 1)
+			bs := fake.Batches("s", 0)
+			last := bs[len(bs)-1]
+			if last.ProducerID == firstID || last.BaseSequence != uint64(len(bs)-2) {
+				t.Fatalf("batches %+v: the range must go on under a fresh producer id from sequence 0", bs)
+			}
+			if bs[1].ProducerID != last.ProducerID {
+				t.Fatalf("batches %+v", bs)
+			}
+		})
+	}
 }
 
 // Batches whose acks were lost and that fell out of the server's dedup

@@ -55,34 +55,51 @@ func NewTable(producersMax int) *Table {
 	return &Table{producers: make(map[uint64]*producerState), producersMax: producersMax}
 }
 
-// check classifies a batch of count records from producer starting at
-// BaseSequence. For Duplicate it returns the original batch.
+// Check classifies a batch of count records from producerID starting at
+// baseSequence, to be appended under epoch (the range's homing epoch now).
+// For Duplicate it returns the original batch.
 //
-// Rules (Kafka's idempotent producer, simplified):
-//   - unknown producer: the batch must start at sequence 0, else SEQUENCE_GAP
-//     with expected sequence 0 (a lost first batch, or expired state);
+// Rules (Kafka's idempotent producer, simplified; the public API states
+// them for clients, AppendRequest "Idempotent producers"):
+//   - unknown producer: the batch must start at sequence 0, else
+//     PRODUCER_STATE_LOST (its state expired or was evicted, or every batch
+//     of it was on a log that forked away; a client that sent a later
+//     batch before its first was acknowledged looks the same);
 //   - baseSequence == next: append;
 //   - an exact match of a remembered batch: duplicate, original offsets;
 //   - entirely below next but no longer remembered: DUPLICATE_OUT_OF_WINDOW;
 //   - overlapping a remembered batch without matching it: INVALID_ARGUMENT;
-//   - above next: SEQUENCE_GAP, carrying the expected sequence.
-func (d *Table) Check(producerID, baseSequence uint64, count uint32) (Verdict, Batch, error) {
+//   - above next, with the producer's newest batch here appended under an
+//     older epoch: PRODUCER_STATE_LOST. The batches the producer had
+//     acknowledged after it were on the log of a home that failed over
+//     (they are in its orphan log), and never will be in this one;
+//   - above next otherwise: SEQUENCE_GAP, carrying the expected sequence
+//     (within one epoch, a client that skipped sequences).
+//
+// The PRODUCER_STATE_LOST errors carry ExpectedSequence (0 for an unknown
+// producer) and, for a known producer, ForkEpoch: the first epoch after its
+// newest batch here (epochs grow by one), whose start the caller knows and
+// the table does not (it completes ForkOffset). An unknown producer's
+// ForkEpoch is 0: the table cannot tell what it lost.
+func (d *Table) Check(producerID, baseSequence uint64, count uint32, epoch uint64) (Verdict, Batch, error) {
 	p, ok := d.producers[producerID]
 	if !ok {
 		if baseSequence == 0 {
 			return Append, Batch{}, nil
 		}
-		// Either the producer's first batch failed and a later one came
-		// first (appending it would lose the first for good), or its state
-		// expired with the log that held it. Both are a gap from 0; the SDK
-		// answers it by continuing under a fresh producer id.
-		e := apierr.New(apierr.SequenceGap, "producer %d is unknown to this range: its first batch must start at sequence 0, not %d", producerID, baseSequence)
+		e := apierr.New(apierr.ProducerStateLost, "producer %d is unknown to this range (its state expired, was evicted, or was lost in a failover) and its batch starts at sequence %d, not 0: continue under a new producer id", producerID, baseSequence)
 		return Reject, Batch{}, e
 	}
 	if baseSequence == p.nextSequence {
 		return Append, Batch{}, nil
 	}
 	if baseSequence > p.nextSequence {
+		if newest := p.recent[len(p.recent)-1]; newest.Epoch < epoch {
+			e := apierr.New(apierr.ProducerStateLost, "producer %d: this range holds its batches up to sequence %d, the last appended under epoch %d; the range is at epoch %d and the batch starts at %d: the batches in between were cut off the log by a failover: continue under a new producer id",
+				producerID, p.nextSequence, newest.Epoch, epoch, baseSequence)
+			e.ExpectedSequence, e.ForkEpoch = p.nextSequence, newest.Epoch+1
+			return Reject, Batch{}, e
+		}
 		e := apierr.New(apierr.SequenceGap, "producer %d: batch starts at sequence %d, expected %d", producerID, baseSequence, p.nextSequence)
 		e.ExpectedSequence = p.nextSequence
 		return Reject, Batch{}, e

@@ -15,27 +15,36 @@ func TestDedupTable(t *testing.T) {
 		want     Verdict
 		wantCode apierr.Code
 		wantBase uint64 // for duplicates
+		epoch    uint64 // the range's epoch; 0 means 1
 	}
 	d := NewTable(100)
 	offset := uint64(0)
 	steps := []step{
-		{"unknown producer must start at 0", 1, 5, 3, Reject, apierr.SequenceGap, 0},
-		{"new producer starts at 0", 1, 0, 3, Append, 0, 0},
-		{"next in sequence", 1, 3, 2, Append, 0, 0},
-		{"exact duplicate of first", 1, 0, 3, Duplicate, 0, 0},
-		{"exact duplicate of second", 1, 3, 2, Duplicate, 0, 3},
-		{"gap", 1, 7, 1, Reject, apierr.SequenceGap, 0},
-		{"overlap without match", 1, 1, 2, Reject, apierr.InvalidArgument, 0},
-		{"other producer is independent", 2, 0, 1, Append, 0, 0},
+		{"unknown producer must start at 0", 1, 5, 3, Reject, apierr.ProducerStateLost, 0, 0},
+		{"new producer starts at 0", 1, 0, 3, Append, 0, 0, 0},
+		{"next in sequence", 1, 3, 2, Append, 0, 0, 0},
+		{"exact duplicate of first", 1, 0, 3, Duplicate, 0, 0, 0},
+		{"exact duplicate of second", 1, 3, 2, Duplicate, 0, 3, 0},
+		{"gap", 1, 7, 1, Reject, apierr.SequenceGap, 0, 0},
+		{"overlap without match", 1, 1, 2, Reject, apierr.InvalidArgument, 0, 0},
+		{"other producer is independent", 2, 0, 1, Append, 0, 0, 0},
+		// The range moved to epoch 2 (a failover) after producer 1's last
+		// batch here: a batch past it means acknowledged batches were lost.
+		{"gap across an epoch change", 1, 7, 1, Reject, apierr.ProducerStateLost, 0, 2},
+		{"duplicates still answered after it", 1, 3, 2, Duplicate, 0, 3, 2},
+		{"resuming at the expected sequence", 1, 5, 2, Append, 0, 0, 2},
+		{"a gap within the new epoch", 1, 9, 1, Reject, apierr.SequenceGap, 0, 2},
+		{"a producer last seen at epoch 1", 2, 4, 1, Reject, apierr.ProducerStateLost, 0, 2},
 	}
 	for _, s := range steps {
-		v, orig, err := d.Check(s.producer, s.seq, s.count)
+		epoch := max(s.epoch, 1)
+		v, orig, err := d.Check(s.producer, s.seq, s.count, epoch)
 		if v != s.want {
 			t.Fatalf("%s: verdict %v, want %v (err %v)", s.name, v, s.want, err)
 		}
 		switch v {
 		case Append:
-			d.Record(s.producer, Batch{BaseSequence: s.seq, RecordCount: s.count, BaseOffset: offset})
+			d.Record(s.producer, Batch{BaseSequence: s.seq, RecordCount: s.count, BaseOffset: offset, Epoch: epoch})
 			offset += uint64(s.count)
 		case Duplicate:
 			if orig.BaseOffset != s.wantBase {
@@ -48,9 +57,21 @@ func TestDedupTable(t *testing.T) {
 		}
 	}
 	// The gap error tells the producer where to resume.
-	_, _, err := d.Check(1, 9, 1)
-	if e := apierr.As(err); e.ExpectedSequence != 5 {
-		t.Fatalf("expected sequence %d, want 5", e.ExpectedSequence)
+	_, _, err := d.Check(1, 9, 1, 2)
+	if e := apierr.As(err); e.ExpectedSequence != 7 {
+		t.Fatalf("expected sequence %d, want 7", e.ExpectedSequence)
+	}
+	// So does the lost state: where this range holds the producer up to,
+	// and the first epoch after the producer's newest batch here (even
+	// with several epochs since).
+	_, _, err = d.Check(2, 4, 1, 5)
+	if e := apierr.As(err); e.ExpectedSequence != 1 || e.Retriable || e.ForkEpoch != 2 {
+		t.Fatalf("lost state: %+v, want expected sequence 1, fork epoch 2, not retriable", e)
+	}
+	// An unknown producer: nothing to tell.
+	_, _, err = d.Check(3, 4, 1, 5)
+	if e := apierr.As(err); e.Code != apierr.ProducerStateLost || e.ForkEpoch != 0 || e.ExpectedSequence != 0 {
+		t.Fatalf("unknown producer: %+v", e)
 	}
 }
 
@@ -60,13 +81,13 @@ func TestDedupWindow(t *testing.T) {
 		d.Record(7, Batch{BaseSequence: i, RecordCount: 1, BaseOffset: i})
 	}
 	// The oldest four batches fell out of the window.
-	if v, _, err := d.Check(7, 0, 1); v != Reject || apierr.CodeOf(err) != apierr.DuplicateOutOfWindow {
+	if v, _, err := d.Check(7, 0, 1, 0); v != Reject || apierr.CodeOf(err) != apierr.DuplicateOutOfWindow {
 		t.Fatalf("old duplicate: %v %v", v, err)
 	}
-	if v, orig, _ := d.Check(7, 4, 1); v != Duplicate || orig.BaseOffset != 4 {
+	if v, orig, _ := d.Check(7, 4, 1, 0); v != Duplicate || orig.BaseOffset != 4 {
 		t.Fatalf("oldest remembered batch: %v %+v", v, orig)
 	}
-	if v, _, _ := d.Check(7, RecentBatchesMax+4, 1); v != Append {
+	if v, _, _ := d.Check(7, RecentBatchesMax+4, 1, 0); v != Append {
 		t.Fatalf("next: %v", v)
 	}
 }
@@ -104,7 +125,7 @@ func TestRecordIsIdempotentForTheLatestBatch(t *testing.T) {
 	if p := d.producers[1]; len(p.recent) != 1 || p.nextSequence != 2 {
 		t.Fatalf("after recording twice: %+v", p)
 	}
-	if v, orig, _ := d.Check(1, 0, 2); v != Duplicate || orig != b {
+	if v, orig, _ := d.Check(1, 0, 2, 0); v != Duplicate || orig != b {
 		t.Fatalf("check: %v %+v", v, orig)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -168,7 +169,9 @@ func runInvariantSeed(seed int64, steps int) error {
 			}
 		}
 	}
-	// One record per epoch, consecutive.
+	// One record per epoch, consecutive; the stream's history is the
+	// ranges' in order.
+	var perRange []EpochRecord
 	for _, k := range keys {
 		hist, _ := store.History(ctx, k)
 		for i, r := range hist {
@@ -176,6 +179,10 @@ func runInvariantSeed(seed int64, steps int) error {
 				return fail("%s history %+v", k, hist)
 			}
 		}
+		perRange = append(perRange, hist...)
+	}
+	if all, err := store.StreamHistory(ctx, "s"); err != nil || !slices.Equal(all, perRange) {
+		return fail("stream history %+v (%v), the ranges' %+v", all, err, perRange)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package homing
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -353,6 +354,27 @@ func (m *MemStore) History(ctx context.Context, key RangeKey) ([]EpochRecord, er
 	}
 	defer m.mu.Unlock()
 	return append([]EpochRecord{}, m.history[key]...), nil
+}
+
+// StreamHistory implements Store.
+func (m *MemStore) StreamHistory(ctx context.Context, stream string) ([]EpochRecord, error) {
+	if err := validateStream(stream); err != nil {
+		return nil, err
+	}
+	if err := m.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	out := []EpochRecord{}
+	for k, recs := range m.history {
+		if k.Stream == stream {
+			out = append(out, recs...)
+		}
+	}
+	slices.SortFunc(out, func(a, b EpochRecord) int {
+		return cmp.Or(cmp.Compare(a.Key.Range, b.Key.Range), cmp.Compare(a.Epoch, b.Epoch))
+	})
+	return out, nil
 }
 
 // Close implements Store: later calls fail with ErrClosed.

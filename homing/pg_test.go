@@ -3,6 +3,7 @@ package homing
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -219,6 +220,22 @@ func TestConcurrentTakeovers(t *testing.T) {
 					grants[o.Key] = append(grants[o.Key], i)
 				}
 			}
+		}
+		all, err := setup.StreamHistory(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var perRange []EpochRecord
+		for r := range uint32(ranges) {
+			key := RangeKey{Stream: stream, Range: r}
+			hist, err := setup.History(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			perRange = append(perRange, hist...)
+		}
+		if !slices.Equal(all, perRange) {
+			t.Fatalf("round %d: StreamHistory %+v, the ranges' histories %+v", round, all, perRange)
 		}
 		for r := range uint32(ranges) {
 			key := RangeKey{Stream: stream, Range: r}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -894,6 +895,40 @@ func (s *SQLStore) History(ctx context.Context, key RangeKey) ([]EpochRecord, er
 				return newError(ErrSchema, "range_epochs row of %s holds out-of-range values", key)
 			}
 			r.Epoch, r.StartOffset = uint64(epoch), uint64(start)
+			out = append(out, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// StreamHistory implements Store.
+func (s *SQLStore) StreamHistory(ctx context.Context, stream string) ([]EpochRecord, error) {
+	if err := validateStream(stream); err != nil {
+		return nil, err
+	}
+	var out []EpochRecord
+	err := s.runTx(ctx, true, func(tx pgx.Tx) error {
+		out = []EpochRecord{}
+		rows, err := tx.Query(ctx, `SELECT range_id, epoch, region, start_offset, prev_region, kind, granted_nanos FROM range_epochs
+			WHERE stream = $1 ORDER BY range_id, epoch`, stream)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			r := EpochRecord{Key: RangeKey{Stream: stream}}
+			var rng, epoch, start int64
+			if err := rows.Scan(&rng, &epoch, &r.Region, &start, &r.PrevRegion, &r.Kind, &r.GrantedNanos); err != nil {
+				return err
+			}
+			if rng < 0 || rng > math.MaxUint32 || epoch <= 0 || start < 0 {
+				return newError(ErrSchema, "range_epochs row of stream %s holds out-of-range values", stream)
+			}
+			r.Key.Range, r.Epoch, r.StartOffset = uint32(rng), uint64(epoch), uint64(start)
 			out = append(out, r)
 		}
 		return rows.Err()

@@ -46,6 +46,9 @@ type Store interface {
 	CancelRehome(ctx context.Context, req RehomeRequest) (Home, error)
 	// History returns the epochs granted to a range, oldest first.
 	History(ctx context.Context, key RangeKey) ([]EpochRecord, error)
+	// StreamHistory returns the epochs granted to every range of stream, by
+	// range then epoch: one statement, whatever the range count.
+	StreamHistory(ctx context.Context, stream string) ([]EpochRecord, error)
 	// DeleteHomes removes every home record and epoch history of stream
 	// (the stream was deleted; a new stream under its name starts afresh
 	// at epoch 1), bumping the homes version of the regions they were in.

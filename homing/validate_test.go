@@ -95,6 +95,10 @@ func TestBadInput(t *testing.T) {
 			_, err := s.History(ctx, RangeKey{Stream: "../x"})
 			return err
 		},
+		"stream history bad stream": func(ctx context.Context, s Store) error {
+			_, err := s.StreamHistory(ctx, "../x")
+			return err
+		},
 		"takeover to itself":     takeover(func(r *TakeoverRequest) { r.To = "us" }),
 		"takeover epoch 0":       takeover(func(r *TakeoverRequest) { r.Ranges[0].Epoch = 0 }),
 		"takeover epoch max":     takeover(func(r *TakeoverRequest) { r.Ranges[0].Epoch = math.MaxInt64 }),

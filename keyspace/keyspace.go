@@ -12,7 +12,9 @@
 // them: FNV-1a, for example, leaves the high bits of "user-1" and "user-2"
 // nearly equal and would put such keys in one range. XXH64 mixes every input
 // bit into every output bit and is specified byte for byte, so any client
-// language can compute the same mapping.
+// language can compute the same mapping. The public API states it with
+// reference vectors (proto/geolog/v1/log.proto, on Record), which
+// TestProtoReferenceVectors checks against this package.
 package keyspace
 
 import (

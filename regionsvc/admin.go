@@ -1,6 +1,7 @@
 package regionsvc
 
 import (
+	"cmp"
 	"context"
 	"sort"
 	"time"
@@ -116,7 +117,7 @@ func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.Descri
 		add := func(ids []uint64, role string) {
 			for _, id := range ids {
 				resp.Replicas = append(resp.Replicas, &geologv1.ReplicaStatus{
-					NodeId: id, Address: s.node.cfg.Peers[id], Role: role, MatchIndex: st.Progress[id].Match,
+					NodeId: id, Address: cmp.Or(s.node.clientAddr(s.node.cfg.Region, id), s.node.cfg.Peers[id]), Role: role, MatchIndex: st.Progress[id].Match,
 				})
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/geolog/geolog/apierr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -94,13 +95,71 @@ func (s streamSpec) hasRegion(region string) bool {
 	return slices.Contains(s.Regions, region)
 }
 
-// sameDefinition reports whether two specs define the same stream (a
-// creation propagated to another region, or retried): everything but the
-// creation time and the catalogue offset, which are per region.
-func (s streamSpec) sameDefinition(o streamSpec) bool {
-	return s.Name == o.Name && s.RangeCount == o.RangeCount && slices.Equal(s.Regions, o.Regions) &&
-		slices.Equal(s.homes(), o.homes()) && s.RetentionAgeMillis == o.RetentionAgeMillis &&
-		s.RetentionBytes == o.RetentionBytes && s.sameCleanup(o)
+// createWant is what a CreateStream asks for: the definition as the node
+// taking it resolved the request, and whether the request set the fields
+// whose defaults depend on that node (regions; home_region and
+// range_homes). A retry that another node takes resolves those
+// differently; they are compared with an existing stream only when set.
+type createWant struct {
+	spec                 streamSpec
+	regionsSet, homesSet bool
+}
+
+// wantFromRequest is what req asks for, resolved as spec.
+func wantFromRequest(req *geologv1.CreateStreamRequest, spec streamSpec) createWant {
+	return createWant{spec: spec, regionsSet: len(req.GetRegions()) > 0,
+		homesSet: req.GetHomeRegion() != "" || len(req.GetRangeHomes()) > 0}
+}
+
+// wantExactly asks for spec in every field (a definition already fixed:
+// an existing stream's, or one a node propagates).
+func wantExactly(spec streamSpec) createWant {
+	return createWant{spec: spec, regionsSet: true, homesSet: true}
+}
+
+// diff names the fields in which existing differs from what w asks for,
+// "" if it does not (the creation time and catalogue offset, which are
+// per region, never count).
+func (w createWant) diff(existing streamSpec) string {
+	var d []string
+	if w.spec.Name != existing.Name {
+		d = append(d, fmt.Sprintf("name %q (the stream is %q)", w.spec.Name, existing.Name))
+	}
+	if w.spec.RangeCount != existing.RangeCount {
+		d = append(d, fmt.Sprintf("range_count %d (the stream has %d)", w.spec.RangeCount, existing.RangeCount))
+	}
+	if w.regionsSet && !slices.Equal(w.spec.Regions, existing.Regions) {
+		d = append(d, fmt.Sprintf("regions %v (the stream has %v)", w.spec.Regions, existing.Regions))
+	}
+	if w.spec.RetentionAgeMillis != existing.RetentionAgeMillis {
+		d = append(d, fmt.Sprintf("retention max_age_ms %d (the stream has %d)", w.spec.RetentionAgeMillis, existing.RetentionAgeMillis))
+	}
+	if w.spec.RetentionBytes != existing.RetentionBytes {
+		d = append(d, fmt.Sprintf("retention max_bytes %d (the stream has %d)", w.spec.RetentionBytes, existing.RetentionBytes))
+	}
+	if !w.spec.sameCleanup(existing) {
+		d = append(d, fmt.Sprintf("cleanup %s (the stream has %s)", w.spec.cleanupString(), existing.cleanupString()))
+	}
+	if w.homesSet && w.spec.RangeCount == existing.RangeCount {
+		want, have := w.spec.homes(), existing.homes()
+		for r := range want {
+			if want[r] != have[r] {
+				d = append(d, fmt.Sprintf("range %d homed in %s (the stream's is homed in %s)", r, want[r], have[r]))
+				break
+			}
+		}
+	}
+	return strings.Join(d, "; ")
+}
+
+// sameDefinition reports whether two specs define the same stream (all
+// but the creation time and the catalogue offset, which are per region).
+func (s streamSpec) sameDefinition(o streamSpec) bool { return wantExactly(s).diff(o) == "" }
+
+// streamExistsDiff is the STREAM_EXISTS a create gets for a stream that
+// exists with another definition.
+func streamExistsDiff(name, diff string) error {
+	return apierr.New(apierr.StreamExists, "stream %q already exists with another definition: %s", name, diff)
 }
 
 // validateStreamName returns an InvalidArgument error for a bad name.

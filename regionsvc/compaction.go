@@ -318,6 +318,15 @@ func (s streamSpec) sameCleanup(o streamSpec) bool {
 	return c1 == c2 && p1.GetDeleteRetentionMs() == p2.GetDeleteRetentionMs() && p1.GetMinLagMs() == p2.GetMinLagMs()
 }
 
+// cleanupString is the cleanup policy and its settings, for an error.
+func (s streamSpec) cleanupString() string {
+	c, p := s.cleanupInfo()
+	if p == nil {
+		return c.String()
+	}
+	return fmt.Sprintf("%v (delete_retention_ms %d, min_lag_ms %d)", c, p.GetDeleteRetentionMs(), p.GetMinLagMs())
+}
+
 // compacts reports whether the stream's cleanup policy compacts by key.
 func (s streamSpec) compacts() bool {
 	return s.Cleanup == geologv1.CleanupPolicy_CLEANUP_POLICY_COMPACT ||

@@ -45,7 +45,7 @@ func (n *Node) coordinate(ctx context.Context, cr *cursorRange, run func(b *curs
 		if cr.coordinatesHere() {
 			v, err = cr.submit(ctx, run)
 			if n.replicated() {
-				n.hintCoordinator(ctx, cr, n.cfg.Peers[n.cfg.NodeID], err)
+				n.hintCoordinator(ctx, cr, n.cfg.Peers[n.cfg.NodeID], err) // names n.advertise
 			}
 		} else if addr := n.coordinatorAddr(cr, attempt, hint); addr != "" {
 			v, err = n.forwardTo(ctx, addr, forward)
@@ -76,12 +76,27 @@ func (n *Node) coordinate(ctx context.Context, cr *cursorRange, run func(b *curs
 // A hint only: a node that no longer coordinates forwards the request.
 const CoordinatorHeader = "x-geolog-coordinator"
 
-// hintCoordinator sets CoordinatorHeader after a request addr served.
+// hintCoordinator sets CoordinatorHeader after a request the peer at addr
+// (a Peers address) served. The header names the node's advertised
+// address; none when it is not known yet.
 func (n *Node) hintCoordinator(ctx context.Context, cr *cursorRange, addr string, err error) {
 	if err != nil || !cr.d.role().home {
 		return
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs(CoordinatorHeader, addr))
+	if client := n.peerClientAddr(addr); client != "" {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(CoordinatorHeader, client))
+	}
+}
+
+// peerClientAddr is the advertised address of the peer at addr (a Peers
+// address), "" when it is not known.
+func (n *Node) peerClientAddr(addr string) string {
+	for id, a := range n.cfg.Peers {
+		if a == addr {
+			return n.clientAddr(n.cfg.Region, id)
+		}
+	}
+	return ""
 }
 
 // redirectable reports whether an error means "not here, try the

@@ -191,7 +191,7 @@ func (n *Node) describeGroup(ctx context.Context, req *geologv1.DescribeGroupReq
 	}
 	resp := &geologv1.DescribeGroupResponse{Group: req.GetGroup(), CoordinatorRegion: cr.d.role().region}
 	if cr.d.rep != nil && cr.d.role().home {
-		resp.Coordinator = n.cfg.Peers[cr.d.rep.LeaderID()]
+		resp.Coordinator = n.clientAddr(n.cfg.Region, cr.d.rep.LeaderID()) // advertised
 	}
 	if g != nil {
 		n.describeMembers(cr, g, resp)

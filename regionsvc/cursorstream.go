@@ -151,9 +151,9 @@ func (cs *cursorService) create(ctx context.Context) {
 	spec.CreatedUnixNanos = n.cfg.Now().UnixNano()
 	var err error
 	if n.replicated() {
-		_, err = n.createStreamRegions(cctx, spec)
+		_, err = n.createStreamRegions(cctx, wantExactly(spec))
 	} else {
-		_, err = n.createStreamFromSpec(cctx, spec)
+		_, err = n.createStreamFromSpec(cctx, wantExactly(spec))
 	}
 	if err != nil && apierr.CodeOf(err) != apierr.StreamExists && ctx.Err() == nil {
 		cs.logger.Warn("create the cursor stream", "error", err)
@@ -170,7 +170,7 @@ func (cs *cursorService) propagate(ctx context.Context) bool {
 	if !ok {
 		return false
 	}
-	if err := cs.n.propagateCreate(cctx, spec); err != nil {
+	if err := cs.n.propagateCreate(cctx, wantExactly(spec)); err != nil {
 		cs.logger.Debug("propagate the cursor stream", "error", err)
 		return false
 	}
@@ -572,5 +572,5 @@ func (n *Node) createInternalStream(ctx context.Context, req *geologv1.CreateStr
 			asked.RangeCount, asked.Regions, asked.homes(), spec.RangeCount, spec.Regions, spec.homes())
 	}
 	spec.CreatedUnixNanos = n.cfg.Now().UnixNano()
-	return n.createStreamFromSpec(ctx, spec)
+	return n.createStreamFromSpec(ctx, wantExactly(spec))
 }

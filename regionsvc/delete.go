@@ -107,13 +107,16 @@ func (n *Node) deleteStreamReplicated(ctx context.Context, spec streamSpec, forw
 		return err
 	}
 	if res.err != nil {
+		// The leader's peer address, not the error's hint (an advertised
+		// address, for clients), as for a create.
+		leader := n.region.meta.rep.LeaderID()
 		e := apierr.As(res.err)
-		if e.Code != apierr.NotLeader || e.LeaderHint == "" || forwarded {
+		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
 			return res.err
 		}
 		// Not proposed, or superseded: forwarding is safe (a deletion
 		// applies once, to the creation it names).
-		if err := n.forwardDelete(ctx, e.LeaderHint, spec.Name); err != nil && apierr.CodeOf(err) != apierr.StreamNotFound {
+		if err := n.forwardDelete(ctx, n.cfg.Peers[leader], spec.Name); err != nil && apierr.CodeOf(err) != apierr.StreamNotFound {
 			return err
 		}
 	}
@@ -208,6 +211,7 @@ const deletedStreamsMax = 4096
 
 // noteDeleted remembers that the node deleted a stream of name.
 func (n *Node) noteDeleted(name string) {
+	n.epochs.forget(name) // a stream created again under the name starts at epoch 1
 	n.deletedMu.Lock()
 	defer n.deletedMu.Unlock()
 	if n.deleted == nil || len(n.deleted) >= deletedStreamsMax {

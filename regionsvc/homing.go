@@ -184,6 +184,7 @@ func (n *Node) homingLoop() {
 			n.applyRoles()
 		case <-dirTick.C:
 			n.refreshDirectory(ctx)
+			n.warmEpochHistories(ctx)
 			lastRead = time.Now()
 			n.serveEpochWants(ctx)
 		case <-hs.refresh:

@@ -59,6 +59,12 @@ type homingWorld struct {
 }
 
 func newHomingWorld(t *testing.T, regions []string, size int) *homingWorld {
+	return newHomingWorldTTL(t, regions, size, testLeaseTTL)
+}
+
+// newHomingWorldTTL is newHomingWorld with another lease TTL (a test whose
+// home must not lose its lease to a slow heartbeat on a loaded machine).
+func newHomingWorldTTL(t *testing.T, regions []string, size int, leaseTTL time.Duration) *homingWorld {
 	dbURL := pgtest.NewDatabase(t)
 	u, err := url.Parse(dbURL)
 	if err != nil {
@@ -91,7 +97,7 @@ func newHomingWorld(t *testing.T, regions []string, size int) *homingWorld {
 		mu.Lock()
 		defer mu.Unlock()
 		cfg.LeaseStore = stores[region]
-		cfg.LeaseTTL, cfg.LeaseHeartbeat, cfg.MaxClockOffset = testLeaseTTL, testLeaseHeartbeat, testMaxClockOffset
+		cfg.LeaseTTL, cfg.LeaseHeartbeat, cfg.MaxClockOffset = leaseTTL, testLeaseHeartbeat, testMaxClockOffset
 		// The consumer tests check whole cursor logs (cursors.CheckLog):
 		// no compaction of _cursors within a test.
 		cfg.CursorCompactionLag = time.Hour

@@ -53,17 +53,17 @@ func createRequest(spec streamSpec) *geologv1.CreateStreamRequest {
 		RangeHomes: spec.homes(), Cleanup: cleanup, Compaction: compaction}
 }
 
-// propagateCreate creates spec in every other region of the stream. A
-// region that already holds the same definition counts as done; one that
-// holds a different stream under the name is an error. It tries each
-// address of a region in turn.
-func (n *Node) propagateCreate(ctx context.Context, spec streamSpec) error {
+// propagateCreate creates w's stream in every other region of it. A
+// region that already holds a stream under the name counts as done if w
+// asks for it (createWant.diff); one that holds a different stream is an
+// error naming the difference. It tries each address of a region in turn.
+func (n *Node) propagateCreate(ctx context.Context, w createWant) error {
 	var missing []string
-	for _, region := range spec.Regions {
+	for _, region := range w.spec.Regions {
 		if region == n.cfg.Region {
 			continue
 		}
-		if err := n.createInRegion(ctx, region, spec); err != nil {
+		if err := n.createInRegion(ctx, region, w); err != nil {
 			if e := apierr.As(err); e.Code == apierr.StreamExists || e.Code == apierr.InvalidArgument {
 				return err
 			}
@@ -71,16 +71,16 @@ func (n *Node) propagateCreate(ctx context.Context, spec streamSpec) error {
 		}
 	}
 	if len(missing) > 0 {
-		return apierr.New(apierr.Unavailable, "stream %q is not yet created in regions %v; creating it again completes it", spec.Name, missing)
+		return apierr.New(apierr.Unavailable, "stream %q is not yet created in regions %v; creating it again completes it", w.spec.Name, missing)
 	}
 	return nil
 }
 
-func (n *Node) createInRegion(ctx context.Context, region string, spec streamSpec) error {
+func (n *Node) createInRegion(ctx context.Context, region string, w createWant) error {
 	return n.propagateToRegion(ctx, region, func(cctx context.Context, addr string, c geologv1.LogClient) error {
-		_, err := c.CreateStream(cctx, createRequest(spec))
+		_, err := c.CreateStream(cctx, createRequest(w.spec))
 		if apierr.CodeOf(err) == apierr.StreamExists {
-			return n.checkSameDefinition(ctx, addr, spec)
+			return n.checkSameDefinition(ctx, addr, region, w)
 		}
 		return err
 	})
@@ -117,34 +117,64 @@ func (n *Node) propagateToRegion(ctx context.Context, region string, call func(c
 	return last
 }
 
-// checkSameDefinition confirms that the stream another region holds under
-// spec's name is spec.
-func (n *Node) checkSameDefinition(ctx context.Context, addr string, spec streamSpec) error {
-	conn, err := n.peerConn(addr)
+// checkSameDefinition confirms that the stream region holds under w's
+// name (asked at addr) is the one w asks for.
+func (n *Node) checkSameDefinition(ctx context.Context, addr, region string, w createWant) error {
+	other, err := n.describeRemote(ctx, addr, w.spec.Name)
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := geologv1.NewLogClient(conn).DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: spec.Name})
-	if err != nil {
-		return apierr.FromError(err)
-	}
-	si := resp.GetStream()
-	other := streamSpec{Name: si.GetName(), RangeCount: si.GetRangeCount(), Regions: si.GetRegions(), Homes: si.GetRangeHomes(),
-		RetentionAgeMillis: si.GetRetention().GetMaxAgeMs(), RetentionBytes: si.GetRetention().GetMaxBytes(),
-		Cleanup: si.GetCleanup(), DeleteRetentionMillis: si.GetCompaction().GetDeleteRetentionMs(),
-		MinCompactionLagMillis: si.GetCompaction().GetMinLagMs()}
-	if !spec.sameDefinition(other) {
-		return apierr.New(apierr.StreamExists, "region behind %s holds a different stream %q", addr, spec.Name)
+	if diff := w.diff(other); diff != "" {
+		return apierr.New(apierr.StreamExists, "stream %q already exists in region %s with another definition: %s", w.spec.Name, region, diff)
 	}
 	return nil
 }
 
-// notHome is the retriable NOT_HOME an append to a mirror gets, with an
-// address of a node of the home region to retry at (spread over the
-// region's nodes by range; a home node that does not lead the range
-// redirects again within its region).
+// describeRemote returns the definition of stream as the node at addr
+// holds it.
+func (n *Node) describeRemote(ctx context.Context, addr, stream string) (streamSpec, error) {
+	conn, err := n.peerConn(addr)
+	if err != nil {
+		return streamSpec{}, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := geologv1.NewLogClient(conn).DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: stream})
+	if err != nil {
+		return streamSpec{}, apierr.FromError(err)
+	}
+	si := resp.GetStream()
+	return streamSpec{Name: si.GetName(), RangeCount: si.GetRangeCount(), Regions: si.GetRegions(), Homes: si.GetRangeHomes(),
+		RetentionAgeMillis: si.GetRetention().GetMaxAgeMs(), RetentionBytes: si.GetRetention().GetMaxBytes(),
+		Cleanup: si.GetCleanup(), DeleteRetentionMillis: si.GetCompaction().GetDeleteRetentionMs(),
+		MinCompactionLagMillis: si.GetCompaction().GetMinLagMs(), CreatedUnixNanos: si.GetCreatedUnixNanos()}, nil
+}
+
+// existingDefinition looks for the stream in its other regions: the first
+// region that answers with it gives its definition. A create taken by a
+// node outside the stream's regions, with the homes left to their
+// default, adopts it (a retry of a create that another node resolved).
+func (n *Node) existingDefinition(ctx context.Context, spec streamSpec) (streamSpec, bool) {
+	for _, region := range spec.Regions {
+		for _, addr := range n.cfg.Regions[region] {
+			other, err := n.describeRemote(ctx, addr, spec.Name)
+			if err == nil {
+				return other, true
+			}
+			if apierr.CodeOf(err) == apierr.StreamNotFound {
+				break // this region does not hold it; the next may
+			}
+		}
+	}
+	return streamSpec{}, false
+}
+
+// notHome is the retriable NOT_HOME an append to a mirror gets, with the
+// advertised address of a node of the home region to retry at: the home
+// leader when its heartbeats named it, else one of the region's nodes
+// (spread by range; one that does not lead the range redirects again
+// within its region). No hint when the node knows no advertised address
+// of the home region yet (advertise.go).
 func (n *Node) notHome(d *rangeDriver) error {
 	role := d.role()
 	if role.region == "" || role.region == n.cfg.Region {
@@ -154,18 +184,32 @@ func (n *Node) notHome(d *rangeDriver) error {
 	}
 	e := apierr.New(apierr.NotHome, "stream %s range %d is homed in region %s (epoch %d); region %s holds a read-only mirror",
 		d.cfg.stream, d.cfg.rangeID, role.region, role.epoch, n.cfg.Region)
-	addrs := n.cfg.Regions[role.region]
-	switch id := d.homeLeaderID.Load(); {
-	case id != 0 && id <= uint64(len(addrs)):
-		// The home leader, as its heartbeats name it, through this node's
-		// way to that region (Config.Regions lists nodes in Raft id order):
-		// the producer's next hop is the leader itself, not a node of the
-		// home region that would redirect it by a local address.
-		e.LeaderHint = addrs[id-1]
-	case len(addrs) > 0:
-		e.LeaderHint = addrs[int(d.cfg.rangeID)%len(addrs)]
+	e.LeaderHint = n.homeLeaderAddr(d)
+	if e.LeaderHint == "" {
+		if addrs := n.book.regionAddrs(role.region); len(addrs) > 0 {
+			e.LeaderHint = addrs[int(d.cfg.rangeID)%len(addrs)]
+		}
 	}
 	return e
+}
+
+// homeLeaderAddr is the advertised address of the range's leader in its
+// home region, as this node knows it: its own region's leader when the
+// range is homed here, else the leader the home's heartbeats name; "" if
+// unknown.
+func (n *Node) homeLeaderAddr(d *rangeDriver) string {
+	role := d.role()
+	switch {
+	case d.rep == nil && role.home:
+		return n.advertise
+	case d.rep == nil:
+		return ""
+	case role.home:
+		return n.clientAddr(n.cfg.Region, d.rep.LeaderID())
+	case role.region != "":
+		return n.clientAddr(role.region, d.homeLeaderID.Load())
+	}
+	return ""
 }
 
 // mirrorStore is the node's side of the replicator's Mirror server.
@@ -624,12 +668,14 @@ func (n *Node) rangeReplication(spec streamSpec, r uint32, d *rangeDriver) []*ge
 	return []*geologv1.RegionProgress{p}
 }
 
-// createStreamRegions creates spec in this region's catalogue (if the
-// stream is placed here) and, unless the request was itself propagated
-// from another region, in each of the stream's other regions. Creating an
-// existing stream again with the same definition completes a propagation
-// that failed half-way, and still answers STREAM_EXISTS.
-func (n *Node) createStreamRegions(ctx context.Context, spec streamSpec) (*geologv1.StreamInfo, error) {
+// createStreamRegions creates w's stream in this region's catalogue (if
+// it is placed here) and, unless the request was itself propagated from
+// another region or forwarded within this one, in each of the stream's
+// other regions, then registers its homes. Creating an existing stream
+// again with a definition w asks for (createWant.diff) is a retry: it
+// completes what an earlier attempt left undone (regions, homes) with the
+// stream's own definition, and answers with it.
+func (n *Node) createStreamRegions(ctx context.Context, w createWant) (*geologv1.StreamInfo, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	forwarded := len(md.Get(forwardedKey)) > 0
 	propagated := isPropagated(ctx)
@@ -638,41 +684,47 @@ func (n *Node) createStreamRegions(ctx context.Context, spec streamSpec) (*geolo
 	if propagated {
 		ctx = metadata.AppendToOutgoingContext(ctx, propagatedKey, "1") // kept when forwarded to the catalogue leader
 	}
-	var localErr error
-	if spec.hasRegion(n.cfg.Region) {
-		localErr = n.createStreamReplicated(ctx, spec, forwarded)
-		if e := apierr.As(localErr); localErr != nil && e.Code == apierr.StreamExists {
-			n.mu.RLock()
-			st, ok := n.streams[spec.Name]
-			n.mu.RUnlock()
-			if ok && st.spec.sameDefinition(spec) {
-				if propagated || forwarded {
-					return st.spec.info(), nil
-				}
-			} else if ok {
-				return nil, localErr
-			}
-		} else if localErr != nil {
-			return nil, localErr
+	switch {
+	case w.spec.hasRegion(n.cfg.Region):
+		err := n.createStreamReplicated(ctx, w.spec, forwarded)
+		if err != nil && apierr.CodeOf(err) != apierr.StreamExists {
+			return nil, err
 		}
-	} else if propagated || forwarded {
-		return nil, apierr.New(apierr.InvalidArgument, "stream %q is not placed in region %q", spec.Name, n.cfg.Region)
+		if err != nil {
+			existing, ok := n.streamSpec(w.spec.Name)
+			if !ok {
+				return nil, err
+			}
+			if diff := w.diff(existing); diff != "" {
+				return nil, streamExistsDiff(w.spec.Name, diff)
+			}
+			if propagated || forwarded {
+				return existing.info(), nil
+			}
+			w = wantExactly(existing)
+		}
+	case propagated || forwarded:
+		return nil, apierr.New(apierr.InvalidArgument, "stream %q is not placed in region %q", w.spec.Name, n.cfg.Region)
+	case !w.homesSet:
+		if existing, ok := n.existingDefinition(ctx, w.spec); ok {
+			if diff := w.diff(existing); diff != "" {
+				return nil, streamExistsDiff(w.spec.Name, diff)
+			}
+			w = wantExactly(existing)
+		}
 	}
 	if !propagated && !forwarded {
-		if err := n.propagateCreate(ctx, spec); err != nil {
+		if err := n.propagateCreate(ctx, w); err != nil {
 			return nil, err
 		}
 		// Homes are registered once every region has the stream (a
 		// region homes only ranges it holds), before the create returns,
 		// so appends are admitted at once.
-		if err := n.registerStreamHomes(ctx, spec); err != nil {
+		if err := n.registerStreamHomes(ctx, w.spec); err != nil {
 			return nil, err
 		}
 	}
-	if localErr != nil {
-		return nil, localErr
-	}
-	return spec.info(), nil
+	return w.spec.info(), nil
 }
 
 // mirrorFloor is the lowest offset the mirrors of a home range have yet to

@@ -477,23 +477,34 @@ func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
 	}
 
 	// A mirror's leader sends producers straight to the home leader (named
-	// by the home's heartbeats, which only it receives) through its own link
-	// to that node.
+	// by the home's heartbeats, which only it receives), at the address the
+	// home leader advertises (here its listen address), not at this node's
+	// link to it.
+	// (The leader is looked up on every poll: on a loaded machine it may
+	// move meanwhile.)
 	for rng, home := range homes {
-		var leader uint64
-		for id, n := range w.nodes[home] {
-			n.mu.RLock()
-			if st := n.streams["geo"]; st != nil && st.ranges[rng].rep.LeaderID() == id {
-				leader = id
+		homeLeader := func() uint64 {
+			for id, n := range w.nodes[home] {
+				n.mu.RLock()
+				led := n.streams["geo"] != nil && n.streams["geo"].ranges[rng].rep.LeaderID() == id
+				n.mu.RUnlock()
+				if led {
+					return id
+				}
 			}
-			n.mu.RUnlock()
+			return 0
 		}
 		for _, region := range w.regions {
-			if region == home || leader == 0 {
+			if region == home {
 				continue
 			}
-			want := w.remote[region][home][leader-1]
-			waitUntil(t, ctx, 10*time.Second, "NOT_HOME names the home leader", func() bool {
+			var last string
+			waitUntil(t, ctx, 20*time.Second, "NOT_HOME names the home leader", func() bool {
+				leader := homeLeader()
+				if leader == 0 {
+					return false
+				}
+				want := w.addrs[home][leader]
 				asked := 0
 				for id, c := range w.conns[region] {
 					n := w.nodes[region][id]
@@ -505,6 +516,10 @@ func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
 					}
 					_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "geo", Range: uint32(rng), Records: recs("x", 1)})
 					if e := apierr.FromError(err); e.Code != apierr.NotHome || e.LeaderHint != want {
+						if msg := fmt.Sprintf("range %d, %s n%d: %v (want a hint to %s n%d at %s)", rng, region, id, err, home, leader, want); msg != last {
+							last = msg
+							t.Log(msg)
+						}
 						return false
 					}
 					asked++

@@ -18,6 +18,7 @@ import (
 	"github.com/geolog/geolog/compact"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/keyspace"
+	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replicator"
 	"github.com/geolog/geolog/segment"
@@ -40,6 +41,11 @@ type Config struct {
 	// ListenAddr is the gRPC listen address, default "127.0.0.1:7400".
 	// Use "127.0.0.1:0" for an ephemeral port (see Addr).
 	ListenAddr string
+	// AdvertiseAddr is the address clients dial this node at (host:port),
+	// default the address it listens on. Every address a node gives
+	// clients (leader and home hints, RangeInfo leaders) is some node's
+	// AdvertiseAddr, never a Peers or Regions address: see advertise.go.
+	AdvertiseAddr string
 	// Region names this node's region, default "local".
 	Region string
 	// Regions maps each other region to the client addresses of its nodes,
@@ -184,6 +190,11 @@ func (c *Config) setDefaults() error {
 	if c.ListenAddr == "" {
 		c.ListenAddr = "127.0.0.1:7400"
 	}
+	if c.AdvertiseAddr != "" {
+		if err := validAdvertised(c.AdvertiseAddr); err != nil {
+			return fmt.Errorf("regionsvc: AdvertiseAddr: %w", err)
+		}
+	}
 	if c.Region == "" {
 		c.Region = "local"
 	}
@@ -318,6 +329,14 @@ type Node struct {
 	replServer *replicator.Server
 	// homing is nil unless Config.LeaseStore is set.
 	homing *homingState
+	// epochs caches the streams' epoch histories (epochs.go).
+	epochs epochHistories
+	// advertise is the node's advertised address (set by Start); book
+	// holds the other nodes' (advertise.go); bookDone is closed when its
+	// refresher stopped (nil if none runs).
+	advertise string
+	book      *addrBook
+	bookDone  chan struct{}
 	// cursors serves cursors and consumer groups (cursorstream.go).
 	cursors *cursorService
 	// peerConns are client connections to the region's other nodes, for
@@ -362,6 +381,7 @@ func New(cfg Config) (*Node, error) {
 		closing:  make(chan struct{}),
 		serveErr: make(chan error, 1),
 		started:  cfg.Now(),
+		book:     newAddrBook(),
 	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
@@ -518,6 +538,10 @@ func (n *Node) Start() error {
 		// bound stays the larger one, given last.
 		opts = append(opts, rs.ServerOptions()...)
 	}
+	n.advertise = n.cfg.AdvertiseAddr
+	if n.advertise == "" {
+		n.advertise = lis.Addr().String()
+	}
 	// The limits come last: their receive limit, near the batch bound,
 	// is the one for every service on the port (Raft's messages and the
 	// mirror's batches carry frames of at most a batch).
@@ -526,12 +550,15 @@ func (n *Node) Start() error {
 	n.grpcServer = grpc.NewServer(opts...)
 	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
 	geologv1.RegisterAdminServer(n.grpcServer, &adminServer{node: n})
+	geologinternalv1.RegisterNodeDirectoryServer(n.grpcServer, &directoryServer{node: n})
 	geologv1.RegisterConsumerServer(n.grpcServer, &consumerServer{node: n})
 	if n.replicated() {
 		n.region.transport.Register(n.grpcServer)
 		n.replServer.Register(n.grpcServer)
 		n.repl = newReplicationManager(n)
 		go n.repl.run()
+		n.bookDone = make(chan struct{})
+		go n.runAddrBook()
 		if err := n.startHoming(); err != nil {
 			lis.Close()
 			return fmt.Errorf("regionsvc: homing: %w", err)
@@ -542,7 +569,7 @@ func (n *Node) Start() error {
 	go n.cursors.run()
 	n.startCleaner()
 	go func() { n.serveErr <- n.grpcServer.Serve(n.conns) }()
-	n.logger.Info("serving", "addr", lis.Addr().String(), "region", n.cfg.Region, "tls", n.secure())
+	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region, "tls", n.secure())
 	return nil
 }
 
@@ -560,6 +587,9 @@ func (n *Node) Addr() string {
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		close(n.closing)
+		if n.bookDone != nil {
+			<-n.bookDone
+		}
 		if n.cursors != nil {
 			n.cursors.close() // before the ranges it proposes to stop
 		}
@@ -641,11 +671,13 @@ func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamReque
 	if err != nil {
 		return nil, err
 	}
-	return n.createStreamFromSpec(ctx, spec)
+	return n.createStreamFromSpec(ctx, wantFromRequest(req, spec))
 }
 
-// createStreamFromSpec creates a validated stream.
-func (n *Node) createStreamFromSpec(ctx context.Context, spec streamSpec) (*geologv1.StreamInfo, error) {
+// createStreamFromSpec creates a validated stream (w.spec), or answers a
+// retry of the same create with the existing stream.
+func (n *Node) createStreamFromSpec(ctx context.Context, w createWant) (*geologv1.StreamInfo, error) {
+	spec := w.spec
 	select {
 	case <-n.closing:
 		return nil, apierr.New(apierr.ShuttingDown, "node is shutting down")
@@ -661,7 +693,7 @@ func (n *Node) createStreamFromSpec(ctx context.Context, spec streamSpec) (*geol
 		defer release()
 	}
 	if n.replicated() {
-		return n.createStreamRegions(ctx, spec)
+		return n.createStreamRegions(ctx, w)
 	}
 	if len(spec.Regions) != 1 || spec.Regions[0] != n.cfg.Region {
 		return nil, apierr.New(apierr.InvalidArgument, "stream %q lists regions %v: a node without replication (--node-id, --peers) serves its own region %q only",
@@ -670,14 +702,18 @@ func (n *Node) createStreamFromSpec(ctx context.Context, spec streamSpec) (*geol
 	n.createMu.Lock()
 	defer n.createMu.Unlock()
 	n.mu.RLock()
-	_, exists := n.streams[spec.Name]
+	existing, exists := n.streams[spec.Name]
 	specs := make([]streamSpec, 0, len(n.streams)+1)
 	for _, st := range n.streams {
 		specs = append(specs, st.spec)
 	}
 	n.mu.RUnlock()
 	if exists {
-		return nil, apierr.New(apierr.StreamExists, "stream %q already exists", spec.Name)
+		// A retry of the same create is answered with the stream.
+		if diff := w.diff(existing.spec); diff != "" {
+			return nil, streamExistsDiff(spec.Name, diff)
+		}
+		return existing.spec.info(), nil
 	}
 	// A stream directory without a catalogue entry is debris of a create
 	// that crashed before its catalogue write: it holds no acked data.
@@ -720,7 +756,8 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 	if err != nil {
 		return nil, err
 	}
-	resp := &geologv1.DescribeStreamResponse{Stream: st.spec.info()}
+	epochs, unavailable := n.rangeEpochs(ctx, st)
+	resp := &geologv1.DescribeStreamResponse{Stream: st.spec.info(), EpochsUnavailable: unavailable}
 	for r, rd := range st.ranges {
 		ri := &geologv1.RangeInfo{
 			Range:      uint32(r),
@@ -728,15 +765,17 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 			HashEnd:    keyspace.HashEnd(uint32(r), st.spec.RangeCount),
 			HomeRegion: rd.role().region,
 			Epoch:      rd.role().epoch,
-			Leader:     n.Addr(),
+			Leader:     n.advertise,
 			Status:     "ok",
+			Epochs:     epochs[r],
 		}
 		if f := rd.failure.Load(); f != nil {
 			ri.Status = f.Error()
 		}
 		if rd.rep != nil {
-			ri.Leader = n.cfg.Peers[rd.rep.LeaderID()]
+			ri.Leader = n.clientAddr(n.cfg.Region, rd.rep.LeaderID())
 		}
+		ri.HomeLeader = n.homeLeaderAddr(rd)
 		if rd.store != nil {
 			ri.StartOffset = rd.store.StartOffset()
 			ri.TailOffset = rd.committed.Load()

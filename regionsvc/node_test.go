@@ -170,8 +170,16 @@ func TestBadInput(t *testing.T) {
 	wantCode(t, err, apierr.OffsetOutOfRange)
 	_, err = c.Read(ctx, &geologv1.ReadRequest{Stream: "s", Consistency: 77})
 	wantCode(t, err, apierr.InvalidArgument)
-	_, err = c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "s", RangeCount: 1})
+	// Creating it again is answered with the stream; another definition
+	// is refused, naming what differs.
+	if resp, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "s", RangeCount: 1}); err != nil || resp.GetStream().GetRangeCount() != 1 {
+		t.Fatalf("the same create again: %v %v", resp, err)
+	}
+	_, err = c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "s", RangeCount: 2})
 	wantCode(t, err, apierr.StreamExists)
+	if !strings.Contains(err.Error(), "range_count 2 (the stream has 1)") {
+		t.Fatalf("STREAM_EXISTS does not name the difference: %v", err)
+	}
 	for _, bad := range []*geologv1.CreateStreamRequest{
 		{Name: "", RangeCount: 1},
 		{Name: "../etc", RangeCount: 1},

@@ -20,25 +20,45 @@ import (
 const orphanReadRecordsMax = 5000
 
 func (s *adminServer) ListOrphans(ctx context.Context, req *geologv1.ListOrphansRequest) (*geologv1.ListOrphansResponse, error) {
-	n := s.node
-	st, err := n.lookupStream(ctx, req.GetStream())
+	var resp *geologv1.ListOrphansResponse
+	var err error
+	switch req.GetScope() {
+	case geologv1.OrphanScope_ORPHAN_SCOPE_UNSPECIFIED, geologv1.OrphanScope_ORPHAN_SCOPE_NODE:
+		var forks []*geologv1.OrphanFork
+		if forks, err = s.node.localOrphans(ctx, req.GetStream()); err == nil {
+			resp = &geologv1.ListOrphansResponse{Forks: forks}
+		}
+	case geologv1.OrphanScope_ORPHAN_SCOPE_CLUSTER:
+		resp, err = s.node.clusterOrphans(ctx, req.GetStream())
+	default:
+		err = apierr.New(apierr.InvalidArgument, "unknown orphan scope %d", req.GetScope())
+	}
 	if err != nil {
 		return nil, apierr.ToStatus(err)
 	}
-	resp := &geologv1.ListOrphansResponse{}
+	return resp, nil
+}
+
+// localOrphans lists the forks this node's replicas of the stream hold.
+func (n *Node) localOrphans(ctx context.Context, stream string) ([]*geologv1.OrphanFork, error) {
+	st, err := n.lookupStream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	var forks []*geologv1.OrphanFork
 	for r, d := range st.ranges {
 		if d.rep == nil {
 			continue
 		}
 		for _, f := range d.rep.Orphans() {
-			resp.Forks = append(resp.Forks, &geologv1.OrphanFork{
+			forks = append(forks, &geologv1.OrphanFork{
 				Range: uint32(r), ForkIndex: f.Index, ForkOffset: f.At, Epoch: f.Epoch,
 				Records: f.Records, FirstOffset: f.FirstOffset, NextOffset: f.NextOffset,
 				Bytes: int64(f.Bytes), TimeUnixNanos: f.TimeUnixNanos,
 			})
 		}
 	}
-	return resp, nil
+	return forks, nil
 }
 
 func (s *adminServer) ReadOrphans(ctx context.Context, req *geologv1.ReadOrphansRequest) (*geologv1.ReadOrphansResponse, error) {

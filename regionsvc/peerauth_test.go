@@ -42,6 +42,7 @@ func TestCallClasses(t *testing.T) {
 		"/geolog.v1.Consumer/DeleteGroup":            callPublic,
 		"/geolog.v1.Consumer/ResetGroup":             callPublic,
 		"/geolog.internal.v1.Mirror/Replicate":       callNode,
+		"/geolog.internal.v1.NodeDirectory/Identify": callNode,
 		"/geolog.internal.v1.RaftTransport/Stream":   callRegion,
 		"/geolog.internal.v1.RaftTransport/Snapshot": callRegion,
 	}

@@ -362,7 +362,7 @@ func (d *rangeDriver) handleAppend(op *appendOp) {
 		return
 	}
 	if op.producerID != 0 {
-		verdict, orig, err := d.dedup.Check(op.producerID, op.baseSequence, op.recordCount)
+		verdict, orig, err := d.dedup.Check(op.producerID, op.baseSequence, op.recordCount, d.cfg.epoch)
 		switch verdict {
 		case dedup.Reject:
 			op.reply(appendResult{err: err})

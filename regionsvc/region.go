@@ -156,7 +156,7 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	rc.firstCampaigner = rc.peers[uint64(rc.groupID)%uint64(len(rc.peers))]
 	rc.transport = n.region.transport
 	rc.tick = n.tick
-	rc.addrOf = func(id uint64) string { return n.cfg.Peers[id] }
+	rc.addrOf = func(id uint64) string { return n.clientAddr(n.cfg.Region, id) }
 	rc.heartbeatTicks, rc.electionTicks = n.cfg.HeartbeatTicks, n.cfg.ElectionTicks
 }
 
@@ -265,18 +265,28 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 		return err
 	}
 	if res.err != nil {
+		// The leader's peer address, not the error's hint: a hint is for
+		// clients (an advertised address), this is a node's call.
+		leader := n.region.meta.rep.LeaderID()
 		e := apierr.As(res.err)
-		if e.Code != apierr.NotLeader || e.LeaderHint == "" || forwarded {
+		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
 			return res.err
 		}
 		// NOT_LEADER from the catalogue means the record was not proposed,
 		// or was superseded and can never commit: forwarding is safe.
-		if err := n.forwardCreate(ctx, e.LeaderHint, spec); err != nil {
+		if err := n.forwardCreate(ctx, n.cfg.Peers[leader], spec); err != nil {
 			return err
 		}
 		return n.waitStreamApplied(ctx, spec.Name)
 	}
 	return n.waitOwnStream(ctx, spec.Name, res.baseOffset)
+}
+
+// catalogueLeaderUp reports whether this node knows a leader of the
+// catalogue whose node the transport does not find down.
+func (n *Node) catalogueLeaderUp() bool {
+	id := n.region.meta.rep.LeaderID()
+	return id != 0 && !n.region.meta.peerDown(id)
 }
 
 // proposeMeta proposes a catalogue record (with a fresh nonce) and returns
@@ -300,7 +310,9 @@ func (n *Node) proposeMeta(ctx context.Context, rec metaRecord) (appendResult, e
 		case <-ctx.Done():
 			return appendResult{}, apierr.New(apierr.Timeout, "%s stream %q: %v", rec.Op, rec.Spec.Name, ctx.Err())
 		}
-		if e := apierr.As(res.err); res.err == nil || e.Code != apierr.NotLeader || e.LeaderHint != "" {
+		// A leader whose node is down counts as none (hints name advertised
+		// addresses, and a node may not know its leader's yet).
+		if e := apierr.As(res.err); res.err == nil || e.Code != apierr.NotLeader || n.catalogueLeaderUp() {
 			return res, nil
 		}
 		select {

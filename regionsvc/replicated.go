@@ -28,7 +28,7 @@ type replicationConfig struct {
 	// firstCampaigner is the voter that campaigns at once when the group
 	// is new (0: the first of peers).
 	firstCampaigner uint64
-	addrOf          func(id uint64) string // Raft id → client address, for leader hints
+	addrOf          func(id uint64) string // Raft id → advertised address ("" unknown), for leader hints
 	transport       raftnet.Transport
 	tick            func() <-chan struct{} // the node's shared ticker
 	// onCommit, if set, is called on the driver goroutine after the

@@ -167,7 +167,7 @@ func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, str
 		n.limits.appends.release(op.held)
 		n.metrics.appendResult(ctx, r)
 		if r.err != nil {
-			done(&geologv1.AppendResponse{RequestId: id, Error: apierr.As(r.err).Detail()})
+			done(&geologv1.AppendResponse{RequestId: id, Error: apierr.As(n.withForkPoint(rd, r.err)).Detail()})
 			return
 		}
 		done(&geologv1.AppendResponse{

@@ -372,7 +372,7 @@ func TestForkRestart(t *testing.T) {
 		if got := c.logValues(id); len(got) != 18 || got[15] != "retry-0" {
 			t.Fatalf("node %d log: %v", id, got)
 		}
-		v, orig, _ := c.replicas[id].dedup.Check(7, 15, 3)
+		v, orig, _ := c.replicas[id].dedup.Check(7, 15, 3, 0)
 		if v != dedup.Duplicate || orig.BaseOffset != 15 || orig.Epoch != 2 {
 			t.Fatalf("node %d: sequence 15 is %v at %d", id, v, orig.BaseOffset)
 		}
@@ -538,8 +538,8 @@ func TestForkAfterCompaction(t *testing.T) {
 	// the producer (a retry is refused, never taken for a duplicate).
 	for id, want := range map[uint64][2]dedup.Verdict{1: {dedup.Duplicate, dedup.Append}, 3: {dedup.Duplicate, dedup.Append},
 		2: {dedup.Reject, dedup.Reject}} {
-		v27, orig, _ := c.replicas[id].dedup.Check(7, 27, 3)
-		v30, _, _ := c.replicas[id].dedup.Check(7, 30, 3)
+		v27, orig, _ := c.replicas[id].dedup.Check(7, 27, 3, 0)
+		v30, _, _ := c.replicas[id].dedup.Check(7, 30, 3, 0)
 		if v27 != want[0] || v30 != want[1] || (v27 == dedup.Duplicate && orig.BaseOffset != 27) {
 			t.Fatalf("node %d: sequence 27 is %v (at %d), 30 is %v", id, v27, orig.BaseOffset, v30)
 		}

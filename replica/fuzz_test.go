@@ -68,13 +68,13 @@ func TestProducerBaseMatchesTable(t *testing.T) {
 	}
 	tbl := q.table(100)
 	for _, h := range hs {
-		v, orig, _ := tbl.Check(h.ProducerID, h.BaseSequence, h.RecordCount)
+		v, orig, _ := tbl.Check(h.ProducerID, h.BaseSequence, h.RecordCount, 0)
 		recent := h.BaseSequence/2 >= 25-16 // the last 16 batches of each producer
 		if recent && (v != dedup.Duplicate || orig.BaseOffset != h.BaseOffset) {
 			t.Fatalf("producer %d sequence %d: verdict %v offset %d, want duplicate at %d", h.ProducerID, h.BaseSequence, v, orig.BaseOffset, h.BaseOffset)
 		}
 	}
-	if v, _, _ := tbl.Check(1, 50, 1); v != dedup.Append {
+	if v, _, _ := tbl.Check(1, 50, 1, 0); v != dedup.Append {
 		t.Fatalf("next sequence: verdict %v, want append", v)
 	}
 }

@@ -476,8 +476,12 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 		op.Reply(Result{Err: err})
 		return
 	}
+	epoch := op.Epoch
+	if epoch == 0 {
+		epoch = r.cfg.Epoch
+	}
 	if op.ProducerID != 0 {
-		verdict, orig, err := r.dedup.Check(op.ProducerID, op.BaseSequence, op.RecordCount)
+		verdict, orig, err := r.dedup.Check(op.ProducerID, op.BaseSequence, op.RecordCount, epoch)
 		switch verdict {
 		case dedup.Reject:
 			if !leaderConfirmed {
@@ -498,10 +502,6 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 			}
 			return
 		}
-	}
-	epoch := op.Epoch
-	if epoch == 0 {
-		epoch = r.cfg.Epoch
 	}
 	if err := r.staleEpoch(epoch); err != nil {
 		op.Reply(Result{Err: err})
@@ -906,7 +906,7 @@ func (r *Replica) answerProposals(h batch.Header, term uint64) {
 func (r *Replica) recheckDuplicates() {
 	kept := r.duplicates[:0]
 	for _, p := range r.duplicates {
-		v, orig, _ := r.dedup.Check(p.op.ProducerID, p.op.BaseSequence, p.op.RecordCount)
+		v, orig, _ := r.dedup.Check(p.op.ProducerID, p.op.BaseSequence, p.op.RecordCount, 0) // only a duplicate matters here
 		if v == dedup.Duplicate && orig.BaseOffset == p.res.BaseOffset && orig.Epoch == p.res.Epoch &&
 			orig.AppendTimeUnixNanos == p.res.AppendTimeUnixNanos {
 			kept = append(kept, p)

@@ -43,7 +43,11 @@
 #
 # A node reaches another region only through the WAN: its --region-addrs
 # list that region's nodes at the listen addresses of the links from its own
-# region. One-way latency per pair of regions (both directions):
+# region. Clients do not: every leader and home hint names a node's
+# advertised address (geologd --advertise-addr, here its listen address),
+# so a producer redirected to another region's node dials it directly,
+# without the emulated latency. One-way latency per pair of regions (both
+# directions):
 #
 #   us-eu 40ms, us-ap 75ms, eu-ap 60ms, jitter 3ms
 #

@@ -5,7 +5,8 @@
 // contract that the real server has: idempotent appends keyed by (producer
 // id, range) with a dedup window of the last DedupWindowBatches batches per
 // producer (a duplicate gets its original offsets, a gap gets
-// ERROR_CODE_SEQUENCE_GAP), AppendStream answering a range's requests in
+// ERROR_CODE_SEQUENCE_GAP, a batch past 0 from a producer id the range
+// does not know gets ERROR_CODE_PRODUCER_STATE_LOST), AppendStream answering a range's requests in
 // order, and Read/Subscribe of the committed log. Faults can be injected per
 // append request and per subscribe reply: error replies, dropped streams
 // (before or after the request is applied), delays and holds.
@@ -27,6 +28,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -53,8 +55,8 @@ type Config struct {
 	// default 100.
 	SubscribeRecordsMax int
 	// AcceptAnyFirstSequence makes the fake accept any base sequence as
-	// the first batch of a producer id it does not know (regionsvc's
-	// rule); by default a new id must start at 0.
+	// the first batch of a producer id it does not know (a lenient server);
+	// by default a new id must start at 0, as regionsvc's does.
 	AcceptAnyFirstSequence bool
 	// TLS, if set, makes the fake serve TLS (require client certificates
 	// in it for mutual TLS); default plaintext.
@@ -320,7 +322,7 @@ type Stats struct {
 	Duplicates       int64 // requests answered as duplicates
 	AppendStreams    int64 // AppendStream calls
 	Subscriptions    int64 // Subscribe calls
-	GapReplies       int64 // requests answered with ERROR_CODE_SEQUENCE_GAP
+	GapReplies       int64 // requests answered with ERROR_CODE_SEQUENCE_GAP or PRODUCER_STATE_LOST
 	NotLeaderReplies int64 // requests answered with ERROR_CODE_NOT_LEADER
 }
 
@@ -405,6 +407,9 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 			ps = &producerState{}
 			if s.cfg.AcceptAnyFirstSequence {
 				ps.nextSeq = base
+			} else if base != 0 {
+				s.gapReplies++
+				return nil, apierr.New(apierr.ProducerStateLost, "producer %d is unknown to this range; its batch starts at %d, not 0", pid, base)
 			}
 		}
 		if base < ps.nextSeq {
@@ -789,8 +794,16 @@ func (s *Server) CreateStream(ctx context.Context, req *geologv1.CreateStreamReq
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.streams[req.GetName()]; ok {
-		return nil, apierr.ToStatus(apierr.New(apierr.StreamExists, "stream %q exists", req.GetName()))
+	if st, ok := s.streams[req.GetName()]; ok {
+		// As the real server: a retry of the same create is answered
+		// with the stream; another definition is refused.
+		in := st.info
+		sameRegions := len(req.GetRegions()) == 0 || slices.Equal(req.GetRegions(), in.GetRegions())
+		if req.GetRangeCount() != in.GetRangeCount() || !sameRegions ||
+			req.GetRetention().GetMaxAgeMs() != in.GetRetention().GetMaxAgeMs() || req.GetRetention().GetMaxBytes() != in.GetRetention().GetMaxBytes() {
+			return nil, apierr.ToStatus(apierr.New(apierr.StreamExists, "stream %q exists with another definition", req.GetName()))
+		}
+		return &geologv1.CreateStreamResponse{Stream: in}, nil
 	}
 	regions := req.GetRegions()
 	if len(regions) == 0 {

@@ -36,6 +36,7 @@ func run() int {
 	fs := flag.NewFlagSet("geologd", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", "", "data directory (required)")
 	listen := fs.String("listen", "127.0.0.1:7400", "gRPC listen address")
+	advertise := fs.String("advertise-addr", "", "the address clients dial this node at, host:port (default: the listen address); every leader and home hint names nodes by theirs")
 	region := fs.String("region", "local", "this node's region")
 	fsync := fs.String("fsync", "always", "durability: always, or never (benchmarks only: acks mean page cache)")
 	recordBytesMax := fs.Int("record-bytes-max", 1<<20, "largest record accepted (key+value+headers)")
@@ -184,6 +185,7 @@ func run() int {
 		FailoverDisabled:   *noFailover,
 		DataDir:            *dataDir,
 		ListenAddr:         *listen,
+		AdvertiseAddr:      *advertise,
 		Region:             *region,
 		Logger:             logger,
 		RecordBytesMax:     *recordBytesMax,

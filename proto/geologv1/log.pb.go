@@ -121,6 +121,18 @@ const (
 	ErrorCode_ERROR_CODE_UNAUTHENTICATED   ErrorCode = 20
 	ErrorCode_ERROR_CODE_PERMISSION_DENIED ErrorCode = 21
 	ErrorCode_ERROR_CODE_INTERNAL          ErrorCode = 22
+	// An idempotent producer's state on this range is gone: the range does
+	// not know the producer id and the batch does not start at sequence 0,
+	// or the range changed epoch after the producer's last batch it holds
+	// and the producer is past it (its later acknowledged batches were cut
+	// off the log by an unplanned failover). Not retriable under this
+	// producer id: continue under a new producer id from sequence 0 and
+	// resend the batches not yet acknowledged (see AppendRequest,
+	// "Idempotent producers"). fork_epoch and fork_offset tell which earlier
+	// acknowledgements the log lost (see ErrorDetail). expected_sequence is
+	// the sequence the range holds the producer up to (0 when it does not
+	// know it).
+	ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST ErrorCode = 30
 	// Consumer groups and cursors (consumer.proto). The member id is not a
 	// member of the group (it never joined, left, or was removed when its
 	// session or rebalance timed out): join again with a member epoch of 0.
@@ -187,6 +199,7 @@ var (
 		20: "ERROR_CODE_UNAUTHENTICATED",
 		21: "ERROR_CODE_PERMISSION_DENIED",
 		22: "ERROR_CODE_INTERNAL",
+		30: "ERROR_CODE_PRODUCER_STATE_LOST",
 		23: "ERROR_CODE_UNKNOWN_MEMBER",
 		24: "ERROR_CODE_STALE_MEMBER_EPOCH",
 		25: "ERROR_CODE_RANGE_NOT_ASSIGNED",
@@ -222,6 +235,7 @@ var (
 		"ERROR_CODE_UNAUTHENTICATED":         20,
 		"ERROR_CODE_PERMISSION_DENIED":       21,
 		"ERROR_CODE_INTERNAL":                22,
+		"ERROR_CODE_PRODUCER_STATE_LOST":     30,
 		"ERROR_CODE_UNKNOWN_MEMBER":          23,
 		"ERROR_CODE_STALE_MEMBER_EPOCH":      24,
 		"ERROR_CODE_RANGE_NOT_ASSIGNED":      25,
@@ -317,6 +331,116 @@ func (ReplicaChange) EnumDescriptor() ([]byte, []int) {
 	return file_geolog_v1_log_proto_rawDescGZIP(), []int{2}
 }
 
+type EpochKind int32
+
+const (
+	EpochKind_EPOCH_KIND_UNSPECIFIED EpochKind = 0
+	// The range was created (epoch 1).
+	EpochKind_EPOCH_KIND_CREATE EpochKind = 1
+	// Another region took the range over after its home failed (unplanned):
+	// the old home's records at or past start_offset under earlier epochs
+	// went to its orphan log.
+	EpochKind_EPOCH_KIND_TAKEOVER EpochKind = 2
+	// A planned rehome (Admin.Rehome): nothing was lost.
+	EpochKind_EPOCH_KIND_REHOME EpochKind = 3
+)
+
+// Enum value maps for EpochKind.
+var (
+	EpochKind_name = map[int32]string{
+		0: "EPOCH_KIND_UNSPECIFIED",
+		1: "EPOCH_KIND_CREATE",
+		2: "EPOCH_KIND_TAKEOVER",
+		3: "EPOCH_KIND_REHOME",
+	}
+	EpochKind_value = map[string]int32{
+		"EPOCH_KIND_UNSPECIFIED": 0,
+		"EPOCH_KIND_CREATE":      1,
+		"EPOCH_KIND_TAKEOVER":    2,
+		"EPOCH_KIND_REHOME":      3,
+	}
+)
+
+func (x EpochKind) Enum() *EpochKind {
+	p := new(EpochKind)
+	*p = x
+	return p
+}
+
+func (x EpochKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EpochKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_geolog_v1_log_proto_enumTypes[3].Descriptor()
+}
+
+func (EpochKind) Type() protoreflect.EnumType {
+	return &file_geolog_v1_log_proto_enumTypes[3]
+}
+
+func (x EpochKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EpochKind.Descriptor instead.
+func (EpochKind) EnumDescriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{3}
+}
+
+// OrphanScope is how far ListOrphans looks.
+type OrphanScope int32
+
+const (
+	// As ORPHAN_SCOPE_NODE.
+	OrphanScope_ORPHAN_SCOPE_UNSPECIFIED OrphanScope = 0
+	// The answering node's replicas only.
+	OrphanScope_ORPHAN_SCOPE_NODE OrphanScope = 1
+	// Every node of every region of the stream (ListOrphansRequest.scope).
+	OrphanScope_ORPHAN_SCOPE_CLUSTER OrphanScope = 2
+)
+
+// Enum value maps for OrphanScope.
+var (
+	OrphanScope_name = map[int32]string{
+		0: "ORPHAN_SCOPE_UNSPECIFIED",
+		1: "ORPHAN_SCOPE_NODE",
+		2: "ORPHAN_SCOPE_CLUSTER",
+	}
+	OrphanScope_value = map[string]int32{
+		"ORPHAN_SCOPE_UNSPECIFIED": 0,
+		"ORPHAN_SCOPE_NODE":        1,
+		"ORPHAN_SCOPE_CLUSTER":     2,
+	}
+)
+
+func (x OrphanScope) Enum() *OrphanScope {
+	p := new(OrphanScope)
+	*p = x
+	return p
+}
+
+func (x OrphanScope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OrphanScope) Descriptor() protoreflect.EnumDescriptor {
+	return file_geolog_v1_log_proto_enumTypes[4].Descriptor()
+}
+
+func (OrphanScope) Type() protoreflect.EnumType {
+	return &file_geolog_v1_log_proto_enumTypes[4]
+}
+
+func (x OrphanScope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OrphanScope.Descriptor instead.
+func (OrphanScope) EnumDescriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{4}
+}
+
 // CleanupPolicy is how a stream's ranges shed records (see
 // docs/compaction.md).
 type CleanupPolicy int32
@@ -361,11 +485,11 @@ func (x CleanupPolicy) String() string {
 }
 
 func (CleanupPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_geolog_v1_log_proto_enumTypes[3].Descriptor()
+	return file_geolog_v1_log_proto_enumTypes[5].Descriptor()
 }
 
 func (CleanupPolicy) Type() protoreflect.EnumType {
-	return &file_geolog_v1_log_proto_enumTypes[3]
+	return &file_geolog_v1_log_proto_enumTypes[5]
 }
 
 func (x CleanupPolicy) Number() protoreflect.EnumNumber {
@@ -374,7 +498,7 @@ func (x CleanupPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CleanupPolicy.Descriptor instead.
 func (CleanupPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{3}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{5}
 }
 
 // Header is one record header. Keys need not be unique.
@@ -431,9 +555,44 @@ func (x *Header) GetValue() []byte {
 }
 
 // Record is what a producer appends.
+//
+// # Keys and ranges
+//
+// A stream of N ranges splits the 64-bit hash space into N contiguous
+// slices. A key's hash h is XXH64 of the key's bytes with seed 0 (the
+// xxHash specification's 64-bit variant; the key is hashed as given, no
+// encoding or terminator), read as an unsigned 64-bit integer, and range i
+// owns the hashes with floor(h * N / 2^64) = i: the high 64 bits of the
+// 128-bit product h * N. Range i's slice is therefore
+// [ceil(i * 2^64 / N), ceil((i + 1) * 2^64 / N) - 1] (RangeInfo.hash_start
+// and hash_end; the last range ends at 2^64 - 1). The mapping never changes
+// for a stream: per-key order is range order only because of it. A record
+// without a key may go to any range; the Go SDK spreads them.
+//
+// Reference vectors (checked against package keyspace by its test
+// TestProtoReferenceVectors, which reads this comment: keep the layout):
+//
+//	key            XXH64               range for N = 1 2 3 8 100 4096
+//	""             0xef46db3751d8e999  0 1 2 7 93 3828
+//	"a"            0xd24ec4f1a98c6e5b  0 1 2 6 82 3364
+//	"abc"          0x44bc2cf5ad770999  0 0 0 2 26 1099
+//	"room-1"       0xa6e642c3447f8d00  0 1 1 5 65 2670
+//	"room-2"       0x320c75ea74fc4333  0 0 0 1 19 800
+//	"user-42"      0x397e9d3a76af7c81  0 0 0 1 22 919
+//	"chat/room-7"  0xb194a35c5fc36c10  0 1 2 5 69 2841
+//	"\x00"         0xe934a84adb052768  0 1 2 7 91 3731
+//	"\xff\xfe\xfd" 0x622529177845a110  0 0 1 3 38 1570
+//
+// (Keys are written as Go string literals: "\x00" is the one byte 0.)
+// Slices, as [hash_start, hash_end]:
+//
+//	N=3 range 0 [0x0000000000000000, 0x5555555555555555]
+//	N=3 range 1 [0x5555555555555556, 0xaaaaaaaaaaaaaaaa]
+//	N=3 range 2 [0xaaaaaaaaaaaaaaab, 0xffffffffffffffff]
+//	N=8 range 5 [0xa000000000000000, 0xbfffffffffffffff]
 type Record struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// key selects the range (see keyspace.RangeForKey); may be empty.
+	// key selects the range (see "Keys and ranges" above); may be empty.
 	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// value is opaque bytes (may be client-side ciphertext).
 	Value   []byte    `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
@@ -619,14 +778,66 @@ func (x *StoredRecord) GetTombstone() bool {
 	return false
 }
 
+// AppendRequest appends one batch to one range.
+//
+// # Idempotent producers
+//
+// With producer_id set (non-zero), appends are exactly-once across retries,
+// leader changes and planned rehomes. What a client keeps to:
+//
+//  1. A producer id is a random non-zero 64-bit number the client draws
+//     (the server does not hand them out). Its state is per (stream,
+//     range, producer_id); one id may write to many ranges.
+//  2. Sequences count records. The first batch of a producer id on a range
+//     starts at sequence 0; every later batch on that range starts where
+//     the previous one ended (base_sequence + len(records)). A (producer id,
+//     range, sequence) is bound to one record for ever: a resend carries
+//     the very same records.
+//  3. The dedup window: a range remembers, per producer, its last 16
+//     batches (batches, not records; the Go SDK's in-flight limit is the
+//     same 16). A batch resent inside the window (same base_sequence and
+//     record count as a remembered one) is answered OK with duplicate =
+//     true and its original offsets, epoch and append time, and is not
+//     appended again, whichever node of the home region leads the range by
+//     then. Before the window (older than the last 16 batches) it gets
+//     DUPLICATE_OUT_OF_WINDOW: it is in the log, its offsets are no longer
+//     known. A batch that overlaps remembered ones without matching one
+//     gets INVALID_ARGUMENT.
+//  4. A batch that starts past the next expected sequence gets
+//     SEQUENCE_GAP with expected_sequence, and nothing is appended: within
+//     one epoch this is a client bug (a batch was skipped). Send batches in
+//     sequence order; until the first batch under a producer id is
+//     acknowledged on a range, send only that one (a later batch would
+//     otherwise be refused while the first is retried).
+//  5. PRODUCER_STATE_LOST says the range no longer holds the producer's
+//     state as the producer knows it: the id is unknown to the range and
+//     the batch does not start at 0 (a range may forget a producer idle
+//     for long, 7 days by default, and, when it tracks very many, the
+//     least recently active ones: beyond 100,000 producers by default,
+//     16,384 across log compaction), or the range changed epoch
+//     since the producer's last batch it holds and the producer's later
+//     acknowledged batches are not in the log (an unplanned failover cut
+//     them into the old home's orphan log). The producer id is dead on
+//     that range: continue under a new id, from sequence 0, resending the
+//     batches not yet acknowledged. fork_offset in the error says which
+//     earlier acknowledgements of this id the log lost: those at offsets
+//     at or past it (see ErrorDetail).
+//  6. On a retriable error, or a stream that broke with requests
+//     unanswered, resend every unacknowledged batch, in sequence order,
+//     with the same producer id and sequences (to the leader hint, if
+//     any). Never renumber a batch whose outcome is unknown: that could
+//     append it twice.
+//
+// Without a producer id a retry may append a batch twice.
 type AppendRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Stream  string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	Range   uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
 	Records []*Record              `protobuf:"bytes,3,rep,name=records,proto3" json:"records,omitempty"`
-	// producer_id enables idempotence when non-zero. Sequences are per
-	// (producer_id, range) and count records: base_sequence is the sequence of
-	// records[0], and the next batch must start at base_sequence+len(records).
+	// producer_id enables idempotence when non-zero (see "Idempotent
+	// producers" above). Sequences are per (producer_id, range) and count
+	// records: base_sequence is the sequence of records[0], and the next
+	// batch must start at base_sequence+len(records).
 	ProducerId   uint64 `protobuf:"varint,4,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
 	BaseSequence uint64 `protobuf:"varint,5,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
 	// request_id correlates AppendStream replies; ignored by Append.
@@ -1336,7 +1547,10 @@ type RangeInfo struct {
 	SizeBytes   int64  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	HomeRegion  string `protobuf:"bytes,7,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
 	Epoch       uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// leader is the address of the range leader, when known.
+	// leader is the advertised address (geologd --advertise-addr) of the
+	// leader of the range's group in the answering node's region, when
+	// known: in the home region, where appends go; in a mirror region, the
+	// copy that region's reads come from.
 	Leader string `protobuf:"bytes,9,opt,name=leader,proto3" json:"leader,omitempty"`
 	// status is "ok", or why the range is not served (e.g. "corrupt: ...").
 	Status string `protobuf:"bytes,10,opt,name=status,proto3" json:"status,omitempty"`
@@ -1344,6 +1558,20 @@ type RangeInfo struct {
 	// its mirror is: reported by the home leader (from the mirrors' acks), or
 	// by a mirror node for its own region (from the home's heartbeats).
 	Replication []*RegionProgress `protobuf:"bytes,11,rep,name=replication,proto3" json:"replication,omitempty"`
+	// epochs is the range's epoch history, oldest first: where each homing
+	// epoch starts in the log (start_offset: the home's tail when it took
+	// the range) and which region was home. The record at offset o was
+	// appended under the highest epoch whose start_offset is at or below o.
+	// An acknowledgement (offset o, epoch e) stands exactly when no epoch
+	// after e started at or below o; after an unplanned failover the old
+	// home may have acknowledged records that fail this (they are in that
+	// region's orphan log, Admin.ListOrphans). Epochs of records that
+	// retention deleted stay listed. See
+	// DescribeStreamResponse.epochs_unavailable.
+	Epochs []*EpochStart `protobuf:"bytes,12,rep,name=epochs,proto3" json:"epochs,omitempty"`
+	// home_leader is the advertised address of the range's leader in its
+	// home region, when the answering node knows it: where appends go.
+	HomeLeader string `protobuf:"bytes,13,opt,name=home_leader,json=homeLeader,proto3" json:"home_leader,omitempty"`
 	// timeline_fence_offset, when set, is where the answering node's copy
 	// leaves the range's current timeline: it holds records of an older
 	// epoch from this offset on (a divergent tail awaiting its fork), and
@@ -1458,6 +1686,20 @@ func (x *RangeInfo) GetReplication() []*RegionProgress {
 		return x.Replication
 	}
 	return nil
+}
+
+func (x *RangeInfo) GetEpochs() []*EpochStart {
+	if x != nil {
+		return x.Epochs
+	}
+	return nil
+}
+
+func (x *RangeInfo) GetHomeLeader() string {
+	if x != nil {
+		return x.HomeLeader
+	}
+	return ""
 }
 
 func (x *RangeInfo) GetTimelineFenceOffset() uint64 {
@@ -1849,11 +2091,16 @@ func (x *DescribeStreamRequest) GetName() string {
 }
 
 type DescribeStreamResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stream        *StreamInfo            `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	Ranges        []*RangeInfo           `protobuf:"bytes,2,rep,name=ranges,proto3" json:"ranges,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream *StreamInfo            `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Ranges []*RangeInfo           `protobuf:"bytes,2,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	// epochs_unavailable is empty when every RangeInfo.epochs is the range's
+	// full history. Otherwise it says why not (with homing on, the histories
+	// come from the lease store, which did not answer): the ranges then list
+	// the epochs this node knew, at least their current one.
+	EpochsUnavailable string `protobuf:"bytes,3,opt,name=epochs_unavailable,json=epochsUnavailable,proto3" json:"epochs_unavailable,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *DescribeStreamResponse) Reset() {
@@ -1900,6 +2147,13 @@ func (x *DescribeStreamResponse) GetRanges() []*RangeInfo {
 	return nil
 }
 
+func (x *DescribeStreamResponse) GetEpochsUnavailable() string {
+	if x != nil {
+		return x.EpochsUnavailable
+	}
+	return ""
+}
+
 // ErrorDetail rides in the gRPC status details of every geolog error.
 type ErrorDetail struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1918,6 +2172,19 @@ type ErrorDetail struct {
 	MemberEpoch uint64 `protobuf:"varint,8,opt,name=member_epoch,json=memberEpoch,proto3" json:"member_epoch,omitempty"`
 	// For STALE_CURSOR_GENERATION: the cursor's current reset generation.
 	CursorGeneration uint64 `protobuf:"varint,9,opt,name=cursor_generation,json=cursorGeneration,proto3" json:"cursor_generation,omitempty"`
+	// For PRODUCER_STATE_LOST: fork_epoch is the first epoch after the one
+	// the producer's newest batch in the log was appended under, and
+	// fork_offset the lowest offset at which that epoch or a later one began
+	// (a takeover continues at the new home's tail, which may lie below an
+	// earlier epoch's start). Every record this producer id saw acknowledged
+	// on the range at an offset at or past fork_offset is not in the log: an
+	// unplanned failover cut it into an old home's orphan log
+	// (Admin.ListOrphans); its acknowledgements below fork_offset stand.
+	// Both are 0 when the range cannot tell (it does not know the producer
+	// at all, or the answering node has no epoch history at hand): compare
+	// the acknowledgements with RangeInfo.epochs then.
+	ForkOffset uint64 `protobuf:"varint,11,opt,name=fork_offset,json=forkOffset,proto3" json:"fork_offset,omitempty"`
+	ForkEpoch  uint64 `protobuf:"varint,12,opt,name=fork_epoch,json=forkEpoch,proto3" json:"fork_epoch,omitempty"`
 	// For OVERLOADED (and SLOW_CONSUMER): how long to wait, at least, before
 	// sending the request again; 0 when the server does not say.
 	RetryAfterMillis int64 `protobuf:"varint,10,opt,name=retry_after_millis,json=retryAfterMillis,proto3" json:"retry_after_millis,omitempty"`
@@ -2018,6 +2285,20 @@ func (x *ErrorDetail) GetCursorGeneration() uint64 {
 	return 0
 }
 
+func (x *ErrorDetail) GetForkOffset() uint64 {
+	if x != nil {
+		return x.ForkOffset
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetForkEpoch() uint64 {
+	if x != nil {
+		return x.ForkEpoch
+	}
+	return 0
+}
+
 func (x *ErrorDetail) GetRetryAfterMillis() int64 {
 	if x != nil {
 		return x.RetryAfterMillis
@@ -2026,8 +2307,16 @@ func (x *ErrorDetail) GetRetryAfterMillis() int64 {
 }
 
 type ListOrphansRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// scope: ORPHAN_SCOPE_UNSPECIFIED and ORPHAN_SCOPE_NODE answer with this
+	// node's forks (ListOrphansResponse.forks). ORPHAN_SCOPE_CLUSTER asks
+	// every node of every region of the stream that this node knows (its
+	// own region's peers and the addresses it has for the others), at most
+	// 8 at a time, each within the request's deadline (10 s if it has none,
+	// at most 30 s), and answers with one ListOrphansResponse.nodes entry per
+	// node, including those that did not answer.
+	Scope         OrphanScope `protobuf:"varint,2,opt,name=scope,proto3,enum=geolog.v1.OrphanScope" json:"scope,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2067,6 +2356,13 @@ func (x *ListOrphansRequest) GetStream() string {
 		return x.Stream
 	}
 	return ""
+}
+
+func (x *ListOrphansRequest) GetScope() OrphanScope {
+	if x != nil {
+		return x.Scope
+	}
+	return OrphanScope_ORPHAN_SCOPE_UNSPECIFIED
 }
 
 type OrphanFork struct {
@@ -2182,8 +2478,16 @@ func (x *OrphanFork) GetTimeUnixNanos() int64 {
 }
 
 type ListOrphansResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Forks         []*OrphanFork          `protobuf:"bytes,1,rep,name=forks,proto3" json:"forks,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// forks: with scope NODE (or unspecified), this node's forks; with scope
+	// CLUSTER, every fork found, once per (region, range, fork_index), in
+	// region, range and fork order (nodes tells which nodes hold which).
+	Forks []*OrphanFork `protobuf:"bytes,1,rep,name=forks,proto3" json:"forks,omitempty"`
+	// nodes: with scope CLUSTER, every node asked, answered or not.
+	Nodes []*NodeOrphans `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// partial is set when some node did not answer (its NodeOrphans.error
+	// says why): forks kept only by those nodes are missing.
+	Partial       bool `protobuf:"varint,3,opt,name=partial,proto3" json:"partial,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2223,6 +2527,20 @@ func (x *ListOrphansResponse) GetForks() []*OrphanFork {
 		return x.Forks
 	}
 	return nil
+}
+
+func (x *ListOrphansResponse) GetNodes() []*NodeOrphans {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListOrphansResponse) GetPartial() bool {
+	if x != nil {
+		return x.Partial
+	}
+	return false
 }
 
 type ReadOrphansRequest struct {
@@ -3351,6 +3669,161 @@ func (x *DescribeReplicasResponse) GetReplicas() []*ReplicaStatus {
 	return nil
 }
 
+// EpochStart is where one homing epoch of a range starts (RangeInfo.epochs).
+type EpochStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// start_offset is where the epoch begins: the home's tail when it took
+	// the range, the first offset appended under epoch if any was.
+	StartOffset uint64 `protobuf:"varint,2,opt,name=start_offset,json=startOffset,proto3" json:"start_offset,omitempty"`
+	// home_region is the region that was home during epoch.
+	HomeRegion string `protobuf:"bytes,3,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	// kind is how the epoch began.
+	Kind          EpochKind `protobuf:"varint,4,opt,name=kind,proto3,enum=geolog.v1.EpochKind" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochStart) Reset() {
+	*x = EpochStart{}
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochStart) ProtoMessage() {}
+
+func (x *EpochStart) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochStart.ProtoReflect.Descriptor instead.
+func (*EpochStart) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *EpochStart) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *EpochStart) GetStartOffset() uint64 {
+	if x != nil {
+		return x.StartOffset
+	}
+	return 0
+}
+
+func (x *EpochStart) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+func (x *EpochStart) GetKind() EpochKind {
+	if x != nil {
+		return x.Kind
+	}
+	return EpochKind_EPOCH_KIND_UNSPECIFIED
+}
+
+// NodeOrphans is one node's answer to a cluster-wide ListOrphans.
+type NodeOrphans struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// node_id is the node's Raft id in its region.
+	NodeId uint64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// address is the node's advertised address when known (else the
+	// address the answering node reached it at): ReadOrphans of its forks
+	// go there.
+	Address string        `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Forks   []*OrphanFork `protobuf:"bytes,4,rep,name=forks,proto3" json:"forks,omitempty"`
+	// error is why the node did not answer; empty when it did.
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeOrphans) Reset() {
+	*x = NodeOrphans{}
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeOrphans) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeOrphans) ProtoMessage() {}
+
+func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeOrphans.ProtoReflect.Descriptor instead.
+func (*NodeOrphans) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *NodeOrphans) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *NodeOrphans) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *NodeOrphans) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodeOrphans) GetForks() []*OrphanFork {
+	if x != nil {
+		return x.Forks
+	}
+	return nil
+}
+
+func (x *NodeOrphans) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type DeleteStreamRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -3360,7 +3833,7 @@ type DeleteStreamRequest struct {
 
 func (x *DeleteStreamRequest) Reset() {
 	*x = DeleteStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3372,7 +3845,7 @@ func (x *DeleteStreamRequest) String() string {
 func (*DeleteStreamRequest) ProtoMessage() {}
 
 func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3385,7 +3858,7 @@ func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteStreamRequest) GetName() string {
@@ -3403,7 +3876,7 @@ type DeleteStreamResponse struct {
 
 func (x *DeleteStreamResponse) Reset() {
 	*x = DeleteStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3415,7 +3888,7 @@ func (x *DeleteStreamResponse) String() string {
 func (*DeleteStreamResponse) ProtoMessage() {}
 
 func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3428,7 +3901,7 @@ func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
 }
 
 // CompactionPolicy tunes compaction by key. Zero fields take the defaults.
@@ -3447,7 +3920,7 @@ type CompactionPolicy struct {
 
 func (x *CompactionPolicy) Reset() {
 	*x = CompactionPolicy{}
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3459,7 +3932,7 @@ func (x *CompactionPolicy) String() string {
 func (*CompactionPolicy) ProtoMessage() {}
 
 func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3472,7 +3945,7 @@ func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
 func (*CompactionPolicy) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CompactionPolicy) GetDeleteRetentionMs() int64 {
@@ -3584,7 +4057,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\acleanup\x18\a \x01(\x0e2\x18.geolog.v1.CleanupPolicyR\acleanup\x12;\n" +
 	"\n" +
 	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
-	"compaction\"\xb5\x03\n" +
+	"compaction\"\x85\x04\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -3601,7 +4074,10 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x06leader\x18\t \x01(\tR\x06leader\x12\x16\n" +
 	"\x06status\x18\n" +
 	" \x01(\tR\x06status\x12;\n" +
-	"\vreplication\x18\v \x03(\v2\x19.geolog.v1.RegionProgressR\vreplication\x127\n" +
+	"\vreplication\x18\v \x03(\v2\x19.geolog.v1.RegionProgressR\vreplication\x12-\n" +
+	"\x06epochs\x18\f \x03(\v2\x15.geolog.v1.EpochStartR\x06epochs\x12\x1f\n" +
+	"\vhome_leader\x18\r \x01(\tR\n" +
+	"homeLeader\x127\n" +
 	"\x15timeline_fence_offset\x18\x0e \x01(\x04H\x00R\x13timelineFenceOffset\x88\x01\x01B\x18\n" +
 	"\x16_timeline_fence_offset\"\x84\x02\n" +
 	"\x0eRegionProgress\x12\x16\n" +
@@ -3634,10 +4110,11 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x13ListStreamsResponse\x12/\n" +
 	"\astreams\x18\x01 \x03(\v2\x15.geolog.v1.StreamInfoR\astreams\"+\n" +
 	"\x15DescribeStreamRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"u\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xa4\x01\n" +
 	"\x16DescribeStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
-	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\"\xff\x02\n" +
+	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\x12-\n" +
+	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\"\xbf\x03\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -3649,11 +4126,16 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"tailOffset\x12+\n" +
 	"\x11expected_sequence\x18\a \x01(\x04R\x10expectedSequence\x12!\n" +
 	"\fmember_epoch\x18\b \x01(\x04R\vmemberEpoch\x12+\n" +
-	"\x11cursor_generation\x18\t \x01(\x04R\x10cursorGeneration\x12,\n" +
+	"\x11cursor_generation\x18\t \x01(\x04R\x10cursorGeneration\x12\x1f\n" +
+	"\vfork_offset\x18\v \x01(\x04R\n" +
+	"forkOffset\x12\x1d\n" +
+	"\n" +
+	"fork_epoch\x18\f \x01(\x04R\tforkEpoch\x12,\n" +
 	"\x12retry_after_millis\x18\n" +
-	" \x01(\x03R\x10retryAfterMillis\",\n" +
+	" \x01(\x03R\x10retryAfterMillis\"Z\n" +
 	"\x12ListOrphansRequest\x12\x16\n" +
-	"\x06stream\x18\x01 \x01(\tR\x06stream\"\x94\x02\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12,\n" +
+	"\x05scope\x18\x02 \x01(\x0e2\x16.geolog.v1.OrphanScopeR\x05scope\"\x94\x02\n" +
 	"\n" +
 	"OrphanFork\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
@@ -3667,9 +4149,11 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vnext_offset\x18\a \x01(\x04R\n" +
 	"nextOffset\x12\x14\n" +
 	"\x05bytes\x18\b \x01(\x03R\x05bytes\x12&\n" +
-	"\x0ftime_unix_nanos\x18\t \x01(\x03R\rtimeUnixNanos\"B\n" +
+	"\x0ftime_unix_nanos\x18\t \x01(\x03R\rtimeUnixNanos\"\x8a\x01\n" +
 	"\x13ListOrphansResponse\x12+\n" +
-	"\x05forks\x18\x01 \x03(\v2\x15.geolog.v1.OrphanForkR\x05forks\"\xa3\x01\n" +
+	"\x05forks\x18\x01 \x03(\v2\x15.geolog.v1.OrphanForkR\x05forks\x12,\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x16.geolog.v1.NodeOrphansR\x05nodes\x12\x18\n" +
+	"\apartial\x18\x03 \x01(\bR\apartial\"\xa3\x01\n" +
 	"\x12ReadOrphansRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12\x1d\n" +
@@ -3760,7 +4244,20 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"last_index\x18\x02 \x01(\x04R\tlastIndex\x12)\n" +
 	"\x10committed_offset\x18\x03 \x01(\x04R\x0fcommittedOffset\x124\n" +
-	"\breplicas\x18\x04 \x03(\v2\x18.geolog.v1.ReplicaStatusR\breplicas\")\n" +
+	"\breplicas\x18\x04 \x03(\v2\x18.geolog.v1.ReplicaStatusR\breplicas\"\x90\x01\n" +
+	"\n" +
+	"EpochStart\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12!\n" +
+	"\fstart_offset\x18\x02 \x01(\x04R\vstartOffset\x12\x1f\n" +
+	"\vhome_region\x18\x03 \x01(\tR\n" +
+	"homeRegion\x12(\n" +
+	"\x04kind\x18\x04 \x01(\x0e2\x14.geolog.v1.EpochKindR\x04kind\"\x9b\x01\n" +
+	"\vNodeOrphans\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12+\n" +
+	"\x05forks\x18\x04 \x03(\v2\x15.geolog.v1.OrphanForkR\x05forks\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\")\n" +
 	"\x13DeleteStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
 	"\x14DeleteStreamResponse\"`\n" +
@@ -3772,7 +4269,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\x8c\b\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xb0\b\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -3797,7 +4294,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x12ERROR_CODE_TIMEOUT\x10\x13\x12\x1e\n" +
 	"\x1aERROR_CODE_UNAUTHENTICATED\x10\x14\x12 \n" +
 	"\x1cERROR_CODE_PERMISSION_DENIED\x10\x15\x12\x17\n" +
-	"\x13ERROR_CODE_INTERNAL\x10\x16\x12\x1d\n" +
+	"\x13ERROR_CODE_INTERNAL\x10\x16\x12\"\n" +
+	"\x1eERROR_CODE_PRODUCER_STATE_LOST\x10\x1e\x12\x1d\n" +
 	"\x19ERROR_CODE_UNKNOWN_MEMBER\x10\x17\x12!\n" +
 	"\x1dERROR_CODE_STALE_MEMBER_EPOCH\x10\x18\x12!\n" +
 	"\x1dERROR_CODE_RANGE_NOT_ASSIGNED\x10\x19\x12\x1e\n" +
@@ -3812,7 +4310,16 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_ADD_LEARNER\x10\x01\x12\x1a\n" +
 	"\x16REPLICA_CHANGE_PROMOTE\x10\x02\x12\x19\n" +
-	"\x15REPLICA_CHANGE_REMOVE\x10\x03*\x89\x01\n" +
+	"\x15REPLICA_CHANGE_REMOVE\x10\x03*n\n" +
+	"\tEpochKind\x12\x1a\n" +
+	"\x16EPOCH_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11EPOCH_KIND_CREATE\x10\x01\x12\x17\n" +
+	"\x13EPOCH_KIND_TAKEOVER\x10\x02\x12\x15\n" +
+	"\x11EPOCH_KIND_REHOME\x10\x03*\\\n" +
+	"\vOrphanScope\x12\x1c\n" +
+	"\x18ORPHAN_SCOPE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11ORPHAN_SCOPE_NODE\x10\x01\x12\x18\n" +
+	"\x14ORPHAN_SCOPE_CLUSTER\x10\x02*\x89\x01\n" +
 	"\rCleanupPolicy\x12\x1e\n" +
 	"\x1aCLEANUP_POLICY_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15CLEANUP_POLICY_DELETE\x10\x01\x12\x1a\n" +
@@ -3847,118 +4354,127 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 	return file_geolog_v1_log_proto_rawDescData
 }
 
-var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
 	(ReplicaChange)(0),               // 2: geolog.v1.ReplicaChange
-	(CleanupPolicy)(0),               // 3: geolog.v1.CleanupPolicy
-	(*Header)(nil),                   // 4: geolog.v1.Header
-	(*Record)(nil),                   // 5: geolog.v1.Record
-	(*StoredRecord)(nil),             // 6: geolog.v1.StoredRecord
-	(*AppendRequest)(nil),            // 7: geolog.v1.AppendRequest
-	(*AppendResponse)(nil),           // 8: geolog.v1.AppendResponse
-	(*ReadRequest)(nil),              // 9: geolog.v1.ReadRequest
-	(*ReadResponse)(nil),             // 10: geolog.v1.ReadResponse
-	(*SubscribeRequest)(nil),         // 11: geolog.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 12: geolog.v1.SubscribeResponse
-	(*RetentionPolicy)(nil),          // 13: geolog.v1.RetentionPolicy
-	(*StreamInfo)(nil),               // 14: geolog.v1.StreamInfo
-	(*RangeInfo)(nil),                // 15: geolog.v1.RangeInfo
-	(*RegionProgress)(nil),           // 16: geolog.v1.RegionProgress
-	(*CreateStreamRequest)(nil),      // 17: geolog.v1.CreateStreamRequest
-	(*CreateStreamResponse)(nil),     // 18: geolog.v1.CreateStreamResponse
-	(*ListStreamsRequest)(nil),       // 19: geolog.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),      // 20: geolog.v1.ListStreamsResponse
-	(*DescribeStreamRequest)(nil),    // 21: geolog.v1.DescribeStreamRequest
-	(*DescribeStreamResponse)(nil),   // 22: geolog.v1.DescribeStreamResponse
-	(*ErrorDetail)(nil),              // 23: geolog.v1.ErrorDetail
-	(*ListOrphansRequest)(nil),       // 24: geolog.v1.ListOrphansRequest
-	(*OrphanFork)(nil),               // 25: geolog.v1.OrphanFork
-	(*ListOrphansResponse)(nil),      // 26: geolog.v1.ListOrphansResponse
-	(*ReadOrphansRequest)(nil),       // 27: geolog.v1.ReadOrphansRequest
-	(*ReadOrphansResponse)(nil),      // 28: geolog.v1.ReadOrphansResponse
-	(*RehomeRequest)(nil),            // 29: geolog.v1.RehomeRequest
-	(*RangeRehome)(nil),              // 30: geolog.v1.RangeRehome
-	(*RehomePhases)(nil),             // 31: geolog.v1.RehomePhases
-	(*RehomeResponse)(nil),           // 32: geolog.v1.RehomeResponse
-	(*RefreshHomesRequest)(nil),      // 33: geolog.v1.RefreshHomesRequest
-	(*RegionHomes)(nil),              // 34: geolog.v1.RegionHomes
-	(*HomeRecord)(nil),               // 35: geolog.v1.HomeRecord
-	(*RefreshHomesResponse)(nil),     // 36: geolog.v1.RefreshHomesResponse
-	(*RangeTail)(nil),                // 37: geolog.v1.RangeTail
-	(*ChangeReplicasRequest)(nil),    // 38: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 39: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 40: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 41: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 42: geolog.v1.DescribeReplicasResponse
-	(*DeleteStreamRequest)(nil),      // 43: geolog.v1.DeleteStreamRequest
-	(*DeleteStreamResponse)(nil),     // 44: geolog.v1.DeleteStreamResponse
-	(*CompactionPolicy)(nil),         // 45: geolog.v1.CompactionPolicy
+	(EpochKind)(0),                   // 3: geolog.v1.EpochKind
+	(OrphanScope)(0),                 // 4: geolog.v1.OrphanScope
+	(CleanupPolicy)(0),               // 5: geolog.v1.CleanupPolicy
+	(*Header)(nil),                   // 6: geolog.v1.Header
+	(*Record)(nil),                   // 7: geolog.v1.Record
+	(*StoredRecord)(nil),             // 8: geolog.v1.StoredRecord
+	(*AppendRequest)(nil),            // 9: geolog.v1.AppendRequest
+	(*AppendResponse)(nil),           // 10: geolog.v1.AppendResponse
+	(*ReadRequest)(nil),              // 11: geolog.v1.ReadRequest
+	(*ReadResponse)(nil),             // 12: geolog.v1.ReadResponse
+	(*SubscribeRequest)(nil),         // 13: geolog.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 14: geolog.v1.SubscribeResponse
+	(*RetentionPolicy)(nil),          // 15: geolog.v1.RetentionPolicy
+	(*StreamInfo)(nil),               // 16: geolog.v1.StreamInfo
+	(*RangeInfo)(nil),                // 17: geolog.v1.RangeInfo
+	(*RegionProgress)(nil),           // 18: geolog.v1.RegionProgress
+	(*CreateStreamRequest)(nil),      // 19: geolog.v1.CreateStreamRequest
+	(*CreateStreamResponse)(nil),     // 20: geolog.v1.CreateStreamResponse
+	(*ListStreamsRequest)(nil),       // 21: geolog.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),      // 22: geolog.v1.ListStreamsResponse
+	(*DescribeStreamRequest)(nil),    // 23: geolog.v1.DescribeStreamRequest
+	(*DescribeStreamResponse)(nil),   // 24: geolog.v1.DescribeStreamResponse
+	(*ErrorDetail)(nil),              // 25: geolog.v1.ErrorDetail
+	(*ListOrphansRequest)(nil),       // 26: geolog.v1.ListOrphansRequest
+	(*OrphanFork)(nil),               // 27: geolog.v1.OrphanFork
+	(*ListOrphansResponse)(nil),      // 28: geolog.v1.ListOrphansResponse
+	(*ReadOrphansRequest)(nil),       // 29: geolog.v1.ReadOrphansRequest
+	(*ReadOrphansResponse)(nil),      // 30: geolog.v1.ReadOrphansResponse
+	(*RehomeRequest)(nil),            // 31: geolog.v1.RehomeRequest
+	(*RangeRehome)(nil),              // 32: geolog.v1.RangeRehome
+	(*RehomePhases)(nil),             // 33: geolog.v1.RehomePhases
+	(*RehomeResponse)(nil),           // 34: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 35: geolog.v1.RefreshHomesRequest
+	(*RegionHomes)(nil),              // 36: geolog.v1.RegionHomes
+	(*HomeRecord)(nil),               // 37: geolog.v1.HomeRecord
+	(*RefreshHomesResponse)(nil),     // 38: geolog.v1.RefreshHomesResponse
+	(*RangeTail)(nil),                // 39: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 40: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 41: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 42: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 43: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 44: geolog.v1.DescribeReplicasResponse
+	(*EpochStart)(nil),               // 45: geolog.v1.EpochStart
+	(*NodeOrphans)(nil),              // 46: geolog.v1.NodeOrphans
+	(*DeleteStreamRequest)(nil),      // 47: geolog.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),     // 48: geolog.v1.DeleteStreamResponse
+	(*CompactionPolicy)(nil),         // 49: geolog.v1.CompactionPolicy
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
-	4,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
-	4,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
-	5,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
-	23, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
+	6,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
+	6,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
+	7,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
+	25, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
 	0,  // 4: geolog.v1.ReadRequest.consistency:type_name -> geolog.v1.Consistency
-	6,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
-	6,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
-	13, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
-	3,  // 8: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
-	45, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
-	16, // 10: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
-	13, // 11: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
-	3,  // 12: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
-	45, // 13: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
-	14, // 14: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	14, // 15: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
-	14, // 16: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	15, // 17: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
-	1,  // 18: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
-	25, // 19: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
-	6,  // 20: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
-	31, // 21: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
-	30, // 22: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	34, // 23: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
-	35, // 24: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
-	37, // 25: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
-	2,  // 26: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	41, // 27: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	7,  // 28: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	7,  // 29: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	9,  // 30: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	11, // 31: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	17, // 32: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	19, // 33: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	21, // 34: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	43, // 35: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
-	38, // 36: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	40, // 37: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	29, // 38: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	33, // 39: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	24, // 40: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	27, // 41: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	8,  // 42: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	8,  // 43: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	10, // 44: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	12, // 45: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	18, // 46: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	20, // 47: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	22, // 48: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	44, // 49: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
-	39, // 50: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	42, // 51: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	32, // 52: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	36, // 53: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	26, // 54: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	28, // 55: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	42, // [42:56] is the sub-list for method output_type
-	28, // [28:42] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	8,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
+	8,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
+	15, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
+	5,  // 8: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
+	49, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
+	18, // 10: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
+	45, // 11: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
+	15, // 12: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
+	5,  // 13: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
+	49, // 14: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
+	16, // 15: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	16, // 16: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
+	16, // 17: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	17, // 18: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
+	1,  // 19: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
+	4,  // 20: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
+	27, // 21: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
+	46, // 22: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
+	8,  // 23: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
+	33, // 24: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
+	32, // 25: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	36, // 26: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
+	37, // 27: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
+	39, // 28: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	2,  // 29: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	43, // 30: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	3,  // 31: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
+	27, // 32: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
+	9,  // 33: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	9,  // 34: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	11, // 35: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	13, // 36: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	19, // 37: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	21, // 38: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	23, // 39: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	47, // 40: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	40, // 41: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	42, // 42: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	31, // 43: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	35, // 44: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	26, // 45: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	29, // 46: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	10, // 47: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	10, // 48: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	12, // 49: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	14, // 50: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	20, // 51: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	22, // 52: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	24, // 53: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	48, // 54: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	41, // 55: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	44, // 56: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	34, // 57: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	38, // 58: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	28, // 59: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	30, // 60: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	47, // [47:61] is the sub-list for method output_type
+	33, // [33:47] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -3977,8 +4493,8 @@ func file_geolog_v1_log_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   42,
+			NumEnums:      6,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

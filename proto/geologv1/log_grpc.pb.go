@@ -56,6 +56,18 @@ type LogClient interface {
 	// Subscribe streams committed records of one range from an offset or a
 	// time, then follows the tail until the client cancels.
 	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SubscribeResponse], error)
+	// CreateStream creates a stream in every region it lists (a node
+	// propagates the creation to the other regions) and registers its
+	// ranges' homes. It is idempotent: a request for a stream that exists
+	// with the same definition is answered OK with the existing stream, and
+	// completes whatever an earlier attempt left undone (regions not yet
+	// holding the stream, homes not yet registered), so a client may resend
+	// it after any failure. Fields the request leaves unset whose default
+	// depends on the node that takes it (regions, home_region and
+	// range_homes) match whatever the existing stream has. A different
+	// definition gets STREAM_EXISTS, whose message names the fields that
+	// differ. A retriable error (UNAVAILABLE: a region could not be reached
+	// yet) means part of the creation is done: resend it.
 	CreateStream(ctx context.Context, in *CreateStreamRequest, opts ...grpc.CallOption) (*CreateStreamResponse, error)
 	ListStreams(ctx context.Context, in *ListStreamsRequest, opts ...grpc.CallOption) (*ListStreamsResponse, error)
 	DescribeStream(ctx context.Context, in *DescribeStreamRequest, opts ...grpc.CallOption) (*DescribeStreamResponse, error)
@@ -188,6 +200,18 @@ type LogServer interface {
 	// Subscribe streams committed records of one range from an offset or a
 	// time, then follows the tail until the client cancels.
 	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[SubscribeResponse]) error
+	// CreateStream creates a stream in every region it lists (a node
+	// propagates the creation to the other regions) and registers its
+	// ranges' homes. It is idempotent: a request for a stream that exists
+	// with the same definition is answered OK with the existing stream, and
+	// completes whatever an earlier attempt left undone (regions not yet
+	// holding the stream, homes not yet registered), so a client may resend
+	// it after any failure. Fields the request leaves unset whose default
+	// depends on the node that takes it (regions, home_region and
+	// range_homes) match whatever the existing stream has. A different
+	// definition gets STREAM_EXISTS, whose message names the fields that
+	// differ. A retriable error (UNAVAILABLE: a region could not be reached
+	// yet) means part of the creation is done: resend it.
 	CreateStream(context.Context, *CreateStreamRequest) (*CreateStreamResponse, error)
 	ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error)
 	DescribeStream(context.Context, *DescribeStreamRequest) (*DescribeStreamResponse, error)
@@ -460,9 +484,12 @@ type AdminClient interface {
 	// up what it learned (its ranges' homes). A rehome's coordinator calls it
 	// on the regions concerned so that the pause is not a heartbeat interval.
 	RefreshHomes(ctx context.Context, in *RefreshHomesRequest, opts ...grpc.CallOption) (*RefreshHomesResponse, error)
-	// ListOrphans lists the forks of a stream's ranges as this node's replicas
-	// hold them (DESIGN.md "Divergent tails"): where each range's log forked
-	// after a failover, and the records moved to its orphan log.
+	// ListOrphans lists the forks of a stream's ranges (DESIGN.md "Divergent
+	// tails"): where each range's log forked after a failover, and the
+	// records moved to its orphan log. A fork is kept by the nodes of the
+	// region whose log it cut, so by default the answer is this node's
+	// replicas only; with scope ORPHAN_SCOPE_CLUSTER the node asks every node
+	// of every region of the stream (see ListOrphansRequest).
 	ListOrphans(ctx context.Context, in *ListOrphansRequest, opts ...grpc.CallOption) (*ListOrphansResponse, error)
 	// ReadOrphans reads the records of one fork, with their original offsets
 	// and epoch, for an operator to inspect or republish.
@@ -562,9 +589,12 @@ type AdminServer interface {
 	// up what it learned (its ranges' homes). A rehome's coordinator calls it
 	// on the regions concerned so that the pause is not a heartbeat interval.
 	RefreshHomes(context.Context, *RefreshHomesRequest) (*RefreshHomesResponse, error)
-	// ListOrphans lists the forks of a stream's ranges as this node's replicas
-	// hold them (DESIGN.md "Divergent tails"): where each range's log forked
-	// after a failover, and the records moved to its orphan log.
+	// ListOrphans lists the forks of a stream's ranges (DESIGN.md "Divergent
+	// tails"): where each range's log forked after a failover, and the
+	// records moved to its orphan log. A fork is kept by the nodes of the
+	// region whose log it cut, so by default the answer is this node's
+	// replicas only; with scope ORPHAN_SCOPE_CLUSTER the node asks every node
+	// of every region of the stream (see ListOrphansRequest).
 	ListOrphans(context.Context, *ListOrphansRequest) (*ListOrphansResponse, error)
 	// ReadOrphans reads the records of one fork, with their original offsets
 	// and epoch, for an operator to inspect or republish.

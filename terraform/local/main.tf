@@ -128,6 +128,11 @@ locals {
     flatten([for l in local.client_links : ["--link", "${l.name},${l.listen},${l.upstream},${var.client_latency},0s"]]),
   )
 
+  # With chaos_links each node advertises its client link (geologd
+  # --advertise-addr): every leader and home hint then names it, and a
+  # client never rides a Raft or WAN link.
+  advertise_of = { for l in local.client_links : trimprefix(l.name, "client->") => l.listen }
+
   # Each node's lease store: through its region's link with chaos_links.
   lease_store_of = {
     for r, region in var.regions : region => (
@@ -207,6 +212,7 @@ locals {
       for a in concat(
         [local.helper, "start"],
         var.lease_store ? concat(["--if-flag", "--lease-store", local.lease_store_of[n.region]], local.homing_flags) : [],
+        var.chaos_links ? ["--if-flag", "--advertise-addr", local.advertise_of["${n.region}:n${n.id}"]] : [],
         [local.run_dir, name, tostring(n.port), tostring(var.start_timeout_seconds), "--"],
         local.node_argv[name],
       ) : "'${replace(a, "'", "'\\''")}'"
