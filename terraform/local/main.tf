@@ -173,7 +173,7 @@ locals {
         ]),
         "--fsync", var.fsync,
       "--log-level", var.log_level],
-      var.tls ? ["--certs-dir", "${local.certs_dir}/${name}"] : ["--insecure"],
+      var.tls ? ["--certs-dir", "${local.certs_dir}/${name}", "--superusers", "operator"] : ["--insecure"], # operator: the client certificate pki_make issues
       n.debug_addr != "" ? ["--debug-addr", n.debug_addr] : [],
       n.debug_addr != "" && var.debug_failpoints ? ["--debug-failpoints"] : [],
       flatten([for to, addrs in local.link_addrs[n.region] : ["--region-addrs", "${to}=${join(",", addrs)}"]]),
