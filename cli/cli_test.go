@@ -358,3 +358,37 @@ func TestFollowStopsOnInterrupt(t *testing.T) {
 		t.Fatal("follow did not stop")
 	}
 }
+
+// TestFollowFailsWhenNodeDies: a follow whose node stops exits non-zero and
+// says why (it used to exit 0 without a word, so a pipeline reading from it
+// stopped silently).
+func TestFollowFailsWhenNodeDies(t *testing.T) {
+	fake := startFake(t)
+	fake.MustCreateStream("s", 2)
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Run(testCtx(t), []string{"--addr", fake.Addr(), "consume", "s", "--follow"},
+			strings.NewReader(""), &out, &errOut)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for fake.Stats().Subscriptions < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("no subscriptions")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	fake.Close()
+	select {
+	case code := <-done:
+		if code == 0 {
+			t.Fatalf("follow exited 0 after its node died; stderr %q", errOut.String())
+		}
+		if strings.TrimSpace(errOut.String()) == "" {
+			t.Fatal("follow failed without a word on stderr")
+		}
+		t.Logf("exit %d: %s", code, errOut.String())
+	case <-time.After(60 * time.Second):
+		t.Fatal("follow did not end after its node died")
+	}
+}

@@ -177,9 +177,13 @@ func (e *env) consumeRange(ctx context.Context, c *client.Client, o consumeOpts,
 // consumeFollow subscribes to every range and prints until ctx ends, --max
 // is reached, or a subscription fails.
 func (e *env) consumeFollow(ctx context.Context, c *client.Client, o consumeOpts, pr *recordPrinter) error {
+	// outer is the caller's context, taken before it is wrapped: the wrapped
+	// one is cancelled by the first failing range, and a failure must not be
+	// mistaken for the caller's interrupt (a follow whose node died once
+	// exited 0 without a word).
+	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	outer := ctx
 	errs := make(chan error, len(o.ranges))
 	var wg sync.WaitGroup
 	for _, r := range o.ranges {
