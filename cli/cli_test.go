@@ -392,3 +392,44 @@ func TestFollowFailsWhenNodeDies(t *testing.T) {
 		t.Fatal("follow did not end after its node died")
 	}
 }
+
+// TestProduceStopsOnInterrupt: an interrupt while produce waits on standard
+// input ends it (it used to ignore Ctrl-C until the input closed), and the
+// lines read before it are delivered.
+func TestProduceStopsOnInterrupt(t *testing.T) {
+	fake := startFake(t)
+	fake.MustCreateStream("s", 1)
+	stdin, feed := io.Pipe()
+	defer feed.Close()
+	ctx, cancel := context.WithCancel(testCtx(t))
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Run(ctx, []string{"--addr", fake.Addr(), "produce", "s", "--key", "k"}, stdin, &out, &errOut)
+	}()
+	if _, err := io.WriteString(feed, "one\ntwo\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Both lines are produced and acked while stdin stays open; then the
+	// interrupt comes while produce is blocked reading the next line.
+	deadline := time.Now().Add(20 * time.Second)
+	for len(parseConsumed(t, mustRun(t, fake.Addr(), "", "consume", "s"))) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lines written to stdin were not produced")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code == 0 || !strings.Contains(errOut.String(), "interrupted") {
+			t.Fatalf("exit %d, stderr %q; want a non-zero exit saying it was interrupted", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("produce ignored the interrupt while reading stdin")
+	}
+	recs := parseConsumed(t, mustRun(t, fake.Addr(), "", "consume", "s"))
+	if len(recs) != 2 || recs[0].value != "one" || recs[1].value != "two" {
+		t.Fatalf("read back %+v, want the two lines read before the interrupt", recs)
+	}
+}

@@ -122,31 +122,23 @@ func (e *env) produce(ctx context.Context, args []string) error {
 			}
 		}
 	} else {
-		r := bufio.NewReaderSize(e.stdin, 64<<10)
-		for {
-			line, err := r.ReadBytes('\n')
-			if len(line) > 0 {
-				line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
-				if inputErr = produceOne(line); inputErr != nil {
-					break
-				}
-			}
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				inputErr = fmt.Errorf("reading stdin: %w", err)
-				break
-			}
-		}
+		inputErr = readLines(ctx, e.stdin, produceOne)
 	}
-	// Deliver what was produced even if the input was bad or ctx ended.
-	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+10*time.Second)
+	// Deliver what was produced even if the input was bad or ctx ended; after
+	// an interrupt, for a bounded time only.
+	flushTimeout := 2*time.Minute + 10*time.Second
+	if ctx.Err() != nil {
+		flushTimeout = 10 * time.Second
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 	defer cancel()
 	if err := p.Flush(fctx); err != nil {
 		return fmt.Errorf("flush: %w", err)
 	}
 	failed := out.summary(e.stderr, n)
+	if errors.Is(inputErr, errInterrupted) {
+		return fmt.Errorf("%w after %d records read from stdin (those were sent; failures are listed above)", inputErr, n)
+	}
 	if inputErr != nil {
 		return inputErr
 	}
@@ -154,6 +146,59 @@ func (e *env) produce(ctx context.Context, args []string) error {
 		return errReported
 	}
 	return nil
+}
+
+// errInterrupted: the input was cut short by the caller's interrupt.
+var errInterrupted = errors.New("interrupted")
+
+// readLines calls each with every line of r (without its line ending) until
+// r ends, each fails, or ctx ends. r is read on a goroutine of its own, since
+// a read of a terminal or a pipe cannot be interrupted: on ctx's end
+// readLines returns at once (errInterrupted) and leaves that goroutine
+// blocked in its read until the process exits. At most one line is read
+// ahead of each.
+func readLines(ctx context.Context, r io.Reader, each func([]byte) error) error {
+	type line struct {
+		b   []byte
+		err error
+	}
+	lines := make(chan line)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		br := bufio.NewReaderSize(r, 64<<10)
+		for {
+			b, err := br.ReadBytes('\n')
+			select {
+			case lines <- line{b, err}:
+			case <-stop:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		var l line
+		select {
+		case <-ctx.Done():
+			return errInterrupted
+		case l = <-lines:
+		}
+		if len(l.b) > 0 {
+			b := bytes.TrimSuffix(bytes.TrimSuffix(l.b, []byte("\n")), []byte("\r"))
+			if err := each(b); err != nil {
+				return err
+			}
+		}
+		if l.err == io.EOF {
+			return nil
+		}
+		if l.err != nil {
+			return fmt.Errorf("reading stdin: %w", l.err)
+		}
+	}
 }
 
 // orderedPrinter prints produce results in input order although callbacks
