@@ -135,3 +135,23 @@ func TestAppendStreamStatusInMetrics(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestSecondNodeOnDataDirRefused: a second node on a data directory in use
+// fails in New with an error that says so (it used to log "directory is
+// locked" for each range and serve anyway), and the directory is free again
+// once the first node closes.
+func TestSecondNodeOnDataDirRefused(t *testing.T) {
+	dir := t.TempDir()
+	first, raw := testNode(t, dir, nil)
+	createStream(t, raw, "s", 2)
+	_, err := New(Config{DataDir: dir, ListenAddr: "127.0.0.1:0"})
+	if err == nil || !strings.Contains(err.Error(), "in use by another geologd") {
+		t.Fatalf("second node on %s: %v; want a refusal naming the directory in use", dir, err)
+	}
+	first.Close()
+	again, err := New(Config{DataDir: dir, ListenAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("after the first node closed: %v", err)
+	}
+	again.Close()
+}

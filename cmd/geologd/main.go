@@ -3,8 +3,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	_ "net/http/pprof"
 	"os"
@@ -94,7 +96,12 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: --fsync must be always or never, not %q\n", *fsync)
 		return 2
 	}
-	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logJSON, Output: os.Stderr})
+	level := hclog.LevelFromString(*logLevel)
+	if level == hclog.NoLevel {
+		fmt.Fprintf(os.Stderr, "geologd: --log-level must be trace, debug, info, warn or error, not %q\n", *logLevel)
+		return 2
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: level, JSONFormat: *logJSON, Output: os.Stderr})
 	peers, err := parsePeers(*peersFlag)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: --peers: %v\n", err)
@@ -140,8 +147,16 @@ func run() int {
 		defer mp.Shutdown(context.Background())
 		meterProvider = mp
 		http.Handle("/metrics", promhttp.Handler())
+		// Listen before anything opens, so that an unusable address stops
+		// the start with one clear line.
+		debugLn, err := net.Listen("tcp", *debugAddr)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "geologd: --debug-addr %s: %v\n", *debugAddr, err)
+			return 1
+		}
+		defer debugLn.Close()
 		go func() {
-			if err := http.ListenAndServe(*debugAddr, nil); err != nil {
+			if err := http.Serve(debugLn, nil); err != nil && !errors.Is(err, net.ErrClosed) {
 				logger.Error("debug server", "error", err)
 			}
 		}()
@@ -225,12 +240,12 @@ func run() int {
 	}
 	node, err := regionsvc.New(cfg)
 	if err != nil {
-		logger.Error("open node", "error", err)
+		fmt.Fprintf(os.Stderr, "geologd: cannot open the node: %v\n", err)
 		return 1
 	}
 	if err := node.Start(); err != nil {
-		logger.Error("start node", "error", err)
 		node.Close()
+		fmt.Fprintf(os.Stderr, "geologd: cannot start the node: %v\n", err)
 		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
