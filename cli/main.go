@@ -174,10 +174,11 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		switch {
 		case errors.Is(err, flag.ErrHelp), errors.Is(err, errReported), isFlagError(err):
 			// Already printed.
-		case client.CodeOf(err) == client.CodeUnavailable:
-			fmt.Fprintf(stderr, "geolog %s: %v\n(is a geolog node listening at %s? %s)\n", cmd, err, env.addr, env.tlsHint())
 		default:
 			fmt.Fprintf(stderr, "geolog %s: %v\n", cmd, err)
+			if hint := env.errorHint(err); hint != "" {
+				fmt.Fprintf(stderr, "(%s)\n", hint)
+			}
 		}
 		return exitCodeOf(err)
 	}

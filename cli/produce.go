@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -101,7 +102,7 @@ func (e *env) produce(ctx context.Context, args []string) error {
 	}
 	defer p.Close()
 
-	out := &orderedPrinter{w: e.stdout, verbose: *verbose, done: make(map[int]string)}
+	out := &orderedPrinter{w: e.stdout, verbose: *verbose, done: make(map[int]string), hint: e.errorHint}
 	n := 0
 	produceOne := func(line []byte) error {
 		rec, err := toRecord(line)
@@ -206,11 +207,14 @@ func readLines(ctx context.Context, r io.Reader, each func([]byte) error) error 
 type orderedPrinter struct {
 	w       io.Writer
 	verbose bool
+	// hint gives what to do next after a failure (env.errorHint).
+	hint func(error) string
 
 	mu     sync.Mutex
 	next   int
 	done   map[int]string
 	errs   []string
+	hints  []string // distinct, in order of first failure
 	failed int
 }
 
@@ -221,6 +225,11 @@ func (o *orderedPrinter) result(i int, res client.ProduceResult, err error) {
 		o.failed++
 		if len(o.errs) < 10 {
 			o.errs = append(o.errs, fmt.Sprintf("record %d: %v", i+1, err))
+		}
+		if o.hint != nil {
+			if h := o.hint(err); h != "" && !slices.Contains(o.hints, h) {
+				o.hints = append(o.hints, h)
+			}
 		}
 		o.done[i] = fmt.Sprintf("error\t%v", err)
 	} else {
@@ -252,6 +261,9 @@ func (o *orderedPrinter) summary(w io.Writer, total int) int {
 	}
 	if o.failed > 0 {
 		fmt.Fprintf(w, "%d of %d records failed\n", o.failed, total)
+		for _, h := range o.hints {
+			fmt.Fprintf(w, "(%s)\n", h)
+		}
 	} else if o.verbose {
 		fmt.Fprintf(w, "produced %d records\n", total)
 	}
