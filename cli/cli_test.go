@@ -433,3 +433,22 @@ func TestProduceStopsOnInterrupt(t *testing.T) {
 		t.Fatalf("read back %+v, want the two lines read before the interrupt", recs)
 	}
 }
+
+// TestTimeoutBoundsTheWholeCall: --timeout bounds a call with its retries
+// (it bounded each attempt: --timeout 3s took 9.3 s). With 40 retries of up
+// to 2 s backoff the call would take over a minute unbounded; the bound
+// here, 1 s, is given 20 s of slack for a loaded machine.
+func TestTimeoutBoundsTheWholeCall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, errOut, code := run(t, ctx, "", "--addr", "127.0.0.1:1", "--retries", "40", "--timeout", "1s", "streams", "list")
+	took := time.Since(start)
+	if code != 1 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if took > 21*time.Second {
+		t.Fatalf("--timeout 1s took %v", took)
+	}
+	t.Logf("--timeout 1s: %v, %q", took, errOut)
+}

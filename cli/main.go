@@ -96,7 +96,7 @@ global flags (also accepted after the command):
   --addr host:port[,host:port...]
                        node addresses, any nodes of the region (default
                        $GEOLOG_ADDR or ` + DefaultAddr + `)
-  --timeout D          bound on each admin or read call (default 30s)
+  --timeout D          bound on each admin or read call, its retries included (default 30s)
   --retries N          retries of a retriable admin or read call (default 2)
   --certs-dir DIR      dial with TLS: ca.crt, and client.crt/client.key when
                        present, from DIR (default $GEOLOG_CERTS_DIR)
@@ -254,7 +254,7 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 		e.globalsSet = true
 	}
 	fs.StringVar(&e.addr, "addr", e.addr, "node addresses host:port[,host:port...] (env GEOLOG_ADDR)")
-	fs.DurationVar(&e.timeout, "timeout", e.timeout, "bound on each admin or read call")
+	fs.DurationVar(&e.timeout, "timeout", e.timeout, "bound on each admin or read call, its retries included")
 	fs.IntVar(&e.retries, "retries", e.retries, "retries of a retriable admin or read call")
 	fs.StringVar(&e.tlsCA, "tls-ca", e.tlsCA, "dial with TLS trusting this PEM CA bundle")
 	fs.StringVar(&e.tlsCert, "tls-cert", e.tlsCert, "PEM client certificate for mutual TLS")
@@ -294,7 +294,7 @@ func (e *env) clientFor(addrs string, opts ...client.Opt) (*client.Client, error
 	if e.retries < 0 || e.timeout < 0 {
 		return nil, usagef("--retries and --timeout must not be negative")
 	}
-	opts = append([]client.Opt{client.RequestTimeout(e.timeout), client.RetriesMax(e.retries)}, opts...)
+	opts = append([]client.Opt{client.CallTimeout(e.timeout), client.RetriesMax(e.retries)}, opts...)
 	cfg, err := e.tlsConfig()
 	if err != nil {
 		return nil, err
