@@ -452,3 +452,28 @@ func TestTimeoutBoundsTheWholeCall(t *testing.T) {
 	}
 	t.Logf("--timeout 1s: %v, %q", took, errOut)
 }
+
+// TestHelpAndVersion: "help <command>" shows that command's usage (it
+// printed the top-level help), "help <command> <sub>" its flags, and
+// version names the build.
+func TestHelpAndVersion(t *testing.T) {
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		args      []string
+		want, not string
+	}{
+		{[]string{"help", "produce"}, "-key-field", "commands:"},
+		{[]string{"help", "streams"}, "streams describe <name>", "commands:"},
+		{[]string{"help", "streams", "create"}, "-ranges", "commands:"},
+		{[]string{"help"}, "commands:", ""},
+		{[]string{"version"}, "geolog dev (", ""},
+	} {
+		out, errOut, code := run(t, ctx, "", tc.args...)
+		if code != 0 || !strings.Contains(out, tc.want) || (tc.not != "" && strings.Contains(out, tc.not)) {
+			t.Errorf("geolog %v: exit %d, stdout %q, stderr %q; want %q, not %q", tc.args, code, out, errOut, tc.want, tc.not)
+		}
+	}
+	if _, _, code := run(t, ctx, "", "help", "nosuch"); code != 2 {
+		t.Errorf("help nosuch: exit %d, want 2", code)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/internal/failpoint"
+	"github.com/geolog/geolog/internal/version"
 	"github.com/geolog/geolog/pki"
 	"github.com/geolog/geolog/regionsvc"
 	"github.com/geolog/geolog/segment"
@@ -35,6 +36,10 @@ func main() {
 }
 
 func run() int {
+	if len(os.Args) == 2 && (os.Args[1] == "version" || os.Args[1] == "--version" || os.Args[1] == "-version") {
+		fmt.Println("geologd", version.Get())
+		return 0
+	}
 	fs := flag.NewFlagSet("geologd", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", "", "data directory (required)")
 	listen := fs.String("listen", "127.0.0.1:7400", "gRPC listen address")
@@ -102,6 +107,7 @@ func run() int {
 		return 2
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: level, JSONFormat: *logJSON, Output: os.Stderr})
+	logger.Info("geologd starting", "version", version.Get().String())
 	peers, err := parsePeers(*peersFlag)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: --peers: %v\n", err)

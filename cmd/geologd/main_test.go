@@ -82,3 +82,14 @@ func TestRefusesToStart(t *testing.T) {
 		})
 	}
 }
+
+// TestVersion: geologd --version prints one line with its version.
+func TestVersion(t *testing.T) {
+	enc, _ := json.Marshal([]string{"--version"})
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "GEOLOGD_TEST_ARGS="+string(enc))
+	out, err := cmd.Output()
+	if err != nil || !strings.HasPrefix(string(out), "geologd dev (") {
+		t.Fatalf("--version: %q, %v", out, err)
+	}
+}
