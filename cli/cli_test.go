@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -475,5 +477,17 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 	if _, _, code := run(t, ctx, "", "help", "nosuch"); code != 2 {
 		t.Errorf("help nosuch: exit %d, want 2", code)
+	}
+}
+
+// TestAddrOfAnHTTPServer: pointed at an HTTP port (a node's metrics), the
+// tool says so instead of leaving an HTTP/2 frame error unexplained.
+func TestAddrOfAnHTTPServer(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	_, errOut, code := run(t, testCtx(t), "", "--addr", addr, "--retries", "0", "streams", "list")
+	if code != 1 || !strings.Contains(errOut, "answers HTTP, not gRPC") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
 }

@@ -1,10 +1,18 @@
 package cli
 
-import "github.com/geolog/geolog/client"
+import (
+	"strings"
+
+	"github.com/geolog/geolog/client"
+)
 
 // errorHint is what to do next after a command failed with err, in plain
 // words, or "" when the message says all there is.
 func (e *env) errorHint(err error) string {
+	if msg := err.Error(); strings.Contains(msg, "server preface") || strings.Contains(msg, "http2: frame too large") {
+		// An HTTP/1 server answered the gRPC preface.
+		return e.addr + " answers HTTP, not gRPC: is that a node's --debug-addr (metrics) or another service? Give the node's --listen address"
+	}
 	switch client.CodeOf(err) {
 	case client.CodeUnavailable:
 		return "is a geolog node listening at " + e.addr + "? " + e.tlsHint()
