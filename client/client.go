@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
@@ -84,6 +87,12 @@ func New(addr string, opts ...Opt) (*Client, error) {
 		}),
 		grpc.WithWriteBufferSize(256 << 10),
 		grpc.WithReadBufferSize(256 << 10),
+	}
+	if cfg.tracerProvider != nil {
+		dial = append(dial, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
+			otelgrpc.WithTracerProvider(cfg.tracerProvider),
+			otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider()),
+			otelgrpc.WithPropagators(propagation.TraceContext{}))))
 	}
 	dial = append(dial, cfg.dialOpts...)
 	return &Client{

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/geolog/geolog/client/e2e"
@@ -29,6 +30,7 @@ type clientConfig struct {
 	backoffMax        time.Duration
 	dialOpts          []grpc.DialOption
 	addrs             []string
+	tracerProvider    trace.TracerProvider
 }
 
 func defaultClientConfig() clientConfig {
@@ -110,6 +112,14 @@ func RetryBackoff(min, max time.Duration) Opt {
 // after the client's own; there are none by default.
 func DialOptions(opts ...grpc.DialOption) Opt {
 	return func(c *clientConfig) { c.dialOpts = append(c.dialOpts, opts...) }
+}
+
+// TracerProvider makes the client trace its calls through tp: one client
+// span per gRPC call (OpenTelemetry's otelgrpc), with the W3C trace
+// context (traceparent) sent to the node, whose spans then continue the
+// caller's trace. The default is no tracing, at no cost.
+func TracerProvider(tp trace.TracerProvider) Opt {
+	return func(c *clientConfig) { c.tracerProvider = tp }
 }
 
 func (c *clientConfig) validate() error {

@@ -21,6 +21,9 @@ type nodeMetrics struct {
 	takeovers     metric.Int64Counter
 	rehomePhases  metric.Float64Histogram
 	fsyncSeconds  metric.Float64Histogram
+	// commitSeconds is an append's time from the driver taking it to its
+	// commit (Raft: a majority has it on disk; a region of one: fsynced).
+	commitSeconds metric.Float64Histogram
 	fsyncRecords  metric.Int64Histogram
 	// peerRefused counts messages from peers refused as invalid, by
 	// source ("raft", "mirror").
@@ -63,6 +66,11 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	if nm.fsyncSeconds, err = m.Float64Histogram("geolog.segment.fsync_duration",
 		metric.WithDescription("duration of one group-commit fsync round"), metric.WithUnit("s"),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)); err != nil {
+		return nil, err
+	}
+	if nm.commitSeconds, err = m.Float64Histogram("geolog.append.commit_duration",
+		metric.WithDescription("an append's time from its proposal to its commit (a majority of the region's replicas has it on disk)"), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)); err != nil {
 		return nil, err
 	}
 	if nm.fsyncRecords, err = m.Int64Histogram("geolog.segment.fsync_records",
@@ -140,6 +148,9 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	if err := registerGroupMetrics(n, m); err != nil { // groupmetrics.go
 		return nil, err
 	}
+	if err := registerOperatorMetrics(n, m); err != nil { // metrics_ops.go
+		return nil, err
+	}
 	return &nm, nil
 }
 
@@ -176,6 +187,12 @@ func (m *nodeMetrics) appendResult(ctx context.Context, r appendResult) {
 // "sequence_gap".
 func errorCodeName(err error) string {
 	return strings.ToLower(strings.TrimPrefix(apierr.As(err).Code.String(), "ERROR_CODE_"))
+}
+
+// commitDone records an append committed now that was proposed at
+// proposedAt.
+func (m *nodeMetrics) commitDone(proposedAt time.Time) {
+	m.commitSeconds.Record(context.Background(), time.Since(proposedAt).Seconds())
 }
 
 func (m *nodeMetrics) fsyncRound(ctx context.Context, took time.Duration, records uint64) {

@@ -17,6 +17,7 @@ import (
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/replicator"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -307,7 +308,14 @@ func (m *mirrorRange) RecordHeartbeat(hb replicator.Heartbeat) error {
 
 // Apply proposes each frame verbatim to the mirror group, in order, and
 // returns once the last is committed and AppliedEnd shows it.
-func (m *mirrorRange) Apply(ctx context.Context, frames []byte) (uint64, error) {
+func (m *mirrorRange) Apply(ctx context.Context, frames []byte) (end uint64, err error) {
+	if span := m.n.shipmentSpan(ctx, "geolog.replicator.apply", m.d, m.d.committed.Load(), len(frames)); span != nil {
+		defer func() { span.SetAttributes(attribute.Int64("geolog.end_offset", int64(end))); endSpan(span, err) }()
+	}
+	return m.apply(ctx, frames)
+}
+
+func (m *mirrorRange) apply(ctx context.Context, frames []byte) (uint64, error) {
 	var ops []chan appendResult
 	for len(frames) > 0 {
 		size, err := batch.FrameSize(frames)

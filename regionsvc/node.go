@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
@@ -32,6 +33,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 )
 
@@ -365,6 +367,8 @@ type Node struct {
 	deleted   map[string]bool
 	closeOnce sync.Once
 	serveErr  chan error
+	// serving is set once Start has the gRPC server serving (Ready).
+	serving atomic.Bool
 }
 
 // New opens the data directory, recovers every range and returns a node that
@@ -544,7 +548,8 @@ func (n *Node) Start() error {
 		// metrics per call.
 		grpc.StatsHandler(otelgrpc.NewServerHandler(
 			otelgrpc.WithMeterProvider(n.cfg.MeterProvider),
-			otelgrpc.WithTracerProvider(n.cfg.TracerProvider))),
+			otelgrpc.WithTracerProvider(n.cfg.TracerProvider),
+			otelgrpc.WithPropagators(tracePropagator))),
 	}
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
@@ -579,6 +584,7 @@ func (n *Node) Start() error {
 	geologv1.RegisterAdminServer(n.grpcServer, &adminServer{node: n})
 	geologinternalv1.RegisterNodeDirectoryServer(n.grpcServer, &directoryServer{node: n})
 	geologv1.RegisterConsumerServer(n.grpcServer, &consumerServer{node: n})
+	healthpb.RegisterHealthServer(n.grpcServer, &healthServer{node: n}) // health.go
 	if n.replicated() {
 		n.region.transport.Register(n.grpcServer)
 		n.replServer.Register(n.grpcServer)
@@ -596,6 +602,7 @@ func (n *Node) Start() error {
 	go n.cursors.run()
 	n.startCleaner()
 	go func() { n.serveErr <- n.grpcServer.Serve(n.conns) }()
+	n.serving.Store(true)
 	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region, "tls", n.secure())
 	return nil
 }

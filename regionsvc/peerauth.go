@@ -157,6 +157,9 @@ func (n *Node) authRefused(ctx context.Context, method, principal, reason string
 // stream's on each message the client sends (authzStream).
 func (n *Node) authInterceptors() []grpc.ServerOption {
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if isHealthMethod(info.FullMethod) {
+			return h(ctx, req) // any caller the transport admits (health.go)
+		}
 		if err := n.authorizeCall(ctx, info.FullMethod); err != nil {
 			return nil, apierr.ToStatus(err)
 		}
@@ -166,6 +169,9 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 		return h(ctx, req)
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if isHealthMethod(info.FullMethod) {
+			return h(srv, ss)
+		}
 		if err := n.authorizeCall(ss.Context(), info.FullMethod); err != nil {
 			return apierr.ToStatus(err)
 		}

@@ -52,6 +52,10 @@ type appendOp struct {
 	// held is what the append holds of the node's budget of appends in
 	// flight, released as it is answered (server.go).
 	held int64
+	// trace follows the append in spans (tracing.go); nil when tracing is
+	// off. proposedAt is when the driver took it (the commit histogram).
+	trace      *appendTrace
+	proposedAt time.Time
 }
 
 // rangeDriverConfig configures one range driver.
@@ -387,6 +391,8 @@ func (d *rangeDriver) handleAppend(op *appendOp) {
 			return
 		}
 	}
+	op.trace.proposed()
+	op.proposedAt = time.Now()
 	base := d.store.NextOffset()
 	now := d.cfg.now().UnixNano()
 	if now < d.lastAppendUnixNano {
@@ -432,7 +438,9 @@ func (d *rangeDriver) advance(durable uint64) {
 		if !op.res.duplicate {
 			records += int64(op.recordCount)
 			bytes += int64(op.frameBytes)
+			d.cfg.metrics.commitDone(op.proposedAt)
 		}
+		op.trace.committed(op.res.baseOffset, op.res.epoch, nil)
 		op.reply(op.res)
 		d.pending[i] = nil
 	}

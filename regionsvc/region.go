@@ -398,7 +398,7 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	if !known {
 		return nil, fmt.Errorf("%s is not a node of this region nor of a region it knows", addr)
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(n.dialCredentials()))
+	c, err := grpc.NewClient(addr, n.peerDialOptions()...)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/homing"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // Planned rehome (DESIGN.md "Planned rehome"), coordinated by a node of
@@ -252,7 +253,10 @@ func (n *Node) rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geolog
 		}
 	}
 	for from, idx := range groups {
-		n.rehomeGroup(ctx, batch, spec, from, to, idx, cur, out)
+		gctx, span := n.startSpan(ctx, "geolog.rehome", attribute.String("geolog.stream", spec.Name),
+			attribute.String("geolog.from_region", from), attribute.String("geolog.to_region", to), attribute.Int("geolog.ranges", len(idx)))
+		n.rehomeGroup(gctx, batch, spec, from, to, idx, cur, out)
+		span.End()
 	}
 	return &geologv1.RehomeResponse{Ranges: out}, nil
 }

@@ -178,8 +178,13 @@ func (d *rangeDriver) runLogWriter(stop <-chan struct{}, done chan<- struct{}) {
 	for {
 		select {
 		case <-d.rep.LogWrites():
+			// A write that made records durable is one group-commit
+			// round (geolog.segment.fsync_duration): its writes and fsync.
+			before, began := d.store.DurableOffset(), time.Now()
 			if err := d.rep.WriteLog(); err != nil {
 				d.logger.Error("log write failed", "error", err)
+			} else if after := d.store.DurableOffset(); after > before {
+				d.cfg.metrics.fsyncRound(context.Background(), time.Since(began), after-before)
 			}
 		case <-stop:
 			return
@@ -297,6 +302,8 @@ func (d *rangeDriver) propose(op *appendOp) {
 		}
 	}
 	frameBytes := len(op.frame)
+	op.trace.proposed()
+	proposedAt := time.Now()
 	propose := d.rep.Propose
 	if op.verbatim {
 		propose = d.rep.ProposeVerbatim
@@ -306,8 +313,14 @@ func (d *rangeDriver) propose(op *appendOp) {
 		Frame: op.frame, Epoch: op.epoch,
 		Reply: func(r replica.Result) {
 			if r.Err != nil {
-				op.reply(appendResult{err: d.hintAddress(r.Err)})
+				err := d.hintAddress(r.Err)
+				op.trace.committed(0, 0, err)
+				op.reply(appendResult{err: err})
 				return
+			}
+			op.trace.committed(r.BaseOffset, r.Epoch, nil)
+			if !r.Duplicate {
+				d.cfg.metrics.commitDone(proposedAt)
 			}
 			if !op.verbatim && d.cfg.leaseCheck != nil {
 				// DESIGN.md "Fencing": no ack once the lease may have

@@ -156,15 +156,19 @@ func (n *Node) admitAppendBytes(ctx context.Context, size int, streamed bool) er
 // some goroutine, with the reply (errors ride in its Error field).
 func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, streamed bool, done func(*geologv1.AppendResponse)) {
 	id := req.GetRequestId()
+	tr := n.startAppendTrace(ctx, req.GetStream(), req.GetRange(), len(req.GetRecords()), streamed) // nil: tracing off
 	rd, op, err := n.prepareAppend(ctx, req, streamed)
 	if err != nil {
 		n.metrics.appendResult(ctx, appendResult{err: err})
+		tr.answered(appendResult{err: err})
 	}
 	if err != nil {
 		done(&geologv1.AppendResponse{RequestId: id, Error: apierr.As(err).Detail()})
 		return
 	}
+	op.trace = tr
 	op.reply = func(r appendResult) {
+		tr.answered(r)
 		n.limits.appends.release(op.held)
 		n.metrics.appendResult(ctx, r)
 		if r.err != nil {
