@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	_ "net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -25,10 +24,8 @@ import (
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
 	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 func main() {
@@ -64,7 +61,9 @@ func run() int {
 	maxClockOffset := fs.Duration("max-clock-offset", 500*time.Millisecond, "homing: the cluster's maximum clock offset (the same on every node)")
 	failoverOrder := fs.String("failover-order", "", "homing: preferred regions to take over a failed home, comma-separated (default: each stream's region order)")
 	noFailover := fs.Bool("no-failover", false, "homing: never take over a failed home region automatically")
-	debugAddr := fs.String("debug-addr", "", "serve /metrics (Prometheus) and /debug/pprof on this address (e.g. 127.0.0.1:6060); off by default")
+	httpAddr := fs.String("http-addr", "", "serve /metrics (Prometheus), /healthz and /readyz on this address (e.g. 0.0.0.0:7480); off by default")
+	debugAddr := fs.String("debug-addr", "", "serve /metrics, /healthz, /readyz and /debug/pprof on this address (e.g. 127.0.0.1:6060; keep it private); off by default")
+	otlpEndpoint := fs.String("otlp-endpoint", "", "export traces over OTLP/gRPC to this URL (http://host:4317 plaintext, https:// TLS); default: OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing")
 	debugFailpoints := fs.Bool("debug-failpoints", false, "chaos tests only: serve "+failpoint.Path+" on --debug-addr to slow or fail fsyncs and skew the clock at run time; off by default")
 	clockSkew := fs.Duration("clock-skew", 0, "chaos tests only: add this to the node's clock (needs --debug-failpoints; changeable at run time)")
 	limits := addLimitFlags(fs)
@@ -136,36 +135,65 @@ func run() int {
 			fmt.Fprintf(os.Stderr, "geologd: --clock-skew: %v\n", err)
 			return 2
 		}
-		http.Handle(failpoint.Path, failpoints.Handler())
 		logger.Warn("failpoints enabled: fsyncs and the clock can be faulted over the debug address", "path", failpoint.Path, "clock_skew", *clockSkew)
 	} else if *clockSkew != 0 {
 		fmt.Fprintln(os.Stderr, "geologd: --clock-skew needs --debug-failpoints")
 		return 2
 	}
+	// Telemetry: metrics when an HTTP address serves them, traces when an
+	// OTLP endpoint is configured (telemetry.go); the HTTP addresses are
+	// listened on before anything opens, so that an unusable one stops the
+	// start with one clear line (http.go).
+	res, err := nodeResource(*region, *nodeID)
+	if err != nil {
+		logger.Error("telemetry resource", "error", err)
+		return 1
+	}
+	handlers := &httpHandlers{failpoints: failpoints}
 	var meterProvider metric.MeterProvider
-	if *debugAddr != "" {
-		exporter, err := otelprom.New()
+	if *httpAddr != "" || *debugAddr != "" {
+		mp, _, metricsHandler, err := newMetrics(res)
 		if err != nil {
 			logger.Error("metrics exporter", "error", err)
 			return 1
 		}
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 		defer mp.Shutdown(context.Background())
-		meterProvider = mp
-		http.Handle("/metrics", promhttp.Handler())
-		// Listen before anything opens, so that an unusable address stops
-		// the start with one clear line.
-		debugLn, err := net.Listen("tcp", *debugAddr)
+		meterProvider, handlers.metrics = mp, metricsHandler
+	}
+	for _, srv := range []struct {
+		flag, addr string
+		mux        *http.ServeMux
+	}{{"--http-addr", *httpAddr, handlers.operatorMux()}, {"--debug-addr", *debugAddr, handlers.debugMux()}} {
+		if srv.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", srv.addr)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "geologd: --debug-addr %s: %v\n", *debugAddr, err)
+			fmt.Fprintf(os.Stderr, "geologd: %s %s: %v\n", srv.flag, srv.addr, err)
 			return 1
 		}
-		defer debugLn.Close()
+		defer ln.Close()
+		logger.Info("http serving", "flag", srv.flag, "addr", ln.Addr().String())
 		go func() {
-			if err := http.Serve(debugLn, nil); err != nil && !errors.Is(err, net.ErrClosed) {
-				logger.Error("debug server", "error", err)
+			if err := http.Serve(ln, srv.mux); err != nil && !errors.Is(err, net.ErrClosed) {
+				logger.Error("http server", "flag", srv.flag, "error", err)
 			}
 		}()
+	}
+	var tracerProvider trace.TracerProvider
+	switch tp, err := newTracing(*otlpEndpoint, res); {
+	case errors.Is(err, errTracingOff):
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "geologd: %v\n", err)
+		return 2
+	default:
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			tp.Shutdown(ctx) // flushes the spans still queued
+		}()
+		tracerProvider = tp
+		logger.Info("tracing on: spans exported over OTLP")
 	}
 	if policy == segment.FsyncNever {
 		logger.Warn("fsync disabled: acknowledged records can be lost on a machine crash; for benchmarks only")
@@ -214,6 +242,7 @@ func run() int {
 		SegmentBytesMax:    *segmentBytesMax,
 		SyncConcurrencyMax: *syncConcurrency,
 		MeterProvider:      meterProvider,
+		TracerProvider:     tracerProvider,
 		NodeID:             *nodeID,
 		Peers:              peers,
 		Regions:            remote.m,
@@ -254,6 +283,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: cannot start the node: %v\n", err)
 		return 1
 	}
+	handlers.node.Store(node)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	watchDone := make(chan struct{})
