@@ -162,11 +162,12 @@ func run() int {
 	}
 	for _, srv := range []struct {
 		flag, addr string
-		mux        *http.ServeMux
-	}{{"--http-addr", *httpAddr, handlers.operatorMux()}, {"--debug-addr", *debugAddr, handlers.debugMux()}} {
+		mux        func() *http.ServeMux
+	}{{"--http-addr", *httpAddr, handlers.operatorMux}, {"--debug-addr", *debugAddr, handlers.debugMux}} {
 		if srv.addr == "" {
 			continue
 		}
+		mux := srv.mux()
 		ln, err := net.Listen("tcp", srv.addr)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "geologd: %s %s: %v\n", srv.flag, srv.addr, err)
@@ -175,7 +176,7 @@ func run() int {
 		defer ln.Close()
 		logger.Info("http serving", "flag", srv.flag, "addr", ln.Addr().String())
 		go func() {
-			if err := http.Serve(ln, srv.mux); err != nil && !errors.Is(err, net.ErrClosed) {
+			if err := http.Serve(ln, mux); err != nil && !errors.Is(err, net.ErrClosed) {
 				logger.Error("http server", "flag", srv.flag, "error", err)
 			}
 		}()

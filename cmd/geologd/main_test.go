@@ -71,6 +71,8 @@ func TestRefusesToStart(t *testing.T) {
 		{"locked data dir", []string{"--data-dir", held, "--insecure", "--listen", "127.0.0.1:0"}, 1, "in use by another geologd"},
 		{"listen address in use", []string{"--data-dir", t.TempDir(), "--insecure", "--listen", busy.Addr().String()}, 1, "cannot start the node"},
 		{"debug address in use", []string{"--data-dir", t.TempDir(), "--insecure", "--listen", "127.0.0.1:0", "--debug-addr", busy.Addr().String()}, 1, "--debug-addr"},
+		{"http address in use", []string{"--data-dir", t.TempDir(), "--insecure", "--listen", "127.0.0.1:0", "--http-addr", busy.Addr().String()}, 1, "--http-addr"},
+		{"otlp endpoint", []string{"--data-dir", t.TempDir(), "--insecure", "--listen", "127.0.0.1:0", "--otlp-endpoint", "collector:4317"}, 2, "--otlp-endpoint"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stderr := geologd(t, tc.args...)
