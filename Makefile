@@ -59,7 +59,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: all build test test-loaded test-alerts unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -102,7 +102,14 @@ fuzz:
 		$(GO) test -run='^$$' -fuzz="^$$name$$" -fuzztime=$$budget -fuzzminimizetime=100x $$pkg; \
 	done
 
-test: vet build unit chaos-slice fuzz
+test: vet test-alerts build unit chaos-slice fuzz
+
+# The alerting rules (deploy/prometheus/alerts.yml): promtool check rules
+# and promtool test rules over alerts_test.yml, a second or two; promtool
+# (Debian package prometheus) is installed with apt-get when missing
+# (scripts/test_alerts.sh).
+test-alerts:
+	@./scripts/test_alerts.sh
 
 # make test-loaded RUNS=5: make test RUNS times in a row beside stress-ng
 # --cpu $(nproc) (installed with apt-get when missing), one line per run
