@@ -577,6 +577,8 @@ func (m *replicationManager) start(k taskKey, d *rangeDriver) {
 		Now:    n.cfg.Now,
 		Seed:   h.Sum64() ^ uint64(time.Now().UnixNano()),
 		Logger: n.cfg.Logger,
+
+		TracerProvider: n.shipTracer(),
 	})
 	if err != nil {
 		n.logger.Error("replicator task", "stream", k.stream, "range", k.rng, "region", k.region, "error", err)

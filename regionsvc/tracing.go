@@ -23,8 +23,10 @@ import (
 //	  geolog.append.ack  the lease check at the ack and the reply
 //
 // and a mirror's apply of a shipment from the home region
-// (geolog.replicator.apply), the home's read of one (geolog.replicator.read),
-// and a rehome the node coordinates (geolog.rehome) add theirs. With no
+// (geolog.replicator.apply), the home's shipment of one from its read to
+// the mirror's answer (geolog.replicator.ship, made by the replicator
+// task: TaskConfig.TracerProvider), and a rehome the node coordinates
+// (geolog.rehome) add theirs. With no
 // TracerProvider configured (Config.TracerProvider nil or a no-op) none of
 // this runs: appendOp.trace stays nil and every hook returns at once.
 
@@ -171,4 +173,13 @@ func (n *Node) peerDialOptions() []grpc.DialOption {
 			otelgrpc.WithPropagators(tracePropagator))))
 	}
 	return opts
+}
+
+// shipTracer is the replicator tasks' TracerProvider: nil with tracing
+// off, so that they make no span at all.
+func (n *Node) shipTracer() trace.TracerProvider {
+	if !n.tracingOn() {
+		return nil
+	}
+	return n.cfg.TracerProvider
 }

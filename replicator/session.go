@@ -69,6 +69,7 @@ func (t *Task) endSession() {
 	if t.sess == nil {
 		return
 	}
+	t.ships.failed(nil)
 	close(t.sess.ended)
 	t.sess.cancel()
 	t.sess.wg.Wait()

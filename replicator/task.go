@@ -16,6 +16,7 @@ import (
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/klauspost/compress/zstd"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/status"
 )
 
@@ -75,6 +76,9 @@ type TaskConfig struct {
 	HintsFollowMax    int
 	// Logger defaults to a null logger; the task names it "replicator".
 	Logger hclog.Logger
+	// TracerProvider, if set, traces each batch shipped, from its read
+	// to the mirror's answer (tracing.go); default none.
+	TracerProvider trace.TracerProvider
 }
 
 // Task ships one range to one destination region: the driver of a Cursor.
@@ -99,6 +103,7 @@ type Task struct {
 	mu    sync.Mutex // guards stats and lag, read by other goroutines
 	stats TaskStats
 	lag   *Lag
+	ships *shipSpans // nil: tracing off
 }
 
 // TaskStats are a task's counters and state.
@@ -198,6 +203,7 @@ func NewTask(cfg TaskConfig) (*Task, error) {
 		// connect and failure reports.
 		inbox: make(chan taskEvent, core.cfg.WindowRequestsMax+4),
 		lag:   NewLag(cfg.Now()),
+		ships: newShipSpans(cfg),
 	}
 	return t, nil
 }
@@ -332,6 +338,7 @@ func (t *Task) read(a Action) {
 		UncompressedBytes: uint64(len(frames)),
 	})
 	t.send(outgoing{req: req, frames: frames})
+	t.ships.sent(first, end, len(frames))
 	t.core.ReadDone(first, end, len(frames))
 }
 
@@ -441,14 +448,17 @@ func (t *Task) handle(ev taskEvent) {
 			if errors.Is(r, ErrGap) {
 				t.logger.Info("mirror expects an earlier offset: rewinding", "expected", r.ExpectedOffset())
 			}
+			t.ships.failed(r)
 			t.core.Refused(r)
 			return
 		}
 		t.mu.Lock()
 		t.lag.Applied(ev.resp.GetAppliedEndOffset())
 		t.mu.Unlock()
+		t.ships.applied(ev.resp.GetAppliedEndOffset())
 		t.core.Response(ev.resp.GetAppliedEndOffset(), ev.resp.GetHighestEpoch())
 	case evFailed:
+		t.ships.failed(ev.err)
 		t.core.StreamFailed(classify(ev.err))
 	}
 }
