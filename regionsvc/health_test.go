@@ -2,12 +2,14 @@ package regionsvc
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/geolog/geolog/authz"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -126,5 +128,34 @@ func TestReadyOnceTheRegionElected(t *testing.T) {
 	}
 	if l := r.list(); len(l) != readyReasonsMax+1 || l[readyReasonsMax] != "and 40 more" {
 		t.Fatalf("bounded reasons: %d lines, last %q", len(l), l[len(l)-1])
+	}
+}
+
+// TestHealthNeedsNoRights: behind a node's auth interceptors, with TLS
+// and authorization on, a caller without a verified identity is refused
+// the Log service (UNAUTHENTICATED) but answered by the health service.
+func TestHealthNeedsNoRights(t *testing.T) {
+	n := authzNode(&authz.Policy{})
+	n.closing = make(chan struct{})
+	srv := grpc.NewServer(n.authInterceptors()...)
+	healthpb.RegisterHealthServer(srv, &healthServer{node: n})
+	geologv1.RegisterLogServer(srv, &logServer{node: n})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	defer srv.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r, err := healthpb.NewHealthClient(conn).Check(ctxT(t), &healthpb.HealthCheckRequest{})
+	if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health of a node not started: %v %v", r, err)
+	}
+	if _, err := geologv1.NewLogClient(conn).ListStreams(ctxT(t), &geologv1.ListStreamsRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("ListStreams without an identity: %v, want UNAUTHENTICATED", err)
 	}
 }

@@ -102,15 +102,21 @@ type observedRange struct {
 func (n *Node) observeOps(o metric.Observer, g *opsGauges) {
 	ready, _ := n.Ready()
 	o.ObserveInt64(g.ready, boolGauge(ready))
+	if free, total, err := diskSpace(n.cfg.DataDir); err == nil {
+		o.ObserveInt64(g.diskFree, free)
+		o.ObserveInt64(g.diskTotal, total)
+	}
+	// The rest reads what Start sets up (the region, homing, the
+	// replicator): a collection while the node opens (geologd serves
+	// /metrics from the start) reports only the above.
+	if !n.serving.Load() {
+		return
+	}
 	unready := int64(0)
 	if !ready {
 		unready = int64(n.unreadyRanges())
 	}
 	o.ObserveInt64(g.unready, unready)
-	if free, total, err := diskSpace(n.cfg.DataDir); err == nil {
-		o.ObserveInt64(g.diskFree, free)
-		o.ObserveInt64(g.diskTotal, total)
-	}
 	if n.homing != nil {
 		left := 0.0
 		if until := n.homing.homes.MayServeUntil(); !until.IsZero() {

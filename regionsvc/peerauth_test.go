@@ -45,6 +45,11 @@ func TestCallClasses(t *testing.T) {
 		"/geolog.internal.v1.NodeDirectory/Identify": callNode,
 		"/geolog.internal.v1.RaftTransport/Stream":   callRegion,
 		"/geolog.internal.v1.RaftTransport/Snapshot": callRegion,
+		// The health service needs no class: any caller the transport
+		// admits may ask (health.go; the interceptors let it through).
+		"/grpc.health.v1.Health/Check": callNode,
+		"/grpc.health.v1.Health/List":  callNode,
+		"/grpc.health.v1.Health/Watch": callNode,
 	}
 	w := newWorld(t, []string{"us", "eu"}, 1, 0, 0)
 	served := map[string]bool{}

@@ -396,9 +396,9 @@ func leafExpiry(t *testing.T, file string) time.Time {
 	return f.Leaf().NotAfter
 }
 
-// scrapeGauge reads the value of the first line of addr's /metrics that
-// starts with series.
-func scrapeGauge(t *testing.T, addr, series string) (float64, bool) {
+// scrapeGauge reads the value of the first series of addr's /metrics
+// named name that carries every one of labels (each `key="value"`).
+func scrapeGauge(t *testing.T, addr, name string, labels ...string) (float64, bool) {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -409,11 +409,20 @@ func scrapeGauge(t *testing.T, addr, series string) (float64, bool) {
 	if err != nil {
 		return 0, false
 	}
+lines:
 	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, series) {
-			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			return v, err == nil
+		if !strings.HasPrefix(line, name+"{") {
+			continue
 		}
+		// Labels come sorted by name, among others (geolog_region and
+		// geolog_node_id are on every series): each wanted one, anywhere.
+		for _, l := range labels {
+			if !strings.Contains(line[:strings.LastIndexByte(line, ' ')], l) {
+				continue lines
+			}
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		return v, err == nil
 	}
 	return 0, false
 }
@@ -555,7 +564,7 @@ func TestTLSReloadOnSIGHUP(t *testing.T) {
 	var left float64
 	waitFor(t, ctx, "the certificate's expiry on /metrics", func() bool {
 		var ok bool
-		left, ok = scrapeGauge(t, debug, `geolog_tls_certificate_expiry_seconds{certificate="leaf",identity="node:local/1"`)
+		left, ok = scrapeGauge(t, debug, "geolog_tls_certificate_expiry_seconds", `certificate="leaf"`, `identity="node:local/1"`)
 		return ok
 	})
 	if want := time.Until(leaf).Seconds(); math.Abs(left-want) > 600 {
