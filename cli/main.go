@@ -98,6 +98,8 @@ commands:
                        named settings (addresses, TLS files, time bounds) in
                        $GEOLOG_CONFIG or ~/.config/geolog/config.toml, like
                        nats context or rpk profile; --context NAME picks one
+  completion bash|zsh|fish
+                       the shell's completion script (source <(geolog completion bash))
   help [<command> [<subcommand>]]
                        this text, or a command's usage and flags
   version [--json]     this build's version and commit
@@ -189,6 +191,10 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.version(args)
 	case "context":
 		err = env.contextCmd(ctx, args)
+	case "completion":
+		err = env.completion(args)
+	case "__complete":
+		err = env.complete(ctx, args)
 	default:
 		fmt.Fprintf(stderr, "geolog: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
