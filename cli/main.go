@@ -39,10 +39,10 @@ usage: geolog [global flags] <command> [flags] [args]
 commands:
   streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread]
                  [--retention-age 168h] [--retention-bytes N]
-  streams list [--json]
-  streams describe <name> [--json]
+  streams list [--json | --format T]
+  streams describe <name> [--json | --format T]
   streams delete <name>
-  ranges <stream> [--json]
+  ranges <stream> [--json | --format T]
                        per range: home, epoch, tail, leader, and each region's
                        applied offset and lag (offsets/time), merged from every
                        node of --addr (give nodes of every region)
@@ -50,14 +50,14 @@ commands:
                        follow every range from its tail on --addr's nodes and
                        report replication lag (receipt minus home append time)
   produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]
-  consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json]
+  consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json | --format T]
   consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID]
           [--session 10s] [--max N] [--json]
                        consume as a member of a consumer group: ranges are
                        shared with the group's other members, records printed
                        are committed (at least once)
-  groups list [--stream S] [--json]
-  groups describe <group> [--json]
+  groups list [--stream S] [--json | --format T]
+  groups describe <group> [--json | --format T]
                        members, ranges, committed positions and lag (records
                        and time) per range
   groups delete <group>
