@@ -24,12 +24,14 @@ func TestKeepaliveClosesADeadConnection(t *testing.T) {
 	defer ln.Close()
 	// A real server first, so that the connection is up; then its
 	// connections are frozen by never reading again.
-	frozen := make(chan struct{})
+	frozen, release := make(chan struct{}), make(chan struct{})
 	srv := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Millisecond, PermitWithoutStream: true}))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
-	go srv.Serve(freezingListener{ln, frozen})
+	go srv.Serve(freezingListener{ln, frozen, release})
 	defer srv.Stop()
-	conn, err := Dial(ln.Addr().String(), Config{KeepaliveTime: 50 * time.Millisecond, KeepaliveTimeout: 100 * time.Millisecond, PermitWithoutStream: true})
+	defer close(release) // first: the frozen connections' reads return
+	// 10 s is the least keepalive time gRPC allows a client.
+	conn, err := Dial(ln.Addr().String(), Config{KeepaliveTime: 10 * time.Second, KeepaliveTimeout: time.Second, PermitWithoutStream: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +59,7 @@ func TestKeepaliveClosesADeadConnection(t *testing.T) {
 // closed, as a SIGSTOPped peer's would.
 type freezingListener struct {
 	net.Listener
-	frozen chan struct{}
+	frozen, release chan struct{}
 }
 
 func (l freezingListener) Accept() (net.Conn, error) {
@@ -65,28 +67,35 @@ func (l freezingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return freezingConn{c, l.frozen}, nil
+	return freezingConn{c, l.frozen, l.release}, nil
 }
 
+// freezingConn blocks every read and write once frozen, until release.
 type freezingConn struct {
 	net.Conn
-	frozen chan struct{}
+	frozen, release chan struct{}
+}
+
+func (c freezingConn) wait() error {
+	select {
+	case <-c.frozen:
+		<-c.release
+		return net.ErrClosed
+	default:
+		return nil
+	}
 }
 
 func (c freezingConn) Read(p []byte) (int, error) {
-	select {
-	case <-c.frozen:
-		select {} // never again
-	default:
+	if err := c.wait(); err != nil {
+		return 0, err
 	}
 	return c.Conn.Read(p)
 }
 
 func (c freezingConn) Write(p []byte) (int, error) {
-	select {
-	case <-c.frozen:
-		select {}
-	default:
+	if err := c.wait(); err != nil {
+		return 0, err
 	}
 	return c.Conn.Write(p)
 }
