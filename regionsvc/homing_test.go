@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -13,12 +14,14 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/cli"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/homing/pgtest"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/wan"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -65,6 +68,12 @@ func newHomingWorld(t *testing.T, regions []string, size int) *homingWorld {
 // newHomingWorldTTL is newHomingWorld with another lease TTL (a test whose
 // home must not lose its lease to a slow heartbeat on a loaded machine).
 func newHomingWorldTTL(t *testing.T, regions []string, size int, leaseTTL time.Duration) *homingWorld {
+	return newHomingWorldMut(t, regions, size, leaseTTL, nil)
+}
+
+// newHomingWorldMut is newHomingWorldTTL with mut, if set, changing every
+// node's config last.
+func newHomingWorldMut(t *testing.T, regions []string, size int, leaseTTL time.Duration, mut func(region string, id uint64, cfg *Config)) *homingWorld {
 	dbURL := pgtest.NewDatabase(t)
 	u, err := url.Parse(dbURL)
 	if err != nil {
@@ -101,6 +110,9 @@ func newHomingWorldTTL(t *testing.T, regions []string, size int, leaseTTL time.D
 		// The consumer tests check whole cursor logs (cursors.CheckLog):
 		// no compaction of _cursors within a test.
 		cfg.CursorCompactionLag = time.Hour
+		if mut != nil {
+			mut(region, id, cfg)
+		}
 	})
 	return hw
 }
@@ -672,13 +684,33 @@ func grpcConn(addr string) (*grpc.ClientConn, error) {
 // to us's orphan log (Admin.ListOrphans / ReadOrphans), and us's copy then
 // equals the new home's log. Every acked record is in the new home's log
 // at its offset or in the orphan log: none vanished.
-func TestFailbackOrphans(t *testing.T) {
+func TestFailbackOrphans(t *testing.T) { testFailbackOrphans(t, false) }
+
+// TestFailbackOrphansSealed is TestFailbackOrphans with encryption at rest
+// on, every node under a KEK of its own: the orphan log is listed, read
+// and republished as in the clear, and afterwards no acked value lies in
+// the clear in any file under any node's data directory (the orphan log
+// included, which must exist).
+func TestFailbackOrphansSealed(t *testing.T) { testFailbackOrphans(t, true) }
+
+func testFailbackOrphans(t *testing.T, sealed bool) {
 	if testing.Short() {
 		t.Skip("multi-region cluster with a lease store")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	w := newHomingWorld(t, []string{"us", "eu", "ap"}, *homingRegionSize)
+	var mut func(region string, id uint64, cfg *Config)
+	if sealed {
+		keks := map[string]atrest.KEKProvider{}
+		mut = func(region string, id uint64, cfg *Config) {
+			name := fmt.Sprintf("%s/%d", region, id)
+			if keks[name] == nil { // a restarted node keeps its KEK
+				_, keks[name] = newKEKFile(t)
+			}
+			cfg.KEK = keks[name]
+		}
+	}
+	w := newHomingWorldMut(t, []string{"us", "eu", "ap"}, *homingRegionSize, testLeaseTTL, mut)
 	createHomedStream(t, ctx, w.world, "fb", 1, "us")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -895,6 +927,36 @@ func TestFailbackOrphans(t *testing.T) {
 	if uint64(back) != f.GetRecords() {
 		t.Fatalf("%d republished records in the home's log, want %d", back, f.GetRecords())
 	}
+	if sealed {
+		checkSealedFailback(t, w, log.acks, after)
+	}
+}
+
+// checkSealedFailback fails t if an acked or republished value lies in the
+// clear under any node's data directory, or if us holds no orphan log.
+func checkSealedFailback(t *testing.T, w *homingWorld, acks []ack, after []*geologv1.StoredRecord) {
+	t.Helper()
+	var needles [][]byte
+	for _, a := range acks {
+		needles = append(needles, []byte(a.value))
+	}
+	for _, r := range after {
+		needles = append(needles, r.GetValue())
+	}
+	forkFiles := 0
+	for region, dirs := range w.dirs {
+		for _, dir := range dirs {
+			grepTree(t, dir, needles...)
+			if region == "us" {
+				m, _ := filepath.Glob(filepath.Join(dir, "streams", "fb", "*", replica.OrphanDirName, "*.fork"))
+				forkFiles += len(m)
+			}
+		}
+	}
+	if forkFiles == 0 {
+		t.Fatal("no orphan log file under us's data directories: nothing was checked")
+	}
+	t.Logf("%d values checked under %d regions' data directories, %d orphan log files on us", len(needles), len(w.dirs), forkFiles)
 }
 
 func parseOrphanOffset(t *testing.T, origin string) uint64 {

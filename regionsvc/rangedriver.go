@@ -231,8 +231,15 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 	if cfg.repl != nil {
 		if err := d.openReplica(headers); err != nil {
 			st.Close()
-			e := apierr.New(apierr.Unavailable, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
+			code := apierr.Unavailable
+			if errors.Is(err, replica.ErrOrphansCorrupt) {
+				code = apierr.Corruption
+			}
+			e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
 			e.Retriable = false
+			if errors.Is(err, atrest.ErrKeyUnavailable) {
+				d.keyErr = err // an orphan log under a key this node lacks
+			}
 			d.failure.Store(e)
 			d.logger.Error("range not served", "error", err)
 			close(d.doneCh)
