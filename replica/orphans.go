@@ -86,9 +86,9 @@ const (
 	forkRecordVersion = 1
 	// forkRecordSealed is the version of a sealed fork's record on disk.
 	forkRecordSealed = 2
-	forkRecordBytes   = len(forkRecordMagic) + 1 + 11*8 + 4
-	forkFileSuffix    = ".fork"
-	forkTmpSuffix     = ".tmp"
+	forkRecordBytes  = len(forkRecordMagic) + 1 + 11*8 + 4
+	forkFileSuffix   = ".fork"
+	forkTmpSuffix    = ".tmp"
 	// orphanSparseBytes is the spacing of the in-memory positions a read
 	// of a fork's frames seeks from.
 	orphanSparseBytes = 64 << 10
@@ -222,8 +222,8 @@ type OrphanStore struct {
 	// a second writer of the same fork finds it written.
 	writeMu sync.Mutex
 
-	mu     sync.RWMutex // guards the fields below
-	forks  []ForkRecord // by index
+	mu     sync.RWMutex    // guards the fields below
+	forks  []ForkRecord    // by index
 	sealed map[uint64]bool // the forks whose files are sealed, by index
 	sparse map[uint64][]orphanPos
 }
@@ -407,25 +407,43 @@ func (o *OrphanStore) checkFirstKey(f vfs.File, name string) error {
 	return nil
 }
 
-// forkKeys returns, for every sealed fork, the data key of its first unit
-// (every unit of a fork is sealed under one key, the active one when it
-// was written). Safe from any goroutine.
-func (o *OrphanStore) forkKeys() (map[uint64]atrest.KeyID, error) {
-	out := map[uint64]atrest.KeyID{}
-	for _, rec := range o.Forks() {
-		f, _, sealed, err := o.openForkFile(rec.Index)
+// ForkFileKeys counts the frames of the fork file at path by the data key
+// that seals them (0: in the clear), from the record and the units'
+// headers: what an offline tool checks before a data key is retired.
+// Errors about the file wrap ErrOrphansCorrupt.
+func ForkFileKeys(fsys vfs.FS, path string) (map[atrest.KeyID]int, error) {
+	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, forkRecordBytes)
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return nil, fmt.Errorf("%w: %s: record: %w", ErrOrphansCorrupt, path, err)
+	}
+	rec, sealed, err := decodeForkFileRecord(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	out := map[atrest.KeyID]int{}
+	if !sealed {
+		if rec.Frames > 0 {
+			out[0] = int(rec.Frames)
+		}
+		return out, nil
+	}
+	h := make([]byte, atrest.HeaderBytes)
+	pos := int64(forkRecordBytes)
+	for i := uint64(0); i < rec.Frames; i++ {
+		if _, err := f.ReadAt(h, pos); err != nil {
+			return nil, fmt.Errorf("%w: %s: unit %d: %w", ErrOrphansCorrupt, path, i, err)
+		}
+		n, id, err := atrest.CheckHeader(h)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %s: unit %d: %w", ErrOrphansCorrupt, path, i, err)
 		}
-		if sealed && rec.Frames > 0 {
-			h := make([]byte, atrest.HeaderBytes)
-			if _, err := f.ReadAt(h, int64(forkRecordBytes)); err != nil {
-				f.Close()
-				return nil, fmt.Errorf("replica: read fork %d: %w", rec.Index, err)
-			}
-			out[rec.Index] = atrest.UnitKey(h)
-		}
-		f.Close()
+		out[id]++
+		pos += int64(n)
 	}
 	return out, nil
 }

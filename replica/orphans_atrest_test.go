@@ -74,6 +74,9 @@ func TestOrphanStoreSealed(t *testing.T) {
 	if int64(len(file)) != got.fileBytes(true) {
 		t.Fatalf("file of %d bytes, want %d", len(file), got.fileBytes(true))
 	}
+	if keys, err := ForkFileKeys(fs, dir+"/"+forkFileName(70)); err != nil || len(keys) != 1 || keys[k.Active()] != 30 {
+		t.Fatalf("ForkFileKeys: %v %v, want 30 frames under %v", keys, err, k.Active())
+	}
 	// A plain store of the same fork: what a snapshot must carry.
 	plainFS := vfs.NewMem(rand.New(rand.NewPCG(5, 6)))
 	plain, err := OpenOrphans(plainFS, dir, nil)
@@ -86,6 +89,9 @@ func TestOrphanStoreSealed(t *testing.T) {
 	plainFile, err := vfs.ReadFile(plainFS, dir+"/"+forkFileName(70), 1<<30)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if keys, err := ForkFileKeys(plainFS, dir+"/"+forkFileName(70)); err != nil || len(keys) != 1 || keys[0] != 30 {
+		t.Fatalf("ForkFileKeys of a clear fork: %v %v", keys, err)
 	}
 
 	if o, err = OpenOrphans(fs, dir, nil, WithKeyring(k)); err != nil || len(o.Forks()) != 1 || o.Forks()[0] != got {
