@@ -3,7 +3,9 @@ package regionsvc
 import (
 	"context"
 	"flag"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -22,6 +24,8 @@ import (
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replica"
+	"github.com/geolog/geolog/segment"
+	"github.com/geolog/geolog/vfs"
 	"github.com/geolog/geolog/wan"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -700,14 +704,15 @@ func testFailbackOrphans(t *testing.T, sealed bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var mut func(region string, id uint64, cfg *Config)
+	keks := map[string]atrest.KEKProvider{}
 	if sealed {
-		keks := map[string]atrest.KEKProvider{}
 		mut = func(region string, id uint64, cfg *Config) {
 			name := fmt.Sprintf("%s/%d", region, id)
 			if keks[name] == nil { // a restarted node keeps its KEK
 				_, keks[name] = newKEKFile(t)
 			}
 			cfg.KEK = keks[name]
+			cfg.ResealInterval = 100 * time.Millisecond
 		}
 	}
 	w := newHomingWorldMut(t, []string{"us", "eu", "ap"}, *homingRegionSize, testLeaseTTL, mut)
@@ -929,7 +934,113 @@ func testFailbackOrphans(t *testing.T, sealed bool) {
 	}
 	if sealed {
 		checkSealedFailback(t, w, log.acks, after)
+		resealFailback(t, ctx, w, keks, f, orphans)
 	}
+}
+
+// resealFailback rotates the data key of every node of us offline (as
+// geolog keys rotate does) and starts them again: each re-encrypts its
+// segments and its orphan log in the background until no frame is under
+// the old key; with the old key then retired, the nodes start and serve
+// the orphan log as before.
+func resealFailback(t *testing.T, ctx context.Context, w *homingWorld, keks map[string]atrest.KEKProvider, f *geologv1.OrphanFork, orphans map[uint64]*geologv1.StoredRecord) {
+	t.Helper()
+	olds := map[uint64]atrest.KeyID{}
+	openKeys := func(id uint64) *atrest.Keyring {
+		k, err := atrest.Open(ctx, atrest.Config{Dir: KeysDir(w.dirs["us"][id]), KEK: keks[fmt.Sprintf("us/%d", id)]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.stop("us", id)
+		k := openKeys(id)
+		olds[id] = k.Active()
+		if _, err := k.Rotate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		k.Close()
+		if n, err := framesUnder(w.dirs["us"][id], olds[id]); err != nil || n == 0 {
+			t.Fatalf("us node %d: %d frames under the old key before the restart (%v): nothing to re-encrypt", id, n, err)
+		}
+		forks, _ := filepath.Glob(filepath.Join(w.dirs["us"][id], "streams", "fb", "*", replica.OrphanDirName, "*.fork"))
+		for _, p := range forks {
+			if keys, err := replica.ForkFileKeys(vfs.OS(), p); err != nil || keys[olds[id]] == 0 {
+				t.Fatalf("%s: frames by key %v (%v), want some under the old key", p, keys, err)
+			}
+		}
+	}
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.start("us", id)
+	}
+	for id, old := range olds {
+		waitUntil(t, ctx, 2*time.Minute, fmt.Sprintf("us node %d re-encrypted", id), func() bool {
+			n, err := framesUnder(w.dirs["us"][id], old)
+			return err == nil && n == 0
+		})
+	}
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.stop("us", id)
+		k := openKeys(id)
+		if err := k.Retire(olds[id]); err != nil {
+			t.Fatal(err)
+		}
+		k.Close()
+	}
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.start("us", id)
+	}
+	admin := geologv1.NewAdminClient(mustConn(t, w.addrs["us"][1]))
+	got := 0
+	for from := f.GetFirstOffset(); from < f.GetNextOffset(); {
+		res, err := admin.ReadOrphans(ctx, &geologv1.ReadOrphansRequest{Stream: "fb", Range: 0, ForkIndex: f.GetForkIndex(), FromOffset: from})
+		if err != nil {
+			t.Fatalf("read the orphan log with the old key retired: %v", err)
+		}
+		for _, r := range res.GetRecords() {
+			if o := orphans[r.GetOffset()]; o == nil || !sameRecord(o, r) {
+				t.Fatalf("orphaned record at %d differs after re-encryption", r.GetOffset())
+			}
+			got++
+		}
+		if res.GetNextOffset() <= from {
+			t.Fatalf("ReadOrphans made no progress at %d", from)
+		}
+		from = res.GetNextOffset()
+	}
+	if got != len(orphans) {
+		t.Fatalf("read %d orphaned records after re-encryption, want %d", got, len(orphans))
+	}
+}
+
+// framesUnder counts the frames under data key id in the segment logs and
+// orphan logs under dir.
+func framesUnder(dir string, id atrest.KeyID) (int, error) {
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // renamed or deleted while walking
+			}
+			return err
+		}
+		var keys map[atrest.KeyID]int
+		switch {
+		case d.IsDir():
+			return nil
+		case strings.HasSuffix(p, ".log") && !strings.HasPrefix(d.Name(), "_"):
+			keys, err = segment.FileUnitKeys(vfs.OS(), p)
+		case strings.HasSuffix(p, ".fork"):
+			keys, err = replica.ForkFileKeys(vfs.OS(), p)
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		n += keys[id]
+		return err
+	})
+	return n, err
 }
 
 // checkSealedFailback fails t if an acked or republished value lies in the

@@ -130,6 +130,9 @@ type rangeDriver struct {
 	// rewriteMu is held by each rewrite of the range's segments, the
 	// compaction cleaner's and the resealer's (reseal.go): one at a time.
 	rewriteMu sync.Mutex
+	// orphans is a replicated range's orphan log (nil otherwise), set
+	// before the driver runs.
+	orphans *replica.OrphanStore
 	notifyMu  sync.Mutex
 	notifyCh  chan struct{} // closed and replaced when committed or failure changes
 

@@ -62,6 +62,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	if err != nil {
 		return err
 	}
+	d.orphans = orphans
 	rep, err := replica.New(replica.Config{
 		Orphans: orphans,
 		NodeID:  rc.nodeID, Stream: d.cfg.stream, Range: d.cfg.rangeID, Peers: rc.peers,

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 )
 
@@ -21,8 +22,9 @@ import (
 //     (segment.Store.RollStale: an idle range would keep it for good),
 //     asks it for its sealed segments holding frames not under the active
 //     data key (segment.Store.ResealPending: one unit header per sealed
-//     segment; the active segment is never among them) and publishes
-//     their number (the gauge geolog.atrest.segments_pending_reseal);
+//     segment; the active segment is never among them) and its orphan
+//     log for forks in the same case, and publishes how many files that
+//     makes (the gauge geolog.atrest.segments_pending_reseal);
 //  2. rewrites them one at a time, oldest first, with
 //     segment.Store.ResealContext: the same frames, each sealed under the
 //     active key, written to a new file, fsynced, renamed over the old one
@@ -36,8 +38,9 @@ import (
 //     (segment.ErrRewriteAbandoned), and readers of the old file finish on
 //     it (the store counts references), so no reader sees a missing file.
 //
-// Orphan logs are never rewritten (forks sealed under an older key stay
-// readable under it; see notes/atrest2.md).
+// Each range's orphan log is re-encrypted the same way, fork by fork
+// (replica.OrphanStore.ResealPending and Reseal, under the orphan store's
+// own writer lock).
 
 // Defaults of Config.ResealInterval and Config.ResealBytesPerSecond.
 const (
@@ -106,8 +109,9 @@ func (rs *resealer) run(ctx context.Context) {
 // pass counts the segments pending on every range, then reseals them.
 func (rs *resealer) pass(ctx context.Context) {
 	type job struct {
-		d    *rangeDriver
-		segs []segment.SegmentInfo
+		d     *rangeDriver
+		segs  []segment.SegmentInfo
+		forks []uint64
 	}
 	var jobs []job
 	total := 0
@@ -124,16 +128,20 @@ func (rs *resealer) pass(ctx context.Context) {
 			d.logger.Warn("re-encryption: list segments", "error", err)
 			continue
 		}
-		if len(segs) > 0 {
-			jobs = append(jobs, job{d, segs})
-			total += len(segs)
+		var forks []uint64
+		if d.orphans != nil {
+			forks = d.orphans.ResealPending()
+		}
+		if len(segs)+len(forks) > 0 {
+			jobs = append(jobs, job{d, segs, forks})
+			total += len(segs) + len(forks)
 		}
 	}
 	rs.pending.Store(int64(total))
 	if total == 0 {
 		return
 	}
-	rs.n.logger.Info("re-encrypting segments under the active data key", "segments", total, "key", rs.n.keyring.Active())
+	rs.n.logger.Info("re-encrypting segments and orphan logs under the active data key", "files", total, "key", rs.n.keyring.Active())
 	for _, j := range jobs {
 		for _, g := range j.segs {
 			if ctx.Err() != nil {
@@ -141,6 +149,20 @@ func (rs *resealer) pass(ctx context.Context) {
 			}
 			if err := rs.reseal(ctx, j.d, g); err != nil {
 				j.d.logger.Warn("re-encryption of a segment failed", "base", g.BaseOffset, "error", err)
+			}
+			rs.pending.Add(-1)
+		}
+		for _, index := range j.forks {
+			if ctx.Err() != nil || j.d.failure.Load() != nil {
+				return
+			}
+			err := j.d.orphans.Reseal(ctx, index, rs.limit.wait)
+			switch {
+			case err == nil:
+				rs.resealed.Add(1)
+			case errors.Is(err, replica.ErrForkNotFound), ctx.Err() != nil:
+			default:
+				j.d.logger.Warn("re-encryption of an orphan log failed", "fork", index, "error", err)
 			}
 			rs.pending.Add(-1)
 		}
@@ -190,7 +212,7 @@ func (n *Node) allRanges() []*rangeDriver {
 func (n *Node) registerResealMetrics(mp metric.MeterProvider) error {
 	m := mp.Meter("github.com/geolog/geolog/regionsvc")
 	g, err := m.Int64ObservableGauge("geolog.atrest.segments_pending_reseal",
-		metric.WithDescription("sealed segments holding frames not under the active data key, as of the resealer's last pass, less those it rewrote since"),
+		metric.WithDescription("sealed segments and orphan log forks holding frames not under the active data key, as of the resealer's last pass, less those it rewrote since"),
 		metric.WithUnit("{segment}"))
 	if err != nil {
 		return err

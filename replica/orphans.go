@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -225,7 +226,19 @@ type OrphanStore struct {
 	mu     sync.RWMutex    // guards the fields below
 	forks  []ForkRecord    // by index
 	sealed map[uint64]bool // the forks whose files are sealed, by index
-	sparse map[uint64][]orphanPos
+	// keys holds the data key of each fork's first unit (0: a fork in
+	// the clear, or without frames); gens counts the replacements of each
+	// fork's file (Reseal), so that positions read from one file are never
+	// used on another.
+	keys   map[uint64]atrest.KeyID
+	gens   map[uint64]uint64
+	sparse map[uint64]sparsePos
+}
+
+// sparsePos are the positions of one file of a fork (generation gen).
+type sparsePos struct {
+	gen uint64
+	ps  []orphanPos
 }
 
 // OrphanOption configures OpenOrphans.
@@ -260,7 +273,7 @@ func OpenOrphans(fsys vfs.FS, dir string, logger hclog.Logger, opts ...OrphanOpt
 		logger = hclog.NewNullLogger()
 	}
 	o := &OrphanStore{fs: fsys, dir: dir, logger: logger.Named("orphans").With("dir", dir),
-		sealed: map[uint64]bool{}, sparse: map[uint64][]orphanPos{}}
+		sealed: map[uint64]bool{}, keys: map[uint64]atrest.KeyID{}, gens: map[uint64]uint64{}, sparse: map[uint64]sparsePos{}}
 	for _, opt := range opts {
 		opt(o)
 	}
@@ -281,12 +294,12 @@ func OpenOrphans(fsys vfs.FS, dir string, logger hclog.Logger, opts ...OrphanOpt
 			}
 			removed++
 		case strings.HasSuffix(name, forkFileSuffix):
-			rec, sealed, err := o.load(name)
+			rec, sealed, key, err := o.load(name)
 			if err != nil {
 				return nil, err
 			}
 			o.forks = append(o.forks, rec)
-			o.sealed[rec.Index] = sealed
+			o.sealed[rec.Index], o.keys[rec.Index] = sealed, key
 		default:
 			o.logger.Warn("ignoring unexpected file", "name", name)
 		}
@@ -350,61 +363,62 @@ func forkFileName(index uint64) string { return fmt.Sprintf("%020d%s", index, fo
 
 // load reads and checks the record of the fork file name, and for a
 // sealed fork the key of its first unit.
-func (o *OrphanStore) load(name string) (ForkRecord, bool, error) {
+func (o *OrphanStore) load(name string) (ForkRecord, bool, atrest.KeyID, error) {
 	f, err := o.fs.OpenFile(filepath.Join(o.dir, name), os.O_RDONLY, 0)
 	if err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: open %s: %w", name, err)
+		return ForkRecord{}, false, 0, fmt.Errorf("replica: open %s: %w", name, err)
 	}
 	defer f.Close()
 	size, err := f.Size()
 	if err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: stat %s: %w", name, err)
+		return ForkRecord{}, false, 0, fmt.Errorf("replica: stat %s: %w", name, err)
 	}
 	b := make([]byte, forkRecordBytes)
 	if size < int64(len(b)) {
-		return ForkRecord{}, false, fmt.Errorf("%w: %s holds %d bytes", ErrOrphansCorrupt, name, size)
+		return ForkRecord{}, false, 0, fmt.Errorf("%w: %s holds %d bytes", ErrOrphansCorrupt, name, size)
 	}
 	if _, err := f.ReadAt(b, 0); err != nil {
-		return ForkRecord{}, false, fmt.Errorf("replica: read %s: %w", name, err)
+		return ForkRecord{}, false, 0, fmt.Errorf("replica: read %s: %w", name, err)
 	}
 	rec, sealed, err := decodeForkFileRecord(b)
 	if err != nil {
-		return ForkRecord{}, false, fmt.Errorf("%s: %w", name, err)
+		return ForkRecord{}, false, 0, fmt.Errorf("%s: %w", name, err)
 	}
 	if name != forkFileName(rec.Index) {
-		return ForkRecord{}, false, fmt.Errorf("%w: %s holds the fork at index %d", ErrOrphansCorrupt, name, rec.Index)
+		return ForkRecord{}, false, 0, fmt.Errorf("%w: %s holds the fork at index %d", ErrOrphansCorrupt, name, rec.Index)
 	}
 	if size != rec.fileBytes(sealed) {
-		return ForkRecord{}, false, fmt.Errorf("%w: %s holds %d bytes, its record says %d", ErrOrphansCorrupt, name, size, rec.fileBytes(sealed))
+		return ForkRecord{}, false, 0, fmt.Errorf("%w: %s holds %d bytes, its record says %d", ErrOrphansCorrupt, name, size, rec.fileBytes(sealed))
 	}
+	var key atrest.KeyID
 	if sealed && rec.Frames > 0 {
-		if err := o.checkFirstKey(f, name); err != nil {
-			return ForkRecord{}, false, err
+		if key, err = o.checkFirstKey(f, name); err != nil {
+			return ForkRecord{}, false, 0, err
 		}
 	}
-	return rec, sealed, nil
+	return rec, sealed, key, nil
 }
 
 // checkFirstKey checks that the keyring holds the data key of the sealed
 // fork's first unit: a node never serves a fork it cannot open (the
 // segment store refuses to open a log so, too).
-func (o *OrphanStore) checkFirstKey(f vfs.File, name string) error {
+func (o *OrphanStore) checkFirstKey(f vfs.File, name string) (atrest.KeyID, error) {
 	h := make([]byte, atrest.HeaderBytes)
 	if _, err := f.ReadAt(h, int64(forkRecordBytes)); err != nil {
-		return fmt.Errorf("replica: read %s: %w", name, err)
+		return 0, fmt.Errorf("replica: read %s: %w", name, err)
 	}
 	_, id, err := atrest.CheckHeader(h)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%w: %s: first unit: %w", ErrOrphansCorrupt, name, err)
+		return 0, fmt.Errorf("%w: %s: first unit: %w", ErrOrphansCorrupt, name, err)
 	case id == 0:
-		return fmt.Errorf("%w: %s: a sealed fork's first unit is a plain frame", ErrOrphansCorrupt, name)
+		return 0, fmt.Errorf("%w: %s: a sealed fork's first unit is a plain frame", ErrOrphansCorrupt, name)
 	case o.keyring == nil:
-		return fmt.Errorf("replica: orphan fork %s: %w", name, &atrest.KeyError{ID: id, NoKeyring: true})
+		return 0, fmt.Errorf("replica: orphan fork %s: %w", name, &atrest.KeyError{ID: id, NoKeyring: true})
 	case !o.keyring.Has(id):
-		return fmt.Errorf("replica: orphan fork %s: %w", name, &atrest.KeyError{ID: id})
+		return 0, fmt.Errorf("replica: orphan fork %s: %w", name, &atrest.KeyError{ID: id})
 	}
-	return nil
+	return id, nil
 }
 
 // ForkFileKeys counts the frames of the fork file at path by the data key
@@ -510,6 +524,7 @@ type pendingFork struct {
 	rec    ForkRecord
 	tmp    string
 	sealed bool
+	key    atrest.KeyID // of its first unit
 }
 
 // snapTmpSuffix names the forks a snapshot brings until it is received
@@ -538,6 +553,7 @@ func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, s
 	next := rec.FirstOffset
 	pos := int64(forkRecordBytes)
 	var scratch []byte
+	var firstKey atrest.KeyID
 	if src != nil {
 		err := src(func(frame []byte) error {
 			h, err := batch.Validate(frame)
@@ -551,6 +567,9 @@ func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, s
 			if o.keyring != nil {
 				scratch = o.keyring.Seal(scratch[:0], frame)
 				unit = scratch
+				if rec.Frames == 0 {
+					firstKey = atrest.UnitKey(unit)
+				}
 			}
 			if _, err := f.WriteAt(unit, pos); err != nil {
 				return fmt.Errorf("replica: write %s: %w", tmp, err)
@@ -593,7 +612,7 @@ func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, s
 		o.remove(tmp)
 		return nil, fmt.Errorf("replica: close %s: %w", tmp, err)
 	}
-	return &pendingFork{rec: rec, tmp: tmp, sealed: o.keyring != nil}, nil
+	return &pendingFork{rec: rec, tmp: tmp, sealed: o.keyring != nil, key: firstKey}, nil
 }
 
 // commitLocked moves a staged fork into the store (rename, directory
@@ -613,7 +632,7 @@ func (o *OrphanStore) commitLocked(p *pendingFork) error {
 	o.mu.Lock()
 	i, _ := slices.BinarySearchFunc(o.forks, p.rec.Index, func(f ForkRecord, index uint64) int { return cmpUint64(f.Index, index) })
 	o.forks = slices.Insert(o.forks, i, p.rec)
-	o.sealed[p.rec.Index] = p.sealed
+	o.sealed[p.rec.Index], o.keys[p.rec.Index] = p.sealed, p.key
 	o.mu.Unlock()
 	rec := p.rec
 	o.logger.Info("stored fork", "index", rec.Index, "at", rec.At, "epoch", rec.Epoch, "records", rec.Records,
@@ -658,7 +677,7 @@ type forkFile interface {
 // the clear, rec.Bytes after the record; a sealed fork's units are opened
 // as they are read (see clearFork).
 func (o *OrphanStore) openFork(index uint64) (forkFile, ForkRecord, error) {
-	f, rec, sealed, err := o.openForkFile(index)
+	f, rec, sealed, _, err := o.openForkFile(index)
 	if err != nil || !sealed {
 		return f, rec, err
 	}
@@ -666,20 +685,22 @@ func (o *OrphanStore) openFork(index uint64) (forkFile, ForkRecord, error) {
 }
 
 // openForkFile opens the file of the fork at index for reading and returns
-// it with its record and whether it is sealed.
-func (o *OrphanStore) openForkFile(index uint64) (vfs.File, ForkRecord, bool, error) {
+// it with its record, whether it is sealed and its generation. The file is
+// opened under mu, so that what is returned describes the file opened
+// even while Reseal replaces it (a reader keeps the file it opened).
+func (o *OrphanStore) openForkFile(index uint64) (vfs.File, ForkRecord, bool, uint64, error) {
 	rec, ok := o.Fork(index)
 	if !ok {
-		return nil, ForkRecord{}, false, fmt.Errorf("%w: index %d", ErrForkNotFound, index)
+		return nil, ForkRecord{}, false, 0, fmt.Errorf("%w: index %d", ErrForkNotFound, index)
 	}
 	o.mu.RLock()
-	sealed := o.sealed[index]
-	o.mu.RUnlock()
+	defer o.mu.RUnlock()
+	sealed, gen := o.sealed[index], o.gens[index]
 	f, err := o.fs.OpenFile(filepath.Join(o.dir, forkFileName(index)), os.O_RDONLY, 0)
 	if err != nil {
-		return nil, ForkRecord{}, false, fmt.Errorf("replica: open fork %d: %w", index, err)
+		return nil, ForkRecord{}, false, 0, fmt.Errorf("replica: open fork %d: %w", index, err)
 	}
-	return f, rec, sealed, nil
+	return f, rec, sealed, gen, nil
 }
 
 // clearFork presents a sealed fork's file in the clear: its record of
@@ -807,7 +828,7 @@ func (o *OrphanStore) frameError(index uint64, err error) error {
 // unknown fork ErrForkNotFound, a frame failing verification
 // ErrOrphansCorrupt. The caller owns the slice. Safe from any goroutine.
 func (o *OrphanStore) ReadFrames(index, from uint64, maxBytes int) ([]byte, error) {
-	f, rec, sealed, err := o.openForkFile(index)
+	f, rec, sealed, gen, err := o.openForkFile(index)
 	if err != nil {
 		return nil, err
 	}
@@ -818,7 +839,7 @@ func (o *OrphanStore) ReadFrames(index, from uint64, maxBytes int) ([]byte, erro
 	if from == rec.NextOffset {
 		return nil, nil
 	}
-	start, err := o.seek(f, rec, sealed, from)
+	start, err := o.seek(f, rec, sealed, gen, from)
 	if err != nil {
 		return nil, err
 	}
@@ -852,11 +873,13 @@ func (o *OrphanStore) ReadFrames(index, from uint64, maxBytes int) ([]byte, erro
 // seek returns a frame of the fork's file at or before the one holding
 // from, from positions kept in memory every orphanSparseBytes (built by
 // the first read of the fork, which verifies every frame).
-func (o *OrphanStore) seek(f vfs.File, rec ForkRecord, sealed bool, from uint64) (orphanPos, error) {
+func (o *OrphanStore) seek(f vfs.File, rec ForkRecord, sealed bool, gen, from uint64) (orphanPos, error) {
 	o.mu.RLock()
-	ps, ok := o.sparse[rec.Index]
+	sp, ok := o.sparse[rec.Index]
 	o.mu.RUnlock()
-	if !ok {
+	ps := sp.ps
+	if !ok || sp.gen != gen {
+		ps = nil
 		fileEnd := rec.fileBytes(sealed)
 		fr := o.newForkReader(io.NewSectionReader(f, int64(forkRecordBytes), fileEnd-int64(forkRecordBytes)), sealed)
 		pos, next, last := int64(forkRecordBytes), rec.FirstOffset, int64(-orphanSparseBytes)
@@ -883,7 +906,9 @@ func (o *OrphanStore) seek(f vfs.File, rec ForkRecord, sealed bool, from uint64)
 			return orphanPos{}, fmt.Errorf("%w: fork %d: frames end at offset %d, position %d", ErrOrphansCorrupt, rec.Index, next, pos)
 		}
 		o.mu.Lock()
-		o.sparse[rec.Index] = ps
+		if o.gens[rec.Index] == gen {
+			o.sparse[rec.Index] = sparsePos{gen: gen, ps: ps}
+		}
 		o.mu.Unlock()
 	}
 	i, _ := slices.BinarySearchFunc(ps, from+1, func(p orphanPos, off uint64) int { return cmpUint64(p.offset, off) })
@@ -962,4 +987,95 @@ func (o *OrphanStore) receiveFork(r io.Reader) (*pendingFork, uint64, error) {
 			"records_held", held.Records, "records_received", rec.Records)
 	}
 	return nil, size, nil
+}
+
+// resealTmpSuffix names a fork being re-encrypted (Reseal) until it
+// replaces the fork's file; opening removes leftovers as it removes any
+// forkTmpSuffix file.
+const resealTmpSuffix = ".reseal" + forkTmpSuffix
+
+// ResealPending returns the indexes of the forks holding frames not
+// sealed under the keyring's active data key (in the clear, or under an
+// older key), oldest first: what Reseal rewrites after a rotation. A fork's
+// units are all under one key, the one active when it was written. nil
+// without a keyring. Safe from any goroutine.
+func (o *OrphanStore) ResealPending() []uint64 {
+	if o.keyring == nil {
+		return nil
+	}
+	active := o.keyring.Active()
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	var out []uint64
+	for _, f := range o.forks {
+		if f.Frames > 0 && (!o.sealed[f.Index] || o.keys[f.Index] != active) {
+			out = append(out, f.Index)
+		}
+	}
+	return out
+}
+
+// Reseal rewrites the fork at index with the same frames sealed under the
+// keyring's active data key, so that older keys can be retired: it
+// writes and fsyncs a new file under a temporary name (verifying every
+// frame as writeFork does), renames it over the fork's file and fsyncs
+// the directory, so that a crash leaves the old file or the new, whole.
+// Readers that opened the old file finish on it. throttle, if set, is
+// called with the bytes of each frame read and written before the write;
+// an ended ctx stops the rewrite at the next frame with its error and
+// nothing replaced. Safe from any goroutine (it takes the writers' lock).
+func (o *OrphanStore) Reseal(ctx context.Context, index uint64, throttle func(bytes int)) error {
+	if o.keyring == nil {
+		return errors.New("replica: reseal of an orphan store without a keyring")
+	}
+	o.writeMu.Lock()
+	defer o.writeMu.Unlock()
+	f, rec, sealed, _, err := o.openForkFile(index)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fr := o.newForkReader(io.NewSectionReader(f, int64(forkRecordBytes), rec.fileBytes(sealed)-int64(forkRecordBytes)), sealed)
+	src := func(emit func([]byte) error) error {
+		for i := uint64(0); i < rec.Frames; i++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			frame, n, err := fr.next()
+			if err != nil {
+				return o.frameError(index, fmt.Errorf("frame %d: %w", i, err))
+			}
+			if throttle != nil {
+				throttle(n + len(frame) + atrest.Overhead)
+			}
+			if err := emit(frame); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	p, err := o.stage(rec, src, &rec, resealTmpSuffix)
+	if err != nil {
+		return err
+	}
+	// The rename and the new file's description change together under mu,
+	// where openForkFile opens: a reader gets the old file with the old
+	// description or the new with the new.
+	o.mu.Lock()
+	err = o.fs.Rename(p.tmp, filepath.Join(o.dir, forkFileName(index)))
+	if err == nil {
+		o.sealed[index], o.keys[index] = true, p.key
+		o.gens[index]++
+		delete(o.sparse, index)
+	}
+	o.mu.Unlock()
+	if err != nil {
+		o.remove(p.tmp)
+		return fmt.Errorf("replica: rename %s: %w", p.tmp, err)
+	}
+	if err := o.fs.SyncDir(o.dir); err != nil {
+		return fmt.Errorf("replica: sync orphan store: %w", err)
+	}
+	o.logger.Info("re-encrypted fork", "index", index, "key", p.key, "frames", rec.Frames)
+	return nil
 }

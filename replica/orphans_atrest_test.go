@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/geolog/geolog/atrest"
@@ -177,5 +180,101 @@ func TestOrphanStoreSealed(t *testing.T) {
 	// A sealed record on the wire is refused: snapshots carry clear forks.
 	if _, _, err := recv.receiveFork(bytes.NewReader(file)); !errors.Is(err, ErrOrphansCorrupt) {
 		t.Fatalf("a sealed fork received: %v", err)
+	}
+}
+
+// TestOrphanReseal: a fork written in the clear, and then one under a
+// rotated-out key, is pending re-encryption; Reseal rewrites it under the
+// active key while readers read it (they always get the same frames), an
+// ended context replaces nothing, and the store reopens and reads it.
+func TestOrphanReseal(t *testing.T) {
+	var frames [][]byte
+	for i := uint64(0); i < 40; i++ {
+		recs := []batch.Record{{Key: []byte("k"), Value: bytes.Repeat([]byte{byte(i)}, 3000)}}
+		frames = append(frames, batch.Encode(nil, batch.Header{BaseOffset: 10 + i, Epoch: 1, Term: 2, Index: 20 + i}, recs))
+	}
+	all := bytes.Join(frames, nil)
+	src := func(emit func([]byte) error) error {
+		for _, f := range frames {
+			if err := emit(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	fs := vfs.NewMem(rand.New(rand.NewPCG(9, 10)))
+	dir := "/r/" + OrphanDirName
+	path := dir + "/" + forkFileName(70)
+	plain, err := OpenOrphans(fs, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := plain.writeFork(ForkRecord{Index: 70, Term: 3, PrevIndex: 19, At: 10, Epoch: 2, FirstOffset: 10, NextOffset: 50}, src, nil); err != nil {
+		t.Fatal(err)
+	}
+	k := testKeyring(t, 3)
+	o, err := OpenOrphans(fs, dir, nil, WithKeyring(k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reseal := func(ctx context.Context) error {
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		var bad atomic.Pointer[string]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				if b, err := o.ReadFrames(70, 10+uint64(len(frames))/2, 1<<30); err != nil || !bytes.Equal(b, bytes.Join(frames[len(frames)/2:], nil)) {
+					msg := fmt.Sprintf("%d bytes, %v", len(b), err)
+					bad.Store(&msg)
+					return
+				}
+			}
+		}()
+		err := o.Reseal(ctx, 70, nil)
+		stop.Store(true)
+		wg.Wait()
+		if p := bad.Load(); p != nil {
+			t.Fatalf("read during the reseal: %s", *p)
+		}
+		return err
+	}
+	for round := range 2 {
+		if p := o.ResealPending(); len(p) != 1 || p[0] != 70 {
+			t.Fatalf("round %d: pending %v", round, p)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := reseal(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("reseal with an ended context: %v", err)
+		}
+		if p := o.ResealPending(); len(p) != 1 {
+			t.Fatalf("an abandoned reseal changed what is pending: %v", p)
+		}
+		if err := reseal(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if p := o.ResealPending(); len(p) != 0 {
+			t.Fatalf("pending after the reseal: %v", p)
+		}
+		if keys, err := ForkFileKeys(fs, path); err != nil || len(keys) != 1 || keys[k.Active()] != 40 {
+			t.Fatalf("round %d: frames by key %v %v, want 40 under %v", round, keys, err, k.Active())
+		}
+		if b, err := o.ReadFrames(70, 10, 1<<30); err != nil || !bytes.Equal(b, all) {
+			t.Fatalf("round %d: read %d bytes, %v", round, len(b), err)
+		}
+		if _, err := k.Rotate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o, err = OpenOrphans(fs, dir, nil, WithKeyring(k)); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := o.ReadFrames(70, 10, 1<<30); err != nil || !bytes.Equal(b, all) {
+		t.Fatalf("reopened: read %d bytes, %v", len(b), err)
+	}
+	if ents, _ := fs.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("orphan store holds %d files, want the fork only", len(ents))
 	}
 }
