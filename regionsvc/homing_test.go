@@ -2,8 +2,8 @@ package regionsvc
 
 import (
 	"context"
-	"flag"
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"net/url"

@@ -126,15 +126,16 @@ type rangeDriver struct {
 	failure atomic.Pointer[apierr.Error] // set once the range stops serving
 	// keyErr is set, before the driver is published, when its log could
 	// not open for want of a data key (atrest): New refuses to start.
-	keyErr error
+	keyErr   error
+	notifyMu sync.Mutex
+	notifyCh chan struct{} // closed and replaced when committed or failure changes
+
 	// rewriteMu is held by each rewrite of the range's segments, the
 	// compaction cleaner's and the resealer's (reseal.go): one at a time.
 	rewriteMu sync.Mutex
 	// orphans is a replicated range's orphan log (nil otherwise), set
 	// before the driver runs.
 	orphans *replica.OrphanStore
-	notifyMu  sync.Mutex
-	notifyCh  chan struct{} // closed and replaced when committed or failure changes
 
 	inbox    chan *appendOp
 	syncKick chan struct{}
