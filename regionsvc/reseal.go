@@ -17,6 +17,8 @@ import (
 // Background re-encryption (encryption at rest, after a data key
 // rotation): a node with a keyring runs one resealer, which
 //
+//  0. on each pass, starts a new data key if the active one is older than
+//     Config.DataKeyRotationPeriod (as the node does at startup);
 //  1. at start and every Config.ResealInterval, has every range's segment
 //     store roll an active segment that starts under an older key
 //     (segment.Store.RollStale: an idle range would keep it for good),
@@ -106,8 +108,14 @@ func (rs *resealer) run(ctx context.Context) {
 	}
 }
 
-// pass counts the segments pending on every range, then reseals them.
+// pass rotates the data key if it is due, counts the files pending on
+// every range, then reseals them.
 func (rs *resealer) pass(ctx context.Context) {
+	if rotated, err := rotateIfDue(ctx, rs.n.cfg, rs.n.keyring); err != nil {
+		rs.n.logger.Error("data key rotation failed", "error", err)
+	} else if rotated {
+		rs.n.logger.Info("rotated the data key: the rotation period passed", "active", rs.n.keyring.Active())
+	}
 	type job struct {
 		d     *rangeDriver
 		segs  []segment.SegmentInfo

@@ -158,3 +158,42 @@ func TestResealAfterRotation(t *testing.T) {
 		t.Fatalf("with the old key retired: %d records, want the %d read before", len(again), len(got))
 	}
 }
+
+// TestRotationWhileRunning: a node that runs for longer than its data key
+// rotation period starts new data keys without a restart, and every record
+// written under the older ones still reads back identical.
+func TestRotationWhileRunning(t *testing.T) {
+	dir := t.TempDir()
+	_, kek := newKEKFile(t)
+	n, c := testNode(t, dir, func(cfg *Config) {
+		cfg.SegmentBytesMax = 4 << 10
+		cfg.KEK = kek
+		cfg.DataKeyRotationPeriod = 300 * time.Millisecond
+		cfg.ResealInterval = 100 * time.Millisecond
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	createStream(t, c, "s", 1)
+	first := n.keyring.Active()
+	deadline := time.Now().Add(time.Minute)
+	for i := 0; len(n.keyring.Keys()) < 3; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d data keys after a minute with a rotation period of 300 ms", len(n.keyring.Keys()))
+		}
+		if _, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "s", Range: 0,
+			Records: []*geologv1.Record{{Value: fmt.Appendf(nil, "%s-%d", atRestMarker, i)}}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n.keyring.Active() == first {
+		t.Fatal("the active key did not change")
+	}
+	got := readRange(t, ctx, c, "s", 0, geologv1.Consistency_CONSISTENCY_LOCAL, 0)
+	for i, r := range got {
+		if !strings.HasSuffix(r, fmt.Sprintf("%s-%d", atRestMarker, i)) {
+			t.Fatalf("record %d reads %q", i, r)
+		}
+	}
+	t.Logf("%d data keys, %d records", len(n.keyring.Keys()), len(got))
+}
