@@ -63,9 +63,13 @@ SIMLOG ?= false
 
 all: build
 
+# The binaries say which commit they are (geolog version, geologd --version).
+COMMIT  := $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -modified)
+LDFLAGS := -X github.com/geolog/geolog/internal/version.Commit=$(COMMIT)
+
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 vet:
 	$(GO) vet ./...

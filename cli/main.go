@@ -5,6 +5,7 @@ package cli
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/version"
 	"github.com/geolog/geolog/pki"
 )
 
@@ -48,7 +50,7 @@ commands:
                        follow every range from its tail on --addr's nodes and
                        report replication lag (receipt minus home append time)
   produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]
-  consume <stream> [--range N] [--key K] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]
+  consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json]
   consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID]
           [--session 10s] [--max N] [--json]
                        consume as a member of a consumer group: ranges are
@@ -92,11 +94,15 @@ commands:
                        certificates geolog://client/<principal>; server
                        certificates (the lease store's) name no identity
 
+  help [<command> [<subcommand>]]
+                       this text, or a command's usage and flags
+  version [--json]     this build's version and commit
+
 global flags (also accepted after the command):
   --addr host:port[,host:port...]
                        node addresses, any nodes of the region (default
                        $GEOLOG_ADDR or ` + DefaultAddr + `)
-  --timeout D          bound on each admin or read call (default 30s)
+  --timeout D          bound on each admin or read call, its retries included (default 30s)
   --retries N          retries of a retriable admin or read call (default 2)
   --certs-dir DIR      dial with TLS: ca.crt, and client.crt/client.key when
                        present, from DIR (default $GEOLOG_CERTS_DIR)
@@ -164,8 +170,13 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "groups":
 		err = env.groups(ctx, args)
 	case "help":
-		fmt.Fprint(stdout, usage)
-		return exitOK
+		if len(args) == 0 {
+			fmt.Fprint(stdout, usage)
+			return exitOK
+		}
+		return env.help(ctx, args)
+	case "version":
+		err = env.version(args)
 	default:
 		fmt.Fprintf(stderr, "geolog: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
@@ -174,14 +185,59 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		switch {
 		case errors.Is(err, flag.ErrHelp), errors.Is(err, errReported), isFlagError(err):
 			// Already printed.
-		case client.CodeOf(err) == client.CodeUnavailable:
-			fmt.Fprintf(stderr, "geolog %s: %v\n(is a geolog node listening at %s? %s)\n", cmd, err, env.addr, env.tlsHint())
 		default:
 			fmt.Fprintf(stderr, "geolog %s: %v\n", cmd, err)
+			if hint := env.errorHint(err); hint != "" {
+				fmt.Fprintf(stderr, "(%s)\n", hint)
+			}
 		}
 		return exitCodeOf(err)
 	}
 	return exitOK
+}
+
+// subcommanded are the commands that take a subcommand.
+var subcommanded = map[string]bool{"streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true}
+
+// help prints help for a command: "help <command> <subcommand>" and a
+// command without subcommands show its flags (its --help, on standard
+// output); "help <command>" of one with subcommands shows the usage lines
+// of its subcommands.
+func (e *env) help(ctx context.Context, args []string) int {
+	cmd := args[0]
+	if !strings.Contains(usage, "\n  "+cmd+" ") {
+		fmt.Fprintf(e.stderr, "geolog help: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+	if len(args) > 1 || !subcommanded[cmd] {
+		code := Run(ctx, append(append([]string(nil), args...), "--help"), e.stdin, e.stdout, e.stdout)
+		if code == exitUsage {
+			return exitOK // --help's own exit
+		}
+		return code
+	}
+	fmt.Fprintf(e.stdout, "usage of geolog %s:\n%s\nRun 'geolog help %s <subcommand>' for a subcommand's flags.\n", cmd, usageOf(cmd), cmd)
+	return exitOK
+}
+
+// usageOf returns the lines of the top-level usage that describe cmd: its
+// lines and their deeper-indented continuations.
+func usageOf(cmd string) string {
+	var b strings.Builder
+	in := false
+	for _, line := range strings.Split(usage, "\n") {
+		switch {
+		case strings.HasPrefix(line, "  "+cmd+" "):
+			in = true
+		case strings.HasPrefix(line, "   ") && in:
+		default:
+			in = false
+		}
+		if in {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
 }
 
 // usageError is a wrong command line.
@@ -253,7 +309,7 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 		e.globalsSet = true
 	}
 	fs.StringVar(&e.addr, "addr", e.addr, "node addresses host:port[,host:port...] (env GEOLOG_ADDR)")
-	fs.DurationVar(&e.timeout, "timeout", e.timeout, "bound on each admin or read call")
+	fs.DurationVar(&e.timeout, "timeout", e.timeout, "bound on each admin or read call, its retries included")
 	fs.IntVar(&e.retries, "retries", e.retries, "retries of a retriable admin or read call")
 	fs.StringVar(&e.tlsCA, "tls-ca", e.tlsCA, "dial with TLS trusting this PEM CA bundle")
 	fs.StringVar(&e.tlsCert, "tls-cert", e.tlsCert, "PEM client certificate for mutual TLS")
@@ -293,7 +349,7 @@ func (e *env) clientFor(addrs string, opts ...client.Opt) (*client.Client, error
 	if e.retries < 0 || e.timeout < 0 {
 		return nil, usagef("--retries and --timeout must not be negative")
 	}
-	opts = append([]client.Opt{client.RequestTimeout(e.timeout), client.RetriesMax(e.retries)}, opts...)
+	opts = append([]client.Opt{client.CallTimeout(e.timeout), client.RetriesMax(e.retries)}, opts...)
 	cfg, err := e.tlsConfig()
 	if err != nil {
 		return nil, err
@@ -342,3 +398,18 @@ type stringList []string
 
 func (l *stringList) String() string     { return strings.Join(*l, ",") }
 func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// version prints this build's version and commit (--json: as JSON).
+func (e *env) version(args []string) error {
+	fs := e.flagSet("version")
+	asJSON := fs.Bool("json", false, "print as JSON")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	info := version.Get()
+	if *asJSON {
+		return json.NewEncoder(e.stdout).Encode(info)
+	}
+	fmt.Fprintln(e.stdout, "geolog", info)
+	return nil
+}
