@@ -18,6 +18,7 @@ import (
 func TestResealPendingRollStale(t *testing.T) {
 	e := osEnv(t)
 	cfg := smallConfig(t, e)
+	cfg.Keyring = nil // also under GEOLOG_SEGMENT_ATREST=1
 	s := mustOpen(t, cfg)
 	var m model
 	appendBatches(t, s, &m, 10, 0) // plain: written before at-rest was on
