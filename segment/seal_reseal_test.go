@@ -1,8 +1,12 @@
 package segment
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/geolog/geolog/batch"
@@ -59,10 +63,42 @@ func TestResealPendingRollStale(t *testing.T) {
 	if again, _ := s.ResealPending(); len(again) != len(pending) {
 		t.Fatalf("an abandoned reseal changed what is pending: %d, want %d", len(again), len(pending))
 	}
+	// Readers of the whole log run while the segments are replaced: none
+	// may fail or see other frames (a reader of a replaced segment
+	// finishes on its old file). A read may stop early at a segment that
+	// was replaced under it (the store's viewAfter), so each reader goes
+	// on from where the last read ended, as every reader of the log does.
+	end := s.NextOffset()
+	want, err := s.ReadFrames(0, 1<<30, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var readErr atomic.Pointer[string]
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				got, err := readAll(s, end)
+				if err != nil || !bytes.Equal(got, want) {
+					msg := fmt.Sprintf("%d bytes, %v", len(got), err)
+					readErr.Store(&msg)
+					return
+				}
+			}
+		}()
+	}
 	for _, g := range pending {
 		if _, err := s.ResealContext(context.Background(), g.BaseOffset, nil); err != nil {
 			t.Fatal(err)
 		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if p := readErr.Load(); p != nil {
+		t.Fatalf("a read during the reseals: %s", *p)
 	}
 	if left, err := s.ResealPending(); err != nil || len(left) != 0 {
 		t.Fatalf("pending after resealing: %v %v", left, err)
@@ -112,4 +148,29 @@ func BenchmarkReseal(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// readAll reads the data frames of s below end, read after read, each from
+// the NextOffset of the last frame the previous one returned.
+func readAll(s *Store, end uint64) ([]byte, error) {
+	var out []byte
+	for from := uint64(0); from < end; {
+		b, err := s.ReadFrames(from, 1<<30, end)
+		if err != nil {
+			return out, err
+		}
+		if len(b) == 0 {
+			return out, fmt.Errorf("no progress at offset %d", from)
+		}
+		out = append(out, b...)
+		for len(b) > 0 {
+			h, err := batch.DecodeHeader(b)
+			if err != nil {
+				return out, err
+			}
+			n, _ := batch.FrameSize(b)
+			b, from = b[n:], h.NextOffset()
+		}
+	}
+	return out, nil
 }
