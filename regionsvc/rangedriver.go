@@ -130,6 +130,13 @@ type rangeDriver struct {
 	notifyMu sync.Mutex
 	notifyCh chan struct{} // closed and replaced when committed or failure changes
 
+	// rewriteMu is held by each rewrite of the range's segments, the
+	// compaction cleaner's and the resealer's (reseal.go): one at a time.
+	rewriteMu sync.Mutex
+	// orphans is a replicated range's orphan log (nil otherwise), set
+	// before the driver runs.
+	orphans *replica.OrphanStore
+
 	inbox    chan *appendOp
 	syncKick chan struct{}
 	syncDone chan syncResult
@@ -231,8 +238,15 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 	if cfg.repl != nil {
 		if err := d.openReplica(headers); err != nil {
 			st.Close()
-			e := apierr.New(apierr.Unavailable, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
+			code := apierr.Unavailable
+			if errors.Is(err, replica.ErrOrphansCorrupt) {
+				code = apierr.Corruption
+			}
+			e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
 			e.Retriable = false
+			if errors.Is(err, atrest.ErrKeyUnavailable) {
+				d.keyErr = err // an orphan log under a key this node lacks
+			}
 			d.failure.Store(e)
 			d.logger.Error("range not served", "error", err)
 			close(d.doneCh)

@@ -55,11 +55,14 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	if fsys == nil {
 		fsys = vfs.OS()
 	}
-	// The orphan log: where a fork moves a divergent tail (multiregion.go).
-	orphans, err := replica.OpenOrphans(fsys, filepath.Join(d.cfg.store.Dir, replica.OrphanDirName), d.cfg.logger)
+	// The orphan log: where a fork moves a divergent tail (multiregion.go),
+	// sealed under the node's keyring as the segment store's log is.
+	orphans, err := replica.OpenOrphans(fsys, filepath.Join(d.cfg.store.Dir, replica.OrphanDirName), d.cfg.logger,
+		replica.WithKeyring(d.cfg.store.Keyring))
 	if err != nil {
 		return err
 	}
+	d.orphans = orphans
 	rep, err := replica.New(replica.Config{
 		Orphans: orphans,
 		NodeID:  rc.nodeID, Stream: d.cfg.stream, Range: d.cfg.rangeID, Peers: rc.peers,

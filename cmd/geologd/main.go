@@ -79,7 +79,9 @@ func run() int {
 	compactionInterval := fs.Duration("compaction-interval", time.Minute, "compaction by key: least time between two decisions of a range")
 	compactionRate := fs.Int64("compaction-bytes-per-second", 64<<20, "compaction by key: the node's read and write rate (negative: unbounded)")
 	kekFile := fs.String("kek-file", "", "encryption at rest: the KEK file (JSON, mode 0600, kept off the data disk; geolog keys add-kek makes one); empty: off, and a data directory holding a keyring is refused")
-	dataKeyRotation := fs.Duration("data-key-rotation-period", 7*24*time.Hour, "encryption at rest: start a new data key at startup when the active one is older (negative: never)")
+	dataKeyRotation := fs.Duration("data-key-rotation-period", 7*24*time.Hour, "encryption at rest: start a new data key when the active one is older, at startup and while running (negative: never)")
+	resealRate := fs.Int64("reseal-bytes-per-second", 16<<20, "encryption at rest: the rate of the background re-encryption of segments sealed under an older data key, reads and writes together (negative: off)")
+	resealInterval := fs.Duration("reseal-interval", 10*time.Minute, "encryption at rest: how often the node looks for segments to re-encrypt (it also does at start)")
 	checkFlags := fs.Bool("check-flags", false, "check the flags and their values, then exit (0: they are valid) without opening anything")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
@@ -231,6 +233,8 @@ func run() int {
 
 		KEK:                   kek,
 		DataKeyRotationPeriod: *dataKeyRotation,
+		ResealBytesPerSecond:  *resealRate,
+		ResealInterval:        *resealInterval,
 
 		MaintenanceInterval:      *maintenance,
 		CompactionInterval:       *compactionInterval,
