@@ -156,8 +156,12 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if c.cfg.Secure {
+		if r.TLS == nil {
+			writeError(w, http.StatusUnauthorized, "this node serves the console over HTTPS only: open https://"+r.Host+"/console/ with a client certificate")
+			return
+		}
 		if _, err := viewerOf(r); err != nil {
-			writeError(w, http.StatusUnauthorized, "present a client certificate the cluster's CA signed (geolog certs create-client): "+err.Error())
+			writeError(w, http.StatusUnauthorized, "present a client certificate signed by the cluster's CA (the one you give geolog --cert): "+err.Error())
 			return
 		}
 	}
