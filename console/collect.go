@@ -114,7 +114,9 @@ func (col *collector) snapshot(ctx context.Context) (*snapshot, error) {
 	if col.last != nil && now.Sub(col.last.at) < col.cfg.RefreshInterval {
 		return col.last, nil
 	}
-	col.last = col.collect(context.WithoutCancel(ctx), now)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), collectTimeout)
+	defer cancel()
+	col.last = col.collect(cctx, now)
 	return col.last, nil
 }
 
@@ -126,9 +128,14 @@ func (col *collector) collect(ctx context.Context, now time.Time) *snapshot {
 		snap.streamsLeftOut = len(infos) - col.cfg.StreamsMax
 		infos = infos[:col.cfg.StreamsMax]
 	}
-	answers := col.describeAll(ctx, infos)
+	answers := col.describeAll(ctx, infos, nodeErrs)
 	for i, info := range infos {
 		s := &Stream{Name: info.Name, Regions: info.Regions, RangeCount: info.RangeCount}
+		shown := info.RangeCount
+		if shown > uint32(col.cfg.RangesMax) {
+			shown = uint32(col.cfg.RangesMax)
+			s.RangesLeftOut = info.RangeCount - shown
+		}
 		var errs []error
 		for _, a := range answers[i] {
 			if a.err != nil {
@@ -138,7 +145,7 @@ func (col *collector) collect(ctx context.Context, now time.Time) *snapshot {
 		if len(errs) > 0 && len(errs) == len(answers[i]) {
 			s.Error = trimError(errs[0])
 		}
-		s.Ranges = mergeRanges(info.Regions, info.RangeCount, answers[i])
+		s.Ranges = mergeRanges(info.Regions, shown, answers[i])
 		snap.streams = append(snap.streams, s)
 	}
 	snap.regions = col.regions(nodeErrs)
@@ -178,17 +185,24 @@ func (col *collector) listStreams(ctx context.Context) ([]client.StreamInfo, map
 }
 
 // describeAll asks every node of each stream's regions for the stream, a
-// bounded number of calls at a time; answers[i] are stream i's.
-func (col *collector) describeAll(ctx context.Context, infos []client.StreamInfo) [][]answer {
+// bounded number of calls at a time; answers[i] are stream i's. A node
+// that did not answer ListStreams just now is not asked again (a region
+// cut off would otherwise cost a timeout per stream).
+func (col *collector) describeAll(ctx context.Context, infos []client.StreamInfo, nodeErrs map[string]error) [][]answer {
 	type call struct{ stream, node int }
 	var calls []call
 	answers := make([][]answer, len(infos))
 	for i, info := range infos {
 		for j, n := range col.nodes {
-			if slices.Contains(info.Regions, n.region) {
-				calls = append(calls, call{i, len(answers[i])})
-				answers[i] = append(answers[i], answer{region: n.region, addr: n.addr, c: j})
+			if !slices.Contains(info.Regions, n.region) {
+				continue
 			}
+			if err := nodeErrs[n.addr]; err != nil {
+				answers[i] = append(answers[i], answer{region: n.region, addr: n.addr, c: j, err: err})
+				continue
+			}
+			calls = append(calls, call{i, len(answers[i])})
+			answers[i] = append(answers[i], answer{region: n.region, addr: n.addr, c: j})
 		}
 	}
 	col.fanOut(len(calls), func(k int) {

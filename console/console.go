@@ -28,6 +28,10 @@ const (
 	callTimeoutDefault            = 3 * time.Second
 	streamsMaxDefault             = 64
 	groupsMaxDefault              = 32
+	rangesMaxDefault              = 256
+	// collectTimeout bounds one whole collection: past it, the calls
+	// left fail at once and the snapshot says so.
+	collectTimeout = 10 * time.Second
 	// nodesMax bounds the nodes the console asks (as the SDK bounds a
 	// client's addresses).
 	nodesMax = client.AddrsMax
@@ -71,8 +75,9 @@ type Config struct {
 	// CallTimeout bounds each call to a node, default 3s.
 	CallTimeout time.Duration
 	// StreamsMax bounds the streams shown (by name), default 64;
-	// GroupsMax the groups of a stream, default 32.
-	StreamsMax, GroupsMax int
+	// GroupsMax the groups of a stream, default 32; RangesMax the ranges
+	// of a stream, default 256 (the first ones).
+	StreamsMax, GroupsMax, RangesMax int
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 }
@@ -108,6 +113,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.GroupsMax <= 0 {
 		c.GroupsMax = groupsMaxDefault
+	}
+	if c.RangesMax <= 0 {
+		c.RangesMax = rangesMaxDefault
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -43,10 +43,12 @@ type Stream struct {
 	Regions    []string `json:"regions"`
 	RangeCount uint32   `json:"range_count"`
 	// Error is why the stream could not be described, if it could not.
-	Error   string   `json:"error,omitempty"`
-	Ranges  []Range  `json:"ranges"`
-	Groups  []Group  `json:"groups"`
-	Orphans *Orphans `json:"orphans"`
+	Error  string  `json:"error,omitempty"`
+	Ranges []Range `json:"ranges"`
+	// RangesLeftOut counts the ranges past Config.RangesMax.
+	RangesLeftOut uint32   `json:"ranges_left_out,omitempty"`
+	Groups        []Group  `json:"groups"`
+	Orphans       *Orphans `json:"orphans"`
 }
 
 // Range is one range merged from every node's report.

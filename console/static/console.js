@@ -163,6 +163,9 @@ function renderStream(s) {
   box.append(el("h3", null, s.name + "  ", el("small", null,
     s.range_count + " ranges in " + (s.regions || []).join(", "))));
   if (s.error) box.append(el("p", { class: "error" }, s.error));
+  if (s.ranges_left_out) {
+    box.append(el("p", { class: "note" }, "the first " + s.ranges.length + " ranges; " + s.ranges_left_out + " more not shown"));
+  }
   const regions = s.regions || [];
   const head = ["range", "home", "epoch", "tail", "leader"].concat(regions.map((r) => "in " + r));
   const rows = (s.ranges || []).map((r) => {
