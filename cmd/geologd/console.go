@@ -41,9 +41,9 @@ type consoleSetup struct {
 	logger   hclog.Logger
 }
 
-// mountConsole serves the console on http.DefaultServeMux when the node
-// has an HTTP address, and returns what closes it.
-func mountConsole(node *regionsvc.Node, s consoleSetup) func() {
+// mountConsole serves the console on mux when the node has an HTTP
+// address, and returns what closes it.
+func mountConsole(mux *http.ServeMux, node *regionsvc.Node, s consoleSetup) func() {
 	if s.httpAddr == "" {
 		return func() {}
 	}
@@ -80,8 +80,8 @@ func mountConsole(node *regionsvc.Node, s consoleSetup) func() {
 		s.logger.Error("web console off", "error", err)
 		return func() {}
 	}
-	http.Handle("/console/", c)
-	http.Handle("/{$}", http.RedirectHandler("/console/", http.StatusFound))
+	mux.Handle("/console/", c)
+	mux.Handle("/{$}", http.RedirectHandler("/console/", http.StatusFound))
 	s.logger.Info("web console", "url", consoleURL(s.httpAddr, s.certs != nil))
 	return func() { c.Close() }
 }

@@ -255,7 +255,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: cannot start the node: %v\n", err)
 		return 1
 	}
-	defer mountConsole(node, consoleSetup{*debugAddr, *region, *nodeID, peers, remote.m, certs, access, logger})() // console.go
+	defer mountConsole(http.DefaultServeMux, node, consoleSetup{*debugAddr, *region, *nodeID, peers, remote.m, certs, access, logger})() // console.go
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	watchDone := make(chan struct{})
