@@ -122,7 +122,10 @@ func (col *collector) snapshot(ctx context.Context) (*snapshot, error) {
 
 func (col *collector) collect(ctx context.Context, now time.Time) *snapshot {
 	snap := &snapshot{at: now, streamGroups: map[string][]*Group{}}
-	infos, nodeErrs := col.listStreams(ctx)
+	infos, nodeErrs, err := col.listStreams(ctx)
+	if err != nil {
+		snap.errors = append(snap.errors, "stream list: no node answered: "+trimError(err))
+	}
 	slices.SortFunc(infos, func(a, b client.StreamInfo) int { return cmp.Compare(a.Name, b.Name) })
 	if len(infos) > col.cfg.StreamsMax {
 		snap.streamsLeftOut = len(infos) - col.cfg.StreamsMax
@@ -157,7 +160,7 @@ func (col *collector) collect(ctx context.Context, now time.Time) *snapshot {
 // listStreams asks every node for the stream list: whether a node answers
 // is its state on the page, and the stream list is this node's (another
 // node's when this one does not answer).
-func (col *collector) listStreams(ctx context.Context) ([]client.StreamInfo, map[string]error) {
+func (col *collector) listStreams(ctx context.Context) ([]client.StreamInfo, map[string]error, error) {
 	lists := make([][]client.StreamInfo, len(col.nodes))
 	errs := make([]error, len(col.nodes))
 	col.fanOut(len(col.nodes), func(i int) {
@@ -173,15 +176,16 @@ func (col *collector) listStreams(ctx context.Context) ([]client.StreamInfo, map
 	}
 	cctx, cancel := context.WithTimeout(ctx, col.cfg.CallTimeout)
 	defer cancel()
-	if own, err := col.self.ListStreams(cctx); err == nil {
-		return own, nodeErrs
+	own, err := col.self.ListStreams(cctx)
+	if err == nil {
+		return own, nodeErrs, nil
 	}
 	for i := range col.nodes {
 		if errs[i] == nil {
-			return lists[i], nodeErrs
+			return lists[i], nodeErrs, nil
 		}
 	}
-	return nil, nodeErrs
+	return nil, nodeErrs, err
 }
 
 // describeAll asks every node of each stream's regions for the stream, a

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,5 +48,25 @@ func TestConsoleWithANodeDown(t *testing.T) {
 		if !r.Known || r.Leader != tc.addrs["us"][0] || r.Home != "us" {
 			t.Errorf("range %+v: want known, led by the live node", r)
 		}
+	}
+}
+
+// TestConsoleWithNoNodeAnswering: when no node answers, the overview says
+// so instead of showing an empty cluster.
+func TestConsoleWithNoNodeAnswering(t *testing.T) {
+	dead := portlock.Addr(t)
+	con, err := New(Config{Region: "us", Self: dead, CallTimeout: 2 * time.Second, Logger: testLogger(t, "console")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer con.Close()
+	srv := httptest.NewServer(testMux(con))
+	defer srv.Close()
+	o := getOverview(t, srv.URL)
+	if len(o.Streams) != 0 || len(o.Errors) == 0 || !strings.Contains(o.Errors[0], "no node answered") {
+		t.Errorf("overview %+v: want no stream and an error saying no node answered", o)
+	}
+	if len(o.Regions) != 1 || len(o.Regions[0].Nodes) != 1 || o.Regions[0].Nodes[0].Up {
+		t.Errorf("regions %+v: want the one node, down", o.Regions)
 	}
 }
