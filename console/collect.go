@@ -153,7 +153,7 @@ func (col *collector) collect(ctx context.Context, now time.Time) *snapshot {
 	}
 	snap.regions = col.regions(nodeErrs)
 	col.groups(ctx, snap)
-	snap.orphans = col.orphansOf(ctx, now, infos, snap)
+	snap.orphans = col.orphansOf(ctx, now, infos)
 	return snap
 }
 
@@ -295,7 +295,7 @@ func (col *collector) groups(ctx context.Context, snap *snapshot) {
 // orphansOf lists each shown stream's orphan logs cluster-wide, or keeps
 // the last listing while it is younger than OrphansRefreshInterval: a
 // listing asks every node of the stream's regions.
-func (col *collector) orphansOf(ctx context.Context, now time.Time, infos []client.StreamInfo, snap *snapshot) map[string]*Orphans {
+func (col *collector) orphansOf(ctx context.Context, now time.Time, infos []client.StreamInfo) map[string]*Orphans {
 	if col.orphans == nil || now.Sub(col.orphansAt) >= col.cfg.OrphansRefreshInterval {
 		fresh := make([]*Orphans, len(infos))
 		api := geologv1.NewAdminClient(col.admin)
