@@ -293,10 +293,17 @@ func (col *collector) groups(ctx context.Context, snap *snapshot) {
 }
 
 // orphansOf lists each shown stream's orphan logs cluster-wide, or keeps
-// the last listing while it is younger than OrphansRefreshInterval: a
-// listing asks every node of the stream's regions.
+// the last listing while it is younger than OrphansRefreshInterval and
+// covers every stream shown: a listing asks every node of the stream's
+// regions.
 func (col *collector) orphansOf(ctx context.Context, now time.Time, infos []client.StreamInfo) map[string]*Orphans {
-	if col.orphans == nil || now.Sub(col.orphansAt) >= col.cfg.OrphansRefreshInterval {
+	stale := col.orphans == nil || now.Sub(col.orphansAt) >= col.cfg.OrphansRefreshInterval
+	for _, info := range infos {
+		if col.orphans[info.Name] == nil {
+			stale = true // a stream new since the last listing
+		}
+	}
+	if stale {
 		fresh := make([]*Orphans, len(infos))
 		api := geologv1.NewAdminClient(col.admin)
 		col.fanOut(len(infos), func(i int) {
