@@ -59,7 +59,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test test-loaded unit chromium fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -88,6 +88,7 @@ unit: chromium
 
 # Headless Chromium for console.TestConsoleInChromium, from Debian's
 # chromium package with apt-get when missing (scripts/chromium.sh).
+.PHONY: chromium
 chromium:
 	@./scripts/chromium.sh
 
