@@ -23,7 +23,7 @@ type testCluster struct {
 	nodes   map[string][]*regionsvc.Node
 }
 
-func startCluster(t *testing.T, sizes map[string]int) *testCluster {
+func startCluster(t testing.TB, sizes map[string]int) *testCluster {
 	t.Helper()
 	tc := &testCluster{addrs: map[string][]string{}, nodes: map[string][]*regionsvc.Node{}}
 	for r := range sizes {
@@ -70,7 +70,7 @@ func startCluster(t *testing.T, sizes map[string]int) *testCluster {
 }
 
 // client is an SDK client of a region's nodes.
-func (tc *testCluster) client(t *testing.T, region string) *client.Client {
+func (tc *testCluster) client(t testing.TB, region string) *client.Client {
 	t.Helper()
 	c, err := client.New(tc.addrs[region][0], client.Addrs(tc.addrs[region]...))
 	if err != nil {
@@ -82,7 +82,7 @@ func (tc *testCluster) client(t *testing.T, region string) *client.Client {
 
 // createStream creates a stream (retrying while the regions elect their
 // leaders) and waits until every node describes it.
-func (tc *testCluster) createStream(t *testing.T, ctx context.Context, sc client.StreamConfig) {
+func (tc *testCluster) createStream(t testing.TB, ctx context.Context, sc client.StreamConfig) {
 	t.Helper()
 	c := tc.client(t, tc.regions[0])
 	waitFor(t, ctx, "stream "+sc.Name+" created", func() bool {
@@ -117,7 +117,7 @@ func describeAt(ctx context.Context, addr, stream string) (*client.StreamDescrip
 }
 
 // waitFor polls cond every 100 ms until it holds or ctx ends.
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
+func waitFor(t testing.TB, ctx context.Context, what string, cond func() bool) {
 	t.Helper()
 	for !cond() {
 		select {
@@ -128,13 +128,13 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	}
 }
 
-type tWriter struct{ t *testing.T }
+type tWriter struct{ t testing.TB }
 
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(bytes.TrimRight(p, "\n")))
 	return len(p), nil
 }
 
-func testLogger(t *testing.T, name string) hclog.Logger {
+func testLogger(t testing.TB, name string) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn, Name: name})
 }

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -68,5 +69,34 @@ func TestConsoleWithNoNodeAnswering(t *testing.T) {
 	}
 	if len(o.Regions) != 1 || len(o.Regions[0].Nodes) != 1 || o.Regions[0].Nodes[0].Up {
 		t.Errorf("regions %+v: want the one node, down", o.Regions)
+	}
+}
+
+// BenchmarkConsoleCollect: one whole collection (every node asked for
+// every stream, groups, orphan logs) on a us x3 + eu x1 cluster with 8
+// streams of 4 ranges placed in both regions: the work behind each second
+// of a console kept open.
+func BenchmarkConsoleCollect(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tc := startCluster(b, map[string]int{"us": 3, "eu": 1})
+	for i := range 8 {
+		tc.createStream(b, ctx, client.StreamConfig{Name: fmt.Sprintf("s%d", i), RangeCount: 4, Regions: []string{"us", "eu"}, HomeRegion: "spread"})
+	}
+	cfg := Config{Region: "us", Self: tc.addrs["us"][0], Nodes: tc.addrs, OrphansRefreshInterval: time.Nanosecond}
+	if err := cfg.setDefaults(); err != nil {
+		b.Fatal(err)
+	}
+	col, err := newCollector(&cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer col.close()
+	b.ResetTimer()
+	for i := range b.N {
+		snap := col.collect(ctx, time.Now().Add(time.Duration(i)*time.Second))
+		if len(snap.streams) != 8 {
+			b.Fatalf("%d streams", len(snap.streams))
+		}
 	}
 }
