@@ -80,9 +80,17 @@ vet:
 # make test at once, beside a running demo. GEOLOG_PG_URL=postgres://...
 # makes them use that server instead. TestSlice (the chaos slice) runs in
 # its own step, chaos-slice, so that its clusters do not compete with the
-# other packages' tests for the cores.
-unit:
-	$(GO) test -race -count=1 -timeout 15m -skip '^TestSlice$$' ./...
+# other packages' tests for the cores. The web console's browser test
+# needs Chromium: installed first when missing (chromium), and required
+# here (GEOLOG_REQUIRE_CHROMIUM: it fails rather than skips without it).
+unit: chromium
+	GEOLOG_REQUIRE_CHROMIUM=1 $(GO) test -race -count=1 -timeout 15m -skip '^TestSlice$$' ./...
+
+# Headless Chromium for console.TestConsoleInChromium, from Debian's
+# chromium package with apt-get when missing (scripts/chromium.sh).
+.PHONY: chromium
+chromium:
+	@./scripts/chromium.sh
 
 # The chaos slice: chaos.Slice(), fixed-seed scenarios on the harness's
 # own local clusters (no terraform; every port, the homing one's

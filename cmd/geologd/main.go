@@ -170,6 +170,7 @@ func run() int {
 			fmt.Fprintf(os.Stderr, "geologd: --debug-addr %s: %v\n", *debugAddr, err)
 			return 1
 		}
+		debugLn = httpsListener(debugLn, certs) // console.go: HTTPS with the node's certificate when TLS is on
 		defer debugLn.Close()
 		go func() {
 			if err := http.Serve(debugLn, nil); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -266,6 +267,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: cannot start the node: %v\n", err)
 		return 1
 	}
+	defer mountConsole(http.DefaultServeMux, node, consoleSetup{*debugAddr, *region, *nodeID, peers, remote.m, certs, access, logger})() // console.go
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	watchDone := make(chan struct{})
