@@ -114,7 +114,6 @@ func run() int {
 		return 2
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: level, JSONFormat: *logJSON, Output: os.Stderr})
-	logger.Info("geologd starting", "version", version.Get().String())
 	peers, err := parsePeers(*peersFlag)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: --peers: %v\n", err)
@@ -257,6 +256,7 @@ func run() int {
 		cfg.FS = vfs.WithFaults(vfs.OS(), &failpoints.Faults)
 		cfg.Now = failpoints.Now
 	}
+	logger.Info("geologd starting", "version", version.Get().String())
 	node, err := regionsvc.New(cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: cannot open the node: %v\n", err)
