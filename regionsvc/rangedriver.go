@@ -393,7 +393,13 @@ func (d *rangeDriver) handleAppend(op *appendOp) {
 		now = d.lastAppendUnixNano // append time never goes back within a range
 	}
 	batch.Patch(op.frame, base, d.cfg.epoch, now)
-	if err := d.store.Append(op.frame); err != nil {
+	if err := d.store.Append(op.frame); errors.Is(err, segment.ErrNoSpace) {
+		// Not a failure: the store cut the torn frame off and takes the
+		// next append that fits (each one is the probe). Reads go on.
+		op.reply(appendResult{err: apierr.New(apierr.Unavailable,
+			"stream %s range %d: out of disk space; appends resume once space is freed: %v", d.cfg.stream, d.cfg.rangeID, err)})
+		return
+	} else if err != nil {
 		d.fail(fmt.Errorf("append: %w", err))
 		op.reply(appendResult{err: d.failure.Load()})
 		return

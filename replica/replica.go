@@ -188,6 +188,8 @@ type Replica struct {
 	notifyMu   sync.Mutex
 	notifyCh   chan struct{}
 	failure    atomic.Pointer[apierr.Error]
+	// diskFull is set while the log refuses writes for space (logwriter.go).
+	diskFull atomic.Pointer[apierr.Error]
 
 	// leaderTerm is the term this replica leads in, 0 while it does not.
 	leaderTerm atomic.Uint64
@@ -470,6 +472,10 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 	}
 	if !r.isLeader {
 		op.Reply(Result{Err: r.notLeader()})
+		return
+	}
+	if e := r.diskFull.Load(); e != nil {
+		op.Reply(Result{Err: e})
 		return
 	}
 	if err := r.forkBlocksAppends(); err != nil {

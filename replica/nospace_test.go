@@ -1,0 +1,177 @@
+package replica
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/segment"
+	"github.com/geolog/geolog/vfs"
+)
+
+// newMemDiskCluster is a cluster of three whose nodes keep their logs on
+// in-memory file systems of their own (fsynced), so that a test can fill
+// one node's disk.
+func newMemDiskCluster(t *testing.T) (*cluster, map[uint64]*vfs.Mem) {
+	mems := map[uint64]*vfs.Mem{}
+	c := newClusterOpts(t, 3, 3, func(c *cluster) {
+		c.storeCfg = func(id uint64, cfg *segment.Config) {
+			if mems[id] == nil {
+				mems[id] = vfs.NewMem(rand.New(rand.NewPCG(id, 11)))
+			}
+			cfg.FS, cfg.Dir, cfg.Fsync = mems[id], fmt.Sprintf("/node%d", id), segment.FsyncAlways
+			cfg.SegmentBytesMax = segment.SegmentBytesMaxMin
+		}
+	})
+	return c, mems
+}
+
+// proposeN proposes n appends of producer 9 from sequence seq on the
+// leader and settles.
+func proposeN(c *cluster, leader uint64, seq *uint64, n int, res *[]Result) {
+	for i := 0; i < n; i++ {
+		c.replicas[leader].Propose(op(9, *seq, 2, fmt.Sprintf("v%d", *seq), res))
+		*seq += 2
+	}
+	c.settle()
+}
+
+// checkAcks fails unless res holds want results, all successful.
+func checkAcks(t *testing.T, res []Result, want int) {
+	t.Helper()
+	if len(res) != want {
+		t.Fatalf("%d answers, want %d", len(res), want)
+	}
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatalf("append answered %v", r.Err)
+		}
+	}
+}
+
+// sameLogs fails unless every node's log holds the same frames.
+func sameLogs(t *testing.T, c *cluster) {
+	t.Helper()
+	var first []byte
+	for _, id := range c.ids {
+		st := c.logs[id]
+		b, err := st.ReadFrames(0, segment.ReadBytesMax, st.NextOffset())
+		if err != nil {
+			t.Fatalf("node %d: read: %v", id, err)
+		}
+		if first == nil {
+			first = b
+		} else if !bytes.Equal(first, b) {
+			t.Fatalf("node %d's log differs from node %d's", id, c.ids[0])
+		}
+	}
+}
+
+// TestFollowerDiskFull: a follower whose disk fills does not ack the
+// leader's appends (the quorum of the other two commits them), does not
+// fail, keeps serving what it had committed, and catches up on its own
+// once space returns, with the same log as the others.
+func TestFollowerDiskFull(t *testing.T) {
+	c, mems := newMemDiskCluster(t)
+	c.elect(1)
+	var res []Result
+	var seq uint64
+	proposeN(c, 1, &seq, 5, &res)
+	checkAcks(t, res, 5)
+	before := c.replicas[3].Committed()
+
+	mems[3].SetSpaceBytes(mems[3].UsedBytes())
+	proposeN(c, 1, &seq, 5, &res)
+	checkAcks(t, res, 10)
+	if c.replicas[3].DiskFull() == nil || c.replicas[3].Failure() != nil {
+		t.Fatalf("node 3: disk full %v, failure %v", c.replicas[3].DiskFull(), c.replicas[3].Failure())
+	}
+	last := c.logs[1].LastIndex()
+	if m := c.replicas[1].Status().Progress[3].Match; m >= last {
+		t.Fatalf("node 3 acked index %d, its disk is full (leader at %d)", m, last)
+	}
+	if got := c.replicas[3].Committed(); got != before {
+		t.Fatalf("node 3 publishes %d, had %d and wrote nothing since", got, before)
+	}
+	if _, err := c.logs[3].ReadFrames(0, segment.ReadBytesMax, before); err != nil {
+		t.Fatalf("node 3: read of its committed prefix: %v", err)
+	}
+
+	mems[3].SetSpaceBytes(0)
+	c.tick(3)
+	if c.replicas[3].DiskFull() != nil {
+		t.Fatalf("node 3 still disk full: %v", c.replicas[3].DiskFull())
+	}
+	if m := c.replicas[1].Status().Progress[3].Match; m != c.logs[1].LastIndex() {
+		t.Fatalf("node 3 matches %d after space returned, leader at %d", m, c.logs[1].LastIndex())
+	}
+	if c.replicas[3].Committed() != c.replicas[1].Committed() {
+		t.Fatalf("committed: node 3 %d, leader %d", c.replicas[3].Committed(), c.replicas[1].Committed())
+	}
+	sameLogs(t, c)
+}
+
+// TestLeaderDiskFull: a leader whose disk fills does not count itself
+// toward the quorum of the append it could not write: with one follower
+// cut off the append is not answered; it refuses new appends with a
+// retriable UNAVAILABLE; once space returns it writes what it held,
+// answers it and takes appends again. No acknowledged record is lost and
+// no torn frame stays.
+func TestLeaderDiskFull(t *testing.T) {
+	c, mems := newMemDiskCluster(t)
+	c.elect(1)
+	var res []Result
+	var seq uint64
+	proposeN(c, 1, &seq, 5, &res)
+	checkAcks(t, res, 5)
+
+	c.cut[3] = true
+	// Room for a part of the next frame: the write lands in part.
+	mems[1].SetSpaceBytes(mems[1].UsedBytes() + 10)
+	proposeN(c, 1, &seq, 1, &res)
+	if len(res) != 5 {
+		t.Fatalf("leader answered an append only one of three disks holds: %+v", res[5:])
+	}
+	if c.replicas[1].DiskFull() == nil || c.replicas[1].Failure() != nil {
+		t.Fatalf("leader: disk full %v, failure %v", c.replicas[1].DiskFull(), c.replicas[1].Failure())
+	}
+	if m, last := c.replicas[1].Status().Progress[1].Match, c.logs[2].LastIndex(); m >= last {
+		t.Fatalf("leader counts itself at index %d, node 2 holds %d and the leader's disk is full", m, last)
+	}
+	var refused []Result
+	c.replicas[1].Propose(op(9, seq, 2, "refused", &refused))
+	if len(refused) != 1 || refused[0].Err == nil {
+		t.Fatalf("proposal on a full leader answered %+v, want an error", refused)
+	}
+	if e := apierr.As(refused[0].Err); e.Code != apierr.Unavailable || !e.Retriable {
+		t.Fatalf("proposal on a full leader: %v, want a retriable UNAVAILABLE", refused[0].Err)
+	}
+
+	mems[1].SetSpaceBytes(0)
+	c.tick(3)
+	checkAcks(t, res, 6)
+	c.cut[3] = false
+	c.tick(3)
+	if c.replicas[1].DiskFull() != nil {
+		t.Fatalf("leader still disk full: %v", c.replicas[1].DiskFull())
+	}
+	proposeN(c, 1, &seq, 3, &res)
+	checkAcks(t, res, 9)
+	sameLogs(t, c)
+
+	// What is on the leader's disk verifies from end to end after a crash.
+	c.replicas[1].Close()
+	c.logs[1].Close()
+	crashed := mems[1].Crash()
+	st, err := segment.Open(segment.Config{FS: crashed, Dir: "/node1"})
+	if err != nil {
+		t.Fatalf("reopen after crash: %v", err)
+	}
+	defer st.Close()
+	if st.NextOffset() != c.logs[2].NextOffset() {
+		t.Fatalf("leader's log ends at %d after a crash, node 2's at %d", st.NextOffset(), c.logs[2].NextOffset())
+	}
+	c.logs[1], c.replicas[1] = nil, nil
+}
