@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/vfs"
 )
 
 // readAll reads the whole log from StartOffset to end and returns the
@@ -129,5 +130,89 @@ func TestNoSpaceStaysOutOfFailure(t *testing.T) {
 	}
 	if got := readAll(t, s, s.DurableOffset()); len(got) != len(m.heads) {
 		t.Fatalf("reads after EIO: %d frames, want %d", len(got), len(m.heads))
+	}
+}
+
+// TestMissingSegmentIsDataLoss: after retention deleted the oldest
+// segments, the log reopens at its new start; a segment file removed
+// behind the store's back (the oldest one, or one in the middle) makes
+// Open refuse the log with a MissingError naming the lost offsets.
+func TestMissingSegmentIsDataLoss(t *testing.T) {
+	for _, victim := range []string{"oldest", "middle"} {
+		t.Run(victim, func(t *testing.T) {
+			e := memEnv(5)
+			cfg := smallConfig(t, e)
+			cfg.RetentionBytes = 10000
+			s := mustOpen(t, cfg)
+			var m model
+			appendBatches(t, s, &m, 200, 100)
+			if n, err := s.ApplyRetention(); err != nil || n == 0 {
+				t.Fatalf("ApplyRetention = %d, %v; want deletions", n, err)
+			}
+			start := s.StartOffset()
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s = mustOpen(t, cfg)
+			if s.StartOffset() != start {
+				t.Fatalf("reopened at start %d, retention left %d", s.StartOffset(), start)
+			}
+			segs := s.Sealed()
+			s.Close()
+			if len(segs) < 3 {
+				t.Fatalf("%d segments, want 3 or more", len(segs))
+			}
+			i := 0
+			if victim == "middle" {
+				i = 1
+			}
+			lost := segs[i]
+			if err := e.fs.Remove(e.dir + "/" + segmentName(lost.BaseOffset, logSuffix)); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Open(cfg)
+			var me *MissingError
+			if !errors.Is(err, ErrDataLoss) || !errors.Is(err, ErrCorrupt) || !errors.As(err, &me) {
+				t.Fatalf("Open after losing the %s segment: %v, want a MissingError", victim, err)
+			}
+			if me.FromOffset != lost.BaseOffset || me.ToOffset != lost.NextOffset {
+				t.Fatalf("MissingError names [%d, %d), lost [%d, %d)", me.FromOffset, me.ToOffset, lost.BaseOffset, lost.NextOffset)
+			}
+		})
+	}
+}
+
+// TestRetentionInterruptedAfterRecord: a crash after retention recorded
+// the new start but before it unlinked the segment leaves a segment below
+// the record, which is no loss: Open keeps it and lowers the record.
+func TestRetentionInterruptedAfterRecord(t *testing.T) {
+	e := memEnv(6)
+	cfg := smallConfig(t, e)
+	cfg.RetentionBytes = 6000
+	s := mustOpen(t, cfg)
+	var m model
+	appendBatches(t, s, &m, 200, 100)
+	e.mem.SetHook(func(op vfs.Op, name string) error {
+		if op == vfs.OpRemove {
+			return errors.New("injected: remove fails")
+		}
+		return nil
+	})
+	if _, err := s.ApplyRetention(); err == nil {
+		t.Fatal("ApplyRetention succeeded with removes failing")
+	}
+	e.mem.SetHook(nil)
+	s.Close()
+	s = mustOpen(t, cfg)
+	if s.StartOffset() != 0 {
+		t.Fatalf("start %d, want 0 (nothing was unlinked)", s.StartOffset())
+	}
+	s.Close()
+	// The record followed the log down: losing segment 0 now is told.
+	if err := e.fs.Remove(e.dir + "/" + segmentName(0, logSuffix)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(cfg); !errors.Is(err, ErrDataLoss) {
+		t.Fatalf("Open without segment 0: %v, want ErrDataLoss", err)
 	}
 }

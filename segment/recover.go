@@ -47,6 +47,11 @@ type recoveryPlan struct {
 // files that do not match the log, remove orphan index files. It leaves s
 // with its segments open and its offsets set.
 func (s *Store) recover() error {
+	rec, err := s.loadStartRecord()
+	if err != nil {
+		return err
+	}
+	s.startRec = rec
 	if err := s.finishInstall(); err != nil {
 		return err
 	}
@@ -74,6 +79,14 @@ func (s *Store) recover() error {
 		}
 	}
 	s.durable.Store(last.nextOffset)
+	// Record where the log starts if no record says so yet (a new log, or
+	// one older than the record), or lower it to the first segment (a
+	// crash between a save and the deletion it announced).
+	if first := segs[0].baseOffset; !s.startRec.ok || first < s.startRec.start {
+		if err := s.saveStartRecord(first); err != nil {
+			s.log.Warn("could not record the log's start; a lost first segment will not be told from retention until it is", "error", err)
+		}
+	}
 	s.log.Info("opened log", "segments", len(segs), "start_offset", segs[0].baseOffset,
 		"next_offset", last.nextOffset, "first_index", s.firstIndex.Load(), "last_index", s.lastIndex.Load(), "bytes", size)
 	return nil
@@ -121,6 +134,10 @@ func (s *Store) loadSegments(onRecover func(batch.Header) error) (segs []*segmen
 		}
 	}
 	slices.Sort(bases)
+	if err := checkStart(s.startRec, bases); err != nil {
+		s.log.Error("log lost records", "error", err)
+		return nil, err
+	}
 
 	plan := recoveryPlan{tornAt: -1, indexRewrite: map[*segment]string{}, keyRewrite: map[*segment]string{}}
 	defer func() {
@@ -174,7 +191,10 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 	}
 	g := newSegment(s.cfg.Dir, base, f)
 	if len(prev) > 0 {
-		if p := prev[len(prev)-1]; p.nextOffset != base {
+		if p := prev[len(prev)-1]; p.nextOffset < base {
+			return g, s.corruption(g, 0, p.nextOffset, &MissingError{FromOffset: p.nextOffset, ToOffset: base,
+				Where: fmt.Sprintf("between segments %s and %s", p.name(), g.name())})
+		} else if p.nextOffset != base {
 			return g, s.corruption(g, 0, p.nextOffset, fmt.Errorf(
 				"segment base offset %d does not follow the previous segment, which ends at offset %d", base, p.nextOffset))
 		}

@@ -250,6 +250,10 @@ type Store struct {
 	// appender, read by anyone.
 	noSpace atomic.Pointer[error]
 
+	// startRec is the start record as last loaded or saved
+	// (startrecord.go); the appender's (or Open's).
+	startRec startRecord
+
 	// staging is set while a Staging of this store is open (see Install).
 	staging atomic.Bool
 }
