@@ -468,6 +468,15 @@ func (d *rangeDriver) fail(err error) {
 	d.notify()
 }
 
+// diskFull reports whether the range's log refuses writes for want of
+// space (not a failure: see segment.ErrNoSpace). Safe from any goroutine.
+func (d *rangeDriver) diskFull() bool {
+	if d.rep != nil {
+		return d.rep.DiskFull() != nil
+	}
+	return d.store != nil && d.store.NoSpace() != nil
+}
+
 // maintain applies retention and forgets idle producers.
 func (d *rangeDriver) maintain() {
 	if d.failure.Load() != nil {
