@@ -9,9 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/geolog/geolog/atrest"
+	"github.com/geolog/geolog/internal/portlock"
 	"github.com/geolog/geolog/regionsvc"
 	"github.com/geolog/geolog/segment"
 )
@@ -140,13 +143,44 @@ func TestVerifyAndLostSegment(t *testing.T) {
 }
 
 // TestDataDirModes: every file a node writes is 0600 and every directory
-// 0700, after the node created streams, took appends, rolled segments and
-// stopped.
+// 0700, after a replicated region of one with encryption at rest created
+// a stream, took appends, rolled segments and stopped (segments, index
+// files, Raft state and commit marks, the catalogue, orphan logs, key
+// files). Its sealed ranges verify with the KEK file and not without.
 func TestDataDirModes(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data")
-	n := startNodeAt(t, dataDir)
-	addr := n.Addr()
-	mustRun(t, addr, "", "streams", "create", "modes", "--ranges", "2")
+	kekFile := filepath.Join(t.TempDir(), "kek.json")
+	if _, err := atrest.AddKEK(kekFile); err != nil {
+		t.Fatal(err)
+	}
+	kek, err := atrest.OpenKEKFile(kekFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := portlock.Addr(t)
+	n, err := regionsvc.New(regionsvc.Config{
+		DataDir: dataDir, ListenAddr: addr, NodeID: 1, Peers: map[uint64]string{1: addr},
+		SegmentBytesMax: segment.SegmentBytesMaxMin, KEK: kek,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "node", Level: hclog.Warn, Output: tWriter{t}}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		n.Close()
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	for {
+		_, stderr, code := run(t, ctx, "", "--addr", addr, "streams", "create", "modes", "--ranges", "2")
+		if code == 0 || strings.Contains(stderr, "STREAM_EXISTS") {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("create: %s", stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	for b := range 4 {
 		var in strings.Builder
 		for i := range 30 {
@@ -155,8 +189,8 @@ func TestDataDirModes(t *testing.T) {
 		mustRun(t, addr, in.String(), "produce", "modes", "--tab")
 	}
 	n.Close()
-	checked := 0
-	err := filepath.WalkDir(dataDir, func(path string, d fs.DirEntry, err error) error {
+	checked := map[string]bool{}
+	err = filepath.WalkDir(dataDir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -171,13 +205,22 @@ func TestDataDirModes(t *testing.T) {
 		if st.Mode().Perm() != want {
 			t.Errorf("%s: mode %v, want %v", strings.TrimPrefix(path, dataDir), st.Mode().Perm(), want)
 		}
-		checked++
+		checked[d.Name()] = true
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if checked < 10 {
-		t.Fatalf("walked %d entries only", checked)
+	for _, name := range []string{"meta", "00001", "_raftstate", "_orphans", "_logstart", "00000000000000000000.log"} {
+		if !checked[name] {
+			t.Errorf("walked no %s (%d entries)", name, len(checked))
+		}
+	}
+	if _, stderr, code := run(t, ctx, "", "verify", "--data-dir", dataDir, "--kek-file", kekFile); code != 0 {
+		t.Fatalf("verify with the KEK file: exit %d, %s", code, stderr)
+	}
+	stdout, _, code := run(t, ctx, "", "verify", "--data-dir", dataDir)
+	if code != 1 || !strings.Contains(stdout, "--kek-file") {
+		t.Fatalf("verify of sealed ranges without the KEK file: exit %d,\n%s", code, stdout)
 	}
 }
