@@ -65,6 +65,17 @@
 //   - calls Compact between Ready cycles to apply retention as log
 //     compaction.
 //
+// A full disk (segment.ErrNoSpace from the log) is not a failure: WriteLog
+// returns the error, keeps what it took queued (the frames the log took
+// stay in it; the torn one was cut off) and delivers none of its
+// messages, so this replica acks nothing it could not write (a follower
+// sends no MsgAppResp, a leader does not count itself); Propose answers a
+// retriable UNAVAILABLE (DiskFull) meanwhile. The driver calls WriteLog
+// again after a backoff even if LogWrites does not receive; the first one
+// that succeeds delivers everything held and clears DiskFull. A truncation
+// or snapshot install that meets a full disk (appendSync) still stops the
+// replica.
+//
 // A producer's ack therefore comes only after a quorum of the region has the
 // batch fsynced (a follower acks an append only after its WriteLog's fsync;
 // a leader counts its own copy the same way). A proposal is answered with success only if the entry that
