@@ -169,11 +169,14 @@ func (s *Store) roll() error {
 		// Index files are a cache that recovery verifies and rebuilds.
 		s.log.Warn("could not write index files", "segment", old.name(), "error", err)
 	}
-	s.sealKeys(old)
+	// Create the next segment before sealing this one's keys: a create
+	// refused for space (ErrNoSpace) leaves this segment the active one,
+	// and appends that fit it after all must still be indexed.
 	g, err := s.createSegment(old.nextOffset)
 	if err != nil {
 		return err
 	}
+	s.sealKeys(old)
 	s.mu.Lock()
 	s.segs = append(s.segs, g)
 	s.mu.Unlock()

@@ -2,6 +2,10 @@ package segment
 
 import (
 	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/geolog/geolog/batch"
@@ -214,5 +218,58 @@ func TestRetentionInterruptedAfterRecord(t *testing.T) {
 	}
 	if _, err := Open(cfg); !errors.Is(err, ErrDataLoss) {
 		t.Fatalf("Open without segment 0: %v, want ErrDataLoss", err)
+	}
+}
+
+// TestRollNoSpace: a roll whose new segment cannot be created (the
+// directory's device is full) leaves the segment active and its key index
+// live: a smaller frame that still fits is appended to it and found by
+// key, and the roll happens once space returns.
+func TestRollNoSpace(t *testing.T) {
+	e := memEnv(9)
+	cfg := smallConfig(t, e)
+	s := mustOpen(t, cfg)
+	defer s.Close()
+	var m model
+	// Fill the active segment close to SegmentBytesMax (2048).
+	for s.Size() < 1700 {
+		appendBatches(t, s, &m, 1, 100)
+	}
+	segsBefore := len(s.Sealed())
+	// The next segment's file cannot be created (its directory's blocks
+	// are full; the index files beside it still fit).
+	e.mem.SetHook(func(op vfs.Op, name string) error {
+		if op == vfs.OpOpen && strings.HasSuffix(name, ".log") {
+			return &fs.PathError{Op: "open", Path: name, Err: syscall.ENOSPC}
+		}
+		return nil
+	})
+	big := makeFrame(s.NextOffset(), 30, 200)
+	if err := s.Append(big); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Append needing a roll on a full device: %v, want ErrNoSpace", err)
+	}
+	if len(s.Sealed()) != segsBefore {
+		t.Fatalf("a roll that could not create its segment sealed one")
+	}
+	small := makeFrame(s.NextOffset(), 1, 200)
+	if err := s.Append(small); err != nil {
+		t.Fatalf("Append of a frame that fits: %v", err)
+	}
+	m.add(t, small)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Appendf(nil, "k%d", m.heads[len(m.heads)-1].BaseOffset)
+	recs, _, err := s.ReadKey(key, 0, s.NextOffset(), 10, 1<<20)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("ReadKey(%s) after the refused roll: %d records, %v", key, len(recs), err)
+	}
+	e.mem.SetHook(nil)
+	big = makeFrame(s.NextOffset(), 30, 300)
+	if err := s.Append(big); err != nil {
+		t.Fatalf("Append once space returned: %v", err)
+	}
+	if len(s.Sealed()) != segsBefore+1 {
+		t.Fatalf("%d sealed segments after the roll, want %d", len(s.Sealed()), segsBefore+1)
 	}
 }
