@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 )
 
 // newMemDiskCluster is a cluster of three whose nodes keep their logs on
@@ -23,6 +26,10 @@ func newMemDiskCluster(t *testing.T) (*cluster, map[uint64]*vfs.Mem) {
 			}
 			cfg.FS, cfg.Dir, cfg.Fsync = mems[id], fmt.Sprintf("/node%d", id), segment.FsyncAlways
 			cfg.SegmentBytesMax = segment.SegmentBytesMaxMin
+		}
+		// The hard state lives on the same disk.
+		c.repCfg = func(id uint64, cfg *Config) {
+			cfg.State = FileState{FS: mems[id], Dir: fmt.Sprintf("/node%d", id)}
 		}
 	})
 	return c, mems
@@ -98,19 +105,35 @@ func TestFollowerDiskFull(t *testing.T) {
 	if _, err := c.logs[3].ReadFrames(0, segment.ReadBytesMax, before); err != nil {
 		t.Fatalf("node 3: read of its committed prefix: %v", err)
 	}
+	// A new term while the disk is full: node 3 records it in place and
+	// serves on (a full disk must not stop it at the next election).
+	c.transfer(2)
+	proposeN(c, 2, &seq, 3, &res)
+	checkAcks(t, res, 13)
+	if f := c.replicas[3].Failure(); f != nil {
+		t.Fatalf("node 3 stopped at a new term on a full disk: %v", f)
+	}
 
 	mems[3].SetSpaceBytes(0)
 	c.tick(3)
 	if c.replicas[3].DiskFull() != nil {
 		t.Fatalf("node 3 still disk full: %v", c.replicas[3].DiskFull())
 	}
-	if m := c.replicas[1].Status().Progress[3].Match; m != c.logs[1].LastIndex() {
-		t.Fatalf("node 3 matches %d after space returned, leader at %d", m, c.logs[1].LastIndex())
+	if m := c.replicas[2].Status().Progress[3].Match; m != c.logs[2].LastIndex() {
+		t.Fatalf("node 3 matches %d after space returned, leader at %d", m, c.logs[2].LastIndex())
 	}
-	if c.replicas[3].Committed() != c.replicas[1].Committed() {
-		t.Fatalf("committed: node 3 %d, leader %d", c.replicas[3].Committed(), c.replicas[1].Committed())
+	if c.replicas[3].Committed() != c.replicas[2].Committed() {
+		t.Fatalf("committed: node 3 %d, leader %d", c.replicas[3].Committed(), c.replicas[2].Committed())
 	}
 	sameLogs(t, c)
+
+	// Node 3 restarts on what its disk holds: the term it saved in place.
+	term := c.replicas[2].Status().GetTerm()
+	c.stop(3)
+	c.start(3)
+	if got := c.replicas[3].Status().GetTerm(); got != term {
+		t.Fatalf("node 3 restarted at term %d, want %d", got, term)
+	}
 }
 
 // TestLeaderDiskFull: a leader whose disk fills does not count itself
@@ -174,4 +197,58 @@ func TestLeaderDiskFull(t *testing.T) {
 		t.Fatalf("leader's log ends at %d after a crash, node 2's at %d", st.NextOffset(), c.logs[2].NextOffset())
 	}
 	c.logs[1], c.replicas[1] = nil, nil
+}
+
+// TestSaveTermVoteInPlace: a term and vote saved in place are loaded over
+// the state file's older ones, a torn slot falls back to the other, and a
+// later full Save wins.
+func TestSaveTermVoteInPlace(t *testing.T) {
+	mem := vfs.NewMem(rand.New(rand.NewPCG(4, 4)))
+	if err := mem.MkdirAll("/r", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fsState := FileState{FS: mem, Dir: "/r"}
+	h := HardState{Raft: &raftpb.HardState{Term: proto.Uint64(3), Vote: proto.Uint64(1)}, Conf: &raftpb.ConfState{Voters: []uint64{1, 2, 3}}}
+	if err := fsState.Save(h); err != nil {
+		t.Fatal(err)
+	}
+	load := func() (uint64, uint64) {
+		t.Helper()
+		got, ok, err := fsState.Load()
+		if err != nil || !ok {
+			t.Fatalf("Load: %v %v", ok, err)
+		}
+		return got.Raft.GetTerm(), got.Raft.GetVote()
+	}
+	if err := fsState.SaveTermVote(5, 2); err != nil {
+		t.Fatal(err)
+	}
+	if term, vote := load(); term != 5 || vote != 2 {
+		t.Fatalf("loaded term %d vote %d, want 5 2", term, vote)
+	}
+	if err := fsState.SaveTermVote(6, 0); err != nil {
+		t.Fatal(err)
+	}
+	if term, vote := load(); term != 6 || vote != 0 {
+		t.Fatalf("loaded term %d vote %d, want 6 0", term, vote)
+	}
+	// Tear term 6's slot (even terms use slot 0): term 5's stands.
+	w, err := mem.OpenFile("/r/"+termVoteFileName, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt([]byte{0xff}, 3); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if term, vote := load(); term != 5 || vote != 2 {
+		t.Fatalf("with a torn slot: term %d vote %d, want 5 2", term, vote)
+	}
+	h.Raft = &raftpb.HardState{Term: proto.Uint64(9), Vote: proto.Uint64(3)}
+	if err := fsState.Save(h); err != nil {
+		t.Fatal(err)
+	}
+	if term, vote := load(); term != 9 || vote != 3 {
+		t.Fatalf("after a full Save: term %d vote %d, want 9 3", term, vote)
+	}
 }
