@@ -232,12 +232,13 @@ func TestSaveTermVoteInPlace(t *testing.T) {
 	if term, vote := load(); term != 6 || vote != 0 {
 		t.Fatalf("loaded term %d vote %d, want 6 0", term, vote)
 	}
-	// Tear term 6's slot (even terms use slot 0): term 5's stands.
+	// Tear term 6's slot (the second: each save takes the older slot):
+	// term 5's stands.
 	w, err := mem.OpenFile("/r/"+termVoteFileName, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.WriteAt([]byte{0xff}, 3); err != nil {
+	if _, err := w.WriteAt([]byte{0xff}, termVoteSlotBytes+3); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()

@@ -38,9 +38,9 @@ const commitMagic = 0x4b4d4347 // "GCMK"
 // that an election needs no new disk space (a full disk must not stop a
 // replica at its next term; see docs/disk-faults.md). A slot is (term
 // u64, vote u64, magic u32, CRC32C of the 20 bytes before u32),
-// little-endian; a save writes the slot its term's parity picks, so a
-// torn write leaves the other, older one. Load takes the newest of the
-// slots and the state file's own term and vote.
+// little-endian; a save overwrites the older (or invalid) slot, so the
+// newest record is never written over and a torn write leaves it. Load
+// takes the newest of the slots and the state file's own term and vote.
 const (
 	termVoteFileName  = "_termvote"
 	termVoteSlotBytes = 24
@@ -54,8 +54,9 @@ func encodeTermVote(term, vote uint64) []byte {
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
-// decodeTermVote returns the newest valid slot of b (ok false: none).
-func decodeTermVote(b []byte) (term, vote uint64, ok bool) {
+// decodeTermVote returns the newest valid slot of b (ok false: none) and
+// the index of the slot to overwrite next: the other one.
+func decodeTermVote(b []byte) (term, vote uint64, ok bool, next int) {
 	for i := 0; i+termVoteSlotBytes <= len(b) && i < 2*termVoteSlotBytes; i += termVoteSlotBytes {
 		s := b[i : i+termVoteSlotBytes]
 		if binary.LittleEndian.Uint32(s[16:]) != termVoteMagic || binary.LittleEndian.Uint32(s[20:]) != crc32.Checksum(s[:20], castagnoli) {
@@ -63,10 +64,10 @@ func decodeTermVote(b []byte) (term, vote uint64, ok bool) {
 		}
 		t, v := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
 		if !ok || newerTermVote(t, v, term, vote) {
-			term, vote, ok = t, v, true
+			term, vote, ok, next = t, v, true, 1-i/termVoteSlotBytes
 		}
 	}
-	return term, vote, ok
+	return term, vote, ok, next
 }
 
 // newerTermVote reports whether (t, v) is later than (term, vote): a
@@ -259,7 +260,7 @@ func (f FileState) Load() (HardState, bool, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return h, false, err
 	}
-	if term, vote, ok := decodeTermVote(tv); ok {
+	if term, vote, ok, _ := decodeTermVote(tv); ok {
 		h = withTermVote(h, term, vote)
 	}
 	return withCommit(h, mark), true, nil
@@ -271,17 +272,24 @@ func (f FileState) Load() (HardState, bool, error) {
 // For a change of term or vote alone; anything else goes through Save.
 func (f FileState) SaveTermVote(term, vote uint64) error {
 	name := filepath.Join(f.Dir, termVoteFileName)
-	w, err := f.FS.OpenFile(name, os.O_WRONLY, 0)
+	w, err := f.FS.OpenFile(name, os.O_RDWR, 0)
 	created := false
 	if errors.Is(err, fs.ErrNotExist) {
-		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_WRONLY, 0o600)
+		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
 		created = true
 	}
 	if err != nil {
 		return err
 	}
-	data, at := encodeTermVote(term, vote), int64(term%2)*termVoteSlotBytes
-	if created {
+	cur := make([]byte, 2*termVoteSlotBytes)
+	n, err := w.ReadAt(cur, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		w.Close()
+		return err
+	}
+	_, _, _, slot := decodeTermVote(cur[:n])
+	data, at := encodeTermVote(term, vote), int64(slot)*termVoteSlotBytes
+	if created || n < len(cur) {
 		// Both slots at once: later saves rewrite in place.
 		both := make([]byte, 2*termVoteSlotBytes)
 		copy(both[at:], data)
