@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -271,5 +272,98 @@ func TestRollNoSpace(t *testing.T) {
 	}
 	if len(s.Sealed()) != segsBefore+1 {
 		t.Fatalf("%d sealed segments after the roll, want %d", len(s.Sealed()), segsBefore+1)
+	}
+}
+
+// snapshotDir returns every file of dir in fs with its content.
+func snapshotDir(t *testing.T, e env) map[string]string {
+	t.Helper()
+	des, err := e.fs.ReadDir(e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, de := range des {
+		if de.IsDir() {
+			continue
+		}
+		b, err := vfs.ReadFile(e.fs, e.dir+"/"+de.Name(), 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[de.Name()] = string(b)
+	}
+	return out
+}
+
+// TestVerify: Verify reports a sound log, a torn tail (a repair, not a
+// problem), a damaged key index (a problem) and a lost segment (an error),
+// and changes nothing on disk.
+func TestVerify(t *testing.T) {
+	e := memEnv(12)
+	cfg := smallConfig(t, e)
+	s := mustOpen(t, cfg)
+	var m model
+	appendBatches(t, s, &m, 120, 100)
+	segs := s.Sealed()
+	next := s.NextOffset()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(cfg)
+	if err != nil || rep.Segments != len(segs)+1 || rep.NextOffset != next || !rep.RecordedStartOK || len(rep.Damaged) != 0 || rep.TornTailBytes != 0 {
+		t.Fatalf("Verify of a sound log: %+v, %v", rep, err)
+	}
+	// A store holding the directory makes Verify refuse it.
+	s = mustOpen(t, cfg)
+	if _, err := Verify(cfg); !errors.Is(err, ErrLocked) {
+		t.Fatalf("Verify of an open log: %v, want ErrLocked", err)
+	}
+	s.Close()
+
+	// A torn tail: half a frame past the end of the active segment.
+	last := e.dir + "/" + segmentName(segs[len(segs)-1].NextOffset, logSuffix)
+	f, err := e.fs.OpenFile(last, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size, _ := f.Size()
+	frame := makeFrame(next, 3, 500)
+	if _, err := f.WriteAt(frame[:len(frame)/2], size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// A damaged key index of a sealed segment.
+	ki := e.dir + "/" + segmentName(segs[0].BaseOffset, keyIndexSuffix)
+	b, err := vfs.ReadFile(e.fs, ki, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 0xff
+	if err := vfs.WriteFileAtomic(e.fs, ki, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshotDir(t, e)
+	rep, err = Verify(cfg)
+	if err != nil || rep.TornTailBytes != int64(len(frame)/2) || len(rep.Damaged) != 1 || !strings.Contains(rep.Damaged[0], "key index") {
+		t.Fatalf("Verify of a torn tail and a damaged key index: %+v, %v", rep, err)
+	}
+	if after := snapshotDir(t, e); len(after) != len(before) {
+		t.Fatalf("Verify changed the directory: %d files before, %d after", len(before), len(after))
+	} else {
+		for name, content := range before {
+			if after[name] != content {
+				t.Fatalf("Verify changed %s", name)
+			}
+		}
+	}
+
+	// A lost segment in the middle.
+	if err := e.fs.Remove(e.dir + "/" + segmentName(segs[1].BaseOffset, logSuffix)); err != nil {
+		t.Fatal(err)
+	}
+	var me *MissingError
+	if _, err := Verify(cfg); !errors.As(err, &me) || me.FromOffset != segs[1].BaseOffset || me.ToOffset != segs[1].NextOffset {
+		t.Fatalf("Verify after losing a segment: %v", err)
 	}
 }
