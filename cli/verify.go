@@ -190,8 +190,11 @@ func (e *env) printVerify(lines []verifyLine, asJSON bool) error {
 		if n := len(l.Repairs); n > 0 {
 			notes = append(notes, fmt.Sprintf("%d index files to rebuild", n))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", l.Range, status, l.Segments, l.Bytes, l.StartOffset, l.NextOffset,
-			rec, strings.Join(notes, "; "))
+		counts := fmt.Sprintf("%d\t%d\t%d\t%d", l.Segments, l.Bytes, l.StartOffset, l.NextOffset)
+		if l.Error != "" && l.Segments == 0 {
+			counts = "-\t-\t-\t-" // the check stopped before the pass
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.Range, status, counts, rec, strings.Join(notes, "; "))
 	}
 	return tw.Flush()
 }
