@@ -153,9 +153,14 @@ func (r *Replica) writeQueued() error {
 		}
 	}
 	if errors.Is(err, segment.ErrNoSpace) {
-		return r.requeueNoSpace(writes, err)
+		var rest []*logWrite
+		if rest, err = r.deliverWritten(writes, err); errors.Is(err, segment.ErrNoSpace) {
+			return r.requeueNoSpace(rest, err)
+		}
+		// The sync of what fitted failed: a failure like any other.
+	} else {
+		r.noteSpace(nil)
 	}
-	r.noteSpace(nil)
 	w.mu.Lock()
 	// busy is cleared only after delivering, so that ProcessReady delivers
 	// nothing of a later write ahead of these (see queueWrite).
@@ -169,6 +174,27 @@ func (r *Replica) writeQueued() error {
 		signal(w.written)
 	}
 	return err
+}
+
+// deliverWritten, after the log refused a frame of writes for want of
+// space (noSpace), makes the writes it took whole durable and delivers
+// their messages, so that a follower acks what did fit; it returns the
+// writes left and noSpace, or the error of a failed sync.
+func (r *Replica) deliverWritten(writes []*logWrite, noSpace error) ([]*logWrite, error) {
+	done := 0
+	for done < len(writes) && writes[done].written == len(writes[done].frames) {
+		done++
+	}
+	if done == 0 {
+		return writes, noSpace
+	}
+	if err := r.cfg.Log.Sync(); err != nil {
+		return writes, fmt.Errorf("replica: sync: %w", err)
+	}
+	for _, lw := range writes[:done] {
+		r.deliver(lw.responses)
+	}
+	return writes[done:], noSpace
 }
 
 // requeueNoSpace puts writes, which the log refused for want of space,
@@ -218,11 +244,6 @@ func (r *Replica) appendFrames(writes []*logWrite) error {
 	for _, lw := range writes {
 		for ; lw.written < len(lw.frames); lw.written++ {
 			if err := r.cfg.Log.Append(lw.frames[lw.written]); err != nil {
-				if n > 0 && errors.Is(err, segment.ErrNoSpace) {
-					// Make what did fit durable, so the retry
-					// has less to do; its acks wait all the same.
-					_ = r.cfg.Log.Sync()
-				}
 				return fmt.Errorf("replica: append: %w", err)
 			}
 			n++

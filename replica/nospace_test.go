@@ -253,3 +253,40 @@ func TestSaveTermVoteInPlace(t *testing.T) {
 		t.Fatalf("after a full Save: term %d vote %d, want 9 3", term, vote)
 	}
 }
+
+// TestFollowerDiskFullAcksWhatFits: of several writes a follower's writer
+// takes at once, those the disk takes whole are made durable and acked;
+// the rest wait for space.
+func TestFollowerDiskFullAcksWhatFits(t *testing.T) {
+	c, mems := newMemDiskCluster(t)
+	c.elect(1)
+	var res []Result
+	var seq uint64
+	proposeN(c, 1, &seq, 2, &res)
+	before := c.replicas[1].Status().Progress[3].Match
+	c.holdWrites[3] = true // three appends queue up on node 3
+	for i := 0; i < 3; i++ {
+		proposeN(c, 1, &seq, 1, &res)
+	}
+	frame, err := c.logs[1].ReadFramesByIndex(c.logs[1].LastIndex(), c.logs[1].LastIndex()+1, 1<<20)
+	if err != nil || len(frame) == 0 {
+		t.Fatalf("leader's last frame: %v", err)
+	}
+	// Room for one of the three frames and a part of the next.
+	mems[3].SetSpaceBytes(mems[3].UsedBytes() + int64(len(frame)) + int64(len(frame))/2)
+	c.holdWrites[3] = false
+	c.settle()
+	if c.replicas[3].DiskFull() == nil {
+		t.Fatal("node 3 wrote three frames into the room of one and a half")
+	}
+	if m := c.replicas[1].Status().Progress[3].Match; m != before+1 {
+		t.Fatalf("node 3 matches %d, want %d (the one append that fitted)", m, before+1)
+	}
+	mems[3].SetSpaceBytes(0)
+	c.tick(3)
+	if m, last := c.replicas[1].Status().Progress[3].Match, c.logs[1].LastIndex(); m != last {
+		t.Fatalf("node 3 matches %d after space returned, leader at %d", m, last)
+	}
+	checkAcks(t, res, 5)
+	sameLogs(t, c)
+}
