@@ -25,9 +25,11 @@
 //  1. Step what WriteLog delivered to this replica's Raft
 //     (MsgStorageAppendResp, a leader's own MsgAppResp): entries now
 //     durable here, and what they commit.
-//  2. Save the hard state when its term or vote changed, synchronously
-//     (the commit index rides along; on its own it is made durable by the
-//     commit mark, step 5).
+//  2. Save the hard state when its term or vote changed, synchronously:
+//     term and vote alone, in place, where the StateStore can
+//     (FileState.SaveTermVote: an election needs no new disk space), the
+//     whole state otherwise (the commit index rides along; on its own it
+//     is made durable by the commit mark, step 5).
 //  3. Send what Raft lets go at once: a leader's appends and heartbeats go
 //     out before its own write, so its followers write in parallel with it
 //     (Raft thesis 10.2.1). (Config.Send must not block.)
