@@ -290,3 +290,61 @@ func TestFollowerDiskFullAcksWhatFits(t *testing.T) {
 	checkAcks(t, res, 5)
 	sameLogs(t, c)
 }
+
+// FuzzTermVote: any bytes in the term and vote file decode without a
+// panic; a slot that decodes re-encodes to its bytes; Load either refuses
+// the file (too large) or returns a term and vote no older than the state
+// file's.
+func FuzzTermVote(f *testing.F) {
+	f.Add(encodeTermVote(3, 1))
+	f.Add(append(encodeTermVote(3, 1), encodeTermVote(4, 0)...))
+	f.Add(append(make([]byte, termVoteSlotBytes), encodeTermVote(9, 2)[:20]...))
+	f.Add([]byte("GLTV"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		term, vote, ok, next := decodeTermVote(b)
+		if next != 0 && next != 1 {
+			t.Fatalf("next slot %d", next)
+		}
+		if ok {
+			found := false
+			for i := 0; i+termVoteSlotBytes <= len(b) && i < 2*termVoteSlotBytes; i += termVoteSlotBytes {
+				found = found || string(b[i:i+termVoteSlotBytes]) == string(encodeTermVote(term, vote))
+			}
+			if !found {
+				t.Fatal("the decoded record is in no slot")
+			}
+		}
+		mem := vfs.NewMem(rand.New(rand.NewPCG(5, 5)))
+		if err := mem.MkdirAll("/r", 0o700); err != nil {
+			t.Fatal(err)
+		}
+		st := FileState{FS: mem, Dir: "/r"}
+		hs := HardState{Raft: &raftpb.HardState{Term: proto.Uint64(2), Vote: proto.Uint64(1)}, Conf: &raftpb.ConfState{Voters: []uint64{1}}}
+		if err := st.Save(hs); err != nil {
+			t.Fatal(err)
+		}
+		w, err := mem.OpenFile("/r/"+termVoteFileName, os.O_WRONLY|os.O_CREATE, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.WriteAt(b, 0)
+		w.Close()
+		got, loaded, err := st.Load()
+		if err != nil {
+			if len(b) <= 2*termVoteSlotBytes {
+				t.Fatalf("Load of a file of %d bytes: %v", len(b), err)
+			}
+			return
+		}
+		if !loaded || got.Raft.GetTerm() < 2 || (got.Raft.GetTerm() == 2 && got.Raft.GetVote() != 1) {
+			t.Fatalf("Load: term %d vote %d, the state file says 2 1", got.Raft.GetTerm(), got.Raft.GetVote())
+		}
+		// A save after it lands, and is what Load returns.
+		if err := st.SaveTermVote(got.Raft.GetTerm()+1, 3); err != nil {
+			t.Fatal(err)
+		}
+		if again, _, err := st.Load(); err != nil || again.Raft.GetTerm() != got.Raft.GetTerm()+1 || again.Raft.GetVote() != 3 {
+			t.Fatalf("after SaveTermVote(%d, 3): %v, %v", got.Raft.GetTerm()+1, again.Raft, err)
+		}
+	})
+}

@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/geolog/geolog/batch"
@@ -38,4 +39,30 @@ func BenchmarkVerify(b *testing.B) {
 			b.Fatalf("Verify: %+v, %v", rep, err)
 		}
 	}
+}
+
+// FuzzStartRecord: any bytes in the start record file decode without a
+// panic, to no record, a record held by one of its slots, or a
+// CorruptionError.
+func FuzzStartRecord(f *testing.F) {
+	f.Add(encodeStartSlot(1, 0))
+	f.Add(append(encodeStartSlot(1, 0), encodeStartSlot(2, 500)...))
+	f.Add(append(make([]byte, startSlotBytes), encodeStartSlot(7, 9)[:23]...))
+	f.Add(make([]byte, 48))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rec, err := decodeStartRecord(b)
+		var ce *CorruptionError
+		switch {
+		case err != nil && !errors.As(err, &ce):
+			t.Fatalf("error %v is no CorruptionError", err)
+		case err == nil && rec.ok:
+			found := false
+			for i := 0; i+startSlotBytes <= len(b) && i < 2*startSlotBytes; i += startSlotBytes {
+				found = found || string(b[i:i+startSlotBytes]) == string(encodeStartSlot(rec.seq, rec.start))
+			}
+			if !found {
+				t.Fatal("the decoded record is in no slot")
+			}
+		}
+	})
 }
