@@ -43,6 +43,8 @@ FUZZ_TARGETS := \
 	./replica:FuzzForkRecord:60000 \
 	./replica:FuzzForkDesc:60000 \
 	./replica:FuzzCommitMark:20000 \
+	./replica:FuzzTermVote:20000 \
+	./segment:FuzzStartRecord:50000 \
 	./segment:FuzzKeyIndex:200000 \
 	./batch:FuzzRecordKeys:100000 \
 	./cursors:FuzzDecode:100000 \

@@ -83,6 +83,9 @@ commands:
   keys add-kek|remove-kek --kek-file FILE
                        encryption at rest: a stopped node's data keys and the
                        KEK file (see 'geolog keys --help')
+  verify --data-dir DIR [--kek-file FILE] [--json]
+                       check a stopped node's ranges on disk (CRCs, lost
+                       segments, indexes); exit 1 on any problem
   rehome <stream> <range|all> <region> [--json]
                        move homes to region with zero loss (needs --lease-store)
   replicas describe <stream> <range>
@@ -180,6 +183,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.orphans(ctx, args)
 	case "keys":
 		err = env.keys(ctx, args)
+	case "verify":
+		err = env.verify(ctx, args)
 	case "certs":
 		err = env.certs(ctx, args)
 	case "groups":

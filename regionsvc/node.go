@@ -817,6 +817,8 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 		}
 		if f := rd.failure.Load(); f != nil {
 			ri.Status = f.Error()
+		} else if rd.diskFull() {
+			ri.Status = "appends refused: out of disk space (reads are served; appends resume once space is freed)"
 		}
 		if rd.rep != nil {
 			ri.Leader = n.clientAddr(n.cfg.Region, rd.rep.LeaderID())

@@ -407,7 +407,13 @@ func (d *rangeDriver) handleAppend(op *appendOp) {
 		now = d.lastAppendUnixNano // append time never goes back within a range
 	}
 	batch.Patch(op.frame, base, d.cfg.epoch, now)
-	if err := d.store.Append(op.frame); err != nil {
+	if err := d.store.Append(op.frame); errors.Is(err, segment.ErrNoSpace) {
+		// Not a failure: the store cut the torn frame off and takes the
+		// next append that fits (each one is the probe). Reads go on.
+		op.reply(appendResult{err: apierr.New(apierr.Unavailable,
+			"stream %s range %d: out of disk space; appends resume once space is freed: %v", d.cfg.stream, d.cfg.rangeID, err)})
+		return
+	} else if err != nil {
 		d.fail(fmt.Errorf("append: %w", err))
 		op.reply(appendResult{err: d.failure.Load()})
 		return
@@ -474,6 +480,15 @@ func (d *rangeDriver) fail(err error) {
 	}
 	d.pending = nil
 	d.notify()
+}
+
+// diskFull reports whether the range's log refuses writes for want of
+// space (not a failure: see segment.ErrNoSpace). Safe from any goroutine.
+func (d *rangeDriver) diskFull() bool {
+	if d.rep != nil {
+		return d.rep.DiskFull() != nil
+	}
+	return d.store != nil && d.store.NoSpace() != nil
 }
 
 // maintain applies retention and forgets idle producers.
