@@ -81,7 +81,7 @@ func TestResealPendingRollStale(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
-				got, err := readAll(s, end)
+				got, err := readAllBytes(s, end)
 				if err != nil || !bytes.Equal(got, want) {
 					msg := fmt.Sprintf("%d bytes, %v", len(got), err)
 					readErr.Store(&msg)
@@ -152,7 +152,7 @@ func BenchmarkReseal(b *testing.B) {
 
 // readAll reads the data frames of s below end, read after read, each from
 // the NextOffset of the last frame the previous one returned.
-func readAll(s *Store, end uint64) ([]byte, error) {
+func readAllBytes(s *Store, end uint64) ([]byte, error) {
 	var out []byte
 	for from := uint64(0); from < end; {
 		b, err := s.ReadFrames(from, 1<<30, end)
