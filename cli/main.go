@@ -39,10 +39,10 @@ usage: geolog [global flags] <command> [flags] [args]
 commands:
   streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread]
                  [--retention-age 168h] [--retention-bytes N]
-  streams list [--json]
-  streams describe <name> [--json]
+  streams list [--json | --format T]
+  streams describe <name> [--json | --format T]
   streams delete <name>
-  ranges <stream> [--json]
+  ranges <stream> [--json | --format T]
                        per range: home, epoch, tail, leader, and each region's
                        applied offset and lag (offsets/time), merged from every
                        node of --addr (give nodes of every region)
@@ -50,20 +50,23 @@ commands:
                        follow every range from its tail on --addr's nodes and
                        report replication lag (receipt minus home append time)
   produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]
-  consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json]
+  consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json | --format T]
   consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID]
           [--session 10s] [--max N] [--json]
                        consume as a member of a consumer group: ranges are
                        shared with the group's other members, records printed
                        are committed (at least once)
-  groups list [--stream S] [--json]
-  groups describe <group> [--json]
+  groups list [--stream S] [--json | --format T]
+  groups describe <group> [--json | --format T]
                        members, ranges, committed positions and lag (records
                        and time) per range
   groups delete <group>
   groups reset <group> [--stream S] [--range N]... --to-earliest | --to-latest |
                --to-time RFC3339 | --to-offset N
                        move a group's positions (refused while it has members)
+  bench floor [--dir D] [--writers 3] [--json]
+                       this machine's floor: write+fdatasync of 4 KiB and 1 MiB
+                       with 1 and --writers writers, loopback round trip
   bench cursors [--cursors 1000] [--batch 500] [--concurrency 8] [--duration 10s]
   bench rebalance [--ranges 64] [--members 8] [--rounds 5] [--session 3s]
   bench e2e --consume-addr host:port,... [--stream S] [--rate 1000] [--duration 20s] [--producers 8]
@@ -80,6 +83,9 @@ commands:
   keys add-kek|remove-kek --kek-file FILE
                        encryption at rest: a stopped node's data keys and the
                        KEK file (see 'geolog keys --help')
+  verify --data-dir DIR [--kek-file FILE] [--json]
+                       check a stopped node's ranges on disk (CRCs, lost
+                       segments, indexes); exit 1 on any problem
   rehome <stream> <range|all> <region> [--json]
                        move homes to region with zero loss (needs --lease-store)
   replicas describe <stream> <range>
@@ -94,6 +100,12 @@ commands:
                        certificates geolog://client/<principal>; server
                        certificates (the lease store's) name no identity
 
+  context list|show|use|add|remove
+                       named settings (addresses, TLS files, time bounds) in
+                       $GEOLOG_CONFIG or ~/.config/geolog/config.toml, like
+                       nats context or rpk profile; --context NAME picks one
+  completion bash|zsh|fish
+                       the shell's completion script (source <(geolog completion bash))
   help [<command> [<subcommand>]]
                        this text, or a command's usage and flags
   version [--json]     this build's version and commit
@@ -102,6 +114,8 @@ global flags (also accepted after the command):
   --addr host:port[,host:port...]
                        node addresses, any nodes of the region (default
                        $GEOLOG_ADDR or ` + DefaultAddr + `)
+  --context NAME       the config file's context to use ($GEOLOG_CONTEXT;
+                       default: the file's current one)
   --timeout D          bound on each admin or read call, its retries included (default 30s)
   --retries N          retries of a retriable admin or read call (default 2)
   --certs-dir DIR      dial with TLS: ca.crt, and client.crt/client.key when
@@ -128,6 +142,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 // following consumers and benchmarks cleanly.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	env := &env{stdin: stdin, stdout: stdout, stderr: stderr}
+	if err := env.selectContext(args); err != nil {
+		fmt.Fprintf(stderr, "geolog: %v\n", err)
+		return exitCodeOf(err)
+	}
 	fs := env.flagSet("geolog")
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	// Global flags stop at the command name.
@@ -165,6 +183,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.orphans(ctx, args)
 	case "keys":
 		err = env.keys(ctx, args)
+	case "verify":
+		err = env.verify(ctx, args)
 	case "certs":
 		err = env.certs(ctx, args)
 	case "groups":
@@ -177,6 +197,12 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return env.help(ctx, args)
 	case "version":
 		err = env.version(args)
+	case "context":
+		err = env.contextCmd(ctx, args)
+	case "completion":
+		err = env.completion(args)
+	case "__complete":
+		err = env.complete(ctx, args)
 	default:
 		fmt.Fprintf(stderr, "geolog: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
@@ -197,7 +223,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 // subcommanded are the commands that take a subcommand.
-var subcommanded = map[string]bool{"streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true}
+var subcommanded = map[string]bool{"context": true, "streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true}
 
 // help prints help for a command: "help <command> <subcommand>" and a
 // command without subcommands show its flags (its --help, on standard
@@ -287,6 +313,11 @@ type env struct {
 	tlsServerName string
 	certsDir      string
 	globalsSet    bool
+
+	// contextName and ctxDefaults: the selected context of the config
+	// file (contexts.go), nil when none is.
+	contextName string
+	ctxDefaults *cliContext
 }
 
 // flagSet returns a flag set that also carries the global flags, so that
@@ -295,17 +326,23 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	if !e.globalsSet {
-		e.addr = os.Getenv("GEOLOG_ADDR")
-		if e.addr == "" {
-			e.addr = DefaultAddr
-		}
+		e.addr = DefaultAddr
 		e.timeout = 30 * time.Second
 		e.retries = 2
-		e.certsDir = os.Getenv("GEOLOG_CERTS_DIR")
-		e.tlsCA = os.Getenv("GEOLOG_TLS_CA")
-		e.tlsCert = os.Getenv("GEOLOG_TLS_CERT")
-		e.tlsKey = os.Getenv("GEOLOG_TLS_KEY")
-		e.tlsServerName = os.Getenv("GEOLOG_TLS_SERVER_NAME")
+		// Flags win over the environment, which wins over the context,
+		// which wins over the defaults.
+		e.applyContext()
+		if a := os.Getenv("GEOLOG_ADDR"); a != "" {
+			e.addr = a
+		}
+		for _, v := range []struct {
+			dst *string
+			env string
+		}{{&e.certsDir, "GEOLOG_CERTS_DIR"}, {&e.tlsCA, "GEOLOG_TLS_CA"}, {&e.tlsCert, "GEOLOG_TLS_CERT"}, {&e.tlsKey, "GEOLOG_TLS_KEY"}, {&e.tlsServerName, "GEOLOG_TLS_SERVER_NAME"}} {
+			if x := os.Getenv(v.env); x != "" {
+				*v.dst = x
+			}
+		}
 		e.globalsSet = true
 	}
 	fs.StringVar(&e.addr, "addr", e.addr, "node addresses host:port[,host:port...] (env GEOLOG_ADDR)")
@@ -316,6 +353,7 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 	fs.StringVar(&e.tlsKey, "tls-key", e.tlsKey, "PEM client key for mutual TLS")
 	fs.StringVar(&e.tlsServerName, "tls-server-name", e.tlsServerName, "expected TLS server name")
 	fs.StringVar(&e.certsDir, "certs-dir", e.certsDir, "TLS folder: ca.crt, client.crt, client.key (env GEOLOG_CERTS_DIR)")
+	fs.StringVar(&e.contextName, "context", e.contextName, "use this context of the config file (env GEOLOG_CONTEXT; 'geolog context list')")
 	return fs
 }
 

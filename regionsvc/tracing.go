@@ -161,18 +161,17 @@ func (n *Node) shipmentSpan(ctx context.Context, name string, d *rangeDriver, fr
 	return s
 }
 
-// peerDialOptions are the options of the node's connections to other
-// nodes (peerConn): its credentials and, with tracing on, the client side
-// of otelgrpc, so that a forwarded call continues its caller's trace.
-func (n *Node) peerDialOptions() []grpc.DialOption {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(n.dialCredentials())}
-	if n.tracingOn() {
-		opts = append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
-			otelgrpc.WithTracerProvider(n.cfg.TracerProvider),
-			otelgrpc.WithMeterProvider(n.cfg.MeterProvider),
-			otelgrpc.WithPropagators(tracePropagator))))
+// peerTracing is what the node's connections to other nodes add
+// (peerDialConfig): with tracing on, the client side of otelgrpc, so that
+// a forwarded call continues its caller's trace; nothing otherwise.
+func (n *Node) peerTracing() []grpc.DialOption {
+	if !n.tracingOn() {
+		return nil
 	}
-	return opts
+	return []grpc.DialOption{grpc.WithStatsHandler(otelgrpc.NewClientHandler(
+		otelgrpc.WithTracerProvider(n.cfg.TracerProvider),
+		otelgrpc.WithMeterProvider(n.cfg.MeterProvider),
+		otelgrpc.WithPropagators(tracePropagator)))}
 }
 
 // shipTracer is the replicator tasks' TracerProvider: nil with tracing

@@ -30,7 +30,9 @@ type httpHandlers struct {
 //	/healthz  200 while the process serves HTTP
 //	/readyz   200 once the node serves every range it should, else 503 and why
 //
-// The web console mounts its http.Handler here too, under /console/.
+// The web console (console.go: mountConsole) is added under /console/
+// once the node serves, on this mux when --http-addr is given, else on
+// the debug one.
 func (h *httpHandlers) operatorMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h.metrics)

@@ -78,8 +78,15 @@ func run() int {
 	compactionInterval := fs.Duration("compaction-interval", time.Minute, "compaction by key: least time between two decisions of a range")
 	compactionRate := fs.Int64("compaction-bytes-per-second", 64<<20, "compaction by key: the node's read and write rate (negative: unbounded)")
 	kekFile := fs.String("kek-file", "", "encryption at rest: the KEK file (JSON, mode 0600, kept off the data disk; geolog keys add-kek makes one); empty: off, and a data directory holding a keyring is refused")
-	dataKeyRotation := fs.Duration("data-key-rotation-period", 7*24*time.Hour, "encryption at rest: start a new data key at startup when the active one is older (negative: never)")
+	dataKeyRotation := fs.Duration("data-key-rotation-period", 7*24*time.Hour, "encryption at rest: start a new data key when the active one is older, at startup and while running (negative: never)")
+	resealRate := fs.Int64("reseal-bytes-per-second", 16<<20, "encryption at rest: the rate of the background re-encryption of segments sealed under an older data key, reads and writes together (negative: off)")
+	resealInterval := fs.Duration("reseal-interval", 10*time.Minute, "encryption at rest: how often the node looks for segments to re-encrypt (it also does at start)")
+	checkFlags := fs.Bool("check-flags", false, "check the flags and their values, then exit (0: they are valid) without opening anything")
 	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "geologd: unexpected argument %q (geologd takes flags only)\n", fs.Arg(0))
 		return 2
 	}
 	// SIGHUP reloads the TLS files; caught from the start, so that one
@@ -106,11 +113,13 @@ func run() int {
 		return 2
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: level, JSONFormat: *logJSON, Output: os.Stderr})
-	logger.Info("geologd starting", "version", version.Get().String())
 	peers, err := parsePeers(*peersFlag)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: --peers: %v\n", err)
 		return 2
+	}
+	if *checkFlags {
+		return 0
 	}
 	certs, err := tlsf.open(logger, *region, *nodeID)
 	if err != nil {
@@ -160,6 +169,7 @@ func run() int {
 		defer mp.Shutdown(context.Background())
 		meterProvider, handlers.metrics = mp, metricsHandler
 	}
+	muxes := map[string]*http.ServeMux{} // by flag, for the console below
 	for _, srv := range []struct {
 		flag, addr string
 		mux        func() *http.ServeMux
@@ -173,7 +183,9 @@ func run() int {
 			fmt.Fprintf(os.Stderr, "geologd: %s %s: %v\n", srv.flag, srv.addr, err)
 			return 1
 		}
+		ln = httpsListener(ln, certs) // console.go: HTTPS with the node's certificate when TLS is on
 		defer ln.Close()
+		muxes[srv.flag] = mux
 		logger.Info("http serving", "flag", srv.flag, "addr", ln.Addr().String())
 		go func() {
 			if err := http.Serve(ln, mux); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -253,6 +265,8 @@ func run() int {
 
 		KEK:                   kek,
 		DataKeyRotationPeriod: *dataKeyRotation,
+		ResealBytesPerSecond:  *resealRate,
+		ResealInterval:        *resealInterval,
 
 		MaintenanceInterval:      *maintenance,
 		CompactionInterval:       *compactionInterval,
@@ -274,6 +288,7 @@ func run() int {
 		cfg.FS = vfs.WithFaults(vfs.OS(), &failpoints.Faults)
 		cfg.Now = failpoints.Now
 	}
+	logger.Info("geologd starting", "version", version.Get().String())
 	node, err := regionsvc.New(cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: cannot open the node: %v\n", err)
@@ -285,6 +300,13 @@ func run() int {
 		return 1
 	}
 	handlers.node.Store(node)
+	// The web console goes on the operator's address, else on the debug
+	// one (where it was before --http-addr).
+	consoleMux, consoleAddr := muxes["--http-addr"], *httpAddr
+	if consoleMux == nil {
+		consoleMux, consoleAddr = muxes["--debug-addr"], *debugAddr
+	}
+	defer mountConsole(consoleMux, node, consoleSetup{consoleAddr, *region, *nodeID, peers, remote.m, certs, access, logger})() // console.go
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	watchDone := make(chan struct{})
