@@ -71,6 +71,10 @@ func TestShipmentSpansAndLag(t *testing.T) {
 		h, m := replicationLag(t, readers["us"], "eu", "home"), replicationLag(t, readers["eu"], "eu", "mirror")
 		return h.ok && m.ok && h.records == 0 && m.records == 0
 	})
+	// The replicated write path records its rounds and commits.
+	if fsyncs, commits := histogramCount(t, readers["us"], "geolog.segment.fsync_duration"), histogramCount(t, readers["us"], "geolog.append.commit_duration"); fsyncs == 0 || commits < 5 {
+		t.Errorf("home: %d fsync rounds, %d commits recorded; want some and at least 5", fsyncs, commits)
+	}
 	l, err := w.net.Link("us->eu.n1")
 	if err != nil {
 		t.Fatal(err)
@@ -137,4 +141,24 @@ func replicationLag(t *testing.T, r *sdkmetric.ManualReader, region, side string
 func attrIs(set attribute.Set, key, v string) bool {
 	got, ok := set.Value(attribute.Key(key))
 	return ok && got.Emit() == v
+}
+
+// histogramCount collects r and returns the count of histogram name.
+func histogramCount(t *testing.T, r *sdkmetric.ManualReader, name string) uint64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == name {
+				for _, dp := range h.DataPoints {
+					n += dp.Count
+				}
+			}
+		}
+	}
+	return n
 }
