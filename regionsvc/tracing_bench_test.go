@@ -49,7 +49,9 @@ func (e resettingExporter) ExportSpans(ctx context.Context, spans []sdktrace.Rea
 }
 
 func benchAppendTraced(b *testing.B, tp trace.TracerProvider) {
-	n, err := regionsvc.New(regionsvc.Config{DataDir: b.TempDir(), ListenAddr: "127.0.0.1:0", Fsync: segment.FsyncNever, TracerProvider: tp})
+	n, err := regionsvc.New(regionsvc.Config{DataDir: b.TempDir(), ListenAddr: "127.0.0.1:0", Fsync: segment.FsyncNever, TracerProvider: tp,
+		// Room for every caller (the default on 2 cores is 8 at once).
+		Limits: regionsvc.LimitsConfig{RequestsReceivingMax: 256}})
 	if err != nil {
 		b.Fatal(err)
 	}
