@@ -160,7 +160,7 @@ func (n *Node) getCursors(ctx context.Context, req *geologv1.GetCursorsRequest) 
 	if err := checkCursorName(req.GetCursor()); err != nil {
 		return nil, err
 	}
-	cr, err := n.cursors.rangeForRead(ctx, req.GetCursor())
+	cr, err := n.cursors.rangeForRead(ctx, req.GetCursor(), confirmRead(req.GetConsistency()))
 	if errors.Is(err, errNoCursorStream) {
 		return &geologv1.GetCursorsResponse{}, nil
 	}
@@ -310,7 +310,7 @@ func (s *consumerServer) DeleteGroup(ctx context.Context, req *geologv1.DeleteGr
 	if err := checkCursorName(req.GetGroup()); err != nil {
 		return nil, apierr.ToStatus(err)
 	}
-	cr, err := s.node.cursors.rangeForRead(ctx, req.GetGroup())
+	cr, err := s.node.cursors.rangeForRead(ctx, req.GetGroup(), true)
 	if errors.Is(err, errNoCursorStream) {
 		err = apierr.New(apierr.GroupNotFound, "no group or cursor %q", req.GetGroup())
 	}

@@ -114,7 +114,7 @@ func (s *consumerServer) ListGroups(ctx context.Context, req *geologv1.ListGroup
 }
 
 func (n *Node) listGroups(ctx context.Context, req *geologv1.ListGroupsRequest) (*geologv1.ListGroupsResponse, error) {
-	rs, err := n.cursors.existing(ctx)
+	rs, err := n.cursors.existing(ctx, confirmRead(req.GetConsistency()))
 	if errors.Is(err, errNoCursorStream) {
 		return &geologv1.ListGroupsResponse{}, nil
 	}
@@ -168,7 +168,7 @@ func (n *Node) describeGroup(ctx context.Context, req *geologv1.DescribeGroupReq
 	if err := checkCursorName(req.GetGroup()); err != nil {
 		return nil, err
 	}
-	cr, err := n.cursors.rangeForRead(ctx, req.GetGroup())
+	cr, err := n.cursors.rangeForRead(ctx, req.GetGroup(), confirmRead(req.GetConsistency()))
 	if errors.Is(err, errNoCursorStream) {
 		return nil, apierr.New(apierr.GroupNotFound, "no group or cursor %q", req.GetGroup())
 	}
