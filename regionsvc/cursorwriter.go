@@ -245,7 +245,7 @@ func (w *coordinatorLoop) round(ops []*cursorOp) []*cursorOp {
 	recs, ran, rest := w.build(ops, homingEpoch)
 	switch {
 	case len(recs) > 0:
-		w.propose(recs, epoch, ran)
+		w.propose(recs, epoch, term, ran)
 	case len(w.inflight) > 0:
 		// Nothing to write, but the answers may show the changes of the
 		// appends in flight: they wait for the last of them.
@@ -312,8 +312,11 @@ func (w *coordinatorLoop) sync() error {
 }
 
 // propose hands records to the range as one append, in flight until
-// complete.
-func (w *coordinatorLoop) propose(recs []cursors.Record, epoch uint64, ops []*cursorOp) {
+// complete. The append carries the term its batch was validated in: the
+// replica refuses it (retriable; complete then reads the state again) if
+// this node lost and regained leadership since, so no record validated
+// against a state missing another leader's entries reaches the log.
+func (w *coordinatorLoop) propose(recs []cursors.Record, epoch, term uint64, ops []*cursorOp) {
 	brecs := make([]batch.Record, len(recs))
 	size := batch.HeaderSize
 	for i, r := range recs {
@@ -323,7 +326,7 @@ func (w *coordinatorLoop) propose(recs []cursors.Record, epoch uint64, ops []*cu
 	frame := batch.Encode(make([]byte, 0, size), batch.Header{Type: batch.TypeData}, brecs)
 	p := &proposal{ops: ops, done: make(chan appendResult, 1)}
 	w.inflight = append(w.inflight, p)
-	w.cr.d.submit(context.Background(), &appendOp{recordCount: uint32(len(recs)), frame: frame, epoch: epoch,
+	w.cr.d.submit(context.Background(), &appendOp{recordCount: uint32(len(recs)), frame: frame, epoch: epoch, term: term,
 		reply: func(r appendResult) { p.done <- r }})
 }
 
