@@ -392,6 +392,26 @@ func (cr *cursorRange) waitApplied(ctx context.Context, end uint64) error {
 	}
 }
 
+// readAfter runs fn on the applied state under the read lock once it has
+// applied every offset below end. The check and fn are under one lock: a
+// state rebuilt from the log's start (checkCut after a fork, or a log
+// that now starts later) after a caller's waitApplied is waited for
+// again, never read half-built.
+func (cr *cursorRange) readAfter(ctx context.Context, end uint64, fn func(s *cursors.State)) error {
+	for {
+		cr.mu.RLock()
+		if cr.applied >= end {
+			fn(cr.state)
+			cr.mu.RUnlock()
+			return nil
+		}
+		cr.mu.RUnlock()
+		if err := cr.waitApplied(ctx, end); err != nil {
+			return err
+		}
+	}
+}
+
 // read runs fn on the applied state under the read lock.
 func (cr *cursorRange) read(fn func(s *cursors.State)) {
 	cr.mu.RLock()
