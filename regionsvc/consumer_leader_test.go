@@ -220,3 +220,45 @@ func checkCursorRange(t *testing.T, ctx context.Context, tr *testRegion, r uint3
 	}
 	t.Logf("cursor range %d: %d records checked", r, len(recs))
 }
+
+// TestCursorReadAfterRebuild: a read that must see offset end runs on a
+// state that has applied it, even when the applier rebuilt the state from
+// the log's start (a fork) after the reader's wait: it waits again rather
+// than read the state half-built.
+func TestCursorReadAfterRebuild(t *testing.T) {
+	cr := &cursorRange{state: cursors.NewState(cursors.Limits{}), appliedCh: make(chan struct{}), stop: make(chan struct{})}
+	apply := func(offset uint64, applied uint64) {
+		st := cursors.NewState(cursors.Limits{})
+		if err := st.Apply(cursors.EncodePosition("dev", cursors.Position{Stream: "chat", Offset: offset})); err != nil {
+			t.Fatal(err)
+		}
+		cr.mu.Lock()
+		cr.state, cr.applied = st, applied
+		cr.mu.Unlock()
+		cr.notifyApplied()
+	}
+	apply(7, 10)
+	// The rebuild: empty, nothing applied.
+	cr.mu.Lock()
+	cr.state, cr.applied = cursors.NewState(cursors.Limits{}), 0
+	cr.mu.Unlock()
+	got := make(chan []cursors.Position, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go func() {
+		var ps []cursors.Position
+		if err := cr.readAfter(ctx, 10, func(s *cursors.State) { ps = s.Positions("dev", "") }); err != nil {
+			t.Error(err)
+		}
+		got <- ps
+	}()
+	select {
+	case ps := <-got:
+		t.Fatalf("read the rebuilding state: %v", ps)
+	case <-time.After(50 * time.Millisecond):
+	}
+	apply(8, 10)
+	if ps := <-got; len(ps) != 1 || ps[0].Offset != 8 {
+		t.Fatalf("read %v after the rebuild applied offset 10", ps)
+	}
+}
