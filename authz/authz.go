@@ -62,15 +62,24 @@ func Match(pattern, name string) bool {
 	return pattern == name
 }
 
-// ValidatePattern checks a pattern: not empty, and "*" only at its end.
+// PatternBytesMax bounds a pattern.
+const PatternBytesMax = 256
+
+// ValidatePattern checks a pattern: 1 to PatternBytesMax printable ASCII
+// characters other than space, "*" only at its end.
 func ValidatePattern(pattern string) error {
 	switch {
 	case pattern == "":
 		return fmt.Errorf("empty pattern")
+	case len(pattern) > PatternBytesMax:
+		return fmt.Errorf("pattern of %d bytes (at most %d)", len(pattern), PatternBytesMax)
 	case strings.Contains(strings.TrimSuffix(pattern, "*"), "*"):
 		return fmt.Errorf("pattern %q: '*' is allowed only at the end", pattern)
-	case len(pattern) > 256:
-		return fmt.Errorf("pattern of %d bytes (at most 256)", len(pattern))
+	}
+	for i := 0; i < len(pattern); i++ {
+		if c := pattern[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("pattern %q: byte %#x at %d (printable ASCII other than space only)", pattern, c, i)
+		}
 	}
 	return nil
 }
@@ -94,7 +103,7 @@ func (r Rule) Validate() error {
 	if r.Perms == 0 {
 		return fmt.Errorf("a rule must grant at least one permission")
 	}
-	return nil
+	return r.Perms.valid()
 }
 
 // Allows reports whether the rule grants perm on resource to principal.
