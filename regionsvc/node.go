@@ -68,6 +68,11 @@ type Config struct {
 	// grants it (superusers, rules); nodes pass. Default: any verified
 	// identity may call every public method.
 	Authz *authz.Policy
+	// Tokens, when set with TLS, verifies the bearer tokens (JWT) clients
+	// may present in an "authorization: Bearer" header; a verified token's
+	// principal ("jwt:<sub>") replaces the client certificate's
+	// (peerauth.go). Default: a call with a token is refused.
+	Tokens *authz.TokenVerifier
 	// ClientTLS is used when this node calls another (Raft, forwarding,
 	// replication, catalogue propagation).
 	ClientTLS *tls.Config
@@ -316,6 +321,8 @@ type Node struct {
 	// rate-limits the refusal log.
 	policy   policyState
 	refusals refusalLog
+	// acl is the access rules of the catalogue (acl.go).
+	acl aclState
 	region   *region // nil unless replicated
 	// cleaner runs the compactions by key of every range here
 	// (compaction.go); cleanerStop and cleanerDone stop it.
@@ -395,6 +402,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.Authz != nil {
 		n.policy.set(cfg.Authz)
+	}
+	if err := n.loadACLs(); err != nil {
+		return nil, err
 	}
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
