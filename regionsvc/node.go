@@ -314,6 +314,9 @@ type Node struct {
 	// createMu serialises stream creation (catalogue writes).
 	createMu sync.Mutex
 
+	// acl is the access rules of the catalogue (acl.go).
+	acl aclState
+
 	syncSlots   chan struct{}
 	metrics     *nodeMetrics
 	authMetrics *authMetrics
@@ -321,8 +324,6 @@ type Node struct {
 	// rate-limits the refusal log.
 	policy   policyState
 	refusals refusalLog
-	// acl is the access rules of the catalogue (acl.go).
-	acl aclState
 	region   *region // nil unless replicated
 	// cleaner runs the compactions by key of every range here
 	// (compaction.go); cleanerStop and cleanerDone stop it.
