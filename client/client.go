@@ -84,6 +84,9 @@ func New(addr string, opts ...Opt) (*Client, error) {
 		grpc.WithWriteBufferSize(256 << 10),
 		grpc.WithReadBufferSize(256 << 10),
 	}
+	if cfg.token != nil {
+		dial = append(dial, grpc.WithPerRPCCredentials(bearerCreds{source: cfg.token}))
+	}
 	dial = append(dial, cfg.dialOpts...)
 	return &Client{
 		addr:      addr,
