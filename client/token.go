@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"google.golang.org/grpc/credentials"
 )
 
 // BearerToken makes the client send token (a JWT) with every call, in an
@@ -41,3 +43,10 @@ func (b bearerCreds) GetRequestMetadata(ctx context.Context, _ ...string) (map[s
 
 // RequireTransportSecurity keeps the token off plaintext connections.
 func (bearerCreds) RequireTransportSecurity() bool { return true }
+
+// TokenCredentials are the per-call credentials BearerToken installs, for
+// a caller of the generated gRPC clients on its own connections
+// (grpc.WithPerRPCCredentials). They are sent over TLS only.
+func TokenCredentials(token string) credentials.PerRPCCredentials {
+	return bearerCreds{source: func(context.Context) (string, error) { return token, nil }}
+}
