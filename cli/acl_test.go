@@ -83,7 +83,7 @@ func TestACLCommands(t *testing.T) {
 	}
 	must(rootDir, "acl", "add", "jwt:ci-*", "ord*", "produce,describe")
 	table := must(rootDir, "acl", "list")
-	if !strings.Contains(table, "PRINCIPAL") || !regexpLine(table, "alice", "orders", "produce,consume,describe") || !regexpLine(table, "jwt:ci-*", "ord*", "produce,describe") {
+	if !strings.Contains(table, "PRINCIPAL") || !hasRow(table, "alice", "orders", "produce,consume,describe") || !hasRow(table, "jwt:ci-*", "ord*", "produce,describe") {
 		t.Fatalf("list:\n%s", table)
 	}
 	must(aliceDir, "produce", "orders", "--value", "a")
@@ -119,8 +119,8 @@ func TestACLCommands(t *testing.T) {
 	}
 }
 
-// regexpLine reports whether a line of out holds the fields in order.
-func regexpLine(out string, fields ...string) bool {
+// hasRow reports whether a line of out begins with the fields.
+func hasRow(out string, fields ...string) bool {
 	for _, line := range strings.Split(out, "\n") {
 		if f := strings.Fields(line); len(f) >= len(fields) && equalPrefix(f, fields) {
 			return true

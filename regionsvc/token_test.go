@@ -15,9 +15,12 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/authz"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/pki"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/hashicorp/go-hclog"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -137,5 +140,58 @@ func TestTokenNeedsTLS(t *testing.T) {
 	}
 	if got, err := n.authenticateToken(context.Background(), geologv1.Log_Append_FullMethodName); err != nil || got == nil {
 		t.Fatalf("no token over plaintext: %v", err)
+	}
+}
+
+// TestRefusalsCounted: a refused token and a refused permission are
+// counted in geolog.auth.refused_calls by code, method and reason, and
+// by no principal (the label set stays bounded whoever calls).
+func TestRefusalsCounted(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	am, err := newAuthMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	is := newTestIssuer(t)
+	n := authzNode(&authz.Policy{})
+	n.cfg.Tokens, n.authMetrics = is.verifier, am
+	for _, sub := range []string{"a", "b", "c"} {
+		ctx := metadata.NewIncomingContext(callerCtx(t, pki.ClientIdentity("alice")), metadata.Pairs("authorization", "Bearer "+is.token(t, sub, -time.Hour)))
+		if _, err := n.authenticateToken(ctx, geologv1.Log_Append_FullMethodName); apierr.CodeOf(err) != apierr.Unauthenticated {
+			t.Fatalf("expired token: %v", err)
+		}
+	}
+	wantDenied(t, "no rule", n.authorizeRequest(callerCtx(t, pki.ClientIdentity("bob")), geologv1.Log_Read_FullMethodName, &geologv1.ReadRequest{Stream: "s"}))
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			d, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != "geolog.auth.refused_calls" || !ok {
+				continue
+			}
+			for _, p := range d.DataPoints {
+				var keys []string
+				for _, kv := range p.Attributes.ToSlice() {
+					keys = append(keys, string(kv.Key)+"="+kv.Value.AsString())
+				}
+				got[strings.Join(keys, " ")] += p.Value
+			}
+		}
+	}
+	want := map[string]int64{
+		"code=ERROR_CODE_UNAUTHENTICATED method=/geolog.v1.Log/Append reason=bad token":     3,
+		"code=ERROR_CODE_PERMISSION_DENIED method=/geolog.v1.Log/Read reason=no permission": 1,
+	}
+	if len(got) != len(want) {
+		t.Fatalf("refused_calls %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("refused_calls %v, want %v", got, want)
+		}
 	}
 }
