@@ -99,6 +99,19 @@ func TestTokenVerifier(t *testing.T) {
 	if !v.Expired(now.Add(-time.Minute)) || v.Expired(now.Add(time.Minute)) {
 		t.Error("Expired disagrees with the clock")
 	}
+	// A token verified once is remembered, and still checked against the
+	// clock: two hours on, it has expired.
+	tok := sign(t, jwt.SigningMethodEdDSA, edKey, claims(nil))
+	if _, err := v.Verify(tok); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Verify(tok); err != nil {
+		t.Fatalf("verified again: %v", err)
+	}
+	now = now.Add(2 * time.Hour)
+	if _, err := v.Verify(tok); !errors.Is(err, ErrBadToken) {
+		t.Fatalf("a remembered token after its exp: %v, want ErrBadToken", err)
+	}
 }
 
 func mustEC(t *testing.T, c elliptic.Curve) *ecdsa.PrivateKey {
@@ -125,5 +138,51 @@ func TestTokenVerifierRefusesWeakKeys(t *testing.T) {
 		if _, err := NewTokenVerifier(TokenConfig{KeysPEM: keys}); err == nil {
 			t.Errorf("%s accepted", name)
 		}
+	}
+}
+
+// BenchmarkTokenVerify is the cost of verifying one token (what the
+// interceptor does on every call that carries one), by algorithm: its
+// signature checked, and remembered from an earlier call:
+//
+//	go test -run '^$' -bench TokenVerify ./authz/
+func BenchmarkTokenVerify(b *testing.B) {
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ecKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	edPub, edKey, _ := ed25519.GenerateKey(rand.Reader)
+	for _, c := range []struct {
+		name string
+		m    jwt.SigningMethod
+		priv any
+		pub  crypto.PublicKey
+	}{{"RS256", jwt.SigningMethodRS256, rsaKey, &rsaKey.PublicKey}, {"ES256", jwt.SigningMethodES256, ecKey, &ecKey.PublicKey}, {"EdDSA", jwt.SigningMethodEdDSA, edKey, edPub}} {
+		b.Run(c.name, func(b *testing.B) {
+			der, _ := x509.MarshalPKIXPublicKey(c.pub)
+			v, err := NewTokenVerifier(TokenConfig{KeysPEM: pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})})
+			if err != nil {
+				b.Fatal(err)
+			}
+			tok, err := jwt.NewWithClaims(c.m, jwt.MapClaims{"sub": "ci", "exp": time.Now().Add(time.Hour).Unix()}).SignedString(c.priv)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Run("signature", func(b *testing.B) {
+				for b.Loop() {
+					if _, err := v.verify(tok); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run("remembered", func(b *testing.B) {
+				for b.Loop() {
+					if _, err := v.Verify(tok); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
 	}
 }
