@@ -196,7 +196,8 @@ func TestACLGrantsProduce(t *testing.T) {
 }
 
 // TestACLInEveryRegion: a rule added in one region takes effect in the
-// other; removed in the other, it goes in the first.
+// other; a principal without one is refused in both and writes nothing
+// to either; a rule removed in the other region goes in the first.
 func TestACLInEveryRegion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -217,6 +218,22 @@ func TestACLInEveryRegion(t *testing.T) {
 	// The put returned once every region committed it.
 	if err := read(euAlice); err != nil {
 		t.Fatalf("alice reads in eu after the rule was added in us: %v", err)
+	}
+	// bob, without a rule, is refused in both regions, and the log is the
+	// same in both: root's one record.
+	usRoot, _ := w.as("root", "us", 1)
+	if err := aclAppend(ctx, usRoot, "s", "root"); err != nil {
+		t.Fatal(err)
+	}
+	for _, region := range w.regions {
+		bob, _ := w.as("bob", region, 1)
+		wantACLCode(t, "bob appends in "+region, aclAppend(ctx, bob, "s", "bob"), apierr.PermissionDenied)
+	}
+	waitUntil(t, ctx, time.Minute, "eu mirrors root's record", func() bool { return len(aclValues(t, ctx, euAlice, "s")) == 1 })
+	for _, lc := range []geologv1.LogClient{usAlice, euAlice} {
+		if got := aclValues(t, ctx, lc, "s"); len(got) != 1 || got[0] != "root" {
+			t.Fatalf("s holds %v, want root's record alone", got)
+		}
 	}
 	if _, err := euAdmin.DeleteAcl(ctx, &geologv1.DeleteAclRequest{Principal: "alice", Resource: "s"}); err != nil {
 		t.Fatalf("delete in eu: %v", err)
