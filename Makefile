@@ -59,13 +59,17 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: release image all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
+# The binaries say which commit they are (geolog version, geologd --version).
+COMMIT  := $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -modified)
+LDFLAGS := -X github.com/geolog/geolog/internal/version.Commit=$(COMMIT)
+
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 vet:
 	$(GO) vet ./...
@@ -235,6 +239,18 @@ tf-check: terraform
 # too when terraform is installed.
 tf-test: build terraform
 	$(GO) test -count=1 -v -run TestLocalApplyDestroy ./terraform/
+
+# make release VERSION=v0.1.0: dist/ archives (linux amd64 and arm64), the
+# container image, SHA256SUMS (scripts/release.sh).
+release:
+	@VERSION=$(VERSION) ./scripts/release.sh
+
+# make image: the container image of this checkout, built without a
+# container engine (internal/image): bin/geolog-image.tar, for docker load.
+image:
+	@mkdir -p $(BIN)/linux-amd64
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/linux-amd64/ ./cmd/geologd ./cmd/geolog
+	$(GO) run ./cmd/geolog-image --bin-dir $(BIN)/linux-amd64 --tag geolog:dev --out $(BIN)/geolog-image.tar
 
 tools:
 	@mkdir -p $(TOOLBIN)

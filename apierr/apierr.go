@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -151,12 +152,21 @@ func New(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Retriable: catalogue[code].retriable, Message: fmt.Sprintf(format, args...)}
 }
 
+// Error is the message in plain words, then the code's short name (the
+// enum's without its ERROR_CODE_ prefix) for scripts and searches:
+// "stream \"s\" already exists (STREAM_EXISTS)".
 func (e *Error) Error() string {
-	name := e.Code.String()
+	name := ShortName(e.Code)
 	if e.LeaderHint != "" {
-		return fmt.Sprintf("%s: %s (leader %s)", name, e.Message, e.LeaderHint)
+		return fmt.Sprintf("%s (%s; leader %s)", e.Message, name, e.LeaderHint)
 	}
-	return fmt.Sprintf("%s: %s", name, e.Message)
+	return fmt.Sprintf("%s (%s)", e.Message, name)
+}
+
+// ShortName is c's name without the enum's ERROR_CODE_ prefix:
+// "STREAM_EXISTS".
+func ShortName(c Code) string {
+	return strings.TrimPrefix(c.String(), "ERROR_CODE_")
 }
 
 // Is reports whether target is an *Error with the same code, so that

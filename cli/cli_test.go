@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -356,5 +358,136 @@ func TestFollowStopsOnInterrupt(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("follow did not stop")
+	}
+}
+
+// TestFollowFailsWhenNodeDies: a follow whose node stops exits non-zero and
+// says why (it used to exit 0 without a word, so a pipeline reading from it
+// stopped silently).
+func TestFollowFailsWhenNodeDies(t *testing.T) {
+	fake := startFake(t)
+	fake.MustCreateStream("s", 2)
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Run(testCtx(t), []string{"--addr", fake.Addr(), "consume", "s", "--follow"},
+			strings.NewReader(""), &out, &errOut)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for fake.Stats().Subscriptions < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("no subscriptions")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	fake.Close()
+	select {
+	case code := <-done:
+		if code == 0 {
+			t.Fatalf("follow exited 0 after its node died; stderr %q", errOut.String())
+		}
+		if strings.TrimSpace(errOut.String()) == "" {
+			t.Fatal("follow failed without a word on stderr")
+		}
+		t.Logf("exit %d: %s", code, errOut.String())
+	case <-time.After(60 * time.Second):
+		t.Fatal("follow did not end after its node died")
+	}
+}
+
+// TestProduceStopsOnInterrupt: an interrupt while produce waits on standard
+// input ends it (it used to ignore Ctrl-C until the input closed), and the
+// lines read before it are delivered.
+func TestProduceStopsOnInterrupt(t *testing.T) {
+	fake := startFake(t)
+	fake.MustCreateStream("s", 1)
+	stdin, feed := io.Pipe()
+	defer feed.Close()
+	ctx, cancel := context.WithCancel(testCtx(t))
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Run(ctx, []string{"--addr", fake.Addr(), "produce", "s", "--key", "k"}, stdin, &out, &errOut)
+	}()
+	if _, err := io.WriteString(feed, "one\ntwo\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Both lines are produced and acked while stdin stays open; then the
+	// interrupt comes while produce is blocked reading the next line.
+	deadline := time.Now().Add(20 * time.Second)
+	for len(parseConsumed(t, mustRun(t, fake.Addr(), "", "consume", "s"))) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lines written to stdin were not produced")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code == 0 || !strings.Contains(errOut.String(), "interrupted") {
+			t.Fatalf("exit %d, stderr %q; want a non-zero exit saying it was interrupted", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("produce ignored the interrupt while reading stdin")
+	}
+	recs := parseConsumed(t, mustRun(t, fake.Addr(), "", "consume", "s"))
+	if len(recs) != 2 || recs[0].value != "one" || recs[1].value != "two" {
+		t.Fatalf("read back %+v, want the two lines read before the interrupt", recs)
+	}
+}
+
+// TestTimeoutBoundsTheWholeCall: --timeout bounds a call with its retries
+// (it bounded each attempt: --timeout 3s took 9.3 s). With 40 retries of up
+// to 2 s backoff the call would take over a minute unbounded; the bound
+// here, 1 s, is given 20 s of slack for a loaded machine.
+func TestTimeoutBoundsTheWholeCall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, errOut, code := run(t, ctx, "", "--addr", "127.0.0.1:1", "--retries", "40", "--timeout", "1s", "streams", "list")
+	took := time.Since(start)
+	if code != 1 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if took > 21*time.Second {
+		t.Fatalf("--timeout 1s took %v", took)
+	}
+	t.Logf("--timeout 1s: %v, %q", took, errOut)
+}
+
+// TestHelpAndVersion: "help <command>" shows that command's usage (it
+// printed the top-level help), "help <command> <sub>" its flags, and
+// version names the build.
+func TestHelpAndVersion(t *testing.T) {
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		args      []string
+		want, not string
+	}{
+		{[]string{"help", "produce"}, "-key-field", "commands:"},
+		{[]string{"help", "streams"}, "streams describe <name>", "commands:"},
+		{[]string{"help", "streams", "create"}, "-ranges", "commands:"},
+		{[]string{"help"}, "commands:", ""},
+		{[]string{"version"}, "geolog dev (", ""},
+	} {
+		out, errOut, code := run(t, ctx, "", tc.args...)
+		if code != 0 || !strings.Contains(out, tc.want) || (tc.not != "" && strings.Contains(out, tc.not)) {
+			t.Errorf("geolog %v: exit %d, stdout %q, stderr %q; want %q, not %q", tc.args, code, out, errOut, tc.want, tc.not)
+		}
+	}
+	if _, _, code := run(t, ctx, "", "help", "nosuch"); code != 2 {
+		t.Errorf("help nosuch: exit %d, want 2", code)
+	}
+}
+
+// TestAddrOfAnHTTPServer: pointed at an HTTP port (a node's metrics), the
+// tool says so instead of leaving an HTTP/2 frame error unexplained.
+func TestAddrOfAnHTTPServer(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	_, errOut, code := run(t, testCtx(t), "", "--addr", addr, "--retries", "0", "streams", "list")
+	if code != 1 || !strings.Contains(errOut, "answers HTTP, not gRPC") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -22,9 +23,11 @@ type consumeOpts struct {
 	ranges     []uint32
 	fromOffset uint64
 	fromTime   time.Time
-	follow     bool
-	max        int64 // 0: no bound
-	json       bool
+	// fromEnd starts at each range's tail when the command starts.
+	fromEnd bool
+	follow  bool
+	max     int64 // 0: no bound
+	json    bool
 	// byKey reads only the records of key (--key).
 	byKey bool
 	key   []byte
@@ -34,7 +37,8 @@ func (e *env) consume(ctx context.Context, args []string) error {
 	fs := e.flagSet("consume")
 	rng := fs.Int("range", -1, "read only this range (default: all ranges)")
 	fromOffset := fs.Uint64("from-offset", 0, "start at this offset (in every range read)")
-	fromTime := fs.String("from-time", "", "start at the first record appended at or after this RFC 3339 time")
+	fromTime := fs.String("from-time", "", "start at the first record appended at or after this time (RFC 3339, or before now: -1h)")
+	from := fs.String("from", "", "where to start: start (default), end, an offset, a time before now (-1h, -30m) or an RFC 3339 time")
 	follow := fs.Bool("follow", false, "keep following the tail until interrupted")
 	maxRecords := fs.Int64("max", 0, "stop after this many records (0: no bound)")
 	asJSON := fs.Bool("json", false, "print one JSON object per record")
@@ -45,25 +49,41 @@ func (e *env) consume(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: consume <stream> [--range N] [--key K] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]\n       consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID] [--session D] [--max N] [--json]")
+		return usagef("usage: consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json]\n       consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID] [--session D] [--max N] [--json]")
 	}
 	if g.group != "" {
-		if *rng >= 0 || isSet(fs, "from-offset") || *fromTime != "" || isSet(fs, "key") {
-			return usagef("--group takes its positions from the group: no --range, --key, --from-offset or --from-time")
+		if *rng >= 0 || isSet(fs, "from-offset") || *fromTime != "" || isSet(fs, "from") || isSet(fs, "key") {
+			return usagef("--group takes its positions from the group: no --range, --key, --from, --from-offset or --from-time")
 		}
 		return e.consumeGroup(ctx, pos[0], g, &recordPrinter{w: e.stdout, json: *asJSON, max: *maxRecords})
 	}
 	o := consumeOpts{stream: pos[0], fromOffset: *fromOffset, follow: *follow, max: *maxRecords, json: *asJSON,
 		byKey: isSet(fs, "key"), key: []byte(*key)}
+	if isSet(fs, "range") && *rng < 0 {
+		return usagef("--range must be a range number (0 or more); leave it out to read every range")
+	}
+	starts := 0
+	for _, name := range []string{"from", "from-offset", "from-time"} {
+		if isSet(fs, name) {
+			starts++
+		}
+	}
+	if starts > 1 {
+		return usagef("--from, --from-offset and --from-time exclude each other")
+	}
 	if *fromTime != "" {
-		if isSet(fs, "from-offset") {
-			return usagef("--from-offset and --from-time exclude each other")
+		// --from-time is --from with a time only.
+		if _, err := parseTime(*fromTime); err != nil && !strings.HasPrefix(*fromTime, "-") {
+			return usagef("--from-time: %v, or a time before now such as -1h", err)
 		}
-		t, err := time.Parse(time.RFC3339Nano, *fromTime)
+		*from = *fromTime
+	}
+	if *from != "" {
+		sp, err := parseFrom(*from, time.Now())
 		if err != nil {
-			return usagef("--from-time: %v", err)
+			return usagef("%v", err)
 		}
-		o.fromTime = t
+		o.fromOffset, o.fromTime, o.fromEnd = sp.offset, sp.time, sp.end
 	}
 	if o.max < 0 {
 		return usagef("--max must not be negative")
@@ -137,6 +157,17 @@ func (e *env) startOffset(ctx context.Context, c *client.Client, o consumeOpts, 
 	if !o.fromTime.IsZero() {
 		return c.OffsetForTime(ctx, o.stream, r, o.fromTime)
 	}
+	if o.fromEnd {
+		res, err := c.Read(ctx, o.stream, r, 0, client.ReadOptions{MaxRecords: 1})
+		var ae *client.Error
+		switch {
+		case errors.As(err, &ae) && ae.Code == client.CodeOffsetOutOfRange:
+			return ae.TailOffset, nil // offset 0 is no longer retained
+		case err != nil:
+			return 0, err
+		}
+		return res.TailOffset, nil
+	}
 	_, err := c.Read(ctx, o.stream, r, from, client.ReadOptions{MaxRecords: 1})
 	var ae *client.Error
 	if errors.As(err, &ae) && ae.Code == client.CodeOffsetOutOfRange && from < ae.StartOffset {
@@ -177,9 +208,13 @@ func (e *env) consumeRange(ctx context.Context, c *client.Client, o consumeOpts,
 // consumeFollow subscribes to every range and prints until ctx ends, --max
 // is reached, or a subscription fails.
 func (e *env) consumeFollow(ctx context.Context, c *client.Client, o consumeOpts, pr *recordPrinter) error {
+	// outer is the caller's context, taken before it is wrapped: the wrapped
+	// one is cancelled by the first failing range, and a failure must not be
+	// mistaken for the caller's interrupt (a follow whose node died once
+	// exited 0 without a word).
+	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	outer := ctx
 	errs := make(chan error, len(o.ranges))
 	var wg sync.WaitGroup
 	for _, r := range o.ranges {

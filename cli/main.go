@@ -5,6 +5,7 @@ package cli
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/version"
 	"github.com/geolog/geolog/pki"
 )
 
@@ -48,7 +50,7 @@ commands:
                        follow every range from its tail on --addr's nodes and
                        report replication lag (receipt minus home append time)
   produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]
-  consume <stream> [--range N] [--key K] [--from-offset N | --from-time RFC3339] [--follow] [--max N] [--json]
+  consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json]
   consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID]
           [--session 10s] [--max N] [--json]
                        consume as a member of a consumer group: ranges are
@@ -98,11 +100,23 @@ commands:
                        certificates geolog://client/<principal>; server
                        certificates (the lease store's) name no identity
 
+  context list|show|use|add|remove
+                       named settings (addresses, TLS files, time bounds) in
+                       $GEOLOG_CONFIG or ~/.config/geolog/config.toml, like
+                       nats context or rpk profile; --context NAME picks one
+  completion bash|zsh|fish
+                       the shell's completion script (source <(geolog completion bash))
+  help [<command> [<subcommand>]]
+                       this text, or a command's usage and flags
+  version [--json]     this build's version and commit
+
 global flags (also accepted after the command):
   --addr host:port[,host:port...]
                        node addresses, any nodes of the region (default
                        $GEOLOG_ADDR or ` + DefaultAddr + `)
-  --timeout D          bound on each admin or read call (default 30s)
+  --context NAME       the config file's context to use ($GEOLOG_CONTEXT;
+                       default: the file's current one)
+  --timeout D          bound on each admin or read call, its retries included (default 30s)
   --retries N          retries of a retriable admin or read call (default 2)
   --certs-dir DIR      dial with TLS: ca.crt, and client.crt/client.key when
                        present, from DIR (default $GEOLOG_CERTS_DIR)
@@ -130,6 +144,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 // following consumers and benchmarks cleanly.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	env := &env{stdin: stdin, stdout: stdout, stderr: stderr}
+	if err := env.selectContext(args); err != nil {
+		fmt.Fprintf(stderr, "geolog: %v\n", err)
+		return exitCodeOf(err)
+	}
 	fs := env.flagSet("geolog")
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	// Global flags stop at the command name.
@@ -174,8 +192,19 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "acl":
 		err = env.acl(ctx, args)
 	case "help":
-		fmt.Fprint(stdout, usage)
-		return exitOK
+		if len(args) == 0 {
+			fmt.Fprint(stdout, usage)
+			return exitOK
+		}
+		return env.help(ctx, args)
+	case "version":
+		err = env.version(args)
+	case "context":
+		err = env.contextCmd(ctx, args)
+	case "completion":
+		err = env.completion(args)
+	case "__complete":
+		err = env.complete(ctx, args)
 	default:
 		fmt.Fprintf(stderr, "geolog: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
@@ -184,14 +213,59 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		switch {
 		case errors.Is(err, flag.ErrHelp), errors.Is(err, errReported), isFlagError(err):
 			// Already printed.
-		case client.CodeOf(err) == client.CodeUnavailable:
-			fmt.Fprintf(stderr, "geolog %s: %v\n(is a geolog node listening at %s? %s)\n", cmd, err, env.addr, env.tlsHint())
 		default:
 			fmt.Fprintf(stderr, "geolog %s: %v\n", cmd, err)
+			if hint := env.errorHint(err); hint != "" {
+				fmt.Fprintf(stderr, "(%s)\n", hint)
+			}
 		}
 		return exitCodeOf(err)
 	}
 	return exitOK
+}
+
+// subcommanded are the commands that take a subcommand.
+var subcommanded = map[string]bool{"context": true, "streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true}
+
+// help prints help for a command: "help <command> <subcommand>" and a
+// command without subcommands show its flags (its --help, on standard
+// output); "help <command>" of one with subcommands shows the usage lines
+// of its subcommands.
+func (e *env) help(ctx context.Context, args []string) int {
+	cmd := args[0]
+	if !strings.Contains(usage, "\n  "+cmd+" ") {
+		fmt.Fprintf(e.stderr, "geolog help: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+	if len(args) > 1 || !subcommanded[cmd] {
+		code := Run(ctx, append(append([]string(nil), args...), "--help"), e.stdin, e.stdout, e.stdout)
+		if code == exitUsage {
+			return exitOK // --help's own exit
+		}
+		return code
+	}
+	fmt.Fprintf(e.stdout, "usage of geolog %s:\n%s\nRun 'geolog help %s <subcommand>' for a subcommand's flags.\n", cmd, usageOf(cmd), cmd)
+	return exitOK
+}
+
+// usageOf returns the lines of the top-level usage that describe cmd: its
+// lines and their deeper-indented continuations.
+func usageOf(cmd string) string {
+	var b strings.Builder
+	in := false
+	for _, line := range strings.Split(usage, "\n") {
+		switch {
+		case strings.HasPrefix(line, "  "+cmd+" "):
+			in = true
+		case strings.HasPrefix(line, "   ") && in:
+		default:
+			in = false
+		}
+		if in {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
 }
 
 // usageError is a wrong command line.
@@ -242,6 +316,11 @@ type env struct {
 	certsDir      string
 	token         string
 	globalsSet    bool
+
+	// contextName and ctxDefaults: the selected context of the config
+	// file (contexts.go), nil when none is.
+	contextName string
+	ctxDefaults *cliContext
 }
 
 // flagSet returns a flag set that also carries the global flags, so that
@@ -250,22 +329,30 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	if !e.globalsSet {
-		e.addr = os.Getenv("GEOLOG_ADDR")
-		if e.addr == "" {
-			e.addr = DefaultAddr
-		}
+		e.addr = DefaultAddr
 		e.timeout = 30 * time.Second
 		e.retries = 2
-		e.certsDir = os.Getenv("GEOLOG_CERTS_DIR")
-		e.tlsCA = os.Getenv("GEOLOG_TLS_CA")
-		e.tlsCert = os.Getenv("GEOLOG_TLS_CERT")
-		e.tlsKey = os.Getenv("GEOLOG_TLS_KEY")
-		e.tlsServerName = os.Getenv("GEOLOG_TLS_SERVER_NAME")
+		// Flags win over the environment, which wins over the context,
+		// which wins over the defaults.
+		e.applyContext()
+		if a := os.Getenv("GEOLOG_ADDR"); a != "" {
+			e.addr = a
+		}
+		for _, v := range []struct {
+			dst *string
+			env string
+		}{{&e.certsDir, "GEOLOG_CERTS_DIR"}, {&e.tlsCA, "GEOLOG_TLS_CA"}, {&e.tlsCert, "GEOLOG_TLS_CERT"}, {&e.tlsKey, "GEOLOG_TLS_KEY"}, {&e.tlsServerName, "GEOLOG_TLS_SERVER_NAME"}} {
+			if x := os.Getenv(v.env); x != "" {
+				*v.dst = x
+			}
+		}
+		// A token is a secret: from the environment or the flag only,
+		// never from the context file.
 		e.token = os.Getenv("GEOLOG_TOKEN")
 		e.globalsSet = true
 	}
 	fs.StringVar(&e.addr, "addr", e.addr, "node addresses host:port[,host:port...] (env GEOLOG_ADDR)")
-	fs.DurationVar(&e.timeout, "timeout", e.timeout, "bound on each admin or read call")
+	fs.DurationVar(&e.timeout, "timeout", e.timeout, "bound on each admin or read call, its retries included")
 	fs.IntVar(&e.retries, "retries", e.retries, "retries of a retriable admin or read call")
 	fs.StringVar(&e.tlsCA, "tls-ca", e.tlsCA, "dial with TLS trusting this PEM CA bundle")
 	fs.StringVar(&e.tlsCert, "tls-cert", e.tlsCert, "PEM client certificate for mutual TLS")
@@ -273,6 +360,7 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 	fs.StringVar(&e.tlsServerName, "tls-server-name", e.tlsServerName, "expected TLS server name")
 	fs.StringVar(&e.certsDir, "certs-dir", e.certsDir, "TLS folder: ca.crt, client.crt, client.key (env GEOLOG_CERTS_DIR)")
 	fs.StringVar(&e.token, "token", e.token, "bearer token (JWT) sent with every call, over TLS only (env GEOLOG_TOKEN)")
+	fs.StringVar(&e.contextName, "context", e.contextName, "use this context of the config file (env GEOLOG_CONTEXT; 'geolog context list')")
 	return fs
 }
 
@@ -306,7 +394,7 @@ func (e *env) clientFor(addrs string, opts ...client.Opt) (*client.Client, error
 	if e.retries < 0 || e.timeout < 0 {
 		return nil, usagef("--retries and --timeout must not be negative")
 	}
-	opts = append([]client.Opt{client.RequestTimeout(e.timeout), client.RetriesMax(e.retries)}, opts...)
+	opts = append([]client.Opt{client.CallTimeout(e.timeout), client.RetriesMax(e.retries)}, opts...)
 	cfg, err := e.tlsConfig()
 	if err != nil {
 		return nil, err
@@ -361,3 +449,18 @@ type stringList []string
 
 func (l *stringList) String() string     { return strings.Join(*l, ",") }
 func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// version prints this build's version and commit (--json: as JSON).
+func (e *env) version(args []string) error {
+	fs := e.flagSet("version")
+	asJSON := fs.Bool("json", false, "print as JSON")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	info := version.Get()
+	if *asJSON {
+		return json.NewEncoder(e.stdout).Encode(info)
+	}
+	fmt.Fprintln(e.stdout, "geolog", info)
+	return nil
+}

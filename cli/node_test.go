@@ -68,3 +68,65 @@ func TestNodeStreamsDelete(t *testing.T) {
 	}
 	mustRun(t, addr, "", "streams", "create", "gone", "--ranges", "1")
 }
+
+// TestNodeErrorsInPlainWords: errors name no internal enum or Go layout,
+// and say what to do next (an existing stream, a record over the size
+// bound, a bad --from time).
+func TestNodeErrorsInPlainWords(t *testing.T) {
+	addr := startNode(t)
+	mustRun(t, addr, "", "streams", "create", "dup", "--ranges", "1")
+	big := strings.Repeat("x", 1<<20+1)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"streams", "create", "dup", "--ranges", "2"}, []string{"(STREAM_EXISTS)", "geolog streams describe"}},
+		{[]string{"produce", "dup", "--key", "k", "--value", big}, []string{"--record-bytes-max", "split the value"}},
+		{[]string{"streams", "describe", "nope"}, []string{"(STREAM_NOT_FOUND)", "geolog streams list"}},
+	} {
+		_, errOut, code := run(t, testCtx(t), "", append([]string{"--addr", addr}, tc.args...)...)
+		if code == 0 {
+			t.Errorf("geolog %.40v: exit 0", tc.args)
+			continue
+		}
+		if strings.Contains(errOut, "ERROR_CODE_") || strings.Contains(errOut, "2006-01-02") {
+			t.Errorf("geolog %.40v: internals in %q", tc.args, errOut)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("geolog %.40v: stderr %q lacks %q", tc.args, errOut, w)
+			}
+		}
+	}
+}
+
+// TestNodeConsumeFrom: --from start|end|N|-1h|RFC 3339 picks where consume
+// starts; a bad --from or a negative --range is a usage error in plain words
+// (--range -2 used to read every range).
+func TestNodeConsumeFrom(t *testing.T) {
+	addr := startNode(t)
+	mustRun(t, addr, "", "streams", "create", "f", "--ranges", "1")
+	mustRun(t, addr, "", "produce", "f", "--key", "k", "--value", "a", "--value", "b", "--value", "c")
+	count := func(args ...string) int {
+		t.Helper()
+		return len(parseConsumed(t, mustRun(t, addr, "", append([]string{"consume", "f"}, args...)...)))
+	}
+	for _, tc := range []struct {
+		from string
+		want int
+	}{
+		{"start", 3}, {"end", 0}, {"1", 2}, {"-1h", 3}, {"1h", 3}, {"2000-01-01T00:00:00Z", 3}, {"2999-01-01T00:00:00Z", 0},
+	} {
+		if got := count("--from", tc.from); got != tc.want {
+			t.Errorf("--from %s: %d records, want %d", tc.from, got, tc.want)
+		}
+	}
+	for _, args := range [][]string{
+		{"--from", "5 minutes"}, {"--from", "-0s"}, {"--range", "-2"}, {"--from", "end", "--from-offset", "1"},
+	} {
+		_, errOut, code := run(t, testCtx(t), "", append([]string{"--addr", addr, "consume", "f"}, args...)...)
+		if code != 2 || strings.Contains(errOut, "2006-01-02") {
+			t.Errorf("consume %v: exit %d, stderr %q; want a usage error in plain words", args, code, errOut)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -101,7 +102,7 @@ func (e *env) produce(ctx context.Context, args []string) error {
 	}
 	defer p.Close()
 
-	out := &orderedPrinter{w: e.stdout, verbose: *verbose, done: make(map[int]string)}
+	out := &orderedPrinter{w: e.stdout, verbose: *verbose, done: make(map[int]string), hint: e.errorHint}
 	n := 0
 	produceOne := func(line []byte) error {
 		rec, err := toRecord(line)
@@ -122,31 +123,23 @@ func (e *env) produce(ctx context.Context, args []string) error {
 			}
 		}
 	} else {
-		r := bufio.NewReaderSize(e.stdin, 64<<10)
-		for {
-			line, err := r.ReadBytes('\n')
-			if len(line) > 0 {
-				line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
-				if inputErr = produceOne(line); inputErr != nil {
-					break
-				}
-			}
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				inputErr = fmt.Errorf("reading stdin: %w", err)
-				break
-			}
-		}
+		inputErr = readLines(ctx, e.stdin, produceOne)
 	}
-	// Deliver what was produced even if the input was bad or ctx ended.
-	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+10*time.Second)
+	// Deliver what was produced even if the input was bad or ctx ended; after
+	// an interrupt, for a bounded time only.
+	flushTimeout := 2*time.Minute + 10*time.Second
+	if ctx.Err() != nil {
+		flushTimeout = 10 * time.Second
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 	defer cancel()
 	if err := p.Flush(fctx); err != nil {
 		return fmt.Errorf("flush: %w", err)
 	}
 	failed := out.summary(e.stderr, n)
+	if errors.Is(inputErr, errInterrupted) {
+		return fmt.Errorf("%w after %d records read from stdin (those were sent; failures are listed above)", inputErr, n)
+	}
 	if inputErr != nil {
 		return inputErr
 	}
@@ -156,16 +149,72 @@ func (e *env) produce(ctx context.Context, args []string) error {
 	return nil
 }
 
+// errInterrupted: the input was cut short by the caller's interrupt.
+var errInterrupted = errors.New("interrupted")
+
+// readLines calls each with every line of r (without its line ending) until
+// r ends, each fails, or ctx ends. r is read on a goroutine of its own, since
+// a read of a terminal or a pipe cannot be interrupted: on ctx's end
+// readLines returns at once (errInterrupted) and leaves that goroutine
+// blocked in its read until the process exits. At most one line is read
+// ahead of each.
+func readLines(ctx context.Context, r io.Reader, each func([]byte) error) error {
+	type line struct {
+		b   []byte
+		err error
+	}
+	lines := make(chan line)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		br := bufio.NewReaderSize(r, 64<<10)
+		for {
+			b, err := br.ReadBytes('\n')
+			select {
+			case lines <- line{b, err}:
+			case <-stop:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		var l line
+		select {
+		case <-ctx.Done():
+			return errInterrupted
+		case l = <-lines:
+		}
+		if len(l.b) > 0 {
+			b := bytes.TrimSuffix(bytes.TrimSuffix(l.b, []byte("\n")), []byte("\r"))
+			if err := each(b); err != nil {
+				return err
+			}
+		}
+		if l.err == io.EOF {
+			return nil
+		}
+		if l.err != nil {
+			return fmt.Errorf("reading stdin: %w", l.err)
+		}
+	}
+}
+
 // orderedPrinter prints produce results in input order although callbacks
 // of different ranges complete in any order.
 type orderedPrinter struct {
 	w       io.Writer
 	verbose bool
+	// hint gives what to do next after a failure (env.errorHint).
+	hint func(error) string
 
 	mu     sync.Mutex
 	next   int
 	done   map[int]string
 	errs   []string
+	hints  []string // distinct, in order of first failure
 	failed int
 }
 
@@ -176,6 +225,11 @@ func (o *orderedPrinter) result(i int, res client.ProduceResult, err error) {
 		o.failed++
 		if len(o.errs) < 10 {
 			o.errs = append(o.errs, fmt.Sprintf("record %d: %v", i+1, err))
+		}
+		if o.hint != nil {
+			if h := o.hint(err); h != "" && !slices.Contains(o.hints, h) {
+				o.hints = append(o.hints, h)
+			}
 		}
 		o.done[i] = fmt.Sprintf("error\t%v", err)
 	} else {
@@ -207,6 +261,9 @@ func (o *orderedPrinter) summary(w io.Writer, total int) int {
 	}
 	if o.failed > 0 {
 		fmt.Fprintf(w, "%d of %d records failed\n", o.failed, total)
+		for _, h := range o.hints {
+			fmt.Fprintf(w, "(%s)\n", h)
+		}
 	} else if o.verbose {
 		fmt.Fprintf(w, "produced %d records\n", total)
 	}

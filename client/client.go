@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -162,6 +163,12 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 	if c.isClosed() {
 		return ErrClosed
 	}
+	outer := ctx
+	if c.cfg.callTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.callTimeout)
+		defer cancel()
+	}
 	addr := c.pool.pick()
 	for attempt := 0; ; attempt++ {
 		actx, cancel := ctx, context.CancelFunc(func() {})
@@ -192,8 +199,13 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 			return err
 		}
 		c.log.Debug("retrying call", "attempt", attempt+1, "addr", from, "next_addr", addr, "error", err)
-		if err := sleepCtx(ctx, retryDelay(err, attempt+1, c.cfg.backoffMin, c.cfg.backoffMax)); err != nil {
-			return err
+		if serr := sleepCtx(ctx, retryDelay(err, attempt+1, c.cfg.backoffMin, c.cfg.backoffMax)); serr != nil {
+			if outer.Err() == nil {
+				// CallTimeout ran out: what failed says more than the
+				// deadline does.
+				return fmt.Errorf("gave up after %d attempts in %v: %w", attempt+1, c.cfg.callTimeout, err)
+			}
+			return serr
 		}
 	}
 }

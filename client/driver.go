@@ -357,7 +357,10 @@ func (d *rangeDriver) connect() {
 		d.streamEnded(err)
 		return
 	}
-	ctx, cancel := context.WithCancel(d.p.ctx)
+	// The stream's context is not the producer's: on Close the driver ends
+	// an idle stream with a half-close (closeIdle), so the server records
+	// it as a success; closeConn cancels it on every other path.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(d.p.ctx))
 	d.connGen++
 	conn := &appendConn{gen: d.connGen, addr: d.addr, ctx: ctx, cancel: cancel}
 	d.conn = conn
@@ -808,8 +811,39 @@ func (d *rangeDriver) fail(b *batch, errFor func(*promisedRecord) error) {
 	d.p.doneRecords(len(b.recs))
 }
 
+// streamCloseWait bounds how long Close waits for the server to end an idle
+// stream after the producer's half-close.
+const streamCloseWait = 500 * time.Millisecond
+
+// closeIdle ends the current stream with a half-close when nothing is in
+// flight on it, and waits (up to streamCloseWait) for the server to end it:
+// a producer that closes cleanly ends its streams as a success, not as a
+// cancellation (which the server's metrics count as a failed call).
+func (d *rangeDriver) closeIdle() {
+	c := d.conn
+	if c == nil || c.stream == nil || c.broken || len(d.batches) > 0 {
+		return
+	}
+	if err := c.stream.CloseSend(); err != nil {
+		return
+	}
+	wait := time.NewTimer(streamCloseWait)
+	defer wait.Stop()
+	for {
+		select {
+		case ev := <-d.events:
+			if ev.gen == c.gen && ev.err != nil {
+				return // the server ended the stream (io.EOF when it succeeded)
+			}
+		case <-wait.C:
+			return
+		}
+	}
+}
+
 // shutdown fails everything left when the producer closes.
 func (d *rangeDriver) shutdown() {
+	d.closeIdle()
 	d.closeConn()
 	d.mu.Lock()
 	d.closed = true

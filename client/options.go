@@ -24,6 +24,7 @@ type clientConfig struct {
 	keepaliveTime     time.Duration
 	keepaliveTimeout  time.Duration
 	requestTimeout    time.Duration
+	callTimeout       time.Duration
 	retriesMax        int
 	backoffMin        time.Duration
 	backoffMax        time.Duration
@@ -86,6 +87,12 @@ func Keepalive(time, timeout time.Duration) Opt {
 // deadline, overriding the default of 30s. Zero disables it.
 func RequestTimeout(d time.Duration) Opt { return func(c *clientConfig) { c.requestTimeout = d } }
 
+// CallTimeout bounds each unary call as a whole (or its context's deadline,
+// if that is sooner), its retries and their backoff included (RequestTimeout bounds one
+// attempt); zero, the default, leaves the call bounded only by its
+// attempts. Like Kafka's default.api.timeout.ms.
+func CallTimeout(d time.Duration) Opt { return func(c *clientConfig) { c.callTimeout = d } }
+
 // RetriesMax bounds the retries of a retriable read, describe, list or
 // create call (each may go to another node), and the consecutive failed
 // reconnects of a subscription
@@ -122,6 +129,8 @@ func (c *clientConfig) validate() error {
 		return fmt.Errorf("client: Keepalive(%v, %v): time must be >= 10s and timeout positive", c.keepaliveTime, c.keepaliveTimeout)
 	case c.requestTimeout < 0:
 		return fmt.Errorf("client: RequestTimeout %v is negative", c.requestTimeout)
+	case c.callTimeout < 0:
+		return fmt.Errorf("client: CallTimeout %v is negative", c.callTimeout)
 	case c.retriesMax < 0:
 		return fmt.Errorf("client: RetriesMax %d is negative", c.retriesMax)
 	case c.backoffMin <= 0 || c.backoffMax < c.backoffMin:

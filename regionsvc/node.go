@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/geolog/geolog/authz"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -354,8 +355,11 @@ type Node struct {
 	grpcServer  *grpc.Server
 	listener    net.Listener
 	keyring     *atrest.Keyring // nil: encryption at rest is off
-	closing     chan struct{}
-	started     time.Time // when New returned (Config.Now)
+	// dirLock is the node's exclusive lock on its data directory, held from
+	// New to Close: a second node on the same directory fails to start.
+	dirLock io.Closer
+	closing chan struct{}
+	started time.Time // when New returned (Config.Now)
 	// limits are the node's budgets and quotas (limits.go); conns its
 	// bounded listener (after Start).
 	limits *limits
@@ -410,9 +414,13 @@ func New(cfg Config) (*Node, error) {
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
-	// The keyring opens last before the ranges: every later failure
-	// closes the node, which releases it.
+	// The directory lock and the keyring are taken last before the ranges:
+	// every later failure closes the node, which releases them.
+	if n.dirLock, err = lockDataDir(cfg); err != nil {
+		return nil, err
+	}
 	if n.keyring, err = openKeyring(cfg); err != nil {
+		n.dirLock.Close()
 		return nil, err
 	}
 	if len(cfg.Peers) > 0 {
@@ -442,6 +450,25 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.logger.Info("node opened", "data_dir", cfg.DataDir, "streams", len(specs))
 	return n, nil
+}
+
+// lockDataDir takes the node's exclusive lock on cfg.DataDir (vfs.Lock: a
+// LOCK file under an flock), so that a second node on the same directory
+// fails to start with one clear error instead of serving without its ranges.
+func lockDataDir(cfg Config) (io.Closer, error) {
+	fsys := cfg.FS
+	if fsys == nil {
+		fsys = vfs.OS()
+	}
+	l, err := fsys.Lock(cfg.DataDir)
+	if errors.Is(err, vfs.ErrLocked) {
+		return nil, fmt.Errorf("regionsvc: data directory %s is in use by another geologd (it holds %s): stop that one or pick another --data-dir: %w",
+			cfg.DataDir, filepath.Join(cfg.DataDir, vfs.LockFileName), err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("regionsvc: data directory %s: %w", cfg.DataDir, err)
+	}
+	return l, nil
 }
 
 func (n *Node) rangeDir(stream string, r uint32) string {
@@ -647,6 +674,9 @@ func (n *Node) Close() error {
 		n.peerConnsMu.Unlock()
 		if n.keyring != nil {
 			n.keyring.Close()
+		}
+		if n.dirLock != nil {
+			n.dirLock.Close()
 		}
 		n.logger.Info("node closed")
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // Bounds on requests.
@@ -235,8 +236,14 @@ func (s *logServer) AppendStream(stream geologv1.Log_AppendStreamServer) error {
 			}
 			return apierr.ToStatus(apierr.New(apierr.ShuttingDown, "node is shutting down"))
 		case err := <-recvErr:
+			if ctx.Err() != nil {
+				// The client cancelled the call or went away: say so
+				// (CANCELED or DEADLINE_EXCEEDED), as gRPC does for a
+				// unary call; it is not the server's failure.
+				return status.FromContextError(ctx.Err()).Err()
+			}
 			if !errors.Is(err, io.EOF) {
-				return apierr.ToStatus(apierr.As(err))
+				return apierr.ToStatus(err)
 			}
 			// The client half-closed: answer what is outstanding, then end.
 			return drainReplies(ctx, stream, replies, sem)

@@ -3,8 +3,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	_ "net/http/pprof"
 	"os"
@@ -17,6 +19,7 @@ import (
 	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/internal/failpoint"
+	"github.com/geolog/geolog/internal/version"
 	"github.com/geolog/geolog/pki"
 	"github.com/geolog/geolog/regionsvc"
 	"github.com/geolog/geolog/segment"
@@ -33,6 +36,10 @@ func main() {
 }
 
 func run() int {
+	if len(os.Args) == 2 && (os.Args[1] == "version" || os.Args[1] == "--version" || os.Args[1] == "-version") {
+		fmt.Println("geologd", version.Get())
+		return 0
+	}
 	fs := flag.NewFlagSet("geologd", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", "", "data directory (required)")
 	listen := fs.String("listen", "127.0.0.1:7400", "gRPC listen address")
@@ -73,7 +80,12 @@ func run() int {
 	compactionRate := fs.Int64("compaction-bytes-per-second", 64<<20, "compaction by key: the node's read and write rate (negative: unbounded)")
 	kekFile := fs.String("kek-file", "", "encryption at rest: the KEK file (JSON, mode 0600, kept off the data disk; geolog keys add-kek makes one); empty: off, and a data directory holding a keyring is refused")
 	dataKeyRotation := fs.Duration("data-key-rotation-period", 7*24*time.Hour, "encryption at rest: start a new data key at startup when the active one is older (negative: never)")
+	checkFlags := fs.Bool("check-flags", false, "check the flags and their values, then exit (0: they are valid) without opening anything")
 	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "geologd: unexpected argument %q (geologd takes flags only)\n", fs.Arg(0))
 		return 2
 	}
 	// SIGHUP reloads the TLS files; caught from the start, so that one
@@ -94,11 +106,20 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: --fsync must be always or never, not %q\n", *fsync)
 		return 2
 	}
-	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: hclog.LevelFromString(*logLevel), JSONFormat: *logJSON, Output: os.Stderr})
+	level := hclog.LevelFromString(*logLevel)
+	if level == hclog.NoLevel {
+		fmt.Fprintf(os.Stderr, "geologd: --log-level must be trace, debug, info, warn or error, not %q\n", *logLevel)
+		return 2
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: level, JSONFormat: *logJSON, Output: os.Stderr})
+	logger.Info("geologd starting", "version", version.Get().String())
 	peers, err := parsePeers(*peersFlag)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: --peers: %v\n", err)
 		return 2
+	}
+	if *checkFlags {
+		return 0
 	}
 	certs, err := tlsf.open(logger, *region, *nodeID)
 	if err != nil {
@@ -145,8 +166,16 @@ func run() int {
 		defer mp.Shutdown(context.Background())
 		meterProvider = mp
 		http.Handle("/metrics", promhttp.Handler())
+		// Listen before anything opens, so that an unusable address stops
+		// the start with one clear line.
+		debugLn, err := net.Listen("tcp", *debugAddr)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "geologd: --debug-addr %s: %v\n", *debugAddr, err)
+			return 1
+		}
+		defer debugLn.Close()
 		go func() {
-			if err := http.ListenAndServe(*debugAddr, nil); err != nil {
+			if err := http.Serve(debugLn, nil); err != nil && !errors.Is(err, net.ErrClosed) {
 				logger.Error("debug server", "error", err)
 			}
 		}()
@@ -230,12 +259,12 @@ func run() int {
 	}
 	node, err := regionsvc.New(cfg)
 	if err != nil {
-		logger.Error("open node", "error", err)
+		fmt.Fprintf(os.Stderr, "geologd: cannot open the node: %v\n", err)
 		return 1
 	}
 	if err := node.Start(); err != nil {
-		logger.Error("start node", "error", err)
 		node.Close()
+		fmt.Fprintf(os.Stderr, "geologd: cannot start the node: %v\n", err)
 		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
