@@ -225,7 +225,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 // subcommanded are the commands that take a subcommand.
-var subcommanded = map[string]bool{"context": true, "streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true}
+var subcommanded = map[string]bool{"acl": true, "context": true, "streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true}
 
 // help prints help for a command: "help <command> <subcommand>" and a
 // command without subcommands show its flags (its --help, on standard
