@@ -489,3 +489,110 @@ func (s *adminServer) ListAcls(ctx context.Context, req *geologv1.ListAclsReques
 	}
 	return resp, nil
 }
+
+// Anti-entropy: a region that missed a change (unreachable while it was
+// made) gets it without anyone making the change again. Every
+// aclSyncInterval, the catalogue leader of each region asks a node of
+// every other region for its rules in force (ListAcls, as a node) and
+// sends it, with their versions, the changes of its own that are newer
+// than what that region holds: rules it lacks or holds older, removals of
+// rules it still holds. Each region's leader does the same, so regions
+// converge on the greatest version of every pair.
+
+// aclSyncInterval is how often a catalogue leader compares its rules with
+// the other regions' (a variable for tests).
+var aclSyncInterval = 30 * time.Second
+
+// aclSyncChangesMax bounds the changes one comparison sends to a region;
+// the next comparison sends the rest.
+const aclSyncChangesMax = 256
+
+// runACLSync runs the comparisons until the node closes; aclSyncDone is
+// closed when it returns.
+func (n *Node) runACLSync() {
+	defer close(n.aclSyncDone)
+	base, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() { // ends with the loop, at the latest
+		select {
+		case <-n.closing:
+			stop()
+		case <-base.Done():
+		}
+	}()
+	t := time.NewTicker(aclSyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.closing:
+			return
+		case <-t.C:
+		}
+		if !n.leadsCatalogue() {
+			continue
+		}
+		for region := range n.cfg.Regions {
+			if region == n.cfg.Region {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(base, aclSyncInterval)
+			sent, err := n.syncACLs(ctx, region)
+			cancel()
+			switch {
+			case err != nil:
+				n.logger.Debug("access rules not compared with a region", "region", region, "error", err)
+			case sent > 0:
+				n.logger.Info("access rules sent to a region that missed them", "region", region, "changes", sent)
+			}
+			select {
+			case <-n.closing:
+				return
+			default:
+			}
+		}
+	}
+}
+
+// syncACLs sends region the changes it misses, and returns their count.
+func (n *Node) syncACLs(ctx context.Context, region string) (int, error) {
+	theirs := map[[2]string]authz.Version{}
+	err := n.propagateToRegion(ctx, region, func(cctx context.Context, addr string, _ geologv1.LogClient) error {
+		conn, err := n.peerConn(addr)
+		if err != nil {
+			return err
+		}
+		resp, err := geologv1.NewAdminClient(conn).ListAcls(cctx, &geologv1.ListAclsRequest{Resource: "*"})
+		if err != nil {
+			return apierr.FromError(err)
+		}
+		for _, r := range resp.GetRules() {
+			theirs[[2]string{r.GetPrincipal(), r.GetResource()}] = authz.Version{UnixNanos: r.GetChangedUnixNanos(), Region: r.GetChangedInRegion()}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	n.acl.mu.Lock()
+	changes := n.acl.set.Changes()
+	n.acl.mu.Unlock()
+	sent := 0
+	for _, c := range changes {
+		have, ok := theirs[[2]string{c.Rule.Principal, c.Rule.Resource}]
+		// ListAcls does not show the nonce: a change of the same time and
+		// region is taken as the same change.
+		mine := authz.Version{UnixNanos: c.Version.UnixNanos, Region: c.Version.Region}
+		newer := !ok || mine.Compare(have) > 0
+		if (c.Removed() && (!ok || !newer)) || (!c.Removed() && !newer) {
+			continue
+		}
+		if sent == aclSyncChangesMax {
+			break
+		}
+		if err := n.aclToRegion(ctx, region, c); err != nil {
+			return sent, err
+		}
+		sent++
+	}
+	return sent, nil
+}

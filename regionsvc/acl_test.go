@@ -11,6 +11,7 @@ import (
 	"github.com/geolog/geolog/internal/nodeproc"
 	"github.com/geolog/geolog/pki"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/wan"
 )
 
 // aclWorld is a world of TLS nodes with authorization on ("root" is the
@@ -289,5 +290,45 @@ func TestACLRemovalCutsSubscription(t *testing.T) {
 				t.Fatal("the record appended after the right was removed reached the subscription")
 			}
 		}
+	}
+}
+
+// TestACLSyncCompletesAMissedRegion: a rule put while the other region is
+// cut off is refused as UNAVAILABLE (in force where it was committed);
+// once the link is back, the catalogue leaders' comparison brings it
+// there, and a removal made while cut off as well, without anyone making
+// the changes again.
+func TestACLSyncCompletesAMissedRegion(t *testing.T) {
+	defer func(was time.Duration) { aclSyncInterval = was }(aclSyncInterval)
+	aclSyncInterval = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := newACLWorld(t, []string{"us", "eu"}, 1, nil)
+	w.createStream(ctx, "s")
+	_, usAdmin := w.as("root", "us", 1)
+	if err := putACLRule(ctx, usAdmin, "bob", "s", "consume"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.net.CutRegion("eu", wan.CutReset); err != nil {
+		t.Fatal(err)
+	}
+	wantACLCode(t, "put while eu is cut off", putACLRule(ctx, usAdmin, "alice", "s", "consume"), apierr.Unavailable)
+	if _, err := usAdmin.DeleteAcl(ctx, &geologv1.DeleteAclRequest{Principal: "bob", Resource: "s"}); apierr.FromError(err).Code != apierr.Unavailable {
+		t.Fatalf("delete while eu is cut off: %v, want UNAVAILABLE", err)
+	}
+	eu := w.nodes["eu"][1]
+	if eu.policy.p.Load().Allows("alice", authz.Consume, "s") || !eu.policy.p.Load().Allows("bob", authz.Consume, "s") {
+		t.Fatal("eu has the changes made while it was cut off")
+	}
+	if err := w.net.HealAll(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, time.Minute, "eu holds the changes it missed", func() bool {
+		p := eu.policy.p.Load()
+		return p.Allows("alice", authz.Consume, "s") && !p.Allows("bob", authz.Consume, "s")
+	})
+	euAlice, _ := w.as("alice", "eu", 1)
+	if _, err := euAlice.Read(ctx, &geologv1.ReadRequest{Stream: "s", MaxRecords: 1}); err != nil {
+		t.Fatalf("alice reads in eu: %v", err)
 	}
 }

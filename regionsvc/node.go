@@ -315,8 +315,10 @@ type Node struct {
 	// createMu serialises stream creation (catalogue writes).
 	createMu sync.Mutex
 
-	// acl is the access rules of the catalogue (acl.go).
-	acl aclState
+	// acl is the access rules of the catalogue (acl.go); aclSyncDone is
+	// closed when its comparison with other regions stopped.
+	acl         aclState
+	aclSyncDone chan struct{}
 
 	syncSlots   chan struct{}
 	metrics     *nodeMetrics
@@ -597,6 +599,8 @@ func (n *Node) Start() error {
 		go n.repl.run()
 		n.bookDone = make(chan struct{})
 		go n.runAddrBook()
+		n.aclSyncDone = make(chan struct{})
+		go n.runACLSync()
 		if err := n.startHoming(); err != nil {
 			lis.Close()
 			return fmt.Errorf("regionsvc: homing: %w", err)
@@ -627,6 +631,9 @@ func (n *Node) Close() error {
 		close(n.closing)
 		if n.bookDone != nil {
 			<-n.bookDone
+		}
+		if n.aclSyncDone != nil {
+			<-n.aclSyncDone
 		}
 		if n.cursors != nil {
 			n.cursors.close() // before the ranges it proposes to stop
