@@ -117,6 +117,26 @@ func (r Rule) Allows(principal string, perm Permission, resource string) bool {
 type Policy struct {
 	Superusers []string
 	Rules      []Rule
+
+	// Set by Index: the rules whose principal is an exact name, by name,
+	// and the others.
+	exact     map[string][]Rule
+	patterned []Rule
+}
+
+// Index prepares p for many decisions: a decision then reads the rules of
+// the principal's exact name and the rules with a principal pattern only,
+// instead of every rule. p must not change afterwards. It returns p.
+func (p *Policy) Index() *Policy {
+	p.exact, p.patterned = map[string][]Rule{}, nil
+	for _, r := range p.Rules {
+		if strings.HasSuffix(r.Principal, "*") {
+			p.patterned = append(p.patterned, r)
+		} else {
+			p.exact[r.Principal] = append(p.exact[r.Principal], r)
+		}
+	}
+	return p
 }
 
 // Allows reports whether principal holds perm on resource. The empty
@@ -130,7 +150,16 @@ func (p *Policy) Allows(principal string, perm Permission, resource string) bool
 			return true
 		}
 	}
-	for _, r := range p.Rules {
+	rules := p.Rules
+	if p.exact != nil {
+		for _, r := range p.exact[principal] {
+			if r.Allows(principal, perm, resource) {
+				return true
+			}
+		}
+		rules = p.patterned
+	}
+	for _, r := range rules {
 		if r.Allows(principal, perm, resource) {
 			return true
 		}

@@ -1,6 +1,7 @@
 package authz
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -143,6 +144,57 @@ func TestPatternCoversPattern(t *testing.T) {
 	}{{"chat.*", true}, {"chat.eu.*", true}, {"chat.x", true}, {"chat*", false}, {"*", false}, {"orders", true}, {"orders*", false}} {
 		if got := p.Allows("ops", Admin, c.resource); got != c.want {
 			t.Errorf("admin on %q: %v, want %v", c.resource, got, c.want)
+		}
+	}
+}
+
+// BenchmarkPolicyAllows is one decision against RulesMax rules (half of
+// them exact names, half prefix patterns), the principal's own rule last:
+//
+//	go test -run '^$' -bench PolicyAllows ./authz/
+func BenchmarkPolicyAllows(b *testing.B) {
+	var s RuleSet
+	for i := range RulesMax {
+		r := Rule{Principal: fmt.Sprintf("app-%04d", i), Resource: fmt.Sprintf("stream-%04d", i), Perms: Of(Produce, Consume)}
+		if i%2 == 1 {
+			r.Principal += "*"
+			r.Resource += "*"
+		}
+		s.Apply(Change{Rule: r, Version: Version{UnixNanos: int64(i)}})
+	}
+	for _, indexed := range []bool{false, true} {
+		p := s.Policy([]string{"root"})
+		name := "scan"
+		if indexed {
+			p.Index()
+			name = "indexed"
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if !p.Allows("app-1022", Produce, "stream-1022") || p.Allows("nobody", Produce, "stream-0001") {
+					b.Fatal("wrong decision")
+				}
+			}
+		})
+	}
+}
+
+// TestIndexedPolicyDecidesAlike: an indexed policy decides as the plain
+// one, on random rules and questions.
+func TestIndexedPolicyDecidesAlike(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	names := []string{"a", "ab", "a*", "ab*", "b", "*", "jwt:x", "jwt:*"}
+	for round := range 200 {
+		plain := &Policy{}
+		for range 20 {
+			plain.Rules = append(plain.Rules, Rule{Principal: names[r.IntN(len(names))], Resource: names[r.IntN(len(names))], Perms: Set(r.IntN(31)+1) << 1})
+		}
+		indexed := (&Policy{Rules: plain.Rules}).Index()
+		for range 50 {
+			who, what, perm := names[r.IntN(len(names))], names[r.IntN(len(names))], Permission(r.IntN(5)+1)
+			if plain.Allows(who, perm, what) != indexed.Allows(who, perm, what) {
+				t.Fatalf("round %d: %s %s %s: plain %v, indexed %v", round, who, perm, what, plain.Allows(who, perm, what), indexed.Allows(who, perm, what))
+			}
 		}
 	}
 }

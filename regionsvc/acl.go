@@ -149,7 +149,7 @@ func (n *Node) rebuildPolicyLocked() {
 	}
 	p := n.acl.set.Policy(n.cfg.Authz.Superusers)
 	p.Rules = append(append([]authz.Rule(nil), n.cfg.Authz.Rules...), p.Rules...)
-	n.policy.set(p)
+	n.policy.set(p.Index())
 }
 
 // applyACL applies a committed change at catalogue offset at (0 and
