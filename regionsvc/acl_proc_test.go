@@ -83,9 +83,15 @@ func TestACLProc(t *testing.T) {
 		})
 	}
 	grant("carol", "produce")
-	if err := appendOn(carol, "by carol"); err != nil {
-		t.Fatalf("carol appends: %v", err)
-	}
+	// The node the grant went through has applied it; the range's leader
+	// may be another node, which applies it a moment later.
+	waitFor(t, ctx, "carol appends", func() bool {
+		err := appendOn(carol, "by carol")
+		if err != nil && apierr.FromError(err).Code != apierr.PermissionDenied {
+			t.Fatalf("carol appends: %v", err)
+		}
+		return err == nil
+	})
 	if e := apierr.FromError(appendOn(bob, "by bob")); e == nil || e.Code != apierr.PermissionDenied {
 		t.Fatalf("bob appends: %v, want PERMISSION_DENIED", e)
 	}
