@@ -1,7 +1,8 @@
 // Package authz is the pure core of geolog's authorization: permissions,
 // access rules with wildcards, and the decision whether a principal holds
-// a permission on a resource. It does no I/O; the server's interceptor (regionsvc/authz.go) names the principal
-// and the resource of each call and asks a Policy.
+// a permission on a resource. It does no I/O; the server's interceptor
+// (regionsvc/authz.go) names the principal and the resource of each call
+// and asks a Policy.
 //
 // A RuleSet is the rules in force built from versioned changes applied in
 // any order (the catalogue's access rules, regionsvc/acl.go), and a
