@@ -43,6 +43,8 @@ FUZZ_TARGETS := \
 	./replica:FuzzForkRecord:60000 \
 	./replica:FuzzForkDesc:60000 \
 	./replica:FuzzCommitMark:20000 \
+	./replica:FuzzTermVote:20000 \
+	./segment:FuzzStartRecord:50000 \
 	./segment:FuzzKeyIndex:200000 \
 	./batch:FuzzRecordKeys:100000 \
 	./cursors:FuzzDecode:100000 \
@@ -59,7 +61,7 @@ FIRST  ?= 1
 STEPS  ?= 3000
 SIMLOG ?= false
 
-.PHONY: release image all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: bench-floor release image all build test test-loaded unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -80,9 +82,17 @@ vet:
 # make test at once, beside a running demo. GEOLOG_PG_URL=postgres://...
 # makes them use that server instead. TestSlice (the chaos slice) runs in
 # its own step, chaos-slice, so that its clusters do not compete with the
-# other packages' tests for the cores.
-unit:
-	$(GO) test -race -count=1 -timeout 15m -skip '^TestSlice$$' ./...
+# other packages' tests for the cores. The web console's browser test
+# needs Chromium: installed first when missing (chromium), and required
+# here (GEOLOG_REQUIRE_CHROMIUM: it fails rather than skips without it).
+unit: chromium
+	GEOLOG_REQUIRE_CHROMIUM=1 $(GO) test -race -count=1 -timeout 15m -skip '^TestSlice$$' ./...
+
+# Headless Chromium for console.TestConsoleInChromium, from Debian's
+# chromium package with apt-get when missing (scripts/chromium.sh).
+.PHONY: chromium
+chromium:
+	@./scripts/chromium.sh
 
 # The chaos slice: chaos.Slice(), fixed-seed scenarios on the harness's
 # own local clusters (no terraform; every port, the homing one's
@@ -144,7 +154,20 @@ sim:
 		$(GO) test -count=1 -v -timeout 60m -run 'TestSimulator$$' ./sim -args -runs=$(RUNS) -first=$(FIRST) -steps=$(STEPS); \
 	fi
 
-bench: build
+# make bench-floor: this machine's physical floor (write+fdatasync of 4 KiB
+# and 1 MiB with one writer and with FLOOR_WRITERS at once, loopback round
+# trip), which every benchmark target prints first so that its figures
+# stand beside it. FLOOR_WRITERS is the replicas each benchmark puts on
+# this disk (bench 1, bench-region and bench-groups 3, the local 3x3
+# cluster 9); FLOOR_DIR the disk (default run/, where the nodes write).
+FLOOR_WRITERS ?= 3
+FLOOR_DIR ?= $(RUN)
+bench-floor: build
+	@mkdir -p $(FLOOR_DIR)
+	$(BIN)/geolog bench floor --dir $(FLOOR_DIR) --writers $(FLOOR_WRITERS)
+
+bench: FLOOR_WRITERS = 1
+bench: build bench-floor
 	./scripts/bench.sh
 
 # Operator drills on a fresh local cluster with homing: whole-region
@@ -157,33 +180,36 @@ drill: build
 		-runs=$(DRILL_RUNS) -moves=$(DRILL_MOVES) -lease-ttl=$${GEOLOG_LEASE_TTL:-4s}; rc=$$?; \
 		./scripts/cluster.sh down; exit $$rc
 
-bench-region: build
+bench-region: build bench-floor
 	./scripts/bench_region.sh
 
 # Issue-16 consumer figures on a 3-node region: cursor commits/s and group
 # rebalance times (scripts/bench_groups.sh; GEOLOG_BENCH_PORT moves it).
-bench-groups: build
+bench-groups: build bench-floor
 	./scripts/bench_groups.sh
 
 # Per-key sync figures (issue 16): one conversation synced from offset 0
 # on a range of 10 million records (RECORDS=n), with the key index and by
 # a full scan, through the segment store and a node's Read RPC. Builds
 # the ranges under run/keysync (about 1.3 GB each), removes them after.
-bench-keysync:
+bench-keysync: FLOOR_WRITERS = 1
+bench-keysync: bench-floor
 	./scripts/bench_keysync.sh
 
 # The end-to-end figure (issue 16): produce in us at half its throughput,
 # a consumer-group member in eu; p50/p99 from produce to delivery. Needs
 # the local cluster (make up). CONSUMER=ap for ap.
-bench-e2e: build
+bench-e2e: FLOOR_WRITERS = 9
+bench-e2e: build bench-floor
 	./scripts/bench_e2e.sh
 
 # The CPU of 1,000 idle ranges on a 3-node region.
-bench-idle: build
+bench-idle: build bench-floor
 	./scripts/bench_idle.sh
 
 # Issue-4 figures on the local 3-region cluster (make up first).
-bench-geo: build
+bench-geo: FLOOR_WRITERS = 9
+bench-geo: build bench-floor
 	./scripts/bench_geo.sh
 
 # make demo: the multi-region demo on the local cluster (started if it is

@@ -322,6 +322,39 @@ func (k *Keyring) Rewrap(ctx context.Context) (string, int, error) {
 	return cur, n, nil
 }
 
+// ErrKeyActive reports Retire of the active data key.
+var ErrKeyActive = errors.New("atrest: the active data key cannot be retired")
+
+// Retire removes the data key id from the keyring: once nothing is sealed
+// under it any more (the node's background re-encryption rewrote every
+// segment and orphan log, see docs/security.md), it need not be kept. It
+// refuses the active key (ErrKeyActive) and a key the keyring lacks
+// (ErrKeyUnavailable). The caller vouches that no unit names the key: a
+// node that finds one refuses to start (ErrKeyUnavailable), and the
+// frames under it are lost for good with the key.
+func (k *Keyring) Retire(id KeyID) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.done {
+		return errors.New("atrest: keyring is closed")
+	}
+	old := k.set.Load()
+	switch {
+	case old.active.id == id:
+		return fmt.Errorf("%w: %v", ErrKeyActive, id)
+	case old.byID[id] == nil:
+		return fmt.Errorf("%w: %v", ErrKeyUnavailable, id)
+	}
+	keys := slices.DeleteFunc(slices.Clone(old.keys), func(key *dataKey) bool { return key.id == id })
+	set := newSet(keys, old.active)
+	if err := k.save(set); err != nil {
+		return err
+	}
+	k.set.Store(set)
+	k.log.Info("retired data key", "key", id, "active", old.active.id)
+	return nil
+}
+
 // rewrapped is key with another wrapping; the nonce session carries over
 // (the data key is the same, so its nonces must stay unique).
 func (key *dataKey) rewrapped(kekID string, wrapped []byte) *dataKey {

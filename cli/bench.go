@@ -386,6 +386,8 @@ func (e *env) bench(ctx context.Context, args []string) error {
 			return e.benchRebalance(ctx, args[1:])
 		case "e2e":
 			return e.benchE2E(ctx, args[1:]) // benche2e.go
+		case "floor":
+			return e.benchFloor(ctx, args[1:]) // benchfloor.go
 		}
 	}
 	fs := e.flagSet("bench")

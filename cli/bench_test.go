@@ -3,6 +3,7 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -133,5 +134,40 @@ func TestRunBenchStopsOnContext(t *testing.T) {
 	after := time.Since(time.Unix(0, cancelled.Load()))
 	if cancelled.Load() == 0 || after > time.Minute || res.Records == 0 || res.Errors != 0 {
 		t.Fatalf("returned %v after the cancel: %+v", after, res)
+	}
+}
+
+// TestBenchFloor: bench floor measures write+fdatasync of 4 KiB and 1 MiB
+// with one and with --writers writers, and the loopback round trip, and
+// leaves nothing behind in --dir.
+func TestBenchFloor(t *testing.T) {
+	dir := t.TempDir()
+	out, errOut, code := run(t, testCtx(t), "", "bench", "floor", "--dir", dir, "--writers", "2", "--count", "20", "--rtts", "50", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rows []struct {
+		What      string  `json:"what"`
+		SizeBytes int     `json:"size_bytes"`
+		Writers   int     `json:"writers"`
+		Count     int     `json:"count"`
+		P50Ms     float64 `json:"p50_ms"`
+		P99Ms     float64 `json:"p99_ms"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("%v: %q", err, out)
+	}
+	want := []struct{ size, writers, count int }{{4096, 1, 20}, {4096, 2, 40}, {1 << 20, 1, 10}, {1 << 20, 2, 20}, {64, 0, 50}}
+	if len(rows) != len(want) {
+		t.Fatalf("rows %+v", rows)
+	}
+	for i, w := range want {
+		r := rows[i]
+		if r.SizeBytes != w.size || r.Writers != w.writers || r.Count != w.count || r.P50Ms <= 0 || r.P99Ms < r.P50Ms {
+			t.Errorf("row %d: %+v, want size %d, writers %d, count %d and 0 < p50 <= p99", i, r, w.size, w.writers, w.count)
+		}
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("left %d files in --dir", len(left))
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"text/template"
 	"time"
 	"unicode/utf8"
 
@@ -41,13 +42,17 @@ func (e *env) consume(ctx context.Context, args []string) error {
 	from := fs.String("from", "", "where to start: start (default), end, an offset, a time before now (-1h, -30m) or an RFC 3339 time")
 	follow := fs.Bool("follow", false, "keep following the tail until interrupted")
 	maxRecords := fs.Int64("max", 0, "stop after this many records (0: no bound)")
-	asJSON := fs.Bool("json", false, "print one JSON object per record")
+	output := outputFlags(fs, "print one JSON object per record")
 	key := fs.String("key", "", "read only the records of this key (one conversation), through the key index; its range unless --range; --key '' reads the keyless records")
 	g := groupFlags(fs) // groups.go
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
+	if err := output.check(); err != nil {
+		return err
+	}
+	asJSON := output.asJSON
 	if len(pos) != 1 {
 		return usagef("usage: consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json]\n       consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID] [--session D] [--max N] [--json]")
 	}
@@ -55,7 +60,7 @@ func (e *env) consume(ctx context.Context, args []string) error {
 		if *rng >= 0 || isSet(fs, "from-offset") || *fromTime != "" || isSet(fs, "from") || isSet(fs, "key") {
 			return usagef("--group takes its positions from the group: no --range, --key, --from, --from-offset or --from-time")
 		}
-		return e.consumeGroup(ctx, pos[0], g, &recordPrinter{w: e.stdout, json: *asJSON, max: *maxRecords})
+		return e.consumeGroup(ctx, pos[0], g, &recordPrinter{w: e.stdout, json: *asJSON, tmpl: output.tmpl, max: *maxRecords})
 	}
 	o := consumeOpts{stream: pos[0], fromOffset: *fromOffset, follow: *follow, max: *maxRecords, json: *asJSON,
 		byKey: isSet(fs, "key"), key: []byte(*key)}
@@ -106,7 +111,7 @@ func (e *env) consume(ctx context.Context, args []string) error {
 			o.ranges = append(o.ranges, r)
 		}
 	}
-	pr := &recordPrinter{w: e.stdout, json: o.json, max: o.max}
+	pr := &recordPrinter{w: e.stdout, json: o.json, tmpl: output.tmpl, max: o.max}
 	if o.follow {
 		return e.consumeFollow(ctx, c, o, pr)
 	}
@@ -263,6 +268,8 @@ func (e *env) consumeFollow(ctx context.Context, c *client.Client, o consumeOpts
 type recordPrinter struct {
 	w    io.Writer
 	json bool
+	// tmpl, if not nil, prints each record's JSON form through it (--format).
+	tmpl *template.Template
 	max  int64
 
 	mu      sync.Mutex
@@ -294,7 +301,7 @@ func (p *recordPrinter) print(rec client.StoredRecord) bool {
 		return false
 	}
 	p.printed++
-	if p.json {
+	if p.json || p.tmpl != nil {
 		j := recordJSON{Range: rec.Range, Offset: rec.Offset, Epoch: rec.Epoch, Tombstone: rec.Tombstone}
 		if len(rec.Key) > 0 {
 			if utf8.Valid(rec.Key) {
@@ -323,6 +330,12 @@ func (p *recordPrinter) print(rec client.StoredRecord) bool {
 		}
 		if !rec.ProducerTime.IsZero() {
 			j.ProducerTime = rec.ProducerTime.UTC().Format(time.RFC3339Nano)
+		}
+		if p.tmpl != nil {
+			if err := (&output{tmpl: p.tmpl}).write(p.w, j); err != nil {
+				fmt.Fprintf(p.w, "%v\n", err)
+			}
+			return true
 		}
 		b, _ := json.Marshal(j)
 		fmt.Fprintf(p.w, "%s\n", b)

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -42,9 +41,12 @@ func (e *env) groups(ctx context.Context, args []string) error {
 func (e *env) groupsList(ctx context.Context, args []string) error {
 	fs := e.flagSet("groups list")
 	stream := fs.String("stream", "", "only groups consuming this stream")
-	asJSON := fs.Bool("json", false, "print JSON")
+	out := outputFlags(fs, "print JSON")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := out.check(); err != nil {
 		return err
 	}
 	if len(pos) != 0 {
@@ -59,8 +61,8 @@ func (e *env) groupsList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return json.NewEncoder(e.stdout).Encode(groups)
+	if out.structured() {
+		return out.write(e.stdout, groups)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GROUP\tSTREAM\tSTATE\tMEMBERS\tEPOCH")
@@ -79,9 +81,12 @@ func epochString(e uint64) string {
 
 func (e *env) groupsDescribe(ctx context.Context, args []string) error {
 	fs := e.flagSet("groups describe")
-	asJSON := fs.Bool("json", false, "print JSON")
+	out := outputFlags(fs, "print JSON")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := out.check(); err != nil {
 		return err
 	}
 	if len(pos) != 1 {
@@ -96,8 +101,8 @@ func (e *env) groupsDescribe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return json.NewEncoder(e.stdout).Encode(d)
+	if out.structured() {
+		return out.write(e.stdout, d)
 	}
 	return printGroup(e.stdout, d)
 }

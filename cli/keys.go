@@ -17,6 +17,11 @@ const keysUsage = `usage (offline: on a node's data directory, the node stopped)
   keys rotate --data-dir DIR --kek-file FILE
       start a new data key: writes from now on are sealed under it; frames
       sealed before stay readable under their keys
+  keys retire --data-dir DIR --kek-file FILE --key ID
+      remove an old data key from the keyring, once no segment or orphan log
+      of the data directory holds a frame under it (the node re-encrypts
+      them in the background after a rotation; the command checks every
+      file and refuses while one does)
   keys rewrap --data-dir DIR --kek-file FILE
       KEK rotation: wrap every data key under the KEK file's current (last)
       KEK; data and data keys are unchanged
@@ -37,6 +42,7 @@ func (e *env) keys(ctx context.Context, args []string) error {
 	dataDir := fs.String("data-dir", "", "the node's data directory")
 	kekFile := fs.String("kek-file", "", "the KEK file (geologd --kek-file)")
 	kekID := fs.String("kek", "", "KEK id (remove-kek)")
+	keyID := fs.String("key", "", "data key id (retire)")
 	asJSON := fs.Bool("json", false, "print as JSON (list)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -62,7 +68,7 @@ func (e *env) keys(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(e.stdout, "removed KEK %s from %s\n", *kekID, *kekFile)
 		return nil
-	case "list", "rotate", "rewrap":
+	case "list", "rotate", "rewrap", "retire":
 	default:
 		return usagef("%s", keysUsage)
 	}
@@ -86,6 +92,8 @@ func (e *env) keys(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(e.stdout, "active data key %v (wrapped by %s)\n", info.ID, info.KEK)
 		return nil
+	case "retire":
+		return e.keysRetire(k, *dataDir, *keyID)
 	case "rewrap":
 		cur, n, err := k.Rewrap(ctx)
 		if err != nil {

@@ -39,10 +39,10 @@ usage: geolog [global flags] <command> [flags] [args]
 commands:
   streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread]
                  [--retention-age 168h] [--retention-bytes N]
-  streams list [--json]
-  streams describe <name> [--json]
+  streams list [--json | --format T]
+  streams describe <name> [--json | --format T]
   streams delete <name>
-  ranges <stream> [--json]
+  ranges <stream> [--json | --format T]
                        per range: home, epoch, tail, leader, and each region's
                        applied offset and lag (offsets/time), merged from every
                        node of --addr (give nodes of every region)
@@ -50,20 +50,23 @@ commands:
                        follow every range from its tail on --addr's nodes and
                        report replication lag (receipt minus home append time)
   produce <stream> [--key K | --key-field F | --tab] [--value V]... [--header k=v]... [-v]
-  consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json]
+  consume <stream> [--range N] [--key K] [--from start|end|N|-1h|RFC3339] [--follow] [--max N] [--json | --format T]
   consume <stream> --group G [--start earliest|latest] [--member ID] [--instance ID]
           [--session 10s] [--max N] [--json]
                        consume as a member of a consumer group: ranges are
                        shared with the group's other members, records printed
                        are committed (at least once)
-  groups list [--stream S] [--json]
-  groups describe <group> [--json]
+  groups list [--stream S] [--json | --format T]
+  groups describe <group> [--json | --format T]
                        members, ranges, committed positions and lag (records
                        and time) per range
   groups delete <group>
   groups reset <group> [--stream S] [--range N]... --to-earliest | --to-latest |
                --to-time RFC3339 | --to-offset N
                        move a group's positions (refused while it has members)
+  bench floor [--dir D] [--writers 3] [--json]
+                       this machine's floor: write+fdatasync of 4 KiB and 1 MiB
+                       with 1 and --writers writers, loopback round trip
   bench cursors [--cursors 1000] [--batch 500] [--concurrency 8] [--duration 10s]
   bench rebalance [--ranges 64] [--members 8] [--rounds 5] [--session 3s]
   bench e2e --consume-addr host:port,... [--stream S] [--rate 1000] [--duration 20s] [--producers 8]
@@ -86,6 +89,9 @@ commands:
   keys add-kek|remove-kek --kek-file FILE
                        encryption at rest: a stopped node's data keys and the
                        KEK file (see 'geolog keys --help')
+  verify --data-dir DIR [--kek-file FILE] [--json]
+                       check a stopped node's ranges on disk (CRCs, lost
+                       segments, indexes); exit 1 on any problem
   rehome <stream> <range|all> <region> [--json]
                        move homes to region with zero loss (needs --lease-store)
   replicas describe <stream> <range>
@@ -185,6 +191,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.orphans(ctx, args)
 	case "keys":
 		err = env.keys(ctx, args)
+	case "verify":
+		err = env.verify(ctx, args)
 	case "certs":
 		err = env.certs(ctx, args)
 	case "groups":

@@ -130,3 +130,30 @@ func TestNodeConsumeFrom(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeFormat: --format runs a template over the JSON form's fields:
+// per stream, per record, per range; a bad template is a usage error.
+func TestNodeFormat(t *testing.T) {
+	addr := startNode(t)
+	mustRun(t, addr, "", "streams", "create", "fa", "--ranges", "2")
+	mustRun(t, addr, "", "streams", "create", "fb", "--ranges", "3")
+	mustRun(t, addr, "", "produce", "fa", "--key", "k", "--value", "v1", "--value", "v2")
+	if out := mustRun(t, addr, "", "streams", "list", "--format", "{{.name}}={{.range_count}}"); out != "fa=2\nfb=3\n" {
+		t.Errorf("streams list --format: %q", out)
+	}
+	if out := mustRun(t, addr, "", "consume", "fa", "--format", "{{.offset}}:{{.key}}:{{.value}}"); out != "0:k:v1\n1:k:v2\n" {
+		t.Errorf("consume --format: %q", out)
+	}
+	if out := mustRun(t, addr, "", "streams", "describe", "fb", "--format", "{{range .ranges}}{{.range}} {{end}}"); out != "0 1 2 \n" {
+		t.Errorf("streams describe --format: %q", out)
+	}
+	for _, args := range [][]string{
+		{"streams", "list", "--format", "{{.name"},
+		{"streams", "list", "--format", "{{.nosuch}}"},
+		{"streams", "list", "--json", "--format", "{{.name}}"},
+	} {
+		if _, errOut, code := run(t, testCtx(t), "", append([]string{"--addr", addr}, args...)...); code != 2 {
+			t.Errorf("geolog %v: exit %d (%s), want a usage error", args, code, errOut)
+		}
+	}
+}

@@ -2,10 +2,8 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -252,9 +250,12 @@ type rangesJSON struct {
 
 func (e *env) ranges(ctx context.Context, args []string) error {
 	fs := e.flagSet("ranges")
-	asJSON := fs.Bool("json", false, "print one JSON array")
+	out := outputFlags(fs, "print one JSON array")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := out.check(); err != nil {
 		return err
 	}
 	if len(pos) != 1 {
@@ -292,8 +293,8 @@ func (e *env) ranges(ctx context.Context, args []string) error {
 		}
 	}
 	groups := e.rangeGroups(ctx, pos[0], views) // groups.go
-	if *asJSON {
-		return writeRangesJSON(e.stdout, regions, views)
+	if out.structured() {
+		return out.write(e.stdout, rangesToJSON(regions, views))
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprint(tw, "RANGE\tHOME\tEPOCH\tTAIL\tLEADER")
@@ -342,7 +343,7 @@ func orUnknown(s string) string {
 	return s
 }
 
-func writeRangesJSON(w io.Writer, regions []string, views []rangeView) error {
+func rangesToJSON(regions []string, views []rangeView) []rangesJSON {
 	out := make([]rangesJSON, 0, len(views))
 	for _, v := range views {
 		j := rangesJSON{Range: v.rng, HomeRegion: v.home, Regions: make(map[string]rangesRegionJSON, len(regions))}
@@ -366,5 +367,5 @@ func writeRangesJSON(w io.Writer, regions []string, views []rangeView) error {
 		j.Groups = groupsJSON(v.groups)
 		out = append(out, j)
 	}
-	return json.NewEncoder(w).Encode(out)
+	return out
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -209,9 +208,12 @@ func toStreamJSON(s client.StreamInfo) streamJSON {
 
 func (e *env) streamsList(ctx context.Context, args []string) error {
 	fs := e.flagSet("streams list")
-	asJSON := fs.Bool("json", false, "print JSON")
+	out := outputFlags(fs, "print JSON")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := out.check(); err != nil {
 		return err
 	}
 	if len(pos) != 0 {
@@ -226,12 +228,12 @@ func (e *env) streamsList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		out := make([]streamJSON, 0, len(list))
+	if out.structured() {
+		items := make([]streamJSON, 0, len(list))
 		for _, s := range list {
-			out = append(out, toStreamJSON(s))
+			items = append(items, toStreamJSON(s))
 		}
-		return json.NewEncoder(e.stdout).Encode(out)
+		return out.write(e.stdout, items)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tRANGES\tREGIONS\tRETENTION-AGE\tRETENTION-BYTES\tCLEANUP\tCREATED")
@@ -265,9 +267,12 @@ type rangeJSON struct {
 
 func (e *env) streamsDescribe(ctx context.Context, args []string) error {
 	fs := e.flagSet("streams describe")
-	asJSON := fs.Bool("json", false, "print JSON")
+	output := outputFlags(fs, "print JSON")
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := output.check(); err != nil {
 		return err
 	}
 	if len(pos) != 1 {
@@ -282,7 +287,7 @@ func (e *env) streamsDescribe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if output.structured() {
 		out := struct {
 			Stream streamJSON  `json:"stream"`
 			Ranges []rangeJSON `json:"ranges"`
@@ -294,7 +299,7 @@ func (e *env) streamsDescribe(ctx context.Context, args []string) error {
 				HomeRegion: r.HomeRegion, Epoch: r.Epoch, Leader: r.Leader, HomeLeader: r.HomeLeader, Status: r.Status, Epochs: r.Epochs,
 			})
 		}
-		return json.NewEncoder(e.stdout).Encode(out)
+		return output.write(e.stdout, out)
 	}
 	s := d.Stream
 	fmt.Fprintf(e.stdout, "stream %s: %d ranges, regions %s, retention %s / %s bytes, cleanup %s\n\n",

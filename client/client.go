@@ -8,12 +8,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/geolog/geolog/internal/grpcdial"
+
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -59,36 +59,28 @@ func New(addr string, opts ...Opt) (*Client, error) {
 	if cfg.tls != nil {
 		creds = credentials.NewTLS(cfg.tls)
 	}
-	dial := []grpc.DialOption{
-		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(
-			grpc.MaxCallRecvMsgSize(cfg.messageBytesMax),
-			grpc.MaxCallSendMsgSize(cfg.messageBytesMax),
-		),
+	extra := []grpc.DialOption{
 		grpc.WithInitialWindowSize(cfg.streamWindowBytes),
 		grpc.WithInitialConnWindowSize(cfg.connWindowBytes),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{
-			Time:    cfg.keepaliveTime,
-			Timeout: cfg.keepaliveTimeout,
-		}),
-		// A node that died and came back should be reachable again within
-		// the retry backoff, not gRPC's default of up to two minutes.
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{
-				BaseDelay:  cfg.backoffMin,
-				Multiplier: 1.6,
-				Jitter:     0.2,
-				MaxDelay:   cfg.backoffMax,
-			},
-			MinConnectTimeout: connectTimeoutMin,
-		}),
 		grpc.WithWriteBufferSize(256 << 10),
 		grpc.WithReadBufferSize(256 << 10),
 	}
 	if cfg.token != nil {
-		dial = append(dial, grpc.WithPerRPCCredentials(bearerCreds{source: cfg.token}))
+		extra = append(extra, grpc.WithPerRPCCredentials(bearerCreds{source: cfg.token}))
 	}
-	dial = append(dial, cfg.dialOpts...)
+	// A node that died and came back should be reachable again within
+	// the retry backoff, not gRPC's default of up to two minutes.
+	dial := grpcdial.Options(grpcdial.Config{
+		Credentials:      creds,
+		KeepaliveTime:    cfg.keepaliveTime,
+		KeepaliveTimeout: cfg.keepaliveTimeout,
+		BackoffMin:       cfg.backoffMin,
+		BackoffMax:       cfg.backoffMax,
+		ConnectTimeout:   connectTimeoutMin,
+		SendBytesMax:     cfg.messageBytesMax,
+		RecvBytesMax:     cfg.messageBytesMax,
+		Extra:            append(extra, cfg.dialOpts...),
+	})
 	return &Client{
 		addr:      addr,
 		cfg:       cfg,

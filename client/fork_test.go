@@ -115,6 +115,7 @@ func TestSubscribeLaggingNodeIsNotAFork(t *testing.T) {
 	ctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
 	var next uint64
+	restarted := make(chan struct{})
 	for rec, err := range c.Subscribe(ctx, "s", 0, client.StartAt{}) {
 		if err != nil {
 			if ctx.Err() != nil {
@@ -130,6 +131,7 @@ func TestSubscribeLaggingNodeIsNotAFork(t *testing.T) {
 		case 50:
 			cl.Kill(0) // the subscription moves to node 1, which lags at 30
 			go func() {
+				defer close(restarted)
 				time.Sleep(50 * time.Millisecond)
 				if err := cl.Restart(0); err != nil {
 					t.Error(err)
@@ -142,6 +144,9 @@ func TestSubscribeLaggingNodeIsNotAFork(t *testing.T) {
 	if next != 100 {
 		t.Fatalf("stopped at %d", next)
 	}
+	// The subscription may have had every record before the kill took
+	// effect: the read past node 1's tail needs node 0 back.
+	<-restarted
 	r, err := newClient(t, cl.Node(1).Addr()+","+cl.Node(0).Addr(), client.RetryBackoff(time.Millisecond, 10*time.Millisecond)).
 		Read(testCtx(t), "s", 0, 90, client.ReadOptions{})
 	if err != nil || len(r.Records) != 10 || r.Records[0].Offset != 90 {

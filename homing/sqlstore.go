@@ -2,12 +2,15 @@ package homing
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
@@ -58,6 +61,64 @@ func verifiesServer(cfg *pgconn.Config) bool {
 		}
 	}
 	return true
+}
+
+// reloadRoots makes the pool's connections verify the server against the
+// CA bundle that the URL's sslrootcert names as it is when each connection
+// is made, so that a CA rotated on disk is used without a restart (the
+// client certificate and key, sslcert and sslkey, pgx itself reads again
+// for every connection). Connections already open keep going until the
+// pool retires them.
+//
+// pgx reads sslrootcert only when it parses a URL, so the pool's
+// BeforeConnect parses it again and keeps the bundle it read; the TLS
+// configs, changed here before any connection uses them, verify with
+// VerifyConnection against that bundle what Go's default verification
+// would: the chain, the server's name, server authentication. Files that
+// do not load (a poll between two renames) fail that connection only, with
+// pgx's error, and the next one reads them again. Only a config that
+// verifies the server (verifiesServer) is changed.
+func reloadRoots(pcfg *pgxpool.Config, url string) {
+	cc := &pcfg.ConnConfig.Config
+	if !verifiesServer(cc) {
+		return
+	}
+	var roots atomic.Pointer[x509.CertPool]
+	roots.Store(cc.TLSConfig.RootCAs)
+	verifyCurrent(cc.TLSConfig, &roots)
+	for _, fb := range cc.Fallbacks {
+		verifyCurrent(fb.TLSConfig, &roots)
+	}
+	pcfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		fresh, err := pgconn.ParseConfig(url)
+		if err != nil {
+			return fmt.Errorf("homing: lease store TLS files: %w", err)
+		}
+		if !verifiesServer(fresh) {
+			return errors.New("homing: lease store URL no longer verifies the server")
+		}
+		roots.Store(fresh.TLSConfig.RootCAs)
+		return nil
+	}
+}
+
+// verifyCurrent makes c verify the server against *roots (see
+// reloadRoots). InsecureSkipVerify only turns off Go's built-in check,
+// which VerifyConnection replaces.
+func verifyCurrent(c *tls.Config, roots *atomic.Pointer[x509.CertPool]) {
+	serverName := c.ServerName
+	c.InsecureSkipVerify = true
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("homing: the lease store presented no certificate")
+		}
+		inter := x509.NewCertPool()
+		for _, ic := range cs.PeerCertificates[1:] {
+			inter.AddCert(ic)
+		}
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots.Load(), Intermediates: inter, DNSName: serverName})
+		return err
+	}
 }
 
 // SQLStore is the lease store on CockroachDB, or on PostgreSQL for local
@@ -120,6 +181,7 @@ func OpenSQL(ctx context.Context, cfg SQLConfig) (*SQLStore, error) {
 	}
 	pcfg.MaxConns = cfg.MaxConns
 	pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
+	reloadRoots(pcfg, cfg.URL)
 	if cfg.Tracer != nil {
 		pcfg.ConnConfig.Tracer = cfg.Tracer
 	}

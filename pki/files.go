@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/geolog/geolog/internal/atomicfile"
+	"github.com/geolog/geolog/vfs"
 )
 
 // The files of a certs folder (as `geolog certs` writes them and geologd
@@ -56,7 +56,7 @@ func WritePair(certPath, keyPath string, p Pair, overwrite bool) error {
 		if err := os.MkdirAll(filepath.Dir(w.path), dirMode); err != nil {
 			return err
 		}
-		if err := atomicfile.Write(w.path, w.data, fileMode); err != nil {
+		if err := vfs.WriteFileAtomic(vfs.OS(), w.path, w.data, fileMode); err != nil {
 			return err
 		}
 	}
@@ -79,7 +79,7 @@ func WriteCACopy(path string, caPEM []byte, overwrite bool) error {
 	if err := os.MkdirAll(filepath.Dir(path), dirMode); err != nil {
 		return err
 	}
-	return atomicfile.Write(path, caPEM, fileMode)
+	return vfs.WriteFileAtomic(vfs.OS(), path, caPEM, fileMode)
 }
 
 // LoadAuthority reads a CA's certificate and key files.

@@ -7,11 +7,12 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/geolog/geolog/internal/grpcdial"
+
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -239,29 +240,16 @@ func (t *GRPCTransport) dial(addr string) (*grpc.ClientConn, error) {
 	case t.cfg.ClientTLS != nil:
 		creds = credentials.NewTLS(t.cfg.ClientTLS)
 	}
-	conn, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(creds),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{
-			Time:                t.cfg.KeepaliveInterval,
-			Timeout:             t.cfg.KeepaliveTimeout,
-			PermitWithoutStream: true,
-		}),
-		// gRPC's own reconnect backoff follows ours; its default (1 s
-		// growing to 120 s) would keep a restarted peer away for minutes.
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{
-				BaseDelay:  t.cfg.ReconnectBackoffMin,
-				Multiplier: 2,
-				Jitter:     0.2,
-				MaxDelay:   t.cfg.ReconnectBackoffMax,
-			},
-			MinConnectTimeout: t.cfg.HandshakeTimeout,
-		}),
-		grpc.WithDefaultCallOptions(
-			grpc.MaxCallSendMsgSize(t.cfg.recvMsgBytesMax()),
-			grpc.MaxCallRecvMsgSize(1<<20),
-		),
-	)
+	// gRPC's own reconnect backoff follows ours; its default (1 s growing
+	// to 120 s) would keep a restarted peer away for minutes.
+	conn, err := grpcdial.Dial(addr, grpcdial.Config{
+		Credentials:   creds,
+		KeepaliveTime: t.cfg.KeepaliveInterval, KeepaliveTimeout: t.cfg.KeepaliveTimeout, PermitWithoutStream: true,
+		BackoffMin: t.cfg.ReconnectBackoffMin, BackoffMax: t.cfg.ReconnectBackoffMax, BackoffMultiplier: 2,
+		ConnectTimeout: t.cfg.HandshakeTimeout,
+		SendBytesMax:   t.cfg.recvMsgBytesMax(),
+		RecvBytesMax:   1 << 20,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("raftnet: dial %s: %w", addr, err)
 	}

@@ -9,8 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/geolog/geolog/internal/grpcdial"
+
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
-	"google.golang.org/grpc"
 )
 
 // Advertised addresses. A node listens at Config.ListenAddr and its peers
@@ -250,7 +251,7 @@ func (n *Node) refreshAddrBook(ctx context.Context) bool {
 // the node's shared connection to it (peerConn) backing off, failing the
 // forwards that follow as soon as it is up.
 func (n *Node) identify(ctx context.Context, tg identifyTarget) (nodeIdentity, error) {
-	conn, err := grpc.NewClient(tg.addr, grpc.WithTransportCredentials(n.dialCredentials()))
+	conn, err := grpcdial.Dial(tg.addr, n.peerDialConfig())
 	if err != nil {
 		return nodeIdentity{}, err
 	}

@@ -84,20 +84,29 @@ func maintainKeys(ctx context.Context, cfg Config, k *atrest.Keyring) error {
 			break
 		}
 	}
+	_, err = rotateIfDue(ctx, cfg, k)
+	return err
+}
+
+// rotateIfDue starts a new data key when the active one is older than
+// Config.DataKeyRotationPeriod, and reports whether it did. The node calls
+// it at startup and on each pass of its resealer (reseal.go), so that a
+// node that runs for longer than the period rotates too.
+func rotateIfDue(ctx context.Context, cfg Config, k *atrest.Keyring) (bool, error) {
 	period := cfg.DataKeyRotationPeriod
 	if period == 0 {
 		period = defaultDataKeyRotationPeriod
 	}
 	if period < 0 {
-		return nil
+		return false, nil
 	}
 	for _, ki := range k.Keys() {
 		if ki.Active && cfg.Now().Sub(ki.Created) > period {
 			_, err := k.Rotate(ctx)
-			return err
+			return err == nil, err
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // checkRangeKeys returns the first range whose log could not open for

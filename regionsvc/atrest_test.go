@@ -36,9 +36,9 @@ func newKEKFile(t *testing.T) (string, atrest.KEKProvider) {
 	return path, kek
 }
 
-// grepTree fails t if a file under dir holds needle, and if a file or
-// directory is open to group or others.
-func grepTree(t *testing.T, dir string, needle []byte) {
+// grepTree fails t if a file under dir holds one of needles, and if a
+// file or directory is open to group or others.
+func grepTree(t *testing.T, dir string, needles ...[]byte) {
 	t.Helper()
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -58,8 +58,10 @@ func grepTree(t *testing.T, dir string, needle []byte) {
 		if err != nil {
 			return err
 		}
-		if bytes.Contains(b, needle) {
-			t.Errorf("%s holds the plaintext %q", p, needle)
+		for _, needle := range needles {
+			if bytes.Contains(b, needle) {
+				t.Errorf("%s holds the plaintext %q", p, needle)
+			}
 		}
 		return nil
 	})

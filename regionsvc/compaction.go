@@ -172,7 +172,7 @@ func (d *rangeDriver) maybeClean() {
 	if limit == 0 {
 		return // nothing the log lets go of yet
 	}
-	job := compact.Job{Name: fmt.Sprintf("%s/%d", d.cfg.stream, d.cfg.rangeID), Log: d.store, Decision: dec, Limit: limit,
+	job := compact.Job{Name: fmt.Sprintf("%s/%d", d.cfg.stream, d.cfg.rangeID), Log: rewriteLog{d.store, &d.rewriteMu}, Decision: dec, Limit: limit,
 		Done: func(r compact.Result) {
 			select {
 			case k.done <- r:

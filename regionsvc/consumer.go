@@ -108,7 +108,7 @@ func (n *Node) checkPositions(ctx context.Context, ps []cursors.Position) error 
 // checkOffsetInRange refuses an offset past the range's committed tail on
 // this node, after waiting a little for a copy that lags.
 func checkOffsetInRange(ctx context.Context, rd *rangeDriver, offset uint64) error {
-	if f := rd.failure.Load(); f != nil {
+	if f := rd.readFailure(); f != nil {
 		return f
 	}
 	if offset <= rd.committed.Load() {

@@ -26,11 +26,16 @@
 //     unacked is ever visible. A read past that bound is never a final
 //     error unless the home confirms the range ends before it
 //     (readpast.go).
-//  6. An I/O error or a failed fsync stops the range: every pending request
-//     gets a retriable UNAVAILABLE (its outcome is unknown; an idempotent
-//     retry after restart resolves it), nothing more is acked. Corruption
-//     found on open or on read stops the range with CORRUPTION; nothing on
-//     disk is deleted.
+//  6. An I/O error or a failed fsync stops the range's appends: every
+//     pending request gets a retriable UNAVAILABLE (its outcome is unknown;
+//     an idempotent retry after restart resolves it), nothing more is
+//     acked; its committed prefix is still read (readFailure). A full disk
+//     (segment.ErrNoSpace) stops nothing: appends get a retriable
+//     UNAVAILABLE while it lasts, the log writer retries with backoff, a
+//     full leader hands leadership on, and appends resume once space is
+//     freed. Corruption found on open or on read, lost segments included,
+//     stops the range with CORRUPTION (reads too); nothing on disk is
+//     deleted. See docs/disk-faults.md.
 //  7. On shutdown the driver fsyncs what it wrote, acks it, and refuses what
 //     is still queued with a retriable SHUTTING_DOWN.
 //

@@ -2,10 +2,13 @@ package regionsvc
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -13,12 +16,16 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/cli"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/homing/pgtest"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/replica"
+	"github.com/geolog/geolog/segment"
+	"github.com/geolog/geolog/vfs"
 	"github.com/geolog/geolog/wan"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -65,6 +72,12 @@ func newHomingWorld(t *testing.T, regions []string, size int) *homingWorld {
 // newHomingWorldTTL is newHomingWorld with another lease TTL (a test whose
 // home must not lose its lease to a slow heartbeat on a loaded machine).
 func newHomingWorldTTL(t *testing.T, regions []string, size int, leaseTTL time.Duration) *homingWorld {
+	return newHomingWorldMut(t, regions, size, leaseTTL, nil)
+}
+
+// newHomingWorldMut is newHomingWorldTTL with mut, if set, changing every
+// node's config last.
+func newHomingWorldMut(t *testing.T, regions []string, size int, leaseTTL time.Duration, mut func(region string, id uint64, cfg *Config)) *homingWorld {
 	dbURL := pgtest.NewDatabase(t)
 	u, err := url.Parse(dbURL)
 	if err != nil {
@@ -101,6 +114,9 @@ func newHomingWorldTTL(t *testing.T, regions []string, size int, leaseTTL time.D
 		// The consumer tests check whole cursor logs (cursors.CheckLog):
 		// no compaction of _cursors within a test.
 		cfg.CursorCompactionLag = time.Hour
+		if mut != nil {
+			mut(region, id, cfg)
+		}
 	})
 	return hw
 }
@@ -672,13 +688,34 @@ func grpcConn(addr string) (*grpc.ClientConn, error) {
 // to us's orphan log (Admin.ListOrphans / ReadOrphans), and us's copy then
 // equals the new home's log. Every acked record is in the new home's log
 // at its offset or in the orphan log: none vanished.
-func TestFailbackOrphans(t *testing.T) {
+func TestFailbackOrphans(t *testing.T) { testFailbackOrphans(t, false) }
+
+// TestFailbackOrphansSealed is TestFailbackOrphans with encryption at rest
+// on, every node under a KEK of its own: the orphan log is listed, read
+// and republished as in the clear, and afterwards no acked value lies in
+// the clear in any file under any node's data directory (the orphan log
+// included, which must exist).
+func TestFailbackOrphansSealed(t *testing.T) { testFailbackOrphans(t, true) }
+
+func testFailbackOrphans(t *testing.T, sealed bool) {
 	if testing.Short() {
 		t.Skip("multi-region cluster with a lease store")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	w := newHomingWorld(t, []string{"us", "eu", "ap"}, *homingRegionSize)
+	var mut func(region string, id uint64, cfg *Config)
+	keks := map[string]atrest.KEKProvider{}
+	if sealed {
+		mut = func(region string, id uint64, cfg *Config) {
+			name := fmt.Sprintf("%s/%d", region, id)
+			if keks[name] == nil { // a restarted node keeps its KEK
+				_, keks[name] = newKEKFile(t)
+			}
+			cfg.KEK = keks[name]
+			cfg.ResealInterval = 100 * time.Millisecond
+		}
+	}
+	w := newHomingWorldMut(t, []string{"us", "eu", "ap"}, *homingRegionSize, testLeaseTTL, mut)
 	createHomedStream(t, ctx, w.world, "fb", 1, "us")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -895,6 +932,142 @@ func TestFailbackOrphans(t *testing.T) {
 	if uint64(back) != f.GetRecords() {
 		t.Fatalf("%d republished records in the home's log, want %d", back, f.GetRecords())
 	}
+	if sealed {
+		checkSealedFailback(t, w, log.acks, after)
+		resealFailback(t, ctx, w, keks, f, orphans)
+	}
+}
+
+// resealFailback rotates the data key of every node of us offline (as
+// geolog keys rotate does) and starts them again: each re-encrypts its
+// segments and its orphan log in the background until no frame is under
+// the old key; with the old key then retired, the nodes start and serve
+// the orphan log as before.
+func resealFailback(t *testing.T, ctx context.Context, w *homingWorld, keks map[string]atrest.KEKProvider, f *geologv1.OrphanFork, orphans map[uint64]*geologv1.StoredRecord) {
+	t.Helper()
+	olds := map[uint64]atrest.KeyID{}
+	openKeys := func(id uint64) *atrest.Keyring {
+		k, err := atrest.Open(ctx, atrest.Config{Dir: KeysDir(w.dirs["us"][id]), KEK: keks[fmt.Sprintf("us/%d", id)]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.stop("us", id)
+		k := openKeys(id)
+		olds[id] = k.Active()
+		if _, err := k.Rotate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		k.Close()
+		if n, err := framesUnder(w.dirs["us"][id], olds[id]); err != nil || n == 0 {
+			t.Fatalf("us node %d: %d frames under the old key before the restart (%v): nothing to re-encrypt", id, n, err)
+		}
+		forks, _ := filepath.Glob(filepath.Join(w.dirs["us"][id], "streams", "fb", "*", replica.OrphanDirName, "*.fork"))
+		for _, p := range forks {
+			if keys, err := replica.ForkFileKeys(vfs.OS(), p); err != nil || keys[olds[id]] == 0 {
+				t.Fatalf("%s: frames by key %v (%v), want some under the old key", p, keys, err)
+			}
+		}
+	}
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.start("us", id)
+	}
+	for id, old := range olds {
+		waitUntil(t, ctx, 2*time.Minute, fmt.Sprintf("us node %d re-encrypted", id), func() bool {
+			n, err := framesUnder(w.dirs["us"][id], old)
+			return err == nil && n == 0
+		})
+	}
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.stop("us", id)
+		k := openKeys(id)
+		if err := k.Retire(olds[id]); err != nil {
+			t.Fatal(err)
+		}
+		k.Close()
+	}
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.start("us", id)
+	}
+	admin := geologv1.NewAdminClient(mustConn(t, w.addrs["us"][1]))
+	got := 0
+	for from := f.GetFirstOffset(); from < f.GetNextOffset(); {
+		res, err := admin.ReadOrphans(ctx, &geologv1.ReadOrphansRequest{Stream: "fb", Range: 0, ForkIndex: f.GetForkIndex(), FromOffset: from})
+		if err != nil {
+			t.Fatalf("read the orphan log with the old key retired: %v", err)
+		}
+		for _, r := range res.GetRecords() {
+			if o := orphans[r.GetOffset()]; o == nil || !sameRecord(o, r) {
+				t.Fatalf("orphaned record at %d differs after re-encryption", r.GetOffset())
+			}
+			got++
+		}
+		if res.GetNextOffset() <= from {
+			t.Fatalf("ReadOrphans made no progress at %d", from)
+		}
+		from = res.GetNextOffset()
+	}
+	if got != len(orphans) {
+		t.Fatalf("read %d orphaned records after re-encryption, want %d", got, len(orphans))
+	}
+}
+
+// framesUnder counts the frames under data key id in the segment logs and
+// orphan logs under dir.
+func framesUnder(dir string, id atrest.KeyID) (int, error) {
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // renamed or deleted while walking
+			}
+			return err
+		}
+		var keys map[atrest.KeyID]int
+		switch {
+		case d.IsDir():
+			return nil
+		case strings.HasSuffix(p, ".log") && !strings.HasPrefix(d.Name(), "_"):
+			keys, err = segment.FileUnitKeys(vfs.OS(), p)
+		case strings.HasSuffix(p, ".fork"):
+			keys, err = replica.ForkFileKeys(vfs.OS(), p)
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		n += keys[id]
+		return err
+	})
+	return n, err
+}
+
+// checkSealedFailback fails t if an acked or republished value lies in the
+// clear under any node's data directory, or if us holds no orphan log.
+func checkSealedFailback(t *testing.T, w *homingWorld, acks []ack, after []*geologv1.StoredRecord) {
+	t.Helper()
+	var needles [][]byte
+	for _, a := range acks {
+		needles = append(needles, []byte(a.value))
+	}
+	for _, r := range after {
+		needles = append(needles, r.GetValue())
+	}
+	forkFiles := 0
+	for region, dirs := range w.dirs {
+		for _, dir := range dirs {
+			grepTree(t, dir, needles...)
+			if region == "us" {
+				m, _ := filepath.Glob(filepath.Join(dir, "streams", "fb", "*", replica.OrphanDirName, "*.fork"))
+				forkFiles += len(m)
+			}
+		}
+	}
+	if forkFiles == 0 {
+		t.Fatal("no orphan log file under us's data directories: nothing was checked")
+	}
+	t.Logf("%d values checked under %d regions' data directories, %d orphan log files on us", len(needles), len(w.dirs), forkFiles)
 }
 
 func parseOrphanOffset(t *testing.T, origin string) uint64 {

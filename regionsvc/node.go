@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
@@ -142,6 +143,13 @@ type Config struct {
 	CompactionInterval       time.Duration
 	CompactionBytesPerSecond int64
 	CompactionMemoryBytesMax int64
+	// ResealBytesPerSecond bounds the node's background re-encryption of
+	// segments sealed under an older data key (reseal.go; with a KEK
+	// only), reads and writes together, default 16 MiB/s; negative: no
+	// background re-encryption. ResealInterval is how often the node looks
+	// for such segments (it also does at start), default 10 min.
+	ResealBytesPerSecond int64
+	ResealInterval       time.Duration
 	// Now is the clock, default time.Now.
 	Now func() time.Time
 	// FS is the file system of every range's segments and Raft state,
@@ -334,6 +342,9 @@ type Node struct {
 	compactMetrics *compactionMetrics
 	cleanerStop    context.CancelFunc
 	cleanerDone    chan struct{}
+	// resealer re-encrypts segments under the active data key (reseal.go);
+	// nil without a keyring.
+	resealer atomic.Pointer[resealer]
 	// repl runs this node's replicator tasks and replServer applies other
 	// regions' batches to the mirrors here (both nil unless replicated).
 	repl       *replicationManager
@@ -414,6 +425,9 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
+		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
+	if err := n.registerResealMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
 	// The directory lock and the keyring are taken last before the ranges:
@@ -610,6 +624,7 @@ func (n *Node) Start() error {
 	n.cursors = newCursorService(n)
 	go n.cursors.run()
 	n.startCleaner()
+	n.startResealer()
 	go func() { n.serveErr <- n.grpcServer.Serve(n.conns) }()
 	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region, "tls", n.secure())
 	return nil
@@ -639,6 +654,7 @@ func (n *Node) Close() error {
 			n.cursors.close() // before the ranges it proposes to stop
 		}
 		n.stopCleaner() // no rewrite runs under ranges about to close
+		n.stopResealer()
 		n.closeHoming()
 		if n.repl != nil {
 			n.repl.close() // no more shipping from ranges about to stop
@@ -819,6 +835,8 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 		}
 		if f := rd.failure.Load(); f != nil {
 			ri.Status = f.Error()
+		} else if rd.diskFull() {
+			ri.Status = "appends refused: out of disk space (reads are served; appends resume once space is freed)"
 		}
 		if rd.rep != nil {
 			ri.Leader = n.clientAddr(n.cfg.Region, rd.rep.LeaderID())

@@ -130,6 +130,13 @@ type rangeDriver struct {
 	notifyMu sync.Mutex
 	notifyCh chan struct{} // closed and replaced when committed or failure changes
 
+	// rewriteMu is held by each rewrite of the range's segments, the
+	// compaction cleaner's and the resealer's (reseal.go): one at a time.
+	rewriteMu sync.Mutex
+	// orphans is a replicated range's orphan log (nil otherwise), set
+	// before the driver runs.
+	orphans *replica.OrphanStore
+
 	inbox    chan *appendOp
 	syncKick chan struct{}
 	syncDone chan syncResult
@@ -231,8 +238,15 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 	if cfg.repl != nil {
 		if err := d.openReplica(headers); err != nil {
 			st.Close()
-			e := apierr.New(apierr.Unavailable, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
+			code := apierr.Unavailable
+			if errors.Is(err, replica.ErrOrphansCorrupt) {
+				code = apierr.Corruption
+			}
+			e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
 			e.Retriable = false
+			if errors.Is(err, atrest.ErrKeyUnavailable) {
+				d.keyErr = err // an orphan log under a key this node lacks
+			}
 			d.failure.Store(e)
 			d.logger.Error("range not served", "error", err)
 			close(d.doneCh)
@@ -393,7 +407,13 @@ func (d *rangeDriver) handleAppend(op *appendOp) {
 		now = d.lastAppendUnixNano // append time never goes back within a range
 	}
 	batch.Patch(op.frame, base, d.cfg.epoch, now)
-	if err := d.store.Append(op.frame); err != nil {
+	if err := d.store.Append(op.frame); errors.Is(err, segment.ErrNoSpace) {
+		// Not a failure: the store cut the torn frame off and takes the
+		// next append that fits (each one is the probe). Reads go on.
+		op.reply(appendResult{err: apierr.New(apierr.Unavailable,
+			"stream %s range %d: out of disk space; appends resume once space is freed: %v", d.cfg.stream, d.cfg.rangeID, err)})
+		return
+	} else if err != nil {
 		d.fail(fmt.Errorf("append: %w", err))
 		op.reply(appendResult{err: d.failure.Load()})
 		return
@@ -460,6 +480,15 @@ func (d *rangeDriver) fail(err error) {
 	}
 	d.pending = nil
 	d.notify()
+}
+
+// diskFull reports whether the range's log refuses writes for want of
+// space (not a failure: see segment.ErrNoSpace). Safe from any goroutine.
+func (d *rangeDriver) diskFull() bool {
+	if d.rep != nil {
+		return d.rep.DiskFull() != nil
+	}
+	return d.store != nil && d.store.NoSpace() != nil
 }
 
 // maintain applies retention and forgets idle producers.

@@ -154,7 +154,7 @@ func (rd *recordReader) frames(frames []byte) (full bool, err error) {
 // OFFSET_PAST_LOCAL_TAIL: the callers decide whether to wait, ask the
 // home, or answer it).
 func (d *rangeDriver) readBounds(from uint64) (uint64, error) {
-	if f := d.failure.Load(); f != nil {
+	if f := d.readFailure(); f != nil {
 		return 0, f
 	}
 	end := d.servableEnd()
@@ -166,6 +166,23 @@ func (d *rangeDriver) readBounds(from uint64) (uint64, error) {
 		return 0, d.pastTail(from, end)
 	}
 	return end, nil
+}
+
+// readFailure returns the failure that stops reads of the range, or nil.
+// A range stopped by a failed write or fsync (EIO), or by its replica,
+// still serves its committed prefix: that was durable before the failure
+// (fsynced, and under Raft on a quorum and under the commit mark), the
+// store stays open until the node stops, and every frame read is checked
+// against its CRC, so a read that meets bad bytes stops the range as
+// corruption. Only corruption, a store that never opened and a closing
+// range refuse reads. (A full disk is no failure at all: see
+// segment.ErrNoSpace.)
+func (d *rangeDriver) readFailure() *apierr.Error {
+	f := d.failure.Load()
+	if f == nil || d.store == nil || f.Code == apierr.Corruption || f.Code == apierr.ShuttingDown {
+		return f
+	}
+	return nil
 }
 
 // storedRecord is the API form of record r at offset off of frame h.
@@ -210,7 +227,7 @@ func (d *rangeDriver) readError(from uint64, err error) error {
 
 // offsetForTime returns the first committed offset appended at or after t.
 func (d *rangeDriver) offsetForTime(tUnixNanos int64) (uint64, error) {
-	if f := d.failure.Load(); f != nil {
+	if f := d.readFailure(); f != nil {
 		return 0, f
 	}
 	off, err := d.store.OffsetForTime(tUnixNanos)

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/geolog/geolog/internal/grpcdial"
+
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -404,7 +406,7 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	if !known {
 		return nil, fmt.Errorf("%s is not a node of this region nor of a region it knows", addr)
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(n.dialCredentials()))
+	c, err := grpcdial.Dial(addr, n.peerDialConfig())
 	if err != nil {
 		return nil, err
 	}
@@ -417,6 +419,13 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 
 // dialCredentials secure every connection this node makes to another:
 // Config.ClientCredentials, else Config.ClientTLS, else plaintext.
+// peerDialConfig is the dial configuration of the node's connections to
+// other nodes (forwarding, identity, admin calls): keepalive with no call in
+// flight too, and a reconnect backoff short enough for a restarted peer.
+func (n *Node) peerDialConfig() grpcdial.Config {
+	return grpcdial.Config{Credentials: n.dialCredentials(), PermitWithoutStream: true, BackoffMax: 2 * time.Second}
+}
+
 func (n *Node) dialCredentials() credentials.TransportCredentials {
 	switch {
 	case n.cfg.ClientCredentials != nil:

@@ -55,11 +55,14 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	if fsys == nil {
 		fsys = vfs.OS()
 	}
-	// The orphan log: where a fork moves a divergent tail (multiregion.go).
-	orphans, err := replica.OpenOrphans(fsys, filepath.Join(d.cfg.store.Dir, replica.OrphanDirName), d.cfg.logger)
+	// The orphan log: where a fork moves a divergent tail (multiregion.go),
+	// sealed under the node's keyring as the segment store's log is.
+	orphans, err := replica.OpenOrphans(fsys, filepath.Join(d.cfg.store.Dir, replica.OrphanDirName), d.cfg.logger,
+		replica.WithKeyring(d.cfg.store.Keyring))
 	if err != nil {
 		return err
 	}
+	d.orphans = orphans
 	rep, err := replica.New(replica.Config{
 		Orphans: orphans,
 		NodeID:  rc.nodeID, Stream: d.cfg.stream, Range: d.cfg.rangeID, Peers: rc.peers,
@@ -148,6 +151,7 @@ func (d *rangeDriver) runReplicated() {
 		case <-tick:
 			d.rep.Tick()
 			d.watchLeader()
+			d.handOffIfDiskFull()
 		case to := <-d.unreachable:
 			d.rep.ReportUnreachable(to)
 		case fn := <-d.execCh:
@@ -173,17 +177,58 @@ func (d *rangeDriver) runReplicated() {
 // sends the acks that waited for it straight to the transport; what is
 // for the replica itself wakes the driver (LogWritten). A failure is
 // reported by the driver's next ProcessReady, which stops the replica.
+//
+// A write the log refuses for want of space (segment.ErrNoSpace) is not a
+// failure: the replica keeps it queued and refuses proposals, and this
+// goroutine tries it again after a backoff (diskFullRetryMin doubling to
+// diskFullRetryMax), which is the probe: the first write that fits
+// resumes the range, with no restart.
 func (d *rangeDriver) runLogWriter(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	backoff, waiting := diskFullRetryMin, false
 	for {
 		select {
 		case <-d.rep.LogWrites():
-			if err := d.rep.WriteLog(); err != nil {
-				d.logger.Error("log write failed", "error", err)
+			if waiting {
+				continue // the probe's timer will write this too
 			}
+		case <-retry.C:
+			waiting = false
 		case <-stop:
 			return
 		}
+		err := d.rep.WriteLog()
+		switch {
+		case errors.Is(err, segment.ErrNoSpace):
+			retry.Reset(backoff)
+			backoff, waiting = min(2*backoff, diskFullRetryMax), true
+		case err != nil:
+			d.logger.Error("log write failed", "error", err)
+		default:
+			backoff = diskFullRetryMin
+		}
+	}
+}
+
+// The log writer's backoff while the disk is full.
+const (
+	diskFullRetryMin = 20 * time.Millisecond
+	diskFullRetryMax = 2 * time.Second
+)
+
+// handOffIfDiskFull makes a leader whose log refuses writes for space hand
+// leadership to its most caught-up follower (on a tick): it can neither
+// append nor count itself, and a follower with space can. A group of one
+// keeps its leader, which refuses appends until space returns.
+func (d *rangeDriver) handOffIfDiskFull() {
+	if d.rep.DiskFull() == nil || !d.rep.IsLeader() {
+		return
+	}
+	if to := d.transferee(); to != 0 && !d.peerDown(to) {
+		d.rep.TransferLeadership(to)
 	}
 }
 

@@ -25,9 +25,11 @@
 //  1. Step what WriteLog delivered to this replica's Raft
 //     (MsgStorageAppendResp, a leader's own MsgAppResp): entries now
 //     durable here, and what they commit.
-//  2. Save the hard state when its term or vote changed, synchronously
-//     (the commit index rides along; on its own it is made durable by the
-//     commit mark, step 5).
+//  2. Save the hard state when its term or vote changed, synchronously:
+//     term and vote alone, in place, where the StateStore can
+//     (FileState.SaveTermVote: an election needs no new disk space), the
+//     whole state otherwise (the commit index rides along; on its own it
+//     is made durable by the commit mark, step 5).
 //  3. Send what Raft lets go at once: a leader's appends and heartbeats go
 //     out before its own write, so its followers write in parallel with it
 //     (Raft thesis 10.2.1). (Config.Send must not block.)
@@ -64,6 +66,17 @@
 //     discards the staging;
 //   - calls Compact between Ready cycles to apply retention as log
 //     compaction.
+//
+// A full disk (segment.ErrNoSpace from the log) is not a failure: WriteLog
+// returns the error, keeps what it took queued (the frames the log took
+// stay in it; the torn one was cut off) and delivers none of its
+// messages, so this replica acks nothing it could not write (a follower
+// sends no MsgAppResp, a leader does not count itself); Propose answers a
+// retriable UNAVAILABLE (DiskFull) meanwhile. The driver calls WriteLog
+// again after a backoff even if LogWrites does not receive; the first one
+// that succeeds delivers everything held and clears DiskFull. A truncation
+// or snapshot install that meets a full disk (appendSync) still stops the
+// replica.
 //
 // A producer's ack therefore comes only after a quorum of the region has the
 // batch fsynced (a follower acks an append only after its WriteLog's fsync;

@@ -6,7 +6,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/segment"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -50,6 +52,10 @@ type logWrite struct {
 	frames    [][]byte
 	bytes     int
 	responses []*raftpb.Message
+	// written counts the frames already in the log: a write refused for
+	// space (segment.ErrNoSpace) goes back to the queue and continues
+	// from there.
+	written int
 }
 
 // logWriteQueueBytesMax bounds the frame bytes queued for the writer: past
@@ -146,6 +152,15 @@ func (r *Replica) writeQueued() error {
 			r.deliver(lw.responses)
 		}
 	}
+	if errors.Is(err, segment.ErrNoSpace) {
+		var rest []*logWrite
+		if rest, err = r.deliverWritten(writes, err); errors.Is(err, segment.ErrNoSpace) {
+			return r.requeueNoSpace(rest, err)
+		}
+		// The sync of what fitted failed: a failure like any other.
+	} else {
+		r.noteSpace(nil)
+	}
 	w.mu.Lock()
 	// busy is cleared only after delivering, so that ProcessReady delivers
 	// nothing of a later write ahead of these (see queueWrite).
@@ -161,12 +176,74 @@ func (r *Replica) writeQueued() error {
 	return err
 }
 
+// deliverWritten, after the log refused a frame of writes for want of
+// space (noSpace), makes the writes it took whole durable and delivers
+// their messages, so that a follower acks what did fit; it returns the
+// writes left and noSpace, or the error of a failed sync.
+func (r *Replica) deliverWritten(writes []*logWrite, noSpace error) ([]*logWrite, error) {
+	done := 0
+	for done < len(writes) && writes[done].written == len(writes[done].frames) {
+		done++
+	}
+	if done == 0 {
+		return writes, noSpace
+	}
+	if err := r.cfg.Log.Sync(); err != nil {
+		return writes, fmt.Errorf("replica: sync: %w", err)
+	}
+	for _, lw := range writes[:done] {
+		r.deliver(lw.responses)
+	}
+	return writes[done:], noSpace
+}
+
+// requeueNoSpace puts writes, which the log refused for want of space,
+// back at the head of the queue, undelivered: nothing they promise is
+// durable, so no ack leaves (a follower does not ack the leader's append,
+// a leader does not count itself, no producer is answered). The frames
+// the log took stay in it (lw.written); the log cut off the torn one. The
+// next WriteLog, which the driver runs again after a backoff, continues
+// where this one stopped, and the replica refuses proposals meanwhile
+// (DiskFull). The caller holds wmu.
+func (r *Replica) requeueNoSpace(writes []*logWrite, err error) error {
+	w := &r.writer
+	w.mu.Lock()
+	w.queue = append(writes, w.queue...)
+	for _, lw := range writes {
+		w.queuedBytes += lw.bytes
+	}
+	w.busy = false
+	w.mu.Unlock()
+	r.noteSpace(err)
+	return err
+}
+
+// noteSpace records whether the last log write was refused for space.
+func (r *Replica) noteSpace(err error) {
+	if err == nil {
+		if r.diskFull.Swap(nil) != nil {
+			r.logger.Info("log writes resumed: the disk has space again")
+		}
+		return
+	}
+	e := apierr.New(apierr.Unavailable, "stream %s range %d: node %d is out of disk space; appends resume once space is freed: %v",
+		r.cfg.Stream, r.cfg.Range, r.cfg.NodeID, err)
+	if r.diskFull.Swap(e) == nil {
+		r.logger.Warn("log write refused for want of disk space; retrying with backoff, refusing proposals meanwhile", "error", err)
+	}
+}
+
+// DiskFull returns the retriable error this replica answers proposals
+// with while its log refuses writes for want of space, or nil. Safe from
+// any goroutine.
+func (r *Replica) DiskFull() *apierr.Error { return r.diskFull.Load() }
+
 // appendFrames writes the frames of writes and makes them durable.
 func (r *Replica) appendFrames(writes []*logWrite) error {
 	n := 0
 	for _, lw := range writes {
-		for _, f := range lw.frames {
-			if err := r.cfg.Log.Append(f); err != nil {
+		for ; lw.written < len(lw.frames); lw.written++ {
+			if err := r.cfg.Log.Append(lw.frames[lw.written]); err != nil {
 				return fmt.Errorf("replica: append: %w", err)
 			}
 			n++
@@ -218,10 +295,15 @@ func (r *Replica) queueWrite(lw *logWrite) error {
 	}
 	w.queue = append(w.queue, lw)
 	w.queuedBytes += lw.bytes
-	over := w.queuedBytes > logWriteQueueBytesMax
+	over := w.queuedBytes > logWriteQueueBytesMax && r.diskFull.Load() == nil
 	w.mu.Unlock()
 	if over {
-		return r.WriteLog()
+		if err := r.WriteLog(); !errors.Is(err, segment.ErrNoSpace) {
+			return err
+		}
+		// The writer retries; the queue waits (bounded: proposals are
+		// refused meanwhile, and a leader sends a follower that does not
+		// ack no more than its in-flight window).
 	}
 	signal(w.queued)
 	return nil

@@ -24,6 +24,10 @@ func (r *Replica) ProposeVerbatim(op *Op) {
 		op.Reply(Result{Err: r.notLeader()})
 		return
 	}
+	if e := r.diskFull.Load(); e != nil {
+		op.Reply(Result{Err: e})
+		return
+	}
 	if err := r.forkBlocksAppends(); err != nil {
 		op.Reply(Result{Err: err})
 		return

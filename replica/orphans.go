@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/vfs"
 	"github.com/hashicorp/go-hclog"
@@ -38,7 +40,7 @@ import (
 //
 //	off size field
 //	0   4    magic "GLOR"
-//	4   1    version 1
+//	4   1    version: 1, or 2 on disk for a sealed fork (below)
 //	5   8    Index          raft index of the fork entry
 //	13  8    Term           its raft term
 //	21  8    PrevIndex      the last entry the fork kept (0 if none, or for
@@ -52,7 +54,21 @@ import (
 //	77  8    FirstOffset    first orphaned offset (NextOffset if none)
 //	85  8    NextOffset     the log's tail before the fork
 //	93  4    CRC-32C of bytes [0, 93)
-
+//
+// Encryption at rest: an orphan store opened with a keyring (WithKeyring)
+// writes every fork sealed, version 2: the same record (metadata only:
+// indexes, offsets, counts, as the segment store's index files hold), then
+// one sealed unit per frame in place of the frame, in the segment store's
+// unit format (package atrest; segment/seal.go), under the keyring's
+// active data key. Bytes still counts the frames' own bytes, so the file
+// holds Frames*atrest.Overhead bytes more. A unit that fails
+// authentication is corruption (ErrOrphansCorrupt); a unit under a data
+// key the keyring lacks, or a sealed fork without a keyring, is an
+// atrest.ErrKeyUnavailable error, found when the store opens. A store
+// reads forks of both versions; a fork's version never changes. Snapshots
+// carry forks in the clear, version 1 (openFork presents a sealed fork
+// so), over the TLS connection, and the receiver seals what it stores
+// under its own key.
 // OrphanDirName is the orphan store's directory inside a range's directory.
 const OrphanDirName = "_orphans"
 
@@ -69,9 +85,11 @@ var (
 const (
 	forkRecordMagic   = "GLOR"
 	forkRecordVersion = 1
-	forkRecordBytes   = len(forkRecordMagic) + 1 + 11*8 + 4
-	forkFileSuffix    = ".fork"
-	forkTmpSuffix     = ".tmp"
+	// forkRecordSealed is the version of a sealed fork's record on disk.
+	forkRecordSealed = 2
+	forkRecordBytes  = len(forkRecordMagic) + 1 + 11*8 + 4
+	forkFileSuffix   = ".fork"
+	forkTmpSuffix    = ".tmp"
 	// orphanSparseBytes is the spacing of the in-memory positions a read
 	// of a fork's frames seeks from.
 	orphanSparseBytes = 64 << 10
@@ -108,11 +126,13 @@ type ForkRecord struct {
 	NextOffset  uint64 `json:"next_offset"`
 }
 
-// encode: see the layout above.
-func (f ForkRecord) encode() []byte {
+// encode: see the layout above; version 1, as snapshots carry it.
+func (f ForkRecord) encode() []byte { return f.encodeVersion(forkRecordVersion) }
+
+func (f ForkRecord) encodeVersion(version byte) []byte {
 	b := make([]byte, 0, forkRecordBytes)
 	b = append(b, forkRecordMagic...)
-	b = append(b, forkRecordVersion)
+	b = append(b, version)
 	for _, v := range []uint64{f.Index, f.Term, f.PrevIndex, f.At, f.Epoch, uint64(f.TimeUnixNanos),
 		f.Records, f.Frames, f.Bytes, f.FirstOffset, f.NextOffset} {
 		b = binary.LittleEndian.AppendUint64(b, v)
@@ -120,25 +140,51 @@ func (f ForkRecord) encode() []byte {
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
-// decodeForkRecord decodes and checks a fork record; errors wrap
-// ErrOrphansCorrupt.
+// decodeForkRecord decodes and checks a fork record of version 1 (as a
+// snapshot carries it); errors wrap ErrOrphansCorrupt.
 func decodeForkRecord(b []byte) (ForkRecord, error) {
+	f, sealed, err := decodeForkFileRecord(b)
+	if err == nil && sealed {
+		err = fmt.Errorf("%w: a sealed fork's record (version %d) where a clear one belongs", ErrOrphansCorrupt, forkRecordSealed)
+	}
+	return f, err
+}
+
+// decodeForkFileRecord decodes and checks a fork record as a fork's file
+// holds it: version 1, or 2 for a sealed fork (sealed true).
+func decodeForkFileRecord(b []byte) (ForkRecord, bool, error) {
+	f, v, err := decodeForkRecordVersion(b)
+	return f, v == forkRecordSealed, err
+}
+
+func decodeForkRecordVersion(b []byte) (ForkRecord, byte, error) {
 	if len(b) != forkRecordBytes || string(b[:len(forkRecordMagic)]) != forkRecordMagic {
-		return ForkRecord{}, fmt.Errorf("%w: fork record of %d bytes is not one", ErrOrphansCorrupt, len(b))
+		return ForkRecord{}, 0, fmt.Errorf("%w: fork record of %d bytes is not one", ErrOrphansCorrupt, len(b))
 	}
 	if binary.LittleEndian.Uint32(b[len(b)-4:]) != crc32.Checksum(b[:len(b)-4], castagnoli) {
-		return ForkRecord{}, fmt.Errorf("%w: fork record fails its checksum", ErrOrphansCorrupt)
+		return ForkRecord{}, 0, fmt.Errorf("%w: fork record fails its checksum", ErrOrphansCorrupt)
 	}
-	if v := b[len(forkRecordMagic)]; v != forkRecordVersion {
-		return ForkRecord{}, fmt.Errorf("%w: fork record version %d, want %d", ErrOrphansCorrupt, v, forkRecordVersion)
+	v := b[len(forkRecordMagic)]
+	if v != forkRecordVersion && v != forkRecordSealed {
+		return ForkRecord{}, 0, fmt.Errorf("%w: fork record version %d, want %d or %d", ErrOrphansCorrupt, v, forkRecordVersion, forkRecordSealed)
 	}
 	u := func(i int) uint64 { return binary.LittleEndian.Uint64(b[len(forkRecordMagic)+1+8*i:]) }
 	f := ForkRecord{Index: u(0), Term: u(1), PrevIndex: u(2), At: u(3), Epoch: u(4), TimeUnixNanos: int64(u(5)),
 		Records: u(6), Frames: u(7), Bytes: u(8), FirstOffset: u(9), NextOffset: u(10)}
 	if err := f.check(); err != nil {
-		return ForkRecord{}, err
+		return ForkRecord{}, 0, err
 	}
-	return f, nil
+	return f, v, nil
+}
+
+// fileBytes is the size of the fork's file: its record and its frames,
+// each as a sealed unit if sealed.
+func (f ForkRecord) fileBytes(sealed bool) int64 {
+	n := int64(forkRecordBytes) + int64(f.Bytes)
+	if sealed {
+		n += int64(f.Frames) * atrest.Overhead
+	}
+	return n
 }
 
 // check holds the record's fields against each other.
@@ -169,17 +215,44 @@ type OrphanStore struct {
 	fs     vfs.FS
 	dir    string
 	logger hclog.Logger
+	// keyring seals the forks written and opens sealed ones; nil: forks
+	// are written in the clear (see the layout above).
+	keyring *atrest.Keyring
 
 	// writeMu serialises writers: a fork is written by one at a time, and
 	// a second writer of the same fork finds it written.
 	writeMu sync.Mutex
 
-	mu     sync.RWMutex // guards the fields below
-	forks  []ForkRecord // by index
-	sparse map[uint64][]orphanPos
+	mu     sync.RWMutex    // guards the fields below
+	forks  []ForkRecord    // by index
+	sealed map[uint64]bool // the forks whose files are sealed, by index
+	// keys holds the data key of each fork's first unit (0: a fork in
+	// the clear, or without frames); gens counts the replacements of each
+	// fork's file (Reseal), so that positions read from one file are never
+	// used on another.
+	keys   map[uint64]atrest.KeyID
+	gens   map[uint64]uint64
+	sparse map[uint64]sparsePos
 }
 
-// orphanPos is a frame of a fork's file: its base offset and position.
+// sparsePos are the positions of one file of a fork (generation gen).
+type sparsePos struct {
+	gen uint64
+	ps  []orphanPos
+}
+
+// OrphanOption configures OpenOrphans.
+type OrphanOption func(*OrphanStore)
+
+// WithKeyring seals the forks the store writes under k's active data key
+// and opens sealed forks with k (encryption at rest). Default nil: forks
+// are written in the clear, and a sealed fork refuses to open.
+func WithKeyring(k *atrest.Keyring) OrphanOption {
+	return func(o *OrphanStore) { o.keyring = k }
+}
+
+// orphanPos is a frame of a fork's file: its base offset and position (of
+// its unit, in a sealed fork).
 type orphanPos struct {
 	offset uint64
 	pos    int64
@@ -188,15 +261,22 @@ type orphanPos struct {
 // OpenOrphans opens the orphan store in dir (created, durably, if missing):
 // it removes forks whose writing a crash interrupted and checks every
 // fork's record and file size. The frames themselves are verified (CRC and
-// sequence) as they are read. Errors about the files wrap ErrOrphansCorrupt.
-func OpenOrphans(fsys vfs.FS, dir string, logger hclog.Logger) (*OrphanStore, error) {
+// sequence, and authentication of sealed ones) as they are read; a sealed
+// fork's first unit must name a data key the keyring holds, or OpenOrphans
+// fails with an error wrapping atrest.ErrKeyUnavailable. Errors about the
+// files wrap ErrOrphansCorrupt.
+func OpenOrphans(fsys vfs.FS, dir string, logger hclog.Logger, opts ...OrphanOption) (*OrphanStore, error) {
 	if fsys == nil {
 		fsys = vfs.OS()
 	}
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	o := &OrphanStore{fs: fsys, dir: dir, logger: logger.Named("orphans").With("dir", dir), sparse: map[uint64][]orphanPos{}}
+	o := &OrphanStore{fs: fsys, dir: dir, logger: logger.Named("orphans").With("dir", dir),
+		sealed: map[uint64]bool{}, keys: map[uint64]atrest.KeyID{}, gens: map[uint64]uint64{}, sparse: map[uint64]sparsePos{}}
+	for _, opt := range opts {
+		opt(o)
+	}
 	if err := ensureDir(fsys, dir); err != nil {
 		return nil, fmt.Errorf("replica: create orphan store %s: %w", dir, err)
 	}
@@ -214,11 +294,12 @@ func OpenOrphans(fsys vfs.FS, dir string, logger hclog.Logger) (*OrphanStore, er
 			}
 			removed++
 		case strings.HasSuffix(name, forkFileSuffix):
-			rec, err := o.load(name)
+			rec, sealed, key, err := o.load(name)
 			if err != nil {
 				return nil, err
 			}
 			o.forks = append(o.forks, rec)
+			o.sealed[rec.Index], o.keys[rec.Index] = sealed, key
 		default:
 			o.logger.Warn("ignoring unexpected file", "name", name)
 		}
@@ -280,35 +361,105 @@ func ensureDir(fsys vfs.FS, dir string) error {
 
 func forkFileName(index uint64) string { return fmt.Sprintf("%020d%s", index, forkFileSuffix) }
 
-// load reads and checks the record of the fork file name.
-func (o *OrphanStore) load(name string) (ForkRecord, error) {
+// load reads and checks the record of the fork file name, and for a
+// sealed fork the key of its first unit.
+func (o *OrphanStore) load(name string) (ForkRecord, bool, atrest.KeyID, error) {
 	f, err := o.fs.OpenFile(filepath.Join(o.dir, name), os.O_RDONLY, 0)
 	if err != nil {
-		return ForkRecord{}, fmt.Errorf("replica: open %s: %w", name, err)
+		return ForkRecord{}, false, 0, fmt.Errorf("replica: open %s: %w", name, err)
 	}
 	defer f.Close()
 	size, err := f.Size()
 	if err != nil {
-		return ForkRecord{}, fmt.Errorf("replica: stat %s: %w", name, err)
+		return ForkRecord{}, false, 0, fmt.Errorf("replica: stat %s: %w", name, err)
 	}
 	b := make([]byte, forkRecordBytes)
 	if size < int64(len(b)) {
-		return ForkRecord{}, fmt.Errorf("%w: %s holds %d bytes", ErrOrphansCorrupt, name, size)
+		return ForkRecord{}, false, 0, fmt.Errorf("%w: %s holds %d bytes", ErrOrphansCorrupt, name, size)
 	}
 	if _, err := f.ReadAt(b, 0); err != nil {
-		return ForkRecord{}, fmt.Errorf("replica: read %s: %w", name, err)
+		return ForkRecord{}, false, 0, fmt.Errorf("replica: read %s: %w", name, err)
 	}
-	rec, err := decodeForkRecord(b)
+	rec, sealed, err := decodeForkFileRecord(b)
 	if err != nil {
-		return ForkRecord{}, fmt.Errorf("%s: %w", name, err)
+		return ForkRecord{}, false, 0, fmt.Errorf("%s: %w", name, err)
 	}
 	if name != forkFileName(rec.Index) {
-		return ForkRecord{}, fmt.Errorf("%w: %s holds the fork at index %d", ErrOrphansCorrupt, name, rec.Index)
+		return ForkRecord{}, false, 0, fmt.Errorf("%w: %s holds the fork at index %d", ErrOrphansCorrupt, name, rec.Index)
 	}
-	if uint64(size) != uint64(forkRecordBytes)+rec.Bytes {
-		return ForkRecord{}, fmt.Errorf("%w: %s holds %d bytes, its record says %d", ErrOrphansCorrupt, name, size, uint64(forkRecordBytes)+rec.Bytes)
+	if size != rec.fileBytes(sealed) {
+		return ForkRecord{}, false, 0, fmt.Errorf("%w: %s holds %d bytes, its record says %d", ErrOrphansCorrupt, name, size, rec.fileBytes(sealed))
 	}
-	return rec, nil
+	var key atrest.KeyID
+	if sealed && rec.Frames > 0 {
+		if key, err = o.checkFirstKey(f, name); err != nil {
+			return ForkRecord{}, false, 0, err
+		}
+	}
+	return rec, sealed, key, nil
+}
+
+// checkFirstKey checks that the keyring holds the data key of the sealed
+// fork's first unit: a node never serves a fork it cannot open (the
+// segment store refuses to open a log so, too).
+func (o *OrphanStore) checkFirstKey(f vfs.File, name string) (atrest.KeyID, error) {
+	h := make([]byte, atrest.HeaderBytes)
+	if _, err := f.ReadAt(h, int64(forkRecordBytes)); err != nil {
+		return 0, fmt.Errorf("replica: read %s: %w", name, err)
+	}
+	_, id, err := atrest.CheckHeader(h)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%w: %s: first unit: %w", ErrOrphansCorrupt, name, err)
+	case id == 0:
+		return 0, fmt.Errorf("%w: %s: a sealed fork's first unit is a plain frame", ErrOrphansCorrupt, name)
+	case o.keyring == nil:
+		return 0, fmt.Errorf("replica: orphan fork %s: %w", name, &atrest.KeyError{ID: id, NoKeyring: true})
+	case !o.keyring.Has(id):
+		return 0, fmt.Errorf("replica: orphan fork %s: %w", name, &atrest.KeyError{ID: id})
+	}
+	return id, nil
+}
+
+// ForkFileKeys counts the frames of the fork file at path by the data key
+// that seals them (0: in the clear), from the record and the units'
+// headers: what an offline tool checks before a data key is retired.
+// Errors about the file wrap ErrOrphansCorrupt.
+func ForkFileKeys(fsys vfs.FS, path string) (map[atrest.KeyID]int, error) {
+	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, forkRecordBytes)
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return nil, fmt.Errorf("%w: %s: record: %w", ErrOrphansCorrupt, path, err)
+	}
+	rec, sealed, err := decodeForkFileRecord(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	out := map[atrest.KeyID]int{}
+	if !sealed {
+		if rec.Frames > 0 {
+			out[0] = int(rec.Frames)
+		}
+		return out, nil
+	}
+	h := make([]byte, atrest.HeaderBytes)
+	pos := int64(forkRecordBytes)
+	for i := uint64(0); i < rec.Frames; i++ {
+		if _, err := f.ReadAt(h, pos); err != nil {
+			return nil, fmt.Errorf("%w: %s: unit %d: %w", ErrOrphansCorrupt, path, i, err)
+		}
+		n, id, err := atrest.CheckHeader(h)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: unit %d: %w", ErrOrphansCorrupt, path, i, err)
+		}
+		out[id]++
+		pos += int64(n)
+	}
+	return out, nil
 }
 
 // Forks returns the forks held, oldest first. The caller owns the slice.
@@ -370,8 +521,10 @@ func (o *OrphanStore) writeFork(rec ForkRecord, src frameSource, want *ForkRecor
 // pendingFork is a fork written, whole and durable, under a temporary
 // name: not in the store until committed.
 type pendingFork struct {
-	rec ForkRecord
-	tmp string
+	rec    ForkRecord
+	tmp    string
+	sealed bool
+	key    atrest.KeyID // of its first unit
 }
 
 // snapTmpSuffix names the forks a snapshot brings until it is received
@@ -380,8 +533,9 @@ type pendingFork struct {
 const snapTmpSuffix = ".snap" + forkTmpSuffix
 
 // stage writes the fork rec with the frames src yields to its temporary
-// file (the name's suffix) and makes it durable; see writeFork. On error
-// nothing is left behind.
+// file (the name's suffix) and makes it durable; see writeFork. With a
+// keyring, each frame is written as its sealed unit and the record as a
+// sealed fork's. On error nothing is left behind.
 func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, suffix string) (*pendingFork, error) {
 	tmp := filepath.Join(o.dir, forkFileName(rec.Index)+suffix)
 	f, err := o.fs.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
@@ -398,6 +552,8 @@ func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, s
 	rec.Records, rec.Frames, rec.Bytes = 0, 0, 0
 	next := rec.FirstOffset
 	pos := int64(forkRecordBytes)
+	var scratch []byte
+	var firstKey atrest.KeyID
 	if src != nil {
 		err := src(func(frame []byte) error {
 			h, err := batch.Validate(frame)
@@ -407,10 +563,18 @@ func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, s
 			case h.Type != batch.TypeData || h.BaseOffset != next:
 				return fmt.Errorf("replica: orphaned frame is a %v frame at offset %d, want a data frame at %d", h.Type, h.BaseOffset, next)
 			}
-			if _, err := f.WriteAt(frame, pos); err != nil {
+			unit := frame
+			if o.keyring != nil {
+				scratch = o.keyring.Seal(scratch[:0], frame)
+				unit = scratch
+				if rec.Frames == 0 {
+					firstKey = atrest.UnitKey(unit)
+				}
+			}
+			if _, err := f.WriteAt(unit, pos); err != nil {
 				return fmt.Errorf("replica: write %s: %w", tmp, err)
 			}
-			pos += int64(len(frame))
+			pos += int64(len(unit))
 			next = h.NextOffset()
 			rec.Frames++
 			rec.Bytes += uint64(len(frame))
@@ -433,7 +597,11 @@ func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, s
 		return nil, fmt.Errorf("replica: fork %d holds %d records in %d frames of %d bytes from offset %d, its record says %d in %d of %d from %d",
 			rec.Index, rec.Records, rec.Frames, rec.Bytes, rec.FirstOffset, want.Records, want.Frames, want.Bytes, want.FirstOffset)
 	}
-	if _, err := f.WriteAt(rec.encode(), 0); err != nil {
+	version := byte(forkRecordVersion)
+	if o.keyring != nil {
+		version = forkRecordSealed
+	}
+	if _, err := f.WriteAt(rec.encodeVersion(version), 0); err != nil {
 		return nil, fmt.Errorf("replica: write %s: %w", tmp, err)
 	}
 	if err := f.Datasync(); err != nil {
@@ -444,7 +612,7 @@ func (o *OrphanStore) stage(rec ForkRecord, src frameSource, want *ForkRecord, s
 		o.remove(tmp)
 		return nil, fmt.Errorf("replica: close %s: %w", tmp, err)
 	}
-	return &pendingFork{rec: rec, tmp: tmp}, nil
+	return &pendingFork{rec: rec, tmp: tmp, sealed: o.keyring != nil, key: firstKey}, nil
 }
 
 // commitLocked moves a staged fork into the store (rename, directory
@@ -464,10 +632,11 @@ func (o *OrphanStore) commitLocked(p *pendingFork) error {
 	o.mu.Lock()
 	i, _ := slices.BinarySearchFunc(o.forks, p.rec.Index, func(f ForkRecord, index uint64) int { return cmpUint64(f.Index, index) })
 	o.forks = slices.Insert(o.forks, i, p.rec)
+	o.sealed[p.rec.Index], o.keys[p.rec.Index] = p.sealed, p.key
 	o.mu.Unlock()
 	rec := p.rec
 	o.logger.Info("stored fork", "index", rec.Index, "at", rec.At, "epoch", rec.Epoch, "records", rec.Records,
-		"first_offset", rec.FirstOffset, "next_offset", rec.NextOffset, "bytes", rec.Bytes)
+		"first_offset", rec.FirstOffset, "next_offset", rec.NextOffset, "bytes", rec.Bytes, "sealed", p.sealed)
 	return nil
 }
 
@@ -497,18 +666,157 @@ func (o *OrphanStore) remove(tmp string) {
 	}
 }
 
-// openFork opens the file of the fork at index for reading and returns it
-// with its record.
-func (o *OrphanStore) openFork(index uint64) (vfs.File, ForkRecord, error) {
+// forkFile is a fork's file as openFork presents it.
+type forkFile interface {
+	io.ReaderAt
+	io.Closer
+}
+
+// openFork opens the fork at index for reading as a snapshot carries it,
+// and returns it with its record: its record (version 1) and its frames in
+// the clear, rec.Bytes after the record; a sealed fork's units are opened
+// as they are read (see clearFork).
+func (o *OrphanStore) openFork(index uint64) (forkFile, ForkRecord, error) {
+	f, rec, sealed, _, err := o.openForkFile(index)
+	if err != nil || !sealed {
+		return f, rec, err
+	}
+	return &clearFork{o: o, f: f, rec: rec, head: rec.encode()}, rec, nil
+}
+
+// openForkFile opens the file of the fork at index for reading and returns
+// it with its record, whether it is sealed and its generation. The file is
+// opened under mu, so that what is returned describes the file opened
+// even while Reseal replaces it (a reader keeps the file it opened).
+func (o *OrphanStore) openForkFile(index uint64) (vfs.File, ForkRecord, bool, uint64, error) {
 	rec, ok := o.Fork(index)
 	if !ok {
-		return nil, ForkRecord{}, fmt.Errorf("%w: index %d", ErrForkNotFound, index)
+		return nil, ForkRecord{}, false, 0, fmt.Errorf("%w: index %d", ErrForkNotFound, index)
 	}
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	sealed, gen := o.sealed[index], o.gens[index]
 	f, err := o.fs.OpenFile(filepath.Join(o.dir, forkFileName(index)), os.O_RDONLY, 0)
 	if err != nil {
-		return nil, ForkRecord{}, fmt.Errorf("replica: open fork %d: %w", index, err)
+		return nil, ForkRecord{}, false, 0, fmt.Errorf("replica: open fork %d: %w", index, err)
 	}
-	return f, rec, nil
+	return f, rec, sealed, gen, nil
+}
+
+// clearFork presents a sealed fork's file in the clear: its record of
+// version 1, then its frames, each opened from its unit when read. Reads
+// are expected in order (a snapshot streams the fork through an
+// io.SectionReader); a read behind the frame in hand starts over from the
+// first unit. It holds one frame in memory.
+type clearFork struct {
+	o    *OrphanStore
+	f    vfs.File
+	rec  ForkRecord
+	head []byte
+
+	mu       sync.Mutex
+	r        *forkReader // nil: before the first frame
+	framePos int64       // the clear position of frame
+	frame    []byte
+}
+
+func (c *clearFork) Close() error { return c.f.Close() }
+
+// ReadAt implements io.ReaderAt over the clear view.
+func (c *clearFork) ReadAt(p []byte, off int64) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	end := int64(forkRecordBytes) + int64(c.rec.Bytes)
+	n := 0
+	for n < len(p) {
+		at := off + int64(n)
+		switch {
+		case at >= end:
+			return n, io.EOF
+		case at < int64(len(c.head)):
+			n += copy(p[n:], c.head[at:])
+			continue
+		}
+		if c.r == nil || at < c.framePos {
+			c.r = c.o.newForkReader(io.NewSectionReader(c.f, int64(forkRecordBytes), c.rec.fileBytes(true)-int64(forkRecordBytes)), true)
+			c.framePos, c.frame = int64(forkRecordBytes), nil
+		}
+		for at >= c.framePos+int64(len(c.frame)) {
+			c.framePos += int64(len(c.frame))
+			frame, _, err := c.r.next()
+			if err != nil {
+				c.r = nil
+				return n, c.o.frameError(c.rec.Index, err)
+			}
+			c.frame = frame
+		}
+		n += copy(p[n:], c.frame[at-c.framePos:])
+	}
+	return n, nil
+}
+
+// forkReader reads a fork's frames from its file, opening sealed units.
+type forkReader struct {
+	fr      frameReader
+	r       io.Reader
+	keyring *atrest.Keyring
+	sealed  bool
+	buf     []byte
+}
+
+func (o *OrphanStore) newForkReader(r io.Reader, sealed bool) *forkReader {
+	return &forkReader{fr: frameReader{r: r}, r: r, keyring: o.keyring, sealed: sealed}
+}
+
+// next returns the next frame, valid until the next call, and the bytes
+// it took in the file. A sealed unit is authenticated and must hold
+// exactly one frame; the frame's header and CRC are the caller's to check
+// (batch.DecodeHeader), as for a plain one.
+func (fr *forkReader) next() ([]byte, int, error) {
+	if !fr.sealed {
+		frame, err := fr.fr.next()
+		return frame, len(frame), err
+	}
+	var lb [4]byte
+	if _, err := io.ReadFull(fr.r, lb[:]); err != nil {
+		return nil, 0, err
+	}
+	n, err := atrest.UnitSize(lb[:])
+	if err != nil {
+		return nil, 0, err
+	}
+	if cap(fr.buf) < n {
+		fr.buf = make([]byte, n)
+	}
+	fr.buf = fr.buf[:n]
+	copy(fr.buf, lb[:])
+	if _, err := io.ReadFull(fr.r, fr.buf[4:]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, 0, err
+	}
+	if !atrest.Sealed(fr.buf) {
+		return nil, 0, errors.New("a plain frame in a sealed fork")
+	}
+	frame, err := atrest.OpenInPlace(fr.keyring, fr.buf)
+	if err != nil {
+		return nil, 0, err
+	}
+	if size, err := batch.FrameSize(frame); err != nil || size != len(frame) {
+		return nil, 0, fmt.Errorf("%w: a sealed unit does not hold exactly one frame", batch.ErrCorrupt)
+	}
+	return frame, n, nil
+}
+
+// frameError is the error of a fork's frame that could not be read: a
+// missing data key is that (atrest.ErrKeyUnavailable), anything else
+// corruption.
+func (o *OrphanStore) frameError(index uint64, err error) error {
+	if errors.Is(err, atrest.ErrKeyUnavailable) {
+		return fmt.Errorf("replica: fork %d: %w", index, err)
+	}
+	return fmt.Errorf("%w: fork %d: %w", ErrOrphansCorrupt, index, err)
 }
 
 // ReadFrames returns the orphaned data frames of the fork at Raft index
@@ -520,7 +828,7 @@ func (o *OrphanStore) openFork(index uint64) (vfs.File, ForkRecord, error) {
 // unknown fork ErrForkNotFound, a frame failing verification
 // ErrOrphansCorrupt. The caller owns the slice. Safe from any goroutine.
 func (o *OrphanStore) ReadFrames(index, from uint64, maxBytes int) ([]byte, error) {
-	f, rec, err := o.openFork(index)
+	f, rec, sealed, gen, err := o.openForkFile(index)
 	if err != nil {
 		return nil, err
 	}
@@ -531,17 +839,17 @@ func (o *OrphanStore) ReadFrames(index, from uint64, maxBytes int) ([]byte, erro
 	if from == rec.NextOffset {
 		return nil, nil
 	}
-	start, err := o.seek(f, rec, from)
+	start, err := o.seek(f, rec, sealed, gen, from)
 	if err != nil {
 		return nil, err
 	}
-	fr := frameReader{r: io.NewSectionReader(f, start.pos, int64(forkRecordBytes)+int64(rec.Bytes)-start.pos)}
+	fr := o.newForkReader(io.NewSectionReader(f, start.pos, rec.fileBytes(sealed)-start.pos), sealed)
 	var out []byte
 	next := start.offset
 	for next < rec.NextOffset {
-		frame, err := fr.next()
+		frame, _, err := fr.next()
 		if err != nil {
-			return nil, fmt.Errorf("%w: fork %d at offset %d: %w", ErrOrphansCorrupt, index, next, err)
+			return nil, o.frameError(index, fmt.Errorf("at offset %d: %w", next, err))
 		}
 		h, err := batch.DecodeHeader(frame)
 		if err == nil && (h.Type != batch.TypeData || h.BaseOffset != next) {
@@ -565,17 +873,20 @@ func (o *OrphanStore) ReadFrames(index, from uint64, maxBytes int) ([]byte, erro
 // seek returns a frame of the fork's file at or before the one holding
 // from, from positions kept in memory every orphanSparseBytes (built by
 // the first read of the fork, which verifies every frame).
-func (o *OrphanStore) seek(f vfs.File, rec ForkRecord, from uint64) (orphanPos, error) {
+func (o *OrphanStore) seek(f vfs.File, rec ForkRecord, sealed bool, gen, from uint64) (orphanPos, error) {
 	o.mu.RLock()
-	ps, ok := o.sparse[rec.Index]
+	sp, ok := o.sparse[rec.Index]
 	o.mu.RUnlock()
-	if !ok {
-		fr := frameReader{r: io.NewSectionReader(f, int64(forkRecordBytes), int64(rec.Bytes))}
+	ps := sp.ps
+	if !ok || sp.gen != gen {
+		ps = nil
+		fileEnd := rec.fileBytes(sealed)
+		fr := o.newForkReader(io.NewSectionReader(f, int64(forkRecordBytes), fileEnd-int64(forkRecordBytes)), sealed)
 		pos, next, last := int64(forkRecordBytes), rec.FirstOffset, int64(-orphanSparseBytes)
 		for i := uint64(0); i < rec.Frames; i++ {
-			frame, err := fr.next()
+			frame, unitBytes, err := fr.next()
 			if err != nil {
-				return orphanPos{}, fmt.Errorf("%w: fork %d frame %d: %w", ErrOrphansCorrupt, rec.Index, i, err)
+				return orphanPos{}, o.frameError(rec.Index, fmt.Errorf("frame %d: %w", i, err))
 			}
 			h, err := batch.DecodeHeader(frame)
 			if err == nil && (h.Type != batch.TypeData || h.BaseOffset != next) {
@@ -588,14 +899,16 @@ func (o *OrphanStore) seek(f vfs.File, rec ForkRecord, from uint64) (orphanPos, 
 				ps = append(ps, orphanPos{offset: h.BaseOffset, pos: pos})
 				last = pos
 			}
-			pos += int64(len(frame))
+			pos += int64(unitBytes)
 			next = h.NextOffset()
 		}
-		if next != rec.NextOffset || pos != int64(forkRecordBytes)+int64(rec.Bytes) {
+		if next != rec.NextOffset || pos != fileEnd {
 			return orphanPos{}, fmt.Errorf("%w: fork %d: frames end at offset %d, position %d", ErrOrphansCorrupt, rec.Index, next, pos)
 		}
 		o.mu.Lock()
-		o.sparse[rec.Index] = ps
+		if o.gens[rec.Index] == gen {
+			o.sparse[rec.Index] = sparsePos{gen: gen, ps: ps}
+		}
 		o.mu.Unlock()
 	}
 	i, _ := slices.BinarySearchFunc(ps, from+1, func(p orphanPos, off uint64) int { return cmpUint64(p.offset, off) })
@@ -674,4 +987,95 @@ func (o *OrphanStore) receiveFork(r io.Reader) (*pendingFork, uint64, error) {
 			"records_held", held.Records, "records_received", rec.Records)
 	}
 	return nil, size, nil
+}
+
+// resealTmpSuffix names a fork being re-encrypted (Reseal) until it
+// replaces the fork's file; opening removes leftovers as it removes any
+// forkTmpSuffix file.
+const resealTmpSuffix = ".reseal" + forkTmpSuffix
+
+// ResealPending returns the indexes of the forks holding frames not
+// sealed under the keyring's active data key (in the clear, or under an
+// older key), oldest first: what Reseal rewrites after a rotation. A fork's
+// units are all under one key, the one active when it was written. nil
+// without a keyring. Safe from any goroutine.
+func (o *OrphanStore) ResealPending() []uint64 {
+	if o.keyring == nil {
+		return nil
+	}
+	active := o.keyring.Active()
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	var out []uint64
+	for _, f := range o.forks {
+		if f.Frames > 0 && (!o.sealed[f.Index] || o.keys[f.Index] != active) {
+			out = append(out, f.Index)
+		}
+	}
+	return out
+}
+
+// Reseal rewrites the fork at index with the same frames sealed under the
+// keyring's active data key, so that older keys can be retired: it
+// writes and fsyncs a new file under a temporary name (verifying every
+// frame as writeFork does), renames it over the fork's file and fsyncs
+// the directory, so that a crash leaves the old file or the new, whole.
+// Readers that opened the old file finish on it. throttle, if set, is
+// called with the bytes of each frame read and written before the write;
+// an ended ctx stops the rewrite at the next frame with its error and
+// nothing replaced. Safe from any goroutine (it takes the writers' lock).
+func (o *OrphanStore) Reseal(ctx context.Context, index uint64, throttle func(bytes int)) error {
+	if o.keyring == nil {
+		return errors.New("replica: reseal of an orphan store without a keyring")
+	}
+	o.writeMu.Lock()
+	defer o.writeMu.Unlock()
+	f, rec, sealed, _, err := o.openForkFile(index)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fr := o.newForkReader(io.NewSectionReader(f, int64(forkRecordBytes), rec.fileBytes(sealed)-int64(forkRecordBytes)), sealed)
+	src := func(emit func([]byte) error) error {
+		for i := uint64(0); i < rec.Frames; i++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			frame, n, err := fr.next()
+			if err != nil {
+				return o.frameError(index, fmt.Errorf("frame %d: %w", i, err))
+			}
+			if throttle != nil {
+				throttle(n + len(frame) + atrest.Overhead)
+			}
+			if err := emit(frame); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	p, err := o.stage(rec, src, &rec, resealTmpSuffix)
+	if err != nil {
+		return err
+	}
+	// The rename and the new file's description change together under mu,
+	// where openForkFile opens: a reader gets the old file with the old
+	// description or the new with the new.
+	o.mu.Lock()
+	err = o.fs.Rename(p.tmp, filepath.Join(o.dir, forkFileName(index)))
+	if err == nil {
+		o.sealed[index], o.keys[index] = true, p.key
+		o.gens[index]++
+		delete(o.sparse, index)
+	}
+	o.mu.Unlock()
+	if err != nil {
+		o.remove(p.tmp)
+		return fmt.Errorf("replica: rename %s: %w", p.tmp, err)
+	}
+	if err := o.fs.SyncDir(o.dir); err != nil {
+		return fmt.Errorf("replica: sync orphan store: %w", err)
+	}
+	o.logger.Info("re-encrypted fork", "index", index, "key", p.key, "frames", rec.Frames)
+	return nil
 }

@@ -188,6 +188,8 @@ type Replica struct {
 	notifyMu   sync.Mutex
 	notifyCh   chan struct{}
 	failure    atomic.Pointer[apierr.Error]
+	// diskFull is set while the log refuses writes for space (logwriter.go).
+	diskFull atomic.Pointer[apierr.Error]
 
 	// leaderTerm is the term this replica leads in, 0 while it does not.
 	leaderTerm atomic.Uint64
@@ -472,6 +474,10 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 		op.Reply(Result{Err: r.notLeader()})
 		return
 	}
+	if e := r.diskFull.Load(); e != nil {
+		op.Reply(Result{Err: e})
+		return
+	}
 	if err := r.forkBlocksAppends(); err != nil {
 		op.Reply(Result{Err: err})
 		return
@@ -743,11 +749,24 @@ func (r *Replica) persistHardState(rd *raft.Ready) error {
 	old := r.state.Raft
 	r.state.Raft = proto.Clone(rd.HardState).(*raftpb.HardState)
 	if old.GetTerm() != rd.HardState.GetTerm() || old.GetVote() != rd.HardState.GetVote() {
+		if tv, ok := r.cfg.State.(termVoteSaver); ok {
+			// In place: an election needs no new disk space.
+			if err := tv.SaveTermVote(rd.HardState.GetTerm(), rd.HardState.GetVote()); err != nil {
+				return fmt.Errorf("replica: save term and vote: %w", err)
+			}
+			return nil
+		}
 		if err := r.cfg.State.Save(r.state); err != nil {
 			return fmt.Errorf("replica: save hard state: %w", err)
 		}
 	}
 	return nil
+}
+
+// termVoteSaver is a StateStore that can record a change of term and vote
+// alone, in place (FileState, MemState). Load must merge it.
+type termVoteSaver interface {
+	SaveTermVote(term, vote uint64) error
 }
 
 // rebuildDedup recomputes the idempotence table from the producer base and

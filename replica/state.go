@@ -33,6 +33,61 @@ const commitRecordBytes = 16
 
 const commitMagic = 0x4b4d4347 // "GCMK"
 
+// termVoteFileName holds Raft's term and vote when they change alone
+// (SaveTermVote): two slots of termVoteSlotBytes, rewritten in place, so
+// that an election needs no new disk space (a full disk must not stop a
+// replica at its next term; see docs/disk-faults.md). A slot is (term
+// u64, vote u64, magic u32, CRC32C of the 20 bytes before u32),
+// little-endian; a save overwrites the older (or invalid) slot, so the
+// newest record is never written over and a torn write leaves it. Load
+// takes the newest of the slots and the state file's own term and vote.
+const (
+	termVoteFileName  = "_termvote"
+	termVoteSlotBytes = 24
+	termVoteMagic     = 0x56544c47 // "GLTV"
+)
+
+func encodeTermVote(term, vote uint64) []byte {
+	b := binary.LittleEndian.AppendUint64(make([]byte, 0, termVoteSlotBytes), term)
+	b = binary.LittleEndian.AppendUint64(b, vote)
+	b = binary.LittleEndian.AppendUint32(b, termVoteMagic)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// decodeTermVote returns the newest valid slot of b (ok false: none) and
+// the index of the slot to overwrite next: the other one.
+func decodeTermVote(b []byte) (term, vote uint64, ok bool, next int) {
+	for i := 0; i+termVoteSlotBytes <= len(b) && i < 2*termVoteSlotBytes; i += termVoteSlotBytes {
+		s := b[i : i+termVoteSlotBytes]
+		if binary.LittleEndian.Uint32(s[16:]) != termVoteMagic || binary.LittleEndian.Uint32(s[20:]) != crc32.Checksum(s[:20], castagnoli) {
+			continue
+		}
+		t, v := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
+		if !ok || newerTermVote(t, v, term, vote) {
+			term, vote, ok, next = t, v, true, 1-i/termVoteSlotBytes
+		}
+	}
+	return term, vote, ok, next
+}
+
+// newerTermVote reports whether (t, v) is later than (term, vote): a
+// higher term, or the same term with a vote where there was none (a vote
+// is cast once per term).
+func newerTermVote(t, v, term, vote uint64) bool {
+	return t > term || (t == term && vote == 0 && v != 0)
+}
+
+// withTermVote raises h's term and vote to (term, vote) if that is newer.
+func withTermVote(h HardState, term, vote uint64) HardState {
+	if h.Raft == nil || !newerTermVote(term, vote, h.Raft.GetTerm(), h.Raft.GetVote()) {
+		return h
+	}
+	hs := proto.Clone(h.Raft).(*raftpb.HardState)
+	hs.Term, hs.Vote = proto.Uint64(term), proto.Uint64(vote)
+	h.Raft = hs
+	return h
+}
+
 func encodeCommit(index uint64) []byte {
 	b := binary.LittleEndian.AppendUint64(make([]byte, 0, commitRecordBytes), index)
 	b = binary.LittleEndian.AppendUint32(b, commitMagic)
@@ -201,7 +256,60 @@ func (f FileState) Load() (HardState, bool, error) {
 	if err != nil {
 		return h, false, err
 	}
+	tv, err := vfs.ReadFile(f.FS, filepath.Join(f.Dir, termVoteFileName), 2*termVoteSlotBytes)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return h, false, err
+	}
+	if term, vote, ok, _ := decodeTermVote(tv); ok {
+		h = withTermVote(h, term, vote)
+	}
 	return withCommit(h, mark), true, nil
+}
+
+// SaveTermVote durably records a new Raft term and vote, in place (see
+// termVoteFileName): Load returns them (or newer ones) from then on. The
+// first one creates the file with both slots and syncs the directory.
+// For a change of term or vote alone; anything else goes through Save.
+func (f FileState) SaveTermVote(term, vote uint64) error {
+	name := filepath.Join(f.Dir, termVoteFileName)
+	w, err := f.FS.OpenFile(name, os.O_RDWR, 0)
+	created := false
+	if errors.Is(err, fs.ErrNotExist) {
+		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
+		created = true
+	}
+	if err != nil {
+		return err
+	}
+	cur := make([]byte, 2*termVoteSlotBytes)
+	n, err := w.ReadAt(cur, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		w.Close()
+		return err
+	}
+	_, _, _, slot := decodeTermVote(cur[:n])
+	data, at := encodeTermVote(term, vote), int64(slot)*termVoteSlotBytes
+	if created || n < len(cur) {
+		// Both slots at once: later saves rewrite in place.
+		both := make([]byte, 2*termVoteSlotBytes)
+		copy(both[at:], data)
+		data, at = both, 0
+	}
+	if _, err := w.WriteAt(data, at); err != nil {
+		w.Close()
+		return err
+	}
+	if err := w.Datasync(); err != nil {
+		w.Close()
+		return err
+	}
+	if err := w.Close(); err != nil {
+		return err
+	}
+	if created {
+		return f.FS.SyncDir(f.Dir)
+	}
+	return nil
 }
 
 // loadCommit reads the commit mark: 0 when there is none, or when its
@@ -285,9 +393,20 @@ func (f FileState) Save(h HardState) error {
 
 // MemState is the in-memory twin of FileState.
 type MemState struct {
-	mu    sync.Mutex
-	saved []byte
-	mark  uint64
+	mu         sync.Mutex
+	saved      []byte
+	mark       uint64
+	term, vote uint64 // SaveTermVote's
+}
+
+// SaveTermVote keeps term and vote.
+func (m *MemState) SaveTermVote(term, vote uint64) error {
+	m.mu.Lock()
+	if newerTermVote(term, vote, m.term, m.vote) {
+		m.term, m.vote = term, vote
+	}
+	m.mu.Unlock()
+	return nil
 }
 
 // Load returns what was last saved, its commit index raised to the mark's.
@@ -301,7 +420,7 @@ func (m *MemState) Load() (HardState, bool, error) {
 	if err != nil {
 		return h, false, err
 	}
-	return withCommit(h, m.mark), true, nil
+	return withCommit(withTermVote(h, m.term, m.vote), m.mark), true, nil
 }
 
 // SaveCommit keeps the mark.

@@ -8,13 +8,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/geolog/geolog/internal/grpcdial"
+
 	"github.com/geolog/geolog/batch"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 )
 
 // ReplicateStream is the client side of one Replicate stream.
@@ -120,27 +120,14 @@ func (d *GRPCDialer) conn(addr string) (geologinternalv1.MirrorClient, error) {
 	case d.cfg.TLS != nil:
 		creds = credentials.NewTLS(d.cfg.TLS)
 	}
-	conn, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(creds),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{
-			Time:                d.cfg.KeepaliveInterval,
-			Timeout:             d.cfg.KeepaliveTimeout,
-			PermitWithoutStream: true,
-		}),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{
-				BaseDelay:  50 * time.Millisecond,
-				Multiplier: 2,
-				Jitter:     0.2,
-				MaxDelay:   d.cfg.ConnectBackoffMax,
-			},
-			MinConnectTimeout: 5 * time.Second,
-		}),
-		grpc.WithDefaultCallOptions(
-			grpc.MaxCallSendMsgSize(d.cfg.SendBytesMax),
-			grpc.MaxCallRecvMsgSize(64<<10),
-		),
-	)
+	conn, err := grpcdial.Dial(addr, grpcdial.Config{
+		Credentials:   creds,
+		KeepaliveTime: d.cfg.KeepaliveInterval, KeepaliveTimeout: d.cfg.KeepaliveTimeout, PermitWithoutStream: true,
+		BackoffMin: 50 * time.Millisecond, BackoffMax: d.cfg.ConnectBackoffMax, BackoffMultiplier: 2,
+		ConnectTimeout: 5 * time.Second,
+		SendBytesMax:   d.cfg.SendBytesMax,
+		RecvBytesMax:   64 << 10,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("replicator: dial %s: %w", addr, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/vfs"
 )
 
 // Append writes one frame at the tail of the log with a single write.
@@ -79,9 +80,16 @@ func (s *Store) Append(frame []byte) error {
 		return fmt.Errorf("%w: segment %s of %d bytes cannot take %d more", ErrInvalidFrame, g.name(), pos, len(unit))
 	}
 	if _, err := g.f.WriteAt(unit, pos); err != nil {
+		if vfs.IsNoSpace(err) {
+			return s.outOfSpace(g, pos, err)
+		}
 		// Part of the frame may be on disk; only recovery can tell.
 		s.fail(err)
 		return s.failed()
+	}
+	if s.noSpace.Load() != nil {
+		s.noSpace.Store(nil)
+		s.log.Info("log device has space again: appends resumed", "segment", g.name())
 	}
 	if cap(s.sealBuf) > sealBufBytesMax {
 		s.sealBuf = nil // a rare large frame: do not keep its buffer
@@ -161,11 +169,14 @@ func (s *Store) roll() error {
 		// Index files are a cache that recovery verifies and rebuilds.
 		s.log.Warn("could not write index files", "segment", old.name(), "error", err)
 	}
-	s.sealKeys(old)
+	// Create the next segment before sealing this one's keys: a create
+	// refused for space (ErrNoSpace) leaves this segment the active one,
+	// and appends that fit it after all must still be indexed.
 	g, err := s.createSegment(old.nextOffset)
 	if err != nil {
 		return err
 	}
+	s.sealKeys(old)
 	s.mu.Lock()
 	s.segs = append(s.segs, g)
 	s.mu.Unlock()
@@ -180,6 +191,13 @@ func (s *Store) createSegment(base uint64) (*segment, error) {
 	path := filepath.Join(s.cfg.Dir, segmentName(base, logSuffix))
 	f, err := s.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
+		if vfs.IsNoSpace(err) {
+			e := fmt.Errorf("%w: create segment: %w", ErrNoSpace, err)
+			if s.noSpace.Swap(&e) == nil {
+				s.log.Warn("log device is full: refusing appends until space is freed", "segment", path, "error", err)
+			}
+			return nil, e
+		}
 		return nil, fmt.Errorf("segment: create segment: %w", err)
 	}
 	if err := s.fs.SyncDir(s.cfg.Dir); err != nil {

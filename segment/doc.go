@@ -65,6 +65,9 @@
 //	00000000000000012345.log        the next segment starts where the last
 //	...                             one ends; the newest is the active one
 //	LOCK                            held (flock) while a Store has it open
+//	_logstart                       the start record (startrecord.go): where
+//	                                the log starts, saved before retention
+//	                                or an install makes segments go
 //
 // Other files are ignored (names starting with "_" silently: they belong to
 // the range's other components, such as the Raft hard state), except
@@ -195,7 +198,12 @@
 //     only as Sync returning).
 //  5. A failed write or fdatasync is never retried: the store refuses every
 //     later Append and Sync with ErrFailed. Close it and Open again;
-//     recovery keeps exactly what reached the disk.
+//     recovery keeps exactly what reached the disk. The one exception is a
+//     write (or a segment's creation) refused for space (ENOSPC, EDQUOT,
+//     vfs.IsNoSpace): Append cuts off whatever part of the frame landed and
+//     returns ErrNoSpace, the store stays as it was (earlier frames
+//     readable, Sync working), and the next Append tries again (NoSpace
+//     reports the state). A failed fdatasync is final whatever its errno.
 //  6. Readers (ReadFrames, ReadFramesByIndex, ReadKey, TermAt, OffsetForTime,
 //     NextOffset, DurableOffset, StartOffset, FirstIndex, LastIndex, Size)
 //     may run on any goroutines concurrently with the appender. The reads
@@ -249,6 +257,16 @@
 // log has verified, recovery truncates a torn tail, rewrites index files
 // (the key index too) that do not match the log and removes orphan index
 // files.
+//
+// Lost segments. Before recovery's pass, the first segment is checked
+// against the start record: starting past the recorded start, or no
+// segment at all under a record, means segment files went missing (not
+// by retention, which saves the record before it deletes), and Open
+// returns a *CorruptionError wrapping a *MissingError (ErrDataLoss) that
+// names the offsets; so does a gap between two segments. A first segment
+// below the record (a crash between the save and the deletion it
+// announced) is kept, and the record lowered to it. Verify makes the same
+// checks and the same pass offline, changing nothing.
 //
 // Torn tail rule. In the last segment, a frame that is short (its length
 // runs past the end of the file) or fails its CRC or header checks is a torn

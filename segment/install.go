@@ -431,6 +431,11 @@ func (s *Store) finishInstall() error {
 // it again.
 func (s *Store) rollForward(bases []uint64) error {
 	dir := s.cfg.Dir
+	// The new log's start, recorded before its segments replace the old
+	// ones (and again if a crash makes Open roll forward).
+	if err := s.saveStartRecord(bases[0]); err != nil {
+		return err
+	}
 	for _, base := range bases {
 		err := s.fs.Rename(filepath.Join(dir, stagedName(base)), filepath.Join(dir, segmentName(base, logSuffix)))
 		if errors.Is(err, fs.ErrNotExist) {

@@ -47,6 +47,11 @@ type recoveryPlan struct {
 // files that do not match the log, remove orphan index files. It leaves s
 // with its segments open and its offsets set.
 func (s *Store) recover() error {
+	rec, err := s.loadStartRecord()
+	if err != nil {
+		return err
+	}
+	s.startRec = rec
 	if err := s.finishInstall(); err != nil {
 		return err
 	}
@@ -74,6 +79,14 @@ func (s *Store) recover() error {
 		}
 	}
 	s.durable.Store(last.nextOffset)
+	// Record where the log starts if no record says so yet (a new log, or
+	// one older than the record), or lower it to the first segment (a
+	// crash between a save and the deletion it announced).
+	if first := segs[0].baseOffset; !s.startRec.ok || first < s.startRec.start {
+		if err := s.saveStartRecord(first); err != nil {
+			s.log.Warn("could not record the log's start; a lost first segment will not be told from retention until it is", "error", err)
+		}
+	}
 	s.log.Info("opened log", "segments", len(segs), "start_offset", segs[0].baseOffset,
 		"next_offset", last.nextOffset, "first_index", s.firstIndex.Load(), "last_index", s.lastIndex.Load(), "bytes", size)
 	return nil
@@ -100,9 +113,40 @@ func (s *Store) refreshTotals(segs []*segment) int64 {
 // and returns the segments, open, oldest first: an empty one at offset 0 if
 // there were none. On error nothing is left open.
 func (s *Store) loadSegments(onRecover func(batch.Header) error) (segs []*segment, err error) {
+	segs, plan, err := s.scanSegments(onRecover)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			for _, g := range segs {
+				g.f.Close()
+			}
+			segs = nil
+		}
+	}()
+	if err := s.applyPlan(segs, plan); err != nil {
+		return segs, err
+	}
+	if len(segs) == 0 {
+		g, err := s.createSegment(0)
+		if err != nil {
+			return segs, err
+		}
+		segs = append(segs, g)
+	}
+	return segs, nil
+}
+
+// scanSegments is the verifying pass of loadSegments: it lists the
+// directory, checks the segments against the start record and each other,
+// verifies every segment (recoverSegment) and returns them, open, with
+// the plan of what recovery would change, having changed nothing. On
+// error nothing is left open. Verify runs it alone.
+func (s *Store) scanSegments(onRecover func(batch.Header) error) (segs []*segment, plan *recoveryPlan, err error) {
 	dirents, err := s.fs.ReadDir(s.cfg.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("segment: list %s: %w", s.cfg.Dir, err)
+		return nil, nil, fmt.Errorf("segment: list %s: %w", s.cfg.Dir, err)
 	}
 	var bases []uint64
 	indexes := map[uint64][]string{}
@@ -111,7 +155,8 @@ func (s *Store) loadSegments(onRecover func(batch.Header) error) (segs []*segmen
 		switch {
 		case de.Name() == vfs.LockFileName, strings.HasPrefix(de.Name(), "_"):
 			// Names starting with "_" belong to the range's other
-			// components (the Raft hard state).
+			// components (the Raft hard state) or are the store's own
+			// (the start record, staging).
 		case !ok || !de.Type().IsRegular():
 			s.log.Warn("ignoring unexpected file", "name", de.Name())
 		case suffix == logSuffix:
@@ -121,8 +166,12 @@ func (s *Store) loadSegments(onRecover func(batch.Header) error) (segs []*segmen
 		}
 	}
 	slices.Sort(bases)
+	if err := checkStart(s.startRec, bases); err != nil {
+		s.log.Error("log lost records", "error", err)
+		return nil, nil, err
+	}
 
-	plan := recoveryPlan{tornAt: -1, indexRewrite: map[*segment]string{}, keyRewrite: map[*segment]string{}}
+	plan = &recoveryPlan{tornAt: -1, indexRewrite: map[*segment]string{}, keyRewrite: map[*segment]string{}}
 	defer func() {
 		if err != nil {
 			for _, g := range segs {
@@ -134,30 +183,19 @@ func (s *Store) loadSegments(onRecover func(batch.Header) error) (segs []*segmen
 	var q seq // carried across segments: indexes continue from one to the next
 	for i, base := range bases {
 		delete(indexes, base)
-		g, err := s.recoverSegment(base, i == len(bases)-1, segs, &q, &plan, onRecover)
+		g, err := s.recoverSegment(base, i == len(bases)-1, segs, &q, plan, onRecover)
 		if g != nil {
 			segs = append(segs, g)
 		}
 		if err != nil {
-			return segs, err
+			return segs, nil, err
 		}
 	}
 	for _, names := range indexes {
 		plan.orphans = append(plan.orphans, names...)
 	}
 	slices.Sort(plan.orphans)
-
-	if err := s.applyPlan(segs, &plan); err != nil {
-		return segs, err
-	}
-	if len(segs) == 0 {
-		g, err := s.createSegment(0)
-		if err != nil {
-			return segs, err
-		}
-		segs = append(segs, g)
-	}
-	return segs, nil
+	return segs, plan, nil
 }
 
 // recoverSegment verifies one segment file: every frame's CRC and that it
@@ -174,7 +212,10 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 	}
 	g := newSegment(s.cfg.Dir, base, f)
 	if len(prev) > 0 {
-		if p := prev[len(prev)-1]; p.nextOffset != base {
+		if p := prev[len(prev)-1]; p.nextOffset < base {
+			return g, s.corruption(g, 0, p.nextOffset, &MissingError{FromOffset: p.nextOffset, ToOffset: base,
+				Where: fmt.Sprintf("between segments %s and %s", p.name(), g.name())})
+		} else if p.nextOffset != base {
 			return g, s.corruption(g, 0, p.nextOffset, fmt.Errorf(
 				"segment base offset %d does not follow the previous segment, which ends at offset %d", base, p.nextOffset))
 		}

@@ -307,6 +307,13 @@ func (s *Store) deleteOldest(del func(*segment) bool) (int, error) {
 	n := 0
 	for len(s.segs) > 1 && del(s.segs[0]) {
 		g := s.segs[0]
+		// Say where the log starts now before anything goes, so that Open
+		// tells this deletion from a lost segment. A failed save (a full
+		// disk) deletes nothing and fails nothing.
+		if err := s.saveStartRecord(s.segs[1].baseOffset); err != nil {
+			s.log.Warn("retention deferred: could not record the new start offset", "error", err)
+			return n, err
+		}
 		s.mu.Lock()
 		s.segs = append([]*segment(nil), s.segs[1:]...)
 		s.sizeBytes.Add(-g.size)

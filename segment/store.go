@@ -151,6 +151,15 @@ var ErrInvalidFrame = errors.New("segment: invalid frame")
 // recovery keeps exactly what is on disk.
 var ErrFailed = errors.New("segment: store failed")
 
+// ErrNoSpace reports an Append refused because the log's device is out of
+// space (or the writer's quota is spent: ENOSPC, EDQUOT). Unlike ErrFailed
+// it does not fail the store: whatever part of the frame reached the file
+// was cut off again, the log is as it was before the call, earlier frames
+// stay readable and Sync still makes them durable, and a later Append
+// (the next one is the probe) succeeds once space is freed. Errors
+// carrying it also carry the system's error.
+var ErrNoSpace = errors.New("segment: no space left for the log")
+
 // ErrNotBoundary reports a TruncateSuffix offset inside a batch: neither
 // the first offset of one nor NextOffset.
 var ErrNotBoundary = errors.New("segment: offset is not a batch boundary")
@@ -236,6 +245,14 @@ type Store struct {
 	syncWaiters int
 
 	failure atomic.Pointer[error] // first write or fsync failure
+	// noSpace is the error of the last Append refused for space (see
+	// ErrNoSpace), cleared by the next Append that writes; set by the
+	// appender, read by anyone.
+	noSpace atomic.Pointer[error]
+
+	// startRec is the start record as last loaded or saved
+	// (startrecord.go); the appender's (or Open's).
+	startRec startRecord
 
 	// staging is set while a Staging of this store is open (see Install).
 	staging atomic.Bool
@@ -389,6 +406,34 @@ func (s *Store) fail(err error) {
 	if s.failure.CompareAndSwap(nil, &err) {
 		s.log.Error("log write failed, refusing further appends", "error", err)
 	}
+}
+
+// NoSpace returns the ErrNoSpace error of the last Append if it was
+// refused for space and no Append has written since, or nil. Safe from any
+// goroutine.
+func (s *Store) NoSpace() error {
+	if p := s.noSpace.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// outOfSpace handles a write of the active segment g at pos that failed
+// with err, which vfs.IsNoSpace says is a full device: the bytes that
+// landed past pos are cut off (a shrinking truncate needs no space) so
+// that no torn frame stays at the tail, and ErrNoSpace is returned. If the
+// cut fails the store fails. Readers never look past g.size, which the
+// write had not moved. The caller holds wmu.
+func (s *Store) outOfSpace(g *segment, pos int64, err error) error {
+	if terr := g.f.Truncate(pos); terr != nil {
+		s.fail(fmt.Errorf("%w (and the partial frame could not be cut off: %w)", err, terr))
+		return s.failed()
+	}
+	e := fmt.Errorf("%w: %w", ErrNoSpace, err)
+	if s.noSpace.Swap(&e) == nil {
+		s.log.Warn("log device is full: refusing appends until space is freed", "segment", g.name(), "error", err)
+	}
+	return e
 }
 
 // failed returns ErrFailed wrapping the recorded failure, or nil.

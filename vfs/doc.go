@@ -40,8 +40,11 @@
 // like Linux, decides at once which of the covered writes were lost for
 // good), FailWrites(n) fails the next n writes with EIO (a write may land in
 // part), and SetHook runs a callback before every operation, for latency or
-// any other error. Mem is safe for concurrent use; given the seed and the
-// same sequence of calls, everything it decides is the same.
+// any other error. SetSpaceBytes bounds the data Mem holds, a disk that
+// fills up: a write past the bound lands in part and fails with ENOSPC
+// (IsNoSpace classifies that, for OS too). Mem is safe for concurrent
+// use; given the seed and the same sequence of calls, everything it
+// decides is the same.
 //
 // Memory is bounded by the live data plus, per file and directory, at most
 // pendingOpsMax unsynced changes: past that the oldest half is written back

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -22,7 +23,17 @@ const SyncDelayMax = time.Minute
 type Faults struct {
 	syncDelayNanos atomic.Int64
 	syncFail       atomic.Bool
+	noSpace        atomic.Bool
 }
+
+// SetNoSpace makes the device full while on: a WriteAt that would grow
+// its file fails with ENOSPC (writing nothing), and so does creating a
+// file; rewriting bytes in place, reads, syncs, truncations and removes
+// work.
+func (f *Faults) SetNoSpace(on bool) { f.noSpace.Store(on) }
+
+// NoSpace reports the setting.
+func (f *Faults) NoSpace() bool { return f.noSpace.Load() }
 
 // SetSyncDelay makes every Datasync wait d first (a slow disk); 0 removes
 // the delay. d is clamped to [0, SyncDelayMax].
@@ -40,7 +51,8 @@ func (f *Faults) SyncDelay() time.Duration { return time.Duration(f.syncDelayNan
 func (f *Faults) SyncFail() bool           { return f.syncFail.Load() }
 
 // WithFaults wraps fsys so that its files' Datasync obeys faults (delay
-// first, then failure). Everything else passes through unchanged.
+// first, then failure), and writes and creates obey SetNoSpace.
+// Everything else passes through unchanged.
 func WithFaults(fsys FS, faults *Faults) FS { return faultFS{FS: fsys, faults: faults} }
 
 type faultFS struct {
@@ -49,6 +61,11 @@ type faultFS struct {
 }
 
 func (f faultFS) OpenFile(name string, flag int, perm os.FileMode) (File, error) {
+	if flag&os.O_CREATE != 0 && f.faults.NoSpace() {
+		if _, err := f.FS.Stat(name); errors.Is(err, fs.ErrNotExist) {
+			return nil, &fs.PathError{Op: "open", Path: name, Err: syscall.ENOSPC}
+		}
+	}
 	file, err := f.FS.OpenFile(name, flag, perm)
 	if err != nil {
 		return nil, err
@@ -59,6 +76,15 @@ func (f faultFS) OpenFile(name string, flag int, perm os.FileMode) (File, error)
 type faultFile struct {
 	File
 	faults *Faults
+}
+
+func (f faultFile) WriteAt(p []byte, off int64) (int, error) {
+	if f.faults.NoSpace() {
+		if size, err := f.File.Size(); err != nil || off+int64(len(p)) > size {
+			return 0, &fs.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
+		}
+	}
+	return f.File.WriteAt(p, off)
 }
 
 func (f faultFile) Datasync() error {

@@ -73,6 +73,9 @@ type Mem struct {
 	syncFailures  int
 	writeFailures int
 	hook          func(op Op, name string) error
+	// spaceBytes bounds the bytes of file data (0: no bound); see
+	// SetSpaceBytes.
+	spaceBytes int64
 }
 
 // NewMem returns an empty in-memory file system (just the root directory,
@@ -109,6 +112,50 @@ func (m *Mem) FailWrites(n int) {
 	m.mu.Lock()
 	m.writeFailures = n
 	m.mu.Unlock()
+}
+
+// SetSpaceBytes bounds the file data the Mem holds to n bytes (0 removes
+// the bound), a device that fills up: a WriteAt that would take the data
+// of all files in the tree past n writes the part that fits and fails
+// with ENOSPC, and creating a file fails with ENOSPC while no byte is
+// free. Shrinking or removing files frees space at once. (Files removed
+// while open stop counting when removed, unlike on a real disk.)
+func (m *Mem) SetSpaceBytes(n int64) {
+	m.mu.Lock()
+	m.spaceBytes = max(n, 0)
+	m.mu.Unlock()
+}
+
+// UsedBytes returns the bytes of file data in the tree.
+func (m *Mem) UsedBytes() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.usedLocked()
+}
+
+func (m *Mem) usedLocked() int64 {
+	var used int64
+	var walk func(n *memNode)
+	walk = func(n *memNode) {
+		if !n.isDir {
+			used += int64(len(n.data))
+			return
+		}
+		for _, c := range n.live {
+			walk(c)
+		}
+	}
+	walk(m.root)
+	return used
+}
+
+// freeLocked returns the bytes a write may still add, or -1 without a
+// bound.
+func (m *Mem) freeLocked() int64 {
+	if m.spaceBytes == 0 {
+		return -1
+	}
+	return max(m.spaceBytes-m.usedLocked(), 0)
 }
 
 // Crash returns a new Mem holding what a power loss right now would leave
@@ -420,6 +467,8 @@ func (m *Mem) OpenFile(name string, flag int, perm os.FileMode) (File, error) {
 		return nil, pathErr("open", name, syscall.EISDIR)
 	case n == nil && flag&os.O_CREATE == 0:
 		return nil, pathErr("open", name, fs.ErrNotExist)
+	case n == nil && m.freeLocked() == 0:
+		return nil, pathErr("open", name, syscall.ENOSPC)
 	case n == nil:
 		n = &memNode{}
 		changeLocked(dir, dirOp{{base, n}})
@@ -717,6 +766,16 @@ func (f *memFile) WriteAt(p []byte, off int64) (int, error) {
 			m.changeFileLocked(f.node, fileOp{off: off, data: p[:n]})
 		}
 		return n, pathErr("write", f.name, syscall.EIO)
+	}
+	if free := m.freeLocked(); free >= 0 {
+		// Only bytes past the file's end take space.
+		if grow := off + int64(len(p)) - int64(len(f.node.data)); grow > free {
+			n := int(max(int64(len(f.node.data))+free-off, 0))
+			if n > 0 {
+				m.changeFileLocked(f.node, fileOp{off: off, data: p[:n]})
+			}
+			return n, pathErr("write", f.name, syscall.ENOSPC)
+		}
 	}
 	if len(p) > 0 {
 		m.changeFileLocked(f.node, fileOp{off: off, data: p})

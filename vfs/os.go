@@ -89,6 +89,10 @@ func (o *osFile) Truncate(size int64) error                { return o.f.Truncate
 func (o *osFile) Name() string                             { return o.f.Name() }
 func (o *osFile) Close() error                             { return o.f.Close() }
 
+// Chmod sets the file's mode; WriteFileAtomic uses it so that the umask
+// does not change the mode asked for.
+func (o *osFile) Chmod(mode os.FileMode) error { return o.f.Chmod(mode) }
+
 func (o *osFile) Size() (int64, error) {
 	st, err := o.f.Stat()
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"syscall"
 )
 
 // LockFileName is the file that OS().Lock creates in a directory and holds
@@ -107,6 +108,15 @@ func ReadFile(fsys FS, name string, bytesMax int64) ([]byte, error) {
 		err = io.ErrUnexpectedEOF
 	}
 	return nil, &fs.PathError{Op: "read", Path: name, Err: err}
+}
+
+// IsNoSpace reports whether err says the device is out of space or the
+// writer's quota is spent (ENOSPC, EDQUOT): a condition that passes once
+// space is freed, unlike an I/O error. Only a failed write or create is
+// recoverable this way; a failed Datasync stays final whatever its errno
+// (see the durability contract on FS).
+func IsNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 var errTooLarge = errors.New("file is larger than the caller allows")

@@ -3,8 +3,10 @@ package wan
 // Benchmarks run the proxy in a child process (this test binary, re-executed
 // with WAN_BENCH_CHILD set), so that its CPU time, read from the child's
 // getrusage, is the proxy's alone: the load generator and the sink stay in
-// the parent. The same harness runs toxiproxy v2.5.0 (in-process library,
-// latency toxic on both streams) for comparison:
+// the parent. The same harness ran toxiproxy v2.5.0 (in-process library,
+// latency toxic on both streams) for comparison; doc.go keeps the figures.
+// That comparison was dropped with the dependency, which only this
+// benchmark used:
 //
 //	go test -run '^$' -bench . -benchtime 3s ./wan/
 
@@ -22,10 +24,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 )
 
 func TestMain(m *testing.M) {
@@ -35,7 +33,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// benchChild runs one proxy (kind "own" or "toxiproxy") to
+// benchChild runs one proxy (kind "own") to
 // WAN_BENCH_UPSTREAM with WAN_BENCH_LATENCY_MS each way, prints its address,
 // answers "cpu" lines on stdin with its CPU time in microseconds, and exits
 // when stdin closes.
@@ -56,22 +54,6 @@ func benchChild(kind string) int {
 		}
 		defer l.Close()
 		addr = l.Addr()
-	case "toxiproxy":
-		srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-		p := toxiproxy.NewProxy(srv, "bench", "127.0.0.1:0", upstreamAddr)
-		if err := p.Start(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer p.Stop()
-		for _, stream := range []string{"upstream", "downstream"} {
-			toxic := fmt.Sprintf(`{"type": "latency", "stream": %q, "attributes": {"latency": %d, "jitter": 0}}`, stream, latencyMs)
-			if _, err := p.Toxics.AddToxicJson(strings.NewReader(toxic)); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-		}
-		addr = p.Listen
 	default:
 		fmt.Fprintln(os.Stderr, "unknown proxy kind", kind)
 		return 2
@@ -169,7 +151,7 @@ func countingSink(tb testing.TB) (*upstream, *atomic.Int64) {
 	return up, &n
 }
 
-var proxyKinds = []string{"own", "toxiproxy"}
+var proxyKinds = []string{"own"}
 
 // BenchmarkThroughput streams 1 MiB writes as fast as the link takes them
 // through a 40 ms link on one connection. Metrics: MB/s (from SetBytes),

@@ -12,7 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/geolog/geolog/internal/atomicfile"
+	"github.com/geolog/geolog/vfs"
 )
 
 // KeyFileVersion is the key file format version this package reads and
@@ -143,7 +143,7 @@ func WriteKeyFile(path string, r *Keyring) error {
 
 // writeFileAtomic writes a key file: mode 0600, atomically.
 func writeFileAtomic(path string, data []byte) error {
-	if err := atomicfile.Write(path, data, 0o600); err != nil {
+	if err := vfs.WriteFileAtomic(vfs.OS(), path, data, 0o600); err != nil {
 		return fmt.Errorf("e2e: write key file: %w", err)
 	}
 	return nil

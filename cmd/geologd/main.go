@@ -79,7 +79,9 @@ func run() int {
 	compactionInterval := fs.Duration("compaction-interval", time.Minute, "compaction by key: least time between two decisions of a range")
 	compactionRate := fs.Int64("compaction-bytes-per-second", 64<<20, "compaction by key: the node's read and write rate (negative: unbounded)")
 	kekFile := fs.String("kek-file", "", "encryption at rest: the KEK file (JSON, mode 0600, kept off the data disk; geolog keys add-kek makes one); empty: off, and a data directory holding a keyring is refused")
-	dataKeyRotation := fs.Duration("data-key-rotation-period", 7*24*time.Hour, "encryption at rest: start a new data key at startup when the active one is older (negative: never)")
+	dataKeyRotation := fs.Duration("data-key-rotation-period", 7*24*time.Hour, "encryption at rest: start a new data key when the active one is older, at startup and while running (negative: never)")
+	resealRate := fs.Int64("reseal-bytes-per-second", 16<<20, "encryption at rest: the rate of the background re-encryption of segments sealed under an older data key, reads and writes together (negative: off)")
+	resealInterval := fs.Duration("reseal-interval", 10*time.Minute, "encryption at rest: how often the node looks for segments to re-encrypt (it also does at start)")
 	checkFlags := fs.Bool("check-flags", false, "check the flags and their values, then exit (0: they are valid) without opening anything")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
@@ -112,7 +114,6 @@ func run() int {
 		return 2
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "geologd", Level: level, JSONFormat: *logJSON, Output: os.Stderr})
-	logger.Info("geologd starting", "version", version.Get().String())
 	peers, err := parsePeers(*peersFlag)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: --peers: %v\n", err)
@@ -173,6 +174,7 @@ func run() int {
 			fmt.Fprintf(os.Stderr, "geologd: --debug-addr %s: %v\n", *debugAddr, err)
 			return 1
 		}
+		debugLn = httpsListener(debugLn, certs) // console.go: HTTPS with the node's certificate when TLS is on
 		defer debugLn.Close()
 		go func() {
 			if err := http.Serve(debugLn, nil); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -236,6 +238,8 @@ func run() int {
 
 		KEK:                   kek,
 		DataKeyRotationPeriod: *dataKeyRotation,
+		ResealBytesPerSecond:  *resealRate,
+		ResealInterval:        *resealInterval,
 
 		MaintenanceInterval:      *maintenance,
 		CompactionInterval:       *compactionInterval,
@@ -257,6 +261,7 @@ func run() int {
 		cfg.FS = vfs.WithFaults(vfs.OS(), &failpoints.Faults)
 		cfg.Now = failpoints.Now
 	}
+	logger.Info("geologd starting", "version", version.Get().String())
 	node, err := regionsvc.New(cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "geologd: cannot open the node: %v\n", err)
@@ -267,6 +272,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: cannot start the node: %v\n", err)
 		return 1
 	}
+	defer mountConsole(http.DefaultServeMux, node, consoleSetup{*debugAddr, *region, *nodeID, peers, remote.m, certs, access, logger})() // console.go
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	watchDone := make(chan struct{})

@@ -1,0 +1,102 @@
+package regionsvc
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/vfs"
+)
+
+// TestFsyncFailureKeepsReads: a failed fsync (EIO) stops the range's
+// appends for good (the data's fate is unknown until a restart recovers
+// the log), but the committed prefix, durable before the failure, is
+// still read; describe says why appends stop.
+func TestFsyncFailureKeepsReads(t *testing.T) {
+	var faults vfs.Faults
+	_, c := testNode(t, t.TempDir(), func(cfg *Config) { cfg.FS = vfs.WithFaults(vfs.OS(), &faults) })
+	createStream(t, c, "s", 1)
+	ctx := ctxT(t)
+	for i := 0; i < 3; i++ {
+		if _, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "s", Records: recs("v", 10)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	faults.SetSyncFail(true)
+	_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "s", Records: recs("lost", 1)})
+	wantCode(t, err, apierr.Unavailable)
+	faults.SetSyncFail(false)
+	_, err = c.Append(ctx, &geologv1.AppendRequest{Stream: "s", Records: recs("after", 1)})
+	wantCode(t, err, apierr.Unavailable)
+
+	rr, err := c.Read(ctx, &geologv1.ReadRequest{Stream: "s"})
+	if err != nil || len(rr.Records) != 30 {
+		t.Fatalf("read of the committed prefix after an fsync failure: %d records, %v", len(rr.GetRecords()), err)
+	}
+	d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "s"})
+	if err != nil || !strings.Contains(d.Ranges[0].Status, "fsync") {
+		t.Fatalf("describe after an fsync failure: %v %v", d, err)
+	}
+}
+
+// TestLeaderDiskFullHandsOff: in a region of three, the leader's disk
+// fills: it hands leadership to a follower, which takes the appends; the
+// old leader does not stop, and once its disk has space again it catches
+// up with the others, without a restart.
+func TestLeaderDiskFullHandsOff(t *testing.T) {
+	faults := map[uint64]*vfs.Faults{1: {}, 2: {}, 3: {}}
+	tr := newTestRegionWith(t, 3, 3, func(cfg *Config) { cfg.FS = vfs.WithFaults(vfs.OS(), faults[cfg.NodeID]) })
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
+		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "full", RangeCount: 1})
+		if apierr.CodeOf(err) == apierr.StreamExists {
+			return nil
+		}
+		return err
+	})
+	seq := 0
+	appendN := func(n int) {
+		for end := seq + n; seq < end; seq++ {
+			recs := []*geologv1.Record{{Key: []byte("k"), Value: []byte(fmt.Sprintf("v%d", seq))}}
+			tr.retry(ctx, "append", func(ctx context.Context, c geologv1.LogClient) error {
+				_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "full", ProducerId: 3, BaseSequence: uint64(seq), Records: recs})
+				return err
+			})
+		}
+	}
+	leaderOf := func() uint64 {
+		for id := range tr.nodes {
+			if d := tr.rangeDriverOf(id, "full", 0); d != nil && d.rep != nil && d.rep.LeaderID() == id {
+				return id
+			}
+		}
+		return 0
+	}
+	appendN(5)
+	pollUntil(t, ctx, "a leader", func() bool { return leaderOf() != 0 })
+	old := leaderOf()
+	faults[old].SetNoSpace(true)
+	appendN(5)
+	pollUntil(t, ctx, "leadership to leave the full node", func() bool { l := leaderOf(); return l != 0 && l != old })
+	if f := tr.rangeDriverOf(old, "full", 0).failure.Load(); f != nil {
+		t.Fatalf("the full node's range stopped: %v", f)
+	}
+	faults[old].SetNoSpace(false)
+	appendN(5)
+	pollUntil(t, ctx, "every node to hold every record", func() bool {
+		for id := range tr.nodes {
+			if d := tr.rangeDriverOf(id, "full", 0); d == nil || d.committed.Load() != uint64(seq) {
+				return false
+			}
+		}
+		return true
+	})
+	if f := tr.rangeDriverOf(old, "full", 0).failure.Load(); f != nil {
+		t.Fatalf("the once full node's range stopped: %v", f)
+	}
+}
