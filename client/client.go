@@ -59,6 +59,15 @@ func New(addr string, opts ...Opt) (*Client, error) {
 	if cfg.tls != nil {
 		creds = credentials.NewTLS(cfg.tls)
 	}
+	extra := []grpc.DialOption{
+		grpc.WithInitialWindowSize(cfg.streamWindowBytes),
+		grpc.WithInitialConnWindowSize(cfg.connWindowBytes),
+		grpc.WithWriteBufferSize(256 << 10),
+		grpc.WithReadBufferSize(256 << 10),
+	}
+	if cfg.token != nil {
+		extra = append(extra, grpc.WithPerRPCCredentials(bearerCreds{source: cfg.token}))
+	}
 	// A node that died and came back should be reachable again within
 	// the retry backoff, not gRPC's default of up to two minutes.
 	dial := grpcdial.Options(grpcdial.Config{
@@ -70,12 +79,7 @@ func New(addr string, opts ...Opt) (*Client, error) {
 		ConnectTimeout:   connectTimeoutMin,
 		SendBytesMax:     cfg.messageBytesMax,
 		RecvBytesMax:     cfg.messageBytesMax,
-		Extra: append([]grpc.DialOption{
-			grpc.WithInitialWindowSize(cfg.streamWindowBytes),
-			grpc.WithInitialConnWindowSize(cfg.connWindowBytes),
-			grpc.WithWriteBufferSize(256 << 10),
-			grpc.WithReadBufferSize(256 << 10),
-		}, cfg.dialOpts...),
+		Extra:            append(extra, cfg.dialOpts...),
 	})
 	return &Client{
 		addr:      addr,

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"time"
@@ -29,6 +30,7 @@ type clientConfig struct {
 	backoffMax        time.Duration
 	dialOpts          []grpc.DialOption
 	addrs             []string
+	token             func(ctx context.Context) (string, error) // BearerToken, TokenSource
 }
 
 func defaultClientConfig() clientConfig {
@@ -113,6 +115,9 @@ func DialOptions(opts ...grpc.DialOption) Opt {
 }
 
 func (c *clientConfig) validate() error {
+	if c.token != nil && c.tls == nil {
+		return fmt.Errorf("client: a bearer token is sent over TLS only: give TLSConfig")
+	}
 	switch {
 	case c.logger == nil:
 		return fmt.Errorf("client: Logger is nil")

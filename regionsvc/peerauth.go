@@ -85,6 +85,9 @@ func (n *Node) secure() bool { return n.cfg.TLS != nil }
 // or a client's principal from its verified certificate; without TLS or a
 // valid identity, the peer's address (addrPrincipal).
 func principalOf(ctx context.Context) string {
+	if c, ok := ctx.Value(callerKey{}).(caller); ok {
+		return c.principal
+	}
 	if id, err := pki.PeerIdentity(ctx); err == nil && id.Name() != "" {
 		return id.Name()
 	}
@@ -98,11 +101,16 @@ const (
 	reasonRegionOnly    = "region nodes only"
 	reasonUnknownMethod = "not in the permission table"
 	reasonNoPermission  = "no permission"
+	reasonBadToken      = "bad token"
 )
 
 // callerOf names the verified caller of ctx and says whether it is a
-// node.
+// node: a bearer token's principal when the call presented one
+// (authenticateToken), else its certificate's.
 func callerOf(ctx context.Context) (string, bool) {
+	if c, ok := ctx.Value(callerKey{}).(caller); ok {
+		return c.principal, false
+	}
 	id, err := pki.PeerIdentity(ctx)
 	if err != nil {
 		return "", false
@@ -160,6 +168,10 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 		if err := n.authorizeCall(ctx, info.FullMethod); err != nil {
 			return nil, apierr.ToStatus(err)
 		}
+		ctx, err := n.authenticateToken(ctx, info.FullMethod)
+		if err != nil {
+			return nil, apierr.ToStatus(err)
+		}
 		if err := n.authorizeRequest(ctx, info.FullMethod, req); err != nil {
 			return nil, apierr.ToStatus(err)
 		}
@@ -168,6 +180,13 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		if err := n.authorizeCall(ss.Context(), info.FullMethod); err != nil {
 			return apierr.ToStatus(err)
+		}
+		ctx, err := n.authenticateToken(ss.Context(), info.FullMethod)
+		if err != nil {
+			return apierr.ToStatus(err)
+		}
+		if ctx != ss.Context() {
+			ss = callerStream{ServerStream: ss, ctx: ctx}
 		}
 		if n.authzOn() && classOf(info.FullMethod) == callPublic {
 			ss = &authzStream{ServerStream: ss, n: n, method: info.FullMethod}

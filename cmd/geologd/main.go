@@ -132,6 +132,11 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: %v\n", err)
 		return 2
 	}
+	tokens, err := authzf.tokens(logger, certs != nil)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "geologd: %v\n", err)
+		return 2
+	}
 	// Failpoints (internal/failpoint) exist only when asked for: without
 	// the flag the node runs on the plain file system and clock.
 	var failpoints *failpoint.Set
@@ -244,7 +249,7 @@ func run() int {
 	if certs != nil {
 		cfg.TLS = certs.ServerTLS()
 		cfg.ClientCredentials = certs.ClientCredentials(pki.RequireNode)
-		cfg.Authz = access
+		cfg.Authz, cfg.Tokens = access, tokens
 		if err := certs.RegisterMetrics(meterProvider); err != nil {
 			logger.Error("tls metrics", "error", err)
 			return 1

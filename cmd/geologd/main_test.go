@@ -71,6 +71,8 @@ func TestRefusesToStart(t *testing.T) {
 		{"locked data dir", []string{"--data-dir", held, "--insecure", "--listen", "127.0.0.1:0"}, 1, "in use by another geologd"},
 		{"listen address in use", []string{"--data-dir", t.TempDir(), "--insecure", "--listen", busy.Addr().String()}, 1, "cannot start the node"},
 		{"debug address in use", []string{"--data-dir", t.TempDir(), "--insecure", "--listen", "127.0.0.1:0", "--debug-addr", busy.Addr().String()}, 1, "--debug-addr"},
+		{"bearer tokens over plaintext", []string{"--data-dir", t.TempDir(), "--insecure", "--jwt-keys", "keys.pem"}, 2, "--jwt-keys needs TLS"},
+		{"token issuer without keys", []string{"--data-dir", t.TempDir(), "--insecure", "--jwt-issuer", "idp"}, 2, "need --jwt-keys"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stderr := geologd(t, tc.args...)
