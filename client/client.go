@@ -162,6 +162,7 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 		defer cancel()
 	}
 	addr := c.pool.pick()
+	overloads := 0
 	for attempt := 0; ; attempt++ {
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if _, ok := ctx.Deadline(); !ok && c.cfg.requestTimeout > 0 {
@@ -186,7 +187,16 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 			return err
 		}
 		from := addr
-		addr = c.nextAddr(addr, err)
+		if retry && CodeOf(err) == CodeOverloaded && overloads < overloadRetriesMax {
+			// The node shed the call before it ran it and said when to
+			// come back: that is not a failure of the node, so it costs
+			// no retry of RetriesMax (like Kafka's throttling) and the
+			// call stays at the node; CallTimeout or ctx bound the wait.
+			overloads++
+			attempt--
+		} else {
+			addr = c.nextAddr(addr, err)
+		}
 		if (!retry && sent) || attempt >= c.cfg.retriesMax {
 			return err
 		}
@@ -201,6 +211,10 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 		}
 	}
 }
+
+// overloadRetriesMax bounds the retries of one call answered OVERLOADED
+// (each after the retry-after the node gave), beside RetriesMax.
+const overloadRetriesMax = 100
 
 // nextAddr returns where a call that any node can serve goes after addr
 // answered the retriable err: to the leader hint if err carries a usable
