@@ -31,6 +31,9 @@ func newACLWorld(t *testing.T, regions []string, size int, tokens *authz.TokenVe
 			t.Fatal(err)
 		}
 		cfg.TLS, cfg.ClientCredentials = files.ServerTLS(), files.ClientCredentials(pki.RequireNode)
+		if tokens != nil {
+			cfg.TLS = files.ServerTLSClientCertOptional() // as geologd --jwt-keys
+		}
 		cfg.Authz, cfg.Tokens = &authz.Policy{Superusers: []string{"root"}}, tokens
 	})
 	return a

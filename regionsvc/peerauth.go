@@ -127,6 +127,9 @@ func (n *Node) authorizeCall(ctx context.Context, fullMethod string) error {
 		return nil
 	}
 	id, err := pki.PeerIdentity(ctx)
+	if err != nil && n.tokenOnlyCaller(ctx, fullMethod) {
+		return nil // authenticateToken decides, on the token alone
+	}
 	if err != nil {
 		return n.authRefused(ctx, fullMethod, "", reasonNoIdentity, apierr.New(apierr.Unauthenticated, "%s: %v", fullMethod, err))
 	}
@@ -141,6 +144,18 @@ func (n *Node) authorizeCall(ctx context.Context, fullMethod string) error {
 		return n.authRefused(ctx, fullMethod, id.Name(), reasonRegionOnly, apierr.New(apierr.PermissionDenied, "%s is for nodes of region %s only; the caller is %s", fullMethod, n.cfg.Region, id.Name()))
 	}
 	return nil
+}
+
+// tokenOnlyCaller reports whether ctx's call may go on without a client
+// certificate: it came over TLS with none, carries a bearer token, this node
+// accepts tokens, and it is a public call (internal ones are for nodes,
+// which present certificates).
+func (n *Node) tokenOnlyCaller(ctx context.Context, fullMethod string) bool {
+	if n.cfg.Tokens == nil || !pki.OverTLSWithoutCertificate(ctx) || classOf(fullMethod) != callPublic || hasInternalHeader(ctx) {
+		return false
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	return len(md.Get(authorizationKey)) > 0
 }
 
 // authRefused logs (rate-limited) and counts a refusal, and returns err.

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,6 +22,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -193,5 +196,47 @@ func TestRefusalsCounted(t *testing.T) {
 		if got[k] != v {
 			t.Fatalf("refused_calls %v, want %v", got, want)
 		}
+	}
+}
+
+// TestTokenWithoutCertificate: on a node that accepts tokens, a client
+// with no certificate of its own (it trusts the CA only) is decided on its
+// token alone: allowed what its rules grant, UNAUTHENTICATED without a
+// token or with a bad one, and refused every internal service even with a
+// valid token; nothing it was refused is written.
+func TestTokenWithoutCertificate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	is := newTestIssuer(t)
+	w := newACLWorld(t, []string{"us"}, 1, is.verifier)
+	w.createStream(ctx, "s")
+	rootLog, rootAdmin := w.as("root", "us", 1)
+	if err := putACLRule(ctx, rootAdmin, "jwt:app", "s", "produce", "consume"); err != nil {
+		t.Fatal(err)
+	}
+	tlsCfg, err := pki.ClientConfig(filepath.Join(w.pki.ClientDir("root"), pki.CACertFile), "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+w.addrs["us"][1], grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	anon := geologv1.NewLogClient(conn)
+	good := is.token(t, "app", time.Hour)
+	waitUntil(t, ctx, time.Minute, "the rule in force", func() bool {
+		return aclAppend(bearer(ctx, good), anon, "s", "app") == nil
+	})
+	wantACLCode(t, "no certificate, no token", aclAppend(ctx, anon, "s", "nobody"), apierr.Unauthenticated)
+	wantACLCode(t, "no certificate, an expired token", aclAppend(bearer(ctx, is.token(t, "app", -time.Minute)), anon, "s", "expired"), apierr.Unauthenticated)
+	wantACLCode(t, "no certificate, another subject", aclAppend(bearer(ctx, is.token(t, "other", time.Hour)), anon, "s", "other"), apierr.PermissionDenied)
+	_, err = geologv1.NewAdminClient(conn).RefreshHomes(bearer(ctx, good), &geologv1.RefreshHomesRequest{})
+	wantACLCode(t, "an internal call (RefreshHomes) with a token and no certificate", err, apierr.Unauthenticated)
+	fwd := metadata.AppendToOutgoingContext(bearer(ctx, good), forwardedKey, "1")
+	wantACLCode(t, "a public call with a node's header, a token and no certificate", aclAppend(fwd, anon, "s", "forwarded"), apierr.Unauthenticated)
+	got := aclValues(t, ctx, rootLog, "s")
+	if len(got) != 1 || got[0] != "app" {
+		t.Fatalf("s holds %v, want the one record of the token client", got)
 	}
 }

@@ -248,6 +248,11 @@ func run() int {
 	limits.apply(&cfg, logger)
 	if certs != nil {
 		cfg.TLS = certs.ServerTLS()
+		if tokens != nil {
+			// A token client needs no certificate of its own; nodes and
+			// certificate clients still present theirs (verified).
+			cfg.TLS = certs.ServerTLSClientCertOptional()
+		}
 		cfg.ClientCredentials = certs.ClientCredentials(pki.RequireNode)
 		cfg.Authz, cfg.Tokens = access, tokens
 		if err := certs.RegisterMetrics(meterProvider); err != nil {
