@@ -62,15 +62,24 @@ func Match(pattern, name string) bool {
 	return pattern == name
 }
 
-// ValidatePattern checks a pattern: not empty, and "*" only at its end.
+// PatternBytesMax bounds a pattern.
+const PatternBytesMax = 256
+
+// ValidatePattern checks a pattern: 1 to PatternBytesMax printable ASCII
+// characters other than space, "*" only at its end.
 func ValidatePattern(pattern string) error {
 	switch {
 	case pattern == "":
 		return fmt.Errorf("empty pattern")
+	case len(pattern) > PatternBytesMax:
+		return fmt.Errorf("pattern of %d bytes (at most %d)", len(pattern), PatternBytesMax)
 	case strings.Contains(strings.TrimSuffix(pattern, "*"), "*"):
 		return fmt.Errorf("pattern %q: '*' is allowed only at the end", pattern)
-	case len(pattern) > 256:
-		return fmt.Errorf("pattern of %d bytes (at most 256)", len(pattern))
+	}
+	for i := 0; i < len(pattern); i++ {
+		if c := pattern[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("pattern %q: byte %#x at %d (printable ASCII other than space only)", pattern, c, i)
+		}
 	}
 	return nil
 }
@@ -94,7 +103,7 @@ func (r Rule) Validate() error {
 	if r.Perms == 0 {
 		return fmt.Errorf("a rule must grant at least one permission")
 	}
-	return nil
+	return r.Perms.valid()
 }
 
 // Allows reports whether the rule grants perm on resource to principal.
@@ -108,6 +117,26 @@ func (r Rule) Allows(principal string, perm Permission, resource string) bool {
 type Policy struct {
 	Superusers []string
 	Rules      []Rule
+
+	// Set by Index: the rules whose principal is an exact name, by name,
+	// and the others.
+	exact     map[string][]Rule
+	patterned []Rule
+}
+
+// Index prepares p for many decisions: a decision then reads the rules of
+// the principal's exact name and the rules with a principal pattern only,
+// instead of every rule. p must not change afterwards. It returns p.
+func (p *Policy) Index() *Policy {
+	p.exact, p.patterned = map[string][]Rule{}, nil
+	for _, r := range p.Rules {
+		if strings.HasSuffix(r.Principal, "*") {
+			p.patterned = append(p.patterned, r)
+		} else {
+			p.exact[r.Principal] = append(p.exact[r.Principal], r)
+		}
+	}
+	return p
 }
 
 // Allows reports whether principal holds perm on resource. The empty
@@ -121,7 +150,16 @@ func (p *Policy) Allows(principal string, perm Permission, resource string) bool
 			return true
 		}
 	}
-	for _, r := range p.Rules {
+	rules := p.Rules
+	if p.exact != nil {
+		for _, r := range p.exact[principal] {
+			if r.Allows(principal, perm, resource) {
+				return true
+			}
+		}
+		rules = p.patterned
+	}
+	for _, r := range rules {
 		if r.Allows(principal, perm, resource) {
 			return true
 		}

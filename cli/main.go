@@ -75,6 +75,12 @@ commands:
   bench [--stream S] [--ranges 8] [--producers 1] [--record-bytes 1024] [--inflight 1]
         [--linger D] [--batch-bytes N] [--buffer-bytes N] [--duration 10s | --count N] [--keys N]
         [--sync] [--json]
+  acl add <principal> <resource> <perm[,perm...]> [--json]
+  acl list [--resource PATTERN] [--json]
+  acl remove <principal> <resource>
+                       access rules, the same in every region: perms are
+                       produce, consume, describe, admin, group; principal
+                       and resource are names or prefix* patterns
   orphans list <stream> [--json]
   orphans republish <stream> [--range N] [--fork INDEX] [--dry-run]
                        records a failed home acked but never replicated, kept
@@ -126,6 +132,8 @@ global flags (also accepted after the command):
   --tls-key FILE       client key for mutual TLS ($GEOLOG_TLS_KEY)
   --tls-server-name S  expected server name (default: host of --addr;
                        $GEOLOG_TLS_SERVER_NAME)
+  --token JWT          bearer token sent with every call (over TLS only); the
+                       nodes decide the calls as jwt:<sub> ($GEOLOG_TOKEN)
 
 Run 'geolog <command> --help' for a command's flags.
 `
@@ -189,6 +197,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.certs(ctx, args)
 	case "groups":
 		err = env.groups(ctx, args)
+	case "acl":
+		err = env.acl(ctx, args)
 	case "help":
 		if len(args) == 0 {
 			fmt.Fprint(stdout, usage)
@@ -223,7 +233,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 // subcommanded are the commands that take a subcommand.
-var subcommanded = map[string]bool{"context": true, "streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true}
+var subcommanded = map[string]bool{"acl": true, "context": true, "streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true}
 
 // help prints help for a command: "help <command> <subcommand>" and a
 // command without subcommands show its flags (its --help, on standard
@@ -312,6 +322,7 @@ type env struct {
 	tlsKey        string
 	tlsServerName string
 	certsDir      string
+	token         string
 	globalsSet    bool
 
 	// contextName and ctxDefaults: the selected context of the config
@@ -343,6 +354,9 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 				*v.dst = x
 			}
 		}
+		// A token is a secret: from the environment or the flag only,
+		// never from the context file.
+		e.token = os.Getenv("GEOLOG_TOKEN")
 		e.globalsSet = true
 	}
 	fs.StringVar(&e.addr, "addr", e.addr, "node addresses host:port[,host:port...] (env GEOLOG_ADDR)")
@@ -353,6 +367,7 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 	fs.StringVar(&e.tlsKey, "tls-key", e.tlsKey, "PEM client key for mutual TLS")
 	fs.StringVar(&e.tlsServerName, "tls-server-name", e.tlsServerName, "expected TLS server name")
 	fs.StringVar(&e.certsDir, "certs-dir", e.certsDir, "TLS folder: ca.crt, client.crt, client.key (env GEOLOG_CERTS_DIR)")
+	fs.StringVar(&e.token, "token", e.token, "bearer token (JWT) sent with every call, over TLS only (env GEOLOG_TOKEN)")
 	fs.StringVar(&e.contextName, "context", e.contextName, "use this context of the config file (env GEOLOG_CONTEXT; 'geolog context list')")
 	return fs
 }
@@ -394,6 +409,12 @@ func (e *env) clientFor(addrs string, opts ...client.Opt) (*client.Client, error
 	}
 	if cfg != nil {
 		opts = append(opts, client.TLSConfig(cfg))
+	}
+	if e.token != "" {
+		if cfg == nil {
+			return nil, usagef("--token (GEOLOG_TOKEN) is sent over TLS only: give --certs-dir or --tls-ca")
+		}
+		opts = append(opts, client.BearerToken(e.token))
 	}
 	return client.New(addrs, opts...)
 }

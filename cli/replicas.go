@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/client"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -137,6 +138,12 @@ func (e *env) adminDialer() (*adminDialer, error) {
 		creds = credentials.NewTLS(tlsCfg)
 	}
 	a := &adminDialer{opts: []grpc.DialOption{grpc.WithTransportCredentials(creds)}, conns: map[string]*grpc.ClientConn{}}
+	if e.token != "" {
+		if tlsCfg == nil {
+			return nil, usagef("--token (GEOLOG_TOKEN) is sent over TLS only: give --certs-dir or --tls-ca")
+		}
+		a.opts = append(a.opts, grpc.WithPerRPCCredentials(client.TokenCredentials(e.token)))
+	}
 	for _, s := range strings.Split(e.addr, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			a.addrs = append(a.addrs, s)

@@ -62,6 +62,15 @@ func New(addr string, opts ...Opt) (*Client, error) {
 	if cfg.tls != nil {
 		creds = credentials.NewTLS(cfg.tls)
 	}
+	extra := []grpc.DialOption{
+		grpc.WithInitialWindowSize(cfg.streamWindowBytes),
+		grpc.WithInitialConnWindowSize(cfg.connWindowBytes),
+		grpc.WithWriteBufferSize(256 << 10),
+		grpc.WithReadBufferSize(256 << 10),
+	}
+	if cfg.token != nil {
+		extra = append(extra, grpc.WithPerRPCCredentials(bearerCreds{source: cfg.token}))
+	}
 	// A node that died and came back should be reachable again within
 	// the retry backoff, not gRPC's default of up to two minutes.
 	dial := grpcdial.Options(grpcdial.Config{
@@ -73,12 +82,7 @@ func New(addr string, opts ...Opt) (*Client, error) {
 		ConnectTimeout:   connectTimeoutMin,
 		SendBytesMax:     cfg.messageBytesMax,
 		RecvBytesMax:     cfg.messageBytesMax,
-		Extra: append([]grpc.DialOption{
-			grpc.WithInitialWindowSize(cfg.streamWindowBytes),
-			grpc.WithInitialConnWindowSize(cfg.connWindowBytes),
-			grpc.WithWriteBufferSize(256 << 10),
-			grpc.WithReadBufferSize(256 << 10),
-		}, cfg.dialOpts...),
+		Extra:            append(extra, cfg.dialOpts...),
 	})
 	if cfg.tracerProvider != nil {
 		dial = append(dial, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
@@ -167,6 +171,7 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 		defer cancel()
 	}
 	addr := c.pool.pick()
+	overloads := 0
 	for attempt := 0; ; attempt++ {
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if _, ok := ctx.Deadline(); !ok && c.cfg.requestTimeout > 0 {
@@ -191,7 +196,16 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 			return err
 		}
 		from := addr
-		addr = c.nextAddr(addr, err)
+		if retry && CodeOf(err) == CodeOverloaded && overloads < overloadRetriesMax {
+			// The node shed the call before it ran it and said when to
+			// come back: that is not a failure of the node, so it costs
+			// no retry of RetriesMax (like Kafka's throttling) and the
+			// call stays at the node; CallTimeout or ctx bound the wait.
+			overloads++
+			attempt--
+		} else {
+			addr = c.nextAddr(addr, err)
+		}
 		if (!retry && sent) || attempt >= c.cfg.retriesMax {
 			return err
 		}
@@ -206,6 +220,10 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 		}
 	}
 }
+
+// overloadRetriesMax bounds the retries of one call answered OVERLOADED
+// (each after the retry-after the node gave), beside RetriesMax.
+const overloadRetriesMax = 100
 
 // nextAddr returns where a call that any node can serve goes after addr
 // answered the retriable err: to the leader hint if err carries a usable

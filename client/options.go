@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"time"
@@ -31,6 +32,7 @@ type clientConfig struct {
 	dialOpts          []grpc.DialOption
 	addrs             []string
 	tracerProvider    trace.TracerProvider
+	token             func(ctx context.Context) (string, error) // BearerToken, TokenSource
 }
 
 func defaultClientConfig() clientConfig {
@@ -123,6 +125,9 @@ func TracerProvider(tp trace.TracerProvider) Opt {
 }
 
 func (c *clientConfig) validate() error {
+	if c.token != nil && c.tls == nil {
+		return fmt.Errorf("client: a bearer token is sent over TLS only: give TLSConfig")
+	}
 	switch {
 	case c.logger == nil:
 		return fmt.Errorf("client: Logger is nil")

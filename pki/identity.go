@@ -201,6 +201,17 @@ var (
 	ErrNoIdentity = errors.New("pki: caller has no verified certificate")
 )
 
+// OverTLSWithoutCertificate reports whether ctx's call came over TLS with no
+// client certificate (a listener of ServerTLSClientCertOptional).
+func OverTLSWithoutCertificate(ctx context.Context) bool {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.AuthInfo == nil {
+		return false
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	return ok && len(info.State.PeerCertificates) == 0
+}
+
 // PeerIdentity is the identity of the caller of a gRPC request, from the
 // certificate it presented and the server's TLS verified. Without TLS, or
 // without a verified client certificate, it returns ErrNoIdentity; with a

@@ -56,6 +56,9 @@ type material struct {
 	pool   *x509.CertPool
 	raw    [3][]byte // ca, cert, key as read
 	server *tls.Config
+	// serverCertOptional is server asking for, not requiring, a client
+	// certificate (ServerTLSClientCertOptional).
+	serverCertOptional *tls.Config
 	// caNotAfter is when the bundle's first certificate to expire does.
 	caNotAfter time.Time
 }
@@ -158,6 +161,8 @@ func (f *Files) parse(raw [3][]byte) (*material, error) {
 		ClientCAs:    pool,
 		NextProtos:   []string{"h2"}, // gRPC's ALPN: the config returned per handshake must carry it
 	}
+	m.serverCertOptional = m.server.Clone()
+	m.serverCertOptional.ClientAuth = tls.VerifyClientCertIfGiven
 	return m, nil
 }
 
@@ -226,6 +231,21 @@ func (f *Files) ServerTLS() *tls.Config {
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			return f.cur.Load().server, nil
+		},
+	}
+}
+
+// ServerTLSClientCertOptional is ServerTLS for a listener where clients may
+// come without a certificate (to present a bearer token instead): a
+// certificate given is still verified against the bundle, and one that
+// does not verify fails the handshake. What a caller without one may do is
+// the server's to decide (pki.OverTLSWithoutCertificate): nodes always
+// present theirs.
+func (f *Files) ServerTLSClientCertOptional() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return f.cur.Load().serverCertOptional, nil
 		},
 	}
 }

@@ -160,31 +160,44 @@ func (n *Node) getCursors(ctx context.Context, req *geologv1.GetCursorsRequest) 
 	if err := checkCursorName(req.GetCursor()); err != nil {
 		return nil, err
 	}
-	cr, err := n.cursors.rangeForRead(ctx, req.GetCursor())
+	cr, err := n.cursors.rangeForRead(ctx, req.GetCursor(), confirmRead(req.GetConsistency()))
 	if errors.Is(err, errNoCursorStream) {
 		return &geologv1.GetCursorsResponse{}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	if err := n.cursorRead(ctx, cr, req.GetConsistency()); err != nil {
+	var ps []cursors.Position
+	if err := n.cursorRead(ctx, cr, req.GetConsistency(), func(s *cursors.State) {
+		ps = s.Positions(req.GetCursor(), req.GetStream())
+	}); err != nil {
 		return nil, err
 	}
-	var ps []cursors.Position
-	cr.read(func(s *cursors.State) { ps = s.Positions(req.GetCursor(), req.GetStream()) })
 	return &geologv1.GetCursorsResponse{Positions: positionsToProto(ps)}, nil
 }
 
-// cursorRead makes a read of a cursor range's local state as consistent
-// as asked: CONSISTENCY_HOME waits until it has applied the home's
-// confirmed tail (every commit acknowledged before the call).
-func (n *Node) cursorRead(ctx context.Context, cr *cursorRange, c geologv1.Consistency) error {
+// cursorRead runs fn on a cursor range's local state, as consistent as
+// asked: CONSISTENCY_HOME waits until the state has applied the home's
+// confirmed tail (every commit acknowledged before the call), and runs fn
+// on a state that still holds it (readAfter: the applier may have rebuilt
+// the state from the log's start since the wait, after a fork).
+func (n *Node) cursorRead(ctx context.Context, cr *cursorRange, c geologv1.Consistency, fn func(s *cursors.State)) error {
+	end, err := n.cursorReadEnd(ctx, cr, c)
+	if err != nil {
+		return err
+	}
+	return cr.readAfter(ctx, end, fn)
+}
+
+// cursorReadEnd is the offset a read at consistency c must see applied (0
+// for a local read), waited for.
+func (n *Node) cursorReadEnd(ctx context.Context, cr *cursorRange, c geologv1.Consistency) (uint64, error) {
 	switch c {
 	case geologv1.Consistency_CONSISTENCY_UNSPECIFIED, geologv1.Consistency_CONSISTENCY_LOCAL:
-		return nil
+		return 0, nil
 	case geologv1.Consistency_CONSISTENCY_HOME:
 	default:
-		return apierr.New(apierr.InvalidArgument, "consistency %v is not one of LOCAL, HOME for cursors", c)
+		return 0, apierr.New(apierr.InvalidArgument, "consistency %v is not one of LOCAL, HOME for cursors", c)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -204,12 +217,12 @@ func (n *Node) cursorRead(ctx context.Context, cr *cursorRange, c geologv1.Consi
 		}
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := cr.d.waitCommitted(ctx, tail); err != nil {
-		return err
+		return 0, err
 	}
-	return cr.waitApplied(ctx, tail)
+	return tail, cr.waitApplied(ctx, tail)
 }
 
 func (s *consumerServer) JoinGroup(ctx context.Context, req *geologv1.JoinGroupRequest) (*geologv1.GroupAssignment, error) {
@@ -310,7 +323,7 @@ func (s *consumerServer) DeleteGroup(ctx context.Context, req *geologv1.DeleteGr
 	if err := checkCursorName(req.GetGroup()); err != nil {
 		return nil, apierr.ToStatus(err)
 	}
-	cr, err := s.node.cursors.rangeForRead(ctx, req.GetGroup())
+	cr, err := s.node.cursors.rangeForRead(ctx, req.GetGroup(), true)
 	if errors.Is(err, errNoCursorStream) {
 		err = apierr.New(apierr.GroupNotFound, "no group or cursor %q", req.GetGroup())
 	}

@@ -47,8 +47,21 @@ func TestCursorsAcrossLeaderChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 4000; i++ {
-		p.Produce(ctx, &client.Record{Key: []byte{byte(i)}, Value: []byte("v")}, nil)
+	// Range 0 gets the commitLoopOffsetsMax records commitLoop commits
+	// offsets of (a commit past a range's tail is refused), so that the
+	// loop outlasts the leader changes even when commits are fast.
+	var keys0 [][]byte
+	for i := 0; len(keys0) < 64; i++ {
+		if k := []byte{byte(i), byte(i >> 8)}; keyspace.RangeForKey(k, 2) == 0 {
+			keys0 = append(keys0, k)
+		}
+	}
+	for i := 0; i < commitLoopOffsetsMax+2000; i++ {
+		k := []byte{byte(i)}
+		if i >= 2000 {
+			k = keys0[i%len(keys0)]
+		}
+		p.Produce(ctx, &client.Record{Key: k, Value: []byte("v")}, nil)
 	}
 	if err := p.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -106,11 +119,14 @@ func TestCursorsAcrossLeaderChanges(t *testing.T) {
 	}
 }
 
+// commitLoopOffsetsMax is the highest offset commitLoop commits.
+const commitLoopOffsetsMax = 20000
+
 // commitLoop commits the cursor "dev" at rising offsets until stop,
 // recording the highest acknowledged.
 func commitLoop(ctx context.Context, c *client.Client, stop <-chan struct{}, wg *sync.WaitGroup, acked *atomic.Uint64) {
 	defer wg.Done()
-	for off := uint64(1); off <= 2000; off++ {
+	for off := uint64(1); off <= commitLoopOffsetsMax; off++ {
 		select {
 		case <-stop:
 			return
@@ -123,6 +139,9 @@ func commitLoop(ctx context.Context, c *client.Client, stop <-chan struct{}, wg 
 			continue
 		}
 		acked.Store(off)
+		// At most a commit a millisecond: the loop lasts at least
+		// commitLoopOffsetsMax ms, longer than the leader changes.
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -200,4 +219,46 @@ func checkCursorRange(t *testing.T, ctx context.Context, tr *testRegion, r uint3
 		t.Errorf("cursor range %d: %v", r, v)
 	}
 	t.Logf("cursor range %d: %d records checked", r, len(recs))
+}
+
+// TestCursorReadAfterRebuild: a read that must see offset end runs on a
+// state that has applied it, even when the applier rebuilt the state from
+// the log's start (a fork) after the reader's wait: it waits again rather
+// than read the state half-built.
+func TestCursorReadAfterRebuild(t *testing.T) {
+	cr := &cursorRange{state: cursors.NewState(cursors.Limits{}), appliedCh: make(chan struct{}), stop: make(chan struct{})}
+	apply := func(offset uint64, applied uint64) {
+		st := cursors.NewState(cursors.Limits{})
+		if err := st.Apply(cursors.EncodePosition("dev", cursors.Position{Stream: "chat", Offset: offset})); err != nil {
+			t.Fatal(err)
+		}
+		cr.mu.Lock()
+		cr.state, cr.applied = st, applied
+		cr.mu.Unlock()
+		cr.notifyApplied()
+	}
+	apply(7, 10)
+	// The rebuild: empty, nothing applied.
+	cr.mu.Lock()
+	cr.state, cr.applied = cursors.NewState(cursors.Limits{}), 0
+	cr.mu.Unlock()
+	got := make(chan []cursors.Position, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go func() {
+		var ps []cursors.Position
+		if err := cr.readAfter(ctx, 10, func(s *cursors.State) { ps = s.Positions("dev", "") }); err != nil {
+			t.Error(err)
+		}
+		got <- ps
+	}()
+	select {
+	case ps := <-got:
+		t.Fatalf("read the rebuilding state: %v", ps)
+	case <-time.After(50 * time.Millisecond):
+	}
+	apply(8, 10)
+	if ps := <-got; len(ps) != 1 || ps[0].Offset != 8 {
+		t.Fatalf("read %v after the rebuild applied offset 10", ps)
+	}
 }

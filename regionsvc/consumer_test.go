@@ -332,3 +332,93 @@ func TestGroupLagMetrics(t *testing.T) {
 		t.Fatalf("lag %v, members %d, seconds %v", lag, members, seconds)
 	}
 }
+
+// TestCursorHomeReadOnCatalogueLaggard: a home read of a cursor at a node
+// whose catalogue has not applied the creation of the cursor stream yet
+// (the create and the first commit need only a quorum: nodes that lag are
+// left behind) must not answer "nothing stored": it confirms with the
+// catalogue leader and waits for the stream, then reads the commit. The
+// laggard is made by holding its catalogue driver's goroutine.
+func TestCursorHomeReadOnCatalogueLaggard(t *testing.T) {
+	tr := newTestRegion(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tr.retry(ctx, "create", func(ctx context.Context, c geologv1.LogClient) error {
+		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 1})
+		if apierr.CodeOf(err) == apierr.StreamExists {
+			return nil
+		}
+		return err
+	})
+	tr.retry(ctx, "append", func(ctx context.Context, c geologv1.LogClient) error {
+		_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "chat", Range: 0, Records: recs("r", 10)})
+		return err
+	})
+	// The laggard: a node that does not lead the catalogue, and that has
+	// applied the creation of "chat" (so the catalogue's leader is known
+	// to it and only the next entries are held back).
+	var lag, via uint64
+	for lag == 0 && ctx.Err() == nil {
+		for id, n := range tr.nodes {
+			leader := n.region.meta.rep.LeaderID()
+			if _, ok := n.streamSpec("chat"); ok && leader != 0 && leader != id {
+				lag, via = id, leader
+				break
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	laggard := tr.nodes[lag]
+	release := make(chan struct{})
+	held := make(chan struct{})
+	go laggard.region.meta.exec(ctx, func() { close(held); <-release })
+	<-held
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	cc := consumerClient(t, tr.peers[via])
+	var err error
+	for attempt := 0; attempt < 100; attempt++ {
+		_, err = cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: "dev-a",
+			Positions: []*geologv1.CursorPosition{{Stream: "chat", Range: 0, Offset: 5}}})
+		if err == nil || !apierr.IsRetriable(err) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("commit at node %d: %v", via, err)
+	}
+	if _, ok := laggard.streamSpec(cursorStreamName); ok {
+		t.Fatalf("node %d applied the cursor stream's creation while its catalogue was held", lag)
+	}
+	type answer struct {
+		resp *geologv1.GetCursorsResponse
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		resp, err := consumerClient(t, tr.peers[lag]).GetCursors(ctx, &geologv1.GetCursorsRequest{Cursor: "dev-a",
+			Consistency: geologv1.Consistency_CONSISTENCY_HOME})
+		got <- answer{resp, err}
+	}()
+	// Before the fix the laggard answered at once, with no position; now
+	// it waits for its catalogue, which the test lets go after a moment.
+	var a answer
+	select {
+	case a = <-got:
+	case <-time.After(300 * time.Millisecond):
+		close(release)
+		a = <-got
+	}
+	if a.err != nil {
+		t.Fatalf("home read at node %d: %v", lag, a.err)
+	}
+	if len(a.resp.Positions) != 1 || a.resp.Positions[0].Offset != 5 {
+		t.Fatalf("node %d reads %v at home consistency after an acknowledged commit of offset 5", lag, a.resp.Positions)
+	}
+}

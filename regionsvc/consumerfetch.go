@@ -30,7 +30,7 @@ func (n *Node) fetch(ctx context.Context, req *geologv1.FetchRequest, send func(
 	if err != nil {
 		return err
 	}
-	cr, err := n.cursors.rangeForRead(ctx, req.GetGroup())
+	cr, err := n.cursors.rangeForRead(ctx, req.GetGroup(), true)
 	if errors.Is(err, errNoCursorStream) {
 		return apierr.New(apierr.UnknownMember, "member %q is not a member of group %q; join again", req.GetMemberId(), req.GetGroup())
 	}

@@ -114,7 +114,7 @@ func (s *consumerServer) ListGroups(ctx context.Context, req *geologv1.ListGroup
 }
 
 func (n *Node) listGroups(ctx context.Context, req *geologv1.ListGroupsRequest) (*geologv1.ListGroupsResponse, error) {
-	rs, err := n.cursors.existing(ctx)
+	rs, err := n.cursors.existing(ctx, confirmRead(req.GetConsistency()))
 	if errors.Is(err, errNoCursorStream) {
 		return &geologv1.ListGroupsResponse{}, nil
 	}
@@ -123,10 +123,7 @@ func (n *Node) listGroups(ctx context.Context, req *geologv1.ListGroupsRequest) 
 	}
 	out := &geologv1.ListGroupsResponse{}
 	for _, cr := range rs {
-		if err := n.cursorRead(ctx, cr, req.GetConsistency()); err != nil {
-			return nil, err
-		}
-		cr.read(func(s *cursors.State) {
+		if err := n.cursorRead(ctx, cr, req.GetConsistency(), func(s *cursors.State) {
 			for _, name := range s.Groups() {
 				g := s.Group(name)
 				if req.GetStream() != "" && g.Stream != req.GetStream() {
@@ -135,7 +132,9 @@ func (n *Node) listGroups(ctx context.Context, req *geologv1.ListGroupsRequest) 
 				out.Groups = append(out.Groups, &geologv1.GroupSummary{Group: name, Stream: g.Stream, Members: uint32(len(g.Members)),
 					GroupEpoch: g.Epoch, State: groupState(g)})
 			}
-		})
+		}); err != nil {
+			return nil, err
+		}
 	}
 	slices.SortFunc(out.Groups, func(a, b *geologv1.GroupSummary) int { return strings.Compare(a.Group, b.Group) })
 	return out, nil
@@ -168,24 +167,23 @@ func (n *Node) describeGroup(ctx context.Context, req *geologv1.DescribeGroupReq
 	if err := checkCursorName(req.GetGroup()); err != nil {
 		return nil, err
 	}
-	cr, err := n.cursors.rangeForRead(ctx, req.GetGroup())
+	cr, err := n.cursors.rangeForRead(ctx, req.GetGroup(), confirmRead(req.GetConsistency()))
 	if errors.Is(err, errNoCursorStream) {
 		return nil, apierr.New(apierr.GroupNotFound, "no group or cursor %q", req.GetGroup())
 	}
 	if err != nil {
 		return nil, err
 	}
-	if err := n.cursorRead(ctx, cr, req.GetConsistency()); err != nil {
-		return nil, err
-	}
 	var g *cursors.Group
 	var ps []cursors.Position
-	cr.read(func(s *cursors.State) {
+	if err := n.cursorRead(ctx, cr, req.GetConsistency(), func(s *cursors.State) {
 		if held := s.Group(req.GetGroup()); held != nil && !held.Deleted {
 			g = held
 		}
 		ps = s.Positions(req.GetGroup(), "")
-	})
+	}); err != nil {
+		return nil, err
+	}
 	if g == nil && len(ps) == 0 {
 		return nil, apierr.New(apierr.GroupNotFound, "no group or cursor %q", req.GetGroup())
 	}

@@ -262,21 +262,44 @@ func (cs *cursorService) rangeFor(ctx context.Context, name string) (*cursorRang
 var errNoCursorStream = errors.New("regionsvc: no cursor stream")
 
 // existing returns the cursor ranges for a read: errNoCursorStream if the
-// stream does not exist here (a read never creates it), else once open.
-func (cs *cursorService) existing(ctx context.Context) ([]*cursorRange, error) {
+// stream does not exist (a read never creates it), else once open here.
+//
+// A node's catalogue may lag its region's: the creation of the cursor
+// stream, like the first commit after it, needs only a quorum, so a node
+// left behind does not know the stream yet while a commit in it is
+// already acknowledged. With confirm (every read but a LOCAL one, whose
+// answer is this node's copy whatever it holds), a stream unknown here is
+// confirmed absent by the catalogue's leader, or waited for until this
+// node applied its creation (lookupStream); only then is "nothing stored"
+// the answer.
+func (cs *cursorService) existing(ctx context.Context, confirm bool) ([]*cursorRange, error) {
 	if rs := cs.all(); len(rs) > 0 {
 		return rs, nil
 	}
 	if _, ok := cs.n.streamSpec(cursorStreamName); !ok {
-		return nil, errNoCursorStream
+		if !confirm {
+			return nil, errNoCursorStream
+		}
+		if _, err := cs.n.lookupStream(ctx, cursorStreamName); err != nil {
+			if apierr.CodeOf(err) == apierr.StreamNotFound {
+				return nil, errNoCursorStream
+			}
+			return nil, err
+		}
 	}
 	return cs.ready(ctx)
 }
 
+// confirmRead reports whether a read at consistency c must confirm that
+// the cursor stream is absent before answering so (existing).
+func confirmRead(c geologv1.Consistency) bool {
+	return c != geologv1.Consistency_CONSISTENCY_UNSPECIFIED && c != geologv1.Consistency_CONSISTENCY_LOCAL
+}
+
 // rangeForRead is rangeFor for a read: errNoCursorStream when nothing was
-// ever stored.
-func (cs *cursorService) rangeForRead(ctx context.Context, name string) (*cursorRange, error) {
-	rs, err := cs.existing(ctx)
+// ever stored (confirmed as existing says).
+func (cs *cursorService) rangeForRead(ctx context.Context, name string, confirm bool) (*cursorRange, error) {
+	rs, err := cs.existing(ctx, confirm)
 	if err != nil {
 		return nil, err
 	}
@@ -365,6 +388,26 @@ func (cr *cursorRange) waitApplied(ctx context.Context, end uint64) error {
 			return apierr.New(apierr.ShuttingDown, "node is shutting down")
 		case <-ctx.Done():
 			return apierr.New(apierr.Timeout, "cursor range %d: waiting to apply up to %d (applied %d): %v", cr.idx, end, cr.appliedEnd(), ctx.Err())
+		}
+	}
+}
+
+// readAfter runs fn on the applied state under the read lock once it has
+// applied every offset below end. The check and fn are under one lock: a
+// state rebuilt from the log's start (checkCut after a fork, or a log
+// that now starts later) after a caller's waitApplied is waited for
+// again, never read half-built.
+func (cr *cursorRange) readAfter(ctx context.Context, end uint64, fn func(s *cursors.State)) error {
+	for {
+		cr.mu.RLock()
+		if cr.applied >= end {
+			fn(cr.state)
+			cr.mu.RUnlock()
+			return nil
+		}
+		cr.mu.RUnlock()
+		if err := cr.waitApplied(ctx, end); err != nil {
+			return err
 		}
 	}
 }

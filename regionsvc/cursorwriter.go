@@ -64,6 +64,14 @@ const (
 	cursorBatchRecordsMax = 8192
 	// cursorPipelineMax bounds the appends in flight per cursor range.
 	cursorPipelineMax = 4
+	// cursorPipelineOpsMin is how many requests must be queued for a
+	// round to run while appends are in flight: with nothing in flight a
+	// request is proposed at once, else it waits for company (group
+	// commit), up to the oldest append's answer. Under load every append
+	// then carries many requests (one fsync and one Raft entry per node
+	// for all of them) instead of one request each, the pipeline filling
+	// only when requests come faster than appends complete.
+	cursorPipelineOpsMin = 16
 	// cursorTickInterval is how often sessions are checked.
 	cursorTickInterval = 100 * time.Millisecond
 	// cursorBarrierTimeout bounds the read barrier of a new term, and the
@@ -108,7 +116,7 @@ func (cr *cursorRange) runWriter() {
 		if len(w.inflight) > 0 {
 			oldest = w.inflight[0].done
 		}
-		ready := len(pending) > 0 && w.canPropose()
+		ready := len(pending) > 0 && w.canPropose(len(pending))
 		if !ready {
 			inbox := cr.inbox
 			if len(pending) >= cursorInboxOpsMax {
@@ -127,19 +135,21 @@ func (cr *cursorRange) runWriter() {
 			}
 		}
 		pending = w.drain(pending)
-		if w.canPropose() {
+		if w.canPropose(len(pending)) { // with nothing queued, the session expiry
 			pending = w.round(pending)
 		}
 	}
 }
 
-// canPropose reports whether a round may run now: room in the pipeline,
-// and no failed append still in flight.
-func (w *coordinatorLoop) canPropose() bool {
+// canPropose reports whether a round of queued requests may run now:
+// at once when nothing is in flight, else with room in the pipeline, no
+// failed append still in flight, and enough requests for one more append
+// (cursorPipelineOpsMin).
+func (w *coordinatorLoop) canPropose(queued int) bool {
 	if len(w.inflight) == 0 {
 		return true
 	}
-	return len(w.inflight) < cursorPipelineMax && w.failed == nil && !w.drainFirst
+	return len(w.inflight) < cursorPipelineMax && w.failed == nil && !w.drainFirst && queued >= cursorPipelineOpsMin
 }
 
 // stop answers everything with SHUTTING_DOWN (appends in flight end with
@@ -245,7 +255,7 @@ func (w *coordinatorLoop) round(ops []*cursorOp) []*cursorOp {
 	recs, ran, rest := w.build(ops, homingEpoch)
 	switch {
 	case len(recs) > 0:
-		w.propose(recs, epoch, ran)
+		w.propose(recs, epoch, term, ran)
 	case len(w.inflight) > 0:
 		// Nothing to write, but the answers may show the changes of the
 		// appends in flight: they wait for the last of them.
@@ -312,8 +322,11 @@ func (w *coordinatorLoop) sync() error {
 }
 
 // propose hands records to the range as one append, in flight until
-// complete.
-func (w *coordinatorLoop) propose(recs []cursors.Record, epoch uint64, ops []*cursorOp) {
+// complete. The append carries the term its batch was validated in: the
+// replica refuses it (retriable; complete then reads the state again) if
+// this node lost and regained leadership since, so no record validated
+// against a state missing another leader's entries reaches the log.
+func (w *coordinatorLoop) propose(recs []cursors.Record, epoch, term uint64, ops []*cursorOp) {
 	brecs := make([]batch.Record, len(recs))
 	size := batch.HeaderSize
 	for i, r := range recs {
@@ -323,7 +336,7 @@ func (w *coordinatorLoop) propose(recs []cursors.Record, epoch uint64, ops []*cu
 	frame := batch.Encode(make([]byte, 0, size), batch.Header{Type: batch.TypeData}, brecs)
 	p := &proposal{ops: ops, done: make(chan appendResult, 1)}
 	w.inflight = append(w.inflight, p)
-	w.cr.d.submit(context.Background(), &appendOp{recordCount: uint32(len(recs)), frame: frame, epoch: epoch,
+	w.cr.d.submit(context.Background(), &appendOp{recordCount: uint32(len(recs)), frame: frame, epoch: epoch, term: term,
 		reply: func(r appendResult) { p.done <- r }})
 }
 

@@ -71,6 +71,11 @@ type Config struct {
 	// grants it (superusers, rules); nodes pass. Default: any verified
 	// identity may call every public method.
 	Authz *authz.Policy
+	// Tokens, when set with TLS, verifies the bearer tokens (JWT) clients
+	// may present in an "authorization: Bearer" header; a verified token's
+	// principal ("jwt:<sub>") replaces the client certificate's
+	// (peerauth.go). Default: a call with a token is refused.
+	Tokens *authz.TokenVerifier
 	// ClientTLS is used when this node calls another (Raft, forwarding,
 	// replication, catalogue propagation).
 	ClientTLS *tls.Config
@@ -319,6 +324,11 @@ type Node struct {
 	// createMu serialises stream creation (catalogue writes).
 	createMu sync.Mutex
 
+	// acl is the access rules of the catalogue (acl.go); aclSyncDone is
+	// closed when its comparison with other regions stopped.
+	acl         aclState
+	aclSyncDone chan struct{}
+
 	syncSlots   chan struct{}
 	metrics     *nodeMetrics
 	authMetrics *authMetrics
@@ -413,6 +423,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.Authz != nil {
 		n.policy.set(cfg.Authz)
+	}
+	if err := n.loadACLs(); err != nil {
+		return nil, err
 	}
 	if n.compactMetrics, err = newCompactionMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
@@ -605,6 +618,8 @@ func (n *Node) Start() error {
 		go n.repl.run()
 		n.bookDone = make(chan struct{})
 		go n.runAddrBook()
+		n.aclSyncDone = make(chan struct{})
+		go n.runACLSync()
 		if err := n.startHoming(); err != nil {
 			lis.Close()
 			return fmt.Errorf("regionsvc: homing: %w", err)
@@ -637,6 +652,9 @@ func (n *Node) Close() error {
 		close(n.closing)
 		if n.bookDone != nil {
 			<-n.bookDone
+		}
+		if n.aclSyncDone != nil {
+			<-n.aclSyncDone
 		}
 		if n.cursors != nil {
 			n.cursors.close() // before the ranges it proposes to stop

@@ -85,6 +85,9 @@ func (n *Node) secure() bool { return n.cfg.TLS != nil }
 // or a client's principal from its verified certificate; without TLS or a
 // valid identity, the peer's address (addrPrincipal).
 func principalOf(ctx context.Context) string {
+	if c, ok := ctx.Value(callerKey{}).(caller); ok {
+		return c.principal
+	}
 	if id, err := pki.PeerIdentity(ctx); err == nil && id.Name() != "" {
 		return id.Name()
 	}
@@ -98,11 +101,16 @@ const (
 	reasonRegionOnly    = "region nodes only"
 	reasonUnknownMethod = "not in the permission table"
 	reasonNoPermission  = "no permission"
+	reasonBadToken      = "bad token"
 )
 
 // callerOf names the verified caller of ctx and says whether it is a
-// node.
+// node: a bearer token's principal when the call presented one
+// (authenticateToken), else its certificate's.
 func callerOf(ctx context.Context) (string, bool) {
+	if c, ok := ctx.Value(callerKey{}).(caller); ok {
+		return c.principal, false
+	}
 	id, err := pki.PeerIdentity(ctx)
 	if err != nil {
 		return "", false
@@ -119,6 +127,9 @@ func (n *Node) authorizeCall(ctx context.Context, fullMethod string) error {
 		return nil
 	}
 	id, err := pki.PeerIdentity(ctx)
+	if err != nil && n.tokenOnlyCaller(ctx, fullMethod) {
+		return nil // authenticateToken decides, on the token alone
+	}
 	if err != nil {
 		return n.authRefused(ctx, fullMethod, "", reasonNoIdentity, apierr.New(apierr.Unauthenticated, "%s: %v", fullMethod, err))
 	}
@@ -133,6 +144,18 @@ func (n *Node) authorizeCall(ctx context.Context, fullMethod string) error {
 		return n.authRefused(ctx, fullMethod, id.Name(), reasonRegionOnly, apierr.New(apierr.PermissionDenied, "%s is for nodes of region %s only; the caller is %s", fullMethod, n.cfg.Region, id.Name()))
 	}
 	return nil
+}
+
+// tokenOnlyCaller reports whether ctx's call may go on without a client
+// certificate: it came over TLS with none, carries a bearer token, this node
+// accepts tokens, and it is a public call (internal ones are for nodes,
+// which present certificates).
+func (n *Node) tokenOnlyCaller(ctx context.Context, fullMethod string) bool {
+	if n.cfg.Tokens == nil || !pki.OverTLSWithoutCertificate(ctx) || classOf(fullMethod) != callPublic || hasInternalHeader(ctx) {
+		return false
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	return len(md.Get(authorizationKey)) > 0
 }
 
 // authRefused logs (rate-limited) and counts a refusal, and returns err.
@@ -163,6 +186,10 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 		if err := n.authorizeCall(ctx, info.FullMethod); err != nil {
 			return nil, apierr.ToStatus(err)
 		}
+		ctx, err := n.authenticateToken(ctx, info.FullMethod)
+		if err != nil {
+			return nil, apierr.ToStatus(err)
+		}
 		if err := n.authorizeRequest(ctx, info.FullMethod, req); err != nil {
 			return nil, apierr.ToStatus(err)
 		}
@@ -174,6 +201,13 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 		}
 		if err := n.authorizeCall(ss.Context(), info.FullMethod); err != nil {
 			return apierr.ToStatus(err)
+		}
+		ctx, err := n.authenticateToken(ss.Context(), info.FullMethod)
+		if err != nil {
+			return apierr.ToStatus(err)
+		}
+		if ctx != ss.Context() {
+			ss = callerStream{ServerStream: ss, ctx: ctx}
 		}
 		if n.authzOn() && classOf(info.FullMethod) == callPublic {
 			ss = &authzStream{ServerStream: ss, n: n, method: info.FullMethod}

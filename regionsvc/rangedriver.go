@@ -42,6 +42,9 @@ type appendOp struct {
 	// epoch is the homing epoch the append was admitted at (the lease
 	// checked when it arrived); 0: the range's static epoch.
 	epoch uint64
+	// term, if not 0, is the Raft term of leadership the append was
+	// validated in (replica.Op.Term): refused, retriable, in another term.
+	term uint64
 	// reply is called exactly once, from the driver goroutine (or from submit
 	// when the driver is gone). It must not block.
 	reply func(appendResult)

@@ -34,8 +34,10 @@ import (
 
 // metaRecord is one catalogue record in the meta range.
 type metaRecord struct {
-	Op   string     `json:"op"` // "create" or "delete" (delete.go)
+	Op   string     `json:"op"` // "create", "delete" (delete.go) or "acl" (acl.go)
 	Spec streamSpec `json:"spec"`
+	// ACL is an "acl" record's change of an access rule.
+	ACL *aclChange `json:"acl,omitempty"`
 	// Nonce tells the creator its own record from a racing create of the
 	// same name (the first committed wins).
 	Nonce uint64 `json:"nonce"`
@@ -207,8 +209,12 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 
 func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	var rec metaRecord
-	if err := json.Unmarshal(value, &rec); err != nil || (rec.Op != "create" && rec.Op != "delete") {
+	if err := json.Unmarshal(value, &rec); err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "acl") {
 		n.logger.Error("catalogue record not understood; skipped", "offset", at, "error", err)
+		return
+	}
+	if rec.Op == "acl" {
+		n.applyACLRecord(at, rec)
 		return
 	}
 	if rec.Op == "delete" {

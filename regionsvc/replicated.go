@@ -356,7 +356,7 @@ func (d *rangeDriver) propose(op *appendOp) {
 	}
 	propose(&replica.Op{
 		ProducerID: op.producerID, BaseSequence: op.baseSequence, RecordCount: op.recordCount,
-		Frame: op.frame, Epoch: op.epoch,
+		Frame: op.frame, Epoch: op.epoch, Term: op.term,
 		Reply: func(r replica.Result) {
 			if r.Err != nil {
 				err := d.hintAddress(r.Err)

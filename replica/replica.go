@@ -85,6 +85,14 @@ type Op struct {
 	// the log with a final STALE_EPOCH. ProposeVerbatim ignores it (the
 	// frame carries its home's epoch, checked the same way).
 	Epoch uint64
+	// Term, if not 0, is the Raft term of leadership the proposer validated
+	// the append in (LeaderTerm when it read the state the append depends
+	// on): Propose refuses the append unless this replica still leads in
+	// exactly that term, with a retriable NOT_LEADER (ErrTermChanged
+	// matches it). A leader deposed and elected again between the proposer's
+	// check and Propose would otherwise append, in the newer term, a batch
+	// built without the entries of the terms between. 0: any term.
+	Term uint64
 	// Reply is called exactly once, from the goroutine driving the replica.
 	// It must not block.
 	Reply func(Result)
@@ -449,6 +457,22 @@ func (r *Replica) notify() {
 // the leader as a "node:<id>" hint when known.
 func (r *Replica) NotLeaderError() error { return r.notLeader() }
 
+// ErrTermChanged is what Propose refuses an Op with whose Term is not the
+// term this replica leads in; the error also matches a retriable
+// *apierr.Error NOT_LEADER (apierr.As), so callers that know nothing of
+// terms retry it like any change of leader.
+var ErrTermChanged = errors.New("replica: proposal validated in an older term of leadership")
+
+// termChanged is the error for an Op validated in term want while this
+// replica leads in a later one: the proposer is to check its state again
+// in the current term (this node may still lead: the hint names the
+// leader as for any NOT_LEADER).
+func (r *Replica) termChanged(want uint64) error {
+	e := r.notLeader()
+	e.Message = fmt.Sprintf("stream %s range %d: proposed for term %d, node %d leads in term %d", r.cfg.Stream, r.cfg.Range, want, r.cfg.NodeID, r.term)
+	return fmt.Errorf("%w: %w", ErrTermChanged, e)
+}
+
 // notLeader is the retriable error for an append sent to a follower.
 func (r *Replica) notLeader() *apierr.Error {
 	e := apierr.New(apierr.NotLeader, "stream %s range %d: node %d is not the leader", r.cfg.Stream, r.cfg.Range, r.cfg.NodeID)
@@ -472,6 +496,10 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 	}
 	if !r.isLeader {
 		op.Reply(Result{Err: r.notLeader()})
+		return
+	}
+	if op.Term != 0 && op.Term != r.term {
+		op.Reply(Result{Err: r.termChanged(op.Term)})
 		return
 	}
 	if e := r.diskFull.Load(); e != nil {

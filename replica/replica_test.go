@@ -469,3 +469,52 @@ func TestReplaceReplica(t *testing.T) {
 		t.Fatalf("second concurrent change: %v", errs)
 	}
 }
+
+// TestProposeExpectedTerm: an Op carrying the term it was validated in is
+// refused, with a retriable NOT_LEADER matching ErrTermChanged and nothing
+// appended, once the replica leads in another term, even when it is the
+// leader again (lost and regained leadership between the proposer's check
+// and Propose); in its own term, or with no term, it is appended.
+func TestProposeExpectedTerm(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res []Result
+	validated := c.replicas[1].LeaderTerm()
+	if validated == 0 {
+		t.Fatal("the leader reports no term")
+	}
+	withTerm := func(o *Op, term uint64) *Op { o.Term = term; return o }
+	c.replicas[1].Propose(withTerm(op(0, 0, 1, "a", &res), validated))
+	c.settle()
+	c.transfer(2)
+	c.transfer(1)
+	if now := c.replicas[1].LeaderTerm(); now <= validated {
+		t.Fatalf("term %d after two leader changes, was %d", now, validated)
+	}
+	c.replicas[1].Propose(withTerm(op(0, 0, 1, "stale", &res), validated))
+	c.settle()
+	if len(res) != 2 || res[0].Err != nil {
+		t.Fatalf("replies: %+v", res)
+	}
+	stale := res[1].Err
+	if !errors.Is(stale, ErrTermChanged) || apierr.CodeOf(stale) != apierr.NotLeader || !apierr.IsRetriable(stale) {
+		t.Fatalf("a proposal of an older term: %v", stale)
+	}
+	c.replicas[1].Propose(withTerm(op(0, 0, 1, "b", &res), c.replicas[1].LeaderTerm()))
+	c.replicas[1].Propose(op(0, 0, 1, "c", &res))
+	c.settle()
+	if len(res) != 4 || res[2].Err != nil || res[3].Err != nil {
+		t.Fatalf("replies: %+v", res)
+	}
+	c.tick(2)
+	for _, id := range c.ids {
+		if got := c.logValues(id); fmt.Sprint(got) != "[a-0 b-0 c-0]" {
+			t.Fatalf("node %d log: %v", id, got)
+		}
+	}
+	// A follower answers NOT_LEADER whatever the term says.
+	c.replicas[2].Propose(withTerm(op(0, 0, 1, "x", &res), c.replicas[1].LeaderTerm()))
+	if last := res[len(res)-1].Err; apierr.CodeOf(last) != apierr.NotLeader || errors.Is(last, ErrTermChanged) {
+		t.Fatalf("follower propose: %v", last)
+	}
+}

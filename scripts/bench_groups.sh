@@ -7,6 +7,12 @@
 # time for a group of 8 members on 64 ranges to consume every range again
 # after a graceful leave, a kill (session timeout 3 s), and a join
 # (geolog bench rebalance). TLS=off runs the nodes with --insecure.
+# RANGES=n (64) is the positions per commit request, CURSORS=n (1024) the
+# cursor names; REBALANCE=off skips the rebalance rounds; PROFILE=on takes
+# a CPU profile of every node during the commits (run/bench-groups/n*.cpu,
+# nodes on --debug-addr BASE+11..13). The fdatasync floor printed first is
+# this disk's one-page write+fdatasync time (a node's Raft log pays one per
+# append, and a commit is acked after the quorum's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/bin
@@ -20,11 +26,17 @@ export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BAS
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
 . "$(dirname "$0")/benchlib.sh"   # TLS=on (default) or off, as make bench-region
 pki_setup local 3
+RANGES=${RANGES:-64}
+CURSORS=${CURSORS:-1024}
+PROFILE=${PROFILE:-off}
+REBALANCE=${REBALANCE:-on}
 PIDS=()
 for i in 1 2 3; do
-	# shellcheck disable=SC2046
+	debug=""
+	[ "$PROFILE" = on ] && debug="--debug-addr 127.0.0.1:$((BASE+10+i))"
+	# shellcheck disable=SC2046,SC2086
 	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn $(node_security $i) >"$RUNDIR/n$i.log" 2>&1 &
+		--fsync always --log-level warn $(node_security $i) $debug >"$RUNDIR/n$i.log" 2>&1 &
 	PIDS+=($!)
 done
 trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
@@ -40,26 +52,47 @@ cpu_seconds() {
 	echo "$total $(getconf CLK_TCK)" | awk '{ printf "%.2f", $1 / $2 }'
 }
 
+# The floor: one 4 KiB write and fdatasync at a time, on the nodes' disk.
+python3 - "$RUNDIR" <<'PY'
+import os, sys, time
+path = os.path.join(sys.argv[1], "fsync-floor"); fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+buf, n, t = b"x" * 4096, 200, []
+for i in range(n):
+    s = time.perf_counter(); os.pwrite(fd, buf, i * 4096); os.fdatasync(fd); t.append(time.perf_counter() - s)
+os.close(fd); os.unlink(path); t.sort()
+print(f"fdatasync floor: p50 {t[n//2]*1e3:.2f} ms, p99 {t[n*99//100]*1e3:.2f} ms per 4 KiB write+fdatasync ({1/t[n//2]:.0f} syncs/s one at a time)")
+PY
+
 CONCURRENCY=${CONCURRENCY:-64}
-echo "== cursor commits (64 positions per commit, 1024 cursors, $CONCURRENCY in flight, $DURATION)"
+echo "== cursor commits ($RANGES positions per commit, $CURSORS cursors, $CONCURRENCY in flight, $DURATION)"
 for i in $(seq 1 20); do
-	"$BIN/geolog" bench cursors --ranges 64 --duration 2s >/dev/null 2>&1 && break   # warm up: streams, cursor stream, leaders
+	"$BIN/geolog" bench cursors --ranges "$RANGES" --duration 2s >/dev/null 2>&1 && break   # warm up: streams, cursor stream, leaders
 	sleep 0.5
 done
 before=$(cpu_seconds)
-"$BIN/geolog" bench cursors --ranges 64 --cursors 1024 --concurrency "$CONCURRENCY" --duration "$DURATION" --json >"$RUNDIR/cursors.json"
+PROFS=()
+if [ "$PROFILE" = on ]; then
+	secs=$(( ${DURATION%s} - 2 ))
+	for i in 1 2 3; do
+		(sleep 1; curl -s -o "$RUNDIR/n$i.cpu" "http://127.0.0.1:$((BASE+10+i))/debug/pprof/profile?seconds=$secs") &
+		PROFS+=($!)
+	done
+fi
+"$BIN/geolog" bench cursors --ranges "$RANGES" --cursors "$CURSORS" --concurrency "$CONCURRENCY" --duration "$DURATION" --json >"$RUNDIR/cursors.json"
 after=$(cpu_seconds)
+[ ${#PROFS[@]} -eq 0 ] || wait "${PROFS[@]}"
 python3 - "$RUNDIR/cursors.json" "$before" "$after" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); cpu = float(sys.argv[3]) - float(sys.argv[2])
 print(f"positions   {r['positions']} committed ({r['errors']} failed requests) in {r['elapsed_seconds']:.1f}s")
 print(f"throughput  {r['positions_per_sec']:.0f} positions/s")
 l = r['request_latency_ms']
-print(f"latency ms  p50 {l['p50']:.1f}  p99 {l['p99']:.1f}  max {l['max']:.1f} (one commit request of 64 positions)")
+print(f"latency ms  p50 {l['p50']:.1f}  p99 {l['p99']:.1f}  max {l['max']:.1f} (one commit request of {r['ranges']} positions)")
 per = cpu / max(1, r['positions'])
-print(f"node CPU    {cpu:.1f} s for the 3 nodes: {per*1e6:.1f} us per position (2 cores to themselves: about {2/per:.0f} positions/s)")
+print(f"node CPU    {cpu:.1f} s for the 3 nodes: {per*1e6:.1f} us per position, {per*1e6:.0f} ms per 1,000 positions (2 cores to themselves: about {2/per:.0f} positions/s)")
 PY
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+[ "$REBALANCE" = on ] || exit 0
 echo
 echo "== rebalance (64 ranges, 8 members, session 3s, $ROUNDS rounds)"
 "$BIN/geolog" bench rebalance --ranges 64 --members 8 --rounds "$ROUNDS" --session 3s

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/geolog/geolog/batch"
@@ -836,4 +837,59 @@ func testRewriteKeyIndex(t *testing.T, e env) {
 		t.Fatal("Open changed the files of a rewritten log")
 	}
 	checkKeyReads(t, s, 20)
+}
+
+// TestReadKeyCoalescesFrameReads: the frames of one key that lie close
+// together in a segment are read with one pread per window, not one per
+// frame (frames of 6 KiB, larger than a first read, the key in each of
+// them), in sealed and active segments, in the clear and sealed at rest;
+// the records read are the key's, in order.
+func TestReadKeyCoalescesFrameReads(t *testing.T) {
+	for _, atRest := range []bool{false, true} {
+		t.Run(fmt.Sprint("at rest ", atRest), func(t *testing.T) {
+			var reads atomic.Int64
+			cfg := Config{Dir: t.TempDir(), FS: countingFS{FS: vfs.OS(), reads: &reads}, Logger: testLogger(t),
+				SegmentRecordsMax: 120}
+			if atRest {
+				cfg.Keyring = testKeyring()
+			}
+			s := mustOpen(t, cfg)
+			defer s.Close()
+			const frames, perFrame = 40, 6
+			for i := range frames {
+				next := s.NextOffset()
+				recs := make([]batch.Record, perFrame)
+				for j := range recs {
+					key := fmt.Appendf(nil, "c%d", j)
+					if j == 0 {
+						key = []byte("hot")
+					}
+					recs[j] = batch.Record{Key: key, Value: recordValue(next+uint64(j), 1000)}
+				}
+				if err := s.Append(batch.Encode(nil, batch.Header{BaseOffset: next, Epoch: 1, AppendTimeUnixNanos: int64(i)}, recs)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := s.segmentCount(); n < 2 {
+				t.Fatalf("%d segments, want a sealed one and the active one", n)
+			}
+			before := reads.Load()
+			got, next, err := s.ReadKey([]byte("hot"), 0, math.MaxUint64, 1000, math.MaxInt)
+			preads := reads.Load() - before
+			if err != nil || len(got) != frames || next != s.NextOffset() {
+				t.Fatalf("ReadKey: %d records, next %d, %v", len(got), next, err)
+			}
+			for i, r := range got {
+				if off := uint64(i * perFrame); r.Offset != off || string(r.Record.Key) != "hot" || !bytes.Equal(r.Record.Value, recordValue(off, 1000)) {
+					t.Fatalf("record %d: offset %d key %q", i, r.Offset, r.Record.Key)
+				}
+			}
+			// One pread per frame would be 40 (and one block of the sealed
+			// segment's key index); windows of 64 KiB hold about ten.
+			if preads > frames/3 {
+				t.Fatalf("%d preads for %d frames of the key", preads, frames)
+			}
+			t.Logf("%d preads for %d frames", preads, frames)
+		})
+	}
 }

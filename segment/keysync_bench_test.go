@@ -8,11 +8,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/internal/keysync"
+	"github.com/geolog/geolog/vfs"
 )
 
 var (
@@ -59,7 +61,7 @@ func keysyncStore(b *testing.B) *Store {
 		b.Fatal(r.err)
 	}
 	began := time.Now()
-	s, err := Open(Config{Dir: r.dir})
+	s, err := Open(Config{Dir: r.dir, FS: countingFS{FS: vfs.OS(), reads: &keysyncReads}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -97,6 +99,33 @@ func buildKeysyncRange(b *testing.B, dir string, w keysync.Workload) error {
 	return s.Close()
 }
 
+// keysyncReads counts the preads of the store keysyncStore opens.
+var keysyncReads atomic.Int64
+
+// countingFS counts the ReadAt calls (one pread each) of its files.
+type countingFS struct {
+	vfs.FS
+	reads *atomic.Int64
+}
+
+func (c countingFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
+	f, err := c.FS.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return countingFile{File: f, reads: c.reads}, nil
+}
+
+type countingFile struct {
+	vfs.File
+	reads *atomic.Int64
+}
+
+func (f countingFile) ReadAt(p []byte, off int64) (int, error) {
+	f.reads.Add(1)
+	return f.File.ReadAt(p, off)
+}
+
 // keyIndexBytes is the size of the .keyindex files in dir.
 func keyIndexBytes(b *testing.B, dir string) int64 {
 	names, err := filepath.Glob(filepath.Join(dir, "*"+keyIndexSuffix))
@@ -126,6 +155,7 @@ func BenchmarkKeySync(b *testing.B) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	cpu := keysync.CPUTime()
+	reads := keysyncReads.Load()
 	for b.Loop() {
 		c := rng.Uint64N(w.Conversations)
 		began := time.Now()
@@ -137,13 +167,15 @@ func BenchmarkKeySync(b *testing.B) {
 	}
 	b.StopTimer()
 	cpu = (keysync.CPUTime() - cpu) / time.Duration(max(1, len(lat)))
+	preads := float64(keysyncReads.Load()-reads) / float64(max(1, len(lat)))
 	runtime.ReadMemStats(&after)
 	p := keysync.Percentiles(lat, 50, 99)
 	b.ReportMetric(float64(p[0].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(p[1].Microseconds()), "p99-µs")
 	b.ReportMetric(float64(cpu.Microseconds()), "cpu-µs/op")
-	b.Logf("%d syncs of one conversation (%d records) on %d records in %d segments: p50 %v, p99 %v; CPU %v and %d bytes allocated per sync",
-		len(lat), w.Records/w.Conversations, s.NextOffset(), s.segmentCount(), p[0], p[1], cpu.Round(time.Microsecond),
+	b.ReportMetric(preads, "preads/op")
+	b.Logf("%d syncs of one conversation (%d records) on %d records in %d segments: p50 %v, p99 %v; CPU %v, %.1f preads and %d bytes allocated per sync",
+		len(lat), w.Records/w.Conversations, s.NextOffset(), s.segmentCount(), p[0], p[1], cpu.Round(time.Microsecond), preads,
 		(after.TotalAlloc-before.TotalAlloc)/uint64(max(1, len(lat))))
 }
 

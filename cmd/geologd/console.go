@@ -72,7 +72,9 @@ func mountConsole(mux *http.ServeMux, node *regionsvc.Node, s consoleSetup) func
 		cfg.Credentials = s.certs.ClientCredentials(pki.RequireNode)
 		cfg.Secure = true
 		if s.access != nil {
-			cfg.Allows = s.access.Allows
+			// The node's live policy: ACLs changed at run time apply to
+			// the console at once.
+			cfg.Allows = node.Allows
 		}
 	}
 	c, err := console.New(cfg)

@@ -131,6 +131,11 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: %v\n", err)
 		return 2
 	}
+	tokens, err := authzf.tokens(logger, certs != nil)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "geologd: %v\n", err)
+		return 2
+	}
 	// Failpoints (internal/failpoint) exist only when asked for: without
 	// the flag the node runs on the plain file system and clock.
 	var failpoints *failpoint.Set
@@ -275,8 +280,13 @@ func run() int {
 	limits.apply(&cfg, logger)
 	if certs != nil {
 		cfg.TLS = certs.ServerTLS()
+		if tokens != nil {
+			// A token client needs no certificate of its own; nodes and
+			// certificate clients still present theirs (verified).
+			cfg.TLS = certs.ServerTLSClientCertOptional()
+		}
 		cfg.ClientCredentials = certs.ClientCredentials(pki.RequireNode)
-		cfg.Authz = access
+		cfg.Authz, cfg.Tokens = access, tokens
 		if err := certs.RegisterMetrics(meterProvider); err != nil {
 			logger.Error("tls metrics", "error", err)
 			return 1

@@ -73,6 +73,8 @@ func TestRefusesToStart(t *testing.T) {
 		{"debug address in use", []string{"--data-dir", t.TempDir(), "--insecure", "--listen", "127.0.0.1:0", "--debug-addr", busy.Addr().String()}, 1, "--debug-addr"},
 		{"http address in use", []string{"--data-dir", t.TempDir(), "--insecure", "--listen", "127.0.0.1:0", "--http-addr", busy.Addr().String()}, 1, "--http-addr"},
 		{"otlp endpoint", []string{"--data-dir", t.TempDir(), "--insecure", "--listen", "127.0.0.1:0", "--otlp-endpoint", "collector:4317"}, 2, "--otlp-endpoint"},
+		{"bearer tokens over plaintext", []string{"--data-dir", t.TempDir(), "--insecure", "--jwt-keys", "keys.pem"}, 2, "--jwt-keys needs TLS"},
+		{"token issuer without keys", []string{"--data-dir", t.TempDir(), "--insecure", "--jwt-issuer", "idp"}, 2, "need --jwt-keys"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stderr := geologd(t, tc.args...)

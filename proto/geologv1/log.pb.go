@@ -3962,6 +3962,367 @@ func (x *CompactionPolicy) GetMinLagMs() int64 {
 	return 0
 }
 
+// AclRule grants permissions on the resources a pattern matches to the
+// principals a pattern matches (docs/authz.md). A pattern is a name, "*",
+// or a prefix and a trailing "*".
+type AclRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// principal: a certificate's principal, "jwt:<sub>" for a bearer
+	// token's, or a pattern of them.
+	Principal string `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	// resource: a stream name (produce, consume, describe, admin) and a
+	// consumer group or cursor name (group), or a pattern of them.
+	Resource string `protobuf:"bytes,2,opt,name=resource,proto3" json:"resource,omitempty"`
+	// permissions: "produce", "consume", "describe", "admin", "group".
+	Permissions []string `protobuf:"bytes,3,rep,name=permissions,proto3" json:"permissions,omitempty"`
+	// changed_unix_nanos and changed_in_region say when and in which region
+	// the rule was last set (output only).
+	ChangedUnixNanos int64  `protobuf:"varint,4,opt,name=changed_unix_nanos,json=changedUnixNanos,proto3" json:"changed_unix_nanos,omitempty"`
+	ChangedInRegion  string `protobuf:"bytes,5,opt,name=changed_in_region,json=changedInRegion,proto3" json:"changed_in_region,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *AclRule) Reset() {
+	*x = AclRule{}
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AclRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AclRule) ProtoMessage() {}
+
+func (x *AclRule) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AclRule.ProtoReflect.Descriptor instead.
+func (*AclRule) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *AclRule) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *AclRule) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *AclRule) GetPermissions() []string {
+	if x != nil {
+		return x.Permissions
+	}
+	return nil
+}
+
+func (x *AclRule) GetChangedUnixNanos() int64 {
+	if x != nil {
+		return x.ChangedUnixNanos
+	}
+	return 0
+}
+
+func (x *AclRule) GetChangedInRegion() string {
+	if x != nil {
+		return x.ChangedInRegion
+	}
+	return ""
+}
+
+type PutAclRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          *AclRule               `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutAclRequest) Reset() {
+	*x = PutAclRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutAclRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutAclRequest) ProtoMessage() {}
+
+func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutAclRequest.ProtoReflect.Descriptor instead.
+func (*PutAclRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *PutAclRequest) GetRule() *AclRule {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+type PutAclResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          *AclRule               `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutAclResponse) Reset() {
+	*x = PutAclResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutAclResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutAclResponse) ProtoMessage() {}
+
+func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutAclResponse.ProtoReflect.Descriptor instead.
+func (*PutAclResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *PutAclResponse) GetRule() *AclRule {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+type DeleteAclRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     string                 `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Resource      string                 `protobuf:"bytes,2,opt,name=resource,proto3" json:"resource,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAclRequest) Reset() {
+	*x = DeleteAclRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAclRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAclRequest) ProtoMessage() {}
+
+func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAclRequest.ProtoReflect.Descriptor instead.
+func (*DeleteAclRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *DeleteAclRequest) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *DeleteAclRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+type DeleteAclResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// existed reports whether this region held a rule for the pair.
+	Existed       bool `protobuf:"varint,1,opt,name=existed,proto3" json:"existed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAclResponse) Reset() {
+	*x = DeleteAclResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAclResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAclResponse) ProtoMessage() {}
+
+func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAclResponse.ProtoReflect.Descriptor instead.
+func (*DeleteAclResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *DeleteAclResponse) GetExisted() bool {
+	if x != nil {
+		return x.Existed
+	}
+	return false
+}
+
+type ListAclsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// resource: the rules listed are those whose resource pattern this one
+	// covers; empty means "*" (every rule).
+	Resource      string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAclsRequest) Reset() {
+	*x = ListAclsRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAclsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAclsRequest) ProtoMessage() {}
+
+func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAclsRequest.ProtoReflect.Descriptor instead.
+func (*ListAclsRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ListAclsRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+type ListAclsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rules         []*AclRule             `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAclsResponse) Reset() {
+	*x = ListAclsResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAclsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAclsResponse) ProtoMessage() {}
+
+func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAclsResponse.ProtoReflect.Descriptor instead.
+func (*ListAclsResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ListAclsResponse) GetRules() []*AclRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
 var File_geolog_v1_log_proto protoreflect.FileDescriptor
 
 const file_geolog_v1_log_proto_rawDesc = "" +
@@ -4264,7 +4625,26 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x10CompactionPolicy\x12.\n" +
 	"\x13delete_retention_ms\x18\x01 \x01(\x03R\x11deleteRetentionMs\x12\x1c\n" +
 	"\n" +
-	"min_lag_ms\x18\x02 \x01(\x03R\bminLagMs*s\n" +
+	"min_lag_ms\x18\x02 \x01(\x03R\bminLagMs\"\xbf\x01\n" +
+	"\aAclRule\x12\x1c\n" +
+	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x1a\n" +
+	"\bresource\x18\x02 \x01(\tR\bresource\x12 \n" +
+	"\vpermissions\x18\x03 \x03(\tR\vpermissions\x12,\n" +
+	"\x12changed_unix_nanos\x18\x04 \x01(\x03R\x10changedUnixNanos\x12*\n" +
+	"\x11changed_in_region\x18\x05 \x01(\tR\x0fchangedInRegion\"7\n" +
+	"\rPutAclRequest\x12&\n" +
+	"\x04rule\x18\x01 \x01(\v2\x12.geolog.v1.AclRuleR\x04rule\"8\n" +
+	"\x0ePutAclResponse\x12&\n" +
+	"\x04rule\x18\x01 \x01(\v2\x12.geolog.v1.AclRuleR\x04rule\"L\n" +
+	"\x10DeleteAclRequest\x12\x1c\n" +
+	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x1a\n" +
+	"\bresource\x18\x02 \x01(\tR\bresource\"-\n" +
+	"\x11DeleteAclResponse\x12\x18\n" +
+	"\aexisted\x18\x01 \x01(\bR\aexisted\"-\n" +
+	"\x0fListAclsRequest\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\"<\n" +
+	"\x10ListAclsResponse\x12(\n" +
+	"\x05rules\x18\x01 \x03(\v2\x12.geolog.v1.AclRuleR\x05rules*s\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
@@ -4333,14 +4713,17 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fCreateStream\x12\x1e.geolog.v1.CreateStreamRequest\x1a\x1f.geolog.v1.CreateStreamResponse\x12L\n" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
 	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse\x12O\n" +
-	"\fDeleteStream\x12\x1e.geolog.v1.DeleteStreamRequest\x1a\x1f.geolog.v1.DeleteStreamResponse2\xe7\x03\n" +
+	"\fDeleteStream\x12\x1e.geolog.v1.DeleteStreamRequest\x1a\x1f.geolog.v1.DeleteStreamResponse2\xb3\x05\n" +
 	"\x05Admin\x12U\n" +
 	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
 	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponse\x12=\n" +
 	"\x06Rehome\x12\x18.geolog.v1.RehomeRequest\x1a\x19.geolog.v1.RehomeResponse\x12O\n" +
 	"\fRefreshHomes\x12\x1e.geolog.v1.RefreshHomesRequest\x1a\x1f.geolog.v1.RefreshHomesResponse\x12L\n" +
 	"\vListOrphans\x12\x1d.geolog.v1.ListOrphansRequest\x1a\x1e.geolog.v1.ListOrphansResponse\x12L\n" +
-	"\vReadOrphans\x12\x1d.geolog.v1.ReadOrphansRequest\x1a\x1e.geolog.v1.ReadOrphansResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
+	"\vReadOrphans\x12\x1d.geolog.v1.ReadOrphansRequest\x1a\x1e.geolog.v1.ReadOrphansResponse\x12=\n" +
+	"\x06PutAcl\x12\x18.geolog.v1.PutAclRequest\x1a\x19.geolog.v1.PutAclResponse\x12F\n" +
+	"\tDeleteAcl\x12\x1b.geolog.v1.DeleteAclRequest\x1a\x1c.geolog.v1.DeleteAclResponse\x12C\n" +
+	"\bListAcls\x12\x1a.geolog.v1.ListAclsRequest\x1a\x1b.geolog.v1.ListAclsResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
 
 var (
 	file_geolog_v1_log_proto_rawDescOnce sync.Once
@@ -4355,7 +4738,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -4407,6 +4790,13 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*DeleteStreamRequest)(nil),      // 47: geolog.v1.DeleteStreamRequest
 	(*DeleteStreamResponse)(nil),     // 48: geolog.v1.DeleteStreamResponse
 	(*CompactionPolicy)(nil),         // 49: geolog.v1.CompactionPolicy
+	(*AclRule)(nil),                  // 50: geolog.v1.AclRule
+	(*PutAclRequest)(nil),            // 51: geolog.v1.PutAclRequest
+	(*PutAclResponse)(nil),           // 52: geolog.v1.PutAclResponse
+	(*DeleteAclRequest)(nil),         // 53: geolog.v1.DeleteAclRequest
+	(*DeleteAclResponse)(nil),        // 54: geolog.v1.DeleteAclResponse
+	(*ListAclsRequest)(nil),          // 55: geolog.v1.ListAclsRequest
+	(*ListAclsResponse)(nil),         // 56: geolog.v1.ListAclsResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	6,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -4442,39 +4832,48 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	43, // 30: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
 	3,  // 31: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
 	27, // 32: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
-	9,  // 33: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	9,  // 34: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	11, // 35: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	13, // 36: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	19, // 37: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	21, // 38: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	23, // 39: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	47, // 40: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
-	40, // 41: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	42, // 42: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	31, // 43: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	35, // 44: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	26, // 45: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	29, // 46: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	10, // 47: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	10, // 48: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	12, // 49: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	14, // 50: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	20, // 51: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	22, // 52: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	24, // 53: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	48, // 54: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
-	41, // 55: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	44, // 56: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	34, // 57: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	38, // 58: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	28, // 59: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	30, // 60: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	47, // [47:61] is the sub-list for method output_type
-	33, // [33:47] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	50, // 33: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
+	50, // 34: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
+	50, // 35: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
+	9,  // 36: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	9,  // 37: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	11, // 38: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	13, // 39: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	19, // 40: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	21, // 41: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	23, // 42: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	47, // 43: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	40, // 44: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	42, // 45: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	31, // 46: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	35, // 47: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	26, // 48: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	29, // 49: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	51, // 50: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
+	53, // 51: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
+	55, // 52: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
+	10, // 53: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	10, // 54: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	12, // 55: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	14, // 56: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	20, // 57: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	22, // 58: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	24, // 59: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	48, // 60: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	41, // 61: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	44, // 62: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	34, // 63: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	38, // 64: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	28, // 65: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	30, // 66: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	52, // 67: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
+	54, // 68: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
+	56, // 69: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
+	53, // [53:70] is the sub-list for method output_type
+	36, // [36:53] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -4494,7 +4893,7 @@ func file_geolog_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   44,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

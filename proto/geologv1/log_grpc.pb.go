@@ -457,6 +457,9 @@ const (
 	Admin_RefreshHomes_FullMethodName     = "/geolog.v1.Admin/RefreshHomes"
 	Admin_ListOrphans_FullMethodName      = "/geolog.v1.Admin/ListOrphans"
 	Admin_ReadOrphans_FullMethodName      = "/geolog.v1.Admin/ReadOrphans"
+	Admin_PutAcl_FullMethodName           = "/geolog.v1.Admin/PutAcl"
+	Admin_DeleteAcl_FullMethodName        = "/geolog.v1.Admin/DeleteAcl"
+	Admin_ListAcls_FullMethodName         = "/geolog.v1.Admin/ListAcls"
 )
 
 // AdminClient is the client API for Admin service.
@@ -494,6 +497,16 @@ type AdminClient interface {
 	// ReadOrphans reads the records of one fork, with their original offsets
 	// and epoch, for an operator to inspect or republish.
 	ReadOrphans(ctx context.Context, in *ReadOrphansRequest, opts ...grpc.CallOption) (*ReadOrphansResponse, error)
+	// PutAcl sets the access rule of a (principal, resource) pair, in every
+	// region (docs/authz.md): the pair's permissions become the rule's. It
+	// needs admin on the rule's resource pattern.
+	PutAcl(ctx context.Context, in *PutAclRequest, opts ...grpc.CallOption) (*PutAclResponse, error)
+	// DeleteAcl removes the access rule of a (principal, resource) pair, in
+	// every region. It needs admin on the resource pattern.
+	DeleteAcl(ctx context.Context, in *DeleteAclRequest, opts ...grpc.CallOption) (*DeleteAclResponse, error)
+	// ListAcls lists the access rules in force whose resource the request's
+	// pattern covers. It needs admin on that pattern.
+	ListAcls(ctx context.Context, in *ListAclsRequest, opts ...grpc.CallOption) (*ListAclsResponse, error)
 }
 
 type adminClient struct {
@@ -564,6 +577,36 @@ func (c *adminClient) ReadOrphans(ctx context.Context, in *ReadOrphansRequest, o
 	return out, nil
 }
 
+func (c *adminClient) PutAcl(ctx context.Context, in *PutAclRequest, opts ...grpc.CallOption) (*PutAclResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutAclResponse)
+	err := c.cc.Invoke(ctx, Admin_PutAcl_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DeleteAcl(ctx context.Context, in *DeleteAclRequest, opts ...grpc.CallOption) (*DeleteAclResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteAclResponse)
+	err := c.cc.Invoke(ctx, Admin_DeleteAcl_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListAcls(ctx context.Context, in *ListAclsRequest, opts ...grpc.CallOption) (*ListAclsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAclsResponse)
+	err := c.cc.Invoke(ctx, Admin_ListAcls_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -599,6 +642,16 @@ type AdminServer interface {
 	// ReadOrphans reads the records of one fork, with their original offsets
 	// and epoch, for an operator to inspect or republish.
 	ReadOrphans(context.Context, *ReadOrphansRequest) (*ReadOrphansResponse, error)
+	// PutAcl sets the access rule of a (principal, resource) pair, in every
+	// region (docs/authz.md): the pair's permissions become the rule's. It
+	// needs admin on the rule's resource pattern.
+	PutAcl(context.Context, *PutAclRequest) (*PutAclResponse, error)
+	// DeleteAcl removes the access rule of a (principal, resource) pair, in
+	// every region. It needs admin on the resource pattern.
+	DeleteAcl(context.Context, *DeleteAclRequest) (*DeleteAclResponse, error)
+	// ListAcls lists the access rules in force whose resource the request's
+	// pattern covers. It needs admin on that pattern.
+	ListAcls(context.Context, *ListAclsRequest) (*ListAclsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -626,6 +679,15 @@ func (UnimplementedAdminServer) ListOrphans(context.Context, *ListOrphansRequest
 }
 func (UnimplementedAdminServer) ReadOrphans(context.Context, *ReadOrphansRequest) (*ReadOrphansResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReadOrphans not implemented")
+}
+func (UnimplementedAdminServer) PutAcl(context.Context, *PutAclRequest) (*PutAclResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PutAcl not implemented")
+}
+func (UnimplementedAdminServer) DeleteAcl(context.Context, *DeleteAclRequest) (*DeleteAclResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteAcl not implemented")
+}
+func (UnimplementedAdminServer) ListAcls(context.Context, *ListAclsRequest) (*ListAclsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListAcls not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -756,6 +818,60 @@ func _Admin_ReadOrphans_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_PutAcl_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutAclRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).PutAcl(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_PutAcl_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).PutAcl(ctx, req.(*PutAclRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DeleteAcl_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteAclRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DeleteAcl(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DeleteAcl_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DeleteAcl(ctx, req.(*DeleteAclRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListAcls_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAclsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListAcls(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListAcls_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListAcls(ctx, req.(*ListAclsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -786,6 +902,18 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReadOrphans",
 			Handler:    _Admin_ReadOrphans_Handler,
+		},
+		{
+			MethodName: "PutAcl",
+			Handler:    _Admin_PutAcl_Handler,
+		},
+		{
+			MethodName: "DeleteAcl",
+			Handler:    _Admin_DeleteAcl_Handler,
+		},
+		{
+			MethodName: "ListAcls",
+			Handler:    _Admin_ListAcls_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
