@@ -41,6 +41,8 @@ commands:
                  [--retention-age 168h] [--retention-bytes N]
   streams list [--json | --format T]
   streams describe <name> [--json | --format T]
+  streams alter <name> [--retention-age D] [--retention-bytes N]
+                       change a stream's retention in every region of it
   streams delete <name>
   ranges <stream> [--json | --format T]
                        per range: home, epoch, tail, leader, and each region's

@@ -157,3 +157,23 @@ func TestNodeFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeStreamsAlter: streams alter changes a stream's retention (shown
+// by streams describe), and refuses a call that changes nothing.
+func TestNodeStreamsAlter(t *testing.T) {
+	addr := startNode(t)
+	mustRun(t, addr, "", "streams", "create", "al", "--ranges", "1")
+	if out := mustRun(t, addr, "", "streams", "alter", "al", "--retention-age", "2h", "--retention-bytes", "1048576"); !strings.Contains(out, "altered stream al") {
+		t.Fatalf("alter printed %q", out)
+	}
+	out := mustRun(t, addr, "", "streams", "describe", "al", "--format", "{{.stream.retention_age}} {{.stream.retention_bytes}}")
+	if out != "2h0m0s 1048576\n" {
+		t.Fatalf("describe after the alter: %q", out)
+	}
+	if _, _, code := run(t, testCtx(t), "", "--addr", addr, "streams", "alter", "al"); code != 2 {
+		t.Fatalf("an alter of nothing: exit %d", code)
+	}
+	if _, errOut, code := run(t, testCtx(t), "", "--addr", addr, "streams", "alter", "nope", "--retention-age", "1h"); code != 1 || !strings.Contains(errOut, "STREAM_NOT_FOUND") {
+		t.Fatalf("an alter of a missing stream: exit %d, %q", code, errOut)
+	}
+}

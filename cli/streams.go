@@ -13,7 +13,7 @@ import (
 
 func (e *env) streams(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return usagef("streams needs a subcommand: create, list, describe or delete")
+		return usagef("streams needs a subcommand: create, list, describe, alter or delete")
 	}
 	switch sub, args := args[0], args[1:]; sub {
 	case "create":
@@ -24,8 +24,10 @@ func (e *env) streams(ctx context.Context, args []string) error {
 		return e.streamsDescribe(ctx, args)
 	case "delete":
 		return e.streamsDelete(ctx, args)
+	case "alter":
+		return e.streamsAlter(ctx, args)
 	default:
-		return usagef("unknown streams subcommand %q (want create, list, describe or delete)", sub)
+		return usagef("unknown streams subcommand %q (want create, list, describe, alter or delete)", sub)
 	}
 }
 
@@ -360,4 +362,40 @@ func humanBytes(n int64) string {
 		}
 	}
 	panic("unreachable")
+}
+
+// streamsAlter changes a stream's retention in every region of it.
+func (e *env) streamsAlter(ctx context.Context, args []string) error {
+	fs := e.flagSet("streams alter")
+	age := fs.Duration("retention-age", 0, "delete records older than this (0: no bound by age)")
+	size := fs.Int64("retention-bytes", 0, "bound each range's size (0: no bound)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || (!isSet(fs, "retention-age") && !isSet(fs, "retention-bytes")) {
+		return usagef("usage: streams alter <name> [--retention-age D] [--retention-bytes N] (at least one)")
+	}
+	if *age < 0 || *size < 0 {
+		return usagef("--retention-age and --retention-bytes must not be negative")
+	}
+	var change client.StreamChange
+	if isSet(fs, "retention-age") {
+		change.RetentionAge = age
+	}
+	if isSet(fs, "retention-bytes") {
+		change.RetentionBytes = size
+	}
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	s, err := c.AlterStream(ctx, pos[0], change)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "altered stream %s: retention %s / %s (applied at each range's next maintenance round)\n",
+		s.Name, durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes))
+	return nil
 }

@@ -211,6 +211,39 @@ func (c *Client) DeleteStream(ctx context.Context, name string) error {
 	return nil
 }
 
+// StreamChange is what AlterStream changes of a stream; a nil field keeps
+// the stream's value.
+type StreamChange struct {
+	// RetentionAge bounds records by age (0: no bound), at most 100 years.
+	RetentionAge *time.Duration
+	// RetentionBytes bounds each range's size (0: no bound).
+	RetentionBytes *int64
+}
+
+// AlterStream changes a stream's retention in every region of it and
+// returns the stream as it is now; its ranges apply the new retention at
+// their next maintenance round. An alter sets values, so retriable errors
+// are retried (RetriesMax), at another node.
+func (c *Client) AlterStream(ctx context.Context, name string, change StreamChange) (StreamInfo, error) {
+	if name == "" {
+		return StreamInfo{}, apierr.New(apierr.InvalidArgument, "stream name is required")
+	}
+	req := &geologv1.AlterStreamRequest{Name: name, RetentionMaxBytes: change.RetentionBytes}
+	if change.RetentionAge != nil {
+		ms := change.RetentionAge.Milliseconds()
+		req.RetentionMaxAgeMs = &ms
+	}
+	var resp *geologv1.AlterStreamResponse
+	err := c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
+		resp, err = api.AlterStream(ctx, req)
+		return err
+	})
+	if err != nil {
+		return StreamInfo{}, fmt.Errorf("alter stream %q: %w", name, err)
+	}
+	return streamInfoFromProto(resp.GetStream()), nil
+}
+
 // DescribeStream returns a stream and the state of its ranges. Retriable
 // errors are retried, at another node (RetriesMax).
 func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescription, error) {

@@ -437,3 +437,11 @@ func (a pooledAPI) DeleteStream(ctx context.Context, in *geologv1.DeleteStreamRe
 	}
 	return api.DeleteStream(ctx, in, opts...)
 }
+
+func (a pooledAPI) AlterStream(ctx context.Context, in *geologv1.AlterStreamRequest, opts ...grpc.CallOption) (*geologv1.AlterStreamResponse, error) {
+	api, err := a.api()
+	if err != nil {
+		return nil, err
+	}
+	return api.AlterStream(ctx, in, opts...)
+}

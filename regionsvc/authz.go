@@ -43,6 +43,7 @@ var methodPerms = map[string]func(req any) []need{
 	geologv1.Log_ListStreams_FullMethodName:    func(any) []need { return []need{{authz.Describe, ""}} },
 	geologv1.Log_DescribeStream_FullMethodName: nameNeed[*geologv1.DescribeStreamRequest](authz.Describe),
 	geologv1.Log_DeleteStream_FullMethodName:   nameNeed[*geologv1.DeleteStreamRequest](authz.Admin),
+	geologv1.Log_AlterStream_FullMethodName:    nameNeed[*geologv1.AlterStreamRequest](authz.Admin),
 
 	geologv1.Admin_ChangeReplicas_FullMethodName:   streamNeed[*geologv1.ChangeReplicasRequest](authz.Admin),
 	geologv1.Admin_DescribeReplicas_FullMethodName: streamNeed[*geologv1.DescribeReplicasRequest](authz.Describe),

@@ -518,6 +518,7 @@ func (m *replicationManager) run() {
 		case <-t.C:
 		case <-m.stop:
 			m.stopAll()
+			m.dialer.Close() // the tasks that used its connections are done
 			return
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"github.com/geolog/geolog/authz"
 	"io"
 	"net"
 	"os"
@@ -14,6 +13,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/geolog/geolog/authz"
+	"github.com/geolog/geolog/internal/stopper"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/atrest"
@@ -369,6 +371,10 @@ type Node struct {
 	grpcServer  *grpc.Server
 	listener    net.Listener
 	keyring     *atrest.Keyring // nil: encryption at rest is off
+	// tasks is the node's stopper: every goroutine that outlives the call
+	// that starts it goes through tasks.Go, and Close stops and waits for
+	// them (internal/stopper).
+	tasks *stopper.Stopper
 	// dirLock is the node's exclusive lock on its data directory, held from
 	// New to Close: a second node on the same directory fails to start.
 	dirLock io.Closer
@@ -410,6 +416,7 @@ func New(cfg Config) (*Node, error) {
 		serveErr: make(chan error, 1),
 		started:  cfg.Now(),
 		book:     newAddrBook(),
+		tasks:    stopper.New(),
 	}
 	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
@@ -650,6 +657,7 @@ func (n *Node) Addr() string {
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		close(n.closing)
+		n.tasks.Stop() // background calls end before what they call stops
 		if n.bookDone != nil {
 			<-n.bookDone
 		}

@@ -34,7 +34,7 @@ import (
 
 // metaRecord is one catalogue record in the meta range.
 type metaRecord struct {
-	Op   string     `json:"op"` // "create", "delete" (delete.go) or "acl" (acl.go)
+	Op   string     `json:"op"` // "create", "delete" (delete.go), "alter" (alter.go) or "acl" (acl.go)
 	Spec streamSpec `json:"spec"`
 	// ACL is an "acl" record's change of an access rule.
 	ACL *aclChange `json:"acl,omitempty"`
@@ -209,7 +209,7 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 
 func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	var rec metaRecord
-	if err := json.Unmarshal(value, &rec); err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "acl") {
+	if err := json.Unmarshal(value, &rec); err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "alter" && rec.Op != "acl") {
 		n.logger.Error("catalogue record not understood; skipped", "offset", at, "error", err)
 		return
 	}
@@ -219,6 +219,10 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	}
 	if rec.Op == "delete" {
 		n.applyDelete(at, rec.Spec)
+		return
+	}
+	if rec.Op == "alter" {
+		n.applyAlter(at, rec.Spec)
 		return
 	}
 	n.mu.RLock()

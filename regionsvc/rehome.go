@@ -127,7 +127,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		"refresh", tRefreshed.Sub(t0), "tails_and_confirm", time.Since(tRefreshed), "tails", len(resp.Tails))
 	// Ranges that moved away are looked up next (for redirects), off the
 	// caller's path.
-	go n.refreshDirectory(context.WithoutCancel(ctx))
+	n.tasks.Go(n.refreshDirectory)
 	if confirmErr != nil {
 		return nil, apierr.ToStatus(homingErr(confirmErr))
 	}
@@ -453,7 +453,7 @@ func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec 
 	if vacated.Version > 0 {
 		left.Homes = regionHomesToProto(vacated)
 	}
-	go n.refreshRegionTails(context.WithoutCancel(ctx), from, left)
+	n.tasks.Go(func(ctx context.Context) { n.refreshRegionTails(ctx, from, left) })
 	n.logger.Info("rehomed", "stream", spec.Name, "ranges", len(moved), "from", from, "to", to, "pause", pause,
 		"prepare", tPrepared.Sub(start), "stop_old", tStopped.Sub(tPrepared), "catch_up", tCaught.Sub(tStopped),
 		"complete", tMoved.Sub(tCaught), "complete_attempts", attempts, "start_new", time.Since(tMoved))

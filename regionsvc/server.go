@@ -365,3 +365,11 @@ func (s *logServer) DeleteStream(ctx context.Context, req *geologv1.DeleteStream
 	}
 	return &geologv1.DeleteStreamResponse{}, nil
 }
+
+func (s *logServer) AlterStream(ctx context.Context, req *geologv1.AlterStreamRequest) (*geologv1.AlterStreamResponse, error) {
+	spec, err := s.node.alterStream(ctx, req)
+	if err != nil {
+		return nil, apierr.ToStatus(err)
+	}
+	return &geologv1.AlterStreamResponse{Stream: spec.info()}, nil
+}

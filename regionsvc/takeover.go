@@ -167,13 +167,13 @@ func (a *failoverAgent) scan(ctx context.Context) {
 				if r == from {
 					continue
 				}
-				go func() {
-					cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				n.tasks.Go(func(ctx context.Context) {
+					cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 					defer cancel()
 					if err := n.refreshRegion(cctx, r); err != nil {
 						n.logger.Debug("refresh after takeover", "region", r, "error", err)
 					}
-				}()
+				})
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/geolog/geolog/batch"
 )
@@ -267,6 +268,32 @@ func (s *Store) DeletePrefix(offset uint64) error {
 //
 // For the appender goroutine.
 func (s *Store) ApplyRetention() (deletedSegments int, err error) {
+	return s.applyRetention()
+}
+
+// SetRetention replaces the store's retention (Config.RetentionAge and
+// RetentionBytes; zero: no bound) from the next ApplyRetention or
+// RetentionCandidates on: a stream's retention altered at run time. Safe
+// for concurrent use.
+func (s *Store) SetRetention(age time.Duration, bytes int64) error {
+	if age < 0 || bytes < 0 {
+		return fmt.Errorf("segment: negative retention (age %v, bytes %d)", age, bytes)
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	// Read only under wmu (applyRetention, RetentionCandidates).
+	s.cfg.RetentionAge, s.cfg.RetentionBytes = age, bytes
+	return nil
+}
+
+// Retention returns the store's retention age and size bounds.
+func (s *Store) Retention() (time.Duration, int64) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.cfg.RetentionAge, s.cfg.RetentionBytes
+}
+
+func (s *Store) applyRetention() (deletedSegments int, err error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if err := s.usableLocked(); err != nil {

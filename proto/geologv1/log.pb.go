@@ -3904,6 +3904,112 @@ func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
 	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
 }
 
+type AlterStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The new retention age in ms (0: no bound by age), at most 100 years.
+	RetentionMaxAgeMs *int64 `protobuf:"varint,2,opt,name=retention_max_age_ms,json=retentionMaxAgeMs,proto3,oneof" json:"retention_max_age_ms,omitempty"`
+	// The new retention size in bytes per range (0: no bound by size).
+	RetentionMaxBytes *int64 `protobuf:"varint,3,opt,name=retention_max_bytes,json=retentionMaxBytes,proto3,oneof" json:"retention_max_bytes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *AlterStreamRequest) Reset() {
+	*x = AlterStreamRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterStreamRequest) ProtoMessage() {}
+
+func (x *AlterStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterStreamRequest.ProtoReflect.Descriptor instead.
+func (*AlterStreamRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *AlterStreamRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AlterStreamRequest) GetRetentionMaxAgeMs() int64 {
+	if x != nil && x.RetentionMaxAgeMs != nil {
+		return *x.RetentionMaxAgeMs
+	}
+	return 0
+}
+
+func (x *AlterStreamRequest) GetRetentionMaxBytes() int64 {
+	if x != nil && x.RetentionMaxBytes != nil {
+		return *x.RetentionMaxBytes
+	}
+	return 0
+}
+
+type AlterStreamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        *StreamInfo            `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlterStreamResponse) Reset() {
+	*x = AlterStreamResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterStreamResponse) ProtoMessage() {}
+
+func (x *AlterStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterStreamResponse.ProtoReflect.Descriptor instead.
+func (*AlterStreamResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *AlterStreamResponse) GetStream() *StreamInfo {
+	if x != nil {
+		return x.Stream
+	}
+	return nil
+}
+
 // CompactionPolicy tunes compaction by key. Zero fields take the defaults.
 type CompactionPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3920,7 +4026,7 @@ type CompactionPolicy struct {
 
 func (x *CompactionPolicy) Reset() {
 	*x = CompactionPolicy{}
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3932,7 +4038,7 @@ func (x *CompactionPolicy) String() string {
 func (*CompactionPolicy) ProtoMessage() {}
 
 func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3945,7 +4051,7 @@ func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
 func (*CompactionPolicy) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CompactionPolicy) GetDeleteRetentionMs() int64 {
@@ -3985,7 +4091,7 @@ type AclRule struct {
 
 func (x *AclRule) Reset() {
 	*x = AclRule{}
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3997,7 +4103,7 @@ func (x *AclRule) String() string {
 func (*AclRule) ProtoMessage() {}
 
 func (x *AclRule) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4010,7 +4116,7 @@ func (x *AclRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclRule.ProtoReflect.Descriptor instead.
 func (*AclRule) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AclRule) GetPrincipal() string {
@@ -4057,7 +4163,7 @@ type PutAclRequest struct {
 
 func (x *PutAclRequest) Reset() {
 	*x = PutAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4069,7 +4175,7 @@ func (x *PutAclRequest) String() string {
 func (*PutAclRequest) ProtoMessage() {}
 
 func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4082,7 +4188,7 @@ func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclRequest.ProtoReflect.Descriptor instead.
 func (*PutAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PutAclRequest) GetRule() *AclRule {
@@ -4101,7 +4207,7 @@ type PutAclResponse struct {
 
 func (x *PutAclResponse) Reset() {
 	*x = PutAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4113,7 +4219,7 @@ func (x *PutAclResponse) String() string {
 func (*PutAclResponse) ProtoMessage() {}
 
 func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4126,7 +4232,7 @@ func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclResponse.ProtoReflect.Descriptor instead.
 func (*PutAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *PutAclResponse) GetRule() *AclRule {
@@ -4146,7 +4252,7 @@ type DeleteAclRequest struct {
 
 func (x *DeleteAclRequest) Reset() {
 	*x = DeleteAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4158,7 +4264,7 @@ func (x *DeleteAclRequest) String() string {
 func (*DeleteAclRequest) ProtoMessage() {}
 
 func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4171,7 +4277,7 @@ func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DeleteAclRequest) GetPrincipal() string {
@@ -4198,7 +4304,7 @@ type DeleteAclResponse struct {
 
 func (x *DeleteAclResponse) Reset() {
 	*x = DeleteAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4210,7 +4316,7 @@ func (x *DeleteAclResponse) String() string {
 func (*DeleteAclResponse) ProtoMessage() {}
 
 func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4223,7 +4329,7 @@ func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeleteAclResponse) GetExisted() bool {
@@ -4244,7 +4350,7 @@ type ListAclsRequest struct {
 
 func (x *ListAclsRequest) Reset() {
 	*x = ListAclsRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4256,7 +4362,7 @@ func (x *ListAclsRequest) String() string {
 func (*ListAclsRequest) ProtoMessage() {}
 
 func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4269,7 +4375,7 @@ func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsRequest.ProtoReflect.Descriptor instead.
 func (*ListAclsRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListAclsRequest) GetResource() string {
@@ -4288,7 +4394,7 @@ type ListAclsResponse struct {
 
 func (x *ListAclsResponse) Reset() {
 	*x = ListAclsResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4300,7 +4406,7 @@ func (x *ListAclsResponse) String() string {
 func (*ListAclsResponse) ProtoMessage() {}
 
 func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4313,7 +4419,7 @@ func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsResponse.ProtoReflect.Descriptor instead.
 func (*ListAclsResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListAclsResponse) GetRules() []*AclRule {
@@ -4621,7 +4727,15 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\")\n" +
 	"\x13DeleteStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
-	"\x14DeleteStreamResponse\"`\n" +
+	"\x14DeleteStreamResponse\"\xc4\x01\n" +
+	"\x12AlterStreamRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x124\n" +
+	"\x14retention_max_age_ms\x18\x02 \x01(\x03H\x00R\x11retentionMaxAgeMs\x88\x01\x01\x123\n" +
+	"\x13retention_max_bytes\x18\x03 \x01(\x03H\x01R\x11retentionMaxBytes\x88\x01\x01B\x17\n" +
+	"\x15_retention_max_age_msB\x16\n" +
+	"\x14_retention_max_bytes\"D\n" +
+	"\x13AlterStreamResponse\x12-\n" +
+	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\"`\n" +
 	"\x10CompactionPolicy\x12.\n" +
 	"\x13delete_retention_ms\x18\x01 \x01(\x03R\x11deleteRetentionMs\x12\x1c\n" +
 	"\n" +
@@ -4704,7 +4818,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aCLEANUP_POLICY_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15CLEANUP_POLICY_DELETE\x10\x01\x12\x1a\n" +
 	"\x16CLEANUP_POLICY_COMPACT\x10\x02\x12!\n" +
-	"\x1dCLEANUP_POLICY_COMPACT_DELETE\x10\x032\xd7\x04\n" +
+	"\x1dCLEANUP_POLICY_COMPACT_DELETE\x10\x032\xa5\x05\n" +
 	"\x03Log\x12=\n" +
 	"\x06Append\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse\x12G\n" +
 	"\fAppendStream\x12\x18.geolog.v1.AppendRequest\x1a\x19.geolog.v1.AppendResponse(\x010\x01\x127\n" +
@@ -4713,7 +4827,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fCreateStream\x12\x1e.geolog.v1.CreateStreamRequest\x1a\x1f.geolog.v1.CreateStreamResponse\x12L\n" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
 	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse\x12O\n" +
-	"\fDeleteStream\x12\x1e.geolog.v1.DeleteStreamRequest\x1a\x1f.geolog.v1.DeleteStreamResponse2\xb3\x05\n" +
+	"\fDeleteStream\x12\x1e.geolog.v1.DeleteStreamRequest\x1a\x1f.geolog.v1.DeleteStreamResponse\x12L\n" +
+	"\vAlterStream\x12\x1d.geolog.v1.AlterStreamRequest\x1a\x1e.geolog.v1.AlterStreamResponse2\xb3\x05\n" +
 	"\x05Admin\x12U\n" +
 	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
 	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponse\x12=\n" +
@@ -4738,7 +4853,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -4789,14 +4904,16 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*NodeOrphans)(nil),              // 46: geolog.v1.NodeOrphans
 	(*DeleteStreamRequest)(nil),      // 47: geolog.v1.DeleteStreamRequest
 	(*DeleteStreamResponse)(nil),     // 48: geolog.v1.DeleteStreamResponse
-	(*CompactionPolicy)(nil),         // 49: geolog.v1.CompactionPolicy
-	(*AclRule)(nil),                  // 50: geolog.v1.AclRule
-	(*PutAclRequest)(nil),            // 51: geolog.v1.PutAclRequest
-	(*PutAclResponse)(nil),           // 52: geolog.v1.PutAclResponse
-	(*DeleteAclRequest)(nil),         // 53: geolog.v1.DeleteAclRequest
-	(*DeleteAclResponse)(nil),        // 54: geolog.v1.DeleteAclResponse
-	(*ListAclsRequest)(nil),          // 55: geolog.v1.ListAclsRequest
-	(*ListAclsResponse)(nil),         // 56: geolog.v1.ListAclsResponse
+	(*AlterStreamRequest)(nil),       // 49: geolog.v1.AlterStreamRequest
+	(*AlterStreamResponse)(nil),      // 50: geolog.v1.AlterStreamResponse
+	(*CompactionPolicy)(nil),         // 51: geolog.v1.CompactionPolicy
+	(*AclRule)(nil),                  // 52: geolog.v1.AclRule
+	(*PutAclRequest)(nil),            // 53: geolog.v1.PutAclRequest
+	(*PutAclResponse)(nil),           // 54: geolog.v1.PutAclResponse
+	(*DeleteAclRequest)(nil),         // 55: geolog.v1.DeleteAclRequest
+	(*DeleteAclResponse)(nil),        // 56: geolog.v1.DeleteAclResponse
+	(*ListAclsRequest)(nil),          // 57: geolog.v1.ListAclsRequest
+	(*ListAclsResponse)(nil),         // 58: geolog.v1.ListAclsResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	6,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -4808,12 +4925,12 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	8,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
 	15, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
 	5,  // 8: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
-	49, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
+	51, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
 	18, // 10: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
 	45, // 11: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
 	15, // 12: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
 	5,  // 13: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
-	49, // 14: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
+	51, // 14: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
 	16, // 15: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
 	16, // 16: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
 	16, // 17: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
@@ -4832,48 +4949,51 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	43, // 30: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
 	3,  // 31: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
 	27, // 32: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
-	50, // 33: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
-	50, // 34: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
-	50, // 35: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
-	9,  // 36: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	9,  // 37: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	11, // 38: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	13, // 39: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	19, // 40: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	21, // 41: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	23, // 42: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	47, // 43: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
-	40, // 44: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	42, // 45: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	31, // 46: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	35, // 47: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	26, // 48: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	29, // 49: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	51, // 50: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
-	53, // 51: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
-	55, // 52: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
-	10, // 53: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	10, // 54: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	12, // 55: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	14, // 56: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	20, // 57: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	22, // 58: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	24, // 59: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	48, // 60: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
-	41, // 61: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	44, // 62: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	34, // 63: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	38, // 64: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	28, // 65: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	30, // 66: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	52, // 67: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
-	54, // 68: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
-	56, // 69: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
-	53, // [53:70] is the sub-list for method output_type
-	36, // [36:53] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	16, // 33: geolog.v1.AlterStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	52, // 34: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
+	52, // 35: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
+	52, // 36: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
+	9,  // 37: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	9,  // 38: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	11, // 39: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	13, // 40: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	19, // 41: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	21, // 42: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	23, // 43: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	47, // 44: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	49, // 45: geolog.v1.Log.AlterStream:input_type -> geolog.v1.AlterStreamRequest
+	40, // 46: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	42, // 47: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	31, // 48: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	35, // 49: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	26, // 50: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	29, // 51: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	53, // 52: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
+	55, // 53: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
+	57, // 54: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
+	10, // 55: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	10, // 56: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	12, // 57: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	14, // 58: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	20, // 59: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	22, // 60: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	24, // 61: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	48, // 62: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	50, // 63: geolog.v1.Log.AlterStream:output_type -> geolog.v1.AlterStreamResponse
+	41, // 64: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	44, // 65: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	34, // 66: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	38, // 67: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	28, // 68: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	30, // 69: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	54, // 70: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
+	56, // 71: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
+	58, // 72: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
+	55, // [55:73] is the sub-list for method output_type
+	37, // [37:55] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -4887,13 +5007,14 @@ func file_geolog_v1_log_proto_init() {
 		(*SubscribeRequest_FromTimeUnixNanos)(nil),
 	}
 	file_geolog_v1_log_proto_msgTypes[11].OneofWrappers = []any{}
+	file_geolog_v1_log_proto_msgTypes[43].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   51,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

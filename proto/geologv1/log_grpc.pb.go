@@ -33,6 +33,7 @@ const (
 	Log_ListStreams_FullMethodName    = "/geolog.v1.Log/ListStreams"
 	Log_DescribeStream_FullMethodName = "/geolog.v1.Log/DescribeStream"
 	Log_DeleteStream_FullMethodName   = "/geolog.v1.Log/DeleteStream"
+	Log_AlterStream_FullMethodName    = "/geolog.v1.Log/AlterStream"
 )
 
 // LogClient is the client API for Log service.
@@ -77,6 +78,13 @@ type LogClient interface {
 	// free for a new stream. Deleting a stream that does not exist (or no
 	// longer does) answers STREAM_NOT_FOUND.
 	DeleteStream(ctx context.Context, in *DeleteStreamRequest, opts ...grpc.CallOption) (*DeleteStreamResponse, error)
+	// AlterStream changes a stream's retention in every region of it (a node
+	// propagates the change as a deletion): each field set replaces the
+	// stream's value, a field left out keeps it; the ranges apply the new
+	// retention at their next maintenance round. It answers the stream as
+	// it is now. An alter is idempotent: resend it after a retriable error.
+	// Needs admin on the stream.
+	AlterStream(ctx context.Context, in *AlterStreamRequest, opts ...grpc.CallOption) (*AlterStreamResponse, error)
 }
 
 type logClient struct {
@@ -179,6 +187,16 @@ func (c *logClient) DeleteStream(ctx context.Context, in *DeleteStreamRequest, o
 	return out, nil
 }
 
+func (c *logClient) AlterStream(ctx context.Context, in *AlterStreamRequest, opts ...grpc.CallOption) (*AlterStreamResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AlterStreamResponse)
+	err := c.cc.Invoke(ctx, Log_AlterStream_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LogServer is the server API for Log service.
 // All implementations must embed UnimplementedLogServer
 // for forward compatibility.
@@ -221,6 +239,13 @@ type LogServer interface {
 	// free for a new stream. Deleting a stream that does not exist (or no
 	// longer does) answers STREAM_NOT_FOUND.
 	DeleteStream(context.Context, *DeleteStreamRequest) (*DeleteStreamResponse, error)
+	// AlterStream changes a stream's retention in every region of it (a node
+	// propagates the change as a deletion): each field set replaces the
+	// stream's value, a field left out keeps it; the ranges apply the new
+	// retention at their next maintenance round. It answers the stream as
+	// it is now. An alter is idempotent: resend it after a retriable error.
+	// Needs admin on the stream.
+	AlterStream(context.Context, *AlterStreamRequest) (*AlterStreamResponse, error)
 	mustEmbedUnimplementedLogServer()
 }
 
@@ -254,6 +279,9 @@ func (UnimplementedLogServer) DescribeStream(context.Context, *DescribeStreamReq
 }
 func (UnimplementedLogServer) DeleteStream(context.Context, *DeleteStreamRequest) (*DeleteStreamResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DeleteStream not implemented")
+}
+func (UnimplementedLogServer) AlterStream(context.Context, *AlterStreamRequest) (*AlterStreamResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AlterStream not implemented")
 }
 func (UnimplementedLogServer) mustEmbedUnimplementedLogServer() {}
 func (UnimplementedLogServer) testEmbeddedByValue()             {}
@@ -402,6 +430,24 @@ func _Log_DeleteStream_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Log_AlterStream_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AlterStreamRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LogServer).AlterStream(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Log_AlterStream_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LogServer).AlterStream(ctx, req.(*AlterStreamRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Log_ServiceDesc is the grpc.ServiceDesc for Log service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -432,6 +478,10 @@ var Log_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteStream",
 			Handler:    _Log_DeleteStream_Handler,
+		},
+		{
+			MethodName: "AlterStream",
+			Handler:    _Log_AlterStream_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,221 @@
+package regionsvc
+
+import (
+	"context"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"google.golang.org/grpc/metadata"
+)
+
+// Altering a stream's retention (Log.AlterStream), in every region of it, as
+// a deletion goes (delete.go):
+//
+//  1. the stream's other regions, each through one of its nodes (the
+//     request marked propagated);
+//  2. this region: with replication an "alter" record in the catalogue,
+//     carrying the whole new spec, which every node applies (applyAlter);
+//     without it, the node alone, its catalogue file first.
+//
+// An alter sets values, so applying it twice, or in two regions in either
+// order, ends the same; a resend after a retriable error completes one
+// cut short. A node applying an alter replaces the stream's spec and sets
+// each of its ranges' retention (segment.Store.SetRetention), which the
+// ranges' next maintenance round applies. An alter names the creation it
+// changes (its catalogue offset): it never changes a newer stream of the
+// name.
+
+// alterWant is what an AlterStream request changes; nil leaves a value.
+type alterWant struct {
+	retentionAgeMillis, retentionBytes *int64
+}
+
+func alterWantOf(req *geologv1.AlterStreamRequest) (alterWant, error) {
+	w := alterWant{retentionAgeMillis: req.RetentionMaxAgeMs, retentionBytes: req.RetentionMaxBytes}
+	switch {
+	case w.retentionAgeMillis == nil && w.retentionBytes == nil:
+		return w, apierr.New(apierr.InvalidArgument, "alter stream %q: nothing to change (give retention_max_age_ms or retention_max_bytes)", req.GetName())
+	case w.retentionAgeMillis != nil && (*w.retentionAgeMillis < 0 || *w.retentionAgeMillis > retentionAgeMillisMax):
+		return w, apierr.New(apierr.InvalidArgument, "retention max_age_ms %d is outside 0..%d (100 years)", *w.retentionAgeMillis, int64(retentionAgeMillisMax))
+	case w.retentionBytes != nil && *w.retentionBytes < 0:
+		return w, apierr.New(apierr.InvalidArgument, "retention max_bytes %d is negative", *w.retentionBytes)
+	}
+	return w, nil
+}
+
+// apply returns spec with w's changes.
+func (w alterWant) apply(spec streamSpec) streamSpec {
+	if w.retentionAgeMillis != nil {
+		spec.RetentionAgeMillis = *w.retentionAgeMillis
+	}
+	if w.retentionBytes != nil {
+		spec.RetentionBytes = *w.retentionBytes
+	}
+	return spec
+}
+
+// alterStream is Log.AlterStream: it returns the stream's spec once the
+// change is applied on this node.
+func (n *Node) alterStream(ctx context.Context, req *geologv1.AlterStreamRequest) (streamSpec, error) {
+	name := req.GetName()
+	if err := validateStreamName(name); err != nil {
+		return streamSpec{}, err
+	}
+	if name == cursorStreamName {
+		return streamSpec{}, apierr.New(apierr.InvalidArgument, "stream %s is internal: its retention is the node's (--cursor-compaction-lag, --cursor-delete-retention)", name)
+	}
+	want, err := alterWantOf(req)
+	if err != nil {
+		return streamSpec{}, err
+	}
+	select {
+	case <-n.closing:
+		return streamSpec{}, apierr.New(apierr.ShuttingDown, "node is shutting down")
+	default:
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	forwarded := len(md.Get(forwardedKey)) > 0
+	origin := !forwarded && !isPropagated(ctx)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	st, err := n.lookupStream(ctx, name)
+	if err != nil {
+		return streamSpec{}, err
+	}
+	spec := want.apply(st.spec)
+	if origin {
+		for _, region := range spec.Regions {
+			if region == n.cfg.Region {
+				continue
+			}
+			if err := n.alterInRegion(ctx, region, req); err != nil {
+				return streamSpec{}, apierr.New(apierr.Unavailable, "stream %q is not yet altered in region %s (altering it again completes it): %v", name, region, err)
+			}
+		}
+	}
+	if n.replicated() {
+		return spec, n.alterStreamReplicated(ctx, spec, req, forwarded)
+	}
+	return spec, n.alterStreamLocal(spec)
+}
+
+func (n *Node) alterInRegion(ctx context.Context, region string, req *geologv1.AlterStreamRequest) error {
+	return n.propagateToRegion(ctx, region, func(cctx context.Context, _ string, c geologv1.LogClient) error {
+		_, err := c.AlterStream(cctx, req)
+		return err
+	})
+}
+
+// alterStreamReplicated proposes the new spec to the region's catalogue
+// (through its leader) and waits until this node applied it.
+func (n *Node) alterStreamReplicated(ctx context.Context, spec streamSpec, req *geologv1.AlterStreamRequest, forwarded bool) error {
+	res, err := n.proposeMeta(ctx, metaRecord{Op: "alter", Spec: spec})
+	if err != nil {
+		return err
+	}
+	if res.err != nil {
+		leader := n.region.meta.rep.LeaderID()
+		e := apierr.As(res.err)
+		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
+			return res.err
+		}
+		// Not proposed: the leader proposes it (an alter sets values, so
+		// a duplicate is harmless).
+		conn, err := n.peerConn(n.cfg.Peers[leader])
+		if err != nil {
+			return apierr.New(apierr.Unavailable, "forward to %s: %v", n.cfg.Peers[leader], err)
+		}
+		if _, err := geologv1.NewLogClient(conn).AlterStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), req); err != nil {
+			return apierr.FromError(err)
+		}
+	}
+	return n.waitAltered(ctx, spec)
+}
+
+// waitAltered waits until this node's spec of the stream is spec's (or the
+// stream is gone or was created anew).
+func (n *Node) waitAltered(ctx context.Context, spec streamSpec) error {
+	for {
+		n.mu.RLock()
+		st, ok := n.streams[spec.Name]
+		applied := n.region.applied
+		n.mu.RUnlock()
+		if !ok || st.spec.MetaOffset != spec.MetaOffset {
+			return apierr.New(apierr.StreamNotFound, "stream %q was deleted while it was altered", spec.Name)
+		}
+		if st.spec.RetentionAgeMillis == spec.RetentionAgeMillis && st.spec.RetentionBytes == spec.RetentionBytes {
+			return nil
+		}
+		select {
+		case <-applied:
+		case <-ctx.Done():
+			return apierr.New(apierr.Timeout, "alter stream %q: committed, not yet applied here: %v", spec.Name, ctx.Err())
+		}
+	}
+}
+
+// applyAlter applies a catalogue "alter" record, on the catalogue
+// driver's goroutine.
+func (n *Node) applyAlter(at uint64, spec streamSpec) {
+	n.mu.Lock()
+	st, ok := n.streams[spec.Name]
+	if !ok || st.spec.MetaOffset != spec.MetaOffset {
+		n.mu.Unlock()
+		return // a deleted stream, or a newer one of the name
+	}
+	next := n.alteredLocked(st, spec)
+	specs := n.specsLocked()
+	n.mu.Unlock()
+	n.setRetention(next)
+	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+		n.logger.Error("save applied catalogue", "error", err)
+	}
+	n.logger.Info("stream altered", "stream", spec.Name, "retention_age_ms", spec.RetentionAgeMillis, "retention_bytes", spec.RetentionBytes, "catalogue_offset", at)
+}
+
+// alteredLocked replaces st by a state with spec's retention (readers that
+// hold st keep a consistent spec); n.mu is held.
+func (n *Node) alteredLocked(st *streamState, spec streamSpec) *streamState {
+	s := st.spec
+	s.RetentionAgeMillis, s.RetentionBytes = spec.RetentionAgeMillis, spec.RetentionBytes
+	next := &streamState{spec: s, ranges: st.ranges}
+	n.streams[s.Name] = next
+	return next
+}
+
+// setRetention gives st's ranges its spec's retention.
+func (n *Node) setRetention(st *streamState) {
+	age, bytes := time.Duration(st.spec.RetentionAgeMillis)*time.Millisecond, st.spec.RetentionBytes
+	for r, d := range st.ranges {
+		if d == nil || d.store == nil {
+			continue // a range that failed to open takes it when it opens
+		}
+		if err := d.store.SetRetention(age, bytes); err != nil {
+			n.logger.Error("set retention", "stream", st.spec.Name, "range", r, "error", err)
+		}
+	}
+}
+
+// alterStreamLocal alters a stream of a node without replication.
+func (n *Node) alterStreamLocal(spec streamSpec) error {
+	n.createMu.Lock()
+	defer n.createMu.Unlock()
+	n.mu.Lock()
+	st, ok := n.streams[spec.Name]
+	if !ok {
+		n.mu.Unlock()
+		return apierr.New(apierr.StreamNotFound, "stream %q does not exist", spec.Name)
+	}
+	next := n.alteredLocked(st, spec)
+	specs := n.specsLocked()
+	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+		n.streams[spec.Name] = st
+		n.mu.Unlock()
+		return apierr.New(apierr.Internal, "save catalogue: %v", err)
+	}
+	n.mu.Unlock()
+	n.setRetention(next)
+	n.logger.Info("stream altered", "stream", spec.Name, "retention_age_ms", spec.RetentionAgeMillis, "retention_bytes", spec.RetentionBytes)
+	return nil
+}

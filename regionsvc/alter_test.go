@@ -1,0 +1,107 @@
+package regionsvc
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+func int64p(v int64) *int64 { return &v }
+
+// TestAlterStreamRetention: on a node of its own, AlterStream changes a
+// stream's retention (DescribeStream says so), the range applies it at its
+// next maintenance round (its start moves up), and the change outlives a
+// restart; bad requests are typed errors that change nothing.
+func TestAlterStreamRetention(t *testing.T) {
+	dir := t.TempDir()
+	mut := func(cfg *Config) {
+		cfg.SegmentBytesMax = 4096
+		cfg.MaintenanceInterval = 20 * time.Millisecond
+	}
+	n, c := testNode(t, dir, mut)
+	ctx := ctxT(t)
+	createStream(t, c, "r", 1)
+	for i := 0; i < 40; i++ {
+		if _, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "r", Range: 0, Records: recs(fmt.Sprint(i), 20)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		req  *geologv1.AlterStreamRequest
+		code apierr.Code
+	}{
+		{&geologv1.AlterStreamRequest{Name: "r"}, apierr.InvalidArgument},
+		{&geologv1.AlterStreamRequest{Name: "r", RetentionMaxBytes: int64p(-1)}, apierr.InvalidArgument},
+		{&geologv1.AlterStreamRequest{Name: "r", RetentionMaxAgeMs: int64p(retentionAgeMillisMax + 1)}, apierr.InvalidArgument},
+		{&geologv1.AlterStreamRequest{Name: "nope", RetentionMaxBytes: int64p(1)}, apierr.StreamNotFound},
+		{&geologv1.AlterStreamRequest{Name: cursorStreamName, RetentionMaxBytes: int64p(1)}, apierr.InvalidArgument},
+	} {
+		if _, err := c.AlterStream(ctx, tc.req); apierr.CodeOf(err) != tc.code {
+			t.Errorf("AlterStream(%v): %v, want %v", tc.req, err, tc.code)
+		}
+	}
+	d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "r"})
+	if err != nil || d.GetRanges()[0].GetStartOffset() != 0 || d.GetStream().GetRetention().GetMaxBytes() != 0 {
+		t.Fatalf("before the alter: %v %v", d, err)
+	}
+	resp, err := c.AlterStream(ctx, &geologv1.AlterStreamRequest{Name: "r", RetentionMaxBytes: int64p(8192)})
+	if err != nil || resp.GetStream().GetRetention().GetMaxBytes() != 8192 {
+		t.Fatalf("alter: %v %v", resp, err)
+	}
+	waitUntil(t, ctx, time.Minute, "retention applied", func() bool {
+		d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "r"})
+		return err == nil && d.GetRanges()[0].GetStartOffset() > 0
+	})
+	n.Close()
+	_, c = testNode(t, dir, mut)
+	d, err = c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "r"})
+	if err != nil || d.GetStream().GetRetention().GetMaxBytes() != 8192 {
+		t.Fatalf("after a restart: %v %v", d.GetStream(), err)
+	}
+}
+
+// TestAlterStreamMultiRegion: an alter through a node of the stream's
+// mirror region reaches every node of both regions (each region's
+// catalogue), and the home's ranges apply it.
+func TestAlterStreamMultiRegion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := newWorld(t, []string{"us", "eu"}, 3, 2*time.Millisecond, 0)
+	createHomedStream(t, ctx, w, "alt", 2, "us")
+	produceN(t, ctx, w, "us", "alt", 20, "v")
+	waitCaughtUp(t, ctx, w, "alt")
+	resp, err := w.conns["eu"][2].AlterStream(ctx, &geologv1.AlterStreamRequest{Name: "alt", RetentionMaxAgeMs: int64p(3_600_000)})
+	if err != nil || resp.GetStream().GetRetention().GetMaxAgeMs() != 3_600_000 {
+		t.Fatalf("alter through eu: %v %v", resp, err)
+	}
+	waitUntil(t, ctx, time.Minute, "the alter on every node", func() bool {
+		for _, region := range w.regions {
+			for _, c := range w.conns[region] {
+				d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "alt"})
+				if err != nil || d.GetStream().GetRetention().GetMaxAgeMs() != 3_600_000 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	for _, region := range w.regions {
+		for id, nd := range w.nodes[region] {
+			nd.mu.RLock()
+			st := nd.streams["alt"]
+			nd.mu.RUnlock()
+			for r, d := range st.ranges {
+				if age, _ := d.store.Retention(); age != time.Hour {
+					t.Errorf("%s node %d range %d: retention age %v, want 1h", region, id, r, age)
+				}
+			}
+		}
+	}
+}
