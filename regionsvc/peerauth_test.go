@@ -25,6 +25,7 @@ func TestCallClasses(t *testing.T) {
 		"/geolog.v1.Log/ListStreams":                 callPublic,
 		"/geolog.v1.Log/DescribeStream":              callPublic,
 		"/geolog.v1.Log/DeleteStream":                callPublic,
+		"/geolog.v1.Log/AlterStream":                 callPublic,
 		"/geolog.v1.Admin/ChangeReplicas":            callPublic,
 		"/geolog.v1.Admin/DescribeReplicas":          callPublic,
 		"/geolog.v1.Admin/Rehome":                    callPublic,
