@@ -18,19 +18,6 @@ import (
 // repoRoot is the repository's root, seen from this package's folder.
 const repoRoot = ".."
 
-// pendingEnv, set to 1, lets the pages below be missing: they are
-// written by branches in flight (operations.md: metrics, health endpoints
-// and alerts; console.md: the web console; disk-faults.md: disk faults and
-// geolog verify), which land together with this one. Without it a link to
-// a missing page fails, as any other.
-const pendingEnv = "GEOLOG_DOCS_PENDING"
-
-var pendingPages = map[string]bool{
-	"docs/operations.md":  true,
-	"docs/console.md":     true,
-	"docs/disk-faults.md": true,
-}
-
 var (
 	// inlineLinkRE is [text](target) or [text](target "title"); the text
 	// may hold code spans, not brackets.
@@ -146,7 +133,6 @@ func anchorOf(heading string) string {
 // file or folder inside the repository, and a fragment names a heading of
 // the page it points to.
 func TestLinksStayInRepository(t *testing.T) {
-	pending := os.Getenv(pendingEnv) == "1"
 	anchorsOf := map[string]map[string]bool{}
 	var all []link
 	for _, p := range pages(t) {
@@ -178,10 +164,6 @@ func TestLinksStayInRepository(t *testing.T) {
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(repoRoot, filepath.FromSlash(rel))); err != nil {
-			if pending && pendingPages[rel] {
-				t.Logf("%s: %s is written by a branch in flight (%s=1)", where, rel, pendingEnv)
-				continue
-			}
 			t.Errorf("%s: %s does not exist in the repository", where, rel)
 			continue
 		}
