@@ -89,9 +89,17 @@ func checkAlive(t *testing.T, p *nodeproc.Proc, conn *grpc.ClientConn, stream st
 		_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: stream, Records: []*geologv1.Record{{Value: []byte("after")}}})
 		return err == nil
 	})
-	if _, err := c.Read(ctx, &geologv1.ReadRequest{Stream: stream, MaxRecords: 1}); err != nil {
-		t.Fatalf("read after the probe: %v", err)
-	}
+	// A read may be shed (OVERLOADED, retriable) while the probe's
+	// subscribers or reads still hold the node's read budget: it must be
+	// answered once the node has cut them off.
+	var readErr error
+	waitFor(t, ctx, "a read after the probe", func() bool {
+		_, readErr = c.Read(ctx, &geologv1.ReadRequest{Stream: stream, MaxRecords: 1})
+		if readErr != nil && !apierr.IsRetriable(readErr) {
+			t.Fatalf("read after the probe: %v", readErr)
+		}
+		return readErr == nil
+	})
 	rss := peakRSS(t, p.Pid())
 	t.Logf("peak resident memory %d MiB", rss>>20)
 	if rss >= rssMax {
