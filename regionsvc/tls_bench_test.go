@@ -36,7 +36,9 @@ func BenchmarkAppendTLS(b *testing.B) {
 }
 
 func benchAppend(b *testing.B, secure bool) {
-	cfg := regionsvc.Config{DataDir: b.TempDir(), ListenAddr: "127.0.0.1:0", Fsync: segment.FsyncNever}
+	// 32 callers: above the default bound of requests being received (8).
+	cfg := regionsvc.Config{DataDir: b.TempDir(), ListenAddr: "127.0.0.1:0", Fsync: segment.FsyncNever,
+		Limits: regionsvc.LimitsConfig{RequestsReceivingMax: 256}}
 	creds := insecure.NewCredentials()
 	if secure {
 		p := nodeproc.NewPKI(b)
