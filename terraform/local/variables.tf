@@ -100,6 +100,12 @@ variable "tls" {
   default     = true
 }
 
+variable "atrest" {
+  description = "Encryption at rest: every node runs with --kek-file, a KEK file of its own under data_dir/keks (geolog keys add-kek; mode 0600, outside its data directory), so its segments and catalogue are sealed on disk. False leaves them in the clear."
+  type        = bool
+  default     = true
+}
+
 variable "repo_dir" {
   description = "The geolog checkout (for scripts/pg.sh and the default binaries); empty means two folders above this module."
   type        = string
