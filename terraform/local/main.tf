@@ -176,6 +176,7 @@ locals {
       "--log-level", var.log_level],
       var.tls ? ["--certs-dir", "${local.certs_dir}/${name}", "--superusers", "operator"] : ["--insecure"], # operator: the client certificate pki_make issues
       var.atrest ? ["--kek-file", "${local.keks_dir}/${name}.json"] : [],
+      var.cursor_compaction_lag != "" ? ["--cursor-compaction-lag", var.cursor_compaction_lag] : [],
       n.debug_addr != "" ? ["--debug-addr", n.debug_addr] : [],
       n.debug_addr != "" && var.debug_failpoints ? ["--debug-failpoints"] : [],
       flatten([for to, addrs in local.link_addrs[n.region] : ["--region-addrs", "${to}=${join(",", addrs)}"]]),

@@ -172,6 +172,12 @@ variable "debug_failpoints" {
   default     = false
 }
 
+variable "cursor_compaction_lag" {
+  description = "Every node's --cursor-compaction-lag (a Go duration): how long a cursor record of _cursors is kept before compaction by key may drop it. Empty: geologd's default (a minute). make chaos sets 1h: its group checker reads the whole cursor log."
+  type        = string
+  default     = ""
+}
+
 variable "chaos_links" {
   description = "Route more through the WAN emulator, as the chaos harness's own clusters do: each region's link to the lease store (\"<region>->pg\", with lease_store), the Raft links between a region's nodes (\"us:n1->us:n2\", no added latency) and a client link to every node (\"client->us:n1\", client_latency). The port plan grows at its end (README.md)."
   type        = bool
