@@ -10,8 +10,10 @@ import (
 
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // ErrUnsupported is returned by a Cluster for an action it cannot take (a
@@ -127,7 +129,9 @@ func transportCreds(cfg *tls.Config) credentials.TransportCredentials {
 }
 
 // answers reports whether the node at addr serves the API to a client
-// dialing with cfg.
+// dialing with cfg. A refusal (PERMISSION_DENIED: the harness's principal
+// may not list every stream) is an answer: the node authenticated the
+// client and decided.
 func answers(ctx context.Context, addr string, cfg *tls.Config) bool {
 	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(transportCreds(cfg)))
 	if err != nil {
@@ -137,5 +141,5 @@ func answers(ctx context.Context, addr string, cfg *tls.Config) bool {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	_, err = geologv1.NewLogClient(conn).ListStreams(cctx, &geologv1.ListStreamsRequest{})
-	return err == nil
+	return err == nil || status.Code(err) == codes.PermissionDenied
 }

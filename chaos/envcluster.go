@@ -42,6 +42,14 @@ import (
 // and --debug-failpoints, homing nodes started with --lease-store (its TTL
 // is read from --lease-ttl): all read from their command lines.
 //
+// The harness dials as principal "chaos", not a superuser: when the env
+// file's client certificate (GEOLOG_CERTS_DIR) names another principal
+// and the CA's key lies beside it (<certs>/../ca/ca.key, as scripts/pki.sh
+// lays a PKI out for scripts/cluster.sh and terraform/local), it issues
+// itself a "chaos" certificate (<certs>/../chaos/) and grants it
+// chaosGrants as the env file's principal (a superuser, "operator");
+// without the CA's key it dials as the env file's principal.
+//
 // Links are found in the WAN emulator's list by name, as LocalCluster and
 // terraform/local (chaos_links) name them: Raft links inside a region
 // ("us:n1->us:n2") make intra-region partitions possible and name the
@@ -199,6 +207,11 @@ func AttachEnv(ctx context.Context, path string) (*EnvCluster, error) {
 	if homing == len(c.nodes) && len(ttls) == 1 {
 		for ttl := range ttls {
 			c.caps.LeaseTTL = ttl
+		}
+	}
+	if c.tls != nil {
+		if c.tls, err = asChaosPrincipal(ctx, vars["GEOLOG_CERTS_DIR"], c.tls, c.nodes[0].Addr); err != nil {
+			return nil, fmt.Errorf("chaos: %s: %w", path, err)
 		}
 	}
 	return c, nil

@@ -48,8 +48,14 @@ type LocalConfig struct {
 	// Insecure runs the nodes with --insecure. By default every node
 	// serves and dials with TLS, its certificate from a development PKI
 	// the harness makes under Dir/certs, and the harness's clients dial
-	// with a client certificate of it.
+	// with a client certificate of it (principal "chaos", which holds
+	// only the access rules grantChaos adds, run as the superuser
+	// "operator"; see docs/authz.md).
 	Insecure bool
+	// NoAtRest runs the nodes without encryption at rest. By default each
+	// node runs with --kek-file, a KEK file of its own under Dir/keks (off
+	// its data directory, mode 0600).
+	NoAtRest bool
 }
 
 func (c *LocalConfig) setDefaults() error {
@@ -118,7 +124,8 @@ type LocalCluster struct {
 	regions []string
 	nodes   []Node
 	procs   map[NodeRef]*proc
-	tls     *tls.Config // the clients'; nil with Insecure
+	tls     *tls.Config // the clients' (principal "chaos"); nil with Insecure
+	opTLS   *tls.Config // the superuser's ("operator"), for the grants; nil with Insecure
 	wan     *proc
 	control string
 	pg      *pgServer
@@ -155,7 +162,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 		}
 	}()
 	if !cfg.Insecure {
-		if c.tls, err = makePKI(filepath.Join(cfg.Dir, "certs"), shape); err != nil {
+		if c.tls, c.opTLS, err = makePKI(filepath.Join(cfg.Dir, "certs"), shape); err != nil {
 			return nil, err
 		}
 	}
@@ -276,7 +283,14 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 			args = append(args, "--insecure")
 		} else {
 			args = append(args, "--certs-dir", filepath.Join(cfg.Dir, "certs", ref.Region+"-n"+strconv.Itoa(ref.ID)),
-				"--superusers", chaosPrincipal)
+				"--superusers", operatorPrincipal)
+		}
+		if !cfg.NoAtRest {
+			kek, err := makeKEK(cfg.Dir, ref)
+			if err != nil {
+				return nil, err
+			}
+			args = append(args, "--kek-file", kek)
 		}
 		for _, r := range shape.Regions {
 			if r != ref.Region {
@@ -302,9 +316,14 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 	}
 	for _, n := range c.nodes {
 		pr := c.procs[n.NodeRef]
-		err := waitFor(ctx, 60*time.Second, func() bool { return pr.running() && answers(ctx, n.Addr, c.tls) })
+		err := waitFor(ctx, 60*time.Second, func() bool { return pr.running() && answers(ctx, n.Addr, c.opTLS) })
 		if err != nil || !pr.running() {
 			return nil, fmt.Errorf("chaos: %s did not come up (%s): %v", n.NodeRef, pr.logPath, err)
+		}
+	}
+	if c.opTLS != nil {
+		if err := grantChaos(ctx, c.nodes[0].Addr, c.opTLS); err != nil {
+			return nil, err
 		}
 	}
 	if err := c.writeEnv(); err != nil {
@@ -433,17 +452,18 @@ func (c *LocalCluster) Close() error {
 }
 
 // makePKI writes a development PKI under dir: the CA (ca/), a certs
-// folder per node of shape (<region>-n<i>/), and the harness's client
-// folder (client/, principal "chaos"); it returns the client's TLS
-// configuration.
-func makePKI(dir string, shape Shape) (*tls.Config, error) {
+// folder per node of shape (<region>-n<i>/), the harness's client folder
+// (client/, principal "chaos") and the superuser's (operator/, principal
+// "operator"); it returns the TLS configurations of the client and of the
+// superuser.
+func makePKI(dir string, shape Shape) (client, operator *tls.Config, err error) {
 	p, err := pki.CreateCA("geolog chaos CA", pki.Options{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ca, err := pki.ParseAuthority(p.CertPEM, p.KeyPEM)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	write := func(sub, certName, keyName string, pair pki.Pair) error {
 		if err := pki.WriteCACopy(filepath.Join(dir, sub, pki.CACertFile), ca.CertPEM, false); err != nil {
@@ -452,7 +472,7 @@ func makePKI(dir string, shape Shape) (*tls.Config, error) {
 		return pki.WritePair(filepath.Join(dir, sub, certName), filepath.Join(dir, sub, keyName), pair, false)
 	}
 	if err := pki.WritePair(filepath.Join(dir, "ca", pki.CACertFile), filepath.Join(dir, "ca", pki.CAKeyFile), p, false); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, r := range shape.Regions {
 		for i := 1; i <= shape.NodesPerRegion; i++ {
@@ -461,19 +481,28 @@ func makePKI(dir string, shape Shape) (*tls.Config, error) {
 				err = write(fmt.Sprintf("%s-n%d", r, i), pki.NodeCertFile, pki.NodeKeyFile, pair)
 			}
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 	}
-	pair, err := pki.CreateClient(ca, chaosPrincipal, pki.Options{})
-	if err == nil {
-		err = write("client", pki.ClientCertFile, pki.ClientKeyFile, pair)
+	clientConfig := func(sub, principal string) (*tls.Config, error) {
+		pair, err := pki.CreateClient(ca, principal, pki.Options{})
+		if err == nil {
+			err = write(sub, pki.ClientCertFile, pki.ClientKeyFile, pair)
+		}
+		if err != nil {
+			return nil, err
+		}
+		cd := filepath.Join(dir, sub)
+		return pki.ClientConfig(filepath.Join(cd, pki.CACertFile), filepath.Join(cd, pki.ClientCertFile), filepath.Join(cd, pki.ClientKeyFile), "")
 	}
-	if err != nil {
-		return nil, err
+	if client, err = clientConfig("client", chaosPrincipal); err != nil {
+		return nil, nil, err
 	}
-	cd := filepath.Join(dir, "client")
-	return pki.ClientConfig(filepath.Join(cd, pki.CACertFile), filepath.Join(cd, pki.ClientCertFile), filepath.Join(cd, pki.ClientKeyFile), "")
+	if operator, err = clientConfig("operator", operatorPrincipal); err != nil {
+		return nil, nil, err
+	}
+	return client, operator, nil
 }
 
 // pgServer is a private PostgreSQL run by scripts/pg.sh.
@@ -542,6 +571,11 @@ func httpOK(url string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// chaosPrincipal is the harness's client principal, a superuser of the
-// cluster (--superusers).
-const chaosPrincipal = "chaos"
+// chaosPrincipal is the principal of the harness's clients (workload,
+// fault injection, checks): not a superuser, it holds chaosGrants.
+// operatorPrincipal is the cluster's superuser (--superusers), which only
+// grants them.
+const (
+	chaosPrincipal    = "chaos"
+	operatorPrincipal = "operator"
+)

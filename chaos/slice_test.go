@@ -16,6 +16,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/geolog/geolog/internal/portlock"
+	"github.com/geolog/geolog/pki"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -238,6 +239,27 @@ func TestEnvClusterAttach(t *testing.T) {
 	env, err := AttachEnv(ctx, filepath.Join(local.Dir(), "env"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	checkSecured(t, local, env.ClientTLS())
+	// An env file naming the superuser's certificate (as scripts/cluster.sh
+	// and terraform/local write it), its CA key beside: the harness issues
+	// itself a "chaos" certificate and dials as it.
+	opEnv := filepath.Join(local.Dir(), "env-operator")
+	b, err := os.ReadFile(filepath.Join(local.Dir(), "env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = []byte(strings.ReplaceAll(string(b), filepath.Join(local.Dir(), "certs", "client"), filepath.Join(local.Dir(), "certs", operatorPrincipal)))
+	if err := os.WriteFile(opEnv, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if opAttached, err := AttachEnv(ctx, opEnv); err != nil {
+		t.Fatal(err)
+	} else {
+		checkSecured(t, local, opAttached.ClientTLS())
+		if _, err := os.Stat(filepath.Join(local.Dir(), "certs", chaosPrincipal, pki.ClientCertFile)); err != nil {
+			t.Errorf("no chaos certificate issued: %v", err)
+		}
 	}
 	if caps := env.Caps(); !caps.Processes || !caps.WAN || !caps.Failpoints || !caps.IntraRegionLinks || caps.ClientLinks || caps.LeaseTTL != 0 {
 		t.Fatalf("caps %+v", caps)

@@ -47,6 +47,7 @@ cat >"$VARS" <<EOF
   "lease_heartbeat": "${CHAOS_TF_LEASE_HEARTBEAT:-1s}",
   "max_clock_offset": "${CHAOS_TF_MAX_CLOCK_OFFSET:-250ms}",
   "debug_failpoints": true,
+  "cursor_compaction_lag": "1h",
   "chaos_links": true,
   "client_latency": "10ms",
   "start_timeout_seconds": 90,

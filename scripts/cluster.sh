@@ -41,6 +41,14 @@
 # so that bin/geolog, and whatever sources it, dials with a client
 # certificate. The lease store is reached with sslmode=verify-full.
 #
+# Encryption at rest (default on; ATREST=off, or GEOLOG_CLUSTER_ATREST=off,
+# runs the nodes without it): each node runs with --kek-file, a KEK file of
+# its own under run/cluster/keks/<region>-n<i>.json (mode 0600, outside its
+# data directory; made by geolog keys add-kek, kept across restarts, wiped
+# by --fresh), so every segment and the catalogue are sealed on disk. A
+# data directory written with encryption on refuses to start without its
+# KEK: switch ATREST with up --fresh.
+#
 # A node reaches another region only through the WAN: its --region-addrs
 # list that region's nodes at the listen addresses of the links from its own
 # region. Clients do not: every leader and home hint names a node's
@@ -85,7 +93,10 @@ LEASE_TTL=${GEOLOG_LEASE_TTL:-4s}
 LEASE_HEARTBEAT=${GEOLOG_LEASE_HEARTBEAT:-1s}
 PG_LATENCY=${GEOLOG_WAN_LATENCY_PG:-2ms}
 TLS=${GEOLOG_CLUSTER_TLS:-on}
+ATREST=${GEOLOG_CLUSTER_ATREST:-${ATREST:-on}}
+[[ $ATREST == on || $ATREST == off ]] || { echo "cluster: ATREST=$ATREST: want on or off" >&2; exit 2; }
 CERTS=$DIR/certs
+KEKS=$DIR/keks
 [[ $TLS == on ]] && export GEOLOG_CERTS_DIR=$CERTS/client # for answers and the env file
 
 die() { echo "cluster: $*" >&2; exit 1; }
@@ -302,12 +313,21 @@ up() {
 		for i in "${NODES[@]}"; do
 			local name=$reg-n$i security=(--insecure)
 			[[ $TLS == on ]] && security=(--certs-dir "$CERTS/$name" --superusers operator)
+			if [[ $ATREST == on ]]; then
+				# The node's own KEK, outside its data directory; kept across
+				# restarts (its keyring is wrapped under it).
+				if [[ ! -f $KEKS/$name.json ]]; then
+					mkdir -p "$KEKS" && chmod 700 "$KEKS"
+					"$BIN/geolog" keys add-kek --kek-file "$KEKS/$name.json" >/dev/null || die "could not make the KEK file of $name"
+				fi
+				security+=(--kek-file "$KEKS/$name.json")
+			fi
 			GOMAXPROCS=$NODE_PROCS start "$name" "$BIN/geologd" --data-dir "$DIR/data/$name" --listen "127.0.0.1:$(node_port $r $i)" \
 				--region "$reg" --node-id "$i" --peers "$(IFS=,; echo "${peers[*]}")" "${remote[@]}" "${homing[@]}" "${security[@]}" \
 				--fsync always --debug-addr "127.0.0.1:$(debug_port $r $i)" --log-level "$LOG_LEVEL"
 		done
 	done
-	echo "cluster: started $(( 3 * ${#NODES[@]} )) nodes ($([[ $TLS == on ]] && echo "TLS, certificates in run/cluster/certs" || echo "INSECURE: no TLS")); waiting until each answers"
+	echo "cluster: started $(( 3 * ${#NODES[@]} )) nodes ($([[ $TLS == on ]] && echo "TLS, certificates in run/cluster/certs" || echo "INSECURE: no TLS"); $([[ $ATREST == on ]] && echo "encryption at rest, KEKs in run/cluster/keks" || echo "no encryption at rest")); waiting until each answers"
 	deadline=$(( SECONDS + ${GEOLOG_CLUSTER_START_TIMEOUT:-60} ))
 	for r in 0 1 2; do for i in "${NODES[@]}"; do
 		local name=${REGIONS[r]}-n$i addr=127.0.0.1:$(node_port $r $i)

@@ -204,6 +204,18 @@ func TestLocalApplyDestroy(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	checkAtRest(t, runDir, []string{"us-n1", "eu-n1"}, func(marker string) {
+		geolog(eu, "k3\t"+marker+"\n", "produce", "tf", "--tab")
+		// Both copies hold it before the data directories are read.
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(geolog(eu, "", "consume", "tf", "--from-offset", "0"), marker) {
+			if time.Now().After(deadline) {
+				t.Fatal("eu's copy did not get the marker record in 30s")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+
 	// apply twice is fine: nothing changes.
 	if out := terraform("apply", "-auto-approve", "-input=false", "-no-color", "-state="+state, "-var-file="+vars); !strings.Contains(out, "0 added, 0 changed, 0 destroyed") {
 		t.Errorf("second apply changed something:\n%s", out)
@@ -288,5 +300,50 @@ func writeJSON(t *testing.T, path string, v any) {
 	}
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkAtRest checks encryption at rest (variable atrest, default true) on
+// the nodes named: each has its KEK file under runDir/keks, mode 0600 and
+// outside its data directory, and a keyring in its data directory; and a
+// record value that produce writes (acked: on disk, --fsync always) is
+// found in clear in no file under the data directories.
+func checkAtRest(t *testing.T, runDir string, nodes []string, produce func(marker string)) {
+	t.Helper()
+	for _, n := range nodes {
+		st, err := os.Stat(filepath.Join(runDir, "keks", n+".json"))
+		if err != nil {
+			t.Fatalf("%s: no KEK file: %v", n, err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: KEK file mode %v, want 0600", n, st.Mode().Perm())
+		}
+		if _, err := os.Stat(filepath.Join(runDir, "data", n, "keys", "keyring.json")); err != nil {
+			t.Errorf("%s: its data directory holds no keyring (is --kek-file on?): %v", n, err)
+		}
+	}
+	marker := fmt.Sprintf("atrest-marker-%d-%d", os.Getpid(), time.Now().UnixNano())
+	produce(marker)
+	dataDir := filepath.Join(runDir, "data")
+	files := 0
+	err := filepath.WalkDir(dataDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		files++
+		if strings.Contains(string(b), marker) {
+			t.Errorf("%s holds the produced value in clear", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files == 0 {
+		t.Fatalf("no file under %s", dataDir)
 	}
 }

@@ -56,6 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	nodeLogLevel := fs.String("node-log-level", "info", "the local clusters' nodes' --log-level")
 	linearTimeout := fs.Duration("linear-timeout", time.Minute, "bound of the linearizability search per range")
 	insecure := fs.Bool("insecure", false, "run the local clusters' nodes with --insecure (default: TLS, with a PKI in each cluster's folder)")
+	noAtRest := fs.Bool("no-atrest", false, "run the local clusters' nodes without encryption at rest (default: a --kek-file per node in each cluster's keks/)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -86,7 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		factory = chaos.LocalFactory(chaos.LocalConfig{BinDir: *binDir, Dir: filepath.Join(*dir, "clusters"),
 			PortMin: *portMin, PortMax: *portMax, PGScript: *pgScript, PGPort: *pgPort, LogLevel: *nodeLogLevel, Logger: logger,
-			Insecure: *insecure})
+			Insecure: *insecure, NoAtRest: *noAtRest})
 	}
 	cfg := chaos.RunConfig{Cluster: factory, Seed: *seed, Dir: *dir, LinearTimeout: *linearTimeout, Logger: logger}
 	var results []chaos.Result

@@ -28,6 +28,7 @@ locals {
   pg_tls         = "sslmode=verify-full&sslrootcert=${urlencode("${local.pg_dir}/tls/ca.crt")}"
   lease_store    = var.lease_store ? "postgres://postgres@127.0.0.1:${local.pg_port}/postgres?${local.pg_tls}" : ""
   certs_dir      = "${local.run_dir}/certs"
+  keks_dir       = "${local.run_dir}/keks" # atrest: a KEK file per node, outside its data directory
   node_port_base = var.base_port + 2
   debug_port_base = (
     var.base_port + 2 + local.region_count * local.node_count
@@ -174,6 +175,8 @@ locals {
         "--fsync", var.fsync,
       "--log-level", var.log_level],
       var.tls ? ["--certs-dir", "${local.certs_dir}/${name}", "--superusers", "operator"] : ["--insecure"], # operator: the client certificate pki_make issues
+      var.atrest ? ["--kek-file", "${local.keks_dir}/${name}.json"] : [],
+      var.cursor_compaction_lag != "" ? ["--cursor-compaction-lag", var.cursor_compaction_lag] : [],
       n.debug_addr != "" ? ["--debug-addr", n.debug_addr] : [],
       n.debug_addr != "" && var.debug_failpoints ? ["--debug-failpoints"] : [],
       flatten([for to, addrs in local.link_addrs[n.region] : ["--region-addrs", "${to}=${join(",", addrs)}"]]),
@@ -228,6 +231,14 @@ locals {
     "'${replace(a, "'", "'\\''")}'"
   ])
   pg_env = "GEOLOG_PG_PORT=${local.pg_port} GEOLOG_PG_DIR='${replace(local.pg_dir, "'", "'\\''")}' GEOLOG_PG_GEOLOG='${replace(local.geolog, "'", "'\\''")}'"
+  # One KEK file per node (geolog keys add-kek, mode 0600), made once: a
+  # node's keyring is wrapped under its KEK, so a restart needs the same.
+  kek_make = join(" && ", concat(
+    ["mkdir -p '${replace(local.keks_dir, "'", "'\\''")}'", "chmod 700 '${replace(local.keks_dir, "'", "'\\''")}'"],
+    [for name in sort(keys(local.nodes)) :
+      "{ [ -f '${replace("${local.keks_dir}/${name}.json", "'", "'\\''")}' ] || '${replace(local.geolog, "'", "'\\''")}' keys add-kek --kek-file '${replace("${local.keks_dir}/${name}.json", "'", "'\\''")}' >/dev/null; }"
+    ],
+  ))
   pki_make = "GEOLOG='${replace(local.geolog, "'", "'\\''")}' ${join(" ", [
     for a in concat(["${local.repo_dir}/scripts/pki.sh", local.certs_dir, "operator"], [for region in var.regions : "${region}=${local.node_count}"]) :
     "'${replace(a, "'", "'\\''")}'"
@@ -287,6 +298,27 @@ resource "terraform_data" "pki" {
   }
 }
 
+# The nodes' KEK files (atrest): made once, removed by destroy.
+resource "terraform_data" "keks" {
+  count      = var.atrest ? 1 : 0
+  depends_on = [terraform_data.run_dir]
+
+  triggers_replace = [local.kek_make]
+  input = {
+    make   = local.kek_make
+    remove = "rm -rf '${replace(local.keks_dir, "'", "'\\''")}'"
+  }
+
+  provisioner "local-exec" {
+    command = self.input.make
+  }
+
+  provisioner "local-exec" {
+    when    = destroy
+    command = self.input.remove
+  }
+}
+
 # PostgreSQL for the lease store, through scripts/pg.sh.
 resource "terraform_data" "postgres" {
   count      = var.lease_store ? 1 : 0
@@ -330,7 +362,7 @@ resource "terraform_data" "wan" {
 
 resource "terraform_data" "node" {
   for_each   = local.nodes
-  depends_on = [terraform_data.wan, terraform_data.postgres, terraform_data.pki]
+  depends_on = [terraform_data.wan, terraform_data.postgres, terraform_data.pki, terraform_data.keks]
 
   triggers_replace = sha256("${local.node_start[each.key]} ${local.nodes_fingerprint}")
   input = {

@@ -100,6 +100,12 @@ variable "tls" {
   default     = true
 }
 
+variable "atrest" {
+  description = "Encryption at rest: every node runs with --kek-file, a KEK file of its own under data_dir/keks (geolog keys add-kek; mode 0600, outside its data directory), so its segments and catalogue are sealed on disk. False leaves them in the clear."
+  type        = bool
+  default     = true
+}
+
 variable "repo_dir" {
   description = "The geolog checkout (for scripts/pg.sh and the default binaries); empty means two folders above this module."
   type        = string
@@ -164,6 +170,12 @@ variable "debug_failpoints" {
   description = "Start every node with --debug-failpoints (slow or failing fsync, clock skew, set on its debug listener): chaos runs only. Needs debug_listeners."
   type        = bool
   default     = false
+}
+
+variable "cursor_compaction_lag" {
+  description = "Every node's --cursor-compaction-lag (a Go duration): how long a cursor record of _cursors is kept before compaction by key may drop it. Empty: geologd's default (a minute). make chaos sets 1h: its group checker reads the whole cursor log."
+  type        = string
+  default     = ""
 }
 
 variable "chaos_links" {
