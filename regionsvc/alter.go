@@ -136,23 +136,12 @@ func (n *Node) alterStreamReplicated(ctx context.Context, spec streamSpec, req *
 // waitAltered waits until this node's spec of the stream is spec's (or the
 // stream is gone or was created anew).
 func (n *Node) waitAltered(ctx context.Context, spec streamSpec) error {
-	for {
-		n.mu.RLock()
-		st, ok := n.streams[spec.Name]
-		applied := n.region.applied
-		n.mu.RUnlock()
+	return n.waitCatalogue(ctx, spec.Name, "alter stream", func(st *streamState, ok bool) (bool, error) {
 		if !ok || st.spec.MetaOffset != spec.MetaOffset {
-			return apierr.New(apierr.StreamNotFound, "stream %q was deleted while it was altered", spec.Name)
+			return false, apierr.New(apierr.StreamNotFound, "stream %q was deleted while it was altered", spec.Name)
 		}
-		if st.spec.RetentionAgeMillis == spec.RetentionAgeMillis && st.spec.RetentionBytes == spec.RetentionBytes {
-			return nil
-		}
-		select {
-		case <-applied:
-		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "alter stream %q: committed, not yet applied here: %v", spec.Name, ctx.Err())
-		}
-	}
+		return st.spec.RetentionAgeMillis == spec.RetentionAgeMillis && st.spec.RetentionBytes == spec.RetentionBytes, nil
+	})
 }
 
 // applyAlter applies a catalogue "alter" record, on the catalogue

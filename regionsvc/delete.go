@@ -138,18 +138,27 @@ func (n *Node) forwardDelete(ctx context.Context, addr, name string) error {
 // waitStreamGone waits until this node no longer holds the creation of
 // spec (the catalogue applied its deletion).
 func (n *Node) waitStreamGone(ctx context.Context, spec streamSpec) error {
+	return n.waitCatalogue(ctx, spec.Name, "delete stream", func(st *streamState, ok bool) (bool, error) {
+		return !ok || st.spec.MetaOffset != spec.MetaOffset, nil
+	})
+}
+
+// waitCatalogue waits until done, asked of the node's state of stream name
+// (ok false when it holds none) after each catalogue apply, says so or
+// fails; what names the request in a timeout.
+func (n *Node) waitCatalogue(ctx context.Context, name, what string, done func(st *streamState, ok bool) (bool, error)) error {
 	for {
 		n.mu.RLock()
-		st, ok := n.streams[spec.Name]
+		st, ok := n.streams[name]
 		applied := n.region.applied
 		n.mu.RUnlock()
-		if !ok || st.spec.MetaOffset != spec.MetaOffset {
-			return nil
+		if fin, err := done(st, ok); fin || err != nil {
+			return err
 		}
 		select {
 		case <-applied:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "delete stream %q: committed, not yet applied here: %v", spec.Name, ctx.Err())
+			return apierr.New(apierr.Timeout, "%s %q: committed, not yet applied here: %v", what, name, ctx.Err())
 		}
 	}
 }

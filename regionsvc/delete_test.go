@@ -3,6 +3,7 @@ package regionsvc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,18 +15,32 @@ import (
 )
 
 // checkDeleted checks that no node of w holds stream: it answers
-// STREAM_NOT_FOUND everywhere, and its files are gone.
+// STREAM_NOT_FOUND everywhere, and its files are gone. Each node applies
+// the deletion from its catalogue (the call returns once the answering
+// node dropped the stream, before every node removed its files), so the
+// check waits, within a bound, for every node to have done so.
 func checkDeleted(t *testing.T, ctx context.Context, w *world, stream string) {
 	t.Helper()
-	for _, region := range w.regions {
-		for id, c := range w.conns[region] {
-			_, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: stream})
-			if apierr.CodeOf(err) != apierr.StreamNotFound {
-				t.Fatalf("%s node %d after the deletion: %v", region, id, err)
+	var last string
+	gone := func() bool {
+		for _, region := range w.regions {
+			for id, c := range w.conns[region] {
+				_, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: stream})
+				if apierr.CodeOf(err) != apierr.StreamNotFound {
+					last = fmt.Sprintf("%s node %d after the deletion: %v", region, id, err)
+					return false
+				}
+				if _, err := os.Stat(filepath.Join(w.dirs[region][id], "streams", stream)); !errors.Is(err, os.ErrNotExist) {
+					last = fmt.Sprintf("%s node %d keeps the stream's files: %v", region, id, err)
+					return false
+				}
 			}
-			if _, err := os.Stat(filepath.Join(w.dirs[region][id], "streams", stream)); !errors.Is(err, os.ErrNotExist) {
-				t.Fatalf("%s node %d keeps the stream's files: %v", region, id, err)
-			}
+		}
+		return true
+	}
+	for deadline := time.Now().Add(30 * time.Second); !gone(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatal(last)
 		}
 	}
 }

@@ -81,68 +81,7 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	if err := nm.addRefusalCounters(m); err != nil {
 		return nil, err
 	}
-	tail, err := m.Int64ObservableGauge("geolog.range.tail_offset",
-		metric.WithDescription("committed end of the range: the offset the next record gets"))
-	if err != nil {
-		return nil, err
-	}
-	start, err := m.Int64ObservableGauge("geolog.range.start_offset",
-		metric.WithDescription("first retained offset of the range"))
-	if err != nil {
-		return nil, err
-	}
-	size, err := m.Int64ObservableGauge("geolog.range.size_bytes",
-		metric.WithDescription("bytes of the range's segments"), metric.WithUnit("By"))
-	if err != nil {
-		return nil, err
-	}
-	up, err := m.Int64ObservableGauge("geolog.range.serving",
-		metric.WithDescription("1 while the range is served, 0 once it stopped (corruption, I/O error)"))
-	if err != nil {
-		return nil, err
-	}
-	orphaned, err := m.Int64ObservableGauge("geolog.range.orphaned_records",
-		metric.WithDescription("records moved to the range's orphan log by forks after failovers (the RPO suffered): list and republish them with geolog orphans"),
-		metric.WithUnit("{record}"))
-	if err != nil {
-		return nil, err
-	}
-	forks, err := m.Int64ObservableGauge("geolog.range.forks",
-		metric.WithDescription("forks of the range's log kept in its orphan log"))
-	if err != nil {
-		return nil, err
-	}
-	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		n.mu.RLock()
-		defer n.mu.RUnlock()
-		for _, st := range n.streams {
-			for r, rd := range st.ranges {
-				attrs := metric.WithAttributes(attribute.String("stream", st.spec.Name), attribute.Int("range", r))
-				serving := int64(1)
-				if rd.failure.Load() != nil {
-					serving = 0
-				}
-				o.ObserveInt64(up, serving, attrs)
-				if rd.store == nil {
-					continue
-				}
-				o.ObserveInt64(tail, int64(rd.committed.Load()), attrs)
-				o.ObserveInt64(start, int64(rd.store.StartOffset()), attrs)
-				o.ObserveInt64(size, rd.store.Size(), attrs)
-				if rd.rep != nil {
-					var recs int64
-					fs := rd.rep.Orphans()
-					for _, f := range fs {
-						recs += int64(f.Records)
-					}
-					o.ObserveInt64(orphaned, recs, attrs)
-					o.ObserveInt64(forks, int64(len(fs)), attrs)
-				}
-			}
-		}
-		return nil
-	}, tail, start, size, up, orphaned, forks)
-	if err != nil {
+	if err := registerRangeGauges(n, m); err != nil {
 		return nil, err
 	}
 	if err := registerGroupMetrics(n, m); err != nil { // groupmetrics.go
@@ -213,4 +152,71 @@ func (m *nodeMetrics) recordRehome(p *geologv1.RehomePhases, pause time.Duration
 		{"catch_up", p.GetCatchUpMicros()}, {"complete", p.GetCompleteMicros()}, {"start_new", p.GetStartNewMicros()}} {
 		m.rehomePhases.Record(ctx, float64(ph.micros)/1e6, metric.WithAttributes(attribute.String("phase", ph.name)))
 	}
+}
+
+// registerRangeGauges registers the per-range gauges (tail, start, size,
+// serving, orphaned records and forks), observed from the node's ranges.
+func registerRangeGauges(n *Node, m metric.Meter) error {
+	tail, err := m.Int64ObservableGauge("geolog.range.tail_offset",
+		metric.WithDescription("committed end of the range: the offset the next record gets"))
+	if err != nil {
+		return err
+	}
+	start, err := m.Int64ObservableGauge("geolog.range.start_offset",
+		metric.WithDescription("first retained offset of the range"))
+	if err != nil {
+		return err
+	}
+	size, err := m.Int64ObservableGauge("geolog.range.size_bytes",
+		metric.WithDescription("bytes of the range's segments"), metric.WithUnit("By"))
+	if err != nil {
+		return err
+	}
+	up, err := m.Int64ObservableGauge("geolog.range.serving",
+		metric.WithDescription("1 while the range is served, 0 once it stopped (corruption, I/O error)"))
+	if err != nil {
+		return err
+	}
+	orphaned, err := m.Int64ObservableGauge("geolog.range.orphaned_records",
+		metric.WithDescription("records moved to the range's orphan log by forks after failovers (the RPO suffered): list and republish them with geolog orphans"),
+		metric.WithUnit("{record}"))
+	if err != nil {
+		return err
+	}
+	forks, err := m.Int64ObservableGauge("geolog.range.forks",
+		metric.WithDescription("forks of the range's log kept in its orphan log"))
+	if err != nil {
+		return err
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		n.mu.RLock()
+		defer n.mu.RUnlock()
+		for _, st := range n.streams {
+			for r, rd := range st.ranges {
+				attrs := metric.WithAttributes(attribute.String("stream", st.spec.Name), attribute.Int("range", r))
+				serving := int64(1)
+				if rd.failure.Load() != nil {
+					serving = 0
+				}
+				o.ObserveInt64(up, serving, attrs)
+				if rd.store == nil {
+					continue
+				}
+				o.ObserveInt64(tail, int64(rd.committed.Load()), attrs)
+				o.ObserveInt64(start, int64(rd.store.StartOffset()), attrs)
+				o.ObserveInt64(size, rd.store.Size(), attrs)
+				if rd.rep != nil {
+					var recs int64
+					fs := rd.rep.Orphans()
+					for _, f := range fs {
+						recs += int64(f.Records)
+					}
+					o.ObserveInt64(orphaned, recs, attrs)
+					o.ObserveInt64(forks, int64(len(fs)), attrs)
+				}
+			}
+		}
+		return nil
+	}, tail, start, size, up, orphaned, forks)
+	return err
 }
