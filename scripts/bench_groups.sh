@@ -15,7 +15,7 @@
 # append, and a commit is acked after the quorum's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=$PWD/bin
+BIN=${GEOLOG_BENCH_BIN:-$PWD/bin}   # GEOLOG_BENCH_BIN=dir: other binaries (before/after runs)
 RUNDIR=$PWD/run/bench-groups
 DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-5}
@@ -69,6 +69,8 @@ for i in $(seq 1 20); do
 	"$BIN/geolog" bench cursors --ranges "$RANGES" --duration 2s >/dev/null 2>&1 && break   # warm up: streams, cursor stream, leaders
 	sleep 0.5
 done
+go build -o "$RUNDIR/cursorframes" ./scripts/cursorframes
+frames_before=$("$RUNDIR/cursorframes" "$RUNDIR/n1")   # records and appends of node 1's _cursors copy
 before=$(cpu_seconds)
 PROFS=()
 if [ "$PROFILE" = on ]; then
@@ -78,18 +80,26 @@ if [ "$PROFILE" = on ]; then
 		PROFS+=($!)
 	done
 fi
-"$BIN/geolog" bench cursors --ranges "$RANGES" --cursors "$CURSORS" --concurrency "$CONCURRENCY" --duration "$DURATION" --json >"$RUNDIR/cursors.json"
+TIMEFORMAT='%U %S'   # the bench client's user and system CPU seconds (it shares the cores)
+{ time "$BIN/geolog" bench cursors --ranges "$RANGES" --cursors "$CURSORS" --concurrency "$CONCURRENCY" --duration "$DURATION" --json >"$RUNDIR/cursors.json" ; } 2>"$RUNDIR/client.cpu"
 after=$(cpu_seconds)
+sleep 0.5; frames_after=$("$RUNDIR/cursorframes" "$RUNDIR/n1")
 [ ${#PROFS[@]} -eq 0 ] || wait "${PROFS[@]}"
-python3 - "$RUNDIR/cursors.json" "$before" "$after" <<'PY'
+python3 - "$RUNDIR/cursors.json" "$before" "$after" "$(tail -1 "$RUNDIR/client.cpu")" "$frames_before" "$frames_after" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); cpu = float(sys.argv[3]) - float(sys.argv[2])
+client = sum(float(x) for x in sys.argv[4].split())
 print(f"positions   {r['positions']} committed ({r['errors']} failed requests) in {r['elapsed_seconds']:.1f}s")
 print(f"throughput  {r['positions_per_sec']:.0f} positions/s")
 l = r['request_latency_ms']
 print(f"latency ms  p50 {l['p50']:.1f}  p99 {l['p99']:.1f}  max {l['max']:.1f} (one commit request of {r['ranges']} positions)")
 per = cpu / max(1, r['positions'])
 print(f"node CPU    {cpu:.1f} s for the 3 nodes: {per*1e6:.1f} us per position, {per*1e6:.0f} ms per 1,000 positions (2 cores to themselves: about {2/per:.0f} positions/s)")
+cper = client / max(1, r['positions'])
+fb, fa = [int(x) for x in sys.argv[5].split()], [int(x) for x in sys.argv[6].split()]
+recs, apps = fa[0] - fb[0], fa[1] - fb[1]
+print(f"appends     {apps} of the cursor ranges (node 1's copy): {recs / max(1, apps):.1f} positions per append, {recs / max(1, apps) / max(1, r['ranges']):.1f} requests")
+print(f"client CPU  {client:.1f} s for the bench client: {cper*1e6:.1f} ms per 1,000 positions (nodes and client on 2 cores: about {2/(per+cper):.0f} positions/s)")
 PY
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$REBALANCE" = on ] || exit 0
