@@ -390,24 +390,49 @@ func (cs *coordinators) forget(name, addr string) {
 	}
 }
 
+// coordinatorOverloadRetriesMax bounds the retries of a call at a
+// coordinator that answers OVERLOADED before the call goes elsewhere.
+const coordinatorOverloadRetriesMax = 20
+
+// callCoordinatorAt runs a Consumer call for name at addr once; it learns
+// the coordinator from the answer.
+func (c *Client) callCoordinatorAt(ctx context.Context, addr, name string, fn func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) error) error {
+	_, conn, err := c.pool.api(addr)
+	if err != nil {
+		return err
+	}
+	actx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok && c.cfg.requestTimeout > 0 {
+		actx, cancel = context.WithTimeout(ctx, c.cfg.requestTimeout)
+	}
+	defer cancel()
+	var md metadata.MD
+	if err := fn(actx, geologv1.NewConsumerClient(conn), grpc.Header(&md)); err != nil {
+		return rpcError(ctx, err)
+	}
+	c.coordinators.learn(name, md)
+	return nil
+}
+
 // callCoordinator runs a Consumer call for name at the node that last
-// coordinated it, once, then (or without one) the way callConsumer does;
-// it learns the coordinator from the answer.
+// coordinated it, once (again while it answers OVERLOADED), then (or
+// without one) the way callConsumer does; it learns the coordinator from
+// the answer.
 func (c *Client) callCoordinator(ctx context.Context, name string, fn func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) error) error {
 	if addr := c.coordinators.get(name); addr != "" {
-		if _, conn, err := c.pool.api(addr); err == nil {
-			actx, cancel := ctx, context.CancelFunc(func() {})
-			if _, ok := ctx.Deadline(); !ok && c.cfg.requestTimeout > 0 {
-				actx, cancel = context.WithTimeout(ctx, c.cfg.requestTimeout)
+		for overloads := 0; ; overloads++ {
+			err := c.callCoordinatorAt(ctx, addr, name, fn)
+			if err == nil || !IsRetriable(err) {
+				return err
 			}
-			var md metadata.MD
-			err = fn(actx, geologv1.NewConsumerClient(conn), grpc.Header(&md))
-			cancel()
-			if err == nil {
-				c.coordinators.learn(name, md)
-				return nil
+			// A coordinator that shed the call before running it is still
+			// the coordinator: the same address again after the delay it
+			// asked for (docs/api.md), not the bootstrap node, which would
+			// forward the call back to it.
+			if CodeOf(err) != CodeOverloaded || overloads >= coordinatorOverloadRetriesMax {
+				break
 			}
-			if err = rpcError(ctx, err); !IsRetriable(err) {
+			if sleepCtx(ctx, retryDelay(err, overloads+1, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
 				return err
 			}
 		}

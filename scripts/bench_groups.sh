@@ -10,7 +10,8 @@
 # RANGES=n (64) is the positions per commit request, CURSORS=n (1024) the
 # cursor names; REBALANCE=off skips the rebalance rounds; PROFILE=on takes
 # a CPU profile of every node during the commits (run/bench-groups/n*.cpu,
-# nodes on --debug-addr BASE+11..13). The fdatasync floor printed first is
+# nodes on --debug-addr BASE+11..13); GEOLOGD_FLAGS adds flags to every
+# node's command line. The fdatasync floor printed first is
 # this disk's one-page write+fdatasync time (a node's Raft log pays one per
 # append, and a commit is acked after the quorum's).
 set -euo pipefail
@@ -29,6 +30,7 @@ pki_setup local 3
 RANGES=${RANGES:-64}
 CURSORS=${CURSORS:-1024}
 PROFILE=${PROFILE:-off}
+GEOLOGD_FLAGS=${GEOLOGD_FLAGS:-}
 REBALANCE=${REBALANCE:-on}
 PIDS=()
 for i in 1 2 3; do
@@ -36,7 +38,7 @@ for i in 1 2 3; do
 	[ "$PROFILE" = on ] && debug="--debug-addr 127.0.0.1:$((BASE+10+i))"
 	# shellcheck disable=SC2046,SC2086
 	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn $(node_security $i) $debug >"$RUNDIR/n$i.log" 2>&1 &
+		--fsync always --log-level warn $(node_security $i) $debug $GEOLOGD_FLAGS >"$RUNDIR/n$i.log" 2>&1 &
 	PIDS+=($!)
 done
 trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
@@ -70,6 +72,18 @@ for i in $(seq 1 20); do
 	sleep 0.5
 done
 go build -o "$RUNDIR/cursorframes" ./scripts/cursorframes
+# Where the coordinators are: the leaders of the cursor ranges (a node
+# leading most of them takes most of the commits).
+"$BIN/geolog" streams describe _cursors --json 2>/dev/null | python3 -c '
+import collections, json, sys
+def leaders(x):
+    if isinstance(x, dict):
+        if x.get("leader"): yield x["leader"]
+        for v in x.values(): yield from leaders(v)
+    elif isinstance(x, list):
+        for v in x: yield from leaders(v)
+c = collections.Counter(leaders(json.load(sys.stdin)))
+print("cursor range leaders:", ", ".join(f"{a} {n}" for a, n in sorted(c.items())))' || true
 frames_before=$("$RUNDIR/cursorframes" "$RUNDIR/n1")   # records and appends of node 1's _cursors copy
 before=$(cpu_seconds)
 PROFS=()
