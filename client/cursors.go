@@ -3,10 +3,13 @@ package client
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -90,8 +93,11 @@ func (c *Client) CommitCursors(ctx context.Context, cursor string, positions ...
 
 func (c *Client) commitCursors(ctx context.Context, cursor, member string, epoch uint64, positions []CursorPosition) ([]CommitResult, error) {
 	req := &geologv1.CommitCursorsRequest{Cursor: cursor, MemberId: member, MemberEpoch: epoch, Positions: make([]*geologv1.CursorPosition, len(positions))}
+	msgs := make([]geologv1.CursorPosition, len(positions)) // one allocation, not one per position
 	for i, p := range positions {
-		req.Positions[i] = p.toProto()
+		m := &msgs[i]
+		m.Stream, m.Range, m.Offset, m.Epoch, m.Generation, m.Metadata = p.Stream, p.Range, p.Offset, p.Epoch, p.Generation, p.Metadata
+		req.Positions[i] = m
 	}
 	var resp *geologv1.CommitCursorsResponse
 	err := c.callCoordinator(ctx, cursor, func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) (err error) {
@@ -293,21 +299,41 @@ func (c *Client) ResetGroup(ctx context.Context, group, stream string, to ResetT
 // Consumer request names the node (of its region) that coordinated it.
 const coordinatorHeader = "x-geolog-coordinator"
 
+// cursorRangeHeader is regionsvc.CursorRangeHeader: with the coordinator,
+// the cursor range of the name and the ranges' count, "index/count".
+const cursorRangeHeader = "x-geolog-cursor-range"
+
 // coordinatorsMax bounds the names whose coordinator a Client remembers.
 const coordinatorsMax = 4096
 
-// coordinators caches, per cursor or group name, the node that
-// coordinated its last request, so that the next ones go there directly
-// instead of through a forwarding node. A hint only: a node that no longer
-// coordinates forwards the request and names the new coordinator.
+// cursorRangesMax bounds the cursor range count a Client takes from a
+// node (the bound of a stream's ranges).
+const cursorRangesMax = 4096
+
+// coordinators caches, per cursor range, the node that coordinated the
+// last request of one of its names (the range of a name is
+// keyspace.RangeForKey over the range count the nodes name), so that the
+// next ones, of any name of the range, go there directly instead of
+// through a forwarding node; per name when the node names no range. A
+// hint only: a node that no longer coordinates forwards the request and
+// names the new coordinator.
 type coordinators struct {
 	mu sync.Mutex
 	m  map[string]string
+	// ranges is the cursor ranges' count the nodes named (0: none yet);
+	// byRange the coordinator of each range.
+	ranges  uint32
+	byRange map[uint32]string
 }
 
 func (cs *coordinators) get(name string) string {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
+	if cs.ranges > 0 {
+		if addr := cs.byRange[keyspace.RangeForKey([]byte(name), cs.ranges)]; addr != "" {
+			return addr
+		}
+	}
 	return cs.m[name]
 }
 
@@ -318,6 +344,13 @@ func (cs *coordinators) learn(name string, md metadata.MD) {
 	}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
+	if idx, count, ok := parseCursorRange(md.Get(cursorRangeHeader)); ok && keyspace.RangeForKey([]byte(name), count) == idx {
+		if count != cs.ranges || cs.byRange == nil {
+			cs.ranges, cs.byRange = count, map[uint32]string{}
+		}
+		cs.byRange[idx] = v[0]
+		return
+	}
 	if cs.m == nil {
 		cs.m = map[string]string{}
 	}
@@ -330,32 +363,76 @@ func (cs *coordinators) learn(name string, md metadata.MD) {
 	cs.m[name] = v[0]
 }
 
+// parseCursorRange parses a cursorRangeHeader value.
+func parseCursorRange(v []string) (idx, count uint32, ok bool) {
+	if len(v) == 0 {
+		return 0, 0, false
+	}
+	i, n, found := strings.Cut(v[0], "/")
+	x, err1 := strconv.ParseUint(i, 10, 32)
+	y, err2 := strconv.ParseUint(n, 10, 32)
+	if !found || err1 != nil || err2 != nil || y == 0 || y > cursorRangesMax || x >= y {
+		return 0, 0, false
+	}
+	return uint32(x), uint32(y), true
+}
+
 func (cs *coordinators) forget(name, addr string) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.m[name] == addr {
 		delete(cs.m, name)
 	}
+	if cs.ranges > 0 {
+		if r := keyspace.RangeForKey([]byte(name), cs.ranges); cs.byRange[r] == addr {
+			delete(cs.byRange, r)
+		}
+	}
+}
+
+// coordinatorOverloadRetriesMax bounds the retries of a call at a
+// coordinator that answers OVERLOADED before the call goes elsewhere.
+const coordinatorOverloadRetriesMax = 20
+
+// callCoordinatorAt runs a Consumer call for name at addr once; it learns
+// the coordinator from the answer.
+func (c *Client) callCoordinatorAt(ctx context.Context, addr, name string, fn func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) error) error {
+	_, conn, err := c.pool.api(addr)
+	if err != nil {
+		return err
+	}
+	actx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok && c.cfg.requestTimeout > 0 {
+		actx, cancel = context.WithTimeout(ctx, c.cfg.requestTimeout)
+	}
+	defer cancel()
+	var md metadata.MD
+	if err := fn(actx, geologv1.NewConsumerClient(conn), grpc.Header(&md)); err != nil {
+		return rpcError(ctx, err)
+	}
+	c.coordinators.learn(name, md)
+	return nil
 }
 
 // callCoordinator runs a Consumer call for name at the node that last
-// coordinated it, once, then (or without one) the way callConsumer does;
-// it learns the coordinator from the answer.
+// coordinated it, once (again while it answers OVERLOADED), then (or
+// without one) the way callConsumer does; it learns the coordinator from
+// the answer.
 func (c *Client) callCoordinator(ctx context.Context, name string, fn func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) error) error {
 	if addr := c.coordinators.get(name); addr != "" {
-		if _, conn, err := c.pool.api(addr); err == nil {
-			actx, cancel := ctx, context.CancelFunc(func() {})
-			if _, ok := ctx.Deadline(); !ok && c.cfg.requestTimeout > 0 {
-				actx, cancel = context.WithTimeout(ctx, c.cfg.requestTimeout)
+		for overloads := 0; ; overloads++ {
+			err := c.callCoordinatorAt(ctx, addr, name, fn)
+			if err == nil || !IsRetriable(err) {
+				return err
 			}
-			var md metadata.MD
-			err = fn(actx, geologv1.NewConsumerClient(conn), grpc.Header(&md))
-			cancel()
-			if err == nil {
-				c.coordinators.learn(name, md)
-				return nil
+			// A coordinator that shed the call before running it is still
+			// the coordinator: the same address again after the delay it
+			// asked for (docs/api.md), not the bootstrap node, which would
+			// forward the call back to it.
+			if CodeOf(err) != CodeOverloaded || overloads >= coordinatorOverloadRetriesMax {
+				break
 			}
-			if err = rpcError(ctx, err); !IsRetriable(err) {
+			if sleepCtx(ctx, retryDelay(err, overloads+1, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
 				return err
 			}
 		}

@@ -82,11 +82,18 @@ func (b *Batch) Now() time.Time { return time.Unix(0, b.nowUnixNanos) }
 // time never goes back.
 func (b *Batch) SetNow(now time.Time) { b.nowUnixNanos = max(b.nowUnixNanos, now.UnixNano()) }
 
+// recordsBufferBytes is the size of the buffers Records encodes positions
+// into.
+const recordsBufferBytes = 32 << 10
+
 // Records returns the records the batch writes, in the order they were
 // staged (see Batch.order): at least one per key it changed, the last with
 // the key's final value.
 func (b *Batch) Records() []Record {
 	out := make([]Record, 0, len(b.order))
+	// The positions' keys and values share buffers of about
+	// recordsBufferBytes (fewer allocations than one per record).
+	var buf []byte
 	for _, k := range b.order {
 		if k.frozen != nil {
 			out = append(out, *k.frozen)
@@ -94,9 +101,15 @@ func (b *Batch) Records() []Record {
 		}
 		if k.group != "" {
 			out = append(out, EncodeGroup(b.groups[k.group]))
-		} else {
-			out = append(out, EncodePosition(k.pos.cursor, b.positions[k.pos]))
+			continue
 		}
+		p := b.positions[k.pos]
+		if size := positionRecordSize(k.pos.cursor, p); cap(buf)-len(buf) < size {
+			buf = make([]byte, 0, max(size, recordsBufferBytes))
+		}
+		var r Record
+		buf, r = appendPosition(buf, k.pos.cursor, p)
+		out = append(out, r)
 	}
 	return out
 }
@@ -146,15 +159,22 @@ func (b *Batch) position(cursor, stream string, rng uint32) (Position, bool) {
 
 func (b *Batch) stagePosition(cursor string, p Position) {
 	k := posKey{cursor, p.Stream, p.Range}
+	staged, inBatch := b.positions[k]
 	_, held := b.position(cursor, p.Stream, p.Range)
+	b.stage(k, p, held, inBatch, staged)
+}
+
+// stage stages position p of key k, which the batch sees held or not;
+// inBatch tells whether the batch staged k already (as staged).
+func (b *Batch) stage(k posKey, p Position, held, inBatch bool, staged Position) {
 	switch {
 	case !held && !p.Deleted:
 		b.newPositions++
 	case held && p.Deleted:
 		b.newPositions--
 	}
-	if old, ok := b.positions[k]; ok {
-		b.restage(stagedKey{pos: k}, func() Record { return EncodePosition(cursor, old) })
+	if inBatch {
+		b.restage(stagedKey{pos: k}, func() Record { return EncodePosition(k.cursor, staged) })
 	} else {
 		b.order = append(b.order, stagedKey{pos: k})
 	}
@@ -219,14 +239,19 @@ func (b *Batch) Commit(req CommitRequest) ([]CommitResult, error) {
 	}
 	out := make([]CommitResult, len(req.Positions))
 	for i, p := range req.Positions {
-		cur, held := b.position(req.Cursor, p.Stream, p.Range)
+		k := posKey{req.Cursor, p.Stream, p.Range}
+		staged, inBatch := b.positions[k]
+		cur, held := staged, inBatch && !staged.Deleted
+		if !inBatch {
+			cur, held = b.s.Position(req.Cursor, p.Stream, p.Range)
+		}
 		p.CommitTimeUnixNanos = b.nowUnixNanos
 		p.MemberID, p.MemberEpoch, p.Deleted = req.MemberID, req.MemberEpoch, false
 		if held && !p.after(cur) {
 			out[i] = CommitResult{Position: cur}
 			continue
 		}
-		b.stagePosition(req.Cursor, p)
+		b.stage(k, p, held, inBatch, staged)
 		out[i] = CommitResult{Position: p, Applied: true}
 	}
 	return out, nil

@@ -104,7 +104,14 @@ func (p Position) after(q Position) bool {
 
 // PositionKey is the key of a position record.
 func PositionKey(cursor, stream string, rng uint32) []byte {
-	b := make([]byte, 0, 1+2+len(cursor)+2+len(stream)+4)
+	return appendPositionKey(make([]byte, 0, positionKeySize(cursor, stream)), cursor, stream, rng)
+}
+
+func positionKeySize(cursor, stream string) int {
+	return 1 + binary.MaxVarintLen64 + len(cursor) + binary.MaxVarintLen64 + len(stream) + 4
+}
+
+func appendPositionKey(b []byte, cursor, stream string, rng uint32) []byte {
 	b = append(b, kindPosition)
 	b = appendString(b, cursor)
 	b = appendString(b, stream)
@@ -119,21 +126,38 @@ func GroupKey(group string) []byte {
 // EncodePosition is the record of cursor's position p: a tombstone if p
 // is Deleted.
 func EncodePosition(cursor string, p Position) Record {
-	key := PositionKey(cursor, p.Stream, p.Range)
+	_, r := appendPosition(make([]byte, 0, positionRecordSize(cursor, p)), cursor, p)
+	return r
+}
+
+// positionRecordSize bounds the encoded size of a position record.
+func positionRecordSize(cursor string, p Position) int {
+	return positionKeySize(cursor, p.Stream) + 2 + 7*binary.MaxVarintLen64 + len(p.MemberID) + len(p.Metadata)
+}
+
+// appendPosition appends the key and value of cursor's position p to buf
+// and returns buf and the record, whose key and value are views of it.
+func appendPosition(buf []byte, cursor string, p Position) ([]byte, Record) {
+	start := len(buf)
+	buf = appendPositionKey(buf, cursor, p.Stream, p.Range)
+	keyEnd := len(buf)
 	if p.Deleted {
-		return Record{Key: key, Tombstone: true}
+		return buf, Record{Key: buf[start:keyEnd:keyEnd], Tombstone: true}
 	}
 	// The byte after the version is reserved (0): it was a deleted flag
 	// before deletions were tombstones.
-	v := []byte{formatVersion, 0}
-	v = binary.AppendUvarint(v, p.Generation)
-	v = binary.AppendUvarint(v, p.Offset)
-	v = binary.AppendUvarint(v, p.Epoch)
-	v = binary.AppendVarint(v, p.CommitTimeUnixNanos)
-	v = appendString(v, p.MemberID)
-	v = binary.AppendUvarint(v, p.MemberEpoch)
-	v = appendString(v, string(p.Metadata))
-	return Record{Key: key, Value: v}
+	buf = append(buf, formatVersion, 0)
+	buf = binary.AppendUvarint(buf, p.Generation)
+	buf = binary.AppendUvarint(buf, p.Offset)
+	buf = binary.AppendUvarint(buf, p.Epoch)
+	buf = binary.AppendVarint(buf, p.CommitTimeUnixNanos)
+	buf = appendString(buf, p.MemberID)
+	buf = binary.AppendUvarint(buf, p.MemberEpoch)
+	buf = appendString(buf, string(p.Metadata))
+	end := len(buf)
+	// Slicing after the appends: a buffer that grew moved; the record
+	// views the new one.
+	return buf, Record{Key: buf[start:keyEnd:keyEnd], Value: buf[keyEnd:end:end]}
 }
 
 // EncodeGroup is the record of group g.
@@ -174,28 +198,23 @@ type Decoded struct {
 // Decode decodes and validates a record of the cursor stream. Anything
 // that is not exactly what the encoders produce is ErrMalformed.
 func Decode(r Record) (Decoded, error) {
-	if len(r.Key) == 0 || len(r.Key)+len(r.Value) > RecordBytesMax {
-		return Decoded{}, fmt.Errorf("%w: key of %d bytes, value of %d", ErrMalformed, len(r.Key), len(r.Value))
+	if err := checkRecordSize(r); err != nil {
+		return Decoded{}, err
 	}
-	k := &reader{b: r.Key[1:]}
 	switch r.Key[0] {
 	case kindPosition:
-		cursor := k.str(NameBytesMax)
-		stream := k.str(StreamNameBytesMax)
-		rng := k.u32be()
-		if err := k.end(); err != nil {
-			return Decoded{}, err
-		}
-		p, err := decodePosition(r)
+		v, err := decodePositionRecord(r)
 		if err != nil {
 			return Decoded{}, err
 		}
-		p.Stream, p.Range = stream, rng
-		if cursor == "" || stream == "" || rng >= RangesMax {
-			return Decoded{}, fmt.Errorf("%w: position key names cursor %q, stream %q, range %d", ErrMalformed, cursor, stream, rng)
+		p := v.p
+		p.Stream, p.MemberID = string(v.stream), string(v.memberID)
+		if len(v.metadata) > 0 {
+			p.Metadata = slices.Clone(v.metadata)
 		}
-		return Decoded{Cursor: cursor, Position: &p}, nil
+		return Decoded{Cursor: string(v.cursor), Position: &p}, nil
 	case kindGroup:
+		k := &reader{b: r.Key[1:]}
 		name := k.str(NameBytesMax)
 		if err := k.end(); err != nil {
 			return Decoded{}, err
@@ -213,29 +232,68 @@ func Decode(r Record) (Decoded, error) {
 	}
 }
 
-func decodePosition(r Record) (Position, error) {
+func checkRecordSize(r Record) error {
+	if len(r.Key) == 0 || len(r.Key)+len(r.Value) > RecordBytesMax {
+		return fmt.Errorf("%w: key of %d bytes, value of %d", ErrMalformed, len(r.Key), len(r.Value))
+	}
+	return nil
+}
+
+// positionRecord is a position record decoded in place: cursor, stream,
+// memberID and metadata are views of the record's bytes, valid while
+// they are; p holds the other fields (Stream, MemberID and Metadata
+// unset). The applier merges it into a State without allocating when the
+// cursor and its position are already held.
+type positionRecord struct {
+	cursor, stream, memberID, metadata []byte
+	p                                  Position
+}
+
+// decodePositionRecord decodes and validates a position record (a key
+// of kindPosition), as Decode does.
+func decodePositionRecord(r Record) (positionRecord, error) {
+	if err := checkRecordSize(r); err != nil {
+		return positionRecord{}, err
+	}
+	var v positionRecord
+	k := &reader{b: r.Key[1:]}
+	v.cursor = k.bytes(NameBytesMax)
+	v.stream = k.bytes(StreamNameBytesMax)
+	rng := k.u32be()
+	if err := k.end(); err != nil {
+		return positionRecord{}, err
+	}
+	if err := v.decodeValue(r); err != nil {
+		return positionRecord{}, err
+	}
+	v.p.Range = rng
+	if len(v.cursor) == 0 || len(v.stream) == 0 || rng >= RangesMax {
+		return positionRecord{}, fmt.Errorf("%w: position key names cursor %q, stream %q, range %d", ErrMalformed, v.cursor, v.stream, rng)
+	}
+	return v, nil
+}
+
+func (v *positionRecord) decodeValue(r Record) error {
 	if r.Tombstone {
 		if len(r.Value) > 0 {
-			return Position{}, fmt.Errorf("%w: a tombstone with a value", ErrMalformed)
+			return fmt.Errorf("%w: a tombstone with a value", ErrMalformed)
 		}
-		return Position{Deleted: true}, nil
+		v.p.Deleted = true
+		return nil
 	}
 	d := &reader{b: r.Value}
 	d.version()
-	var p Position
 	if d.flag() {
 		d.fail("reserved flag set")
 	}
-	p.Generation = d.uvarint()
-	p.Offset = d.uvarint()
-	p.Epoch = d.uvarint()
-	p.CommitTimeUnixNanos = d.varint()
-	p.MemberID = d.str(NameBytesMax)
-	p.MemberEpoch = d.uvarint()
-	if md := d.str(MetadataBytesMax); md != "" {
-		p.Metadata = []byte(md)
-	}
-	return p, d.end()
+	v.p.Generation = d.uvarint()
+	v.p.Offset = d.uvarint()
+	v.p.Epoch = d.uvarint()
+	v.p.CommitTimeUnixNanos = d.varint()
+	v.memberID = d.bytes(NameBytesMax)
+	v.p.MemberEpoch = d.uvarint()
+	v.metadata = d.bytes(MetadataBytesMax)
+	return d.end()
 }
 
 func decodeGroup(name string, v []byte) (*Group, error) {
@@ -408,16 +466,20 @@ func (d *reader) bounded(max uint64) uint64 {
 	return v
 }
 
-func (d *reader) str(max int) string {
+func (d *reader) str(max int) string { return string(d.bytes(max)) }
+
+// bytes reads a byte string of at most max bytes: a view of the input
+// (nil if empty).
+func (d *reader) bytes(max int) []byte {
 	n := d.bounded(uint64(max))
-	if d.err != nil {
-		return ""
+	if d.err != nil || n == 0 {
+		return nil
 	}
 	if uint64(len(d.b)) < n {
 		d.fail("string of %d bytes past the end", n)
-		return ""
+		return nil
 	}
-	s := string(d.b[:n])
+	s := d.b[:n:n]
 	d.b = d.b[n:]
 	return s
 }

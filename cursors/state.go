@@ -1,8 +1,8 @@
 package cursors
 
 import (
+	"cmp"
 	"slices"
-	"sort"
 	"strings"
 )
 
@@ -51,47 +51,87 @@ func NewState(l Limits) *State {
 // no-op at worst. Group records replace the group (the coordinator writes
 // each as the whole new state). A record that does not decode changes
 // nothing and is returned as an error; limits do not apply (what the log
-// holds is the state).
+// holds is the state). Applying a position of a cursor already held
+// allocates nothing unless its member id or metadata changed.
 func (s *State) Apply(r Record) error {
+	if len(r.Key) > 0 && r.Key[0] == kindPosition {
+		v, err := decodePositionRecord(r)
+		if err != nil {
+			return err
+		}
+		s.applyPosition(&v)
+		return nil
+	}
 	d, err := Decode(r)
 	if err != nil {
 		return err
-	}
-	if d.Position != nil && d.Position.Deleted {
-		s.removePosition(d.Cursor, d.Position.Stream, d.Position.Range)
-		return nil
-	}
-	if d.Position != nil {
-		s.mergePosition(d.Cursor, *d.Position)
-		return nil
 	}
 	s.setGroup(d.Group)
 	return nil
 }
 
-// mergePosition raises cursor's position to p if p is above it.
-func (s *State) mergePosition(cursor string, p Position) bool {
-	ps := s.cursors[cursor]
-	i, found := findPosition(ps, p.Stream, p.Range)
-	if found {
-		if !p.after(ps[i]) {
-			return false
+// applyPosition merges a decoded position record: a tombstone removes the
+// position; else it raises the position if above it.
+func (s *State) applyPosition(v *positionRecord) {
+	ps := s.cursors[string(v.cursor)]
+	i, found := findPositionBytes(ps, v.stream, v.p.Range)
+	if v.p.Deleted {
+		if found {
+			s.removeAt(string(v.cursor), ps, i)
 		}
-		ps[i] = p
-		return true
+		return
 	}
-	s.cursors[cursor] = slices.Insert(ps, i, p)
+	if found {
+		if v.p.after(ps[i]) {
+			ps[i] = v.position(ps[i])
+		}
+		return
+	}
+	// A new position: its stream's name is shared with a neighbour's on
+	// the same stream, if any.
+	p := v.position(Position{})
+	for _, j := range []int{i - 1, i} {
+		if j >= 0 && j < len(ps) && string(v.stream) == ps[j].Stream {
+			p.Stream = ps[j].Stream
+		}
+	}
+	if p.Stream == "" {
+		p.Stream = string(v.stream)
+	}
+	s.cursors[string(v.cursor)] = slices.Insert(ps, i, p)
 	s.positions++
-	return true
+}
+
+// position is the record's position, replacing old: the strings and
+// metadata of old are kept where equal (they are never changed in place).
+func (v *positionRecord) position(old Position) Position {
+	p := v.p
+	p.Stream = old.Stream
+	p.MemberID = old.MemberID
+	if string(v.memberID) != old.MemberID {
+		p.MemberID = string(v.memberID)
+	}
+	switch {
+	case len(v.metadata) == 0:
+		p.Metadata = nil
+	case string(v.metadata) == string(old.Metadata):
+		p.Metadata = old.Metadata
+	default:
+		p.Metadata = slices.Clone(v.metadata)
+	}
+	return p
 }
 
 // removePosition drops cursor's position in (stream, rng), if held.
 func (s *State) removePosition(cursor, stream string, rng uint32) {
 	ps := s.cursors[cursor]
-	i, found := findPosition(ps, stream, rng)
-	if !found {
-		return
+	if i, found := findPosition(ps, stream, rng); found {
+		s.removeAt(cursor, ps, i)
 	}
+}
+
+// removeAt drops the position at i of cursor's positions ps.
+func (s *State) removeAt(cursor string, ps []Position, i int) {
 	ps = slices.Delete(ps, i, i+1)
 	s.positions--
 	if len(ps) == 0 {
@@ -112,18 +152,50 @@ func (s *State) setGroup(g *Group) {
 
 // findPosition finds (stream, rng) in ps, sorted by (stream, range).
 func findPosition(ps []Position, stream string, rng uint32) (int, bool) {
-	return sort.Find(len(ps), func(i int) int {
-		if c := strings.Compare(stream, ps[i].Stream); c != 0 {
-			return c
+	lo, hi := 0, len(ps)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if comparePosition(stream, rng, &ps[m]) > 0 {
+			lo = m + 1
+		} else {
+			hi = m
 		}
-		switch {
-		case rng < ps[i].Range:
-			return -1
-		case rng > ps[i].Range:
-			return 1
+	}
+	return lo, lo < len(ps) && comparePosition(stream, rng, &ps[lo]) == 0
+}
+
+// findPositionBytes is findPosition for a stream name in bytes.
+func findPositionBytes(ps []Position, stream []byte, rng uint32) (int, bool) {
+	lo, hi := 0, len(ps)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if comparePositionBytes(stream, rng, &ps[m]) > 0 {
+			lo = m + 1
+		} else {
+			hi = m
 		}
-		return 0
-	})
+	}
+	return lo, lo < len(ps) && comparePositionBytes(stream, rng, &ps[lo]) == 0
+}
+
+// comparePosition orders (stream, rng) against p by stream, then range.
+func comparePosition(stream string, rng uint32, p *Position) int {
+	if stream != p.Stream {
+		return strings.Compare(stream, p.Stream)
+	}
+	return cmp.Compare(rng, p.Range)
+}
+
+// comparePositionBytes is comparePosition for a stream name in bytes
+// (the conversions in comparisons allocate nothing).
+func comparePositionBytes(stream []byte, rng uint32, p *Position) int {
+	switch {
+	case string(stream) < p.Stream:
+		return -1
+	case string(stream) > p.Stream:
+		return 1
+	}
+	return cmp.Compare(rng, p.Range)
 }
 
 // Position returns cursor's position in (stream, rng).

@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 )
 
 func consumerClient(t *testing.T, addr string) geologv1.ConsumerClient {
@@ -244,13 +246,15 @@ func TestCursorsRegion(t *testing.T) {
 	for id, addr := range tr.peers {
 		ccs[id] = consumerClient(t, addr)
 	}
+	hinted := 0
 	for i := 0; i < 30; i++ {
 		id := uint64(i%3) + 1
 		cursor := "dev-" + string(rune('a'+i%7))
 		var err error
+		var md metadata.MD
 		for attempt := 0; attempt < 50; attempt++ {
 			_, err = ccs[id].CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: cursor,
-				Positions: []*geologv1.CursorPosition{{Stream: "chat", Range: 0, Offset: uint64(i + 1)}}})
+				Positions: []*geologv1.CursorPosition{{Stream: "chat", Range: 0, Offset: uint64(i + 1)}}}, grpc.Header(&md))
 			if err == nil || !apierr.IsRetriable(err) {
 				break
 			}
@@ -258,6 +262,14 @@ func TestCursorsRegion(t *testing.T) {
 		}
 		if err != nil {
 			t.Fatalf("commit %d at node %d: %v", i, id, err)
+		}
+		// The coordinator's hint names the cursor range of the name.
+		if len(md.Get(CoordinatorHeader)) > 0 {
+			hinted++
+			want := fmt.Sprintf("%d/%d", keyspace.RangeForKey([]byte(cursor), cursorRangesDefault), cursorRangesDefault)
+			if got := md.Get(CursorRangeHeader); len(got) != 1 || got[0] != want {
+				t.Fatalf("commit %d of %q: %s %v, want %s", i, cursor, CursorRangeHeader, got, want)
+			}
 		}
 		for rid, c := range ccs {
 			got, err := c.GetCursors(ctx, &geologv1.GetCursorsRequest{Cursor: cursor, Consistency: geologv1.Consistency_CONSISTENCY_HOME})
@@ -268,6 +280,9 @@ func TestCursorsRegion(t *testing.T) {
 				t.Fatalf("node %d reads %v after commit %d", rid, got.Positions, i+1)
 			}
 		}
+	}
+	if hinted == 0 {
+		t.Fatal("no commit named its coordinator")
 	}
 	// The records are in the cursor stream, hashed by name.
 	r := keyspace.RangeForKey([]byte("dev-a"), cursorRangesDefault)

@@ -76,6 +76,12 @@ func (n *Node) coordinate(ctx context.Context, cr *cursorRange, run func(b *curs
 // A hint only: a node that no longer coordinates forwards the request.
 const CoordinatorHeader = "x-geolog-coordinator"
 
+// CursorRangeHeader goes with CoordinatorHeader: the cursor range of the
+// request's name and the cursor ranges' count, as "index/count". A client
+// may send the first request of another name of the same range (the
+// range of keyspace.RangeForKey(name, count)) to the same coordinator.
+const CursorRangeHeader = "x-geolog-cursor-range"
+
 // hintCoordinator sets CoordinatorHeader after a request the peer at addr
 // (a Peers address) served. The header names the node's advertised
 // address; none when it is not known yet.
@@ -84,7 +90,7 @@ func (n *Node) hintCoordinator(ctx context.Context, cr *cursorRange, addr string
 		return
 	}
 	if client := n.peerClientAddr(addr); client != "" {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(CoordinatorHeader, client))
+		_ = grpc.SetHeader(ctx, metadata.Pairs(CoordinatorHeader, client, CursorRangeHeader, cr.rangeHint))
 	}
 }
 

@@ -115,9 +115,17 @@ func commitResponse(res []cursors.CommitResult, err error) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The messages are allocated together: two allocations per request
+	// instead of two per position.
+	results := make([]geologv1.CursorCommitResult, len(res))
+	positions := make([]geologv1.CursorPosition, len(res))
 	out := &geologv1.CommitCursorsResponse{Results: make([]*geologv1.CursorCommitResult, len(res))}
 	for i, r := range res {
-		out.Results[i] = &geologv1.CursorCommitResult{Position: positionToProto(r.Position), Applied: r.Applied}
+		p, q := &positions[i], r.Position
+		p.Stream, p.Range, p.Offset, p.Epoch, p.Generation = q.Stream, q.Range, q.Offset, q.Epoch, q.Generation
+		p.Metadata, p.CommitTimeUnixNanos = q.Metadata, q.CommitTimeUnixNanos
+		results[i].Position, results[i].Applied = p, r.Applied
+		out.Results[i] = &results[i]
 	}
 	return out, nil
 }

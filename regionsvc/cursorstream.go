@@ -196,7 +196,7 @@ func (cs *cursorService) attach() bool {
 		return true
 	}
 	for r, d := range st.ranges {
-		cr := newCursorRange(cs, uint32(r), d)
+		cr := newCursorRange(cs, uint32(r), len(st.ranges), d)
 		cs.ranges = append(cs.ranges, cr)
 		go cr.runApplier()
 		go cr.runWriter()
@@ -315,10 +315,12 @@ func (cs *cursorService) all() []*cursorRange {
 
 // cursorRange is one range of the cursor stream on this node.
 type cursorRange struct {
-	cs     *cursorService
-	idx    uint32
-	d      *rangeDriver
-	logger hclog.Logger
+	cs  *cursorService
+	idx uint32
+	// rangeHint is its CursorRangeHeader: "idx/count".
+	rangeHint string
+	d         *rangeDriver
+	logger    hclog.Logger
 
 	// mu guards state and applied: the applier writes, everyone else
 	// reads.
@@ -342,8 +344,8 @@ type frameID struct {
 	appendTime  int64
 }
 
-func newCursorRange(cs *cursorService, idx uint32, d *rangeDriver) *cursorRange {
-	cr := &cursorRange{cs: cs, idx: idx, d: d, logger: cs.logger.With("range", idx),
+func newCursorRange(cs *cursorService, idx uint32, count int, d *rangeDriver) *cursorRange {
+	cr := &cursorRange{cs: cs, idx: idx, rangeHint: fmt.Sprintf("%d/%d", idx, count), d: d, logger: cs.logger.With("range", idx),
 		state: cursors.NewState(cursors.Limits{}), appliedCh: make(chan struct{}),
 		inbox: make(chan *cursorOp, cursorInboxOpsMax), stop: make(chan struct{})}
 	cr.done.Add(2)

@@ -10,12 +10,13 @@
 # RANGES=n (64) is the positions per commit request, CURSORS=n (1024) the
 # cursor names; REBALANCE=off skips the rebalance rounds; PROFILE=on takes
 # a CPU profile of every node during the commits (run/bench-groups/n*.cpu,
-# nodes on --debug-addr BASE+11..13). The fdatasync floor printed first is
+# nodes on --debug-addr BASE+11..13); GEOLOGD_FLAGS adds flags to every
+# node's command line. The fdatasync floor printed first is
 # this disk's one-page write+fdatasync time (a node's Raft log pays one per
 # append, and a commit is acked after the quorum's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=$PWD/bin
+BIN=${GEOLOG_BENCH_BIN:-$PWD/bin}   # GEOLOG_BENCH_BIN=dir: other binaries (before/after runs)
 RUNDIR=$PWD/run/bench-groups
 DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-5}
@@ -29,6 +30,7 @@ pki_setup local 3
 RANGES=${RANGES:-64}
 CURSORS=${CURSORS:-1024}
 PROFILE=${PROFILE:-off}
+GEOLOGD_FLAGS=${GEOLOGD_FLAGS:-}
 REBALANCE=${REBALANCE:-on}
 PIDS=()
 for i in 1 2 3; do
@@ -36,7 +38,7 @@ for i in 1 2 3; do
 	[ "$PROFILE" = on ] && debug="--debug-addr 127.0.0.1:$((BASE+10+i))"
 	# shellcheck disable=SC2046,SC2086
 	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn $(node_security $i) $debug >"$RUNDIR/n$i.log" 2>&1 &
+		--fsync always --log-level warn $(node_security $i) $debug $GEOLOGD_FLAGS >"$RUNDIR/n$i.log" 2>&1 &
 	PIDS+=($!)
 done
 trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
@@ -69,6 +71,20 @@ for i in $(seq 1 20); do
 	"$BIN/geolog" bench cursors --ranges "$RANGES" --duration 2s >/dev/null 2>&1 && break   # warm up: streams, cursor stream, leaders
 	sleep 0.5
 done
+go build -o "$RUNDIR/cursorframes" ./scripts/cursorframes
+# Where the coordinators are: the leaders of the cursor ranges (a node
+# leading most of them takes most of the commits).
+"$BIN/geolog" streams describe _cursors --json 2>/dev/null | python3 -c '
+import collections, json, sys
+def leaders(x):
+    if isinstance(x, dict):
+        if x.get("leader"): yield x["leader"]
+        for v in x.values(): yield from leaders(v)
+    elif isinstance(x, list):
+        for v in x: yield from leaders(v)
+c = collections.Counter(leaders(json.load(sys.stdin)))
+print("cursor range leaders:", ", ".join(f"{a} {n}" for a, n in sorted(c.items())))' || true
+frames_before=$("$RUNDIR/cursorframes" "$RUNDIR/n1")   # records and appends of node 1's _cursors copy
 before=$(cpu_seconds)
 PROFS=()
 if [ "$PROFILE" = on ]; then
@@ -78,18 +94,26 @@ if [ "$PROFILE" = on ]; then
 		PROFS+=($!)
 	done
 fi
-"$BIN/geolog" bench cursors --ranges "$RANGES" --cursors "$CURSORS" --concurrency "$CONCURRENCY" --duration "$DURATION" --json >"$RUNDIR/cursors.json"
+TIMEFORMAT='%U %S'   # the bench client's user and system CPU seconds (it shares the cores)
+{ time "$BIN/geolog" bench cursors --ranges "$RANGES" --cursors "$CURSORS" --concurrency "$CONCURRENCY" --duration "$DURATION" --json >"$RUNDIR/cursors.json" ; } 2>"$RUNDIR/client.cpu"
 after=$(cpu_seconds)
+sleep 0.5; frames_after=$("$RUNDIR/cursorframes" "$RUNDIR/n1")
 [ ${#PROFS[@]} -eq 0 ] || wait "${PROFS[@]}"
-python3 - "$RUNDIR/cursors.json" "$before" "$after" <<'PY'
+python3 - "$RUNDIR/cursors.json" "$before" "$after" "$(tail -1 "$RUNDIR/client.cpu")" "$frames_before" "$frames_after" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); cpu = float(sys.argv[3]) - float(sys.argv[2])
+client = sum(float(x) for x in sys.argv[4].split())
 print(f"positions   {r['positions']} committed ({r['errors']} failed requests) in {r['elapsed_seconds']:.1f}s")
 print(f"throughput  {r['positions_per_sec']:.0f} positions/s")
 l = r['request_latency_ms']
 print(f"latency ms  p50 {l['p50']:.1f}  p99 {l['p99']:.1f}  max {l['max']:.1f} (one commit request of {r['ranges']} positions)")
 per = cpu / max(1, r['positions'])
 print(f"node CPU    {cpu:.1f} s for the 3 nodes: {per*1e6:.1f} us per position, {per*1e6:.0f} ms per 1,000 positions (2 cores to themselves: about {2/per:.0f} positions/s)")
+cper = client / max(1, r['positions'])
+fb, fa = [int(x) for x in sys.argv[5].split()], [int(x) for x in sys.argv[6].split()]
+recs, apps = fa[0] - fb[0], fa[1] - fb[1]
+print(f"appends     {apps} of the cursor ranges (node 1's copy): {recs / max(1, apps):.1f} positions per append, {recs / max(1, apps) / max(1, r['ranges']):.1f} requests")
+print(f"client CPU  {client:.1f} s for the bench client: {cper*1e6:.1f} ms per 1,000 positions (nodes and client on 2 cores: about {2/(per+cper):.0f} positions/s)")
 PY
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$REBALANCE" = on ] || exit 0
