@@ -189,6 +189,9 @@ type RehomeNote struct {
 	Err error
 	// Nodes are liveness ids (waiting for the old home to confirm).
 	Nodes []uint64
+	// Routine: a wait that is part of the protocol, worth a debug line
+	// (the others are worth a warning).
+	Routine bool
 }
 
 // RangeRehomeResult is one range's outcome.
@@ -464,7 +467,7 @@ func (r *Rehome) LivenessRead(nowNanos int64, live []Liveness, err error) {
 			r.send(RehomeOp{Kind: OpDrainedTails, Region: r.cfg.From, Keys: r.keys(rangePrepared)})
 			return
 		}
-		r.note(RehomeNote{Msg: "waiting for the old home to confirm", Nodes: left})
+		r.note(RehomeNote{Msg: "waiting for the old home to confirm", Nodes: left, Routine: true})
 	}
 	r.send(RehomeOp{Kind: OpConfirm, Region: r.cfg.From})
 }
@@ -562,7 +565,7 @@ func (r *Rehome) Completed(nowNanos int64, b RehomeBatch, err error) {
 	if undrained {
 		// A node of the old home did not confirm to the coordinator: it
 		// confirms through its heartbeats (or its liveness runs out).
-		r.note(RehomeNote{Msg: "the old home has not confirmed yet"})
+		r.note(RehomeNote{Msg: "the old home has not confirmed yet", Routine: true})
 		r.send(RehomeOp{Kind: OpConfirm, Region: r.cfg.From})
 		return
 	}
@@ -594,7 +597,14 @@ func (r *Rehome) Started(nowNanos int64) {
 // context's): every range prepared and not moved is cancelled, what moved
 // is started. The answer of the op in flight is no longer awaited.
 func (r *Rehome) Abandon(nowNanos int64, err error) {
-	if r.phase == phaseDone || r.phase == phaseStart {
+	switch r.phase {
+	case phaseDone:
+		return
+	case phaseStart:
+		// The start is not awaited any more: the new home's nodes learn
+		// of the move by their heartbeats.
+		r.waiting = 0
+		r.finish(nowNanos)
 		return
 	}
 	r.waiting = 0

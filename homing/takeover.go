@@ -109,6 +109,11 @@ const (
 	OpRefreshRegions
 )
 
+// Awaited reports whether the core waits for this kind's answer.
+func (k TakeoverOpKind) Awaited() bool {
+	return k == OpReadLiveness || k == OpSurveyTails || k == OpTakeover
+}
+
 func (k TakeoverOpKind) String() string {
 	return [...]string{"?", "read-liveness", "survey-tails", "takeover", "refresh-directory", "refresh-regions"}[min(int(k), 5)]
 }
@@ -184,6 +189,11 @@ func NewTakeover(cfg TakeoverConfig) (*Takeover, error) {
 // Busy reports whether a round waits for an answer (a Tick then does
 // nothing).
 func (t *Takeover) Busy() bool { return t.cur != nil }
+
+// Current reports whether round is the round in progress: an op of
+// another round that awaits an answer should not be carried out (the core
+// dropped its round; refreshes are still worth doing).
+func (t *Takeover) Current(round uint64) bool { return t.cur != nil && round == t.round }
 
 // Ready returns the ops and notes produced since the last call; the caller
 // owns them.
@@ -292,6 +302,8 @@ func (t *Takeover) LivenessRead(round uint64, live []Liveness, err error) {
 	r := t.cur
 	from := r.regions[0]
 	if err != nil || len(live) == 0 {
+		// Not known dead: the grace starts over once it is.
+		delete(t.deadSince, from)
 		t.endRegion(false)
 		return
 	}

@@ -23,6 +23,7 @@ import (
 //	unhome stream=chat ranges=0-1                 drop from the directory
 //	tick at=10s [serve-until=20s] [lead=false]    (serve-until defaults to at+4s)
 //	lead false|true                               LeaderChanged
+//	current [round=N]                             Current
 //	liveness [round=N] exp=(1s,2s) | err          answers OpReadLiveness
 //	tails [round=N] local=(5,7,_,3) [ap=(6,9,3,3)] [stream=chat]   answers OpSurveyTails
 //	result [round=N] granted=(0,1) | err          answers OpTakeover
@@ -110,6 +111,11 @@ func (h *toHarness) run(t *testing.T, d *datadriven.TestData) string {
 		h.core.Tick(tk)
 	case "lead":
 		h.core.LeaderChanged(d.CmdArgs[0].Key == "true")
+	case "current":
+		if h.core.Current(h.roundOf(t, d)) {
+			return "current"
+		}
+		return "stale: an awaited op of it is not carried out"
 	case "liveness":
 		var live []Liveness
 		for i, e := range ddList(d, "exp") {

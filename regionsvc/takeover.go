@@ -21,6 +21,8 @@ import (
 // mirrors are, and only the best one (ties broken by the preference order)
 // acts; after failoverGrace, any does (the best may be unable to). The
 // store's compare-and-set on the epoch makes the race harmless: one wins.
+// The decision is the deterministic core homing.Takeover; the agent below
+// only drives it.
 
 // failoverScanInterval is how often the agent looks. It reads a region's
 // liveness records only when they could have expired by then (see
@@ -87,8 +89,12 @@ func (a *failoverAgent) scan(ctx context.Context) {
 				a.core.LeaderChanged(false) // closing: drop the round
 				return
 			}
-			// The lead may move while a round runs: the core then drops it.
+			// The lead may move while a round runs: the core then drops it,
+			// and what it asked for is not done.
 			a.core.LeaderChanged(a.leading())
+			if op.Kind.Awaited() && !a.core.Current(op.Round) {
+				continue
+			}
 			a.do(ctx, op)
 		}
 	}
