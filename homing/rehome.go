@@ -137,8 +137,9 @@ const (
 	// OpDrainedTails: ask Region's home leader for the confirmed tail of
 	// each of Keys, until two readings agree; answer DrainedTails.
 	OpDrainedTails
-	// OpReadLiveness: Store.Liveness(Region); answer LivenessRead.
-	OpReadLivenessRehome
+	// OpDrainLiveness: Store.Liveness(Region), to see whether it drained;
+	// answer LivenessRead.
+	OpDrainLiveness
 	// OpConfirm: ask every node of Region to heartbeat and report the homes
 	// version it acts on; answer Confirmed.
 	OpConfirm
@@ -450,12 +451,12 @@ func (r *Rehome) afterStop(nowNanos int64) {
 		return
 	}
 	r.phase = phaseDrainWait
-	r.send(RehomeOp{Kind: OpReadLivenessRehome, Region: r.cfg.From})
+	r.send(RehomeOp{Kind: OpDrainLiveness, Region: r.cfg.From})
 }
 
 // LivenessRead answers OpReadLiveness (the wait for From to drain).
 func (r *Rehome) LivenessRead(nowNanos int64, live []Liveness, err error) {
-	if !r.expect(OpReadLivenessRehome) {
+	if !r.expect(OpDrainLiveness) {
 		return
 	}
 	if err == nil {
@@ -491,7 +492,7 @@ func (r *Rehome) Tick(nowNanos int64) {
 	if !r.expect(OpWait) {
 		return
 	}
-	r.send(RehomeOp{Kind: OpReadLivenessRehome, Region: r.cfg.From})
+	r.send(RehomeOp{Kind: OpDrainLiveness, Region: r.cfg.From})
 }
 
 func (r *Rehome) catchUp(nowNanos int64) {

@@ -138,7 +138,7 @@ func randomRehome(rng *rand.Rand, st *rehomeStats) error {
 					delete(got, k)
 				}
 				c.DrainedTails(now, got, errs)
-			case OpReadLivenessRehome:
+			case OpDrainLiveness:
 				seen := uint64(10 + rng.Intn(2))
 				c.LivenessRead(now, []Liveness{{NodeID: 1, ExpirationNanos: now + 1000, HomesSeen: 11}, {NodeID: 2, ExpirationNanos: now + 1000, HomesSeen: seen}}, maybe(0.1))
 			case OpConfirm:

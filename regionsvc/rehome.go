@@ -413,7 +413,7 @@ func (d *rehomeDriver) do(ctx context.Context, op homing.RehomeOp) {
 			}
 		}
 		c.DrainedTails(d.now(), tails, errs)
-	case homing.OpReadLivenessRehome:
+	case homing.OpDrainLiveness:
 		cctx, cancel := context.WithTimeout(ctx, n.storeTimeout())
 		live, err := n.homing.store.Liveness(cctx, op.Region)
 		cancel()
