@@ -2,6 +2,7 @@ package homing
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,17 +31,25 @@ import (
 func TestDataDriven(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) {
-			datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
-				h := &ddHarness{
-					store: &faultStore{Store: newStore(t, kind)},
-					nodes: map[uint64]*ddNode{},
-					cfg: CoreConfig{HeartbeatIntervalNanos: int64(time.Second), RetryIntervalNanos: int64(250 * time.Millisecond),
-						LivenessTTLNanos: int64(5 * time.Second), MaxOffsetNanos: int64(500 * time.Millisecond)},
-				}
-				datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
-					return h.run(t, d)
+			// The scripts of the store; testdata/cores holds the protocol
+			// cores' (TestTakeoverCore, TestRehomeCore).
+			paths, err := filepath.Glob("testdata/*.txt")
+			if err != nil || len(paths) == 0 {
+				t.Fatalf("no scripts in testdata: %v", err)
+			}
+			for _, path := range paths {
+				t.Run(strings.TrimSuffix(filepath.Base(path), ".txt"), func(t *testing.T) {
+					h := &ddHarness{
+						store: &faultStore{Store: newStore(t, kind)},
+						nodes: map[uint64]*ddNode{},
+						cfg: CoreConfig{HeartbeatIntervalNanos: int64(time.Second), RetryIntervalNanos: int64(250 * time.Millisecond),
+							LivenessTTLNanos: int64(5 * time.Second), MaxOffsetNanos: int64(500 * time.Millisecond)},
+					}
+					datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+						return h.run(t, d)
+					})
 				})
-			})
+			}
 		})
 	}
 }

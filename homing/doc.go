@@ -81,6 +81,14 @@
 //     goroutines, no clock, no I/O): Next(now) gives the heartbeat to send,
 //     Done takes the answer, View() is an immutable snapshot with Check.
 //   - Homes: the driver, one goroutine per node that owns a Core.
+//   - Takeover (takeover.go): a region's failover decision as a
+//     deterministic core: which ranges of a dead region it takes, when,
+//     from which tail. regionsvc's failover agent drives it.
+//   - Rehome (rehome.go): the coordinator of a planned rehome of a group of
+//     ranges as a deterministic core: prepare, stop, drain, catch-up,
+//     complete, start; cancels what fails. regionsvc's rehome drives it.
+//     Both are tested by datadriven scripts (testdata/cores) that answer
+//     their requests in any order, so every interleaving can be forced.
 //   - Migrate: versioned, idempotent migrations (schema_migrations) applied
 //     by OpenSQL. README.md documents the CockroachDB multi-region setup.
 //   - pgtest: a private PostgreSQL for tests (scripts/pg.sh).
@@ -109,6 +117,53 @@
 //     at once.
 //  6. Use the same MaxClockOffset on every node and keep clocks within it
 //     (NTP); a node whose offset may exceed it must stop serving.
+//
+// # Takeover driver contract
+//
+// A failover agent (one per region, on the node that leads the region's
+// catalogue) owns one Takeover and, every scan interval:
+//
+//  1. Reads its clock and calls Tick with it, whether it leads now, its own
+//     View.ServeUntilNanos and the home directory of the ranges it mirrors
+//     (with each stream's regions in preference order).
+//  2. Carries out Ready's ops in order and gives each answer to the method
+//     its kind names, with the op's Round; an op it cannot carry out is
+//     answered with an error, never left unanswered (the core would wait
+//     for it, and Tick starts no round while one waits).
+//  3. Reads liveness with the store timeout of a heartbeat, asks the
+//     surveyed regions at once, and reports only the local ranges it can
+//     serve (a replica, not failed): the core takes nothing else.
+//  4. Sends each takeover with a clock reading taken just before (Homes.
+//     Takeover does), so a late answer only makes the judgement safer.
+//  5. Calls LeaderChanged(false) as soon as it stops leading (between ops
+//     too): the core drops the round and forgets what it judged. An op
+//     that awaits an answer and is no longer of the Current round is not
+//     carried out.
+//
+// # Rehome driver contract
+//
+// A coordinator (a node of the target region) owns one Rehome per group of
+// ranges sharing an old home and, until Done:
+//
+//  1. Carries out Ready's ops in order; at most one awaits an answer and
+//     it comes last. It gives the answer with a clock reading taken when
+//     the answer came (the phase durations are made of them).
+//  2. Runs the lease-store writes (prepare, complete, cancel) one at a time
+//     on the node, retrying transient failures for a bounded time; each is
+//     a compare-and-set, so a retry after an ambiguous commit fails
+//     harmlessly.
+//  3. Stamps each complete request with a clock reading taken just before
+//     sending it.
+//  4. Reports, for the stop, the highest tail any node of the old home
+//     reported per range and every node's confirmed homes version, and an
+//     error if any node did not answer: the core then waits for the old
+//     home to drain before trusting the tails.
+//  5. Runs cancels with a context the caller's cancellation does not end,
+//     and logs a failed cancel (the range stays stopped until a rehome
+//     completes or is cancelled).
+//  6. Once the caller gave up, calls Abandon instead of carrying out the
+//     next awaited op, then carries out what Ready returns (cancels, the
+//     start of what moved, the release of the old home).
 //
 // # Errors
 //

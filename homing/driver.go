@@ -371,19 +371,7 @@ func (h *Homes) run() {
 			}
 			waiting = nil
 		case in := <-h.installCh:
-			changed, taken := h.core.Install(in.snap.Version, in.snap.Homes)
-			// Contract step 3: publish before anyone learns of it.
-			h.view.Store(h.core.View())
-			if taken {
-				h.logger.Debug("homes installed", "homes_version", in.snap.Version, "ranges", len(in.snap.Homes), "changed", changed)
-			}
-			if changed {
-				select {
-				case h.changed <- struct{}{}:
-				default:
-				}
-			}
-			in.done <- h.view.Load()
+			h.install(in)
 		case w := <-h.refreshCh:
 			if len(queued)+len(waiting) >= h.cfg.RefreshWaitersMax {
 				w <- newError(ErrStoreUnavailable, "%d refreshes already waiting", len(queued)+len(waiting))
@@ -393,6 +381,23 @@ func (h *Homes) run() {
 		case <-timer.C:
 		}
 	}
+}
+
+// install takes a snapshot of the region's homes (on the driver loop).
+func (h *Homes) install(in installRequest) {
+	changed, taken := h.core.Install(in.snap.Version, in.snap.Homes)
+	// Contract step 3: publish before anyone learns of it.
+	h.view.Store(h.core.View())
+	if taken {
+		h.logger.Debug("homes installed", "homes_version", in.snap.Version, "ranges", len(in.snap.Homes), "changed", changed)
+	}
+	if changed {
+		select {
+		case h.changed <- struct{}{}:
+		default:
+		}
+	}
+	in.done <- h.view.Load()
 }
 
 func (h *Homes) heartbeat(req HeartbeatRequest, results chan<- heartbeatOutcome) {

@@ -110,3 +110,7 @@ func IsRetriable(err error) bool {
 func invalidf(format string, args ...any) error {
 	return newError(ErrInvalidArgument, format, args...)
 }
+
+func unavailablef(format string, args ...any) error {
+	return newError(ErrStoreUnavailable, format, args...)
+}

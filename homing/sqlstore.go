@@ -535,13 +535,12 @@ func (s *SQLStore) Heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbe
 	var res HeartbeatResult
 	err := s.runTx(ctx, false, func(tx pgx.Tx) error {
 		res = HeartbeatResult{}
-		extended := false
 		if req.Epoch != 0 {
 			// The common case in one round trip. The update is
 			// decideHeartbeat's extend branch (same region, same non-zero
 			// epoch: expiration never moves back, homes_seen is the
 			// request's); anything else falls through to the general path
-			// below. The region's version and, only if it differs from the
+			// (heartbeatSlow). The region's version and, only if it differs from the
 			// one the node knows, its homes are read in the same trip.
 			b := &pgx.Batch{}
 			b.Queue(`UPDATE liveness
@@ -561,55 +560,60 @@ func (s *SQLStore) Heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbe
 				return nil
 			}
 		}
-		if !extended {
-			ls, err := queryLiveness(ctx, tx, `SELECT `+livenessColumns+` FROM liveness WHERE node_id = $1 FOR UPDATE`, int64(req.NodeID))
-			if err != nil {
-				return err
-			}
-			var cur *Liveness
-			if len(ls) > 0 {
-				cur = &ls[0]
-			}
-			d, err := decideHeartbeat(cur, req)
-			if err != nil {
-				return err
-			}
-			switch {
-			case d.insert:
-				if _, err := tx.Exec(ctx, `INSERT INTO liveness (node_id, region, epoch, expiration_nanos, homes_seen, updated_nanos)
-					VALUES ($1, $2, $3, $4, $5, $6)`,
-					int64(d.next.NodeID), d.next.Region, int64(d.next.Epoch), d.next.ExpirationNanos, int64(d.next.HomesSeen), req.NowNanos); err != nil {
-					return err
-				}
-				if _, err := tx.Exec(ctx, `INSERT INTO regions (region, homes_version) VALUES ($1, 1) ON CONFLICT (region) DO NOTHING`, req.Region); err != nil {
-					return err
-				}
-			case d.write:
-				if _, err := tx.Exec(ctx, `UPDATE liveness SET expiration_nanos = $2, homes_seen = $3, updated_nanos = $4 WHERE node_id = $1`,
-					int64(d.next.NodeID), d.next.ExpirationNanos, int64(d.next.HomesSeen), req.NowNanos); err != nil {
-					return err
-				}
-			}
-			res.Liveness, res.Extended = d.next, d.extended
-		}
-		v, err := regionVersion(ctx, tx, req.Region)
-		if err != nil {
-			return err
-		}
-		res.HomesVersion = v
-		if v != req.HomesKnown {
-			homes, err := queryHomes(ctx, tx, `SELECT `+homeColumns+` FROM range_homes WHERE home_region = $1`, req.Region)
-			if err != nil {
-				return err
-			}
-			res.HomesChanged, res.Homes = true, homes
-		}
-		return nil
+		return heartbeatSlow(ctx, tx, req, &res)
 	})
 	if err != nil {
 		return HeartbeatResult{}, err
 	}
 	return res, nil
+}
+
+// heartbeatSlow is Heartbeat's general path: registration, a new
+// liveness epoch, or a refused extension (decideHeartbeat), then the
+// region's version and, if it changed, its homes.
+func heartbeatSlow(ctx context.Context, tx pgx.Tx, req HeartbeatRequest, res *HeartbeatResult) error {
+	ls, err := queryLiveness(ctx, tx, `SELECT `+livenessColumns+` FROM liveness WHERE node_id = $1 FOR UPDATE`, int64(req.NodeID))
+	if err != nil {
+		return err
+	}
+	var cur *Liveness
+	if len(ls) > 0 {
+		cur = &ls[0]
+	}
+	d, err := decideHeartbeat(cur, req)
+	if err != nil {
+		return err
+	}
+	switch {
+	case d.insert:
+		if _, err := tx.Exec(ctx, `INSERT INTO liveness (node_id, region, epoch, expiration_nanos, homes_seen, updated_nanos)
+			VALUES ($1, $2, $3, $4, $5, $6)`,
+			int64(d.next.NodeID), d.next.Region, int64(d.next.Epoch), d.next.ExpirationNanos, int64(d.next.HomesSeen), req.NowNanos); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO regions (region, homes_version) VALUES ($1, 1) ON CONFLICT (region) DO NOTHING`, req.Region); err != nil {
+			return err
+		}
+	case d.write:
+		if _, err := tx.Exec(ctx, `UPDATE liveness SET expiration_nanos = $2, homes_seen = $3, updated_nanos = $4 WHERE node_id = $1`,
+			int64(d.next.NodeID), d.next.ExpirationNanos, int64(d.next.HomesSeen), req.NowNanos); err != nil {
+			return err
+		}
+	}
+	res.Liveness, res.Extended = d.next, d.extended
+	v, err := regionVersion(ctx, tx, req.Region)
+	if err != nil {
+		return err
+	}
+	res.HomesVersion = v
+	if v != req.HomesKnown {
+		homes, err := queryHomes(ctx, tx, `SELECT `+homeColumns+` FROM range_homes WHERE home_region = $1`, req.Region)
+		if err != nil {
+			return err
+		}
+		res.HomesChanged, res.Homes = true, homes
+	}
+	return nil
 }
 
 // heartbeatFast reads the answers to Heartbeat's one-trip batch into res;

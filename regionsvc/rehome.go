@@ -1,8 +1,10 @@
 package regionsvc
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -17,7 +19,9 @@ import (
 
 // Planned rehome (DESIGN.md "Planned rehome"), coordinated by a node of
 // the target region (the request is forwarded there), for the ranges of
-// one request that share an old home, together:
+// one request that share an old home, together. The protocol is the
+// deterministic core homing.Rehome; rehomeGroup drives it (rehomeDriver
+// carries out its requests). In short:
 //
 //  0. Before anything stops, the target's mirrors catch up to the old
 //     home's current tails, so that the pause covers only what arrives
@@ -190,44 +194,14 @@ func (n *Node) rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geolog
 	if !slices.Contains(spec.Regions, to) {
 		return nil, apierr.New(apierr.InvalidArgument, "region %q is not a region of stream %q (%v)", to, spec.Name, spec.Regions)
 	}
-	var ranges []uint32
-	switch {
-	case req.GetAllRanges() && len(req.GetRanges()) > 0:
-		return nil, apierr.New(apierr.InvalidArgument, "give ranges or all_ranges, not both")
-	case req.GetAllRanges():
-		for r := uint32(0); r < spec.RangeCount; r++ {
-			ranges = append(ranges, r)
-		}
-	case len(req.GetRanges()) == 0:
-		return nil, apierr.New(apierr.InvalidArgument, "no range to move (give ranges or all_ranges)")
-	default:
-		for _, r := range req.GetRanges() {
-			if r >= spec.RangeCount {
-				return nil, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", spec.Name, spec.RangeCount, r)
-			}
-			if !slices.Contains(ranges, r) {
-				ranges = append(ranges, r)
-			}
-		}
+	ranges, err := rehomeRanges(spec, req)
+	if err != nil {
+		return nil, err
 	}
 	// The target region coordinates: its catch-up and its start are then
 	// local, and only the old home's stop crosses the WAN.
-	md, _ := metadata.FromIncomingContext(ctx)
-	if to != n.cfg.Region && len(md.Get(forwardedKey)) == 0 {
-		for _, addr := range n.cfg.Regions[to] {
-			conn, err := n.peerConn(addr)
-			if err != nil {
-				continue
-			}
-			resp, err := geologv1.NewAdminClient(conn).Rehome(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), req)
-			if err == nil {
-				return resp, nil
-			}
-			if e := apierr.FromError(err); !e.Retriable {
-				return nil, e
-			}
-		}
-		// No node of the target answers: coordinate from here.
+	if resp, done, err := n.forwardRehome(ctx, to, req); done {
+		return resp, err
 	}
 	keys := make([]homing.RangeKey, len(ranges))
 	for i, r := range ranges {
@@ -261,228 +235,285 @@ func (n *Node) rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geolog
 	return &geologv1.RehomeResponse{Ranges: out}, nil
 }
 
-// rehomeGroup moves ranges homed in from to to, together: one stop of the
-// old home, one catch-up wait, one start of the new home.
-func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec streamSpec, from, to string, idx []int, cur []homing.Home, out []*geologv1.RangeRehome) {
-	hs := n.homing
-	// Before anything stops: let the target's mirrors come within reach of
-	// the old home's current tails (as reassignments wait for a replica to
-	// be in sync before moving leadership), so that the pause only covers
-	// what arrives meanwhile, not a lagging mirror's backlog.
-	if t := n.regionTailsOf(ctx, from, spec.Name); t != nil {
-		for _, i := range idx {
-			if r := out[i].Range; int(r) < len(t) {
-				if err := n.waitRegionTail(ctx, to, spec.Name, r, t[r]); err != nil {
-					n.logger.Warn("rehome: the target did not catch up before the move; moving anyway", "range", cur[i].Key, "error", err)
-				}
+// rehomeRanges lists the ranges a rehome request names, once each.
+func rehomeRanges(spec streamSpec, req *geologv1.RehomeRequest) ([]uint32, error) {
+	var ranges []uint32
+	switch {
+	case req.GetAllRanges() && len(req.GetRanges()) > 0:
+		return nil, apierr.New(apierr.InvalidArgument, "give ranges or all_ranges, not both")
+	case req.GetAllRanges():
+		for r := uint32(0); r < spec.RangeCount; r++ {
+			ranges = append(ranges, r)
+		}
+	case len(req.GetRanges()) == 0:
+		return nil, apierr.New(apierr.InvalidArgument, "no range to move (give ranges or all_ranges)")
+	default:
+		for _, r := range req.GetRanges() {
+			if r >= spec.RangeCount {
+				return nil, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", spec.Name, spec.RangeCount, r)
+			}
+			if !slices.Contains(ranges, r) {
+				ranges = append(ranges, r)
 			}
 		}
 	}
-	start := time.Now()
-	key := func(i int) homing.RangeKey { return cur[i].Key }
-	fail := func(i int, err error) { out[i].Status = apierr.As(homingErr(err)).Error() }
-	prepared := map[int]homing.Home{}
-	reqs := make([]homing.RehomeRequest, len(idx))
-	for j, i := range idx {
-		reqs[j] = homing.RehomeRequest{Key: key(i), Epoch: cur[i].Epoch, To: to}
-	}
-	var pb homing.RehomeBatch
-	err := n.storeWrite(ctx, func() (err error) {
-		pb, err = batch.PrepareRehomes(ctx, reqs)
-		return err
-	})
-	for j, i := range idx {
-		switch {
-		case err != nil:
-			fail(i, err)
-		case pb.Errs[j] != nil:
-			fail(i, pb.Errs[j])
-		default:
-			prepared[i] = pb.Homes[j]
-		}
-	}
-	if len(prepared) == 0 {
-		return
-	}
-	// abort gives a range back to its home rather than leave it stopped.
-	abort := func(i int, err error) {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if cerr := n.storeWrite(cctx, func() error { _, err := hs.homes.CancelRehome(cctx, key(i), prepared[i].Epoch); return err }); cerr != nil {
-			n.logger.Error("rehome: cancel failed; the range stays stopped until a rehome completes or is cancelled", "range", key(i), "error", cerr)
-		}
-		delete(prepared, i)
-		fail(i, err)
-	}
-	tPrepared := time.Now()
-	var rs []uint32
-	for i := range prepared {
-		rs = append(rs, out[i].Range)
-	}
-	// Stop the old home: hand its nodes their homes at the prepare's
-	// version (a repeated prepare changed nothing and returns no snapshot:
-	// they heartbeat instead, and confirm so).
-	stop := &geologv1.RefreshHomesRequest{Stream: spec.Name, Ranges: rs, Confirm: true}
-	if snap, ok := pb.Region(from); ok {
-		stop.Homes, stop.Confirm = regionHomesToProto(snap), false
-	}
-	stopped, err := n.refreshRegionTails(ctx, from, stop)
-	if err != nil {
-		n.logger.Warn("rehome: stopping the old home", "region", from, "error", err) // the store's drain check decides
-	}
-	tails := stopped.tails
-	for i := range prepared {
-		if _, ok := tails[out[i].Range]; !ok {
-			// Its leader did not answer: ask the home leader again.
-			t, err := n.drainedTail(ctx, spec, out[i].Range, from)
-			if err != nil {
-				abort(i, err)
-				continue
-			}
-			tails[out[i].Range] = t
-		}
-	}
-	if err != nil {
-		// A node of the old home did not take the stop from us. It may
-		// lead a range and ack appends past the tails reported until its
-		// heartbeat brings the prepare (or its lease runs out): wait until
-		// no node may act on the old homes, then read the final tails
-		// again from the leaders of now.
-		var drain uint64
-		for _, h := range prepared {
-			drain = max(drain, h.DrainVersion)
-		}
-		if werr := n.waitDrained(ctx, from, drain, stopped); werr != nil {
-			for i := range prepared {
-				abort(i, werr)
-			}
-		}
-		for i := range prepared {
-			t, err := n.drainedTail(ctx, spec, out[i].Range, from)
-			if err != nil {
-				abort(i, err)
-				continue
-			}
-			tails[out[i].Range] = max(tails[out[i].Range], t)
-		}
-	}
-	tStopped := time.Now()
-	for i := range prepared {
-		if err := n.waitRegionTail(ctx, to, spec.Name, out[i].Range, tails[out[i].Range]); err != nil {
-			abort(i, err)
-		}
-	}
-	tCaught := time.Now()
-	moved := map[int]homing.Home{}
-	// The target's and the old home's homes after the last complete.
-	var started, vacated homing.RegionHomes
-	attempts := 0
-	for len(prepared) > len(moved) {
-		attempts++
-		var pend []int
-		var reqs []homing.RehomeRequest
-		now := n.cfg.Now().UnixNano()
-		for i := range prepared {
-			if _, ok := moved[i]; !ok {
-				pend = append(pend, i)
-				reqs = append(reqs, homing.RehomeRequest{Key: key(i), Epoch: prepared[i].Epoch, To: to, StartOffset: tails[out[i].Range],
-					NowNanos: now, MaxOffsetNanos: int64(n.cfg.MaxClockOffset)})
-			}
-		}
-		var cb homing.RehomeBatch
-		err := n.storeWrite(ctx, func() (err error) {
-			cb, err = batch.CompleteRehomes(ctx, reqs, stopped.seen)
-			return err
-		})
-		if snap, ok := cb.Region(to); ok && snap.Version > started.Version {
-			started = snap
-		}
-		if snap, ok := cb.Region(from); ok && snap.Version > vacated.Version {
-			vacated = snap
-		}
-		undrained := false
-		for j, i := range pend {
-			switch {
-			case err != nil:
-				abort(i, err)
-			case cb.Errs[j] == nil:
-				moved[i] = cb.Homes[j]
-			case errors.Is(cb.Errs[j], homing.ErrNotDrained) && ctx.Err() == nil:
-				undrained = true
-			default:
-				abort(i, cb.Errs[j])
-			}
-		}
-		if undrained {
-			// A node of the old home did not confirm to us: it confirms
-			// through its heartbeats (or its liveness runs out).
-			n.logger.Debug("rehome: the old home has not confirmed yet", "region", from, "confirmed", stopped.seen)
-			again, _ := n.refreshRegionTails(ctx, from, &geologv1.RefreshHomesRequest{Confirm: true})
-			for id, v := range again.seen {
-				stopped.seen[id] = max(stopped.seen[id], v)
-			}
-		}
-	}
-	tMoved := time.Now()
-	if len(moved) > 0 {
-		// Start the new home: its nodes take the complete's homes at once.
-		start := &geologv1.RefreshHomesRequest{}
-		if started.Version > 0 {
-			start.Homes = regionHomesToProto(started)
-		}
-		if _, err := n.refreshRegionTails(ctx, to, start); err != nil {
-			n.logger.Warn("rehome: starting the new home", "region", to, "error", err) // its heartbeats bring the homes
-		}
-	}
-	pause := time.Since(start)
-	phases := &geologv1.RehomePhases{
-		PrepareMicros: tPrepared.Sub(start).Microseconds(), StopOldMicros: tStopped.Sub(tPrepared).Microseconds(),
-		CatchUpMicros: tCaught.Sub(tStopped).Microseconds(), CompleteMicros: tMoved.Sub(tCaught).Microseconds(),
-		CompleteAttempts: uint32(attempts), StartNewMicros: pause.Microseconds() - tMoved.Sub(start).Microseconds(),
-	}
-	for i, h := range moved {
-		out[i].Epoch, out[i].StartOffset, out[i].Status, out[i].PauseMicros = h.Epoch, tails[out[i].Range], "moved", pause.Microseconds()
-		out[i].Phases = phases
-	}
-	if len(moved) > 0 {
-		n.metrics.recordRehome(phases, pause)
-	}
-	// The old home learns where its producers go now: the complete's
-	// homes, else its heartbeat.
-	left := &geologv1.RefreshHomesRequest{}
-	if vacated.Version > 0 {
-		left.Homes = regionHomesToProto(vacated)
-	}
-	n.tasks.Go(func(ctx context.Context) { n.refreshRegionTails(ctx, from, left) })
-	n.logger.Info("rehomed", "stream", spec.Name, "ranges", len(moved), "from", from, "to", to, "pause", pause,
-		"prepare", tPrepared.Sub(start), "stop_old", tStopped.Sub(tPrepared), "catch_up", tCaught.Sub(tStopped),
-		"complete", tMoved.Sub(tCaught), "complete_attempts", attempts, "start_new", time.Since(tMoved))
+	return ranges, nil
 }
 
-// waitDrained waits until every node of region that may be live has
-// confirmed homes version drain, to the coordinator (stopped.seen, which it
-// extends) or in its heartbeat, asking the region's nodes to confirm again
-// meanwhile.
-func (n *Node) waitDrained(ctx context.Context, region string, drain uint64, stopped regionRefresh) error {
-	for {
-		nodes, err := n.homing.store.Liveness(ctx, region)
+// forwardRehome hands the request to a node of the target region, which
+// coordinates: its catch-up and its start are then local, and only the old
+// home's stop crosses the WAN. done is false when this node coordinates
+// (it is in the target, the request was forwarded already, or no node of
+// the target answers).
+func (n *Node) forwardRehome(ctx context.Context, to string, req *geologv1.RehomeRequest) (resp *geologv1.RehomeResponse, done bool, err error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if to == n.cfg.Region || len(md.Get(forwardedKey)) > 0 {
+		return nil, false, nil
+	}
+	for _, addr := range n.cfg.Regions[to] {
+		conn, err := n.peerConn(addr)
+		if err != nil {
+			continue
+		}
+		resp, err := geologv1.NewAdminClient(conn).Rehome(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), req)
 		if err == nil {
-			left := homing.Undrained(nodes, drain, stopped.seen, n.cfg.Now().UnixNano(), int64(n.cfg.MaxClockOffset))
-			if len(left) == 0 {
-				return nil
-			}
-			n.logger.Debug("rehome: waiting for the old home to confirm", "region", region, "nodes", left, "version", drain)
+			return resp, true, nil
 		}
-		again, _ := n.refreshRegionTails(ctx, region, &geologv1.RefreshHomesRequest{Confirm: true})
-		for id, v := range again.seen {
-			stopped.seen[id] = max(stopped.seen[id], v)
-		}
-		select {
-		case <-time.After(100 * time.Millisecond):
-		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "the old home %s did not confirm the move: %v", region, ctx.Err())
+		if e := apierr.FromError(err); !e.Retriable {
+			return nil, true, e
 		}
 	}
+	return nil, false, nil
+}
+
+// rehomeGroup moves ranges homed in from to to, together: one stop of the
+// old home, one catch-up wait, one start of the new home. The protocol is
+// homing.Rehome's; a rehomeDriver carries out its ops.
+func (n *Node) rehomeGroup(ctx context.Context, batch homing.BatchRehomer, spec streamSpec, from, to string, idx []int, cur []homing.Home, out []*geologv1.RangeRehome) {
+	homes := make([]homing.Home, len(idx))
+	for j, i := range idx {
+		homes[j] = cur[i]
+	}
+	core, err := homing.NewRehome(homing.RehomeConfig{From: from, To: to, Ranges: homes, MaxOffsetNanos: int64(n.cfg.MaxClockOffset)})
+	if err != nil {
+		for _, i := range idx {
+			out[i].Status = apierr.As(homingErr(err)).Error()
+		}
+		return
+	}
+	d := &rehomeDriver{n: n, batch: batch, spec: spec, core: core}
+	d.run(ctx)
+	tm := core.Times()
+	pause := time.Duration(tm.PauseNanos)
+	phases := &geologv1.RehomePhases{
+		PrepareMicros: tm.PrepareNanos / 1e3, StopOldMicros: tm.StopOldNanos / 1e3, CatchUpMicros: tm.CatchUpNanos / 1e3,
+		CompleteMicros: tm.CompleteNanos / 1e3, CompleteAttempts: uint32(tm.CompleteAttempts), StartNewMicros: tm.StartNewNanos / 1e3,
+	}
+	moved := 0
+	for j, r := range core.Results() {
+		o := out[idx[j]]
+		if !r.Moved {
+			o.Status = apierr.As(homingErr(r.Err)).Error()
+			continue
+		}
+		moved++
+		o.Epoch, o.StartOffset, o.Status, o.PauseMicros, o.Phases = r.Home.Epoch, r.StartOffset, "moved", pause.Microseconds(), phases
+	}
+	if moved == 0 {
+		return
+	}
+	n.metrics.recordRehome(phases, pause)
+	n.logger.Info("rehomed", "stream", spec.Name, "ranges", moved, "from", from, "to", to, "pause", pause,
+		"prepare", time.Duration(tm.PrepareNanos), "stop_old", time.Duration(tm.StopOldNanos), "catch_up", time.Duration(tm.CatchUpNanos),
+		"complete", time.Duration(tm.CompleteNanos), "complete_attempts", tm.CompleteAttempts, "start_new", time.Duration(tm.StartNewNanos))
+}
+
+// rehomeDriver carries out a homing.Rehome's ops for one group, in order,
+// and feeds their answers back (homing/doc.go, "Rehome driver contract").
+type rehomeDriver struct {
+	n     *Node
+	batch homing.BatchRehomer
+	spec  streamSpec
+	core  *homing.Rehome
+}
+
+func (d *rehomeDriver) now() int64 { return d.n.cfg.Now().UnixNano() }
+
+// run drives the core until it is done. Once ctx is done the core is
+// abandoned at its next awaited op: it cancels what it prepared.
+func (d *rehomeDriver) run(ctx context.Context) {
+	abandoned := false
+	for {
+		ops, notes := d.core.Ready()
+		d.log(notes)
+		if len(ops) == 0 {
+			if !d.core.Done() {
+				d.n.logger.Error("rehome: the coordinator stopped with nothing to do", "stream", d.spec.Name)
+			}
+			return
+		}
+		for _, op := range ops {
+			if op.Kind.Awaited() && ctx.Err() != nil && !abandoned {
+				abandoned = true
+				d.core.Abandon(d.now(), apierr.New(apierr.Timeout, "the rehome was given up: %v", ctx.Err()))
+				break // the ops after it are void; Ready has the next ones
+			}
+			d.do(ctx, op)
+		}
+	}
+}
+
+func (d *rehomeDriver) log(notes []homing.RehomeNote) {
+	for _, nt := range notes {
+		kv := []any{"stream", d.spec.Name}
+		if nt.Key != (homing.RangeKey{}) {
+			kv = append(kv, "range", nt.Key)
+		}
+		if len(nt.Nodes) > 0 {
+			kv = append(kv, "nodes", nt.Nodes)
+		}
+		if nt.Err != nil {
+			kv = append(kv, "error", nt.Err)
+		}
+		if nt.Routine {
+			d.n.logger.Debug("rehome: "+nt.Msg, kv...)
+		} else {
+			d.n.logger.Warn("rehome: "+nt.Msg, kv...)
+		}
+	}
+}
+
+// do carries out one op and gives the core its answer.
+func (d *rehomeDriver) do(ctx context.Context, op homing.RehomeOp) {
+	n, c := d.n, d.core
+	switch op.Kind {
+	case homing.OpReadTails:
+		t := n.regionTailsOf(ctx, op.Region, d.spec.Name)
+		c.TailsRead(d.now(), d.tailsOf(op.Keys, t), t != nil)
+	case homing.OpAwaitTails:
+		c.TailsAwaited(d.now(), d.awaitTails(ctx, op.Region, op.Tails))
+	case homing.OpPrepare:
+		var b homing.RehomeBatch
+		err := n.storeWrite(ctx, func() (err error) { b, err = d.batch.PrepareRehomes(ctx, op.Reqs); return err })
+		c.Prepared(d.now(), b, err)
+	case homing.OpStop:
+		req := &geologv1.RefreshHomesRequest{Stream: d.spec.Name, Ranges: rangesOf(op.Keys), Confirm: true}
+		if op.Homes != nil {
+			req.Homes, req.Confirm = regionHomesToProto(*op.Homes), false
+		}
+		stopped, err := n.refreshRegionTails(ctx, op.Region, req)
+		c.Stopped(d.now(), d.keyed(stopped.tails), stopped.seen, err)
+	case homing.OpDrainedTails:
+		tails, errs := map[homing.RangeKey]uint64{}, map[homing.RangeKey]error{}
+		for _, k := range op.Keys {
+			if t, err := n.drainedTail(ctx, d.spec, k.Range, op.Region); err != nil {
+				errs[k] = err
+			} else {
+				tails[k] = t
+			}
+		}
+		c.DrainedTails(d.now(), tails, errs)
+	case homing.OpDrainLiveness:
+		cctx, cancel := context.WithTimeout(ctx, n.storeTimeout())
+		live, err := n.homing.store.Liveness(cctx, op.Region)
+		cancel()
+		c.LivenessRead(d.now(), live, err)
+	case homing.OpConfirm:
+		again, _ := n.refreshRegionTails(ctx, op.Region, &geologv1.RefreshHomesRequest{Confirm: true})
+		c.Confirmed(d.now(), again.seen)
+	case homing.OpWait:
+		// Bounded: a clock that jumps must not stall the wait.
+		select {
+		case <-time.After(min(max(time.Duration(op.AtNanos-d.now()), 0), time.Second)):
+		case <-ctx.Done():
+		}
+		c.Tick(d.now())
+	default:
+		d.doMove(ctx, op)
+	}
+}
+
+// doMove carries out the ops that move leases and start homes.
+func (d *rehomeDriver) doMove(ctx context.Context, op homing.RehomeOp) {
+	n, c := d.n, d.core
+	switch op.Kind {
+	case homing.OpComplete:
+		now := d.now()
+		for i := range op.Reqs {
+			op.Reqs[i].NowNanos = now
+		}
+		var b homing.RehomeBatch
+		err := n.storeWrite(ctx, func() (err error) { b, err = d.batch.CompleteRehomes(ctx, op.Reqs, op.Seen); return err })
+		c.Completed(d.now(), b, err)
+	case homing.OpCancel:
+		// Gives the range back to its home rather than leave it stopped,
+		// even when the caller gave up.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		err := n.storeWrite(cctx, func() error { _, err := n.homing.homes.CancelRehome(cctx, op.Key, op.Epoch); return err })
+		if err != nil {
+			n.logger.Error("rehome: cancel failed; the range stays stopped until a rehome completes or is cancelled", "range", op.Key, "error", err)
+		}
+	case homing.OpStart:
+		// The new home's nodes take the complete's homes at once.
+		req := &geologv1.RefreshHomesRequest{}
+		if op.Homes != nil {
+			req.Homes = regionHomesToProto(*op.Homes)
+		}
+		if _, err := n.refreshRegionTails(ctx, op.Region, req); err != nil {
+			n.logger.Warn("rehome: starting the new home", "region", op.Region, "error", err) // its heartbeats bring the homes
+		}
+		c.Started(d.now())
+	case homing.OpRelease:
+		// The old home learns where its producers go now (the complete's
+		// homes, else its heartbeat), and takes back what was cancelled.
+		req := &geologv1.RefreshHomesRequest{}
+		if op.Homes != nil {
+			req.Homes = regionHomesToProto(*op.Homes)
+		}
+		n.tasks.Go(func(ctx context.Context) { n.refreshRegionTails(ctx, op.Region, req) })
+	}
+}
+
+// awaitTails waits, range after range, until region's copy of each has
+// its tail; the errors are of the ranges that did not get there.
+func (d *rehomeDriver) awaitTails(ctx context.Context, region string, tails map[homing.RangeKey]uint64) map[homing.RangeKey]error {
+	errs := map[homing.RangeKey]error{}
+	keys := slices.SortedFunc(maps.Keys(tails), func(a, b homing.RangeKey) int { return cmp.Compare(a.Range, b.Range) })
+	for _, k := range keys {
+		if err := d.n.waitRegionTail(ctx, region, d.spec.Name, k.Range, tails[k]); err != nil {
+			errs[k] = err
+		}
+	}
+	return errs
+}
+
+// tailsOf picks keys' tails out of a stream's tails by range.
+func (d *rehomeDriver) tailsOf(keys []homing.RangeKey, t []uint64) map[homing.RangeKey]uint64 {
+	out := map[homing.RangeKey]uint64{}
+	for _, k := range keys {
+		if int(k.Range) < len(t) {
+			out[k] = t[k.Range]
+		}
+	}
+	return out
+}
+
+// keyed names ranges of the stream by key.
+func (d *rehomeDriver) keyed(tails map[uint32]uint64) map[homing.RangeKey]uint64 {
+	out := make(map[homing.RangeKey]uint64, len(tails))
+	for r, t := range tails {
+		out[homing.RangeKey{Stream: d.spec.Name, Range: r}] = t
+	}
+	return out
+}
+
+func rangesOf(keys []homing.RangeKey) []uint32 {
+	out := make([]uint32, len(keys))
+	for i, k := range keys {
+		out[i] = k.Range
+	}
+	return out
 }
 
 // regionRefresh is what a region's nodes answered to RefreshHomes.

@@ -21,10 +21,12 @@ import (
 // mirrors are, and only the best one (ties broken by the preference order)
 // acts; after failoverGrace, any does (the best may be unable to). The
 // store's compare-and-set on the epoch makes the race harmless: one wins.
+// The decision is the deterministic core homing.Takeover; the agent below
+// only drives it.
 
 // failoverScanInterval is how often the agent looks. It reads a region's
 // liveness records only when they could have expired by then (see
-// regionDead), so a short interval costs no lease-store reads and the
+// homing.Takeover), so a short interval costs no lease-store reads and the
 // takeover follows the last expiry within it.
 const failoverScanInterval = 50 * time.Millisecond
 
@@ -32,212 +34,167 @@ const failoverScanInterval = 50 * time.Millisecond
 // candidate waits, once a home region is dead, before taking over itself.
 const failoverGrace = 3 * time.Second
 
+// failoverAgent drives the failover decision core (homing.Takeover) on
+// the homing loop: it ticks the core with the node's lease and home
+// directory, carries out the ops (lease-store reads and takeovers, the
+// other regions' tails, refreshes) and feeds the answers back.
 type failoverAgent struct {
-	n *Node
-	// deadSince is when each home region was first seen dead.
-	deadSince map[string]time.Time
-	// aliveUntil is, per region, the first instant at which every node of
-	// it may be dead by its liveness records as last read (latest
-	// expiration plus the max clock offset): no need to read them before.
-	aliveUntil map[string]time.Time
-	// liveSince is when this node's own lease last became valid after it
-	// had none (zero while it has none).
-	liveSince time.Time
+	n    *Node
+	core *homing.Takeover
 }
 
 func newFailoverAgent(n *Node) *failoverAgent {
-	return &failoverAgent{n: n, deadSince: map[string]time.Time{}, aliveUntil: map[string]time.Time{}}
+	regions := append([]string{n.cfg.Region}, slices.Collect(maps.Keys(n.cfg.Regions))...)
+	core, err := homing.NewTakeover(homing.TakeoverConfig{Region: n.cfg.Region, Regions: regions,
+		SettleNanos: int64(n.cfg.LeaseTTL + n.cfg.MaxClockOffset), GraceNanos: int64(failoverGrace),
+		MaxOffsetNanos: int64(n.cfg.MaxClockOffset)})
+	if err != nil {
+		panic(err) // homing.NewHomes validated the region; the durations are not negative
+	}
+	return &failoverAgent{n: n, core: core}
 }
 
-// settle is how long the agent's own lease must have held before it
-// judges other regions by their liveness: a lease TTL plus the max clock
-// offset.
-func (a *failoverAgent) settle() time.Duration {
-	return a.n.cfg.LeaseTTL + a.n.cfg.MaxClockOffset
+// leading reports whether this node judges its region's failover.
+func (a *failoverAgent) leading() bool {
+	return !a.n.cfg.FailoverDisabled && a.n.leadsCatalogue()
 }
 
-// scan runs one round (on the homing loop).
+// scan runs one round (on the homing loop): one tick, then the core's ops
+// until it asks for nothing more.
 func (a *failoverAgent) scan(ctx context.Context) {
 	n := a.n
-	if n.cfg.FailoverDisabled || !n.leadsCatalogue() {
-		clear(a.deadSince)
-		clear(a.aliveUntil)
-		return
-	}
-	hs := n.homing
-	now := n.cfg.Now()
-	if v := hs.homes.View(); v.ServeUntilNanos == 0 || now.UnixNano() >= v.ServeUntilNanos {
-		a.liveSince = time.Time{}
-		return // not live itself: it could not serve what it took
-	}
-	if a.liveSince.IsZero() {
-		a.liveSince = now
-	}
-	if now.Sub(a.liveSince) < a.settle() {
-		// This node just gained (or regained) its lease: the store may
-		// have been out for every region, whose homes renew now too. Their
-		// expired liveness says nothing until they had a lease's time to
-		// renew with the store back.
-		return
-	}
-	byRegion := map[string][]homing.Home{}
-	hs.dirMu.Lock()
-	for _, h := range hs.dir {
-		if h.Region != n.cfg.Region && h.MovingTo == "" {
-			byRegion[h.Region] = append(byRegion[h.Region], h)
+	tk := homing.TakeoverTick{NowNanos: n.cfg.Now().UnixNano(), Leading: a.leading(),
+		ServeUntilNanos: n.homing.homes.View().ServeUntilNanos, Streams: map[string][]string{}}
+	if tk.Leading {
+		n.homing.dirMu.Lock()
+		for _, h := range n.homing.dir {
+			tk.Homes = append(tk.Homes, h)
+		}
+		n.homing.dirMu.Unlock()
+		for _, h := range tk.Homes {
+			if spec, ok := n.streamSpec(h.Key.Stream); ok {
+				tk.Streams[h.Key.Stream] = orderRegions(spec.Regions, n.cfg.FailoverOrder)
+			}
 		}
 	}
-	hs.dirMu.Unlock()
-	for from, homes := range byRegion {
-		if !a.regionDead(ctx, from, now) {
-			delete(a.deadSince, from)
-			continue
+	a.core.Tick(tk)
+	for {
+		ops, notes := a.core.Ready()
+		a.note(notes)
+		if len(ops) == 0 {
+			return
 		}
-		if _, ok := a.deadSince[from]; !ok {
-			a.deadSince[from] = now
-			n.logger.Warn("home region may be down: every node's liveness has expired", "region", from, "ranges", len(homes))
-		}
-		graceOver := now.Sub(a.deadSince[from]) >= failoverGrace
-		tails := a.surveyTails(ctx, from, homes) // region → stream → range tails
-		var take []homing.TakeoverRange
-		for _, h := range homes {
-			spec, ok := n.streamSpec(h.Key.Stream)
-			if !ok {
+		for _, op := range ops {
+			if ctx.Err() != nil {
+				a.core.LeaderChanged(false) // closing: drop the round
+				return
+			}
+			// The lead may move while a round runs: the core then drops it,
+			// and what it asked for is not done.
+			a.core.LeaderChanged(a.leading())
+			if op.Kind.Awaited() && !a.core.Current(op.Round) {
 				continue
 			}
-			d, err := n.rangeOf(ctx, h.Key.Stream, h.Key.Range)
-			if err != nil || d.rep == nil || d.failure.Load() != nil {
-				continue
-			}
-			mine := d.committed.Load()
-			best, bestTail := n.cfg.Region, mine
-			order := orderRegions(spec.Regions, n.cfg.FailoverOrder)
-			for _, r := range order {
-				if r == n.cfg.Region || r == from {
-					continue
-				}
-				rt := tails[r][spec.Name]
-				if int(h.Key.Range) >= len(rt) {
-					continue // unreachable: not a candidate
-				}
-				t := rt[h.Key.Range]
-				if t > bestTail || (t == bestTail && slices.Index(order, r) < slices.Index(order, best)) {
-					best, bestTail = r, t
-				}
-			}
-			if best != n.cfg.Region && !graceOver {
-				continue
-			}
-			take = append(take, homing.TakeoverRange{Key: h.Key, Epoch: h.Epoch, StartOffset: mine})
-		}
-		if len(take) == 0 {
-			continue
-		}
-		tookOver := false
-		for len(take) > 0 {
-			chunk := take[:min(len(take), homing.RangesPerRequestMax)]
-			take = take[len(chunk):]
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			res, err := hs.homes.Takeover(cctx, from, chunk)
-			cancel()
-			if err != nil {
-				n.logger.Warn("takeover failed", "from", from, "ranges", len(chunk), "error", err)
-				break
-			}
-			granted := 0
-			for i, o := range res.Ranges {
-				if o.Outcome == homing.Granted {
-					granted++
-					n.logger.Warn("took over the home", "stream", chunk[i].Key.Stream, "range", chunk[i].Key.Range,
-						"from", from, "epoch", chunk[i].Epoch+1, "start_offset", chunk[i].StartOffset)
-				}
-			}
-			n.metrics.takeovers.Add(context.Background(), int64(granted))
-			if granted > 0 {
-				tookOver = true
-			}
-		}
-		// The directory is stale for what moved: read it again now.
-		n.refreshDirectory(ctx)
-		if tookOver {
-			// Every node of this region (which leads the ranges now) and
-			// of the other surviving regions (which redirect producers
-			// here) learns of it at once, not at its next heartbeat.
-			for _, r := range append([]string{n.cfg.Region}, slices.Collect(maps.Keys(n.cfg.Regions))...) {
-				if r == from {
-					continue
-				}
-				n.tasks.Go(func(ctx context.Context) {
-					cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-					defer cancel()
-					if err := n.refreshRegion(cctx, r); err != nil {
-						n.logger.Debug("refresh after takeover", "region", r, "error", err)
-					}
-				})
-			}
+			a.do(ctx, op)
 		}
 	}
 }
 
-// surveyTails asks, at once, every surviving region of the streams of
-// homes (but this one and from) for its ranges' tails.
-func (a *failoverAgent) surveyTails(ctx context.Context, from string, homes []homing.Home) map[string]map[string][]uint64 {
+// do carries out one op and feeds its answer to the core.
+func (a *failoverAgent) do(ctx context.Context, op homing.TakeoverOp) {
 	n := a.n
-	type ask struct{ region, stream string }
-	asks := map[ask]bool{}
-	for _, h := range homes {
-		spec, ok := n.streamSpec(h.Key.Stream)
-		if !ok {
-			continue
+	switch op.Kind {
+	case homing.OpReadLiveness:
+		cctx, cancel := context.WithTimeout(ctx, n.storeTimeout())
+		live, err := n.homing.store.Liveness(cctx, op.Region)
+		cancel()
+		a.core.LivenessRead(op.Round, live, err)
+	case homing.OpSurveyTails:
+		a.core.TailsRead(op.Round, homing.TailReport{Remote: a.surveyTails(ctx, op.Asks), Local: a.localTails(ctx, op.Keys)})
+	case homing.OpTakeover:
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := n.homing.homes.Takeover(cctx, op.Region, op.Ranges)
+		cancel()
+		if err != nil {
+			n.logger.Warn("takeover failed", "from", op.Region, "ranges", len(op.Ranges), "error", err)
 		}
-		for _, r := range spec.Regions {
-			if r != n.cfg.Region && r != from {
-				asks[ask{r, spec.Name}] = true
-			}
+		a.core.TakeoverDone(op.Round, res, err)
+	case homing.OpRefreshDirectory:
+		n.refreshDirectory(ctx)
+	case homing.OpRefreshRegions:
+		// Every node of this region (which leads the ranges now) and of the
+		// other surviving regions (which redirect producers here) learns of
+		// it at once, not at its next heartbeat.
+		for _, r := range op.Regions {
+			n.tasks.Go(func(ctx context.Context) {
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				if err := n.refreshRegion(cctx, r); err != nil {
+					n.logger.Debug("refresh after takeover", "region", r, "error", err)
+				}
+			})
 		}
 	}
+}
+
+// note logs and counts what the core reports.
+func (a *failoverAgent) note(notes []homing.TakeoverNote) {
+	n := a.n
+	granted := 0
+	for _, nt := range notes {
+		switch {
+		case nt.Down:
+			n.logger.Warn("home region may be down: every node's liveness has expired", "region", nt.Region, "ranges", nt.Ranges)
+		case nt.Granted:
+			granted++
+			n.logger.Warn("took over the home", "stream", nt.Range.Key.Stream, "range", nt.Range.Key.Range,
+				"from", nt.Region, "epoch", nt.Range.Epoch+1, "start_offset", nt.Range.StartOffset)
+		}
+	}
+	if granted > 0 {
+		n.metrics.takeovers.Add(context.Background(), int64(granted))
+	}
+}
+
+// localTails is this node's committed tail of each of keys it can serve
+// (a replica, not failed).
+func (a *failoverAgent) localTails(ctx context.Context, keys []homing.RangeKey) map[homing.RangeKey]uint64 {
+	out := map[homing.RangeKey]uint64{}
+	for _, k := range keys {
+		d, err := a.n.rangeOf(ctx, k.Stream, k.Range)
+		if err != nil || d.rep == nil || d.failure.Load() != nil {
+			continue
+		}
+		out[k] = d.committed.Load()
+	}
+	return out
+}
+
+// surveyTails asks, at once, each (region, stream) of asks for the
+// stream's range tails: region → stream → tails.
+func (a *failoverAgent) surveyTails(ctx context.Context, asks []homing.TailAsk) map[string]map[string][]uint64 {
+	n := a.n
 	out := map[string]map[string][]uint64{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for q := range asks {
+	for _, q := range asks {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := n.remoteTails(ctx, q.region, q.stream)
+			t := n.remoteTails(ctx, q.Region, q.Stream)
+			if t == nil {
+				return // no node answered: not a candidate
+			}
 			mu.Lock()
 			defer mu.Unlock()
-			if out[q.region] == nil {
-				out[q.region] = map[string][]uint64{}
+			if out[q.Region] == nil {
+				out[q.Region] = map[string][]uint64{}
 			}
-			out[q.region][q.stream] = t
+			out[q.Region][q.Stream] = t
 		}()
 	}
 	wg.Wait()
 	return out
-}
-
-// regionDead reports whether every node of region may be dead by the lease
-// store (and the store answered).
-func (a *failoverAgent) regionDead(ctx context.Context, region string, now time.Time) bool {
-	n := a.n
-	if now.Before(a.aliveUntil[region]) {
-		return false
-	}
-	cctx, cancel := context.WithTimeout(ctx, n.storeTimeout())
-	defer cancel()
-	live, err := n.homing.store.Liveness(cctx, region)
-	if err != nil || len(live) == 0 {
-		return false
-	}
-	latest := int64(0)
-	for _, l := range live {
-		latest = max(latest, l.ExpirationNanos+int64(n.cfg.MaxClockOffset))
-	}
-	if now.UnixNano() <= latest {
-		a.aliveUntil[region] = time.Unix(0, latest+1)
-		return false
-	}
-	return true
 }
 
 // remoteTails asks region for the committed tails of a stream's ranges, as
