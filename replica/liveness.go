@@ -212,8 +212,7 @@ func (r *Replica) StoppedAppendError() error {
 	if f.Code == apierr.ShuttingDown || !r.stoppedOthers.Load() {
 		return f
 	}
-	e := apierr.New(apierr.NotLeader, "stream %s range %d: the replica on node %d stopped (%s); another replica takes the range's appends",
-		r.cfg.Stream, r.cfg.Range, r.cfg.NodeID, f.Message)
+	e := apierr.New(apierr.NotLeader, "%s; the range's other replicas take its appends", f.Message)
 	if id := r.stoppedLeader.Load(); id != 0 {
 		e.LeaderHint = fmt.Sprintf("node:%d", id)
 	}

@@ -1,0 +1,81 @@
+package client_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/client/clienttest"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// TestAttemptTimeoutLeavesSilentLeader: a leader that stops answering (it
+// appends the first batch and never replies, then holds every request, as
+// a paused process does) holds the range's records only for the attempt
+// timeout: the range resends to the next node, which the others elected
+// meanwhile; the batch the silent node appended is answered as a
+// duplicate with its original offset, and every record is in the log once.
+// The records' delivery timeout is a minute: without the attempt deadline
+// the test's 15-second wait for the acks fails.
+func TestAttemptTimeoutLeavesSilentLeader(t *testing.T) {
+	c := startCluster(t, 3)
+	c.MustCreateStream("s", 1)
+	cl := newClient(t, c.AddrList())
+	p := newProducer(t, cl, "s", client.AppendAttemptTimeout(300*time.Millisecond), client.DeliveryTimeout(time.Minute))
+	ctx := testCtx(t)
+	warm := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("warm")}, warm.cb(0))
+	warm.wait(t)
+
+	never := make(chan struct{})
+	t.Cleanup(func() { close(never) })
+	c.Node(0).SetAppendFault(func(n int64, _ *geologv1.AppendRequest) clienttest.Fault {
+		if n == 1 {
+			return clienttest.Fault{SkipReply: true} // appended, never answered
+		}
+		return clienttest.Fault{Hold: never}
+	})
+	rs := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("v0")}, rs.cb(0))
+	waitFor(t, "the silent leader to append v0", func() bool { return len(c.Node(0).Records("s", 0)) == 2 })
+	c.SetLeader(1) // the others elect node 1
+	for i := 1; i < 4; i++ {
+		p.Produce(ctx, &client.Record{Key: []byte("k"), Value: fmt.Appendf(nil, "v%d", i)}, rs.cb(i))
+	}
+	rs.wait(t)
+	for i := range 4 {
+		if err := rs.errs[i]; err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		if got := rs.res[i].Offset; got != uint64(i+1) {
+			t.Fatalf("record %d acked at offset %d, want %d", i, got, i+1)
+		}
+	}
+	if !rs.res[0].Duplicate {
+		t.Fatalf("the batch the silent leader appended was not answered as a duplicate: %+v", rs.res[0])
+	}
+	if n := len(c.Node(1).Records("s", 0)); n != 5 {
+		t.Fatalf("the log holds %d records, want 5", n)
+	}
+}
+
+// TestAttemptTimeoutOff: with AppendAttemptTimeout(0) a range waits on a
+// silent leader (until the delivery timeout here), as before the option.
+func TestAttemptTimeoutOff(t *testing.T) {
+	c := startCluster(t, 2)
+	c.MustCreateStream("s", 1)
+	cl := newClient(t, c.AddrList())
+	p := newProducer(t, cl, "s", client.AppendAttemptTimeout(0), client.DeliveryTimeout(time.Second))
+	ctx := testCtx(t)
+	never := make(chan struct{})
+	t.Cleanup(func() { close(never) })
+	c.Node(0).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Hold: never} })
+	c.SetLeader(1)
+	rs := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("v")}, rs.cb(0))
+	rs.wait(t)
+	if rs.errs[0] == nil {
+		t.Fatalf("acked through a silent leader with the attempt timeout off: %+v", rs.res[0])
+	}
+}
