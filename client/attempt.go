@@ -71,7 +71,7 @@ func (d *rangeDriver) checkAttempt(now time.Time) {
 		return
 	}
 	timeout := d.p.cfg.attemptTimeoutCapped()
-	from := d.addr
+	from := d.conn.addr // attemptDue found a stream
 	pool := d.p.c.pool
 	pool.failed(from)
 	pool.forgetLeader(d.p.stream, d.rng, from)
