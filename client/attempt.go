@@ -83,13 +83,27 @@ func (d *rangeDriver) checkAttempt(now time.Time) {
 	d.backoffUntil = time.Time{} // another node: no reason to wait
 }
 
+// isUnresponsive says whether addr is the address the range last gave up
+// on for want of a reply, within the attempt timeout since.
+func (d *rangeDriver) isUnresponsive(addr string) bool {
+	return addr != "" && addr == d.unresponsive && time.Now().Before(d.unresponsiveUntil)
+}
+
 // usableHint is the leader hint of e (leaderHint), unless it names the
-// node the range last gave up on as unresponsive, within the attempt
-// timeout since.
+// address the range gave up on as unresponsive (isUnresponsive).
 func (d *rangeDriver) usableHint(e *Error, from string) string {
-	hint := leaderHint(e, from)
-	if hint != "" && hint == d.unresponsive && time.Now().Before(d.unresponsiveUntil) {
-		return ""
+	if hint := leaderHint(e, from); !d.isUnresponsive(hint) {
+		return hint
 	}
-	return hint
+	return ""
+}
+
+// skipUnresponsive returns addr, or the ring's next address after it if
+// addr is the unresponsive one (the pool marks it down only for a short
+// backoff, after which the ring would lead straight back to it).
+func (d *rangeDriver) skipUnresponsive(addr string) string {
+	if d.isUnresponsive(addr) {
+		return d.p.c.pool.next(addr)
+	}
+	return addr
 }

@@ -79,3 +79,44 @@ func TestAttemptTimeoutOff(t *testing.T) {
 		t.Fatalf("acked through a silent leader with the attempt timeout off: %+v", rs.res[0])
 	}
 }
+
+// TestAttemptTimeoutAvoidsSilentNode: after giving up on a silent node,
+// a range does not go back to it within the attempt timeout, neither by
+// the followers' hints (which still name it: no new leader yet) nor by
+// the ring once the pool's short backoff for it has passed. Once another
+// node leads, the records are acked there.
+func TestAttemptTimeoutAvoidsSilentNode(t *testing.T) {
+	c := startCluster(t, 3)
+	c.MustCreateStream("s", 1)
+	cl := newClient(t, c.AddrList())
+	p := newProducer(t, cl, "s", client.AppendAttemptTimeout(2*time.Second), client.DeliveryTimeout(time.Minute))
+	ctx := testCtx(t)
+	warm := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("warm")}, warm.cb(0))
+	warm.wait(t)
+	streams0 := c.Node(0).Stats().AppendStreams
+
+	never := make(chan struct{})
+	t.Cleanup(func() { close(never) })
+	c.Node(0).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Hold: never} })
+	rs := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("v0")}, rs.cb(0))
+	refusals := func() int64 { return c.Node(1).Stats().NotLeaderReplies + c.Node(2).Stats().NotLeaderReplies }
+	waitFor(t, "the range to give up on node 0", func() bool { return refusals() > 0 })
+	gaveUp := time.Now()
+	// The followers answer NOT_LEADER naming node 0 again and again (the
+	// client's backoff is at most 20 ms): four refusals take a small part
+	// of the 2 s timeout, during which the range must not open a stream to
+	// node 0 again. (On a machine too slow for four in 2 s the check is
+	// skipped.)
+	streams := func() int64 { return c.Node(0).Stats().AppendStreams }
+	waitFor(t, "four refusals or a stream to node 0", func() bool { return refusals() >= 4 || streams() != streams0 })
+	if n := streams(); n != streams0 && time.Since(gaveUp) < 2*time.Second {
+		t.Fatalf("the range went back to the silent node within the attempt timeout (%d streams there, %d before)", n, streams0)
+	}
+	c.SetLeader(2)
+	rs.wait(t)
+	if err := rs.errs[0]; err != nil {
+		t.Fatalf("record: %v", err)
+	}
+}

@@ -644,12 +644,13 @@ func (d *rangeDriver) retarget(e *Error, replied bool) (immediate bool) {
 
 // nextAddr returns where the range goes when it gives up on from without a
 // hint: the leader another producer of the client learned meanwhile, if
-// any, else the next address in the ring.
+// any, else the next address in the ring; never, while another is known,
+// the address it last gave up on for want of a reply (attempt.go).
 func (d *rangeDriver) nextAddr(from string) string {
-	if l := d.p.c.pool.leader(d.p.stream, d.rng); l != "" && l != from {
+	if l := d.p.c.pool.leader(d.p.stream, d.rng); l != "" && l != from && !d.isUnresponsive(l) {
 		return l
 	}
-	return d.p.c.pool.next(from)
+	return d.skipUnresponsive(d.p.c.pool.next(from))
 }
 
 // rewind abandons the current stream and schedules a resend, after backoff,
