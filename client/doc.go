@@ -94,6 +94,11 @@
 //     address failed and moves on the same way. Any other retriable failure
 //     (a working stream broke, an overloaded leader) keeps the address; if
 //     its node died, the next attempt fails before any answer and moves on.
+//     A stream that answers nothing for AppendAttemptTimeout while batches
+//     are in flight on it (a paused leader, one cut off from its
+//     followers) rewinds at once, marks the address failed and moves on
+//     the same way; for that timeout a hint naming that address is taken
+//     as no hint (attempt.go).
 //  6. On a final error for the oldest unacknowledged batch, that batch's
 //     records fail. The server still expects that batch's base sequence, so
 //     the batches behind it cannot have been appended; they move to a fresh

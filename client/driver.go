@@ -38,6 +38,7 @@ type batch struct {
 	// not on the current stream and must be (re)sent.
 	requestID uint64
 	attempts  int
+	sentAt    time.Time // its last send (attempt.go)
 	deadline  time.Time // the earliest of its records' deadlines; zero: none
 	// resp is set once acknowledged; a batch completes only when every
 	// batch before it has, so that callbacks run in offset order.
@@ -69,6 +70,8 @@ type appendConn struct {
 	broken bool
 	// replied is set by the first reply, acked by the first acknowledgement.
 	replied, acked bool
+	// lastReply is when the last reply arrived (attempt.go).
+	lastReply time.Time
 }
 
 // rangeDriver owns one range of a producer. Produce calls append to pending
@@ -110,6 +113,10 @@ type rangeDriver struct {
 	lastErr        error
 	timer          *time.Timer
 	timerDue       time.Time
+	// unresponsive is the address the range last gave up on for want of
+	// a reply, until unresponsiveUntil (attempt.go).
+	unresponsive      string
+	unresponsiveUntil time.Time
 }
 
 func newRangeDriver(p *Producer, rng uint32) *rangeDriver {
@@ -183,6 +190,7 @@ func (d *rangeDriver) run() {
 	for {
 		now := time.Now()
 		d.expire(now)
+		d.checkAttempt(now)
 		d.pump(now)
 		d.armTimer(now)
 		select {
@@ -400,6 +408,7 @@ func (d *rangeDriver) send(b *batch) bool {
 	d.requestSeq++
 	b.requestID = d.requestSeq
 	b.attempts++
+	b.sentAt = time.Now()
 	b.req.RequestId = b.requestID
 	b.req.ProducerId = b.pid
 	b.req.BaseSequence = b.baseSeq
@@ -431,6 +440,7 @@ func (d *rangeDriver) handle(ev connEvent) {
 		return
 	}
 	d.conn.replied = true
+	d.conn.lastReply = time.Now()
 	d.onReply(ev.resp)
 }
 
@@ -604,7 +614,7 @@ const hintHopsImmediateMax = 3
 func (d *rangeDriver) retarget(e *Error, replied bool) (immediate bool) {
 	pool := d.p.c.pool
 	from := d.addr
-	switch hint := leaderHint(e, from); {
+	switch hint := d.usableHint(e, from); {
 	case hint != "":
 		d.addr = hint
 		pool.setLeader(d.p.stream, d.rng, hint)
@@ -634,12 +644,13 @@ func (d *rangeDriver) retarget(e *Error, replied bool) (immediate bool) {
 
 // nextAddr returns where the range goes when it gives up on from without a
 // hint: the leader another producer of the client learned meanwhile, if
-// any, else the next address in the ring.
+// any, else the next address in the ring; never, while another is known,
+// the address it last gave up on for want of a reply (attempt.go).
 func (d *rangeDriver) nextAddr(from string) string {
-	if l := d.p.c.pool.leader(d.p.stream, d.rng); l != "" && l != from {
+	if l := d.p.c.pool.leader(d.p.stream, d.rng); l != "" && l != from && !d.isUnresponsive(l) {
 		return l
 	}
-	return d.p.c.pool.next(from)
+	return d.skipUnresponsive(d.p.c.pool.next(from))
 }
 
 // rewind abandons the current stream and schedules a resend, after backoff,
@@ -758,6 +769,7 @@ func (d *rangeDriver) armTimer(now time.Time) {
 	for _, b := range d.batches {
 		earliest(b.deadline)
 	}
+	earliest(d.attemptDue())
 	d.mu.Lock()
 	earliest(d.pendingDeadlineMin)
 	if d.p.cfg.linger > 0 && len(d.pending) > d.pendingHead && len(d.batches) < d.p.cfg.inflightBatchesMax {

@@ -164,6 +164,7 @@ type producerConfig struct {
 	inflightBatchesMax int
 	bufferedBytesMax   int64
 	deliveryTimeout    time.Duration
+	attemptTimeout     time.Duration
 	idempotent         bool
 	backoffMin         time.Duration
 	backoffMax         time.Duration
@@ -181,6 +182,7 @@ func defaultProducerConfig(c *clientConfig) producerConfig {
 		inflightBatchesMax: 1,
 		bufferedBytesMax:   64 << 20,
 		deliveryTimeout:    2 * time.Minute,
+		attemptTimeout:     AppendAttemptTimeoutDefault,
 		idempotent:         true,
 		backoffMin:         c.backoffMin,
 		backoffMax:         c.backoffMax,
@@ -224,6 +226,26 @@ func DeliveryTimeout(d time.Duration) ProducerOpt {
 	return func(c *producerConfig) { c.deliveryTimeout = d }
 }
 
+// AppendAttemptTimeout bounds how long a range's append stream may answer
+// nothing while batches are in flight on it, overriding the default of
+// AppendAttemptTimeoutDefault (1 s), plus 1 s per MiB of the oldest
+// unanswered batch; it is capped at DeliveryTimeout, and 0 turns it off.
+// The wait runs from that batch's send or the stream's last reply,
+// whichever is later. When it passes, the range treats the node as down (a
+// paused or cut-off leader answers nothing, while the others elect a new
+// leader within about a second): it resends every unacknowledged batch at
+// once to another address, with the same producer id and sequences (an
+// idempotent producer's batch lands once: a range that has it answers the
+// resend as a duplicate with the original offsets), and follows no leader
+// hint back to that node for the same duration. Set it above the longest
+// time a healthy leader may take to answer a batch (a slow disk, a long
+// round trip); a timeout that passes on a healthy leader costs a
+// reconnection and a resend, not a record. Without idempotence
+// (DisableIdempotence) a resend may append a batch twice.
+func AppendAttemptTimeout(d time.Duration) ProducerOpt {
+	return func(c *producerConfig) { c.attemptTimeout = d }
+}
+
 // DisableIdempotence sends batches without a producer id, overriding the
 // default of idempotent appends. Retries may then append a batch twice.
 func DisableIdempotence() ProducerOpt { return func(c *producerConfig) { c.idempotent = false } }
@@ -252,6 +274,8 @@ func (c *producerConfig) validate() error {
 		return fmt.Errorf("client: BufferedBytesMax %d is below BatchBytesMax %d", c.bufferedBytesMax, c.batchBytesMax)
 	case c.deliveryTimeout < 0:
 		return fmt.Errorf("client: DeliveryTimeout %v is negative", c.deliveryTimeout)
+	case c.attemptTimeout < 0:
+		return fmt.Errorf("client: AppendAttemptTimeout %v is negative", c.attemptTimeout)
 	case c.backoffMin <= 0 || c.backoffMax < c.backoffMin:
 		return fmt.Errorf("client: ProducerRetryBackoff(%v, %v): min must be positive and max >= min", c.backoffMin, c.backoffMax)
 	}

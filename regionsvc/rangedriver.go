@@ -272,7 +272,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 // (backpressure) until ctx ends. On any failure op.reply gets the error.
 func (d *rangeDriver) submit(ctx context.Context, op *appendOp) {
 	if f := d.failure.Load(); f != nil {
-		op.reply(appendResult{err: f})
+		op.reply(appendResult{err: d.appendRefusal(f)})
 		return
 	}
 	select {

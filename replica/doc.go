@@ -85,7 +85,15 @@
 // commits there, or a later leader's first entry commits without it, the
 // proposal fails with a retriable NOT_LEADER, and an idempotent retry is
 // safe. A leader that lost its quorum never acks: nothing it proposes alone
-// can commit.
+// can commit. It does not keep its proposers waiting either (liveness.go):
+// once it has heard from no quorum for an election timeout it fails what
+// is pending with a retriable NOT_LEADER (the outcome is unknown: a quorum
+// may hold it) and refuses new appends until a quorum answers; a leader
+// that steps down fails what is pending at once. A replica that stops (an
+// error from its log or state store) steps and ticks no more, as a crashed
+// one; if it led, it first sends its most caught-up follower a
+// MsgTimeoutNow, so the group elects without waiting for a timeout, and
+// its refusals name the new leader (StoppedAppendError).
 //
 // Idempotence survives leader changes because the table is derived from the
 // log: every replica records every batch as it queues it for its log

@@ -16,8 +16,8 @@ import (
 // leader's first entry commits). The reply comes once the entry commits.
 // The caller (the replicator's server) has validated the frame.
 func (r *Replica) ProposeVerbatim(op *Op) {
-	if f := r.failure.Load(); f != nil {
-		op.Reply(Result{Err: f})
+	if r.failure.Load() != nil {
+		op.Reply(Result{Err: r.StoppedAppendError()})
 		return
 	}
 	if !r.isLeader {

@@ -201,6 +201,12 @@ type Replica struct {
 
 	// leaderTerm is the term this replica leads in, 0 while it does not.
 	leaderTerm atomic.Uint64
+
+	// quorum, and the stopped* fields once the replica stopped: liveness.go.
+	quorum            quorumWatch
+	stoppedOthers     atomic.Bool
+	stoppedLeader     atomic.Uint64
+	stoppedLeaderTerm atomic.Uint64
 }
 
 // New opens a replica over an already opened log. rebuild is called with
@@ -360,8 +366,16 @@ func (r *Replica) staleEpoch(e uint64) *apierr.Error {
 // timeout, so a new stream is writable in milliseconds.
 func (r *Replica) IsNewGroup() bool { return r.fresh }
 
-// Tick advances Raft's logical clock by one tick.
-func (r *Replica) Tick() { r.rn.Tick() }
+// Tick advances Raft's logical clock by one tick, and checks that a
+// leader still hears from a quorum (liveness.go). A stopped replica does
+// not tick.
+func (r *Replica) Tick() {
+	if r.failure.Load() != nil {
+		return
+	}
+	r.rn.Tick()
+	r.watchQuorum()
+}
 
 // Step hands Raft a message from a peer. Messages for another replica or
 // from a removed one are dropped by Raft; errors are only informational.
@@ -378,6 +392,11 @@ func (r *Replica) Step(m *raftpb.Message) error {
 	if err := checkShape(m); err != nil {
 		return err
 	}
+	if r.failure.Load() != nil {
+		r.stepStopped(m) // liveness.go
+		return nil
+	}
+	r.noteHeard(m)
 	if m.GetType() == raftpb.MsgApp {
 		r.holdBackAfterFork(m)
 	}
@@ -490,12 +509,16 @@ func (r *Replica) Propose(op *Op) { r.propose(op, false) }
 // propose is Propose; leaderConfirmed says a quorum confirmed this
 // replica's leadership since op arrived (see confirmRejection).
 func (r *Replica) propose(op *Op, leaderConfirmed bool) {
-	if f := r.failure.Load(); f != nil {
-		op.Reply(Result{Err: f})
+	if r.failure.Load() != nil {
+		op.Reply(Result{Err: r.StoppedAppendError()})
 		return
 	}
 	if !r.isLeader {
 		op.Reply(Result{Err: r.notLeader()})
+		return
+	}
+	if r.quorum.lost {
+		op.Reply(Result{Err: r.noQuorumError()})
 		return
 	}
 	if op.Term != 0 && op.Term != r.term {
@@ -730,6 +753,7 @@ func (r *Replica) ProcessReady() error {
 			r.proposedEpoch.Store(0) // a new leader's floor is its log's
 			r.logger.Info("became leader", "term", r.rn.BasicStatus().GetTerm(), "next_offset", r.proposeNext)
 		}
+		r.leadershipChanged(wasLeader)
 	}
 	st := r.rn.BasicStatus()
 	r.term = st.GetTerm()
@@ -1001,6 +1025,7 @@ func (r *Replica) fail(err error) {
 	e := apierr.New(apierr.Unavailable, "stream %s range %d: replica stopped: %v", r.cfg.Stream, r.cfg.Range, err)
 	if r.failure.CompareAndSwap(nil, e) {
 		r.logger.Error("replica stopped", "error", err)
+		r.leaveOnFailure(e) // liveness.go
 		r.notify()
 	}
 	f := r.failure.Load()

@@ -1,0 +1,109 @@
+package client
+
+import (
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+)
+
+// The append attempt deadline (AppendAttemptTimeout): a range whose append
+// stream has batches in flight and has answered nothing for the attempt
+// timeout gives up on that node as for a connection that failed, instead
+// of waiting for the connection's keepalive to notice (tens of seconds): a
+// leader that is paused (SIGSTOP, a long GC or VM pause) or cut off from
+// its followers answers nothing, while the others elect a new leader in
+// about a second.
+//
+// The deadline runs from the later of the oldest unanswered batch's send
+// and the stream's last reply (a stream that answers is alive, however
+// slowly its batches commit), plus attemptAllowancePerMiB per MiB of that
+// batch (a large batch on a slow link takes time to arrive). When it
+// passes, the range marks the node down in the pool, forgets it as the
+// range's leader, resends every unacknowledged batch (same producer id and
+// sequences: the range answers a batch it already has as a duplicate, with
+// its original offsets) at once to the next address, and for the attempt
+// timeout follows no leader hint back to that node (a follower that has
+// not noticed yet would send it straight back).
+
+// AppendAttemptTimeoutDefault is AppendAttemptTimeout's default.
+const AppendAttemptTimeoutDefault = time.Second
+
+// attemptAllowancePerMiB lengthens the attempt deadline per MiB of the
+// oldest unanswered batch.
+const attemptAllowancePerMiB = time.Second
+
+// attemptTimeoutCapped is the producer's attempt timeout, capped at its delivery
+// timeout; 0: off.
+func (c *producerConfig) attemptTimeoutCapped() time.Duration {
+	t := c.attemptTimeout
+	if c.deliveryTimeout > 0 && t > c.deliveryTimeout {
+		t = c.deliveryTimeout
+	}
+	return t
+}
+
+// attemptDue returns when the current stream's attempt deadline passes, or
+// the zero time if none runs (off, no open stream, nothing in flight).
+func (d *rangeDriver) attemptDue() time.Time {
+	timeout := d.p.cfg.attemptTimeoutCapped()
+	c := d.conn
+	if timeout <= 0 || c == nil || c.stream == nil || c.broken {
+		return time.Time{}
+	}
+	for _, b := range d.batches {
+		if b.requestID == 0 || b.resp != nil {
+			continue
+		}
+		from := b.sentAt
+		if c.lastReply.After(from) {
+			from = c.lastReply
+		}
+		return from.Add(timeout + time.Duration(int64(attemptAllowancePerMiB)*int64(b.sizeBytes)>>20))
+	}
+	return time.Time{}
+}
+
+// checkAttempt gives up on the current node once the attempt deadline
+// passed (see the comment at the top of this file).
+func (d *rangeDriver) checkAttempt(now time.Time) {
+	due := d.attemptDue()
+	if due.IsZero() || now.Before(due) {
+		return
+	}
+	timeout := d.p.cfg.attemptTimeoutCapped()
+	from := d.conn.addr // attemptDue found a stream
+	pool := d.p.c.pool
+	pool.failed(from)
+	pool.forgetLeader(d.p.stream, d.rng, from)
+	d.unresponsive, d.unresponsiveUntil = from, now.Add(timeout)
+	d.addr = d.nextAddr(from)
+	e := apierr.New(apierr.Timeout, "no reply from %s within the append attempt timeout (%v): resending to %s", from, timeout, d.addr)
+	d.log.Debug("append attempt timed out", "from", from, "to", d.addr, "inflight_batches", len(d.batches))
+	d.rewind(e)
+	d.backoffUntil = time.Time{} // another node: no reason to wait
+}
+
+// isUnresponsive says whether addr is the address the range last gave up
+// on for want of a reply, within the attempt timeout since.
+func (d *rangeDriver) isUnresponsive(addr string) bool {
+	return addr != "" && addr == d.unresponsive && time.Now().Before(d.unresponsiveUntil)
+}
+
+// usableHint is the leader hint of e (leaderHint), unless it names the
+// address the range gave up on as unresponsive (isUnresponsive).
+func (d *rangeDriver) usableHint(e *Error, from string) string {
+	if hint := leaderHint(e, from); !d.isUnresponsive(hint) {
+		return hint
+	}
+	return ""
+}
+
+// skipUnresponsive returns addr, or the ring's next address after it if
+// addr is the unresponsive one (the pool marks it down only for a short
+// backoff, after which the ring would lead straight back to it).
+func (d *rangeDriver) skipUnresponsive(addr string) string {
+	if d.isUnresponsive(addr) {
+		return d.p.c.pool.next(addr)
+	}
+	return addr
+}

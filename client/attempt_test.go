@@ -1,0 +1,122 @@
+package client_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/client/clienttest"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// TestAttemptTimeoutLeavesSilentLeader: a leader that stops answering (it
+// appends the first batch and never replies, then holds every request, as
+// a paused process does) holds the range's records only for the attempt
+// timeout: the range resends to the next node, which the others elected
+// meanwhile; the batch the silent node appended is answered as a
+// duplicate with its original offset, and every record is in the log once.
+// The records' delivery timeout is a minute: without the attempt deadline
+// the test's 15-second wait for the acks fails.
+func TestAttemptTimeoutLeavesSilentLeader(t *testing.T) {
+	c := startCluster(t, 3)
+	c.MustCreateStream("s", 1)
+	cl := newClient(t, c.AddrList())
+	p := newProducer(t, cl, "s", client.AppendAttemptTimeout(300*time.Millisecond), client.DeliveryTimeout(time.Minute))
+	ctx := testCtx(t)
+	warm := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("warm")}, warm.cb(0))
+	warm.wait(t)
+
+	never := make(chan struct{})
+	t.Cleanup(func() { close(never) })
+	c.Node(0).SetAppendFault(func(n int64, _ *geologv1.AppendRequest) clienttest.Fault {
+		if n == 1 {
+			return clienttest.Fault{SkipReply: true} // appended, never answered
+		}
+		return clienttest.Fault{Hold: never}
+	})
+	rs := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("v0")}, rs.cb(0))
+	waitFor(t, "the silent leader to append v0", func() bool { return len(c.Node(0).Records("s", 0)) == 2 })
+	c.SetLeader(1) // the others elect node 1
+	for i := 1; i < 4; i++ {
+		p.Produce(ctx, &client.Record{Key: []byte("k"), Value: fmt.Appendf(nil, "v%d", i)}, rs.cb(i))
+	}
+	rs.wait(t)
+	for i := range 4 {
+		if err := rs.errs[i]; err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		if got := rs.res[i].Offset; got != uint64(i+1) {
+			t.Fatalf("record %d acked at offset %d, want %d", i, got, i+1)
+		}
+	}
+	if !rs.res[0].Duplicate {
+		t.Fatalf("the batch the silent leader appended was not answered as a duplicate: %+v", rs.res[0])
+	}
+	if n := len(c.Node(1).Records("s", 0)); n != 5 {
+		t.Fatalf("the log holds %d records, want 5", n)
+	}
+}
+
+// TestAttemptTimeoutOff: with AppendAttemptTimeout(0) a range waits on a
+// silent leader (until the delivery timeout here), as before the option.
+func TestAttemptTimeoutOff(t *testing.T) {
+	c := startCluster(t, 2)
+	c.MustCreateStream("s", 1)
+	cl := newClient(t, c.AddrList())
+	p := newProducer(t, cl, "s", client.AppendAttemptTimeout(0), client.DeliveryTimeout(time.Second))
+	ctx := testCtx(t)
+	never := make(chan struct{})
+	t.Cleanup(func() { close(never) })
+	c.Node(0).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Hold: never} })
+	c.SetLeader(1)
+	rs := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("v")}, rs.cb(0))
+	rs.wait(t)
+	if rs.errs[0] == nil {
+		t.Fatalf("acked through a silent leader with the attempt timeout off: %+v", rs.res[0])
+	}
+}
+
+// TestAttemptTimeoutAvoidsSilentNode: after giving up on a silent node,
+// a range does not go back to it within the attempt timeout, neither by
+// the followers' hints (which still name it: no new leader yet) nor by
+// the ring once the pool's short backoff for it has passed. Once another
+// node leads, the records are acked there.
+func TestAttemptTimeoutAvoidsSilentNode(t *testing.T) {
+	c := startCluster(t, 3)
+	c.MustCreateStream("s", 1)
+	cl := newClient(t, c.AddrList())
+	p := newProducer(t, cl, "s", client.AppendAttemptTimeout(2*time.Second), client.DeliveryTimeout(time.Minute))
+	ctx := testCtx(t)
+	warm := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("warm")}, warm.cb(0))
+	warm.wait(t)
+	streams0 := c.Node(0).Stats().AppendStreams
+
+	never := make(chan struct{})
+	t.Cleanup(func() { close(never) })
+	c.Node(0).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Hold: never} })
+	rs := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("v0")}, rs.cb(0))
+	refusals := func() int64 { return c.Node(1).Stats().NotLeaderReplies + c.Node(2).Stats().NotLeaderReplies }
+	waitFor(t, "the range to give up on node 0", func() bool { return refusals() > 0 })
+	gaveUp := time.Now()
+	// The followers answer NOT_LEADER naming node 0 again and again (the
+	// client's backoff is at most 20 ms): four refusals take a small part
+	// of the 2 s timeout, during which the range must not open a stream to
+	// node 0 again. (On a machine too slow for four in 2 s the check is
+	// skipped.)
+	streams := func() int64 { return c.Node(0).Stats().AppendStreams }
+	waitFor(t, "four refusals or a stream to node 0", func() bool { return refusals() >= 4 || streams() != streams0 })
+	if n := streams(); n != streams0 && time.Since(gaveUp) < 2*time.Second {
+		t.Fatalf("the range went back to the silent node within the attempt timeout (%d streams there, %d before)", n, streams0)
+	}
+	c.SetLeader(2)
+	rs.wait(t)
+	if err := rs.errs[0]; err != nil {
+		t.Fatalf("record: %v", err)
+	}
+}
