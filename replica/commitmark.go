@@ -129,23 +129,37 @@ func (r *Replica) HasMarkWrite() bool {
 	return w.markWant > w.markDone && w.err == nil && !w.closed
 }
 
-// WriteMark saves the commit mark ProcessReady asked for, if any, and
-// wakes the driver to publish what it covers (LogWritten receives). It may
-// run on its own goroutine, beside WriteLog (the mark names applied
-// entries only, durable already, and is a file of its own): a mark's
-// fdatasync then delays no log write. Calls are serialised. A failure is
-// returned and kept for ProcessReady, which stops the replica.
+// WriteMark makes the commit mark ProcessReady asked for durable, if no log
+// write will: the log writer appends the mark after the frames of each
+// write it makes, under the same fdatasync (writeQueued), so while entries
+// are being written WriteMark writes nothing. With none queued it appends
+// the mark alone to the log and syncs it (one small write: the case of a
+// commit that no append follows), or, where the log cannot take one,
+// saves it in the state (StateStore.SaveCommit). Either way it wakes the
+// driver to publish what the mark covers (LogWritten receives). It may run
+// on its own goroutine; calls are serialised, and it waits for a log write
+// in progress. A failure is returned and kept for ProcessReady, which
+// stops the replica.
 func (r *Replica) WriteMark() error {
 	w := &r.writer
 	w.markMu.Lock()
 	defer w.markMu.Unlock()
+	w.wmu.Lock()
 	w.mu.Lock()
 	want, done, failed := w.markWant, w.markDone, w.err != nil || w.closed
+	queued := len(w.queue) > 0
 	w.mu.Unlock()
-	if want <= done || failed || r.failure.Load() != nil {
-		return nil
+	if want <= done || failed || queued || r.failure.Load() != nil {
+		w.wmu.Unlock()
+		return nil // nothing to do, or the log writer's next write carries it
 	}
-	err := r.cfg.State.SaveCommit(want)
+	marked, err := r.appendMark(want)
+	w.wmu.Unlock() // the sync below lets a log write append meanwhile
+	if err == nil && marked < want {
+		err = r.cfg.State.SaveCommit(want)
+	} else if err == nil {
+		err = r.cfg.Log.Sync()
+	}
 	w.mu.Lock()
 	if err != nil {
 		err = fmt.Errorf("replica: save commit mark %d: %w", want, err)

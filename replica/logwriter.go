@@ -56,6 +56,10 @@ type logWrite struct {
 	// space (segment.ErrNoSpace) goes back to the queue and continues
 	// from there.
 	written int
+	// mark is Raft's commit index when the write was queued, at most the
+	// last index queued with it: a commit mark the writer may append after
+	// the frames (commitmark.go).
+	mark uint64
 }
 
 // logWriteQueueBytesMax bounds the frame bytes queued for the writer: past
@@ -145,8 +149,15 @@ func (r *Replica) writeQueued() error {
 		return err
 	}
 	w.busy = true
+	mark := w.markWant
+	for _, lw := range writes {
+		mark = max(mark, lw.mark)
+	}
+	if mark <= w.markDone {
+		mark = 0
+	}
 	w.mu.Unlock()
-	err := r.appendFrames(writes)
+	marked, err := r.appendFrames(writes, mark)
 	if err == nil {
 		for _, lw := range writes {
 			r.deliver(lw.responses)
@@ -169,9 +180,20 @@ func (r *Replica) writeQueued() error {
 		w.err = err
 		w.pending.Store(true)
 	}
+	wake := err != nil || marked > w.markDone
+	if err == nil && marked > w.markDone {
+		w.markDone = marked
+		w.pending.Store(true) // the driver publishes what it covers
+	}
+	// A mark wanted since the writer took the queue goes with the next
+	// write, or alone (WriteMark) if none is queued.
+	again := w.markWant > w.markDone && len(w.queue) == 0
 	w.mu.Unlock()
-	if err != nil {
+	if wake {
 		signal(w.written)
+	}
+	if again {
+		signal(w.marks)
 	}
 	return err
 }
@@ -238,23 +260,51 @@ func (r *Replica) noteSpace(err error) {
 // any goroutine.
 func (r *Replica) DiskFull() *apierr.Error { return r.diskFull.Load() }
 
-// appendFrames writes the frames of writes and makes them durable.
-func (r *Replica) appendFrames(writes []*logWrite) error {
+// appendFrames writes the frames of writes, then a commit mark at mark
+// (if not 0) when frames were written, and makes them durable with one
+// Sync. It returns the mark written (0: none): a mark the log cannot take
+// is left to WriteMark.
+func (r *Replica) appendFrames(writes []*logWrite, mark uint64) (uint64, error) {
 	n := 0
 	for _, lw := range writes {
 		for ; lw.written < len(lw.frames); lw.written++ {
 			if err := r.cfg.Log.Append(lw.frames[lw.written]); err != nil {
-				return fmt.Errorf("replica: append: %w", err)
+				return 0, fmt.Errorf("replica: append: %w", err)
 			}
 			n++
 		}
 	}
-	if n > 0 {
-		if err := r.cfg.Log.Sync(); err != nil {
-			return fmt.Errorf("replica: sync: %w", err)
-		}
+	if n == 0 {
+		return 0, nil
 	}
-	return nil
+	marked, err := r.appendMark(mark)
+	if err != nil {
+		return 0, err
+	}
+	if err := r.cfg.Log.Sync(); err != nil {
+		return 0, fmt.Errorf("replica: sync: %w", err)
+	}
+	return marked, nil
+}
+
+// appendMark appends a commit mark at mark, clamped to the log (a mark
+// never names an entry the log does not hold), and returns the index
+// written, 0 if none: mark is 0, or the log cannot take one (no indexed
+// frame in its active segment, or no space: not a failure, the mark is
+// optional until a reader waits for it). The caller holds wmu.
+func (r *Replica) appendMark(mark uint64) (uint64, error) {
+	mark = min(mark, r.cfg.Log.LastIndex())
+	if mark == 0 {
+		return 0, nil
+	}
+	ok, err := r.cfg.Log.AppendMark(mark)
+	if err != nil && !errors.Is(err, segment.ErrNoSpace) {
+		return 0, fmt.Errorf("replica: append commit mark %d: %w", mark, err)
+	}
+	if !ok || err != nil {
+		return 0, nil
+	}
+	return mark, nil
 }
 
 // deliver hands messages that waited for durability on: to peers through
@@ -378,6 +428,10 @@ func (r *Replica) handleAppend(m *raftpb.Message) error {
 		}
 	}
 	r.storage.cache.add(ents)
+	// Raft's commit index covers entries of this log only (a follower's
+	// stops at the last entry its leader's append matched), at most the
+	// ones queued so far: a mark after these frames may name it.
+	lw.mark = min(r.state.Raft.GetCommit(), r.tailIndex)
 	return r.queueWrite(lw)
 }
 
