@@ -188,7 +188,7 @@ var (
 	errVersion      = fmt.Errorf("%w: unknown version", ErrCorrupt)
 	errType         = fmt.Errorf("%w: unknown type", ErrCorrupt)
 	errForkRecords  = fmt.Errorf("%w: fork frame holds records", ErrCorrupt)
-	errMarkFields   = fmt.Errorf("%w: commit mark frame holds records or a raft term or index", ErrCorrupt)
+	errMarkFields   = fmt.Errorf("%w: commit mark frame holds records, a raft term or index, or a producer field", ErrCorrupt)
 	errFlags        = fmt.Errorf("%w: unknown flags", ErrCorrupt)
 	errFlagsType    = fmt.Errorf("%w: flags on a frame that is not a data frame", ErrCorrupt)
 	errReserved     = fmt.Errorf("%w: reserved field is not zero", ErrCorrupt)
@@ -288,7 +288,8 @@ func PeekHeader(frame []byte) (Header, error) {
 	if h.Type == TypeFork && h.RecordCount != 0 {
 		return Header{}, errForkRecords
 	}
-	if h.Type == TypeMark && (h.RecordCount != 0 || h.Index != 0 || h.Term != 0) {
+	if h.Type == TypeMark && (h.RecordCount != 0 || h.Index != 0 || h.Term != 0 || h.Epoch != 0 || h.HLC != 0 ||
+		h.ProducerID != 0 || h.BaseSequence != 0) {
 		return Header{}, errMarkFields
 	}
 	if err := checkFlags(&h, frame); err != nil {

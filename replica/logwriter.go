@@ -35,9 +35,11 @@ import (
 //     drained and held off (logWriter.wmu); both are rare (leader changes,
 //     catch-up).
 //   - Config.Send: called from both (the transport is goroutine-safe).
-//   - The commit mark wanted and saved (markWant, markDone):
-//     logWriter.mu. WriteMark runs on a third goroutine (or the log
-//     writer's), one call at a time (markMu); commitmark.go.
+//   - The commit mark wanted and durable (markWant, markDone):
+//     logWriter.mu. WriteLog appends a mark after each write's frames;
+//     WriteMark, on a third goroutine (or the log writer's), one call at a
+//     time (markMu), appends one alone under wmu when no write is queued;
+//     commitmark.go.
 //
 // Everything else stays on the driver goroutine: the hard state (term and
 // vote are saved synchronously before anything that depends on them is
@@ -463,8 +465,13 @@ func (r *Replica) appendSync(m *raftpb.Message) error {
 
 // persistEntries appends ents durably, truncating first where a new leader
 // overwrites this replica's uncommitted tail (and then rebuilding the
-// idempotence table from the log). The caller holds the writer off.
+// idempotence table from the log). A truncation may cut commit marks that
+// followed the frames it drops (a mark names committed entries only, but
+// is written after whatever the write held): the newest durable mark is
+// appended again after the new entries, under the same fdatasync. The
+// caller holds the writer off (wmu).
 func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
+	truncated := false
 	for _, e := range ents {
 		if err := r.checkOverwrite(e); err != nil {
 			return err
@@ -473,6 +480,7 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 			if err := r.cfg.Log.TruncateSuffixAtIndex(e.GetIndex()); err != nil {
 				return fmt.Errorf("replica: truncate at index %d: %w", e.GetIndex(), err)
 			}
+			truncated = true
 			// Recompute what the dropped entries contributed (idempotence
 			// state, newest append time) before writing the replacements.
 			if err := r.rebuildDedup(); err != nil {
@@ -494,10 +502,33 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 		}
 		r.recordHeader(h)
 	}
+	if truncated {
+		if err := r.markAgain(); err != nil {
+			return err
+		}
+	}
 	if len(ents) > 0 {
 		if err := r.cfg.Log.Sync(); err != nil {
 			return fmt.Errorf("replica: sync: %w", err)
 		}
+	}
+	return nil
+}
+
+// markAgain appends the newest durable commit mark again (after a
+// truncation), or saves it in the state where the log cannot take it. The
+// caller holds wmu, which every durable mark was written under.
+func (r *Replica) markAgain() error {
+	w := &r.writer
+	w.mu.Lock()
+	done := w.markDone
+	w.mu.Unlock()
+	marked, err := r.appendMark(done)
+	if err == nil && marked < done {
+		err = r.cfg.State.SaveCommit(done)
+	}
+	if err != nil {
+		return fmt.Errorf("replica: commit mark %d after a truncation: %w", done, err)
 	}
 	return nil
 }
