@@ -328,3 +328,54 @@ func TestMarkInStateStillOpens(t *testing.T) {
 		}
 	}
 }
+
+// TestTruncationKeepsTheMark: a follower's log write carries a commit mark
+// after entries that a new leader then overwrites; the truncation cuts
+// that mark with them, and appends it again, so that the follower,
+// restarted right after, publishes what it published.
+func TestTruncationKeepsTheMark(t *testing.T) {
+	c := newCluster(t, 5)
+	c.elect(1)
+	var res []Result
+	c.replicas[1].Propose(op(7, 0, 2, "a", &res))
+	c.settle()
+	c.tick(2)
+	// Node 2 misses entry b, which commits on the others.
+	c.cut[2] = true
+	c.replicas[1].Propose(op(7, 2, 2, "b", &res))
+	c.settle()
+	c.tick(2)
+	// The leader, with node 2 alone, appends e, which cannot commit: node
+	// 2 gets b and e in one write, with Raft's commit index covering b,
+	// and the write's mark after e.
+	c.cut[3], c.cut[4], c.cut[5], c.cut[2] = true, true, true, false
+	c.replicas[1].Propose(op(7, 4, 2, "e", &res))
+	c.settle()
+	c.tick(2)
+	if got := c.replicas[2].Committed(); got != 4 {
+		t.Fatalf("node 2 published %d, want 4 (a and b)", got)
+	}
+	// One of 3, 4 and 5 leads, and no append is acked: nothing commits
+	// in its term, and node 2 truncates e away for its first entry, told
+	// no commit index past b.
+	c.cut[1], c.cut[2], c.cut[3], c.cut[4], c.cut[5] = true, true, false, false, false
+	c.drop = func(m *raftpb.Message) bool { return m.GetType() == raftpb.MessageType_MsgAppResp }
+	l := uint64(0)
+	for i := 0; i < 200 && l < 3; i++ {
+		c.tick(1)
+		l = c.leader()
+	}
+	if l < 3 {
+		t.Fatalf("leader %d, want one of 3, 4, 5", l)
+	}
+	c.cut[2] = false
+	c.tick(2)
+	if vals := c.logValues(2); len(vals) != 4 {
+		t.Fatalf("node 2 holds %v: e was not overwritten", vals)
+	}
+	c.stop(2)
+	c.start(2)
+	if got := c.replicas[2].Committed(); got != 4 {
+		t.Fatalf("node 2 published %d after the truncation and a restart, want 4", got)
+	}
+}
