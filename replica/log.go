@@ -126,10 +126,11 @@ type StateStore interface {
 	// committed (and held here): Load returns at least index as the commit
 	// index from then on. Cheaper than Save: a few bytes rewritten in
 	// place, one fdatasync. A torn record is detected and ignored (Load
-	// falls back to the commit index saved with the state). The mark
-	// normally goes into the log (FrameLog.AppendMark, no fdatasync of
-	// its own); this is the fallback where the log cannot hold one, and
-	// what replicas before that wrote (their directories still open).
+	// falls back to the commit index saved with the state). Log writes
+	// carry the mark (FrameLog.AppendMark, no fdatasync of its own); this
+	// saves it when no log write is under way (or the log cannot hold
+	// one), and held every mark before marks went into the log (those
+	// data directories still open).
 	SaveCommit(index uint64) error
 }
 
