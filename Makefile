@@ -30,6 +30,7 @@ TF_VARS ?=
 FUZZ_TARGETS := \
 	./batch:FuzzDecode:200000 \
 	./batch:FuzzRoundTrip:200000 \
+	./batch:FuzzDecodeMark:100000 \
 	./segment:FuzzOffsetIndex:300000 \
 	./segment:FuzzTimeIndex:300000 \
 	./segment:FuzzRecover:30000 \

@@ -69,8 +69,14 @@ const (
 	// never shown to readers: its offset reads as a hole. EncodeCompaction
 	// builds one and DecodeCompaction returns its decision.
 	TypeCompact Type = 4
+	// TypeMark is a commit mark: a control frame (never with records, never
+	// with a Raft index) that a replica appends to its own log to record
+	// durably, with the log writer's fsync, how far the log is committed
+	// (see EncodeMark). It is the log's own bookkeeping: segment readers
+	// skip it, and it is never replicated, shipped or shown.
+	TypeMark Type = 5
 
-	typeMax = TypeCompact
+	typeMax = TypeMark
 )
 
 // Frame flags (the Flags header field). Encode derives them from the
@@ -102,6 +108,8 @@ func (t Type) String() string {
 		return "fork"
 	case TypeCompact:
 		return "compact"
+	case TypeMark:
+		return "mark"
 	default:
 		return fmt.Sprintf("type(%d)", uint8(t))
 	}
@@ -180,6 +188,7 @@ var (
 	errVersion      = fmt.Errorf("%w: unknown version", ErrCorrupt)
 	errType         = fmt.Errorf("%w: unknown type", ErrCorrupt)
 	errForkRecords  = fmt.Errorf("%w: fork frame holds records", ErrCorrupt)
+	errMarkFields   = fmt.Errorf("%w: commit mark frame holds records, a raft term or index, or a producer field", ErrCorrupt)
 	errFlags        = fmt.Errorf("%w: unknown flags", ErrCorrupt)
 	errFlagsType    = fmt.Errorf("%w: flags on a frame that is not a data frame", ErrCorrupt)
 	errReserved     = fmt.Errorf("%w: reserved field is not zero", ErrCorrupt)
@@ -278,6 +287,10 @@ func PeekHeader(frame []byte) (Header, error) {
 	}
 	if h.Type == TypeFork && h.RecordCount != 0 {
 		return Header{}, errForkRecords
+	}
+	if h.Type == TypeMark && (h.RecordCount != 0 || h.Index != 0 || h.Term != 0 || h.Epoch != 0 || h.HLC != 0 ||
+		h.ProducerID != 0 || h.BaseSequence != 0) {
+		return Header{}, errMarkFields
 	}
 	if err := checkFlags(&h, frame); err != nil {
 		return Header{}, err

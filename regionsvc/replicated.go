@@ -239,9 +239,9 @@ func (d *rangeDriver) handOffIfDiskFull() {
 }
 
 // runMarkWriter is the replica's commit-mark goroutine: it runs WriteMark
-// whenever the driver's Ready cycles applied entries (replica's
-// commitmark.go), beside the log writer, so that a mark's fdatasync delays
-// no log write, until stop.
+// whenever a commit mark is wanted that no log write will carry (replica's
+// commitmark.go: the log writer appends the mark with the entries it
+// writes; WriteMark appends one alone when none are queued), until stop.
 func (d *rangeDriver) runMarkWriter(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	for {

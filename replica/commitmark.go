@@ -11,27 +11,58 @@ import "fmt"
 // only the commit index of its last election, and served less than
 // before until its leader told it the commit index again (1-5 s): a
 // reader that had read further saw the tail move back. So publication
-// waits for the mark:
+// waits for a durable commit mark, which log writes carry, and the state
+// when no log write is under way:
 //
 //  1. Applying committed entries moves the applied end (appliedEnd, for
 //     the replica's own decisions: duplicates, forks, read indexes,
 //     snapshots) and queues a publication point (the applied index and
-//     the end offset it reaches); ProcessReady asks the log writer for a
-//     mark at the applied index (entries are applied only once durable
-//     here, so the mark never names an entry this log could lose).
-//  2. WriteMark, on its own goroutine beside WriteLog (acks and log
-//     writes do not wait for the mark), saves the mark
-//     (StateStore.SaveCommit: one small record rewritten in place, one
-//     fdatasync) and wakes the driver.
-//  3. ProcessReady publishes the publication points the durable mark
-//     covers. A restarted replica starts with the commit index the mark
-//     (or the state) holds, clamped to its log, and publishes it at once:
-//     everything it published before.
+//     the end offset it reaches); markApplied wants a mark at the applied
+//     index (markWant).
+//  2. Each log write carries a mark: WriteLog appends, after the write's
+//     frames, a commit mark frame (batch.TypeMark, segment.Store.AppendMark)
+//     naming the highest of markWant and Raft's commit index when the
+//     write's entries were queued (clamped to the last entry queued: Raft's
+//     commit index covers only entries of this log), and makes frames and
+//     mark durable with the one fdatasync it makes anyway. Under load the
+//     mark costs no fsync: a few dozen bytes in a write that happens.
+//  3. When no log write is queued or in progress (the commit of an append
+//     that no other follows yet, a quiet range), or the log cannot take a
+//     mark (no indexed frame in its active segment), WriteMark saves the
+//     mark alone in the state (StateStore.SaveCommit: 16 bytes rewritten
+//     in place, one fdatasync, as every mark cost before), in a file of
+//     its own: a log write that comes meanwhile runs beside it rather
+//     than behind it, as before. A truncation (a new leader overwriting
+//     the uncommitted tail) may cut marks written after the frames it
+//     drops: it appends the newest durable mark again, with the entries
+//     that replace them (persistEntries).
+//  4. ProcessReady publishes the publication points the durable mark
+//     covers. A restarted replica starts with the newest of the marks the
+//     log holds (segment.Store.OpenMark: recovery reads them, a torn one
+//     is a torn tail), the state's commit index and the old mark file
+//     (_commit, which data directories from before keep), clamped to its
+//     log, and publishes it at once: everything it published before.
+//
+// The trade: under load (a log write in flight when entries commit) every
+// node saves the mark's own fdatasync (about 7% of a node's CPU in the
+// cursor-commit benchmark, and a second device flush beside every log
+// flush): the mark is a few dozen bytes in a write that happens anyway.
+// An append that no other follows still pays a lone mark (step 3) one
+// fdatasync after its commit, as before: readers of a quiet range see a
+// record no later than they did, and a producer appending one record at a
+// time still has a mark's flush beside each of its appends once its
+// previous one committed (waiting for the next append to carry it would
+// delay what readers of a quiet range see). The log holds a mark frame
+// (batch.HeaderSize plus 12 bytes) per write that carries one; rewrites
+// keep a segment's newest (compaction by key, resealing) and retention
+// deletes them with their segments. notes/commitmark.md has the figures.
 //
 // A fork lowers Committed to the fork offset (the records past it moved to
 // the orphan log) and drops the points above it; a snapshot install
 // publishes its end at once (the state saved with it holds a commit index
-// that covers it). Compaction deletes only what is published.
+// that covers it). Compaction deletes only what is published, and saves
+// the compaction point (a commit index Raft restarts at) before it
+// deletes a segment and the marks in it.
 
 // pubPoint is applied entries awaiting the durable mark: once the mark
 // covers index, offsets below end may be published.
@@ -120,30 +151,38 @@ func (r *Replica) markedIndex() uint64 {
 // goroutine.
 func (r *Replica) MarkWrites() <-chan struct{} { return r.writer.marks }
 
-// HasMarkWrite reports whether a commit mark is wanted and not saved yet.
-// Safe from any goroutine.
+// HasMarkWrite reports whether a commit mark is wanted, not durable yet,
+// and left to WriteMark: no log write is queued or in progress (the
+// writer carries the mark, and signals MarkWrites after a write that did
+// not cover what is wanted). Safe from any goroutine.
 func (r *Replica) HasMarkWrite() bool {
 	w := &r.writer
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.markWant > w.markDone && w.err == nil && !w.closed
+	return w.markWant > w.markDone && w.err == nil && !w.closed && len(w.queue) == 0 && !w.busy
 }
 
-// WriteMark saves the commit mark ProcessReady asked for, if any, and
-// wakes the driver to publish what it covers (LogWritten receives). It may
-// run on its own goroutine, beside WriteLog (the mark names applied
-// entries only, durable already, and is a file of its own): a mark's
-// fdatasync then delays no log write. Calls are serialised. A failure is
-// returned and kept for ProcessReady, which stops the replica.
+// WriteMark makes the commit mark ProcessReady asked for durable, if no log
+// write will: the log writer appends the mark after the frames of each
+// write it makes, under the same fdatasync (writeQueued), so while entries
+// are being written WriteMark writes nothing. With no log write queued or
+// in progress it saves the mark in the state (StateStore.SaveCommit: a
+// small record rewritten in place and fdatasynced, a file apart from the
+// log, so a log write that comes meanwhile does not wait for it), and
+// wakes the driver to publish what the mark covers (LogWritten receives).
+// It may run on its own goroutine, beside WriteLog; calls are serialised.
+// A failure is returned and kept for ProcessReady, which stops the
+// replica.
 func (r *Replica) WriteMark() error {
 	w := &r.writer
 	w.markMu.Lock()
 	defer w.markMu.Unlock()
 	w.mu.Lock()
 	want, done, failed := w.markWant, w.markDone, w.err != nil || w.closed
+	writing := len(w.queue) > 0 || w.busy
 	w.mu.Unlock()
-	if want <= done || failed || r.failure.Load() != nil {
-		return nil
+	if want <= done || failed || writing || r.failure.Load() != nil {
+		return nil // nothing to do, or the log writer carries it
 	}
 	err := r.cfg.State.SaveCommit(want)
 	w.mu.Lock()

@@ -46,8 +46,9 @@ func TestRestartPublishesWhatItPublished(t *testing.T) {
 }
 
 // TestPublicationWaitsForTheMark: applied entries are published only once
-// the commit mark covering them is durable (saved by WriteLog), so there is
-// no moment at which a reader could see more than a restart would keep.
+// the commit mark covering them is durable, so there is no moment at which
+// a reader could see more than a restart would keep, and a restart finds
+// it (in the log or the state).
 func TestPublicationWaitsForTheMark(t *testing.T) {
 	c := newCluster(t, 3)
 	c.elect(1)
@@ -71,20 +72,16 @@ func TestPublicationWaitsForTheMark(t *testing.T) {
 	if got := c.replicas[2].Committed(); got != 5 {
 		t.Fatalf("follower with a stalled disk published %d, want 5", got)
 	}
-	st := c.states[2]
-	st.mu.Lock()
-	mark := st.mark
-	st.mu.Unlock()
 	c.holdWrites[2] = false
 	c.settle()
 	c.tick(2)
 	if got := c.replicas[2].Committed(); got != 10 {
 		t.Fatalf("follower published %d after its disk caught up, want 10", got)
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.mark <= mark {
-		t.Fatalf("the follower's mark stayed at %d", st.mark)
+	c.stop(2)
+	c.start(2)
+	if got := c.replicas[2].Committed(); got != 10 {
+		t.Fatalf("follower published %d after a restart, want 10", got)
 	}
 }
 
@@ -186,4 +183,199 @@ func FuzzCommitMark(f *testing.F) {
 			t.Fatalf("load with commit file %x: commit %d, %v, %v", b, got.Raft.GetCommit(), ok, err)
 		}
 	})
+}
+
+// countingLog counts a log's fdatasyncs and commit marks; noMarks makes it
+// refuse marks, as a log that cannot hold one (the state then keeps them,
+// as replicas did before marks went into the log).
+type countingLog struct {
+	FrameLog
+	syncs, marks int
+	noMarks      bool
+}
+
+func (l *countingLog) Sync() error { l.syncs++; return l.FrameLog.Sync() }
+
+func (l *countingLog) AppendMark(index uint64) (bool, error) {
+	if l.noMarks {
+		return false, nil
+	}
+	l.marks++
+	return l.FrameLog.AppendMark(index)
+}
+
+func (l *countingLog) OpenMark() uint64 {
+	if l.noMarks {
+		return 0
+	}
+	return l.FrameLog.OpenMark()
+}
+
+// TestMarkRidesWithTheLogWrite: while entries are being written, the
+// commit mark goes with them (one fdatasync per log write, none of its
+// own), and what it covers is published after that write; with nothing
+// left to write, WriteMark saves it alone in the state, not the log.
+func TestMarkRidesWithTheLogWrite(t *testing.T) {
+	var cl *countingLog
+	c := newClusterOpts(t, 1, 1, func(c *cluster) {
+		c.repCfg = func(id uint64, cfg *Config) { cl = &countingLog{FrameLog: cfg.Log}; cfg.Log = cl }
+	})
+	c.elect(1)
+	r := c.replicas[1]
+	var res []Result
+	end := r.Committed()
+	st := c.states[1]
+	st.mu.Lock()
+	before := st.mark // the election's entry, committed alone
+	st.mu.Unlock()
+	for i := range 10 {
+		r.Propose(op(7, uint64(2*i), 2, fmt.Sprint(i), &res))
+		if err := r.ProcessReady(); err != nil {
+			t.Fatal(err)
+		}
+		if r.HasMarkWrite() {
+			t.Fatalf("append %d: a mark left to WriteMark while a log write is queued", i)
+		}
+		syncs := cl.syncs
+		if err := r.WriteLog(); err != nil {
+			t.Fatal(err)
+		}
+		if cl.syncs != syncs+1 {
+			t.Fatalf("append %d: %d fdatasyncs for one log write", i, cl.syncs-syncs)
+		}
+		for r.HasReady() {
+			if err := r.ProcessReady(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The entry written is applied; its mark goes with the next write.
+		if got := r.Committed(); got != end {
+			t.Fatalf("append %d: published %d before its mark, want %d", i, got, end)
+		}
+		end += 2
+	}
+	if len(res) != 10 || !r.HasMarkWrite() {
+		t.Fatalf("%d answered, mark left to WriteMark %v", len(res), r.HasMarkWrite())
+	}
+	st.mu.Lock()
+	if st.mark != before {
+		t.Fatalf("marks went to the state (%d) while log writes carried them", st.mark)
+	}
+	st.mu.Unlock()
+	syncs := cl.syncs
+	if err := r.WriteMark(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ProcessReady(); err != nil {
+		t.Fatal(err)
+	}
+	st.mu.Lock()
+	mark := st.mark
+	st.mu.Unlock()
+	if got := r.Committed(); got != end || cl.syncs != syncs || mark <= before {
+		t.Fatalf("after the lone mark: published %d (want %d), %d log fdatasyncs, state mark %d", got, end, cl.syncs-syncs, mark)
+	}
+	c.stop(1)
+	c.start(1)
+	if got := c.replicas[1].Committed(); got != end {
+		t.Fatalf("after a restart: published %d, want %d", got, end)
+	}
+}
+
+// TestMarkInStateStillOpens: a log that cannot hold marks leaves them to
+// the state (StateStore.SaveCommit), which is also how data directories
+// from before marks went into the log look: a replica restarted on such a
+// directory, now with marks in its log, publishes what it published.
+func TestMarkInStateStillOpens(t *testing.T) {
+	old := true
+	c := newClusterOpts(t, 3, 3, func(c *cluster) {
+		c.repCfg = func(id uint64, cfg *Config) {
+			if old {
+				cfg.Log = &countingLog{FrameLog: cfg.Log, noMarks: true}
+			}
+		}
+	})
+	c.elect(1)
+	var res []Result
+	for i := range 5 {
+		c.replicas[1].Propose(op(7, uint64(2*i), 2, fmt.Sprint(i), &res))
+		c.settle()
+	}
+	c.tick(2)
+	st := c.states[2]
+	st.mu.Lock()
+	mark := st.mark
+	st.mu.Unlock()
+	if got := c.replicas[2].Committed(); got != 10 || mark == 0 {
+		t.Fatalf("follower published %d with a state mark of %d", got, mark)
+	}
+	old = false
+	for _, id := range []uint64{2, 3, 1} {
+		c.stop(id)
+		c.start(id)
+		if got := c.replicas[id].Committed(); got != 10 {
+			t.Fatalf("node %d published %d after a restart on an old directory, want 10", id, got)
+		}
+	}
+	c.settle()
+	c.tick(25)
+	c.replicas[c.leader()].Propose(op(7, 10, 2, "new", &res))
+	c.settle()
+	c.tick(2)
+	for _, id := range c.ids {
+		if got := c.replicas[id].Committed(); got != 12 {
+			t.Fatalf("node %d published %d, want 12", id, got)
+		}
+	}
+}
+
+// TestTruncationKeepsTheMark: a follower's log write carries a commit mark
+// after entries that a new leader then overwrites; the truncation cuts
+// that mark with them, and appends it again, so that the follower,
+// restarted right after, publishes what it published.
+func TestTruncationKeepsTheMark(t *testing.T) {
+	c := newCluster(t, 5)
+	c.elect(1)
+	var res []Result
+	c.replicas[1].Propose(op(7, 0, 2, "a", &res))
+	c.settle()
+	c.tick(2)
+	// Node 2 misses entry b, which commits on the others.
+	c.cut[2] = true
+	c.replicas[1].Propose(op(7, 2, 2, "b", &res))
+	c.settle()
+	c.tick(2)
+	// The leader, with node 2 alone, appends e, which cannot commit: node
+	// 2 gets b and e in one write, with Raft's commit index covering b,
+	// and the write's mark after e.
+	c.cut[3], c.cut[4], c.cut[5], c.cut[2] = true, true, true, false
+	c.replicas[1].Propose(op(7, 4, 2, "e", &res))
+	c.settle()
+	c.tick(2)
+	if got := c.replicas[2].Committed(); got != 4 {
+		t.Fatalf("node 2 published %d, want 4 (a and b)", got)
+	}
+	// One of 3, 4 and 5 leads, and no append is acked: nothing commits
+	// in its term, and node 2 truncates e away for its first entry, told
+	// no commit index past b.
+	c.cut[1], c.cut[2], c.cut[3], c.cut[4], c.cut[5] = true, true, false, false, false
+	c.drop = func(m *raftpb.Message) bool { return m.GetType() == raftpb.MessageType_MsgAppResp }
+	l := uint64(0)
+	for i := 0; i < 200 && l < 3; i++ {
+		c.tick(1)
+		l = c.leader()
+	}
+	if l < 3 {
+		t.Fatalf("leader %d, want one of 3, 4, 5", l)
+	}
+	c.cut[2] = false
+	c.tick(2)
+	if vals := c.logValues(2); len(vals) != 4 {
+		t.Fatalf("node 2 holds %v: e was not overwritten", vals)
+	}
+	c.stop(2)
+	c.start(2)
+	if got := c.replicas[2].Committed(); got != 4 {
+		t.Fatalf("node 2 published %d after the truncation and a restart, want 4", got)
+	}
 }

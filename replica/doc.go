@@ -18,7 +18,12 @@
 // goroutine, the log writer, calls WriteLog whenever LogWrites receives,
 // and a third (or the second) WriteMark whenever MarkWrites receives (the
 // simulator calls them after a virtual disk latency); the driver wakes for
-// ProcessReady when LogWritten receives. Raft runs with
+// ProcessReady when LogWritten receives. WriteLog makes the commit mark
+// durable with the entries it writes (a mark frame after them, one
+// fdatasync for both); WriteMark saves a mark only when no log write is
+// queued or in progress, alone in the state (StateStore.SaveCommit: one
+// small fdatasync beside the log's, the price a quiet range's readers pay
+// for the mark, as before). Raft runs with
 // AsyncStorageWrites (logwriter.go says what the goroutines share).
 // ProcessReady does, in this order:
 //
@@ -29,7 +34,7 @@
 //     term and vote alone, in place, where the StateStore can
 //     (FileState.SaveTermVote: an election needs no new disk space), the
 //     whole state otherwise (the commit index rides along; on its own it
-//     is made durable by the commit mark, step 5).
+//     is made durable by the commit mark in the log, step 5).
 //  3. Send what Raft lets go at once: a leader's appends and heartbeats go
 //     out before its own write, so its followers write in parallel with it
 //     (Raft thesis 10.2.1). (Config.Send must not block.)
@@ -44,10 +49,11 @@
 //     fsync.
 //  5. Apply committed entries (Raft hands them over once they are durable
 //     here): answer the proposals they settle, apply configuration changes
-//     (saving the configuration durably), and ask WriteMark for a commit
-//     mark covering them; publish the committed offset once a durable mark
-//     covers it (commitmark.go: a restarted replica publishes at once what
-//     it published before).
+//     (saving the configuration durably), and want a commit mark covering
+//     them (the next WriteLog carries it, or WriteMark writes it alone);
+//     publish the committed offset once a durable mark covers it
+//     (commitmark.go: a restarted replica publishes at once what it
+//     published before).
 //  6. Answer the proposals of the current term that Raft's commit index
 //     covers: a quorum has them durably, this replica's own write may still
 //     be in flight.

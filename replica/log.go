@@ -22,6 +22,13 @@ type FrameLog interface {
 	Append(frame []byte) error
 	// Sync makes everything appended durable (group commit).
 	Sync() error
+	// AppendMark writes a commit mark, durable after Sync, saying that
+	// the log is committed up to index (at most LastIndex); it reports
+	// false, writing nothing, where the log cannot hold one (see
+	// segment.Store.AppendMark). OpenMark is the newest mark the log held
+	// when it was opened. commitmark.go.
+	AppendMark(index uint64) (bool, error)
+	OpenMark() uint64
 	// NextOffset is the offset the next data record gets.
 	NextOffset() uint64
 	// FirstIndex and LastIndex bound the Raft indexes held; both are 0 when
@@ -109,7 +116,7 @@ func (h HardState) AppliedConfIndex() uint64 {
 }
 
 // StateStore persists a replica's HardState atomically and durably, and
-// its commit mark (commitmark.go).
+// its commit mark where the log cannot hold it (commitmark.go).
 type StateStore interface {
 	// Load returns the state last saved; its Raft commit index is the
 	// higher of the one saved with it and the last commit mark.
@@ -119,7 +126,11 @@ type StateStore interface {
 	// committed (and held here): Load returns at least index as the commit
 	// index from then on. Cheaper than Save: a few bytes rewritten in
 	// place, one fdatasync. A torn record is detected and ignored (Load
-	// falls back to the commit index saved with the state).
+	// falls back to the commit index saved with the state). Log writes
+	// carry the mark (FrameLog.AppendMark, no fdatasync of its own); this
+	// saves it when no log write is under way (or the log cannot hold
+	// one), and held every mark before marks went into the log (those
+	// data directories still open).
 	SaveCommit(index uint64) error
 }
 

@@ -35,9 +35,11 @@ import (
 //     drained and held off (logWriter.wmu); both are rare (leader changes,
 //     catch-up).
 //   - Config.Send: called from both (the transport is goroutine-safe).
-//   - The commit mark wanted and saved (markWant, markDone):
-//     logWriter.mu. WriteMark runs on a third goroutine (or the log
-//     writer's), one call at a time (markMu); commitmark.go.
+//   - The commit mark wanted and durable (markWant, markDone):
+//     logWriter.mu. WriteLog appends a mark after each write's frames;
+//     WriteMark, on a third goroutine (or the log writer's), one call at a
+//     time (markMu), appends one alone under wmu when no write is queued;
+//     commitmark.go.
 //
 // Everything else stays on the driver goroutine: the hard state (term and
 // vote are saved synchronously before anything that depends on them is
@@ -56,6 +58,10 @@ type logWrite struct {
 	// space (segment.ErrNoSpace) goes back to the queue and continues
 	// from there.
 	written int
+	// mark is Raft's commit index when the write was queued, at most the
+	// last index queued with it: a commit mark the writer may append after
+	// the frames (commitmark.go).
+	mark uint64
 }
 
 // logWriteQueueBytesMax bounds the frame bytes queued for the writer: past
@@ -145,8 +151,15 @@ func (r *Replica) writeQueued() error {
 		return err
 	}
 	w.busy = true
+	mark := w.markWant
+	for _, lw := range writes {
+		mark = max(mark, lw.mark)
+	}
+	if mark <= w.markDone {
+		mark = 0
+	}
 	w.mu.Unlock()
-	err := r.appendFrames(writes)
+	marked, err := r.appendFrames(writes, mark)
 	if err == nil {
 		for _, lw := range writes {
 			r.deliver(lw.responses)
@@ -169,9 +182,20 @@ func (r *Replica) writeQueued() error {
 		w.err = err
 		w.pending.Store(true)
 	}
+	wake := err != nil || marked > w.markDone
+	if err == nil && marked > w.markDone {
+		w.markDone = marked
+		w.pending.Store(true) // the driver publishes what it covers
+	}
+	// A mark wanted since the writer took the queue goes with the next
+	// write, or alone (WriteMark) if none is queued.
+	again := w.markWant > w.markDone && len(w.queue) == 0
 	w.mu.Unlock()
-	if err != nil {
+	if wake {
 		signal(w.written)
+	}
+	if again {
+		signal(w.marks)
 	}
 	return err
 }
@@ -238,23 +262,51 @@ func (r *Replica) noteSpace(err error) {
 // any goroutine.
 func (r *Replica) DiskFull() *apierr.Error { return r.diskFull.Load() }
 
-// appendFrames writes the frames of writes and makes them durable.
-func (r *Replica) appendFrames(writes []*logWrite) error {
+// appendFrames writes the frames of writes, then a commit mark at mark
+// (if not 0) when frames were written, and makes them durable with one
+// Sync. It returns the mark written (0: none): a mark the log cannot take
+// is left to WriteMark.
+func (r *Replica) appendFrames(writes []*logWrite, mark uint64) (uint64, error) {
 	n := 0
 	for _, lw := range writes {
 		for ; lw.written < len(lw.frames); lw.written++ {
 			if err := r.cfg.Log.Append(lw.frames[lw.written]); err != nil {
-				return fmt.Errorf("replica: append: %w", err)
+				return 0, fmt.Errorf("replica: append: %w", err)
 			}
 			n++
 		}
 	}
-	if n > 0 {
-		if err := r.cfg.Log.Sync(); err != nil {
-			return fmt.Errorf("replica: sync: %w", err)
-		}
+	if n == 0 {
+		return 0, nil
 	}
-	return nil
+	marked, err := r.appendMark(mark)
+	if err != nil {
+		return 0, err
+	}
+	if err := r.cfg.Log.Sync(); err != nil {
+		return 0, fmt.Errorf("replica: sync: %w", err)
+	}
+	return marked, nil
+}
+
+// appendMark appends a commit mark at mark, clamped to the log (a mark
+// never names an entry the log does not hold), and returns the index
+// written, 0 if none: mark is 0, or the log cannot take one (no indexed
+// frame in its active segment, or no space: not a failure, the mark is
+// optional until a reader waits for it). The caller holds wmu.
+func (r *Replica) appendMark(mark uint64) (uint64, error) {
+	mark = min(mark, r.cfg.Log.LastIndex())
+	if mark == 0 {
+		return 0, nil
+	}
+	ok, err := r.cfg.Log.AppendMark(mark)
+	if err != nil && !errors.Is(err, segment.ErrNoSpace) {
+		return 0, fmt.Errorf("replica: append commit mark %d: %w", mark, err)
+	}
+	if !ok || err != nil {
+		return 0, nil
+	}
+	return mark, nil
 }
 
 // deliver hands messages that waited for durability on: to peers through
@@ -378,6 +430,10 @@ func (r *Replica) handleAppend(m *raftpb.Message) error {
 		}
 	}
 	r.storage.cache.add(ents)
+	// Raft's commit index covers entries of this log only (a follower's
+	// stops at the last entry its leader's append matched), at most the
+	// ones queued so far: a mark after these frames may name it.
+	lw.mark = min(r.state.Raft.GetCommit(), r.tailIndex)
 	return r.queueWrite(lw)
 }
 
@@ -409,8 +465,13 @@ func (r *Replica) appendSync(m *raftpb.Message) error {
 
 // persistEntries appends ents durably, truncating first where a new leader
 // overwrites this replica's uncommitted tail (and then rebuilding the
-// idempotence table from the log). The caller holds the writer off.
+// idempotence table from the log). A truncation may cut commit marks that
+// followed the frames it drops (a mark names committed entries only, but
+// is written after whatever the write held): the newest durable mark is
+// appended again after the new entries, under the same fdatasync. The
+// caller holds the writer off (wmu).
 func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
+	truncated := false
 	for _, e := range ents {
 		if err := r.checkOverwrite(e); err != nil {
 			return err
@@ -419,6 +480,7 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 			if err := r.cfg.Log.TruncateSuffixAtIndex(e.GetIndex()); err != nil {
 				return fmt.Errorf("replica: truncate at index %d: %w", e.GetIndex(), err)
 			}
+			truncated = true
 			// Recompute what the dropped entries contributed (idempotence
 			// state, newest append time) before writing the replacements.
 			if err := r.rebuildDedup(); err != nil {
@@ -440,10 +502,33 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 		}
 		r.recordHeader(h)
 	}
+	if truncated {
+		if err := r.markAgain(); err != nil {
+			return err
+		}
+	}
 	if len(ents) > 0 {
 		if err := r.cfg.Log.Sync(); err != nil {
 			return fmt.Errorf("replica: sync: %w", err)
 		}
+	}
+	return nil
+}
+
+// markAgain appends the newest durable commit mark again (after a
+// truncation), or saves it in the state where the log cannot take it. The
+// caller holds wmu, which every durable mark was written under.
+func (r *Replica) markAgain() error {
+	w := &r.writer
+	w.mu.Lock()
+	done := w.markDone
+	w.mu.Unlock()
+	marked, err := r.appendMark(done)
+	if err == nil && marked < done {
+		err = r.cfg.State.SaveCommit(done)
+	}
+	if err != nil {
+		return fmt.Errorf("replica: commit mark %d after a truncation: %w", done, err)
 	}
 	return nil
 }

@@ -216,6 +216,43 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	if cfg.NodeID == 0 || cfg.Log == nil || cfg.State == nil || cfg.Send == nil {
 		return nil, errors.New("replica: NodeID, Log, State and Send are required")
 	}
+	cfg = withDefaults(cfg)
+	r := &Replica{
+		cfg:      cfg,
+		logger:   cfg.Logger.Named("replica").With("stream", cfg.Stream, "range", cfg.Range, "node", cfg.NodeID),
+		dedup:    dedup.NewTable(cfg.ProducersMax),
+		writer:   newLogWriter(),
+		notifyCh: make(chan struct{}),
+	}
+	if err := r.loadState(); err != nil {
+		return nil, err
+	}
+	if err := r.recoverFork(headers); err != nil {
+		return nil, err
+	}
+	if err := r.reconcileState(); err != nil {
+		return nil, err
+	}
+	if err := r.replayLog(headers); err != nil {
+		return nil, err
+	}
+	if err := r.initApplied(); err != nil {
+		return nil, err
+	}
+	if err := r.recoverKeyCompaction(headers); err != nil {
+		return nil, err
+	}
+	if err := r.openForks(); err != nil {
+		return nil, err
+	}
+	if err := r.startRaft(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// withDefaults fills in the Config fields left zero.
+func withDefaults(cfg Config) Config {
 	if cfg.Epoch == 0 {
 		cfg.Epoch = 1
 	}
@@ -243,24 +280,25 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	if cfg.CompactionHoldBackBytesMax == 0 {
 		cfg.CompactionHoldBackBytesMax = 64 << 20
 	}
-	r := &Replica{
-		cfg:      cfg,
-		logger:   cfg.Logger.Named("replica").With("stream", cfg.Stream, "range", cfg.Range, "node", cfg.NodeID),
-		dedup:    dedup.NewTable(cfg.ProducersMax),
-		writer:   newLogWriter(),
-		notifyCh: make(chan struct{}),
-	}
+	return cfg
+}
+
+// loadState loads the hard state (a new group's first, saved), its commit
+// index raised to the newest commit mark the log holds (commitmark.go;
+// reconcileState clamps it to the log), and sets up the Raft storage.
+func (r *Replica) loadState() error {
+	cfg := r.cfg
 	st, ok, err := cfg.State.Load()
 	if err != nil {
-		return nil, fmt.Errorf("replica: load state: %w", err)
+		return fmt.Errorf("replica: load state: %w", err)
 	}
 	if !ok {
 		if len(cfg.Peers) == 0 {
-			return nil, errors.New("replica: a new group needs Peers")
+			return errors.New("replica: a new group needs Peers")
 		}
 		st = HardState{Raft: &raftpb.HardState{}, Conf: &raftpb.ConfState{Voters: append([]uint64(nil), cfg.Peers...)}}
 		if err := cfg.State.Save(st); err != nil {
-			return nil, fmt.Errorf("replica: save initial state: %w", err)
+			return fmt.Errorf("replica: save initial state: %w", err)
 		}
 	}
 	if st.Raft == nil {
@@ -269,19 +307,20 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	if st.Conf == nil {
 		st.Conf = &raftpb.ConfState{}
 	}
-	r.state = st
+	r.state = withCommit(st, cfg.Log.OpenMark())
 	r.fresh = !ok
 	r.storage = &logStorage{log: cfg.Log, state: &r.state, snapshot: r.snapshot}
-	if err := r.recoverFork(headers); err != nil {
-		return nil, err
-	}
-	if err := r.reconcileState(); err != nil {
-		return nil, err
-	}
+	return nil
+}
+
+// replayLog rebuilds the idempotence table, the epoch floor, the append
+// times and the log's tail from the producer base and the log's headers.
+func (r *Replica) replayLog(headers []batch.Header) error {
+	var err error
 	if r.base, err = decodeProducerBase(r.state.Producers); err != nil {
-		return nil, fmt.Errorf("replica: %w: %w", ErrStateCorrupt, err)
+		return fmt.Errorf("replica: %w: %w", ErrStateCorrupt, err)
 	}
-	r.dedup = r.base.table(cfg.ProducersMax)
+	r.dedup = r.base.table(r.cfg.ProducersMax)
 	for _, h := range headers {
 		if h.Type == batch.TypeData {
 			r.raiseEpoch(h.Epoch) // every frame held, compacted-over ones too
@@ -292,16 +331,13 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 	}
 	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, r.state.SnapshotAppendUnixNanos)
 	r.logAppendUnixNanos = max(r.logAppendUnixNanos, r.state.SnapshotAppendUnixNanos)
-	r.tailIndex, r.tailOffset = max(cfg.Log.LastIndex(), r.state.SnapshotIndex), cfg.Log.NextOffset()
-	if err := r.initApplied(); err != nil {
-		return nil, err
-	}
-	if err := r.recoverKeyCompaction(headers); err != nil {
-		return nil, err
-	}
-	if err := r.openForks(); err != nil {
-		return nil, err
-	}
+	r.tailIndex, r.tailOffset = max(r.cfg.Log.LastIndex(), r.state.SnapshotIndex), r.cfg.Log.NextOffset()
+	return nil
+}
+
+// startRaft creates the Raft node over the recovered storage.
+func (r *Replica) startRaft() error {
+	cfg := r.cfg
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:                        cfg.NodeID,
 		ElectionTick:              cfg.ElectionTick,
@@ -325,10 +361,10 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 		Logger:             raftLogger{r.logger.Named("raft")},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("replica: %w", err)
+		return fmt.Errorf("replica: %w", err)
 	}
 	r.rn = rn
-	return r, nil
+	return nil
 }
 
 // recordHeader feeds one log frame's header to the idempotence table.
@@ -708,20 +744,7 @@ func (r *Replica) ProcessReady() error {
 		r.fail(err)
 		return err
 	}
-	// Raft puts its messages for the local append and apply threads last.
-	msgs := rd.Messages
-	var appendMsg, applyMsg *raftpb.Message
-	for len(msgs) > 0 {
-		m := msgs[len(msgs)-1]
-		if to := m.GetTo(); to == raft.LocalAppendThread {
-			appendMsg = m
-		} else if to == raft.LocalApplyThread {
-			applyMsg = m
-		} else {
-			break
-		}
-		msgs = msgs[:len(msgs)-1]
-	}
+	msgs, appendMsg, applyMsg := splitLocal(rd.Messages)
 	// What Raft lets go now goes now: a leader's appends and heartbeats,
 	// so that its followers write in parallel with it (Raft thesis
 	// 10.2.1). Acks of appends and votes wait in appendMsg's responses
@@ -741,10 +764,48 @@ func (r *Replica) ProcessReady() error {
 			return err
 		}
 	}
-	if rd.SoftState != nil {
-		r.leaderID.Store(rd.SoftState.Lead)
+	st := r.noteRole(rd.SoftState)
+	if applyMsg != nil {
+		if err := r.applyCommitted(applyMsg); err != nil {
+			r.fail(err)
+			return err
+		}
+	}
+	r.answerCommittedIndex(st.GetCommit(), st.GetTerm())
+	r.raftCommit.Store(r.state.Raft.GetCommit())
+	r.processReads(rd.ReadStates)
+	for _, rep := range r.snapReports {
+		r.rn.ReportSnapshot(rep.to, rep.status)
+	}
+	clear(r.snapReports)
+	r.snapReports = r.snapReports[:0]
+	return nil
+}
+
+// splitLocal splits a Ready's messages into those for peers and the ones
+// for the local append and apply threads, which Raft puts last.
+func splitLocal(msgs []*raftpb.Message) (peers []*raftpb.Message, appendMsg, applyMsg *raftpb.Message) {
+	for len(msgs) > 0 {
+		m := msgs[len(msgs)-1]
+		if to := m.GetTo(); to == raft.LocalAppendThread {
+			appendMsg = m
+		} else if to == raft.LocalApplyThread {
+			applyMsg = m
+		} else {
+			break
+		}
+		msgs = msgs[:len(msgs)-1]
+	}
+	return msgs, appendMsg, applyMsg
+}
+
+// noteRole takes a Ready's soft state (nil: unchanged): the leader, and
+// whether this replica leads; it returns Raft's basic status.
+func (r *Replica) noteRole(ss *raft.SoftState) raft.BasicStatus {
+	if ss != nil {
+		r.leaderID.Store(ss.Lead)
 		wasLeader := r.isLeader
-		r.isLeader = rd.SoftState.RaftState == raft.StateLeader
+		r.isLeader = ss.RaftState == raft.StateLeader
 		if r.isLeader && !wasLeader {
 			// Every entry of this leader's log is queued by now (this
 			// Ready's included), written or not; its own proposals
@@ -762,31 +823,26 @@ func (r *Replica) ProcessReady() error {
 	} else {
 		r.leaderTerm.Store(0)
 	}
-	if applyMsg != nil {
-		// Raft hands over committed entries only once they are in this
-		// replica's log, durably: readers may read them.
-		for _, e := range applyMsg.GetEntries() {
-			if err := r.apply(e); err != nil {
-				r.fail(err)
-				return err
-			}
-			r.appliedIndex = e.GetIndex()
+	return st
+}
+
+// applyCommitted applies the committed entries Raft handed over (only once
+// they are in this replica's log, durably: readers may read them), steps
+// the responses that wait for them, and asks for a commit mark covering
+// them (commitmark.go).
+func (r *Replica) applyCommitted(applyMsg *raftpb.Message) error {
+	for _, e := range applyMsg.GetEntries() {
+		if err := r.apply(e); err != nil {
+			return err
 		}
-		for _, m := range applyMsg.GetResponses() {
-			_ = r.step(m)
-		}
-		r.storage.cache.trim(r.appliedIndex)
-		r.markApplied()
-		r.publish()
+		r.appliedIndex = e.GetIndex()
 	}
-	r.answerCommittedIndex(st.GetCommit(), st.GetTerm())
-	r.raftCommit.Store(r.state.Raft.GetCommit())
-	r.processReads(rd.ReadStates)
-	for _, rep := range r.snapReports {
-		r.rn.ReportSnapshot(rep.to, rep.status)
+	for _, m := range applyMsg.GetResponses() {
+		_ = r.step(m)
 	}
-	clear(r.snapReports)
-	r.snapReports = r.snapReports[:0]
+	r.storage.cache.trim(r.appliedIndex)
+	r.markApplied()
+	r.publish()
 	return nil
 }
 

@@ -30,6 +30,19 @@ func FuzzRecover(f *testing.F) {
 	}
 	unindexed := append(makeFrame(0, 2, 5), controlFrame(batch.TypeNoop, 2, 5, 0, 0, nil)...)
 	f.Add(valid)
+	// Commit marks (AppendMark) after some frames, one at the tail.
+	var marked []byte
+	for fr, n := valid, 0; len(fr) > 0; n++ {
+		size, _ := batch.FrameSize(fr)
+		h, _ := batch.DecodeHeader(fr)
+		marked = append(marked, fr[:size]...)
+		if n%3 == 0 || len(fr) == size {
+			marked = batch.EncodeMark(marked, h.Index, h.NextOffset(), h.AppendTimeUnixNanos)
+		}
+		fr = fr[size:]
+	}
+	f.Add(marked)
+	f.Add(marked[:len(marked)-5])
 	f.Add(valid[:len(valid)-7])
 	f.Add(unindexed)
 	f.Add(append(bytes.Clone(unindexed), make([]byte, 5000)...))

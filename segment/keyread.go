@@ -382,8 +382,8 @@ func (s *Store) scanKeys(r *keyRead, v segView, off, stop uint64) error {
 	defer s.releaseWalker(&w, buf)
 	w.chunk = readChunkBytes
 	for !r.stopped {
-		framePos := w.pos
 		frame, h, err := w.next()
+		framePos := w.at
 		if err == io.EOF {
 			return nil
 		}

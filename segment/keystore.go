@@ -184,8 +184,8 @@ func (s *Store) walkKeyEntries(g *segment, end int64, fn func(keyEntry)) error {
 	w := frameWalker{f: g.f, keys: s.cfg.Keyring, end: end, chunk: recoverChunkBytes}
 	q := seq{offset: g.baseOffset}
 	for {
-		pos := w.pos
 		frame, h, err := w.next()
+		pos := w.at
 		if err == io.EOF {
 			return nil
 		}

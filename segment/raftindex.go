@@ -65,8 +65,8 @@ func (s *Store) HeadersByIndex(lo, hi uint64, fn func(batch.Header)) error {
 	for {
 		w, buf := s.walker(v.seg.f, pos, v.size)
 		for !rs.stopAt(q) {
-			framePos := w.pos
 			_, h, err := w.next()
+			framePos := w.at
 			if err == io.EOF {
 				break
 			}
@@ -176,8 +176,8 @@ func (s *Store) seekIndex(v segView, index uint64, gapOK bool) (int64, seq, batc
 	w, buf := s.walker(v.seg.f, int64(e.position), v.size)
 	defer s.releaseWalker(&w, buf)
 	for {
-		framePos := w.pos
 		_, h, err := w.next()
+		framePos := w.at
 		if err == nil {
 			err = q.check(h)
 		}
@@ -246,8 +246,8 @@ func (s *Store) cutAtIndex(i int, index uint64) (cut, error) {
 	w, buf := s.walker(g.f, int64(e.position), g.size)
 	defer s.releaseWalker(&w, buf)
 	for {
-		framePos := w.pos
 		_, h, err := w.next()
+		framePos := w.at
 		if err == nil {
 			err = q.check(h)
 		}

@@ -87,8 +87,11 @@ func (rs readSpec) stopBefore(h batch.Header) bool {
 	return h.BaseOffset >= rs.end
 }
 
-// keep reports whether frame h is part of the result.
-func (rs readSpec) keep(h batch.Header) bool { return rs.byIndex || !h.IsControl() }
+// keep reports whether frame h is part of the result: never a commit
+// mark, which is the log's own bookkeeping (AppendMark).
+func (rs readSpec) keep(h batch.Header) bool {
+	return h.Type != batch.TypeMark && (rs.byIndex || !h.IsControl())
+}
 
 // readFrom collects frames from pos of v, where q is what the frame there
 // continues, across segments, until rs or maxBytes stops it or the log
@@ -191,8 +194,8 @@ func (s *Store) seek(v segView, from uint64) (int64, seq, error) {
 	w, buf := s.walker(v.seg.f, pos, v.size)
 	defer s.releaseWalker(&w, buf)
 	for {
-		framePos := w.pos
 		_, h, err := w.next()
+		framePos := w.at
 		if err != nil {
 			if err == io.EOF {
 				err = fmt.Errorf("offset %d not found before the end of the segment", from)
@@ -368,8 +371,8 @@ func (s *Store) OffsetForTime(tUnixNanos int64) (uint64, error) {
 	defer s.releaseWalker(&w, buf)
 	q := entrySeq(v.seg, e)
 	for {
-		framePos := w.pos
 		_, h, err := w.next()
+		framePos := w.at
 		if err == io.EOF {
 			err = fmt.Errorf("no frame at or after time %d although the segment's newest is %d", tUnixNanos, v.maxAppendTimeUnixNanos)
 		}
@@ -400,19 +403,43 @@ type frameWalker struct {
 	// not the file's any more.
 	staleEnd int64
 	pos      int64 // position of the next frame
+	at       int64 // position of the frame next returned last (or failed at)
 	end      int64 // bytes of the file that may be read
-	chunk    int   // bytes to read at once (more for a larger frame)
+	// mark is the newest index of the commit marks next stepped over.
+	mark  uint64
+	chunk int // bytes to read at once (more for a larger frame)
 	// throttle, if set, is called with the size of each read before it is
 	// made (rewrites bound their I/O with it).
 	throttle func(bytes int)
 }
 
 // next returns the frame at w.pos and advances past it, opening a sealed
-// unit (its size counts in w.pos). The frame aliases the window until the
-// next call. It returns io.EOF at w.end, an error
-// wrapping batch.ErrShort or batch.ErrCorrupt for a bad frame (without
-// advancing), and other errors for failed reads.
+// unit (its size counts in w.pos); w.at is then the frame's position. It
+// steps over commit mark frames (batch.TypeMark, see AppendMark), which
+// no reader sees, noting the newest index they name in w.mark. The frame
+// aliases the window until the next call. It returns io.EOF at w.end, an
+// error wrapping batch.ErrShort or batch.ErrCorrupt for a bad frame
+// (without advancing past it: w.at and w.pos are its position), and
+// other errors for failed reads.
 func (w *frameWalker) next() ([]byte, batch.Header, error) {
+	for {
+		w.at = w.pos
+		frame, h, err := w.unit()
+		if err != nil || h.Type != batch.TypeMark {
+			return frame, h, err
+		}
+		index, err := batch.DecodeMark(frame)
+		if err != nil {
+			w.pos = w.at
+			return nil, batch.Header{}, err
+		}
+		w.mark = max(w.mark, index)
+	}
+}
+
+// unit returns the frame at w.pos and advances past it, as next does, mark
+// frames included.
+func (w *frameWalker) unit() ([]byte, batch.Header, error) {
 	rem := w.end - w.pos
 	if rem <= 0 {
 		return nil, batch.Header{}, io.EOF

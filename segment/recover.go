@@ -235,8 +235,8 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 		keys.active = newActiveKeys()
 	}
 	for {
-		framePos := w.pos
 		frame, h, err := w.next()
+		framePos := w.at
 		if err == io.EOF {
 			break
 		}
@@ -288,9 +288,9 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 			}
 		}
 		q.advance(h)
-		g.size = w.pos
 		g.nextOffset = q.offset
 	}
+	g.size, s.openMark = w.at, max(s.openMark, w.mark) // trailing marks (AppendMark) stay
 	if reason, err := s.indexProblem(g); err != nil {
 		return g, fmt.Errorf("segment: check index files of %s: %w", g.name(), err)
 	} else if reason != "" {

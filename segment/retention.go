@@ -92,8 +92,8 @@ func (s *Store) cutAtOffset(i int, offset uint64) (cut, error) {
 	w, buf := s.walker(g.f, int64(e.position), g.size)
 	defer s.releaseWalker(&w, buf)
 	for {
-		framePos := w.pos
 		_, h, err := w.next()
+		framePos := w.at
 		if err == io.EOF {
 			// g ends at offset: the cut starts the next segment, if any.
 			if i+1 < len(s.segs) {

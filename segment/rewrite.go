@@ -121,32 +121,36 @@ func (s *Store) WalkSegment(base uint64, throttle func(bytes int), fn func(frame
 		return err
 	}
 	defer s.releaseView(v)
-	return s.walkView(v, throttle, fn)
+	_, err = s.walkView(v, throttle, fn)
+	return err
 }
 
 // walkView walks every frame of v (see WalkSegment), telling fn which one
-// is the last.
-func (s *Store) walkView(v segView, throttle func(int), fn func(frame []byte, h batch.Header, last bool) error) error {
+// is the last, and returns the newest commit mark it stepped over.
+func (s *Store) walkView(v segView, throttle func(int), fn func(frame []byte, h batch.Header, last bool) error) (uint64, error) {
 	w, buf := s.walker(v.seg.f, 0, v.size)
 	defer s.releaseWalker(&w, buf)
 	w.chunk = readChunkBytes
 	w.throttle = throttle
 	q := seq{offset: v.seg.baseOffset}
 	for {
-		framePos := w.pos
 		frame, h, err := w.next()
+		framePos := w.at
 		if err == io.EOF {
-			return nil
+			return w.mark, nil
 		}
 		if err == nil {
 			err = q.check(h)
 		}
 		if err != nil {
-			return s.readError(v.seg, framePos, q.offset, err)
+			return 0, s.readError(v.seg, framePos, q.offset, err)
 		}
 		q.advance(h)
-		if err := fn(frame, h, w.pos == v.size); err != nil {
-			return err
+		// Commit marks (AppendMark) may follow a Raft log's last frame,
+		// the one at the segment's last index.
+		last := w.pos == v.size || (h.Index != 0 && h.Index == v.lastIndex)
+		if err := fn(frame, h, last); err != nil {
+			return 0, err
 		}
 	}
 }
@@ -254,7 +258,7 @@ func (s *Store) writeRewrite(v segView, path string, throttle func(int), rewrite
 		pending = pending[:0]
 		return err
 	}
-	err = s.walkView(v, throttle, func(frame []byte, h batch.Header, isLast bool) error {
+	mark, err := s.walkView(v, throttle, func(frame []byte, h batch.Header, isLast bool) error {
 		out.framesBefore++
 		if isLast {
 			last = h
@@ -278,6 +282,13 @@ func (s *Store) writeRewrite(v segView, path string, throttle func(int), rewrite
 		}
 		return nil
 	})
+	if err == nil && mark != 0 {
+		// The segment's newest commit mark stays, after its last frame: it
+		// may be the log's newest (package replica's commitmark.go).
+		m := sealFrame(s.cfg.Keyring, &scratch, batch.EncodeMark(nil, mark, g.nextOffset, g.maxAppendTimeUnixNanos))
+		pending = append(pending, m...)
+		g.size += int64(len(m))
+	}
 	if err == nil {
 		err = flush()
 	}

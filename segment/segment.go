@@ -181,8 +181,16 @@ type seq struct {
 // A compacted frame (batch.Header.Compacted) may start past q: compaction
 // by key removed the frames in between, with their offsets and Raft
 // indexes (see the package documentation), and it may hold no record.
+//
+// A commit mark (batch.TypeMark, see AppendMark) takes no offset and no
+// index: it must start at q's offset, and leaves q as it was.
 func (q seq) check(h batch.Header) error {
 	switch {
+	case h.Type == batch.TypeMark:
+		if h.BaseOffset != q.offset {
+			return fmt.Errorf("%w: commit mark at base offset %d", errOutOfSequence, h.BaseOffset)
+		}
+		return nil
 	case h.BaseOffset != q.offset && !(h.Compacted() && h.BaseOffset > q.offset):
 		return fmt.Errorf("%w: base offset %d", errOutOfSequence, h.BaseOffset)
 	case h.RecordCount == 0 && h.Type == batch.TypeData && !h.Compacted():
@@ -201,7 +209,7 @@ func (q seq) checkFrame(frame []byte, h batch.Header) error {
 	if err := q.check(h); err != nil {
 		return err
 	}
-	if q.nextIndex != 0 {
+	if q.nextIndex != 0 && h.Type != batch.TypeMark {
 		return forkFollows(frame, h, q.nextIndex-1)
 	}
 	return nil

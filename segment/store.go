@@ -203,9 +203,11 @@ type Store struct {
 	// and closing are guarded by it.
 	wmu                     sync.Mutex
 	lastAppendTimeUnixNanos int64
-	lastTerm                uint64 // Term of the frame at LastIndex, 0 if none
-	closing                 bool
-	sealBuf                 []byte // Append's scratch for sealed units
+	// openMark is the newest commit mark recovery found (OpenMark).
+	openMark uint64
+	lastTerm uint64 // Term of the frame at LastIndex, 0 if none
+	closing  bool
+	sealBuf  []byte // Append's scratch for sealed units
 	// keyHashes is the appender's scratch for the key hashes and offset
 	// deltas of a frame's records.
 	keyHashes []keyEntry
