@@ -113,7 +113,7 @@ func (c *Client) Addrs() []string { return c.pool.addrs() }
 // API returns a raw generated gRPC client for calls this package does not
 // wrap. Each of its calls goes to the address the client currently prefers
 // for calls any node can serve, without retries or failover. Errors from it
-// should go through apierr.FromError.
+// should go through FromError.
 func (c *Client) API() geologv1.LogClient { return pooledAPI{c.pool} }
 
 // Close closes every producer of the client (failing unacknowledged records

@@ -16,6 +16,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/authz"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
 )
@@ -398,7 +399,7 @@ func sendACLChange(ctx context.Context, ac geologv1.AdminClient, c authz.Change)
 		_, err = ac.PutAcl(ctx, &geologv1.PutAclRequest{Rule: ruleToProto(c)})
 	}
 	if err != nil {
-		return apierr.FromError(err)
+		return rpcerr.FromError(err)
 	}
 	return nil
 }
@@ -469,7 +470,7 @@ func (n *Node) waitACLApplied(ctx context.Context, c authz.Change) error {
 func (s *adminServer) PutAcl(ctx context.Context, req *geologv1.PutAclRequest) (*geologv1.PutAclResponse, error) {
 	resp, err := s.node.putACL(ctx, req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return resp, nil
 }
@@ -477,7 +478,7 @@ func (s *adminServer) PutAcl(ctx context.Context, req *geologv1.PutAclRequest) (
 func (s *adminServer) DeleteAcl(ctx context.Context, req *geologv1.DeleteAclRequest) (*geologv1.DeleteAclResponse, error) {
 	resp, err := s.node.deleteACL(ctx, req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return resp, nil
 }
@@ -485,7 +486,7 @@ func (s *adminServer) DeleteAcl(ctx context.Context, req *geologv1.DeleteAclRequ
 func (s *adminServer) ListAcls(ctx context.Context, req *geologv1.ListAclsRequest) (*geologv1.ListAclsResponse, error) {
 	resp, err := s.node.listACLs(req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return resp, nil
 }
@@ -563,7 +564,7 @@ func (n *Node) syncACLs(ctx context.Context, region string) (int, error) {
 		}
 		resp, err := geologv1.NewAdminClient(conn).ListAcls(cctx, &geologv1.ListAclsRequest{Resource: "*"})
 		if err != nil {
-			return apierr.FromError(err)
+			return rpcerr.FromError(err)
 		}
 		for _, r := range resp.GetRules() {
 			theirs[[2]string{r.GetPrincipal(), r.GetResource()}] = authz.Version{UnixNanos: r.GetChangedUnixNanos(), Region: r.GetChangedInRegion()}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
 )
@@ -127,7 +128,7 @@ func (n *Node) alterStreamReplicated(ctx context.Context, spec streamSpec, req *
 			return apierr.New(apierr.Unavailable, "forward to %s: %v", n.cfg.Peers[leader], err)
 		}
 		if _, err := geologv1.NewLogClient(conn).AlterStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), req); err != nil {
-			return apierr.FromError(err)
+			return rpcerr.FromError(err)
 		}
 	}
 	return n.waitAltered(ctx, spec)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -195,7 +196,7 @@ func TestGroupOneNode(t *testing.T) {
 		t.Fatalf("describe: %v", d)
 	}
 	for _, m := range []string{"a", "b"} {
-		if _, err := cc.LeaveGroup(ctx, &geologv1.LeaveGroupRequest{Group: "billing", MemberId: m, MemberEpoch: d.Members[0].MemberEpoch}); err != nil && apierr.CodeOf(err) != apierr.StaleMemberEpoch {
+		if _, err := cc.LeaveGroup(ctx, &geologv1.LeaveGroupRequest{Group: "billing", MemberId: m, MemberEpoch: d.Members[0].MemberEpoch}); err != nil && rpcerr.CodeOf(err) != apierr.StaleMemberEpoch {
 			t.Fatal(err)
 		}
 	}
@@ -231,7 +232,7 @@ func TestCursorsRegion(t *testing.T) {
 	defer cancel()
 	tr.retry(ctx, "create", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 2})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
@@ -251,7 +252,7 @@ func TestCursorsRegion(t *testing.T) {
 		for attempt := 0; attempt < 50; attempt++ {
 			_, err = ccs[id].CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: cursor,
 				Positions: []*geologv1.CursorPosition{{Stream: "chat", Range: 0, Offset: uint64(i + 1)}}})
-			if err == nil || !apierr.IsRetriable(err) {
+			if err == nil || !rpcerr.IsRetriable(err) {
 				break
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -345,7 +346,7 @@ func TestCursorHomeReadOnCatalogueLaggard(t *testing.T) {
 	defer cancel()
 	tr.retry(ctx, "create", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 1})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
@@ -385,7 +386,7 @@ func TestCursorHomeReadOnCatalogueLaggard(t *testing.T) {
 	for attempt := 0; attempt < 100; attempt++ {
 		_, err = cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: "dev-a",
 			Positions: []*geologv1.CursorPosition{{Stream: "chat", Range: 0, Offset: 5}}})
-		if err == nil || !apierr.IsRetriable(err) {
+		if err == nil || !rpcerr.IsRetriable(err) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -186,7 +187,7 @@ func (n *Node) forwardTo(ctx context.Context, addr string, forward func(ctx cont
 	}
 	v, err := forward(fctx, geologv1.NewConsumerClient(conn))
 	if err != nil {
-		return nil, apierr.FromError(err)
+		return nil, rpcerr.FromError(err)
 	}
 	return v, nil
 }

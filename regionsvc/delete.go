@@ -9,6 +9,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
 )
@@ -92,7 +93,7 @@ func (n *Node) propagateDelete(ctx context.Context, spec streamSpec) error {
 func (n *Node) deleteInRegion(ctx context.Context, region, name string) error {
 	return n.propagateToRegion(ctx, region, func(cctx context.Context, _ string, c geologv1.LogClient) error {
 		_, err := c.DeleteStream(cctx, &geologv1.DeleteStreamRequest{Name: name})
-		if apierr.CodeOf(err) == apierr.StreamNotFound {
+		if rpcerr.CodeOf(err) == apierr.StreamNotFound {
 			return nil
 		}
 		return err
@@ -116,7 +117,7 @@ func (n *Node) deleteStreamReplicated(ctx context.Context, spec streamSpec, forw
 		}
 		// Not proposed, or superseded: forwarding is safe (a deletion
 		// applies once, to the creation it names).
-		if err := n.forwardDelete(ctx, n.cfg.Peers[leader], spec.Name); err != nil && apierr.CodeOf(err) != apierr.StreamNotFound {
+		if err := n.forwardDelete(ctx, n.cfg.Peers[leader], spec.Name); err != nil && rpcerr.CodeOf(err) != apierr.StreamNotFound {
 			return err
 		}
 	}
@@ -130,7 +131,7 @@ func (n *Node) forwardDelete(ctx context.Context, addr, name string) error {
 	}
 	if _, err := geologv1.NewLogClient(conn).DeleteStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"),
 		&geologv1.DeleteStreamRequest{Name: name}); err != nil {
-		return apierr.FromError(err)
+		return rpcerr.FromError(err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/replicator"
@@ -80,7 +81,7 @@ func (n *Node) propagateCreate(ctx context.Context, w createWant) error {
 func (n *Node) createInRegion(ctx context.Context, region string, w createWant) error {
 	return n.propagateToRegion(ctx, region, func(cctx context.Context, addr string, c geologv1.LogClient) error {
 		_, err := c.CreateStream(cctx, createRequest(w.spec))
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return n.checkSameDefinition(ctx, addr, region, w)
 		}
 		return err
@@ -109,7 +110,7 @@ func (n *Node) propagateToRegion(ctx context.Context, region string, call func(c
 		if err == nil {
 			return nil
 		}
-		e := apierr.FromError(err)
+		e := rpcerr.FromError(err)
 		if !e.Retriable && e.Code != apierr.NotLeader {
 			return e
 		}
@@ -142,7 +143,7 @@ func (n *Node) describeRemote(ctx context.Context, addr, stream string) (streamS
 	defer cancel()
 	resp, err := geologv1.NewLogClient(conn).DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: stream})
 	if err != nil {
-		return streamSpec{}, apierr.FromError(err)
+		return streamSpec{}, rpcerr.FromError(err)
 	}
 	si := resp.GetStream()
 	return streamSpec{Name: si.GetName(), RangeCount: si.GetRangeCount(), Regions: si.GetRegions(), Homes: si.GetRangeHomes(),
@@ -162,7 +163,7 @@ func (n *Node) existingDefinition(ctx context.Context, spec streamSpec) (streamS
 			if err == nil {
 				return other, true
 			}
-			if apierr.CodeOf(err) == apierr.StreamNotFound {
+			if rpcerr.CodeOf(err) == apierr.StreamNotFound {
 				break // this region does not hold it; the next may
 			}
 		}
@@ -698,7 +699,7 @@ func (n *Node) createStreamRegions(ctx context.Context, w createWant) (*geologv1
 	switch {
 	case w.spec.hasRegion(n.cfg.Region):
 		err := n.createStreamReplicated(ctx, w.spec, forwarded)
-		if err != nil && apierr.CodeOf(err) != apierr.StreamExists {
+		if err != nil && rpcerr.CodeOf(err) != apierr.StreamExists {
 			return nil, err
 		}
 		if err != nil {
@@ -830,7 +831,7 @@ func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (ui
 		if err == nil {
 			return resp.GetTailOffset(), nil
 		}
-		last = apierr.FromError(err)
+		last = rpcerr.FromError(err)
 	}
 	e := apierr.As(last)
 	if e.Code == apierr.NotLeader || e.Code == apierr.Unavailable {

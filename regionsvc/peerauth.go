@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/pki"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/raftnet"
@@ -184,14 +185,14 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 			return h(ctx, req) // any caller the transport admits (health.go)
 		}
 		if err := n.authorizeCall(ctx, info.FullMethod); err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, rpcerr.ToStatus(err)
 		}
 		ctx, err := n.authenticateToken(ctx, info.FullMethod)
 		if err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, rpcerr.ToStatus(err)
 		}
 		if err := n.authorizeRequest(ctx, info.FullMethod, req); err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, rpcerr.ToStatus(err)
 		}
 		return h(ctx, req)
 	}
@@ -200,11 +201,11 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 			return h(srv, ss)
 		}
 		if err := n.authorizeCall(ss.Context(), info.FullMethod); err != nil {
-			return apierr.ToStatus(err)
+			return rpcerr.ToStatus(err)
 		}
 		ctx, err := n.authenticateToken(ss.Context(), info.FullMethod)
 		if err != nil {
-			return apierr.ToStatus(err)
+			return rpcerr.ToStatus(err)
 		}
 		if ctx != ss.Context() {
 			ss = callerStream{ServerStream: ss, ctx: ctx}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/raftnet"
 	"github.com/geolog/geolog/replica"
@@ -387,7 +388,7 @@ func (n *Node) forwardCreate(ctx context.Context, addr string, spec streamSpec) 
 	}
 	_, err = geologv1.NewLogClient(conn).CreateStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), createRequest(spec))
 	if err != nil {
-		return apierr.FromError(err)
+		return rpcerr.FromError(err)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -54,7 +55,7 @@ import (
 func (s *adminServer) Rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geologv1.RehomeResponse, error) {
 	resp, err := s.node.rehome(ctx, req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return resp, nil
 }
@@ -62,7 +63,7 @@ func (s *adminServer) Rehome(ctx context.Context, req *geologv1.RehomeRequest) (
 func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHomesRequest) (*geologv1.RefreshHomesResponse, error) {
 	n := s.node
 	if n.homing == nil {
-		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)"))
+		return nil, rpcerr.ToStatus(apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)"))
 	}
 	t0 := time.Now()
 	var mu sync.Mutex
@@ -72,7 +73,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		// The homes come from a committed transaction: take them (if newer)
 		// without a heartbeat. The published version is the confirmation.
 		if _, err := n.homing.homes.Install(ctx, regionHomesFromProto(snap)); err != nil {
-			return nil, apierr.ToStatus(homingErr(err))
+			return nil, rpcerr.ToStatus(homingErr(err))
 		}
 	} else {
 		// The first heartbeat learns the homes (and the node acts on them
@@ -80,7 +81,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		// store so (a planned rehome waits for it), while the final tails
 		// are read.
 		if err := n.homing.homes.Refresh(ctx); err != nil {
-			return nil, apierr.ToStatus(homingErr(err))
+			return nil, rpcerr.ToStatus(homingErr(err))
 		}
 		if req.GetConfirm() {
 			wg.Add(1)
@@ -129,7 +130,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 	// caller's path.
 	n.tasks.Go(n.refreshDirectory)
 	if confirmErr != nil {
-		return nil, apierr.ToStatus(homingErr(confirmErr))
+		return nil, rpcerr.ToStatus(homingErr(confirmErr))
 	}
 	return resp, nil
 }
@@ -223,7 +224,7 @@ func (n *Node) rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geolog
 			if err == nil {
 				return resp, nil
 			}
-			if e := apierr.FromError(err); !e.Retriable {
+			if e := rpcerr.FromError(err); !e.Retriable {
 				return nil, e
 			}
 		}

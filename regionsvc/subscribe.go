@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -121,7 +122,7 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 // when to look again.
 func subscribeRead(rd *rangeDriver, key []byte, next uint64, maxBytes int, behind *time.Time) (recs []*geologv1.StoredRecord, nx uint64, wait <-chan time.Time, err error) {
 	recs, nx, err = rd.read(key, next, readRecordsDefault, maxBytes)
-	if apierr.CodeOf(err) != apierr.PastLocalTail {
+	if rpcerr.CodeOf(err) != apierr.PastLocalTail {
 		*behind = time.Time{}
 		return recs, nx, nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/klauspost/compress/zstd"
@@ -277,7 +278,7 @@ func (s *Server) Replicate(stream grpc.BidiStreamingServer[geologinternalv1.Repl
 	if err == nil || errors.Is(err, io.EOF) {
 		return nil
 	}
-	return apierr.ToStatus(err)
+	return rpcerr.ToStatus(err)
 }
 
 func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse]) error {
@@ -440,7 +441,7 @@ func (s *Server) refuse(stream grpc.BidiStreamingServer[geologinternalv1.Replica
 	return stream.Send(&geologinternalv1.ReplicateResponse{
 		AppliedEndOffset: applied,
 		HighestEpoch:     highest,
-		Error:            r.API.Detail(),
+		Error:            rpcerr.Detail(r.API),
 	})
 }
 
