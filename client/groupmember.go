@@ -122,7 +122,7 @@ func (g *GroupConsumer) heartbeat() (*geologv1.GroupAssignment, error) {
 // consumer's end) into a retriable Timeout: the call may succeed later.
 func (g *GroupConsumer) retriableTimeout(err error) error {
 	if err != nil && g.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-		return apierr.New(apierr.Timeout, "%v", err)
+		return apierr.Wrap(apierr.Timeout, err, "")
 	}
 	return err
 }

@@ -240,7 +240,7 @@ func (p *connPool) api(addr string) (geologv1.LogClient, *grpc.ClientConn, error
 	i := p.indexLocked(addr)
 	if i < 0 {
 		if err := checkAddr(addr); err != nil {
-			return nil, nil, apierr.New(apierr.Unavailable, "%v", err)
+			return nil, nil, apierr.Wrap(apierr.Unavailable, err, "")
 		}
 		if !p.makeRoomLocked() {
 			return nil, nil, apierr.New(apierr.Unavailable, "address table full (%d), not learning %s", AddrsMax, addr)
@@ -256,7 +256,7 @@ func (p *connPool) api(addr string) (geologv1.LogClient, *grpc.ClientConn, error
 		// that buys nothing for one address.
 		conn, err := grpc.NewClient("passthrough:///"+addr, p.dial...)
 		if err != nil {
-			return nil, nil, apierr.New(apierr.Unavailable, "connect to %s: %v", addr, err)
+			return nil, nil, apierr.Wrap(apierr.Unavailable, err, "connect to %s", addr)
 		}
 		n.conn, n.api = conn, geologv1.NewLogClient(conn)
 	}

@@ -412,7 +412,7 @@ func (n *Node) commitACL(ctx context.Context, call aclCall, c authz.Change) erro
 		err := n.applyACL(0, false, c)
 		n.createMu.Unlock()
 		if err != nil {
-			return apierr.New(apierr.Internal, "the access rule is in force on this node, and not saved (it is lost at a restart): %v", err)
+			return apierr.Wrap(apierr.Internal, err, "the access rule is in force on this node, and not saved (it is lost at a restart)")
 		}
 		return nil
 	}
@@ -440,7 +440,7 @@ func (n *Node) commitACL(ctx context.Context, call aclCall, c authz.Change) erro
 func (n *Node) forwardACL(ctx context.Context, addr string, c authz.Change) error {
 	conn, err := n.peerConn(addr)
 	if err != nil {
-		return apierr.New(apierr.Unavailable, "forward to %s: %v", addr, err)
+		return apierr.Wrap(apierr.Unavailable, err, "forward to %s", addr)
 	}
 	ctx = metadata.AppendToOutgoingContext(ctx, forwardedKey, "1", aclVersionKey, formatACLVersion(c.Version))
 	return sendACLChange(ctx, geologv1.NewAdminClient(conn), c)
@@ -460,7 +460,7 @@ func (n *Node) waitACLApplied(ctx context.Context, c authz.Change) error {
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "access rule change: committed, not yet applied here: %v", ctx.Err())
+			return apierr.Wrap(apierr.Timeout, ctx.Err(), "access rule change: committed, not yet applied here")
 		}
 	}
 }
@@ -470,7 +470,7 @@ func (n *Node) waitACLApplied(ctx context.Context, c authz.Change) error {
 func (s *adminServer) PutAcl(ctx context.Context, req *geologv1.PutAclRequest) (*geologv1.PutAclResponse, error) {
 	resp, err := s.node.putACL(ctx, req)
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -478,7 +478,7 @@ func (s *adminServer) PutAcl(ctx context.Context, req *geologv1.PutAclRequest) (
 func (s *adminServer) DeleteAcl(ctx context.Context, req *geologv1.DeleteAclRequest) (*geologv1.DeleteAclResponse, error) {
 	resp, err := s.node.deleteACL(ctx, req)
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -486,7 +486,7 @@ func (s *adminServer) DeleteAcl(ctx context.Context, req *geologv1.DeleteAclRequ
 func (s *adminServer) ListAcls(ctx context.Context, req *geologv1.ListAclsRequest) (*geologv1.ListAclsResponse, error) {
 	resp, err := s.node.listACLs(req)
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }

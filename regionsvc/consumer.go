@@ -13,8 +13,8 @@ import (
 )
 
 // consumerServer implements geologv1.ConsumerServer on a Node (see
-// consumer.proto for each RPC's contract). Every error goes through
-// apierr.ToStatus here.
+// consumer.proto for each RPC's contract). It returns plain errors; the
+// server's interceptors (rpcerr) map them to statuses.
 type consumerServer struct {
 	geologv1.UnimplementedConsumerServer
 	node *Node
@@ -32,7 +32,7 @@ const (
 
 func (s *consumerServer) CommitCursors(ctx context.Context, req *geologv1.CommitCursorsRequest) (*geologv1.CommitCursorsResponse, error) {
 	resp, err := s.node.commitCursors(ctx, req)
-	return resp, rpcerr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) commitCursors(ctx context.Context, req *geologv1.CommitCursorsRequest) (*geologv1.CommitCursorsResponse, error) {
@@ -154,7 +154,7 @@ func positionsToProto(ps []cursors.Position) []*geologv1.CursorPosition {
 
 func (s *consumerServer) GetCursors(ctx context.Context, req *geologv1.GetCursorsRequest) (*geologv1.GetCursorsResponse, error) {
 	resp, err := s.node.getCursors(ctx, req)
-	return resp, rpcerr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) getCursors(ctx context.Context, req *geologv1.GetCursorsRequest) (*geologv1.GetCursorsResponse, error) {
@@ -228,7 +228,7 @@ func (n *Node) cursorReadEnd(ctx context.Context, cr *cursorRange, c geologv1.Co
 
 func (s *consumerServer) JoinGroup(ctx context.Context, req *geologv1.JoinGroupRequest) (*geologv1.GroupAssignment, error) {
 	resp, err := s.node.joinGroup(ctx, req)
-	return resp, rpcerr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) joinGroup(ctx context.Context, req *geologv1.JoinGroupRequest) (*geologv1.GroupAssignment, error) {
@@ -276,7 +276,7 @@ func (n *Node) assignmentToProto(a cursors.Assignment) *geologv1.GroupAssignment
 
 func (s *consumerServer) GroupHeartbeat(ctx context.Context, req *geologv1.GroupHeartbeatRequest) (*geologv1.GroupAssignment, error) {
 	resp, err := s.node.groupHeartbeat(ctx, req)
-	return resp, rpcerr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) groupHeartbeat(ctx context.Context, req *geologv1.GroupHeartbeatRequest) (*geologv1.GroupAssignment, error) {
@@ -304,39 +304,39 @@ func (n *Node) groupHeartbeat(ctx context.Context, req *geologv1.GroupHeartbeatR
 
 func (s *consumerServer) LeaveGroup(ctx context.Context, req *geologv1.LeaveGroupRequest) (*geologv1.LeaveGroupResponse, error) {
 	if err := checkCursorName(req.GetGroup()); err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	cr, err := s.node.cursors.rangeFor(ctx, req.GetGroup())
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	lreq := cursors.LeaveRequest{Group: req.GetGroup(), MemberID: req.GetMemberId(), MemberEpoch: req.GetMemberEpoch(), Temporary: req.GetTemporary()}
 	_, err = s.node.coordinate(ctx, cr, func(b *cursors.Batch, c *cursors.Coordinator) (any, error) {
 		return &geologv1.LeaveGroupResponse{}, c.Leave(b, lreq)
 	}, func(ctx context.Context, c geologv1.ConsumerClient) (any, error) { return c.LeaveGroup(ctx, req) })
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	return &geologv1.LeaveGroupResponse{}, nil
 }
 
 func (s *consumerServer) DeleteGroup(ctx context.Context, req *geologv1.DeleteGroupRequest) (*geologv1.DeleteGroupResponse, error) {
 	if err := checkCursorName(req.GetGroup()); err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	cr, err := s.node.cursors.rangeForRead(ctx, req.GetGroup(), true)
 	if errors.Is(err, errNoCursorStream) {
 		err = apierr.New(apierr.GroupNotFound, "no group or cursor %q", req.GetGroup())
 	}
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	v, err := s.node.coordinate(ctx, cr, func(b *cursors.Batch, _ *cursors.Coordinator) (any, error) {
 		n, err := b.Delete(req.GetGroup())
 		return &geologv1.DeleteGroupResponse{PositionsDeleted: uint32(n)}, err
 	}, func(ctx context.Context, c geologv1.ConsumerClient) (any, error) { return c.DeleteGroup(ctx, req) })
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	return v.(*geologv1.DeleteGroupResponse), nil
 }

@@ -177,7 +177,7 @@ func (n *Node) isPeerAddr(addr string) bool {
 func (n *Node) forwardTo(ctx context.Context, addr string, forward func(ctx context.Context, c geologv1.ConsumerClient) (any, error)) (any, error) {
 	conn, err := n.peerConn(addr)
 	if err != nil {
-		return nil, apierr.New(apierr.Unavailable, "forward to %s: %v", addr, err)
+		return nil, apierr.Wrap(apierr.Unavailable, err, "forward to %s", addr)
 	}
 	fctx := metadata.AppendToOutgoingContext(ctx, forwardedKey, "1")
 	if _, ok := ctx.Deadline(); !ok {

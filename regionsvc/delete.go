@@ -84,7 +84,7 @@ func (n *Node) propagateDelete(ctx context.Context, spec streamSpec) error {
 			continue
 		}
 		if err := n.deleteInRegion(ctx, region, spec.Name); err != nil {
-			return apierr.New(apierr.Unavailable, "stream %q is not yet deleted in region %s (deleting it again completes it): %v", spec.Name, region, err)
+			return apierr.Wrap(apierr.Unavailable, err, "stream %q is not yet deleted in region %s (deleting it again completes it)", spec.Name, region)
 		}
 	}
 	return nil
@@ -127,7 +127,7 @@ func (n *Node) deleteStreamReplicated(ctx context.Context, spec streamSpec, forw
 func (n *Node) forwardDelete(ctx context.Context, addr, name string) error {
 	conn, err := n.peerConn(addr)
 	if err != nil {
-		return apierr.New(apierr.Unavailable, "forward to %s: %v", addr, err)
+		return apierr.Wrap(apierr.Unavailable, err, "forward to %s", addr)
 	}
 	if _, err := geologv1.NewLogClient(conn).DeleteStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"),
 		&geologv1.DeleteStreamRequest{Name: name}); err != nil {
@@ -159,7 +159,7 @@ func (n *Node) waitCatalogue(ctx context.Context, name, what string, done func(s
 		select {
 		case <-applied:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "%s %q: committed, not yet applied here: %v", what, name, ctx.Err())
+			return apierr.Wrap(apierr.Timeout, ctx.Err(), "%s %q: committed, not yet applied here", what, name)
 		}
 	}
 }
@@ -208,7 +208,7 @@ func (n *Node) deleteStreamLocal(spec streamSpec) error {
 		n.mu.Lock()
 		n.streams[spec.Name] = st
 		n.mu.Unlock()
-		return apierr.New(apierr.Internal, "save catalogue: %v", err)
+		return apierr.Wrap(apierr.Internal, err, "save catalogue")
 	}
 	n.closeDeleted(st)
 	n.noteDeleted(spec.Name)

@@ -321,11 +321,11 @@ func (m *mirrorRange) apply(ctx context.Context, frames []byte) (uint64, error) 
 	for len(frames) > 0 {
 		size, err := batch.FrameSize(frames)
 		if err != nil || size > len(frames) {
-			return 0, apierr.New(apierr.InvalidArgument, "mirrored frames are malformed: %v", err)
+			return 0, apierr.Wrap(apierr.InvalidArgument, err, "mirrored frames are malformed")
 		}
 		h, err := batch.DecodeHeader(frames[:size])
 		if err != nil {
-			return 0, apierr.New(apierr.InvalidArgument, "mirrored frame: %v", err)
+			return 0, apierr.Wrap(apierr.InvalidArgument, err, "mirrored frame")
 		}
 		done := make(chan appendResult, 1)
 		ops = append(ops, done)
@@ -346,7 +346,7 @@ func (m *mirrorRange) apply(ctx context.Context, frames []byte) (uint64, error) 
 				end = r.baseOffset + uint64(r.recordCount)
 			}
 		case <-ctx.Done():
-			return 0, apierr.New(apierr.Timeout, "mirror apply: %v", ctx.Err())
+			return 0, apierr.Wrap(apierr.Timeout, ctx.Err(), "mirror apply")
 		}
 	}
 	if first != nil {
@@ -378,7 +378,7 @@ func (m *mirrorRange) Fork(ctx context.Context, at, epoch uint64) (uint64, error
 		select {
 		case res = <-done:
 		case <-ctx.Done():
-			return d.committed.Load(), apierr.New(apierr.Timeout, "fork at %d: %v", at, ctx.Err())
+			return d.committed.Load(), apierr.Wrap(apierr.Timeout, ctx.Err(), "fork at %d", at)
 		}
 		if res.Err == nil {
 			d.raiseEpoch(epoch)
@@ -388,7 +388,7 @@ func (m *mirrorRange) Fork(ctx context.Context, at, epoch uint64) (uint64, error
 				case <-d.changed():
 				case <-time.After(10 * time.Millisecond):
 				case <-ctx.Done():
-					return d.committed.Load(), apierr.New(apierr.Timeout, "fork at %d: %v", at, ctx.Err())
+					return d.committed.Load(), apierr.Wrap(apierr.Timeout, ctx.Err(), "fork at %d", at)
 				}
 			}
 			d.logger.Warn("forked: the divergent tail is in the orphan log", "fork_offset", at, "epoch", epoch,
@@ -402,7 +402,7 @@ func (m *mirrorRange) Fork(ctx context.Context, at, epoch uint64) (uint64, error
 		select {
 		case <-time.After(10 * time.Millisecond):
 		case <-ctx.Done():
-			return d.committed.Load(), apierr.New(apierr.Timeout, "fork at %d: %v", at, ctx.Err())
+			return d.committed.Load(), apierr.Wrap(apierr.Timeout, ctx.Err(), "fork at %d", at)
 		}
 	}
 }
@@ -798,7 +798,7 @@ func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (ui
 			}
 			return tail, nil
 		case <-ctx.Done():
-			return 0, apierr.New(apierr.Timeout, "confirming the home tail: %v", ctx.Err())
+			return 0, apierr.Wrap(apierr.Timeout, ctx.Err(), "confirming the home tail")
 		}
 	}
 	if forwarded {

@@ -21,6 +21,7 @@ import (
 	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/compact"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -587,6 +588,12 @@ func (n *Node) Start() error {
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
 	}
+	// The error boundary comes first: every interceptor after it, and every
+	// handler, returns plain errors (an *apierr.Error, a context error),
+	// which it maps to a status with an ErrorDetail; the stats handler
+	// (metrics, spans) sees the status it made.
+	opts = append(opts, grpc.ChainUnaryInterceptor(rpcerr.UnaryServerInterceptor(n.logger)),
+		grpc.ChainStreamInterceptor(rpcerr.StreamServerInterceptor(n.logger)))
 	opts = append(opts, n.authInterceptors()...)
 	if n.replicated() {
 		// Raft's transport shares the port; its options bound its streams.
@@ -796,14 +803,14 @@ func (n *Node) createStreamFromSpec(ctx context.Context, w createWant) (*geologv
 	// A stream directory without a catalogue entry is debris of a create
 	// that crashed before its catalogue write: it holds no acked data.
 	if err := os.RemoveAll(filepath.Join(n.cfg.DataDir, "streams", spec.Name)); err != nil {
-		return nil, apierr.New(apierr.Internal, "clear stream directory: %v", err)
+		return nil, apierr.Wrap(apierr.Internal, err, "clear stream directory")
 	}
 	st := n.openStream(spec)
 	if err := saveCatalog(n.cfg.DataDir, append(specs, spec)); err != nil {
 		for _, rd := range st.ranges {
 			rd.stop()
 		}
-		return nil, apierr.New(apierr.Internal, "save catalogue: %v", err)
+		return nil, apierr.Wrap(apierr.Internal, err, "save catalogue")
 	}
 	n.mu.Lock()
 	n.streams[spec.Name] = st

@@ -6,7 +6,6 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
-	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replica"
 )
@@ -35,7 +34,7 @@ func (s *adminServer) ListOrphans(ctx context.Context, req *geologv1.ListOrphans
 		err = apierr.New(apierr.InvalidArgument, "unknown orphan scope %d", req.GetScope())
 	}
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -65,7 +64,7 @@ func (n *Node) localOrphans(ctx context.Context, stream string) ([]*geologv1.Orp
 func (s *adminServer) ReadOrphans(ctx context.Context, req *geologv1.ReadOrphansRequest) (*geologv1.ReadOrphansResponse, error) {
 	resp, err := s.node.readOrphans(ctx, req)
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }

@@ -113,7 +113,7 @@ func (n *Node) askOrphans(ctx context.Context, tg orphanTarget, stream string) (
 	}
 	conn, err := n.peerConn(tg.addr)
 	if err != nil {
-		return nil, apierr.New(apierr.Unavailable, "%v", err)
+		return nil, apierr.Wrap(apierr.Unavailable, err, "")
 	}
 	resp, err := geologv1.NewAdminClient(conn).ListOrphans(ctx, &geologv1.ListOrphansRequest{Stream: stream, Scope: geologv1.OrphanScope_ORPHAN_SCOPE_NODE})
 	if err != nil {

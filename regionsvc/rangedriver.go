@@ -231,7 +231,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		if errors.Is(err, segment.ErrCorrupt) {
 			code = apierr.Corruption
 		}
-		e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
+		e := apierr.Wrap(code, err, "stream %s range %d is not served", cfg.stream, cfg.rangeID)
 		e.Retriable = false
 		if errors.Is(err, atrest.ErrKeyUnavailable) {
 			d.keyErr = err
@@ -249,7 +249,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 			if errors.Is(err, replica.ErrOrphansCorrupt) {
 				code = apierr.Corruption
 			}
-			e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
+			e := apierr.Wrap(code, err, "stream %s range %d is not served", cfg.stream, cfg.rangeID)
 			e.Retriable = false
 			if errors.Is(err, atrest.ErrKeyUnavailable) {
 				d.keyErr = err // an orphan log under a key this node lacks
@@ -280,7 +280,7 @@ func (d *rangeDriver) submit(ctx context.Context, op *appendOp) {
 	case <-d.stopCh:
 		op.reply(appendResult{err: apierr.New(apierr.ShuttingDown, "node is shutting down")})
 	case <-ctx.Done():
-		op.reply(appendResult{err: apierr.New(apierr.Timeout, "range %d inbox full: %v", d.cfg.rangeID, ctx.Err())})
+		op.reply(appendResult{err: apierr.Wrap(apierr.Timeout, ctx.Err(), "range %d inbox full", d.cfg.rangeID)})
 	}
 }
 
@@ -480,7 +480,7 @@ func (d *rangeDriver) advance(durable uint64) {
 // Writes that were not yet durable get a retriable error: their outcome is
 // unknown, and an idempotent retry after restart resolves it.
 func (d *rangeDriver) fail(err error) {
-	e := apierr.New(apierr.Unavailable, "stream %s range %d failed: %v", d.cfg.stream, d.cfg.rangeID, err)
+	e := apierr.Wrap(apierr.Unavailable, err, "stream %s range %d failed", d.cfg.stream, d.cfg.rangeID)
 	if d.failure.CompareAndSwap(nil, e) {
 		d.logger.Error("range failed; refusing appends until restart", "error", err)
 	} else {
@@ -584,7 +584,7 @@ func (d *rangeDriver) waitCommitted(ctx context.Context, target uint64) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "waiting for offset %d (committed %d): %v", target, d.committed.Load(), ctx.Err())
+			return apierr.Wrap(apierr.Timeout, ctx.Err(), "waiting for offset %d (committed %d)", target, d.committed.Load())
 		}
 	}
 }

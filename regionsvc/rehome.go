@@ -55,7 +55,7 @@ import (
 func (s *adminServer) Rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geologv1.RehomeResponse, error) {
 	resp, err := s.node.rehome(ctx, req)
 	if err != nil {
-		return nil, rpcerr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -63,7 +63,7 @@ func (s *adminServer) Rehome(ctx context.Context, req *geologv1.RehomeRequest) (
 func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHomesRequest) (*geologv1.RefreshHomesResponse, error) {
 	n := s.node
 	if n.homing == nil {
-		return nil, rpcerr.ToStatus(apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)"))
+		return nil, apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)")
 	}
 	t0 := time.Now()
 	var mu sync.Mutex
@@ -73,7 +73,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		// The homes come from a committed transaction: take them (if newer)
 		// without a heartbeat. The published version is the confirmation.
 		if _, err := n.homing.homes.Install(ctx, regionHomesFromProto(snap)); err != nil {
-			return nil, rpcerr.ToStatus(homingErr(err))
+			return nil, homingErr(err)
 		}
 	} else {
 		// The first heartbeat learns the homes (and the node acts on them
@@ -81,7 +81,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		// store so (a planned rehome waits for it), while the final tails
 		// are read.
 		if err := n.homing.homes.Refresh(ctx); err != nil {
-			return nil, rpcerr.ToStatus(homingErr(err))
+			return nil, homingErr(err)
 		}
 		if req.GetConfirm() {
 			wg.Add(1)
@@ -130,7 +130,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 	// caller's path.
 	n.tasks.Go(n.refreshDirectory)
 	if confirmErr != nil {
-		return nil, rpcerr.ToStatus(homingErr(confirmErr))
+		return nil, homingErr(confirmErr)
 	}
 	return resp, nil
 }

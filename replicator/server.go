@@ -166,7 +166,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 }
 
 // Register registers the Mirror service on s, which the caller owns,
-// serves and stops.
+// serves and stops, with rpcerr's StreamServerInterceptor in its chain:
+// Replicate returns plain errors.
 func (s *Server) Register(r grpc.ServiceRegistrar) {
 	geologinternalv1.RegisterMirrorServer(r, s)
 }
@@ -272,13 +273,14 @@ func (s *Server) release(st *rangeState) {
 }
 
 // Replicate implements geologinternalv1.MirrorServer: one stream of one
-// range (see mirror.proto).
+// range (see mirror.proto). Its errors are plain (a *Refusal, an
+// *apierr.Error): the gRPC server maps them with rpcerr's interceptors.
 func (s *Server) Replicate(stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse]) error {
 	err := s.serve(stream)
 	if err == nil || errors.Is(err, io.EOF) {
 		return nil
 	}
-	return rpcerr.ToStatus(err)
+	return err
 }
 
 func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse]) error {
@@ -299,7 +301,7 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 		if err := s.cfg.AuthorizeSource(ctx, open.sourceRegion, open.hb.LeaderNodeID); err != nil {
 			s.stats.refusals.Add(1)
 			logger.Warn("refusing stream: the caller may not speak for its source", "leader_node", open.hb.LeaderNodeID, "error", err)
-			return apierr.New(apierr.PermissionDenied, "mirror stream from region %s: %v", open.sourceRegion, err)
+			return apierr.Wrap(apierr.PermissionDenied, err, "mirror stream from region %s", open.sourceRegion)
 		}
 	}
 	mr, err := s.cfg.Store.Open(ctx, open.stream, open.rng)
@@ -630,7 +632,7 @@ func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, 
 		// the batch's size covers them.
 		stored, err := mr.ReadFrames(d.first, len(d.frames), min(applied, d.end))
 		if err != nil {
-			return applied, apierr.New(apierr.Unavailable, "read the mirror's frames from %d to compare: %v", d.first, err)
+			return applied, apierr.Wrap(apierr.Unavailable, err, "read the mirror's frames from %d to compare", d.first)
 		}
 		if suffix, err = overlapSuffix(d, applied, stored); err != nil {
 			var ref *Refusal
