@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
 	"github.com/geolog/geolog/internal/rpcerr"
 )
 
@@ -61,7 +62,7 @@ func RetryAfter(err error) time.Duration {
 // retryDelay is the wait before retry attempt n after err: the backoff,
 // or longer if the server asked for it.
 func retryDelay(err error, n int, min, max time.Duration) time.Duration {
-	d := backoffDelay(n, min, max)
+	d := backoff.Delay(n-1, min, max, nil)
 	if ra := RetryAfter(err); ra > d {
 		return ra
 	}

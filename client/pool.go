@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -211,7 +212,7 @@ func (p *connPool) failed(addr string) {
 	}
 	n := p.nodes[i]
 	n.failures++
-	n.downUntil = time.Now().Add(backoffDelay(n.failures, p.backoffMin, p.backoffMax))
+	n.downUntil = time.Now().Add(backoff.Delay(n.failures-1, p.backoffMin, p.backoffMax, nil))
 	if i == p.cur {
 		p.cur = (i + 1) % len(p.nodes)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/internal/backoff"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -213,7 +214,7 @@ func (n *Node) cursorReadEnd(ctx context.Context, cr *cursorRange, c geologv1.Co
 		if tail, err = n.homeTail(ctx, cr.d, false); err == nil || !rpcerr.IsRetriable(err) || attempt >= coordinateAttemptsMax {
 			break
 		}
-		if sleepCtx(ctx, coordinateBackoff(attempt)) != nil {
+		if backoff.Sleep(ctx, coordinateBackoff(attempt)) != nil {
 			break
 		}
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/internal/backoff"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
@@ -62,7 +63,7 @@ func (n *Node) coordinate(ctx context.Context, cr *cursorRange, run func(b *curs
 			return nil, err
 		}
 		last, hint = e, e.LeaderHint
-		if err := sleepCtx(ctx, coordinateBackoff(attempt)); err != nil {
+		if err := backoff.Sleep(ctx, coordinateBackoff(attempt)); err != nil {
 			break
 		}
 	}
@@ -110,20 +111,10 @@ func redirectable(e *apierr.Error) bool {
 	return false
 }
 
+// coordinateBackoff is the wait before retry attempt (from 0) of a
+// request to a cursor range's coordinator: 10 ms doubling to 500 ms.
 func coordinateBackoff(attempt int) time.Duration {
-	return min(10*time.Millisecond<<attempt, 500*time.Millisecond)
-}
-
-// sleepCtx waits d or until ctx ends (a TIMEOUT *apierr.Error then).
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return apierr.As(ctx.Err())
-	}
+	return backoff.Delay(attempt, 10*time.Millisecond, 500*time.Millisecond, nil)
 }
 
 // coordinatorAddr is where a request for cr's coordinator goes on the

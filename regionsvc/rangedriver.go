@@ -203,15 +203,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 			d.raiseEpoch(h.Epoch)
 			return nil
 		}
-		if h.ProducerID != 0 {
-			d.dedup.Record(h.ProducerID, dedup.Batch{
-				BaseSequence:        h.BaseSequence,
-				RecordCount:         h.Span(), // a compacted batch keeps its span
-				BaseOffset:          h.BaseOffset,
-				Epoch:               h.Epoch,
-				AppendTimeUnixNanos: h.AppendTimeUnixNanos,
-			})
-		}
+		d.dedup.RecordFrame(h)
 		if h.AppendTimeUnixNanos > d.lastAppendUnixNano {
 			d.lastAppendUnixNano = h.AppendTimeUnixNanos
 		}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -152,8 +153,8 @@ func (n *Node) waitQuota(ctx context.Context, principal string) error {
 		if wait <= 0 {
 			return nil
 		}
-		if err := sleepCtx(ctx, wait); err != nil {
-			return err
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return apierr.As(err)
 		}
 	}
 }
