@@ -219,6 +219,39 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
+	if err := c.setLogDefaults(); err != nil {
+		return err
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	// The lease defaults (homing.Config's), set here so that the node's
+	// own uses (rehome, takeover) see the values the lease runs with.
+	if c.LeaseHeartbeat == 0 {
+		c.LeaseHeartbeat = time.Second
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 5 * time.Second
+	}
+	if c.MaxClockOffset == 0 {
+		c.MaxClockOffset = 500 * time.Millisecond
+	}
+	if err := c.setReplicationDefaults(); err != nil {
+		return err
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = metricnoop.NewMeterProvider()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = tracenoop.NewTracerProvider()
+	}
+	c.Limits.setDefaults(fileLimit())
+	return c.setConsumerDefaults()
+}
+
+// setLogDefaults sets the defaults and checks the bounds of the log each
+// range keeps: records, batches, segments, producers.
+func (c *Config) setLogDefaults() error {
 	if c.RecordBytesMax <= 0 {
 		c.RecordBytesMax = 1 << 20
 	}
@@ -249,20 +282,12 @@ func (c *Config) setDefaults() error {
 	if c.MaintenanceInterval <= 0 {
 		c.MaintenanceInterval = 30 * time.Second
 	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	// The lease defaults (homing.Config's), set here so that the node's
-	// own uses (rehome, takeover) see the values the lease runs with.
-	if c.LeaseHeartbeat == 0 {
-		c.LeaseHeartbeat = time.Second
-	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 5 * time.Second
-	}
-	if c.MaxClockOffset == 0 {
-		c.MaxClockOffset = 500 * time.Millisecond
-	}
+	return nil
+}
+
+// setReplicationDefaults checks the region's peers and the other regions,
+// and sets the Raft defaults.
+func (c *Config) setReplicationDefaults() error {
 	if len(c.Peers) > 0 {
 		if c.NodeID == 0 || c.Peers[c.NodeID] == "" {
 			return fmt.Errorf("regionsvc: NodeID %d must be one of Peers", c.NodeID)
@@ -300,14 +325,7 @@ func (c *Config) setDefaults() error {
 	if c.ElectionTicks <= c.HeartbeatTicks {
 		return fmt.Errorf("regionsvc: ElectionTicks %d must exceed HeartbeatTicks %d", c.ElectionTicks, c.HeartbeatTicks)
 	}
-	if c.MeterProvider == nil {
-		c.MeterProvider = metricnoop.NewMeterProvider()
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = tracenoop.NewTracerProvider()
-	}
-	c.Limits.setDefaults(fileLimit())
-	return c.setConsumerDefaults()
+	return nil
 }
 
 // streamState is an open stream: its spec and one driver per range.
@@ -588,13 +606,9 @@ func (n *Node) Start() error {
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
 	}
-	// The error boundary comes first: every interceptor after it, and every
-	// handler, returns plain errors (an *apierr.Error, a context error),
-	// which it maps to a status with an ErrorDetail; the stats handler
-	// (metrics, spans) sees the status it made.
-	opts = append(opts, grpc.ChainUnaryInterceptor(rpcerr.UnaryServerInterceptor(n.logger)),
-		grpc.ChainStreamInterceptor(rpcerr.StreamServerInterceptor(n.logger)))
-	opts = append(opts, n.authInterceptors()...)
+	// The error boundary first: every later interceptor and handler returns
+	// plain errors; the stats handler (metrics, spans) sees its status.
+	opts = append(append(opts, rpcerr.ServerOptions(n.logger)...), n.authInterceptors()...)
 	if n.replicated() {
 		// Raft's transport shares the port; its options bound its streams.
 		opts = append(opts, n.region.transport.ServerOptions()...)

@@ -219,36 +219,14 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		}
 	}
 	if err != nil {
-		code := apierr.Unavailable
-		if errors.Is(err, segment.ErrCorrupt) {
-			code = apierr.Corruption
-		}
-		e := apierr.Wrap(code, err, "stream %s range %d is not served", cfg.stream, cfg.rangeID)
-		e.Retriable = false
-		if errors.Is(err, atrest.ErrKeyUnavailable) {
-			d.keyErr = err
-		}
-		d.failure.Store(e)
-		d.logger.Error("range not served", "error", err)
-		close(d.doneCh)
+		d.notServed(err, errors.Is(err, segment.ErrCorrupt))
 		return d
 	}
 	d.store = st
 	if cfg.repl != nil {
 		if err := d.openReplica(headers); err != nil {
 			st.Close()
-			code := apierr.Unavailable
-			if errors.Is(err, replica.ErrOrphansCorrupt) {
-				code = apierr.Corruption
-			}
-			e := apierr.Wrap(code, err, "stream %s range %d is not served", cfg.stream, cfg.rangeID)
-			e.Retriable = false
-			if errors.Is(err, atrest.ErrKeyUnavailable) {
-				d.keyErr = err // an orphan log under a key this node lacks
-			}
-			d.failure.Store(e)
-			d.logger.Error("range not served", "error", err)
-			close(d.doneCh)
+			d.notServed(err, errors.Is(err, replica.ErrOrphansCorrupt))
 			return d
 		}
 		go d.runReplicated()
@@ -258,6 +236,25 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 	d.recoverKeyDecision(markerAt, markerFound)
 	go d.run()
 	return d
+}
+
+// notServed makes d, whose range failed to open with err, a driver that
+// refuses every request: CORRUPTION when corrupt, else UNAVAILABLE, final
+// either way (the node serves on; nothing on disk is touched). A missing
+// data key (of the log or of its orphan log) is kept apart, as keyErr.
+func (d *rangeDriver) notServed(err error, corrupt bool) {
+	code := apierr.Unavailable
+	if corrupt {
+		code = apierr.Corruption
+	}
+	e := apierr.Wrap(code, err, "stream %s range %d is not served", d.cfg.stream, d.cfg.rangeID)
+	e.Retriable = false
+	if errors.Is(err, atrest.ErrKeyUnavailable) {
+		d.keyErr = err
+	}
+	d.failure.Store(e)
+	d.logger.Error("range not served", "error", err)
+	close(d.doneCh)
 }
 
 // submit hands op to the driver. It blocks while the inbox is full

@@ -227,8 +227,7 @@ func (s *Server) serve(addr string) error {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.TLS)))
 	}
 	// The same error boundary as a node's: handlers return plain errors.
-	opts = append(opts, grpc.ChainUnaryInterceptor(rpcerr.UnaryServerInterceptor(nil)),
-		grpc.ChainStreamInterceptor(rpcerr.StreamServerInterceptor(nil)))
+	opts = append(opts, rpcerr.ServerOptions(nil)...)
 	g := grpc.NewServer(opts...)
 	geologv1.RegisterLogServer(g, s)
 	s.lifeMu.Lock()

@@ -24,6 +24,13 @@ func UnaryServerInterceptor(logger hclog.Logger) grpc.UnaryServerInterceptor {
 	}
 }
 
+// ServerOptions installs both interceptors: give them to grpc.NewServer
+// before any other interceptor.
+func ServerOptions(logger hclog.Logger) []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(UnaryServerInterceptor(logger)),
+		grpc.ChainStreamInterceptor(StreamServerInterceptor(logger))}
+}
+
 // StreamServerInterceptor is UnaryServerInterceptor for streaming calls.
 func StreamServerInterceptor(logger hclog.Logger) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
