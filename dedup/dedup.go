@@ -123,20 +123,25 @@ func (d *Table) Check(producerID, baseSequence uint64, count uint32, epoch uint6
 }
 
 // RecordFrame records the data frame h of an idempotent producer (one with
-// a producer id; other frames are ignored) as Record would: the one way a
-// frame read back from a log (a recovery, a replica applying its log)
-// becomes a Batch. A compacted frame keeps its span as its record count.
+// a producer id; other frames are ignored) as Record would.
 func (d *Table) RecordFrame(h batch.Header) {
 	if h.Type != batch.TypeData || h.ProducerID == 0 {
 		return
 	}
-	d.Record(h.ProducerID, Batch{
+	d.Record(h.ProducerID, BatchOf(h))
+}
+
+// BatchOf is the batch of frame h: the one way a frame read back from a
+// log (a recovery, a replica applying its log) becomes a Batch. A
+// compacted frame keeps its span as its record count.
+func BatchOf(h batch.Header) Batch {
+	return Batch{
 		BaseSequence:        h.BaseSequence,
 		RecordCount:         h.Span(),
 		BaseOffset:          h.BaseOffset,
 		Epoch:               h.Epoch,
 		AppendTimeUnixNanos: h.AppendTimeUnixNanos,
-	})
+	}
 }
 
 // Record notes an appended idempotent batch. It is called both for new
