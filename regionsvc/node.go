@@ -585,6 +585,14 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 	}
 }
 
+// interceptors is the node's interceptor chain: the error boundary first
+// (rpcerr), so that every later interceptor and every handler returns plain
+// errors and the stats handler (metrics, spans) sees the status it made;
+// then authentication and authorization.
+func (n *Node) interceptors() []grpc.ServerOption {
+	return append(rpcerr.ServerOptions(n.logger), n.authInterceptors()...)
+}
+
 // Start listens on cfg.ListenAddr and serves in the background.
 func (n *Node) Start() error {
 	lis, err := net.Listen("tcp", n.cfg.ListenAddr)
@@ -606,9 +614,7 @@ func (n *Node) Start() error {
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
 	}
-	// The error boundary first: every later interceptor and handler returns
-	// plain errors; the stats handler (metrics, spans) sees its status.
-	opts = append(append(opts, rpcerr.ServerOptions(n.logger)...), n.authInterceptors()...)
+	opts = append(opts, n.interceptors()...)
 	if n.replicated() {
 		// Raft's transport shares the port; its options bound its streams.
 		opts = append(opts, n.region.transport.ServerOptions()...)
