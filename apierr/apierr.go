@@ -1,119 +1,155 @@
-// Package apierr is geolog's one catalogue of API errors and the one place
-// where they are mapped to and from gRPC statuses.
+// Package apierr is geolog's one catalogue of API errors, free of gRPC.
 //
-// Servers return *Error values (or wrap them with %w); the gRPC boundary calls
-// ToStatus. Clients call FromError on what a gRPC call returned and get an
-// *Error back whose Code and Retriable tell them what to do.
+// Servers and pure cores return *Error values (or wrap them with %w); an
+// *Error may carry the error that caused it (Cause, Unwrap), so errors.Is
+// and errors.As see through it. The mapping to and from the wire (the proto
+// enum geolog.v1.ErrorCode, ErrorDetail and gRPC status codes) lives in one
+// adapter at the gRPC boundary, internal/rpcerr; a Code's value is the proto
+// enum's.
 package apierr
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"strconv"
 	"time"
-
-	geologv1 "github.com/geolog/geolog/proto/geologv1"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
-// Code is an API error code.
-type Code = geologv1.ErrorCode
+// Code is an API error code. Its values are those of the proto enum
+// geolog.v1.ErrorCode (the wire contract, docs/api.md): rpcerr converts one
+// into the other by value, and its tests hold the two catalogues equal.
+type Code int32
 
-// The codes, re-exported for brevity.
+// The codes.
 const (
-	InvalidArgument      = geologv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT
-	StreamNotFound       = geologv1.ErrorCode_ERROR_CODE_STREAM_NOT_FOUND
-	StreamExists         = geologv1.ErrorCode_ERROR_CODE_STREAM_EXISTS
-	RangeNotFound        = geologv1.ErrorCode_ERROR_CODE_RANGE_NOT_FOUND
-	RecordTooLarge       = geologv1.ErrorCode_ERROR_CODE_RECORD_TOO_LARGE
-	BatchTooLarge        = geologv1.ErrorCode_ERROR_CODE_BATCH_TOO_LARGE
-	EmptyBatch           = geologv1.ErrorCode_ERROR_CODE_EMPTY_BATCH
-	OffsetOutOfRange     = geologv1.ErrorCode_ERROR_CODE_OFFSET_OUT_OF_RANGE
-	SequenceGap          = geologv1.ErrorCode_ERROR_CODE_SEQUENCE_GAP
-	DuplicateOutOfWindow = geologv1.ErrorCode_ERROR_CODE_DUPLICATE_OUT_OF_WINDOW
-	NotLeader            = geologv1.ErrorCode_ERROR_CODE_NOT_LEADER
-	NotHome              = geologv1.ErrorCode_ERROR_CODE_NOT_HOME
-	StaleEpoch           = geologv1.ErrorCode_ERROR_CODE_STALE_EPOCH
-	LeaseExpired         = geologv1.ErrorCode_ERROR_CODE_LEASE_EXPIRED
-	Corruption           = geologv1.ErrorCode_ERROR_CODE_CORRUPTION
-	Unavailable          = geologv1.ErrorCode_ERROR_CODE_UNAVAILABLE
-	Overloaded           = geologv1.ErrorCode_ERROR_CODE_OVERLOADED
-	ShuttingDown         = geologv1.ErrorCode_ERROR_CODE_SHUTTING_DOWN
-	Timeout              = geologv1.ErrorCode_ERROR_CODE_TIMEOUT
-	Unauthenticated      = geologv1.ErrorCode_ERROR_CODE_UNAUTHENTICATED
-	PermissionDenied     = geologv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED
-	Internal             = geologv1.ErrorCode_ERROR_CODE_INTERNAL
-	ProducerStateLost    = geologv1.ErrorCode_ERROR_CODE_PRODUCER_STATE_LOST
-	SlowConsumer         = geologv1.ErrorCode_ERROR_CODE_SLOW_CONSUMER
-	KeyRequired          = geologv1.ErrorCode_ERROR_CODE_KEY_REQUIRED
-	unspecified          = geologv1.ErrorCode_ERROR_CODE_UNSPECIFIED
+	unspecified          Code = 0
+	InvalidArgument      Code = 1
+	StreamNotFound       Code = 2
+	StreamExists         Code = 3
+	RangeNotFound        Code = 4
+	RecordTooLarge       Code = 5
+	BatchTooLarge        Code = 6
+	EmptyBatch           Code = 7
+	OffsetOutOfRange     Code = 8
+	SequenceGap          Code = 9
+	DuplicateOutOfWindow Code = 10
+	NotLeader            Code = 11
+	NotHome              Code = 12
+	StaleEpoch           Code = 13
+	LeaseExpired         Code = 14
+	Corruption           Code = 15
+	Unavailable          Code = 16
+	Overloaded           Code = 17
+	ShuttingDown         Code = 18
+	Timeout              Code = 19
+	Unauthenticated      Code = 20
+	PermissionDenied     Code = 21
+	Internal             Code = 22
+	ProducerStateLost    Code = 30
+	SlowConsumer         Code = 33
+	KeyRequired          Code = 37
 )
 
 // PastLocalTail is an offset past what the answering node serves now,
 // which the range may hold (see the proto): retriable.
-const PastLocalTail = geologv1.ErrorCode_ERROR_CODE_OFFSET_PAST_LOCAL_TAIL
+const PastLocalTail Code = 39
 
 // The codes of consumer groups and cursors (consumer.proto).
 const (
-	UnknownMember         = geologv1.ErrorCode_ERROR_CODE_UNKNOWN_MEMBER
-	StaleMemberEpoch      = geologv1.ErrorCode_ERROR_CODE_STALE_MEMBER_EPOCH
-	RangeNotAssigned      = geologv1.ErrorCode_ERROR_CODE_RANGE_NOT_ASSIGNED
-	GroupNotEmpty         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_EMPTY
-	GroupNotFound         = geologv1.ErrorCode_ERROR_CODE_GROUP_NOT_FOUND
-	StaleCursorGeneration = geologv1.ErrorCode_ERROR_CODE_STALE_CURSOR_GENERATION
-	LimitExceeded         = geologv1.ErrorCode_ERROR_CODE_LIMIT_EXCEEDED
+	UnknownMember         Code = 23
+	StaleMemberEpoch      Code = 24
+	RangeNotAssigned      Code = 25
+	GroupNotEmpty         Code = 26
+	GroupNotFound         Code = 27
+	StaleCursorGeneration Code = 28
+	LimitExceeded         Code = 29
 )
 
 type codeInfo struct {
-	grpc      codes.Code
+	name      string // the proto enum's name without its ERROR_CODE_ prefix
 	retriable bool
 }
 
-// catalogue maps every API code to its gRPC code and whether a retry of the
-// unchanged request may succeed.
+// catalogue names every API code and says whether a retry of the unchanged
+// request may succeed.
 var catalogue = map[Code]codeInfo{
-	InvalidArgument:      {codes.InvalidArgument, false},
-	StreamNotFound:       {codes.NotFound, false},
-	StreamExists:         {codes.AlreadyExists, false},
-	RangeNotFound:        {codes.NotFound, false},
-	RecordTooLarge:       {codes.InvalidArgument, false},
-	BatchTooLarge:        {codes.InvalidArgument, false},
-	EmptyBatch:           {codes.InvalidArgument, false},
-	OffsetOutOfRange:     {codes.OutOfRange, false},
-	SequenceGap:          {codes.FailedPrecondition, false},
-	DuplicateOutOfWindow: {codes.FailedPrecondition, false},
-	NotLeader:            {codes.Unavailable, true},
-	NotHome:              {codes.Unavailable, true},
-	StaleEpoch:           {codes.FailedPrecondition, false},
-	LeaseExpired:         {codes.Unavailable, true},
-	Corruption:           {codes.DataLoss, false},
-	Unavailable:          {codes.Unavailable, true},
-	Overloaded:           {codes.ResourceExhausted, true},
-	ShuttingDown:         {codes.Unavailable, true},
-	Timeout:              {codes.DeadlineExceeded, true},
-	Unauthenticated:      {codes.Unauthenticated, false},
-	PermissionDenied:     {codes.PermissionDenied, false},
-	Internal:             {codes.Internal, false},
+	InvalidArgument:      {"INVALID_ARGUMENT", false},
+	StreamNotFound:       {"STREAM_NOT_FOUND", false},
+	StreamExists:         {"STREAM_EXISTS", false},
+	RangeNotFound:        {"RANGE_NOT_FOUND", false},
+	RecordTooLarge:       {"RECORD_TOO_LARGE", false},
+	BatchTooLarge:        {"BATCH_TOO_LARGE", false},
+	EmptyBatch:           {"EMPTY_BATCH", false},
+	OffsetOutOfRange:     {"OFFSET_OUT_OF_RANGE", false},
+	SequenceGap:          {"SEQUENCE_GAP", false},
+	DuplicateOutOfWindow: {"DUPLICATE_OUT_OF_WINDOW", false},
+	NotLeader:            {"NOT_LEADER", true},
+	NotHome:              {"NOT_HOME", true},
+	StaleEpoch:           {"STALE_EPOCH", false},
+	LeaseExpired:         {"LEASE_EXPIRED", true},
+	Corruption:           {"CORRUPTION", false},
+	Unavailable:          {"UNAVAILABLE", true},
+	Overloaded:           {"OVERLOADED", true},
+	ShuttingDown:         {"SHUTTING_DOWN", true},
+	Timeout:              {"TIMEOUT", true},
+	Unauthenticated:      {"UNAUTHENTICATED", false},
+	PermissionDenied:     {"PERMISSION_DENIED", false},
+	Internal:             {"INTERNAL", false},
 	// Not retriable under the same producer id; the client restarts at a
-	// higher level (a new producer id), which is what Aborted says.
-	ProducerStateLost: {codes.Aborted, false},
+	// higher level (a new producer id).
+	ProducerStateLost: {"PRODUCER_STATE_LOST", false},
 	// A member told it is unknown or stale joins again; the request as
 	// sent cannot succeed.
-	UnknownMember:         {codes.FailedPrecondition, false},
-	StaleMemberEpoch:      {codes.FailedPrecondition, false},
-	RangeNotAssigned:      {codes.FailedPrecondition, false},
-	GroupNotEmpty:         {codes.FailedPrecondition, false},
-	GroupNotFound:         {codes.NotFound, false},
-	StaleCursorGeneration: {codes.FailedPrecondition, false},
-	LimitExceeded:         {codes.ResourceExhausted, false},
-	SlowConsumer:          {codes.ResourceExhausted, true},
-	KeyRequired:           {codes.InvalidArgument, false},
-	PastLocalTail:         {codes.Unavailable, true},
+	UnknownMember:         {"UNKNOWN_MEMBER", false},
+	StaleMemberEpoch:      {"STALE_MEMBER_EPOCH", false},
+	RangeNotAssigned:      {"RANGE_NOT_ASSIGNED", false},
+	GroupNotEmpty:         {"GROUP_NOT_EMPTY", false},
+	GroupNotFound:         {"GROUP_NOT_FOUND", false},
+	StaleCursorGeneration: {"STALE_CURSOR_GENERATION", false},
+	LimitExceeded:         {"LIMIT_EXCEEDED", false},
+	SlowConsumer:          {"SLOW_CONSUMER", true},
+	KeyRequired:           {"KEY_REQUIRED", false},
+	PastLocalTail:         {"OFFSET_PAST_LOCAL_TAIL", true},
 }
 
-// Error is a typed API error.
+// Codes returns every code of the catalogue (not ERROR_CODE_UNSPECIFIED),
+// in no particular order.
+func Codes() []Code {
+	out := make([]Code, 0, len(catalogue))
+	for c := range catalogue {
+		out = append(out, c)
+	}
+	return out
+}
+
+// String is the proto enum's name of c, "ERROR_CODE_STREAM_EXISTS" (the
+// number for a code outside the catalogue, as the proto's String does).
+func (c Code) String() string {
+	if c == unspecified {
+		return "ERROR_CODE_UNSPECIFIED"
+	}
+	if info, ok := catalogue[c]; ok {
+		return "ERROR_CODE_" + info.name
+	}
+	return strconv.Itoa(int(c))
+}
+
+// ShortName is c's name without the enum's ERROR_CODE_ prefix:
+// "STREAM_EXISTS".
+func ShortName(c Code) string {
+	if info, ok := catalogue[c]; ok {
+		return info.name
+	}
+	if c == unspecified {
+		return "UNSPECIFIED"
+	}
+	return strconv.Itoa(int(c))
+}
+
+// Error is a typed API error. Cause, when set, is the error that led to it
+// (a sentinel of a core, a context error, an I/O error): it stays on this
+// side of the wire, which carries Message only.
 type Error struct {
 	Code             Code
 	Retriable        bool
@@ -133,6 +169,8 @@ type Error struct {
 	// (STALE_CURSOR_GENERATION) carry the current values.
 	MemberEpoch      uint64
 	CursorGeneration uint64
+	// Cause is the error that led to this one, or nil; Unwrap returns it.
+	Cause error
 }
 
 // NewOverloaded is a retriable OVERLOADED that asks for a wait of
@@ -143,14 +181,30 @@ func NewOverloaded(retryAfter time.Duration, format string, args ...any) *Error 
 	return e
 }
 
-// retryAfterMillisMax bounds the wait a server can ask for (a detail
-// comes from the network).
-const retryAfterMillisMax = 10 * 60 * 1000
-
 // New returns an *Error with the catalogue's retriability for code.
 func New(code Code, format string, args ...any) *Error {
-	return &Error{Code: code, Retriable: catalogue[code].retriable, Message: fmt.Sprintf(format, args...)}
+	return &Error{Code: code, Retriable: IsRetriableCode(code), Message: fmt.Sprintf(format, args...)}
 }
+
+// Wrap returns an *Error with the catalogue's retriability for code whose
+// cause is cause: its message is the formatted text, ": ", then cause's
+// (cause's alone for an empty format), and errors.Is(e, target) holds for
+// whatever cause matches.
+func Wrap(code Code, cause error, format string, args ...any) *Error {
+	e := New(code, format, args...)
+	switch {
+	case cause == nil:
+	case e.Message == "":
+		e.Message = cause.Error()
+	default:
+		e.Message += ": " + cause.Error()
+	}
+	e.Cause = cause
+	return e
+}
+
+// IsRetriableCode reports whether the catalogue calls code retriable.
+func IsRetriableCode(code Code) bool { return catalogue[code].retriable }
 
 // Error is the message in plain words, then the code's short name (the
 // enum's without its ERROR_CODE_ prefix) for scripts and searches:
@@ -163,14 +217,12 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s (%s)", e.Message, name)
 }
 
-// ShortName is c's name without the enum's ERROR_CODE_ prefix:
-// "STREAM_EXISTS".
-func ShortName(c Code) string {
-	return strings.TrimPrefix(c.String(), "ERROR_CODE_")
-}
+// Unwrap returns the cause, or nil.
+func (e *Error) Unwrap() error { return e.Cause }
 
 // Is reports whether target is an *Error with the same code, so that
-// errors.Is(err, apierr.New(apierr.StreamNotFound, "")) works.
+// errors.Is(err, apierr.New(apierr.StreamNotFound, "")) works. errors.Is
+// goes on to the cause when this returns false.
 func (e *Error) Is(target error) bool {
 	var t *Error
 	if errors.As(target, &t) {
@@ -179,48 +231,9 @@ func (e *Error) Is(target error) bool {
 	return false
 }
 
-// Detail returns the wire form of e.
-func (e *Error) Detail() *geologv1.ErrorDetail {
-	return &geologv1.ErrorDetail{
-		Code:             e.Code,
-		Retriable:        e.Retriable,
-		LeaderHint:       e.LeaderHint,
-		Message:          e.Message,
-		StartOffset:      e.StartOffset,
-		TailOffset:       e.TailOffset,
-		ExpectedSequence: e.ExpectedSequence,
-		ForkEpoch:        e.ForkEpoch,
-		ForkOffset:       e.ForkOffset,
-		RetryAfterMillis: e.RetryAfter.Milliseconds(),
-		MemberEpoch:      e.MemberEpoch,
-		CursorGeneration: e.CursorGeneration,
-	}
-}
-
-// FromDetail converts the wire form back; nil gives nil.
-func FromDetail(d *geologv1.ErrorDetail) *Error {
-	if d == nil {
-		return nil
-	}
-	return &Error{
-		Code:             d.GetCode(),
-		Retriable:        d.GetRetriable(),
-		LeaderHint:       d.GetLeaderHint(),
-		Message:          d.GetMessage(),
-		StartOffset:      d.GetStartOffset(),
-		TailOffset:       d.GetTailOffset(),
-		ExpectedSequence: d.GetExpectedSequence(),
-		ForkEpoch:        d.GetForkEpoch(),
-		ForkOffset:       d.GetForkOffset(),
-		RetryAfter:       time.Duration(min(max(d.GetRetryAfterMillis(), 0), retryAfterMillisMax)) * time.Millisecond,
-		MemberEpoch:      d.GetMemberEpoch(),
-		CursorGeneration: d.GetCursorGeneration(),
-	}
-}
-
 // As converts any error into an *Error: an *Error in the chain is returned as
 // is; context cancellation and deadlines become Timeout; anything else is
-// Internal.
+// Internal. The error converted is the result's cause.
 func As(err error) *Error {
 	if err == nil {
 		return nil
@@ -230,86 +243,24 @@ func As(err error) *Error {
 		return e
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return New(Timeout, "%v", err)
+		return Wrap(Timeout, err, "")
 	}
-	return New(Internal, "%v", err)
+	return Wrap(Internal, err, "")
 }
 
-// ToStatus is the server-side boundary: it turns any error into a gRPC status
-// error carrying an ErrorDetail.
-func ToStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		// Already a status (e.g. from a nested gRPC call); pass it through.
-		var e *Error
-		if !errors.As(err, &e) {
-			return err
-		}
-	}
-	e := As(err)
-	info, ok := catalogue[e.Code]
-	if !ok {
-		info = codeInfo{codes.Unknown, false}
-	}
-	st := status.New(info.grpc, e.Error())
-	if withDetail, derr := st.WithDetails(e.Detail()); derr == nil {
-		st = withDetail
-	}
-	return st.Err()
-}
-
-// FromError is the client-side boundary: it turns what a gRPC call returned
-// into an *Error. Statuses without a detail are classified by their gRPC code
-// (Unavailable and ResourceExhausted are retriable: the connection broke or
-// the server shed load before it could answer).
-func FromError(err error) *Error {
-	if err == nil {
-		return nil
-	}
-	var e *Error
-	if errors.As(err, &e) {
-		return e
-	}
-	st, ok := status.FromError(err)
-	if !ok {
-		return As(err)
-	}
-	for _, d := range st.Details() {
-		if ed, ok := d.(*geologv1.ErrorDetail); ok {
-			return FromDetail(ed)
-		}
-	}
-	switch st.Code() {
-	case codes.Unavailable:
-		return &Error{Code: Unavailable, Retriable: true, Message: st.Message()}
-	case codes.ResourceExhausted:
-		return &Error{Code: Overloaded, Retriable: true, Message: st.Message()}
-	case codes.DeadlineExceeded, codes.Canceled:
-		return &Error{Code: Timeout, Retriable: true, Message: st.Message()}
-	case codes.InvalidArgument:
-		return &Error{Code: InvalidArgument, Message: st.Message()}
-	case codes.Unauthenticated:
-		return &Error{Code: Unauthenticated, Message: st.Message()}
-	case codes.PermissionDenied:
-		return &Error{Code: PermissionDenied, Message: st.Message()}
-	default:
-		return &Error{Code: Internal, Message: fmt.Sprintf("%s: %s", st.Code(), st.Message())}
-	}
-}
-
-// IsRetriable reports whether err (an *Error or a gRPC status) is retriable.
-func IsRetriable(err error) bool {
-	e := FromError(err)
-	return e != nil && e.Retriable
-}
-
-// CodeOf returns the API code of err, or ERROR_CODE_UNSPECIFIED for nil.
+// CodeOf returns the API code of err as As classifies it, or
+// ERROR_CODE_UNSPECIFIED for nil. It does not decode gRPC statuses: on what
+// a gRPC call returned use rpcerr.CodeOf.
 func CodeOf(err error) Code {
-	e := FromError(err)
-	if e == nil {
+	if err == nil {
 		return unspecified
 	}
-	return e.Code
+	return As(err).Code
+}
+
+// IsRetriable reports whether err is an *Error (or a context error, as As
+// classifies it) that is retriable. On what a gRPC call returned use
+// rpcerr.IsRetriable.
+func IsRetriable(err error) bool {
+	return err != nil && As(err).Retriable
 }

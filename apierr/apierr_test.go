@@ -4,63 +4,107 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"testing"
-
-	geologv1 "github.com/geolog/geolog/proto/geologv1"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
-// TestCatalogueCoversEveryCode: every API code has a gRPC mapping, and the
-// server and client boundaries round-trip every field.
-func TestCatalogueCoversEveryCode(t *testing.T) {
-	for v := range geologv1.ErrorCode_name {
-		code := Code(v)
-		if code == unspecified {
-			continue
+// errSentinel stands for a core's sentinel that an API error wraps.
+var errSentinel = errors.New("core: range is fenced")
+
+// TestCauseSurvives: errors.Is and errors.As reach a cause through an
+// *Error, and through a %w around it; the code matches by Is as before.
+func TestCauseSurvives(t *testing.T) {
+	pathErr := &fs.PathError{Op: "open", Path: "/data/r1", Err: fs.ErrNotExist}
+	for _, c := range []struct {
+		name  string
+		err   error
+		cause error
+	}{
+		{"sentinel", Wrap(Unavailable, errSentinel, "range %d", 3), errSentinel},
+		{"wrapped twice", fmt.Errorf("append: %w", Wrap(NotHome, fmt.Errorf("lease: %w", errSentinel), "")), errSentinel},
+		{"path error", Wrap(Corruption, pathErr, "segment"), fs.ErrNotExist},
+		{"context", As(fmt.Errorf("wait: %w", context.Canceled)), context.Canceled},
+	} {
+		if !errors.Is(c.err, c.cause) {
+			t.Errorf("%s: errors.Is(%v, %v) is false", c.name, c.err, c.cause)
 		}
-		info, ok := catalogue[code]
-		if !ok {
-			t.Fatalf("%v has no entry in the catalogue", code)
+		var e *Error
+		if !errors.As(c.err, &e) || e.Cause == nil {
+			t.Errorf("%s: no *Error with a cause in %v", c.name, c.err)
 		}
-		e := New(code, "boom %d", 7)
-		e.LeaderHint, e.StartOffset, e.TailOffset, e.ExpectedSequence = "10.0.0.1:7400", 3, 9, 11
-		e.ForkEpoch, e.ForkOffset = 4, 1234
-		st, _ := status.FromError(ToStatus(fmt.Errorf("wrapped: %w", e)))
-		if st.Code() != info.grpc {
-			t.Fatalf("%v maps to %v, want %v", code, st.Code(), info.grpc)
+		if errors.Is(c.err, errors.New(c.cause.Error())) {
+			t.Errorf("%s: matched an unrelated error of the same text", c.name)
 		}
-		back := FromError(st.Err())
-		if *back != *e {
-			t.Fatalf("%v round trip: %+v != %+v", code, back, e)
-		}
-		if IsRetriable(st.Err()) != info.retriable || CodeOf(st.Err()) != code {
-			t.Fatalf("%v: classification lost", code)
-		}
+	}
+	var pe *fs.PathError
+	if !errors.As(Wrap(Corruption, pathErr, "segment"), &pe) || pe.Path != "/data/r1" {
+		t.Fatal("errors.As must reach the cause's type")
+	}
+	if !errors.Is(fmt.Errorf("x: %w", New(StreamNotFound, "a")), New(StreamNotFound, "b")) {
+		t.Fatal("errors.Is must match by code")
+	}
+	if errors.Is(New(StreamNotFound, "a"), New(StreamExists, "a")) {
+		t.Fatal("errors.Is matched another code")
 	}
 }
 
-func TestFromErrorWithoutDetail(t *testing.T) {
+func TestWrapMessage(t *testing.T) {
+	for _, c := range []struct {
+		err  *Error
+		want string
+	}{
+		{Wrap(Unavailable, errSentinel, "range %d", 3), "range 3: core: range is fenced (UNAVAILABLE)"},
+		{Wrap(Unavailable, errSentinel, ""), "core: range is fenced (UNAVAILABLE)"},
+		{Wrap(Internal, nil, "plain"), "plain (INTERNAL)"},
+		{As(context.DeadlineExceeded), "context deadline exceeded (TIMEOUT)"},
+	} {
+		if got := c.err.Error(); got != c.want {
+			t.Errorf("got %q, want %q", got, c.want)
+		}
+	}
+	if e := Wrap(NotLeader, errSentinel, "x"); !e.Retriable || e.Code != NotLeader {
+		t.Fatalf("Wrap lost the catalogue's retriability: %+v", e)
+	}
+}
+
+func TestAsAndCodeOf(t *testing.T) {
 	for _, c := range []struct {
 		err       error
 		code      Code
 		retriable bool
 	}{
-		{status.Error(codes.Unavailable, "conn refused"), Unavailable, true},
-		{status.Error(codes.ResourceExhausted, "busy"), Overloaded, true},
-		{status.Error(codes.Internal, "x"), Internal, false},
+		{fmt.Errorf("w: %w", NewOverloaded(0, "busy")), Overloaded, true},
 		{context.DeadlineExceeded, Timeout, true},
+		{fmt.Errorf("w: %w", context.Canceled), Timeout, true},
 		{errors.New("plain"), Internal, false},
 	} {
-		e := FromError(c.err)
-		if e.Code != c.code || e.Retriable != c.retriable {
-			t.Errorf("%v: got %v retriable=%v", c.err, e.Code, e.Retriable)
+		if CodeOf(c.err) != c.code || IsRetriable(c.err) != c.retriable {
+			t.Errorf("%v: got %v retriable=%v", c.err, CodeOf(c.err), IsRetriable(c.err))
+		}
+		if e := As(c.err); e.Code != c.code || !errors.Is(e, c.err) && !errors.Is(c.err, e) {
+			t.Errorf("%v: As gave %+v", c.err, e)
 		}
 	}
-	if FromError(nil) != nil || ToStatus(nil) != nil {
+	if As(nil) != nil || CodeOf(nil) != unspecified || IsRetriable(nil) {
 		t.Fatal("nil must stay nil")
 	}
-	if !errors.Is(fmt.Errorf("x: %w", New(StreamNotFound, "a")), New(StreamNotFound, "b")) {
-		t.Fatal("errors.Is must match by code")
+}
+
+// TestNames: every code has a distinct name, and String is the proto
+// enum's spelling.
+func TestNames(t *testing.T) {
+	seen := map[string]Code{}
+	for _, c := range Codes() {
+		n := ShortName(c)
+		if prev, dup := seen[n]; dup || n == "" {
+			t.Fatalf("%d and %d share the name %q", prev, c, n)
+		}
+		seen[n] = c
+		if c.String() != "ERROR_CODE_"+n {
+			t.Fatalf("%d: String %q, ShortName %q", c, c.String(), n)
+		}
+	}
+	if StreamExists.String() != "ERROR_CODE_STREAM_EXISTS" || Code(0).String() != "ERROR_CODE_UNSPECIFIED" || Code(1000).String() != "1000" {
+		t.Fatal("String differs from the proto enum's")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/geolog/geolog/internal/backoff"
 	"github.com/geolog/geolog/internal/failpoint"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
@@ -770,16 +771,5 @@ func (in *injector) conn(addr string) (*grpc.ClientConn, error) {
 
 // sleepUntil waits until t; false if ctx ended first.
 func sleepUntil(ctx context.Context, t time.Time) bool {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return backoff.Sleep(ctx, time.Until(t)) == nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/portlock"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -53,7 +54,7 @@ func (n *describeNode) DescribeStream(ctx context.Context, req *geologv1.Describ
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.describe == nil || n.describe.GetStream().GetName() != req.GetName() {
-		return nil, apierr.ToStatus(apierr.New(apierr.StreamNotFound, "stream %q not found", req.GetName()))
+		return nil, rpcerr.ToStatus(apierr.New(apierr.StreamNotFound, "stream %q not found", req.GetName()))
 	}
 	return n.describe, nil
 }

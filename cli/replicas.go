@@ -8,8 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -200,7 +200,7 @@ func (a *adminDialer) callConn(ctx context.Context, timeout time.Duration, fn fu
 		if last == nil {
 			return nil
 		}
-		e := apierr.FromError(last)
+		e := rpcerr.FromError(last)
 		if !e.Retriable {
 			return e
 		}

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
+	"github.com/geolog/geolog/internal/backoff"
 	"github.com/geolog/geolog/internal/grpcdial"
 
 	"github.com/hashicorp/go-hclog"
@@ -113,7 +113,7 @@ func (c *Client) Addrs() []string { return c.pool.addrs() }
 // API returns a raw generated gRPC client for calls this package does not
 // wrap. Each of its calls goes to the address the client currently prefers
 // for calls any node can serve, without retries or failover. Errors from it
-// should go through apierr.FromError.
+// should go through FromError.
 func (c *Client) API() geologv1.LogClient { return pooledAPI{c.pool} }
 
 // Close closes every producer of the client (failing unacknowledged records
@@ -210,7 +210,7 @@ func (c *Client) callConn(ctx context.Context, retry bool, fn func(ctx context.C
 			return err
 		}
 		c.log.Debug("retrying call", "attempt", attempt+1, "addr", from, "next_addr", addr, "error", err)
-		if serr := sleepCtx(ctx, retryDelay(err, attempt+1, c.cfg.backoffMin, c.cfg.backoffMax)); serr != nil {
+		if serr := backoff.Sleep(ctx, retryDelay(err, attempt+1, c.cfg.backoffMin, c.cfg.backoffMax)); serr != nil {
 			if outer.Err() == nil {
 				// CallTimeout ran out: what failed says more than the
 				// deadline does.
@@ -244,31 +244,4 @@ func leaderHint(err error, from string) string {
 		return ""
 	}
 	return e.LeaderHint
-}
-
-// backoffDelay returns the jittered exponential backoff before attempt n
-// (n >= 1): a uniformly random duration in [d/2, d] where d doubles from min
-// and is capped at max.
-func backoffDelay(n int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	half := d / 2
-	return half + time.Duration(rand.Int64N(int64(d-half)+1))
-}
-
-// sleepCtx waits d or until ctx is done, returning ctx.Err() in that case.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -245,7 +246,7 @@ func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key [
 			}
 			c.log.Debug("resubscribing", "stream", stream, "range", rng, "offset", s.next,
 				"attempt", s.failures, "addr", from, "next_addr", s.addr, "error", err)
-			if sleepCtx(ctx, retryDelay(err, s.failures, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
+			if backoff.Sleep(ctx, retryDelay(err, s.failures, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
 				yield(StoredRecord{}, ctx.Err())
 				return
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
@@ -432,7 +433,7 @@ func (c *Client) callCoordinator(ctx context.Context, name string, fn func(ctx c
 			if CodeOf(err) != CodeOverloaded || overloads >= coordinatorOverloadRetriesMax {
 				break
 			}
-			if sleepCtx(ctx, retryDelay(err, overloads+1, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
+			if backoff.Sleep(ctx, retryDelay(err, overloads+1, c.cfg.backoffMin, c.cfg.backoffMax)) != nil {
 				return err
 			}
 		}

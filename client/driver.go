@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -456,7 +457,7 @@ func (d *rangeDriver) streamEnded(err error) {
 	if errors.Is(err, io.EOF) {
 		e = apierr.New(apierr.Unavailable, "append stream ended by the server")
 	} else {
-		e = apierr.FromError(err)
+		e = rpcerr.FromError(err)
 	}
 	if e.Retriable {
 		immediate := d.retarget(e, replied)
@@ -486,7 +487,7 @@ func (d *rangeDriver) onReply(resp *geologv1.AppendResponse) {
 	}
 	b := d.batches[i]
 	if ed := resp.GetError(); ed != nil {
-		d.onErrorReply(i, apierr.FromDetail(ed))
+		d.onErrorReply(i, rpcerr.FromDetail(ed))
 		return
 	}
 	if resp.GetRecordCount() != uint32(len(b.recs)) {

@@ -6,7 +6,8 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
-	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/internal/backoff"
+	"github.com/geolog/geolog/internal/rpcerr"
 )
 
 // Error is a typed geolog API error: Code says what happened and Retriable
@@ -14,7 +15,7 @@ import (
 type Error = apierr.Error
 
 // Code is a geolog API error code.
-type Code = geologv1.ErrorCode
+type Code = apierr.Code
 
 // The API error codes, re-exported from apierr.
 const (
@@ -52,7 +53,7 @@ const CodeOffsetPastLocalTail = apierr.PastLocalTail
 // RetryAfter returns how long the server asked to wait before a request
 // it refused is sent again (OVERLOADED: a budget or quota), or 0.
 func RetryAfter(err error) time.Duration {
-	if e := apierr.FromError(err); e != nil {
+	if e := rpcerr.FromError(err); e != nil {
 		return e.RetryAfter
 	}
 	return 0
@@ -61,7 +62,7 @@ func RetryAfter(err error) time.Duration {
 // retryDelay is the wait before retry attempt n after err: the backoff,
 // or longer if the server asked for it.
 func retryDelay(err error, n int, min, max time.Duration) time.Duration {
-	d := backoffDelay(n, min, max)
+	d := backoff.Delay(n-1, min, max, nil)
 	if ra := RetryAfter(err); ra > d {
 		return ra
 	}
@@ -109,6 +110,13 @@ func CodeOf(err error) Code {
 	}
 }
 
+// FromError turns what a gRPC call returned (a call through API, say) into
+// an *Error: the ErrorDetail a geolog node sent, or, for a status without
+// one, a classification by its gRPC code (UNAVAILABLE and
+// RESOURCE_EXHAUSTED retriable). An *Error in err's chain is returned as
+// is; nil gives nil.
+func FromError(err error) *Error { return rpcerr.FromError(err) }
+
 // rpcError is the client's one boundary for errors of gRPC calls: when ctx is
 // done the context error is returned (so errors.Is(err, context.Canceled)
 // works); otherwise the error is classified into an *Error.
@@ -119,7 +127,7 @@ func rpcError(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		return cerr
 	}
-	return apierr.FromError(err)
+	return rpcerr.FromError(err)
 }
 
 // The error codes of consumer groups and cursors.

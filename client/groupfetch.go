@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -60,7 +61,7 @@ func (g *GroupConsumer) fetch(ctx context.Context, gr *groupRange, from uint64, 
 		failures++
 		g.c.pool.failed(addr)
 		addr = g.c.pool.next(addr)
-		if sleepCtx(ctx, backoffDelay(failures, g.c.cfg.backoffMin, g.c.cfg.backoffMax)) != nil {
+		if backoff.Sleep(ctx, backoff.Delay(failures-1, g.c.cfg.backoffMin, g.c.cfg.backoffMax, nil)) != nil {
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 )
@@ -23,7 +24,7 @@ func (g *GroupConsumer) run() {
 				return
 			}
 			attempt++
-			if sleepCtx(g.ctx, backoffDelay(attempt, g.c.cfg.backoffMin, g.c.cfg.backoffMax)) != nil {
+			if backoff.Sleep(g.ctx, backoff.Delay(attempt-1, g.c.cfg.backoffMin, g.c.cfg.backoffMax, nil)) != nil {
 				break
 			}
 			continue
@@ -122,7 +123,7 @@ func (g *GroupConsumer) heartbeat() (*geologv1.GroupAssignment, error) {
 // consumer's end) into a retriable Timeout: the call may succeed later.
 func (g *GroupConsumer) retriableTimeout(err error) error {
 	if err != nil && g.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-		return apierr.New(apierr.Timeout, "%v", err)
+		return apierr.Wrap(apierr.Timeout, err, "")
 	}
 	return err
 }

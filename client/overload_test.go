@@ -11,6 +11,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -26,7 +27,7 @@ func (s *overloadedLog) ListStreams(context.Context, *geologv1.ListStreamsReques
 	if s.calls.Add(1) <= s.refusals {
 		e := apierr.New(apierr.Overloaded, "node is receiving 8 requests")
 		e.RetryAfter = time.Millisecond
-		return nil, apierr.ToStatus(e)
+		return nil, rpcerr.ToStatus(e)
 	}
 	return &geologv1.ListStreamsResponse{}, nil
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -211,7 +212,7 @@ func (p *connPool) failed(addr string) {
 	}
 	n := p.nodes[i]
 	n.failures++
-	n.downUntil = time.Now().Add(backoffDelay(n.failures, p.backoffMin, p.backoffMax))
+	n.downUntil = time.Now().Add(backoff.Delay(n.failures-1, p.backoffMin, p.backoffMax, nil))
 	if i == p.cur {
 		p.cur = (i + 1) % len(p.nodes)
 	}
@@ -240,7 +241,7 @@ func (p *connPool) api(addr string) (geologv1.LogClient, *grpc.ClientConn, error
 	i := p.indexLocked(addr)
 	if i < 0 {
 		if err := checkAddr(addr); err != nil {
-			return nil, nil, apierr.New(apierr.Unavailable, "%v", err)
+			return nil, nil, apierr.Wrap(apierr.Unavailable, err, "")
 		}
 		if !p.makeRoomLocked() {
 			return nil, nil, apierr.New(apierr.Unavailable, "address table full (%d), not learning %s", AddrsMax, addr)
@@ -256,7 +257,7 @@ func (p *connPool) api(addr string) (geologv1.LogClient, *grpc.ClientConn, error
 		// that buys nothing for one address.
 		conn, err := grpc.NewClient("passthrough:///"+addr, p.dial...)
 		if err != nil {
-			return nil, nil, apierr.New(apierr.Unavailable, "connect to %s: %v", addr, err)
+			return nil, nil, apierr.Wrap(apierr.Unavailable, err, "connect to %s", addr)
 		}
 		n.conn, n.api = conn, geologv1.NewLogClient(conn)
 	}

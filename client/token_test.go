@@ -19,6 +19,7 @@ import (
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/internal/nodeproc"
 	"github.com/geolog/geolog/internal/portlock"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/pki"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/regionsvc"
@@ -82,13 +83,13 @@ func TestBearerTokenOption(t *testing.T) {
 		_, err = c.API().Append(ctx, &geologv1.AppendRequest{Stream: "s", Records: []*geologv1.Record{{Value: []byte("v")}}})
 		return err
 	}
-	if err := appendOne(); apierr.FromError(err).Code != apierr.PermissionDenied {
+	if err := appendOne(); rpcerr.FromError(err).Code != apierr.PermissionDenied {
 		t.Fatalf("alice without a token: %v, want PERMISSION_DENIED", err)
 	}
 	if err := appendOne(client.BearerToken(tok)); err != nil {
 		t.Fatalf("alice with ci's token: %v", err)
 	}
-	if err := appendOne(client.BearerToken(tok + "x")); apierr.FromError(err).Code != apierr.Unauthenticated {
+	if err := appendOne(client.BearerToken(tok + "x")); rpcerr.FromError(err).Code != apierr.Unauthenticated {
 		t.Fatalf("a forged token: %v, want UNAUTHENTICATED", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 )
 
 // RecentBatchesMax is how many of a producer's latest batches a range
@@ -119,6 +120,28 @@ func (d *Table) Check(producerID, baseSequence uint64, count uint32, epoch uint6
 	e := apierr.New(apierr.InvalidArgument, "producer %d: batch [%d, %d) overlaps earlier batches without matching one", producerID, baseSequence, baseSequence+uint64(count))
 	e.ExpectedSequence = p.nextSequence
 	return Reject, Batch{}, e
+}
+
+// RecordFrame records the data frame h of an idempotent producer (one with
+// a producer id; other frames are ignored) as Record would.
+func (d *Table) RecordFrame(h batch.Header) {
+	if h.Type != batch.TypeData || h.ProducerID == 0 {
+		return
+	}
+	d.Record(h.ProducerID, BatchOf(h))
+}
+
+// BatchOf is the batch of frame h: the one way a frame read back from a
+// log (a recovery, a replica applying its log) becomes a Batch. A
+// compacted frame keeps its span as its record count.
+func BatchOf(h batch.Header) Batch {
+	return Batch{
+		BaseSequence:        h.BaseSequence,
+		RecordCount:         h.Span(),
+		BaseOffset:          h.BaseOffset,
+		Epoch:               h.Epoch,
+		AppendTimeUnixNanos: h.AppendTimeUnixNanos,
+	}
 }
 
 // Record notes an appended idempotent batch. It is called both for new

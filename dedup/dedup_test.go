@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 )
 
 func TestDedupTable(t *testing.T) {
@@ -127,5 +128,22 @@ func TestRecordIsIdempotentForTheLatestBatch(t *testing.T) {
 	}
 	if v, orig, _ := d.Check(1, 0, 2, 0); v != Duplicate || orig != b {
 		t.Fatalf("check: %v %+v", v, orig)
+	}
+}
+
+// TestRecordFrame: a data frame of an idempotent producer is recorded as
+// its batch (a compacted one with its span); other frames are not.
+func TestRecordFrame(t *testing.T) {
+	tab := NewTable(10)
+	h := batch.Header{Type: batch.TypeData, ProducerID: 7, BaseSequence: 0, BaseOffset: 40, RecordCount: 3, Epoch: 2, AppendTimeUnixNanos: 99}
+	tab.RecordFrame(h)
+	tab.RecordFrame(batch.Header{Type: batch.TypeNoop, ProducerID: 8, RecordCount: 1})
+	tab.RecordFrame(batch.Header{Type: batch.TypeData, ProducerID: 0, RecordCount: 1})
+	v, orig, err := tab.Check(7, 0, 3, 2)
+	if err != nil || v != Duplicate || orig != BatchOf(h) || orig.RecordCount != 3 || orig.BaseOffset != 40 {
+		t.Fatalf("frame not recorded: %v %+v %v", v, orig, err)
+	}
+	if v, _, _ := tab.Check(8, 0, 1, 2); v == Duplicate {
+		t.Fatal("a noop frame was recorded")
 	}
 }

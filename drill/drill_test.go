@@ -23,6 +23,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/pki"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
@@ -550,7 +551,7 @@ func TestLeaseStoreOutageDrill(t *testing.T) {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			_, err = api.Append(cctx, &geologv1.AppendRequest{Stream: stream, Range: rng, Records: []*geologv1.Record{{Value: []byte(v)}}})
 			cancel()
-			if apierr.CodeOf(err) != apierr.NotLeader {
+			if rpcerr.CodeOf(err) != apierr.NotLeader {
 				return err
 			}
 		}
@@ -577,10 +578,10 @@ func TestLeaseStoreOutageDrill(t *testing.T) {
 			switch {
 			case err == nil:
 				lastAck, lastAckCall, acked = time.Now(), called, acked+1
-			case apierr.CodeOf(err) == apierr.LeaseExpired:
+			case rpcerr.CodeOf(err) == apierr.LeaseExpired:
 				refused++
 			default:
-				if others[apierr.CodeOf(err).String()]++; others[apierr.CodeOf(err).String()] == 1 {
+				if others[rpcerr.CodeOf(err).String()]++; others[rpcerr.CodeOf(err).String()] == 1 {
 					t.Logf("append: %v", err)
 				}
 			}

@@ -3,9 +3,9 @@ package homing
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
+	"github.com/geolog/geolog/internal/backoff"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -154,7 +154,7 @@ func (s *SQLStore) migrateStep(ctx context.Context, name string, fn func(pgx.Tx)
 		default:
 			return newErrorAlso(ErrSchema, err, "migration %q: %v", name, err)
 		}
-		if werr := sleepCtx(ctx, time.Duration(attempt)*5*time.Millisecond); werr != nil {
+		if werr := backoff.Sleep(ctx, backoff.Delay(attempt-1, 5*time.Millisecond, 50*time.Millisecond, nil)); werr != nil {
 			break
 		}
 	}
@@ -162,15 +162,4 @@ func (s *SQLStore) migrateStep(ctx context.Context, name string, fn func(pgx.Tx)
 		return err
 	}
 	return newErrorAlso(ErrSchema, err, "migration %q: %v", name, err)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("%w", ctx.Err())
-	}
 }

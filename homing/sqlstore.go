@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -15,11 +14,16 @@ import (
 
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
 	crdbpgx "github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
+	"github.com/geolog/geolog/internal/backoff"
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// txRetryWaitMax caps the wait between two attempts of a transaction that
+// met a conflict (the backoff doubles from 1 ms).
+const txRetryWaitMax = 20 * time.Millisecond
 
 // SQLConfig configures a SQLStore. Zero values take the documented defaults.
 type SQLConfig struct {
@@ -281,9 +285,7 @@ func (s *SQLStore) runTx(ctx context.Context, readOnly bool, fn func(pgx.Tx) err
 			break
 		}
 		// Both contenders of a conflict retry; spread them a little.
-		backoff := time.Duration(attempt) * time.Millisecond
-		backoff += time.Duration(rand.Int64N(int64(backoff)))
-		if werr := sleepCtx(ctx, backoff); werr != nil {
+		if werr := backoff.Sleep(ctx, backoff.Delay(attempt-1, time.Millisecond, txRetryWaitMax, nil)); werr != nil {
 			break
 		}
 	}

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/geolog/geolog/internal/backoff"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -157,7 +157,9 @@ func (p *peer) setState(s peerState) {
 // it fails, drop and report what was lost, back off, repeat, until stopped.
 func (p *peer) run() {
 	defer close(p.done)
-	var backoff time.Duration
+	// failures counts the streams that failed since the last one that
+	// stayed up: the backoff's attempt.
+	failures := 0
 	for {
 		start := time.Now()
 		established, lost, err := p.session()
@@ -179,24 +181,28 @@ func (p *peer) run() {
 			// that a peer that answers the hello and then ends every stream
 			// at once is not redialled at the fastest pace forever.
 			if time.Since(start) >= p.t.cfg.ReconnectBackoffMax {
-				backoff = 0
+				failures = 0
 			}
 			p.logger.Warn("stream to peer broke", "error", err, "dropped", len(lost))
 		case errors.Is(err, ErrWrongNode):
 			// The address book is wrong: retrying will not fix it, but the
 			// caller may, so keep trying at the slowest pace.
-			backoff = p.t.cfg.ReconnectBackoffMax
+			failures = slowestAttempt
 			p.logger.Error("peer address reaches another node", "error", err, "dropped", len(lost))
 		default:
 			p.logger.Debug("cannot open stream to peer", "error", err, "dropped", len(lost))
 		}
-		backoff = nextBackoff(backoff, p.t.cfg.ReconnectBackoffMin, p.t.cfg.ReconnectBackoffMax)
-		timer := time.NewTimer(jitter(backoff))
+		// Jittered so that nodes that lost a peer together do not redial it
+		// in lockstep. The process-wide generator is fine here: this is I/O
+		// timing in a driver, not a deterministic core (the simulator uses
+		// MemNetwork, which has no timers).
+		timer := time.NewTimer(backoff.Delay(failures, p.t.cfg.ReconnectBackoffMin, p.t.cfg.ReconnectBackoffMax, nil))
+		failures = min(failures+1, slowestAttempt)
 		select {
 		case <-timer.C:
 		case <-p.redial:
 			timer.Stop()
-			backoff = 0
+			failures = 0
 		case <-p.ctx.Done():
 			timer.Stop()
 			return
@@ -372,22 +378,6 @@ func (p *peer) stop(report bool) {
 	}
 }
 
-// nextBackoff doubles prev within [lo, hi].
-func nextBackoff(prev, lo, hi time.Duration) time.Duration {
-	if prev < lo {
-		return lo
-	}
-	return min(2*prev, hi)
-}
-
-// jitter spreads d over [d/2, d) so that nodes that lost a peer together do
-// not redial it in lockstep. The process-wide generator is fine here: this is
-// I/O timing in a driver, not a deterministic core (the simulator uses
-// MemNetwork, which has no timers).
-func jitter(d time.Duration) time.Duration {
-	half := d / 2
-	if half <= 0 {
-		return d
-	}
-	return half + rand.N(half)
-}
+// slowestAttempt is a backoff attempt past which the wait no longer grows
+// (ReconnectBackoffMax, however small ReconnectBackoffMin).
+const slowestAttempt = 64

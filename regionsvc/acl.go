@@ -16,6 +16,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/authz"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
 )
@@ -398,7 +399,7 @@ func sendACLChange(ctx context.Context, ac geologv1.AdminClient, c authz.Change)
 		_, err = ac.PutAcl(ctx, &geologv1.PutAclRequest{Rule: ruleToProto(c)})
 	}
 	if err != nil {
-		return apierr.FromError(err)
+		return rpcerr.FromError(err)
 	}
 	return nil
 }
@@ -411,7 +412,7 @@ func (n *Node) commitACL(ctx context.Context, call aclCall, c authz.Change) erro
 		err := n.applyACL(0, false, c)
 		n.createMu.Unlock()
 		if err != nil {
-			return apierr.New(apierr.Internal, "the access rule is in force on this node, and not saved (it is lost at a restart): %v", err)
+			return apierr.Wrap(apierr.Internal, err, "the access rule is in force on this node, and not saved (it is lost at a restart)")
 		}
 		return nil
 	}
@@ -439,7 +440,7 @@ func (n *Node) commitACL(ctx context.Context, call aclCall, c authz.Change) erro
 func (n *Node) forwardACL(ctx context.Context, addr string, c authz.Change) error {
 	conn, err := n.peerConn(addr)
 	if err != nil {
-		return apierr.New(apierr.Unavailable, "forward to %s: %v", addr, err)
+		return apierr.Wrap(apierr.Unavailable, err, "forward to %s", addr)
 	}
 	ctx = metadata.AppendToOutgoingContext(ctx, forwardedKey, "1", aclVersionKey, formatACLVersion(c.Version))
 	return sendACLChange(ctx, geologv1.NewAdminClient(conn), c)
@@ -459,7 +460,7 @@ func (n *Node) waitACLApplied(ctx context.Context, c authz.Change) error {
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "access rule change: committed, not yet applied here: %v", ctx.Err())
+			return apierr.Wrap(apierr.Timeout, ctx.Err(), "access rule change: committed, not yet applied here")
 		}
 	}
 }
@@ -469,7 +470,7 @@ func (n *Node) waitACLApplied(ctx context.Context, c authz.Change) error {
 func (s *adminServer) PutAcl(ctx context.Context, req *geologv1.PutAclRequest) (*geologv1.PutAclResponse, error) {
 	resp, err := s.node.putACL(ctx, req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -477,7 +478,7 @@ func (s *adminServer) PutAcl(ctx context.Context, req *geologv1.PutAclRequest) (
 func (s *adminServer) DeleteAcl(ctx context.Context, req *geologv1.DeleteAclRequest) (*geologv1.DeleteAclResponse, error) {
 	resp, err := s.node.deleteACL(ctx, req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -485,7 +486,7 @@ func (s *adminServer) DeleteAcl(ctx context.Context, req *geologv1.DeleteAclRequ
 func (s *adminServer) ListAcls(ctx context.Context, req *geologv1.ListAclsRequest) (*geologv1.ListAclsResponse, error) {
 	resp, err := s.node.listACLs(req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -563,7 +564,7 @@ func (n *Node) syncACLs(ctx context.Context, region string) (int, error) {
 		}
 		resp, err := geologv1.NewAdminClient(conn).ListAcls(cctx, &geologv1.ListAclsRequest{Resource: "*"})
 		if err != nil {
-			return apierr.FromError(err)
+			return rpcerr.FromError(err)
 		}
 		for _, r := range resp.GetRules() {
 			theirs[[2]string{r.GetPrincipal(), r.GetResource()}] = authz.Version{UnixNanos: r.GetChangedUnixNanos(), Region: r.GetChangedInRegion()}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/golang-jwt/jwt/v5"
 	"google.golang.org/grpc/metadata"
@@ -55,14 +56,14 @@ func TestACLProc(t *testing.T) {
 	aliceAdmin := geologv1.NewAdminClient(nodeproc.Dial(t, nodes[0].Addr, p.ClientDir("alice")))
 	waitFor(t, ctx, "stream created", func() bool {
 		_, err := alice[0].CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "orders", RangeCount: 1})
-		return err == nil || apierr.FromError(err).Code == apierr.StreamExists
+		return err == nil || rpcerr.FromError(err).Code == apierr.StreamExists
 	})
 	// appendOn appends through the range's leader, whichever node it is.
 	appendOn := func(cs []geologv1.LogClient, v string) error {
 		for {
 			for _, c := range cs {
 				_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "orders", Records: []*geologv1.Record{{Value: []byte(v)}}})
-				if e := apierr.FromError(err); err == nil || (e.Code != apierr.NotLeader && e.Code != apierr.Unavailable) {
+				if e := rpcerr.FromError(err); err == nil || (e.Code != apierr.NotLeader && e.Code != apierr.Unavailable) {
 					return err
 				}
 			}
@@ -87,12 +88,12 @@ func TestACLProc(t *testing.T) {
 	// may be another node, which applies it a moment later.
 	waitFor(t, ctx, "carol appends", func() bool {
 		err := appendOn(carol, "by carol")
-		if err != nil && apierr.FromError(err).Code != apierr.PermissionDenied {
+		if err != nil && rpcerr.FromError(err).Code != apierr.PermissionDenied {
 			t.Fatalf("carol appends: %v", err)
 		}
 		return err == nil
 	})
-	if e := apierr.FromError(appendOn(bob, "by bob")); e == nil || e.Code != apierr.PermissionDenied {
+	if e := rpcerr.FromError(appendOn(bob, "by bob")); e == nil || e.Code != apierr.PermissionDenied {
 		t.Fatalf("bob appends: %v, want PERMISSION_DENIED", e)
 	}
 	readAs := func(c geologv1.LogClient, ctx context.Context) ([]string, error) {
@@ -114,7 +115,7 @@ func TestACLProc(t *testing.T) {
 		t.Fatal(err)
 	}
 	ci := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
-	if _, err := readAs(bob[0], ci); apierr.FromError(err).Code != apierr.PermissionDenied {
+	if _, err := readAs(bob[0], ci); rpcerr.FromError(err).Code != apierr.PermissionDenied {
 		t.Fatalf("ci reads before its rule: %v, want PERMISSION_DENIED", err)
 	}
 	grant("jwt:ci", "consume")
@@ -122,7 +123,7 @@ func TestACLProc(t *testing.T) {
 		return func() bool {
 			for _, c := range bob {
 				_, err := readAs(c, ci)
-				if (err == nil) != (want == 0) || (err != nil && apierr.FromError(err).Code != want) {
+				if (err == nil) != (want == 0) || (err != nil && rpcerr.FromError(err).Code != want) {
 					return false
 				}
 			}

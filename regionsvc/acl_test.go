@@ -9,6 +9,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/authz"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/pki"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
@@ -52,7 +53,7 @@ func (a *aclWorld) createStream(ctx context.Context, name string) {
 	root, _ := a.as("root", a.regions[0], 1)
 	waitUntil(a.t, ctx, time.Minute, "stream "+name+" created", func() bool {
 		_, err := root.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: 1, Regions: a.regions, HomeRegion: a.regions[0]})
-		return err == nil || apierr.FromError(err).Code == apierr.StreamExists
+		return err == nil || rpcerr.FromError(err).Code == apierr.StreamExists
 	})
 }
 
@@ -72,7 +73,7 @@ func aclAppendAny(ctx context.Context, stream, v string, clients ...geologv1.Log
 	var err error
 	for range 100 {
 		for _, lc := range clients {
-			if err = aclAppend(ctx, lc, stream, v); err == nil || apierr.FromError(err).Code != apierr.NotLeader {
+			if err = aclAppend(ctx, lc, stream, v); err == nil || rpcerr.FromError(err).Code != apierr.NotLeader {
 				return err
 			}
 		}
@@ -83,7 +84,7 @@ func aclAppendAny(ctx context.Context, stream, v string, clients ...geologv1.Log
 
 func wantACLCode(t *testing.T, what string, err error, code apierr.Code) {
 	t.Helper()
-	if e := apierr.FromError(err); e == nil || e.Code != code {
+	if e := rpcerr.FromError(err); e == nil || e.Code != code {
 		t.Errorf("%s: %v, want %v", what, err, code)
 	}
 }
@@ -316,7 +317,7 @@ func TestACLSyncCompletesAMissedRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantACLCode(t, "put while eu is cut off", putACLRule(ctx, usAdmin, "alice", "s", "consume"), apierr.Unavailable)
-	if _, err := usAdmin.DeleteAcl(ctx, &geologv1.DeleteAclRequest{Principal: "bob", Resource: "s"}); apierr.FromError(err).Code != apierr.Unavailable {
+	if _, err := usAdmin.DeleteAcl(ctx, &geologv1.DeleteAclRequest{Principal: "bob", Resource: "s"}); rpcerr.FromError(err).Code != apierr.Unavailable {
 		t.Fatalf("delete while eu is cut off: %v, want UNAVAILABLE", err)
 	}
 	eu := w.nodes["eu"][1]

@@ -36,11 +36,11 @@ func (n *Node) replicatedRange(ctx context.Context, stream string, r uint32) (*r
 func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeReplicasRequest) (*geologv1.ChangeReplicasResponse, error) {
 	rd, err := s.node.replicatedRange(ctx, req.GetStream(), req.GetRange())
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	node := req.GetNodeId()
 	if _, ok := s.node.cfg.Peers[node]; !ok {
-		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "node %d is not a node of this region", node))
+		return nil, apierr.New(apierr.InvalidArgument, "node %d is not a node of this region", node)
 	}
 	var typ raftpb.ConfChangeType
 	switch req.GetChange() {
@@ -51,7 +51,7 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 	case geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE:
 		typ = raftpb.ConfChangeRemoveNode
 	default:
-		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "unknown change %v", req.GetChange()))
+		return nil, apierr.New(apierr.InvalidArgument, "unknown change %v", req.GetChange())
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -82,23 +82,23 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 		rd.rep.ProposeConfChange(cc, func(cs *raftpb.ConfState, err error) { done <- outcome{cs, err} })
 	})
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	select {
 	case o := <-done:
 		if o.err != nil {
-			return nil, apierr.ToStatus(rd.hintAddress(o.err))
+			return nil, rd.hintAddress(o.err)
 		}
 		return &geologv1.ChangeReplicasResponse{Voters: o.cs.GetVoters(), Learners: o.cs.GetLearners()}, nil
 	case <-cctx.Done():
-		return nil, apierr.ToStatus(apierr.New(apierr.Timeout, "membership change not applied: %v", cctx.Err()))
+		return nil, apierr.Wrap(apierr.Timeout, cctx.Err(), "membership change not applied")
 	}
 }
 
 func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.DescribeReplicasRequest) (*geologv1.DescribeReplicasResponse, error) {
 	rd, err := s.node.replicatedRange(ctx, req.GetStream(), req.GetRange())
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	var resp *geologv1.DescribeReplicasResponse
 	var notLeader error
@@ -126,10 +126,10 @@ func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.Descri
 		sort.Slice(resp.Replicas, func(i, j int) bool { return resp.Replicas[i].NodeId < resp.Replicas[j].NodeId })
 	})
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	if notLeader != nil {
-		return nil, apierr.ToStatus(notLeader)
+		return nil, notLeader
 	}
 	return resp, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 	"google.golang.org/grpc"
@@ -179,13 +180,13 @@ func checkRangeHints(t *testing.T, ctx context.Context, w *world, adv map[string
 			continue
 		}
 		_, err := conn.Append(ctx, &geologv1.AppendRequest{Stream: "adv", Range: rng, Records: recs("x", 1)})
-		if e := apierr.FromError(err); e.Code != apierr.NotLeader || e.LeaderHint != adv["us"][leader] {
+		if e := rpcerr.FromError(err); e.Code != apierr.NotLeader || e.LeaderHint != adv["us"][leader] {
 			t.Fatalf("range %d: append to us follower n%d: %v, want NOT_LEADER naming %s", rng, id, err, adv["us"][leader])
 		}
 	}
 	for id, conn := range w.conns["eu"] {
 		_, err := conn.Append(ctx, &geologv1.AppendRequest{Stream: "adv", Range: rng, Records: recs("x", 1)})
-		if e := apierr.FromError(err); e.Code != apierr.NotHome || !slices.Contains(usAdv, e.LeaderHint) {
+		if e := rpcerr.FromError(err); e.Code != apierr.NotHome || !slices.Contains(usAdv, e.LeaderHint) {
 			t.Fatalf("range %d: append to eu n%d: %v, want NOT_HOME naming one of %v", rng, id, err, usAdv)
 		}
 	}

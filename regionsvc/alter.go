@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
 )
@@ -90,7 +91,7 @@ func (n *Node) alterStream(ctx context.Context, req *geologv1.AlterStreamRequest
 				continue
 			}
 			if err := n.alterInRegion(ctx, region, req); err != nil {
-				return streamSpec{}, apierr.New(apierr.Unavailable, "stream %q is not yet altered in region %s (altering it again completes it): %v", name, region, err)
+				return streamSpec{}, apierr.Wrap(apierr.Unavailable, err, "stream %q is not yet altered in region %s (altering it again completes it)", name, region)
 			}
 		}
 	}
@@ -124,10 +125,10 @@ func (n *Node) alterStreamReplicated(ctx context.Context, spec streamSpec, req *
 		// a duplicate is harmless).
 		conn, err := n.peerConn(n.cfg.Peers[leader])
 		if err != nil {
-			return apierr.New(apierr.Unavailable, "forward to %s: %v", n.cfg.Peers[leader], err)
+			return apierr.Wrap(apierr.Unavailable, err, "forward to %s", n.cfg.Peers[leader])
 		}
 		if _, err := geologv1.NewLogClient(conn).AlterStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), req); err != nil {
-			return apierr.FromError(err)
+			return rpcerr.FromError(err)
 		}
 	}
 	return n.waitAltered(ctx, spec)
@@ -201,7 +202,7 @@ func (n *Node) alterStreamLocal(spec streamSpec) error {
 	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
 		n.streams[spec.Name] = st
 		n.mu.Unlock()
-		return apierr.New(apierr.Internal, "save catalogue: %v", err)
+		return apierr.Wrap(apierr.Internal, err, "save catalogue")
 	}
 	n.mu.Unlock()
 	n.setRetention(next)

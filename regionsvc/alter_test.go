@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -40,7 +41,7 @@ func TestAlterStreamRetention(t *testing.T) {
 		{&geologv1.AlterStreamRequest{Name: "nope", RetentionMaxBytes: int64p(1)}, apierr.StreamNotFound},
 		{&geologv1.AlterStreamRequest{Name: cursorStreamName, RetentionMaxBytes: int64p(1)}, apierr.InvalidArgument},
 	} {
-		if _, err := c.AlterStream(ctx, tc.req); apierr.CodeOf(err) != tc.code {
+		if _, err := c.AlterStream(ctx, tc.req); rpcerr.CodeOf(err) != tc.code {
 			t.Errorf("AlterStream(%v): %v, want %v", tc.req, err, tc.code)
 		}
 	}

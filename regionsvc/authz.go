@@ -8,6 +8,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/authz"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -247,7 +248,7 @@ func (r refusal) Error() string { return r.e.Error() }
 func (r refusal) Unwrap() error { return r.e }
 
 func (r refusal) GRPCStatus() *status.Status {
-	st, _ := status.FromError(apierr.ToStatus(r.e))
+	st, _ := status.FromError(rpcerr.ToStatus(r.e))
 	return st
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -32,7 +33,7 @@ func TestAuthzProc(t *testing.T) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		_, err := aliceLog.CreateStream(cctx, &geologv1.CreateStreamRequest{Name: "orders", RangeCount: 1})
-		return err == nil || apierr.FromError(err).Code == apierr.StreamExists
+		return err == nil || rpcerr.FromError(err).Code == apierr.StreamExists
 	})
 	appendOne := func(c geologv1.LogClient, v string) error {
 		_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "orders", Records: []*geologv1.Record{{Value: []byte(v)}}})
@@ -52,7 +53,7 @@ func TestAuthzProc(t *testing.T) {
 
 	denied := func(what string, err error) {
 		t.Helper()
-		if e := apierr.FromError(err); e == nil || e.Code != apierr.PermissionDenied {
+		if e := rpcerr.FromError(err); e == nil || e.Code != apierr.PermissionDenied {
 			t.Errorf("bob %s: %v, want PERMISSION_DENIED", what, err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -103,7 +104,7 @@ func (n *Node) confirmCatalogue(ctx context.Context, name string, forwarded bool
 	}
 	_, err = geologv1.NewLogClient(conn).DescribeStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"),
 		&geologv1.DescribeStreamRequest{Name: name})
-	switch e := apierr.FromError(err); {
+	switch e := rpcerr.FromError(err); {
 	case err == nil:
 		// The leader has it: it is committed, so it applies here soon.
 		if err := n.waitStreamApplied(ctx, name); err != nil {

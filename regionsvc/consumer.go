@@ -8,12 +8,14 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/internal/backoff"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
 // consumerServer implements geologv1.ConsumerServer on a Node (see
-// consumer.proto for each RPC's contract). Every error goes through
-// apierr.ToStatus here.
+// consumer.proto for each RPC's contract). It returns plain errors; the
+// server's interceptors (rpcerr) map them to statuses.
 type consumerServer struct {
 	geologv1.UnimplementedConsumerServer
 	node *Node
@@ -31,7 +33,7 @@ const (
 
 func (s *consumerServer) CommitCursors(ctx context.Context, req *geologv1.CommitCursorsRequest) (*geologv1.CommitCursorsResponse, error) {
 	resp, err := s.node.commitCursors(ctx, req)
-	return resp, apierr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) commitCursors(ctx context.Context, req *geologv1.CommitCursorsRequest) (*geologv1.CommitCursorsResponse, error) {
@@ -153,7 +155,7 @@ func positionsToProto(ps []cursors.Position) []*geologv1.CursorPosition {
 
 func (s *consumerServer) GetCursors(ctx context.Context, req *geologv1.GetCursorsRequest) (*geologv1.GetCursorsResponse, error) {
 	resp, err := s.node.getCursors(ctx, req)
-	return resp, apierr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) getCursors(ctx context.Context, req *geologv1.GetCursorsRequest) (*geologv1.GetCursorsResponse, error) {
@@ -209,10 +211,10 @@ func (n *Node) cursorReadEnd(ctx context.Context, cr *cursorRange, c geologv1.Co
 	var tail uint64
 	var err error
 	for attempt := 0; ; attempt++ {
-		if tail, err = n.homeTail(ctx, cr.d, false); err == nil || !apierr.IsRetriable(err) || attempt >= coordinateAttemptsMax {
+		if tail, err = n.homeTail(ctx, cr.d, false); err == nil || !rpcerr.IsRetriable(err) || attempt >= coordinateAttemptsMax {
 			break
 		}
-		if sleepCtx(ctx, coordinateBackoff(attempt)) != nil {
+		if backoff.Sleep(ctx, coordinateBackoff(attempt)) != nil {
 			break
 		}
 	}
@@ -227,7 +229,7 @@ func (n *Node) cursorReadEnd(ctx context.Context, cr *cursorRange, c geologv1.Co
 
 func (s *consumerServer) JoinGroup(ctx context.Context, req *geologv1.JoinGroupRequest) (*geologv1.GroupAssignment, error) {
 	resp, err := s.node.joinGroup(ctx, req)
-	return resp, apierr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) joinGroup(ctx context.Context, req *geologv1.JoinGroupRequest) (*geologv1.GroupAssignment, error) {
@@ -275,7 +277,7 @@ func (n *Node) assignmentToProto(a cursors.Assignment) *geologv1.GroupAssignment
 
 func (s *consumerServer) GroupHeartbeat(ctx context.Context, req *geologv1.GroupHeartbeatRequest) (*geologv1.GroupAssignment, error) {
 	resp, err := s.node.groupHeartbeat(ctx, req)
-	return resp, apierr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) groupHeartbeat(ctx context.Context, req *geologv1.GroupHeartbeatRequest) (*geologv1.GroupAssignment, error) {
@@ -303,39 +305,39 @@ func (n *Node) groupHeartbeat(ctx context.Context, req *geologv1.GroupHeartbeatR
 
 func (s *consumerServer) LeaveGroup(ctx context.Context, req *geologv1.LeaveGroupRequest) (*geologv1.LeaveGroupResponse, error) {
 	if err := checkCursorName(req.GetGroup()); err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	cr, err := s.node.cursors.rangeFor(ctx, req.GetGroup())
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	lreq := cursors.LeaveRequest{Group: req.GetGroup(), MemberID: req.GetMemberId(), MemberEpoch: req.GetMemberEpoch(), Temporary: req.GetTemporary()}
 	_, err = s.node.coordinate(ctx, cr, func(b *cursors.Batch, c *cursors.Coordinator) (any, error) {
 		return &geologv1.LeaveGroupResponse{}, c.Leave(b, lreq)
 	}, func(ctx context.Context, c geologv1.ConsumerClient) (any, error) { return c.LeaveGroup(ctx, req) })
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return &geologv1.LeaveGroupResponse{}, nil
 }
 
 func (s *consumerServer) DeleteGroup(ctx context.Context, req *geologv1.DeleteGroupRequest) (*geologv1.DeleteGroupResponse, error) {
 	if err := checkCursorName(req.GetGroup()); err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	cr, err := s.node.cursors.rangeForRead(ctx, req.GetGroup(), true)
 	if errors.Is(err, errNoCursorStream) {
 		err = apierr.New(apierr.GroupNotFound, "no group or cursor %q", req.GetGroup())
 	}
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	v, err := s.node.coordinate(ctx, cr, func(b *cursors.Batch, _ *cursors.Coordinator) (any, error) {
 		n, err := b.Delete(req.GetGroup())
 		return &geologv1.DeleteGroupResponse{PositionsDeleted: uint32(n)}, err
 	}, func(ctx context.Context, c geologv1.ConsumerClient) (any, error) { return c.DeleteGroup(ctx, req) })
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return v.(*geologv1.DeleteGroupResponse), nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -149,7 +150,7 @@ func TestConsumerBadInput(t *testing.T) {
 		}, apierr.InvalidArgument},
 	} {
 		err := c.call()
-		if apierr.CodeOf(err) != c.code {
+		if rpcerr.CodeOf(err) != c.code {
 			t.Errorf("%s: got %v, want %v", c.what, err, c.code)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -201,7 +202,7 @@ func checkCursorRange(t *testing.T, ctx context.Context, tr *testRegion, r uint3
 			resp, err := lc.Read(ctx, &geologv1.ReadRequest{Stream: cursorStreamName, Range: r, FromOffset: from,
 				Consistency: geologv1.Consistency_CONSISTENCY_HOME})
 			if err != nil {
-				if apierr.CodeOf(err) == apierr.OffsetOutOfRange && from == 0 {
+				if rpcerr.CodeOf(err) == apierr.OffsetOutOfRange && from == 0 {
 					return nil
 				}
 				return err

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -197,7 +198,7 @@ func TestGroupOneNode(t *testing.T) {
 		t.Fatalf("describe: %v", d)
 	}
 	for _, m := range []string{"a", "b"} {
-		if _, err := cc.LeaveGroup(ctx, &geologv1.LeaveGroupRequest{Group: "billing", MemberId: m, MemberEpoch: d.Members[0].MemberEpoch}); err != nil && apierr.CodeOf(err) != apierr.StaleMemberEpoch {
+		if _, err := cc.LeaveGroup(ctx, &geologv1.LeaveGroupRequest{Group: "billing", MemberId: m, MemberEpoch: d.Members[0].MemberEpoch}); err != nil && rpcerr.CodeOf(err) != apierr.StaleMemberEpoch {
 			t.Fatal(err)
 		}
 	}
@@ -233,7 +234,7 @@ func TestCursorsRegion(t *testing.T) {
 	defer cancel()
 	tr.retry(ctx, "create", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 2})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
@@ -255,7 +256,7 @@ func TestCursorsRegion(t *testing.T) {
 		for attempt := 0; attempt < 50; attempt++ {
 			_, err = ccs[id].CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: cursor,
 				Positions: []*geologv1.CursorPosition{{Stream: "chat", Range: 0, Offset: uint64(i + 1)}}}, grpc.Header(&md))
-			if err == nil || !apierr.IsRetriable(err) {
+			if err == nil || !rpcerr.IsRetriable(err) {
 				break
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -360,7 +361,7 @@ func TestCursorHomeReadOnCatalogueLaggard(t *testing.T) {
 	defer cancel()
 	tr.retry(ctx, "create", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 1})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
@@ -400,7 +401,7 @@ func TestCursorHomeReadOnCatalogueLaggard(t *testing.T) {
 	for attempt := 0; attempt < 100; attempt++ {
 		_, err = cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: "dev-a",
 			Positions: []*geologv1.CursorPosition{{Stream: "chat", Range: 0, Offset: 5}}})
-		if err == nil || !apierr.IsRetriable(err) {
+		if err == nil || !rpcerr.IsRetriable(err) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)

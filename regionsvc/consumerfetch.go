@@ -19,7 +19,7 @@ const fetchBehindWaitMax = 5 * time.Second
 // this node's copy of the group, and which ends as soon as that copy shows
 // the member lost the range.
 func (s *consumerServer) Fetch(req *geologv1.FetchRequest, stream geologv1.Consumer_FetchServer) error {
-	return apierr.ToStatus(s.node.fetch(stream.Context(), req, stream.Send))
+	return s.node.fetch(stream.Context(), req, stream.Send)
 }
 
 func (n *Node) fetch(ctx context.Context, req *geologv1.FetchRequest, send func(*geologv1.FetchResponse) error) error {

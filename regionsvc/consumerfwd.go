@@ -6,6 +6,8 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/internal/backoff"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -61,7 +63,7 @@ func (n *Node) coordinate(ctx context.Context, cr *cursorRange, run func(b *curs
 			return nil, err
 		}
 		last, hint = e, e.LeaderHint
-		if err := sleepCtx(ctx, coordinateBackoff(attempt)); err != nil {
+		if err := backoff.Sleep(ctx, coordinateBackoff(attempt)); err != nil {
 			break
 		}
 	}
@@ -115,20 +117,10 @@ func redirectable(e *apierr.Error) bool {
 	return false
 }
 
+// coordinateBackoff is the wait before retry attempt (from 0) of a
+// request to a cursor range's coordinator: 10 ms doubling to 500 ms.
 func coordinateBackoff(attempt int) time.Duration {
-	return min(10*time.Millisecond<<attempt, 500*time.Millisecond)
-}
-
-// sleepCtx waits d or until ctx ends (a TIMEOUT *apierr.Error then).
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return apierr.As(ctx.Err())
-	}
+	return backoff.Delay(attempt, 10*time.Millisecond, 500*time.Millisecond, nil)
 }
 
 // coordinatorAddr is where a request for cr's coordinator goes on the
@@ -182,7 +174,7 @@ func (n *Node) isPeerAddr(addr string) bool {
 func (n *Node) forwardTo(ctx context.Context, addr string, forward func(ctx context.Context, c geologv1.ConsumerClient) (any, error)) (any, error) {
 	conn, err := n.peerConn(addr)
 	if err != nil {
-		return nil, apierr.New(apierr.Unavailable, "forward to %s: %v", addr, err)
+		return nil, apierr.Wrap(apierr.Unavailable, err, "forward to %s", addr)
 	}
 	fctx := metadata.AppendToOutgoingContext(ctx, forwardedKey, "1")
 	if _, ok := ctx.Deadline(); !ok {
@@ -192,7 +184,7 @@ func (n *Node) forwardTo(ctx context.Context, addr string, forward func(ctx cont
 	}
 	v, err := forward(fctx, geologv1.NewConsumerClient(conn))
 	if err != nil {
-		return nil, apierr.FromError(err)
+		return nil, rpcerr.FromError(err)
 	}
 	return v, nil
 }

@@ -16,7 +16,7 @@ import (
 
 func (s *consumerServer) ResetGroup(ctx context.Context, req *geologv1.ResetGroupRequest) (*geologv1.ResetGroupResponse, error) {
 	resp, err := s.node.resetGroup(ctx, req)
-	return resp, apierr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) resetGroup(ctx context.Context, req *geologv1.ResetGroupRequest) (*geologv1.ResetGroupResponse, error) {
@@ -110,7 +110,7 @@ func resetTarget(ctx context.Context, rd *rangeDriver, req *geologv1.ResetGroupR
 
 func (s *consumerServer) ListGroups(ctx context.Context, req *geologv1.ListGroupsRequest) (*geologv1.ListGroupsResponse, error) {
 	resp, err := s.node.listGroups(ctx, req)
-	return resp, apierr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) listGroups(ctx context.Context, req *geologv1.ListGroupsRequest) (*geologv1.ListGroupsResponse, error) {
@@ -160,7 +160,7 @@ func groupState(g *cursors.Group) string {
 
 func (s *consumerServer) DescribeGroup(ctx context.Context, req *geologv1.DescribeGroupRequest) (*geologv1.DescribeGroupResponse, error) {
 	resp, err := s.node.describeGroup(ctx, req)
-	return resp, apierr.ToStatus(err)
+	return resp, err
 }
 
 func (n *Node) describeGroup(ctx context.Context, req *geologv1.DescribeGroupRequest) (*geologv1.DescribeGroupResponse, error) {

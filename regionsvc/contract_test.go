@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/cli"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 	"github.com/hashicorp/go-hclog"
@@ -200,7 +200,7 @@ func rawAppend(t *testing.T, ctx context.Context, c geologv1.LogClient, pid, fro
 		for attempt := 0; attempt < 100; attempt++ {
 			_, err = c.Append(ctx, &geologv1.AppendRequest{Stream: "pc", Range: 0, ProducerId: pid, BaseSequence: seq,
 				Records: []*geologv1.Record{{Key: []byte("raw"), Value: []byte(fmt.Sprintf("raw/%d", seq))}}})
-			if err == nil || !apierr.IsRetriable(err) {
+			if err == nil || !rpcerr.IsRetriable(err) {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -221,7 +221,7 @@ func checkStateLost(t *testing.T, ctx context.Context, c geologv1.LogClient, pid
 	for attempt := 0; attempt < 200; attempt++ {
 		_, err = c.Append(ctx, &geologv1.AppendRequest{Stream: "pc", Range: 0, ProducerId: pid, BaseSequence: 10,
 			Records: []*geologv1.Record{{Key: []byte("raw"), Value: []byte("raw/10")}}})
-		if err == nil || !apierr.IsRetriable(err) {
+		if err == nil || !rpcerr.IsRetriable(err) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)

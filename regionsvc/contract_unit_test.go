@@ -9,6 +9,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
@@ -136,7 +137,7 @@ func TestMergeOrphans(t *testing.T) {
 	}
 	// Nobody holds it.
 	_, err = mergeOrphans("s", []orphanAnswer{{entry: &geologv1.NodeOrphans{Region: "ap"}, notFound: true}}, streamSpec{}, false)
-	if apierr.CodeOf(err) != apierr.StreamNotFound {
+	if rpcerr.CodeOf(err) != apierr.StreamNotFound {
 		t.Fatalf("no holder: %v", err)
 	}
 }

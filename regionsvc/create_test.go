@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 )
@@ -63,7 +64,7 @@ func TestCreateStreamIsIdempotent(t *testing.T) {
 		{&geologv1.CreateStreamRequest{Name: "ci", RangeCount: 3, Regions: regions}, "retention max_age_ms 0 (the stream has 3600000)"},
 	} {
 		_, err := w.conns["eu"][1].CreateStream(ctx, c.req)
-		if e := apierr.FromError(err); e.Code != apierr.StreamExists || e.Retriable || !strings.Contains(e.Message, c.diff) {
+		if e := rpcerr.FromError(err); e.Code != apierr.StreamExists || e.Retriable || !strings.Contains(e.Message, c.diff) {
 			t.Fatalf("create %v: %v, want STREAM_EXISTS naming %q", c.req, err, c.diff)
 		}
 	}
@@ -74,10 +75,10 @@ func TestCreateStreamIsIdempotent(t *testing.T) {
 	}
 	half := &geologv1.CreateStreamRequest{Name: "half", RangeCount: 2, Regions: regions, HomeRegion: "us"}
 	_, err := w.conns["us"][1].CreateStream(ctx, half)
-	if e := apierr.FromError(err); e.Code != apierr.Unavailable || !e.Retriable {
+	if e := rpcerr.FromError(err); e.Code != apierr.Unavailable || !e.Retriable {
 		t.Fatalf("create with ap cut off: %v, want a retriable UNAVAILABLE", err)
 	}
-	if _, err := w.conns["ap"][1].DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "half"}); apierr.CodeOf(err) != apierr.StreamNotFound {
+	if _, err := w.conns["ap"][1].DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "half"}); rpcerr.CodeOf(err) != apierr.StreamNotFound {
 		t.Fatalf("ap holds the stream although it was cut off: %v", err)
 	}
 	if _, err := w.net.HealBetween("us", "ap"); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/segment"
@@ -155,7 +156,7 @@ func (cs *cursorService) create(ctx context.Context) {
 	} else {
 		_, err = n.createStreamFromSpec(cctx, wantExactly(spec))
 	}
-	if err != nil && apierr.CodeOf(err) != apierr.StreamExists && ctx.Err() == nil {
+	if err != nil && rpcerr.CodeOf(err) != apierr.StreamExists && ctx.Err() == nil {
 		cs.logger.Warn("create the cursor stream", "error", err)
 		return
 	}
@@ -281,7 +282,7 @@ func (cs *cursorService) existing(ctx context.Context, confirm bool) ([]*cursorR
 			return nil, errNoCursorStream
 		}
 		if _, err := cs.n.lookupStream(ctx, cursorStreamName); err != nil {
-			if apierr.CodeOf(err) == apierr.StreamNotFound {
+			if rpcerr.CodeOf(err) == apierr.StreamNotFound {
 				return nil, errNoCursorStream
 			}
 			return nil, err

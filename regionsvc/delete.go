@@ -9,6 +9,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
 )
@@ -83,7 +84,7 @@ func (n *Node) propagateDelete(ctx context.Context, spec streamSpec) error {
 			continue
 		}
 		if err := n.deleteInRegion(ctx, region, spec.Name); err != nil {
-			return apierr.New(apierr.Unavailable, "stream %q is not yet deleted in region %s (deleting it again completes it): %v", spec.Name, region, err)
+			return apierr.Wrap(apierr.Unavailable, err, "stream %q is not yet deleted in region %s (deleting it again completes it)", spec.Name, region)
 		}
 	}
 	return nil
@@ -92,7 +93,7 @@ func (n *Node) propagateDelete(ctx context.Context, spec streamSpec) error {
 func (n *Node) deleteInRegion(ctx context.Context, region, name string) error {
 	return n.propagateToRegion(ctx, region, func(cctx context.Context, _ string, c geologv1.LogClient) error {
 		_, err := c.DeleteStream(cctx, &geologv1.DeleteStreamRequest{Name: name})
-		if apierr.CodeOf(err) == apierr.StreamNotFound {
+		if rpcerr.CodeOf(err) == apierr.StreamNotFound {
 			return nil
 		}
 		return err
@@ -116,7 +117,7 @@ func (n *Node) deleteStreamReplicated(ctx context.Context, spec streamSpec, forw
 		}
 		// Not proposed, or superseded: forwarding is safe (a deletion
 		// applies once, to the creation it names).
-		if err := n.forwardDelete(ctx, n.cfg.Peers[leader], spec.Name); err != nil && apierr.CodeOf(err) != apierr.StreamNotFound {
+		if err := n.forwardDelete(ctx, n.cfg.Peers[leader], spec.Name); err != nil && rpcerr.CodeOf(err) != apierr.StreamNotFound {
 			return err
 		}
 	}
@@ -126,11 +127,11 @@ func (n *Node) deleteStreamReplicated(ctx context.Context, spec streamSpec, forw
 func (n *Node) forwardDelete(ctx context.Context, addr, name string) error {
 	conn, err := n.peerConn(addr)
 	if err != nil {
-		return apierr.New(apierr.Unavailable, "forward to %s: %v", addr, err)
+		return apierr.Wrap(apierr.Unavailable, err, "forward to %s", addr)
 	}
 	if _, err := geologv1.NewLogClient(conn).DeleteStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"),
 		&geologv1.DeleteStreamRequest{Name: name}); err != nil {
-		return apierr.FromError(err)
+		return rpcerr.FromError(err)
 	}
 	return nil
 }
@@ -158,7 +159,7 @@ func (n *Node) waitCatalogue(ctx context.Context, name, what string, done func(s
 		select {
 		case <-applied:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "%s %q: committed, not yet applied here: %v", what, name, ctx.Err())
+			return apierr.Wrap(apierr.Timeout, ctx.Err(), "%s %q: committed, not yet applied here", what, name)
 		}
 	}
 }
@@ -207,7 +208,7 @@ func (n *Node) deleteStreamLocal(spec streamSpec) error {
 		n.mu.Lock()
 		n.streams[spec.Name] = st
 		n.mu.Unlock()
-		return apierr.New(apierr.Internal, "save catalogue: %v", err)
+		return apierr.Wrap(apierr.Internal, err, "save catalogue")
 	}
 	n.closeDeleted(st)
 	n.noteDeleted(spec.Name)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -26,7 +27,7 @@ func checkDeleted(t *testing.T, ctx context.Context, w *world, stream string) {
 		for _, region := range w.regions {
 			for id, c := range w.conns[region] {
 				_, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: stream})
-				if apierr.CodeOf(err) != apierr.StreamNotFound {
+				if rpcerr.CodeOf(err) != apierr.StreamNotFound {
 					last = fmt.Sprintf("%s node %d after the deletion: %v", region, id, err)
 					return false
 				}
@@ -55,7 +56,7 @@ func deleteAndRecreate(t *testing.T, ctx context.Context, w *world, stream, from
 		t.Fatalf("delete through %s: %v", from, err)
 	}
 	checkDeleted(t, ctx, w, stream)
-	if _, err := w.conns[from][1].DeleteStream(ctx, &geologv1.DeleteStreamRequest{Name: stream}); apierr.CodeOf(err) != apierr.StreamNotFound {
+	if _, err := w.conns[from][1].DeleteStream(ctx, &geologv1.DeleteStreamRequest{Name: stream}); rpcerr.CodeOf(err) != apierr.StreamNotFound {
 		t.Fatalf("deleting it again: %v", err)
 	}
 	createHomedStream(t, ctx, w, stream, ranges+1, home)

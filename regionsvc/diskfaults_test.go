@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/vfs"
 )
@@ -54,7 +55,7 @@ func TestLeaderDiskFullHandsOff(t *testing.T) {
 	defer cancel()
 	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "full", RangeCount: 1})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -98,7 +99,7 @@ func testDiskFullProc(t *testing.T, mode string) {
 	defer cancel()
 	waitFor(t, ctx, "the stream to be created", func() bool {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "full", RangeCount: 1})
-		return err == nil || apierr.CodeOf(err) == apierr.StreamExists
+		return err == nil || rpcerr.CodeOf(err) == apierr.StreamExists
 	})
 
 	acked := map[uint64]string{} // offset → value
@@ -129,18 +130,18 @@ func testDiskFullProc(t *testing.T, mode string) {
 		if err == nil {
 			return false // it still fitted (a page the node had)
 		}
-		if e := apierr.FromError(err); e.Code == apierr.Unavailable {
+		if e := rpcerr.FromError(err); e.Code == apierr.Unavailable {
 			refused = e
 			return true
 		}
 		// A raft leader holds the append it could not write (no ack,
 		// no answer yet): the client's deadline ends it.
-		if e := apierr.FromError(err); e.Code != apierr.Timeout {
+		if e := rpcerr.FromError(err); e.Code != apierr.Timeout {
 			t.Fatalf("append on a full disk: %v, want UNAVAILABLE or a timeout", err)
 		}
 		return false
 	})
-	if e := apierr.FromError(refused); !e.Retriable {
+	if e := rpcerr.FromError(refused); !e.Retriable {
 		t.Fatalf("refusal %v is not retriable", refused)
 	}
 	t.Logf("full disk: %v", refused)
@@ -151,7 +152,7 @@ func testDiskFullProc(t *testing.T, mode string) {
 	}
 	waitFor(t, ctx, "appends to resume once space is freed", func() bool {
 		err := appendOne(2 * time.Second)
-		if err != nil && apierr.FromError(err).Code == apierr.Corruption {
+		if err != nil && rpcerr.FromError(err).Code == apierr.Corruption {
 			t.Fatalf("append after space returned: %v", err)
 		}
 		return err == nil

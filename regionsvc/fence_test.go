@@ -11,6 +11,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 )
@@ -46,7 +47,7 @@ func startRawSub(ctx context.Context, c geologv1.LogClient, stream string, from 
 			}
 		}
 		s.mu.Lock()
-		s.err = apierr.FromError(err)
+		s.err = rpcerr.FromError(err)
 		s.mu.Unlock()
 	}()
 	return s
@@ -207,7 +208,7 @@ func checkFencedReads(ctx context.Context, t *testing.T, c geologv1.LogClient, s
 	t.Helper()
 	for _, from := range []uint64{fence + 1, fence + 5} {
 		_, err := c.Read(ctx, &geologv1.ReadRequest{Stream: stream, FromOffset: from})
-		if e := apierr.FromError(err); e == nil || e.Code != apierr.PastLocalTail || !e.Retriable || e.TailOffset != fence {
+		if e := rpcerr.FromError(err); e == nil || e.Code != apierr.PastLocalTail || !e.Retriable || e.TailOffset != fence {
 			t.Fatalf("read at %d on the fenced node: %v", from, err)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/cursors"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 )
 
 var memberLoopDuration = flag.Duration("memberloop", 20*time.Second, "how long TestGroupMemberKillLoop kills and adds members")
@@ -266,7 +267,7 @@ func checkCursorLog(t *testing.T, ctx context.Context, c *client.Client) {
 		for from := uint64(0); ; {
 			res, err := c.Read(ctx, "_cursors", r, from, client.ReadOptions{Consistency: client.ConsistencyHome})
 			if err != nil {
-				if apierr.CodeOf(err) == apierr.OffsetOutOfRange {
+				if rpcerr.CodeOf(err) == apierr.OffsetOutOfRange {
 					break
 				}
 				t.Fatal(err)

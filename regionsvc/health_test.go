@@ -137,7 +137,7 @@ func TestReadyOnceTheRegionElected(t *testing.T) {
 func TestHealthNeedsNoRights(t *testing.T) {
 	n := authzNode(&authz.Policy{})
 	n.closing = make(chan struct{})
-	srv := grpc.NewServer(n.authInterceptors()...)
+	srv := grpc.NewServer(n.interceptors()...)
 	healthpb.RegisterHealthServer(srv, &healthServer{node: n})
 	geologv1.RegisterLogServer(srv, &logServer{node: n})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

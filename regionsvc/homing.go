@@ -454,7 +454,7 @@ func homingErr(err error) error {
 		out.Message = err.Error()
 		return &out
 	}
-	return apierr.New(apierr.Unavailable, "%v", err)
+	return apierr.Wrap(apierr.Unavailable, err, "")
 }
 
 // orderRegions is the stream's regions, the preference order first.

@@ -21,6 +21,7 @@ import (
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/homing/pgtest"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replica"
@@ -338,12 +339,12 @@ func TestRegionFailover(t *testing.T) {
 			}
 			resp, err := stream.Recv()
 			if err == nil {
-				err = apierr.FromDetail(resp.GetError())
+				err = rpcerr.FromDetail(resp.GetError())
 			}
-			if apierr.CodeOf(err) != apierr.StaleEpoch && apierr.CodeOf(err) != apierr.NotLeader {
+			if rpcerr.CodeOf(err) != apierr.StaleEpoch && rpcerr.CodeOf(err) != apierr.NotLeader {
 				t.Fatalf("replayed epoch-1 replication to %s: %v, want STALE_EPOCH", region, err)
 			}
-			if apierr.CodeOf(err) == apierr.StaleEpoch {
+			if rpcerr.CodeOf(err) == apierr.StaleEpoch {
 				t.Logf("replayed epoch-1 replication to %s refused: %v", region, err)
 				refused = true
 			}
@@ -363,7 +364,7 @@ func TestRegionFailover(t *testing.T) {
 	waitUntil(t, ctx, 30*time.Second, "us redirects appends to the new home", func() bool {
 		for _, c := range w.conns["us"] {
 			_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "hf", Range: 0, Records: []*geologv1.Record{{Value: []byte("x")}}})
-			if apierr.CodeOf(err) == apierr.NotHome {
+			if rpcerr.CodeOf(err) == apierr.NotHome {
 				return true
 			}
 		}
@@ -510,7 +511,7 @@ func TestLeaseStoreOutage(t *testing.T) {
 		var err error
 		for _, cc := range w.conns["us"] {
 			resp, err = cc.Append(cctx, &geologv1.AppendRequest{Stream: "lo", Range: 0, Records: []*geologv1.Record{{Value: []byte(fmt.Sprint(i))}}})
-			if apierr.CodeOf(err) != apierr.NotLeader {
+			if rpcerr.CodeOf(err) != apierr.NotLeader {
 				return resp, err
 			}
 		}
@@ -523,7 +524,7 @@ func TestLeaseStoreOutage(t *testing.T) {
 		var err error
 		for _, cc := range w.conns["us"] {
 			_, err = cc.Read(cctx, &geologv1.ReadRequest{Stream: "lo", Range: 0, Consistency: geologv1.Consistency_CONSISTENCY_HOME, MaxRecords: 1})
-			if apierr.CodeOf(err) != apierr.NotLeader {
+			if rpcerr.CodeOf(err) != apierr.NotLeader {
 				return err
 			}
 		}
@@ -599,8 +600,8 @@ func observeOutage(t *testing.T, ctx context.Context, appendOne func(int) (*geol
 		switch {
 		case err == nil:
 			o.lastAckCall = called
-		case apierr.CodeOf(err) == apierr.LeaseExpired:
-			if !apierr.As(apierr.FromError(err)).Retriable {
+		case rpcerr.CodeOf(err) == apierr.LeaseExpired:
+			if !apierr.As(rpcerr.FromError(err)).Retriable {
 				t.Fatalf("LEASE_EXPIRED must be retriable: %v", err)
 			}
 			o.refused++
@@ -613,7 +614,7 @@ func observeOutage(t *testing.T, ctx context.Context, appendOne func(int) (*geol
 		switch err := readHome(); {
 		case err == nil:
 			o.lastReadCall = called
-		case apierr.CodeOf(err) == apierr.LeaseExpired:
+		case rpcerr.CodeOf(err) == apierr.LeaseExpired:
 			o.readsRefused++
 		default:
 			t.Logf("home read during the outage: %v", err)

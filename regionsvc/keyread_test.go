@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -116,7 +117,7 @@ func readKeyAll(ctx context.Context, c geologv1.LogClient, req *geologv1.ReadReq
 	req.MaxRecords = pageRecords
 	for {
 		resp, err := c.Read(ctx, req)
-		if apierr.IsRetriable(err) && ctx.Err() == nil {
+		if rpcerr.IsRetriable(err) && ctx.Err() == nil {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
@@ -258,14 +259,14 @@ func TestReadByKeyAcrossRetention(t *testing.T) {
 	var start uint64
 	pollUntil(t, ctx, "retention to delete segments", func() bool {
 		resp, err := c.Read(ctx, &geologv1.ReadRequest{Stream: "chat", MaxRecords: 1})
-		start = apierr.FromError(err).StartOffset
+		start = rpcerr.FromError(err).StartOffset
 		return resp == nil && start > 0
 	})
 	for _, key := range [][]byte{[]byte("room-0"), []byte("room-3"), {}} {
 		got, err := readKeyAll(ctx, c, &geologv1.ReadRequest{Stream: "chat", FromOffset: start, Key: key}, 7)
-		for attempt := 0; apierr.CodeOf(err) == apierr.OffsetOutOfRange && attempt < 10; attempt++ {
+		for attempt := 0; rpcerr.CodeOf(err) == apierr.OffsetOutOfRange && attempt < 10; attempt++ {
 			// Retention moved on meanwhile: start again at its start.
-			start = apierr.FromError(err).StartOffset
+			start = rpcerr.FromError(err).StartOffset
 			got, err = readKeyAll(ctx, c, &geologv1.ReadRequest{Stream: "chat", FromOffset: start, Key: key}, 7)
 		}
 		if err != nil {
@@ -376,7 +377,7 @@ func TestReadByKeyReplicated(t *testing.T) {
 	defer cancel()
 	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 2})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
@@ -409,7 +410,7 @@ func (tr *testRegion) leaderAppend(ctx context.Context, req *geologv1.AppendRequ
 				continue
 			}
 			resp, err := c.Append(ctx, req)
-			if !apierr.IsRetriable(err) {
+			if !rpcerr.IsRetriable(err) {
 				return resp, err
 			}
 		}
@@ -435,7 +436,7 @@ func TestReadByKeyOnMirror(t *testing.T) {
 	home := func(ctx context.Context, req *geologv1.AppendRequest) (*geologv1.AppendResponse, error) {
 		for {
 			resp, err := w.conns[homes[req.Range]][1].Append(ctx, req)
-			if !apierr.IsRetriable(err) || ctx.Err() != nil {
+			if !rpcerr.IsRetriable(err) || ctx.Err() != nil {
 				return resp, err
 			}
 			time.Sleep(20 * time.Millisecond) // the home is still taking its lease

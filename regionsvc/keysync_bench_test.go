@@ -15,6 +15,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/internal/keysync"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/segment"
 )
@@ -45,7 +46,7 @@ func keysyncNode(b *testing.B) geologv1.LogClient {
 	}
 	n, c := keysyncStart(b, dir)
 	_, err := c.CreateStream(context.Background(), &geologv1.CreateStreamRequest{Name: keysyncStream, RangeCount: 1})
-	if err != nil && apierr.CodeOf(err) != apierr.StreamExists {
+	if err != nil && rpcerr.CodeOf(err) != apierr.StreamExists {
 		b.Fatal(err)
 	}
 	resp, err := c.Read(context.Background(), &geologv1.ReadRequest{Stream: keysyncStream, MaxRecords: 1})

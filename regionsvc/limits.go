@@ -11,6 +11,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -215,11 +216,11 @@ func (l *limits) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 		p := l.quotas.principal(ctx)
 		if wait := l.quotas.take(p, 1, 0); wait > 0 {
 			e := l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", p, wait)
-			return ctx, apierr.ToStatus(e)
+			return ctx, rpcerr.ToStatus(e)
 		}
 		if !l.receiving.tryTake() {
 			e := l.overloaded(ctx, "receiving", jittered(overloadRetryAfter), "node is receiving %d requests", l.cfg.RequestsReceivingMax)
-			return ctx, apierr.ToStatus(e)
+			return ctx, rpcerr.ToStatus(e)
 		}
 		h.slot = l.receiving
 	}

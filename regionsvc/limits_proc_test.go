@@ -15,6 +15,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/regionsvc"
 	"google.golang.org/grpc"
@@ -95,7 +96,7 @@ func checkAlive(t *testing.T, p *nodeproc.Proc, conn *grpc.ClientConn, stream st
 	var readErr error
 	waitFor(t, ctx, "a read after the probe", func() bool {
 		_, readErr = c.Read(ctx, &geologv1.ReadRequest{Stream: stream, MaxRecords: 1})
-		if readErr != nil && !apierr.IsRetriable(readErr) {
+		if readErr != nil && !rpcerr.IsRetriable(readErr) {
 			t.Fatalf("read after the probe: %v", readErr)
 		}
 		return readErr == nil
@@ -219,7 +220,7 @@ func TestProbeLargeBatches(t *testing.T) {
 	wg.Wait()
 	ok, overloaded := 0, 0
 	for i, err := range errs {
-		switch e := apierr.FromError(err); {
+		switch e := rpcerr.FromError(err); {
 		case err == nil:
 			ok++
 		case e.Code == apierr.Overloaded && e.Retriable:
@@ -262,7 +263,7 @@ func TestProbeLargeReads(t *testing.T) {
 	wg.Wait()
 	ok, overloaded := 0, 0
 	for i, err := range errs {
-		switch e := apierr.FromError(err); {
+		switch e := rpcerr.FromError(err); {
 		case err == nil:
 			ok++
 		case e.Code == apierr.Overloaded && e.Retriable && e.RetryAfter > 0:
@@ -322,7 +323,7 @@ func TestProbeIdleSubscribers(t *testing.T) {
 		switch {
 		case err == nil:
 			caughtUp++
-		case apierr.CodeOf(err) == apierr.SlowConsumer, apierr.CodeOf(err) == apierr.Overloaded:
+		case rpcerr.CodeOf(err) == apierr.SlowConsumer, rpcerr.CodeOf(err) == apierr.Overloaded:
 			cut++
 		default:
 			t.Fatalf("subscriber %d ended with %v", i, err)
@@ -424,7 +425,7 @@ func TestProbeRangeCap(t *testing.T) {
 	accepted := 0
 	for i := range 6 {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: fmt.Sprintf("big%d", i), RangeCount: 4096})
-		switch apierr.CodeOf(err) {
+		switch rpcerr.CodeOf(err) {
 		case apierr.Code(0):
 			accepted++
 		case apierr.LimitExceeded:
@@ -452,7 +453,7 @@ func TestProbeRangeCap(t *testing.T) {
 	}
 	t.Logf("%d of 6 creates of 4096 ranges accepted; the node holds %d file descriptors of %d", accepted, openFDs(t, p.Pid()), nodeFileLimit(t, p.Pid()))
 	_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "age", RangeCount: 1, Retention: &geologv1.RetentionPolicy{MaxAgeMs: 9_300_000_000_000}})
-	if apierr.CodeOf(err) != apierr.InvalidArgument {
+	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
 		t.Fatalf("retention overflow: %v", err)
 	}
 	if _, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "age", RangeCount: 1, Retention: &geologv1.RetentionPolicy{MaxAgeMs: 86_400_000}}); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
@@ -99,10 +100,10 @@ func TestRangesMaxRefusesUpFront(t *testing.T) {
 	createStream(t, c, "a", 64)
 	_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "b", RangeCount: 64})
 	wantCode(t, err, apierr.LimitExceeded)
-	if apierr.IsRetriable(err) {
+	if rpcerr.IsRetriable(err) {
 		t.Fatal("LIMIT_EXCEEDED is retriable")
 	}
-	if _, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "b"}); apierr.CodeOf(err) != apierr.StreamNotFound {
+	if _, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "b"}); rpcerr.CodeOf(err) != apierr.StreamNotFound {
 		t.Fatalf("the refused stream exists: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "streams", "b")); !errors.Is(err, os.ErrNotExist) {
@@ -148,7 +149,7 @@ func TestDeleteStream(t *testing.T) {
 	}
 	n.Close()
 	_, c = testNode(t, dir, nil)
-	if _, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "d"}); apierr.CodeOf(err) != apierr.StreamNotFound {
+	if _, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "d"}); rpcerr.CodeOf(err) != apierr.StreamNotFound {
 		t.Fatalf("after a restart: %v", err)
 	}
 	createStream(t, c, "d", 3)
@@ -169,7 +170,7 @@ func TestBudgetsRefuseWithRetryAfter(t *testing.T) {
 	overloaded := func(what string, err error) {
 		t.Helper()
 		wantCode(t, err, apierr.Overloaded)
-		if e := apierr.FromError(err); !e.Retriable || e.RetryAfter <= 0 {
+		if e := rpcerr.FromError(err); !e.Retriable || e.RetryAfter <= 0 {
 			t.Fatalf("%s: %+v", what, e)
 		}
 	}
@@ -239,7 +240,7 @@ func TestSlowSubscriberCutOff(t *testing.T) {
 		_, got = sub.Recv()
 	}
 	wantCode(t, got, apierr.SlowConsumer)
-	if !apierr.IsRetriable(got) {
+	if !rpcerr.IsRetriable(got) {
 		t.Fatal("SLOW_CONSUMER is final")
 	}
 	if _, err := c.Read(ctx, &geologv1.ReadRequest{Stream: "s", MaxRecords: 1}); err != nil {
@@ -297,7 +298,7 @@ func TestQuotaSDKBacksOff(t *testing.T) {
 		return err == nil
 	})
 	_, err = raw.Append(ctx, &geologv1.AppendRequest{Stream: "q", Records: recs("x", 1)})
-	if e := apierr.FromError(err); e.Code != apierr.Overloaded || e.RetryAfter < time.Second {
+	if e := rpcerr.FromError(err); e.Code != apierr.Overloaded || e.RetryAfter < time.Second {
 		t.Fatalf("over the quota: %v (retry after %v)", err, e.RetryAfter)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
@@ -65,7 +66,7 @@ func TestLeaderFsyncFailureHandsOff(t *testing.T) {
 	}
 	pollUntil(t, ctx, "the stopped node to name the new leader", func() bool {
 		_, err := tr.clients[old].Append(ctx, &geologv1.AppendRequest{Stream: "eio", ProducerId: 4, Records: recs("x", 1)})
-		e := apierr.FromError(err)
+		e := rpcerr.FromError(err)
 		return e.Code == apierr.NotLeader && e.Retriable && e.LeaderHint == tr.nodes[leaderOf()].advertise
 	})
 	faults[old].SetSyncFail(false)

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -139,7 +139,7 @@ func (r *tailReader) read(ctx context.Context) bool {
 	resp, err := r.lc.Read(cctx, &geologv1.ReadRequest{Stream: r.stream, Range: 0, FromOffset: r.next, MaxRecords: 5000})
 	r.served = false
 	if err != nil {
-		e := apierr.FromError(err)
+		e := rpcerr.FromError(err)
 		if !e.Retriable {
 			r.t.Fatalf("read at %d (tail seen %d): a final error: %v", r.next, r.maxTail, err)
 		}

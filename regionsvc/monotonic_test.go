@@ -10,6 +10,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 )
@@ -75,7 +76,7 @@ func TestReadPastLaggingMirror(t *testing.T) {
 		t.Fatal(err)
 	}
 	began := time.Now()
-	if _, err := sub.Recv(); apierr.CodeOf(apierr.FromError(err)) != apierr.PastLocalTail || !apierr.FromError(err).Retriable {
+	if _, err := sub.Recv(); rpcerr.CodeOf(rpcerr.FromError(err)) != apierr.PastLocalTail || !rpcerr.FromError(err).Retriable {
 		t.Fatalf("subscription at 150 on the mirror at 100: %v, want a retriable OFFSET_PAST_LOCAL_TAIL", err)
 	}
 	t.Logf("the subscription past the mirror's tail ended after %v", time.Since(began).Round(time.Millisecond))
@@ -104,7 +105,7 @@ func readN(ctx context.Context, c geologv1.LogClient, from uint64, n uint32) (*g
 	defer cancel()
 	r, err := c.Read(cctx, &geologv1.ReadRequest{Stream: "lag", Range: 0, FromOffset: from, MaxRecords: n})
 	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, apierr.FromError(err)
+		return nil, rpcerr.FromError(err)
 	}
 	return r, err
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/replicator"
@@ -80,7 +81,7 @@ func (n *Node) propagateCreate(ctx context.Context, w createWant) error {
 func (n *Node) createInRegion(ctx context.Context, region string, w createWant) error {
 	return n.propagateToRegion(ctx, region, func(cctx context.Context, addr string, c geologv1.LogClient) error {
 		_, err := c.CreateStream(cctx, createRequest(w.spec))
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return n.checkSameDefinition(ctx, addr, region, w)
 		}
 		return err
@@ -109,7 +110,7 @@ func (n *Node) propagateToRegion(ctx context.Context, region string, call func(c
 		if err == nil {
 			return nil
 		}
-		e := apierr.FromError(err)
+		e := rpcerr.FromError(err)
 		if !e.Retriable && e.Code != apierr.NotLeader {
 			return e
 		}
@@ -142,7 +143,7 @@ func (n *Node) describeRemote(ctx context.Context, addr, stream string) (streamS
 	defer cancel()
 	resp, err := geologv1.NewLogClient(conn).DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: stream})
 	if err != nil {
-		return streamSpec{}, apierr.FromError(err)
+		return streamSpec{}, rpcerr.FromError(err)
 	}
 	si := resp.GetStream()
 	return streamSpec{Name: si.GetName(), RangeCount: si.GetRangeCount(), Regions: si.GetRegions(), Homes: si.GetRangeHomes(),
@@ -162,7 +163,7 @@ func (n *Node) existingDefinition(ctx context.Context, spec streamSpec) (streamS
 			if err == nil {
 				return other, true
 			}
-			if apierr.CodeOf(err) == apierr.StreamNotFound {
+			if rpcerr.CodeOf(err) == apierr.StreamNotFound {
 				break // this region does not hold it; the next may
 			}
 		}
@@ -320,11 +321,11 @@ func (m *mirrorRange) apply(ctx context.Context, frames []byte) (uint64, error) 
 	for len(frames) > 0 {
 		size, err := batch.FrameSize(frames)
 		if err != nil || size > len(frames) {
-			return 0, apierr.New(apierr.InvalidArgument, "mirrored frames are malformed: %v", err)
+			return 0, apierr.Wrap(apierr.InvalidArgument, err, "mirrored frames are malformed")
 		}
 		h, err := batch.DecodeHeader(frames[:size])
 		if err != nil {
-			return 0, apierr.New(apierr.InvalidArgument, "mirrored frame: %v", err)
+			return 0, apierr.Wrap(apierr.InvalidArgument, err, "mirrored frame")
 		}
 		done := make(chan appendResult, 1)
 		ops = append(ops, done)
@@ -345,7 +346,7 @@ func (m *mirrorRange) apply(ctx context.Context, frames []byte) (uint64, error) 
 				end = r.baseOffset + uint64(r.recordCount)
 			}
 		case <-ctx.Done():
-			return 0, apierr.New(apierr.Timeout, "mirror apply: %v", ctx.Err())
+			return 0, apierr.Wrap(apierr.Timeout, ctx.Err(), "mirror apply")
 		}
 	}
 	if first != nil {
@@ -377,7 +378,7 @@ func (m *mirrorRange) Fork(ctx context.Context, at, epoch uint64) (uint64, error
 		select {
 		case res = <-done:
 		case <-ctx.Done():
-			return d.committed.Load(), apierr.New(apierr.Timeout, "fork at %d: %v", at, ctx.Err())
+			return d.committed.Load(), apierr.Wrap(apierr.Timeout, ctx.Err(), "fork at %d", at)
 		}
 		if res.Err == nil {
 			d.raiseEpoch(epoch)
@@ -387,7 +388,7 @@ func (m *mirrorRange) Fork(ctx context.Context, at, epoch uint64) (uint64, error
 				case <-d.changed():
 				case <-time.After(10 * time.Millisecond):
 				case <-ctx.Done():
-					return d.committed.Load(), apierr.New(apierr.Timeout, "fork at %d: %v", at, ctx.Err())
+					return d.committed.Load(), apierr.Wrap(apierr.Timeout, ctx.Err(), "fork at %d", at)
 				}
 			}
 			d.logger.Warn("forked: the divergent tail is in the orphan log", "fork_offset", at, "epoch", epoch,
@@ -401,7 +402,7 @@ func (m *mirrorRange) Fork(ctx context.Context, at, epoch uint64) (uint64, error
 		select {
 		case <-time.After(10 * time.Millisecond):
 		case <-ctx.Done():
-			return d.committed.Load(), apierr.New(apierr.Timeout, "fork at %d: %v", at, ctx.Err())
+			return d.committed.Load(), apierr.Wrap(apierr.Timeout, ctx.Err(), "fork at %d", at)
 		}
 	}
 }
@@ -698,7 +699,7 @@ func (n *Node) createStreamRegions(ctx context.Context, w createWant) (*geologv1
 	switch {
 	case w.spec.hasRegion(n.cfg.Region):
 		err := n.createStreamReplicated(ctx, w.spec, forwarded)
-		if err != nil && apierr.CodeOf(err) != apierr.StreamExists {
+		if err != nil && rpcerr.CodeOf(err) != apierr.StreamExists {
 			return nil, err
 		}
 		if err != nil {
@@ -797,7 +798,7 @@ func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (ui
 			}
 			return tail, nil
 		case <-ctx.Done():
-			return 0, apierr.New(apierr.Timeout, "confirming the home tail: %v", ctx.Err())
+			return 0, apierr.Wrap(apierr.Timeout, ctx.Err(), "confirming the home tail")
 		}
 	}
 	if forwarded {
@@ -830,7 +831,7 @@ func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (ui
 		if err == nil {
 			return resp.GetTailOffset(), nil
 		}
-		last = apierr.FromError(err)
+		last = rpcerr.FromError(err)
 	}
 	e := apierr.As(last)
 	if e.Code == apierr.NotLeader || e.Code == apierr.Unavailable {

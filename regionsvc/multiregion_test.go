@@ -15,6 +15,7 @@ import (
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/internal/portlock"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 	"github.com/hashicorp/go-hclog"
@@ -515,7 +516,7 @@ func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
 						continue
 					}
 					_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "geo", Range: uint32(rng), Records: recs("x", 1)})
-					if e := apierr.FromError(err); e.Code != apierr.NotHome || e.LeaderHint != want {
+					if e := rpcerr.FromError(err); e.Code != apierr.NotHome || e.LeaderHint != want {
 						if msg := fmt.Sprintf("range %d, %s n%d: %v (want a hint to %s n%d at %s)", rng, region, id, err, home, leader, want); msg != last {
 							last = msg
 							t.Log(msg)

@@ -21,6 +21,7 @@ import (
 	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/compact"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -218,6 +219,39 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
+	if err := c.setLogDefaults(); err != nil {
+		return err
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	// The lease defaults (homing.Config's), set here so that the node's
+	// own uses (rehome, takeover) see the values the lease runs with.
+	if c.LeaseHeartbeat == 0 {
+		c.LeaseHeartbeat = time.Second
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 5 * time.Second
+	}
+	if c.MaxClockOffset == 0 {
+		c.MaxClockOffset = 500 * time.Millisecond
+	}
+	if err := c.setReplicationDefaults(); err != nil {
+		return err
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = metricnoop.NewMeterProvider()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = tracenoop.NewTracerProvider()
+	}
+	c.Limits.setDefaults(fileLimit())
+	return c.setConsumerDefaults()
+}
+
+// setLogDefaults sets the defaults and checks the bounds of the log each
+// range keeps: records, batches, segments, producers.
+func (c *Config) setLogDefaults() error {
 	if c.RecordBytesMax <= 0 {
 		c.RecordBytesMax = 1 << 20
 	}
@@ -248,20 +282,12 @@ func (c *Config) setDefaults() error {
 	if c.MaintenanceInterval <= 0 {
 		c.MaintenanceInterval = 30 * time.Second
 	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	// The lease defaults (homing.Config's), set here so that the node's
-	// own uses (rehome, takeover) see the values the lease runs with.
-	if c.LeaseHeartbeat == 0 {
-		c.LeaseHeartbeat = time.Second
-	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 5 * time.Second
-	}
-	if c.MaxClockOffset == 0 {
-		c.MaxClockOffset = 500 * time.Millisecond
-	}
+	return nil
+}
+
+// setReplicationDefaults checks the region's peers and the other regions,
+// and sets the Raft defaults.
+func (c *Config) setReplicationDefaults() error {
 	if len(c.Peers) > 0 {
 		if c.NodeID == 0 || c.Peers[c.NodeID] == "" {
 			return fmt.Errorf("regionsvc: NodeID %d must be one of Peers", c.NodeID)
@@ -299,14 +325,7 @@ func (c *Config) setDefaults() error {
 	if c.ElectionTicks <= c.HeartbeatTicks {
 		return fmt.Errorf("regionsvc: ElectionTicks %d must exceed HeartbeatTicks %d", c.ElectionTicks, c.HeartbeatTicks)
 	}
-	if c.MeterProvider == nil {
-		c.MeterProvider = metricnoop.NewMeterProvider()
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = tracenoop.NewTracerProvider()
-	}
-	c.Limits.setDefaults(fileLimit())
-	return c.setConsumerDefaults()
+	return nil
 }
 
 // streamState is an open stream: its spec and one driver per range.
@@ -566,6 +585,14 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 	}
 }
 
+// interceptors is the node's interceptor chain: the error boundary first
+// (rpcerr), so that every later interceptor and every handler returns plain
+// errors and the stats handler (metrics, spans) sees the status it made;
+// then authentication and authorization.
+func (n *Node) interceptors() []grpc.ServerOption {
+	return append(rpcerr.ServerOptions(n.logger), n.authInterceptors()...)
+}
+
 // Start listens on cfg.ListenAddr and serves in the background.
 func (n *Node) Start() error {
 	lis, err := net.Listen("tcp", n.cfg.ListenAddr)
@@ -587,7 +614,7 @@ func (n *Node) Start() error {
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
 	}
-	opts = append(opts, n.authInterceptors()...)
+	opts = append(opts, n.interceptors()...)
 	if n.replicated() {
 		// Raft's transport shares the port; its options bound its streams.
 		opts = append(opts, n.region.transport.ServerOptions()...)
@@ -796,14 +823,14 @@ func (n *Node) createStreamFromSpec(ctx context.Context, w createWant) (*geologv
 	// A stream directory without a catalogue entry is debris of a create
 	// that crashed before its catalogue write: it holds no acked data.
 	if err := os.RemoveAll(filepath.Join(n.cfg.DataDir, "streams", spec.Name)); err != nil {
-		return nil, apierr.New(apierr.Internal, "clear stream directory: %v", err)
+		return nil, apierr.Wrap(apierr.Internal, err, "clear stream directory")
 	}
 	st := n.openStream(spec)
 	if err := saveCatalog(n.cfg.DataDir, append(specs, spec)); err != nil {
 		for _, rd := range st.ranges {
 			rd.stop()
 		}
-		return nil, apierr.New(apierr.Internal, "save catalogue: %v", err)
+		return nil, apierr.Wrap(apierr.Internal, err, "save catalogue")
 	}
 	n.mu.Lock()
 	n.streams[spec.Name] = st

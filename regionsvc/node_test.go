@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -94,7 +95,7 @@ func wantCode(t *testing.T, err error, code apierr.Code) {
 	if len(st.Details()) == 0 {
 		t.Fatalf("status %v carries no ErrorDetail", st)
 	}
-	if got := apierr.FromError(err).Code; got != code {
+	if got := rpcerr.FromError(err).Code; got != code {
 		t.Fatalf("code %v, want %v (%v)", got, code, err)
 	}
 }
@@ -246,8 +247,8 @@ func TestIdempotentAppend(t *testing.T) {
 	}
 	_, err = app(9, 1)
 	wantCode(t, err, apierr.SequenceGap)
-	if apierr.FromError(err).ExpectedSequence != 5 {
-		t.Fatalf("gap detail: %v", apierr.FromError(err))
+	if rpcerr.FromError(err).ExpectedSequence != 5 {
+		t.Fatalf("gap detail: %v", rpcerr.FromError(err))
 	}
 
 	// After a restart the dedup state is rebuilt from the log.
@@ -302,7 +303,7 @@ func TestAppendStreamPipelined(t *testing.T) {
 			t.Fatal(err)
 		}
 		if r.RequestId == 9999 {
-			if apierr.FromDetail(r.Error).Code != apierr.EmptyBatch {
+			if rpcerr.FromDetail(r.Error).Code != apierr.EmptyBatch {
 				t.Fatalf("bad request reply: %v", r)
 			}
 			continue
@@ -471,7 +472,7 @@ func TestCloseEndsAppendStreams(t *testing.T) {
 	go func() { n.Close(); close(closed) }()
 	_, err = st.Recv()
 	wantCode(t, err, apierr.ShuttingDown)
-	if !apierr.IsRetriable(err) {
+	if !rpcerr.IsRetriable(err) {
 		t.Fatal("SHUTTING_DOWN must be retriable")
 	}
 	<-closed
@@ -511,7 +512,7 @@ func TestCorruptRangeIsNotServed(t *testing.T) {
 	wantCode(t, err, apierr.Corruption)
 	_, err = c.Append(ctx, &geologv1.AppendRequest{Stream: "s", Range: 1, Records: recs("x", 1)})
 	wantCode(t, err, apierr.Corruption)
-	if apierr.IsRetriable(err) {
+	if rpcerr.IsRetriable(err) {
 		t.Fatal("corruption must not be retriable")
 	}
 	d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "s"})

@@ -34,7 +34,7 @@ func (s *adminServer) ListOrphans(ctx context.Context, req *geologv1.ListOrphans
 		err = apierr.New(apierr.InvalidArgument, "unknown orphan scope %d", req.GetScope())
 	}
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -64,7 +64,7 @@ func (n *Node) localOrphans(ctx context.Context, stream string) ([]*geologv1.Orp
 func (s *adminServer) ReadOrphans(ctx context.Context, req *geologv1.ReadOrphansRequest) (*geologv1.ReadOrphansResponse, error) {
 	resp, err := s.node.readOrphans(ctx, req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }

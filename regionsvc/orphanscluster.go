@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -112,11 +113,11 @@ func (n *Node) askOrphans(ctx context.Context, tg orphanTarget, stream string) (
 	}
 	conn, err := n.peerConn(tg.addr)
 	if err != nil {
-		return nil, apierr.New(apierr.Unavailable, "%v", err)
+		return nil, apierr.Wrap(apierr.Unavailable, err, "")
 	}
 	resp, err := geologv1.NewAdminClient(conn).ListOrphans(ctx, &geologv1.ListOrphansRequest{Stream: stream, Scope: geologv1.OrphanScope_ORPHAN_SCOPE_NODE})
 	if err != nil {
-		return nil, apierr.FromError(err)
+		return nil, rpcerr.FromError(err)
 	}
 	return resp.GetForks(), nil
 }
@@ -141,7 +142,7 @@ func (n *Node) orphanAnswer(tg orphanTarget, forks []*geologv1.OrphanFork, err e
 	switch {
 	case err == nil:
 		return orphanAnswer{entry: no}
-	case apierr.CodeOf(err) == apierr.StreamNotFound:
+	case rpcerr.CodeOf(err) == apierr.StreamNotFound:
 		return orphanAnswer{entry: no, notFound: true}
 	}
 	no.Error = apierr.As(err).Error()

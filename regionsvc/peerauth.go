@@ -131,7 +131,7 @@ func (n *Node) authorizeCall(ctx context.Context, fullMethod string) error {
 		return nil // authenticateToken decides, on the token alone
 	}
 	if err != nil {
-		return n.authRefused(ctx, fullMethod, "", reasonNoIdentity, apierr.New(apierr.Unauthenticated, "%s: %v", fullMethod, err))
+		return n.authRefused(ctx, fullMethod, "", reasonNoIdentity, apierr.Wrap(apierr.Unauthenticated, err, "%s", fullMethod))
 	}
 	class := classOf(fullMethod)
 	if class == callPublic && hasInternalHeader(ctx) {
@@ -184,14 +184,14 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 			return h(ctx, req) // any caller the transport admits (health.go)
 		}
 		if err := n.authorizeCall(ctx, info.FullMethod); err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, err
 		}
 		ctx, err := n.authenticateToken(ctx, info.FullMethod)
 		if err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, err
 		}
 		if err := n.authorizeRequest(ctx, info.FullMethod, req); err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, err
 		}
 		return h(ctx, req)
 	}
@@ -200,11 +200,11 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 			return h(srv, ss)
 		}
 		if err := n.authorizeCall(ss.Context(), info.FullMethod); err != nil {
-			return apierr.ToStatus(err)
+			return err
 		}
 		ctx, err := n.authenticateToken(ss.Context(), info.FullMethod)
 		if err != nil {
-			return apierr.ToStatus(err)
+			return err
 		}
 		if ctx != ss.Context() {
 			ss = callerStream{ServerStream: ss, ctx: ctx}
@@ -262,7 +262,7 @@ func (n *Node) checkMirrorCaller(ctx context.Context, d *rangeDriver) error {
 	}
 	id, err := pki.PeerIdentity(ctx)
 	if err != nil {
-		return apierr.New(apierr.Unauthenticated, "mirror stream: %v", err)
+		return apierr.Wrap(apierr.Unauthenticated, err, "mirror stream")
 	}
 	if home := d.role().region; id.Region != home {
 		return apierr.New(apierr.NotHome, "stream %s range %d: %s is not a node of the home region %s", d.cfg.stream, d.cfg.rangeID, id.Name(), home)

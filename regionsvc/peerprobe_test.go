@@ -9,6 +9,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"github.com/geolog/geolog/raftnet"
 	"go.etcd.io/raft/v3/raftpb"
@@ -251,7 +252,7 @@ func mirrorProbes(t *testing.T, ctx context.Context, w *world) {
 		led := false
 		for id := range w.nodes["eu"] {
 			err := forgeMirror(t, ctx, w.addrs["eu"][id], p.region, p.epoch, st.next)
-			switch apierr.CodeOf(err) {
+			switch rpcerr.CodeOf(err) {
 			case apierr.NotLeader:
 				continue
 			case apierr.NotHome:
@@ -297,7 +298,7 @@ func forgeMirror(t *testing.T, ctx context.Context, addr, region string, epoch, 
 			return fmt.Errorf("stream ended without a refusal: %w", err)
 		}
 		if resp.GetError() != nil {
-			return apierr.FromDetail(resp.GetError())
+			return rpcerr.FromDetail(resp.GetError())
 		}
 	}
 }

@@ -203,15 +203,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 			d.raiseEpoch(h.Epoch)
 			return nil
 		}
-		if h.ProducerID != 0 {
-			d.dedup.Record(h.ProducerID, dedup.Batch{
-				BaseSequence:        h.BaseSequence,
-				RecordCount:         h.Span(), // a compacted batch keeps its span
-				BaseOffset:          h.BaseOffset,
-				Epoch:               h.Epoch,
-				AppendTimeUnixNanos: h.AppendTimeUnixNanos,
-			})
-		}
+		d.dedup.RecordFrame(h)
 		if h.AppendTimeUnixNanos > d.lastAppendUnixNano {
 			d.lastAppendUnixNano = h.AppendTimeUnixNanos
 		}
@@ -227,36 +219,14 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		}
 	}
 	if err != nil {
-		code := apierr.Unavailable
-		if errors.Is(err, segment.ErrCorrupt) {
-			code = apierr.Corruption
-		}
-		e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
-		e.Retriable = false
-		if errors.Is(err, atrest.ErrKeyUnavailable) {
-			d.keyErr = err
-		}
-		d.failure.Store(e)
-		d.logger.Error("range not served", "error", err)
-		close(d.doneCh)
+		d.notServed(err, errors.Is(err, segment.ErrCorrupt))
 		return d
 	}
 	d.store = st
 	if cfg.repl != nil {
 		if err := d.openReplica(headers); err != nil {
 			st.Close()
-			code := apierr.Unavailable
-			if errors.Is(err, replica.ErrOrphansCorrupt) {
-				code = apierr.Corruption
-			}
-			e := apierr.New(code, "stream %s range %d is not served: %v", cfg.stream, cfg.rangeID, err)
-			e.Retriable = false
-			if errors.Is(err, atrest.ErrKeyUnavailable) {
-				d.keyErr = err // an orphan log under a key this node lacks
-			}
-			d.failure.Store(e)
-			d.logger.Error("range not served", "error", err)
-			close(d.doneCh)
+			d.notServed(err, errors.Is(err, replica.ErrOrphansCorrupt))
 			return d
 		}
 		go d.runReplicated()
@@ -266,6 +236,25 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 	d.recoverKeyDecision(markerAt, markerFound)
 	go d.run()
 	return d
+}
+
+// notServed makes d, whose range failed to open with err, a driver that
+// refuses every request: CORRUPTION when corrupt, else UNAVAILABLE, final
+// either way (the node serves on; nothing on disk is touched). A missing
+// data key (of the log or of its orphan log) is kept apart, as keyErr.
+func (d *rangeDriver) notServed(err error, corrupt bool) {
+	code := apierr.Unavailable
+	if corrupt {
+		code = apierr.Corruption
+	}
+	e := apierr.Wrap(code, err, "stream %s range %d is not served", d.cfg.stream, d.cfg.rangeID)
+	e.Retriable = false
+	if errors.Is(err, atrest.ErrKeyUnavailable) {
+		d.keyErr = err
+	}
+	d.failure.Store(e)
+	d.logger.Error("range not served", "error", err)
+	close(d.doneCh)
 }
 
 // submit hands op to the driver. It blocks while the inbox is full
@@ -280,7 +269,7 @@ func (d *rangeDriver) submit(ctx context.Context, op *appendOp) {
 	case <-d.stopCh:
 		op.reply(appendResult{err: apierr.New(apierr.ShuttingDown, "node is shutting down")})
 	case <-ctx.Done():
-		op.reply(appendResult{err: apierr.New(apierr.Timeout, "range %d inbox full: %v", d.cfg.rangeID, ctx.Err())})
+		op.reply(appendResult{err: apierr.Wrap(apierr.Timeout, ctx.Err(), "range %d inbox full", d.cfg.rangeID)})
 	}
 }
 
@@ -480,7 +469,7 @@ func (d *rangeDriver) advance(durable uint64) {
 // Writes that were not yet durable get a retriable error: their outcome is
 // unknown, and an idempotent retry after restart resolves it.
 func (d *rangeDriver) fail(err error) {
-	e := apierr.New(apierr.Unavailable, "stream %s range %d failed: %v", d.cfg.stream, d.cfg.rangeID, err)
+	e := apierr.Wrap(apierr.Unavailable, err, "stream %s range %d failed", d.cfg.stream, d.cfg.rangeID)
 	if d.failure.CompareAndSwap(nil, e) {
 		d.logger.Error("range failed; refusing appends until restart", "error", err)
 	} else {
@@ -584,7 +573,7 @@ func (d *rangeDriver) waitCommitted(ctx context.Context, target uint64) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "waiting for offset %d (committed %d): %v", target, d.committed.Load(), ctx.Err())
+			return apierr.Wrap(apierr.Timeout, ctx.Err(), "waiting for offset %d (committed %d)", target, d.committed.Load())
 		}
 	}
 }

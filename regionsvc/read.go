@@ -212,7 +212,7 @@ func (d *rangeDriver) readError(from uint64, err error) error {
 		// Retention moved the start past from since we checked.
 		return outOfRange(from, d.store.StartOffset(), d.servableEnd())
 	case errors.Is(err, segment.ErrCorrupt):
-		e := apierr.New(apierr.Corruption, "stream %s range %d is not served: %v", d.cfg.stream, d.cfg.rangeID, err)
+		e := apierr.Wrap(apierr.Corruption, err, "stream %s range %d is not served", d.cfg.stream, d.cfg.rangeID)
 		if d.failure.CompareAndSwap(nil, e) {
 			d.logger.Error("corruption found on read; range no longer served", "offset", from, "error", err)
 			d.notify()
@@ -221,7 +221,7 @@ func (d *rangeDriver) readError(from uint64, err error) error {
 	case errors.Is(err, segment.ErrClosed):
 		return apierr.New(apierr.ShuttingDown, "range is closing")
 	default:
-		return apierr.New(apierr.Internal, "read: %v", err)
+		return apierr.Wrap(apierr.Internal, err, "read")
 	}
 }
 

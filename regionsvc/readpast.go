@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -89,7 +90,7 @@ func (n *Node) settlePastTail(ctx context.Context, d *rangeDriver, from uint64) 
 // read past the servable end.
 func (n *Node) readLocal(ctx context.Context, d *rangeDriver, key []byte, from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
 	recs, next, err := d.read(key, from, maxRecords, maxBytes)
-	if apierr.CodeOf(err) != apierr.PastLocalTail {
+	if rpcerr.CodeOf(err) != apierr.PastLocalTail {
 		return recs, next, err
 	}
 	if err := n.settlePastTail(ctx, d, from); err != nil {

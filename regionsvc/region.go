@@ -16,6 +16,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/raftnet"
 	"github.com/geolog/geolog/replica"
@@ -320,7 +321,7 @@ func (n *Node) proposeMeta(ctx context.Context, rec metaRecord) (appendResult, e
 		select {
 		case res = <-done:
 		case <-ctx.Done():
-			return appendResult{}, apierr.New(apierr.Timeout, "%s stream %q: %v", rec.Op, rec.Spec.Name, ctx.Err())
+			return appendResult{}, apierr.Wrap(apierr.Timeout, ctx.Err(), "%s stream %q", rec.Op, rec.Spec.Name)
 		}
 		// A leader whose node is down counts as none (hints name advertised
 		// addresses, and a node may not know its leader's yet).
@@ -330,7 +331,7 @@ func (n *Node) proposeMeta(ctx context.Context, rec metaRecord) (appendResult, e
 		select {
 		case <-time.After(50 * time.Millisecond):
 		case <-ctx.Done():
-			return appendResult{}, apierr.New(apierr.Unavailable, "%s stream %q: the catalogue has no leader: %v", rec.Op, rec.Spec.Name, ctx.Err())
+			return appendResult{}, apierr.Wrap(apierr.Unavailable, ctx.Err(), "%s stream %q: the catalogue has no leader", rec.Op, rec.Spec.Name)
 		}
 	}
 }
@@ -352,7 +353,7 @@ func (n *Node) waitOwnStream(ctx context.Context, name string, offset uint64) er
 		select {
 		case <-applied:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "create stream %q: committed, not yet applied: %v", name, ctx.Err())
+			return apierr.Wrap(apierr.Timeout, ctx.Err(), "create stream %q: committed, not yet applied", name)
 		}
 	}
 }
@@ -370,7 +371,7 @@ func (n *Node) waitStreamApplied(ctx context.Context, name string) error {
 		select {
 		case <-applied:
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "create stream %q: created, not yet applied here: %v", name, ctx.Err())
+			return apierr.Wrap(apierr.Timeout, ctx.Err(), "create stream %q: created, not yet applied here", name)
 		}
 	}
 }
@@ -383,11 +384,11 @@ const forwardedKey = "x-geolog-forwarded"
 func (n *Node) forwardCreate(ctx context.Context, addr string, spec streamSpec) error {
 	conn, err := n.peerConn(addr)
 	if err != nil {
-		return apierr.New(apierr.Unavailable, "forward to %s: %v", addr, err)
+		return apierr.Wrap(apierr.Unavailable, err, "forward to %s", addr)
 	}
 	_, err = geologv1.NewLogClient(conn).CreateStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), createRequest(spec))
 	if err != nil {
-		return apierr.FromError(err)
+		return rpcerr.FromError(err)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -58,7 +59,7 @@ func TestStaleLeaderGetsNoAck(t *testing.T) {
 	waitFor(t, ctx, "stream created", func() bool {
 		for _, c := range clients {
 			_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "z", RangeCount: 1})
-			if err == nil || apierr.CodeOf(err) == apierr.StreamExists {
+			if err == nil || rpcerr.CodeOf(err) == apierr.StreamExists {
 				return true
 			}
 		}

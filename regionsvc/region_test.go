@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -113,7 +114,7 @@ func TestRegionReplicates(t *testing.T) {
 	defer cancel()
 	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "r", RangeCount: 2})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
@@ -202,7 +203,7 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 	defer cancel()
 	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "m", RangeCount: 1})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
@@ -234,7 +235,7 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 			if last == nil {
 				return
 			}
-			if code := apierr.CodeOf(last); code != apierr.NotLeader && code != apierr.StreamNotFound && !apierr.IsRetriable(last) {
+			if code := rpcerr.CodeOf(last); code != apierr.NotLeader && code != apierr.StreamNotFound && !rpcerr.IsRetriable(last) {
 				t.Fatalf("%v %d: %v", change, node, last)
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -263,7 +264,7 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 	admin(geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, 1)
 	// A bad request gets a typed error.
 	_, err := tr.admins[2].ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: "m", Change: geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, NodeId: 9})
-	if apierr.CodeOf(err) != apierr.InvalidArgument {
+	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
 		t.Fatalf("unknown node: %v", err)
 	}
 	tr.stop(1)
@@ -291,7 +292,7 @@ func TestStreamNotFoundIsFinal(t *testing.T) {
 	defer cancel()
 	tr.retry(ctx, "first stream", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "first", RangeCount: 1})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
@@ -303,10 +304,10 @@ func TestStreamNotFoundIsFinal(t *testing.T) {
 		// at the same node (the stream may exist by then).
 		for {
 			_, err := tr.clients[via].CreateStream(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: 1})
-			if err == nil || apierr.CodeOf(err) == apierr.StreamExists {
+			if err == nil || rpcerr.CodeOf(err) == apierr.StreamExists {
 				break
 			}
-			if !apierr.IsRetriable(err) || ctx.Err() != nil {
+			if !rpcerr.IsRetriable(err) || ctx.Err() != nil {
 				t.Fatalf("create %s via node %d: %v", name, via, err)
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -317,10 +318,29 @@ func TestStreamNotFoundIsFinal(t *testing.T) {
 			}
 		}
 	}
+	// The final answer for a stream never created is STREAM_NOT_FOUND. A
+	// node that cannot confirm it yet (its catalogue's leader changing
+	// under load) answers retriably instead, and a client retries; what
+	// must never come is another final answer.
+	finalAnswer := func(call func() error) error {
+		for {
+			err := call()
+			if err == nil || !rpcerr.IsRetriable(err) || ctx.Err() != nil {
+				return err
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	for id := uint64(1); id <= 3; id++ {
-		_, err := tr.clients[id].DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "never"})
+		err := finalAnswer(func() error {
+			_, err := tr.clients[id].DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "never"})
+			return err
+		})
 		wantCode(t, err, apierr.StreamNotFound)
-		_, err = tr.clients[id].Append(ctx, &geologv1.AppendRequest{Stream: "never", Records: []*geologv1.Record{{Value: []byte("x")}}})
+		err = finalAnswer(func() error {
+			_, err := tr.clients[id].Append(ctx, &geologv1.AppendRequest{Stream: "never", Records: []*geologv1.Record{{Value: []byte("x")}}})
+			return err
+		})
 		wantCode(t, err, apierr.StreamNotFound)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -58,7 +59,7 @@ import (
 func (s *adminServer) Rehome(ctx context.Context, req *geologv1.RehomeRequest) (*geologv1.RehomeResponse, error) {
 	resp, err := s.node.rehome(ctx, req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -66,7 +67,7 @@ func (s *adminServer) Rehome(ctx context.Context, req *geologv1.RehomeRequest) (
 func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHomesRequest) (*geologv1.RefreshHomesResponse, error) {
 	n := s.node
 	if n.homing == nil {
-		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)"))
+		return nil, apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)")
 	}
 	t0 := time.Now()
 	var mu sync.Mutex
@@ -76,7 +77,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		// The homes come from a committed transaction: take them (if newer)
 		// without a heartbeat. The published version is the confirmation.
 		if _, err := n.homing.homes.Install(ctx, regionHomesFromProto(snap)); err != nil {
-			return nil, apierr.ToStatus(homingErr(err))
+			return nil, homingErr(err)
 		}
 	} else {
 		// The first heartbeat learns the homes (and the node acts on them
@@ -84,7 +85,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		// store so (a planned rehome waits for it), while the final tails
 		// are read.
 		if err := n.homing.homes.Refresh(ctx); err != nil {
-			return nil, apierr.ToStatus(homingErr(err))
+			return nil, homingErr(err)
 		}
 		if req.GetConfirm() {
 			wg.Add(1)
@@ -133,7 +134,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 	// caller's path.
 	n.tasks.Go(n.refreshDirectory)
 	if confirmErr != nil {
-		return nil, apierr.ToStatus(homingErr(confirmErr))
+		return nil, homingErr(confirmErr)
 	}
 	return resp, nil
 }
@@ -279,7 +280,7 @@ func (n *Node) forwardRehome(ctx context.Context, to string, req *geologv1.Rehom
 		if err == nil {
 			return resp, true, nil
 		}
-		if e := apierr.FromError(err); !e.Retriable {
+		if e := rpcerr.FromError(err); !e.Retriable {
 			return nil, true, e
 		}
 	}

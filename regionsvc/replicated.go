@@ -396,7 +396,7 @@ func (d *rangeDriver) exec(ctx context.Context, fn func()) error {
 	case <-d.doneCh:
 		return apierr.New(apierr.ShuttingDown, "range is closing")
 	case <-ctx.Done():
-		return apierr.New(apierr.Timeout, "range busy: %v", ctx.Err())
+		return apierr.Wrap(apierr.Timeout, ctx.Err(), "range busy")
 	}
 	select {
 	case <-done:
@@ -404,7 +404,7 @@ func (d *rangeDriver) exec(ctx context.Context, fn func()) error {
 	case <-d.doneCh:
 		return apierr.New(apierr.ShuttingDown, "range is closing")
 	case <-ctx.Done():
-		return apierr.New(apierr.Timeout, "range busy: %v", ctx.Err())
+		return apierr.Wrap(apierr.Timeout, ctx.Err(), "range busy")
 	}
 }
 

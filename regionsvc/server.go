@@ -10,6 +10,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/internal/appendwire"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
@@ -24,8 +25,8 @@ const (
 	minOffsetWaitMax = 30 * time.Second
 )
 
-// logServer implements geologv1.LogServer on a Node. Every error it returns
-// goes through apierr.ToStatus, here and nowhere else.
+// logServer implements geologv1.LogServer on a Node. It returns plain
+// errors; the server's interceptors (rpcerr) map them to statuses.
 type logServer struct {
 	geologv1.UnimplementedLogServer
 	node *Node
@@ -163,7 +164,7 @@ func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, str
 		tr.answered(appendResult{err: err})
 	}
 	if err != nil {
-		done(&geologv1.AppendResponse{RequestId: id, Error: apierr.As(err).Detail()})
+		done(&geologv1.AppendResponse{RequestId: id, Error: rpcerr.DetailOf(err)})
 		return
 	}
 	op.trace = tr
@@ -172,7 +173,7 @@ func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, str
 		n.limits.appends.release(op.held)
 		n.metrics.appendResult(ctx, r)
 		if r.err != nil {
-			done(&geologv1.AppendResponse{RequestId: id, Error: apierr.As(n.withForkPoint(rd, r.err)).Detail()})
+			done(&geologv1.AppendResponse{RequestId: id, Error: rpcerr.DetailOf(n.withForkPoint(rd, r.err))})
 			return
 		}
 		done(&geologv1.AppendResponse{
@@ -193,12 +194,12 @@ func (s *logServer) Append(ctx context.Context, req *geologv1.AppendRequest) (*g
 	select {
 	case r := <-ch:
 		if r.Error != nil {
-			return nil, apierr.ToStatus(apierr.FromDetail(r.Error))
+			return nil, rpcerr.FromDetail(r.Error)
 		}
 		return r, nil
 	case <-ctx.Done():
 		// The append may still complete; an idempotent retry resolves it.
-		return nil, apierr.ToStatus(apierr.New(apierr.Timeout, "append: %v", ctx.Err()))
+		return nil, apierr.Wrap(apierr.Timeout, ctx.Err(), "append")
 	}
 }
 
@@ -238,7 +239,7 @@ func (s *logServer) AppendStream(stream geologv1.Log_AppendStreamServer) error {
 			if err := drainReplies(ctx, stream, replies, sem); err != nil {
 				return err
 			}
-			return apierr.ToStatus(apierr.New(apierr.ShuttingDown, "node is shutting down"))
+			return apierr.New(apierr.ShuttingDown, "node is shutting down")
 		case err := <-recvErr:
 			if ctx.Err() != nil {
 				// The client cancelled the call or went away: say so
@@ -247,7 +248,7 @@ func (s *logServer) AppendStream(stream geologv1.Log_AppendStreamServer) error {
 				return status.FromContextError(ctx.Err()).Err()
 			}
 			if !errors.Is(err, io.EOF) {
-				return apierr.ToStatus(err)
+				return err
 			}
 			// The client half-closed: answer what is outstanding, then end.
 			return drainReplies(ctx, stream, replies, sem)
@@ -265,7 +266,7 @@ func drainReplies(ctx context.Context, stream geologv1.Log_AppendStreamServer, r
 				return err
 			}
 		case <-ctx.Done():
-			return apierr.ToStatus(apierr.As(ctx.Err()))
+			return apierr.As(ctx.Err())
 		}
 	}
 	return nil
@@ -274,7 +275,7 @@ func drainReplies(ctx context.Context, stream geologv1.Log_AppendStreamServer, r
 func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1.ReadResponse, error) {
 	rd, err := s.node.readRangeOf(ctx, req.GetStream(), req.GetRange(), req.Key)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	// Only reads that wait get a bound on the wait; a local read (the common
 	// case) takes no timer.
@@ -295,26 +296,26 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		forwarded := len(md.Get(forwardedKey)) > 0
 		tail, err := s.node.homeTail(wctx, rd, forwarded)
 		if err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, err
 		}
 		if forwarded {
 			// Another node asks for the confirmed tail only.
 			return &geologv1.ReadResponse{NextOffset: req.GetFromOffset(), StartOffset: rd.store.StartOffset(), TailOffset: tail}, nil
 		}
 		if err := rd.waitCommitted(wctx, tail); err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, err
 		}
 		homeTail = &tail
 	case geologv1.Consistency_CONSISTENCY_MIN_OFFSET:
 		if err := rd.waitCommitted(wctx, req.GetMinOffset()); err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, err
 		}
 	default:
-		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "unknown consistency %d", req.GetConsistency()))
+		return nil, apierr.New(apierr.InvalidArgument, "unknown consistency %d", req.GetConsistency())
 	}
 	maxRecords, maxBytes := clampRead(req.GetMaxRecords(), req.GetMaxBytes())
 	if err := s.node.holdReadReply(ctx, maxBytes); err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	var recs []*geologv1.StoredRecord
 	var next uint64
@@ -324,7 +325,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		recs, next, err = s.node.readLocal(wctx, rd, req.Key, req.GetFromOffset(), maxRecords, maxBytes)
 	}
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	s.node.limits.quotas.charge(s.node.limits.quotas.principal(ctx), recordBytes(recs))
 	return &geologv1.ReadResponse{
@@ -336,13 +337,13 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 }
 
 func (s *logServer) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_SubscribeServer) error {
-	return apierr.ToStatus(s.node.subscribe(req, stream))
+	return s.node.subscribe(req, stream)
 }
 
 func (s *logServer) CreateStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.CreateStreamResponse, error) {
 	info, err := s.node.createStream(ctx, req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return &geologv1.CreateStreamResponse{Stream: info}, nil
 }
@@ -354,14 +355,14 @@ func (s *logServer) ListStreams(ctx context.Context, req *geologv1.ListStreamsRe
 func (s *logServer) DescribeStream(ctx context.Context, req *geologv1.DescribeStreamRequest) (*geologv1.DescribeStreamResponse, error) {
 	resp, err := s.node.describeStream(ctx, req.GetName())
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
 
 func (s *logServer) DeleteStream(ctx context.Context, req *geologv1.DeleteStreamRequest) (*geologv1.DeleteStreamResponse, error) {
 	if err := s.node.deleteStream(ctx, req.GetName()); err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return &geologv1.DeleteStreamResponse{}, nil
 }
@@ -369,7 +370,7 @@ func (s *logServer) DeleteStream(ctx context.Context, req *geologv1.DeleteStream
 func (s *logServer) AlterStream(ctx context.Context, req *geologv1.AlterStreamRequest) (*geologv1.AlterStreamResponse, error) {
 	spec, err := s.node.alterStream(ctx, req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	return &geologv1.AlterStreamResponse{Stream: spec.info()}, nil
 }

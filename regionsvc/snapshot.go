@@ -109,7 +109,7 @@ func (n *Node) handleSnapshot(from raftnet.NodeID, group raftnet.GroupID, msg *r
 		return apierr.New(apierr.ShuttingDown, "range is closing")
 	case <-ctx.Done():
 		st.Discard()
-		return apierr.New(apierr.Timeout, "range busy: %v", ctx.Err())
+		return apierr.Wrap(apierr.Timeout, ctx.Err(), "range busy")
 	}
 	select {
 	case <-done:

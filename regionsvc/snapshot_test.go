@@ -9,6 +9,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/atrest"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -67,7 +68,7 @@ func testSnapshotCatchUp(t *testing.T, sealed bool) {
 	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
 		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "snap", RangeCount: 1,
 			Retention: &geologv1.RetentionPolicy{MaxBytes: 6 << 10}})
-		if apierr.CodeOf(err) == apierr.StreamExists {
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
@@ -157,7 +158,7 @@ func testSnapshotCatchUp(t *testing.T, sealed bool) {
 	for attempt := 0; ; attempt++ {
 		start := fd.store.StartOffset()
 		resp, err := tr.clients[follower].Read(ctx, &geologv1.ReadRequest{Stream: "snap", FromOffset: start, Key: []byte("k"), MaxRecords: 1000})
-		if apierr.CodeOf(err) == apierr.OffsetOutOfRange && attempt < 10 {
+		if rpcerr.CodeOf(err) == apierr.OffsetOutOfRange && attempt < 10 {
 			continue // retention moved the start
 		}
 		if err != nil || len(resp.Records) != seq-int(start) || resp.NextOffset != uint64(seq) {
@@ -224,7 +225,7 @@ func readRetained(t *testing.T, ctx context.Context, c geologv1.LogClient, d *ra
 		if err == nil {
 			return start, got
 		}
-		if apierr.CodeOf(err) != apierr.OffsetOutOfRange {
+		if rpcerr.CodeOf(err) != apierr.OffsetOutOfRange {
 			t.Fatalf("read from %d: %v", start, err)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -121,7 +123,7 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 // when to look again.
 func subscribeRead(rd *rangeDriver, key []byte, next uint64, maxBytes int, behind *time.Time) (recs []*geologv1.StoredRecord, nx uint64, wait <-chan time.Time, err error) {
 	recs, nx, err = rd.read(key, next, readRecordsDefault, maxBytes)
-	if apierr.CodeOf(err) != apierr.PastLocalTail {
+	if rpcerr.CodeOf(err) != apierr.PastLocalTail {
 		*behind = time.Time{}
 		return recs, nx, nil, err
 	}
@@ -151,8 +153,8 @@ func (n *Node) waitQuota(ctx context.Context, principal string) error {
 		if wait <= 0 {
 			return nil
 		}
-		if err := sleepCtx(ctx, wait); err != nil {
-			return err
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return apierr.As(err)
 		}
 	}
 }

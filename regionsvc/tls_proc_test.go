@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/pki"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -380,7 +380,7 @@ func forgeMirror(t *testing.T, ctx context.Context, addr, dir, src string, leade
 		return status.Code(err)
 	}
 	if e := resp.GetError(); e != nil {
-		return status.Code(apierr.ToStatus(apierr.FromDetail(e)))
+		return status.Code(rpcerr.ToStatus(rpcerr.FromDetail(e)))
 	}
 	return codes.OK
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/authz"
 	"github.com/geolog/geolog/internal/nodeproc"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/pki"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/golang-jwt/jwt/v5"
@@ -138,7 +139,7 @@ func TestTokenNeedsTLS(t *testing.T) {
 	n := &Node{cfg: Config{Region: "us"}, logger: hclog.NewNullLogger()}
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer x.y.z"))
 	_, err := n.authenticateToken(ctx, geologv1.Log_Append_FullMethodName)
-	if apierr.CodeOf(err) != apierr.Unauthenticated {
+	if rpcerr.CodeOf(err) != apierr.Unauthenticated {
 		t.Fatalf("token over plaintext: %v, want UNAUTHENTICATED", err)
 	}
 	if got, err := n.authenticateToken(context.Background(), geologv1.Log_Append_FullMethodName); err != nil || got == nil {
@@ -160,7 +161,7 @@ func TestRefusalsCounted(t *testing.T) {
 	n.cfg.Tokens, n.authMetrics = is.verifier, am
 	for _, sub := range []string{"a", "b", "c"} {
 		ctx := metadata.NewIncomingContext(callerCtx(t, pki.ClientIdentity("alice")), metadata.Pairs("authorization", "Bearer "+is.token(t, sub, -time.Hour)))
-		if _, err := n.authenticateToken(ctx, geologv1.Log_Append_FullMethodName); apierr.CodeOf(err) != apierr.Unauthenticated {
+		if _, err := n.authenticateToken(ctx, geologv1.Log_Append_FullMethodName); rpcerr.CodeOf(err) != apierr.Unauthenticated {
 			t.Fatalf("expired token: %v", err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -47,7 +48,7 @@ func TestAppendSpanTree(t *testing.T) {
 	root, span := tp.Tracer("test").Start(ctx, "produce")
 	req := &geologv1.AppendRequest{Stream: "t", Range: 0, Records: recs("v", 3)}
 	_, err := sdkClient(t, tr.peers[follower], tp).API().Append(root, req)
-	if apierr.FromError(err).Code != apierr.NotLeader {
+	if rpcerr.FromError(err).Code != apierr.NotLeader {
 		t.Fatalf("append to the follower: %v, want NOT_LEADER", err)
 	}
 	resp, err := sdkClient(t, tr.peers[leader], tp).API().Append(root, req)

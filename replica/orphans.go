@@ -277,7 +277,7 @@ func OpenOrphans(fsys vfs.FS, dir string, logger hclog.Logger, opts ...OrphanOpt
 	for _, opt := range opts {
 		opt(o)
 	}
-	if err := ensureDir(fsys, dir); err != nil {
+	if err := vfs.EnsureDir(fsys, dir); err != nil {
 		return nil, fmt.Errorf("replica: create orphan store %s: %w", dir, err)
 	}
 	ents, err := fsys.ReadDir(dir)
@@ -322,41 +322,6 @@ func cmpUint64(a, b uint64) int {
 		return 1
 	}
 	return 0
-}
-
-// ensureDir creates dir and any missing parents, syncing each parent that
-// received an entry.
-func ensureDir(fsys vfs.FS, dir string) error {
-	dir = filepath.Clean(dir)
-	var created []string
-	for d := dir; ; d = filepath.Dir(d) {
-		st, err := fsys.Stat(d)
-		if err == nil {
-			if !st.IsDir() {
-				return fmt.Errorf("%s is not a directory", d)
-			}
-			break
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-		created = append(created, d)
-		if filepath.Dir(d) == d {
-			break
-		}
-	}
-	if len(created) == 0 {
-		return nil
-	}
-	if err := fsys.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	for i := len(created) - 1; i >= 0; i-- {
-		if err := fsys.SyncDir(filepath.Dir(created[i])); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func forkFileName(index uint64) string { return fmt.Sprintf("%020d%s", index, forkFileSuffix) }

@@ -275,7 +275,7 @@ func (r *Replica) refuseConfChange(cc raftpb.ConfChangeI, index uint64, err erro
 	r.logger.Error("configuration change refused", "index", index, "change", confchange.Describe(cc.AsV2().GetChanges()...), "error", err)
 	if p := r.pendingConf; p != nil {
 		if c2, ok := cc.(*raftpb.ConfChangeV2); ok && string(c2.GetContext()) == string(p.context) {
-			p.reply(nil, apierr.New(apierr.InvalidArgument, "configuration change refused: %v", err))
+			p.reply(nil, apierr.Wrap(apierr.InvalidArgument, err, "configuration change refused"))
 			r.pendingConf = nil
 		}
 	}

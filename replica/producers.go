@@ -51,8 +51,7 @@ func (p *producerBase) record(h batch.Header) {
 	if h.Type != batch.TypeData || h.ProducerID == 0 {
 		return
 	}
-	b := dedup.Batch{BaseSequence: h.BaseSequence, RecordCount: h.Span(), BaseOffset: h.BaseOffset,
-		Epoch: h.Epoch, AppendTimeUnixNanos: h.AppendTimeUnixNanos}
+	b := dedup.BatchOf(h)
 	recent := p.producers[h.ProducerID]
 	if n := len(recent); n > 0 && recent[n-1] == b {
 		return

@@ -370,15 +370,7 @@ func (r *Replica) startRaft() error {
 // recordHeader feeds one log frame's header to the idempotence table.
 func (r *Replica) recordHeader(h batch.Header) {
 	r.noteFrame(h)
-	if h.Type == batch.TypeData && h.ProducerID != 0 {
-		r.dedup.Record(h.ProducerID, dedup.Batch{
-			BaseSequence:        h.BaseSequence,
-			RecordCount:         h.Span(), // a compacted batch keeps its span
-			BaseOffset:          h.BaseOffset,
-			Epoch:               h.Epoch,
-			AppendTimeUnixNanos: h.AppendTimeUnixNanos,
-		})
-	}
+	r.dedup.RecordFrame(h)
 	if h.AppendTimeUnixNanos > r.lastAppendUnixNanos {
 		r.lastAppendUnixNanos = h.AppendTimeUnixNanos
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/backoff"
 )
 
 // CursorConfig configures a Cursor. Zero values take the documented
@@ -29,7 +30,7 @@ type CursorConfig struct {
 	BatchBytesMax int
 	// BackoffMin is the first reconnect wait, default 50 ms; each failed
 	// attempt doubles it up to BackoffMax, default 5 s. Each wait is
-	// jittered to [w/2, w). A response that is not a refusal resets it.
+	// jittered to [w/2, w] (backoff.Delay). A response that is not a refusal resets it.
 	BackoffMin time.Duration
 	BackoffMax time.Duration
 	// HintsFollowMax bounds the NOT_LEADER hints followed at once, without
@@ -489,21 +490,10 @@ func (c *Cursor) reconnect(cause error, hint string) {
 	if hint != "" && c.hints < c.cfg.HintsFollowMax {
 		c.hints++
 	} else {
-		delay = c.backoff()
+		delay = backoff.Delay(c.attempts, c.cfg.BackoffMin, c.cfg.BackoffMax, c.cfg.Rand)
 		c.attempts++
 	}
 	c.actions = append(c.actions, Action{Kind: ActionConnect, Delay: delay, Hint: hint, Err: cause})
-}
-
-// backoff is the jittered wait before the next attempt.
-func (c *Cursor) backoff() time.Duration {
-	w := c.cfg.BackoffMin
-	for i := 0; i < c.attempts && w < c.cfg.BackoffMax; i++ {
-		w *= 2
-	}
-	w = min(w, c.cfg.BackoffMax)
-	half := w / 2
-	return half + time.Duration(c.cfg.Rand.Int64N(int64(w-half)))
 }
 
 func (c *Cursor) resetStream() {

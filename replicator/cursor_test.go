@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 )
 
 // TestCursor runs the datadriven scripts of testdata/cursor: each command
@@ -130,7 +131,7 @@ func testRefusal(t *testing.T, d *datadriven.TestData) *Refusal {
 	}
 	r.API.LeaderHint = hint
 	// Through the wire form, as the driver gets it.
-	return fromDetail(r.API.Detail())
+	return fromDetail(rpcerr.Detail(r.API))
 }
 
 // printCursor prints the actions Ready returns and the cursor's state.

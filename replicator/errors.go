@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -77,7 +78,7 @@ var refusalCodes = []struct {
 // Refusal is a mirror's refusal of a request: an API error (code, expected
 // offset, leader hint) that also matches one of this package's sentinels
 // with errors.Is. errors.As(err, **apierr.Error) finds the API error, so
-// apierr.ToStatus maps it at a gRPC boundary.
+// the gRPC boundary (internal/rpcerr) maps it.
 type Refusal struct {
 	// API is the error as it travels (ReplicateResponse.error).
 	API *apierr.Error
@@ -140,7 +141,7 @@ func asRefusal(err error) *Refusal {
 
 // fromDetail turns a response's error detail back into a refusal.
 func fromDetail(d *geologv1.ErrorDetail) *Refusal {
-	return fromAPI(apierr.FromDetail(d))
+	return fromAPI(rpcerr.FromDetail(d))
 }
 
 func fromAPI(e *apierr.Error) *Refusal {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -172,7 +173,7 @@ func startMirror(t testing.TB, store *MemMirrorStore, mod func(*ServerConfig)) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(srv.ServerOptions()...)
+	gs := grpc.NewServer(append(srv.ServerOptions(), grpc.ChainStreamInterceptor(rpcerr.StreamServerInterceptor(nil)))...)
 	srv.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)

@@ -327,7 +327,7 @@ func (m *MemMirror) Apply(ctx context.Context, frames []byte) (uint64, error) {
 		select {
 		case <-hold:
 		case <-ctx.Done():
-			err = apierr.New(apierr.Unavailable, "apply: %v", ctx.Err())
+			err = apierr.Wrap(apierr.Unavailable, ctx.Err(), "apply")
 		}
 		m.mu.Lock()
 		m.held--

@@ -13,6 +13,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/klauspost/compress/zstd"
@@ -165,7 +166,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 }
 
 // Register registers the Mirror service on s, which the caller owns,
-// serves and stops.
+// serves and stops, with rpcerr's StreamServerInterceptor in its chain:
+// Replicate returns plain errors.
 func (s *Server) Register(r grpc.ServiceRegistrar) {
 	geologinternalv1.RegisterMirrorServer(r, s)
 }
@@ -271,13 +273,14 @@ func (s *Server) release(st *rangeState) {
 }
 
 // Replicate implements geologinternalv1.MirrorServer: one stream of one
-// range (see mirror.proto).
+// range (see mirror.proto). Its errors are plain (a *Refusal, an
+// *apierr.Error): the gRPC server maps them with rpcerr's interceptors.
 func (s *Server) Replicate(stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse]) error {
 	err := s.serve(stream)
 	if err == nil || errors.Is(err, io.EOF) {
 		return nil
 	}
-	return apierr.ToStatus(err)
+	return err
 }
 
 func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse]) error {
@@ -298,7 +301,7 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 		if err := s.cfg.AuthorizeSource(ctx, open.sourceRegion, open.hb.LeaderNodeID); err != nil {
 			s.stats.refusals.Add(1)
 			logger.Warn("refusing stream: the caller may not speak for its source", "leader_node", open.hb.LeaderNodeID, "error", err)
-			return apierr.New(apierr.PermissionDenied, "mirror stream from region %s: %v", open.sourceRegion, err)
+			return apierr.Wrap(apierr.PermissionDenied, err, "mirror stream from region %s", open.sourceRegion)
 		}
 	}
 	mr, err := s.cfg.Store.Open(ctx, open.stream, open.rng)
@@ -321,49 +324,44 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 	if err != nil {
 		return s.refuse(stream, logger, err, applied, highest)
 	}
+	if err := stream.Send(openAnswer(mr, applied, highest)); err != nil {
+		return err
+	}
+	s.stats.streams.Add(1)
+	logger.Debug("stream open", "applied_end", applied)
+	return s.serveGroups(stream, logger, st, mr, open, applied, highest)
+}
+
+// openAnswer is the answer to an open: the mirror's applied end, the
+// highest epoch it has seen and the epoch of its last applied frame (see
+// the fields' docs).
+func openAnswer(mr MirrorRange, applied, highest uint64) *geologinternalv1.ReplicateResponse {
 	answer := &geologinternalv1.ReplicateResponse{AppliedEndOffset: applied, HighestEpoch: highest}
 	if applied > 0 {
-		// The epoch of the last applied frame (see the field's doc).
 		if f, err := mr.ReadFrames(applied-1, 1, applied); err == nil && len(f) >= batch.HeaderSize {
 			if h, err := batch.DecodeHeader(f); err == nil {
 				answer.LogEpoch = &h.Epoch
 			}
 		}
 	}
-	if err := stream.Send(answer); err != nil {
-		return err
-	}
-	s.stats.streams.Add(1)
-	logger.Debug("stream open", "applied_end", applied)
-	// Requests are read ahead of the applies: those that arrived while
-	// one group was applied are applied together (see handleGroup), so a
-	// burst waits for one commit round in this region, not one per request.
+	return answer
+}
+
+// serveGroups applies an open stream's requests, group by group, and
+// answers each, until the stream or the server ends. Requests are read
+// ahead of the applies: those that arrived while one group was applied are
+// applied together (see handleGroup), so a burst waits for one commit round
+// in this region, not one per request.
+func (s *Server) serveGroups(stream grpc.BidiStreamingServer[geologinternalv1.ReplicateRequest, geologinternalv1.ReplicateResponse],
+	logger hclog.Logger, st *rangeState, mr MirrorRange, open openRequest, applied, highest uint64) error {
+	ctx := stream.Context()
 	reqs := s.readAhead(ctx, stream)
 	group := make([]*geologinternalv1.ReplicateRequest, 0, groupRequestsMax)
 	for {
-		group = group[:0]
 		var recvErr error
-		select {
-		case r := <-reqs:
-			if r.err != nil {
-				return r.err
-			}
-			group = append(group, r.req)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	drain:
-		for len(group) < groupRequestsMax {
-			select {
-			case r := <-reqs:
-				if r.err != nil {
-					recvErr = r.err
-					break drain
-				}
-				group = append(group, r.req)
-			default:
-				break drain
-			}
+		var err error
+		if group, recvErr, err = nextGroup(ctx, reqs, group[:0]); err != nil {
+			return err
 		}
 		if s.closed.Load() {
 			return s.refuse(stream, logger, apierr.New(apierr.ShuttingDown, "mirror server is closed"), applied, highest)
@@ -385,6 +383,34 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 			return recvErr
 		}
 	}
+}
+
+// nextGroup waits for the next request and appends it to group, with the
+// requests already read behind it, up to groupRequestsMax. err ends the
+// stream at once (the first receive failed, or ctx ended); recvErr, a
+// failed receive behind the group, ends it once the group is answered.
+func nextGroup(ctx context.Context, reqs <-chan received, group []*geologinternalv1.ReplicateRequest) (_ []*geologinternalv1.ReplicateRequest, recvErr, err error) {
+	select {
+	case r := <-reqs:
+		if r.err != nil {
+			return group, nil, r.err
+		}
+		group = append(group, r.req)
+	case <-ctx.Done():
+		return group, nil, ctx.Err()
+	}
+	for len(group) < groupRequestsMax {
+		select {
+		case r := <-reqs:
+			if r.err != nil {
+				return group, r.err, nil
+			}
+			group = append(group, r.req)
+		default:
+			return group, nil, nil
+		}
+	}
+	return group, nil, nil
 }
 
 // groupRequestsMax bounds the requests applied together; a source keeps at
@@ -440,7 +466,7 @@ func (s *Server) refuse(stream grpc.BidiStreamingServer[geologinternalv1.Replica
 	return stream.Send(&geologinternalv1.ReplicateResponse{
 		AppliedEndOffset: applied,
 		HighestEpoch:     highest,
-		Error:            r.API.Detail(),
+		Error:            rpcerr.Detail(r.API),
 	})
 }
 
@@ -495,118 +521,149 @@ type answer struct {
 // batch of the run and ends the stream). The answers stop at the first
 // final refusal.
 func (s *Server) handleGroup(ctx context.Context, st *rangeState, mr MirrorRange, open openRequest, group []*geologinternalv1.ReplicateRequest) []answer {
-	answers := make([]answer, 0, len(group))
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	var (
-		run     decodedBatch
-		runReqs []int // indexes (in group and answers) of the requests the run answers
-		runWire int
-		merged  bool // run.frames is a copy of its own (batches were merged into it)
-	)
-	isBatch := func(i int) bool { return group[i].GetBatch() != nil }
-	// flush applies the run and fills its answers; false when the stream
-	// ends.
-	flush := func() bool {
-		if len(runReqs) == 0 {
-			return true
+	g := &groupApply{s: s, ctx: ctx, st: st, mr: mr, group: group, answers: make([]answer, 0, len(group))}
+	for i, req := range group {
+		g.answers = append(g.answers, answer{})
+		d, err := s.checkRequest(st, mr, open, req)
+		if err != nil {
+			return g.fail(i, err)
 		}
-		defer func() { run, runReqs, runWire, merged = decodedBatch{}, runReqs[:0], 0, false }()
-		applied, highest := mr.AppliedEnd(), mr.HighestEpoch()
-		var err error
-		if run.frames != nil {
-			applied, err = s.apply(ctx, mr, run)
-			s.applied(st, applied)
-			highest = mr.HighestEpoch()
+		if d.frames != nil && !g.extend(d, len(req.GetBatch().GetPayload())) {
+			return g.answers
 		}
-		if err == nil {
-			for _, i := range runReqs {
-				answers[i] = answer{applied: applied, highest: highest}
-				if isBatch(i) {
-					s.stats.batches.Add(1)
-				}
-			}
-			s.stats.frameBytes.Add(uint64(len(run.frames)))
-			s.stats.wireBytes.Add(uint64(runWire))
-			return true
+		g.runReqs = append(g.runReqs, i)
+	}
+	g.flush()
+	return g.answers
+}
+
+// checkRequest checks a request after the open (its heartbeat, the home,
+// its batch), decodes its batch if it has one, and feeds its heartbeat to
+// the fence and the lag. An error is the request's final refusal.
+func (s *Server) checkRequest(st *rangeState, mr MirrorRange, open openRequest, req *geologinternalv1.ReplicateRequest) (decodedBatch, error) {
+	if req.GetOpen() != nil {
+		return decodedBatch{}, newRefusal(ErrMalformed, "open repeated")
+	}
+	hb, err := checkHeartbeat(req, open.epoch)
+	if err != nil {
+		return decodedBatch{}, err
+	}
+	if hb.LeaderNodeID != open.hb.LeaderNodeID {
+		// AuthorizeSource bound the stream to the open's leader.
+		return decodedBatch{}, newRefusal(ErrMalformed, "heartbeat from leader node %d on a stream opened by node %d", hb.LeaderNodeID, open.hb.LeaderNodeID)
+	}
+	if err := checkHome(mr, open); err != nil {
+		return decodedBatch{}, err
+	}
+	var d decodedBatch
+	if b := req.GetBatch(); b != nil {
+		// Decompression and frame checks depend on the request alone.
+		if d, err = decodeBatch(b, open.epoch, s.cfg.UncompressedBytesMax, s.dec); err != nil {
+			return decodedBatch{}, err
 		}
-		gap := errors.Is(err, ErrGap)
-		for _, i := range runReqs {
-			switch {
-			case !isBatch(i):
-				answers[i] = answer{applied: applied, highest: highest}
-			case gap:
-				// Each batch of the run starts past the applied end too.
-				s.stats.gaps.Add(1)
-				answers[i] = answer{applied: applied, highest: highest, err: err}
-			default:
-				answers[i] = answer{applied: applied, highest: highest, err: err, final: true}
-				answers = answers[:i+1]
-				return false
-			}
+	}
+	// The heartbeat fences first, and reaches the lag before the apply: a
+	// blocked apply then shows as offset lag at once.
+	if err := s.heartbeat(st, mr, hb, mr.AppliedEnd()); err != nil {
+		return decodedBatch{}, err
+	}
+	return d, nil
+}
+
+// groupApply is one handleGroup: the answers so far and the run of batches
+// that extend each other, not yet applied.
+type groupApply struct {
+	s       *Server
+	ctx     context.Context
+	st      *rangeState
+	mr      MirrorRange
+	group   []*geologinternalv1.ReplicateRequest
+	answers []answer
+
+	run     decodedBatch
+	runReqs []int // indexes (in group and answers) of the requests the run answers
+	runWire int
+	merged  bool // run.frames is a copy of its own (batches were merged into it)
+}
+
+func (g *groupApply) isBatch(i int) bool { return g.group[i].GetBatch() != nil }
+
+// extend adds batch d, of wireBytes on the wire, to the run, or applies
+// the run first when d does not extend it; false when the stream ends.
+func (g *groupApply) extend(d decodedBatch, wireBytes int) bool {
+	switch {
+	case g.run.frames == nil:
+		g.run = d
+	case d.first == g.run.end:
+		if !g.merged {
+			g.run.frames = append(make([]byte, 0, 2*(len(g.run.frames)+len(d.frames))), g.run.frames...)
+			g.merged = true
 		}
+		g.run.frames = append(g.run.frames, d.frames...)
+		g.run.end, g.run.frameCount = d.end, g.run.frameCount+d.frameCount
+	default:
+		if !g.flush() {
+			return false
+		}
+		g.run = d
+	}
+	g.runWire += wireBytes
+	return true
+}
+
+// fail ends the answers with request i's final refusal, after the run
+// before it.
+func (g *groupApply) fail(i int, err error) []answer {
+	if !g.flush() {
+		return g.answers
+	}
+	g.answers[i] = answer{applied: g.mr.AppliedEnd(), highest: g.mr.HighestEpoch(), err: err, final: true}
+	return g.answers[:i+1]
+}
+
+// flush applies the run and fills its answers; false when the stream ends.
+func (g *groupApply) flush() bool {
+	if len(g.runReqs) == 0 {
 		return true
 	}
-	// fail ends the answers with request i's final refusal, after the
-	// run before it.
-	fail := func(i int, err error) []answer {
-		if !flush() {
-			return answers
-		}
-		answers[i] = answer{applied: mr.AppliedEnd(), highest: mr.HighestEpoch(), err: err, final: true}
-		return answers[:i+1]
+	defer func() { g.run, g.runReqs, g.runWire, g.merged = decodedBatch{}, g.runReqs[:0], 0, false }()
+	s, mr := g.s, g.mr
+	applied, highest := mr.AppliedEnd(), mr.HighestEpoch()
+	var err error
+	if g.run.frames != nil {
+		applied, err = s.apply(g.ctx, mr, g.run)
+		s.applied(g.st, applied)
+		highest = mr.HighestEpoch()
 	}
-	for i, req := range group {
-		answers = append(answers, answer{})
-		if req.GetOpen() != nil {
-			return fail(i, newRefusal(ErrMalformed, "open repeated"))
-		}
-		hb, err := checkHeartbeat(req, open.epoch)
-		if err != nil {
-			return fail(i, err)
-		}
-		if hb.LeaderNodeID != open.hb.LeaderNodeID {
-			// AuthorizeSource bound the stream to the open's leader.
-			return fail(i, newRefusal(ErrMalformed, "heartbeat from leader node %d on a stream opened by node %d", hb.LeaderNodeID, open.hb.LeaderNodeID))
-		}
-		if err := checkHome(mr, open); err != nil {
-			return fail(i, err)
-		}
-		var d decodedBatch
-		if b := req.GetBatch(); b != nil {
-			// Decompression and frame checks depend on the request alone.
-			if d, err = decodeBatch(b, open.epoch, s.cfg.UncompressedBytesMax, s.dec); err != nil {
-				return fail(i, err)
+	if err == nil {
+		for _, i := range g.runReqs {
+			g.answers[i] = answer{applied: applied, highest: highest}
+			if g.isBatch(i) {
+				s.stats.batches.Add(1)
 			}
 		}
-		// The heartbeat fences first, and reaches the lag before the
-		// apply: a blocked apply then shows as offset lag at once.
-		if err := s.heartbeat(st, mr, hb, mr.AppliedEnd()); err != nil {
-			return fail(i, err)
-		}
-		if d.frames != nil {
-			switch {
-			case run.frames == nil:
-				run = d
-			case d.first == run.end:
-				if !merged {
-					run.frames = append(make([]byte, 0, 2*(len(run.frames)+len(d.frames))), run.frames...)
-					merged = true
-				}
-				run.frames = append(run.frames, d.frames...)
-				run.end, run.frameCount = d.end, run.frameCount+d.frameCount
-			default:
-				if !flush() {
-					return answers
-				}
-				run = d
-			}
-			runWire += len(req.GetBatch().GetPayload())
-		}
-		runReqs = append(runReqs, i)
+		s.stats.frameBytes.Add(uint64(len(g.run.frames)))
+		s.stats.wireBytes.Add(uint64(g.runWire))
+		return true
 	}
-	flush()
-	return answers
+	gap := errors.Is(err, ErrGap)
+	for _, i := range g.runReqs {
+		switch {
+		case !g.isBatch(i):
+			g.answers[i] = answer{applied: applied, highest: highest}
+		case gap:
+			// Each batch of the run starts past the applied end too.
+			s.stats.gaps.Add(1)
+			g.answers[i] = answer{applied: applied, highest: highest, err: err}
+		default:
+			g.answers[i] = answer{applied: applied, highest: highest, err: err, final: true}
+			g.answers = g.answers[:i+1]
+			return false
+		}
+	}
+	return true
 }
 
 // apply brings d into mr: refuses a gap, compares an overlap, applies the
@@ -629,7 +686,7 @@ func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, 
 		// the batch's size covers them.
 		stored, err := mr.ReadFrames(d.first, len(d.frames), min(applied, d.end))
 		if err != nil {
-			return applied, apierr.New(apierr.Unavailable, "read the mirror's frames from %d to compare: %v", d.first, err)
+			return applied, apierr.Wrap(apierr.Unavailable, err, "read the mirror's frames from %d to compare", d.first)
 		}
 		if suffix, err = overlapSuffix(d, applied, stored); err != nil {
 			var ref *Refusal

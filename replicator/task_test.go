@@ -11,6 +11,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/portlock"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"google.golang.org/grpc"
 )
@@ -461,7 +462,7 @@ func TestHandshakeTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(srv.ServerOptions()...)
+	gs := grpc.NewServer(append(srv.ServerOptions(), grpc.ChainStreamInterceptor(rpcerr.StreamServerInterceptor(nil)))...)
 	srv.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)

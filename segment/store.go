@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
-	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -271,7 +269,7 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureDir(cfg.FS, cfg.Dir); err != nil {
+	if err := vfs.EnsureDir(cfg.FS, cfg.Dir); err != nil {
 		return nil, fmt.Errorf("segment: create %s: %w", cfg.Dir, err)
 	}
 	lock, err := cfg.FS.Lock(cfg.Dir)
@@ -337,43 +335,6 @@ func (c Config) withDefaults() (Config, error) {
 		c.Now = time.Now
 	}
 	return c, nil
-}
-
-// ensureDir creates dir and any missing parents, and makes every entry it
-// created durable by syncing the directory that received it.
-func ensureDir(fsys vfs.FS, dir string) error {
-	dir = filepath.Clean(dir)
-	// Find the deepest existing ancestor; every directory below it is new.
-	var created []string
-	for d := dir; ; d = filepath.Dir(d) {
-		st, err := fsys.Stat(d)
-		if err == nil {
-			if !st.IsDir() {
-				return fmt.Errorf("%s is not a directory", d)
-			}
-			break
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-		created = append(created, d)
-		if filepath.Dir(d) == d {
-			break
-		}
-	}
-	if len(created) == 0 {
-		return nil
-	}
-	if err := fsys.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	// Parents first: an entry is only reachable once its parent's is.
-	for i := len(created) - 1; i >= 0; i-- {
-		if err := fsys.SyncDir(filepath.Dir(created[i])); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // NextOffset returns the offset the next appended record will get.

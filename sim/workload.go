@@ -7,6 +7,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/replica"
 )
 
@@ -82,7 +83,7 @@ func (w *world) reply(e *event) {
 	p := w.prods[e.producer-1]
 	seq := e.batchSeq
 	if e.res.Err != nil {
-		if !apierr.IsRetriable(e.res.Err) {
+		if !rpcerr.IsRetriable(e.res.Err) {
 			w.err = fmt.Errorf("producer %d range %d seq %d: final error %v", p.id, e.rng, seq, e.res.Err)
 			return
 		}

@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -225,6 +226,8 @@ func (s *Server) serve(addr string) error {
 	if s.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.TLS)))
 	}
+	// The same error boundary as a node's: handlers return plain errors.
+	opts = append(opts, rpcerr.ServerOptions(nil)...)
 	g := grpc.NewServer(opts...)
 	geologv1.RegisterLogServer(g, s)
 	s.lifeMu.Lock()
@@ -533,17 +536,17 @@ var errDropped = status.Error(codes.Unavailable, "clienttest: stream dropped by 
 func (s *Server) Append(ctx context.Context, req *geologv1.AppendRequest) (*geologv1.AppendResponse, error) {
 	f := s.nextAppendFault(req)
 	if !waitFault(ctx, f) {
-		return nil, apierr.ToStatus(apierr.New(apierr.Timeout, "request cancelled"))
+		return nil, apierr.New(apierr.Timeout, "request cancelled")
 	}
 	switch {
 	case f.Err != nil:
-		return nil, apierr.ToStatus(f.Err)
+		return nil, f.Err
 	case f.DropStream:
 		return nil, errDropped
 	}
 	resp, err := s.apply(req)
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	if f.DropAfterApply {
 		return nil, errDropped
@@ -622,12 +625,12 @@ func (s *Server) serveStreamRequest(ctx context.Context, stream geologv1.Log_App
 	case f.DropStream:
 		return errDropped
 	case f.Err != nil:
-		resp = &geologv1.AppendResponse{RequestId: req.GetRequestId(), Error: apierr.As(f.Err).Detail()}
+		resp = &geologv1.AppendResponse{RequestId: req.GetRequestId(), Error: rpcerr.DetailOf(f.Err)}
 	default:
 		var err error
 		resp, err = s.apply(req)
 		if err != nil {
-			resp = &geologv1.AppendResponse{RequestId: req.GetRequestId(), Error: apierr.As(err).Detail()}
+			resp = &geologv1.AppendResponse{RequestId: req.GetRequestId(), Error: rpcerr.DetailOf(err)}
 		}
 		if f.DropAfterApply {
 			return errDropped
@@ -657,12 +660,12 @@ func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1
 	if s.readFault != nil {
 		s.readN++
 		if err := s.readFault(s.readN); err != nil {
-			return nil, apierr.ToStatus(err)
+			return nil, err
 		}
 	}
 	r, err := s.rangeLocked(req.GetStream(), req.GetRange())
 	if err != nil {
-		return nil, apierr.ToStatus(err)
+		return nil, err
 	}
 	k := rangeKey{req.GetStream(), req.GetRange()}
 	for req.GetConsistency() == geologv1.Consistency_CONSISTENCY_MIN_OFFSET && s.tailLocked(k, r) < req.GetMinOffset() {
@@ -673,13 +676,13 @@ func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1
 			s.mu.Lock()
 		case <-ctx.Done():
 			s.mu.Lock()
-			return nil, apierr.ToStatus(apierr.New(apierr.Timeout, "waiting for offset %d: %v", req.GetMinOffset(), ctx.Err()))
+			return nil, apierr.New(apierr.Timeout, "waiting for offset %d: %v", req.GetMinOffset(), ctx.Err())
 		}
 	}
 	tail := s.tailLocked(k, r)
 	from := req.GetFromOffset()
 	if from > tail {
-		return nil, apierr.ToStatus(pastTail(from, tail, uint64(len(r.records))))
+		return nil, pastTail(from, tail, uint64(len(r.records)))
 	}
 	maxRecords := int(req.GetMaxRecords())
 	if maxRecords == 0 {
@@ -716,7 +719,7 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 	r, err := s.rangeLocked(req.GetStream(), req.GetRange())
 	if err != nil {
 		s.mu.Unlock()
-		return apierr.ToStatus(err)
+		return err
 	}
 	k := rangeKey{req.GetStream(), req.GetRange()}
 	var next uint64
@@ -729,7 +732,7 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 			// never final (it waits a while, then this).
 			e := apierr.New(apierr.PastLocalTail, "offset %d is past this node's tail %d", next, tail)
 			e.TailOffset = tail
-			return apierr.ToStatus(e)
+			return e
 		}
 	case *geologv1.SubscribeRequest_FromTimeUnixNanos:
 		next = uint64(sort.Search(int(s.tailLocked(k, r)), func(i int) bool {
@@ -747,7 +750,7 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 			s.mu.Unlock()
 			e := apierr.New(apierr.PastLocalTail, "offset %d is past this node's tail %d", next, tail)
 			e.TailOffset = tail
-			return apierr.ToStatus(e)
+			return e
 		}
 		var recs []*geologv1.StoredRecord
 		o := next
@@ -778,7 +781,7 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 		case f.DropStream:
 			return errDropped
 		case f.Err != nil:
-			return apierr.ToStatus(f.Err)
+			return f.Err
 		}
 		next = o
 		if err := stream.Send(&geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: tail}); err != nil {
@@ -790,7 +793,7 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 // CreateStream implements geologv1.LogServer.
 func (s *Server) CreateStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.CreateStreamResponse, error) {
 	if req.GetName() == "" || req.GetRangeCount() == 0 || req.GetRangeCount() > 1024 {
-		return nil, apierr.ToStatus(apierr.New(apierr.InvalidArgument, "a name and a range count in [1, 1024] are required"))
+		return nil, apierr.New(apierr.InvalidArgument, "a name and a range count in [1, 1024] are required")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -801,7 +804,7 @@ func (s *Server) CreateStream(ctx context.Context, req *geologv1.CreateStreamReq
 		sameRegions := len(req.GetRegions()) == 0 || slices.Equal(req.GetRegions(), in.GetRegions())
 		if req.GetRangeCount() != in.GetRangeCount() || !sameRegions ||
 			req.GetRetention().GetMaxAgeMs() != in.GetRetention().GetMaxAgeMs() || req.GetRetention().GetMaxBytes() != in.GetRetention().GetMaxBytes() {
-			return nil, apierr.ToStatus(apierr.New(apierr.StreamExists, "stream %q exists with another definition", req.GetName()))
+			return nil, apierr.New(apierr.StreamExists, "stream %q exists with another definition", req.GetName())
 		}
 		return &geologv1.CreateStreamResponse{Stream: in}, nil
 	}
@@ -841,7 +844,7 @@ func (s *Server) DescribeStream(ctx context.Context, req *geologv1.DescribeStrea
 	defer s.mu.Unlock()
 	st, ok := s.streams[req.GetName()]
 	if !ok {
-		return nil, apierr.ToStatus(apierr.New(apierr.StreamNotFound, "stream %q not found", req.GetName()))
+		return nil, apierr.New(apierr.StreamNotFound, "stream %q not found", req.GetName())
 	}
 	resp := &geologv1.DescribeStreamResponse{Stream: st.info}
 	n := st.info.GetRangeCount()
