@@ -249,7 +249,7 @@ func fmtTails(m map[RangeKey]uint64) string {
 				return
 			}
 		}
-	}, cmpKey)
+	}, compareKeys)
 	var s []string
 	for _, k := range keys {
 		s = append(s, fmt.Sprintf("%s=%d", k, m[k]))

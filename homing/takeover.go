@@ -252,22 +252,12 @@ func (t *Takeover) Tick(tk TakeoverTick) {
 		}
 	}
 	for _, homes := range r.byRegion {
-		slices.SortFunc(homes, func(a, b Home) int { return cmpKey(a.Key, b.Key) })
+		slices.SortFunc(homes, func(a, b Home) int { return compareKeys(a.Key, b.Key) })
 	}
 	r.regions = slices.Sorted(maps.Keys(r.byRegion))
 	t.round++
 	t.cur = r
 	t.nextRegion()
-}
-
-func cmpKey(a, b RangeKey) int {
-	switch {
-	case a.less(b):
-		return -1
-	case b.less(a):
-		return 1
-	}
-	return 0
 }
 
 // nextRegion asks for what the first region left needs, skipping those

@@ -105,7 +105,7 @@ func (h *toHarness) run(t *testing.T, d *datadriven.TestData) string {
 					return
 				}
 			}
-		}, cmpKey) {
+		}, compareKeys) {
 			tk.Homes = append(tk.Homes, h.dir[k])
 		}
 		h.core.Tick(tk)
