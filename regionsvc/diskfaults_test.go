@@ -48,36 +48,66 @@ func TestFsyncFailureKeepsReads(t *testing.T) {
 // fills: it hands leadership to a follower, which takes the appends; the
 // old leader does not stop, and once its disk has space again it catches
 // up with the others, without a restart.
-func TestLeaderDiskFullHandsOff(t *testing.T) {
-	faults := map[uint64]*vfs.Faults{1: {}, 2: {}, 3: {}}
-	tr := newTestRegionWith(t, 3, 3, func(cfg *Config) { cfg.FS = vfs.WithFaults(vfs.OS(), faults[cfg.NodeID]) })
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	tr.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
-		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "full", RangeCount: 1})
+// faultRegion is a region of three whose nodes' file systems take
+// injected faults, with one single-range stream and one producer.
+type faultRegion struct {
+	*testRegion
+	faults map[uint64]*vfs.Faults
+	stream string
+	// acked counts the records appended so far: the producer's next
+	// sequence.
+	acked int
+}
+
+// newFaultRegion starts the region (extra adjusts each node's Config) and
+// creates stream.
+func newFaultRegion(t *testing.T, ctx context.Context, stream string, extra func(*Config)) *faultRegion {
+	f := &faultRegion{faults: map[uint64]*vfs.Faults{1: {}, 2: {}, 3: {}}, stream: stream}
+	f.testRegion = newTestRegionWith(t, 3, 3, func(cfg *Config) {
+		cfg.FS = vfs.WithFaults(vfs.OS(), f.faults[cfg.NodeID])
+		if extra != nil {
+			extra(cfg)
+		}
+	})
+	f.retry(ctx, "create stream", func(ctx context.Context, c geologv1.LogClient) error {
+		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: stream, RangeCount: 1})
 		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
 		return err
 	})
-	seq := 0
-	appendN := func(n int) {
-		for end := seq + n; seq < end; seq++ {
-			recs := []*geologv1.Record{{Key: []byte("k"), Value: []byte(fmt.Sprintf("v%d", seq))}}
-			tr.retry(ctx, "append", func(ctx context.Context, c geologv1.LogClient) error {
-				_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "full", ProducerId: 3, BaseSequence: uint64(seq), Records: recs})
-				return err
-			})
+	return f
+}
+
+// appendN appends n records, one at a time, retrying each until acked.
+func (f *faultRegion) appendN(ctx context.Context, n int) {
+	for end := f.acked + n; f.acked < end; f.acked++ {
+		seq := f.acked
+		recs := []*geologv1.Record{{Key: []byte("k"), Value: []byte(fmt.Sprintf("v%d", seq))}}
+		f.retry(ctx, "append", func(ctx context.Context, c geologv1.LogClient) error {
+			_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: f.stream, ProducerId: 3, BaseSequence: uint64(seq), Records: recs})
+			return err
+		})
+	}
+}
+
+// leaderOf returns the node leading the stream's range, 0 if none.
+func (f *faultRegion) leaderOf() uint64 {
+	for id := range f.nodes {
+		if d := f.rangeDriverOf(id, f.stream, 0); d != nil && d.rep != nil && d.rep.LeaderID() == id {
+			return id
 		}
 	}
-	leaderOf := func() uint64 {
-		for id := range tr.nodes {
-			if d := tr.rangeDriverOf(id, "full", 0); d != nil && d.rep != nil && d.rep.LeaderID() == id {
-				return id
-			}
-		}
-		return 0
-	}
+	return 0
+}
+
+func TestLeaderDiskFullHandsOff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFaultRegion(t, ctx, "full", nil)
+	tr, faults := f, f.faults
+	appendN := func(n int) { f.appendN(ctx, n) }
+	leaderOf := f.leaderOf
 	appendN(5)
 	pollUntil(t, ctx, "a leader", func() bool { return leaderOf() != 0 })
 	old := leaderOf()
@@ -91,7 +121,7 @@ func TestLeaderDiskFullHandsOff(t *testing.T) {
 	appendN(5)
 	pollUntil(t, ctx, "every node to hold every record", func() bool {
 		for id := range tr.nodes {
-			if d := tr.rangeDriverOf(id, "full", 0); d == nil || d.committed.Load() != uint64(seq) {
+			if d := tr.rangeDriverOf(id, "full", 0); d == nil || d.committed.Load() != uint64(f.acked) {
 				return false
 			}
 		}
