@@ -220,23 +220,10 @@ func (r *Replica) ProposeFork(at, epoch uint64, reply func(ForkResult)) {
 		fail(apierr.New(apierr.StaleEpoch, "%s: fork to epoch %d, the log holds epoch %d", name(), epoch, highest))
 		return
 	}
-	var keep uint64
-	switch {
-	case at == tail:
-	case at == floor:
-		keep = r.state.SnapshotIndex
-	default:
-		frames, err := r.cfg.Log.ReadFrames(at-1, 1, at)
-		h, herr := batch.DecodeHeader(frames)
-		if err != nil || herr != nil {
-			fail(apierr.New(apierr.Unavailable, "%s: read the log at offset %d: %v", name(), at-1, errors.Join(err, herr)))
-			return
-		}
-		if h.NextOffset() != at {
-			fail(bounds(apierr.New(apierr.InvalidArgument, "%s: offset %d is inside the batch [%d, %d)", name(), at, h.BaseOffset, h.NextOffset())))
-			return
-		}
-		keep = h.Index
+	keep, e := r.forkKeepIndex(at, floor, tail)
+	if e != nil {
+		fail(bounds(e))
+		return
 	}
 	r.fork.seq++
 	d := forkDesc{At: at, KeepIndex: keep, Proposer: r.cfg.NodeID, ProposalTerm: r.term, ProposalSeq: r.fork.seq}
@@ -253,6 +240,28 @@ func (r *Replica) ProposeFork(at, epoch uint64, reply func(ForkResult)) {
 	}
 	r.fork.proposal = &forkProposal{term: r.term, seq: d.ProposalSeq, reply: reply}
 	r.logger.Info("proposed fork", "at", at, "epoch", epoch, "tail", tail, "keep_index", keep)
+}
+
+// forkKeepIndex returns the Raft index of the last entry a fork at
+// offset at keeps (0 at the tail: the fork entry itself follows), given
+// the log's floor and tail; at must end a batch.
+func (r *Replica) forkKeepIndex(at, floor, tail uint64) (uint64, *apierr.Error) {
+	name := fmt.Sprintf("stream %s range %d", r.cfg.Stream, r.cfg.Range)
+	switch {
+	case at == tail:
+		return 0, nil
+	case at == floor:
+		return r.state.SnapshotIndex, nil
+	}
+	frames, err := r.cfg.Log.ReadFrames(at-1, 1, at)
+	h, herr := batch.DecodeHeader(frames)
+	if err != nil || herr != nil {
+		return 0, apierr.New(apierr.Unavailable, "%s: read the log at offset %d: %v", name, at-1, errors.Join(err, herr))
+	}
+	if h.NextOffset() != at {
+		return 0, apierr.New(apierr.InvalidArgument, "%s: offset %d is inside the batch [%d, %d)", name, at, h.BaseOffset, h.NextOffset())
+	}
+	return h.Index, nil
 }
 
 // HighestEpoch is the highest epoch of any data frame this replica has
