@@ -444,18 +444,7 @@ func (r *Replica) forkLog(index, term uint64, h batch.Header, d forkDesc) (ForkR
 	}
 	rec.PrevIndex = d.KeepIndex
 	log := r.cfg.Log
-	// Past the fork the log continues from the last kept record: its append
-	// time, not the orphaned tail's (from the old home's clock, possibly
-	// later than the new home's records that follow), is the fork frame's
-	// and the log's newest. Every replica reads the same frame here.
-	rec.TimeUnixNanos = r.state.SnapshotAppendUnixNanos
-	if d.KeepIndex > r.state.SnapshotIndex {
-		if f, err := log.ReadFramesByIndex(d.KeepIndex, d.KeepIndex+1, 1); err == nil && len(f) > 0 {
-			if kh, err := batch.DecodeHeader(f); err == nil && kh.Index == d.KeepIndex {
-				rec.TimeUnixNanos = kh.AppendTimeUnixNanos
-			}
-		}
-	}
+	rec.TimeUnixNanos = r.keptAppendUnixNanos(d.KeepIndex)
 	h.AppendTimeUnixNanos = rec.TimeUnixNanos
 	// The log changes under the writer's feet: drain it and hold it off,
 	// as for a truncation (appendSync).
@@ -473,83 +462,124 @@ func (r *Replica) forkLog(index, term uint64, h batch.Header, d forkDesc) (ForkR
 	}
 	first := rec.FirstOffset
 	rec, _, err := o.writeFork(rec, func(emit func([]byte) error) error {
-		for off := first; off < tail; {
-			frames, err := log.ReadFrames(off, snapshotReadBytes, tail)
-			if err != nil {
-				return fmt.Errorf("replica: read the divergent tail at offset %d: %w", off, err)
-			}
-			if len(frames) == 0 {
-				return fmt.Errorf("replica: the log ends at offset %d, before the fork's tail %d", off, tail)
-			}
-			for len(frames) > 0 {
-				n, err := batch.FrameSize(frames)
-				if err != nil || n > len(frames) {
-					return fmt.Errorf("replica: log returned a bad frame at offset %d: %w", off, err)
-				}
-				fh, err := batch.DecodeHeader(frames[:n])
-				if err != nil {
-					return fmt.Errorf("replica: log returned a bad frame at offset %d: %w", off, err)
-				}
-				if fh.Index <= d.KeepIndex || fh.Index >= index {
-					return fmt.Errorf("replica: the record at offset %d is at index %d, outside the fork's (%d, %d)", fh.BaseOffset, fh.Index, d.KeepIndex, index)
-				}
-				if err := emit(frames[:n]); err != nil {
-					return err
-				}
-				off, frames = fh.NextOffset(), frames[n:]
-			}
-		}
-		return nil
+		return r.emitDivergentTail(first, tail, index, d.KeepIndex, emit)
 	}, nil)
 	if err != nil {
 		return ForkResult{}, err
 	}
-
 	m := &ForkMeta{Record: rec}
 	logFirst := log.FirstIndex()
 	m.Reset = logFirst == 0 || logFirst > d.KeepIndex+1
-	var base *producerBase
-	if r.state.SnapshotIndex <= d.KeepIndex {
-		if base, err = r.advanceBase(d.KeepIndex); err != nil {
-			return ForkResult{}, err
-		}
-	} else {
-		// Compacted past the fork point here: the base as of the
-		// compaction point without the batches at or after At. (Batches
-		// the orphaned ones pushed out of a producer's window are gone;
-		// a retry of one is refused as out of window, never duplicated.)
-		base = r.base.clone()
-		base.dropFrom(d.At)
+	base, err := r.forkBase(d)
+	if err != nil {
+		return ForkResult{}, err
 	}
 	m.Producers = base.encode()
 	if m.Tail, err = r.forkTail(index, term, h, d); err != nil {
 		return ForkResult{}, err
 	}
+	if err := r.cutAtFork(m, base, index, d.At); err != nil {
+		return ForkResult{}, err
+	}
+	r.logger.Info("applied fork", "index", index, "at", d.At, "epoch", h.Epoch, "records", rec.Records,
+		"first_offset", rec.FirstOffset, "next_offset", rec.NextOffset, "kept_index", d.KeepIndex, "reset", m.Reset)
+	return ForkResult{ForkRecord: rec}, nil
+}
+
+// cutAtFork makes the fork described by m (the fork entry at index, the
+// log cut at offset at) durable in the state, completes it in the log and
+// takes base as the producer base: the last step of forkLog, once the
+// orphaned tail is in the orphan store.
+func (r *Replica) cutAtFork(m *ForkMeta, base *producerBase, index, at uint64) error {
 	prev := r.state
 	r.state.Forking = m
 	if err := r.cfg.State.Save(r.state); err != nil {
 		r.state = prev
-		return ForkResult{}, fmt.Errorf("replica: save state before a fork: %w", err)
+		return fmt.Errorf("replica: save state before a fork: %w", err)
 	}
 	if err := r.completeFork(m); err != nil {
-		return ForkResult{}, err
+		return err
 	}
 	r.base = base
 	if err := r.rebuildDedup(); err != nil {
-		return ForkResult{}, err
+		return err
 	}
 	r.recheckDuplicates()
+	log := r.cfg.Log
 	r.tailIndex, r.tailOffset = max(log.LastIndex(), r.state.SnapshotIndex), log.NextOffset()
 	if r.isLeader {
 		r.proposeNext = r.tailOffset
 	}
-	r.appliedAppendUnixNanos = rec.TimeUnixNanos // the last kept record's: the orphaned ones' are gone
+	r.appliedAppendUnixNanos = m.Record.TimeUnixNanos // the last kept record's: the orphaned ones' are gone
 	// The state saved with the fork covers it: publish the cut log now.
-	r.appliedEnd = d.At
-	r.publishNow(index, d.At)
-	r.logger.Info("applied fork", "index", index, "at", d.At, "epoch", h.Epoch, "records", rec.Records,
-		"first_offset", rec.FirstOffset, "next_offset", rec.NextOffset, "kept_index", d.KeepIndex, "reset", m.Reset)
-	return ForkResult{ForkRecord: rec}, nil
+	r.appliedEnd = at
+	r.publishNow(index, at)
+	return nil
+}
+
+// keptAppendUnixNanos returns the append time of the last record a fork
+// keeps (at keepIndex). Past the fork the log continues from that record:
+// its time, not the orphaned tail's (from the old home's clock, possibly
+// later than the new home's records that follow), is the fork frame's and
+// the log's newest. Every replica reads the same frame here.
+func (r *Replica) keptAppendUnixNanos(keepIndex uint64) int64 {
+	t := r.state.SnapshotAppendUnixNanos
+	if keepIndex > r.state.SnapshotIndex {
+		if f, err := r.cfg.Log.ReadFramesByIndex(keepIndex, keepIndex+1, 1); err == nil && len(f) > 0 {
+			if kh, err := batch.DecodeHeader(f); err == nil && kh.Index == keepIndex {
+				t = kh.AppendTimeUnixNanos
+			}
+		}
+	}
+	return t
+}
+
+// emitDivergentTail passes emit the log's frames at offsets [first, tail),
+// each checked to lie strictly between the fork's kept index and the fork
+// entry's index: the tail a fork orphans.
+func (r *Replica) emitDivergentTail(first, tail, index, keepIndex uint64, emit func([]byte) error) error {
+	log := r.cfg.Log
+	for off := first; off < tail; {
+		frames, err := log.ReadFrames(off, snapshotReadBytes, tail)
+		if err != nil {
+			return fmt.Errorf("replica: read the divergent tail at offset %d: %w", off, err)
+		}
+		if len(frames) == 0 {
+			return fmt.Errorf("replica: the log ends at offset %d, before the fork's tail %d", off, tail)
+		}
+		for len(frames) > 0 {
+			n, err := batch.FrameSize(frames)
+			if err != nil || n > len(frames) {
+				return fmt.Errorf("replica: log returned a bad frame at offset %d: %w", off, err)
+			}
+			fh, err := batch.DecodeHeader(frames[:n])
+			if err != nil {
+				return fmt.Errorf("replica: log returned a bad frame at offset %d: %w", off, err)
+			}
+			if fh.Index <= keepIndex || fh.Index >= index {
+				return fmt.Errorf("replica: the record at offset %d is at index %d, outside the fork's (%d, %d)", fh.BaseOffset, fh.Index, keepIndex, index)
+			}
+			if err := emit(frames[:n]); err != nil {
+				return err
+			}
+			off, frames = fh.NextOffset(), frames[n:]
+		}
+	}
+	return nil
+}
+
+// forkBase returns the producer base as of the fork's kept index.
+func (r *Replica) forkBase(d forkDesc) (*producerBase, error) {
+	if r.state.SnapshotIndex <= d.KeepIndex {
+		return r.advanceBase(d.KeepIndex)
+	}
+	// Compacted past the fork point here: the base as of the compaction
+	// point without the batches at or after At. (Batches the orphaned ones
+	// pushed out of a producer's window are gone; a retry of one is refused
+	// as out of window, never duplicated.)
+	base := r.base.clone()
+	base.dropFrom(d.At)
+	return base, nil
 }
 
 // forkTail returns the frames from the fork entry at index on, as the

@@ -451,22 +451,10 @@ func (s *StagedSnapshot) Discard() {
 // only the staging files and the orphan store (which takes writers from
 // any goroutine).
 func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSnapshot, error) {
-	snap := m.GetSnapshot()
-	meta := snap.GetMetadata()
+	meta := m.GetSnapshot().GetMetadata()
 	index, term := meta.GetIndex(), meta.GetTerm()
-	switch {
-	case m.GetType() != raftpb.MsgSnap || snap == nil:
-		return nil, fmt.Errorf("%w: %v message", ErrSnapshotInvalid, m.GetType())
-	case index == 0 || term == 0:
-		return nil, fmt.Errorf("%w: index %d term %d", ErrSnapshotInvalid, index, term)
-	case len(meta.GetConfState().GetVoters()) == 0:
-		return nil, fmt.Errorf("%w: configuration without voters", ErrSnapshotInvalid)
-	}
-	d, err := decodeSnapshotDesc(snap.GetData())
+	d, err := checkSnapshotMessage(m)
 	if err != nil {
-		return nil, err
-	}
-	if err := d.check(index); err != nil {
 		return nil, err
 	}
 	if f := r.failure.Load(); f != nil {
@@ -507,37 +495,9 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 			r.cfg.Orphans.discard(forks)
 		}
 	}()
-	fr := frameReader{r: body}
-	var decision batch.Compaction
-	for i := uint64(0); i < d.Frames; i++ {
-		frame, err := fr.next()
-		if err == io.EOF && i > 0 {
-			// Fewer frames than described: compaction by key removed
-			// some (and their indexes) from the leader's log. The checks
-			// below hold the body to its end.
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
-		}
-		h, err := st.Append(frame)
-		if err != nil {
-			return nil, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
-		}
-		if h.Index > d.ProducersIndex {
-			base.record(h)
-		}
-		if h.Type == batch.TypeData {
-			r.raiseEpoch(h.Epoch)
-		}
-		if h.Type == batch.TypeCompact {
-			if _, c, err := batch.DecodeCompaction(frame); err == nil && c.Point > decision.Point {
-				decision = c
-			}
-		}
-	}
-	if err := fr.end(); err != nil {
-		return nil, fmt.Errorf("%w: after %d frames: %w", ErrSnapshotInvalid, d.Frames, err)
+	decision, err := r.stageFrames(st, body, d, base)
+	if err != nil {
+		return nil, err
 	}
 	appendTime := d.AppendUnixNanos
 	if d.Frames > 0 {
@@ -561,6 +521,70 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 	ok = true
 	return &StagedSnapshot{staging: st, base: base, decision: decision, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
 		AppendUnixNanos: appendTime, Conf: proto.Clone(meta.GetConfState()).(*raftpb.ConfState), Producers: base.encode()}}, nil
+}
+
+// checkSnapshotMessage checks the snapshot message m's envelope (type,
+// index and term, voters) and returns its checked description.
+func checkSnapshotMessage(m *raftpb.Message) (snapshotDesc, error) {
+	snap := m.GetSnapshot()
+	meta := snap.GetMetadata()
+	index, term := meta.GetIndex(), meta.GetTerm()
+	switch {
+	case m.GetType() != raftpb.MsgSnap || snap == nil:
+		return snapshotDesc{}, fmt.Errorf("%w: %v message", ErrSnapshotInvalid, m.GetType())
+	case index == 0 || term == 0:
+		return snapshotDesc{}, fmt.Errorf("%w: index %d term %d", ErrSnapshotInvalid, index, term)
+	case len(meta.GetConfState().GetVoters()) == 0:
+		return snapshotDesc{}, fmt.Errorf("%w: configuration without voters", ErrSnapshotInvalid)
+	}
+	d, err := decodeSnapshotDesc(snap.GetData())
+	if err != nil {
+		return snapshotDesc{}, err
+	}
+	if err := d.check(index); err != nil {
+		return snapshotDesc{}, err
+	}
+	return d, nil
+}
+
+// stageFrames reads the snapshot body's frames (as many as d describes, or
+// fewer where compaction by key removed some) into the staging st, records
+// those past the producer base's index in base, raises the epoch floor to
+// the data frames' and returns the newest compaction decision among them.
+func (r *Replica) stageFrames(st *segment.Staging, body io.Reader, d snapshotDesc, base *producerBase) (batch.Compaction, error) {
+	fr := frameReader{r: body}
+	var decision batch.Compaction
+	for i := uint64(0); i < d.Frames; i++ {
+		frame, err := fr.next()
+		if err == io.EOF && i > 0 {
+			// Fewer frames than described: compaction by key removed
+			// some (and their indexes) from the leader's log. The checks
+			// after the loop hold the body to its end.
+			break
+		}
+		if err != nil {
+			return decision, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
+		}
+		h, err := st.Append(frame)
+		if err != nil {
+			return decision, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
+		}
+		if h.Index > d.ProducersIndex {
+			base.record(h)
+		}
+		if h.Type == batch.TypeData {
+			r.raiseEpoch(h.Epoch)
+		}
+		if h.Type == batch.TypeCompact {
+			if _, c, err := batch.DecodeCompaction(frame); err == nil && c.Point > decision.Point {
+				decision = c
+			}
+		}
+	}
+	if err := fr.end(); err != nil {
+		return decision, fmt.Errorf("%w: after %d frames: %w", ErrSnapshotInvalid, d.Frames, err)
+	}
+	return decision, nil
 }
 
 // frameReader reads whole frames from a snapshot body.
