@@ -169,6 +169,10 @@ type Error struct {
 	// (STALE_CURSOR_GENERATION) carry the current values.
 	MemberEpoch      uint64
 	CursorGeneration uint64
+	// LeaderCutOff, for NOT_LEADER, says that the answering node leads as
+	// far as it knows but has heard from no quorum within an election
+	// timeout: hints naming it are stale until the others elect a leader.
+	LeaderCutOff bool
 	// Cause is the error that led to this one, or nil; Unwrap returns it.
 	Cause error
 }

@@ -75,12 +75,33 @@ func (d *rangeDriver) checkAttempt(now time.Time) {
 	pool := d.p.c.pool
 	pool.failed(from)
 	pool.forgetLeader(d.p.stream, d.rng, from)
-	d.unresponsive, d.unresponsiveUntil = from, now.Add(timeout)
+	d.markUnresponsive(from, now)
 	d.addr = d.nextAddr(from)
 	e := apierr.New(apierr.Timeout, "no reply from %s within the append attempt timeout (%v): resending to %s", from, timeout, d.addr)
 	d.log.Debug("append attempt timed out", "from", from, "to", d.addr, "inflight_batches", len(d.batches))
 	d.rewind(e)
 	d.backoffUntil = time.Time{} // another node: no reason to wait
+}
+
+// markUnresponsive records addr as the address the range gave up on for
+// want of a reply (or because it leads cut off from its followers), for
+// the attempt timeout from now (AppendAttemptTimeoutDefault when off).
+func (d *rangeDriver) markUnresponsive(addr string, now time.Time) {
+	timeout := d.p.cfg.attemptTimeoutCapped()
+	if timeout <= 0 {
+		timeout = AppendAttemptTimeoutDefault
+	}
+	d.unresponsive, d.unresponsiveUntil = addr, now.Add(timeout)
+}
+
+// electing says whether the range's last error, err, is a NOT_LEADER while
+// it has given up on its leader (isUnresponsive): the other replicas are
+// electing a new one, which takes about an election timeout, so the range
+// asks them again at the shortest backoff rather than a growing one (an
+// exponential backoff would overshoot the election by up to as long again).
+func (d *rangeDriver) electing(err error) bool {
+	e := apierr.As(err)
+	return e != nil && e.Code == apierr.NotLeader && d.isUnresponsive(d.unresponsive)
 }
 
 // isUnresponsive says whether addr is the address the range last gave up

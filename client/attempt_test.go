@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/client/clienttest"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -118,5 +119,49 @@ func TestAttemptTimeoutAvoidsSilentNode(t *testing.T) {
 	rs.wait(t)
 	if err := rs.errs[0]; err != nil {
 		t.Fatalf("record: %v", err)
+	}
+}
+
+// TestCutOffLeaderNotFollowedBack: a leader that answers NOT_LEADER with
+// leader_cut_off (it leads, but has heard from no quorum) is not where the
+// range goes next, although its followers, which have not elected another
+// leader yet, keep naming it; and while they elect, the range asks them
+// again at its shortest backoff instead of a growing one, so that it finds
+// the new leader soon after the election. Here the shortest backoff is
+// 50 ms and the longest 5 s: twelve refusals take about 0.6 s paced and
+// over 20 s with an exponential backoff; the test allows 15 s.
+func TestCutOffLeaderNotFollowedBack(t *testing.T) {
+	c := startCluster(t, 3)
+	c.MustCreateStream("s", 1)
+	cl := newClient(t, c.AddrList(), client.RetryBackoff(50*time.Millisecond, 5*time.Second))
+	p := newProducer(t, cl, "s", client.AppendAttemptTimeout(time.Minute), client.DeliveryTimeout(2*time.Minute))
+	ctx := testCtx(t)
+	warm := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("warm")}, warm.cb(0))
+	warm.wait(t)
+	streams0 := c.Node(0).Stats().AppendStreams
+
+	cutOff := apierr.New(apierr.NotLeader, "node 0 leads but has heard from no quorum")
+	cutOff.LeaderCutOff = true
+	c.Node(0).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Err: cutOff} })
+	rs := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("v0")}, rs.cb(0))
+	refusals := func() int64 { return c.Node(1).Stats().NotLeaderReplies + c.Node(2).Stats().NotLeaderReplies }
+	waitFor(t, "a follower's refusal", func() bool { return refusals() > 0 })
+	start := time.Now()
+	waitFor(t, "twelve refusals", func() bool { return refusals() >= 12 })
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("twelve refusals took %v: the range backed off as if no election were under way", d)
+	}
+	if n := c.Node(0).Stats().AppendStreams; n != streams0 {
+		t.Fatalf("the range went back to the cut-off leader: %d streams there, %d before the fault", n, streams0)
+	}
+	c.SetLeader(2)
+	rs.wait(t)
+	if err := rs.errs[0]; err != nil {
+		t.Fatalf("record: %v", err)
+	}
+	if got := rs.res[0].Offset; got != 1 {
+		t.Fatalf("acked at offset %d, want 1", got)
 	}
 }

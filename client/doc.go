@@ -87,7 +87,10 @@
 //     address, learned and cached, without the backoff for the first three
 //     hints after an acknowledgement. NOT_LEADER without a hint moves it to
 //     the leader another producer of the client learned since, else to the
-//     next address of the ring. LEASE_EXPIRED (a home that could not renew
+//     next address of the ring; if it says the leader is cut off from its
+//     quorum (LeaderCutOff), the move is at once, no hint leads back to
+//     that node for the attempt timeout, and while the others elect (they
+//     answer NOT_LEADER) the range asks them at the shortest backoff. LEASE_EXPIRED (a home that could not renew
 //     its lease, perhaps taken over by another region) moves it back to the
 //     next bootstrap address, whose node redirects it. A stream that failed before its node
 //     answered anything (the node is down) or SHUTTING_DOWN marks the

@@ -622,6 +622,13 @@ func (d *rangeDriver) retarget(e *Error, replied bool) (immediate bool) {
 		d.hintHops++
 		immediate = d.hintHops <= hintHopsImmediateMax
 	case e.Code == apierr.NotLeader:
+		if e.LeaderCutOff {
+			// The leader is cut off from its followers, which may go on
+			// naming it until they elect another: follow no hint back to
+			// it for now, and try them at once.
+			d.markUnresponsive(from, time.Now())
+			immediate = true
+		}
 		pool.forgetLeader(d.p.stream, d.rng, from)
 		d.addr = d.nextAddr(from)
 	case e.Code == apierr.LeaseExpired:
@@ -665,6 +672,9 @@ func (d *rangeDriver) rewind(err error) {
 	d.backoffAttempt++
 	// An OVERLOADED refusal says how long to wait, at least.
 	delay := retryDelay(err, d.backoffAttempt, d.p.cfg.backoffMin, d.p.cfg.backoffMax)
+	if d.electing(err) {
+		delay = min(delay, d.p.cfg.backoffMin)
+	}
 	d.backoffUntil = time.Now().Add(delay)
 	d.log.Debug("rewinding", "attempt", d.backoffAttempt, "backoff", delay, "inflight_batches", len(d.batches), "error", err)
 }

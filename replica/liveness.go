@@ -128,8 +128,10 @@ func (r *Replica) leadershipChanged(wasLeader bool) {
 // quorum. It names no leader: this node still leads as far as it knows,
 // and the one the others elect is unknown to it.
 func (r *Replica) noQuorumError() *apierr.Error {
-	return apierr.New(apierr.NotLeader, "stream %s range %d: node %d leads but has heard from no quorum within an election timeout; "+
+	e := apierr.New(apierr.NotLeader, "stream %s range %d: node %d leads but has heard from no quorum within an election timeout; "+
 		"the append may still commit (an idempotent retry is safe)", r.cfg.Stream, r.cfg.Range, r.cfg.NodeID)
+	e.LeaderCutOff = true
+	return e
 }
 
 // failPending answers every pending append, and every retry waiting for

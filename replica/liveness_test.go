@@ -60,6 +60,13 @@ func TestQuorumLossFailsPendingAppends(t *testing.T) {
 	var refused []Result
 	c.replicas[1].Propose(op(5, 2, 2, "cut", &refused))
 	checkRetriableNotLeader(t, refused, "")
+	// Both say that this leader is cut off, so that a client follows no
+	// hint of its followers back to it while they elect another.
+	for _, r := range []Result{pending[0], refused[0]} {
+		if !apierr.As(r.Err).LeaderCutOff {
+			t.Fatalf("the cut-off leader's refusal %v does not say it is cut off", r.Err)
+		}
+	}
 
 	// The others elect a leader; the producer's retry goes there.
 	for i := 0; i < 100 && c.leaderAmong(2, 3) == 0; i++ {

@@ -92,6 +92,7 @@ func Detail(e *apierr.Error) *geologv1.ErrorDetail {
 		RetryAfterMillis: e.RetryAfter.Milliseconds(),
 		MemberEpoch:      e.MemberEpoch,
 		CursorGeneration: e.CursorGeneration,
+		LeaderCutOff:     e.LeaderCutOff,
 	}
 }
 
@@ -117,6 +118,7 @@ func FromDetail(d *geologv1.ErrorDetail) *apierr.Error {
 		RetryAfter:       time.Duration(min(max(d.GetRetryAfterMillis(), 0), retryAfterMillisMax)) * time.Millisecond,
 		MemberEpoch:      d.GetMemberEpoch(),
 		CursorGeneration: d.GetCursorGeneration(),
+		LeaderCutOff:     d.GetLeaderCutOff(),
 	}
 }
 

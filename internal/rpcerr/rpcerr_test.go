@@ -47,6 +47,7 @@ func TestRoundTrip(t *testing.T) {
 		e := apierr.New(code, "boom %d", 7)
 		e.LeaderHint, e.StartOffset, e.TailOffset, e.ExpectedSequence = "10.0.0.1:7400", 3, 9, 11
 		e.ForkEpoch, e.ForkOffset, e.MemberEpoch, e.CursorGeneration = 4, 1234, 5, 6
+		e.LeaderCutOff = true
 		st, _ := status.FromError(ToStatus(fmt.Errorf("wrapped: %w", e)))
 		if st.Code() != gRPCCodes[code] {
 			t.Fatalf("%v maps to %v, want %v", code, st.Code(), gRPCCodes[code])

@@ -2188,8 +2188,14 @@ type ErrorDetail struct {
 	// For OVERLOADED (and SLOW_CONSUMER): how long to wait, at least, before
 	// sending the request again; 0 when the server does not say.
 	RetryAfterMillis int64 `protobuf:"varint,10,opt,name=retry_after_millis,json=retryAfterMillis,proto3" json:"retry_after_millis,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// For NOT_LEADER: the answering node still leads as far as it knows but
+	// has heard from no quorum within an election timeout (it is cut off
+	// from its followers). Its followers may go on naming it as the leader
+	// until they elect another: a client should not follow hints back to it
+	// for a while, and try the range's other replicas.
+	LeaderCutOff  bool `protobuf:"varint,13,opt,name=leader_cut_off,json=leaderCutOff,proto3" json:"leader_cut_off,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
@@ -2304,6 +2310,13 @@ func (x *ErrorDetail) GetRetryAfterMillis() int64 {
 		return x.RetryAfterMillis
 	}
 	return 0
+}
+
+func (x *ErrorDetail) GetLeaderCutOff() bool {
+	if x != nil {
+		return x.LeaderCutOff
+	}
+	return false
 }
 
 type ListOrphansRequest struct {
@@ -4581,7 +4594,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x16DescribeStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
 	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\x12-\n" +
-	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\"\xbf\x03\n" +
+	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\"\xe5\x03\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -4599,7 +4612,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"fork_epoch\x18\f \x01(\x04R\tforkEpoch\x12,\n" +
 	"\x12retry_after_millis\x18\n" +
-	" \x01(\x03R\x10retryAfterMillis\"Z\n" +
+	" \x01(\x03R\x10retryAfterMillis\x12$\n" +
+	"\x0eleader_cut_off\x18\r \x01(\bR\fleaderCutOff\"Z\n" +
 	"\x12ListOrphansRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12,\n" +
 	"\x05scope\x18\x02 \x01(\x0e2\x16.geolog.v1.OrphanScopeR\x05scope\"\x94\x02\n" +
