@@ -1,0 +1,340 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// apply carries out moves and transfers on reg as a driver would once
+// they finish: the target joins, the source leaves (and loses the
+// leadership, which goes to the target).
+func apply(reg *Region, moves []Move, transfers []Transfer) {
+	at := map[RangeID]int{}
+	for i, r := range reg.Ranges {
+		at[r.ID] = i
+	}
+	for _, m := range moves {
+		r := &reg.Ranges[at[m.Range]]
+		r.Replicas = append(without(r.Replicas, m.From), m.To)
+		if r.Leader == m.From {
+			r.Leader = m.To
+		}
+	}
+	for _, t := range transfers {
+		reg.Ranges[at[t.Range]].Leader = t.To
+	}
+}
+
+// converge plans and applies until the plans are empty, failing after
+// rounds plans (no convergence).
+func converge(t *testing.T, reg *Region, movesMax, rounds int) (moves int) {
+	t.Helper()
+	for i := 0; i < rounds; i++ {
+		ms := Plan(*reg, Config{MovesMax: movesMax})
+		ts := LeaderTransfers(*reg, movesMax)
+		if len(ms) == 0 && len(ts) == 0 {
+			return moves
+		}
+		checkPlan(t, *reg, ms, movesMax)
+		apply(reg, ms, ts)
+		moves += len(ms)
+	}
+	t.Fatalf("no convergence after %d plans", rounds)
+	return 0
+}
+
+// checkPlan checks one plan's own rules: at most movesMax moves, one per
+// range, targets live and not already replicas, sources replicas.
+func checkPlan(t *testing.T, reg Region, ms []Move, movesMax int) {
+	t.Helper()
+	if len(ms) > movesMax {
+		t.Fatalf("%d moves, more than the bound %d", len(ms), movesMax)
+	}
+	state := map[uint64]NodeState{}
+	for _, n := range reg.Nodes {
+		state[n.ID] = n.State
+	}
+	seen := map[RangeID]bool{}
+	for _, m := range ms {
+		if seen[m.Range] {
+			t.Fatalf("two moves of %v in one plan: %v", m.Range, ms)
+		}
+		seen[m.Range] = true
+		var r Range
+		for _, x := range reg.Ranges {
+			if x.ID == m.Range {
+				r = x
+			}
+		}
+		if r.Moving {
+			t.Fatalf("move of %v, whose earlier move is under way", m.Range)
+		}
+		if st, ok := state[m.To]; !ok || st != Live {
+			t.Fatalf("move %+v to a node that is not live", m)
+		}
+		if slices.Contains(r.Replicas, m.To) || (m.From != 0 && !slices.Contains(r.Replicas, m.From)) {
+			t.Fatalf("move %+v does not fit replicas %v", m, r.Replicas)
+		}
+	}
+}
+
+// region returns n nodes over zones (round robin) and ranges of rf
+// replicas placed by Choose one after another, each led by its first.
+func region(t *testing.T, nodes int, zones []string, ranges, rf int) Region {
+	t.Helper()
+	var reg Region
+	for i := 1; i <= nodes; i++ {
+		reg.Nodes = append(reg.Nodes, Node{ID: uint64(i), Zone: zones[(i-1)%len(zones)]})
+	}
+	for i := 0; i < ranges; i++ {
+		ids, err := Choose(reg, rf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg.Ranges = append(reg.Ranges, Range{ID: RangeID{"s", uint32(i)}, Replicas: ids, Leader: ids[i%len(ids)],
+			SizeBytes: int64(1+i%7) << 20, ReplicationFactor: rf})
+	}
+	return reg
+}
+
+// counts returns replicas and leaders per live node.
+func counts(reg Region) (replicas, leaders map[uint64]int) {
+	replicas, leaders = map[uint64]int{}, map[uint64]int{}
+	for _, n := range reg.Nodes {
+		if n.State == Live {
+			replicas[n.ID], leaders[n.ID] = 0, 0
+		}
+	}
+	for _, r := range reg.Ranges {
+		for _, id := range r.Replicas {
+			replicas[id]++
+		}
+		leaders[r.Leader]++
+	}
+	return replicas, leaders
+}
+
+// within checks that every live node's count is within frac of the mean.
+func within(t *testing.T, what string, c map[uint64]int, frac float64) {
+	t.Helper()
+	total := 0
+	for _, n := range c {
+		total += n
+	}
+	mean := float64(total) / float64(len(c))
+	for id, n := range c {
+		if d := float64(n) - mean; d > frac*mean || -d > frac*mean {
+			t.Fatalf("node %d has %d %s, the mean is %.1f: more than %.0f%% off (%v)", id, n, what, mean, frac*100, c)
+		}
+	}
+}
+
+// checkSpread checks that every range has rf distinct replicas on live
+// nodes spanning min(rf, zones) zones.
+func checkSpread(t *testing.T, reg Region, zones int) {
+	t.Helper()
+	zone := map[uint64]string{}
+	for _, n := range reg.Nodes {
+		if n.State == Live {
+			zone[n.ID] = n.Zone
+		}
+	}
+	for _, r := range reg.Ranges {
+		z := map[string]bool{}
+		ids := map[uint64]bool{}
+		for _, id := range r.Replicas {
+			zn, ok := zone[id]
+			if !ok {
+				t.Fatalf("%v has a replica on node %d, which is not live: %v", r.ID, id, r.Replicas)
+			}
+			z[zn], ids[id] = true, true
+		}
+		if len(ids) != r.ReplicationFactor || len(r.Replicas) != r.ReplicationFactor {
+			t.Fatalf("%v has replicas %v, want %d distinct", r.ID, r.Replicas, r.ReplicationFactor)
+		}
+		if want := min(r.ReplicationFactor, zones); len(z) != want {
+			t.Fatalf("%v spans %d zones (%v), want %d", r.ID, len(z), r.Replicas, want)
+		}
+	}
+}
+
+func TestChooseSpreadsOverZonesThenLoad(t *testing.T) {
+	reg := Region{Nodes: []Node{{1, "a", Live}, {2, "a", Live}, {3, "b", Live}, {4, "c", Live}, {5, "c", Draining}}}
+	ids, err := Choose(reg, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ids, []uint64{1, 3, 4}) {
+		t.Fatalf("chose %v, want one node per zone, lowest ids first: [1 3 4]", ids)
+	}
+	// Node 1 now holds a replica more: zone a's other node is chosen.
+	reg.Ranges = []Range{{ID: RangeID{"s", 0}, Replicas: ids, ReplicationFactor: 3}}
+	if ids, _ := Choose(reg, 3); !slices.Equal(ids, []uint64{2, 3, 4}) {
+		t.Fatalf("chose %v, want [2 3 4]", ids)
+	}
+	if _, err := Choose(Region{Nodes: reg.Nodes[:2]}, 3); !errors.Is(err, ErrNotEnoughNodes) {
+		t.Fatalf("three replicas on two live nodes: %v, want ErrNotEnoughNodes", err)
+	}
+}
+
+// TestGrowThreeToSix: 300 ranges on three nodes, one per zone; three more
+// nodes join (one per zone). Planning and applying, eight moves at a time,
+// ends with replicas and leaders within 20% of even, every range still on
+// three zones, having moved no more than half the replicas.
+func TestGrowThreeToSix(t *testing.T) {
+	zones := []string{"a", "b", "c"}
+	reg := region(t, 3, zones, 300, 3)
+	for i := 4; i <= 6; i++ {
+		reg.Nodes = append(reg.Nodes, Node{ID: uint64(i), Zone: zones[(i-1)%3]})
+	}
+	moves := converge(t, &reg, 8, 1000)
+	replicas, leaders := counts(reg)
+	within(t, "replicas", replicas, 0.2)
+	within(t, "leaders", leaders, 0.2)
+	checkSpread(t, reg, 3)
+	if moves > 450 {
+		t.Fatalf("%d moves to balance 900 replicas over twice the nodes (450 is the least)", moves)
+	}
+}
+
+// TestDecommissionAndDeath: a decommissioned node and a dead one lose
+// every replica; each range is back to three live replicas over three
+// zones; the ranges with two replicas gone are repaired first.
+func TestDecommissionAndDeath(t *testing.T) {
+	zones := []string{"a", "b", "c"}
+	reg := region(t, 6, zones, 60, 3)
+	reg.Nodes[0].State = Decommissioned // node 1, zone a
+	reg.Nodes[1].State = Dead           // node 2, zone b
+	l := newLoad(reg)
+	serving := map[RangeID]int{}
+	twoGone := 0
+	for _, r := range reg.Ranges {
+		serving[r.ID] = l.liveReplicas(r)
+		if serving[r.ID] == 1 {
+			twoGone++
+		}
+	}
+	if twoGone == 0 {
+		t.Fatal("no range lost two replicas: the test wants some")
+	}
+	first := Plan(reg, Config{MovesMax: twoGone + 10})
+	for i, m := range first {
+		if m.Reason != Repair {
+			t.Fatalf("move %+v before the repairs are done", m)
+		}
+		if want := 1 + boolInt(i >= twoGone); serving[m.Range] != want {
+			t.Fatalf("move %d repairs %v with %d serving replicas, want %d: the ranges with one go first (%v)", i, m.Range, serving[m.Range], want, first)
+		}
+	}
+	converge(t, &reg, 4, 1000)
+	checkSpread(t, reg, 3)
+	// Zones a and b have one live node each, which must hold every
+	// range's replica in its zone; zone c's two nodes share theirs.
+	replicas, _ := counts(reg)
+	if replicas[4] != 60 || replicas[5] != 60 || replicas[3]+replicas[6] != 60 || replicas[3]-replicas[6] > 1 || replicas[6]-replicas[3] > 1 {
+		t.Fatalf("replicas per node %v, want 60 on nodes 4 and 5 and 30 each on 3 and 6", replicas)
+	}
+}
+
+// TestDrainKeepsServingUntilMoved: a draining node's replicas move away
+// (Drain), and its leaderships go first.
+func TestDrainKeepsServingUntilMoved(t *testing.T) {
+	zones := []string{"a", "b", "c"}
+	reg := region(t, 6, zones, 30, 3)
+	reg.Nodes[3].State = Draining // node 4
+	ts := LeaderTransfers(reg, 100)
+	for _, r := range reg.Ranges {
+		if r.Leader == 4 && !slices.ContainsFunc(ts, func(x Transfer) bool { return x.Range == r.ID && x.From == 4 }) {
+			t.Fatalf("%v led by the draining node 4 is not transferred: %v", r.ID, ts)
+		}
+	}
+	ms := Plan(reg, Config{MovesMax: 100})
+	for _, m := range ms {
+		if m.Reason != Drain || m.From != 4 {
+			t.Fatalf("move %+v while draining node 4 (only drains expected first)", m)
+		}
+	}
+	converge(t, &reg, 5, 1000)
+	for _, r := range reg.Ranges {
+		if slices.Contains(r.Replicas, 4) || r.Leader == 4 {
+			t.Fatalf("%v still on the drained node 4: %v leader %d", r.ID, r.Replicas, r.Leader)
+		}
+	}
+}
+
+// TestMovingRangesAreLeftAlone: a range with a move under way takes part
+// in no plan, even when its replica is on a dead node.
+func TestMovingRangesAreLeftAlone(t *testing.T) {
+	reg := region(t, 4, []string{"a", "b", "c", "d"}, 4, 3)
+	reg.Nodes[0].State = Dead
+	for i := range reg.Ranges {
+		reg.Ranges[i].Moving = true
+	}
+	if ms := Plan(reg, Config{MovesMax: 10}); len(ms) != 0 {
+		t.Fatalf("planned %v for ranges that are all moving", ms)
+	}
+}
+
+// TestPlanIsDeterministic: the same snapshot gives the same plan, whatever
+// the order of its nodes and ranges.
+func TestPlanIsDeterministic(t *testing.T) {
+	reg := region(t, 5, []string{"a", "b"}, 40, 3)
+	reg.Nodes = append(reg.Nodes, Node{ID: 6, Zone: "c"}, Node{ID: 7, Zone: "c"})
+	want := Plan(reg, Config{MovesMax: 6})
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 20; i++ {
+		rnd.Shuffle(len(reg.Nodes), func(a, b int) { reg.Nodes[a], reg.Nodes[b] = reg.Nodes[b], reg.Nodes[a] })
+		rnd.Shuffle(len(reg.Ranges), func(a, b int) { reg.Ranges[a], reg.Ranges[b] = reg.Ranges[b], reg.Ranges[a] })
+		if got := Plan(reg, Config{MovesMax: 6}); !slices.Equal(got, want) {
+			t.Fatalf("shuffled input planned %v, want %v", got, want)
+		}
+	}
+}
+
+// TestRandomRegionsConverge: random regions (nodes, zones, states, ranges
+// of replication factor 1, 3 or 5 placed anywhere) converge, and end with
+// every range on distinct live nodes spanning as many zones as it can and
+// replicas per live node differing by at most a few.
+func TestRandomRegionsConverge(t *testing.T) {
+	for seed := uint64(1); seed <= 300; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rnd := rand.New(rand.NewPCG(seed, 7))
+			zones := []string{"a", "b", "c", "d"}[:1+rnd.IntN(4)]
+			rf := []int{1, 3, 5}[rnd.IntN(3)]
+			var reg Region
+			live := 0
+			for i := 1; i <= 2+rnd.IntN(10); i++ {
+				st := Live
+				if rnd.IntN(5) == 0 {
+					st = NodeState(1 + rnd.IntN(3))
+				}
+				if st == Live {
+					live++
+				}
+				reg.Nodes = append(reg.Nodes, Node{ID: uint64(i), Zone: zones[rnd.IntN(len(zones))], State: st})
+			}
+			if live < rf {
+				t.Skip("fewer live nodes than the replication factor")
+			}
+			for i := 0; i < rnd.IntN(80); i++ {
+				var ids []uint64
+				for _, p := range rnd.Perm(len(reg.Nodes))[:min(rf, len(reg.Nodes))] {
+					ids = append(ids, reg.Nodes[p].ID)
+				}
+				reg.Ranges = append(reg.Ranges, Range{ID: RangeID{"s", uint32(i)}, Replicas: ids, Leader: ids[0],
+					SizeBytes: rnd.Int64N(1 << 30), ReplicationFactor: rf})
+			}
+			converge(t, &reg, 1+rnd.IntN(8), 5000)
+			liveZones := map[string]bool{}
+			for _, n := range reg.Nodes {
+				if n.State == Live {
+					liveZones[n.Zone] = true
+				}
+			}
+			checkSpread(t, reg, len(liveZones))
+		})
+	}
+}
