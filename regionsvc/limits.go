@@ -67,7 +67,7 @@ type LimitsConfig struct {
 	// RequestsReceivingMax bounds the unary client requests being read
 	// and decoded at once, default 8: each may reach the receive limit
 	// (BatchBytesMax + 1 MiB). RequestsWaitingMax bounds those admitted
-	// to wait for one of these slots, default 512: each holds at most
+	// to wait for one of these slots, default 256: each holds at most
 	// its stream's flow-control window (4 MiB) until it is read.
 	RequestsReceivingMax, RequestsWaitingMax int
 	// StreamsPerConnectionMax bounds the concurrent RPCs of a connection,
@@ -114,7 +114,7 @@ func (c *LimitsConfig) setDefaults(fileLimit int) {
 	setDefault(&c.AppendBytesInflightMax, 128<<20)
 	setDefault(&c.ReadBytesInflightMax, 128<<20)
 	setDefault(&c.RequestsReceivingMax, 8)
-	setDefault(&c.RequestsWaitingMax, 512)
+	setDefault(&c.RequestsWaitingMax, 256)
 	setDefault(&c.receiveWait, receiveWaitMax)
 	setDefault(&c.StreamsPerConnectionMax, 1024)
 	setDefault(&c.ConnectionsMax, max(64, fileLimit/4))

@@ -34,7 +34,7 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 	fs.Var(&f.appendInflight, "append-bytes-inflight-max", "bytes of appends held between receipt and answer, node-wide (default 128MiB); past it appends get OVERLOADED")
 	fs.Var(&f.readInflight, "read-bytes-inflight-max", "bytes of reads and subscription messages being sent, node-wide (default 128MiB)")
 	f.receiving = fs.Int("requests-receiving-max", 0, "client requests being read and decoded at once, each up to the receive limit (default 8; AppendStream aside)")
-	f.waiting = fs.Int("requests-waiting-max", 0, "client requests admitted to wait for a receive slot, each holding at most a stream window (4MiB) (default 512)")
+	f.waiting = fs.Int("requests-waiting-max", 0, "client requests admitted to wait for a receive slot, each holding at most a stream window (4MiB) (default 256; 256 x 4MiB = 1GiB at worst)")
 	f.streamsPerConn = fs.Int("streams-per-connection-max", 0, "concurrent RPCs per connection (default 1024)")
 	f.connections = fs.Int("connections-max", 0, "inbound connections (default a quarter of RLIMIT_NOFILE, raised to its hard limit at start)")
 	f.connectionsPerAddr = fs.Int("connections-per-address-max", 0, "inbound connections from one address (default half of --connections-max)")
