@@ -28,15 +28,16 @@ import (
 //   - a request on the wire: the receive limit (BatchBytesMax + 1 MiB)
 //     for every message, and an append's records and headers counted
 //     before it is decoded (codec.go);
-//   - requests being received (receive.go): a unary request of the
-//     client API waits for a receive slot among RequestsWaitingMax, each
-//     holding at most its stream's flow-control window (4 MiB) of
-//     request bytes sent ahead, and is refused at once with OVERLOADED
-//     when none is free; RequestsReceivingMax requests read theirs at
-//     once (up to the receive limit each), a request waiting up to
-//     receiveWaitMax for a slot before OVERLOADED; an AppendStream
-//     receives one request at a time, and a connection carries
-//     StreamsPerConnectionMax streams;
+//   - requests being received (receive.go): a request of the client API
+//     (AppendStream's aside) waits for a receive slot among
+//     RequestsWaitingMax, each holding at most its stream's flow-control
+//     window (4 MiB) of request bytes sent ahead, and is refused at once
+//     with OVERLOADED when none is free; RequestsReceivingMax requests
+//     read theirs at once (up to the receive limit each), a request
+//     waiting up to receiveWaitMax for a slot before OVERLOADED (a method
+//     whose handler is not gated takes its slot as it arrives, as all did
+//     before); an AppendStream receives one request at a time, and a
+//     connection carries StreamsPerConnectionMax streams;
 //   - appends in flight, from decoding to the answer:
 //     AppendBytesInflightMax bytes of encoded batches;
 //   - reads and subscription messages being read and sent:
@@ -139,8 +140,12 @@ type limits struct {
 	reads     *byteBudget
 	receiving *slots
 	waiting   *slots
-	quotas    *quotas
-	metrics   *nodeMetrics
+	// gated holds the full names of the methods whose handlers take a
+	// receive slot before they read (receiveGated, before the server
+	// serves; read-only after).
+	gated   map[string]bool
+	quotas  *quotas
+	metrics *nodeMetrics
 	// refusedConns counts connections closed at accept; refused the
 	// requests refused, by limit (limitNames).
 	refusedConns atomic.Uint64
@@ -177,6 +182,7 @@ func newLimits(cfg LimitsConfig, now func() time.Time, metrics *nodeMetrics, log
 		reads:     newByteBudget("reads", cfg.ReadBytesInflightMax),
 		receiving: newSlots(cfg.RequestsReceivingMax),
 		waiting:   newSlots(cfg.RequestsWaitingMax),
+		gated:     map[string]bool{},
 		quotas:    newQuotas(cfg.QuotaRequestsPerSecond, cfg.QuotaBytesPerSecond, now),
 		metrics:   metrics,
 	}
@@ -232,16 +238,35 @@ func (l *limits) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 			e := l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", p, wait)
 			return ctx, rpcerr.ToStatus(e)
 		}
-		if !l.waiting.tryTake() {
-			e := l.overloaded(ctx, "receiving", jittered(overloadRetryAfter), "node has %d requests waiting to be received", l.cfg.RequestsWaitingMax)
-			return ctx, rpcerr.ToStatus(e)
+		if err := l.admitReceive(ctx, info.FullMethodName, h); err != nil {
+			return ctx, err
 		}
-		h.wait = l.waiting
 	}
 	ctx = context.WithValue(ctx, rpcHoldKey{}, h)
 	// Whatever happens to the RPC, its stream's context ends with it.
 	context.AfterFunc(ctx, h.release)
 	return ctx, nil
+}
+
+// admitReceive gives the RPC of method a waiting slot if its handler
+// takes a receive slot before it reads (receiveGated), else the receive
+// slot itself, its request being read as soon as its goroutine runs; or
+// OVERLOADED, as a status.
+func (l *limits) admitReceive(ctx context.Context, method string, h *rpcHold) error {
+	if !l.gated[method] {
+		if !l.receiving.tryTake() {
+			e := l.overloaded(ctx, "receiving", jittered(overloadRetryAfter), "node is receiving %d requests", l.cfg.RequestsReceivingMax)
+			return rpcerr.ToStatus(e)
+		}
+		h.slot = l.receiving
+		return nil
+	}
+	if !l.waiting.tryTake() {
+		e := l.overloaded(ctx, "receiving", jittered(overloadRetryAfter), "node has %d requests waiting to be received", l.cfg.RequestsWaitingMax)
+		return rpcerr.ToStatus(e)
+	}
+	h.wait = l.waiting
+	return nil
 }
 
 // limitsStats returns an RPC's receive slot once its request is decoded,

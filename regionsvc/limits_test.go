@@ -16,8 +16,10 @@ import (
 	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/tap"
 )
 
 // TestQuotaBuckets walks the token buckets on a fake clock.
@@ -363,6 +365,40 @@ func TestSmallRequestsWaitForReceiveSlots(t *testing.T) {
 		t.Fatalf("%d refusals, want the one past the waiting bound", r)
 	}
 	waitUntil(t, ctx, time.Minute, "the slots returned", func() bool {
+		return l.waiting.inUse() == 0 && l.receiving.inUse() == 0
+	})
+}
+
+// TestTapGatesOnlyGatedMethods: the tap gives a method whose handler takes
+// a receive slot before it reads (receiveGated) a waiting slot, and any
+// other method of the client API the receive slot itself, refusing it at
+// once with OVERLOADED when none is free, so that no request of the API
+// is read outside the bound.
+func TestTapGatesOnlyGatedMethods(t *testing.T) {
+	cfg := LimitsConfig{RequestsReceivingMax: 1, RequestsWaitingMax: 1}
+	cfg.setDefaults(1024)
+	l := newLimits(cfg, time.Now, nil, hclog.NewNullLogger())
+	l.receiveGated(&grpc.ServiceDesc{ServiceName: "geolog.v1.Gated", HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{MethodName: "Small"}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tapped := func(method string) error {
+		_, err := l.tap(ctx, &tap.Info{FullMethodName: method})
+		return err
+	}
+	if err := tapped("/geolog.v1.Gated/Small"); err != nil || l.waiting.inUse() != 1 || l.receiving.inUse() != 0 {
+		t.Fatalf("gated: %v, waiting %d, receiving %d", err, l.waiting.inUse(), l.receiving.inUse())
+	}
+	if err := tapped("/geolog.v1.Other/Call"); err != nil || l.receiving.inUse() != 1 {
+		t.Fatalf("ungated: %v, receiving %d", err, l.receiving.inUse())
+	}
+	for _, m := range []string{"/geolog.v1.Gated/Small", "/geolog.v1.Other/Call"} {
+		if e := rpcerr.FromError(tapped(m)); e == nil || e.Code != apierr.Overloaded {
+			t.Fatalf("%s past its bound: %v", m, e)
+		}
+	}
+	cancel() // the RPCs end: everything comes back
+	waitUntil(t, context.Background(), 10*time.Second, "the slots returned", func() bool {
 		return l.waiting.inUse() == 0 && l.receiving.inUse() == 0
 	})
 }

@@ -47,11 +47,14 @@ const receiveWaitMax = time.Second
 // unary interceptors, rpcerr's boundary first, run after the decoder);
 // a streaming method's before the method's handler (a server-streaming
 // handler reads its one request first; an AppendStream holds no waiting
-// slot and waits for nothing here).
+// slot and waits for nothing here). It records the methods for the tap
+// (admitReceive), which gives any other method of the client API its
+// receive slot as it arrives; call it before the server serves.
 func (l *limits) receiveGated(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
 	d := *desc
 	d.Methods = slices.Clone(desc.Methods)
 	for i, md := range d.Methods {
+		l.gated["/"+desc.ServiceName+"/"+md.MethodName] = true
 		d.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
 			if err := l.awaitReceiveSlot(ctx); err != nil {
 				return nil, rpcerr.ToStatus(err)
@@ -61,6 +64,7 @@ func (l *limits) receiveGated(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
 	}
 	d.Streams = slices.Clone(desc.Streams)
 	for i, sd := range d.Streams {
+		l.gated["/"+desc.ServiceName+"/"+sd.StreamName] = true
 		d.Streams[i].Handler = func(srv any, ss grpc.ServerStream) error {
 			if err := l.awaitReceiveSlot(ss.Context()); err != nil {
 				return err
