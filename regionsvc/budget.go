@@ -108,15 +108,38 @@ func (s *slots) tryTake() bool {
 	}
 }
 
+// take takes a slot, waiting up to wait for one; false if none came
+// free or ctx ended first.
+func (s *slots) take(ctx context.Context, wait time.Duration) bool {
+	if s.tryTake() {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case s.ch <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
 func (s *slots) give() { <-s.ch }
 
-// rpcHold is what one RPC holds of the node's limits: a receive slot until
-// its request is decoded, and budget bytes until it ends. The limits'
+// inUse returns the slots taken now.
+func (s *slots) inUse() int { return len(s.ch) }
+
+// rpcHold is what one RPC holds of the node's limits: a waiting slot
+// until it holds a receive slot, a receive slot until its request is
+// decoded (receive.go), and budget bytes until it ends. The limits'
 // InTapHandle creates it, handlers add to it (holdOf), and it is all
 // returned when the RPC ends (the stats handler's End, or the stream's
 // context ending, whichever comes first).
 type rpcHold struct {
 	mu       sync.Mutex
+	wait     *slots // the waiting slot held, nil once given back
 	slot     *slots // the receive slot held, nil once given back
 	budgets  []heldBytes
 	released bool
@@ -135,14 +158,44 @@ func holdOf(ctx context.Context) *rpcHold {
 	return h
 }
 
-// received gives the receive slot back: the request is decoded.
+// waiting reports whether the RPC holds a waiting slot: it was admitted
+// to wait for a receive slot, and has not taken one yet.
+func (h *rpcHold) waiting() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.wait != nil
+}
+
+// receiveWith records the receive slot taken from s, and gives the
+// waiting slot back; it returns false (and records nothing) if the RPC
+// has ended already.
+func (h *rpcHold) receiveWith(s *slots) bool {
+	h.mu.Lock()
+	if h.released {
+		h.mu.Unlock()
+		return false
+	}
+	w := h.wait
+	h.wait, h.slot = nil, s
+	h.mu.Unlock()
+	if w != nil {
+		w.give()
+	}
+	return true
+}
+
+// received gives the receive slot (and a waiting slot still held) back:
+// the request is decoded.
 func (h *rpcHold) received() {
 	h.mu.Lock()
-	s := h.slot
-	h.slot = nil
+	s, w := h.slot, h.wait
+	h.slot, h.wait = nil, nil
 	h.mu.Unlock()
 	if s != nil {
 		s.give()
+	}
+	if w != nil {
+		w.give()
 	}
 }
 

@@ -28,12 +28,16 @@ import (
 //   - a request on the wire: the receive limit (BatchBytesMax + 1 MiB)
 //     for every message, and an append's records and headers counted
 //     before it is decoded (codec.go);
-//   - requests being received: RequestsReceivingMax requests of the client
-//     API (all but AppendStream) between their first byte and their
-//     decoding, admitted when they start (limits.tap) and refused at once
-//     with OVERLOADED when none is free; an AppendStream receives one
-//     request at a time, and a connection carries StreamsPerConnectionMax
-//     streams;
+//   - requests being received (receive.go): a request of the client API
+//     (AppendStream's aside) waits for a receive slot among
+//     RequestsWaitingMax, each holding at most its stream's flow-control
+//     window (4 MiB) of request bytes sent ahead, and is refused at once
+//     with OVERLOADED when none is free; RequestsReceivingMax requests
+//     read theirs at once (up to the receive limit each), a request
+//     waiting up to receiveWaitMax for a slot before OVERLOADED (a method
+//     whose handler is not gated takes its slot as it arrives, as all did
+//     before); an AppendStream receives one request at a time, and a
+//     connection carries StreamsPerConnectionMax streams;
 //   - appends in flight, from decoding to the answer:
 //     AppendBytesInflightMax bytes of encoded batches;
 //   - reads and subscription messages being read and sent:
@@ -61,9 +65,12 @@ type LimitsConfig struct {
 	// ReadBytesInflightMax bounds the bytes of reads and subscription
 	// messages being read and sent, default 128 MiB.
 	ReadBytesInflightMax int64
-	// RequestsReceivingMax bounds the client requests being received and
-	// decoded at once (AppendStream's aside), default 8.
-	RequestsReceivingMax int
+	// RequestsReceivingMax bounds the unary client requests being read
+	// and decoded at once, default 8: each may reach the receive limit
+	// (BatchBytesMax + 1 MiB). RequestsWaitingMax bounds those admitted
+	// to wait for one of these slots, default 256: each holds at most
+	// its stream's flow-control window (4 MiB) until it is read.
+	RequestsReceivingMax, RequestsWaitingMax int
 	// StreamsPerConnectionMax bounds the concurrent RPCs of a connection,
 	// default 1024.
 	StreamsPerConnectionMax int
@@ -88,6 +95,9 @@ type LimitsConfig struct {
 	// principal's requests and bytes (appended or read) per second; 0
 	// (the default) means no quota.
 	QuotaRequestsPerSecond, QuotaBytesPerSecond float64
+	// receiveWait bounds a request's wait for a receive slot,
+	// receiveWaitMax (tests lengthen it).
+	receiveWait time.Duration
 }
 
 // File descriptors a range holds (its segment and index files), and those
@@ -105,6 +115,8 @@ func (c *LimitsConfig) setDefaults(fileLimit int) {
 	setDefault(&c.AppendBytesInflightMax, 128<<20)
 	setDefault(&c.ReadBytesInflightMax, 128<<20)
 	setDefault(&c.RequestsReceivingMax, 8)
+	setDefault(&c.RequestsWaitingMax, 256)
+	setDefault(&c.receiveWait, receiveWaitMax)
 	setDefault(&c.StreamsPerConnectionMax, 1024)
 	setDefault(&c.ConnectionsMax, max(64, fileLimit/4))
 	setDefault(&c.ConnectionsPerAddressMax, max(16, c.ConnectionsMax/2))
@@ -127,8 +139,13 @@ type limits struct {
 	appends   *byteBudget
 	reads     *byteBudget
 	receiving *slots
-	quotas    *quotas
-	metrics   *nodeMetrics
+	waiting   *slots
+	// gated holds the full names of the methods whose handlers take a
+	// receive slot before they read (receiveGated, before the server
+	// serves; read-only after).
+	gated   map[string]bool
+	quotas  *quotas
+	metrics *nodeMetrics
 	// refusedConns counts connections closed at accept; refused the
 	// requests refused, by limit (limitNames).
 	refusedConns atomic.Uint64
@@ -164,6 +181,8 @@ func newLimits(cfg LimitsConfig, now func() time.Time, metrics *nodeMetrics, log
 		appends:   newByteBudget("appends", cfg.AppendBytesInflightMax),
 		reads:     newByteBudget("reads", cfg.ReadBytesInflightMax),
 		receiving: newSlots(cfg.RequestsReceivingMax),
+		waiting:   newSlots(cfg.RequestsWaitingMax),
+		gated:     map[string]bool{},
 		quotas:    newQuotas(cfg.QuotaRequestsPerSecond, cfg.QuotaBytesPerSecond, now),
 		metrics:   metrics,
 	}
@@ -205,7 +224,8 @@ func clientAPI(method string) bool {
 
 // tap admits a new RPC of the client API (gRPC calls it as the RPC's
 // headers arrive, before any of its request is read): every one gets an
-// rpcHold, and all but AppendStream a receive slot, or OVERLOADED at once.
+// rpcHold, and all but AppendStream a waiting slot (receive.go), or
+// OVERLOADED at once.
 func (l *limits) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if !clientAPI(info.FullMethodName) {
 		return ctx, nil
@@ -218,16 +238,35 @@ func (l *limits) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 			e := l.overloaded(ctx, "quota", wait, "%s is over its quota; retry in %v", p, wait)
 			return ctx, rpcerr.ToStatus(e)
 		}
-		if !l.receiving.tryTake() {
-			e := l.overloaded(ctx, "receiving", jittered(overloadRetryAfter), "node is receiving %d requests", l.cfg.RequestsReceivingMax)
-			return ctx, rpcerr.ToStatus(e)
+		if err := l.admitReceive(ctx, info.FullMethodName, h); err != nil {
+			return ctx, err
 		}
-		h.slot = l.receiving
 	}
 	ctx = context.WithValue(ctx, rpcHoldKey{}, h)
 	// Whatever happens to the RPC, its stream's context ends with it.
 	context.AfterFunc(ctx, h.release)
 	return ctx, nil
+}
+
+// admitReceive gives the RPC of method a waiting slot if its handler
+// takes a receive slot before it reads (receiveGated), else the receive
+// slot itself, its request being read as soon as its goroutine runs; or
+// OVERLOADED, as a status.
+func (l *limits) admitReceive(ctx context.Context, method string, h *rpcHold) error {
+	if !l.gated[method] {
+		if !l.receiving.tryTake() {
+			e := l.overloaded(ctx, "receiving", jittered(overloadRetryAfter), "node is receiving %d requests", l.cfg.RequestsReceivingMax)
+			return rpcerr.ToStatus(e)
+		}
+		h.slot = l.receiving
+		return nil
+	}
+	if !l.waiting.tryTake() {
+		e := l.overloaded(ctx, "receiving", jittered(overloadRetryAfter), "node has %d requests waiting to be received", l.cfg.RequestsWaitingMax)
+		return rpcerr.ToStatus(e)
+	}
+	h.wait = l.waiting
+	return nil
 }
 
 // limitsStats returns an RPC's receive slot once its request is decoded,

@@ -461,3 +461,44 @@ func TestProbeRangeCap(t *testing.T) {
 	}
 	checkAlive(t, p, conn, "age")
 }
+
+// TestProbeWaitingLargeRequests: 256 appends of about 15 MiB at once on
+// 16 connections, more than the node reads at once: each waits for a
+// receive slot holding at most its stream's flow-control window, the
+// node reads a few at a time, refuses the rest with OVERLOADED, and its
+// peak memory stays under rssMax.
+func TestProbeWaitingLargeRequests(t *testing.T) {
+	p, conn := probeNode(t)
+	createProbeStream(t, conn, "w")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	wire := appendWire("w", 15, 1<<20-64)
+	conns := make([]*grpc.ClientConn, 16)
+	for i := range conns {
+		c, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 256)
+	for i := range errs {
+		wg.Go(func() { errs[i] = rawAppend(ctx, conns[i%len(conns)], wire) })
+	}
+	wg.Wait()
+	ok, overloaded := 0, 0
+	for i, err := range errs {
+		switch e := rpcerr.FromError(err); {
+		case err == nil:
+			ok++
+		case e.Code == apierr.Overloaded && e.Retriable:
+			overloaded++
+		default:
+			t.Fatalf("producer %d: %v", i, err)
+		}
+	}
+	t.Logf("256 batches of %d MiB: %d appended, %d refused with OVERLOADED", len(wire)>>20, ok, overloaded)
+	checkAlive(t, p, conn, "w")
+}

@@ -1,9 +1,13 @@
 package regionsvc
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,8 +16,10 @@ import (
 	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/tap"
 )
 
 // TestQuotaBuckets walks the token buckets on a fake clock.
@@ -160,9 +166,9 @@ func TestDeleteStream(t *testing.T) {
 }
 
 // TestBudgetsRefuseWithRetryAfter: an append or a read that the node's
-// budget cannot take now, and a request arriving while every receive slot
-// is taken, get a retriable OVERLOADED with a retry-after; they succeed
-// once the budget is back.
+// budget cannot take now, and a request that waited receiveWaitMax while
+// every receive slot is taken, get a retriable OVERLOADED with a
+// retry-after; they succeed once the budget is back.
 func TestBudgetsRefuseWithRetryAfter(t *testing.T) {
 	n, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "b", 1)
@@ -301,4 +307,98 @@ func TestQuotaSDKBacksOff(t *testing.T) {
 	if e := rpcerr.FromError(err); e.Code != apierr.Overloaded || e.RetryAfter < time.Second {
 		t.Fatalf("over the quota: %v (retry after %v)", err, e.RetryAfter)
 	}
+}
+
+// TestSmallRequestsWaitForReceiveSlots: with every receive slot taken,
+// 256 concurrent cursor commits are all admitted to wait (none refused,
+// none read), and all are committed once the slots come free; a request
+// past RequestsWaitingMax is refused at once with OVERLOADED, so what
+// waits stays bounded.
+func TestSmallRequestsWaitForReceiveSlots(t *testing.T) {
+	const commits = 256
+	n, lc := testNode(t, t.TempDir(), func(cfg *Config) {
+		cfg.Limits.RequestsReceivingMax = 2
+		cfg.Limits.RequestsWaitingMax = commits
+		cfg.Limits.receiveWait = 5 * time.Minute
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	createStream(t, lc, "chat", 4)
+	appendN(t, ctx, lc, "chat", 1, 10)
+	cc := consumerClient(t, n.Addr())
+	if _, err := cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: "warm",
+		Positions: []*geologv1.CursorPosition{{Stream: "chat", Range: 1, Offset: 1}}}); err != nil {
+		t.Fatal(err) // the cursor stream exists before the slots are taken
+	}
+	l := n.limits
+	for range l.cfg.RequestsReceivingMax {
+		if !l.receiving.tryTake() {
+			t.Fatal("slot busy")
+		}
+	}
+	var done atomic.Int64
+	errs := make([]error, commits)
+	var wg sync.WaitGroup
+	for i := range commits {
+		wg.Go(func() {
+			_, errs[i] = cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: fmt.Sprintf("dev-%d", i),
+				Positions: []*geologv1.CursorPosition{{Stream: "chat", Range: 1, Offset: uint64(i % 11)}}})
+			done.Add(1)
+		})
+	}
+	waitUntil(t, ctx, 4*time.Minute, "every commit waiting", func() bool { return l.waiting.inUse() == commits })
+	if d, r := done.Load(), l.refusals("receiving"); d != 0 || r != 0 {
+		t.Fatalf("with every receive slot taken: %d commits answered, %d refused", d, r)
+	}
+	_, err := lc.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "chat"})
+	wantCode(t, err, apierr.Overloaded)
+	for range l.cfg.RequestsReceivingMax {
+		l.receiving.give()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("commit %d: %v", i, err)
+		}
+	}
+	if r := l.refusals("receiving"); r != 1 {
+		t.Fatalf("%d refusals, want the one past the waiting bound", r)
+	}
+	waitUntil(t, ctx, time.Minute, "the slots returned", func() bool {
+		return l.waiting.inUse() == 0 && l.receiving.inUse() == 0
+	})
+}
+
+// TestTapGatesOnlyGatedMethods: the tap gives a method whose handler takes
+// a receive slot before it reads (receiveGated) a waiting slot, and any
+// other method of the client API the receive slot itself, refusing it at
+// once with OVERLOADED when none is free, so that no request of the API
+// is read outside the bound.
+func TestTapGatesOnlyGatedMethods(t *testing.T) {
+	cfg := LimitsConfig{RequestsReceivingMax: 1, RequestsWaitingMax: 1}
+	cfg.setDefaults(1024)
+	l := newLimits(cfg, time.Now, nil, hclog.NewNullLogger())
+	l.receiveGated(&grpc.ServiceDesc{ServiceName: "geolog.v1.Gated", HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{MethodName: "Small"}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tapped := func(method string) error {
+		_, err := l.tap(ctx, &tap.Info{FullMethodName: method})
+		return err
+	}
+	if err := tapped("/geolog.v1.Gated/Small"); err != nil || l.waiting.inUse() != 1 || l.receiving.inUse() != 0 {
+		t.Fatalf("gated: %v, waiting %d, receiving %d", err, l.waiting.inUse(), l.receiving.inUse())
+	}
+	if err := tapped("/geolog.v1.Other/Call"); err != nil || l.receiving.inUse() != 1 {
+		t.Fatalf("ungated: %v, receiving %d", err, l.receiving.inUse())
+	}
+	for _, m := range []string{"/geolog.v1.Gated/Small", "/geolog.v1.Other/Call"} {
+		if e := rpcerr.FromError(tapped(m)); e == nil || e.Code != apierr.Overloaded {
+			t.Fatalf("%s past its bound: %v", m, e)
+		}
+	}
+	cancel() // the RPCs end: everything comes back
+	waitUntil(t, context.Background(), 10*time.Second, "the slots returned", func() bool {
+		return l.waiting.inUse() == 0 && l.receiving.inUse() == 0
+	})
 }

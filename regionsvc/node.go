@@ -640,10 +640,12 @@ func (n *Node) Start() error {
 	opts = append(opts, n.limits.serverOptions(n.cfg.recvMsgBytesMax())...)
 	n.conns = newLimitListener(lis, n.limits)
 	n.grpcServer = grpc.NewServer(opts...)
-	geologv1.RegisterLogServer(n.grpcServer, &logServer{node: n})
-	geologv1.RegisterAdminServer(n.grpcServer, &adminServer{node: n})
+	// The client API's services read requests once they hold a receive
+	// slot (receive.go).
+	n.grpcServer.RegisterService(n.limits.receiveGated(&geologv1.Log_ServiceDesc), &logServer{node: n})
+	n.grpcServer.RegisterService(n.limits.receiveGated(&geologv1.Admin_ServiceDesc), &adminServer{node: n})
 	geologinternalv1.RegisterNodeDirectoryServer(n.grpcServer, &directoryServer{node: n})
-	geologv1.RegisterConsumerServer(n.grpcServer, &consumerServer{node: n})
+	n.grpcServer.RegisterService(n.limits.receiveGated(&geologv1.Consumer_ServiceDesc), &consumerServer{node: n})
 	healthpb.RegisterHealthServer(n.grpcServer, &healthServer{node: n}) // health.go
 	if n.replicated() {
 		n.region.transport.Register(n.grpcServer)

@@ -18,7 +18,7 @@ type limitFlags struct {
 	memoryLimit                      byteSize
 	batchBytesMax                    byteSize
 	appendInflight, readInflight     byteSize
-	receiving                        *int
+	receiving, waiting               *int
 	streamsPerConn                   *int
 	connections, connectionsPerAddr  *int
 	handshakeTimeout, connectionIdle *time.Duration
@@ -33,7 +33,8 @@ func addLimitFlags(fs *flag.FlagSet) *limitFlags {
 	fs.Var(&f.batchBytesMax, "batch-bytes-max", "largest append batch accepted, encoded (default 16MiB); every message the node takes is bounded by it plus 1 MiB")
 	fs.Var(&f.appendInflight, "append-bytes-inflight-max", "bytes of appends held between receipt and answer, node-wide (default 128MiB); past it appends get OVERLOADED")
 	fs.Var(&f.readInflight, "read-bytes-inflight-max", "bytes of reads and subscription messages being sent, node-wide (default 128MiB)")
-	f.receiving = fs.Int("requests-receiving-max", 0, "client requests being received and decoded at once (default 8; AppendStream aside)")
+	f.receiving = fs.Int("requests-receiving-max", 0, "client requests being read and decoded at once, each up to the receive limit (default 8; AppendStream aside)")
+	f.waiting = fs.Int("requests-waiting-max", 0, "client requests admitted to wait for a receive slot, each holding at most a stream window (4MiB) (default 256; 256 x 4MiB = 1GiB at worst)")
 	f.streamsPerConn = fs.Int("streams-per-connection-max", 0, "concurrent RPCs per connection (default 1024)")
 	f.connections = fs.Int("connections-max", 0, "inbound connections (default a quarter of RLIMIT_NOFILE, raised to its hard limit at start)")
 	f.connectionsPerAddr = fs.Int("connections-per-address-max", 0, "inbound connections from one address (default half of --connections-max)")
@@ -62,6 +63,7 @@ func (f *limitFlags) apply(cfg *regionsvc.Config, logger hclog.Logger) {
 		AppendBytesInflightMax:   int64(f.appendInflight),
 		ReadBytesInflightMax:     int64(f.readInflight),
 		RequestsReceivingMax:     *f.receiving,
+		RequestsWaitingMax:       *f.waiting,
 		StreamsPerConnectionMax:  *f.streamsPerConn,
 		ConnectionsMax:           *f.connections,
 		ConnectionsPerAddressMax: *f.connectionsPerAddr,
