@@ -1,0 +1,177 @@
+package regionsvc
+
+import (
+	"context"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+)
+
+// Load shedding at a range leader (Config.AppendQueueDelayTarget): a range
+// refuses new appends with a retriable OVERLOADED, before proposing them,
+// while its appends have been queueing for longer than the target, so that
+// past capacity its latency stays near the target instead of growing with
+// the queue, and the queue waits at the producers (which bound theirs:
+// the SDK's QueueDelayTarget) instead.
+//
+// The measure is CoDel's (Nichols and Jacobson, "Controlling Queue
+// Delay"), adapted from dropping packets to admitting requests as in
+// Facebook's CoDel request queues: an append's sojourn is the time from
+// its arrival at the range (submit) to its commit; a burst is a queue that
+// drains, a standing queue one whose every member waited long. So the
+// range is overloaded for an interval (twice the target) when the least
+// sojourn of the appends committed in the interval before exceeded the
+// target. While overloaded it refuses an arriving append if the oldest
+// append it has proposed and not yet answered arrived more than the target
+// ago (a queue stands now), and admits it otherwise, so that the disk
+// always has the young part of the queue to write and throughput stays
+// near the maximum. An interval without commits ends an overload: a
+// stalled disk or a lost answer never leaves the range refusing for good.
+//
+// A refused append was never proposed, so its retry (after the
+// retry-after, about the target) appends it once; refusals are counted in
+// geolog.limits.refused_requests with limit "queue_delay". Mirrored
+// appends (from a home region) and followers are not shed.
+
+// AppendQueueDelayTargetDefault is Config.AppendQueueDelayTarget's
+// default.
+const AppendQueueDelayTargetDefault = 100 * time.Millisecond
+
+// appendShedIntervalPerTarget is CoDel's interval, in targets.
+const appendShedIntervalPerTarget = 2
+
+// appendShedPendingMax bounds the appends the shedder tracks; past it new
+// appends are admitted untracked (the inbox and the node's in-flight bytes
+// bound them anyway).
+const appendShedPendingMax = 1 << 16
+
+// appendShedder is a range leader's admission by queueing delay. It is a
+// deterministic core: the driver goroutine owns it and passes the time in.
+type appendShedder struct {
+	target, interval time.Duration
+
+	// pending are the proposed appends in proposal order, from head;
+	// answered ones leave from the head.
+	pending []*shedEntry
+	head    int
+
+	windowEnd  time.Time     // end of the current interval; zero: none yet
+	windowMin  time.Duration // least sojourn committed in it; -1: none
+	overloaded bool          // decided at the last interval's end
+}
+
+// shedEntry is one proposed append.
+type shedEntry struct {
+	arrived  time.Time
+	answered bool
+}
+
+func newAppendShedder(target time.Duration) *appendShedder {
+	return &appendShedder{target: target, interval: appendShedIntervalPerTarget * target, windowMin: -1}
+}
+
+// roll ends the intervals that passed by now, deciding the overload.
+func (s *appendShedder) roll(now time.Time) {
+	if s.windowEnd.IsZero() {
+		s.windowEnd = now.Add(s.interval)
+		return
+	}
+	if now.Before(s.windowEnd) {
+		return
+	}
+	s.overloaded = s.windowMin > s.target
+	s.windowMin = -1
+	s.windowEnd = s.windowEnd.Add(s.interval)
+	if !now.Before(s.windowEnd) {
+		// A whole interval without commits passed too.
+		s.overloaded = false
+		s.windowEnd = now.Add(s.interval)
+	}
+}
+
+// admit says whether an append arriving now may be proposed.
+func (s *appendShedder) admit(now time.Time) bool {
+	s.roll(now)
+	if !s.overloaded {
+		return true
+	}
+	s.popAnswered()
+	return s.head == len(s.pending) || now.Sub(s.pending[s.head].arrived) <= s.target
+}
+
+// proposed tracks an admitted append that arrived at arrived; the caller
+// answers the returned entry (nil: untracked) once.
+func (s *appendShedder) proposed(arrived time.Time) *shedEntry {
+	s.popAnswered()
+	if len(s.pending)-s.head >= appendShedPendingMax {
+		return nil
+	}
+	e := &shedEntry{arrived: arrived}
+	s.pending = append(s.pending, e)
+	return e
+}
+
+// answered ends e (nil: nothing); committed says the append committed now,
+// which makes its sojourn a sample.
+func (s *appendShedder) answered(e *shedEntry, now time.Time, committed bool) {
+	if e == nil {
+		return
+	}
+	e.answered = true
+	s.roll(now)
+	if committed {
+		if sojourn := now.Sub(e.arrived); s.windowMin < 0 || sojourn < s.windowMin {
+			s.windowMin = sojourn
+		}
+	}
+	s.popAnswered()
+}
+
+// reset forgets the proposed appends (the node no longer leads: the
+// replica answers them, and the next term starts afresh).
+func (s *appendShedder) reset() {
+	clear(s.pending)
+	s.pending, s.head = s.pending[:0], 0
+	s.overloaded, s.windowMin = false, -1
+}
+
+func (s *appendShedder) popAnswered() {
+	for s.head < len(s.pending) && s.pending[s.head].answered {
+		s.pending[s.head] = nil
+		s.head++
+	}
+	switch {
+	case s.head == len(s.pending):
+		s.pending, s.head = s.pending[:0], 0
+	case s.head > 64 && s.head > len(s.pending)/2:
+		n := copy(s.pending, s.pending[s.head:])
+		clear(s.pending[n:])
+		s.pending, s.head = s.pending[:n], 0
+	}
+}
+
+// shed refuses op if the range is shedding load (see the top of the
+// file), answering it with OVERLOADED; it says whether it did. Otherwise
+// it returns the op's tracking entry for shedAnswered.
+func (d *rangeDriver) shed(op *appendOp) (refused bool, e *shedEntry) {
+	s := d.shedder
+	if s == nil || op.verbatim {
+		return false, nil
+	}
+	if !d.rep.IsLeader() {
+		s.reset()
+		return false, nil
+	}
+	now := d.cfg.now()
+	if s.admit(now) {
+		arrived := op.arrivedAt
+		if arrived.IsZero() {
+			arrived = now
+		}
+		return false, s.proposed(arrived)
+	}
+	d.cfg.metrics.overloads.Add(context.Background(), 1, limitAttr("queue_delay"))
+	op.reply(appendResult{err: apierr.NewOverloaded(jittered(s.target),
+		"range %d: appends have been queueing for over %v", d.cfg.rangeID, s.target)})
+	return true, nil
+}
