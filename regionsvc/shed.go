@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
@@ -21,12 +22,16 @@ import (
 // drains, a standing queue one whose every member waited long. So the
 // range is overloaded for an interval (twice the target) when the least
 // sojourn of the appends committed in the interval before exceeded the
-// target. While overloaded it refuses an arriving append if the oldest
-// append it has proposed and not yet answered arrived more than the target
-// ago (a queue stands now), and admits it otherwise, so that the disk
-// always has the young part of the queue to write and throughput stays
-// near the maximum. An interval without commits ends an overload: a
-// stalled disk or a lost answer never leaves the range refusing for good.
+// target. While overloaded, and while the oldest append it has proposed
+// and not yet answered arrived more than the target ago (a queue stands
+// now), it refuses arriving appends at CoDel's pace: the first at once,
+// the n-th an interval/sqrt(n) after the one before, so that refusals grow
+// until the queue stops standing, and each costs one producer's range a
+// retry-after, not the range its throughput; every other append is
+// admitted, so the disk always has work. The count starts again after 8
+// intervals without a refusal. An interval without commits ends an
+// overload: a stalled disk or a lost answer never leaves the range
+// refusing for good.
 //
 // A refused append was never proposed, so its retry (after the
 // retry-after, about the target) appends it once; refusals are counted in
@@ -39,6 +44,10 @@ const AppendQueueDelayTargetDefault = 100 * time.Millisecond
 
 // appendShedIntervalPerTarget is CoDel's interval, in targets.
 const appendShedIntervalPerTarget = 2
+
+// appendShedRunGapIntervals is the gap, in intervals, after which
+// refusals start a new run (CoDel's count back to 1).
+const appendShedRunGapIntervals = 8
 
 // appendShedPendingMax bounds the appends the shedder tracks; past it new
 // appends are admitted untracked (the inbox and the node's in-flight bytes
@@ -58,6 +67,11 @@ type appendShedder struct {
 	windowEnd  time.Time     // end of the current interval; zero: none yet
 	windowMin  time.Duration // least sojourn committed in it; -1: none
 	overloaded bool          // decided at the last interval's end
+
+	// refusals counts the refusals of the current run (CoDel's count);
+	// refuseNext is when the next may come.
+	refusals   int
+	refuseNext time.Time
 }
 
 // shedEntry is one proposed append.
@@ -96,7 +110,15 @@ func (s *appendShedder) admit(now time.Time) bool {
 		return true
 	}
 	s.popAnswered()
-	return s.head == len(s.pending) || now.Sub(s.pending[s.head].arrived) <= s.target
+	if s.head == len(s.pending) || now.Sub(s.pending[s.head].arrived) <= s.target || now.Before(s.refuseNext) {
+		return true
+	}
+	if now.Sub(s.refuseNext) > appendShedRunGapIntervals*s.interval {
+		s.refusals = 0 // a new run of refusals
+	}
+	s.refusals++
+	s.refuseNext = now.Add(time.Duration(float64(s.interval) / math.Sqrt(float64(s.refusals))))
+	return false
 }
 
 // proposed tracks an admitted append that arrived at arrived; the caller
@@ -133,6 +155,7 @@ func (s *appendShedder) reset() {
 	clear(s.pending)
 	s.pending, s.head = s.pending[:0], 0
 	s.overloaded, s.windowMin = false, -1
+	s.refusals, s.refuseNext = 0, time.Time{}
 }
 
 func (s *appendShedder) popAnswered() {

@@ -14,31 +14,23 @@ import (
 	"github.com/geolog/geolog/segment"
 )
 
-// TestAppendShedder walks the shedder through a standing queue: it admits
-// everything until an interval's least sojourn exceeds the target, then
-// refuses arrivals only while the oldest pending append is older than the
-// target, and admits everything again after an interval whose least
-// sojourn is within the target, or one without commits.
-func TestAppendShedder(t *testing.T) {
-	const target = 100 * time.Millisecond
-	s := newAppendShedder(target) // interval 200 ms
-	t0 := time.Unix(1000, 0)
+// overloadShedder returns a shedder (target 100 ms, interval 200 ms)
+// overloaded at 400 ms past t0: every append committed in [200, 400)
+// waited 110 ms or more, and five of them are still pending, the oldest
+// arrived at 300 ms.
+func overloadShedder(t *testing.T, t0 time.Time) (*appendShedder, []*shedEntry) {
+	t.Helper()
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-
-	if !s.admit(at(0)) {
-		t.Fatal("refused on an idle range")
-	}
-	// A burst: sojourns of 150 ms and 50 ms in the first interval; the
-	// least is within the target, so no overload.
-	a := s.proposed(at(0))
-	b := s.proposed(at(100))
+	s := newAppendShedder(100 * time.Millisecond)
+	s.admit(at(0))
+	// A burst first: sojourns of 150 and 50 ms; the least is within the
+	// target, so no overload.
+	a, b := s.proposed(at(0)), s.proposed(at(100))
 	s.answered(a, at(150), true)
 	s.answered(b, at(150), true)
 	if !s.admit(at(210)) || s.overloaded {
 		t.Fatal("a burst whose least sojourn is within the target counted as overload")
 	}
-	// A standing queue: every append committed in [200, 400) waited
-	// 150 ms or more.
 	var old []*shedEntry
 	for ms := 200; ms < 400; ms += 20 {
 		old = append(old, s.proposed(at(ms)))
@@ -46,47 +38,74 @@ func TestAppendShedder(t *testing.T) {
 	for i, e := range old[:5] {
 		s.answered(e, at(350+i*10), true) // sojourns 150 down to 110 ms
 	}
-	// At 400 the interval ends: overloaded. The oldest pending arrived at
-	// 300, 105 ms before 405: refused.
-	if s.admit(at(405)) {
-		t.Fatal("admitted behind a standing queue")
+	return s, old[5:]
+}
+
+// TestAppendShedderRefusesAtCoDelPace: overloaded with a standing queue,
+// the shedder refuses the first arrival, then one an interval/sqrt(n)
+// after the one before, admitting the others; arrivals behind a young
+// queue are admitted.
+func TestAppendShedderRefusesAtCoDelPace(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	s, pending := overloadShedder(t, t0)
+	if s.admit(at(405)) || !s.overloaded {
+		t.Fatal("admitted the first arrival behind a standing queue")
 	}
-	if !s.overloaded {
-		t.Fatal("not overloaded after an interval of long sojourns")
+	if !s.admit(at(410)) {
+		t.Fatal("refused again within an interval of the first refusal")
 	}
-	// Answered (even by an error, which is no sample) they leave the
-	// queue; the oldest pending is then young: admitted.
-	for _, e := range old[5:] {
-		s.answered(e, at(410), false)
+	// The interval [400, 600) commits only long sojourns: still overloaded.
+	s.answered(pending[0], at(450), true)
+	if s.admit(at(610)) {
+		t.Fatal("admitted the arrival an interval after the first refusal")
 	}
-	young, later := s.proposed(at(405)), s.proposed(at(406))
-	if !s.admit(at(420)) {
-		t.Fatal("refused with only a 15 ms old append pending")
+	// The third comes interval/sqrt(2) (141 ms) after the second.
+	if !s.admit(at(700)) || s.admit(at(752)) {
+		t.Fatal("third refusal not at interval/sqrt(2)")
 	}
-	// The young append commits in 30 ms; the later one is old at 510
-	// while the range is still overloaded: refused.
-	s.answered(young, at(435), true)
-	if s.admit(at(510)) {
-		t.Fatal("admitted with a 104 ms old append pending")
+	// The queue drains (answers that are no samples): the interval ends
+	// the overload, and everything is admitted.
+	for _, e := range pending[1:] {
+		s.answered(e, at(760), false)
 	}
-	s.answered(later, at(515), false)
-	// This interval's least sojourn (30 ms) is within the target, so the
-	// next one admits everything.
+	s.proposed(at(755))
+	if !s.admit(at(1000)) {
+		t.Fatal("refused behind a 45 ms old queue")
+	}
+}
+
+// TestAppendShedderOverloadEnds: an interval whose least sojourn is within
+// the target ends the overload; so does an interval without commits, even
+// with an append whose answer never comes.
+func TestAppendShedderOverloadEnds(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	s, pending := overloadShedder(t, t0)
+	for _, e := range pending {
+		s.answered(e, at(410), false) // errors are no samples
+	}
+	young := s.proposed(at(405))
+	s.answered(young, at(435), true) // 30 ms
 	stuck := s.proposed(at(520))
 	if !s.admit(at(610)) || s.overloaded {
 		t.Fatal("still overloaded after an interval of short sojourns")
 	}
-	// An answer never comes (stuck) and nothing commits: no overload.
-	if !s.admit(at(1500)) {
-		t.Fatal("refused after intervals without commits")
+
+	s, _ = overloadShedder(t, t0)
+	if s.admit(at(405)) {
+		t.Fatal("admitted behind a standing queue")
+	}
+	// Nothing commits in [400, 600) nor after.
+	if !s.admit(at(1500)) || s.overloaded {
+		t.Fatal("still overloaded after intervals without commits")
 	}
 	s.answered(stuck, at(1600), false)
 
 	// reset forgets everything.
-	s.proposed(at(1600))
-	s.overloaded = true
+	s, _ = overloadShedder(t, t0)
 	s.reset()
-	if !s.admit(at(1700)) || len(s.pending) != 0 {
+	if !s.admit(at(405)) || len(s.pending) != 0 {
 		t.Fatal("reset kept state")
 	}
 }
