@@ -25,10 +25,11 @@ import (
 // target. While overloaded, and while the oldest append it has proposed
 // and not yet answered arrived more than the target ago (a queue stands
 // now), it refuses arriving appends at CoDel's pace: the first at once,
-// the n-th an interval/sqrt(n) after the one before, so that refusals grow
-// until the queue stops standing, and each costs one producer's range a
-// retry-after, not the range its throughput; every other append is
-// admitted, so the disk always has work. The count starts again after 8
+// the n-th an interval/sqrt(n) after the one before (n capped at
+// appendShedRefusalsPerRunMax), so that refusals grow until the queue
+// stops standing, and each costs one producer's range a retry-after, not
+// the range its throughput; every other append is admitted, so the disk
+// always has work. The count starts again after 8
 // intervals without a refusal. An interval without commits ends an
 // overload: a stalled disk or a lost answer never leaves the range
 // refusing for good.
@@ -48,6 +49,17 @@ const appendShedIntervalPerTarget = 2
 // appendShedRunGapIntervals is the gap, in intervals, after which
 // refusals start a new run (CoDel's count back to 1).
 const appendShedRunGapIntervals = 8
+
+// appendShedRefusalsPerRunMax caps CoDel's count, and so the pace of
+// refusals at one per interval/sqrt(4), the target. CoDel's count grows
+// while the queue stands, which assumes senders that slow down when
+// refused; a producer with a deep queue of its own (an SDK bounding bytes
+// only) sends the same bytes after its retry-after, in a bigger batch, so
+// an unbounded pace ends up refusing nearly every arrival and idling the
+// range: measured with 8 such producers at full speed, throughput fell to
+// a third. At one refusal per target, at most a few producers of a range
+// wait out a retry-after at any time.
+const appendShedRefusalsPerRunMax = 4
 
 // appendShedPendingMax bounds the appends the shedder tracks; past it new
 // appends are admitted untracked (the inbox and the node's in-flight bytes
@@ -116,7 +128,7 @@ func (s *appendShedder) admit(now time.Time) bool {
 	if now.Sub(s.refuseNext) > appendShedRunGapIntervals*s.interval {
 		s.refusals = 0 // a new run of refusals
 	}
-	s.refusals++
+	s.refusals = min(s.refusals+1, appendShedRefusalsPerRunMax)
 	s.refuseNext = now.Add(time.Duration(float64(s.interval) / math.Sqrt(float64(s.refusals))))
 	return false
 }

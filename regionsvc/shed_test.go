@@ -75,6 +75,35 @@ func TestAppendShedderRefusesAtCoDelPace(t *testing.T) {
 	}
 }
 
+// TestAppendShedderPaceCapped: under an overload that never ends (the
+// senders do not slow down), refusals come at most one per target once
+// the run has four, not ever faster.
+func TestAppendShedderPaceCapped(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	s, pending := overloadShedder(t, t0)
+	_ = pending // stay pending: the queue stands throughout
+	var last time.Time
+	refusals := 0
+	for ms := 400; ms < 20_400; ms++ {
+		now := t0.Add(time.Duration(ms) * time.Millisecond)
+		if ms%50 == 0 {
+			// A commit that waited 150 ms keeps every interval overloaded.
+			s.answered(s.proposed(now.Add(-150*time.Millisecond)), now, true)
+		}
+		if s.admit(now) {
+			continue
+		}
+		refusals++
+		if gap := now.Sub(last); refusals > appendShedRefusalsPerRunMax && gap < s.target {
+			t.Fatalf("refusal %d came %v after the one before, under the target", refusals, gap)
+		}
+		last = now
+	}
+	if refusals < 150 || refusals > 205 {
+		t.Fatalf("%d refusals in 20 s, want about one per 100 ms", refusals)
+	}
+}
+
 // TestAppendShedderOverloadEnds: an interval whose least sojourn is within
 // the target ends the overload; so does an interval without commits, even
 // with an append whose answer never comes.
