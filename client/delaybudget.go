@@ -13,12 +13,6 @@ const delayLimitFloorBytes = 64 << 10
 // base is the least over the last one to two spans.
 const delayLimitBaseSpan = 5 * time.Second
 
-// delayLimitRateWindows is how many windows' rates the bound takes the
-// highest of (BBR's max filter): one window of a stall (a slow fsync, a GC
-// pause) does not shrink the bound that the backlog it leaves needs to
-// drain.
-const delayLimitRateWindows = 4
-
 // delayLimit is the producer's queueing-delay bound (QueueDelayTarget): a
 // bound on the bytes it holds (produced and not yet acknowledged or
 // failed) that follows how fast the stream acknowledges them, so that at
@@ -27,9 +21,8 @@ const delayLimitRateWindows = 4
 //
 // By Little's law, the time a byte spends in the producer is the bytes
 // held divided by the rate they leave (are acknowledged). So the bound is
-// the acknowledged rate (the highest of the last four windows' rates,
-// each window the base plus the target long) times the base plus the
-// target. The base is the least time from
+// the acknowledged rate, measured over windows of the base plus the
+// target, times the base plus the target. The base is the least time from
 // a batch's send to its acknowledgement seen over the last 5 to 10 s (a
 // remote home's round trip, one fsync round): time the producer cannot
 // queue less than, as BBR's minimum RTT. When the producer is not at
@@ -57,10 +50,6 @@ type delayLimit struct {
 	// spanStart) and of the one before; -1: none seen.
 	spanStart         time.Time
 	spanMin, priorMin time.Duration
-	// rates are the last windows' rates, in bytes per second; next is
-	// where the next goes.
-	rates [delayLimitRateWindows]float64
-	next  int
 }
 
 func newDelayLimit(target time.Duration, batchBytesMax, ceilBytes int64) *delayLimit {
@@ -109,13 +98,7 @@ func (l *delayLimit) acked(n int64, service time.Duration, now time.Time) {
 	if elapsed < span {
 		return
 	}
-	l.rates[l.next] = float64(l.windowBytes) / elapsed.Seconds()
-	l.next = (l.next + 1) % len(l.rates)
-	rate := 0.0
-	for _, r := range l.rates {
-		rate = max(rate, r)
-	}
-	want := int64(rate * span.Seconds())
+	want := int64(float64(l.windowBytes) * float64(span) / float64(elapsed))
 	want = min(max(want, l.limitBytes/2), 2*l.limitBytes)
 	l.limitBytes = min(max(want, l.floorBytes), l.ceilBytes)
 	l.windowStart, l.windowBytes = now, 0
