@@ -6,7 +6,8 @@ import "time"
 const QueueDelayTargetDefault = 100 * time.Millisecond
 
 // delayLimitFloorBytes is the least the queueing-delay bound goes down to
-// (or the batch bound, if smaller).
+// (or BufferedBytesMax, if smaller), whatever the batch bound: a producer
+// of small batches still pipelines several.
 const delayLimitFloorBytes = 64 << 10
 
 // delayLimitBaseSpan is how long a least service time stays the base: the
@@ -34,8 +35,8 @@ const delayLimitBaseSpan = 5 * time.Second
 //
 // The bound moves by at most a factor of two per window, up or down, so
 // that one noisy window (a pause, a burst of acknowledgements) does not
-// swing it; it starts at one batch (BatchBytesMax) and stays within
-// [64 KiB or the batch bound if smaller, BufferedBytesMax].
+// swing it; it starts at one batch (BatchBytesMax) or 64 KiB, whichever
+// is larger, and stays within [64 KiB, BufferedBytesMax].
 //
 // delayLimit is a deterministic core: the caller passes the time in and
 // serializes calls (byteBudget's mutex).
@@ -53,11 +54,12 @@ type delayLimit struct {
 }
 
 func newDelayLimit(target time.Duration, batchBytesMax, ceilBytes int64) *delayLimit {
+	floorBytes := min(delayLimitFloorBytes, ceilBytes)
 	return &delayLimit{
 		target:     target,
-		floorBytes: min(delayLimitFloorBytes, batchBytesMax, ceilBytes),
+		floorBytes: floorBytes,
 		ceilBytes:  ceilBytes,
-		limitBytes: min(batchBytesMax, ceilBytes),
+		limitBytes: min(max(batchBytesMax, floorBytes), ceilBytes),
 		spanMin:    -1, priorMin: -1,
 	}
 }

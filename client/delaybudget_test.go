@@ -93,10 +93,14 @@ func TestDelayLimitBase(t *testing.T) {
 }
 
 // TestDelayLimitSmallBatches: with a batch bound below 64 KiB, the floor
-// and the start are the batch bound; a ceiling below it wins.
+// and the start are 64 KiB (several small batches pipeline); a ceiling
+// below them wins.
 func TestDelayLimitSmallBatches(t *testing.T) {
-	if l := newDelayLimit(time.Second, 16<<10, 1<<20); l.limit() != 16<<10 || l.floorBytes != 16<<10 {
-		t.Fatalf("limit %d floor %d, want the batch bound", l.limit(), l.floorBytes)
+	if l := newDelayLimit(time.Second, 16<<10, 1<<20); l.limit() != 64<<10 || l.floorBytes != 64<<10 {
+		t.Fatalf("limit %d floor %d, want 64 KiB", l.limit(), l.floorBytes)
+	}
+	if l := newDelayLimit(time.Second, 16<<10, 32<<10); l.limit() != 32<<10 || l.floorBytes != 32<<10 {
+		t.Fatalf("limit %d floor %d, want the ceiling", l.limit(), l.floorBytes)
 	}
 	if l := newDelayLimit(time.Second, 4<<20, 1<<20); l.limit() != 1<<20 {
 		t.Fatalf("limit %d, want the ceiling", l.limit())
@@ -111,7 +115,7 @@ func TestByteBudgetBoundByDelay(t *testing.T) {
 	cfg := producerConfig{batchBytesMax: 1000, bufferedBytesMax: 1 << 20, queueDelayTarget: 50 * time.Millisecond}
 	b := newByteBudget(&cfg)
 	ctx := context.Background()
-	if err := b.acquire(ctx, 1000, nil, time.Time{}); err != nil {
+	if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil { // the bound starts at 64 KiB
 		t.Fatal(err)
 	}
 	got := make(chan error, 1)
@@ -121,14 +125,14 @@ func TestByteBudgetBoundByDelay(t *testing.T) {
 		t.Fatalf("acquire past the delay bound returned %v, want it to block", err)
 	case <-time.After(20 * time.Millisecond):
 	}
-	b.release(1000, true, time.Now(), time.Millisecond)
+	b.release(64<<10, true, time.Now(), time.Millisecond)
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
 
 	cfg.failWhenFull = true
 	b = newByteBudget(&cfg)
-	if err := b.acquire(ctx, 1000, nil, time.Time{}); err != nil {
+	if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	err := b.acquire(ctx, 1, nil, time.Time{})

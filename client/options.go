@@ -243,8 +243,8 @@ func DeliveryTimeout(d time.Duration) ProducerOpt {
 // what the producer holds and changes nothing. Past it, Produce blocks
 // until there is room (bounded by its context and the delivery timeout),
 // or fails at once with FailWhenFull. The bound starts at one batch
-// (BatchBytesMax), moves within a factor of two per base + target, and
-// stays between 64 KiB (or BatchBytesMax if smaller) and BufferedBytesMax.
+// (BatchBytesMax) or 64 KiB, whichever is larger, moves within a factor of
+// two per base + target, and stays between 64 KiB and BufferedBytesMax.
 func QueueDelayTarget(d time.Duration) ProducerOpt {
 	return func(c *producerConfig) { c.queueDelayTarget = d }
 }

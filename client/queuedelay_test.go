@@ -13,7 +13,8 @@ import (
 )
 
 // TestQueueDelayBoundBindsFirst: while nothing is acknowledged the
-// queueing-delay bound holds the producer to one batch, far below
+// queueing-delay bound holds the producer to where it starts (64 KiB, or
+// one batch if larger), far below
 // BufferedBytesMax: the next Produce blocks (until its context ends), or
 // with FailWhenFull fails at once with a retriable OVERLOADED caused by
 // ErrBufferFull. Once the server answers, everything held is acknowledged
@@ -22,7 +23,7 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 1)
 	c := newClient(t, fake.Addr())
-	opts := []client.ProducerOpt{client.BatchBytesMax(2 << 10), client.BufferedBytesMax(1 << 20), client.QueueDelayTarget(time.Second)}
+	opts := []client.ProducerOpt{client.BatchBytesMax(32 << 10), client.BufferedBytesMax(1 << 20), client.QueueDelayTarget(time.Second)}
 	blocking := newProducer(t, c, "s", opts...)
 	failing := newProducer(t, c, "s", append(opts, client.FailWhenFull())...)
 	ctx := testCtx(t)
@@ -35,8 +36,9 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 	hold := make(chan struct{})
 	fake.SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Hold: hold} })
 	rs := newResults()
-	value := bytes.Repeat([]byte("v"), 1000)
-	for i := range 2 { // 2 x 1024 bytes: one batch each
+	value := bytes.Repeat([]byte("v"), 16000)
+	again := bytes.Repeat([]byte("a"), 2000) // fits in 64 KiB alone, not beside 4 x 16 KB
+	for i := range 4 { // 4 x 16 KB fit in 64 KiB; a fifth does not
 		blocking.Produce(ctx, &client.Record{Value: value}, rs.cb(i))
 		failing.Produce(ctx, &client.Record{Value: value}, rs.cb(10+i))
 	}
@@ -60,7 +62,7 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 	}
 	// Fails at once: its context (20 s) is not what ends it.
 	start := time.Now()
-	_, err := failing.ProduceSync(ctx, &client.Record{Value: []byte("again")})
+	_, err := failing.ProduceSync(ctx, &client.Record{Value: again})
 	if !errors.Is(err, client.ErrBufferFull) || client.CodeOf(err) != client.CodeOverloaded ||
 		!client.IsRetriable(err) || client.RetryAfter(err) != time.Second {
 		t.Fatalf("got %v (retry after %v), want a retriable OVERLOADED of ErrBufferFull", err, client.RetryAfter(err))
@@ -74,16 +76,16 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 	if len(rs.errs) != 0 {
 		t.Fatal(rs.errs)
 	}
-	if _, err := failing.ProduceSync(ctx, &client.Record{Value: []byte("again")}); err != nil {
+	if _, err := failing.ProduceSync(ctx, &client.Record{Value: again}); err != nil {
 		t.Fatal(err)
 	}
 	count := 0
 	for _, r := range fake.Records("s", 0) {
-		if string(r.GetValue()) == "again" {
+		if bytes.Equal(r.GetValue(), again) {
 			count++
 		}
 	}
-	if count != 1 || len(fake.Records("s", 0)) != 5 {
-		t.Fatalf("log holds %d records, \"again\" %d times; want 5 and once", len(fake.Records("s", 0)), count)
+	if count != 1 || len(fake.Records("s", 0)) != 9 {
+		t.Fatalf("log holds %d records, \"again\" %d times; want 9 and once", len(fake.Records("s", 0)), count)
 	}
 }
