@@ -38,7 +38,8 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 	rs := newResults()
 	value := bytes.Repeat([]byte("v"), 16000)
 	again := bytes.Repeat([]byte("a"), 2000) // fits in 64 KiB alone, not beside 4 x 16 KB
-	for i := range 4 {                       // 4 x 16 KB fit in 64 KiB; a fifth does not
+	// 4 x 16 KB fit in 64 KiB; a fifth does not.
+	for i := range 4 {
 		blocking.Produce(ctx, &client.Record{Value: value}, rs.cb(i))
 		failing.Produce(ctx, &client.Record{Value: value}, rs.cb(10+i))
 	}
