@@ -39,6 +39,9 @@ type BenchConfig struct {
 	// producer's (64 MiB). Produce blocks while it is full, so it bounds
 	// the queueing part of the measured latency.
 	BufferedBytesMax int64
+	// QueueDelayTarget is each producer's queueing-delay target; 0 means
+	// the producer's default (100 ms), negative turns it off.
+	QueueDelayTarget time.Duration
 	// Count is the total number of records; 0 means run for Duration.
 	Count int64
 	// Duration bounds producing when Count is 0; default 10s.
@@ -93,6 +96,7 @@ type BenchResult struct {
 	LingerMs           float64 `json:"linger_ms"`
 	BatchBytesMax      int     `json:"batch_bytes_max"`
 	BufferedBytesMax   int64   `json:"buffered_bytes_max"`
+	QueueDelayTargetMs float64 `json:"queue_delay_target_ms"` // 0: off
 	Keys               int     `json:"keys"`
 	Sync               bool    `json:"sync"`
 	Rate               float64 `json:"rate,omitempty"`
@@ -180,6 +184,11 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 	if cfg.BufferedBytesMax > 0 {
 		popts = append(popts, client.BufferedBytesMax(cfg.BufferedBytesMax))
 	}
+	queueDelayTarget := client.QueueDelayTargetDefault
+	if cfg.QueueDelayTarget != 0 {
+		queueDelayTarget = max(cfg.QueueDelayTarget, 0)
+		popts = append(popts, client.QueueDelayTarget(queueDelayTarget))
+	}
 	producers := make([]*client.Producer, cfg.Producers)
 	for i := range producers {
 		p, err := c.NewProducer(cfg.Stream, popts...)
@@ -255,7 +264,8 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 		Stream: cfg.Stream, Producers: cfg.Producers, RecordBytes: cfg.RecordBytes,
 		InflightBatchesMax: cfg.InflightBatchesMax, LingerMs: float64(cfg.Linger) / float64(time.Millisecond),
 		BatchBytesMax: cfg.BatchBytesMax, BufferedBytesMax: cfg.BufferedBytesMax, Keys: cfg.Keys, Sync: cfg.Sync, Rate: cfg.Rate,
-		Records: st.acked.Load(), Errors: st.errors.Load(), Duplicates: st.dups.Load(),
+		QueueDelayTargetMs: float64(queueDelayTarget) / float64(time.Millisecond), Records: st.acked.Load(),
+		Errors: st.errors.Load(), Duplicates: st.dups.Load(),
 		OrderViolations: st.violation.Load(), ElapsedSeconds: elapsed.Seconds(),
 	}
 	if res.BatchBytesMax == 0 {
@@ -400,6 +410,8 @@ func (e *env) bench(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Linger, "linger", 0, "producer linger")
 	fs.IntVar(&cfg.BatchBytesMax, "batch-bytes", 1<<20, "batch bytes max")
 	fs.Int64Var(&cfg.BufferedBytesMax, "buffer-bytes", 64<<20, "bytes each producer may buffer before Produce blocks")
+	fs.DurationVar(&cfg.QueueDelayTarget, "queue-delay-target", client.QueueDelayTargetDefault,
+		"each producer's queueing-delay target: it holds what the stream acknowledged over its base service time plus this (0: off, bytes only)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to produce (unless --count)")
 	fs.Int64Var(&cfg.Count, "count", 0, "total records to produce (overrides --duration)")
 	fs.IntVar(&cfg.Keys, "keys", 0, "distinct keys, round robin (0: keyless records)")
@@ -432,6 +444,9 @@ func (e *env) bench(ctx context.Context, args []string) error {
 		return usagef("--buffer-bytes must be at least --batch-bytes")
 	}
 	cfg.Ranges = uint32(*ranges)
+	if cfg.QueueDelayTarget == 0 {
+		cfg.QueueDelayTarget = -1 // the flag's 0 is off; the config's, the default
+	}
 	c, err := e.client()
 	if err != nil {
 		return err
@@ -462,8 +477,8 @@ func printBench(w io.Writer, r *BenchResult) {
 	if r.Rate > 0 {
 		rate = fmt.Sprintf("%.0f/s", r.Rate)
 	}
-	fmt.Fprintf(w, "stream %s: %d producers, %d-byte records, inflight %d, linger %gms, batch %d bytes, keys %d, sync %v, rate %s\n",
-		r.Stream, r.Producers, r.RecordBytes, r.InflightBatchesMax, r.LingerMs, r.BatchBytesMax, r.Keys, r.Sync, rate)
+	fmt.Fprintf(w, "stream %s: %d producers, %d-byte records, inflight %d, linger %gms, batch %d bytes, queue delay target %gms, keys %d, sync %v, rate %s\n",
+		r.Stream, r.Producers, r.RecordBytes, r.InflightBatchesMax, r.LingerMs, r.BatchBytesMax, r.QueueDelayTargetMs, r.Keys, r.Sync, rate)
 	fmt.Fprintf(w, "records     %d acked, %d errors, %d duplicates, %d order violations\n",
 		r.Records, r.Errors, r.Duplicates, r.OrderViolations)
 	for _, s := range r.ErrorSamples {

@@ -80,6 +80,12 @@ var ErrClosed = errors.New("client: closed")
 // saw, if any.
 var ErrDeliveryTimeout = errors.New("client: delivery timeout")
 
+// ErrBufferFull is the cause of the OVERLOADED error a record gets from a
+// producer with FailWhenFull when the producer's bound (QueueDelayTarget,
+// BufferedBytesMax) is reached: the record was not sent, so producing it
+// again is safe (IsRetriable says true).
+var ErrBufferFull = errors.New("client: producer buffer full")
+
 // IsRetriable reports whether err is an API error that a retry of the same
 // request may cure. Errors the client already gave up on (ErrClosed,
 // ErrDeliveryTimeout, context errors) are not retriable: re-producing a

@@ -164,6 +164,8 @@ type producerConfig struct {
 	inflightBatchesMax int
 	bufferedBytesMax   int64
 	deliveryTimeout    time.Duration
+	queueDelayTarget   time.Duration
+	failWhenFull       bool
 	attemptTimeout     time.Duration
 	idempotent         bool
 	backoffMin         time.Duration
@@ -182,6 +184,7 @@ func defaultProducerConfig(c *clientConfig) producerConfig {
 		inflightBatchesMax: 1,
 		bufferedBytesMax:   64 << 20,
 		deliveryTimeout:    2 * time.Minute,
+		queueDelayTarget:   QueueDelayTargetDefault,
 		attemptTimeout:     AppendAttemptTimeoutDefault,
 		idempotent:         true,
 		backoffMin:         c.backoffMin,
@@ -215,8 +218,9 @@ func InflightBatchesMax(n int) ProducerOpt {
 
 // BufferedBytesMax bounds the bytes of records produced but not yet
 // acknowledged or failed, across all ranges; Produce blocks while the bound
-// is reached. It overrides the default of 64 MiB and must be at least
-// BatchBytesMax.
+// is reached (or fails, with FailWhenFull). It overrides the default of 64
+// MiB and must be at least BatchBytesMax. QueueDelayTarget usually binds
+// first: this is the bound on memory, that one on time.
 func BufferedBytesMax(n int64) ProducerOpt { return func(c *producerConfig) { c.bufferedBytesMax = n } }
 
 // DeliveryTimeout bounds the time from Produce to a record's callback,
@@ -225,6 +229,33 @@ func BufferedBytesMax(n int64) ProducerOpt { return func(c *producerConfig) { c.
 func DeliveryTimeout(d time.Duration) ProducerOpt {
 	return func(c *producerConfig) { c.deliveryTimeout = d }
 }
+
+// QueueDelayTarget bounds how long records queue in the producer at full
+// speed, beyond the stream's own service time, overriding the default of
+// QueueDelayTargetDefault (100 ms); 0 turns it off, leaving only
+// BufferedBytesMax. The producer holds (buffered and in flight, across all
+// ranges) at most what the stream acknowledged over the last base + target
+// of time, where the base is the least time from a batch's send to its
+// acknowledgement over the last 5-10 s (a remote leader's round trip, one
+// fsync round): by Little's law, past capacity a record then waits about
+// base + target from Produce to its acknowledgement, instead of the seconds
+// a full BufferedBytesMax takes to drain. Below capacity the bound is above
+// what the producer holds and changes nothing. Past it, Produce blocks
+// until there is room (bounded by its context and the delivery timeout),
+// or fails at once with FailWhenFull. The bound starts at one batch
+// (BatchBytesMax) or 64 KiB, whichever is larger, moves within a factor of
+// two per base + target, and stays between 64 KiB and BufferedBytesMax.
+func QueueDelayTarget(d time.Duration) ProducerOpt {
+	return func(c *producerConfig) { c.queueDelayTarget = d }
+}
+
+// FailWhenFull makes Produce fail a record at once, when the producer's
+// bound (QueueDelayTarget's or BufferedBytesMax) is reached, instead of
+// blocking, which is the default. The record's callback then gets a
+// retriable OVERLOADED whose cause is ErrBufferFull (errors.Is), with
+// RetryAfter set to the delay target: nothing was sent, so producing the
+// record again is safe. Like Kafka's max.block.ms=0.
+func FailWhenFull() ProducerOpt { return func(c *producerConfig) { c.failWhenFull = true } }
 
 // AppendAttemptTimeout bounds how long a range's append stream may answer
 // nothing while batches are in flight on it, overriding the default of
@@ -274,6 +305,8 @@ func (c *producerConfig) validate() error {
 		return fmt.Errorf("client: BufferedBytesMax %d is below BatchBytesMax %d", c.bufferedBytesMax, c.batchBytesMax)
 	case c.deliveryTimeout < 0:
 		return fmt.Errorf("client: DeliveryTimeout %v is negative", c.deliveryTimeout)
+	case c.queueDelayTarget < 0:
+		return fmt.Errorf("client: QueueDelayTarget %v is negative", c.queueDelayTarget)
 	case c.attemptTimeout < 0:
 		return fmt.Errorf("client: AppendAttemptTimeout %v is negative", c.attemptTimeout)
 	case c.backoffMin <= 0 || c.backoffMax < c.backoffMin:

@@ -43,7 +43,7 @@ type Producer struct {
 	drivers    []atomic.Pointer[rangeDriver]
 	sticky     atomic.Uint32
 
-	budget   byteBudget
+	budget   *byteBudget
 	flushing atomic.Int32
 
 	mu          sync.Mutex // guards the fields below and driver creation
@@ -93,7 +93,7 @@ func (c *Client) NewProducer(stream string, opts ...ProducerOpt) (*Producer, err
 		sealer:  sealer,
 		ctx:     ctx,
 		cancel:  cancel,
-		budget:  byteBudget{max: cfg.bufferedBytesMax, freed: make(chan struct{})},
+		budget:  newByteBudget(&cfg),
 		closing: make(chan struct{}),
 	}
 	c.mu.Lock()
@@ -116,8 +116,10 @@ func (p *Producer) Stream() string { return p.stream }
 // Produce appends rec asynchronously and calls cb exactly once with where it
 // landed or why it failed. cb runs on the range's goroutine, in offset order
 // for the range, and must not block; it may run before Produce returns (for
-// records failed up front). Produce blocks while the buffer bound is reached
-// and, for the first record, while the stream is described.
+// records failed up front). Produce blocks while the producer's bound is
+// reached (QueueDelayTarget, BufferedBytesMax; with FailWhenFull the record
+// fails at once with ErrBufferFull instead) and, for the first record,
+// while the stream is described.
 //
 // ctx bounds the record until it is sent: cancelling it fails a record still
 // buffered. Its deadline, and the delivery timeout, bound the record always,
@@ -167,7 +169,7 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 	pr := &promisedRecord{rec: rec, wire: wire, cb: cb, ctx: ctx, deadline: deadline, enqueued: now, sizeBytes: size}
 	d := p.driver(rng)
 	if d == nil || !p.addOutstanding() {
-		p.budget.release(int64(size))
+		p.budget.release(int64(size), false, time.Time{}, 0)
 		cb(ProduceResult{Record: rec}, ErrClosed)
 		return
 	}
@@ -180,7 +182,7 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 		if pr.stopCtx != nil {
 			pr.stopCtx()
 		}
-		p.budget.release(int64(size))
+		p.budget.release(int64(size), false, time.Time{}, 0)
 		cb(ProduceResult{Record: rec}, ErrClosed)
 		p.doneRecords(1)
 	}
@@ -399,25 +401,51 @@ func randomProducerID() uint64 {
 	}
 }
 
-// byteBudget bounds the bytes of buffered records (BufferedBytesMax).
+// byteBudget bounds the bytes of buffered records: BufferedBytesMax, and
+// below it the queueing-delay bound (delay, QueueDelayTarget; nil: off).
 type byteBudget struct {
-	mu      sync.Mutex
-	used    int64
-	max     int64
-	waiting bool
-	freed   chan struct{} // closed and replaced on a release while waiting
+	mu       sync.Mutex
+	used     int64
+	max      int64
+	delay    *delayLimit
+	failFast bool // FailWhenFull: refuse instead of waiting
+	waiting  bool
+	freed    chan struct{} // closed and replaced on a release while waiting
 }
 
-// acquire takes n bytes, blocking while they do not fit. A record larger
-// than the whole budget is let through when nothing else is buffered.
+func newByteBudget(cfg *producerConfig) *byteBudget {
+	b := &byteBudget{max: cfg.bufferedBytesMax, failFast: cfg.failWhenFull, freed: make(chan struct{})}
+	if cfg.queueDelayTarget > 0 {
+		b.delay = newDelayLimit(cfg.queueDelayTarget, int64(cfg.batchBytesMax), cfg.bufferedBytesMax)
+	}
+	return b
+}
+
+// limitLocked is the bound that applies now.
+func (b *byteBudget) limitLocked() int64 {
+	if b.delay != nil {
+		return min(b.max, b.delay.limit())
+	}
+	return b.max
+}
+
+// acquire takes n bytes, blocking while they do not fit (or failing at
+// once with ErrBufferFull, with FailWhenFull). A record larger than the
+// whole bound is let through when nothing else is buffered.
 func (b *byteBudget) acquire(ctx context.Context, n int64, closing <-chan struct{}, deadline time.Time) error {
 	var timeout <-chan time.Time
 	for {
 		b.mu.Lock()
-		if b.used == 0 || b.used+n <= b.max {
+		limit := b.limitLocked()
+		if b.used == 0 || b.used+n <= limit {
 			b.used += n
 			b.mu.Unlock()
 			return nil
+		}
+		if b.failFast {
+			used := b.used
+			b.mu.Unlock()
+			return bufferFull(used, limit, b.delay)
 		}
 		b.waiting = true
 		freed := b.freed
@@ -444,11 +472,28 @@ func (b *byteBudget) acquire(ctx context.Context, n int64, closing <-chan struct
 	}
 }
 
-func (b *byteBudget) release(n int64) {
+// bufferFull is FailWhenFull's refusal: a retriable OVERLOADED whose cause
+// is ErrBufferFull, asking for a wait of the delay target (about the time
+// the producer takes to acknowledge what it holds).
+func bufferFull(used, limit int64, delay *delayLimit) error {
+	e := apierr.Wrap(apierr.Overloaded, ErrBufferFull, "producer holds %d bytes, its bound is %d", used, limit)
+	if delay != nil {
+		e.RetryAfter = delay.target
+	}
+	return e
+}
+
+// release returns n bytes; acked says they were acknowledged at now,
+// service after their batch's send (the queueing-delay bound measures
+// those).
+func (b *byteBudget) release(n int64, acked bool, now time.Time, service time.Duration) {
 	b.mu.Lock()
 	b.used -= n
 	if b.used < 0 {
 		panic("client: buffered bytes went negative")
+	}
+	if acked && b.delay != nil {
+		b.delay.acked(n, service, now)
 	}
 	if b.waiting {
 		b.waiting = false

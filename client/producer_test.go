@@ -550,7 +550,9 @@ func TestBackpressureBlocksProduce(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 1)
 	c := newClient(t, fake.Addr())
-	p := newProducer(t, c, "s", client.BatchBytesMax(2<<10), client.BufferedBytesMax(4<<10))
+	// The bound on bytes alone (QueueDelayTarget's would bind first: it
+	// starts at one batch; see TestQueueDelayBoundBindsFirst).
+	p := newProducer(t, c, "s", client.BatchBytesMax(2<<10), client.BufferedBytesMax(4<<10), client.QueueDelayTarget(0))
 	ctx := testCtx(t)
 
 	hold := make(chan struct{})

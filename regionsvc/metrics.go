@@ -102,7 +102,7 @@ func (nm *nodeMetrics) addRefusalCounters(m metric.Meter) error {
 		return err
 	}
 	nm.overloads, err = m.Int64Counter("geolog.limits.refused_requests",
-		metric.WithDescription("requests refused with OVERLOADED or RESOURCE_EXHAUSTED by a budget or quota, by limit"))
+		metric.WithDescription("requests refused with OVERLOADED or RESOURCE_EXHAUSTED by a budget or quota, or shed for queueing delay (limit queue_delay), by limit"))
 	return err
 }
 

@@ -131,6 +131,12 @@ type Config struct {
 	SyncConcurrencyMax int
 	// InboxOpsMax bounds queued appends per range, default 4096.
 	InboxOpsMax int
+	// AppendQueueDelayTarget is the queueing delay past which a range
+	// leader sheds appends with a retriable OVERLOADED before proposing
+	// them (shed.go: when the least time from arrival to commit over an
+	// interval of twice the target exceeded it), default
+	// AppendQueueDelayTargetDefault (100 ms); negative: never.
+	AppendQueueDelayTarget time.Duration
 	// ProducersMax bounds idempotent producers remembered per range,
 	// default 100,000.
 	ProducersMax int
@@ -272,6 +278,9 @@ func (c *Config) setLogDefaults() error {
 	}
 	if c.InboxOpsMax <= 0 {
 		c.InboxOpsMax = 4096
+	}
+	if c.AppendQueueDelayTarget == 0 {
+		c.AppendQueueDelayTarget = AppendQueueDelayTargetDefault
 	}
 	if c.ProducersMax <= 0 {
 		c.ProducersMax = 100_000
@@ -582,6 +591,8 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 		syncSlots:           n.syncSlots,
 		metrics:             n.metrics,
 		repl:                rc,
+
+		appendQueueDelayTarget: n.cfg.AppendQueueDelayTarget,
 	}
 }
 

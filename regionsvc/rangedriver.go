@@ -59,6 +59,9 @@ type appendOp struct {
 	// off. proposedAt is when the driver took it (the commit histogram).
 	trace      *appendTrace
 	proposedAt time.Time
+	// arrivedAt is when the append reached the range (submit): its
+	// sojourn, for load shedding (shed.go), runs from here.
+	arrivedAt time.Time
 }
 
 // rangeDriverConfig configures one range driver.
@@ -71,6 +74,9 @@ type rangeDriverConfig struct {
 	now     func() time.Time
 	// inboxOpsMax bounds queued appends; producers block beyond it.
 	inboxOpsMax int
+	// appendQueueDelayTarget turns load shedding on for a replicated
+	// stream range when positive (shed.go).
+	appendQueueDelayTarget time.Duration
 	// producersMax bounds the dedup table per range.
 	producersMax int
 	// producerStateTTL forgets producers idle for longer.
@@ -159,6 +165,8 @@ type rangeDriver struct {
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
+	// shedder sheds appends by queueing delay (shed.go); nil: off.
+	shedder *appendShedder
 	// peerRefusedLogged is when a refused peer message was last logged.
 	peerRefusedLogged time.Time
 
@@ -264,6 +272,7 @@ func (d *rangeDriver) submit(ctx context.Context, op *appendOp) {
 		op.reply(appendResult{err: d.appendRefusal(f)})
 		return
 	}
+	op.arrivedAt = d.cfg.now()
 	select {
 	case d.inbox <- op:
 	case <-d.stopCh:

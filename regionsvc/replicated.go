@@ -78,6 +78,9 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 		return err
 	}
 	d.rep = rep
+	if d.cfg.appendQueueDelayTarget > 0 && rc.groupID != metaGroupID {
+		d.shedder = newAppendShedder(d.cfg.appendQueueDelayTarget)
+	}
 	return nil
 }
 
@@ -347,6 +350,10 @@ func (d *rangeDriver) propose(op *appendOp) {
 			return
 		}
 	}
+	refused, shedEntry := d.shed(op)
+	if refused {
+		return
+	}
 	frameBytes := len(op.frame)
 	op.trace.proposed()
 	proposedAt := time.Now()
@@ -358,6 +365,9 @@ func (d *rangeDriver) propose(op *appendOp) {
 		ProducerID: op.producerID, BaseSequence: op.baseSequence, RecordCount: op.recordCount,
 		Frame: op.frame, Epoch: op.epoch, Term: op.term,
 		Reply: func(r replica.Result) {
+			if shedEntry != nil {
+				d.shedder.answered(shedEntry, d.cfg.now(), r.Err == nil)
+			}
 			if r.Err != nil {
 				err := d.hintAddress(r.Err)
 				op.trace.committed(0, 0, err)

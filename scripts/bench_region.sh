@@ -3,6 +3,9 @@
 # (fsync on, quorum acks) under run/bench-region and runs geolog bench
 # against it on this machine: one-at-a-time produce, full speed with 8
 # producers, and 8 producers at half that rate. 1 KiB records.
+# GEOLOGD_FLAGS adds flags to every node (--append-queue-delay-target -1s
+# turns load shedding off); BENCH_FLAGS to every geolog bench run
+# (--queue-delay-target 0 turns the producers' queueing-delay bound off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/bin
@@ -18,9 +21,9 @@ rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
 pki_setup local 3
 PIDS=()
 for i in 1 2 3; do
-	# shellcheck disable=SC2046
+	# shellcheck disable=SC2046,SC2086
 	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn $(node_security $i) $(node_atrest) >"$RUNDIR/n$i.log" 2>&1 &
+		--fsync always --log-level warn $(node_security $i) $(node_atrest) ${GEOLOGD_FLAGS:-} >"$RUNDIR/n$i.log" 2>&1 &
 	PIDS+=($!)
 done
 trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT

@@ -43,7 +43,8 @@ node_security() {
 run() {
 	local name=$1; shift
 	echo "== $name (TLS $TLS, at rest $ATREST): geolog bench $*" >&2
-	"$BIN/geolog" bench --json --record-bytes 1024 --ranges "$RANGES" "$@" | tee -a "$RUNDIR/results.jsonl" >/dev/null
+	# shellcheck disable=SC2086
+	"$BIN/geolog" bench --json --record-bytes 1024 --ranges "$RANGES" ${BENCH_FLAGS:-} "$@" | tee -a "$RUNDIR/results.jsonl" >/dev/null
 	tail -1 "$RUNDIR/results.jsonl" | python3 -c '
 import json,sys
 r=json.load(sys.stdin); l=r["latency_ms"]

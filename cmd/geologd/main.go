@@ -53,6 +53,8 @@ func run() int {
 	heartbeatTicks := fs.Int("heartbeat-ticks", 2, "leader heartbeat interval, in ticks")
 	electionTicks := fs.Int("election-ticks", 8, "election timeout, in ticks (randomised to [n, 2n))")
 	syncConcurrency := fs.Int("sync-concurrency", 2, "fsyncs in progress at once across all ranges")
+	appendDelayTarget := fs.Duration("append-queue-delay-target", regionsvc.AppendQueueDelayTargetDefault,
+		"a range leader refuses new appends with a retriable OVERLOADED while its appends have queued (arrival to commit) for longer than this (negative: never)")
 	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	logJSON := fs.Bool("log-json", false, "log as JSON")
 	leaseStore := fs.String("lease-store", "", "homing: the lease store's connection string (postgres://... for PostgreSQL or CockroachDB); empty: static homes from the stream specs")
@@ -276,6 +278,8 @@ func run() int {
 		MaintenanceInterval:      *maintenance,
 		CompactionInterval:       *compactionInterval,
 		CompactionBytesPerSecond: *compactionRate,
+
+		AppendQueueDelayTarget: *appendDelayTarget,
 	}
 	limits.apply(&cfg, logger)
 	if certs != nil {
