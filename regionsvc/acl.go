@@ -7,7 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +18,7 @@ import (
 	"github.com/geolog/geolog/authz"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/vfs"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -118,8 +119,8 @@ type aclDisk struct {
 // its policy from them.
 func (n *Node) loadACLs() error {
 	n.acl.changed = make(chan struct{})
-	b, err := os.ReadFile(filepath.Join(n.cfg.DataDir, aclFile))
-	if errors.Is(err, os.ErrNotExist) {
+	b, err := vfs.ReadFile(n.cfg.fsys(), filepath.Join(n.cfg.DataDir, aclFile), catalogBytesMax)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
@@ -175,7 +176,7 @@ func (n *Node) applyACL(at uint64, replicated bool, c authz.Change) error {
 	}
 	b, err := json.MarshalIndent(d, "", "  ")
 	if err == nil {
-		err = writeFileAtomic(n.cfg.DataDir, aclFile, b)
+		err = vfs.WriteFileAtomic(n.cfg.fsys(), filepath.Join(n.cfg.DataDir, aclFile), b, 0o600)
 	}
 	if err != nil {
 		n.logger.Error("save the access rules", "error", err)

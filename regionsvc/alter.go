@@ -158,7 +158,7 @@ func (n *Node) applyAlter(at uint64, spec streamSpec) {
 	specs := n.specsLocked()
 	n.mu.Unlock()
 	n.setRetention(next)
-	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.logger.Info("stream altered", "stream", spec.Name, "retention_age_ms", spec.RetentionAgeMillis, "retention_bytes", spec.RetentionBytes, "catalogue_offset", at)
@@ -199,7 +199,7 @@ func (n *Node) alterStreamLocal(spec streamSpec) error {
 	}
 	next := n.alteredLocked(st, spec)
 	specs := n.specsLocked()
-	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
 		n.streams[spec.Name] = st
 		n.mu.Unlock()
 		return apierr.Wrap(apierr.Internal, err, "save catalogue")

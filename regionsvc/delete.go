@@ -182,7 +182,7 @@ func (n *Node) applyDelete(at uint64, del streamSpec) {
 	specs := n.specsLocked()
 	n.mu.Unlock()
 	n.closeDeleted(st)
-	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.noteDeleted(del.Name)
@@ -204,7 +204,7 @@ func (n *Node) deleteStreamLocal(spec streamSpec) error {
 	n.mu.Unlock()
 	// The catalogue first: a crash after it leaves files that the next
 	// create of the name clears (they are debris of no stream).
-	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
 		n.mu.Lock()
 		n.streams[spec.Name] = st
 		n.mu.Unlock()

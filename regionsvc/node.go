@@ -58,8 +58,8 @@ type Config struct {
 	// as this node reaches them (in a local cluster, through the WAN
 	// emulator), in Raft id order (the first is node 1's). Streams placed in several regions need it: creation is
 	// propagated there, the home ranges' leaders replicate there, and
-	// appends to a mirror are redirected there. Requires replication
-	// (NodeID and Peers; a region of one node is fine).
+	// appends to a mirror are redirected there. A region of one node is
+	// fine (without Peers its node is Raft id 1).
 	Regions map[string][]string
 	// Logger defaults to a null logger.
 	Logger hclog.Logger
@@ -100,7 +100,7 @@ type Config struct {
 	// LeaseStore, if set, turns homing on (see homing.go): which region is
 	// home for each range, at which epoch, comes from it; appends are
 	// admitted and acked under a lease only; failed home regions are taken
-	// over. Requires replication. The node does not close it.
+	// over. The node does not close it.
 	LeaseStore homing.Store
 	// LeaseHeartbeat, LeaseTTL and MaxClockOffset configure the liveness
 	// lease (homing.Config: defaults 1 s, 5 s, 500 ms). MaxClockOffset
@@ -159,10 +159,12 @@ type Config struct {
 	// FS is the file system of every range's segments and Raft state,
 	// default vfs.OS(). geologd --debug-failpoints passes vfs.WithFaults.
 	FS vfs.FS
-	// NodeID and Peers turn on replication: Peers maps every node of the
-	// region, this one included, from its Raft id (non-zero) to its listen
-	// address. Every range and the stream catalogue are then Raft groups
-	// over these nodes. Without Peers the node is a region of one.
+	// NodeID and Peers name the region's nodes: Peers maps every node of
+	// the region, this one included, from its Raft id (non-zero) to its
+	// listen address. Every range and the stream catalogue are Raft groups
+	// over these nodes. Without Peers the node is a region of one: every
+	// group has one voter, this node (NodeID, default 1), and commits once
+	// the node's own log write is durable.
 	NodeID uint64
 	Peers  map[uint64]string
 	// ReplicationFactor is how many of the region's nodes are the initial
@@ -249,6 +251,14 @@ func (c *Config) setDefaults() error {
 	return c.setConsumerDefaults()
 }
 
+// fsys is the node's file system: FS, else the operating system's.
+func (c *Config) fsys() vfs.FS {
+	if c.FS == nil {
+		return vfs.OS()
+	}
+	return c.FS
+}
+
 // setLogDefaults sets the defaults and checks the bounds of the log each
 // range keeps: records, batches, segments, producers.
 func (c *Config) setLogDefaults() error {
@@ -288,6 +298,9 @@ func (c *Config) setLogDefaults() error {
 // setReplicationDefaults checks the region's peers and the other regions,
 // and sets the Raft defaults.
 func (c *Config) setReplicationDefaults() error {
+	if len(c.Peers) == 0 && c.NodeID == 0 {
+		c.NodeID = 1 // a region of one: the sole voter of every group
+	}
 	if len(c.Peers) > 0 {
 		if c.NodeID == 0 || c.Peers[c.NodeID] == "" {
 			return fmt.Errorf("regionsvc: NodeID %d must be one of Peers", c.NodeID)
@@ -301,18 +314,10 @@ func (c *Config) setReplicationDefaults() error {
 			return fmt.Errorf("regionsvc: Regions[%q] must name another region and list its addresses", region)
 		}
 	}
-	if c.LeaseStore != nil && len(c.Peers) == 0 {
-		return errors.New("regionsvc: LeaseStore needs replication (NodeID and Peers)")
-	}
-	if len(c.Regions) > 0 && len(c.Peers) == 0 {
-		return errors.New("regionsvc: Regions needs replication (NodeID and Peers)")
-	}
 	if c.ReplicationFactor <= 0 {
 		c.ReplicationFactor = 3
 	}
-	if c.ReplicationFactor > len(c.Peers) {
-		c.ReplicationFactor = len(c.Peers)
-	}
+	c.ReplicationFactor = min(c.ReplicationFactor, max(len(c.Peers), 1))
 	if c.TickInterval <= 0 {
 		c.TickInterval = 100 * time.Millisecond
 	}
@@ -468,32 +473,21 @@ func New(cfg Config) (*Node, error) {
 		n.dirLock.Close()
 		return nil, err
 	}
-	if len(cfg.Peers) > 0 {
-		// The catalogue is the meta range; streams appear as it applies.
-		if err := n.openRegion(); err != nil {
-			n.Close()
-			return nil, err
-		}
-		if err := n.checkRangeKeys(); err != nil {
-			n.Close()
-			return nil, err
-		}
-		n.logger.Info("node opened", "data_dir", cfg.DataDir, "node_id", cfg.NodeID, "peers", fmtPeers(cfg.Peers))
-		return n, nil
-	}
-	specs, err := loadCatalog(cfg.DataDir)
-	if err != nil {
+	// The catalogue is the meta range; streams appear as it applies. A
+	// region of one node is a Raft group of one (its own voter).
+	if err := checkNotSingleNodeDir(cfg.fsys(), cfg.DataDir); err != nil {
 		n.Close()
 		return nil, err
 	}
-	for _, spec := range specs {
-		n.streams[spec.Name] = n.openStream(spec)
+	if err := n.openRegion(); err != nil {
+		n.Close()
+		return nil, err
 	}
 	if err := n.checkRangeKeys(); err != nil {
 		n.Close()
 		return nil, err
 	}
-	n.logger.Info("node opened", "data_dir", cfg.DataDir, "streams", len(specs))
+	n.logger.Info("node opened", "data_dir", cfg.DataDir, "node_id", cfg.NodeID, "peers", fmtPeers(cfg.Peers))
 	return n, nil
 }
 
@@ -797,47 +791,7 @@ func (n *Node) createStreamFromSpec(ctx context.Context, w createWant) (*geologv
 		}
 		defer release()
 	}
-	if n.replicated() {
-		return n.createStreamRegions(ctx, w)
-	}
-	if len(spec.Regions) != 1 || spec.Regions[0] != n.cfg.Region {
-		return nil, apierr.New(apierr.InvalidArgument, "stream %q lists regions %v: a node without replication (--node-id, --peers) serves its own region %q only",
-			spec.Name, spec.Regions, n.cfg.Region)
-	}
-	n.createMu.Lock()
-	defer n.createMu.Unlock()
-	n.mu.RLock()
-	existing, exists := n.streams[spec.Name]
-	specs := make([]streamSpec, 0, len(n.streams)+1)
-	for _, st := range n.streams {
-		specs = append(specs, st.spec)
-	}
-	n.mu.RUnlock()
-	if exists {
-		// A retry of the same create is answered with the stream.
-		if diff := w.diff(existing.spec); diff != "" {
-			return nil, streamExistsDiff(spec.Name, diff)
-		}
-		return existing.spec.info(), nil
-	}
-	// A stream directory without a catalogue entry is debris of a create
-	// that crashed before its catalogue write: it holds no acked data.
-	if err := os.RemoveAll(filepath.Join(n.cfg.DataDir, "streams", spec.Name)); err != nil {
-		return nil, apierr.Wrap(apierr.Internal, err, "clear stream directory")
-	}
-	st := n.openStream(spec)
-	if err := saveCatalog(n.cfg.DataDir, append(specs, spec)); err != nil {
-		for _, rd := range st.ranges {
-			rd.stop()
-		}
-		return nil, apierr.Wrap(apierr.Internal, err, "save catalogue")
-	}
-	n.mu.Lock()
-	n.streams[spec.Name] = st
-	n.mu.Unlock()
-	n.forgetDeleted(spec.Name)
-	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount)
-	return spec.info(), nil
+	return n.createStreamRegions(ctx, w)
 }
 
 func (n *Node) listStreams() []*geologv1.StreamInfo {

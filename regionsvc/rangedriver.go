@@ -156,6 +156,13 @@ type rangeDriver struct {
 	raftIn      chan []*raftpb.Message
 	unreachable chan uint64
 	execCh      chan func()
+	// holdAcks is set during a Ready cycle: acks are held in heldAcks
+	// until the cycle's end (ready). Driver goroutine.
+	holdAcks bool
+	heldAcks []func()
+	// onCommitFrom is the committed offset cfg.repl.onCommit was last
+	// called up to (driver goroutine).
+	onCommitFrom uint64
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
@@ -229,6 +236,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 			d.notServed(err, errors.Is(err, replica.ErrOrphansCorrupt))
 			return d
 		}
+		d.campaignIfSole()
 		go d.runReplicated()
 		return d
 	}
