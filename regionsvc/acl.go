@@ -408,15 +408,6 @@ func sendACLChange(ctx context.Context, ac geologv1.AdminClient, c authz.Change)
 // commitACL commits c to this region's catalogue and waits until this
 // node applied it (or a newer change of the pair).
 func (n *Node) commitACL(ctx context.Context, call aclCall, c authz.Change) error {
-	if !n.replicated() {
-		n.createMu.Lock() // one catalogue writer at a time
-		err := n.applyACL(0, false, c)
-		n.createMu.Unlock()
-		if err != nil {
-			return apierr.Wrap(apierr.Internal, err, "the access rule is in force on this node, and not saved (it is lost at a restart)")
-		}
-		return nil
-	}
 	ac := toACLChange(c)
 	res, err := n.proposeMeta(ctx, metaRecord{Op: "acl", ACL: &ac})
 	if err != nil {

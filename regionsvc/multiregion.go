@@ -202,8 +202,6 @@ func (n *Node) notHome(d *rangeDriver) error {
 func (n *Node) homeLeaderAddr(d *rangeDriver) string {
 	role := d.role()
 	switch {
-	case d.rep == nil && role.home:
-		return n.advertise
 	case d.rep == nil:
 		return ""
 	case role.home:

@@ -122,19 +122,20 @@ type Config struct {
 	// starts with an active one older than this, default 7 days; negative
 	// never. (geolog keys rotate rotates a stopped node's at once.)
 	DataKeyRotationPeriod time.Duration
-	// SyncConcurrencyMax bounds the fsyncs in progress at once across all
-	// ranges of the node, default 2. Each fsync has a large fixed cost (a
-	// journal commit and a device cache flush); while a range waits for a
-	// slot its next round grows, so under load fewer, larger fsyncs cover
-	// the same records. Measured on 2 cores at 75k records/s over 8 ranges:
-	// p99 ack latency 12-13 ms unbounded, 6.5-9 ms with 2 slots.
+	// SyncConcurrencyMax is ignored. It bounded the fsyncs of the
+	// single-node write path, which is gone: every range, in a region of
+	// one too, writes through its replica's log writer (one group commit
+	// per range). Kept so that configurations that set it still load.
 	SyncConcurrencyMax int
 	// InboxOpsMax bounds queued appends per range, default 4096.
 	InboxOpsMax int
 	// ProducersMax bounds idempotent producers remembered per range,
 	// default 100,000.
 	ProducersMax int
-	// ProducerStateTTL forgets producers idle for longer, default 7 days.
+	// ProducerStateTTL is how long compaction by key keeps a producer's
+	// newest batch after its last one (compact.Policy.ProducerRetention),
+	// default 7 days. The idempotence table itself is bounded by
+	// ProducersMax.
 	ProducerStateTTL time.Duration
 	// MaintenanceInterval is how often retention runs, default 30 s.
 	MaintenanceInterval time.Duration
@@ -347,15 +348,12 @@ type Node struct {
 
 	mu      sync.RWMutex // guards streams
 	streams map[string]*streamState
-	// createMu serialises stream creation (catalogue writes).
-	createMu sync.Mutex
 
 	// acl is the access rules of the catalogue (acl.go); aclSyncDone is
 	// closed when its comparison with other regions stopped.
 	acl         aclState
 	aclSyncDone chan struct{}
 
-	syncSlots   chan struct{}
 	metrics     *nodeMetrics
 	authMetrics *authMetrics
 	// policy is what client principals may do (authz.go); refusals
@@ -442,7 +440,6 @@ func New(cfg Config) (*Node, error) {
 		book:     newAddrBook(),
 		tasks:    stopper.New(),
 	}
-	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
 	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
@@ -571,9 +568,7 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 		now:                 n.cfg.Now,
 		inboxOpsMax:         n.cfg.InboxOpsMax,
 		producersMax:        n.cfg.ProducersMax,
-		producerStateTTL:    n.cfg.ProducerStateTTL,
 		maintenanceInterval: n.cfg.MaintenanceInterval,
-		syncSlots:           n.syncSlots,
 		metrics:             n.metrics,
 		repl:                rc,
 	}

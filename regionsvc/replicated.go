@@ -70,6 +70,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 		Send:          d.sendRaft,
 		SendSnapshot:  d.sendSnapshot,
 		Epoch:         d.cfg.epoch,
+		ProducersMax:  d.cfg.producersMax,
 		Now:           d.cfg.now,
 		Logger:        d.cfg.logger,
 		HeartbeatTick: rc.heartbeatTicks, ElectionTick: rc.electionTicks,
