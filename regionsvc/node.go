@@ -511,40 +511,51 @@ func (n *Node) rangeDir(stream string, r uint32) string {
 	return filepath.Join(n.cfg.DataDir, "streams", stream, fmt.Sprintf("%05d", r))
 }
 
-func (n *Node) openStream(spec streamSpec) *streamState {
-	return n.openStreamAt(spec, 0)
-}
+// rangeOpenConcurrencyMax bounds the ranges of one stream opened at once:
+// opening a range makes its Raft state durable (fsyncs), and a stream of
+// thousands of ranges opened one after another would take minutes.
+const rangeOpenConcurrencyMax = 16
 
-// openStreamAt opens a stream's ranges; in replicated mode metaOffset, the
-// catalogue offset of the stream's creation, names their Raft groups.
+// openStreamAt opens a stream's ranges, up to rangeOpenConcurrencyMax at
+// once; metaOffset, the catalogue offset of the stream's creation, names
+// their Raft groups.
 func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 	st := &streamState{spec: spec, ranges: make([]*rangeDriver, spec.RangeCount)}
+	slots := make(chan struct{}, rangeOpenConcurrencyMax)
+	var wg sync.WaitGroup
 	for r := uint32(0); r < spec.RangeCount; r++ {
-		var rc *replicationConfig
-		if n.replicated() {
-			rc = &replicationConfig{groupID: groupFor(metaOffset, r)}
-		}
-		cfg := n.rangeConfig(spec.Name, r, segment.Config{
-			Dir:            n.rangeDir(spec.Name, r),
-			RetentionAge:   time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
-			RetentionBytes: spec.RetentionBytes,
-		}, rc)
-		cfg.homeRegion = spec.home(r)
-		cfg.home = cfg.homeRegion == n.cfg.Region
-		cfg.compaction = n.compactionConfigFor(spec, r)
-		if len(spec.Regions) > 1 {
-			cfg.compactionFloor = func() (uint64, bool) { return n.mirrorFloor(spec.Name, r) }
-		}
-		if n.cfg.LeaseStore != nil {
-			cfg.leaseCheck = n.leaseCheck
-			cfg.fenced = len(spec.Regions) > 1
-			cfg.wantEpochs = n.wantEpochs
-		}
-		d := openRangeDriver(cfg)
-		d.setRole(n.initialRole(spec.Name, r, spec))
-		st.ranges[r] = d
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			st.ranges[r] = n.openRange(spec, metaOffset, r)
+		}()
 	}
+	wg.Wait()
 	return st
+}
+
+// openRange opens range r of spec.
+func (n *Node) openRange(spec streamSpec, metaOffset uint64, r uint32) *rangeDriver {
+	cfg := n.rangeConfig(spec.Name, r, segment.Config{
+		Dir:            n.rangeDir(spec.Name, r),
+		RetentionAge:   time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
+		RetentionBytes: spec.RetentionBytes,
+	}, &replicationConfig{groupID: groupFor(metaOffset, r)})
+	cfg.homeRegion = spec.home(r)
+	cfg.home = cfg.homeRegion == n.cfg.Region
+	cfg.compaction = n.compactionConfigFor(spec, r)
+	if len(spec.Regions) > 1 {
+		cfg.compactionFloor = func() (uint64, bool) { return n.mirrorFloor(spec.Name, r) }
+	}
+	if n.cfg.LeaseStore != nil {
+		cfg.leaseCheck = n.leaseCheck
+		cfg.fenced = len(spec.Regions) > 1
+		cfg.wantEpochs = n.wantEpochs
+	}
+	d := openRangeDriver(cfg)
+	d.setRole(n.initialRole(spec.Name, r, spec))
+	return d
 }
 
 // rangeConfig completes a range driver's configuration from the node's.

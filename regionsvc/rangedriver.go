@@ -208,7 +208,9 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		d.notServed(err, errors.Is(err, replica.ErrOrphansCorrupt))
 		return d
 	}
-	d.campaignIfSole()
+	// Readers see at once what the replica published before it stopped
+	// (its commit mark): a restart never shows them a shorter log.
+	d.publishCommitted()
 	go d.runReplicated()
 	return d
 }

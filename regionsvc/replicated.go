@@ -136,6 +136,7 @@ func (d *rangeDriver) runReplicated() {
 		}
 		d.ready()
 	}
+	d.campaignIfSole()
 	// Retention runs as Raft log compaction (see snapshot.go).
 	maintain := time.NewTicker(d.cfg.maintenanceInterval)
 	defer maintain.Stop()
@@ -173,10 +174,11 @@ func (d *rangeDriver) runReplicated() {
 }
 
 // campaignIfSole makes the sole voter of a group of one (a region of one
-// node) campaign as the range opens, before its driver runs: no one else
-// can elect it, and it need not wait an election timeout for a vote of its
-// own. The vote is durable (the hard state) before the Ready cycles that
-// follow make it leader, so the range leads when openRangeDriver returns.
+// node) campaign as soon as its driver runs: no one else can elect it, and
+// it need not wait an election timeout for a vote of its own. It runs on
+// the driver goroutine, not in openRangeDriver: a stream of thousands of
+// ranges then elects them in parallel (each election makes its hard state
+// durable) instead of one after another on the catalogue's goroutine.
 func (d *rangeDriver) campaignIfSole() {
 	if !d.rep.SoleVoter() {
 		return
