@@ -7,7 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +18,7 @@ import (
 	"github.com/geolog/geolog/authz"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/vfs"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -118,8 +119,8 @@ type aclDisk struct {
 // its policy from them.
 func (n *Node) loadACLs() error {
 	n.acl.changed = make(chan struct{})
-	b, err := os.ReadFile(filepath.Join(n.cfg.DataDir, aclFile))
-	if errors.Is(err, os.ErrNotExist) {
+	b, err := vfs.ReadFile(n.cfg.fsys(), filepath.Join(n.cfg.DataDir, aclFile), catalogBytesMax)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
@@ -175,7 +176,7 @@ func (n *Node) applyACL(at uint64, replicated bool, c authz.Change) error {
 	}
 	b, err := json.MarshalIndent(d, "", "  ")
 	if err == nil {
-		err = writeFileAtomic(n.cfg.DataDir, aclFile, b)
+		err = vfs.WriteFileAtomic(n.cfg.fsys(), filepath.Join(n.cfg.DataDir, aclFile), b, 0o600)
 	}
 	if err != nil {
 		n.logger.Error("save the access rules", "error", err)
@@ -407,15 +408,6 @@ func sendACLChange(ctx context.Context, ac geologv1.AdminClient, c authz.Change)
 // commitACL commits c to this region's catalogue and waits until this
 // node applied it (or a newer change of the pair).
 func (n *Node) commitACL(ctx context.Context, call aclCall, c authz.Change) error {
-	if !n.replicated() {
-		n.createMu.Lock() // one catalogue writer at a time
-		err := n.applyACL(0, false, c)
-		n.createMu.Unlock()
-		if err != nil {
-			return apierr.Wrap(apierr.Internal, err, "the access rule is in force on this node, and not saved (it is lost at a restart)")
-		}
-		return nil
-	}
 	ac := toACLChange(c)
 	res, err := n.proposeMeta(ctx, metaRecord{Op: "acl", ACL: &ac})
 	if err != nil {

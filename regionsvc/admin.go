@@ -28,7 +28,7 @@ func (n *Node) replicatedRange(ctx context.Context, stream string, r uint32) (*r
 		return nil, f
 	}
 	if rd.rep == nil {
-		return nil, apierr.New(apierr.InvalidArgument, "stream %s range %d is not replicated (the node runs without --peers)", stream, r)
+		return nil, apierr.New(apierr.Unavailable, "stream %s range %d is not served here", stream, r)
 	}
 	return rd, nil
 }

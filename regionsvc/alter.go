@@ -95,10 +95,7 @@ func (n *Node) alterStream(ctx context.Context, req *geologv1.AlterStreamRequest
 			}
 		}
 	}
-	if n.replicated() {
-		return spec, n.alterStreamReplicated(ctx, spec, req, forwarded)
-	}
-	return spec, n.alterStreamLocal(spec)
+	return spec, n.alterStreamReplicated(ctx, spec, req, forwarded)
 }
 
 func (n *Node) alterInRegion(ctx context.Context, region string, req *geologv1.AlterStreamRequest) error {
@@ -158,7 +155,7 @@ func (n *Node) applyAlter(at uint64, spec streamSpec) {
 	specs := n.specsLocked()
 	n.mu.Unlock()
 	n.setRetention(next)
-	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.logger.Info("stream altered", "stream", spec.Name, "retention_age_ms", spec.RetentionAgeMillis, "retention_bytes", spec.RetentionBytes, "catalogue_offset", at)
@@ -185,27 +182,4 @@ func (n *Node) setRetention(st *streamState) {
 			n.logger.Error("set retention", "stream", st.spec.Name, "range", r, "error", err)
 		}
 	}
-}
-
-// alterStreamLocal alters a stream of a node without replication.
-func (n *Node) alterStreamLocal(spec streamSpec) error {
-	n.createMu.Lock()
-	defer n.createMu.Unlock()
-	n.mu.Lock()
-	st, ok := n.streams[spec.Name]
-	if !ok {
-		n.mu.Unlock()
-		return apierr.New(apierr.StreamNotFound, "stream %q does not exist", spec.Name)
-	}
-	next := n.alteredLocked(st, spec)
-	specs := n.specsLocked()
-	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
-		n.streams[spec.Name] = st
-		n.mu.Unlock()
-		return apierr.Wrap(apierr.Internal, err, "save catalogue")
-	}
-	n.mu.Unlock()
-	n.setRetention(next)
-	n.logger.Info("stream altered", "stream", spec.Name, "retention_age_ms", spec.RetentionAgeMillis, "retention_bytes", spec.RetentionBytes)
-	return nil
 }

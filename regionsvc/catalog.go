@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -13,9 +13,11 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/vfs"
 )
 
-// catalogFile is the name of the stream catalogue inside the data directory.
+// catalogFile is the name of the applied stream catalogue inside the data
+// directory (the catalogue itself is the meta range's log).
 const catalogFile = "streams.json"
 
 // catalogVersion is the on-disk version of the catalogue file.
@@ -278,10 +280,38 @@ type catalogDisk struct {
 	Streams []streamSpec `json:"streams"`
 }
 
-// loadCatalog reads the catalogue; a missing file is an empty catalogue.
-func loadCatalog(dataDir string) ([]streamSpec, error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, catalogFile))
-	if errors.Is(err, os.ErrNotExist) {
+// catalogBytesMax bounds the applied catalogue file read at start: a
+// stream's definition is well under 4 KiB.
+const catalogBytesMax = 256 << 20
+
+// ErrSingleNodeDataDir is New's refusal of a data directory written by a
+// build from before a region of one node was a Raft group of one: it holds
+// the single-node catalogue (streams.json) and no catalogue range (meta/).
+// docs/operator-guide.md ("Upgrading a single-node data directory") has
+// the upgrade step.
+var ErrSingleNodeDataDir = errors.New("regionsvc: the data directory was written by a single-node build of an older release")
+
+// checkNotSingleNodeDir refuses (ErrSingleNodeDataDir) a data directory of
+// the old single-node layout; nothing in it is changed.
+func checkNotSingleNodeDir(fsys vfs.FS, dataDir string) error {
+	if _, err := fsys.Stat(filepath.Join(dataDir, catalogFile)); err != nil {
+		return nil // no catalogue: nothing to lose (or a fresh directory)
+	}
+	if _, err := fsys.Stat(metaDir(dataDir)); err == nil {
+		return nil // the applied catalogue of a replicated node
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("regionsvc: data directory %s: %w", dataDir, err)
+	}
+	return fmt.Errorf("%w: %s holds %s and no catalogue range (%s); export its streams with that release and import them into a fresh data directory (see the operator guide, \"Upgrading a single-node data directory\")",
+		ErrSingleNodeDataDir, dataDir, catalogFile, metaDir(dataDir))
+}
+
+// loadCatalog reads the applied catalogue (the stream definitions this
+// node applied before it stopped, see applyMetaRecord); a missing file is
+// an empty catalogue.
+func loadCatalog(fsys vfs.FS, dataDir string) ([]streamSpec, error) {
+	b, err := vfs.ReadFile(fsys, filepath.Join(dataDir, catalogFile), catalogBytesMax)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
@@ -302,47 +332,14 @@ func loadCatalog(dataDir string) ([]streamSpec, error) {
 	return c.Streams, nil
 }
 
-// saveCatalog replaces the catalogue atomically: write a temporary file,
-// fsync it, rename it over the old one, fsync the directory.
-func saveCatalog(dataDir string, specs []streamSpec) error {
+// saveCatalog replaces the applied catalogue atomically and durably
+// (vfs.WriteFileAtomic).
+func saveCatalog(fsys vfs.FS, dataDir string, specs []streamSpec) error {
 	sorted := append([]streamSpec(nil), specs...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	b, err := json.MarshalIndent(catalogDisk{Version: catalogVersion, Streams: sorted}, "", "  ")
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(dataDir, catalogFile, b)
-}
-
-// writeFileAtomic replaces dir/name with data durably.
-func writeFileAtomic(dir, name string, data []byte) error {
-	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return vfs.WriteFileAtomic(fsys, filepath.Join(dataDir, catalogFile), b, 0o600)
 }

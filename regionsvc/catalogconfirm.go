@@ -30,9 +30,6 @@ func (n *Node) lookupStream(ctx context.Context, name string) (*streamState, err
 	if ok {
 		return st, nil
 	}
-	if !n.replicated() {
-		return nil, apierr.New(apierr.StreamNotFound, "stream %q does not exist", name)
-	}
 	ctx, cancel := context.WithTimeout(ctx, catalogueConfirmMax)
 	defer cancel()
 	forwarded := false

@@ -86,11 +86,9 @@ func (d *rangeDriver) compactByKey() {
 	default:
 	}
 	now := d.cfg.now().UnixNano()
-	if d.rep != nil {
-		if a := d.rep.KeyCompaction(); a.Point > k.applied.Point {
-			k.applied, k.decidedAt = a, max(k.decidedAt, now)
-			k.markerEnd = max(k.markerEnd, d.rep.KeyCompactionMarkerEnd())
-		}
+	if a := d.rep.KeyCompaction(); a.Point > k.applied.Point {
+		k.applied, k.decidedAt = a, max(k.decidedAt, now)
+		k.markerEnd = max(k.markerEnd, d.rep.KeyCompactionMarkerEnd())
 	}
 	d.maybeDecide(now)
 	d.maybeClean()
@@ -100,7 +98,7 @@ func (d *rangeDriver) compactByKey() {
 // in its home region and a decision is due.
 func (d *rangeDriver) maybeDecide(now int64) {
 	k := d.keyc
-	if k.proposing || !d.isHome() || (d.rep != nil && !d.rep.IsLeader()) {
+	if k.proposing || !d.isHome() || !d.rep.IsLeader() {
 		return
 	}
 	epoch, err := k.cfg.admit(d)
@@ -135,19 +133,10 @@ func (d *rangeDriver) maybeDecide(now int64) {
 			d.logger.Debug("compaction marker not appended", "point", dec.Point, "error", r.err)
 			return
 		}
-		if d.rep == nil {
-			// A single node: the marker is durable, so applied.
-			k.applied = dec
-		}
 		k.markerEnd = max(k.markerEnd, r.baseOffset+1)
 		d.logger.Debug("compaction decided", "point", dec.Point, "offset", r.baseOffset)
 	}
-	if d.rep != nil {
-		d.propose(op)
-		return
-	}
-	d.handleAppend(op)
-	d.kickSync()
+	d.propose(op)
 }
 
 // maybeClean submits a cleaner job for the applied decision if this copy
@@ -158,13 +147,7 @@ func (d *rangeDriver) maybeClean() {
 	if k.running || dec.Point == 0 || dec == k.cleaned {
 		return
 	}
-	limit := uint64(math.MaxUint64)
-	var err error
-	if d.rep != nil {
-		limit, err = d.rep.PrepareRewrite(dec.Point)
-	} else {
-		err = d.store.SealBefore(dec.Point)
-	}
+	limit, err := d.rep.PrepareRewrite(dec.Point)
 	if err != nil {
 		d.logger.Warn("compaction: prepare the log", "point", dec.Point, "error", err)
 		return
@@ -182,24 +165,6 @@ func (d *rangeDriver) maybeClean() {
 	if err := k.cfg.cleaner.Submit(job); err == nil {
 		k.running = true
 	}
-}
-
-// recoverKeyDecision finds a single node's newest compaction marker in its
-// log on open (a Raft replica finds its own): the offset of the last one
-// OnRecover saw.
-func (d *rangeDriver) recoverKeyDecision(markerAt uint64, found bool) {
-	if d.keyc == nil || !found {
-		return
-	}
-	f, err := d.store.ReadFrames(markerAt, 1, markerAt+1)
-	if err == nil {
-		var c batch.Compaction
-		if _, c, err = batch.DecodeCompaction(f); err == nil {
-			d.keyc.applied, d.keyc.markerEnd = c, markerAt+1
-			return
-		}
-	}
-	d.logger.Warn("compaction: read the last marker", "offset", markerAt, "error", err)
 }
 
 // compactionFloor is the lowest offset every other region of a stream has

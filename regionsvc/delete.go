@@ -66,11 +66,7 @@ func (n *Node) deleteStream(ctx context.Context, name string) error {
 			return err
 		}
 	}
-	if n.replicated() {
-		err = n.deleteStreamReplicated(ctx, spec, forwarded)
-	} else {
-		err = n.deleteStreamLocal(spec)
-	}
+	err = n.deleteStreamReplicated(ctx, spec, forwarded)
 	if err != nil || !origin {
 		return err
 	}
@@ -182,38 +178,11 @@ func (n *Node) applyDelete(at uint64, del streamSpec) {
 	specs := n.specsLocked()
 	n.mu.Unlock()
 	n.closeDeleted(st)
-	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.noteDeleted(del.Name)
 	n.logger.Info("stream deleted", "stream", del.Name, "ranges", st.spec.RangeCount, "catalogue_offset", at)
-}
-
-// deleteStreamLocal deletes a stream of a node without replication.
-func (n *Node) deleteStreamLocal(spec streamSpec) error {
-	n.createMu.Lock()
-	defer n.createMu.Unlock()
-	n.mu.Lock()
-	st, ok := n.streams[spec.Name]
-	if !ok {
-		n.mu.Unlock()
-		return apierr.New(apierr.StreamNotFound, "stream %q does not exist", spec.Name)
-	}
-	delete(n.streams, spec.Name)
-	specs := n.specsLocked()
-	n.mu.Unlock()
-	// The catalogue first: a crash after it leaves files that the next
-	// create of the name clears (they are debris of no stream).
-	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
-		n.mu.Lock()
-		n.streams[spec.Name] = st
-		n.mu.Unlock()
-		return apierr.Wrap(apierr.Internal, err, "save catalogue")
-	}
-	n.closeDeleted(st)
-	n.noteDeleted(spec.Name)
-	n.logger.Info("stream deleted", "stream", spec.Name, "ranges", spec.RangeCount)
-	return nil
 }
 
 // deletedStreamsMax bounds the deleted stream names a node remembers.

@@ -39,7 +39,7 @@ func TestFsyncFailureKeepsReads(t *testing.T) {
 		t.Fatalf("read of the committed prefix after an fsync failure: %d records, %v", len(rr.GetRecords()), err)
 	}
 	d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "s"})
-	if err != nil || !strings.Contains(d.Ranges[0].Status, "fsync") {
+	if err != nil || !strings.Contains(d.Ranges[0].Status, "fdatasync") {
 		t.Fatalf("describe after an fsync failure: %v %v", d, err)
 	}
 }

@@ -3,41 +3,48 @@
 //
 // # Range driver contract
 //
-// Each range is owned by one goroutine (rangeDriver.run) that alone writes to
-// the range's segment store and alone touches its idempotence table. It
-// selects over its inbox, fsync completions, a maintenance ticker and stop:
+// Every range, and the catalogue (the "_meta" range), is a Raft group over
+// the region's nodes (package replica); a region of one node is a Raft
+// group of one voter, which commits an entry once its own write of it is
+// durable. There is one write path. Each range is owned by one goroutine
+// (rangeDriver.runReplicated) that alone steps its replica, which alone
+// touches the range's idempotence table; the replica's log writer and
+// commit-mark writer write the segment store beside it (replica's doc.go
+// has the replica's own contract). The driver selects over its inbox,
+// Raft messages, the log writer's completions, the node's tick, a
+// maintenance ticker and stop:
 //
 //  1. Validate and encode a request's frame on the caller's goroutine
-//     (parallel across connections); the driver only patches offset, epoch
+//     (parallel across connections); the leader only patches offset, epoch
 //     and append time into it.
-//  2. For an idempotent batch, consult the dedup table first: a gap or an
-//     overlap is refused; an exact duplicate is answered with the original
-//     offsets, but never before the original is durable.
-//  3. Assign offsets densely from the store's tail, append the frame (one
-//     write), record the batch in the dedup table, and queue the request as
-//     pending. Drain whatever else is queued before asking for an fsync, so
-//     one fsync covers all of it (group commit).
-//  4. A separate sync goroutine runs one fsync round at a time. Only after a
-//     round completes does the driver publish the new committed offset and
-//     ack the pending requests it covers, in offset order.
-//  5. Readers never go through the driver: they read the store directly,
+//  2. Propose it (replica.Propose): the replica consults its dedup table
+//     first (a gap or an overlap is refused; an exact duplicate is answered
+//     with the original offsets, never before the original is committed),
+//     assigns offsets densely from its log's tail and hands the entry to
+//     Raft. Drain whatever else is queued before the Ready cycle, so that
+//     one log write (one fdatasync) covers all of it (group commit).
+//  3. Ack once Raft commits the entry (a majority has it durably; in a
+//     group of one, the node's own write). Acks given during a Ready cycle
+//     are sent at its end, after the committed offset it reached is
+//     published (ready), so a reader told of a record finds it.
+//  4. Readers never go through the driver: they read the store directly,
 //     bounded by the published committed offset (and, on a copy that holds
 //     a divergent tail, by its timeline fence: timeline.go), so nothing
 //     unacked is ever visible. A read past that bound is never a final
 //     error unless the home confirms the range ends before it
 //     (readpast.go).
-//  6. An I/O error or a failed fsync stops the range's appends: every
-//     pending request gets a retriable UNAVAILABLE (its outcome is unknown;
-//     an idempotent retry after restart resolves it), nothing more is
-//     acked; its committed prefix is still read (readFailure). A full disk
-//     (segment.ErrNoSpace) stops nothing: appends get a retriable
-//     UNAVAILABLE while it lasts, the log writer retries with backoff, a
-//     full leader hands leadership on, and appends resume once space is
-//     freed. Corruption found on open or on read, lost segments included,
-//     stops the range with CORRUPTION (reads too); nothing on disk is
-//     deleted. See docs/disk-faults.md.
-//  7. On shutdown the driver fsyncs what it wrote, acks it, and refuses what
-//     is still queued with a retriable SHUTTING_DOWN.
+//  5. An I/O error or a failed fsync stops the replica: every pending
+//     request gets a retriable error (its outcome is unknown; an
+//     idempotent retry resolves it), nothing more is acked; its committed
+//     prefix is still read. A full disk (segment.ErrNoSpace) stops nothing:
+//     appends get a retriable UNAVAILABLE while it lasts, the log writer
+//     retries with backoff, a full leader hands leadership on, and appends
+//     resume once space is freed. Corruption found on open or on read,
+//     lost segments included, stops the range with CORRUPTION (reads too);
+//     nothing on disk is deleted. See docs/disk-faults.md.
+//  6. On shutdown the driver hands leadership away if it can, writes what
+//     its log writer left queued, and refuses what is still queued with a
+//     retriable SHUTTING_DOWN.
 //
 // # Callers
 //
@@ -59,7 +66,8 @@
 //
 // # Idempotence
 //
-// The dedup table is derived from the log: on open, every batch header is
-// replayed into it (segment.Config.OnRecover), so a duplicate sent after a
-// crash and restart still gets its original offsets.
+// The replica's dedup table is derived from the log: on open, every batch
+// header is replayed into it (segment.Config.OnRecover hands them over), so
+// a duplicate sent after a crash and restart still gets its original
+// offsets.
 package regionsvc

@@ -58,8 +58,8 @@ type Config struct {
 	// as this node reaches them (in a local cluster, through the WAN
 	// emulator), in Raft id order (the first is node 1's). Streams placed in several regions need it: creation is
 	// propagated there, the home ranges' leaders replicate there, and
-	// appends to a mirror are redirected there. Requires replication
-	// (NodeID and Peers; a region of one node is fine).
+	// appends to a mirror are redirected there. A region of one node is
+	// fine (without Peers its node is Raft id 1).
 	Regions map[string][]string
 	// Logger defaults to a null logger.
 	Logger hclog.Logger
@@ -100,7 +100,7 @@ type Config struct {
 	// LeaseStore, if set, turns homing on (see homing.go): which region is
 	// home for each range, at which epoch, comes from it; appends are
 	// admitted and acked under a lease only; failed home regions are taken
-	// over. Requires replication. The node does not close it.
+	// over. The node does not close it.
 	LeaseStore homing.Store
 	// LeaseHeartbeat, LeaseTTL and MaxClockOffset configure the liveness
 	// lease (homing.Config: defaults 1 s, 5 s, 500 ms). MaxClockOffset
@@ -122,12 +122,10 @@ type Config struct {
 	// starts with an active one older than this, default 7 days; negative
 	// never. (geolog keys rotate rotates a stopped node's at once.)
 	DataKeyRotationPeriod time.Duration
-	// SyncConcurrencyMax bounds the fsyncs in progress at once across all
-	// ranges of the node, default 2. Each fsync has a large fixed cost (a
-	// journal commit and a device cache flush); while a range waits for a
-	// slot its next round grows, so under load fewer, larger fsyncs cover
-	// the same records. Measured on 2 cores at 75k records/s over 8 ranges:
-	// p99 ack latency 12-13 ms unbounded, 6.5-9 ms with 2 slots.
+	// SyncConcurrencyMax is ignored. It bounded the fsyncs of the
+	// single-node write path, which is gone: every range, in a region of
+	// one too, writes through its replica's log writer (one group commit
+	// per range). Kept so that configurations that set it still load.
 	SyncConcurrencyMax int
 	// InboxOpsMax bounds queued appends per range, default 4096.
 	InboxOpsMax int
@@ -140,7 +138,10 @@ type Config struct {
 	// ProducersMax bounds idempotent producers remembered per range,
 	// default 100,000.
 	ProducersMax int
-	// ProducerStateTTL forgets producers idle for longer, default 7 days.
+	// ProducerStateTTL is how long compaction by key keeps a producer's
+	// newest batch after its last one (compact.Policy.ProducerRetention),
+	// default 7 days. The idempotence table itself is bounded by
+	// ProducersMax.
 	ProducerStateTTL time.Duration
 	// MaintenanceInterval is how often retention runs, default 30 s.
 	MaintenanceInterval time.Duration
@@ -165,10 +166,12 @@ type Config struct {
 	// FS is the file system of every range's segments and Raft state,
 	// default vfs.OS(). geologd --debug-failpoints passes vfs.WithFaults.
 	FS vfs.FS
-	// NodeID and Peers turn on replication: Peers maps every node of the
-	// region, this one included, from its Raft id (non-zero) to its listen
-	// address. Every range and the stream catalogue are then Raft groups
-	// over these nodes. Without Peers the node is a region of one.
+	// NodeID and Peers name the region's nodes: Peers maps every node of
+	// the region, this one included, from its Raft id (non-zero) to its
+	// listen address. Every range and the stream catalogue are Raft groups
+	// over these nodes. Without Peers the node is a region of one: every
+	// group has one voter, this node (NodeID, default 1), and commits once
+	// the node's own log write is durable.
 	NodeID uint64
 	Peers  map[uint64]string
 	// ReplicationFactor is how many of the region's nodes are the initial
@@ -255,6 +258,14 @@ func (c *Config) setDefaults() error {
 	return c.setConsumerDefaults()
 }
 
+// fsys is the node's file system: FS, else the operating system's.
+func (c *Config) fsys() vfs.FS {
+	if c.FS == nil {
+		return vfs.OS()
+	}
+	return c.FS
+}
+
 // setLogDefaults sets the defaults and checks the bounds of the log each
 // range keeps: records, batches, segments, producers.
 func (c *Config) setLogDefaults() error {
@@ -297,6 +308,9 @@ func (c *Config) setLogDefaults() error {
 // setReplicationDefaults checks the region's peers and the other regions,
 // and sets the Raft defaults.
 func (c *Config) setReplicationDefaults() error {
+	if len(c.Peers) == 0 && c.NodeID == 0 {
+		c.NodeID = 1 // a region of one: the sole voter of every group
+	}
 	if len(c.Peers) > 0 {
 		if c.NodeID == 0 || c.Peers[c.NodeID] == "" {
 			return fmt.Errorf("regionsvc: NodeID %d must be one of Peers", c.NodeID)
@@ -310,18 +324,10 @@ func (c *Config) setReplicationDefaults() error {
 			return fmt.Errorf("regionsvc: Regions[%q] must name another region and list its addresses", region)
 		}
 	}
-	if c.LeaseStore != nil && len(c.Peers) == 0 {
-		return errors.New("regionsvc: LeaseStore needs replication (NodeID and Peers)")
-	}
-	if len(c.Regions) > 0 && len(c.Peers) == 0 {
-		return errors.New("regionsvc: Regions needs replication (NodeID and Peers)")
-	}
 	if c.ReplicationFactor <= 0 {
 		c.ReplicationFactor = 3
 	}
-	if c.ReplicationFactor > len(c.Peers) {
-		c.ReplicationFactor = len(c.Peers)
-	}
+	c.ReplicationFactor = min(c.ReplicationFactor, max(len(c.Peers), 1))
 	if c.TickInterval <= 0 {
 		c.TickInterval = 100 * time.Millisecond
 	}
@@ -351,15 +357,12 @@ type Node struct {
 
 	mu      sync.RWMutex // guards streams
 	streams map[string]*streamState
-	// createMu serialises stream creation (catalogue writes).
-	createMu sync.Mutex
 
 	// acl is the access rules of the catalogue (acl.go); aclSyncDone is
 	// closed when its comparison with other regions stopped.
 	acl         aclState
 	aclSyncDone chan struct{}
 
-	syncSlots   chan struct{}
 	metrics     *nodeMetrics
 	authMetrics *authMetrics
 	// policy is what client principals may do (authz.go); refusals
@@ -446,7 +449,6 @@ func New(cfg Config) (*Node, error) {
 		book:     newAddrBook(),
 		tasks:    stopper.New(),
 	}
-	n.syncSlots = make(chan struct{}, cfg.SyncConcurrencyMax)
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
 	if n.metrics, err = newNodeMetrics(n, cfg.MeterProvider); err != nil {
@@ -477,32 +479,21 @@ func New(cfg Config) (*Node, error) {
 		n.dirLock.Close()
 		return nil, err
 	}
-	if len(cfg.Peers) > 0 {
-		// The catalogue is the meta range; streams appear as it applies.
-		if err := n.openRegion(); err != nil {
-			n.Close()
-			return nil, err
-		}
-		if err := n.checkRangeKeys(); err != nil {
-			n.Close()
-			return nil, err
-		}
-		n.logger.Info("node opened", "data_dir", cfg.DataDir, "node_id", cfg.NodeID, "peers", fmtPeers(cfg.Peers))
-		return n, nil
-	}
-	specs, err := loadCatalog(cfg.DataDir)
-	if err != nil {
+	// The catalogue is the meta range; streams appear as it applies. A
+	// region of one node is a Raft group of one (its own voter).
+	if err := checkNotSingleNodeDir(cfg.fsys(), cfg.DataDir); err != nil {
 		n.Close()
 		return nil, err
 	}
-	for _, spec := range specs {
-		n.streams[spec.Name] = n.openStream(spec)
+	if err := n.openRegion(); err != nil {
+		n.Close()
+		return nil, err
 	}
 	if err := n.checkRangeKeys(); err != nil {
 		n.Close()
 		return nil, err
 	}
-	n.logger.Info("node opened", "data_dir", cfg.DataDir, "streams", len(specs))
+	n.logger.Info("node opened", "data_dir", cfg.DataDir, "node_id", cfg.NodeID, "peers", fmtPeers(cfg.Peers))
 	return n, nil
 }
 
@@ -529,40 +520,51 @@ func (n *Node) rangeDir(stream string, r uint32) string {
 	return filepath.Join(n.cfg.DataDir, "streams", stream, fmt.Sprintf("%05d", r))
 }
 
-func (n *Node) openStream(spec streamSpec) *streamState {
-	return n.openStreamAt(spec, 0)
-}
+// rangeOpenConcurrencyMax bounds the ranges of one stream opened at once:
+// opening a range makes its Raft state durable (fsyncs), and a stream of
+// thousands of ranges opened one after another would take minutes.
+const rangeOpenConcurrencyMax = 16
 
-// openStreamAt opens a stream's ranges; in replicated mode metaOffset, the
-// catalogue offset of the stream's creation, names their Raft groups.
+// openStreamAt opens a stream's ranges, up to rangeOpenConcurrencyMax at
+// once; metaOffset, the catalogue offset of the stream's creation, names
+// their Raft groups.
 func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 	st := &streamState{spec: spec, ranges: make([]*rangeDriver, spec.RangeCount)}
+	slots := make(chan struct{}, rangeOpenConcurrencyMax)
+	var wg sync.WaitGroup
 	for r := uint32(0); r < spec.RangeCount; r++ {
-		var rc *replicationConfig
-		if n.replicated() {
-			rc = &replicationConfig{groupID: groupFor(metaOffset, r)}
-		}
-		cfg := n.rangeConfig(spec.Name, r, segment.Config{
-			Dir:            n.rangeDir(spec.Name, r),
-			RetentionAge:   time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
-			RetentionBytes: spec.RetentionBytes,
-		}, rc)
-		cfg.homeRegion = spec.home(r)
-		cfg.home = cfg.homeRegion == n.cfg.Region
-		cfg.compaction = n.compactionConfigFor(spec, r)
-		if len(spec.Regions) > 1 {
-			cfg.compactionFloor = func() (uint64, bool) { return n.mirrorFloor(spec.Name, r) }
-		}
-		if n.cfg.LeaseStore != nil {
-			cfg.leaseCheck = n.leaseCheck
-			cfg.fenced = len(spec.Regions) > 1
-			cfg.wantEpochs = n.wantEpochs
-		}
-		d := openRangeDriver(cfg)
-		d.setRole(n.initialRole(spec.Name, r, spec))
-		st.ranges[r] = d
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			st.ranges[r] = n.openRange(spec, metaOffset, r)
+		}()
 	}
+	wg.Wait()
 	return st
+}
+
+// openRange opens range r of spec.
+func (n *Node) openRange(spec streamSpec, metaOffset uint64, r uint32) *rangeDriver {
+	cfg := n.rangeConfig(spec.Name, r, segment.Config{
+		Dir:            n.rangeDir(spec.Name, r),
+		RetentionAge:   time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
+		RetentionBytes: spec.RetentionBytes,
+	}, &replicationConfig{groupID: groupFor(metaOffset, r)})
+	cfg.homeRegion = spec.home(r)
+	cfg.home = cfg.homeRegion == n.cfg.Region
+	cfg.compaction = n.compactionConfigFor(spec, r)
+	if len(spec.Regions) > 1 {
+		cfg.compactionFloor = func() (uint64, bool) { return n.mirrorFloor(spec.Name, r) }
+	}
+	if n.cfg.LeaseStore != nil {
+		cfg.leaseCheck = n.leaseCheck
+		cfg.fenced = len(spec.Regions) > 1
+		cfg.wantEpochs = n.wantEpochs
+	}
+	d := openRangeDriver(cfg)
+	d.setRole(n.initialRole(spec.Name, r, spec))
+	return d
 }
 
 // rangeConfig completes a range driver's configuration from the node's.
@@ -586,9 +588,7 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 		now:                 n.cfg.Now,
 		inboxOpsMax:         n.cfg.InboxOpsMax,
 		producersMax:        n.cfg.ProducersMax,
-		producerStateTTL:    n.cfg.ProducerStateTTL,
 		maintenanceInterval: n.cfg.MaintenanceInterval,
-		syncSlots:           n.syncSlots,
 		metrics:             n.metrics,
 		repl:                rc,
 
@@ -810,47 +810,7 @@ func (n *Node) createStreamFromSpec(ctx context.Context, w createWant) (*geologv
 		}
 		defer release()
 	}
-	if n.replicated() {
-		return n.createStreamRegions(ctx, w)
-	}
-	if len(spec.Regions) != 1 || spec.Regions[0] != n.cfg.Region {
-		return nil, apierr.New(apierr.InvalidArgument, "stream %q lists regions %v: a node without replication (--node-id, --peers) serves its own region %q only",
-			spec.Name, spec.Regions, n.cfg.Region)
-	}
-	n.createMu.Lock()
-	defer n.createMu.Unlock()
-	n.mu.RLock()
-	existing, exists := n.streams[spec.Name]
-	specs := make([]streamSpec, 0, len(n.streams)+1)
-	for _, st := range n.streams {
-		specs = append(specs, st.spec)
-	}
-	n.mu.RUnlock()
-	if exists {
-		// A retry of the same create is answered with the stream.
-		if diff := w.diff(existing.spec); diff != "" {
-			return nil, streamExistsDiff(spec.Name, diff)
-		}
-		return existing.spec.info(), nil
-	}
-	// A stream directory without a catalogue entry is debris of a create
-	// that crashed before its catalogue write: it holds no acked data.
-	if err := os.RemoveAll(filepath.Join(n.cfg.DataDir, "streams", spec.Name)); err != nil {
-		return nil, apierr.Wrap(apierr.Internal, err, "clear stream directory")
-	}
-	st := n.openStream(spec)
-	if err := saveCatalog(n.cfg.DataDir, append(specs, spec)); err != nil {
-		for _, rd := range st.ranges {
-			rd.stop()
-		}
-		return nil, apierr.Wrap(apierr.Internal, err, "save catalogue")
-	}
-	n.mu.Lock()
-	n.streams[spec.Name] = st
-	n.mu.Unlock()
-	n.forgetDeleted(spec.Name)
-	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount)
-	return spec.info(), nil
+	return n.createStreamRegions(ctx, w)
 }
 
 func (n *Node) listStreams() []*geologv1.StreamInfo {

@@ -3,6 +3,7 @@ package regionsvc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -526,5 +527,44 @@ func TestCorruptRangeIsNotServed(t *testing.T) {
 	after, err := os.ReadFile(logPath)
 	if err != nil || !bytes.Equal(after, corrupted) {
 		t.Fatalf("the corrupt log was modified (%d bytes before, %d after): %v", len(corrupted), len(after), err)
+	}
+}
+
+// TestSingleNodeDataDirRefused: a data directory of the old single-node
+// layout (the catalogue in streams.json, no catalogue range) is refused
+// with ErrSingleNodeDataDir, and left as it was; a directory this build
+// wrote (streams.json beside meta/) opens.
+func TestSingleNodeDataDirRefused(t *testing.T) {
+	dir := t.TempDir()
+	old := []byte(`{"version": 1, "streams": [{"name": "s", "range_count": 1, "regions": ["local"]}]}`)
+	if err := os.WriteFile(filepath.Join(dir, catalogFile), old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "streams", "s", "00000"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(Config{DataDir: dir, ListenAddr: "127.0.0.1:0", Logger: hclog.NewNullLogger()})
+	if !errors.Is(err, ErrSingleNodeDataDir) {
+		t.Fatalf("New on a single-node data directory = %v, want ErrSingleNodeDataDir", err)
+	}
+	t.Logf("refused: %v", err)
+	if b, err := os.ReadFile(filepath.Join(dir, catalogFile)); err != nil || !bytes.Equal(b, old) {
+		t.Fatalf("the refused directory's catalogue changed: %q %v", b, err)
+	}
+	if _, err := os.Stat(metaDir(dir)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused directory got a catalogue range: %v", err)
+	}
+
+	dir = t.TempDir()
+	n, c := testNode(t, dir, nil)
+	createStream(t, c, "s", 1)
+	n.Close()
+	if _, err := os.Stat(filepath.Join(dir, catalogFile)); err != nil {
+		t.Fatalf("no applied catalogue written: %v", err)
+	}
+	if n, err := New(Config{DataDir: dir, ListenAddr: "127.0.0.1:0", Logger: hclog.NewNullLogger()}); err != nil {
+		t.Fatalf("New on this build's directory: %v", err)
+	} else {
+		n.Close()
 	}
 }

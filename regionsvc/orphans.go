@@ -75,7 +75,7 @@ func (n *Node) readOrphans(ctx context.Context, req *geologv1.ReadOrphansRequest
 		return nil, err
 	}
 	if d.rep == nil {
-		return nil, apierr.New(apierr.InvalidArgument, "stream %s range %d is not replicated: it has no orphan log", req.GetStream(), req.GetRange())
+		return nil, apierr.New(apierr.Unavailable, "stream %s range %d is not served here: its orphan log is not open", req.GetStream(), req.GetRange())
 	}
 	var fork *replica.ForkRecord
 	for _, f := range d.rep.Orphans() {

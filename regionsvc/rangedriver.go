@@ -3,7 +3,6 @@ package regionsvc
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
-	"github.com/geolog/geolog/dedup"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 	"github.com/hashicorp/go-hclog"
@@ -74,18 +72,15 @@ type rangeDriverConfig struct {
 	now     func() time.Time
 	// inboxOpsMax bounds queued appends; producers block beyond it.
 	inboxOpsMax int
-	// appendQueueDelayTarget turns load shedding on for a replicated
-	// stream range when positive (shed.go).
+	// appendQueueDelayTarget turns load shedding on for a stream range
+	// when positive (shed.go).
 	appendQueueDelayTarget time.Duration
-	// producersMax bounds the dedup table per range.
+	// producersMax bounds the replica's idempotence table.
 	producersMax int
-	// producerStateTTL forgets producers idle for longer.
-	producerStateTTL time.Duration
 	// metrics are the node's instruments.
 	metrics *nodeMetrics
-	// syncSlots bounds the fsyncs in progress across the node's ranges.
-	syncSlots chan struct{}
-	// repl, when set, makes the range a Raft group member (see replicated.go).
+	// repl makes the range a member of its Raft group (replicated.go);
+	// required: a region of one node is a Raft group of one.
 	repl *replicationConfig
 	// homeRegion is the region the range is homed in as created; home says
 	// it is this node's. With a lease store (homing.go) they are only the
@@ -109,15 +104,11 @@ type rangeDriverConfig struct {
 	compaction *compactionConfig
 }
 
-type syncResult struct {
-	durableOffset uint64
-	err           error
-}
-
-// rangeDriver owns one range: its segment store and idempotence state. One
-// goroutine (run) owns all mutable state; see doc.go for the contract. Reads
-// go straight to the store, bounded by the committed offset, which the driver
-// publishes atomically.
+// rangeDriver owns one range: its segment store and its replica (the Raft
+// group member, which keeps the idempotence state). One goroutine
+// (runReplicated) owns all mutable state; see doc.go for the contract.
+// Reads go straight to the store, bounded by the committed offset, which
+// the driver publishes atomically.
 type rangeDriver struct {
 	cfg    rangeDriverConfig
 	logger hclog.Logger
@@ -151,17 +142,22 @@ type rangeDriver struct {
 	orphans *replica.OrphanStore
 
 	inbox    chan *appendOp
-	syncKick chan struct{}
-	syncDone chan syncResult
 	stopCh   chan struct{}
 	doneCh   chan struct{}
 	stopOnce sync.Once
 
-	// Replicated mode (cfg.repl set): the Raft member and its inputs.
+	// The Raft member and its inputs.
 	rep         *replica.Replica
 	raftIn      chan []*raftpb.Message
 	unreachable chan uint64
 	execCh      chan func()
+	// holdAcks is set during a Ready cycle: acks are held in heldAcks
+	// until the cycle's end (ready). Driver goroutine.
+	holdAcks bool
+	heldAcks []func()
+	// onCommitFrom is the committed offset cfg.repl.onCommit was last
+	// called up to (driver goroutine).
+	onCommitFrom uint64
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
@@ -170,29 +166,25 @@ type rangeDriver struct {
 	// peerRefusedLogged is when a refused peer message was last logged.
 	peerRefusedLogged time.Time
 
-	// Owned by the run goroutine.
-	keyc               *keyCompactor // nil unless the stream compacts by key
-	dedup              *dedup.Table
-	pending            []*appendOp
-	lastAppendUnixNano int64
-	written            bool // appended since the last sync kick
+	// Owned by the driver goroutine.
+	keyc *keyCompactor // nil unless the stream compacts by key
 }
 
-// openRangeDriver opens the range's store, rebuilding idempotence state from
-// the log. A store that fails to open (corruption, I/O) gives a driver that
-// refuses every request with a typed error, so the rest of the node serves
-// on; nothing on disk is touched.
+// openRangeDriver opens the range's store and its replica, which rebuilds
+// its idempotence state from the log. A store that fails to open
+// (corruption, I/O) gives a driver that refuses every request with a typed
+// error, so the rest of the node serves on; nothing on disk is touched.
 func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
+	if cfg.repl == nil {
+		panic("regionsvc: a range driver needs its Raft group (rangeDriverConfig.repl)")
+	}
 	d := &rangeDriver{
 		cfg:      cfg,
 		logger:   cfg.logger.Named("range").With("stream", cfg.stream, "range", cfg.rangeID),
 		notifyCh: make(chan struct{}),
 		inbox:    make(chan *appendOp, cfg.inboxOpsMax),
-		syncKick: make(chan struct{}, 1),
-		syncDone: make(chan syncResult),
 		stopCh:   make(chan struct{}),
 		doneCh:   make(chan struct{}),
-		dedup:    dedup.NewTable(cfg.producersMax),
 	}
 	if cfg.compaction != nil {
 		d.keyc = newKeyCompactor(*cfg.compaction)
@@ -200,21 +192,9 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 	scfg := cfg.store
 	scfg.Logger = d.logger
 	var headers []batch.Header
-	var markerAt uint64
-	var markerFound bool
 	scfg.OnRecover = func(h batch.Header) error {
-		if h.Type == batch.TypeCompact {
-			markerAt, markerFound = h.BaseOffset, true
-		}
-		if cfg.repl != nil {
-			headers = append(headers, h) // the replica rebuilds its own state
-			d.raiseEpoch(h.Epoch)
-			return nil
-		}
-		d.dedup.RecordFrame(h)
-		if h.AppendTimeUnixNanos > d.lastAppendUnixNano {
-			d.lastAppendUnixNano = h.AppendTimeUnixNanos
-		}
+		headers = append(headers, h) // the replica rebuilds its own state
+		d.raiseEpoch(h.Epoch)
 		return nil
 	}
 	st, err := segment.Open(scfg)
@@ -231,18 +211,15 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		return d
 	}
 	d.store = st
-	if cfg.repl != nil {
-		if err := d.openReplica(headers); err != nil {
-			st.Close()
-			d.notServed(err, errors.Is(err, replica.ErrOrphansCorrupt))
-			return d
-		}
-		go d.runReplicated()
+	if err := d.openReplica(headers); err != nil {
+		st.Close()
+		d.notServed(err, errors.Is(err, replica.ErrOrphansCorrupt))
 		return d
 	}
-	d.committed.Store(st.NextOffset())
-	d.recoverKeyDecision(markerAt, markerFound)
-	go d.run()
+	// Readers see at once what the replica published before it stopped
+	// (its commit mark): a restart never shows them a shorter log.
+	d.publishCommitted()
+	go d.runReplicated()
 	return d
 }
 
@@ -282,256 +259,10 @@ func (d *rangeDriver) submit(ctx context.Context, op *appendOp) {
 	}
 }
 
-// run is the driver loop; it owns the store's write side and all state.
-func (d *rangeDriver) run() {
-	defer close(d.doneCh)
-	syncStop := make(chan struct{})
-	syncExited := make(chan struct{})
-	go d.syncLoop(syncStop, syncExited)
-	defer func() {
-		close(syncStop)
-		<-syncExited
-		if err := d.store.Close(); err != nil {
-			d.logger.Error("close store", "error", err)
-		}
-	}()
-	ticker := time.NewTicker(d.cfg.maintenanceInterval)
-	defer ticker.Stop()
-	for {
-		select {
-		case op := <-d.inbox:
-			d.handleAppend(op)
-			// Take what else is queued before kicking the syncer, so one
-			// fsync covers as many batches as possible (group commit).
-		drain:
-			for drained := 0; drained < cap(d.inbox); drained++ {
-				select {
-				case op := <-d.inbox:
-					d.handleAppend(op)
-				default:
-					break drain
-				}
-			}
-			d.kickSync()
-		case r := <-d.syncDone:
-			if r.err != nil {
-				d.fail(fmt.Errorf("fsync: %w", r.err))
-				continue
-			}
-			d.advance(r.durableOffset)
-		case <-ticker.C:
-			d.maintain()
-		case <-d.stopCh:
-			d.shutdown()
-			return
-		}
-	}
-}
-
-// kickSync asks the syncer for a round if anything was written.
-func (d *rangeDriver) kickSync() {
-	if !d.written {
-		return
-	}
-	d.written = false
-	select {
-	case d.syncKick <- struct{}{}:
-	default: // a round is already requested; it will cover this write too
-	}
-}
-
-// syncLoop runs fsync rounds off the driver goroutine, so the driver keeps
-// writing new batches while a round is in progress; the next round then
-// covers all of them.
-func (d *rangeDriver) syncLoop(stop <-chan struct{}, exited chan<- struct{}) {
-	defer close(exited)
-	for {
-		select {
-		case <-d.syncKick:
-		case <-stop:
-			return
-		}
-		select {
-		case d.cfg.syncSlots <- struct{}{}:
-		case <-stop:
-			return
-		}
-		before := d.store.DurableOffset()
-		began := time.Now()
-		err := d.store.Sync()
-		<-d.cfg.syncSlots
-		if err == nil {
-			d.cfg.metrics.fsyncRound(context.Background(), time.Since(began), d.store.DurableOffset()-before)
-		}
-		r := syncResult{durableOffset: d.store.DurableOffset(), err: err}
-		select {
-		case d.syncDone <- r:
-		case <-stop:
-			return
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (d *rangeDriver) handleAppend(op *appendOp) {
-	if f := d.failure.Load(); f != nil {
-		op.reply(appendResult{err: f})
-		return
-	}
-	if op.producerID != 0 {
-		verdict, orig, err := d.dedup.Check(op.producerID, op.baseSequence, op.recordCount, d.cfg.epoch)
-		switch verdict {
-		case dedup.Reject:
-			op.reply(appendResult{err: err})
-			return
-		case dedup.Duplicate:
-			op.frame = nil
-			op.res = appendResult{
-				baseOffset:          orig.BaseOffset,
-				recordCount:         orig.RecordCount,
-				epoch:               orig.Epoch,
-				appendTimeUnixNanos: orig.AppendTimeUnixNanos,
-				duplicate:           true,
-			}
-			op.endOffset = orig.BaseOffset + uint64(orig.RecordCount)
-			if op.endOffset <= d.committed.Load() {
-				op.reply(op.res)
-			} else {
-				// The original is written but not yet durable: answer
-				// when it is, never before.
-				d.pending = append(d.pending, op)
-			}
-			return
-		}
-	}
-	op.trace.proposed()
-	op.proposedAt = time.Now()
-	base := d.store.NextOffset()
-	now := d.cfg.now().UnixNano()
-	if now < d.lastAppendUnixNano {
-		now = d.lastAppendUnixNano // append time never goes back within a range
-	}
-	batch.Patch(op.frame, base, d.cfg.epoch, now)
-	if err := d.store.Append(op.frame); errors.Is(err, segment.ErrNoSpace) {
-		// Not a failure: the store cut the torn frame off and takes the
-		// next append that fits (each one is the probe). Reads go on.
-		op.reply(appendResult{err: apierr.New(apierr.Unavailable,
-			"stream %s range %d: out of disk space; appends resume once space is freed: %v", d.cfg.stream, d.cfg.rangeID, err)})
-		return
-	} else if err != nil {
-		d.fail(fmt.Errorf("append: %w", err))
-		op.reply(appendResult{err: d.failure.Load()})
-		return
-	}
-	op.frameBytes = len(op.frame)
-	op.frame = nil
-	d.written = true
-	d.lastAppendUnixNano = now
-	if op.producerID != 0 {
-		d.dedup.Record(op.producerID, dedup.Batch{
-			BaseSequence:        op.baseSequence,
-			RecordCount:         op.recordCount,
-			BaseOffset:          base,
-			Epoch:               d.cfg.epoch,
-			AppendTimeUnixNanos: now,
-		})
-	}
-	op.res = appendResult{baseOffset: base, recordCount: op.recordCount, epoch: d.cfg.epoch, appendTimeUnixNanos: now}
-	op.endOffset = base + uint64(op.recordCount)
-	d.pending = append(d.pending, op)
-}
-
-// advance publishes a new durable offset and acks what it covers.
-func (d *rangeDriver) advance(durable uint64) {
-	if durable > d.committed.Load() {
-		d.committed.Store(durable)
-		d.notify()
-	}
-	i := 0
-	var records, bytes int64
-	for ; i < len(d.pending); i++ {
-		op := d.pending[i]
-		if op.endOffset > durable {
-			break
-		}
-		if !op.res.duplicate {
-			records += int64(op.recordCount)
-			bytes += int64(op.frameBytes)
-			d.cfg.metrics.commitDone(op.proposedAt)
-		}
-		op.trace.committed(op.res.baseOffset, op.res.epoch, nil)
-		op.reply(op.res)
-		d.pending[i] = nil
-	}
-	if records > 0 {
-		d.cfg.metrics.ackedRecords.Add(context.Background(), records)
-		d.cfg.metrics.ackedBytes.Add(context.Background(), bytes)
-	}
-	d.pending = d.pending[i:]
-	// Duplicates may sit behind a later, uncommitted batch; they are
-	// answered once that one is, which keeps the pending list a simple FIFO.
-}
-
-// fail stops the range: nothing more is acked, every waiter is answered.
-// Writes that were not yet durable get a retriable error: their outcome is
-// unknown, and an idempotent retry after restart resolves it.
-func (d *rangeDriver) fail(err error) {
-	e := apierr.Wrap(apierr.Unavailable, err, "stream %s range %d failed", d.cfg.stream, d.cfg.rangeID)
-	if d.failure.CompareAndSwap(nil, e) {
-		d.logger.Error("range failed; refusing appends until restart", "error", err)
-	} else {
-		e = d.failure.Load()
-	}
-	for _, op := range d.pending {
-		op.reply(appendResult{err: e})
-	}
-	d.pending = nil
-	d.notify()
-}
-
 // diskFull reports whether the range's log refuses writes for want of
 // space (not a failure: see segment.ErrNoSpace). Safe from any goroutine.
 func (d *rangeDriver) diskFull() bool {
-	if d.rep != nil {
-		return d.rep.DiskFull() != nil
-	}
-	return d.store != nil && d.store.NoSpace() != nil
-}
-
-// maintain applies retention and forgets idle producers.
-func (d *rangeDriver) maintain() {
-	if d.failure.Load() != nil {
-		return
-	}
-	if n, err := d.store.ApplyRetention(); err != nil {
-		d.logger.Warn("retention failed", "error", err)
-	} else if n > 0 {
-		d.logger.Debug("retention deleted segments", "segments", n, "start_offset", d.store.StartOffset())
-	}
-	if d.cfg.producerStateTTL > 0 {
-		d.dedup.Expire(d.cfg.now().Add(-d.cfg.producerStateTTL).UnixNano())
-	}
-	d.compactByKey()
-}
-
-// shutdown makes what was written durable, acks it, and refuses the rest.
-func (d *rangeDriver) shutdown() {
-	if d.failure.Load() == nil && len(d.pending) > 0 {
-		// Wait for the syncer's round in flight (if any) before our own.
-		if err := d.store.Sync(); err != nil {
-			d.fail(fmt.Errorf("fsync at shutdown: %w", err))
-		} else {
-			d.advance(d.store.DurableOffset())
-		}
-	}
-	e := apierr.New(apierr.ShuttingDown, "node is shutting down")
-	for _, op := range d.pending {
-		op.reply(appendResult{err: e})
-	}
-	d.pending = nil
-	d.refuseQueued()
+	return d.rep != nil && d.rep.DiskFull() != nil
 }
 
 // refuseQueued answers every queued append with a retriable SHUTTING_DOWN

@@ -63,10 +63,6 @@ func (d *rangeDriver) waitServable(ctx context.Context, target uint64) error {
 // node's servable end (see the top of this file): nil once the node
 // serves from, else the error to answer.
 func (n *Node) settlePastTail(ctx context.Context, d *rangeDriver, from uint64) error {
-	if d.rep == nil {
-		// A region of one without Raft: its log is the range's.
-		return outOfRange(from, d.store.StartOffset(), d.committed.Load())
-	}
 	if f := d.fenceNow(); f.known() && from > f.offset {
 		return d.pastTail(from, d.servableEnd())
 	}

@@ -75,6 +75,9 @@ func (n *Node) openRegion() error {
 	for id := range n.cfg.Peers {
 		rg.ids = append(rg.ids, id)
 	}
+	if len(rg.ids) == 0 {
+		rg.ids = []uint64{n.cfg.NodeID} // a region of one
+	}
 	sort.Slice(rg.ids, func(i, j int) bool { return rg.ids[i] < rg.ids[j] })
 	tr, err := raftnet.NewGRPCTransport(raftnet.Config{
 		NodeID:            raftnet.NodeID(n.cfg.NodeID),
@@ -104,14 +107,14 @@ func (n *Node) openRegion() error {
 	// Streams this node applied before a restart (all committed) open at
 	// once, from the applied catalogue it keeps, before the catalogue range
 	// starts applying (which skips streams that exist).
-	specs, err := loadCatalog(n.cfg.DataDir)
+	specs, err := loadCatalog(n.cfg.fsys(), n.cfg.DataDir)
 	if err != nil {
 		return err
 	}
 	for _, spec := range specs {
 		n.addReplicatedStream(spec)
 	}
-	rg.meta = openRangeDriver(n.rangeConfig("_meta", 0, segment.Config{Dir: metaDir(n.cfg.DataDir)}, &replicationConfig{
+	rg.meta = openRangeDriver(n.rangeConfig(metaStreamName, 0, segment.Config{Dir: metaDir(n.cfg.DataDir)}, &replicationConfig{
 		groupID:  metaGroupID,
 		onCommit: n.applyMeta,
 	}))
@@ -119,10 +122,13 @@ func (n *Node) openRegion() error {
 	rg.groups[metaGroupID] = rg.meta
 	n.mu.Unlock()
 	if f := rg.meta.failure.Load(); f != nil {
-		return fmt.Errorf("regionsvc: catalogue range: %v", f)
+		return fmt.Errorf("regionsvc: catalogue range: %w", f)
 	}
 	return nil
 }
+
+// metaStreamName names the catalogue's range in logs and metrics.
+const metaStreamName = "_meta"
 
 // ticker drives every replica's Raft clock from one goroutine.
 func (n *Node) ticker() {
@@ -246,7 +252,7 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 		specs = append(specs, st.spec)
 	}
 	n.mu.RUnlock()
-	if err := saveCatalog(n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount, "catalogue_offset", at)

@@ -70,6 +70,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 		Send:          d.sendRaft,
 		SendSnapshot:  d.sendSnapshot,
 		Epoch:         d.cfg.epoch,
+		ProducersMax:  d.cfg.producersMax,
 		Now:           d.cfg.now,
 		Logger:        d.cfg.logger,
 		HeartbeatTick: rc.heartbeatTicks, ElectionTick: rc.electionTicks,
@@ -132,12 +133,13 @@ func (d *rangeDriver) runReplicated() {
 		<-writerDone
 		<-markDone
 	}
-	if d.rep.IsNewGroup() && first == d.cfg.repl.nodeID {
+	if d.rep.IsNewGroup() && first == d.cfg.repl.nodeID && !d.rep.SoleVoter() {
 		if err := d.rep.Campaign(); err != nil {
 			d.logger.Warn("campaign on creation", "error", err)
 		}
 		d.ready()
 	}
+	d.campaignIfSole()
 	// Retention runs as Raft log compaction (see snapshot.go).
 	maintain := time.NewTicker(d.cfg.maintenanceInterval)
 	defer maintain.Stop()
@@ -172,6 +174,22 @@ func (d *rangeDriver) runReplicated() {
 		d.drainReplicated()
 		d.ready()
 	}
+}
+
+// campaignIfSole makes the sole voter of a group of one (a region of one
+// node) campaign as soon as its driver runs: no one else can elect it, and
+// it need not wait an election timeout for a vote of its own. It runs on
+// the driver goroutine, not in openRangeDriver: a stream of thousands of
+// ranges then elects them in parallel (each election makes its hard state
+// durable) instead of one after another on the catalogue's goroutine.
+func (d *rangeDriver) campaignIfSole() {
+	if !d.rep.SoleVoter() {
+		return
+	}
+	if err := d.rep.Campaign(); err != nil {
+		d.logger.Warn("campaign as the sole voter", "error", err)
+	}
+	d.ready()
 }
 
 // runLogWriter is the replica's log-writer goroutine: it runs WriteLog
@@ -312,6 +330,11 @@ func (d *rangeDriver) peerRefused(err error, from uint64) {
 // ready runs Ready cycles until Raft has nothing more, then publishes the
 // committed offset to readers.
 func (d *rangeDriver) ready() {
+	// Acks given during the cycles wait until the end (holdAcks), when the
+	// committed offset they reach is published: the replica answers a
+	// proposal when it applies it, before it publishes the applied end.
+	d.holdAcks = true
+	defer d.releaseAcks()
 	for i := 0; i < 16 && d.rep.HasReady(); i++ {
 		if err := d.rep.ProcessReady(); err != nil {
 			d.logger.Error("replica failed", "error", err)
@@ -322,13 +345,36 @@ func (d *rangeDriver) ready() {
 		d.failure.Store(f)
 		d.notify()
 	}
+	c := d.rep.Committed()
+	d.publishCommitted()
+	if c < d.onCommitFrom {
+		d.onCommitFrom = c // a fork cut the log back
+	} else if c > d.onCommitFrom && d.cfg.repl.onCommit != nil {
+		d.cfg.repl.onCommit(d, d.onCommitFrom, c)
+		d.onCommitFrom = c
+	}
+	d.noteLogEpoch() // a fork, or a newer epoch's frames, may lift a fence
+}
+
+// releaseAcks publishes the committed offset and sends the acks held
+// during a Ready cycle (see ready).
+func (d *rangeDriver) releaseAcks() {
+	d.holdAcks = false
+	d.publishCommitted()
+	held := d.heldAcks
+	d.heldAcks = nil
+	for _, ack := range held {
+		ack()
+	}
+}
+
+// publishCommitted publishes the replica's committed offset to readers. It
+// runs after every Ready cycle, and before an ack is sent (propose), so
+// that a reader who was told of a record finds it.
+func (d *rangeDriver) publishCommitted() {
 	if c := d.rep.Committed(); c > d.committed.Load() {
-		from := d.committed.Load()
 		d.committed.Store(c)
 		d.notify()
-		if d.cfg.repl.onCommit != nil {
-			d.cfg.repl.onCommit(d, from, c)
-		}
 	} else if c < d.committed.Load() {
 		// A fork cut the log back to c (its divergent tail is in the
 		// orphan log now): readers see the log the new home continues.
@@ -336,7 +382,6 @@ func (d *rangeDriver) ready() {
 		d.committed.Store(c)
 		d.notify()
 	}
-	d.noteLogEpoch() // a fork, or a newer epoch's frames, may lift a fence
 }
 
 // propose hands an append to the replica, translating its answer.
@@ -388,12 +433,17 @@ func (d *rangeDriver) propose(op *appendOp) {
 					return
 				}
 			}
-			if !r.Duplicate {
+			if !r.Duplicate && d.cfg.stream != metaStreamName { // client records only
 				d.cfg.metrics.ackedRecords.Add(context.Background(), int64(r.RecordCount))
 				d.cfg.metrics.ackedBytes.Add(context.Background(), int64(frameBytes))
 			}
-			op.reply(appendResult{baseOffset: r.BaseOffset, recordCount: r.RecordCount, epoch: r.Epoch,
-				appendTimeUnixNanos: r.AppendTimeUnixNanos, duplicate: r.Duplicate})
+			res := appendResult{baseOffset: r.BaseOffset, recordCount: r.RecordCount, epoch: r.Epoch,
+				appendTimeUnixNanos: r.AppendTimeUnixNanos, duplicate: r.Duplicate}
+			if d.holdAcks {
+				d.heldAcks = append(d.heldAcks, func() { op.reply(res) })
+				return
+			}
+			op.reply(res)
 		},
 	})
 }

@@ -19,6 +19,14 @@ func (r *Replica) ForgetLeader() {
 	}
 }
 
+// SoleVoter reports whether this replica is its group's only voter (a
+// group of one), in the configuration it applied, outside any joint
+// configuration. For the driver goroutine.
+func (r *Replica) SoleVoter() bool {
+	c := r.state.Conf
+	return len(c.GetVoters()) == 1 && c.GetVoters()[0] == r.cfg.NodeID && len(c.GetVotersOutgoing()) == 0
+}
+
 // IsVoter reports whether this replica is a voter in its configuration as
 // last applied (learners cannot campaign).
 func (r *Replica) IsVoter() bool {

@@ -160,7 +160,18 @@ func (r *Replica) writeQueued() error {
 	}
 	w.mu.Unlock()
 	marked, err := r.appendFrames(writes, mark)
+	markedNew := false
 	if err == nil {
+		// The mark is durable before the acks that waited for the write
+		// are delivered: the driver that steps them and applies what they
+		// commit finds it (no lone mark written for entries whose write
+		// carried one).
+		w.mu.Lock()
+		if markedNew = marked > w.markDone; markedNew {
+			w.markDone = marked
+			w.pending.Store(true) // the driver publishes what it covers
+		}
+		w.mu.Unlock()
 		for _, lw := range writes {
 			r.deliver(lw.responses)
 		}
@@ -182,11 +193,7 @@ func (r *Replica) writeQueued() error {
 		w.err = err
 		w.pending.Store(true)
 	}
-	wake := err != nil || marked > w.markDone
-	if err == nil && marked > w.markDone {
-		w.markDone = marked
-		w.pending.Store(true) // the driver publishes what it covers
-	}
+	wake := err != nil || markedNew
 	// A mark wanted since the writer took the queue goes with the next
 	// write, or alone (WriteMark) if none is queued.
 	again := w.markWant > w.markDone && len(w.queue) == 0
@@ -434,6 +441,13 @@ func (r *Replica) handleAppend(m *raftpb.Message) error {
 	// stops at the last entry its leader's append matched), at most the
 	// ones queued so far: a mark after these frames may name it.
 	lw.mark = min(r.state.Raft.GetCommit(), r.tailIndex)
+	if r.isLeader && r.SoleVoter() {
+		// A group of one: its leader's entries are committed once its own
+		// write of them is durable, so the write that makes them durable
+		// may carry their mark (one fdatasync for entries and mark, and
+		// they are published as soon as they are applied).
+		lw.mark = r.tailIndex
+	}
 	return r.queueWrite(lw)
 }
 

@@ -52,7 +52,7 @@ func run() int {
 	tick := fs.Duration("tick", 100*time.Millisecond, "Raft tick")
 	heartbeatTicks := fs.Int("heartbeat-ticks", 2, "leader heartbeat interval, in ticks")
 	electionTicks := fs.Int("election-ticks", 8, "election timeout, in ticks (randomised to [n, 2n))")
-	syncConcurrency := fs.Int("sync-concurrency", 2, "fsyncs in progress at once across all ranges")
+	syncConcurrency := fs.Int("sync-concurrency", 2, "ignored (kept so that existing command lines still parse): every range's log writer makes its own group commit")
 	appendDelayTarget := fs.Duration("append-queue-delay-target", regionsvc.AppendQueueDelayTargetDefault,
 		"a range leader refuses new appends with a retriable OVERLOADED while its appends have queued (arrival to commit) for longer than this (negative: never)")
 	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
