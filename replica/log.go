@@ -20,6 +20,10 @@ import (
 type FrameLog interface {
 	// Append writes one frame at the tail; durable after Sync.
 	Append(frame []byte) error
+	// AppendChecked is Append for a frame whose CRC and records were
+	// checked or computed a moment before (entryFrame): the log checks
+	// its header and place, not its bytes again.
+	AppendChecked(frame []byte) error
 	// Sync makes everything appended durable (group commit).
 	Sync() error
 	// AppendMark writes a commit mark, durable after Sync, saying that

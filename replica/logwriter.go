@@ -277,7 +277,9 @@ func (r *Replica) appendFrames(writes []*logWrite, mark uint64) (uint64, error) 
 	n := 0
 	for _, lw := range writes {
 		for ; lw.written < len(lw.frames); lw.written++ {
-			if err := r.cfg.Log.Append(lw.frames[lw.written]); err != nil {
+			// entryFrame validated (or encoded) each frame and computed
+			// its CRC afresh.
+			if err := r.cfg.Log.AppendChecked(lw.frames[lw.written]); err != nil {
 				return 0, fmt.Errorf("replica: append: %w", err)
 			}
 			n++
@@ -511,7 +513,7 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 			// before the truncation, this after it).
 			return fmt.Errorf("%w: node %d: entry %d carries base offset %d, log is at %d", ErrLogMismatch, r.cfg.NodeID, e.GetIndex(), h.BaseOffset, r.cfg.Log.NextOffset())
 		}
-		if err := r.cfg.Log.Append(frame); err != nil {
+		if err := r.cfg.Log.AppendChecked(frame); err != nil { // entryFrame checked it
 			return fmt.Errorf("replica: append entry %d: %w", e.GetIndex(), err)
 		}
 		r.recordHeader(h)

@@ -35,13 +35,28 @@ import (
 // Append is for the range's one appender goroutine. A failed write makes
 // the store refuse further appends (ErrFailed).
 func (s *Store) Append(frame []byte) error {
+	return s.append(frame, batch.Validate)
+}
+
+// AppendChecked is Append for a frame whose CRC and records the caller
+// has just checked (batch.Validate) or computed (this process encoded the
+// frame, or patched it with batch.PatchRaft after validating it): it
+// checks the header and every rule of Append, but does not pass over the
+// frame's bytes a second time to recompute the CRC and walk the records.
+// A replica writes Raft entries it validated a moment before with it.
+func (s *Store) AppendChecked(frame []byte) error {
+	return s.append(frame, batch.PeekHeader)
+}
+
+// append is Append with the frame checked by check.
+func (s *Store) append(frame []byte, check func([]byte) (batch.Header, error)) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if err := s.usableLocked(); err != nil {
 		return err
 	}
 	// Check the data before it reaches the disk, as readers check it after.
-	h, err := batch.Validate(frame)
+	h, err := check(frame)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidFrame, err)
 	}

@@ -675,3 +675,63 @@ func testUnknownFilesAreIgnored(t *testing.T, e env) {
 		t.Fatalf("unknown file was touched: %v", err)
 	}
 }
+
+// TestAppendChecked: AppendChecked refuses every frame Append refuses for
+// its header or its place in the log, writes what Append writes, and
+// (its contract) does not recompute the CRC: the caller vouches for it.
+func TestAppendChecked(t *testing.T) { forEachFS(t, testAppendChecked) }
+
+func testAppendChecked(t *testing.T, e env) {
+	cfgA := smallConfig(t, e)
+	cfgB := cfgA
+	cfgB.Dir = cfgA.Dir + "-checked"
+	a, b := mustOpen(t, cfgA), mustOpen(t, cfgB)
+	defer a.Close()
+	defer b.Close()
+	var next uint64
+	for i := 0; i < 50; i++ {
+		f := makeFrame(next, 1+i%4, int64(100+i))
+		if err := a.Append(f); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.AppendChecked(f); err != nil {
+			t.Fatal(err)
+		}
+		next += uint64(1 + i%4)
+	}
+	if err := a.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	fa, err := a.ReadFrames(0, 1<<20, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb, err := b.ReadFrames(0, 1<<20, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(fa, fb) || b.NextOffset() != next || b.Size() != a.Size() {
+		t.Fatalf("AppendChecked wrote %d bytes up to offset %d, Append %d bytes up to %d", b.Size(), b.NextOffset(), a.Size(), a.NextOffset())
+	}
+	good := makeFrame(next, 1, 200)
+	badHeader := bytes.Clone(good)
+	badHeader[4+4] ^= 0xff // the version byte, after the length and the CRC
+	for name, frame := range map[string][]byte{
+		"wrong base offset": makeFrame(next+1, 1, 200),
+		"short":             good[:len(good)-1],
+		"trailing bytes":    append(bytes.Clone(good), 0),
+		"time goes back":    makeFrame(next, 1, 99),
+		"bad header":        badHeader,
+		"nil":               nil,
+	} {
+		if err := b.AppendChecked(frame); !errors.Is(err, ErrInvalidFrame) {
+			t.Errorf("%s: AppendChecked err = %v, want ErrInvalidFrame", name, err)
+		}
+	}
+	if b.NextOffset() != next || b.Size() != a.Size() {
+		t.Fatalf("refused frames changed the log: next %d size %d", b.NextOffset(), b.Size())
+	}
+}
