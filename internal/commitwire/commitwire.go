@@ -43,7 +43,7 @@ const (
 // package comment). Strings and bytes are copied: b may be reused.
 func Unmarshal(b []byte, req *geologv1.CommitCursorsRequest) bool {
 	req.Reset()
-	n, ok := countPositions(b)
+	n, ok := countField(b, reqPositions)
 	if !ok {
 		return false
 	}
@@ -61,28 +61,7 @@ func Unmarshal(b []byte, req *geologv1.CommitCursorsRequest) bool {
 	return true
 }
 
-// countPositions counts the positions fields of an encoded request,
-// checking only that the fields are well formed.
-func countPositions(b []byte) (int, bool) {
-	n := 0
-	for len(b) > 0 {
-		num, typ, m := protowire.ConsumeTag(b)
-		if m < 0 {
-			return 0, false
-		}
-		k := protowire.ConsumeFieldValue(num, typ, b[m:])
-		if k < 0 {
-			return 0, false
-		}
-		if num == reqPositions {
-			n++
-		}
-		b = b[m+k:]
-	}
-	return n, true
-}
-
-// decodeRequest fills req, whose Positions countPositions sized.
+// decodeRequest fills req, whose Positions Unmarshal sized.
 func decodeRequest(b []byte, req *geologv1.CommitCursorsRequest) bool {
 	next := 0
 	var prevStream string
@@ -192,4 +171,101 @@ func consumeString(b []byte) (string, int) {
 		return "", -1
 	}
 	return string(s), k
+}
+
+// Field numbers of CommitCursorsResponse and CursorCommitResult
+// (consumer.proto).
+const (
+	respResults    = 1
+	resultPosition = 1
+	resultApplied  = 2
+)
+
+// UnmarshalResponse is Unmarshal for a CommitCursorsResponse (the SDK's
+// side): its results and their positions in two allocations, stream names
+// shared as Unmarshal shares them. It declines a result whose position
+// field appears more than once (proto merges them) as it declines
+// anything else it does not decode exactly as proto does.
+func UnmarshalResponse(b []byte, resp *geologv1.CommitCursorsResponse) bool {
+	resp.Reset()
+	n, ok := countField(b, respResults)
+	if !ok {
+		return false
+	}
+	if n == 0 {
+		return len(b) == 0 // else fields it does not know
+	}
+	results := make([]geologv1.CursorCommitResult, n)
+	positions := make([]geologv1.CursorPosition, n)
+	resp.Results = make([]*geologv1.CursorCommitResult, n)
+	var prevStream string
+	for i := 0; len(b) > 0; i++ {
+		num, typ, m := protowire.ConsumeTag(b)
+		if num != respResults || typ != protowire.BytesType {
+			resp.Reset()
+			return false
+		}
+		r, k := protowire.ConsumeBytes(b[m:])
+		resp.Results[i] = &results[i]
+		if k < 0 || !decodeResult(r, &results[i], &positions[i], &prevStream) {
+			resp.Reset()
+			return false
+		}
+		b = b[m+k:]
+	}
+	return true
+}
+
+// countField counts the fields num of an encoding, checking only that the
+// fields are well formed.
+func countField(b []byte, num protowire.Number) (int, bool) {
+	n := 0
+	for len(b) > 0 {
+		f, typ, m := protowire.ConsumeTag(b)
+		if m < 0 {
+			return 0, false
+		}
+		k := protowire.ConsumeFieldValue(f, typ, b[m:])
+		if k < 0 {
+			return 0, false
+		}
+		if f == num {
+			n++
+		}
+		b = b[m+k:]
+	}
+	return n, true
+}
+
+// decodeResult fills r (its position, if any, into p).
+func decodeResult(b []byte, r *geologv1.CursorCommitResult, p *geologv1.CursorPosition, prev *string) bool {
+	for len(b) > 0 {
+		num, typ, m := protowire.ConsumeTag(b)
+		if m < 0 {
+			return false
+		}
+		b = b[m:]
+		var k int
+		switch {
+		case num == resultPosition && typ == protowire.BytesType && r.Position == nil:
+			var enc []byte
+			if enc, k = protowire.ConsumeBytes(b); k < 0 || !decodePosition(enc, p, prev) {
+				return false
+			}
+			r.Position = p
+		case num == resultApplied && typ == protowire.VarintType:
+			var v uint64
+			if v, k = protowire.ConsumeVarint(b); v > 1 {
+				return false
+			}
+			r.Applied = v == 1
+		default:
+			return false
+		}
+		if k < 0 {
+			return false
+		}
+		b = b[k:]
+	}
+	return true
 }

@@ -124,3 +124,72 @@ func TestUnmarshalCopiesAndShares(t *testing.T) {
 		t.Fatalf("%v allocations for a commit of 64 positions", n)
 	}
 }
+
+// TestUnmarshalResponseMatchesProto: UnmarshalResponse decodes exactly
+// what proto.Unmarshal decodes, or declines, whatever the bytes; it
+// declines nothing proto.Marshal makes of an answer.
+func TestUnmarshalResponseMatchesProto(t *testing.T) {
+	rng := rand.New(rand.NewPCG(10, 11))
+	for i := range 5000 {
+		resp := &geologv1.CommitCursorsResponse{}
+		for _, p := range randomRequest(rng).Positions {
+			r := &geologv1.CursorCommitResult{Applied: rng.IntN(2) == 0}
+			if rng.IntN(10) > 0 {
+				r.Position = p
+			}
+			resp.Results = append(resp.Results, r)
+		}
+		b, err := proto.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mutated := i%2 == 1
+		if mutated {
+			b = mutateResponse(rng, b)
+		}
+		want := &geologv1.CommitCursorsResponse{}
+		wantErr := proto.Unmarshal(b, want)
+		got := &geologv1.CommitCursorsResponse{Results: []*geologv1.CursorCommitResult{{Applied: true}}}
+		ok := UnmarshalResponse(b, got)
+		switch {
+		case !ok && !mutated:
+			t.Fatalf("case %d: declined a plain encoding", i)
+		case ok && wantErr != nil:
+			t.Fatalf("case %d: decoded what proto refuses (%v)", i, wantErr)
+		case ok && !proto.Equal(got, want):
+			t.Fatalf("case %d: decoded\n%v\nproto decodes\n%v", i, got, want)
+		case !ok && !proto.Equal(got, &geologv1.CommitCursorsResponse{}):
+			t.Fatalf("case %d: declined but left %v", i, got)
+		}
+	}
+}
+
+// mutateResponse: a result with two positions (proto merges them), an
+// unknown field, a bad applied value, a damaged position, truncation or
+// a random byte.
+func mutateResponse(rng *rand.Rand, b []byte) []byte {
+	pos := protowire.AppendVarint(protowire.AppendTag(nil, posOffset, protowire.VarintType), 5)
+	switch rng.IntN(6) {
+	case 0:
+		r := protowire.AppendBytes(protowire.AppendTag(nil, resultPosition, protowire.BytesType), pos)
+		r = protowire.AppendBytes(protowire.AppendTag(r, resultPosition, protowire.BytesType),
+			protowire.AppendVarint(protowire.AppendTag(nil, posEpoch, protowire.VarintType), 2))
+		return protowire.AppendBytes(protowire.AppendTag(b, respResults, protowire.BytesType), r)
+	case 1:
+		return protowire.AppendString(protowire.AppendTag(b, 9, protowire.BytesType), "new")
+	case 2:
+		r := protowire.AppendVarint(protowire.AppendTag(nil, resultApplied, protowire.VarintType), 2)
+		return protowire.AppendBytes(protowire.AppendTag(b, respResults, protowire.BytesType), r)
+	case 3:
+		r := protowire.AppendBytes(protowire.AppendTag(nil, resultPosition, protowire.BytesType), pos[:1])
+		return protowire.AppendBytes(protowire.AppendTag(b, respResults, protowire.BytesType), r)
+	case 4:
+		if len(b) > 0 {
+			return b[:rng.IntN(len(b))]
+		}
+	}
+	if len(b) > 0 {
+		b[rng.IntN(len(b))] = byte(rng.Uint32())
+	}
+	return b
+}
