@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
-	"slices"
 )
 
 const (
@@ -395,8 +394,13 @@ func DecodeAppend(dst []Record, frame []byte) (Header, []Record, error) {
 	if h.RecordCount == 0 {
 		return h, dst, nil
 	}
-	n0 := len(dst)
-	dst = slices.Grow(dst, int(h.RecordCount))[:n0+int(h.RecordCount)]
+	n0, n := len(dst), int(h.RecordCount)
+	if cap(dst)-n0 < n {
+		grown := make([]Record, n0, n0+n) // one allocation (slices.Grow makes two under -race)
+		copy(grown, dst)
+		dst = grown
+	}
+	dst = dst[:n0+n]
 	recs := dst[n0:]
 	clear(recs)
 	var hdrs []RecordHeader
