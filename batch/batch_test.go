@@ -464,3 +464,37 @@ func TestForkFrame(t *testing.T) {
 		t.Fatalf("fork frame with records: %v", err)
 	}
 }
+
+// TestDecodeAppendMatchesDecode: decoding frame after frame into one
+// reused slice gives what Decode gives for each, keeps what dst held
+// before, and leaves no field of an earlier, longer decode behind.
+func TestDecodeAppendMatchesDecode(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var dst []Record
+	for i := range 500 {
+		h, recs := randomBatch(rng)
+		frame := Encode(nil, h, recs)
+		wantH, want, wantErr := Decode(frame)
+		prefix := rng.IntN(3)
+		dst = dst[:min(prefix, len(dst))]
+		kept := append([]Record(nil), dst...)
+		gotH, got, err := DecodeAppend(dst, frame)
+		if err != nil || wantErr != nil || gotH != wantH || !recordsEqual(got[len(kept):], want) || !recordsEqual(got[:len(kept)], kept) {
+			t.Fatalf("case %d: DecodeAppend differs from Decode (%v, %v)", i, err, wantErr)
+		}
+		dst = got
+		frame[len(frame)-1] ^= 0xff // a CRC failure: dst comes back as given
+		if _, bad, err := DecodeAppend(dst[:1], frame); err == nil || len(bad) != 1 {
+			t.Fatalf("case %d: a damaged frame gave %d records, error %v", i, len(bad), err)
+		}
+	}
+	recs := make([]Record, 64)
+	for i := range recs {
+		recs[i] = Record{Key: []byte("key"), Value: make([]byte, 100)}
+	}
+	frame := Encode(nil, sampleHeader(), recs)
+	dst = make([]Record, 0, 64)
+	if n := testing.AllocsPerRun(100, func() { _, _, _ = DecodeAppend(dst[:0], frame) }); n != 0 {
+		t.Errorf("DecodeAppend into a large enough slice allocates %v times", n)
+	}
+}

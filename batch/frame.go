@@ -364,12 +364,24 @@ func Validate(frame []byte) (Header, error) {
 // A control frame (Header.IsControl) decodes to no records; its payload is
 // returned by DecodeControl.
 func Decode(frame []byte) (Header, []Record, error) {
+	h, recs, err := DecodeAppend(nil, frame)
+	if len(recs) == 0 {
+		recs = nil
+	}
+	return h, recs, err
+}
+
+// DecodeAppend is Decode appending the frame's records to dst (whose
+// length it keeps): a reader that decodes frame after frame reuses one
+// slice, dst[:0], instead of allocating one per frame. On an error dst is
+// returned unchanged.
+func DecodeAppend(dst []Record, frame []byte) (Header, []Record, error) {
 	h, err := DecodeHeader(frame)
 	if err != nil {
-		return Header{}, nil, err
+		return Header{}, dst, err
 	}
 	if h.IsControl() {
-		return h, nil, nil
+		return h, dst, nil
 	}
 	size := int(binary.LittleEndian.Uint32(frame[posLength:])) + 4
 	body := frame[HeaderSize:size]
@@ -377,12 +389,20 @@ func Decode(frame []byte) (Header, []Record, error) {
 	// both allocations below are bounded by bytes actually present.
 	headerCount, err := walkRecords(body, h)
 	if err != nil {
-		return Header{}, nil, err
+		return Header{}, dst, err
 	}
 	if h.RecordCount == 0 {
-		return h, nil, nil
+		return h, dst, nil
 	}
-	recs := make([]Record, h.RecordCount)
+	n0, n := len(dst), int(h.RecordCount)
+	if cap(dst)-n0 < n {
+		grown := make([]Record, n0, n0+n) // one allocation (slices.Grow makes two under -race)
+		copy(grown, dst)
+		dst = grown
+	}
+	dst = dst[:n0+n]
+	recs := dst[n0:]
+	clear(recs)
 	var hdrs []RecordHeader
 	if headerCount > 0 {
 		hdrs = make([]RecordHeader, headerCount)
@@ -396,7 +416,7 @@ func Decode(frame []byte) (Header, []Record, error) {
 		p += n
 		hdrs = hdrs[used:]
 	}
-	return h, recs, nil
+	return h, dst, nil
 }
 
 // DecodeControl parses and verifies the control frame at the start of frame

@@ -102,7 +102,7 @@ func (c *Client) commitCursors(ctx context.Context, cursor, member string, epoch
 	}
 	var resp *geologv1.CommitCursorsResponse
 	err := c.callCoordinator(ctx, cursor, func(ctx context.Context, cc geologv1.ConsumerClient, opts ...grpc.CallOption) (err error) {
-		resp, err = cc.CommitCursors(ctx, req, opts...)
+		resp, err = cc.CommitCursors(ctx, req, append([]grpc.CallOption{commitCodecOption}, opts...)...)
 		return err
 	})
 	if err != nil {

@@ -71,8 +71,32 @@ func (b *Batch) restage(k stagedKey, encode func() Record) {
 // Begin opens a batch at now, for a coordinator whose cursor range is
 // homed at homingEpoch (1 when homing is off).
 func (s *State) Begin(now time.Time, homingEpoch uint64) *Batch {
-	return &Batch{s: s, nowUnixNanos: now.UnixNano(), epochFloor: homingEpoch << epochShift,
-		positions: map[posKey]Position{}, groups: map[string]*Group{}}
+	return s.BeginReusing(nil, now, homingEpoch)
+}
+
+// batchReusePositionsMax is the most positions a dropped batch may have
+// staged for BeginReusing to keep its memory: a bigger one's map is let go
+// (a cleared map keeps its capacity, and a burst must not pin it).
+const batchReusePositionsMax = 8192
+
+// BeginReusing is Begin, taking the memory of old, a batch the caller has
+// dropped (nil: none): its maps, cleared, and its order slice. The new
+// batch starts empty, exactly as one from Begin; old must not be used
+// again. A coordinator opens a batch per run of proposals, and growing its
+// maps from nothing each time was the largest allocation of the commit
+// path.
+func (s *State) BeginReusing(old *Batch, now time.Time, homingEpoch uint64) *Batch {
+	b := &Batch{s: s, nowUnixNanos: now.UnixNano(), epochFloor: homingEpoch << epochShift}
+	if old != nil && len(old.positions) <= batchReusePositionsMax && len(old.groups) <= batchReusePositionsMax {
+		clear(old.positions)
+		clear(old.groups)
+		clear(old.order[:cap(old.order)])
+		b.positions, b.groups, b.order = old.positions, old.groups, old.order[:0]
+		*old = Batch{}
+	} else {
+		b.positions, b.groups = map[posKey]Position{}, map[string]*Group{}
+	}
+	return b
 }
 
 // Now is the batch's time.
@@ -90,10 +114,17 @@ const recordsBufferBytes = 32 << 10
 // staged (see Batch.order): at least one per key it changed, the last with
 // the key's final value.
 func (b *Batch) Records() []Record {
-	out := make([]Record, 0, len(b.order))
-	// The positions' keys and values share buffers of about
-	// recordsBufferBytes (fewer allocations than one per record).
-	var buf []byte
+	out, _ := b.AppendRecords(make([]Record, 0, len(b.order)), nil)
+	return out
+}
+
+// AppendRecords appends the records Records returns to out and returns
+// it, with buf: the positions' keys and values are encoded into buf while
+// it has room (its contents from len(buf) on are overwritten), else into
+// new buffers of about recordsBufferBytes, and the last of those is
+// returned. A caller that reuses out and buf for its next call must be done
+// with the records of this one: they are views of buf.
+func (b *Batch) AppendRecords(out []Record, buf []byte) ([]Record, []byte) {
 	for _, k := range b.order {
 		if k.frozen != nil {
 			out = append(out, *k.frozen)
@@ -111,7 +142,7 @@ func (b *Batch) Records() []Record {
 		buf, r = appendPosition(buf, k.pos.cursor, p)
 		out = append(out, r)
 	}
-	return out
+	return out, buf
 }
 
 // Empty reports whether the batch changed nothing (since the last Cut).
@@ -129,8 +160,22 @@ func (b *Batch) Len() int { return len(b.order) }
 // all).
 func (b *Batch) Cut() []Record {
 	out := b.Records()
-	b.order = nil
+	b.clearOrder()
 	return out
+}
+
+// CutAppend is Cut through AppendRecords: the records are appended to out
+// and encoded into buf (see AppendRecords for who owns what).
+func (b *Batch) CutAppend(out []Record, buf []byte) ([]Record, []byte) {
+	out, buf = b.AppendRecords(out, buf)
+	b.clearOrder()
+	return out, buf
+}
+
+// clearOrder starts a new set of staged records, keeping the slice.
+func (b *Batch) clearOrder() {
+	clear(b.order)
+	b.order = b.order[:0]
 }
 
 // Positions returns a cursor's positions as the batch sees them, sorted by

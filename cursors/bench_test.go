@@ -23,7 +23,14 @@ func benchCommits(cursors, ranges, n int) []CommitRequest {
 // BenchmarkCommitPath is a coordinator's and its replicas' work per
 // commit request: validate and stage it in a Batch, cut its records, and
 // apply them to three States (the three replicas' appliers).
-func BenchmarkCommitPath(b *testing.B) {
+func BenchmarkCommitPath(b *testing.B) { benchCommitPath(b, false) }
+
+// BenchmarkCommitPathReused is BenchmarkCommitPath the way the node's
+// coordinator runs it: each batch begun on the memory of the one before
+// (BeginReusing), cut into reused slices (CutAppend).
+func BenchmarkCommitPathReused(b *testing.B) { benchCommitPath(b, true) }
+
+func benchCommitPath(b *testing.B, reuse bool) {
 	const cursors, ranges, perBatch = 1024, 64, 8
 	reqs := benchCommits(cursors, ranges, 4*cursors)
 	states := []*State{NewState(Limits{}), NewState(Limits{})}
@@ -43,8 +50,15 @@ func BenchmarkCommitPath(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
+	var bt *Batch
+	var recs []Record
+	var buf []byte
 	for i := 0; i < b.N; i += perBatch {
-		bt := leader.Begin(time.Unix(2, 0), 1)
+		if reuse {
+			bt = leader.BeginReusing(bt, time.Unix(2, 0), 1)
+		} else {
+			bt = leader.Begin(time.Unix(2, 0), 1)
+		}
 		for j := i; j < i+perBatch; j++ {
 			req := reqs[j%len(reqs)]
 			req.Positions = append([]Position(nil), req.Positions...)
@@ -55,7 +69,12 @@ func BenchmarkCommitPath(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		for _, r := range bt.Cut() {
+		if reuse {
+			recs, buf = bt.CutAppend(recs[:0], buf[:0])
+		} else {
+			recs = bt.Cut()
+		}
+		for _, r := range recs {
 			for _, s := range append(states, leader) {
 				if err := s.Apply(r); err != nil {
 					b.Fatal(err)

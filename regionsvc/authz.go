@@ -116,11 +116,15 @@ func groupStreamNeed[R interface {
 }
 
 // commitCursorsNeeds: the group permission on the cursor, and consume on
-// every stream a position names.
+// every stream a position names (once per run of positions on one stream:
+// a commit is usually every range of one stream).
 func commitCursorsNeeds(req any) []need {
 	r, _ := req.(*geologv1.CommitCursorsRequest)
 	needs := []need{{authz.Group, r.GetCursor()}}
 	for _, p := range r.GetPositions() {
+		if last := needs[len(needs)-1]; last.perm == authz.Consume && last.resource == p.GetStream() {
+			continue
+		}
 		needs = append(needs, need{authz.Consume, p.GetStream()})
 	}
 	return needs

@@ -331,6 +331,9 @@ type cursorRange struct {
 	// last identifies the frame holding offset applied-1, to tell a cut
 	// log (a fork) from one that only grew.
 	last frameID
+	// decoded is the applier's record slice, reused from frame to frame
+	// (guarded by mu, emptied after each frame).
+	decoded []batch.Record
 
 	notifyMu  sync.Mutex
 	appliedCh chan struct{} // closed and replaced when applied moves
@@ -424,6 +427,10 @@ func (cr *cursorRange) read(fn func(s *cursors.State)) {
 
 // applyReadBytesMax bounds one read of the applier.
 const applyReadBytesMax = 1 << 20
+
+// applyDecodedKeepMax bounds the record slice the applier keeps between
+// frames.
+const applyDecodedKeepMax = 4096
 
 // runApplier follows the range's committed log into the state (doc.go of
 // package cursors, driver contract step 1).
@@ -545,12 +552,17 @@ func (cr *cursorRange) applyMore() error {
 		if err != nil || size > len(frames) {
 			return errors.Join(segment.ErrCorrupt, err)
 		}
-		h, recs, err := batch.Decode(frames[:size])
+		h, recs, err := batch.DecodeAppend(cr.decoded[:0], frames[:size])
 		frames = frames[size:]
 		if err != nil {
 			return err
 		}
 		cr.applyFrame(h, recs, committed)
+		clear(recs) // no views of the frames kept past this read
+		if cap(recs) > applyDecodedKeepMax {
+			recs = nil
+		}
+		cr.decoded = recs[:0]
 	}
 	return nil
 }

@@ -102,6 +102,37 @@ type coordinatorLoop struct {
 	// drainFirst holds rounds back until nothing is in flight (the term
 	// changed under appends in flight).
 	drainFirst bool
+	// scratch is memory reused from round to round (see cutScratch).
+	scratch cutScratch
+}
+
+// cutScratch is what a round reuses of the one before: the dropped batch
+// (its maps), and the slices a proposal's records are cut and listed into
+// before they are encoded into its frame (which is new each time: it is
+// handed to the range's driver).
+type cutScratch struct {
+	spare *cursors.Batch
+	recs  []cursors.Record
+	buf   []byte
+	brecs []batch.Record
+}
+
+// cutScratchBytesMax bounds the encoding buffer kept from round to round.
+const cutScratchBytesMax = 1 << 20
+
+// cut cuts the batch's records into the scratch slices; they are valid
+// until the next cut.
+func (s *cutScratch) cut(b *cursors.Batch) []cursors.Record {
+	recs, buf := b.CutAppend(s.recs[:0], s.buf[:0])
+	need := 0
+	for _, r := range recs {
+		need += len(r.Key) + len(r.Value)
+	}
+	s.recs, s.buf = recs, buf
+	if need > cap(buf) && need <= cutScratchBytesMax {
+		s.buf = make([]byte, 0, need+need/4) // the next cut fits in one buffer
+	}
+	return recs
 }
 
 // runWriter is the coordinator goroutine of a cursor range.
@@ -274,7 +305,12 @@ func (w *coordinatorLoop) build(ops []*cursorOp, homingEpoch uint64) ([]cursors.
 	cr.mu.RLock()
 	defer cr.mu.RUnlock()
 	if w.batch == nil || w.state != cr.state {
-		w.batch, w.state = cr.state.Begin(cr.cs.n.cfg.Now(), homingEpoch), cr.state
+		old := w.scratch.spare
+		if w.batch != nil {
+			old = w.batch // begun on a State since replaced: dropped
+		}
+		w.batch, w.state = cr.state.BeginReusing(old, cr.cs.n.cfg.Now(), homingEpoch), cr.state
+		w.scratch.spare = nil
 	} else {
 		w.batch.SetNow(cr.cs.n.cfg.Now())
 	}
@@ -293,7 +329,7 @@ func (w *coordinatorLoop) build(ops []*cursorOp, homingEpoch uint64) ([]cursors.
 		}
 		op.val, op.err = op.run(w.batch, w.c)
 	}
-	return w.batch.Cut(), ran, rest
+	return w.scratch.cut(w.batch), ran, rest
 }
 
 func (w *coordinatorLoop) answer(ops []*cursorOp) {
@@ -322,18 +358,22 @@ func (w *coordinatorLoop) sync() error {
 }
 
 // propose hands records to the range as one append, in flight until
-// complete. The append carries the term its batch was validated in: the
-// replica refuses it (retriable; complete then reads the state again) if
+// complete; recs are the round's scratch (cutScratch), encoded here into
+// the append's own frame. The append carries the term its batch was
+// validated in: the replica refuses it (retriable; complete then reads the state again) if
 // this node lost and regained leadership since, so no record validated
 // against a state missing another leader's entries reaches the log.
 func (w *coordinatorLoop) propose(recs []cursors.Record, epoch, term uint64, ops []*cursorOp) {
-	brecs := make([]batch.Record, len(recs))
+	brecs := w.scratch.brecs[:0]
 	size := batch.HeaderSize
-	for i, r := range recs {
-		brecs[i] = batch.Record{Key: r.Key, Value: r.Value, Tombstone: r.Tombstone}
-		size += batch.EncodedRecordSize(brecs[i])
+	for _, r := range recs {
+		brecs = append(brecs, batch.Record{Key: r.Key, Value: r.Value, Tombstone: r.Tombstone})
+		size += batch.EncodedRecordSize(brecs[len(brecs)-1])
 	}
 	frame := batch.Encode(make([]byte, 0, size), batch.Header{Type: batch.TypeData}, brecs)
+	clear(brecs) // the scratch keeps no views of records it is done with
+	clear(recs)
+	w.scratch.brecs = brecs[:0]
 	p := &proposal{ops: ops, done: make(chan appendResult, 1)}
 	w.inflight = append(w.inflight, p)
 	w.cr.d.submit(context.Background(), &appendOp{recordCount: uint32(len(recs)), frame: frame, epoch: epoch, term: term,
@@ -367,6 +407,7 @@ func (w *coordinatorLoop) complete(r appendResult) {
 	}
 	w.answer(p.ops)
 	if len(w.inflight) == 0 {
+		w.scratch.spare = w.batch // its memory serves the next batch
 		w.batch, w.state, w.drainFirst = nil, nil, false
 		if w.failed != nil {
 			w.failed, w.syncedTerm = nil, 0 // what committed is unknown: read it again first

@@ -10,7 +10,8 @@
 # RANGES=n (64) is the positions per commit request, CURSORS=n (1024) the
 # cursor names; REBALANCE=off skips the rebalance rounds; PROFILE=on takes
 # a CPU profile of every node during the commits (run/bench-groups/n*.cpu,
-# nodes on --debug-addr BASE+11..13); GEOLOGD_FLAGS adds flags to every
+# nodes on --debug-addr BASE+11..13) and prints the nodes' heap
+# allocations per position; GEOLOGD_FLAGS adds flags to every
 # node's command line. The fdatasync floor printed first is
 # this disk's one-page write+fdatasync time (a node's Raft log pays one per
 # append, and a commit is acked after the quorum's).
@@ -84,7 +85,15 @@ def leaders(x):
         for v in x: yield from leaders(v)
 c = collections.Counter(leaders(json.load(sys.stdin)))
 print("cursor range leaders:", ", ".join(f"{a} {n}" for a, n in sorted(c.items())))' || true
+# memstats: the three nodes' heap allocations so far, "objects bytes"
+# (runtime.MemStats Mallocs and TotalAlloc, from the debug address).
+memstats() {
+	[ "$PROFILE" = on ] || { echo "0 0"; return; }
+	for i in 1 2 3; do curl -s "http://127.0.0.1:$((BASE+10+i))/debug/pprof/heap?debug=1"; done |
+		awk '/^# Mallocs = /{m+=$4} /^# TotalAlloc = /{b+=$4} END{printf "%d %d", m, b}'
+}
 frames_before=$("$RUNDIR/cursorframes" "$RUNDIR/n1")   # records and appends of node 1's _cursors copy
+mem_before=$(memstats)
 before=$(cpu_seconds)
 PROFS=()
 if [ "$PROFILE" = on ]; then
@@ -97,9 +106,10 @@ fi
 TIMEFORMAT='%U %S'   # the bench client's user and system CPU seconds (it shares the cores)
 { time "$BIN/geolog" bench cursors --ranges "$RANGES" --cursors "$CURSORS" --concurrency "$CONCURRENCY" --duration "$DURATION" --json >"$RUNDIR/cursors.json" ; } 2>"$RUNDIR/client.cpu"
 after=$(cpu_seconds)
+mem_after=$(memstats)
 sleep 0.5; frames_after=$("$RUNDIR/cursorframes" "$RUNDIR/n1")
 [ ${#PROFS[@]} -eq 0 ] || wait "${PROFS[@]}"
-python3 - "$RUNDIR/cursors.json" "$before" "$after" "$(tail -1 "$RUNDIR/client.cpu")" "$frames_before" "$frames_after" <<'PY'
+python3 - "$RUNDIR/cursors.json" "$before" "$after" "$(tail -1 "$RUNDIR/client.cpu")" "$frames_before" "$frames_after" "$mem_before" "$mem_after" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); cpu = float(sys.argv[3]) - float(sys.argv[2])
 client = sum(float(x) for x in sys.argv[4].split())
@@ -113,6 +123,10 @@ cper = client / max(1, r['positions'])
 fb, fa = [int(x) for x in sys.argv[5].split()], [int(x) for x in sys.argv[6].split()]
 recs, apps = fa[0] - fb[0], fa[1] - fb[1]
 print(f"appends     {apps} of the cursor ranges (node 1's copy): {recs / max(1, apps):.1f} positions per append, {recs / max(1, apps) / max(1, r['ranges']):.1f} requests")
+mb, ma = [int(x) for x in sys.argv[7].split()], [int(x) for x in sys.argv[8].split()]
+if ma[0]:
+    n = max(1, r['positions'])
+    print(f"node allocs {(ma[0] - mb[0]) / n:.1f} objects, {(ma[1] - mb[1]) / n:.0f} bytes per position (the 3 nodes' heap allocations; PROFILE=on)")
 print(f"client CPU  {client:.1f} s for the bench client: {cper*1e6:.1f} ms per 1,000 positions (nodes and client on 2 cores: about {2/(per+cper):.0f} positions/s)")
 PY
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
