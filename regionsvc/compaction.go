@@ -171,10 +171,11 @@ func (d *rangeDriver) maybeClean() {
 // applied, as this node's replicator tasks (it leads the range) know it;
 // ok only if it runs one for every such region.
 func (n *Node) compactionFloor(stream string, rng uint32, regions int) (uint64, bool) {
-	if n.repl == nil {
+	repl := n.repl.Load()
+	if repl == nil {
 		return 0, false
 	}
-	progress := n.repl.progress(stream, rng, n.cfg.Now())
+	progress := repl.progress(stream, rng, n.cfg.Now())
 	if len(progress) < regions-1 {
 		return 0, false
 	}

@@ -151,7 +151,7 @@ func (n *Node) observeRange(o metric.Observer, g *opsGauges, or observedRange) {
 		_, err := n.homing.homes.Check(or.spec.Name, or.r)
 		o.ObserveInt64(g.lease, boolGauge(err == nil), attrs)
 	}
-	if n.repl == nil || d.rep == nil || d.failure.Load() != nil {
+	if n.repl.Load() == nil || d.rep == nil || d.failure.Load() != nil {
 		return
 	}
 	side := "mirror"

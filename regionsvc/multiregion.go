@@ -651,12 +651,13 @@ func lagProgress(region string, lag replicator.LagStatus) *geologv1.RegionProgre
 // rangeReplication is what DescribeStream reports of a range's mirrors: on
 // the home leader, every mirror's progress; on a mirror's leader, its own.
 func (n *Node) rangeReplication(spec streamSpec, r uint32, d *rangeDriver) []*geologv1.RegionProgress {
-	if n.repl == nil || d.rep == nil {
+	repl := n.repl.Load()
+	if repl == nil || d.rep == nil {
 		return nil
 	}
 	now := n.cfg.Now()
 	if d.isHome() {
-		return n.repl.progress(spec.Name, r, now)
+		return repl.progress(spec.Name, r, now)
 	}
 	if !slices.Contains(spec.Regions, n.cfg.Region) {
 		return nil
@@ -753,12 +754,13 @@ func createTimeout(rangeCount uint32) time.Duration {
 // cannot ship that part; the mirror's lag then grows and its task reports
 // the error, nothing is skipped).
 func (n *Node) mirrorFloor(stream string, rng uint32) (uint64, bool) {
-	if n.repl == nil {
+	repl := n.repl.Load()
+	if repl == nil {
 		return 0, false
 	}
 	now := n.cfg.Now()
 	floor, ok := uint64(0), false
-	for _, p := range n.repl.progress(stream, rng, now) {
+	for _, p := range repl.progress(stream, rng, now) {
 		if !ok || p.AppliedEndOffset < floor {
 			floor, ok = p.AppliedEndOffset, true
 		}

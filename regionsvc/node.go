@@ -379,9 +379,11 @@ type Node struct {
 	// resealer re-encrypts segments under the active data key (reseal.go);
 	// nil without a keyring.
 	resealer atomic.Pointer[resealer]
-	// repl runs this node's replicator tasks and replServer applies other
-	// regions' batches to the mirrors here (both nil unless replicated).
-	repl       *replicationManager
+	// repl runs this node's replicator tasks (set by Start: range
+	// drivers, which may run before it in a region of one, whose streams
+	// open in New, load it) and replServer applies other regions' batches
+	// to the mirrors here.
+	repl       atomic.Pointer[replicationManager]
 	replServer *replicator.Server
 	// homing is nil unless Config.LeaseStore is set.
 	homing *homingState
@@ -661,8 +663,9 @@ func (n *Node) Start() error {
 	if n.replicated() {
 		n.region.transport.Register(n.grpcServer)
 		n.replServer.Register(n.grpcServer)
-		n.repl = newReplicationManager(n)
-		go n.repl.run()
+		repl := newReplicationManager(n)
+		n.repl.Store(repl)
+		go repl.run()
 		n.bookDone = make(chan struct{})
 		go n.runAddrBook()
 		n.aclSyncDone = make(chan struct{})
@@ -710,8 +713,8 @@ func (n *Node) Close() error {
 		n.stopCleaner() // no rewrite runs under ranges about to close
 		n.stopResealer()
 		n.closeHoming()
-		if n.repl != nil {
-			n.repl.close() // no more shipping from ranges about to stop
+		if repl := n.repl.Load(); repl != nil {
+			repl.close() // no more shipping from ranges about to stop
 		}
 		if n.replServer != nil {
 			n.replServer.Close()
