@@ -218,17 +218,7 @@ func TestProbeLargeBatches(t *testing.T) {
 		go func() { defer wg.Done(); errs[i] = rawAppend(ctx, conns[i%len(conns)], wire) }()
 	}
 	wg.Wait()
-	ok, overloaded := 0, 0
-	for i, err := range errs {
-		switch e := rpcerr.FromError(err); {
-		case err == nil:
-			ok++
-		case e.Code == apierr.Overloaded && e.Retriable:
-			overloaded++
-		default:
-			t.Fatalf("producer %d: %v", i, err)
-		}
-	}
+	ok, overloaded := appendOutcomes(t, errs)
 	t.Logf("150 batches of %d MiB: %d appended, %d refused with OVERLOADED", len(wire)>>20, ok, overloaded)
 	if overloaded == 0 {
 		t.Fatal("no batch was refused: the probe did not reach the budgets")
@@ -488,7 +478,16 @@ func TestProbeWaitingLargeRequests(t *testing.T) {
 		wg.Go(func() { errs[i] = rawAppend(ctx, conns[i%len(conns)], wire) })
 	}
 	wg.Wait()
-	ok, overloaded := 0, 0
+	ok, overloaded := appendOutcomes(t, errs)
+	t.Logf("256 batches of %d MiB: %d appended, %d refused with OVERLOADED", len(wire)>>20, ok, overloaded)
+	checkAlive(t, p, conn, "w")
+}
+
+// appendOutcomes counts the appends of errs that succeeded and those
+// refused with a retriable OVERLOADED, failing the test on any other
+// answer.
+func appendOutcomes(t *testing.T, errs []error) (ok, overloaded int) {
+	t.Helper()
 	for i, err := range errs {
 		switch e := rpcerr.FromError(err); {
 		case err == nil:
@@ -499,6 +498,5 @@ func TestProbeWaitingLargeRequests(t *testing.T) {
 			t.Fatalf("producer %d: %v", i, err)
 		}
 	}
-	t.Logf("256 batches of %d MiB: %d appended, %d refused with OVERLOADED", len(wire)>>20, ok, overloaded)
-	checkAlive(t, p, conn, "w")
+	return ok, overloaded
 }
