@@ -202,15 +202,7 @@ func TestProbeLargeBatches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	wire := appendWire("l", 15, 1<<20-64) // 15 records of just under the 1 MiB record bound
-	conns := make([]*grpc.ClientConn, 10)
-	for i := range conns {
-		c, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		conns[i] = c
-	}
+	conns := probeConns(t, p.Addr, 10)
 	var wg sync.WaitGroup
 	errs := make([]error, 150)
 	for i := range errs {
@@ -463,15 +455,7 @@ func TestProbeWaitingLargeRequests(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	wire := appendWire("w", 15, 1<<20-64)
-	conns := make([]*grpc.ClientConn, 16)
-	for i := range conns {
-		c, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		conns[i] = c
-	}
+	conns := probeConns(t, p.Addr, 16)
 	var wg sync.WaitGroup
 	errs := make([]error, 256)
 	for i := range errs {
@@ -499,4 +483,21 @@ func appendOutcomes(t *testing.T, errs []error) (ok, overloaded int) {
 		}
 	}
 	return ok, overloaded
+}
+
+// probeConns opens n client connections to addr, closed when the test
+// ends: requests spread over them reach the node's per-connection and
+// per-node bounds alike.
+func probeConns(t *testing.T, addr string, n int) []*grpc.ClientConn {
+	t.Helper()
+	conns := make([]*grpc.ClientConn, n)
+	for i := range conns {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[i] = c
+	}
+	return conns
 }
