@@ -186,6 +186,12 @@ type Config struct {
 	// by Raft to [8, 16) ticks). Heartbeats are per range, so they set the
 	// cost of idle ranges (see notes/README.md).
 	HeartbeatTicks, ElectionTicks int
+	// LeaderBalanceInterval is how often a range leader checks that it is
+	// the range's preferred leader and, if not, hands leadership to it
+	// once it is up and caught up (leaderbalance.go): the region's leaders
+	// stay spread over its nodes after restarts and elections. 0: never
+	// (geologd's default is 10 s).
+	LeaderBalanceInterval time.Duration
 	// MeterProvider receives the node's metrics, default a no-op provider.
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives gRPC spans, default a no-op provider.

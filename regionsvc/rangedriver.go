@@ -161,6 +161,8 @@ type rangeDriver struct {
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
+	// balance is the preferred-leader state (leaderbalance.go).
+	balance leaderBalance
 	// shedder sheds appends by queueing delay (shed.go); nil: off.
 	shedder *appendShedder
 	// peerRefusedLogged is when a refused peer message was last logged.

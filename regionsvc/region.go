@@ -164,11 +164,14 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	// voters by group id, so that a new stream's range leaders (who do most
 	// of the work: client appends, one append message per follower) start
 	// spread over the region's nodes instead of all on the lowest id.
-	rc.firstCampaigner = rc.peers[uint64(rc.groupID)%uint64(len(rc.peers))]
+	rc.firstCampaigner = preferredLeader(rc.groupID, rc.peers)
 	rc.transport = n.region.transport
 	rc.tick = n.tick
 	rc.addrOf = func(id uint64) string { return n.clientAddr(n.cfg.Region, id) }
 	rc.heartbeatTicks, rc.electionTicks = n.cfg.HeartbeatTicks, n.cfg.ElectionTicks
+	if iv := n.cfg.LeaderBalanceInterval; iv > 0 {
+		rc.leaderBalanceTicks = max(1, int(iv/n.cfg.TickInterval))
+	}
 }
 
 // applyMeta applies newly committed catalogue records, on the meta

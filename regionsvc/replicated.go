@@ -37,6 +37,9 @@ type replicationConfig struct {
 	raftInMax int
 	// heartbeatTicks and electionTicks configure Raft's timing.
 	heartbeatTicks, electionTicks int
+	// leaderBalanceTicks is how often a leader checks that it is the
+	// range's preferred leader, in ticks (leaderbalance.go); 0: never.
+	leaderBalanceTicks int
 }
 
 // raftInMax bounds the message batches queued for one replica; past it,
@@ -79,6 +82,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 		return err
 	}
 	d.rep = rep
+	d.balance.every = rc.leaderBalanceTicks
 	if d.cfg.appendQueueDelayTarget > 0 && rc.groupID != metaGroupID {
 		d.shedder = newAppendShedder(d.cfg.appendQueueDelayTarget)
 	}
@@ -157,6 +161,7 @@ func (d *rangeDriver) runReplicated() {
 			d.rep.Tick()
 			d.watchLeader()
 			d.handOffIfDiskFull()
+			d.balanceLeader()
 		case to := <-d.unreachable:
 			d.rep.ReportUnreachable(to)
 		case fn := <-d.execCh:

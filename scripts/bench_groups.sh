@@ -74,8 +74,12 @@ for i in $(seq 1 20); do
 done
 go build -o "$RUNDIR/cursorframes" ./scripts/cursorframes
 # Where the coordinators are: the leaders of the cursor ranges (a node
-# leading most of them takes most of the commits).
-"$BIN/geolog" streams describe _cursors --json 2>/dev/null | python3 -c '
+# leading most of them takes most of the commits). Leaders that elections
+# gathered on one node go back to their preferred nodes within
+# --leader-balance-interval (10 s): wait up to 30 s for them to be spread
+# (no node leads more than one range more than another).
+cursor_leaders() {
+	"$BIN/geolog" streams describe _cursors --json 2>/dev/null | python3 -c '
 import collections, json, sys
 def leaders(x):
     if isinstance(x, dict):
@@ -84,7 +88,15 @@ def leaders(x):
     elif isinstance(x, list):
         for v in x: yield from leaders(v)
 c = collections.Counter(leaders(json.load(sys.stdin)))
-print("cursor range leaders:", ", ".join(f"{a} {n}" for a, n in sorted(c.items())))' || true
+spread = max(c.values()) - min(c.values()) if len(c) == 3 else 99
+print(spread, "cursor range leaders:", ", ".join(f"{a} {n}" for a, n in sorted(c.items())))' || echo "99 cursor range leaders: unknown"
+}
+for i in $(seq 1 60); do
+	leaders=$(cursor_leaders)
+	[ "${leaders%% *}" -le 1 ] && break
+	sleep 0.5
+done
+echo "${leaders#* }"
 # memstats: the three nodes' heap allocations so far, "objects bytes"
 # (runtime.MemStats Mallocs and TotalAlloc, from the debug address).
 memstats() {

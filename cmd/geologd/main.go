@@ -52,6 +52,8 @@ func run() int {
 	tick := fs.Duration("tick", 100*time.Millisecond, "Raft tick")
 	heartbeatTicks := fs.Int("heartbeat-ticks", 2, "leader heartbeat interval, in ticks")
 	electionTicks := fs.Int("election-ticks", 8, "election timeout, in ticks (randomised to [n, 2n))")
+	leaderBalance := fs.Duration("leader-balance-interval", 10*time.Second,
+		"how often a range leader hands leadership back to the range's preferred node once that node is up and caught up, keeping the region's leaders spread (0: never)")
 	syncConcurrency := fs.Int("sync-concurrency", 2, "ignored (kept so that existing command lines still parse): every range's log writer makes its own group commit")
 	appendDelayTarget := fs.Duration("append-queue-delay-target", regionsvc.AppendQueueDelayTargetDefault,
 		"a range leader refuses new appends with a retriable OVERLOADED while its appends have queued (arrival to commit) for longer than this (negative: never)")
@@ -107,6 +109,10 @@ func run() int {
 		policy = segment.FsyncNever
 	default:
 		fmt.Fprintf(os.Stderr, "geologd: --fsync must be always or never, not %q\n", *fsync)
+		return 2
+	}
+	if *leaderBalance < 0 {
+		fmt.Fprintf(os.Stderr, "geologd: --leader-balance-interval must be 0 (never) or positive, not %v\n", *leaderBalance)
 		return 2
 	}
 	level := hclog.LevelFromString(*logLevel)
@@ -246,29 +252,30 @@ func run() int {
 		}
 	}
 	cfg := regionsvc.Config{
-		LeaseStore:         store,
-		LeaseTTL:           *leaseTTL,
-		LeaseHeartbeat:     *leaseHeartbeat,
-		MaxClockOffset:     *maxClockOffset,
-		FailoverOrder:      order,
-		FailoverDisabled:   *noFailover,
-		DataDir:            *dataDir,
-		ListenAddr:         *listen,
-		AdvertiseAddr:      *advertise,
-		Region:             *region,
-		Logger:             logger,
-		RecordBytesMax:     *recordBytesMax,
-		Fsync:              policy,
-		SegmentBytesMax:    *segmentBytesMax,
-		SyncConcurrencyMax: *syncConcurrency,
-		MeterProvider:      meterProvider,
-		TracerProvider:     tracerProvider,
-		NodeID:             *nodeID,
-		Peers:              peers,
-		Regions:            remote.m,
-		TickInterval:       *tick,
-		HeartbeatTicks:     *heartbeatTicks,
-		ElectionTicks:      *electionTicks,
+		LeaseStore:            store,
+		LeaseTTL:              *leaseTTL,
+		LeaseHeartbeat:        *leaseHeartbeat,
+		MaxClockOffset:        *maxClockOffset,
+		FailoverOrder:         order,
+		FailoverDisabled:      *noFailover,
+		DataDir:               *dataDir,
+		ListenAddr:            *listen,
+		AdvertiseAddr:         *advertise,
+		Region:                *region,
+		Logger:                logger,
+		RecordBytesMax:        *recordBytesMax,
+		Fsync:                 policy,
+		SegmentBytesMax:       *segmentBytesMax,
+		SyncConcurrencyMax:    *syncConcurrency,
+		MeterProvider:         meterProvider,
+		TracerProvider:        tracerProvider,
+		NodeID:                *nodeID,
+		Peers:                 peers,
+		Regions:               remote.m,
+		TickInterval:          *tick,
+		HeartbeatTicks:        *heartbeatTicks,
+		ElectionTicks:         *electionTicks,
+		LeaderBalanceInterval: *leaderBalance,
 
 		KEK:                   kek,
 		DataKeyRotationPeriod: *dataKeyRotation,
