@@ -12,8 +12,8 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/rpcerr"
-	"github.com/geolog/geolog/raftnet"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/raftnet"
 )
 
 // leaderStatus is the Raft status of leader self over voters 1-3, every
