@@ -60,6 +60,10 @@ type BenchConfig struct {
 	// ProgressInterval is how often a progress line is written; default
 	// 1s.
 	ProgressInterval time.Duration
+	// Breakdown asks the range leaders for every append's stages
+	// (client.WithTiming) and reports, per record, where its time went
+	// (BenchResult.Breakdown).
+	Breakdown bool
 }
 
 func (cfg *BenchConfig) setDefaults() {
@@ -116,6 +120,12 @@ type BenchResult struct {
 	RecordsPerSec  float64        `json:"records_per_sec"`
 	MBPerSec       float64        `json:"mb_per_sec"` // key and value bytes, 10^6 bytes
 	LatencyMs      LatencySummary `json:"latency_ms"`
+	// Breakdown is where the records' time went, stage by stage (with
+	// BenchConfig.Breakdown; benchbreakdown.go).
+	Breakdown []StageSummary `json:"breakdown,omitempty"`
+	// BreakdownUntimed counts acknowledged records without the leader's
+	// timing (duplicates, answered from the leader's table).
+	BreakdownUntimed int64 `json:"breakdown_untimed,omitempty"`
 }
 
 // LatencySummary holds latency percentiles in milliseconds.
@@ -144,6 +154,7 @@ type benchState struct {
 	errors    atomic.Int64
 	dups      atomic.Int64
 	violation atomic.Int64
+	stages    *benchStages // nil unless BenchConfig.Breakdown
 }
 
 func (s *benchState) recordLatency(d time.Duration) {
@@ -184,6 +195,9 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 	if cfg.BufferedBytesMax > 0 {
 		popts = append(popts, client.BufferedBytesMax(cfg.BufferedBytesMax))
 	}
+	if cfg.Breakdown {
+		popts = append(popts, client.WithTiming())
+	}
 	queueDelayTarget := client.QueueDelayTargetDefault
 	if cfg.QueueDelayTarget != 0 {
 		queueDelayTarget = max(cfg.QueueDelayTarget, 0)
@@ -221,6 +235,9 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 	_, _ = rand.Read(value)
 
 	st := &benchState{hist: hdrhistogram.New(1, benchLatencyMaxMicros, 3), samples: make(map[string]bool)}
+	if cfg.Breakdown {
+		st.stages = newBenchStages()
+	}
 	var stop atomic.Bool
 	start := time.Now()
 	if cfg.Count == 0 {
@@ -281,6 +298,7 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 		res.RecordsPerSec = float64(res.Records) / secs
 		res.MBPerSec = float64(st.ackBytes.Load()) / secs / 1e6
 	}
+	res.Breakdown, res.BreakdownUntimed = st.stages.summaries()
 	ms := func(us int64) float64 { return float64(us) / 1000 }
 	res.LatencyMs = LatencySummary{
 		P50:  ms(st.hist.ValueAtQuantile(50)),
@@ -304,7 +322,9 @@ func benchProducer(p *client.Producer, w int, count int64, cfg BenchConfig, keys
 			st.recordError(err)
 			return
 		}
-		st.recordLatency(time.Since(startT))
+		took := time.Since(startT)
+		st.recordLatency(took)
+		st.stages.record(took, res.Timing)
 		st.acked.Add(1)
 		st.ackBytes.Add(int64(len(res.Record.Key) + len(res.Record.Value)))
 		if res.Duplicate {
@@ -417,6 +437,7 @@ func (e *env) bench(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Keys, "keys", 0, "distinct keys, round robin (0: keyless records)")
 	fs.BoolVar(&cfg.Sync, "sync", false, "one at a time: wait for each ack before the next record")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "total records/s across producers (0: as fast as possible); latency then counts from each record's scheduled time")
+	fs.BoolVar(&cfg.Breakdown, "breakdown", false, "ask the range leaders where each append's time went and print it stage by stage (producer wait, network, the leader's admission, queue, write, quorum and ack)")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -488,4 +509,5 @@ func printBench(w io.Writer, r *BenchResult) {
 	fmt.Fprintf(w, "throughput  %.0f records/s, %.2f MB/s\n", r.RecordsPerSec, r.MBPerSec)
 	fmt.Fprintf(w, "latency ms  p50 %.3f  p99 %.3f  p99.9 %.3f  max %.3f  mean %.3f\n",
 		r.LatencyMs.P50, r.LatencyMs.P99, r.LatencyMs.P999, r.LatencyMs.Max, r.LatencyMs.Mean)
+	printBreakdown(w, r.Breakdown, r.BreakdownUntimed)
 }

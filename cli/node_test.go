@@ -4,11 +4,13 @@ package cli_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/geolog/geolog/cli"
 	"github.com/geolog/geolog/regionsvc"
 	"github.com/geolog/geolog/segment"
 )
@@ -175,5 +177,51 @@ func TestNodeStreamsAlter(t *testing.T) {
 	}
 	if _, errOut, code := run(t, testCtx(t), "", "--addr", addr, "streams", "alter", "nope", "--retention-age", "1h"); code != 1 || !strings.Contains(errOut, "STREAM_NOT_FOUND") {
 		t.Fatalf("an alter of a missing stream: exit %d, %q", code, errOut)
+	}
+}
+
+// TestNodeBenchBreakdown: bench --breakdown against a real node prints
+// where the records' time went, every stage over every record, and the
+// means of the parts add up to the end-to-end mean.
+func TestNodeBenchBreakdown(t *testing.T) {
+	addr := startNode(t)
+	out := mustRun(t, addr, "", "bench", "--stream", "bd", "--ranges", "2", "--count", "2000",
+		"--producers", "2", "--record-bytes", "100", "--breakdown", "--json")
+	var res cli.BenchResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench --breakdown --json printed %q: %v", out, err)
+	}
+	if len(res.Breakdown) != 9 {
+		t.Fatalf("breakdown %+v: want 9 stages", res.Breakdown)
+	}
+	var parts float64
+	for _, s := range res.Breakdown {
+		if s.Records+res.BreakdownUntimed != res.Records {
+			t.Errorf("stage %s: %d records timed and %d not, of %d acked", s.Stage, s.Records, res.BreakdownUntimed, res.Records)
+		}
+		if !(s.P50 <= s.P90 && s.P90 <= s.P99 && s.P99 <= s.Max*1.001) {
+			t.Errorf("stage %s: percentiles %+v", s.Stage, s)
+		}
+		if s.Stage != "end to end" {
+			parts += s.Mean
+		}
+	}
+	byName := map[string]cli.StageSummary{}
+	for _, s := range res.Breakdown {
+		byName[s.Stage] = s
+	}
+	if byName["leader write"].Max == 0 {
+		t.Errorf("no leader write time in %+v", res.Breakdown)
+	}
+	// Each record's parts add up to its end-to-end time, up to the
+	// histograms' microsecond rounding (network is clamped at 0).
+	if e2e := byName["end to end"].Mean; parts < e2e*0.95 || parts > e2e*1.05+0.01 {
+		t.Errorf("stage means add up to %.3f ms, end to end %.3f ms", parts, e2e)
+	}
+	text := mustRun(t, addr, "", "bench", "--stream", "bd", "--count", "100", "--breakdown")
+	for _, want := range []string{"breakdown", "producer wait", "leader write", "quorum", "end to end"} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("bench --breakdown printed %q, missing %q", text, want)
+		}
 	}
 }

@@ -44,6 +44,8 @@ type batch struct {
 	// resp is set once acknowledged; a batch completes only when every
 	// batch before it has, so that callbacks run in offset order.
 	resp *geologv1.AppendResponse
+	// repliedAt is when resp arrived (Timing's round trip).
+	repliedAt time.Time
 }
 
 func (b *batch) recordCount() uint64 { return uint64(len(b.recs)) }
@@ -317,7 +319,7 @@ func (d *rangeDriver) cut(now time.Time) *batch {
 			b.deadline = pr.deadline
 		}
 	}
-	b.req = &geologv1.AppendRequest{Stream: d.p.stream, Range: d.rng, Records: recs}
+	b.req = &geologv1.AppendRequest{Stream: d.p.stream, Range: d.rng, Records: recs, WantTiming: d.p.cfg.timing}
 	d.number(b)
 	if keyless {
 		d.p.rotateSticky(d.rng)
@@ -496,7 +498,7 @@ func (d *rangeDriver) onReply(resp *geologv1.AppendResponse) {
 		d.failInflight(func(*promisedRecord) error { return e })
 		return
 	}
-	b.resp = resp
+	b.resp, b.repliedAt = resp, time.Now()
 	if b.pid == d.pid {
 		d.pidAcked = true
 	}
@@ -818,6 +820,7 @@ func (d *rangeDriver) ack(b *batch) {
 			Epoch:      resp.GetEpoch(),
 			AppendTime: appendTime,
 			Duplicate:  resp.GetDuplicate(),
+			Timing:     b.timing(pr, d.p.cfg.timing),
 		}, nil)
 	}
 	d.p.doneRecords(len(b.recs))
@@ -882,4 +885,18 @@ func (d *rangeDriver) shutdown() {
 	if len(pending) > 0 {
 		d.fail(&batch{recs: pending, sizeBytes: sumSizes(pending)}, closed)
 	}
+}
+
+// timing is pr's Timing in b, acknowledged (nil unless on).
+func (b *batch) timing(pr *promisedRecord, on bool) *Timing {
+	if !on {
+		return nil
+	}
+	t := &Timing{Waited: max(b.sentAt.Sub(pr.enqueued), 0), RoundTrip: max(b.repliedAt.Sub(b.sentAt), 0), Attempts: b.attempts}
+	if lt := b.resp.GetTiming(); lt != nil {
+		t.Admission, t.Queue = time.Duration(lt.GetAdmissionNanos()), time.Duration(lt.GetQueueNanos())
+		t.LeaderWrite, t.Quorum = time.Duration(lt.GetLeaderWriteNanos()), time.Duration(lt.GetQuorumNanos())
+		t.Ack = time.Duration(lt.GetAckNanos())
+	}
+	return t
 }

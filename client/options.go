@@ -176,6 +176,8 @@ type producerConfig struct {
 	seal        bool
 	sealKeys    e2e.KeyProvider
 	sealHeaders []string
+	// timing: WithTiming.
+	timing bool
 }
 
 func defaultProducerConfig(c *clientConfig) producerConfig {
@@ -292,6 +294,13 @@ func ProducerRetryBackoff(min, max time.Duration) ProducerOpt {
 // random non-zero id from crypto/rand. Ids must be unique among a stream's
 // producers; this exists for tests and tools.
 func ProducerID(id uint64) ProducerOpt { return func(c *producerConfig) { c.producerID = id } }
+
+// WithTiming makes every append ask its range leader where its time went,
+// and every ProduceResult carry a Timing: the record's wait in the
+// producer, the round trip of its batch, and the leader's stages. It adds
+// a few dozen bytes to each reply; benchmarks and latency investigations
+// use it (geolog bench --breakdown).
+func WithTiming() ProducerOpt { return func(c *producerConfig) { c.timing = true } }
 
 func (c *producerConfig) validate() error {
 	switch {

@@ -70,7 +70,35 @@ type ProduceResult struct {
 	// Duplicate is true when the server had already appended the record's
 	// batch (a retry after a lost ack); the offset is the original one.
 	Duplicate bool
+	// Timing is where the record's time went, with WithTiming; nil
+	// otherwise.
+	Timing *Timing
 }
+
+// Timing is where a produced record's time went (WithTiming). The
+// producer's side: Waited, from Produce to its batch's last send (the
+// producer's queue, and the attempts before that send if any), and
+// RoundTrip, from that send to the reply. The range leader's side, each
+// stage from the end of the one before (zero for a duplicate, which the
+// leader answered from its table): Admission (validated, admitted,
+// encoded), Queue (the range's queue), LeaderWrite (the proposal to the
+// leader's log write and fdatasync), Quorum (what the followers' writes
+// and the network to them added beyond it), Ack (the commit to the reply).
+type Timing struct {
+	Waited, RoundTrip                          time.Duration
+	Attempts                                   int
+	Admission, Queue, LeaderWrite, Quorum, Ack time.Duration
+}
+
+// Leader is the leader's stages in all.
+func (t *Timing) Leader() time.Duration {
+	return t.Admission + t.Queue + t.LeaderWrite + t.Quorum + t.Ack
+}
+
+// Network is the round trip less the leader's stages: the network and
+// gRPC both ways (never below 0).
+func (t *Timing) Network() time.Duration { return max(t.RoundTrip-t.Leader(), 0) }
+
 
 // StoredRecord is a record as read back.
 type StoredRecord struct {

@@ -25,6 +25,9 @@ type nodeMetrics struct {
 	// commit (Raft: a majority has it on disk; a region of one: fsynced).
 	commitSeconds metric.Float64Histogram
 	fsyncRecords  metric.Int64Histogram
+	// stageSeconds is an append's time per stage on its leader, by stage
+	// (stages.go).
+	stageSeconds metric.Float64Histogram
 	// peerRefused counts messages from peers refused as invalid, by
 	// source ("raft", "mirror").
 	peerRefused metric.Int64Counter
@@ -76,6 +79,11 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	if nm.fsyncRecords, err = m.Int64Histogram("geolog.segment.fsync_records",
 		metric.WithDescription("records made durable by one fsync round"), metric.WithUnit("{record}"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)); err != nil {
+		return nil, err
+	}
+	if nm.stageSeconds, err = m.Float64Histogram("geolog.append.stage_duration",
+		metric.WithDescription("an append's time on its range leader per stage (admission, queue, leader_write, quorum, ack), each from the end of the one before"), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)); err != nil {
 		return nil, err
 	}
 	if err := nm.addRefusalCounters(m); err != nil {
@@ -134,9 +142,16 @@ func (m *nodeMetrics) commitDone(proposedAt time.Time) {
 	m.commitSeconds.Record(context.Background(), time.Since(proposedAt).Seconds())
 }
 
-func (m *nodeMetrics) fsyncRound(ctx context.Context, took time.Duration, records uint64) {
-	m.fsyncSeconds.Record(ctx, took.Seconds())
-	m.fsyncRecords.Record(ctx, int64(records))
+// fsyncRound records one log write and its fdatasync, by the writer's
+// role in its range when it wrote (leader, or follower writing what its
+// leader sent).
+func (m *nodeMetrics) fsyncRound(ctx context.Context, took time.Duration, records uint64, leader bool) {
+	role := roleFollower
+	if leader {
+		role = roleLeader
+	}
+	m.fsyncSeconds.Record(ctx, took.Seconds(), role)
+	m.fsyncRecords.Record(ctx, int64(records), role)
 }
 
 // recordRehome records a coordinated rehome's pause and its phases.

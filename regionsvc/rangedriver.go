@@ -24,6 +24,9 @@ type appendResult struct {
 	appendTimeUnixNanos int64
 	duplicate           bool
 	err                 error
+	// committedAt is when the append committed, durableAt when the
+	// leader's log held it (zero: not known then); stages.go.
+	committedAt, durableAt time.Time
 }
 
 // appendOp is one append request on its way through a range driver.
@@ -60,6 +63,9 @@ type appendOp struct {
 	// arrivedAt is when the append reached the range (submit): its
 	// sojourn, for load shedding (shed.go), runs from here.
 	arrivedAt time.Time
+	// receivedAt is when the handler took the request, queuedAt when it
+	// reached the range (the stages of stages.go; zero: not a client's).
+	receivedAt, queuedAt time.Time
 }
 
 // rangeDriverConfig configures one range driver.
@@ -163,6 +169,9 @@ type rangeDriver struct {
 	campaignInTicks int
 	// balance is the preferred-leader state (leaderbalance.go).
 	balance leaderBalance
+	// durable is when the log became durable up to which offset
+	// (stages.go): the log writer adds, the driver reads.
+	durable durableLog
 	// shedder sheds appends by queueing delay (shed.go); nil: off.
 	shedder *appendShedder
 	// peerRefusedLogged is when a refused peer message was last logged.
@@ -252,6 +261,9 @@ func (d *rangeDriver) submit(ctx context.Context, op *appendOp) {
 		return
 	}
 	op.arrivedAt = d.cfg.now()
+	if !op.receivedAt.IsZero() {
+		op.queuedAt = time.Now()
+	}
 	select {
 	case d.inbox <- op:
 	case <-d.stopCh:

@@ -239,7 +239,9 @@ func (d *rangeDriver) runLogWriter(stop <-chan struct{}, done chan<- struct{}) {
 			// A write that made records durable is one group-commit
 			// round (geolog.segment.fsync_duration): its writes and fsync.
 			if after := d.store.DurableOffset(); after > before {
-				d.cfg.metrics.fsyncRound(context.Background(), time.Since(began), after-before)
+				now := time.Now()
+				d.durable.add(after, now)
+				d.cfg.metrics.fsyncRound(context.Background(), now.Sub(began), after-before, d.rep.LeaderTerm() != 0)
 			}
 		}
 	}
@@ -407,6 +409,7 @@ func (d *rangeDriver) propose(op *appendOp) {
 	frameBytes := len(op.frame)
 	op.trace.proposed()
 	proposedAt := time.Now()
+	op.proposedAt = proposedAt
 	propose := d.rep.Propose
 	if op.verbatim {
 		propose = d.rep.ProposeVerbatim
@@ -443,7 +446,8 @@ func (d *rangeDriver) propose(op *appendOp) {
 				d.cfg.metrics.ackedBytes.Add(context.Background(), int64(frameBytes))
 			}
 			res := appendResult{baseOffset: r.BaseOffset, recordCount: r.RecordCount, epoch: r.Epoch,
-				appendTimeUnixNanos: r.AppendTimeUnixNanos, duplicate: r.Duplicate}
+				appendTimeUnixNanos: r.AppendTimeUnixNanos, duplicate: r.Duplicate,
+				committedAt: time.Now(), durableAt: d.durable.durableAt(r.BaseOffset+uint64(r.RecordCount))}
 			if d.holdAcks {
 				d.heldAcks = append(d.heldAcks, func() { op.reply(res) })
 				return

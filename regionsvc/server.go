@@ -156,7 +156,7 @@ func (n *Node) admitAppendBytes(ctx context.Context, size int, streamed bool) er
 // appendAsync validates and submits req; done is called exactly once, from
 // some goroutine, with the reply (errors ride in its Error field).
 func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, streamed bool, done func(*geologv1.AppendResponse)) {
-	id := req.GetRequestId()
+	id, received := req.GetRequestId(), time.Now()
 	tr := n.startAppendTrace(ctx, req.GetStream(), req.GetRange(), len(req.GetRecords()), streamed) // nil: tracing off
 	rd, op, err := n.prepareAppend(ctx, req, streamed)
 	if err != nil {
@@ -167,8 +167,17 @@ func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, str
 		done(&geologv1.AppendResponse{RequestId: id, Error: rpcerr.DetailOf(err)})
 		return
 	}
-	op.trace = tr
+	op.trace, op.receivedAt = tr, received
 	op.reply = func(r appendResult) {
+		var timing *geologv1.AppendTiming
+		if r.err == nil && !r.duplicate && !r.committedAt.IsZero() {
+			st := stagesOf(op.receivedAt, op.queuedAt, op.proposedAt, r.durableAt, r.committedAt, time.Now())
+			n.metrics.appendStagesDone(st)
+			tr.stages(st)
+			if req.GetWantTiming() {
+				timing = st.timing()
+			}
+		}
 		tr.answered(r)
 		n.limits.appends.release(op.held)
 		n.metrics.appendResult(ctx, r)
@@ -183,6 +192,7 @@ func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, str
 			Epoch:               r.epoch,
 			AppendTimeUnixNanos: r.appendTimeUnixNanos,
 			Duplicate:           r.duplicate,
+			Timing:              timing,
 		})
 	}
 	rd.submit(ctx, op)

@@ -97,6 +97,20 @@ func (t *appendTrace) committed(baseOffset, epoch uint64, err error) {
 	}
 }
 
+// stages sets the append's time per stage (stages.go) on geolog.append,
+// in microseconds.
+func (t *appendTrace) stages(s appendStages) {
+	if t == nil {
+		return
+	}
+	t.span.SetAttributes(
+		attribute.Int64("geolog.stage.admission_us", s.admission.Microseconds()),
+		attribute.Int64("geolog.stage.queue_us", s.queue.Microseconds()),
+		attribute.Int64("geolog.stage.leader_write_us", s.leaderWrite.Microseconds()),
+		attribute.Int64("geolog.stage.quorum_us", s.quorum.Microseconds()),
+		attribute.Int64("geolog.stage.ack_us", s.ack.Microseconds()))
+}
+
 // answered ends geolog.append.ack (if open) and geolog.append with r.
 func (t *appendTrace) answered(r appendResult) {
 	if t == nil {

@@ -841,7 +841,10 @@ type AppendRequest struct {
 	ProducerId   uint64 `protobuf:"varint,4,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
 	BaseSequence uint64 `protobuf:"varint,5,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
 	// request_id correlates AppendStream replies; ignored by Append.
-	RequestId     uint64 `protobuf:"varint,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId uint64 `protobuf:"varint,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// want_timing asks the leader to return where the append's time went
+	// (AppendResponse.timing): benchmarks and latency investigations.
+	WantTiming    bool `protobuf:"varint,7,opt,name=want_timing,json=wantTiming,proto3" json:"want_timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -918,6 +921,101 @@ func (x *AppendRequest) GetRequestId() uint64 {
 	return 0
 }
 
+func (x *AppendRequest) GetWantTiming() bool {
+	if x != nil {
+		return x.WantTiming
+	}
+	return false
+}
+
+// AppendTiming is where an append's time went on the range leader, in
+// nanoseconds, each stage from the end of the one before. A client's round
+// trip less their sum is the network and gRPC's time both ways.
+type AppendTiming struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// admission: the request decoded to the append validated, admitted by
+	// the quotas and budgets, and encoded as a batch.
+	AdmissionNanos uint64 `protobuf:"varint,1,opt,name=admission_nanos,json=admissionNanos,proto3" json:"admission_nanos,omitempty"`
+	// queue: waiting in the range's queue for its driver to propose it.
+	QueueNanos uint64 `protobuf:"varint,2,opt,name=queue_nanos,json=queueNanos,proto3" json:"queue_nanos,omitempty"`
+	// leader_write: the proposal to the leader's log write and fdatasync
+	// that made it durable there (group commit: with other appends).
+	LeaderWriteNanos uint64 `protobuf:"varint,3,opt,name=leader_write_nanos,json=leaderWriteNanos,proto3" json:"leader_write_nanos,omitempty"`
+	// quorum: the leader's write to the commit (a majority has it on disk):
+	// the followers' write and fdatasync and the network to them and back
+	// beyond the leader's own write; 0 when they were faster.
+	QuorumNanos uint64 `protobuf:"varint,4,opt,name=quorum_nanos,json=quorumNanos,proto3" json:"quorum_nanos,omitempty"`
+	// ack: the commit to the reply (applying, the lease check at the ack).
+	AckNanos      uint64 `protobuf:"varint,5,opt,name=ack_nanos,json=ackNanos,proto3" json:"ack_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppendTiming) Reset() {
+	*x = AppendTiming{}
+	mi := &file_geolog_v1_log_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppendTiming) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppendTiming) ProtoMessage() {}
+
+func (x *AppendTiming) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppendTiming.ProtoReflect.Descriptor instead.
+func (*AppendTiming) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *AppendTiming) GetAdmissionNanos() uint64 {
+	if x != nil {
+		return x.AdmissionNanos
+	}
+	return 0
+}
+
+func (x *AppendTiming) GetQueueNanos() uint64 {
+	if x != nil {
+		return x.QueueNanos
+	}
+	return 0
+}
+
+func (x *AppendTiming) GetLeaderWriteNanos() uint64 {
+	if x != nil {
+		return x.LeaderWriteNanos
+	}
+	return 0
+}
+
+func (x *AppendTiming) GetQuorumNanos() uint64 {
+	if x != nil {
+		return x.QuorumNanos
+	}
+	return 0
+}
+
+func (x *AppendTiming) GetAckNanos() uint64 {
+	if x != nil {
+		return x.AckNanos
+	}
+	return 0
+}
+
 type AppendResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -930,14 +1028,17 @@ type AppendResponse struct {
 	// producer; the offsets are those of the original append.
 	Duplicate bool `protobuf:"varint,6,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
 	// error is set only on AppendStream replies for a request that failed.
-	Error         *ErrorDetail `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	Error *ErrorDetail `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	// timing is set when the request asked for it (want_timing), on a
+	// successful append that was not a duplicate.
+	Timing        *AppendTiming `protobuf:"bytes,8,opt,name=timing,proto3" json:"timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[4]
+	mi := &file_geolog_v1_log_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1050,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[4]
+	mi := &file_geolog_v1_log_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1063,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{4}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AppendResponse) GetRequestId() uint64 {
@@ -1014,6 +1115,13 @@ func (x *AppendResponse) GetError() *ErrorDetail {
 	return nil
 }
 
+func (x *AppendResponse) GetTiming() *AppendTiming {
+	if x != nil {
+		return x.Timing
+	}
+	return nil
+}
+
 type ReadRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Stream     string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -1043,7 +1151,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[5]
+	mi := &file_geolog_v1_log_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1163,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[5]
+	mi := &file_geolog_v1_log_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1176,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{5}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReadRequest) GetStream() string {
@@ -1142,7 +1250,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[6]
+	mi := &file_geolog_v1_log_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1262,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[6]
+	mi := &file_geolog_v1_log_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1275,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{6}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReadResponse) GetRecords() []*StoredRecord {
@@ -1218,7 +1326,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[7]
+	mi := &file_geolog_v1_log_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1338,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[7]
+	mi := &file_geolog_v1_log_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1351,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{7}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SubscribeRequest) GetStream() string {
@@ -1328,7 +1436,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[8]
+	mi := &file_geolog_v1_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1448,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[8]
+	mi := &file_geolog_v1_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1461,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{8}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SubscribeResponse) GetRecords() []*StoredRecord {
@@ -1391,7 +1499,7 @@ type RetentionPolicy struct {
 
 func (x *RetentionPolicy) Reset() {
 	*x = RetentionPolicy{}
-	mi := &file_geolog_v1_log_proto_msgTypes[9]
+	mi := &file_geolog_v1_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1511,7 @@ func (x *RetentionPolicy) String() string {
 func (*RetentionPolicy) ProtoMessage() {}
 
 func (x *RetentionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[9]
+	mi := &file_geolog_v1_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1524,7 @@ func (x *RetentionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetentionPolicy.ProtoReflect.Descriptor instead.
 func (*RetentionPolicy) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{9}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RetentionPolicy) GetMaxAgeMs() int64 {
@@ -1452,7 +1560,7 @@ type StreamInfo struct {
 
 func (x *StreamInfo) Reset() {
 	*x = StreamInfo{}
-	mi := &file_geolog_v1_log_proto_msgTypes[10]
+	mi := &file_geolog_v1_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1572,7 @@ func (x *StreamInfo) String() string {
 func (*StreamInfo) ProtoMessage() {}
 
 func (x *StreamInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[10]
+	mi := &file_geolog_v1_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1585,7 @@ func (x *StreamInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamInfo.ProtoReflect.Descriptor instead.
 func (*StreamInfo) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{10}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StreamInfo) GetName() string {
@@ -1583,7 +1691,7 @@ type RangeInfo struct {
 
 func (x *RangeInfo) Reset() {
 	*x = RangeInfo{}
-	mi := &file_geolog_v1_log_proto_msgTypes[11]
+	mi := &file_geolog_v1_log_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1703,7 @@ func (x *RangeInfo) String() string {
 func (*RangeInfo) ProtoMessage() {}
 
 func (x *RangeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[11]
+	mi := &file_geolog_v1_log_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1716,7 @@ func (x *RangeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeInfo.ProtoReflect.Descriptor instead.
 func (*RangeInfo) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{11}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RangeInfo) GetRange() uint32 {
@@ -1734,7 +1842,7 @@ type RegionProgress struct {
 
 func (x *RegionProgress) Reset() {
 	*x = RegionProgress{}
-	mi := &file_geolog_v1_log_proto_msgTypes[12]
+	mi := &file_geolog_v1_log_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1854,7 @@ func (x *RegionProgress) String() string {
 func (*RegionProgress) ProtoMessage() {}
 
 func (x *RegionProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[12]
+	mi := &file_geolog_v1_log_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1867,7 @@ func (x *RegionProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionProgress.ProtoReflect.Descriptor instead.
 func (*RegionProgress) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{12}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RegionProgress) GetRegion() string {
@@ -1838,7 +1946,7 @@ type CreateStreamRequest struct {
 
 func (x *CreateStreamRequest) Reset() {
 	*x = CreateStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[13]
+	mi := &file_geolog_v1_log_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +1958,7 @@ func (x *CreateStreamRequest) String() string {
 func (*CreateStreamRequest) ProtoMessage() {}
 
 func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[13]
+	mi := &file_geolog_v1_log_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +1971,7 @@ func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateStreamRequest.ProtoReflect.Descriptor instead.
 func (*CreateStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{13}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateStreamRequest) GetName() string {
@@ -1931,7 +2039,7 @@ type CreateStreamResponse struct {
 
 func (x *CreateStreamResponse) Reset() {
 	*x = CreateStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[14]
+	mi := &file_geolog_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1943,7 +2051,7 @@ func (x *CreateStreamResponse) String() string {
 func (*CreateStreamResponse) ProtoMessage() {}
 
 func (x *CreateStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[14]
+	mi := &file_geolog_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1956,7 +2064,7 @@ func (x *CreateStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateStreamResponse.ProtoReflect.Descriptor instead.
 func (*CreateStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{14}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateStreamResponse) GetStream() *StreamInfo {
@@ -1974,7 +2082,7 @@ type ListStreamsRequest struct {
 
 func (x *ListStreamsRequest) Reset() {
 	*x = ListStreamsRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[15]
+	mi := &file_geolog_v1_log_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2094,7 @@ func (x *ListStreamsRequest) String() string {
 func (*ListStreamsRequest) ProtoMessage() {}
 
 func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[15]
+	mi := &file_geolog_v1_log_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2107,7 @@ func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsRequest.ProtoReflect.Descriptor instead.
 func (*ListStreamsRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{15}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{16}
 }
 
 type ListStreamsResponse struct {
@@ -2011,7 +2119,7 @@ type ListStreamsResponse struct {
 
 func (x *ListStreamsResponse) Reset() {
 	*x = ListStreamsResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[16]
+	mi := &file_geolog_v1_log_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2023,7 +2131,7 @@ func (x *ListStreamsResponse) String() string {
 func (*ListStreamsResponse) ProtoMessage() {}
 
 func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[16]
+	mi := &file_geolog_v1_log_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2036,7 +2144,7 @@ func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsResponse.ProtoReflect.Descriptor instead.
 func (*ListStreamsResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{16}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListStreamsResponse) GetStreams() []*StreamInfo {
@@ -2055,7 +2163,7 @@ type DescribeStreamRequest struct {
 
 func (x *DescribeStreamRequest) Reset() {
 	*x = DescribeStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[17]
+	mi := &file_geolog_v1_log_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2067,7 +2175,7 @@ func (x *DescribeStreamRequest) String() string {
 func (*DescribeStreamRequest) ProtoMessage() {}
 
 func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[17]
+	mi := &file_geolog_v1_log_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2080,7 +2188,7 @@ func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeStreamRequest.ProtoReflect.Descriptor instead.
 func (*DescribeStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{17}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DescribeStreamRequest) GetName() string {
@@ -2105,7 +2213,7 @@ type DescribeStreamResponse struct {
 
 func (x *DescribeStreamResponse) Reset() {
 	*x = DescribeStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[18]
+	mi := &file_geolog_v1_log_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2225,7 @@ func (x *DescribeStreamResponse) String() string {
 func (*DescribeStreamResponse) ProtoMessage() {}
 
 func (x *DescribeStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[18]
+	mi := &file_geolog_v1_log_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2238,7 @@ func (x *DescribeStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeStreamResponse.ProtoReflect.Descriptor instead.
 func (*DescribeStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{18}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DescribeStreamResponse) GetStream() *StreamInfo {
@@ -2200,7 +2308,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_geolog_v1_log_proto_msgTypes[19]
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +2320,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[19]
+	mi := &file_geolog_v1_log_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +2333,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{19}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ErrorDetail) GetCode() ErrorCode {
@@ -2336,7 +2444,7 @@ type ListOrphansRequest struct {
 
 func (x *ListOrphansRequest) Reset() {
 	*x = ListOrphansRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2348,7 +2456,7 @@ func (x *ListOrphansRequest) String() string {
 func (*ListOrphansRequest) ProtoMessage() {}
 
 func (x *ListOrphansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[20]
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2361,7 +2469,7 @@ func (x *ListOrphansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOrphansRequest.ProtoReflect.Descriptor instead.
 func (*ListOrphansRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{20}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListOrphansRequest) GetStream() string {
@@ -2399,7 +2507,7 @@ type OrphanFork struct {
 
 func (x *OrphanFork) Reset() {
 	*x = OrphanFork{}
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2519,7 @@ func (x *OrphanFork) String() string {
 func (*OrphanFork) ProtoMessage() {}
 
 func (x *OrphanFork) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2532,7 @@ func (x *OrphanFork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OrphanFork.ProtoReflect.Descriptor instead.
 func (*OrphanFork) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *OrphanFork) GetRange() uint32 {
@@ -2507,7 +2615,7 @@ type ListOrphansResponse struct {
 
 func (x *ListOrphansResponse) Reset() {
 	*x = ListOrphansResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2627,7 @@ func (x *ListOrphansResponse) String() string {
 func (*ListOrphansResponse) ProtoMessage() {}
 
 func (x *ListOrphansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2640,7 @@ func (x *ListOrphansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOrphansResponse.ProtoReflect.Descriptor instead.
 func (*ListOrphansResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListOrphansResponse) GetForks() []*OrphanFork {
@@ -2570,7 +2678,7 @@ type ReadOrphansRequest struct {
 
 func (x *ReadOrphansRequest) Reset() {
 	*x = ReadOrphansRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2582,7 +2690,7 @@ func (x *ReadOrphansRequest) String() string {
 func (*ReadOrphansRequest) ProtoMessage() {}
 
 func (x *ReadOrphansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2595,7 +2703,7 @@ func (x *ReadOrphansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOrphansRequest.ProtoReflect.Descriptor instead.
 func (*ReadOrphansRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadOrphansRequest) GetStream() string {
@@ -2646,7 +2754,7 @@ type ReadOrphansResponse struct {
 
 func (x *ReadOrphansResponse) Reset() {
 	*x = ReadOrphansResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2766,7 @@ func (x *ReadOrphansResponse) String() string {
 func (*ReadOrphansResponse) ProtoMessage() {}
 
 func (x *ReadOrphansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2779,7 @@ func (x *ReadOrphansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOrphansResponse.ProtoReflect.Descriptor instead.
 func (*ReadOrphansResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadOrphansResponse) GetRecords() []*StoredRecord {
@@ -2709,7 +2817,7 @@ type RehomeRequest struct {
 
 func (x *RehomeRequest) Reset() {
 	*x = RehomeRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2721,7 +2829,7 @@ func (x *RehomeRequest) String() string {
 func (*RehomeRequest) ProtoMessage() {}
 
 func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2734,7 +2842,7 @@ func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeRequest.ProtoReflect.Descriptor instead.
 func (*RehomeRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RehomeRequest) GetStream() string {
@@ -2787,7 +2895,7 @@ type RangeRehome struct {
 
 func (x *RangeRehome) Reset() {
 	*x = RangeRehome{}
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +2907,7 @@ func (x *RangeRehome) String() string {
 func (*RangeRehome) ProtoMessage() {}
 
 func (x *RangeRehome) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +2920,7 @@ func (x *RangeRehome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeRehome.ProtoReflect.Descriptor instead.
 func (*RangeRehome) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RangeRehome) GetRange() uint32 {
@@ -2897,7 +3005,7 @@ type RehomePhases struct {
 
 func (x *RehomePhases) Reset() {
 	*x = RehomePhases{}
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3017,7 @@ func (x *RehomePhases) String() string {
 func (*RehomePhases) ProtoMessage() {}
 
 func (x *RehomePhases) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3030,7 @@ func (x *RehomePhases) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomePhases.ProtoReflect.Descriptor instead.
 func (*RehomePhases) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RehomePhases) GetPrepareMicros() int64 {
@@ -2976,7 +3084,7 @@ type RehomeResponse struct {
 
 func (x *RehomeResponse) Reset() {
 	*x = RehomeResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2988,7 +3096,7 @@ func (x *RehomeResponse) String() string {
 func (*RehomeResponse) ProtoMessage() {}
 
 func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3001,7 +3109,7 @@ func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeResponse.ProtoReflect.Descriptor instead.
 func (*RehomeResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RehomeResponse) GetRanges() []*RangeRehome {
@@ -3035,7 +3143,7 @@ type RefreshHomesRequest struct {
 
 func (x *RefreshHomesRequest) Reset() {
 	*x = RefreshHomesRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3155,7 @@ func (x *RefreshHomesRequest) String() string {
 func (*RefreshHomesRequest) ProtoMessage() {}
 
 func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3168,7 @@ func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesRequest.ProtoReflect.Descriptor instead.
 func (*RefreshHomesRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RefreshHomesRequest) GetStream() string {
@@ -3103,7 +3211,7 @@ type RegionHomes struct {
 
 func (x *RegionHomes) Reset() {
 	*x = RegionHomes{}
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3115,7 +3223,7 @@ func (x *RegionHomes) String() string {
 func (*RegionHomes) ProtoMessage() {}
 
 func (x *RegionHomes) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3128,7 +3236,7 @@ func (x *RegionHomes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionHomes.ProtoReflect.Descriptor instead.
 func (*RegionHomes) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RegionHomes) GetRegion() string {
@@ -3169,7 +3277,7 @@ type HomeRecord struct {
 
 func (x *HomeRecord) Reset() {
 	*x = HomeRecord{}
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3181,7 +3289,7 @@ func (x *HomeRecord) String() string {
 func (*HomeRecord) ProtoMessage() {}
 
 func (x *HomeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3194,7 +3302,7 @@ func (x *HomeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HomeRecord.ProtoReflect.Descriptor instead.
 func (*HomeRecord) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HomeRecord) GetStream() string {
@@ -3268,7 +3376,7 @@ type RefreshHomesResponse struct {
 
 func (x *RefreshHomesResponse) Reset() {
 	*x = RefreshHomesResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3280,7 +3388,7 @@ func (x *RefreshHomesResponse) String() string {
 func (*RefreshHomesResponse) ProtoMessage() {}
 
 func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3293,7 +3401,7 @@ func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesResponse.ProtoReflect.Descriptor instead.
 func (*RefreshHomesResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RefreshHomesResponse) GetHomesVersion() uint64 {
@@ -3327,7 +3435,7 @@ type RangeTail struct {
 
 func (x *RangeTail) Reset() {
 	*x = RangeTail{}
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3339,7 +3447,7 @@ func (x *RangeTail) String() string {
 func (*RangeTail) ProtoMessage() {}
 
 func (x *RangeTail) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3352,7 +3460,7 @@ func (x *RangeTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeTail.ProtoReflect.Descriptor instead.
 func (*RangeTail) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RangeTail) GetRange() uint32 {
@@ -3382,7 +3490,7 @@ type ChangeReplicasRequest struct {
 
 func (x *ChangeReplicasRequest) Reset() {
 	*x = ChangeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3394,7 +3502,7 @@ func (x *ChangeReplicasRequest) String() string {
 func (*ChangeReplicasRequest) ProtoMessage() {}
 
 func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3407,7 +3515,7 @@ func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ChangeReplicasRequest) GetStream() string {
@@ -3448,7 +3556,7 @@ type ChangeReplicasResponse struct {
 
 func (x *ChangeReplicasResponse) Reset() {
 	*x = ChangeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3460,7 +3568,7 @@ func (x *ChangeReplicasResponse) String() string {
 func (*ChangeReplicasResponse) ProtoMessage() {}
 
 func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3473,7 +3581,7 @@ func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ChangeReplicasResponse) GetVoters() []uint64 {
@@ -3500,7 +3608,7 @@ type DescribeReplicasRequest struct {
 
 func (x *DescribeReplicasRequest) Reset() {
 	*x = DescribeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[36]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3512,7 +3620,7 @@ func (x *DescribeReplicasRequest) String() string {
 func (*DescribeReplicasRequest) ProtoMessage() {}
 
 func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[36]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3525,7 +3633,7 @@ func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{36}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DescribeReplicasRequest) GetStream() string {
@@ -3556,7 +3664,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_geolog_v1_log_proto_msgTypes[37]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3568,7 +3676,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[37]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3581,7 +3689,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{37}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReplicaStatus) GetNodeId() uint64 {
@@ -3626,7 +3734,7 @@ type DescribeReplicasResponse struct {
 
 func (x *DescribeReplicasResponse) Reset() {
 	*x = DescribeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[38]
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3638,7 +3746,7 @@ func (x *DescribeReplicasResponse) String() string {
 func (*DescribeReplicasResponse) ProtoMessage() {}
 
 func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[38]
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3651,7 +3759,7 @@ func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{38}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
@@ -3699,7 +3807,7 @@ type EpochStart struct {
 
 func (x *EpochStart) Reset() {
 	*x = EpochStart{}
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3711,7 +3819,7 @@ func (x *EpochStart) String() string {
 func (*EpochStart) ProtoMessage() {}
 
 func (x *EpochStart) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3724,7 +3832,7 @@ func (x *EpochStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochStart.ProtoReflect.Descriptor instead.
 func (*EpochStart) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *EpochStart) GetEpoch() uint64 {
@@ -3774,7 +3882,7 @@ type NodeOrphans struct {
 
 func (x *NodeOrphans) Reset() {
 	*x = NodeOrphans{}
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3786,7 +3894,7 @@ func (x *NodeOrphans) String() string {
 func (*NodeOrphans) ProtoMessage() {}
 
 func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3799,7 +3907,7 @@ func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeOrphans.ProtoReflect.Descriptor instead.
 func (*NodeOrphans) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodeOrphans) GetRegion() string {
@@ -3846,7 +3954,7 @@ type DeleteStreamRequest struct {
 
 func (x *DeleteStreamRequest) Reset() {
 	*x = DeleteStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3858,7 +3966,7 @@ func (x *DeleteStreamRequest) String() string {
 func (*DeleteStreamRequest) ProtoMessage() {}
 
 func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3871,7 +3979,7 @@ func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteStreamRequest) GetName() string {
@@ -3889,7 +3997,7 @@ type DeleteStreamResponse struct {
 
 func (x *DeleteStreamResponse) Reset() {
 	*x = DeleteStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3901,7 +4009,7 @@ func (x *DeleteStreamResponse) String() string {
 func (*DeleteStreamResponse) ProtoMessage() {}
 
 func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3914,7 +4022,7 @@ func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
 }
 
 type AlterStreamRequest struct {
@@ -3930,7 +4038,7 @@ type AlterStreamRequest struct {
 
 func (x *AlterStreamRequest) Reset() {
 	*x = AlterStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3942,7 +4050,7 @@ func (x *AlterStreamRequest) String() string {
 func (*AlterStreamRequest) ProtoMessage() {}
 
 func (x *AlterStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3955,7 +4063,7 @@ func (x *AlterStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterStreamRequest.ProtoReflect.Descriptor instead.
 func (*AlterStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AlterStreamRequest) GetName() string {
@@ -3988,7 +4096,7 @@ type AlterStreamResponse struct {
 
 func (x *AlterStreamResponse) Reset() {
 	*x = AlterStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4000,7 +4108,7 @@ func (x *AlterStreamResponse) String() string {
 func (*AlterStreamResponse) ProtoMessage() {}
 
 func (x *AlterStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4013,7 +4121,7 @@ func (x *AlterStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterStreamResponse.ProtoReflect.Descriptor instead.
 func (*AlterStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AlterStreamResponse) GetStream() *StreamInfo {
@@ -4039,7 +4147,7 @@ type CompactionPolicy struct {
 
 func (x *CompactionPolicy) Reset() {
 	*x = CompactionPolicy{}
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4051,7 +4159,7 @@ func (x *CompactionPolicy) String() string {
 func (*CompactionPolicy) ProtoMessage() {}
 
 func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4064,7 +4172,7 @@ func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
 func (*CompactionPolicy) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CompactionPolicy) GetDeleteRetentionMs() int64 {
@@ -4104,7 +4212,7 @@ type AclRule struct {
 
 func (x *AclRule) Reset() {
 	*x = AclRule{}
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4116,7 +4224,7 @@ func (x *AclRule) String() string {
 func (*AclRule) ProtoMessage() {}
 
 func (x *AclRule) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4129,7 +4237,7 @@ func (x *AclRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclRule.ProtoReflect.Descriptor instead.
 func (*AclRule) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AclRule) GetPrincipal() string {
@@ -4176,7 +4284,7 @@ type PutAclRequest struct {
 
 func (x *PutAclRequest) Reset() {
 	*x = PutAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4188,7 +4296,7 @@ func (x *PutAclRequest) String() string {
 func (*PutAclRequest) ProtoMessage() {}
 
 func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4201,7 +4309,7 @@ func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclRequest.ProtoReflect.Descriptor instead.
 func (*PutAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *PutAclRequest) GetRule() *AclRule {
@@ -4220,7 +4328,7 @@ type PutAclResponse struct {
 
 func (x *PutAclResponse) Reset() {
 	*x = PutAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4232,7 +4340,7 @@ func (x *PutAclResponse) String() string {
 func (*PutAclResponse) ProtoMessage() {}
 
 func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4245,7 +4353,7 @@ func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclResponse.ProtoReflect.Descriptor instead.
 func (*PutAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *PutAclResponse) GetRule() *AclRule {
@@ -4265,7 +4373,7 @@ type DeleteAclRequest struct {
 
 func (x *DeleteAclRequest) Reset() {
 	*x = DeleteAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4277,7 +4385,7 @@ func (x *DeleteAclRequest) String() string {
 func (*DeleteAclRequest) ProtoMessage() {}
 
 func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4290,7 +4398,7 @@ func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeleteAclRequest) GetPrincipal() string {
@@ -4317,7 +4425,7 @@ type DeleteAclResponse struct {
 
 func (x *DeleteAclResponse) Reset() {
 	*x = DeleteAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4329,7 +4437,7 @@ func (x *DeleteAclResponse) String() string {
 func (*DeleteAclResponse) ProtoMessage() {}
 
 func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4342,7 +4450,7 @@ func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DeleteAclResponse) GetExisted() bool {
@@ -4363,7 +4471,7 @@ type ListAclsRequest struct {
 
 func (x *ListAclsRequest) Reset() {
 	*x = ListAclsRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[51]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4375,7 +4483,7 @@ func (x *ListAclsRequest) String() string {
 func (*ListAclsRequest) ProtoMessage() {}
 
 func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[51]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4388,7 +4496,7 @@ func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsRequest.ProtoReflect.Descriptor instead.
 func (*ListAclsRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{51}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListAclsRequest) GetResource() string {
@@ -4407,7 +4515,7 @@ type ListAclsResponse struct {
 
 func (x *ListAclsResponse) Reset() {
 	*x = ListAclsResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[52]
+	mi := &file_geolog_v1_log_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4419,7 +4527,7 @@ func (x *ListAclsResponse) String() string {
 func (*ListAclsResponse) ProtoMessage() {}
 
 func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[52]
+	mi := &file_geolog_v1_log_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4432,7 +4540,7 @@ func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsResponse.ProtoReflect.Descriptor instead.
 func (*ListAclsResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{52}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListAclsResponse) GetRules() []*AclRule {
@@ -4464,7 +4572,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x18producer_time_unix_nanos\x18\x05 \x01(\x03R\x15producerTimeUnixNanos\x123\n" +
 	"\x16append_time_unix_nanos\x18\x06 \x01(\x03R\x13appendTimeUnixNanos\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x1c\n" +
-	"\ttombstone\x18\b \x01(\bR\ttombstone\"\xcf\x01\n" +
+	"\ttombstone\x18\b \x01(\bR\ttombstone\"\xf0\x01\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12+\n" +
@@ -4473,7 +4581,16 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"producerId\x12#\n" +
 	"\rbase_sequence\x18\x05 \x01(\x04R\fbaseSequence\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\x04R\trequestId\"\x8a\x02\n" +
+	"request_id\x18\x06 \x01(\x04R\trequestId\x12\x1f\n" +
+	"\vwant_timing\x18\a \x01(\bR\n" +
+	"wantTiming\"\xc6\x01\n" +
+	"\fAppendTiming\x12'\n" +
+	"\x0fadmission_nanos\x18\x01 \x01(\x04R\x0eadmissionNanos\x12\x1f\n" +
+	"\vqueue_nanos\x18\x02 \x01(\x04R\n" +
+	"queueNanos\x12,\n" +
+	"\x12leader_write_nanos\x18\x03 \x01(\x04R\x10leaderWriteNanos\x12!\n" +
+	"\fquorum_nanos\x18\x04 \x01(\x04R\vquorumNanos\x12\x1b\n" +
+	"\tack_nanos\x18\x05 \x01(\x04R\backNanos\"\xbb\x02\n" +
 	"\x0eAppendResponse\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x1f\n" +
@@ -4483,7 +4600,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x123\n" +
 	"\x16append_time_unix_nanos\x18\x05 \x01(\x03R\x13appendTimeUnixNanos\x12\x1c\n" +
 	"\tduplicate\x18\x06 \x01(\bR\tduplicate\x12,\n" +
-	"\x05error\x18\a \x01(\v2\x16.geolog.v1.ErrorDetailR\x05error\"\x92\x02\n" +
+	"\x05error\x18\a \x01(\v2\x16.geolog.v1.ErrorDetailR\x05error\x12/\n" +
+	"\x06timing\x18\b \x01(\v2\x17.geolog.v1.AppendTimingR\x06timing\"\x92\x02\n" +
 	"\vReadRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12\x1f\n" +
@@ -4867,7 +4985,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -4879,135 +4997,137 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*Record)(nil),                   // 7: geolog.v1.Record
 	(*StoredRecord)(nil),             // 8: geolog.v1.StoredRecord
 	(*AppendRequest)(nil),            // 9: geolog.v1.AppendRequest
-	(*AppendResponse)(nil),           // 10: geolog.v1.AppendResponse
-	(*ReadRequest)(nil),              // 11: geolog.v1.ReadRequest
-	(*ReadResponse)(nil),             // 12: geolog.v1.ReadResponse
-	(*SubscribeRequest)(nil),         // 13: geolog.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 14: geolog.v1.SubscribeResponse
-	(*RetentionPolicy)(nil),          // 15: geolog.v1.RetentionPolicy
-	(*StreamInfo)(nil),               // 16: geolog.v1.StreamInfo
-	(*RangeInfo)(nil),                // 17: geolog.v1.RangeInfo
-	(*RegionProgress)(nil),           // 18: geolog.v1.RegionProgress
-	(*CreateStreamRequest)(nil),      // 19: geolog.v1.CreateStreamRequest
-	(*CreateStreamResponse)(nil),     // 20: geolog.v1.CreateStreamResponse
-	(*ListStreamsRequest)(nil),       // 21: geolog.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),      // 22: geolog.v1.ListStreamsResponse
-	(*DescribeStreamRequest)(nil),    // 23: geolog.v1.DescribeStreamRequest
-	(*DescribeStreamResponse)(nil),   // 24: geolog.v1.DescribeStreamResponse
-	(*ErrorDetail)(nil),              // 25: geolog.v1.ErrorDetail
-	(*ListOrphansRequest)(nil),       // 26: geolog.v1.ListOrphansRequest
-	(*OrphanFork)(nil),               // 27: geolog.v1.OrphanFork
-	(*ListOrphansResponse)(nil),      // 28: geolog.v1.ListOrphansResponse
-	(*ReadOrphansRequest)(nil),       // 29: geolog.v1.ReadOrphansRequest
-	(*ReadOrphansResponse)(nil),      // 30: geolog.v1.ReadOrphansResponse
-	(*RehomeRequest)(nil),            // 31: geolog.v1.RehomeRequest
-	(*RangeRehome)(nil),              // 32: geolog.v1.RangeRehome
-	(*RehomePhases)(nil),             // 33: geolog.v1.RehomePhases
-	(*RehomeResponse)(nil),           // 34: geolog.v1.RehomeResponse
-	(*RefreshHomesRequest)(nil),      // 35: geolog.v1.RefreshHomesRequest
-	(*RegionHomes)(nil),              // 36: geolog.v1.RegionHomes
-	(*HomeRecord)(nil),               // 37: geolog.v1.HomeRecord
-	(*RefreshHomesResponse)(nil),     // 38: geolog.v1.RefreshHomesResponse
-	(*RangeTail)(nil),                // 39: geolog.v1.RangeTail
-	(*ChangeReplicasRequest)(nil),    // 40: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 41: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 42: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 43: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 44: geolog.v1.DescribeReplicasResponse
-	(*EpochStart)(nil),               // 45: geolog.v1.EpochStart
-	(*NodeOrphans)(nil),              // 46: geolog.v1.NodeOrphans
-	(*DeleteStreamRequest)(nil),      // 47: geolog.v1.DeleteStreamRequest
-	(*DeleteStreamResponse)(nil),     // 48: geolog.v1.DeleteStreamResponse
-	(*AlterStreamRequest)(nil),       // 49: geolog.v1.AlterStreamRequest
-	(*AlterStreamResponse)(nil),      // 50: geolog.v1.AlterStreamResponse
-	(*CompactionPolicy)(nil),         // 51: geolog.v1.CompactionPolicy
-	(*AclRule)(nil),                  // 52: geolog.v1.AclRule
-	(*PutAclRequest)(nil),            // 53: geolog.v1.PutAclRequest
-	(*PutAclResponse)(nil),           // 54: geolog.v1.PutAclResponse
-	(*DeleteAclRequest)(nil),         // 55: geolog.v1.DeleteAclRequest
-	(*DeleteAclResponse)(nil),        // 56: geolog.v1.DeleteAclResponse
-	(*ListAclsRequest)(nil),          // 57: geolog.v1.ListAclsRequest
-	(*ListAclsResponse)(nil),         // 58: geolog.v1.ListAclsResponse
+	(*AppendTiming)(nil),             // 10: geolog.v1.AppendTiming
+	(*AppendResponse)(nil),           // 11: geolog.v1.AppendResponse
+	(*ReadRequest)(nil),              // 12: geolog.v1.ReadRequest
+	(*ReadResponse)(nil),             // 13: geolog.v1.ReadResponse
+	(*SubscribeRequest)(nil),         // 14: geolog.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 15: geolog.v1.SubscribeResponse
+	(*RetentionPolicy)(nil),          // 16: geolog.v1.RetentionPolicy
+	(*StreamInfo)(nil),               // 17: geolog.v1.StreamInfo
+	(*RangeInfo)(nil),                // 18: geolog.v1.RangeInfo
+	(*RegionProgress)(nil),           // 19: geolog.v1.RegionProgress
+	(*CreateStreamRequest)(nil),      // 20: geolog.v1.CreateStreamRequest
+	(*CreateStreamResponse)(nil),     // 21: geolog.v1.CreateStreamResponse
+	(*ListStreamsRequest)(nil),       // 22: geolog.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),      // 23: geolog.v1.ListStreamsResponse
+	(*DescribeStreamRequest)(nil),    // 24: geolog.v1.DescribeStreamRequest
+	(*DescribeStreamResponse)(nil),   // 25: geolog.v1.DescribeStreamResponse
+	(*ErrorDetail)(nil),              // 26: geolog.v1.ErrorDetail
+	(*ListOrphansRequest)(nil),       // 27: geolog.v1.ListOrphansRequest
+	(*OrphanFork)(nil),               // 28: geolog.v1.OrphanFork
+	(*ListOrphansResponse)(nil),      // 29: geolog.v1.ListOrphansResponse
+	(*ReadOrphansRequest)(nil),       // 30: geolog.v1.ReadOrphansRequest
+	(*ReadOrphansResponse)(nil),      // 31: geolog.v1.ReadOrphansResponse
+	(*RehomeRequest)(nil),            // 32: geolog.v1.RehomeRequest
+	(*RangeRehome)(nil),              // 33: geolog.v1.RangeRehome
+	(*RehomePhases)(nil),             // 34: geolog.v1.RehomePhases
+	(*RehomeResponse)(nil),           // 35: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 36: geolog.v1.RefreshHomesRequest
+	(*RegionHomes)(nil),              // 37: geolog.v1.RegionHomes
+	(*HomeRecord)(nil),               // 38: geolog.v1.HomeRecord
+	(*RefreshHomesResponse)(nil),     // 39: geolog.v1.RefreshHomesResponse
+	(*RangeTail)(nil),                // 40: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 41: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 42: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 43: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 44: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 45: geolog.v1.DescribeReplicasResponse
+	(*EpochStart)(nil),               // 46: geolog.v1.EpochStart
+	(*NodeOrphans)(nil),              // 47: geolog.v1.NodeOrphans
+	(*DeleteStreamRequest)(nil),      // 48: geolog.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),     // 49: geolog.v1.DeleteStreamResponse
+	(*AlterStreamRequest)(nil),       // 50: geolog.v1.AlterStreamRequest
+	(*AlterStreamResponse)(nil),      // 51: geolog.v1.AlterStreamResponse
+	(*CompactionPolicy)(nil),         // 52: geolog.v1.CompactionPolicy
+	(*AclRule)(nil),                  // 53: geolog.v1.AclRule
+	(*PutAclRequest)(nil),            // 54: geolog.v1.PutAclRequest
+	(*PutAclResponse)(nil),           // 55: geolog.v1.PutAclResponse
+	(*DeleteAclRequest)(nil),         // 56: geolog.v1.DeleteAclRequest
+	(*DeleteAclResponse)(nil),        // 57: geolog.v1.DeleteAclResponse
+	(*ListAclsRequest)(nil),          // 58: geolog.v1.ListAclsRequest
+	(*ListAclsResponse)(nil),         // 59: geolog.v1.ListAclsResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	6,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
 	6,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
 	7,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
-	25, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
-	0,  // 4: geolog.v1.ReadRequest.consistency:type_name -> geolog.v1.Consistency
-	8,  // 5: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
-	8,  // 6: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
-	15, // 7: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
-	5,  // 8: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
-	51, // 9: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
-	18, // 10: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
-	45, // 11: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
-	15, // 12: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
-	5,  // 13: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
-	51, // 14: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
-	16, // 15: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	16, // 16: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
-	16, // 17: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	17, // 18: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
-	1,  // 19: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
-	4,  // 20: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
-	27, // 21: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
-	46, // 22: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
-	8,  // 23: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
-	33, // 24: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
-	32, // 25: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	36, // 26: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
-	37, // 27: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
-	39, // 28: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
-	2,  // 29: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	43, // 30: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	3,  // 31: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
-	27, // 32: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
-	16, // 33: geolog.v1.AlterStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	52, // 34: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
-	52, // 35: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
-	52, // 36: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
-	9,  // 37: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	9,  // 38: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	11, // 39: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	13, // 40: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	19, // 41: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	21, // 42: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	23, // 43: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	47, // 44: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
-	49, // 45: geolog.v1.Log.AlterStream:input_type -> geolog.v1.AlterStreamRequest
-	40, // 46: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	42, // 47: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	31, // 48: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	35, // 49: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	26, // 50: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	29, // 51: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	53, // 52: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
-	55, // 53: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
-	57, // 54: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
-	10, // 55: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	10, // 56: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	12, // 57: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	14, // 58: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	20, // 59: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	22, // 60: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	24, // 61: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	48, // 62: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
-	50, // 63: geolog.v1.Log.AlterStream:output_type -> geolog.v1.AlterStreamResponse
-	41, // 64: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	44, // 65: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	34, // 66: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	38, // 67: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	28, // 68: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	30, // 69: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	54, // 70: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
-	56, // 71: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
-	58, // 72: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
-	55, // [55:73] is the sub-list for method output_type
-	37, // [37:55] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	26, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
+	10, // 4: geolog.v1.AppendResponse.timing:type_name -> geolog.v1.AppendTiming
+	0,  // 5: geolog.v1.ReadRequest.consistency:type_name -> geolog.v1.Consistency
+	8,  // 6: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
+	8,  // 7: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
+	16, // 8: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
+	5,  // 9: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
+	52, // 10: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
+	19, // 11: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
+	46, // 12: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
+	16, // 13: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
+	5,  // 14: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
+	52, // 15: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
+	17, // 16: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	17, // 17: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
+	17, // 18: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	18, // 19: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
+	1,  // 20: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
+	4,  // 21: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
+	28, // 22: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
+	47, // 23: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
+	8,  // 24: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
+	34, // 25: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
+	33, // 26: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	37, // 27: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
+	38, // 28: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
+	40, // 29: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	2,  // 30: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	44, // 31: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	3,  // 32: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
+	28, // 33: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
+	17, // 34: geolog.v1.AlterStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	53, // 35: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
+	53, // 36: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
+	53, // 37: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
+	9,  // 38: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	9,  // 39: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	12, // 40: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	14, // 41: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	20, // 42: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	22, // 43: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	24, // 44: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	48, // 45: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	50, // 46: geolog.v1.Log.AlterStream:input_type -> geolog.v1.AlterStreamRequest
+	41, // 47: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	43, // 48: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	32, // 49: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	36, // 50: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	27, // 51: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	30, // 52: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	54, // 53: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
+	56, // 54: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
+	58, // 55: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
+	11, // 56: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	11, // 57: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	13, // 58: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	15, // 59: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	21, // 60: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	23, // 61: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	25, // 62: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	49, // 63: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	51, // 64: geolog.v1.Log.AlterStream:output_type -> geolog.v1.AlterStreamResponse
+	42, // 65: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	45, // 66: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	35, // 67: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	39, // 68: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	29, // 69: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	31, // 70: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	55, // 71: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
+	57, // 72: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
+	59, // 73: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
+	56, // [56:74] is the sub-list for method output_type
+	38, // [38:56] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -5015,20 +5135,20 @@ func file_geolog_v1_log_proto_init() {
 	if File_geolog_v1_log_proto != nil {
 		return
 	}
-	file_geolog_v1_log_proto_msgTypes[5].OneofWrappers = []any{}
-	file_geolog_v1_log_proto_msgTypes[7].OneofWrappers = []any{
+	file_geolog_v1_log_proto_msgTypes[6].OneofWrappers = []any{}
+	file_geolog_v1_log_proto_msgTypes[8].OneofWrappers = []any{
 		(*SubscribeRequest_FromOffset)(nil),
 		(*SubscribeRequest_FromTimeUnixNanos)(nil),
 	}
-	file_geolog_v1_log_proto_msgTypes[11].OneofWrappers = []any{}
-	file_geolog_v1_log_proto_msgTypes[43].OneofWrappers = []any{}
+	file_geolog_v1_log_proto_msgTypes[12].OneofWrappers = []any{}
+	file_geolog_v1_log_proto_msgTypes[44].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   53,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
