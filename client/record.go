@@ -99,7 +99,6 @@ func (t *Timing) Leader() time.Duration {
 // gRPC both ways (never below 0).
 func (t *Timing) Network() time.Duration { return max(t.RoundTrip-t.Leader(), 0) }
 
-
 // StoredRecord is a record as read back.
 type StoredRecord struct {
 	Range        uint32

@@ -447,7 +447,7 @@ func (d *rangeDriver) propose(op *appendOp) {
 			}
 			res := appendResult{baseOffset: r.BaseOffset, recordCount: r.RecordCount, epoch: r.Epoch,
 				appendTimeUnixNanos: r.AppendTimeUnixNanos, duplicate: r.Duplicate,
-				committedAt: time.Now(), durableAt: d.durable.durableAt(r.BaseOffset+uint64(r.RecordCount))}
+				committedAt: time.Now(), durableAt: d.durable.durableAt(r.BaseOffset + uint64(r.RecordCount))}
 			if d.holdAcks {
 				d.heldAcks = append(d.heldAcks, func() { op.reply(res) })
 				return
