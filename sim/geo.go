@@ -46,6 +46,23 @@ func (g GeoResult) String() string {
 		g.Cursors, g.Opens, g.Streams, g.Broken, g.TimedOut, g.Batches, g.Frames, g.Duplicates, g.Gaps, g.Refusals, g.Partitions, g.Dropped)
 }
 
+// add sums two runs' counters.
+func (g GeoResult) add(o GeoResult) GeoResult {
+	g.Cursors += o.Cursors
+	g.Opens += o.Opens
+	g.Streams += o.Streams
+	g.Broken += o.Broken
+	g.TimedOut += o.TimedOut
+	g.Batches += o.Batches
+	g.Frames += o.Frames
+	g.Duplicates += o.Duplicates
+	g.Gaps += o.Gaps
+	g.Refusals += o.Refusals
+	g.Partitions += o.Partitions
+	g.Dropped += o.Dropped
+	return g
+}
+
 // Virtual-time constants of replication between regions.
 const (
 	homeEpoch         = 1    // the one homing epoch of this layer (no failover yet)

@@ -38,6 +38,10 @@ type Options struct {
 	Regions int
 	// Logger receives the replicas' logs, default none.
 	Logger hclog.Logger
+	// tamper, in tests, is called after every step until it returns
+	// true: it breaks the system behind its checks, to show the checker
+	// finds what it broke.
+	tamper func(w *world) bool
 }
 
 // Result summarises a run.
@@ -214,6 +218,7 @@ type world struct {
 	// offset: what every mirror's frame at that offset must equal.
 	canonFrames []map[uint64][]byte
 	geo         *geoWorld // Regions > 1
+	tampered    bool
 	err         error
 }
 
@@ -549,6 +554,9 @@ func (w *world) step() {
 	}
 	if w.geo != nil {
 		w.geo.step()
+	}
+	if w.opt.tamper != nil && !w.tampered {
+		w.tampered = w.opt.tamper(w)
 	}
 	w.produce()
 	if w.err == nil {
