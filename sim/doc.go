@@ -56,7 +56,9 @@
 //     write may have left before).
 //  3. Between regions (geo.go, mirror.go): per (range, mirror region) a
 //     cursor owned by the home range's current leader (a new leader
-//     starts a new one); its Read actions read the owner's committed
+//     starts a new one; one time in two the deposed leader's ships on for
+//     up to 1.5 s, a zombie whose batches the mirror finds duplicated or
+//     overlapping and compares); its Read actions read the owner's committed
 //     frames, its batches and heartbeats travel on a stream to one node of
 //     the mirror region, in order, a per-link delay of 10-80 ms later.
 //     WAN faults: a message lost breaks its stream (both ends learn); a

@@ -24,9 +24,11 @@ import (
 
 // GeoResult counts what replication between regions did in a run.
 type GeoResult struct {
-	// Cursors counts the cursors started (one per link and home leader);
+	// Cursors counts the cursors started (one per route and home leader),
+	// Zombies those that shipped on a while after their node lost the
+	// lead;
 	// Opens the streams opened, Streams those the mirror answered.
-	Cursors, Opens, Streams int
+	Cursors, Zombies, Opens, Streams int
 	// Broken counts streams broken by WAN loss or a mirror node's crash;
 	// TimedOut those the source gave up on (a partition swallowed them).
 	Broken, TimedOut int
@@ -42,13 +44,14 @@ func (g GeoResult) String() string {
 	if g == (GeoResult{}) {
 		return ""
 	}
-	return fmt.Sprintf("; geo: %d cursors, %d streams opened (%d answered, %d broken, %d timed out), %d batches applied (%d frames), %d duplicates, %d gaps, %d other refusals, %d region partitions (%d WAN messages lost)",
-		g.Cursors, g.Opens, g.Streams, g.Broken, g.TimedOut, g.Batches, g.Frames, g.Duplicates, g.Gaps, g.Refusals, g.Partitions, g.Dropped)
+	return fmt.Sprintf("; geo: %d cursors (%d zombies), %d streams opened (%d answered, %d broken, %d timed out), %d batches applied (%d frames), %d duplicates, %d gaps, %d other refusals, %d region partitions (%d WAN messages lost)",
+		g.Cursors, g.Zombies, g.Opens, g.Streams, g.Broken, g.TimedOut, g.Batches, g.Frames, g.Duplicates, g.Gaps, g.Refusals, g.Partitions, g.Dropped)
 }
 
 // add sums two runs' counters.
 func (g GeoResult) add(o GeoResult) GeoResult {
 	g.Cursors += o.Cursors
+	g.Zombies += o.Zombies
 	g.Opens += o.Opens
 	g.Streams += o.Streams
 	g.Broken += o.Broken
@@ -69,6 +72,7 @@ const (
 	geoTickMs         = 100  // a cursor's heartbeat interval
 	geoTimeoutMs      = 1500 // a stream silent this long with requests in flight is given up (keepalive)
 	mirrorQueueMax    = 256  // requests a mirror node queues per range
+	zombieMsMax       = 1500 // how long a deposed leader's cursor may ship on
 	mirrorSettleMsMax = 30_000
 )
 
@@ -82,14 +86,24 @@ type geoWorld struct {
 	// the chance per virtual ms that a region is cut off the WAN.
 	lossP, partP float64
 	cutTill      []int64 // per region: cut off the WAN until then
-	links        []*link
+	routes       []*route
 	streamSeq    uint64
 	res          *GeoResult
 }
 
-// link is one (range, mirror region): its cursor and current stream.
+// route is one (range, mirror region): the link of the home's current
+// leader, and those of deposed leaders that have not noticed yet.
+type route struct {
+	rng, region int
+	live        *link
+	zombies     []*link
+}
+
+// link is one cursor of a route, on one home node, and its current
+// stream.
 type link struct {
 	rng, region int
+	until       int64 // a zombie's end
 	cur         *replicator.Cursor
 	owner       *node // the home leader driving cur
 	ownerGen    int
@@ -158,7 +172,7 @@ func newGeoWorld(w *world) *geoWorld {
 func (g *geoWorld) build() {
 	for r := 0; r < g.w.opt.Ranges; r++ {
 		for region := 1; region < g.w.opt.Regions; region++ {
-			g.links = append(g.links, &link{rng: r, region: region})
+			g.routes = append(g.routes, &route{rng: r, region: region})
 		}
 	}
 }
@@ -201,9 +215,9 @@ func (g *geoWorld) step() {
 			}
 		}
 	}
-	for _, l := range g.links {
+	for _, rt := range g.routes {
 		if g.w.err == nil {
-			g.drive(l)
+			g.driveRoute(rt)
 		}
 	}
 }
@@ -218,13 +232,66 @@ func (g *geoWorld) homeLeader(r int) *node {
 	return nil
 }
 
-// drive gives a link's cursor its owner, tail, ticks and timeouts, and
-// executes its actions.
+// driveRoute gives a route's live link to the home's current leader
+// (retiring the previous owner's, which may linger as a zombie), then
+// drives the live link and the zombies.
+func (g *geoWorld) driveRoute(rt *route) {
+	w := g.w
+	leader := g.homeLeader(rt.rng)
+	if l := rt.live; (l == nil && leader != nil) || (l != nil && (leader != l.owner || leader.gen != l.ownerGen)) {
+		if l != nil {
+			g.retire(rt, l)
+		}
+		rt.live = nil
+		if leader != nil {
+			rt.live = g.newLink(rt, leader)
+		}
+	}
+	if rt.live != nil {
+		g.drive(rt.live)
+	}
+	kept := rt.zombies[:0]
+	for _, z := range rt.zombies {
+		if w.now >= z.until || !z.owner.up || z.owner.gen != z.ownerGen {
+			g.stop(z)
+			continue
+		}
+		kept = append(kept, z)
+		g.drive(z)
+	}
+	rt.zombies = kept
+}
+
+// retire ends a deposed leader's link: at once, or (one time in two,
+// while its node lives) up to zombieMsMax later, as a deposed leader's
+// replicator.Task ships on until its driver notices. What it ships is
+// committed, so it is the home's; the mirror compares it (Overlap).
+func (g *geoWorld) retire(rt *route, l *link) {
+	w := g.w
+	if l.owner.up && l.owner.gen == l.ownerGen && w.rng.IntN(2) == 0 {
+		l.until = w.now + 1 + w.rng.Int64N(zombieMsMax)
+		rt.zombies = append(rt.zombies, l)
+		g.res.Zombies++
+		return
+	}
+	g.stop(l)
+}
+
+// stop ends a link's cursor and stream.
+func (g *geoWorld) stop(l *link) {
+	if l.cur != nil {
+		l.cur.Stop(errOwnerChanged)
+		l.cur.Ready()
+	}
+	g.endStream(l)
+	l.connectSeq++
+	l.cur = nil
+}
+
+// drive gives a link's cursor its tail, ticks and timeouts, and executes
+// its actions.
 func (g *geoWorld) drive(l *link) {
 	w := g.w
-	if leader := g.homeLeader(l.rng); leader != l.owner || (leader != nil && leader.gen != l.ownerGen) {
-		g.reown(l, leader)
-	}
 	if l.cur == nil {
 		return
 	}
@@ -255,33 +322,21 @@ var (
 	errOwnerChanged  = errors.New("sim: the home leader changed")
 )
 
-// reown hands a link to a new home leader (nil: none): the old cursor
-// and its stream end, a new cursor starts, as a replicator.Task per
-// leader does.
-func (g *geoWorld) reown(l *link, leader *node) {
+// newLink starts a cursor on leader for a route, as a new home leader
+// starts a replicator.Task per mirror region.
+func (g *geoWorld) newLink(rt *route, leader *node) *link {
 	w := g.w
-	if l.cur != nil {
-		l.cur.Stop(errOwnerChanged)
-		l.cur.Ready()
-	}
-	g.endStream(l)
-	l.connectSeq++
-	l.cur, l.owner = nil, leader
-	if leader == nil {
-		return
-	}
-	l.ownerGen = leader.gen
 	cur, err := replicator.NewCursor(replicator.CursorConfig{
 		Epoch: homeEpoch, Rand: rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())),
 		WindowBytes: 32 << 10, BatchBytesMax: 4 << 10, BackoffMax: 2 * time.Second,
 	})
 	if err != nil {
 		w.err = err
-		return
+		return nil
 	}
-	l.cur = cur
 	g.res.Cursors++
 	cur.Start()
+	return &link{rng: rt.rng, region: rt.region, cur: cur, owner: leader, ownerGen: leader.gen}
 }
 
 // endStream drops a link's current stream (its owner closes it).

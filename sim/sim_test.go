@@ -89,7 +89,7 @@ func simulate(t *testing.T, regions int) {
 	if len(seeds) >= 20 && (total.SegmentsCompacted == 0 || total.SnapshotsInstalled == 0) {
 		t.Fatal("no snapshot was installed in any run: compaction and catch-up went unexercised")
 	}
-	if g := total.Geo; regions > 1 && len(seeds) >= 20 && (g.Frames == 0 || g.Partitions == 0 || g.Broken == 0 || g.TimedOut == 0) {
+	if g := total.Geo; regions > 1 && len(seeds) >= 20 && (g.Frames == 0 || g.Partitions == 0 || g.Broken == 0 || g.TimedOut == 0 || g.Duplicates == 0) {
 		t.Fatalf("replication went unexercised: %v", g)
 	}
 }
