@@ -81,3 +81,20 @@ func TestMirrorCheckCatchesForgedFrames(t *testing.T) {
 		})
 	}
 }
+
+// TestMirrorCatchUpIsChecked: a run whose replication stops for good (its
+// routes dropped mid-run, behind the checks) fails the final check: the
+// mirrors did not catch up with the home.
+func TestMirrorCatchUpIsChecked(t *testing.T) {
+	_, err := Run(Options{Seed: 5, Steps: 1000, Regions: 2, tamper: func(w *world) bool {
+		if w.now < 500 {
+			return false
+		}
+		w.geo.routes = nil
+		return true
+	}})
+	if err == nil || !strings.Contains(err.Error(), "did not catch up") {
+		t.Fatalf("mirrors left behind went unnoticed: %v", err)
+	}
+	t.Log(err)
+}
