@@ -65,7 +65,9 @@
 //     whole region cut off the WAN for 0.2-2.2 s swallows its streams'
 //     messages (the source gives up on a stream silent for 1.5 s); a
 //     mirror node that crashed or does not lead its group ends or refuses
-//     the stream (NOT_LEADER with a hint). A mirror node serves a range's
+//     the stream (NOT_LEADER with a hint). A stream its source gave up on
+//     is closed behind what it sent: the mirror serves those requests
+//     first, beside the source's next stream. A mirror node serves a range's
 //     requests one at a time, as replicator.Server does, and answers a
 //     batch once its frames are committed in the mirror group.
 //  4. Heal everything and run until every producer's batches are acked

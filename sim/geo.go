@@ -68,12 +68,12 @@ func (g GeoResult) add(o GeoResult) GeoResult {
 
 // Virtual-time constants of replication between regions.
 const (
-	homeEpoch         = 1    // the one homing epoch of this layer (no failover yet)
-	geoTickMs         = 100  // a cursor's heartbeat interval
-	geoTimeoutMs      = 1500 // a stream silent this long with requests in flight is given up (keepalive)
-	mirrorQueueMax    = 256  // requests a mirror node queues per range
-	zombieMsMax       = 1500 // how long a deposed leader's cursor may ship on
-	mirrorSettleMsMax = 30_000
+	homeEpoch         = 1      // the one homing epoch of this layer (no failover yet)
+	geoTickMs         = 100    // a cursor's heartbeat interval
+	geoTimeoutMs      = 1500   // a stream silent this long with requests in flight is given up (keepalive)
+	mirrorQueueMax    = 256    // requests a mirror node queues per range
+	zombieMsMax       = 1500   // how long a deposed leader's cursor may ship on
+	mirrorSettleMsMax = 30_000 // virtual ms the final check gives mirrors to catch up
 )
 
 // geoWorld is the state of replication between regions.
@@ -120,6 +120,7 @@ type wanStream struct {
 	targetGen  int
 	open       bool    // the mirror answered the open
 	dead       bool    // broken or ended: nothing more travels on it
+	closing    bool    // the source closed it: it sends nothing more
 	blackholed bool    // a partition swallowed a message: nothing more arrives
 	openedAt   int64   // when the open was sent
 	sentAt     []int64 // when each unanswered request was sent (FIFO)
@@ -135,6 +136,7 @@ const (
 	gmOpened // the answer to an open
 	gmAnswer // the answer to a batch or heartbeat
 	gmReset  // the stream broke: the source learns it
+	gmClose  // the source closed the stream: the mirror learns it
 )
 
 // geoMsg is a message of a stream, or a link's delayed Connect.
@@ -339,12 +341,23 @@ func (g *geoWorld) newLink(rt *route, leader *node) *link {
 	return &link{rng: rt.rng, region: rt.region, cur: cur, owner: leader, ownerGen: leader.gen}
 }
 
-// endStream drops a link's current stream (its owner closes it).
+// endStream drops a link's current stream: its source closes it, and
+// the mirror learns of it once what was sent before the close arrived
+// (until then it serves them, and its answers go unheard).
 func (g *geoWorld) endStream(l *link) {
-	if l.stream != nil {
-		l.stream.dead = true
-		l.stream = nil
+	s := l.stream
+	l.stream = nil
+	if s == nil || s.dead || s.closing {
+		return
 	}
+	s.closing = true
+	w := g.w
+	if s.blackholed || g.partitioned(0) || g.partitioned(s.l.region) {
+		return // the close is lost too: nothing more reaches the mirror anyway
+	}
+	at := max(w.now+g.delayMs[0][s.l.region], s.upAt)
+	s.upAt = at
+	w.push(&event{at: at, kind: evGeo, geo: &geoMsg{kind: gmClose, s: s}})
 }
 
 // exec executes one cursor action.
@@ -419,7 +432,7 @@ func (g *geoWorld) connect(m *geoMsg) {
 // learn); otherwise it arrives a link delay later, in stream order.
 func (g *geoWorld) send(s *wanStream, m *geoMsg, up bool) {
 	w := g.w
-	if s == nil || s.dead {
+	if s == nil || s.dead || (up && s.closing) {
 		return
 	}
 	if s.blackholed {
@@ -474,6 +487,8 @@ func (g *geoWorld) deliver(m *geoMsg) {
 	switch m.kind {
 	case gmOpen, gmBatch, gmHeartbeat:
 		g.arrive(m)
+	case gmClose:
+		m.s.dead = true
 	default:
 		g.answered(m)
 	}
