@@ -63,7 +63,9 @@
 //     the mirror region, in order, a per-link delay of 10-80 ms later.
 //     WAN faults: a message lost breaks its stream (both ends learn); a
 //     whole region cut off the WAN for 0.2-2.2 s swallows its streams'
-//     messages (the source gives up on a stream silent for 1.5 s); a
+//     messages (the source gives up on a stream silent for 1.5 s), and so
+//     does a node partition one time in two (the others cut a node off
+//     its region only, and its streams go on); a
 //     mirror node that crashed or does not lead its group ends or refuses
 //     the stream (NOT_LEADER with a hint). A stream its source gave up on
 //     is closed behind what it sent: the mirror serves those requests

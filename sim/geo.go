@@ -198,6 +198,11 @@ func (g *geoWorld) injectFaults() {
 
 func (g *geoWorld) partitioned(region int) bool { return g.cutTill[region] > g.w.now }
 
+// offWAN reports whether node n is cut off from everything, the WAN
+// included (one node partition in two; the others cut it off from its
+// region only).
+func (g *geoWorld) offWAN(n *node) bool { return n.cutWAN && g.w.cut(n.region, n.id) }
+
 // floor is the lowest committed end any mirror replica of range r
 // published: the home keeps every segment at or past it.
 func (g *geoWorld) floor(r int) uint64 {
@@ -449,7 +454,8 @@ func (g *geoWorld) send(s *wanStream, m *geoMsg, up bool) {
 	if !up {
 		from, to = to, from
 	}
-	if g.partitioned(from) || g.partitioned(to) {
+	if g.partitioned(from) || g.partitioned(to) || g.offWAN(s.l.owner) || g.offWAN(s.target) {
+		// A region cut off the WAN, or either end cut off from everything.
 		s.blackholed = true
 		g.res.Dropped++
 		return

@@ -36,13 +36,13 @@ type mirrorQueue struct {
 // arrive queues a request at its mirror node; a node that is down, or
 // restarted since the open, has no such stream: the source learns it.
 func (g *geoWorld) arrive(m *geoMsg) {
-	w, s := g.w, m.s
+	s := m.s
 	if s.dead {
 		return
 	}
 	n := s.target
 	switch {
-	case w.cut(n.region, n.id):
+	case g.offWAN(n):
 		s.blackholed = true // unreachable: the stream stalls
 		g.res.Dropped++
 		return

@@ -134,6 +134,7 @@ type node struct {
 	writing []bool // per range: an evWrite is due
 	marking []bool // per range: an evMark is due
 	dying   bool   // a Sync was where the process died (syncCrashLog)
+	cutWAN  bool   // its partition cuts it off the WAN too (geo.go)
 	// mirror serving, per range (regions other than the home; geo.go):
 	// requests waiting for the one being applied, as the replicator's
 	// Server serializes a range's requests.
@@ -513,6 +514,9 @@ func (w *world) injectFaults() {
 	if w.rng.Float64() < w.cutP {
 		n := w.nodes[w.rng.IntN(len(w.nodes))]
 		n.cutTill = w.now + 100 + w.rng.Int64N(1500)
+		if w.geo != nil {
+			n.cutWAN = w.rng.IntN(2) == 0
+		}
 		w.res.Partitions++
 	}
 	if w.geo != nil {
