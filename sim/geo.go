@@ -388,7 +388,9 @@ func (g *geoWorld) exec(l *link, a replicator.Action) {
 // replicator.Task reads and ships them.
 func (g *geoWorld) read(l *link, a replicator.Action) {
 	rep, st := l.owner.replicas[l.rng], l.owner.stores[l.rng]
-	frames, err := st.ReadFrames(a.From, a.MaxBytes, rep.Committed())
+	committed := rep.Committed()
+	g.w.homeCommitted[l.rng] = max(g.w.homeCommitted[l.rng], committed)
+	frames, err := st.ReadFrames(a.From, a.MaxBytes, committed)
 	switch {
 	case err != nil:
 		l.cur.ReadFailed(err)

@@ -98,3 +98,41 @@ func TestMirrorCatchUpIsChecked(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestMirrorPastTheHomeIsChecked: a mirror that commits, behind the
+// checks, a frame past everything the home committed (a copy of the
+// home's last frame, at the mirror's end) is reported.
+func TestMirrorPastTheHomeIsChecked(t *testing.T) {
+	forged := false
+	_, err := Run(Options{Seed: 3, Steps: 1500, Regions: 3, tamper: func(w *world) bool {
+		const r = 0
+		for _, n := range w.regionNodes(1) {
+			q := &n.mirror[r]
+			if w.now < 300 || !n.up || !n.replicas[r].IsLeader() || q.applying != nil || len(q.reqs) > 0 {
+				continue
+			}
+			at := n.replicas[r].Committed()
+			if at == 0 || at != w.homeCommitted[r] {
+				continue
+			}
+			var last uint64
+			for b := range w.canonFrames[r] {
+				last = max(last, b)
+			}
+			f := append([]byte(nil), w.canonFrames[r][last]...)
+			h, _ := batch.DecodeHeader(f)
+			batch.Patch(f, at, h.Epoch, h.AppendTimeUnixNanos)
+			n.replicas[r].ProposeVerbatim(&replica.Op{RecordCount: h.Span(), Frame: f, Reply: func(replica.Result) {}})
+			forged = true
+		}
+		return forged
+	}})
+	if !forged {
+		t.Fatal("the run never offered a caught-up mirror to forge a frame on")
+	}
+	if err == nil || !strings.Contains(err.Error(), "region 1 node") ||
+		!(strings.Contains(err.Error(), "past the highest end") || strings.Contains(err.Error(), "is not the home's")) {
+		t.Fatalf("the checker missed a mirror ahead of its home: %v", err)
+	}
+	t.Log(err)
+}

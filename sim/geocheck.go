@@ -8,13 +8,17 @@ import (
 )
 
 // checkMirror holds what a mirror replica committed past what was verified
-// against the home's log: every frame at its offset is the home's frame
-// there (replicator.SameData: equal but for the Raft term and index its
-// own group stamps), its records the home's records at the same offsets.
-// Frames past what the home's replicas were seen to commit wait for the
-// next check (a home leader may ship what it alone has published, then
-// crash).
+// against the home's log. It never commits past what a home replica
+// published (a source ships committed frames only). Every frame at its
+// offset is the home's frame there (replicator.SameData: equal but for
+// the Raft term and index its own group stamps), its records the home's
+// records at the same offsets. Frames past what the home's replicas were
+// seen to commit in the checks wait for the next check (a home leader may
+// ship what it alone has published, then crash).
 func (w *world) checkMirror(n *node, r int, committed uint64) error {
+	if committed > w.homeCommitted[r] {
+		return fmt.Errorf("%v range %d: the mirror committed %d, past the highest end %d any home replica published: it holds what the home did not commit", n, r, committed, w.homeCommitted[r])
+	}
 	canon := w.canonical[r]
 	for n.verified[r] < committed && n.verified[r] < uint64(len(canon)) {
 		from := n.verified[r]

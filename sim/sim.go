@@ -218,9 +218,13 @@ type world struct {
 	// canonFrames is, per range, the home's committed frames by base
 	// offset: what every mirror's frame at that offset must equal.
 	canonFrames []map[uint64][]byte
-	geo         *geoWorld // Regions > 1
-	tampered    bool
-	err         error
+	// homeCommitted is, per range, the highest committed end a home
+	// replica was seen to publish (by the checks, or by a source when it
+	// read): no mirror may commit past it.
+	homeCommitted []uint64
+	geo           *geoWorld // Regions > 1
+	tampered      bool
+	err           error
 }
 
 // Run simulates one seed and returns an error naming the first invariant
@@ -323,6 +327,7 @@ func (w *world) build() error {
 	w.seen = make([]map[string]uint64, opt.Ranges)
 	w.leaders = make([]uint64, opt.Ranges)
 	w.canonFrames = make([]map[uint64][]byte, opt.Ranges)
+	w.homeCommitted = make([]uint64, opt.Ranges)
 	for r := 0; r < opt.Ranges; r++ {
 		w.acked[r] = map[uint64]string{}
 		w.lastSeq[r] = map[int]int64{}

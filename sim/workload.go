@@ -159,6 +159,7 @@ func (w *world) check() error {
 			n.verified[r] = max(n.verified[r], n.stores[r].StartOffset())
 			var err error
 			if n.region == 0 {
+				w.homeCommitted[r] = max(w.homeCommitted[r], committed)
 				err = w.checkHome(n, r, committed)
 			} else {
 				err = w.checkMirror(n, r, committed)
