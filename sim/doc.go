@@ -16,7 +16,8 @@
 // committed log where what they retain overlaps, and invariant 6 in its
 // strict form (one home epoch, so no fork point): every frame a mirror
 // replica committed is the home's frame at the same offset (equal but for
-// the Raft term and index, replicator.SameData) holding the same records.
+// the Raft term and index, replicator.SameData) holding the same records,
+// and no mirror replica commits past what a home replica published.
 // After healing, every mirror replica must catch up with the home's tail.
 //
 // Half the seeds compact: tiny segments and aggressive retention (by size,
