@@ -56,11 +56,13 @@ FUZZ_TIME ?=
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add
 # SIMLOG=true for the replicas' logs); otherwise RUNS seeds from FIRST.
-SEED   ?=
-RUNS   ?= 1000
-FIRST  ?= 1
-STEPS  ?= 3000
-SIMLOG ?= false
+# REGIONS regions of 3 nodes (1: one region, no replication).
+SEED    ?=
+RUNS    ?= 1000
+FIRST   ?= 1
+STEPS   ?= 3000
+SIMLOG  ?= false
+REGIONS ?= 3
 
 .PHONY: bench-floor release image all build test test-loaded test-alerts unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
@@ -160,9 +162,9 @@ chaos: build
 
 sim:
 	@if [ -n "$(SEED)" ]; then \
-		$(GO) test -count=1 -v -run 'TestSimulator$$' ./sim -args -seed=$(SEED) -steps=$(STEPS) -simlog=$(SIMLOG); \
+		$(GO) test -count=1 -v -run 'TestSimulator$$' ./sim -args -seed=$(SEED) -steps=$(STEPS) -regions=$(REGIONS) -simlog=$(SIMLOG); \
 	else \
-		$(GO) test -count=1 -v -timeout 60m -run 'TestSimulator$$' ./sim -args -runs=$(RUNS) -first=$(FIRST) -steps=$(STEPS); \
+		$(GO) test -count=1 -v -timeout 60m -run 'TestSimulator$$' ./sim -args -runs=$(RUNS) -first=$(FIRST) -steps=$(STEPS) -regions=$(REGIONS); \
 	fi
 
 # make bench-floor: this machine's physical floor (write+fdatasync of 4 KiB

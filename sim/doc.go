@@ -1,29 +1,48 @@
-// Package sim is geolog's deterministic simulator of a region: the real
-// replica code (package replica) over the real segment store (package
-// segment) on an in-memory disk that loses unsynced writes on a crash
-// (vfs.Mem), a virtual network that drops, delays, reorders, duplicates and
-// partitions, a virtual clock, and idempotent producers that retry at random.
-// After every step it checks DESIGN.md's invariants 1-4 and 8 (no node
-// publishes a lower committed end than it published before, across its
-// crashes: the region has no forks) and that all replicas agree on the
-// committed log where what they retain overlaps.
+// Package sim is geolog's deterministic simulator of several regions: in
+// each, the real replica code (package replica) over the real segment
+// store (package segment) on in-memory disks that lose unsynced writes on
+// a crash (vfs.Mem), a virtual network that drops, delays, reorders,
+// duplicates and partitions, a virtual clock, and, in the home region,
+// idempotent producers that retry at random. Between regions, the real
+// source core of the cross-region replicator (replicator.Cursor) ships
+// each range's committed log from its home leader over a virtual WAN to
+// the range's mirror group in every other region, which applies it
+// verbatim (replica.ProposeVerbatim) after the replicator's own checks
+// (replicator.CheckBatch, CheckedBatch.Overlap).
+//
+// After every step it checks DESIGN.md's invariants 1-4 and 8 (no node, in
+// any region, publishes a lower committed end than it published before,
+// across its crashes: no forks), that all home replicas agree on the
+// committed log where what they retain overlaps, and invariant 6 in its
+// strict form (one home epoch, so no fork point): every frame a mirror
+// replica committed is the home's frame at the same offset (equal but for
+// the Raft term and index, replicator.SameData) holding the same records,
+// and no mirror replica commits past what a home replica published.
+// After healing, every mirror replica must catch up with the home's tail.
 //
 // Half the seeds compact: tiny segments and aggressive retention (by size,
 // and on some by age), applied as Raft log compaction every 20 ms, so that
 // crashed and cut-off replicas fall behind the leader's compaction point and
 // catch up by snapshot (segment transfer, as its own network event, lost and
-// reported like the others). A replica's committed records are checked from
-// its log's start, wherever compaction or a snapshot put it.
+// reported like the others). A home replica never compacts what a mirror
+// has yet to receive (replica.SetCompactionFloor at the lowest committed
+// end any mirror replica published). A replica's committed records are
+// checked from its log's start, wherever compaction or a snapshot put it.
 //
 // Everything runs on one goroutine and every choice comes from one seeded
 // *rand.Rand, including etcd raft's election jitter (raft reads
-// crypto/rand.Reader, which Run replaces for its duration), so a seed replays
-// exactly: `make sim SEED=<n>`.
+// crypto/rand.Reader, which Run replaces for its duration) and each
+// cursor's reconnect jitter, so a seed replays exactly: `make sim SEED=<n>`
+// (REGIONS=<r>, default 3). Options.Regions = 1 runs one region with no
+// replication, and draws exactly what the simulator drew before regions
+// came: such seeds replay as they did.
 //
 // # What a run does
 //
-//  1. Start Nodes nodes, each with its own vfs.Mem, hosting one replica of
-//     every range (Ranges Raft groups of Nodes voters).
+//  1. Start Regions regions of Nodes nodes, each node with its own
+//     vfs.Mem, hosting one replica of every range (per region, Ranges Raft
+//     groups of Nodes voters; Raft traffic never leaves a region). Every
+//     range is homed in region 0.
 //  2. For Steps virtual milliseconds: tick Raft every 10 ms, deliver due
 //     messages, run every replica's Ready cycle, run each replica's log
 //     writer (WriteLog) a virtual disk latency after its Ready cycles
@@ -31,10 +50,34 @@
 //     meanwhile, as beside a driver's log-writer goroutine), let
 //     producers send, retry and receive replies, and inject faults:
 //     message loss, delay and duplication, lost replies (ambiguous acks),
-//     partitions of a node, and crashes (the disk keeps only what was synced; queued log writes are
-//     lost) with restarts, including crashes inside a log fsync (the
-//     replica sees the Sync fail, then the node dies: nothing that waited
-//     for that write may have left before).
-//  3. Heal everything and run until every producer's batches are acked.
-//  4. After every step and at the end, check the invariants.
+//     partitions of a node, and crashes of any node of any region (the
+//     disk keeps only what was synced; queued log writes are lost) with
+//     restarts, including crashes inside a log fsync (the replica sees
+//     the Sync fail, then the node dies: nothing that waited for that
+//     write may have left before).
+//  3. Between regions (geo.go, mirror.go): per (range, mirror region) a
+//     cursor owned by the home range's current leader (a new leader
+//     starts a new one; one time in two the deposed leader's ships on for
+//     up to 1.5 s, a zombie whose batches the mirror finds duplicated or
+//     overlapping and compares); its Read actions read the owner's committed
+//     frames, its batches and heartbeats travel on a stream to one node of
+//     the mirror region, in order, a per-link delay of 10-80 ms later.
+//     WAN faults: a message lost breaks its stream (both ends learn); a
+//     whole region cut off the WAN for 0.2-2.2 s swallows its streams'
+//     messages (the source gives up on a stream silent for 1.5 s), and so
+//     does a node partition one time in two (the others cut a node off
+//     its region only, and its streams go on); a
+//     mirror node that crashed or does not lead its group ends or refuses
+//     the stream (NOT_LEADER with a hint). A stream its source gave up on
+//     is closed behind what it sent: the mirror serves those requests
+//     first, beside the source's next stream. A mirror node serves a range's
+//     requests one at a time, as replicator.Server does, and answers a
+//     batch once its frames are committed in the mirror group.
+//  4. Heal everything and run until every producer's batches are acked
+//     and every mirror caught up.
+//  5. After every step and at the end, check the invariants.
+//
+// Not yet simulated: homing (leases, epochs above 1, failover, rehomes,
+// forks and orphan logs), the range driver, raftnet, per-node clock skew.
+// See notes/simgeo.md for how the next layer adds them.
 package sim

@@ -31,8 +31,17 @@ type Options struct {
 	Ranges int
 	// Producers is the number of idempotent producers, default 4.
 	Producers int
+	// Regions is the number of regions of Nodes nodes each, default 1.
+	// Every range is homed in region 0, where the producers write; each
+	// other region mirrors it (its own Raft group per range), fed by the
+	// home leader's replicator.Cursor over a virtual WAN (geo.go).
+	Regions int
 	// Logger receives the replicas' logs, default none.
 	Logger hclog.Logger
+	// tamper, in tests, is called after every step until it returns
+	// true: it breaks the system behind its checks, to show the checker
+	// finds what it broke.
+	tamper func(w *world) bool
 }
 
 // Result summarises a run.
@@ -52,12 +61,14 @@ type Result struct {
 	SegmentsCompacted          int
 	SnapshotsSent, SnapsFailed int
 	SnapshotsInstalled         int
+	// Geo is what replication between regions did (Regions > 1).
+	Geo GeoResult
 }
 
 func (r Result) String() string {
 	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
 		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
-		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled)
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String()
 }
 
 const (
@@ -74,9 +85,10 @@ type event struct {
 	seq  uint64
 	kind int
 	// Raft message
-	group int
-	to    int
-	msg   *raftpb.Message
+	region int // of the nodes to and from (Raft never leaves a region)
+	group  int
+	to     int
+	msg    *raftpb.Message
 	// request / reply
 	producer int
 	rng      int
@@ -89,6 +101,8 @@ type event struct {
 	fromGen int
 	body    io.ReadCloser
 	snapErr error
+	// replication between regions (evGeo, evGeoConnect)
+	geo *geoMsg
 }
 
 const (
@@ -99,10 +113,13 @@ const (
 	evSnapStatus // a snapshot's outcome reaches its sender
 	evWrite      // a replica's log writer runs (WriteLog) on what is queued
 	evMark       // a replica's commit-mark writer runs (WriteMark)
+	evGeo        // a replication stream's message crosses the WAN (geo.go)
+	evGeoConnect // a cursor's Connect action, after its delay
 )
 
 type node struct {
-	id       int
+	region   int
+	id       int // the Raft id, within the region: 1..Nodes
 	gen      int // incarnation: +1 on every start
 	fs       *vfs.Mem
 	up       bool
@@ -117,6 +134,11 @@ type node struct {
 	writing []bool // per range: an evWrite is due
 	marking []bool // per range: an evMark is due
 	dying   bool   // a Sync was where the process died (syncCrashLog)
+	cutWAN  bool   // its partition cuts it off the WAN too (geo.go)
+	// mirror serving, per range (regions other than the home; geo.go):
+	// requests waiting for the one being applied, as the replicator's
+	// Server serializes a range's requests.
+	mirror []mirrorQueue
 }
 
 // errSyncCrash is what a replica sees from the Sync its process dies in.
@@ -149,7 +171,7 @@ func (w *world) failed(n *node, r int, err error) {
 		w.crash(n)
 		return
 	}
-	w.err = fmt.Errorf("node %d range %d: %w", n.id, r, err)
+	w.err = fmt.Errorf("%v range %d: %w", n, r, err)
 }
 
 type inflight struct {
@@ -193,12 +215,60 @@ type world struct {
 	lastSeq   []map[int]int64     // per range: producer → last sequence in canonical order
 	seen      []map[string]uint64 // per range: value → offset
 	leaders   []uint64            // per range: last leader seen
-	err       error
+	// canonFrames is, per range, the home's committed frames by base
+	// offset: what every mirror's frame at that offset must equal.
+	canonFrames []map[uint64][]byte
+	// homeCommitted is, per range, the highest committed end a home
+	// replica was seen to publish (by the checks, or by a source when it
+	// read): no mirror may commit past it.
+	homeCommitted []uint64
+	geo           *geoWorld // Regions > 1
+	tampered      bool
+	err           error
 }
 
 // Run simulates one seed and returns an error naming the first invariant
 // violated.
 func Run(opt Options) (res Result, err error) {
+	opt = opt.withDefaults()
+	w := &world{opt: opt, rng: rand.New(rand.NewPCG(uint64(opt.Seed), 0x9e3779b97f4a7c15))}
+	w.res.Seed = opt.Seed
+	// etcd raft draws election jitter from crypto/rand.Reader.
+	saved := crand.Reader
+	crand.Reader = rngReader{w.rng}
+	defer func() { crand.Reader = saved }()
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("seed %d: panic: %v", opt.Seed, p)
+		}
+	}()
+	w.drawFaults()
+	if err := w.build(); err != nil {
+		return w.res, err
+	}
+	for ; w.now < int64(opt.Steps) && w.err == nil; w.now++ {
+		w.injectFaults()
+		w.step()
+	}
+	w.heal()
+	deadline := w.now + settleMsMax
+	for ; w.err == nil && w.now < deadline && w.busy(); w.now++ {
+		w.step()
+	}
+	if w.err == nil && w.busy() {
+		w.err = fmt.Errorf("liveness: producers still waiting %d ms after the faults ended", settleMsMax)
+	}
+	if w.err == nil {
+		w.err = w.finalCheck()
+	}
+	w.tally()
+	if w.err != nil {
+		return w.res, fmt.Errorf("seed %d at %d ms: %w", opt.Seed, w.now, w.err)
+	}
+	return w.res, nil
+}
+
+func (opt Options) withDefaults() Options {
 	if opt.Steps == 0 {
 		opt.Steps = 3000
 	}
@@ -211,21 +281,19 @@ func Run(opt Options) (res Result, err error) {
 	if opt.Producers == 0 {
 		opt.Producers = 4
 	}
+	if opt.Regions == 0 {
+		opt.Regions = 1
+	}
 	if opt.Logger == nil {
 		opt.Logger = hclog.NewNullLogger()
 	}
-	w := &world{opt: opt, rng: rand.New(rand.NewPCG(uint64(opt.Seed), 0x9e3779b97f4a7c15))}
-	w.res.Seed = opt.Seed
-	// etcd raft draws election jitter from crypto/rand.Reader.
-	saved := crand.Reader
-	crand.Reader = rngReader{w.rng}
-	defer func() { crand.Reader = saved }()
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("seed %d: panic: %v", opt.Seed, p)
-		}
-	}()
+	return opt
+}
 
+// drawFaults draws the run's fault rates and its compaction settings.
+// A run of one region draws nothing more than before regions came, so
+// that its seeds replay as they did.
+func (w *world) drawFaults() {
 	w.dropP = w.rng.Float64() * 0.1
 	w.dupP = w.rng.Float64() * 0.05
 	w.lostReplyP = w.rng.Float64() * 0.1
@@ -244,33 +312,50 @@ func Run(opt Options) (res Result, err error) {
 		}
 	}
 	w.res.Compaction = w.compaction
+	if w.opt.Regions > 1 {
+		w.geo = newGeoWorld(w)
+	}
+}
+
+// build creates the per-range tables, starts every node of every region
+// and creates the producers.
+func (w *world) build() error {
+	opt := w.opt
 	w.canonical = make([][]string, opt.Ranges)
 	w.acked = make([]map[uint64]string, opt.Ranges)
 	w.lastSeq = make([]map[int]int64, opt.Ranges)
 	w.seen = make([]map[string]uint64, opt.Ranges)
 	w.leaders = make([]uint64, opt.Ranges)
+	w.canonFrames = make([]map[uint64][]byte, opt.Ranges)
+	w.homeCommitted = make([]uint64, opt.Ranges)
 	for r := 0; r < opt.Ranges; r++ {
 		w.acked[r] = map[uint64]string{}
 		w.lastSeq[r] = map[int]int64{}
 		w.seen[r] = map[string]uint64{}
+		w.canonFrames[r] = map[uint64][]byte{}
 	}
-	for i := 0; i < opt.Nodes; i++ {
-		n := &node{id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64()))), served: make([]uint64, opt.Ranges)}
-		w.nodes = append(w.nodes, n)
-		if err := w.start(n); err != nil {
-			return w.res, err
+	for g := 0; g < opt.Regions; g++ {
+		for i := 0; i < opt.Nodes; i++ {
+			n := &node{region: g, id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64()))), served: make([]uint64, opt.Ranges)}
+			w.nodes = append(w.nodes, n)
+			if err := w.start(n); err != nil {
+				return err
+			}
 		}
 	}
 	for i := 0; i < opt.Producers; i++ {
 		p := &producer{id: i + 1, nextSeq: make([]uint64, opt.Ranges), batch: make([]*inflight, opt.Ranges)}
 		w.prods = append(w.prods, p)
 	}
-	for ; w.now < int64(opt.Steps) && w.err == nil; w.now++ {
-		w.injectFaults()
-		w.step()
+	if w.geo != nil {
+		w.geo.build()
 	}
-	// Heal: restart every node, end partitions, stop faults; every producer
-	// must get its batches acked.
+	return nil
+}
+
+// heal restarts every node, ends partitions and stops the faults: every
+// producer must get its batches acked, every mirror catch up.
+func (w *world) heal() {
 	for _, n := range w.nodes {
 		n.cutTill = 0
 		if !n.up && w.err == nil {
@@ -278,16 +363,13 @@ func Run(opt Options) (res Result, err error) {
 		}
 	}
 	w.dropP, w.dupP, w.lostReplyP = 0, 0, 0
-	deadline := w.now + settleMsMax
-	for ; w.err == nil && w.now < deadline && w.busy(); w.now++ {
-		w.step()
+	if w.geo != nil {
+		w.geo.heal()
 	}
-	if w.err == nil && w.busy() {
-		w.err = fmt.Errorf("liveness: producers still waiting %d ms after the faults ended", settleMsMax)
-	}
-	if w.err == nil {
-		w.err = w.finalCheck()
-	}
+}
+
+// tally adds up the run's counters.
+func (w *world) tally() {
 	for r := range w.canonical {
 		w.res.Committed += len(w.canonical[r])
 	}
@@ -300,10 +382,21 @@ func Run(opt Options) (res Result, err error) {
 	}
 	w.res.SegmentsCompacted += w.compactedBefore
 	w.res.SnapshotsInstalled += w.installedBefore
-	if w.err != nil {
-		return w.res, fmt.Errorf("seed %d at %d ms: %w", opt.Seed, w.now, w.err)
+}
+
+// node returns node id (1..Nodes) of region g.
+func (w *world) node(g, id int) *node { return w.nodes[g*w.opt.Nodes+id-1] }
+
+// regionNodes returns region g's nodes.
+func (w *world) regionNodes(g int) []*node {
+	return w.nodes[g*w.opt.Nodes : (g+1)*w.opt.Nodes]
+}
+
+func (n *node) String() string {
+	if n.region == 0 {
+		return fmt.Sprintf("node %d", n.id)
 	}
-	return w.res, nil
+	return fmt.Sprintf("region %d node %d", n.region, n.id)
 }
 
 // rngReader feeds crypto/rand.Reader from the run's seeded generator.
@@ -327,6 +420,7 @@ func (w *world) start(n *node) error {
 	n.writing = make([]bool, w.opt.Ranges)
 	n.marking = make([]bool, w.opt.Ranges)
 	n.dying = false
+	n.mirror = make([]mirrorQueue, w.opt.Ranges)
 	peers := make([]uint64, w.opt.Nodes)
 	for i := range peers {
 		peers[i] = uint64(i + 1)
@@ -340,20 +434,20 @@ func (w *world) start(n *node) error {
 			OnRecover: func(h batch.Header) error { headers = append(headers, h); return nil },
 		})
 		if err != nil {
-			return fmt.Errorf("node %d range %d: open after crash: %w", n.id, r, err)
+			return fmt.Errorf("%v range %d: open after crash: %w", n, r, err)
 		}
-		group, from, gen := r, n.id, n.gen
+		region, group, from, gen := n.region, r, n.id, n.gen
 		rep, err := replica.New(replica.Config{
 			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers,
 			Log: &syncCrashLog{Store: st, w: w, n: n}, State: replica.FileState{FS: n.fs, Dir: dir},
-			Send: func(msgs []*raftpb.Message) { w.sendRaft(group, msgs) },
+			Send: func(msgs []*raftpb.Message) { w.sendRaft(region, group, msgs) },
 			SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
-				return w.sendSnapshot(group, from, gen, m, body)
+				return w.sendSnapshot(region, group, from, gen, m, body)
 			},
 			Now: w.clock, Logger: w.opt.Logger,
 		}, headers)
 		if err != nil {
-			return fmt.Errorf("node %d range %d: %w", n.id, r, err)
+			return fmt.Errorf("%v range %d: %w", n, r, err)
 		}
 		n.stores[r], n.replicas[r] = st, rep
 	}
@@ -370,7 +464,7 @@ func (w *world) crash(n *node) {
 	}
 	n.up = false
 	n.fs = n.fs.Crash()
-	n.stores, n.replicas = nil, nil
+	n.stores, n.replicas, n.mirror = nil, nil, nil
 	n.downTill = w.now + 50 + w.rng.Int64N(1000)
 	w.res.Crashes++
 }
@@ -381,10 +475,10 @@ func (w *world) push(e *event) {
 	w.events = append(w.events, e)
 }
 
-func (w *world) sendRaft(group int, msgs []*raftpb.Message) {
+func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 	for _, m := range msgs {
 		from, to := int(m.GetFrom()), int(m.GetTo())
-		if w.rng.Float64() < w.dropP || w.cut(from) || w.cut(to) {
+		if w.rng.Float64() < w.dropP || w.cut(region, from) || w.cut(region, to) {
 			w.res.Dropped++
 			continue
 		}
@@ -394,14 +488,15 @@ func (w *world) sendRaft(group int, msgs []*raftpb.Message) {
 			w.res.Duped++
 		}
 		for c := 0; c < copies; c++ {
-			w.push(&event{at: w.now + 1 + w.rng.Int64N(8), kind: evRaft, group: group, to: to,
+			w.push(&event{at: w.now + 1 + w.rng.Int64N(8), kind: evRaft, region: region, group: group, to: to,
 				msg: proto.Clone(m).(*raftpb.Message)})
 		}
 	}
 }
 
-func (w *world) cut(id int) bool {
-	return id >= 1 && id <= len(w.nodes) && w.nodes[id-1].cutTill > w.now
+// cut reports whether node id of region g is cut off from its region.
+func (w *world) cut(g, id int) bool {
+	return id >= 1 && id <= w.opt.Nodes && w.node(g, id).cutTill > w.now
 }
 
 // restartDue restarts crashed nodes whose downtime is over.
@@ -424,7 +519,13 @@ func (w *world) injectFaults() {
 	if w.rng.Float64() < w.cutP {
 		n := w.nodes[w.rng.IntN(len(w.nodes))]
 		n.cutTill = w.now + 100 + w.rng.Int64N(1500)
+		if w.geo != nil {
+			n.cutWAN = w.rng.IntN(2) == 0
+		}
 		w.res.Partitions++
+	}
+	if w.geo != nil {
+		w.geo.injectFaults()
 	}
 }
 
@@ -457,22 +558,14 @@ func (w *world) step() {
 	for _, e := range batchDue {
 		w.deliver(e)
 	}
-	for _, n := range w.nodes {
-		for r, rep := range n.replicas {
-			if rep.HasReady() {
-				if err := rep.ProcessReady(); err != nil {
-					if w.failed(n, r, err); w.err != nil {
-						return
-					}
-					break // the node died
-				}
-				w.scheduleWrite(n, r)
-			}
-			if rep.IsLeader() && w.leaders[r] != uint64(n.id) {
-				w.leaders[r] = uint64(n.id)
-				w.res.LeaderChanges++
-			}
-		}
+	if !w.readyAll() {
+		return
+	}
+	if w.geo != nil {
+		w.geo.step()
+	}
+	if w.opt.tamper != nil && !w.tampered {
+		w.tampered = w.opt.tamper(w)
 	}
 	w.produce()
 	if w.err == nil {
@@ -480,11 +573,33 @@ func (w *world) step() {
 	}
 }
 
+// readyAll runs every replica's Ready cycle; false if the run failed.
+func (w *world) readyAll() bool {
+	for _, n := range w.nodes {
+		for r, rep := range n.replicas {
+			if rep.HasReady() {
+				if err := rep.ProcessReady(); err != nil {
+					if w.failed(n, r, err); w.err != nil {
+						return false
+					}
+					break // the node died
+				}
+				w.scheduleWrite(n, r)
+			}
+			if n.region == 0 && rep.IsLeader() && w.leaders[r] != uint64(n.id) {
+				w.leaders[r] = uint64(n.id)
+				w.res.LeaderChanges++
+			}
+		}
+	}
+	return true
+}
+
 func (w *world) deliver(e *event) {
 	switch e.kind {
 	case evRaft:
-		n := w.nodes[e.to-1]
-		if !n.up || w.cut(e.to) {
+		n := w.node(e.region, e.to)
+		if !n.up || w.cut(e.region, e.to) {
 			w.res.Dropped++
 			return
 		}
@@ -496,12 +611,12 @@ func (w *world) deliver(e *event) {
 	case evSnap:
 		w.deliverSnapshot(e)
 	case evSnapStatus:
-		n := w.nodes[e.from-1]
+		n := w.node(e.region, e.from)
 		if n.up && n.gen == e.fromGen {
 			n.replicas[e.group].ReportSnapshot(uint64(e.to), e.snapErr)
 		}
 	case evWrite:
-		n := w.nodes[e.to-1]
+		n := w.node(e.region, e.to)
 		if !n.up || n.gen != e.fromGen {
 			return // the writes died with the process
 		}
@@ -510,7 +625,7 @@ func (w *world) deliver(e *event) {
 			w.failed(n, e.group, fmt.Errorf("write log: %w", err))
 		}
 	case evMark:
-		n := w.nodes[e.to-1]
+		n := w.node(e.region, e.to)
 		if !n.up || n.gen != e.fromGen {
 			return
 		}
@@ -518,6 +633,10 @@ func (w *world) deliver(e *event) {
 		if err := n.replicas[e.group].WriteMark(); err != nil {
 			w.failed(n, e.group, fmt.Errorf("write commit mark: %w", err))
 		}
+	case evGeo:
+		w.geo.deliver(e.geo)
+	case evGeoConnect:
+		w.geo.connect(e.geo)
 	}
 }
 
@@ -532,7 +651,7 @@ func (w *world) scheduleWrite(n *node, r int) {
 	if !n.marking[r] && n.replicas[r].HasMarkWrite() {
 		// The commit mark's own goroutine: one small fdatasync.
 		n.marking[r] = true
-		w.push(&event{at: w.now + w.rng.Int64N(3), kind: evMark, group: r, to: n.id, fromGen: n.gen})
+		w.push(&event{at: w.now + w.rng.Int64N(3), kind: evMark, region: n.region, group: r, to: n.id, fromGen: n.gen})
 	}
 	if n.writing[r] || !n.replicas[r].HasLogWrites() {
 		return
@@ -542,5 +661,5 @@ func (w *world) scheduleWrite(n *node, r int) {
 	if w.rng.Float64() < 0.05 {
 		delay = 5 + w.rng.Int64N(30)
 	}
-	w.push(&event{at: w.now + delay, kind: evWrite, group: r, to: n.id, fromGen: n.gen})
+	w.push(&event{at: w.now + delay, kind: evWrite, region: n.region, group: r, to: n.id, fromGen: n.gen})
 }

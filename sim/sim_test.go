@@ -9,14 +9,17 @@ import (
 
 var (
 	seedFlag  = flag.Int64("seed", -1, "replay one seed")
-	runsFlag  = flag.Int("runs", 50, "number of seeds to run, starting at -first")
+	runsFlag  = flag.Int("runs", 25, "number of seeds to run, starting at -first")
 	firstFlag = flag.Int64("first", 1, "first seed of a multi-seed run")
 	stepsFlag = flag.Int("steps", 3000, "virtual milliseconds under faults per run")
+	regions   = flag.Int("regions", 3, "regions (the home and its mirrors)")
 	verbose   = flag.Bool("simlog", false, "log the replicas (useful with -seed)")
 )
 
-// TestSimulator runs the simulator over many seeds (make test runs the fixed
-// slice 1..50; make sim RUNS=n runs more; make sim SEED=n replays one).
+// TestSimulator runs the simulator over many seeds of -regions regions
+// (make test runs the fixed slice 1..25 of 3 regions, about 30 s under
+// -race on a loaded machine; make sim RUNS=n runs more; make sim SEED=n
+// replays one).
 func TestSimulator(t *testing.T) {
 	seeds := []int64{}
 	if *seedFlag >= 0 {
@@ -26,16 +29,33 @@ func TestSimulator(t *testing.T) {
 			seeds = append(seeds, *firstFlag+int64(i))
 		}
 	}
+	simulate(t, *regions, seeds)
+}
+
+// TestSimulatorOneRegion runs the same slice with one region: no
+// replication, the faults of one region only, as before regions came.
+func TestSimulatorOneRegion(t *testing.T) {
+	if *seedFlag >= 0 || *regions == 1 {
+		t.Skip("make sim runs TestSimulator")
+	}
+	seeds := []int64{}
+	for seed := int64(1); seed <= 50; seed++ {
+		seeds = append(seeds, seed)
+	}
+	simulate(t, 1, seeds)
+}
+
+func simulate(t *testing.T, regions int, seeds []int64) {
 	var total Result
 	compacting := 0
 	for _, seed := range seeds {
-		opt := Options{Seed: seed, Steps: *stepsFlag}
+		opt := Options{Seed: seed, Steps: *stepsFlag, Regions: regions}
 		if *verbose {
 			opt.Logger = hclog.New(&hclog.LoggerOptions{Level: hclog.Debug})
 		}
 		res, err := Run(opt)
 		if err != nil {
-			t.Fatalf("%v\nreplay: make sim SEED=%d", err, seed)
+			t.Fatalf("%v\nreplay: make sim SEED=%d REGIONS=%d", err, seed, regions)
 		}
 		if len(seeds) == 1 {
 			t.Log(res)
@@ -58,28 +78,41 @@ func TestSimulator(t *testing.T) {
 		total.SnapshotsSent += res.SnapshotsSent
 		total.SnapsFailed += res.SnapsFailed
 		total.SnapshotsInstalled += res.SnapshotsInstalled
+		total.Geo = total.Geo.add(res.Geo)
 	}
 	t.Logf("%d seeds: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d duplicates), %d crashes, %d partitions, %d msgs dropped, %d duplicated, %d replies lost, %d leader changes",
 		len(seeds), total.Acked, total.AckedAhead, total.Committed, total.Retries, total.Duplicates, total.Crashes, total.Partitions,
 		total.Dropped, total.Duped, total.LostReplies, total.LeaderChanges)
 	t.Logf("%d seeds compacting: %d segments compacted, %d snapshots sent (%d failed), %d installed",
 		compacting, total.SegmentsCompacted, total.SnapshotsSent, total.SnapsFailed, total.SnapshotsInstalled)
+	if regions > 1 {
+		t.Logf("%d seeds of %d regions%s", len(seeds), regions, total.Geo)
+	}
 	if total.Acked == 0 {
 		t.Fatal("no record was acked in any run: the simulator exercised nothing")
 	}
 	if len(seeds) >= 20 && (total.SegmentsCompacted == 0 || total.SnapshotsInstalled == 0) {
 		t.Fatal("no snapshot was installed in any run: compaction and catch-up went unexercised")
 	}
+	if g := total.Geo; regions > 1 && len(seeds) >= 20 && (g.Frames == 0 || g.Partitions == 0 || g.Broken == 0 || g.TimedOut == 0 || g.Duplicates == 0) {
+		t.Fatalf("replication went unexercised: %v", g)
+	}
 }
 
-// TestSimulatorIsDeterministic: the same seed gives the same run.
+// TestSimulatorIsDeterministic: the same seed gives the same run, with one
+// region and with three.
 func TestSimulatorIsDeterministic(t *testing.T) {
-	a, errA := Run(Options{Seed: 7, Steps: 1500})
-	b, errB := Run(Options{Seed: 7, Steps: 1500})
-	if errA != nil || errB != nil {
-		t.Fatal(errA, errB)
-	}
-	if a != b {
-		t.Fatalf("seed 7 ran differently:\n%v\n%v", a, b)
+	for _, regions := range []int{1, 3} {
+		a, errA := Run(Options{Seed: 7, Steps: 1500, Regions: regions})
+		b, errB := Run(Options{Seed: 7, Steps: 1500, Regions: regions})
+		if errA != nil || errB != nil {
+			t.Fatal(errA, errB)
+		}
+		if a != b {
+			t.Fatalf("seed 7 of %d regions ran differently:\n%v\n%v", regions, a, b)
+		}
+		if regions > 1 && a.Geo.Frames == 0 {
+			t.Fatalf("seed 7 of %d regions replicated nothing: %v", regions, a)
+		}
 	}
 }

@@ -30,8 +30,13 @@ func (w *world) compact() {
 				}
 			}
 			w.scheduleWrite(n, r)
+			if w.geo != nil && n.region == 0 {
+				// Keep what a mirror has yet to receive (regionsvc's
+				// compaction floor).
+				rep.SetCompactionFloor(w.geo.floor(r), true)
+			}
 			if _, err := rep.Compact(); err != nil {
-				w.err = fmt.Errorf("node %d range %d: compact: %w", n.id, r, err)
+				w.err = fmt.Errorf("%v range %d: compact: %w", n, r, err)
 				return
 			}
 		}
@@ -43,12 +48,12 @@ var errSnapshotLost = errors.New("sim: snapshot lost")
 
 // sendSnapshot is a replica's Config.SendSnapshot: the snapshot travels as
 // one event, faults permitting; whatever becomes of it, its sender hears.
-func (w *world) sendSnapshot(group, from, fromGen int, m *raftpb.Message, body io.ReadCloser) error {
+func (w *world) sendSnapshot(region, group, from, fromGen int, m *raftpb.Message, body io.ReadCloser) error {
 	to := int(m.GetTo())
 	w.res.SnapshotsSent++
-	e := &event{at: w.now + 1 + w.rng.Int64N(8), kind: evSnap, group: group, to: to, from: from, fromGen: fromGen,
+	e := &event{at: w.now + 1 + w.rng.Int64N(8), kind: evSnap, region: region, group: group, to: to, from: from, fromGen: fromGen,
 		msg: proto.Clone(m).(*raftpb.Message), body: body}
-	if w.rng.Float64() < w.dropP || w.cut(from) || w.cut(to) {
+	if w.rng.Float64() < w.dropP || w.cut(region, from) || w.cut(region, to) {
 		body.Close()
 		w.snapshotStatus(e, errSnapshotLost)
 		return nil
@@ -62,7 +67,7 @@ func (w *world) snapshotStatus(e *event, err error) {
 	if err != nil {
 		w.res.SnapsFailed++
 	}
-	w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evSnapStatus, group: e.group, to: e.to,
+	w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evSnapStatus, region: e.region, group: e.group, to: e.to,
 		from: e.from, fromGen: e.fromGen, snapErr: err})
 }
 
@@ -71,11 +76,11 @@ func (w *world) snapshotStatus(e *event, err error) {
 // Ready cycle installs it.
 func (w *world) deliverSnapshot(e *event) {
 	defer e.body.Close()
-	n, src := w.nodes[e.to-1], w.nodes[e.from-1]
+	n, src := w.node(e.region, e.to), w.node(e.region, e.from)
 	if !src.up || src.gen != e.fromGen {
 		return // the sender crashed: its transfer died with it, unreported
 	}
-	if !n.up || w.cut(e.to) || w.cut(e.from) {
+	if !n.up || w.cut(e.region, e.to) || w.cut(e.region, e.from) {
 		w.snapshotStatus(e, errSnapshotLost)
 		return
 	}
@@ -87,7 +92,7 @@ func (w *world) deliverSnapshot(e *event) {
 	case errors.Is(err, replica.ErrSnapshotInvalid):
 		// The simulator's network does not corrupt bodies: the leader
 		// sent something that does not hold together.
-		w.err = fmt.Errorf("node %d range %d: snapshot from node %d refused: %w", n.id, e.group, e.from, err)
+		w.err = fmt.Errorf("%v range %d: snapshot from node %d refused: %w", n, e.group, e.from, err)
 		return
 	case err == nil:
 		err = rep.StepSnapshot(e.msg, st)

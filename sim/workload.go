@@ -9,6 +9,7 @@ import (
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/replica"
+	"github.com/geolog/geolog/replicator"
 )
 
 // produce starts new batches (while faults run) and resends unanswered ones.
@@ -20,7 +21,7 @@ func (w *world) produce() {
 			switch {
 			case b == nil && newBatches && w.rng.Float64() < 0.05:
 				n := 1 + w.rng.IntN(3)
-				b = &inflight{seq: p.nextSeq[r], target: 1 + w.rng.IntN(len(w.nodes))}
+				b = &inflight{seq: p.nextSeq[r], target: 1 + w.rng.IntN(w.opt.Nodes)}
 				for i := 0; i < n; i++ {
 					b.values = append(b.values, fmt.Sprintf("p%d/r%d/s%d", p.id, r, b.seq+uint64(i)))
 				}
@@ -30,7 +31,7 @@ func (w *world) produce() {
 				// No answer: the request, its reply or the node was lost.
 				// Resend the same batch, same sequence, anywhere.
 				w.res.Retries++
-				b.target = 1 + w.rng.IntN(len(w.nodes))
+				b.target = 1 + w.rng.IntN(w.opt.Nodes)
 				w.sendRequest(p, r, b)
 			}
 		}
@@ -51,8 +52,8 @@ func (w *world) sendRequest(p *producer, r int, b *inflight) {
 func (w *world) request(e *event) {
 	p := w.prods[e.producer-1]
 	b := p.batch[e.rng]
-	n := w.nodes[e.to-1]
-	if b == nil || !n.up || w.cut(n.id) {
+	n := w.node(0, e.to)
+	if b == nil || !n.up || w.cut(0, n.id) {
 		return
 	}
 	recs := make([]batch.Record, len(b.values))
@@ -92,7 +93,7 @@ func (w *world) reply(e *event) {
 			return
 		}
 		if hint := apierr.As(e.res.Err).LeaderHint; strings.HasPrefix(hint, "node:") {
-			if id, err := strconv.Atoi(strings.TrimPrefix(hint, "node:")); err == nil && id >= 1 && id <= len(w.nodes) {
+			if id, err := strconv.Atoi(strings.TrimPrefix(hint, "node:")); err == nil && id >= 1 && id <= w.opt.Nodes {
 				b.target = id
 			}
 		}
@@ -139,7 +140,8 @@ func (w *world) busy() bool {
 // records where they were acked (1), per producer sequence order = offset
 // order (3), each (producer, sequence) at most once (4); and no node
 // publishes less than it published before, across crashes too (8: the
-// region has no forks).
+// region has no forks). A mirror region's replicas hold the home's frames
+// at the home's offsets (checkMirror).
 func (w *world) check() error {
 	for _, n := range w.nodes {
 		if !n.up {
@@ -148,48 +150,86 @@ func (w *world) check() error {
 		for r, rep := range n.replicas {
 			committed := rep.Committed()
 			if committed < n.served[r] {
-				return fmt.Errorf("node %d range %d: publishes a committed end of %d, below the %d it published before (invariant 8)", n.id, r, committed, n.served[r])
+				return fmt.Errorf("%v range %d: publishes a committed end of %d, below the %d it published before (invariant 8)", n, r, committed, n.served[r])
 			}
 			n.served[r] = committed
 			// What compaction or a snapshot took from this replica was
 			// checked elsewhere (or here) when it committed: agreement is
 			// on what the replicas retain.
 			n.verified[r] = max(n.verified[r], n.stores[r].StartOffset())
-			for n.verified[r] < committed {
-				from := n.verified[r]
-				frames, err := n.stores[r].ReadFrames(from, 1<<20, committed)
-				if err != nil {
-					return fmt.Errorf("node %d range %d: read committed [%d, %d): %w", n.id, r, from, committed, err)
-				}
-				if len(frames) == 0 {
-					return fmt.Errorf("node %d range %d: committed %d but nothing readable at %d", n.id, r, committed, from)
-				}
-				for len(frames) > 0 {
-					size, err := batch.FrameSize(frames)
-					if err != nil {
-						return err
-					}
-					h, recs, err := batch.Decode(frames[:size])
-					frames = frames[size:]
-					if err != nil {
-						return err
-					}
-					if h.Type != batch.TypeData {
-						continue
-					}
-					for i, rec := range recs {
-						off := h.Offset(&recs[i])
-						if off < n.verified[r] || off >= committed {
-							continue
-						}
-						if err := w.canonize(r, off, string(rec.Value)); err != nil {
-							return fmt.Errorf("node %d: %w", n.id, err)
-						}
-						n.verified[r] = off + 1
-					}
-				}
+			var err error
+			if n.region == 0 {
+				w.homeCommitted[r] = max(w.homeCommitted[r], committed)
+				err = w.checkHome(n, r, committed)
+			} else {
+				err = w.checkMirror(n, r, committed)
+			}
+			if err != nil {
+				return err
 			}
 		}
+	}
+	return nil
+}
+
+// checkHome canonizes what a home replica committed past what was
+// verified, and keeps its frames as the ones every mirror must hold.
+func (w *world) checkHome(n *node, r int, committed uint64) error {
+	for n.verified[r] < committed {
+		from := n.verified[r]
+		frames, err := n.stores[r].ReadFrames(from, 1<<20, committed)
+		if err != nil {
+			return fmt.Errorf("%v range %d: read committed [%d, %d): %w", n, r, from, committed, err)
+		}
+		if len(frames) == 0 {
+			return fmt.Errorf("%v range %d: committed %d but nothing readable at %d", n, r, committed, from)
+		}
+		for len(frames) > 0 {
+			size, err := batch.FrameSize(frames)
+			if err != nil {
+				return err
+			}
+			frame := frames[:size]
+			h, recs, err := batch.Decode(frame)
+			frames = frames[size:]
+			if err != nil {
+				return err
+			}
+			if h.Type != batch.TypeData {
+				continue
+			}
+			if err := w.canonFrame(n, r, h.BaseOffset, frame); err != nil {
+				return err
+			}
+			for i, rec := range recs {
+				off := h.Offset(&recs[i])
+				if off < n.verified[r] || off >= committed {
+					continue
+				}
+				if err := w.canonize(r, off, string(rec.Value)); err != nil {
+					return fmt.Errorf("%v: %w", n, err)
+				}
+				n.verified[r] = off + 1
+			}
+		}
+	}
+	return nil
+}
+
+// canonFrame records the home's frame at base, or holds it against the
+// one recorded: the home's replicas hold the same frames (but for the
+// Raft fields).
+func (w *world) canonFrame(n *node, r int, base uint64, frame []byte) error {
+	if w.geo == nil {
+		return nil
+	}
+	prev, ok := w.canonFrames[r][base]
+	if !ok {
+		w.canonFrames[r][base] = append([]byte(nil), frame...)
+		return nil
+	}
+	if !replicator.SameData(prev, frame) {
+		return fmt.Errorf("%v range %d: frame at %d differs from the one another home replica committed", n, r, base)
 	}
 	return nil
 }
@@ -227,9 +267,15 @@ func (w *world) canonize(r int, off uint64, v string) error {
 }
 
 // finalCheck runs the healed region a little longer, then requires every
-// replica to have committed the same log, holding every acked record.
+// replica to have committed the same log, holding every acked record, and
+// every mirror to have caught up with it (given up to mirrorSettleMsMax
+// more: a cursor may be in a backoff of up to 5 s).
 func (w *world) finalCheck() error {
 	for i := 0; i < 2000 && w.err == nil; i++ {
+		w.step()
+		w.now++
+	}
+	for i := 0; w.geo != nil && i < mirrorSettleMsMax && w.err == nil && !w.mirrorsCaughtUp(); i++ {
 		w.step()
 		w.now++
 	}
@@ -242,11 +288,14 @@ func (w *world) finalCheck() error {
 				return fmt.Errorf("range %d: acked %q at %d is lost", r, v, off)
 			}
 		}
-		for _, n := range w.nodes {
+		for _, n := range w.regionNodes(0) {
 			if c := n.replicas[r].Committed(); c != uint64(len(w.canonical[r])) {
 				return fmt.Errorf("range %d: node %d committed %d, the log has %d", r, n.id, c, len(w.canonical[r]))
 			}
 		}
+	}
+	if w.geo != nil {
+		return w.finalMirrors()
 	}
 	return nil
 }

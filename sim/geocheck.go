@@ -1,0 +1,106 @@
+package sim
+
+import (
+	"fmt"
+
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/replicator"
+)
+
+// checkMirror holds what a mirror replica committed past what was verified
+// against the home's log. It never commits past what a home replica
+// published (a source ships committed frames only). Every frame at its
+// offset is the home's frame there (replicator.SameData: equal but for
+// the Raft term and index its own group stamps), its records the home's
+// records at the same offsets. Frames past what the home's replicas were
+// seen to commit in the checks wait for the next check (a home leader may
+// ship what it alone has published, then crash).
+func (w *world) checkMirror(n *node, r int, committed uint64) error {
+	if committed > w.homeCommitted[r] {
+		return fmt.Errorf("%v range %d: the mirror committed %d, past the highest end %d any home replica published: it holds what the home did not commit", n, r, committed, w.homeCommitted[r])
+	}
+	canon := w.canonical[r]
+	for n.verified[r] < committed && n.verified[r] < uint64(len(canon)) {
+		from := n.verified[r]
+		frames, err := n.stores[r].ReadFrames(from, 1<<20, committed)
+		if err != nil {
+			return fmt.Errorf("%v range %d: read committed [%d, %d): %w", n, r, from, committed, err)
+		}
+		if len(frames) == 0 {
+			return fmt.Errorf("%v range %d: committed %d but nothing readable at %d", n, r, committed, from)
+		}
+		for len(frames) > 0 && n.verified[r] < uint64(len(canon)) {
+			size, err := batch.FrameSize(frames)
+			if err != nil {
+				return err
+			}
+			frame := frames[:size]
+			frames = frames[size:]
+			h, recs, err := batch.Decode(frame)
+			if err != nil {
+				return fmt.Errorf("%v range %d: committed frame at %d: %w", n, r, n.verified[r], err)
+			}
+			if h.Type != batch.TypeData {
+				return fmt.Errorf("%v range %d: a %v frame at %d in a mirror's log", n, r, h.Type, h.BaseOffset)
+			}
+			if h.NextOffset() > uint64(len(canon)) {
+				break // the home's replicas have not been seen to commit it yet
+			}
+			if err := w.mirrorFrame(n, r, h, recs, frame); err != nil {
+				return err
+			}
+			n.verified[r] = max(n.verified[r], h.NextOffset())
+		}
+		if n.verified[r] == from {
+			break
+		}
+	}
+	return nil
+}
+
+// mirrorFrame holds one frame of a mirror's log against the home's.
+func (w *world) mirrorFrame(n *node, r int, h batch.Header, recs []batch.Record, frame []byte) error {
+	if home, ok := w.canonFrames[r][h.BaseOffset]; ok && !replicator.SameData(home, frame) {
+		hh, _ := batch.DecodeHeader(home)
+		return fmt.Errorf("%v range %d: mirror's frame at %d (%d records, epoch %d) is not the home's there (%d records, epoch %d)",
+			n, r, h.BaseOffset, h.RecordCount, h.Epoch, hh.RecordCount, hh.Epoch)
+	}
+	for i, rec := range recs {
+		off := h.Offset(&recs[i])
+		if want := w.canonical[r][off]; string(rec.Value) != want {
+			return fmt.Errorf("%v range %d offset %d: mirror holds %q, the home %q", n, r, off, rec.Value, want)
+		}
+	}
+	return nil
+}
+
+// finalMirrors requires, once everything healed, every replica of every
+// mirror region to have committed the home's whole log and to hold it as
+// the home does.
+func (w *world) finalMirrors() error {
+	for r := range w.canonical {
+		end := uint64(len(w.canonical[r]))
+		for _, n := range w.nodes[w.opt.Nodes:] {
+			if c := n.replicas[r].Committed(); c != end {
+				return fmt.Errorf("range %d: %v committed %d of the home's %d after healing: the mirror did not catch up", r, n, c, end)
+			}
+			if n.verified[r] != end {
+				return fmt.Errorf("range %d: %v verified to %d of %d", r, n, n.verified[r], end)
+			}
+		}
+	}
+	return nil
+}
+
+// mirrorsCaughtUp reports whether every mirror replica has committed the
+// home's whole log.
+func (w *world) mirrorsCaughtUp() bool {
+	for r := range w.canonical {
+		for _, n := range w.nodes[w.opt.Nodes:] {
+			if !n.up || n.replicas[r].Committed() != uint64(len(w.canonical[r])) {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,226 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/replica"
+	"github.com/geolog/geolog/replicator"
+)
+
+// The mirror side. replicator.Server cannot run here as it is: it serves
+// a gRPC stream with a read-ahead goroutine, and MirrorRange.Apply blocks
+// until the mirror group commits, which in the simulator takes virtual
+// time that only the one goroutine can advance. So a mirror node serves
+// its requests as the Server does, step by step, and runs the Server's
+// own checks (replicator.CheckBatch, CheckedBatch.Overlap): a range's
+// requests are served one at a time, in arrival order (its lock); a batch
+// is validated, compared where it overlaps what is applied, and what lies
+// past the applied end is proposed verbatim to the mirror group's leader
+// (replica.ProposeVerbatim, as regionsvc's mirrorRange.Apply does), the
+// answer waiting for every frame's commit.
+
+// mirrorQueue is a mirror node's serving state of one range.
+type mirrorQueue struct {
+	reqs     []*geoMsg // arrived, not yet served
+	applying *geoMsg   // the batch being applied, if any
+	seq      uint64    // numbers applies, so that late replies are told apart
+	term     uint64    // the leader term the apply was proposed in
+	pending  int       // its frames not yet answered
+	end      uint64    // the applied end its frames reached
+	err      error     // the first failure among them
+}
+
+// arrive queues a request at its mirror node; a node that is down, or
+// restarted since the open, has no such stream: the source learns it.
+func (g *geoWorld) arrive(m *geoMsg) {
+	s := m.s
+	if s.dead {
+		return
+	}
+	n := s.target
+	switch {
+	case g.offWAN(n):
+		s.blackholed = true // unreachable: the stream stalls
+		g.res.Dropped++
+		return
+	case !n.up && m.kind == gmOpen:
+		g.send(s, &geoMsg{kind: gmOpened, err: errConnRefused}, false)
+		s.dead = true
+		return
+	case !n.up || (m.kind != gmOpen && n.gen != s.targetGen):
+		g.breakStream(s)
+		return
+	}
+	if m.kind == gmOpen {
+		s.targetGen = n.gen
+	}
+	q := &n.mirror[m.s.l.rng]
+	if len(q.reqs) >= mirrorQueueMax {
+		g.breakStream(s)
+		return
+	}
+	q.reqs = append(q.reqs, m)
+}
+
+// serve answers range r's queued requests at node n, one at a time.
+func (g *geoWorld) serve(n *node, r int) {
+	q := &n.mirror[r]
+	for g.w.err == nil {
+		if q.applying != nil {
+			rep := n.replicas[r]
+			if rep.LeaderTerm() == q.term && (q.pending > 0 || (q.err == nil && rep.Committed() < q.end)) {
+				// Waiting for the mirror group to commit, and for the
+				// replica to publish it (mirrorRange.apply's
+				// waitCommitted): else the next batch, which starts
+				// there, would look like a gap.
+				return
+			}
+			g.finishApply(n, r)
+			continue
+		}
+		if len(q.reqs) == 0 {
+			return
+		}
+		m := q.reqs[0]
+		q.reqs = q.reqs[1:]
+		if !m.s.dead {
+			g.handle(n, r, m)
+		}
+	}
+}
+
+// handle serves one request of range r at node n.
+func (g *geoWorld) handle(n *node, r int, m *geoMsg) {
+	rep := n.replicas[r]
+	if !rep.IsLeader() {
+		e := apierr.New(apierr.NotLeader, "range %d: %v does not lead the mirror group", r, n)
+		if id := rep.LeaderID(); id != 0 {
+			e.LeaderHint = fmt.Sprintf("node:%d", id)
+		}
+		g.answer(m, 0, 0, e, true)
+		return
+	}
+	applied, highest := rep.Committed(), rep.HighestEpoch()
+	if highest > homeEpoch {
+		g.w.err = fmt.Errorf("%v range %d: a mirror has seen epoch %d with one home epoch", n, r, highest)
+		return
+	}
+	switch m.kind {
+	case gmOpen:
+		g.answer(m, applied, highest, nil, false)
+	case gmHeartbeat:
+		g.answer(m, applied, highest, nil, false)
+	case gmBatch:
+		g.handleBatch(n, r, m, applied, highest)
+	}
+}
+
+// handleBatch validates a batch and compares it with what is applied, as
+// the Server does (its own checks), then applies what extends the log.
+func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint64) {
+	w := g.w
+	cb, err := replicator.CheckBatch(m.batch, homeEpoch)
+	if err != nil {
+		w.err = fmt.Errorf("%v range %d: the home shipped a batch the mirror's checks refuse: %w", n, r, err)
+		return
+	}
+	var stored []byte
+	if cb.First < applied {
+		if stored, err = n.stores[r].ReadFrames(cb.First, len(cb.Frames), min(applied, cb.End)); err != nil {
+			g.res.Refusals++
+			g.answer(m, applied, highest, apierr.Wrap(apierr.Unavailable, err, "read the mirror's frames to compare"), true)
+			return
+		}
+	}
+	frames, err := cb.Overlap(applied, stored)
+	switch {
+	case errors.Is(err, replicator.ErrGap):
+		g.res.Gaps++
+		g.answer(m, applied, highest, err, false)
+		return
+	case err != nil:
+		w.err = fmt.Errorf("%v range %d: batch [%d, %d) against applied end %d: %w (no fork can explain it with one home epoch)", n, r, cb.First, cb.End, applied, err)
+		return
+	case len(frames) == 0:
+		g.res.Duplicates++
+		g.answer(m, applied, highest, nil, false)
+		return
+	}
+	g.apply(n, r, m, frames)
+}
+
+// apply proposes each frame verbatim to the mirror group; finishApply
+// answers once every one is answered.
+func (g *geoWorld) apply(n *node, r int, m *geoMsg, frames []byte) {
+	fs, err := replicator.SplitFrames(frames)
+	if err != nil {
+		g.w.err = fmt.Errorf("%v range %d: checked frames do not split: %w", n, r, err)
+		return
+	}
+	q := &n.mirror[r]
+	rep := n.replicas[r]
+	q.seq++
+	q.applying, q.term, q.pending, q.end, q.err = m, rep.LeaderTerm(), len(fs), 0, nil
+	seq, gen := q.seq, n.gen
+	for _, f := range fs {
+		h, _ := batch.DecodeHeader(f)
+		g.res.Frames++
+		rep.ProposeVerbatim(&replica.Op{
+			RecordCount: h.Span(), Frame: append([]byte(nil), f...),
+			Reply: func(res replica.Result) {
+				if n.gen != gen || n.mirror[r].seq != seq {
+					return // an apply given up on
+				}
+				q := &n.mirror[r]
+				q.pending--
+				if res.Err != nil && q.err == nil {
+					q.err = res.Err
+				}
+				if res.Err == nil {
+					q.end = max(q.end, res.BaseOffset+uint64(res.RecordCount))
+				}
+			},
+		})
+	}
+}
+
+// finishApply answers the batch being applied: its applied end, or the
+// first failure (which ends the stream, as the Server's does). An apply
+// whose leader term ended before every frame was answered is given up on
+// with NOT_LEADER.
+func (g *geoWorld) finishApply(n *node, r int) {
+	q := &n.mirror[r]
+	m := q.applying
+	q.applying = nil
+	q.seq++ // late replies belong to no apply
+	err := q.err
+	if q.pending > 0 && err == nil {
+		err = apierr.New(apierr.NotLeader, "range %d: %v lost the mirror group's leadership while applying", r, n)
+	}
+	if err != nil {
+		g.res.Refusals++
+		g.answer(m, n.replicas[r].Committed(), n.replicas[r].HighestEpoch(), err, true)
+		return
+	}
+	g.res.Batches++
+	g.answer(m, q.end, n.replicas[r].HighestEpoch(), nil, false)
+}
+
+// answer sends the answer to m back to its source; final ends the stream
+// after it.
+func (g *geoWorld) answer(m *geoMsg, applied, highest uint64, err error, final bool) {
+	kind := gmAnswer
+	if m.kind == gmOpen {
+		kind = gmOpened
+	}
+	if err != nil && kind == gmAnswer && !errors.Is(err, replicator.ErrGap) && m.kind != gmOpen {
+		final = true
+	}
+	g.send(m.s, &geoMsg{kind: kind, applied: applied, highest: highest, err: err}, false)
+	if final {
+		m.s.dead = true
+	}
+}
