@@ -68,7 +68,6 @@ func (g GeoResult) add(o GeoResult) GeoResult {
 
 // Virtual-time constants of replication between regions.
 const (
-	homeEpoch         = 1      // the one homing epoch of this layer (no failover yet)
 	geoTickMs         = 100    // a cursor's heartbeat interval
 	geoTimeoutMs      = 1500   // a stream silent this long with requests in flight is given up (keepalive)
 	mirrorQueueMax    = 256    // requests a mirror node queues per range
@@ -334,7 +333,7 @@ var (
 func (g *geoWorld) newLink(rt *route, leader *node) *link {
 	w := g.w
 	cur, err := replicator.NewCursor(replicator.CursorConfig{
-		Epoch: homeEpoch, Rand: rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())),
+		Epoch: g.w.homing.homes[rt.rng].Epoch, Rand: rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64())),
 		WindowBytes: 32 << 10, BatchBytesMax: 4 << 10, BackoffMax: 2 * time.Second,
 	})
 	if err != nil {

@@ -104,8 +104,8 @@ func (g *geoWorld) handle(n *node, r int, m *geoMsg) {
 		return
 	}
 	applied, highest := rep.Committed(), rep.HighestEpoch()
-	if highest > homeEpoch {
-		g.w.err = fmt.Errorf("%v range %d: a mirror has seen epoch %d with one home epoch", n, r, highest)
+	if top := g.w.homing.homes[r].Epoch; highest > top {
+		g.w.err = fmt.Errorf("%v range %d: a mirror has seen epoch %d, the store's is %d", n, r, highest, top)
 		return
 	}
 	switch m.kind {
@@ -122,7 +122,7 @@ func (g *geoWorld) handle(n *node, r int, m *geoMsg) {
 // the Server does (its own checks), then applies what extends the log.
 func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint64) {
 	w := g.w
-	cb, err := replicator.CheckBatch(m.batch, homeEpoch)
+	cb, err := replicator.CheckBatch(m.batch, w.homing.homes[r].Epoch)
 	if err != nil {
 		w.err = fmt.Errorf("%v range %d: the home shipped a batch the mirror's checks refuse: %w", n, r, err)
 		return

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
@@ -63,12 +64,14 @@ type Result struct {
 	SnapshotsInstalled         int
 	// Geo is what replication between regions did (Regions > 1).
 	Geo GeoResult
+	// Homing is what the leases and the lease store did (Regions > 1).
+	Homing HomingResult
 }
 
 func (r Result) String() string {
 	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
 		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
-		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String()
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String()
 }
 
 const (
@@ -139,7 +142,15 @@ type node struct {
 	// requests waiting for the one being applied, as the replicator's
 	// Server serializes a range's requests.
 	mirror []mirrorQueue
+	// core is the node's liveness lease and view of its region's homes
+	// (Regions > 1; homing.go); epochs is, per range, the highest homing
+	// epoch its replica held in this incarnation (it never goes back).
+	core   *homing.Core
+	epochs []uint64
 }
+
+// baseEpoch is a frame's base offset and homing epoch.
+type baseEpoch struct{ base, epoch uint64 }
 
 // errSyncCrash is what a replica sees from the Sync its process dies in.
 var errSyncCrash = errors.New("sim: the process dies in fdatasync")
@@ -222,8 +233,15 @@ type world struct {
 	// replica was seen to publish (by the checks, or by a source when it
 	// read): no mirror may commit past it.
 	homeCommitted []uint64
-	geo           *geoWorld // Regions > 1
-	tampered      bool
+	// lastEpoch is, per range, the home's frame with the highest base
+	// offset seen, and its homing epoch.
+	lastEpoch []baseEpoch
+	geo       *geoWorld  // Regions > 1
+	homing    *homeWorld // Regions > 1
+	tampered  bool
+	// mutateNoLease, set by a test, makes home nodes admit and ack
+	// appends without their lease: the fencing check must report it.
+	mutateNoLease bool
 	err           error
 }
 
@@ -314,6 +332,7 @@ func (w *world) drawFaults() {
 	w.res.Compaction = w.compaction
 	if w.opt.Regions > 1 {
 		w.geo = newGeoWorld(w)
+		w.homing = newHomeWorld(w)
 	}
 }
 
@@ -328,11 +347,17 @@ func (w *world) build() error {
 	w.leaders = make([]uint64, opt.Ranges)
 	w.canonFrames = make([]map[uint64][]byte, opt.Ranges)
 	w.homeCommitted = make([]uint64, opt.Ranges)
+	w.lastEpoch = make([]baseEpoch, opt.Ranges)
 	for r := 0; r < opt.Ranges; r++ {
 		w.acked[r] = map[uint64]string{}
 		w.lastSeq[r] = map[int]int64{}
 		w.seen[r] = map[string]uint64{}
 		w.canonFrames[r] = map[uint64][]byte{}
+	}
+	if w.homing != nil {
+		if err := w.homing.build(); err != nil {
+			return err
+		}
 	}
 	for g := 0; g < opt.Regions; g++ {
 		for i := 0; i < opt.Nodes; i++ {
@@ -365,6 +390,7 @@ func (w *world) heal() {
 	w.dropP, w.dupP, w.lostReplyP = 0, 0, 0
 	if w.geo != nil {
 		w.geo.heal()
+		w.homing.heal()
 	}
 }
 
@@ -421,6 +447,12 @@ func (w *world) start(n *node) error {
 	n.marking = make([]bool, w.opt.Ranges)
 	n.dying = false
 	n.mirror = make([]mirrorQueue, w.opt.Ranges)
+	n.epochs = make([]uint64, w.opt.Ranges)
+	if w.homing != nil {
+		if err := w.homing.startNode(n); err != nil {
+			return err
+		}
+	}
 	peers := make([]uint64, w.opt.Nodes)
 	for i := range peers {
 		peers[i] = uint64(i + 1)
@@ -526,6 +558,7 @@ func (w *world) injectFaults() {
 	}
 	if w.geo != nil {
 		w.geo.injectFaults()
+		w.homing.injectFaults()
 	}
 }
 
@@ -562,6 +595,7 @@ func (w *world) step() {
 		return
 	}
 	if w.geo != nil {
+		w.homing.step()
 		w.geo.step()
 	}
 	if w.opt.tamper != nil && !w.tampered {

@@ -79,6 +79,7 @@ func simulate(t *testing.T, regions int, seeds []int64) {
 		total.SnapsFailed += res.SnapsFailed
 		total.SnapshotsInstalled += res.SnapshotsInstalled
 		total.Geo = total.Geo.add(res.Geo)
+		total.Homing = total.Homing.add(res.Homing)
 	}
 	t.Logf("%d seeds: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d duplicates), %d crashes, %d partitions, %d msgs dropped, %d duplicated, %d replies lost, %d leader changes",
 		len(seeds), total.Acked, total.AckedAhead, total.Committed, total.Retries, total.Duplicates, total.Crashes, total.Partitions,
@@ -86,7 +87,7 @@ func simulate(t *testing.T, regions int, seeds []int64) {
 	t.Logf("%d seeds compacting: %d segments compacted, %d snapshots sent (%d failed), %d installed",
 		compacting, total.SegmentsCompacted, total.SnapshotsSent, total.SnapsFailed, total.SnapshotsInstalled)
 	if regions > 1 {
-		t.Logf("%d seeds of %d regions%s", len(seeds), regions, total.Geo)
+		t.Logf("%d seeds of %d regions%s%s", len(seeds), regions, total.Geo, total.Homing)
 	}
 	if total.Acked == 0 {
 		t.Fatal("no record was acked in any run: the simulator exercised nothing")
@@ -96,6 +97,9 @@ func simulate(t *testing.T, regions int, seeds []int64) {
 	}
 	if g := total.Geo; regions > 1 && len(seeds) >= 20 && (g.Frames == 0 || g.Partitions == 0 || g.Broken == 0 || g.TimedOut == 0 || g.Duplicates == 0) {
 		t.Fatalf("replication went unexercised: %v", g)
+	}
+	if h := total.Homing; regions > 1 && len(seeds) >= 20 && (h.Outages == 0 || h.Refused == 0) {
+		t.Fatalf("homing went unexercised: %v", h)
 	}
 }
 

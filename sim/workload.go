@@ -62,10 +62,19 @@ func (w *world) request(e *event) {
 	}
 	h := batch.Header{Type: batch.TypeData, ProducerID: uint64(p.id), BaseSequence: b.seq}
 	seq, values := b.seq, b.values
+	epoch, err := w.admit(n, e.rng)
+	if err != nil {
+		w.refuse(p, e, n, err)
+		return
+	}
+	gen := n.gen
 	n.replicas[e.rng].Propose(&replica.Op{
-		ProducerID: uint64(p.id), BaseSequence: b.seq, RecordCount: uint32(len(b.values)),
+		ProducerID: uint64(p.id), BaseSequence: b.seq, RecordCount: uint32(len(b.values)), Epoch: epoch,
 		Frame: batch.Encode(nil, h, recs),
 		Reply: func(res replica.Result) {
+			if res.Err == nil && n.up && n.gen == gen {
+				res.Err = w.ackable(n, e.rng, res, epoch)
+			}
 			if res.Err == nil && !res.Duplicate && n.replicas[e.rng].Committed() < res.BaseOffset+uint64(res.RecordCount) {
 				w.res.AckedAhead++
 			}
@@ -77,6 +86,39 @@ func (w *world) request(e *event) {
 				batchSeq: seq, count: len(values), res: res})
 		},
 	})
+}
+
+// admit is the lease check before a home node proposes (homing.go): the
+// epoch to propose at (0: the replica's own, without homing).
+func (w *world) admit(n *node, r int) (uint64, error) {
+	if w.homing == nil || w.mutateNoLease {
+		return 0, nil
+	}
+	return w.homing.admit(n, r)
+}
+
+// ackable is the lease check before a node acks res (homing.go), then
+// the check of the ack against the store's truth (which fails the run).
+func (w *world) ackable(n *node, r int, res replica.Result, epoch uint64) error {
+	if w.homing == nil {
+		return nil
+	}
+	if w.mutateNoLease {
+		// A home that acks without its lease (a test's mutation).
+	} else if err := w.homing.ackable(n, r, epoch, res.Duplicate); err != nil {
+		return err
+	}
+	if err := w.homing.checkAck(n, r, res.Epoch, res.Duplicate); err != nil && w.err == nil {
+		w.err = err
+	}
+	return nil
+}
+
+// refuse answers a request a node refused before proposing it.
+func (w *world) refuse(p *producer, e *event, n *node, err error) {
+	b := p.batch[e.rng]
+	w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, rng: e.rng,
+		batchSeq: b.seq, count: len(b.values), res: replica.Result{Err: err}})
 }
 
 // reply delivers a node's answer to the producer.
@@ -153,6 +195,11 @@ func (w *world) check() error {
 				return fmt.Errorf("%v range %d: publishes a committed end of %d, below the %d it published before (invariant 8)", n, r, committed, n.served[r])
 			}
 			n.served[r] = committed
+			if e := rep.HighestEpoch(); e < n.epochs[r] {
+				return fmt.Errorf("%v range %d: holds homing epoch %d, below the %d it held before (epochs never go back)", n, r, e, n.epochs[r])
+			} else {
+				n.epochs[r] = e
+			}
 			// What compaction or a snapshot took from this replica was
 			// checked elsewhere (or here) when it committed: agreement is
 			// on what the replicas retain.
@@ -226,11 +273,28 @@ func (w *world) canonFrame(n *node, r int, base uint64, frame []byte) error {
 	prev, ok := w.canonFrames[r][base]
 	if !ok {
 		w.canonFrames[r][base] = append([]byte(nil), frame...)
-		return nil
+		return w.epochOrder(n, r, base, frame)
 	}
 	if !replicator.SameData(prev, frame) {
 		return fmt.Errorf("%v range %d: frame at %d differs from the one another home replica committed", n, r, base)
 	}
+	return nil
+}
+
+// epochOrder: along the home's log, homing epochs never go back.
+func (w *world) epochOrder(n *node, r int, base uint64, frame []byte) error {
+	h, err := batch.DecodeHeader(frame)
+	if err != nil {
+		return err
+	}
+	last := &w.lastEpoch[r]
+	if base < last.base {
+		return nil
+	}
+	if h.Epoch < last.epoch {
+		return fmt.Errorf("%v range %d: the home's frame at %d has epoch %d, after epoch %d at %d (epochs never go back)", n, r, base, h.Epoch, last.epoch, last.base)
+	}
+	*last = baseEpoch{base: base, epoch: h.Epoch}
 	return nil
 }
 

@@ -1,0 +1,194 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/homing"
+)
+
+// Homing (Regions > 1): every range has a home record in the real
+// homing.MemStore (the lease store's in-memory twin), created in region
+// 0 at epoch 1. Every node of every region runs the real liveness core
+// (homing.Core) on the virtual clock: its heartbeats are synchronous
+// calls to the store (MemStore answers at once; it reads no clock: the
+// readings come in the requests). A home node admits an append only
+// under its lease (View.Check, as regionsvc's admit), proposes it at the
+// lease's epoch and acks it only if the lease still holds at that epoch
+// (regionsvc's leaseCheck). The store has outages (MemStore.SetDown);
+// a node cut off the WAN, or in a region cut off it, cannot reach it.
+
+// Virtual-time constants of homing (milliseconds).
+const (
+	leaseTTLMs       = 1000
+	heartbeatMs      = 200
+	heartbeatRetryMs = 100
+	maxOffsetMs      = 50
+)
+
+// HomingResult counts what homing did in a run.
+type HomingResult struct {
+	// Heartbeats counts heartbeats sent, Failed those that failed;
+	// Outages the lease-store outages; Refused the appends refused for
+	// want of a lease (at admission or at the ack).
+	Heartbeats, Failed, Outages, Refused int
+}
+
+func (h HomingResult) String() string {
+	if h == (HomingResult{}) {
+		return ""
+	}
+	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease",
+		h.Heartbeats, h.Failed, h.Outages, h.Refused)
+}
+
+// add sums two runs' counters.
+func (h HomingResult) add(o HomingResult) HomingResult {
+	h.Heartbeats += o.Heartbeats
+	h.Failed += o.Failed
+	h.Outages += o.Outages
+	h.Refused += o.Refused
+	return h
+}
+
+// homeWorld is the lease store, the truth of each range's home, and the
+// lease-store outages.
+type homeWorld struct {
+	w     *world
+	store *homing.MemStore
+	// homes is, per range, the home record as the simulator last saw the
+	// store grant it: what the checks hold acks against.
+	homes    []homing.Home
+	outageP  float64
+	downTill int64
+	res      *HomingResult
+}
+
+func newHomeWorld(w *world) *homeWorld {
+	return &homeWorld{w: w, store: homing.NewMemStore(), outageP: w.rng.Float64() * 0.0005, res: &w.res.Homing}
+}
+
+// regionName is region g's name in the lease store.
+func regionName(g int) string { return "r" + strconv.Itoa(g) }
+
+// storeNodeID is n's node id in the lease store (unique across regions).
+func storeNodeID(n *node) uint64 { return uint64(n.region*100 + n.id) }
+
+func rangeKey(r int) homing.RangeKey { return homing.RangeKey{Stream: "sim", Range: uint32(r)} }
+
+// nanos is the virtual clock in Unix nanoseconds.
+func (w *world) nanos() int64 { return startUnixNano + w.now*1e6 }
+
+// build creates every range's home record in region 0.
+func (h *homeWorld) build() error {
+	specs := make([]homing.HomeSpec, h.w.opt.Ranges)
+	for r := range specs {
+		specs[r] = homing.HomeSpec{Key: rangeKey(r), Region: regionName(0)}
+	}
+	homes, err := h.store.CreateHomes(context.Background(), specs)
+	if err != nil {
+		return err
+	}
+	h.homes = homes
+	return nil
+}
+
+// startNode gives a (re)started node a new liveness core: it registers
+// again, as a restarted process does.
+func (h *homeWorld) startNode(n *node) error {
+	core, err := homing.NewCore(homing.CoreConfig{
+		NodeID: storeNodeID(n), Region: regionName(n.region),
+		HeartbeatIntervalNanos: heartbeatMs * 1e6, RetryIntervalNanos: heartbeatRetryMs * 1e6,
+		LivenessTTLNanos: leaseTTLMs * 1e6, MaxOffsetNanos: maxOffsetMs * 1e6,
+	})
+	n.core = core
+	return err
+}
+
+// injectFaults starts a lease-store outage now and then.
+func (h *homeWorld) injectFaults() {
+	w := h.w
+	if h.downTill <= w.now && w.rng.Float64() < h.outageP {
+		h.downTill = w.now + 200 + w.rng.Int64N(2000)
+		h.store.SetDown(true)
+		h.res.Outages++
+	}
+}
+
+func (h *homeWorld) heal() { h.downTill = 0 }
+
+// step ends a due outage and sends every live node's due heartbeat.
+func (h *homeWorld) step() {
+	w := h.w
+	if h.downTill <= w.now {
+		h.store.SetDown(false)
+	}
+	for _, n := range w.nodes {
+		if !n.up {
+			continue
+		}
+		req, ok := n.core.Next(w.nanos())
+		if !ok {
+			continue
+		}
+		h.res.Heartbeats++
+		ctx := context.Background()
+		if h.unreachable(n) {
+			c, cancel := context.WithCancel(ctx)
+			cancel()
+			ctx = c // MemStore answers a cancelled call as unavailable
+		}
+		res, err := h.store.Heartbeat(ctx, req)
+		if err != nil {
+			h.res.Failed++
+		}
+		n.core.Done(req, res, err)
+	}
+}
+
+// unreachable reports whether n cannot reach the lease store: it is cut
+// off the WAN, or its region is.
+func (h *homeWorld) unreachable(n *node) bool {
+	g := h.w.geo
+	return g != nil && (g.partitioned(n.region) || g.offWAN(n))
+}
+
+// admit is the lease check before a node proposes an append (regionsvc's
+// admit): the epoch to propose it at, or a retriable refusal.
+func (h *homeWorld) admit(n *node, r int) (uint64, error) {
+	e, err := n.core.View().Check(rangeKey(r), h.w.nanos())
+	if err != nil {
+		h.res.Refused++
+		return 0, apierr.New(apierr.Unavailable, "%v range %d: no lease: %v", n, r, err)
+	}
+	return e, nil
+}
+
+// ackable is the lease check before a node acks an append proposed at
+// epoch (regionsvc's leaseCheck): a duplicate carries the epoch it was
+// first appended at, so only the lease matters for it.
+func (h *homeWorld) ackable(n *node, r int, epoch uint64, duplicate bool) error {
+	e, err := n.core.View().Check(rangeKey(r), h.w.nanos())
+	if err == nil && (e == epoch || duplicate) {
+		return nil
+	}
+	h.res.Refused++
+	return apierr.New(apierr.Unavailable, "%v range %d: committed at epoch %d but not acknowledged: lease %d, %v", n, r, epoch, e, err)
+}
+
+// checkAck holds an ack against the store's truth: only a node of the
+// range's current home region acks, and a new append only at the
+// current epoch (fencing: a home whose range was taken over acks
+// nothing more).
+func (h *homeWorld) checkAck(n *node, r int, epoch uint64, duplicate bool) error {
+	home := h.homes[r]
+	if regionName(n.region) != home.Region {
+		return fmt.Errorf("%v range %d: acked an append at epoch %d, but the range is homed in %s at epoch %d", n, r, epoch, home.Region, home.Epoch)
+	}
+	if !duplicate && epoch != home.Epoch {
+		return fmt.Errorf("%v range %d: acked an append at epoch %d, the range is at epoch %d", n, r, epoch, home.Epoch)
+	}
+	return nil
+}
