@@ -96,6 +96,7 @@ type route struct {
 	rng, region int
 	live        *link
 	zombies     []*link
+	dropped     bool // the range was taken over: this layer ships no more
 }
 
 // link is one cursor of a route, on one home node, and its current
@@ -216,7 +217,7 @@ func (g *geoWorld) floor(r int) uint64 {
 func (g *geoWorld) step() {
 	for _, n := range g.w.nodes[g.w.opt.Nodes:] {
 		for r := range n.mirror {
-			if g.w.err == nil && n.up {
+			if g.w.err == nil && n.up && !g.w.homing.taken(r) {
 				g.serve(n, r)
 			}
 		}
@@ -243,6 +244,9 @@ func (g *geoWorld) homeLeader(r int) *node {
 // drives the live link and the zombies.
 func (g *geoWorld) driveRoute(rt *route) {
 	w := g.w
+	if rt.dropped {
+		return
+	}
 	leader := g.homeLeader(rt.rng)
 	if l := rt.live; (l == nil && leader != nil) || (l != nil && (leader != l.owner || leader.gen != l.ownerGen)) {
 		if l != nil {
@@ -281,6 +285,18 @@ func (g *geoWorld) retire(rt *route, l *link) {
 		return
 	}
 	g.stop(l)
+}
+
+// dropRoute stops a route's links for good.
+func (g *geoWorld) dropRoute(rt *route) {
+	rt.dropped = true
+	if rt.live != nil {
+		g.stop(rt.live)
+	}
+	for _, z := range rt.zombies {
+		g.stop(z)
+	}
+	rt.live, rt.zombies = nil, nil
 }
 
 // stop ends a link's cursor and stream.

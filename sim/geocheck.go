@@ -80,6 +80,9 @@ func (w *world) mirrorFrame(n *node, r int, h batch.Header, recs []batch.Record,
 func (w *world) finalMirrors() error {
 	for r := range w.canonical {
 		end := uint64(len(w.canonical[r]))
+		if w.homing.taken(r) {
+			continue // finalTaken
+		}
 		for _, n := range w.nodes[w.opt.Nodes:] {
 			if c := n.replicas[r].Committed(); c != end {
 				return fmt.Errorf("range %d: %v committed %d of the home's %d after healing: the mirror did not catch up", r, n, c, end)
@@ -96,6 +99,9 @@ func (w *world) finalMirrors() error {
 // home's whole log.
 func (w *world) mirrorsCaughtUp() bool {
 	for r := range w.canonical {
+		if w.homing.taken(r) {
+			continue
+		}
 		for _, n := range w.nodes[w.opt.Nodes:] {
 			if !n.up || n.replicas[r].Committed() != uint64(len(w.canonical[r])) {
 				return false

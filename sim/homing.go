@@ -34,14 +34,20 @@ type HomingResult struct {
 	// Outages the lease-store outages; Refused the appends refused for
 	// want of a lease (at admission or at the ack).
 	Heartbeats, Failed, Outages, Refused int
+	// Failovers counts home regions cut off past a lease TTL, Takeovers
+	// the ranges taken over, Orphaned the acked records past a fork
+	// point (acked by the old home, never replicated), Abandoned the
+	// producers' batches left unanswered when a range's new home was
+	// not serving (this layer).
+	Failovers, Takeovers, Orphaned, Abandoned int
 }
 
 func (h HomingResult) String() string {
 	if h == (HomingResult{}) {
 		return ""
 	}
-	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease",
-		h.Heartbeats, h.Failed, h.Outages, h.Refused)
+	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over, %d acked records orphaned, %d batches abandoned",
+		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.Orphaned, h.Abandoned)
 }
 
 // add sums two runs' counters.
@@ -50,6 +56,10 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.Failed += o.Failed
 	h.Outages += o.Outages
 	h.Refused += o.Refused
+	h.Failovers += o.Failovers
+	h.Takeovers += o.Takeovers
+	h.Orphaned += o.Orphaned
+	h.Abandoned += o.Abandoned
 	return h
 }
 
@@ -63,11 +73,16 @@ type homeWorld struct {
 	homes    []homing.Home
 	outageP  float64
 	downTill int64
-	res      *HomingResult
+	// failAt is when the home region is cut off (-1: never), failFor
+	// for how long.
+	failAt, failFor int64
+	res             *HomingResult
 }
 
 func newHomeWorld(w *world) *homeWorld {
-	return &homeWorld{w: w, store: homing.NewMemStore(), outageP: w.rng.Float64() * 0.0005, res: &w.res.Homing}
+	h := &homeWorld{w: w, store: homing.NewMemStore(), outageP: w.rng.Float64() * 0.0005, res: &w.res.Homing}
+	h.failoverPlan()
+	return h
 }
 
 // regionName is region g's name in the lease store.
@@ -146,6 +161,7 @@ func (h *homeWorld) step() {
 		}
 		n.core.Done(req, res, err)
 	}
+	h.failover()
 }
 
 // unreachable reports whether n cannot reach the lease store: it is cut
@@ -189,6 +205,124 @@ func (h *homeWorld) checkAck(n *node, r int, epoch uint64, duplicate bool) error
 	}
 	if !duplicate && epoch != home.Epoch {
 		return fmt.Errorf("%v range %d: acked an append at epoch %d, the range is at epoch %d", n, r, epoch, home.Epoch)
+	}
+	return nil
+}
+
+// Failover (unplanned, DESIGN.md "Homing"): one run in three cuts the
+// home region off the WAN (and so off the lease store) for longer than a
+// lease TTL plus the max clock offset. Region 1's failover agent asks the
+// store to take the ranges over every failoverScanMs, through the
+// store's own decision (MemStore.Takeover runs homing's decideTakeover:
+// refused while any node of the home may be live), continuing at its
+// mirror leader's committed end. The producers stay with the old home
+// (they are local to it) and meet its fencing.
+//
+// This layer detects, it does not yet fork: on a grant the simulator
+// records the fork point (the grant's StartOffset), moves the acked
+// records at or past it to the range's orphan count (acked by the old
+// home before the grant, never replicated), stops the range's routes and
+// mirror serving, and checks that the new home holds the log up to the
+// fork point. The new home does not take appends, the old home does not
+// fork (replica.ProposeFork) and its mirrors do not re-follow: see
+// notes/simhome.md.
+
+const failoverScanMs = 50
+
+// failoverPlan draws whether and when the run cuts its home region off.
+func (h *homeWorld) failoverPlan() {
+	w := h.w
+	h.failAt = -1
+	if w.rng.IntN(3) == 0 {
+		h.failAt = 300 + w.rng.Int64N(1000)
+		h.failFor = leaseTTLMs + maxOffsetMs + 200 + w.rng.Int64N(800)
+	}
+}
+
+// failover cuts the home region off when planned, and runs region 1's
+// agent.
+func (h *homeWorld) failover() {
+	w := h.w
+	if w.now == h.failAt {
+		w.geo.cutTill[0] = max(w.geo.cutTill[0], w.now+h.failFor)
+		h.res.Failovers++
+	}
+	if w.now%failoverScanMs != 0 || w.now >= int64(w.opt.Steps) {
+		return
+	}
+	var ranges []homing.TakeoverRange
+	for r, home := range h.homes {
+		if home.Region != regionName(0) {
+			continue
+		}
+		if l := w.leaderOf(1, r); l != nil {
+			ranges = append(ranges, homing.TakeoverRange{Key: rangeKey(r), Epoch: home.Epoch, StartOffset: l.replicas[r].Committed()})
+		}
+	}
+	if len(ranges) == 0 {
+		return
+	}
+	res, err := h.store.Takeover(context.Background(), homing.TakeoverRequest{From: regionName(0), To: regionName(1),
+		NowNanos: w.nanos(), MaxOffsetNanos: maxOffsetMs * 1e6, Ranges: ranges})
+	if err != nil {
+		return // the home may be live, or the store is down: next scan
+	}
+	for _, o := range res.Ranges {
+		if o.Outcome == homing.Granted {
+			h.granted(int(o.Key.Range), o.Home)
+		}
+	}
+}
+
+// granted records a takeover: the new home, the fork point, and the
+// acked records past it, which only an orphan log can now hold.
+func (h *homeWorld) granted(r int, home homing.Home) {
+	w := h.w
+	if home.Epoch <= h.homes[r].Epoch {
+		w.err = fmt.Errorf("range %d: a takeover granted epoch %d, not above %d", r, home.Epoch, h.homes[r].Epoch)
+		return
+	}
+	h.homes[r] = home
+	h.res.Takeovers++
+	for off := range w.acked[r] {
+		if off >= home.StartOffset {
+			delete(w.acked[r], off)
+			h.res.Orphaned++
+		}
+	}
+	for _, rt := range w.geo.routes {
+		if rt.rng == r {
+			w.geo.dropRoute(rt)
+		}
+	}
+}
+
+// taken reports whether range r's home left region 0.
+func (h *homeWorld) taken(r int) bool { return h != nil && h.homes[r].Region != regionName(0) }
+
+// leaderOf returns the live node of region g leading range r, or nil.
+func (w *world) leaderOf(g, r int) *node {
+	for _, n := range w.regionNodes(g) {
+		if n.up && n.replicas[r].IsLeader() {
+			return n
+		}
+	}
+	return nil
+}
+
+// finalTaken requires every node of the taker region to hold the log up
+// to each taken range's fork point, as the home committed it (their
+// frames there were checked against the home's by checkMirror).
+func (h *homeWorld) finalTaken() error {
+	for r, home := range h.homes {
+		if !h.taken(r) {
+			continue
+		}
+		for _, n := range h.w.regionNodes(1) {
+			if n.verified[r] < home.StartOffset {
+				return fmt.Errorf("range %d: %v, in the new home, verified %d of the log up to the fork point %d", r, n, n.verified[r], home.StartOffset)
+			}
+		}
 	}
 	return nil
 }

@@ -18,6 +18,12 @@ func (w *world) produce() {
 	for _, p := range w.prods {
 		for r := range p.batch {
 			b := p.batch[r]
+			if b != nil && !newBatches && w.homing.taken(r) {
+				// The new home takes no appends in this layer.
+				w.homing.res.Abandoned++
+				p.batch[r] = nil
+				continue
+			}
 			switch {
 			case b == nil && newBatches && w.rng.Float64() < 0.05:
 				n := 1 + w.rng.IntN(3)
@@ -359,6 +365,9 @@ func (w *world) finalCheck() error {
 		}
 	}
 	if w.geo != nil {
+		if err := w.homing.finalTaken(); err != nil {
+			return err
+		}
 		return w.finalMirrors()
 	}
 	return nil
