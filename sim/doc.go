@@ -14,7 +14,7 @@
 // any region, publishes a lower committed end than it published before,
 // across its crashes: no forks), that all home replicas agree on the
 // committed log where what they retain overlaps, and invariant 6 in its
-// strict form (one home epoch, so no fork point): every frame a mirror
+// strict form (no fork is cut yet): every frame a mirror
 // replica committed is the home's frame at the same offset (equal but for
 // the Raft term and index, replicator.SameData) holding the same records,
 // and no mirror replica commits past what a home replica published.
@@ -77,7 +77,38 @@
 //     and every mirror caught up.
 //  5. After every step and at the end, check the invariants.
 //
-// Not yet simulated: homing (leases, epochs above 1, failover, rehomes,
-// forks and orphan logs), the range driver, raftnet, per-node clock skew.
-// See notes/simgeo.md for how the next layer adds them.
+// # Homing and failover (homing.go)
+//
+// With Regions > 1, every range has a home record in the real
+// homing.MemStore, created in region 0 at epoch 1, and every node runs
+// the real liveness core (homing.Core) on the virtual clock, its
+// heartbeats synchronous calls to the store (which reads no clock). A
+// home node admits an append only under its lease (View.Check), proposes
+// it at the lease's epoch (replica.Op.Epoch) and acks it only if the
+// lease still holds at that epoch, as regionsvc's admit and leaseCheck
+// do. Faults: lease-store outages (MemStore.SetDown: leases expire and
+// the home stops acking until the store is back), and, one run in three,
+// the home region cut off the WAN, and so off the store, for longer than
+// a lease TTL plus the max clock offset (ordinary region partitions of
+// region 0 longer than that do the same). Region 1's failover agent asks
+// the store every 50 ms to take region 0's ranges over at its mirror
+// leader's committed end (MemStore.Takeover: homing's decideTakeover,
+// refused while any node of the home may be live).
+//
+// Checks: an ack comes only from a node of the range's current home
+// region, and a new append's only at the current epoch (fencing: the
+// producers stay with the old home and keep writing to it); homing
+// epochs never go back, per node and range within an incarnation and
+// along the home's log; on a grant the acked records at or past the fork
+// point (the grant's StartOffset) are counted as orphaned (acked before
+// the grant, never replicated) and every node of the new home region must
+// hold the home's log up to the fork point.
+//
+// Not yet simulated: the new home taking appends, the old home and the
+// other mirrors forking their divergent tails into orphan logs
+// (replica.ProposeFork, replicator.Forker) and following the new home
+// (after a grant the range's routes stop, and its producers' unanswered
+// batches are abandoned at healing), planned rehomes, the homing.Takeover
+// core (the agent calls the store directly), the range driver, raftnet,
+// per-node clock skew. See notes/simhome.md.
 package sim
