@@ -76,12 +76,17 @@ type homeWorld struct {
 	// failAt is when the home region is cut off (-1: never), failFor
 	// for how long.
 	failAt, failFor int64
-	res             *HomingResult
+	agents          []*agent // per region
+	// reachSince is, per node, since when it has been up and able to
+	// reach the store (-1: it is not).
+	reachSince []int64
+	res        *HomingResult
 }
 
 func newHomeWorld(w *world) *homeWorld {
 	h := &homeWorld{w: w, store: homing.NewMemStore(), outageP: w.rng.Float64() * 0.0005, res: &w.res.Homing}
 	h.failoverPlan()
+	h.reachSince = make([]int64, w.opt.Regions*w.opt.Nodes)
 	return h
 }
 
@@ -107,6 +112,13 @@ func (h *homeWorld) build() error {
 		return err
 	}
 	h.homes = homes
+	for g := 0; g < h.w.opt.Regions; g++ {
+		a, err := newAgent(h, g)
+		if err != nil {
+			return err
+		}
+		h.agents = append(h.agents, a)
+	}
 	return nil
 }
 
@@ -211,12 +223,13 @@ func (h *homeWorld) checkAck(n *node, r int, epoch uint64, duplicate bool) error
 
 // Failover (unplanned, DESIGN.md "Homing"): one run in three cuts the
 // home region off the WAN (and so off the lease store) for longer than a
-// lease TTL plus the max clock offset. Region 1's failover agent asks the
-// store to take the ranges over every failoverScanMs, through the
-// store's own decision (MemStore.Takeover runs homing's decideTakeover:
-// refused while any node of the home may be live), continuing at its
-// mirror leader's committed end. The producers stay with the old home
-// (they are local to it) and meet its fencing.
+// lease TTL plus the max clock offset. Every region's failover agent
+// (agent.go: the real homing.Takeover core) judges it every
+// failoverScanMs and the most caught-up surviving region takes its
+// ranges over through the store's own decision (MemStore.Takeover:
+// decideTakeover, refused while any node of the home may be live),
+// continuing at its leader's committed end. The producers stay with the
+// old home (they are local to it) and meet its fencing.
 //
 // This layer detects, it does not yet fork: on a grant the simulator
 // records the fork point (the grant's StartOffset), moves the acked
@@ -239,38 +252,20 @@ func (h *homeWorld) failoverPlan() {
 	}
 }
 
-// failover cuts the home region off when planned, and runs region 1's
-// agent.
+// failover cuts the home region off when planned, and runs every
+// region's failover agent (agent.go).
 func (h *homeWorld) failover() {
 	w := h.w
 	if w.now == h.failAt {
 		w.geo.cutTill[0] = max(w.geo.cutTill[0], w.now+h.failFor)
 		h.res.Failovers++
 	}
+	h.trackReach()
 	if w.now%failoverScanMs != 0 || w.now >= int64(w.opt.Steps) {
 		return
 	}
-	var ranges []homing.TakeoverRange
-	for r, home := range h.homes {
-		if home.Region != regionName(0) {
-			continue
-		}
-		if l := w.leaderOf(1, r); l != nil {
-			ranges = append(ranges, homing.TakeoverRange{Key: rangeKey(r), Epoch: home.Epoch, StartOffset: l.replicas[r].Committed()})
-		}
-	}
-	if len(ranges) == 0 {
-		return
-	}
-	res, err := h.store.Takeover(context.Background(), homing.TakeoverRequest{From: regionName(0), To: regionName(1),
-		NowNanos: w.nanos(), MaxOffsetNanos: maxOffsetMs * 1e6, Ranges: ranges})
-	if err != nil {
-		return // the home may be live, or the store is down: next scan
-	}
-	for _, o := range res.Ranges {
-		if o.Outcome == homing.Granted {
-			h.granted(int(o.Key.Range), o.Home)
-		}
+	for _, a := range h.agents {
+		a.scan()
 	}
 }
 
@@ -280,6 +275,10 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 	w := h.w
 	if home.Epoch <= h.homes[r].Epoch {
 		w.err = fmt.Errorf("range %d: a takeover granted epoch %d, not above %d", r, home.Epoch, h.homes[r].Epoch)
+		return
+	}
+	if err := h.checkNeeded(r, h.homes[r].Region); err != nil {
+		w.err = err
 		return
 	}
 	h.homes[r] = home
@@ -318,7 +317,7 @@ func (h *homeWorld) finalTaken() error {
 		if !h.taken(r) {
 			continue
 		}
-		for _, n := range h.w.regionNodes(1) {
+		for _, n := range h.w.regionNodes(regionIndex(home.Region)) {
 			if n.verified[r] < home.StartOffset {
 				return fmt.Errorf("range %d: %v, in the new home, verified %d of the log up to the fork point %d", r, n, n.verified[r], home.StartOffset)
 			}

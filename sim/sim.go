@@ -39,6 +39,10 @@ type Options struct {
 	Regions int
 	// Logger receives the replicas' logs, default none.
 	Logger hclog.Logger
+	// mutateNoSettle, in tests, configures the failover agents without
+	// their settle wait (SettleNanos 0: the fix of a takeover right after
+	// a lease-store outage, reverted).
+	mutateNoSettle bool
 	// tamper, in tests, is called after every step until it returns
 	// true: it breaks the system behind its checks, to show the checker
 	// finds what it broke.

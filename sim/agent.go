@@ -1,0 +1,180 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/geolog/geolog/homing"
+)
+
+// agent is a region's failover agent: the real decision core
+// (homing.Takeover), driven as regionsvc's failoverAgent drives it, on
+// the region's lowest live node (standing in for its catalogue leader),
+// every failoverScanMs. Its ops are carried out at once: liveness reads
+// and takeovers are MemStore calls (cancelled when the node cannot reach
+// the store), a tails survey reads each answering region's range leaders'
+// committed ends. Refreshes are left to the heartbeats. Only ranges still
+// homed in region 0 are offered to it: this layer takes a range over at
+// most once (the new home takes no appends yet).
+type agent struct {
+	h      *homeWorld
+	region int
+	core   *homing.Takeover
+}
+
+func newAgent(h *homeWorld, g int) (*agent, error) {
+	regions := make([]string, h.w.opt.Regions)
+	for i := range regions {
+		regions[i] = regionName(i)
+	}
+	settle := int64(leaseTTLMs+maxOffsetMs) * 1e6
+	if h.w.opt.mutateNoSettle {
+		settle = 0
+	}
+	core, err := homing.NewTakeover(homing.TakeoverConfig{Region: regionName(g), Regions: regions,
+		SettleNanos: settle, GraceNanos: 3e9, MaxOffsetNanos: maxOffsetMs * 1e6})
+	return &agent{h: h, region: g, core: core}, err
+}
+
+// node is the node the agent runs on: the region's lowest live one.
+func (a *agent) node() *node {
+	for _, n := range a.h.w.regionNodes(a.region) {
+		if n.up {
+			return n
+		}
+	}
+	return nil
+}
+
+// scan runs one round: a tick, then the core's ops until it asks for
+// nothing more (regionsvc's failoverAgent.scan).
+func (a *agent) scan() {
+	h, w := a.h, a.h.w
+	n := a.node()
+	tk := homing.TakeoverTick{NowNanos: w.nanos(), Leading: n != nil, Streams: map[string][]string{"sim": a.order()}}
+	if n != nil {
+		tk.ServeUntilNanos = n.core.View().ServeUntilNanos
+		for _, home := range h.homes {
+			if home.Region == regionName(0) {
+				tk.Homes = append(tk.Homes, home)
+			}
+		}
+	}
+	a.core.Tick(tk)
+	for i := 0; i < 100 && w.err == nil; i++ {
+		ops, _ := a.core.Ready()
+		if len(ops) == 0 {
+			return
+		}
+		for _, op := range ops {
+			if op.Kind.Awaited() && !a.core.Current(op.Round) {
+				continue
+			}
+			a.do(n, op)
+		}
+	}
+}
+
+// order is the failover preference order: the regions after this one's
+// home, in turn.
+func (a *agent) order() []string {
+	out := []string{}
+	for i := 1; i <= a.h.w.opt.Regions; i++ {
+		out = append(out, regionName(i%a.h.w.opt.Regions))
+	}
+	return out
+}
+
+// ctx is the context of a store call from n: cancelled (the store
+// answers unavailable) when n cannot reach it.
+func (a *agent) ctx(n *node) context.Context {
+	if n == nil || a.h.unreachable(n) {
+		c, cancel := context.WithCancel(context.Background())
+		cancel()
+		return c
+	}
+	return context.Background()
+}
+
+// do carries out one op and feeds its answer back.
+func (a *agent) do(n *node, op homing.TakeoverOp) {
+	h, w := a.h, a.h.w
+	switch op.Kind {
+	case homing.OpReadLiveness:
+		live, err := h.store.Liveness(a.ctx(n), op.Region)
+		a.core.LivenessRead(op.Round, live, err)
+	case homing.OpSurveyTails:
+		rep := homing.TailReport{Remote: map[string]map[string][]uint64{}, Local: map[homing.RangeKey]uint64{}}
+		for _, ask := range op.Asks {
+			if g := regionIndex(ask.Region); !w.geo.partitioned(g) && !w.geo.partitioned(a.region) {
+				rep.Remote[ask.Region] = map[string][]uint64{"sim": a.tails(g)}
+			}
+		}
+		for _, k := range op.Keys {
+			if l := w.leaderOf(a.region, int(k.Range)); l != nil {
+				rep.Local[k] = l.replicas[k.Range].Committed()
+			}
+		}
+		a.core.TailsRead(op.Round, rep)
+	case homing.OpTakeover:
+		res, err := h.store.Takeover(a.ctx(n), homing.TakeoverRequest{From: op.Region, To: regionName(a.region),
+			NowNanos: w.nanos(), MaxOffsetNanos: maxOffsetMs * 1e6, Ranges: op.Ranges})
+		if err == nil {
+			for _, o := range res.Ranges {
+				if o.Outcome == homing.Granted {
+					h.granted(int(o.Key.Range), o.Home)
+				}
+			}
+		}
+		a.core.TakeoverDone(op.Round, res, err)
+	}
+}
+
+// tails is region g's committed end per range, by its leaders (0 where
+// none leads).
+func (a *agent) tails(g int) []uint64 {
+	w := a.h.w
+	out := make([]uint64, w.opt.Ranges)
+	for r := range out {
+		if l := w.leaderOf(g, r); l != nil {
+			out[r] = l.replicas[r].Committed()
+		}
+	}
+	return out
+}
+
+// regionIndex is the index of region name "r<g>".
+func regionIndex(name string) int {
+	var g int
+	fmt.Sscanf(name, "r%d", &g)
+	return g
+}
+
+// trackReach notes since when each node has been up and able to reach
+// the store.
+func (h *homeWorld) trackReach() {
+	for i, n := range h.w.nodes {
+		switch {
+		case !n.up || h.unreachable(n):
+			h.reachSince[i] = -1
+		case h.reachSince[i] < 0:
+			h.reachSince[i] = h.w.now
+		}
+	}
+}
+
+// checkNeeded fails the run if a range is taken from a home region one of
+// whose nodes has been up and able to reach the store for a lease TTL
+// plus the max clock offset, and so might have renewed its lease (an
+// unnecessary failover: the agent took a home that was about to renew,
+// as after a lease-store outage without the settle wait).
+func (h *homeWorld) checkNeeded(r int, from string) error {
+	g := regionIndex(from)
+	for i, n := range h.w.regionNodes(g) {
+		since := h.reachSince[g*h.w.opt.Nodes+i]
+		if since >= 0 && h.w.now-since > leaseTTLMs+maxOffsetMs+heartbeatRetryMs {
+			return fmt.Errorf("range %d: taken over from %s while %v had been up and reaching the store for %d ms (an unnecessary failover)", r, from, n, h.w.now-since)
+		}
+	}
+	return nil
+}
