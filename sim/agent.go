@@ -51,7 +51,7 @@ func (a *agent) node() *node {
 func (a *agent) scan() {
 	h, w := a.h, a.h.w
 	n := a.node()
-	tk := homing.TakeoverTick{NowNanos: w.nanos(), Leading: n != nil, Streams: map[string][]string{"sim": a.order()}}
+	tk := homing.TakeoverTick{NowNanos: w.nodeNanos(n), Leading: n != nil, Streams: map[string][]string{"sim": a.order()}}
 	if n != nil {
 		tk.ServeUntilNanos = n.core.View().ServeUntilNanos
 		for _, home := range h.homes {
@@ -118,7 +118,7 @@ func (a *agent) do(n *node, op homing.TakeoverOp) {
 		a.core.TailsRead(op.Round, rep)
 	case homing.OpTakeover:
 		res, err := h.store.Takeover(a.ctx(n), homing.TakeoverRequest{From: op.Region, To: regionName(a.region),
-			NowNanos: w.nanos(), MaxOffsetNanos: maxOffsetMs * 1e6, Ranges: op.Ranges})
+			NowNanos: w.nodeNanos(n), MaxOffsetNanos: maxOffsetMs * 1e6, Ranges: op.Ranges})
 		if err == nil {
 			for _, o := range res.Ranges {
 				if o.Outcome == homing.Granted {

@@ -77,6 +77,11 @@ type homeWorld struct {
 	// for how long.
 	failAt, failFor int64
 	agents          []*agent // per region
+	// skewNs is, per node, its clock's offset from the true one: within
+	// half the max clock offset either way, so that any two differ by at
+	// most the max offset homing assumes (Options.mutateSkew: region 0's
+	// three times the max offset behind, the others as much ahead).
+	skewNs []int64
 	// reachSince is, per node, since when it has been up and able to
 	// reach the store (-1: it is not).
 	reachSince []int64
@@ -87,6 +92,16 @@ func newHomeWorld(w *world) *homeWorld {
 	h := &homeWorld{w: w, store: homing.NewMemStore(), outageP: w.rng.Float64() * 0.0005, res: &w.res.Homing}
 	h.failoverPlan()
 	h.reachSince = make([]int64, w.opt.Regions*w.opt.Nodes)
+	h.skewNs = make([]int64, w.opt.Regions*w.opt.Nodes)
+	bound := int64(maxOffsetMs * 1e6 / 2)
+	for i := range h.skewNs {
+		h.skewNs[i] = w.rng.Int64N(2*bound+1) - bound
+		if w.opt.mutateSkew && i < w.opt.Nodes {
+			h.skewNs[i] = -3 * maxOffsetMs * 1e6 // the home's clocks behind
+		} else if w.opt.mutateSkew {
+			h.skewNs[i] = 3 * maxOffsetMs * 1e6 // the takers' ahead
+		}
+	}
 	return h
 }
 
@@ -100,6 +115,16 @@ func rangeKey(r int) homing.RangeKey { return homing.RangeKey{Stream: "sim", Ran
 
 // nanos is the virtual clock in Unix nanoseconds.
 func (w *world) nanos() int64 { return startUnixNano + w.now*1e6 }
+
+// nodeNanos is node n's clock in Unix nanoseconds: the virtual clock
+// plus its skew (the true clock when n is nil). Homing reads it; the
+// replicas' append times read the true one.
+func (w *world) nodeNanos(n *node) int64 {
+	if n == nil || w.homing == nil {
+		return w.nanos()
+	}
+	return w.nanos() + w.homing.skewNs[n.region*w.opt.Nodes+n.id-1]
+}
 
 // build creates every range's home record in region 0.
 func (h *homeWorld) build() error {
@@ -156,7 +181,7 @@ func (h *homeWorld) step() {
 		if !n.up {
 			continue
 		}
-		req, ok := n.core.Next(w.nanos())
+		req, ok := n.core.Next(w.nodeNanos(n))
 		if !ok {
 			continue
 		}
@@ -186,7 +211,7 @@ func (h *homeWorld) unreachable(n *node) bool {
 // admit is the lease check before a node proposes an append (regionsvc's
 // admit): the epoch to propose it at, or a retriable refusal.
 func (h *homeWorld) admit(n *node, r int) (uint64, error) {
-	e, err := n.core.View().Check(rangeKey(r), h.w.nanos())
+	e, err := n.core.View().Check(rangeKey(r), h.w.nodeNanos(n))
 	if err != nil {
 		h.res.Refused++
 		return 0, apierr.New(apierr.Unavailable, "%v range %d: no lease: %v", n, r, err)
@@ -198,7 +223,7 @@ func (h *homeWorld) admit(n *node, r int) (uint64, error) {
 // epoch (regionsvc's leaseCheck): a duplicate carries the epoch it was
 // first appended at, so only the lease matters for it.
 func (h *homeWorld) ackable(n *node, r int, epoch uint64, duplicate bool) error {
-	e, err := n.core.View().Check(rangeKey(r), h.w.nanos())
+	e, err := n.core.View().Check(rangeKey(r), h.w.nodeNanos(n))
 	if err == nil && (e == epoch || duplicate) {
 		return nil
 	}

@@ -43,6 +43,9 @@ type Options struct {
 	// their settle wait (SettleNanos 0: the fix of a takeover right after
 	// a lease-store outage, reverted).
 	mutateNoSettle bool
+	// mutateSkew, in tests, sets region 0's clocks three times the max
+	// clock offset homing assumes behind, the others' as much ahead.
+	mutateSkew bool
 	// tamper, in tests, is called after every step until it returns
 	// true: it breaks the system behind its checks, to show the checker
 	// finds what it broke.
