@@ -90,10 +90,13 @@
 // the home stops acking until the store is back), and, one run in three,
 // the home region cut off the WAN, and so off the store, for longer than
 // a lease TTL plus the max clock offset (ordinary region partitions of
-// region 0 longer than that do the same). Region 1's failover agent asks
-// the store every 50 ms to take region 0's ranges over at its mirror
-// leader's committed end (MemStore.Takeover: homing's decideTakeover,
-// refused while any node of the home may be live).
+// region 0 longer than that do the same). Every region runs a failover
+// agent (agent.go): the real decision core (homing.Takeover) driven every
+// 50 ms as regionsvc's agent drives it, whose takeovers go through the
+// store's own decision (MemStore.Takeover: decideTakeover, refused while
+// any node of the home may be live); the most caught-up region takes the
+// range at its leader's committed end. Homing reads per-node clocks,
+// skewed within half the max clock offset either way.
 //
 // Checks: an ack comes only from a node of the range's current home
 // region, and a new append's only at the current epoch (fencing: the
@@ -102,13 +105,15 @@
 // along the home's log; on a grant the acked records at or past the fork
 // point (the grant's StartOffset) are counted as orphaned (acked before
 // the grant, never replicated) and every node of the new home region must
-// hold the home's log up to the fork point.
+// hold the home's log up to the fork point; and no range is taken from a
+// home one of whose nodes had been reaching the store for a lease TTL (an
+// unnecessary failover: the one a lease-store outage caused before the
+// agent's settle wait).
 //
 // Not yet simulated: the new home taking appends, the old home and the
 // other mirrors forking their divergent tails into orphan logs
 // (replica.ProposeFork, replicator.Forker) and following the new home
 // (after a grant the range's routes stop, and its producers' unanswered
-// batches are abandoned at healing), planned rehomes, the homing.Takeover
-// core (the agent calls the store directly), the range driver, raftnet,
-// per-node clock skew. See notes/simhome.md.
+// batches are abandoned at healing), planned rehomes, the range driver,
+// raftnet. See notes/simhome.md.
 package sim
