@@ -36,6 +36,9 @@ type GeoResult struct {
 	// verbatim, Duplicates the batches wholly below the applied end, Gaps
 	// the batches refused as gaps, Refusals the other refusals.
 	Batches, Frames, Duplicates, Gaps, Refusals int
+	// Resends counts streams resumed below a mirror's end at an epoch
+	// change (Cursor.Resend).
+	Resends int
 	// Partitions counts region partitions; Dropped WAN messages lost in one.
 	Partitions, Dropped int
 }
@@ -44,8 +47,8 @@ func (g GeoResult) String() string {
 	if g == (GeoResult{}) {
 		return ""
 	}
-	return fmt.Sprintf("; geo: %d cursors (%d zombies), %d streams opened (%d answered, %d broken, %d timed out), %d batches applied (%d frames), %d duplicates, %d gaps, %d other refusals, %d region partitions (%d WAN messages lost)",
-		g.Cursors, g.Zombies, g.Opens, g.Streams, g.Broken, g.TimedOut, g.Batches, g.Frames, g.Duplicates, g.Gaps, g.Refusals, g.Partitions, g.Dropped)
+	return fmt.Sprintf("; geo: %d cursors (%d zombies), %d streams opened (%d answered, %d broken, %d timed out, %d resent from an epoch change), %d batches applied (%d frames), %d duplicates, %d gaps, %d other refusals, %d region partitions (%d WAN messages lost)",
+		g.Cursors, g.Zombies, g.Opens, g.Streams, g.Broken, g.TimedOut, g.Resends, g.Batches, g.Frames, g.Duplicates, g.Gaps, g.Refusals, g.Partitions, g.Dropped)
 }
 
 // add sums two runs' counters.
@@ -61,6 +64,7 @@ func (g GeoResult) add(o GeoResult) GeoResult {
 	g.Duplicates += o.Duplicates
 	g.Gaps += o.Gaps
 	g.Refusals += o.Refusals
+	g.Resends += o.Resends
 	g.Partitions += o.Partitions
 	g.Dropped += o.Dropped
 	return g
@@ -103,6 +107,7 @@ type route struct {
 // stream.
 type link struct {
 	rng, region int
+	src         int   // the home region it ships from
 	until       int64 // a zombie's end
 	cur         *replicator.Cursor
 	owner       *node // the home leader driving cur
@@ -148,6 +153,7 @@ type geoMsg struct {
 	hint             string
 	batch            *geologinternalv1.MirrorBatch
 	applied, highest uint64
+	logEpoch         uint64 // gmOpened: the epoch the mirror's log ends in (0: unknown)
 	err              error
 }
 
@@ -204,20 +210,24 @@ func (g *geoWorld) partitioned(region int) bool { return g.cutTill[region] > g.w
 func (g *geoWorld) offWAN(n *node) bool { return n.cutWAN && g.w.cut(n.region, n.id) }
 
 // floor is the lowest committed end any mirror replica of range r
-// published: the home keeps every segment at or past it.
-func (g *geoWorld) floor(r int) uint64 {
+// outside region own published: the home keeps every segment at or past
+// it, and so does every mirror (it may become the home: a takeover picks
+// the most caught-up region, whose log the others then need).
+func (g *geoWorld) floor(r, own int) uint64 {
 	f := ^uint64(0)
-	for _, n := range g.w.nodes[g.w.opt.Nodes:] {
-		f = min(f, n.served[r])
+	for _, n := range g.w.nodes {
+		if n.region != own && n.region != g.w.homeRegion(r) && !g.w.stale(n, r) {
+			f = min(f, n.served[r])
+		}
 	}
 	return f
 }
 
 // step serves the mirrors' queued requests, then drives every link.
 func (g *geoWorld) step() {
-	for _, n := range g.w.nodes[g.w.opt.Nodes:] {
+	for _, n := range g.w.nodes {
 		for r := range n.mirror {
-			if g.w.err == nil && n.up && !g.w.homing.taken(r) {
+			if g.w.err == nil && n.up && n.region != g.w.homeRegion(r) && !g.w.stale(n, r) {
 				g.serve(n, r)
 			}
 		}
@@ -231,12 +241,7 @@ func (g *geoWorld) step() {
 
 // homeLeader returns the live home node leading range r, or nil.
 func (g *geoWorld) homeLeader(r int) *node {
-	for _, n := range g.w.regionNodes(0) {
-		if n.up && n.replicas[r].IsLeader() {
-			return n
-		}
-	}
-	return nil
+	return g.w.leaderOf(g.w.homeRegion(r), r)
 }
 
 // driveRoute gives a route's live link to the home's current leader
@@ -358,7 +363,7 @@ func (g *geoWorld) newLink(rt *route, leader *node) *link {
 	}
 	g.res.Cursors++
 	cur.Start()
-	return &link{rng: rt.rng, region: rt.region, cur: cur, owner: leader, ownerGen: leader.gen}
+	return &link{rng: rt.rng, region: rt.region, src: leader.region, cur: cur, owner: leader, ownerGen: leader.gen}
 }
 
 // endStream drops a link's current stream: its source closes it, and
@@ -372,10 +377,10 @@ func (g *geoWorld) endStream(l *link) {
 	}
 	s.closing = true
 	w := g.w
-	if s.blackholed || g.partitioned(0) || g.partitioned(s.l.region) {
+	if s.blackholed || g.partitioned(s.l.src) || g.partitioned(s.l.region) {
 		return // the close is lost too: nothing more reaches the mirror anyway
 	}
-	at := max(w.now+g.delayMs[0][s.l.region], s.upAt)
+	at := max(w.now+g.delayMs[s.l.src][s.l.region], s.upAt)
 	s.upAt = at
 	w.push(&event{at: at, kind: evGeo, geo: &geoMsg{kind: gmClose, s: s}})
 }
@@ -467,7 +472,7 @@ func (g *geoWorld) send(s *wanStream, m *geoMsg, up bool) {
 	if m.kind == gmBatch || m.kind == gmHeartbeat {
 		s.sentAt = append(s.sentAt, w.now)
 	}
-	from, to := 0, s.l.region
+	from, to := s.l.src, s.l.region
 	if !up {
 		from, to = to, from
 	}
@@ -502,7 +507,7 @@ func (g *geoWorld) breakStream(s *wanStream) {
 	s.dead = true
 	g.res.Broken++
 	w := g.w
-	w.push(&event{at: w.now + g.delayMs[0][s.l.region], kind: evGeo, geo: &geoMsg{kind: gmReset, s: s}})
+	w.push(&event{at: w.now + g.delayMs[s.l.src][s.l.region], kind: evGeo, geo: &geoMsg{kind: gmReset, s: s}})
 }
 
 // deliver hands a WAN message to its end.
@@ -538,7 +543,7 @@ func (g *geoWorld) answered(m *geoMsg) {
 	case m.kind == gmOpened:
 		s.open = true
 		g.res.Streams++
-		l.cur.Connected(m.applied, m.highest)
+		g.connected(l, m)
 	case m.err != nil:
 		var ref *replicator.Refusal
 		if errors.As(m.err, &ref) && errors.Is(ref, replicator.ErrGap) {
@@ -550,6 +555,21 @@ func (g *geoWorld) answered(m *geoMsg) {
 	default:
 		l.cur.Response(m.applied, m.highest)
 	}
+}
+
+// connected resumes a cursor on an open stream, as a Task does: a mirror
+// whose log ends in an older epoch than the source's may hold another
+// home's divergent tail past where this log left that epoch; shipping
+// resumes there (Cursor.Resend) and the mirror compares.
+func (g *geoWorld) connected(l *link, m *geoMsg) {
+	home := g.w.homing.homes[l.rng]
+	if m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > home.StartOffset {
+		l.cur.Connected(home.StartOffset, m.highest)
+		l.cur.Resend()
+		g.res.Resends++
+		return
+	}
+	l.cur.Connected(m.applied, m.highest)
 }
 
 // silent reports whether the stream's open, or its oldest unanswered

@@ -40,14 +40,19 @@ type HomingResult struct {
 	// producers' batches left unanswered when a range's new home was
 	// not serving (this layer).
 	Failovers, Takeovers, Orphaned, Abandoned int
+	// NewHomeAcks counts records acked by a new home, at an epoch above 1.
+	NewHomeAcks int
+	// Diverged counts mirror regions left holding a divergent tail past a
+	// fork point (they would fork; this layer stops replicating to them).
+	Diverged int
 }
 
 func (h HomingResult) String() string {
 	if h == (HomingResult{}) {
 		return ""
 	}
-	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over, %d acked records orphaned, %d batches abandoned",
-		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.Orphaned, h.Abandoned)
+	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over, %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d mirror regions diverged",
+		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Diverged)
 }
 
 // add sums two runs' counters.
@@ -60,6 +65,8 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.Takeovers += o.Takeovers
 	h.Orphaned += o.Orphaned
 	h.Abandoned += o.Abandoned
+	h.Diverged += o.Diverged
+	h.NewHomeAcks += o.NewHomeAcks
 	return h
 }
 
@@ -73,6 +80,10 @@ type homeWorld struct {
 	homes    []homing.Home
 	outageP  float64
 	downTill int64
+	homeIdx  []int // per range: the index of homes[r].Region
+	// diverged is, per range, the mirror regions found holding a
+	// divergent tail after a takeover (stale).
+	diverged []map[int]bool
 	// failAt is when the home region is cut off (-1: never), failFor
 	// for how long.
 	failAt, failFor int64
@@ -137,6 +148,11 @@ func (h *homeWorld) build() error {
 		return err
 	}
 	h.homes = homes
+	h.homeIdx = make([]int, len(homes))
+	h.diverged = make([]map[int]bool, len(homes))
+	for r := range h.diverged {
+		h.diverged[r] = map[int]bool{}
+	}
 	for g := 0; g < h.w.opt.Regions; g++ {
 		a, err := newAgent(h, g)
 		if err != nil {
@@ -243,6 +259,9 @@ func (h *homeWorld) checkAck(n *node, r int, epoch uint64, duplicate bool) error
 	if !duplicate && epoch != home.Epoch {
 		return fmt.Errorf("%v range %d: acked an append at epoch %d, the range is at epoch %d", n, r, epoch, home.Epoch)
 	}
+	if !duplicate && epoch > 1 {
+		h.res.NewHomeAcks++
+	}
 	return nil
 }
 
@@ -307,6 +326,7 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 		return
 	}
 	h.homes[r] = home
+	h.homeIdx[r] = regionIndex(home.Region)
 	h.res.Takeovers++
 	for off := range w.acked[r] {
 		if off >= home.StartOffset {
@@ -319,10 +339,92 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 			w.geo.dropRoute(rt)
 		}
 	}
+	// The new home ships to every region but itself and the old home
+	// (which would have to fork first: not in this layer).
+	for g := 1; g < w.opt.Regions; g++ {
+		if g != regionIndex(home.Region) {
+			w.geo.routes = append(w.geo.routes, &route{rng: r, region: g})
+		}
+	}
+	h.newTimeline(r, home)
+	for g := 1; g < w.opt.Regions; g++ {
+		for _, n := range w.regionNodes(g) {
+			if g != regionIndex(home.Region) && n.up && n.replicas[r].Committed() > home.StartOffset {
+				h.diverge(r, g)
+			}
+		}
+	}
+}
+
+// newTimeline cuts the canonical log at the fork point: the new home's
+// records follow it there. The producers start over as new idempotent
+// producers of the range (what they appended past the fork point is
+// orphaned: their next sequence would be a gap at the new home).
+func (h *homeWorld) newTimeline(r int, home homing.Home) {
+	w := h.w
+	at := home.StartOffset
+	canon := w.canonical[r]
+	if uint64(len(canon)) > at {
+		for _, v := range canon[at:] {
+			delete(w.seen[r], v)
+		}
+		w.canonical[r] = canon[:at:at]
+	}
+	for base := range w.canonFrames[r] {
+		if base >= at {
+			delete(w.canonFrames[r], base)
+		}
+	}
+	w.homeCommitted[r] = at
+	for _, n := range w.regionNodes(regionIndex(home.Region)) {
+		if n.up {
+			n.verified[r] = min(n.verified[r], at)
+		}
+	}
+	for _, p := range w.prods {
+		p.inc[r]++
+		p.nextSeq[r] = 0
+		if p.batch[r] != nil {
+			h.res.Abandoned++ // unanswered: committed or not, the producer moves on
+			p.batch[r] = nil
+		}
+	}
+}
+
+// homeRegion is the index of range r's home region (0 without homing).
+func (w *world) homeRegion(r int) int {
+	if w.homing == nil {
+		return 0
+	}
+	return w.homing.homeIdx[r]
+}
+
+// stale reports whether n is a node of range r's old home (region 0,
+// after a takeover): its log may hold a divergent tail past the fork
+// point, which this layer does not fork off; it is not a mirror of the
+// new home.
+func (w *world) stale(n *node, r int) bool {
+	return w.homing.taken(r) && (n.region == 0 || w.homing.diverged[r][n.region])
+}
+
+// diverge marks mirror region g of range r as holding a divergent tail
+// past the fork point (epoch-1 frames the new home never had): it would
+// have to fork, which this layer does not do; its route stops.
+func (h *homeWorld) diverge(r, g int) {
+	if h.diverged[r][g] {
+		return
+	}
+	h.diverged[r][g] = true
+	h.res.Diverged++
+	for _, rt := range h.w.geo.routes {
+		if rt.rng == r && rt.region == g {
+			h.w.geo.dropRoute(rt)
+		}
+	}
 }
 
 // taken reports whether range r's home left region 0.
-func (h *homeWorld) taken(r int) bool { return h != nil && h.homes[r].Region != regionName(0) }
+func (h *homeWorld) taken(r int) bool { return h != nil && h.homeIdx[r] != 0 }
 
 // leaderOf returns the live node of region g leading range r, or nil.
 func (w *world) leaderOf(g, r int) *node {

@@ -110,7 +110,7 @@ func (g *geoWorld) handle(n *node, r int, m *geoMsg) {
 	}
 	switch m.kind {
 	case gmOpen:
-		g.answer(m, applied, highest, nil, false)
+		g.opened(n, r, m, applied, highest)
 	case gmHeartbeat:
 		g.answer(m, applied, highest, nil, false)
 	case gmBatch:
@@ -142,7 +142,7 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 		g.answer(m, applied, highest, err, false)
 		return
 	case err != nil:
-		w.err = fmt.Errorf("%v range %d: batch [%d, %d) against applied end %d: %w (no fork can explain it with one home epoch)", n, r, cb.First, cb.End, applied, err)
+		w.err = fmt.Errorf("%v range %d: batch [%d, %d) against applied end %d: %w (a fork would be needed: not simulated in this layer)", n, r, cb.First, cb.End, applied, err)
 		return
 	case len(frames) == 0:
 		g.res.Duplicates++
@@ -207,6 +207,20 @@ func (g *geoWorld) finishApply(n *node, r int) {
 	}
 	g.res.Batches++
 	g.answer(m, q.end, n.replicas[r].HighestEpoch(), nil, false)
+}
+
+// opened answers an open with the applied end, the highest epoch and the
+// epoch the log ends in (the Server's open response, LogEpoch).
+func (g *geoWorld) opened(n *node, r int, m *geoMsg, applied, highest uint64) {
+	var logEpoch uint64
+	if applied > 0 {
+		if f, err := n.stores[r].ReadFrames(applied-1, 1, applied); err == nil {
+			if h, err := batch.DecodeHeader(f); err == nil {
+				logEpoch = h.Epoch
+			}
+		}
+	}
+	g.send(m.s, &geoMsg{kind: gmOpened, applied: applied, highest: highest, logEpoch: logEpoch}, false)
 }
 
 // answer sends the answer to m back to its source; final ends the stream

@@ -101,6 +101,7 @@ type event struct {
 	msg    *raftpb.Message
 	// request / reply
 	producer int
+	pid      int // the producer's id for the range when it sent the request
 	rng      int
 	attempt  uint64
 	batchSeq uint64 // reply: the batch's base sequence
@@ -156,6 +157,9 @@ type node struct {
 	epochs []uint64
 }
 
+// pid is the producer's id for range r in its current incarnation.
+func (p *producer) pid(r int) int { return p.id + 100*p.inc[r] }
+
 // baseEpoch is a frame's base offset and homing epoch.
 type baseEpoch struct{ base, epoch uint64 }
 
@@ -201,7 +205,12 @@ type inflight struct {
 }
 
 type producer struct {
-	id      int
+	id int
+	// inc is, per range, the producer's incarnation: a takeover that
+	// orphaned what it appended makes it start over as a new idempotent
+	// producer (pid), as its sequence would otherwise show a gap.
+	inc     []int
+	home    []int // per range: the home region it believes in
 	nextSeq []uint64
 	batch   []*inflight
 }
@@ -376,7 +385,8 @@ func (w *world) build() error {
 		}
 	}
 	for i := 0; i < opt.Producers; i++ {
-		p := &producer{id: i + 1, nextSeq: make([]uint64, opt.Ranges), batch: make([]*inflight, opt.Ranges)}
+		p := &producer{id: i + 1, nextSeq: make([]uint64, opt.Ranges), batch: make([]*inflight, opt.Ranges),
+			inc: make([]int, opt.Ranges), home: make([]int, opt.Ranges)}
 		w.prods = append(w.prods, p)
 	}
 	if w.geo != nil {
@@ -627,7 +637,7 @@ func (w *world) readyAll() bool {
 				}
 				w.scheduleWrite(n, r)
 			}
-			if n.region == 0 && rep.IsLeader() && w.leaders[r] != uint64(n.id) {
+			if n.region == w.homeRegion(r) && rep.IsLeader() && w.leaders[r] != uint64(n.id) {
 				w.leaders[r] = uint64(n.id)
 				w.res.LeaderChanges++
 			}

@@ -30,10 +30,10 @@ func (w *world) compact() {
 				}
 			}
 			w.scheduleWrite(n, r)
-			if w.geo != nil && n.region == 0 {
+			if w.geo != nil && !w.stale(n, r) {
 				// Keep what a mirror has yet to receive (regionsvc's
-				// compaction floor).
-				rep.SetCompactionFloor(w.geo.floor(r), true)
+				// compaction floor; on mirrors too, see floor).
+				rep.SetCompactionFloor(w.geo.floor(r, n.region), true)
 			}
 			if _, err := rep.Compact(); err != nil {
 				w.err = fmt.Errorf("%v range %d: compact: %w", n, r, err)

@@ -18,18 +18,12 @@ func (w *world) produce() {
 	for _, p := range w.prods {
 		for r := range p.batch {
 			b := p.batch[r]
-			if b != nil && !newBatches && w.homing.taken(r) {
-				// The new home takes no appends in this layer.
-				w.homing.res.Abandoned++
-				p.batch[r] = nil
-				continue
-			}
 			switch {
 			case b == nil && newBatches && w.rng.Float64() < 0.05:
 				n := 1 + w.rng.IntN(3)
 				b = &inflight{seq: p.nextSeq[r], target: 1 + w.rng.IntN(w.opt.Nodes)}
 				for i := 0; i < n; i++ {
-					b.values = append(b.values, fmt.Sprintf("p%d/r%d/s%d", p.id, r, b.seq+uint64(i)))
+					b.values = append(b.values, fmt.Sprintf("p%d/r%d/s%d", p.pid(r), r, b.seq+uint64(i)))
 				}
 				p.batch[r] = b
 				w.sendRequest(p, r, b)
@@ -58,15 +52,16 @@ func (w *world) sendRequest(p *producer, r int, b *inflight) {
 func (w *world) request(e *event) {
 	p := w.prods[e.producer-1]
 	b := p.batch[e.rng]
-	n := w.node(0, e.to)
+	n := w.node(p.home[e.rng], e.to)
+	pid := p.pid(e.rng)
 	if b == nil || !n.up || w.cut(0, n.id) {
 		return
 	}
 	recs := make([]batch.Record, len(b.values))
 	for i, v := range b.values {
-		recs[i] = batch.Record{Key: []byte(fmt.Sprintf("p%d", p.id)), Value: []byte(v)}
+		recs[i] = batch.Record{Key: []byte(fmt.Sprintf("p%d", pid)), Value: []byte(v)}
 	}
-	h := batch.Header{Type: batch.TypeData, ProducerID: uint64(p.id), BaseSequence: b.seq}
+	h := batch.Header{Type: batch.TypeData, ProducerID: uint64(pid), BaseSequence: b.seq}
 	seq, values := b.seq, b.values
 	epoch, err := w.admit(n, e.rng)
 	if err != nil {
@@ -75,7 +70,7 @@ func (w *world) request(e *event) {
 	}
 	gen := n.gen
 	n.replicas[e.rng].Propose(&replica.Op{
-		ProducerID: uint64(p.id), BaseSequence: b.seq, RecordCount: uint32(len(b.values)), Epoch: epoch,
+		ProducerID: uint64(pid), BaseSequence: b.seq, RecordCount: uint32(len(b.values)), Epoch: epoch,
 		Frame: batch.Encode(nil, h, recs),
 		Reply: func(res replica.Result) {
 			if res.Err == nil && n.up && n.gen == gen {
@@ -88,7 +83,7 @@ func (w *world) request(e *event) {
 				w.res.LostReplies++ // an ambiguous ack: committed, but the producer never hears
 				return
 			}
-			w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, rng: e.rng,
+			w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, pid: pid, rng: e.rng,
 				batchSeq: seq, count: len(values), res: res})
 		},
 	})
@@ -123,7 +118,7 @@ func (w *world) ackable(n *node, r int, res replica.Result, epoch uint64) error 
 // refuse answers a request a node refused before proposing it.
 func (w *world) refuse(p *producer, e *event, n *node, err error) {
 	b := p.batch[e.rng]
-	w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, rng: e.rng,
+	w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, pid: p.pid(e.rng), rng: e.rng,
 		batchSeq: b.seq, count: len(b.values), res: replica.Result{Err: err}})
 }
 
@@ -137,8 +132,11 @@ func (w *world) reply(e *event) {
 			return
 		}
 		b := p.batch[e.rng]
-		if b == nil || b.seq != seq {
+		if b == nil || b.seq != seq || e.pid != p.pid(e.rng) {
 			return
+		}
+		if w.homing != nil && w.rng.IntN(2) == 0 {
+			p.home[e.rng] = w.homeRegion(e.rng) // it describes the stream again
 		}
 		if hint := apierr.As(e.res.Err).LeaderHint; strings.HasPrefix(hint, "node:") {
 			if id, err := strconv.Atoi(strings.TrimPrefix(hint, "node:")); err == nil && id >= 1 && id <= w.opt.Nodes {
@@ -153,8 +151,12 @@ func (w *world) reply(e *event) {
 	}
 	// Record the ack: every record of the batch at its offset.
 	for i := 0; i < e.count; i++ {
-		v := fmt.Sprintf("p%d/r%d/s%d", p.id, e.rng, seq+uint64(i))
+		v := fmt.Sprintf("p%d/r%d/s%d", e.pid, e.rng, seq+uint64(i))
 		off := e.res.BaseOffset + uint64(i)
+		if e.pid != p.pid(e.rng) && off >= w.homing.homes[e.rng].StartOffset {
+			w.homing.res.Orphaned++ // acked before a takeover, heard after it
+			continue
+		}
 		if prev, ok := w.acked[e.rng][off]; ok && prev != v {
 			w.err = fmt.Errorf("range %d offset %d acked as %q and as %q", e.rng, off, prev, v)
 			return
@@ -165,7 +167,7 @@ func (w *world) reply(e *event) {
 			return
 		}
 	}
-	if b := p.batch[e.rng]; b != nil && b.seq == seq {
+	if b := p.batch[e.rng]; b != nil && b.seq == seq && e.pid == p.pid(e.rng) {
 		w.res.Acked += len(b.values)
 		p.nextSeq[e.rng] = seq + uint64(len(b.values))
 		p.batch[e.rng] = nil
@@ -211,7 +213,10 @@ func (w *world) check() error {
 			// on what the replicas retain.
 			n.verified[r] = max(n.verified[r], n.stores[r].StartOffset())
 			var err error
-			if n.region == 0 {
+			if w.geo != nil && w.stale(n, r) {
+				continue // a divergent tail, not forked off yet: below the fork point it was checked
+			}
+			if n.region == w.homeRegion(r) {
 				w.homeCommitted[r] = max(w.homeCommitted[r], committed)
 				err = w.checkHome(n, r, committed)
 			} else {
@@ -293,6 +298,11 @@ func (w *world) epochOrder(n *node, r int, base uint64, frame []byte) error {
 	if err != nil {
 		return err
 	}
+	if w.homing != nil {
+		if home := w.homing.homes[r]; base >= home.StartOffset && h.Epoch < home.Epoch && w.homing.taken(r) {
+			return fmt.Errorf("%v range %d: the home's frame at %d has epoch %d, past the start %d of epoch %d", n, r, base, h.Epoch, home.StartOffset, home.Epoch)
+		}
+	}
 	last := &w.lastEpoch[r]
 	if base < last.base {
 		return nil
@@ -358,7 +368,7 @@ func (w *world) finalCheck() error {
 				return fmt.Errorf("range %d: acked %q at %d is lost", r, v, off)
 			}
 		}
-		for _, n := range w.regionNodes(0) {
+		for _, n := range w.regionNodes(w.homeRegion(r)) {
 			if c := n.replicas[r].Committed(); c != uint64(len(w.canonical[r])) {
 				return fmt.Errorf("range %d: node %d committed %d, the log has %d", r, n.id, c, len(w.canonical[r]))
 			}
