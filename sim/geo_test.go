@@ -105,8 +105,9 @@ func TestMirrorCatchUpIsChecked(t *testing.T) {
 func TestMirrorPastTheHomeIsChecked(t *testing.T) {
 	forged := false
 	var err error
-	// The first seed whose run offers a caught-up mirror leader.
-	for seed := int64(1); seed <= 20 && !forged; seed++ {
+	// The first seed whose run offers a caught-up mirror leader (seed 2
+	// today: start there, the test runs under -race in make test).
+	for seed := int64(2); seed <= 20 && !forged; seed++ {
 		_, err = Run(Options{Seed: seed, Steps: 1500, Regions: 3, tamper: tamperPastHome(&forged)})
 	}
 	if !forged {

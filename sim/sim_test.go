@@ -33,13 +33,15 @@ func TestSimulator(t *testing.T) {
 }
 
 // TestSimulatorOneRegion runs the same slice with one region: no
-// replication, the faults of one region only, as before regions came.
+// replication, the faults of one region only, as before regions came
+// (seeds 1-30: 1-50 before homing, trimmed to keep make test's share of
+// the simulator under a minute under -race on a loaded machine).
 func TestSimulatorOneRegion(t *testing.T) {
 	if *seedFlag >= 0 || *regions == 1 {
 		t.Skip("make sim runs TestSimulator")
 	}
 	seeds := []int64{}
-	for seed := int64(1); seed <= 50; seed++ {
+	for seed := int64(1); seed <= 30; seed++ {
 		seeds = append(seeds, seed)
 	}
 	simulate(t, 1, seeds)
