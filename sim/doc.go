@@ -98,22 +98,33 @@
 // range at its leader's committed end. Homing reads per-node clocks,
 // skewed within half the max clock offset either way.
 //
-// Checks: an ack comes only from a node of the range's current home
-// region, and a new append's only at the current epoch (fencing: the
-// producers stay with the old home and keep writing to it); homing
-// epochs never go back, per node and range within an incarnation and
-// along the home's log; on a grant the acked records at or past the fork
-// point (the grant's StartOffset) are counted as orphaned (acked before
-// the grant, never replicated) and every node of the new home region must
-// hold the home's log up to the fork point; and no range is taken from a
-// home one of whose nodes had been reaching the store for a lease TTL (an
-// unnecessary failover: the one a lease-store outage caused before the
-// agent's settle wait).
+// On a grant the range's log continues at the fork point (the grant's
+// StartOffset) in the new home at the new epoch: the producers move there
+// (when a refusal makes them describe the stream again) as new
+// idempotent producers of the range, and the new home's leader ships to
+// the other mirror regions (cursor at the new epoch; a mirror whose log
+// ends in an older epoch past the fork point makes it resend from there,
+// Cursor.Resend, as a Task does).
 //
-// Not yet simulated: the new home taking appends, the old home and the
-// other mirrors forking their divergent tails into orphan logs
-// (replica.ProposeFork, replicator.Forker) and following the new home
-// (after a grant the range's routes stop, and its producers' unanswered
-// batches are abandoned at healing), planned rehomes, the range driver,
-// raftnet. See notes/simhome.md.
+// Checks: an ack comes only from a node of the range's current home
+// region, and a new append's only at the current epoch (fencing: until
+// they move, producers keep writing to the old home); homing epochs never
+// go back, per node and range within an incarnation and along the home's
+// log, and no frame past an epoch's start offset is of an older epoch; on
+// a grant the acked records at or past the fork point are counted as
+// orphaned (acked before the grant, never replicated), and every node of
+// the new home region must hold the log up to the fork point; no range
+// is taken from a home one of whose nodes had been reaching the store for
+// a lease TTL (an unnecessary failover: the one a lease-store outage
+// caused before the agent's settle wait). Every home and mirror replica
+// keeps a compaction floor at the lowest end the other mirrors published
+// (any mirror may become the home).
+//
+// Not yet simulated: forks. The old home, and a mirror region found
+// holding the old home's frames past the fork point, would cut their
+// tails off into orphan logs (replica.ProposeFork, replicator.Forker) and
+// follow the new home; here they are detected, counted and left out (no
+// route, no checks past the fork point, no catch-up). Also: a second
+// takeover of a range, planned rehomes, the range driver, raftnet. See
+// notes/simhome.md.
 package sim

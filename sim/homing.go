@@ -275,14 +275,19 @@ func (h *homeWorld) checkAck(n *node, r int, epoch uint64, duplicate bool) error
 // continuing at its leader's committed end. The producers stay with the
 // old home (they are local to it) and meet its fencing.
 //
-// This layer detects, it does not yet fork: on a grant the simulator
-// records the fork point (the grant's StartOffset), moves the acked
-// records at or past it to the range's orphan count (acked by the old
-// home before the grant, never replicated), stops the range's routes and
-// mirror serving, and checks that the new home holds the log up to the
-// fork point. The new home does not take appends, the old home does not
-// fork (replica.ProposeFork) and its mirrors do not re-follow: see
-// notes/simhome.md.
+// On a grant (granted, newTimeline) the canonical log is cut at the fork
+// point (the grant's StartOffset) and the new home's records follow it
+// there at the new epoch; the acked records at or past it are counted as
+// orphaned (acked by the old home before the grant, never replicated);
+// the producers start over as new idempotent producers of the range and
+// move to the new home when a refusal makes them describe the stream
+// again (one time in two); the range's routes are re-sourced from the
+// new home. Forks are detected, not cut: the old home, and a mirror
+// region found holding the old home's frames past the fork point
+// (diverge), would fork their tails off into orphan logs
+// (replica.ProposeFork through a replicator.Forker); this layer leaves
+// them out (no route, no checks past the fork point, no catch-up
+// required). See notes/simhome.md.
 
 const failoverScanMs = 50
 
