@@ -117,6 +117,11 @@ func (a *agent) do(n *node, op homing.TakeoverOp) {
 		}
 		a.core.TailsRead(op.Round, rep)
 	case homing.OpTakeover:
+		if w.opt.mutateShortStart {
+			for i := range op.Ranges {
+				op.Ranges[i].StartOffset -= min(op.Ranges[i].StartOffset, 1)
+			}
+		}
 		res, err := h.store.Takeover(a.ctx(n), homing.TakeoverRequest{From: op.Region, To: regionName(a.region),
 			NowNanos: w.nodeNanos(n), MaxOffsetNanos: maxOffsetMs * 1e6, Ranges: op.Ranges})
 		if err == nil {

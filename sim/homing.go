@@ -81,6 +81,9 @@ type homeWorld struct {
 	outageP  float64
 	downTill int64
 	homeIdx  []int // per range: the index of homes[r].Region
+	// orphans is, per range, the acked records counted as orphaned, by
+	// value, with the offset the old home acked them at.
+	orphans []map[string]uint64
 	// diverged is, per range, the mirror regions found holding a
 	// divergent tail after a takeover (stale).
 	diverged []map[int]bool
@@ -149,6 +152,10 @@ func (h *homeWorld) build() error {
 	}
 	h.homes = homes
 	h.homeIdx = make([]int, len(homes))
+	h.orphans = make([]map[string]uint64, len(homes))
+	for r := range h.orphans {
+		h.orphans[r] = map[string]uint64{}
+	}
 	h.diverged = make([]map[int]bool, len(homes))
 	for r := range h.diverged {
 		h.diverged[r] = map[int]bool{}
@@ -333,10 +340,10 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 	h.homes[r] = home
 	h.homeIdx[r] = regionIndex(home.Region)
 	h.res.Takeovers++
-	for off := range w.acked[r] {
+	for off, v := range w.acked[r] {
 		if off >= home.StartOffset {
 			delete(w.acked[r], off)
-			h.res.Orphaned++
+			h.orphan(r, off, v)
 		}
 	}
 	for _, rt := range w.geo.routes {
@@ -374,6 +381,14 @@ func (h *homeWorld) newTimeline(r int, home homing.Home) {
 			delete(w.seen[r], v)
 		}
 		w.canonical[r] = canon[:at:at]
+		clear(w.lastSeq[r])
+		for _, v := range w.canonical[r] {
+			var pid, rr int
+			var seq int64
+			if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &pid, &rr, &seq); err == nil {
+				w.lastSeq[r][pid] = seq
+			}
+		}
 	}
 	for base := range w.canonFrames[r] {
 		if base >= at {
@@ -428,6 +443,13 @@ func (h *homeWorld) diverge(r, g int) {
 	}
 }
 
+// orphan counts an acked record past a fork point: only an orphan log
+// may hold it, never the range's log (finalTaken).
+func (h *homeWorld) orphan(r int, off uint64, v string) {
+	h.orphans[r][v] = off
+	h.res.Orphaned++
+}
+
 // taken reports whether range r's home left region 0.
 func (h *homeWorld) taken(r int) bool { return h != nil && h.homeIdx[r] != 0 }
 
@@ -448,6 +470,11 @@ func (h *homeWorld) finalTaken() error {
 	for r, home := range h.homes {
 		if !h.taken(r) {
 			continue
+		}
+		for v, off := range h.orphans[r] {
+			if at, ok := h.w.seen[r][v]; ok {
+				return fmt.Errorf("range %d: %q, acked at %d and counted as orphaned at the fork point %d, is in the new home's log at %d", r, v, off, home.StartOffset, at)
+			}
 		}
 		for _, n := range h.w.regionNodes(regionIndex(home.Region)) {
 			if n.verified[r] < home.StartOffset {

@@ -68,3 +68,24 @@ func TestClockSkewPastTheMaxOffsetIsFound(t *testing.T) {
 	}
 	t.Fatal("no seed of 20 found clocks skewed past the max offset")
 }
+
+// TestShortStartIsChecked: a taker that continues one offset below its
+// tail (what it holds there is the old home's, at the old epoch) leaves
+// the old home's records past the new epoch's start in the new home's
+// log; the checker must report it.
+func TestShortStartIsChecked(t *testing.T) {
+	for seed := int64(1); seed <= 20; seed++ {
+		res, err := Run(Options{Seed: seed, Steps: 2500, Regions: 3, mutateShortStart: true})
+		if res.Homing.Takeovers == 0 {
+			continue
+		}
+		// Reported as an old-epoch frame past the start, or as an acked
+		// record counted as orphaned that the new home's log holds.
+		if err == nil || !(strings.Contains(err.Error(), "past the start") || strings.Contains(err.Error(), "counted as orphaned")) {
+			t.Fatalf("seed %d: a takeover below the taker's tail, unreported: %v", seed, err)
+		}
+		t.Log(err)
+		return
+	}
+	t.Fatal("no seed of 20 took a range over")
+}

@@ -43,6 +43,9 @@ type Options struct {
 	// their settle wait (SettleNanos 0: the fix of a takeover right after
 	// a lease-store outage, reverted).
 	mutateNoSettle bool
+	// mutateShortStart, in tests, makes the failover agents ask to
+	// continue one offset below their tail (a taker that misreads it).
+	mutateShortStart bool
 	// mutateSkew, in tests, sets region 0's clocks three times the max
 	// clock offset homing assumes behind, the others' as much ahead.
 	mutateSkew bool
