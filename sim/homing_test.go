@@ -89,3 +89,23 @@ func TestShortStartIsChecked(t *testing.T) {
 	}
 	t.Fatal("no seed of 20 took a range over")
 }
+
+// TestFailoverIsDeterministic: a seed whose run takes ranges over (the
+// first of 1-20) replays exactly, the takeovers included.
+func TestFailoverIsDeterministic(t *testing.T) {
+	for seed := int64(1); seed <= 20; seed++ {
+		a, errA := Run(Options{Seed: seed, Steps: 2500, Regions: 3})
+		if errA != nil {
+			t.Fatal(errA)
+		}
+		if a.Homing.Takeovers == 0 || a.Homing.NewHomeAcks == 0 {
+			continue
+		}
+		b, errB := Run(Options{Seed: seed, Steps: 2500, Regions: 3})
+		if errB != nil || a != b {
+			t.Fatalf("seed %d ran differently:\n%v\n%v (%v)", seed, a, b, errB)
+		}
+		return
+	}
+	t.Fatal("no seed of 1-20 took a range over and acked at the new home")
+}
