@@ -79,3 +79,14 @@ func (c CheckedBatch) Overlap(applied uint64, stored []byte) ([]byte, error) {
 	}
 	return c.Frames[suffix:], nil
 }
+
+// ForkPoint reports, for an ErrDiverged refusal from Overlap, where the
+// mirror's stored frames leave a newer home's: the offset to fork at and
+// the epoch to fork to (a Forker's arguments); ok is false for any other
+// refusal.
+func (r *Refusal) ForkPoint() (at, epoch uint64, ok bool) {
+	if r == nil || r.fork == nil {
+		return 0, 0, false
+	}
+	return r.fork.at, r.fork.epoch, true
+}

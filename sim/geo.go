@@ -154,6 +154,7 @@ type geoMsg struct {
 	batch            *geologinternalv1.MirrorBatch
 	applied, highest uint64
 	logEpoch         uint64 // gmOpened: the epoch the mirror's log ends in (0: unknown)
+	forked           bool   // a batch a fork was cut for: not another
 	err              error
 }
 
@@ -227,7 +228,7 @@ func (g *geoWorld) floor(r, own int) uint64 {
 func (g *geoWorld) step() {
 	for _, n := range g.w.nodes {
 		for r := range n.mirror {
-			if g.w.err == nil && n.up && n.region != g.w.homeRegion(r) && !g.w.stale(n, r) {
+			if g.w.err == nil && n.up && n.region != g.w.homeRegion(r) {
 				g.serve(n, r)
 			}
 		}

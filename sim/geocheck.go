@@ -16,10 +16,6 @@ import (
 // seen to commit in the checks wait for the next check (a home leader may
 // ship what it alone has published, then crash).
 func (w *world) checkMirror(n *node, r int, committed uint64) error {
-	if committed > w.homeCommitted[r] && w.homing.taken(r) && n.replicas[r].HighestEpoch() < w.homing.homes[r].Epoch {
-		w.homing.diverge(r, n.region) // an apply of the old home's committed late
-		return nil
-	}
 	if committed > w.homeCommitted[r] {
 		return fmt.Errorf("%v range %d: the mirror committed %d, past the highest end %d any home replica published: it holds what the home did not commit", n, r, committed, w.homeCommitted[r])
 	}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/homing"
 )
 
@@ -42,17 +43,17 @@ type HomingResult struct {
 	Failovers, Takeovers, Orphaned, Abandoned int
 	// NewHomeAcks counts records acked by a new home, at an epoch above 1.
 	NewHomeAcks int
-	// Diverged counts mirror regions left holding a divergent tail past a
-	// fork point (they would fork; this layer stops replicating to them).
-	Diverged int
+	// Forks counts forks seen applied (a replica cut a divergent tail
+	// into its orphan log).
+	Forks int
 }
 
 func (h HomingResult) String() string {
 	if h == (HomingResult{}) {
 		return ""
 	}
-	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over, %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d mirror regions diverged",
-		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Diverged)
+	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over, %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
+		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks)
 }
 
 // add sums two runs' counters.
@@ -65,7 +66,7 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.Takeovers += o.Takeovers
 	h.Orphaned += o.Orphaned
 	h.Abandoned += o.Abandoned
-	h.Diverged += o.Diverged
+	h.Forks += o.Forks
 	h.NewHomeAcks += o.NewHomeAcks
 	return h
 }
@@ -84,9 +85,6 @@ type homeWorld struct {
 	// orphans is, per range, the acked records counted as orphaned, by
 	// value, with the offset the old home acked them at.
 	orphans []map[string]uint64
-	// diverged is, per range, the mirror regions found holding a
-	// divergent tail after a takeover (stale).
-	diverged []map[int]bool
 	// failAt is when the home region is cut off (-1: never), failFor
 	// for how long.
 	failAt, failFor int64
@@ -155,10 +153,6 @@ func (h *homeWorld) build() error {
 	h.orphans = make([]map[string]uint64, len(homes))
 	for r := range h.orphans {
 		h.orphans[r] = map[string]uint64{}
-	}
-	h.diverged = make([]map[int]bool, len(homes))
-	for r := range h.diverged {
-		h.diverged[r] = map[int]bool{}
 	}
 	for g := 0; g < h.w.opt.Regions; g++ {
 		a, err := newAgent(h, g)
@@ -351,21 +345,15 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 			w.geo.dropRoute(rt)
 		}
 	}
-	// The new home ships to every region but itself and the old home
-	// (which would have to fork first: not in this layer).
-	for g := 1; g < w.opt.Regions; g++ {
+	// The new home ships to every other region, the old home included:
+	// a mirror holding a divergent tail forks it off when the new home's
+	// frames meet it (mirror.go).
+	for g := 0; g < w.opt.Regions; g++ {
 		if g != regionIndex(home.Region) {
 			w.geo.routes = append(w.geo.routes, &route{rng: r, region: g})
 		}
 	}
 	h.newTimeline(r, home)
-	for g := 1; g < w.opt.Regions; g++ {
-		for _, n := range w.regionNodes(g) {
-			if g != regionIndex(home.Region) && n.up && n.replicas[r].Committed() > home.StartOffset {
-				h.diverge(r, g)
-			}
-		}
-	}
 }
 
 // newTimeline cuts the canonical log at the fork point: the new home's
@@ -419,28 +407,63 @@ func (w *world) homeRegion(r int) int {
 	return w.homing.homeIdx[r]
 }
 
-// stale reports whether n is a node of range r's old home (region 0,
-// after a takeover): its log may hold a divergent tail past the fork
-// point, which this layer does not fork off; it is not a mirror of the
-// new home.
+// stale reports whether node n's committed log of range r holds, at the
+// fork point of a takeover, a frame of an older epoch: a divergent tail
+// (the old home's, or the old home's frames a mirror received) that it
+// has not forked off yet (a fork's record may already be in its orphan
+// log while the log is not yet cut). Its frames past the fork point are
+// not the range's, and are not checked until the fork (noteForks).
 func (w *world) stale(n *node, r int) bool {
-	return w.homing.taken(r) && (n.region == 0 || w.homing.diverged[r][n.region])
+	if !w.homing.taken(r) || !n.up {
+		return false
+	}
+	home := w.homing.homes[r]
+	if n.fresh[r] >= home.Epoch || n.replicas[r].Committed() <= home.StartOffset {
+		return false
+	}
+	if w.divergent(n, r, home) {
+		return true
+	}
+	n.fresh[r] = home.Epoch // its log holds the new epoch at the fork point: for good
+	return false
 }
 
-// diverge marks mirror region g of range r as holding a divergent tail
-// past the fork point (epoch-1 frames the new home never had): it would
-// have to fork, which this layer does not do; its route stops.
-func (h *homeWorld) diverge(r, g int) {
-	if h.diverged[r][g] {
-		return
+// divergent reports whether n's log of range r holds an older epoch than
+// home's at home's fork point (see stale).
+func (w *world) divergent(n *node, r int, home homing.Home) bool {
+	// The frame at the fork point, or the first one retained past it.
+	from := max(home.StartOffset, n.stores[r].StartOffset())
+	f, err := n.stores[r].ReadFrames(from, 1, n.replicas[r].Committed())
+	if err != nil || len(f) == 0 {
+		// Nothing retained past it (compacted, or a snapshot): what it
+		// held was of the new epoch only if it ever saw that epoch.
+		return n.replicas[r].HighestEpoch() < home.Epoch
 	}
-	h.diverged[r][g] = true
-	h.res.Diverged++
-	for _, rt := range h.w.geo.routes {
-		if rt.rng == r && rt.region == g {
-			h.w.geo.dropRoute(rt)
+	h, err := batch.DecodeHeader(f)
+	return err == nil && h.Epoch < home.Epoch
+}
+
+// noteForks takes the forks node n's replica of range r applied since
+// last seen (in any incarnation): each must be at the range's current
+// fork point and epoch; the committed end falls back there once.
+func (h *homeWorld) noteForks(n *node, r int) error {
+	home := h.homes[r]
+	if h.w.stale(n, r) {
+		return nil // a fork not (wholly) applied yet: its log is not cut
+	}
+	for _, f := range n.replicas[r].Orphans() {
+		if f.Epoch <= n.forkEpoch[r] {
+			continue
 		}
+		if f.Epoch != home.Epoch || f.At != home.StartOffset {
+			return fmt.Errorf("%v range %d: forked at %d to epoch %d, the range's epoch %d starts at %d", n, r, f.At, f.Epoch, home.Epoch, home.StartOffset)
+		}
+		n.forkEpoch[r] = f.Epoch
+		n.served[r] = min(n.served[r], f.At)
+		n.verified[r] = min(n.verified[r], f.At)
+		h.res.Forks++
 	}
+	return nil
 }
 
 // orphan counts an acked record past a fork point: only an orphan log

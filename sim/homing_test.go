@@ -79,33 +79,16 @@ func TestShortStartIsChecked(t *testing.T) {
 		if res.Homing.Takeovers == 0 {
 			continue
 		}
-		// Reported as an old-epoch frame past the start, or as an acked
-		// record counted as orphaned that the new home's log holds.
-		if err == nil || !(strings.Contains(err.Error(), "past the start") || strings.Contains(err.Error(), "counted as orphaned")) {
+		// Reported as an old-epoch frame past the start, as an acked
+		// record counted as orphaned that the new home's log holds, or as
+		// a mirror forking where the store says the epoch does not start
+		// (its committed end then falls back where no fork explains it).
+		if err == nil || !(strings.Contains(err.Error(), "past the start") || strings.Contains(err.Error(), "counted as orphaned") ||
+			strings.Contains(err.Error(), "the range's epoch 2 starts at") || strings.Contains(err.Error(), "(invariant 8)")) {
 			t.Fatalf("seed %d: a takeover below the taker's tail, unreported: %v", seed, err)
 		}
 		t.Log(err)
 		return
 	}
 	t.Fatal("no seed of 20 took a range over")
-}
-
-// TestFailoverIsDeterministic: a seed whose run takes ranges over (the
-// first of 1-20) replays exactly, the takeovers included.
-func TestFailoverIsDeterministic(t *testing.T) {
-	for seed := int64(1); seed <= 20; seed++ {
-		a, errA := Run(Options{Seed: seed, Steps: 2500, Regions: 3})
-		if errA != nil {
-			t.Fatal(errA)
-		}
-		if a.Homing.Takeovers == 0 || a.Homing.NewHomeAcks == 0 {
-			continue
-		}
-		b, errB := Run(Options{Seed: seed, Steps: 2500, Regions: 3})
-		if errB != nil || a != b {
-			t.Fatalf("seed %d ran differently:\n%v\n%v (%v)", seed, a, b, errB)
-		}
-		return
-	}
-	t.Fatal("no seed of 1-20 took a range over and acked at the new home")
 }

@@ -31,6 +31,7 @@ type mirrorQueue struct {
 	pending  int       // its frames not yet answered
 	end      uint64    // the applied end its frames reached
 	err      error     // the first failure among them
+	forking  bool      // a fork is proposed (fork): requests wait
 }
 
 // arrive queues a request at its mirror node; a node that is down, or
@@ -69,6 +70,14 @@ func (g *geoWorld) arrive(m *geoMsg) {
 func (g *geoWorld) serve(n *node, r int) {
 	q := &n.mirror[r]
 	for g.w.err == nil {
+		if q.forking {
+			if n.replicas[r].LeaderTerm() == q.term {
+				return // the fork's reply serves the request again
+			}
+			q.forking = false
+			q.seq++ // its reply belongs to no fork
+			continue
+		}
 		if q.applying != nil {
 			rep := n.replicas[r]
 			if rep.LeaderTerm() == q.term && (q.pending > 0 || (q.err == nil && rep.Committed() < q.end)) {
@@ -142,7 +151,14 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 		g.answer(m, applied, highest, err, false)
 		return
 	case err != nil:
-		w.err = fmt.Errorf("%v range %d: batch [%d, %d) against applied end %d: %w (a fork would be needed: not simulated in this layer)", n, r, cb.First, cb.End, applied, err)
+		var ref *replicator.Refusal
+		if errors.As(err, &ref) && !m.forked {
+			if at, epoch, ok := ref.ForkPoint(); ok {
+				g.fork(n, r, m, at, epoch)
+				return
+			}
+		}
+		w.err = fmt.Errorf("%v range %d: batch [%d, %d) against applied end %d: %w (no fork explains it)", n, r, cb.First, cb.End, applied, err)
 		return
 	case len(frames) == 0:
 		g.res.Duplicates++
@@ -150,6 +166,32 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 		return
 	}
 	g.apply(n, r, m, frames)
+}
+
+// fork cuts the mirror's divergent tail off at at, raising it to epoch
+// (the Server's Forker: regionsvc's mirrorRange.Fork proposes
+// replica.ProposeFork), then serves m again, once.
+func (g *geoWorld) fork(n *node, r int, m *geoMsg, at, epoch uint64) {
+	q := &n.mirror[r]
+	rep := n.replicas[r]
+	q.seq++
+	q.forking, q.term = true, rep.LeaderTerm()
+	seq, gen := q.seq, n.gen
+	rep.ProposeFork(at, epoch, func(fr replica.ForkResult) {
+		if n.gen != gen || n.mirror[r].seq != seq {
+			return
+		}
+		q := &n.mirror[r]
+		q.forking = false
+		q.seq++
+		if fr.Err != nil {
+			g.res.Refusals++
+			g.answer(m, rep.Committed(), rep.HighestEpoch(), fr.Err, true)
+			return
+		}
+		m.forked = true
+		q.reqs = append([]*geoMsg{m}, q.reqs...)
+	})
 }
 
 // apply proposes each frame verbatim to the mirror group; finishApply

@@ -158,6 +158,12 @@ type node struct {
 	// epoch its replica held in this incarnation (it never goes back).
 	core   *homing.Core
 	epochs []uint64
+	// fresh is, per range, the epoch whose fork point its log (this
+	// incarnation) was seen to hold that epoch at: not stale.
+	fresh []uint64
+	// forkEpoch is, per range, the epoch of the last fork seen applied
+	// on the node (any incarnation): its committed end fell back then.
+	forkEpoch []uint64
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -380,7 +386,8 @@ func (w *world) build() error {
 	}
 	for g := 0; g < opt.Regions; g++ {
 		for i := 0; i < opt.Nodes; i++ {
-			n := &node{region: g, id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64()))), served: make([]uint64, opt.Ranges)}
+			n := &node{region: g, id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64()))), served: make([]uint64, opt.Ranges),
+				forkEpoch: make([]uint64, opt.Ranges)}
 			w.nodes = append(w.nodes, n)
 			if err := w.start(n); err != nil {
 				return err
@@ -468,6 +475,7 @@ func (w *world) start(n *node) error {
 	n.dying = false
 	n.mirror = make([]mirrorQueue, w.opt.Ranges)
 	n.epochs = make([]uint64, w.opt.Ranges)
+	n.fresh = make([]uint64, w.opt.Ranges)
 	if w.homing != nil {
 		if err := w.homing.startNode(n); err != nil {
 			return err
@@ -488,10 +496,16 @@ func (w *world) start(n *node) error {
 		if err != nil {
 			return fmt.Errorf("%v range %d: open after crash: %w", n, r, err)
 		}
+		var orphans *replica.OrphanStore
+		if w.geo != nil {
+			if orphans, err = replica.OpenOrphans(n.fs, filepath.Join(dir, replica.OrphanDirName), w.opt.Logger); err != nil {
+				return fmt.Errorf("%v range %d: open orphans: %w", n, r, err)
+			}
+		}
 		region, group, from, gen := n.region, r, n.id, n.gen
 		rep, err := replica.New(replica.Config{
 			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers,
-			Log: &syncCrashLog{Store: st, w: w, n: n}, State: replica.FileState{FS: n.fs, Dir: dir},
+			Log: &syncCrashLog{Store: st, w: w, n: n}, State: replica.FileState{FS: n.fs, Dir: dir}, Orphans: orphans,
 			Send: func(msgs []*raftpb.Message) { w.sendRaft(region, group, msgs) },
 			SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
 				return w.sendSnapshot(region, group, from, gen, m, body)

@@ -199,6 +199,11 @@ func (w *world) check() error {
 		}
 		for r, rep := range n.replicas {
 			committed := rep.Committed()
+			if w.homing != nil {
+				if err := w.homing.noteForks(n, r); err != nil {
+					return err
+				}
+			}
 			if committed < n.served[r] {
 				return fmt.Errorf("%v range %d: publishes a committed end of %d, below the %d it published before (invariant 8)", n, r, committed, n.served[r])
 			}
