@@ -120,11 +120,16 @@
 // keeps a compaction floor at the lowest end the other mirrors published
 // (any mirror may become the home).
 //
-// Not yet simulated: forks. The old home, and a mirror region found
-// holding the old home's frames past the fork point, would cut their
-// tails off into orphan logs (replica.ProposeFork, replicator.Forker) and
-// follow the new home; here they are detected, counted and left out (no
-// route, no checks past the fork point, no catch-up). Also: a second
-// takeover of a range, planned rehomes, the range driver, raftnet. See
-// notes/simhome.md.
+// Forks: the new home ships to every other region, the old home
+// included; a mirror whose stored frames meet the new home's at a newer
+// epoch cuts its divergent tail into its orphan log (replica.ProposeFork,
+// what regionsvc's Forker does when CheckedBatch.Overlap refuses with a
+// fork point) and applies the batch again. A fork must be at the range's
+// fork point and epoch, and only a fork lets a committed end fall back; a
+// replica not forked yet is not checked past the fork point; after
+// healing every mirror, the old home included, holds the new home's log.
+//
+// Not yet simulated: the orphan logs' contents checked against what was
+// orphaned, a second takeover of a range, planned rehomes, reads, the
+// range driver, raftnet. See notes/simhome.md.
 package sim

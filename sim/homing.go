@@ -283,12 +283,10 @@ func (h *homeWorld) checkAck(n *node, r int, epoch uint64, duplicate bool) error
 // the producers start over as new idempotent producers of the range and
 // move to the new home when a refusal makes them describe the stream
 // again (one time in two); the range's routes are re-sourced from the
-// new home. Forks are detected, not cut: the old home, and a mirror
-// region found holding the old home's frames past the fork point
-// (diverge), would fork their tails off into orphan logs
-// (replica.ProposeFork through a replicator.Forker); this layer leaves
-// them out (no route, no checks past the fork point, no catch-up
-// required). See notes/simhome.md.
+// new home, to every other region, the old home included: a mirror
+// holding the old home's frames past the fork point forks them off into
+// its orphan log (mirror.go's fork) and follows; until then it is stale
+// (not checked past the fork point). See notes/simhome.md.
 
 const failoverScanMs = 50
 
