@@ -1,0 +1,354 @@
+package replica
+
+import (
+	crand "crypto/rand"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/datadriven"
+	"github.com/geolog/geolog/batch"
+)
+
+// TestInteraction runs the replica interaction scripts in
+// testdata/interactions (regenerate their output with -rewrite): a group
+// of real Replicas over vfs.Mem disks, driven step by step through
+// interactionEnv (interaction_env_test.go). Commands (node ids are bare
+// arguments, e.g. "process-ready 1 3"; none means every node):
+//
+//	create n=3 [seed=1] [retention=<bytes>]  new group (segments of 1 KiB)
+//	tick [n=1] [ids]                  Tick the nodes n times
+//	campaign <id> | transfer from=<id> to=<id>
+//	propose <id> producer=<p> seq=<s> records=<n> [tag=<t>] [epoch=<e>]
+//	                                  an append; its answer prints when it comes
+//	fork <id> at=<offset> epoch=<e>   ProposeFork; its answer prints when it comes
+//	process-ready [ids]               one Ready cycle each
+//	write-log [ids]                   WriteLog + WriteMark (even when held)
+//	msgs                              the messages in flight
+//	deliver-msgs [from=] [to=] [type=] [n=] [drop]
+//	stabilize [verbose]               Ready, write (but held), deliver until quiet
+//	hold-writes [ids] | release-writes [ids]   a node's log writer stops/resumes
+//	partition [ids] | heal            cut the nodes off / reconnect all
+//	crash <id> | restart <id>         power loss (unsynced writes lost) / reopen
+//	fail-fsync <id> [n=1]             fail the node's next n fdatasyncs (EIO)
+//	compact [ids]                     Compact (retention as log compaction)
+//	status [ids] | log <id> | orphans <id>
+//
+// After every command each node's published committed offset is checked
+// against the highest it published before, across restarts too: it may
+// only move back when the node applies a fork.
+func TestInteraction(t *testing.T) {
+	paths, err := filepath.Glob("testdata/interactions/*.txt")
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("no scripts in testdata/interactions: %v", err)
+	}
+	for _, path := range paths {
+		t.Run(strings.TrimSuffix(filepath.Base(path), ".txt"), func(t *testing.T) {
+			datadriven.RunTest(t, path, runInteraction(t))
+		})
+	}
+}
+
+// runInteraction returns the datadriven callback of one script, with its
+// own environment; it makes etcd raft's election jitter (drawn from
+// crypto/rand.Reader) follow the script's seed for the script's duration.
+func runInteraction(t *testing.T) func(*testing.T, *datadriven.TestData) string {
+	env := newInteractionEnv(t)
+	saved := crand.Reader
+	crand.Reader = seededReader{rand.New(rand.NewPCG(1, 2))}
+	t.Cleanup(func() { crand.Reader = saved })
+	return func(t *testing.T, d *datadriven.TestData) string {
+		env.t = t
+		out := env.handle(d)
+		out += env.checkPublished()
+		if out == "" {
+			return "ok\n"
+		}
+		return out
+	}
+}
+
+// seededReader feeds crypto/rand.Reader from a seeded generator.
+type seededReader struct{ r *rand.Rand }
+
+func (g seededReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(g.r.Uint32())
+	}
+	return len(p), nil
+}
+
+// handle runs one command and returns what it printed, events first.
+func (e *interactionEnv) handle(d *datadriven.TestData) string {
+	var b strings.Builder
+	switch d.Cmd {
+	case "create":
+		e.cmdCreate(d)
+	case "tick":
+		e.tick(e.idArgs(d), e.intArg(d, "n", 1))
+	case "campaign":
+		if err := e.upNode(d, e.idArg(d)).Campaign(); err != nil {
+			fmt.Fprintf(&b, "campaign: %v\n", err)
+		}
+	case "transfer":
+		e.upNode(d, e.intArgU(d, "from")).TransferLeadership(e.intArgU(d, "to"))
+	case "propose":
+		b.WriteString(e.cmdPropose(d))
+	case "fork":
+		e.cmdFork(d)
+	case "process-ready":
+		for _, id := range e.idArgs(d) {
+			e.readyNode(id)
+		}
+	case "write-log":
+		e.cmdWriteLog(d)
+	case "msgs":
+		for _, em := range e.queue {
+			fmt.Fprintf(&b, "%s\n", describeMsg(em.m))
+		}
+	case "deliver-msgs":
+		e.cmdDeliver(d, &e.out)
+	case "stabilize":
+		e.verbose = d.HasArg("verbose")
+		e.stabilize()
+		e.verbose = false
+	default:
+		return e.handleFaults(d)
+	}
+	return e.flush() + b.String()
+}
+
+// handleFaults runs the commands that change the world around the
+// replicas, and the ones that only print.
+func (e *interactionEnv) handleFaults(d *datadriven.TestData) string {
+	var b strings.Builder
+	switch d.Cmd {
+	case "hold-writes", "release-writes":
+		for _, id := range e.idArgs(d) {
+			e.held[id] = d.Cmd == "hold-writes"
+		}
+	case "partition":
+		for _, id := range e.idArgs(d) {
+			e.cut[id] = true
+		}
+	case "heal":
+		clear(e.cut)
+	case "crash":
+		id := e.idArg(d)
+		e.upNode(d, id)
+		e.crash(id)
+	case "restart":
+		b.WriteString(e.cmdRestart(d))
+	case "fail-fsync":
+		e.nodes[e.idArg(d)].fs.FailDatasyncs(e.intArg(d, "n", 1))
+	case "compact":
+		for _, id := range e.idArgs(d) {
+			n, err := e.upNode(d, id).Compact()
+			fmt.Fprintf(&b, "node %d: compacted %d segments (err %v), log starts at index %d offset %d\n",
+				id, n, err, e.nodes[id].st.FirstIndex(), e.nodes[id].st.StartOffset())
+		}
+	case "status":
+		for _, id := range e.idArgs(d) {
+			fmt.Fprintf(&b, "%s\n", e.status(id))
+		}
+	case "log":
+		id := e.idArg(d)
+		e.upNode(d, id)
+		b.WriteString(e.logLines(id))
+	case "orphans":
+		id := e.idArg(d)
+		e.upNode(d, id)
+		b.WriteString(e.orphanLines(id))
+	default:
+		d.Fatalf(e.t, "unknown command %q", d.Cmd)
+	}
+	return e.flush() + b.String()
+}
+
+// flush returns the events printed since the last command.
+func (e *interactionEnv) flush() string {
+	s := e.out.String()
+	e.out.Reset()
+	return s
+}
+
+func (e *interactionEnv) cmdCreate(d *datadriven.TestData) {
+	if len(e.ids) > 0 {
+		d.Fatalf(e.t, "the group exists")
+	}
+	e.seed = uint64(e.intArg(d, "seed", 1))
+	e.retain = int64(e.intArg(d, "retention", 0))
+	e.create(e.intArg(d, "n", 3))
+	e.published, e.forks = map[uint64]uint64{}, map[uint64]int{}
+}
+
+// cmdPropose proposes an append of records values "<tag>-<i>" and
+// prints "pN: ..." when its answer comes (at once, or in a later
+// command's events).
+func (e *interactionEnv) cmdPropose(d *datadriven.TestData) string {
+	id := e.idArg(d)
+	r := e.upNode(d, id)
+	producer, seq := uint64(e.intArg(d, "producer", 0)), uint64(e.intArg(d, "seq", 0))
+	n := e.intArg(d, "records", 1)
+	tag := "x"
+	if d.HasArg("tag") {
+		d.ScanArgs(e.t, "tag", &tag)
+	}
+	recs := make([]batch.Record, n)
+	for i := range recs {
+		recs[i] = batch.Record{Key: []byte("k"), Value: []byte(fmt.Sprintf("%s-%d", tag, i))}
+	}
+	e.replies++
+	name := fmt.Sprintf("p%d", e.replies)
+	answered := false
+	h := batch.Header{Type: batch.TypeData, ProducerID: producer, BaseSequence: seq}
+	r.Propose(&Op{ProducerID: producer, BaseSequence: seq, RecordCount: uint32(n), Frame: batch.Encode(nil, h, recs),
+		Epoch: uint64(e.intArg(d, "epoch", 0)),
+		Reply: func(res Result) {
+			answered = true
+			fmt.Fprintf(&e.out, "%s (node %d): %s\n", name, id, describeResult(res))
+		}})
+	if !answered {
+		return fmt.Sprintf("%s (node %d): pending\n", name, id)
+	}
+	return ""
+}
+
+func (e *interactionEnv) cmdFork(d *datadriven.TestData) {
+	id := e.idArg(d)
+	at, epoch := uint64(e.intArg(d, "at", 0)), uint64(e.intArg(d, "epoch", 0))
+	e.upNode(d, id).ProposeFork(at, epoch, func(res ForkResult) {
+		if res.Err != nil {
+			fmt.Fprintf(&e.out, "fork (node %d): %s\n", id, describeErr(res.Err))
+			return
+		}
+		fmt.Fprintf(&e.out, "fork (node %d): ok index=%d at=%d epoch=%d orphaned records=%d offsets [%d,%d)\n",
+			id, res.Index, res.At, res.Epoch, res.Records, res.FirstOffset, res.NextOffset)
+	})
+}
+
+// cmdWriteLog runs the log writers of the nodes, held or not.
+func (e *interactionEnv) cmdWriteLog(d *datadriven.TestData) {
+	for _, id := range e.idArgs(d) {
+		held := e.held[id]
+		e.held[id] = false
+		e.writeNode(id)
+		e.held[id] = held
+	}
+}
+
+// cmdDeliver delivers (or drops) the messages in flight that the filter
+// selects, printing each.
+func (e *interactionEnv) cmdDeliver(d *datadriven.TestData, b *strings.Builder) {
+	f := msgFilter{from: uint64(e.intArg(d, "from", 0)), to: uint64(e.intArg(d, "to", 0))}
+	if d.HasArg("type") {
+		d.ScanArgs(e.t, "type", &f.typ)
+	}
+	took := e.takeMsgs(f, e.intArg(d, "n", -1))
+	if len(took) == 0 {
+		b.WriteString("no messages\n")
+	}
+	for _, em := range took {
+		e.deliver(em, d.HasArg("drop"), b)
+	}
+}
+
+// cmdRestart reopens a crashed node and prints what it publishes at once.
+func (e *interactionEnv) cmdRestart(d *datadriven.TestData) string {
+	id := e.idArg(d)
+	if e.up(id) != nil {
+		d.Fatalf(e.t, "node %d is up", id)
+	}
+	e.restart(id)
+	nd := e.nodes[id]
+	return fmt.Sprintf("node %d: restarted: durable index %d, offsets [%d,%d), committed=%d\n",
+		id, nd.st.LastIndex(), nd.st.StartOffset(), nd.st.NextOffset(), nd.r.Committed())
+}
+
+// checkPublished reports a node whose published committed offset went
+// back (a reader would see the log go backwards), unless a fork applied
+// there since, and fails the test.
+func (e *interactionEnv) checkPublished() string {
+	var b strings.Builder
+	for _, id := range e.ids {
+		r := e.up(id)
+		if r == nil || e.published == nil {
+			continue
+		}
+		c := r.Committed()
+		if forks := len(r.Orphans()); forks != e.forks[id] {
+			e.forks[id], e.published[id] = forks, c
+			continue
+		}
+		if c < e.published[id] {
+			fmt.Fprintf(&b, "node %d: PUBLISHED COMMITTED OFFSET WENT BACK from %d to %d\n", id, e.published[id], c)
+			e.t.Errorf("node %d: published committed offset went back from %d to %d", id, e.published[id], c)
+		}
+		e.published[id] = max(e.published[id], c)
+	}
+	return b.String()
+}
+
+// upNode returns node id's replica, failing the script if it is down.
+func (e *interactionEnv) upNode(d *datadriven.TestData, id uint64) *Replica {
+	r := e.up(id)
+	if r == nil {
+		d.Fatalf(e.t, "node %d is down", id)
+	}
+	return r
+}
+
+// idArgs returns the bare numeric arguments as node ids, every node if
+// there are none.
+func (e *interactionEnv) idArgs(d *datadriven.TestData) []uint64 {
+	var ids []uint64
+	for _, a := range d.CmdArgs {
+		if len(a.Vals) > 0 {
+			continue
+		}
+		if id, err := strconv.ParseUint(a.Key, 10, 64); err == nil {
+			if e.nodes[id] == nil {
+				d.Fatalf(e.t, "no node %d", id)
+			}
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return slices.Clone(e.ids)
+	}
+	return ids
+}
+
+// idArg returns the one node id the command names.
+func (e *interactionEnv) idArg(d *datadriven.TestData) uint64 {
+	bare := 0
+	for _, a := range d.CmdArgs {
+		if _, err := strconv.ParseUint(a.Key, 10, 64); err == nil && len(a.Vals) == 0 {
+			bare++
+		}
+	}
+	if bare != 1 {
+		d.Fatalf(e.t, "%s needs exactly one node id", d.Cmd)
+	}
+	return e.idArgs(d)[0]
+}
+
+func (e *interactionEnv) intArg(d *datadriven.TestData, key string, def int) int {
+	if !d.HasArg(key) {
+		return def
+	}
+	var v int
+	d.ScanArgs(e.t, key, &v)
+	return v
+}
+
+func (e *interactionEnv) intArgU(d *datadriven.TestData, key string) uint64 {
+	if !d.HasArg(key) {
+		d.Fatalf(e.t, "%s needs %s=", d.Cmd, key)
+	}
+	return uint64(e.intArg(d, key, 0))
+}
