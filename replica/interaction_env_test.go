@@ -29,7 +29,7 @@ import (
 // fixed order and holds no addresses or wall-clock times, so a script's
 // output replays exactly.
 type interactionEnv struct {
-	t      *testing.T
+	t      testing.TB
 	seed   uint64
 	ids    []uint64
 	nodes  map[uint64]*envNode
@@ -77,7 +77,7 @@ var envEpochStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // envTickNs is how far one tick moves the virtual clock.
 const envTickNs = int64(10 * time.Millisecond)
 
-func newInteractionEnv(t *testing.T) *interactionEnv {
+func newInteractionEnv(t testing.TB) *interactionEnv {
 	return &interactionEnv{t: t, nodes: map[uint64]*envNode{}, cut: map[uint64]bool{}, held: map[uint64]bool{}}
 }
 
@@ -99,7 +99,7 @@ func (e *interactionEnv) create(n int) {
 
 // start opens node nd's log, orphan log, state and replica from its disk.
 func (e *interactionEnv) start(nd *envNode) {
-	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Error, Output: testWriter{e.t}})
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Error, Output: tbWriter{e.t}})
 	var headers []batch.Header
 	st, err := segment.Open(segment.Config{Dir: envDir, FS: nd.fs, SegmentBytesMax: segment.SegmentBytesMaxMin,
 		RetentionBytes: e.retain, Now: e.now, Logger: logger,
@@ -567,3 +567,8 @@ func sortedIDs(set map[uint64]bool) []uint64 {
 	slices.Sort(ids)
 	return ids
 }
+
+// tbWriter routes a replica's log lines to the test's log.
+type tbWriter struct{ t testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }

@@ -2,12 +2,16 @@ package replica
 
 import (
 	crand "crypto/rand"
+	"flag"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/datadriven"
@@ -21,7 +25,7 @@ import (
 // arguments, e.g. "process-ready 1 3"; none means every node):
 //
 //	create n=3 [seed=1] [retention=<bytes>]  new group (segments of 1 KiB)
-//	tick [n=1] [ids]                  Tick the nodes n times
+//	tick [n=1] [ids] [stabilize]      Tick the nodes n times (stabilize after each)
 //	campaign <id> | transfer from=<id> to=<id>
 //	propose <id> producer=<p> seq=<s> records=<n> [tag=<t>] [epoch=<e>]
 //	                                  an append; its answer prints when it comes
@@ -48,7 +52,8 @@ func TestInteraction(t *testing.T) {
 	}
 	for _, path := range paths {
 		t.Run(strings.TrimSuffix(filepath.Base(path), ".txt"), func(t *testing.T) {
-			datadriven.RunTest(t, path, runInteraction(t))
+			f := runInteraction(t)
+			datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string { return f(t, d) })
 		})
 	}
 }
@@ -56,12 +61,12 @@ func TestInteraction(t *testing.T) {
 // runInteraction returns the datadriven callback of one script, with its
 // own environment; it makes etcd raft's election jitter (drawn from
 // crypto/rand.Reader) follow the script's seed for the script's duration.
-func runInteraction(t *testing.T) func(*testing.T, *datadriven.TestData) string {
+func runInteraction(t testing.TB) func(testing.TB, *datadriven.TestData) string {
 	env := newInteractionEnv(t)
 	saved := crand.Reader
 	crand.Reader = seededReader{rand.New(rand.NewPCG(1, 2))}
 	t.Cleanup(func() { crand.Reader = saved })
-	return func(t *testing.T, d *datadriven.TestData) string {
+	return func(t testing.TB, d *datadriven.TestData) string {
 		env.t = t
 		out := env.handle(d)
 		out += env.checkPublished()
@@ -89,7 +94,15 @@ func (e *interactionEnv) handle(d *datadriven.TestData) string {
 	case "create":
 		e.cmdCreate(d)
 	case "tick":
-		e.tick(e.idArgs(d), e.intArg(d, "n", 1))
+		ids, n := e.idArgs(d), e.intArg(d, "n", 1)
+		if !d.HasArg("stabilize") {
+			e.tick(ids, n)
+			break
+		}
+		for range n {
+			e.tick(ids, 1)
+			e.stabilize()
+		}
 	case "campaign":
 		if err := e.upNode(d, e.idArg(d)).Campaign(); err != nil {
 			fmt.Fprintf(&b, "campaign: %v\n", err)
@@ -107,6 +120,9 @@ func (e *interactionEnv) handle(d *datadriven.TestData) string {
 	case "write-log":
 		e.cmdWriteLog(d)
 	case "msgs":
+		if len(e.queue) == 0 {
+			b.WriteString("no messages\n")
+		}
 		for _, em := range e.queue {
 			fmt.Fprintf(&b, "%s\n", describeMsg(em.m))
 		}
@@ -186,36 +202,51 @@ func (e *interactionEnv) cmdCreate(d *datadriven.TestData) {
 	e.published, e.forks = map[uint64]uint64{}, map[uint64]int{}
 }
 
-// cmdPropose proposes an append of records values "<tag>-<i>" and
-// prints "pN: ..." when its answer comes (at once, or in a later
+// cmdPropose proposes count (default 1) appends of records values
+// "<tag>-<i>" (tag<k> for the k-th of several; sequences follow on) and
+// prints "pN: ..." for each when its answer comes (at once, or in a later
 // command's events).
 func (e *interactionEnv) cmdPropose(d *datadriven.TestData) string {
 	id := e.idArg(d)
 	r := e.upNode(d, id)
 	producer, seq := uint64(e.intArg(d, "producer", 0)), uint64(e.intArg(d, "seq", 0))
-	n := e.intArg(d, "records", 1)
+	n, count := e.intArg(d, "records", 1), e.intArg(d, "count", 1)
 	tag := "x"
 	if d.HasArg("tag") {
 		d.ScanArgs(e.t, "tag", &tag)
 	}
+	var b strings.Builder
+	for k := 0; k < count; k++ {
+		t := tag
+		if count > 1 {
+			t = fmt.Sprintf("%s%d", tag, k)
+		}
+		e.replies++
+		name := fmt.Sprintf("p%d", e.replies)
+		answered := false
+		op := envOp(producer, seq+uint64(k*n), n, t)
+		op.Epoch = uint64(e.intArg(d, "epoch", 0))
+		op.Reply = func(res Result) {
+			answered = true
+			fmt.Fprintf(&e.out, "%s (node %d): %s\n", name, id, describeResult(res))
+		}
+		r.Propose(op)
+		b.WriteString(e.flush())
+		if !answered {
+			fmt.Fprintf(&b, "%s (node %d): pending\n", name, id)
+		}
+	}
+	return b.String()
+}
+
+// envOp builds an append of n records "<tag>-<i>".
+func envOp(producer, seq uint64, n int, tag string) *Op {
 	recs := make([]batch.Record, n)
 	for i := range recs {
 		recs[i] = batch.Record{Key: []byte("k"), Value: []byte(fmt.Sprintf("%s-%d", tag, i))}
 	}
-	e.replies++
-	name := fmt.Sprintf("p%d", e.replies)
-	answered := false
 	h := batch.Header{Type: batch.TypeData, ProducerID: producer, BaseSequence: seq}
-	r.Propose(&Op{ProducerID: producer, BaseSequence: seq, RecordCount: uint32(n), Frame: batch.Encode(nil, h, recs),
-		Epoch: uint64(e.intArg(d, "epoch", 0)),
-		Reply: func(res Result) {
-			answered = true
-			fmt.Fprintf(&e.out, "%s (node %d): %s\n", name, id, describeResult(res))
-		}})
-	if !answered {
-		return fmt.Sprintf("%s (node %d): pending\n", name, id)
-	}
-	return ""
+	return &Op{ProducerID: producer, BaseSequence: seq, RecordCount: uint32(n), Frame: batch.Encode(nil, h, recs)}
 }
 
 func (e *interactionEnv) cmdFork(d *datadriven.TestData) {
@@ -351,4 +382,73 @@ func (e *interactionEnv) intArgU(d *datadriven.TestData, key string) uint64 {
 		d.Fatalf(e.t, "%s needs %s=", d.Cmd, key)
 	}
 	return uint64(e.intArg(d, key, 0))
+}
+
+// TestInteractionDetectsMismatch: the suite really compares. A script
+// run unchanged passes; the same script with one expected line changed
+// (a committed offset) fails, at that directive.
+func TestInteractionDetectsMismatch(t *testing.T) {
+	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
+		t.Skip("-rewrite accepts any output")
+	}
+	b, err := os.ReadFile("testdata/interactions/quorum_ack.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := string(b)
+	const right, wrong = "2: Follower term=1 lead=1 commit=2 applied=2 durable=2 committed=2", "2: Follower term=1 lead=1 commit=2 applied=2 durable=2 committed=3"
+	if !strings.Contains(script, right) {
+		t.Fatalf("quorum_ack.txt no longer holds %q: pick another line to change", right)
+	}
+	if fails := runRecorded(t, script); len(fails) != 0 {
+		t.Fatalf("the unchanged script failed: %v", fails)
+	}
+	fails := runRecorded(t, strings.Replace(script, right, wrong, 1))
+	if len(fails) != 1 || !strings.Contains(fails[0], "committed=3") || !strings.Contains(fails[0], "committed=2") {
+		t.Fatalf("a wrong expected output gave failures %q, want one naming the line", fails)
+	}
+}
+
+// runRecorded runs script as TestInteraction would, on its own goroutine
+// with a testing.TB that records failures instead of failing t, and
+// returns them.
+func runRecorded(t *testing.T, script string) []string {
+	rec := &failRecorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f := runInteraction(rec)
+		datadriven.RunTestFromStringAny(rec, script, f)
+	}()
+	<-done
+	return rec.failures
+}
+
+// failRecorder is a testing.TB whose failures are recorded; Fatal and
+// FailNow end the calling goroutine, as testing's do.
+type failRecorder struct {
+	testing.TB
+	mu       sync.Mutex
+	failures []string
+}
+
+func (f *failRecorder) record(s string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failures = append(f.failures, s)
+}
+
+func (f *failRecorder) Error(args ...any)                 { f.record(fmt.Sprint(args...)) }
+func (f *failRecorder) Errorf(format string, args ...any) { f.record(fmt.Sprintf(format, args...)) }
+func (f *failRecorder) Fatal(args ...any)                 { f.record(fmt.Sprint(args...)); runtime.Goexit() }
+func (f *failRecorder) Fatalf(format string, args ...any) {
+	f.record(fmt.Sprintf(format, args...))
+	runtime.Goexit()
+}
+func (f *failRecorder) Fail()    { f.record("Fail") }
+func (f *failRecorder) FailNow() { f.record("FailNow"); runtime.Goexit() }
+func (f *failRecorder) Failed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.failures) > 0
 }
