@@ -47,6 +47,10 @@ type interactionEnv struct {
 	forks     map[uint64]int
 	// verbose traces deliveries and log writes into out.
 	verbose bool
+	// logger is every node's (Named per component); its lines go to the
+	// test's log, or into out while logOut (the log-level command).
+	logger hclog.Logger
+	logOut bool
 }
 
 // envNode is one node: its disk (replaced by what a crash leaves), and,
@@ -78,7 +82,23 @@ var envEpochStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 const envTickNs = int64(10 * time.Millisecond)
 
 func newInteractionEnv(t testing.TB) *interactionEnv {
-	return &interactionEnv{t: t, nodes: map[uint64]*envNode{}, cut: map[uint64]bool{}, held: map[uint64]bool{}}
+	e := &interactionEnv{t: t, nodes: map[uint64]*envNode{}, cut: map[uint64]bool{}, held: map[uint64]bool{}}
+	e.logger = hclog.New(&hclog.LoggerOptions{Level: hclog.Error, Output: envLogWriter{e}, DisableTime: true})
+	return e
+}
+
+// setLogLevel sets every node's log level, the lines going into the
+// script's output; "off" restores the default (errors, to the test log).
+func (e *interactionEnv) setLogLevel(level string) {
+	l := hclog.LevelFromString(level)
+	if l == hclog.NoLevel {
+		e.t.Fatalf("unknown log level %q", level)
+	}
+	e.logOut = l != hclog.Off
+	if !e.logOut {
+		l = hclog.Error
+	}
+	e.logger.SetLevel(l)
 }
 
 // create starts nodes 1..n as a new group, each on its own empty disk.
@@ -99,7 +119,7 @@ func (e *interactionEnv) create(n int) {
 
 // start opens node nd's log, orphan log, state and replica from its disk.
 func (e *interactionEnv) start(nd *envNode) {
-	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Error, Output: tbWriter{e.t}})
+	logger := e.logger
 	var headers []batch.Header
 	st, err := segment.Open(segment.Config{Dir: envDir, FS: nd.fs, SegmentBytesMax: segment.SegmentBytesMaxMin,
 		RetentionBytes: e.retain, Now: e.now, Logger: logger,
@@ -568,7 +588,15 @@ func sortedIDs(set map[uint64]bool) []uint64 {
 	return ids
 }
 
-// tbWriter routes a replica's log lines to the test's log.
-type tbWriter struct{ t testing.TB }
+// envLogWriter routes the replicas' log lines into the script's output
+// (logOut) or the test's log.
+type envLogWriter struct{ e *interactionEnv }
 
-func (w tbWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+func (w envLogWriter) Write(p []byte) (int, error) {
+	if w.e.logOut {
+		w.e.out.Write(p)
+	} else {
+		w.e.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
+	return len(p), nil
+}

@@ -41,6 +41,8 @@ import (
 //	fail-fsync <id> [n=1]             fail the node's next n fdatasyncs (EIO)
 //	compact [ids]                     Compact (retention as log compaction)
 //	status [ids] | log <id> | orphans <id>
+//	log-level level=debug|info|warn|error|off  replica and Raft log lines
+//	                                  into the output (off: to the test log)
 //
 // After every command each node's published committed offset is checked
 // against the highest it published before, across restarts too: it may
@@ -153,6 +155,10 @@ func (e *interactionEnv) handleFaults(d *datadriven.TestData) string {
 		}
 	case "heal":
 		clear(e.cut)
+	case "log-level":
+		var level string
+		d.ScanArgs(e.t, "level", &level)
+		e.setLogLevel(level)
 	case "crash":
 		id := e.idArg(d)
 		e.upNode(d, id)
