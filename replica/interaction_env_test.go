@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,16 +30,18 @@ import (
 // fixed order and holds no addresses or wall-clock times, so a script's
 // output replays exactly.
 type interactionEnv struct {
-	t      testing.TB
-	seed   uint64
-	ids    []uint64
-	nodes  map[uint64]*envNode
-	queue  []envMsg        // messages in flight, in send order
-	cut    map[uint64]bool // partitioned nodes
-	held   map[uint64]bool // nodes whose log writer is held (writes not durable)
-	out    strings.Builder // events since the last command's output
-	nowNs  int64           // the virtual clock every node reads
-	retain int64           // segment.Config.RetentionBytes, 0: keep all
+	t    testing.TB
+	seed uint64
+	// diskSeed, if not 0, overrides the seed the script's create gives.
+	diskSeed uint64
+	ids      []uint64
+	nodes    map[uint64]*envNode
+	queue    []envMsg        // messages in flight, in send order
+	cut      map[uint64]bool // partitioned nodes
+	held     map[uint64]bool // nodes whose log writer is held (writes not durable)
+	out      strings.Builder // events since the last command's output
+	nowNs    int64           // the virtual clock every node reads
+	retain   int64           // segment.Config.RetentionBytes, 0: keep all
 	// replies counts the proposals made, to name them p1, p2, ...
 	replies int
 	// published is the highest committed offset each node published,
@@ -599,4 +602,77 @@ func (w envLogWriter) Write(p []byte) (int, error) {
 		w.e.t.Log(strings.TrimSuffix(string(p), "\n"))
 	}
 	return len(p), nil
+}
+
+// failOp makes node id's disk fail its k-th mutating operation from now
+// (EIO), once, printing which one it failed.
+func (e *interactionEnv) failOp(id uint64, k int) {
+	n := 0
+	e.nodes[id].fs.SetHook(func(op vfs.Op, name string) error {
+		if !mutating(op) {
+			return nil
+		}
+		if n++; n != k {
+			return nil
+		}
+		fmt.Fprintf(&e.out, "node %d: injected EIO on %s %s\n", id, op, filepath.Base(name))
+		return syscall.EIO
+	})
+}
+
+// checkLogs compares the committed frames of every node that is up and
+// not stopped, over the offsets all of them hold, and reports (and fails
+// the test on) the first difference.
+func (e *interactionEnv) checkLogs() string {
+	var live []uint64
+	lo, hi := uint64(0), ^uint64(0)
+	for _, id := range e.ids {
+		nd := e.nodes[id]
+		if nd.r == nil || nd.r.Failure() != nil {
+			continue
+		}
+		live = append(live, id)
+		lo, hi = max(lo, nd.st.StartOffset()), min(hi, nd.r.Committed())
+	}
+	if len(live) < 2 || lo >= hi {
+		return "nothing to compare\n"
+	}
+	first := e.committedFrames(live[0], lo, hi)
+	for _, id := range live[1:] {
+		if got := e.committedFrames(id, lo, hi); string(got) != string(first) {
+			e.t.Errorf("node %d's log differs from node %d's in offsets [%d,%d)", id, live[0], lo, hi)
+			return fmt.Sprintf("node %d's log DIFFERS from node %d's in offsets [%d,%d)\n", id, live[0], lo, hi)
+		}
+	}
+	return fmt.Sprintf("nodes %v agree on offsets [%d,%d)\n", live, lo, hi)
+}
+
+// committedFrames returns node id's data frames covering [lo, hi).
+func (e *interactionEnv) committedFrames(id uint64, lo, hi uint64) []byte {
+	st := e.nodes[id].st
+	var out []byte
+	for off := lo; off < hi; {
+		frames, err := st.ReadFrames(off, 1<<20, hi)
+		if err != nil || len(frames) == 0 {
+			e.t.Errorf("node %d: read at offset %d: %v", id, off, err)
+			return out
+		}
+		out = append(out, frames...)
+		next := off
+		for len(frames) > 0 {
+			n, err := batch.FrameSize(frames)
+			if err != nil {
+				return out
+			}
+			if h, err := batch.DecodeHeader(frames[:n]); err == nil {
+				next = max(next, h.NextOffset())
+			}
+			frames = frames[n:]
+		}
+		if next <= off {
+			return out
+		}
+		off = next
+	}
+	return out
 }

@@ -39,6 +39,8 @@ import (
 //	partition [ids] | heal            cut the nodes off / reconnect all
 //	crash <id> | restart <id>         power loss (unsynced writes lost) / reopen
 //	fail-fsync <id> [n=1]             fail the node's next n fdatasyncs (EIO)
+//	fail-op <id> after=<k>            fail the node's k-th disk change from now (EIO)
+//	check-logs                        the live nodes' committed frames agree
 //	compact [ids]                     Compact (retention as log compaction)
 //	status [ids] | log <id> | orphans <id>
 //	log-level level=debug|info|warn|error|off  replica and Raft log lines
@@ -54,7 +56,7 @@ func TestInteraction(t *testing.T) {
 	}
 	for _, path := range paths {
 		t.Run(strings.TrimSuffix(filepath.Base(path), ".txt"), func(t *testing.T) {
-			f := runInteraction(t)
+			f := runInteraction(t, 0)
 			datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string { return f(t, d) })
 		})
 	}
@@ -62,9 +64,12 @@ func TestInteraction(t *testing.T) {
 
 // runInteraction returns the datadriven callback of one script, with its
 // own environment; it makes etcd raft's election jitter (drawn from
-// crypto/rand.Reader) follow the script's seed for the script's duration.
-func runInteraction(t testing.TB) func(testing.TB, *datadriven.TestData) string {
+// crypto/rand.Reader) follow a fixed seed for the script's duration.
+// diskSeed, if not 0, overrides the seed of create (what crashes keep of
+// unsynced writes).
+func runInteraction(t testing.TB, diskSeed uint64) func(testing.TB, *datadriven.TestData) string {
 	env := newInteractionEnv(t)
+	env.diskSeed = diskSeed
 	saved := crand.Reader
 	crand.Reader = seededReader{rand.New(rand.NewPCG(1, 2))}
 	t.Cleanup(func() { crand.Reader = saved })
@@ -165,6 +170,10 @@ func (e *interactionEnv) handleFaults(d *datadriven.TestData) string {
 		e.crash(id)
 	case "restart":
 		b.WriteString(e.cmdRestart(d))
+	case "fail-op":
+		e.failOp(e.idArg(d), e.intArg(d, "after", 1))
+	case "check-logs":
+		b.WriteString(e.checkLogs())
 	case "fail-fsync":
 		e.nodes[e.idArg(d)].fs.FailDatasyncs(e.intArg(d, "n", 1))
 	case "compact":
@@ -203,6 +212,9 @@ func (e *interactionEnv) cmdCreate(d *datadriven.TestData) {
 		d.Fatalf(e.t, "the group exists")
 	}
 	e.seed = uint64(e.intArg(d, "seed", 1))
+	if e.diskSeed != 0 {
+		e.seed = e.diskSeed
+	}
 	e.retain = int64(e.intArg(d, "retention", 0))
 	e.create(e.intArg(d, "n", 3))
 	e.published, e.forks = map[uint64]uint64{}, map[uint64]int{}
@@ -406,28 +418,114 @@ func TestInteractionDetectsMismatch(t *testing.T) {
 	if !strings.Contains(script, right) {
 		t.Fatalf("quorum_ack.txt no longer holds %q: pick another line to change", right)
 	}
-	if fails := runRecorded(t, script); len(fails) != 0 {
+	if fails, _ := runRecorded(t, script, 0, false); len(fails) != 0 {
 		t.Fatalf("the unchanged script failed: %v", fails)
 	}
-	fails := runRecorded(t, strings.Replace(script, right, wrong, 1))
+	fails, _ := runRecorded(t, strings.Replace(script, right, wrong, 1), 0, false)
 	if len(fails) != 1 || !strings.Contains(fails[0], "committed=3") || !strings.Contains(fails[0], "committed=2") {
 		t.Fatalf("a wrong expected output gave failures %q, want one naming the line", fails)
 	}
 }
 
-// runRecorded runs script as TestInteraction would, on its own goroutine
-// with a testing.TB that records failures instead of failing t, and
-// returns them.
-func runRecorded(t *testing.T, script string) []string {
+// TestInteractionCrashSeeds runs the scripts that crash nodes with other
+// disk seeds, so that what each crash keeps of unsynced writes and
+// directory changes (vfs.Mem.Crash) varies: their output may then differ
+// from the golden (another election, another loss), but every restart
+// must open, and no node's published committed offset may go back.
+func TestInteractionCrashSeeds(t *testing.T) {
+	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
+		t.Skip("-rewrite rewrites the scripts")
+	}
+	seeds := uint64(16)
+	if testing.Short() {
+		seeds = 4
+	}
+	for _, name := range []string{"crash_restart", "stopped_leader", "snapshot_crash", "fork", "snapshot"} {
+		b, err := os.ReadFile(filepath.Join("testdata/interactions", name+".txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		outputs := map[string]bool{}
+		for seed := uint64(2); seed < 2+seeds; seed++ {
+			fails, out := runRecorded(t, string(b), seed, true)
+			if len(fails) != 0 {
+				t.Errorf("%s with disk seed %d: %v", name, seed, fails)
+			}
+			outputs[out] = true
+		}
+		t.Logf("%s: %d seeds, %d distinct outputs", name, seeds, len(outputs))
+	}
+}
+
+// TestInteractionDiskFaults runs fail_op.txt failing, in turn, every
+// disk operation a node makes from the fault's command on (until a run
+// in which the fault never fires), on a follower (node 3) and on the
+// leader (node 1), which then crashes and restarts: every restart must
+// open, no published committed offset may go back, and check-logs must
+// find the live replicas' committed logs equal.
+func TestInteractionDiskFaults(t *testing.T) {
+	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
+		t.Skip("-rewrite rewrites the scripts")
+	}
+	b, err := os.ReadFile("testdata/interactions/fail_op.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := string(b)
+	for _, line := range []string{"fail-op 3 after=7\n", "crash 3\n", "restart 3\n"} {
+		if !strings.Contains(script, line) {
+			t.Fatalf("fail_op.txt no longer holds %q", line)
+		}
+	}
+	for _, node := range []string{"3", "1"} {
+		fired := 0
+		for k := 1; k < 1000; k++ {
+			s := strings.Replace(script, "fail-op 3 after=7\n", fmt.Sprintf("fail-op %s after=%d\n", node, k), 1)
+			s = strings.Replace(s, "crash 3\n", "crash "+node+"\n", 1)
+			s = strings.Replace(s, "restart 3\n", "restart "+node+"\n", 1)
+			fails, out := runRecorded(t, s, 0, true)
+			if len(fails) != 0 {
+				t.Errorf("node %s failing its disk operation %d: %v", node, k, fails)
+			}
+			if !strings.Contains(out, "injected EIO") {
+				break
+			}
+			fired++
+		}
+		if fired < 10 {
+			t.Errorf("node %s: the fault fired in %d runs only", node, fired)
+		}
+		t.Logf("node %s: failed each of %d disk operations in turn", node, fired)
+	}
+}
+
+// runRecorded runs script as TestInteraction would (with diskSeed: see
+// runInteraction), on its own goroutine with a testing.TB that records
+// failures instead of failing t, and returns them. With anyOutput, the
+// expected output is not compared.
+func runRecorded(t *testing.T, script string, diskSeed uint64, anyOutput bool) (fails []string, output string) {
 	rec := &failRecorder{TB: t}
+	var out strings.Builder
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		f := runInteraction(rec)
+		run := runInteraction(rec, diskSeed)
+		f := func(t testing.TB, d *datadriven.TestData) string {
+			s := run(t, d)
+			out.WriteString(s)
+			return s
+		}
+		if anyOutput {
+			// Run every directive, whatever it prints: only the harness's
+			// own checks can fail.
+			rewrite := flag.Lookup("rewrite").Value.String()
+			flag.Set("rewrite", "true")
+			defer flag.Set("rewrite", rewrite)
+		}
 		datadriven.RunTestFromStringAny(rec, script, f)
 	}()
 	<-done
-	return rec.failures
+	return rec.failures, out.String()
 }
 
 // failRecorder is a testing.TB whose failures are recorded; Fatal and
