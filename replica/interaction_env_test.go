@@ -202,7 +202,13 @@ func (e *interactionEnv) writeNode(id uint64) bool {
 	}
 	moved := false
 	if r.HasLogWrites() {
-		if err := r.WriteLog(); err != nil {
+		err := r.WriteLog()
+		if errors.Is(err, segment.ErrNoSpace) {
+			// The writes stay queued; a driver retries after a backoff
+			// (here: the next command that runs the log writer).
+			return false
+		}
+		if err != nil {
 			fmt.Fprintf(&e.out, "node %d: write log: %v\n", id, err)
 		} else if e.verbose {
 			fmt.Fprintf(&e.out, "node %d: log written, durable through index %d\n", id, e.nodes[id].st.LastIndex())

@@ -39,6 +39,7 @@ import (
 //	partition [ids] | heal            cut the nodes off / reconnect all
 //	crash <id> | restart <id>         power loss (unsynced writes lost) / reopen
 //	fail-fsync <id> [n=1]             fail the node's next n fdatasyncs (EIO)
+//	disk-space <id> free=<bytes> | disk-space <id> unlimited   the disk fills up
 //	fail-op <id> after=<k>            fail the node's k-th disk change from now (EIO)
 //	check-logs                        the live nodes' committed frames agree
 //	compact [ids]                     Compact (retention as log compaction)
@@ -170,6 +171,12 @@ func (e *interactionEnv) handleFaults(d *datadriven.TestData) string {
 		e.crash(id)
 	case "restart":
 		b.WriteString(e.cmdRestart(d))
+	case "disk-space":
+		id := e.idArg(d)
+		e.nodes[id].fs.SetSpaceBytes(int64(e.intArg(d, "free", 0)) + e.nodes[id].fs.UsedBytes())
+		if d.HasArg("unlimited") {
+			e.nodes[id].fs.SetSpaceBytes(0)
+		}
 	case "fail-op":
 		e.failOp(e.idArg(d), e.intArg(d, "after", 1))
 	case "check-logs":
