@@ -6,7 +6,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -499,21 +498,43 @@ func (e *interactionEnv) logLines(id uint64) string {
 }
 
 // describeFrames writes one line per frame and returns the index after
-// the last.
+// the last (next if none has one).
 func describeFrames(b *strings.Builder, frames []byte, next uint64) uint64 {
-	for len(frames) > 0 {
-		n, err := batch.FrameSize(frames)
-		if err != nil {
-			fmt.Fprintf(b, "  bad frame: %v\n", err)
-			return next
+	for _, f := range walkFrames(b, frames) {
+		fmt.Fprintf(b, "  %s\n", describeFrame(f.frame))
+		if f.h.Index >= next {
+			next = f.h.Index + 1
 		}
-		fmt.Fprintf(b, "  %s\n", describeFrame(frames[:n]))
-		if h, err := batch.DecodeHeader(frames[:n]); err == nil && h.Index >= next {
-			next = h.Index + 1
-		}
-		frames = frames[n:]
 	}
 	return next
+}
+
+// walkedFrame is one frame of a read and its header.
+type walkedFrame struct {
+	frame []byte
+	h     batch.Header
+}
+
+// walkFrames splits a read into its frames, up to the first that does
+// not decode, which it reports in b (if not nil).
+func walkFrames(b *strings.Builder, frames []byte) []walkedFrame {
+	var out []walkedFrame
+	for len(frames) > 0 {
+		n, err := batch.FrameSize(frames)
+		var h batch.Header
+		if err == nil {
+			h, err = batch.DecodeHeader(frames[:n])
+		}
+		if err != nil {
+			if b != nil {
+				fmt.Fprintf(b, "  bad frame: %v\n", err)
+			}
+			return out
+		}
+		out = append(out, walkedFrame{frame: frames[:n], h: h})
+		frames = frames[n:]
+	}
+	return out
 }
 
 // describeFrame formats one frame: index/term, type, offsets, epoch,
@@ -570,31 +591,11 @@ func (e *interactionEnv) orphanLines(id uint64) string {
 // the last (end if there is none).
 func describeOrphans(b *strings.Builder, frames []byte, end uint64) uint64 {
 	next := end
-	for len(frames) > 0 {
-		n, err := batch.FrameSize(frames)
-		if err != nil {
-			fmt.Fprintf(b, "  bad frame: %v\n", err)
-			return end
-		}
-		fmt.Fprintf(b, "  %s\n", describeFrame(frames[:n]))
-		if h, err := batch.DecodeHeader(frames[:n]); err == nil {
-			next = h.NextOffset()
-		}
-		frames = frames[n:]
+	for _, f := range walkFrames(b, frames) {
+		fmt.Fprintf(b, "  %s\n", describeFrame(f.frame))
+		next = f.h.NextOffset()
 	}
 	return next
-}
-
-// sortedIDs returns the keys of set in order.
-func sortedIDs(set map[uint64]bool) []uint64 {
-	var ids []uint64
-	for id, ok := range set {
-		if ok {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	return ids
 }
 
 // envLogWriter routes the replicas' log lines into the script's output
@@ -665,15 +666,8 @@ func (e *interactionEnv) committedFrames(id uint64, lo, hi uint64) []byte {
 		}
 		out = append(out, frames...)
 		next := off
-		for len(frames) > 0 {
-			n, err := batch.FrameSize(frames)
-			if err != nil {
-				return out
-			}
-			if h, err := batch.DecodeHeader(frames[:n]); err == nil {
-				next = max(next, h.NextOffset())
-			}
-			frames = frames[n:]
+		for _, f := range walkFrames(nil, frames) {
+			next = max(next, f.h.NextOffset())
 		}
 		if next <= off {
 			return out

@@ -413,14 +413,7 @@ func (e *interactionEnv) intArgU(d *datadriven.TestData, key string) uint64 {
 // run unchanged passes; the same script with one expected line changed
 // (a committed offset) fails, at that directive.
 func TestInteractionDetectsMismatch(t *testing.T) {
-	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
-		t.Skip("-rewrite accepts any output")
-	}
-	b, err := os.ReadFile("testdata/interactions/quorum_ack.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	script := string(b)
+	script := readScript(t, "quorum_ack")
 	const right, wrong = "2: Follower term=1 lead=1 commit=2 applied=2 durable=2 committed=2", "2: Follower term=1 lead=1 commit=2 applied=2 durable=2 committed=3"
 	if !strings.Contains(script, right) {
 		t.Fatalf("quorum_ack.txt no longer holds %q: pick another line to change", right)
@@ -440,21 +433,15 @@ func TestInteractionDetectsMismatch(t *testing.T) {
 // from the golden (another election, another loss), but every restart
 // must open, and no node's published committed offset may go back.
 func TestInteractionCrashSeeds(t *testing.T) {
-	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
-		t.Skip("-rewrite rewrites the scripts")
-	}
 	seeds := uint64(16)
 	if testing.Short() {
 		seeds = 4
 	}
 	for _, name := range []string{"crash_restart", "stopped_leader", "snapshot_crash", "fork", "snapshot"} {
-		b, err := os.ReadFile(filepath.Join("testdata/interactions", name+".txt"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		script := readScript(t, name)
 		outputs := map[string]bool{}
 		for seed := uint64(2); seed < 2+seeds; seed++ {
-			fails, out := runRecorded(t, string(b), seed, true)
+			fails, out := runRecorded(t, script, seed, true)
 			if len(fails) != 0 {
 				t.Errorf("%s with disk seed %d: %v", name, seed, fails)
 			}
@@ -471,14 +458,7 @@ func TestInteractionCrashSeeds(t *testing.T) {
 // open, no published committed offset may go back, and check-logs must
 // find the live replicas' committed logs equal.
 func TestInteractionDiskFaults(t *testing.T) {
-	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
-		t.Skip("-rewrite rewrites the scripts")
-	}
-	b, err := os.ReadFile("testdata/interactions/fail_op.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	script := string(b)
+	script := readScript(t, "fail_op")
 	for _, line := range []string{"fail-op 3 after=7\n", "crash 3\n", "restart 3\n"} {
 		if !strings.Contains(script, line) {
 			t.Fatalf("fail_op.txt no longer holds %q", line)
@@ -504,6 +484,20 @@ func TestInteractionDiskFaults(t *testing.T) {
 		}
 		t.Logf("node %s: failed each of %d disk operations in turn", node, fired)
 	}
+}
+
+// readScript returns the script testdata/interactions/<name>.txt, for a
+// test that runs it other than as written; it skips under -rewrite,
+// which is for TestInteraction.
+func readScript(t *testing.T, name string) string {
+	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
+		t.Skip("-rewrite rewrites the scripts")
+	}
+	b, err := os.ReadFile(filepath.Join("testdata/interactions", name+".txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // runRecorded runs script as TestInteraction would (with diskSeed: see
