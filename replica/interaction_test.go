@@ -27,7 +27,7 @@ import (
 //	create n=3 [seed=1] [retention=<bytes>]  new group (segments of 1 KiB)
 //	tick [n=1] [ids] [stabilize]      Tick the nodes n times (stabilize after each)
 //	campaign <id> | transfer from=<id> to=<id>
-//	propose <id> producer=<p> seq=<s> records=<n> [tag=<t>] [epoch=<e>]
+//	propose <id> producer=<p> seq=<s> records=<n> [tag=<t>] [epoch=<e>] [count=<k>]
 //	                                  an append; its answer prints when it comes
 //	fork <id> at=<offset> epoch=<e>   ProposeFork; its answer prints when it comes
 //	process-ready [ids]               one Ready cycle each
