@@ -24,9 +24,16 @@
 //     Raft. Drain whatever else is queued before the Ready cycle, so that
 //     one log write (one fdatasync) covers all of it (group commit).
 //  3. Ack once Raft commits the entry (a majority has it durably; in a
-//     group of one, the node's own write). Acks given during a Ready cycle
-//     are sent at its end, after the committed offset it reached is
-//     published (ready), so a reader told of a record finds it.
+//     group of one, the node's own write). The follower ack that completes
+//     a quorum is answered as soon as it is stepped (replica's
+//     AnswerCommitted), with no Ready cycle in between; the leader's own
+//     write, when it completes the quorum, in the Ready cycle that steps
+//     it, before more proposals are taken in. Acks given during a Ready
+//     cycle are sent at that cycle's end, after the committed offset it
+//     reached is published (ready): in a group of one, whose write carries
+//     the commit mark, a reader told of a record finds it; in a larger
+//     group the ack may come before this node's copy is applied and
+//     published (read-your-writes: min_offset or home reads).
 //  4. Readers never go through the driver: they read the store directly,
 //     bounded by the published committed offset (and, on a copy that holds
 //     a divergent tail, by its timeline fence: timeline.go), so nothing

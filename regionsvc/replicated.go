@@ -156,7 +156,9 @@ func (d *rangeDriver) runReplicated() {
 			d.step(msgs)
 		case <-d.rep.LogWritten():
 			// Acks of durable entries (MsgStorageAppendResp, the leader's
-			// own MsgAppResp) to step: ready below.
+			// own MsgAppResp): stepped, and what they commit answered,
+			// before the drain takes more proposals into the cycle.
+			d.ready()
 		case <-tick:
 			d.rep.Tick()
 			d.watchLeader()
@@ -302,12 +304,16 @@ func (d *rangeDriver) drainReplicated() {
 	}
 }
 
+// step steps messages from peers, then answers at once the appends their
+// acks committed (replica.AnswerCommitted): the follower's ack that
+// completes a quorum is answered without waiting for a Ready cycle.
 func (d *rangeDriver) step(msgs []*raftpb.Message) {
 	for _, m := range msgs {
 		if err := d.rep.Step(m); errors.Is(err, replica.ErrInvalidMessage) {
 			d.peerRefused(err, m.GetFrom())
 		}
 	}
+	d.rep.AnswerCommitted()
 }
 
 // peerRefusedLogInterval bounds how often a range logs the peer messages
@@ -337,13 +343,15 @@ func (d *rangeDriver) peerRefused(err error, from uint64) {
 // ready runs Ready cycles until Raft has nothing more, then publishes the
 // committed offset to readers.
 func (d *rangeDriver) ready() {
-	// Acks given during the cycles wait until the end (holdAcks), when the
-	// committed offset they reach is published: the replica answers a
+	// Acks given during a cycle wait until its end (holdAcks), when the
+	// committed offset it reached is published: the replica answers a
 	// proposal when it applies it, before it publishes the applied end.
-	d.holdAcks = true
-	defer d.releaseAcks()
+	// Each cycle's acks leave at its end, not behind the cycles after it.
 	for i := 0; i < 16 && d.rep.HasReady(); i++ {
-		if err := d.rep.ProcessReady(); err != nil {
+		d.holdAcks = true
+		err := d.rep.ProcessReady()
+		d.releaseAcks()
+		if err != nil {
 			d.logger.Error("replica failed", "error", err)
 			break
 		}
@@ -446,8 +454,13 @@ func (d *rangeDriver) propose(op *appendOp) {
 				d.cfg.metrics.ackedBytes.Add(context.Background(), int64(frameBytes))
 			}
 			res := appendResult{baseOffset: r.BaseOffset, recordCount: r.RecordCount, epoch: r.Epoch,
-				appendTimeUnixNanos: r.AppendTimeUnixNanos, duplicate: r.Duplicate,
-				committedAt: time.Now(), durableAt: d.durable.durableAt(r.BaseOffset + uint64(r.RecordCount))}
+				appendTimeUnixNanos: r.AppendTimeUnixNanos, duplicate: r.Duplicate}
+			if !op.receivedAt.IsZero() && !r.Duplicate {
+				// A client's append: its stages (stages.go). Cursor
+				// commits and mirrored batches read no clock here.
+				res.committedAt = time.Now()
+				res.durableAt = d.durable.durableAt(r.BaseOffset + uint64(r.RecordCount))
+			}
 			if d.holdAcks {
 				d.heldAcks = append(d.heldAcks, func() { op.reply(res) })
 				return

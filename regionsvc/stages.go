@@ -127,20 +127,23 @@ func (l *durableLog) add(end uint64, at time.Time) {
 }
 
 // durableAt is when the log first was durable up to end, or zero if it is
-// not yet, or not known.
+// not yet, or not known. It scans from the newest write back: an append is
+// looked up at its commit, which comes soon after the write that covered
+// it, so the scan is short.
 func (l *durableLog) durableAt(end uint64) time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	oldest := (l.next + durableMarksMax - l.n) % durableMarksMax
+	var at time.Time
+	newest := l.next + durableMarksMax - 1
 	for i := 0; i < l.n; i++ {
-		m := l.marks[(oldest+i)%durableMarksMax]
+		m := l.marks[(newest-i)%durableMarksMax]
 		if m.end < end {
-			continue
+			return at // the write after this one covered end first
 		}
-		if i == 0 && l.dropped {
+		if i == l.n-1 && l.dropped {
 			return time.Time{} // the write that covered end may be gone
 		}
-		return m.at
+		at = m.at
 	}
-	return time.Time{}
+	return at
 }

@@ -70,6 +70,12 @@ func TestDurableLog(t *testing.T) {
 	if got, want := l.durableAt(150), t0.Add(50*time.Second); !got.Equal(want) {
 		t.Errorf("durableAt(150) = %v, want %v", got, want)
 	}
+	if got, want := l.durableAt(100+durableMarksMax), t0.Add(durableMarksMax*time.Second); !got.Equal(want) {
+		t.Errorf("durableAt of the newest write = %v, want %v", got, want)
+	}
+	if got := l.durableAt(101 + durableMarksMax); !got.IsZero() {
+		t.Errorf("durableAt past the newest write = %v, want zero", got)
+	}
 }
 
 // TestAppendTiming: an append that asks for its timing gets its stages

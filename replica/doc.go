@@ -58,6 +58,10 @@
 //     covers: a quorum has them durably, this replica's own write may still
 //     be in flight.
 //
+// The driver also calls AnswerCommitted after each Step: the follower ack
+// that completes a quorum is answered as it is stepped, without waiting
+// for the next Ready cycle (step 6 on its own).
+//
 // Around the Ready cycles, the driver also (snapshot.go, compact.go):
 //
 //   - hands the transport each MsgSnap ProcessReady gives Config.SendSnapshot

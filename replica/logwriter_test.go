@@ -67,6 +67,105 @@ func TestNoAckUntilAQuorumHasWritten(t *testing.T) {
 	c.agree()
 }
 
+// TestAnswerCommittedAtStep: the leader answers an append when it steps
+// the follower ack that completes a quorum of durable copies (the driver
+// calls AnswerCommitted after Step), with no Ready cycle in between; a
+// step that leaves the batch durable on fewer than a quorum answers
+// nothing, whatever the leader has sent or queued for its own log.
+func TestAnswerCommittedAtStep(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	leader := c.replicas[1]
+	for _, id := range c.ids {
+		c.holdWrites[id] = true
+	}
+	var res []Result
+	leader.Propose(op(7, 0, 2, "a", &res))
+	if err := leader.ProcessReady(); err != nil { // sends the appends, queues its own write
+		t.Fatal(err)
+	}
+	// Each follower steps the append and writes it (its ack leaves once
+	// durable); the acks wait in acks until the leader steps them.
+	var acks []*raftpb.Message
+	for _, id := range []uint64{2, 3} {
+		c.stepQueuedTo(id)
+		f := c.replicas[id]
+		for f.HasReady() {
+			if err := f.ProcessReady(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := f.WriteLog(); err != nil {
+			t.Fatal(err)
+		}
+		acks = append(acks, c.takeQueuedTo(1)...)
+	}
+	if len(acks) == 0 || len(res) != 0 {
+		t.Fatalf("%d acks for the leader, %d answers before it stepped any", len(acks), len(res))
+	}
+	// The first follower's ack: two copies of three known, one durable
+	// (the leader's write is still queued).
+	first := acks[0].GetFrom()
+	for len(acks) > 0 && acks[0].GetFrom() == first {
+		if err := leader.Step(acks[0]); err != nil {
+			t.Fatal(err)
+		}
+		leader.AnswerCommitted()
+		acks = acks[1:]
+	}
+	if len(res) != 0 {
+		t.Fatalf("answered with one durable copy of three: %+v", res)
+	}
+	// The second follower's ack completes the quorum: answered at the step.
+	for _, m := range acks {
+		if err := leader.Step(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leader.AnswerCommitted()
+	if len(res) != 1 || res[0].Err != nil || res[0].BaseOffset != 0 {
+		t.Fatalf("answers once both followers' copies are durable: %+v", res)
+	}
+	if !leader.HasLogWrites() || c.logs[1].NextOffset() != 0 {
+		t.Fatalf("the leader's own write: queued %v, log at %d", leader.HasLogWrites(), c.logs[1].NextOffset())
+	}
+	for _, id := range c.ids {
+		c.holdWrites[id] = false
+	}
+	c.tick(2)
+	if len(res) != 1 {
+		t.Fatalf("answered again: %+v", res)
+	}
+	c.agree()
+}
+
+// stepQueuedTo steps the queued messages for node id; the others stay queued.
+func (c *cluster) stepQueuedTo(id uint64) {
+	var rest []*raftpb.Message
+	for _, m := range c.queue {
+		if m.GetTo() == id {
+			_ = c.replicas[id].Step(m)
+		} else {
+			rest = append(rest, m)
+		}
+	}
+	c.queue = rest
+}
+
+// takeQueuedTo removes the queued messages for node id and returns them.
+func (c *cluster) takeQueuedTo(id uint64) []*raftpb.Message {
+	var mine, rest []*raftpb.Message
+	for _, m := range c.queue {
+		if m.GetTo() == id {
+			mine = append(mine, m)
+		} else {
+			rest = append(rest, m)
+		}
+	}
+	c.queue = rest
+	return mine
+}
+
 // TestTruncationFlushesQueuedWrites: an isolated leader's entries are still
 // queued (its disk is slow) when the new leader's entries overwrite them:
 // the queued writes go first, then the truncation, and the idempotence

@@ -994,6 +994,25 @@ func (r *Replica) answerCommittedIndex(commit, term uint64) {
 	}
 }
 
+// AnswerCommitted answers at once the proposals of the current term that
+// Raft's commit index covers, without waiting for the next Ready cycle:
+// the driver calls it after Step, so that the follower's ack that
+// completes a quorum is answered as soon as it is stepped (no Ready cycle,
+// no encoding of the entries proposed meanwhile, no apply before it). The
+// commit index counts a replica's copy only once it is durable (a
+// follower's MsgAppResp leaves after its fdatasync; a leader counts itself
+// after its own, through WriteLog), so an answer here, as in ProcessReady,
+// means a quorum has the batch durably. A group of one commits only in
+// ProcessReady (its own write), which answers after applying and
+// publishing. For the driver goroutine.
+func (r *Replica) AnswerCommitted() {
+	if len(r.proposals) == 0 || r.proposals[0].index == 0 || r.failure.Load() != nil {
+		return
+	}
+	st := r.rn.BasicStatus()
+	r.answerCommittedIndex(st.GetCommit(), st.GetTerm())
+}
+
 // answerProposals answers the proposals and duplicates that the committed
 // entry with header h (of term) settles.
 func (r *Replica) answerProposals(h batch.Header, term uint64) {

@@ -172,6 +172,9 @@ func (c *cluster) settle() {
 				continue
 			}
 			c.replicas[to].Step(m)
+			// As the range driver does: what the step committed is
+			// answered before the next Ready cycle.
+			c.replicas[to].AnswerCommitted()
 			moved = true
 		}
 		if !c.holdSnaps {
