@@ -298,6 +298,9 @@ func (e *interactionEnv) deliver(em envMsg, drop bool, trace *strings.Builder) {
 			if err := r.Step(m); err != nil && trace != nil {
 				fmt.Fprintf(trace, "  step: %v\n", err)
 			}
+			// As the range driver does: an ack that completes a quorum
+			// answers its appends at once, with no Ready cycle between.
+			r.AnswerCommitted()
 		}
 		return
 	}

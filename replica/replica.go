@@ -529,6 +529,21 @@ func (r *Replica) notLeader() *apierr.Error {
 	return e
 }
 
+// proposalDropped is the answer to an append Raft refused with err. While
+// leadership moves (a transfer: preferred leaders, a drain, a stopped
+// leader), Raft drops every proposal: the hint then names the node taking
+// over, not this one, so that the producer does not come straight back
+// here until the transfer ends.
+func (r *Replica) proposalDropped(err error) *apierr.Error {
+	e := r.notLeader()
+	if t := r.rn.BasicStatus().LeadTransferee; t != 0 && t != r.cfg.NodeID {
+		e = apierr.New(apierr.NotLeader, "stream %s range %d: node %d is handing leadership to node %d", r.cfg.Stream, r.cfg.Range, r.cfg.NodeID, t)
+		e.LeaderHint = fmt.Sprintf("node:%d", t)
+	}
+	e.Message += ": " + err.Error()
+	return e
+}
+
 // Propose appends op if this replica leads. Offsets are assigned here, from
 // the tail of the leader's log including its own unacknowledged proposals, so
 // they are dense in log order; the reply comes once the entry commits.
@@ -615,9 +630,7 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 // false when Raft refuses the proposal.
 func (r *Replica) proposeFrame(op *Op, res Result) bool {
 	if err := r.rn.Propose(op.Frame); err != nil {
-		e := r.notLeader()
-		e.Message += ": " + err.Error()
-		op.Reply(Result{Err: e})
+		op.Reply(Result{Err: r.proposalDropped(err)})
 		return false
 	}
 	end := res.BaseOffset + uint64(res.RecordCount)
