@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/replicator"
 )
 
@@ -109,4 +110,34 @@ func (w *world) mirrorsCaughtUp() bool {
 		}
 	}
 	return true
+}
+
+// divergence is divergent's answer for one replica, and the state of the
+// replica and of the range's home it was computed on: the frames a
+// replica committed change only with its committed end, its highest
+// epoch (a fork raises it), its log's start (compaction, a snapshot) or
+// its incarnation, and the question only with the home's epoch and fork
+// point.
+type divergence struct {
+	gen                       int
+	committed, highest, start uint64
+	homeEpoch, homeStart      uint64
+	valid, divergent          bool
+}
+
+// divergentCached is divergent, read again only when what it depends on
+// changed: the checks ask it of every replica after every step.
+func (w *world) divergentCached(n *node, r int, home homing.Home) bool {
+	rep, st := n.replicas[r], n.stores[r]
+	key := divergence{gen: n.gen, committed: rep.Committed(), highest: rep.HighestEpoch(), start: st.StartOffset(),
+		homeEpoch: home.Epoch, homeStart: home.StartOffset, valid: true}
+	if c := n.divergence[r]; c.valid {
+		c.divergent = false
+		if c == key {
+			return n.divergence[r].divergent
+		}
+	}
+	key.divergent = w.divergent(n, r, home)
+	n.divergence[r] = key
+	return key.divergent
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/geolog/geolog/vfs"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 )
 
 // Options configure a run. Zero values take the defaults named.
@@ -164,6 +162,9 @@ type node struct {
 	// forkEpoch is, per range, the epoch of the last fork seen applied
 	// on the node (any incarnation): its committed end fell back then.
 	forkEpoch []uint64
+	// divergence caches, per range, divergent's last answer and what it
+	// depended on (divergentCached).
+	divergence []divergence
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -229,7 +230,7 @@ type world struct {
 	rng    *rand.Rand
 	now    int64
 	evSeq  uint64
-	events []*event
+	events eventHeap
 	nodes  []*node
 	prods  []*producer
 	res    Result
@@ -476,6 +477,7 @@ func (w *world) start(n *node) error {
 	n.mirror = make([]mirrorQueue, w.opt.Ranges)
 	n.epochs = make([]uint64, w.opt.Ranges)
 	n.fresh = make([]uint64, w.opt.Ranges)
+	n.divergence = make([]divergence, w.opt.Ranges)
 	if w.homing != nil {
 		if err := w.homing.startNode(n); err != nil {
 			return err
@@ -538,7 +540,7 @@ func (w *world) crash(n *node) {
 func (w *world) push(e *event) {
 	w.evSeq++
 	e.seq = w.evSeq
-	w.events = append(w.events, e)
+	w.events.push(e)
 }
 
 func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
@@ -555,7 +557,7 @@ func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 		}
 		for c := 0; c < copies; c++ {
 			w.push(&event{at: w.now + 1 + w.rng.Int64N(8), kind: evRaft, region: region, group: group, to: to,
-				msg: proto.Clone(m).(*raftpb.Message)})
+				msg: cloneMessage(m)})
 		}
 	}
 }
@@ -609,21 +611,11 @@ func (w *world) step() {
 	if w.compaction && w.now%compactMs == compactMs/4 { // between ticks
 		w.compact()
 	}
-	// Deliver what is due, in (time, sequence) order.
-	sort.Slice(w.events, func(i, j int) bool {
-		if w.events[i].at != w.events[j].at {
-			return w.events[i].at < w.events[j].at
-		}
-		return w.events[i].seq < w.events[j].seq
-	})
-	due := 0
-	for due < len(w.events) && w.events[due].at <= w.now {
-		due++
-	}
-	batchDue := w.events[:due]
-	w.events = append([]*event(nil), w.events[due:]...)
-	for _, e := range batchDue {
-		w.deliver(e)
+	// Deliver what is due, in (time, sequence) order; what the deliveries
+	// queue waits for the next step, even if due now.
+	last := w.evSeq
+	for len(w.events) > 0 && w.events[0].at <= w.now && w.events[0].seq <= last {
+		w.deliver(w.events.pop())
 	}
 	if !w.readyAll() {
 		return

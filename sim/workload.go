@@ -198,8 +198,11 @@ func (w *world) check() error {
 			continue
 		}
 		for r, rep := range n.replicas {
-			committed := rep.Committed()
-			if w.homing != nil {
+			committed, highest := rep.Committed(), rep.HighestEpoch()
+			// A fork raises the replica's highest epoch to the fork's:
+			// none was applied since noteForks last looked if it is not
+			// above the last fork's.
+			if w.homing != nil && highest > n.forkEpoch[r] {
 				if err := w.homing.noteForks(n, r); err != nil {
 					return err
 				}
@@ -208,7 +211,7 @@ func (w *world) check() error {
 				return fmt.Errorf("%v range %d: publishes a committed end of %d, below the %d it published before (invariant 8)", n, r, committed, n.served[r])
 			}
 			n.served[r] = committed
-			if e := rep.HighestEpoch(); e < n.epochs[r] {
+			if e := highest; e < n.epochs[r] {
 				return fmt.Errorf("%v range %d: holds homing epoch %d, below the %d it held before (epochs never go back)", n, r, e, n.epochs[r])
 			} else {
 				n.epochs[r] = e
