@@ -74,6 +74,9 @@ type Result struct {
 	Geo GeoResult
 	// Homing is what the leases and the lease store did (Regions > 1).
 	Homing HomingResult
+	// VirtualMs is the virtual time the run covered: its faults, the
+	// healing and the final checks.
+	VirtualMs int64
 }
 
 func (r Result) String() string {
@@ -424,6 +427,7 @@ func (w *world) heal() {
 
 // tally adds up the run's counters.
 func (w *world) tally() {
+	w.res.VirtualMs = w.now
 	for r := range w.canonical {
 		w.res.Committed += len(w.canonical[r])
 	}
@@ -506,7 +510,7 @@ func (w *world) start(n *node) error {
 		}
 		region, group, from, gen := n.region, r, n.id, n.gen
 		rep, err := replica.New(replica.Config{
-			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers,
+			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers, HeartbeatTick: 2, ElectionTick: 8,
 			Log: &syncCrashLog{Store: st, w: w, n: n}, State: replica.FileState{FS: n.fs, Dir: dir}, Orphans: orphans,
 			Send: func(msgs []*raftpb.Message) { w.sendRaft(region, group, msgs) },
 			SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
