@@ -71,14 +71,14 @@ func simulate(t *testing.T, regions int, seeds []int64) {
 		}
 		res, err := Run(opt)
 		s.add(res, err)
+		if len(seeds) == 1 {
+			t.Log(res)
+		}
 		if err != nil {
 			t.Errorf("%v\n%s", err, replayLine(seed, *stepsFlag, regions))
 			if !*keepGoing {
 				break
 			}
-		}
-		if len(seeds) == 1 {
-			t.Log(res)
 		}
 	}
 	s.report(t, len(seeds))
