@@ -170,6 +170,7 @@ func (s *summary) add(res Result, err error) {
 	t.SnapshotsInstalled += res.SnapshotsInstalled
 	t.Geo = t.Geo.add(res.Geo)
 	t.Homing = t.Homing.add(res.Homing)
+	t.Orphans = t.Orphans.add(res.Orphans)
 	t.VirtualMs += res.VirtualMs
 }
 
@@ -199,7 +200,7 @@ func (s *summary) report(t *testing.T, of int) {
 		tot.Acked, tot.AckedAhead, tot.Committed, tot.Retries, tot.Duplicates,
 		s.compacting, tot.SegmentsCompacted, tot.SnapshotsSent, tot.SnapsFailed, tot.SnapshotsInstalled)
 	if s.regions > 1 {
-		t.Logf("sim: %d seeds of %d regions%s%s", s.seeds, s.regions, tot.Geo, tot.Homing)
+		t.Logf("sim: %d seeds of %d regions%s%s%s", s.seeds, s.regions, tot.Geo, tot.Homing, tot.Orphans)
 	}
 	if s.failed > 0 {
 		return

@@ -44,6 +44,10 @@ type Options struct {
 	// mutateShortStart, in tests, makes the failover agents ask to
 	// continue one offset below their tail (a taker that misreads it).
 	mutateShortStart bool
+	// mutateOrphanDrop, in tests, takes every fork's orphan log for one
+	// that starts a record later, as if the fork had orphaned one record
+	// less than it cut (orphans.go).
+	mutateOrphanDrop bool
 	// mutateSkew, in tests, sets region 0's clocks three times the max
 	// clock offset homing assumes behind, the others' as much ahead.
 	mutateSkew bool
@@ -74,6 +78,8 @@ type Result struct {
 	Geo GeoResult
 	// Homing is what the leases and the lease store did (Regions > 1).
 	Homing HomingResult
+	// Orphans is what the orphan-log checks read (Regions > 1).
+	Orphans OrphanResult
 	// VirtualMs is the virtual time the run covered: its faults, the
 	// healing and the final checks.
 	VirtualMs int64
@@ -82,7 +88,7 @@ type Result struct {
 func (r Result) String() string {
 	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
 		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
-		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String()
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String() + r.Orphans.String()
 }
 
 const (
@@ -168,6 +174,10 @@ type node struct {
 	// divergence caches, per range, divergent's last answer and what it
 	// depended on (divergentCached).
 	divergence []divergence
+	// logStart is, per range, the highest start offset its log was seen
+	// at, in any incarnation (orphans.go: retention may have deleted part
+	// of a divergent tail before the fork).
+	logStart []uint64
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -264,10 +274,11 @@ type world struct {
 	homeCommitted []uint64
 	// lastEpoch is, per range, the home's frame with the highest base
 	// offset seen, and its homing epoch.
-	lastEpoch []baseEpoch
-	geo       *geoWorld  // Regions > 1
-	homing    *homeWorld // Regions > 1
-	tampered  bool
+	lastEpoch  []baseEpoch
+	geo        *geoWorld    // Regions > 1
+	homing     *homeWorld   // Regions > 1
+	orphanLogs *orphanWorld // Regions > 1
+	tampered   bool
 	// mutateNoLease, set by a test, makes home nodes admit and ack
 	// appends without their lease: the fencing check must report it.
 	mutateNoLease bool
@@ -362,6 +373,7 @@ func (w *world) drawFaults() {
 	if w.opt.Regions > 1 {
 		w.geo = newGeoWorld(w)
 		w.homing = newHomeWorld(w)
+		w.orphanLogs = newOrphanWorld(w.opt.Ranges)
 	}
 }
 
@@ -391,7 +403,7 @@ func (w *world) build() error {
 	for g := 0; g < opt.Regions; g++ {
 		for i := 0; i < opt.Nodes; i++ {
 			n := &node{region: g, id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64()))), served: make([]uint64, opt.Ranges),
-				forkEpoch: make([]uint64, opt.Ranges)}
+				forkEpoch: make([]uint64, opt.Ranges), logStart: make([]uint64, opt.Ranges)}
 			w.nodes = append(w.nodes, n)
 			if err := w.start(n); err != nil {
 				return err

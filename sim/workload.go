@@ -193,6 +193,9 @@ func (w *world) busy() bool {
 // region has no forks). A mirror region's replicas hold the home's frames
 // at the home's offsets (checkMirror).
 func (w *world) check() error {
+	if w.orphanLogs != nil {
+		w.noteEpochs()
+	}
 	for _, n := range w.nodes {
 		if !n.up {
 			continue
@@ -203,10 +206,17 @@ func (w *world) check() error {
 			// none was applied since noteForks last looked if it is not
 			// above the last fork's.
 			if w.homing != nil && highest > n.forkEpoch[r] {
+				before, served := n.forkEpoch[r], n.served[r]
 				if err := w.homing.noteForks(n, r); err != nil {
 					return err
 				}
+				if n.forkEpoch[r] > before {
+					if err := w.checkForks(n, r, before, served); err != nil {
+						return err
+					}
+				}
 			}
+			n.logStart[r] = max(n.logStart[r], n.stores[r].StartOffset())
 			if committed < n.served[r] {
 				return fmt.Errorf("%v range %d: publishes a committed end of %d, below the %d it published before (invariant 8)", n, r, committed, n.served[r])
 			}
@@ -238,6 +248,9 @@ func (w *world) check() error {
 				return err
 			}
 		}
+	}
+	if w.orphanLogs != nil {
+		w.keepCanon()
 	}
 	return nil
 }
@@ -394,6 +407,9 @@ func (w *world) finalCheck() error {
 	}
 	if w.geo != nil {
 		if err := w.homing.finalTaken(); err != nil {
+			return err
+		}
+		if err := w.finalOrphans(); err != nil {
 			return err
 		}
 		return w.finalMirrors()
