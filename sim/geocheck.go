@@ -141,3 +141,27 @@ func (w *world) divergentCached(n *node, r int, home homing.Home) bool {
 	n.divergence[r] = key
 	return key.divergent
 }
+
+// checkStaleTail: a copy not forked yet (stale: an older epoch at the
+// fork point) must not have taken the new home's frames on top of its
+// divergent tail. A mirror applies the new home's frames only after the
+// fork that cuts that tail (the fork's Raft entry comes first), so a
+// committed log that ends in the current epoch while an older one sits
+// at the fork point kept the old home's records where the range's log
+// holds others: what a source that skipped its resend leaves (a cursor
+// that moved to the mirror's end on a heartbeat's answer, 34db20d).
+func (w *world) checkStaleTail(n *node, r int, committed uint64) error {
+	if committed == 0 || n.tailChecked[r] == committed || committed <= n.stores[r].StartOffset() {
+		return nil
+	}
+	n.tailChecked[r] = committed
+	f, err := n.stores[r].ReadFrames(committed-1, 1, committed)
+	if err != nil || len(f) == 0 {
+		return nil
+	}
+	h, err := batch.DecodeHeader(f)
+	if home := w.homing.homes[r]; err == nil && h.Epoch >= home.Epoch {
+		return fmt.Errorf("%v range %d: its log ends in epoch %d frames (at %d) on top of an older epoch's tail from the fork point %d, never forked off", n, r, h.Epoch, h.BaseOffset, home.StartOffset)
+	}
+	return nil
+}

@@ -178,6 +178,9 @@ type node struct {
 	// at, in any incarnation (orphans.go: retention may have deleted part
 	// of a divergent tail before the fork).
 	logStart []uint64
+	// tailChecked is, per range, the committed end checkStaleTail last
+	// looked at (this incarnation).
+	tailChecked []uint64
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -494,6 +497,7 @@ func (w *world) start(n *node) error {
 	n.epochs = make([]uint64, w.opt.Ranges)
 	n.fresh = make([]uint64, w.opt.Ranges)
 	n.divergence = make([]divergence, w.opt.Ranges)
+	n.tailChecked = make([]uint64, w.opt.Ranges)
 	if w.homing != nil {
 		if err := w.homing.startNode(n); err != nil {
 			return err

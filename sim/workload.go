@@ -236,6 +236,9 @@ func (w *world) check() error {
 			// from the fork point on it holds the new epoch (epochOrder
 			// reports an older one there).
 			if w.geo != nil && n.region != w.homeRegion(r) && w.stale(n, r) {
+				if err := w.checkStaleTail(n, r, committed); err != nil {
+					return err
+				}
 				continue
 			}
 			if n.region == w.homeRegion(r) {
