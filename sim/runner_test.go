@@ -103,6 +103,9 @@ func runParallel(t *testing.T) {
 			}
 		}
 	}
+	if !stopped && s.seeds < *runsFlag {
+		t.Errorf("sim: only %d of %d seeds reported: a child process died (its output is above)", s.seeds, *runsFlag)
+	}
 	s.report(t, *runsFlag)
 }
 
