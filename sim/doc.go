@@ -33,9 +33,35 @@
 // *rand.Rand, including etcd raft's election jitter (raft reads
 // crypto/rand.Reader, which Run replaces for its duration) and each
 // cursor's reconnect jitter, so a seed replays exactly: `make sim SEED=<n>`
-// (REGIONS=<r>, default 3). Options.Regions = 1 runs one region with no
-// replication, and draws exactly what the simulator drew before regions
-// came: such seeds replay as they did.
+// (STEPS=<virtual ms of faults>, default 60000; REGIONS=<r>, default 3).
+// Options.Regions = 1 runs one region with no replication.
+//
+// # Running many seeds (runner_test.go)
+//
+// `make sim RUNS=n` runs n seeds of a simulated minute each on JOBS
+// processes (default one per core): crypto/rand.Reader is process-wide,
+// so seeds cannot run at once in one process; TestSimulator starts copies
+// of its own test binary (-simchild=k/n), each running every n-th seed one
+// after another exactly as a replay does and reporting each on a line of
+// its own. A failing seed prints itself with its replay command as it
+// comes; the run stops at the first (KEEPGOING=true: runs them all). At
+// the end it prints the seeds run and clean, seeds/s, the virtual time
+// covered and the fault mix (crashes, partitions, drops, region
+// partitions, broken and timed-out streams, zombie sources, lease-store
+// outages, home regions cut off, takeovers, forks, orphaned acks, resends,
+// orphan logs read). `make test` runs seeds 1-20 of 3 virtual seconds.
+//
+// The engine: events (Raft messages, requests, replies, snapshots, log
+// and commit-mark writes, WAN messages) wait in a heap by (due time,
+// sequence); the replicas tick Raft every tickMs = 10 virtual ms with the
+// range driver's default ratio (HeartbeatTick 2, ElectionTick 8, as
+// regionsvc: half the heartbeat traffic of the 1/10 the simulator ran
+// before, and production's shape). Raft messages are copied as a network
+// would (cloneMessage: the receiver's own message, entries and data,
+// without proto.Clone's reflection); the checks are incremental (each
+// replica is read from what was verified on; a replica's divergence is
+// read again only when its log or the range's home changed; forks are
+// looked for only when a replica's highest epoch passed its last fork).
 //
 // # What a run does
 //
@@ -76,6 +102,9 @@
 //  4. Heal everything and run until every producer's batches are acked
 //     and every mirror caught up.
 //  5. After every step and at the end, check the invariants.
+//
+// Steps runs every virtual millisecond (about one in five has nothing
+// due; skipping them would save little: see notes/simspeed.md).
 //
 // # Homing and failover (homing.go)
 //
@@ -129,7 +158,26 @@
 // replica not forked yet is not checked past the fork point; after
 // healing every mirror, the old home included, holds the new home's log.
 //
-// Not yet simulated: the orphan logs' contents checked against what was
-// orphaned, a second takeover of a range, planned rehomes, reads, the
-// range driver, raftnet. See notes/simhome.md.
+// The home's own log holds the new epoch from the fork point on (a home
+// replica is never skipped as divergent: epochOrder reports an older
+// epoch's frame past the start), and a copy not forked yet must not take
+// the new epoch's frames on top of its divergent tail (checkStaleTail:
+// what a source that skipped its resend leaves).
+//
+// # Orphan logs (orphans.go)
+//
+// When a fork is seen applied, its orphan log is read
+// (Replica.ReadOrphans) and must hold exactly the records its copy had
+// past the fork point: dense from the fork point (or from where retention
+// had deleted them: the copy's log started past it) to at least the end
+// the copy had committed, each the record the range's log held there
+// before the takeover cut it. After healing, every acked record counted
+// as orphaned is in an orphan log, or in the divergent tail of a copy
+// not forked yet, or was deleted by retention before its copies forked
+// (counted). TestOrphanLogContentsAreChecked: a fork that orphans one
+// record less than it cut is reported.
+//
+// Not yet simulated: a second takeover of a range, planned rehomes,
+// reads (being added beside this layer), the range driver, raftnet. See
+// notes/simhome.md and notes/simspeed.md.
 package sim

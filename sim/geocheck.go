@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/replicator"
 )
 
@@ -36,7 +37,7 @@ func (w *world) checkMirror(n *node, r int, committed uint64) error {
 			}
 			frame := frames[:size]
 			frames = frames[size:]
-			h, recs, err := batch.Decode(frame)
+			h, err := batch.DecodeHeader(frame)
 			if err != nil {
 				return fmt.Errorf("%v range %d: committed frame at %d: %w", n, r, n.verified[r], err)
 			}
@@ -46,7 +47,7 @@ func (w *world) checkMirror(n *node, r int, committed uint64) error {
 			if h.NextOffset() > uint64(len(canon)) {
 				break // the home's replicas have not been seen to commit it yet
 			}
-			if err := w.mirrorFrame(n, r, h, recs, frame); err != nil {
+			if err := w.mirrorFrame(n, r, h, frame); err != nil {
 				return err
 			}
 			n.verified[r] = max(n.verified[r], h.NextOffset())
@@ -58,12 +59,21 @@ func (w *world) checkMirror(n *node, r int, committed uint64) error {
 	return nil
 }
 
-// mirrorFrame holds one frame of a mirror's log against the home's.
-func (w *world) mirrorFrame(n *node, r int, h batch.Header, recs []batch.Record, frame []byte) error {
-	if home, ok := w.canonFrames[r][h.BaseOffset]; ok && !replicator.SameData(home, frame) {
+// mirrorFrame holds one frame of a mirror's log against the home's: the
+// same data as the home's frame at its offset (whose records the home's
+// check canonized), or, where none is kept, the same records.
+func (w *world) mirrorFrame(n *node, r int, h batch.Header, frame []byte) error {
+	if home, ok := w.canonFrames[r][h.BaseOffset]; ok {
+		if replicator.SameData(home, frame) {
+			return nil
+		}
 		hh, _ := batch.DecodeHeader(home)
 		return fmt.Errorf("%v range %d: mirror's frame at %d (%d records, epoch %d) is not the home's there (%d records, epoch %d)",
 			n, r, h.BaseOffset, h.RecordCount, h.Epoch, hh.RecordCount, hh.Epoch)
+	}
+	_, recs, err := batch.Decode(frame)
+	if err != nil {
+		return fmt.Errorf("%v range %d: committed frame at %d: %w", n, r, h.BaseOffset, err)
 	}
 	for i, rec := range recs {
 		off := h.Offset(&recs[i])
@@ -109,4 +119,58 @@ func (w *world) mirrorsCaughtUp() bool {
 		}
 	}
 	return true
+}
+
+// divergence is divergent's answer for one replica, and the state of the
+// replica and of the range's home it was computed on: the frames a
+// replica committed change only with its committed end, its highest
+// epoch (a fork raises it), its log's start (compaction, a snapshot) or
+// its incarnation, and the question only with the home's epoch and fork
+// point.
+type divergence struct {
+	gen                       int
+	committed, highest, start uint64
+	homeEpoch, homeStart      uint64
+	valid, divergent          bool
+}
+
+// divergentCached is divergent, read again only when what it depends on
+// changed: the checks ask it of every replica after every step.
+func (w *world) divergentCached(n *node, r int, home homing.Home) bool {
+	rep, st := n.replicas[r], n.stores[r]
+	key := divergence{gen: n.gen, committed: rep.Committed(), highest: rep.HighestEpoch(), start: st.StartOffset(),
+		homeEpoch: home.Epoch, homeStart: home.StartOffset, valid: true}
+	if c := n.divergence[r]; c.valid {
+		c.divergent = false
+		if c == key {
+			return n.divergence[r].divergent
+		}
+	}
+	key.divergent = w.divergent(n, r, home)
+	n.divergence[r] = key
+	return key.divergent
+}
+
+// checkStaleTail: a copy not forked yet (stale: an older epoch at the
+// fork point) must not have taken the new home's frames on top of its
+// divergent tail. A mirror applies the new home's frames only after the
+// fork that cuts that tail (the fork's Raft entry comes first), so a
+// committed log that ends in the current epoch while an older one sits
+// at the fork point kept the old home's records where the range's log
+// holds others: what a source that skipped its resend leaves (a cursor
+// that moved to the mirror's end on a heartbeat's answer, 34db20d).
+func (w *world) checkStaleTail(n *node, r int, committed uint64) error {
+	if committed == 0 || n.tailChecked[r] == committed || committed <= n.stores[r].StartOffset() {
+		return nil
+	}
+	n.tailChecked[r] = committed
+	f, err := n.stores[r].ReadFrames(committed-1, 1, committed)
+	if err != nil || len(f) == 0 {
+		return nil
+	}
+	h, err := batch.DecodeHeader(f)
+	if home := w.homing.homes[r]; err == nil && h.Epoch >= home.Epoch {
+		return fmt.Errorf("%v range %d: its log ends in epoch %d frames (at %d) on top of an older epoch's tail from the fork point %d, never forked off", n, r, h.Epoch, h.BaseOffset, home.StartOffset)
+	}
+	return nil
 }

@@ -419,7 +419,7 @@ func (w *world) stale(n *node, r int) bool {
 	if n.fresh[r] >= home.Epoch || n.replicas[r].Committed() <= home.StartOffset {
 		return false
 	}
-	if w.divergent(n, r, home) {
+	if w.divergentCached(n, r, home) {
 		return true
 	}
 	n.fresh[r] = home.Epoch // its log holds the new epoch at the fork point: for good

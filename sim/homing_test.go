@@ -32,11 +32,11 @@ func TestFencingIsChecked(t *testing.T) {
 // every region's liveness has expired, and an agent without the wait
 // takes homes that were about to renew. The checker must report it.
 func TestUnnecessaryTakeoverIsChecked(t *testing.T) {
-	// Seed 11 is the first that finds it (make sim SEED=11 with the fix
-	// reverted in homing/takeover.go); start near it to keep the test
-	// short.
-	for seed := int64(10); seed <= 30; seed++ {
-		_, err := Run(Options{Seed: seed, Regions: 3, mutateNoSettle: true})
+	// Seed 11 is the first that finds it (at 4051 ms: make sim SEED=11
+	// with the fix reverted in homing/takeover.go; then 27 and 31, later
+	// in their minute); start there, 5 s each, to keep the test short.
+	for seed := int64(11); seed <= 30; seed++ {
+		_, err := Run(Options{Seed: seed, Steps: 5000, Regions: 3, mutateNoSettle: true})
 		if err == nil {
 			continue
 		}
@@ -46,7 +46,7 @@ func TestUnnecessaryTakeoverIsChecked(t *testing.T) {
 		t.Log(err)
 		return
 	}
-	t.Fatal("no seed of 10-30 found the reverted settle wait")
+	t.Fatal("no seed of 11-30 found the reverted settle wait")
 }
 
 // TestClockSkewPastTheMaxOffsetIsFound: clocks skewed past the max
@@ -80,11 +80,13 @@ func TestShortStartIsChecked(t *testing.T) {
 			continue
 		}
 		// Reported as an old-epoch frame past the start, as an acked
-		// record counted as orphaned that the new home's log holds, or as
+		// record counted as orphaned that the new home's log holds, as the
+		// new home's log going on past a gap at the short start, or as
 		// a mirror forking where the store says the epoch does not start
 		// (its committed end then falls back where no fork explains it).
 		if err == nil || !(strings.Contains(err.Error(), "past the start") || strings.Contains(err.Error(), "counted as orphaned") ||
-			strings.Contains(err.Error(), "the range's epoch 2 starts at") || strings.Contains(err.Error(), "(invariant 8)")) {
+			strings.Contains(err.Error(), "the range's epoch 2 starts at") || strings.Contains(err.Error(), "(invariant 8)") ||
+			strings.Contains(err.Error(), ": a gap")) {
 			t.Fatalf("seed %d: a takeover below the taker's tail, unreported: %v", seed, err)
 		}
 		t.Log(err)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/geolog/geolog/vfs"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 )
 
 // Options configure a run. Zero values take the defaults named.
@@ -46,6 +44,10 @@ type Options struct {
 	// mutateShortStart, in tests, makes the failover agents ask to
 	// continue one offset below their tail (a taker that misreads it).
 	mutateShortStart bool
+	// mutateOrphanDrop, in tests, takes every fork's orphan log for one
+	// that starts a record later, as if the fork had orphaned one record
+	// less than it cut (orphans.go).
+	mutateOrphanDrop bool
 	// mutateSkew, in tests, sets region 0's clocks three times the max
 	// clock offset homing assumes behind, the others' as much ahead.
 	mutateSkew bool
@@ -76,12 +78,17 @@ type Result struct {
 	Geo GeoResult
 	// Homing is what the leases and the lease store did (Regions > 1).
 	Homing HomingResult
+	// Orphans is what the orphan-log checks read (Regions > 1).
+	Orphans OrphanResult
+	// VirtualMs is the virtual time the run covered: its faults, the
+	// healing and the final checks.
+	VirtualMs int64
 }
 
 func (r Result) String() string {
 	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
 		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
-		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String()
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String() + r.Orphans.String()
 }
 
 const (
@@ -164,6 +171,16 @@ type node struct {
 	// forkEpoch is, per range, the epoch of the last fork seen applied
 	// on the node (any incarnation): its committed end fell back then.
 	forkEpoch []uint64
+	// divergence caches, per range, divergent's last answer and what it
+	// depended on (divergentCached).
+	divergence []divergence
+	// logStart is, per range, the highest start offset its log was seen
+	// at, in any incarnation (orphans.go: retention may have deleted part
+	// of a divergent tail before the fork).
+	logStart []uint64
+	// tailChecked is, per range, the committed end checkStaleTail last
+	// looked at (this incarnation).
+	tailChecked []uint64
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -229,7 +246,7 @@ type world struct {
 	rng    *rand.Rand
 	now    int64
 	evSeq  uint64
-	events []*event
+	events eventHeap
 	nodes  []*node
 	prods  []*producer
 	res    Result
@@ -260,10 +277,11 @@ type world struct {
 	homeCommitted []uint64
 	// lastEpoch is, per range, the home's frame with the highest base
 	// offset seen, and its homing epoch.
-	lastEpoch []baseEpoch
-	geo       *geoWorld  // Regions > 1
-	homing    *homeWorld // Regions > 1
-	tampered  bool
+	lastEpoch  []baseEpoch
+	geo        *geoWorld    // Regions > 1
+	homing     *homeWorld   // Regions > 1
+	orphanLogs *orphanWorld // Regions > 1
+	tampered   bool
 	// mutateNoLease, set by a test, makes home nodes admit and ack
 	// appends without their lease: the fencing check must report it.
 	mutateNoLease bool
@@ -358,6 +376,7 @@ func (w *world) drawFaults() {
 	if w.opt.Regions > 1 {
 		w.geo = newGeoWorld(w)
 		w.homing = newHomeWorld(w)
+		w.orphanLogs = newOrphanWorld(w.opt.Ranges)
 	}
 }
 
@@ -387,7 +406,7 @@ func (w *world) build() error {
 	for g := 0; g < opt.Regions; g++ {
 		for i := 0; i < opt.Nodes; i++ {
 			n := &node{region: g, id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64()))), served: make([]uint64, opt.Ranges),
-				forkEpoch: make([]uint64, opt.Ranges)}
+				forkEpoch: make([]uint64, opt.Ranges), logStart: make([]uint64, opt.Ranges)}
 			w.nodes = append(w.nodes, n)
 			if err := w.start(n); err != nil {
 				return err
@@ -423,6 +442,7 @@ func (w *world) heal() {
 
 // tally adds up the run's counters.
 func (w *world) tally() {
+	w.res.VirtualMs = w.now
 	for r := range w.canonical {
 		w.res.Committed += len(w.canonical[r])
 	}
@@ -476,6 +496,8 @@ func (w *world) start(n *node) error {
 	n.mirror = make([]mirrorQueue, w.opt.Ranges)
 	n.epochs = make([]uint64, w.opt.Ranges)
 	n.fresh = make([]uint64, w.opt.Ranges)
+	n.divergence = make([]divergence, w.opt.Ranges)
+	n.tailChecked = make([]uint64, w.opt.Ranges)
 	if w.homing != nil {
 		if err := w.homing.startNode(n); err != nil {
 			return err
@@ -504,7 +526,7 @@ func (w *world) start(n *node) error {
 		}
 		region, group, from, gen := n.region, r, n.id, n.gen
 		rep, err := replica.New(replica.Config{
-			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers,
+			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers, HeartbeatTick: 2, ElectionTick: 8,
 			Log: &syncCrashLog{Store: st, w: w, n: n}, State: replica.FileState{FS: n.fs, Dir: dir}, Orphans: orphans,
 			Send: func(msgs []*raftpb.Message) { w.sendRaft(region, group, msgs) },
 			SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
@@ -538,7 +560,7 @@ func (w *world) crash(n *node) {
 func (w *world) push(e *event) {
 	w.evSeq++
 	e.seq = w.evSeq
-	w.events = append(w.events, e)
+	w.events.push(e)
 }
 
 func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
@@ -555,7 +577,7 @@ func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 		}
 		for c := 0; c < copies; c++ {
 			w.push(&event{at: w.now + 1 + w.rng.Int64N(8), kind: evRaft, region: region, group: group, to: to,
-				msg: proto.Clone(m).(*raftpb.Message)})
+				msg: cloneMessage(m)})
 		}
 	}
 }
@@ -609,21 +631,11 @@ func (w *world) step() {
 	if w.compaction && w.now%compactMs == compactMs/4 { // between ticks
 		w.compact()
 	}
-	// Deliver what is due, in (time, sequence) order.
-	sort.Slice(w.events, func(i, j int) bool {
-		if w.events[i].at != w.events[j].at {
-			return w.events[i].at < w.events[j].at
-		}
-		return w.events[i].seq < w.events[j].seq
-	})
-	due := 0
-	for due < len(w.events) && w.events[due].at <= w.now {
-		due++
-	}
-	batchDue := w.events[:due]
-	w.events = append([]*event(nil), w.events[due:]...)
-	for _, e := range batchDue {
-		w.deliver(e)
+	// Deliver what is due, in (time, sequence) order; what the deliveries
+	// queue waits for the next step, even if due now.
+	last := w.evSeq
+	for len(w.events) > 0 && w.events[0].at <= w.now && w.events[0].seq <= last {
+		w.deliver(w.events.pop())
 	}
 	if !w.readyAll() {
 		return

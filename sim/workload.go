@@ -193,22 +193,35 @@ func (w *world) busy() bool {
 // region has no forks). A mirror region's replicas hold the home's frames
 // at the home's offsets (checkMirror).
 func (w *world) check() error {
+	if w.orphanLogs != nil {
+		w.noteEpochs()
+	}
 	for _, n := range w.nodes {
 		if !n.up {
 			continue
 		}
 		for r, rep := range n.replicas {
-			committed := rep.Committed()
-			if w.homing != nil {
+			committed, highest := rep.Committed(), rep.HighestEpoch()
+			// A fork raises the replica's highest epoch to the fork's:
+			// none was applied since noteForks last looked if it is not
+			// above the last fork's.
+			if w.homing != nil && highest > n.forkEpoch[r] {
+				before, served := n.forkEpoch[r], n.served[r]
 				if err := w.homing.noteForks(n, r); err != nil {
 					return err
 				}
+				if n.forkEpoch[r] > before {
+					if err := w.checkForks(n, r, before, served); err != nil {
+						return err
+					}
+				}
 			}
+			n.logStart[r] = max(n.logStart[r], n.stores[r].StartOffset())
 			if committed < n.served[r] {
 				return fmt.Errorf("%v range %d: publishes a committed end of %d, below the %d it published before (invariant 8)", n, r, committed, n.served[r])
 			}
 			n.served[r] = committed
-			if e := rep.HighestEpoch(); e < n.epochs[r] {
+			if e := highest; e < n.epochs[r] {
 				return fmt.Errorf("%v range %d: holds homing epoch %d, below the %d it held before (epochs never go back)", n, r, e, n.epochs[r])
 			} else {
 				n.epochs[r] = e
@@ -218,8 +231,15 @@ func (w *world) check() error {
 			// on what the replicas retain.
 			n.verified[r] = max(n.verified[r], n.stores[r].StartOffset())
 			var err error
-			if w.geo != nil && w.stale(n, r) {
-				continue // a divergent tail, not forked off yet: below the fork point it was checked
+			// A mirror's divergent tail, not forked off yet: below the fork
+			// point it was checked. The home's own log is never divergent:
+			// from the fork point on it holds the new epoch (epochOrder
+			// reports an older one there).
+			if w.geo != nil && n.region != w.homeRegion(r) && w.stale(n, r) {
+				if err := w.checkStaleTail(n, r, committed); err != nil {
+					return err
+				}
+				continue
 			}
 			if n.region == w.homeRegion(r) {
 				w.homeCommitted[r] = max(w.homeCommitted[r], committed)
@@ -231,6 +251,9 @@ func (w *world) check() error {
 				return err
 			}
 		}
+	}
+	if w.orphanLogs != nil {
+		w.keepCanon()
 	}
 	return nil
 }
@@ -368,10 +391,16 @@ func (w *world) finalCheck() error {
 		return w.err
 	}
 	for r := range w.canonical {
+		lost, first := 0, uint64(0)
 		for off, v := range w.acked[r] {
 			if off >= uint64(len(w.canonical[r])) || w.canonical[r][off] != v {
-				return fmt.Errorf("range %d: acked %q at %d is lost", r, v, off)
+				if lost++; lost == 1 || off < first {
+					first = off
+				}
 			}
+		}
+		if lost > 0 {
+			return fmt.Errorf("range %d: acked %q at %d is lost (%d acked records lost; the log has %d)", r, w.acked[r][first], first, lost, len(w.canonical[r]))
 		}
 		for _, n := range w.regionNodes(w.homeRegion(r)) {
 			if c := n.replicas[r].Committed(); c != uint64(len(w.canonical[r])) {
@@ -381,6 +410,9 @@ func (w *world) finalCheck() error {
 	}
 	if w.geo != nil {
 		if err := w.homing.finalTaken(); err != nil {
+			return err
+		}
+		if err := w.finalOrphans(); err != nil {
 			return err
 		}
 		return w.finalMirrors()
