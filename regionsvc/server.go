@@ -109,7 +109,7 @@ func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32, comp
 	recs := req.GetRecords()
 	brecs := make([]batch.Record, len(recs))
 	size := batch.HeaderSize
-	headers := 0
+	headers, tombstones := 0, 0
 	for i, r := range recs {
 		if len(r.GetHeaders()) > headersPerRecordMax {
 			return nil, 0, apierr.New(apierr.InvalidArgument, "record %d has %d headers, over the maximum of %d", i, len(r.GetHeaders()), headersPerRecordMax)
@@ -140,6 +140,17 @@ func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32, comp
 		brecs[i] = batch.Record{Key: r.GetKey(), Value: r.GetValue(), Headers: hdrs, ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos(),
 			Tombstone: r.GetTombstone()}
 		size += batch.EncodedRecordSize(brecs[i])
+		if r.GetTombstone() {
+			tombstones++
+		}
+		if size > n.cfg.BatchBytesMax {
+			return nil, 0, apierr.New(apierr.BatchTooLarge, "batch is over the maximum of %d bytes", n.cfg.BatchBytesMax)
+		}
+	}
+	if tombstones > 0 {
+		// In a frame holding a tombstone every record carries an
+		// attributes byte; EncodedRecordSize counted the tombstones' only.
+		size += len(recs) - tombstones
 		if size > n.cfg.BatchBytesMax {
 			return nil, 0, apierr.New(apierr.BatchTooLarge, "batch is over the maximum of %d bytes", n.cfg.BatchBytesMax)
 		}
