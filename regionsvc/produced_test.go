@@ -134,7 +134,9 @@ func TestProducedBadInput(t *testing.T) {
 		mutate(f)
 		return f
 	}
-	restamp := func(f []byte) { binary.LittleEndian.PutUint32(f[4:], crc32.Checksum(f[8:], crc32.MakeTable(crc32.Castagnoli))) }
+	restamp := func(f []byte) {
+		binary.LittleEndian.PutUint32(f[4:], crc32.Checksum(f[8:], crc32.MakeTable(crc32.Castagnoli)))
+	}
 	manyHeaders := recs("h", 1)
 	for i := range headersPerRecordMax {
 		manyHeaders[0].Headers = append(manyHeaders[0].Headers, &geologv1.Header{Key: fmt.Sprint(i)})
