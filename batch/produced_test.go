@@ -2,9 +2,7 @@ package batch
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"math/rand/v2"
 	"testing"
 )
@@ -185,11 +183,7 @@ func FuzzValidateProduced(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		checkProduced(t, b)
-		if len(b) >= HeaderSize && len(b) <= FrameBytesMax {
-			// Reach past the CRC: the same bytes with length and CRC right.
-			fixed := bytes.Clone(b)
-			binary.LittleEndian.PutUint32(fixed[posLength:], uint32(len(fixed)-4))
-			binary.LittleEndian.PutUint32(fixed[posCRC:], crc32.Checksum(fixed[crcStart:], castagnoli))
+		if fixed, ok := withLengthAndCRC(b); ok {
 			checkProduced(t, fixed)
 		}
 	})
