@@ -26,6 +26,9 @@ func (n *Node) producedAppend(ctx context.Context, req *geologv1.AppendRequest, 
 	case len(frame) > n.cfg.BatchBytesMax:
 		return nil, apierr.New(apierr.BatchTooLarge, "batch is %d bytes, over the maximum of %d", len(frame), n.cfg.BatchBytesMax)
 	}
+	// The frame is the request's own: proto.Unmarshal copies a bytes field
+	// out of gRPC's (pooled) receive buffer, so the replica may stamp it
+	// in place (batch.Patch) and keep it.
 	h, err := n.checkProduced(req, frame, rangeCount, compacted)
 	if err != nil {
 		return nil, err
