@@ -71,6 +71,15 @@
 // records (decoders reject one that claims some); its payload starts with
 // the Raft index of the frame before it (ForkPrevIndex), see TypeFork.
 //
+// # Produced frames
+//
+// A producer builds a data frame itself (EncodeProduced) and sends it as
+// AppendRequest.batch: only ProducerID and BaseSequence are set in its
+// header, and the leader, after ValidateProduced has checked it in place
+// and shown it each record (its key, header count and payload size, for
+// the leader's own rules), stamps the fields only it may set (Patch,
+// PatchRaft) and writes the frame as it came.
+//
 // Under Raft every frame is one entry and carries the entry's Term and Index
 // (PatchRaft sets them); outside Raft both are 0.
 //

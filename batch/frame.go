@@ -349,7 +349,7 @@ func Validate(frame []byte) (Header, error) {
 		return h, nil
 	}
 	size := int(binary.LittleEndian.Uint32(frame[posLength:])) + 4
-	if _, err := walkRecords(frame[HeaderSize:size], h); err != nil {
+	if _, err := walkRecords(frame[HeaderSize:size], h, nil); err != nil {
 		return Header{}, err
 	}
 	return h, nil
@@ -387,7 +387,7 @@ func DecodeAppend(dst []Record, frame []byte) (Header, []Record, error) {
 	body := frame[HeaderSize:size]
 	// The first pass validates everything and counts record headers, so
 	// both allocations below are bounded by bytes actually present.
-	headerCount, err := walkRecords(body, h)
+	headerCount, err := walkRecords(body, h, nil)
 	if err != nil {
 		return Header{}, dst, err
 	}
@@ -440,13 +440,21 @@ func DecodeControl(frame []byte) (Header, []byte, error) {
 
 // walkRecords checks that body holds exactly the h.RecordCount well-formed
 // records h describes (offset deltas, attributes and a compaction marker's
-// record included) and returns their total number of record headers.
-func walkRecords(body []byte, h Header) (int, error) {
+// record included) and returns their total number of record headers. With
+// visit set it shows visit each record once it is checked and stops at
+// the first error visit returns.
+func walkRecords(body []byte, h Header, visit func(i int, r RecordView) error) (int, error) {
 	p, headers, f := 0, 0, newRecordFormat(h)
-	for range h.RecordCount {
+	for i := range h.RecordCount {
 		n, used, err := readRecord(body[p:], &f, nil, nil)
 		if err != nil {
 			return 0, err
+		}
+		if visit != nil {
+			v := RecordView{Key: f.key, HeaderCount: used, PayloadBytes: f.payloadBytes, Tombstone: f.tombstone}
+			if err := visit(int(i), v); err != nil {
+				return 0, err
+			}
 		}
 		p += n
 		headers += used

@@ -54,13 +54,23 @@ func FuzzDecode(f *testing.F) {
 		// The CRC stops almost every mutation at the door; also try the
 		// input with its length and CRC made right, so that the fuzzer
 		// reaches the header and record parsers.
-		if len(b) >= HeaderSize && len(b) <= FrameBytesMax {
-			fixed := append([]byte(nil), b...)
-			binary.LittleEndian.PutUint32(fixed[posLength:], uint32(len(fixed)-4))
-			binary.LittleEndian.PutUint32(fixed[posCRC:], crc32.Checksum(fixed[crcStart:], castagnoli))
+		if fixed, ok := withLengthAndCRC(b); ok {
 			checkDecoders(t, fixed)
 		}
 	})
+}
+
+// withLengthAndCRC returns a copy of b with its length field and CRC made
+// right for its bytes, so that a fuzzer reaches past them; ok is false
+// when b cannot be a frame (shorter than a header or over FrameBytesMax).
+func withLengthAndCRC(b []byte) (fixed []byte, ok bool) {
+	if len(b) < HeaderSize || len(b) > FrameBytesMax {
+		return nil, false
+	}
+	fixed = bytes.Clone(b)
+	binary.LittleEndian.PutUint32(fixed[posLength:], uint32(len(fixed)-4))
+	binary.LittleEndian.PutUint32(fixed[posCRC:], crc32.Checksum(fixed[crcStart:], castagnoli))
+	return fixed, true
 }
 
 // checkDecoders runs every decoder on b and checks that they agree and that

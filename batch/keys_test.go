@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"reflect"
 	"testing"
 )
@@ -133,10 +132,7 @@ func FuzzRecordKeys(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		checkRecordKeys(t, b)
 		checkEachRecord(t, b)
-		if len(b) >= HeaderSize && len(b) <= FrameBytesMax {
-			fixed := bytes.Clone(b)
-			binary.LittleEndian.PutUint32(fixed[posLength:], uint32(len(fixed)-4))
-			binary.LittleEndian.PutUint32(fixed[posCRC:], crc32.Checksum(fixed[crcStart:], castagnoli))
+		if fixed, ok := withLengthAndCRC(b); ok {
 			checkRecordKeys(t, fixed)
 			checkEachRecord(t, fixed)
 		}

@@ -54,6 +54,12 @@ type recordFormat struct {
 	// frame's next record has exactly that one).
 	next       uint64
 	tombstones int
+	// key, payloadBytes and tombstone describe the last record read: its
+	// key (aliasing the frame), the bytes of its key, value and header
+	// keys and values, and whether it is a tombstone.
+	key          []byte
+	payloadBytes int
+	tombstone    bool
 }
 
 func newRecordFormat(h Header) recordFormat {
@@ -161,6 +167,7 @@ func readRecord(b []byte, f *recordFormat, rec *Record, hdrs []RecordHeader) (n,
 		return 0, 0, errHeaderCount
 	}
 	headerCount = int(count)
+	f.key, f.payloadBytes, f.tombstone = key, len(key)+len(value), tombstone
 	if rec != nil {
 		rec.Key, rec.Value, rec.Headers = key, value, nil
 		rec.ProducerTimeUnixNanos = unzigzag(ts)
@@ -177,6 +184,7 @@ func readRecord(b []byte, f *recordFormat, rec *Record, hdrs []RecordHeader) (n,
 		if v, p, err = readField(body, p); err != nil {
 			return 0, 0, err
 		}
+		f.payloadBytes += len(k) + len(v)
 		if rec != nil {
 			hdrs[i] = RecordHeader{Key: string(k), Value: v}
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/geolog/geolog/apierr"
+	logbatch "github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -35,6 +36,10 @@ type batch struct {
 	sizeBytes int
 	pid       uint64
 	baseSeq   uint64
+	// framePID and frameSeq are the numbers in req.Batch's header (the
+	// batch form), which send patches when a renumber changed pid and
+	// baseSeq.
+	framePID, frameSeq uint64
 	// requestID is the id of its send on the current stream; 0 means it is
 	// not on the current stream and must be (re)sent.
 	requestID uint64
@@ -310,21 +315,43 @@ func (d *rangeDriver) cut(now time.Time) *batch {
 	}
 	d.mu.Unlock()
 
-	recs := make([]*geologv1.Record, len(b.recs))
 	keyless := false
-	for i, pr := range b.recs {
-		recs[i] = pr.wire.toProto()
+	for _, pr := range b.recs {
 		keyless = keyless || len(pr.rec.Key) == 0
 		if !pr.deadline.IsZero() && (b.deadline.IsZero() || pr.deadline.Before(b.deadline)) {
 			b.deadline = pr.deadline
 		}
 	}
-	b.req = &geologv1.AppendRequest{Stream: d.p.stream, Range: d.rng, Records: recs, WantTiming: d.p.cfg.timing}
+	b.req = &geologv1.AppendRequest{Stream: d.p.stream, Range: d.rng, WantTiming: d.p.cfg.timing}
 	d.number(b)
+	if d.p.cfg.recordsForm || !b.frame() {
+		b.req.Records = make([]*geologv1.Record, len(b.recs))
+		for i, pr := range b.recs {
+			b.req.Records[i] = pr.wire.toProto()
+		}
+	}
 	if keyless {
 		d.p.rotateSticky(d.rng)
 	}
 	return b
+}
+
+// frame sets b.req.Batch to b's records as one produced frame under b's
+// numbers (the batch form), or returns false for records the frame cannot
+// hold (a tombstone with a value, a frame over logbatch.FrameBytesMax): those
+// go as messages, for the leader to refuse with its own error.
+func (b *batch) frame() bool {
+	recs := make([]logbatch.Record, len(b.recs))
+	for i, pr := range b.recs {
+		recs[i] = pr.wire.toBatch()
+	}
+	size, ok := logbatch.ProducedBytes(recs)
+	if !ok {
+		return false
+	}
+	b.req.Batch = logbatch.EncodeProduced(make([]byte, 0, size), b.pid, b.baseSeq, recs)
+	b.framePID, b.frameSeq = b.pid, b.baseSeq
+	return true
 }
 
 // number gives b the range's current producer id and its next sequences.
@@ -415,6 +442,12 @@ func (d *rangeDriver) send(b *batch) bool {
 	b.req.RequestId = b.requestID
 	b.req.ProducerId = b.pid
 	b.req.BaseSequence = b.baseSeq
+	if len(b.req.Batch) > 0 && (b.framePID != b.pid || b.frameSeq != b.baseSeq) {
+		// Renumbered since it was framed (renumber): the frame's header
+		// carries the numbers too.
+		logbatch.PatchProducer(b.req.Batch, b.pid, b.baseSeq)
+		b.framePID, b.frameSeq = b.pid, b.baseSeq
+	}
 	// Send serializes the request before it returns, so b.req may be
 	// changed for a later resend.
 	if err := d.conn.stream.Send(b.req); err != nil {

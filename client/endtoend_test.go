@@ -317,7 +317,12 @@ func TestSealedOnceAcrossResends(t *testing.T) {
 	fake.SetAppendFault(func(n int64, req *geologv1.AppendRequest) clienttest.Fault {
 		mu.Lock()
 		defer mu.Unlock()
-		sent = append(sent, bytes.Clone(req.GetRecords()[0].GetValue()))
+		recs, err := clienttest.AppendRecords(req)
+		if err != nil {
+			t.Errorf("append %d: %v", n, err)
+			return clienttest.Fault{}
+		}
+		sent = append(sent, bytes.Clone(recs[0].GetValue()))
 		if n == 1 {
 			return clienttest.Fault{DropAfterApply: true}
 		}

@@ -178,6 +178,8 @@ type producerConfig struct {
 	sealHeaders []string
 	// timing: WithTiming.
 	timing bool
+	// recordsForm: WithRecordsForm.
+	recordsForm bool
 }
 
 func defaultProducerConfig(c *clientConfig) producerConfig {
@@ -301,6 +303,13 @@ func ProducerID(id uint64) ProducerOpt { return func(c *producerConfig) { c.prod
 // a few dozen bytes to each reply; benchmarks and latency investigations
 // use it (geolog bench --breakdown).
 func WithTiming() ProducerOpt { return func(c *producerConfig) { c.timing = true } }
+
+// WithRecordsForm makes the producer send its batches as protobuf records
+// (AppendRequest.records), which the range leader decodes and encodes
+// again, instead of the default batch form (AppendRequest.batch: the
+// log's own frame, which the leader checks and writes as it came). It is
+// for servers older than the batch form, tests and comparisons.
+func WithRecordsForm() ProducerOpt { return func(c *producerConfig) { c.recordsForm = true } }
 
 func (c *producerConfig) validate() error {
 	switch {

@@ -3,6 +3,7 @@ package client
 import (
 	"time"
 
+	logbatch "github.com/geolog/geolog/batch"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -57,6 +58,22 @@ func (r *Record) toProto() *geologv1.Record {
 		}
 	}
 	return pr
+}
+
+// toBatch returns r as a record of a produced frame (AppendRequest.batch);
+// its key, value and header values alias r's.
+func (r *Record) toBatch() logbatch.Record {
+	br := logbatch.Record{Key: r.Key, Value: r.Value, Tombstone: r.Tombstone}
+	if !r.ProducerTime.IsZero() {
+		br.ProducerTimeUnixNanos = r.ProducerTime.UnixNano()
+	}
+	if len(r.Headers) > 0 {
+		br.Headers = make([]logbatch.RecordHeader, len(r.Headers))
+		for i, h := range r.Headers {
+			br.Headers[i] = logbatch.RecordHeader{Key: h.Key, Value: h.Value}
+		}
+	}
+	return br
 }
 
 // ProduceResult is where an acknowledged record landed.

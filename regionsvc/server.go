@@ -55,22 +55,36 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, s
 	if err != nil {
 		return nil, nil, err
 	}
-	recs := req.GetRecords()
-	if len(recs) == 0 {
-		return nil, nil, apierr.New(apierr.EmptyBatch, "append to %s/%d carries no records", req.GetStream(), req.GetRange())
+	var op *appendOp
+	if len(req.GetBatch()) > 0 || len(req.GetRecords()) == 0 {
+		op, err = n.producedAppend(ctx, req, rangeCount, rd.cfg.compaction != nil, streamed)
+	} else {
+		op, err = n.encodedAppend(ctx, req, rangeCount, rd.cfg.compaction != nil, streamed)
 	}
-	if len(recs) > recordsPerBatchMax {
-		return nil, nil, apierr.New(apierr.BatchTooLarge, "%d records in one batch, over the maximum of %d", len(recs), recordsPerBatchMax)
-	}
-	if req.GetProducerId() != 0 && req.GetBaseSequence() > math.MaxUint64-uint64(len(recs)) {
-		return nil, nil, apierr.New(apierr.InvalidArgument, "base_sequence %d overflows", req.GetBaseSequence())
-	}
-	brecs, size, err := n.batchRecords(req, rangeCount, rd.cfg.compaction != nil)
 	if err != nil {
 		return nil, nil, err
 	}
+	op.epoch = epoch
+	return rd, op, nil
+}
+
+// encodedAppend validates the records of an append in the compatibility
+// form (AppendRequest.records), admits it (admitAppendBytes) and encodes
+// its frame.
+func (n *Node) encodedAppend(ctx context.Context, req *geologv1.AppendRequest, rangeCount uint32, compacted, streamed bool) (*appendOp, error) {
+	recs := req.GetRecords()
+	if len(recs) > recordsPerBatchMax {
+		return nil, apierr.New(apierr.BatchTooLarge, "%d records in one batch, over the maximum of %d", len(recs), recordsPerBatchMax)
+	}
+	if req.GetProducerId() != 0 && req.GetBaseSequence() > math.MaxUint64-uint64(len(recs)) {
+		return nil, apierr.New(apierr.InvalidArgument, "base_sequence %d overflows", req.GetBaseSequence())
+	}
+	brecs, size, err := n.batchRecords(req, rangeCount, compacted)
+	if err != nil {
+		return nil, err
+	}
 	if err := n.admitAppendBytes(ctx, size, streamed); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	h := batch.Header{Type: batch.TypeData}
 	if req.GetProducerId() != 0 {
@@ -78,12 +92,11 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, s
 		h.BaseSequence = req.GetBaseSequence()
 	}
 	frame := batch.Encode(make([]byte, 0, size), h, brecs)
-	return rd, &appendOp{
+	return &appendOp{
 		producerID:   h.ProducerID,
 		baseSequence: h.BaseSequence,
 		recordCount:  uint32(len(recs)),
 		frame:        frame,
-		epoch:        epoch,
 		held:         int64(size),
 	}, nil
 }
@@ -96,7 +109,7 @@ func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32, comp
 	recs := req.GetRecords()
 	brecs := make([]batch.Record, len(recs))
 	size := batch.HeaderSize
-	headers := 0
+	headers, tombstones := 0, 0
 	for i, r := range recs {
 		if len(r.GetHeaders()) > headersPerRecordMax {
 			return nil, 0, apierr.New(apierr.InvalidArgument, "record %d has %d headers, over the maximum of %d", i, len(r.GetHeaders()), headersPerRecordMax)
@@ -127,6 +140,17 @@ func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32, comp
 		brecs[i] = batch.Record{Key: r.GetKey(), Value: r.GetValue(), Headers: hdrs, ProducerTimeUnixNanos: r.GetProducerTimeUnixNanos(),
 			Tombstone: r.GetTombstone()}
 		size += batch.EncodedRecordSize(brecs[i])
+		if r.GetTombstone() {
+			tombstones++
+		}
+		if size > n.cfg.BatchBytesMax {
+			return nil, 0, apierr.New(apierr.BatchTooLarge, "batch is over the maximum of %d bytes", n.cfg.BatchBytesMax)
+		}
+	}
+	if tombstones > 0 {
+		// In a frame holding a tombstone every record carries an
+		// attributes byte; EncodedRecordSize counted the tombstones' only.
+		size += len(recs) - tombstones
 		if size > n.cfg.BatchBytesMax {
 			return nil, 0, apierr.New(apierr.BatchTooLarge, "batch is over the maximum of %d bytes", n.cfg.BatchBytesMax)
 		}
@@ -157,7 +181,7 @@ func (n *Node) admitAppendBytes(ctx context.Context, size int, streamed bool) er
 // some goroutine, with the reply (errors ride in its Error field).
 func (n *Node) appendAsync(ctx context.Context, req *geologv1.AppendRequest, streamed bool, done func(*geologv1.AppendResponse)) {
 	id, received := req.GetRequestId(), time.Now()
-	tr := n.startAppendTrace(ctx, req.GetStream(), req.GetRange(), len(req.GetRecords()), streamed) // nil: tracing off
+	tr := n.startAppendTrace(ctx, req.GetStream(), req.GetRange(), appendRecordCount(req), streamed) // nil: tracing off
 	rd, op, err := n.prepareAppend(ctx, req, streamed)
 	if err != nil {
 		n.metrics.appendResult(ctx, appendResult{err: err})

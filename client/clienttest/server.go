@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
@@ -393,11 +394,15 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 		s.notLeaderN++
 		return nil, err
 	}
-	n := uint32(len(req.GetRecords()))
+	recs, err := AppendRecords(req)
+	if err != nil {
+		return nil, err
+	}
+	n := uint32(len(recs))
 	if n == 0 {
 		return nil, apierr.New(apierr.EmptyBatch, "empty batch")
 	}
-	for _, rec := range req.GetRecords() {
+	for _, rec := range recs {
 		if size := len(rec.GetKey()) + len(rec.GetValue()); size > s.cfg.RecordBytesMax {
 			return nil, apierr.New(apierr.RecordTooLarge, "record of %d bytes exceeds %d", size, s.cfg.RecordBytesMax)
 		}
@@ -447,7 +452,7 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 	}
 	baseOffset := uint64(len(r.records))
 	epoch := max(r.epoch, 1)
-	for i, rec := range req.GetRecords() {
+	for i, rec := range recs {
 		r.records = append(r.records, &geologv1.StoredRecord{
 			Offset:                baseOffset + uint64(i),
 			Key:                   rec.GetKey(),
@@ -949,4 +954,38 @@ func (s *Server) leaderAddrLocked(stream string, rng uint32) string {
 		return c.nodes[leader].addr
 	}
 	return ""
+}
+
+// AppendRecords returns the records of an append in either form: records,
+// or a batch (a produced frame, which it checks as the range leader does:
+// batch.ValidateProduced, and its producer fields against the request's).
+// A malformed batch, or one beside records, is INVALID_ARGUMENT.
+func AppendRecords(req *geologv1.AppendRequest) ([]*geologv1.Record, error) {
+	if len(req.GetBatch()) == 0 {
+		return req.GetRecords(), nil
+	}
+	if len(req.GetRecords()) > 0 {
+		return nil, apierr.New(apierr.InvalidArgument, "append carries both records and a batch")
+	}
+	h, err := batch.ValidateProduced(req.GetBatch(), nil)
+	if err != nil {
+		return nil, apierr.Wrap(apierr.InvalidArgument, err, "append batch")
+	}
+	if h.ProducerID != req.GetProducerId() || h.BaseSequence != req.GetBaseSequence() {
+		return nil, apierr.New(apierr.InvalidArgument, "batch is under producer %d from %d, the request under %d from %d",
+			h.ProducerID, h.BaseSequence, req.GetProducerId(), req.GetBaseSequence())
+	}
+	_, brecs, err := batch.Decode(req.GetBatch())
+	if err != nil {
+		return nil, apierr.Wrap(apierr.InvalidArgument, err, "append batch")
+	}
+	recs := make([]*geologv1.Record, len(brecs))
+	for i, br := range brecs {
+		r := &geologv1.Record{Key: br.Key, Value: br.Value, ProducerTimeUnixNanos: br.ProducerTimeUnixNanos, Tombstone: br.Tombstone}
+		for _, h := range br.Headers {
+			r.Headers = append(r.Headers, &geologv1.Header{Key: h.Key, Value: h.Value})
+		}
+		recs[i] = r
+	}
+	return recs, nil
 }

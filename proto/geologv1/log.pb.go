@@ -830,14 +830,28 @@ func (x *StoredRecord) GetTombstone() bool {
 //
 // Without a producer id a retry may append a batch twice.
 type AppendRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Stream  string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	Range   uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
-	Records []*Record              `protobuf:"bytes,3,rep,name=records,proto3" json:"records,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Range  uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
+	// records is the batch as protobuf messages: the compatibility form,
+	// which the leader decodes and re-encodes into a frame. An append
+	// carries either records or batch, never both.
+	Records []*Record `protobuf:"bytes,3,rep,name=records,proto3" json:"records,omitempty"`
+	// batch is the batch in the log's own encoding: one record-batch frame
+	// (docs/api.md "The batch form"; package batch), which the leader
+	// checks in place and writes as it came, without decoding its records
+	// into messages. It must be exactly one data frame, not compacted, its
+	// CRC32C right, its header's producer_id and base_sequence equal to
+	// this request's and every field only the leader sets (base offset,
+	// epoch, raft term and index, append time, HLC) zero; its records obey
+	// the same rules and bounds as records. A malformed frame is refused
+	// with INVALID_ARGUMENT (BATCH_TOO_LARGE or RECORD_TOO_LARGE over a
+	// bound), and nothing of it is appended.
+	Batch []byte `protobuf:"bytes,8,opt,name=batch,proto3" json:"batch,omitempty"`
 	// producer_id enables idempotence when non-zero (see "Idempotent
 	// producers" above). Sequences are per (producer_id, range) and count
-	// records: base_sequence is the sequence of records[0], and the next
-	// batch must start at base_sequence+len(records).
+	// records: base_sequence is the sequence of the first record, and the
+	// next batch must start at base_sequence plus the batch's record count.
 	ProducerId   uint64 `protobuf:"varint,4,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
 	BaseSequence uint64 `protobuf:"varint,5,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
 	// request_id correlates AppendStream replies; ignored by Append.
@@ -896,6 +910,13 @@ func (x *AppendRequest) GetRange() uint32 {
 func (x *AppendRequest) GetRecords() []*Record {
 	if x != nil {
 		return x.Records
+	}
+	return nil
+}
+
+func (x *AppendRequest) GetBatch() []byte {
+	if x != nil {
+		return x.Batch
 	}
 	return nil
 }
@@ -4572,11 +4593,12 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x18producer_time_unix_nanos\x18\x05 \x01(\x03R\x15producerTimeUnixNanos\x123\n" +
 	"\x16append_time_unix_nanos\x18\x06 \x01(\x03R\x13appendTimeUnixNanos\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x1c\n" +
-	"\ttombstone\x18\b \x01(\bR\ttombstone\"\xf0\x01\n" +
+	"\ttombstone\x18\b \x01(\bR\ttombstone\"\x86\x02\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12+\n" +
-	"\arecords\x18\x03 \x03(\v2\x11.geolog.v1.RecordR\arecords\x12\x1f\n" +
+	"\arecords\x18\x03 \x03(\v2\x11.geolog.v1.RecordR\arecords\x12\x14\n" +
+	"\x05batch\x18\b \x01(\fR\x05batch\x12\x1f\n" +
 	"\vproducer_id\x18\x04 \x01(\x04R\n" +
 	"producerId\x12#\n" +
 	"\rbase_sequence\x18\x05 \x01(\x04R\fbaseSequence\x12\x1d\n" +
