@@ -324,16 +324,23 @@ func (d *rangeDriver) cut(now time.Time) *batch {
 	}
 	b.req = &geologv1.AppendRequest{Stream: d.p.stream, Range: d.rng, WantTiming: d.p.cfg.timing}
 	d.number(b)
-	if d.p.cfg.recordsForm || !b.frame() {
-		b.req.Records = make([]*geologv1.Record, len(b.recs))
-		for i, pr := range b.recs {
-			b.req.Records[i] = pr.wire.toProto()
-		}
+	if d.p.cfg.recordsForm || d.p.recordsOnly.Load() || !b.frame() {
+		b.toRecordsForm()
 	}
 	if keyless {
 		d.p.rotateSticky(d.rng)
 	}
 	return b
+}
+
+// toRecordsForm sets b.req to carry b's records as messages (the records
+// form) and no batch.
+func (b *batch) toRecordsForm() {
+	b.req.Batch = nil
+	b.req.Records = make([]*geologv1.Record, len(b.recs))
+	for i, pr := range b.recs {
+		b.req.Records[i] = pr.wire.toProto()
+	}
 }
 
 // frame sets b.req.Batch to b's records as one produced frame under b's
@@ -556,6 +563,10 @@ func (d *rangeDriver) onReply(resp *geologv1.AppendResponse) {
 // onErrorReply handles an error reply for batches[i].
 func (d *rangeDriver) onErrorReply(i int, e *Error) {
 	b := d.batches[i]
+	if e.Code == apierr.EmptyBatch && len(b.req.GetBatch()) > 0 {
+		d.fallBackToRecordsForm(e)
+		return
+	}
 	switch {
 	case e.Retriable, i > 0:
 		// A batch behind an unacknowledged one failed (a SEQUENCE_GAP
@@ -621,6 +632,25 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 		d.fail(b, func(*promisedRecord) error { return e })
 		d.renumber()
 	}
+}
+
+// fallBackToRecordsForm handles EMPTY_BATCH for a batch-form append: the
+// node predates the batch form (AppendRequest.batch is an unknown field to
+// it, so it saw a request without records) and appended nothing. Every
+// producer of the range's producer then sends the records form, and the
+// unacknowledged batches are resent in it at once, under the same numbers.
+func (d *rangeDriver) fallBackToRecordsForm(e *Error) {
+	if !d.p.recordsOnly.Swap(true) {
+		d.log.Warn("a node does not take the batch form (an older server): sending records instead", "node", d.addr, "error", e)
+	}
+	for _, b := range d.batches {
+		if len(b.req.GetBatch()) > 0 {
+			b.toRecordsForm()
+		}
+	}
+	d.closeConn()
+	d.rewind(e)
+	d.backoffUntil = time.Time{}
 }
 
 // hintHopsImmediateMax bounds the leader hints a range follows at once,

@@ -106,3 +106,45 @@ func TestProducerSendsBatchForm(t *testing.T) {
 		}
 	}
 }
+
+// TestProducerFallsBackToRecordsForm: against a server that predates the
+// batch form (it ignores AppendRequest.batch and answers EMPTY_BATCH), the
+// producer resends in the records form and keeps to it; every record lands
+// once, in order, and nothing fails.
+func TestProducerFallsBackToRecordsForm(t *testing.T) {
+	fake := startFake(t, clienttest.Config{RecordsFormOnly: true})
+	fake.MustCreateStream("s", 1)
+	var mu sync.Mutex
+	var forms []string
+	fake.SetAppendFault(func(_ int64, req *geologv1.AppendRequest) clienttest.Fault {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(req.GetBatch()) > 0 {
+			forms = append(forms, "batch")
+		} else {
+			forms = append(forms, "records")
+		}
+		return clienttest.Fault{}
+	})
+	p := newProducer(t, newClient(t, fake.Addr()), "s")
+	ctx := testCtx(t)
+	for round := 0; round < 3; round++ {
+		if _, err := p.ProduceSync(ctx, formRecords(10)...); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+	got := fake.Records("s", 0)
+	if len(got) != 30 {
+		t.Fatalf("fake holds %d records, want 30", len(got))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(forms) == 0 || forms[0] != "batch" {
+		t.Fatalf("the producer did not start with the batch form: %v", forms)
+	}
+	for i, f := range forms[1:] {
+		if f != "records" {
+			t.Fatalf("send %d after the fallback was in the %s form: %v", i+1, f, forms)
+		}
+	}
+}

@@ -43,6 +43,11 @@ type Producer struct {
 	drivers    []atomic.Pointer[rangeDriver]
 	sticky     atomic.Uint32
 
+	// recordsOnly is set once a node answered a batch-form append as an
+	// older server does (it does not know AppendRequest.batch and saw no
+	// records): the producer sends the records form from then on.
+	recordsOnly atomic.Bool
+
 	budget   *byteBudget
 	flushing atomic.Int32
 

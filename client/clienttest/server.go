@@ -60,6 +60,10 @@ type Config struct {
 	// the first batch of a producer id it does not know (a lenient server);
 	// by default a new id must start at 0, as regionsvc's does.
 	AcceptAnyFirstSequence bool
+	// RecordsFormOnly makes the fake act as a server that predates the
+	// batch form: it ignores AppendRequest.batch (a field unknown to it) and
+	// so answers EMPTY_BATCH to an append without records.
+	RecordsFormOnly bool
 	// TLS, if set, makes the fake serve TLS (require client certificates
 	// in it for mutual TLS); default plaintext.
 	TLS *tls.Config
@@ -394,8 +398,10 @@ func (s *Server) apply(req *geologv1.AppendRequest) (*geologv1.AppendResponse, e
 		s.notLeaderN++
 		return nil, err
 	}
-	recs, err := AppendRecords(req)
-	if err != nil {
+	var recs []*geologv1.Record
+	if s.cfg.RecordsFormOnly {
+		recs = req.GetRecords()
+	} else if recs, err = AppendRecords(req); err != nil {
 		return nil, err
 	}
 	n := uint32(len(recs))
