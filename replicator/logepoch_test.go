@@ -1,6 +1,9 @@
 package replicator
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // retainedMirror is a MemMirror whose log retention deleted entirely: its
 // applied end stands, no frame below it is readable, and its log's epoch
@@ -57,4 +60,45 @@ func TestOpenAnswerLogEpochAfterRetention(t *testing.T) {
 	if a := openAnswer(noEpochMirror{mem}, applied, 2); a.LogEpoch != nil {
 		t.Fatalf("no frame and no LogEpocher: LogEpoch %d, want absent", a.GetLogEpoch())
 	}
+}
+
+// TestResendLagIsTheForkPoint: a mirror whose log ends in an older epoch
+// needs the new home's log from the home's epoch change on (the resend),
+// not from its divergent applied end. The task's lag, which regionsvc
+// takes as the compaction floor (mirrorFloor), says so from the open on:
+// with the applied end instead, retention could delete what the resend
+// must compare, and the mirror would fork too late, above a divergent
+// part it keeps.
+func TestResendLagIsTheForkPoint(t *testing.T) {
+	g := newLogGen(43, 200)
+	src := NewMemSource(0)
+	g.fill(t, src, 20, 4) // the common prefix, epoch 1
+	change := src.CommittedEnd()
+	old := *g
+	old.seqs = map[uint64]uint64{}
+	var tail [][]byte
+	for range 30 { // the old home's divergent tail, epoch 1
+		tail = append(tail, old.frame(1+old.rng.IntN(4)))
+	}
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	if err := m.Seed(append(src.Frames(), tail...)...); err != nil {
+		t.Fatal(err)
+	}
+	divergentEnd := m.AppliedEnd()
+	g.epoch = 2
+	g.fill(t, src, 10, 4)
+	m.Hold() // the resend's apply waits: the lag is the open's
+	cfg := taskConfig(t, src, newDialer(t), node.addr)
+	cfg.Epoch = 2
+	rt := startTask(t, cfg)
+	waitFor(t, 20*time.Second, "the resend to reach the mirror", func() bool { return m.Held() > 0 })
+	if got := rt.task.Lag(time.Now()).AppliedEnd; got != change {
+		t.Fatalf("lag's applied end %d while resending, want the epoch change %d (the mirror's divergent end is %d)", got, change, divergentEnd)
+	}
+	m.Release()
+	waitFor(t, 20*time.Second, "the mirror to fork and catch up", func() bool {
+		return len(m.Orphans()) > 0 && m.AppliedEnd() == src.CommittedEnd()
+	})
+	assertMirrored(t, src, m)
 }
