@@ -362,6 +362,19 @@ func (m *mirrorRange) apply(ctx context.Context, frames []byte) (uint64, error) 
 
 var _ replicator.Forker = (*mirrorRange)(nil)
 
+var _ replicator.LogEpocher = (*mirrorRange)(nil)
+
+// LogEpoch implements replicator.LogEpocher: the replica's highest epoch
+// of a data frame or a fork (its log's epoch, as the fence reads it), not
+// the heartbeats' (0 without a replica). The Server answers an open with
+// it when retention deleted the frame at the applied end.
+func (m *mirrorRange) LogEpoch() uint64 {
+	if m.d.rep == nil {
+		return 0
+	}
+	return m.d.rep.HighestEpoch()
+}
+
 // Fork implements replicator.Forker: the mirror group (led here) cuts its
 // divergent tail at offset at into the range's orphan log, on every
 // replica (replica.ProposeFork), and continues at at under epoch.

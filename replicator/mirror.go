@@ -82,6 +82,18 @@ func checkHome(mr MirrorRange, open openRequest) error {
 	return nil
 }
 
+// LogEpocher is implemented by mirrors that know the epoch their log ends
+// in apart from its frames: the highest epoch of any data frame the log
+// held and of any fork it applied (replica.Replica.HighestEpoch), not the
+// epochs of heartbeats. The Server answers an open with it when the frame
+// at the applied end is gone (retention deleted the whole log), so that a
+// home of a newer epoch still resends from its epoch change and the mirror
+// forks a divergent tail instead of taking new frames on top of it. Zero
+// means unknown.
+type LogEpocher interface {
+	LogEpoch() uint64
+}
+
 // Forker is implemented by mirrors that can cut a divergent tail
 // (DESIGN.md "Divergent tails"). When a batch from the current home (its
 // epoch fenced as usual) overlaps the mirror's applied frames and, at

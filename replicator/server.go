@@ -334,14 +334,22 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 
 // openAnswer is the answer to an open: the mirror's applied end, the
 // highest epoch it has seen and the epoch of its last applied frame (see
-// the fields' docs).
+// the fields' docs), or, when that frame is gone (retention deleted the
+// log up to the applied end), the epoch the mirror's LogEpocher keeps.
 func openAnswer(mr MirrorRange, applied, highest uint64) *geologinternalv1.ReplicateResponse {
 	answer := &geologinternalv1.ReplicateResponse{AppliedEndOffset: applied, HighestEpoch: highest}
-	if applied > 0 {
-		if f, err := mr.ReadFrames(applied-1, 1, applied); err == nil && len(f) >= batch.HeaderSize {
-			if h, err := batch.DecodeHeader(f); err == nil {
-				answer.LogEpoch = &h.Epoch
-			}
+	if applied == 0 {
+		return answer
+	}
+	if f, err := mr.ReadFrames(applied-1, 1, applied); err == nil && len(f) >= batch.HeaderSize {
+		if h, err := batch.DecodeHeader(f); err == nil {
+			answer.LogEpoch = &h.Epoch
+			return answer
+		}
+	}
+	if le, ok := mr.(LogEpocher); ok {
+		if e := le.LogEpoch(); e != 0 {
+			answer.LogEpoch = &e
 		}
 	}
 	return answer

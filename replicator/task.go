@@ -420,24 +420,30 @@ func (t *Task) handle(ev taskEvent) {
 			return
 		}
 		t.logger.Debug("stream open", "addr", t.addr, "applied_end", ev.resp.GetAppliedEndOffset())
-		t.mu.Lock()
-		t.stats.Streams++
-		t.lag.Applied(ev.resp.GetAppliedEndOffset())
-		t.mu.Unlock()
-		t.sess.startSender(t)
 		applied := ev.resp.GetAppliedEndOffset()
+		at := applied
 		if ev.resp.LogEpoch != nil && ev.resp.GetLogEpoch() < t.cfg.Epoch && applied > 0 {
 			// The mirror's log ends in an older epoch than this home's: what
 			// it holds past where this log left that epoch may be another
 			// home's divergent tail. Resend from there; the mirror compares
 			// and forks if it differs.
-			if at := t.epochStart(ev.resp.GetLogEpoch(), applied); at < applied {
-				t.logger.Info("mirror's log ends in an older epoch: resending from this log's epoch change", "mirror_epoch", ev.resp.GetLogEpoch(),
-					"applied_end", applied, "from", at)
-				t.core.Connected(at, ev.resp.GetHighestEpoch())
-				t.core.Resend()
-				return
-			}
+			at = t.epochStart(ev.resp.GetLogEpoch(), applied)
+		}
+		t.mu.Lock()
+		t.stats.Streams++
+		// The mirror needs this log from at on (its end, or the resend's
+		// start): what the lag says is the compaction floor (regionsvc's
+		// mirrorFloor), which must not pass a divergent mirror's fork point
+		// before the resend reached it.
+		t.lag.Applied(at)
+		t.mu.Unlock()
+		t.sess.startSender(t)
+		if at < applied {
+			t.logger.Info("mirror's log ends in an older epoch: resending from this log's epoch change", "mirror_epoch", ev.resp.GetLogEpoch(),
+				"applied_end", applied, "from", at)
+			t.core.Connected(at, ev.resp.GetHighestEpoch())
+			t.core.Resend()
+			return
 		}
 		t.core.Connected(applied, ev.resp.GetHighestEpoch())
 	case evResponse:

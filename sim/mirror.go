@@ -252,10 +252,13 @@ func (g *geoWorld) finishApply(n *node, r int) {
 }
 
 // opened answers an open with the applied end, the highest epoch and the
-// epoch the log ends in (the Server's open response, LogEpoch).
+// epoch the log ends in (the Server's open response, LogEpoch): that of
+// the frame at the applied end or, when retention deleted it, the
+// replica's log epoch (regionsvc's mirrorRange.LogEpoch).
 func (g *geoWorld) opened(n *node, r int, m *geoMsg, applied, highest uint64) {
 	var logEpoch uint64
 	if applied > 0 {
+		logEpoch = n.replicas[r].HighestEpoch()
 		if f, err := n.stores[r].ReadFrames(applied-1, 1, applied); err == nil {
 			if h, err := batch.DecodeHeader(f); err == nil {
 				logEpoch = h.Epoch

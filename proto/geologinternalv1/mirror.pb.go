@@ -423,7 +423,9 @@ type ReplicateResponse struct {
 	// to try. INVALID_ARGUMENT: a malformed request.
 	Error *geologv1.ErrorDetail `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
 	// log_epoch, in the answer to the open, is the homing epoch of the last
-	// frame the mirror applied (absent when it holds none). A source of a
+	// frame the mirror applied or, when retention deleted that frame, the
+	// epoch its log is at (its highest data-frame or fork epoch; absent when
+	// it holds none or does not know). A source of a
 	// newer epoch resends from where its log left that epoch, so that the
 	// mirror compares what it holds there and cuts a divergent tail (a fork)
 	// instead of extending it.
