@@ -26,7 +26,10 @@
 // An index in such a gap is out of range (ErrOutOfRange) for TermAt; a
 // ReadFramesByIndex from one starts at the fork frame, and
 // TruncateSuffixAtIndex at one drops the fork frame and everything after
-// it. Outside Raft every Index is 0 and
+// it. A fork frame that starts the log (a fork where retention had deleted
+// the frames it keeps, and a snapshot of that log, staged from a first
+// index) may name any index below its own: the frame it names lies below
+// the log, and the gap with it. Outside Raft every Index is 0 and
 // only offsets matter.
 //
 // Readers by offset (ReadFrames: consumers, mirrors) see data frames only,

@@ -220,3 +220,63 @@ func TestForkGapCorruption(t *testing.T) {
 		})
 	}
 }
+
+// TestStagingStartsWithForkFrame: a staged log whose first frame is a fork
+// frame (a snapshot of a log that a fork cut where retention had deleted
+// the entries it keeps) may name any index below the staged log's first
+// index as the frame before it: that frame lies below the log. The staging
+// still holds the first frame to the first index and to a predecessor below
+// it, a later fork frame to the frame before it, and the installed log
+// reopens.
+func TestStagingStartsWithForkFrame(t *testing.T) {
+	e := memEnv(5)
+	cfg := Config{Dir: e.dir, FS: e.fs, Logger: testLogger(t)}
+	s := mustOpen(t, cfg)
+	for name, bad := range map[string][]byte{
+		"fork past the first index naming below": forkFrame(12, 1, 1, 25, 7),
+		"fork naming itself":                     forkFrame(12, 1, 1, 24, 24),
+		"fork naming a later index":              forkFrame(12, 1, 1, 24, 30),
+		"fork before the first index":            forkFrame(12, 1, 1, 23, 7),
+		"fork at another offset":                 forkFrame(13, 1, 1, 24, 7),
+		"noop skipping the first index":          controlFrame(batch.TypeNoop, 12, 1, 1, 25, nil),
+	} {
+		st, err := s.BeginStaging(12, 24)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Append(bad); !errors.Is(err, ErrInvalidFrame) {
+			t.Errorf("%s: %v, want ErrInvalidFrame", name, err)
+		}
+		st.Abort()
+	}
+	st, err := s.BeginStaging(12, 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range [][]byte{forkFrame(12, 1, 1, 24, 7), controlFrame(batch.TypeNoop, 12, 1, 2, 25, nil), dataFrame(12, 3, 1, 2, 26)} {
+		if _, err := st.Append(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Past the first frame, a fork frame names the frame before it.
+	if _, err := st.Append(forkFrame(15, 1, 2, 30, 7)); !errors.Is(err, ErrInvalidFrame) {
+		t.Fatalf("second fork naming below the log: %v", err)
+	}
+	if _, err := st.Append(forkFrame(15, 1, 2, 30, 26)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Install(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, cfg)
+	defer s.Close()
+	if s.FirstIndex() != 24 || s.LastIndex() != 30 || s.StartOffset() != 12 || s.NextOffset() != 15 {
+		t.Fatalf("reopened: indexes [%d, %d], offsets [%d, %d)", s.FirstIndex(), s.LastIndex(), s.StartOffset(), s.NextOffset())
+	}
+}

@@ -155,7 +155,7 @@ func (st *Staging) append(frame []byte) (batch.Header, error) {
 	if size, _ := batch.FrameSize(frame); size != len(frame) {
 		return h, fmt.Errorf("%w: %d bytes hold a frame of %d and more", ErrInvalidFrame, len(frame), size)
 	}
-	if err := st.q.checkFrame(frame, h); err != nil {
+	if err := st.checkFrame(frame, h); err != nil {
 		return h, fmt.Errorf("%w: %w", ErrInvalidFrame, err)
 	}
 	switch {
@@ -192,6 +192,33 @@ func (st *Staging) append(frame []byte) (batch.Header, error) {
 	}
 	st.frames++
 	return h, nil
+}
+
+// checkFrame is seq.checkFrame, but for the staged log's first indexed
+// frame: the frame before it, at the first index - 1, lies below the staged
+// log, not in it. A fork frame there, at the first index, may name any
+// index below its own as the frame before it: the gap it ends lies before
+// the log's start. (A fork cuts a log whose retention had already deleted
+// the entries it keeps to the fork frame alone, see replica's completeFork,
+// and a snapshot of that log starts with the frame.) Everything else is
+// checked as for any frame: the first index, the offset, a fork frame
+// skipping indexes past the first index, the CRC over the named index.
+func (st *Staging) checkFrame(frame []byte, h batch.Header) error {
+	q := st.q
+	if st.first != 0 || q.nextIndex == 0 || h.Type != batch.TypeFork || h.Index != q.nextIndex {
+		return q.checkFrame(frame, h)
+	}
+	if err := q.check(h); err != nil {
+		return err
+	}
+	named, err := batch.ForkPrevIndex(frame)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: fork frame at index %d: %w", errIndexSequence, h.Index, err)
+	case named >= h.Index:
+		return fmt.Errorf("%w: fork frame at index %d names %d as the frame before it", errIndexSequence, h.Index, named)
+	}
+	return nil
 }
 
 // seal fsyncs a finished staged segment, whatever the store's policy: an
