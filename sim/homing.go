@@ -46,6 +46,8 @@ type HomingResult struct {
 	// Forks counts forks seen applied (a replica cut a divergent tail
 	// into its orphan log).
 	Forks int
+	// Reads is what the readers did (reads.go).
+	Reads ReadResult
 }
 
 func (h HomingResult) String() string {
@@ -53,7 +55,7 @@ func (h HomingResult) String() string {
 		return ""
 	}
 	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over, %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
-		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks)
+		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) + h.Reads.String()
 }
 
 // add sums two runs' counters.
@@ -68,6 +70,7 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.Abandoned += o.Abandoned
 	h.Forks += o.Forks
 	h.NewHomeAcks += o.NewHomeAcks
+	h.Reads = h.Reads.add(o.Reads)
 	return h
 }
 
@@ -98,11 +101,13 @@ type homeWorld struct {
 	// reach the store (-1: it is not).
 	reachSince []int64
 	res        *HomingResult
+	reads      *readWorld // reads.go
 }
 
 func newHomeWorld(w *world) *homeWorld {
 	h := &homeWorld{w: w, store: homing.NewMemStore(), outageP: w.rng.Float64() * 0.0005, res: &w.res.Homing}
 	h.failoverPlan()
+	h.reads = newReadWorld(w, &h.res.Reads)
 	h.reachSince = make([]int64, w.opt.Regions*w.opt.Nodes)
 	h.skewNs = make([]int64, w.opt.Regions*w.opt.Nodes)
 	bound := int64(maxOffsetMs * 1e6 / 2)
@@ -216,6 +221,9 @@ func (h *homeWorld) step() {
 		n.core.Done(req, res, err)
 	}
 	h.failover()
+	if w.err == nil {
+		h.reads.step()
+	}
 }
 
 // unreachable reports whether n cannot reach the lease store: it is cut
@@ -332,6 +340,7 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 	h.homes[r] = home
 	h.homeIdx[r] = regionIndex(home.Region)
 	h.res.Takeovers++
+	h.reads.granted(r, home)
 	for off, v := range w.acked[r] {
 		if off >= home.StartOffset {
 			delete(w.acked[r], off)
@@ -488,6 +497,9 @@ func (w *world) leaderOf(g, r int) *node {
 // to each taken range's fork point, as the home committed it (their
 // frames there were checked against the home's by checkMirror).
 func (h *homeWorld) finalTaken() error {
+	if err := h.reads.final(); err != nil {
+		return err
+	}
 	for r, home := range h.homes {
 		if !h.taken(r) {
 			continue

@@ -100,7 +100,8 @@ func simulate(t *testing.T, regions int, seeds []int64) {
 	if g := total.Geo; regions > 1 && len(seeds) >= 20 && (g.Frames == 0 || g.Partitions == 0 || g.Broken == 0 || g.TimedOut == 0 || g.Duplicates == 0) {
 		t.Fatalf("replication went unexercised: %v", g)
 	}
-	if h := total.Homing; regions > 1 && len(seeds) >= 20 && (h.Outages == 0 || h.Refused == 0 || h.Takeovers == 0 || h.Orphaned == 0 || h.NewHomeAcks == 0 || h.Forks == 0) {
+	if h := total.Homing; regions > 1 && len(seeds) >= 20 && (h.Outages == 0 || h.Refused == 0 || h.Takeovers == 0 || h.Orphaned == 0 || h.NewHomeAcks == 0 || h.Forks == 0 ||
+		h.Reads.Local == 0 || h.Reads.HomeReads == 0 || h.Reads.Fenced == 0 || h.Reads.ForkExplained == 0) {
 		t.Fatalf("homing went unexercised: %v", h)
 	}
 }
