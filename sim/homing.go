@@ -8,6 +8,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/homing"
+	"math/rand/v2"
 )
 
 // Homing (Regions > 1): every range has a home record in the real
@@ -41,6 +42,10 @@ type HomingResult struct {
 	// producers' batches left unanswered when a range's new home was
 	// not serving (this layer).
 	Failovers, Takeovers, Orphaned, Abandoned int
+	// SecondTakeovers counts takeovers of a range already taken over,
+	// DivergentTakers the tails surveyed that a divergent tail made no
+	// candidate (agent.tail).
+	SecondTakeovers, DivergentTakers int
 	// NewHomeAcks counts records acked by a new home, at an epoch above 1.
 	NewHomeAcks int
 	// Forks counts forks seen applied (a replica cut a divergent tail
@@ -54,8 +59,8 @@ func (h HomingResult) String() string {
 	if h == (HomingResult{}) {
 		return ""
 	}
-	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over, %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
-		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) + h.Reads.String()
+	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over (%d a second time; %d divergent copies no candidate), %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
+		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) + h.Reads.String()
 }
 
 // add sums two runs' counters.
@@ -69,6 +74,8 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.Orphaned += o.Orphaned
 	h.Abandoned += o.Abandoned
 	h.Forks += o.Forks
+	h.SecondTakeovers += o.SecondTakeovers
+	h.DivergentTakers += o.DivergentTakers
 	h.NewHomeAcks += o.NewHomeAcks
 	h.Reads = h.Reads.add(o.Reads)
 	return h
@@ -102,11 +109,27 @@ type homeWorld struct {
 	reachSince []int64
 	res        *HomingResult
 	reads      *readWorld // reads.go
+	// cutAt holds the forks recorded but not yet published (cutting).
+	cutAt map[cutKey]cut
+	// history is, per range, every epoch granted after the first: its
+	// home record and when the simulator saw the grant.
+	history [][]grant
+	// rng draws this layer's faults (second takeovers, rehomes,
+	// replacements) apart from the run's generator, so that the
+	// earlier layers' seeds draw what they drew.
+	rng *rand.Rand
+	// secondAt is when the home region of a first takeover is cut off in
+	// turn (-1: not planned, or done), secondFor for how long.
+	secondAt, secondFor int64
 }
 
 func newHomeWorld(w *world) *homeWorld {
 	h := &homeWorld{w: w, store: homing.NewMemStore(), outageP: w.rng.Float64() * 0.0005, res: &w.res.Homing}
 	h.failoverPlan()
+	h.rng = rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x6661756c7473))
+	h.secondPlan()
+	h.history = make([][]grant, w.opt.Ranges)
+	h.cutAt = map[cutKey]cut{}
 	h.reads = newReadWorld(w, &h.res.Reads)
 	h.reachSince = make([]int64, w.opt.Regions*w.opt.Nodes)
 	h.skewNs = make([]int64, w.opt.Regions*w.opt.Nodes)
@@ -316,6 +339,7 @@ func (h *homeWorld) failover() {
 		w.geo.cutTill[0] = max(w.geo.cutTill[0], w.now+h.failFor)
 		h.res.Failovers++
 	}
+	h.cutSecond()
 	h.trackReach()
 	if w.now%failoverScanMs != 0 || w.now >= int64(w.opt.Steps) {
 		return
@@ -339,8 +363,13 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 	}
 	h.homes[r] = home
 	h.homeIdx[r] = regionIndex(home.Region)
+	h.history[r] = append(h.history[r], grant{home: home, at: w.now})
 	h.res.Takeovers++
+	if len(h.history[r]) > 1 {
+		h.res.SecondTakeovers++
+	}
 	h.reads.granted(r, home)
+	h.secondFailover()
 	for off, v := range w.acked[r] {
 		if off >= home.StartOffset {
 			delete(w.acked[r], off)
@@ -424,14 +453,25 @@ func (w *world) stale(n *node, r int) bool {
 	if !w.homing.taken(r) || !n.up {
 		return false
 	}
-	home := w.homing.homes[r]
-	if n.fresh[r] >= home.Epoch || n.replicas[r].Committed() <= home.StartOffset {
-		return false
+	// Every epoch start the node's log passed: a second takeover may
+	// meet a copy that diverged under the first (a region away for both).
+	fresh := true
+	for _, g := range w.homing.history[r] {
+		home := g.home
+		if n.fresh[r] >= home.Epoch {
+			continue
+		}
+		if n.replicas[r].Committed() <= home.StartOffset {
+			fresh = false
+			continue
+		}
+		if w.divergent(n, r, home) {
+			return true
+		}
+		if fresh {
+			n.fresh[r] = home.Epoch // its log holds this epoch at its start: for good
+		}
 	}
-	if w.divergent(n, r, home) {
-		return true
-	}
-	n.fresh[r] = home.Epoch // its log holds the new epoch at the fork point: for good
 	return false
 }
 
@@ -462,15 +502,66 @@ func (h *homeWorld) noteForks(n *node, r int) error {
 		if f.Epoch <= n.forkEpoch[r] {
 			continue
 		}
-		if f.Epoch != home.Epoch || f.At != home.StartOffset {
+		if !h.isStart(r, f.Epoch, f.At) {
 			return fmt.Errorf("%v range %d: forked at %d to epoch %d, the range's epoch %d starts at %d", n, r, f.At, f.Epoch, home.Epoch, home.StartOffset)
 		}
 		n.forkEpoch[r] = f.Epoch
+		if n.replicas[r].Committed() > f.At {
+			h.cutAt[cutKey{n, r}] = cut{at: f.At, epoch: f.Epoch, gen: n.gen} // see cutting
+		}
 		n.served[r] = min(n.served[r], f.At)
 		n.verified[r] = min(n.verified[r], f.At)
 		h.res.Forks++
 	}
 	return nil
+}
+
+// cutKey names a node's replica of a range.
+type cutKey struct {
+	n *node
+	r int
+}
+
+// cut is a fork point not yet published, in the node's incarnation gen.
+type cut struct {
+	at, epoch uint64
+	gen       int
+}
+
+// cutting reports whether node n's replica of range r has a fork on
+// record whose cut it has not published yet: its log still holds, at the
+// fork point, a frame older than the fork's epoch (or, compacted past the
+// fork point, still its old end). Its committed end may fall back to the
+// fork point at any step, and its log is not checked until it did. A
+// replica whose retention had deleted its whole divergent tail records
+// the fork while publishing its old end for a while (seed 398 of the
+// first runs with readers); one catching up by Raft may fork and grow
+// past the fork point in one step (seed 246).
+func (h *homeWorld) cutting(n *node, r int, committed uint64) bool {
+	c, ok := h.cutAt[cutKey{n, r}]
+	if !ok {
+		return false
+	}
+	if !n.up || n.gen != c.gen || committed <= c.at || h.cutDone(n, r, c, committed) {
+		delete(h.cutAt, cutKey{n, r})
+		return false
+	}
+	return true
+}
+
+// cutDone reports whether n's log holds, at the fork point c.at, a frame
+// of the fork's epoch or newer (the fork frame, or what followed it).
+func (h *homeWorld) cutDone(n *node, r int, c cut, committed uint64) bool {
+	st := n.stores[r]
+	if st.StartOffset() > c.at {
+		return false // the old log, compacted past the fork point
+	}
+	f, err := st.ReadFrames(c.at, 1, committed)
+	if err != nil || len(f) == 0 {
+		return false
+	}
+	hd, err := batch.DecodeHeader(f)
+	return err == nil && hd.Epoch >= c.epoch
 }
 
 // orphan counts an acked record past a fork point: only an orphan log
@@ -480,8 +571,22 @@ func (h *homeWorld) orphan(r int, off uint64, v string) {
 	h.res.Orphaned++
 }
 
-// taken reports whether range r's home left region 0.
-func (h *homeWorld) taken(r int) bool { return h != nil && h.homeIdx[r] != 0 }
+// taken reports whether range r's home changed since its creation.
+func (h *homeWorld) taken(r int) bool { return h != nil && h.homes[r].Epoch > 1 }
+
+// epochStart is where range r's log left epoch after: the lowest start
+// of a later epoch (epochs never go back along a log; a later takeover may
+// start below an earlier one's start, cutting it), or ^0 if none. A Task
+// finds it by searching the source's log (Task.epochStart).
+func (h *homeWorld) epochStart(r int, after uint64) uint64 {
+	at := ^uint64(0)
+	for _, g := range h.history[r] {
+		if g.home.Epoch > after {
+			at = min(at, g.home.StartOffset)
+		}
+	}
+	return at
+}
 
 // leaderOf returns the live node of region g leading range r, or nil.
 func (w *world) leaderOf(g, r int) *node {

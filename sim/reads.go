@@ -63,6 +63,9 @@ type mutations struct {
 	// readShort: a node now and then serves a consumer one record less
 	// than it committed.
 	readShort bool
+	// takerDivergent: a failover agent reports its region's raw
+	// committed end, a divergent tail included (agent.tail).
+	takerDivergent bool
 }
 
 // readMs is how often, in virtual milliseconds, each reader reads (at a
@@ -124,8 +127,6 @@ type readWorld struct {
 	rng     *rand.Rand
 	readers []*reader
 	res     *ReadResult
-	// grants is, per range, every grant seen: epoch, start, and when.
-	grants [][]grant
 }
 
 // grant is an epoch of a range and when the store granted it.
@@ -135,8 +136,7 @@ type grant struct {
 }
 
 func newReadWorld(w *world, res *ReadResult) *readWorld {
-	rw := &readWorld{w: w, rng: rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x7265616473)), res: res,
-		grants: make([][]grant, w.opt.Ranges)}
+	rw := &readWorld{w: w, rng: rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x7265616473)), res: res}
 	for g := 0; g < w.opt.Regions; g++ {
 		for r := 0; r < w.opt.Ranges; r++ {
 			for _, home := range []bool{false, true} {
@@ -151,7 +151,6 @@ func newReadWorld(w *world, res *ReadResult) *readWorld {
 // granted notes a takeover or rehome of range r: what readers were served
 // at or past its start is checked again against the new timeline.
 func (rw *readWorld) granted(r int, home homing.Home) {
-	rw.grants[r] = append(rw.grants[r], grant{home: home, at: rw.w.now})
 	for _, rd := range rw.readers {
 		if rd.rng == r {
 			rd.checked = min(rd.checked, home.StartOffset)
@@ -420,7 +419,7 @@ func (rw *readWorld) checkReader(rd *reader, final bool) error {
 // explain accepts a record read at off that the log does not hold if a
 // fork explains it (see checkReader), and forgets it; else it reports it.
 func (rw *readWorld) explain(rd *reader, off uint64, rec readRec, holds string) error {
-	for _, g := range rw.grants[rd.rng] {
+	for _, g := range rw.w.homing.history[rd.rng] {
 		if g.home.Epoch > rec.epoch && g.home.StartOffset <= off && (!rec.home || g.at >= rec.answered) {
 			delete(rd.got, off)
 			rw.res.ForkExplained++

@@ -153,7 +153,7 @@ func (w *world) reply(e *event) {
 	for i := 0; i < e.count; i++ {
 		v := fmt.Sprintf("p%d/r%d/s%d", e.pid, e.rng, seq+uint64(i))
 		off := e.res.BaseOffset + uint64(i)
-		if e.pid != p.pid(e.rng) && off >= w.homing.homes[e.rng].StartOffset {
+		if e.pid != p.pid(e.rng) && off >= w.homing.epochStart(e.rng, e.res.Epoch) {
 			w.homing.orphan(e.rng, off, v) // acked before a takeover, heard after it
 			continue
 		}
@@ -202,6 +202,9 @@ func (w *world) check() error {
 			if w.homing != nil {
 				if err := w.homing.noteForks(n, r); err != nil {
 					return err
+				}
+				if w.homing.cutting(n, r, committed) {
+					continue // a fork recorded, its cut not published yet
 				}
 			}
 			if committed < n.served[r] {
