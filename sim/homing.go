@@ -51,8 +51,10 @@ type HomingResult struct {
 	// Forks counts forks seen applied (a replica cut a divergent tail
 	// into its orphan log).
 	Forks int
-	// Reads is what the readers did (reads.go).
-	Reads ReadResult
+	// Reads is what the readers did (reads.go), Rehomes the planned
+	// rehomes (rehome.go).
+	Reads   ReadResult
+	Rehomes RehomeResult
 }
 
 func (h HomingResult) String() string {
@@ -60,7 +62,7 @@ func (h HomingResult) String() string {
 		return ""
 	}
 	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over (%d a second time; %d divergent copies no candidate), %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
-		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) + h.Reads.String()
+		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) + h.Reads.String() + h.Rehomes.String()
 }
 
 // add sums two runs' counters.
@@ -78,6 +80,7 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.DivergentTakers += o.DivergentTakers
 	h.NewHomeAcks += o.NewHomeAcks
 	h.Reads = h.Reads.add(o.Reads)
+	h.Rehomes = h.Rehomes.add(o.Rehomes)
 	return h
 }
 
@@ -109,6 +112,7 @@ type homeWorld struct {
 	reachSince []int64
 	res        *HomingResult
 	reads      *readWorld // reads.go
+	rehomer    *rehomer   // rehome.go
 	// cutAt holds the forks recorded but not yet published (cutting).
 	cutAt map[cutKey]cut
 	// history is, per range, every epoch granted after the first: its
@@ -131,6 +135,7 @@ func newHomeWorld(w *world) *homeWorld {
 	h.history = make([][]grant, w.opt.Ranges)
 	h.cutAt = map[cutKey]cut{}
 	h.reads = newReadWorld(w, &h.res.Reads)
+	h.rehomer = newRehomer(h)
 	h.reachSince = make([]int64, w.opt.Regions*w.opt.Nodes)
 	h.skewNs = make([]int64, w.opt.Regions*w.opt.Nodes)
 	bound := int64(maxOffsetMs * 1e6 / 2)
@@ -244,6 +249,9 @@ func (h *homeWorld) step() {
 		n.core.Done(req, res, err)
 	}
 	h.failover()
+	if w.err == nil {
+		h.rehomer.step()
+	}
 	if w.err == nil {
 		h.reads.step()
 	}
@@ -361,29 +369,36 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 		w.err = err
 		return
 	}
-	h.homes[r] = home
-	h.homeIdx[r] = regionIndex(home.Region)
-	h.history[r] = append(h.history[r], grant{home: home, at: w.now})
 	h.res.Takeovers++
-	if len(h.history[r]) > 1 {
+	if len(h.history[r]) > 0 {
 		h.res.SecondTakeovers++
 	}
-	h.reads.granted(r, home)
-	h.secondFailover()
 	for off, v := range w.acked[r] {
 		if off >= home.StartOffset {
 			delete(w.acked[r], off)
 			h.orphan(r, off, v)
 		}
 	}
+	h.move(r, home)
+	h.secondFailover()
+}
+
+// move makes home range r's home (a takeover's or a planned rehome's):
+// the range's routes are re-sourced from it, to every other region, the
+// old home included (a mirror holding a divergent tail forks it off when
+// the new home's frames meet it: mirror.go), and the canonical log
+// continues at its start.
+func (h *homeWorld) move(r int, home homing.Home) {
+	w := h.w
+	h.homes[r] = home
+	h.homeIdx[r] = regionIndex(home.Region)
+	h.history[r] = append(h.history[r], grant{home: home, at: w.now})
+	h.reads.granted(r, home)
 	for _, rt := range w.geo.routes {
 		if rt.rng == r {
 			w.geo.dropRoute(rt)
 		}
 	}
-	// The new home ships to every other region, the old home included:
-	// a mirror holding a divergent tail forks it off when the new home's
-	// frames meet it (mirror.go).
 	for g := 0; g < w.opt.Regions; g++ {
 		if g != regionIndex(home.Region) {
 			w.geo.routes = append(w.geo.routes, &route{rng: r, region: g})
@@ -507,7 +522,7 @@ func (h *homeWorld) noteForks(n *node, r int) error {
 		}
 		n.forkEpoch[r] = f.Epoch
 		if n.replicas[r].Committed() > f.At {
-			h.cutAt[cutKey{n, r}] = cut{at: f.At, epoch: f.Epoch, gen: n.gen} // see cutting
+			h.cutAt[cutKey{n, r}] = cut{at: f.At, epoch: f.Epoch, gen: n.gen, was: n.replicas[r].Committed()} // see cutting
 		}
 		n.served[r] = min(n.served[r], f.At)
 		n.verified[r] = min(n.verified[r], f.At)
@@ -526,12 +541,14 @@ type cutKey struct {
 type cut struct {
 	at, epoch uint64
 	gen       int
+	was       uint64 // the committed end published when the fork was seen
 }
 
 // cutting reports whether node n's replica of range r has a fork on
-// record whose cut it has not published yet: its log still holds, at the
-// fork point, a frame older than the fork's epoch (or, compacted past the
-// fork point, still its old end). Its committed end may fall back to the
+// record whose cut it has not published yet: its committed end has not
+// fallen back, and its log still holds, at the fork point (or the first
+// frame retained past it), a frame older than the fork's epoch, or
+// nothing (compacted to its end). Its committed end may fall back to the
 // fork point at any step, and its log is not checked until it did. A
 // replica whose retention had deleted its whole divergent tail records
 // the fork while publishing its old end for a while (seed 398 of the
@@ -552,13 +569,15 @@ func (h *homeWorld) cutting(n *node, r int, committed uint64) bool {
 // cutDone reports whether n's log holds, at the fork point c.at, a frame
 // of the fork's epoch or newer (the fork frame, or what followed it).
 func (h *homeWorld) cutDone(n *node, r int, c cut, committed uint64) bool {
-	st := n.stores[r]
-	if st.StartOffset() > c.at {
-		return false // the old log, compacted past the fork point
+	if committed < c.was {
+		return true // it fell back: the cut is published
 	}
-	f, err := st.ReadFrames(c.at, 1, committed)
+	// The frame at the fork point, or the first retained past it (a
+	// snapshot of the new home may start past the fork point).
+	st := n.stores[r]
+	f, err := st.ReadFrames(max(c.at, st.StartOffset()), 1, committed)
 	if err != nil || len(f) == 0 {
-		return false
+		return false // nothing retained: the old log's end (seed 398)
 	}
 	hd, err := batch.DecodeHeader(f)
 	return err == nil && hd.Epoch >= c.epoch

@@ -66,6 +66,9 @@ type mutations struct {
 	// takerDivergent: a failover agent reports its region's raw
 	// committed end, a divergent tail included (agent.tail).
 	takerDivergent bool
+	// rehomeShortTail: a planned rehome's stop reports every final tail
+	// one offset short.
+	rehomeShortTail bool
 }
 
 // readMs is how often, in virtual milliseconds, each reader reads (at a

@@ -101,7 +101,8 @@ func simulate(t *testing.T, regions int, seeds []int64) {
 		t.Fatalf("replication went unexercised: %v", g)
 	}
 	if h := total.Homing; regions > 1 && len(seeds) >= 20 && (h.Outages == 0 || h.Refused == 0 || h.Takeovers == 0 || h.Orphaned == 0 || h.NewHomeAcks == 0 || h.Forks == 0 ||
-		h.Reads.Local == 0 || h.Reads.HomeReads == 0 || h.Reads.Fenced == 0 || h.Reads.ForkExplained == 0) {
+		h.Reads.Local == 0 || h.Reads.HomeReads == 0 || h.Reads.Fenced == 0 || h.Reads.ForkExplained == 0 ||
+		h.Rehomes.Moved == 0 || h.Rehomes.StopLeaderChanges == 0) {
 		t.Fatalf("homing went unexercised: %v", h)
 	}
 }
