@@ -69,9 +69,9 @@ type rehomer struct {
 	at       int64 // when the next move starts (-1: none)
 	from, to int
 	core     *homing.Rehome
-	op       *homing.RehomeOp // the awaited op under way
-	since    int64            // when it started
-	stop     *stopState       // OpStop, OpDrainedTails
+	op       *homing.RehomeOp  // the awaited op under way
+	since    int64             // when it started
+	stop     *stopState        // OpStop, OpDrainedTails
 	cancels  []homing.RehomeOp // cancels to retry
 }
 
