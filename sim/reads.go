@@ -28,10 +28,10 @@ import (
 //     serves it from its own copy once that copy has committed the tail,
 //     unless its copy is fenced below the tail: a copy whose log's
 //     highest epoch (replica.HighestEpoch) is older than the range's
-//     epoch, the directory's home record, holds a divergent tail from that
-//     epoch's start on (the fix 6c9c4c5, now regionsvc's timeline fence,
-//     computeFence's first case, which the simulator restates: regionsvc's
-//     range driver is not driven here).
+//     holds a divergent tail from the lowest start of a newer epoch on
+//     (the fix 6c9c4c5, now regionsvc's timeline fence, computeFence,
+//     which the simulator restates with every epoch's start known:
+//     regionsvc's range driver is not driven here).
 //
 // Checks:
 //
@@ -87,11 +87,14 @@ type ReadResult struct {
 	// the records served, ForkExplained records read that a later fork
 	// replaced.
 	Local, HomeReads, HomeRefused, Fenced, Records, ForkExplained int
+	// NoLease counts home reads refused by CheckRead, Behind those whose
+	// copy had not committed the confirmed tail yet.
+	NoLease, Behind int
 }
 
 func (r ReadResult) String() string {
-	return fmt.Sprintf("; reads: %d local, %d home (%d refused, %d by a timeline fence), %d records served, %d replaced by a fork",
-		r.Local, r.HomeReads, r.HomeRefused, r.Fenced, r.Records, r.ForkExplained)
+	return fmt.Sprintf("; reads: %d local, %d home (%d refused: %d without a lease, %d behind the tail, %d by a timeline fence), %d records served, %d replaced by a fork",
+		r.Local, r.HomeReads, r.HomeRefused, r.NoLease, r.Behind, r.Fenced, r.Records, r.ForkExplained)
 }
 
 // readRec is a record a reader was served: its value and epoch, whether a
@@ -115,8 +118,10 @@ type reader struct {
 	forkEpoch uint64
 	nodeEnd   uint64
 	pos       uint64
-	// pendingSince is when the home read in flight was issued (-1: none).
+	// pendingSince is when the home read in flight was issued (-1: none);
+	// wait is its confirmed tail waiting for the copy.
 	pendingSince int64
+	wait         *tailWait
 	// got holds what it was served, by offset; checked up to checked.
 	got     map[uint64]readRec
 	checked uint64
@@ -165,8 +170,14 @@ func (rw *readWorld) granted(r int, home homing.Home) {
 func (rw *readWorld) step() {
 	w := rw.w
 	for _, rd := range rw.readers {
+		if rd.wait != nil {
+			if err := rw.serveHome(rd); err != nil {
+				w.err = err
+				return
+			}
+		}
 		if rd.pendingSince >= 0 && w.now-rd.pendingSince > readsPendingMs {
-			rd.pendingSince = -1
+			rd.pendingSince, rd.wait = -1, nil
 		}
 		if (w.now+rd.phase)%readMs != 0 || rd.pendingSince >= 0 {
 			continue
@@ -234,7 +245,7 @@ func (rw *readWorld) localRead(rd *reader) {
 		}
 		return
 	}
-	n2 := rw.serve(rd, n, rd.pos, end, false)
+	n2 := rw.serve(rd, n, rd.pos, end, false, w.now)
 	rd.pos += uint64(n2)
 	w.homing.res.Reads.Local++
 }
@@ -252,7 +263,7 @@ func forkBelow(forks []replica.ForkRecord, after, end uint64) (uint64, bool) {
 
 // serve reads node n's committed records of the reader's range in
 // [from, end) (at most 16) into the reader's log, and returns how many.
-func (rw *readWorld) serve(rd *reader, n *node, from, end uint64, home bool) int {
+func (rw *readWorld) serve(rd *reader, n *node, from, end uint64, home bool, answered int64) int {
 	w := rw.w
 	frames, err := n.stores[rd.rng].ReadFrames(from, 64<<10, end)
 	if err != nil {
@@ -281,7 +292,7 @@ func (rw *readWorld) serve(rd *reader, n *node, from, end uint64, home bool) int
 				w.err = fmt.Errorf("%v: %v served offset %d after %d: a gap", rd, n, off, from+uint64(served)-1)
 				return served
 			}
-			rd.got[off] = readRec{value: string(recs[i].Value), epoch: h.Epoch, home: home, answered: w.now}
+			rd.got[off] = readRec{value: string(recs[i].Value), epoch: h.Epoch, home: home, answered: answered}
 			rd.checked = min(rd.checked, off)
 			served++
 			w.homing.res.Reads.Records++
@@ -335,10 +346,9 @@ func (rw *readWorld) homeRead(rd *reader) {
 	})
 }
 
-// confirmed finishes a home read once src confirmed tail by ReadIndex:
-// src's lease check (homeTail's CheckRead), then, at another region's
-// copy, its wait for the tail and its timeline fence (readAtHomeTail);
-// then the read, and its checks. issued is the range's home record and
+// confirmed goes on with a home read once src confirmed tail by
+// ReadIndex: src's lease check (homeTail's CheckRead) and the checks of
+// the confirmation; then the read waits for its copy (serveHome). issued is the range's home record and
 // ackedEnd the end of what was acked when the read began. It returns
 // what a check found.
 func (rw *readWorld) confirmed(rd *reader, src, at *node, tail uint64, issued homing.Home, ackedEnd uint64) error {
@@ -351,6 +361,7 @@ func (rw *readWorld) confirmed(rd *reader, src, at *node, tail uint64, issued ho
 	}
 	if err != nil {
 		w.homing.res.Reads.HomeRefused++
+		w.homing.res.Reads.NoLease++
 		return nil
 	}
 	home := w.homing.homes[r]
@@ -360,30 +371,66 @@ func (rw *readWorld) confirmed(rd *reader, src, at *node, tail uint64, issued ho
 	if home.Epoch == issued.Epoch && tail < ackedEnd {
 		return fmt.Errorf("%v: a home read confirmed the tail %d, but %d was acked before it began", rd, tail, ackedEnd-1)
 	}
-	rep := at.replicas[r]
-	if rep.Committed() < tail {
-		w.homing.res.Reads.HomeRefused++ // the product waits; the prober asks again
+	rd.wait = &tailWait{at: at, gen: at.gen, forwarded: at != src, tail: tail, home: home, confirmed: w.now}
+	rd.pendingSince = w.now
+	return rw.serveHome(rd)
+}
+
+// tailWait is a home read whose tail was confirmed (at confirmed, with
+// the range's home then), waiting for the copy at to commit it
+// (regionsvc's waitCommitted).
+type tailWait struct {
+	at        *node
+	gen       int
+	forwarded bool
+	tail      uint64
+	home      homing.Home
+	confirmed int64
+}
+
+// serveHome serves a confirmed home read once its copy committed the
+// tail: the timeline fence, then the read (readAtHomeTail). It returns
+// what a check found.
+func (rw *readWorld) serveHome(rd *reader) error {
+	w, r, tw := rw.w, rd.rng, rd.wait
+	at, tail, home := tw.at, tw.tail, tw.home
+	if !at.up || at.gen != tw.gen {
+		rd.wait, rd.pendingSince = nil, -1
+		w.homing.res.Reads.HomeRefused++
 		return nil
 	}
-	if at != src {
-		// The timeline fence (the fix 6c9c4c5): a copy whose log's epoch
-		// is older than the home's holds a divergent tail from the
-		// home's epoch's start on; it serves below that start only.
-		if !w.opt.mut.noReadFence && rep.HighestEpoch() < home.Epoch && home.StartOffset < tail {
+	rep := at.replicas[r]
+	if rep.Committed() < tail {
+		if w.now-tw.confirmed >= readsPendingMs {
+			rd.wait, rd.pendingSince = nil, -1
+			w.homing.res.Reads.HomeRefused++
+			w.homing.res.Reads.Behind++ // the wait timed out
+		}
+		return nil
+	}
+	rd.wait, rd.pendingSince = nil, -1
+	if tw.forwarded {
+		// The timeline fence (the fix 6c9c4c5, now computeFence): a copy
+		// whose log's epoch is older than the home's may hold a divergent
+		// tail from the lowest start of an epoch newer than its log's on
+		// (two takeovers while its region was away: the first's start,
+		// seed 293); it serves below that fence only. The simulator knows
+		// every epoch's start (regionsvc reads the history first and
+		// fences everything meanwhile).
+		if fence := w.homing.epochStart(r, rep.HighestEpoch()); !w.opt.mut.noReadFence && fence < tail {
 			w.homing.res.Reads.HomeRefused++
 			w.homing.res.Reads.Fenced++
 			return nil
 		}
 	}
 	from := max(tail-min(tail, uint64(1+rw.rng.IntN(8))), at.stores[r].StartOffset())
+	w.homing.res.Reads.HomeReads++
 	if from >= tail {
-		w.homing.res.Reads.HomeReads++
 		return nil
 	}
-	served := rw.serve(rd, at, from, tail, true)
-	w.homing.res.Reads.HomeReads++
+	served := rw.serve(rd, at, from, tail, true, tw.confirmed)
 	for off := from; off < from+uint64(served); off++ {
-		if rec := rd.got[off]; w.homing.taken(r) && off >= home.StartOffset && rec.epoch < home.Epoch {
+		if rec := rd.got[off]; home.Epoch > 1 && off >= home.StartOffset && rec.epoch < home.Epoch {
 			return fmt.Errorf("%v: a home read at %v served %q at %d of epoch %d, past the start %d of the range's epoch %d (a divergent copy answering a home read)",
 				rd, at, rec.value, off, rec.epoch, home.StartOffset, home.Epoch)
 		}
@@ -454,5 +501,7 @@ func (r ReadResult) add(o ReadResult) ReadResult {
 	r.Fenced += o.Fenced
 	r.Records += o.Records
 	r.ForkExplained += o.ForkExplained
+	r.NoLease += o.NoLease
+	r.Behind += o.Behind
 	return r
 }
