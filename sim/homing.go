@@ -46,6 +46,9 @@ type HomingResult struct {
 	// DivergentTakers the tails surveyed that a divergent tail made no
 	// candidate (agent.tail).
 	SecondTakeovers, DivergentTakers int
+	// InFlightTakers counts the tails surveyed that an apply in flight
+	// made no candidate (agent.tail).
+	InFlightTakers int
 	// NewHomeAcks counts records acked by a new home, at an epoch above 1.
 	NewHomeAcks int
 	// Forks counts forks seen applied (a replica cut a divergent tail
@@ -53,16 +56,17 @@ type HomingResult struct {
 	Forks int
 	// Reads is what the readers did (reads.go), Rehomes the planned
 	// rehomes (rehome.go).
-	Reads   ReadResult
-	Rehomes RehomeResult
+	Reads    ReadResult
+	Rehomes  RehomeResult
+	Replaced ReplaceResult // replace.go
 }
 
 func (h HomingResult) String() string {
 	if h == (HomingResult{}) {
 		return ""
 	}
-	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over (%d a second time; %d divergent copies no candidate), %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
-		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) + h.Reads.String() + h.Rehomes.String()
+	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over (%d a second time; %d divergent copies and %d copies applying no candidate), %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
+		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.InFlightTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) + h.Reads.String() + h.Rehomes.String() + h.Replaced.String()
 }
 
 // add sums two runs' counters.
@@ -78,9 +82,11 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.Forks += o.Forks
 	h.SecondTakeovers += o.SecondTakeovers
 	h.DivergentTakers += o.DivergentTakers
+	h.InFlightTakers += o.InFlightTakers
 	h.NewHomeAcks += o.NewHomeAcks
 	h.Reads = h.Reads.add(o.Reads)
 	h.Rehomes = h.Rehomes.add(o.Rehomes)
+	h.Replaced = h.Replaced.add(o.Replaced)
 	return h
 }
 
@@ -113,6 +119,7 @@ type homeWorld struct {
 	res        *HomingResult
 	reads      *readWorld // reads.go
 	rehomer    *rehomer   // rehome.go
+	replacer   *replacer  // replace.go
 	// cutAt holds the forks recorded but not yet published (cutting).
 	cutAt map[cutKey]cut
 	// history is, per range, every epoch granted after the first: its
@@ -136,6 +143,7 @@ func newHomeWorld(w *world) *homeWorld {
 	h.cutAt = map[cutKey]cut{}
 	h.reads = newReadWorld(w, &h.res.Reads)
 	h.rehomer = newRehomer(h)
+	h.replacer = newReplacer(h)
 	h.reachSince = make([]int64, w.opt.Regions*w.opt.Nodes)
 	h.skewNs = make([]int64, w.opt.Regions*w.opt.Nodes)
 	bound := int64(maxOffsetMs * 1e6 / 2)
@@ -251,6 +259,7 @@ func (h *homeWorld) step() {
 	h.failover()
 	if w.err == nil {
 		h.rehomer.step()
+		h.replacer.step()
 	}
 	if w.err == nil {
 		h.reads.step()
@@ -379,7 +388,7 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 			h.orphan(r, off, v)
 		}
 	}
-	h.move(r, home)
+	h.move(r, home, false)
 	h.secondFailover()
 }
 
@@ -388,11 +397,11 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 // old home included (a mirror holding a divergent tail forks it off when
 // the new home's frames meet it: mirror.go), and the canonical log
 // continues at its start.
-func (h *homeWorld) move(r int, home homing.Home) {
+func (h *homeWorld) move(r int, home homing.Home, planned bool) {
 	w := h.w
 	h.homes[r] = home
 	h.homeIdx[r] = regionIndex(home.Region)
-	h.history[r] = append(h.history[r], grant{home: home, at: w.now})
+	h.history[r] = append(h.history[r], grant{home: home, at: w.now, planned: planned})
 	h.reads.granted(r, home)
 	for _, rt := range w.geo.routes {
 		if rt.rng == r {

@@ -32,10 +32,11 @@ func TestFencingIsChecked(t *testing.T) {
 // every region's liveness has expired, and an agent without the wait
 // takes homes that were about to renew. The checker must report it.
 func TestUnnecessaryTakeoverIsChecked(t *testing.T) {
-	// Seed 2 is the first that finds it since readers, second takeovers
-	// and rehomes came (make sim SEED=2 with the fix reverted in
-	// homing/takeover.go; before them seed 11); the window is kept short.
-	for seed := int64(1); seed <= 30; seed++ {
+	// Seed 326 is the first of 1-400 that finds it since readers, second
+	// takeovers, rehomes and replacements came (make sim SEED=326 with the
+	// fix reverted in homing/takeover.go; before them seed 11); the window
+	// is kept short: every change of the draws moves it.
+	for seed := int64(320); seed <= 340; seed++ {
 		_, err := Run(Options{Seed: seed, Regions: 3, mutateNoSettle: true})
 		if err == nil {
 			continue
@@ -46,7 +47,7 @@ func TestUnnecessaryTakeoverIsChecked(t *testing.T) {
 		t.Log(err)
 		return
 	}
-	t.Fatal("no seed of 1-30 found the reverted settle wait")
+	t.Fatal("no seed of 320-340 found the reverted settle wait")
 }
 
 // TestClockSkewPastTheMaxOffsetIsFound: clocks skewed past the max
@@ -99,16 +100,18 @@ func TestShortStartIsChecked(t *testing.T) {
 // intervening epoch's start: the range's log keeps the divergent records
 // and loses the acked ones of that epoch. The checker must report it.
 func TestDivergentTakerIsChecked(t *testing.T) {
-	findMutation(t, "a takeover by a divergent copy", 46, 80, 3000, mutations{takerDivergent: true},
+	// Seed 123 is the first of 54-400 that finds it today (46 with the
+	// first draws of second takeovers).
+	findMutation(t, "a takeover by a divergent copy", 120, 140, 3000, mutations{takerDivergent: true, tolerateOldHomeReads: true},
 		"a gap", "past the start", "counted as orphaned", "starts at", "(invariant 8)", "is lost", "no fork explains it")
 }
 
 // TestSecondTakeovers: a range already taken over is taken over again
 // (the first taker's region cut off in turn) and the checks hold.
 func TestSecondTakeovers(t *testing.T) {
-	// Seed 38 is the first of 1-40 with a second takeover today; start
+	// Seed 22 is the first of 1-40 with a second takeover today; start
 	// near it to keep the test short (it fails loudly if the draws moved).
-	for seed := int64(36); seed <= 60; seed++ {
+	for seed := int64(20); seed <= 45; seed++ {
 		res, err := Run(Options{Seed: seed, Regions: 3})
 		if err != nil {
 			t.Fatal(err)
@@ -118,5 +121,17 @@ func TestSecondTakeovers(t *testing.T) {
 			return
 		}
 	}
-	t.Fatal("no seed of 36-60 took a range over a second time")
+	t.Fatal("no seed of 20-45 took a range over a second time")
+}
+
+// TestTakerInFlightIsChecked: a failover agent that offers its region's
+// committed end while its leader's log holds more (a verbatim apply in
+// flight, or a predecessor's entries a new leader has not committed yet),
+// as regionsvc's localTails reads d.committed: the old home's frame then
+// commits at the new epoch's start in the new home's log. The checker
+// must report it.
+func TestTakerInFlightIsChecked(t *testing.T) {
+	// Seed 227 is the first of 1-400 that finds it today.
+	findMutation(t, "a takeover below an apply in flight", 220, 240, 3000, mutations{takerInFlight: true, tolerateOldHomeReads: true},
+		"a divergent copy answering a home read", "past the start", "counted as orphaned", "no fork explains it", "starts at")
 }

@@ -175,6 +175,9 @@ func (w *world) reply(e *event) {
 }
 
 func (w *world) busy() bool {
+	if w.homing != nil && w.homing.busy() {
+		return true // a replica replacement under way (replace.go)
+	}
 	for _, p := range w.prods {
 		for _, b := range p.batch {
 			if b != nil {
