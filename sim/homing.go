@@ -236,25 +236,9 @@ func (h *homeWorld) step() {
 		h.store.SetDown(false)
 	}
 	for _, n := range w.nodes {
-		if !n.up {
-			continue
+		if n.up {
+			h.heartbeat(n)
 		}
-		req, ok := n.core.Next(w.nodeNanos(n))
-		if !ok {
-			continue
-		}
-		h.res.Heartbeats++
-		ctx := context.Background()
-		if h.unreachable(n) {
-			c, cancel := context.WithCancel(ctx)
-			cancel()
-			ctx = c // MemStore answers a cancelled call as unavailable
-		}
-		res, err := h.store.Heartbeat(ctx, req)
-		if err != nil {
-			h.res.Failed++
-		}
-		n.core.Done(req, res, err)
 	}
 	h.failover()
 	if w.err == nil {
@@ -264,6 +248,26 @@ func (h *homeWorld) step() {
 	if w.err == nil {
 		h.reads.step()
 	}
+}
+
+// heartbeat sends node n's heartbeat if one is due.
+func (h *homeWorld) heartbeat(n *node) {
+	req, ok := n.core.Next(h.w.nodeNanos(n))
+	if !ok {
+		return
+	}
+	h.res.Heartbeats++
+	ctx := context.Background()
+	if h.unreachable(n) {
+		c, cancel := context.WithCancel(ctx)
+		cancel()
+		ctx = c // MemStore answers a cancelled call as unavailable
+	}
+	res, err := h.store.Heartbeat(ctx, req)
+	if err != nil {
+		h.res.Failed++
+	}
+	n.core.Done(req, res, err)
 }
 
 // unreachable reports whether n cannot reach the lease store: it is cut

@@ -416,22 +416,7 @@ func (rh *rehomer) leaderFinals(keys []homing.RangeKey) *stopState {
 // homes).
 func (h *homeWorld) heartbeatNow(n *node) {
 	n.core.Force()
-	req, ok := n.core.Next(h.w.nodeNanos(n))
-	if !ok {
-		return
-	}
-	h.res.Heartbeats++
-	ctx := context.Background()
-	if h.unreachable(n) {
-		c, cancel := context.WithCancel(ctx)
-		cancel()
-		ctx = c
-	}
-	res, err := h.store.Heartbeat(ctx, req)
-	if err != nil {
-		h.res.Failed++
-	}
-	n.core.Done(req, res, err)
+	h.heartbeat(n)
 }
 
 // poll carries on the op under way; true once it was answered.
