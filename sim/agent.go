@@ -13,9 +13,9 @@ import (
 // every failoverScanMs. Its ops are carried out at once: liveness reads
 // and takeovers are MemStore calls (cancelled when the node cannot reach
 // the store), a tails survey reads each answering region's range leaders'
-// committed ends. Refreshes are left to the heartbeats. Only ranges still
-// homed in region 0 are offered to it: this layer takes a range over at
-// most once (the new home takes no appends yet).
+// committed ends. Refreshes are left to the heartbeats. It is offered
+// every range homed outside its region (the home directory), so a range
+// taken over can be taken over again (second.go).
 type agent struct {
 	h      *homeWorld
 	region int
@@ -55,8 +55,8 @@ func (a *agent) scan() {
 	if n != nil {
 		tk.ServeUntilNanos = n.core.View().ServeUntilNanos
 		for _, home := range h.homes {
-			if home.Region == regionName(0) {
-				tk.Homes = append(tk.Homes, home)
+			if home.Region != regionName(a.region) {
+				tk.Homes = append(tk.Homes, home) // the directory: homed elsewhere
 			}
 		}
 	}
@@ -111,8 +111,8 @@ func (a *agent) do(n *node, op homing.TakeoverOp) {
 			}
 		}
 		for _, k := range op.Keys {
-			if l := w.leaderOf(a.region, int(k.Range)); l != nil {
-				rep.Local[k] = l.replicas[k.Range].Committed()
+			if tail, ok := a.tail(a.region, int(k.Range)); ok {
+				rep.Local[k] = tail
 			}
 		}
 		a.core.TailsRead(op.Round, rep)
@@ -141,11 +141,47 @@ func (a *agent) tails(g int) []uint64 {
 	w := a.h.w
 	out := make([]uint64, w.opt.Ranges)
 	for r := range out {
-		if l := w.leaderOf(g, r); l != nil {
-			out[r] = l.replicas[r].Committed()
-		}
+		out[r], _ = a.tail(g, r)
 	}
 	return out
+}
+
+// tail is region g's committed end of range r, by its leader, and
+// whether the region may take the range over (a candidate). A copy whose
+// log ends in an epoch older than the range's and runs past where the
+// range's log left that epoch holds a divergent tail (it has not forked
+// yet): it is no candidate. Taking over at its tail would keep the
+// divergent records below the new epoch's start and lose what the
+// intervening epoch acked there (found by the simulator, seed 46 of the
+// first runs with second takeovers: regionsvc's failoverAgent.localTails
+// and remoteTails report the raw committed end; see notes/simfaults.md).
+// Options.mut.takerDivergent reports the raw end, as they do.
+func (a *agent) tail(g, r int) (uint64, bool) {
+	w := a.h.w
+	l := w.leaderOf(g, r)
+	if l == nil {
+		return 0, false
+	}
+	rep := l.replicas[r]
+	c, e := rep.Committed(), rep.HighestEpoch()
+	if !w.opt.mut.takerDivergent && e < a.h.homes[r].Epoch && c > a.h.epochStart(r, e) {
+		a.h.res.DivergentTakers++
+		return 0, false
+	}
+	if (rep.Pending() > 0 || l.stores[r].NextOffset() > c) && !w.opt.mut.takerInFlight {
+		// A verbatim apply in flight, or frames in the leader's log past
+		// its committed end (a new leader commits its predecessor's
+		// entries with its first own), may commit past the tail read now:
+		// an old-epoch frame past the new epoch's start (seed 227: the
+		// new home's log held the old home's record at its start offset).
+		// Not a candidate until its log is all committed (the simulator's
+		// survey and takeover run in one step; regionsvc reads
+		// d.committed and would have to stop the mirror range's applies
+		// and confirm its tail, a ReadIndex, before it reads it).
+		a.h.res.InFlightTakers++
+		return 0, false
+	}
+	return c, true
 }
 
 // regionIndex is the index of region name "r<g>".

@@ -177,7 +177,54 @@
 // (counted). TestOrphanLogContentsAreChecked: a fork that orphans one
 // record less than it cut is reported.
 //
-// Not yet simulated: a second takeover of a range, planned rehomes,
-// reads (being added beside this layer), the range driver, raftnet. See
-// notes/simhome.md and notes/simspeed.md.
+// Second takeovers (second.go): the agents are offered every range homed
+// outside their region, and one failover run in two cuts the first
+// taker's region off in turn, so a range goes to a third region at epoch
+// 3 while region 0 is still away. The range's epoch history (every
+// grant's start) drives where a source resends from (epochStart, as a
+// Task's search of its log), where a fork may cut (isStart), and which
+// copies are stale (a divergent tail under any epoch). A copy whose log
+// ends in an older epoch than the range's past that epoch's end is no
+// takeover candidate (agent.tail). A fork a replica recorded is checked
+// once its cut is published (cutting).
+//
+// Planned rehomes (rehome.go): one run in two without a failover moves
+// the ranges of a region through the real coordinator core
+// (homing.Rehome) on MemStore's batch moves, driven as regionsvc's
+// rehomeDriver: stops that install the prepare's homes or heartbeat,
+// final tails once the leaders' appends in flight are answered
+// (replica.Pending, then ReadIndex), drained tails, confirms and waits,
+// with a leader change (one stop in two) or a crash (one in four) during
+// the stop; one move in two is followed by another. Checks: a complete's
+// epoch is above the last, and no acked record lies at or past the new
+// epoch's start.
+//
+// Readers (reads.go): per region and range a consumer reading forward
+// with local reads and a prober making home reads. A home read is a Raft
+// ReadIndex on the home leader, then View.CheckRead, then the wait for
+// the reader's copy to commit the tail and, on another region's copy, its
+// timeline fence. Checks: a home read is confirmed only by the current
+// home at its epoch (or by a planned rehome's old home, whose final log
+// must then hold every earlier ack), covers every ack that came before
+// it, and serves no record a newer epoch replaced; every record a reader
+// got is the log's at its offset or one a later fork replaced (as the
+// SDK's ForkError explains it); a node a consumer reads again never
+// serves it less, but at a fork point.
+//
+// Replaced replicas (replace.go): one run in three replaces a node's
+// disk: every range's group of its region removes it
+// (replica.ProposeConfChange, as Admin ChangeReplicas), its disk is wiped
+// once every other member applied the removal, it starts empty, and each
+// group adds it back as a learner, which its leader rebuilds from the log
+// or by snapshot, and promotes it once caught up. The run settles until
+// the replacement is done (a change Raft dropped blocks the range's next
+// one for 10 s). The checks of every node hold from its new start.
+//
+// Each check has a deliberately broken variant a test runs
+// (Options.mut, reads_test.go, rehome_test.go, homing_test.go).
+//
+// Not yet simulated: a replacement by a new node id (the product's
+// procedure), the timeline fence for local reads (the pre-knowledge window
+// is unbounded here), the range driver, raftnet. See notes/simhome.md,
+// notes/simspeed.md and notes/simfaults.md.
 package sim

@@ -564,8 +564,8 @@ func (g *geoWorld) answered(m *geoMsg) {
 // resumes there (Cursor.Resend) and the mirror compares.
 func (g *geoWorld) connected(l *link, m *geoMsg) {
 	home := g.w.homing.homes[l.rng]
-	if m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > home.StartOffset {
-		l.cur.Connected(home.StartOffset, m.highest)
+	if at := g.w.homing.epochStart(l.rng, m.logEpoch); m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > at {
+		l.cur.Connected(at, m.highest)
 		l.cur.Resend()
 		g.res.Resends++
 		return

@@ -62,19 +62,27 @@ func TestMirrorCheckCatchesForgedFrames(t *testing.T) {
 	}
 	for name, forge := range forgeries {
 		t.Run(name, func(t *testing.T) {
+			// The first seed from 3 whose run offers a point to forge at
+			// (a mirror leader with nothing in flight, the home ahead).
 			forged := false
-			_, err := Run(Options{Seed: 3, Steps: 1500, Regions: 3, tamper: func(w *world) bool {
-				if w.now < 300 {
-					return false
-				}
-				forged = forgeAt(w, forge)
-				return forged
-			}})
-			if !forged {
-				t.Fatal("the run never offered a point to forge a frame at")
+			var err error
+			for seed := int64(3); seed <= 12 && !forged; seed++ {
+				_, err = Run(Options{Seed: seed, Steps: 1500, Regions: 3, tamper: func(w *world) bool {
+					if w.now < 300 {
+						return false
+					}
+					forged = forgeAt(w, forge)
+					return forged
+				}})
 			}
-			if err == nil || !strings.Contains(err.Error(), "region 1 node") ||
-				!(strings.Contains(err.Error(), "is not the home's") || strings.Contains(err.Error(), "mirror holds")) {
+			if !forged {
+				t.Fatal("no run of seeds 3-12 offered a point to forge a frame at")
+			}
+			// A reader of region 1 served the forged record may report it
+			// first (reads.go).
+			byReader := strings.Contains(err.Error(), "region 1's") && strings.Contains(err.Error(), "no fork explains it")
+			if err == nil || !byReader && (!strings.Contains(err.Error(), "region 1 node") ||
+				!(strings.Contains(err.Error(), "is not the home's") || strings.Contains(err.Error(), "mirror holds"))) {
 				t.Fatalf("the checker missed a forged mirror frame: %v", err)
 			}
 			t.Log(err)

@@ -8,6 +8,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/homing"
+	"math/rand/v2"
 )
 
 // Homing (Regions > 1): every range has a home record in the real
@@ -41,19 +42,31 @@ type HomingResult struct {
 	// producers' batches left unanswered when a range's new home was
 	// not serving (this layer).
 	Failovers, Takeovers, Orphaned, Abandoned int
+	// SecondTakeovers counts takeovers of a range already taken over,
+	// DivergentTakers the tails surveyed that a divergent tail made no
+	// candidate (agent.tail).
+	SecondTakeovers, DivergentTakers int
+	// InFlightTakers counts the tails surveyed that an apply in flight
+	// made no candidate (agent.tail).
+	InFlightTakers int
 	// NewHomeAcks counts records acked by a new home, at an epoch above 1.
 	NewHomeAcks int
 	// Forks counts forks seen applied (a replica cut a divergent tail
 	// into its orphan log).
 	Forks int
+	// Reads is what the readers did (reads.go), Rehomes the planned
+	// rehomes (rehome.go).
+	Reads    ReadResult
+	Rehomes  RehomeResult
+	Replaced ReplaceResult // replace.go
 }
 
 func (h HomingResult) String() string {
 	if h == (HomingResult{}) {
 		return ""
 	}
-	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over, %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
-		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks)
+	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over (%d a second time; %d divergent copies and %d copies applying no candidate), %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
+		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.InFlightTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) + h.Reads.String() + h.Rehomes.String() + h.Replaced.String()
 }
 
 // add sums two runs' counters.
@@ -67,7 +80,13 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.Orphaned += o.Orphaned
 	h.Abandoned += o.Abandoned
 	h.Forks += o.Forks
+	h.SecondTakeovers += o.SecondTakeovers
+	h.DivergentTakers += o.DivergentTakers
+	h.InFlightTakers += o.InFlightTakers
 	h.NewHomeAcks += o.NewHomeAcks
+	h.Reads = h.Reads.add(o.Reads)
+	h.Rehomes = h.Rehomes.add(o.Rehomes)
+	h.Replaced = h.Replaced.add(o.Replaced)
 	return h
 }
 
@@ -98,11 +117,33 @@ type homeWorld struct {
 	// reach the store (-1: it is not).
 	reachSince []int64
 	res        *HomingResult
+	reads      *readWorld // reads.go
+	rehomer    *rehomer   // rehome.go
+	replacer   *replacer  // replace.go
+	// cutAt holds the forks recorded but not yet published (cutting).
+	cutAt map[cutKey]cut
+	// history is, per range, every epoch granted after the first: its
+	// home record and when the simulator saw the grant.
+	history [][]grant
+	// rng draws this layer's faults (second takeovers, rehomes,
+	// replacements) apart from the run's generator, so that the
+	// earlier layers' seeds draw what they drew.
+	rng *rand.Rand
+	// secondAt is when the home region of a first takeover is cut off in
+	// turn (-1: not planned, or done), secondFor for how long.
+	secondAt, secondFor int64
 }
 
 func newHomeWorld(w *world) *homeWorld {
 	h := &homeWorld{w: w, store: homing.NewMemStore(), outageP: w.rng.Float64() * 0.0005, res: &w.res.Homing}
 	h.failoverPlan()
+	h.rng = rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x6661756c7473))
+	h.secondPlan()
+	h.history = make([][]grant, w.opt.Ranges)
+	h.cutAt = map[cutKey]cut{}
+	h.reads = newReadWorld(w, &h.res.Reads)
+	h.rehomer = newRehomer(h)
+	h.replacer = newReplacer(h)
 	h.reachSince = make([]int64, w.opt.Regions*w.opt.Nodes)
 	h.skewNs = make([]int64, w.opt.Regions*w.opt.Nodes)
 	bound := int64(maxOffsetMs * 1e6 / 2)
@@ -195,27 +236,38 @@ func (h *homeWorld) step() {
 		h.store.SetDown(false)
 	}
 	for _, n := range w.nodes {
-		if !n.up {
-			continue
+		if n.up {
+			h.heartbeat(n)
 		}
-		req, ok := n.core.Next(w.nodeNanos(n))
-		if !ok {
-			continue
-		}
-		h.res.Heartbeats++
-		ctx := context.Background()
-		if h.unreachable(n) {
-			c, cancel := context.WithCancel(ctx)
-			cancel()
-			ctx = c // MemStore answers a cancelled call as unavailable
-		}
-		res, err := h.store.Heartbeat(ctx, req)
-		if err != nil {
-			h.res.Failed++
-		}
-		n.core.Done(req, res, err)
 	}
 	h.failover()
+	if w.err == nil {
+		h.rehomer.step()
+		h.replacer.step()
+	}
+	if w.err == nil {
+		h.reads.step()
+	}
+}
+
+// heartbeat sends node n's heartbeat if one is due.
+func (h *homeWorld) heartbeat(n *node) {
+	req, ok := n.core.Next(h.w.nodeNanos(n))
+	if !ok {
+		return
+	}
+	h.res.Heartbeats++
+	ctx := context.Background()
+	if h.unreachable(n) {
+		c, cancel := context.WithCancel(ctx)
+		cancel()
+		ctx = c // MemStore answers a cancelled call as unavailable
+	}
+	res, err := h.store.Heartbeat(ctx, req)
+	if err != nil {
+		h.res.Failed++
+	}
+	n.core.Done(req, res, err)
 }
 
 // unreachable reports whether n cannot reach the lease store: it is cut
@@ -308,6 +360,7 @@ func (h *homeWorld) failover() {
 		w.geo.cutTill[0] = max(w.geo.cutTill[0], w.now+h.failFor)
 		h.res.Failovers++
 	}
+	h.cutSecond()
 	h.trackReach()
 	if w.now%failoverScanMs != 0 || w.now >= int64(w.opt.Steps) {
 		return
@@ -329,23 +382,36 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 		w.err = err
 		return
 	}
-	h.homes[r] = home
-	h.homeIdx[r] = regionIndex(home.Region)
 	h.res.Takeovers++
+	if len(h.history[r]) > 0 {
+		h.res.SecondTakeovers++
+	}
 	for off, v := range w.acked[r] {
 		if off >= home.StartOffset {
 			delete(w.acked[r], off)
 			h.orphan(r, off, v)
 		}
 	}
+	h.move(r, home, false)
+	h.secondFailover()
+}
+
+// move makes home range r's home (a takeover's or a planned rehome's):
+// the range's routes are re-sourced from it, to every other region, the
+// old home included (a mirror holding a divergent tail forks it off when
+// the new home's frames meet it: mirror.go), and the canonical log
+// continues at its start.
+func (h *homeWorld) move(r int, home homing.Home, planned bool) {
+	w := h.w
+	h.homes[r] = home
+	h.homeIdx[r] = regionIndex(home.Region)
+	h.history[r] = append(h.history[r], grant{home: home, at: w.now, planned: planned})
+	h.reads.granted(r, home)
 	for _, rt := range w.geo.routes {
 		if rt.rng == r {
 			w.geo.dropRoute(rt)
 		}
 	}
-	// The new home ships to every other region, the old home included:
-	// a mirror holding a divergent tail forks it off when the new home's
-	// frames meet it (mirror.go).
 	for g := 0; g < w.opt.Regions; g++ {
 		if g != regionIndex(home.Region) {
 			w.geo.routes = append(w.geo.routes, &route{rng: r, region: g})
@@ -415,14 +481,25 @@ func (w *world) stale(n *node, r int) bool {
 	if !w.homing.taken(r) || !n.up {
 		return false
 	}
-	home := w.homing.homes[r]
-	if n.fresh[r] >= home.Epoch || n.replicas[r].Committed() <= home.StartOffset {
-		return false
+	// Every epoch start the node's log passed: a second takeover may
+	// meet a copy that diverged under the first (a region away for both).
+	fresh := true
+	for _, g := range w.homing.history[r] {
+		home := g.home
+		if n.fresh[r] >= home.Epoch {
+			continue
+		}
+		if n.replicas[r].Committed() <= home.StartOffset {
+			fresh = false
+			continue
+		}
+		if w.divergentCached(n, r, home) {
+			return true
+		}
+		if fresh {
+			n.fresh[r] = home.Epoch // its log holds this epoch at its start: for good
+		}
 	}
-	if w.divergentCached(n, r, home) {
-		return true
-	}
-	n.fresh[r] = home.Epoch // its log holds the new epoch at the fork point: for good
 	return false
 }
 
@@ -453,15 +530,70 @@ func (h *homeWorld) noteForks(n *node, r int) error {
 		if f.Epoch <= n.forkEpoch[r] {
 			continue
 		}
-		if f.Epoch != home.Epoch || f.At != home.StartOffset {
+		if !h.isStart(r, f.Epoch, f.At) {
 			return fmt.Errorf("%v range %d: forked at %d to epoch %d, the range's epoch %d starts at %d", n, r, f.At, f.Epoch, home.Epoch, home.StartOffset)
 		}
 		n.forkEpoch[r] = f.Epoch
+		if n.replicas[r].Committed() > f.At {
+			h.cutAt[cutKey{n, r}] = cut{at: f.At, epoch: f.Epoch, gen: n.gen, was: n.replicas[r].Committed()} // see cutting
+		}
 		n.served[r] = min(n.served[r], f.At)
 		n.verified[r] = min(n.verified[r], f.At)
 		h.res.Forks++
 	}
 	return nil
+}
+
+// cutKey names a node's replica of a range.
+type cutKey struct {
+	n *node
+	r int
+}
+
+// cut is a fork point not yet published, in the node's incarnation gen.
+type cut struct {
+	at, epoch uint64
+	gen       int
+	was       uint64 // the committed end published when the fork was seen
+}
+
+// cutting reports whether node n's replica of range r has a fork on
+// record whose cut it has not published yet: its committed end has not
+// fallen back, and its log still holds, at the fork point (or the first
+// frame retained past it), a frame older than the fork's epoch, or
+// nothing (compacted to its end). Its committed end may fall back to the
+// fork point at any step, and its log is not checked until it did. A
+// replica whose retention had deleted its whole divergent tail records
+// the fork while publishing its old end for a while (seed 398 of the
+// first runs with readers); one catching up by Raft may fork and grow
+// past the fork point in one step (seed 246).
+func (h *homeWorld) cutting(n *node, r int, committed uint64) bool {
+	c, ok := h.cutAt[cutKey{n, r}]
+	if !ok {
+		return false
+	}
+	if !n.up || n.gen != c.gen || committed <= c.at || h.cutDone(n, r, c, committed) {
+		delete(h.cutAt, cutKey{n, r})
+		return false
+	}
+	return true
+}
+
+// cutDone reports whether n's log holds, at the fork point c.at, a frame
+// of the fork's epoch or newer (the fork frame, or what followed it).
+func (h *homeWorld) cutDone(n *node, r int, c cut, committed uint64) bool {
+	if committed < c.was {
+		return true // it fell back: the cut is published
+	}
+	// The frame at the fork point, or the first retained past it (a
+	// snapshot of the new home may start past the fork point).
+	st := n.stores[r]
+	f, err := st.ReadFrames(max(c.at, st.StartOffset()), 1, committed)
+	if err != nil || len(f) == 0 {
+		return false // nothing retained: the old log's end (seed 398)
+	}
+	hd, err := batch.DecodeHeader(f)
+	return err == nil && hd.Epoch >= c.epoch
 }
 
 // orphan counts an acked record past a fork point: only an orphan log
@@ -471,8 +603,22 @@ func (h *homeWorld) orphan(r int, off uint64, v string) {
 	h.res.Orphaned++
 }
 
-// taken reports whether range r's home left region 0.
-func (h *homeWorld) taken(r int) bool { return h != nil && h.homeIdx[r] != 0 }
+// taken reports whether range r's home changed since its creation.
+func (h *homeWorld) taken(r int) bool { return h != nil && h.homes[r].Epoch > 1 }
+
+// epochStart is where range r's log left epoch after: the lowest start
+// of a later epoch (epochs never go back along a log; a later takeover may
+// start below an earlier one's start, cutting it), or ^0 if none. A Task
+// finds it by searching the source's log (Task.epochStart).
+func (h *homeWorld) epochStart(r int, after uint64) uint64 {
+	at := ^uint64(0)
+	for _, g := range h.history[r] {
+		if g.home.Epoch > after {
+			at = min(at, g.home.StartOffset)
+		}
+	}
+	return at
+}
 
 // leaderOf returns the live node of region g leading range r, or nil.
 func (w *world) leaderOf(g, r int) *node {
@@ -488,6 +634,9 @@ func (w *world) leaderOf(g, r int) *node {
 // to each taken range's fork point, as the home committed it (their
 // frames there were checked against the home's by checkMirror).
 func (h *homeWorld) finalTaken() error {
+	if err := h.reads.final(); err != nil {
+		return err
+	}
 	for r, home := range h.homes {
 		if !h.taken(r) {
 			continue

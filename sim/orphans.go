@@ -51,10 +51,12 @@ func (o OrphanResult) add(p OrphanResult) OrphanResult {
 type orphanWorld struct {
 	// lastCanon is the canonical log as the previous check left it (a
 	// slice header: a takeover cuts w.canonical to a new capacity, so the
-	// records past the fork point stay readable here); beforeCut is it as
-	// it was when the range's current epoch began.
-	lastCanon, beforeCut [][]string
-	epoch                []uint64 // the home epoch lastCanon belongs to
+	// records past the fork point stay readable here); beforeCut holds it
+	// as it was when each of the range's epochs began (a copy away for two
+	// takeovers forks off records of an earlier timeline than the last).
+	lastCanon [][]string
+	beforeCut [][][]string
+	epoch     []uint64 // the home epoch lastCanon belongs to
 	// held is every record read from an orphan log: value → offset.
 	held []map[string]uint64
 	// retained is, per range, the forks whose copies had deleted part of
@@ -63,7 +65,7 @@ type orphanWorld struct {
 }
 
 func newOrphanWorld(ranges int) *orphanWorld {
-	o := &orphanWorld{lastCanon: make([][]string, ranges), beforeCut: make([][]string, ranges), epoch: make([]uint64, ranges),
+	o := &orphanWorld{lastCanon: make([][]string, ranges), beforeCut: make([][][]string, ranges), epoch: make([]uint64, ranges),
 		held: make([]map[string]uint64, ranges), retained: make([][]replica.ForkRecord, ranges)}
 	for r := range o.held {
 		o.held[r] = map[string]uint64{}
@@ -77,7 +79,7 @@ func (w *world) noteEpochs() {
 	o := w.orphanLogs
 	for r := range w.canonical {
 		if e := w.homing.homes[r].Epoch; e != o.epoch[r] {
-			o.beforeCut[r], o.epoch[r] = o.lastCanon[r], e
+			o.beforeCut[r], o.epoch[r] = append(o.beforeCut[r], o.lastCanon[r]), e
 		}
 	}
 }
@@ -130,11 +132,10 @@ func (w *world) checkFork(n *node, r int, f replica.ForkRecord, served uint64) e
 	if uint64(len(recs)) != f.NextOffset-f.FirstOffset || f.Records != uint64(len(recs)) {
 		return fmt.Errorf("it holds %d records, its record says %d of [%d, %d)", len(recs), f.Records, f.FirstOffset, f.NextOffset)
 	}
-	old := o.beforeCut[r]
 	for i, v := range recs {
 		off := f.FirstOffset + uint64(i)
-		if off < uint64(len(old)) && old[off] != v {
-			return fmt.Errorf("it holds %q at %d, where the range's log held %q before the takeover", v, off, old[off])
+		if was, ok := o.wasInLog(r, off, v); !ok {
+			return fmt.Errorf("it holds %q at %d, where the range's log held %q before the takeover", v, off, was)
 		}
 		if prev, ok := o.held[r][v]; ok && prev != off {
 			return fmt.Errorf("it holds %q at %d, another orphan log at %d", v, off, prev)
@@ -144,6 +145,23 @@ func (w *world) checkFork(n *node, r int, f replica.ForkRecord, served uint64) e
 	w.res.Orphans.Forks++
 	w.res.Orphans.Records += len(recs)
 	return nil
+}
+
+// wasInLog reports whether the range's log held v at off before one of
+// its epochs began (or never reached off then: nothing to hold it
+// against); if not, was is what the log held there before the latest.
+func (o *orphanWorld) wasInLog(r int, off uint64, v string) (was string, ok bool) {
+	ok = true
+	for _, old := range o.beforeCut[r] {
+		if off >= uint64(len(old)) {
+			continue
+		}
+		if old[off] == v {
+			return "", true
+		}
+		was, ok = old[off], false
+	}
+	return was, ok
 }
 
 // readOrphans returns the values of a fork's orphaned records from

@@ -43,7 +43,7 @@ func runChild(t *testing.T, share string) {
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	for seed := *firstFlag + k; seed < *firstFlag+int64(*runsFlag); seed += n {
-		res, err := Run(Options{Seed: seed, Steps: *stepsFlag, Regions: *regions})
+		res, err := Run(Options{Seed: seed, Steps: *stepsFlag, Regions: *regions, mut: mutations{tolerateOldHomeReads: *known}})
 		rep := childReport{Seed: seed, Res: res}
 		if err != nil {
 			rep.Err = err.Error()
@@ -69,7 +69,7 @@ func runParallel(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestSimulator$", "-test.timeout=0",
 			"-simchild="+strconv.Itoa(k)+"/"+strconv.Itoa(jobs), "-first="+strconv.FormatInt(*firstFlag, 10),
 			"-runs="+strconv.Itoa(*runsFlag), "-steps="+strconv.Itoa(*stepsFlag), "-regions="+strconv.Itoa(*regions),
-			"-keepgoing="+strconv.FormatBool(*keepGoing))
+			"-keepgoing="+strconv.FormatBool(*keepGoing), "-known="+strconv.FormatBool(*known))
 		cmd.Stderr = os.Stderr
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
@@ -227,7 +227,9 @@ func (s *summary) exercised(t *testing.T) {
 	if g := tot.Geo; s.regions > 1 && (g.Frames == 0 || g.Partitions == 0 || g.Broken == 0 || g.TimedOut == 0 || g.Duplicates == 0) {
 		t.Fatalf("replication went unexercised: %v", g)
 	}
-	if h := tot.Homing; s.regions > 1 && (h.Outages == 0 || h.Refused == 0 || h.Takeovers == 0 || h.Orphaned == 0 || h.NewHomeAcks == 0 || h.Forks == 0) {
+	if h := tot.Homing; s.regions > 1 && (h.Outages == 0 || h.Refused == 0 || h.Takeovers == 0 || h.Orphaned == 0 || h.NewHomeAcks == 0 || h.Forks == 0 ||
+		h.Reads.Local == 0 || h.Reads.HomeReads == 0 || h.Reads.Fenced == 0 || h.Reads.ForkExplained == 0 ||
+		h.Rehomes.Moved == 0 || h.Rehomes.StopLeaderChanges == 0 || h.Replaced.Promoted == 0) {
 		t.Fatalf("homing went unexercised: %v", h)
 	}
 }

@@ -51,6 +51,8 @@ type Options struct {
 	// mutateSkew, in tests, sets region 0's clocks three times the max
 	// clock offset homing assumes behind, the others' as much ahead.
 	mutateSkew bool
+	// mut, in tests, breaks this layer's code on purpose (reads.go).
+	mut mutations
 	// tamper, in tests, is called after every step until it returns
 	// true: it breaks the system behind its checks, to show the checker
 	// finds what it broke.

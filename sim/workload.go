@@ -153,7 +153,7 @@ func (w *world) reply(e *event) {
 	for i := 0; i < e.count; i++ {
 		v := fmt.Sprintf("p%d/r%d/s%d", e.pid, e.rng, seq+uint64(i))
 		off := e.res.BaseOffset + uint64(i)
-		if e.pid != p.pid(e.rng) && off >= w.homing.homes[e.rng].StartOffset {
+		if e.pid != p.pid(e.rng) && off >= w.homing.epochStart(e.rng, e.res.Epoch) {
 			w.homing.orphan(e.rng, off, v) // acked before a takeover, heard after it
 			continue
 		}
@@ -175,6 +175,9 @@ func (w *world) reply(e *event) {
 }
 
 func (w *world) busy() bool {
+	if w.homing != nil && w.homing.busy() {
+		return true // a replica replacement under way (replace.go)
+	}
 	for _, p := range w.prods {
 		for _, b := range p.batch {
 			if b != nil {
@@ -215,6 +218,9 @@ func (w *world) check() error {
 						return err
 					}
 				}
+			}
+			if w.homing != nil && w.homing.cutting(n, r, committed) {
+				continue // a fork recorded, its cut not published yet
 			}
 			n.logStart[r] = max(n.logStart[r], n.stores[r].StartOffset())
 			if committed < n.served[r] {
