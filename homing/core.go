@@ -69,6 +69,9 @@ type Core struct {
 	nextAt   int64 // Next returns a heartbeat once now >= nextAt
 	lastErr  error // the last heartbeat's error; nil after a success
 	failures int   // consecutive failed heartbeats
+	// reachedSince is the send time of the first heartbeat of the current
+	// run of answered ones (0 while the last one failed, or before any).
+	reachedSince int64
 }
 
 // NewCore returns a core that registers the node on its first heartbeat.
@@ -142,11 +145,15 @@ func (c *Core) Done(req HeartbeatRequest, res HeartbeatResult, err error) Event 
 	if err != nil {
 		c.lastErr = err
 		c.failures++
+		c.reachedSince = 0
 		c.nextAt = satAdd(req.NowNanos, c.cfg.RetryIntervalNanos)
 		return Event{Err: err}
 	}
 	c.lastErr = nil
 	c.failures = 0
+	if c.reachedSince == 0 {
+		c.reachedSince = req.NowNanos
+	}
 	var ev Event
 	l := res.Liveness
 	switch {
@@ -237,6 +244,8 @@ func (c *Core) View() *View {
 		homes:         c.homes,
 		LastErr:       c.lastErr,
 		Failures:      c.failures,
+
+		ReachedSinceNanos: c.reachedSince,
 	}
 	if c.expiration > 0 {
 		v.ExpirationNanos = c.expiration
@@ -261,7 +270,11 @@ type View struct {
 	// the number of consecutive failed heartbeats.
 	LastErr  error
 	Failures int
-	homes    map[RangeKey]Home
+	// ReachedSinceNanos is when the node's current run of answered
+	// heartbeats began, by its clock (0 while its last heartbeat failed):
+	// since when it has reached the lease store without a break.
+	ReachedSinceNanos int64
+	homes             map[RangeKey]Home
 }
 
 // Lease is what a node may do with one range: ack appends at Epoch while

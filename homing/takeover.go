@@ -79,6 +79,15 @@ type TakeoverTick struct {
 	// ServeUntilNanos is the node's own lease (View.ServeUntilNanos; 0 when
 	// it holds none): a region that is not live could not serve what it took.
 	ServeUntilNanos int64
+	// StoreUnreached: the node's last call to the lease store failed
+	// (View.Failures > 0); ReachedSinceNanos is since when it has reached
+	// the store without a break (View.ReachedSinceNanos; 0: not known).
+	// While the store is out of reach nothing is judged, and after a break
+	// the core settles as after regaining its lease: an outage shorter
+	// than a lease may have expired other regions' liveness and not its
+	// own.
+	StoreUnreached    bool
+	ReachedSinceNanos int64
 	// Homes are the home records of ranges this node mirrors that are homed
 	// elsewhere (the home directory).
 	Homes []Home
@@ -238,11 +247,14 @@ func (t *Takeover) Tick(tk TakeoverTick) {
 	if t.liveSince == 0 {
 		t.liveSince = now
 	}
-	if now-t.liveSince < t.cfg.SettleNanos {
-		// This node just gained (or regained) its lease: the store may have
-		// been out for every region, whose homes renew now too. Their
-		// expired liveness says nothing until they had a lease's time to
-		// renew with the store back.
+	if tk.StoreUnreached || now-max(t.liveSince, tk.ReachedSinceNanos) < t.cfg.SettleNanos {
+		// This node just gained (or regained) its lease, or reaches the
+		// store again after a break: the store may have been out for
+		// every region, whose homes renew now too. Their expired liveness
+		// says nothing until they had a lease's time to renew with the
+		// store back. An outage shorter than a lease can expire a home
+		// that last renewed early in it and leave this node's own lease
+		// standing: the break, not the lease, starts the wait.
 		return
 	}
 	r := &takeoverRound{now: now, byRegion: map[string][]Home{}, streams: tk.Streams}

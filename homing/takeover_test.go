@@ -21,7 +21,9 @@ import (
 //	stream name=chat regions=(eu,ap,us)         preference order
 //	home stream=chat ranges=0-3 region=us epoch=1 [moving-to=ap]   the directory
 //	unhome stream=chat ranges=0-1                 drop from the directory
-//	tick at=10s [serve-until=20s] [lead=false]    (serve-until defaults to at+4s)
+//	tick at=10s [serve-until=20s] [lead=false] [unreached=true] [reached=8s]
+//	                                              (serve-until defaults to at+4s;
+//	                                              reached: store reached since)
 //	lead false|true                               LeaderChanged
 //	current [round=N]                             Current
 //	liveness [round=N] exp=(1s,2s) | err          answers OpReadLiveness
@@ -98,7 +100,8 @@ func (h *toHarness) run(t *testing.T, d *datadriven.TestData) string {
 	case "tick":
 		at := ddDur(t, d, "at")
 		tk := TakeoverTick{NowNanos: at, Leading: ddStr(t, d, "lead", "true") == "true",
-			ServeUntilNanos: ddDurOr(t, d, "serve-until", at+int64(4*time.Second)), Streams: h.streams}
+			ServeUntilNanos: ddDurOr(t, d, "serve-until", at+int64(4*time.Second)), Streams: h.streams,
+			StoreUnreached: ddStr(t, d, "unreached", "false") == "true", ReachedSinceNanos: ddDurOr(t, d, "reached", 0)}
 		for _, k := range slices.SortedFunc(func(yield func(RangeKey) bool) {
 			for k := range h.dir {
 				if !yield(k) {

@@ -63,8 +63,10 @@ func (a *failoverAgent) leading() bool {
 // until it asks for nothing more.
 func (a *failoverAgent) scan(ctx context.Context) {
 	n := a.n
+	view := n.homing.homes.View()
 	tk := homing.TakeoverTick{NowNanos: n.cfg.Now().UnixNano(), Leading: a.leading(),
-		ServeUntilNanos: n.homing.homes.View().ServeUntilNanos, Streams: map[string][]string{}}
+		ServeUntilNanos: view.ServeUntilNanos, StoreUnreached: view.Failures > 0, ReachedSinceNanos: view.ReachedSinceNanos,
+		Streams: map[string][]string{}}
 	if tk.Leading {
 		n.homing.dirMu.Lock()
 		for _, h := range n.homing.dir {

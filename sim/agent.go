@@ -53,7 +53,8 @@ func (a *agent) scan() {
 	n := a.node()
 	tk := homing.TakeoverTick{NowNanos: w.nodeNanos(n), Leading: n != nil, Streams: map[string][]string{"sim": a.order()}}
 	if n != nil {
-		tk.ServeUntilNanos = n.core.View().ServeUntilNanos
+		v := n.core.View()
+		tk.ServeUntilNanos, tk.StoreUnreached, tk.ReachedSinceNanos = v.ServeUntilNanos, v.Failures > 0, v.ReachedSinceNanos
 		for _, home := range h.homes {
 			if home.Region != regionName(a.region) {
 				tk.Homes = append(tk.Homes, home) // the directory: homed elsewhere

@@ -107,9 +107,9 @@ func TestShortStartIsChecked(t *testing.T) {
 // intervening epoch's start: the range's log keeps the divergent records
 // and loses the acked ones of that epoch. The checker must report it.
 func TestDivergentTakerIsChecked(t *testing.T) {
-	// Seed 85 is the first of 1-400 that finds it today (46 and 123 with
-	// earlier draws: every change of the draws moves it).
-	findMutation(t, "a takeover by a divergent copy", 85, 105, 3000, mutations{takerDivergent: true, tolerateOldHomeReads: true},
+	// Seed 297 is the first of 1-400 that finds it today (46, 123 and 85
+	// with earlier draws: every change of the draws moves it).
+	findMutation(t, "a takeover by a divergent copy", 297, 317, 3000, mutations{takerDivergent: true, tolerateOldHomeReads: true},
 		"a gap", "past the start", "counted as orphaned", "starts at", "(invariant 8)", "is lost", "no fork explains it")
 }
 
@@ -138,8 +138,8 @@ func TestSecondTakeovers(t *testing.T) {
 // commits at the new epoch's start in the new home's log. The checker
 // must report it.
 func TestTakerInFlightIsChecked(t *testing.T) {
-	// Seed 1152 is the first of 1-2000 that finds it today (227 with
-	// earlier draws: every change of the draws moves it).
-	findMutation(t, "a takeover below an apply in flight", 1152, 1172, 3000, mutations{takerInFlight: true, tolerateOldHomeReads: true},
+	// Seed 1275 is the first of 1-3000 that finds it today (227 and 1152
+	// with earlier draws: every change of the draws moves it).
+	findMutation(t, "a takeover below an apply in flight", 1275, 1295, 3000, mutations{takerInFlight: true, tolerateOldHomeReads: true},
 		"a divergent copy answering a home read", "past the start", "counted as orphaned", "no fork explains it", "starts at")
 }
