@@ -70,21 +70,7 @@ func TestProducerSendsBatchForm(t *testing.T) {
 	for _, recordsForm := range []bool{false, true} {
 		fake := startFake(t, clienttest.Config{})
 		fake.MustCreateStream("s", 1)
-		var mu sync.Mutex
-		var forms []string
-		fake.SetAppendFault(func(_ int64, req *geologv1.AppendRequest) clienttest.Fault {
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case len(req.GetBatch()) > 0 && len(req.GetRecords()) == 0:
-				forms = append(forms, "batch")
-			case len(req.GetBatch()) == 0 && len(req.GetRecords()) > 0:
-				forms = append(forms, "records")
-			default:
-				forms = append(forms, "both or neither")
-			}
-			return clienttest.Fault{}
-		})
+		sent := recordForms(fake)
 		var opts []client.ProducerOpt
 		want := "batch"
 		if recordsForm {
@@ -94,13 +80,12 @@ func TestProducerSendsBatchForm(t *testing.T) {
 		if _, err := p.ProduceSync(testCtx(t), formRecords(10)...); err != nil {
 			t.Fatal(err)
 		}
-		mu.Lock()
+		forms := sent()
 		for _, f := range forms {
 			if f != want {
 				t.Fatalf("WithRecordsForm %v: sent %v", recordsForm, forms)
 			}
 		}
-		mu.Unlock()
 		if len(fake.Records("s", 0)) != 10 {
 			t.Fatalf("fake holds %d records", len(fake.Records("s", 0)))
 		}
@@ -114,18 +99,7 @@ func TestProducerSendsBatchForm(t *testing.T) {
 func TestProducerFallsBackToRecordsForm(t *testing.T) {
 	fake := startFake(t, clienttest.Config{RecordsFormOnly: true})
 	fake.MustCreateStream("s", 1)
-	var mu sync.Mutex
-	var forms []string
-	fake.SetAppendFault(func(_ int64, req *geologv1.AppendRequest) clienttest.Fault {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(req.GetBatch()) > 0 {
-			forms = append(forms, "batch")
-		} else {
-			forms = append(forms, "records")
-		}
-		return clienttest.Fault{}
-	})
+	sent := recordForms(fake)
 	p := newProducer(t, newClient(t, fake.Addr()), "s")
 	ctx := testCtx(t)
 	for round := 0; round < 3; round++ {
@@ -137,8 +111,7 @@ func TestProducerFallsBackToRecordsForm(t *testing.T) {
 	if len(got) != 30 {
 		t.Fatalf("fake holds %d records, want 30", len(got))
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	forms := sent()
 	if len(forms) == 0 || forms[0] != "batch" {
 		t.Fatalf("the producer did not start with the batch form: %v", forms)
 	}
@@ -146,5 +119,30 @@ func TestProducerFallsBackToRecordsForm(t *testing.T) {
 		if f != "records" {
 			t.Fatalf("send %d after the fallback was in the %s form: %v", i+1, f, forms)
 		}
+	}
+}
+
+// recordForms makes fake note the form of every append it gets ("batch",
+// "records", or "both or neither"); the returned func gives them in order.
+func recordForms(fake *clienttest.Server) func() []string {
+	var mu sync.Mutex
+	var forms []string
+	fake.SetAppendFault(func(_ int64, req *geologv1.AppendRequest) clienttest.Fault {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case len(req.GetBatch()) > 0 && len(req.GetRecords()) == 0:
+			forms = append(forms, "batch")
+		case len(req.GetBatch()) == 0 && len(req.GetRecords()) > 0:
+			forms = append(forms, "records")
+		default:
+			forms = append(forms, "both or neither")
+		}
+		return clienttest.Fault{}
+	})
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), forms...)
 	}
 }
