@@ -272,16 +272,27 @@ func (d *rangeDriver) handOffIfDiskFull() {
 // whenever a commit mark is wanted that no log write will carry (replica's
 // commitmark.go: the log writer appends the mark with the entries it
 // writes; WriteMark appends one alone when none are queued), until stop.
+// While the replica expects a log write to carry the mark soon
+// (MarkLinger: appends one at a time), it waits for that first, at most
+// the linger.
 func (d *rangeDriver) runMarkWriter(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	defer linger.Stop()
 	for {
 		select {
 		case <-d.rep.MarkWrites():
-			if err := d.rep.WriteMark(); err != nil {
-				d.logger.Error("commit mark write failed", "error", err)
-			}
+		case <-linger.C:
 		case <-stop:
 			return
+		}
+		if wait := d.rep.MarkLinger(); wait > 0 {
+			linger.Reset(wait)
+			continue
+		}
+		if err := d.rep.WriteMark(); err != nil {
+			d.logger.Error("commit mark write failed", "error", err)
 		}
 	}
 }

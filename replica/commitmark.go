@@ -1,6 +1,9 @@
 package replica
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // The commit mark: a replica never publishes less than it published before
 // (DESIGN.md invariant 8), across restarts too.
@@ -84,10 +87,14 @@ func (r *Replica) markApplied() {
 	} else {
 		r.pubs = append(r.pubs, p)
 	}
+	now := r.cfg.Now()
 	w := &r.writer
 	w.mu.Lock()
 	need := p.index > w.markDone
 	if need && p.index > w.markWant {
+		if w.markWant <= w.markDone {
+			w.markWantedAt = now // nothing was wanted: the linger starts
+		}
 		w.markWant = p.index
 	}
 	w.mu.Unlock()
@@ -160,6 +167,41 @@ func (r *Replica) HasMarkWrite() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.markWant > w.markDone && w.err == nil && !w.closed && len(w.queue) == 0 && !w.busy
+}
+
+// markLingerMax bounds how long a wanted commit mark waits for a log write
+// to carry it (MarkLinger): how much later, at most, a reader sees the
+// last record of a range written a record at a time than without the
+// linger.
+const markLingerMax = 5 * time.Millisecond
+
+// MarkLinger returns how long the driver should wait before WriteMark
+// because a log write is likely to carry the wanted mark (0: write it
+// now, or nothing is wanted). A producer appending one record at a time
+// commits each append before it sends the next, so each commit wants a
+// lone mark (one fdatasync per replica beside each append's three log
+// fdatasyncs, on the same disk) shortly before the next append's write,
+// which would carry it. So while the range's last two log writes were
+// queued at most markLingerMax apart (the gap), the mark waits until two
+// gaps after the last write, and never longer than markLingerMax after
+// it was wanted; a range written sparsely, or quiet since, has its mark
+// saved at once. Publication still waits for the durable mark: the
+// linger delays what readers see (by about one gap between appends),
+// never what is durable, and no ack waits for a mark (a group of one's
+// write carries its own). Safe from any goroutine.
+func (r *Replica) MarkLinger() time.Duration {
+	now := r.cfg.Now()
+	w := &r.writer
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.markWant <= w.markDone || w.err != nil || w.closed || w.writeGap > markLingerMax {
+		return 0
+	}
+	until := w.writeQueuedAt.Add(2 * w.writeGap)
+	if limit := w.markWantedAt.Add(markLingerMax); until.After(limit) {
+		until = limit
+	}
+	return max(until.Sub(now), 0)
 }
 
 // WriteMark makes the commit mark ProcessReady asked for durable, if no log

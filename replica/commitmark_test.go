@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/geolog/geolog/vfs"
 	"go.etcd.io/raft/v3/raftpb"
@@ -365,5 +367,97 @@ func TestTruncationKeepsTheMark(t *testing.T) {
 	c.start(2)
 	if got := c.replicas[2].Committed(); got != 4 {
 		t.Fatalf("node 2 published %d after the truncation and a restart, want 4", got)
+	}
+}
+
+// countingState counts the commit marks saved alone (lone marks).
+type countingState struct {
+	*MemState
+	mu      sync.Mutex
+	commits int
+}
+
+func (s *countingState) SaveCommit(index uint64) error {
+	s.mu.Lock()
+	s.commits++
+	s.mu.Unlock()
+	return s.MemState.SaveCommit(index)
+}
+
+func (s *countingState) saved() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.commits
+}
+
+// TestMarkLingersForTheNextWrite: appends one at a time (each sent once
+// the one before is answered, 1 ms apart) save no lone commit mark on
+// any replica: each append's log write carries the mark of the one
+// before, so readers see every record but the newest, and the newest once
+// the linger is over. A range written sparsely saves its mark at once.
+func TestMarkLingersForTheNextWrite(t *testing.T) {
+	states := map[uint64]*countingState{}
+	c := newClusterOpts(t, 3, 3, func(c *cluster) {
+		c.repCfg = func(id uint64, cfg *Config) {
+			states[id] = &countingState{MemState: cfg.State.(*MemState)}
+			cfg.State = states[id]
+		}
+	})
+	c.lingerMarks = true
+	now := time.Unix(1_000_000, 0)
+	setClock := func(d time.Duration) {
+		now = now.Add(d)
+		for _, id := range c.ids {
+			c.clock[id] = now
+		}
+	}
+	setClock(0)
+	c.elect(1)
+	var res []Result
+	appendOne := func(i int) {
+		t.Helper()
+		c.replicas[1].Propose(op(7, uint64(i), 1, fmt.Sprint(i), &res))
+		c.settle()
+		if len(res) != i+1 || res[i].Err != nil {
+			t.Fatalf("append %d not answered: %v", i, res)
+		}
+	}
+	// Two appends set the pace (1 ms apart); from then on no lone mark.
+	for i := range 2 {
+		setClock(time.Millisecond)
+		appendOne(i)
+	}
+	saved := map[uint64]int{}
+	for _, id := range c.ids {
+		saved[id] = states[id].saved()
+	}
+	for i := 2; i < 12; i++ {
+		setClock(time.Millisecond)
+		appendOne(i)
+		for _, id := range c.ids {
+			if n := states[id].saved() - saved[id]; n != 0 {
+				t.Fatalf("append %d: node %d saved %d lone marks while appends came 1 ms apart", i, id, n)
+			}
+			if got := c.replicas[id].Committed(); got != uint64(i) {
+				t.Fatalf("append %d: node %d published %d, want %d (all but the newest)", i, id, got, i)
+			}
+		}
+	}
+	// The producer stops: the linger ends and the newest is published.
+	setClock(markLingerMax)
+	c.settle()
+	for _, id := range c.ids {
+		if got := c.replicas[id].Committed(); got != 12 {
+			t.Fatalf("after the linger: node %d published %d, want 12", id, got)
+		}
+		saved[id] = states[id].saved()
+	}
+	// A sparse append (long after the last) is published without a linger.
+	setClock(time.Second)
+	appendOne(12)
+	for _, id := range c.ids {
+		if got := c.replicas[id].Committed(); got != 13 {
+			t.Fatalf("sparse append: node %d published %d, want 13", id, got)
+		}
 	}
 }

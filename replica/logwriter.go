@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
@@ -87,6 +88,12 @@ type logWriter struct {
 	markWant, markDone uint64
 	// markMu is held by WriteMark while it saves a mark.
 	markMu sync.Mutex
+	// markWantedAt is when markWant last rose above markDone (the oldest
+	// wanted mark's age), writeQueuedAt and writeGap when the last write
+	// with frames was queued and how long after the one before it: what
+	// MarkLinger decides from (commitmark.go).
+	markWantedAt, writeQueuedAt time.Time
+	writeGap                    time.Duration
 
 	// pending is set with local or err: the driver has work (HasReady).
 	pending atomic.Bool
@@ -356,6 +363,11 @@ func (r *Replica) queueWrite(lw *logWrite) error {
 	}
 	w.queue = append(w.queue, lw)
 	w.queuedBytes += lw.bytes
+	if len(lw.frames) > 0 {
+		now := r.cfg.Now()
+		w.writeGap = now.Sub(w.writeQueuedAt)
+		w.writeQueuedAt = now
+	}
 	over := w.queuedBytes > logWriteQueueBytesMax && r.diskFull.Load() == nil
 	w.mu.Unlock()
 	if over {

@@ -38,6 +38,9 @@ type cluster struct {
 	holdSnaps bool
 	// holdWrites keeps a node's log writes queued (its disk is slow).
 	holdWrites map[uint64]bool
+	// lingerMarks makes settle wait, as the range driver does, while a
+	// replica's MarkLinger asks (the clock must be moved for it to end).
+	lingerMarks bool
 }
 
 // snapMsg is a MsgSnap and its body on their way.
@@ -157,7 +160,7 @@ func (c *cluster) settle() {
 				}
 				moved = true
 			}
-			if r := c.replicas[id]; r != nil && !c.holdWrites[id] && r.HasMarkWrite() {
+			if r := c.replicas[id]; r != nil && !c.holdWrites[id] && r.HasMarkWrite() && !(c.lingerMarks && r.MarkLinger() > 0) {
 				if err := r.WriteMark(); err != nil {
 					c.t.Fatalf("node %d: write mark: %v", id, err)
 				}
