@@ -182,13 +182,13 @@ const markLingerMax = 5 * time.Millisecond
 // lone mark (one fdatasync per replica beside each append's three log
 // fdatasyncs, on the same disk) shortly before the next append's write,
 // which would carry it. So while the range's last two log writes were
-// queued at most markLingerMax apart (the gap), the mark waits until two
-// gaps after the last write, and never longer than markLingerMax after
-// it was wanted; a range written sparsely, or quiet since, has its mark
-// saved at once. Publication still waits for the durable mark: the
-// linger delays what readers see (by about one gap between appends),
-// never what is durable, and no ack waits for a mark (a group of one's
-// write carries its own). Safe from any goroutine.
+// queued at most markLingerMax apart, the mark waits for the next write,
+// at most markLingerMax after it was wanted; a range written sparsely
+// has its mark saved at once. Publication still waits for the durable
+// mark: the linger delays what readers see (by about one gap between
+// appends; the last record of a burst by markLingerMax), never what is
+// durable, and no ack waits for a mark (a group of one's write carries
+// its own). Safe from any goroutine.
 func (r *Replica) MarkLinger() time.Duration {
 	now := r.cfg.Now()
 	w := &r.writer
@@ -197,11 +197,7 @@ func (r *Replica) MarkLinger() time.Duration {
 	if w.markWant <= w.markDone || w.err != nil || w.closed || w.writeGap > markLingerMax {
 		return 0
 	}
-	until := w.writeQueuedAt.Add(2 * w.writeGap)
-	if limit := w.markWantedAt.Add(markLingerMax); until.After(limit) {
-		until = limit
-	}
-	return max(until.Sub(now), 0)
+	return max(w.markWantedAt.Add(markLingerMax).Sub(now), 0)
 }
 
 // WriteMark makes the commit mark ProcessReady asked for durable, if no log
