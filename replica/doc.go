@@ -17,7 +17,9 @@
 // Propose for each append, and ProcessReady whenever HasReady. A second
 // goroutine, the log writer, calls WriteLog whenever LogWrites receives,
 // and a third (or the second) WriteMark whenever MarkWrites receives (the
-// simulator calls them after a virtual disk latency); the driver wakes for
+// simulator calls them after a virtual disk latency; the range driver
+// first waits what MarkLinger asks, so that the next append's log write
+// carries the mark of a producer's appends one at a time); the driver wakes for
 // ProcessReady when LogWritten receives. WriteLog makes the commit mark
 // durable with the entries it writes (a mark frame after them, one
 // fdatasync for both); WriteMark saves a mark only when no log write is
