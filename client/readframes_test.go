@@ -110,12 +110,32 @@ func subscribeN(t *testing.T, c *client.Client, from uint64, n int) []client.Sto
 	return out
 }
 
+// groupConsumeN collects n records of stream s by a new member of group.
+func groupConsumeN(t *testing.T, c *client.Client, group string, n int) []client.StoredRecord {
+	t.Helper()
+	g, err := c.NewGroupConsumer("s", group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	var out []client.StoredRecord
+	for rec, err := range g.Records(testCtx(t)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out = append(out, rec); len(out) == n {
+			break
+		}
+	}
+	return out
+}
+
 // TestNodeReadFormsAgree: a real node answers a client's reads in the
 // frame form, and they give the same records (offsets, keys, values,
 // headers, times, epochs, tombstones) and next offsets as the records
 // form (ReadRecordsForm), from every offset of a log of several batches
-// (so from inside them), one record, three and all at a time, and by
-// subscription. Fails if the node answered records to the default client
+// (so from inside them), one record, three and all at a time, by
+// subscription and by a group consumer's fetch. Fails if the node answered records to the default client
 // (the form would not be used) or if a record differs.
 func TestNodeReadFormsAgree(t *testing.T) {
 	n := startNode(t, t.TempDir(), "127.0.0.1:0")
@@ -143,6 +163,9 @@ func TestNodeReadFormsAgree(t *testing.T) {
 	}
 	if got, want := subscribeN(t, c, 5, tail-5), subscribeN(t, rc, 5, tail-5); !reflect.DeepEqual(got, want) {
 		t.Fatalf("subscription: frame form %+v, records form %+v", got, want)
+	}
+	if got, want := groupConsumeN(t, c, "gf", tail), groupConsumeN(t, rc, "gr", tail); !reflect.DeepEqual(got, want) {
+		t.Fatalf("group: frame form %+v, records form %+v", got, want)
 	}
 	if asked, frames, records := forms.counts(); asked == 0 || frames == 0 || records != 0 {
 		t.Fatalf("default client: %d requests for frames, %d replies of frames, %d of records", asked, frames, records)
