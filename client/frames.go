@@ -46,19 +46,19 @@ func replyRecords(rng uint32, recs []*geologv1.StoredRecord, frames []byte, from
 }
 
 // decodeFrames decodes the frames of a reply (see replyRecords). Keys,
-// values and header values alias frames.
+// values and header values alias frames. The result takes one allocation
+// (its size from the frames' headers), and the records' headers one per
+// frame that has some.
 func decodeFrames(rng uint32, frames []byte, from, next uint64) ([]StoredRecord, error) {
-	var out []StoredRecord
+	count, err := framesRecordCount(frames)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]StoredRecord, 0, count)
 	var scratch []logbatch.Record
 	floor := from
 	for pos := 0; pos < len(frames); {
-		n, err := logbatch.FrameSize(frames[pos:])
-		if err == nil && n > len(frames)-pos {
-			err = fmt.Errorf("%w: %d bytes left for a frame of %d", logbatch.ErrShort, len(frames)-pos, n)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%w: at byte %d: %w", ErrCorruptFrames, pos, err)
-		}
+		n, _ := logbatch.FrameSize(frames[pos:]) // framesRecordCount checked it
 		h, recs, err := logbatch.DecodeAppend(scratch[:0], frames[pos:pos+n])
 		switch {
 		case err != nil:
@@ -67,31 +67,54 @@ func decodeFrames(rng uint32, frames []byte, from, next uint64) ([]StoredRecord,
 			return nil, fmt.Errorf("%w: at byte %d: a %v frame", ErrCorruptFrames, pos, h.Type)
 		}
 		scratch = recs
-		if out == nil {
-			out = make([]StoredRecord, 0, estimateRecords(h, len(frames)))
-		}
+		hdrs := make([]Header, 0, headerCount(recs))
 		for i := range recs {
 			off := h.Offset(&recs[i])
 			if off < floor || off >= next {
 				return nil, fmt.Errorf("%w: a record at offset %d, outside [%d, %d)", ErrCorruptFrames, off, floor, next)
 			}
 			floor = off + 1
-			out = append(out, storedFromFrame(rng, h, off, &recs[i]))
+			var rec StoredRecord
+			rec, hdrs = storedFromFrame(rng, h, off, &recs[i], hdrs)
+			out = append(out, rec)
 		}
 		pos += n
 	}
 	return out, nil
 }
 
-// estimateRecords guesses how many records a reply of replyBytes holds
-// from its first frame, for one allocation of the result in the common
-// case (frames of similar records).
-func estimateRecords(first logbatch.Header, replyBytes int) int {
-	return min(int(first.RecordCount)*4, replyBytes/8+1)
+// framesRecordCount returns the records the frames' headers announce,
+// checking that the frames' lengths tile the reply (their records are
+// checked as they are decoded). The count is bounded by the reply's
+// bytes: a header announcing more records than its frame can hold is
+// corrupt.
+func framesRecordCount(frames []byte) (int, error) {
+	count := 0
+	for pos := 0; pos < len(frames); {
+		h, err := logbatch.PeekHeader(frames[pos:])
+		if err != nil {
+			return 0, fmt.Errorf("%w: at byte %d: %w", ErrCorruptFrames, pos, err)
+		}
+		n, _ := logbatch.FrameSize(frames[pos:])
+		count += int(h.RecordCount)
+		pos += n
+	}
+	return count, nil
 }
 
-// storedFromFrame is the record r at offset off of a frame with header h.
-func storedFromFrame(rng uint32, h logbatch.Header, off uint64, r *logbatch.Record) StoredRecord {
+// headerCount is the number of headers of recs.
+func headerCount(recs []logbatch.Record) int {
+	n := 0
+	for i := range recs {
+		n += len(recs[i].Headers)
+	}
+	return n
+}
+
+// storedFromFrame is the record r at offset off of a frame with header h;
+// its headers are appended to hdrs (which has room for them), and hdrs
+// is returned past them.
+func storedFromFrame(rng uint32, h logbatch.Header, off uint64, r *logbatch.Record, hdrs []Header) (StoredRecord, []Header) {
 	s := StoredRecord{
 		Range:     rng,
 		Offset:    off,
@@ -107,10 +130,11 @@ func storedFromFrame(rng uint32, h logbatch.Header, off uint64, r *logbatch.Reco
 		s.AppendTime = time.Unix(0, h.AppendTimeUnixNanos)
 	}
 	if len(r.Headers) > 0 {
-		s.Headers = make([]Header, len(r.Headers))
-		for i, hd := range r.Headers {
-			s.Headers[i] = Header{Key: hd.Key, Value: hd.Value}
+		start := len(hdrs)
+		for _, hd := range r.Headers {
+			hdrs = append(hdrs, Header{Key: hd.Key, Value: hd.Value})
 		}
+		s.Headers = hdrs[start:len(hdrs):len(hdrs)]
 	}
-	return s
+	return s, hdrs
 }
