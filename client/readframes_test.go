@@ -18,7 +18,7 @@ import (
 // replyForms counts the read replies a client gets, by form, and the
 // read requests asking for frames, through gRPC interceptors.
 type replyForms struct {
-	mu                      sync.Mutex
+	mu                     sync.Mutex
 	asked, frames, records int
 }
 
