@@ -126,7 +126,7 @@ func (fr *frameCollector) take(frames []byte) (full bool, err error) {
 // wants all of it, else re-framed to the records it wants.
 func (fr *frameCollector) frame(h batch.Header, frame []byte) (full bool, err error) {
 	if h.BaseOffset >= fr.from && h.NextOffset() <= fr.end && fr.count+int(h.RecordCount) <= fr.maxRecords {
-		fr.out = append(fr.out, frame...) // in place, or after a skipped frame: a move down
+		fr.keep(frame)
 		fr.count += int(h.RecordCount)
 		fr.next = max(fr.next, h.NextOffset())
 		return false, nil
@@ -151,6 +151,17 @@ func (fr *frameCollector) frame(h batch.Header, frame []byte) (full bool, err er
 	}
 	fr.next = max(fr.next, min(h.NextOffset(), fr.end))
 	return false, nil
+}
+
+// keep appends frame to out: nothing to copy when it lies right there
+// (no frame before it was left out), else a move down.
+func (fr *frameCollector) keep(frame []byte) {
+	l := len(fr.out)
+	if cap(fr.out)-l >= len(frame) && len(frame) > 0 && &fr.out[l : l+1][0] == &frame[0] {
+		fr.out = fr.out[:l+len(frame)]
+		return
+	}
+	fr.out = append(fr.out, frame...)
 }
 
 // corrupt is the error of frames from the store that do not parse.
