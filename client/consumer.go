@@ -84,6 +84,7 @@ func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset
 		MaxBytes:    opts.MaxBytes,
 		Consistency: opts.Consistency,
 		MinOffset:   opts.MinOffset,
+		WantFrames:  !c.cfg.readRecordsForm,
 	}
 	if err := opts.setKey(req); err != nil {
 		return nil, fmt.Errorf("read %s/%d at %d: %w", stream, rng, fromOffset, err)
@@ -96,14 +97,18 @@ func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset
 	if err != nil {
 		return nil, fmt.Errorf("read %s/%d at %d: %w", stream, rng, fromOffset, err)
 	}
+	recs, err := replyRecords(rng, resp.GetRecords(), resp.GetFrames(), fromOffset, resp.GetNextOffset())
+	if err != nil {
+		return nil, fmt.Errorf("read %s/%d at %d: %w", stream, rng, fromOffset, err)
+	}
 	out := &ReadResult{
-		Records:     make([]StoredRecord, 0, len(resp.GetRecords())),
+		Records:     recs[:0],
 		NextOffset:  resp.GetNextOffset(),
 		StartOffset: resp.GetStartOffset(),
 		TailOffset:  resp.GetTailOffset(),
 	}
-	for _, r := range resp.GetRecords() {
-		rec, ok, err := op.open(storedFromProto(rng, r))
+	for _, r := range recs {
+		rec, ok, err := op.open(r)
 		if err != nil {
 			return nil, err
 		}
@@ -343,7 +348,7 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req := &geologv1.SubscribeRequest{Stream: s.stream, Range: s.rng, Key: s.key}
+	req := &geologv1.SubscribeRequest{Stream: s.stream, Range: s.rng, Key: s.key, WantFrames: !c.cfg.readRecordsForm}
 	s.checking = false
 	switch {
 	case !s.start.Time.IsZero() && !s.delivered:
@@ -360,6 +365,7 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 	if err != nil {
 		return false, rpcError(ctx, err)
 	}
+	floor := req.GetFromOffset() // where the stream's next reply may start
 	for {
 		resp, err := sub.Recv()
 		if errors.Is(err, io.EOF) {
@@ -372,40 +378,57 @@ func (s *subscription) once(ctx context.Context, yield func(StoredRecord, error)
 			received = true
 			c.pool.succeeded(s.addr)
 		}
-		if n := resp.GetNextOffset(); n > s.next && len(resp.GetRecords()) == 0 {
+		recs, err := replyRecords(s.rng, resp.GetRecords(), resp.GetFrames(), floor, resp.GetNextOffset())
+		if err != nil {
+			return received, fmt.Errorf("subscribe %s/%d: %w", s.stream, s.rng, err)
+		}
+		floor = max(floor, resp.GetNextOffset())
+		if n := resp.GetNextOffset(); n > s.next && len(recs) == 0 {
 			// Holes only (compaction by key), or other keys' records.
 			if err := s.checkSkipped(ctx); err != nil {
 				return received, err
 			}
 			s.next = n
 		}
-		for _, r := range resp.GetRecords() {
-			if s.checking && r.GetOffset() == s.last {
-				s.checking = false
-				if r.GetEpoch() != s.lastEpoch {
-					return received, s.forked(ctx, r.GetEpoch())
-				}
-			}
-			if r.GetOffset() > s.last {
-				if err := s.checkSkipped(ctx); err != nil {
-					return received, err
-				}
-			}
-			if r.GetOffset() < s.next {
-				continue // already delivered before a resubscribe
-			}
-			rec, ok, err := s.op.open(storedFromProto(s.rng, r))
-			if err != nil {
-				return received, err // final: an *OpenError is not retriable
-			}
-			s.checking = false
-			s.next = r.GetOffset() + 1
-			s.delivered = true
-			s.failures = 0
-			s.last, s.lastEpoch = r.GetOffset(), r.GetEpoch()
-			if ok && !yield(rec, nil) {
-				return received, nil
-			}
+		if more, err := s.deliver(ctx, recs, yield); !more || err != nil {
+			return received, err
 		}
 	}
+}
+
+// deliver yields the records of one reply that are new (a resubscribed
+// stream starts one record early, or before what was delivered), checking
+// the epoch of the record a resumed stream starts with (fork.go). It
+// reports false when the consumer stopped iterating (err nil) or on an
+// error.
+func (s *subscription) deliver(ctx context.Context, recs []StoredRecord, yield func(StoredRecord, error) bool) (more bool, err error) {
+	for _, r := range recs {
+		if s.checking && r.Offset == s.last {
+			s.checking = false
+			if r.Epoch != s.lastEpoch {
+				return false, s.forked(ctx, r.Epoch)
+			}
+		}
+		if r.Offset > s.last {
+			if err := s.checkSkipped(ctx); err != nil {
+				return false, err
+			}
+		}
+		if r.Offset < s.next {
+			continue // already delivered before a resubscribe
+		}
+		rec, ok, err := s.op.open(r)
+		if err != nil {
+			return false, err // final: an *OpenError is not retriable
+		}
+		s.checking = false
+		s.next = r.Offset + 1
+		s.delivered = true
+		s.failures = 0
+		s.last, s.lastEpoch = r.Offset, r.Epoch
+		if ok && !yield(rec, nil) {
+			return false, nil
+		}
+	}
+	return true, nil
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 
 	"github.com/geolog/geolog/apierr"
@@ -78,10 +79,11 @@ func (g *GroupConsumer) fetchOnce(ctx context.Context, addr string, gr *groupRan
 	epoch := g.epoch
 	g.mu.Unlock()
 	fs, err := geologv1.NewConsumerClient(conn).Fetch(ctx, &geologv1.FetchRequest{Group: g.group, MemberId: g.cfg.memberID, MemberEpoch: epoch,
-		Stream: g.stream, Range: gr.rng, FromOffset: *next, MaxBytes: g.cfg.fetchBytesMax})
+		Stream: g.stream, Range: gr.rng, FromOffset: *next, MaxBytes: g.cfg.fetchBytesMax, WantFrames: !g.c.cfg.readRecordsForm})
 	if err != nil {
 		return false, rpcError(ctx, err)
 	}
+	floor := *next // where the stream's next reply may start
 	for {
 		resp, err := fs.Recv()
 		if errors.Is(err, io.EOF) {
@@ -94,11 +96,13 @@ func (g *GroupConsumer) fetchOnce(ctx context.Context, addr string, gr *groupRan
 			received = true
 			g.c.pool.succeeded(addr)
 		}
-		var recs []StoredRecord
-		for _, r := range resp.GetRecords() {
-			if r.GetOffset() >= *next {
-				recs = append(recs, storedFromProto(gr.rng, r))
-			}
+		recs, err := replyRecords(gr.rng, resp.GetRecords(), resp.GetFrames(), floor, resp.GetNextOffset())
+		if err != nil {
+			return received, fmt.Errorf("fetch %s/%d: %w", g.stream, gr.rng, err)
+		}
+		floor = max(floor, resp.GetNextOffset())
+		for len(recs) > 0 && recs[0].Offset < *next {
+			recs = recs[1:]
 		}
 		if len(recs) == 0 {
 			continue

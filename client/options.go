@@ -33,6 +33,7 @@ type clientConfig struct {
 	addrs             []string
 	tracerProvider    trace.TracerProvider
 	token             func(ctx context.Context) (string, error) // BearerToken, TokenSource
+	readRecordsForm   bool                                      // ReadRecordsForm
 }
 
 func defaultClientConfig() clientConfig {
@@ -123,6 +124,13 @@ func DialOptions(opts ...grpc.DialOption) Opt {
 func TracerProvider(tp trace.TracerProvider) Opt {
 	return func(c *clientConfig) { c.tracerProvider = tp }
 }
+
+// ReadRecordsForm makes Read, Subscribe and group consumers ask for the
+// records form of reads (one protobuf message per record), as clients did
+// before the frame form, instead of the default frame form (the records
+// as the log stores them, checked by their CRC; docs/api.md "The frame
+// form"). Either way a reply is read in the form the node answers.
+func ReadRecordsForm() Opt { return func(c *clientConfig) { c.readRecordsForm = true } }
 
 func (c *clientConfig) validate() error {
 	if c.token != nil && c.tls == nil {

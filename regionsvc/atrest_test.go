@@ -118,6 +118,10 @@ func TestAtRestNode(t *testing.T) {
 	if len(want) != 300 {
 		t.Fatalf("%d records in s", len(want))
 	}
+	// The frame form sends the frames opened.
+	if got := readRangeForm(t, ctx, c, "s", 0, geologv1.Consistency_CONSISTENCY_LOCAL, 0, true); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("frame form: %d records, records form %d", len(got), len(want))
+	}
 	n.Close()
 	grepTree(t, dir, []byte(atRestMarker))
 

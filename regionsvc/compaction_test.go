@@ -30,14 +30,24 @@ func compactingNode() func(*Config) {
 // value "~") per record and the offsets it was told to read from.
 func readRange(t *testing.T, ctx context.Context, c geologv1.LogClient, stream string, rng uint32, consistency geologv1.Consistency, min uint64) []string {
 	t.Helper()
+	return readRangeForm(t, ctx, c, stream, rng, consistency, min, false)
+}
+
+// readRangeForm is readRange in the frame form (want_frames) if frames is
+// set.
+func readRangeForm(t *testing.T, ctx context.Context, c geologv1.LogClient, stream string, rng uint32, consistency geologv1.Consistency, min uint64, frames bool) []string {
+	t.Helper()
 	var out []string
 	for from := uint64(0); ; {
 		res, err := c.Read(ctx, &geologv1.ReadRequest{Stream: stream, Range: rng, FromOffset: from, MaxRecords: 7,
-			Consistency: consistency, MinOffset: min})
+			Consistency: consistency, MinOffset: min, WantFrames: frames})
 		if err != nil {
 			t.Fatalf("read from %d: %v", from, err)
 		}
-		for _, r := range res.GetRecords() {
+		if frames && len(res.GetRecords()) > 0 {
+			t.Fatalf("read from %d asked for frames, got records", from)
+		}
+		for _, r := range append(res.GetRecords(), framesAsRecords(t, res.GetFrames())...) {
 			out = append(out, recordText(r))
 		}
 		if res.GetNextOffset() == res.GetTailOffset() {
@@ -167,6 +177,9 @@ func TestCompactedStreamOnANode(t *testing.T) {
 	if err != nil || !res.GetDuplicate() || res.GetBaseOffset() != old.base {
 		t.Fatalf("retry of sequence %d after compaction: %v %v, want a duplicate at %d", old.seq, res, err, old.base)
 	}
+	if got := readRangeForm(t, ctx, c, "kv", 0, geologv1.Consistency_CONSISTENCY_LOCAL, 0, true); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("frame form:\n got  %v\n want %v", got, want)
+	}
 	checkSubscribe(t, ctx, c, want)
 
 	// A restart keeps the compacted log and the decision.
@@ -181,28 +194,30 @@ func TestCompactedStreamOnANode(t *testing.T) {
 	}
 }
 
-// checkSubscribe subscribes from offset 0 and checks that it delivers want,
-// then stops.
+// checkSubscribe subscribes from offset 0, in the records form and in the
+// frame form, and checks that each delivers want, then stops.
 func checkSubscribe(t *testing.T, ctx context.Context, c geologv1.LogClient, want []string) {
 	t.Helper()
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sub, err := c.Subscribe(sctx, &geologv1.SubscribeRequest{Stream: "kv", Start: &geologv1.SubscribeRequest_FromOffset{FromOffset: 0}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for len(got) < len(want) {
-		resp, err := sub.Recv()
-		if err == io.EOF || err != nil {
-			t.Fatalf("subscribe: %v after %v", err, got)
+	for _, frames := range []bool{false, true} {
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		sub, err := c.Subscribe(sctx, &geologv1.SubscribeRequest{Stream: "kv", Start: &geologv1.SubscribeRequest_FromOffset{FromOffset: 0}, WantFrames: frames})
+		if err != nil {
+			t.Fatal(err)
 		}
-		for _, r := range resp.GetRecords() {
-			got = append(got, recordText(r))
+		var got []string
+		for len(got) < len(want) {
+			resp, err := sub.Recv()
+			if err == io.EOF || err != nil {
+				t.Fatalf("subscribe: %v after %v", err, got)
+			}
+			for _, r := range append(resp.GetRecords(), framesAsRecords(t, resp.GetFrames())...) {
+				got = append(got, recordText(r))
+			}
 		}
-	}
-	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Fatalf("subscribe delivered\n %v\nwant\n %v", got, want)
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("subscribe (frames %v) delivered\n %v\nwant\n %v", frames, got, want)
+		}
 	}
 }
 

@@ -48,19 +48,20 @@ func (n *Node) fetch(ctx context.Context, req *geologv1.FetchRequest, send func(
 		return err
 	}
 	_, maxBytes := clampRead(0, req.GetMaxBytes())
+	lim := readLimits{maxRecords: readRecordsDefault, maxBytes: maxBytes, frames: req.GetWantFrames()}
 	next := req.GetFromOffset()
 	for {
 		changed, fenced := rd.changed(), cr.appliedChanged()
 		if err := check(); err != nil && !errors.Is(err, cursors.ErrBehind) {
 			return err
 		}
-		recs, after, err := rd.readRecords(next, readRecordsDefault, maxBytes)
+		out, after, err := rd.read(nil, next, lim)
 		if err != nil {
 			return err
 		}
-		if len(recs) > 0 {
+		if out.count > 0 {
 			next = after
-			if err := send(&geologv1.FetchResponse{Records: recs, NextOffset: next, TailOffset: rd.servableEnd()}); err != nil {
+			if err := send(&geologv1.FetchResponse{Records: out.recs, Frames: out.frames, NextOffset: next, TailOffset: rd.servableEnd()}); err != nil {
 				return err
 			}
 			continue

@@ -44,13 +44,20 @@ func clip(key []byte) []byte {
 	return key
 }
 
-// read returns committed records from offset from on as readRecords does,
-// or, with key non-nil, as readKeyRecords does.
-func (d *rangeDriver) read(key []byte, from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
-	if key == nil {
-		return d.readRecords(from, maxRecords, maxBytes)
+// read returns committed records from offset from on as readRecords does
+// (readFrames in the frame form), or, with key non-nil, as readKeyRecords
+// does (in the records form whatever lim asks: the key index finds
+// records, not frames).
+func (d *rangeDriver) read(key []byte, from uint64, lim readLimits) (readOut, uint64, error) {
+	switch {
+	case key != nil:
+		recs, next, err := d.readKeyRecords(key, from, lim.maxRecords, lim.maxBytes)
+		return readOut{recs: recs, count: len(recs)}, next, err
+	case lim.frames:
+		return d.readFrames(from, lim.maxRecords, lim.maxBytes)
 	}
-	return d.readKeyRecords(key, from, maxRecords, maxBytes)
+	recs, next, err := d.readRecords(from, lim.maxRecords, lim.maxBytes)
+	return readOut{recs: recs, count: len(recs)}, next, err
 }
 
 // readKeyRecords returns the committed records of key from offset from on,

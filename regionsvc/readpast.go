@@ -6,7 +6,6 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/rpcerr"
-	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
 // Reads past what a node serves (DESIGN.md invariant 8). A reader may ask
@@ -84,30 +83,30 @@ func (n *Node) settlePastTail(ctx context.Context, d *rangeDriver, from uint64) 
 // readLocal is a read at from without a home confirmation (consistency
 // local or min_offset), filtered by key if not nil (d.read), settling a
 // read past the servable end.
-func (n *Node) readLocal(ctx context.Context, d *rangeDriver, key []byte, from uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
-	recs, next, err := d.read(key, from, maxRecords, maxBytes)
+func (n *Node) readLocal(ctx context.Context, d *rangeDriver, key []byte, from uint64, lim readLimits) (readOut, uint64, error) {
+	out, next, err := d.read(key, from, lim)
 	if rpcerr.CodeOf(err) != apierr.PastLocalTail {
-		return recs, next, err
+		return out, next, err
 	}
 	if err := n.settlePastTail(ctx, d, from); err != nil {
-		return nil, from, err
+		return readOut{}, from, err
 	}
-	return d.read(key, from, maxRecords, maxBytes)
+	return d.read(key, from, lim)
 }
 
 // readAtHomeTail is a home read at from once the local copy committed the
 // home's confirmed tail: refused (retriable) while a fence keeps the copy
 // below it (a divergent tail not yet forked off), and past the tail an
 // OFFSET_OUT_OF_RANGE. key filters as in d.read.
-func (d *rangeDriver) readAtHomeTail(key []byte, from, tail uint64, maxRecords, maxBytes int) ([]*geologv1.StoredRecord, uint64, error) {
+func (d *rangeDriver) readAtHomeTail(key []byte, from, tail uint64, lim readLimits) (readOut, uint64, error) {
 	if end := d.servableEnd(); end < tail {
-		return nil, from, d.pastTail(tail, end)
+		return readOut{}, from, d.pastTail(tail, end)
 	}
-	recs, next, err := d.read(key, from, maxRecords, maxBytes)
+	out, next, err := d.read(key, from, lim)
 	if e := apierr.As(err); e != nil && e.Code == apierr.PastLocalTail {
-		return nil, from, outOfRange(from, e.StartOffset, e.TailOffset)
+		return readOut{}, from, outOfRange(from, e.StartOffset, e.TailOffset)
 	}
-	return recs, next, err
+	return out, next, err
 }
 
 // subscribeWait is what a subscription at next does when readRecords found

@@ -351,19 +351,21 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 	if err := s.node.holdReadReply(ctx, maxBytes); err != nil {
 		return nil, err
 	}
-	var recs []*geologv1.StoredRecord
+	lim := readLimits{maxRecords: maxRecords, maxBytes: maxBytes, frames: req.GetWantFrames()}
+	var out readOut
 	var next uint64
 	if homeTail != nil {
-		recs, next, err = rd.readAtHomeTail(req.Key, req.GetFromOffset(), *homeTail, maxRecords, maxBytes)
+		out, next, err = rd.readAtHomeTail(req.Key, req.GetFromOffset(), *homeTail, lim)
 	} else {
-		recs, next, err = s.node.readLocal(wctx, rd, req.Key, req.GetFromOffset(), maxRecords, maxBytes)
+		out, next, err = s.node.readLocal(wctx, rd, req.Key, req.GetFromOffset(), lim)
 	}
 	if err != nil {
 		return nil, err
 	}
-	s.node.limits.quotas.charge(s.node.limits.quotas.principal(ctx), recordBytes(recs))
+	s.node.limits.quotas.charge(s.node.limits.quotas.principal(ctx), out.quotaBytes())
 	return &geologv1.ReadResponse{
-		Records:     recs,
+		Records:     out.recs,
+		Frames:      out.frames,
 		NextOffset:  next,
 		StartOffset: rd.store.StartOffset(),
 		TailOffset:  rd.servableEnd(),

@@ -84,12 +84,13 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 		if err != nil {
 			return err
 		}
-		recs, nx, wait, err := subscribeRead(rd, req.Key, next, maxBytes, &behind)
+		lim := readLimits{maxRecords: readRecordsDefault, maxBytes: maxBytes, frames: req.GetWantFrames()}
+		out, nx, wait, err := subscribeRead(rd, req.Key, next, lim, &behind)
 		if err != nil {
 			release()
 			return err
 		}
-		if len(recs) == 0 && req.Key != nil {
+		if out.count == 0 && req.Key != nil {
 			// A read by key skipped other keys' records: its subscriber
 			// hears of its key only.
 			next = max(next, nx)
@@ -97,10 +98,11 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 		if nx > next {
 			// Records, or holes only (compaction by key): either way the
 			// subscriber learns where to resume.
+			from := next
 			next = nx
-			n.limits.quotas.charge(principal, recordBytes(recs))
-			msg := &geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: rd.servableEnd()}
-			if err := send.send(ctx, msg, release, timeout); err != nil {
+			n.limits.quotas.charge(principal, out.quotaBytes())
+			msg := &geologv1.SubscribeResponse{Records: out.recs, Frames: out.frames, NextOffset: next, TailOffset: rd.servableEnd()}
+			if err := send.send(ctx, msg, from, release, timeout); err != nil {
 				return err
 			}
 			continue
@@ -121,17 +123,17 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 // past what this copy serves (it lags, or fences off a divergent tail) is
 // waited out for a while (subscribeWait): nothing is read, and wait fires
 // when to look again.
-func subscribeRead(rd *rangeDriver, key []byte, next uint64, maxBytes int, behind *time.Time) (recs []*geologv1.StoredRecord, nx uint64, wait <-chan time.Time, err error) {
-	recs, nx, err = rd.read(key, next, readRecordsDefault, maxBytes)
+func subscribeRead(rd *rangeDriver, key []byte, next uint64, lim readLimits, behind *time.Time) (out readOut, nx uint64, wait <-chan time.Time, err error) {
+	out, nx, err = rd.read(key, next, lim)
 	if rpcerr.CodeOf(err) != apierr.PastLocalTail {
 		*behind = time.Time{}
-		return recs, nx, nil, err
+		return out, nx, nil, err
 	}
 	left, err := rd.subscribeWait(next, behind)
 	if err != nil || left <= 0 {
-		return nil, next, nil, err
+		return readOut{}, next, nil, err
 	}
-	return nil, next, time.After(left), nil
+	return readOut{}, next, time.After(left), nil
 }
 
 // subscribeStart is the first offset a subscription sends.
@@ -197,9 +199,9 @@ func newSubscriptionSender(stream geologv1.Log_SubscribeServer) *subscriptionSen
 	return s
 }
 
-// send hands msg over and waits until it is sent or timeout passes (the
-// subscriber is then too slow).
-func (s *subscriptionSender) send(ctx context.Context, msg *geologv1.SubscribeResponse, release func(), timeout time.Duration) error {
+// send hands msg, read from offset from, over and waits until it is sent
+// or timeout passes (the subscriber is then too slow).
+func (s *subscriptionSender) send(ctx context.Context, msg *geologv1.SubscribeResponse, from uint64, release func(), timeout time.Duration) error {
 	s.msgs <- subscriptionMsg{resp: msg, release: release}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -210,7 +212,7 @@ func (s *subscriptionSender) send(ctx context.Context, msg *geologv1.SubscribeRe
 		if s.cutOff != nil {
 			s.cutOff()
 		}
-		e := apierr.New(apierr.SlowConsumer, "the subscriber took no message for %v; subscribe again from offset %d", timeout, msg.GetRecords()[0].GetOffset())
+		e := apierr.New(apierr.SlowConsumer, "the subscriber took no message for %v; subscribe again from offset %d", timeout, from)
 		e.RetryAfter = overloadRetryAfter
 		return e
 	case <-ctx.Done():

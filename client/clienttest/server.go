@@ -67,6 +67,14 @@ type Config struct {
 	// TLS, if set, makes the fake serve TLS (require client certificates
 	// in it for mutual TLS); default plaintext.
 	TLS *tls.Config
+	// ServeFrames makes the fake answer a read or subscription asking for
+	// the frame form (want_frames, without a key) with frames, as a node
+	// does; by default it answers records, as a node that predates the
+	// form.
+	ServeFrames bool
+	// DamageFrames, with ServeFrames, changes the frames of each reply
+	// before they are sent (to test how a client takes bad ones).
+	DamageFrames func(frames []byte) []byte
 }
 
 // Fault is what to do to one request. The zero Fault does nothing.
@@ -719,6 +727,9 @@ func (s *Server) Read(ctx context.Context, req *geologv1.ReadRequest) (*geologv1
 		resp.Records = append(resp.Records, rec)
 	}
 	resp.NextOffset = o
+	if s.wantsFrames(req.GetWantFrames(), req.Key) && len(resp.Records) > 0 {
+		resp.Frames, resp.Records = s.framesOf(resp.Records), nil
+	}
 	return resp, nil
 }
 
@@ -795,7 +806,11 @@ func (s *Server) Subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_S
 			return f.Err
 		}
 		next = o
-		if err := stream.Send(&geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: tail}); err != nil {
+		msg := &geologv1.SubscribeResponse{Records: recs, NextOffset: next, TailOffset: tail}
+		if s.wantsFrames(req.GetWantFrames(), req.Key) {
+			msg.Frames, msg.Records = s.framesOf(recs), nil
+		}
+		if err := stream.Send(msg); err != nil {
 			return err
 		}
 	}

@@ -845,7 +845,10 @@ type FetchRequest struct {
 	FromOffset  uint64                 `protobuf:"varint,6,opt,name=from_offset,json=fromOffset,proto3" json:"from_offset,omitempty"`
 	// max_bytes bounds each reply message; 0 means the server default
 	// (1 MiB).
-	MaxBytes      uint32 `protobuf:"varint,7,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint32 `protobuf:"varint,7,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// want_frames asks for the frame form of every reply, as
+	// ReadRequest.want_frames does.
+	WantFrames    bool `protobuf:"varint,8,opt,name=want_frames,json=wantFrames,proto3" json:"want_frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -929,11 +932,21 @@ func (x *FetchRequest) GetMaxBytes() uint32 {
 	return 0
 }
 
+func (x *FetchRequest) GetWantFrames() bool {
+	if x != nil {
+		return x.WantFrames
+	}
+	return false
+}
+
 type FetchResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Records       []*StoredRecord        `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
-	NextOffset    uint64                 `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
-	TailOffset    uint64                 `protobuf:"varint,3,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Records    []*StoredRecord        `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	NextOffset uint64                 `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	TailOffset uint64                 `protobuf:"varint,3,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
+	// frames is the frame form (FetchRequest.want_frames), as
+	// ReadResponse.frames.
+	Frames        []byte `protobuf:"bytes,4,opt,name=frames,proto3" json:"frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -987,6 +1000,13 @@ func (x *FetchResponse) GetTailOffset() uint64 {
 		return x.TailOffset
 	}
 	return 0
+}
+
+func (x *FetchResponse) GetFrames() []byte {
+	if x != nil {
+		return x.Frames
+	}
+	return nil
 }
 
 type ListGroupsRequest struct {
@@ -1914,7 +1934,7 @@ const file_geolog_v1_consumer_proto_rawDesc = "" +
 	"\x06stream\x18\x04 \x01(\tR\x06stream\x12\x16\n" +
 	"\x06ranges\x18\x05 \x03(\rR\x06ranges\x127\n" +
 	"\tpositions\x18\x06 \x03(\v2\x19.geolog.v1.CursorPositionR\tpositions\x122\n" +
-	"\x15heartbeat_interval_ms\x18\a \x01(\rR\x13heartbeatIntervalMs\"\xd0\x01\n" +
+	"\x15heartbeat_interval_ms\x18\a \x01(\rR\x13heartbeatIntervalMs\"\xf1\x01\n" +
 	"\fFetchRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12!\n" +
@@ -1923,13 +1943,16 @@ const file_geolog_v1_consumer_proto_rawDesc = "" +
 	"\x05range\x18\x05 \x01(\rR\x05range\x12\x1f\n" +
 	"\vfrom_offset\x18\x06 \x01(\x04R\n" +
 	"fromOffset\x12\x1b\n" +
-	"\tmax_bytes\x18\a \x01(\rR\bmaxBytes\"\x84\x01\n" +
+	"\tmax_bytes\x18\a \x01(\rR\bmaxBytes\x12\x1f\n" +
+	"\vwant_frames\x18\b \x01(\bR\n" +
+	"wantFrames\"\x9c\x01\n" +
 	"\rFetchResponse\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.geolog.v1.StoredRecordR\arecords\x12\x1f\n" +
 	"\vnext_offset\x18\x02 \x01(\x04R\n" +
 	"nextOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x03 \x01(\x04R\n" +
-	"tailOffset\"e\n" +
+	"tailOffset\x12\x16\n" +
+	"\x06frames\x18\x04 \x01(\fR\x06frames\"e\n" +
 	"\x11ListGroupsRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x128\n" +
 	"\vconsistency\x18\x02 \x01(\x0e2\x16.geolog.v1.ConsistencyR\vconsistency\"\x8d\x01\n" +

@@ -1165,7 +1165,12 @@ type ReadRequest struct {
 	// range (INVALID_ARGUMENT otherwise), but for the empty key, which
 	// selects the range's keyless records (producers spread those over every
 	// range). Every consistency works as without it.
-	Key           []byte `protobuf:"bytes,8,opt,name=key,proto3,oneof" json:"key,omitempty"`
+	Key []byte `protobuf:"bytes,8,opt,name=key,proto3,oneof" json:"key,omitempty"`
+	// want_frames asks for the frame form of the reply: ReadResponse.frames
+	// instead of ReadResponse.records. A server that does not know the
+	// field, and a read by key, answer records; a client reads whichever
+	// form the reply holds.
+	WantFrames    bool `protobuf:"varint,9,opt,name=want_frames,json=wantFrames,proto3" json:"want_frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1256,9 +1261,26 @@ func (x *ReadRequest) GetKey() []byte {
 	return nil
 }
 
+func (x *ReadRequest) GetWantFrames() bool {
+	if x != nil {
+		return x.WantFrames
+	}
+	return false
+}
+
 type ReadResponse struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Records []*StoredRecord        `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// records is the records form: one message per record.
+	Records []*StoredRecord `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	// frames is the frame form (ReadRequest.want_frames): the records as
+	// the range's log stores them, record-batch frames (the segment frame,
+	// docs/api.md "The frame form") back to back, each with its CRC32C. A
+	// frame holds only records the records form would have returned: one
+	// cut at from_offset, at the tail, at a fence or at max_records is
+	// re-framed to hold just those. Record i of a frame that is not
+	// compacted has offset base_offset + i; a compacted frame's records
+	// carry their offsets. A reply holds records or frames, never both.
+	Frames []byte `protobuf:"bytes,5,opt,name=frames,proto3" json:"frames,omitempty"`
 	// next_offset is the offset to read next.
 	NextOffset uint64 `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
 	// start_offset is the first retained offset of the range.
@@ -1306,6 +1328,13 @@ func (x *ReadResponse) GetRecords() []*StoredRecord {
 	return nil
 }
 
+func (x *ReadResponse) GetFrames() []byte {
+	if x != nil {
+		return x.Frames
+	}
+	return nil
+}
+
 func (x *ReadResponse) GetNextOffset() uint64 {
 	if x != nil {
 		return x.NextOffset
@@ -1340,7 +1369,10 @@ type SubscribeRequest struct {
 	MaxBytes uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// key, when present, follows only the records whose key equals it, as
 	// ReadRequest.key reads them.
-	Key           []byte `protobuf:"bytes,6,opt,name=key,proto3,oneof" json:"key,omitempty"`
+	Key []byte `protobuf:"bytes,6,opt,name=key,proto3,oneof" json:"key,omitempty"`
+	// want_frames asks for the frame form of every reply, as
+	// ReadRequest.want_frames does.
+	WantFrames    bool `protobuf:"varint,7,opt,name=want_frames,json=wantFrames,proto3" json:"want_frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1428,6 +1460,13 @@ func (x *SubscribeRequest) GetKey() []byte {
 	return nil
 }
 
+func (x *SubscribeRequest) GetWantFrames() bool {
+	if x != nil {
+		return x.WantFrames
+	}
+	return false
+}
+
 type isSubscribeRequest_Start interface {
 	isSubscribeRequest_Start()
 }
@@ -1447,10 +1486,13 @@ func (*SubscribeRequest_FromOffset) isSubscribeRequest_Start() {}
 func (*SubscribeRequest_FromTimeUnixNanos) isSubscribeRequest_Start() {}
 
 type SubscribeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Records       []*StoredRecord        `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
-	NextOffset    uint64                 `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
-	TailOffset    uint64                 `protobuf:"varint,3,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Records    []*StoredRecord        `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	NextOffset uint64                 `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	TailOffset uint64                 `protobuf:"varint,3,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
+	// frames is the frame form (SubscribeRequest.want_frames), as
+	// ReadResponse.frames.
+	Frames        []byte `protobuf:"bytes,4,opt,name=frames,proto3" json:"frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1504,6 +1546,13 @@ func (x *SubscribeResponse) GetTailOffset() uint64 {
 		return x.TailOffset
 	}
 	return 0
+}
+
+func (x *SubscribeResponse) GetFrames() []byte {
+	if x != nil {
+		return x.Frames
+	}
+	return nil
 }
 
 type RetentionPolicy struct {
@@ -4623,7 +4672,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x16append_time_unix_nanos\x18\x05 \x01(\x03R\x13appendTimeUnixNanos\x12\x1c\n" +
 	"\tduplicate\x18\x06 \x01(\bR\tduplicate\x12,\n" +
 	"\x05error\x18\a \x01(\v2\x16.geolog.v1.ErrorDetailR\x05error\x12/\n" +
-	"\x06timing\x18\b \x01(\v2\x17.geolog.v1.AppendTimingR\x06timing\"\x92\x02\n" +
+	"\x06timing\x18\b \x01(\v2\x17.geolog.v1.AppendTimingR\x06timing\"\xb3\x02\n" +
 	"\vReadRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12\x1f\n" +
@@ -4635,15 +4684,18 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vconsistency\x18\x06 \x01(\x0e2\x16.geolog.v1.ConsistencyR\vconsistency\x12\x1d\n" +
 	"\n" +
 	"min_offset\x18\a \x01(\x04R\tminOffset\x12\x15\n" +
-	"\x03key\x18\b \x01(\fH\x00R\x03key\x88\x01\x01B\x06\n" +
-	"\x04_key\"\xa6\x01\n" +
+	"\x03key\x18\b \x01(\fH\x00R\x03key\x88\x01\x01\x12\x1f\n" +
+	"\vwant_frames\x18\t \x01(\bR\n" +
+	"wantFramesB\x06\n" +
+	"\x04_key\"\xbe\x01\n" +
 	"\fReadResponse\x121\n" +
-	"\arecords\x18\x01 \x03(\v2\x17.geolog.v1.StoredRecordR\arecords\x12\x1f\n" +
+	"\arecords\x18\x01 \x03(\v2\x17.geolog.v1.StoredRecordR\arecords\x12\x16\n" +
+	"\x06frames\x18\x05 \x01(\fR\x06frames\x12\x1f\n" +
 	"\vnext_offset\x18\x02 \x01(\x04R\n" +
 	"nextOffset\x12!\n" +
 	"\fstart_offset\x18\x03 \x01(\x04R\vstartOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x04 \x01(\x04R\n" +
-	"tailOffset\"\xdb\x01\n" +
+	"tailOffset\"\xfc\x01\n" +
 	"\x10SubscribeRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x12!\n" +
@@ -4651,15 +4703,18 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"fromOffset\x121\n" +
 	"\x14from_time_unix_nanos\x18\x04 \x01(\x03H\x00R\x11fromTimeUnixNanos\x12\x1b\n" +
 	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytes\x12\x15\n" +
-	"\x03key\x18\x06 \x01(\fH\x01R\x03key\x88\x01\x01B\a\n" +
+	"\x03key\x18\x06 \x01(\fH\x01R\x03key\x88\x01\x01\x12\x1f\n" +
+	"\vwant_frames\x18\a \x01(\bR\n" +
+	"wantFramesB\a\n" +
 	"\x05startB\x06\n" +
-	"\x04_key\"\x88\x01\n" +
+	"\x04_key\"\xa0\x01\n" +
 	"\x11SubscribeResponse\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.geolog.v1.StoredRecordR\arecords\x12\x1f\n" +
 	"\vnext_offset\x18\x02 \x01(\x04R\n" +
 	"nextOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x03 \x01(\x04R\n" +
-	"tailOffset\"L\n" +
+	"tailOffset\x12\x16\n" +
+	"\x06frames\x18\x04 \x01(\fR\x06frames\"L\n" +
 	"\x0fRetentionPolicy\x12\x1c\n" +
 	"\n" +
 	"max_age_ms\x18\x01 \x01(\x03R\bmaxAgeMs\x12\x1b\n" +
