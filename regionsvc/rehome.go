@@ -70,7 +70,6 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		return nil, apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)")
 	}
 	t0 := time.Now()
-	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var confirmErr error
 	if snap := req.GetHomes(); snap != nil {
@@ -99,34 +98,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 	n.applyRoles() // the directory is refreshed after the tails are read
 	view := n.homing.homes.View()
 	resp := &geologv1.RefreshHomesResponse{HomesVersion: view.HomesVersion, LivenessNodeId: view.NodeID}
-	for _, r := range req.GetRanges() {
-		if req.GetStream() == "" {
-			break
-		}
-		d, err := n.rangeOf(ctx, req.GetStream(), r)
-		if err != nil || d.rep == nil {
-			continue
-		}
-		if !d.isHome() || d.rep.LeaderID() != n.cfg.NodeID {
-			// A follower reports its committed end, read after it took the
-			// new homes: a node that led the range before it took them, and
-			// acked appends then, reports at least what it acked even if
-			// it lost the lead since. The caller takes the highest report.
-			mu.Lock()
-			resp.Tails = append(resp.Tails, &geologv1.RangeTail{Range: r, TailOffset: d.committed.Load()})
-			mu.Unlock()
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if t, err := n.finalTail(ctx, d); err == nil {
-				mu.Lock()
-				resp.Tails = append(resp.Tails, &geologv1.RangeTail{Range: r, TailOffset: t})
-				mu.Unlock()
-			}
-		}()
-	}
+	resp.Tails = n.leaderFinalTails(ctx, req.GetStream(), req.GetRanges())
 	wg.Wait()
 	n.logger.Debug("refreshed homes", "installed", req.GetHomes() != nil, "homes_version", view.HomesVersion,
 		"refresh", tRefreshed.Sub(t0), "tails_and_confirm", time.Since(tRefreshed), "tails", len(resp.Tails))
@@ -137,6 +109,45 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		return nil, homingErr(confirmErr)
 	}
 	return resp, nil
+}
+
+// leaderFinalTails is the final tail of each of a stream's ranges that
+// this node leads, read after it took the new homes (finalTail), marked as
+// a leader's. A range it does not lead, or whose final tail failed (its
+// leadership moved meanwhile: a transfer, the leader balancer, an
+// election), is left out. A follower reports nothing: its committed end
+// may lag what its leader acked (it learns the commit index with the
+// leader's next message), so it is no final tail; the coordinator asks
+// the leader of now for a range no leader reported (homing.OpDrainedTails).
+// This was the simulator's finding 1 (notes/simfaults.md): the followers'
+// ends taken as final started the new home below acked records.
+func (n *Node) leaderFinalTails(ctx context.Context, stream string, ranges []uint32) []*geologv1.RangeTail {
+	if stream == "" {
+		return nil
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var out []*geologv1.RangeTail
+	for _, r := range ranges {
+		d, err := n.rangeOf(ctx, stream, r)
+		if err != nil || d.rep == nil || !d.isHome() || d.rep.LeaderID() != n.cfg.NodeID {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t, err := n.finalTail(ctx, d)
+			if err != nil {
+				n.logger.Debug("rehome: no final tail from this leader", "stream", stream, "range", r, "error", err)
+				return
+			}
+			mu.Lock()
+			out = append(out, &geologv1.RangeTail{Range: r, TailOffset: t, Leader: true})
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 func regionHomesToProto(r homing.RegionHomes) *geologv1.RegionHomes {
@@ -525,9 +536,26 @@ type regionRefresh struct {
 	seen map[uint64]uint64
 }
 
+// add takes one node's answer: its leaders' final tails (the highest per
+// range: every ack came from a leader that had not taken the new homes
+// yet, and a leader's final tail, read after it took them, covers every
+// ack of the range) and the homes version it acts on. A tail not marked as
+// a leader's is dropped: a node older than RangeTail.leader reported its
+// followers' committed ends too, which may lag what the leader acked.
+func (r *regionRefresh) add(resp *geologv1.RefreshHomesResponse) {
+	for _, t := range resp.GetTails() {
+		if t.GetLeader() {
+			r.tails[t.GetRange()] = max(r.tails[t.GetRange()], t.GetTailOffset())
+		}
+	}
+	if id := resp.GetLivenessNodeId(); id != 0 {
+		r.seen[id] = max(r.seen[id], resp.GetHomesVersion())
+	}
+}
+
 // refreshRegionTails refreshes every node of region and collects the
-// final tails of the ranges their leaders report, and the homes versions
-// the nodes act on.
+// final tails of the ranges their leaders report (a range no leader
+// reported is missing), and the homes versions the nodes act on.
 func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geologv1.RefreshHomesRequest) (regionRefresh, error) {
 	addrs := n.regionAddrList(region)
 	errs := make([]error, len(addrs))
@@ -555,14 +583,7 @@ func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geolo
 				return
 			}
 			mu.Lock()
-			for _, t := range resp.GetTails() {
-				// The highest report: every ack came from a leader that had
-				// not taken the new homes yet, and reported after it did.
-				out.tails[t.GetRange()] = max(out.tails[t.GetRange()], t.GetTailOffset())
-			}
-			if id := resp.GetLivenessNodeId(); id != 0 {
-				out.seen[id] = max(out.seen[id], resp.GetHomesVersion())
-			}
+			out.add(resp)
 			mu.Unlock()
 		}()
 	}
