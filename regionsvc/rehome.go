@@ -180,7 +180,7 @@ func (n *Node) finalTail(ctx context.Context, d *rangeDriver) (uint64, error) {
 			return 0, err
 		}
 		if pending == 0 {
-			return n.homeTail(ctx, d, true)
+			return n.homeTailFor(ctx, d, homeTailAsk{forwarded: true, final: true})
 		}
 		select {
 		case <-time.After(2 * time.Millisecond):
@@ -679,11 +679,19 @@ func (n *Node) drainedTail(ctx context.Context, spec streamSpec, r uint32, home 
 	}
 }
 
+// finalTailKey marks a home read that a planned rehome's coordinator
+// makes for the final tail of a range stopped for the move: the home
+// leader confirms it (homing.View.CheckFinal) although it answers no home
+// read of a range stopped for a move, and the answer is the tail only, no
+// records.
+const finalTailKey = "x-geolog-final-tail"
+
 // confirmedTailWait bounds confirmedTail's rounds over the home's nodes.
 const confirmedTailWait = 30 * time.Second
 
-// confirmedTail asks the home region for the range's tail as its home
-// leader confirms it (a home read), trying its nodes in turn, round after
+// confirmedTail asks the home region for the range's final tail as its
+// home leader confirms it (a home read marked finalTailKey: the range is
+// stopped for the move), trying its nodes in turn, round after
 // round, for up to confirmedTailWait. Each attempt is bounded by
 // attemptTimeout: a dead node is passed over in seconds, and a slow one
 // (a busy machine, a slow link) is still heard in a later round.
@@ -693,7 +701,7 @@ func (n *Node) confirmedTail(ctx context.Context, spec streamSpec, r uint32, hom
 		if err != nil {
 			return 0, err
 		}
-		return n.homeTail(ctx, d, false)
+		return n.homeTailFor(ctx, d, homeTailAsk{final: true})
 	}
 	deadline := time.Now().Add(confirmedTailWait)
 	var last error
@@ -704,7 +712,7 @@ func (n *Node) confirmedTail(ctx context.Context, spec streamSpec, r uint32, hom
 				last = err
 				continue
 			}
-			cctx, cancel := context.WithTimeout(ctx, attemptTimeout(round))
+			cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, finalTailKey, "1"), attemptTimeout(round))
 			resp, err := geologv1.NewLogClient(conn).Read(cctx, &geologv1.ReadRequest{Stream: spec.Name, Range: r,
 				Consistency: geologv1.Consistency_CONSISTENCY_HOME, MaxRecords: 1})
 			cancel()
@@ -728,7 +736,8 @@ func attemptTimeout(round int) time.Duration {
 	return min(2*time.Second<<min(round, 3), 16*time.Second)
 }
 
-// waitRegionTail waits until region's copy of the range has tail.
+// waitRegionTail waits until region's copy of the range has tail (a copy
+// holding a divergent tail has nothing until it forks: candidateTails).
 func (n *Node) waitRegionTail(ctx context.Context, region, stream string, r uint32, tail uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -739,7 +748,7 @@ func (n *Node) waitRegionTail(ctx context.Context, region, stream string, r uint
 			if err != nil {
 				return err
 			}
-			have = d.committed.Load()
+			have, _ = d.candidateTail() // 0 while it holds a divergent tail
 		} else if t := n.remoteTails(ctx, region, stream); int(r) < len(t) {
 			have = t[r]
 		}
