@@ -23,6 +23,7 @@ import (
 //	node id=1 region=us [skew=100ms]
 //	heartbeat id=1 at=1s [force]      Core.Next + Store.Heartbeat + Core.Done
 //	check id=1 stream=chat range=0 at=2s
+//	check-read|check-final id=1 stream=chat range=0 at=2s   View.CheckRead, View.CheckFinal
 //	create region=us stream=chat ranges=0-3 [start=0]
 //	takeover from=us to=eu at=10s stream=chat ranges=0-1 epoch=1 [start=7]
 //	prepare|complete|cancel stream=chat range=0 epoch=1 [to=eu] [start=9] [at=3s]
@@ -221,6 +222,20 @@ func (h *ddHarness) run(t *testing.T, d *datadriven.TestData) string {
 			return "error: " + err.Error()
 		}
 		return fmt.Sprintf("ok epoch=%d start=%d until=%s", l.Epoch, l.StartOffset, dur(l.UntilNanos))
+
+	case "check-read", "check-final":
+		n := h.node(t, d)
+		now := ddDur(t, d, "at") + n.skew
+		key := RangeKey{Stream: ddStr(t, d, "stream", ""), Range: uint32(ddUint(t, d, "range", 0))}
+		check := n.core.View().CheckRead
+		if d.Cmd == "check-final" {
+			check = n.core.View().CheckFinal
+		}
+		e, err := check(key, now)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return fmt.Sprintf("ok epoch=%d", e)
 
 	case "create":
 		var specs []HomeSpec

@@ -154,10 +154,14 @@
 //     harmlessly.
 //  3. Stamps each complete request with a clock reading taken just before
 //     sending it.
-//  4. Reports, for the stop, the highest tail any node of the old home
-//     reported per range and every node's confirmed homes version, and an
-//     error if any node did not answer: the core then waits for the old
-//     home to drain before trusting the tails.
+//  4. Reports, for the stop, the highest final tail a leader of the old
+//     home reported per range (a leader's, read after it took the stop
+//     and its appends in flight were answered; never a follower's
+//     committed end, which may lag what the leader acked: a range no
+//     leader reported is left out, and the core asks the leader of now),
+//     every node's confirmed homes version, and an error if any node did
+//     not answer: the core then waits for the old home to drain before
+//     trusting the tails.
 //  5. Runs cancels with a context the caller's cancellation does not end,
 //     and logs a failed cancel (the range stays stopped until a rehome
 //     completes or is cancelled).

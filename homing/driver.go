@@ -174,6 +174,12 @@ func (h *Homes) CheckRead(stream string, rangeID uint32) (uint64, error) {
 	return h.view.Load().CheckRead(RangeKey{Stream: stream, Range: rangeID}, h.now())
 }
 
+// CheckFinal is CheckRead for a planned rehome's final tail (see
+// View.CheckFinal).
+func (h *Homes) CheckFinal(stream string, rangeID uint32) (uint64, error) {
+	return h.view.Load().CheckFinal(RangeKey{Stream: stream, Range: rangeID}, h.now())
+}
+
 // Lease is Check with the lease's deadline and start offset.
 func (h *Homes) Lease(stream string, rangeID uint32) (Lease, error) {
 	return h.view.Load().Lease(RangeKey{Stream: stream, Range: rangeID}, h.now())

@@ -33,7 +33,11 @@ import (
 //     each range's leader, the final tail once its appends in flight are
 //     answered. The final tail is the highest report: every ack came from
 //     a node that had not taken the stop yet, and reported after it did. A
-//     range no leader reported is asked of the home leader again. If a
+//     range no leader reported (its leader lost the lead or failed during
+//     the stop) is asked of the home leader of now again: a follower's
+//     committed end is no final tail, since it may lag what its leader
+//     acked (a follower learns the commit index with the leader's next
+//     message), so a driver reports leaders' tails only. If a
 //     node of From did not answer, it may still lead a range and ack past
 //     those reports until its heartbeat brings the prepare: the core waits
 //     until no node of From may act on the old homes (Undrained), then
@@ -57,6 +61,7 @@ type Rehome struct {
 
 	stopSnap         *RegionHomes // From's homes at the prepare's version
 	stopIncomplete   bool         // a node of From did not take the stop
+	drainKeys        []RangeKey   // the ranges the OpDrainedTails in flight asks for
 	drainVersion     uint64
 	seen             map[uint64]uint64 // confirmations: liveness id → homes version
 	started, vacated RegionHomes       // To's and From's homes after the last complete
@@ -132,7 +137,8 @@ const (
 	OpPrepare
 	// OpStop: RefreshHomes on every node of Region, with Homes if set (else
 	// a heartbeat, then a second one to confirm), reporting the final tails
-	// of Keys; answer Stopped.
+	// of Keys that their leaders give (never a follower's committed end);
+	// answer Stopped.
 	OpStop
 	// OpDrainedTails: ask Region's home leader for the confirmed tail of
 	// each of Keys, until two readings agree; answer DrainedTails.
@@ -375,8 +381,9 @@ func (r *Rehome) Prepared(nowNanos int64, b RehomeBatch, err error) {
 	r.send(op)
 }
 
-// Stopped answers OpStop: the highest final tail any node of From
-// reported per range, the homes version each node acts on now (by
+// Stopped answers OpStop: the highest final tail a leader of From
+// reported per range (a range no leader reported is left out, whatever
+// its followers' ends), the homes version each node acts on now (by
 // liveness id), and err when a node did not answer.
 func (r *Rehome) Stopped(nowNanos int64, tails map[RangeKey]uint64, seen map[uint64]uint64, err error) {
 	if !r.expect(OpStop) {
@@ -401,10 +408,16 @@ func (r *Rehome) Stopped(nowNanos int64, tails map[RangeKey]uint64, seen map[uin
 	}
 	if len(missing) > 0 {
 		r.phase = phaseStopTails
-		r.send(RehomeOp{Kind: OpDrainedTails, Region: r.cfg.From, Keys: missing})
+		r.askDrained(missing)
 		return
 	}
 	r.afterStop(nowNanos)
+}
+
+// askDrained asks From's leaders of now for the final tails of keys.
+func (r *Rehome) askDrained(keys []RangeKey) {
+	r.drainKeys = keys
+	r.send(RehomeOp{Kind: OpDrainedTails, Region: r.cfg.From, Keys: keys})
 }
 
 func (r *Rehome) merge(seen map[uint64]uint64) {
@@ -414,7 +427,8 @@ func (r *Rehome) merge(seen map[uint64]uint64) {
 }
 
 // DrainedTails answers OpDrainedTails: the home leader's confirmed tail of
-// each range asked, or why it could not be read.
+// each range asked, or why it could not be read. A range that was not
+// asked (its leader reported its final tail in the stop) keeps that tail.
 func (r *Rehome) DrainedTails(nowNanos int64, tails map[RangeKey]uint64, errs map[RangeKey]error) {
 	if !r.expect(OpDrainedTails) {
 		return
@@ -424,7 +438,7 @@ func (r *Rehome) DrainedTails(nowNanos int64, tails map[RangeKey]uint64, errs ma
 		t, ok := tails[x.home.Key]
 		err := errs[x.home.Key]
 		switch {
-		case x.state != rangePrepared:
+		case x.state != rangePrepared || !slices.Contains(r.drainKeys, x.home.Key):
 		case err != nil || !ok:
 			if err == nil {
 				err = unavailablef("no tail for %s from the old home", x.home.Key)
@@ -465,7 +479,7 @@ func (r *Rehome) LivenessRead(nowNanos int64, live []Liveness, err error) {
 			// No node may act on the old homes any more: read the final
 			// tails again from the leaders of now.
 			r.phase = phaseDrainTails
-			r.send(RehomeOp{Kind: OpDrainedTails, Region: r.cfg.From, Keys: r.keys(rangePrepared)})
+			r.askDrained(r.keys(rangePrepared))
 			return
 		}
 		r.note(RehomeNote{Msg: "waiting for the old home to confirm", Nodes: left, Routine: true})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
@@ -148,6 +149,7 @@ func TestFailbackFencesLocalReads(t *testing.T) {
 		t.Fatalf("the live subscription ended with %v, want a retriable OFFSET_PAST_LOCAL_TAIL at %d", live.err, fence)
 	}
 	checkFencedReads(ctx, t, us, "fence", fence)
+	checkNoTakeoverCandidate(ctx, t, w, us, fence)
 
 	// Everything heals: us forks and follows the new home.
 	if err := w.net.HealAll(); err != nil {
@@ -165,6 +167,32 @@ func TestFailbackFencesLocalReads(t *testing.T) {
 	}
 	t.Logf("the SDK subscription ended: %v", fe)
 	checkDivergentReads(ctx, t, w, live.records(), fence, learned)
+}
+
+// checkNoTakeoverCandidate: us, holding a divergent tail from fence on,
+// offers no tail to take range 0 over at, neither to its own region's
+// failover agent (localTails) nor to another region's (remoteTails reads
+// DescribeStream: candidateTails), and a planned rehome's wait for its
+// copy finds nothing there (notes/simfaults.md, product bug 2: it offered
+// its committed end, past the fence).
+func checkNoTakeoverCandidate(ctx context.Context, t *testing.T, w *homingWorld, us geologv1.LogClient, fence uint64) {
+	t.Helper()
+	key := homing.RangeKey{Stream: "fence", Range: 0}
+	if tail, ok := (&failoverAgent{n: w.nodes["us"][1]}).localTails(ctx, []homing.RangeKey{key})[key]; ok {
+		t.Errorf("us offers its divergent copy to take range 0 over at %d (fence %d)", tail, fence)
+	}
+	d, err := us.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "fence"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tails := candidateTails(d); len(tails) != 1 || tails[0] != 0 {
+		t.Errorf("us's tails for another region's agent: %v, want [0] (no candidate; committed %d, fence %d)", tails, d.GetRanges()[0].GetTailOffset(), fence)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := w.nodes["us"][1].waitRegionTail(wctx, "us", "fence", 0, fence+1); err == nil {
+		t.Errorf("a planned rehome's wait for us's copy to reach %d passed on its divergent tail", fence+1)
+	}
 }
 
 // appendAt appends n records to stream's range 0 through region.

@@ -787,44 +787,33 @@ func (n *Node) mirrorFloor(stream string, rng uint32) (uint64, bool) {
 // Raft ReadIndex; anywhere else the home leader is asked (within the region
 // through the leader's address, from a mirror region through that region's
 // addresses), and the caller then waits until the local copy has it.
+// forwarded: another node asks, and only the leader answers.
 func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (uint64, error) {
+	return n.homeTailFor(ctx, d, homeTailAsk{forwarded: forwarded})
+}
+
+// homeTailAsk says who asks homeTailFor for a range's confirmed tail.
+type homeTailAsk struct {
+	// forwarded: another node asks; only the leader answers, so that a
+	// stale view can never pass for the home's.
+	forwarded bool
+	// final: a planned rehome's coordinator asks for the final tail of a
+	// range stopped for the move, which its home leader confirms
+	// (homing.View.CheckFinal) though it answers no home read of it
+	// (CheckRead).
+	final bool
+}
+
+// homeTailFor is homeTail for ask.
+func (n *Node) homeTailFor(ctx context.Context, d *rangeDriver, ask homeTailAsk) (uint64, error) {
 	if d.rep == nil {
 		return d.committed.Load(), nil // a region of one without Raft: its own home
 	}
 	role := d.role()
 	if role.home && d.rep.LeaderID() == n.cfg.NodeID {
-		done := make(chan struct{})
-		var tail uint64
-		var rerr error
-		if err := d.exec(ctx, func() {
-			d.rep.ReadIndex(func(end uint64, err error) { tail, rerr = end, err; close(done) })
-		}); err != nil {
-			return 0, err
-		}
-		select {
-		case <-done:
-			if rerr != nil {
-				return 0, d.hintAddress(rerr)
-			}
-			if n.homing != nil {
-				// As for an ack (DESIGN.md "Fencing"): confirmed under a
-				// lease that may have expired, the tail may miss appends
-				// another region acked after taking the range over.
-				if _, err := n.homing.homes.CheckRead(d.cfg.stream, d.cfg.rangeID); err != nil {
-					if errors.Is(err, homing.ErrNotHome) {
-						return 0, n.notHome(d)
-					}
-					return 0, homingErr(err)
-				}
-			}
-			return tail, nil
-		case <-ctx.Done():
-			return 0, apierr.Wrap(apierr.Timeout, ctx.Err(), "confirming the home tail")
-		}
+		return n.leaderHomeTail(ctx, d, ask.final)
 	}
-	if forwarded {
-		// Asked by another node: only the leader answers, so that a stale
-		// view can never pass for the home's.
+	if ask.forwarded {
 		return 0, d.hintAddress(d.rep.NotLeaderError())
 	}
 	var addrs []string
@@ -845,7 +834,11 @@ func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (ui
 			last = err
 			continue
 		}
-		cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), 10*time.Second)
+		octx := metadata.AppendToOutgoingContext(ctx, forwardedKey, "1")
+		if ask.final {
+			octx = metadata.AppendToOutgoingContext(octx, finalTailKey, "1")
+		}
+		cctx, cancel := context.WithTimeout(octx, 10*time.Second)
 		resp, err := geologv1.NewLogClient(conn).Read(cctx, &geologv1.ReadRequest{Stream: d.cfg.stream, Range: d.cfg.rangeID,
 			Consistency: geologv1.Consistency_CONSISTENCY_HOME})
 		cancel()
@@ -859,4 +852,44 @@ func (n *Node) homeTail(ctx context.Context, d *rangeDriver, forwarded bool) (ui
 		return 0, apierr.New(apierr.Unavailable, "stream %s range %d: the home leader could not confirm its tail: %v", d.cfg.stream, d.cfg.rangeID, last)
 	}
 	return 0, last
+}
+
+// leaderHomeTail is homeTail on the range's home leader: a ReadIndex, then
+// the lease check (CheckFinal for a planned rehome's final tail, else
+// CheckRead).
+func (n *Node) leaderHomeTail(ctx context.Context, d *rangeDriver, final bool) (uint64, error) {
+	done := make(chan struct{})
+	var tail uint64
+	var rerr error
+	if err := d.exec(ctx, func() {
+		d.rep.ReadIndex(func(end uint64, err error) { tail, rerr = end, err; close(done) })
+	}); err != nil {
+		return 0, err
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return 0, apierr.Wrap(apierr.Timeout, ctx.Err(), "confirming the home tail")
+	}
+	if rerr != nil {
+		return 0, d.hintAddress(rerr)
+	}
+	if n.homing == nil {
+		return tail, nil
+	}
+	// As for an ack (DESIGN.md "Fencing"): confirmed under a lease that
+	// may have expired, the tail may miss appends another region acked
+	// after taking the range over; and a range stopped for a planned move
+	// answers only its coordinator (homing.View.CheckRead).
+	check := n.homing.homes.CheckRead
+	if final {
+		check = n.homing.homes.CheckFinal
+	}
+	if _, err := check(d.cfg.stream, d.cfg.rangeID); err != nil {
+		if errors.Is(err, homing.ErrNotHome) {
+			return 0, n.notHome(d)
+		}
+		return 0, homingErr(err)
+	}
+	return tail, nil
 }

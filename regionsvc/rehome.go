@@ -70,7 +70,6 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		return nil, apierr.New(apierr.InvalidArgument, "homing is off on this node (no --lease-store)")
 	}
 	t0 := time.Now()
-	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var confirmErr error
 	if snap := req.GetHomes(); snap != nil {
@@ -99,34 +98,7 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 	n.applyRoles() // the directory is refreshed after the tails are read
 	view := n.homing.homes.View()
 	resp := &geologv1.RefreshHomesResponse{HomesVersion: view.HomesVersion, LivenessNodeId: view.NodeID}
-	for _, r := range req.GetRanges() {
-		if req.GetStream() == "" {
-			break
-		}
-		d, err := n.rangeOf(ctx, req.GetStream(), r)
-		if err != nil || d.rep == nil {
-			continue
-		}
-		if !d.isHome() || d.rep.LeaderID() != n.cfg.NodeID {
-			// A follower reports its committed end, read after it took the
-			// new homes: a node that led the range before it took them, and
-			// acked appends then, reports at least what it acked even if
-			// it lost the lead since. The caller takes the highest report.
-			mu.Lock()
-			resp.Tails = append(resp.Tails, &geologv1.RangeTail{Range: r, TailOffset: d.committed.Load()})
-			mu.Unlock()
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if t, err := n.finalTail(ctx, d); err == nil {
-				mu.Lock()
-				resp.Tails = append(resp.Tails, &geologv1.RangeTail{Range: r, TailOffset: t})
-				mu.Unlock()
-			}
-		}()
-	}
+	resp.Tails = n.leaderFinalTails(ctx, req.GetStream(), req.GetRanges())
 	wg.Wait()
 	n.logger.Debug("refreshed homes", "installed", req.GetHomes() != nil, "homes_version", view.HomesVersion,
 		"refresh", tRefreshed.Sub(t0), "tails_and_confirm", time.Since(tRefreshed), "tails", len(resp.Tails))
@@ -137,6 +109,45 @@ func (s *adminServer) RefreshHomes(ctx context.Context, req *geologv1.RefreshHom
 		return nil, homingErr(confirmErr)
 	}
 	return resp, nil
+}
+
+// leaderFinalTails is the final tail of each of a stream's ranges that
+// this node leads, read after it took the new homes (finalTail), marked as
+// a leader's. A range it does not lead, or whose final tail failed (its
+// leadership moved meanwhile: a transfer, the leader balancer, an
+// election), is left out. A follower reports nothing: its committed end
+// may lag what its leader acked (it learns the commit index with the
+// leader's next message), so it is no final tail; the coordinator asks
+// the leader of now for a range no leader reported (homing.OpDrainedTails).
+// This was the simulator's finding 1 (notes/simfaults.md): the followers'
+// ends taken as final started the new home below acked records.
+func (n *Node) leaderFinalTails(ctx context.Context, stream string, ranges []uint32) []*geologv1.RangeTail {
+	if stream == "" {
+		return nil
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var out []*geologv1.RangeTail
+	for _, r := range ranges {
+		d, err := n.rangeOf(ctx, stream, r)
+		if err != nil || d.rep == nil || !d.isHome() || d.rep.LeaderID() != n.cfg.NodeID {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t, err := n.finalTail(ctx, d)
+			if err != nil {
+				n.logger.Debug("rehome: no final tail from this leader", "stream", stream, "range", r, "error", err)
+				return
+			}
+			mu.Lock()
+			out = append(out, &geologv1.RangeTail{Range: r, TailOffset: t, Leader: true})
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 func regionHomesToProto(r homing.RegionHomes) *geologv1.RegionHomes {
@@ -169,7 +180,7 @@ func (n *Node) finalTail(ctx context.Context, d *rangeDriver) (uint64, error) {
 			return 0, err
 		}
 		if pending == 0 {
-			return n.homeTail(ctx, d, true)
+			return n.homeTailFor(ctx, d, homeTailAsk{forwarded: true, final: true})
 		}
 		select {
 		case <-time.After(2 * time.Millisecond):
@@ -525,9 +536,26 @@ type regionRefresh struct {
 	seen map[uint64]uint64
 }
 
+// add takes one node's answer: its leaders' final tails (the highest per
+// range: every ack came from a leader that had not taken the new homes
+// yet, and a leader's final tail, read after it took them, covers every
+// ack of the range) and the homes version it acts on. A tail not marked as
+// a leader's is dropped: a node older than RangeTail.leader reported its
+// followers' committed ends too, which may lag what the leader acked.
+func (r *regionRefresh) add(resp *geologv1.RefreshHomesResponse) {
+	for _, t := range resp.GetTails() {
+		if t.GetLeader() {
+			r.tails[t.GetRange()] = max(r.tails[t.GetRange()], t.GetTailOffset())
+		}
+	}
+	if id := resp.GetLivenessNodeId(); id != 0 {
+		r.seen[id] = max(r.seen[id], resp.GetHomesVersion())
+	}
+}
+
 // refreshRegionTails refreshes every node of region and collects the
-// final tails of the ranges their leaders report, and the homes versions
-// the nodes act on.
+// final tails of the ranges their leaders report (a range no leader
+// reported is missing), and the homes versions the nodes act on.
 func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geologv1.RefreshHomesRequest) (regionRefresh, error) {
 	addrs := n.regionAddrList(region)
 	errs := make([]error, len(addrs))
@@ -555,14 +583,7 @@ func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geolo
 				return
 			}
 			mu.Lock()
-			for _, t := range resp.GetTails() {
-				// The highest report: every ack came from a leader that had
-				// not taken the new homes yet, and reported after it did.
-				out.tails[t.GetRange()] = max(out.tails[t.GetRange()], t.GetTailOffset())
-			}
-			if id := resp.GetLivenessNodeId(); id != 0 {
-				out.seen[id] = max(out.seen[id], resp.GetHomesVersion())
-			}
+			out.add(resp)
 			mu.Unlock()
 		}()
 	}
@@ -658,11 +679,19 @@ func (n *Node) drainedTail(ctx context.Context, spec streamSpec, r uint32, home 
 	}
 }
 
+// finalTailKey marks a home read that a planned rehome's coordinator
+// makes for the final tail of a range stopped for the move: the home
+// leader confirms it (homing.View.CheckFinal) although it answers no home
+// read of a range stopped for a move, and the answer is the tail only, no
+// records.
+const finalTailKey = "x-geolog-final-tail"
+
 // confirmedTailWait bounds confirmedTail's rounds over the home's nodes.
 const confirmedTailWait = 30 * time.Second
 
-// confirmedTail asks the home region for the range's tail as its home
-// leader confirms it (a home read), trying its nodes in turn, round after
+// confirmedTail asks the home region for the range's final tail as its
+// home leader confirms it (a home read marked finalTailKey: the range is
+// stopped for the move), trying its nodes in turn, round after
 // round, for up to confirmedTailWait. Each attempt is bounded by
 // attemptTimeout: a dead node is passed over in seconds, and a slow one
 // (a busy machine, a slow link) is still heard in a later round.
@@ -672,7 +701,7 @@ func (n *Node) confirmedTail(ctx context.Context, spec streamSpec, r uint32, hom
 		if err != nil {
 			return 0, err
 		}
-		return n.homeTail(ctx, d, false)
+		return n.homeTailFor(ctx, d, homeTailAsk{final: true})
 	}
 	deadline := time.Now().Add(confirmedTailWait)
 	var last error
@@ -683,7 +712,7 @@ func (n *Node) confirmedTail(ctx context.Context, spec streamSpec, r uint32, hom
 				last = err
 				continue
 			}
-			cctx, cancel := context.WithTimeout(ctx, attemptTimeout(round))
+			cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, finalTailKey, "1"), attemptTimeout(round))
 			resp, err := geologv1.NewLogClient(conn).Read(cctx, &geologv1.ReadRequest{Stream: spec.Name, Range: r,
 				Consistency: geologv1.Consistency_CONSISTENCY_HOME, MaxRecords: 1})
 			cancel()
@@ -707,7 +736,8 @@ func attemptTimeout(round int) time.Duration {
 	return min(2*time.Second<<min(round, 3), 16*time.Second)
 }
 
-// waitRegionTail waits until region's copy of the range has tail.
+// waitRegionTail waits until region's copy of the range has tail (a copy
+// holding a divergent tail has nothing until it forks: candidateTails).
 func (n *Node) waitRegionTail(ctx context.Context, region, stream string, r uint32, tail uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -718,7 +748,7 @@ func (n *Node) waitRegionTail(ctx context.Context, region, stream string, r uint
 			if err != nil {
 				return err
 			}
-			have = d.committed.Load()
+			have, _ = d.candidateTail() // 0 while it holds a divergent tail
 		} else if t := n.remoteTails(ctx, region, stream); int(r) < len(t) {
 			have = t[r]
 		}

@@ -327,12 +327,12 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 	case geologv1.Consistency_CONSISTENCY_UNSPECIFIED, geologv1.Consistency_CONSISTENCY_LOCAL:
 	case geologv1.Consistency_CONSISTENCY_HOME:
 		md, _ := metadata.FromIncomingContext(ctx)
-		forwarded := len(md.Get(forwardedKey)) > 0
-		tail, err := s.node.homeTail(wctx, rd, forwarded)
+		ask := homeTailAsk{forwarded: len(md.Get(forwardedKey)) > 0, final: len(md.Get(finalTailKey)) > 0}
+		tail, err := s.node.homeTailFor(wctx, rd, ask)
 		if err != nil {
 			return nil, err
 		}
-		if forwarded {
+		if ask.forwarded || ask.final {
 			// Another node asks for the confirmed tail only.
 			return &geologv1.ReadResponse{NextOffset: req.GetFromOffset(), StartOffset: rd.store.StartOffset(), TailOffset: tail}, nil
 		}

@@ -159,7 +159,7 @@ func (a *failoverAgent) note(notes []homing.TakeoverNote) {
 }
 
 // localTails is this node's committed tail of each of keys it can serve
-// (a replica, not failed).
+// (a replica, not failed, holding no divergent tail: takeoverTail).
 func (a *failoverAgent) localTails(ctx context.Context, keys []homing.RangeKey) map[homing.RangeKey]uint64 {
 	out := map[homing.RangeKey]uint64{}
 	for _, k := range keys {
@@ -167,9 +167,38 @@ func (a *failoverAgent) localTails(ctx context.Context, keys []homing.RangeKey) 
 		if err != nil || d.rep == nil || d.failure.Load() != nil {
 			continue
 		}
-		out[k] = d.committed.Load()
+		if t, ok := d.candidateTail(); ok {
+			out[k] = t
+		}
 	}
 	return out
+}
+
+// candidateTail is this copy's takeoverTail.
+func (d *rangeDriver) candidateTail() (uint64, bool) {
+	var fence *uint64
+	if f := d.fenceNow(); f != nil {
+		fence = &f.offset
+	}
+	return takeoverTail(d.committed.Load(), fence)
+}
+
+// takeoverTail is a copy's tail as a candidate to take its range over (or
+// to start it after a planned rehome): its committed end, unless the copy
+// holds a divergent tail, i.e. its timeline fence (timeline.go: the lowest
+// start of an epoch newer than its log's; nil when none) is below its
+// committed end. From the fence on, such a copy holds records of an older
+// epoch that the range's log replaced (a returning old home's unreplicated
+// tail, or a mirror that was ahead of the region that took over); taking
+// the range at its end would keep them below the new epoch's start and
+// drop what the intervening epoch acked there. It is no candidate (false)
+// until it forks (the home's first batch moves that tail to its orphan
+// log). Found by the simulator (notes/simfaults.md, product bug 2).
+func takeoverTail(committed uint64, fence *uint64) (uint64, bool) {
+	if fence != nil && *fence < committed {
+		return 0, false
+	}
+	return committed, true
 }
 
 // surveyTails asks, at once, each (region, stream) of asks for the
@@ -200,7 +229,7 @@ func (a *failoverAgent) surveyTails(ctx context.Context, asks []homing.TailAsk) 
 }
 
 // remoteTails asks region for the committed tails of a stream's ranges, as
-// one of its nodes sees them; nil when no node answers.
+// one of its nodes sees them (candidateTails); nil when no node answers.
 func (n *Node) remoteTails(ctx context.Context, region, stream string) []uint64 {
 	for _, addr := range n.cfg.Regions[region] {
 		conn, err := n.peerConn(addr)
@@ -213,13 +242,22 @@ func (n *Node) remoteTails(ctx context.Context, region, stream string) []uint64 
 		if err != nil {
 			continue
 		}
-		out := make([]uint64, len(resp.GetRanges()))
-		for _, ri := range resp.GetRanges() {
-			if int(ri.GetRange()) < len(out) {
-				out[ri.GetRange()] = ri.GetTailOffset()
-			}
-		}
-		return out
+		return candidateTails(resp)
 	}
 	return nil
+}
+
+// candidateTails is a node's committed tail of each of a stream's ranges,
+// by range, from its DescribeStream answer; 0 for a range whose copy holds
+// a divergent tail (takeoverTail): no offset of it may be continued from
+// until it forks, so it is no takeover candidate (the core takes a higher
+// tail) and a planned rehome's target waits for it to fork and catch up.
+func candidateTails(resp *geologv1.DescribeStreamResponse) []uint64 {
+	out := make([]uint64, len(resp.GetRanges()))
+	for _, ri := range resp.GetRanges() {
+		if int(ri.GetRange()) < len(out) {
+			out[ri.GetRange()], _ = takeoverTail(ri.GetTailOffset(), ri.TimelineFenceOffset)
+		}
+	}
+	return out
 }

@@ -364,8 +364,8 @@ func (rh *rehomer) stopFaults(keys []homing.RangeKey) {
 // refresh is RefreshHomes on every node of region g the coordinator
 // reaches: install homes if set, else a heartbeat (and a second one with
 // confirm); the homes version each acts on, and, for keys, the final
-// tails: a follower's committed end at once, a leader's once its appends
-// in flight are answered (poll).
+// tails: a leader's once its appends in flight are answered (poll); a
+// follower's committed end at once only under rehomeFollowerTails.
 func (rh *rehomer) refresh(g int, homes *homing.RegionHomes, keys []homing.RangeKey, confirm bool) *stopState {
 	h, w := rh.h, rh.h.w
 	st := &stopState{tails: map[homing.RangeKey]uint64{}, seen: map[uint64]uint64{}, waiting: map[homing.RangeKey]*finalTail{},
@@ -389,7 +389,8 @@ func (rh *rehomer) refresh(g int, homes *homing.RegionHomes, keys []homing.Range
 			rep := n.replicas[k.Range]
 			if rep.IsLeader() {
 				st.waiting[k] = &finalTail{n: n, gen: n.gen}
-			} else if !st.unreported[k] {
+			} else if st.followerTails {
+				// regionsvc's followers report nothing (leaderFinalTails).
 				st.tails[k] = max(st.tails[k], rep.Committed())
 			}
 		}

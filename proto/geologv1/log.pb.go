@@ -3436,7 +3436,12 @@ type RefreshHomesResponse struct {
 	// homes_version is the node's region's homes version after the refresh:
 	// the node acts on homes at least this new from now on.
 	HomesVersion uint64 `protobuf:"varint,1,opt,name=homes_version,json=homesVersion,proto3" json:"homes_version,omitempty"`
-	// tails are the final tails of the requested ranges this node leads.
+	// tails are the final tails of the requested ranges this node leads
+	// (RangeTail.leader set). A range whose leader did not report (it lost
+	// the lead, or its final tail failed) is missing: a follower's committed
+	// end may lag what its leader acknowledged, so nodes older than the
+	// leader field, which also reported followers' ends, are not taken for
+	// leaders.
 	Tails []*RangeTail `protobuf:"bytes,2,rep,name=tails,proto3" json:"tails,omitempty"`
 	// liveness_node_id is the node's id in the lease store's liveness table.
 	LivenessNodeId uint64 `protobuf:"varint,3,opt,name=liveness_node_id,json=livenessNodeId,proto3" json:"liveness_node_id,omitempty"`
@@ -3496,9 +3501,12 @@ func (x *RefreshHomesResponse) GetLivenessNodeId() uint64 {
 }
 
 type RangeTail struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Range         uint32                 `protobuf:"varint,1,opt,name=range,proto3" json:"range,omitempty"`
-	TailOffset    uint64                 `protobuf:"varint,2,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Range      uint32                 `protobuf:"varint,1,opt,name=range,proto3" json:"range,omitempty"`
+	TailOffset uint64                 `protobuf:"varint,2,opt,name=tail_offset,json=tailOffset,proto3" json:"tail_offset,omitempty"`
+	// leader: the answering node led the range and tail_offset is its final
+	// tail (its appends in flight answered, then confirmed by a ReadIndex).
+	Leader        bool `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3545,6 +3553,13 @@ func (x *RangeTail) GetTailOffset() uint64 {
 		return x.TailOffset
 	}
 	return 0
+}
+
+func (x *RangeTail) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
 }
 
 type ChangeReplicasRequest struct {
@@ -4893,11 +4908,12 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x14RefreshHomesResponse\x12#\n" +
 	"\rhomes_version\x18\x01 \x01(\x04R\fhomesVersion\x12*\n" +
 	"\x05tails\x18\x02 \x03(\v2\x14.geolog.v1.RangeTailR\x05tails\x12(\n" +
-	"\x10liveness_node_id\x18\x03 \x01(\x04R\x0elivenessNodeId\"B\n" +
+	"\x10liveness_node_id\x18\x03 \x01(\x04R\x0elivenessNodeId\"Z\n" +
 	"\tRangeTail\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1f\n" +
 	"\vtail_offset\x18\x02 \x01(\x04R\n" +
-	"tailOffset\"\x90\x01\n" +
+	"tailOffset\x12\x16\n" +
+	"\x06leader\x18\x03 \x01(\bR\x06leader\"\x90\x01\n" +
 	"\x15ChangeReplicasRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x120\n" +
