@@ -101,7 +101,10 @@ func TestIdleRangesQuiesce(t *testing.T) {
 	tr.crash(leader)
 	appendTo(2, 0)
 	for id, n := range tr.nodes {
-		if d := n.streams["q"].ranges[2]; id != leader && d.rep.LeaderID() == leader {
+		n.mu.RLock()
+		d := n.streams["q"].ranges[2]
+		n.mu.RUnlock()
+		if id != leader && d.rep.LeaderID() == leader {
 			t.Fatalf("node %d still follows the crashed leader %d", id, leader)
 		}
 	}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cost of many idle ranges (issue 12 item 5): a 3-node region with a
-# lease store (a private PostgreSQL, scripts/pg.sh) and one stream of
-# RANGES ranges (default 1000), no traffic. Prints, each with `uptime`
+# lease store (a private PostgreSQL, scripts/pg.sh) and RANGES ranges
+# (default 1000; streams of at most 4,000 ranges each), no traffic. Prints, each with `uptime`
 # beside it:
 #
 #   - creation: from the create request to every node's /readyz answering
@@ -36,6 +36,7 @@ export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BAS
 export GEOLOG_PG_DIR=$PWD/run/pg-bench-ranges GEOLOG_PG_PORT=$((BASE+50))
 PGBIN=${GEOLOG_PG_BIN:-/usr/lib/postgresql/15/bin}
 DB=geolog_ranges
+STREAM_RANGES_MAX=4000
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
 scripts/pg.sh start >/dev/null
 LEASE_URL=$(scripts/pg.sh db $DB --fresh)
@@ -110,7 +111,20 @@ echo "$RANGES ranges, 3 nodes, GEOLOGD_FLAGS='$GEOLOGD_FLAGS', bin $BIN"
 start_nodes
 for _ in $(seq 1 300); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.2; done
 t0=$(date +%s.%N)
-for _ in $(seq 1 60); do "$BIN/geolog" streams create idle --ranges "$RANGES" >/dev/null 2>&1 && break; sleep 0.5; done
+# A stream has at most 4,096 ranges: RANGES is spread over streams
+# idle0, idle1, ... of at most STREAM_RANGES_MAX ranges each.
+left=$RANGES s=0
+while [ "$left" -gt 0 ]; do
+	n=$(( left < STREAM_RANGES_MAX ? left : STREAM_RANGES_MAX ))
+	for try in $(seq 1 60); do
+		"$BIN/geolog" streams create "idle$s" --ranges "$n" --timeout 120s >/dev/null 2>"$RUNDIR/create.err" && break
+		# A create whose answer was lost (a timeout) may have committed.
+		"$BIN/geolog" streams list 2>/dev/null | grep -qw "idle$s" && break
+		[ "$try" = 60 ] && { cat "$RUNDIR/create.err" >&2; exit 1; }
+		sleep 0.5
+	done
+	left=$((left - n)) s=$((s + 1))
+done
 wait_ready "create to all ready:" "$t0"
 sleep "$SETTLE"
 measure "idle"
