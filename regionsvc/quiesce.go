@@ -89,9 +89,14 @@ func (d *rangeDriver) tickIfAwake() <-chan struct{} {
 // maybeQuiesce runs on a tick, before it is handed to the replica: a
 // leader whose group is idle quiesces instead of ticking (it returns
 // true). Not while a campaign is planned, the disk is full or the range's
-// preferred leader could take leadership now (leaderbalance.go).
+// preferred leader could take leadership now (leaderbalance.go); and not
+// over a transport without a failure detector, whose quiesced followers
+// could never learn that their leader died (a group of one has none).
 func (d *rangeDriver) maybeQuiesce() bool {
 	if !d.rep.IsLeader() || d.campaignInTicks != 0 || d.rep.DiskFull() != nil {
+		return false
+	}
+	if _, ok := d.cfg.repl.transport.(peerDownReporter); !ok && !d.rep.SoleVoter() {
 		return false
 	}
 	if d.balance.every > 0 && !d.rep.SoleVoter() &&
