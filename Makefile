@@ -71,7 +71,7 @@ REGIONS   ?= 3
 JOBS      ?= $(shell nproc 2>/dev/null || echo 1)
 KEEPGOING ?= false
 
-.PHONY: bench-floor release image all build test test-loaded test-alerts unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: bench-floor release image all build test test-loaded test-alerts unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-ranges bench-keysync bench-e2e bench-geo sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -226,6 +226,11 @@ bench-e2e: build bench-floor
 # The CPU of 1,000 idle ranges on a 3-node region.
 bench-idle: build bench-floor
 	./scripts/bench_idle.sh
+
+# Many idle ranges (RANGES=1000) with a lease store: creation and start-up
+# time, RSS, goroutines, idle CPU per node, lease-store transactions/s.
+bench-ranges: build
+	./scripts/bench_ranges.sh
 
 # Issue-4 figures on the local 3-region cluster (make up first).
 bench-geo: FLOOR_WRITERS = 9

@@ -11,8 +11,10 @@
 // touches the range's idempotence table; the replica's log writer and
 // commit-mark writer write the segment store beside it (replica's doc.go
 // has the replica's own contract). The driver selects over its inbox,
-// Raft messages, the log writer's completions, the node's tick, a
-// maintenance ticker and stop:
+// Raft messages, the log writer's completions, the node's tick (only while
+// its replica is not quiesced: an idle range wakes for nothing but its own
+// events, quiesce.go), the node's liveness changes, a maintenance ticker
+// and stop:
 //
 //  1. Validate and encode a request's frame on the caller's goroutine
 //     (parallel across connections); the leader only patches offset, epoch

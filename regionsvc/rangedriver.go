@@ -164,6 +164,9 @@ type rangeDriver struct {
 	// onCommitFrom is the committed offset cfg.repl.onCommit was last
 	// called up to (driver goroutine).
 	onCommitFrom uint64
+	// quiesced is published by the driver goroutine: its replica is
+	// quiesced and it ignores the node's tick (quiesce.go).
+	quiesced atomic.Bool
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int

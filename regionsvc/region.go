@@ -58,7 +58,10 @@ type region struct {
 	// metaApplied is the catalogue offset applied up to (exclusive).
 	metaApplied atomic.Uint64
 	tickCh      chan struct{}
-	stopCh      chan struct{}
+	// liveness is the peers' liveness as the ticker last saw it
+	// (quiesce.go).
+	liveness livenessWatch
+	stopCh   chan struct{}
 }
 
 func (n *Node) replicated() bool { return n.region != nil }
@@ -70,6 +73,7 @@ func (n *Node) openRegion() error {
 		metaOffsets: map[string]uint64{},
 		applied:     make(chan struct{}),
 		tickCh:      make(chan struct{}),
+		liveness:    livenessWatch{ch: make(chan struct{})},
 		stopCh:      make(chan struct{}),
 	}
 	for id := range n.cfg.Peers {
@@ -130,13 +134,15 @@ func (n *Node) openRegion() error {
 // metaStreamName names the catalogue's range in logs and metrics.
 const metaStreamName = "_meta"
 
-// ticker drives every replica's Raft clock from one goroutine.
+// ticker drives every replica's Raft clock from one goroutine (quiesced
+// ones ignore it), and watches the peers' liveness for them (quiesce.go).
 func (n *Node) ticker() {
 	t := time.NewTicker(n.cfg.TickInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
+			n.watchLiveness()
 			n.mu.Lock()
 			close(n.region.tickCh)
 			n.region.tickCh = make(chan struct{})
@@ -167,6 +173,7 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	rc.firstCampaigner = preferredLeader(rc.groupID, rc.peers)
 	rc.transport = n.region.transport
 	rc.tick = n.tick
+	rc.liveness = n.livenessChanged
 	rc.addrOf = func(id uint64) string { return n.clientAddr(n.cfg.Region, id) }
 	rc.heartbeatTicks, rc.electionTicks = n.cfg.HeartbeatTicks, n.cfg.ElectionTicks
 	if iv := n.cfg.LeaderBalanceInterval; iv > 0 {

@@ -31,6 +31,9 @@ type replicationConfig struct {
 	addrOf          func(id uint64) string // Raft id → advertised address ("" unknown), for leader hints
 	transport       raftnet.Transport
 	tick            func() <-chan struct{} // the node's shared ticker
+	// liveness returns the channel closed at the next change of a peer's
+	// liveness (quiesce.go).
+	liveness func() <-chan struct{}
 	// onCommit, if set, is called on the driver goroutine after the
 	// committed offset advanced (the catalogue applies new streams).
 	onCommit  func(d *rangeDriver, from, to uint64)
@@ -147,8 +150,11 @@ func (d *rangeDriver) runReplicated() {
 	// Retention runs as Raft log compaction (see snapshot.go).
 	maintain := time.NewTicker(d.cfg.maintenanceInterval)
 	defer maintain.Stop()
+	// Taken before any check of a peer's liveness, so that no change
+	// after the check goes unseen (quiesce.go).
+	liveness := d.cfg.repl.liveness()
 	for {
-		tick := d.cfg.repl.tick()
+		tick := d.tickIfAwake() // nil while quiesced
 		select {
 		case op := <-d.inbox:
 			d.propose(op)
@@ -160,10 +166,16 @@ func (d *rangeDriver) runReplicated() {
 			// before the drain takes more proposals into the cycle.
 			d.ready()
 		case <-tick:
+			if d.maybeQuiesce() {
+				break // an idle leader quiesces instead of ticking
+			}
 			d.rep.Tick()
 			d.watchLeader()
 			d.handOffIfDiskFull()
 			d.balanceLeader()
+		case <-liveness:
+			liveness = d.cfg.repl.liveness()
+			d.wakeIfLeaderDown(true)
 		case to := <-d.unreachable:
 			d.rep.ReportUnreachable(to)
 		case fn := <-d.execCh:
@@ -325,6 +337,7 @@ func (d *rangeDriver) step(msgs []*raftpb.Message) {
 		}
 	}
 	d.rep.AnswerCommitted()
+	d.wakeIfLeaderDown(false) // a quiesce heartbeat from a leader found down since
 }
 
 // peerRefusedLogInterval bounds how often a range logs the peer messages

@@ -60,6 +60,14 @@
 //     covers: a quorum has them durably, this replica's own write may still
 //     be in flight.
 //
+// A driver may stop ticking a replica while Quiesced reports true
+// (quiesce.go): an idle leader quiesces, on a tick, instead of ticking
+// (Quiesce), and its followers follow on its quiesce heartbeat. Anything
+// that needs the clock again (a proposal, a read, a message other than
+// the quiesce heartbeat) ends it; a quiesced follower's driver must wake it
+// (Unquiesce) when its leader's node is down, since it cannot time the
+// leader out.
+//
 // The driver also calls AnswerCommitted after each Step: the follower ack
 // that completes a quorum is answered as it is stepped, without waiting
 // for the next Ready cycle (step 6 on its own).

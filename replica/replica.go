@@ -207,6 +207,9 @@ type Replica struct {
 	stoppedOthers     atomic.Bool
 	stoppedLeader     atomic.Uint64
 	stoppedLeaderTerm atomic.Uint64
+
+	// quiesce is the group's quiescence (quiesce.go).
+	quiesce quiesceState
 }
 
 // New opens a replica over an already opened log. rebuild is called with
@@ -428,10 +431,13 @@ func (r *Replica) Step(m *raftpb.Message) error {
 	if m.GetType() == raftpb.MsgApp {
 		r.holdBackAfterFork(m)
 	}
+	commit, quiesce := m.GetCommit(), takeQuiesceMarker(m) // quiesce.go; checkStep may bound the commit
 	if err := r.checkStep(m); err != nil {
 		return err
 	}
-	return r.step(m)
+	err := r.step(m)
+	r.noteQuiesce(m, commit, quiesce)
+	return err
 }
 
 func (r *Replica) step(m *raftpb.Message) error {

@@ -1,0 +1,126 @@
+package regionsvc
+
+import (
+	"github.com/geolog/geolog/raftnet"
+)
+
+// Idle ranges cost nothing: quiescence (replica/quiesce.go) and node
+// liveness.
+//
+// A range driver selects on the node's shared tick only while its replica
+// is not quiesced. A leader tries to quiesce on each tick, before ticking:
+// once its group is idle (every follower holds and knows every entry,
+// nothing in flight, no transfer or campaign planned), it sends each
+// follower one quiesce heartbeat and stops ticking, and the followers
+// that step it caught up stop too. Ten thousand idle ranges then send no
+// heartbeats and wake no goroutine; a proposal, a read or any message
+// other than the quiesce heartbeat wakes the group (the replica decides).
+//
+// A quiesced follower cannot time its leader out, so the node watches its
+// peers instead: the ticker polls the transport's failure detector
+// (raftnet.GRPCTransport.PeerDown: the peer's process is gone, its port
+// refuses, or the handshake times out; an idle stream to a peer cut off
+// without a word breaks within the keepalive time, KeepaliveInterval plus
+// KeepaliveTimeout) and, when any peer's state changes, closes the
+// liveness channel every driver selects on. A quiesced follower whose
+// leader's node is down then wakes, forgets the leader and campaigns on
+// its next ticks (watchLeader); a quiesced leader wakes on any change (a
+// follower it did not wait for is back, or its peers are gone and
+// CheckQuorum must run). A follower never quiesces under a leader whose
+// node is down already. This is CockroachDB's rule: a quiesced replica
+// relies on node liveness, not on Raft's election timeout, to notice a
+// dead leader.
+
+// livenessWatch is the node's view of its peers' liveness (ticker
+// goroutine), and the channel closed when it changes (guarded by Node.mu).
+type livenessWatch struct {
+	down map[uint64]bool
+	ch   chan struct{}
+}
+
+// watchLiveness runs on every tick: it closes the liveness channel when a
+// peer's state (up or down, as the transport finds it) changed since the
+// last tick.
+func (n *Node) watchLiveness() {
+	rg := n.region
+	if rg.liveness.down == nil {
+		rg.liveness.down = map[uint64]bool{}
+	}
+	changed := false
+	for _, id := range rg.ids {
+		if id == n.cfg.NodeID {
+			continue
+		}
+		down := rg.transport.PeerDown(raftnet.NodeID(id))
+		if down != rg.liveness.down[id] {
+			rg.liveness.down[id] = down
+			changed = true
+		}
+	}
+	if !changed {
+		return
+	}
+	n.mu.Lock()
+	close(rg.liveness.ch)
+	rg.liveness.ch = make(chan struct{})
+	n.mu.Unlock()
+}
+
+// livenessChanged returns the channel closed at the next change of a
+// peer's liveness.
+func (n *Node) livenessChanged() <-chan struct{} {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.region.liveness.ch
+}
+
+// tickIfAwake returns the node's tick channel, or nil while the replica
+// is quiesced (a nil channel never receives: the driver's select ignores
+// the tick). It publishes the state for tests and metrics.
+func (d *rangeDriver) tickIfAwake() <-chan struct{} {
+	q := d.rep.Quiesced()
+	d.quiesced.Store(q)
+	if q {
+		return nil
+	}
+	return d.cfg.repl.tick()
+}
+
+// maybeQuiesce runs on a tick, before it is handed to the replica: a
+// leader whose group is idle quiesces instead of ticking (it returns
+// true). Not while a campaign is planned, the disk is full or the range's
+// preferred leader could take leadership now (leaderbalance.go); and not
+// over a transport without a failure detector, whose quiesced followers
+// could never learn that their leader died (a group of one has none).
+func (d *rangeDriver) maybeQuiesce() bool {
+	if !d.rep.IsLeader() || d.campaignInTicks != 0 || d.rep.DiskFull() != nil {
+		return false
+	}
+	if _, ok := d.cfg.repl.transport.(peerDownReporter); !ok && !d.rep.SoleVoter() {
+		return false
+	}
+	if d.balance.every > 0 && !d.rep.SoleVoter() &&
+		preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, d.rep.Status(), d.peerDown) != 0 {
+		return false
+	}
+	return d.rep.Quiesce(func(id uint64) bool { return !d.peerDown(id) })
+}
+
+// wakeIfLeaderDown wakes a quiesced follower whose leader's node is down:
+// after it stepped a quiesce heartbeat (the leader may have died since it
+// sent it) and when liveness changed. A quiesced leader wakes on any
+// change of liveness.
+func (d *rangeDriver) wakeIfLeaderDown(livenessChanged bool) {
+	if !d.rep.Quiesced() {
+		return
+	}
+	if d.rep.IsLeader() {
+		if livenessChanged {
+			d.rep.Unquiesce()
+		}
+		return
+	}
+	if d.peerDown(d.rep.LeaderID()) {
+		d.rep.Unquiesce()
+	}
+}

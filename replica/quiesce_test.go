@@ -1,0 +1,150 @@
+package replica
+
+import (
+	"testing"
+
+	"github.com/geolog/geolog/apierr"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// tickAwake ticks, n times, only the replicas that are not quiesced (as
+// the range driver does), settling in between, and returns the messages
+// other than quiesce heartbeats that were sent.
+func (c *cluster) tickAwake(n int) (sent int) {
+	count := c.drop
+	c.drop = func(m *raftpb.Message) bool {
+		if !IsQuiesceHeartbeat(m) {
+			sent++
+		}
+		return count != nil && count(m)
+	}
+	defer func() { c.drop = count }()
+	for i := 0; i < n; i++ {
+		for _, id := range c.ids {
+			if r := c.replicas[id]; r != nil && !r.Quiesced() {
+				r.Tick()
+			}
+		}
+		c.settle()
+	}
+	return sent
+}
+
+// quiesceGroup makes the leader quiesce and checks that every replica
+// did.
+func (c *cluster) quiesceGroup(leader uint64) {
+	c.t.Helper()
+	c.tick(2) // heartbeats carry the commit index to the followers
+	if !c.replicas[leader].Quiesce(nil) {
+		c.t.Fatal("an idle leader did not quiesce")
+	}
+	c.settle()
+	for _, id := range c.ids {
+		if !c.replicas[id].Quiesced() {
+			c.t.Fatalf("node %d is not quiesced after the quiesce heartbeat", id)
+		}
+	}
+}
+
+// TestQuiescedGroupSendsNothing: once an idle group quiesced, ticking only
+// the replicas that are awake sends no message at all (without quiescence
+// the leader heartbeats every tick); a proposal then wakes the leader, its
+// append wakes the followers, it commits, and the group quiesces again.
+func TestQuiescedGroupSendsNothing(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res []Result
+	c.replicas[1].Propose(op(7, 0, 2, "a", &res))
+	c.settle()
+	c.quiesceGroup(1)
+	if sent := c.tickAwake(50); sent != 0 {
+		t.Fatalf("a quiesced group sent %d messages in 50 ticks", sent)
+	}
+	c.replicas[1].Propose(op(7, 2, 1, "b", &res))
+	if c.replicas[1].Quiesced() {
+		t.Fatal("the leader stayed quiesced with a proposal in flight")
+	}
+	c.settle()
+	if len(res) != 2 || res[1].Err != nil || res[1].BaseOffset != 2 {
+		t.Fatalf("replies: %+v", res)
+	}
+	for _, id := range []uint64{2, 3} {
+		if c.replicas[id].Quiesced() {
+			t.Fatalf("follower %d stayed quiesced after an append", id)
+		}
+	}
+	c.quiesceGroup(1)
+	if got := c.replicas[3].Committed(); got != 3 {
+		t.Fatalf("follower committed %d after quiescing, want 3", got)
+	}
+}
+
+// TestQuiesceOnlyWhenIdle: a leader with an entry a follower lacks, or a
+// proposal in flight, does not quiesce; a follower that lacks the
+// entries a quiesce heartbeat commits does not either.
+func TestQuiesceOnlyWhenIdle(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	c.tick(2)
+	c.cut[3] = true
+	var res []Result
+	c.replicas[1].Propose(op(7, 0, 1, "a", &res))
+	if c.replicas[1].Quiesce(nil) {
+		t.Fatal("quiesced with a proposal in flight")
+	}
+	c.settle()
+	c.tick(2)
+	if c.replicas[1].Quiesce(nil) {
+		t.Fatal("quiesced while follower 3 lacks an entry")
+	}
+	// Follower 3's node is down: not waited for.
+	if !c.replicas[1].Quiesce(func(id uint64) bool { return id != 3 }) {
+		t.Fatal("did not quiesce with the lagging follower down")
+	}
+	c.settle()
+	if !c.replicas[2].Quiesced() || c.replicas[3].Quiesced() {
+		t.Fatalf("quiesced: node 2 %v, node 3 %v", c.replicas[2].Quiesced(), c.replicas[3].Quiesced())
+	}
+	// A forged quiesce heartbeat past follower 3's log does not quiesce
+	// it (nor does Raft see a commit index past its log).
+	c.cut[3] = false
+	st := c.replicas[1].Status()
+	err := c.replicas[3].Step(&raftpb.Message{Type: raftpb.MsgHeartbeat.Enum(), To: ptr(uint64(3)), From: ptr(uint64(1)),
+		Term: ptr(st.GetTerm()), Commit: ptr(st.GetCommit()), Context: quiesceContext})
+	if err != nil || c.replicas[3].Quiesced() {
+		t.Fatalf("lagging follower: step %v, quiesced %v", err, c.replicas[3].Quiesced())
+	}
+}
+
+// TestQuiescedFollowerElectsWhenWoken: the leader of a quiesced group
+// dies; the followers, woken (their driver saw the leader's node down),
+// forget it and elect a new leader, which takes appends.
+func TestQuiescedFollowerElectsWhenWoken(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res []Result
+	c.replicas[1].Propose(op(7, 0, 1, "a", &res))
+	c.settle()
+	c.quiesceGroup(1)
+	c.stop(1)
+	c.tickAwake(40)
+	if c.leader() != 0 {
+		t.Fatal("quiesced followers elected without being woken")
+	}
+	for _, id := range []uint64{2, 3} {
+		c.replicas[id].Unquiesce()
+		c.replicas[id].ForgetLeader()
+	}
+	c.tickAwake(40)
+	lead := c.leader()
+	if lead == 0 {
+		t.Fatal("no new leader after the followers woke")
+	}
+	c.replicas[lead].Propose(op(7, 1, 1, "b", &res))
+	c.settle()
+	if last := res[len(res)-1]; last.Err != nil || last.BaseOffset != 1 {
+		t.Fatalf("append at the new leader: %+v (%v)", last, apierr.CodeOf(last.Err))
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
