@@ -410,6 +410,9 @@ func (d *rangeDriver) propose(op *appendOp) {
 			return
 		}
 	}
+	if d.gateAppend(op) {
+		return // held until the epoch's start is confirmed, or refused
+	}
 	refused, shedEntry := d.shed(op)
 	if refused {
 		return
@@ -567,6 +570,7 @@ func (d *rangeDriver) stopReplicated(stopWriter func()) {
 		d.logger.Warn("commit mark on shutdown", "error", err)
 	}
 	d.rep.Close()
+	d.refuseHeld()
 	d.refuseQueued()
 }
 
