@@ -193,11 +193,14 @@ func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), n.storeTimeout())
 	defer cancel()
 	_, err = n.homing.homes.RaiseStart(ctx, homing.RangeKey{Stream: d.cfg.stream, Range: d.cfg.rangeID}, epoch, lease.StartOffset, end)
-	if errors.Is(err, homing.ErrStartMoved) {
+	switch {
+	case errors.Is(err, homing.ErrStartMoved):
 		// Another leader raised it first: learn where, for the next try.
 		if rerr := n.homing.homes.Refresh(ctx); rerr != nil {
 			d.logger.Debug("refresh after a lost start raise", "error", rerr)
 		}
+	case errors.Is(err, homing.ErrEpochMismatch), errors.Is(err, homing.ErrNotHome):
+		return n.notHome(d) // the range moved on, or is moving: retriable elsewhere
 	}
 	return homingErr(err)
 }
