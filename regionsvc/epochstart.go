@@ -116,14 +116,32 @@ func (d *rangeDriver) confirmStart(epoch uint64) {
 			d.gateDone(epoch, term, end, err)
 			return
 		}
-		logStart := d.store.StartOffset()
+		logStart, firstEpoch := d.firstRetained(end)
 		go func() {
-			err := d.cfg.confirmStart(d, epoch, end, logStart)
+			err := d.cfg.confirmStart(d, epoch, end, logStart, firstEpoch)
 			if xerr := d.exec(context.Background(), func() { d.gateDone(epoch, term, end, err) }); xerr != nil {
 				d.logger.Debug("epoch start confirmed as the range closed", "epoch", epoch, "error", xerr)
 			}
 		}()
 	})
+}
+
+// firstRetained is where the log's retained part starts and the epoch of
+// its first frame (0: none below end, or unreadable).
+func (d *rangeDriver) firstRetained(end uint64) (start, epoch uint64) {
+	start = d.store.StartOffset()
+	if start >= end {
+		return start, 0
+	}
+	f, err := d.store.ReadFrames(start, 1, end)
+	if err != nil || len(f) == 0 {
+		return start, 0
+	}
+	h, err := batch.DecodeHeader(f)
+	if err != nil {
+		return start, 0
+	}
+	return start, h.Epoch
 }
 
 // gateDone ends a round of the confirmation: the held appends are
@@ -167,11 +185,11 @@ func (d *rangeDriver) refuseHeld() {
 }
 
 // confirmStart is the node's part of a range leader's start confirmation
-// (rangeDriverConfig.confirmStart): the range's log ends at end (and
-// starts at logStart); the recorded start of epoch must be end, raised to
-// it if it is lower. Off the driver goroutine: it may write the lease
-// store.
-func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart uint64) error {
+// (rangeDriverConfig.confirmStart): the range's log ends at end, and its
+// retained part starts at logStart with a frame of firstEpoch (0: none);
+// the recorded start of epoch must be end, raised to it if it is lower.
+// Off the driver goroutine: it may write the lease store.
+func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart, firstEpoch uint64) error {
 	lease, err := n.homing.homes.Lease(d.cfg.stream, d.cfg.rangeID)
 	if err != nil {
 		return homingErr(err)
@@ -184,9 +202,11 @@ func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart uint64) error {
 	case end < lease.StartOffset:
 		return apierr.New(apierr.Unavailable, "stream %s range %d: the log ends at %d, below the start %d of epoch %d: it appends once it reaches it",
 			d.cfg.stream, d.cfg.rangeID, end, lease.StartOffset, epoch)
-	case logStart > lease.StartOffset:
-		// Retention deleted the log past the recorded start: what follows
-		// it cannot be told from here. Keep the record (as before raises).
+	case logStart > lease.StartOffset && (firstEpoch == 0 || firstEpoch >= epoch):
+		// Retention deleted the log past the recorded start, and no
+		// retained frame older than the epoch shows that what it deleted
+		// was older too (epochs never go back along a log): keep the
+		// record, as before raises.
 		d.logger.Warn("epoch start not confirmed: the log was deleted past it", "epoch", epoch, "start_offset", lease.StartOffset, "log_start", logStart, "log_end", end)
 		return nil
 	}

@@ -34,6 +34,9 @@ import (
 type startGates struct {
 	confirmed []uint64
 	terms     map[startKey]uint64
+	// had holds the (range, epoch)s whose start a home confirmed: the
+	// epochs that may have frames.
+	had map[[2]uint64]bool
 }
 
 type startKey struct {
@@ -44,7 +47,7 @@ type startKey struct {
 
 func (h *homeWorld) gates() *startGates {
 	if h.starts == nil {
-		h.starts = &startGates{confirmed: make([]uint64, h.w.opt.Ranges), terms: map[startKey]uint64{}}
+		h.starts = &startGates{confirmed: make([]uint64, h.w.opt.Ranges), terms: map[startKey]uint64{}, had: map[[2]uint64]bool{}}
 	}
 	return h.starts
 }
@@ -74,7 +77,7 @@ func (h *homeWorld) confirmStart(n *node, r int, epoch uint64) error {
 	case end < lease.StartOffset:
 		h.res.StartWaits++
 		return apierr.New(apierr.Unavailable, "%v range %d: the log ends at %d, below epoch %d's start %d", n, r, end, epoch, lease.StartOffset)
-	case end > lease.StartOffset && n.stores[r].StartOffset() <= lease.StartOffset:
+	case end > lease.StartOffset && h.olderBelow(n, r, lease.StartOffset, end, epoch):
 		if err := h.raiseStart(n, r, epoch, lease.StartOffset, end); err != nil {
 			return err
 		}
@@ -82,8 +85,49 @@ func (h *homeWorld) confirmStart(n *node, r int, epoch uint64) error {
 	g.terms[k] = rep.LeaderTerm()
 	if home := h.homes[r]; home.Epoch == epoch {
 		g.confirmed[r] = epoch
+		g.had[[2]uint64{uint64(r), epoch}] = true
 	}
 	return nil
+}
+
+// resendFrom is where a source (src, the home leader driving the link)
+// resends range r from to a mirror whose log ends in epoch after: where
+// the source's log leaves that epoch, as Task.epochStart finds it in the
+// log. Only epochs whose start a home confirmed have frames (an epoch
+// granted but not confirmed yet, or replaced before its first frame, has
+// none, and its recorded start may lie below the change); without one
+// the change is at the source's committed end.
+func (h *homeWorld) resendFrom(r int, after uint64, src *node) uint64 {
+	if h.w.opt.mut.noStartGate {
+		return h.epochStart(r, after)
+	}
+	at := ^uint64(0)
+	for _, g := range h.history[r] {
+		if g.home.Epoch > after && h.gates().had[[2]uint64{uint64(r), g.home.Epoch}] {
+			at = min(at, g.home.StartOffset)
+		}
+	}
+	if src != nil && src.up {
+		at = min(at, src.replicas[r].Committed())
+	}
+	return at
+}
+
+// olderBelow reports whether n's log of range r holds nothing of epoch
+// in [start, end) that retention deleted: its retained part begins at or
+// below start, or with a frame of an older epoch (epochs never go back
+// along a log), as regionsvc's firstRetained tells.
+func (h *homeWorld) olderBelow(n *node, r int, start, end, epoch uint64) bool {
+	st := n.stores[r]
+	if st.StartOffset() <= start {
+		return true
+	}
+	f, err := st.ReadFrames(st.StartOffset(), 1, end)
+	if err != nil || len(f) == 0 {
+		return false
+	}
+	hd, err := batch.DecodeHeader(f)
+	return err == nil && hd.Epoch < epoch
 }
 
 // raiseStart raises the store's record of range r's epoch from from to
