@@ -75,6 +75,9 @@ func (d *rangeDriver) gateAppend(op *appendOp) bool {
 	}
 	g := &d.gate
 	if op.verbatim {
+		if g.floor == 0 {
+			return false // never home here at a gated epoch
+		}
 		h, err := batch.DecodeHeader(op.frame)
 		if err != nil || h.Epoch >= g.floor {
 			return false // the replica validates the frame itself
