@@ -31,7 +31,12 @@ import (
 //     L, the held appends are proposed: E's first frame lands at L.
 //
 // A leader whose log already holds a frame of E (HighestEpoch) needs no
-// confirmation; nor does epoch 1, which nothing precedes. The old home's
+// confirmation; nor does epoch 1, which nothing precedes. (HighestEpoch
+// never goes down: a replica that once held an uncommitted frame of E,
+// later replaced by older entries, skips the gate. That needs a leader
+// whose role lags to commit older mirrored frames after another leader
+// of the region confirmed E and proposed its first frame; left, see
+// notes/epochstart.md.) The old home's
 // frames between S and L stay in the log: the same records in every copy
 // that holds them (the old home shipped them), their acks kept.
 
