@@ -53,6 +53,14 @@
 // home acks under E once E+1 exists, without anyone waiting for a lease to
 // run out, and the store still sees O(nodes) writes.
 //
+// Where an epoch starts (RaiseStart, raisestart.go): a grant's start
+// offset is where the new home's log was read, which more of the old
+// epoch may still pass. Before its first frame of the epoch the new
+// home's range leader confirms its log's end and raises the recorded start
+// to it: a compare-and-set on the epoch and the start it read, only
+// upward, in the home record and the epoch's history, bumping the home
+// region's version.
+//
 // The batch forms (BatchRehomer) also return each changed region's homes
 // at its new version, read in the same transaction. A coordinator hands
 // them to the nodes of that region (Homes.Install): the old home stops at

@@ -40,6 +40,10 @@ var (
 	// its planned-move target) is not what the caller expected. Final for
 	// that request: read the range's home again.
 	ErrEpochMismatch = errors.New("homing: homing epoch mismatch")
+	// ErrStartMoved: a RaiseStart lost its compare-and-set: the recorded
+	// start of the epoch is no longer the one the caller read (another
+	// leader of the home raised it first). Retriable: read the home again.
+	ErrStartMoved = errors.New("homing: epoch start moved")
 	// ErrRangeNotFound: the range has no home record.
 	ErrRangeNotFound = errors.New("homing: range has no home")
 	// ErrNotDrained: a planned rehome cannot complete yet because a live node
@@ -65,6 +69,7 @@ var apiCodes = map[error]apierr.Code{
 	ErrHomeLive:         apierr.Unavailable,
 	ErrEpochMismatch:    apierr.StaleEpoch,
 	ErrRangeNotFound:    apierr.RangeNotFound,
+	ErrStartMoved:       apierr.Unavailable,
 	ErrNotDrained:       apierr.Unavailable,
 	ErrRegionMismatch:   apierr.InvalidArgument,
 	ErrClosed:           apierr.ShuttingDown,

@@ -44,6 +44,13 @@ type Store interface {
 	CompleteRehome(ctx context.Context, req RehomeRequest) (Home, error)
 	// CancelRehome abandons a planned move. Compare-and-set on req.Epoch.
 	CancelRehome(ctx context.Context, req RehomeRequest) (Home, error)
+	// RaiseStart moves the recorded start of a range's current epoch up to
+	// where its new home's log really ends (raisestart.go): compare-and-set
+	// on the epoch and the start the caller read, only upward, in the home
+	// record and its history. ErrEpochMismatch: the epoch moved on;
+	// ErrStartMoved: another raise came first; ErrNotHome: the caller's
+	// region is not the home, or the range is moving.
+	RaiseStart(ctx context.Context, req RaiseStartRequest) (Home, error)
 	// History returns the epochs granted to a range, oldest first.
 	History(ctx context.Context, key RangeKey) ([]EpochRecord, error)
 	// StreamHistory returns the epochs granted to every range of stream, by

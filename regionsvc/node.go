@@ -569,6 +569,9 @@ func (n *Node) openRange(spec streamSpec, metaOffset uint64, r uint32) *rangeDri
 		cfg.leaseCheck = n.leaseCheck
 		cfg.fenced = len(spec.Regions) > 1
 		cfg.wantEpochs = n.wantEpochs
+		if cfg.fenced {
+			cfg.confirmStart = n.confirmStart
+		}
 	}
 	d := openRangeDriver(cfg)
 	d.setRole(n.initialRole(spec.Name, r, spec))

@@ -106,6 +106,10 @@ type rangeDriverConfig struct {
 	// fence lacks (history: the range's epoch history); it must not block.
 	fenced     bool
 	wantEpochs func(d *rangeDriver, history bool)
+	// confirmStart, if set (homing on, several regions), confirms or
+	// raises the recorded start of a new epoch to the log's end before
+	// its first append (epochstart.go); it may block.
+	confirmStart func(d *rangeDriver, epoch, end, logStart, firstEpoch uint64) error
 	// compaction, if set, makes the range compacted by key (compaction.go).
 	compaction *compactionConfig
 }
@@ -179,6 +183,9 @@ type rangeDriver struct {
 	shedder *appendShedder
 	// peerRefusedLogged is when a refused peer message was last logged.
 	peerRefusedLogged time.Time
+	// gate holds a new epoch's appends until its start is confirmed
+	// (epochstart.go). Driver goroutine.
+	gate startGate
 
 	// Owned by the driver goroutine.
 	keyc *keyCompactor // nil unless the stream compacts by key

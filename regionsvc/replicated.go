@@ -434,6 +434,9 @@ func (d *rangeDriver) propose(op *appendOp) {
 			return
 		}
 	}
+	if d.gateAppend(op) {
+		return // held until the epoch's start is confirmed, or refused
+	}
 	refused, shedEntry := d.shed(op)
 	if refused {
 		return
@@ -591,6 +594,7 @@ func (d *rangeDriver) stopReplicated(stopWriter func()) {
 		d.logger.Warn("commit mark on shutdown", "error", err)
 	}
 	d.rep.Close()
+	d.refuseHeld()
 	d.refuseQueued()
 }
 

@@ -109,7 +109,7 @@ func (d *rangeDriver) learnEpochStarts(starts map[uint64]uint64, history bool) {
 		d.tl.starts = map[uint64]uint64{}
 	}
 	for e, s := range starts {
-		d.tl.starts[e] = s
+		d.tl.learnStart(e, s)
 	}
 	if history {
 		d.tl.historyWanted = false
@@ -184,7 +184,7 @@ func (d *rangeDriver) computeFence(role rangeRole, logEpoch uint64) (*timelineFe
 		if d.tl.starts == nil {
 			d.tl.starts = map[uint64]uint64{}
 		}
-		d.tl.starts[role.epoch] = role.start
+		d.tl.learnStart(role.epoch, role.start)
 	}
 	want := wantNothing
 	if heard := d.highestEpoch.Load(); heard > max(role.epoch, logEpoch) {
@@ -206,6 +206,17 @@ func (d *rangeDriver) computeFence(role rangeRole, logEpoch uint64) (*timelineFe
 		}
 	}
 	return f, want
+}
+
+// learnStart records that epoch starts at start (d.tl.mu held, starts
+// made). A recorded start only moves up (a new home raises it to where
+// its log really left the old epoch: epochstart.go), so the highest one
+// heard is the newest: a fence moves up with it, and a stale read (a
+// history read before the raise) does not move it back.
+func (tl *timeline) learnStart(epoch, start uint64) {
+	if s, ok := tl.starts[epoch]; !ok || start > s {
+		tl.starts[epoch] = start
+	}
 }
 
 // noteLogEpoch recomputes the fence if the log's epoch moved (a fork, or

@@ -169,18 +169,14 @@ func (a *agent) tail(g, r int) (uint64, bool) {
 		a.h.res.DivergentTakers++
 		return 0, false
 	}
-	if (rep.Pending() > 0 || l.stores[r].NextOffset() > c) && !w.opt.mut.takerInFlight {
+	if rep.Pending() > 0 || l.stores[r].NextOffset() > c {
 		// A verbatim apply in flight, or frames in the leader's log past
 		// its committed end (a new leader commits its predecessor's
-		// entries with its first own), may commit past the tail read now:
-		// an old-epoch frame past the new epoch's start (seed 227: the
-		// new home's log held the old home's record at its start offset).
-		// Not a candidate until its log is all committed (the simulator's
-		// survey and takeover run in one step; regionsvc reads
-		// d.committed and would have to stop the mirror range's applies
-		// and confirm its tail, a ReadIndex, before it reads it).
+		// entries with its first own), may commit past the tail read now,
+		// at the old epoch (seed 227). A candidate all the same, as in
+		// regionsvc: the new home raises the epoch's start to its log's
+		// end before its first frame (epochstart.go).
 		a.h.res.InFlightTakers++
-		return 0, false
 	}
 	return c, true
 }

@@ -564,7 +564,7 @@ func (g *geoWorld) answered(m *geoMsg) {
 // resumes there (Cursor.Resend) and the mirror compares.
 func (g *geoWorld) connected(l *link, m *geoMsg) {
 	home := g.w.homing.homes[l.rng]
-	if at := g.w.homing.epochStart(l.rng, m.logEpoch); m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > at {
+	if at := g.w.homing.resendFrom(l.rng, m.logEpoch, l.owner); m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > at {
 		l.cur.Connected(at, m.highest)
 		l.cur.Resend()
 		g.res.Resends++

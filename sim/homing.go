@@ -46,9 +46,12 @@ type HomingResult struct {
 	// DivergentTakers the tails surveyed that a divergent tail made no
 	// candidate (agent.tail).
 	SecondTakeovers, DivergentTakers int
-	// InFlightTakers counts the tails surveyed that an apply in flight
-	// made no candidate (agent.tail).
+	// InFlightTakers counts the tails surveyed while an apply was in
+	// flight (agent.tail): candidates, whose start the new home raises.
 	InFlightTakers int
+	// StartsRaised counts epoch starts a new home raised to its log's
+	// end, StartWaits the appends refused meanwhile (epochstart.go).
+	StartsRaised, StartWaits int
 	// NewHomeAcks counts records acked by a new home, at an epoch above 1.
 	NewHomeAcks int
 	// Forks counts forks seen applied (a replica cut a divergent tail
@@ -65,8 +68,9 @@ func (h HomingResult) String() string {
 	if h == (HomingResult{}) {
 		return ""
 	}
-	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over (%d a second time; %d divergent copies and %d copies applying no candidate), %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
-		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.InFlightTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) + h.Reads.String() + h.Rehomes.String() + h.Replaced.String()
+	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over (%d a second time; %d divergent copies no candidate, %d copies applying taken), %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
+		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.InFlightTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) +
+		fmt.Sprintf(", %d epoch starts raised (%d appends waited)", h.StartsRaised, h.StartWaits) + h.Reads.String() + h.Rehomes.String() + h.Replaced.String()
 }
 
 // add sums two runs' counters.
@@ -83,6 +87,8 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.SecondTakeovers += o.SecondTakeovers
 	h.DivergentTakers += o.DivergentTakers
 	h.InFlightTakers += o.InFlightTakers
+	h.StartsRaised += o.StartsRaised
+	h.StartWaits += o.StartWaits
 	h.NewHomeAcks += o.NewHomeAcks
 	h.Reads = h.Reads.add(o.Reads)
 	h.Rehomes = h.Rehomes.add(o.Rehomes)
@@ -132,6 +138,7 @@ type homeWorld struct {
 	// secondAt is when the home region of a first takeover is cut off in
 	// turn (-1: not planned, or done), secondFor for how long.
 	secondAt, secondFor int64
+	starts              *startGates // epochstart.go
 }
 
 func newHomeWorld(w *world) *homeWorld {

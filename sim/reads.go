@@ -66,9 +66,10 @@ type mutations struct {
 	// takerDivergent: a failover agent reports its region's raw
 	// committed end, a divergent tail included (agent.tail).
 	takerDivergent bool
-	// takerInFlight: a failover agent offers its region's committed end
-	// while a verbatim apply is in flight there (agent.tail).
-	takerInFlight bool
+	// noStartGate: a new home appends without confirming its epoch's
+	// start at its log's end (epochstart.go): the product before the
+	// gate, its takeover's start final at the grant.
+	noStartGate bool
 	// rehomeShortTail: a planned rehome's stop reports every final tail
 	// one offset short.
 	rehomeShortTail bool
@@ -483,7 +484,7 @@ func (rw *readWorld) serveHome(rd *reader) error {
 	}
 	served := rw.serve(rd, at, from, tail, true, tw.confirmed)
 	for off := from; off < from+uint64(served); off++ {
-		if rec := rd.got[off]; home.Epoch > 1 && off >= home.StartOffset && rec.epoch < home.Epoch {
+		if rec := rd.got[off]; home.Epoch > 1 && off >= w.homing.startOf(r, home) && rec.epoch < home.Epoch && w.homing.startConfirmed(r, home.Epoch) {
 			return fmt.Errorf("%v: a home read at %v served %q at %d of epoch %d, past the start %d of the range's epoch %d (a divergent copy answering a home read)",
 				rd, at, rec.value, off, rec.epoch, home.StartOffset, home.Epoch)
 		}

@@ -64,6 +64,9 @@ func (w *world) request(e *event) {
 	h := batch.Header{Type: batch.TypeData, ProducerID: uint64(pid), BaseSequence: b.seq}
 	seq, values := b.seq, b.values
 	epoch, err := w.admit(n, e.rng)
+	if err == nil && w.homing != nil {
+		err = w.homing.confirmStart(n, e.rng, epoch) // epochstart.go
+	}
 	if err != nil {
 		w.refuse(p, e, n, err)
 		return
@@ -333,7 +336,7 @@ func (w *world) epochOrder(n *node, r int, base uint64, frame []byte) error {
 		return err
 	}
 	if w.homing != nil {
-		if home := w.homing.homes[r]; base >= home.StartOffset && h.Epoch < home.Epoch && w.homing.taken(r) {
+		if home := w.homing.homes[r]; base >= home.StartOffset && h.Epoch < home.Epoch && w.homing.taken(r) && w.homing.startConfirmed(r, home.Epoch) {
 			return fmt.Errorf("%v range %d: the home's frame at %d has epoch %d, past the start %d of epoch %d", n, r, base, h.Epoch, home.StartOffset, home.Epoch)
 		}
 	}

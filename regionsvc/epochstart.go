@@ -1,0 +1,234 @@
+package regionsvc
+
+import (
+	"context"
+	"errors"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/homing"
+)
+
+// Where an epoch starts (docs/design.md "Where an epoch starts";
+// homing/raisestart.go). A takeover records the taker's committed end as
+// the new epoch's start, but more of its log may still commit after that
+// reading, at the old epoch: a verbatim mirror apply already proposed, or
+// entries a new Raft leader's predecessor left uncommitted. So the new
+// home's range leader admits no frame of its epoch E until it has
+// confirmed where its log ends and the recorded start is that end:
+//
+//  1. It holds E's appends, and proposes no mirrored frame older than E
+//     any more (the gate's floor; the mirror's CheckHome refuses them too
+//     once the node's role shows the new home).
+//  2. A ReadIndex confirms its leadership and everything committed; once
+//     nothing of its own is pending, its log is committed to its end L
+//     (a leader's log past its committed end is its own proposals).
+//  3. The node compares L with the recorded start S (its lease): equal,
+//     done; above, it raises S to L in the lease store (RaiseStart,
+//     compare-and-set); below, the log has not reached the epoch's start
+//     yet and the appends are refused, retriable.
+//  4. Back on the driver, in the same leader term with the log still at
+//     L, the held appends are proposed: E's first frame lands at L.
+//
+// A leader whose log already holds a frame of E (HighestEpoch) needs no
+// confirmation; nor does epoch 1, which nothing precedes. (HighestEpoch
+// never goes down: a replica that once held an uncommitted frame of E,
+// later replaced by older entries, skips the gate. That needs a leader
+// whose role lags to commit older mirrored frames after another leader
+// of the region confirmed E and proposed its first frame; left, see
+// notes/epochstart.md.) The old home's
+// frames between S and L stay in the log: the same records in every copy
+// that holds them (the old home shipped them), their acks kept.
+
+// startGate is a range leader's confirmation of its epoch's start
+// (driver goroutine only).
+type startGate struct {
+	// epoch's start was confirmed to be this leader's log end in term.
+	epoch, term uint64
+	// floor is the highest epoch this node held appends of: no mirrored
+	// frame of an older epoch is proposed here any more.
+	floor uint64
+	// running: a confirmation of runEpoch is under way; tries counts its
+	// rounds (an apply still in flight makes it ask again).
+	running  bool
+	runEpoch uint64
+	tries    int
+	// held are the appends waiting for it, in arrival order.
+	held []*appendOp
+}
+
+const (
+	// startGateHeldMax bounds the appends a range holds while it confirms
+	// its start; more are refused, retriable.
+	startGateHeldMax = 4096
+	// startGateTriesMax bounds the ReadIndex rounds of one confirmation
+	// that find an apply still in flight; then the held appends are
+	// refused, retriable, and the next append starts again.
+	startGateTriesMax = 50
+)
+
+// errStartInFlight: the log had entries past its committed end when the
+// confirmation looked (an apply or a proposal in flight).
+var errStartInFlight = apierr.New(apierr.Unavailable, "the range's log is still committing older entries before the new epoch's first")
+
+// gateAppend holds or refuses op while the range's epoch start is not
+// confirmed (see the top of this file); true: op was taken. Called by
+// propose, on the driver goroutine.
+func (d *rangeDriver) gateAppend(op *appendOp) bool {
+	if d.cfg.confirmStart == nil {
+		return false
+	}
+	g := &d.gate
+	if op.verbatim {
+		if g.floor == 0 {
+			return false // never home here at a gated epoch
+		}
+		h, err := batch.DecodeHeader(op.frame)
+		if err != nil || h.Epoch >= g.floor {
+			return false // the replica validates the frame itself
+		}
+		op.reply(appendResult{err: apierr.New(apierr.StaleEpoch, "stream %s range %d: a mirrored frame of epoch %d, this region is home at epoch %d",
+			d.cfg.stream, d.cfg.rangeID, h.Epoch, g.floor)})
+		return true
+	}
+	if op.epoch <= 1 || !d.rep.IsLeader() || d.rep.HighestEpoch() >= op.epoch {
+		return false
+	}
+	if g.epoch == op.epoch && g.term == d.rep.LeaderTerm() {
+		return false
+	}
+	if len(g.held) >= startGateHeldMax {
+		op.reply(appendResult{err: apierr.New(apierr.Unavailable, "stream %s range %d: %d appends wait for the start of epoch %d to be confirmed",
+			d.cfg.stream, d.cfg.rangeID, len(g.held), op.epoch)})
+		return true
+	}
+	g.held = append(g.held, op)
+	g.floor = max(g.floor, op.epoch)
+	if !g.running {
+		g.running, g.runEpoch, g.tries = true, op.epoch, 0
+		d.confirmStart(op.epoch)
+	}
+	return true
+}
+
+// confirmStart runs one round of the confirmation of epoch's start: a
+// ReadIndex, then (off the driver goroutine) the node's comparison with the
+// recorded start and its raise, then gateDone on the driver goroutine.
+func (d *rangeDriver) confirmStart(epoch uint64) {
+	term := d.rep.LeaderTerm()
+	d.rep.ReadIndex(func(end uint64, err error) {
+		if err == nil && (d.rep.Pending() > 0 || d.rep.LeaderTerm() != term) {
+			err = errStartInFlight
+		}
+		if err != nil {
+			d.gateDone(epoch, term, end, err)
+			return
+		}
+		logStart, firstEpoch := d.firstRetained(end)
+		go func() {
+			err := d.cfg.confirmStart(d, epoch, end, logStart, firstEpoch)
+			if xerr := d.exec(context.Background(), func() { d.gateDone(epoch, term, end, err) }); xerr != nil {
+				d.logger.Debug("epoch start confirmed as the range closed", "epoch", epoch, "error", xerr)
+			}
+		}()
+	})
+}
+
+// firstRetained is where the log's retained part starts and the epoch of
+// its first frame (0: none below end, or unreadable).
+func (d *rangeDriver) firstRetained(end uint64) (start, epoch uint64) {
+	start = d.store.StartOffset()
+	if start >= end {
+		return start, 0
+	}
+	f, err := d.store.ReadFrames(start, 1, end)
+	if err != nil || len(f) == 0 {
+		return start, 0
+	}
+	h, err := batch.DecodeHeader(f)
+	if err != nil {
+		return start, 0
+	}
+	return start, h.Epoch
+}
+
+// gateDone ends a round of the confirmation: the held appends are
+// proposed if the log is still where it was confirmed, in the same term;
+// a round that found something in flight runs again; else they are
+// refused with err (retriable).
+func (d *rangeDriver) gateDone(epoch, term, end uint64, err error) {
+	g := &d.gate
+	if err == nil && (d.rep.LeaderTerm() != term || d.rep.Committed() > end || d.rep.Pending() > 0) {
+		err = errStartInFlight
+	}
+	if errors.Is(err, errStartInFlight) && d.rep.LeaderTerm() == term && g.tries < startGateTriesMax {
+		// Again from the driver loop, not from inside the replica's
+		// answer to a ReadIndex (which may be where this runs).
+		g.tries++
+		go func() { _ = d.exec(context.Background(), func() { d.confirmStart(epoch) }) }()
+		return
+	}
+	g.running = false
+	if err == nil {
+		g.epoch, g.term = epoch, term
+	}
+	held := g.held
+	g.held = nil
+	for _, op := range held {
+		if err != nil {
+			op.reply(appendResult{err: d.hintAddress(err)})
+			continue
+		}
+		d.propose(op)
+	}
+}
+
+// refuseHeld answers the appends held by the gate when the range stops.
+func (d *rangeDriver) refuseHeld() {
+	held := d.gate.held
+	d.gate.held = nil
+	for _, op := range held {
+		op.reply(appendResult{err: apierr.New(apierr.ShuttingDown, "node is shutting down")})
+	}
+}
+
+// confirmStart is the node's part of a range leader's start confirmation
+// (rangeDriverConfig.confirmStart): the range's log ends at end, and its
+// retained part starts at logStart with a frame of firstEpoch (0: none);
+// the recorded start of epoch must be end, raised to it if it is lower.
+// Off the driver goroutine: it may write the lease store.
+func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart, firstEpoch uint64) error {
+	lease, err := n.homing.homes.Lease(d.cfg.stream, d.cfg.rangeID)
+	if err != nil {
+		return homingErr(err)
+	}
+	switch {
+	case lease.Epoch != epoch:
+		return n.notHome(d)
+	case end == lease.StartOffset:
+		return nil
+	case end < lease.StartOffset:
+		return apierr.New(apierr.Unavailable, "stream %s range %d: the log ends at %d, below the start %d of epoch %d: it appends once it reaches it",
+			d.cfg.stream, d.cfg.rangeID, end, lease.StartOffset, epoch)
+	case logStart > lease.StartOffset && (firstEpoch == 0 || firstEpoch >= epoch):
+		// Retention deleted the log past the recorded start, and no
+		// retained frame older than the epoch shows that what it deleted
+		// was older too (epochs never go back along a log): keep the
+		// record, as before raises.
+		d.logger.Warn("epoch start not confirmed: the log was deleted past it", "epoch", epoch, "start_offset", lease.StartOffset, "log_start", logStart, "log_end", end)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), n.storeTimeout())
+	defer cancel()
+	_, err = n.homing.homes.RaiseStart(ctx, homing.RangeKey{Stream: d.cfg.stream, Range: d.cfg.rangeID}, epoch, lease.StartOffset, end)
+	switch {
+	case errors.Is(err, homing.ErrStartMoved):
+		// Another leader raised it first: learn where, for the next try.
+		if rerr := n.homing.homes.Refresh(ctx); rerr != nil {
+			d.logger.Debug("refresh after a lost start raise", "error", rerr)
+		}
+	case errors.Is(err, homing.ErrEpochMismatch), errors.Is(err, homing.ErrNotHome):
+		return n.notHome(d) // the range moved on, or is moving: retriable elsewhere
+	}
+	return homingErr(err)
+}

@@ -1,0 +1,130 @@
+package regionsvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/homing"
+)
+
+// TestNewHomeRaisesAShortStart: a new home whose log holds more of the old
+// epoch than its recorded start says (what a takeover records when more of
+// the taker's log commits after its tail was read: an apply in flight, a
+// new leader's predecessor's entries) raises the start to its log's end
+// before its first frame of the epoch, and that frame lands there: the
+// epoch's recorded start is where its log really leaves the old epoch,
+// and the old home's records past the short start stay in the log.
+//
+// The short start is made by moving the range with the lease store's own
+// operations (a planned move completed at 17 while the target holds 20),
+// so the test does not depend on catching a race. Without the gate
+// (epochstart.go) the first epoch-2 record is acked at 20 while the
+// history says epoch 2 starts at 17.
+func TestNewHomeRaisesAShortStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster with a lease store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newHomingWorld(t, []string{"us", "eu"}, 1)
+	createHomedStream(t, ctx, w.world, "es", 1, "us")
+	appendAt(t, ctx, w, "us", "es", 20)
+	waitUntil(t, ctx, 2*time.Minute, "eu's mirror holds the 20 records", func() bool {
+		tl := w.tails(ctx, "es")
+		return tl["eu"] != nil && tl["eu"][0] >= 20
+	})
+	store, err := homing.OpenSQL(ctx, homing.SQLConfig{URL: w.pgURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	key := homing.RangeKey{Stream: "es", Range: 0}
+	moveShort(t, ctx, store, key, "eu", 17)
+
+	c, err := client.New(w.regionAddrs("eu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p, err := c.NewProducer("es", client.DeliveryTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	res, err := p.ProduceSync(ctx, &client.Record{Key: []byte("after"), Value: []byte("after/0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Epoch != 2 || res[0].Offset != 20 {
+		t.Fatalf("the new home's first record acked at %d under epoch %d, want 20 under epoch 2", res[0].Offset, res[0].Epoch)
+	}
+	hist, err := store.History(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 2 || hist[1].StartOffset != 20 {
+		t.Fatalf("history %+v: want epoch 2 to start at 20, where its first frame is", hist)
+	}
+	got := readValues(t, ctx, c, "es", 17, 3)
+	for i, v := range got {
+		if want := fmt.Sprintf("after/%d", 17+i); v != want {
+			t.Fatalf("offset %d holds %q, want the old home's %q", 17+i, v, want)
+		}
+	}
+}
+
+// moveShort moves key's home to region to at epoch 2 starting at start
+// (PrepareRehome, then CompleteRehome once the old home confirmed it
+// stopped: its next heartbeat).
+func moveShort(t *testing.T, ctx context.Context, store homing.Store, key homing.RangeKey, to string, start uint64) {
+	t.Helper()
+	if _, err := store.PrepareRehome(ctx, homing.RehomeRequest{Key: key, Epoch: 1, To: to}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, 2*time.Minute, "the move completed", func() bool {
+		_, err := store.CompleteRehome(ctx, homing.RehomeRequest{Key: key, Epoch: 1, To: to, StartOffset: start,
+			NowNanos: time.Now().UnixNano(), MaxOffsetNanos: int64(testMaxClockOffset)})
+		if err != nil && !errors.Is(err, homing.ErrNotDrained) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+}
+
+// readValues reads n record values of stream's range 0 from offset from.
+func readValues(t *testing.T, ctx context.Context, c *client.Client, stream string, from uint64, n int) []string {
+	t.Helper()
+	var out []string
+	for rec, err := range c.Subscribe(ctx, stream, 0, client.StartAt{Offset: from}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, string(rec.Value))
+		if len(out) == n {
+			break
+		}
+	}
+	return out
+}
+
+// TestLearnedStartsOnlyRise: a mirror's known start of an epoch moves up
+// with a raise and never back (a history read from before the raise
+// arrives after the directory's record), so its fence only rises.
+func TestLearnedStartsOnlyRise(t *testing.T) {
+	tl := &timeline{starts: map[uint64]uint64{}}
+	for _, c := range []struct{ epoch, start, want uint64 }{
+		{2, 17, 17}, // the takeover's record
+		{2, 20, 20}, // raised by the new home
+		{2, 17, 20}, // a stale history read
+		{3, 5, 5},   // another epoch, below: its own
+	} {
+		tl.learnStart(c.epoch, c.start)
+		if got := tl.starts[c.epoch]; got != c.want {
+			t.Fatalf("after learning epoch %d starts at %d: %d, want %d", c.epoch, c.start, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,230 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/homing"
+)
+
+// Where an epoch starts (regionsvc/epochstart.go, docs/design.md "Where an
+// epoch starts"). A takeover records the taker's committed end as the new
+// epoch's start, but the taker's log may still commit frames of the old
+// epoch past it: a verbatim apply in flight, or a new leader's
+// predecessor's entries (product bug 3 of notes/simfaults.md; seeds 114,
+// 346, 227). The new home's range leader therefore admits no frame of its
+// epoch until its log is committed to its end with nothing in flight, and
+// raises the recorded start to that end (MemStore.RaiseStart) when it is
+// above it. The simulator's leader does it synchronously at the append
+// (regionsvc's does a ReadIndex first and holds the appends meanwhile).
+//
+// What the checks follow (raised): the range's home record and its epoch
+// history move up, so sources resend, fences and fork explanations use
+// the raised start; the old home's acked records that the new home's log
+// holds between the two starts are no longer orphaned (granted counted
+// them at the grant); and old-epoch frames past the start are reported
+// (epochOrder, home reads) only once the epoch's start is confirmed.
+// Options.mut.noStartGate turns the gate off (the product before it): the
+// takeover's start is final at the grant, as the checks took it before.
+
+// startGates is, per range, the epoch whose start a home leader confirmed,
+// and per (node, range, epoch) the leader term it confirmed it in.
+type startGates struct {
+	confirmed []uint64
+	terms     map[startKey]uint64
+	// had holds the (range, epoch)s whose start a home confirmed: the
+	// epochs that may have frames.
+	had map[[2]uint64]bool
+}
+
+type startKey struct {
+	n     *node
+	r     int
+	epoch uint64
+}
+
+func (h *homeWorld) gates() *startGates {
+	if h.starts == nil {
+		h.starts = &startGates{confirmed: make([]uint64, h.w.opt.Ranges), terms: map[startKey]uint64{}, had: map[[2]uint64]bool{}}
+	}
+	return h.starts
+}
+
+// confirmStart is the gate before a home leader proposes an append
+// admitted at epoch: nil once the epoch's start is confirmed at this
+// leader's log end in its term (raising the record if needed), else a
+// retriable refusal.
+func (h *homeWorld) confirmStart(n *node, r int, epoch uint64) error {
+	rep, g := n.replicas[r], h.gates()
+	if h.w.opt.mut.noStartGate || epoch <= 1 || !rep.IsLeader() || rep.HighestEpoch() >= epoch {
+		return nil
+	}
+	k := startKey{n: n, r: r, epoch: epoch}
+	if t, ok := g.terms[k]; ok && t == rep.LeaderTerm() {
+		return nil
+	}
+	end := rep.Committed()
+	if rep.Pending() > 0 || n.stores[r].NextOffset() > end {
+		h.res.StartWaits++
+		return apierr.New(apierr.Unavailable, "%v range %d: its log commits older entries before epoch %d's first", n, r, epoch)
+	}
+	lease, err := n.core.View().Lease(rangeKey(r), h.w.nodeNanos(n))
+	switch {
+	case err != nil || lease.Epoch != epoch:
+		return apierr.New(apierr.Unavailable, "%v range %d: no lease at epoch %d: %v", n, r, epoch, err)
+	case end < lease.StartOffset:
+		h.res.StartWaits++
+		return apierr.New(apierr.Unavailable, "%v range %d: the log ends at %d, below epoch %d's start %d", n, r, end, epoch, lease.StartOffset)
+	case end > lease.StartOffset && h.olderBelow(n, r, lease.StartOffset, end, epoch):
+		if err := h.raiseStart(n, r, epoch, lease.StartOffset, end); err != nil {
+			return err
+		}
+	}
+	g.terms[k] = rep.LeaderTerm()
+	if home := h.homes[r]; home.Epoch == epoch {
+		g.confirmed[r] = epoch
+		g.had[[2]uint64{uint64(r), epoch}] = true
+	}
+	return nil
+}
+
+// resendFrom is where a source (src, the home leader driving the link)
+// resends range r from to a mirror whose log ends in epoch after: where
+// the source's log leaves that epoch, as Task.epochStart finds it in the
+// log. Only epochs whose start a home confirmed have frames (an epoch
+// granted but not confirmed yet, or replaced before its first frame, has
+// none, and its recorded start may lie below the change); without one
+// the change is at the source's committed end.
+func (h *homeWorld) resendFrom(r int, after uint64, src *node) uint64 {
+	if h.w.opt.mut.noStartGate {
+		return h.epochStart(r, after)
+	}
+	at := ^uint64(0)
+	for _, g := range h.history[r] {
+		if g.home.Epoch > after && h.gates().had[[2]uint64{uint64(r), g.home.Epoch}] {
+			at = min(at, g.home.StartOffset)
+		}
+	}
+	if src != nil && src.up {
+		at = min(at, src.replicas[r].Committed())
+	}
+	return at
+}
+
+// olderBelow reports whether n's log of range r holds nothing of epoch
+// in [start, end) that retention deleted: its retained part begins at or
+// below start, or with a frame of an older epoch (epochs never go back
+// along a log), as regionsvc's firstRetained tells.
+func (h *homeWorld) olderBelow(n *node, r int, start, end, epoch uint64) bool {
+	st := n.stores[r]
+	if st.StartOffset() <= start {
+		return true
+	}
+	f, err := st.ReadFrames(st.StartOffset(), 1, end)
+	if err != nil || len(f) == 0 {
+		return false
+	}
+	hd, err := batch.DecodeHeader(f)
+	return err == nil && hd.Epoch < epoch
+}
+
+// raiseStart raises the store's record of range r's epoch from from to
+// end for node n (its view may be behind a raise another leader made:
+// the store then finds it at end already) and has the checks follow it.
+func (h *homeWorld) raiseStart(n *node, r int, epoch, from, end uint64) error {
+	ctx := context.Background()
+	if h.unreachable(n) {
+		c, cancel := context.WithCancel(ctx)
+		cancel()
+		ctx = c
+	}
+	home, err := h.store.RaiseStart(ctx, homing.RaiseStartRequest{Key: rangeKey(r), Epoch: epoch, Region: regionName(n.region), From: from, To: end})
+	if err != nil {
+		h.res.StartWaits++
+		return apierr.New(apierr.Unavailable, "%v range %d: raise epoch %d's start from %d to %d: %v", n, r, epoch, from, end, err)
+	}
+	h.raised(n, r, home)
+	return nil
+}
+
+// raised follows a raise of range r's current epoch's start to home's
+// (node n's log holds the frames below it): the home record and the
+// epoch's grant move up, and the acked records the grant counted as
+// orphaned that n's log holds between the two starts are acked again.
+func (h *homeWorld) raised(n *node, r int, home homing.Home) {
+	cur := h.homes[r]
+	if home.Epoch != cur.Epoch || home.StartOffset <= cur.StartOffset {
+		return
+	}
+	from := cur.StartOffset
+	h.homes[r].StartOffset = home.StartOffset
+	if hist := h.history[r]; len(hist) > 0 && hist[len(hist)-1].home.Epoch == home.Epoch {
+		hist[len(hist)-1].home.StartOffset = home.StartOffset
+	}
+	h.res.StartsRaised++
+	held, err := h.recordsAt(n, r, from, home.StartOffset)
+	if err != nil {
+		h.w.err = err
+		return
+	}
+	for v, off := range h.orphans[r] {
+		if held[off] == v {
+			delete(h.orphans[r], v)
+			h.w.acked[r][off] = v
+			h.res.Orphaned--
+		}
+	}
+}
+
+// recordsAt reads the record values n's log of range r holds in
+// [from, end), by offset (what retention deleted is left out).
+func (h *homeWorld) recordsAt(n *node, r int, from, end uint64) (map[uint64]string, error) {
+	out := map[uint64]string{}
+	st := n.stores[r]
+	for at := max(from, st.StartOffset()); at < end; {
+		frames, err := st.ReadFrames(at, 1<<20, end)
+		if err != nil || len(frames) == 0 {
+			return nil, fmt.Errorf("%v range %d: read [%d, %d) after raising its start: %v", n, r, at, end, err)
+		}
+		was := at
+		for len(frames) > 0 {
+			size, err := batch.FrameSize(frames)
+			if err != nil {
+				return nil, err
+			}
+			hd, recs, err := batch.Decode(frames[:size])
+			frames = frames[size:]
+			if err != nil {
+				return nil, err
+			}
+			for i := range recs {
+				out[hd.Offset(&recs[i])] = string(recs[i].Value)
+			}
+			at = max(at, hd.BaseOffset+uint64(hd.Span()))
+		}
+		if at == was {
+			return nil, fmt.Errorf("%v range %d: reading [%d, %d) after raising its start made no progress", n, r, at, end)
+		}
+	}
+	return out, nil
+}
+
+// startConfirmed reports whether epoch's start in range r is final for
+// the checks: confirmed by its home (raised or found equal), or the gate
+// is off (the grant's start is final, as before the gate).
+func (h *homeWorld) startConfirmed(r int, epoch uint64) bool {
+	return h.w.opt.mut.noStartGate || h.gates().confirmed[r] >= epoch
+}
+
+// startOf is where home's epoch starts in range r now: its grant's start,
+// as raised since.
+func (h *homeWorld) startOf(r int, home homing.Home) uint64 {
+	for _, g := range h.history[r] {
+		if g.home.Epoch == home.Epoch {
+			return g.home.StartOffset
+		}
+	}
+	return home.StartOffset
+}
