@@ -102,8 +102,8 @@ type homeWorld struct {
 	downTill int64
 	homeIdx  []int // per range: the index of homes[r].Region
 	// orphans is, per range, the acked records counted as orphaned, by
-	// value, with the offset the old home acked them at.
-	orphans []map[string]uint64
+	// value: the offset the old home acked them at, and its region.
+	orphans []map[string]orphaned
 	// failAt is when the home region is cut off (-1: never), failFor
 	// for how long.
 	failAt, failFor int64
@@ -191,9 +191,9 @@ func (h *homeWorld) build() error {
 	}
 	h.homes = homes
 	h.homeIdx = make([]int, len(homes))
-	h.orphans = make([]map[string]uint64, len(homes))
+	h.orphans = make([]map[string]orphaned, len(homes))
 	for r := range h.orphans {
-		h.orphans[r] = map[string]uint64{}
+		h.orphans[r] = map[string]orphaned{}
 	}
 	for g := 0; g < h.w.opt.Regions; g++ {
 		a, err := newAgent(h, g)
@@ -389,7 +389,7 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 	for off, v := range w.acked[r] {
 		if off >= home.StartOffset {
 			delete(w.acked[r], off)
-			h.orphan(r, off, v)
+			h.orphan(r, off, v, h.epochAt(r, off))
 		}
 	}
 	h.move(r, home, false)
@@ -596,11 +596,45 @@ func (h *homeWorld) cutDone(n *node, r int, c cut, committed uint64) bool {
 	return err == nil && hd.Epoch >= c.epoch
 }
 
-// orphan counts an acked record past a fork point: only an orphan log
-// may hold it, never the range's log (finalTaken).
-func (h *homeWorld) orphan(r int, off uint64, v string) {
-	h.orphans[r][v] = off
+// orphaned is an acked record counted as orphaned: the offset it was
+// acked at, and the region that acked it (the home of the epoch it was
+// acked in, which a second takeover makes other than the latest grant's
+// PrevRegion: deletedByRetention looks there).
+type orphaned struct {
+	off    uint64
+	region int
+}
+
+// orphan counts an acked record past a fork point, acked at epoch: only
+// an orphan log may hold it, never the range's log (finalTaken).
+func (h *homeWorld) orphan(r int, off uint64, v string, epoch uint64) {
+	h.orphans[r][v] = orphaned{off: off, region: h.epochRegion(r, epoch)}
 	h.res.Orphaned++
+}
+
+// epochAt is the epoch range r's log is at, at offset off, as the grants
+// so far left it: that of the latest grant starting at or below off (a
+// later takeover may start below an earlier one's start, cutting it), 1
+// if none.
+func (h *homeWorld) epochAt(r int, off uint64) uint64 {
+	e := uint64(1)
+	for _, g := range h.history[r] {
+		if g.home.StartOffset <= off {
+			e = g.home.Epoch
+		}
+	}
+	return e
+}
+
+// epochRegion is the region that homed range r at epoch (region 0 at
+// epoch 1, where every range is created).
+func (h *homeWorld) epochRegion(r int, epoch uint64) int {
+	for _, g := range h.history[r] {
+		if g.home.Epoch == epoch {
+			return regionIndex(g.home.Region)
+		}
+	}
+	return 0
 }
 
 // taken reports whether range r's home changed since its creation.
@@ -641,9 +675,9 @@ func (h *homeWorld) finalTaken() error {
 		if !h.taken(r) {
 			continue
 		}
-		for v, off := range h.orphans[r] {
+		for v, o := range h.orphans[r] {
 			if at, ok := h.w.seen[r][v]; ok {
-				return fmt.Errorf("range %d: %q, acked at %d and counted as orphaned at the fork point %d, is in the new home's log at %d", r, v, off, home.StartOffset, at)
+				return fmt.Errorf("range %d: %q, acked at %d and counted as orphaned at the fork point %d, is in the new home's log at %d", r, v, o.off, home.StartOffset, at)
 			}
 		}
 		for _, n := range h.w.regionNodes(regionIndex(home.Region)) {

@@ -204,7 +204,8 @@ func (w *world) readOrphans(n *node, r int, f replica.ForkRecord) ([]string, err
 func (w *world) finalOrphans() error {
 	o := w.orphanLogs
 	for r := range w.canonical {
-		for v, off := range w.homing.orphans[r] {
+		for v, or := range w.homing.orphans[r] {
+			off := or.off
 			if at, ok := o.held[r][v]; ok && at == off {
 				w.res.Orphans.AcksHeld++
 				continue
@@ -213,7 +214,7 @@ func (w *world) finalOrphans() error {
 				w.res.Orphans.AcksHeld++
 				continue
 			}
-			if w.deletedByRetention(r, off) {
+			if w.deletedByRetention(r, or) {
 				w.res.Orphans.ByRetention++
 				continue
 			}
@@ -247,17 +248,22 @@ func (w *world) heldUnforked(r int, off uint64, v string) bool {
 	return false
 }
 
-// deletedByRetention reports whether retention deleted off before the
-// copies that held it forked: a fork found it deleted, or no copy of the
-// region that acked it (the previous home) retains it.
-func (w *world) deletedByRetention(r int, off uint64) bool {
+// deletedByRetention reports whether retention deleted an orphaned ack
+// before the copies that held it forked: a fork found it deleted, or no
+// copy of the region that acked it retains its offset (its log starts
+// past it, or retention deleted the whole log, which then starts at its
+// end). That region is the home of the epoch the record was acked at,
+// not the latest grant's PrevRegion: after a second takeover (seeds 10,
+// 15, 62 and 104 of the minute runs) the first home's acks sit in the
+// first home's copies.
+func (w *world) deletedByRetention(r int, o orphaned) bool {
 	for _, f := range w.orphanLogs.retained[r] {
-		if off >= f.At && off < f.FirstOffset {
+		if o.off >= f.At && o.off < f.FirstOffset {
 			return true
 		}
 	}
-	for _, n := range w.regionNodes(regionIndex(w.homing.homes[r].PrevRegion)) {
-		if !n.up || n.stores[r].StartOffset() <= off {
+	for _, n := range w.regionNodes(o.region) {
+		if !n.up || (n.stores[r].StartOffset() <= o.off && o.off < n.stores[r].NextOffset()) {
 			return false
 		}
 	}
