@@ -593,7 +593,10 @@ func (g *geoWorld) answered(m *geoMsg) {
 // of the minute runs; the floor keeps a divergent copy's resend point).
 func (g *geoWorld) connected(l *link, m *geoMsg) {
 	home := g.w.homing.homes[l.rng]
-	at := max(g.w.homing.epochStart(l.rng, m.logEpoch), l.owner.stores[l.rng].StartOffset())
+	at := g.w.homing.epochStart(l.rng, m.logEpoch)
+	if o := l.owner; o.up && o.gen == l.ownerGen {
+		at = max(at, o.stores[l.rng].StartOffset()) // (a crashed owner's link is retired at its next drive)
+	}
 	if m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > at {
 		l.cur.Connected(at, m.highest)
 		l.cur.Resend()
