@@ -147,7 +147,8 @@
 // a lease TTL (an unnecessary failover: the one a lease-store outage
 // caused before the agent's settle wait). Every home and mirror replica
 // keeps a compaction floor at the lowest end the other mirrors published
-// (any mirror may become the home).
+// (any mirror may become the home), a copy holding a divergent tail
+// counting at the point a source resends to it from.
 //
 // Forks: the new home ships to every other region, the old home
 // included; a mirror whose stored frames meet the new home's at a newer

@@ -169,10 +169,10 @@ func (h *homeWorld) raised(n *node, r int, home homing.Home) {
 		h.w.err = err
 		return
 	}
-	for v, off := range h.orphans[r] {
-		if held[off] == v {
+	for v, o := range h.orphans[r] {
+		if held[o.off] == v {
 			delete(h.orphans[r], v)
-			h.w.acked[r][off] = v
+			h.w.acked[r][o.off] = v
 			h.res.Orphaned--
 		}
 	}

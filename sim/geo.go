@@ -213,15 +213,39 @@ func (g *geoWorld) offWAN(n *node) bool { return n.cutWAN && g.w.cut(n.region, n
 // floor is the lowest committed end any mirror replica of range r
 // outside region own published: the home keeps every segment at or past
 // it, and so does every mirror (it may become the home: a takeover picks
-// the most caught-up region, whose log the others then need).
+// the most caught-up region, whose log the others then need). A copy
+// holding a divergent tail (stale) counts at the point a source resends
+// to it from (resendPoint), as regionsvc's floor holds a task's lag at
+// its resend (replicator Task, evConnected): without it the home could
+// delete what the copy needs to fork and catch up, and the copy would
+// wait for it for ever (seed 125 of the minute runs).
 func (g *geoWorld) floor(r, own int) uint64 {
 	f := ^uint64(0)
 	for _, n := range g.w.nodes {
-		if n.region != own && n.region != g.w.homeRegion(r) && !g.w.stale(n, r) {
+		if n.region == own || n.region == g.w.homeRegion(r) {
+			continue
+		}
+		if g.w.stale(n, r) {
+			f = min(f, g.resendPoint(n, r))
+		} else {
 			f = min(f, n.served[r])
 		}
 	}
 	return f
+}
+
+// resendPoint is where a source resumes shipping range r to copy n
+// (connected): where the range's log left the epoch n's log ends in, if
+// that is older than the home's, or n's end.
+func (g *geoWorld) resendPoint(n *node, r int) uint64 {
+	end := n.served[r]
+	if !n.up {
+		return end
+	}
+	if e := logEpoch(n, r, n.replicas[r].Committed(), false); e != 0 && e < g.w.homing.homes[r].Epoch {
+		return min(end, g.w.homing.epochStart(r, e))
+	}
+	return end
 }
 
 // step serves the mirrors' queued requests, then drives every link.
@@ -561,10 +585,19 @@ func (g *geoWorld) answered(m *geoMsg) {
 // connected resumes a cursor on an open stream, as a Task does: a mirror
 // whose log ends in an older epoch than the source's may hold another
 // home's divergent tail past where this log left that epoch; shipping
-// resumes there (Cursor.Resend) and the mirror compares.
+// resumes there (Cursor.Resend) and the mirror compares. As the Task's
+// search of its log (Task.epochStart) finds it: offsets below the
+// source's log start count as older, so a resend never starts below
+// what the source retains (else a mirror whose log epoch a restart
+// lowered would wait for ever for a read that cannot succeed: seed 116
+// of the minute runs; the floor keeps a divergent copy's resend point).
 func (g *geoWorld) connected(l *link, m *geoMsg) {
 	home := g.w.homing.homes[l.rng]
-	if at := g.w.homing.resendFrom(l.rng, m.logEpoch, l.owner); m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > at {
+	at := g.w.homing.resendFrom(l.rng, m.logEpoch, l.owner)
+	if o := l.owner; o.up && o.gen == l.ownerGen {
+		at = max(at, o.stores[l.rng].StartOffset()) // (a crashed owner's link is retired at its next drive)
+	}
+	if m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > at {
 		l.cur.Connected(at, m.highest)
 		l.cur.Resend()
 		g.res.Resends++

@@ -256,16 +256,27 @@ func (g *geoWorld) finishApply(n *node, r int) {
 // the frame at the applied end or, when retention deleted it, the
 // replica's log epoch (regionsvc's mirrorRange.LogEpoch).
 func (g *geoWorld) opened(n *node, r int, m *geoMsg, applied, highest uint64) {
-	var logEpoch uint64
-	if applied > 0 {
-		logEpoch = n.replicas[r].HighestEpoch()
-		if f, err := n.stores[r].ReadFrames(applied-1, 1, applied); err == nil {
-			if h, err := batch.DecodeHeader(f); err == nil {
-				logEpoch = h.Epoch
-			}
+	g.send(m.s, &geoMsg{kind: gmOpened, applied: applied, highest: highest, logEpoch: logEpoch(n, r, applied, g.w.opt.mut.noLogEpochFallback)}, false)
+}
+
+// logEpoch is the epoch n's log of range r ends in at applied (0:
+// unknown), as the Server's open answers it: that of the frame at the
+// applied end or, when retention deleted it, the replica's (unless
+// noFallback, a test's mutation).
+func logEpoch(n *node, r int, applied uint64, noFallback bool) uint64 {
+	if applied == 0 {
+		return 0
+	}
+	e := n.replicas[r].HighestEpoch()
+	if noFallback {
+		e = 0
+	}
+	if f, err := n.stores[r].ReadFrames(applied-1, 1, applied); err == nil {
+		if h, err := batch.DecodeHeader(f); err == nil {
+			e = h.Epoch
 		}
 	}
-	g.send(m.s, &geoMsg{kind: gmOpened, applied: applied, highest: highest, logEpoch: logEpoch}, false)
+	return e
 }
 
 // answer sends the answer to m back to its source; final ends the stream

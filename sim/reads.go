@@ -81,6 +81,17 @@ type mutations struct {
 	// removal is applied at the leader, while other members may still
 	// count its vote (replace.go forgotten).
 	replaceEarlyWipe bool
+	// noLogEpochFallback: a mirror whose frame at its applied end is gone
+	// (retention) answers the open with no log epoch, as before replgap's
+	// fix (replicator.LogEpocher) (mirror.go: logEpoch).
+	noLogEpochFallback bool
+	// eventsMax, when above 0, fails the run on liveness once it has
+	// queued that many events: a mutation that leaves a Raft group in a
+	// storm of messages for good (replaceEarlyWipe: a few hundred events
+	// per virtual ms, each carrying the log, against some 5 in a sound
+	// run) then ends in seconds, not minutes, of wall time, so that a scan
+	// for the mutation's seed stays cheap.
+	eventsMax uint64
 	// tolerateOldHomeReads is no mutation: it counts, instead of failing
 	// the run on, the open issue of notes/README.md (a planned rehome's
 	// old home answers home reads of its final log until it learns of the

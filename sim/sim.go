@@ -560,6 +560,9 @@ func (w *world) crash(n *node) {
 }
 
 func (w *world) push(e *event) {
+	if m := w.opt.mut.eventsMax; m > 0 && w.evSeq >= m && w.err == nil {
+		w.err = fmt.Errorf("liveness: %d events queued (a Raft group's message storm)", m)
+	}
 	w.evSeq++
 	e.seq = w.evSeq
 	w.events.push(e)

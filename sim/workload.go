@@ -157,7 +157,7 @@ func (w *world) reply(e *event) {
 		v := fmt.Sprintf("p%d/r%d/s%d", e.pid, e.rng, seq+uint64(i))
 		off := e.res.BaseOffset + uint64(i)
 		if e.pid != p.pid(e.rng) && off >= w.homing.epochStart(e.rng, e.res.Epoch) {
-			w.homing.orphan(e.rng, off, v) // acked before a takeover, heard after it
+			w.homing.orphan(e.rng, off, v, e.res.Epoch) // acked before a takeover, heard after it
 			continue
 		}
 		if prev, ok := w.acked[e.rng][off]; ok && prev != v {
