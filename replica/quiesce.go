@@ -73,6 +73,18 @@ func (r *Replica) Quiesced() bool {
 	return q.on
 }
 
+// wakeForClient wakes a quiesced follower that a client asked for an
+// append or a linearizable read (it answers NOT_LEADER). A client comes to
+// a follower when it could not reach the leader, or was sent away by it:
+// the leader may be cut off while its process lives, which node liveness
+// notices only after the transport's keepalive (seconds). Ticking again,
+// the follower times the leader out after an election timeout and
+// campaigns; its pre-vote wakes the others, which join once their own
+// election timeout passed. A live leader refuses the pre-vote (CheckQuorum
+// lease), wakes on it and quiesces the group again once it is idle, so a
+// stale client costs a few heartbeats, never an election.
+func (r *Replica) wakeForClient() { r.quiesce.on = false }
+
 // Unquiesce makes the replica tick again (Quiesced false) until it quiesces
 // anew: the driver's wake-up when node liveness changed.
 func (r *Replica) Unquiesce() { r.quiesce.on = false }

@@ -147,4 +147,38 @@ func TestQuiescedFollowerElectsWhenWoken(t *testing.T) {
 	}
 }
 
+// A client asking a quiesced follower (its leader cut off, or gone while
+// node liveness has not noticed yet) wakes it, and the group elects a new
+// leader without the liveness wake.
+func TestClientWakesQuiescedFollower(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var res []Result
+	c.replicas[1].Propose(op(7, 0, 1, "a", &res))
+	c.settle()
+	c.quiesceGroup(1)
+	c.stop(1)
+	c.tickAwake(40)
+	if c.leader() != 0 {
+		t.Fatal("quiesced followers elected without being asked")
+	}
+	c.replicas[2].Propose(op(7, 1, 1, "b", &res))
+	if last := res[len(res)-1]; apierr.CodeOf(last.Err) != apierr.NotLeader {
+		t.Fatalf("append at a follower: %+v (%v), want NOT_LEADER", last, apierr.CodeOf(last.Err))
+	}
+	if c.replicas[2].Quiesced() {
+		t.Fatal("the follower a client asked stays quiesced")
+	}
+	c.tickAwake(100)
+	lead := c.leader()
+	if lead == 0 || lead == 1 {
+		t.Fatalf("leader after the client woke a follower: %d", lead)
+	}
+	c.replicas[lead].Propose(op(7, 1, 1, "b", &res))
+	c.settle()
+	if last := res[len(res)-1]; last.Err != nil || last.BaseOffset != 1 {
+		t.Fatalf("append at the new leader: %+v (%v)", last, apierr.CodeOf(last.Err))
+	}
+}
+
 func ptr[T any](v T) *T { return &v }

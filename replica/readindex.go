@@ -33,6 +33,7 @@ func (r *Replica) ReadIndex(reply func(committedEnd uint64, err error)) {
 		return
 	}
 	if !r.isLeader {
+		r.wakeForClient()
 		reply(0, r.notLeader())
 		return
 	}

@@ -563,6 +563,7 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 		return
 	}
 	if !r.isLeader {
+		r.wakeForClient()
 		op.Reply(Result{Err: r.notLeader()})
 		return
 	}
