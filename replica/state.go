@@ -388,7 +388,28 @@ func (f FileState) Save(h HardState) error {
 	if err := f.FS.Rename(tmp, filepath.Join(f.Dir, stateFileName)); err != nil {
 		return err
 	}
-	return f.FS.SyncDir(f.Dir)
+	if err := f.FS.SyncDir(f.Dir); err != nil {
+		return err
+	}
+	return f.ensureCommitFile(h.Raft.GetCommit())
+}
+
+// ensureCommitFile creates the commit mark's file, holding index (the
+// state's own commit index: the mark says nothing new), if there is none.
+// A lone mark (SaveCommit) then only rewrites bytes in place, which needs
+// no free space: a disk that fills up between an append's write and its
+// mark refuses appends (segment.ErrNoSpace) but never fails the mark and
+// with it the replica. Only a state's first Save creates it; later ones
+// find it.
+func (f FileState) ensureCommitFile(index uint64) error {
+	w, err := f.FS.OpenFile(filepath.Join(f.Dir, commitFileName), os.O_RDONLY, 0)
+	if err == nil {
+		return w.Close()
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return f.SaveCommit(index)
 }
 
 // MemState is the in-memory twin of FileState.
