@@ -294,22 +294,32 @@ func (l *List) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &nodes); err != nil {
 		return err
 	}
+	c, err := FromNodes(nodes)
+	if err != nil {
+		return err
+	}
+	l.nodes = c.nodes
+	return nil
+}
+
+// FromNodes is the list of nodes (as Nodes returned them, from another
+// node: every node is checked).
+func FromNodes(nodes []Node) (*List, error) {
 	if len(nodes) > NodesMax {
-		return fmt.Errorf("%w: %d nodes", ErrBadNode, len(nodes))
+		return nil, fmt.Errorf("%w: %d nodes", ErrBadNode, len(nodes))
 	}
 	next := map[uint64]Node{}
 	for _, n := range nodes {
 		if err := Validate(n); err != nil {
-			return err
+			return nil, err
 		}
 		if _, ok := stateNames[n.State]; !ok {
-			return fmt.Errorf("%w: node %d", ErrBadState, n.ID)
+			return nil, fmt.Errorf("%w: node %d", ErrBadState, n.ID)
 		}
 		if _, dup := next[n.ID]; dup {
-			return fmt.Errorf("%w: id %d listed twice", ErrBadNode, n.ID)
+			return nil, fmt.Errorf("%w: id %d listed twice", ErrBadNode, n.ID)
 		}
 		next[n.ID] = n
 	}
-	l.nodes = next
-	return nil
+	return &List{nodes: next}, nil
 }

@@ -1,0 +1,223 @@
+package regionsvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
+	"github.com/geolog/geolog/membership"
+	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// joinNode starts node id joining tr's region through member's address,
+// and adds it to tr (its clients and cleanup).
+func (tr *testRegion) joinNode(id, member uint64) {
+	tr.t.Helper()
+	addr := freeAddr(tr.t)
+	tr.dirs[id] = tr.t.TempDir()
+	n, err := New(Config{DataDir: tr.dirs[id], ListenAddr: addr, NodeID: id, Join: tr.peers[member], ReplicationFactor: tr.rf,
+		TickInterval: 20 * time.Millisecond, Fsync: 1,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{tr.t}, Level: hclog.Warn})})
+	if err != nil {
+		tr.t.Fatalf("join node %d: %v", id, err)
+	}
+	if err := n.Start(); err != nil {
+		tr.t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	tr.t.Cleanup(func() { conn.Close() })
+	tr.nodes[id], tr.clients[id], tr.admins[id] = n, geologv1.NewLogClient(conn), geologv1.NewAdminClient(conn)
+}
+
+// waitNodes polls ListNodes on every node until want holds for each.
+func (tr *testRegion) waitNodes(ctx context.Context, what string, want func([]*geologv1.NodeInfo) error) {
+	tr.t.Helper()
+	for id, a := range tr.admins {
+		var last error
+		for ctx.Err() == nil {
+			resp, err := a.ListNodes(ctx, &geologv1.ListNodesRequest{})
+			if last = err; err == nil {
+				if last = want(resp.Nodes); last == nil {
+					break
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if last != nil {
+			tr.t.Fatalf("%s on node %d: %v", what, id, last)
+		}
+	}
+}
+
+func nodeState(id uint64, st geologv1.NodeState) func([]*geologv1.NodeInfo) error {
+	return func(nodes []*geologv1.NodeInfo) error {
+		for _, n := range nodes {
+			if n.NodeId == id {
+				if n.State != st {
+					return fmt.Errorf("node %d is %v", id, n.State)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("node %d not listed in %v", id, nodes)
+	}
+}
+
+// voters returns the voters of every range of stream (asked of the
+// range leaders, through any node).
+func (tr *testRegion) voters(ctx context.Context, stream string, ranges uint32) [][]uint64 {
+	tr.t.Helper()
+	out := make([][]uint64, ranges)
+	for r := uint32(0); r < ranges; r++ {
+		for ctx.Err() == nil && out[r] == nil {
+			for _, a := range tr.admins {
+				d, err := a.DescribeReplicas(ctx, &geologv1.DescribeReplicasRequest{Stream: stream, Range: r})
+				if err != nil {
+					continue
+				}
+				for _, rs := range d.Replicas {
+					if rs.Role == "voter" {
+						out[r] = append(out[r], rs.NodeId)
+					}
+				}
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return out
+}
+
+// TestNodeJoinsRunningRegion: a 4th node joins a running 3-node region by
+// one member's address (no restart, no flag change); it appears in every
+// node's ListNodes, a stream created afterwards places replicas on it and
+// it serves them; a drain and a decommission reach every node's list, a
+// drained node takes no new replicas, and bad requests get typed errors.
+// It fails if the joiner is not listed everywhere, gets no replica, cannot
+// serve its range, or if a bad request is accepted.
+func TestNodeJoinsRunningRegion(t *testing.T) {
+	tr := newTestRegion(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	tr.createStream(ctx, "before", 3)
+	tr.joinNode(4, 2)
+	tr.waitNodes(ctx, "node 4 listed live", nodeState(4, geologv1.NodeState_NODE_STATE_LIVE))
+
+	// Existing streams keep their replicas; a new one uses node 4.
+	if v := tr.voters(ctx, "before", 3); slices.ContainsFunc(v, func(ids []uint64) bool { return slices.Contains(ids, 4) }) {
+		t.Fatalf("stream created before the join moved to node 4: %v", v)
+	}
+	tr.createStream(ctx, "after", 4)
+	after := tr.voters(ctx, "after", 4)
+	var on4 []uint32
+	for r, ids := range after {
+		if slices.Contains(ids, 4) {
+			on4 = append(on4, uint32(r))
+		}
+	}
+	if len(on4) == 0 {
+		t.Fatalf("no range of the new stream on the joined node: %v", after)
+	}
+	// Node 4 serves what it holds: an append through it reads back from it.
+	tr.appendAndReadFrom(ctx, 4, "after", on4[0])
+
+	// Drain: every node applies it; a new stream avoids node 4.
+	if _, err := tr.admins[1].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 4, State: geologv1.NodeState_NODE_STATE_DRAINING}); err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	tr.waitNodes(ctx, "node 4 draining", nodeState(4, geologv1.NodeState_NODE_STATE_DRAINING))
+	tr.createStream(ctx, "drained", 4)
+	for r, ids := range tr.voters(ctx, "drained", 4) {
+		if slices.Contains(ids, 4) {
+			t.Fatalf("range %d of a stream created during the drain is on node 4: %v", r, ids)
+		}
+	}
+	tr.checkBadMembership(ctx)
+	if _, err := tr.admins[3].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 4, State: geologv1.NodeState_NODE_STATE_DECOMMISSIONED}); err != nil {
+		t.Fatalf("decommission: %v", err)
+	}
+	tr.waitNodes(ctx, "node 4 decommissioned", nodeState(4, geologv1.NodeState_NODE_STATE_DECOMMISSIONED))
+	tr.checkRetiredID(ctx)
+}
+
+// checkBadMembership: an unknown id and a duplicate address get
+// INVALID_ARGUMENT, with the membership sentinel as the cause in process.
+func (tr *testRegion) checkBadMembership(ctx context.Context) {
+	t := tr.t
+	_, err := tr.admins[2].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 9, State: geologv1.NodeState_NODE_STATE_DRAINING})
+	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
+		t.Fatalf("drain of unknown node 9: %v", err)
+	}
+	if err := tr.nodes[1].checkNodeState(9, membership.Draining); !errors.Is(err, membership.ErrUnknownNode) {
+		t.Fatalf("in process, unknown node: %v", err)
+	}
+	_, err = tr.directory(1).Join(ctx, &geologinternalv1.JoinRequest{Region: "local", NodeId: 5, Address: tr.peers[2]})
+	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
+		t.Fatalf("join at node 2's address: %v", err)
+	}
+	if err := tr.nodes[3].checkJoin(membership.Node{ID: 5, Addr: tr.peers[2]}); !errors.Is(err, membership.ErrAddressInUse) {
+		t.Fatalf("in process, duplicate address: %v", err)
+	}
+}
+
+// checkRetiredID: a decommissioned id cannot join again, at any address.
+func (tr *testRegion) checkRetiredID(ctx context.Context) {
+	t := tr.t
+	_, err := tr.directory(2).Join(ctx, &geologinternalv1.JoinRequest{Region: "local", NodeId: 4, Address: "127.0.0.1:1"})
+	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
+		t.Fatalf("join with decommissioned id 4: %v", err)
+	}
+	if err := tr.nodes[1].checkJoin(membership.Node{ID: 4, Addr: "127.0.0.1:1"}); !errors.Is(err, membership.ErrIDRetired) {
+		t.Fatalf("in process, reused id: %v", err)
+	}
+}
+
+func (tr *testRegion) directory(id uint64) geologinternalv1.NodeDirectoryClient {
+	conn, err := grpc.NewClient(tr.nodes[id].Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	tr.t.Cleanup(func() { conn.Close() })
+	return geologinternalv1.NewNodeDirectoryClient(conn)
+}
+
+func (tr *testRegion) createStream(ctx context.Context, name string, ranges uint32) {
+	tr.t.Helper()
+	tr.retry(ctx, "create "+name, func(ctx context.Context, c geologv1.LogClient) error {
+		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: ranges})
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
+			return nil
+		}
+		return err
+	})
+}
+
+// appendAndReadFrom appends one record to range r of stream (any node)
+// and reads it back from node id's own copy.
+func (tr *testRegion) appendAndReadFrom(ctx context.Context, id uint64, stream string, r uint32) {
+	tr.t.Helper()
+	tr.retry(ctx, "append", func(ctx context.Context, c geologv1.LogClient) error {
+		_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: stream, Range: r, Records: []*geologv1.Record{{Value: []byte("v")}}})
+		return err
+	})
+	for ctx.Err() == nil {
+		rr, err := tr.clients[id].Read(ctx, &geologv1.ReadRequest{Stream: stream, Range: r, MaxRecords: 10})
+		if err == nil && len(rr.Records) == 1 && string(rr.Records[0].Value) == "v" {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tr.t.Fatalf("node %d did not serve its range %d", id, r)
+}
