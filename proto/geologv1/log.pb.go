@@ -2025,8 +2025,8 @@ type CreateStreamRequest struct {
 	// compaction tunes compaction by key; unset fields take the defaults.
 	Compaction *CompactionPolicy `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
 	// replication_factor is how many nodes of each region of the stream hold
-	// a replica of each range: 1, 3 or 5; 0 takes the region's default
-	// (geologd --replication-factor, 3). A region with fewer live nodes
+	// a replica of each range: 1, 3 or 5; 0 takes the region's default (3,
+	// or all its founding nodes if fewer). A region with fewer live nodes
 	// refuses the stream (INVALID_ARGUMENT). See docs/placement.md.
 	ReplicationFactor uint32 `protobuf:"varint,9,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
 	unknownFields     protoimpl.UnknownFields
