@@ -186,6 +186,11 @@ func joinResponse(nodes []membership.Node) *geologinternalv1.JoinResponse {
 // forwardToCatalogueLeader runs call against the catalogue leader, marked
 // forwarded (it is never forwarded again).
 func (n *Node) forwardToCatalogueLeader(ctx context.Context, call func(ctx context.Context, conn *grpc.ClientConn) error) error {
+	return n.askCatalogueLeader(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), call)
+}
+
+// askCatalogueLeader runs call against the catalogue leader.
+func (n *Node) askCatalogueLeader(ctx context.Context, call func(ctx context.Context, conn *grpc.ClientConn) error) error {
 	leader := n.region.meta.rep.LeaderID()
 	addr := n.peerAddr(leader)
 	if leader == 0 || leader == n.cfg.NodeID || addr == "" {
@@ -195,7 +200,7 @@ func (n *Node) forwardToCatalogueLeader(ctx context.Context, call func(ctx conte
 	if err != nil {
 		return apierr.Wrap(apierr.Unavailable, err, "forward to %s", addr)
 	}
-	if err := call(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), conn); err != nil {
+	if err := call(ctx, conn); err != nil {
 		return rpcerr.FromError(err)
 	}
 	return nil
@@ -229,5 +234,41 @@ func (n *Node) changeCatalogueConf(ctx context.Context, typ raftpb.ConfChangeTyp
 		return nil
 	case <-ctx.Done():
 		return apierr.Wrap(apierr.Timeout, ctx.Err(), "catalogue membership change for node %d", id)
+	}
+}
+
+// zoneRetryInterval is the pause between a node's attempts to record its
+// zone.
+const zoneRetryInterval = time.Second
+
+// registerZone records this node's Config.Zone in the catalogue when the
+// node list holds another (a founding node's zone, unknown to the others'
+// --peers, or a zone changed by a restart with another --zone): a join of
+// its own id at its own address, which changes nothing but the zone. It
+// retries until the zone is recorded or ctx ends.
+func (n *Node) registerZone(ctx context.Context) {
+	for {
+		m, ok := n.memberNode(n.cfg.NodeID)
+		if !ok || m.Zone == n.cfg.Zone || m.State == membership.Decommissioned {
+			return
+		}
+		want := membership.Node{ID: m.ID, Addr: m.Addr, Zone: n.cfg.Zone}
+		err := n.joinAsLeader(ctx, want)
+		if err != nil && apierr.As(err).Code == apierr.NotLeader {
+			// Asked of the leader in this node's own name, as a joiner asks.
+			req := &geologinternalv1.JoinRequest{Region: n.cfg.Region, NodeId: m.ID, Address: m.Addr, Zone: n.cfg.Zone}
+			err = n.askCatalogueLeader(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+				_, err := geologinternalv1.NewNodeDirectoryClient(conn).Join(ctx, req)
+				return err
+			})
+		}
+		if err != nil {
+			n.logger.Debug("record zone: retrying", "zone", n.cfg.Zone, "error", err)
+		}
+		select {
+		case <-time.After(zoneRetryInterval):
+		case <-ctx.Done():
+			return
+		}
 	}
 }

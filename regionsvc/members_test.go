@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,22 +12,37 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/membership"
+	"github.com/geolog/geolog/pki"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 )
 
 // joinNode starts node id joining tr's region through member's address,
-// and adds it to tr (its clients and cleanup).
-func (tr *testRegion) joinNode(id, member uint64) {
+// and adds it to tr (its clients and cleanup); it returns the node's
+// address, for startJoined.
+func (tr *testRegion) joinNode(id, member uint64) string {
 	tr.t.Helper()
 	addr := freeAddr(tr.t)
 	tr.dirs[id] = tr.t.TempDir()
-	n, err := New(Config{DataDir: tr.dirs[id], ListenAddr: addr, NodeID: id, Join: tr.peers[member], ReplicationFactor: tr.rf,
+	tr.startJoined(id, addr, member)
+	return addr
+}
+
+// startJoined starts (or restarts) node id, which joins through member's
+// address unless its data directory holds the node list already.
+func (tr *testRegion) startJoined(id uint64, addr string, member uint64) {
+	tr.t.Helper()
+	cfg := Config{DataDir: tr.dirs[id], ListenAddr: addr, NodeID: id, Join: tr.peers[member], ReplicationFactor: tr.rf,
 		TickInterval: 20 * time.Millisecond, Fsync: 1,
-		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{tr.t}, Level: hclog.Warn})})
+		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{tr.t}, Level: hclog.Warn})}
+	if tr.mut != nil {
+		tr.mut(&cfg)
+	}
+	n, err := New(cfg)
 	if err != nil {
 		tr.t.Fatalf("join node %d: %v", id, err)
 	}
@@ -45,6 +61,9 @@ func (tr *testRegion) joinNode(id, member uint64) {
 func (tr *testRegion) waitNodes(ctx context.Context, what string, want func([]*geologv1.NodeInfo) error) {
 	tr.t.Helper()
 	for id, a := range tr.admins {
+		if tr.nodes[id] == nil {
+			continue // stopped
+		}
 		var last error
 		for ctx.Err() == nil {
 			resp, err := a.ListNodes(ctx, &geologv1.ListNodesRequest{})
@@ -82,7 +101,10 @@ func (tr *testRegion) voters(ctx context.Context, stream string, ranges uint32) 
 	out := make([][]uint64, ranges)
 	for r := uint32(0); r < ranges; r++ {
 		for ctx.Err() == nil && out[r] == nil {
-			for _, a := range tr.admins {
+			for id, a := range tr.admins {
+				if tr.nodes[id] == nil {
+					continue
+				}
 				d, err := a.DescribeReplicas(ctx, &geologv1.DescribeReplicasRequest{Stream: stream, Range: r})
 				if err != nil {
 					continue
@@ -220,4 +242,89 @@ func (tr *testRegion) appendAndReadFrom(ctx context.Context, id uint64, stream s
 		time.Sleep(20 * time.Millisecond)
 	}
 	tr.t.Fatalf("node %d did not serve its range %d", id, r)
+}
+
+// TestJoinedNodeRestarts: a joined node and a founding node restart (the
+// joiner with --join still set: it reopens from its saved node list, it
+// does not join again); both list the region's four nodes and a stream
+// created afterwards is served by the joined node. It fails if either
+// restart loses the node list or the joined node cannot serve.
+func TestJoinedNodeRestarts(t *testing.T) {
+	tr := newTestRegion(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	addr4 := tr.joinNode(4, 3)
+	tr.waitNodes(ctx, "node 4 listed", nodeState(4, geologv1.NodeState_NODE_STATE_LIVE))
+	tr.stop(4)
+	tr.stop(1)
+	tr.start(1)
+	tr.startJoined(4, addr4, 3)
+	tr.waitNodes(ctx, "node 4 listed after restarts", nodeState(4, geologv1.NodeState_NODE_STATE_LIVE))
+	tr.createStream(ctx, "s", 4)
+	for r, ids := range tr.voters(ctx, "s", 4) {
+		if slices.Contains(ids, 4) {
+			tr.appendAndReadFrom(ctx, 4, "s", uint32(r))
+			return
+		}
+	}
+	t.Fatal("no range on the joined node")
+}
+
+// TestZonesSpreadNewRanges: founding nodes record their --zone in the
+// catalogue (a founder's zone is not in the others' --peers), and a new
+// range's replicas span three zones: with nodes 1 and 2 in zone a, 3 in b
+// and 4 in c, no range is on both 1 and 2. It fails if a zone is not
+// listed on every node or a range doubles up in zone a.
+func TestZonesSpreadNewRanges(t *testing.T) {
+	zones := map[uint64]string{1: "a", 2: "a", 3: "b", 4: "c"}
+	tr := newTestRegionWith(t, 4, 3, func(c *Config) { c.Zone = zones[c.NodeID] })
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	tr.waitNodes(ctx, "zones recorded", func(nodes []*geologv1.NodeInfo) error {
+		for _, n := range nodes {
+			if n.Zone != zones[n.NodeId] {
+				return fmt.Errorf("node %d in zone %q", n.NodeId, n.Zone)
+			}
+		}
+		return nil
+	})
+	tr.createStream(ctx, "z", 4)
+	for r, ids := range tr.voters(ctx, "z", 4) {
+		if slices.Contains(ids, 1) && slices.Contains(ids, 2) {
+			t.Fatalf("range %d on both nodes of zone a: %v", r, ids)
+		}
+	}
+}
+
+// TestJoinIdentity: with TLS, a node joins in its own name only; a node of
+// the region may forward a join, a stranger may not. It fails if a
+// forged join is admitted or an honest one refused.
+func TestJoinIdentity(t *testing.T) {
+	n := &Node{cfg: Config{TLS: &tls.Config{}, Region: "local"}, region: &region{}}
+	n.region.members.list = &membership.List{}
+	if err := n.region.members.list.Seed([]membership.Node{{ID: 1, Addr: "h:1"}, {ID: 2, Addr: "h:2"}}); err != nil {
+		t.Fatal(err)
+	}
+	req := &geologinternalv1.JoinRequest{Region: "local", NodeId: 4, Address: "h:4"}
+	forwarded := func(ctx context.Context) context.Context {
+		return metadata.NewIncomingContext(ctx, metadata.Pairs(forwardedKey, "1"))
+	}
+	for _, c := range []struct {
+		what string
+		ctx  context.Context
+		code apierr.Code // 0: admitted
+	}{
+		{"node 4 itself", callerCtx(t, pki.NodeIdentity("local", 4)), 0},
+		{"node 5 in 4's name", callerCtx(t, pki.NodeIdentity("local", 5)), apierr.PermissionDenied},
+		{"node 4 of another region", callerCtx(t, pki.NodeIdentity("eu", 4)), apierr.PermissionDenied},
+		{"a client", callerCtx(t, pki.ClientIdentity("alice")), apierr.PermissionDenied},
+		{"member 2 forwarding", forwarded(callerCtx(t, pki.NodeIdentity("local", 2))), 0},
+		{"stranger 9 forwarding", forwarded(callerCtx(t, pki.NodeIdentity("local", 9))), apierr.PermissionDenied},
+		{"no certificate", context.Background(), apierr.Unauthenticated},
+	} {
+		err := n.authorizeJoin(c.ctx, req)
+		if got := apierr.As(err); (c.code == 0) != (err == nil) || (err != nil && got.Code != c.code) {
+			t.Errorf("%s: %v, want code %v", c.what, err, c.code)
+		}
+	}
 }

@@ -697,6 +697,9 @@ func (n *Node) Start() error {
 		}
 	}
 	n.listener = lis
+	if n.replicated() && n.cfg.Zone != "" {
+		n.tasks.Go(n.registerZone) // members_join.go
+	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()
 	n.startCleaner()
