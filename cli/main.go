@@ -38,7 +38,7 @@ usage: geolog [global flags] <command> [flags] [args]
 
 commands:
   streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread]
-                 [--retention-age 168h] [--retention-bytes N]
+                 [--retention-age 168h] [--retention-bytes N] [--replication-factor 1|3|5]
   streams list [--json | --format T]
   streams describe <name> [--json | --format T]
   streams alter <name> [--retention-age D] [--retention-bytes N]

@@ -154,6 +154,7 @@ func TestNodeJoinsRunningRegion(t *testing.T) {
 	}
 	// Node 4 serves what it holds: an append through it reads back from it.
 	tr.appendAndReadFrom(ctx, 4, "after", on4[0])
+	tr.checkReplicationFactors(ctx)
 
 	// Drain: every node applies it; a new stream avoids node 4.
 	if _, err := tr.admins[1].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 4, State: geologv1.NodeState_NODE_STATE_DRAINING}); err != nil {
@@ -325,6 +326,31 @@ func TestJoinIdentity(t *testing.T) {
 		err := n.authorizeJoin(c.ctx, req)
 		if got := apierr.As(err); (c.code == 0) != (err == nil) || (err != nil && got.Code != c.code) {
 			t.Errorf("%s: %v, want code %v", c.what, err, c.code)
+		}
+	}
+}
+
+// checkReplicationFactors (4 live nodes): a stream of replication factor 1
+// has one voter per range; 5 (more than the live nodes) and 2 (not a
+// setting) are INVALID_ARGUMENT.
+func (tr *testRegion) checkReplicationFactors(ctx context.Context) {
+	t := tr.t
+	tr.retry(ctx, "create rf1", func(ctx context.Context, c geologv1.LogClient) error {
+		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "rf1", RangeCount: 2, ReplicationFactor: 1})
+		if rpcerr.CodeOf(err) == apierr.StreamExists {
+			return nil
+		}
+		return err
+	})
+	for r, ids := range tr.voters(ctx, "rf1", 2) {
+		if len(ids) != 1 {
+			t.Fatalf("rf1 range %d voters %v, want one", r, ids)
+		}
+	}
+	for _, rf := range []uint32{5, 2} {
+		_, err := tr.clients[1].CreateStream(ctx, &geologv1.CreateStreamRequest{Name: fmt.Sprintf("rf%d", rf), RangeCount: 1, ReplicationFactor: rf})
+		if rpcerr.CodeOf(err) != apierr.InvalidArgument {
+			t.Fatalf("replication factor %d on 4 live nodes: %v", rf, err)
 		}
 	}
 }
