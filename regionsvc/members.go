@@ -96,6 +96,13 @@ func (n *Node) openMembers(rg *region) error {
 	// A joined node's default replication factor is bounded by the seeds
 	// as a founding node's is by --peers (Config.setReplicationDefaults).
 	n.cfg.ReplicationFactor = min(n.cfg.ReplicationFactor, len(rg.ids))
+	if len(n.cfg.Peers) == 0 && n.cfg.Join != "" {
+		// A joined node's Peers are the members it knows as it opens (set
+		// before any goroutine reads the configuration), so that code that
+		// looks nodes up in Peers finds them as on a founding node; nodes
+		// that join later are known through peerAddr and memberAddrs.
+		n.cfg.Peers = rg.members.peerAddrs(nil)
+	}
 	return nil
 }
 
