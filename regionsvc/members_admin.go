@@ -89,14 +89,7 @@ func (n *Node) checkNodeState(id uint64, st membership.State) error {
 // lead the catalogue. A decommissioned learner of the catalogue group
 // leaves it.
 func (n *Node) setStateAsLeader(ctx context.Context, id uint64, st membership.State) error {
-	res, err := n.proposeMeta(ctx, metaRecord{Op: opNodeState, Node: &nodeChange{ID: id, State: st}})
-	if err != nil {
-		return err
-	}
-	if res.err != nil {
-		return res.err
-	}
-	if err := n.waitMetaApplied(ctx, "", res.baseOffset+1); err != nil {
+	if err := n.commitMeta(ctx, metaRecord{Op: opNodeState, Node: &nodeChange{ID: id, State: st}}); err != nil {
 		return err
 	}
 	if got, _ := n.memberNode(id); got.State != st {

@@ -158,14 +158,7 @@ func (n *Node) checkJoin(want membership.Node) error {
 // joinAsLeader commits the join of want and adds it to the catalogue
 // group as a learner; NOT_LEADER if this node does not lead the catalogue.
 func (n *Node) joinAsLeader(ctx context.Context, want membership.Node) error {
-	res, err := n.proposeMeta(ctx, metaRecord{Op: opNodeJoin, Node: &nodeChange{ID: want.ID, Addr: want.Addr, Zone: want.Zone}})
-	if err != nil {
-		return err
-	}
-	if res.err != nil {
-		return res.err
-	}
-	if err := n.waitMetaApplied(ctx, "", res.baseOffset+1); err != nil {
+	if err := n.commitMeta(ctx, metaRecord{Op: opNodeJoin, Node: &nodeChange{ID: want.ID, Addr: want.Addr, Zone: want.Zone}}); err != nil {
 		return err
 	}
 	if got, ok := n.memberNode(want.ID); !ok || got.Addr != want.Addr || got.State == membership.Decommissioned {
@@ -173,6 +166,19 @@ func (n *Node) joinAsLeader(ctx context.Context, want membership.Node) error {
 		return membershipError(n.checkJoin(want))
 	}
 	return n.changeCatalogueConf(ctx, raftpb.ConfChangeAddLearnerNode, want.ID)
+}
+
+// commitMeta proposes a catalogue record and waits until this node applied
+// it; NOT_LEADER if this node does not lead the catalogue.
+func (n *Node) commitMeta(ctx context.Context, rec metaRecord) error {
+	res, err := n.proposeMeta(ctx, rec)
+	if err != nil {
+		return err
+	}
+	if res.err != nil {
+		return res.err
+	}
+	return n.waitMetaApplied(ctx, rec.Op, res.baseOffset+1)
 }
 
 func joinResponse(nodes []membership.Node) *geologinternalv1.JoinResponse {

@@ -218,8 +218,15 @@ func (tr *testRegion) directory(id uint64) geologinternalv1.NodeDirectoryClient 
 
 func (tr *testRegion) createStream(ctx context.Context, name string, ranges uint32) {
 	tr.t.Helper()
-	tr.retry(ctx, "create "+name, func(ctx context.Context, c geologv1.LogClient) error {
-		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: ranges})
+	tr.createStreamReq(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: ranges})
+}
+
+// createStreamReq creates req's stream through any node (a retry that
+// finds it created counts).
+func (tr *testRegion) createStreamReq(ctx context.Context, req *geologv1.CreateStreamRequest) {
+	tr.t.Helper()
+	tr.retry(ctx, "create "+req.Name, func(ctx context.Context, c geologv1.LogClient) error {
+		_, err := c.CreateStream(ctx, req)
 		if rpcerr.CodeOf(err) == apierr.StreamExists {
 			return nil
 		}
@@ -335,13 +342,7 @@ func TestJoinIdentity(t *testing.T) {
 // setting) are INVALID_ARGUMENT.
 func (tr *testRegion) checkReplicationFactors(ctx context.Context) {
 	t := tr.t
-	tr.retry(ctx, "create rf1", func(ctx context.Context, c geologv1.LogClient) error {
-		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "rf1", RangeCount: 2, ReplicationFactor: 1})
-		if rpcerr.CodeOf(err) == apierr.StreamExists {
-			return nil
-		}
-		return err
-	})
+	tr.createStreamReq(ctx, &geologv1.CreateStreamRequest{Name: "rf1", RangeCount: 2, ReplicationFactor: 1})
 	for r, ids := range tr.voters(ctx, "rf1", 2) {
 		if len(ids) != 1 {
 			t.Fatalf("rf1 range %d voters %v, want one", r, ids)
