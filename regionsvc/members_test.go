@@ -268,7 +268,18 @@ func TestJoinedNodeRestarts(t *testing.T) {
 	tr.start(1)
 	tr.startJoined(4, addr4, 3)
 	tr.waitNodes(ctx, "node 4 listed after restarts", nodeState(4, geologv1.NodeState_NODE_STATE_LIVE))
-	tr.createStream(ctx, "s", 4)
+	// Created through the joined node: a learner of the catalogue, it
+	// forwards the creation to the catalogue leader.
+	var err error
+	for ctx.Err() == nil {
+		if _, err = tr.clients[4].CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "s", RangeCount: 4}); err == nil || rpcerr.CodeOf(err) == apierr.StreamExists {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("create through the joined node: %v", err)
+	}
 	for r, ids := range tr.voters(ctx, "s", 4) {
 		if slices.Contains(ids, 4) {
 			tr.appendAndReadFrom(ctx, 4, "s", uint32(r))

@@ -221,11 +221,12 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 
 func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	var rec metaRecord
-	if err := json.Unmarshal(value, &rec); err == nil && (rec.Op == opNodeJoin || rec.Op == opNodeState) {
+	err := json.Unmarshal(value, &rec)
+	if err == nil && (rec.Op == opNodeJoin || rec.Op == opNodeState) {
 		n.applyNodeRecord(at, rec) // members.go
 		return
 	}
-	if err := json.Unmarshal(value, &rec); err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "alter" && rec.Op != "acl") {
+	if err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "alter" && rec.Op != "acl") {
 		n.logger.Error("catalogue record not understood; skipped", "offset", at, "error", err)
 		return
 	}
