@@ -248,8 +248,11 @@ func (l *List) SetState(id uint64, s State) (bool, error) {
 	return true, nil
 }
 
-// Get returns node id.
+// Get returns node id (a nil list holds none).
 func (l *List) Get(id uint64) (Node, bool) {
+	if l == nil {
+		return Node{}, false
+	}
 	n, ok := l.nodes[id]
 	return n, ok
 }
@@ -271,6 +274,40 @@ func (l *List) Seeds() []uint64 {
 	for _, n := range l.Nodes() {
 		if n.Seed {
 			out = append(out, n.ID)
+		}
+	}
+	return out
+}
+
+// Founding returns the founding nodes as Seed made them (live, no zone):
+// a list seeded with them and given the catalogue's records again from the
+// first ends equal to l.
+func (l *List) Founding() []Node {
+	var out []Node
+	for _, n := range l.Nodes() {
+		if n.Seed {
+			out = append(out, Node{ID: n.ID, Addr: n.Addr, State: Live, Seed: true})
+		}
+	}
+	return out
+}
+
+// Merge returns the list of l's nodes and, for ids l lacks, older's: a
+// node decommissioned in either is decommissioned (that state is final).
+// older may be nil.
+func Merge(l, older *List) *List {
+	out := l.Clone()
+	if older == nil {
+		return out
+	}
+	for id, o := range older.nodes {
+		n, ok := out.nodes[id]
+		switch {
+		case !ok:
+			out.nodes[id] = o
+		case o.State == Decommissioned:
+			n.State = Decommissioned
+			out.nodes[id] = n
 		}
 	}
 	return out

@@ -105,3 +105,25 @@ func TestListRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestMerge fails if a merge loses a node only the older list has, takes
+// the older list's fields over the newer's, or undoes a decommission.
+func TestMerge(t *testing.T) {
+	newer, older := seeded(t), seeded(t)
+	newer.Join(Node{ID: 1, Addr: "a:1", Zone: "new"})
+	older.Join(Node{ID: 4, Addr: "a:4"})
+	older.SetState(2, Decommissioned)
+	m := Merge(newer, older)
+	if n, _ := m.Get(1); n.Zone != "new" {
+		t.Errorf("node 1 %+v: want the newer zone", n)
+	}
+	if _, ok := m.Get(4); !ok {
+		t.Error("node 4, only in the older list, lost")
+	}
+	if n, _ := m.Get(2); n.State != Decommissioned {
+		t.Errorf("node 2 %+v: a decommission undone", n)
+	}
+	if n, _ := newer.Get(2); n.State != Live {
+		t.Error("Merge changed its argument")
+	}
+}

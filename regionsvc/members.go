@@ -22,11 +22,17 @@ import (
 // plus the catalogue's membership records, applied in log order by package
 // membership: "node-join" (a node joined, members_join.go) and
 // "node-state" (drained, back to live, decommissioned;
-// members_admin.go). Every node keeps the list it applied in
-// <data-dir>/members.json, so that after a restart it reaches its peers
-// before its catalogue replays. The Raft transport learns every member's
-// address from the list, and refuses Raft from an id that is not a member
-// or was decommissioned (authorizeRaftPeer).
+// members_admin.go). A node opens with the founding nodes only and its
+// catalogue replays every record from the first, at each start: every node
+// holds the same list at the same catalogue offset (a record replayed over
+// a later list could apply where it was refused: see
+// membership/testdata/grow.txt). It also keeps the last list it knew in
+// <data-dir>/members.json (merged with what it applied: membership.Merge),
+// whose addresses it uses until the replay has caught up, so that after a
+// restart it reaches nodes that joined before the catalogue replays. The
+// Raft transport learns every member's address, and refuses Raft from an
+// id that is not a member or was decommissioned in either list
+// (authorizeRaftPeer).
 //
 // An address in --peers wins over the list's for the ids it names (a
 // region started with a static --peers keeps working as it did).
@@ -61,8 +67,11 @@ type membersDisk struct {
 
 // memberTable is a node's copy of its region's node list.
 type memberTable struct {
-	mu   sync.RWMutex
-	list *membership.List
+	mu sync.RWMutex
+	// list is the list as applied from the catalogue (from the founding
+	// nodes on), saved the last one known (membersFile): a node there may
+	// not be applied yet after a restart.
+	list, saved *membership.List
 }
 
 // openMembers loads the node list, or makes it: seeded from Config.Peers
@@ -82,7 +91,11 @@ func (n *Node) openMembers(rg *region) error {
 			return err
 		}
 	}
-	rg.members.list = list
+	rg.members.saved = list
+	rg.members.list = &membership.List{}
+	if err := rg.members.list.Seed(list.Founding()); err != nil {
+		return fmt.Errorf("regionsvc: %s: %w", membersFile, err)
+	}
 	for id := range n.cfg.Peers {
 		rg.ids = append(rg.ids, id)
 	}
@@ -210,22 +223,26 @@ func (n *Node) memberAddrs() map[uint64]string {
 	return n.region.members.peerAddrs(n.cfg.Peers)
 }
 
-// peerAddr is Node.peerAddr, static being --peers.
+// peerAddr is Node.peerAddr, static being --peers: the applied list's
+// address, else the saved list's; "" if either says decommissioned.
 func (m *memberTable) peerAddr(id uint64, static map[uint64]string) string {
 	m.mu.RLock()
-	var node membership.Node
-	ok := false
+	var applied, saved membership.Node
 	if m.list != nil {
-		node, ok = m.list.Get(id)
+		applied, _ = m.list.Get(id)
+		saved, _ = m.saved.Get(id)
 	}
 	m.mu.RUnlock()
-	if ok && node.State == membership.Decommissioned {
+	if applied.State == membership.Decommissioned || saved.State == membership.Decommissioned {
 		return ""
 	}
 	if a := static[id]; a != "" {
 		return a
 	}
-	return node.Addr
+	if applied.Addr != "" {
+		return applied.Addr
+	}
+	return saved.Addr
 }
 
 // peerAddrs is Node.memberAddrs, static being --peers.
@@ -236,7 +253,7 @@ func (m *memberTable) peerAddrs(static map[uint64]string) map[uint64]string {
 	}
 	m.mu.RLock()
 	if m.list != nil {
-		for _, node := range m.list.Nodes() {
+		for _, node := range membership.Merge(m.list, m.saved).Nodes() {
 			ids = append(ids, node.ID)
 		}
 	}
@@ -280,7 +297,11 @@ func (n *Node) applyNodeRecord(at uint64, rec metaRecord) {
 	case opNodeState:
 		changed, err = m.list.SetState(c.ID, c.State)
 	}
-	snapshot := m.list.Clone()
+	if changed {
+		m.saved = membership.Merge(m.list, m.saved)
+	}
+	snapshot := m.saved
+	node, _ := m.list.Get(c.ID)
 	m.mu.Unlock()
 	if err != nil {
 		n.logger.Warn("catalogue node change refused", "offset", at, "op", rec.Op, "node", c.ID, "error", err)
@@ -289,11 +310,11 @@ func (n *Node) applyNodeRecord(at uint64, rec metaRecord) {
 	if !changed {
 		return
 	}
+	// snapshot is never changed once published (Merge makes a new list).
 	if err := saveMembers(n.cfg.fsys(), n.cfg.DataDir, snapshot); err != nil {
 		n.logger.Error("save node list", "error", err)
 	}
 	n.syncPeer(c.ID)
-	node, _ := snapshot.Get(c.ID)
 	n.logger.Info("node list changed", "op", rec.Op, "node", c.ID, "addr", node.Addr, "zone", node.Zone, "state", node.State, "catalogue_offset", at)
 }
 
