@@ -253,6 +253,12 @@ const zoneRetryInterval = time.Second
 // its own id at its own address, which changes nothing but the zone. It
 // retries until the zone is recorded or ctx ends.
 func (n *Node) registerZone(ctx context.Context) {
+	// The list is rebuilt from the founding nodes as the catalogue
+	// replays: first let it apply what this node holds committed, or every
+	// restart would record the zone again.
+	if err := n.waitMetaApplied(ctx, "zone", n.region.meta.committed.Load()); err != nil {
+		return
+	}
 	for {
 		m, ok := n.memberNode(n.cfg.NodeID)
 		if !ok || m.Zone == n.cfg.Zone || m.State == membership.Decommissioned {
