@@ -57,12 +57,13 @@ func (tr *testRegion) startJoined(id uint64, addr string, member uint64) {
 	tr.nodes[id], tr.clients[id], tr.admins[id] = n, geologv1.NewLogClient(conn), geologv1.NewAdminClient(conn)
 }
 
-// waitNodes polls ListNodes on every node until want holds for each.
-func (tr *testRegion) waitNodes(ctx context.Context, what string, want func([]*geologv1.NodeInfo) error) {
+// waitNodes polls ListNodes on every node but except until want holds
+// for each.
+func (tr *testRegion) waitNodes(ctx context.Context, what string, want func([]*geologv1.NodeInfo) error, except ...uint64) {
 	tr.t.Helper()
 	for id, a := range tr.admins {
-		if tr.nodes[id] == nil {
-			continue // stopped
+		if tr.nodes[id] == nil || slices.Contains(except, id) {
+			continue // stopped, or left out
 		}
 		var last error
 		for ctx.Err() == nil {
@@ -129,6 +130,7 @@ func (tr *testRegion) voters(ctx context.Context, stream string, ranges uint32) 
 // drained node takes no new replicas, and bad requests get typed errors.
 // It fails if the joiner is not listed everywhere, gets no replica, cannot
 // serve its range, or if a bad request is accepted.
+// (The decommissioned node itself is not asked: it is cut off.)
 func TestNodeJoinsRunningRegion(t *testing.T) {
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -171,7 +173,9 @@ func TestNodeJoinsRunningRegion(t *testing.T) {
 	if _, err := tr.admins[3].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 4, State: geologv1.NodeState_NODE_STATE_DECOMMISSIONED}); err != nil {
 		t.Fatalf("decommission: %v", err)
 	}
-	tr.waitNodes(ctx, "node 4 decommissioned", nodeState(4, geologv1.NodeState_NODE_STATE_DECOMMISSIONED))
+	// Not asked of node 4: its peers stop speaking Raft with it as they
+	// apply the record, so it may never receive it.
+	tr.waitNodes(ctx, "node 4 decommissioned", nodeState(4, geologv1.NodeState_NODE_STATE_DECOMMISSIONED), 4)
 	tr.checkRetiredID(ctx)
 }
 
