@@ -38,7 +38,7 @@ usage: geolog [global flags] <command> [flags] [args]
 
 commands:
   streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread]
-                 [--retention-age 168h] [--retention-bytes N]
+                 [--retention-age 168h] [--retention-bytes N] [--replication-factor 1|3|5]
   streams list [--json | --format T]
   streams describe <name> [--json | --format T]
   streams alter <name> [--retention-age D] [--retention-bytes N]
@@ -99,6 +99,11 @@ commands:
   replicas describe <stream> <range>
   replicas add-learner|promote|remove <stream> <range> <node-id>
   replicas replace <stream> <range> <old-node-id> <new-node-id>
+  nodes list [--json]
+  nodes drain|undrain|decommission <node-id>
+                       the region's node list (nodes join with geologd --join);
+                       a draining node takes no new replicas, a decommissioned
+                       one leaves for good (its id is never reused)
   certs create-ca --certs-dir DIR [--ca-key FILE] [--lifetime D] [--overwrite]
   certs create-node --certs-dir DIR --region R --node-id N [--ca-cert F] [--ca-key F] HOST...
   certs create-client --certs-dir DIR [--ca-cert F] [--ca-key F] PRINCIPAL
@@ -183,6 +188,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = env.bench(ctx, args)
 	case "replicas":
 		err = env.replicas(ctx, args)
+	case "nodes":
+		err = env.nodes(ctx, args)
 	case "ranges":
 		err = env.ranges(ctx, args)
 	case "lag":
@@ -235,7 +242,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 // subcommanded are the commands that take a subcommand.
-var subcommanded = map[string]bool{"acl": true, "context": true, "streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true}
+var subcommanded = map[string]bool{"acl": true, "context": true, "streams": true, "groups": true, "orphans": true, "keys": true, "replicas": true, "certs": true, "nodes": true}
 
 // help prints help for a command: "help <command> <subcommand>" and a
 // command without subcommands show its flags (its --help, on standard

@@ -60,6 +60,7 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 	home := fs.String("home", "", "home region of the ranges: one of --regions, or spread (range i in region i mod count); default: the region of the node that takes the request if listed, else the first")
 	age := fs.Duration("retention-age", 0, "delete records older than this (0 keeps them)")
 	size := fs.Int64("retention-bytes", 0, "bound each range's size (0: no bound)")
+	replication := fs.Uint("replication-factor", 0, "replicas of each range in each region: 1, 3 or 5 (0: the region's default, 3)")
 	cleanup := fs.String("cleanup", "delete", "delete (retention only), compact (keep the newest record of each key; records need keys) or compact,delete")
 	delRet := fs.Duration("delete-retention", 0, "with --cleanup compact: how long a tombstone stays readable (0: the server's default, 24h)")
 	minLag := fs.Duration("min-compaction-lag", 0, "with --cleanup compact: never compact records younger than this (0: the server's default, 1m)")
@@ -68,7 +69,7 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread] [--retention-age D] [--retention-bytes N] [--cleanup delete|compact|compact,delete] [--delete-retention D] [--min-compaction-lag D]")
+		return usagef("usage: streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread] [--retention-age D] [--retention-bytes N] [--replication-factor 1|3|5] [--cleanup delete|compact|compact,delete] [--delete-retention D] [--min-compaction-lag D]")
 	}
 	policy, err := parseCleanup(*cleanup)
 	if err != nil {
@@ -102,7 +103,7 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 	}
 	defer c.Close()
 	info, err := c.CreateStream(ctx, client.StreamConfig{
-		Name: pos[0], RangeCount: uint32(*ranges), Regions: regs, HomeRegion: *home,
+		Name: pos[0], RangeCount: uint32(*ranges), Regions: regs, HomeRegion: *home, ReplicationFactor: uint32(*replication),
 		RetentionAge: *age, RetentionBytes: *size,
 		Cleanup: policy, DeleteRetention: *delRet, MinCompactionLag: *minLag,
 	})

@@ -37,6 +37,9 @@ type StreamConfig struct {
 	// MinCompactionLag: compaction never removes a record younger than
 	// this; 0 means the server's default (1 min), a negative value none.
 	MinCompactionLag time.Duration
+	// ReplicationFactor is the replicas of each range in each region of
+	// the stream: 1, 3 or 5; 0 (the default) the region's default.
+	ReplicationFactor uint32
 }
 
 // Cleanup is a stream's cleanup policy (see StreamConfig.Cleanup).
@@ -149,10 +152,11 @@ func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo
 		return nil, apierr.New(apierr.InvalidArgument, "retention must not be negative")
 	}
 	req := &geologv1.CreateStreamRequest{
-		Name:       sc.Name,
-		RangeCount: sc.RangeCount,
-		Regions:    sc.Regions,
-		HomeRegion: sc.HomeRegion,
+		Name:              sc.Name,
+		RangeCount:        sc.RangeCount,
+		Regions:           sc.Regions,
+		HomeRegion:        sc.HomeRegion,
+		ReplicationFactor: sc.ReplicationFactor,
 		Retention: &geologv1.RetentionPolicy{
 			MaxAgeMs: sc.RetentionAge.Milliseconds(),
 			MaxBytes: sc.RetentionBytes,

@@ -259,3 +259,26 @@ func Choose(reg Region, rf int) ([]uint64, error) {
 	}
 	return chosen, nil
 }
+
+// ChooseEach returns the nodes of count new ranges of replication factor
+// rf, chosen one range after the other as Choose does, each seeing the
+// replicas the ones before it took: a new stream's ranges spread over the
+// live nodes instead of all landing on the least loaded few.
+func ChooseEach(reg Region, rf, count int) ([][]uint64, error) {
+	if rf < 1 {
+		return nil, fmt.Errorf("placement: replication factor %d", rf)
+	}
+	l := newLoad(reg)
+	if len(l.live) < rf {
+		return nil, fmt.Errorf("%w: %d live, replication factor %d", ErrNotEnoughNodes, len(l.live), rf)
+	}
+	out := make([][]uint64, count)
+	for i := range out {
+		for len(out[i]) < rf {
+			id := l.target(out[i])
+			out[i] = append(out[i], id)
+			l.move(0, id, 0)
+		}
+	}
+	return out, nil
+}

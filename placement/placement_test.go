@@ -338,3 +338,28 @@ func TestRandomRegionsConverge(t *testing.T) {
 		})
 	}
 }
+
+// TestChooseEachSpreads fails if a new stream's ranges do not spread over
+// every live node, or land on a node that is not live.
+func TestChooseEachSpreads(t *testing.T) {
+	reg := Region{Nodes: []Node{{ID: 1}, {ID: 2}, {ID: 3}, {ID: 4}, {ID: 5, State: Draining}}}
+	for i := 0; i < 6; i++ { // six ranges of RF 3 on nodes 1-3
+		reg.Ranges = append(reg.Ranges, Range{ID: RangeID{"old", uint32(i)}, Replicas: []uint64{1, 2, 3}, ReplicationFactor: 3})
+	}
+	got, err := ChooseEach(reg, 3, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[uint64]int{}
+	for _, reps := range got {
+		for _, id := range reps {
+			count[id]++
+		}
+	}
+	if count[5] != 0 || count[4] != 4 {
+		t.Fatalf("replicas per node %v: want every range on the empty node 4, none on draining 5", count)
+	}
+	if _, err := ChooseEach(reg, 5, 1); !errors.Is(err, ErrNotEnoughNodes) {
+		t.Fatalf("rf 5 on 4 live nodes: %v", err)
+	}
+}

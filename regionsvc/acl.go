@@ -416,12 +416,12 @@ func (n *Node) commitACL(ctx context.Context, call aclCall, c authz.Change) erro
 	if res.err != nil {
 		leader := n.region.meta.rep.LeaderID()
 		e := apierr.As(res.err)
-		if e.Code != apierr.NotLeader || call.forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
+		if e.Code != apierr.NotLeader || call.forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.peerAddr(leader) == "" {
 			return res.err
 		}
 		// Not proposed, or superseded: forwarding the same version is
 		// safe (a change applies once per version).
-		if err := n.forwardACL(ctx, n.cfg.Peers[leader], c); err != nil {
+		if err := n.forwardACL(ctx, n.peerAddr(leader), c); err != nil {
 			return err
 		}
 	}

@@ -39,7 +39,7 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 		return nil, err
 	}
 	node := req.GetNodeId()
-	if _, ok := s.node.cfg.Peers[node]; !ok {
+	if !s.node.isRegionPeer(node) {
 		return nil, apierr.New(apierr.InvalidArgument, "node %d is not a node of this region", node)
 	}
 	var typ raftpb.ConfChangeType
@@ -117,7 +117,7 @@ func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.Descri
 		add := func(ids []uint64, role string) {
 			for _, id := range ids {
 				resp.Replicas = append(resp.Replicas, &geologv1.ReplicaStatus{
-					NodeId: id, Address: cmp.Or(s.node.clientAddr(s.node.cfg.Region, id), s.node.cfg.Peers[id]), Role: role, MatchIndex: st.Progress[id].Match,
+					NodeId: id, Address: cmp.Or(s.node.clientAddr(s.node.cfg.Region, id), s.node.peerAddr(id)), Role: role, MatchIndex: st.Progress[id].Match,
 				})
 			}
 		}

@@ -159,7 +159,7 @@ type identifyTarget struct {
 // the addresses it has for other regions.
 func (n *Node) identifyTargets() []identifyTarget {
 	var out []identifyTarget
-	for id, addr := range n.cfg.Peers {
+	for id, addr := range n.memberAddrs() { // members.go
 		if id != n.cfg.NodeID {
 			out = append(out, identifyTarget{addr: addr, region: n.cfg.Region, id: id})
 		}

@@ -115,14 +115,14 @@ func (n *Node) alterStreamReplicated(ctx context.Context, spec streamSpec, req *
 	if res.err != nil {
 		leader := n.region.meta.rep.LeaderID()
 		e := apierr.As(res.err)
-		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
+		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.peerAddr(leader) == "" {
 			return res.err
 		}
 		// Not proposed: the leader proposes it (an alter sets values, so
 		// a duplicate is harmless).
-		conn, err := n.peerConn(n.cfg.Peers[leader])
+		conn, err := n.peerConn(n.peerAddr(leader))
 		if err != nil {
-			return apierr.Wrap(apierr.Unavailable, err, "forward to %s", n.cfg.Peers[leader])
+			return apierr.Wrap(apierr.Unavailable, err, "forward to %s", n.peerAddr(leader))
 		}
 		if _, err := geologv1.NewLogClient(conn).AlterStream(metadata.AppendToOutgoingContext(ctx, forwardedKey, "1"), req); err != nil {
 			return rpcerr.FromError(err)

@@ -68,6 +68,10 @@ var methodPerms = map[string]func(req any) []need{
 		}
 		return []need{{authz.Admin, r.GetResource()}}
 	},
+	// The region's node list is the region's, not a stream's: admin on
+	// every resource (members_admin.go).
+	geologv1.Admin_ListNodes_FullMethodName:    func(any) []need { return []need{{authz.Admin, "*"}} },
+	geologv1.Admin_SetNodeState_FullMethodName: func(any) []need { return []need{{authz.Admin, "*"}} },
 
 	geologv1.Consumer_CommitCursors_FullMethodName: commitCursorsNeeds,
 	geologv1.Consumer_GetCursors_FullMethodName: func(req any) []need {

@@ -56,7 +56,37 @@ type streamSpec struct {
 	Cleanup                geologv1.CleanupPolicy `json:"cleanup,omitempty"`
 	DeleteRetentionMillis  int64                  `json:"delete_retention_ms,omitempty"`
 	MinCompactionLagMillis int64                  `json:"min_compaction_lag_ms,omitempty"`
+	// ReplicationFactor is the replicas of each range in each region (1,
+	// 3 or 5); 0 the region's default (Config.ReplicationFactor).
+	ReplicationFactor uint32 `json:"replication_factor,omitempty"`
+	// Replicas[r] is, in a replicated region, range r's first voters as
+	// the creating node placed them (members.go placeRanges); empty in a
+	// stream created before placement (the region's first ids). Per
+	// region: never compared nor propagated.
+	Replicas [][]uint64 `json:"replicas,omitempty"`
 }
+
+// replicasOf is range r's placed voters, nil if the spec has none (or not
+// a valid set: 1 to 5 distinct non-zero ids).
+func (s streamSpec) replicasOf(r uint32) []uint64 {
+	if int(r) >= len(s.Replicas) {
+		return nil
+	}
+	reps := s.Replicas[r]
+	if len(reps) == 0 || len(reps) > 5 {
+		return nil
+	}
+	for i, id := range reps {
+		if id == 0 || slices.Contains(reps[:i], id) {
+			return nil
+		}
+	}
+	return slices.Clone(reps)
+}
+
+// validReplicationFactors are the replication factors a stream may ask for
+// (0: the region's default).
+var validReplicationFactors = []uint32{0, 1, 3, 5}
 
 func (s streamSpec) info() *geologv1.StreamInfo {
 	cleanup, compaction := s.cleanupInfo()
@@ -70,8 +100,9 @@ func (s streamSpec) info() *geologv1.StreamInfo {
 			MaxAgeMs: s.RetentionAgeMillis,
 			MaxBytes: s.RetentionBytes,
 		},
-		CreatedUnixNanos: s.CreatedUnixNanos,
-		RangeHomes:       s.homes(),
+		CreatedUnixNanos:  s.CreatedUnixNanos,
+		RangeHomes:        s.homes(),
+		ReplicationFactor: s.ReplicationFactor,
 	}
 }
 
@@ -138,6 +169,9 @@ func (w createWant) diff(existing streamSpec) string {
 	}
 	if w.spec.RetentionBytes != existing.RetentionBytes {
 		d = append(d, fmt.Sprintf("retention max_bytes %d (the stream has %d)", w.spec.RetentionBytes, existing.RetentionBytes))
+	}
+	if w.spec.ReplicationFactor != existing.ReplicationFactor {
+		d = append(d, fmt.Sprintf("replication_factor %d (the stream has %d)", w.spec.ReplicationFactor, existing.ReplicationFactor))
 	}
 	if !w.spec.sameCleanup(existing) {
 		d = append(d, fmt.Sprintf("cleanup %s (the stream has %s)", w.spec.cleanupString(), existing.cleanupString()))
@@ -215,6 +249,9 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 	if ret.GetMaxBytes() > retentionBytesMax {
 		return streamSpec{}, apierr.New(apierr.InvalidArgument, "retention max_bytes %d is over the maximum of %d", ret.GetMaxBytes(), int64(retentionBytesMax))
 	}
+	if !slices.Contains(validReplicationFactors, req.GetReplicationFactor()) {
+		return streamSpec{}, apierr.New(apierr.InvalidArgument, "replication_factor %d: must be 1, 3 or 5 (0: the region's default)", req.GetReplicationFactor())
+	}
 	homes, err := rangeHomes(req, regions, defaultRegion)
 	if err != nil {
 		return streamSpec{}, err
@@ -227,6 +264,7 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 		RetentionAgeMillis: ret.GetMaxAgeMs(),
 		RetentionBytes:     ret.GetMaxBytes(),
 		CreatedUnixNanos:   nowUnixNanos,
+		ReplicationFactor:  req.GetReplicationFactor(),
 	}
 	if err := cleanupFromRequest(req, &spec); err != nil {
 		return streamSpec{}, err

@@ -91,7 +91,7 @@ func (n *Node) confirmCatalogue(ctx context.Context, name string, forwarded bool
 	if forwarded {
 		return unavailableCatalogue(name, meta.rep.NotLeaderError())
 	}
-	addr := n.cfg.Peers[leader]
+	addr := n.peerAddr(leader)
 	if addr == "" {
 		return apierr.New(apierr.Unavailable, "stream %q: catalogue leader %d has no known address", name, leader)
 	}

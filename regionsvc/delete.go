@@ -108,12 +108,12 @@ func (n *Node) deleteStreamReplicated(ctx context.Context, spec streamSpec, forw
 		// address, for clients), as for a create.
 		leader := n.region.meta.rep.LeaderID()
 		e := apierr.As(res.err)
-		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
+		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.peerAddr(leader) == "" {
 			return res.err
 		}
 		// Not proposed, or superseded: forwarding is safe (a deletion
 		// applies once, to the creation it names).
-		if err := n.forwardDelete(ctx, n.cfg.Peers[leader], spec.Name); err != nil && rpcerr.CodeOf(err) != apierr.StreamNotFound {
+		if err := n.forwardDelete(ctx, n.peerAddr(leader), spec.Name); err != nil && rpcerr.CodeOf(err) != apierr.StreamNotFound {
 			return err
 		}
 	}

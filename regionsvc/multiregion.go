@@ -52,7 +52,7 @@ func createRequest(spec streamSpec) *geologv1.CreateStreamRequest {
 	cleanup, compaction := spec.cleanupInfo()
 	return &geologv1.CreateStreamRequest{Name: spec.Name, RangeCount: spec.RangeCount, Regions: spec.Regions,
 		Retention:  &geologv1.RetentionPolicy{MaxAgeMs: spec.RetentionAgeMillis, MaxBytes: spec.RetentionBytes},
-		RangeHomes: spec.homes(), Cleanup: cleanup, Compaction: compaction}
+		RangeHomes: spec.homes(), Cleanup: cleanup, Compaction: compaction, ReplicationFactor: spec.ReplicationFactor}
 }
 
 // propagateCreate creates w's stream in every other region of it. A

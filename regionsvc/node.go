@@ -174,6 +174,16 @@ type Config struct {
 	// the node's own log write is durable.
 	NodeID uint64
 	Peers  map[uint64]string
+	// Join, instead of Peers, makes a node join a running region on its
+	// first start: the address of any node of the region (members_join.go).
+	// NodeID is then required (with TLS, the id the node's certificate
+	// names) and never one the region had before; the region's nodes reach
+	// this one at ListenAddr. Once joined, the node keeps the region's node
+	// list in its data directory and Join is not used again.
+	Join string
+	// Zone names the node's failure domain inside its region, for the
+	// placement of new ranges (spread over zones first); default "".
+	Zone string
 	// ReplicationFactor is how many of the region's nodes are the initial
 	// voters of a new range (the lowest Raft ids), default 3 or all nodes
 	// if fewer. The others host passive replicas that membership changes
@@ -317,6 +327,9 @@ func (c *Config) setReplicationDefaults() error {
 	if len(c.Peers) == 0 && c.NodeID == 0 {
 		c.NodeID = 1 // a region of one: the sole voter of every group
 	}
+	if c.Join != "" && (len(c.Peers) > 0 || c.NodeID == 0) {
+		return errors.New("regionsvc: Join needs NodeID and excludes Peers")
+	}
 	if len(c.Peers) > 0 {
 		if c.NodeID == 0 || c.Peers[c.NodeID] == "" {
 			return fmt.Errorf("regionsvc: NodeID %d must be one of Peers", c.NodeID)
@@ -333,7 +346,9 @@ func (c *Config) setReplicationDefaults() error {
 	if c.ReplicationFactor <= 0 {
 		c.ReplicationFactor = 3
 	}
-	c.ReplicationFactor = min(c.ReplicationFactor, max(len(c.Peers), 1))
+	if c.Join == "" { // a joiner's is bounded by the seeds (openMembers)
+		c.ReplicationFactor = min(c.ReplicationFactor, max(len(c.Peers), 1))
+	}
 	if c.TickInterval <= 0 {
 		c.TickInterval = 100 * time.Millisecond
 	}
@@ -558,7 +573,7 @@ func (n *Node) openRange(spec streamSpec, metaOffset uint64, r uint32) *rangeDri
 		Dir:            n.rangeDir(spec.Name, r),
 		RetentionAge:   time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
 		RetentionBytes: spec.RetentionBytes,
-	}, &replicationConfig{groupID: groupFor(metaOffset, r)})
+	}, &replicationConfig{groupID: groupFor(metaOffset, r), peers: n.rangeReplicas(spec, r)})
 	cfg.homeRegion = spec.home(r)
 	cfg.home = cfg.homeRegion == n.cfg.Region
 	cfg.compaction = n.compactionConfigFor(spec, r)
@@ -685,6 +700,9 @@ func (n *Node) Start() error {
 		}
 	}
 	n.listener = lis
+	if n.replicated() && n.cfg.Zone != "" {
+		n.tasks.Go(n.registerZone) // members_join.go
+	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()
 	n.startCleaner()

@@ -229,8 +229,8 @@ func (n *Node) authorizeRaftPeer(ctx context.Context, from raftnet.NodeID) error
 		return err
 	case id != pki.NodeIdentity(n.cfg.Region, uint64(from)):
 		return errors.New("the caller is " + id.Name() + ", not the node the stream names")
-	case n.cfg.Peers[uint64(from)] == "":
-		return errors.New("the caller is not a node of this region's --peers")
+	case !n.isRegionPeer(uint64(from)): // members.go
+		return errors.New("the caller is not a node of this region (or was decommissioned)")
 	}
 	return nil
 }

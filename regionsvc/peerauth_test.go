@@ -35,6 +35,8 @@ func TestCallClasses(t *testing.T) {
 		"/geolog.v1.Admin/PutAcl":                    callPublic,
 		"/geolog.v1.Admin/DeleteAcl":                 callPublic,
 		"/geolog.v1.Admin/ListAcls":                  callPublic,
+		"/geolog.v1.Admin/ListNodes":                 callPublic,
+		"/geolog.v1.Admin/SetNodeState":              callPublic,
 		"/geolog.v1.Consumer/CommitCursors":          callPublic,
 		"/geolog.v1.Consumer/GetCursors":             callPublic,
 		"/geolog.v1.Consumer/JoinGroup":              callPublic,
@@ -47,6 +49,7 @@ func TestCallClasses(t *testing.T) {
 		"/geolog.v1.Consumer/ResetGroup":             callPublic,
 		"/geolog.internal.v1.Mirror/Replicate":       callNode,
 		"/geolog.internal.v1.NodeDirectory/Identify": callNode,
+		"/geolog.internal.v1.NodeDirectory/Join":     callNode,
 		"/geolog.internal.v1.RaftTransport/Stream":   callRegion,
 		"/geolog.internal.v1.RaftTransport/Snapshot": callRegion,
 		// The health service needs no class: any caller the transport

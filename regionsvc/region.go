@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"sort"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +41,9 @@ type metaRecord struct {
 	// Nonce tells the creator its own record from a racing create of the
 	// same name (the first committed wins).
 	Nonce uint64 `json:"nonce"`
+	// Node is a "node-join" or "node-state" record's change of the
+	// region's node list (members.go).
+	Node *nodeChange `json:"node,omitempty"`
 }
 
 // region holds a node's replication machinery.
@@ -49,6 +51,8 @@ type region struct {
 	transport *raftnet.GRPCTransport
 	meta      *rangeDriver
 	ids       []uint64
+	// members is the region's node list (members.go).
+	members memberTable
 	// groups routes incoming Raft messages: guarded by Node.mu.
 	groups map[raftnet.GroupID]*rangeDriver
 	// metaOffsets: stream name → catalogue offset of its creation record.
@@ -76,13 +80,9 @@ func (n *Node) openRegion() error {
 		liveness:    livenessWatch{ch: make(chan struct{})},
 		stopCh:      make(chan struct{}),
 	}
-	for id := range n.cfg.Peers {
-		rg.ids = append(rg.ids, id)
+	if err := n.openMembers(rg); err != nil { // members.go: rg.ids too
+		return err
 	}
-	if len(rg.ids) == 0 {
-		rg.ids = []uint64{n.cfg.NodeID} // a region of one
-	}
-	sort.Slice(rg.ids, func(i, j int) bool { return rg.ids[i] < rg.ids[j] })
 	tr, err := raftnet.NewGRPCTransport(raftnet.Config{
 		NodeID:            raftnet.NodeID(n.cfg.NodeID),
 		Handler:           (*raftRouter)(n),
@@ -98,7 +98,7 @@ func (n *Node) openRegion() error {
 	if err != nil {
 		return fmt.Errorf("regionsvc: raft transport: %w", err)
 	}
-	for id, addr := range n.cfg.Peers {
+	for id, addr := range rg.members.peerAddrs(n.cfg.Peers) {
 		if id != n.cfg.NodeID {
 			if err := tr.SetPeer(raftnet.NodeID(id), addr); err != nil {
 				return fmt.Errorf("regionsvc: peer %d: %w", id, err)
@@ -162,7 +162,9 @@ func (n *Node) tick() <-chan struct{} {
 // completeReplication fills in the node-wide parts of a range's replication.
 func (n *Node) completeReplication(rc *replicationConfig) {
 	rc.nodeID = n.cfg.NodeID
-	rc.peers = n.region.ids[:n.cfg.ReplicationFactor]
+	if rc.peers == nil { // a stream's range: openRange sets rc.peers
+		rc.peers = n.region.ids[:n.cfg.ReplicationFactor]
+	}
 	if rc.groupID == metaGroupID {
 		rc.peers = n.region.ids
 	}
@@ -226,7 +228,12 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 
 func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	var rec metaRecord
-	if err := json.Unmarshal(value, &rec); err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "alter" && rec.Op != "acl") {
+	err := json.Unmarshal(value, &rec)
+	if err == nil && (rec.Op == opNodeJoin || rec.Op == opNodeState) {
+		n.applyNodeRecord(at, rec) // members.go
+		return
+	}
+	if err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "alter" && rec.Op != "acl") {
 		n.logger.Error("catalogue record not understood; skipped", "offset", at, "error", err)
 		return
 	}
@@ -289,6 +296,11 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 	if exists {
 		return apierr.New(apierr.StreamExists, "stream %q already exists", spec.Name)
 	}
+	reps, err := n.placeRanges(spec) // members.go
+	if err != nil {
+		return err
+	}
+	spec.Replicas = reps
 	res, err := n.proposeMeta(ctx, metaRecord{Op: "create", Spec: spec})
 	if err != nil {
 		return err
@@ -298,12 +310,12 @@ func (n *Node) createStreamReplicated(ctx context.Context, spec streamSpec, forw
 		// clients (an advertised address), this is a node's call.
 		leader := n.region.meta.rep.LeaderID()
 		e := apierr.As(res.err)
-		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.cfg.Peers[leader] == "" {
+		if e.Code != apierr.NotLeader || forwarded || !n.catalogueLeaderUp() || leader == n.cfg.NodeID || n.peerAddr(leader) == "" {
 			return res.err
 		}
 		// NOT_LEADER from the catalogue means the record was not proposed,
 		// or was superseded and can never commit: forwarding is safe.
-		if err := n.forwardCreate(ctx, n.cfg.Peers[leader], spec); err != nil {
+		if err := n.forwardCreate(ctx, n.peerAddr(leader), spec); err != nil {
 			return err
 		}
 		return n.waitStreamApplied(ctx, spec.Name)
@@ -417,10 +429,7 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := n.peerConns[addr]; ok {
 		return c, nil
 	}
-	known := false
-	for _, a := range n.cfg.Peers {
-		known = known || a == addr
-	}
+	known := n.isKnownPeerAddr(addr) // members.go
 	for _, addrs := range n.cfg.Regions {
 		known = known || slices.Contains(addrs, addr)
 	}

@@ -151,7 +151,7 @@ func TestTLSRegion(t *testing.T) {
 		{0, "principal=alice"},
 		{0, "principal=node:eu/2"},
 		{0, `error="the caller is node:us/3, not the node the stream names"`},
-		{0, `error="the caller is not a node of this region's --peers"`},
+		{0, `error="the caller is not a node of this region (or was decommissioned)"`},
 		{1, `error="the caller is node:us/3, not the node the stream names"`},
 	} {
 		if out := procs[want.node].Output(); !strings.Contains(out, want.line) {

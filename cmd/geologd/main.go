@@ -47,6 +47,8 @@ func run() int {
 	segmentBytesMax := fs.Int64("segment-bytes-max", 64<<20, "segment roll size")
 	nodeID := fs.Uint64("node-id", 0, "this node's Raft id in its region (with --peers)")
 	peersFlag := fs.String("peers", "", "replicate: every node of the region as id=host:port,... (this one included); empty runs a region of one")
+	join := fs.String("join", "", "join a running region on this node's first start, through any node of it (host:port); instead of --peers, with --node-id (never a decommissioned one) and a --listen the region's nodes reach")
+	zone := fs.String("zone", "", "this node's failure domain in its region: new ranges spread their replicas over zones first")
 	var remote regionAddrs
 	fs.Var(&remote, "region-addrs", "another region's nodes as region=host:port,host:port (repeatable); needed by streams placed in several regions")
 	tick := fs.Duration("tick", 100*time.Millisecond, "Raft tick")
@@ -271,6 +273,8 @@ func run() int {
 		TracerProvider:        tracerProvider,
 		NodeID:                *nodeID,
 		Peers:                 peers,
+		Join:                  *join,
+		Zone:                  *zone,
 		Regions:               remote.m,
 		TickInterval:          *tick,
 		HeartbeatTicks:        *heartbeatTicks,

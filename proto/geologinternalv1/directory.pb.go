@@ -25,6 +25,196 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type JoinRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	NodeId uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// address is where the region's nodes reach the joiner (host:port).
+	Address       string `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Zone          string `protobuf:"bytes,4,opt,name=zone,proto3" json:"zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *JoinRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *JoinRequest) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+type JoinMember struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	NodeId  uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Address string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Zone    string                 `protobuf:"bytes,3,opt,name=zone,proto3" json:"zone,omitempty"`
+	// state is "live", "draining" or "decommissioned".
+	State         string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	Seed          bool   `protobuf:"varint,5,opt,name=seed,proto3" json:"seed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinMember) Reset() {
+	*x = JoinMember{}
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinMember) ProtoMessage() {}
+
+func (x *JoinMember) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinMember.ProtoReflect.Descriptor instead.
+func (*JoinMember) Descriptor() ([]byte, []int) {
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *JoinMember) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *JoinMember) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *JoinMember) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *JoinMember) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *JoinMember) GetSeed() bool {
+	if x != nil {
+		return x.Seed
+	}
+	return false
+}
+
+type JoinResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*JoinMember          `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *JoinResponse) GetMembers() []*JoinMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
 type IdentifyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// region and node_id are the asking node's (for the answering node's
@@ -37,7 +227,7 @@ type IdentifyRequest struct {
 
 func (x *IdentifyRequest) Reset() {
 	*x = IdentifyRequest{}
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[0]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +239,7 @@ func (x *IdentifyRequest) String() string {
 func (*IdentifyRequest) ProtoMessage() {}
 
 func (x *IdentifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[0]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +252,7 @@ func (x *IdentifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentifyRequest.ProtoReflect.Descriptor instead.
 func (*IdentifyRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{0}
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *IdentifyRequest) GetRegion() string {
@@ -94,7 +284,7 @@ type IdentifyResponse struct {
 
 func (x *IdentifyResponse) Reset() {
 	*x = IdentifyResponse{}
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[1]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -106,7 +296,7 @@ func (x *IdentifyResponse) String() string {
 func (*IdentifyResponse) ProtoMessage() {}
 
 func (x *IdentifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[1]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -119,7 +309,7 @@ func (x *IdentifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentifyResponse.ProtoReflect.Descriptor instead.
 func (*IdentifyResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{1}
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *IdentifyResponse) GetRegion() string {
@@ -147,16 +337,31 @@ var File_geolog_internal_v1_directory_proto protoreflect.FileDescriptor
 
 const file_geolog_internal_v1_directory_proto_rawDesc = "" +
 	"\n" +
-	"\"geolog/internal/v1/directory.proto\x12\x12geolog.internal.v1\"B\n" +
+	"\"geolog/internal/v1/directory.proto\x12\x12geolog.internal.v1\"l\n" +
+	"\vJoinRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04zone\x18\x04 \x01(\tR\x04zone\"}\n" +
+	"\n" +
+	"JoinMember\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12\x12\n" +
+	"\x04seed\x18\x05 \x01(\bR\x04seed\"H\n" +
+	"\fJoinResponse\x128\n" +
+	"\amembers\x18\x01 \x03(\v2\x1e.geolog.internal.v1.JoinMemberR\amembers\"B\n" +
 	"\x0fIdentifyRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\"j\n" +
 	"\x10IdentifyResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12%\n" +
-	"\x0eadvertise_addr\x18\x03 \x01(\tR\radvertiseAddr2f\n" +
+	"\x0eadvertise_addr\x18\x03 \x01(\tR\radvertiseAddr2\xb1\x01\n" +
 	"\rNodeDirectory\x12U\n" +
-	"\bIdentify\x12#.geolog.internal.v1.IdentifyRequest\x1a$.geolog.internal.v1.IdentifyResponseBBZ@github.com/geolog/geolog/proto/geologinternalv1;geologinternalv1b\x06proto3"
+	"\bIdentify\x12#.geolog.internal.v1.IdentifyRequest\x1a$.geolog.internal.v1.IdentifyResponse\x12I\n" +
+	"\x04Join\x12\x1f.geolog.internal.v1.JoinRequest\x1a .geolog.internal.v1.JoinResponseBBZ@github.com/geolog/geolog/proto/geologinternalv1;geologinternalv1b\x06proto3"
 
 var (
 	file_geolog_internal_v1_directory_proto_rawDescOnce sync.Once
@@ -170,19 +375,25 @@ func file_geolog_internal_v1_directory_proto_rawDescGZIP() []byte {
 	return file_geolog_internal_v1_directory_proto_rawDescData
 }
 
-var file_geolog_internal_v1_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_geolog_internal_v1_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_geolog_internal_v1_directory_proto_goTypes = []any{
-	(*IdentifyRequest)(nil),  // 0: geolog.internal.v1.IdentifyRequest
-	(*IdentifyResponse)(nil), // 1: geolog.internal.v1.IdentifyResponse
+	(*JoinRequest)(nil),      // 0: geolog.internal.v1.JoinRequest
+	(*JoinMember)(nil),       // 1: geolog.internal.v1.JoinMember
+	(*JoinResponse)(nil),     // 2: geolog.internal.v1.JoinResponse
+	(*IdentifyRequest)(nil),  // 3: geolog.internal.v1.IdentifyRequest
+	(*IdentifyResponse)(nil), // 4: geolog.internal.v1.IdentifyResponse
 }
 var file_geolog_internal_v1_directory_proto_depIdxs = []int32{
-	0, // 0: geolog.internal.v1.NodeDirectory.Identify:input_type -> geolog.internal.v1.IdentifyRequest
-	1, // 1: geolog.internal.v1.NodeDirectory.Identify:output_type -> geolog.internal.v1.IdentifyResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	1, // 0: geolog.internal.v1.JoinResponse.members:type_name -> geolog.internal.v1.JoinMember
+	3, // 1: geolog.internal.v1.NodeDirectory.Identify:input_type -> geolog.internal.v1.IdentifyRequest
+	0, // 2: geolog.internal.v1.NodeDirectory.Join:input_type -> geolog.internal.v1.JoinRequest
+	4, // 3: geolog.internal.v1.NodeDirectory.Identify:output_type -> geolog.internal.v1.IdentifyResponse
+	2, // 4: geolog.internal.v1.NodeDirectory.Join:output_type -> geolog.internal.v1.JoinResponse
+	3, // [3:5] is the sub-list for method output_type
+	1, // [1:3] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_geolog_internal_v1_directory_proto_init() }
@@ -196,7 +407,7 @@ func file_geolog_internal_v1_directory_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_internal_v1_directory_proto_rawDesc), len(file_geolog_internal_v1_directory_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	NodeDirectory_Identify_FullMethodName = "/geolog.internal.v1.NodeDirectory/Identify"
+	NodeDirectory_Join_FullMethodName     = "/geolog.internal.v1.NodeDirectory/Join"
 )
 
 // NodeDirectoryClient is the client API for NodeDirectory service.
@@ -38,6 +39,13 @@ type NodeDirectoryClient interface {
 	// leader and home hints it gives clients are advertised addresses, never
 	// the addresses nodes reach each other at.
 	Identify(ctx context.Context, in *IdentifyRequest, opts ...grpc.CallOption) (*IdentifyResponse, error)
+	// Join adds a node to the answering node's region (regionsvc/members.go):
+	// the caller must be the node the request names (its certificate names
+	// that region and id), or a node of the region forwarding it to the
+	// catalogue leader. The answer lists the region's nodes and the
+	// catalogue group's founding voters, which the joiner needs to open its
+	// copy of the catalogue.
+	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 }
 
 type nodeDirectoryClient struct {
@@ -58,6 +66,16 @@ func (c *nodeDirectoryClient) Identify(ctx context.Context, in *IdentifyRequest,
 	return out, nil
 }
 
+func (c *nodeDirectoryClient) Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinResponse)
+	err := c.cc.Invoke(ctx, NodeDirectory_Join_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeDirectoryServer is the server API for NodeDirectory service.
 // All implementations must embed UnimplementedNodeDirectoryServer
 // for forward compatibility.
@@ -70,6 +88,13 @@ type NodeDirectoryServer interface {
 	// leader and home hints it gives clients are advertised addresses, never
 	// the addresses nodes reach each other at.
 	Identify(context.Context, *IdentifyRequest) (*IdentifyResponse, error)
+	// Join adds a node to the answering node's region (regionsvc/members.go):
+	// the caller must be the node the request names (its certificate names
+	// that region and id), or a node of the region forwarding it to the
+	// catalogue leader. The answer lists the region's nodes and the
+	// catalogue group's founding voters, which the joiner needs to open its
+	// copy of the catalogue.
+	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	mustEmbedUnimplementedNodeDirectoryServer()
 }
 
@@ -82,6 +107,9 @@ type UnimplementedNodeDirectoryServer struct{}
 
 func (UnimplementedNodeDirectoryServer) Identify(context.Context, *IdentifyRequest) (*IdentifyResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Identify not implemented")
+}
+func (UnimplementedNodeDirectoryServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Join not implemented")
 }
 func (UnimplementedNodeDirectoryServer) mustEmbedUnimplementedNodeDirectoryServer() {}
 func (UnimplementedNodeDirectoryServer) testEmbeddedByValue()                       {}
@@ -122,6 +150,24 @@ func _NodeDirectory_Identify_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeDirectory_Join_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeDirectoryServer).Join(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeDirectory_Join_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeDirectoryServer).Join(ctx, req.(*JoinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeDirectory_ServiceDesc is the grpc.ServiceDesc for NodeDirectory service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -132,6 +178,10 @@ var NodeDirectory_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Identify",
 			Handler:    _NodeDirectory_Identify_Handler,
+		},
+		{
+			MethodName: "Join",
+			Handler:    _NodeDirectory_Join_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -276,6 +276,59 @@ func (ErrorCode) EnumDescriptor() ([]byte, []int) {
 	return file_geolog_v1_log_proto_rawDescGZIP(), []int{1}
 }
 
+// NodeState is a node's state in its region's membership.
+type NodeState int32
+
+const (
+	NodeState_NODE_STATE_UNSPECIFIED    NodeState = 0
+	NodeState_NODE_STATE_LIVE           NodeState = 1
+	NodeState_NODE_STATE_DRAINING       NodeState = 2
+	NodeState_NODE_STATE_DECOMMISSIONED NodeState = 3
+)
+
+// Enum value maps for NodeState.
+var (
+	NodeState_name = map[int32]string{
+		0: "NODE_STATE_UNSPECIFIED",
+		1: "NODE_STATE_LIVE",
+		2: "NODE_STATE_DRAINING",
+		3: "NODE_STATE_DECOMMISSIONED",
+	}
+	NodeState_value = map[string]int32{
+		"NODE_STATE_UNSPECIFIED":    0,
+		"NODE_STATE_LIVE":           1,
+		"NODE_STATE_DRAINING":       2,
+		"NODE_STATE_DECOMMISSIONED": 3,
+	}
+)
+
+func (x NodeState) Enum() *NodeState {
+	p := new(NodeState)
+	*p = x
+	return p
+}
+
+func (x NodeState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeState) Descriptor() protoreflect.EnumDescriptor {
+	return file_geolog_v1_log_proto_enumTypes[2].Descriptor()
+}
+
+func (NodeState) Type() protoreflect.EnumType {
+	return &file_geolog_v1_log_proto_enumTypes[2]
+}
+
+func (x NodeState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeState.Descriptor instead.
+func (NodeState) EnumDescriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{2}
+}
+
 type ReplicaChange int32
 
 const (
@@ -315,11 +368,11 @@ func (x ReplicaChange) String() string {
 }
 
 func (ReplicaChange) Descriptor() protoreflect.EnumDescriptor {
-	return file_geolog_v1_log_proto_enumTypes[2].Descriptor()
+	return file_geolog_v1_log_proto_enumTypes[3].Descriptor()
 }
 
 func (ReplicaChange) Type() protoreflect.EnumType {
-	return &file_geolog_v1_log_proto_enumTypes[2]
+	return &file_geolog_v1_log_proto_enumTypes[3]
 }
 
 func (x ReplicaChange) Number() protoreflect.EnumNumber {
@@ -328,7 +381,7 @@ func (x ReplicaChange) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicaChange.Descriptor instead.
 func (ReplicaChange) EnumDescriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{2}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{3}
 }
 
 type EpochKind int32
@@ -372,11 +425,11 @@ func (x EpochKind) String() string {
 }
 
 func (EpochKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_geolog_v1_log_proto_enumTypes[3].Descriptor()
+	return file_geolog_v1_log_proto_enumTypes[4].Descriptor()
 }
 
 func (EpochKind) Type() protoreflect.EnumType {
-	return &file_geolog_v1_log_proto_enumTypes[3]
+	return &file_geolog_v1_log_proto_enumTypes[4]
 }
 
 func (x EpochKind) Number() protoreflect.EnumNumber {
@@ -385,7 +438,7 @@ func (x EpochKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EpochKind.Descriptor instead.
 func (EpochKind) EnumDescriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{3}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{4}
 }
 
 // OrphanScope is how far ListOrphans looks.
@@ -425,11 +478,11 @@ func (x OrphanScope) String() string {
 }
 
 func (OrphanScope) Descriptor() protoreflect.EnumDescriptor {
-	return file_geolog_v1_log_proto_enumTypes[4].Descriptor()
+	return file_geolog_v1_log_proto_enumTypes[5].Descriptor()
 }
 
 func (OrphanScope) Type() protoreflect.EnumType {
-	return &file_geolog_v1_log_proto_enumTypes[4]
+	return &file_geolog_v1_log_proto_enumTypes[5]
 }
 
 func (x OrphanScope) Number() protoreflect.EnumNumber {
@@ -438,7 +491,7 @@ func (x OrphanScope) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OrphanScope.Descriptor instead.
 func (OrphanScope) EnumDescriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{4}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{5}
 }
 
 // CleanupPolicy is how a stream's ranges shed records (see
@@ -485,11 +538,11 @@ func (x CleanupPolicy) String() string {
 }
 
 func (CleanupPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_geolog_v1_log_proto_enumTypes[5].Descriptor()
+	return file_geolog_v1_log_proto_enumTypes[6].Descriptor()
 }
 
 func (CleanupPolicy) Type() protoreflect.EnumType {
-	return &file_geolog_v1_log_proto_enumTypes[5]
+	return &file_geolog_v1_log_proto_enumTypes[6]
 }
 
 func (x CleanupPolicy) Number() protoreflect.EnumNumber {
@@ -498,7 +551,7 @@ func (x CleanupPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CleanupPolicy.Descriptor instead.
 func (CleanupPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{5}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{6}
 }
 
 // Header is one record header. Keys need not be unique.
@@ -1622,10 +1675,13 @@ type StreamInfo struct {
 	// lease store holds the current home once homing is on).
 	RangeHomes []string `protobuf:"bytes,6,rep,name=range_homes,json=rangeHomes,proto3" json:"range_homes,omitempty"`
 	// cleanup and compaction are as created (see CreateStreamRequest).
-	Cleanup       CleanupPolicy     `protobuf:"varint,7,opt,name=cleanup,proto3,enum=geolog.v1.CleanupPolicy" json:"cleanup,omitempty"`
-	Compaction    *CompactionPolicy `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Cleanup    CleanupPolicy     `protobuf:"varint,7,opt,name=cleanup,proto3,enum=geolog.v1.CleanupPolicy" json:"cleanup,omitempty"`
+	Compaction *CompactionPolicy `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	// replication_factor is as created; 0 for a stream created before it
+	// was a setting (the region's default applies).
+	ReplicationFactor uint32 `protobuf:"varint,9,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StreamInfo) Reset() {
@@ -1712,6 +1768,13 @@ func (x *StreamInfo) GetCompaction() *CompactionPolicy {
 		return x.Compaction
 	}
 	return nil
+}
+
+func (x *StreamInfo) GetReplicationFactor() uint32 {
+	if x != nil {
+		return x.ReplicationFactor
+	}
+	return 0
 }
 
 type RangeInfo struct {
@@ -2009,9 +2072,14 @@ type CreateStreamRequest struct {
 	// record of each key; a record must then have a key), or both.
 	Cleanup CleanupPolicy `protobuf:"varint,7,opt,name=cleanup,proto3,enum=geolog.v1.CleanupPolicy" json:"cleanup,omitempty"`
 	// compaction tunes compaction by key; unset fields take the defaults.
-	Compaction    *CompactionPolicy `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Compaction *CompactionPolicy `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	// replication_factor is how many nodes of each region of the stream hold
+	// a replica of each range: 1, 3 or 5; 0 takes the region's default (3,
+	// or all its founding nodes if fewer). A region with fewer live nodes
+	// refuses the stream (INVALID_ARGUMENT). See docs/placement.md.
+	ReplicationFactor uint32 `protobuf:"varint,9,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CreateStreamRequest) Reset() {
@@ -2098,6 +2166,13 @@ func (x *CreateStreamRequest) GetCompaction() *CompactionPolicy {
 		return x.Compaction
 	}
 	return nil
+}
+
+func (x *CreateStreamRequest) GetReplicationFactor() uint32 {
+	if x != nil {
+		return x.ReplicationFactor
+	}
+	return 0
 }
 
 type CreateStreamResponse struct {
@@ -2497,6 +2572,281 @@ func (x *ErrorDetail) GetLeaderCutOff() bool {
 	return false
 }
 
+// NodeInfo is one node of a region.
+type NodeInfo struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// address is where the region's nodes reach it.
+	Address string    `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Zone    string    `protobuf:"bytes,3,opt,name=zone,proto3" json:"zone,omitempty"`
+	State   NodeState `protobuf:"varint,4,opt,name=state,proto3,enum=geolog.v1.NodeState" json:"state,omitempty"`
+	// seed marks a founding node (geologd --peers of the region's first
+	// start).
+	Seed bool `protobuf:"varint,5,opt,name=seed,proto3" json:"seed,omitempty"`
+	// replica_count counts the ranges whose replicas, as created, include
+	// the node (membership changes since are not counted).
+	ReplicaCount  uint32 `protobuf:"varint,6,opt,name=replica_count,json=replicaCount,proto3" json:"replica_count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeInfo) Reset() {
+	*x = NodeInfo{}
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeInfo) ProtoMessage() {}
+
+func (x *NodeInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
+func (*NodeInfo) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *NodeInfo) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetState() NodeState {
+	if x != nil {
+		return x.State
+	}
+	return NodeState_NODE_STATE_UNSPECIFIED
+}
+
+func (x *NodeInfo) GetSeed() bool {
+	if x != nil {
+		return x.Seed
+	}
+	return false
+}
+
+func (x *NodeInfo) GetReplicaCount() uint32 {
+	if x != nil {
+		return x.ReplicaCount
+	}
+	return 0
+}
+
+type ListNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesRequest) Reset() {
+	*x = ListNodesRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesRequest) ProtoMessage() {}
+
+func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodesRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+}
+
+type ListNodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// region is the answering node's region; nodes are in id order.
+	Region        string      `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Nodes         []*NodeInfo `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesResponse) Reset() {
+	*x = ListNodesResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesResponse) ProtoMessage() {}
+
+func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodesResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListNodesResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *ListNodesResponse) GetNodes() []*NodeInfo {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type SetNodeStateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	State         NodeState              `protobuf:"varint,2,opt,name=state,proto3,enum=geolog.v1.NodeState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeStateRequest) Reset() {
+	*x = SetNodeStateRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeStateRequest) ProtoMessage() {}
+
+func (x *SetNodeStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeStateRequest.ProtoReflect.Descriptor instead.
+func (*SetNodeStateRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SetNodeStateRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *SetNodeStateRequest) GetState() NodeState {
+	if x != nil {
+		return x.State
+	}
+	return NodeState_NODE_STATE_UNSPECIFIED
+}
+
+type SetNodeStateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *NodeInfo              `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeStateResponse) Reset() {
+	*x = SetNodeStateResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeStateResponse) ProtoMessage() {}
+
+func (x *SetNodeStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeStateResponse.ProtoReflect.Descriptor instead.
+func (*SetNodeStateResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SetNodeStateResponse) GetNode() *NodeInfo {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 type ListOrphansRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -2514,7 +2864,7 @@ type ListOrphansRequest struct {
 
 func (x *ListOrphansRequest) Reset() {
 	*x = ListOrphansRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +2876,7 @@ func (x *ListOrphansRequest) String() string {
 func (*ListOrphansRequest) ProtoMessage() {}
 
 func (x *ListOrphansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[21]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +2889,7 @@ func (x *ListOrphansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOrphansRequest.ProtoReflect.Descriptor instead.
 func (*ListOrphansRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{21}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListOrphansRequest) GetStream() string {
@@ -2577,7 +2927,7 @@ type OrphanFork struct {
 
 func (x *OrphanFork) Reset() {
 	*x = OrphanFork{}
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2589,7 +2939,7 @@ func (x *OrphanFork) String() string {
 func (*OrphanFork) ProtoMessage() {}
 
 func (x *OrphanFork) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2602,7 +2952,7 @@ func (x *OrphanFork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OrphanFork.ProtoReflect.Descriptor instead.
 func (*OrphanFork) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OrphanFork) GetRange() uint32 {
@@ -2685,7 +3035,7 @@ type ListOrphansResponse struct {
 
 func (x *ListOrphansResponse) Reset() {
 	*x = ListOrphansResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2697,7 +3047,7 @@ func (x *ListOrphansResponse) String() string {
 func (*ListOrphansResponse) ProtoMessage() {}
 
 func (x *ListOrphansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2710,7 +3060,7 @@ func (x *ListOrphansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOrphansResponse.ProtoReflect.Descriptor instead.
 func (*ListOrphansResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListOrphansResponse) GetForks() []*OrphanFork {
@@ -2748,7 +3098,7 @@ type ReadOrphansRequest struct {
 
 func (x *ReadOrphansRequest) Reset() {
 	*x = ReadOrphansRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2760,7 +3110,7 @@ func (x *ReadOrphansRequest) String() string {
 func (*ReadOrphansRequest) ProtoMessage() {}
 
 func (x *ReadOrphansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2773,7 +3123,7 @@ func (x *ReadOrphansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOrphansRequest.ProtoReflect.Descriptor instead.
 func (*ReadOrphansRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadOrphansRequest) GetStream() string {
@@ -2824,7 +3174,7 @@ type ReadOrphansResponse struct {
 
 func (x *ReadOrphansResponse) Reset() {
 	*x = ReadOrphansResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +3186,7 @@ func (x *ReadOrphansResponse) String() string {
 func (*ReadOrphansResponse) ProtoMessage() {}
 
 func (x *ReadOrphansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +3199,7 @@ func (x *ReadOrphansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOrphansResponse.ProtoReflect.Descriptor instead.
 func (*ReadOrphansResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadOrphansResponse) GetRecords() []*StoredRecord {
@@ -2887,7 +3237,7 @@ type RehomeRequest struct {
 
 func (x *RehomeRequest) Reset() {
 	*x = RehomeRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +3249,7 @@ func (x *RehomeRequest) String() string {
 func (*RehomeRequest) ProtoMessage() {}
 
 func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +3262,7 @@ func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeRequest.ProtoReflect.Descriptor instead.
 func (*RehomeRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RehomeRequest) GetStream() string {
@@ -2965,7 +3315,7 @@ type RangeRehome struct {
 
 func (x *RangeRehome) Reset() {
 	*x = RangeRehome{}
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2977,7 +3327,7 @@ func (x *RangeRehome) String() string {
 func (*RangeRehome) ProtoMessage() {}
 
 func (x *RangeRehome) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2990,7 +3340,7 @@ func (x *RangeRehome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeRehome.ProtoReflect.Descriptor instead.
 func (*RangeRehome) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RangeRehome) GetRange() uint32 {
@@ -3075,7 +3425,7 @@ type RehomePhases struct {
 
 func (x *RehomePhases) Reset() {
 	*x = RehomePhases{}
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3087,7 +3437,7 @@ func (x *RehomePhases) String() string {
 func (*RehomePhases) ProtoMessage() {}
 
 func (x *RehomePhases) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3100,7 +3450,7 @@ func (x *RehomePhases) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomePhases.ProtoReflect.Descriptor instead.
 func (*RehomePhases) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RehomePhases) GetPrepareMicros() int64 {
@@ -3154,7 +3504,7 @@ type RehomeResponse struct {
 
 func (x *RehomeResponse) Reset() {
 	*x = RehomeResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3516,7 @@ func (x *RehomeResponse) String() string {
 func (*RehomeResponse) ProtoMessage() {}
 
 func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3179,7 +3529,7 @@ func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeResponse.ProtoReflect.Descriptor instead.
 func (*RehomeResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RehomeResponse) GetRanges() []*RangeRehome {
@@ -3213,7 +3563,7 @@ type RefreshHomesRequest struct {
 
 func (x *RefreshHomesRequest) Reset() {
 	*x = RefreshHomesRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3225,7 +3575,7 @@ func (x *RefreshHomesRequest) String() string {
 func (*RefreshHomesRequest) ProtoMessage() {}
 
 func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3238,7 +3588,7 @@ func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesRequest.ProtoReflect.Descriptor instead.
 func (*RefreshHomesRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RefreshHomesRequest) GetStream() string {
@@ -3281,7 +3631,7 @@ type RegionHomes struct {
 
 func (x *RegionHomes) Reset() {
 	*x = RegionHomes{}
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3293,7 +3643,7 @@ func (x *RegionHomes) String() string {
 func (*RegionHomes) ProtoMessage() {}
 
 func (x *RegionHomes) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3306,7 +3656,7 @@ func (x *RegionHomes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionHomes.ProtoReflect.Descriptor instead.
 func (*RegionHomes) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RegionHomes) GetRegion() string {
@@ -3347,7 +3697,7 @@ type HomeRecord struct {
 
 func (x *HomeRecord) Reset() {
 	*x = HomeRecord{}
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3359,7 +3709,7 @@ func (x *HomeRecord) String() string {
 func (*HomeRecord) ProtoMessage() {}
 
 func (x *HomeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3372,7 +3722,7 @@ func (x *HomeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HomeRecord.ProtoReflect.Descriptor instead.
 func (*HomeRecord) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *HomeRecord) GetStream() string {
@@ -3451,7 +3801,7 @@ type RefreshHomesResponse struct {
 
 func (x *RefreshHomesResponse) Reset() {
 	*x = RefreshHomesResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3463,7 +3813,7 @@ func (x *RefreshHomesResponse) String() string {
 func (*RefreshHomesResponse) ProtoMessage() {}
 
 func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3476,7 +3826,7 @@ func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesResponse.ProtoReflect.Descriptor instead.
 func (*RefreshHomesResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RefreshHomesResponse) GetHomesVersion() uint64 {
@@ -3513,7 +3863,7 @@ type RangeTail struct {
 
 func (x *RangeTail) Reset() {
 	*x = RangeTail{}
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3875,7 @@ func (x *RangeTail) String() string {
 func (*RangeTail) ProtoMessage() {}
 
 func (x *RangeTail) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3888,7 @@ func (x *RangeTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeTail.ProtoReflect.Descriptor instead.
 func (*RangeTail) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RangeTail) GetRange() uint32 {
@@ -3575,7 +3925,7 @@ type ChangeReplicasRequest struct {
 
 func (x *ChangeReplicasRequest) Reset() {
 	*x = ChangeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3587,7 +3937,7 @@ func (x *ChangeReplicasRequest) String() string {
 func (*ChangeReplicasRequest) ProtoMessage() {}
 
 func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3600,7 +3950,7 @@ func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ChangeReplicasRequest) GetStream() string {
@@ -3641,7 +3991,7 @@ type ChangeReplicasResponse struct {
 
 func (x *ChangeReplicasResponse) Reset() {
 	*x = ChangeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[36]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3653,7 +4003,7 @@ func (x *ChangeReplicasResponse) String() string {
 func (*ChangeReplicasResponse) ProtoMessage() {}
 
 func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[36]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3666,7 +4016,7 @@ func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{36}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ChangeReplicasResponse) GetVoters() []uint64 {
@@ -3693,7 +4043,7 @@ type DescribeReplicasRequest struct {
 
 func (x *DescribeReplicasRequest) Reset() {
 	*x = DescribeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[37]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3705,7 +4055,7 @@ func (x *DescribeReplicasRequest) String() string {
 func (*DescribeReplicasRequest) ProtoMessage() {}
 
 func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[37]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3718,7 +4068,7 @@ func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{37}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DescribeReplicasRequest) GetStream() string {
@@ -3749,7 +4099,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_geolog_v1_log_proto_msgTypes[38]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3761,7 +4111,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[38]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3774,7 +4124,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{38}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReplicaStatus) GetNodeId() uint64 {
@@ -3819,7 +4169,7 @@ type DescribeReplicasResponse struct {
 
 func (x *DescribeReplicasResponse) Reset() {
 	*x = DescribeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3831,7 +4181,7 @@ func (x *DescribeReplicasResponse) String() string {
 func (*DescribeReplicasResponse) ProtoMessage() {}
 
 func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3844,7 +4194,7 @@ func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
@@ -3892,7 +4242,7 @@ type EpochStart struct {
 
 func (x *EpochStart) Reset() {
 	*x = EpochStart{}
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3904,7 +4254,7 @@ func (x *EpochStart) String() string {
 func (*EpochStart) ProtoMessage() {}
 
 func (x *EpochStart) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3917,7 +4267,7 @@ func (x *EpochStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochStart.ProtoReflect.Descriptor instead.
 func (*EpochStart) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *EpochStart) GetEpoch() uint64 {
@@ -3967,7 +4317,7 @@ type NodeOrphans struct {
 
 func (x *NodeOrphans) Reset() {
 	*x = NodeOrphans{}
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3979,7 +4329,7 @@ func (x *NodeOrphans) String() string {
 func (*NodeOrphans) ProtoMessage() {}
 
 func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3992,7 +4342,7 @@ func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeOrphans.ProtoReflect.Descriptor instead.
 func (*NodeOrphans) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *NodeOrphans) GetRegion() string {
@@ -4039,7 +4389,7 @@ type DeleteStreamRequest struct {
 
 func (x *DeleteStreamRequest) Reset() {
 	*x = DeleteStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4051,7 +4401,7 @@ func (x *DeleteStreamRequest) String() string {
 func (*DeleteStreamRequest) ProtoMessage() {}
 
 func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4064,7 +4414,7 @@ func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteStreamRequest) GetName() string {
@@ -4082,7 +4432,7 @@ type DeleteStreamResponse struct {
 
 func (x *DeleteStreamResponse) Reset() {
 	*x = DeleteStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4094,7 +4444,7 @@ func (x *DeleteStreamResponse) String() string {
 func (*DeleteStreamResponse) ProtoMessage() {}
 
 func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4107,7 +4457,7 @@ func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
 }
 
 type AlterStreamRequest struct {
@@ -4123,7 +4473,7 @@ type AlterStreamRequest struct {
 
 func (x *AlterStreamRequest) Reset() {
 	*x = AlterStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4135,7 +4485,7 @@ func (x *AlterStreamRequest) String() string {
 func (*AlterStreamRequest) ProtoMessage() {}
 
 func (x *AlterStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4148,7 +4498,7 @@ func (x *AlterStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterStreamRequest.ProtoReflect.Descriptor instead.
 func (*AlterStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AlterStreamRequest) GetName() string {
@@ -4181,7 +4531,7 @@ type AlterStreamResponse struct {
 
 func (x *AlterStreamResponse) Reset() {
 	*x = AlterStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4193,7 +4543,7 @@ func (x *AlterStreamResponse) String() string {
 func (*AlterStreamResponse) ProtoMessage() {}
 
 func (x *AlterStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4206,7 +4556,7 @@ func (x *AlterStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterStreamResponse.ProtoReflect.Descriptor instead.
 func (*AlterStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AlterStreamResponse) GetStream() *StreamInfo {
@@ -4232,7 +4582,7 @@ type CompactionPolicy struct {
 
 func (x *CompactionPolicy) Reset() {
 	*x = CompactionPolicy{}
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4244,7 +4594,7 @@ func (x *CompactionPolicy) String() string {
 func (*CompactionPolicy) ProtoMessage() {}
 
 func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4257,7 +4607,7 @@ func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
 func (*CompactionPolicy) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CompactionPolicy) GetDeleteRetentionMs() int64 {
@@ -4297,7 +4647,7 @@ type AclRule struct {
 
 func (x *AclRule) Reset() {
 	*x = AclRule{}
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4309,7 +4659,7 @@ func (x *AclRule) String() string {
 func (*AclRule) ProtoMessage() {}
 
 func (x *AclRule) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4322,7 +4672,7 @@ func (x *AclRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclRule.ProtoReflect.Descriptor instead.
 func (*AclRule) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AclRule) GetPrincipal() string {
@@ -4369,7 +4719,7 @@ type PutAclRequest struct {
 
 func (x *PutAclRequest) Reset() {
 	*x = PutAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4381,7 +4731,7 @@ func (x *PutAclRequest) String() string {
 func (*PutAclRequest) ProtoMessage() {}
 
 func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4394,7 +4744,7 @@ func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclRequest.ProtoReflect.Descriptor instead.
 func (*PutAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PutAclRequest) GetRule() *AclRule {
@@ -4413,7 +4763,7 @@ type PutAclResponse struct {
 
 func (x *PutAclResponse) Reset() {
 	*x = PutAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4425,7 +4775,7 @@ func (x *PutAclResponse) String() string {
 func (*PutAclResponse) ProtoMessage() {}
 
 func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4438,7 +4788,7 @@ func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclResponse.ProtoReflect.Descriptor instead.
 func (*PutAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PutAclResponse) GetRule() *AclRule {
@@ -4458,7 +4808,7 @@ type DeleteAclRequest struct {
 
 func (x *DeleteAclRequest) Reset() {
 	*x = DeleteAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4470,7 +4820,7 @@ func (x *DeleteAclRequest) String() string {
 func (*DeleteAclRequest) ProtoMessage() {}
 
 func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4483,7 +4833,7 @@ func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DeleteAclRequest) GetPrincipal() string {
@@ -4510,7 +4860,7 @@ type DeleteAclResponse struct {
 
 func (x *DeleteAclResponse) Reset() {
 	*x = DeleteAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[51]
+	mi := &file_geolog_v1_log_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4522,7 +4872,7 @@ func (x *DeleteAclResponse) String() string {
 func (*DeleteAclResponse) ProtoMessage() {}
 
 func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[51]
+	mi := &file_geolog_v1_log_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4535,7 +4885,7 @@ func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{51}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DeleteAclResponse) GetExisted() bool {
@@ -4556,7 +4906,7 @@ type ListAclsRequest struct {
 
 func (x *ListAclsRequest) Reset() {
 	*x = ListAclsRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[52]
+	mi := &file_geolog_v1_log_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4568,7 +4918,7 @@ func (x *ListAclsRequest) String() string {
 func (*ListAclsRequest) ProtoMessage() {}
 
 func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[52]
+	mi := &file_geolog_v1_log_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4581,7 +4931,7 @@ func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsRequest.ProtoReflect.Descriptor instead.
 func (*ListAclsRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{52}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListAclsRequest) GetResource() string {
@@ -4600,7 +4950,7 @@ type ListAclsResponse struct {
 
 func (x *ListAclsResponse) Reset() {
 	*x = ListAclsResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[53]
+	mi := &file_geolog_v1_log_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4612,7 +4962,7 @@ func (x *ListAclsResponse) String() string {
 func (*ListAclsResponse) ProtoMessage() {}
 
 func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[53]
+	mi := &file_geolog_v1_log_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4625,7 +4975,7 @@ func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsResponse.ProtoReflect.Descriptor instead.
 func (*ListAclsResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{53}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListAclsResponse) GetRules() []*AclRule {
@@ -4733,7 +5083,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x0fRetentionPolicy\x12\x1c\n" +
 	"\n" +
 	"max_age_ms\x18\x01 \x01(\x03R\bmaxAgeMs\x12\x1b\n" +
-	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\"\xd5\x02\n" +
+	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\"\x84\x03\n" +
 	"\n" +
 	"StreamInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
@@ -4747,7 +5097,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\acleanup\x18\a \x01(\x0e2\x18.geolog.v1.CleanupPolicyR\acleanup\x12;\n" +
 	"\n" +
 	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
-	"compaction\"\x85\x04\n" +
+	"compaction\x12-\n" +
+	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"\x85\x04\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -4779,7 +5130,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x14heartbeat_age_millis\x18\x05 \x01(\x03R\x12heartbeatAgeMillis\x12\x14\n" +
 	"\x05state\x18\x06 \x01(\tR\x05state\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\a \x01(\tR\tlastError\"\xd1\x02\n" +
+	"last_error\x18\a \x01(\tR\tlastError\"\x80\x03\n" +
 	"\x13CreateStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vrange_count\x18\x02 \x01(\rR\n" +
@@ -4793,7 +5144,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\acleanup\x18\a \x01(\x0e2\x18.geolog.v1.CleanupPolicyR\acleanup\x12;\n" +
 	"\n" +
 	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
-	"compaction\"E\n" +
+	"compaction\x12-\n" +
+	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"E\n" +
 	"\x14CreateStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\"\x14\n" +
 	"\x12ListStreamsRequest\"F\n" +
@@ -4823,7 +5175,23 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"fork_epoch\x18\f \x01(\x04R\tforkEpoch\x12,\n" +
 	"\x12retry_after_millis\x18\n" +
 	" \x01(\x03R\x10retryAfterMillis\x12$\n" +
-	"\x0eleader_cut_off\x18\r \x01(\bR\fleaderCutOff\"Z\n" +
+	"\x0eleader_cut_off\x18\r \x01(\bR\fleaderCutOff\"\xb6\x01\n" +
+	"\bNodeInfo\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04zone\x18\x03 \x01(\tR\x04zone\x12*\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x14.geolog.v1.NodeStateR\x05state\x12\x12\n" +
+	"\x04seed\x18\x05 \x01(\bR\x04seed\x12#\n" +
+	"\rreplica_count\x18\x06 \x01(\rR\freplicaCount\"\x12\n" +
+	"\x10ListNodesRequest\"V\n" +
+	"\x11ListNodesResponse\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12)\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x13.geolog.v1.NodeInfoR\x05nodes\"Z\n" +
+	"\x13SetNodeStateRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12*\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x14.geolog.v1.NodeStateR\x05state\"?\n" +
+	"\x14SetNodeStateResponse\x12'\n" +
+	"\x04node\x18\x01 \x01(\v2\x13.geolog.v1.NodeInfoR\x04node\"Z\n" +
 	"\x12ListOrphansRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12,\n" +
 	"\x05scope\x18\x02 \x01(\x0e2\x16.geolog.v1.OrphanScopeR\x05scope\"\x94\x02\n" +
@@ -5024,7 +5392,12 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1c\n" +
 	"\x18ERROR_CODE_SLOW_CONSUMER\x10!\x12\x1b\n" +
 	"\x17ERROR_CODE_KEY_REQUIRED\x10%\x12%\n" +
-	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'*\x86\x01\n" +
+	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'*t\n" +
+	"\tNodeState\x12\x1a\n" +
+	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fNODE_STATE_LIVE\x10\x01\x12\x17\n" +
+	"\x13NODE_STATE_DRAINING\x10\x02\x12\x1d\n" +
+	"\x19NODE_STATE_DECOMMISSIONED\x10\x03*\x86\x01\n" +
 	"\rReplicaChange\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLICA_CHANGE_ADD_LEARNER\x10\x01\x12\x1a\n" +
@@ -5053,7 +5426,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
 	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse\x12O\n" +
 	"\fDeleteStream\x12\x1e.geolog.v1.DeleteStreamRequest\x1a\x1f.geolog.v1.DeleteStreamResponse\x12L\n" +
-	"\vAlterStream\x12\x1d.geolog.v1.AlterStreamRequest\x1a\x1e.geolog.v1.AlterStreamResponse2\xb3\x05\n" +
+	"\vAlterStream\x12\x1d.geolog.v1.AlterStreamRequest\x1a\x1e.geolog.v1.AlterStreamResponse2\xcc\x06\n" +
 	"\x05Admin\x12U\n" +
 	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
 	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponse\x12=\n" +
@@ -5063,7 +5436,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vReadOrphans\x12\x1d.geolog.v1.ReadOrphansRequest\x1a\x1e.geolog.v1.ReadOrphansResponse\x12=\n" +
 	"\x06PutAcl\x12\x18.geolog.v1.PutAclRequest\x1a\x19.geolog.v1.PutAclResponse\x12F\n" +
 	"\tDeleteAcl\x12\x1b.geolog.v1.DeleteAclRequest\x1a\x1c.geolog.v1.DeleteAclResponse\x12C\n" +
-	"\bListAcls\x12\x1a.geolog.v1.ListAclsRequest\x1a\x1b.geolog.v1.ListAclsResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
+	"\bListAcls\x12\x1a.geolog.v1.ListAclsRequest\x1a\x1b.geolog.v1.ListAclsResponse\x12F\n" +
+	"\tListNodes\x12\x1b.geolog.v1.ListNodesRequest\x1a\x1c.geolog.v1.ListNodesResponse\x12O\n" +
+	"\fSetNodeState\x12\x1e.geolog.v1.SetNodeStateRequest\x1a\x1f.geolog.v1.SetNodeStateResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
 
 var (
 	file_geolog_v1_log_proto_rawDescOnce sync.Once
@@ -5077,150 +5452,164 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 	return file_geolog_v1_log_proto_rawDescData
 }
 
-var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
-	(ReplicaChange)(0),               // 2: geolog.v1.ReplicaChange
-	(EpochKind)(0),                   // 3: geolog.v1.EpochKind
-	(OrphanScope)(0),                 // 4: geolog.v1.OrphanScope
-	(CleanupPolicy)(0),               // 5: geolog.v1.CleanupPolicy
-	(*Header)(nil),                   // 6: geolog.v1.Header
-	(*Record)(nil),                   // 7: geolog.v1.Record
-	(*StoredRecord)(nil),             // 8: geolog.v1.StoredRecord
-	(*AppendRequest)(nil),            // 9: geolog.v1.AppendRequest
-	(*AppendTiming)(nil),             // 10: geolog.v1.AppendTiming
-	(*AppendResponse)(nil),           // 11: geolog.v1.AppendResponse
-	(*ReadRequest)(nil),              // 12: geolog.v1.ReadRequest
-	(*ReadResponse)(nil),             // 13: geolog.v1.ReadResponse
-	(*SubscribeRequest)(nil),         // 14: geolog.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 15: geolog.v1.SubscribeResponse
-	(*RetentionPolicy)(nil),          // 16: geolog.v1.RetentionPolicy
-	(*StreamInfo)(nil),               // 17: geolog.v1.StreamInfo
-	(*RangeInfo)(nil),                // 18: geolog.v1.RangeInfo
-	(*RegionProgress)(nil),           // 19: geolog.v1.RegionProgress
-	(*CreateStreamRequest)(nil),      // 20: geolog.v1.CreateStreamRequest
-	(*CreateStreamResponse)(nil),     // 21: geolog.v1.CreateStreamResponse
-	(*ListStreamsRequest)(nil),       // 22: geolog.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),      // 23: geolog.v1.ListStreamsResponse
-	(*DescribeStreamRequest)(nil),    // 24: geolog.v1.DescribeStreamRequest
-	(*DescribeStreamResponse)(nil),   // 25: geolog.v1.DescribeStreamResponse
-	(*ErrorDetail)(nil),              // 26: geolog.v1.ErrorDetail
-	(*ListOrphansRequest)(nil),       // 27: geolog.v1.ListOrphansRequest
-	(*OrphanFork)(nil),               // 28: geolog.v1.OrphanFork
-	(*ListOrphansResponse)(nil),      // 29: geolog.v1.ListOrphansResponse
-	(*ReadOrphansRequest)(nil),       // 30: geolog.v1.ReadOrphansRequest
-	(*ReadOrphansResponse)(nil),      // 31: geolog.v1.ReadOrphansResponse
-	(*RehomeRequest)(nil),            // 32: geolog.v1.RehomeRequest
-	(*RangeRehome)(nil),              // 33: geolog.v1.RangeRehome
-	(*RehomePhases)(nil),             // 34: geolog.v1.RehomePhases
-	(*RehomeResponse)(nil),           // 35: geolog.v1.RehomeResponse
-	(*RefreshHomesRequest)(nil),      // 36: geolog.v1.RefreshHomesRequest
-	(*RegionHomes)(nil),              // 37: geolog.v1.RegionHomes
-	(*HomeRecord)(nil),               // 38: geolog.v1.HomeRecord
-	(*RefreshHomesResponse)(nil),     // 39: geolog.v1.RefreshHomesResponse
-	(*RangeTail)(nil),                // 40: geolog.v1.RangeTail
-	(*ChangeReplicasRequest)(nil),    // 41: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 42: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 43: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 44: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 45: geolog.v1.DescribeReplicasResponse
-	(*EpochStart)(nil),               // 46: geolog.v1.EpochStart
-	(*NodeOrphans)(nil),              // 47: geolog.v1.NodeOrphans
-	(*DeleteStreamRequest)(nil),      // 48: geolog.v1.DeleteStreamRequest
-	(*DeleteStreamResponse)(nil),     // 49: geolog.v1.DeleteStreamResponse
-	(*AlterStreamRequest)(nil),       // 50: geolog.v1.AlterStreamRequest
-	(*AlterStreamResponse)(nil),      // 51: geolog.v1.AlterStreamResponse
-	(*CompactionPolicy)(nil),         // 52: geolog.v1.CompactionPolicy
-	(*AclRule)(nil),                  // 53: geolog.v1.AclRule
-	(*PutAclRequest)(nil),            // 54: geolog.v1.PutAclRequest
-	(*PutAclResponse)(nil),           // 55: geolog.v1.PutAclResponse
-	(*DeleteAclRequest)(nil),         // 56: geolog.v1.DeleteAclRequest
-	(*DeleteAclResponse)(nil),        // 57: geolog.v1.DeleteAclResponse
-	(*ListAclsRequest)(nil),          // 58: geolog.v1.ListAclsRequest
-	(*ListAclsResponse)(nil),         // 59: geolog.v1.ListAclsResponse
+	(NodeState)(0),                   // 2: geolog.v1.NodeState
+	(ReplicaChange)(0),               // 3: geolog.v1.ReplicaChange
+	(EpochKind)(0),                   // 4: geolog.v1.EpochKind
+	(OrphanScope)(0),                 // 5: geolog.v1.OrphanScope
+	(CleanupPolicy)(0),               // 6: geolog.v1.CleanupPolicy
+	(*Header)(nil),                   // 7: geolog.v1.Header
+	(*Record)(nil),                   // 8: geolog.v1.Record
+	(*StoredRecord)(nil),             // 9: geolog.v1.StoredRecord
+	(*AppendRequest)(nil),            // 10: geolog.v1.AppendRequest
+	(*AppendTiming)(nil),             // 11: geolog.v1.AppendTiming
+	(*AppendResponse)(nil),           // 12: geolog.v1.AppendResponse
+	(*ReadRequest)(nil),              // 13: geolog.v1.ReadRequest
+	(*ReadResponse)(nil),             // 14: geolog.v1.ReadResponse
+	(*SubscribeRequest)(nil),         // 15: geolog.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 16: geolog.v1.SubscribeResponse
+	(*RetentionPolicy)(nil),          // 17: geolog.v1.RetentionPolicy
+	(*StreamInfo)(nil),               // 18: geolog.v1.StreamInfo
+	(*RangeInfo)(nil),                // 19: geolog.v1.RangeInfo
+	(*RegionProgress)(nil),           // 20: geolog.v1.RegionProgress
+	(*CreateStreamRequest)(nil),      // 21: geolog.v1.CreateStreamRequest
+	(*CreateStreamResponse)(nil),     // 22: geolog.v1.CreateStreamResponse
+	(*ListStreamsRequest)(nil),       // 23: geolog.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),      // 24: geolog.v1.ListStreamsResponse
+	(*DescribeStreamRequest)(nil),    // 25: geolog.v1.DescribeStreamRequest
+	(*DescribeStreamResponse)(nil),   // 26: geolog.v1.DescribeStreamResponse
+	(*ErrorDetail)(nil),              // 27: geolog.v1.ErrorDetail
+	(*NodeInfo)(nil),                 // 28: geolog.v1.NodeInfo
+	(*ListNodesRequest)(nil),         // 29: geolog.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),        // 30: geolog.v1.ListNodesResponse
+	(*SetNodeStateRequest)(nil),      // 31: geolog.v1.SetNodeStateRequest
+	(*SetNodeStateResponse)(nil),     // 32: geolog.v1.SetNodeStateResponse
+	(*ListOrphansRequest)(nil),       // 33: geolog.v1.ListOrphansRequest
+	(*OrphanFork)(nil),               // 34: geolog.v1.OrphanFork
+	(*ListOrphansResponse)(nil),      // 35: geolog.v1.ListOrphansResponse
+	(*ReadOrphansRequest)(nil),       // 36: geolog.v1.ReadOrphansRequest
+	(*ReadOrphansResponse)(nil),      // 37: geolog.v1.ReadOrphansResponse
+	(*RehomeRequest)(nil),            // 38: geolog.v1.RehomeRequest
+	(*RangeRehome)(nil),              // 39: geolog.v1.RangeRehome
+	(*RehomePhases)(nil),             // 40: geolog.v1.RehomePhases
+	(*RehomeResponse)(nil),           // 41: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 42: geolog.v1.RefreshHomesRequest
+	(*RegionHomes)(nil),              // 43: geolog.v1.RegionHomes
+	(*HomeRecord)(nil),               // 44: geolog.v1.HomeRecord
+	(*RefreshHomesResponse)(nil),     // 45: geolog.v1.RefreshHomesResponse
+	(*RangeTail)(nil),                // 46: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 47: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 48: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 49: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 50: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 51: geolog.v1.DescribeReplicasResponse
+	(*EpochStart)(nil),               // 52: geolog.v1.EpochStart
+	(*NodeOrphans)(nil),              // 53: geolog.v1.NodeOrphans
+	(*DeleteStreamRequest)(nil),      // 54: geolog.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),     // 55: geolog.v1.DeleteStreamResponse
+	(*AlterStreamRequest)(nil),       // 56: geolog.v1.AlterStreamRequest
+	(*AlterStreamResponse)(nil),      // 57: geolog.v1.AlterStreamResponse
+	(*CompactionPolicy)(nil),         // 58: geolog.v1.CompactionPolicy
+	(*AclRule)(nil),                  // 59: geolog.v1.AclRule
+	(*PutAclRequest)(nil),            // 60: geolog.v1.PutAclRequest
+	(*PutAclResponse)(nil),           // 61: geolog.v1.PutAclResponse
+	(*DeleteAclRequest)(nil),         // 62: geolog.v1.DeleteAclRequest
+	(*DeleteAclResponse)(nil),        // 63: geolog.v1.DeleteAclResponse
+	(*ListAclsRequest)(nil),          // 64: geolog.v1.ListAclsRequest
+	(*ListAclsResponse)(nil),         // 65: geolog.v1.ListAclsResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
-	6,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
-	6,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
-	7,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
-	26, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
-	10, // 4: geolog.v1.AppendResponse.timing:type_name -> geolog.v1.AppendTiming
+	7,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
+	7,  // 1: geolog.v1.StoredRecord.headers:type_name -> geolog.v1.Header
+	8,  // 2: geolog.v1.AppendRequest.records:type_name -> geolog.v1.Record
+	27, // 3: geolog.v1.AppendResponse.error:type_name -> geolog.v1.ErrorDetail
+	11, // 4: geolog.v1.AppendResponse.timing:type_name -> geolog.v1.AppendTiming
 	0,  // 5: geolog.v1.ReadRequest.consistency:type_name -> geolog.v1.Consistency
-	8,  // 6: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
-	8,  // 7: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
-	16, // 8: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
-	5,  // 9: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
-	52, // 10: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
-	19, // 11: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
-	46, // 12: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
-	16, // 13: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
-	5,  // 14: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
-	52, // 15: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
-	17, // 16: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	17, // 17: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
-	17, // 18: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	18, // 19: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
+	9,  // 6: geolog.v1.ReadResponse.records:type_name -> geolog.v1.StoredRecord
+	9,  // 7: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
+	17, // 8: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
+	6,  // 9: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
+	58, // 10: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
+	20, // 11: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
+	52, // 12: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
+	17, // 13: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
+	6,  // 14: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
+	58, // 15: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
+	18, // 16: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	18, // 17: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
+	18, // 18: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	19, // 19: geolog.v1.DescribeStreamResponse.ranges:type_name -> geolog.v1.RangeInfo
 	1,  // 20: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
-	4,  // 21: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
-	28, // 22: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
-	47, // 23: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
-	8,  // 24: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
-	34, // 25: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
-	33, // 26: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	37, // 27: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
-	38, // 28: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
-	40, // 29: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
-	2,  // 30: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	44, // 31: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	3,  // 32: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
-	28, // 33: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
-	17, // 34: geolog.v1.AlterStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	53, // 35: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
-	53, // 36: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
-	53, // 37: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
-	9,  // 38: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	9,  // 39: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	12, // 40: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	14, // 41: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	20, // 42: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	22, // 43: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	24, // 44: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	48, // 45: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
-	50, // 46: geolog.v1.Log.AlterStream:input_type -> geolog.v1.AlterStreamRequest
-	41, // 47: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	43, // 48: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	32, // 49: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	36, // 50: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	27, // 51: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	30, // 52: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	54, // 53: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
-	56, // 54: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
-	58, // 55: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
-	11, // 56: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	11, // 57: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	13, // 58: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	15, // 59: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	21, // 60: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	23, // 61: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	25, // 62: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	49, // 63: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
-	51, // 64: geolog.v1.Log.AlterStream:output_type -> geolog.v1.AlterStreamResponse
-	42, // 65: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	45, // 66: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	35, // 67: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	39, // 68: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	29, // 69: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	31, // 70: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	55, // 71: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
-	57, // 72: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
-	59, // 73: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
-	56, // [56:74] is the sub-list for method output_type
-	38, // [38:56] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	2,  // 21: geolog.v1.NodeInfo.state:type_name -> geolog.v1.NodeState
+	28, // 22: geolog.v1.ListNodesResponse.nodes:type_name -> geolog.v1.NodeInfo
+	2,  // 23: geolog.v1.SetNodeStateRequest.state:type_name -> geolog.v1.NodeState
+	28, // 24: geolog.v1.SetNodeStateResponse.node:type_name -> geolog.v1.NodeInfo
+	5,  // 25: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
+	34, // 26: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
+	53, // 27: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
+	9,  // 28: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
+	40, // 29: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
+	39, // 30: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	43, // 31: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
+	44, // 32: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
+	46, // 33: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	3,  // 34: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	50, // 35: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	4,  // 36: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
+	34, // 37: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
+	18, // 38: geolog.v1.AlterStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	59, // 39: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
+	59, // 40: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
+	59, // 41: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
+	10, // 42: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	10, // 43: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	13, // 44: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	15, // 45: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	21, // 46: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	23, // 47: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	25, // 48: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	54, // 49: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	56, // 50: geolog.v1.Log.AlterStream:input_type -> geolog.v1.AlterStreamRequest
+	47, // 51: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	49, // 52: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	38, // 53: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	42, // 54: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	33, // 55: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	36, // 56: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	60, // 57: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
+	62, // 58: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
+	64, // 59: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
+	29, // 60: geolog.v1.Admin.ListNodes:input_type -> geolog.v1.ListNodesRequest
+	31, // 61: geolog.v1.Admin.SetNodeState:input_type -> geolog.v1.SetNodeStateRequest
+	12, // 62: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	12, // 63: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	14, // 64: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	16, // 65: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	22, // 66: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	24, // 67: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	26, // 68: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	55, // 69: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	57, // 70: geolog.v1.Log.AlterStream:output_type -> geolog.v1.AlterStreamResponse
+	48, // 71: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	51, // 72: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	41, // 73: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	45, // 74: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	35, // 75: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	37, // 76: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	61, // 77: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
+	63, // 78: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
+	65, // 79: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
+	30, // 80: geolog.v1.Admin.ListNodes:output_type -> geolog.v1.ListNodesResponse
+	32, // 81: geolog.v1.Admin.SetNodeState:output_type -> geolog.v1.SetNodeStateResponse
+	62, // [62:82] is the sub-list for method output_type
+	42, // [42:62] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -5234,14 +5623,14 @@ func file_geolog_v1_log_proto_init() {
 		(*SubscribeRequest_FromTimeUnixNanos)(nil),
 	}
 	file_geolog_v1_log_proto_msgTypes[12].OneofWrappers = []any{}
-	file_geolog_v1_log_proto_msgTypes[44].OneofWrappers = []any{}
+	file_geolog_v1_log_proto_msgTypes[49].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   54,
+			NumEnums:      7,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -510,6 +510,8 @@ const (
 	Admin_PutAcl_FullMethodName           = "/geolog.v1.Admin/PutAcl"
 	Admin_DeleteAcl_FullMethodName        = "/geolog.v1.Admin/DeleteAcl"
 	Admin_ListAcls_FullMethodName         = "/geolog.v1.Admin/ListAcls"
+	Admin_ListNodes_FullMethodName        = "/geolog.v1.Admin/ListNodes"
+	Admin_SetNodeState_FullMethodName     = "/geolog.v1.Admin/SetNodeState"
 )
 
 // AdminClient is the client API for Admin service.
@@ -557,6 +559,17 @@ type AdminClient interface {
 	// ListAcls lists the access rules in force whose resource the request's
 	// pattern covers. It needs admin on that pattern.
 	ListAcls(ctx context.Context, in *ListAclsRequest, opts ...grpc.CallOption) (*ListAclsResponse, error)
+	// ListNodes lists the nodes of the answering node's region as its copy
+	// of the catalogue holds them (docs/operator-guide.md, "Growing a
+	// region"). It needs admin on "*".
+	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
+	// SetNodeState drains a node (it takes no new replicas), returns a
+	// draining node to live, or decommissions a node for good (its id is
+	// never reused and the region's nodes stop speaking Raft with it). The
+	// change is a catalogue record, so every node of the region applies it.
+	// An unknown node id, or a change out of decommissioned, is
+	// INVALID_ARGUMENT. It needs admin on "*".
+	SetNodeState(ctx context.Context, in *SetNodeStateRequest, opts ...grpc.CallOption) (*SetNodeStateResponse, error)
 }
 
 type adminClient struct {
@@ -657,6 +670,26 @@ func (c *adminClient) ListAcls(ctx context.Context, in *ListAclsRequest, opts ..
 	return out, nil
 }
 
+func (c *adminClient) ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListNodesResponse)
+	err := c.cc.Invoke(ctx, Admin_ListNodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) SetNodeState(ctx context.Context, in *SetNodeStateRequest, opts ...grpc.CallOption) (*SetNodeStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetNodeStateResponse)
+	err := c.cc.Invoke(ctx, Admin_SetNodeState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -702,6 +735,17 @@ type AdminServer interface {
 	// ListAcls lists the access rules in force whose resource the request's
 	// pattern covers. It needs admin on that pattern.
 	ListAcls(context.Context, *ListAclsRequest) (*ListAclsResponse, error)
+	// ListNodes lists the nodes of the answering node's region as its copy
+	// of the catalogue holds them (docs/operator-guide.md, "Growing a
+	// region"). It needs admin on "*".
+	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
+	// SetNodeState drains a node (it takes no new replicas), returns a
+	// draining node to live, or decommissions a node for good (its id is
+	// never reused and the region's nodes stop speaking Raft with it). The
+	// change is a catalogue record, so every node of the region applies it.
+	// An unknown node id, or a change out of decommissioned, is
+	// INVALID_ARGUMENT. It needs admin on "*".
+	SetNodeState(context.Context, *SetNodeStateRequest) (*SetNodeStateResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -738,6 +782,12 @@ func (UnimplementedAdminServer) DeleteAcl(context.Context, *DeleteAclRequest) (*
 }
 func (UnimplementedAdminServer) ListAcls(context.Context, *ListAclsRequest) (*ListAclsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListAcls not implemented")
+}
+func (UnimplementedAdminServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListNodes not implemented")
+}
+func (UnimplementedAdminServer) SetNodeState(context.Context, *SetNodeStateRequest) (*SetNodeStateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetNodeState not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -922,6 +972,42 @@ func _Admin_ListAcls_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListNodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListNodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListNodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListNodes(ctx, req.(*ListNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_SetNodeState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetNodeStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetNodeState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetNodeState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetNodeState(ctx, req.(*SetNodeStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -964,6 +1050,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAcls",
 			Handler:    _Admin_ListAcls_Handler,
+		},
+		{
+			MethodName: "ListNodes",
+			Handler:    _Admin_ListNodes_Handler,
+		},
+		{
+			MethodName: "SetNodeState",
+			Handler:    _Admin_SetNodeState_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
