@@ -47,7 +47,7 @@ func (n *Node) watchLiveness() {
 		rg.liveness.down = map[uint64]bool{}
 	}
 	changed := false
-	for _, id := range rg.ids {
+	for id := range n.memberAddrs() { // joined nodes too (members.go)
 		if id == n.cfg.NodeID {
 			continue
 		}
