@@ -2,6 +2,8 @@ package regionsvc
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
@@ -99,7 +101,7 @@ func (n *Node) hintCoordinator(ctx context.Context, cr *cursorRange, addr string
 // peerClientAddr is the advertised address of the peer at addr (a Peers
 // address), "" when it is not known.
 func (n *Node) peerClientAddr(addr string) string {
-	for id, a := range n.cfg.Peers {
+	for id, a := range n.memberAddrs() {
 		if a == addr {
 			return n.clientAddr(n.cfg.Region, id)
 		}
@@ -136,13 +138,14 @@ func (n *Node) coordinatorAddr(cr *cursorRange, attempt int, hint string) string
 		}
 		if d.rep != nil {
 			if id := d.rep.LeaderID(); id != 0 && id != n.cfg.NodeID {
-				return n.cfg.Peers[id]
+				return n.peerAddr(id)
 			}
 		}
+		addrs := n.memberAddrs() // joined nodes too (members.go)
 		var others []string
-		for _, id := range n.region.ids {
+		for _, id := range slices.Sorted(maps.Keys(addrs)) {
 			if id != n.cfg.NodeID {
-				others = append(others, n.cfg.Peers[id])
+				others = append(others, addrs[id])
 			}
 		}
 		if len(others) == 0 {
@@ -162,7 +165,7 @@ func (n *Node) coordinatorAddr(cr *cursorRange, attempt int, hint string) string
 }
 
 func (n *Node) isPeerAddr(addr string) bool {
-	for _, a := range n.cfg.Peers {
+	for _, a := range n.memberAddrs() {
 		if a == addr {
 			return true
 		}

@@ -818,7 +818,7 @@ func (n *Node) homeTailFor(ctx context.Context, d *rangeDriver, ask homeTailAsk)
 	}
 	var addrs []string
 	if role.home {
-		if a := n.cfg.Peers[d.rep.LeaderID()]; a != "" && d.rep.LeaderID() != 0 {
+		if a := n.peerAddr(d.rep.LeaderID()); a != "" && d.rep.LeaderID() != 0 {
 			addrs = []string{a}
 		}
 	} else {

@@ -91,12 +91,13 @@ func (n *Node) orphanTargets(spec streamSpec, known bool) []orphanTarget {
 			}
 			continue
 		}
-		if len(n.cfg.Peers) == 0 {
+		peers := n.memberAddrs() // joined nodes too (members.go)
+		if len(peers) == 0 {
 			out = append(out, orphanTarget{region: region, id: n.cfg.NodeID})
 			continue
 		}
-		for _, id := range slices.Sorted(maps.Keys(n.cfg.Peers)) {
-			tg := orphanTarget{region: region, id: id, addr: n.cfg.Peers[id]}
+		for _, id := range slices.Sorted(maps.Keys(peers)) {
+			tg := orphanTarget{region: region, id: id, addr: peers[id]}
 			if id == n.cfg.NodeID {
 				tg.addr = ""
 			}

@@ -635,9 +635,10 @@ func (n *Node) regionTailsOf(ctx context.Context, region, stream string) []uint6
 // regionAddrs is how this node reaches a region's nodes.
 func (n *Node) regionAddrList(region string) []string {
 	if region == n.cfg.Region {
+		addrs := n.memberAddrs() // joined nodes too (members.go)
 		var out []string
-		for _, id := range n.region.ids {
-			out = append(out, n.cfg.Peers[id])
+		for _, id := range slices.Sorted(maps.Keys(addrs)) {
+			out = append(out, addrs[id])
 		}
 		return out
 	}
