@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -363,12 +364,13 @@ func TestSubscribeFollowsTail(t *testing.T) {
 }
 
 func TestSubscribeFromTime(t *testing.T) {
-	now := time.Unix(1000, 0)
-	_, c := testNode(t, t.TempDir(), func(cfg *Config) { cfg.Now = func() time.Time { return now } })
+	var nowSec atomic.Int64 // the driver reads the clock too (the commit mark's linger)
+	nowSec.Store(1000)
+	_, c := testNode(t, t.TempDir(), func(cfg *Config) { cfg.Now = func() time.Time { return time.Unix(nowSec.Load(), 0) } })
 	createStream(t, c, "s", 1)
 	ctx := ctxT(t)
 	for i := 0; i < 5; i++ {
-		now = time.Unix(1000+int64(i)*10, 0)
+		nowSec.Store(1000 + int64(i)*10)
 		if _, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "s", Records: recs("t", 2)}); err != nil {
 			t.Fatal(err)
 		}

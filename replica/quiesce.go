@@ -135,6 +135,13 @@ func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 			continue
 		}
 		if live != nil && !live(id) {
+			if pr.RecentActive && pr.Match != last {
+				// Not until Raft's quorum check (a ticking leader's, each
+				// election timeout) found it inactive: until then it holds
+				// compaction back (compact.go), and a quiesced leader
+				// would hold it for ever.
+				return false
+			}
 			continue
 		}
 		if pr.Match != last || pr.State != tracker.StateReplicate {
