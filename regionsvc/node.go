@@ -630,19 +630,16 @@ func (n *Node) interceptors() []grpc.ServerOption {
 	return append(rpcerr.ServerOptions(n.logger), n.authInterceptors()...)
 }
 
-// Start listens on cfg.ListenAddr and serves in the background.
-func (n *Node) Start() error {
-	lis, err := net.Listen("tcp", n.cfg.ListenAddr)
-	if err != nil {
-		return fmt.Errorf("regionsvc: listen: %w", err)
-	}
+// baseServerOptions are the server's options before the services' own:
+// message and window sizes, the keepalive policy, OpenTelemetry at the
+// gRPC boundary (one span and the RPC metrics per call), TLS and the
+// interceptor chain.
+func (n *Node) baseServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
 		grpc.MaxSendMsgSize(readBytesMax + (4 << 20)),
 		grpc.InitialWindowSize(4 << 20),
 		grpc.InitialConnWindowSize(16 << 20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		// OpenTelemetry lives at the gRPC boundary: one span and the RPC
-		// metrics per call.
 		grpc.StatsHandler(otelgrpc.NewServerHandler(
 			otelgrpc.WithMeterProvider(n.cfg.MeterProvider),
 			otelgrpc.WithTracerProvider(n.cfg.TracerProvider),
@@ -651,7 +648,16 @@ func (n *Node) Start() error {
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
 	}
-	opts = append(opts, n.interceptors()...)
+	return append(opts, n.interceptors()...)
+}
+
+// Start listens on cfg.ListenAddr and serves in the background.
+func (n *Node) Start() error {
+	lis, err := net.Listen("tcp", n.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("regionsvc: listen: %w", err)
+	}
+	opts := n.baseServerOptions()
 	if n.replicated() {
 		// Raft's transport shares the port; its options bound its streams.
 		opts = append(opts, n.region.transport.ServerOptions()...)

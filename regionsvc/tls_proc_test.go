@@ -123,7 +123,16 @@ func TestTLSRegion(t *testing.T) {
 		return err == nil || client.CodeOf(err) == client.CodeStreamExists
 	})
 	produceTagged(t, ctx, c, "t", "before", 20)
-	before := replicaStates(t, ctx, procs, alice, "t")
+	// The committed offset a node publishes may trail its last ack by a
+	// few milliseconds (the commit mark lingers for the next write).
+	var before map[string]replicaState
+	waitFor(t, ctx, "the 20 records' commit published", func() bool {
+		before = replicaStates(t, ctx, procs, alice, "t")
+		for _, st := range before {
+			return st.committed == 20
+		}
+		return false
+	})
 
 	t.Run("plaintext", func(t *testing.T) { plaintextRefused(t, ctx, procs) })
 	t.Run("other CA", func(t *testing.T) { otherCARefused(t, ctx, procs) })
