@@ -2583,11 +2583,23 @@ type NodeInfo struct {
 	// seed marks a founding node (geologd --peers of the region's first
 	// start).
 	Seed bool `protobuf:"varint,5,opt,name=seed,proto3" json:"seed,omitempty"`
-	// replica_count counts the ranges whose replicas, as created, include
-	// the node (membership changes since are not counted).
-	ReplicaCount  uint32 `protobuf:"varint,6,opt,name=replica_count,json=replicaCount,proto3" json:"replica_count,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// replica_count counts the ranges whose replicas include the node: their
+	// current voters as the rebalancer last saw them (the range leaders' Raft
+	// configuration) on the catalogue leader, else as created.
+	ReplicaCount uint32 `protobuf:"varint,6,opt,name=replica_count,json=replicaCount,proto3" json:"replica_count,omitempty"`
+	// leader_count counts the ranges the node leads, as the rebalancer last
+	// saw them (0 where unknown).
+	LeaderCount uint32 `protobuf:"varint,7,opt,name=leader_count,json=leaderCount,proto3" json:"leader_count,omitempty"`
+	// moves_in and moves_out count the replica moves under way onto and off
+	// the node.
+	MovesIn  uint32 `protobuf:"varint,8,opt,name=moves_in,json=movesIn,proto3" json:"moves_in,omitempty"`
+	MovesOut uint32 `protobuf:"varint,9,opt,name=moves_out,json=movesOut,proto3" json:"moves_out,omitempty"`
+	// unreachable_nanos is how long the transport has found the node down
+	// (0: reachable); past the dead-node time the rebalancer takes it as dead.
+	UnreachableNanos int64 `protobuf:"varint,10,opt,name=unreachable_nanos,json=unreachableNanos,proto3" json:"unreachable_nanos,omitempty"`
+	Dead             bool  `protobuf:"varint,11,opt,name=dead,proto3" json:"dead,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -2662,6 +2674,129 @@ func (x *NodeInfo) GetReplicaCount() uint32 {
 	return 0
 }
 
+func (x *NodeInfo) GetLeaderCount() uint32 {
+	if x != nil {
+		return x.LeaderCount
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetMovesIn() uint32 {
+	if x != nil {
+		return x.MovesIn
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetMovesOut() uint32 {
+	if x != nil {
+		return x.MovesOut
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetUnreachableNanos() int64 {
+	if x != nil {
+		return x.UnreachableNanos
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetDead() bool {
+	if x != nil {
+		return x.Dead
+	}
+	return false
+}
+
+// ReplicaMove is one replica move the rebalancer has under way: a learner
+// on to_node catching up, then promoted, then from_node removed (0: a
+// missing replica is added).
+type ReplicaMove struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Stream   string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Range    uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
+	FromNode uint64                 `protobuf:"varint,3,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	ToNode   uint64                 `protobuf:"varint,4,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	// reason is repair, drain, spread or balance.
+	Reason           string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	StartedUnixNanos int64  `protobuf:"varint,6,opt,name=started_unix_nanos,json=startedUnixNanos,proto3" json:"started_unix_nanos,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ReplicaMove) Reset() {
+	*x = ReplicaMove{}
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaMove) ProtoMessage() {}
+
+func (x *ReplicaMove) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaMove.ProtoReflect.Descriptor instead.
+func (*ReplicaMove) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReplicaMove) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ReplicaMove) GetRange() uint32 {
+	if x != nil {
+		return x.Range
+	}
+	return 0
+}
+
+func (x *ReplicaMove) GetFromNode() uint64 {
+	if x != nil {
+		return x.FromNode
+	}
+	return 0
+}
+
+func (x *ReplicaMove) GetToNode() uint64 {
+	if x != nil {
+		return x.ToNode
+	}
+	return 0
+}
+
+func (x *ReplicaMove) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ReplicaMove) GetStartedUnixNanos() int64 {
+	if x != nil {
+		return x.StartedUnixNanos
+	}
+	return 0
+}
+
 type ListNodesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2670,7 +2805,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2682,7 +2817,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[22]
+	mi := &file_geolog_v1_log_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2695,21 +2830,27 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{22}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
 }
 
 type ListNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// region is the answering node's region; nodes are in id order.
-	Region        string      `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
-	Nodes         []*NodeInfo `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Region string      `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Nodes  []*NodeInfo `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// moves are the rebalancer's moves under way, if the answering node runs
+	// it (the catalogue leader does; others forward ListNodes to it).
+	Moves []*ReplicaMove `protobuf:"bytes,3,rep,name=moves,proto3" json:"moves,omitempty"`
+	// rebalancer_node is the node whose rebalancer the counts and moves come
+	// from (0: none answered, the counts are as created).
+	RebalancerNode uint64 `protobuf:"varint,4,opt,name=rebalancer_node,json=rebalancerNode,proto3" json:"rebalancer_node,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2721,7 +2862,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[23]
+	mi := &file_geolog_v1_log_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2734,7 +2875,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{23}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListNodesResponse) GetRegion() string {
@@ -2751,6 +2892,20 @@ func (x *ListNodesResponse) GetNodes() []*NodeInfo {
 	return nil
 }
 
+func (x *ListNodesResponse) GetMoves() []*ReplicaMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+func (x *ListNodesResponse) GetRebalancerNode() uint64 {
+	if x != nil {
+		return x.RebalancerNode
+	}
+	return 0
+}
+
 type SetNodeStateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeId        uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -2761,7 +2916,7 @@ type SetNodeStateRequest struct {
 
 func (x *SetNodeStateRequest) Reset() {
 	*x = SetNodeStateRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +2928,7 @@ func (x *SetNodeStateRequest) String() string {
 func (*SetNodeStateRequest) ProtoMessage() {}
 
 func (x *SetNodeStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[24]
+	mi := &file_geolog_v1_log_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +2941,7 @@ func (x *SetNodeStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeStateRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{24}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SetNodeStateRequest) GetNodeId() uint64 {
@@ -2812,7 +2967,7 @@ type SetNodeStateResponse struct {
 
 func (x *SetNodeStateResponse) Reset() {
 	*x = SetNodeStateResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2824,7 +2979,7 @@ func (x *SetNodeStateResponse) String() string {
 func (*SetNodeStateResponse) ProtoMessage() {}
 
 func (x *SetNodeStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[25]
+	mi := &file_geolog_v1_log_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2837,7 +2992,7 @@ func (x *SetNodeStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeStateResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{25}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SetNodeStateResponse) GetNode() *NodeInfo {
@@ -2864,7 +3019,7 @@ type ListOrphansRequest struct {
 
 func (x *ListOrphansRequest) Reset() {
 	*x = ListOrphansRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2876,7 +3031,7 @@ func (x *ListOrphansRequest) String() string {
 func (*ListOrphansRequest) ProtoMessage() {}
 
 func (x *ListOrphansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[26]
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2889,7 +3044,7 @@ func (x *ListOrphansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOrphansRequest.ProtoReflect.Descriptor instead.
 func (*ListOrphansRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{26}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListOrphansRequest) GetStream() string {
@@ -2927,7 +3082,7 @@ type OrphanFork struct {
 
 func (x *OrphanFork) Reset() {
 	*x = OrphanFork{}
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2939,7 +3094,7 @@ func (x *OrphanFork) String() string {
 func (*OrphanFork) ProtoMessage() {}
 
 func (x *OrphanFork) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2952,7 +3107,7 @@ func (x *OrphanFork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OrphanFork.ProtoReflect.Descriptor instead.
 func (*OrphanFork) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *OrphanFork) GetRange() uint32 {
@@ -3035,7 +3190,7 @@ type ListOrphansResponse struct {
 
 func (x *ListOrphansResponse) Reset() {
 	*x = ListOrphansResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3202,7 @@ func (x *ListOrphansResponse) String() string {
 func (*ListOrphansResponse) ProtoMessage() {}
 
 func (x *ListOrphansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3215,7 @@ func (x *ListOrphansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOrphansResponse.ProtoReflect.Descriptor instead.
 func (*ListOrphansResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListOrphansResponse) GetForks() []*OrphanFork {
@@ -3098,7 +3253,7 @@ type ReadOrphansRequest struct {
 
 func (x *ReadOrphansRequest) Reset() {
 	*x = ReadOrphansRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +3265,7 @@ func (x *ReadOrphansRequest) String() string {
 func (*ReadOrphansRequest) ProtoMessage() {}
 
 func (x *ReadOrphansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +3278,7 @@ func (x *ReadOrphansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOrphansRequest.ProtoReflect.Descriptor instead.
 func (*ReadOrphansRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadOrphansRequest) GetStream() string {
@@ -3174,7 +3329,7 @@ type ReadOrphansResponse struct {
 
 func (x *ReadOrphansResponse) Reset() {
 	*x = ReadOrphansResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3186,7 +3341,7 @@ func (x *ReadOrphansResponse) String() string {
 func (*ReadOrphansResponse) ProtoMessage() {}
 
 func (x *ReadOrphansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3199,7 +3354,7 @@ func (x *ReadOrphansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOrphansResponse.ProtoReflect.Descriptor instead.
 func (*ReadOrphansResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadOrphansResponse) GetRecords() []*StoredRecord {
@@ -3237,7 +3392,7 @@ type RehomeRequest struct {
 
 func (x *RehomeRequest) Reset() {
 	*x = RehomeRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3249,7 +3404,7 @@ func (x *RehomeRequest) String() string {
 func (*RehomeRequest) ProtoMessage() {}
 
 func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3262,7 +3417,7 @@ func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeRequest.ProtoReflect.Descriptor instead.
 func (*RehomeRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RehomeRequest) GetStream() string {
@@ -3315,7 +3470,7 @@ type RangeRehome struct {
 
 func (x *RangeRehome) Reset() {
 	*x = RangeRehome{}
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3327,7 +3482,7 @@ func (x *RangeRehome) String() string {
 func (*RangeRehome) ProtoMessage() {}
 
 func (x *RangeRehome) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3340,7 +3495,7 @@ func (x *RangeRehome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeRehome.ProtoReflect.Descriptor instead.
 func (*RangeRehome) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RangeRehome) GetRange() uint32 {
@@ -3425,7 +3580,7 @@ type RehomePhases struct {
 
 func (x *RehomePhases) Reset() {
 	*x = RehomePhases{}
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3437,7 +3592,7 @@ func (x *RehomePhases) String() string {
 func (*RehomePhases) ProtoMessage() {}
 
 func (x *RehomePhases) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3450,7 +3605,7 @@ func (x *RehomePhases) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomePhases.ProtoReflect.Descriptor instead.
 func (*RehomePhases) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RehomePhases) GetPrepareMicros() int64 {
@@ -3504,7 +3659,7 @@ type RehomeResponse struct {
 
 func (x *RehomeResponse) Reset() {
 	*x = RehomeResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3516,7 +3671,7 @@ func (x *RehomeResponse) String() string {
 func (*RehomeResponse) ProtoMessage() {}
 
 func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3529,7 +3684,7 @@ func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeResponse.ProtoReflect.Descriptor instead.
 func (*RehomeResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RehomeResponse) GetRanges() []*RangeRehome {
@@ -3563,7 +3718,7 @@ type RefreshHomesRequest struct {
 
 func (x *RefreshHomesRequest) Reset() {
 	*x = RefreshHomesRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3575,7 +3730,7 @@ func (x *RefreshHomesRequest) String() string {
 func (*RefreshHomesRequest) ProtoMessage() {}
 
 func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3588,7 +3743,7 @@ func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesRequest.ProtoReflect.Descriptor instead.
 func (*RefreshHomesRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RefreshHomesRequest) GetStream() string {
@@ -3631,7 +3786,7 @@ type RegionHomes struct {
 
 func (x *RegionHomes) Reset() {
 	*x = RegionHomes{}
-	mi := &file_geolog_v1_log_proto_msgTypes[36]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3643,7 +3798,7 @@ func (x *RegionHomes) String() string {
 func (*RegionHomes) ProtoMessage() {}
 
 func (x *RegionHomes) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[36]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3656,7 +3811,7 @@ func (x *RegionHomes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionHomes.ProtoReflect.Descriptor instead.
 func (*RegionHomes) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{36}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RegionHomes) GetRegion() string {
@@ -3697,7 +3852,7 @@ type HomeRecord struct {
 
 func (x *HomeRecord) Reset() {
 	*x = HomeRecord{}
-	mi := &file_geolog_v1_log_proto_msgTypes[37]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3709,7 +3864,7 @@ func (x *HomeRecord) String() string {
 func (*HomeRecord) ProtoMessage() {}
 
 func (x *HomeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[37]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3722,7 +3877,7 @@ func (x *HomeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HomeRecord.ProtoReflect.Descriptor instead.
 func (*HomeRecord) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{37}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *HomeRecord) GetStream() string {
@@ -3801,7 +3956,7 @@ type RefreshHomesResponse struct {
 
 func (x *RefreshHomesResponse) Reset() {
 	*x = RefreshHomesResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[38]
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3813,7 +3968,7 @@ func (x *RefreshHomesResponse) String() string {
 func (*RefreshHomesResponse) ProtoMessage() {}
 
 func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[38]
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3826,7 +3981,7 @@ func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesResponse.ProtoReflect.Descriptor instead.
 func (*RefreshHomesResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{38}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RefreshHomesResponse) GetHomesVersion() uint64 {
@@ -3863,7 +4018,7 @@ type RangeTail struct {
 
 func (x *RangeTail) Reset() {
 	*x = RangeTail{}
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3875,7 +4030,7 @@ func (x *RangeTail) String() string {
 func (*RangeTail) ProtoMessage() {}
 
 func (x *RangeTail) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3888,7 +4043,7 @@ func (x *RangeTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeTail.ProtoReflect.Descriptor instead.
 func (*RangeTail) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RangeTail) GetRange() uint32 {
@@ -3925,7 +4080,7 @@ type ChangeReplicasRequest struct {
 
 func (x *ChangeReplicasRequest) Reset() {
 	*x = ChangeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3937,7 +4092,7 @@ func (x *ChangeReplicasRequest) String() string {
 func (*ChangeReplicasRequest) ProtoMessage() {}
 
 func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3950,7 +4105,7 @@ func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ChangeReplicasRequest) GetStream() string {
@@ -3991,7 +4146,7 @@ type ChangeReplicasResponse struct {
 
 func (x *ChangeReplicasResponse) Reset() {
 	*x = ChangeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4003,7 +4158,7 @@ func (x *ChangeReplicasResponse) String() string {
 func (*ChangeReplicasResponse) ProtoMessage() {}
 
 func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4016,7 +4171,7 @@ func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ChangeReplicasResponse) GetVoters() []uint64 {
@@ -4043,7 +4198,7 @@ type DescribeReplicasRequest struct {
 
 func (x *DescribeReplicasRequest) Reset() {
 	*x = DescribeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4055,7 +4210,7 @@ func (x *DescribeReplicasRequest) String() string {
 func (*DescribeReplicasRequest) ProtoMessage() {}
 
 func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4068,7 +4223,7 @@ func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DescribeReplicasRequest) GetStream() string {
@@ -4099,7 +4254,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4111,7 +4266,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4124,7 +4279,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReplicaStatus) GetNodeId() uint64 {
@@ -4169,7 +4324,7 @@ type DescribeReplicasResponse struct {
 
 func (x *DescribeReplicasResponse) Reset() {
 	*x = DescribeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4181,7 +4336,7 @@ func (x *DescribeReplicasResponse) String() string {
 func (*DescribeReplicasResponse) ProtoMessage() {}
 
 func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4194,7 +4349,7 @@ func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
@@ -4242,7 +4397,7 @@ type EpochStart struct {
 
 func (x *EpochStart) Reset() {
 	*x = EpochStart{}
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4254,7 +4409,7 @@ func (x *EpochStart) String() string {
 func (*EpochStart) ProtoMessage() {}
 
 func (x *EpochStart) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4267,7 +4422,7 @@ func (x *EpochStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochStart.ProtoReflect.Descriptor instead.
 func (*EpochStart) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *EpochStart) GetEpoch() uint64 {
@@ -4317,7 +4472,7 @@ type NodeOrphans struct {
 
 func (x *NodeOrphans) Reset() {
 	*x = NodeOrphans{}
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4329,7 +4484,7 @@ func (x *NodeOrphans) String() string {
 func (*NodeOrphans) ProtoMessage() {}
 
 func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4342,7 +4497,7 @@ func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeOrphans.ProtoReflect.Descriptor instead.
 func (*NodeOrphans) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *NodeOrphans) GetRegion() string {
@@ -4389,7 +4544,7 @@ type DeleteStreamRequest struct {
 
 func (x *DeleteStreamRequest) Reset() {
 	*x = DeleteStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4401,7 +4556,7 @@ func (x *DeleteStreamRequest) String() string {
 func (*DeleteStreamRequest) ProtoMessage() {}
 
 func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4414,7 +4569,7 @@ func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DeleteStreamRequest) GetName() string {
@@ -4432,7 +4587,7 @@ type DeleteStreamResponse struct {
 
 func (x *DeleteStreamResponse) Reset() {
 	*x = DeleteStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4444,7 +4599,7 @@ func (x *DeleteStreamResponse) String() string {
 func (*DeleteStreamResponse) ProtoMessage() {}
 
 func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4457,7 +4612,7 @@ func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
 }
 
 type AlterStreamRequest struct {
@@ -4473,7 +4628,7 @@ type AlterStreamRequest struct {
 
 func (x *AlterStreamRequest) Reset() {
 	*x = AlterStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4485,7 +4640,7 @@ func (x *AlterStreamRequest) String() string {
 func (*AlterStreamRequest) ProtoMessage() {}
 
 func (x *AlterStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4498,7 +4653,7 @@ func (x *AlterStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterStreamRequest.ProtoReflect.Descriptor instead.
 func (*AlterStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AlterStreamRequest) GetName() string {
@@ -4531,7 +4686,7 @@ type AlterStreamResponse struct {
 
 func (x *AlterStreamResponse) Reset() {
 	*x = AlterStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4543,7 +4698,7 @@ func (x *AlterStreamResponse) String() string {
 func (*AlterStreamResponse) ProtoMessage() {}
 
 func (x *AlterStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4556,7 +4711,7 @@ func (x *AlterStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterStreamResponse.ProtoReflect.Descriptor instead.
 func (*AlterStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AlterStreamResponse) GetStream() *StreamInfo {
@@ -4582,7 +4737,7 @@ type CompactionPolicy struct {
 
 func (x *CompactionPolicy) Reset() {
 	*x = CompactionPolicy{}
-	mi := &file_geolog_v1_log_proto_msgTypes[51]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4594,7 +4749,7 @@ func (x *CompactionPolicy) String() string {
 func (*CompactionPolicy) ProtoMessage() {}
 
 func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[51]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4607,7 +4762,7 @@ func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
 func (*CompactionPolicy) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{51}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CompactionPolicy) GetDeleteRetentionMs() int64 {
@@ -4647,7 +4802,7 @@ type AclRule struct {
 
 func (x *AclRule) Reset() {
 	*x = AclRule{}
-	mi := &file_geolog_v1_log_proto_msgTypes[52]
+	mi := &file_geolog_v1_log_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4659,7 +4814,7 @@ func (x *AclRule) String() string {
 func (*AclRule) ProtoMessage() {}
 
 func (x *AclRule) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[52]
+	mi := &file_geolog_v1_log_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4672,7 +4827,7 @@ func (x *AclRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclRule.ProtoReflect.Descriptor instead.
 func (*AclRule) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{52}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AclRule) GetPrincipal() string {
@@ -4719,7 +4874,7 @@ type PutAclRequest struct {
 
 func (x *PutAclRequest) Reset() {
 	*x = PutAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[53]
+	mi := &file_geolog_v1_log_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4731,7 +4886,7 @@ func (x *PutAclRequest) String() string {
 func (*PutAclRequest) ProtoMessage() {}
 
 func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[53]
+	mi := &file_geolog_v1_log_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4744,7 +4899,7 @@ func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclRequest.ProtoReflect.Descriptor instead.
 func (*PutAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{53}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PutAclRequest) GetRule() *AclRule {
@@ -4763,7 +4918,7 @@ type PutAclResponse struct {
 
 func (x *PutAclResponse) Reset() {
 	*x = PutAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[54]
+	mi := &file_geolog_v1_log_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4775,7 +4930,7 @@ func (x *PutAclResponse) String() string {
 func (*PutAclResponse) ProtoMessage() {}
 
 func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[54]
+	mi := &file_geolog_v1_log_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4788,7 +4943,7 @@ func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclResponse.ProtoReflect.Descriptor instead.
 func (*PutAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{54}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *PutAclResponse) GetRule() *AclRule {
@@ -4808,7 +4963,7 @@ type DeleteAclRequest struct {
 
 func (x *DeleteAclRequest) Reset() {
 	*x = DeleteAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[55]
+	mi := &file_geolog_v1_log_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4820,7 +4975,7 @@ func (x *DeleteAclRequest) String() string {
 func (*DeleteAclRequest) ProtoMessage() {}
 
 func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[55]
+	mi := &file_geolog_v1_log_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4833,7 +4988,7 @@ func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{55}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DeleteAclRequest) GetPrincipal() string {
@@ -4860,7 +5015,7 @@ type DeleteAclResponse struct {
 
 func (x *DeleteAclResponse) Reset() {
 	*x = DeleteAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[56]
+	mi := &file_geolog_v1_log_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4872,7 +5027,7 @@ func (x *DeleteAclResponse) String() string {
 func (*DeleteAclResponse) ProtoMessage() {}
 
 func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[56]
+	mi := &file_geolog_v1_log_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4885,7 +5040,7 @@ func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{56}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DeleteAclResponse) GetExisted() bool {
@@ -4906,7 +5061,7 @@ type ListAclsRequest struct {
 
 func (x *ListAclsRequest) Reset() {
 	*x = ListAclsRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[57]
+	mi := &file_geolog_v1_log_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4918,7 +5073,7 @@ func (x *ListAclsRequest) String() string {
 func (*ListAclsRequest) ProtoMessage() {}
 
 func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[57]
+	mi := &file_geolog_v1_log_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4931,7 +5086,7 @@ func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsRequest.ProtoReflect.Descriptor instead.
 func (*ListAclsRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{57}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListAclsRequest) GetResource() string {
@@ -4950,7 +5105,7 @@ type ListAclsResponse struct {
 
 func (x *ListAclsResponse) Reset() {
 	*x = ListAclsResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[58]
+	mi := &file_geolog_v1_log_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4962,7 +5117,7 @@ func (x *ListAclsResponse) String() string {
 func (*ListAclsResponse) ProtoMessage() {}
 
 func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[58]
+	mi := &file_geolog_v1_log_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4975,7 +5130,7 @@ func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsResponse.ProtoReflect.Descriptor instead.
 func (*ListAclsResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{58}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListAclsResponse) GetRules() []*AclRule {
@@ -5175,18 +5330,33 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"fork_epoch\x18\f \x01(\x04R\tforkEpoch\x12,\n" +
 	"\x12retry_after_millis\x18\n" +
 	" \x01(\x03R\x10retryAfterMillis\x12$\n" +
-	"\x0eleader_cut_off\x18\r \x01(\bR\fleaderCutOff\"\xb6\x01\n" +
+	"\x0eleader_cut_off\x18\r \x01(\bR\fleaderCutOff\"\xd2\x02\n" +
 	"\bNodeInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04zone\x18\x03 \x01(\tR\x04zone\x12*\n" +
 	"\x05state\x18\x04 \x01(\x0e2\x14.geolog.v1.NodeStateR\x05state\x12\x12\n" +
 	"\x04seed\x18\x05 \x01(\bR\x04seed\x12#\n" +
-	"\rreplica_count\x18\x06 \x01(\rR\freplicaCount\"\x12\n" +
-	"\x10ListNodesRequest\"V\n" +
+	"\rreplica_count\x18\x06 \x01(\rR\freplicaCount\x12!\n" +
+	"\fleader_count\x18\a \x01(\rR\vleaderCount\x12\x19\n" +
+	"\bmoves_in\x18\b \x01(\rR\amovesIn\x12\x1b\n" +
+	"\tmoves_out\x18\t \x01(\rR\bmovesOut\x12+\n" +
+	"\x11unreachable_nanos\x18\n" +
+	" \x01(\x03R\x10unreachableNanos\x12\x12\n" +
+	"\x04dead\x18\v \x01(\bR\x04dead\"\xb7\x01\n" +
+	"\vReplicaMove\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
+	"\x05range\x18\x02 \x01(\rR\x05range\x12\x1b\n" +
+	"\tfrom_node\x18\x03 \x01(\x04R\bfromNode\x12\x17\n" +
+	"\ato_node\x18\x04 \x01(\x04R\x06toNode\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12,\n" +
+	"\x12started_unix_nanos\x18\x06 \x01(\x03R\x10startedUnixNanos\"\x12\n" +
+	"\x10ListNodesRequest\"\xad\x01\n" +
 	"\x11ListNodesResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12)\n" +
-	"\x05nodes\x18\x02 \x03(\v2\x13.geolog.v1.NodeInfoR\x05nodes\"Z\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x13.geolog.v1.NodeInfoR\x05nodes\x12,\n" +
+	"\x05moves\x18\x03 \x03(\v2\x16.geolog.v1.ReplicaMoveR\x05moves\x12'\n" +
+	"\x0frebalancer_node\x18\x04 \x01(\x04R\x0erebalancerNode\"Z\n" +
 	"\x13SetNodeStateRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12*\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x14.geolog.v1.NodeStateR\x05state\"?\n" +
@@ -5453,7 +5623,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -5484,43 +5654,44 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*DescribeStreamResponse)(nil),   // 26: geolog.v1.DescribeStreamResponse
 	(*ErrorDetail)(nil),              // 27: geolog.v1.ErrorDetail
 	(*NodeInfo)(nil),                 // 28: geolog.v1.NodeInfo
-	(*ListNodesRequest)(nil),         // 29: geolog.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),        // 30: geolog.v1.ListNodesResponse
-	(*SetNodeStateRequest)(nil),      // 31: geolog.v1.SetNodeStateRequest
-	(*SetNodeStateResponse)(nil),     // 32: geolog.v1.SetNodeStateResponse
-	(*ListOrphansRequest)(nil),       // 33: geolog.v1.ListOrphansRequest
-	(*OrphanFork)(nil),               // 34: geolog.v1.OrphanFork
-	(*ListOrphansResponse)(nil),      // 35: geolog.v1.ListOrphansResponse
-	(*ReadOrphansRequest)(nil),       // 36: geolog.v1.ReadOrphansRequest
-	(*ReadOrphansResponse)(nil),      // 37: geolog.v1.ReadOrphansResponse
-	(*RehomeRequest)(nil),            // 38: geolog.v1.RehomeRequest
-	(*RangeRehome)(nil),              // 39: geolog.v1.RangeRehome
-	(*RehomePhases)(nil),             // 40: geolog.v1.RehomePhases
-	(*RehomeResponse)(nil),           // 41: geolog.v1.RehomeResponse
-	(*RefreshHomesRequest)(nil),      // 42: geolog.v1.RefreshHomesRequest
-	(*RegionHomes)(nil),              // 43: geolog.v1.RegionHomes
-	(*HomeRecord)(nil),               // 44: geolog.v1.HomeRecord
-	(*RefreshHomesResponse)(nil),     // 45: geolog.v1.RefreshHomesResponse
-	(*RangeTail)(nil),                // 46: geolog.v1.RangeTail
-	(*ChangeReplicasRequest)(nil),    // 47: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 48: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 49: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 50: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 51: geolog.v1.DescribeReplicasResponse
-	(*EpochStart)(nil),               // 52: geolog.v1.EpochStart
-	(*NodeOrphans)(nil),              // 53: geolog.v1.NodeOrphans
-	(*DeleteStreamRequest)(nil),      // 54: geolog.v1.DeleteStreamRequest
-	(*DeleteStreamResponse)(nil),     // 55: geolog.v1.DeleteStreamResponse
-	(*AlterStreamRequest)(nil),       // 56: geolog.v1.AlterStreamRequest
-	(*AlterStreamResponse)(nil),      // 57: geolog.v1.AlterStreamResponse
-	(*CompactionPolicy)(nil),         // 58: geolog.v1.CompactionPolicy
-	(*AclRule)(nil),                  // 59: geolog.v1.AclRule
-	(*PutAclRequest)(nil),            // 60: geolog.v1.PutAclRequest
-	(*PutAclResponse)(nil),           // 61: geolog.v1.PutAclResponse
-	(*DeleteAclRequest)(nil),         // 62: geolog.v1.DeleteAclRequest
-	(*DeleteAclResponse)(nil),        // 63: geolog.v1.DeleteAclResponse
-	(*ListAclsRequest)(nil),          // 64: geolog.v1.ListAclsRequest
-	(*ListAclsResponse)(nil),         // 65: geolog.v1.ListAclsResponse
+	(*ReplicaMove)(nil),              // 29: geolog.v1.ReplicaMove
+	(*ListNodesRequest)(nil),         // 30: geolog.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),        // 31: geolog.v1.ListNodesResponse
+	(*SetNodeStateRequest)(nil),      // 32: geolog.v1.SetNodeStateRequest
+	(*SetNodeStateResponse)(nil),     // 33: geolog.v1.SetNodeStateResponse
+	(*ListOrphansRequest)(nil),       // 34: geolog.v1.ListOrphansRequest
+	(*OrphanFork)(nil),               // 35: geolog.v1.OrphanFork
+	(*ListOrphansResponse)(nil),      // 36: geolog.v1.ListOrphansResponse
+	(*ReadOrphansRequest)(nil),       // 37: geolog.v1.ReadOrphansRequest
+	(*ReadOrphansResponse)(nil),      // 38: geolog.v1.ReadOrphansResponse
+	(*RehomeRequest)(nil),            // 39: geolog.v1.RehomeRequest
+	(*RangeRehome)(nil),              // 40: geolog.v1.RangeRehome
+	(*RehomePhases)(nil),             // 41: geolog.v1.RehomePhases
+	(*RehomeResponse)(nil),           // 42: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 43: geolog.v1.RefreshHomesRequest
+	(*RegionHomes)(nil),              // 44: geolog.v1.RegionHomes
+	(*HomeRecord)(nil),               // 45: geolog.v1.HomeRecord
+	(*RefreshHomesResponse)(nil),     // 46: geolog.v1.RefreshHomesResponse
+	(*RangeTail)(nil),                // 47: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 48: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 49: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 50: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 51: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 52: geolog.v1.DescribeReplicasResponse
+	(*EpochStart)(nil),               // 53: geolog.v1.EpochStart
+	(*NodeOrphans)(nil),              // 54: geolog.v1.NodeOrphans
+	(*DeleteStreamRequest)(nil),      // 55: geolog.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),     // 56: geolog.v1.DeleteStreamResponse
+	(*AlterStreamRequest)(nil),       // 57: geolog.v1.AlterStreamRequest
+	(*AlterStreamResponse)(nil),      // 58: geolog.v1.AlterStreamResponse
+	(*CompactionPolicy)(nil),         // 59: geolog.v1.CompactionPolicy
+	(*AclRule)(nil),                  // 60: geolog.v1.AclRule
+	(*PutAclRequest)(nil),            // 61: geolog.v1.PutAclRequest
+	(*PutAclResponse)(nil),           // 62: geolog.v1.PutAclResponse
+	(*DeleteAclRequest)(nil),         // 63: geolog.v1.DeleteAclRequest
+	(*DeleteAclResponse)(nil),        // 64: geolog.v1.DeleteAclResponse
+	(*ListAclsRequest)(nil),          // 65: geolog.v1.ListAclsRequest
+	(*ListAclsResponse)(nil),         // 66: geolog.v1.ListAclsResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	7,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -5533,12 +5704,12 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	9,  // 7: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
 	17, // 8: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
 	6,  // 9: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
-	58, // 10: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
+	59, // 10: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
 	20, // 11: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
-	52, // 12: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
+	53, // 12: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
 	17, // 13: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
 	6,  // 14: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
-	58, // 15: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
+	59, // 15: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
 	18, // 16: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
 	18, // 17: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
 	18, // 18: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
@@ -5546,70 +5717,71 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	1,  // 20: geolog.v1.ErrorDetail.code:type_name -> geolog.v1.ErrorCode
 	2,  // 21: geolog.v1.NodeInfo.state:type_name -> geolog.v1.NodeState
 	28, // 22: geolog.v1.ListNodesResponse.nodes:type_name -> geolog.v1.NodeInfo
-	2,  // 23: geolog.v1.SetNodeStateRequest.state:type_name -> geolog.v1.NodeState
-	28, // 24: geolog.v1.SetNodeStateResponse.node:type_name -> geolog.v1.NodeInfo
-	5,  // 25: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
-	34, // 26: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
-	53, // 27: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
-	9,  // 28: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
-	40, // 29: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
-	39, // 30: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	43, // 31: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
-	44, // 32: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
-	46, // 33: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
-	3,  // 34: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	50, // 35: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
-	4,  // 36: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
-	34, // 37: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
-	18, // 38: geolog.v1.AlterStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	59, // 39: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
-	59, // 40: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
-	59, // 41: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
-	10, // 42: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
-	10, // 43: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
-	13, // 44: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
-	15, // 45: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
-	21, // 46: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
-	23, // 47: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
-	25, // 48: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	54, // 49: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
-	56, // 50: geolog.v1.Log.AlterStream:input_type -> geolog.v1.AlterStreamRequest
-	47, // 51: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	49, // 52: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	38, // 53: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	42, // 54: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	33, // 55: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	36, // 56: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	60, // 57: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
-	62, // 58: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
-	64, // 59: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
-	29, // 60: geolog.v1.Admin.ListNodes:input_type -> geolog.v1.ListNodesRequest
-	31, // 61: geolog.v1.Admin.SetNodeState:input_type -> geolog.v1.SetNodeStateRequest
-	12, // 62: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	12, // 63: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	14, // 64: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	16, // 65: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	22, // 66: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	24, // 67: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	26, // 68: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	55, // 69: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
-	57, // 70: geolog.v1.Log.AlterStream:output_type -> geolog.v1.AlterStreamResponse
-	48, // 71: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	51, // 72: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	41, // 73: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	45, // 74: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	35, // 75: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	37, // 76: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	61, // 77: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
-	63, // 78: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
-	65, // 79: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
-	30, // 80: geolog.v1.Admin.ListNodes:output_type -> geolog.v1.ListNodesResponse
-	32, // 81: geolog.v1.Admin.SetNodeState:output_type -> geolog.v1.SetNodeStateResponse
-	62, // [62:82] is the sub-list for method output_type
-	42, // [42:62] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	29, // 23: geolog.v1.ListNodesResponse.moves:type_name -> geolog.v1.ReplicaMove
+	2,  // 24: geolog.v1.SetNodeStateRequest.state:type_name -> geolog.v1.NodeState
+	28, // 25: geolog.v1.SetNodeStateResponse.node:type_name -> geolog.v1.NodeInfo
+	5,  // 26: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
+	35, // 27: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
+	54, // 28: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
+	9,  // 29: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
+	41, // 30: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
+	40, // 31: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	44, // 32: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
+	45, // 33: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
+	47, // 34: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	3,  // 35: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
+	51, // 36: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	4,  // 37: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
+	35, // 38: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
+	18, // 39: geolog.v1.AlterStreamResponse.stream:type_name -> geolog.v1.StreamInfo
+	60, // 40: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
+	60, // 41: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
+	60, // 42: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
+	10, // 43: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
+	10, // 44: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
+	13, // 45: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
+	15, // 46: geolog.v1.Log.Subscribe:input_type -> geolog.v1.SubscribeRequest
+	21, // 47: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
+	23, // 48: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
+	25, // 49: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
+	55, // 50: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	57, // 51: geolog.v1.Log.AlterStream:input_type -> geolog.v1.AlterStreamRequest
+	48, // 52: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	50, // 53: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	39, // 54: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	43, // 55: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	34, // 56: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	37, // 57: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	61, // 58: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
+	63, // 59: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
+	65, // 60: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
+	30, // 61: geolog.v1.Admin.ListNodes:input_type -> geolog.v1.ListNodesRequest
+	32, // 62: geolog.v1.Admin.SetNodeState:input_type -> geolog.v1.SetNodeStateRequest
+	12, // 63: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	12, // 64: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	14, // 65: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	16, // 66: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	22, // 67: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	24, // 68: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	26, // 69: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	56, // 70: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	58, // 71: geolog.v1.Log.AlterStream:output_type -> geolog.v1.AlterStreamResponse
+	49, // 72: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	52, // 73: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	42, // 74: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	46, // 75: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	36, // 76: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	38, // 77: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	62, // 78: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
+	64, // 79: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
+	66, // 80: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
+	31, // 81: geolog.v1.Admin.ListNodes:output_type -> geolog.v1.ListNodesResponse
+	33, // 82: geolog.v1.Admin.SetNodeState:output_type -> geolog.v1.SetNodeStateResponse
+	63, // [63:83] is the sub-list for method output_type
+	43, // [43:63] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_geolog_v1_log_proto_init() }
@@ -5623,14 +5795,14 @@ func file_geolog_v1_log_proto_init() {
 		(*SubscribeRequest_FromTimeUnixNanos)(nil),
 	}
 	file_geolog_v1_log_proto_msgTypes[12].OneofWrappers = []any{}
-	file_geolog_v1_log_proto_msgTypes[49].OneofWrappers = []any{}
+	file_geolog_v1_log_proto_msgTypes[50].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   59,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
