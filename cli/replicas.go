@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/internal/replicamove"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
@@ -57,12 +58,7 @@ func (e *env) replicas(ctx context.Context, args []string) error {
 	defer a.close()
 	stream, r := pos[0], uint32(rng)
 	change := func(c geologv1.ReplicaChange, node uint64) error {
-		var resp *geologv1.ChangeReplicasResponse
-		err := a.call(ctx, e.timeout, func(ctx context.Context, ac geologv1.AdminClient) error {
-			var err error
-			resp, err = ac.ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: stream, Range: r, Change: c, NodeId: node})
-			return err
-		})
+		resp, err := rangeAdmin{a: a, timeout: e.timeout, stream: stream, r: r}.Change(ctx, c, node)
 		if err == nil {
 			fmt.Fprintf(e.stdout, "%s %d: voters %v learners %v\n", strings.ToLower(strings.TrimPrefix(c.String(), "REPLICA_CHANGE_")), node, resp.Voters, resp.Learners)
 		}
@@ -88,37 +84,40 @@ func (e *env) replicas(ctx context.Context, args []string) error {
 	case "remove":
 		return change(geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, ids[0])
 	}
-	// replace old new
-	old, nw := ids[0], ids[1]
-	if err := change(geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, nw); err != nil {
+	// replace old new: the steps internal/replicamove shares with the
+	// region's rebalancer.
+	ra := rangeAdmin{a: a, timeout: e.timeout, stream: stream, r: r}
+	return replicamove.Replace(ctx, ra, ids[0], ids[1], replicamove.Config{
+		OnChange: func(c geologv1.ReplicaChange, node uint64, resp *geologv1.ChangeReplicasResponse) {
+			fmt.Fprintf(e.stdout, "%s %d: voters %v learners %v\n", strings.ToLower(strings.TrimPrefix(c.String(), "REPLICA_CHANGE_")), node, resp.Voters, resp.Learners)
+		},
+		OnCaughtUp: func(node uint64, took time.Duration) {
+			fmt.Fprintf(e.stdout, "node %d caught up in %v\n", node, took.Round(time.Millisecond))
+		},
+	})
+}
+
+// rangeAdmin is replicamove.Admin over the dialer: each call goes to the
+// range leader (adminDialer.call follows NOT_LEADER hints).
+type rangeAdmin struct {
+	a       *adminDialer
+	timeout time.Duration
+	stream  string
+	r       uint32
+}
+
+func (ra rangeAdmin) Change(ctx context.Context, c geologv1.ReplicaChange, node uint64) (*geologv1.ChangeReplicasResponse, error) {
+	var resp *geologv1.ChangeReplicasResponse
+	err := ra.a.call(ctx, ra.timeout, func(ctx context.Context, ac geologv1.AdminClient) error {
+		var err error
+		resp, err = ac.ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: ra.stream, Range: ra.r, Change: c, NodeId: node})
 		return err
-	}
-	start := time.Now()
-	for {
-		d, err := a.describe(ctx, e.timeout, stream, r)
-		if err != nil {
-			return err
-		}
-		caught := false
-		for _, rs := range d.Replicas {
-			if rs.NodeId == nw && rs.MatchIndex >= d.LastIndex {
-				caught = true
-			}
-		}
-		if caught {
-			fmt.Fprintf(e.stdout, "node %d caught up in %v\n", nw, time.Since(start).Round(time.Millisecond))
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	if err := change(geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, nw); err != nil {
-		return err
-	}
-	return change(geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, old)
+	})
+	return resp, err
+}
+
+func (ra rangeAdmin) Describe(ctx context.Context) (*geologv1.DescribeReplicasResponse, error) {
+	return ra.a.describe(ctx, ra.timeout, ra.stream, ra.r)
 }
 
 // adminDialer keeps one connection per node address and finds the leader.

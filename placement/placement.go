@@ -84,6 +84,9 @@ type Range struct {
 	Leader            uint64
 	SizeBytes         int64
 	ReplicationFactor int
+	// Learners are the range's learners (a move's new replica catching
+	// up); the planner does not count them as replicas.
+	Learners []uint64
 	// Moving says that a move of this range is under way (planned earlier,
 	// not finished): the planner leaves it alone.
 	Moving bool

@@ -39,7 +39,9 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 		return nil, err
 	}
 	node := req.GetNodeId()
-	if !s.node.isRegionPeer(node) {
+	// A replica on a node no longer of the region (decommissioned) may
+	// still be removed.
+	if !s.node.isRegionPeer(node) && req.GetChange() != geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE {
 		return nil, apierr.New(apierr.InvalidArgument, "node %d is not a node of this region", node)
 	}
 	var typ raftpb.ConfChangeType
@@ -76,6 +78,13 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 			return
 		case typ == raftpb.ConfChangeRemoveNode && isVoter && len(conf.GetVoters()) <= 1:
 			done <- outcome{err: apierr.New(apierr.InvalidArgument, "node %d is the last voter", node)}
+			return
+		}
+		if typ == raftpb.ConfChangeRemoveNode && node == rd.cfg.repl.nodeID && rd.rep.IsLeader() {
+			// The leader would go on leading a group it is not a member
+			// of: hand leadership to another voter first; the caller
+			// retries at the new leader (rebalance_admin.go).
+			done <- outcome{err: rd.handOffBeforeRemoval()}
 			return
 		}
 		cc := &raftpb.ConfChangeV2{Changes: []*raftpb.ConfChangeSingle{{Type: typ.Enum(), NodeId: proto.Uint64(node)}}}

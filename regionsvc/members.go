@@ -353,9 +353,14 @@ func (n *Node) rangeReplicas(spec streamSpec, r uint32) []uint64 {
 func (n *Node) placementRegion() placement.Region {
 	var reg placement.Region
 	seen := map[uint64]bool{}
+	dead := n.deadNodes() // rebalance.go: unreachable past the dead-node time
 	for _, m := range n.memberNodes() {
 		seen[m.ID] = true
-		reg.Nodes = append(reg.Nodes, placement.Node{ID: m.ID, Zone: m.Zone, State: placementState(m.State)})
+		st := placementState(m.State)
+		if dead[m.ID] && st != placement.Decommissioned {
+			st = placement.Dead
+		}
+		reg.Nodes = append(reg.Nodes, placement.Node{ID: m.ID, Zone: m.Zone, State: st})
 	}
 	for id := range n.cfg.Peers {
 		if !seen[id] {

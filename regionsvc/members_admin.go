@@ -27,6 +27,7 @@ func (s *adminServer) ListNodes(ctx context.Context, req *geologv1.ListNodesRequ
 	for _, m := range n.memberNodes() {
 		resp.Nodes = append(resp.Nodes, nodeInfo(m, counts[m.ID]))
 	}
+	n.rebalanceListNodes(ctx, resp) // rebalance_admin.go: current voters, leaders, moves
 	return resp, nil
 }
 
@@ -51,6 +52,11 @@ func (s *adminServer) SetNodeState(ctx context.Context, req *geologv1.SetNodeSta
 	id := req.GetNodeId()
 	if err := n.checkNodeState(id, st); err != nil {
 		return nil, err
+	}
+	if st == membership.Decommissioned {
+		if err := n.checkDecommissionEmpty(ctx, id); err != nil { // rebalance_admin.go
+			return nil, err
+		}
 	}
 	err := n.setStateAsLeader(ctx, id, st)
 	if err != nil && apierr.As(err).Code == apierr.NotLeader && !isForwarded(ctx) {

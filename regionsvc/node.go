@@ -16,6 +16,7 @@ import (
 
 	"github.com/geolog/geolog/authz"
 	"github.com/geolog/geolog/internal/stopper"
+	"golang.org/x/time/rate"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/atrest"
@@ -202,6 +203,9 @@ type Config struct {
 	// stay spread over its nodes after restarts and elections. 0: never
 	// (geologd's default is 10 s).
 	LeaderBalanceInterval time.Duration
+	// Rebalance configures the region's rebalancer (rebalance.go); its
+	// zero value is off.
+	Rebalance RebalanceConfig
 	// MeterProvider receives the node's metrics, default a no-op provider.
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives gRPC spans, default a no-op provider.
@@ -449,6 +453,11 @@ type Node struct {
 	serveErr  chan error
 	// serving is set once Start has the gRPC server serving (Ready).
 	serving atomic.Bool
+	// rebalancer is the region's rebalancing driver (nil: off);
+	// transferLimiter bounds the snapshots this node sends (nil: no
+	// bound). rebalance.go, rebalance_throttle.go.
+	rebalancer      *rebalancer
+	transferLimiter *rate.Limiter
 }
 
 // New opens the data directory, recovers every range and returns a node that
@@ -491,6 +500,9 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
 	if err := n.registerResealMetrics(cfg.MeterProvider); err != nil {
+		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
+	}
+	if err := n.newRebalancer(); err != nil { // rebalance.go
 		return nil, fmt.Errorf("regionsvc: metrics: %w", err)
 	}
 	// The directory lock and the keyring are taken last before the ranges:
@@ -708,6 +720,9 @@ func (n *Node) Start() error {
 	n.listener = lis
 	if n.replicated() && n.cfg.Zone != "" {
 		n.tasks.Go(n.registerZone) // members_join.go
+	}
+	if n.replicated() && n.rebalancer != nil {
+		n.tasks.Go(n.rebalancer.run) // rebalance.go
 	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()

@@ -177,6 +177,7 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	rc.tick = n.tick
 	rc.liveness = n.livenessChanged
 	rc.addrOf = func(id uint64) string { return n.clientAddr(n.cfg.Region, id) }
+	rc.snapshotBody = n.throttleSnapshot // rebalance_throttle.go
 	rc.heartbeatTicks, rc.electionTicks = n.cfg.HeartbeatTicks, n.cfg.ElectionTicks
 	if iv := n.cfg.LeaderBalanceInterval; iv > 0 {
 		rc.leaderBalanceTicks = max(1, int(iv/n.cfg.TickInterval))

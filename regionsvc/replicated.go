@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"path/filepath"
 	"strconv"
@@ -43,6 +44,9 @@ type replicationConfig struct {
 	// leaderBalanceTicks is how often a leader checks that it is the
 	// range's preferred leader, in ticks (leaderbalance.go); 0: never.
 	leaderBalanceTicks int
+	// snapshotBody, if set, wraps the body of each snapshot sent (the
+	// transfer bandwidth bound, rebalance_throttle.go).
+	snapshotBody func(io.ReadCloser) io.ReadCloser
 }
 
 // raftInMax bounds the message batches queued for one replica; past it,

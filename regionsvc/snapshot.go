@@ -39,6 +39,9 @@ const snapshotStepTimeout = 30 * time.Second
 
 // sendSnapshot is the replica's Config.SendSnapshot.
 func (d *rangeDriver) sendSnapshot(m *raftpb.Message, body io.ReadCloser) error {
+	if wrap := d.cfg.repl.snapshotBody; wrap != nil {
+		body = wrap(body)
+	}
 	return d.cfg.repl.transport.SendSnapshot(d.cfg.repl.groupID, m, body)
 }
 

@@ -1,0 +1,292 @@
+package regionsvc
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/geolog/geolog/placement"
+	"github.com/hashicorp/go-hclog"
+)
+
+// The rebalancer: placement.Plan carried out (issue 12, item 3).
+//
+// Every node runs one rebalancer goroutine; only the one on the catalogue
+// leader acts. Each round (RebalanceConfig.Interval):
+//
+//  1. Every node notes which region members the Raft transport finds down
+//     (placement.Loop.Observe). A node down for DeadNodeAfter is dead: this
+//     node's placement of new ranges avoids it (placementRegion reads
+//     n.deadNodes), and the leader's planner repairs its ranges.
+//  2. On the catalogue leader: a snapshot of every range's current voters
+//     and learners and its leader, asked of the range leaders
+//     (DescribeReplicas: the Raft configuration is the truth, the
+//     catalogue's Replicas only the first voters), with the sizes this
+//     node knows; then placement.Loop.Next plans at most MovesMax moves
+//     (repairs first, then drains, zone spread, balance) counting those
+//     under way.
+//  3. Each move runs in its own task: internal/replicamove.Replace, the
+//     steps of `geolog replicas replace` (learner, catch-up, promote,
+//     remove), through rangeRouter (rebalance_admin.go) to the range
+//     leader. A move whose old replica leads the range hands leadership
+//     off first (adminServer.ChangeReplicas).
+//  4. When the node stops leading the catalogue, the moves under way are
+//     cancelled and forgotten; the next leader resumes from the ranges'
+//     Raft configurations (a learner nothing owns is removed).
+//
+// Nothing new is recorded in the catalogue for a move. Decommission of a
+// node that still holds replicas drains it and is refused until it is
+// empty (rebalance_admin.go). Snapshots to a catching-up learner go
+// through a token bucket (TransferBytesPerSecond, rebalance_throttle.go).
+
+// ErrNodeNotEmpty is the cause of a refused decommission: the node still
+// holds replicas.
+var ErrNodeNotEmpty = errors.New("regionsvc: node still holds replicas")
+
+// RebalanceConfig configures the rebalancer.
+type RebalanceConfig struct {
+	// Interval is the pause between rounds; 0 turns the rebalancer off
+	// (geologd's default is 5 s). With it off, drain and decommission
+	// move nothing (the operator runs `geolog replicas replace`).
+	Interval time.Duration
+	// DeadNodeAfter is how long a node must be unreachable before its
+	// replicas are repaired elsewhere; default 5 min.
+	DeadNodeAfter time.Duration
+	// MovesMax bounds the moves under way at once in the region; default 2.
+	MovesMax int
+	// TransferBytesPerSecond bounds the bytes per second of snapshots
+	// (segment transfers) this node sends; 0: no bound.
+	TransferBytesPerSecond int64
+	// MoveTimeout bounds one move; default 10 min.
+	MoveTimeout time.Duration
+}
+
+func (c *RebalanceConfig) setDefaults() {
+	if c.DeadNodeAfter <= 0 {
+		c.DeadNodeAfter = 5 * time.Minute
+	}
+	if c.MovesMax <= 0 {
+		c.MovesMax = 2
+	}
+	if c.MoveTimeout <= 0 {
+		c.MoveTimeout = 10 * time.Minute
+	}
+}
+
+// moveCatchUpLagEntriesMax: a learner this close to the leader's last
+// index is promoted (replicamove.Config.LagEntriesMax); under a steady
+// stream of appends an exact match is rarely seen by a poll.
+const moveCatchUpLagEntriesMax = 64
+
+// rebalancer is a node's rebalancing driver. The loop goroutine owns loop
+// and leading; status is what it publishes for ListNodes, the metrics and
+// tests.
+type rebalancer struct {
+	n      *Node
+	cfg    RebalanceConfig
+	logger hclog.Logger
+	loop   *placement.Loop
+	// ended receives the range of each move or cleanup that ended; gen
+	// counts the leaderships, so that the end of a move of an earlier one
+	// does not free a slot of the current one.
+	ended chan moveEnd
+	gen   uint64
+	// cancelMoves cancels the moves of the current leadership (nil: not
+	// leading).
+	leaderCtx   context.Context
+	cancelMoves context.CancelFunc
+	metrics     *rebalanceMetrics
+
+	mu     sync.Mutex
+	status rebalanceStatus
+	// peakMoves is the most moves and cleanups ever under way at once;
+	// movesDone and movesFailed count the moves ended.
+	peakMoves, movesDone, movesFailed atomic.Int64
+}
+
+// moveEnd is the end of a move or cleanup of range id, started in
+// leadership gen.
+type moveEnd struct {
+	gen uint64
+	id  placement.RangeID
+}
+
+// rebalanceStatus is the rebalancer's last published view.
+type rebalanceStatus struct {
+	leading bool
+	// snapshot is the region as last planned from (current voters).
+	snapshot placement.Region
+	haveSnap bool
+	moves    []placement.Move
+	started  map[placement.RangeID]time.Time
+	// unreachable is each down node's unreachable time; dead the nodes
+	// past DeadNodeAfter.
+	unreachable map[uint64]time.Duration
+	dead        map[uint64]bool
+}
+
+// newRebalancer sets up the node's rebalancer (if Config.Rebalance has an
+// interval) and transfer bucket; Start runs the rebalancer.
+func (n *Node) newRebalancer() error {
+	cfg := n.cfg.Rebalance
+	n.transferLimiter = newTransferLimiter(cfg.TransferBytesPerSecond)
+	if cfg.Interval <= 0 {
+		return nil
+	}
+	cfg.setDefaults()
+	rb := &rebalancer{n: n, cfg: cfg, logger: n.cfg.Logger.Named("rebalance"),
+		loop:  placement.NewLoop(placement.LoopConfig{MovesMax: cfg.MovesMax, DeadAfter: cfg.DeadNodeAfter}),
+		ended: make(chan moveEnd, cfg.MovesMax)}
+	if err := rb.registerMetrics(n.cfg.MeterProvider); err != nil {
+		return err
+	}
+	n.rebalancer = rb
+	return nil
+}
+
+// run is the loop goroutine (a task of the node's stopper).
+func (rb *rebalancer) run(ctx context.Context) {
+	t := time.NewTicker(rb.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			rb.stopLeading()
+			return
+		case e := <-rb.ended:
+			if e.gen == rb.gen {
+				rb.loop.Done(e.id)
+				rb.publishMoves()
+			}
+		case <-t.C:
+			rb.round(ctx)
+		}
+	}
+}
+
+// round is one pass: liveness, then (on the catalogue leader) plan and
+// start moves.
+func (rb *rebalancer) round(ctx context.Context) {
+	now := time.Now()
+	rb.observe(now)
+	if !rb.n.region.meta.rep.IsLeader() {
+		rb.stopLeading()
+		return
+	}
+	if rb.cancelMoves == nil {
+		lctx, cancel := context.WithCancel(ctx)
+		rb.cancelMoves, rb.leaderCtx = cancel, lctx
+		rb.gen++
+		rb.logger.Info("leading the catalogue: rebalancing the region")
+	}
+	snapCtx, cancel := context.WithTimeout(ctx, rb.cfg.Interval+5*time.Second)
+	reg, err := rb.n.currentRegion(snapCtx)
+	cancel()
+	if err != nil {
+		rb.logger.Debug("snapshot incomplete: no moves this round", "error", err)
+		return
+	}
+	moves, cleanups := rb.loop.Next(now, reg)
+	for _, m := range moves {
+		rb.startMove(m)
+	}
+	for _, c := range cleanups {
+		rb.startCleanup(c)
+	}
+	rb.peakMoves.Store(max(rb.peakMoves.Load(), int64(rb.loop.Busy())))
+	rb.mu.Lock()
+	rb.status.snapshot, rb.status.haveSnap = rb.loop.Overlay(now, reg), true
+	rb.mu.Unlock()
+	rb.publishMoves()
+}
+
+// observe feeds the transport's view of the members to the loop and
+// publishes the dead nodes (every node, leader or not).
+func (rb *rebalancer) observe(now time.Time) {
+	down := map[uint64]bool{}
+	for _, m := range rb.n.memberNodes() {
+		if m.ID != rb.n.cfg.NodeID && rb.n.region.transport.PeerDown(raftnetID(m.ID)) {
+			down[m.ID] = true
+		}
+	}
+	rb.loop.Observe(now, down)
+	dead := map[uint64]bool{}
+	for _, id := range rb.loop.Dead(now) {
+		dead[id] = true
+	}
+	unreachable := map[uint64]time.Duration{}
+	for id := range down {
+		unreachable[id] = rb.loop.Unreachable(now, id)
+	}
+	rb.mu.Lock()
+	rb.status.unreachable, rb.status.dead = unreachable, dead
+	rb.mu.Unlock()
+}
+
+// stopLeading cancels the moves under way and forgets them.
+func (rb *rebalancer) stopLeading() {
+	if rb.cancelMoves == nil {
+		return
+	}
+	rb.logger.Info("no longer leading the catalogue: moves under way cancelled", "moves", rb.loop.Busy())
+	rb.cancelMoves()
+	rb.cancelMoves, rb.leaderCtx = nil, nil
+	rb.loop.Reset()
+	rb.mu.Lock()
+	rb.status.leading, rb.status.moves, rb.status.haveSnap = false, nil, false
+	rb.mu.Unlock()
+}
+
+// publishMoves publishes the moves under way.
+func (rb *rebalancer) publishMoves() {
+	moves := rb.loop.InFlight()
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	rb.status.leading = rb.cancelMoves != nil
+	rb.status.moves = moves
+	if rb.status.started == nil {
+		rb.status.started = map[placement.RangeID]time.Time{}
+	}
+	for id := range rb.status.started {
+		if !containsMove(moves, id) {
+			delete(rb.status.started, id)
+		}
+	}
+	for _, m := range moves {
+		if _, ok := rb.status.started[m.Range]; !ok {
+			rb.status.started[m.Range] = time.Now()
+		}
+	}
+}
+
+func containsMove(moves []placement.Move, id placement.RangeID) bool {
+	for _, m := range moves {
+		if m.Range == id {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshotStatus returns a copy of what the rebalancer last published.
+func (rb *rebalancer) snapshotStatus() rebalanceStatus {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	st := rb.status
+	st.moves = append([]placement.Move(nil), st.moves...)
+	return st
+}
+
+// deadNodes returns the nodes this node takes as dead (nil: none, or no
+// rebalancer).
+func (n *Node) deadNodes() map[uint64]bool {
+	rb := n.rebalancer
+	if rb == nil {
+		return nil
+	}
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	return rb.status.dead
+}

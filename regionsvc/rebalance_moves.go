@@ -1,0 +1,113 @@
+package regionsvc
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/geolog/geolog/internal/replicamove"
+	"github.com/geolog/geolog/placement"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/raftnet"
+)
+
+func raftnetID(id uint64) raftnet.NodeID { return raftnet.NodeID(id) }
+
+// startMove runs move m in a task of the node's stopper, under the
+// current leadership's context; its end goes to rb.ended.
+func (rb *rebalancer) startMove(m placement.Move) {
+	rb.logger.Info("moving replica", "range", m.Range.String(), "from", m.From, "to", m.To, "reason", m.Reason.String())
+	lctx, gen := rb.leaderCtx, rb.gen
+	ok := rb.n.tasks.Go(func(sctx context.Context) {
+		ctx, cancel := context.WithTimeout(lctx, rb.cfg.MoveTimeout)
+		defer cancel()
+		start := time.Now()
+		admin := &rangeRouter{n: rb.n, stream: m.Range.Stream, r: m.Range.Range}
+		err := replicamove.Replace(ctx, admin, m.From, m.To, replicamove.Config{LagEntriesMax: moveCatchUpLagEntriesMax})
+		if err != nil {
+			rb.logger.Warn("replica move failed", "range", m.Range.String(), "from", m.From, "to", m.To, "error", err)
+		} else {
+			rb.logger.Info("replica moved", "range", m.Range.String(), "from", m.From, "to", m.To, "took", time.Since(start).Round(time.Millisecond))
+		}
+		rb.metrics.ended(m.Reason, err, time.Since(start))
+		if err != nil {
+			rb.movesFailed.Add(1)
+		} else {
+			rb.movesDone.Add(1)
+		}
+		rb.end(sctx, gen, m.Range)
+	})
+	if !ok {
+		rb.loop.Done(m.Range)
+	}
+}
+
+// end reports to the loop goroutine that a move or cleanup of leadership
+// gen ended (unless the node is stopping: the loop has gone).
+func (rb *rebalancer) end(ctx context.Context, gen uint64, id placement.RangeID) {
+	select {
+	case rb.ended <- moveEnd{gen: gen, id: id}:
+	case <-ctx.Done():
+	}
+}
+
+// startCleanup removes a learner that no move under way owns.
+func (rb *rebalancer) startCleanup(c placement.Cleanup) {
+	rb.logger.Info("removing a learner left by an earlier move", "range", c.Range.String(), "learner", c.Learner)
+	lctx, gen := rb.leaderCtx, rb.gen
+	ok := rb.n.tasks.Go(func(sctx context.Context) {
+		ctx, cancel := context.WithTimeout(lctx, time.Minute)
+		defer cancel()
+		admin := &rangeRouter{n: rb.n, stream: c.Range.Stream, r: c.Range.Range}
+		if _, err := admin.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, c.Learner); err != nil {
+			rb.logger.Warn("learner removal failed", "range", c.Range.String(), "learner", c.Learner, "error", err)
+		}
+		rb.end(sctx, gen, c.Range)
+	})
+	if !ok {
+		rb.loop.Done(c.Range)
+	}
+}
+
+// currentRegion is the region as the planner needs it: the node list and
+// every range's current voters, learners and leader, asked of its leader,
+// with the size this node's replica holds where it is a voter. Any range
+// that does not answer fails the snapshot (a plan from a partial view
+// would take its replicas as missing).
+func (n *Node) currentRegion(ctx context.Context) (placement.Region, error) {
+	reg := n.placementRegion()
+	for i := range reg.Ranges {
+		r := &reg.Ranges[i]
+		rr := &rangeRouter{n: n, stream: r.ID.Stream, r: r.ID.Range}
+		d, err := rr.Describe(ctx)
+		if err != nil {
+			return placement.Region{}, fmt.Errorf("range %s: %w", r.ID, err)
+		}
+		r.Replicas, r.Learners = nil, nil
+		for _, rs := range d.GetReplicas() {
+			if rs.GetRole() == "voter" {
+				r.Replicas = append(r.Replicas, rs.GetNodeId())
+			} else {
+				r.Learners = append(r.Learners, rs.GetNodeId())
+			}
+		}
+		r.Leader = d.GetLeaderId()
+		r.SizeBytes = n.localRangeBytes(r.ID, r.Replicas)
+	}
+	return reg, nil
+}
+
+// localRangeBytes is the size of this node's copy of range id if this node
+// is one of its voters (cheap: an atomic), else 0.
+func (n *Node) localRangeBytes(id placement.RangeID, voters []uint64) int64 {
+	if !contains(voters, n.cfg.NodeID) {
+		return 0
+	}
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	st, ok := n.streams[id.Stream]
+	if !ok || int(id.Range) >= len(st.ranges) || st.ranges[id.Range].store == nil {
+		return 0
+	}
+	return st.ranges[id.Range].store.Size()
+}
