@@ -56,6 +56,13 @@ func run() int {
 	electionTicks := fs.Int("election-ticks", 8, "election timeout, in ticks (randomised to [n, 2n))")
 	leaderBalance := fs.Duration("leader-balance-interval", 10*time.Second,
 		"how often a range leader hands leadership back to the range's preferred node once that node is up and caught up, keeping the region's leaders spread (0: never)")
+	rebalanceInterval := fs.Duration("rebalance-interval", 5*time.Second,
+		"how often the catalogue leader's rebalancer plans replica moves (repairs, drains, balance over joined nodes; 0: never, and drain and decommission move nothing)")
+	deadNodeAfter := fs.Duration("dead-node-after", 5*time.Minute,
+		"a node unreachable for longer is taken as dead: new ranges avoid it and its replicas are repaired on other nodes")
+	movesMax := fs.Int("rebalance-moves-max", 2, "replica moves under way at once in the region")
+	transferRate := fs.Int64("rebalance-transfer-bytes-per-second", 32<<20,
+		"bound on the bytes per second of snapshots (segment transfers to catching-up replicas) this node sends (0: no bound)")
 	syncConcurrency := fs.Int("sync-concurrency", 2, "ignored (kept so that existing command lines still parse): every range's log writer makes its own group commit")
 	appendDelayTarget := fs.Duration("append-queue-delay-target", regionsvc.AppendQueueDelayTargetDefault,
 		"a range leader refuses new appends with a retriable OVERLOADED while its appends have queued (arrival to commit) for longer than this (negative: never)")
@@ -111,6 +118,10 @@ func run() int {
 		policy = segment.FsyncNever
 	default:
 		fmt.Fprintf(os.Stderr, "geologd: --fsync must be always or never, not %q\n", *fsync)
+		return 2
+	}
+	if *rebalanceInterval < 0 || *deadNodeAfter <= 0 || *movesMax < 1 || *transferRate < 0 {
+		fmt.Fprintf(os.Stderr, "geologd: --rebalance-interval must be 0 or positive, --dead-node-after positive, --rebalance-moves-max at least 1, --rebalance-transfer-bytes-per-second 0 or positive\n")
 		return 2
 	}
 	if *leaderBalance < 0 {
@@ -280,6 +291,8 @@ func run() int {
 		HeartbeatTicks:        *heartbeatTicks,
 		ElectionTicks:         *electionTicks,
 		LeaderBalanceInterval: *leaderBalance,
+		Rebalance: regionsvc.RebalanceConfig{Interval: *rebalanceInterval, DeadNodeAfter: *deadNodeAfter,
+			MovesMax: *movesMax, TransferBytesPerSecond: *transferRate},
 
 		KEK:                   kek,
 		DataKeyRotationPeriod: *dataKeyRotation,
