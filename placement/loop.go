@@ -92,7 +92,9 @@ func (l *Loop) Dead(now time.Time) []uint64 {
 // with the ranges' current voters (Replicas) and learners: the dead nodes
 // (Dead) are marked so in reg's node list (live or draining nodes only;
 // a decommissioned one stays so), ranges under way are left alone, and
-// the count returned keeps what is under way within MovesMax. A range with
+// the count returned keeps what is under way within MovesMax, and the
+// moves under way count as done (their ranges' replicas as they will be).
+// A range with
 // a learner that nothing under way owns gets a Cleanup instead of a move.
 func (l *Loop) Next(now time.Time, reg Region) ([]Move, []Cleanup) {
 	reg = l.Overlay(now, reg)
@@ -100,8 +102,16 @@ func (l *Loop) Next(now time.Time, reg Region) ([]Move, []Cleanup) {
 	var cleanups []Cleanup
 	for i := range reg.Ranges {
 		r := &reg.Ranges[i]
-		_, moving := l.inflight[r.ID]
+		m, moving := l.inflight[r.ID]
 		_, cleaning := l.cleanups[r.ID]
+		if moving {
+			// Count the move as done: a learner is no replica yet and
+			// the old replica still is, so a plan from the snapshot as
+			// it is would send more replicas to the move's target than
+			// the balance needs.
+			r.Replicas = append(without(r.Replicas, m.From), m.To)
+			r.Replicas = slices.Compact(slices.Sorted(slices.Values(r.Replicas)))
+		}
 		r.Moving = r.Moving || moving || cleaning
 		if !r.Moving && len(r.Learners) > 0 {
 			r.Moving = true

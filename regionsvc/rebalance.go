@@ -171,7 +171,7 @@ func (rb *rebalancer) run(ctx context.Context) {
 func (rb *rebalancer) round(ctx context.Context) {
 	now := time.Now()
 	rb.observe(now)
-	if !rb.n.region.meta.rep.IsLeader() {
+	if !rb.n.leadsCatalogue() { // homing.go
 		rb.stopLeading()
 		return
 	}
