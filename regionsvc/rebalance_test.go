@@ -140,8 +140,8 @@ func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
 
 // checkLog reads every range of stream back (through any node that
 // serves it up to what was acked: a node that is no longer a voter does
-
-
+// not) and fails unless range r holds exactly the values 0..sent[r]-1
+// (before any "|") in order: nothing lost, duplicated or reordered.
 func (tr *testRegion) checkLog(ctx context.Context, stream string, sent []uint64) {
 	tr.t.Helper()
 	for r, n := range sent {
