@@ -23,7 +23,7 @@ func TestNodeNodesCommands(t *testing.T) {
 	if out := mustRun(t, addr, "", "nodes", "drain", "1"); !strings.Contains(out, "node 1: draining") {
 		t.Fatalf("drain printed %q", out)
 	}
-	if out := mustRun(t, addr, "", "nodes", "list"); !strings.Contains(out, "draining") {
+	if out := mustRun(t, addr, "", "nodes", "list"); !strings.Contains(out, "draining") || !strings.Contains(out, "LEADERS") || !strings.Contains(out, "no rebalancer answered") {
 		t.Fatalf("list after drain: %q", out)
 	}
 	mustRun(t, addr, "", "nodes", "undrain", "1")
