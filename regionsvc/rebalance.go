@@ -47,8 +47,10 @@ var ErrNodeNotEmpty = errors.New("regionsvc: node still holds replicas")
 
 // RebalanceConfig configures the rebalancer.
 type RebalanceConfig struct {
-	// Interval is the pause between rounds; 0 turns the rebalancer off
-	// (geologd's default is 5 s). With it off, drain and decommission
+	// Interval is the pause between rounds (and a round runs too when a
+	// move ends); 0 turns the rebalancer off (geologd's default is 30 s).
+	// Each round asks every range's leader for its voters: one
+	// DescribeReplicas per range, local or remote. With it off, drain and decommission
 	// move nothing (the operator runs `geolog replicas replace`).
 	Interval time.Duration
 	// DeadNodeAfter is how long a node must be unreachable before its
@@ -157,8 +159,11 @@ func (rb *rebalancer) run(ctx context.Context) {
 			return
 		case e := <-rb.ended:
 			if e.gen == rb.gen {
+				// A slot is free: plan at once rather than wait up to
+				// an interval (a drain of many ranges goes at the pace
+				// of its moves, not of the rounds).
 				rb.loop.Done(e.id)
-				rb.publishMoves()
+				rb.round(ctx)
 			}
 		case <-t.C:
 			rb.round(ctx)

@@ -56,8 +56,8 @@ func run() int {
 	electionTicks := fs.Int("election-ticks", 8, "election timeout, in ticks (randomised to [n, 2n))")
 	leaderBalance := fs.Duration("leader-balance-interval", 10*time.Second,
 		"how often a range leader hands leadership back to the range's preferred node once that node is up and caught up, keeping the region's leaders spread (0: never)")
-	rebalanceInterval := fs.Duration("rebalance-interval", 5*time.Second,
-		"how often the catalogue leader's rebalancer plans replica moves (repairs, drains, balance over joined nodes; 0: never, and drain and decommission move nothing)")
+	rebalanceInterval := fs.Duration("rebalance-interval", 30*time.Second,
+		"how often the catalogue leader's rebalancer plans replica moves (repairs, drains, balance over joined nodes), besides when a move ends; each round asks every range leader for its voters (0: never, and drain and decommission move nothing)")
 	deadNodeAfter := fs.Duration("dead-node-after", 5*time.Minute,
 		"a node unreachable for longer is taken as dead: new ranges avoid it and its replicas are repaired on other nodes")
 	movesMax := fs.Int("rebalance-moves-max", 2, "replica moves under way at once in the region")
