@@ -6,7 +6,7 @@ import (
 	"google.golang.org/grpc/mem"
 )
 
-// grpcBufferPool is the gRPC server's receive buffer pool: one tier per
+// grpcBufferPool is the gRPC server's buffer pool: one tier per
 // power of two from 256 B to 16 MiB.
 //
 // gRPC's default pool has five tiers (256 B, 4 KiB, 16 KiB, 32 KiB, 1 MiB)
@@ -17,6 +17,12 @@ import (
 // (runtime.memclrNoHeapPointers under sizedBufferPool.Get; notes/tail.md).
 // With a tier per power of two a message clears at most twice its size.
 var grpcBufferPool = newGRPCBufferPool()
+
+// GRPCBufferPool is the same pool, for geologd to make it gRPC's
+// process-wide default (experimental.SetDefaultBufferPool): the protobuf
+// codecs marshal into and unmarshal from the default pool's buffers
+// whatever the server's option says.
+var GRPCBufferPool = grpcBufferPool
 
 // grpcBufferPoolExponents are the pool's tiers, as powers of two.
 var grpcBufferPoolExponents = func() []uint8 {

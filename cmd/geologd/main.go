@@ -25,10 +25,15 @@ import (
 	"github.com/geolog/geolog/vfs"
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc/experimental"
 	"go.opentelemetry.io/otel/trace"
 )
 
 func main() {
+	// Every gRPC message this process marshals or unmarshals (the codecs
+	// take gRPC's process-wide pool, not a server's) gets a buffer of at
+	// most twice its size: regionsvc.GRPCBufferPool.
+	experimental.SetDefaultBufferPool(regionsvc.GRPCBufferPool)
 	os.Exit(run())
 }
 
