@@ -25,8 +25,8 @@ import (
 	"github.com/geolog/geolog/vfs"
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/otel/metric"
-	"google.golang.org/grpc/experimental"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/experimental"
 )
 
 func main() {
