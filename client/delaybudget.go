@@ -51,48 +51,6 @@ type delayLimit struct {
 	// spanStart) and of the one before; -1: none seen.
 	spanStart         time.Time
 	spanMin, priorMin time.Duration
-	// The grace (admit): overSince is when the bytes held last went over
-	// the bound (zero: under it); strict is set once a grace ran out or
-	// the hard cap refused, and cleared by a target without a refusal
-	// since lastRefused.
-	overSince, lastRefused time.Time
-	strict                 bool
-}
-
-// delayLimitBurstFactor is how far past the bound a grace lets the bytes
-// held go.
-const delayLimitBurstFactor = 2
-
-// admit reports whether n more bytes may be held beside used at now. It
-// enforces the bound as CoDel does a queue: a standing excess, not a
-// transient one. Bytes over the bound are let in for up to a target (and
-// up to twice the bound), the grace; once a grace runs out, or the twice
-// is reached, admit refuses past the bound until a whole target passes
-// without a refusal. A producer at capacity is refused all the time and
-// so is held at the bound, as without the grace; a producer below
-// capacity whose commit rounds stall for less than a target (a scheduling
-// or disk hiccup on a loaded machine: its acknowledged rate dips, its
-// records pile up) goes on producing instead of blocking. Blocking there
-// made each stall cost a second round trip: the records the producer held
-// back missed the next batch (half-rate p99 252 -> 168 ms with the bound
-// off, notes/tail.md).
-func (l *delayLimit) admit(used, n int64, now time.Time) bool {
-	if l.strict && now.Sub(l.lastRefused) >= l.target {
-		l.strict = false
-	}
-	if used+n <= l.limitBytes {
-		l.overSince = time.Time{}
-		return true
-	}
-	if l.overSince.IsZero() {
-		l.overSince = now
-	}
-	if l.strict || used+n > delayLimitBurstFactor*l.limitBytes || now.Sub(l.overSince) >= l.target {
-		// Strict from here on; the next grace starts afresh once strict ends.
-		l.strict, l.lastRefused, l.overSince = true, now, time.Time{}
-		return false
-	}
-	return true
 }
 
 func newDelayLimit(target time.Duration, batchBytesMax, ceilBytes int64) *delayLimit {

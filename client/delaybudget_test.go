@@ -118,10 +118,6 @@ func TestByteBudgetBoundByDelay(t *testing.T) {
 	if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil { // the bound starts at 64 KiB
 		t.Fatal(err)
 	}
-	// A grace lets in up to twice the bound (delayLimit.admit).
-	if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil {
-		t.Fatal(err)
-	}
 	got := make(chan error, 1)
 	go func() { got <- b.acquire(ctx, 1, nil, time.Time{}) }()
 	select {
@@ -129,17 +125,15 @@ func TestByteBudgetBoundByDelay(t *testing.T) {
 		t.Fatalf("acquire past the delay bound returned %v, want it to block", err)
 	case <-time.After(20 * time.Millisecond):
 	}
-	b.release(128<<10, true, time.Now(), time.Millisecond)
+	b.release(64<<10, true, time.Now(), time.Millisecond)
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
 
 	cfg.failWhenFull = true
 	b = newByteBudget(&cfg)
-	for range 2 {
-		if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil {
-			t.Fatal(err)
-		}
+	if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil {
+		t.Fatal(err)
 	}
 	err := b.acquire(ctx, 1, nil, time.Time{})
 	if !errors.Is(err, ErrBufferFull) || CodeOf(err) != CodeOverloaded || !IsRetriable(err) || RetryAfter(err) != cfg.queueDelayTarget {
@@ -154,54 +148,5 @@ func TestByteBudgetBoundByDelay(t *testing.T) {
 	}
 	if err := b.acquire(ctx, 1, nil, time.Time{}); !errors.Is(err, ErrBufferFull) || RetryAfter(err) != 0 {
 		t.Fatalf("got %v past BufferedBytesMax, want ErrBufferFull", err)
-	}
-}
-
-// TestDelayLimitGrace: the bound binds on a standing excess, not a
-// transient one. Bytes over it are let in for up to a target and up to
-// twice the bound; past either, admit refuses beyond the bound until a
-// target passes without a refusal.
-func TestDelayLimitGrace(t *testing.T) {
-	const target = 100 * time.Millisecond
-	l := newDelayLimit(target, 1000, 1<<30) // bound: 64 KiB
-	bound := l.limit()
-	t0 := time.Unix(1000, 0)
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-
-	// A stall of 80 ms: the producer goes past the bound and comes back
-	// under it, never refused.
-	for ms, used := range []int64{bound - 10, bound + 10, bound * 3 / 2, 2*bound - 100} {
-		if !l.admit(used, 10, at(ms*20)) {
-			t.Fatalf("refused at %d ms with %d of %d bytes: within the grace", ms*20, used, bound)
-		}
-	}
-	if !l.admit(bound/2, 10, at(90)) {
-		t.Fatal("refused under the bound")
-	}
-	// A new excursion gets a new grace.
-	if !l.admit(bound+10, 10, at(150)) || !l.admit(bound+10, 10, at(240)) {
-		t.Fatal("second excursion refused within its grace")
-	}
-	// Its grace runs out at 250 ms: refused, and strict from then on, also
-	// just past the bound, until a target without refusals.
-	if l.admit(bound+10, 10, at(250)) {
-		t.Fatal("admitted a standing excess past its grace")
-	}
-	if !l.admit(bound-100, 10, at(260)) {
-		t.Fatal("refused under the bound")
-	}
-	if l.admit(bound, 10, at(300)) {
-		t.Fatal("strict: admitted past the bound 50 ms after a refusal")
-	}
-	if l.admit(bound, 10, at(399)) {
-		t.Fatal("strict: admitted past the bound 99 ms after a refusal")
-	}
-	if !l.admit(bound, 10, at(500)) {
-		t.Fatal("still strict a target after the last refusal")
-	}
-	// Twice the bound is refused at once, even within a grace.
-	l = newDelayLimit(target, 1000, 1<<30)
-	if l.admit(2*bound, 10, at(0)) {
-		t.Fatal("admitted past twice the bound")
 	}
 }

@@ -68,9 +68,8 @@
 //     form while they wait. Produce admits a record only while the producer
 //     holds less than its bound (delaybudget.go: what the stream acknowledged
 //     over its base service time plus QueueDelayTarget, at most
-//     BufferedBytesMax, enforced on a standing excess: delayLimit.admit);
-//     past it Produce blocks, or fails the record with ErrBufferFull under
-//     FailWhenFull.
+//     BufferedBytesMax); past it Produce blocks, or fails the record with
+//     ErrBufferFull under FailWhenFull.
 //  2. A batch gets the producer id and the next sequence numbers of its range
 //     when it is cut; a (producer id, sequence) pair is bound to one record
 //     for ever, so resending it can never append a different record.

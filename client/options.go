@@ -252,9 +252,7 @@ func DeliveryTimeout(d time.Duration) ProducerOpt {
 // fsync round): by Little's law, past capacity a record then waits about
 // base + target from Produce to its acknowledgement, instead of the seconds
 // a full BufferedBytesMax takes to drain. Below capacity the bound is above
-// what the producer holds and changes nothing; a brief excess (a stall of
-// the commit rounds shorter than the target, up to twice the bound) is let
-// through, as CoDel lets a transient queue through. Past it, Produce blocks
+// what the producer holds and changes nothing. Past it, Produce blocks
 // until there is room (bounded by its context and the delivery timeout),
 // or fails at once with FailWhenFull. The bound starts at one batch
 // (BatchBytesMax) or 64 KiB, whichever is larger, moves within a factor of

@@ -442,7 +442,7 @@ func (b *byteBudget) acquire(ctx context.Context, n int64, closing <-chan struct
 	for {
 		b.mu.Lock()
 		limit := b.limitLocked()
-		if b.used == 0 || (b.used+n <= b.max && (b.delay == nil || b.delay.admit(b.used, n, time.Now()))) {
+		if b.used == 0 || b.used+n <= limit {
 			b.used += n
 			b.mu.Unlock()
 			return nil

@@ -37,10 +37,9 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 	fake.SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Hold: hold} })
 	rs := newResults()
 	value := bytes.Repeat([]byte("v"), 16000)
-	again := bytes.Repeat([]byte("a"), 4000) // fits alone, not beside 8 x 16 KB
-	// 4 x 16 KB fit in 64 KiB; 8 in twice that, which a grace lets in
-	// (delayLimit.admit); a ninth does not.
-	for i := range 8 {
+	again := bytes.Repeat([]byte("a"), 2000) // fits in 64 KiB alone, not beside 4 x 16 KB
+	// 4 x 16 KB fit in 64 KiB; a fifth does not.
+	for i := range 4 {
 		blocking.Produce(ctx, &client.Record{Value: value}, rs.cb(i))
 		failing.Produce(ctx, &client.Record{Value: value}, rs.cb(10+i))
 	}
@@ -87,7 +86,7 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 			count++
 		}
 	}
-	if count != 1 || len(fake.Records("s", 0)) != 17 {
-		t.Fatalf("log holds %d records, \"again\" %d times; want 17 and once", len(fake.Records("s", 0)), count)
+	if count != 1 || len(fake.Records("s", 0)) != 9 {
+		t.Fatalf("log holds %d records, \"again\" %d times; want 9 and once", len(fake.Records("s", 0)), count)
 	}
 }
