@@ -37,6 +37,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 )
@@ -649,6 +650,7 @@ func (n *Node) interceptors() []grpc.ServerOption {
 func (n *Node) baseServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
 		grpc.MaxSendMsgSize(readBytesMax + (4 << 20)),
+		experimental.BufferPool(grpcBufferPool), // bufpool.go
 		grpc.InitialWindowSize(4 << 20),
 		grpc.InitialConnWindowSize(16 << 20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),

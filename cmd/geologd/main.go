@@ -26,9 +26,14 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/experimental"
 )
 
 func main() {
+	// Every gRPC message this process marshals or unmarshals (the codecs
+	// take gRPC's process-wide pool, not a server's) gets a buffer of at
+	// most twice its size: regionsvc.GRPCBufferPool.
+	experimental.SetDefaultBufferPool(regionsvc.GRPCBufferPool)
 	os.Exit(run())
 }
 
