@@ -405,11 +405,29 @@ func (n *Node) placeRanges(spec streamSpec) ([][]uint64, error) {
 	return reps, nil
 }
 
-// membershipError maps a refusal of package membership to the API's
-// INVALID_ARGUMENT, keeping it as the cause (errors.Is sees it).
+// membershipCodes are the API codes of package membership's refusals; any
+// other refusal (a bad id, address, zone or state) is INVALID_ARGUMENT.
+var membershipCodes = []struct {
+	sentinel error
+	code     apierr.Code
+}{
+	{membership.ErrUnknownNode, apierr.NodeNotFound},
+	{membership.ErrIDRetired, apierr.NodeIDRetired},
+	{membership.ErrDecommissioned, apierr.NodeIDRetired},
+	{membership.ErrIDInUse, apierr.NodeIDInUse},
+	{membership.ErrAddressInUse, apierr.AddressInUse},
+}
+
+// membershipError maps a refusal of package membership to its API code,
+// keeping it as the cause (errors.Is sees it).
 func membershipError(err error) error {
 	if err == nil {
 		return nil
+	}
+	for _, c := range membershipCodes {
+		if errors.Is(err, c.sentinel) {
+			return apierr.Wrap(c.code, err, "%v", err)
+		}
 	}
 	return apierr.Wrap(apierr.InvalidArgument, err, "%v", err)
 }
