@@ -415,6 +415,9 @@ type Node struct {
 	// refresher stopped (nil if none runs).
 	advertise string
 	book      *addrBook
+	// regionDir holds other regions' members as they answered
+	// (regiondir.go).
+	regionDir regionDir
 	bookDone  chan struct{}
 	// cursors serves cursors and consumer groups (cursorstream.go).
 	cursors *cursorService
@@ -698,6 +701,9 @@ func (n *Node) Start() error {
 		go repl.run()
 		n.bookDone = make(chan struct{})
 		go n.runAddrBook()
+		if len(n.cfg.Regions) > 0 {
+			n.tasks.Go(n.runRegionDir) // regiondir.go
+		}
 		n.aclSyncDone = make(chan struct{})
 		go n.runACLSync()
 		if err := n.startHoming(); err != nil {
