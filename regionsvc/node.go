@@ -715,6 +715,9 @@ func (n *Node) Start() error {
 	if n.replicated() && n.cfg.Zone != "" {
 		n.tasks.Go(n.registerZone) // members_join.go
 	}
+	if n.replicated() {
+		n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
+	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()
 	n.startCleaner()
