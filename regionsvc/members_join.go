@@ -108,10 +108,15 @@ func (s *directoryServer) Join(ctx context.Context, req *geologinternalv1.JoinRe
 		return nil, apierr.New(apierr.InvalidArgument, "node %d asks to join region %q; this is region %q", req.GetNodeId(), req.GetRegion(), n.cfg.Region)
 	}
 	want := membership.Node{ID: req.GetNodeId(), Addr: req.GetAddress(), Zone: req.GetZone()}
-	if err := n.checkJoin(want); err != nil {
+	move, err := n.checkJoinOrMove(want) // members_move.go
+	if err != nil {
 		return nil, err
 	}
-	err := n.joinAsLeader(ctx, want)
+	if move {
+		err = n.moveAsLeader(ctx, want)
+	} else {
+		err = n.joinAsLeader(ctx, want)
+	}
 	if err == nil {
 		return joinResponse(n.memberNodes()), nil
 	}

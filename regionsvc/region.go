@@ -228,7 +228,7 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	var rec metaRecord
 	err := json.Unmarshal(value, &rec)
-	if err == nil && (rec.Op == opNodeJoin || rec.Op == opNodeState) {
+	if err == nil && isNodeOp(rec.Op) {
 		n.applyNodeRecord(at, rec) // members.go
 		return
 	}
