@@ -219,8 +219,9 @@ func (n *Node) askCatalogueLeader(ctx context.Context, call func(ctx context.Con
 
 // changeCatalogueConf adds node id to the catalogue group as a learner
 // (typ ConfChangeAddLearnerNode; nothing if it is a member), or removes it
-// if it is a learner (ConfChangeRemoveNode; voters stay: removing one
-// changes the catalogue's quorum, an operator's decision).
+// if it is a learner (ConfChangeRemoveNode; voters are replaced and
+// removed by the catalogue leader's keepCatalogueVoters, members_voters.go,
+// which promotes a learner first).
 func (n *Node) changeCatalogueConf(ctx context.Context, typ raftpb.ConfChangeType, id uint64) error {
 	meta := n.region.meta
 	done := make(chan error, 1)
