@@ -138,7 +138,7 @@ func (n *Node) keepCatalogueVoters(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		if n.region.meta.rep.IsLeader() {
+		if n.region.meta.rep.LeaderID() == n.cfg.NodeID { // atomic; the step checks on the driver
 			n.catalogueVoterStep(ctx)
 		}
 	}

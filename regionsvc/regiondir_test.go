@@ -20,9 +20,10 @@ import (
 // address.
 func (w *world) joinWorld(region string, id, member uint64) string {
 	w.t.Helper()
+	// Not added to w.addrs: the region's founders hold that map as their
+	// Peers.
 	addr := freeAddr(w.t)
-	w.addrs[region][id], w.dirs[region][id] = addr, w.t.TempDir()
-	cfg := Config{DataDir: w.dirs[region][id], ListenAddr: addr, Region: region, Regions: w.remote[region],
+	cfg := Config{DataDir: w.t.TempDir(), ListenAddr: addr, Region: region, Regions: w.remote[region],
 		NodeID: id, Join: w.addrs[region][member], TickInterval: 50 * time.Millisecond, Fsync: 1,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{w.t}, Level: hclog.Warn, Name: region})}
 	n, err := New(cfg)
