@@ -37,7 +37,12 @@ import (
 //     address book, advertise.go) names a node id stands for that node, so
 //     a node reached through a WAN link or proxy in --regions is still
 //     reached there, and only nodes the flags do not name are dialled at
-//     the address their own region reaches them at.
+//     the address their own region reaches them at. While a seed has not
+//     said who it is (it may be any of the learned nodes), only the seeds
+//     are given, for regionDirSeedGrace after the directory started: a
+//     node would otherwise open direct connections, around a WAN link, to
+//     nodes that link stands for; past it, an unidentified seed is taken
+//     for a dead node and the learned members are given too.
 //
 // Every caller that dials another region's nodes takes regionAddrs: the
 // replicator's targets, stream creation and its propagation, the rehome
@@ -57,6 +62,10 @@ const (
 	// regionMembersMax bounds the members taken from another region's
 	// answer.
 	regionMembersMax = 256
+	// regionDirSeedGrace is how long regionAddrs waits for every seed to
+	// be identified before it gives learned members beside an unidentified
+	// seed (the address book retries within it).
+	regionDirSeedGrace = addrBookRefreshInterval
 )
 
 // learnedMember is a node of another region as its region described it.
@@ -69,6 +78,7 @@ type learnedMember struct {
 type regionDir struct {
 	mu      sync.RWMutex
 	learned map[string][]learnedMember // by region, in id order
+	started time.Time                  // when runRegionDir started
 }
 
 // regionAddrs is the addresses this node reaches region's nodes at: the
@@ -76,16 +86,22 @@ type regionDir struct {
 func (n *Node) regionAddrs(region string) []string {
 	seeds := n.cfg.Regions[region]
 	n.regionDir.mu.RLock()
-	learned := n.regionDir.learned[region]
+	learned, started := n.regionDir.learned[region], n.regionDir.started
 	n.regionDir.mu.RUnlock()
 	if len(learned) == 0 {
 		return seeds
 	}
 	behindSeeds := map[uint64]bool{}
+	unidentified := false
 	for _, addr := range seeds {
 		if ni, ok := n.book.identity(addr); ok && ni.region == region {
 			behindSeeds[ni.id] = true
+		} else {
+			unidentified = true
 		}
+	}
+	if unidentified && time.Since(started) < regionDirSeedGrace {
+		return seeds
 	}
 	out := slices.Clone(seeds)
 	for _, m := range learned {
@@ -110,6 +126,9 @@ func (n *Node) isOtherRegionAddr(addr string) bool {
 // runRegionDir keeps the region directory current until ctx ends (a
 // stopper task).
 func (n *Node) runRegionDir(ctx context.Context) {
+	n.regionDir.mu.Lock()
+	n.regionDir.started = time.Now()
+	n.regionDir.mu.Unlock()
 	for {
 		next := regionDirRefreshInterval
 		if !n.refreshRegionDir(ctx) {

@@ -106,3 +106,26 @@ func TestRegionMembersAnswerChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestRegionAddrsSeedsStandForTheirNodes: learned members behind an
+// identified seed are not given; while a seed is unidentified only the
+// seeds are, until the grace has passed. It fails if a node behind a seed
+// is dialled directly or a joined node is never given.
+func TestRegionAddrsSeedsStandForTheirNodes(t *testing.T) {
+	n := &Node{cfg: Config{Region: "a", Regions: map[string][]string{"b": {"link1:1", "link2:1"}}}, book: newAddrBook()}
+	n.regionDir.learned = map[string][]learnedMember{"b": {{1, "b1:1"}, {2, "b2:1"}, {4, "b4:1"}}}
+	n.regionDir.started = time.Now()
+	n.book.set("link1:1", nodeIdentity{region: "b", id: 1, advertise: "x:1"})
+	if got := n.regionAddrs("b"); !slices.Equal(got, []string{"link1:1", "link2:1"}) {
+		t.Fatalf("link2 unidentified, within the grace: %v", got)
+	}
+	n.regionDir.started = time.Now().Add(-2 * regionDirSeedGrace)
+	if got := n.regionAddrs("b"); !slices.Equal(got, []string{"link1:1", "link2:1", "b2:1", "b4:1"}) {
+		t.Fatalf("link2 unidentified, past the grace: %v", got)
+	}
+	n.regionDir.started = time.Now()
+	n.book.set("link2:1", nodeIdentity{region: "b", id: 2, advertise: "x:2"})
+	if got := n.regionAddrs("b"); !slices.Equal(got, []string{"link1:1", "link2:1", "b4:1"}) {
+		t.Fatalf("both seeds identified: %v", got)
+	}
+}
