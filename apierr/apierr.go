@@ -55,6 +55,15 @@ const (
 // which the range may hold (see the proto): retriable.
 const PastLocalTail Code = 39
 
+// The codes of membership refusals (regionsvc/members*.go), so that a
+// client tells them apart without reading the message.
+const (
+	NodeNotFound  Code = 40
+	NodeIDRetired Code = 41
+	NodeIDInUse   Code = 42
+	AddressInUse  Code = 43
+)
+
 // The codes of consumer groups and cursors (consumer.proto).
 const (
 	UnknownMember         Code = 23
@@ -111,6 +120,10 @@ var catalogue = map[Code]codeInfo{
 	SlowConsumer:          {"SLOW_CONSUMER", true},
 	KeyRequired:           {"KEY_REQUIRED", false},
 	PastLocalTail:         {"OFFSET_PAST_LOCAL_TAIL", true},
+	NodeNotFound:          {"NODE_NOT_FOUND", false},
+	NodeIDRetired:         {"NODE_ID_RETIRED", false},
+	NodeIDInUse:           {"NODE_ID_IN_USE", false},
+	AddressInUse:          {"ADDRESS_IN_USE", false},
 }
 
 // Codes returns every code of the catalogue (not ERROR_CODE_UNSPECIFIED),

@@ -38,6 +38,14 @@ func (e *env) errorHint(err error) string {
 		return "stop the group's members first; 'geolog groups describe GROUP' lists them"
 	case client.CodeGroupNotFound:
 		return "'geolog groups list' shows the groups"
+	case client.CodeNodeNotFound:
+		return "'geolog nodes list' shows the region's nodes and their ids"
+	case client.CodeNodeIDRetired:
+		return "the node was decommissioned: its id is never reused nor its state changed; start a new node with a new --node-id"
+	case client.CodeNodeIDInUse:
+		return "another node holds this id at another address; a node changes its address only with its own certificate"
+	case client.CodeAddressInUse:
+		return "another node of the region listens at this address ('geolog nodes list')"
 	}
 	return ""
 }

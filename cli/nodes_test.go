@@ -7,7 +7,8 @@ import (
 )
 
 // TestNodeNodesCommands: nodes list shows a region of one's node; drain and
-// undrain change its state; an unknown id is INVALID_ARGUMENT (exit 1) and
+// undrain change its state; an unknown id is NODE_NOT_FOUND (exit 1, with
+// the hint to list the nodes) and
 // a bad id a usage error (exit 2). It fails if any command's output or
 // exit code differs.
 func TestNodeNodesCommands(t *testing.T) {
@@ -28,7 +29,7 @@ func TestNodeNodesCommands(t *testing.T) {
 	}
 	mustRun(t, addr, "", "nodes", "undrain", "1")
 	ctx := testCtx(t)
-	if _, errOut, code := run(t, ctx, "", "--addr", addr, "nodes", "drain", "7"); code != 1 || !strings.Contains(errOut, "INVALID_ARGUMENT") {
+	if _, errOut, code := run(t, ctx, "", "--addr", addr, "nodes", "drain", "7"); code != 1 || !strings.Contains(errOut, "NODE_NOT_FOUND") || !strings.Contains(errOut, "geolog nodes list") {
 		t.Fatalf("drain of unknown node 7: exit %d, %q", code, errOut)
 	}
 	if _, _, code := run(t, ctx, "", "--addr", addr, "nodes", "decommission", "x"); code != 2 {

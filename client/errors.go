@@ -154,3 +154,16 @@ const (
 	CodeStaleCursorGeneration = apierr.StaleCursorGeneration
 	CodeLimitExceeded         = apierr.LimitExceeded
 )
+
+// The error codes of membership refusals (Admin.SetNodeState, a join).
+const (
+	// CodeNodeNotFound: no node of the region has the id.
+	CodeNodeNotFound = apierr.NodeNotFound
+	// CodeNodeIDRetired: the id belonged to a decommissioned node (never
+	// reused; its state is final).
+	CodeNodeIDRetired = apierr.NodeIDRetired
+	// CodeNodeIDInUse: a member has the id at another address.
+	CodeNodeIDInUse = apierr.NodeIDInUse
+	// CodeAddressInUse: another node of the region has the address.
+	CodeAddressInUse = apierr.AddressInUse
+)

@@ -14,7 +14,9 @@
 //  2. A node joins with an id no node of the region ever had, or again with
 //     its own id and address (idempotent). A decommissioned id is never
 //     reused (ErrIDRetired); an address another node holds is refused
-//     (ErrAddressInUse), as is a member's id at another address (ErrIDInUse).
+//     (ErrAddressInUse), as is a member's id at another address (ErrIDInUse):
+//     a member changes its address by Move instead (the driver admits that
+//     only from the node itself).
 //  3. States move live <-> draining -> decommissioned, and live ->
 //     decommissioned; decommissioned is final (ErrDecommissioned). An id the
 //     list does not hold is ErrUnknownNode.
@@ -90,6 +92,9 @@ type Node struct {
 	// Seed marks a founding node: the seeds are the first voters of the
 	// catalogue's Raft group.
 	Seed bool `json:"seed,omitempty"`
+	// Moved marks a node whose address Move changed (a member restarted at
+	// another address): that address wins over a static --peers entry.
+	Moved bool `json:"moved,omitempty"`
 }
 
 // Errors. Each is a refusal of a request that cannot succeed as sent.
@@ -216,6 +221,43 @@ func (l *List) Join(n Node) (bool, error) {
 	}
 	n.State, n.Seed = Live, false
 	l.nodes[n.ID] = n
+	return true, nil
+}
+
+// CheckMove says whether member n.ID may move to address n.Addr: it is a
+// member, not decommissioned, and no other node has the address. Whether
+// the request comes from that node is the caller's to check.
+func (l *List) CheckMove(n Node) error {
+	if err := Validate(n); err != nil {
+		return err
+	}
+	old, ok := l.nodes[n.ID]
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: node %d", ErrUnknownNode, n.ID)
+	case old.State == Decommissioned:
+		return fmt.Errorf("%w: node %d", ErrIDRetired, n.ID)
+	}
+	for _, o := range l.nodes {
+		if o.ID != n.ID && o.Addr == n.Addr && o.State != Decommissioned {
+			return fmt.Errorf("%w: %s is node %d's", ErrAddressInUse, n.Addr, o.ID)
+		}
+	}
+	return nil
+}
+
+// Move records member n.ID at address n.Addr (marked Moved); it reports
+// whether the list changed.
+func (l *List) Move(n Node) (bool, error) {
+	if err := l.CheckMove(n); err != nil {
+		return false, err
+	}
+	old := l.nodes[n.ID]
+	if old.Addr == n.Addr && old.Moved {
+		return false, nil
+	}
+	old.Addr, old.Moved = n.Addr, true
+	l.nodes[n.ID] = old
 	return true, nil
 }
 

@@ -127,3 +127,38 @@ func TestMerge(t *testing.T) {
 		t.Error("Merge changed its argument")
 	}
 }
+
+// TestMoveRules: a member moves to a free address (marked Moved, and again
+// is a no-op); an unknown id, a decommissioned one and another node's
+// address are refused with their sentinels. It fails on any other outcome.
+func TestMoveRules(t *testing.T) {
+	l := &List{}
+	if err := l.Seed([]Node{{ID: 1, Addr: "h:1"}, {ID: 2, Addr: "h:2"}, {ID: 3, Addr: "h:3"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SetState(3, Decommissioned); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := l.Move(Node{ID: 1, Addr: "h:9"}); !changed || err != nil {
+		t.Fatalf("move 1: %v %v", changed, err)
+	}
+	if n, _ := l.Get(1); n.Addr != "h:9" || !n.Moved || !n.Seed || n.State != Live {
+		t.Fatalf("moved node: %+v", n)
+	}
+	if changed, err := l.Move(Node{ID: 1, Addr: "h:9"}); changed || err != nil {
+		t.Fatalf("move again: %v %v", changed, err)
+	}
+	for _, c := range []struct {
+		n    Node
+		want error
+	}{
+		{Node{ID: 7, Addr: "h:7"}, ErrUnknownNode},
+		{Node{ID: 3, Addr: "h:8"}, ErrIDRetired},
+		{Node{ID: 2, Addr: "h:9"}, ErrAddressInUse},
+		{Node{ID: 2, Addr: "nohostport"}, ErrBadNode},
+	} {
+		if _, err := l.Move(c.n); !errors.Is(err, c.want) {
+			t.Errorf("move %+v: %v, want %v", c.n, err, c.want)
+		}
+	}
+}

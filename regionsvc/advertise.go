@@ -164,8 +164,8 @@ func (n *Node) identifyTargets() []identifyTarget {
 			out = append(out, identifyTarget{addr: addr, region: n.cfg.Region, id: id})
 		}
 	}
-	for region, addrs := range n.cfg.Regions {
-		for _, addr := range addrs {
+	for region := range n.cfg.Regions {
+		for _, addr := range n.regionAddrs(region) { // regiondir.go
 			out = append(out, identifyTarget{addr: addr, region: region})
 		}
 	}

@@ -49,7 +49,7 @@ func (n *Node) coordinate(ctx context.Context, cr *cursorRange, run func(b *curs
 		if cr.coordinatesHere() {
 			v, err = cr.submit(ctx, run)
 			if n.replicated() {
-				n.hintCoordinator(ctx, cr, n.cfg.Peers[n.cfg.NodeID], err) // names n.advertise
+				n.hintCoordinator(ctx, cr, n.peerAddr(n.cfg.NodeID), err) // names n.advertise
 			}
 		} else if addr := n.coordinatorAddr(cr, attempt, hint); addr != "" {
 			v, err = n.forwardTo(ctx, addr, forward)
@@ -153,7 +153,7 @@ func (n *Node) coordinatorAddr(cr *cursorRange, attempt int, hint string) string
 		}
 		return others[attempt%len(others)]
 	}
-	addrs := n.cfg.Regions[role.region]
+	addrs := n.regionAddrs(role.region)
 	if len(addrs) == 0 {
 		return ""
 	}

@@ -41,7 +41,12 @@ import (
 const (
 	opNodeJoin  = "node-join"
 	opNodeState = "node-state"
+	// opNodeAddr records a member's new address (members_move.go).
+	opNodeAddr = "node-addr"
 )
+
+// isNodeOp reports whether a catalogue record's op changes the node list.
+func isNodeOp(op string) bool { return op == opNodeJoin || op == opNodeState || op == opNodeAddr }
 
 // nodeChange is a catalogue record's change of the node list.
 type nodeChange struct {
@@ -114,7 +119,10 @@ func (n *Node) openMembers(rg *region) error {
 		// before any goroutine reads the configuration), so that code that
 		// looks nodes up in Peers finds them as on a founding node; nodes
 		// that join later are known through peerAddr and memberAddrs.
+		// Its own entry is the address it listens at: the one it joined
+		// with, or a new one it moves to (members_move.go).
 		n.cfg.Peers = rg.members.peerAddrs(nil)
+		n.cfg.Peers[n.cfg.NodeID] = n.cfg.ListenAddr
 	}
 	return nil
 }
@@ -223,8 +231,9 @@ func (n *Node) memberAddrs() map[uint64]string {
 	return n.region.members.peerAddrs(n.cfg.Peers)
 }
 
-// peerAddr is Node.peerAddr, static being --peers: the applied list's
-// address, else the saved list's; "" if either says decommissioned.
+// peerAddr is Node.peerAddr, static being --peers: a moved node's
+// recorded address, else static's, else the applied list's address, else
+// the saved list's; "" if either list says decommissioned.
 func (m *memberTable) peerAddr(id uint64, static map[uint64]string) string {
 	m.mu.RLock()
 	var applied, saved membership.Node
@@ -233,8 +242,13 @@ func (m *memberTable) peerAddr(id uint64, static map[uint64]string) string {
 		saved, _ = m.saved.Get(id)
 	}
 	m.mu.RUnlock()
-	if applied.State == membership.Decommissioned || saved.State == membership.Decommissioned {
+	switch {
+	case applied.State == membership.Decommissioned || saved.State == membership.Decommissioned:
 		return ""
+	case applied.Moved:
+		return applied.Addr
+	case saved.Moved:
+		return saved.Addr
 	}
 	if a := static[id]; a != "" {
 		return a
@@ -296,6 +310,8 @@ func (n *Node) applyNodeRecord(at uint64, rec metaRecord) {
 		changed, err = m.list.Join(membership.Node{ID: c.ID, Addr: c.Addr, Zone: c.Zone})
 	case opNodeState:
 		changed, err = m.list.SetState(c.ID, c.State)
+	case opNodeAddr:
+		changed, err = m.list.Move(membership.Node{ID: c.ID, Addr: c.Addr})
 	}
 	if changed {
 		m.saved = membership.Merge(m.list, m.saved)
@@ -410,11 +426,29 @@ func (n *Node) placeRanges(spec streamSpec) ([][]uint64, error) {
 	return reps, nil
 }
 
-// membershipError maps a refusal of package membership to the API's
-// INVALID_ARGUMENT, keeping it as the cause (errors.Is sees it).
+// membershipCodes are the API codes of package membership's refusals; any
+// other refusal (a bad id, address, zone or state) is INVALID_ARGUMENT.
+var membershipCodes = []struct {
+	sentinel error
+	code     apierr.Code
+}{
+	{membership.ErrUnknownNode, apierr.NodeNotFound},
+	{membership.ErrIDRetired, apierr.NodeIDRetired},
+	{membership.ErrDecommissioned, apierr.NodeIDRetired},
+	{membership.ErrIDInUse, apierr.NodeIDInUse},
+	{membership.ErrAddressInUse, apierr.AddressInUse},
+}
+
+// membershipError maps a refusal of package membership to its API code,
+// keeping it as the cause (errors.Is sees it).
 func membershipError(err error) error {
 	if err == nil {
 		return nil
+	}
+	for _, c := range membershipCodes {
+		if errors.Is(err, c.sentinel) {
+			return apierr.Wrap(c.code, err, "%v", err)
+		}
 	}
 	return apierr.Wrap(apierr.InvalidArgument, err, "%v", err)
 }

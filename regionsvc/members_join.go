@@ -108,10 +108,15 @@ func (s *directoryServer) Join(ctx context.Context, req *geologinternalv1.JoinRe
 		return nil, apierr.New(apierr.InvalidArgument, "node %d asks to join region %q; this is region %q", req.GetNodeId(), req.GetRegion(), n.cfg.Region)
 	}
 	want := membership.Node{ID: req.GetNodeId(), Addr: req.GetAddress(), Zone: req.GetZone()}
-	if err := n.checkJoin(want); err != nil {
+	move, err := n.checkJoinOrMove(want) // members_move.go
+	if err != nil {
 		return nil, err
 	}
-	err := n.joinAsLeader(ctx, want)
+	if move {
+		err = n.moveAsLeader(ctx, want)
+	} else {
+		err = n.joinAsLeader(ctx, want)
+	}
 	if err == nil {
 		return joinResponse(n.memberNodes()), nil
 	}
@@ -214,8 +219,9 @@ func (n *Node) askCatalogueLeader(ctx context.Context, call func(ctx context.Con
 
 // changeCatalogueConf adds node id to the catalogue group as a learner
 // (typ ConfChangeAddLearnerNode; nothing if it is a member), or removes it
-// if it is a learner (ConfChangeRemoveNode; voters stay: removing one
-// changes the catalogue's quorum, an operator's decision).
+// if it is a learner (ConfChangeRemoveNode; voters are replaced and
+// removed by the catalogue leader's keepCatalogueVoters, members_voters.go,
+// which promotes a learner first).
 func (n *Node) changeCatalogueConf(ctx context.Context, typ raftpb.ConfChangeType, id uint64) error {
 	meta := n.region.meta
 	done := make(chan error, 1)

@@ -112,3 +112,70 @@ func rangeOnNode(t *testing.T, ctx context.Context, admins []geologv1.AdminClien
 	t.Fatalf("no range of %s on node %d", stream, node)
 	return 0
 }
+
+// TestTLSNodeMovesProc: real geologd processes with TLS. Joined node 4
+// restarts with its data directory at another address; it records the
+// address in its own name, every node lists it there, and a range placed
+// on it takes an append that node 4's own copy serves at the new address.
+// It fails if the move is refused (NODE_ID_IN_USE, as before), a node
+// keeps the old address, or node 4 is not reached at the new one.
+func TestTLSNodeMovesProc(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-process test")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := nodeproc.NewPKI(t)
+	procs := nodeproc.TLSRegion(t, p, "us", 3, "--tick", "50ms", "--superusers", "alice")
+	alice := p.ClientDir("alice")
+	dir4, addr4 := t.TempDir(), nodeproc.FreeAddr(t)
+	flags4 := []string{"--region", "us", "--node-id", "4", "--join", procs[1].Addr, "--certs-dir", p.NodeDir("us", 4), "--tick", "50ms", "--superusers", "alice"}
+	first := nodeproc.Start(t, dir4, addr4, flags4...)
+	waitListedAt(t, ctx, procs, alice, 4, addr4)
+	first.Stop()
+
+	moved := nodeproc.FreeAddr(t)
+	procs = append(procs, nodeproc.Start(t, dir4, moved, flags4...))
+	waitListedAt(t, ctx, procs, alice, 4, moved)
+	c := tlsClient(t, procAddrs(procs), alice)
+	waitFor(t, ctx, "stream created", func() bool {
+		_, err := c.CreateStream(ctx, client.StreamConfig{Name: "moved", RangeCount: 4})
+		return err == nil || client.CodeOf(err) == client.CodeStreamExists
+	})
+	var admins []geologv1.AdminClient
+	for _, pr := range procs {
+		admins = append(admins, geologv1.NewAdminClient(nodeproc.Dial(t, pr.Addr, alice)))
+	}
+	r := rangeOnNode(t, ctx, admins, "moved", 4, 4)
+	var base uint64
+	waitFor(t, ctx, "append to the range on node 4", func() bool {
+		for _, pr := range procs {
+			resp, err := geologv1.NewLogClient(nodeproc.Dial(t, pr.Addr, alice)).Append(ctx,
+				&geologv1.AppendRequest{Stream: "moved", Range: r, Records: []*geologv1.Record{{Value: []byte("moved-4")}}})
+			if err == nil {
+				base = resp.GetBaseOffset()
+				return true
+			}
+		}
+		return false
+	})
+	read, err := geologv1.NewLogClient(nodeproc.Dial(t, moved, alice)).Read(ctx, &geologv1.ReadRequest{Stream: "moved", Range: r, FromOffset: base,
+		MaxRecords: 1, Consistency: geologv1.Consistency_CONSISTENCY_MIN_OFFSET, MinOffset: base + 1})
+	if err != nil || len(read.GetRecords()) != 1 || string(read.GetRecords()[0].GetValue()) != "moved-4" {
+		t.Fatalf("node 4's read of range %d at its new address: %v %v", r, read, err)
+	}
+}
+
+// waitListedAt waits until every proc lists node id live at addr.
+func waitListedAt(t *testing.T, ctx context.Context, procs []*nodeproc.Proc, alice string, id uint64, addr string) {
+	t.Helper()
+	for _, pr := range procs {
+		admin := geologv1.NewAdminClient(nodeproc.Dial(t, pr.Addr, alice))
+		waitFor(t, ctx, fmt.Sprintf("node %d listed at %s by %s", id, addr, pr.Addr), func() bool {
+			resp, err := admin.ListNodes(ctx, &geologv1.ListNodesRequest{})
+			return err == nil && slices.ContainsFunc(resp.GetNodes(), func(n *geologv1.NodeInfo) bool {
+				return n.GetNodeId() == id && n.GetAddress() == addr && n.GetState() == geologv1.NodeState_NODE_STATE_LIVE
+			})
+		})
+	}
+}

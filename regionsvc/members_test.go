@@ -180,18 +180,19 @@ func TestNodeJoinsRunningRegion(t *testing.T) {
 }
 
 // checkBadMembership: an unknown id and a duplicate address get
-// INVALID_ARGUMENT, with the membership sentinel as the cause in process.
+// NODE_NOT_FOUND and ADDRESS_IN_USE, with the membership sentinel as the
+// cause in process.
 func (tr *testRegion) checkBadMembership(ctx context.Context) {
 	t := tr.t
 	_, err := tr.admins[2].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 9, State: geologv1.NodeState_NODE_STATE_DRAINING})
-	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
+	if rpcerr.CodeOf(err) != apierr.NodeNotFound {
 		t.Fatalf("drain of unknown node 9: %v", err)
 	}
 	if err := tr.nodes[1].checkNodeState(9, membership.Draining); !errors.Is(err, membership.ErrUnknownNode) {
 		t.Fatalf("in process, unknown node: %v", err)
 	}
 	_, err = tr.directory(1).Join(ctx, &geologinternalv1.JoinRequest{Region: "local", NodeId: 5, Address: tr.peers[2]})
-	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
+	if rpcerr.CodeOf(err) != apierr.AddressInUse {
 		t.Fatalf("join at node 2's address: %v", err)
 	}
 	if err := tr.nodes[3].checkJoin(membership.Node{ID: 5, Addr: tr.peers[2]}); !errors.Is(err, membership.ErrAddressInUse) {
@@ -203,8 +204,12 @@ func (tr *testRegion) checkBadMembership(ctx context.Context) {
 func (tr *testRegion) checkRetiredID(ctx context.Context) {
 	t := tr.t
 	_, err := tr.directory(2).Join(ctx, &geologinternalv1.JoinRequest{Region: "local", NodeId: 4, Address: "127.0.0.1:1"})
-	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
+	if rpcerr.CodeOf(err) != apierr.NodeIDRetired {
 		t.Fatalf("join with decommissioned id 4: %v", err)
+	}
+	_, err = tr.admins[2].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 4, State: geologv1.NodeState_NODE_STATE_LIVE})
+	if rpcerr.CodeOf(err) != apierr.NodeIDRetired {
+		t.Fatalf("undrain of decommissioned node 4: %v", err)
 	}
 	if err := tr.nodes[1].checkJoin(membership.Node{ID: 4, Addr: "127.0.0.1:1"}); !errors.Is(err, membership.ErrIDRetired) {
 		t.Fatalf("in process, reused id: %v", err)

@@ -93,7 +93,7 @@ func (n *Node) createInRegion(ctx context.Context, region string, w createWant) 
 // call sends it to one; a node that answers NOT_LEADER or a retriable
 // error passes the turn to the next.
 func (n *Node) propagateToRegion(ctx context.Context, region string, call func(ctx context.Context, addr string, c geologv1.LogClient) error) error {
-	addrs := n.cfg.Regions[region]
+	addrs := n.regionAddrs(region)
 	if len(addrs) == 0 {
 		return apierr.New(apierr.InvalidArgument, "region %q has no known addresses on this node (see Config.Regions)", region)
 	}
@@ -158,7 +158,7 @@ func (n *Node) describeRemote(ctx context.Context, addr, stream string) (streamS
 // default, adopts it (a retry of a create that another node resolved).
 func (n *Node) existingDefinition(ctx context.Context, spec streamSpec) (streamSpec, bool) {
 	for _, region := range spec.Regions {
-		for _, addr := range n.cfg.Regions[region] {
+		for _, addr := range n.regionAddrs(region) {
 			other, err := n.describeRemote(ctx, addr, spec.Name)
 			if err == nil {
 				return other, true
@@ -586,7 +586,7 @@ func (m *replicationManager) start(k taskKey, d *rangeDriver) {
 		Epoch:  k.epoch,
 		Source: driverSource{d: d, epoch: k.epoch},
 		Dialer: m.dialer,
-		Addrs:  func() []string { return n.cfg.Regions[k.region] },
+		Addrs:  func() []string { return n.regionAddrs(k.region) },
 		Now:    n.cfg.Now,
 		Seed:   h.Sum64() ^ uint64(time.Now().UnixNano()),
 		Logger: n.cfg.Logger,
@@ -822,7 +822,7 @@ func (n *Node) homeTailFor(ctx context.Context, d *rangeDriver, ask homeTailAsk)
 			addrs = []string{a}
 		}
 	} else {
-		addrs = n.cfg.Regions[role.region]
+		addrs = n.regionAddrs(role.region)
 	}
 	if len(addrs) == 0 {
 		return 0, apierr.New(apierr.Unavailable, "stream %s range %d: no known leader in the home region %q", d.cfg.stream, d.cfg.rangeID, role.region)

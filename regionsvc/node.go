@@ -420,6 +420,9 @@ type Node struct {
 	// refresher stopped (nil if none runs).
 	advertise string
 	book      *addrBook
+	// regionDir holds other regions' members as they answered
+	// (regiondir.go).
+	regionDir regionDir
 	bookDone  chan struct{}
 	// cursors serves cursors and consumer groups (cursorstream.go).
 	cursors *cursorService
@@ -712,6 +715,9 @@ func (n *Node) Start() error {
 		go repl.run()
 		n.bookDone = make(chan struct{})
 		go n.runAddrBook()
+		if len(n.cfg.Regions) > 0 {
+			n.tasks.Go(n.runRegionDir) // regiondir.go
+		}
 		n.aclSyncDone = make(chan struct{})
 		go n.runACLSync()
 		if err := n.startHoming(); err != nil {
@@ -725,6 +731,10 @@ func (n *Node) Start() error {
 	}
 	if n.replicated() && n.rebalancer != nil {
 		n.tasks.Go(n.rebalancer.run) // rebalance.go
+	}
+	if n.replicated() {
+		n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
+		n.tasks.Go(n.registerAddress)     // members_move.go
 	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()

@@ -86,7 +86,7 @@ func (n *Node) orphanTargets(spec streamSpec, known bool) []orphanTarget {
 	var out []orphanTarget
 	for _, region := range regions {
 		if region != n.cfg.Region {
-			for i, addr := range n.cfg.Regions[region] {
+			for i, addr := range n.regionAddrs(region) {
 				out = append(out, orphanTarget{region: region, id: uint64(i + 1), addr: addr})
 			}
 			continue

@@ -50,6 +50,7 @@ func TestCallClasses(t *testing.T) {
 		"/geolog.internal.v1.Mirror/Replicate":       callNode,
 		"/geolog.internal.v1.NodeDirectory/Identify": callNode,
 		"/geolog.internal.v1.NodeDirectory/Join":     callNode,
+		"/geolog.internal.v1.NodeDirectory/Members":  callNode,
 		"/geolog.internal.v1.RaftTransport/Stream":   callRegion,
 		"/geolog.internal.v1.RaftTransport/Snapshot": callRegion,
 		// The health service needs no class: any caller the transport

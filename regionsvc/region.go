@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -230,7 +229,7 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	var rec metaRecord
 	err := json.Unmarshal(value, &rec)
-	if err == nil && (rec.Op == opNodeJoin || rec.Op == opNodeState) {
+	if err == nil && isNodeOp(rec.Op) {
 		n.applyNodeRecord(at, rec) // members.go
 		return
 	}
@@ -423,18 +422,16 @@ func (n *Node) forwardCreate(ctx context.Context, addr string, spec streamSpec) 
 }
 
 // peerConn returns a client connection to another node of the region, or
-// of another region (Config.Regions); the bound is the nodes configured.
+// of another region (regionAddrs); the bound is the nodes configured and
+// learned.
 func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 	n.peerConnsMu.Lock()
 	defer n.peerConnsMu.Unlock()
 	if c, ok := n.peerConns[addr]; ok {
 		return c, nil
 	}
-	known := n.isKnownPeerAddr(addr) // members.go
-	for _, addrs := range n.cfg.Regions {
-		known = known || slices.Contains(addrs, addr)
-	}
-	if !known {
+	// members.go, regiondir.go
+	if !n.isKnownPeerAddr(addr) && !n.isOtherRegionAddr(addr) {
 		return nil, fmt.Errorf("%s is not a node of this region nor of a region it knows", addr)
 	}
 	c, err := grpcdial.Dial(addr, n.peerDialConfig())

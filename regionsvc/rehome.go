@@ -282,7 +282,7 @@ func (n *Node) forwardRehome(ctx context.Context, to string, req *geologv1.Rehom
 	if to == n.cfg.Region || len(md.Get(forwardedKey)) > 0 {
 		return nil, false, nil
 	}
-	for _, addr := range n.cfg.Regions[to] {
+	for _, addr := range n.regionAddrs(to) {
 		conn, err := n.peerConn(addr)
 		if err != nil {
 			continue
@@ -567,7 +567,7 @@ func (n *Node) refreshRegionTails(ctx context.Context, region string, req *geolo
 		go func() {
 			defer wg.Done()
 			var resp *geologv1.RefreshHomesResponse
-			if region == n.cfg.Region && addr == n.cfg.Peers[n.cfg.NodeID] {
+			if region == n.cfg.Region && addr == n.peerAddr(n.cfg.NodeID) {
 				resp, errs[i] = (&adminServer{node: n}).RefreshHomes(ctx, req)
 			} else {
 				conn, err := n.peerConn(addr)
@@ -642,7 +642,7 @@ func (n *Node) regionAddrList(region string) []string {
 		}
 		return out
 	}
-	return n.cfg.Regions[region]
+	return n.regionAddrs(region)
 }
 
 // refreshRegion asks every node of region to refresh its homes now; the
@@ -707,7 +707,7 @@ func (n *Node) confirmedTail(ctx context.Context, spec streamSpec, r uint32, hom
 	deadline := time.Now().Add(confirmedTailWait)
 	var last error
 	for round := 0; round == 0 || time.Now().Before(deadline); round++ {
-		for _, addr := range n.cfg.Regions[home] {
+		for _, addr := range n.regionAddrs(home) {
 			conn, err := n.peerConn(addr)
 			if err != nil {
 				last = err

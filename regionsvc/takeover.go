@@ -231,7 +231,7 @@ func (a *failoverAgent) surveyTails(ctx context.Context, asks []homing.TailAsk) 
 // remoteTails asks region for the committed tails of a stream's ranges, as
 // one of its nodes sees them (candidateTails); nil when no node answers.
 func (n *Node) remoteTails(ctx context.Context, region, stream string) []uint64 {
-	for _, addr := range n.cfg.Regions[region] {
+	for _, addr := range n.regionAddrs(region) {
 		conn, err := n.peerConn(addr)
 		if err != nil {
 			continue

@@ -56,6 +56,10 @@ var gRPCCodes = map[apierr.Code]codes.Code{
 	apierr.SlowConsumer:          codes.ResourceExhausted,
 	apierr.KeyRequired:           codes.InvalidArgument,
 	apierr.PastLocalTail:         codes.Unavailable,
+	apierr.NodeNotFound:          codes.NotFound,
+	apierr.NodeIDRetired:         codes.FailedPrecondition,
+	apierr.NodeIDInUse:           codes.AlreadyExists,
+	apierr.AddressInUse:          codes.AlreadyExists,
 }
 
 // GRPCCode is code's gRPC status code (Unknown for a code outside the

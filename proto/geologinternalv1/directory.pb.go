@@ -25,6 +25,114 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type MembersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// region and node_id are the asking node's (for the answering node's
+	// logs).
+	Region        string `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	NodeId        uint64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersRequest) Reset() {
+	*x = MembersRequest{}
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersRequest) ProtoMessage() {}
+
+func (x *MembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
+func (*MembersRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *MembersRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *MembersRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+type MembersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// region is the answering node's region.
+	Region string `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// members are the region's nodes that are not decommissioned.
+	Members       []*JoinMember `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersResponse) Reset() {
+	*x = MembersResponse{}
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersResponse) ProtoMessage() {}
+
+func (x *MembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
+func (*MembersResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *MembersResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *MembersResponse) GetMembers() []*JoinMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
 type JoinRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
@@ -38,7 +146,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[0]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +158,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[0]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +171,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{0}
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *JoinRequest) GetRegion() string {
@@ -108,7 +216,7 @@ type JoinMember struct {
 
 func (x *JoinMember) Reset() {
 	*x = JoinMember{}
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[1]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -120,7 +228,7 @@ func (x *JoinMember) String() string {
 func (*JoinMember) ProtoMessage() {}
 
 func (x *JoinMember) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[1]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -133,7 +241,7 @@ func (x *JoinMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinMember.ProtoReflect.Descriptor instead.
 func (*JoinMember) Descriptor() ([]byte, []int) {
-	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{1}
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *JoinMember) GetNodeId() uint64 {
@@ -180,7 +288,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[2]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -192,7 +300,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[2]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -205,7 +313,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{2}
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JoinResponse) GetMembers() []*JoinMember {
@@ -227,7 +335,7 @@ type IdentifyRequest struct {
 
 func (x *IdentifyRequest) Reset() {
 	*x = IdentifyRequest{}
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[3]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -239,7 +347,7 @@ func (x *IdentifyRequest) String() string {
 func (*IdentifyRequest) ProtoMessage() {}
 
 func (x *IdentifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[3]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -252,7 +360,7 @@ func (x *IdentifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentifyRequest.ProtoReflect.Descriptor instead.
 func (*IdentifyRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{3}
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *IdentifyRequest) GetRegion() string {
@@ -284,7 +392,7 @@ type IdentifyResponse struct {
 
 func (x *IdentifyResponse) Reset() {
 	*x = IdentifyResponse{}
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[4]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +404,7 @@ func (x *IdentifyResponse) String() string {
 func (*IdentifyResponse) ProtoMessage() {}
 
 func (x *IdentifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_internal_v1_directory_proto_msgTypes[4]
+	mi := &file_geolog_internal_v1_directory_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +417,7 @@ func (x *IdentifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentifyResponse.ProtoReflect.Descriptor instead.
 func (*IdentifyResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{4}
+	return file_geolog_internal_v1_directory_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *IdentifyResponse) GetRegion() string {
@@ -337,7 +445,13 @@ var File_geolog_internal_v1_directory_proto protoreflect.FileDescriptor
 
 const file_geolog_internal_v1_directory_proto_rawDesc = "" +
 	"\n" +
-	"\"geolog/internal/v1/directory.proto\x12\x12geolog.internal.v1\"l\n" +
+	"\"geolog/internal/v1/directory.proto\x12\x12geolog.internal.v1\"A\n" +
+	"\x0eMembersRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\"c\n" +
+	"\x0fMembersResponse\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x128\n" +
+	"\amembers\x18\x02 \x03(\v2\x1e.geolog.internal.v1.JoinMemberR\amembers\"l\n" +
 	"\vJoinRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x18\n" +
@@ -358,10 +472,11 @@ const file_geolog_internal_v1_directory_proto_rawDesc = "" +
 	"\x10IdentifyResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12%\n" +
-	"\x0eadvertise_addr\x18\x03 \x01(\tR\radvertiseAddr2\xb1\x01\n" +
+	"\x0eadvertise_addr\x18\x03 \x01(\tR\radvertiseAddr2\x85\x02\n" +
 	"\rNodeDirectory\x12U\n" +
 	"\bIdentify\x12#.geolog.internal.v1.IdentifyRequest\x1a$.geolog.internal.v1.IdentifyResponse\x12I\n" +
-	"\x04Join\x12\x1f.geolog.internal.v1.JoinRequest\x1a .geolog.internal.v1.JoinResponseBBZ@github.com/geolog/geolog/proto/geologinternalv1;geologinternalv1b\x06proto3"
+	"\x04Join\x12\x1f.geolog.internal.v1.JoinRequest\x1a .geolog.internal.v1.JoinResponse\x12R\n" +
+	"\aMembers\x12\".geolog.internal.v1.MembersRequest\x1a#.geolog.internal.v1.MembersResponseBBZ@github.com/geolog/geolog/proto/geologinternalv1;geologinternalv1b\x06proto3"
 
 var (
 	file_geolog_internal_v1_directory_proto_rawDescOnce sync.Once
@@ -375,25 +490,30 @@ func file_geolog_internal_v1_directory_proto_rawDescGZIP() []byte {
 	return file_geolog_internal_v1_directory_proto_rawDescData
 }
 
-var file_geolog_internal_v1_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_geolog_internal_v1_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_geolog_internal_v1_directory_proto_goTypes = []any{
-	(*JoinRequest)(nil),      // 0: geolog.internal.v1.JoinRequest
-	(*JoinMember)(nil),       // 1: geolog.internal.v1.JoinMember
-	(*JoinResponse)(nil),     // 2: geolog.internal.v1.JoinResponse
-	(*IdentifyRequest)(nil),  // 3: geolog.internal.v1.IdentifyRequest
-	(*IdentifyResponse)(nil), // 4: geolog.internal.v1.IdentifyResponse
+	(*MembersRequest)(nil),   // 0: geolog.internal.v1.MembersRequest
+	(*MembersResponse)(nil),  // 1: geolog.internal.v1.MembersResponse
+	(*JoinRequest)(nil),      // 2: geolog.internal.v1.JoinRequest
+	(*JoinMember)(nil),       // 3: geolog.internal.v1.JoinMember
+	(*JoinResponse)(nil),     // 4: geolog.internal.v1.JoinResponse
+	(*IdentifyRequest)(nil),  // 5: geolog.internal.v1.IdentifyRequest
+	(*IdentifyResponse)(nil), // 6: geolog.internal.v1.IdentifyResponse
 }
 var file_geolog_internal_v1_directory_proto_depIdxs = []int32{
-	1, // 0: geolog.internal.v1.JoinResponse.members:type_name -> geolog.internal.v1.JoinMember
-	3, // 1: geolog.internal.v1.NodeDirectory.Identify:input_type -> geolog.internal.v1.IdentifyRequest
-	0, // 2: geolog.internal.v1.NodeDirectory.Join:input_type -> geolog.internal.v1.JoinRequest
-	4, // 3: geolog.internal.v1.NodeDirectory.Identify:output_type -> geolog.internal.v1.IdentifyResponse
-	2, // 4: geolog.internal.v1.NodeDirectory.Join:output_type -> geolog.internal.v1.JoinResponse
-	3, // [3:5] is the sub-list for method output_type
-	1, // [1:3] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	3, // 0: geolog.internal.v1.MembersResponse.members:type_name -> geolog.internal.v1.JoinMember
+	3, // 1: geolog.internal.v1.JoinResponse.members:type_name -> geolog.internal.v1.JoinMember
+	5, // 2: geolog.internal.v1.NodeDirectory.Identify:input_type -> geolog.internal.v1.IdentifyRequest
+	2, // 3: geolog.internal.v1.NodeDirectory.Join:input_type -> geolog.internal.v1.JoinRequest
+	0, // 4: geolog.internal.v1.NodeDirectory.Members:input_type -> geolog.internal.v1.MembersRequest
+	6, // 5: geolog.internal.v1.NodeDirectory.Identify:output_type -> geolog.internal.v1.IdentifyResponse
+	4, // 6: geolog.internal.v1.NodeDirectory.Join:output_type -> geolog.internal.v1.JoinResponse
+	1, // 7: geolog.internal.v1.NodeDirectory.Members:output_type -> geolog.internal.v1.MembersResponse
+	5, // [5:8] is the sub-list for method output_type
+	2, // [2:5] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_geolog_internal_v1_directory_proto_init() }
@@ -407,7 +527,7 @@ func file_geolog_internal_v1_directory_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_internal_v1_directory_proto_rawDesc), len(file_geolog_internal_v1_directory_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	NodeDirectory_Identify_FullMethodName = "/geolog.internal.v1.NodeDirectory/Identify"
 	NodeDirectory_Join_FullMethodName     = "/geolog.internal.v1.NodeDirectory/Join"
+	NodeDirectory_Members_FullMethodName  = "/geolog.internal.v1.NodeDirectory/Members"
 )
 
 // NodeDirectoryClient is the client API for NodeDirectory service.
@@ -46,6 +47,12 @@ type NodeDirectoryClient interface {
 	// catalogue group's founding voters, which the joiner needs to open its
 	// copy of the catalogue.
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
+	// Members lists the answering node's region's nodes that are not
+	// decommissioned, as its copy of the node list holds them, so that other
+	// regions reach nodes that joined after they started
+	// (regionsvc/regiondir.go). Nodes only; the asker checks that the
+	// answering certificate names the region it asked about.
+	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
 }
 
 type nodeDirectoryClient struct {
@@ -76,6 +83,16 @@ func (c *nodeDirectoryClient) Join(ctx context.Context, in *JoinRequest, opts ..
 	return out, nil
 }
 
+func (c *nodeDirectoryClient) Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MembersResponse)
+	err := c.cc.Invoke(ctx, NodeDirectory_Members_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeDirectoryServer is the server API for NodeDirectory service.
 // All implementations must embed UnimplementedNodeDirectoryServer
 // for forward compatibility.
@@ -95,6 +112,12 @@ type NodeDirectoryServer interface {
 	// catalogue group's founding voters, which the joiner needs to open its
 	// copy of the catalogue.
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
+	// Members lists the answering node's region's nodes that are not
+	// decommissioned, as its copy of the node list holds them, so that other
+	// regions reach nodes that joined after they started
+	// (regionsvc/regiondir.go). Nodes only; the asker checks that the
+	// answering certificate names the region it asked about.
+	Members(context.Context, *MembersRequest) (*MembersResponse, error)
 	mustEmbedUnimplementedNodeDirectoryServer()
 }
 
@@ -110,6 +133,9 @@ func (UnimplementedNodeDirectoryServer) Identify(context.Context, *IdentifyReque
 }
 func (UnimplementedNodeDirectoryServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Join not implemented")
+}
+func (UnimplementedNodeDirectoryServer) Members(context.Context, *MembersRequest) (*MembersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Members not implemented")
 }
 func (UnimplementedNodeDirectoryServer) mustEmbedUnimplementedNodeDirectoryServer() {}
 func (UnimplementedNodeDirectoryServer) testEmbeddedByValue()                       {}
@@ -168,6 +194,24 @@ func _NodeDirectory_Join_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeDirectory_Members_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeDirectoryServer).Members(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeDirectory_Members_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeDirectoryServer).Members(ctx, req.(*MembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeDirectory_ServiceDesc is the grpc.ServiceDesc for NodeDirectory service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -182,6 +226,10 @@ var NodeDirectory_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Join",
 			Handler:    _NodeDirectory_Join_Handler,
+		},
+		{
+			MethodName: "Members",
+			Handler:    _NodeDirectory_Members_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

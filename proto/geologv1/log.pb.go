@@ -171,6 +171,18 @@ const (
 	// docs/reads-never-go-backwards.md). A read past the range's confirmed
 	// tail gets OFFSET_OUT_OF_RANGE instead.
 	ErrorCode_ERROR_CODE_OFFSET_PAST_LOCAL_TAIL ErrorCode = 39
+	// Membership (Admin.SetNodeState, a node's join): no node of the region
+	// has the id.
+	ErrorCode_ERROR_CODE_NODE_NOT_FOUND ErrorCode = 40
+	// The id belonged to a decommissioned node: ids are never reused, and a
+	// decommissioned node's state is final.
+	ErrorCode_ERROR_CODE_NODE_ID_RETIRED ErrorCode = 41
+	// The id is a member's at another address, and the caller is not that
+	// node (an address change is accepted only from the node itself, by its
+	// certificate).
+	ErrorCode_ERROR_CODE_NODE_ID_IN_USE ErrorCode = 42
+	// Another node of the region has the address.
+	ErrorCode_ERROR_CODE_ADDRESS_IN_USE ErrorCode = 43
 )
 
 // Enum value maps for ErrorCode.
@@ -210,6 +222,10 @@ var (
 		33: "ERROR_CODE_SLOW_CONSUMER",
 		37: "ERROR_CODE_KEY_REQUIRED",
 		39: "ERROR_CODE_OFFSET_PAST_LOCAL_TAIL",
+		40: "ERROR_CODE_NODE_NOT_FOUND",
+		41: "ERROR_CODE_NODE_ID_RETIRED",
+		42: "ERROR_CODE_NODE_ID_IN_USE",
+		43: "ERROR_CODE_ADDRESS_IN_USE",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":             0,
@@ -246,6 +262,10 @@ var (
 		"ERROR_CODE_SLOW_CONSUMER":           33,
 		"ERROR_CODE_KEY_REQUIRED":            37,
 		"ERROR_CODE_OFFSET_PAST_LOCAL_TAIL":  39,
+		"ERROR_CODE_NODE_NOT_FOUND":          40,
+		"ERROR_CODE_NODE_ID_RETIRED":         41,
+		"ERROR_CODE_NODE_ID_IN_USE":          42,
+		"ERROR_CODE_ADDRESS_IN_USE":          43,
 	}
 )
 
@@ -5526,7 +5546,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xb0\b\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xad\t\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -5562,7 +5582,11 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1c\n" +
 	"\x18ERROR_CODE_SLOW_CONSUMER\x10!\x12\x1b\n" +
 	"\x17ERROR_CODE_KEY_REQUIRED\x10%\x12%\n" +
-	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'*t\n" +
+	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'\x12\x1d\n" +
+	"\x19ERROR_CODE_NODE_NOT_FOUND\x10(\x12\x1e\n" +
+	"\x1aERROR_CODE_NODE_ID_RETIRED\x10)\x12\x1d\n" +
+	"\x19ERROR_CODE_NODE_ID_IN_USE\x10*\x12\x1d\n" +
+	"\x19ERROR_CODE_ADDRESS_IN_USE\x10+*t\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fNODE_STATE_LIVE\x10\x01\x12\x17\n" +
