@@ -55,6 +55,10 @@ const (
 // which the range may hold (see the proto): retriable.
 const PastLocalTail Code = 39
 
+// RangeSplit is an append to a range that has split (see the proto):
+// retriable once the producer refreshed its range map.
+const RangeSplit Code = 40
+
 // The codes of consumer groups and cursors (consumer.proto).
 const (
 	UnknownMember         Code = 23
@@ -111,6 +115,7 @@ var catalogue = map[Code]codeInfo{
 	SlowConsumer:          {"SLOW_CONSUMER", true},
 	KeyRequired:           {"KEY_REQUIRED", false},
 	PastLocalTail:         {"OFFSET_PAST_LOCAL_TAIL", true},
+	RangeSplit:            {"RANGE_SPLIT", true},
 }
 
 // Codes returns every code of the catalogue (not ERROR_CODE_UNSPECIFIED),

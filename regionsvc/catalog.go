@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/vfs"
 )
@@ -64,6 +65,9 @@ type streamSpec struct {
 	// stream created before placement (the region's first ids). Per
 	// region: never compared nor propagated.
 	Replicas [][]uint64 `json:"replicas,omitempty"`
+	// RangeMap is the stream's range map once a range has split (nil: the
+	// map as created, keyspace.NewRangeMap(RangeCount)); split.go.
+	RangeMap *keyspace.RangeMap `json:"range_map,omitempty"`
 }
 
 // replicasOf is range r's placed voters, nil if the spec has none (or not

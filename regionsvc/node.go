@@ -378,6 +378,8 @@ type Node struct {
 
 	mu      sync.RWMutex // guards streams
 	streams map[string]*streamState
+	// splits admits one split decision per stream at a time (split.go).
+	splits splitGuard
 
 	// acl is the access rules of the catalogue (acl.go); aclSyncDone is
 	// closed when its comparison with other regions stopped.

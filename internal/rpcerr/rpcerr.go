@@ -56,6 +56,7 @@ var gRPCCodes = map[apierr.Code]codes.Code{
 	apierr.SlowConsumer:          codes.ResourceExhausted,
 	apierr.KeyRequired:           codes.InvalidArgument,
 	apierr.PastLocalTail:         codes.Unavailable,
+	apierr.RangeSplit:            codes.FailedPrecondition, // retriable once the client refreshed its range map
 }
 
 // GRPCCode is code's gRPC status code (Unknown for a code outside the

@@ -171,6 +171,13 @@ const (
 	// docs/reads-never-go-backwards.md). A read past the range's confirmed
 	// tail gets OFFSET_OUT_OF_RANGE instead.
 	ErrorCode_ERROR_CODE_OFFSET_PAST_LOCAL_TAIL ErrorCode = 39
+	// The range has split (docs/split.md): its log ends at its split offset
+	// and it takes no more appends; its keys belong to its two children.
+	// Retriable: describe the stream again for its range map and send the
+	// batch to the child that owns its keys. A batch answered so is not in
+	// the range's log (a retry of one that is gets its original offset), so
+	// sending it to a child cannot duplicate it.
+	ErrorCode_ERROR_CODE_RANGE_SPLIT ErrorCode = 40
 )
 
 // Enum value maps for ErrorCode.
@@ -210,6 +217,7 @@ var (
 		33: "ERROR_CODE_SLOW_CONSUMER",
 		37: "ERROR_CODE_KEY_REQUIRED",
 		39: "ERROR_CODE_OFFSET_PAST_LOCAL_TAIL",
+		40: "ERROR_CODE_RANGE_SPLIT",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":             0,
@@ -246,6 +254,7 @@ var (
 		"ERROR_CODE_SLOW_CONSUMER":           33,
 		"ERROR_CODE_KEY_REQUIRED":            37,
 		"ERROR_CODE_OFFSET_PAST_LOCAL_TAIL":  39,
+		"ERROR_CODE_RANGE_SPLIT":             40,
 	}
 )
 
@@ -5356,7 +5365,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xb0\b\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xcc\b\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -5392,7 +5401,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x19ERROR_CODE_LIMIT_EXCEEDED\x10\x1d\x12\x1c\n" +
 	"\x18ERROR_CODE_SLOW_CONSUMER\x10!\x12\x1b\n" +
 	"\x17ERROR_CODE_KEY_REQUIRED\x10%\x12%\n" +
-	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'*t\n" +
+	"!ERROR_CODE_OFFSET_PAST_LOCAL_TAIL\x10'\x12\x1a\n" +
+	"\x16ERROR_CODE_RANGE_SPLIT\x10(*t\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fNODE_STATE_LIVE\x10\x01\x12\x17\n" +
