@@ -10,17 +10,18 @@ import (
 	"github.com/geolog/geolog/keyspace"
 )
 
-// Range splits in a node (docs/split.md). Built so far (stage 2 of
-// notes/split.md): a range's home leader decides a split from the
-// stream's range map and proposes a split marker through the range's
-// append path (lease and epoch checks included); once committed, the
-// marker's offset is the range's split offset, and every copy of the
-// range refuses appends from the moment its log holds the marker
-// (replica/split.go: RANGE_SPLIT, retriable once the producer refreshed
-// its map). Not built yet: the catalogue record that adds the children to
-// the stream's map and opens their Raft groups, their homing rows, the
-// readers' end of range, consumers moving to the children, mirrors'
-// children, automatic splits.
+// Range splits in a node (docs/split.md). Built so far (notes/split.md):
+// a range's home leader decides a split from the stream's range map and
+// proposes a split marker through the range's append path (lease and
+// epoch checks included); once committed, the marker's offset is the
+// range's split offset, and every copy of the range refuses appends from
+// the moment its log holds the marker (replica/split.go: RANGE_SPLIT,
+// retriable once the producer refreshed its map). The catalogue's split
+// record then adds the children to the stream's map and every node opens
+// their Raft groups (split_apply.go); appends are checked against the
+// map. Not built yet: homing rows, the SDK's routing, the readers' end of
+// range, consumers moving to the children, mirrors' children, automatic
+// splits.
 
 // splitResult is a committed split: the marker's offset (the parent's
 // split offset) and its decision.
@@ -91,9 +92,12 @@ func splitDecision(stream string, m keyspace.RangeMap, r uint32, at uint64) (bat
 
 // splitRange splits range r of stream at hash boundary at (0: the
 // midpoint). This node must lead the range in its home region; it
-// returns once the marker is committed, with the split offset. A
-// RANGE_SPLIT answer means the range had split (or a split was under
-// way) already.
+// returns once the marker is committed and the catalogue's split record
+// applied here, with the split offset. A RANGE_SPLIT answer means the
+// range had split (or a split was under way) already. An error with a
+// result whose offset is set means the marker committed and the
+// catalogue record did not (not built: its proposal from a node that
+// does not lead the catalogue).
 func (n *Node) splitRange(ctx context.Context, stream string, r uint32, at uint64) (splitResult, error) {
 	if isInternalStream(stream) || stream == metaStreamName {
 		return splitResult{}, apierr.New(apierr.InvalidArgument, "stream %q is the node's own: its ranges do not split", stream)
@@ -121,7 +125,14 @@ func (n *Node) splitRange(ctx context.Context, stream string, r uint32, at uint6
 	if err != nil {
 		return splitResult{}, err
 	}
-	return d.proposeSplit(ctx, epoch, dec)
+	res, err := d.proposeSplit(ctx, epoch, dec)
+	if err != nil {
+		return res, err
+	}
+	if err := n.catalogueSplit(ctx, stream, r, res); err != nil { // split_apply.go
+		return res, apierr.Wrap(apierr.As(err).Code, err, "stream %q range %d split at offset %d; its catalogue record", stream, r, res.offset)
+	}
+	return res, nil
 }
 
 // proposeSplit appends the split marker of dec at epoch through the
@@ -141,4 +152,43 @@ func (d *rangeDriver) proposeSplit(ctx context.Context, epoch uint64, dec batch.
 	case <-ctx.Done():
 		return splitResult{}, apierr.Wrap(apierr.Timeout, ctx.Err(), "split of range %d: the outcome is unknown", d.cfg.rangeID)
 	}
+}
+
+// keyRouter says which range a key belongs to, by a stream's range map.
+type keyRouter struct {
+	// count is the stream's range count as created; m its map once a
+	// range split (nil: never split).
+	count uint32
+	m     *keyspace.RangeMap
+}
+
+// keyRouter returns the stream's key router.
+func (s streamSpec) keyRouter() keyRouter { return keyRouter{count: s.RangeCount, m: s.RangeMap} }
+
+// owns reports whether range r's slice holds key: the range key's records
+// were appended to. A split range still owns its slice (it refuses the
+// append itself, with RANGE_SPLIT, so a producer with a stale map
+// refreshes it instead of failing).
+func (k keyRouter) owns(r uint32, key []byte) bool {
+	if k.m == nil {
+		return keyspace.RangeForKey(key, k.count) == r
+	}
+	return k.m.Owns(r, keyspace.Hash(key))
+}
+
+// rangeOf is the range that takes key's appends now.
+func (k keyRouter) rangeOf(key []byte) uint32 {
+	if k.m == nil {
+		return keyspace.RangeForKey(key, k.count)
+	}
+	return k.m.LookupKey(key)
+}
+
+// rangeTotal is how many ranges the stream has ever had: as created,
+// and the children of every split.
+func (s streamSpec) rangeTotal() uint32 {
+	if s.RangeMap != nil {
+		return uint32(len(s.RangeMap.Ranges))
+	}
+	return s.RangeCount
 }

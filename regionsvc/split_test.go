@@ -108,9 +108,27 @@ func (p *splitProducer) send(ctx context.Context, req *geologv1.AppendRequest) (
 	return nil, last
 }
 
+// catalogueLeader returns the node leading the region's catalogue.
+func (tr *testRegion) catalogueLeader(ctx context.Context) uint64 {
+	tr.t.Helper()
+	var lead uint64
+	pollUntil(tr.t, ctx, "a catalogue leader", func() bool {
+		for _, n := range tr.nodes {
+			if id := n.region.meta.rep.LeaderID(); id != 0 && tr.nodes[id] != nil {
+				lead = id
+				return true
+			}
+		}
+		return false
+	})
+	return lead
+}
+
 // split splits range r of stream on its leader, retrying while leaders
-// move.
+// move. The range's leader is moved to the catalogue's first: only the
+// catalogue's leader proposes the split's record (not built: forwarding).
 func (tr *testRegion) split(ctx context.Context, stream string, r uint32, at uint64) (splitResult, error) {
+	tr.moveLeader(ctx, stream, r, tr.catalogueLeader(ctx))
 	for {
 		id := tr.leaderOf(ctx, stream, r)
 		res, err := tr.nodes[id].splitRange(ctx, stream, r, at)
