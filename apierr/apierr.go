@@ -63,6 +63,9 @@ const (
 	NodeIDInUse   Code = 42
 	AddressInUse  Code = 43
 )
+// RangeSplit is an append to a range that has split (see the proto):
+// retriable once the producer refreshed its range map.
+const RangeSplit Code = 44
 
 // The codes of consumer groups and cursors (consumer.proto).
 const (
@@ -124,6 +127,7 @@ var catalogue = map[Code]codeInfo{
 	NodeIDRetired:         {"NODE_ID_RETIRED", false},
 	NodeIDInUse:           {"NODE_ID_IN_USE", false},
 	AddressInUse:          {"ADDRESS_IN_USE", false},
+	RangeSplit:            {"RANGE_SPLIT", true},
 }
 
 // Codes returns every code of the catalogue (not ERROR_CODE_UNSPECIFIED),

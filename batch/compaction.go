@@ -72,18 +72,24 @@ func compactionOf(p []byte) Compaction {
 		ProducerCutoffUnixNanos: int64(le.Uint64(p[17:]))}
 }
 
-// validMarker reports whether body, the records of a TypeCompact frame that
-// walkRecords found to hold exactly one well-formed record without record
-// headers, holds a marker record: no key, no producer time, not a
-// tombstone, a payload of the current version.
-func validMarker(body []byte) bool {
+// validMarker reports whether body, the records of a marker frame of type
+// t that walkRecords found to hold exactly one well-formed record without
+// record headers, holds a marker record: no key, no producer time, not a
+// tombstone, a payload of the current version (and, for a split, a valid
+// decision).
+func validMarker(t Type, body []byte) bool {
 	var rec Record
 	f := recordFormat{}
 	if _, _, err := readRecord(body, &f, &rec, nil); err != nil {
 		return false
 	}
-	return rec.Key == nil && rec.Headers == nil && rec.ProducerTimeUnixNanos == 0 && !rec.Tombstone &&
-		len(rec.Value) == compactionPayloadBytes && rec.Value[0] == compactionVersion
+	if rec.Key != nil || rec.Headers != nil || rec.ProducerTimeUnixNanos != 0 || rec.Tombstone {
+		return false
+	}
+	if t == TypeSplit {
+		return validSplitPayload(rec.Value)
+	}
+	return len(rec.Value) == compactionPayloadBytes && rec.Value[0] == compactionVersion
 }
 
 // IsCompaction reports, like IsFork, whether frame starts with a header of

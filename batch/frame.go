@@ -75,9 +75,20 @@ const (
 	// (see EncodeMark). It is the log's own bookkeeping: segment readers
 	// skip it, and it is never replicated, shipped or shown.
 	TypeMark Type = 5
+	// TypeSplit is a split marker: a range's home leader's decision to
+	// split the range in two at a hash boundary (see Split). Like a
+	// compaction marker it holds exactly one record, takes one offset
+	// (the range's split offset: nothing follows it in the range's log)
+	// and is shipped to mirrors, and readers never see it.
+	// EncodeSplit builds one and DecodeSplit returns its decision.
+	TypeSplit Type = 6
 
-	typeMax = TypeMark
+	typeMax = TypeSplit
 )
+
+// isMarker reports whether frames of type t are markers: one record of
+// no producer, without key or headers, whose value is a decision.
+func (t Type) isMarker() bool { return t == TypeCompact || t == TypeSplit }
 
 // Frame flags (the Flags header field). Encode derives them from the
 // header and records; decoders reject unknown bits and flags that do not
@@ -110,6 +121,8 @@ func (t Type) String() string {
 		return "compact"
 	case TypeMark:
 		return "mark"
+	case TypeSplit:
+		return "split"
 	default:
 		return fmt.Sprintf("type(%d)", uint8(t))
 	}
@@ -193,12 +206,12 @@ var (
 	errFlagsType    = fmt.Errorf("%w: flags on a frame that is not a data frame", ErrCorrupt)
 	errReserved     = fmt.Errorf("%w: reserved field is not zero", ErrCorrupt)
 	errSpan         = fmt.Errorf("%w: compacted frame spans fewer offsets than it holds records", ErrCorrupt)
-	errCompact      = fmt.Errorf("%w: compaction marker is not one record of no producer", ErrCorrupt)
+	errCompact      = fmt.Errorf("%w: marker is not one record of no producer", ErrCorrupt)
 	errDelta        = fmt.Errorf("%w: record offset delta out of order or past the span", ErrCorrupt)
 	errAttributes   = fmt.Errorf("%w: unknown record attributes", ErrCorrupt)
 	errTombstone    = fmt.Errorf("%w: tombstone with a value", ErrCorrupt)
 	errNoTombstone  = fmt.Errorf("%w: tombstones flag without a tombstone", ErrCorrupt)
-	errMarker       = fmt.Errorf("%w: malformed compaction marker record", ErrCorrupt)
+	errMarker       = fmt.Errorf("%w: malformed marker record", ErrCorrupt)
 	errRecordCount  = fmt.Errorf("%w: record count exceeds what the frame can hold", ErrCorrupt)
 	errOffsetWrap   = fmt.Errorf("%w: base offset plus record count overflows", ErrCorrupt)
 	errCRC          = fmt.Errorf("%w: crc mismatch", ErrCorrupt)
@@ -316,7 +329,7 @@ func checkFlags(h *Header, frame []byte) error {
 		return errFlags
 	case h.Flags != 0 && h.Type != TypeData:
 		return errFlagsType
-	case h.Type == TypeCompact && (h.RecordCount != 1 || h.ProducerID != 0 || h.BaseSequence != 0):
+	case h.Type.isMarker() && (h.RecordCount != 1 || h.ProducerID != 0 || h.BaseSequence != 0):
 		return errCompact
 	case h.Flags&FlagTombstones != 0 && h.RecordCount == 0:
 		return errNoTombstone
@@ -465,7 +478,7 @@ func walkRecords(body []byte, h Header, visit func(i int, r RecordView) error) (
 	if f.attributes && f.tombstones == 0 {
 		return 0, errNoTombstone
 	}
-	if h.Type == TypeCompact && (headers != 0 || !validMarker(body)) {
+	if h.Type.isMarker() && (headers != 0 || !validMarker(h.Type, body)) {
 		return 0, errMarker
 	}
 	return headers, nil
@@ -523,8 +536,8 @@ func encodeHeader(h Header, recs []Record) Header {
 		panic(fmt.Sprintf("batch: encode with undefined flags %#x", h.Flags))
 	case h.OffsetSpan != 0 && h.Type != TypeData:
 		panic(fmt.Sprintf("batch: encode of a compacted %v frame", h.Type))
-	case h.Type == TypeCompact && (len(recs) != 1 || h.ProducerID != 0 || h.BaseSequence != 0):
-		panic("batch: encode of a compaction marker that is not one record of no producer")
+	case h.Type.isMarker() && (len(recs) != 1 || h.ProducerID != 0 || h.BaseSequence != 0):
+		panic("batch: encode of a marker that is not one record of no producer")
 	case uint64(len(recs)) > math.MaxUint32:
 		panic(fmt.Sprintf("batch: encode of %d records", len(recs)))
 	}
@@ -562,10 +575,10 @@ func encodeHeader(h Header, recs []Record) Header {
 // h.RecordCount is ignored and set to 0. A control frame takes no offset:
 // its NextOffset is its BaseOffset. EncodeControl grows dst at most once.
 //
-// EncodeControl panics if h.Type is TypeData, TypeCompact or unknown,
+// EncodeControl panics if h.Type is TypeData, a marker's or unknown,
 // h.Flags or h.OffsetSpan is not zero, or the frame would exceed FrameBytesMax.
 func EncodeControl(dst []byte, h Header, payload []byte) []byte {
-	if h.Type == TypeData || h.Type == TypeCompact || h.Type > typeMax {
+	if h.Type == TypeData || h.Type.isMarker() || h.Type > typeMax {
 		panic(fmt.Sprintf("batch: control frame of type %v", h.Type))
 	}
 	if h.Flags != 0 || h.OffsetSpan != 0 {

@@ -28,6 +28,7 @@ func seedFrames() [][]byte {
 		Encode(nil, compactedHeader(9), []Record{{Key: []byte("a"), OffsetDelta: 2}, {Key: []byte("b"), Tombstone: true, OffsetDelta: 8}}),
 		Encode(nil, compactedHeader(3), nil),
 		EncodeCompaction(nil, Header{BaseOffset: 40, Epoch: 2, Term: 3, Index: 9}, Compaction{Point: 30, TombstoneCutoffUnixNanos: -1, ProducerCutoffUnixNanos: 5}),
+		EncodeSplit(nil, Header{BaseOffset: 41, Epoch: 2, Term: 3, Index: 10}, sampleSplit()),
 	}
 }
 
@@ -98,6 +99,7 @@ func checkDecoders(t *testing.T, b []byte) {
 			t.Fatalf("re-encoding the compaction marker changed it")
 		}
 	}
+	checkSplitDecoder(t, b, h, err)
 	if err != nil {
 		if !errors.Is(err, ErrShort) && !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("Decode error %v is neither ErrShort nor ErrCorrupt", err)

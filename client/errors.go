@@ -50,6 +50,10 @@ const (
 // tail): retriable, elsewhere or later.
 const CodeOffsetPastLocalTail = apierr.PastLocalTail
 
+// CodeRangeSplit is an append to a range that has split (docs/split.md):
+// the batch is not in it; retriable once the range map is refreshed.
+const CodeRangeSplit = apierr.RangeSplit
+
 // RetryAfter returns how long the server asked to wait before a request
 // it refused is sent again (OVERLOADED: a budget or quota), or 0.
 func RetryAfter(err error) time.Duration {

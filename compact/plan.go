@@ -246,6 +246,10 @@ func (p *Plan) Rewrite(dst, frame []byte, h batch.Header, last bool) ([]byte, er
 			return append(dst, frame...), nil
 		}
 		return dst, nil
+	case h.Type == batch.TypeSplit:
+		// A split marker ends the range's log: nothing follows it, so no
+		// point is past it; were one, it stays as it is (docs/split.md).
+		return append(dst, frame...), nil
 	case h.Type == batch.TypeCompact:
 		if !keep {
 			return dst, nil

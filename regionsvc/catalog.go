@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/vfs"
 )
@@ -64,6 +65,9 @@ type streamSpec struct {
 	// stream created before placement (the region's first ids). Per
 	// region: never compared nor propagated.
 	Replicas [][]uint64 `json:"replicas,omitempty"`
+	// RangeMap is the stream's range map once a range has split (nil: the
+	// map as created, keyspace.NewRangeMap(RangeCount)); split.go.
+	RangeMap *keyspace.RangeMap `json:"range_map,omitempty"`
 }
 
 // replicasOf is range r's placed voters, nil if the spec has none (or not
@@ -108,6 +112,13 @@ func (s streamSpec) info() *geologv1.StreamInfo {
 
 // home is the region range r is homed in.
 func (s streamSpec) home(r uint32) string {
+	if s.RangeMap != nil && r >= s.RangeCount {
+		// A split's child is homed where the range it split from was
+		// created (docs/split.md; the lease store's rows are not built).
+		if a := s.RangeMap.Ancestors(r); len(a) > 0 {
+			r = a[len(a)-1]
+		}
+	}
 	if int(r) < len(s.Homes) {
 		return s.Homes[r]
 	}
@@ -365,6 +376,9 @@ func loadCatalog(fsys vfs.FS, dataDir string) ([]streamSpec, error) {
 	for _, s := range c.Streams {
 		if err := validateStreamNameOrInternal(s.Name); err != nil || s.RangeCount == 0 || s.RangeCount > rangeCountMax {
 			return nil, fmt.Errorf("regionsvc: catalogue holds an invalid stream %q", s.Name)
+		}
+		if m := s.RangeMap; m != nil && (m.Initial != s.RangeCount || m.Validate() != nil) {
+			return nil, fmt.Errorf("regionsvc: catalogue holds stream %q with an invalid range map", s.Name)
 		}
 	}
 	return c.Streams, nil

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/geolog/geolog/apierr"
-	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -29,7 +28,8 @@ func (n *Node) readRangeOf(ctx context.Context, stream string, r uint32, key []b
 	if err != nil {
 		return nil, err
 	}
-	if want := keyspace.RangeForKey(key, uint32(len(st.ranges))); want != r {
+	if keys := st.spec.keyRouter(); !keys.owns(r, key) {
+		want := keys.rangeOf(key)
 		return nil, apierr.New(apierr.InvalidArgument, "key %q belongs to range %d of stream %q, not range %d", clip(key), want, stream, r)
 	}
 	return rd, nil

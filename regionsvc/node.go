@@ -23,7 +23,6 @@ import (
 	"github.com/geolog/geolog/compact"
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/internal/rpcerr"
-	"github.com/geolog/geolog/keyspace"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replicator"
@@ -383,6 +382,8 @@ type Node struct {
 
 	mu      sync.RWMutex // guards streams
 	streams map[string]*streamState
+	// splits admits one split decision per stream at a time (split.go).
+	splits splitGuard
 
 	// acl is the access rules of the catalogue (acl.go); aclSyncDone is
 	// closed when its comparison with other regions stopped.
@@ -568,10 +569,10 @@ const rangeOpenConcurrencyMax = 16
 // once; metaOffset, the catalogue offset of the stream's creation, names
 // their Raft groups.
 func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
-	st := &streamState{spec: spec, ranges: make([]*rangeDriver, spec.RangeCount)}
+	st := &streamState{spec: spec, ranges: make([]*rangeDriver, spec.rangeTotal())}
 	slots := make(chan struct{}, rangeOpenConcurrencyMax)
 	var wg sync.WaitGroup
-	for r := uint32(0); r < spec.RangeCount; r++ {
+	for r := uint32(0); r < spec.rangeTotal(); r++ { // split ranges and their children too
 		slots <- struct{}{}
 		wg.Add(1)
 		go func() {
@@ -829,19 +830,19 @@ func (n *Node) rangeOf(ctx context.Context, stream string, r uint32) (*rangeDriv
 	return d, err
 }
 
-// rangeAndCount is rangeOf, with the stream's range count.
-func (n *Node) rangeAndCount(ctx context.Context, stream string, r uint32) (*rangeDriver, uint32, error) {
+// rangeAndCount is rangeOf, with the stream's key router (split.go).
+func (n *Node) rangeAndCount(ctx context.Context, stream string, r uint32) (*rangeDriver, keyRouter, error) {
 	if stream == "" {
-		return nil, 0, apierr.New(apierr.InvalidArgument, "stream name is empty")
+		return nil, keyRouter{}, apierr.New(apierr.InvalidArgument, "stream name is empty")
 	}
 	st, err := n.lookupStream(ctx, stream)
 	if err != nil {
-		return nil, 0, err
+		return nil, keyRouter{}, err
 	}
 	if r >= uint32(len(st.ranges)) {
-		return nil, 0, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
+		return nil, keyRouter{}, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
 	}
-	return st.ranges[r], uint32(len(st.ranges)), nil
+	return st.ranges[r], st.spec.keyRouter(), nil
 }
 
 func (n *Node) createStream(ctx context.Context, req *geologv1.CreateStreamRequest) (*geologv1.StreamInfo, error) {
@@ -899,11 +900,13 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 	}
 	epochs, unavailable := n.rangeEpochs(ctx, st)
 	resp := &geologv1.DescribeStreamResponse{Stream: st.spec.info(), EpochsUnavailable: unavailable}
+	m := st.spec.rangeMap() // split ranges and their children too (split.go)
 	for r, rd := range st.ranges {
+		bounds, _ := m.Get(uint32(r))
 		ri := &geologv1.RangeInfo{
 			Range:      uint32(r),
-			HashStart:  keyspace.HashStart(uint32(r), st.spec.RangeCount),
-			HashEnd:    keyspace.HashEnd(uint32(r), st.spec.RangeCount),
+			HashStart:  bounds.HashStart,
+			HashEnd:    bounds.HashEnd,
 			HomeRegion: rd.role().region,
 			Epoch:      rd.role().epoch,
 			Leader:     n.advertise,

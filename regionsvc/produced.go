@@ -7,7 +7,6 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
-	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -16,7 +15,7 @@ import (
 // The frame becomes the op's frame as it came: no record is decoded into a
 // message or encoded again, and nothing is allocated per record. An append
 // that carries neither records nor a batch is refused here as EMPTY_BATCH.
-func (n *Node) producedAppend(ctx context.Context, req *geologv1.AppendRequest, rangeCount uint32, compacted, streamed bool) (*appendOp, error) {
+func (n *Node) producedAppend(ctx context.Context, req *geologv1.AppendRequest, keys keyRouter, compacted, streamed bool) (*appendOp, error) {
 	frame := req.GetBatch()
 	switch {
 	case len(frame) == 0:
@@ -29,7 +28,7 @@ func (n *Node) producedAppend(ctx context.Context, req *geologv1.AppendRequest, 
 	// The frame is the request's own: proto.Unmarshal copies a bytes field
 	// out of gRPC's (pooled) receive buffer, so the replica may stamp it
 	// in place (batch.Patch) and keep it.
-	h, err := n.checkProduced(req, frame, rangeCount, compacted)
+	h, err := n.checkProduced(req, frame, keys, compacted)
 	if err != nil {
 		return nil, err
 	}
@@ -50,13 +49,13 @@ func (n *Node) producedAppend(ctx context.Context, req *geologv1.AppendRequest, 
 // against the request's producer fields. Errors are *apierr.Error; a frame
 // that is not well formed is INVALID_ARGUMENT wrapping the batch error
 // (batch.ErrShort, batch.ErrCorrupt, batch.ErrNotProduced).
-func (n *Node) checkProduced(req *geologv1.AppendRequest, frame []byte, rangeCount uint32, compacted bool) (batch.Header, error) {
+func (n *Node) checkProduced(req *geologv1.AppendRequest, frame []byte, keys keyRouter, compacted bool) (batch.Header, error) {
 	// The record count is read before the records are walked (the CRC and
 	// the walk then vouch for it): a frame over the bound costs no walk.
 	if h, err := batch.PeekHeader(frame); err == nil && h.RecordCount > recordsPerBatchMax {
 		return batch.Header{}, apierr.New(apierr.BatchTooLarge, "%d records in one batch, over the maximum of %d", h.RecordCount, recordsPerBatchMax)
 	}
-	rc := recordChecker{n: n, req: req, rangeCount: rangeCount, compacted: compacted}
+	rc := recordChecker{n: n, req: req, keys: keys, compacted: compacted}
 	h, err := batch.ValidateProduced(frame, rc.check)
 	if err != nil {
 		var refused *apierr.Error // a record's rule (recordChecker)
@@ -82,11 +81,11 @@ func (n *Node) checkProduced(req *geologv1.AppendRequest, frame []byte, rangeCou
 // recordChecker applies batchRecords' rules to the records of a produced
 // frame as batch.ValidateProduced shows them.
 type recordChecker struct {
-	n          *Node
-	req        *geologv1.AppendRequest
-	rangeCount uint32
-	compacted  bool
-	headers    int // record headers seen so far
+	n         *Node
+	req       *geologv1.AppendRequest
+	keys      keyRouter
+	compacted bool
+	headers   int // record headers seen so far
 }
 
 func (c *recordChecker) check(i int, r batch.RecordView) error {
@@ -97,7 +96,8 @@ func (c *recordChecker) check(i int, r batch.RecordView) error {
 		return apierr.New(apierr.BatchTooLarge, "over %d record headers in one batch", headersPerBatchMax)
 	}
 	if len(r.Key) > 0 {
-		if home := keyspace.RangeForKey(r.Key, c.rangeCount); home != c.req.GetRange() {
+		if !c.keys.owns(c.req.GetRange(), r.Key) {
+			home := c.keys.rangeOf(r.Key)
 			return apierr.New(apierr.InvalidArgument, "record %d: its key belongs to range %d of %s, not range %d", i, home, c.req.GetStream(), c.req.GetRange())
 		}
 	} else if c.compacted {

@@ -40,12 +40,12 @@ func BenchmarkAppendHandling(b *testing.B) {
 						b.Fatal(err)
 					}
 					if form == "batch" {
-						if _, err := n.checkProduced(req, req.GetBatch(), 1, false); err != nil {
+						if _, err := n.checkProduced(req, req.GetBatch(), keyRouter{count: 1}, false); err != nil {
 							b.Fatal(err)
 						}
 						continue
 					}
-					brecs, size, err := n.batchRecords(req, 1, false)
+					brecs, size, err := n.batchRecords(req, keyRouter{count: 1}, false)
 					if err != nil {
 						b.Fatal(err)
 					}

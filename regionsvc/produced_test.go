@@ -96,14 +96,14 @@ func TestProducedFrameMatchesEncoded(t *testing.T) {
 	createStream(t, c, "s", 2)
 	in := mixedRecs("a", 0, 9)
 	req := &geologv1.AppendRequest{Stream: "s", Range: 0, Records: in, ProducerId: 3, BaseSequence: 40}
-	old, err := n.encodedAppend(context.Background(), req, 2, false, false)
+	old, err := n.encodedAppend(context.Background(), req, keyRouter{count: 2}, false, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n.limits.appends.release(old.held)
 	frame := produced(3, 40, in)
 	req = &geologv1.AppendRequest{Stream: "s", Range: 0, Batch: frame, ProducerId: 3, BaseSequence: 40}
-	op, err := n.producedAppend(context.Background(), req, 2, false, false)
+	op, err := n.producedAppend(context.Background(), req, keyRouter{count: 2}, false, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func FuzzCheckProduced(f *testing.F) {
 	n := &Node{cfg: Config{RecordBytesMax: 500, BatchBytesMax: 1 << 16}}
 	f.Fuzz(func(t *testing.T, frame []byte, pid uint64) {
 		req := &geologv1.AppendRequest{Stream: "s", Range: 0, Batch: frame, ProducerId: pid}
-		h, err := n.checkProduced(req, frame, 2, false)
+		h, err := n.checkProduced(req, frame, keyRouter{count: 2}, false)
 		if err != nil {
 			var e *apierr.Error
 			if !errors.As(err, &e) {

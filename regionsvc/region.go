@@ -233,6 +233,10 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 		n.applyNodeRecord(at, rec) // members.go
 		return
 	}
+	if err == nil && rec.Op == opSplit {
+		n.applySplit(at, rec.Spec) // split_apply.go
+		return
+	}
 	if err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "alter" && rec.Op != "acl") {
 		n.logger.Error("catalogue record not understood; skipped", "offset", at, "error", err)
 		return

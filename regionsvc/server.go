@@ -11,7 +11,6 @@ import (
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/internal/appendwire"
 	"github.com/geolog/geolog/internal/rpcerr"
-	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -41,7 +40,7 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, s
 	if err := appendwire.Over(req); err != nil {
 		return nil, nil, err
 	}
-	rd, rangeCount, err := n.rangeAndCount(ctx, req.GetStream(), req.GetRange())
+	rd, keys, err := n.rangeAndCount(ctx, req.GetStream(), req.GetRange())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -57,9 +56,9 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, s
 	}
 	var op *appendOp
 	if len(req.GetBatch()) > 0 || len(req.GetRecords()) == 0 {
-		op, err = n.producedAppend(ctx, req, rangeCount, rd.cfg.compaction != nil, streamed)
+		op, err = n.producedAppend(ctx, req, keys, rd.cfg.compaction != nil, streamed)
 	} else {
-		op, err = n.encodedAppend(ctx, req, rangeCount, rd.cfg.compaction != nil, streamed)
+		op, err = n.encodedAppend(ctx, req, keys, rd.cfg.compaction != nil, streamed)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -71,7 +70,7 @@ func (n *Node) prepareAppend(ctx context.Context, req *geologv1.AppendRequest, s
 // encodedAppend validates the records of an append in the compatibility
 // form (AppendRequest.records), admits it (admitAppendBytes) and encodes
 // its frame.
-func (n *Node) encodedAppend(ctx context.Context, req *geologv1.AppendRequest, rangeCount uint32, compacted, streamed bool) (*appendOp, error) {
+func (n *Node) encodedAppend(ctx context.Context, req *geologv1.AppendRequest, keys keyRouter, compacted, streamed bool) (*appendOp, error) {
 	recs := req.GetRecords()
 	if len(recs) > recordsPerBatchMax {
 		return nil, apierr.New(apierr.BatchTooLarge, "%d records in one batch, over the maximum of %d", len(recs), recordsPerBatchMax)
@@ -79,7 +78,7 @@ func (n *Node) encodedAppend(ctx context.Context, req *geologv1.AppendRequest, r
 	if req.GetProducerId() != 0 && req.GetBaseSequence() > math.MaxUint64-uint64(len(recs)) {
 		return nil, apierr.New(apierr.InvalidArgument, "base_sequence %d overflows", req.GetBaseSequence())
 	}
-	brecs, size, err := n.batchRecords(req, rangeCount, compacted)
+	brecs, size, err := n.batchRecords(req, keys, compacted)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +104,7 @@ func (n *Node) encodedAppend(ctx context.Context, req *geologv1.AppendRequest, r
 // belong to the range (an empty key goes anywhere; a compacted stream
 // takes no keyless records), and returns them as batch records with the
 // encoded batch's size.
-func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32, compacted bool) ([]batch.Record, int, error) {
+func (n *Node) batchRecords(req *geologv1.AppendRequest, keys keyRouter, compacted bool) ([]batch.Record, int, error) {
 	recs := req.GetRecords()
 	brecs := make([]batch.Record, len(recs))
 	size := batch.HeaderSize
@@ -118,7 +117,8 @@ func (n *Node) batchRecords(req *geologv1.AppendRequest, rangeCount uint32, comp
 			return nil, 0, apierr.New(apierr.BatchTooLarge, "over %d record headers in one batch", headersPerBatchMax)
 		}
 		if k := r.GetKey(); len(k) > 0 {
-			if home := keyspace.RangeForKey(k, rangeCount); home != req.GetRange() {
+			if !keys.owns(req.GetRange(), k) {
+				home := keys.rangeOf(k)
 				return nil, 0, apierr.New(apierr.InvalidArgument, "record %d: its key belongs to range %d of %s, not range %d", i, home, req.GetStream(), req.GetRange())
 			}
 		}

@@ -337,6 +337,8 @@ func (r *Replica) noteFrame(h batch.Header) {
 		if h.Index > r.appliedIndex && !slices.Contains(r.fork.unapplied, h.Index) {
 			r.fork.unapplied = append(r.fork.unapplied, h.Index)
 		}
+	case batch.TypeSplit:
+		r.noteSplitFrame(h)
 	}
 }
 

@@ -191,9 +191,9 @@ func frameEntry(frame []byte) (*raftpb.Entry, error) {
 	}
 	e := &raftpb.Entry{Term: proto.Uint64(h.Term), Index: proto.Uint64(h.Index), Type: raftpb.EntryNormal.Enum()}
 	switch h.Type {
-	case batch.TypeData, batch.TypeFork, batch.TypeCompact:
-		// A fork entry's and a compaction marker's data is its frame, as
-		// a data entry's (fork.go, compact.go).
+	case batch.TypeData, batch.TypeFork, batch.TypeCompact, batch.TypeSplit:
+		// A fork entry's and a marker's data is its frame, as a data
+		// entry's (fork.go, compact.go, split.go).
 		e.Data = frame
 	case batch.TypeNoop:
 	case batch.TypeConfig:

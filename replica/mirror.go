@@ -32,6 +32,10 @@ func (r *Replica) ProposeVerbatim(op *Op) {
 		op.Reply(Result{Err: err})
 		return
 	}
+	if err := r.splitBlocksAppends(); err != nil {
+		op.Reply(Result{Err: err})
+		return
+	}
 	h, err := batch.DecodeHeader(op.Frame)
 	if err != nil || h.IsControl() || (h.RecordCount == 0 && !h.Compacted()) {
 		op.Reply(Result{Err: apierr.New(apierr.InvalidArgument, "stream %s range %d: a mirrored frame must be a valid data frame or compaction marker", r.cfg.Stream, r.cfg.Range)})

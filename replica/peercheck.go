@@ -191,7 +191,7 @@ func entryHeader(e *raftpb.Entry) (batch.Header, bool, error) {
 			if d, err := decodeForkDesc(e.GetData()[batch.HeaderSize:size]); err != nil || d.PrevIndex != 0 {
 				return h, false, invalid("entry %d: fork frame %+v: %v", e.GetIndex(), d, err)
 			}
-		case h.Type != batch.TypeData && h.Type != batch.TypeCompact:
+		case h.Type != batch.TypeData && h.Type != batch.TypeCompact && h.Type != batch.TypeSplit:
 			return h, false, invalid("entry %d: a %s frame is not proposed", e.GetIndex(), h.Type)
 		}
 		return h, true, nil

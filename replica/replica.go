@@ -172,7 +172,8 @@ type Replica struct {
 	// keyMarkerEnd the offset after it.
 	keyDecision  batch.Compaction
 	keyMarkerEnd uint64
-	fork         forkState // fork.go
+	fork         forkState  // fork.go
+	split        splitState // split.go
 	// stepped are the entries Step let Raft append since the last Ready,
 	// and snapStepped says a snapshot was stepped since (peerstep.go).
 	stepped     []steppedEntry
@@ -587,28 +588,12 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 	if epoch == 0 {
 		epoch = r.cfg.Epoch
 	}
-	if op.ProducerID != 0 {
-		verdict, orig, err := r.dedup.Check(op.ProducerID, op.BaseSequence, op.RecordCount, epoch)
-		switch verdict {
-		case dedup.Reject:
-			if !leaderConfirmed {
-				r.confirmRejection(op)
-				return
-			}
-			op.Reply(Result{Err: err})
-			return
-		case dedup.Duplicate:
-			p := &proposal{op: op, endOffset: orig.BaseOffset + uint64(orig.RecordCount), res: Result{
-				BaseOffset: orig.BaseOffset, RecordCount: orig.RecordCount, Epoch: orig.Epoch,
-				AppendTimeUnixNanos: orig.AppendTimeUnixNanos, Duplicate: true,
-			}}
-			if p.endOffset <= r.appliedEnd {
-				op.Reply(p.res)
-			} else {
-				r.duplicates = append(r.duplicates, p)
-			}
-			return
-		}
+	if op.ProducerID != 0 && r.answeredByProducer(op, epoch, leaderConfirmed) {
+		return
+	}
+	if err := r.splitBlocksAppends(); err != nil {
+		op.Reply(Result{Err: err}) // after the duplicate check: split.go
+		return
 	}
 	if err := r.staleEpoch(epoch); err != nil {
 		op.Reply(Result{Err: err})
@@ -620,7 +605,9 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 	}
 	base := r.proposeNext
 	batch.Patch(op.Frame, base, epoch, now)
+	splitting := r.proposingSplit(op.Frame)
 	if !r.proposeFrame(op, Result{BaseOffset: base, RecordCount: op.RecordCount, Epoch: epoch, AppendTimeUnixNanos: now}) {
+		r.split.pending = r.split.pending && !splitting
 		return
 	}
 	if op.ProducerID != 0 {
@@ -629,6 +616,40 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 			Epoch: epoch, AppendTimeUnixNanos: now,
 		})
 	}
+}
+
+// answeredByProducer checks op against its producer's batches in the
+// idempotence table and answers it if it is a duplicate (its original
+// offsets) or rejected; it reports whether op was answered.
+func (r *Replica) answeredByProducer(op *Op, epoch uint64, leaderConfirmed bool) bool {
+	verdict, orig, err := r.dedup.Check(op.ProducerID, op.BaseSequence, op.RecordCount, epoch)
+	switch verdict {
+	case dedup.Reject:
+		if err := r.splitBlocksAppends(); err != nil {
+			// A pipelined batch after one refused for the split follows a
+			// gap here: it too goes to a child.
+			op.Reply(Result{Err: err})
+			return true
+		}
+		if !leaderConfirmed {
+			r.confirmRejection(op)
+			return true
+		}
+		op.Reply(Result{Err: err})
+		return true
+	case dedup.Duplicate:
+		p := &proposal{op: op, endOffset: orig.BaseOffset + uint64(orig.RecordCount), res: Result{
+			BaseOffset: orig.BaseOffset, RecordCount: orig.RecordCount, Epoch: orig.Epoch,
+			AppendTimeUnixNanos: orig.AppendTimeUnixNanos, Duplicate: true,
+		}}
+		if p.endOffset <= r.appliedEnd {
+			op.Reply(p.res)
+		} else {
+			r.duplicates = append(r.duplicates, p)
+		}
+		return true
+	}
+	return false
 }
 
 // proposeFrame hands op's frame, stamped with the offsets and times of res,
@@ -895,6 +916,7 @@ type termVoteSaver interface {
 func (r *Replica) rebuildDedup() error {
 	r.dedup = r.base.table(r.cfg.ProducersMax)
 	r.fork.unapplied = r.fork.unapplied[:0] // noted again as the log is replayed
+	r.forgetUnappliedSplit()
 	// Append times too are recomputed from what is left, so that a control
 	// frame written next carries the same time on every replica (the time of
 	// the identical log prefix before it).

@@ -60,6 +60,7 @@ var gRPCCodes = map[apierr.Code]codes.Code{
 	apierr.NodeIDRetired:         codes.FailedPrecondition,
 	apierr.NodeIDInUse:           codes.AlreadyExists,
 	apierr.AddressInUse:          codes.AlreadyExists,
+	apierr.RangeSplit:            codes.FailedPrecondition, // retriable once the client refreshed its range map
 }
 
 // GRPCCode is code's gRPC status code (Unknown for a code outside the

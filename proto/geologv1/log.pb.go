@@ -183,6 +183,13 @@ const (
 	ErrorCode_ERROR_CODE_NODE_ID_IN_USE ErrorCode = 42
 	// Another node of the region has the address.
 	ErrorCode_ERROR_CODE_ADDRESS_IN_USE ErrorCode = 43
+	// The range has split (docs/split.md): its log ends at its split offset
+	// and it takes no more appends; its keys belong to its two children.
+	// Retriable: describe the stream again for its range map and send the
+	// batch to the child that owns its keys. A batch answered so is not in
+	// the range's log (a retry of one that is gets its original offset), so
+	// sending it to a child cannot duplicate it.
+	ErrorCode_ERROR_CODE_RANGE_SPLIT ErrorCode = 44
 )
 
 // Enum value maps for ErrorCode.
@@ -226,6 +233,7 @@ var (
 		41: "ERROR_CODE_NODE_ID_RETIRED",
 		42: "ERROR_CODE_NODE_ID_IN_USE",
 		43: "ERROR_CODE_ADDRESS_IN_USE",
+		44: "ERROR_CODE_RANGE_SPLIT",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":             0,
@@ -266,6 +274,7 @@ var (
 		"ERROR_CODE_NODE_ID_RETIRED":         41,
 		"ERROR_CODE_NODE_ID_IN_USE":          42,
 		"ERROR_CODE_ADDRESS_IN_USE":          43,
+		"ERROR_CODE_RANGE_SPLIT":             44,
 	}
 )
 
@@ -5546,7 +5555,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xad\t\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xc9\t\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -5586,7 +5595,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x19ERROR_CODE_NODE_NOT_FOUND\x10(\x12\x1e\n" +
 	"\x1aERROR_CODE_NODE_ID_RETIRED\x10)\x12\x1d\n" +
 	"\x19ERROR_CODE_NODE_ID_IN_USE\x10*\x12\x1d\n" +
-	"\x19ERROR_CODE_ADDRESS_IN_USE\x10+*t\n" +
+	"\x19ERROR_CODE_ADDRESS_IN_USE\x10+\x12\x1a\n" +
+	"\x16ERROR_CODE_RANGE_SPLIT\x10,*t\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fNODE_STATE_LIVE\x10\x01\x12\x17\n" +
