@@ -63,6 +63,7 @@ const (
 	NodeIDInUse   Code = 42
 	AddressInUse  Code = 43
 )
+
 // RangeSplit is an append to a range that has split (see the proto):
 // retriable once the producer refreshed its range map.
 const RangeSplit Code = 44
