@@ -121,7 +121,7 @@ func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 		return true
 	}
 	st := r.rn.BasicStatus()
-	if !r.isLeader || !r.idleAt(st.GetTerm(), r.cfg.NodeID, true) || r.rn.HasReady() || r.HasLogWrites() {
+	if !r.isLeader || !r.idleAt(st.GetTerm(), r.cfg.NodeID, true) || r.rn.HasReady() || r.HasLogWrites() || len(r.held.msgs) > 0 {
 		return false
 	}
 	last := r.tailIndex
