@@ -175,7 +175,7 @@ type Replica struct {
 	snapReports            []snapReport    // handed to Raft after Advance
 	// held are the commit-only appends a leader holds (commithold.go).
 	held heldCommits
-	pins                   snapshotPins
+	pins snapshotPins
 	// keyDecision is the newest compaction marker applied (compact.go),
 	// keyMarkerEnd the offset after it.
 	keyDecision  batch.Compaction
