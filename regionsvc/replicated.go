@@ -213,12 +213,19 @@ func newHeldCommitTimer() *heldCommitTimer {
 	return &heldCommitTimer{t: t}
 }
 
-// arm sets the timer for the replica's held commits, unless it is set:
-// firing early only sends them early.
+// arm sets the timer for the replica's held commits, unless it is set
+// (firing early only sends them early), and stops it once none are held
+// (the next append replaced them): a range written continuously does not
+// wake every few milliseconds for nothing.
 func (h *heldCommitTimer) arm(rep *replica.Replica) {
-	if wait, ok := rep.HeldCommitsWait(); ok && !h.armed {
+	wait, ok := rep.HeldCommitsWait()
+	switch {
+	case ok && !h.armed:
 		h.t.Reset(wait)
 		h.armed = true
+	case !ok && h.armed:
+		h.t.Stop()
+		h.armed = false
 	}
 }
 
