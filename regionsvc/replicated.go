@@ -84,6 +84,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 		Now:           d.cfg.now,
 		Logger:        d.cfg.logger,
 		HeartbeatTick: rc.heartbeatTicks, ElectionTick: rc.electionTicks,
+		HoldCommits: true, // runReplicated sends them when due
 	}, headers)
 	if err != nil {
 		return err
@@ -129,10 +130,6 @@ func (d *rangeDriver) runReplicated() {
 			d.logger.Error("close store", "error", err)
 		}
 	}()
-	first := d.cfg.repl.firstCampaigner
-	if first == 0 && len(d.cfg.repl.peers) > 0 {
-		first = d.cfg.repl.peers[0]
-	}
 	// The replica's log writes (append, fsync, then the acks that waited
 	// for them) run on their own goroutine, so that this one keeps
 	// stepping messages and proposals while an fsync is in flight.
@@ -144,7 +141,7 @@ func (d *rangeDriver) runReplicated() {
 		<-writerDone
 		<-markDone
 	}
-	if d.rep.IsNewGroup() && first == d.cfg.repl.nodeID && !d.rep.SoleVoter() {
+	if d.rep.IsNewGroup() && d.firstCampaigner() == d.cfg.repl.nodeID && !d.rep.SoleVoter() {
 		if err := d.rep.Campaign(); err != nil {
 			d.logger.Warn("campaign on creation", "error", err)
 		}
@@ -157,6 +154,8 @@ func (d *rangeDriver) runReplicated() {
 	// Taken before any check of a peer's liveness, so that no change
 	// after the check goes unseen (quiesce.go).
 	liveness := d.cfg.repl.liveness()
+	held := newHeldCommitTimer()
+	defer held.t.Stop()
 	for {
 		tick := d.tickIfAwake() // nil while quiesced
 		select {
@@ -184,6 +183,9 @@ func (d *rangeDriver) runReplicated() {
 			d.rep.ReportUnreachable(to)
 		case fn := <-d.execCh:
 			fn()
+		case <-held.t.C:
+			held.armed = false
+			d.rep.SendHeldCommits()
 		case <-maintain.C:
 			d.compact()
 		case <-d.stopCh:
@@ -196,7 +198,48 @@ func (d *rangeDriver) runReplicated() {
 		// an fsync each.
 		d.drainReplicated()
 		d.ready()
+		held.arm(d.rep)
 	}
+}
+
+// heldCommitTimer wakes the driver when the commit-only appends its
+// replica holds are due (replica.Config.HoldCommits: while appends come
+// continuously, the next append carries the commit index to the followers
+// instead of an append of its own).
+type heldCommitTimer struct {
+	t     *time.Timer
+	armed bool
+}
+
+func newHeldCommitTimer() *heldCommitTimer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &heldCommitTimer{t: t}
+}
+
+// arm sets the timer for the replica's held commits, unless it is set
+// (firing early only sends them early), and stops it once none are held
+// (the next append replaced them): a range written continuously does not
+// wake every few milliseconds for nothing.
+func (h *heldCommitTimer) arm(rep *replica.Replica) {
+	wait, ok := rep.HeldCommitsWait()
+	switch {
+	case ok && !h.armed:
+		h.t.Reset(wait)
+		h.armed = true
+	case !ok && h.armed:
+		h.t.Stop()
+		h.armed = false
+	}
+}
+
+// firstCampaigner is the voter that campaigns at once when the group is
+// new.
+func (d *rangeDriver) firstCampaigner() uint64 {
+	if first := d.cfg.repl.firstCampaigner; first != 0 || len(d.cfg.repl.peers) == 0 {
+		return first
+	}
+	return d.cfg.repl.peers[0]
 }
 
 // campaignIfSole makes the sole voter of a group of one (a region of one

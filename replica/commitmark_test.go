@@ -461,3 +461,88 @@ func TestMarkLingersForTheNextWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldCommitsRideTheNextAppend: with Config.HoldCommits, a leader
+// whose appends come one at a time, 1 ms apart, sends no append that only
+// carries the commit index (the next append carries it), yet every
+// follower learns each commit with the next append and publishes as
+// before; the last commit of the burst reaches the followers once the
+// hold is over, and a sparse append's commit is sent at once.
+func TestHeldCommitsRideTheNextAppend(t *testing.T) {
+	c := newClusterOpts(t, 3, 3, func(c *cluster) {
+		c.repCfg = func(id uint64, cfg *Config) { cfg.HoldCommits = true }
+	})
+	c.lingerMarks = true
+	now := time.Unix(1_000_000, 0)
+	setClock := func(d time.Duration) {
+		now = now.Add(d)
+		for _, id := range c.ids {
+			c.clock[id] = now
+		}
+	}
+	setClock(0)
+	c.elect(1)
+	commitOnly := 0
+	c.drop = func(m *raftpb.Message) bool {
+		if m.GetType() == raftpb.MsgApp && len(m.GetEntries()) == 0 && m.GetFrom() == 1 {
+			commitOnly++
+		}
+		return false
+	}
+	var res []Result
+	appendOne := func(i int) {
+		t.Helper()
+		c.replicas[1].Propose(op(7, uint64(i), 1, fmt.Sprint(i), &res))
+		c.settle()
+		if len(res) != i+1 || res[i].Err != nil {
+			t.Fatalf("append %d not answered: %v", i, res)
+		}
+	}
+	for i := range 2 { // two appends set the pace
+		setClock(time.Millisecond)
+		appendOne(i)
+	}
+	commitOnly = 0
+	for i := 2; i < 12; i++ {
+		setClock(time.Millisecond)
+		appendOne(i)
+		if commitOnly != 0 {
+			t.Fatalf("append %d: the leader sent %d commit-only appends while appends came 1 ms apart", i, commitOnly)
+		}
+		for _, id := range c.ids[1:] {
+			if got := c.replicas[id].rn.BasicStatus().GetCommit(); got < c.replicas[1].rn.BasicStatus().GetCommit()-1 {
+				t.Fatalf("append %d: node %d knows commit %d, the leader %d", i, id, got, c.replicas[1].rn.BasicStatus().GetCommit())
+			}
+			if got := c.replicas[id].Committed(); got != uint64(i) {
+				t.Fatalf("append %d: node %d published %d, want %d (all but the newest)", i, id, got, i)
+			}
+		}
+	}
+	if _, ok := c.replicas[1].HeldCommitsWait(); !ok {
+		t.Fatal("the leader holds no commit after the last append")
+	}
+	// The producer stops: the hold ends, the followers learn the last
+	// commit (and their marks' linger ends), and publish everything.
+	setClock(markLingerMax)
+	c.settle()
+	setClock(markLingerMax)
+	c.settle()
+	if commitOnly == 0 {
+		t.Fatal("the held commit was never sent")
+	}
+	for _, id := range c.ids {
+		if got := c.replicas[id].Committed(); got != 12 {
+			t.Fatalf("after the hold: node %d published %d, want 12", id, got)
+		}
+	}
+	// A sparse append (long after the last): its commit is sent at once.
+	setClock(time.Second)
+	commitOnly = 0
+	appendOne(12)
+	if commitOnly == 0 {
+		t.Fatal("sparse append: its commit was held")
+	}
+	if _, ok := c.replicas[1].HeldCommitsWait(); ok {
+		t.Fatal("sparse append: the leader holds a commit")
+	}
+}

@@ -72,6 +72,11 @@
 // that completes a quorum is answered as it is stepped, without waiting
 // for the next Ready cycle (step 6 on its own).
 //
+// With Config.HoldCommits, step 3 holds a leader's appends that only carry
+// a new commit index to a caught-up follower while appends come
+// continuously (commithold.go: the next append carries it); the driver
+// calls SendHeldCommits once HeldCommitsWait has passed.
+//
 // Around the Ready cycles, the driver also (snapshot.go, compact.go):
 //
 //   - hands the transport each MsgSnap ProcessReady gives Config.SendSnapshot

@@ -110,7 +110,8 @@ func (r *Replica) idleAt(term, lead uint64, leader bool) bool {
 // Quiesced then holds until something wakes the group. It returns false
 // (and sends nothing) when the group is not idle: this replica does not
 // lead, something is proposed, read, reconfigured, transferred or forked,
-// Raft has a Ready, a log write is queued, an entry is not committed and
+// Raft has a Ready, a log write is queued, a commit index is held for a
+// follower (commithold.go), an entry is not committed and
 // applied here, or a follower does not hold every entry in Raft's
 // replicate state. live(id), if not nil, says whether a follower's node is
 // up: a follower that is down is not waited for (it catches up when it is
@@ -121,7 +122,7 @@ func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 		return true
 	}
 	st := r.rn.BasicStatus()
-	if !r.isLeader || !r.idleAt(st.GetTerm(), r.cfg.NodeID, true) || r.rn.HasReady() || r.HasLogWrites() {
+	if !r.isLeader || !r.idleAt(st.GetTerm(), r.cfg.NodeID, true) || r.rn.HasReady() || r.HasLogWrites() || len(r.held.msgs) > 0 {
 		return false
 	}
 	last := r.tailIndex

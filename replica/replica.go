@@ -69,6 +69,12 @@ type Config struct {
 	// MaxInflightMsgs bounds append messages in flight per follower,
 	// default 256.
 	MaxInflightMsgs int
+	// HoldCommits lets a leader hold the appends that only carry a new
+	// commit index to a caught-up follower while appends come
+	// continuously, for the next append (which carries it) to replace
+	// (commithold.go). A driver that sets it calls SendHeldCommits when
+	// HeldCommitsWait says.
+	HoldCommits bool
 }
 
 // Op is one append on its way through a replica.
@@ -167,7 +173,9 @@ type Replica struct {
 	staged                 *StagedSnapshot // stepped, awaiting Raft's Ready
 	base                   *producerBase   // decodes state.Producers
 	snapReports            []snapReport    // handed to Raft after Advance
-	pins                   snapshotPins
+	// held are the commit-only appends a leader holds (commithold.go).
+	held heldCommits
+	pins snapshotPins
 	// keyDecision is the newest compaction marker applied (compact.go),
 	// keyMarkerEnd the offset after it.
 	keyDecision  batch.Compaction
@@ -782,7 +790,7 @@ func (r *Replica) ProcessReady() error {
 	// so that its followers write in parallel with it (Raft thesis
 	// 10.2.1). Acks of appends and votes wait in appendMsg's responses
 	// until what they promise is durable.
-	if len(msgs) > 0 {
+	if msgs = r.holdCommits(msgs); len(msgs) > 0 {
 		r.send(msgs)
 	}
 	if r.staged != nil && raft.IsEmptySnap(rd.Snapshot) {
@@ -848,6 +856,9 @@ func (r *Replica) noteRole(ss *raft.SoftState) raft.BasicStatus {
 			r.logger.Info("became leader", "term", r.rn.BasicStatus().GetTerm(), "next_offset", r.proposeNext)
 		}
 		r.leadershipChanged(wasLeader)
+		if !r.isLeader {
+			r.held = heldCommits{} // a follower learns the commit from its new leader
+		}
 	}
 	st := r.rn.BasicStatus()
 	r.term = st.GetTerm()

@@ -160,6 +160,13 @@ func (c *cluster) settle() {
 				}
 				moved = true
 			}
+			if r := c.replicas[id]; r != nil {
+				// As the range driver's timer does (Config.HoldCommits).
+				if wait, ok := r.HeldCommitsWait(); ok && wait == 0 {
+					r.SendHeldCommits()
+					moved = true
+				}
+			}
 			if r := c.replicas[id]; r != nil && !c.holdWrites[id] && r.HasMarkWrite() && !(c.lingerMarks && r.MarkLinger() > 0) {
 				if err := r.WriteMark(); err != nil {
 					c.t.Fatalf("node %d: write mark: %v", id, err)
