@@ -99,8 +99,6 @@ type rangeDriverConfig struct {
 	// compactionFloor, if set, returns the lowest offset still to be kept
 	// for other regions' mirrors (ok false: no bound). See multiregion.go.
 	compactionFloor func() (offset uint64, ok bool)
-	// maintenanceInterval is how often retention and expiry run.
-	maintenanceInterval time.Duration
 	// fenced turns on timeline fences (timeline.go): homing on, a stream
 	// of several regions. wantEpochs asks the node for the epoch starts a
 	// fence lacks (history: the range's epoch history); it must not block.
@@ -161,6 +159,9 @@ type rangeDriver struct {
 	raftIn      chan []*raftpb.Message
 	unreachable chan uint64
 	execCh      chan func()
+	// maintainCh carries the node's maintenance requests (maintenance.go),
+	// at most one pending.
+	maintainCh chan struct{}
 	// holdAcks is set during a Ready cycle: acks are held in heldAcks
 	// until the cycle's end (ready). Driver goroutine.
 	holdAcks bool

@@ -57,6 +57,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	d.raftIn = make(chan []*raftpb.Message, rc.raftInMax)
 	d.unreachable = make(chan uint64, 64)
 	d.execCh = make(chan func(), 16)
+	d.maintainCh = make(chan struct{}, 1)
 	fsys := d.cfg.store.FS
 	if fsys == nil {
 		fsys = vfs.OS()
@@ -147,9 +148,6 @@ func (d *rangeDriver) runReplicated() {
 		d.ready()
 	}
 	d.campaignIfSole()
-	// Retention runs as Raft log compaction (see snapshot.go).
-	maintain := time.NewTicker(d.cfg.maintenanceInterval)
-	defer maintain.Stop()
 	// Taken before any check of a peer's liveness, so that no change
 	// after the check goes unseen (quiesce.go).
 	liveness := d.cfg.repl.liveness()
@@ -180,7 +178,9 @@ func (d *rangeDriver) runReplicated() {
 			d.rep.ReportUnreachable(to)
 		case fn := <-d.execCh:
 			fn()
-		case <-maintain.C:
+		case <-d.maintainCh:
+			// The node's sweep (maintenance.go): retention runs as
+			// Raft log compaction (see snapshot.go).
 			d.compact()
 		case <-d.stopCh:
 			d.stopReplicated(stopWriter)
