@@ -175,6 +175,12 @@ type rangeDriver struct {
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
+	// startHold counts the ticks a voter still skips at start, waiting
+	// for its group's preferred leader, startPreferred, to campaign;
+	// startHoldElection is an election timeout in ticks (startup.go).
+	// Driver goroutine.
+	startHold, startHoldElection int
+	startPreferred               uint64
 	// balance is the preferred-leader state (leaderbalance.go).
 	balance leaderBalance
 	// durable is when the log became durable up to which offset

@@ -141,12 +141,7 @@ func (d *rangeDriver) runReplicated() {
 		<-writerDone
 		<-markDone
 	}
-	if d.rep.IsNewGroup() && first == d.cfg.repl.nodeID && !d.rep.SoleVoter() {
-		if err := d.rep.Campaign(); err != nil {
-			d.logger.Warn("campaign on creation", "error", err)
-		}
-		d.ready()
-	}
+	d.startElection(first) // startup.go
 	d.campaignIfSole()
 	// Taken before any check of a peer's liveness, so that no change
 	// after the check goes unseen (quiesce.go).
@@ -164,6 +159,9 @@ func (d *rangeDriver) runReplicated() {
 			// before the drain takes more proposals into the cycle.
 			d.ready()
 		case <-tick:
+			if d.holdStart() {
+				break // waiting for the preferred leader's campaign
+			}
 			if d.maybeQuiesce() {
 				break // an idle leader quiesces instead of ticking
 			}
