@@ -175,12 +175,15 @@ type rangeDriver struct {
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
-	// startHold counts the ticks a voter still skips at start, waiting
-	// for its group's preferred leader, startPreferred, to campaign;
-	// startHoldElection is an election timeout in ticks (startup.go).
-	// Driver goroutine.
-	startHold, startHoldElection int
-	startPreferred               uint64
+	// hold is the voter's wait at start for its group's preferred
+	// leader to campaign (startup.go). Driver goroutine.
+	hold startHold
+	// holdFor is the preferred leader the hold waits for, 0 once it
+	// refused it a vote or the hold ended (any goroutine).
+	holdFor atomic.Uint64
+	// preferredAtStart is set while this replica is its group's
+	// preferred leader at start and knows no leader yet (startup.go).
+	preferredAtStart bool
 	// balance is the preferred-leader state (leaderbalance.go).
 	balance leaderBalance
 	// durable is when the log became durable up to which offset

@@ -97,6 +97,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 // reported to Raft as an unreachable peer (after the Ready cycle).
 func (d *rangeDriver) sendRaft(msgs []*raftpb.Message) {
 	for _, m := range msgs {
+		d.noteVoteRefused(m) // startup.go
 		if err := d.cfg.repl.transport.Send(d.cfg.repl.groupID, m); err != nil {
 			select {
 			case d.unreachable <- m.GetTo():
@@ -172,6 +173,9 @@ func (d *rangeDriver) runReplicated() {
 		case <-liveness:
 			liveness = d.cfg.repl.liveness()
 			d.wakeIfLeaderDown(true)
+			if d.preferredAtStart {
+				d.campaignAtStart() // startup.go
+			}
 		case to := <-d.unreachable:
 			d.rep.ReportUnreachable(to)
 		case fn := <-d.execCh:
