@@ -363,14 +363,26 @@ func (n *Node) leadsCatalogue() bool {
 func (n *Node) applyRoles() {
 	hs := n.homing
 	view := hs.homes.View()
+	// The ranges are listed under n.mu and their roles set under dirMu
+	// alone: refreshDirectory takes n.mu (rangeKeys, streamSpec) while
+	// holding dirMu, and with the ticker waiting to write n.mu, holding
+	// n.mu here while waiting for dirMu deadlocked the node.
+	type keyed struct {
+		d   *rangeDriver
+		key homing.RangeKey
+	}
+	var all []keyed
 	n.mu.RLock()
-	defer n.mu.RUnlock()
-	hs.dirMu.Lock()
-	defer hs.dirMu.Unlock()
 	for _, st := range n.streams {
 		for r, d := range st.ranges {
-			d.setRole(n.roleOf(view, homing.RangeKey{Stream: st.spec.Name, Range: uint32(r)}))
+			all = append(all, keyed{d, homing.RangeKey{Stream: st.spec.Name, Range: uint32(r)}})
 		}
+	}
+	n.mu.RUnlock()
+	hs.dirMu.Lock()
+	defer hs.dirMu.Unlock()
+	for _, k := range all {
+		k.d.setRole(n.roleOf(view, k.key))
 	}
 }
 

@@ -88,9 +88,18 @@ type LimitsConfig struct {
 	// (SLOW_CONSUMER), default 30 s.
 	SubscriberSendTimeout time.Duration
 	// RangesMax bounds the ranges the node hosts (every range of every
-	// stream placed in its region), default what the file descriptors
-	// left by ConnectionsMax allow (two per range).
+	// stream placed in its region), default 16,384: an idle range holds
+	// no file descriptor (FileDescriptorsMax bounds them node-wide), so
+	// the bound is memory, about 125 KiB per idle range.
 	RangesMax int
+	// FileDescriptorsMax bounds the descriptors of the ranges' files
+	// (segments, their key indexes, Raft state) held at once, node-wide:
+	// idle files are closed, least recently used first, and reopened on
+	// their next use (vfs.Cache). A file being written, not yet synced
+	// or in a call is never closed, so the bound is exceeded while that
+	// many are busy. Default half of what ConnectionsMax and the reserve
+	// leave of RLIMIT_NOFILE, at least 64.
+	FileDescriptorsMax int
 	// QuotaRequestsPerSecond and QuotaBytesPerSecond bound each
 	// principal's requests and bytes (appended or read) per second; 0
 	// (the default) means no quota.
@@ -100,11 +109,11 @@ type LimitsConfig struct {
 	receiveWait time.Duration
 }
 
-// File descriptors a range holds (its segment and index files), and those
-// kept for everything else, for RangesMax's default.
+// File descriptors kept for everything but connections and range files,
+// and RangesMax's default (see RangesMax).
 const (
-	fdsPerRange = 2
-	fdsReserved = 512
+	fdsReserved      = 512
+	rangesMaxDefault = 16384
 )
 
 // overloadRetryAfter is the wait a budget's refusal asks for, jittered:
@@ -123,7 +132,8 @@ func (c *LimitsConfig) setDefaults(fileLimit int) {
 	setDefault(&c.HandshakeTimeout, 10*time.Second)
 	setDefault(&c.ConnectionIdleMax, 15*time.Minute)
 	setDefault(&c.SubscriberSendTimeout, 30*time.Second)
-	setDefault(&c.RangesMax, max(64, (fileLimit-c.ConnectionsMax-fdsReserved)/fdsPerRange))
+	setDefault(&c.RangesMax, rangesMaxDefault)
+	setDefault(&c.FileDescriptorsMax, max(64, (fileLimit-c.ConnectionsMax-fdsReserved)/2))
 }
 
 func setDefault[T int | int64 | time.Duration](v *T, d T) {

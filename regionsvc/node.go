@@ -441,6 +441,10 @@ type Node struct {
 	// dirLock is the node's exclusive lock on its data directory, held from
 	// New to Close: a second node on the same directory fails to start.
 	dirLock io.Closer
+	// files is the file system of the ranges' files: Config.FS behind a
+	// node-wide bound on open descriptors (Limits.FileDescriptorsMax).
+	// Its Lock is in-process only: dirLock keeps other processes out.
+	files   *vfs.Cache
 	closing chan struct{}
 	started time.Time // when New returned (Config.Now)
 	// limits are the node's budgets and quotas (limits.go); conns its
@@ -482,6 +486,7 @@ func New(cfg Config) (*Node, error) {
 		streams:  map[string]*streamState{},
 		closing:  make(chan struct{}),
 		serveErr: make(chan error, 1),
+		files:    vfs.NewCache(cfg.fsys(), cfg.Limits.FileDescriptorsMax),
 		started:  cfg.Now(),
 		book:     newAddrBook(),
 		tasks:    stopper.New(),
@@ -615,7 +620,7 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 	store.SegmentBytesMax = n.cfg.SegmentBytesMax
 	store.Fsync = n.cfg.Fsync
 	store.Now = n.cfg.Now
-	store.FS = n.cfg.FS
+	store.FS = n.files
 	store.Keyring = n.keyring
 	if rc != nil {
 		// Retention applies to replicated ranges too, as Raft log
@@ -623,17 +628,16 @@ func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *re
 		n.completeReplication(rc)
 	}
 	return rangeDriverConfig{
-		stream:              stream,
-		rangeID:             r,
-		store:               store,
-		epoch:               n.cfg.Epoch,
-		logger:              n.cfg.Logger,
-		now:                 n.cfg.Now,
-		inboxOpsMax:         n.cfg.InboxOpsMax,
-		producersMax:        n.cfg.ProducersMax,
-		maintenanceInterval: n.cfg.MaintenanceInterval,
-		metrics:             n.metrics,
-		repl:                rc,
+		stream:       stream,
+		rangeID:      r,
+		store:        store,
+		epoch:        n.cfg.Epoch,
+		logger:       n.cfg.Logger,
+		now:          n.cfg.Now,
+		inboxOpsMax:  n.cfg.InboxOpsMax,
+		producersMax: n.cfg.ProducersMax,
+		metrics:      n.metrics,
+		repl:         rc,
 
 		appendQueueDelayTarget: n.cfg.AppendQueueDelayTarget,
 	}

@@ -99,8 +99,6 @@ type rangeDriverConfig struct {
 	// compactionFloor, if set, returns the lowest offset still to be kept
 	// for other regions' mirrors (ok false: no bound). See multiregion.go.
 	compactionFloor func() (offset uint64, ok bool)
-	// maintenanceInterval is how often retention and expiry run.
-	maintenanceInterval time.Duration
 	// fenced turns on timeline fences (timeline.go): homing on, a stream
 	// of several regions. wantEpochs asks the node for the epoch starts a
 	// fence lacks (history: the range's epoch history); it must not block.
@@ -161,6 +159,9 @@ type rangeDriver struct {
 	raftIn      chan []*raftpb.Message
 	unreachable chan uint64
 	execCh      chan func()
+	// maintainCh carries the node's maintenance requests (maintenance.go),
+	// at most one pending.
+	maintainCh chan struct{}
 	// holdAcks is set during a Ready cycle: acks are held in heldAcks
 	// until the cycle's end (ready). Driver goroutine.
 	holdAcks bool
@@ -174,6 +175,15 @@ type rangeDriver struct {
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int
+	// hold is the voter's wait at start for its group's preferred
+	// leader to campaign (startup.go). Driver goroutine.
+	hold startHold
+	// holdFor is the preferred leader the hold waits for, 0 once it
+	// refused it a vote or the hold ended (any goroutine).
+	holdFor atomic.Uint64
+	// preferredAtStart is set while this replica is its group's
+	// preferred leader at start and knows no leader yet (startup.go).
+	preferredAtStart bool
 	// balance is the preferred-leader state (leaderbalance.go).
 	balance leaderBalance
 	// durable is when the log became durable up to which offset

@@ -107,6 +107,7 @@ func (n *Node) openRegion() error {
 	rg.transport = tr
 	n.region = rg
 	go n.ticker()
+	go n.maintenanceSweep()
 	// Streams this node applied before a restart (all committed) open at
 	// once, from the applied catalogue it keeps, before the catalogue range
 	// starts applying (which skips streams that exist).

@@ -61,6 +61,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	d.raftIn = make(chan []*raftpb.Message, rc.raftInMax)
 	d.unreachable = make(chan uint64, 64)
 	d.execCh = make(chan func(), 16)
+	d.maintainCh = make(chan struct{}, 1)
 	fsys := d.cfg.store.FS
 	if fsys == nil {
 		fsys = vfs.OS()
@@ -101,6 +102,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 // reported to Raft as an unreachable peer (after the Ready cycle).
 func (d *rangeDriver) sendRaft(msgs []*raftpb.Message) {
 	for _, m := range msgs {
+		d.noteVoteRefused(m) // startup.go
 		if err := d.cfg.repl.transport.Send(d.cfg.repl.groupID, m); err != nil {
 			select {
 			case d.unreachable <- m.GetTo():
@@ -141,16 +143,8 @@ func (d *rangeDriver) runReplicated() {
 		<-writerDone
 		<-markDone
 	}
-	if d.rep.IsNewGroup() && d.firstCampaigner() == d.cfg.repl.nodeID && !d.rep.SoleVoter() {
-		if err := d.rep.Campaign(); err != nil {
-			d.logger.Warn("campaign on creation", "error", err)
-		}
-		d.ready()
-	}
+	d.startElection(d.firstCampaigner()) // startup.go
 	d.campaignIfSole()
-	// Retention runs as Raft log compaction (see snapshot.go).
-	maintain := time.NewTicker(d.cfg.maintenanceInterval)
-	defer maintain.Stop()
 	// Taken before any check of a peer's liveness, so that no change
 	// after the check goes unseen (quiesce.go).
 	liveness := d.cfg.repl.liveness()
@@ -169,6 +163,9 @@ func (d *rangeDriver) runReplicated() {
 			// before the drain takes more proposals into the cycle.
 			d.ready()
 		case <-tick:
+			if d.holdStart() {
+				break // waiting for the preferred leader's campaign
+			}
 			if d.maybeQuiesce() {
 				break // an idle leader quiesces instead of ticking
 			}
@@ -179,6 +176,9 @@ func (d *rangeDriver) runReplicated() {
 		case <-liveness:
 			liveness = d.cfg.repl.liveness()
 			d.wakeIfLeaderDown(true)
+			if d.preferredAtStart {
+				d.campaignAtStart() // startup.go
+			}
 		case to := <-d.unreachable:
 			d.rep.ReportUnreachable(to)
 		case fn := <-d.execCh:
@@ -186,7 +186,9 @@ func (d *rangeDriver) runReplicated() {
 		case <-held.t.C:
 			held.armed = false
 			d.rep.SendHeldCommits()
-		case <-maintain.C:
+		case <-d.maintainCh:
+			// The node's sweep (maintenance.go): retention runs as
+			// Raft log compaction (see snapshot.go).
 			d.compact()
 		case <-d.stopCh:
 			d.stopReplicated(stopWriter)

@@ -19,9 +19,9 @@
 # address); GEOLOGD_FLAGS adds flags to every node; GEOLOG_BENCH_BIN=dir
 # runs other binaries (before/after runs). Ports: BASE+1..3 (nodes),
 # BASE+11..13 (debug), BASE+50 (PostgreSQL); BASE is
-# GEOLOG_BENCH_PORT, default 9600. A node hosts at most as many ranges as
-# its file descriptors allow (two per range, regionsvc LimitsConfig.RangesMax):
-# with `ulimit -n` 20000, about 7,000.
+# GEOLOG_BENCH_PORT, default 9600. Idle ranges hold no file descriptors
+# (regionsvc LimitsConfig.FileDescriptorsMax bounds them node-wide);
+# READY_SECONDS (default 600) bounds each wait for /readyz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${GEOLOG_BENCH_BIN:-$PWD/bin}
@@ -29,6 +29,7 @@ RUNDIR=$PWD/run/bench-ranges
 RANGES=${RANGES:-1000}
 SETTLE=${SETTLE_SECONDS:-15}
 IDLE=${IDLE_SECONDS:-30}
+READY=${READY_SECONDS:-600}
 BASE=${GEOLOG_BENCH_PORT:-9600}
 GEOLOGD_FLAGS=${GEOLOGD_FLAGS:-}
 PEERS="1=127.0.0.1:$((BASE+1)),2=127.0.0.1:$((BASE+2)),3=127.0.0.1:$((BASE+3))"
@@ -69,14 +70,14 @@ all_ready() {
 
 # wait_ready LABEL T0: polls until all_ready, prints the seconds since T0.
 wait_ready() {
-	for _ in $(seq 1 3000); do
+	for _ in $(seq 1 $((READY * 5))); do
 		if all_ready; then
 			printf '%-34s %6.1f s    [%s]\n' "$1" "$(echo "$(date +%s.%N) - $2" | bc)" "$(uptime)"
 			return 0
 		fi
 		sleep 0.2
 	done
-	echo "$1: not ready after 600 s" >&2
+	echo "$1: not ready after $READY s" >&2
 	exit 1
 }
 
@@ -100,9 +101,10 @@ measure() {
 	for i in 0 1 2; do
 		t1=$(cpu_ticks "${PIDS[i]}")
 		g=$(curl -s "http://127.0.0.1:$((BASE+11+i))/debug/pprof/goroutine?debug=1" | awk 'NR == 1 {print $NF}')
-		printf '%s node %d: cpu %5.1f%% of a core over %ds, rss %4d MiB, goroutines %6s    [%s]\n' "$1" $((i+1)) \
+		printf '%s node %d: cpu %5.1f%% of a core over %ds, rss %4d MiB, goroutines %6s, open fds %5d    [%s]\n' "$1" $((i+1)) \
 			"$(echo "100 * ($t1 - ${c0[i]}) / $hz / $IDLE" | bc -l)" "$IDLE" \
-			"$(( $(awk '/VmRSS/ {print $2}' "/proc/${PIDS[i]}/status") / 1024 ))" "$g" "$(uptime)"
+			"$(( $(awk '/VmRSS/ {print $2}' "/proc/${PIDS[i]}/status") / 1024 ))" "$g" \
+			"$(find "/proc/${PIDS[i]}/fd" -mindepth 1 -maxdepth 1 | wc -l)" "$(uptime)"
 	done
 	printf '%s lease store: %.1f transactions/s over %ds    [%s]\n' "$1" "$(echo "($x1 - $x0) / $IDLE" | bc -l)" "$IDLE" "$(uptime)"
 }

@@ -50,10 +50,13 @@ func memEnv(seed uint64) env {
 	return env{fs: m, dir: "/range", mem: m}
 }
 
-// forEachFS runs fn as the subtests "os" and "mem".
+// forEachFS runs fn as the subtests "os", "mem" and "cache": the real
+// file system behind a node's file cache (vfs.Cache) of two descriptors,
+// so that the store's files are closed and reopened all the time.
 func forEachFS(t *testing.T, fn func(t *testing.T, e env)) {
 	t.Run("os", func(t *testing.T) { fn(t, osEnv(t)) })
 	t.Run("mem", func(t *testing.T) { fn(t, memEnv(1)) })
+	t.Run("cache", func(t *testing.T) { fn(t, env{fs: vfs.NewCache(vfs.OS(), 2), dir: t.TempDir()}) })
 }
 
 // smallConfig is a config with tiny segments and a dense index, so that a
