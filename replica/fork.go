@@ -268,7 +268,8 @@ func (r *Replica) forkKeepIndex(at, floor, tail uint64) (uint64, *apierr.Error) 
 // seen in its log (since it opened: those it held then, and every one
 // since) and of any fork it applied: the fencing floor for appends. Safe
 // from any goroutine. (Retention that deletes every data frame of the log
-// leaves, after a restart, only the forks' epochs.) It never goes down, not
+// leaves, after a restart, the forks' epochs and HardState.CompactedEpoch,
+// the highest epoch of the frames compaction deleted.) It never goes down, not
 // even when an uncommitted suffix is replaced: epochs come from the lease
 // store, so an epoch once proposed anywhere was granted. It also covers
 // what this replica, as leader, proposed.
