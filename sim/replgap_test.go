@@ -24,7 +24,6 @@ func TestRetainedMirrorIsForked(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a simulated minute")
 	}
-	t.Skip("seed 129 reaches the open gaps P1/P2 (notes/simtriage.md): to be re-pointed")
 	if _, err := Run(Options{Seed: 129, Steps: 60000, Regions: 3}); err != nil {
 		t.Fatal(err)
 	}
