@@ -132,6 +132,9 @@ type rangeDriver struct {
 	// homeLeaderID is, on a mirror, the home leader's Raft id in its region
 	// as its heartbeats say (0: not heard yet).
 	homeLeaderID atomic.Uint64
+	// homeFloor is, on a mirror, the home's compaction floor as its
+	// heartbeats last said it, plus one (0: not heard): see compact.
+	homeFloor atomic.Uint64
 	// roleP is the range's current home (see homing.go); never nil after
 	// open.
 	roleP atomic.Pointer[rangeRole]

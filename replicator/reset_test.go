@@ -104,3 +104,27 @@ func TestResetPoint(t *testing.T) {
 		}
 	}
 }
+
+// TestHeartbeatCarriesHomeFloor: a task's heartbeats carry the home's
+// compaction floor (TaskConfig.RetainFrom) to the mirror, which keeps its
+// log from there (regionsvc: the mirror leader's compaction floor), so
+// that a mirror that becomes the home still holds what the others need
+// (notes/simgaps.md P3); a home that does not know it sends none.
+func TestHeartbeatCarriesHomeFloor(t *testing.T) {
+	for _, known := range []bool{true, false} {
+		g := newLogGen(5, 50)
+		src := NewMemSource(0)
+		g.fill(t, src, 5, 2)
+		node := startMirror(t, NewMemMirrorStore(), nil)
+		m := node.store.Range(testStream, testRange)
+		cfg := taskConfig(t, src, newDialer(t), node.addr)
+		cfg.RetainFrom = func() (uint64, bool) { return 7, known }
+		rt := startTask(t, cfg)
+		waitFor(t, 20*time.Second, "heartbeats", func() bool { _, n := m.LastHeartbeat(); return n > 2 })
+		hb, _ := m.LastHeartbeat()
+		if hb.RetainFromKnown != known || (known && hb.RetainFrom != 7) {
+			t.Fatalf("known %v: the mirror heard floor %d (known %v)", known, hb.RetainFrom, hb.RetainFromKnown)
+		}
+		rt.stop(t)
+	}
+}

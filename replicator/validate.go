@@ -70,6 +70,8 @@ func checkHeartbeat(req *geologinternalv1.ReplicateRequest, epoch uint64) (Heart
 		HomeTimeUnixNanos: hb.GetHomeTimeUnixNanos(),
 		Epoch:             hb.GetHomeEpoch(),
 		LeaderNodeID:      hb.GetLeaderNodeId(),
+		RetainFrom:        hb.GetRetainFromOffset(),
+		RetainFromKnown:   hb.RetainFromOffset != nil,
 	}, nil
 }
 
