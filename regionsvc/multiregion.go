@@ -596,7 +596,7 @@ func (m *replicationManager) start(k taskKey, d *rangeDriver) {
 
 		TracerProvider: n.shipTracer(),
 		// Mirrors keep their logs from the home's floor (P3, notes/simgaps.md).
-		RetainFrom: func() (uint64, bool) { return n.mirrorFloor(k.stream, k.rng) },
+		RetainFrom: func() (uint64, bool) { v := d.taskFloor.Load(); return v - 1, v != 0 },
 	})
 	if err != nil {
 		n.logger.Error("replicator task", "stream", k.stream, "range", k.rng, "region", k.region, "error", err)

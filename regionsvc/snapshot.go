@@ -49,6 +49,11 @@ func (d *rangeDriver) compact() {
 	}
 	if d.cfg.compactionFloor != nil {
 		floor, ok := d.cfg.compactionFloor()
+		var tf uint64 // the tasks' floor for their heartbeats, plus one
+		if ok {
+			tf = floor + 1
+		}
+		d.taskFloor.Store(tf)
 		if h := d.homeFloor.Load(); !ok && h != 0 && !d.isHome() && d.rep.IsLeader() {
 			// The mirror group's leader, which hears the home's
 			// heartbeats, keeps its log from the floor they last carried:
