@@ -302,6 +302,9 @@ func (m *mirrorRange) RecordHeartbeat(hb replicator.Heartbeat) error {
 	if hb.LeaderNodeID != 0 {
 		m.d.homeLeaderID.Store(hb.LeaderNodeID)
 	}
+	if hb.RetainFromKnown {
+		m.d.homeFloor.Store(hb.RetainFrom + 1)
+	}
 	return nil
 }
 
@@ -592,6 +595,8 @@ func (m *replicationManager) start(k taskKey, d *rangeDriver) {
 		Logger: n.cfg.Logger,
 
 		TracerProvider: n.shipTracer(),
+		// Mirrors keep their logs from the home's floor (P3, notes/simgaps.md).
+		RetainFrom: func() (uint64, bool) { v := d.taskFloor.Load(); return v - 1, v != 0 },
 	})
 	if err != nil {
 		n.logger.Error("replicator task", "stream", k.stream, "range", k.rng, "region", k.region, "error", err)

@@ -130,6 +130,14 @@ type rangeDriver struct {
 	// homeLeaderID is, on a mirror, the home leader's Raft id in its region
 	// as its heartbeats say (0: not heard yet).
 	homeLeaderID atomic.Uint64
+	// homeFloor is, on a mirror, the home's compaction floor as its
+	// heartbeats last said it, plus one (0: not heard): see compact.
+	homeFloor atomic.Uint64
+	// taskFloor is, on the home leader, the compaction floor of its
+	// replicator tasks as compact last read it, plus one (0: unknown): what
+	// the tasks' heartbeats carry (reading the manager from a task's
+	// goroutine would deadlock against a reconcile that waits for it).
+	taskFloor atomic.Uint64
 	// roleP is the range's current home (see homing.go); never nil after
 	// open.
 	roleP atomic.Pointer[rangeRole]

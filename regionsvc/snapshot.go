@@ -52,6 +52,20 @@ func (d *rangeDriver) compact() {
 	}
 	if d.cfg.compactionFloor != nil {
 		floor, ok := d.cfg.compactionFloor()
+		var tf uint64 // the tasks' floor for their heartbeats, plus one
+		if ok {
+			tf = floor + 1
+		}
+		d.taskFloor.Store(tf)
+		if h := d.homeFloor.Load(); !ok && h != 0 && !d.isHome() && d.rep.IsLeader() {
+			// The mirror group's leader, which hears the home's
+			// heartbeats, keeps its log from the floor they last carried:
+			// should this region become the home, it still holds what
+			// every other mirror needs to fork and catch up
+			// (notes/simgaps.md P3). Followers hold nothing back, as on
+			// the home.
+			floor, ok = h-1, true
+		}
 		d.rep.SetCompactionFloor(floor, ok)
 	}
 	n, err := d.rep.Compact()

@@ -110,12 +110,15 @@ func (r *Replica) moveCompactionPoint(last segment.SegmentInfo) error {
 	}
 	// The producer base follows the compaction point: it takes in the
 	// batches Raft no longer reads.
-	base, err := r.advanceBase(last.LastIndex)
+	base, epoch, err := r.advanceBaseEpoch(last.LastIndex)
 	if err != nil {
 		return err
 	}
 	prev := r.state
 	r.state.Producers = base.encode()
+	// The deleted frames' epoch stays known (HighestEpoch) when retention
+	// deletes the whole log.
+	r.state.CompactedEpoch = max(r.state.CompactedEpoch, epoch)
 	r.state.SnapshotIndex, r.state.SnapshotTerm = last.LastIndex, last.LastTerm
 	r.state.SnapshotNextOffset, r.state.SnapshotAppendUnixNanos = last.NextOffset, last.MaxAppendTimeUnixNanos
 	if r.state.Raft.GetCommit() < last.LastIndex {
@@ -208,17 +211,31 @@ func (r *Replica) recoverKeyCompaction(headers []batch.Header) error {
 // advanceBase returns the producer base as of index: the current one (as
 // of the compaction point) with the frames after it up to index.
 func (r *Replica) advanceBase(index uint64) (*producerBase, error) {
+	base, _, err := r.advanceBaseEpoch(index)
+	return base, err
+}
+
+// advanceBaseEpoch is advanceBase, and also returns the highest epoch of
+// the data frames it read (0: none).
+func (r *Replica) advanceBaseEpoch(index uint64) (*producerBase, uint64, error) {
 	base := r.base.clone()
 	lo := max(r.cfg.Log.FirstIndex(), r.state.SnapshotIndex+1)
 	if lo > index {
-		return base, nil
+		return base, 0, nil
 	}
 	// Headers only: the frames about to be deleted are not copied out
 	// (with retention, every compaction reads a whole segment).
-	if err := r.cfg.Log.HeadersByIndex(lo, index+1, base.record); err != nil {
-		return nil, fmt.Errorf("replica: read frames to compact at index %d: %w", lo, err)
+	var epoch uint64
+	err := r.cfg.Log.HeadersByIndex(lo, index+1, func(h batch.Header) {
+		if h.Type == batch.TypeData {
+			epoch = max(epoch, h.Epoch)
+		}
+		base.record(h)
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("replica: read frames to compact at index %d: %w", lo, err)
 	}
-	return base, nil
+	return base, epoch, nil
 }
 
 // prefixThrough is how many of cands, from the oldest, hold only entries

@@ -1,7 +1,14 @@
 package replica
 
 import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
 	"testing"
+	"time"
+
+	"github.com/geolog/geolog/segment"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
@@ -65,5 +72,75 @@ func TestStaleEpochRefused(t *testing.T) {
 	}
 	if got := c.logValues(2); len(got) != 5 {
 		t.Fatalf("log %v, want 5 records (the stale ones refused)", got)
+	}
+}
+
+// TestEpochSurvivesWholeLogCompaction: retention deletes every frame of a
+// log of epoch-3 batches and the group restarts; the replicas still know
+// the epoch their log ended in (HardState.CompactedEpoch), which a mirror
+// answers a new home's open with (notes/simgaps.md, P2): without it they
+// would report none, and a new home would not resend to a divergent tail.
+func TestEpochSurvivesWholeLogCompaction(t *testing.T) {
+	base := time.Unix(1_800_000_000, 0)
+	c := newClusterOpts(t, 3, 3, func(c *cluster) {
+		c.storeCfg = func(_ uint64, cfg *segment.Config) {
+			cfg.SegmentBytesMax = segment.SegmentBytesMaxMin
+			cfg.RetentionAge = time.Minute
+		}
+	})
+	for _, id := range c.ids {
+		c.clock[id] = base
+	}
+	c.elect(1)
+	var res []Result
+	for i := uint64(0); i < 20; i++ {
+		o := op(7, 2*i, 2, fmt.Sprintf("e3-%d", i), &res)
+		o.Epoch = 3
+		c.replicas[1].Propose(o)
+		c.settle()
+	}
+	c.tick(2)
+	committed := c.agree()
+	for _, id := range c.ids {
+		c.clock[id] = base.Add(time.Hour)
+		if c.compact(id) == 0 || c.logs[id].StartOffset() != committed {
+			t.Fatalf("node %d: log starts at %d, want compacted whole to %d", id, c.logs[id].StartOffset(), committed)
+		}
+	}
+	for _, id := range c.ids {
+		c.stop(id)
+	}
+	for _, id := range c.ids {
+		c.start(id)
+		if e := c.replicas[id].HighestEpoch(); e != 3 {
+			t.Fatalf("node %d restarted with no frame left: highest epoch %d, want 3", id, e)
+		}
+		if h, _, err := c.states[id].Load(); err != nil || h.CompactedEpoch != 3 {
+			t.Fatalf("node %d state: compacted epoch %d (%v), want 3", id, h.CompactedEpoch, err)
+		}
+	}
+}
+
+// TestStateWithoutCompactedEpochLoads: a state file written before
+// compacted_epoch existed loads, with the epoch unknown (0), and the field
+// round-trips.
+func TestStateWithoutCompactedEpochLoads(t *testing.T) {
+	body := []byte(`{"term":2,"vote":1,"commit":9,"voters":[1,2,3],"conf_index":1,"snapshot_index":9,"snapshot_term":2,"snapshot_next_offset":40}`)
+	old := append(binary.LittleEndian.AppendUint32(nil, crc32.Checksum(body, castagnoli)), body...)
+	h, err := decodeState(old)
+	if err != nil || h.CompactedEpoch != 0 || h.SnapshotNextOffset != 40 {
+		t.Fatalf("older state: %+v, %v", h, err)
+	}
+	h.CompactedEpoch = 5
+	b, err := encodeState(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2, err := decodeState(b); err != nil || h2.CompactedEpoch != 5 {
+		t.Fatalf("round trip: compacted epoch %d, %v", h2.CompactedEpoch, err)
+	}
+	h.CompactedEpoch = 0
+	if b, _ := encodeState(h); bytes.Contains(b, []byte("compacted_epoch")) {
+		t.Fatalf("a zero compacted epoch is written: %s", b[4:])
 	}
 }

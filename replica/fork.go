@@ -164,10 +164,17 @@ type forkState struct {
 // nothing and only raises the epoch; one repeating the last fork (same at
 // and epoch, nothing appended since) is answered at once with its record.
 //
+// A fork below the compaction point (at < the log's start here) resets
+// the log: every replica orphans what it holds at offsets >= at and drops
+// the rest (what it retains below at, which retention deleted on the
+// proposer already), and the log continues, empty, at at. The caller
+// asserts that nothing the log holds from at on is the range's: a mirror
+// whose every frame is of an older epoch than a new home's batch from at
+// (replicator.Forker, notes/simgaps.md P1).
+//
 // Errors: NOT_LEADER (retriable) on a follower; UNAVAILABLE (retriable)
 // while appends are in flight or another fork is in progress; OFFSET_OUT_OF_RANGE
-// for at past the committed tail or below the compaction point (the
-// producer state is known from there on) and INVALID_ARGUMENT for an at
+// for at past the committed tail and INVALID_ARGUMENT for an at
 // inside a batch, both with the log's bounds; STALE_EPOCH for an epoch
 // below HighestEpoch (or equal to it, with records to orphan); INTERNAL
 // without Config.Orphans. Nothing changes on an error. While the fork is
@@ -205,8 +212,8 @@ func (r *Replica) ProposeFork(at, epoch uint64, reply func(ForkResult)) {
 		e.StartOffset, e.TailOffset = floor, tail
 		return e
 	}
-	if at > tail || at < floor {
-		fail(bounds(apierr.New(apierr.OffsetOutOfRange, "%s: fork at offset %d, the log can fork in [%d, %d]", name(), at, floor, tail)))
+	if at > tail {
+		fail(bounds(apierr.New(apierr.OffsetOutOfRange, "%s: fork at offset %d past the committed tail, the log holds [%d, %d)", name(), at, floor, tail)))
 		return
 	}
 	highest := r.HighestEpoch()
@@ -243,12 +250,13 @@ func (r *Replica) ProposeFork(at, epoch uint64, reply func(ForkResult)) {
 }
 
 // forkKeepIndex returns the Raft index of the last entry a fork at
-// offset at keeps (0 at the tail: the fork entry itself follows), given
-// the log's floor and tail; at must end a batch.
+// offset at keeps (0 at the tail: the fork entry itself follows; 0 below
+// the floor: a reset, see resetFork), given the log's floor and tail; at
+// must end a batch.
 func (r *Replica) forkKeepIndex(at, floor, tail uint64) (uint64, *apierr.Error) {
 	name := fmt.Sprintf("stream %s range %d", r.cfg.Stream, r.cfg.Range)
 	switch {
-	case at == tail:
+	case at == tail, at < floor:
 		return 0, nil
 	case at == floor:
 		return r.state.SnapshotIndex, nil
@@ -268,7 +276,8 @@ func (r *Replica) forkKeepIndex(at, floor, tail uint64) (uint64, *apierr.Error) 
 // seen in its log (since it opened: those it held then, and every one
 // since) and of any fork it applied: the fencing floor for appends. Safe
 // from any goroutine. (Retention that deletes every data frame of the log
-// leaves, after a restart, only the forks' epochs.) It never goes down, not
+// leaves, after a restart, the forks' epochs and HardState.CompactedEpoch,
+// the highest epoch of the frames compaction deleted.) It never goes down, not
 // even when an uncommitted suffix is replaced: epochs come from the lease
 // store, so an epoch once proposed anywhere was granted. It also covers
 // what this replica, as leader, proposed.
@@ -471,7 +480,7 @@ func (r *Replica) forkLog(index, term uint64, h batch.Header, d forkDesc) (ForkR
 	}
 	m := &ForkMeta{Record: rec}
 	logFirst := log.FirstIndex()
-	m.Reset = logFirst == 0 || logFirst > d.KeepIndex+1
+	m.Reset = logFirst == 0 || logFirst > d.KeepIndex+1 || resetFork(d)
 	base, err := r.forkBase(d)
 	if err != nil {
 		return ForkResult{}, err
@@ -570,8 +579,17 @@ func (r *Replica) emitDivergentTail(first, tail, index, keepIndex uint64, emit f
 	return nil
 }
 
+// resetFork reports whether fork d keeps no entry though offsets lie
+// below its point: proposed below the proposer's compaction point
+// (ProposeFork), it resets every replica's log to an empty one at d.At. (A
+// fork keeping no entry otherwise is at offset 0, or at the tail.)
+func resetFork(d forkDesc) bool { return d.KeepIndex == 0 && d.At > 0 }
+
 // forkBase returns the producer base as of the fork's kept index.
 func (r *Replica) forkBase(d forkDesc) (*producerBase, error) {
+	if resetFork(d) {
+		return r.resetBase(d.At)
+	}
 	if r.state.SnapshotIndex <= d.KeepIndex {
 		return r.advanceBase(d.KeepIndex)
 	}
@@ -581,6 +599,28 @@ func (r *Replica) forkBase(d forkDesc) (*producerBase, error) {
 	// as out of window, never duplicated.)
 	base := r.base.clone()
 	base.dropFrom(d.At)
+	return base, nil
+}
+
+// resetBase is the producer base for a reset fork at at: the base as of
+// the compaction point without the batches at or after at, and the
+// batches this replica retains below at.
+func (r *Replica) resetBase(at uint64) (*producerBase, error) {
+	base := r.base.clone()
+	base.dropFrom(at)
+	log := r.cfg.Log
+	lo, last := max(log.FirstIndex(), r.state.SnapshotIndex+1), log.LastIndex()
+	if log.FirstIndex() == 0 || lo > last {
+		return base, nil
+	}
+	err := log.HeadersByIndex(lo, last+1, func(h batch.Header) {
+		if h.Type == batch.TypeData && h.NextOffset() <= at {
+			base.record(h)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replica: read the headers below a reset fork at offset %d: %w", at, err)
+	}
 	return base, nil
 }
 

@@ -321,7 +321,6 @@ func TestForkRefused(t *testing.T) {
 	if len(ares) != 4 || ares[3].Err != nil || ares[3].BaseOffset != 15 {
 		t.Fatalf("append after the fork: %+v", ares[3:])
 	}
-	check("below the compaction point", c.proposeFork(12, 3), apierr.OffsetOutOfRange)
 	check("stale epoch", c.proposeFork(16, 1), apierr.StaleEpoch)
 	c.tick(2)
 	c.identical()
@@ -544,15 +543,73 @@ func TestForkAfterCompaction(t *testing.T) {
 			t.Fatalf("node %d: sequence 27 is %v (at %d), 30 is %v", id, v27, orig.BaseOffset, v30)
 		}
 	}
-	// A fork below the leader's compaction point is refused; one at it
-	// keeps nothing after it.
-	c.compact(1)
-	floor := c.replicas[1].state.SnapshotNextOffset
-	if floor == 0 {
+}
+
+// TestForkBelowCompactionPointResets: a fork proposed below the leader's
+// compaction point (a mirror whose retained frames are all of an older
+// epoch than a new home's batch from that point, notes/simgaps.md P1)
+// resets every replica's log to an empty one at the fork point: the
+// leader orphans all it retains, a follower that retains more orphans
+// what it holds from the fork point on and drops what lies below it, and
+// the log continues at the fork point on every replica, also after a
+// restart.
+func TestForkBelowCompactionPointResets(t *testing.T) {
+	c := newClusterOpts(t, 3, 3, opts(withOrphans, withCompaction(3000)))
+	c.elect(1)
+	c.proposeN(7, 0, 60, "a")
+	c.tick(2)
+	// Only the leader compacts: followers retain everything.
+	if c.compact(1) == 0 {
 		t.Fatal("the leader compacted nothing")
 	}
-	if res := c.proposeFork(floor-1, 3); apierr.CodeOf(res.Err) != apierr.OffsetOutOfRange {
-		t.Fatalf("fork below the compaction point: %v", res.Err)
+	floor := c.replicas[1].state.SnapshotNextOffset
+	at := floor - 15 // a batch boundary: batches are of 3 records
+	if floor < 30 || c.logs[2].StartOffset() != 0 {
+		t.Fatalf("leader compacted to %d, node 2 starts at %d", floor, c.logs[2].StartOffset())
+	}
+	res := c.proposeFork(at, 2)
+	if res.Err != nil || res.At != at || res.NextOffset != 180 {
+		t.Fatalf("fork below the compaction point %d: %+v %v", floor, res.ForkRecord, res.Err)
+	}
+	c.tick(2)
+	for _, id := range c.ids {
+		got := c.replicas[id].Orphans()
+		wantFirst := at
+		if id == 1 {
+			wantFirst = floor // retention deleted [at, floor) on the leader
+		}
+		if len(got) != 1 || got[0].At != at || got[0].FirstOffset != wantFirst || got[0].Records != 180-wantFirst {
+			t.Fatalf("node %d's fork: %+v", id, got)
+		}
+		if v := c.orphanValues(id, got[0].Index); v[0] != fmt.Sprintf("%d:e1:p7:a%03d-0", wantFirst, wantFirst/3) {
+			t.Fatalf("node %d orphaned from %q", id, v[0])
+		}
+		if st := c.logs[id]; st.StartOffset() != at || st.NextOffset() != at || c.replicas[id].Committed() != at {
+			t.Fatalf("node %d: log [%d, %d), committed %d, want empty at %d", id, st.StartOffset(), st.NextOffset(), c.replicas[id].Committed(), at)
+		}
+		if e := c.replicas[id].HighestEpoch(); e != 2 {
+			t.Fatalf("node %d: highest epoch %d", id, e)
+		}
+	}
+	var mres []Result
+	c.replicas[1].ProposeVerbatim(mirrorOp(at, 2, 3, "m", &mres))
+	c.settle()
+	c.tick(2)
+	if len(mres) != 1 || mres[0].Err != nil || mres[0].BaseOffset != at {
+		t.Fatalf("mirrored after the reset: %+v", mres)
+	}
+	for _, id := range c.ids {
+		c.stop(id)
+	}
+	for _, id := range c.ids {
+		c.start(id)
+	}
+	c.elect(2)
+	c.tick(2)
+	for _, id := range c.ids {
+		if g := c.retained(id); len(g) != 3 || g[at] != "m-0" || c.replicas[id].Committed() != at+3 {
+			t.Fatalf("node %d after restart: retained %v, committed %d", id, g, c.replicas[id].Committed())
+		}
 	}
 }
 

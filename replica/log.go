@@ -90,6 +90,13 @@ type HardState struct {
 	// log that retains nothing after the compaction point continues from.
 	SnapshotNextOffset      uint64
 	SnapshotAppendUnixNanos int64
+	// CompactedEpoch is the highest homing epoch of a data frame that
+	// compaction deleted (0: none, or a state saved before it was kept).
+	// A log that retention deleted whole still knows its epoch after a
+	// restart (HighestEpoch, the mirror's log epoch): without it a
+	// restarted mirror would report no log epoch, and a new home would not
+	// resend to it from its epoch change (notes/simgaps.md, P2).
+	CompactedEpoch uint64
 	// Producers is the idempotence state as of SnapshotIndex (the producer
 	// base, see producers.go), encoded; nil when empty.
 	Producers []byte

@@ -333,6 +333,7 @@ func (r *Replica) replayLog(headers []batch.Header) error {
 		return fmt.Errorf("replica: %w: %w", ErrStateCorrupt, err)
 	}
 	r.dedup = r.base.table(r.cfg.ProducersMax)
+	r.raiseEpoch(r.state.CompactedEpoch) // the epoch of what retention deleted
 	for _, h := range headers {
 		if h.Type == batch.TypeData {
 			r.raiseEpoch(h.Epoch) // every frame held, compacted-over ones too

@@ -140,6 +140,9 @@ type stateDisk struct {
 	Installing              *installingDisk `json:"installing,omitempty"`
 	// Added with forks; absent in older files.
 	Forking *forkingDisk `json:"forking,omitempty"`
+	// Added with the compacted epoch (HardState.CompactedEpoch); absent
+	// (zero: unknown) in older files, which load as before.
+	CompactedEpoch uint64 `json:"compacted_epoch,omitempty"`
 }
 
 // forkingDisk is HardState.Forking on disk.
@@ -173,7 +176,7 @@ func encodeState(h HardState) ([]byte, error) {
 		AutoLeave: h.Conf.GetAutoLeave(), ConfIndex: h.ConfIndex,
 		SnapshotIndex: h.SnapshotIndex, SnapshotTerm: h.SnapshotTerm,
 		SnapshotNextOffset: h.SnapshotNextOffset, SnapshotAppendUnixNanos: h.SnapshotAppendUnixNanos,
-		Producers: h.Producers,
+		Producers: h.Producers, CompactedEpoch: h.CompactedEpoch,
 	}
 	if m := h.Forking; m != nil {
 		d.Forking = &forkingDisk{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}
@@ -206,7 +209,7 @@ func decodeState(b []byte) (HardState, error) {
 			LearnersNext: d.LearnersNext, AutoLeave: proto.Bool(d.AutoLeave)},
 		ConfIndex: d.ConfIndex, SnapshotIndex: d.SnapshotIndex, SnapshotTerm: d.SnapshotTerm,
 		SnapshotNextOffset: d.SnapshotNextOffset, SnapshotAppendUnixNanos: d.SnapshotAppendUnixNanos,
-		Producers: d.Producers,
+		Producers: d.Producers, CompactedEpoch: d.CompactedEpoch,
 	}
 	if m := d.Forking; m != nil {
 		h.Forking = &ForkMeta{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}

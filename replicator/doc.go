@@ -151,6 +151,22 @@
 // the applied ends the mirror reports (Task.Lag), entirely on the home's
 // clock. See Lag for the clock-offset caveat of the mirror's view.
 //
+// # Divergent mirrors and retention
+//
+// A mirror whose log ends in an older epoch than the home's is resent from
+// where the home's log left that epoch (Task, evConnected), and the Server
+// forks it where a newer epoch's frame meets an older one it holds
+// (Forker). When the resend starts below what the mirror retains, the
+// overlap cannot be compared; if the batch's first frame is of a newer
+// epoch than the mirror's log (its last frame's, or LogEpocher's), nothing
+// the mirror holds from there is the range's, and the Server forks at the
+// batch's start, below the mirror's log start (a reset: regionsvc's
+// replica.ProposeFork), then applies the batch; otherwise it refuses the
+// batch with UNAVAILABLE. Heartbeats carry the home's compaction floor
+// (TaskConfig.RetainFrom, Heartbeat.RetainFrom): a mirror keeps its log
+// from there, so that whichever region takes the range over still holds
+// every other mirror's resend point. See notes/simgaps.md.
+//
 // # Limits
 //
 // Everything is bounded: in-flight bytes and requests (WindowBytes 8 MiB,

@@ -17,6 +17,13 @@ type Heartbeat struct {
 	// LeaderNodeID is the sending home leader's Raft id in its region (0:
 	// unknown).
 	LeaderNodeID uint64
+	// RetainFrom, when RetainFromKnown, is the home's compaction floor:
+	// the lowest offset any mirror region still needs (TaskConfig.RetainFrom).
+	// A mirror keeps its log from there, so that, should it become the
+	// home, it holds every other mirror's resend point (notes/simgaps.md
+	// P3).
+	RetainFrom      uint64
+	RetainFromKnown bool
 }
 
 // lagPendingMax is the default bound on the heartbeats a Lag keeps while

@@ -20,8 +20,9 @@ func (m retainedMirror) ReadFrames(from uint64, maxBytes int, endOffset uint64) 
 
 func (m retainedMirror) LogEpoch() uint64 { return m.logEpoch }
 
-// noEpochMirror is retainedMirror without the LogEpocher.
-type noEpochMirror struct{ *MemMirror }
+// noEpochMirror is retainedMirror without the LogEpocher (the interface
+// field hides MemMirror's own).
+type noEpochMirror struct{ MirrorRange }
 
 func (m noEpochMirror) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error) {
 	return nil, nil

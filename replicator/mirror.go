@@ -226,7 +226,9 @@ type MemMirror struct {
 
 	mu           sync.Mutex
 	frames       [][]byte
+	start        uint64 // the log's start: frames below it are gone (Retain)
 	end          uint64
+	logEpoch     uint64 // the highest epoch of a frame applied or a fork (LogEpoch)
 	highestEpoch uint64
 	lastHB       Heartbeat
 	heartbeats   int
@@ -239,10 +241,19 @@ type MemMirror struct {
 
 var _ Forker = (*MemMirror)(nil)
 
-// Fork implements Forker: the frames at and past at move to Orphans.
+// Fork implements Forker: the frames at and past at move to Orphans. A
+// fork below the log's start (Retain) orphans every frame and the log
+// continues, empty, at at (as replica.ProposeFork resets a log).
 func (m *MemMirror) Fork(ctx context.Context, at, epoch uint64) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.highestEpoch = max(m.highestEpoch, epoch)
+	m.logEpoch = max(m.logEpoch, epoch)
+	if at < m.start {
+		m.orphans = append(m.orphans, m.frames...)
+		m.frames, m.start, m.end = nil, at, at
+		return at, nil
+	}
 	i := sort.Search(len(m.frames), func(i int) bool { return frameBase(m.frames[i]) >= at })
 	if at > m.end || (i < len(m.frames) && frameBase(m.frames[i]) != at) {
 		return m.end, fmt.Errorf("%w: fork at %d is not a frame boundary at or below %d", ErrOutOfRange, at, m.end)
@@ -250,8 +261,32 @@ func (m *MemMirror) Fork(ctx context.Context, at, epoch uint64) (uint64, error) 
 	m.orphans = append(m.orphans, m.frames[i:]...)
 	m.frames = m.frames[:i]
 	m.end = at
-	m.highestEpoch = max(m.highestEpoch, epoch)
 	return at, nil
+}
+
+var _ LogEpocher = (*MemMirror)(nil)
+
+// LogEpoch implements LogEpocher: the highest epoch of a frame the mirror
+// applied or of a fork, kept when Retain deletes the frames.
+func (m *MemMirror) LogEpoch() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.logEpoch
+}
+
+// Retain deletes the frames that end at or below start, as retention
+// deletes a mirror's oldest segments: ReadFrames below start fails after
+// it. start must be at or below the applied end, and a frame boundary.
+func (m *MemMirror) Retain(start uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := sort.Search(len(m.frames), func(i int) bool { return frameBase(m.frames[i]) >= start })
+	if start > m.end || start < m.start || (i < len(m.frames) && frameBase(m.frames[i]) != start) {
+		return fmt.Errorf("%w: %d is not a frame boundary in [%d, %d]", ErrOutOfRange, start, m.start, m.end)
+	}
+	m.frames = append([][]byte(nil), m.frames[i:]...)
+	m.start = start
+	return nil
 }
 
 // Orphans returns the frames Fork cut, in order.
@@ -305,8 +340,8 @@ func (m *MemMirror) RecordHeartbeat(hb Heartbeat) error {
 func (m *MemMirror) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if from > m.end {
-		return nil, fmt.Errorf("%w: %d above the applied end %d", ErrOutOfRange, from, m.end)
+	if from > m.end || from < m.start {
+		return nil, fmt.Errorf("%w: %d not in the log [%d, %d]", ErrOutOfRange, from, m.start, m.end)
 	}
 	i := max(sort.Search(len(m.frames), func(i int) bool { return frameBase(m.frames[i]) > from })-1, 0)
 	var out []byte
@@ -374,6 +409,7 @@ func (m *MemMirror) Apply(ctx context.Context, frames []byte) (uint64, error) {
 		own := append([]byte(nil), f...)
 		batch.PatchRaft(own, memTerm, uint64(len(m.frames)+1))
 		m.frames = append(m.frames, own)
+		m.logEpoch = max(m.logEpoch, frameEpoch(f))
 	}
 	m.end = next
 	m.applies++
@@ -451,6 +487,7 @@ func (m *MemMirror) Seed(frames ...[]byte) error {
 		m.frames = append(m.frames, append([]byte(nil), f...))
 		m.end = h.NextOffset()
 		m.highestEpoch = max(m.highestEpoch, h.Epoch)
+		m.logEpoch = max(m.logEpoch, h.Epoch)
 	}
 	return nil
 }

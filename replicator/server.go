@@ -338,21 +338,28 @@ func (s *Server) serve(stream grpc.BidiStreamingServer[geologinternalv1.Replicat
 // log up to the applied end), the epoch the mirror's LogEpocher keeps.
 func openAnswer(mr MirrorRange, applied, highest uint64) *geologinternalv1.ReplicateResponse {
 	answer := &geologinternalv1.ReplicateResponse{AppliedEndOffset: applied, HighestEpoch: highest}
+	if e := mirrorLogEpoch(mr, applied); e != 0 {
+		answer.LogEpoch = &e
+	}
+	return answer
+}
+
+// mirrorLogEpoch is the epoch mr's log ends in at applied (0: unknown):
+// that of its frame at applied-1 or, when that frame is gone (retention
+// deleted the log up to the applied end), what its LogEpocher keeps.
+func mirrorLogEpoch(mr MirrorRange, applied uint64) uint64 {
 	if applied == 0 {
-		return answer
+		return 0
 	}
 	if f, err := mr.ReadFrames(applied-1, 1, applied); err == nil && len(f) >= batch.HeaderSize {
 		if h, err := batch.DecodeHeader(f); err == nil {
-			answer.LogEpoch = &h.Epoch
-			return answer
+			return h.Epoch
 		}
 	}
 	if le, ok := mr.(LogEpocher); ok {
-		if e := le.LogEpoch(); e != 0 {
-			answer.LogEpoch = &e
-		}
+		return le.LogEpoch()
 	}
-	return answer
+	return 0
 }
 
 // serveGroups applies an open stream's requests, group by group, and
@@ -694,22 +701,25 @@ func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, 
 		// the batch's size covers them.
 		stored, err := mr.ReadFrames(d.first, len(d.frames), min(applied, d.end))
 		if err != nil {
+			// Retention deleted what the batch overlaps here. If every
+			// frame this mirror holds is of an older epoch than the batch,
+			// none of it is the range's: the mirror resets at the batch's
+			// start (P1 in notes/simgaps.md; a refusal would be resent
+			// for ever).
+			if fp, ok := resetPoint(d, applied, mirrorLogEpoch(mr, applied)); ok && !forked {
+				if _, isForker := mr.(Forker); isForker {
+					return s.forkAndApply(ctx, mr, d, fp, applied)
+				}
+			}
 			return applied, apierr.Wrap(apierr.Unavailable, err, "read the mirror's frames from %d to compare", d.first)
 		}
 		if suffix, err = overlapSuffix(d, applied, stored); err != nil {
 			var ref *Refusal
-			f, ok := mr.(Forker)
+			_, ok := mr.(Forker)
 			if !ok || !errors.As(err, &ref) || ref.fork == nil || forked {
 				return applied, err
 			}
-			at, ferr := f.Fork(ctx, ref.fork.at, ref.fork.epoch)
-			if ferr != nil {
-				return mr.AppliedEnd(), ferr
-			}
-			s.stats.forks.Add(1)
-			s.logger.Warn("cut a divergent tail into the orphan log", "fork_offset", ref.fork.at, "epoch", ref.fork.epoch,
-				"mirror_epoch", ref.fork.storedEpoch, "orphaned_to", applied, "applied_end", at)
-			return s.applyOnce(ctx, mr, d, true)
+			return s.forkAndApply(ctx, mr, d, *ref.fork, applied)
 		}
 		if suffix == len(d.frames) {
 			s.stats.duplicates.Add(1)
@@ -724,4 +734,17 @@ func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, 
 		return end, apierr.New(apierr.Internal, "mirror applied to %d, batch ends at %d", end, d.end)
 	}
 	return end, nil
+}
+
+// forkAndApply cuts mr's divergent tail at fp (mr is a Forker) and applies
+// d again, once.
+func (s *Server) forkAndApply(ctx context.Context, mr MirrorRange, d decodedBatch, fp forkPoint, applied uint64) (uint64, error) {
+	at, err := mr.(Forker).Fork(ctx, fp.at, fp.epoch)
+	if err != nil {
+		return mr.AppliedEnd(), err
+	}
+	s.stats.forks.Add(1)
+	s.logger.Warn("cut a divergent tail into the orphan log", "fork_offset", fp.at, "epoch", fp.epoch,
+		"mirror_epoch", fp.storedEpoch, "orphaned_to", applied, "applied_end", at)
+	return s.applyOnce(ctx, mr, d, true)
 }

@@ -80,6 +80,19 @@ func (c CheckedBatch) Overlap(applied uint64, stored []byte) ([]byte, error) {
 	return c.Frames[suffix:], nil
 }
 
+// ResetPoint is the Server's decision for a checked batch that overlaps a
+// mirror's applied end (applied) where the mirror's frames are gone, so
+// that MirrorRange.ReadFrames failed: when every frame the mirror holds is
+// of an older epoch than the batch (logEpoch: the epoch its log ends in,
+// as the Server answers an open with it; 0 unknown), the mirror forks at
+// First to epoch (below its log start: replica.ProposeFork resets it) and
+// serves the batch again; ok false: the Server refuses the batch with
+// UNAVAILABLE.
+func (c CheckedBatch) ResetPoint(applied, logEpoch uint64) (at, epoch uint64, ok bool) {
+	fp, ok := resetPoint(decodedBatch{first: c.First, end: c.End, frameCount: c.FrameCount, frames: c.Frames}, applied, logEpoch)
+	return fp.at, fp.epoch, ok
+}
+
 // ForkPoint reports, for an ErrDiverged refusal from Overlap, where the
 // mirror's stored frames leave a newer home's: the offset to fork at and
 // the epoch to fork to (a Forker's arguments); ok is false for any other

@@ -33,6 +33,11 @@ type TaskConfig struct {
 	// SourceNodeID is this node's Raft id in the source region, sent in
 	// heartbeats (optional).
 	SourceNodeID uint64
+	// RetainFrom, if set, returns the home's compaction floor (the lowest
+	// offset any mirror region still needs from this log; ok false:
+	// unknown), sent in heartbeats so that mirrors keep their logs from
+	// there too (Heartbeat.RetainFrom). regionsvc passes its mirrorFloor.
+	RetainFrom func() (offset uint64, ok bool)
 	// Epoch is the home epoch this region holds the range under. Required.
 	// A task serves one epoch: the node starts a new task after a homing
 	// change.
@@ -380,10 +385,13 @@ func (t *Task) request(b *geologinternalv1.MirrorBatch) *geologinternalv1.Replic
 	now := t.cfg.Now()
 	t.tail = max(t.tail, t.cfg.Source.CommittedEnd())
 	hb := Heartbeat{CommittedEnd: t.tail, HomeTimeUnixNanos: now.UnixNano(), Epoch: t.cfg.Epoch, LeaderNodeID: t.cfg.SourceNodeID}
+	if t.cfg.RetainFrom != nil {
+		hb.RetainFrom, hb.RetainFromKnown = t.cfg.RetainFrom()
+	}
 	t.mu.Lock()
 	t.lag.Heartbeat(hb, now)
 	t.mu.Unlock()
-	return &geologinternalv1.ReplicateRequest{
+	req := &geologinternalv1.ReplicateRequest{
 		Heartbeat: &geologinternalv1.HomeHeartbeat{
 			CommittedEndOffset: hb.CommittedEnd,
 			HomeTimeUnixNanos:  hb.HomeTimeUnixNanos,
@@ -392,6 +400,10 @@ func (t *Task) request(b *geologinternalv1.MirrorBatch) *geologinternalv1.Replic
 		},
 		Batch: b,
 	}
+	if hb.RetainFromKnown {
+		req.Heartbeat.RetainFromOffset = &hb.RetainFrom
+	}
+	return req
 }
 
 // send queues o for the current session's sender. The queue has room for

@@ -70,6 +70,8 @@ func checkHeartbeat(req *geologinternalv1.ReplicateRequest, epoch uint64) (Heart
 		HomeTimeUnixNanos: hb.GetHomeTimeUnixNanos(),
 		Epoch:             hb.GetHomeEpoch(),
 		LeaderNodeID:      hb.GetLeaderNodeId(),
+		RetainFrom:        hb.GetRetainFromOffset(),
+		RetainFromKnown:   hb.RetainFromOffset != nil,
 	}, nil
 }
 
@@ -239,6 +241,27 @@ func overlapSuffix(d decodedBatch, applied uint64, stored []byte) (int, error) {
 		q += ssize
 	}
 	return p, nil
+}
+
+// resetPoint is where a mirror whose frames below its applied end are
+// gone at d.first (retention deleted them, so the overlap cannot be
+// compared) forks off the home's log, if it does: when d's first frame is
+// of a newer epoch than logEpoch, the epoch the mirror's log ends in (0:
+// unknown). Epochs never decrease along a log, so every frame the mirror
+// holds is of logEpoch or older, and the range's frames at the same
+// offsets from d.first on are of d's first epoch or newer: nothing the
+// mirror holds from d.first on is the range's, and nothing below d.first
+// is readable. The fork is at d.first, below the mirror's log start
+// (replica.ProposeFork's reset). ok is false when it cannot be shown.
+func resetPoint(d decodedBatch, applied, logEpoch uint64) (forkPoint, bool) {
+	if d.first >= applied || logEpoch == 0 || len(d.frames) < batch.HeaderSize {
+		return forkPoint{}, false
+	}
+	e := frameEpoch(d.frames)
+	if e <= logEpoch {
+		return forkPoint{}, false
+	}
+	return forkPoint{at: d.first, epoch: e, storedEpoch: logEpoch}, true
 }
 
 // anyCompacted reports whether any of the concatenated frames below end

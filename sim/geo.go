@@ -221,8 +221,9 @@ func (g *geoWorld) offWAN(n *node) bool { return n.cutWAN && g.w.cut(n.region, n
 // wait for it for ever (seed 125 of the minute runs).
 func (g *geoWorld) floor(r, own int) uint64 {
 	f := ^uint64(0)
+	home := g.w.homeRegion(r)
 	for _, n := range g.w.nodes {
-		if n.region == own || n.region == g.w.homeRegion(r) {
+		if n.region == home || (n.region == own && own == home) {
 			continue
 		}
 		if g.w.stale(n, r) {

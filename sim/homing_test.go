@@ -34,12 +34,13 @@ func TestFencingIsChecked(t *testing.T) {
 // every region's liveness has expired, and an agent without the wait
 // takes homes that were about to renew. The checker must report it.
 func TestUnnecessaryTakeoverIsChecked(t *testing.T) {
-	// Seed 10 is the first that finds it since readers, second takeovers,
-	// planned rehomes and replaced replicas came (at 2801 ms: make sim
-	// SEED=10 with the fix reverted in homing/takeover.go; then 64, 89);
-	// start there, 5 s each, to keep the test short: every change of the
-	// draws moves it.
-	for seed := int64(10); seed <= 30; seed++ {
+	// Seed 89 is the first that finds it since simgaps' compaction floor on
+	// divergent copies (seed 36 before it fails otherwise: an orphan log
+	// holding what the first home's log did not, the same on main's code);
+	// it was seed 10 since readers, second takeovers, planned rehomes and
+	// replaced replicas came (then 64, 89). Start there, 5 s each, to keep
+	// the test short: every change of the draws moves it.
+	for seed := int64(89); seed <= 110; seed++ {
 		_, err := Run(Options{Seed: seed, Steps: 5000, Regions: 3, mutateNoSettle: true})
 		if err == nil {
 			continue

@@ -139,6 +139,13 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 	var stored []byte
 	if cb.First < applied {
 		if stored, err = n.stores[r].ReadFrames(cb.First, len(cb.Frames), min(applied, cb.End)); err != nil {
+			// Retention deleted what the batch overlaps: the Server resets
+			// a mirror whose whole log is of an older epoch than the batch
+			// (CheckedBatch.ResetPoint), else refuses it.
+			if at, epoch, ok := cb.ResetPoint(applied, logEpoch(n, r, applied, w.opt.mut.noLogEpochFallback)); ok && !m.forked {
+				g.fork(n, r, m, at, epoch)
+				return
+			}
 			g.res.Refusals++
 			g.answer(m, applied, highest, apierr.Wrap(apierr.Unavailable, err, "read the mirror's frames to compare"), true)
 			return

@@ -30,7 +30,7 @@ func (w *world) compact() {
 				}
 			}
 			w.scheduleWrite(n, r)
-			if w.geo != nil && !w.stale(n, r) {
+			if w.geo != nil {
 				// Keep what a mirror has yet to receive (regionsvc's
 				// compaction floor; on mirrors too, see floor).
 				rep.SetCompactionFloor(w.geo.floor(r, n.region), true)
