@@ -394,19 +394,21 @@ func nodeFileLimit(t *testing.T, pid int) int {
 	return 0
 }
 
-// TestProbeRangeCap: six creates of 4,096 ranges (they all returned OK
-// while their ranges could not open: "too many open files") on a node with
-// the default bounds: those past the node's range bound are refused up
-// front with LIMIT_EXCEEDED, and every range of those accepted serves. A
-// retention that would overflow is refused, and leaves the name free.
+// TestProbeRangeCap: six creates of 4,000 ranges (creates like these all
+// returned OK while their ranges could not open: "too many open files") on
+// a node with the default bounds: those past the node's range bound are
+// refused up front with LIMIT_EXCEEDED, and every range of those accepted
+// serves. A retention that would overflow is refused, and leaves the name
+// free: the accepted creates leave room below the bound for its one range.
 func TestProbeRangeCap(t *testing.T) {
 	p, conn := probeNode(t)
 	c := geologv1.NewLogClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	const bigRanges = 4000
 	accepted := 0
 	for i := range 6 {
-		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: fmt.Sprintf("big%d", i), RangeCount: 4096})
+		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: fmt.Sprintf("big%d", i), RangeCount: bigRanges})
 		switch rpcerr.CodeOf(err) {
 		case apierr.Code(0):
 			accepted++
@@ -429,11 +431,11 @@ func TestProbeRangeCap(t *testing.T) {
 				t.Fatalf("big%d range %d: %s", i, r.GetRange(), r.GetStatus())
 			}
 		}
-		if _, err := c.Append(ctx, &geologv1.AppendRequest{Stream: d.GetStream().GetName(), Range: 4095, Records: []*geologv1.Record{{Value: []byte("x")}}}); err != nil {
+		if _, err := c.Append(ctx, &geologv1.AppendRequest{Stream: d.GetStream().GetName(), Range: bigRanges - 1, Records: []*geologv1.Record{{Value: []byte("x")}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("%d of 6 creates of 4096 ranges accepted; the node holds %d file descriptors of %d", accepted, openFDs(t, p.Pid()), nodeFileLimit(t, p.Pid()))
+	t.Logf("%d of 6 creates of %d ranges accepted; the node holds %d file descriptors of %d", accepted, bigRanges, openFDs(t, p.Pid()), nodeFileLimit(t, p.Pid()))
 	_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "age", RangeCount: 1, Retention: &geologv1.RetentionPolicy{MaxAgeMs: 9_300_000_000_000}})
 	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
 		t.Fatalf("retention overflow: %v", err)
