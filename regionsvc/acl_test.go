@@ -303,7 +303,10 @@ func TestACLRemovalCutsSubscription(t *testing.T) {
 // there, and a removal made while cut off as well, without anyone making
 // the changes again.
 func TestACLSyncCompletesAMissedRegion(t *testing.T) {
-	defer func(was time.Duration) { aclSyncInterval = was }(aclSyncInterval)
+	// Restored in a cleanup registered before the world's, so it runs
+	// after the nodes (whose ACL sync loops read it) are closed.
+	was := aclSyncInterval
+	t.Cleanup(func() { aclSyncInterval = was })
 	aclSyncInterval = 200 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
