@@ -37,7 +37,7 @@ func (tr *testRegion) joinNode(id, member uint64) string {
 func (tr *testRegion) startJoined(id uint64, addr string, member uint64) {
 	tr.t.Helper()
 	cfg := Config{DataDir: tr.dirs[id], ListenAddr: addr, NodeID: id, Join: tr.peers[member], ReplicationFactor: tr.rf,
-		TickInterval: 20 * time.Millisecond, Fsync: 1,
+		TickInterval: testTick(20 * time.Millisecond), Fsync: 1,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{tr.t}, Level: hclog.Warn})}
 	if tr.mut != nil {
 		tr.mut(&cfg)

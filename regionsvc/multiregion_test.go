@@ -99,7 +99,7 @@ func (w *world) start(region string, id uint64) {
 		// A 50 ms tick: elections after 400-800 ms of silence. With 20 ms
 		// (160-320 ms) a busy machine's scheduling delays alone deposed
 		// leaders every few seconds ("quorum is not active").
-		NodeID: id, Peers: w.addrs[region], TickInterval: 50 * time.Millisecond, Fsync: 1, // FsyncNever: the test is about replication
+		NodeID: id, Peers: w.addrs[region], TickInterval: testTick(50 * time.Millisecond), Fsync: 1, // FsyncNever: the test is about replication
 		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{w.t}, Level: hclog.Warn, Name: region}),
 	}
 	if w.mut != nil {

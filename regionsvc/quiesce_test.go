@@ -90,7 +90,7 @@ func TestIdleRangesQuiesce(t *testing.T) {
 	appendTo(0, 0)
 	tr.waitQuiesced(ctx)
 	before := tr.raftMessagesSent()
-	time.Sleep(50 * 20 * time.Millisecond) // 50 ticks: 25 heartbeat rounds without quiescence
+	time.Sleep(50 * testTick(20*time.Millisecond)) // 50 ticks: 25 heartbeat rounds without quiescence
 	if sent := tr.raftMessagesSent() - before; sent != 0 {
 		t.Fatalf("a quiesced region sent %d raft messages in 50 ticks", sent)
 	}

@@ -54,7 +54,7 @@ func newTestRegionWith(t *testing.T, size, rf int, mut func(*Config)) *testRegio
 func (tr *testRegion) start(id uint64) {
 	cfg := Config{
 		DataDir: tr.dirs[id], ListenAddr: tr.peers[id], NodeID: id, Peers: tr.peers, ReplicationFactor: tr.rf,
-		TickInterval: 20 * time.Millisecond, Fsync: 1, // FsyncNever: the test is about replication
+		TickInterval: testTick(20 * time.Millisecond), Fsync: 1, // FsyncNever: the test is about replication
 		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{tr.t}, Level: hclog.Warn}),
 	}
 	if tr.mut != nil {

@@ -24,7 +24,7 @@ func (w *world) joinWorld(region string, id, member uint64) string {
 	// Peers.
 	addr := freeAddr(w.t)
 	cfg := Config{DataDir: w.t.TempDir(), ListenAddr: addr, Region: region, Regions: w.remote[region],
-		NodeID: id, Join: w.addrs[region][member], TickInterval: 50 * time.Millisecond, Fsync: 1,
+		NodeID: id, Join: w.addrs[region][member], TickInterval: testTick(50 * time.Millisecond), Fsync: 1,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: tWriter{w.t}, Level: hclog.Warn, Name: region})}
 	n, err := New(cfg)
 	if err != nil {

@@ -1,0 +1,5 @@
+//go:build !race
+
+package regionsvc
+
+const raceEnabled = false
