@@ -183,6 +183,9 @@ type node struct {
 	// tailChecked is, per range, the committed end checkStaleTail last
 	// looked at (this incarnation).
 	tailChecked []uint64
+	// downLogEpoch is, per range, the epoch its log ended in when it last
+	// went down (geo.go resendPoint: a down copy's resend point).
+	downLogEpoch []uint64
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -551,6 +554,9 @@ func (w *world) crash(n *node) {
 		st := rep.Stats()
 		w.compactedBefore += int(st.SegmentsCompacted)
 		w.installedBefore += int(st.SnapshotsInstalled)
+	}
+	if w.geo != nil {
+		w.geo.noteDown(n)
 	}
 	n.up = false
 	n.fs = n.fs.Crash()
