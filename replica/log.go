@@ -117,6 +117,9 @@ type SnapshotMeta struct {
 	AppendUnixNanos int64
 	Conf            *raftpb.ConfState
 	Producers       []byte
+	// CompactedEpoch is the sender's compacted epoch (snapshotDesc), which
+	// the install raises HardState.CompactedEpoch to.
+	CompactedEpoch uint64
 }
 
 // AppliedConfIndex is the index a restarted replica has applied for sure:

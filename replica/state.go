@@ -165,6 +165,8 @@ type installingDisk struct {
 	LearnersNext    []uint64 `json:"learners_next,omitempty"`
 	AutoLeave       bool     `json:"auto_leave,omitempty"`
 	Producers       []byte   `json:"producers,omitempty"`
+	// Added with the compacted epoch; absent (zero) in older files.
+	CompactedEpoch uint64 `json:"compacted_epoch,omitempty"`
 }
 
 // encodeState frames the state as a CRC32C (4 bytes) followed by JSON.
@@ -183,8 +185,8 @@ func encodeState(h HardState) ([]byte, error) {
 	}
 	if m := h.Installing; m != nil {
 		d.Installing = &installingDisk{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,
-			Producers: m.Producers,
-			Voters:    m.Conf.GetVoters(), Learners: m.Conf.GetLearners(), VotersOut: m.Conf.GetVotersOutgoing(),
+			Producers: m.Producers, CompactedEpoch: m.CompactedEpoch,
+			Voters: m.Conf.GetVoters(), Learners: m.Conf.GetLearners(), VotersOut: m.Conf.GetVotersOutgoing(),
 			LearnersNext: m.Conf.GetLearnersNext(), AutoLeave: m.Conf.GetAutoLeave()}
 	}
 	body, err := json.Marshal(d)
@@ -216,7 +218,7 @@ func decodeState(b []byte) (HardState, error) {
 	}
 	if m := d.Installing; m != nil {
 		h.Installing = &SnapshotMeta{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,
-			Producers: m.Producers,
+			Producers: m.Producers, CompactedEpoch: m.CompactedEpoch,
 			Conf: &raftpb.ConfState{Voters: m.Voters, Learners: m.Learners, VotersOutgoing: m.VotersOut,
 				LearnersNext: m.LearnersNext, AutoLeave: proto.Bool(m.AutoLeave)}}
 	}
