@@ -161,6 +161,7 @@ type Replica struct {
 	// floorOffset, when floorSet, bounds compaction (SetCompactionFloor).
 	floorOffset uint64
 	floorSet    bool
+	floorShare  floorShare  // the floor shared with followers (floor.go)
 	duplicates  []*proposal // answered once committed reaches endOffset
 	pendingConf *confProposal
 	fresh       bool // the group was created by this New
@@ -435,6 +436,10 @@ func (r *Replica) Step(m *raftpb.Message) error {
 	}
 	if r.failure.Load() != nil {
 		r.stepStopped(m) // liveness.go
+		return nil
+	}
+	if offset, ok := floorMessage(m); ok {
+		r.learnFloor(m, offset) // never Raft's (floor.go)
 		return nil
 	}
 	r.noteHeard(m)

@@ -577,6 +577,10 @@ func (w *world) push(e *event) {
 func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 	for _, m := range msgs {
 		from, to := int(m.GetFrom()), int(m.GetTo())
+		if replica.IsFloorMessage(m) {
+			w.sendFloor(region, group, m) // floor.go: no draw
+			continue
+		}
 		if w.rng.Float64() < w.dropP || w.cut(region, from) || w.cut(region, to) {
 			w.res.Dropped++
 			continue
