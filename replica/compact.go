@@ -124,6 +124,7 @@ func (r *Replica) moveCompactionPoint(last segment.SegmentInfo) error {
 	// The deleted frames' epoch stays known (HighestEpoch) when retention
 	// deletes the whole log.
 	r.state.CompactedEpoch = max(r.state.CompactedEpoch, epoch)
+	r.keepSharedFloor()
 	r.state.SnapshotIndex, r.state.SnapshotTerm = last.LastIndex, last.LastTerm
 	r.state.SnapshotNextOffset, r.state.SnapshotAppendUnixNanos = last.NextOffset, last.MaxAppendTimeUnixNanos
 	if r.state.Raft.GetCommit() < last.LastIndex {

@@ -148,6 +148,14 @@ func TestStateWithoutCompactedEpochLoads(t *testing.T) {
 		t.Fatalf("round trip of an install: %+v, %v", h2.Installing, err)
 	}
 	h.Installing = nil
+	h.SharedFloor = 31
+	if b, err = encodeState(h); err != nil {
+		t.Fatal(err)
+	}
+	if h2, err := decodeState(b); err != nil || h2.SharedFloor != 31 {
+		t.Fatalf("round trip: shared floor %d, %v", h2.SharedFloor, err)
+	}
+	h.SharedFloor = 0
 	h.CompactedEpoch = 0
 	if b, _ := encodeState(h); bytes.Contains(b, []byte("compacted_epoch")) {
 		t.Fatalf("a zero compacted epoch is written: %s", b[4:])

@@ -90,3 +90,27 @@ func TestFloorMessageOnlyFromLeader(t *testing.T) {
 		t.Fatalf("from the leader: floor %d (%v), want 5", f, ok)
 	}
 }
+
+// TestLearnedFloorSurvivesRestart: a follower restarted before its
+// leader's next floor message holds to the floor it learned (saved in its
+// hard state, HardState.SharedFloor); without it, node 3 restarted and
+// compacted past the floor by retention alone.
+func TestLearnedFloorSurvivesRestart(t *testing.T) {
+	c := newClusterOpts(t, 3, 3, withCompaction(2000))
+	c.elect(1)
+	const floor = 9
+	c.replicas[1].SetCompactionFloor(floor, true)
+	c.compact(1) // shares the floor before anything is compactable
+	c.settle()
+	c.proposeN(7, 0, 40, "a")
+	c.tick(2)
+	c.stop(3)
+	c.start(3)
+	if f, ok := c.replicas[3].LearnedCompactionFloor(); !ok || f != floor {
+		t.Fatalf("node 3 restarted with learned floor %d (%v), want %d", f, ok, floor)
+	}
+	c.compact(3)
+	if start := c.logs[3].StartOffset(); start > floor {
+		t.Fatalf("node 3 restarted and compacted to offset %d, past the floor %d", start, floor)
+	}
+}

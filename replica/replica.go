@@ -335,6 +335,9 @@ func (r *Replica) replayLog(headers []batch.Header) error {
 	}
 	r.dedup = r.base.table(r.cfg.ProducersMax)
 	r.raiseEpoch(r.state.CompactedEpoch) // the epoch of what retention deleted
+	if f := r.state.SharedFloor; f != 0 {
+		r.floorShare.learned, r.floorShare.learnedSet = f-1, true // floor.go
+	}
 	for _, h := range headers {
 		if h.Type == batch.TypeData {
 			r.raiseEpoch(h.Epoch) // every frame held, compacted-over ones too

@@ -143,6 +143,9 @@ type stateDisk struct {
 	// Added with the compacted epoch (HardState.CompactedEpoch); absent
 	// (zero: unknown) in older files, which load as before.
 	CompactedEpoch uint64 `json:"compacted_epoch,omitempty"`
+	// Added with the shared floor (HardState.SharedFloor); absent (zero:
+	// none) in older files.
+	SharedFloor uint64 `json:"shared_floor,omitempty"`
 }
 
 // forkingDisk is HardState.Forking on disk.
@@ -178,7 +181,7 @@ func encodeState(h HardState) ([]byte, error) {
 		AutoLeave: h.Conf.GetAutoLeave(), ConfIndex: h.ConfIndex,
 		SnapshotIndex: h.SnapshotIndex, SnapshotTerm: h.SnapshotTerm,
 		SnapshotNextOffset: h.SnapshotNextOffset, SnapshotAppendUnixNanos: h.SnapshotAppendUnixNanos,
-		Producers: h.Producers, CompactedEpoch: h.CompactedEpoch,
+		Producers: h.Producers, CompactedEpoch: h.CompactedEpoch, SharedFloor: h.SharedFloor,
 	}
 	if m := h.Forking; m != nil {
 		d.Forking = &forkingDisk{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}
@@ -211,7 +214,7 @@ func decodeState(b []byte) (HardState, error) {
 			LearnersNext: d.LearnersNext, AutoLeave: proto.Bool(d.AutoLeave)},
 		ConfIndex: d.ConfIndex, SnapshotIndex: d.SnapshotIndex, SnapshotTerm: d.SnapshotTerm,
 		SnapshotNextOffset: d.SnapshotNextOffset, SnapshotAppendUnixNanos: d.SnapshotAppendUnixNanos,
-		Producers: d.Producers, CompactedEpoch: d.CompactedEpoch,
+		Producers: d.Producers, CompactedEpoch: d.CompactedEpoch, SharedFloor: d.SharedFloor,
 	}
 	if m := d.Forking; m != nil {
 		h.Forking = &ForkMeta{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}
