@@ -120,6 +120,12 @@ func (r *Replica) learnFloor(m *raftpb.Message, offset uint64) {
 	if r.isLeader || m.GetTerm() != st.GetTerm() || m.GetFrom() != st.Lead {
 		return
 	}
+	r.noteFloor(offset)
+}
+
+// noteFloor makes offset the learned floor, saving it when it is the
+// first or lower than the saved one (see above).
+func (r *Replica) noteFloor(offset uint64) {
 	f := &r.floorShare
 	if f.learnedSet && f.learned == offset {
 		return
@@ -143,6 +149,16 @@ func (r *Replica) learnFloor(m *raftpb.Message, offset uint64) {
 func (r *Replica) keepSharedFloor() {
 	if f := &r.floorShare; f.learnedSet {
 		r.state.SharedFloor = f.learned + 1
+	}
+}
+
+// stepDownFloor runs as this replica stops leading: the floor its driver
+// set stays as the learned one until the next leader's floor message
+// (else a leader that never followed one would compact by retention alone
+// in between: seed 10 of the 3-second runs, with floors on leaders only).
+func (r *Replica) stepDownFloor() {
+	if r.floorSet {
+		r.noteFloor(r.floorOffset)
 	}
 }
 

@@ -865,6 +865,9 @@ func (r *Replica) noteRole(ss *raft.SoftState) raft.BasicStatus {
 			r.logger.Info("became leader", "term", r.rn.BasicStatus().GetTerm(), "next_offset", r.proposeNext)
 		}
 		r.leadershipChanged(wasLeader)
+		if wasLeader && !r.isLeader {
+			r.stepDownFloor() // floor.go
+		}
 		if !r.isLeader {
 			r.held = heldCommits{} // a follower learns the commit from its new leader
 		}
