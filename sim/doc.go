@@ -26,7 +26,9 @@
 // catch up by snapshot (segment transfer, as its own network event, lost and
 // reported like the others). A home replica never compacts what a mirror
 // has yet to receive (replica.SetCompactionFloor at the lowest committed
-// end any mirror replica published). A replica's committed records are
+// end any mirror replica published, set on each group's leader as
+// regionsvc does; followers hold to the floor their leader shares). A
+// replica's committed records are
 // checked from its log's start, wherever compaction or a snapshot put it.
 //
 // Everything runs on one goroutine and every choice comes from one seeded

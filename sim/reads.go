@@ -85,6 +85,11 @@ type mutations struct {
 	// (retention) answers the open with no log epoch, as before replgap's
 	// fix (replicator.LogEpocher) (mirror.go: logEpoch).
 	noLogEpochFallback bool
+	// floorEverywhere is no mutation: every replica gets the compaction
+	// floor from the simulator's view, followers too, as before sim169
+	// (snapshot.go compact), for the seeds found under that model
+	// (TestDownDivergentCopyKeepsFloor).
+	floorEverywhere bool
 	// eventsMax, when above 0, fails the run on liveness once it has
 	// queued that many events: a mutation that leaves a Raft group in a
 	// storm of messages for good (replaceEarlyWipe: a few hundred events

@@ -183,6 +183,9 @@ type node struct {
 	// tailChecked is, per range, the committed end checkStaleTail last
 	// looked at (this incarnation).
 	tailChecked []uint64
+	// downLogEpoch is, per range, the epoch its log ended in when it last
+	// went down (geo.go resendPoint: a down copy's resend point).
+	downLogEpoch []uint64
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -552,6 +555,9 @@ func (w *world) crash(n *node) {
 		w.compactedBefore += int(st.SegmentsCompacted)
 		w.installedBefore += int(st.SnapshotsInstalled)
 	}
+	if w.geo != nil {
+		w.geo.noteDown(n)
+	}
 	n.up = false
 	n.fs = n.fs.Crash()
 	n.stores, n.replicas, n.mirror = nil, nil, nil
@@ -571,6 +577,10 @@ func (w *world) push(e *event) {
 func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 	for _, m := range msgs {
 		from, to := int(m.GetFrom()), int(m.GetTo())
+		if replica.IsFloorMessage(m) {
+			w.sendFloor(region, group, m) // floor.go: no draw
+			continue
+		}
 		if w.rng.Float64() < w.dropP || w.cut(region, from) || w.cut(region, to) {
 			w.res.Dropped++
 			continue
