@@ -70,9 +70,6 @@ type Result struct {
 	// AckedAhead counts acks a leader gave before its own log held the
 	// batch (a quorum of followers had it durably; its write was queued).
 	AckedAhead int
-	// HeldCommitsSent counts the held-commit timers that fired with
-	// commit-only appends still held (heldcommits.go).
-	HeldCommitsSent int
 	// Compaction: whether the run compacted logs (small segments,
 	// aggressive retention); segments deleted; snapshots sent, failed
 	// (lost, or refused as busy or stale) and installed.
@@ -92,8 +89,8 @@ type Result struct {
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes, %d held commits sent by timer; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
-		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges, r.HeldCommitsSent,
+	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
+		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
 		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String() + r.Orphans.String()
 }
 
@@ -175,8 +172,6 @@ type node struct {
 	// timelines are, per range, the timeline fences' knowledge of epoch
 	// starts of this incarnation (fence.go).
 	timelines []rangecore.Timeline
-	// held are, per range, the held-commit timers (heldcommits.go).
-	held []heldTimer
 	// core is the node's liveness lease and view of its region's homes
 	// (Regions > 1; homing.go); epochs is, per range, the highest homing
 	// epoch its replica held in this incarnation (it never goes back).
@@ -513,7 +508,6 @@ func (w *world) start(n *node) error {
 	n.mirror = make([]mirrorQueue, w.opt.Ranges)
 	n.gates = make([]rangecore.StartGate[*gateOp], w.opt.Ranges)
 	n.timelines = make([]rangecore.Timeline, w.opt.Ranges)
-	n.held = make([]heldTimer, w.opt.Ranges)
 	n.epochs = make([]uint64, w.opt.Ranges)
 	n.fresh = make([]uint64, w.opt.Ranges)
 	n.divergence = make([]divergence, w.opt.Ranges)
@@ -553,7 +547,6 @@ func (w *world) start(n *node) error {
 				return w.sendSnapshot(region, group, from, gen, m, body)
 			},
 			Now: w.clock, Logger: w.opt.Logger,
-			HoldCommits: true, // as regionsvc's driver: heldcommits.go sends them when due
 		}, headers)
 		if err != nil {
 			return fmt.Errorf("%v range %d: %w", n, r, err)
@@ -573,7 +566,7 @@ func (w *world) crash(n *node) {
 	}
 	n.up = false
 	n.fs = n.fs.Crash()
-	n.stores, n.replicas, n.mirror, n.gates, n.timelines, n.held = nil, nil, nil, nil, nil, nil
+	n.stores, n.replicas, n.mirror, n.gates, n.timelines = nil, nil, nil, nil, nil
 	n.downTill = w.now + 50 + w.rng.Int64N(1000)
 	w.res.Crashes++
 }
@@ -690,7 +683,6 @@ func (w *world) readyAll() bool {
 				}
 				w.scheduleWrite(n, r)
 			}
-			w.armHeld(n, r)
 			if n.region == w.homeRegion(r) && rep.IsLeader() && w.leaders[r] != uint64(n.id) {
 				w.leaders[r] = uint64(n.id)
 				w.res.LeaderChanges++
