@@ -14,6 +14,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/raftnet"
+	"github.com/geolog/geolog/rangecore"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
@@ -184,7 +185,7 @@ func (d *rangeDriver) runReplicated() {
 		case fn := <-d.execCh:
 			fn()
 		case <-held.t.C:
-			held.armed = false
+			held.core.Fired()
 			d.rep.SendHeldCommits()
 		case <-d.maintainCh:
 			// The node's sweep (maintenance.go): retention runs as
@@ -205,12 +206,11 @@ func (d *rangeDriver) runReplicated() {
 }
 
 // heldCommitTimer wakes the driver when the commit-only appends its
-// replica holds are due (replica.Config.HoldCommits: while appends come
-// continuously, the next append carries the commit index to the followers
-// instead of an append of its own).
+// replica holds are due (replica.Config.HoldCommits; the decisions are
+// rangecore.HeldCommitTimer's).
 type heldCommitTimer struct {
-	t     *time.Timer
-	armed bool
+	t    *time.Timer
+	core rangecore.HeldCommitTimer
 }
 
 func newHeldCommitTimer() *heldCommitTimer {
@@ -219,19 +219,13 @@ func newHeldCommitTimer() *heldCommitTimer {
 	return &heldCommitTimer{t: t}
 }
 
-// arm sets the timer for the replica's held commits, unless it is set
-// (firing early only sends them early), and stops it once none are held
-// (the next append replaced them): a range written continuously does not
-// wake every few milliseconds for nothing.
+// arm sets or stops the timer for the replica's held commits.
 func (h *heldCommitTimer) arm(rep *replica.Replica) {
-	wait, ok := rep.HeldCommitsWait()
-	switch {
-	case ok && !h.armed:
+	switch a, wait := h.core.Arm(rep.HeldCommitsWait()); a {
+	case rangecore.TimerReset:
 		h.t.Reset(wait)
-		h.armed = true
-	case !ok && h.armed:
+	case rangecore.TimerStop:
 		h.t.Stop()
-		h.armed = false
 	}
 }
 
