@@ -228,6 +228,11 @@ type Config struct {
 	// GroupHeartbeatInterval is how often group members are told to
 	// heartbeat, default 500 ms.
 	GroupHeartbeatInterval time.Duration
+
+	// openAwakeMax bounds the node's awake groups while a new stream's
+	// ranges open (openpace.go), default openAwakeMaxDefault; tests set
+	// it.
+	openAwakeMax int
 }
 
 func (c *Config) setDefaults() error {
@@ -571,14 +576,18 @@ func (n *Node) rangeDir(stream string, r uint32) string {
 const rangeOpenConcurrencyMax = 16
 
 // openStreamAt opens a stream's ranges, up to rangeOpenConcurrencyMax at
-// once; metaOffset, the catalogue offset of the stream's creation, names
-// their Raft groups.
-func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
+// once, and if paced each only while few groups are awake (openpace.go);
+// metaOffset, the catalogue offset of the stream's creation, names their
+// Raft groups.
+func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64, paced bool) *streamState {
 	st := &streamState{spec: spec, ranges: make([]*rangeDriver, spec.rangeTotal())}
 	slots := make(chan struct{}, rangeOpenConcurrencyMax)
 	var wg sync.WaitGroup
 	for r := uint32(0); r < spec.rangeTotal(); r++ { // split ranges and their children too
 		slots <- struct{}{}
+		if paced {
+			n.waitToOpen()
+		}
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()

@@ -79,7 +79,7 @@ func (n *Node) livenessChanged() <-chan struct{} {
 // the tick). It publishes the state for tests and metrics.
 func (d *rangeDriver) tickIfAwake() <-chan struct{} {
 	q := d.rep.Quiesced()
-	d.quiesced.Store(q)
+	d.noteQuiesced(q) // openpace.go
 	if q {
 		return nil
 	}

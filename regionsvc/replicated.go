@@ -47,6 +47,9 @@ type replicationConfig struct {
 	// snapshotBody, if set, wraps the body of each snapshot sent (the
 	// transfer bandwidth bound, rebalance_throttle.go).
 	snapshotBody func(io.ReadCloser) io.ReadCloser
+	// pace counts the node's awake groups (openpace.go); nil for the
+	// catalogue.
+	pace *openPace
 }
 
 // raftInMax bounds the message batches queued for one replica; past it,
@@ -127,6 +130,7 @@ func (d *rangeDriver) deliverRaft(msgs []*raftpb.Message) bool {
 // the replica and follows replica's driver contract (doc.go there).
 func (d *rangeDriver) runReplicated() {
 	defer close(d.doneCh)
+	defer d.countAwake()() // openpace.go
 	defer func() {
 		if err := d.store.Close(); err != nil {
 			d.logger.Error("close store", "error", err)
