@@ -66,7 +66,8 @@ type region struct {
 	// (quiesce.go).
 	liveness livenessWatch
 	stopCh   chan struct{}
-	// pace bounds the groups awake while new streams open (openpace.go).
+	// pace bounds the groups awake as new streams' ranges start
+	// (openpace.go).
 	pace openPace
 }
 
@@ -147,6 +148,7 @@ func (n *Node) ticker() {
 		select {
 		case <-t.C:
 			n.watchLiveness()
+			n.region.pace.admit() // openpace.go
 			n.mu.Lock()
 			close(n.region.tickCh)
 			n.region.tickCh = make(chan struct{})
