@@ -66,6 +66,25 @@ func (p *openPace) enqueue() chan struct{} {
 	return ch
 }
 
+// cancel takes a stopping driver's admission channel off the queue, or
+// reports that it was admitted (and counted) already.
+func (p *openPace) cancel(admit <-chan struct{}) (admitted bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-admit:
+		return true
+	default:
+	}
+	for i, w := range p.waiting {
+		if (<-chan struct{})(w) == admit {
+			p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
+			break
+		}
+	}
+	return false
+}
+
 // admit runs on every tick (the node's ticker): it admits the oldest
 // dormant groups while fewer than max groups are awake, or one if none
 // quiesced for openPaceStall. An admitted group counts as awake from its
@@ -132,12 +151,8 @@ func (d *rangeDriver) uncountAwake(admit <-chan struct{}) {
 	if p == nil {
 		return
 	}
-	if admit != nil {
-		select {
-		case <-admit: // admitted, counted, not yet taken by the loop
-		default:
-			return // never admitted: never counted
-		}
+	if admit != nil && !p.cancel(admit) {
+		return // never admitted: never counted
 	}
 	if !d.quiesced.Load() {
 		p.add(-1)

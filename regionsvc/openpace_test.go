@@ -44,3 +44,26 @@ func TestRangesOpenPacedByAwakeGroups(t *testing.T) {
 		tr.appendAndReadFrom(ctx, 1+uint64(r)%3, "paced", r)
 	}
 }
+
+// TestOpenPaceSkipsStoppedGroups: a dormant group that stops before it is
+// admitted leaves the queue, so the pace neither admits nor counts it
+// (a deleted stream's ranges would hold places among the awake for ever).
+func TestOpenPaceSkipsStoppedGroups(t *testing.T) {
+	p := &openPace{max: 1}
+	stopped, next := p.enqueue(), p.enqueue()
+	if p.cancel(stopped) {
+		t.Fatal("a group never admitted reported as admitted")
+	}
+	p.admit()
+	select {
+	case <-next:
+	default:
+		t.Fatal("the next dormant group was not admitted")
+	}
+	if a := p.awake.Load(); a != 1 {
+		t.Fatalf("%d groups counted awake, want 1", a)
+	}
+	if !p.cancel(next) {
+		t.Fatal("an admitted group reported as never admitted")
+	}
+}
