@@ -78,8 +78,11 @@ func (n *Node) livenessChanged() <-chan struct{} {
 // is quiesced (a nil channel never receives: the driver's select ignores
 // the tick). It publishes the state for tests and metrics.
 func (d *rangeDriver) tickIfAwake() <-chan struct{} {
+	if d.dormant != nil {
+		return nil // not admitted yet (openpace.go): no tick, no campaign
+	}
 	q := d.rep.Quiesced()
-	d.quiesced.Store(q)
+	d.noteQuiesced(q) // openpace.go
 	if q {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package regionsvc
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -65,6 +66,9 @@ type region struct {
 	// (quiesce.go).
 	liveness livenessWatch
 	stopCh   chan struct{}
+	// pace bounds the groups awake as new streams' ranges start
+	// (openpace.go).
+	pace openPace
 }
 
 func (n *Node) replicated() bool { return n.region != nil }
@@ -105,6 +109,7 @@ func (n *Node) openRegion() error {
 		}
 	}
 	rg.transport = tr
+	rg.pace.max = int64(cmp.Or(n.cfg.openAwakeMax, openAwakeMaxDefault))
 	n.region = rg
 	go n.ticker()
 	go n.maintenanceSweep()
@@ -116,7 +121,7 @@ func (n *Node) openRegion() error {
 		return err
 	}
 	for _, spec := range specs {
-		n.addReplicatedStream(spec)
+		n.addReplicatedStream(spec, false) // not paced: see openpace.go
 	}
 	rg.meta = openRangeDriver(n.rangeConfig(metaStreamName, 0, segment.Config{Dir: metaDir(n.cfg.DataDir)}, &replicationConfig{
 		groupID:  metaGroupID,
@@ -143,6 +148,7 @@ func (n *Node) ticker() {
 		select {
 		case <-t.C:
 			n.watchLiveness()
+			n.region.pace.admit() // openpace.go
 			n.mu.Lock()
 			close(n.region.tickCh)
 			n.region.tickCh = make(chan struct{})
@@ -167,6 +173,8 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	}
 	if rc.groupID == metaGroupID {
 		rc.peers = n.region.ids
+	} else {
+		rc.pace = &n.region.pace // openpace.go
 	}
 	// The voter that campaigns when a group is created: spread over the
 	// voters by group id, so that a new stream's range leaders (who do most
@@ -262,7 +270,7 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	}
 	spec := rec.Spec
 	spec.MetaOffset = at
-	n.addReplicatedStream(spec)
+	n.addReplicatedStream(spec, true)
 	n.forgetDeleted(spec.Name)
 	// Remember what was applied, so that after a restart this node hosts
 	// the stream's replicas at once instead of waiting for the catalogue
@@ -280,9 +288,10 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount, "catalogue_offset", at)
 }
 
-// addReplicatedStream opens a stream the catalogue committed.
-func (n *Node) addReplicatedStream(spec streamSpec) {
-	st := n.openStreamAt(spec, spec.MetaOffset)
+// addReplicatedStream opens a stream the catalogue committed; paced, its
+// ranges open as few of the node's groups are awake (openpace.go).
+func (n *Node) addReplicatedStream(spec streamSpec, paced bool) {
+	st := n.openStreamAt(spec, spec.MetaOffset, paced)
 	n.mu.Lock()
 	n.streams[spec.Name] = st
 	n.region.metaOffsets[spec.Name] = spec.MetaOffset

@@ -48,6 +48,10 @@ type replicationConfig struct {
 	// snapshotBody, if set, wraps the body of each snapshot sent (the
 	// transfer bandwidth bound, rebalance_throttle.go).
 	snapshotBody func(io.ReadCloser) io.ReadCloser
+	// pace counts the node's awake groups (openpace.go); nil for the
+	// catalogue. paced: a new group waits for pace to admit it.
+	pace  *openPace
+	paced bool
 }
 
 // raftInMax bounds the message batches queued for one replica; past it,
@@ -128,6 +132,7 @@ func (d *rangeDriver) deliverRaft(msgs []*raftpb.Message) bool {
 // the replica and follows replica's driver contract (doc.go there).
 func (d *rangeDriver) runReplicated() {
 	defer close(d.doneCh)
+	defer d.uncountAwake(d.admission()) // openpace.go
 	defer func() {
 		if err := d.store.Close(); err != nil {
 			d.logger.Error("close store", "error", err)
@@ -144,16 +149,17 @@ func (d *rangeDriver) runReplicated() {
 		<-writerDone
 		<-markDone
 	}
-	d.startElection(d.firstCampaigner()) // startup.go
-	d.campaignIfSole()
+	d.startGroup() // openpace.go, startup.go
 	// Taken before any check of a peer's liveness, so that no change
 	// after the check goes unseen (quiesce.go).
 	liveness := d.cfg.repl.liveness()
 	held := newHeldCommitTimer()
 	defer held.t.Stop()
 	for {
-		tick := d.tickIfAwake() // nil while quiesced
+		tick := d.tickIfAwake() // nil while quiesced or dormant
 		select {
+		case <-d.dormant:
+			d.admitted() // openpace.go
 		case op := <-d.inbox:
 			d.propose(op)
 		case msgs := <-d.raftIn:
