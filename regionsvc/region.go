@@ -43,6 +43,8 @@ type metaRecord struct {
 	// Node is a "node-join" or "node-state" record's change of the
 	// region's node list (members.go).
 	Node *nodeChange `json:"node,omitempty"`
+	// Leaders is a "range-leaders" record's preferred leaders (leaders.go).
+	Leaders []preferredRangeLeader `json:"leaders,omitempty"`
 }
 
 // region holds a node's replication machinery.
@@ -232,6 +234,10 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	err := json.Unmarshal(value, &rec)
 	if err == nil && isNodeOp(rec.Op) {
 		n.applyNodeRecord(at, rec) // members.go
+		return
+	}
+	if err == nil && rec.Op == opRangeLeaders {
+		n.applyRangeLeaders(at, rec) // leaders.go
 		return
 	}
 	if err == nil && rec.Op == opSplit {
