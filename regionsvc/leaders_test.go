@@ -185,3 +185,59 @@ func fmtCounts(c map[uint64]int) string {
 	}
 	return s
 }
+
+// TestLearnerCatchUpThrottled: a learner catching up by Raft's log (no
+// snapshot: nothing was compacted) takes its bytes from the node's
+// transfer bucket, as snapshots do. Range 0 holds 3 MiB on nodes 1-3;
+// node 4 is added as a learner with a 1 MiB/s bucket (256 KiB burst): the
+// leader's node counts at least 2 MiB sent to the learner through the
+// bucket, and the catch-up takes at least 1 s (3 MiB at 1 MiB/s is ~2.75
+// s; a busy machine only makes it longer). It fails with appends to
+// learners left unthrottled (no bytes counted, the catch-up takes a
+// fraction of a second).
+func TestLearnerCatchUpThrottled(t *testing.T) {
+	tr := newTestRegionWith(t, 4, 3, func(c *Config) {
+		c.Rebalance = RebalanceConfig{TransferBytesPerSecond: 1 << 20} // bucket only: no rebalancer
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tr.createStreamReq(ctx, &geologv1.CreateStreamRequest{Name: "thr", RangeCount: 1})
+	voters := tr.voters(ctx, "thr", 1)[0]
+	if slices.Contains(voters, 4) {
+		t.Fatalf("voters %v: want nodes 1-3", voters)
+	}
+	tr.preload(ctx, "thr", 1, 3072, 1024)
+	rr := &rangeRouter{n: tr.nodes[1], stream: "thr", r: 0}
+	d, err := rr.Describe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := d.GetLeaderId()
+	// Let the bucket fill to its burst from the preload's (voter) sends.
+	time.Sleep(500 * time.Millisecond)
+	start := time.Now()
+	if _, err := rr.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, 4); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, ctx, "learner 4 caught up", func() bool {
+		d, err := rr.Describe(ctx)
+		if err != nil {
+			return false
+		}
+		for _, r := range d.GetReplicas() {
+			if r.GetNodeId() == 4 && r.GetRole() == "learner" && r.GetMatchIndex() == d.GetLastIndex() {
+				return true
+			}
+		}
+		return false
+	})
+	took := time.Since(start)
+	sent, deferred := tr.nodes[leader].learnerBytes.Load(), tr.nodes[leader].learnerDeferred.Load()
+	t.Logf("FIGURE learner catch-up by log: 3 MiB at a 1 MiB/s bucket in %v (%d bytes through the bucket, %d appends deferred)", took.Round(time.Millisecond), sent, deferred)
+	if sent < 2<<20 {
+		t.Fatalf("leader %d sent %d bytes to the learner through the bucket, want at least 2 MiB", leader, sent)
+	}
+	if took < time.Second {
+		t.Fatalf("learner caught up in %v: the 1 MiB/s bound allows no less than ~2.75 s", took)
+	}
+}

@@ -175,7 +175,7 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	// of the work: client appends, one append message per follower) start
 	// spread over the region's nodes instead of all on the lowest id.
 	rc.firstCampaigner = preferredLeader(rc.groupID, rc.peers)
-	rc.transport = n.region.transport
+	rc.transport = n.learnerTransport(rc.groupID) // rebalance_throttle.go
 	rc.tick = n.tick
 	rc.liveness = n.livenessChanged
 	rc.addrOf = func(id uint64) string { return n.clientAddr(n.cfg.Region, id) }
