@@ -241,3 +241,43 @@ func TestLearnerCatchUpThrottled(t *testing.T) {
 		t.Fatalf("learner caught up in %v: the 1 MiB/s bound allows no less than ~2.75 s", took)
 	}
 }
+
+// TestRebalanceSnapshotIncremental: on an idle 3-node region of 60
+// ranges, once the catalogue leader's rebalancer has its first snapshot,
+// each further round asks other nodes for about a tenth of the ranges
+// (the oldest answers), not for every range another node leads (about
+// two thirds of them). It fails with a full snapshot every round.
+func TestRebalanceSnapshotIncremental(t *testing.T) {
+	const ranges = 60
+	tr := newTestRegionWith(t, 3, 3, rebalanceConfig(2))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tr.createStream(ctx, "snap", ranges)
+	pollUntil(t, ctx, "every range led", func() bool {
+		_, ok := leaderCounts(tr.rangeLeaders("snap", ranges), 3)
+		return ok
+	})
+	var rb *rebalancer
+	pollUntil(t, ctx, "a rebalancer leading with a snapshot", func() bool {
+		for _, n := range tr.nodes {
+			if st := n.rebalancer.snapshotStatus(); st.leading && st.haveSnap {
+				rb = n.rebalancer
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(time.Second) // past the first full snapshot
+	calls0, snaps0 := rb.remoteDescribes.Load(), rb.snapshots.Load()
+	time.Sleep(3 * time.Second)
+	calls, snaps := rb.remoteDescribes.Load()-calls0, rb.snapshots.Load()-snaps0
+	if snaps < 3 {
+		t.Fatalf("%d snapshots in 3 s at 200 ms rounds", snaps)
+	}
+	perRound := float64(calls) / float64(snaps)
+	t.Logf("FIGURE rebalancer snapshot: %d ranges, %.1f remote DescribeReplicas per round over %d rounds (a full snapshot: every range another node leads, ~%d)", ranges, perRound, snaps, ranges*2/3)
+	const bound = ranges/10 + 3 // a tenth of the ranges, a little slack
+	if perRound > bound {
+		t.Fatalf("%.1f remote describes per round, want at most %d", perRound, bound)
+	}
+}

@@ -117,6 +117,13 @@ type rebalancer struct {
 	// the most ever under way at once.
 	pending                        map[placement.RangeID]pendingTransfer
 	leaderTransfers, peakTransfers atomic.Int64
+	// cache is each range's last described configuration, changed the
+	// ranges whose move ended since (loop goroutine,
+	// rebalance_snapshot.go); remoteDescribes counts the ranges asked of
+	// another node, snapshots the snapshots taken.
+	cache                      map[placement.RangeID]rangeConf
+	changed                    map[placement.RangeID]bool
+	remoteDescribes, snapshots atomic.Int64
 }
 
 // moveEnd is the end of a move or cleanup of range id, started in
@@ -154,7 +161,7 @@ func (n *Node) newRebalancer() error {
 	rb := &rebalancer{n: n, cfg: cfg, logger: n.cfg.Logger.Named("rebalance"),
 		loop:    placement.NewLoop(placement.LoopConfig{MovesMax: cfg.MovesMax, DeadAfter: cfg.DeadNodeAfter}),
 		ended:   make(chan moveEnd, cfg.MovesMax),
-		pending: map[placement.RangeID]pendingTransfer{}}
+		pending: map[placement.RangeID]pendingTransfer{}, changed: map[placement.RangeID]bool{}}
 	if err := rb.registerMetrics(n.cfg.MeterProvider); err != nil {
 		return err
 	}
@@ -177,6 +184,7 @@ func (rb *rebalancer) run(ctx context.Context) {
 				// an interval (a drain of many ranges goes at the pace
 				// of its moves, not of the rounds).
 				rb.loop.Done(e.id)
+				rb.changed[e.id] = true
 				rb.round(ctx)
 			}
 		case <-t.C:
@@ -201,7 +209,7 @@ func (rb *rebalancer) round(ctx context.Context) {
 		rb.logger.Info("leading the catalogue: rebalancing the region")
 	}
 	snapCtx, cancel := context.WithTimeout(ctx, rb.cfg.Interval+5*time.Second)
-	reg, err := rb.n.currentRegion(snapCtx)
+	reg, err := rb.snapshot(snapCtx, now) // rebalance_snapshot.go
 	cancel()
 	if err != nil {
 		rb.logger.Debug("snapshot incomplete: no moves this round", "error", err)
@@ -255,6 +263,8 @@ func (rb *rebalancer) stopLeading() {
 	rb.cancelMoves, rb.leaderCtx = nil, nil
 	rb.loop.Reset()
 	clear(rb.pending)
+	rb.cache = nil
+	clear(rb.changed)
 	rb.mu.Lock()
 	rb.status.leading, rb.status.moves, rb.status.haveSnap, rb.status.transfers = false, nil, false, 0
 	rb.mu.Unlock()
