@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/geolog/geolog/placement"
@@ -155,6 +156,13 @@ func (rb *rebalancer) leaderView(now time.Time, reg placement.Region) placement.
 		r := &reg.Ranges[i]
 		seen[r.ID] = true
 		r.Moving = r.Moving || moving[r.ID] || len(r.Learners) > 0
+		if p := rb.n.preferredOf(r.ID, r.Replicas); p != 0 && p != r.Leader && !rb.n.region.transport.PeerDown(raftnetID(p)) {
+			// The range hands leadership to its preferred leader by
+			// itself (a leader elected elsewhere under load goes back):
+			// balance the preferences, not the moment's leaders, so
+			// that such an election costs no transfer.
+			r.Leader = p
+		}
 		if p, ok := rb.pending[r.ID]; ok {
 			if r.Leader == p.to || now.After(p.deadline) {
 				delete(rb.pending, r.ID)
@@ -172,6 +180,19 @@ func (rb *rebalancer) leaderView(now time.Time, reg placement.Region) placement.
 	rb.status.transfers = len(rb.pending)
 	rb.mu.Unlock()
 	return reg
+}
+
+// preferredOf is range id's preferred leader among voters as its replica
+// on this node knows it (the catalogue's record, else the group id's
+// pick); 0 if this node has no driver for it.
+func (n *Node) preferredOf(id placement.RangeID, voters []uint64) uint64 {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	st, ok := n.streams[id.Stream]
+	if !ok || int(id.Range) >= len(st.ranges) || st.ranges[id.Range] == nil {
+		return 0
+	}
+	return preferredAmong(groupFor(st.spec.MetaOffset, id.Range), st.ranges[id.Range].balance.pref.Load(), slices.Sorted(slices.Values(voters)))
 }
 
 // streamMetaOffset is the catalogue offset of stream's creation record (0

@@ -134,6 +134,7 @@ func TestRebalanceBalancesLeaders(t *testing.T) {
 	p := startProducer(t, "lead", ranges, clients, 0)
 	time.Sleep(2 * time.Second)
 	base := p.phase()
+	before, _ = leaderCounts(tr.rangeLeaders("lead", ranges), 3)
 
 	start := time.Now()
 	tr.dirs[4] = t.TempDir()
@@ -257,23 +258,29 @@ func TestRebalanceSnapshotIncremental(t *testing.T) {
 		_, ok := leaderCounts(tr.rangeLeaders("snap", ranges), 3)
 		return ok
 	})
-	var rb *rebalancer
 	pollUntil(t, ctx, "a rebalancer leading with a snapshot", func() bool {
 		for _, n := range tr.nodes {
 			if st := n.rebalancer.snapshotStatus(); st.leading && st.haveSnap {
-				rb = n.rebalancer
 				return true
 			}
 		}
 		return false
 	})
-	time.Sleep(time.Second) // past the first full snapshot
-	calls0, snaps0 := rb.remoteDescribes.Load(), rb.snapshots.Load()
-	time.Sleep(3 * time.Second)
-	calls, snaps := rb.remoteDescribes.Load()-calls0, rb.snapshots.Load()-snaps0
-	if snaps < 3 {
-		t.Fatalf("%d snapshots in 3 s at 200 ms rounds", snaps)
+	counters := func() (calls, snaps int64) {
+		for _, n := range tr.nodes {
+			calls += n.rebalancer.remoteDescribes.Load()
+			snaps += n.rebalancer.snapshots.Load()
+		}
+		return calls, snaps
 	}
+	time.Sleep(time.Second) // past the first full snapshot
+	calls0, snaps0 := counters()
+	var calls, snaps int64
+	pollUntil(t, ctx, "15 more snapshots", func() bool {
+		c, s := counters()
+		calls, snaps = c-calls0, s-snaps0
+		return snaps >= 15
+	})
 	perRound := float64(calls) / float64(snaps)
 	t.Logf("FIGURE rebalancer snapshot: %d ranges, %.1f remote DescribeReplicas per round over %d rounds (a full snapshot: every range another node leads, ~%d)", ranges, perRound, snaps, ranges*2/3)
 	const bound = ranges/10 + 3 // a tenth of the ranges, a little slack
