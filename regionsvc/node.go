@@ -471,6 +471,10 @@ type Node struct {
 	// bound). rebalance.go, rebalance_throttle.go.
 	rebalancer      *rebalancer
 	transferLimiter *rate.Limiter
+	// learnerBytes counts the log bytes sent to learners under the
+	// bucket, learnerDeferred the appends to learners it deferred
+	// (rebalance_throttle.go).
+	learnerBytes, learnerDeferred atomic.Int64
 }
 
 // New opens the data directory, recovers every range and returns a node that

@@ -103,7 +103,7 @@ func (d *rangeDriver) maybeQuiesce() bool {
 		return false
 	}
 	if d.balance.every > 0 && !d.rep.SoleVoter() &&
-		preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, d.rep.Status(), d.peerDown) != 0 {
+		preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, d.balance.pref.Load(), d.rep.Status(), d.peerDown) != 0 {
 		return false
 	}
 	return d.rep.Quiesce(func(id uint64) bool { return !d.peerDown(id) })

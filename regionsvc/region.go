@@ -44,6 +44,8 @@ type metaRecord struct {
 	// Node is a "node-join" or "node-state" record's change of the
 	// region's node list (members.go).
 	Node *nodeChange `json:"node,omitempty"`
+	// Leaders is a "range-leaders" record's preferred leaders (leaders.go).
+	Leaders []preferredRangeLeader `json:"leaders,omitempty"`
 }
 
 // region holds a node's replication machinery.
@@ -181,7 +183,7 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	// of the work: client appends, one append message per follower) start
 	// spread over the region's nodes instead of all on the lowest id.
 	rc.firstCampaigner = preferredLeader(rc.groupID, rc.peers)
-	rc.transport = n.region.transport
+	rc.transport = n.learnerTransport(rc.groupID) // rebalance_throttle.go
 	rc.tick = n.tick
 	rc.liveness = n.livenessChanged
 	rc.addrOf = func(id uint64) string { return n.clientAddr(n.cfg.Region, id) }
@@ -240,6 +242,10 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	err := json.Unmarshal(value, &rec)
 	if err == nil && isNodeOp(rec.Op) {
 		n.applyNodeRecord(at, rec) // members.go
+		return
+	}
+	if err == nil && rec.Op == opRangeLeaders {
+		n.applyRangeLeaders(at, rec) // leaders.go
 		return
 	}
 	if err == nil && rec.Op == opSplit {
