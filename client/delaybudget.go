@@ -15,23 +15,40 @@ const delayLimitFloorBytes = 64 << 10
 const delayLimitBaseSpan = 5 * time.Second
 
 // delayLimit is the producer's queueing-delay bound (QueueDelayTarget): a
-// bound on the bytes it holds (produced and not yet acknowledged or
-// failed) that follows how fast the stream acknowledges them, so that at
-// full speed a record waits about the target beyond the stream's own
-// service time, not for as long as BufferedBytesMax takes to drain.
+// bound on its unsent bytes (produced and not yet cut into a batch and
+// sent) that follows how fast the stream acknowledges them, so that at
+// full speed a record waits about the target before it is sent, not for as
+// long as BufferedBytesMax takes to drain. Bytes in flight are not counted:
+// the in-flight window (InflightBatchesMax per range) and BufferedBytesMax
+// bound them.
 //
-// By Little's law, the time a byte spends in the producer is the bytes
-// held divided by the rate they leave (are acknowledged). So the bound is
-// the acknowledged rate, measured over windows of the base plus the
-// target, times the base plus the target. The base is the least time from
-// a batch's send to its acknowledgement seen over the last 5 to 10 s (a
-// remote home's round trip, one fsync round): time the producer cannot
-// queue less than, as BBR's minimum RTT. When the producer is not at
-// capacity the bound is above what it holds and changes nothing; past
-// capacity, Produce waits for room (or fails, with FailWhenFull) and the
-// wait is the queue it does not build. A bound that binds while records
-// wait less than the target grows: held bytes over their time in the
-// producer is a rate above bound over (base + target).
+// By Little's law, the time a byte waits to be sent is the unsent bytes
+// divided by the rate they leave, which in a steady state is the rate the
+// stream acknowledges. So the bound is the acknowledged rate, measured over
+// windows of sendWait, times sendWait: the larger of the target and the
+// base. The base is the least time from a batch's send to its
+// acknowledgement seen over the last 5 to 10 s (a remote home's round
+// trip): with one batch in flight per range, records wait at least that
+// long for the batch ahead of them, and a bound below it would shrink the
+// next batch, the rate with it, and so the bound again.
+//
+// Why unsent bytes, not all bytes held (notes/sdkqueue.md): below capacity
+// a range holds the batch in flight plus the records that gather behind
+// it, about two round trips of records. A bound on both binds as soon as
+// one round trip exceeds about half the target, on a loaded machine well
+// below capacity; the blocked Produce then holds records back from the
+// batch being cut and costs them a round trip more. Unsent bytes exceed
+// rate × sendWait only when the round trip itself exceeds sendWait. At
+// full speed the bound still holds the wait before sending to sendWait:
+// the batch a range cuts is what gathered within the bound, so the round
+// trip settles near sendWait.
+//
+// Why max(base, target), not base + target: the base is measured on the
+// producer's own batches, and at full speed their round trip is mostly
+// queueing behind everyone's batches, so the base rises with the bound. A
+// bound of rate × (base + target) would then grow by a factor of
+// (1 + target/base) per window without end; rate × max(base, target) does
+// not grow once the base reaches the round trip.
 //
 // The bound moves by at most a factor of two per window, up or down, so
 // that one noisy window (a pause, a burst of acknowledgements) does not
@@ -78,9 +95,13 @@ func (l *delayLimit) base() time.Duration {
 	return min(l.spanMin, l.priorMin)
 }
 
+// sendWait is the wait before sending that the bound holds unsent bytes to
+// at the acknowledged rate: the larger of the target and the base.
+func (l *delayLimit) sendWait() time.Duration { return max(l.base(), l.target) }
+
 // acked counts n bytes acknowledged at now, service after their batch's
-// send, and, once a window of the base plus the target has passed, sets
-// the bound from the window's rate.
+// send, and, once a window of sendWait has passed, sets the bound from the
+// window's rate.
 func (l *delayLimit) acked(n int64, service time.Duration, now time.Time) {
 	if now.Sub(l.spanStart) >= delayLimitBaseSpan {
 		l.spanStart, l.priorMin, l.spanMin = now, l.spanMin, -1
@@ -96,11 +117,11 @@ func (l *delayLimit) acked(n int64, service time.Duration, now time.Time) {
 	}
 	l.windowBytes += n
 	elapsed := now.Sub(l.windowStart)
-	span := l.base() + l.target
-	if elapsed < span {
+	wait := l.sendWait()
+	if elapsed < wait {
 		return
 	}
-	want := int64(float64(l.windowBytes) * float64(span) / float64(elapsed))
+	want := int64(float64(l.windowBytes) * float64(wait) / float64(elapsed))
 	want = min(max(want, l.limitBytes/2), 2*l.limitBytes)
 	l.limitBytes = min(max(want, l.floorBytes), l.ceilBytes)
 	l.windowStart, l.windowBytes = now, 0
