@@ -10,10 +10,6 @@ const QueueDelayTargetDefault = 100 * time.Millisecond
 // of small batches still pipelines several.
 const delayLimitFloorBytes = 64 << 10
 
-// delayLimitBaseSpan is how long a least service time stays the base: the
-// base is the least over the last one to two spans.
-const delayLimitBaseSpan = 5 * time.Second
-
 // delayLimit is the producer's queueing-delay bound (QueueDelayTarget): a
 // bound on its unsent bytes (produced and not yet cut into a batch and
 // sent) that follows how fast the stream acknowledges them, so that at
@@ -25,12 +21,7 @@ const delayLimitBaseSpan = 5 * time.Second
 // By Little's law, the time a byte waits to be sent is the unsent bytes
 // divided by the rate they leave, which in a steady state is the rate the
 // stream acknowledges. So the bound is the acknowledged rate, measured over
-// windows of sendWait, times sendWait: the larger of the target and the
-// base. The base is the least time from a batch's send to its
-// acknowledgement seen over the last 5 to 10 s (a remote home's round
-// trip): with one batch in flight per range, records wait at least that
-// long for the batch ahead of them, and a bound below it would shrink the
-// next batch, the rate with it, and so the bound again.
+// windows of at least the target, times the target.
 //
 // Why unsent bytes, not all bytes held (notes/sdkqueue.md): below capacity
 // a range holds the batch in flight plus the records that gather behind
@@ -38,17 +29,21 @@ const delayLimitBaseSpan = 5 * time.Second
 // one round trip exceeds about half the target, on a loaded machine well
 // below capacity; the blocked Produce then holds records back from the
 // batch being cut and costs them a round trip more. Unsent bytes exceed
-// rate × sendWait only when the round trip itself exceeds sendWait. At
-// full speed the bound still holds the wait before sending to sendWait:
-// the batch a range cuts is what gathered within the bound, so the round
-// trip settles near sendWait.
+// rate × target only when a round trip itself exceeds the target.
 //
-// Why max(base, target), not base + target: the base is measured on the
-// producer's own batches, and at full speed their round trip is mostly
-// queueing behind everyone's batches, so the base rises with the bound. A
-// bound of rate × (base + target) would then grow by a factor of
-// (1 + target/base) per window without end; rate × max(base, target) does
-// not grow once the base reaches the round trip.
+// At full speed the batch a range cuts is what gathered within the bound,
+// so a bound of B gives batches of about B and a round trip R(B); the rate
+// is B/R(B) and the next bound B × target/R(B): it shrinks while a round
+// trip takes longer than the target and grows while shorter, settling
+// where a batch's round trip is about the target (a record waits about one
+// round trip to be sent and one in flight). No measured base enters it: a
+// least round trip measured on the producer's own batches rises with the
+// bound at full speed (they queue behind each other), and a bound of rate
+// × (base + target) then grows without end, rate × max(base, target)
+// stays wherever it started (notes/sdkqueue.md). The price: a stream whose
+// round trip alone exceeds the target (a remote leader) is held to the
+// floor with one batch in flight per range, as with the bound this
+// replaced; raise the target or InflightBatchesMax for it.
 //
 // The bound moves by at most a factor of two per window, up or down, so
 // that one noisy window (a pause, a burst of acknowledgements) does not
@@ -64,10 +59,6 @@ type delayLimit struct {
 	limitBytes  int64
 	windowStart time.Time // zero until the first acknowledgement
 	windowBytes int64     // acknowledged since windowStart
-	// The base: the least service time of the current span (since
-	// spanStart) and of the one before; -1: none seen.
-	spanStart         time.Time
-	spanMin, priorMin time.Duration
 }
 
 func newDelayLimit(target time.Duration, batchBytesMax, ceilBytes int64) *delayLimit {
@@ -77,38 +68,15 @@ func newDelayLimit(target time.Duration, batchBytesMax, ceilBytes int64) *delayL
 		floorBytes: floorBytes,
 		ceilBytes:  ceilBytes,
 		limitBytes: min(max(batchBytesMax, floorBytes), ceilBytes),
-		spanMin:    -1, priorMin: -1,
 	}
 }
 
 // limit returns the current bound, in bytes.
 func (l *delayLimit) limit() int64 { return l.limitBytes }
 
-// base returns the least service time seen over the last one to two spans.
-func (l *delayLimit) base() time.Duration {
-	switch {
-	case l.spanMin < 0:
-		return max(l.priorMin, 0)
-	case l.priorMin < 0:
-		return l.spanMin
-	}
-	return min(l.spanMin, l.priorMin)
-}
-
-// sendWait is the wait before sending that the bound holds unsent bytes to
-// at the acknowledged rate: the larger of the target and the base.
-func (l *delayLimit) sendWait() time.Duration { return max(l.base(), l.target) }
-
-// acked counts n bytes acknowledged at now, service after their batch's
-// send, and, once a window of sendWait has passed, sets the bound from the
-// window's rate.
-func (l *delayLimit) acked(n int64, service time.Duration, now time.Time) {
-	if now.Sub(l.spanStart) >= delayLimitBaseSpan {
-		l.spanStart, l.priorMin, l.spanMin = now, l.spanMin, -1
-	}
-	if service >= 0 && (l.spanMin < 0 || service < l.spanMin) {
-		l.spanMin = service
-	}
+// acked counts n bytes acknowledged at now and, once a window of the
+// target has passed, sets the bound from the window's rate.
+func (l *delayLimit) acked(n int64, now time.Time) {
 	if l.windowStart.IsZero() {
 		// The first acknowledgement opens the first window: before it,
 		// the time since the producer started says nothing of the rate.
@@ -117,11 +85,10 @@ func (l *delayLimit) acked(n int64, service time.Duration, now time.Time) {
 	}
 	l.windowBytes += n
 	elapsed := now.Sub(l.windowStart)
-	wait := l.sendWait()
-	if elapsed < wait {
+	if elapsed < l.target {
 		return
 	}
-	want := int64(float64(l.windowBytes) * float64(wait) / float64(elapsed))
+	want := int64(float64(l.windowBytes) * float64(l.target) / float64(elapsed))
 	want = min(max(want, l.limitBytes/2), 2*l.limitBytes)
 	l.limitBytes = min(max(want, l.floorBytes), l.ceilBytes)
 	l.windowStart, l.windowBytes = now, 0

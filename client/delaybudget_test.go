@@ -7,12 +7,12 @@ import (
 	"time"
 )
 
-// ackAt feeds l acknowledgements of n bytes, each served in service,
-// every step for count steps from *now, advancing *now.
-func ackAt(l *delayLimit, now *time.Time, n int64, service, step time.Duration, count int) {
+// ackAt feeds l acknowledgements of n bytes every step for count steps
+// from *now, advancing *now.
+func ackAt(l *delayLimit, now *time.Time, n int64, step time.Duration, count int) {
 	for range count {
 		*now = now.Add(step)
-		l.acked(n, service, *now)
+		l.acked(n, *now)
 	}
 }
 
@@ -26,78 +26,51 @@ func TestDelayLimitFollowsTheRate(t *testing.T) {
 		t.Fatalf("starts at %d, want one batch, %d", got, 1<<20)
 	}
 	now := time.Unix(1000, 0)
-	l.acked(1<<20, 0, now) // opens the first window only
+	l.acked(1<<20, now) // opens the first window only
 	if got := l.limit(); got != 1<<20 {
 		t.Fatalf("first ack moved the bound to %d", got)
 	}
 	// 50 MB/s (5 MiB per 100 ms), no base: rate × target is 5 MiB. One
 	// window doubles the bound; the next reaches 4 MiB; the third 5 MiB.
-	ackAt(l, &now, 512<<10, 0, 10*time.Millisecond, 10)
+	ackAt(l, &now, 512<<10, 10*time.Millisecond, 10)
 	if got := l.limit(); got != 2<<20 {
 		t.Fatalf("after one window %d, want 2 MiB (at most doubled)", got)
 	}
-	ackAt(l, &now, 512<<10, 0, 10*time.Millisecond, 20)
+	ackAt(l, &now, 512<<10, 10*time.Millisecond, 20)
 	if got := l.limit(); got != 5<<20 {
 		t.Fatalf("after three windows %d, want 5 MiB (rate × target)", got)
 	}
 	// The rate drops to 5 MB/s: halving per window, down to 512 KiB.
-	ackAt(l, &now, 512<<10, 0, 100*time.Millisecond, 1)
+	ackAt(l, &now, 512<<10, 100*time.Millisecond, 1)
 	if got := l.limit(); got != 5<<19 {
 		t.Fatalf("after a slow window %d, want 2.5 MiB (at most halved)", got)
 	}
-	ackAt(l, &now, 512<<10, 0, 100*time.Millisecond, 5)
+	ackAt(l, &now, 512<<10, 100*time.Millisecond, 5)
 	if got := l.limit(); got != 512<<10 {
 		t.Fatalf("at 5 MB/s %d, want 512 KiB", got)
 	}
 	// Nearly nothing acknowledged: down to the floor, 64 KiB.
-	ackAt(l, &now, 1, 0, 100*time.Millisecond, 10)
+	ackAt(l, &now, 1, 100*time.Millisecond, 10)
 	if got := l.limit(); got != 64<<10 {
 		t.Fatalf("at 10 B/s %d, want the floor", got)
 	}
 	// 10 GB/s: capped at the ceiling.
-	ackAt(l, &now, 64<<20, 0, 10*time.Millisecond, 200)
+	ackAt(l, &now, 64<<20, 10*time.Millisecond, 200)
 	if got := l.limit(); got != 64<<20 {
 		t.Fatalf("at 10 GB/s %d, want the ceiling", got)
 	}
 	// A window shorter than the target does not move the bound.
 	before := l.limit()
-	ackAt(l, &now, 0, 0, 10*time.Millisecond, 9)
+	ackAt(l, &now, 0, 10*time.Millisecond, 9)
 	if got := l.limit(); got != before {
 		t.Fatalf("moved within a window: %d, was %d", got, before)
 	}
 }
 
-// TestDelayLimitBase: a stream whose service time alone exceeds the target
-// (a remote leader) gets rate × base, not rate × target (records cannot
-// wait less than the batch ahead of them takes), and the base is the least
-// service time of the last 5-10 s.
-func TestDelayLimitBase(t *testing.T) {
-	const target = 100 * time.Millisecond
-	l := newDelayLimit(target, 1<<20, 64<<20)
-	now := time.Unix(1000, 0)
-	// 10 MB/s (1 MiB per 100 ms), each batch served in 150 ms at least:
-	// rate × 150 ms is 1.5 MiB.
-	ackAt(l, &now, 256<<10, 150*time.Millisecond, 25*time.Millisecond, 100)
-	if got := l.limit(); got != 3<<19 {
-		t.Fatalf("bound %d, want 1.5 MiB", got)
-	}
-	// A fast batch lowers the base; it is forgotten 5-10 s later.
-	ackAt(l, &now, 256<<10, 0, 25*time.Millisecond, 1)
-	ackAt(l, &now, 256<<10, 150*time.Millisecond, 25*time.Millisecond, 100)
-	if got := l.limit(); got != 1<<20 {
-		t.Fatalf("bound %d with a base of 0, want 1 MiB (rate × target)", got)
-	}
-	ackAt(l, &now, 256<<10, 150*time.Millisecond, 25*time.Millisecond, 400)
-	if got := l.limit(); got != 3<<19 {
-		t.Fatalf("bound %d 10 s after the fast batch, want 1.5 MiB", got)
-	}
-}
-
 // atCapacity runs a model of a range at capacity for rounds round trips:
 // each round the range sends what the bound let gather (one batch of
-// limit bytes), served in fixed + limit/rate, every batch alike so that
-// the base is the round trip itself (queueing behind the producer's own
-// bytes). It returns the last round trip.
+// limit bytes), served in fixed + limit/rate (queueing behind the
+// producer's own bytes). It returns the last round trip.
 func atCapacity(l *delayLimit, fixed time.Duration, bytesPerSecond float64, rounds int) time.Duration {
 	now := time.Unix(1000, 0)
 	var rtt time.Duration
@@ -105,7 +78,7 @@ func atCapacity(l *delayLimit, fixed time.Duration, bytesPerSecond float64, roun
 		b := l.limit()
 		rtt = fixed + time.Duration(float64(b)/bytesPerSecond*float64(time.Second))
 		now = now.Add(rtt)
-		l.acked(b, rtt, now)
+		l.acked(b, now)
 	}
 	return rtt
 }
@@ -113,23 +86,32 @@ func atCapacity(l *delayLimit, fixed time.Duration, bytesPerSecond float64, roun
 // TestDelayLimitAtCapacity: at full speed the batch a range sends is what
 // the bound let gather, so the bound settles where a batch's round trip is
 // about the target (a record waits about one round trip to be sent and one
-// in flight), and does not ratchet up with a base that is the round trip
-// itself (rate × (base + target) would grow by 1 + target/base per window
-// to BufferedBytesMax: seconds of queue). Nor does it collapse to the
-// floor when the fixed part of the round trip exceeds the target (a remote
-// leader): there the bound stays where it was.
+// in flight), from above (it starts at one batch, 1 MiB, a 0.5 s round trip
+// here) as from below. A bound of rate × (base + target), with the base
+// the least round trip of the producer's own batches, would grow without
+// end here (to BufferedBytesMax: seconds of queue), and one of rate ×
+// max(base, target) would stay at 1 MiB. A round trip whose fixed part
+// exceeds the target (a remote leader) holds the bound at its floor.
 func TestDelayLimitAtCapacity(t *testing.T) {
 	const target = 100 * time.Millisecond
-	const rate = 50e6 // what the server takes, bytes/s
-	l := newDelayLimit(target, 1<<20, 64<<20)
-	rtt := atCapacity(l, 20*time.Millisecond, rate, 500)
-	if rtt < target*3/4 || rtt > target*5/4 {
-		t.Fatalf("round trip settled at %v (bound %d B), want about the target %v", rtt, l.limit(), target)
+	for _, c := range []struct {
+		name     string
+		fixed    time.Duration
+		rate     float64 // what the server takes, bytes/s
+		startMax int64
+	}{
+		{"bound starts below", 20 * time.Millisecond, 50e6, 1 << 20},
+		{"bound starts above", 20 * time.Millisecond, 2e6, 1 << 20},
+	} {
+		l := newDelayLimit(target, c.startMax, 64<<20)
+		rtt := atCapacity(l, c.fixed, c.rate, 500)
+		if rtt < target*3/4 || rtt > target*5/4 {
+			t.Errorf("%s: round trip settled at %v (bound %d B), want about the target %v", c.name, rtt, l.limit(), target)
+		}
 	}
-	l = newDelayLimit(target, 1<<20, 64<<20)
-	rtt = atCapacity(l, 150*time.Millisecond, rate, 500)
-	if l.limit() < 1<<19 || rtt > 250*time.Millisecond {
-		t.Fatalf("remote leader: bound %d B, round trip %v; want about one batch, 1 MiB, and under 250 ms", l.limit(), rtt)
+	l := newDelayLimit(target, 1<<20, 64<<20)
+	if rtt := atCapacity(l, 150*time.Millisecond, 50e6, 500); l.limit() != delayLimitFloorBytes || rtt > 160*time.Millisecond {
+		t.Errorf("remote leader: bound %d B, round trip %v; want the floor", l.limit(), rtt)
 	}
 }
 
@@ -222,8 +204,8 @@ func TestByteBudgetCountsUnsentOnly(t *testing.T) {
 	if err := b.acquire(ctx, 1, nil, time.Time{}); !errors.Is(err, ErrBufferFull) {
 		t.Fatalf("got %v past BufferedBytesMax, want ErrBufferFull", err)
 	}
-	b.release(64<<10, true, time.Unix(1000, 0), time.Millisecond)
-	b.release(64<<10, true, time.Unix(1000, 0), time.Millisecond)
+	b.release(64<<10, true, time.Unix(1000, 0))
+	b.release(64<<10, true, time.Unix(1000, 0))
 	if err := b.acquire(ctx, 60<<10, nil, time.Time{}); err != nil {
 		t.Fatalf("after an acknowledgement: %v", err)
 	}

@@ -871,7 +871,7 @@ func (d *rangeDriver) armTimer(now time.Time) {
 // ack completes an acknowledged batch.
 func (d *rangeDriver) ack(b *batch) {
 	now := time.Now()
-	d.p.budget.release(int64(b.sizeBytes), true, now, now.Sub(b.sentAt))
+	d.p.budget.release(int64(b.sizeBytes), true, now)
 	resp := b.resp
 	var appendTime time.Time
 	if ns := resp.GetAppendTimeUnixNanos(); ns != 0 {
@@ -896,7 +896,7 @@ func (d *rangeDriver) ack(b *batch) {
 
 // fail completes b's records with errFor's errors.
 func (d *rangeDriver) fail(b *batch, errFor func(*promisedRecord) error) {
-	d.p.budget.release(int64(b.sizeBytes), false, time.Time{}, 0)
+	d.p.budget.release(int64(b.sizeBytes), false, time.Time{})
 	for _, pr := range b.recs {
 		if pr.stopCtx != nil {
 			pr.stopCtx()

@@ -510,16 +510,16 @@ func (b *byteBudget) dequeue(n int64) {
 }
 
 // release returns n bytes no longer unsent; acked says they were
-// acknowledged at now, service after their batch's send (the
-// queueing-delay bound measures those).
-func (b *byteBudget) release(n int64, acked bool, now time.Time, service time.Duration) {
+// acknowledged at now (the queueing-delay bound measures the rate of
+// those).
+func (b *byteBudget) release(n int64, acked bool, now time.Time) {
 	b.mu.Lock()
 	b.usedBytes -= n
 	if b.usedBytes < b.unsentBytes {
 		panic("client: buffered bytes went below the unsent bytes")
 	}
 	if acked && b.delay != nil {
-		b.delay.acked(n, service, now)
+		b.delay.acked(n, now)
 	}
 	b.wakeLocked()
 	b.mu.Unlock()
@@ -528,7 +528,7 @@ func (b *byteBudget) release(n int64, acked bool, now time.Time, service time.Du
 // drop returns n bytes that were never sent: dequeue and release.
 func (b *byteBudget) drop(n int64) {
 	b.dequeue(n)
-	b.release(n, false, time.Time{}, 0)
+	b.release(n, false, time.Time{})
 }
 
 func (b *byteBudget) wakeLocked() {
