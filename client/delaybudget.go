@@ -14,9 +14,8 @@ const delayLimitFloorBytes = 64 << 10
 // bound on its unsent bytes (produced and not yet cut into a batch and
 // sent) that follows how fast the stream acknowledges them, so that at
 // full speed a record waits about the target before it is sent, not for as
-// long as BufferedBytesMax takes to drain. Bytes in flight are not counted:
-// the in-flight window (InflightBatchesMax per range) and BufferedBytesMax
-// bound them.
+// long as BufferedBytesMax takes to drain; and twice that bound on all the
+// bytes it holds, unsent and in flight.
 //
 // By Little's law, the time a byte waits to be sent is the unsent bytes
 // divided by the rate they leave, which in a steady state is the rate the
@@ -29,7 +28,12 @@ const delayLimitFloorBytes = 64 << 10
 // one round trip exceeds about half the target, on a loaded machine well
 // below capacity; the blocked Produce then holds records back from the
 // batch being cut and costs them a round trip more. Unsent bytes exceed
-// rate × target only when a round trip itself exceeds the target.
+// rate × target only when a round trip itself exceeds the target, and so
+// do the bytes held exceed twice that. The bound on the bytes held is
+// still needed: a producer over many ranges has a batch in flight on each,
+// and each cut frees unsent room, so unsent bytes alone let it put
+// several bounds' worth in flight (bench_region at 01:50, full speed: p99
+// 4.6 s).
 //
 // At full speed the batch a range cuts is what gathered within the bound,
 // so a bound of B gives batches of about B and a round trip R(B); the rate
@@ -47,8 +51,9 @@ const delayLimitFloorBytes = 64 << 10
 //
 // The bound moves by at most a factor of two per window, up or down, so
 // that one noisy window (a pause, a burst of acknowledgements) does not
-// swing it; it starts at one batch (BatchBytesMax) or 64 KiB, whichever
-// is larger, and stays within [64 KiB, BufferedBytesMax].
+// swing it; it starts at 64 KiB (a producer's first second is not queued
+// behind a bound far above its rate: the bound doubles per window until it
+// covers the rate) and stays within [64 KiB, BufferedBytesMax].
 //
 // delayLimit is a deterministic core: the caller passes the time in and
 // serializes calls (byteBudget's mutex).
@@ -61,18 +66,22 @@ type delayLimit struct {
 	windowBytes int64     // acknowledged since windowStart
 }
 
-func newDelayLimit(target time.Duration, batchBytesMax, ceilBytes int64) *delayLimit {
+func newDelayLimit(target time.Duration, ceilBytes int64) *delayLimit {
 	floorBytes := min(delayLimitFloorBytes, ceilBytes)
 	return &delayLimit{
 		target:     target,
 		floorBytes: floorBytes,
 		ceilBytes:  ceilBytes,
-		limitBytes: min(max(batchBytesMax, floorBytes), ceilBytes),
+		limitBytes: floorBytes,
 	}
 }
 
-// limit returns the current bound, in bytes.
+// limit returns the current bound on unsent bytes.
 func (l *delayLimit) limit() int64 { return l.limitBytes }
+
+// heldLimit returns the current bound on all bytes held, unsent and in
+// flight: twice the unsent bound (see delayLimit).
+func (l *delayLimit) heldLimit() int64 { return 2 * l.limitBytes }
 
 // acked counts n bytes acknowledged at now and, once a window of the
 // target has passed, sets the bound from the window's rate.

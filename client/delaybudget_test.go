@@ -16,29 +16,29 @@ func ackAt(l *delayLimit, now *time.Time, n int64, step time.Duration, count int
 	}
 }
 
-// TestDelayLimitFollowsTheRate: the bound starts at one batch, moves at
-// most a factor of two per window towards rate × (base + target), and
-// stays within [floor, ceiling].
+// TestDelayLimitFollowsTheRate: the bound starts at the floor, moves at
+// most a factor of two per window towards rate × target, and stays within
+// [floor, ceiling]; the bound on bytes held is twice it.
 func TestDelayLimitFollowsTheRate(t *testing.T) {
 	const target = 100 * time.Millisecond
-	l := newDelayLimit(target, 1<<20, 64<<20)
-	if got := l.limit(); got != 1<<20 {
-		t.Fatalf("starts at %d, want one batch, %d", got, 1<<20)
+	l := newDelayLimit(target, 64<<20)
+	if got := l.limit(); got != 64<<10 || l.heldLimit() != 128<<10 {
+		t.Fatalf("starts at %d (held %d), want 64 KiB (128 KiB)", got, l.heldLimit())
 	}
 	now := time.Unix(1000, 0)
 	l.acked(1<<20, now) // opens the first window only
-	if got := l.limit(); got != 1<<20 {
+	if got := l.limit(); got != 64<<10 {
 		t.Fatalf("first ack moved the bound to %d", got)
 	}
-	// 50 MB/s (5 MiB per 100 ms), no base: rate × target is 5 MiB. One
-	// window doubles the bound; the next reaches 4 MiB; the third 5 MiB.
+	// 50 MB/s (5 MiB per 100 ms): rate × target is 5 MiB. One window
+	// doubles the bound; six more reach 5 MiB.
 	ackAt(l, &now, 512<<10, 10*time.Millisecond, 10)
-	if got := l.limit(); got != 2<<20 {
-		t.Fatalf("after one window %d, want 2 MiB (at most doubled)", got)
+	if got := l.limit(); got != 128<<10 {
+		t.Fatalf("after one window %d, want 128 KiB (at most doubled)", got)
 	}
-	ackAt(l, &now, 512<<10, 10*time.Millisecond, 20)
-	if got := l.limit(); got != 5<<20 {
-		t.Fatalf("after three windows %d, want 5 MiB (rate × target)", got)
+	ackAt(l, &now, 512<<10, 10*time.Millisecond, 60)
+	if got := l.limit(); got != 5<<20 || l.heldLimit() != 10<<20 {
+		t.Fatalf("after seven windows %d (held %d), want 5 MiB (rate × target) and 10 MiB", got, l.heldLimit())
 	}
 	// The rate drops to 5 MB/s: halving per window, down to 512 KiB.
 	ackAt(l, &now, 512<<10, 100*time.Millisecond, 1)
@@ -86,8 +86,8 @@ func atCapacity(l *delayLimit, fixed time.Duration, bytesPerSecond float64, roun
 // TestDelayLimitAtCapacity: at full speed the batch a range sends is what
 // the bound let gather, so the bound settles where a batch's round trip is
 // about the target (a record waits about one round trip to be sent and one
-// in flight), from above (it starts at one batch, 1 MiB, a 0.5 s round trip
-// here) as from below. A bound of rate × (base + target), with the base
+// in flight), from above (a bound of 1 MiB, a 0.5 s round trip here) as
+// from below (64 KiB, 21 ms). A bound of rate × (base + target), with the base
 // the least round trip of the producer's own batches, would grow without
 // end here (to BufferedBytesMax: seconds of queue), and one of rate ×
 // max(base, target) would stay at 1 MiB. A round trip whose fixed part
@@ -98,35 +98,30 @@ func TestDelayLimitAtCapacity(t *testing.T) {
 		name     string
 		fixed    time.Duration
 		rate     float64 // what the server takes, bytes/s
-		startMax int64
+		start    int64
 	}{
-		{"bound starts below", 20 * time.Millisecond, 50e6, 1 << 20},
+		{"bound starts below", 20 * time.Millisecond, 50e6, 64 << 10},
 		{"bound starts above", 20 * time.Millisecond, 2e6, 1 << 20},
 	} {
-		l := newDelayLimit(target, c.startMax, 64<<20)
+		l := newDelayLimit(target, 64<<20)
+		l.limitBytes = c.start
 		rtt := atCapacity(l, c.fixed, c.rate, 500)
 		if rtt < target*3/4 || rtt > target*5/4 {
 			t.Errorf("%s: round trip settled at %v (bound %d B), want about the target %v", c.name, rtt, l.limit(), target)
 		}
 	}
-	l := newDelayLimit(target, 1<<20, 64<<20)
+	l := newDelayLimit(target, 64<<20)
+	l.limitBytes = 1 << 20
 	if rtt := atCapacity(l, 150*time.Millisecond, 50e6, 500); l.limit() != delayLimitFloorBytes || rtt > 160*time.Millisecond {
 		t.Errorf("remote leader: bound %d B, round trip %v; want the floor", l.limit(), rtt)
 	}
 }
 
-// TestDelayLimitSmallBatches: with a batch bound below 64 KiB, the floor
-// and the start are 64 KiB (several small batches pipeline); a ceiling
-// below them wins.
-func TestDelayLimitSmallBatches(t *testing.T) {
-	if l := newDelayLimit(time.Second, 16<<10, 1<<20); l.limit() != 64<<10 || l.floorBytes != 64<<10 {
-		t.Fatalf("limit %d floor %d, want 64 KiB", l.limit(), l.floorBytes)
-	}
-	if l := newDelayLimit(time.Second, 16<<10, 32<<10); l.limit() != 32<<10 || l.floorBytes != 32<<10 {
+// TestDelayLimitCeiling: a BufferedBytesMax below 64 KiB is the floor and
+// the start.
+func TestDelayLimitCeiling(t *testing.T) {
+	if l := newDelayLimit(time.Second, 32<<10); l.limit() != 32<<10 || l.floorBytes != 32<<10 {
 		t.Fatalf("limit %d floor %d, want the ceiling", l.limit(), l.floorBytes)
-	}
-	if l := newDelayLimit(time.Second, 4<<20, 1<<20); l.limit() != 1<<20 {
-		t.Fatalf("limit %d, want the ceiling", l.limit())
 	}
 }
 
@@ -180,43 +175,54 @@ func TestByteBudgetBoundByDelay(t *testing.T) {
 }
 
 // TestByteBudgetCountsUnsentOnly: bytes in flight (sent, not yet
-// acknowledged) do not count against the delay bound, so a producer below
+// acknowledged) count against the delay bound's twice as large bound on
+// bytes held, not against its bound on unsent bytes, so a producer below
 // capacity, with a batch in flight and the next gathering behind it, is
 // not refused; BufferedBytesMax still bounds all bytes held, and an
 // acknowledgement or a dropped record frees them.
 func TestByteBudgetCountsUnsentOnly(t *testing.T) {
-	cfg := producerConfig{batchBytesMax: 1000, bufferedBytesMax: 192 << 10, queueDelayTarget: 50 * time.Millisecond, failWhenFull: true}
+	cfg := producerConfig{batchBytesMax: 1000, bufferedBytesMax: 96 << 10, queueDelayTarget: 50 * time.Millisecond, failWhenFull: true}
 	b := newByteBudget(&cfg)
 	ctx := context.Background()
-	if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil {
+	if err := b.acquire(ctx, 48<<10, nil, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	b.dequeue(64 << 10) // cut and sent: in flight
-	if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil {
-		t.Fatalf("64 KiB unsent behind 64 KiB in flight refused: %v", err)
+	b.dequeue(48 << 10) // cut and sent: in flight
+	if err := b.acquire(ctx, 48<<10, nil, time.Time{}); err != nil {
+		t.Fatalf("48 KiB unsent behind 48 KiB in flight refused: %v", err)
 	}
-	b.dequeue(64 << 10)
-	if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil {
-		t.Fatalf("64 KiB unsent behind 128 KiB in flight refused: %v", err)
-	}
-	b.dequeue(64 << 10)
-	// 192 KiB in flight: BufferedBytesMax binds, though nothing is unsent.
+	// 96 KiB held: BufferedBytesMax binds.
 	if err := b.acquire(ctx, 1, nil, time.Time{}); !errors.Is(err, ErrBufferFull) {
 		t.Fatalf("got %v past BufferedBytesMax, want ErrBufferFull", err)
 	}
-	b.release(64<<10, true, time.Unix(1000, 0))
-	b.release(64<<10, true, time.Unix(1000, 0))
-	if err := b.acquire(ctx, 60<<10, nil, time.Time{}); err != nil {
+	b.release(48<<10, true, time.Unix(1000, 0)) // 48 KiB unsent
+	if err := b.acquire(ctx, 16<<10, nil, time.Time{}); err != nil {
 		t.Fatalf("after an acknowledgement: %v", err)
 	}
-	if err := b.acquire(ctx, 5<<10, nil, time.Time{}); !errors.Is(err, ErrBufferFull) {
-		t.Fatalf("got %v past the delay bound, want ErrBufferFull", err)
+	if err := b.acquire(ctx, 1, nil, time.Time{}); !errors.Is(err, ErrBufferFull) {
+		t.Fatalf("got %v past the unsent bound, want ErrBufferFull", err)
 	}
-	b.drop(60 << 10) // expired while unsent
-	if err := b.acquire(ctx, 5<<10, nil, time.Time{}); err != nil {
-		t.Fatalf("after a drop: %v", err)
+	b.dequeue(64 << 10)
+	b.drop(0)
+	if err := b.acquire(ctx, 32<<10, nil, time.Time{}); err != nil {
+		t.Fatalf("32 KiB unsent behind 64 KiB in flight: %v", err)
 	}
-	if b.unsentBytes != 5<<10 || b.usedBytes != 64<<10+5<<10 {
-		t.Fatalf("unsent %d held %d, want 5 KiB and 69 KiB", b.unsentBytes, b.usedBytes)
+	b.drop(32 << 10) // expired while unsent
+	if b.unsentBytes != 0 || b.usedBytes != 64<<10 {
+		t.Fatalf("unsent %d held %d, want 0 and 64 KiB", b.unsentBytes, b.usedBytes)
+	}
+
+	// Held bytes past twice the unsent bound are refused though nothing is
+	// unsent: many ranges each with a batch in flight.
+	cfg.bufferedBytesMax = 1 << 20
+	b = newByteBudget(&cfg)
+	for range 2 {
+		if err := b.acquire(ctx, 64<<10, nil, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		b.dequeue(64 << 10)
+	}
+	if err := b.acquire(ctx, 1, nil, time.Time{}); !errors.Is(err, ErrBufferFull) {
+		t.Fatalf("got %v with 128 KiB in flight, want ErrBufferFull (twice the unsent bound)", err)
 	}
 }

@@ -251,16 +251,17 @@ func DeliveryTimeout(d time.Duration) ProducerOpt {
 // capacity a record then waits about the target before it is sent and
 // about as long in its batch's round trip, instead of the seconds a full
 // BufferedBytesMax takes to drain. Records in flight do not count
-// (InflightBatchesMax and BufferedBytesMax bound them), so below capacity,
-// with a batch in flight and the next gathering behind it, the bound binds
-// only when a round trip alone exceeds the target. A stream whose round
+// against it, so below capacity, with a batch in flight and the next
+// gathering behind it, the bound binds only when a round trip alone
+// exceeds the target. A stream whose round
 // trip alone exceeds the target (a remote leader) is held near 64 KiB
 // unsent: raise the target or InflightBatchesMax for it. Past the bound,
 // Produce blocks until there is room (bounded by its context and the
-// delivery timeout), or fails at once with FailWhenFull. The bound starts
-// at one batch (BatchBytesMax) or 64 KiB, whichever is larger, moves
-// within a factor of two per window, and stays between 64 KiB and
-// BufferedBytesMax.
+// delivery timeout), or fails at once with FailWhenFull. All bytes held,
+// unsent and in flight, are bounded by twice that bound (a producer over
+// many ranges has a batch in flight on each). The bound starts at 64 KiB,
+// moves within a factor of two per window of the target, and stays
+// between 64 KiB and BufferedBytesMax.
 func QueueDelayTarget(d time.Duration) ProducerOpt {
 	return func(c *producerConfig) { c.queueDelayTarget = d }
 }

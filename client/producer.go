@@ -407,9 +407,9 @@ func randomProducerID() uint64 {
 }
 
 // byteBudget bounds the bytes of buffered records: all of them (produced
-// and not yet acknowledged or failed) by BufferedBytesMax, and the unsent
-// ones (not yet cut into a batch) by the queueing-delay bound (delay,
-// QueueDelayTarget; nil: off).
+// and not yet acknowledged or failed) by BufferedBytesMax, and, with the
+// queueing-delay bound (delay, QueueDelayTarget; nil: off), the unsent
+// ones (not yet cut into a batch) by its bound and all by twice that.
 type byteBudget struct {
 	mu        sync.Mutex
 	usedBytes int64 // held: unsent and in flight
@@ -426,7 +426,7 @@ type byteBudget struct {
 func newByteBudget(cfg *producerConfig) *byteBudget {
 	b := &byteBudget{max: cfg.bufferedBytesMax, failFast: cfg.failWhenFull, freed: make(chan struct{})}
 	if cfg.queueDelayTarget > 0 {
-		b.delay = newDelayLimit(cfg.queueDelayTarget, int64(cfg.batchBytesMax), cfg.bufferedBytesMax)
+		b.delay = newDelayLimit(cfg.queueDelayTarget, cfg.bufferedBytesMax)
 	}
 	return b
 }
@@ -440,6 +440,9 @@ func (b *byteBudget) fitsLocked(n int64) (ok bool, used, limit int64) {
 	}
 	if b.delay != nil && b.unsentBytes > 0 && b.unsentBytes+n > b.delay.limit() {
 		return false, b.unsentBytes, b.delay.limit()
+	}
+	if b.delay != nil && b.usedBytes > 0 && b.usedBytes+n > b.delay.heldLimit() {
+		return false, b.usedBytes, b.delay.heldLimit()
 	}
 	return true, 0, 0
 }

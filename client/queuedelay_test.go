@@ -15,10 +15,10 @@ import (
 
 // TestQueueDelayBoundBindsFirst: the queueing-delay bound counts the
 // records not yet sent. While nothing is acknowledged it holds the
-// producer's unsent records to where it starts (64 KiB, or one batch if
-// larger), far below BufferedBytesMax, whatever is in flight: with a
-// 16 KB record in flight, four more queue behind it (64 KB unsent, 80 KB
-// held); the next Produce blocks (until its context ends), or with
+// producer's unsent records to where it starts (64 KiB), far below
+// BufferedBytesMax, and what is in flight does not count against that
+// (only against twice that): with a 16 KB record in flight, four more
+// queue behind it (64 KB unsent, 80 KB held); the next Produce blocks (until its context ends), or with
 // FailWhenFull fails at once with a retriable OVERLOADED caused by
 // ErrBufferFull. Once the server answers, everything held is acknowledged
 // and the refused record, produced again, lands once.
