@@ -95,10 +95,10 @@ func atCapacity(l *delayLimit, fixed time.Duration, bytesPerSecond float64, roun
 func TestDelayLimitAtCapacity(t *testing.T) {
 	const target = 100 * time.Millisecond
 	for _, c := range []struct {
-		name     string
-		fixed    time.Duration
-		rate     float64 // what the server takes, bytes/s
-		start    int64
+		name  string
+		fixed time.Duration
+		rate  float64 // what the server takes, bytes/s
+		start int64
 	}{
 		{"bound starts below", 20 * time.Millisecond, 50e6, 64 << 10},
 		{"bound starts above", 20 * time.Millisecond, 2e6, 1 << 20},
