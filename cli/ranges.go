@@ -249,6 +249,9 @@ type rangesJSON struct {
 }
 
 func (e *env) ranges(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "split" && len(args) > 1 {
+		return e.rangesSplit(ctx, args[1:]) // ranges_split.go
+	}
 	fs := e.flagSet("ranges")
 	out := outputFlags(fs, "print one JSON array")
 	pos, err := parse(fs, args)
