@@ -287,7 +287,9 @@ func (e *env) ranges(ctx context.Context, args []string) error {
 		return errors.Join(errs...)
 	}
 	regions := first.Stream.Regions
-	views := mergeRanges(regions, first.Stream.RangeCount, reports)
+	// A stream that split lists its children after the ranges it was
+	// created with (docs/split.md).
+	views := mergeRanges(regions, max(first.Stream.RangeCount, uint32(len(first.Ranges))), reports)
 	for _, v := range views {
 		for reg := range v.regions {
 			if !slices.Contains(regions, reg) {

@@ -37,4 +37,8 @@ func TestNodeRangesSplit(t *testing.T) {
 	if out := mustRun(t, addr, "", "ranges", "split", "--stream", "sp", "--range", "3", "--at", "0xf000000000000000"); !strings.Contains(out, "children 4 and 5") {
 		t.Fatalf("split of child 3 printed %q", out)
 	}
+	// geolog ranges lists the children too.
+	if out := mustRun(t, addr, "", "ranges", "sp", "--json"); !strings.Contains(out, `"range":5`) {
+		t.Fatalf("ranges after the splits: %s", out)
+	}
 }
