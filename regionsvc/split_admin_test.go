@@ -48,7 +48,11 @@ func (tr *testRegion) waitMaps(ctx context.Context, stream string, version uint6
 	tr.t.Helper()
 	for id := range tr.nodes {
 		pollUntil(tr.t, ctx, fmt.Sprintf("node %d at map version %d", id, version), func() bool {
-			return tr.rangeMapOn(id, stream).Version >= version
+			n := tr.nodes[id]
+			n.mu.RLock()
+			defer n.mu.RUnlock()
+			st, ok := n.streams[stream] // a node may not have learned the stream yet
+			return ok && st.spec.rangeMap().Version >= version
 		})
 	}
 	m := tr.rangeMapOn(1, stream)
