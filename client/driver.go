@@ -125,6 +125,9 @@ type rangeDriver struct {
 	// a reply, until unresponsiveUntil (attempt.go).
 	unresponsive      string
 	unresponsiveUntil time.Time
+	// splitEnded is set once the range split and the driver handed its
+	// records to the children (split.go): run returns.
+	splitEnded bool
 }
 
 func newRangeDriver(p *Producer, rng uint32) *rangeDriver {
@@ -208,6 +211,9 @@ func (d *rangeDriver) run() {
 		case <-d.wake:
 		case ev := <-d.events:
 			d.handle(ev)
+			if d.splitEnded {
+				return
+			}
 		case <-d.timer.C:
 			d.timerDue = time.Time{}
 		}
@@ -571,6 +577,11 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 		return
 	}
 	switch {
+	case e.Code == apierr.RangeSplit && i == 0:
+		// Nothing in flight is in the range: its records go to the
+		// range's children (split.go).
+		d.splitEnded = d.splitAway(e)
+
 	case e.Retriable, i > 0:
 		// A batch behind an unacknowledged one failed (a SEQUENCE_GAP
 		// because its predecessor has not landed is the usual case): it is

@@ -43,6 +43,14 @@ type Producer struct {
 	drivers    []atomic.Pointer[rangeDriver]
 	sticky     atomic.Uint32
 
+	// routeMu is held for reading while a record is routed and enqueued,
+	// and for writing while a split range hands its records to its
+	// children (split.go); rmap is the stream's range map once a range
+	// split (nil: routing by keyspace.RangeForKey over rangeCount). The
+	// drivers slice grows, under routeMu and mu, when the map does.
+	routeMu sync.RWMutex
+	rmap    atomic.Pointer[keyspace.RangeMap]
+
 	// recordsOnly is set once a node answered a batch-form append as an
 	// older server does (it does not know AppendRequest.batch and saw no
 	// records): the producer sends the records form from then on.
@@ -165,16 +173,16 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 		cb(ProduceResult{Record: rec}, err)
 		return
 	}
-	var rng uint32
-	if len(rec.Key) > 0 {
-		rng = keyspace.RangeForKey(rec.Key, rangeCount)
-	} else {
-		rng = p.sticky.Load()
-	}
 	pr := &promisedRecord{rec: rec, wire: wire, cb: cb, ctx: ctx, deadline: deadline, enqueued: now, sizeBytes: size}
-	d := p.driver(rng)
+	p.routeMu.RLock()
+	d := p.driver(p.route(rec.Key, rangeCount)) // split.go
 	if d == nil || !p.addOutstanding() {
+<<<<<<< HEAD
 		p.budget.drop(int64(size))
+=======
+		p.routeMu.RUnlock()
+		p.budget.release(int64(size), false, time.Time{}, 0)
+>>>>>>> split2
 		cb(ProduceResult{Record: rec}, ErrClosed)
 		return
 	}
@@ -183,7 +191,9 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 		// still buffered; stopped when the record completes.
 		pr.stopCtx = context.AfterFunc(ctx, d.requestSweep)
 	}
-	if !d.enqueue(pr) {
+	enqueued := d.enqueue(pr)
+	p.routeMu.RUnlock()
+	if !enqueued {
 		if pr.stopCtx != nil {
 			pr.stopCtx()
 		}
@@ -318,6 +328,16 @@ func (p *Producer) describe(ctx context.Context, deadline time.Time) (uint32, er
 	}
 	n := desc.Stream.RangeCount
 	p.drivers = make([]atomic.Pointer[rangeDriver], n)
+	if desc.RangeMapVersion > 0 {
+		// The stream has split: route by its map from the first record.
+		m, err := desc.RangeMap()
+		if err != nil {
+			return 0, err
+		}
+		p.routeMu.Lock()
+		p.setMapLocked(m)
+		p.routeMu.Unlock()
+	}
 	p.sticky.Store(rand.Uint32N(n))
 	p.rangeCount.Store(n)
 	return n, nil
@@ -348,6 +368,8 @@ func (p *Producer) wakeAll() {
 	if p.rangeCount.Load() == 0 {
 		return
 	}
+	p.routeMu.RLock()
+	defer p.routeMu.RUnlock()
 	for i := range p.drivers {
 		if d := p.drivers[i].Load(); d != nil {
 			d.poke()

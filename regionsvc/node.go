@@ -951,8 +951,10 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 			ri.TimelineFenceOffset = &fence
 		}
 		ri.Replication = n.rangeReplication(st.spec, uint32(r), rd)
+		describeSplit(ri, bounds) // split_describe.go
 		resp.Ranges = append(resp.Ranges, ri)
 	}
+	resp.RangeMapVersion = m.Version
 	return resp, nil
 }
 

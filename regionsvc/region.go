@@ -46,6 +46,8 @@ type metaRecord struct {
 	Node *nodeChange `json:"node,omitempty"`
 	// Leaders is a "range-leaders" record's preferred leaders (leaders.go).
 	Leaders []preferredRangeLeader `json:"leaders,omitempty"`
+	// Reserve is a "split-reserve" record's split (split_reserve.go).
+	Reserve *batch.Split `json:"reserve,omitempty"`
 }
 
 // region holds a node's replication machinery.
@@ -250,6 +252,10 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	}
 	if err == nil && rec.Op == opSplit {
 		n.applySplit(at, rec.Spec) // split_apply.go
+		return
+	}
+	if err == nil && rec.Op == opSplitReserve {
+		n.applySplitReserve(at, rec) // split_reserve.go
 		return
 	}
 	if err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "alter" && rec.Op != "acl") {
