@@ -177,12 +177,8 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 	p.routeMu.RLock()
 	d := p.driver(p.route(rec.Key, rangeCount)) // split.go
 	if d == nil || !p.addOutstanding() {
-<<<<<<< HEAD
-		p.budget.drop(int64(size))
-=======
 		p.routeMu.RUnlock()
-		p.budget.release(int64(size), false, time.Time{}, 0)
->>>>>>> split2
+		p.budget.drop(int64(size))
 		cb(ProduceResult{Record: rec}, ErrClosed)
 		return
 	}
