@@ -530,6 +530,18 @@ func (b *byteBudget) dequeue(n int64) {
 	b.mu.Unlock()
 }
 
+// requeue counts n bytes sent but not acknowledged as unsent again: they
+// go back into a queue to be cut and sent once more (a split range's
+// in-flight records handed to its children).
+func (b *byteBudget) requeue(n int64) {
+	b.mu.Lock()
+	b.unsentBytes += n
+	if b.unsentBytes > b.usedBytes {
+		panic("client: unsent bytes went above the buffered bytes")
+	}
+	b.mu.Unlock()
+}
+
 // release returns n bytes no longer unsent; acked says they were
 // acknowledged at now (the queueing-delay bound measures the rate of
 // those).

@@ -141,11 +141,17 @@ func (p *Producer) handOff(d *rangeDriver, m keyspace.RangeMap) {
 	p.routeMu.Lock()
 	defer p.routeMu.Unlock()
 	p.setMapLocked(m)
+	// In-flight records were counted as sent when they were cut; they are
+	// unsent again in the children's queues (each child's cut counts them
+	// sent once more).
 	var recs []*promisedRecord
+	inflight := 0
 	for _, b := range d.batches {
 		recs = append(recs, b.recs...)
+		inflight += b.sizeBytes
 	}
 	d.batches = nil
+	p.budget.requeue(int64(inflight))
 	d.mu.Lock()
 	d.closed = true
 	recs = append(recs, d.pending[d.pendingHead:]...)
@@ -166,6 +172,8 @@ func (p *Producer) handOff(d *rangeDriver, m keyspace.RangeMap) {
 		}
 	}
 	if len(lost) > 0 {
-		d.fail(&batch{recs: lost, sizeBytes: sumSizes(lost)}, func(*promisedRecord) error { return ErrClosed })
+		left := &batch{recs: lost, sizeBytes: sumSizes(lost)}
+		p.budget.dequeue(int64(left.sizeBytes))
+		d.fail(left, func(*promisedRecord) error { return ErrClosed })
 	}
 }
