@@ -303,26 +303,41 @@ func TestCutReset(t *testing.T) {
 
 // TestBlackholeThenReset: switching a blackhole to reset drops what was
 // held; healing afterwards gives a clean link.
+//
+// The held bytes are put in place before the cut: a long latency keeps
+// "lost" in the proxy's queue. (Written after the cut, they would be read
+// only if the reader happened to be inside its read when the cut came,
+// which the link does not promise: at most one read per direction.)
 func TestBlackholeThenReset(t *testing.T) {
 	up := startUpstream(t, nil)
 	l := startLink(t, Config{Name: "a->b", Upstream: up.addr()})
 	c := dial(t, l.Addr())
 	roundTrip(t, c, []byte("x"))
-	if err := l.Cut(CutBlackhole); err != nil {
+	if err := l.SetLatency(LatencyMax, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Write([]byte("lost")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "bytes held", time.Minute, func() bool { return l.Stats().BytesHeld > 0 })
+	waitFor(t, "bytes held", time.Minute, func() bool { return l.Stats().BytesHeld == int64(len("lost")) })
+	if err := l.Cut(CutBlackhole); err != nil {
+		t.Fatal(err)
+	}
 	if err := l.Cut(CutReset); err != nil {
 		t.Fatal(err)
 	}
 	expectBroken(t, c)
+	waitFor(t, "held bytes dropped", time.Minute, func() bool { return l.Stats().BytesHeld == 0 })
+	if err := l.SetLatency(0, 0); err != nil {
+		t.Fatal(err)
+	}
 	if err := l.Heal(); err != nil {
 		t.Fatal(err)
 	}
 	roundTrip(t, dial(t, l.Addr()), []byte("clean"))
+	if got, want := l.Stats().BytesToUpstream, uint64(len("x")+len("clean")); got != want {
+		t.Fatalf("upstream got %d bytes, want %d: the held bytes were delivered after the reset", got, want)
+	}
 	if s := l.Stats(); s.Cuts != 2 {
 		t.Fatalf("cuts = %d, want 2 (blackhole, then reset)", s.Cuts)
 	}
