@@ -68,6 +68,10 @@ const (
 // retriable once the producer refreshed its range map.
 const RangeSplit Code = 44
 
+// SplitInProgress is a split of a stream while another split of it is
+// under way (see the proto): retriable once that split ends.
+const SplitInProgress Code = 45
+
 // The codes of consumer groups and cursors (consumer.proto).
 const (
 	UnknownMember         Code = 23
@@ -129,6 +133,7 @@ var catalogue = map[Code]codeInfo{
 	NodeIDInUse:           {"NODE_ID_IN_USE", false},
 	AddressInUse:          {"ADDRESS_IN_USE", false},
 	RangeSplit:            {"RANGE_SPLIT", true},
+	SplitInProgress:       {"SPLIT_IN_PROGRESS", true},
 }
 
 // Codes returns every code of the catalogue (not ERROR_CODE_UNSPECIFIED),

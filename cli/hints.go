@@ -46,6 +46,10 @@ func (e *env) errorHint(err error) string {
 		return "another node holds this id at another address; a node changes its address only with its own certificate"
 	case client.CodeAddressInUse:
 		return "another node of the region listens at this address ('geolog nodes list')"
+	case client.CodeRangeSplit:
+		return "the range split already: 'geolog streams describe NAME' shows its children; split one of them"
+	case client.CodeSplitInProgress:
+		return "another split of the stream is under way: run the command again once it ends (asking again for that same split finishes it)"
 	}
 	return ""
 }

@@ -48,6 +48,9 @@ commands:
                        per range: home, epoch, tail, leader, and each region's
                        applied offset and lag (offsets/time), merged from every
                        node of --addr (give nodes of every region)
+  ranges split --stream S --range R [--at HASH]
+                       split a range at a hash boundary (default: its
+                       midpoint) into two children (docs/split.md)
   lag <stream> [--duration 30s] [--home REGION] [--json]
                        follow every range from its tail on --addr's nodes and
                        report replication lag (receipt minus home append time)

@@ -249,6 +249,9 @@ type rangesJSON struct {
 }
 
 func (e *env) ranges(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "split" && len(args) > 1 {
+		return e.rangesSplit(ctx, args[1:]) // ranges_split.go
+	}
 	fs := e.flagSet("ranges")
 	out := outputFlags(fs, "print one JSON array")
 	pos, err := parse(fs, args)
@@ -284,7 +287,9 @@ func (e *env) ranges(ctx context.Context, args []string) error {
 		return errors.Join(errs...)
 	}
 	regions := first.Stream.Regions
-	views := mergeRanges(regions, first.Stream.RangeCount, reports)
+	// A stream that split lists its children after the ranges it was
+	// created with (docs/split.md).
+	views := mergeRanges(regions, max(first.Stream.RangeCount, uint32(len(first.Ranges))), reports)
 	for _, v := range views {
 		for reg := range v.regions {
 			if !slices.Contains(regions, reg) {

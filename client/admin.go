@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -103,6 +104,12 @@ type RangeInfo struct {
 	// all of them when it leads the range in its home region, its own
 	// region's when it leads a mirror.
 	Replication []RegionProgress
+	// Parent is the range this one split from (keyspace.NoRange: a range
+	// of the stream as created); Children the two it split into (none: it
+	// has not split) and SplitOffset where its log ends (docs/split.md).
+	Parent      uint32
+	Children    []uint32
+	SplitOffset uint64
 }
 
 // EpochStart is where one homing epoch of a range starts.
@@ -134,6 +141,9 @@ type StreamDescription struct {
 	// EpochsUnavailable is empty when every range's Epochs is complete,
 	// else why it is not (the lease store did not answer).
 	EpochsUnavailable string
+	// RangeMapVersion counts the stream's range splits (0: never split);
+	// Ranges then lists split ranges and their children too.
+	RangeMapVersion uint64
 }
 
 // CreateStream creates a stream, or returns it if it exists with the
@@ -259,7 +269,7 @@ func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescri
 	if err != nil {
 		return nil, fmt.Errorf("describe stream %q: %w", name, err)
 	}
-	d := &StreamDescription{Stream: streamInfoFromProto(resp.GetStream()), EpochsUnavailable: resp.GetEpochsUnavailable()}
+	d := &StreamDescription{Stream: streamInfoFromProto(resp.GetStream()), EpochsUnavailable: resp.GetEpochsUnavailable(), RangeMapVersion: resp.GetRangeMapVersion()}
 	for _, r := range resp.GetRanges() {
 		var repl []RegionProgress
 		for _, p := range r.GetReplication() {
@@ -281,7 +291,13 @@ func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamDescri
 			HomeLeader:  r.GetHomeLeader(),
 			Epochs:      epochsFromProto(r.GetEpochs()),
 			Status:      r.GetStatus(),
+			Parent:      keyspace.NoRange,
+			Children:    r.GetChildren(),
+			SplitOffset: r.GetSplitOffset(),
 		})
+		if r.Parent != nil {
+			d.Ranges[len(d.Ranges)-1].Parent = r.GetParent()
+		}
 	}
 	if d.Stream.RangeCount == 0 {
 		return nil, fmt.Errorf("describe stream %q: %w", name,

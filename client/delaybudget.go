@@ -10,33 +10,50 @@ const QueueDelayTargetDefault = 100 * time.Millisecond
 // of small batches still pipelines several.
 const delayLimitFloorBytes = 64 << 10
 
-// delayLimitBaseSpan is how long a least service time stays the base: the
-// base is the least over the last one to two spans.
-const delayLimitBaseSpan = 5 * time.Second
-
 // delayLimit is the producer's queueing-delay bound (QueueDelayTarget): a
-// bound on the bytes it holds (produced and not yet acknowledged or
-// failed) that follows how fast the stream acknowledges them, so that at
-// full speed a record waits about the target beyond the stream's own
-// service time, not for as long as BufferedBytesMax takes to drain.
+// bound on its unsent bytes (produced and not yet cut into a batch and
+// sent) that follows how fast the stream acknowledges them, so that at
+// full speed a record waits about the target before it is sent, not for as
+// long as BufferedBytesMax takes to drain; and twice that bound on all the
+// bytes it holds, unsent and in flight.
 //
-// By Little's law, the time a byte spends in the producer is the bytes
-// held divided by the rate they leave (are acknowledged). So the bound is
-// the acknowledged rate, measured over windows of the base plus the
-// target, times the base plus the target. The base is the least time from
-// a batch's send to its acknowledgement seen over the last 5 to 10 s (a
-// remote home's round trip, one fsync round): time the producer cannot
-// queue less than, as BBR's minimum RTT. When the producer is not at
-// capacity the bound is above what it holds and changes nothing; past
-// capacity, Produce waits for room (or fails, with FailWhenFull) and the
-// wait is the queue it does not build. A bound that binds while records
-// wait less than the target grows: held bytes over their time in the
-// producer is a rate above bound over (base + target).
+// By Little's law, the time a byte waits to be sent is the unsent bytes
+// divided by the rate they leave, which in a steady state is the rate the
+// stream acknowledges. So the bound is the acknowledged rate, measured over
+// windows of at least the target, times the target.
+//
+// Why unsent bytes, not all bytes held (notes/sdkqueue.md): below capacity
+// a range holds the batch in flight plus the records that gather behind
+// it, about two round trips of records. A bound on both binds as soon as
+// one round trip exceeds about half the target, on a loaded machine well
+// below capacity; the blocked Produce then holds records back from the
+// batch being cut and costs them a round trip more. Unsent bytes exceed
+// rate × target only when a round trip itself exceeds the target, and so
+// do the bytes held exceed twice that. The bound on the bytes held is
+// still needed: a producer over many ranges has a batch in flight on each,
+// and each cut frees unsent room, so unsent bytes alone let it put
+// several bounds' worth in flight (bench_region at 01:50, full speed: p99
+// 4.6 s).
+//
+// At full speed the batch a range cuts is what gathered within the bound,
+// so a bound of B gives batches of about B and a round trip R(B); the rate
+// is B/R(B) and the next bound B × target/R(B): it shrinks while a round
+// trip takes longer than the target and grows while shorter, settling
+// where a batch's round trip is about the target (a record waits about one
+// round trip to be sent and one in flight). No measured base enters it: a
+// least round trip measured on the producer's own batches rises with the
+// bound at full speed (they queue behind each other), and a bound of rate
+// × (base + target) then grows without end, rate × max(base, target)
+// stays wherever it started (notes/sdkqueue.md). The price: a stream whose
+// round trip alone exceeds the target (a remote leader) is held to the
+// floor with one batch in flight per range, as with the bound this
+// replaced; raise the target or InflightBatchesMax for it.
 //
 // The bound moves by at most a factor of two per window, up or down, so
 // that one noisy window (a pause, a burst of acknowledgements) does not
-// swing it; it starts at one batch (BatchBytesMax) or 64 KiB, whichever
-// is larger, and stays within [64 KiB, BufferedBytesMax].
+// swing it; it starts at 64 KiB (a producer's first second is not queued
+// behind a bound far above its rate: the bound doubles per window until it
+// covers the rate) and stays within [64 KiB, BufferedBytesMax].
 //
 // delayLimit is a deterministic core: the caller passes the time in and
 // serializes calls (byteBudget's mutex).
@@ -47,47 +64,28 @@ type delayLimit struct {
 	limitBytes  int64
 	windowStart time.Time // zero until the first acknowledgement
 	windowBytes int64     // acknowledged since windowStart
-	// The base: the least service time of the current span (since
-	// spanStart) and of the one before; -1: none seen.
-	spanStart         time.Time
-	spanMin, priorMin time.Duration
 }
 
-func newDelayLimit(target time.Duration, batchBytesMax, ceilBytes int64) *delayLimit {
+func newDelayLimit(target time.Duration, ceilBytes int64) *delayLimit {
 	floorBytes := min(delayLimitFloorBytes, ceilBytes)
 	return &delayLimit{
 		target:     target,
 		floorBytes: floorBytes,
 		ceilBytes:  ceilBytes,
-		limitBytes: min(max(batchBytesMax, floorBytes), ceilBytes),
-		spanMin:    -1, priorMin: -1,
+		limitBytes: floorBytes,
 	}
 }
 
-// limit returns the current bound, in bytes.
+// limit returns the current bound on unsent bytes.
 func (l *delayLimit) limit() int64 { return l.limitBytes }
 
-// base returns the least service time seen over the last one to two spans.
-func (l *delayLimit) base() time.Duration {
-	switch {
-	case l.spanMin < 0:
-		return max(l.priorMin, 0)
-	case l.priorMin < 0:
-		return l.spanMin
-	}
-	return min(l.spanMin, l.priorMin)
-}
+// heldLimit returns the current bound on all bytes held, unsent and in
+// flight: twice the unsent bound (see delayLimit).
+func (l *delayLimit) heldLimit() int64 { return 2 * l.limitBytes }
 
-// acked counts n bytes acknowledged at now, service after their batch's
-// send, and, once a window of the base plus the target has passed, sets
-// the bound from the window's rate.
-func (l *delayLimit) acked(n int64, service time.Duration, now time.Time) {
-	if now.Sub(l.spanStart) >= delayLimitBaseSpan {
-		l.spanStart, l.priorMin, l.spanMin = now, l.spanMin, -1
-	}
-	if service >= 0 && (l.spanMin < 0 || service < l.spanMin) {
-		l.spanMin = service
-	}
+// acked counts n bytes acknowledged at now and, once a window of the
+// target has passed, sets the bound from the window's rate.
+func (l *delayLimit) acked(n int64, now time.Time) {
 	if l.windowStart.IsZero() {
 		// The first acknowledgement opens the first window: before it,
 		// the time since the producer started says nothing of the rate.
@@ -96,11 +94,10 @@ func (l *delayLimit) acked(n int64, service time.Duration, now time.Time) {
 	}
 	l.windowBytes += n
 	elapsed := now.Sub(l.windowStart)
-	span := l.base() + l.target
-	if elapsed < span {
+	if elapsed < l.target {
 		return
 	}
-	want := int64(float64(l.windowBytes) * float64(span) / float64(elapsed))
+	want := int64(float64(l.windowBytes) * float64(l.target) / float64(elapsed))
 	want = min(max(want, l.limitBytes/2), 2*l.limitBytes)
 	l.limitBytes = min(max(want, l.floorBytes), l.ceilBytes)
 	l.windowStart, l.windowBytes = now, 0

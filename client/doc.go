@@ -66,10 +66,11 @@
 //  1. Records wait in the range's buffer until the in-flight window has room
 //     (and, with a linger, until the linger passes or a batch fills). Batches
 //     form while they wait. Produce admits a record only while the producer
-//     holds less than its bound (delaybudget.go: what the stream acknowledged
-//     over its base service time plus QueueDelayTarget, at most
-//     BufferedBytesMax); past it Produce blocks, or fails the record with
-//     ErrBufferFull under FailWhenFull.
+//     holds fewer unsent bytes than its queueing-delay bound (delaybudget.go:
+//     what the stream acknowledged over the last QueueDelayTarget) and
+//     fewer bytes in all than BufferedBytesMax;
+//     past either Produce blocks, or fails the record with ErrBufferFull
+//     under FailWhenFull.
 //  2. A batch gets the producer id and the next sequence numbers of its range
 //     when it is cut; a (producer id, sequence) pair is bound to one record
 //     for ever, so resending it can never append a different record.

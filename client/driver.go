@@ -125,6 +125,9 @@ type rangeDriver struct {
 	// a reply, until unresponsiveUntil (attempt.go).
 	unresponsive      string
 	unresponsiveUntil time.Time
+	// splitEnded is set once the range split and the driver handed its
+	// records to the children (split.go): run returns.
+	splitEnded bool
 }
 
 func newRangeDriver(p *Producer, rng uint32) *rangeDriver {
@@ -208,6 +211,9 @@ func (d *rangeDriver) run() {
 		case <-d.wake:
 		case ev := <-d.events:
 			d.handle(ev)
+			if d.splitEnded {
+				return
+			}
 		case <-d.timer.C:
 			d.timerDue = time.Time{}
 		}
@@ -314,6 +320,9 @@ func (d *rangeDriver) cut(now time.Time) *batch {
 		d.pendingHead = 0
 	}
 	d.mu.Unlock()
+	// The records are no longer unsent: room for Produce under the
+	// queueing-delay bound (delaybudget.go), which counts unsent bytes.
+	d.p.budget.dequeue(int64(b.sizeBytes))
 
 	keyless := false
 	for _, pr := range b.recs {
@@ -568,6 +577,11 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 		return
 	}
 	switch {
+	case e.Code == apierr.RangeSplit && i == 0:
+		// Nothing in flight is in the range: its records go to the
+		// range's children (split.go).
+		d.splitEnded = d.splitAway(e)
+
 	case e.Retriable, i > 0:
 		// A batch behind an unacknowledged one failed (a SEQUENCE_GAP
 		// because its predecessor has not landed is the usual case): it is
@@ -800,7 +814,9 @@ func (d *rangeDriver) sweep(now time.Time) {
 		return
 	}
 	lastErr := d.lastErr
-	d.fail(&batch{recs: dropped, sizeBytes: sumSizes(dropped)}, func(pr *promisedRecord) error {
+	dropBatch := &batch{recs: dropped, sizeBytes: sumSizes(dropped)}
+	d.p.budget.dequeue(int64(dropBatch.sizeBytes))
+	d.fail(dropBatch, func(pr *promisedRecord) error {
 		return d.deadlineErr(pr, now, lastErr)
 	})
 }
@@ -866,7 +882,7 @@ func (d *rangeDriver) armTimer(now time.Time) {
 // ack completes an acknowledged batch.
 func (d *rangeDriver) ack(b *batch) {
 	now := time.Now()
-	d.p.budget.release(int64(b.sizeBytes), true, now, now.Sub(b.sentAt))
+	d.p.budget.release(int64(b.sizeBytes), true, now)
 	resp := b.resp
 	var appendTime time.Time
 	if ns := resp.GetAppendTimeUnixNanos(); ns != 0 {
@@ -891,7 +907,7 @@ func (d *rangeDriver) ack(b *batch) {
 
 // fail completes b's records with errFor's errors.
 func (d *rangeDriver) fail(b *batch, errFor func(*promisedRecord) error) {
-	d.p.budget.release(int64(b.sizeBytes), false, time.Time{}, 0)
+	d.p.budget.release(int64(b.sizeBytes), false, time.Time{})
 	for _, pr := range b.recs {
 		if pr.stopCtx != nil {
 			pr.stopCtx()
@@ -946,7 +962,9 @@ func (d *rangeDriver) shutdown() {
 	}
 	d.batches = nil
 	if len(pending) > 0 {
-		d.fail(&batch{recs: pending, sizeBytes: sumSizes(pending)}, closed)
+		left := &batch{recs: pending, sizeBytes: sumSizes(pending)}
+		d.p.budget.dequeue(int64(left.sizeBytes))
+		d.fail(left, closed)
 	}
 }
 

@@ -54,6 +54,10 @@ const CodeOffsetPastLocalTail = apierr.PastLocalTail
 // the batch is not in it; retriable once the range map is refreshed.
 const CodeRangeSplit = apierr.RangeSplit
 
+// CodeSplitInProgress is a split of a stream while another split of it is
+// under way: retriable once it ends.
+const CodeSplitInProgress = apierr.SplitInProgress
+
 // RetryAfter returns how long the server asked to wait before a request
 // it refused is sent again (OVERLOADED: a budget or quota), or 0.
 func RetryAfter(err error) time.Duration {

@@ -242,21 +242,26 @@ func DeliveryTimeout(d time.Duration) ProducerOpt {
 	return func(c *producerConfig) { c.deliveryTimeout = d }
 }
 
-// QueueDelayTarget bounds how long records queue in the producer at full
-// speed, beyond the stream's own service time, overriding the default of
+// QueueDelayTarget bounds how long records wait in the producer before
+// they are sent at full speed, overriding the default of
 // QueueDelayTargetDefault (100 ms); 0 turns it off, leaving only
-// BufferedBytesMax. The producer holds (buffered and in flight, across all
-// ranges) at most what the stream acknowledged over the last base + target
-// of time, where the base is the least time from a batch's send to its
-// acknowledgement over the last 5-10 s (a remote leader's round trip, one
-// fsync round): by Little's law, past capacity a record then waits about
-// base + target from Produce to its acknowledgement, instead of the seconds
-// a full BufferedBytesMax takes to drain. Below capacity the bound is above
-// what the producer holds and changes nothing. Past it, Produce blocks
-// until there is room (bounded by its context and the delivery timeout),
-// or fails at once with FailWhenFull. The bound starts at one batch
-// (BatchBytesMax) or 64 KiB, whichever is larger, moves within a factor of
-// two per base + target, and stays between 64 KiB and BufferedBytesMax.
+// BufferedBytesMax. The producer holds its unsent records (produced and
+// not yet cut into a batch, across all ranges) to at most what the stream
+// acknowledged over the last target of time: by Little's law, past
+// capacity a record then waits about the target before it is sent and
+// about as long in its batch's round trip, instead of the seconds a full
+// BufferedBytesMax takes to drain. Records in flight do not count
+// against it, so below capacity, with a batch in flight and the next
+// gathering behind it, the bound binds only when a round trip alone
+// exceeds the target. A stream whose round
+// trip alone exceeds the target (a remote leader) is held near 64 KiB
+// unsent: raise the target or InflightBatchesMax for it. Past the bound,
+// Produce blocks until there is room (bounded by its context and the
+// delivery timeout), or fails at once with FailWhenFull. All bytes held,
+// unsent and in flight, are bounded by twice that bound (a producer over
+// many ranges has a batch in flight on each). The bound starts at 64 KiB,
+// moves within a factor of two per window of the target, and stays
+// between 64 KiB and BufferedBytesMax.
 func QueueDelayTarget(d time.Duration) ProducerOpt {
 	return func(c *producerConfig) { c.queueDelayTarget = d }
 }

@@ -43,6 +43,14 @@ type Producer struct {
 	drivers    []atomic.Pointer[rangeDriver]
 	sticky     atomic.Uint32
 
+	// routeMu is held for reading while a record is routed and enqueued,
+	// and for writing while a split range hands its records to its
+	// children (split.go); rmap is the stream's range map once a range
+	// split (nil: routing by keyspace.RangeForKey over rangeCount). The
+	// drivers slice grows, under routeMu and mu, when the map does.
+	routeMu sync.RWMutex
+	rmap    atomic.Pointer[keyspace.RangeMap]
+
 	// recordsOnly is set once a node answered a batch-form append as an
 	// older server does (it does not know AppendRequest.batch and saw no
 	// records): the producer sends the records form from then on.
@@ -165,16 +173,12 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 		cb(ProduceResult{Record: rec}, err)
 		return
 	}
-	var rng uint32
-	if len(rec.Key) > 0 {
-		rng = keyspace.RangeForKey(rec.Key, rangeCount)
-	} else {
-		rng = p.sticky.Load()
-	}
 	pr := &promisedRecord{rec: rec, wire: wire, cb: cb, ctx: ctx, deadline: deadline, enqueued: now, sizeBytes: size}
-	d := p.driver(rng)
+	p.routeMu.RLock()
+	d := p.driver(p.route(rec.Key, rangeCount)) // split.go
 	if d == nil || !p.addOutstanding() {
-		p.budget.release(int64(size), false, time.Time{}, 0)
+		p.routeMu.RUnlock()
+		p.budget.drop(int64(size))
 		cb(ProduceResult{Record: rec}, ErrClosed)
 		return
 	}
@@ -183,11 +187,13 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 		// still buffered; stopped when the record completes.
 		pr.stopCtx = context.AfterFunc(ctx, d.requestSweep)
 	}
-	if !d.enqueue(pr) {
+	enqueued := d.enqueue(pr)
+	p.routeMu.RUnlock()
+	if !enqueued {
 		if pr.stopCtx != nil {
 			pr.stopCtx()
 		}
-		p.budget.release(int64(size), false, time.Time{}, 0)
+		p.budget.drop(int64(size))
 		cb(ProduceResult{Record: rec}, ErrClosed)
 		p.doneRecords(1)
 	}
@@ -318,6 +324,16 @@ func (p *Producer) describe(ctx context.Context, deadline time.Time) (uint32, er
 	}
 	n := desc.Stream.RangeCount
 	p.drivers = make([]atomic.Pointer[rangeDriver], n)
+	if desc.RangeMapVersion > 0 {
+		// The stream has split: route by its map from the first record.
+		m, err := desc.RangeMap()
+		if err != nil {
+			return 0, err
+		}
+		p.routeMu.Lock()
+		p.setMapLocked(m)
+		p.routeMu.Unlock()
+	}
 	p.sticky.Store(rand.Uint32N(n))
 	p.rangeCount.Store(n)
 	return n, nil
@@ -348,6 +364,8 @@ func (p *Producer) wakeAll() {
 	if p.rangeCount.Load() == 0 {
 		return
 	}
+	p.routeMu.RLock()
+	defer p.routeMu.RUnlock()
 	for i := range p.drivers {
 		if d := p.drivers[i].Load(); d != nil {
 			d.poke()
@@ -406,49 +424,61 @@ func randomProducerID() uint64 {
 	}
 }
 
-// byteBudget bounds the bytes of buffered records: BufferedBytesMax, and
-// below it the queueing-delay bound (delay, QueueDelayTarget; nil: off).
+// byteBudget bounds the bytes of buffered records: all of them (produced
+// and not yet acknowledged or failed) by BufferedBytesMax, and, with the
+// queueing-delay bound (delay, QueueDelayTarget; nil: off), the unsent
+// ones (not yet cut into a batch) by its bound and all by twice that.
 type byteBudget struct {
-	mu       sync.Mutex
-	used     int64
-	max      int64
-	delay    *delayLimit
-	failFast bool // FailWhenFull: refuse instead of waiting
-	waiting  bool
-	freed    chan struct{} // closed and replaced on a release while waiting
+	mu        sync.Mutex
+	usedBytes int64 // held: unsent and in flight
+	// unsentBytes are the records produced and not yet cut into a batch
+	// (nor dropped).
+	unsentBytes int64
+	max         int64
+	delay       *delayLimit
+	failFast    bool // FailWhenFull: refuse instead of waiting
+	waiting     bool
+	freed       chan struct{} // closed and replaced on a release while waiting
 }
 
 func newByteBudget(cfg *producerConfig) *byteBudget {
 	b := &byteBudget{max: cfg.bufferedBytesMax, failFast: cfg.failWhenFull, freed: make(chan struct{})}
 	if cfg.queueDelayTarget > 0 {
-		b.delay = newDelayLimit(cfg.queueDelayTarget, int64(cfg.batchBytesMax), cfg.bufferedBytesMax)
+		b.delay = newDelayLimit(cfg.queueDelayTarget, cfg.bufferedBytesMax)
 	}
 	return b
 }
 
-// limitLocked is the bound that applies now.
-func (b *byteBudget) limitLocked() int64 {
-	if b.delay != nil {
-		return min(b.max, b.delay.limit())
+// fitsLocked reports whether n more bytes fit both bounds, and if not the
+// bytes counted against the one that binds and its limit. A record larger
+// than a bound is let through when nothing counts against that bound.
+func (b *byteBudget) fitsLocked(n int64) (ok bool, used, limit int64) {
+	if b.usedBytes > 0 && b.usedBytes+n > b.max {
+		return false, b.usedBytes, b.max
 	}
-	return b.max
+	if b.delay != nil && b.unsentBytes > 0 && b.unsentBytes+n > b.delay.limit() {
+		return false, b.unsentBytes, b.delay.limit()
+	}
+	if b.delay != nil && b.usedBytes > 0 && b.usedBytes+n > b.delay.heldLimit() {
+		return false, b.usedBytes, b.delay.heldLimit()
+	}
+	return true, 0, 0
 }
 
-// acquire takes n bytes, blocking while they do not fit (or failing at
-// once with ErrBufferFull, with FailWhenFull). A record larger than the
-// whole bound is let through when nothing else is buffered.
+// acquire takes n unsent bytes, blocking while they do not fit (or failing
+// at once with ErrBufferFull, with FailWhenFull).
 func (b *byteBudget) acquire(ctx context.Context, n int64, closing <-chan struct{}, deadline time.Time) error {
 	var timeout <-chan time.Time
 	for {
 		b.mu.Lock()
-		limit := b.limitLocked()
-		if b.used == 0 || b.used+n <= limit {
-			b.used += n
+		ok, used, limit := b.fitsLocked(n)
+		if ok {
+			b.usedBytes += n
+			b.unsentBytes += n
 			b.mu.Unlock()
 			return nil
 		}
 		if b.failFast {
-			used := b.used
 			b.mu.Unlock()
 			return bufferFull(used, limit, b.delay)
 		}
@@ -479,31 +509,65 @@ func (b *byteBudget) acquire(ctx context.Context, n int64, closing <-chan struct
 
 // bufferFull is FailWhenFull's refusal: a retriable OVERLOADED whose cause
 // is ErrBufferFull, asking for a wait of the delay target (about the time
-// the producer takes to acknowledge what it holds).
+// the producer takes to send what it holds).
 func bufferFull(used, limit int64, delay *delayLimit) error {
-	e := apierr.Wrap(apierr.Overloaded, ErrBufferFull, "producer holds %d bytes, its bound is %d", used, limit)
+	e := apierr.Wrap(apierr.Overloaded, ErrBufferFull, "producer holds %d bytes against a bound of %d", used, limit)
 	if delay != nil {
 		e.RetryAfter = delay.target
 	}
 	return e
 }
 
-// release returns n bytes; acked says they were acknowledged at now,
-// service after their batch's send (the queueing-delay bound measures
-// those).
-func (b *byteBudget) release(n int64, acked bool, now time.Time, service time.Duration) {
+// dequeue counts n bytes as no longer unsent: cut into a batch, or dropped
+// before that (then release follows).
+func (b *byteBudget) dequeue(n int64) {
 	b.mu.Lock()
-	b.used -= n
-	if b.used < 0 {
-		panic("client: buffered bytes went negative")
+	b.unsentBytes -= n
+	if b.unsentBytes < 0 {
+		panic("client: unsent bytes went negative")
+	}
+	b.wakeLocked()
+	b.mu.Unlock()
+}
+
+// requeue counts n bytes sent but not acknowledged as unsent again: they
+// go back into a queue to be cut and sent once more (a split range's
+// in-flight records handed to its children).
+func (b *byteBudget) requeue(n int64) {
+	b.mu.Lock()
+	b.unsentBytes += n
+	if b.unsentBytes > b.usedBytes {
+		panic("client: unsent bytes went above the buffered bytes")
+	}
+	b.mu.Unlock()
+}
+
+// release returns n bytes no longer unsent; acked says they were
+// acknowledged at now (the queueing-delay bound measures the rate of
+// those).
+func (b *byteBudget) release(n int64, acked bool, now time.Time) {
+	b.mu.Lock()
+	b.usedBytes -= n
+	if b.usedBytes < b.unsentBytes {
+		panic("client: buffered bytes went below the unsent bytes")
 	}
 	if acked && b.delay != nil {
-		b.delay.acked(n, service, now)
+		b.delay.acked(n, now)
 	}
+	b.wakeLocked()
+	b.mu.Unlock()
+}
+
+// drop returns n bytes that were never sent: dequeue and release.
+func (b *byteBudget) drop(n int64) {
+	b.dequeue(n)
+	b.release(n, false, time.Time{})
+}
+
+func (b *byteBudget) wakeLocked() {
 	if b.waiting {
 		b.waiting = false
 		close(b.freed)
 		b.freed = make(chan struct{})
 	}
-	b.mu.Unlock()
 }

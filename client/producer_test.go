@@ -551,7 +551,7 @@ func TestBackpressureBlocksProduce(t *testing.T) {
 	fake.MustCreateStream("s", 1)
 	c := newClient(t, fake.Addr())
 	// The bound on bytes alone (QueueDelayTarget's would bind first: it
-	// starts at one batch; see TestQueueDelayBoundBindsFirst).
+	// starts at 64 KiB; see TestQueueDelayBoundBindsFirst).
 	p := newProducer(t, c, "s", client.BatchBytesMax(2<<10), client.BufferedBytesMax(4<<10), client.QueueDelayTarget(0))
 	ctx := testCtx(t)
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,11 +13,13 @@ import (
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
-// TestQueueDelayBoundBindsFirst: while nothing is acknowledged the
-// queueing-delay bound holds the producer to where it starts (64 KiB, or
-// one batch if larger), far below
-// BufferedBytesMax: the next Produce blocks (until its context ends), or
-// with FailWhenFull fails at once with a retriable OVERLOADED caused by
+// TestQueueDelayBoundBindsFirst: the queueing-delay bound counts the
+// records not yet sent. While nothing is acknowledged it holds the
+// producer's unsent records to where it starts (64 KiB), far below
+// BufferedBytesMax, and what is in flight does not count against that
+// (only against twice that): with a 16 KB record in flight, four more
+// queue behind it (64 KB unsent, 80 KB held); the next Produce blocks (until its context ends), or with
+// FailWhenFull fails at once with a retriable OVERLOADED caused by
 // ErrBufferFull. Once the server answers, everything held is acknowledged
 // and the refused record, produced again, lands once.
 func TestQueueDelayBoundBindsFirst(t *testing.T) {
@@ -34,14 +37,43 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 	}
 
 	hold := make(chan struct{})
-	fake.SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Hold: hold} })
+	var release sync.Once
+	releaseHold := func() { release.Do(func() { close(hold) }) }
+	// Registered after the fake's Close: runs first, so a failing test
+	// does not leave the fake waiting on held appends.
+	t.Cleanup(releaseHold)
+	arrived := make(chan struct{}, 16)
+	fake.SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault {
+		arrived <- struct{}{}
+		return clienttest.Fault{Hold: hold}
+	})
 	rs := newResults()
 	value := bytes.Repeat([]byte("v"), 16000)
 	again := bytes.Repeat([]byte("a"), 2000) // fits in 64 KiB alone, not beside 4 x 16 KB
-	// 4 x 16 KB fit in 64 KiB; a fifth does not.
-	for i := range 4 {
-		blocking.Produce(ctx, &client.Record{Value: value}, rs.cb(i))
+	// One record each goes out at once and is held by the server: it is
+	// in flight, no longer unsent.
+	blocking.Produce(ctx, &client.Record{Value: value}, rs.cb(0))
+	failing.Produce(ctx, &client.Record{Value: value}, rs.cb(10))
+	for range 2 {
+		select {
+		case <-arrived:
+		case <-ctx.Done():
+			t.Fatal("the first appends did not reach the server")
+		}
+	}
+	// 4 x 16 KB more fit in 64 KiB unsent; with the one in flight the
+	// producer holds 80 KB, past the bound were it on all bytes held.
+	for i := 1; i <= 4; i++ {
 		failing.Produce(ctx, &client.Record{Value: value}, rs.cb(10+i))
+	}
+	rs.mu.Lock()
+	early := len(rs.errs)
+	rs.mu.Unlock()
+	if early != 0 {
+		t.Fatalf("records queued behind one in flight failed below the unsent bound: %v", rs.errs)
+	}
+	for i := 1; i <= 4; i++ {
+		blocking.Produce(ctx, &client.Record{Value: value}, rs.cb(i))
 	}
 	// Produce blocks (a record that went through would return at once)
 	// until its context ends.
@@ -72,7 +104,7 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 		t.Fatalf("FailWhenFull took %v", el)
 	}
 
-	close(hold)
+	releaseHold()
 	rs.wait(t)
 	if len(rs.errs) != 0 {
 		t.Fatal(rs.errs)
@@ -86,7 +118,7 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 			count++
 		}
 	}
-	if count != 1 || len(fake.Records("s", 0)) != 9 {
-		t.Fatalf("log holds %d records, \"again\" %d times; want 9 and once", len(fake.Records("s", 0)), count)
+	if count != 1 || len(fake.Records("s", 0)) != 11 {
+		t.Fatalf("log holds %d records, \"again\" %d times; want 11 and once", len(fake.Records("s", 0)), count)
 	}
 }

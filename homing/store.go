@@ -61,6 +61,12 @@ type Store interface {
 	// at epoch 1), bumping the homes version of the regions they were in.
 	// Deleting a stream without records does nothing.
 	DeleteHomes(ctx context.Context, stream string) error
+	// SplitHomes homes the two children of a split range where the parent
+	// is homed, at its epoch, starting at offset 0 (split.go), in one
+	// transaction, conditional on the parent being homed in req.Region at
+	// req.Epoch (ErrEpochMismatch, ErrNotHome otherwise). A child that has
+	// a record keeps it. Returns the children's records.
+	SplitHomes(ctx context.Context, req SplitHomesRequest) ([]Home, error)
 	// Close releases the store's resources.
 	Close()
 }

@@ -51,6 +51,7 @@ var methodPerms = map[string]func(req any) []need{
 	geologv1.Admin_Rehome_FullMethodName:           streamNeed[*geologv1.RehomeRequest](authz.Admin),
 	geologv1.Admin_ListOrphans_FullMethodName:      streamNeed[*geologv1.ListOrphansRequest](authz.Admin),
 	geologv1.Admin_ReadOrphans_FullMethodName:      streamNeed[*geologv1.ReadOrphansRequest](authz.Admin),
+	geologv1.Admin_SplitRange_FullMethodName:       streamNeed[*geologv1.SplitRangeRequest](authz.Admin),
 	// Granting on a resource pattern takes admin on that pattern (a
 	// caller's patterns match it only if they match every name it does).
 	geologv1.Admin_PutAcl_FullMethodName: func(req any) []need {

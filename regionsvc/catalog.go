@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/vfs"
@@ -68,6 +69,9 @@ type streamSpec struct {
 	// RangeMap is the stream's range map once a range has split (nil: the
 	// map as created, keyspace.NewRangeMap(RangeCount)); split.go.
 	RangeMap *keyspace.RangeMap `json:"range_map,omitempty"`
+	// SplitReserved is the split a "split-reserve" record reserved; it
+	// stands until its map version is the map's (split_reserve.go).
+	SplitReserved *batch.Split `json:"split_reserved,omitempty"`
 }
 
 // replicasOf is range r's placed voters, nil if the spec has none (or not

@@ -7,6 +7,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/rangecore"
 )
 
 // Where an epoch starts (docs/design.md "Where an epoch starts";
@@ -41,35 +42,18 @@ import (
 // that holds them (the old home shipped them), their acks kept.
 
 // startGate is a range leader's confirmation of its epoch's start
-// (driver goroutine only).
-type startGate struct {
-	// epoch's start was confirmed to be this leader's log end in term.
-	epoch, term uint64
-	// floor is the highest epoch this node held appends of: no mirrored
-	// frame of an older epoch is proposed here any more.
-	floor uint64
-	// running: a confirmation of runEpoch is under way; tries counts its
-	// rounds (an apply still in flight makes it ask again).
-	running  bool
-	runEpoch uint64
-	tries    int
-	// held are the appends waiting for it, in arrival order.
-	held []*appendOp
-}
-
-const (
-	// startGateHeldMax bounds the appends a range holds while it confirms
-	// its start; more are refused, retriable.
-	startGateHeldMax = 4096
-	// startGateTriesMax bounds the ReadIndex rounds of one confirmation
-	// that find an apply still in flight; then the held appends are
-	// refused, retriable, and the next append starts again.
-	startGateTriesMax = 50
-)
+// (rangecore.StartGate, which holds the decisions; driver goroutine only).
+type startGate = rangecore.StartGate[*appendOp]
 
 // errStartInFlight: the log had entries past its committed end when the
 // confirmation looked (an apply or a proposal in flight).
-var errStartInFlight = apierr.New(apierr.Unavailable, "the range's log is still committing older entries before the new epoch's first")
+var errStartInFlight = rangecore.ErrStartInFlight
+
+// gateLeader is what the gate reads of the replica.
+func (d *rangeDriver) gateLeader() rangecore.Leader {
+	return rangecore.Leader{IsLeader: d.rep.IsLeader(), Term: d.rep.LeaderTerm(), HighestEpoch: d.rep.HighestEpoch(),
+		Committed: d.rep.Committed(), Pending: d.rep.Pending()}
+}
 
 // gateAppend holds or refuses op while the range's epoch start is not
 // confirmed (see the top of this file); true: op was taken. Called by
@@ -80,33 +64,30 @@ func (d *rangeDriver) gateAppend(op *appendOp) bool {
 	}
 	g := &d.gate
 	if op.verbatim {
-		if g.floor == 0 {
+		if g.Floor() == 0 {
 			return false // never home here at a gated epoch
 		}
 		h, err := batch.DecodeHeader(op.frame)
-		if err != nil || h.Epoch >= g.floor {
+		if err != nil || g.AdmitMirrored(h.Epoch) == rangecore.Pass {
 			return false // the replica validates the frame itself
 		}
 		op.reply(appendResult{err: apierr.New(apierr.StaleEpoch, "stream %s range %d: a mirrored frame of epoch %d, this region is home at epoch %d",
-			d.cfg.stream, d.cfg.rangeID, h.Epoch, g.floor)})
+			d.cfg.stream, d.cfg.rangeID, h.Epoch, g.Floor())})
 		return true
 	}
-	if op.epoch <= 1 || !d.rep.IsLeader() || d.rep.HighestEpoch() >= op.epoch {
-		return false
+	if op.epoch <= 1 {
+		return false // nothing precedes epoch 1 (and no replica read per append)
 	}
-	if g.epoch == op.epoch && g.term == d.rep.LeaderTerm() {
+	switch v, start := g.Admit(op, op.epoch, d.gateLeader()); v {
+	case rangecore.Pass:
 		return false
-	}
-	if len(g.held) >= startGateHeldMax {
+	case rangecore.RefuseFull:
 		op.reply(appendResult{err: apierr.New(apierr.Unavailable, "stream %s range %d: %d appends wait for the start of epoch %d to be confirmed",
-			d.cfg.stream, d.cfg.rangeID, len(g.held), op.epoch)})
-		return true
-	}
-	g.held = append(g.held, op)
-	g.floor = max(g.floor, op.epoch)
-	if !g.running {
-		g.running, g.runEpoch, g.tries = true, op.epoch, 0
-		d.confirmStart(op.epoch)
+			d.cfg.stream, d.cfg.rangeID, g.Held(), op.epoch)})
+	default:
+		if start {
+			d.confirmStart(op.epoch)
+		}
 	}
 	return true
 }
@@ -117,10 +98,7 @@ func (d *rangeDriver) gateAppend(op *appendOp) bool {
 func (d *rangeDriver) confirmStart(epoch uint64) {
 	term := d.rep.LeaderTerm()
 	d.rep.ReadIndex(func(end uint64, err error) {
-		if err == nil && (d.rep.Pending() > 0 || d.rep.LeaderTerm() != term) {
-			err = errStartInFlight
-		}
-		if err != nil {
+		if err = d.gate.Indexed(term, err, d.gateLeader()); err != nil {
 			d.gateDone(epoch, term, end, err)
 			return
 		}
@@ -157,23 +135,13 @@ func (d *rangeDriver) firstRetained(end uint64) (start, epoch uint64) {
 // a round that found something in flight runs again; else they are
 // refused with err (retriable).
 func (d *rangeDriver) gateDone(epoch, term, end uint64, err error) {
-	g := &d.gate
-	if err == nil && (d.rep.LeaderTerm() != term || d.rep.Committed() > end || d.rep.Pending() > 0) {
-		err = errStartInFlight
-	}
-	if errors.Is(err, errStartInFlight) && d.rep.LeaderTerm() == term && g.tries < startGateTriesMax {
+	retry, held, err := d.gate.Done(epoch, term, end, err, d.gateLeader())
+	if retry {
 		// Again from the driver loop, not from inside the replica's
 		// answer to a ReadIndex (which may be where this runs).
-		g.tries++
 		go func() { _ = d.exec(context.Background(), func() { d.confirmStart(epoch) }) }()
 		return
 	}
-	g.running = false
-	if err == nil {
-		g.epoch, g.term = epoch, term
-	}
-	held := g.held
-	g.held = nil
 	for _, op := range held {
 		if err != nil {
 			op.reply(appendResult{err: d.hintAddress(err)})
@@ -185,9 +153,7 @@ func (d *rangeDriver) gateDone(epoch, term, end uint64, err error) {
 
 // refuseHeld answers the appends held by the gate when the range stops.
 func (d *rangeDriver) refuseHeld() {
-	held := d.gate.held
-	d.gate.held = nil
-	for _, op := range held {
+	for _, op := range d.gate.Stop() {
 		op.reply(appendResult{err: apierr.New(apierr.ShuttingDown, "node is shutting down")})
 	}
 }
@@ -202,19 +168,15 @@ func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart, firstEpoch uin
 	if err != nil {
 		return homingErr(err)
 	}
-	switch {
-	case lease.Epoch != epoch:
+	switch rangecore.CheckStart(lease.Epoch, lease.StartOffset, epoch, end, logStart, firstEpoch) {
+	case rangecore.StartNotHome:
 		return n.notHome(d)
-	case end == lease.StartOffset:
+	case rangecore.StartOK:
 		return nil
-	case end < lease.StartOffset:
+	case rangecore.StartBelow:
 		return apierr.New(apierr.Unavailable, "stream %s range %d: the log ends at %d, below the start %d of epoch %d: it appends once it reaches it",
 			d.cfg.stream, d.cfg.rangeID, end, lease.StartOffset, epoch)
-	case logStart > lease.StartOffset && (firstEpoch == 0 || firstEpoch >= epoch):
-		// Retention deleted the log past the recorded start, and no
-		// retained frame older than the epoch shows that what it deleted
-		// was older too (epochs never go back along a log): keep the
-		// record, as before raises.
+	case rangecore.StartKeep:
 		d.logger.Warn("epoch start not confirmed: the log was deleted past it", "epoch", epoch, "start_offset", lease.StartOffset, "log_start", logStart, "log_end", end)
 		return nil
 	}

@@ -110,21 +110,3 @@ func readValues(t *testing.T, ctx context.Context, c *client.Client, stream stri
 	}
 	return out
 }
-
-// TestLearnedStartsOnlyRise: a mirror's known start of an epoch moves up
-// with a raise and never back (a history read from before the raise
-// arrives after the directory's record), so its fence only rises.
-func TestLearnedStartsOnlyRise(t *testing.T) {
-	tl := &timeline{starts: map[uint64]uint64{}}
-	for _, c := range []struct{ epoch, start, want uint64 }{
-		{2, 17, 17}, // the takeover's record
-		{2, 20, 20}, // raised by the new home
-		{2, 17, 20}, // a stale history read
-		{3, 5, 5},   // another epoch, below: its own
-	} {
-		tl.learnStart(c.epoch, c.start)
-		if got := tl.starts[c.epoch]; got != c.want {
-			t.Fatalf("after learning epoch %d starts at %d: %d, want %d", c.epoch, c.start, got, c.want)
-		}
-	}
-}

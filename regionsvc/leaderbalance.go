@@ -1,6 +1,9 @@
 package regionsvc
 
 import (
+	"slices"
+	"sync/atomic"
+
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/tracker"
 
@@ -38,13 +41,19 @@ import (
 const leaderBalanceWaitMax = 32
 
 // leaderBalance is a range driver's preferred-leader state (driver
-// goroutine).
+// goroutine, but for pref).
 type leaderBalance struct {
 	every int // ticks between checks; 0: off
 	wait  int // ticks to wait before the next check (every, doubled per transfer)
 	// ticks counts ticks led since the last check; followerTicks ticks
 	// since this replica last led.
 	ticks, followerTicks int
+	// pref is the preferred leader the catalogue names for the range (a
+	// "range-leaders" record, leaders.go; 0: none, the group id picks),
+	// set by the catalogue's apply (any goroutine); seen is the pref the
+	// last check saw: a new one is checked at the next tick.
+	pref atomic.Uint64
+	seen uint64
 }
 
 // balanceLeader runs on every tick: a leader that has led for the wait
@@ -66,11 +75,17 @@ func (d *rangeDriver) balanceLeader() {
 		return
 	}
 	b.followerTicks = 0
-	if b.ticks++; b.ticks < b.wait {
+	pref := b.pref.Load()
+	if b.ticks++; b.ticks < b.wait && pref == b.seen {
 		return
 	}
+	if pref != b.seen {
+		// The catalogue named a new preferred leader (the rebalancer
+		// balances leaders): hand over now, from a fresh backoff.
+		b.seen, b.wait = pref, b.every
+	}
 	b.ticks = 0
-	to := preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, d.rep.Status(), d.peerDown)
+	to := preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, pref, d.rep.Status(), d.peerDown)
 	if to == 0 {
 		return
 	}
@@ -89,15 +104,26 @@ func preferredLeader(g raftnet.GroupID, voters []uint64) uint64 {
 	return voters[uint64(g)%uint64(len(voters))]
 }
 
-// preferredTransferee is the node leader self of group g should hand
+// preferredAmong is group g's preferred leader among voters: pref, the
+// node the catalogue names (leaders.go), while it is one of the voters,
+// else the group id's pick (preferredLeader).
+func preferredAmong(g raftnet.GroupID, pref uint64, voters []uint64) uint64 {
+	if pref != 0 && slices.Contains(voters, pref) {
+		return pref
+	}
+	return preferredLeader(g, voters)
+}
+
+// preferredTransferee is the node leader self of group g (pref: the
+// catalogue's preferred leader, 0 none) should hand
 // leadership to now, from the leader's Raft status, or 0: self is the
 // preferred leader, the group is changing its voters, a transfer is under
 // way, or the preferred voter is down, not replicating or behind.
-func preferredTransferee(self uint64, g raftnet.GroupID, st raft.Status, down func(uint64) bool) uint64 {
+func preferredTransferee(self uint64, g raftnet.GroupID, pref uint64, st raft.Status, down func(uint64) bool) uint64 {
 	if st.RaftState != raft.StateLeader || st.LeadTransferee != 0 || len(st.Config.Voters[1]) > 0 {
 		return 0
 	}
-	to := preferredLeader(g, st.Config.Voters[0].Slice())
+	to := preferredAmong(g, pref, st.Config.Voters[0].Slice())
 	if to == 0 || to == self || down(to) {
 		return 0
 	}

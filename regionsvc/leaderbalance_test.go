@@ -38,7 +38,7 @@ func TestPreferredTransferee(t *testing.T) {
 	if got := preferredLeader(g, nil); got != 0 {
 		t.Fatalf("preferred leader with no voters: %d", got)
 	}
-	if got := preferredTransferee(1, g, leaderStatus(1), none); got != 2 {
+	if got := preferredTransferee(1, g, 0, leaderStatus(1), none); got != 2 {
 		t.Fatalf("leader 1 of group 4: transferee %d, want 2", got)
 	}
 	cases := []struct {
@@ -63,7 +63,7 @@ func TestPreferredTransferee(t *testing.T) {
 		if c.mut != nil {
 			c.mut(&st)
 		}
-		if got := preferredTransferee(c.self, g, st, c.down); got != 0 {
+		if got := preferredTransferee(c.self, g, 0, st, c.down); got != 0 {
 			t.Errorf("%s: transferee %d, want none", c.name, got)
 		}
 	}
@@ -73,8 +73,26 @@ func TestPreferredTransferee(t *testing.T) {
 	st.Config.Voters[0] = quorum.MajorityConfig{1: {}, 3: {}, 4: {}}
 	st.Progress[4] = st.Progress[3]
 	delete(st.Progress, 2)
-	if got := preferredTransferee(1, g, st, none); got != 3 {
+	if got := preferredTransferee(1, g, 0, st, none); got != 3 {
 		t.Fatalf("after a voter change: transferee %d, want 3", got)
+	}
+}
+
+// TestPreferredTransfereeNamedByCatalogue: a preferred leader the
+// catalogue names (the rebalancer's leader balance) wins over the group
+// id's pick while it is a voter, so the two never hand leadership back
+// and forth; once it is no voter the group id picks again.
+func TestPreferredTransfereeNamedByCatalogue(t *testing.T) {
+	none := func(uint64) bool { return false }
+	const g raftnet.GroupID = 4 // the group id picks 2 over 1-3
+	if got := preferredTransferee(1, g, 3, leaderStatus(1), none); got != 3 {
+		t.Fatalf("leader 1, catalogue names 3: transferee %d, want 3", got)
+	}
+	if got := preferredTransferee(3, g, 3, leaderStatus(3), none); got != 0 {
+		t.Fatalf("leader 3, catalogue names 3: transferee %d, want none (no hand-back to the group id's pick 2)", got)
+	}
+	if got := preferredTransferee(1, g, 5, leaderStatus(1), none); got != 2 {
+		t.Fatalf("catalogue names 5, no voter: transferee %d, want the group id's pick 2", got)
 	}
 }
 

@@ -228,6 +228,10 @@ type Config struct {
 	// GroupHeartbeatInterval is how often group members are told to
 	// heartbeat, default 500 ms.
 	GroupHeartbeatInterval time.Duration
+
+	// openAwakeMax bounds the node's awake groups as new streams' ranges
+	// start (openpace.go), default openAwakeMaxDefault; tests set it.
+	openAwakeMax int
 }
 
 func (c *Config) setDefaults() error {
@@ -467,6 +471,10 @@ type Node struct {
 	// bound). rebalance.go, rebalance_throttle.go.
 	rebalancer      *rebalancer
 	transferLimiter *rate.Limiter
+	// learnerBytes counts the log bytes sent to learners under the
+	// bucket, learnerDeferred the appends to learners it deferred
+	// (rebalance_throttle.go).
+	learnerBytes, learnerDeferred atomic.Int64
 }
 
 // New opens the data directory, recovers every range and returns a node that
@@ -572,8 +580,9 @@ const rangeOpenConcurrencyMax = 16
 
 // openStreamAt opens a stream's ranges, up to rangeOpenConcurrencyMax at
 // once; metaOffset, the catalogue offset of the stream's creation, names
-// their Raft groups.
-func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
+// their Raft groups. Paced, its new groups start ticking as the node's
+// pace admits them (openpace.go).
+func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64, paced bool) *streamState {
 	st := &streamState{spec: spec, ranges: make([]*rangeDriver, spec.rangeTotal())}
 	slots := make(chan struct{}, rangeOpenConcurrencyMax)
 	var wg sync.WaitGroup
@@ -582,7 +591,7 @@ func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			st.ranges[r] = n.openRange(spec, metaOffset, r)
+			st.ranges[r] = n.openRangeWith(spec, metaOffset, r, paced)
 		}()
 	}
 	wg.Wait()
@@ -591,11 +600,17 @@ func (n *Node) openStreamAt(spec streamSpec, metaOffset uint64) *streamState {
 
 // openRange opens range r of spec.
 func (n *Node) openRange(spec streamSpec, metaOffset uint64, r uint32) *rangeDriver {
+	return n.openRangeWith(spec, metaOffset, r, false)
+}
+
+// openRangeWith opens range r of spec; paced, a new group waits for the
+// node's pace to admit it before it ticks (openpace.go).
+func (n *Node) openRangeWith(spec streamSpec, metaOffset uint64, r uint32, paced bool) *rangeDriver {
 	cfg := n.rangeConfig(spec.Name, r, segment.Config{
 		Dir:            n.rangeDir(spec.Name, r),
 		RetentionAge:   time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
 		RetentionBytes: spec.RetentionBytes,
-	}, &replicationConfig{groupID: groupFor(metaOffset, r), peers: n.rangeReplicas(spec, r)})
+	}, &replicationConfig{groupID: groupFor(metaOffset, r), peers: n.rangeReplicas(spec, r), paced: paced})
 	cfg.homeRegion = spec.home(r)
 	cfg.home = cfg.homeRegion == n.cfg.Region
 	cfg.compaction = n.compactionConfigFor(spec, r)
@@ -936,8 +951,10 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 			ri.TimelineFenceOffset = &fence
 		}
 		ri.Replication = n.rangeReplication(st.spec, uint32(r), rd)
+		describeSplit(ri, bounds) // split_describe.go
 		resp.Ranges = append(resp.Ranges, ri)
 	}
+	resp.RangeMapVersion = m.Version
 	return resp, nil
 }
 

@@ -37,6 +37,7 @@ func TestCallClasses(t *testing.T) {
 		"/geolog.v1.Admin/ListAcls":                  callPublic,
 		"/geolog.v1.Admin/ListNodes":                 callPublic,
 		"/geolog.v1.Admin/SetNodeState":              callPublic,
+		"/geolog.v1.Admin/SplitRange":                callPublic,
 		"/geolog.v1.Consumer/CommitCursors":          callPublic,
 		"/geolog.v1.Consumer/GetCursors":             callPublic,
 		"/geolog.v1.Consumer/JoinGroup":              callPublic,

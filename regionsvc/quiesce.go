@@ -78,8 +78,11 @@ func (n *Node) livenessChanged() <-chan struct{} {
 // is quiesced (a nil channel never receives: the driver's select ignores
 // the tick). It publishes the state for tests and metrics.
 func (d *rangeDriver) tickIfAwake() <-chan struct{} {
+	if d.dormant != nil {
+		return nil // not admitted yet (openpace.go): no tick, no campaign
+	}
 	q := d.rep.Quiesced()
-	d.quiesced.Store(q)
+	d.noteQuiesced(q) // openpace.go
 	if q {
 		return nil
 	}
@@ -100,7 +103,7 @@ func (d *rangeDriver) maybeQuiesce() bool {
 		return false
 	}
 	if d.balance.every > 0 && !d.rep.SoleVoter() &&
-		preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, d.rep.Status(), d.peerDown) != 0 {
+		preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, d.balance.pref.Load(), d.rep.Status(), d.peerDown) != 0 {
 		return false
 	}
 	return d.rep.Quiesce(func(id uint64) bool { return !d.peerDown(id) })

@@ -180,6 +180,9 @@ type rangeDriver struct {
 	// quiesced is published by the driver goroutine: its replica is
 	// quiesced and it ignores the node's tick (quiesce.go).
 	quiesced atomic.Bool
+	// dormant, while not nil, is the channel closed when the node's pace
+	// admits this new group (openpace.go; driver goroutine).
+	dormant <-chan struct{}
 	// campaignInTicks counts down to a campaign after the leader's node was
 	// found down (see watchLeader); 0 when none is planned.
 	campaignInTicks int

@@ -63,6 +63,9 @@ type RebalanceConfig struct {
 	TransferBytesPerSecond int64
 	// MoveTimeout bounds one move; default 10 min.
 	MoveTimeout time.Duration
+	// LeaderTransfersMax bounds the leader transfers under way at once
+	// (leaders.go); default 4, negative: no leader balancing.
+	LeaderTransfersMax int
 }
 
 func (c *RebalanceConfig) setDefaults() {
@@ -74,6 +77,9 @@ func (c *RebalanceConfig) setDefaults() {
 	}
 	if c.MoveTimeout <= 0 {
 		c.MoveTimeout = 10 * time.Minute
+	}
+	if c.LeaderTransfersMax == 0 {
+		c.LeaderTransfersMax = 4
 	}
 }
 
@@ -106,6 +112,18 @@ type rebalancer struct {
 	// peakMoves is the most moves and cleanups ever under way at once;
 	// movesDone and movesFailed count the moves ended.
 	peakMoves, movesDone, movesFailed atomic.Int64
+	// pending is the leader transfers under way (loop goroutine,
+	// leaders.go); leaderTransfers counts those recorded, peakTransfers
+	// the most ever under way at once.
+	pending                        map[placement.RangeID]pendingTransfer
+	leaderTransfers, peakTransfers atomic.Int64
+	// cache is each range's last described configuration, changed the
+	// ranges whose move ended since (loop goroutine,
+	// rebalance_snapshot.go); remoteDescribes counts the ranges asked of
+	// another node, snapshots the snapshots taken.
+	cache                      map[placement.RangeID]rangeConf
+	changed                    map[placement.RangeID]bool
+	remoteDescribes, snapshots atomic.Int64
 }
 
 // moveEnd is the end of a move or cleanup of range id, started in
@@ -127,6 +145,8 @@ type rebalanceStatus struct {
 	// past DeadNodeAfter.
 	unreachable map[uint64]time.Duration
 	dead        map[uint64]bool
+	// transfers is the leader transfers under way (leaders.go).
+	transfers int
 }
 
 // newRebalancer sets up the node's rebalancer (if Config.Rebalance has an
@@ -139,8 +159,9 @@ func (n *Node) newRebalancer() error {
 	}
 	cfg.setDefaults()
 	rb := &rebalancer{n: n, cfg: cfg, logger: n.cfg.Logger.Named("rebalance"),
-		loop:  placement.NewLoop(placement.LoopConfig{MovesMax: cfg.MovesMax, DeadAfter: cfg.DeadNodeAfter}),
-		ended: make(chan moveEnd, cfg.MovesMax)}
+		loop:    placement.NewLoop(placement.LoopConfig{MovesMax: cfg.MovesMax, DeadAfter: cfg.DeadNodeAfter}),
+		ended:   make(chan moveEnd, cfg.MovesMax),
+		pending: map[placement.RangeID]pendingTransfer{}, changed: map[placement.RangeID]bool{}}
 	if err := rb.registerMetrics(n.cfg.MeterProvider); err != nil {
 		return err
 	}
@@ -163,6 +184,7 @@ func (rb *rebalancer) run(ctx context.Context) {
 				// an interval (a drain of many ranges goes at the pace
 				// of its moves, not of the rounds).
 				rb.loop.Done(e.id)
+				rb.changed[e.id] = true
 				rb.round(ctx)
 			}
 		case <-t.C:
@@ -187,7 +209,7 @@ func (rb *rebalancer) round(ctx context.Context) {
 		rb.logger.Info("leading the catalogue: rebalancing the region")
 	}
 	snapCtx, cancel := context.WithTimeout(ctx, rb.cfg.Interval+5*time.Second)
-	reg, err := rb.n.currentRegion(snapCtx)
+	reg, err := rb.snapshot(snapCtx, now) // rebalance_snapshot.go
 	cancel()
 	if err != nil {
 		rb.logger.Debug("snapshot incomplete: no moves this round", "error", err)
@@ -200,6 +222,7 @@ func (rb *rebalancer) round(ctx context.Context) {
 	for _, c := range cleanups {
 		rb.startCleanup(c)
 	}
+	rb.balanceLeaders(ctx, now, reg) // leaders.go
 	rb.peakMoves.Store(max(rb.peakMoves.Load(), int64(rb.loop.Busy())))
 	rb.mu.Lock()
 	rb.status.snapshot, rb.status.haveSnap = rb.loop.Overlay(now, reg), true
@@ -239,8 +262,11 @@ func (rb *rebalancer) stopLeading() {
 	rb.cancelMoves()
 	rb.cancelMoves, rb.leaderCtx = nil, nil
 	rb.loop.Reset()
+	clear(rb.pending)
+	rb.cache = nil
+	clear(rb.changed)
 	rb.mu.Lock()
-	rb.status.leading, rb.status.moves, rb.status.haveSnap = false, nil, false
+	rb.status.leading, rb.status.moves, rb.status.haveSnap, rb.status.transfers = false, nil, false, 0
 	rb.mu.Unlock()
 }
 

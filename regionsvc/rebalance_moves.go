@@ -73,28 +73,40 @@ func (rb *rebalancer) startCleanup(c placement.Cleanup) {
 // every range's current voters, learners and leader, asked of its leader,
 // with the size this node's replica holds where it is a voter. Any range
 // that does not answer fails the snapshot (a plan from a partial view
-// would take its replicas as missing).
+// would take its replicas as missing). The rebalancer's rounds use the
+// cheaper incremental snapshot (rebalance_snapshot.go); a decommission's
+// check uses this one.
 func (n *Node) currentRegion(ctx context.Context) (placement.Region, error) {
 	reg := n.placementRegion()
 	for i := range reg.Ranges {
 		r := &reg.Ranges[i]
-		rr := &rangeRouter{n: n, stream: r.ID.Stream, r: r.ID.Range}
-		d, err := rr.Describe(ctx)
+		c, err := n.describeRange(ctx, r.ID)
 		if err != nil {
-			return placement.Region{}, fmt.Errorf("range %s: %w", r.ID, err)
+			return placement.Region{}, err
 		}
-		r.Replicas, r.Learners = nil, nil
-		for _, rs := range d.GetReplicas() {
-			if rs.GetRole() == "voter" {
-				r.Replicas = append(r.Replicas, rs.GetNodeId())
-			} else {
-				r.Learners = append(r.Learners, rs.GetNodeId())
-			}
-		}
-		r.Leader = d.GetLeaderId()
+		r.Replicas, r.Learners, r.Leader = c.voters, c.learners, c.leader
 		r.SizeBytes = n.localRangeBytes(r.ID, r.Replicas)
 	}
 	return reg, nil
+}
+
+// describeRange asks range id's leader for its voters, learners and
+// leader.
+func (n *Node) describeRange(ctx context.Context, id placement.RangeID) (rangeConf, error) {
+	rr := &rangeRouter{n: n, stream: id.Stream, r: id.Range}
+	d, err := rr.Describe(ctx)
+	if err != nil {
+		return rangeConf{}, fmt.Errorf("range %s: %w", id, err)
+	}
+	c := rangeConf{leader: d.GetLeaderId(), local: rr.leader == n.cfg.NodeID}
+	for _, rs := range d.GetReplicas() {
+		if rs.GetRole() == "voter" {
+			c.voters = append(c.voters, rs.GetNodeId())
+		} else {
+			c.learners = append(c.learners, rs.GetNodeId())
+		}
+	}
+	return c, nil
 }
 
 // localRangeBytes is the size of this node's copy of range id if this node

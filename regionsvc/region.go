@@ -1,6 +1,7 @@
 package regionsvc
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -43,6 +44,10 @@ type metaRecord struct {
 	// Node is a "node-join" or "node-state" record's change of the
 	// region's node list (members.go).
 	Node *nodeChange `json:"node,omitempty"`
+	// Leaders is a "range-leaders" record's preferred leaders (leaders.go).
+	Leaders []preferredRangeLeader `json:"leaders,omitempty"`
+	// Reserve is a "split-reserve" record's split (split_reserve.go).
+	Reserve *batch.Split `json:"reserve,omitempty"`
 }
 
 // region holds a node's replication machinery.
@@ -65,6 +70,9 @@ type region struct {
 	// (quiesce.go).
 	liveness livenessWatch
 	stopCh   chan struct{}
+	// pace bounds the groups awake as new streams' ranges start
+	// (openpace.go).
+	pace openPace
 }
 
 func (n *Node) replicated() bool { return n.region != nil }
@@ -105,6 +113,7 @@ func (n *Node) openRegion() error {
 		}
 	}
 	rg.transport = tr
+	rg.pace.max = int64(cmp.Or(n.cfg.openAwakeMax, openAwakeMaxDefault))
 	n.region = rg
 	go n.ticker()
 	go n.maintenanceSweep()
@@ -116,7 +125,7 @@ func (n *Node) openRegion() error {
 		return err
 	}
 	for _, spec := range specs {
-		n.addReplicatedStream(spec)
+		n.addReplicatedStream(spec, false) // not paced: see openpace.go
 	}
 	rg.meta = openRangeDriver(n.rangeConfig(metaStreamName, 0, segment.Config{Dir: metaDir(n.cfg.DataDir)}, &replicationConfig{
 		groupID:  metaGroupID,
@@ -143,6 +152,7 @@ func (n *Node) ticker() {
 		select {
 		case <-t.C:
 			n.watchLiveness()
+			n.region.pace.admit() // openpace.go
 			n.mu.Lock()
 			close(n.region.tickCh)
 			n.region.tickCh = make(chan struct{})
@@ -167,13 +177,15 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	}
 	if rc.groupID == metaGroupID {
 		rc.peers = n.region.ids
+	} else {
+		rc.pace = &n.region.pace // openpace.go
 	}
 	// The voter that campaigns when a group is created: spread over the
 	// voters by group id, so that a new stream's range leaders (who do most
 	// of the work: client appends, one append message per follower) start
 	// spread over the region's nodes instead of all on the lowest id.
 	rc.firstCampaigner = preferredLeader(rc.groupID, rc.peers)
-	rc.transport = n.region.transport
+	rc.transport = n.learnerTransport(rc.groupID) // rebalance_throttle.go
 	rc.tick = n.tick
 	rc.liveness = n.livenessChanged
 	rc.addrOf = func(id uint64) string { return n.clientAddr(n.cfg.Region, id) }
@@ -234,8 +246,16 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 		n.applyNodeRecord(at, rec) // members.go
 		return
 	}
+	if err == nil && rec.Op == opRangeLeaders {
+		n.applyRangeLeaders(at, rec) // leaders.go
+		return
+	}
 	if err == nil && rec.Op == opSplit {
 		n.applySplit(at, rec.Spec) // split_apply.go
+		return
+	}
+	if err == nil && rec.Op == opSplitReserve {
+		n.applySplitReserve(at, rec) // split_reserve.go
 		return
 	}
 	if err != nil || (rec.Op != "create" && rec.Op != "delete" && rec.Op != "alter" && rec.Op != "acl") {
@@ -262,7 +282,7 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	}
 	spec := rec.Spec
 	spec.MetaOffset = at
-	n.addReplicatedStream(spec)
+	n.addReplicatedStream(spec, true)
 	n.forgetDeleted(spec.Name)
 	// Remember what was applied, so that after a restart this node hosts
 	// the stream's replicas at once instead of waiting for the catalogue
@@ -280,9 +300,10 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount, "catalogue_offset", at)
 }
 
-// addReplicatedStream opens a stream the catalogue committed.
-func (n *Node) addReplicatedStream(spec streamSpec) {
-	st := n.openStreamAt(spec, spec.MetaOffset)
+// addReplicatedStream opens a stream the catalogue committed; paced, its
+// ranges open as few of the node's groups are awake (openpace.go).
+func (n *Node) addReplicatedStream(spec streamSpec, paced bool) {
+	st := n.openStreamAt(spec, spec.MetaOffset, paced)
 	n.mu.Lock()
 	n.streams[spec.Name] = st
 	n.region.metaOffsets[spec.Name] = spec.MetaOffset

@@ -14,6 +14,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/raftnet"
+	"github.com/geolog/geolog/rangecore"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
@@ -47,6 +48,10 @@ type replicationConfig struct {
 	// snapshotBody, if set, wraps the body of each snapshot sent (the
 	// transfer bandwidth bound, rebalance_throttle.go).
 	snapshotBody func(io.ReadCloser) io.ReadCloser
+	// pace counts the node's awake groups (openpace.go); nil for the
+	// catalogue. paced: a new group waits for pace to admit it.
+	pace  *openPace
+	paced bool
 }
 
 // raftInMax bounds the message batches queued for one replica; past it,
@@ -127,6 +132,7 @@ func (d *rangeDriver) deliverRaft(msgs []*raftpb.Message) bool {
 // the replica and follows replica's driver contract (doc.go there).
 func (d *rangeDriver) runReplicated() {
 	defer close(d.doneCh)
+	defer d.uncountAwake(d.admission()) // openpace.go
 	defer func() {
 		if err := d.store.Close(); err != nil {
 			d.logger.Error("close store", "error", err)
@@ -143,16 +149,17 @@ func (d *rangeDriver) runReplicated() {
 		<-writerDone
 		<-markDone
 	}
-	d.startElection(d.firstCampaigner()) // startup.go
-	d.campaignIfSole()
+	d.startGroup() // openpace.go, startup.go
 	// Taken before any check of a peer's liveness, so that no change
 	// after the check goes unseen (quiesce.go).
 	liveness := d.cfg.repl.liveness()
 	held := newHeldCommitTimer()
 	defer held.t.Stop()
 	for {
-		tick := d.tickIfAwake() // nil while quiesced
+		tick := d.tickIfAwake() // nil while quiesced or dormant
 		select {
+		case <-d.dormant:
+			d.admitted() // openpace.go
 		case op := <-d.inbox:
 			d.propose(op)
 		case msgs := <-d.raftIn:
@@ -184,7 +191,7 @@ func (d *rangeDriver) runReplicated() {
 		case fn := <-d.execCh:
 			fn()
 		case <-held.t.C:
-			held.armed = false
+			held.core.Fired()
 			d.rep.SendHeldCommits()
 		case <-d.maintainCh:
 			// The node's sweep (maintenance.go): retention runs as
@@ -205,12 +212,11 @@ func (d *rangeDriver) runReplicated() {
 }
 
 // heldCommitTimer wakes the driver when the commit-only appends its
-// replica holds are due (replica.Config.HoldCommits: while appends come
-// continuously, the next append carries the commit index to the followers
-// instead of an append of its own).
+// replica holds are due (replica.Config.HoldCommits; the decisions are
+// rangecore.HeldCommitTimer's).
 type heldCommitTimer struct {
-	t     *time.Timer
-	armed bool
+	t    *time.Timer
+	core rangecore.HeldCommitTimer
 }
 
 func newHeldCommitTimer() *heldCommitTimer {
@@ -219,19 +225,13 @@ func newHeldCommitTimer() *heldCommitTimer {
 	return &heldCommitTimer{t: t}
 }
 
-// arm sets the timer for the replica's held commits, unless it is set
-// (firing early only sends them early), and stops it once none are held
-// (the next append replaced them): a range written continuously does not
-// wake every few milliseconds for nothing.
+// arm sets or stops the timer for the replica's held commits.
 func (h *heldCommitTimer) arm(rep *replica.Replica) {
-	wait, ok := rep.HeldCommitsWait()
-	switch {
-	case ok && !h.armed:
+	switch a, wait := h.core.Arm(rep.HeldCommitsWait()); a {
+	case rangecore.TimerReset:
 		h.t.Reset(wait)
-		h.armed = true
-	case !ok && h.armed:
+	case rangecore.TimerStop:
 		h.t.Stop()
-		h.armed = false
 	}
 }
 

@@ -91,13 +91,13 @@ func splitDecision(stream string, m keyspace.RangeMap, r uint32, at uint64) (bat
 }
 
 // splitRange splits range r of stream at hash boundary at (0: the
-// midpoint). This node must lead the range in its home region; it
-// returns once the marker is committed and the catalogue's split record
-// applied here, with the split offset. A RANGE_SPLIT answer means the
-// range had split (or a split was under way) already. An error with a
-// result whose offset is set means the marker committed and the
-// catalogue record did not (not built: its proposal from a node that
-// does not lead the catalogue).
+// midpoint) from any node of the range's home region (split_admin.go has
+// the steps): on the catalogue leader, or forwarded to it. It returns once
+// the split is recorded in the catalogue and applied here, with the split
+// offset. RANGE_SPLIT: the range had split already; SPLIT_IN_PROGRESS:
+// another split of the stream holds its reservation. An error after the
+// marker committed leaves the reservation standing: the same split asked
+// for again finishes it.
 func (n *Node) splitRange(ctx context.Context, stream string, r uint32, at uint64) (splitResult, error) {
 	if isInternalStream(stream) || stream == metaStreamName {
 		return splitResult{}, apierr.New(apierr.InvalidArgument, "stream %q is the node's own: its ranges do not split", stream)
@@ -109,24 +109,28 @@ func (n *Node) splitRange(ctx context.Context, stream string, r uint32, at uint6
 	if r >= uint32(len(st.ranges)) {
 		return splitResult{}, apierr.New(apierr.RangeNotFound, "stream %q has %d ranges; range %d does not exist", stream, len(st.ranges), r)
 	}
-	d := st.ranges[r]
-	if !d.isHome() {
+	if d := st.ranges[r]; !d.isHome() {
 		return splitResult{}, n.notHome(d)
 	}
+	if !n.leadsCatalogue() {
+		if isForwarded(ctx) {
+			return splitResult{}, apierr.New(apierr.NotLeader, "this node no longer leads the region's catalogue")
+		}
+		return n.forwardSplit(ctx, stream, r, at)
+	}
 	if !n.splits.enter(stream) {
-		return splitResult{}, apierr.New(apierr.Unavailable, "stream %q: another split of it is under way on this node", stream)
+		return splitResult{}, apierr.New(apierr.SplitInProgress, "stream %q: another split of it is under way on this node", stream)
 	}
 	defer n.splits.leave(stream)
-	dec, err := splitDecision(stream, st.spec.rangeMap(), r, at)
+	dec, err := n.reserveSplit(ctx, st.spec, r, at) // split_reserve.go
 	if err != nil {
 		return splitResult{}, err
 	}
-	epoch, err := n.admit(d)
+	res, err := n.splitMarker(ctx, stream, dec) // split_admin.go
 	if err != nil {
-		return splitResult{}, err
+		return res, err
 	}
-	res, err := d.proposeSplit(ctx, epoch, dec)
-	if err != nil {
+	if err := n.splitHomes(ctx, stream, res); err != nil {
 		return res, err
 	}
 	if err := n.catalogueSplit(ctx, stream, r, res); err != nil { // split_apply.go

@@ -124,13 +124,16 @@ func (tr *testRegion) catalogueLeader(ctx context.Context) uint64 {
 	return lead
 }
 
-// split splits range r of stream on its leader, retrying while leaders
-// move. The range's leader is moved to the catalogue's first: only the
-// catalogue's leader proposes the split's record (not built: forwarding).
+// split splits range r of stream, asking each node in turn (the one that
+// does not lead the catalogue forwards the split to it, and the catalogue
+// leader asks the range's leader for the marker), retrying while leaders
+// move.
 func (tr *testRegion) split(ctx context.Context, stream string, r uint32, at uint64) (splitResult, error) {
-	tr.moveLeader(ctx, stream, r, tr.catalogueLeader(ctx))
-	for {
-		id := tr.leaderOf(ctx, stream, r)
+	for attempt := 0; ; attempt++ {
+		id := uint64(attempt%len(tr.peers)) + 1
+		if tr.nodes[id] == nil {
+			continue
+		}
 		res, err := tr.nodes[id].splitRange(ctx, stream, r, at)
 		if err == nil || !rpcerr.IsRetriable(err) || rpcerr.CodeOf(err) == apierr.RangeSplit || ctx.Err() != nil {
 			return res, err

@@ -52,7 +52,7 @@ func (d *rangeDriver) startElection(first uint64) {
 	}
 	preferred := first
 	if !d.rep.IsNewGroup() {
-		preferred = preferredLeader(d.cfg.repl.groupID, d.rep.Status().Config.Voters[0].Slice())
+		preferred = preferredAmong(d.cfg.repl.groupID, d.balance.pref.Load(), d.rep.Status().Config.Voters[0].Slice())
 	}
 	if preferred == d.cfg.repl.nodeID {
 		d.preferredAtStart = true

@@ -2,12 +2,12 @@ package regionsvc
 
 import (
 	"context"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/rangecore"
 )
 
 // Timeline fences (DESIGN.md invariant 8 and "Divergent tails"). After an
@@ -52,7 +52,7 @@ import (
 // fork), a history read, a heartbeat.
 
 // noFence is the fence offset when nothing is fenced.
-const noFence = math.MaxUint64
+const noFence = rangecore.NoFence
 
 // timelineFence is a fence in force: local reads are served below offset.
 type timelineFence struct {
@@ -71,12 +71,10 @@ func (f *timelineFence) known() bool { return f != nil && f.epoch != 0 }
 // timeline is a range driver's fence state.
 type timeline struct {
 	mu sync.Mutex
-	// starts maps homing epochs to their start offsets, as the lease store
-	// told them (directory records, history).
-	starts map[uint64]uint64
-	// historyWanted: an epoch history read is needed (and asked for).
-	historyWanted bool
-	fence         atomic.Pointer[timelineFence]
+	// core knows the epochs' starts, as the lease store told them
+	// (directory records, history), and places the fence (d.tl.mu).
+	core  rangecore.Timeline
+	fence atomic.Pointer[timelineFence]
 	// logEpoch is the log's highest epoch at the last computation.
 	logEpoch atomic.Uint64
 	// wanted is what was last asked of the node, and when (d.tl.mu).
@@ -105,14 +103,12 @@ func (d *rangeDriver) fenceNow() *timelineFence { return d.tl.fence.Load() }
 // learnEpochStarts records epoch start offsets the lease store gave.
 func (d *rangeDriver) learnEpochStarts(starts map[uint64]uint64, history bool) {
 	d.tl.mu.Lock()
-	if d.tl.starts == nil {
-		d.tl.starts = map[uint64]uint64{}
-	}
-	for e, s := range starts {
-		d.tl.learnStart(e, s)
-	}
 	if history {
-		d.tl.historyWanted = false
+		d.tl.core.LearnHistory(starts)
+	} else {
+		for e, s := range starts {
+			d.tl.core.LearnStart(e, s)
+		}
 	}
 	d.tl.mu.Unlock()
 	d.updateFence()
@@ -165,58 +161,20 @@ func (d *rangeDriver) updateFenceFor(newRole *rangeRole) {
 
 // What computeFence lacks to place the fence.
 const (
-	wantNothing = iota
-	wantHome    // the range's current home record
-	wantHistory // the range's epoch history
+	wantNothing = int(rangecore.WantNothing)
+	wantHome    = int(rangecore.WantHome)    // the range's current home record
+	wantHistory = int(rangecore.WantHistory) // the range's epoch history
 )
 
-// computeFence places the fence (nil: none) for role and the log's epoch;
-// d.tl.mu held.
+// computeFence places the fence (nil: none) for role and the log's epoch
+// (rangecore.Timeline.Fence); d.tl.mu held.
 func (d *rangeDriver) computeFence(role rangeRole, logEpoch uint64) (*timelineFence, int) {
-	if role.home {
-		return nil, wantNothing // the home's log is the range's
+	f, want := d.tl.core.Fence(rangecore.Role{Home: role.home, Region: role.region, Epoch: role.epoch, Start: role.start},
+		logEpoch, d.highestEpoch.Load())
+	if f == nil {
+		return nil, int(want)
 	}
-	if role.region == "" {
-		// Homing on, no home known: the copy may be anything.
-		return &timelineFence{offset: 0, logEpoch: logEpoch}, wantHome
-	}
-	if role.epoch != 0 {
-		if d.tl.starts == nil {
-			d.tl.starts = map[uint64]uint64{}
-		}
-		d.tl.learnStart(role.epoch, role.start)
-	}
-	want := wantNothing
-	if heard := d.highestEpoch.Load(); heard > max(role.epoch, logEpoch) {
-		want = wantHome // a heartbeat's epoch: ask the store where it starts
-	}
-	newest := max(role.epoch, logEpoch)
-	for e := logEpoch + 1; e <= newest; e++ {
-		if _, ok := d.tl.starts[e]; !ok {
-			// Epochs between the log's and the home's are unknown: fence
-			// everything until the history is read.
-			d.tl.historyWanted = true
-			return &timelineFence{offset: 0, logEpoch: logEpoch}, wantHistory
-		}
-	}
-	var f *timelineFence
-	for e, s := range d.tl.starts {
-		if e > logEpoch && e <= newest && (f == nil || s < f.offset) {
-			f = &timelineFence{offset: s, epoch: e, logEpoch: logEpoch}
-		}
-	}
-	return f, want
-}
-
-// learnStart records that epoch starts at start (d.tl.mu held, starts
-// made). A recorded start only moves up (a new home raises it to where
-// its log really left the old epoch: epochstart.go), so the highest one
-// heard is the newest: a fence moves up with it, and a stale read (a
-// history read before the raise) does not move it back.
-func (tl *timeline) learnStart(epoch, start uint64) {
-	if s, ok := tl.starts[epoch]; !ok || start > s {
-		tl.starts[epoch] = start
-	}
+	return &timelineFence{offset: f.Offset, epoch: f.Epoch, logEpoch: f.LogEpoch}, int(want)
 }
 
 // noteLogEpoch recomputes the fence if the log's epoch moved (a fork, or

@@ -42,7 +42,11 @@ import (
 // is proposed or unapplied here, which will orphan frames it would
 // delete). For the driver goroutine.
 func (r *Replica) Compact() (deletedSegments int, err error) {
-	if r.failure.Load() != nil || r.rn.HasReady() || r.forkPending() {
+	if r.failure.Load() != nil {
+		return 0, nil
+	}
+	r.shareFloor()
+	if r.rn.HasReady() || r.forkPending() {
 		return 0, nil
 	}
 	cands, err := r.cfg.Log.RetentionCandidates()
@@ -50,11 +54,12 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 		return 0, err
 	}
 	k := r.compactable(cands)
-	if r.floorSet {
+	if floor, ok := r.compactionFloor(); ok {
 		// Offsets at or past the floor are still wanted (by the
 		// cross-region replicator): keep every segment that holds any. A
-		// hard bound, unlike the followers' hold-back above.
-		for k > 0 && cands[k-1].NextOffset > r.floorOffset {
+		// hard bound, unlike the followers' hold-back above. A follower
+		// holds to its leader's floor (floor.go).
+		for k > 0 && cands[k-1].NextOffset > floor {
 			k--
 		}
 	}
@@ -119,6 +124,7 @@ func (r *Replica) moveCompactionPoint(last segment.SegmentInfo) error {
 	// The deleted frames' epoch stays known (HighestEpoch) when retention
 	// deletes the whole log.
 	r.state.CompactedEpoch = max(r.state.CompactedEpoch, epoch)
+	r.keepSharedFloor()
 	r.state.SnapshotIndex, r.state.SnapshotTerm = last.LastIndex, last.LastTerm
 	r.state.SnapshotNextOffset, r.state.SnapshotAppendUnixNanos = last.NextOffset, last.MaxAppendTimeUnixNanos
 	if r.state.Raft.GetCommit() < last.LastIndex {
@@ -354,7 +360,9 @@ func (r *Replica) Stats() Stats {
 // or past offset (set: false removes the floor). The home range's leader
 // sets it to the lowest offset its mirrors in other regions have applied,
 // so that retention never deletes what the replicator has yet to ship: a
-// mirror must stay a gapless prefix. For the driver goroutine.
+// mirror must stay a gapless prefix. A leader shares its floor with its
+// followers, which keep their logs from it too (floor.go). For the driver
+// goroutine.
 func (r *Replica) SetCompactionFloor(offset uint64, set bool) {
 	r.floorOffset, r.floorSet = offset, set
 }

@@ -139,8 +139,78 @@ func TestStateWithoutCompactedEpochLoads(t *testing.T) {
 	if h2, err := decodeState(b); err != nil || h2.CompactedEpoch != 5 {
 		t.Fatalf("round trip: compacted epoch %d, %v", h2.CompactedEpoch, err)
 	}
+	h.Installing = &SnapshotMeta{Index: 12, Term: 2, NextOffset: 50, CompactedEpoch: 4}
+	b, err = encodeState(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2, err := decodeState(b); err != nil || h2.Installing == nil || h2.Installing.CompactedEpoch != 4 {
+		t.Fatalf("round trip of an install: %+v, %v", h2.Installing, err)
+	}
+	h.Installing = nil
+	h.SharedFloor = 31
+	if b, err = encodeState(h); err != nil {
+		t.Fatal(err)
+	}
+	if h2, err := decodeState(b); err != nil || h2.SharedFloor != 31 {
+		t.Fatalf("round trip: shared floor %d, %v", h2.SharedFloor, err)
+	}
+	h.SharedFloor = 0
 	h.CompactedEpoch = 0
 	if b, _ := encodeState(h); bytes.Contains(b, []byte("compacted_epoch")) {
 		t.Fatalf("a zero compacted epoch is written: %s", b[4:])
+	}
+}
+
+// TestSnapshotCarriesCompactedEpoch: retention deletes the leader's whole
+// log of epoch-3 batches while a follower is cut off; the follower catches
+// up by a snapshot whose body holds no frame. It knows the epoch its log
+// ends in all the same (snapshotDesc.CompactedEpoch, into its hard state),
+// after a restart too, as a mirror must to answer a new home's open with
+// it (notes/simgaps.md P2): without it, highest epoch 0.
+func TestSnapshotCarriesCompactedEpoch(t *testing.T) {
+	base := time.Unix(1_800_000_000, 0)
+	c := newClusterOpts(t, 3, 3, func(c *cluster) {
+		c.storeCfg = func(_ uint64, cfg *segment.Config) {
+			cfg.SegmentBytesMax = segment.SegmentBytesMaxMin
+			cfg.RetentionAge = time.Minute
+		}
+	})
+	for _, id := range c.ids {
+		c.clock[id] = base
+	}
+	c.elect(1)
+	c.cut[3] = true
+	var res []Result
+	for i := uint64(0); i < 20; i++ {
+		o := op(7, 2*i, 2, fmt.Sprintf("e3-%d", i), &res)
+		o.Epoch = 3
+		c.replicas[1].Propose(o)
+		c.settle()
+	}
+	c.tick(20) // node 3 no longer counts as active: nothing held back for it
+	committed := c.replicas[1].Committed()
+	for _, id := range []uint64{1, 2} {
+		c.clock[id] = base.Add(time.Hour)
+		if c.compact(id) == 0 || c.logs[id].StartOffset() != committed {
+			t.Fatalf("node %d: log starts at %d, want compacted whole to %d", id, c.logs[id].StartOffset(), committed)
+		}
+	}
+	if e := c.replicas[3].HighestEpoch(); e != 0 {
+		t.Fatalf("node 3 saw epoch %d while cut off", e)
+	}
+	delete(c.cut, 3)
+	c.tick(5)
+	if got := c.replicas[3].Stats().SnapshotsInstalled; got != 1 || c.logs[3].StartOffset() != committed || c.replicas[3].Committed() != committed {
+		t.Fatalf("node 3: %d snapshots installed, log starts at %d, committed %d; want 1, empty at %d",
+			got, c.logs[3].StartOffset(), c.replicas[3].Committed(), committed)
+	}
+	if e := c.replicas[3].HighestEpoch(); e != 3 {
+		t.Fatalf("node 3 installed an empty snapshot of an epoch-3 log: highest epoch %d, want 3", e)
+	}
+	c.stop(3)
+	c.start(3)
+	if e := c.replicas[3].HighestEpoch(); e != 3 {
+		t.Fatalf("node 3 restarted: highest epoch %d, want 3", e)
 	}
 }

@@ -27,6 +27,13 @@ func (r *Replica) SoleVoter() bool {
 	return len(c.GetVoters()) == 1 && c.GetVoters()[0] == r.cfg.NodeID && len(c.GetVotersOutgoing()) == 0
 }
 
+// HasLearner reports whether node id is a learner in this replica's
+// configuration as last applied (a replica a move is catching up). For
+// the driver goroutine.
+func (r *Replica) HasLearner(id uint64) bool {
+	return slices.Contains(r.state.Conf.GetLearners(), id)
+}
+
 // IsVoter reports whether this replica is a voter in its configuration as
 // last applied (learners cannot campaign).
 func (r *Replica) IsVoter() bool {

@@ -15,6 +15,8 @@ func FuzzSnapshotDesc(f *testing.F) {
 	f.Add(snapshotDesc{FirstIndex: 5, FirstOffset: 10, NextOffset: 20, Frames: 3, AppendUnixNanos: -1, ProducersBytes: 40, ProducersIndex: 4}.encode())
 	f.Add(snapshotDesc{}.encode())
 	f.Add(snapshotDesc{FirstIndex: 5, FirstOffset: 10, NextOffset: 20, Frames: 2, ProducersIndex: 4, OrphansBytes: 700}.encode())
+	f.Add(snapshotDesc{FirstIndex: 5, FirstOffset: 10, NextOffset: 10, ProducersIndex: 4, CompactedEpoch: 3}.encode())
+	f.Add(snapshotDesc{FirstIndex: 5, FirstOffset: 10, NextOffset: 20, Frames: 2, ProducersIndex: 4, OrphansBytes: 700, CompactedEpoch: 9}.encode())
 	f.Add([]byte("GLSN"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		d, err := decodeSnapshotDesc(b)

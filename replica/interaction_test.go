@@ -189,6 +189,24 @@ func (e *interactionEnv) handleFaults(d *datadriven.TestData) string {
 			fmt.Fprintf(&b, "node %d: compacted %d segments (err %v), log starts at index %d offset %d\n",
 				id, n, err, e.nodes[id].st.FirstIndex(), e.nodes[id].st.StartOffset())
 		}
+	case "floor":
+		// floor <id> at=<offset> sets node id's driver floor; floor <id>
+		// off lifts it (SetCompactionFloor). It prints the floor the node
+		// learned from a leader (floor.go).
+		for _, id := range e.idArgs(d) {
+			r := e.upNode(d, id)
+			if d.HasArg("at") {
+				r.SetCompactionFloor(uint64(e.intArg(d, "at", 0)), true)
+			}
+			if d.HasArg("off") {
+				r.SetCompactionFloor(0, false)
+			}
+			if f, ok := r.LearnedCompactionFloor(); ok {
+				fmt.Fprintf(&b, "node %d: learned floor %d\n", id, f)
+			} else {
+				fmt.Fprintf(&b, "node %d: no learned floor\n", id)
+			}
+		}
 	case "status":
 		for _, id := range e.idArgs(d) {
 			fmt.Fprintf(&b, "%s\n", e.status(id))

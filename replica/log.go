@@ -97,6 +97,11 @@ type HardState struct {
 	// restarted mirror would report no log epoch, and a new home would not
 	// resend to it from its epoch change (notes/simgaps.md, P2).
 	CompactedEpoch uint64
+	// SharedFloor is 1 + the compaction floor this replica last learned
+	// from a leader and kept (0: none; floor.go): a restarted follower
+	// holds to it until its leader's next floor message. Never above the
+	// floor learned since (a lower one is saved as it arrives).
+	SharedFloor uint64
 	// Producers is the idempotence state as of SnapshotIndex (the producer
 	// base, see producers.go), encoded; nil when empty.
 	Producers []byte
@@ -117,6 +122,9 @@ type SnapshotMeta struct {
 	AppendUnixNanos int64
 	Conf            *raftpb.ConfState
 	Producers       []byte
+	// CompactedEpoch is the sender's compacted epoch (snapshotDesc), which
+	// the install raises HardState.CompactedEpoch to.
+	CompactedEpoch uint64
 }
 
 // AppliedConfIndex is the index a restarted replica has applied for sure:

@@ -161,6 +161,7 @@ type Replica struct {
 	// floorOffset, when floorSet, bounds compaction (SetCompactionFloor).
 	floorOffset uint64
 	floorSet    bool
+	floorShare  floorShare  // the floor shared with followers (floor.go)
 	duplicates  []*proposal // answered once committed reaches endOffset
 	pendingConf *confProposal
 	fresh       bool // the group was created by this New
@@ -334,6 +335,9 @@ func (r *Replica) replayLog(headers []batch.Header) error {
 	}
 	r.dedup = r.base.table(r.cfg.ProducersMax)
 	r.raiseEpoch(r.state.CompactedEpoch) // the epoch of what retention deleted
+	if f := r.state.SharedFloor; f != 0 {
+		r.floorShare.learned, r.floorShare.learnedSet = f-1, true // floor.go
+	}
 	for _, h := range headers {
 		if h.Type == batch.TypeData {
 			r.raiseEpoch(h.Epoch) // every frame held, compacted-over ones too
@@ -435,6 +439,10 @@ func (r *Replica) Step(m *raftpb.Message) error {
 	}
 	if r.failure.Load() != nil {
 		r.stepStopped(m) // liveness.go
+		return nil
+	}
+	if offset, ok := floorMessage(m); ok {
+		r.learnFloor(m, offset) // never Raft's (floor.go)
 		return nil
 	}
 	r.noteHeard(m)
@@ -857,6 +865,9 @@ func (r *Replica) noteRole(ss *raft.SoftState) raft.BasicStatus {
 			r.logger.Info("became leader", "term", r.rn.BasicStatus().GetTerm(), "next_offset", r.proposeNext)
 		}
 		r.leadershipChanged(wasLeader)
+		if wasLeader && !r.isLeader {
+			r.stepDownFloor() // floor.go
+		}
 		if !r.isLeader {
 			r.held = heldCommits{} // a follower learns the commit from its new leader
 		}

@@ -50,12 +50,16 @@ var (
 
 const (
 	// snapshotFormatVersion is the version of snapshotDesc and of the body
-	// without orphans; snapshotFormatOrphans adds them (OrphansBytes).
+	// without orphans; snapshotFormatOrphans adds them (OrphansBytes);
+	// snapshotFormatEpoch adds the compacted epoch (CompactedEpoch), with
+	// or without orphans.
 	snapshotFormatVersion = 1
 	snapshotFormatOrphans = 2
+	snapshotFormatEpoch   = 3
 	snapshotDescMagic     = "GLSN"
 	snapshotDescBytes     = len(snapshotDescMagic) + 1 + 7*8 + 4
 	snapshotDescBytesV2   = snapshotDescBytes + 8
+	snapshotDescBytesV3   = snapshotDescBytesV2 + 8
 	// snapshotReadBytes is how much of the log a body reads at a time.
 	snapshotReadBytes = 1 << 20
 	// snapshotsOutMax bounds the snapshot bodies a leader has open at once;
@@ -86,20 +90,30 @@ type snapshotDesc struct {
 	// update it. FirstIndex <= ProducersIndex+1 <= index+1.
 	ProducersBytes, ProducersIndex uint64
 	// OrphansBytes is the length of the orphan log that follows the
-	// producer base (format version 2; 0, and version 1, without).
+	// producer base (format version 2 or 3; 0, and version 1, without).
 	OrphansBytes uint64
+	// CompactedEpoch is the sender's HardState.CompactedEpoch: the highest
+	// epoch of the data frames below the body (format version 3; 0, and
+	// version 1 or 2, unknown). A receiver whose installed body holds no
+	// data frame of that epoch (retention deleted the leader's whole log)
+	// still knows the epoch its log ends in (notes/sim169.md).
+	CompactedEpoch uint64
 }
 
 // encode: magic, version, the fields little-endian, CRC-32C of the rest.
-// A description without orphans is written in version 1, which receivers
-// from before forks read too.
+// A description without orphans and compacted epoch is written in version
+// 1, which receivers from before forks read too; one with orphans only in
+// version 2, which receivers from before the compacted epoch read too.
 func (d snapshotDesc) encode() []byte {
 	fields := []uint64{d.FirstIndex, d.FirstOffset, d.NextOffset, d.Frames, uint64(d.AppendUnixNanos), d.ProducersBytes, d.ProducersIndex}
 	version := byte(snapshotFormatVersion)
-	if d.OrphansBytes != 0 {
+	switch {
+	case d.CompactedEpoch != 0:
+		fields, version = append(fields, d.OrphansBytes, d.CompactedEpoch), snapshotFormatEpoch
+	case d.OrphansBytes != 0:
 		fields, version = append(fields, d.OrphansBytes), snapshotFormatOrphans
 	}
-	b := make([]byte, 0, snapshotDescBytesV2)
+	b := make([]byte, 0, snapshotDescBytesV3)
 	b = append(b, snapshotDescMagic...)
 	b = append(b, version)
 	for _, v := range fields {
@@ -109,15 +123,19 @@ func (d snapshotDesc) encode() []byte {
 }
 
 func decodeSnapshotDesc(b []byte) (snapshotDesc, error) {
-	if (len(b) != snapshotDescBytes && len(b) != snapshotDescBytesV2) || string(b[:len(snapshotDescMagic)]) != snapshotDescMagic {
+	if (len(b) != snapshotDescBytes && len(b) != snapshotDescBytesV2 && len(b) != snapshotDescBytesV3) ||
+		string(b[:len(snapshotDescMagic)]) != snapshotDescMagic {
 		return snapshotDesc{}, fmt.Errorf("%w: description of %d bytes is not one", ErrSnapshotInvalid, len(b))
 	}
 	if binary.LittleEndian.Uint32(b[len(b)-4:]) != crc32.Checksum(b[:len(b)-4], castagnoli) {
 		return snapshotDesc{}, fmt.Errorf("%w: description fails its checksum", ErrSnapshotInvalid)
 	}
 	v, want := b[len(snapshotDescMagic)], byte(snapshotFormatVersion)
-	if len(b) == snapshotDescBytesV2 {
+	switch len(b) {
+	case snapshotDescBytesV2:
 		want = snapshotFormatOrphans
+	case snapshotDescBytesV3:
+		want = snapshotFormatEpoch
 	}
 	if v != want {
 		return snapshotDesc{}, fmt.Errorf("%w: format version %d in %d bytes, want %d", ErrSnapshotInvalid, v, len(b), want)
@@ -125,9 +143,14 @@ func decodeSnapshotDesc(b []byte) (snapshotDesc, error) {
 	f := func(i int) uint64 { return binary.LittleEndian.Uint64(b[len(snapshotDescMagic)+1+8*i:]) }
 	d := snapshotDesc{FirstIndex: f(0), FirstOffset: f(1), NextOffset: f(2), Frames: f(3), AppendUnixNanos: int64(f(4)),
 		ProducersBytes: f(5), ProducersIndex: f(6)}
-	if v == snapshotFormatOrphans {
+	switch v {
+	case snapshotFormatOrphans:
 		if d.OrphansBytes = f(7); d.OrphansBytes == 0 {
 			return snapshotDesc{}, fmt.Errorf("%w: version %d without orphans", ErrSnapshotInvalid, v)
+		}
+	case snapshotFormatEpoch:
+		if d.OrphansBytes, d.CompactedEpoch = f(7), f(8); d.CompactedEpoch == 0 {
+			return snapshotDesc{}, fmt.Errorf("%w: version %d without a compacted epoch", ErrSnapshotInvalid, v)
 		}
 	}
 	return d, nil
@@ -169,7 +192,7 @@ func (r *Replica) snapshot() (*raftpb.Snapshot, error) {
 	}
 	next := r.appliedEnd
 	d := snapshotDesc{FirstIndex: index + 1, FirstOffset: next, NextOffset: next, AppendUnixNanos: r.appliedAppendUnixNanos,
-		ProducersBytes: uint64(len(r.state.Producers)), ProducersIndex: r.state.SnapshotIndex}
+		ProducersBytes: uint64(len(r.state.Producers)), ProducersIndex: r.state.SnapshotIndex, CompactedEpoch: r.state.CompactedEpoch}
 	if first := r.cfg.Log.FirstIndex(); first != 0 && first <= index {
 		h, err := r.frameHeader(first)
 		if err != nil {
@@ -520,7 +543,8 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 	}
 	ok = true
 	return &StagedSnapshot{staging: st, base: base, decision: decision, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
-		AppendUnixNanos: appendTime, Conf: proto.Clone(meta.GetConfState()).(*raftpb.ConfState), Producers: base.encode()}}, nil
+		AppendUnixNanos: appendTime, Conf: proto.Clone(meta.GetConfState()).(*raftpb.ConfState), Producers: base.encode(),
+		CompactedEpoch: d.CompactedEpoch}}, nil
 }
 
 // checkSnapshotMessage checks the snapshot message m's envelope (type,
@@ -740,6 +764,10 @@ func (r *Replica) adoptSnapshot(m SnapshotMeta) {
 	r.state.SnapshotNextOffset, r.state.SnapshotAppendUnixNanos = m.NextOffset, m.AppendUnixNanos
 	r.state.Conf, r.state.ConfIndex = proto.Clone(m.Conf).(*raftpb.ConfState), m.Index
 	r.state.Producers = m.Producers
+	// The leader's log below the body is this log's compacted part now:
+	// its epoch stays known (HighestEpoch) with no frame of it left.
+	r.state.CompactedEpoch = max(r.state.CompactedEpoch, m.CompactedEpoch)
+	r.raiseEpoch(m.CompactedEpoch)
 	if r.state.Raft.GetCommit() < m.Index {
 		hs := proto.Clone(r.state.Raft).(*raftpb.HardState)
 		hs.Commit = proto.Uint64(m.Index)

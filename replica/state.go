@@ -143,6 +143,9 @@ type stateDisk struct {
 	// Added with the compacted epoch (HardState.CompactedEpoch); absent
 	// (zero: unknown) in older files, which load as before.
 	CompactedEpoch uint64 `json:"compacted_epoch,omitempty"`
+	// Added with the shared floor (HardState.SharedFloor); absent (zero:
+	// none) in older files.
+	SharedFloor uint64 `json:"shared_floor,omitempty"`
 }
 
 // forkingDisk is HardState.Forking on disk.
@@ -165,6 +168,8 @@ type installingDisk struct {
 	LearnersNext    []uint64 `json:"learners_next,omitempty"`
 	AutoLeave       bool     `json:"auto_leave,omitempty"`
 	Producers       []byte   `json:"producers,omitempty"`
+	// Added with the compacted epoch; absent (zero) in older files.
+	CompactedEpoch uint64 `json:"compacted_epoch,omitempty"`
 }
 
 // encodeState frames the state as a CRC32C (4 bytes) followed by JSON.
@@ -176,15 +181,15 @@ func encodeState(h HardState) ([]byte, error) {
 		AutoLeave: h.Conf.GetAutoLeave(), ConfIndex: h.ConfIndex,
 		SnapshotIndex: h.SnapshotIndex, SnapshotTerm: h.SnapshotTerm,
 		SnapshotNextOffset: h.SnapshotNextOffset, SnapshotAppendUnixNanos: h.SnapshotAppendUnixNanos,
-		Producers: h.Producers, CompactedEpoch: h.CompactedEpoch,
+		Producers: h.Producers, CompactedEpoch: h.CompactedEpoch, SharedFloor: h.SharedFloor,
 	}
 	if m := h.Forking; m != nil {
 		d.Forking = &forkingDisk{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}
 	}
 	if m := h.Installing; m != nil {
 		d.Installing = &installingDisk{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,
-			Producers: m.Producers,
-			Voters:    m.Conf.GetVoters(), Learners: m.Conf.GetLearners(), VotersOut: m.Conf.GetVotersOutgoing(),
+			Producers: m.Producers, CompactedEpoch: m.CompactedEpoch,
+			Voters: m.Conf.GetVoters(), Learners: m.Conf.GetLearners(), VotersOut: m.Conf.GetVotersOutgoing(),
 			LearnersNext: m.Conf.GetLearnersNext(), AutoLeave: m.Conf.GetAutoLeave()}
 	}
 	body, err := json.Marshal(d)
@@ -209,14 +214,14 @@ func decodeState(b []byte) (HardState, error) {
 			LearnersNext: d.LearnersNext, AutoLeave: proto.Bool(d.AutoLeave)},
 		ConfIndex: d.ConfIndex, SnapshotIndex: d.SnapshotIndex, SnapshotTerm: d.SnapshotTerm,
 		SnapshotNextOffset: d.SnapshotNextOffset, SnapshotAppendUnixNanos: d.SnapshotAppendUnixNanos,
-		Producers: d.Producers, CompactedEpoch: d.CompactedEpoch,
+		Producers: d.Producers, CompactedEpoch: d.CompactedEpoch, SharedFloor: d.SharedFloor,
 	}
 	if m := d.Forking; m != nil {
 		h.Forking = &ForkMeta{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}
 	}
 	if m := d.Installing; m != nil {
 		h.Installing = &SnapshotMeta{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,
-			Producers: m.Producers,
+			Producers: m.Producers, CompactedEpoch: m.CompactedEpoch,
 			Conf: &raftpb.ConfState{Voters: m.Voters, Learners: m.Learners, VotersOutgoing: m.VotersOut,
 				LearnersNext: m.LearnersNext, AutoLeave: proto.Bool(m.AutoLeave)}}
 	}

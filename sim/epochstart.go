@@ -29,65 +29,20 @@ import (
 // Options.mut.noStartGate turns the gate off (the product before it): the
 // takeover's start is final at the grant, as the checks took it before.
 
-// startGates is, per range, the epoch whose start a home leader confirmed,
-// and per (node, range, epoch) the leader term it confirmed it in.
+// startGates is, per range, the epoch whose start a home leader
+// confirmed (gate.go).
 type startGates struct {
 	confirmed []uint64
-	terms     map[startKey]uint64
 	// had holds the (range, epoch)s whose start a home confirmed: the
 	// epochs that may have frames.
 	had map[[2]uint64]bool
 }
 
-type startKey struct {
-	n     *node
-	r     int
-	epoch uint64
-}
-
 func (h *homeWorld) gates() *startGates {
 	if h.starts == nil {
-		h.starts = &startGates{confirmed: make([]uint64, h.w.opt.Ranges), terms: map[startKey]uint64{}, had: map[[2]uint64]bool{}}
+		h.starts = &startGates{confirmed: make([]uint64, h.w.opt.Ranges), had: map[[2]uint64]bool{}}
 	}
 	return h.starts
-}
-
-// confirmStart is the gate before a home leader proposes an append
-// admitted at epoch: nil once the epoch's start is confirmed at this
-// leader's log end in its term (raising the record if needed), else a
-// retriable refusal.
-func (h *homeWorld) confirmStart(n *node, r int, epoch uint64) error {
-	rep, g := n.replicas[r], h.gates()
-	if h.w.opt.mut.noStartGate || epoch <= 1 || !rep.IsLeader() || rep.HighestEpoch() >= epoch {
-		return nil
-	}
-	k := startKey{n: n, r: r, epoch: epoch}
-	if t, ok := g.terms[k]; ok && t == rep.LeaderTerm() {
-		return nil
-	}
-	end := rep.Committed()
-	if rep.Pending() > 0 || n.stores[r].NextOffset() > end {
-		h.res.StartWaits++
-		return apierr.New(apierr.Unavailable, "%v range %d: its log commits older entries before epoch %d's first", n, r, epoch)
-	}
-	lease, err := n.core.View().Lease(rangeKey(r), h.w.nodeNanos(n))
-	switch {
-	case err != nil || lease.Epoch != epoch:
-		return apierr.New(apierr.Unavailable, "%v range %d: no lease at epoch %d: %v", n, r, epoch, err)
-	case end < lease.StartOffset:
-		h.res.StartWaits++
-		return apierr.New(apierr.Unavailable, "%v range %d: the log ends at %d, below epoch %d's start %d", n, r, end, epoch, lease.StartOffset)
-	case end > lease.StartOffset && h.olderBelow(n, r, lease.StartOffset, end, epoch):
-		if err := h.raiseStart(n, r, epoch, lease.StartOffset, end); err != nil {
-			return err
-		}
-	}
-	g.terms[k] = rep.LeaderTerm()
-	if home := h.homes[r]; home.Epoch == epoch {
-		g.confirmed[r] = epoch
-		g.had[[2]uint64{uint64(r), epoch}] = true
-	}
-	return nil
 }
 
 // resendFrom is where a source (src, the home leader driving the link)
@@ -111,23 +66,6 @@ func (h *homeWorld) resendFrom(r int, after uint64, src *node) uint64 {
 		at = min(at, src.replicas[r].Committed())
 	}
 	return at
-}
-
-// olderBelow reports whether n's log of range r holds nothing of epoch
-// in [start, end) that retention deleted: its retained part begins at or
-// below start, or with a frame of an older epoch (epochs never go back
-// along a log), as regionsvc's firstRetained tells.
-func (h *homeWorld) olderBelow(n *node, r int, start, end, epoch uint64) bool {
-	st := n.stores[r]
-	if st.StartOffset() <= start {
-		return true
-	}
-	f, err := st.ReadFrames(st.StartOffset(), 1, end)
-	if err != nil || len(f) == 0 {
-		return false
-	}
-	hd, err := batch.DecodeHeader(f)
-	return err == nil && hd.Epoch < epoch
 }
 
 // raiseStart raises the store's record of range r's epoch from from to

@@ -218,7 +218,11 @@ func (g *geoWorld) offWAN(n *node) bool { return n.cutWAN && g.w.cut(n.region, n
 // to it from (resendPoint), as regionsvc's floor holds a task's lag at
 // its resend (replicator Task, evConnected): without it the home could
 // delete what the copy needs to fork and catch up, and the copy would
-// wait for it for ever (seed 125 of the minute runs).
+// wait for it for ever (seed 125 of the minute runs). So does a copy that
+// is down, whose divergence cannot be read: a Task's lag keeps the resend
+// point of its last connection, or 0 before the first; counting a down
+// divergent copy at its published end let the home delete its resend
+// point while its whole region was down (seed 169 of the minute runs).
 func (g *geoWorld) floor(r, own int) uint64 {
 	f := ^uint64(0)
 	home := g.w.homeRegion(r)
@@ -226,7 +230,7 @@ func (g *geoWorld) floor(r, own int) uint64 {
 		if n.region == home || (n.region == own && own == home) {
 			continue
 		}
-		if g.w.stale(n, r) {
+		if !n.up || g.w.stale(n, r) {
 			f = min(f, g.resendPoint(n, r))
 		} else {
 			f = min(f, n.served[r])
@@ -237,16 +241,33 @@ func (g *geoWorld) floor(r, own int) uint64 {
 
 // resendPoint is where a source resumes shipping range r to copy n
 // (connected): where the range's log left the epoch n's log ends in, if
-// that is older than the home's, or n's end.
+// that is older than the home's, or n's end. For a copy that is down, the
+// epoch its log ended in when it went down (a later takeover may still
+// move where the range's log left it lower).
 func (g *geoWorld) resendPoint(n *node, r int) uint64 {
 	end := n.served[r]
-	if !n.up {
-		return end
+	var e uint64
+	switch {
+	case n.up:
+		e = logEpoch(n, r, n.replicas[r].Committed(), false)
+	case n.downLogEpoch != nil:
+		e = n.downLogEpoch[r]
 	}
-	if e := logEpoch(n, r, n.replicas[r].Committed(), false); e != 0 && e < g.w.homing.homes[r].Epoch {
+	if e != 0 && e < g.w.homing.homes[r].Epoch {
 		return min(end, g.w.homing.epochStart(r, e))
 	}
 	return end
+}
+
+// noteDown records, as node n goes down, the epoch each of its logs ends
+// in (resendPoint).
+func (g *geoWorld) noteDown(n *node) {
+	if n.downLogEpoch == nil {
+		n.downLogEpoch = make([]uint64, len(n.replicas))
+	}
+	for r, rep := range n.replicas {
+		n.downLogEpoch[r] = logEpoch(n, r, rep.Committed(), false)
+	}
 }
 
 // step serves the mirrors' queued requests, then drives every link.

@@ -50,7 +50,8 @@ type HomingResult struct {
 	// flight (agent.tail): candidates, whose start the new home raises.
 	InFlightTakers int
 	// StartsRaised counts epoch starts a new home raised to its log's
-	// end, StartWaits the appends refused meanwhile (epochstart.go).
+	// end, StartWaits the start gate's rounds run again (something in
+	// flight) and the held appends it refused (gate.go).
 	StartsRaised, StartWaits int
 	// NewHomeAcks counts records acked by a new home, at an epoch above 1.
 	NewHomeAcks int

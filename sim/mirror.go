@@ -217,6 +217,15 @@ func (g *geoWorld) apply(n *node, r int, m *geoMsg, frames []byte) {
 	for _, f := range fs {
 		h, _ := batch.DecodeHeader(f)
 		g.res.Frames++
+		if w := g.w; w.mirroredStale(n, r, h.Epoch) {
+			// The start gate's floor (gate.go): this node held appends of a
+			// newer epoch as home.
+			q.pending--
+			if q.err == nil {
+				q.err = apierr.New(apierr.StaleEpoch, "%v range %d: a mirrored frame of epoch %d, home here at epoch %d", n, r, h.Epoch, n.gates[r].Floor())
+			}
+			continue
+		}
 		rep.ProposeVerbatim(&replica.Op{
 			RecordCount: h.Span(), Frame: append([]byte(nil), f...),
 			Reply: func(res replica.Result) {

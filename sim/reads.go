@@ -29,9 +29,8 @@ import (
 //     unless its copy is fenced below the tail: a copy whose log's
 //     highest epoch (replica.HighestEpoch) is older than the range's
 //     holds a divergent tail from the lowest start of a newer epoch on
-//     (the fix 6c9c4c5, now regionsvc's timeline fence, computeFence,
-//     which the simulator restates with every epoch's start known:
-//     regionsvc's range driver is not driven here).
+//     (the fix 6c9c4c5, regionsvc's timeline fence: the simulator runs
+//     its core, rangecore.Timeline, fence.go).
 //
 // Checks:
 //
@@ -85,6 +84,11 @@ type mutations struct {
 	// (retention) answers the open with no log epoch, as before replgap's
 	// fix (replicator.LogEpocher) (mirror.go: logEpoch).
 	noLogEpochFallback bool
+	// floorEverywhere is no mutation: every replica gets the compaction
+	// floor from the simulator's view, followers too, as before sim169
+	// (snapshot.go compact), for the seeds found under that model
+	// (TestDownDivergentCopyKeepsFloor).
+	floorEverywhere bool
 	// eventsMax, when above 0, fails the run on liveness once it has
 	// queued that many events: a mutation that leaves a Raft group in a
 	// storm of messages for good (replaceEarlyWipe: a few hundred events
@@ -475,14 +479,13 @@ func (rw *readWorld) serveHome(rd *reader) error {
 	}
 	rd.wait, rd.pendingSince = nil, -1
 	if tw.forwarded {
-		// The timeline fence (the fix 6c9c4c5, now computeFence): a copy
-		// whose log's epoch is older than the home's may hold a divergent
-		// tail from the lowest start of an epoch newer than its log's on
-		// (two takeovers while its region was away: the first's start,
-		// seed 293); it serves below that fence only. The simulator knows
-		// every epoch's start (regionsvc reads the history first and
-		// fences everything meanwhile).
-		if fence := w.homing.epochStart(r, rep.HighestEpoch()); !w.opt.mut.noReadFence && fence < tail {
+		// The timeline fence (the fix 6c9c4c5, rangecore.Timeline as
+		// regionsvc's driver runs it: fence.go): a copy whose log's epoch
+		// is older than the home's may hold a divergent tail from the
+		// lowest start of an epoch newer than its log's on (two takeovers
+		// while its region was away: the first's start, seed 293); it
+		// serves below that fence only.
+		if fence := w.homing.fence(at, r); !w.opt.mut.noReadFence && fence < tail {
 			w.homing.res.Reads.HomeRefused++
 			w.homing.res.Reads.Fenced++
 			return nil

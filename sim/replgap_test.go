@@ -24,3 +24,25 @@ func TestRetainedMirrorIsForked(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDownDivergentCopyKeepsFloor: seed 169 of the minute runs. Range 1
+// is taken over by region 2 at epoch 5 (fork point 402) while region 0,
+// the old home, holds an epoch-4 tail to 579; region 0 then goes down
+// whole, and the new home compacted to 476 with the floor counting the
+// down copies at their published end (579), past their resend point 402.
+// Back up, a region-0 copy is resent from the new home's log start 476,
+// inside its divergent frame at 475: "frame at 476 differs from the
+// mirror's ... (no fork explains it)" at 23064 ms. The floor counts a
+// down copy at the resend point of the epoch its log ended in (geo.go
+// resendPoint, noteDown), as a replicator Task's lag keeps the resend
+// point of its last connection. The seed was found with the floor set on
+// every replica (mut.floorEverywhere), as the simulator did before the
+// followers learned theirs from their leader (replica floor.go).
+func TestDownDivergentCopyKeepsFloor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("23 simulated seconds")
+	}
+	if _, err := Run(Options{Seed: 169, Steps: 23100, Regions: 3, mut: mutations{floorEverywhere: true}}); err != nil {
+		t.Fatal(err)
+	}
+}

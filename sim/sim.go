@@ -12,6 +12,7 @@ import (
 
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/homing"
+	"github.com/geolog/geolog/rangecore"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
@@ -126,6 +127,8 @@ type event struct {
 	snapErr error
 	// replication between regions (evGeo, evGeoConnect)
 	geo *geoMsg
+	// evFunc: what a node's driver runs then (gate.go)
+	fn func()
 }
 
 const (
@@ -138,6 +141,7 @@ const (
 	evMark       // a replica's commit-mark writer runs (WriteMark)
 	evGeo        // a replication stream's message crosses the WAN (geo.go)
 	evGeoConnect // a cursor's Connect action, after its delay
+	evFunc       // a node's driver runs fn (gate.go), unless it crashed since
 )
 
 type node struct {
@@ -162,6 +166,12 @@ type node struct {
 	// requests waiting for the one being applied, as the replicator's
 	// Server serializes a range's requests.
 	mirror []mirrorQueue
+	// gates are, per range, the epoch start gates of this incarnation
+	// (gate.go).
+	gates []rangecore.StartGate[*gateOp]
+	// timelines are, per range, the timeline fences' knowledge of epoch
+	// starts of this incarnation (fence.go).
+	timelines []rangecore.Timeline
 	// core is the node's liveness lease and view of its region's homes
 	// (Regions > 1; homing.go); epochs is, per range, the highest homing
 	// epoch its replica held in this incarnation (it never goes back).
@@ -183,6 +193,9 @@ type node struct {
 	// tailChecked is, per range, the committed end checkStaleTail last
 	// looked at (this incarnation).
 	tailChecked []uint64
+	// downLogEpoch is, per range, the epoch its log ended in when it last
+	// went down (geo.go resendPoint: a down copy's resend point).
+	downLogEpoch []uint64
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -496,6 +509,8 @@ func (w *world) start(n *node) error {
 	n.marking = make([]bool, w.opt.Ranges)
 	n.dying = false
 	n.mirror = make([]mirrorQueue, w.opt.Ranges)
+	n.gates = make([]rangecore.StartGate[*gateOp], w.opt.Ranges)
+	n.timelines = make([]rangecore.Timeline, w.opt.Ranges)
 	n.epochs = make([]uint64, w.opt.Ranges)
 	n.fresh = make([]uint64, w.opt.Ranges)
 	n.divergence = make([]divergence, w.opt.Ranges)
@@ -552,9 +567,12 @@ func (w *world) crash(n *node) {
 		w.compactedBefore += int(st.SegmentsCompacted)
 		w.installedBefore += int(st.SnapshotsInstalled)
 	}
+	if w.geo != nil {
+		w.geo.noteDown(n)
+	}
 	n.up = false
 	n.fs = n.fs.Crash()
-	n.stores, n.replicas, n.mirror = nil, nil, nil
+	n.stores, n.replicas, n.mirror, n.gates, n.timelines = nil, nil, nil, nil, nil
 	n.downTill = w.now + 50 + w.rng.Int64N(1000)
 	w.res.Crashes++
 }
@@ -571,6 +589,10 @@ func (w *world) push(e *event) {
 func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 	for _, m := range msgs {
 		from, to := int(m.GetFrom()), int(m.GetTo())
+		if replica.IsFloorMessage(m) {
+			w.sendFloor(region, group, m) // floor.go: no draw
+			continue
+		}
 		if w.rng.Float64() < w.dropP || w.cut(region, from) || w.cut(region, to) {
 			w.res.Dropped++
 			continue
@@ -722,6 +744,10 @@ func (w *world) deliver(e *event) {
 		w.geo.deliver(e.geo)
 	case evGeoConnect:
 		w.geo.connect(e.geo)
+	case evFunc:
+		if n := w.node(e.region, e.to); n.up && n.gen == e.fromGen {
+			e.fn()
+		}
 	}
 }
 

@@ -32,8 +32,12 @@ func (w *world) compact() {
 			w.scheduleWrite(n, r)
 			if w.geo != nil {
 				// Keep what a mirror has yet to receive (regionsvc's
-				// compaction floor; on mirrors too, see floor).
-				rep.SetCompactionFloor(w.geo.floor(r, n.region), true)
+				// compaction floor; on mirrors too, see floor): set on
+				// the leaders only, as regionsvc's drivers do (the home
+				// leader from its tasks, a mirror group's leader from
+				// the home's heartbeats); followers hold to the floor
+				// their leader shares (replica floor.go).
+				rep.SetCompactionFloor(w.geo.floor(r, n.region), rep.IsLeader() || w.opt.mut.floorEverywhere)
 			}
 			if _, err := rep.Compact(); err != nil {
 				w.err = fmt.Errorf("%v range %d: compact: %w", n, r, err)

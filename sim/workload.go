@@ -63,31 +63,32 @@ func (w *world) request(e *event) {
 	}
 	h := batch.Header{Type: batch.TypeData, ProducerID: uint64(pid), BaseSequence: b.seq}
 	seq, values := b.seq, b.values
-	epoch, err := w.admit(n, e.rng)
-	if err == nil && w.homing != nil {
-		err = w.homing.confirmStart(n, e.rng, epoch) // epochstart.go
-	}
-	if err != nil {
-		w.refuse(p, e, n, err)
-		return
-	}
 	gen := n.gen
-	n.replicas[e.rng].Propose(&replica.Op{
-		ProducerID: uint64(pid), BaseSequence: b.seq, RecordCount: uint32(len(b.values)), Epoch: epoch,
-		Frame: batch.Encode(nil, h, recs),
-		Reply: func(res replica.Result) {
-			if res.Err == nil && n.up && n.gen == gen {
-				res.Err = w.ackable(n, e.rng, res, epoch)
-			}
-			if res.Err == nil && !res.Duplicate && n.replicas[e.rng].Committed() < res.BaseOffset+uint64(res.RecordCount) {
-				w.res.AckedAhead++
-			}
-			if w.rng.Float64() < w.lostReplyP {
-				w.res.LostReplies++ // an ambiguous ack: committed, but the producer never hears
-				return
-			}
+	frame := batch.Encode(nil, h, recs)
+	w.proposeGated(n, e.rng, &gateOp{ // gate.go
+		refuse: func(err error) {
 			w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, pid: pid, rng: e.rng,
-				batchSeq: seq, count: len(values), res: res})
+				batchSeq: seq, count: len(values), res: replica.Result{Err: err}})
+		},
+		propose: func(epoch uint64) {
+			n.replicas[e.rng].Propose(&replica.Op{
+				ProducerID: uint64(pid), BaseSequence: seq, RecordCount: uint32(len(values)), Epoch: epoch,
+				Frame: frame,
+				Reply: func(res replica.Result) {
+					if res.Err == nil && n.up && n.gen == gen {
+						res.Err = w.ackable(n, e.rng, res, epoch)
+					}
+					if res.Err == nil && !res.Duplicate && n.replicas[e.rng].Committed() < res.BaseOffset+uint64(res.RecordCount) {
+						w.res.AckedAhead++
+					}
+					if w.rng.Float64() < w.lostReplyP {
+						w.res.LostReplies++ // an ambiguous ack: committed, but the producer never hears
+						return
+					}
+					w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, pid: pid, rng: e.rng,
+						batchSeq: seq, count: len(values), res: res})
+				},
+			})
 		},
 	})
 }
@@ -116,13 +117,6 @@ func (w *world) ackable(n *node, r int, res replica.Result, epoch uint64) error 
 		w.err = err
 	}
 	return nil
-}
-
-// refuse answers a request a node refused before proposing it.
-func (w *world) refuse(p *producer, e *event, n *node, err error) {
-	b := p.batch[e.rng]
-	w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, pid: p.pid(e.rng), rng: e.rng,
-		batchSeq: b.seq, count: len(b.values), res: replica.Result{Err: err}})
 }
 
 // reply delivers a node's answer to the producer.

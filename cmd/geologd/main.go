@@ -62,12 +62,14 @@ func run() int {
 	leaderBalance := fs.Duration("leader-balance-interval", 10*time.Second,
 		"how often a range leader hands leadership back to the range's preferred node once that node is up and caught up, keeping the region's leaders spread (0: never)")
 	rebalanceInterval := fs.Duration("rebalance-interval", 30*time.Second,
-		"how often the catalogue leader's rebalancer plans replica moves (repairs, drains, balance over joined nodes), besides when a move ends; each round asks every range leader for its voters (0: never, and drain and decommission move nothing)")
+		"how often the catalogue leader's rebalancer plans replica moves (repairs, drains, balance over joined nodes) and leader transfers, besides when a move ends (0: never, and drain and decommission move nothing)")
 	deadNodeAfter := fs.Duration("dead-node-after", 5*time.Minute,
 		"a node unreachable for longer is taken as dead: new ranges avoid it and its replicas are repaired on other nodes")
 	movesMax := fs.Int("rebalance-moves-max", 2, "replica moves under way at once in the region")
+	leaderTransfersMax := fs.Int("rebalance-leader-transfers-max", 4,
+		"range leader transfers the rebalancer has under way at once, balancing leaders by count over the live nodes (0: no leader balancing; needs --leader-balance-interval)")
 	transferRate := fs.Int64("rebalance-transfer-bytes-per-second", 32<<20,
-		"bound on the bytes per second of snapshots (segment transfers to catching-up replicas) this node sends (0: no bound)")
+		"bound on the bytes per second this node sends to catching-up replicas: snapshots (segment transfers) and log entries to learners (0: no bound)")
 	syncConcurrency := fs.Int("sync-concurrency", 2, "ignored (kept so that existing command lines still parse): every range's log writer makes its own group commit")
 	appendDelayTarget := fs.Duration("append-queue-delay-target", regionsvc.AppendQueueDelayTargetDefault,
 		"a range leader refuses new appends with a retriable OVERLOADED while its appends have queued (arrival to commit) for longer than this (negative: never)")
@@ -125,8 +127,8 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: --fsync must be always or never, not %q\n", *fsync)
 		return 2
 	}
-	if *rebalanceInterval < 0 || *deadNodeAfter <= 0 || *movesMax < 1 || *transferRate < 0 {
-		fmt.Fprintf(os.Stderr, "geologd: --rebalance-interval must be 0 or positive, --dead-node-after positive, --rebalance-moves-max at least 1, --rebalance-transfer-bytes-per-second 0 or positive\n")
+	if *rebalanceInterval < 0 || *deadNodeAfter <= 0 || *movesMax < 1 || *transferRate < 0 || *leaderTransfersMax < 0 {
+		fmt.Fprintf(os.Stderr, "geologd: --rebalance-interval must be 0 or positive, --dead-node-after positive, --rebalance-moves-max at least 1, --rebalance-transfer-bytes-per-second and --rebalance-leader-transfers-max 0 or positive\n")
 		return 2
 	}
 	if *leaderBalance < 0 {
@@ -297,7 +299,7 @@ func run() int {
 		ElectionTicks:         *electionTicks,
 		LeaderBalanceInterval: *leaderBalance,
 		Rebalance: regionsvc.RebalanceConfig{Interval: *rebalanceInterval, DeadNodeAfter: *deadNodeAfter,
-			MovesMax: *movesMax, TransferBytesPerSecond: *transferRate},
+			MovesMax: *movesMax, TransferBytesPerSecond: *transferRate, LeaderTransfersMax: leaderTransfersFlag(*leaderTransfersMax)},
 
 		KEK:                   kek,
 		DataKeyRotationPeriod: *dataKeyRotation,
@@ -403,4 +405,14 @@ func parsePeers(s string) (map[uint64]string, error) {
 		peers[id] = addr
 	}
 	return peers, nil
+}
+
+// leaderTransfersFlag maps --rebalance-leader-transfers-max to
+// RebalanceConfig.LeaderTransfersMax (whose 0 is the default and negative
+// is off).
+func leaderTransfersFlag(v int) int {
+	if v == 0 {
+		return -1
+	}
+	return v
 }

@@ -61,6 +61,7 @@ var gRPCCodes = map[apierr.Code]codes.Code{
 	apierr.NodeIDInUse:           codes.AlreadyExists,
 	apierr.AddressInUse:          codes.AlreadyExists,
 	apierr.RangeSplit:            codes.FailedPrecondition, // retriable once the client refreshed its range map
+	apierr.SplitInProgress:       codes.Aborted,
 }
 
 // GRPCCode is code's gRPC status code (Unknown for a code outside the

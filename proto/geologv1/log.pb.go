@@ -190,6 +190,10 @@ const (
 	// the range's log (a retry of one that is gets its original offset), so
 	// sending it to a child cannot duplicate it.
 	ErrorCode_ERROR_CODE_RANGE_SPLIT ErrorCode = 44
+	// Another split of the stream is under way (SplitRange): its range map
+	// is reserved for that split until it is recorded. Retriable: ask again
+	// once it ends.
+	ErrorCode_ERROR_CODE_SPLIT_IN_PROGRESS ErrorCode = 45
 )
 
 // Enum value maps for ErrorCode.
@@ -234,6 +238,7 @@ var (
 		42: "ERROR_CODE_NODE_ID_IN_USE",
 		43: "ERROR_CODE_ADDRESS_IN_USE",
 		44: "ERROR_CODE_RANGE_SPLIT",
+		45: "ERROR_CODE_SPLIT_IN_PROGRESS",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":             0,
@@ -275,6 +280,7 @@ var (
 		"ERROR_CODE_NODE_ID_IN_USE":          42,
 		"ERROR_CODE_ADDRESS_IN_USE":          43,
 		"ERROR_CODE_RANGE_SPLIT":             44,
+		"ERROR_CODE_SPLIT_IN_PROGRESS":       45,
 	}
 )
 
@@ -1847,8 +1853,17 @@ type RangeInfo struct {
 	// epoch from this offset on (a divergent tail awaiting its fork), and
 	// serves local reads and subscriptions only below it.
 	TimelineFenceOffset *uint64 `protobuf:"varint,14,opt,name=timeline_fence_offset,json=timelineFenceOffset,proto3,oneof" json:"timeline_fence_offset,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The range's place in the stream's range map (docs/split.md). parent is
+	// the range this one split from (unset for a range of the stream as
+	// created); children are the two ranges it split into (empty: it has not
+	// split, and it owns [hash_start, hash_end] for appends), and
+	// split_offset is where its log ends: its records are [0, split_offset),
+	// its keys' later records are in the child owning their hash.
+	Parent        *uint32  `protobuf:"varint,15,opt,name=parent,proto3,oneof" json:"parent,omitempty"`
+	Children      []uint32 `protobuf:"varint,16,rep,packed,name=children,proto3" json:"children,omitempty"`
+	SplitOffset   *uint64  `protobuf:"varint,17,opt,name=split_offset,json=splitOffset,proto3,oneof" json:"split_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RangeInfo) Reset() {
@@ -1975,6 +1990,27 @@ func (x *RangeInfo) GetHomeLeader() string {
 func (x *RangeInfo) GetTimelineFenceOffset() uint64 {
 	if x != nil && x.TimelineFenceOffset != nil {
 		return *x.TimelineFenceOffset
+	}
+	return 0
+}
+
+func (x *RangeInfo) GetParent() uint32 {
+	if x != nil && x.Parent != nil {
+		return *x.Parent
+	}
+	return 0
+}
+
+func (x *RangeInfo) GetChildren() []uint32 {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+func (x *RangeInfo) GetSplitOffset() uint64 {
+	if x != nil && x.SplitOffset != nil {
+		return *x.SplitOffset
 	}
 	return 0
 }
@@ -2381,8 +2417,13 @@ type DescribeStreamResponse struct {
 	// come from the lease store, which did not answer): the ranges then list
 	// the epochs this node knew, at least their current one.
 	EpochsUnavailable string `protobuf:"bytes,3,opt,name=epochs_unavailable,json=epochsUnavailable,proto3" json:"epochs_unavailable,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// range_map_version counts the stream's range splits (0: never split);
+	// ranges lists every range the stream ever had, split ones included.
+	// A producer routes a key to the range without children whose
+	// [hash_start, hash_end] holds its hash.
+	RangeMapVersion uint64 `protobuf:"varint,4,opt,name=range_map_version,json=rangeMapVersion,proto3" json:"range_map_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DescribeStreamResponse) Reset() {
@@ -2434,6 +2475,13 @@ func (x *DescribeStreamResponse) GetEpochsUnavailable() string {
 		return x.EpochsUnavailable
 	}
 	return ""
+}
+
+func (x *DescribeStreamResponse) GetRangeMapVersion() uint64 {
+	if x != nil {
+		return x.RangeMapVersion
+	}
+	return 0
 }
 
 // ErrorDetail rides in the gRPC status details of every geolog error.
@@ -3031,6 +3079,157 @@ func (x *SetNodeStateResponse) GetNode() *NodeInfo {
 	return nil
 }
 
+type SplitRangeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Range  uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
+	// at is the hash boundary: the left child owns the range's hashes below
+	// it, the right child the rest. 0 splits at the range's midpoint.
+	At            uint64 `protobuf:"varint,3,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SplitRangeRequest) Reset() {
+	*x = SplitRangeRequest{}
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SplitRangeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SplitRangeRequest) ProtoMessage() {}
+
+func (x *SplitRangeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SplitRangeRequest.ProtoReflect.Descriptor instead.
+func (*SplitRangeRequest) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SplitRangeRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *SplitRangeRequest) GetRange() uint32 {
+	if x != nil {
+		return x.Range
+	}
+	return 0
+}
+
+func (x *SplitRangeRequest) GetAt() uint64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
+type SplitRangeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// split_offset is the offset of the split marker in the range's log: the
+	// range's records are [0, split_offset).
+	SplitOffset uint64 `protobuf:"varint,1,opt,name=split_offset,json=splitOffset,proto3" json:"split_offset,omitempty"`
+	// epoch is the homing epoch the split was written at; the children start
+	// at it.
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	At    uint64 `protobuf:"varint,3,opt,name=at,proto3" json:"at,omitempty"`
+	Left  uint32 `protobuf:"varint,4,opt,name=left,proto3" json:"left,omitempty"`
+	Right uint32 `protobuf:"varint,5,opt,name=right,proto3" json:"right,omitempty"`
+	// range_map_version is the stream's map version the split made.
+	RangeMapVersion uint64 `protobuf:"varint,6,opt,name=range_map_version,json=rangeMapVersion,proto3" json:"range_map_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *SplitRangeResponse) Reset() {
+	*x = SplitRangeResponse{}
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SplitRangeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SplitRangeResponse) ProtoMessage() {}
+
+func (x *SplitRangeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SplitRangeResponse.ProtoReflect.Descriptor instead.
+func (*SplitRangeResponse) Descriptor() ([]byte, []int) {
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SplitRangeResponse) GetSplitOffset() uint64 {
+	if x != nil {
+		return x.SplitOffset
+	}
+	return 0
+}
+
+func (x *SplitRangeResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SplitRangeResponse) GetAt() uint64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
+func (x *SplitRangeResponse) GetLeft() uint32 {
+	if x != nil {
+		return x.Left
+	}
+	return 0
+}
+
+func (x *SplitRangeResponse) GetRight() uint32 {
+	if x != nil {
+		return x.Right
+	}
+	return 0
+}
+
+func (x *SplitRangeResponse) GetRangeMapVersion() uint64 {
+	if x != nil {
+		return x.RangeMapVersion
+	}
+	return 0
+}
+
 type ListOrphansRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -3048,7 +3247,7 @@ type ListOrphansRequest struct {
 
 func (x *ListOrphansRequest) Reset() {
 	*x = ListOrphansRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3060,7 +3259,7 @@ func (x *ListOrphansRequest) String() string {
 func (*ListOrphansRequest) ProtoMessage() {}
 
 func (x *ListOrphansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[27]
+	mi := &file_geolog_v1_log_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3073,7 +3272,7 @@ func (x *ListOrphansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOrphansRequest.ProtoReflect.Descriptor instead.
 func (*ListOrphansRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{27}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListOrphansRequest) GetStream() string {
@@ -3111,7 +3310,7 @@ type OrphanFork struct {
 
 func (x *OrphanFork) Reset() {
 	*x = OrphanFork{}
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3322,7 @@ func (x *OrphanFork) String() string {
 func (*OrphanFork) ProtoMessage() {}
 
 func (x *OrphanFork) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[28]
+	mi := &file_geolog_v1_log_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3335,7 @@ func (x *OrphanFork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OrphanFork.ProtoReflect.Descriptor instead.
 func (*OrphanFork) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{28}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *OrphanFork) GetRange() uint32 {
@@ -3219,7 +3418,7 @@ type ListOrphansResponse struct {
 
 func (x *ListOrphansResponse) Reset() {
 	*x = ListOrphansResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3231,7 +3430,7 @@ func (x *ListOrphansResponse) String() string {
 func (*ListOrphansResponse) ProtoMessage() {}
 
 func (x *ListOrphansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[29]
+	mi := &file_geolog_v1_log_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3244,7 +3443,7 @@ func (x *ListOrphansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOrphansResponse.ProtoReflect.Descriptor instead.
 func (*ListOrphansResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{29}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListOrphansResponse) GetForks() []*OrphanFork {
@@ -3282,7 +3481,7 @@ type ReadOrphansRequest struct {
 
 func (x *ReadOrphansRequest) Reset() {
 	*x = ReadOrphansRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3294,7 +3493,7 @@ func (x *ReadOrphansRequest) String() string {
 func (*ReadOrphansRequest) ProtoMessage() {}
 
 func (x *ReadOrphansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[30]
+	mi := &file_geolog_v1_log_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3307,7 +3506,7 @@ func (x *ReadOrphansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOrphansRequest.ProtoReflect.Descriptor instead.
 func (*ReadOrphansRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{30}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadOrphansRequest) GetStream() string {
@@ -3358,7 +3557,7 @@ type ReadOrphansResponse struct {
 
 func (x *ReadOrphansResponse) Reset() {
 	*x = ReadOrphansResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3370,7 +3569,7 @@ func (x *ReadOrphansResponse) String() string {
 func (*ReadOrphansResponse) ProtoMessage() {}
 
 func (x *ReadOrphansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[31]
+	mi := &file_geolog_v1_log_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3383,7 +3582,7 @@ func (x *ReadOrphansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOrphansResponse.ProtoReflect.Descriptor instead.
 func (*ReadOrphansResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{31}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadOrphansResponse) GetRecords() []*StoredRecord {
@@ -3421,7 +3620,7 @@ type RehomeRequest struct {
 
 func (x *RehomeRequest) Reset() {
 	*x = RehomeRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3433,7 +3632,7 @@ func (x *RehomeRequest) String() string {
 func (*RehomeRequest) ProtoMessage() {}
 
 func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[32]
+	mi := &file_geolog_v1_log_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3446,7 +3645,7 @@ func (x *RehomeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeRequest.ProtoReflect.Descriptor instead.
 func (*RehomeRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{32}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RehomeRequest) GetStream() string {
@@ -3499,7 +3698,7 @@ type RangeRehome struct {
 
 func (x *RangeRehome) Reset() {
 	*x = RangeRehome{}
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3511,7 +3710,7 @@ func (x *RangeRehome) String() string {
 func (*RangeRehome) ProtoMessage() {}
 
 func (x *RangeRehome) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[33]
+	mi := &file_geolog_v1_log_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3524,7 +3723,7 @@ func (x *RangeRehome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeRehome.ProtoReflect.Descriptor instead.
 func (*RangeRehome) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{33}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RangeRehome) GetRange() uint32 {
@@ -3609,7 +3808,7 @@ type RehomePhases struct {
 
 func (x *RehomePhases) Reset() {
 	*x = RehomePhases{}
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3621,7 +3820,7 @@ func (x *RehomePhases) String() string {
 func (*RehomePhases) ProtoMessage() {}
 
 func (x *RehomePhases) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[34]
+	mi := &file_geolog_v1_log_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3634,7 +3833,7 @@ func (x *RehomePhases) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomePhases.ProtoReflect.Descriptor instead.
 func (*RehomePhases) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{34}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RehomePhases) GetPrepareMicros() int64 {
@@ -3688,7 +3887,7 @@ type RehomeResponse struct {
 
 func (x *RehomeResponse) Reset() {
 	*x = RehomeResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3899,7 @@ func (x *RehomeResponse) String() string {
 func (*RehomeResponse) ProtoMessage() {}
 
 func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[35]
+	mi := &file_geolog_v1_log_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3912,7 @@ func (x *RehomeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RehomeResponse.ProtoReflect.Descriptor instead.
 func (*RehomeResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{35}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RehomeResponse) GetRanges() []*RangeRehome {
@@ -3747,7 +3946,7 @@ type RefreshHomesRequest struct {
 
 func (x *RefreshHomesRequest) Reset() {
 	*x = RefreshHomesRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[36]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3759,7 +3958,7 @@ func (x *RefreshHomesRequest) String() string {
 func (*RefreshHomesRequest) ProtoMessage() {}
 
 func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[36]
+	mi := &file_geolog_v1_log_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3772,7 +3971,7 @@ func (x *RefreshHomesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesRequest.ProtoReflect.Descriptor instead.
 func (*RefreshHomesRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{36}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RefreshHomesRequest) GetStream() string {
@@ -3815,7 +4014,7 @@ type RegionHomes struct {
 
 func (x *RegionHomes) Reset() {
 	*x = RegionHomes{}
-	mi := &file_geolog_v1_log_proto_msgTypes[37]
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3827,7 +4026,7 @@ func (x *RegionHomes) String() string {
 func (*RegionHomes) ProtoMessage() {}
 
 func (x *RegionHomes) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[37]
+	mi := &file_geolog_v1_log_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3840,7 +4039,7 @@ func (x *RegionHomes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionHomes.ProtoReflect.Descriptor instead.
 func (*RegionHomes) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{37}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RegionHomes) GetRegion() string {
@@ -3881,7 +4080,7 @@ type HomeRecord struct {
 
 func (x *HomeRecord) Reset() {
 	*x = HomeRecord{}
-	mi := &file_geolog_v1_log_proto_msgTypes[38]
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3893,7 +4092,7 @@ func (x *HomeRecord) String() string {
 func (*HomeRecord) ProtoMessage() {}
 
 func (x *HomeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[38]
+	mi := &file_geolog_v1_log_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3906,7 +4105,7 @@ func (x *HomeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HomeRecord.ProtoReflect.Descriptor instead.
 func (*HomeRecord) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{38}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *HomeRecord) GetStream() string {
@@ -3985,7 +4184,7 @@ type RefreshHomesResponse struct {
 
 func (x *RefreshHomesResponse) Reset() {
 	*x = RefreshHomesResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3997,7 +4196,7 @@ func (x *RefreshHomesResponse) String() string {
 func (*RefreshHomesResponse) ProtoMessage() {}
 
 func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[39]
+	mi := &file_geolog_v1_log_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4010,7 +4209,7 @@ func (x *RefreshHomesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshHomesResponse.ProtoReflect.Descriptor instead.
 func (*RefreshHomesResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{39}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RefreshHomesResponse) GetHomesVersion() uint64 {
@@ -4047,7 +4246,7 @@ type RangeTail struct {
 
 func (x *RangeTail) Reset() {
 	*x = RangeTail{}
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4059,7 +4258,7 @@ func (x *RangeTail) String() string {
 func (*RangeTail) ProtoMessage() {}
 
 func (x *RangeTail) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[40]
+	mi := &file_geolog_v1_log_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4072,7 +4271,7 @@ func (x *RangeTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeTail.ProtoReflect.Descriptor instead.
 func (*RangeTail) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{40}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RangeTail) GetRange() uint32 {
@@ -4109,7 +4308,7 @@ type ChangeReplicasRequest struct {
 
 func (x *ChangeReplicasRequest) Reset() {
 	*x = ChangeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4121,7 +4320,7 @@ func (x *ChangeReplicasRequest) String() string {
 func (*ChangeReplicasRequest) ProtoMessage() {}
 
 func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[41]
+	mi := &file_geolog_v1_log_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4134,7 +4333,7 @@ func (x *ChangeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{41}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ChangeReplicasRequest) GetStream() string {
@@ -4175,7 +4374,7 @@ type ChangeReplicasResponse struct {
 
 func (x *ChangeReplicasResponse) Reset() {
 	*x = ChangeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4187,7 +4386,7 @@ func (x *ChangeReplicasResponse) String() string {
 func (*ChangeReplicasResponse) ProtoMessage() {}
 
 func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[42]
+	mi := &file_geolog_v1_log_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4200,7 +4399,7 @@ func (x *ChangeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ChangeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{42}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ChangeReplicasResponse) GetVoters() []uint64 {
@@ -4227,7 +4426,7 @@ type DescribeReplicasRequest struct {
 
 func (x *DescribeReplicasRequest) Reset() {
 	*x = DescribeReplicasRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4239,7 +4438,7 @@ func (x *DescribeReplicasRequest) String() string {
 func (*DescribeReplicasRequest) ProtoMessage() {}
 
 func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[43]
+	mi := &file_geolog_v1_log_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4252,7 +4451,7 @@ func (x *DescribeReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasRequest.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{43}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DescribeReplicasRequest) GetStream() string {
@@ -4283,7 +4482,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4295,7 +4494,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[44]
+	mi := &file_geolog_v1_log_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4308,7 +4507,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{44}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReplicaStatus) GetNodeId() uint64 {
@@ -4353,7 +4552,7 @@ type DescribeReplicasResponse struct {
 
 func (x *DescribeReplicasResponse) Reset() {
 	*x = DescribeReplicasResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4365,7 +4564,7 @@ func (x *DescribeReplicasResponse) String() string {
 func (*DescribeReplicasResponse) ProtoMessage() {}
 
 func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[45]
+	mi := &file_geolog_v1_log_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4378,7 +4577,7 @@ func (x *DescribeReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeReplicasResponse.ProtoReflect.Descriptor instead.
 func (*DescribeReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{45}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DescribeReplicasResponse) GetLeaderId() uint64 {
@@ -4426,7 +4625,7 @@ type EpochStart struct {
 
 func (x *EpochStart) Reset() {
 	*x = EpochStart{}
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4438,7 +4637,7 @@ func (x *EpochStart) String() string {
 func (*EpochStart) ProtoMessage() {}
 
 func (x *EpochStart) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[46]
+	mi := &file_geolog_v1_log_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4451,7 +4650,7 @@ func (x *EpochStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochStart.ProtoReflect.Descriptor instead.
 func (*EpochStart) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{46}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *EpochStart) GetEpoch() uint64 {
@@ -4501,7 +4700,7 @@ type NodeOrphans struct {
 
 func (x *NodeOrphans) Reset() {
 	*x = NodeOrphans{}
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4513,7 +4712,7 @@ func (x *NodeOrphans) String() string {
 func (*NodeOrphans) ProtoMessage() {}
 
 func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[47]
+	mi := &file_geolog_v1_log_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4526,7 +4725,7 @@ func (x *NodeOrphans) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeOrphans.ProtoReflect.Descriptor instead.
 func (*NodeOrphans) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{47}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *NodeOrphans) GetRegion() string {
@@ -4573,7 +4772,7 @@ type DeleteStreamRequest struct {
 
 func (x *DeleteStreamRequest) Reset() {
 	*x = DeleteStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4585,7 +4784,7 @@ func (x *DeleteStreamRequest) String() string {
 func (*DeleteStreamRequest) ProtoMessage() {}
 
 func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[48]
+	mi := &file_geolog_v1_log_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4598,7 +4797,7 @@ func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{48}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeleteStreamRequest) GetName() string {
@@ -4616,7 +4815,7 @@ type DeleteStreamResponse struct {
 
 func (x *DeleteStreamResponse) Reset() {
 	*x = DeleteStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4628,7 +4827,7 @@ func (x *DeleteStreamResponse) String() string {
 func (*DeleteStreamResponse) ProtoMessage() {}
 
 func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[49]
+	mi := &file_geolog_v1_log_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4641,7 +4840,7 @@ func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{49}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{51}
 }
 
 type AlterStreamRequest struct {
@@ -4657,7 +4856,7 @@ type AlterStreamRequest struct {
 
 func (x *AlterStreamRequest) Reset() {
 	*x = AlterStreamRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4669,7 +4868,7 @@ func (x *AlterStreamRequest) String() string {
 func (*AlterStreamRequest) ProtoMessage() {}
 
 func (x *AlterStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[50]
+	mi := &file_geolog_v1_log_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4682,7 +4881,7 @@ func (x *AlterStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterStreamRequest.ProtoReflect.Descriptor instead.
 func (*AlterStreamRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{50}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AlterStreamRequest) GetName() string {
@@ -4715,7 +4914,7 @@ type AlterStreamResponse struct {
 
 func (x *AlterStreamResponse) Reset() {
 	*x = AlterStreamResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[51]
+	mi := &file_geolog_v1_log_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4727,7 +4926,7 @@ func (x *AlterStreamResponse) String() string {
 func (*AlterStreamResponse) ProtoMessage() {}
 
 func (x *AlterStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[51]
+	mi := &file_geolog_v1_log_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4740,7 +4939,7 @@ func (x *AlterStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterStreamResponse.ProtoReflect.Descriptor instead.
 func (*AlterStreamResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{51}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AlterStreamResponse) GetStream() *StreamInfo {
@@ -4766,7 +4965,7 @@ type CompactionPolicy struct {
 
 func (x *CompactionPolicy) Reset() {
 	*x = CompactionPolicy{}
-	mi := &file_geolog_v1_log_proto_msgTypes[52]
+	mi := &file_geolog_v1_log_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4778,7 +4977,7 @@ func (x *CompactionPolicy) String() string {
 func (*CompactionPolicy) ProtoMessage() {}
 
 func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[52]
+	mi := &file_geolog_v1_log_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4791,7 +4990,7 @@ func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
 func (*CompactionPolicy) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{52}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CompactionPolicy) GetDeleteRetentionMs() int64 {
@@ -4831,7 +5030,7 @@ type AclRule struct {
 
 func (x *AclRule) Reset() {
 	*x = AclRule{}
-	mi := &file_geolog_v1_log_proto_msgTypes[53]
+	mi := &file_geolog_v1_log_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4843,7 +5042,7 @@ func (x *AclRule) String() string {
 func (*AclRule) ProtoMessage() {}
 
 func (x *AclRule) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[53]
+	mi := &file_geolog_v1_log_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4856,7 +5055,7 @@ func (x *AclRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclRule.ProtoReflect.Descriptor instead.
 func (*AclRule) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{53}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AclRule) GetPrincipal() string {
@@ -4903,7 +5102,7 @@ type PutAclRequest struct {
 
 func (x *PutAclRequest) Reset() {
 	*x = PutAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[54]
+	mi := &file_geolog_v1_log_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4915,7 +5114,7 @@ func (x *PutAclRequest) String() string {
 func (*PutAclRequest) ProtoMessage() {}
 
 func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[54]
+	mi := &file_geolog_v1_log_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4928,7 +5127,7 @@ func (x *PutAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclRequest.ProtoReflect.Descriptor instead.
 func (*PutAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{54}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PutAclRequest) GetRule() *AclRule {
@@ -4947,7 +5146,7 @@ type PutAclResponse struct {
 
 func (x *PutAclResponse) Reset() {
 	*x = PutAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[55]
+	mi := &file_geolog_v1_log_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4959,7 +5158,7 @@ func (x *PutAclResponse) String() string {
 func (*PutAclResponse) ProtoMessage() {}
 
 func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[55]
+	mi := &file_geolog_v1_log_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4972,7 +5171,7 @@ func (x *PutAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutAclResponse.ProtoReflect.Descriptor instead.
 func (*PutAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{55}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PutAclResponse) GetRule() *AclRule {
@@ -4992,7 +5191,7 @@ type DeleteAclRequest struct {
 
 func (x *DeleteAclRequest) Reset() {
 	*x = DeleteAclRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[56]
+	mi := &file_geolog_v1_log_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5004,7 +5203,7 @@ func (x *DeleteAclRequest) String() string {
 func (*DeleteAclRequest) ProtoMessage() {}
 
 func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[56]
+	mi := &file_geolog_v1_log_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5017,7 +5216,7 @@ func (x *DeleteAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAclRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{56}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DeleteAclRequest) GetPrincipal() string {
@@ -5044,7 +5243,7 @@ type DeleteAclResponse struct {
 
 func (x *DeleteAclResponse) Reset() {
 	*x = DeleteAclResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[57]
+	mi := &file_geolog_v1_log_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5056,7 +5255,7 @@ func (x *DeleteAclResponse) String() string {
 func (*DeleteAclResponse) ProtoMessage() {}
 
 func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[57]
+	mi := &file_geolog_v1_log_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5069,7 +5268,7 @@ func (x *DeleteAclResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAclResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAclResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{57}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DeleteAclResponse) GetExisted() bool {
@@ -5090,7 +5289,7 @@ type ListAclsRequest struct {
 
 func (x *ListAclsRequest) Reset() {
 	*x = ListAclsRequest{}
-	mi := &file_geolog_v1_log_proto_msgTypes[58]
+	mi := &file_geolog_v1_log_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5102,7 +5301,7 @@ func (x *ListAclsRequest) String() string {
 func (*ListAclsRequest) ProtoMessage() {}
 
 func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[58]
+	mi := &file_geolog_v1_log_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5115,7 +5314,7 @@ func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsRequest.ProtoReflect.Descriptor instead.
 func (*ListAclsRequest) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{58}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListAclsRequest) GetResource() string {
@@ -5134,7 +5333,7 @@ type ListAclsResponse struct {
 
 func (x *ListAclsResponse) Reset() {
 	*x = ListAclsResponse{}
-	mi := &file_geolog_v1_log_proto_msgTypes[59]
+	mi := &file_geolog_v1_log_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5146,7 +5345,7 @@ func (x *ListAclsResponse) String() string {
 func (*ListAclsResponse) ProtoMessage() {}
 
 func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geolog_v1_log_proto_msgTypes[59]
+	mi := &file_geolog_v1_log_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5159,7 +5358,7 @@ func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAclsResponse.ProtoReflect.Descriptor instead.
 func (*ListAclsResponse) Descriptor() ([]byte, []int) {
-	return file_geolog_v1_log_proto_rawDescGZIP(), []int{59}
+	return file_geolog_v1_log_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListAclsResponse) GetRules() []*AclRule {
@@ -5282,7 +5481,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
 	"compaction\x12-\n" +
-	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"\x85\x04\n" +
+	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"\x82\x05\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -5303,8 +5502,13 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x06epochs\x18\f \x03(\v2\x15.geolog.v1.EpochStartR\x06epochs\x12\x1f\n" +
 	"\vhome_leader\x18\r \x01(\tR\n" +
 	"homeLeader\x127\n" +
-	"\x15timeline_fence_offset\x18\x0e \x01(\x04H\x00R\x13timelineFenceOffset\x88\x01\x01B\x18\n" +
-	"\x16_timeline_fence_offset\"\x84\x02\n" +
+	"\x15timeline_fence_offset\x18\x0e \x01(\x04H\x00R\x13timelineFenceOffset\x88\x01\x01\x12\x1b\n" +
+	"\x06parent\x18\x0f \x01(\rH\x01R\x06parent\x88\x01\x01\x12\x1a\n" +
+	"\bchildren\x18\x10 \x03(\rR\bchildren\x12&\n" +
+	"\fsplit_offset\x18\x11 \x01(\x04H\x02R\vsplitOffset\x88\x01\x01B\x18\n" +
+	"\x16_timeline_fence_offsetB\t\n" +
+	"\a_parentB\x0f\n" +
+	"\r_split_offset\"\x84\x02\n" +
 	"\x0eRegionProgress\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12,\n" +
 	"\x12applied_end_offset\x18\x02 \x01(\x04R\x10appliedEndOffset\x12\x1d\n" +
@@ -5336,11 +5540,12 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x13ListStreamsResponse\x12/\n" +
 	"\astreams\x18\x01 \x03(\v2\x15.geolog.v1.StreamInfoR\astreams\"+\n" +
 	"\x15DescribeStreamRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xa4\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xd0\x01\n" +
 	"\x16DescribeStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
 	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\x12-\n" +
-	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\"\xe5\x03\n" +
+	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\x12*\n" +
+	"\x11range_map_version\x18\x04 \x01(\x04R\x0frangeMapVersion\"\xe5\x03\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -5390,7 +5595,18 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12*\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x14.geolog.v1.NodeStateR\x05state\"?\n" +
 	"\x14SetNodeStateResponse\x12'\n" +
-	"\x04node\x18\x01 \x01(\v2\x13.geolog.v1.NodeInfoR\x04node\"Z\n" +
+	"\x04node\x18\x01 \x01(\v2\x13.geolog.v1.NodeInfoR\x04node\"Q\n" +
+	"\x11SplitRangeRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
+	"\x05range\x18\x02 \x01(\rR\x05range\x12\x0e\n" +
+	"\x02at\x18\x03 \x01(\x04R\x02at\"\xb3\x01\n" +
+	"\x12SplitRangeResponse\x12!\n" +
+	"\fsplit_offset\x18\x01 \x01(\x04R\vsplitOffset\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x0e\n" +
+	"\x02at\x18\x03 \x01(\x04R\x02at\x12\x12\n" +
+	"\x04left\x18\x04 \x01(\rR\x04left\x12\x14\n" +
+	"\x05right\x18\x05 \x01(\rR\x05right\x12*\n" +
+	"\x11range_map_version\x18\x06 \x01(\x04R\x0frangeMapVersion\"Z\n" +
 	"\x12ListOrphansRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12,\n" +
 	"\x05scope\x18\x02 \x01(\x0e2\x16.geolog.v1.OrphanScopeR\x05scope\"\x94\x02\n" +
@@ -5555,7 +5771,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1a\n" +
 	"\x16CONSISTENCY_MIN_OFFSET\x10\x02\x12\x14\n" +
-	"\x10CONSISTENCY_HOME\x10\x03*\xc9\t\n" +
+	"\x10CONSISTENCY_HOME\x10\x03*\xeb\t\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n" +
@@ -5596,7 +5812,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x1aERROR_CODE_NODE_ID_RETIRED\x10)\x12\x1d\n" +
 	"\x19ERROR_CODE_NODE_ID_IN_USE\x10*\x12\x1d\n" +
 	"\x19ERROR_CODE_ADDRESS_IN_USE\x10+\x12\x1a\n" +
-	"\x16ERROR_CODE_RANGE_SPLIT\x10,*t\n" +
+	"\x16ERROR_CODE_RANGE_SPLIT\x10,\x12 \n" +
+	"\x1cERROR_CODE_SPLIT_IN_PROGRESS\x10-*t\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fNODE_STATE_LIVE\x10\x01\x12\x17\n" +
@@ -5630,7 +5847,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\vListStreams\x12\x1d.geolog.v1.ListStreamsRequest\x1a\x1e.geolog.v1.ListStreamsResponse\x12U\n" +
 	"\x0eDescribeStream\x12 .geolog.v1.DescribeStreamRequest\x1a!.geolog.v1.DescribeStreamResponse\x12O\n" +
 	"\fDeleteStream\x12\x1e.geolog.v1.DeleteStreamRequest\x1a\x1f.geolog.v1.DeleteStreamResponse\x12L\n" +
-	"\vAlterStream\x12\x1d.geolog.v1.AlterStreamRequest\x1a\x1e.geolog.v1.AlterStreamResponse2\xcc\x06\n" +
+	"\vAlterStream\x12\x1d.geolog.v1.AlterStreamRequest\x1a\x1e.geolog.v1.AlterStreamResponse2\x97\a\n" +
 	"\x05Admin\x12U\n" +
 	"\x0eChangeReplicas\x12 .geolog.v1.ChangeReplicasRequest\x1a!.geolog.v1.ChangeReplicasResponse\x12[\n" +
 	"\x10DescribeReplicas\x12\".geolog.v1.DescribeReplicasRequest\x1a#.geolog.v1.DescribeReplicasResponse\x12=\n" +
@@ -5642,7 +5859,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\tDeleteAcl\x12\x1b.geolog.v1.DeleteAclRequest\x1a\x1c.geolog.v1.DeleteAclResponse\x12C\n" +
 	"\bListAcls\x12\x1a.geolog.v1.ListAclsRequest\x1a\x1b.geolog.v1.ListAclsResponse\x12F\n" +
 	"\tListNodes\x12\x1b.geolog.v1.ListNodesRequest\x1a\x1c.geolog.v1.ListNodesResponse\x12O\n" +
-	"\fSetNodeState\x12\x1e.geolog.v1.SetNodeStateRequest\x1a\x1f.geolog.v1.SetNodeStateResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
+	"\fSetNodeState\x12\x1e.geolog.v1.SetNodeStateRequest\x1a\x1f.geolog.v1.SetNodeStateResponse\x12I\n" +
+	"\n" +
+	"SplitRange\x12\x1c.geolog.v1.SplitRangeRequest\x1a\x1d.geolog.v1.SplitRangeResponseB2Z0github.com/geolog/geolog/proto/geologv1;geologv1b\x06proto3"
 
 var (
 	file_geolog_v1_log_proto_rawDescOnce sync.Once
@@ -5657,7 +5876,7 @@ func file_geolog_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_geolog_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_geolog_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_geolog_v1_log_proto_goTypes = []any{
 	(Consistency)(0),                 // 0: geolog.v1.Consistency
 	(ErrorCode)(0),                   // 1: geolog.v1.ErrorCode
@@ -5693,39 +5912,41 @@ var file_geolog_v1_log_proto_goTypes = []any{
 	(*ListNodesResponse)(nil),        // 31: geolog.v1.ListNodesResponse
 	(*SetNodeStateRequest)(nil),      // 32: geolog.v1.SetNodeStateRequest
 	(*SetNodeStateResponse)(nil),     // 33: geolog.v1.SetNodeStateResponse
-	(*ListOrphansRequest)(nil),       // 34: geolog.v1.ListOrphansRequest
-	(*OrphanFork)(nil),               // 35: geolog.v1.OrphanFork
-	(*ListOrphansResponse)(nil),      // 36: geolog.v1.ListOrphansResponse
-	(*ReadOrphansRequest)(nil),       // 37: geolog.v1.ReadOrphansRequest
-	(*ReadOrphansResponse)(nil),      // 38: geolog.v1.ReadOrphansResponse
-	(*RehomeRequest)(nil),            // 39: geolog.v1.RehomeRequest
-	(*RangeRehome)(nil),              // 40: geolog.v1.RangeRehome
-	(*RehomePhases)(nil),             // 41: geolog.v1.RehomePhases
-	(*RehomeResponse)(nil),           // 42: geolog.v1.RehomeResponse
-	(*RefreshHomesRequest)(nil),      // 43: geolog.v1.RefreshHomesRequest
-	(*RegionHomes)(nil),              // 44: geolog.v1.RegionHomes
-	(*HomeRecord)(nil),               // 45: geolog.v1.HomeRecord
-	(*RefreshHomesResponse)(nil),     // 46: geolog.v1.RefreshHomesResponse
-	(*RangeTail)(nil),                // 47: geolog.v1.RangeTail
-	(*ChangeReplicasRequest)(nil),    // 48: geolog.v1.ChangeReplicasRequest
-	(*ChangeReplicasResponse)(nil),   // 49: geolog.v1.ChangeReplicasResponse
-	(*DescribeReplicasRequest)(nil),  // 50: geolog.v1.DescribeReplicasRequest
-	(*ReplicaStatus)(nil),            // 51: geolog.v1.ReplicaStatus
-	(*DescribeReplicasResponse)(nil), // 52: geolog.v1.DescribeReplicasResponse
-	(*EpochStart)(nil),               // 53: geolog.v1.EpochStart
-	(*NodeOrphans)(nil),              // 54: geolog.v1.NodeOrphans
-	(*DeleteStreamRequest)(nil),      // 55: geolog.v1.DeleteStreamRequest
-	(*DeleteStreamResponse)(nil),     // 56: geolog.v1.DeleteStreamResponse
-	(*AlterStreamRequest)(nil),       // 57: geolog.v1.AlterStreamRequest
-	(*AlterStreamResponse)(nil),      // 58: geolog.v1.AlterStreamResponse
-	(*CompactionPolicy)(nil),         // 59: geolog.v1.CompactionPolicy
-	(*AclRule)(nil),                  // 60: geolog.v1.AclRule
-	(*PutAclRequest)(nil),            // 61: geolog.v1.PutAclRequest
-	(*PutAclResponse)(nil),           // 62: geolog.v1.PutAclResponse
-	(*DeleteAclRequest)(nil),         // 63: geolog.v1.DeleteAclRequest
-	(*DeleteAclResponse)(nil),        // 64: geolog.v1.DeleteAclResponse
-	(*ListAclsRequest)(nil),          // 65: geolog.v1.ListAclsRequest
-	(*ListAclsResponse)(nil),         // 66: geolog.v1.ListAclsResponse
+	(*SplitRangeRequest)(nil),        // 34: geolog.v1.SplitRangeRequest
+	(*SplitRangeResponse)(nil),       // 35: geolog.v1.SplitRangeResponse
+	(*ListOrphansRequest)(nil),       // 36: geolog.v1.ListOrphansRequest
+	(*OrphanFork)(nil),               // 37: geolog.v1.OrphanFork
+	(*ListOrphansResponse)(nil),      // 38: geolog.v1.ListOrphansResponse
+	(*ReadOrphansRequest)(nil),       // 39: geolog.v1.ReadOrphansRequest
+	(*ReadOrphansResponse)(nil),      // 40: geolog.v1.ReadOrphansResponse
+	(*RehomeRequest)(nil),            // 41: geolog.v1.RehomeRequest
+	(*RangeRehome)(nil),              // 42: geolog.v1.RangeRehome
+	(*RehomePhases)(nil),             // 43: geolog.v1.RehomePhases
+	(*RehomeResponse)(nil),           // 44: geolog.v1.RehomeResponse
+	(*RefreshHomesRequest)(nil),      // 45: geolog.v1.RefreshHomesRequest
+	(*RegionHomes)(nil),              // 46: geolog.v1.RegionHomes
+	(*HomeRecord)(nil),               // 47: geolog.v1.HomeRecord
+	(*RefreshHomesResponse)(nil),     // 48: geolog.v1.RefreshHomesResponse
+	(*RangeTail)(nil),                // 49: geolog.v1.RangeTail
+	(*ChangeReplicasRequest)(nil),    // 50: geolog.v1.ChangeReplicasRequest
+	(*ChangeReplicasResponse)(nil),   // 51: geolog.v1.ChangeReplicasResponse
+	(*DescribeReplicasRequest)(nil),  // 52: geolog.v1.DescribeReplicasRequest
+	(*ReplicaStatus)(nil),            // 53: geolog.v1.ReplicaStatus
+	(*DescribeReplicasResponse)(nil), // 54: geolog.v1.DescribeReplicasResponse
+	(*EpochStart)(nil),               // 55: geolog.v1.EpochStart
+	(*NodeOrphans)(nil),              // 56: geolog.v1.NodeOrphans
+	(*DeleteStreamRequest)(nil),      // 57: geolog.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),     // 58: geolog.v1.DeleteStreamResponse
+	(*AlterStreamRequest)(nil),       // 59: geolog.v1.AlterStreamRequest
+	(*AlterStreamResponse)(nil),      // 60: geolog.v1.AlterStreamResponse
+	(*CompactionPolicy)(nil),         // 61: geolog.v1.CompactionPolicy
+	(*AclRule)(nil),                  // 62: geolog.v1.AclRule
+	(*PutAclRequest)(nil),            // 63: geolog.v1.PutAclRequest
+	(*PutAclResponse)(nil),           // 64: geolog.v1.PutAclResponse
+	(*DeleteAclRequest)(nil),         // 65: geolog.v1.DeleteAclRequest
+	(*DeleteAclResponse)(nil),        // 66: geolog.v1.DeleteAclResponse
+	(*ListAclsRequest)(nil),          // 67: geolog.v1.ListAclsRequest
+	(*ListAclsResponse)(nil),         // 68: geolog.v1.ListAclsResponse
 }
 var file_geolog_v1_log_proto_depIdxs = []int32{
 	7,  // 0: geolog.v1.Record.headers:type_name -> geolog.v1.Header
@@ -5738,12 +5959,12 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	9,  // 7: geolog.v1.SubscribeResponse.records:type_name -> geolog.v1.StoredRecord
 	17, // 8: geolog.v1.StreamInfo.retention:type_name -> geolog.v1.RetentionPolicy
 	6,  // 9: geolog.v1.StreamInfo.cleanup:type_name -> geolog.v1.CleanupPolicy
-	59, // 10: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
+	61, // 10: geolog.v1.StreamInfo.compaction:type_name -> geolog.v1.CompactionPolicy
 	20, // 11: geolog.v1.RangeInfo.replication:type_name -> geolog.v1.RegionProgress
-	53, // 12: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
+	55, // 12: geolog.v1.RangeInfo.epochs:type_name -> geolog.v1.EpochStart
 	17, // 13: geolog.v1.CreateStreamRequest.retention:type_name -> geolog.v1.RetentionPolicy
 	6,  // 14: geolog.v1.CreateStreamRequest.cleanup:type_name -> geolog.v1.CleanupPolicy
-	59, // 15: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
+	61, // 15: geolog.v1.CreateStreamRequest.compaction:type_name -> geolog.v1.CompactionPolicy
 	18, // 16: geolog.v1.CreateStreamResponse.stream:type_name -> geolog.v1.StreamInfo
 	18, // 17: geolog.v1.ListStreamsResponse.streams:type_name -> geolog.v1.StreamInfo
 	18, // 18: geolog.v1.DescribeStreamResponse.stream:type_name -> geolog.v1.StreamInfo
@@ -5755,22 +5976,22 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	2,  // 24: geolog.v1.SetNodeStateRequest.state:type_name -> geolog.v1.NodeState
 	28, // 25: geolog.v1.SetNodeStateResponse.node:type_name -> geolog.v1.NodeInfo
 	5,  // 26: geolog.v1.ListOrphansRequest.scope:type_name -> geolog.v1.OrphanScope
-	35, // 27: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
-	54, // 28: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
+	37, // 27: geolog.v1.ListOrphansResponse.forks:type_name -> geolog.v1.OrphanFork
+	56, // 28: geolog.v1.ListOrphansResponse.nodes:type_name -> geolog.v1.NodeOrphans
 	9,  // 29: geolog.v1.ReadOrphansResponse.records:type_name -> geolog.v1.StoredRecord
-	41, // 30: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
-	40, // 31: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
-	44, // 32: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
-	45, // 33: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
-	47, // 34: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
+	43, // 30: geolog.v1.RangeRehome.phases:type_name -> geolog.v1.RehomePhases
+	42, // 31: geolog.v1.RehomeResponse.ranges:type_name -> geolog.v1.RangeRehome
+	46, // 32: geolog.v1.RefreshHomesRequest.homes:type_name -> geolog.v1.RegionHomes
+	47, // 33: geolog.v1.RegionHomes.homes:type_name -> geolog.v1.HomeRecord
+	49, // 34: geolog.v1.RefreshHomesResponse.tails:type_name -> geolog.v1.RangeTail
 	3,  // 35: geolog.v1.ChangeReplicasRequest.change:type_name -> geolog.v1.ReplicaChange
-	51, // 36: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
+	53, // 36: geolog.v1.DescribeReplicasResponse.replicas:type_name -> geolog.v1.ReplicaStatus
 	4,  // 37: geolog.v1.EpochStart.kind:type_name -> geolog.v1.EpochKind
-	35, // 38: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
+	37, // 38: geolog.v1.NodeOrphans.forks:type_name -> geolog.v1.OrphanFork
 	18, // 39: geolog.v1.AlterStreamResponse.stream:type_name -> geolog.v1.StreamInfo
-	60, // 40: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
-	60, // 41: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
-	60, // 42: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
+	62, // 40: geolog.v1.PutAclRequest.rule:type_name -> geolog.v1.AclRule
+	62, // 41: geolog.v1.PutAclResponse.rule:type_name -> geolog.v1.AclRule
+	62, // 42: geolog.v1.ListAclsResponse.rules:type_name -> geolog.v1.AclRule
 	10, // 43: geolog.v1.Log.Append:input_type -> geolog.v1.AppendRequest
 	10, // 44: geolog.v1.Log.AppendStream:input_type -> geolog.v1.AppendRequest
 	13, // 45: geolog.v1.Log.Read:input_type -> geolog.v1.ReadRequest
@@ -5778,41 +5999,43 @@ var file_geolog_v1_log_proto_depIdxs = []int32{
 	21, // 47: geolog.v1.Log.CreateStream:input_type -> geolog.v1.CreateStreamRequest
 	23, // 48: geolog.v1.Log.ListStreams:input_type -> geolog.v1.ListStreamsRequest
 	25, // 49: geolog.v1.Log.DescribeStream:input_type -> geolog.v1.DescribeStreamRequest
-	55, // 50: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
-	57, // 51: geolog.v1.Log.AlterStream:input_type -> geolog.v1.AlterStreamRequest
-	48, // 52: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
-	50, // 53: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
-	39, // 54: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
-	43, // 55: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
-	34, // 56: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
-	37, // 57: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
-	61, // 58: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
-	63, // 59: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
-	65, // 60: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
+	57, // 50: geolog.v1.Log.DeleteStream:input_type -> geolog.v1.DeleteStreamRequest
+	59, // 51: geolog.v1.Log.AlterStream:input_type -> geolog.v1.AlterStreamRequest
+	50, // 52: geolog.v1.Admin.ChangeReplicas:input_type -> geolog.v1.ChangeReplicasRequest
+	52, // 53: geolog.v1.Admin.DescribeReplicas:input_type -> geolog.v1.DescribeReplicasRequest
+	41, // 54: geolog.v1.Admin.Rehome:input_type -> geolog.v1.RehomeRequest
+	45, // 55: geolog.v1.Admin.RefreshHomes:input_type -> geolog.v1.RefreshHomesRequest
+	36, // 56: geolog.v1.Admin.ListOrphans:input_type -> geolog.v1.ListOrphansRequest
+	39, // 57: geolog.v1.Admin.ReadOrphans:input_type -> geolog.v1.ReadOrphansRequest
+	63, // 58: geolog.v1.Admin.PutAcl:input_type -> geolog.v1.PutAclRequest
+	65, // 59: geolog.v1.Admin.DeleteAcl:input_type -> geolog.v1.DeleteAclRequest
+	67, // 60: geolog.v1.Admin.ListAcls:input_type -> geolog.v1.ListAclsRequest
 	30, // 61: geolog.v1.Admin.ListNodes:input_type -> geolog.v1.ListNodesRequest
 	32, // 62: geolog.v1.Admin.SetNodeState:input_type -> geolog.v1.SetNodeStateRequest
-	12, // 63: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
-	12, // 64: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
-	14, // 65: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
-	16, // 66: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
-	22, // 67: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
-	24, // 68: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
-	26, // 69: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
-	56, // 70: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
-	58, // 71: geolog.v1.Log.AlterStream:output_type -> geolog.v1.AlterStreamResponse
-	49, // 72: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
-	52, // 73: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
-	42, // 74: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
-	46, // 75: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
-	36, // 76: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
-	38, // 77: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
-	62, // 78: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
-	64, // 79: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
-	66, // 80: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
-	31, // 81: geolog.v1.Admin.ListNodes:output_type -> geolog.v1.ListNodesResponse
-	33, // 82: geolog.v1.Admin.SetNodeState:output_type -> geolog.v1.SetNodeStateResponse
-	63, // [63:83] is the sub-list for method output_type
-	43, // [43:63] is the sub-list for method input_type
+	34, // 63: geolog.v1.Admin.SplitRange:input_type -> geolog.v1.SplitRangeRequest
+	12, // 64: geolog.v1.Log.Append:output_type -> geolog.v1.AppendResponse
+	12, // 65: geolog.v1.Log.AppendStream:output_type -> geolog.v1.AppendResponse
+	14, // 66: geolog.v1.Log.Read:output_type -> geolog.v1.ReadResponse
+	16, // 67: geolog.v1.Log.Subscribe:output_type -> geolog.v1.SubscribeResponse
+	22, // 68: geolog.v1.Log.CreateStream:output_type -> geolog.v1.CreateStreamResponse
+	24, // 69: geolog.v1.Log.ListStreams:output_type -> geolog.v1.ListStreamsResponse
+	26, // 70: geolog.v1.Log.DescribeStream:output_type -> geolog.v1.DescribeStreamResponse
+	58, // 71: geolog.v1.Log.DeleteStream:output_type -> geolog.v1.DeleteStreamResponse
+	60, // 72: geolog.v1.Log.AlterStream:output_type -> geolog.v1.AlterStreamResponse
+	51, // 73: geolog.v1.Admin.ChangeReplicas:output_type -> geolog.v1.ChangeReplicasResponse
+	54, // 74: geolog.v1.Admin.DescribeReplicas:output_type -> geolog.v1.DescribeReplicasResponse
+	44, // 75: geolog.v1.Admin.Rehome:output_type -> geolog.v1.RehomeResponse
+	48, // 76: geolog.v1.Admin.RefreshHomes:output_type -> geolog.v1.RefreshHomesResponse
+	38, // 77: geolog.v1.Admin.ListOrphans:output_type -> geolog.v1.ListOrphansResponse
+	40, // 78: geolog.v1.Admin.ReadOrphans:output_type -> geolog.v1.ReadOrphansResponse
+	64, // 79: geolog.v1.Admin.PutAcl:output_type -> geolog.v1.PutAclResponse
+	66, // 80: geolog.v1.Admin.DeleteAcl:output_type -> geolog.v1.DeleteAclResponse
+	68, // 81: geolog.v1.Admin.ListAcls:output_type -> geolog.v1.ListAclsResponse
+	31, // 82: geolog.v1.Admin.ListNodes:output_type -> geolog.v1.ListNodesResponse
+	33, // 83: geolog.v1.Admin.SetNodeState:output_type -> geolog.v1.SetNodeStateResponse
+	35, // 84: geolog.v1.Admin.SplitRange:output_type -> geolog.v1.SplitRangeResponse
+	64, // [64:85] is the sub-list for method output_type
+	43, // [43:64] is the sub-list for method input_type
 	43, // [43:43] is the sub-list for extension type_name
 	43, // [43:43] is the sub-list for extension extendee
 	0,  // [0:43] is the sub-list for field type_name
@@ -5829,14 +6052,14 @@ func file_geolog_v1_log_proto_init() {
 		(*SubscribeRequest_FromTimeUnixNanos)(nil),
 	}
 	file_geolog_v1_log_proto_msgTypes[12].OneofWrappers = []any{}
-	file_geolog_v1_log_proto_msgTypes[50].OneofWrappers = []any{}
+	file_geolog_v1_log_proto_msgTypes[52].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geolog_v1_log_proto_rawDesc), len(file_geolog_v1_log_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   60,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

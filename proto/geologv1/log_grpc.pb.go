@@ -512,6 +512,7 @@ const (
 	Admin_ListAcls_FullMethodName         = "/geolog.v1.Admin/ListAcls"
 	Admin_ListNodes_FullMethodName        = "/geolog.v1.Admin/ListNodes"
 	Admin_SetNodeState_FullMethodName     = "/geolog.v1.Admin/SetNodeState"
+	Admin_SplitRange_FullMethodName       = "/geolog.v1.Admin/SplitRange"
 )
 
 // AdminClient is the client API for Admin service.
@@ -570,6 +571,16 @@ type AdminClient interface {
 	// An unknown node id, or a change out of decommissioned, is
 	// INVALID_ARGUMENT. It needs admin on "*".
 	SetNodeState(ctx context.Context, in *SetNodeStateRequest, opts ...grpc.CallOption) (*SetNodeStateResponse, error)
+	// SplitRange splits a range of a stream at a hash boundary into two
+	// children (docs/split.md): the split marker takes one offset of the
+	// range's log (its split offset: the range takes no more appends), the
+	// children inherit its home and epoch, and the catalogue's range map
+	// gains them. Sent to any node of the range's home region; it runs on
+	// the region's catalogue leader, which reserves the stream's next map
+	// version first, so a second split of the stream racing it gets
+	// SPLIT_IN_PROGRESS and a split range RANGE_SPLIT. It needs admin on
+	// the stream.
+	SplitRange(ctx context.Context, in *SplitRangeRequest, opts ...grpc.CallOption) (*SplitRangeResponse, error)
 }
 
 type adminClient struct {
@@ -690,6 +701,16 @@ func (c *adminClient) SetNodeState(ctx context.Context, in *SetNodeStateRequest,
 	return out, nil
 }
 
+func (c *adminClient) SplitRange(ctx context.Context, in *SplitRangeRequest, opts ...grpc.CallOption) (*SplitRangeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SplitRangeResponse)
+	err := c.cc.Invoke(ctx, Admin_SplitRange_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -746,6 +767,16 @@ type AdminServer interface {
 	// An unknown node id, or a change out of decommissioned, is
 	// INVALID_ARGUMENT. It needs admin on "*".
 	SetNodeState(context.Context, *SetNodeStateRequest) (*SetNodeStateResponse, error)
+	// SplitRange splits a range of a stream at a hash boundary into two
+	// children (docs/split.md): the split marker takes one offset of the
+	// range's log (its split offset: the range takes no more appends), the
+	// children inherit its home and epoch, and the catalogue's range map
+	// gains them. Sent to any node of the range's home region; it runs on
+	// the region's catalogue leader, which reserves the stream's next map
+	// version first, so a second split of the stream racing it gets
+	// SPLIT_IN_PROGRESS and a split range RANGE_SPLIT. It needs admin on
+	// the stream.
+	SplitRange(context.Context, *SplitRangeRequest) (*SplitRangeResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -788,6 +819,9 @@ func (UnimplementedAdminServer) ListNodes(context.Context, *ListNodesRequest) (*
 }
 func (UnimplementedAdminServer) SetNodeState(context.Context, *SetNodeStateRequest) (*SetNodeStateResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetNodeState not implemented")
+}
+func (UnimplementedAdminServer) SplitRange(context.Context, *SplitRangeRequest) (*SplitRangeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SplitRange not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -1008,6 +1042,24 @@ func _Admin_SetNodeState_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_SplitRange_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SplitRangeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SplitRange(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SplitRange_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SplitRange(ctx, req.(*SplitRangeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1058,6 +1110,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetNodeState",
 			Handler:    _Admin_SetNodeState_Handler,
+		},
+		{
+			MethodName: "SplitRange",
+			Handler:    _Admin_SplitRange_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

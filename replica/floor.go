@@ -1,0 +1,184 @@
+package replica
+
+import (
+	"bytes"
+	"encoding/binary"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
+	"google.golang.org/protobuf/proto"
+)
+
+// The compaction floor on followers (notes/sim169.md).
+//
+// SetCompactionFloor is the driver's: regionsvc sets it on the home's
+// leader (the lowest offset a mirror region still needs) and on a mirror
+// group's leader (the home's floor, from its heartbeats). Followers hear
+// neither, and used to compact by retention alone: a follower that then
+// led (a leader change at the home, or in a mirror region that a takeover
+// makes the home) had deleted what a lagging or divergent mirror needs to
+// catch up or fork, and the mirror waited for it for ever.
+//
+// So a leader with a floor (its driver's, or the one it learned as a
+// follower while its driver has none) shares it: every Compact sends each
+// peer a floor message (a MsgHeartbeat carrying floorContext and the offset,
+// which Raft never steps) when the floor or the term changed since it
+// last did, and again every floorShareRounds calls (messages get lost). A
+// follower takes a floor message from its leader of the current term and
+// keeps the floor until a newer one replaces it, across leader changes
+// (holding back is safe; a new leader with a floor replaces it within a
+// Compact round, one without one leaves it standing). Compact bounds
+// compaction by the driver's floor on a leader that has one, else by the
+// lower of the driver's and the learned one. The learned floor is kept in
+// the hard state (HardState.SharedFloor: saved with every compaction
+// point, and at once when a floor below the saved one, or the first one,
+// arrives), so a restarted follower holds to it until its leader's next
+// floor message: found by the simulator with floors set on leaders only
+// (seeds 45 and 169 of the minute runs, a follower restarted and
+// compacting before it heard its leader's floor again). A replica that
+// never heard a floor (a new one, installed by a snapshot) compacts by
+// retention alone until it does.
+//
+// An older build steps a floor message as a plain heartbeat (commit 0)
+// and echoes its context, which the leader reads as an unknown read-index
+// context: harmless.
+
+// floorContext marks a floor message's Context; the offset follows it, 8
+// bytes big-endian. Raft's own contexts are 8 bytes and quiesceContext
+// differs, so they never collide.
+var floorContext = []byte("geolog.floor")
+
+// floorShareRounds is how many Compact calls a leader lets pass before it
+// sends an unchanged floor again.
+const floorShareRounds = 8
+
+// floorShare is a leader's record of the floor it last shared, and a
+// follower's of the floor it learned.
+type floorShare struct {
+	// leader side
+	sentOffset uint64
+	sentTerm   uint64
+	rounds     int // Compact calls since the last share
+	// follower side
+	learned    uint64
+	learnedSet bool
+}
+
+// IsFloorMessage reports whether m is a leader's floor message (see
+// above): a transport carries it as any other message.
+func IsFloorMessage(m *raftpb.Message) bool {
+	_, ok := floorMessage(m)
+	return ok
+}
+
+// floorMessage returns the offset a floor message carries.
+func floorMessage(m *raftpb.Message) (uint64, bool) {
+	c := m.GetContext()
+	if m.GetType() != raftpb.MsgHeartbeat || len(c) != len(floorContext)+8 || !bytes.HasPrefix(c, floorContext) {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(c[len(floorContext):]), true
+}
+
+// floorMsg is a floor message from a leader of term to a peer.
+func floorMsg(from, to, term, offset uint64) *raftpb.Message {
+	ctx := binary.BigEndian.AppendUint64(append([]byte(nil), floorContext...), offset)
+	return &raftpb.Message{Type: raftpb.MsgHeartbeat.Enum(), To: proto.Uint64(to), From: proto.Uint64(from),
+		Term: proto.Uint64(term), Context: ctx}
+}
+
+// shareFloor sends the leader's floor (compactionFloor) to its peers when
+// it changed or floorShareRounds calls passed (see above). For the driver
+// goroutine.
+func (r *Replica) shareFloor() {
+	f := &r.floorShare
+	floor, ok := r.compactionFloor()
+	if !r.isLeader || !ok {
+		return
+	}
+	f.rounds++
+	if f.sentOffset == floor && f.sentTerm == r.term && f.rounds < floorShareRounds {
+		return
+	}
+	var msgs []*raftpb.Message
+	r.rn.WithProgress(func(id uint64, _ raft.ProgressType, _ tracker.Progress) {
+		if id != r.cfg.NodeID {
+			msgs = append(msgs, floorMsg(r.cfg.NodeID, id, r.term, floor))
+		}
+	})
+	if len(msgs) > 0 {
+		r.cfg.Send(msgs)
+	}
+	f.sentOffset, f.sentTerm, f.rounds = floor, r.term, 0
+}
+
+// learnFloor takes a floor message's offset from the current term's
+// leader; others change nothing.
+func (r *Replica) learnFloor(m *raftpb.Message, offset uint64) {
+	st := r.rn.BasicStatus()
+	if r.isLeader || m.GetTerm() != st.GetTerm() || m.GetFrom() != st.Lead {
+		return
+	}
+	r.noteFloor(offset)
+}
+
+// noteFloor makes offset the learned floor, saving it when it is the
+// first or lower than the saved one (see above).
+func (r *Replica) noteFloor(offset uint64) {
+	f := &r.floorShare
+	if f.learnedSet && f.learned == offset {
+		return
+	}
+	f.learned, f.learnedSet = offset, true
+	if s := r.state.SharedFloor; s != 0 && s-1 <= offset {
+		return // the saved floor is lower: holding to it after a restart is safe
+	}
+	// The first floor learned, or one below the saved: save it now, so
+	// that a restart never compacts past it.
+	prev := r.state
+	r.keepSharedFloor()
+	if err := r.cfg.State.Save(r.state); err != nil {
+		r.state = prev
+		r.logger.Warn("cannot save the compaction floor learned from the leader", "floor", offset, "error", err)
+	}
+}
+
+// keepSharedFloor records the learned floor in the state (the caller
+// saves it).
+func (r *Replica) keepSharedFloor() {
+	if f := &r.floorShare; f.learnedSet {
+		r.state.SharedFloor = f.learned + 1
+	}
+}
+
+// stepDownFloor runs as this replica stops leading: the floor its driver
+// set stays as the learned one until the next leader's floor message
+// (else a leader that never followed one would compact by retention alone
+// in between: seed 10 of the 3-second runs, with floors on leaders only).
+func (r *Replica) stepDownFloor() {
+	if r.floorSet {
+		r.noteFloor(r.floorOffset)
+	}
+}
+
+// compactionFloor is the floor Compact holds to: the driver's on a leader
+// that has one, else the lower of the driver's and the learned one.
+func (r *Replica) compactionFloor() (uint64, bool) {
+	f := &r.floorShare
+	switch {
+	case r.floorSet && (r.isLeader || !f.learnedSet):
+		return r.floorOffset, true
+	case r.floorSet:
+		return min(r.floorOffset, f.learned), true
+	case f.learnedSet:
+		return f.learned, true
+	}
+	return 0, false
+}
+
+// LearnedCompactionFloor returns the floor this replica learned from a
+// leader (false: none since it opened). For the driver goroutine.
+func (r *Replica) LearnedCompactionFloor() (uint64, bool) {
+	return r.floorShare.learned, r.floorShare.learnedSet
+}

@@ -1,0 +1,116 @@
+package replica
+
+import (
+	"testing"
+
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// TestFollowersKeepLeaderFloor: only the leader's driver knows the
+// compaction floor (what a mirror region still needs); its followers keep
+// their logs from it all the same (floor.go), so that whichever of them
+// leads next still holds what the mirror needs, and keep it while they
+// lead without a floor of their own. Without the sharing, node 2 and 3
+// compact past the floor by retention alone and the new leader, node 2,
+// no longer holds offset 30.
+func TestFollowersKeepLeaderFloor(t *testing.T) {
+	c := newClusterOpts(t, 3, 3, withCompaction(2000))
+	c.elect(1)
+	c.proposeN(7, 0, 40, "a")
+	c.tick(2)
+	const floor = 30
+	c.replicas[1].SetCompactionFloor(floor, true)
+	c.compact(1) // shares the floor
+	c.settle()
+	for _, id := range c.ids {
+		c.compact(id)
+		if start := c.logs[id].StartOffset(); start > floor {
+			t.Fatalf("node %d: log starts at offset %d, past the leader's floor %d", id, start, floor)
+		}
+	}
+	if f, ok := c.replicas[2].LearnedCompactionFloor(); !ok || f != floor {
+		t.Fatalf("node 2 learned floor %d (%v), want %d", f, ok, floor)
+	}
+	// Node 2 leads without a floor of its own: it keeps the learned one.
+	// Node 1's driver drops its floor as it no longer leads (regionsvc
+	// sets one only on a leader).
+	c.transfer(2)
+	c.replicas[1].SetCompactionFloor(0, false)
+	c.proposeN(7, 120, 20, "b")
+	c.tick(2)
+	c.compact(2) // shares the floor it learned
+	c.settle()
+	for _, id := range c.ids {
+		c.compact(id)
+		if start := c.logs[id].StartOffset(); start > floor {
+			t.Fatalf("after the transfer, node %d: log starts at offset %d, past the floor %d", id, start, floor)
+		}
+	}
+	// Its own floor, once set, replaces the learned one, here and on its
+	// followers.
+	c.replicas[2].SetCompactionFloor(90, true)
+	c.compact(2)
+	c.settle()
+	for _, id := range c.ids {
+		c.compact(id)
+		if start := c.logs[id].StartOffset(); start <= floor || start > 90 {
+			t.Fatalf("with the floor raised to 90, node %d: log starts at offset %d", id, start)
+		}
+	}
+	c.agree()
+}
+
+// TestFloorMessageOnlyFromLeader: a floor message from a node that does
+// not lead this term is ignored, and no floor message reaches Raft.
+func TestFloorMessageOnlyFromLeader(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	c.transfer(2)
+	c.transfer(1) // term 3: a lower one to try
+	term := c.replicas[2].Status().GetTerm()
+	msg := func(from, term uint64) *raftpb.Message {
+		m := floorMsg(from, 2, term, 5)
+		return m
+	}
+	for _, m := range []*raftpb.Message{msg(3, term), msg(1, term+1), msg(1, term-1)} {
+		if err := c.replicas[2].Step(m); err != nil {
+			t.Fatalf("step %v: %v", m, err)
+		}
+		if _, ok := c.replicas[2].LearnedCompactionFloor(); ok {
+			t.Fatalf("learned a floor from %v", m)
+		}
+	}
+	if term2 := c.replicas[2].Status().GetTerm(); term2 != term {
+		t.Fatalf("a floor message of term %d moved the term to %d", term+1, term2)
+	}
+	if err := c.replicas[2].Step(msg(1, term)); err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := c.replicas[2].LearnedCompactionFloor(); !ok || f != 5 {
+		t.Fatalf("from the leader: floor %d (%v), want 5", f, ok)
+	}
+}
+
+// TestLearnedFloorSurvivesRestart: a follower restarted before its
+// leader's next floor message holds to the floor it learned (saved in its
+// hard state, HardState.SharedFloor); without it, node 3 restarted and
+// compacted past the floor by retention alone.
+func TestLearnedFloorSurvivesRestart(t *testing.T) {
+	c := newClusterOpts(t, 3, 3, withCompaction(2000))
+	c.elect(1)
+	const floor = 9
+	c.replicas[1].SetCompactionFloor(floor, true)
+	c.compact(1) // shares the floor before anything is compactable
+	c.settle()
+	c.proposeN(7, 0, 40, "a")
+	c.tick(2)
+	c.stop(3)
+	c.start(3)
+	if f, ok := c.replicas[3].LearnedCompactionFloor(); !ok || f != floor {
+		t.Fatalf("node 3 restarted with learned floor %d (%v), want %d", f, ok, floor)
+	}
+	c.compact(3)
+	if start := c.logs[3].StartOffset(); start > floor {
+		t.Fatalf("node 3 restarted and compacted to offset %d, past the floor %d", start, floor)
+	}
+}
