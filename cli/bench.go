@@ -27,6 +27,11 @@ type BenchConfig struct {
 	Producers int
 	// RecordBytes is each record's value size; default 1024.
 	RecordBytes int
+	// Values is the number of distinct random values the records cycle
+	// through; default 1 (every record holds the same bytes). More makes
+	// the records as incompressible as random data is, for figures of
+	// what crosses the network (the replicator compresses each batch).
+	Values int
 	// InflightBatchesMax is each producer's window per range; default 1
 	// (the producer's default).
 	InflightBatchesMax int
@@ -231,8 +236,11 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 	for i := range keys {
 		keys[i] = fmt.Appendf(nil, "key-%06d", i)
 	}
-	value := make([]byte, cfg.RecordBytes)
-	_, _ = rand.Read(value)
+	values := make([][]byte, max(1, cfg.Values))
+	for i := range values {
+		values[i] = make([]byte, cfg.RecordBytes)
+		_, _ = rand.Read(values[i])
+	}
 
 	st := &benchState{hist: hdrhistogram.New(1, benchLatencyMaxMicros, 3), samples: make(map[string]bool)}
 	if cfg.Breakdown {
@@ -269,7 +277,7 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			benchProducer(p, w, count, cfg, keys, value, &stop, st)
+			benchProducer(p, w, count, cfg, keys, values, &stop, st)
 		}()
 	}
 	wg.Wait()
@@ -312,7 +320,7 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 
 // benchProducer produces count records (or until stop when count < 0) and
 // waits for their acks.
-func benchProducer(p *client.Producer, w int, count int64, cfg BenchConfig, keys [][]byte, value []byte, stop *atomic.Bool, st *benchState) {
+func benchProducer(p *client.Producer, w int, count int64, cfg BenchConfig, keys [][]byte, values [][]byte, stop *atomic.Bool, st *benchState) {
 	ctx := context.Background()
 	// Per producer and range, acks must come in increasing offset order.
 	var orderMu sync.Mutex
@@ -346,7 +354,7 @@ func benchProducer(p *client.Producer, w int, count int64, cfg BenchConfig, keys
 		if stop.Load() {
 			break
 		}
-		rec := &client.Record{Value: value}
+		rec := &client.Record{Value: values[(int64(w)*7919+i)%int64(len(values))]}
 		if len(keys) > 0 {
 			rec.Key = keys[(int64(w)+i)%int64(len(keys))]
 		}
@@ -426,6 +434,7 @@ func (e *env) bench(ctx context.Context, args []string) error {
 	ranges := fs.Uint("ranges", 8, "range count of a stream the bench creates")
 	fs.IntVar(&cfg.Producers, "producers", 1, "concurrent producers")
 	fs.IntVar(&cfg.RecordBytes, "record-bytes", 1024, "value bytes per record")
+	fs.IntVar(&cfg.Values, "values", 1, "distinct random values the records cycle through (1: every record the same; 4096 makes batches incompressible)")
 	fs.IntVar(&cfg.InflightBatchesMax, "inflight", 1, "in-flight batches per range and producer (max 16)")
 	fs.DurationVar(&cfg.Linger, "linger", 0, "producer linger")
 	fs.IntVar(&cfg.BatchBytesMax, "batch-bytes", 1<<20, "batch bytes max")
@@ -453,6 +462,8 @@ func (e *env) bench(ctx context.Context, args []string) error {
 		return usagef("--producers must be at least 1")
 	case cfg.RecordBytes < 1:
 		return usagef("--record-bytes must be positive")
+	case cfg.Values < 1 || int64(cfg.Values)*int64(cfg.RecordBytes) > 256<<20:
+		return usagef("--values must be at least 1, and --values times --record-bytes at most 256 MiB")
 	case cfg.Keys < 0 || cfg.Count < 0:
 		return usagef("--keys and --count must not be negative")
 	case cfg.InflightBatchesMax < 1 || cfg.InflightBatchesMax > client.InflightBatchesMaxLimit:

@@ -171,3 +171,31 @@ func TestBenchFloor(t *testing.T) {
 		t.Errorf("left %d files in --dir", len(left))
 	}
 }
+
+// --values N: the records cycle through N distinct random values (the
+// default, 1, writes one value over and over, which the replicator's
+// compression shrinks to nothing).
+func TestBenchDistinctValues(t *testing.T) {
+	srv := startFake(t)
+	for _, tc := range []struct {
+		values string
+		want   int
+	}{{"1", 1}, {"64", 64}} {
+		stream := "v" + tc.values
+		mustRun(t, srv.Addr(), "", "bench", "--stream", stream, "--ranges", "1", "--count", "500",
+			"--record-bytes", "32", "--values", tc.values, "--json")
+		distinct := map[string]bool{}
+		for _, r := range srv.Records(stream, 0) {
+			if len(r.GetValue()) != 32 {
+				t.Fatalf("a record of %d bytes, want 32", len(r.GetValue()))
+			}
+			distinct[string(r.GetValue())] = true
+		}
+		if len(distinct) != tc.want {
+			t.Fatalf("--values %s: %d distinct values in 500 records, want %d", tc.values, len(distinct), tc.want)
+		}
+	}
+	if _, errOut, code := run(t, testCtx(t), "", "--addr", srv.Addr(), "bench", "--values", "0"); code == 0 || !strings.Contains(errOut, "--values") {
+		t.Fatalf("--values 0: exit %d, stderr %q", code, errOut)
+	}
+}

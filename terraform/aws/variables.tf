@@ -55,6 +55,28 @@ variable "geolog_volume_gb" {
   default     = 200
 }
 
+variable "geolog_volume_throughput_mibps" {
+  description = "Provisioned throughput of a geologd node's gp3 volume, MiB/s (gp3: 125 to 1000). docs/capacity.md: a region of N nodes at R3 writes about 3 MB/s per 1,000 records/s of 1 KiB, so each node about 3/N of that."
+  type        = number
+  default     = 125
+
+  validation {
+    condition     = var.geolog_volume_throughput_mibps >= 125 && var.geolog_volume_throughput_mibps <= 1000
+    error_message = "geolog_volume_throughput_mibps: gp3 takes 125 to 1000 MiB/s."
+  }
+}
+
+variable "geolog_volume_iops" {
+  description = "Provisioned IOPS of a geologd node's gp3 volume (gp3: 3000 to 16000). Every append batch costs a write and an fdatasync on each replica."
+  type        = number
+  default     = 3000
+
+  validation {
+    condition     = var.geolog_volume_iops >= 3000 && var.geolog_volume_iops <= 16000
+    error_message = "geolog_volume_iops: gp3 takes 3000 to 16000."
+  }
+}
+
 variable "geolog_port" {
   description = "geologd's gRPC port: clients, Raft between a region's nodes, and replication between regions."
   type        = number

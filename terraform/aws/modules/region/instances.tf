@@ -30,6 +30,8 @@ resource "aws_instance" "geolog" {
   root_block_device {
     volume_type = "gp3"
     volume_size = var.geolog_volume_gb
+    throughput  = var.geolog_volume_throughput_mibps
+    iops        = var.geolog_volume_iops
     encrypted   = true
   }
 

@@ -48,6 +48,14 @@ variable "geolog_volume_gb" {
   type = number
 }
 
+variable "geolog_volume_throughput_mibps" {
+  type = number
+}
+
+variable "geolog_volume_iops" {
+  type = number
+}
+
 variable "geolog_port" {
   type = number
 }
