@@ -71,7 +71,7 @@ REGIONS   ?= 3
 JOBS      ?= $(shell nproc 2>/dev/null || echo 1)
 KEEPGOING ?= false
 
-.PHONY: bench-floor release image all build test test-loaded test-alerts unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-ranges bench-keysync bench-e2e bench-geo bench-capacity sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: bench-floor release image all build test test-loaded test-alerts unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-ranges bench-keysync bench-e2e bench-geo bench-capacity bench-scale sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -243,6 +243,11 @@ bench-geo: build bench-floor
 bench-capacity: FLOOR_WRITERS = 9
 bench-capacity: build bench-floor
 	./scripts/bench_capacity.sh
+
+# The scale curve (issue 12): records/s of one region of 3, 6 and 9 nodes
+# (NODES="3 6 9") on this machine, with range leaders per node.
+bench-scale: build bench-floor
+	./scripts/bench_scale.sh
 
 # make demo: the multi-region demo on the local cluster (started if it is
 # not running, left running: make down stops it). make demo-single: the
