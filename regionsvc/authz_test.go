@@ -21,7 +21,7 @@ import (
 
 // callerCtx returns a request context whose caller presented (and the
 // server verified) a certificate naming id.
-func callerCtx(t *testing.T, id pki.Identity) context.Context {
+func callerCtx(t testing.TB, id pki.Identity) context.Context {
 	t.Helper()
 	caPair, err := pki.CreateCA("test CA", pki.Options{})
 	if err != nil {
@@ -137,7 +137,7 @@ func TestOpenStreamRecheckedOnPolicyChange(t *testing.T) {
 	rule := authz.Rule{Principal: "reader", Resource: "orders", Perms: authz.Of(authz.Consume)}
 	n := authzNode(&authz.Policy{Rules: []authz.Rule{rule}})
 	fs := &fakeStream{ctx: callerCtx(t, pki.ClientIdentity("reader")), req: &geologv1.SubscribeRequest{Stream: "orders"}}
-	s := &authzStream{ServerStream: fs, n: n, method: geologv1.Log_Subscribe_FullMethodName}
+	s := newAuthzStream(fs, n, geologv1.Log_Subscribe_FullMethodName)
 	if err := s.RecvMsg(new(geologv1.SubscribeRequest)); err != nil {
 		t.Fatalf("open: %v", err)
 	}
@@ -155,8 +155,32 @@ func TestOpenStreamRecheckedOnPolicyChange(t *testing.T) {
 		t.Errorf("%d messages sent, want 2 (none after the right was removed)", fs.sent)
 	}
 	// Opened without the right: refused at the first message.
-	s2 := &authzStream{ServerStream: fs, n: n, method: geologv1.Log_Subscribe_FullMethodName}
+	s2 := newAuthzStream(fs, n, geologv1.Log_Subscribe_FullMethodName)
 	wantDenied(t, "open without the right", apierr.As(s2.RecvMsg(new(geologv1.SubscribeRequest))))
+}
+
+// TestStreamCallerNamedAtOpen: a stream's caller is named once, when it
+// opens (its certificate cannot change while it is open), and what the
+// caller may do is still decided on every message against the policy of
+// the moment. The fake stream's context loses its identity after the
+// open: a stream that named its caller on every message would refuse the
+// second message as from no one.
+func TestStreamCallerNamedAtOpen(t *testing.T) {
+	rule := authz.Rule{Principal: "reader", Resource: "orders", Perms: authz.Of(authz.Consume)}
+	n := authzNode(&authz.Policy{Rules: []authz.Rule{rule}})
+	fs := &fakeStream{ctx: callerCtx(t, pki.ClientIdentity("reader")), req: &geologv1.SubscribeRequest{Stream: "orders"}}
+	s := newAuthzStream(fs, n, geologv1.Log_Subscribe_FullMethodName)
+	fs.ctx = context.Background()
+	for i := range 3 {
+		if err := s.RecvMsg(new(geologv1.SubscribeRequest)); err != nil {
+			t.Fatalf("message %d: %v, want allowed (the caller named at the open)", i, err)
+		}
+	}
+	n.policy.set(&authz.Policy{})
+	wantDenied(t, "a message after the right was removed", apierr.As(s.RecvMsg(new(geologv1.SubscribeRequest))))
+	// Opened with no identity: refused at its first message, as before.
+	anon := newAuthzStream(&fakeStream{ctx: context.Background(), req: fs.req}, authzNode(&authz.Policy{Rules: []authz.Rule{rule}}), geologv1.Log_Subscribe_FullMethodName)
+	wantDenied(t, "a stream with no identity", apierr.As(anon.RecvMsg(new(geologv1.SubscribeRequest))))
 }
 
 // TestRefusalLogIsRateLimited: past the burst, refusals in a window are
@@ -178,4 +202,32 @@ func TestRefusalLogIsRateLimited(t *testing.T) {
 	if !ok || leftOut != 5 {
 		t.Fatalf("next window: admitted %v, %d left out; want true, 5", ok, leftOut)
 	}
+}
+
+// BenchmarkStreamMessageAuthz: deciding one message of a stream, with the
+// caller named at the stream's open (named) and named again from its
+// certificate on every message, as before notes/rtt.md (each):
+//
+//	go test -run '^$' -bench BenchmarkStreamMessageAuthz -benchmem ./regionsvc/
+func BenchmarkStreamMessageAuthz(b *testing.B) {
+	rule := authz.Rule{Principal: "writer", Resource: "orders", Perms: authz.Of(authz.Consume)}
+	n := authzNode(&authz.Policy{Rules: []authz.Rule{rule}})
+	ctx := callerCtx(b, pki.ClientIdentity("writer"))
+	req := &geologv1.SubscribeRequest{Stream: "orders"}
+	method := geologv1.Log_Subscribe_FullMethodName
+	b.Run("named", func(b *testing.B) {
+		s := newAuthzStream(&fakeStream{ctx: ctx, req: req}, n, method)
+		for b.Loop() {
+			if err := s.RecvMsg(new(geologv1.SubscribeRequest)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("each", func(b *testing.B) {
+		for b.Loop() {
+			if err := n.authorizeRequest(ctx, method, req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -210,7 +210,7 @@ func (n *Node) authInterceptors() []grpc.ServerOption {
 			ss = callerStream{ServerStream: ss, ctx: ctx}
 		}
 		if n.authzOn() && classOf(info.FullMethod) == callPublic {
-			ss = &authzStream{ServerStream: ss, n: n, method: info.FullMethod}
+			ss = newAuthzStream(ss, n, info.FullMethod)
 		}
 		return h(srv, ss)
 	}
