@@ -57,8 +57,11 @@ func TestStrayReplicasRemovedOnReturn(t *testing.T) {
 		t.Fatalf("drain node 4: %v", err)
 	}
 	tr.start(4)
+	// Sweeps every 200 ms, two in a row to suspect: seconds, not minutes.
+	sctx, scancel := context.WithTimeout(ctx, 90*time.Second)
+	defer scancel()
 	for _, r := range held {
-		tr.waitStrayGone(ctx, "stray", r)
+		tr.waitStrayGone(sctx, "stray", r)
 	}
 	tr.checkStraysQuiet(ctx, held)
 	sent := p.finish()
@@ -98,9 +101,6 @@ func (tr *testRegion) waitStrayGone(ctx context.Context, stream string, r uint32
 }
 
 func (tr *testRegion) strayGone(ctx context.Context, n *Node, stream string, r uint32) error {
-	if _, err := os.Stat(n.strayTombstonePath(stream, r)); err != nil {
-		return fmt.Errorf("no tombstone: %w", err)
-	}
 	d := n.localRange(stream, r)
 	var conf []uint64
 	if err := d.exec(ctx, func() { conf = append(d.rep.Conf().GetVoters(), d.rep.Conf().GetLearners()...) }); err != nil {
@@ -120,6 +120,9 @@ func (tr *testRegion) strayGone(ctx context.Context, n *Node, stream string, r u
 	resp, err := tr.clients[4].Read(rctx, &geologv1.ReadRequest{Stream: stream, Range: r, FromOffset: 0, MaxRecords: 10})
 	if err == nil && len(resp.Records) > 0 {
 		return fmt.Errorf("node 4 served %d records", len(resp.Records))
+	}
+	if _, err := os.Stat(n.strayTombstonePath(stream, r)); err != nil {
+		return fmt.Errorf("no tombstone: %w", err)
 	}
 	return nil
 }
