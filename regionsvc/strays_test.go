@@ -23,7 +23,8 @@ import (
 // state removed, a tombstone left), the range's replica on node 4 must
 // not name node 4 in its configuration (so it never campaigns), and a
 // read at node 4 must serve none of the old records; every range keeps
-// three voters on 1-3, and every acked record reads back in order. It
+// three voters, and every acked record reads back in order; undrained,
+// node 4 takes replicas again into the emptied copies. It
 // fails with the sweep off (the old replica stays a voter of its own
 // configuration, its data on disk, its records served).
 func TestStrayReplicasRemovedOnReturn(t *testing.T) {
@@ -64,10 +65,28 @@ func TestStrayReplicasRemovedOnReturn(t *testing.T) {
 		tr.waitStrayGone(sctx, "stray", r)
 	}
 	tr.checkStraysQuiet(ctx, held)
+	// A removed stray is an empty passive replica: undrained, node 4 takes
+	// replicas again (a learner that catches up from nothing).
+	if _, err := tr.admins[1].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 4, State: geologv1.NodeState_NODE_STATE_LIVE}); err != nil {
+		t.Fatalf("undrain node 4: %v", err)
+	}
+	var back int
+	tr.waitVoters(ctx, "replicas back on node 4", "stray", ranges, func(v [][]uint64) error {
+		back = -1
+		for r, ids := range v {
+			if slices.Contains(ids, 4) && tr.nodes[4].localRange("stray", uint32(r)).committed.Load() > 0 {
+				back = r
+			}
+		}
+		if back < 0 {
+			return errors.New("no range on node 4 with records there")
+		}
+		return tr.rebalancerIdle()
+	})
 	sent := p.finish()
 	tr.replicaCounts(ctx, "stray", ranges) // three distinct voters each
 	tr.checkLog(ctx, "stray", sent)
-	t.Logf("node 4's %d stray replicas removed; acked per range %v", len(held), sent)
+	t.Logf("node 4's %d stray replicas removed; range %d moved back onto it; acked per range %v", len(held), back, sent)
 }
 
 // waitStrayData waits until node 4's copy of each range in held has
