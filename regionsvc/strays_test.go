@@ -58,12 +58,14 @@ func TestStrayReplicasRemovedOnReturn(t *testing.T) {
 		t.Fatalf("drain node 4: %v", err)
 	}
 	tr.start(4)
+	restarted := time.Now()
 	// Sweeps every 200 ms, two in a row to suspect: seconds, not minutes.
 	sctx, scancel := context.WithTimeout(ctx, 90*time.Second)
 	defer scancel()
 	for _, r := range held {
 		tr.waitStrayGone(sctx, "stray", r)
 	}
+	t.Logf("node 4's strays gone %v after its restart", time.Since(restarted).Round(time.Millisecond))
 	tr.checkStraysQuiet(ctx, held)
 	// A removed stray is an empty passive replica: undrained, node 4 takes
 	// replicas again (a learner that catches up from nothing).
