@@ -242,12 +242,17 @@ func (n *Node) removeStray(ctx context.Context, key strayKey, d *rangeDriver, vo
 		return err
 	}
 	if err := vfs.WriteFileAtomic(n.cfg.fsys(), dir+strayTombstoneSuffix, b, 0o600); err != nil {
+		n.reopenStray(key, d) // the stray as it was: found again at a later sweep
 		return fmt.Errorf("tombstone: %w", err)
 	}
 	if n.replServer != nil {
 		n.replServer.Forget(key.stream, key.r)
 	}
 	if err := os.RemoveAll(dir); err != nil {
+		// What is left opens under the tombstone: the Raft state if it
+		// is still there (a stray again, found again), else an empty
+		// non-member.
+		n.reopenStray(key, d)
 		return fmt.Errorf("remove %s: %w", dir, err)
 	}
 	n.reopenStray(key, d)
