@@ -15,7 +15,8 @@ import (
 // The catalogue group's voters. The catalogue starts with the founding
 // nodes as voters (region.ids) and every joined node as a learner
 // (members_join.go). Its leader keeps as many voters as it started with
-// (catalogueVotersWant: 3 or 5 in a production region) over live nodes,
+// (3 or 5 in a production region; a region founded with fewer grows to 3
+// once it has 3 members: catalogueVotersWant) over live nodes,
 // one Raft change at a time, each a simple change (one voter in or out, so
 // no joint consensus):
 //
@@ -46,6 +47,37 @@ const catalogueVotersInterval = time.Second
 
 // catalogueVoterChangeTimeout bounds the wait for one change to apply.
 const catalogueVoterChangeTimeout = 10 * time.Second
+
+// catalogueVotersMin is the fewest voters the catalogue grows to once
+// the region has that many members: a region founded with one or two
+// nodes (a first node started alone, then joins) would otherwise keep
+// its founders as the only voters, and losing the founding node would
+// lose the catalogue (streams, ACLs, the node list) with it.
+const catalogueVotersMin = 3
+
+// catalogueVotersWant is how many voters the catalogue keeps: as many as
+// the region was founded with (3 or 5 in a production region), and at
+// least catalogueVotersMin once that many nodes are members and not
+// decommissioned (a draining node counts: it is still a member, and
+// counting it keeps the quorum from shrinking while it drains, as for a
+// founded region). Never an even count grown to: a region founded with
+// one node keeps one voter while it has two members (two voters would
+// need both up; one is as available), and takes three at the third.
+func catalogueVotersWant(founded int, nodes []membership.Node) int {
+	if founded >= catalogueVotersMin {
+		return founded
+	}
+	members := 0
+	for _, m := range nodes {
+		if m.State != membership.Decommissioned {
+			members++
+		}
+	}
+	if members >= catalogueVotersMin {
+		return catalogueVotersMin
+	}
+	return founded
+}
 
 // voterChange is one step of nextVoterChange: a Raft change of node id's
 // role, or a leadership hand-off first (transferTo).
@@ -149,7 +181,7 @@ func (n *Node) keepCatalogueVoters(ctx context.Context) {
 func (n *Node) catalogueVoterStep(ctx context.Context) {
 	meta := n.region.meta
 	nodes := n.memberNodes()
-	want := len(n.region.ids)
+	want := catalogueVotersWant(len(n.region.ids), nodes)
 	done := make(chan error, 1)
 	var step voterChange
 	var due bool

@@ -2,7 +2,6 @@ package regionsvc
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -33,10 +32,17 @@ func (tr *testRegion) catalogueConf(ctx context.Context, id uint64) (voters, lea
 func (tr *testRegion) waitCatalogueConf(ctx context.Context, id uint64, voters, learners []uint64) {
 	tr.t.Helper()
 	var v, l []uint64
-	waitUntil(tr.t, ctx, 30*time.Second, fmt.Sprintf("catalogue voters %v learners %v", voters, learners), func() bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
 		v, l = tr.catalogueConf(ctx, id)
-		return slices.Equal(v, voters) && slices.Equal(l, learners)
-	})
+		if slices.Equal(v, voters) && slices.Equal(l, learners) {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			tr.t.Fatalf("node %d: catalogue voters %v learners %v, want voters %v learners %v", id, v, l, voters, learners)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // TestCatalogueKeepsVotersOverLiveNodes: founders 1-3 are the catalogue's

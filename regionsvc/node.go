@@ -610,7 +610,7 @@ func (n *Node) openRangeWith(spec streamSpec, metaOffset uint64, r uint32, paced
 		Dir:            n.rangeDir(spec.Name, r),
 		RetentionAge:   time.Duration(spec.RetentionAgeMillis) * time.Millisecond,
 		RetentionBytes: spec.RetentionBytes,
-	}, &replicationConfig{groupID: groupFor(metaOffset, r), peers: n.rangeReplicas(spec, r), paced: paced})
+	}, &replicationConfig{groupID: groupFor(metaOffset, r), peers: n.rangePeers(spec, r), paced: paced})
 	cfg.homeRegion = spec.home(r)
 	cfg.home = cfg.homeRegion == n.cfg.Region
 	cfg.compaction = n.compactionConfigFor(spec, r)
@@ -755,6 +755,7 @@ func (n *Node) Start() error {
 	if n.replicated() {
 		n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
 		n.tasks.Go(n.registerAddress)     // members_move.go
+		n.tasks.Go(n.collectStrays)       // strays.go
 	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()

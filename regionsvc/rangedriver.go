@@ -208,6 +208,10 @@ type rangeDriver struct {
 	// (epochstart.go). Driver goroutine.
 	gate startGate
 
+	// condemned is set on a stray replica about to be removed (strays.go):
+	// it steps no Raft message from then on. Driver goroutine.
+	condemned bool
+
 	// Owned by the driver goroutine.
 	keyc *keyCompactor // nil unless the stream compacts by key
 }

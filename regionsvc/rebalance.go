@@ -66,6 +66,10 @@ type RebalanceConfig struct {
 	// LeaderTransfersMax bounds the leader transfers under way at once
 	// (leaders.go); default 4, negative: no leader balancing.
 	LeaderTransfersMax int
+	// StrayCheckInterval is how often every node sweeps its ranges for
+	// stray replicas (strays.go), whether or not the rebalancer runs;
+	// default 30 s, negative: never.
+	StrayCheckInterval time.Duration
 }
 
 func (c *RebalanceConfig) setDefaults() {

@@ -380,6 +380,9 @@ func (d *rangeDriver) drainReplicated() {
 // acks committed (replica.AnswerCommitted): the follower's ack that
 // completes a quorum is answered without waiting for a Ready cycle.
 func (d *rangeDriver) step(msgs []*raftpb.Message) {
+	if d.condemned {
+		return // a stray being removed (strays.go): nothing it acks may count
+	}
 	for _, m := range msgs {
 		if err := d.rep.Step(m); errors.Is(err, replica.ErrInvalidMessage) {
 			d.peerRefused(err, m.GetFrom())

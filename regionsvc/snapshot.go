@@ -109,6 +109,11 @@ func (n *Node) handleSnapshot(from raftnet.NodeID, group raftnet.GroupID, msg *r
 	done := make(chan struct{})
 	install := func() {
 		defer close(done)
+		if d.condemned { // a stray being removed (strays.go) acks nothing more
+			st.Discard()
+			stepErr = apierr.New(apierr.ShuttingDown, "range is closing")
+			return
+		}
 		if stepErr = d.rep.StepSnapshot(msg, st); stepErr != nil {
 			return
 		}

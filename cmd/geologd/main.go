@@ -66,6 +66,8 @@ func run() int {
 	deadNodeAfter := fs.Duration("dead-node-after", 5*time.Minute,
 		"a node unreachable for longer is taken as dead: new ranges avoid it and its replicas are repaired on other nodes")
 	movesMax := fs.Int("rebalance-moves-max", 2, "replica moves under way at once in the region")
+	strayCheck := fs.Duration("stray-check-interval", 30*time.Second,
+		"how often this node looks for stray replicas (of ranges whose configuration no longer names it, e.g. moved away while it was dead) and removes them, freeing their disk space (0: never)")
 	leaderTransfersMax := fs.Int("rebalance-leader-transfers-max", 4,
 		"range leader transfers the rebalancer has under way at once, balancing leaders by count over the live nodes (0: no leader balancing; needs --leader-balance-interval)")
 	transferRate := fs.Int64("rebalance-transfer-bytes-per-second", 32<<20,
@@ -127,8 +129,8 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "geologd: --fsync must be always or never, not %q\n", *fsync)
 		return 2
 	}
-	if *rebalanceInterval < 0 || *deadNodeAfter <= 0 || *movesMax < 1 || *transferRate < 0 || *leaderTransfersMax < 0 {
-		fmt.Fprintf(os.Stderr, "geologd: --rebalance-interval must be 0 or positive, --dead-node-after positive, --rebalance-moves-max at least 1, --rebalance-transfer-bytes-per-second and --rebalance-leader-transfers-max 0 or positive\n")
+	if *rebalanceInterval < 0 || *strayCheck < 0 || *deadNodeAfter <= 0 || *movesMax < 1 || *transferRate < 0 || *leaderTransfersMax < 0 {
+		fmt.Fprintf(os.Stderr, "geologd: --rebalance-interval and --stray-check-interval must be 0 or positive, --dead-node-after positive, --rebalance-moves-max at least 1, --rebalance-transfer-bytes-per-second and --rebalance-leader-transfers-max 0 or positive\n")
 		return 2
 	}
 	if *leaderBalance < 0 {
@@ -299,7 +301,8 @@ func run() int {
 		ElectionTicks:         *electionTicks,
 		LeaderBalanceInterval: *leaderBalance,
 		Rebalance: regionsvc.RebalanceConfig{Interval: *rebalanceInterval, DeadNodeAfter: *deadNodeAfter,
-			MovesMax: *movesMax, TransferBytesPerSecond: *transferRate, LeaderTransfersMax: leaderTransfersFlag(*leaderTransfersMax)},
+			MovesMax: *movesMax, TransferBytesPerSecond: *transferRate, LeaderTransfersMax: leaderTransfersFlag(*leaderTransfersMax),
+			StrayCheckInterval: strayCheckFlag(*strayCheck)},
 
 		KEK:                   kek,
 		DataKeyRotationPeriod: *dataKeyRotation,
@@ -405,6 +408,16 @@ func parsePeers(s string) (map[uint64]string, error) {
 		peers[id] = addr
 	}
 	return peers, nil
+}
+
+// strayCheckFlag maps --stray-check-interval to
+// RebalanceConfig.StrayCheckInterval (whose 0 is the default and negative
+// is off).
+func strayCheckFlag(v time.Duration) time.Duration {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 // leaderTransfersFlag maps --rebalance-leader-transfers-max to
