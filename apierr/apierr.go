@@ -65,7 +65,9 @@ const (
 )
 
 // RangeSplit is an append to a range that has split (see the proto):
-// retriable once the producer refreshed its range map.
+// retriable once the producer refreshed its range map. A read at or past
+// the split offset gets it too, not retriable, with SplitOffset and
+// SplitChildren set.
 const RangeSplit Code = 44
 
 // SplitInProgress is a split of a stream while another split of it is
@@ -196,6 +198,12 @@ type Error struct {
 	// far as it knows but has heard from no quorum within an election
 	// timeout: hints naming it are stale until the others elect a leader.
 	LeaderCutOff bool
+	// SplitOffset and SplitChildren, for RANGE_SPLIT on a read: the
+	// range's log ends at SplitOffset and its keys continue in the two
+	// children (docs/split.md "Readers"). SplitChildren is nil on an
+	// append's RANGE_SPLIT.
+	SplitOffset   uint64
+	SplitChildren []uint32
 	// Cause is the error that led to this one, or nil; Unwrap returns it.
 	Cause error
 }

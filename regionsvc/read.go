@@ -163,9 +163,12 @@ func (d *rangeDriver) readBounds(from uint64) (uint64, error) {
 	case from < start:
 		return 0, outOfRange(from, start, end)
 	case from > end:
+		if s := d.splitEnd.Load(); s != nil && from >= s.offset {
+			return 0, s.ended(d.cfg.stream, d.cfg.rangeID, from, start)
+		}
 		return 0, d.pastTail(from, end)
 	}
-	return end, nil
+	return d.boundBySplit(from, end)
 }
 
 // readFailure returns the failure that stops reads of the range, or nil.

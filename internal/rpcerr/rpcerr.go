@@ -99,6 +99,8 @@ func Detail(e *apierr.Error) *geologv1.ErrorDetail {
 		MemberEpoch:      e.MemberEpoch,
 		CursorGeneration: e.CursorGeneration,
 		LeaderCutOff:     e.LeaderCutOff,
+		SplitOffset:      e.SplitOffset,
+		SplitChildren:    e.SplitChildren,
 	}
 }
 
@@ -125,7 +127,19 @@ func FromDetail(d *geologv1.ErrorDetail) *apierr.Error {
 		MemberEpoch:      d.GetMemberEpoch(),
 		CursorGeneration: d.GetCursorGeneration(),
 		LeaderCutOff:     d.GetLeaderCutOff(),
+		SplitOffset:      d.GetSplitOffset(),
+		SplitChildren:    splitChildren(d.GetSplitChildren()),
 	}
+}
+
+// splitChildren is a RANGE_SPLIT's children from the wire: a split has
+// two, so anything else is dropped (nothing from the network is trusted;
+// the client then describes the stream for its map).
+func splitChildren(c []uint32) []uint32 {
+	if len(c) != 2 {
+		return nil
+	}
+	return []uint32{c[0], c[1]}
 }
 
 // ToStatus turns any error into a gRPC status error carrying an

@@ -1,0 +1,77 @@
+package regionsvc
+
+import (
+	"github.com/geolog/geolog/apierr"
+)
+
+// Readers of a split range (docs/split.md "Readers"). A range's log ends
+// at its split offset: its records are those below it, the marker holds
+// the split offset, and nothing follows. Every read of the range (Read in
+// either form, a read by key, Subscribe, a group's Fetch) is bounded by
+// the split offset, and a read at or past it answers RANGE_SPLIT, not
+// retriable, naming the split offset and the two children, where the
+// range's keys continue from offset 0. So a reader is never handed the
+// marker's offset as its next offset (it would then stand past the end
+// of the records it can read), and a reader at the split offset learns
+// where to go instead of waiting for records that will never come.
+//
+// The driver publishes the end (publishSplitEnd) before it publishes a
+// committed offset past the marker, both on its goroutine, and readers
+// load the committed offset before the end (readBounds, readTail): a
+// reader that sees the marker committed sees the end.
+
+// splitEnd is a split range's end, as readers see it.
+type splitEnd struct {
+	offset      uint64
+	left, right uint32
+}
+
+// publishSplitEnd publishes the range's end once its replica applied a
+// split marker. For the driver goroutine.
+func (d *rangeDriver) publishSplitEnd() {
+	if d.splitEnd.Load() != nil || d.rep == nil || !d.rep.SplitPending() {
+		return
+	}
+	dec, off, ok, err := d.rep.SplitApplied()
+	if err != nil {
+		d.logger.Error("split marker unreadable: reads are not bounded by it", "error", err)
+		return
+	}
+	if ok {
+		d.splitEnd.Store(&splitEnd{offset: off, left: dec.Left, right: dec.Right})
+	}
+}
+
+// boundBySplit bounds a read from offset from whose end is end by the
+// range's split: the end is at most the split offset, and a read at or
+// past it gets RANGE_SPLIT.
+func (d *rangeDriver) boundBySplit(from, end uint64) (uint64, error) {
+	s := d.splitEnd.Load()
+	if s == nil {
+		return end, nil
+	}
+	if from >= s.offset {
+		return 0, s.ended(d.cfg.stream, d.cfg.rangeID, from, d.store.StartOffset())
+	}
+	return min(end, s.offset), nil
+}
+
+// ended is the answer to a read at from, at or past the split offset.
+func (s *splitEnd) ended(stream string, rng uint32, from, start uint64) *apierr.Error {
+	e := apierr.New(apierr.RangeSplit, "stream %s range %d split at offset %d (offset %d asked): its records end there, and its keys continue in ranges %d and %d from offset 0",
+		stream, rng, s.offset, from, s.left, s.right)
+	e.Retriable = false
+	e.StartOffset, e.TailOffset = start, s.offset
+	e.SplitOffset, e.SplitChildren = s.offset, []uint32{s.left, s.right}
+	return e
+}
+
+// readTail is the tail a read reply reports: the servable end, bounded by
+// the split offset (a split range's readers see its log end there).
+func (d *rangeDriver) readTail() uint64 {
+	end := d.servableEnd()
+	if s := d.splitEnd.Load(); s != nil {
+		return min(end, s.offset)
+	}
+	return end
+}
