@@ -198,12 +198,13 @@ type Error struct {
 	// far as it knows but has heard from no quorum within an election
 	// timeout: hints naming it are stale until the others elect a leader.
 	LeaderCutOff bool
-	// SplitOffset and SplitChildren, for RANGE_SPLIT on a read: the
-	// range's log ends at SplitOffset and its keys continue in the two
-	// children (docs/split.md "Readers"). SplitChildren is nil on an
-	// append's RANGE_SPLIT.
+	// SplitOffset, SplitChildren and SplitAt, for RANGE_SPLIT on a read:
+	// the range's log ends at SplitOffset and its keys continue in the two
+	// children, the first owning the hashes below SplitAt (docs/split.md
+	// "Readers"). SplitChildren is nil on an append's RANGE_SPLIT.
 	SplitOffset   uint64
 	SplitChildren []uint32
+	SplitAt       uint64
 	// Cause is the error that led to this one, or nil; Unwrap returns it.
 	Cause error
 }

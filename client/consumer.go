@@ -202,13 +202,19 @@ func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start
 
 // subscribe is Subscribe, filtered by key if key is not nil.
 func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key []byte, start StartAt, copts []ConsumerOpt) iter.Seq2[StoredRecord, error] {
+	return c.subscribeRange(ctx, stream, rng, key, start, copts, false)
+}
+
+// subscribeRange is subscribe; child says that the range is a split's
+// child, which a node may not know of yet (splitread.go).
+func (c *Client) subscribeRange(ctx context.Context, stream string, rng uint32, key []byte, start StartAt, copts []ConsumerOpt, child bool) iter.Seq2[StoredRecord, error] {
 	return func(yield func(StoredRecord, error) bool) {
 		op, err := newOpener(stream, copts)
 		if err != nil {
 			yield(StoredRecord{}, err)
 			return
 		}
-		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op, key: key}
+		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op, key: key, child: child}
 		if start.Time.IsZero() && start.Epoch != 0 && start.Offset > 0 {
 			// As if it had delivered the caller's last record: checked
 			// first (fork.go).
@@ -218,6 +224,10 @@ func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key [
 			received, err := s.once(ctx, yield)
 			if err == nil {
 				return // the consumer stopped iterating
+			}
+			if end, ok := RangeEnded(err); ok {
+				c.followSplit(ctx, s, end, copts, yield) // splitread.go
+				return
 			}
 			if s.checkFailed(err) {
 				continue // the first record cannot be checked: resume after it
@@ -234,7 +244,7 @@ func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key [
 			case ctx.Err() != nil:
 				yield(StoredRecord{}, ctx.Err())
 				return
-			case !IsRetriable(err) || s.failures >= c.cfg.retriesMax:
+			case !IsRetriable(err) && !s.childUnknown(err), s.failures >= c.cfg.retriesMax:
 				yield(StoredRecord{}, fmt.Errorf("subscribe %s/%d at %d: %w", stream, rng, s.next, err))
 				return
 			}
@@ -265,9 +275,12 @@ type subscription struct {
 	stream string
 	rng    uint32
 	start  StartAt
-	key    []byte  // non-nil: only this key's records (SubscribeKey)
-	op     *opener // nil without OpenWith
-	addr   string  // where the next stream goes
+	// child: rng is a split's child (followSplit), which a node learns of
+	// shortly after its parent ends.
+	child bool
+	key   []byte  // non-nil: only this key's records (SubscribeKey)
+	op    *opener // nil without OpenWith
+	addr  string  // where the next stream goes
 	// next is the offset to deliver next; records below it are skipped.
 	next      uint64
 	delivered bool // a record was yielded

@@ -2,6 +2,7 @@ package regionsvc
 
 import (
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/cursors"
 )
 
 // Readers of a split range (docs/split.md "Readers"). A range's log ends
@@ -22,7 +23,7 @@ import (
 
 // splitEnd is a split range's end, as readers see it.
 type splitEnd struct {
-	offset      uint64
+	offset, at  uint64
 	left, right uint32
 }
 
@@ -38,7 +39,7 @@ func (d *rangeDriver) publishSplitEnd() {
 		return
 	}
 	if ok {
-		d.splitEnd.Store(&splitEnd{offset: off, left: dec.Left, right: dec.Right})
+		d.splitEnd.Store(&splitEnd{offset: off, at: dec.At, left: dec.Left, right: dec.Right})
 	}
 }
 
@@ -62,7 +63,7 @@ func (s *splitEnd) ended(stream string, rng uint32, from, start uint64) *apierr.
 		stream, rng, s.offset, from, s.left, s.right)
 	e.Retriable = false
 	e.StartOffset, e.TailOffset = start, s.offset
-	e.SplitOffset, e.SplitChildren = s.offset, []uint32{s.left, s.right}
+	e.SplitOffset, e.SplitChildren, e.SplitAt = s.offset, []uint32{s.left, s.right}, s.at
 	return e
 }
 
@@ -74,4 +75,30 @@ func (d *rangeDriver) readTail() uint64 {
 		return min(end, s.offset)
 	}
 	return end
+}
+
+// groupSplits is the cursor coordinator's view of a stream's splits
+// (cursors.SplitsOf): from this node's catalogue, which the coordinator's
+// node applies in order like every node (a map only grows).
+func (n *Node) groupSplits(stream string) []cursors.Split {
+	n.mu.RLock()
+	st, ok := n.streams[stream]
+	var out []cursors.Split
+	if ok && st.spec.RangeMap != nil {
+		for _, r := range st.spec.RangeMap.Ranges {
+			if r.IsSplit() {
+				out = append(out, cursors.Split{Parent: r.ID, SplitOffset: r.SplitOffset, Left: r.Left, Right: r.Right})
+			}
+		}
+	}
+	n.mu.RUnlock()
+	return out
+}
+
+// newCoordinator is a cursor range's group coordinator, assigning over
+// the range maps of this node's catalogue.
+func (n *Node) newCoordinator() *cursors.Coordinator {
+	c := cursors.NewCoordinator()
+	c.SplitsOf = n.groupSplits
+	return c
 }

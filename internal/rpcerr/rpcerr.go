@@ -101,6 +101,7 @@ func Detail(e *apierr.Error) *geologv1.ErrorDetail {
 		LeaderCutOff:     e.LeaderCutOff,
 		SplitOffset:      e.SplitOffset,
 		SplitChildren:    e.SplitChildren,
+		SplitAt:          e.SplitAt,
 	}
 }
 
@@ -129,6 +130,7 @@ func FromDetail(d *geologv1.ErrorDetail) *apierr.Error {
 		LeaderCutOff:     d.GetLeaderCutOff(),
 		SplitOffset:      d.GetSplitOffset(),
 		SplitChildren:    splitChildren(d.GetSplitChildren()),
+		SplitAt:          d.GetSplitAt(),
 	}
 }
 

@@ -2532,10 +2532,13 @@ type ErrorDetail struct {
 	// at split_offset (the parent's records are those below it) and its
 	// keys continue in the two children, each from offset 0. A reader of
 	// every key reads both children; a reader of one key, the child that
-	// owns it (DescribeStream's range map). Not retriable: the range takes
+	// owns it (split_at tells which). Not retriable: the range takes
 	// and serves nothing past split_offset, ever.
 	SplitOffset   uint64   `protobuf:"varint,14,opt,name=split_offset,json=splitOffset,proto3" json:"split_offset,omitempty"`
 	SplitChildren []uint32 `protobuf:"varint,15,rep,packed,name=split_children,json=splitChildren,proto3" json:"split_children,omitempty"`
+	// split_at is the split's hash boundary: the first child owns the keys
+	// that hash below it, the second the others (keyspace.Hash).
+	SplitAt       uint64 `protobuf:"varint,16,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2673,6 +2676,13 @@ func (x *ErrorDetail) GetSplitChildren() []uint32 {
 		return x.SplitChildren
 	}
 	return nil
+}
+
+func (x *ErrorDetail) GetSplitAt() uint64 {
+	if x != nil {
+		return x.SplitAt
+	}
+	return 0
 }
 
 // NodeInfo is one node of a region.
@@ -5571,7 +5581,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
 	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\x12-\n" +
 	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\x12*\n" +
-	"\x11range_map_version\x18\x04 \x01(\x04R\x0frangeMapVersion\"\xaf\x04\n" +
+	"\x11range_map_version\x18\x04 \x01(\x04R\x0frangeMapVersion\"\xca\x04\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -5592,7 +5602,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	" \x01(\x03R\x10retryAfterMillis\x12$\n" +
 	"\x0eleader_cut_off\x18\r \x01(\bR\fleaderCutOff\x12!\n" +
 	"\fsplit_offset\x18\x0e \x01(\x04R\vsplitOffset\x12%\n" +
-	"\x0esplit_children\x18\x0f \x03(\rR\rsplitChildren\"\xd2\x02\n" +
+	"\x0esplit_children\x18\x0f \x03(\rR\rsplitChildren\x12\x19\n" +
+	"\bsplit_at\x18\x10 \x01(\x04R\asplitAt\"\xd2\x02\n" +
 	"\bNodeInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
