@@ -233,6 +233,10 @@ func (c *Client) subscribeRange(ctx context.Context, stream string, rng uint32, 
 				continue // the first record cannot be checked: resume after it
 			}
 			err = s.lagging(ctx, err)
+			unknownChild := s.childUnknown(err)
+			if unknownChild {
+				s.failures = min(s.failures, c.cfg.retriesMax-1) // bounded by time instead
+			}
 			var fe *ForkError
 			switch {
 			case errors.As(err, &fe):
@@ -244,7 +248,7 @@ func (c *Client) subscribeRange(ctx context.Context, stream string, rng uint32, 
 			case ctx.Err() != nil:
 				yield(StoredRecord{}, ctx.Err())
 				return
-			case !IsRetriable(err) && !s.childUnknown(err), s.failures >= c.cfg.retriesMax:
+			case !IsRetriable(err) && !unknownChild, s.failures >= c.cfg.retriesMax:
 				yield(StoredRecord{}, fmt.Errorf("subscribe %s/%d at %d: %w", stream, rng, s.next, err))
 				return
 			}
@@ -278,9 +282,11 @@ type subscription struct {
 	// child: rng is a split's child (followSplit), which a node learns of
 	// shortly after its parent ends.
 	child bool
-	key   []byte  // non-nil: only this key's records (SubscribeKey)
-	op    *opener // nil without OpenWith
-	addr  string  // where the next stream goes
+	// childWaitFrom is when a node first did not know the child.
+	childWaitFrom time.Time
+	key           []byte  // non-nil: only this key's records (SubscribeKey)
+	op            *opener // nil without OpenWith
+	addr          string  // where the next stream goes
 	// next is the offset to deliver next; records below it are skipped.
 	next      uint64
 	delivered bool // a record was yielded

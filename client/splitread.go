@@ -5,6 +5,7 @@ import (
 	"errors"
 	"iter"
 	"sync"
+	"time"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/keyspace"
@@ -82,12 +83,22 @@ func (c *Client) followSplit(ctx context.Context, s *subscription, end RangeEnd,
 	}, children)
 }
 
+// childRangeWaitMax bounds how long a subscription of a split's child
+// waits for nodes to know the child (RANGE_NOT_FOUND): each node applies
+// the split's catalogue record shortly after the parent's marker.
+const childRangeWaitMax = 30 * time.Second
+
 // childUnknown reports whether err is a node's RANGE_NOT_FOUND for a
-// split's child: the node applies the split's catalogue record shortly
-// after the parent's marker, so the subscription retries (RetriesMax
-// bounds it) rather than end.
+// split's child that the subscription still waits out (retrying, with
+// backoff, for up to childRangeWaitMax).
 func (s *subscription) childUnknown(err error) bool {
-	return s.child && CodeOf(err) == CodeRangeNotFound
+	if !s.child || CodeOf(err) != CodeRangeNotFound {
+		return false
+	}
+	if s.childWaitFrom.IsZero() {
+		s.childWaitFrom = time.Now()
+	}
+	return time.Since(s.childWaitFrom) < childRangeWaitMax
 }
 
 // mergeSubscriptions yields the records of the subscriptions of ranges
