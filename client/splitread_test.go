@@ -89,17 +89,19 @@ func (l *keyLog) check(t *testing.T, what string, keys []string, rounds int, onc
 }
 
 // TestNodeReadersAcrossSplit: a keyed producer writes to a real node
-// while range 1 of the stream splits (Admin.SplitRange), and two readers
-// follow it from the start, concurrently: a subscriber of range 1 and a
-// consumer group of two members on the whole stream. The subscriber gets
-// every record of range 1's keys exactly once, in per-key order: the
-// parent up to its split offset, then the children (it follows the
-// parent's end, RANGE_SPLIT naming the children). The group gets every
-// record of every key, each key's records in order with no gap (at least
-// once: a repeat only ever re-delivers a key's earlier record); the
-// children are consumed only once the parent was committed up to its
-// split offset, and its committed cursors end at the split offset for the
-// parent and at each child's tail.
+// while range 1 of the stream splits (Admin.SplitRange), and readers
+// follow it from the start, concurrently: a subscriber of range 1, a
+// subscriber of one of its keys, and a consumer group of two members on
+// the whole stream; a second group starts once everything is written.
+// The subscriber gets every record of range 1's keys exactly once, in
+// per-key order: the parent up to its split offset, then the children (it
+// follows the parent's end, RANGE_SPLIT naming the children); the key's
+// subscriber its key's records, exactly once, in order. The group gets every
+// Each group gets every record of every key, each key's records in order
+// with no gap (at least once: a repeat only ever re-delivers a key's
+// earlier record; the late group shows disorder if a child is handed out
+// before the parent is finished), and its committed cursors end at the
+// split offset for the parent and at the tail of every other range.
 func TestNodeReadersAcrossSplit(t *testing.T) {
 	n := startNode(t, t.TempDir(), "127.0.0.1:0")
 	c := newClient(t, n.Addr())
@@ -134,6 +136,21 @@ func TestNodeReadersAcrossSplit(t *testing.T) {
 			sub.add(rec)
 		}
 	}()
+	// A subscriber of one key of range 1 follows the child that owns it.
+	byKey := newKeyLog()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for rec, err := range c.SubscribeKey(rctx, "sr", 1, []byte(ofRange1[0]), client.StartAt{}) {
+			if err != nil {
+				if rctx.Err() == nil {
+					t.Errorf("key subscription: %v", err)
+				}
+				return
+			}
+			byKey.add(rec)
+		}
+	}()
 	members := startSplitGroup(t, rctx, c, "g", group, &wg)
 
 	resp := produceAcrossSplit(t, ctx, c, n.Addr(), keys, rounds)
@@ -147,14 +164,16 @@ func TestNodeReadersAcrossSplit(t *testing.T) {
 		return group.distinct() >= keys*rounds && late.distinct() >= keys*rounds
 	})
 	time.Sleep(200 * time.Millisecond) // a record past the expected ones would show now
+	waitUntil(t, ctx, "the key subscriber read its key", func() bool { return byKey.count() >= rounds })
 	sub.check(t, "subscriber", ofRange1, rounds, true)
+	byKey.check(t, "key subscriber", ofRange1[:1], rounds, true)
 	if sub.ranges[2]+sub.ranges[3] == 0 || sub.ranges[0] != 0 {
 		t.Fatalf("subscriber's records by range: %v", sub.ranges)
 	}
 	repeats := group.check(t, "group", all, rounds, false)
 	lateRepeats := late.check(t, "late group", all, rounds, false)
-	t.Logf("split at offset %d; subscriber %v; group %v, %d repeats; late group %v, %d repeats",
-		resp.GetSplitOffset(), sub.ranges, group.ranges, repeats, late.ranges, lateRepeats)
+	t.Logf("split at offset %d; subscriber %v; key subscriber %v; group %v, %d repeats; late group %v, %d repeats",
+		resp.GetSplitOffset(), sub.ranges, byKey.ranges, group.ranges, repeats, late.ranges, lateRepeats)
 	checkGroupCursors(t, ctx, c, "g", resp.GetSplitOffset(), members)
 	checkGroupCursors(t, ctx, c, "late", resp.GetSplitOffset(), lateMembers)
 	stopReaders()
