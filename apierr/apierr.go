@@ -201,9 +201,10 @@ type Error struct {
 	// SplitOffset, SplitChildren and SplitAt, for RANGE_SPLIT on a read:
 	// the range's log ends at SplitOffset and its keys continue in the two
 	// children, the first owning the hashes below SplitAt (docs/split.md
-	// "Readers"). SplitChildren is nil on an append's RANGE_SPLIT.
+	// "Readers"). SplitChildren is zero on an append's RANGE_SPLIT (an
+	// array, so that an Error stays comparable).
 	SplitOffset   uint64
-	SplitChildren []uint32
+	SplitChildren [2]uint32
 	SplitAt       uint64
 	// Cause is the error that led to this one, or nil; Unwrap returns it.
 	Cause error

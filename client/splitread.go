@@ -40,10 +40,10 @@ type RangeEnd struct {
 // keys continue.
 func RangeEnded(err error) (RangeEnd, bool) {
 	var e *Error
-	if !errors.As(err, &e) || e.Code != apierr.RangeSplit || e.Retriable || len(e.SplitChildren) != 2 {
+	if !errors.As(err, &e) || e.Code != apierr.RangeSplit || e.Retriable || e.SplitChildren == ([2]uint32{}) {
 		return RangeEnd{}, false
 	}
-	return RangeEnd{SplitOffset: e.SplitOffset, Children: e.SplitChildren, At: e.SplitAt}, true
+	return RangeEnd{SplitOffset: e.SplitOffset, Children: e.SplitChildren[:], At: e.SplitAt}, true
 }
 
 // childrenToRead are the children of end a reader of key (nil: every key)

@@ -96,8 +96,7 @@ func (l *keyLog) check(t *testing.T, what string, keys []string, rounds int, onc
 // The subscriber gets every record of range 1's keys exactly once, in
 // per-key order: the parent up to its split offset, then the children (it
 // follows the parent's end, RANGE_SPLIT naming the children); the key's
-// subscriber its key's records, exactly once, in order. The group gets every
-// Each group gets every record of every key, each key's records in order
+// subscriber its key's records, exactly once, in order. Each group gets every record of every key, each key's records in order
 // with no gap (at least once: a repeat only ever re-delivers a key's
 // earlier record; the late group shows disorder if a child is handed out
 // before the parent is finished), and its committed cursors end at the

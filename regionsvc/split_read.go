@@ -63,7 +63,7 @@ func (s *splitEnd) ended(stream string, rng uint32, from, start uint64) *apierr.
 		stream, rng, s.offset, from, s.left, s.right)
 	e.Retriable = false
 	e.StartOffset, e.TailOffset = start, s.offset
-	e.SplitOffset, e.SplitChildren, e.SplitAt = s.offset, []uint32{s.left, s.right}, s.at
+	e.SplitOffset, e.SplitChildren, e.SplitAt = s.offset, [2]uint32{s.left, s.right}, s.at
 	return e
 }
 

@@ -77,7 +77,7 @@ func TestSplitReadEnds(t *testing.T) {
 func checkRangeEnded(t *testing.T, what string, err error, split uint64, children []uint32) {
 	t.Helper()
 	e := rpcerr.FromError(err)
-	if e == nil || e.Code != apierr.RangeSplit || e.Retriable || e.SplitOffset != split || !slices.Equal(e.SplitChildren, children) {
+	if e == nil || e.Code != apierr.RangeSplit || e.Retriable || e.SplitOffset != split || !slices.Equal(e.SplitChildren[:], children) {
 		t.Fatalf("%s: %v (%+v), want RANGE_SPLIT at %d naming %v, not retriable", what, err, e, split, children)
 	}
 }

@@ -100,7 +100,7 @@ func Detail(e *apierr.Error) *geologv1.ErrorDetail {
 		CursorGeneration: e.CursorGeneration,
 		LeaderCutOff:     e.LeaderCutOff,
 		SplitOffset:      e.SplitOffset,
-		SplitChildren:    e.SplitChildren,
+		SplitChildren:    splitChildrenToWire(e.SplitChildren),
 		SplitAt:          e.SplitAt,
 	}
 }
@@ -135,13 +135,21 @@ func FromDetail(d *geologv1.ErrorDetail) *apierr.Error {
 }
 
 // splitChildren is a RANGE_SPLIT's children from the wire: a split has
-// two, so anything else is dropped (nothing from the network is trusted;
-// the client then describes the stream for its map).
-func splitChildren(c []uint32) []uint32 {
+// two, so anything else is dropped (nothing from the network is trusted).
+func splitChildren(c []uint32) [2]uint32 {
 	if len(c) != 2 {
+		return [2]uint32{}
+	}
+	return [2]uint32{c[0], c[1]}
+}
+
+// splitChildrenToWire is the wire form of a RANGE_SPLIT's children (none
+// when zero).
+func splitChildrenToWire(c [2]uint32) []uint32 {
+	if c == ([2]uint32{}) {
 		return nil
 	}
-	return []uint32{c[0], c[1]}
+	return c[:]
 }
 
 // ToStatus turns any error into a gRPC status error carrying an
