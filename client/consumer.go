@@ -71,6 +71,12 @@ type ReadResult struct {
 // OpenWith, records are opened (see there); a record skipped by
 // SkipUnopenable is left out of Records, and NextOffset still moves past
 // it.
+//
+// A range that split ends at its split offset: Read returns records below
+// it only, with NextOffset and TailOffset at most the split offset, and a
+// read at or past it fails with CodeRangeSplit, not retriable;
+// RangeEnded(err) gives the split offset and the two children, where the
+// range's keys continue from offset 0 (Subscribe follows them itself).
 func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset uint64, opts ReadOptions, copts ...ConsumerOpt) (*ReadResult, error) {
 	op, err := newOpener(stream, copts)
 	if err != nil {
@@ -188,6 +194,13 @@ type StartAt struct {
 // holds the last record it delivered (same offset, same epoch); when not,
 // the sequence ends with a *ForkError (errors.Is(err, ErrForked)) whose
 // Offset is where to read again.
+//
+// A range that split (docs/split.md) is followed to its children: once
+// every record of the range up to its split offset was yielded, the
+// subscription goes on with both children from offset 0 (each child's
+// records in offset order, the two interleaved; StoredRecord.Range says
+// which), and so on down any later split. Each key's records thus come in
+// append order across the split.
 //
 // The sequence ends after yielding one error: the final error, a
 // *ForkError, an *OpenError, ctx's error, or ErrClosed.

@@ -51,6 +51,10 @@ import (
 //     fetcher, calls OnLost, and joins again as a new incarnation.
 //  6. Close stops the fetchers, commits, and leaves the group (a static
 //     member leaves temporarily, keeping its ranges for a session timeout).
+//  7. A range that split ends once its records are delivered: the member
+//     marks its split offset once every record it yielded of it is marked,
+//     commits it and heartbeats; the coordinator then moves the group on to
+//     the range's children, from offset 0 (splitread.go).
 type GroupConsumer struct {
 	c             *Client
 	stream, group string
