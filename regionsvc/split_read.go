@@ -1,8 +1,12 @@
 package regionsvc
 
 import (
+	"errors"
+
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/segment"
 )
 
 // Readers of a split range (docs/split.md "Readers"). A range's log ends
@@ -20,6 +24,20 @@ import (
 // committed offset past the marker, both on its goroutine, and readers
 // load the committed offset before the end (readBounds, readTail): a
 // reader that sees the marker committed sees the end.
+
+// A read that meets the marker itself stops there too (recordReader,
+// frameCollector: splitEndOf), and answers the end if it found nothing
+// before it: whatever the moment, a read's next offset is never past the
+// split offset.
+
+// splitEndOf is the end a split marker's frame makes.
+func splitEndOf(frame []byte) (*splitEnd, error) {
+	h, dec, err := batch.DecodeSplit(frame)
+	if err != nil {
+		return nil, &segment.CorruptionError{Offset: h.BaseOffset, Err: errors.Join(segment.ErrCorrupt, err)}
+	}
+	return &splitEnd{offset: h.BaseOffset, at: dec.At, left: dec.Left, right: dec.Right}, nil
+}
 
 // splitEnd is a split range's end, as readers see it.
 type splitEnd struct {
