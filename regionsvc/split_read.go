@@ -6,6 +6,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/keyspace"
 	"github.com/geolog/geolog/segment"
 )
 
@@ -70,7 +71,11 @@ func (d *rangeDriver) boundBySplit(from, end uint64) (uint64, error) {
 		return end, nil
 	}
 	if from >= s.offset {
-		return 0, s.ended(d.cfg.stream, d.cfg.rangeID, from, d.store.StartOffset())
+		var start uint64
+		if d.store != nil {
+			start = d.store.StartOffset()
+		}
+		return 0, s.ended(d.cfg.stream, d.cfg.rangeID, from, start)
 	}
 	return min(end, s.offset), nil
 }
@@ -119,4 +124,28 @@ func (n *Node) newCoordinator() *cursors.Coordinator {
 	c := cursors.NewCoordinator()
 	c.SplitsOf = n.groupSplits
 	return c
+}
+
+// learnSplitEnd takes the range's end from the stream's range map (the
+// catalogue's split record as it applies, or the saved catalogue as the
+// range opens), if the range split: the second source beside the marker,
+// for a copy whose log no longer holds it (retention deleted its
+// segment, or the copy has not written it yet; a read at or past the
+// split offset is past every record of the range either way). The map
+// has the split only once the marker is committed, at the same offset.
+func (d *rangeDriver) learnSplitEnd(m *keyspace.RangeMap) {
+	if m == nil {
+		return
+	}
+	r, ok := m.Get(d.cfg.rangeID)
+	if !ok || !r.IsSplit() {
+		return
+	}
+	right, ok := m.Get(r.Right)
+	if !ok {
+		return
+	}
+	if d.splitEnd.CompareAndSwap(nil, &splitEnd{offset: r.SplitOffset, at: right.HashStart, left: r.Left, right: r.Right}) {
+		d.notify() // a subscription waiting at the end learns it
+	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/rpcerr"
+	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
@@ -108,6 +109,41 @@ func checkSubscriptionEnds(t *testing.T, ctx context.Context, c geologv1.LogClie
 		got += len(resp.Records)
 		if resp.NextOffset > split || resp.TailOffset > split {
 			t.Fatalf("subscription told next %d tail %d past the split offset %d", resp.NextOffset, resp.TailOffset, split)
+		}
+	}
+}
+
+// TestSplitEndFromMap: a range whose copy has no marker in its log
+// (retention deleted it, or the copy lags) takes its end from the range
+// map: reads below the split offset are bounded by it, reads at or past
+// it answer the end, and a subscription waiting learns of it.
+func TestSplitEndFromMap(t *testing.T) {
+	m := keyspace.NewRangeMap(2)
+	split, err := m.Split(1, m.Ranges[1].HashStart+1000, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &rangeDriver{cfg: rangeDriverConfig{stream: "s", rangeID: 1}, notifyCh: make(chan struct{})}
+	d.learnSplitEnd(&m) // not split yet
+	if d.splitEnd.Load() != nil {
+		t.Fatal("an unsplit range has an end")
+	}
+	waiting := d.changed()
+	d.learnSplitEnd(&split)
+	select {
+	case <-waiting:
+	default:
+		t.Fatal("readers waiting were not told of the end")
+	}
+	if end, err := d.boundBySplit(10, 90); err != nil || end != 40 {
+		t.Fatalf("read from 10 with 90 committed: end %d, %v; want 40", end, err)
+	}
+	for _, from := range []uint64{40, 41} {
+		_, err := d.boundBySplit(from, 90)
+		e := apierr.As(err)
+		if e == nil || e.Code != apierr.RangeSplit || e.Retriable || e.SplitOffset != 40 || e.SplitChildren != [2]uint32{2, 3} ||
+			e.SplitAt != m.Ranges[1].HashStart+1000 {
+			t.Fatalf("read from %d: %v (%+v)", from, err, e)
 		}
 	}
 }
