@@ -65,7 +65,9 @@ const (
 )
 
 // RangeSplit is an append to a range that has split (see the proto):
-// retriable once the producer refreshed its range map.
+// retriable once the producer refreshed its range map. A read at or past
+// the split offset gets it too, not retriable, with SplitOffset and
+// SplitChildren set.
 const RangeSplit Code = 44
 
 // SplitInProgress is a split of a stream while another split of it is
@@ -196,6 +198,14 @@ type Error struct {
 	// far as it knows but has heard from no quorum within an election
 	// timeout: hints naming it are stale until the others elect a leader.
 	LeaderCutOff bool
+	// SplitOffset, SplitChildren and SplitAt, for RANGE_SPLIT on a read:
+	// the range's log ends at SplitOffset and its keys continue in the two
+	// children, the first owning the hashes below SplitAt (docs/split.md
+	// "Readers"). SplitChildren is zero on an append's RANGE_SPLIT (an
+	// array, so that an Error stays comparable).
+	SplitOffset   uint64
+	SplitChildren [2]uint32
+	SplitAt       uint64
 	// Cause is the error that led to this one, or nil; Unwrap returns it.
 	Cause error
 }

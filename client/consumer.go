@@ -71,6 +71,12 @@ type ReadResult struct {
 // OpenWith, records are opened (see there); a record skipped by
 // SkipUnopenable is left out of Records, and NextOffset still moves past
 // it.
+//
+// A range that split ends at its split offset: Read returns records below
+// it only, with NextOffset and TailOffset at most the split offset, and a
+// read at or past it fails with CodeRangeSplit, not retriable;
+// RangeEnded(err) gives the split offset and the two children, where the
+// range's keys continue from offset 0 (Subscribe follows them itself).
 func (c *Client) Read(ctx context.Context, stream string, rng uint32, fromOffset uint64, opts ReadOptions, copts ...ConsumerOpt) (*ReadResult, error) {
 	op, err := newOpener(stream, copts)
 	if err != nil {
@@ -189,6 +195,13 @@ type StartAt struct {
 // the sequence ends with a *ForkError (errors.Is(err, ErrForked)) whose
 // Offset is where to read again.
 //
+// A range that split (docs/split.md) is followed to its children: once
+// every record of the range up to its split offset was yielded, the
+// subscription goes on with both children from offset 0 (each child's
+// records in offset order, the two interleaved; StoredRecord.Range says
+// which), and so on down any later split. Each key's records thus come in
+// append order across the split.
+//
 // The sequence ends after yielding one error: the final error, a
 // *ForkError, an *OpenError, ctx's error, or ErrClosed.
 //
@@ -202,13 +215,19 @@ func (c *Client) Subscribe(ctx context.Context, stream string, rng uint32, start
 
 // subscribe is Subscribe, filtered by key if key is not nil.
 func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key []byte, start StartAt, copts []ConsumerOpt) iter.Seq2[StoredRecord, error] {
+	return c.subscribeRange(ctx, stream, rng, key, start, copts, false)
+}
+
+// subscribeRange is subscribe; child says that the range is a split's
+// child, which a node may not know of yet (splitread.go).
+func (c *Client) subscribeRange(ctx context.Context, stream string, rng uint32, key []byte, start StartAt, copts []ConsumerOpt, child bool) iter.Seq2[StoredRecord, error] {
 	return func(yield func(StoredRecord, error) bool) {
 		op, err := newOpener(stream, copts)
 		if err != nil {
 			yield(StoredRecord{}, err)
 			return
 		}
-		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op, key: key}
+		s := &subscription{c: c, stream: stream, rng: rng, start: start, next: start.Offset, addr: c.pool.pick(), op: op, key: key, child: child}
 		if start.Time.IsZero() && start.Epoch != 0 && start.Offset > 0 {
 			// As if it had delivered the caller's last record: checked
 			// first (fork.go).
@@ -219,10 +238,18 @@ func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key [
 			if err == nil {
 				return // the consumer stopped iterating
 			}
+			if end, ok := RangeEnded(err); ok {
+				c.followSplit(ctx, s, end, copts, yield) // splitread.go
+				return
+			}
 			if s.checkFailed(err) {
 				continue // the first record cannot be checked: resume after it
 			}
 			err = s.lagging(ctx, err)
+			unknownChild := s.childUnknown(err)
+			if unknownChild {
+				s.failures = min(s.failures, c.cfg.retriesMax-1) // bounded by time instead
+			}
 			var fe *ForkError
 			switch {
 			case errors.As(err, &fe):
@@ -234,7 +261,7 @@ func (c *Client) subscribe(ctx context.Context, stream string, rng uint32, key [
 			case ctx.Err() != nil:
 				yield(StoredRecord{}, ctx.Err())
 				return
-			case !IsRetriable(err) || s.failures >= c.cfg.retriesMax:
+			case !IsRetriable(err) && !unknownChild, s.failures >= c.cfg.retriesMax:
 				yield(StoredRecord{}, fmt.Errorf("subscribe %s/%d at %d: %w", stream, rng, s.next, err))
 				return
 			}
@@ -265,9 +292,14 @@ type subscription struct {
 	stream string
 	rng    uint32
 	start  StartAt
-	key    []byte  // non-nil: only this key's records (SubscribeKey)
-	op     *opener // nil without OpenWith
-	addr   string  // where the next stream goes
+	// child: rng is a split's child (followSplit), which a node learns of
+	// shortly after its parent ends.
+	child bool
+	// childWaitFrom is when a node first did not know the child.
+	childWaitFrom time.Time
+	key           []byte  // non-nil: only this key's records (SubscribeKey)
+	op            *opener // nil without OpenWith
+	addr          string  // where the next stream goes
 	// next is the offset to deliver next; records below it are skipped.
 	next      uint64
 	delivered bool // a record was yielded

@@ -51,6 +51,10 @@ import (
 //     fetcher, calls OnLost, and joins again as a new incarnation.
 //  6. Close stops the fetchers, commits, and leaves the group (a static
 //     member leaves temporarily, keeping its ranges for a session timeout).
+//  7. A range that split ends once its records are delivered: the member
+//     marks its split offset once every record it yielded of it is marked,
+//     commits it and heartbeats; the coordinator then moves the group on to
+//     the range's children, from offset 0 (splitread.go).
 type GroupConsumer struct {
 	c             *Client
 	stream, group string
@@ -85,15 +89,24 @@ type groupRange struct {
 	committed  uint64 // the position committed (or where fetching began)
 	marked     uint64 // the offset after the last processed record
 	markEpoch  uint64
-	cancel     context.CancelFunc
-	fetched    chan struct{} // closed when its fetcher returns
+	// yielded is the offset after the last record Records yielded; once
+	// the range's end (a split) is delivered, ended is set and the split
+	// offset is marked as soon as every yielded record is (splitread.go).
+	yielded     uint64
+	ended       bool
+	splitOffset uint64
+	cancel      context.CancelFunc
+	fetched     chan struct{} // closed when its fetcher returns
 }
 
-// delivery is one fetched batch of a range.
+// delivery is one fetched batch of a range, or its end (a split: ended,
+// at splitOffset, after every record of the range was delivered).
 type delivery struct {
-	rng   uint32
-	token uint64
-	recs  []StoredRecord
+	rng         uint32
+	token       uint64
+	recs        []StoredRecord
+	ended       bool
+	splitOffset uint64
 }
 
 // NewGroupConsumer returns a member of group consuming stream; it joins
@@ -152,8 +165,12 @@ func (g *GroupConsumer) Records(ctx context.Context) iter.Seq2[StoredRecord, err
 		for {
 			select {
 			case d := <-g.deliveries:
+				if d.ended {
+					g.endRange(d.rng, d.token, d.splitOffset)
+					continue
+				}
 				for _, rec := range d.recs {
-					if !g.current(d.rng, d.token) {
+					if !g.yielding(d.rng, d.token, rec) {
 						break // revoked since it was fetched
 					}
 					if !yield(rec, nil) {
@@ -208,6 +225,7 @@ func (g *GroupConsumer) mark(rng uint32, token uint64, rec StoredRecord) {
 	defer g.mu.Unlock()
 	if gr, ok := g.ranges[rng]; ok && gr.token == token && rec.Offset+1 > gr.marked {
 		gr.marked, gr.markEpoch = rec.Offset+1, rec.Epoch
+		gr.markEnd()
 	}
 }
 

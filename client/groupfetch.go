@@ -43,6 +43,17 @@ func (g *GroupConsumer) fetch(ctx context.Context, gr *groupRange, from uint64, 
 		if received {
 			failures = 0
 		}
+		if end, ok := RangeEnded(err); ok {
+			// The range split and every record of it was delivered: its
+			// end goes after them (splitread.go), and the fetcher waits
+			// to be released.
+			select {
+			case g.deliveries <- delivery{rng: gr.rng, token: gr.token, ended: true, splitOffset: end.SplitOffset}:
+			case <-ctx.Done():
+			}
+			<-ctx.Done()
+			return
+		}
 		var e *Error
 		switch {
 		case CodeOf(err) == CodeRangeNotAssigned || fencedErr(err):
@@ -55,6 +66,10 @@ func (g *GroupConsumer) fetch(ctx context.Context, gr *groupRange, from uint64, 
 			continue
 		case errors.As(err, &e) && e.Code == apierr.OffsetOutOfRange && e.TailOffset < next:
 			// This node's copy is behind the position: try another.
+		case CodeOf(err) == CodeRangeNotFound:
+			// A split's child the coordinator assigned that this node's
+			// catalogue does not hold yet (it applies the split shortly
+			// after): retry, here or elsewhere.
 		case !IsRetriable(err):
 			g.fail(err)
 			return
@@ -122,6 +137,9 @@ func (g *GroupConsumer) tail(ctx context.Context, rng uint32) (uint64, error) {
 	var e *Error
 	if errors.As(err, &e) && e.Code == apierr.OffsetOutOfRange {
 		return e.TailOffset, nil
+	}
+	if end, ok := RangeEnded(err); ok {
+		return end.SplitOffset, nil // a split range's log ends there
 	}
 	if err != nil {
 		return 0, err

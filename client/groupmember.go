@@ -72,6 +72,7 @@ func (g *GroupConsumer) member(a *geologv1.GroupAssignment) {
 		select {
 		case <-hb.C:
 		case <-g.heartbeatNow:
+			g.commitEnded() // a split range's end, for the coordinator to see
 		case <-commit.C:
 			if err := g.commit(g.ctx, nil); err != nil && g.ctx.Err() == nil {
 				g.log.Debug("auto-commit", "error", err)

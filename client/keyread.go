@@ -60,7 +60,8 @@ func (c *Client) RangeOfKey(ctx context.Context, stream string, key []byte) (uin
 // in offset order, then waits for new ones, resuming after a failure and
 // opening records (copts) as Subscribe does. A non-empty key must belong
 // to the range (RangeOfKey); otherwise the sequence ends with a
-// CodeInvalidArgument error.
+// CodeInvalidArgument error. Past a split of the range it follows the
+// child that owns the key (the keyless records: both children).
 func (c *Client) SubscribeKey(ctx context.Context, stream string, rng uint32, key []byte, start StartAt, copts ...ConsumerOpt) iter.Seq2[StoredRecord, error] {
 	return c.subscribe(ctx, stream, rng, nonNil(key), start, copts)
 }

@@ -19,17 +19,36 @@ import (
 // assignment keeps, and larger shares to larger previous sets maximise
 // that sum.
 func Assign(members []string, prev map[string][]uint32, rangeCount uint32) map[string][]uint32 {
+	ranges := make([]uint32, rangeCount)
+	for i := range ranges {
+		ranges[i] = uint32(i)
+	}
+	return AssignRanges(members, prev, ranges)
+}
+
+// AssignRanges is Assign over the given ranges (sorted, unique, each
+// below RangesMax) rather than 0..rangeCount-1: those a group may be
+// assigned (split.go).
+func AssignRanges(members []string, prev map[string][]uint32, ranges []uint32) map[string][]uint32 {
 	out := make(map[string][]uint32, len(members))
 	if len(members) == 0 {
 		return out
 	}
 	n := len(members)
-	base, extra := int(rangeCount)/n, int(rangeCount)%n
-	taken := make([]bool, rangeCount)
+	base, extra := len(ranges)/n, len(ranges)%n
+	idsMax := uint32(0)
+	if len(ranges) > 0 {
+		idsMax = ranges[len(ranges)-1] + 1
+	}
+	assignable := make([]bool, idsMax)
+	for _, r := range ranges {
+		assignable[r] = true
+	}
+	taken := make([]bool, idsMax)
 	kept := make(map[string][]uint32, n)
 	for _, m := range members {
 		for _, r := range prev[m] {
-			if r < rangeCount && !taken[r] {
+			if r < idsMax && assignable[r] && !taken[r] {
 				taken[r] = true
 				kept[m] = append(kept[m], r)
 			}
@@ -58,14 +77,14 @@ func Assign(members []string, prev map[string][]uint32, rangeCount uint32) map[s
 		}
 		out[m] = slices.Clone(k)
 	}
-	next := uint32(0)
+	next := 0
 	for _, m := range members {
 		for len(out[m]) < quota[m] {
-			for taken[next] {
+			for taken[ranges[next]] {
 				next++
 			}
-			taken[next] = true
-			out[m] = append(out[m], next)
+			taken[ranges[next]] = true
+			out[m] = append(out[m], ranges[next])
 		}
 		slices.Sort(out[m])
 	}

@@ -23,6 +23,9 @@ const (
 // Deterministic; not safe for concurrent use.
 type Coordinator struct {
 	sessions map[sessionKey]*session
+	// SplitsOf, if set, gives the splits of a stream's range map: the
+	// coordinator then assigns over the map (split.go).
+	SplitsOf SplitsOf
 }
 
 type sessionKey struct{ group, member string }
@@ -172,7 +175,7 @@ func (c *Coordinator) Join(b *Batch, req JoinRequest) (Assignment, error) {
 	}
 	g.addMember(m)
 	if rebalance {
-		c.retarget(g)
+		c.retarget(b, g)
 	}
 	c.heard(b, g.Name, g.Member(req.MemberID))
 	c.grants(b, g)
@@ -198,6 +201,13 @@ func (c *Coordinator) Heartbeat(b *Batch, req HeartbeatRequest) (Assignment, err
 	c.heard(b, probe.Name, pm)
 	changed := pm.Away
 	pm.Away = false
+	if c.assignableChanged(b, probe) {
+		// A parent was finished (its split offset committed): its
+		// children take its place (split.go).
+		probe.Epoch = b.nextEpoch(probe.Epoch)
+		c.retarget(b, probe)
+		changed = true
+	}
 	changed = c.reconcile(b, probe, pm, owned) || changed
 	if !changed {
 		return c.assignment(b, held, held.Member(req.MemberID)), nil
@@ -226,7 +236,7 @@ func (c *Coordinator) Leave(b *Batch, req LeaveRequest) error {
 	c.forget(g.Name, m.ID)
 	g.removeMember(m.ID)
 	g.Epoch = b.nextEpoch(g.Epoch)
-	c.retarget(g)
+	c.retarget(b, g)
 	c.grants(b, g)
 	return nil
 }
@@ -270,7 +280,7 @@ func (c *Coordinator) Expire(b *Batch) []Expired {
 			g.removeMember(e.MemberID)
 		}
 		g.Epoch = b.nextEpoch(g.Epoch)
-		c.retarget(g)
+		c.retarget(b, g)
 		c.grants(b, g)
 		out = append(out, gone...)
 	}
@@ -294,15 +304,16 @@ func (c *Coordinator) forget(group, member string) {
 	delete(c.sessions, sessionKey{group, member})
 }
 
-// retarget recomputes the group's target assignment at its epoch.
-func (c *Coordinator) retarget(g *Group) {
+// retarget recomputes the group's target assignment at its epoch, over
+// the ranges it may assign (split.go).
+func (c *Coordinator) retarget(b *Batch, g *Group) {
 	ids := make([]string, len(g.Members))
 	prev := make(map[string][]uint32, len(g.Members))
 	for i, m := range g.Members {
 		ids[i] = m.ID
 		prev[m.ID] = m.Target
 	}
-	targets := Assign(ids, prev, g.RangeCount)
+	targets := AssignRanges(ids, prev, c.assignable(b, g))
 	for i := range g.Members {
 		g.Members[i].Target = targets[g.Members[i].ID]
 	}
@@ -387,9 +398,21 @@ func (c *Coordinator) sessionOf(b *Batch, group string, m *Member) *session {
 // assignment is what member m of g is told.
 func (c *Coordinator) assignment(b *Batch, g *Group, m *Member) Assignment {
 	a := Assignment{MemberID: m.ID, MemberEpoch: m.Epoch, GroupEpoch: g.Epoch, Stream: g.Stream, Ranges: m.Assigned()}
+	var children map[uint32]bool // of splits, once a range lacks a position
 	for _, r := range a.Ranges {
-		if p, ok := b.position(g.Name, g.Stream, r); ok {
+		p, ok := b.position(g.Name, g.Stream, r)
+		if ok {
 			a.Positions = append(a.Positions, p)
+			continue
+		}
+		if children == nil {
+			children = c.children(g)
+		}
+		if children[r] {
+			// A child of a split: the group read its parent to the end,
+			// so it starts at the child's start, whatever the member's
+			// policy for a range without a position.
+			a.Positions = append(a.Positions, Position{Stream: g.Stream, Range: r})
 		}
 	}
 	return a

@@ -307,7 +307,9 @@ func decodeGroup(name string, v []byte) (*Group, error) {
 	g.AssignmentEpoch = d.uvarint()
 	n := d.bounded(MembersMax)
 	for i := uint64(0); i < n && d.err == nil; i++ {
-		g.Members = append(g.Members, d.member(g.RangeCount))
+		// A member's ranges may be a split's children, past the range
+		// count as created (split.go).
+		g.Members = append(g.Members, d.member(RangesMax))
 	}
 	if err := d.end(); err != nil {
 		return nil, err

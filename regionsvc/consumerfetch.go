@@ -61,9 +61,15 @@ func (n *Node) fetch(ctx context.Context, req *geologv1.FetchRequest, send func(
 		}
 		if out.count > 0 {
 			next = after
-			if err := send(&geologv1.FetchResponse{Records: out.recs, Frames: out.frames, NextOffset: next, TailOffset: rd.servableEnd()}); err != nil {
+			if err := send(&geologv1.FetchResponse{Records: out.recs, Frames: out.frames, NextOffset: next, TailOffset: rd.readTail()}); err != nil {
 				return err
 			}
+			continue
+		}
+		if after > next {
+			// Holes only (a compacted stretch): past them, so that a
+			// split range's end is reached after them.
+			next = after
 			continue
 		}
 		select {

@@ -227,7 +227,11 @@ func (n *Node) rangeLags(ctx context.Context, g *cursors.Group, ps []cursors.Pos
 	st, err := n.lookupStream(ctx, g.Stream)
 	now := n.cfg.Now()
 	var out []*geologv1.RangeLag
-	for r := range g.RangeCount {
+	count := g.RangeCount
+	if err == nil {
+		count = max(count, uint32(len(st.ranges))) // a split's children too
+	}
+	for r := range count {
 		rl := &geologv1.RangeLag{Range: r}
 		if i := slices.IndexFunc(ps, func(p cursors.Position) bool { return p.Stream == g.Stream && p.Range == r }); i >= 0 {
 			rl.Committed, rl.HasPosition, rl.Generation = ps[i].Offset, true, ps[i].Generation
@@ -251,7 +255,7 @@ func rangeLag(rd *rangeDriver, committed uint64, now time.Time) (tail, records u
 	if rd.store == nil {
 		return 0, 0, 0
 	}
-	tail = rd.committed.Load()
+	tail = rd.readTail() // a split range's ends at its split offset
 	if committed >= tail {
 		return tail, 0, 0
 	}

@@ -138,7 +138,7 @@ func (s *cutScratch) cut(b *cursors.Batch) []cursors.Record {
 // runWriter is the coordinator goroutine of a cursor range.
 func (cr *cursorRange) runWriter() {
 	defer cr.done.Done()
-	w := &coordinatorLoop{cr: cr, c: cursors.NewCoordinator()}
+	w := &coordinatorLoop{cr: cr, c: cr.cs.n.newCoordinator()}
 	tick := time.NewTicker(cursorTickInterval)
 	defer tick.Stop()
 	var pending []*cursorOp
@@ -270,7 +270,7 @@ func (w *coordinatorLoop) round(ops []*cursorOp) []*cursorOp {
 			w.answerAll(ops, err)
 			return nil
 		}
-		w.c = cursors.NewCoordinator() // sessions start afresh (step 1)
+		w.c = w.cr.cs.n.newCoordinator() // sessions start afresh (step 1)
 		w.syncedTerm = term
 	}
 	n := w.cr.cs.n

@@ -124,6 +124,10 @@ type rangeDriver struct {
 
 	// Published state, read by any goroutine.
 	committed atomic.Uint64 // offsets below it are durable and readable
+	// splitEnd is the range's end once its split marker is applied
+	// (split_read.go); nil while it has none. Set before committed passes
+	// the marker, never cleared.
+	splitEnd atomic.Pointer[splitEnd]
 	// highestEpoch is the highest homing epoch seen in the log, in mirrored
 	// batches and in the home's heartbeats.
 	highestEpoch atomic.Uint64

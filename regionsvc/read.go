@@ -96,6 +96,9 @@ func (d *rangeDriver) readRecords(from uint64, maxRecords, maxBytes int) ([]*geo
 			break
 		}
 	}
+	if len(rd.out) == 0 && rd.split != nil {
+		return nil, from, rd.split.ended(d.cfg.stream, d.cfg.rangeID, from, d.store.StartOffset())
+	}
 	return rd.out, rd.next, nil
 }
 
@@ -105,6 +108,8 @@ type recordReader struct {
 	maxRecords, maxBytes int
 	bytes                int
 	out                  []*geologv1.StoredRecord
+	// split is the range's end, if the read met its split marker.
+	split *splitEnd
 }
 
 // frames takes the records of concatenated frames; full reports that the
@@ -121,6 +126,11 @@ func (rd *recordReader) frames(frames []byte) (full bool, err error) {
 		h, recs, err := batch.Decode(frames[:n])
 		if err != nil {
 			return false, &segment.CorruptionError{Offset: rd.next, Err: errors.Join(segment.ErrCorrupt, err)}
+		}
+		if h.Type == batch.TypeSplit {
+			// The range's end: never past it (split_read.go).
+			rd.split, err = splitEndOf(frames[:n])
+			return true, err
 		}
 		frames = frames[n:]
 		if h.Type == batch.TypeData {
@@ -163,9 +173,12 @@ func (d *rangeDriver) readBounds(from uint64) (uint64, error) {
 	case from < start:
 		return 0, outOfRange(from, start, end)
 	case from > end:
+		if s := d.splitEnd.Load(); s != nil && from >= s.offset {
+			return 0, s.ended(d.cfg.stream, d.cfg.rangeID, from, start)
+		}
 		return 0, d.pastTail(from, end)
 	}
-	return end, nil
+	return d.boundBySplit(from, end)
 }
 
 // readFailure returns the failure that stops reads of the range, or nil.

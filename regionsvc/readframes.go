@@ -74,6 +74,9 @@ func (d *rangeDriver) readFrames(from uint64, maxRecords, maxBytes int) (readOut
 			break
 		}
 	}
+	if fr.count == 0 && fr.split != nil {
+		return readOut{}, from, fr.split.ended(d.cfg.stream, d.cfg.rangeID, from, d.store.StartOffset())
+	}
 	return readOut{frames: fr.out, count: fr.count}, fr.next, nil
 }
 
@@ -83,6 +86,8 @@ type frameCollector struct {
 	maxRecords, maxBytes int
 	count                int
 	out                  []byte
+	// split is the range's end, if the read met its split marker.
+	split *splitEnd
 }
 
 // take collects what a read wants of concatenated frames, as
@@ -107,6 +112,14 @@ func (fr *frameCollector) take(frames []byte) (full bool, err error) {
 		}
 		frame := frames[:n]
 		frames = frames[n:]
+		if h.Type == batch.TypeSplit {
+			// The range's end: never past it (split_read.go).
+			fr.split, err = splitEndOf(frame)
+			if err != nil {
+				return false, fr.corrupt(err)
+			}
+			return true, nil
+		}
 		if h.Type != batch.TypeData || h.RecordCount == 0 {
 			// A compaction marker, or a frame compaction emptied.
 			fr.next = max(fr.next, min(h.NextOffset(), fr.end))

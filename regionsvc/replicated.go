@@ -463,6 +463,7 @@ func (d *rangeDriver) releaseAcks() {
 // runs after every Ready cycle, and before an ack is sent (propose), so
 // that a reader who was told of a record finds it.
 func (d *rangeDriver) publishCommitted() {
+	d.publishSplitEnd() // before readers see the marker's offset committed
 	if c := d.rep.Committed(); c > d.committed.Load() {
 		d.committed.Store(c)
 		d.notify()

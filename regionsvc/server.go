@@ -368,7 +368,7 @@ func (s *logServer) Read(ctx context.Context, req *geologv1.ReadRequest) (*geolo
 		Frames:      out.frames,
 		NextOffset:  next,
 		StartOffset: rd.store.StartOffset(),
-		TailOffset:  rd.servableEnd(),
+		TailOffset:  rd.readTail(),
 	}, nil
 }
 

@@ -90,6 +90,9 @@ func (n *Node) applySplit(at uint64, spec streamSpec) {
 		n.logger.Error("stream changed while its split applied", "stream", s.Name)
 	}
 	n.streams[s.Name] = &streamState{spec: s, ranges: ranges}
+	if p := next.Ranges[len(cur.Ranges)].Parent; int(p) < len(ranges) && ranges[p] != nil {
+		ranges[p].learnSplitEnd(&next) // split_read.go
+	}
 	for r := len(cur.Ranges); r < len(ranges); r++ {
 		n.region.groups[groupFor(s.MetaOffset, uint32(r))] = ranges[r]
 	}

@@ -186,11 +186,20 @@ func checkChildRouting(t *testing.T, ctx context.Context, tr *testRegion, p *key
 	if m.LookupKey(k) == 2 {
 		other = 3
 	}
-	_, err := sp.send(ctx, &geologv1.AppendRequest{Stream: "sk", Range: other, Records: []*geologv1.Record{{Key: k, Value: []byte("x")}}})
+	var err error
+	pollUntil(t, ctx, "the child's leader answers", func() bool {
+		_, err = sp.send(ctx, &geologv1.AppendRequest{Stream: "sk", Range: other, Records: []*geologv1.Record{{Key: k, Value: []byte("x")}}})
+		return rpcerr.CodeOf(err) != apierr.NotLeader
+	})
 	if rpcerr.CodeOf(err) != apierr.InvalidArgument {
 		t.Fatalf("key of child %d appended to child %d: %v, want INVALID_ARGUMENT", m.LookupKey(k), other, err)
 	}
-	_, err = sp.send(ctx, &geologv1.AppendRequest{Stream: "sk", Range: 1, Records: []*geologv1.Record{{Key: k, Value: []byte("x")}}})
+	// One pass over the nodes may find none leading (a leader moves
+	// under load): ask again until one answers.
+	pollUntil(t, ctx, "the parent's leader answers", func() bool {
+		_, err = sp.send(ctx, &geologv1.AppendRequest{Stream: "sk", Range: 1, Records: []*geologv1.Record{{Key: k, Value: []byte("x")}}})
+		return rpcerr.CodeOf(err) != apierr.NotLeader
+	})
 	if rpcerr.CodeOf(err) != apierr.RangeSplit {
 		t.Fatalf("append to the split parent: %v, want RANGE_SPLIT", err)
 	}

@@ -143,19 +143,28 @@ func (tr *testRegion) split(ctx context.Context, stream string, r uint32, at uin
 }
 
 // readAll reads range r of stream from node id, from offset 0, once the
-// node holds minOffset.
+// node holds minOffset, until minOffset or the range's end (a split
+// range's RANGE_SPLIT).
 func (tr *testRegion) readAll(ctx context.Context, id uint64, stream string, r uint32, minOffset uint64) []*geologv1.StoredRecord {
 	tr.t.Helper()
 	var out []*geologv1.StoredRecord
 	for from := uint64(0); ; {
 		var rr *geologv1.ReadResponse
 		c := tr.clients[id]
+		ended := false
 		tr.retry(ctx, fmt.Sprintf("read node %d from %d", id, from), func(ctx context.Context, _ geologv1.LogClient) error {
 			var err error
 			rr, err = c.Read(ctx, &geologv1.ReadRequest{Stream: stream, Range: r, FromOffset: from, MaxRecords: 1000,
 				Consistency: geologv1.Consistency_CONSISTENCY_MIN_OFFSET, MinOffset: minOffset})
+			if e := rpcerr.FromError(err); e != nil && e.Code == apierr.RangeSplit && from >= e.SplitOffset {
+				ended = true
+				return nil
+			}
 			return err
 		})
+		if ended {
+			return out
+		}
 		out = append(out, rr.Records...)
 		if rr.NextOffset <= from || rr.NextOffset >= minOffset {
 			return out

@@ -101,7 +101,7 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 			from := next
 			next = nx
 			n.limits.quotas.charge(principal, out.quotaBytes())
-			msg := &geologv1.SubscribeResponse{Records: out.recs, Frames: out.frames, NextOffset: next, TailOffset: rd.servableEnd()}
+			msg := &geologv1.SubscribeResponse{Records: out.recs, Frames: out.frames, NextOffset: next, TailOffset: rd.readTail()}
 			if err := send.send(ctx, msg, from, release, timeout); err != nil {
 				return err
 			}

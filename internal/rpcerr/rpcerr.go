@@ -99,6 +99,9 @@ func Detail(e *apierr.Error) *geologv1.ErrorDetail {
 		MemberEpoch:      e.MemberEpoch,
 		CursorGeneration: e.CursorGeneration,
 		LeaderCutOff:     e.LeaderCutOff,
+		SplitOffset:      e.SplitOffset,
+		SplitChildren:    splitChildrenToWire(e.SplitChildren),
+		SplitAt:          e.SplitAt,
 	}
 }
 
@@ -125,7 +128,28 @@ func FromDetail(d *geologv1.ErrorDetail) *apierr.Error {
 		MemberEpoch:      d.GetMemberEpoch(),
 		CursorGeneration: d.GetCursorGeneration(),
 		LeaderCutOff:     d.GetLeaderCutOff(),
+		SplitOffset:      d.GetSplitOffset(),
+		SplitChildren:    splitChildren(d.GetSplitChildren()),
+		SplitAt:          d.GetSplitAt(),
 	}
+}
+
+// splitChildren is a RANGE_SPLIT's children from the wire: a split has
+// two, so anything else is dropped (nothing from the network is trusted).
+func splitChildren(c []uint32) [2]uint32 {
+	if len(c) != 2 {
+		return [2]uint32{}
+	}
+	return [2]uint32{c[0], c[1]}
+}
+
+// splitChildrenToWire is the wire form of a RANGE_SPLIT's children (none
+// when zero).
+func splitChildrenToWire(c [2]uint32) []uint32 {
+	if c == ([2]uint32{}) {
+		return nil
+	}
+	return c[:]
 }
 
 // ToStatus turns any error into a gRPC status error carrying an

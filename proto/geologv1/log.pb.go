@@ -188,7 +188,10 @@ const (
 	// Retriable: describe the stream again for its range map and send the
 	// batch to the child that owns its keys. A batch answered so is not in
 	// the range's log (a retry of one that is gets its original offset), so
-	// sending it to a child cannot duplicate it.
+	// sending it to a child cannot duplicate it. A read of the range at or
+	// past its split offset gets RANGE_SPLIT too, not retriable, naming the
+	// split offset and the children (ErrorDetail.split_offset,
+	// split_children).
 	ErrorCode_ERROR_CODE_RANGE_SPLIT ErrorCode = 44
 	// Another split of the stream is under way (SplitRange): its range map
 	// is reserved for that split until it is recorded. Retriable: ask again
@@ -2523,7 +2526,19 @@ type ErrorDetail struct {
 	// from its followers). Its followers may go on naming it as the leader
 	// until they elect another: a client should not follow hints back to it
 	// for a while, and try the range's other replicas.
-	LeaderCutOff  bool `protobuf:"varint,13,opt,name=leader_cut_off,json=leaderCutOff,proto3" json:"leader_cut_off,omitempty"`
+	LeaderCutOff bool `protobuf:"varint,13,opt,name=leader_cut_off,json=leaderCutOff,proto3" json:"leader_cut_off,omitempty"`
+	// For RANGE_SPLIT on a read (Read, Subscribe, Fetch at or past the
+	// range's split offset; docs/split.md "Readers"): the range's log ends
+	// at split_offset (the parent's records are those below it) and its
+	// keys continue in the two children, each from offset 0. A reader of
+	// every key reads both children; a reader of one key, the child that
+	// owns it (split_at tells which). Not retriable: the range takes
+	// and serves nothing past split_offset, ever.
+	SplitOffset   uint64   `protobuf:"varint,14,opt,name=split_offset,json=splitOffset,proto3" json:"split_offset,omitempty"`
+	SplitChildren []uint32 `protobuf:"varint,15,rep,packed,name=split_children,json=splitChildren,proto3" json:"split_children,omitempty"`
+	// split_at is the split's hash boundary: the first child owns the keys
+	// that hash below it, the second the others (keyspace.Hash).
+	SplitAt       uint64 `protobuf:"varint,16,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2647,6 +2662,27 @@ func (x *ErrorDetail) GetLeaderCutOff() bool {
 		return x.LeaderCutOff
 	}
 	return false
+}
+
+func (x *ErrorDetail) GetSplitOffset() uint64 {
+	if x != nil {
+		return x.SplitOffset
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetSplitChildren() []uint32 {
+	if x != nil {
+		return x.SplitChildren
+	}
+	return nil
+}
+
+func (x *ErrorDetail) GetSplitAt() uint64 {
+	if x != nil {
+		return x.SplitAt
+	}
+	return 0
 }
 
 // NodeInfo is one node of a region.
@@ -5545,7 +5581,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\x12,\n" +
 	"\x06ranges\x18\x02 \x03(\v2\x14.geolog.v1.RangeInfoR\x06ranges\x12-\n" +
 	"\x12epochs_unavailable\x18\x03 \x01(\tR\x11epochsUnavailable\x12*\n" +
-	"\x11range_map_version\x18\x04 \x01(\x04R\x0frangeMapVersion\"\xe5\x03\n" +
+	"\x11range_map_version\x18\x04 \x01(\x04R\x0frangeMapVersion\"\xca\x04\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.geolog.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x1f\n" +
@@ -5564,7 +5600,10 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"fork_epoch\x18\f \x01(\x04R\tforkEpoch\x12,\n" +
 	"\x12retry_after_millis\x18\n" +
 	" \x01(\x03R\x10retryAfterMillis\x12$\n" +
-	"\x0eleader_cut_off\x18\r \x01(\bR\fleaderCutOff\"\xd2\x02\n" +
+	"\x0eleader_cut_off\x18\r \x01(\bR\fleaderCutOff\x12!\n" +
+	"\fsplit_offset\x18\x0e \x01(\x04R\vsplitOffset\x12%\n" +
+	"\x0esplit_children\x18\x0f \x03(\rR\rsplitChildren\x12\x19\n" +
+	"\bsplit_at\x18\x10 \x01(\x04R\asplitAt\"\xd2\x02\n" +
 	"\bNodeInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
