@@ -755,6 +755,7 @@ func (n *Node) Start() error {
 	if n.replicated() {
 		n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
 		n.tasks.Go(n.registerAddress)     // members_move.go
+		n.tasks.Go(n.recordMirrorSplits)  // split_mirror.go
 	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()

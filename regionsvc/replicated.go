@@ -460,6 +460,9 @@ func (d *rangeDriver) releaseAcks() {
 // runs after every Ready cycle, and before an ack is sent (propose), so
 // that a reader who was told of a record finds it.
 func (d *rangeDriver) publishCommitted() {
+	if !d.splitSeen.Load() && d.rep.SplitPending() {
+		d.splitSeen.Store(true)
+	}
 	if c := d.rep.Committed(); c > d.committed.Load() {
 		d.committed.Store(c)
 		d.notify()
