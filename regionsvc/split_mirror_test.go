@@ -26,7 +26,7 @@ func TestSplitMirrored(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	w := newWorld(t, []string{"us", "eu", "ap"}, 1, 10*time.Millisecond, 0)
+	w := newWorld(t, []string{"us", "eu", "ap"}, 3, 10*time.Millisecond, 0)
 	home := createGeoStream(t, ctx, w, "sm", 1)[0]
 	var down string
 	for _, r := range w.regions {
@@ -47,8 +47,11 @@ func TestSplitMirrored(t *testing.T) {
 		}
 		return true
 	})
-	w.stop(down, 1)
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.stop(down, id)
+	}
 
+	start := time.Now()
 	res, err := w.nodes[home][1].splitRange(ctx, "sm", 0, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +59,7 @@ func TestSplitMirrored(t *testing.T) {
 	if res.offset != before {
 		t.Fatalf("split offset %d, want %d", res.offset, before)
 	}
-	m := w.nodes[home][1].streams["sm"].spec.rangeMap()
+	m := nodeRangeMap(w.nodes[home][1], "sm")
 	counts := map[uint32]int{}
 	for i := 0; counts[res.decision.Left] < 10 || counts[res.decision.Right] < 10; i++ {
 		key := fmt.Sprintf("key-%d", i)
@@ -65,7 +68,10 @@ func TestSplitMirrored(t *testing.T) {
 		counts[r]++
 	}
 
-	w.start(down, 1)
+	t.Logf("split at offset %d and %d appends to the children in %v", res.offset, counts[res.decision.Left]+counts[res.decision.Right], time.Since(start).Round(time.Millisecond))
+	for id := uint64(1); id <= uint64(w.size); id++ {
+		w.start(down, id)
+	}
 	for _, region := range w.regions {
 		if region == home {
 			continue
@@ -75,12 +81,14 @@ func TestSplitMirrored(t *testing.T) {
 			return len(tails[region]) == 3 && tails[region][1] == uint64(counts[res.decision.Left]) &&
 				tails[region][2] == uint64(counts[res.decision.Right])
 		})
-		n := w.nodes[region][1]
-		n.mu.RLock()
-		got := n.streams["sm"].spec.rangeMap()
-		n.mu.RUnlock()
-		if !got.Equal(m) {
-			t.Fatalf("%s's range map %+v, the home's %+v", region, got, m)
+		t.Logf("%s holds the children's records %v after the split", region, time.Since(start).Round(time.Millisecond))
+		for id, n := range w.nodes[region] {
+			waitUntil(t, ctx, time.Minute, fmt.Sprintf("%s node %d applies the split", region, id), func() bool {
+				return nodeRangeMap(n, "sm").Version == m.Version
+			})
+			if got := nodeRangeMap(n, "sm"); !got.Equal(m) {
+				t.Fatalf("%s node %d's range map %+v, the home's %+v", region, id, got, m)
+			}
 		}
 		if tails := w.tails(ctx, "sm"); tails[region][0] != before+1 {
 			t.Fatalf("%s: the parent's tail is %d, want the split offset %d plus the marker", region, tails[region][0], before)
@@ -92,14 +100,14 @@ func TestSplitMirrored(t *testing.T) {
 		res.decision.Right: uint64(counts[res.decision.Right])}, m)
 }
 
-// appendRetry appends one keyed record to a range through region's node 1,
-// retrying retriable refusals (a child's home is settled a moment after
+// appendRetry appends one keyed record to a range through region's nodes
+// in turn, retrying retriable refusals (a child's home is settled a moment after
 // its split is recorded).
 func appendRetry(t *testing.T, ctx context.Context, w *world, region, stream string, r uint32, key, value string) {
 	t.Helper()
 	var last error
 	for attempt := 0; attempt < 200; attempt++ {
-		_, err := w.conns[region][1].Append(ctx, &geologv1.AppendRequest{Stream: stream, Range: r,
+		_, err := w.conns[region][uint64(attempt%w.size)+1].Append(ctx, &geologv1.AppendRequest{Stream: stream, Range: r,
 			Records: []*geologv1.Record{{Key: []byte(key), Value: []byte(value)}}})
 		if err == nil {
 			return
@@ -146,4 +154,11 @@ func sameLogs(t *testing.T, ctx context.Context, w *world, home, stream string, 
 		}
 		t.Logf("range %d: %d records, identical in %v", r, end, w.regions)
 	}
+}
+
+// nodeRangeMap is n's range map of stream.
+func nodeRangeMap(n *Node, stream string) keyspace.RangeMap {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.streams[stream].spec.rangeMap()
 }
