@@ -146,6 +146,11 @@ type Config struct {
 	ProducerStateTTL time.Duration
 	// MaintenanceInterval is how often retention runs, default 30 s.
 	MaintenanceInterval time.Duration
+	// SplitRangeBytes splits a range automatically at its hash midpoint
+	// once its log on the range's home leader retains more bytes than
+	// this, checked every MaintenanceInterval (split_auto.go); 0, the
+	// default, never splits a range by itself.
+	SplitRangeBytes int64
 	// CompactionInterval is the least time between two compaction
 	// decisions of a range compacted by key (checked every
 	// MaintenanceInterval), default 1 min. CompactionBytesPerSecond bounds
@@ -756,6 +761,9 @@ func (n *Node) Start() error {
 		n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
 		n.tasks.Go(n.registerAddress)     // members_move.go
 		n.tasks.Go(n.recordMirrorSplits)  // split_mirror.go
+		if n.cfg.SplitRangeBytes > 0 {
+			n.tasks.Go(n.autoSplitRanges) // split_auto.go
+		}
 	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()
