@@ -760,7 +760,9 @@ func (n *Node) Start() error {
 	if n.replicated() {
 		n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
 		n.tasks.Go(n.registerAddress)     // members_move.go
-		n.tasks.Go(n.recordMirrorSplits)  // split_mirror.go
+		if len(n.cfg.Regions) > 0 {
+			n.tasks.Go(n.recordMirrorSplits) // split_mirror.go: only a node with other regions mirrors
+		}
 		if n.cfg.SplitRangeBytes > 0 {
 			n.tasks.Go(n.autoSplitRanges) // split_auto.go
 		}
