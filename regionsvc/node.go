@@ -758,14 +758,7 @@ func (n *Node) Start() error {
 		n.tasks.Go(n.rebalancer.run) // rebalance.go
 	}
 	if n.replicated() {
-		n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
-		n.tasks.Go(n.registerAddress)     // members_move.go
-		if len(n.cfg.Regions) > 0 {
-			n.tasks.Go(n.recordMirrorSplits) // split_mirror.go: only a node with other regions mirrors
-		}
-		if n.cfg.SplitRangeBytes > 0 {
-			n.tasks.Go(n.autoSplitRanges) // split_auto.go
-		}
+		n.startRegionTasks()
 	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()
@@ -775,6 +768,19 @@ func (n *Node) Start() error {
 	n.serving.Store(true)
 	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region, "tls", n.secure())
 	return nil
+}
+
+// startRegionTasks starts the background tasks of a replicated node's
+// catalogue and ranges.
+func (n *Node) startRegionTasks() {
+	n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
+	n.tasks.Go(n.registerAddress)     // members_move.go
+	if len(n.cfg.Regions) > 0 {
+		n.tasks.Go(n.recordMirrorSplits) // split_mirror.go: only a node with other regions mirrors
+	}
+	if n.cfg.SplitRangeBytes > 0 {
+		n.tasks.Go(n.autoSplitRanges) // split_auto.go
+	}
 }
 
 // Addr is the address the node listens on (after Start).
