@@ -182,8 +182,10 @@ func (w *world) tails(ctx context.Context, stream string) map[string][]uint64 {
 			if err != nil {
 				continue
 			}
-			if out[region] == nil {
-				out[region] = make([]uint64, len(d.GetRanges()))
+			if n := len(d.GetRanges()); len(out[region]) < n {
+				// A node that applied a split knows more ranges than one
+				// that has not yet.
+				out[region] = append(out[region], make([]uint64, n-len(out[region]))...)
 			}
 			for i, r := range d.GetRanges() {
 				out[region][i] = max(out[region][i], r.GetTailOffset())

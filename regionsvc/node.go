@@ -146,6 +146,11 @@ type Config struct {
 	ProducerStateTTL time.Duration
 	// MaintenanceInterval is how often retention runs, default 30 s.
 	MaintenanceInterval time.Duration
+	// SplitRangeBytes splits a range automatically at its hash midpoint
+	// once its log on the range's home leader retains more bytes than
+	// this, checked every MaintenanceInterval (split_auto.go); 0, the
+	// default, never splits a range by itself.
+	SplitRangeBytes int64
 	// CompactionInterval is the least time between two compaction
 	// decisions of a range compacted by key (checked every
 	// MaintenanceInterval), default 1 min. CompactionBytesPerSecond bounds
@@ -754,9 +759,7 @@ func (n *Node) Start() error {
 		n.tasks.Go(n.rebalancer.run) // rebalance.go
 	}
 	if n.replicated() {
-		n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
-		n.tasks.Go(n.registerAddress)     // members_move.go
-		n.tasks.Go(n.collectStrays)       // strays.go
+		n.startRegionTasks()
 	}
 	n.cursors = newCursorService(n)
 	go n.cursors.run()
@@ -766,6 +769,20 @@ func (n *Node) Start() error {
 	n.serving.Store(true)
 	n.logger.Info("serving", "addr", lis.Addr().String(), "advertise", n.advertise, "region", n.cfg.Region, "tls", n.secure())
 	return nil
+}
+
+// startRegionTasks starts the background tasks of a replicated node's
+// catalogue and ranges.
+func (n *Node) startRegionTasks() {
+	n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
+	n.tasks.Go(n.registerAddress)     // members_move.go
+	n.tasks.Go(n.collectStrays)       // strays.go
+	if len(n.cfg.Regions) > 0 {
+		n.tasks.Go(n.recordMirrorSplits) // split_mirror.go: only a node with other regions mirrors
+	}
+	if n.cfg.SplitRangeBytes > 0 {
+		n.tasks.Go(n.autoSplitRanges) // split_auto.go
+	}
 }
 
 // Addr is the address the node listens on (after Start).

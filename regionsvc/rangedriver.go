@@ -131,6 +131,10 @@ type rangeDriver struct {
 	// highestEpoch is the highest homing epoch seen in the log, in mirrored
 	// batches and in the home's heartbeats.
 	highestEpoch atomic.Uint64
+	// splitSeen is set once the replica's log held a split marker: a hint
+	// (the marker may yet be truncated away) for the mirror's split
+	// record (split_mirror.go), which reads the replica to be sure.
+	splitSeen atomic.Bool
 	// homeLeaderID is, on a mirror, the home leader's Raft id in its region
 	// as its heartbeats say (0: not heard yet).
 	homeLeaderID atomic.Uint64

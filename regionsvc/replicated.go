@@ -464,6 +464,9 @@ func (d *rangeDriver) releaseAcks() {
 // that a reader who was told of a record finds it.
 func (d *rangeDriver) publishCommitted() {
 	d.publishSplitEnd() // before readers see the marker's offset committed
+	if !d.splitSeen.Load() && d.rep.SplitPending() {
+		d.splitSeen.Store(true)
+	}
 	if c := d.rep.Committed(); c > d.committed.Load() {
 		d.committed.Store(c)
 		d.notify()
