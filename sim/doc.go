@@ -173,8 +173,11 @@
 // (Replica.ReadOrphans) and must hold exactly the records its copy had
 // past the fork point: dense from the fork point (or from where retention
 // had deleted them: the copy's log started past it) to at least the end
-// the copy had committed, each the record the range's log held there
-// before the takeover cut it. After healing, every acked record counted
+// the copy had committed, each the record the range's log held there in
+// the epoch of its frame when that epoch ended (or past where the checks
+// had seen that epoch's log: the old home's group may commit, after the
+// grant, unacked records its leader appended under its lease before it).
+// After healing, every acked record counted
 // as orphaned is in an orphan log, or in the divergent tail of a copy
 // not forked yet, or was deleted by retention before its copies forked
 // (counted). TestOrphanLogContentsAreChecked: a fork that orphans one
