@@ -177,11 +177,11 @@
 // the epoch of its frame when that epoch ended (or past where the checks
 // had seen that epoch's log: the old home's group may commit, after the
 // grant, unacked records its leader appended under its lease before it).
-// After healing, every acked record counted
-// as orphaned is in an orphan log, or in the divergent tail of a copy
-// not forked yet, or was deleted by retention before its copies forked
-// (counted). TestOrphanLogContentsAreChecked: a fork that orphans one
-// record less than it cut is reported.
+// After healing, every acked record counted as orphaned is in an orphan
+// log, or in the divergent tail of a copy not forked yet, or was deleted
+// by retention before its copies forked (counted).
+// TestOrphanLogContentsAreChecked: a fork that orphans one record less
+// than it cut is reported.
 //
 // Second takeovers (second.go): the agents are offered every range homed
 // outside their region, and one failover run in two cuts the first
