@@ -107,3 +107,27 @@ func TestOrphanHeldAgainstItsEpochsTimeline(t *testing.T) {
 		}
 	}
 }
+
+// TestOldHomeCommitAfterGrantIsOrphaned: seed 104 of the minute runs
+// (after stop 26's merges). Range 1 goes to r1 at epoch 2, to r2 at epoch
+// 3 (fork point 38, at 6300 ms, the checks having seen epoch 2's log to
+// 66), and back to r0 at epoch 4 (fork point 38). r1's group commits
+// p104/r1/s21 at 66 at 6495 ms, after the grant of epoch 3: its leader
+// (node 2) admitted it under its lease at 6121 ms, failed it retriably at
+// 6190 (it had heard from no quorum within an election timeout: "the
+// append may still commit"), and Raft committed it once a quorum held it;
+// it was never acked. r1 node 1 forks [38, 67) off at
+// epoch 4; its orphan log holds the epoch-2 record at 66, which epoch 3's
+// log (p204/r1/s3 there) never held: "it holds "p104/r1/s21" at 66,
+// where the range's log held "p204/r1/s3" before the takeover" at
+// 13054 ms, unless an orphaned record is held against its own epoch's
+// timeline (wasInLog).
+func TestOldHomeCommitAfterGrantIsOrphaned(t *testing.T) {
+	res, err := Run(Options{Seed: 104, Steps: 13100, Regions: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Orphans.Forks == 0 {
+		t.Fatal("no orphan log read: the seed no longer forks")
+	}
+}
