@@ -199,7 +199,9 @@
 // (homing.Rehome) on MemStore's batch moves, driven as regionsvc's
 // rehomeDriver: stops that install the prepare's homes or heartbeat,
 // final tails once the leaders' appends in flight are answered
-// (replica.Pending, then ReadIndex), drained tails, confirms and waits,
+// (replica.Pending, then ReadIndex), drained tails, confirms and waits
+// (for the target's copy: its leader's committed end, none while it
+// holds a divergent tail, as regionsvc's candidate tail),
 // with a leader change (one stop in two) or a crash (one in four) during
 // the stop; one move in two is followed by another. Checks: a complete's
 // epoch is above the last, and no acked record lies at or past the new
