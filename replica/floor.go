@@ -36,7 +36,10 @@ import (
 // arrives), so a restarted follower holds to it until its leader's next
 // floor message: found by the simulator with floors set on leaders only
 // (seeds 45 and 169 of the minute runs, a follower restarted and
-// compacting before it heard its leader's floor again). A replica that
+// compacting before it heard its leader's floor again). A leader keeps
+// its own floor there the same way (saveLeaderFloor, keepSharedFloor): one
+// that crashes never steps down, and restarted as a follower it holds to
+// the floor it had (seed 743 of the minute runs). A replica that
 // never heard a floor (a new one, installed by a snapshot) compacts by
 // retention alone until it does.
 //
