@@ -114,3 +114,28 @@ func TestLearnedFloorSurvivesRestart(t *testing.T) {
 		t.Fatalf("node 3 restarted and compacted to offset %d, past the floor %d", start, floor)
 	}
 }
+
+// TestLeaderFloorSurvivesRestart: a leader that crashes never steps down,
+// so its driver's floor never became a learned one; restarted as a
+// follower, it must hold to that floor until its new leader's first floor
+// message, not compact by retention alone (seed 743 of the minute runs).
+func TestLeaderFloorSurvivesRestart(t *testing.T) {
+	t.Skip("open product bug (notes/seeds.md, cause 3): saving the leader's floor fixes it but makes sim seed 486 fail, not triaged")
+	c := newClusterOpts(t, 3, 3, withCompaction(2000))
+	c.elect(1)
+	const floor = 9
+	c.replicas[1].SetCompactionFloor(floor, true)
+	c.compact(1)
+	c.settle()
+	c.proposeN(7, 0, 40, "a")
+	c.tick(2)
+	c.stop(1)
+	c.start(1)
+	if f, ok := c.replicas[1].LearnedCompactionFloor(); !ok || f != floor {
+		t.Fatalf("the leader restarted with learned floor %d (%v), want its own %d", f, ok, floor)
+	}
+	c.compact(1)
+	if start := c.logs[1].StartOffset(); start > floor {
+		t.Fatalf("the leader restarted and compacted to offset %d, past its floor %d", start, floor)
+	}
+}

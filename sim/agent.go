@@ -164,8 +164,8 @@ func (a *agent) tail(g, r int) (uint64, bool) {
 		return 0, false
 	}
 	rep := l.replicas[r]
-	c, e := rep.Committed(), rep.HighestEpoch()
-	if !w.opt.mut.takerDivergent && e < a.h.homes[r].Epoch && c > a.h.epochStart(r, e) {
+	c := rep.Committed()
+	if !w.opt.mut.takerDivergent && a.h.divergent(r, l) {
 		a.h.res.DivergentTakers++
 		return 0, false
 	}
@@ -179,6 +179,18 @@ func (a *agent) tail(g, r int) (uint64, bool) {
 		a.h.res.InFlightTakers++
 	}
 	return c, true
+}
+
+// divergent reports whether node n's copy of range r holds a divergent
+// tail: its log ends in an epoch older than the range's and runs past
+// where the range's log left that epoch (regionsvc's takeoverTail: its
+// timeline fence is below its committed end). Such a copy is no takeover
+// candidate, and a planned rehome's target waits for it to fork and
+// catch up: no offset of it may be continued from until it forks.
+func (h *homeWorld) divergent(r int, n *node) bool {
+	rep := n.replicas[r]
+	e := rep.HighestEpoch()
+	return e < h.homes[r].Epoch && rep.Committed() > h.epochStart(r, e)
 }
 
 // regionIndex is the index of region name "r<g>".

@@ -173,12 +173,15 @@
 // (Replica.ReadOrphans) and must hold exactly the records its copy had
 // past the fork point: dense from the fork point (or from where retention
 // had deleted them: the copy's log started past it) to at least the end
-// the copy had committed, each the record the range's log held there
-// before the takeover cut it. After healing, every acked record counted
-// as orphaned is in an orphan log, or in the divergent tail of a copy
-// not forked yet, or was deleted by retention before its copies forked
-// (counted). TestOrphanLogContentsAreChecked: a fork that orphans one
-// record less than it cut is reported.
+// the copy had committed, each the record the range's log held there in
+// the epoch of its frame when that epoch ended (or past where the checks
+// had seen that epoch's log: the old home's group may commit, after the
+// grant, unacked records its leader appended under its lease before it).
+// After healing, every acked record counted as orphaned is in an orphan
+// log, or in the divergent tail of a copy not forked yet, or was deleted
+// by retention before its copies forked (counted).
+// TestOrphanLogContentsAreChecked: a fork that orphans one record less
+// than it cut is reported.
 //
 // Second takeovers (second.go): the agents are offered every range homed
 // outside their region, and one failover run in two cuts the first
@@ -196,7 +199,9 @@
 // (homing.Rehome) on MemStore's batch moves, driven as regionsvc's
 // rehomeDriver: stops that install the prepare's homes or heartbeat,
 // final tails once the leaders' appends in flight are answered
-// (replica.Pending, then ReadIndex), drained tails, confirms and waits,
+// (replica.Pending, then ReadIndex), drained tails, confirms and waits
+// (for the target's copy: its leader's committed end, none while it
+// holds a divergent tail, as regionsvc's candidate tail),
 // with a leader change (one stop in two) or a crash (one in four) during
 // the stop; one move in two is followed by another. Checks: a complete's
 // epoch is above the last, and no acked record lies at or past the new

@@ -14,8 +14,10 @@ import (
 // point: dense offsets from the fork point (or from where retention had
 // already deleted them: the copy's log started past the fork point) to
 // at least the end the copy had committed, each of them the record the
-// range's log held there before the takeover cut it (where the checks
-// had seen it committed). After healing, every acked record counted as
+// range's log held there in the epoch of the frame carrying it, as it
+// was when that epoch ended (where the checks had seen it committed: the
+// old home's group may commit, after the grant, unacked records its
+// leader appended before it). After healing, every acked record counted as
 // orphaned is in one of the orphan logs, or still in the divergent tail
 // of a copy that has not forked yet, or was deleted by retention before
 // its copies forked (counted, not a failure: the orphan log keeps what
@@ -55,7 +57,7 @@ type orphanWorld struct {
 	// as it was when each of the range's epochs began (a copy away for two
 	// takeovers forks off records of an earlier timeline than the last).
 	lastCanon [][]string
-	beforeCut [][][]string
+	beforeCut [][]timeline
 	epoch     []uint64 // the home epoch lastCanon belongs to
 	// held is every record read from an orphan log: value → offset.
 	held []map[string]uint64
@@ -65,7 +67,7 @@ type orphanWorld struct {
 }
 
 func newOrphanWorld(ranges int) *orphanWorld {
-	o := &orphanWorld{lastCanon: make([][]string, ranges), beforeCut: make([][][]string, ranges), epoch: make([]uint64, ranges),
+	o := &orphanWorld{lastCanon: make([][]string, ranges), beforeCut: make([][]timeline, ranges), epoch: make([]uint64, ranges),
 		held: make([]map[string]uint64, ranges), retained: make([][]replica.ForkRecord, ranges)}
 	for r := range o.held {
 		o.held[r] = map[string]uint64{}
@@ -73,13 +75,23 @@ func newOrphanWorld(ranges int) *orphanWorld {
 	return o
 }
 
+// timeline is the range's log as the checks had seen it when its home
+// epoch ended: the log of that epoch, below its start the earlier epochs'
+// records it continued.
+type timeline struct {
+	epoch uint64
+	log   []string
+}
+
 // noteEpochs keeps, for a range whose home epoch changed since the last
-// check, the canonical log as it was before the takeover cut it.
+// check, the canonical log as it was before the takeover cut it: the
+// timeline of the epoch that ended.
 func (w *world) noteEpochs() {
 	o := w.orphanLogs
 	for r := range w.canonical {
 		if e := w.homing.homes[r].Epoch; e != o.epoch[r] {
-			o.beforeCut[r], o.epoch[r] = append(o.beforeCut[r], o.lastCanon[r]), e
+			o.beforeCut[r] = append(o.beforeCut[r], timeline{epoch: o.epoch[r], log: o.lastCanon[r]})
+			o.epoch[r] = e
 		}
 	}
 }
@@ -132,10 +144,10 @@ func (w *world) checkFork(n *node, r int, f replica.ForkRecord, served uint64) e
 	if uint64(len(recs)) != f.NextOffset-f.FirstOffset || f.Records != uint64(len(recs)) {
 		return fmt.Errorf("it holds %d records, its record says %d of [%d, %d)", len(recs), f.Records, f.FirstOffset, f.NextOffset)
 	}
-	for i, v := range recs {
-		off := f.FirstOffset + uint64(i)
-		if was, ok := o.wasInLog(r, off, v); !ok {
-			return fmt.Errorf("it holds %q at %d, where the range's log held %q before the takeover", v, off, was)
+	for i, rec := range recs {
+		off, v := f.FirstOffset+uint64(i), rec.value
+		if was, ok := o.wasInLog(r, off, rec); !ok {
+			return fmt.Errorf("it holds %q at %d (epoch %d), where the range's log held %q before the takeover", v, off, rec.epoch, was)
 		}
 		if prev, ok := o.held[r][v]; ok && prev != off {
 			return fmt.Errorf("it holds %q at %d, another orphan log at %d", v, off, prev)
@@ -170,28 +182,54 @@ func (w *world) forkOfPeer(n *node, r int, f replica.ForkRecord) bool {
 	return false
 }
 
-// wasInLog reports whether the range's log held v at off before one of
-// its epochs began (or never reached off then: nothing to hold it
-// against); if not, was is what the log held there before the latest.
-func (o *orphanWorld) wasInLog(r int, off uint64, v string) (was string, ok bool) {
-	ok = true
-	for _, old := range o.beforeCut[r] {
-		if off >= uint64(len(old)) {
+// wasInLog reports whether the range's log held rec at off in the
+// timeline of rec's epoch (the epoch of the frame that carries it), or
+// never reached off there as far as the checks saw it: nothing to hold it
+// against. The old home's group may commit, after the takeover, what its
+// leader appended under its lease before it (Raft needs no lease to
+// commit; such records are never acked, the ack needing the lease at
+// their epoch): the checks never canonized them (the old home was no
+// longer the home), and an earlier epoch's timeline holds other records
+// at their offsets, which the epoch the copy was in had replaced (seeds
+// 253 and 274 of 91ef6d3's minute runs: an epoch-2 record committed after
+// the grant of epoch 3, held against epoch 1's record at its offset).
+// A record of an epoch no timeline was noted for (two epoch changes
+// between two checks) is held against every timeline: it passes if one
+// held it there. If not ok, was is what the timeline held at off.
+func (o *orphanWorld) wasInLog(r int, off uint64, rec orphanRec) (was string, ok bool) {
+	for _, t := range o.beforeCut[r] {
+		if t.epoch != rec.epoch {
 			continue
 		}
-		if old[off] == v {
+		if off >= uint64(len(t.log)) || t.log[off] == rec.value {
 			return "", true
 		}
-		was, ok = old[off], false
+		return t.log[off], false
+	}
+	ok = true
+	for _, t := range o.beforeCut[r] {
+		if off >= uint64(len(t.log)) {
+			continue
+		}
+		if t.log[off] == rec.value {
+			return "", true
+		}
+		was, ok = t.log[off], false
 	}
 	return was, ok
 }
 
-// readOrphans returns the values of a fork's orphaned records from
-// f.FirstOffset, in offset order (dense: OrphanStore.ReadFrames verifies
-// it).
-func (w *world) readOrphans(n *node, r int, f replica.ForkRecord) ([]string, error) {
-	var out []string
+// orphanRec is a record read from an orphan log: its value and the
+// homing epoch of the frame that carried it.
+type orphanRec struct {
+	value string
+	epoch uint64
+}
+
+// readOrphans returns a fork's orphaned records from f.FirstOffset, in
+// offset order (dense: OrphanStore.ReadFrames verifies it).
+func (w *world) readOrphans(n *node, r int, f replica.ForkRecord) ([]orphanRec, error) {
+	var out []orphanRec
 	for from := f.FirstOffset; from < f.NextOffset; {
 		frames, err := n.replicas[r].ReadOrphans(f.Index, from, 1<<20)
 		if err != nil {
@@ -212,7 +250,7 @@ func (w *world) readOrphans(n *node, r int, f replica.ForkRecord) ([]string, err
 			}
 			for i := range recs {
 				if off := h.Offset(&recs[i]); off >= from {
-					out = append(out, string(recs[i].Value))
+					out = append(out, orphanRec{value: string(recs[i].Value), epoch: h.Epoch})
 				}
 			}
 			from = max(from, h.NextOffset())

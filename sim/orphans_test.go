@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -56,5 +57,77 @@ func TestOrphanedAckRegion(t *testing.T) {
 			t.Errorf("epoch %d: region %d, want %d", c.epoch, g, c.region)
 		}
 		h.history[0] = h.history[0][:2]
+	}
+}
+
+// TestOrphanHeldAgainstItsEpochsTimeline: an orphaned record is held
+// against the range's log of its frame's epoch, not against every
+// earlier timeline. Seed 253 of 91ef6d3's minute runs: range 0 went to
+// r1 at epoch 2 (fork point 317, the checks had seen epoch 1's log to
+// 643), then to r0 at epoch 3 (fork point 444, the checks had seen
+// epoch 2's log to 501); r1's group then committed p103/r0/s45 at 501,
+// appended by its leader under its lease before the grant and never
+// acked, and forked it off with the rest of its tail. It was held
+// against epoch 1's record at 501 ("it holds "p103/r0/s45" at 501, where
+// the range's log held "p2/r0/s172" before the takeover"), which epoch
+// 2 had replaced from 317 on. Seed 274: the same with an epoch-2 record
+// held against epoch 3's log.
+func TestOrphanHeldAgainstItsEpochsTimeline(t *testing.T) {
+	log := func(from, to int, prefix string, base []string) []string {
+		out := append([]string(nil), base...)
+		for off := from; off < to; off++ {
+			out = append(out, fmt.Sprintf("%s/%d", prefix, off))
+		}
+		return out
+	}
+	epoch1 := log(0, 643, "e1", nil)
+	epoch2 := log(317, 501, "e2", epoch1[:317])
+	o := newOrphanWorld(1)
+	o.beforeCut[0] = []timeline{{epoch: 0}, {epoch: 1, log: epoch1}, {epoch: 2, log: epoch2}}
+	for _, c := range []struct {
+		name string
+		off  uint64
+		rec  orphanRec
+		ok   bool
+		was  string
+	}{
+		{"epoch 2's, committed after the grant (seed 253)", 501, orphanRec{"p103/r0/s45", 2}, true, ""},
+		{"epoch 2's, as the checks saw it", 400, orphanRec{"e2/400", 2}, true, ""},
+		{"epoch 2's, not what epoch 2's log held", 400, orphanRec{"e1/400", 2}, false, "e2/400"},
+		{"epoch 2's, below its start", 300, orphanRec{"e1/300", 2}, true, ""},
+		{"epoch 1's, a copy away for both takeovers", 501, orphanRec{"e1/501", 1}, true, ""},
+		{"epoch 1's, not what epoch 1's log held", 501, orphanRec{"p103/r0/s45", 1}, false, "e1/501"},
+		{"epoch 1's, past what the checks saw", 700, orphanRec{"p2/r0/s300", 1}, true, ""},
+		{"of an epoch no timeline was noted for, held by one", 501, orphanRec{"e1/501", 7}, true, ""},
+		{"of an epoch no timeline was noted for, held by none", 400, orphanRec{"x", 7}, false, "e2/400"},
+	} {
+		was, ok := o.wasInLog(0, c.off, c.rec)
+		if ok != c.ok || was != c.was {
+			t.Errorf("%s: %q (epoch %d) at %d: ok %v (the log held %q), want ok %v (%q)", c.name, c.rec.value, c.rec.epoch, c.off, ok, was, c.ok, c.was)
+		}
+	}
+}
+
+// TestOldHomeCommitAfterGrantIsOrphaned: seed 104 of the minute runs
+// (after stop 26's merges). Range 1 goes to r1 at epoch 2, to r2 at epoch
+// 3 (fork point 38, at 6300 ms, the checks having seen epoch 2's log to
+// 66), and back to r0 at epoch 4 (fork point 38). r1's group commits
+// p104/r1/s21 at 66 at 6495 ms, after the grant of epoch 3: its leader
+// (node 2) admitted it under its lease at 6121 ms, failed it retriably at
+// 6190 (it had heard from no quorum within an election timeout: "the
+// append may still commit"), and Raft committed it once a quorum held it;
+// it was never acked. r1 node 1 forks [38, 67) off at
+// epoch 4; its orphan log holds the epoch-2 record at 66, which epoch 3's
+// log (p204/r1/s3 there) never held: "it holds "p104/r1/s21" at 66,
+// where the range's log held "p204/r1/s3" before the takeover" at
+// 13054 ms, unless an orphaned record is held against its own epoch's
+// timeline (wasInLog).
+func TestOldHomeCommitAfterGrantIsOrphaned(t *testing.T) {
+	res, err := Run(Options{Seed: 104, Steps: 13100, Regions: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Orphans.Forks == 0 {
+		t.Fatal("no orphan log read: the seed no longer forks")
 	}
 }

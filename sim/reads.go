@@ -72,6 +72,11 @@ type mutations struct {
 	// rehomeShortTail: a planned rehome's stop reports every final tail
 	// one offset short.
 	rehomeShortTail bool
+	// rehomeDivergent: a planned rehome's wait for the target's copy
+	// takes its raw committed end, a divergent tail included
+	// (rehome.go reached; regionsvc's waitRegionTail reads the candidate
+	// tail).
+	rehomeDivergent bool
 	// rehomeFollowerTails: a stop whose leader fails to report a final
 	// tail takes its followers' committed ends as final (regionsvc's
 	// RefreshHomes and refreshRegionTails today; rehome.go leaderFailed).

@@ -21,7 +21,8 @@ import (
 // (replica.Pending), by a ReadIndex (regionsvc's finalTail), the others
 // their committed end; a confirm heartbeats; the drained tails are the
 // old home leader's ReadIndex; the waits for the target's copy poll its
-// leader's committed end (bounded at 3 s, as a driver's context). One
+// leader's committed end, none while it holds a divergent tail (reached;
+// bounded at 3 s, as a driver's context). One
 // stop in two sees a leader change of a range of the old home (a Raft
 // leadership transfer), one in four a node of the old home crash. A run
 // whose first move completed early enough moves the ranges on again.
@@ -434,7 +435,7 @@ func (rh *rehomer) poll() bool {
 	case homing.OpAwaitTails:
 		errs := map[homing.RangeKey]error{}
 		for k, tail := range op.Tails {
-			if l := w.leaderOf(rh.to, int(k.Range)); l == nil || l.replicas[k.Range].Committed() < tail {
+			if !rh.reached(k, tail) {
 				errs[k] = fmt.Errorf("%s's copy of %v did not reach %d", regionName(rh.to), k, tail)
 			}
 		}
@@ -465,6 +466,24 @@ func (rh *rehomer) poll() bool {
 		}
 	}
 	return true
+}
+
+// reached reports whether the target's copy of k reached tail, as
+// regionsvc's waitRegionTail reads it: its leader's committed end, taken
+// as 0 while the copy holds a divergent tail (candidateTail), which it
+// must fork off before the range may continue from it. Seed 545 of the
+// minute runs: range 1, rehomed to r1 at epoch 2, taken over by r0 at
+// epoch 3 (fork point 38) while r1 held epoch 2's log to 60, was rehomed
+// back to r1 from r0's final tail 50 before r1 forked: r1's epoch 4 began
+// on its epoch-2 records [38, 50), in place of epoch 3's.
+// Options.mut.rehomeDivergent reads the raw committed end.
+func (rh *rehomer) reached(k homing.RangeKey, tail uint64) bool {
+	h, r := rh.h, int(k.Range)
+	l := h.w.leaderOf(rh.to, r)
+	if l == nil || l.replicas[r].Committed() < tail {
+		return false
+	}
+	return h.w.opt.mut.rehomeDivergent || !h.divergent(r, l)
 }
 
 // advance moves the leaders' final tails on: a leader whose appends in

@@ -44,3 +44,23 @@ func TestReplaceEarlyWipeIsFound(t *testing.T) {
 // TestRehomeFollowerTailsIsFound today (every change of the draws moves
 // it).
 const rehomeFollowerTailsSeed = 148
+
+// TestRehomeWaitsForDivergentTarget: seed 545 of the minute runs. Range
+// 1 is rehomed to r1 at epoch 2, taken over by r0 at epoch 3 (fork point
+// 38, at 4300 ms) while r1 holds epoch 2's log to 60, then rehomed back to
+// r1 from r0's final tail 50 (5196 ms). r1's copy reaches 50, but from 38
+// on it holds epoch 2's records, not epoch 3's: it must fork them off
+// before the range continues from it, as regionsvc's waitRegionTail
+// reads the target's candidate tail (0 while divergent). Reading its raw
+// committed end (mutations.rehomeDivergent, the simulator before this
+// fix), epoch 4 starts at 50 on r1's epoch-2 records: "region 1 node 2:
+// range 1 offset 50: producer 102 sequence 5 after 3" at 5197 ms.
+func TestRehomeWaitsForDivergentTarget(t *testing.T) {
+	if _, err := Run(Options{Seed: 545, Steps: 6000, Regions: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// The seed still reaches the case: the raw committed end fails it.
+	if _, err := Run(Options{Seed: 545, Steps: 6000, Regions: 3, mut: mutations{rehomeDivergent: true}}); err == nil {
+		t.Fatal("seed 545 no longer rehomes to a divergent copy: find another (make sim RUNS=n with mutations.rehomeDivergent)")
+	}
+}

@@ -46,3 +46,20 @@ func TestDownDivergentCopyKeepsFloor(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRestartedLeaderKeepsFloor: seed 743 of the minute runs. Range 1 is
+// taken over by r1 at epoch 2 (from 0), then by r0 at epoch 3 (from 15)
+// while r1 holds epoch 2's log to 33. r0's leader of the range, whose
+// floor (its driver's, 15: r1's resend point) was only in memory,
+// crashes at 6480 ms; restarted as a follower with no floor saved, it
+// compacted by retention alone to 31 at 6825 ms, and r1, resent from 31,
+// forked there, keeping its epoch-2 records [15, 31): "region 1 node 1
+// range 1: forked at 31 to epoch 3, the range's epoch 3 starts at 15" at
+// 7155 ms. Fixed by a leader saving its own floor as the one to hold to
+// after a restart (cc975ef, reverted: seed 486 then fails; notes/seeds.md).
+func TestRestartedLeaderKeepsFloor(t *testing.T) {
+	t.Skip("open product bug (notes/seeds.md, cause 3): saving the leader's floor fixes it but makes seed 486 fail, not triaged")
+	if _, err := Run(Options{Seed: 743, Steps: 8000, Regions: 3}); err != nil {
+		t.Fatal(err)
+	}
+}
