@@ -70,26 +70,32 @@ func TestRegionGrowsThreeToSixProc(t *testing.T) {
 	checkEachAckedOnce(t, ctx, procs, alice, "grow", ranges, acked)
 }
 
+// describeAtLeader describes range r of stream at its leader.
+func describeAtLeader(ctx context.Context, admins []geologv1.AdminClient, stream string, r uint32) (*geologv1.DescribeReplicasResponse, error) {
+	var last error = fmt.Errorf("range %d has no leader", r)
+	for _, admin := range admins {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := admin.DescribeReplicas(actx, &geologv1.DescribeReplicasRequest{Stream: stream, Range: r})
+		cancel()
+		if err == nil && resp.GetLeaderId() != 0 {
+			return resp, nil
+		}
+		if err != nil {
+			last = err
+		}
+	}
+	return nil, last
+}
+
 // evenOverNodes reports whether every range of stream has three voters and
 // no learner, and the voters and leaders per node are within 20% of an
 // even share over nodes nodes (rounded outward), with a summary.
 func evenOverNodes(ctx context.Context, admins []geologv1.AdminClient, stream string, ranges uint32, nodes int) (bool, string) {
 	voters, leaders := map[uint64]int{}, map[uint64]int{}
 	for r := uint32(0); r < ranges; r++ {
-		var d *geologv1.DescribeReplicasResponse
-		var errs []string
-		for i, admin := range admins {
-			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			resp, err := admin.DescribeReplicas(actx, &geologv1.DescribeReplicasRequest{Stream: stream, Range: r})
-			cancel()
-			if err == nil && resp.GetLeaderId() != 0 {
-				d = resp
-				break
-			}
-			errs = append(errs, fmt.Sprintf("node %d: leader %d, %v", i+1, resp.GetLeaderId(), err))
-		}
-		if d == nil {
-			return false, fmt.Sprintf("range %d has no leader: %v", r, errs)
+		d, err := describeAtLeader(ctx, admins, stream, r)
+		if err != nil {
+			return false, fmt.Sprintf("range %d: %v", r, err)
 		}
 		n := 0
 		for _, rs := range d.GetReplicas() {
