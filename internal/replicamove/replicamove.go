@@ -8,6 +8,7 @@ package replicamove
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -89,6 +90,13 @@ func Replace(ctx context.Context, a Admin, from, to uint64, cfg Config) error {
 		return err
 	}
 	step := StepOf(d, from, to)
+	if step == StepLearner && from != 0 && !isMember(d, from) {
+		// Nothing of this move has happened and its source is not a member:
+		// the move was planned from a view the range has left (another
+		// move or a repair took the replica off). Adding to now would give
+		// the range a voter too many; the caller plans again.
+		return fmt.Errorf("%w: node %d is not a member of the range", ErrSourceGone, from)
+	}
 	if step == StepLearner {
 		if err := change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, to); err != nil {
 			return err
@@ -111,6 +119,14 @@ func Replace(ctx context.Context, a Admin, from, to uint64, cfg Config) error {
 		return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
 	}
 	return nil
+}
+
+// ErrSourceGone: a move whose source is no longer a member of the range,
+// and whose target is not one yet, is refused before it adds anything.
+var ErrSourceGone = errors.New("replicamove: the move's source is gone")
+
+func isMember(d *geologv1.DescribeReplicasResponse, node uint64) bool {
+	return slices.ContainsFunc(d.GetReplicas(), func(r *geologv1.ReplicaStatus) bool { return r.GetNodeId() == node })
 }
 
 func change(ctx context.Context, a Admin, cfg Config, c geologv1.ReplicaChange, node uint64) error {

@@ -2,6 +2,7 @@ package replicamove
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -71,6 +72,12 @@ func TestReplaceSteps(t *testing.T) {
 	f = &fakeRange{voters: []uint64{1, 2, 3}, learners: []uint64{4}, last: 100, match: 90}
 	if err := Replace(ctx, f, 0, 4, Config{PollInterval: time.Millisecond, LagEntriesMax: 10}); err != nil || !slices.Equal(f.changes, want[1:2]) {
 		t.Fatalf("lag bound: %v %v", f.changes, err)
+	}
+	// Planned from a stale view: the source has left and the target is
+	// not a member; adding it would leave four voters.
+	f = &fakeRange{voters: []uint64{1, 2, 3}, last: 100}
+	if err := Replace(ctx, f, 6, 4, cfg); !errors.Is(err, ErrSourceGone) || len(f.changes) != 0 {
+		t.Fatalf("a move whose source is gone: changes %v, %v", f.changes, err)
 	}
 	if StepOf(&geologv1.DescribeReplicasResponse{}, 1, 4) != StepLearner {
 		t.Fatal("StepOf an empty range")
