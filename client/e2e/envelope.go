@@ -142,7 +142,7 @@ func payloadBytes(sealed []sealedHeader, value []byte) int {
 // before anything is allocated. The value aliases b; header values are
 // copied out.
 func decodePayload(b []byte) ([]sealedHeader, []byte, error) {
-	count, n := binary.Uvarint(b)
+	count, n := uvarint(b)
 	if n <= 0 {
 		return nil, nil, fmt.Errorf("%w: payload header count", ErrMalformed)
 	}
@@ -172,7 +172,7 @@ func decodePayload(b []byte) ([]sealedHeader, []byte, error) {
 
 func decodeSealedHeader(b []byte) (sealedHeader, []byte, error) {
 	var s sealedHeader
-	index, n := binary.Uvarint(b)
+	index, n := uvarint(b)
 	// An index is at most the header count, which len(b) bounds (a record
 	// of the wire cannot hold more headers than bytes).
 	if n <= 0 || index > uint64(len(b)) {
@@ -198,12 +198,24 @@ func appendBytes(b, v []byte) []byte {
 }
 
 func readBytes(b []byte) (v, rest []byte, err error) {
-	n, k := binary.Uvarint(b)
+	n, k := uvarint(b)
 	if k <= 0 || n > uint64(len(b)-k) {
 		return nil, nil, fmt.Errorf("%w: length-prefixed field", ErrMalformed)
 	}
 	b = b[k:]
 	return b[:n], b[n:], nil
+}
+
+// uvarint is binary.Uvarint that accepts only the shortest encoding (k <= 0
+// otherwise): a payload decodes only from its canonical bytes, so one that
+// decodes encodes again to the same bytes, and the bounds checked against
+// the bytes left hold for the re-encoding too.
+func uvarint(b []byte) (v uint64, k int) {
+	v, k = binary.Uvarint(b)
+	if k > 0 && k != uvarintBytes(v) {
+		return 0, -k
+	}
+	return v, k
 }
 
 func uvarintBytes(v uint64) int {
