@@ -22,8 +22,13 @@ import (
 )
 
 // txRetryWaitMax caps the wait between two attempts of a transaction that
-// met a conflict (the backoff doubles from 1 ms).
-const txRetryWaitMax = 20 * time.Millisecond
+// met a conflict (the backoff doubles from 1 ms, jittered). On PostgreSQL
+// every pair of overlapping heartbeats conflicts (the UPDATE of a node's
+// own liveness row scans the small table, and a sequential scan takes a
+// predicate lock on all of it), so one heartbeat of an overlapping wave
+// commits per attempt: the wait must grow past the time a wave takes on a
+// busy machine, or the same contenders meet again and again.
+const txRetryWaitMax = 100 * time.Millisecond
 
 // SQLConfig configures a SQLStore. Zero values take the documented defaults.
 type SQLConfig struct {
@@ -35,7 +40,8 @@ type SQLConfig struct {
 	// ConnectTimeout bounds establishing one connection, default 5s.
 	ConnectTimeout time.Duration
 	// TxAttemptsMax bounds the fresh transactions one call may run when
-	// serialization conflicts abort it, default 10.
+	// serialization conflicts abort it, default 50 (cockroach-go's own
+	// default bound); the caller's context bounds the time they take.
 	TxAttemptsMax int
 	// Migrate applies the schema migrations at open (default true; set
 	// SkipMigrate to leave the schema alone).
@@ -168,7 +174,7 @@ func OpenSQL(ctx context.Context, cfg SQLConfig) (*SQLStore, error) {
 		cfg.ConnectTimeout = 5 * time.Second
 	}
 	if cfg.TxAttemptsMax == 0 {
-		cfg.TxAttemptsMax = 10
+		cfg.TxAttemptsMax = 50
 	}
 	if cfg.MaxConns < 0 || cfg.ConnectTimeout < 0 || cfg.TxAttemptsMax < 0 {
 		return nil, invalidf("SQLConfig bounds must not be negative")
