@@ -151,6 +151,11 @@ type Config struct {
 	// this, checked every MaintenanceInterval (split_auto.go); 0, the
 	// default, never splits a range by itself.
 	SplitRangeBytes int64
+	// SplitRangeRecordsPerSecond splits a range automatically once the
+	// records committed to it pass this many a second at three looks in a
+	// row (every MaintenanceInterval), at the boundary that halves its
+	// sampled keys (split_load.go); 0, the default, never splits by load.
+	SplitRangeRecordsPerSecond int64
 	// CompactionInterval is the least time between two compaction
 	// decisions of a range compacted by key (checked every
 	// MaintenanceInterval), default 1 min. CompactionBytesPerSecond bounds
@@ -393,6 +398,8 @@ type Node struct {
 	streams map[string]*streamState
 	// splits admits one split decision per stream at a time (split.go).
 	splits splitGuard
+	// loadSplits measures the load of the ranges led here (split_load.go).
+	loadSplits loadSplitter
 
 	// acl is the access rules of the catalogue (acl.go); aclSyncDone is
 	// closed when its comparison with other regions stopped.
@@ -780,8 +787,8 @@ func (n *Node) startRegionTasks() {
 	if len(n.cfg.Regions) > 0 {
 		n.tasks.Go(n.recordMirrorSplits) // split_mirror.go: only a node with other regions mirrors
 	}
-	if n.cfg.SplitRangeBytes > 0 {
-		n.tasks.Go(n.autoSplitRanges) // split_auto.go
+	if n.cfg.SplitRangeBytes > 0 || n.cfg.SplitRangeRecordsPerSecond > 0 {
+		n.tasks.Go(n.autoSplitRanges) // split_auto.go, split_load.go
 	}
 }
 

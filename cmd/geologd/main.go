@@ -97,6 +97,7 @@ func run() int {
 	cursorLag := fs.Duration("cursor-compaction-lag", 0, "consumers: the least age of a cursor-stream record compaction by key may drop (0: 1 min; negative: none; the same on every node)")
 	cursorTombstones := fs.Duration("cursor-delete-retention", 0, "consumers: how long a deleted cursor position's tombstone stays in the cursor stream (0: 24 h; negative: none; the same on every node)")
 	maintenance := fs.Duration("maintenance-interval", 30*time.Second, "how often each range applies retention and considers compaction by key")
+	splitRangeRecords := fs.Int64("split-range-records-per-second", 0, "range splits: split a range once more than this many records a second commit to it at three --maintenance-interval looks in a row, at the boundary that halves its sampled keys (0: never by load)")
 	splitRangeBytes := fs.Int64("split-range-bytes", 0, "range splits: split a range at its hash midpoint once its log on the home leader retains more bytes than this, checked every --maintenance-interval (0: never by size)")
 	compactionInterval := fs.Duration("compaction-interval", time.Minute, "compaction by key: least time between two decisions of a range")
 	compactionRate := fs.Int64("compaction-bytes-per-second", 64<<20, "compaction by key: the node's read and write rate (negative: unbounded)")
@@ -310,10 +311,11 @@ func run() int {
 		ResealBytesPerSecond:  *resealRate,
 		ResealInterval:        *resealInterval,
 
-		MaintenanceInterval:      *maintenance,
-		SplitRangeBytes:          *splitRangeBytes,
-		CompactionInterval:       *compactionInterval,
-		CompactionBytesPerSecond: *compactionRate,
+		MaintenanceInterval:        *maintenance,
+		SplitRangeBytes:            *splitRangeBytes,
+		SplitRangeRecordsPerSecond: *splitRangeRecords,
+		CompactionInterval:         *compactionInterval,
+		CompactionBytesPerSecond:   *compactionRate,
 
 		AppendQueueDelayTarget: *appendDelayTarget,
 	}
