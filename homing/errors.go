@@ -54,6 +54,10 @@ var (
 	ErrRegionMismatch = errors.New("homing: node is registered in another region")
 	// ErrClosed: the Homes driver or the store is closed.
 	ErrClosed = errors.New("homing: closed")
+	// ErrSplitClaimed: the stream's next range-map version is claimed by a
+	// split in another region, which this region has not applied yet.
+	// Retriable once this region's map holds that split.
+	ErrSplitClaimed = errors.New("homing: map version claimed by another region's split")
 	// ErrSchema: the lease store's schema could not be migrated or is newer
 	// than this code knows.
 	ErrSchema = errors.New("homing: lease store schema")
@@ -74,6 +78,7 @@ var apiCodes = map[error]apierr.Code{
 	ErrRegionMismatch:   apierr.InvalidArgument,
 	ErrClosed:           apierr.ShuttingDown,
 	ErrSchema:           apierr.Internal,
+	ErrSplitClaimed:     apierr.SplitInProgress,
 }
 
 // newError returns an error matching sentinel (and the extra sentinels in

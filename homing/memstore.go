@@ -19,6 +19,7 @@ type MemStore struct {
 	homes    map[RangeKey]Home
 	versions map[string]uint64 // region -> homes version
 	history  map[RangeKey][]EpochRecord
+	claims   map[splitClaimKey]claimHolder // splitclaim.go
 	calls    int
 }
 
@@ -31,6 +32,7 @@ func NewMemStore() *MemStore {
 		homes:    map[RangeKey]Home{},
 		versions: map[string]uint64{},
 		history:  map[RangeKey][]EpochRecord{},
+		claims:   map[splitClaimKey]claimHolder{},
 	}
 }
 
@@ -393,6 +395,11 @@ func (m *MemStore) DeleteHomes(ctx context.Context, stream string) error {
 		return err
 	}
 	defer m.mu.Unlock()
+	for k := range m.claims {
+		if k.stream == stream {
+			delete(m.claims, k)
+		}
+	}
 	bumped := map[string]bool{}
 	for k, h := range m.homes {
 		if k.Stream != stream {

@@ -66,6 +66,23 @@ var migrations = []migration{{
 			PRIMARY KEY (stream, range_id, epoch)
 		)`,
 	},
+}, {
+	version: 2,
+	name:    "stream_splits",
+	stmts: []string{
+		// One row per version of a stream's range map made by a split:
+		// the region whose split it is (the parent's home), so that two
+		// regions never split ranges of one stream at the same version.
+		`CREATE TABLE IF NOT EXISTS stream_splits (
+			stream        TEXT NOT NULL,
+			map_version   INT8 NOT NULL CHECK (map_version > 0),
+			region        TEXT NOT NULL,
+			parent_range  INT8 NOT NULL,
+			split_at      INT8 NOT NULL,
+			claimed_nanos INT8 NOT NULL,
+			PRIMARY KEY (stream, map_version)
+		)`,
+	},
 }}
 
 // SchemaVersion is the newest schema version this code knows.

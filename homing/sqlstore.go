@@ -1048,6 +1048,9 @@ func (s *SQLStore) DeleteHomes(ctx context.Context, stream string) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM range_epochs WHERE stream = $1`, stream); err != nil {
 			return err
 		}
+		if _, err := tx.Exec(ctx, `DELETE FROM stream_splits WHERE stream = $1`, stream); err != nil {
+			return err
+		}
 		return bumpVersions(ctx, tx, regions...)
 	})
 }

@@ -56,7 +56,7 @@ type Store interface {
 	// StreamHistory returns the epochs granted to every range of stream, by
 	// range then epoch: one statement, whatever the range count.
 	StreamHistory(ctx context.Context, stream string) ([]EpochRecord, error)
-	// DeleteHomes removes every home record and epoch history of stream
+	// DeleteHomes removes every home record, epoch history and split claim of stream
 	// (the stream was deleted; a new stream under its name starts afresh
 	// at epoch 1), bumping the homes version of the regions they were in.
 	// Deleting a stream without records does nothing.
@@ -67,6 +67,13 @@ type Store interface {
 	// req.Epoch (ErrEpochMismatch, ErrNotHome otherwise). A child that has
 	// a record keeps it. Returns the children's records.
 	SplitHomes(ctx context.Context, req SplitHomesRequest) ([]Home, error)
+	// ClaimSplit claims version req.MapVersion of the stream's range map
+	// for a split in req.Region (splitclaim.go), so that regions homing
+	// ranges of one stream never split two of them at the same version:
+	// granted if the version is unclaimed (then only while the parent is
+	// homed in req.Region, not moving) or claimed by req.Region already;
+	// ErrSplitClaimed if another region holds it.
+	ClaimSplit(ctx context.Context, req SplitClaim) error
 	// Close releases the store's resources.
 	Close()
 }

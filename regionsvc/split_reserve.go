@@ -59,6 +59,9 @@ func (n *Node) reserveSplit(ctx context.Context, spec streamSpec, r uint32, at u
 	if err != nil {
 		return batch.Split{}, err
 	}
+	if err := n.claimSplit(ctx, spec, dec); err != nil {
+		return batch.Split{}, err
+	}
 	rec := metaRecord{Op: opSplitReserve, Spec: streamSpec{Name: spec.Name, MetaOffset: spec.MetaOffset}, Reserve: &dec}
 	if err := n.commitMeta(ctx, rec); err != nil {
 		return batch.Split{}, err
@@ -73,6 +76,33 @@ func (n *Node) reserveSplit(ctx context.Context, spec streamSpec, r uint32, at u
 		return batch.Split{}, apierr.New(apierr.SplitInProgress, "stream %q: another split reserved map version %d first", spec.Name, dec.MapVersion)
 	}
 	return dec, nil
+}
+
+// claimSplit claims dec's map version in the lease store, with homing on
+// (homing/splitclaim.go): the ranges of a stream may be homed in several
+// regions, each reserving its splits in its own catalogue, and the claim
+// keeps two of them from splitting at one version (the children's ids
+// follow from it). A version claimed by another region answers
+// SPLIT_IN_PROGRESS (retriable) until this region's map has that split.
+//
+// Without a lease store (homes fixed at creation) nothing orders the
+// splits of regions: a stream homed in several regions does not split.
+func (n *Node) claimSplit(ctx context.Context, spec streamSpec, dec batch.Split) error {
+	stream := spec.Name
+	if n.homing == nil {
+		for _, h := range spec.Homes {
+			if h != "" && h != spec.Homes[0] {
+				return apierr.New(apierr.InvalidArgument, "stream %q is homed in more than one region (%s and %s): its splits need the lease store to order them across regions",
+					stream, spec.Homes[0], h)
+			}
+		}
+		return nil
+	}
+	err := n.homing.homes.ClaimSplit(ctx, stream, dec.MapVersion, dec.Parent, dec.At, n.cfg.Now().UnixNano())
+	if err != nil {
+		return apierr.Wrap(apierr.As(homingErr(err)).Code, err, "stream %q range %d: claiming map version %d", stream, dec.Parent, dec.MapVersion)
+	}
+	return nil
 }
 
 // applySplitReserve applies a catalogue "split-reserve" record, on the
