@@ -71,7 +71,7 @@ REGIONS   ?= 3
 JOBS      ?= $(shell nproc 2>/dev/null || echo 1)
 KEEPGOING ?= false
 
-.PHONY: bench-floor release image all build test test-loaded test-alerts unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-ranges bench-keysync bench-e2e bench-geo bench-capacity bench-scale sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
+.PHONY: bench-floor release image all build test test-loaded test-alerts unit fuzz vet demo demo-single up down status proto tools bench bench-region bench-groups bench-idle bench-ranges bench-keysync bench-e2e bench-geo bench-capacity bench-scale bench-rebalance sim clean drill terraform tf-up tf-down tf-fmt tf-check tf-test chaos chaos-slice
 
 all: build
 
@@ -248,6 +248,11 @@ bench-capacity: build bench-floor
 # (NODES="3 6 9") on this machine, with range leaders per node.
 bench-scale: build bench-floor
 	./scripts/bench_scale.sh
+
+# make bench-rebalance: throughput and p99 of a region before, during and
+# after growing from 3 to 6 nodes (scripts/bench_rebalance.sh).
+bench-rebalance: build bench-floor
+	./scripts/bench_rebalance.sh
 
 # make demo: the multi-region demo on the local cluster (started if it is
 # not running, left running: make down stops it). make demo-single: the

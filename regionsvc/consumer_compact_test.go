@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/cursors"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -45,9 +46,7 @@ func TestCursorStreamCompacted(t *testing.T) {
 			for r := uint32(0); r < 4; r++ {
 				ps = append(ps, &geologv1.CursorPosition{Stream: "chat", Range: r, Offset: round * 10, Metadata: []byte(c)})
 			}
-			if _, err := cc.CommitCursors(ctx, &geologv1.CommitCursorsRequest{Cursor: c, Positions: ps}); err != nil {
-				t.Fatal(err)
-			}
+			commitRetrying(t, ctx, cc, &geologv1.CommitCursorsRequest{Cursor: c, Positions: ps})
 			written += len(ps)
 		}
 	}
@@ -222,4 +221,22 @@ func readCursorLogs(t *testing.T, ctx context.Context, lc geologv1.LogClient, ra
 // cursorRangeOf is the cursor-stream range holding name.
 func (n *Node) cursorRangeOf(name string) uint32 {
 	return keyspace.RangeForKey([]byte(name), uint32(n.cfg.CursorRanges))
+}
+
+// commitRetrying commits req, again while the answer is retriable (a
+// busy machine can outlast a term's read barrier: TIMEOUT), as a client
+// would; a commit is idempotent.
+func commitRetrying(t *testing.T, ctx context.Context, cc geologv1.ConsumerClient, req *geologv1.CommitCursorsRequest) {
+	t.Helper()
+	for {
+		_, err := cc.CommitCursors(ctx, req)
+		if err == nil {
+			return
+		}
+		if !rpcerr.IsRetriable(err) || ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		t.Logf("commit %s: %v; again", req.GetCursor(), err)
+		time.Sleep(100 * time.Millisecond)
+	}
 }
