@@ -173,7 +173,9 @@ func catalogueClient(t *testing.T, w *world, region string, id uint64) geologint
 // checkForwardedRepeats: once eu recorded the split res of range r, the
 // request of a voter of r asked again is answered with the map's version,
 // one with another offset is RANGE_SPLIT, one in the name of the
-// non-replica outsider still PERMISSION_DENIED; eu's map is unchanged.
+// non-replica outsider still PERMISSION_DENIED, one of a stream deleted
+// since STREAM_NOT_FOUND, one at a node that does not lead the catalogue
+// NOT_LEADER; eu's map is unchanged.
 func checkForwardedRepeats(t *testing.T, ctx context.Context, w *world, stream string, r uint32, outsider uint64, res splitResult) {
 	t.Helper()
 	cat := w.nodes["eu"][outsider]
@@ -193,6 +195,19 @@ func checkForwardedRepeats(t *testing.T, ctx context.Context, w *world, stream s
 	wantCode(t, err, apierr.RangeSplit)
 	_, err = c.RecordMirrorSplit(ctx, mirrorSplitRequest(w.nodes["eu"][outsider], stream, res.decision, res.offset))
 	wantCode(t, err, apierr.PermissionDenied)
+	stale := mirrorSplitRequest(w.nodes["eu"][voter], stream, res.decision, res.offset)
+	stale.StreamMetaOffset++ // a stream of the name deleted since
+	_, err = c.RecordMirrorSplit(ctx, stale)
+	wantCode(t, err, apierr.StreamNotFound)
+	for id := range w.nodes["eu"] {
+		if id != lead {
+			// A catalogue leader that lost its leadership: the sender asks
+			// again, where the leader is now.
+			_, err = catalogueClient(t, w, "eu", id).RecordMirrorSplit(ctx, mirrorSplitRequest(w.nodes["eu"][voter], stream, res.decision, res.offset))
+			wantCode(t, err, apierr.NotLeader)
+			break
+		}
+	}
 	if got := nodeRangeMap(cat, stream); !got.Equal(m) {
 		t.Fatalf("repeated requests changed eu's map: %+v, was %+v", got, m)
 	}
@@ -287,5 +302,83 @@ func TestSplitSenderIdentity(t *testing.T) {
 	}
 	if classOf(geologinternalv1.RegionCatalogue_RecordMirrorSplit_FullMethodName) != callRegion {
 		t.Errorf("RecordMirrorSplit is not for the region's nodes only")
+	}
+}
+
+// TestCheckMirrorSplit: the map check a forwarded split (and a marker in
+// the catalogue leader's own log) passes before it is recorded. Each
+// refusal is typed; the split already recorded is answered as recorded.
+func TestCheckMirrorSplit(t *testing.T) {
+	m := keyspace.NewRangeMap(2)
+	next, err := splitDecision("s", m, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	split, err := m.Split(1, next.At, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	later, _ := splitDecision("s", split, 0, 0) // the map's version 2
+	edit := func(f func(*batch.Split)) batch.Split { d := next; f(&d); return d }
+	for _, c := range []struct {
+		what     string
+		m        keyspace.RangeMap
+		r        uint32
+		dec      batch.Split
+		offset   uint64
+		recorded bool
+		code     apierr.Code // 0: may be recorded, or recorded
+	}{
+		{"the next split", m, 1, next, 40, false, 0},
+		{"the split recorded", split, 1, next, 40, true, 0},
+		{"recorded at another offset", split, 1, next, 41, false, apierr.RangeSplit},
+		{"recorded at another boundary", split, 1, edit(func(d *batch.Split) { d.At++ }), 40, false, apierr.RangeSplit},
+		{"a later split than the next", m, 0, edit(func(d *batch.Split) { *d = later }), 7, false, apierr.Unavailable},
+		{"a stale version", split, 0, edit(func(d *batch.Split) { *d = later; d.MapVersion = 1 }), 7, false, apierr.InvalidArgument},
+		{"another range's marker", m, 0, next, 40, false, apierr.InvalidArgument},
+		{"other bounds", m, 1, edit(func(d *batch.Split) { d.HashStart++ }), 40, false, apierr.InvalidArgument},
+		{"other children", m, 1, edit(func(d *batch.Split) { d.Left, d.Right = 5, 6 }), 40, false, apierr.InvalidArgument},
+		{"a boundary outside", m, 1, edit(func(d *batch.Split) { d.At = d.HashStart }), 40, false, apierr.InvalidArgument},
+		{"no such range", m, 9, edit(func(d *batch.Split) { d.Parent = 9 }), 40, false, apierr.RangeNotFound},
+	} {
+		recorded, err := checkMirrorSplit("s", c.m, c.r, c.dec, c.offset)
+		if got := apierr.As(err); (c.code == 0) != (err == nil) || (err != nil && got.Code != c.code) || recorded != c.recorded {
+			t.Errorf("%s: recorded %v, %v; want recorded %v, code %v", c.what, recorded, err, c.recorded, c.code)
+		}
+	}
+}
+
+// TestMirrorSplitRetries: a failed request waits longer each time, up to
+// mirrorSplitRetryMax; a success, or the candidate gone, forgets it.
+func TestMirrorSplitRetries(t *testing.T) {
+	rs := mirrorSplitRetries{}
+	c := mirrorSplitCandidate{stream: "s", rng: 1}
+	now := time.Unix(1000, 0)
+	if !rs.due(c, now) {
+		t.Fatal("a new candidate is not due")
+	}
+	var last time.Duration
+	for i := 0; i < 12; i++ {
+		rs.done(c, apierr.New(apierr.NotLeader, "moved"), now)
+		wait := rs[keyOf(c)].next.Sub(now)
+		if rs.due(c, now) || wait > mirrorSplitRetryMax || wait < mirrorSplitRetryMin/2 {
+			t.Fatalf("attempt %d: due now, or a wait of %v outside [%v, %v]", i, wait, mirrorSplitRetryMin/2, mirrorSplitRetryMax)
+		}
+		if i == 11 && wait < mirrorSplitRetryMax/2 {
+			t.Fatalf("after %d failures a wait of %v, want near %v", i+1, wait, mirrorSplitRetryMax)
+		}
+		last = wait
+	}
+	if !rs.due(c, now.Add(last)) {
+		t.Fatal("not due once its wait passed")
+	}
+	rs.done(c, nil, now)
+	if len(rs) != 0 {
+		t.Fatal("a recorded split is still retried")
+	}
+	rs.done(c, apierr.New(apierr.NotLeader, "moved"), now)
+	rs.keepOnly(nil)
+	if len(rs) != 0 {
+		t.Fatal("a candidate no longer listed is still retried")
 	}
 }
