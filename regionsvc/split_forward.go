@@ -135,7 +135,7 @@ func (n *Node) forwardMirrorSplit(ctx context.Context, c mirrorSplitCandidate) e
 		return apierr.Wrap(apierr.Internal, rerr, "stream %q range %d", c.stream, c.rng)
 	}
 	if !applied {
-		return apierr.New(apierr.Unavailable, "stream %q range %d: the split marker is not applied yet", c.stream, c.rng)
+		return nil // written, not applied yet: the next round, not a failed attempt
 	}
 	spec, ok := n.streamSpec(c.stream)
 	if !ok {
