@@ -20,10 +20,12 @@ import (
 //
 //  1. Every range driver notes, once its replica's log holds a split marker
 //     (rangeDriver.splitSeen), that it may need a record.
-//  2. The region's catalogue leader looks, every mirrorSplitInterval, at
-//     the ranges of its node that are mirrors here (homed in another
-//     region, as its view of the homes says), noted in step 1, and not yet
-//     split in the catalogue's map.
+//  2. Every node looks, every mirrorSplitInterval, at the ranges of its
+//     node that are mirrors here (homed in another region, as its view of
+//     the homes says), noted in step 1, and not yet split in the
+//     catalogue's map. The catalogue leader takes step 3 for them; any
+//     other node asks the catalogue leader to, for those whose mirror
+//     group it leads (split_forward.go).
 //  3. For each whose replica applied the marker, it proposes the catalogue
 //     record "split" (catalogueSplit: the same record the home region
 //     writes), once the marker's decision is the next split of the map
@@ -43,8 +45,8 @@ import (
 // than the replication factor) does not see the marker: the parent's
 // mirror-group leader asks it to record the split (split_forward.go).
 
-// mirrorSplitInterval is how often the catalogue leader looks for mirror
-// ranges whose marker is applied and whose split is not recorded.
+// mirrorSplitInterval is how often a node looks for mirror ranges whose
+// marker is applied and whose split is not recorded.
 const mirrorSplitInterval = 500 * time.Millisecond
 
 // mirrorSplitTimeout bounds one record's proposal and apply.
