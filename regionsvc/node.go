@@ -738,6 +738,7 @@ func (n *Node) Start() error {
 	n.grpcServer.RegisterService(n.limits.receiveGated(&geologv1.Log_ServiceDesc), &logServer{node: n})
 	n.grpcServer.RegisterService(n.limits.receiveGated(&geologv1.Admin_ServiceDesc), &adminServer{node: n})
 	geologinternalv1.RegisterNodeDirectoryServer(n.grpcServer, &directoryServer{node: n})
+	geologinternalv1.RegisterRegionCatalogueServer(n.grpcServer, &catalogueServer{node: n}) // split_forward.go
 	n.grpcServer.RegisterService(n.limits.receiveGated(&geologv1.Consumer_ServiceDesc), &consumerServer{node: n})
 	healthpb.RegisterHealthServer(n.grpcServer, &healthServer{node: n}) // health.go
 	if n.replicated() {

@@ -2,10 +2,12 @@ package regionsvc
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/keyspace"
 )
 
 // Splits in mirror regions (docs/split.md "Mirrors"). The home region's
@@ -18,10 +20,12 @@ import (
 //
 //  1. Every range driver notes, once its replica's log holds a split marker
 //     (rangeDriver.splitSeen), that it may need a record.
-//  2. The region's catalogue leader looks, every mirrorSplitInterval, at
-//     the ranges of its node that are mirrors here (homed in another
-//     region, as its view of the homes says), noted in step 1, and not yet
-//     split in the catalogue's map.
+//  2. Every node looks, every mirrorSplitInterval, at the ranges of its
+//     node that are mirrors here (homed in another region, as its view of
+//     the homes says), noted in step 1, and not yet split in the
+//     catalogue's map. The catalogue leader takes step 3 for them; any
+//     other node asks the catalogue leader to, for those whose mirror
+//     group it leads (split_forward.go).
 //  3. For each whose replica applied the marker, it proposes the catalogue
 //     record "split" (catalogueSplit: the same record the home region
 //     writes), once the marker's decision is the next split of the map
@@ -37,38 +41,57 @@ import (
 // The home region never takes this path: its record follows the children's
 // homes (split_admin.go), which a mirror does not write.
 //
-// Left: a catalogue leader that holds no replica of the parent (a region
-// larger than the replication factor) does not see the marker; the
-// parent's mirror leader would have to ask it.
+// A catalogue leader that holds no replica of the parent (a region larger
+// than the replication factor) does not see the marker: the parent's
+// mirror-group leader asks it to record the split (split_forward.go).
 
-// mirrorSplitInterval is how often the catalogue leader looks for mirror
-// ranges whose marker is applied and whose split is not recorded.
+// mirrorSplitInterval is how often a node looks for mirror ranges whose
+// marker is applied and whose split is not recorded.
 const mirrorSplitInterval = 500 * time.Millisecond
 
 // mirrorSplitTimeout bounds one record's proposal and apply.
 const mirrorSplitTimeout = 10 * time.Second
 
-// recordMirrorSplits is the node's loop of step 2 (a stopper task).
+// recordMirrorSplits is the node's loop of step 2 (a stopper task): on
+// the catalogue leader, step 3 for every candidate; on any other node,
+// the forwarded request of each candidate whose mirror group it leads
+// (split_forward.go), retried with backoff until recorded.
 func (n *Node) recordMirrorSplits(ctx context.Context) {
 	t := time.NewTicker(mirrorSplitInterval)
 	defer t.Stop()
+	retries := mirrorSplitRetries{}
 	for {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			return
 		}
-		if !n.leadsCatalogue() {
+		if !n.replicated() || n.region.meta.rep == nil {
 			continue
 		}
-		for _, c := range n.mirrorSplitCandidates() {
-			cctx, cancel := context.WithTimeout(ctx, mirrorSplitTimeout)
-			err := n.recordMirrorSplit(cctx, c.stream, c.rng, c.d)
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				n.logger.Warn("mirror split not recorded yet", "stream", c.stream, "range", c.rng, "error", err)
+		cands := n.mirrorSplitCandidates()
+		retries.keepOnly(cands)
+		leads := n.leadsCatalogue()
+		for _, c := range cands {
+			switch {
+			case leads:
+				n.recordMirrorSplitHere(ctx, c)
+			case c.d.rep.LeaderID() == n.cfg.NodeID && retries.due(c, n.cfg.Now()):
+				err := n.forwardMirrorSplitOnce(ctx, c)
+				retries.done(c, err, n.cfg.Now())
 			}
 		}
+	}
+}
+
+// recordMirrorSplitHere is step 3 for c on the catalogue leader, bounded
+// by mirrorSplitTimeout.
+func (n *Node) recordMirrorSplitHere(ctx context.Context, c mirrorSplitCandidate) {
+	cctx, cancel := context.WithTimeout(ctx, mirrorSplitTimeout)
+	err := n.recordMirrorSplit(cctx, c.stream, c.rng, c.d)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		n.logger.Warn("mirror split not recorded yet", "stream", c.stream, "range", c.rng, "error", err)
 	}
 }
 
@@ -129,26 +152,14 @@ func (n *Node) recordMirrorSplit(ctx context.Context, stream string, r uint32, d
 	if err != nil {
 		return err
 	}
-	m := st.spec.rangeMap()
-	if p, ok := m.Get(r); !ok || p.IsSplit() {
-		return nil // recorded meanwhile
-	}
+	recorded, err := checkMirrorSplit(stream, st.spec.rangeMap(), r, dec, offset)
 	switch {
-	case dec.Parent != r:
-		return apierr.New(apierr.Internal, "stream %q range %d holds the split marker of range %d", stream, r, dec.Parent)
-	case dec.MapVersion > m.Version+1:
+	case errors.Is(err, errEarlierSplitPending):
 		return nil // an earlier split of the stream is not recorded here yet; its marker comes
-	case dec.MapVersion <= m.Version:
-		return apierr.New(apierr.Internal, "stream %q range %d: split marker of map version %d, the map is at %d and does not show it",
-			stream, r, dec.MapVersion, m.Version)
-	}
-	if p, _ := m.Get(r); p.HashStart != dec.HashStart || p.HashEnd != dec.HashEnd {
-		return apierr.New(apierr.Internal, "stream %q range %d: the marker's bounds [%d, %d] are not the map's [%d, %d]",
-			stream, r, dec.HashStart, dec.HashEnd, p.HashStart, p.HashEnd)
-	}
-	if left, right := m.NextIDs(); left != dec.Left || right != dec.Right {
-		return apierr.New(apierr.Internal, "stream %q range %d: the marker names children %d and %d, the map's next are %d and %d",
-			stream, r, dec.Left, dec.Right, left, right)
+	case err != nil:
+		return err
+	case recorded:
+		return nil // recorded meanwhile
 	}
 	if err := n.catalogueSplit(ctx, stream, r, splitResult{offset: offset, decision: dec}); err != nil {
 		return err
@@ -156,4 +167,49 @@ func (n *Node) recordMirrorSplit(ctx context.Context, stream string, r uint32, d
 	n.logger.Info("mirror split recorded", "stream", stream, "range", r, "split_offset", offset, "version", dec.MapVersion,
 		"left", dec.Left, "right", dec.Right)
 	return nil
+}
+
+// errEarlierSplitPending is a split marker of a later map version than the
+// map's next: the stream's earlier split (of another range) is not
+// recorded in this region yet. Its marker comes; retry.
+var errEarlierSplitPending = errors.New("regionsvc: an earlier split of the stream is not recorded here yet")
+
+// checkMirrorSplit checks the split of range r that a marker at offset
+// with decision dec describes against the catalogue's map m: recorded if m
+// shows that very split already; an error if m cannot take it now
+// (UNAVAILABLE wrapping errEarlierSplitPending: a later split than the
+// map's next), or ever (RANGE_SPLIT: r split otherwise; INVALID_ARGUMENT:
+// not the map's next split, or not a split of r's bounds, or not the ids
+// the map would give).
+func checkMirrorSplit(stream string, m keyspace.RangeMap, r uint32, dec batch.Split, offset uint64) (recorded bool, err error) {
+	p, ok := m.Get(r)
+	switch {
+	case !ok:
+		return false, apierr.New(apierr.RangeNotFound, "stream %q has no range %d", stream, r)
+	case dec.Parent != r:
+		return false, apierr.New(apierr.InvalidArgument, "stream %q range %d: a split marker of range %d", stream, r, dec.Parent)
+	case p.IsSplit():
+		if right, _ := m.Get(p.Right); p.Left == dec.Left && p.Right == dec.Right && p.SplitOffset == offset && right.HashStart == dec.At {
+			return true, nil
+		}
+		return false, apierr.New(apierr.RangeSplit, "stream %q range %d split at offset %d into %d and %d; the marker says offset %d into %d and %d at %d",
+			stream, r, p.SplitOffset, p.Left, p.Right, offset, dec.Left, dec.Right, dec.At)
+	case dec.MapVersion > m.Version+1:
+		return false, apierr.Wrap(apierr.Unavailable, errEarlierSplitPending, "stream %q range %d: split of map version %d, the map is at %d",
+			stream, r, dec.MapVersion, m.Version)
+	case dec.MapVersion <= m.Version:
+		return false, apierr.New(apierr.InvalidArgument, "stream %q range %d: split marker of map version %d, the map is at %d and does not show it",
+			stream, r, dec.MapVersion, m.Version)
+	case p.HashStart != dec.HashStart || p.HashEnd != dec.HashEnd:
+		return false, apierr.New(apierr.InvalidArgument, "stream %q range %d: the marker's bounds [%d, %d] are not the map's [%d, %d]",
+			stream, r, dec.HashStart, dec.HashEnd, p.HashStart, p.HashEnd)
+	}
+	if left, right := m.NextIDs(); left != dec.Left || right != dec.Right {
+		return false, apierr.New(apierr.InvalidArgument, "stream %q range %d: the marker names children %d and %d, the map's next are %d and %d",
+			stream, r, dec.Left, dec.Right, left, right)
+	}
+	if _, err := m.Split(r, dec.At, offset); err != nil {
+		return false, apierr.Wrap(apierr.InvalidArgument, err, "stream %q range %d: split at %d", stream, r, dec.At)
+	}
+	return false, nil
 }
