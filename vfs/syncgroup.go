@@ -118,3 +118,14 @@ func (g *SyncGroup) Rounds() uint64 {
 	defer g.mu.Unlock()
 	return g.rounds
 }
+
+// Waiting returns how many callers wait in the round gathering behind
+// the one in flight.
+func (g *SyncGroup) Waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.next == nil {
+		return 0
+	}
+	return len(g.next.files)
+}

@@ -42,14 +42,7 @@ func (h *heldSyncs) waitEntered(t *testing.T) string {
 }
 
 // gathering returns how many callers wait in the group's next round.
-func gathering(g *SyncGroup) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.next == nil {
-		return 0
-	}
-	return len(g.next.files)
-}
+func gathering(g *SyncGroup) int { return g.Waiting() }
 
 // waitGathering polls until n callers wait in the next round.
 func waitGathering(t *testing.T, g *SyncGroup, n int) {
