@@ -18,8 +18,16 @@ import (
 // the log), but the committed prefix, durable before the failure, is
 // still read; describe says why appends stop.
 func TestFsyncFailureKeepsReads(t *testing.T) {
+	t.Run("own fdatasync", func(t *testing.T) { testFsyncFailureKeepsReads(t, false) })
+	t.Run("group commit", func(t *testing.T) { testFsyncFailureKeepsReads(t, true) })
+}
+
+func testFsyncFailureKeepsReads(t *testing.T, groupCommit bool) {
 	var faults vfs.Faults
-	_, c := testNode(t, t.TempDir(), func(cfg *Config) { cfg.FS = vfs.WithFaults(vfs.OS(), &faults) })
+	_, c := testNode(t, t.TempDir(), func(cfg *Config) {
+		cfg.FS = vfs.WithFaults(vfs.OS(), &faults)
+		cfg.GroupCommit = groupCommit
+	})
 	createStream(t, c, "s", 1)
 	ctx := ctxT(t)
 	for i := 0; i < 3; i++ {

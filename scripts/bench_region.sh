@@ -5,7 +5,8 @@
 # producers, and 8 producers at half that rate. 1 KiB records.
 # GEOLOGD_FLAGS adds flags to every node (--append-queue-delay-target -1s
 # turns load shedding off); BENCH_FLAGS to every geolog bench run
-# (--queue-delay-target 0 turns the producers' queueing-delay bound off).
+# (--queue-delay-target 0 turns the producers' queueing-delay bound off);
+# HALF_RATE fixes the half-rate run's records/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/bin
@@ -42,5 +43,7 @@ done
 settle; run "one at a time"        --stream bs --ranges 1 --producers 1 --duration "$DURATION" --sync
 settle; run "8 producers"          --stream b8 --producers 8 --duration "$DURATION"
 MAX=$(last_rate)
-settle; run "8 producers at half"  --stream bh --producers 8 --duration "$DURATION" --rate $(( MAX / 2 ))
+# HALF_RATE fixes the "half" run's rate (records/s) instead of half of the
+# full-speed run's, so that an A/B offers both sides the same load.
+settle; run "8 producers at half"  --stream bh --producers 8 --duration "$DURATION" --rate "${HALF_RATE:-$(( MAX / 2 ))}"
 settle; run "8 producers at 35k/s" --stream bt --producers 8 --duration "$DURATION" --rate 35000

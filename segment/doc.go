@@ -196,7 +196,9 @@
 //     after the Append. Persist before you acknowledge: a Raft entry is
 //     acked to the leader, and a record to its producer, only after a Sync
 //     covering it. Sync may be called from any goroutine; concurrent callers
-//     share one fdatasync (group commit). DurableOffset reports the result
+//     share one fdatasync (group commit); with Config.SyncGroup set, that
+//     fdatasync joins the node's rounds across stores (vfs.SyncGroup), and
+//     its result is still this store's file's. DurableOffset reports the result
 //     for records (control frames take no offset: their durability shows
 //     only as Sync returning).
 //  5. A failed write or fdatasync is never retried: the store refuses every

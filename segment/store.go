@@ -112,6 +112,12 @@ type Config struct {
 	// that Open and reads return. Default nil.
 	Keyring *atrest.Keyring
 
+	// SyncGroup, if set, is the node's sync point that the log's
+	// fdatasyncs join (vfs.SyncGroup: one flush round in flight for all
+	// the stores sharing it, callers arriving meanwhile batched into the
+	// next). Default nil: each store fdatasyncs its files itself.
+	SyncGroup *vfs.SyncGroup
+
 	// testHooks lets this package's tests observe and fail fdatasync.
 	testHooks testHooks
 }
@@ -283,6 +289,9 @@ func Open(cfg Config) (*Store, error) {
 		fdatasync: func(f vfs.File) error { return f.Datasync() }}
 	s.syncCond = sync.NewCond(&s.syncMu)
 	s.bufs.New = func() any { b := make([]byte, readChunkBytes); return &b }
+	if cfg.SyncGroup != nil {
+		s.fdatasync = cfg.SyncGroup.Datasync
+	}
 	if cfg.testHooks.fdatasync != nil {
 		s.fdatasync = cfg.testHooks.fdatasync
 	}

@@ -18,6 +18,13 @@
 // so a second holder (another process, or a second Lock in this one) gets an
 // error wrapping ErrLocked; the kernel drops the lock when the process dies.
 //
+// # SyncGroup
+//
+// NewSyncGroup() is a sync point that many files' Datasyncs can share (a
+// node's range logs on one disk): an idle caller flushes at once, callers
+// arriving during a flush are flushed together in the next round, each
+// with its own file's result. See SyncGroup for why it is off by default.
+//
 // # Mem
 //
 // NewMem(rng) is an in-memory FS that keeps, per file, the durable content

@@ -24,7 +24,12 @@ type Faults struct {
 	syncDelayNanos atomic.Int64
 	syncFail       atomic.Bool
 	noSpace        atomic.Bool
+	datasyncs      atomic.Uint64
 }
+
+// Datasyncs returns how many Datasync calls files of the FS made (failed
+// and delayed ones included): the flushes the code under test asked for.
+func (f *Faults) Datasyncs() uint64 { return f.datasyncs.Load() }
 
 // SetNoSpace makes the device full while on: a WriteAt that would grow
 // its file fails with ENOSPC (writing nothing), and so does creating a
@@ -88,6 +93,7 @@ func (f faultFile) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (f faultFile) Datasync() error {
+	f.faults.datasyncs.Add(1)
 	if d := f.faults.SyncDelay(); d > 0 {
 		time.Sleep(d)
 	}

@@ -72,6 +72,7 @@ func run() int {
 		"range leader transfers the rebalancer has under way at once, balancing leaders by count over the live nodes (0: no leader balancing; needs --leader-balance-interval)")
 	transferRate := fs.Int64("rebalance-transfer-bytes-per-second", 32<<20,
 		"bound on the bytes per second this node sends to catching-up replicas: snapshots (segment transfers) and log entries to learners (0: no bound)")
+	groupCommit := fs.Bool("group-commit", false, "every range log of the node joins one sync point (one flush round in flight, writers arriving during it batched into the next) instead of fdatasyncing on its own; off by default: it lost to per-range fdatasyncs on ext4 (notes/gcommit.md)")
 	syncConcurrency := fs.Int("sync-concurrency", 2, "ignored (kept so that existing command lines still parse): every range's log writer makes its own group commit")
 	appendDelayTarget := fs.Duration("append-queue-delay-target", regionsvc.AppendQueueDelayTargetDefault,
 		"a range leader refuses new appends with a retriable OVERLOADED while its appends have queued (arrival to commit) for longer than this (negative: never)")
@@ -289,6 +290,7 @@ func run() int {
 		Logger:                logger,
 		RecordBytesMax:        *recordBytesMax,
 		Fsync:                 policy,
+		GroupCommit:           *groupCommit,
 		SegmentBytesMax:       *segmentBytesMax,
 		SyncConcurrencyMax:    *syncConcurrency,
 		MeterProvider:         meterProvider,
