@@ -207,7 +207,7 @@ func Remove(ctx context.Context, a Admin, from uint64, votersMin int, cfg Config
 	return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
 }
 
-func voters(d *geologv1.DescribeReplicasResponse) []uint64  { return role(d, "voter") }
+func voters(d *geologv1.DescribeReplicasResponse) []uint64   { return role(d, "voter") }
 func learners(d *geologv1.DescribeReplicasResponse) []uint64 { return role(d, "learner") }
 
 func role(d *geologv1.DescribeReplicasResponse, want string) []uint64 {
