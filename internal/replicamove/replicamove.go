@@ -138,9 +138,24 @@ func Replace(ctx context.Context, a Admin, from, to uint64, cfg Config) error {
 		// Removing the range leader itself: the leader hands leadership
 		// to another voter first and answers NOT_LEADER, which Admin
 		// retries at the new leader (regionsvc/admin.go).
-		return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+		return removeVoter(ctx, a, cfg, from)
 	}
 	return nil
+}
+
+// removeVoter removes node from the range. A failed call whose removal
+// applied all the same (a call that timed out while its change was on its
+// way, retried: "not a member") counts as done: the move did what it
+// was to do, and reporting it failed would have it planned again.
+func removeVoter(ctx context.Context, a Admin, cfg Config, from uint64) error {
+	err := change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+	if err == nil {
+		return nil
+	}
+	if d, derr := a.Describe(ctx); derr == nil && !isMember(d, from) {
+		return nil
+	}
+	return err
 }
 
 // ErrSourceGone: a move whose source is no longer a member of the range,
@@ -204,7 +219,7 @@ func Remove(ctx context.Context, a Admin, from uint64, votersMin int, cfg Config
 	if vs := voters(d); slices.Contains(vs, from) && len(vs)-1 < votersMin {
 		return fmt.Errorf("%w: removing node %d would leave %d voters, fewer than %d", ErrConfigChanged, from, len(vs)-1, votersMin)
 	}
-	return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+	return removeVoter(ctx, a, cfg, from)
 }
 
 func voters(d *geologv1.DescribeReplicasResponse) []uint64   { return role(d, "voter") }

@@ -20,6 +20,9 @@ type fakeRange struct {
 	// onDescribe, if set, runs at the start of each Describe (another
 	// move's change arriving between two of this one's calls).
 	onDescribe func()
+	// failAfter, if set, is a change that applies and then answers an
+	// error (a call that timed out while its change was on its way).
+	failAfter string
 }
 
 func (f *fakeRange) Change(_ context.Context, c geologv1.ReplicaChange, node uint64) (*geologv1.ChangeReplicasResponse, error) {
@@ -33,6 +36,9 @@ func (f *fakeRange) Change(_ context.Context, c geologv1.ReplicaChange, node uin
 	case geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE:
 		f.voters = slices.DeleteFunc(f.voters, func(id uint64) bool { return id == node })
 		f.learners = slices.DeleteFunc(f.learners, func(id uint64) bool { return id == node })
+	}
+	if c.String() == f.failAfter {
+		return nil, errors.New("timed out")
 	}
 	return &geologv1.ChangeReplicasResponse{Voters: f.voters, Learners: f.learners}, nil
 }
@@ -173,5 +179,15 @@ func TestRemoveExcessVoter(t *testing.T) {
 	}
 	if err := Remove(ctx, f, 5, 3, Config{}); err != nil || len(f.changes) != 1 {
 		t.Fatalf("remove a node already gone: %v, changes %v", err, f.changes)
+	}
+	// A removal that applied though its call failed is done; one that did
+	// not apply is an error.
+	f = &fakeRange{voters: []uint64{2, 3, 4, 5}, last: 100, failAfter: "REPLICA_CHANGE_REMOVE"}
+	if err := Remove(ctx, f, 5, 3, Config{}); err != nil || !sameSet(f.voters, []uint64{2, 3, 4}) {
+		t.Fatalf("removal applied, call failed: %v, voters %v", err, f.voters)
+	}
+	f = &fakeRange{voters: []uint64{1, 2, 3}, last: 100, catchUp: 100, failAfter: "REPLICA_CHANGE_REMOVE"}
+	if err := Replace(ctx, f, 1, 4, Config{PollInterval: time.Millisecond}); err != nil || !sameSet(f.voters, []uint64{2, 3, 4}) {
+		t.Fatalf("move whose removal applied, call failed: %v, voters %v", err, f.voters)
 	}
 }
