@@ -107,11 +107,16 @@ func drainAndDecommission(t *testing.T, ctx context.Context, admins []geologv1.A
 		return ok
 	})
 	t.Logf("node %d drained in %v", id, time.Since(start).Round(10*time.Millisecond))
-	var lastErr error
-	waitFor(t, ctx, fmt.Sprintf("node %d decommissioned (last error: %v)", id, lastErr), func() bool {
-		lastErr = setState(geologv1.NodeState_NODE_STATE_DECOMMISSIONED)
-		return lastErr == nil
+	var lastErr string
+	waitFor(t, ctx, fmt.Sprintf("node %d decommissioned", id), func() bool {
+		err := setState(geologv1.NodeState_NODE_STATE_DECOMMISSIONED)
+		if err != nil && err.Error() != lastErr {
+			t.Logf("decommission of node %d: %v", id, err)
+			lastErr = err.Error()
+		}
+		return err == nil
 	})
+	t.Logf("node %d decommissioned", id)
 }
 
 // drained reports whether every range of stream has exactly three voters,
