@@ -115,9 +115,10 @@ type rebalancer struct {
 	cfg    RebalanceConfig
 	logger hclog.Logger
 	loop   *placement.Loop
-	// ended receives the range of each move or cleanup that ended; gen
-	// counts the leaderships, so that the end of a move of an earlier one
-	// does not free a slot of the current one.
+	// ended receives the range of each move or cleanup that ended, of
+	// this leadership or an earlier one (the loop keeps a cancelled
+	// move's range until its end: one move per range); gen counts the
+	// leaderships.
 	ended chan moveEnd
 	gen   uint64
 	// cancelMoves cancels the moves of the current leadership (nil: not
@@ -128,7 +129,8 @@ type rebalancer struct {
 
 	mu     sync.Mutex
 	status rebalanceStatus
-	// peakMoves is the most moves and cleanups ever under way at once;
+	// peakMoves is the most moves and cleanups ever under way at once
+	// (cancelled ones still running included);
 	// movesDone and movesFailed count the moves ended.
 	peakMoves, movesDone, movesFailed atomic.Int64
 	// pending is the leader transfers under way (loop goroutine,
@@ -253,7 +255,7 @@ func (rb *rebalancer) round(ctx context.Context) {
 		rb.startCleanup(c)
 	}
 	rb.balanceLeaders(ctx, now, reg) // leaders.go
-	rb.peakMoves.Store(max(rb.peakMoves.Load(), int64(rb.loop.Busy())))
+	rb.peakMoves.Store(max(rb.peakMoves.Load(), int64(rb.loop.Busy()+rb.loop.Cancelled())))
 	rb.mu.Lock()
 	rb.status.snapshot, rb.status.haveSnap = rb.loop.Overlay(now, reg), true
 	rb.mu.Unlock()
