@@ -138,24 +138,9 @@ func Replace(ctx context.Context, a Admin, from, to uint64, cfg Config) error {
 		// Removing the range leader itself: the leader hands leadership
 		// to another voter first and answers NOT_LEADER, which Admin
 		// retries at the new leader (regionsvc/admin.go).
-		return removeVoter(ctx, a, cfg, from)
+		return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
 	}
 	return nil
-}
-
-// removeVoter removes node from the range. A failed call whose removal
-// applied all the same (a call that timed out while its change was on its
-// way, retried: "not a member") counts as done: the move did what it
-// was to do, and reporting it failed would have it planned again.
-func removeVoter(ctx context.Context, a Admin, cfg Config, from uint64) error {
-	err := change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
-	if err == nil {
-		return nil
-	}
-	if d, derr := a.Describe(ctx); derr == nil && !isMember(d, from) {
-		return nil
-	}
-	return err
 }
 
 // ErrSourceGone: a move whose source is no longer a member of the range,
@@ -177,7 +162,11 @@ func catchUpAndPromote(ctx context.Context, a Admin, to uint64, cfg Config) erro
 	if err := cfg.checkPlanned(d, to); err != nil {
 		// Another move's learner or voter arrived beside this one: this
 		// move stops, and takes its learner off (best effort: a learner
-		// left behind is removed by the rebalancer's cleanup).
+		// left behind is removed by the rebalancer's cleanup). Never a
+		// voter: if to is one, another move promoted it.
+		if !slices.Contains(learners(d), to) {
+			return err
+		}
 		if _, rerr := a.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, to); rerr != nil {
 			return errors.Join(err, fmt.Errorf("replicamove: removing learner %d: %w", to, rerr))
 		}
@@ -219,7 +208,20 @@ func Remove(ctx context.Context, a Admin, from uint64, votersMin int, cfg Config
 	if vs := voters(d); slices.Contains(vs, from) && len(vs)-1 < votersMin {
 		return fmt.Errorf("%w: removing node %d would leave %d voters, fewer than %d", ErrConfigChanged, from, len(vs)-1, votersMin)
 	}
-	return removeVoter(ctx, a, cfg, from)
+	return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+}
+
+// applied reports whether d shows change c of node made.
+func applied(d *geologv1.DescribeReplicasResponse, c geologv1.ReplicaChange, node uint64) bool {
+	switch c {
+	case geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER:
+		return slices.Contains(learners(d), node)
+	case geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE:
+		return slices.Contains(voters(d), node)
+	case geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE:
+		return !isMember(d, node)
+	}
+	return false
 }
 
 func voters(d *geologv1.DescribeReplicasResponse) []uint64   { return role(d, "voter") }
@@ -243,10 +245,21 @@ func isMember(d *geologv1.DescribeReplicasResponse, node uint64) bool {
 	return slices.ContainsFunc(d.GetReplicas(), func(r *geologv1.ReplicaStatus) bool { return r.GetNodeId() == node })
 }
 
+// change makes one membership change. A call that failed while its
+// change was on its way (timed out, retried by Admin and then refused:
+// "not a learner", "not a member") may have applied all the same: if the
+// range as its leader now describes it shows the change made, it counts as
+// made. Reporting it failed would fail the move with its work done, and
+// the move planned again from there is how a range once got a fifth
+// voter.
 func change(ctx context.Context, a Admin, cfg Config, c geologv1.ReplicaChange, node uint64) error {
 	resp, err := a.Change(ctx, c, node)
 	if err != nil {
-		return err
+		d, derr := a.Describe(ctx)
+		if derr != nil || !applied(d, c, node) {
+			return err
+		}
+		resp = &geologv1.ChangeReplicasResponse{Voters: voters(d), Learners: learners(d)}
 	}
 	if cfg.OnChange != nil {
 		cfg.OnChange(c, node, resp)

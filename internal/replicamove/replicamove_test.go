@@ -186,8 +186,23 @@ func TestRemoveExcessVoter(t *testing.T) {
 	if err := Remove(ctx, f, 5, 3, Config{}); err != nil || !sameSet(f.voters, []uint64{2, 3, 4}) {
 		t.Fatalf("removal applied, call failed: %v, voters %v", err, f.voters)
 	}
-	f = &fakeRange{voters: []uint64{1, 2, 3}, last: 100, catchUp: 100, failAfter: "REPLICA_CHANGE_REMOVE"}
-	if err := Replace(ctx, f, 1, 4, Config{PollInterval: time.Millisecond}); err != nil || !sameSet(f.voters, []uint64{2, 3, 4}) {
-		t.Fatalf("move whose removal applied, call failed: %v, voters %v", err, f.voters)
+	for _, c := range []string{"REPLICA_CHANGE_ADD_LEARNER", "REPLICA_CHANGE_PROMOTE", "REPLICA_CHANGE_REMOVE"} {
+		f = &fakeRange{voters: []uint64{1, 2, 3}, last: 100, catchUp: 100, failAfter: c}
+		err := Replace(ctx, f, 1, 4, Config{PollInterval: time.Millisecond, Planned: []uint64{1, 2, 3}})
+		if err != nil || !sameSet(f.voters, []uint64{2, 3, 4}) || len(f.changes) != 3 {
+			t.Fatalf("move whose %s applied, call failed: %v, voters %v, changes %v", c, err, f.voters, f.changes)
+		}
 	}
+	// A change that did not apply stays an error.
+	f = &fakeRange{voters: []uint64{1, 2, 3}, last: 100, catchUp: 100}
+	if err := change(ctx, refuse{f}, Config{}, geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, 4); err == nil {
+		t.Fatal("a refused promotion of a non-member counted as made")
+	}
+}
+
+// refuse is an Admin whose changes all fail without applying.
+type refuse struct{ *fakeRange }
+
+func (refuse) Change(context.Context, geologv1.ReplicaChange, uint64) (*geologv1.ChangeReplicasResponse, error) {
+	return nil, errors.New("refused")
 }
