@@ -22,12 +22,19 @@ import (
 //  3. When this node stops leading the catalogue, cancel the moves and
 //     call Reset: the next leader finds them in the ranges' Raft
 //     configurations (a learner left behind is removed, and the planner
-//     plans again from the voters).
+//     plans again from the voters). Keep reporting each cancelled move's
+//     end with Done, whichever leadership it belonged to: until then its
+//     range takes no new move here (a cancelled move may still have a
+//     membership change on its way, and a second move of the same range
+//     started beside it is how a range ended with four voters).
 type Loop struct {
 	cfg       LoopConfig
 	downSince map[uint64]time.Time
 	inflight  map[RangeID]Move
 	cleanups  map[RangeID]Cleanup
+	// cancelled are the ranges whose move or cleanup Reset cancelled and
+	// whose end Done has not reported yet.
+	cancelled map[RangeID]bool
 }
 
 // LoopConfig configures a Loop.
@@ -50,7 +57,8 @@ type Cleanup struct {
 // NewLoop returns a Loop with nothing under way.
 func NewLoop(cfg LoopConfig) *Loop {
 	cfg.MovesMax = max(cfg.MovesMax, 1)
-	return &Loop{cfg: cfg, downSince: map[uint64]time.Time{}, inflight: map[RangeID]Move{}, cleanups: map[RangeID]Cleanup{}}
+	return &Loop{cfg: cfg, downSince: map[uint64]time.Time{}, inflight: map[RangeID]Move{}, cleanups: map[RangeID]Cleanup{},
+		cancelled: map[RangeID]bool{}}
 }
 
 // Observe records which nodes are unreachable now; a node found reachable
@@ -96,9 +104,11 @@ func (l *Loop) Dead(now time.Time) []uint64 {
 // moves under way count as done (their ranges' replicas as they will be).
 // A range with
 // a learner that nothing under way owns gets a Cleanup instead of a move.
+// A range whose cancelled move has not ended yet (Reset, then no Done)
+// takes nothing, and those moves count against MovesMax too.
 func (l *Loop) Next(now time.Time, reg Region) ([]Move, []Cleanup) {
 	reg = l.Overlay(now, reg)
-	free := l.cfg.MovesMax - len(l.inflight) - len(l.cleanups)
+	free := l.cfg.MovesMax - l.Busy() - len(l.cancelled)
 	var cleanups []Cleanup
 	for i := range reg.Ranges {
 		r := &reg.Ranges[i]
@@ -109,10 +119,13 @@ func (l *Loop) Next(now time.Time, reg Region) ([]Move, []Cleanup) {
 			// the old replica still is, so a plan from the snapshot as
 			// it is would send more replicas to the move's target than
 			// the balance needs.
-			r.Replicas = append(without(r.Replicas, m.From), m.To)
+			r.Replicas = without(r.Replicas, m.From)
+			if m.To != 0 {
+				r.Replicas = append(r.Replicas, m.To)
+			}
 			r.Replicas = slices.Compact(slices.Sorted(slices.Values(r.Replicas)))
 		}
-		r.Moving = r.Moving || moving || cleaning
+		r.Moving = r.Moving || moving || cleaning || l.cancelled[r.ID]
 		if !r.Moving && len(r.Learners) > 0 {
 			r.Moving = true
 			if free > 0 {
@@ -147,17 +160,31 @@ func (l *Loop) Overlay(now time.Time, reg Region) Region {
 }
 
 // Done records that the move or cleanup of range id ended (either way:
-// a failed one is planned again from the next snapshot).
+// a failed one is planned again from the next snapshot), whether it was
+// started before the last Reset or after.
 func (l *Loop) Done(id RangeID) {
 	delete(l.inflight, id)
 	delete(l.cleanups, id)
+	delete(l.cancelled, id)
 }
 
-// Reset forgets every move and cleanup under way (leadership moved).
+// Reset forgets every move and cleanup under way (leadership moved): their
+// slots and what they would change are forgotten, but their ranges stay
+// off limits until Done reports each one's end.
 func (l *Loop) Reset() {
+	for id := range l.inflight {
+		l.cancelled[id] = true
+	}
+	for id := range l.cleanups {
+		l.cancelled[id] = true
+	}
 	clear(l.inflight)
 	clear(l.cleanups)
 }
+
+// Cancelled returns how many moves and cleanups Reset cancelled whose end
+// Done has not reported yet.
+func (l *Loop) Cancelled() int { return len(l.cancelled) }
 
 // InFlight returns the moves under way, in range order.
 func (l *Loop) InFlight() []Move {

@@ -179,3 +179,47 @@ func TestLoopCountsMovesUnderWayAsDone(t *testing.T) {
 		t.Fatalf("second round, first still under way: %v", more)
 	}
 }
+
+// TestLoopOneMovePerRangeAcrossReset: a move cancelled by Reset (the node
+// stopped and started leading the catalogue again) keeps its range off
+// limits until its end is reported: the next leadership's rounds plan no
+// second move of it, however often they run, and the cancelled move still
+// counts against MovesMax. Once Done reports it, the range is planned
+// again. It fails if Reset frees the range at once (two moves of node 6's
+// replica of one range ran at once, 6->4 and 6->5, and left it with four
+// voters).
+func TestLoopOneMovePerRangeAcrossReset(t *testing.T) {
+	reg := loopRegion(6, 1)
+	reg.Ranges[0].Replicas = []uint64{2, 3, 6}
+	reg.Nodes[5].State = Draining // node 6
+	l := NewLoop(LoopConfig{MovesMax: 2, DeadAfter: time.Minute})
+	first, _ := l.Next(time.Unix(0, 0), reg)
+	if len(first) != 1 || first[0].From != 6 || first[0].Reason != Drain {
+		t.Fatalf("first round: %v, want node 6's replica drained", first)
+	}
+	l.Reset() // leadership lost and regained; the move's task still runs
+	if l.Busy() != 0 || l.Cancelled() != 1 {
+		t.Fatalf("after Reset: busy %d cancelled %d", l.Busy(), l.Cancelled())
+	}
+	for round := 1; round <= 3; round++ {
+		if ms, cs := l.Next(time.Unix(int64(round), 0), reg); len(ms)+len(cs) != 0 {
+			t.Fatalf("round %d with the cancelled move still running: %v %v", round, ms, cs)
+		}
+	}
+	l.Done(first[0].Range)
+	if again, _ := l.Next(time.Unix(9, 0), reg); len(again) != 1 || again[0].From != 6 {
+		t.Fatalf("after the cancelled move ended: %v, want node 6's replica drained", again)
+	}
+	// A cancelled move counts against the bound: with MovesMax 1 and one
+	// cancelled move running, nothing else starts either.
+	reg = loopRegion(6, 2)
+	reg.Nodes[0].State = Draining // node 1 holds both ranges
+	l = NewLoop(LoopConfig{MovesMax: 1, DeadAfter: time.Minute})
+	if ms, _ := l.Next(time.Unix(0, 0), reg); len(ms) != 1 {
+		t.Fatalf("bound 1: %v", ms)
+	}
+	l.Reset()
+	if ms, _ := l.Next(time.Unix(1, 0), reg); len(ms) != 0 {
+		t.Fatalf("bound 1 with a cancelled move running: %v", ms)
+	}
+}

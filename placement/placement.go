@@ -9,9 +9,15 @@
 //
 // The rules, in order of priority:
 //
-//  1. Repair. A range with a replica on a dead or decommissioned node, or
-//     with fewer replicas than its replication factor, gets a replacement
-//     first; the ranges with the fewest live replicas go first.
+//  1. Repair. A range with more voters than its replication factor (two
+//     moves of it that overlapped, or one made by hand) loses one: the
+//     one on a dead or decommissioned node, else on a draining one, else
+//     on the live node holding the most replicas (a voter in a doubled
+//     zone first, the range's leader last: its removal hands leadership
+//     off first), never going below the factor. A range with a replica on
+//     a dead or decommissioned node, or with fewer replicas than its
+//     replication factor, gets a replacement; the ranges with the fewest
+//     live replicas go first.
 //  2. Drain. A replica on a draining node moves to a live one.
 //  3. Spread. A range whose replicas span fewer zones than the live nodes
 //     offer moves a replica out of a doubled zone into an unused one.
@@ -118,9 +124,12 @@ const (
 	Spread
 	// Balance evens out the replicas per node.
 	Balance
+	// Excess removes a voter beyond the range's replication factor (a
+	// move with no To).
+	Excess
 )
 
-var reasonNames = [...]string{"repair", "drain", "spread", "balance"}
+var reasonNames = [...]string{"repair", "drain", "spread", "balance", "excess"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -131,7 +140,8 @@ func (r Reason) String() string {
 
 // Move replaces one replica of a range: add To (as a learner that catches
 // up, then a voter), then remove From (0: nothing to remove, a missing
-// replica is added).
+// replica is added). A move with To 0 (Reason Excess) only removes From,
+// a voter beyond the range's replication factor.
 type Move struct {
 	Range  RangeID
 	From   uint64

@@ -18,7 +18,10 @@ func apply(reg *Region, moves []Move, transfers []Transfer) {
 	}
 	for _, m := range moves {
 		r := &reg.Ranges[at[m.Range]]
-		r.Replicas = append(without(r.Replicas, m.From), m.To)
+		r.Replicas = without(r.Replicas, m.From)
+		if m.To != 0 {
+			r.Replicas = append(r.Replicas, m.To)
+		}
 		if r.Leader == m.From {
 			r.Leader = m.To
 		}
@@ -361,5 +364,59 @@ func TestChooseEachSpreads(t *testing.T) {
 	}
 	if _, err := ChooseEach(reg, 5, 1); !errors.Is(err, ErrNotEnoughNodes) {
 		t.Fatalf("rf 5 on 4 live nodes: %v", err)
+	}
+}
+
+// TestPlanRemovesExcessVoter: a range left with more voters than its
+// replication factor (two moves of it that overlapped) loses one, and
+// only one per plan: the one on a dead node before a draining one, a
+// draining one before a live one, among live ones not the leader and the
+// most loaded; planning on never takes it below the factor. It fails if
+// the planner leaves an over-replicated range alone.
+func TestPlanRemovesExcessVoter(t *testing.T) {
+	nodes := []Node{{ID: 1}, {ID: 2}, {ID: 3}, {ID: 4}, {ID: 5}, {ID: 6}}
+	rng := func(leader uint64, replicas ...uint64) Range {
+		return Range{ID: RangeID{"s", 0}, Replicas: replicas, Leader: leader, ReplicationFactor: 3}
+	}
+	// Extra ranges that make node 5 the most loaded live node.
+	filler := []Range{
+		{ID: RangeID{"f", 0}, Replicas: []uint64{1, 5, 6}, Leader: 1, ReplicationFactor: 3},
+		{ID: RangeID{"f", 1}, Replicas: []uint64{3, 5, 6}, Leader: 3, ReplicationFactor: 3},
+	}
+	cases := []struct {
+		name  string
+		state map[uint64]NodeState
+		r     Range
+		want  uint64
+	}{
+		{"draining goes first", map[uint64]NodeState{6: Draining}, rng(2, 2, 3, 4, 5, 6), 6},
+		{"dead before draining", map[uint64]NodeState{6: Draining, 3: Dead}, rng(2, 2, 3, 4, 5, 6), 3},
+		{"decommissioned before draining", map[uint64]NodeState{6: Draining, 4: Decommissioned}, rng(2, 2, 4, 5, 6), 4},
+		{"the most loaded live node", nil, rng(2, 2, 3, 4, 5), 5},
+		{"not the leader while another will do", nil, rng(5, 2, 3, 4, 5), 3},
+		{"the leader if it is the draining one", map[uint64]NodeState{6: Draining}, rng(6, 2, 3, 4, 6), 6},
+	}
+	for _, c := range cases {
+		reg := Region{Nodes: slices.Clone(nodes), Ranges: append([]Range{c.r}, filler...)}
+		for i := range reg.Nodes {
+			reg.Nodes[i].State = c.state[reg.Nodes[i].ID]
+		}
+		ms := Plan(reg, Config{MovesMax: 4})
+		if len(ms) == 0 || ms[0] != (Move{Range: c.r.ID, From: c.want, Reason: Excess}) {
+			t.Fatalf("%s: %v, want the removal of node %d", c.name, ms, c.want)
+		}
+		for _, m := range ms[1:] {
+			if m.Range == c.r.ID {
+				t.Fatalf("%s: a second move of the range in one plan: %v", c.name, ms)
+			}
+		}
+	}
+	// Five voters, factor three: two plans remove two, then nothing more.
+	reg := Region{Nodes: slices.Clone(nodes), Ranges: []Range{rng(1, 1, 2, 3, 4, 5)}}
+	for i := 0; i < 4; i++ {
+		apply(&reg, Plan(reg, Config{MovesMax: 4}), nil)
+	}
+	if got := reg.Ranges[0].Replicas; len(got) != 3 {
+		t.Fatalf("five voters of factor three planned down to %v", got)
 	}
 }

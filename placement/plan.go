@@ -7,7 +7,8 @@ import (
 )
 
 // Plan returns the next replica moves for reg, at most cfg.MovesMax, in the
-// order of the package doc's rules: repairs, then drains, then balance.
+// order of the package doc's rules: repairs (an excess voter removed
+// first), then drains, then balance.
 // Applying every move of a plan and planning again converges: each balance
 // move narrows the gap between the fullest and the emptiest live node, and
 // a plan is empty once the replicas per live node differ by at most one
@@ -21,6 +22,7 @@ func Plan(reg Region, cfg Config) []Move {
 			p.touched[r.ID] = true
 		}
 	}
+	p.excess(ranges)
 	p.repair(ranges)
 	p.drain(ranges)
 	p.spread(ranges)
@@ -60,6 +62,55 @@ func (l *load) liveReplicas(r Range) int {
 		}
 	}
 	return n
+}
+
+// excess removes one voter of each range that holds more than its
+// replication factor (never going below it): which one, excessVoter says.
+func (p *planner) excess(ranges []Range) {
+	for _, r := range ranges {
+		if p.full() {
+			return
+		}
+		if p.touched[r.ID] || r.ReplicationFactor < 1 || len(r.Replicas) <= r.ReplicationFactor {
+			continue
+		}
+		if from := p.l.excessVoter(r); from != 0 {
+			p.add(r, from, 0, Excess)
+		}
+	}
+}
+
+// excessVoter returns the voter of r to remove first: one on a dead or
+// decommissioned node, then on a draining one, then on a live one; among
+// those, not r's leader (its removal hands leadership off first, a pause
+// the others do not cost), then one in a zone holding two or more of r's
+// voters, then the node holding the most replicas, then the highest id.
+func (l *load) excessVoter(r Range) uint64 {
+	perZone := map[string]int{}
+	for _, id := range r.Replicas {
+		perZone[l.nodes[id].Zone]++
+	}
+	stateRank := func(id uint64) int {
+		switch l.state(id) {
+		case Dead, Decommissioned:
+			return 0
+		case Draining:
+			return 1
+		}
+		return 2
+	}
+	// key orders candidates: the smallest key goes.
+	key := func(id uint64) []int64 {
+		return []int64{int64(stateRank(id)), int64(boolInt(id == r.Leader)), int64(boolInt(perZone[l.nodes[id].Zone] < 2)),
+			-int64(l.replicas[id]), -int64(id)}
+	}
+	var best uint64
+	for _, id := range r.Replicas {
+		if best == 0 || slices.Compare(key(id), key(best)) < 0 {
+			best = id
+		}
+	}
+	return best
 }
 
 // repair replaces replicas on dead or decommissioned nodes and adds

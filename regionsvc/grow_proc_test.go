@@ -3,6 +3,8 @@ package regionsvc_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,12 +19,15 @@ import (
 // keyed records to it; nodes 4, 5 and 6 join, one after another, with
 // nothing but --join. The rebalancer moves replicas onto them and leader
 // balancing moves leaders, until every node holds replicas and leaders
-// within 20% of an even share and every range has three voters. Then the
-// producer stops: no append failed, and reading every range back from
-// offset 0 finds each acknowledged record exactly once, at the offset its
-// ack named. It fails if the new nodes stay empty, a share stays uneven,
-// a move loses or duplicates a record, or an append fails while replicas
-// move.
+// within 20% of an even share and every range has three voters. Then node
+// 6 drains, still under the producer, until every range has three voters
+// none on it, and is decommissioned. Then the producer stops: no append
+// failed, and reading every range back from offset 0 finds each
+// acknowledged record exactly once, at the offset its ack named. It fails
+// if the new nodes stay empty, a share stays uneven, a drain leaves a
+// range with more or fewer than three voters or ever gives one five (two
+// moves of it at once), a move loses or duplicates a record, or an append
+// fails while replicas move.
 func TestRegionGrowsThreeToSixProc(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-process test")
@@ -63,11 +68,83 @@ func TestRegionGrowsThreeToSixProc(t *testing.T) {
 		return ok
 	})
 	t.Logf("even over six nodes %v after the last join", time.Since(joined).Round(time.Second))
+	drainAndDecommission(t, ctx, admins, "grow", ranges, 6)
 	acked := prod.stop(t)
 	if len(acked) < 200 {
 		t.Fatalf("only %d records acked while the region grew", len(acked))
 	}
 	checkEachAckedOnce(t, ctx, procs, alice, "grow", ranges, acked)
+}
+
+// drainAndDecommission drains node id (SetNodeState DRAINING) and waits
+// until every range of stream has exactly three voters, none on id, and
+// no learner; it fails if a range is ever seen with five voters (a move
+// has four for a moment: the new voter is promoted before the old one
+// goes; five is two moves of one range at once). Then it decommissions
+// id, asking again while the region refuses (a learner not yet removed).
+func drainAndDecommission(t *testing.T, ctx context.Context, admins []geologv1.AdminClient, stream string, ranges uint32, id uint64) {
+	t.Helper()
+	setState := func(st geologv1.NodeState) error {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := admins[0].SetNodeState(sctx, &geologv1.SetNodeStateRequest{NodeId: id, State: st})
+		return err
+	}
+	if err := setState(geologv1.NodeState_NODE_STATE_DRAINING); err != nil {
+		t.Fatalf("drain node %d: %v", id, err)
+	}
+	start := time.Now()
+	var last string
+	waitFor(t, ctx, fmt.Sprintf("every range on three voters, none on node %d", id), func() bool {
+		ok, state := drained(ctx, admins, stream, ranges, id)
+		if state != last {
+			t.Logf("drain: %s", state)
+			last = state
+		}
+		if strings.Contains(state, "voters at once") {
+			t.Fatalf("drain: %s", state)
+		}
+		return ok
+	})
+	t.Logf("node %d drained in %v", id, time.Since(start).Round(10*time.Millisecond))
+	var lastErr string
+	waitFor(t, ctx, fmt.Sprintf("node %d decommissioned", id), func() bool {
+		err := setState(geologv1.NodeState_NODE_STATE_DECOMMISSIONED)
+		if err != nil && err.Error() != lastErr {
+			t.Logf("decommission of node %d: %v", id, err)
+			lastErr = err.Error()
+		}
+		return err == nil
+	})
+	t.Logf("node %d decommissioned", id)
+}
+
+// drained reports whether every range of stream has exactly three voters,
+// none on node id, and no learner, with a summary of the first range
+// that has not (naming a range seen with five or more voters so: "voters
+// at once").
+func drained(ctx context.Context, admins []geologv1.AdminClient, stream string, ranges uint32, id uint64) (bool, string) {
+	for r := uint32(0); r < ranges; r++ {
+		d, err := describeAtLeader(ctx, admins, stream, r)
+		if err != nil {
+			return false, fmt.Sprintf("range %d: %v", r, err)
+		}
+		var voters, learners []uint64
+		for _, rs := range d.GetReplicas() {
+			if rs.GetRole() == "voter" {
+				voters = append(voters, rs.GetNodeId())
+			} else {
+				learners = append(learners, rs.GetNodeId())
+			}
+		}
+		if len(voters) >= 5 {
+			return false, fmt.Sprintf("range %d had %d voters at once: %v", r, len(voters), voters)
+		}
+		if len(voters) != 3 || len(learners) > 0 || slices.Contains(voters, id) {
+			return false, fmt.Sprintf("range %d: voters %v learners %v", r, voters, learners)
+		}
+	}
+	return true, "drained"
 }
 
 // describeAtLeader describes range r of stream at its leader.

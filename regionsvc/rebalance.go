@@ -36,6 +36,21 @@ import (
 //     cancelled and forgotten; the next leader resumes from the ranges'
 //     Raft configurations (a learner nothing owns is removed).
 //
+// At most one move per range at a time (issue 12: two moves of node 6's
+// replica of one range, 6->4 and 6->5, once left it with four voters):
+//
+//   - on this node, across its leaderships: a cancelled move's range
+//     takes no new move until the move's task has ended (each end is
+//     reported to the loop whichever leadership started it;
+//     placement.Loop.Reset);
+//   - across nodes (an old catalogue leader's move still running while
+//     the new one plans): each move carries the voters it was planned
+//     from (replicamove.Config.Planned) and adds or promotes its learner
+//     only while the range is as planned, so of two overlapping moves
+//     at most one promotes;
+//   - and a range that still ends with more voters than its factor (a
+//     change made by hand) loses the excess one (placement's Excess).
+//
 // Nothing new is recorded in the catalogue for a move. Decommission of a
 // node that still holds replicas drains it and is refused until it is
 // empty (rebalance_admin.go). Snapshots to a catching-up learner go
@@ -100,9 +115,10 @@ type rebalancer struct {
 	cfg    RebalanceConfig
 	logger hclog.Logger
 	loop   *placement.Loop
-	// ended receives the range of each move or cleanup that ended; gen
-	// counts the leaderships, so that the end of a move of an earlier one
-	// does not free a slot of the current one.
+	// ended receives the range of each move or cleanup that ended, of
+	// this leadership or an earlier one (the loop keeps a cancelled
+	// move's range until its end: one move per range); gen counts the
+	// leaderships.
 	ended chan moveEnd
 	gen   uint64
 	// cancelMoves cancels the moves of the current leadership (nil: not
@@ -113,7 +129,8 @@ type rebalancer struct {
 
 	mu     sync.Mutex
 	status rebalanceStatus
-	// peakMoves is the most moves and cleanups ever under way at once;
+	// peakMoves is the most moves and cleanups ever under way at once
+	// (cancelled ones still running included);
 	// movesDone and movesFailed count the moves ended.
 	peakMoves, movesDone, movesFailed atomic.Int64
 	// pending is the leader transfers under way (loop goroutine,
@@ -183,14 +200,19 @@ func (rb *rebalancer) run(ctx context.Context) {
 			rb.stopLeading()
 			return
 		case e := <-rb.ended:
-			if e.gen == rb.gen {
-				// A slot is free: plan at once rather than wait up to
-				// an interval (a drain of many ranges goes at the pace
-				// of its moves, not of the rounds).
-				rb.loop.Done(e.id)
-				rb.changed[e.id] = true
-				rb.round(ctx)
+			// Every end goes to the loop, whichever leadership started
+			// the move: until a cancelled move has ended, its range
+			// takes no new one (placement.Loop.Reset), since it may
+			// still have a membership change on its way.
+			if e.gen != rb.gen {
+				rb.logger.Debug("a move of an earlier leadership ended", "range", e.id.String())
 			}
+			rb.loop.Done(e.id)
+			rb.changed[e.id] = true
+			// A slot is free: plan at once rather than wait up to an
+			// interval (a drain of many ranges goes at the pace of its
+			// moves, not of the rounds).
+			rb.round(ctx)
 		case <-t.C:
 			rb.round(ctx)
 		}
@@ -220,14 +242,20 @@ func (rb *rebalancer) round(ctx context.Context) {
 		return
 	}
 	moves, cleanups := rb.loop.Next(now, reg)
-	for _, m := range moves {
-		rb.startMove(m)
+	if len(moves) > 0 {
+		planned := make(map[placement.RangeID]placement.Range, len(reg.Ranges))
+		for _, r := range reg.Ranges {
+			planned[r.ID] = r
+		}
+		for _, m := range moves {
+			rb.startMove(m, planned[m.Range])
+		}
 	}
 	for _, c := range cleanups {
 		rb.startCleanup(c)
 	}
 	rb.balanceLeaders(ctx, now, reg) // leaders.go
-	rb.peakMoves.Store(max(rb.peakMoves.Load(), int64(rb.loop.Busy())))
+	rb.peakMoves.Store(max(rb.peakMoves.Load(), int64(rb.loop.Busy()+rb.loop.Cancelled())))
 	rb.mu.Lock()
 	rb.status.snapshot, rb.status.haveSnap = rb.loop.Overlay(now, reg), true
 	rb.mu.Unlock()

@@ -26,7 +26,7 @@ func (rb *rebalancer) registerMetrics(mp metric.MeterProvider) error {
 	var rm rebalanceMetrics
 	var err error
 	if rm.moves, err = m.Int64Counter("geolog.rebalance.moves",
-		metric.WithDescription("replica moves the rebalancer ended, by reason (repair, drain, spread, balance) and outcome (done, failed)"),
+		metric.WithDescription("replica moves the rebalancer ended, by reason (repair, drain, spread, balance, excess) and outcome (done, failed)"),
 		metric.WithUnit("{move}")); err != nil {
 		return err
 	}

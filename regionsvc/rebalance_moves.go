@@ -3,6 +3,7 @@ package regionsvc
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/geolog/geolog/internal/replicamove"
@@ -13,17 +14,21 @@ import (
 
 func raftnetID(id uint64) raftnet.NodeID { return raftnet.NodeID(id) }
 
-// startMove runs move m in a task of the node's stopper, under the
-// current leadership's context; its end goes to rb.ended.
-func (rb *rebalancer) startMove(m placement.Move) {
-	rb.logger.Info("moving replica", "range", m.Range.String(), "from", m.From, "to", m.To, "reason", m.Reason.String())
+// startMove runs move m, planned from range r as the round's snapshot
+// saw it, in a task of the node's stopper, under the current leadership's
+// context; its end goes to rb.ended.
+func (rb *rebalancer) startMove(m placement.Move, r placement.Range) {
+	if m.To == 0 {
+		rb.logger.Info("removing an excess voter", "range", m.Range.String(), "from", m.From, "voters", r.Replicas, "reason", m.Reason.String())
+	} else {
+		rb.logger.Info("moving replica", "range", m.Range.String(), "from", m.From, "to", m.To, "reason", m.Reason.String())
+	}
 	lctx, gen := rb.leaderCtx, rb.gen
 	ok := rb.n.tasks.Go(func(sctx context.Context) {
 		ctx, cancel := context.WithTimeout(lctx, rb.cfg.MoveTimeout)
 		defer cancel()
 		start := time.Now()
-		admin := &rangeRouter{n: rb.n, stream: m.Range.Stream, r: m.Range.Range}
-		err := replicamove.Replace(ctx, admin, m.From, m.To, replicamove.Config{LagEntriesMax: moveCatchUpLagEntriesMax})
+		err := rb.runMove(ctx, m, r)
 		if err != nil {
 			rb.logger.Warn("replica move failed", "range", m.Range.String(), "from", m.From, "to", m.To, "error", err)
 		} else {
@@ -40,6 +45,19 @@ func (rb *rebalancer) startMove(m placement.Move) {
 	if !ok {
 		rb.loop.Done(m.Range)
 	}
+}
+
+// runMove carries out m at the range leader: an excess voter's removal
+// (never below r's replication factor), or a replacement that goes on
+// only while the range has the voters r had when m was planned
+// (replicamove.Config.Planned: another move of the range, by an earlier
+// leadership or another node, stops it before it adds a voter too many).
+func (rb *rebalancer) runMove(ctx context.Context, m placement.Move, r placement.Range) error {
+	admin := &rangeRouter{n: rb.n, stream: m.Range.Stream, r: m.Range.Range}
+	if m.To == 0 {
+		return replicamove.Remove(ctx, admin, m.From, r.ReplicationFactor, replicamove.Config{})
+	}
+	return replicamove.Replace(ctx, admin, m.From, m.To, replicamove.Config{LagEntriesMax: moveCatchUpLagEntriesMax, Planned: slices.Clone(r.Replicas)})
 }
 
 // end reports to the loop goroutine that a move or cleanup of leadership

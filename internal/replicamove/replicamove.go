@@ -39,6 +39,18 @@ type Config struct {
 	OnChange func(change geologv1.ReplicaChange, node uint64, resp *geologv1.ChangeReplicasResponse)
 	// OnCaughtUp, if set, is told when the learner caught up.
 	OnCaughtUp func(node uint64, took time.Duration)
+	// Planned, if set, are the range's voters the move was planned from
+	// (the rebalancer's snapshot). Replace then adds the learner only while
+	// the range still has exactly these voters and no learner, promotes it
+	// only while the range has these voters and no other learner, and
+	// removes the old voter only if as many voters as Planned remain; else
+	// it stops with ErrConfigChanged (removing its own learner, if it added
+	// one). Another move of the same range, started by another catalogue
+	// leader, an earlier leadership of this one or by hand, changed the
+	// range since: of two moves that overlap, at most one promotes, so the
+	// range never gains a voter too many. nil: no check (the CLI's replace
+	// works on the range as it is).
+	Planned []uint64
 }
 
 // Step names where a move is.
@@ -98,21 +110,31 @@ func Replace(ctx context.Context, a Admin, from, to uint64, cfg Config) error {
 		return fmt.Errorf("%w: node %d is not a member of the range", ErrSourceGone, from)
 	}
 	if step == StepLearner {
+		if err := cfg.checkPlanned(d, 0); err != nil {
+			return err
+		}
 		if err := change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, to); err != nil {
 			return err
 		}
 		step = StepCatchUp
 	}
 	if step == StepCatchUp {
-		if err := waitCaughtUp(ctx, a, to, cfg); err != nil {
-			return err
-		}
-		if err := change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, to); err != nil {
+		if err := catchUpAndPromote(ctx, a, to, cfg); err != nil {
 			return err
 		}
 		step = StepRemove
 	}
 	if step == StepRemove && from != 0 {
+		if cfg.Planned != nil {
+			if d, err = a.Describe(ctx); err != nil {
+				return err
+			}
+			if n := len(voters(d)); n <= len(cfg.Planned) && isMember(d, from) {
+				// Another move removed a voter meanwhile: removing from too
+				// would leave the range below what it was planned with.
+				return fmt.Errorf("%w: %d voters %v, planned from %v", ErrConfigChanged, n, voters(d), cfg.Planned)
+			}
+		}
 		// Removing the range leader itself: the leader hands leadership
 		// to another voter first and answers NOT_LEADER, which Admin
 		// retries at the new leader (regionsvc/admin.go).
@@ -125,14 +147,119 @@ func Replace(ctx context.Context, a Admin, from, to uint64, cfg Config) error {
 // and whose target is not one yet, is refused before it adds anything.
 var ErrSourceGone = errors.New("replicamove: the move's source is gone")
 
+// ErrConfigChanged: the range's voters or learners are no longer those the
+// move was planned from (Config.Planned); the caller plans again.
+var ErrConfigChanged = errors.New("replicamove: the range's configuration changed since the move was planned")
+
+// catchUpAndPromote waits for learner to to catch up, checks the range
+// against cfg.Planned (removing to if it no longer holds) and promotes
+// it.
+func catchUpAndPromote(ctx context.Context, a Admin, to uint64, cfg Config) error {
+	d, err := waitCaughtUp(ctx, a, to, cfg)
+	if err != nil {
+		return err
+	}
+	if err := cfg.checkPlanned(d, to); err != nil {
+		// Another move's learner or voter arrived beside this one: this
+		// move stops, and takes its learner off (best effort: a learner
+		// left behind is removed by the rebalancer's cleanup). Never a
+		// voter: if to is one, another move promoted it.
+		if !slices.Contains(learners(d), to) {
+			return err
+		}
+		if _, rerr := a.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, to); rerr != nil {
+			return errors.Join(err, fmt.Errorf("replicamove: removing learner %d: %w", to, rerr))
+		}
+		return err
+	}
+	return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, to)
+}
+
+// checkPlanned returns ErrConfigChanged unless d's voters are cfg.Planned
+// and its learners are exactly learner (0: none); nil if no Planned.
+func (cfg Config) checkPlanned(d *geologv1.DescribeReplicasResponse, learner uint64) error {
+	if cfg.Planned == nil {
+		return nil
+	}
+	var want []uint64
+	if learner != 0 {
+		want = []uint64{learner}
+	}
+	vs, ls := voters(d), learners(d)
+	if !sameSet(vs, cfg.Planned) || !sameSet(ls, want) {
+		return fmt.Errorf("%w: voters %v learners %v, planned from voters %v", ErrConfigChanged, vs, ls, cfg.Planned)
+	}
+	return nil
+}
+
+// Remove removes voter from of the range, planned as a voter beyond its
+// replication factor: only while the range keeps at least votersMin
+// voters without it (else ErrConfigChanged). A range from is no longer a
+// member of is left as it is (nil). Removing the range leader hands
+// leadership off first, as in Replace.
+func Remove(ctx context.Context, a Admin, from uint64, votersMin int, cfg Config) error {
+	d, err := a.Describe(ctx)
+	if err != nil {
+		return err
+	}
+	if !isMember(d, from) {
+		return nil
+	}
+	if vs := voters(d); slices.Contains(vs, from) && len(vs)-1 < votersMin {
+		return fmt.Errorf("%w: removing node %d would leave %d voters, fewer than %d", ErrConfigChanged, from, len(vs)-1, votersMin)
+	}
+	return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+}
+
+// applied reports whether d shows change c of node made.
+func applied(d *geologv1.DescribeReplicasResponse, c geologv1.ReplicaChange, node uint64) bool {
+	switch c {
+	case geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER:
+		return slices.Contains(learners(d), node)
+	case geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE:
+		return slices.Contains(voters(d), node)
+	case geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE:
+		return !isMember(d, node)
+	}
+	return false
+}
+
+func voters(d *geologv1.DescribeReplicasResponse) []uint64   { return role(d, "voter") }
+func learners(d *geologv1.DescribeReplicasResponse) []uint64 { return role(d, "learner") }
+
+func role(d *geologv1.DescribeReplicasResponse, want string) []uint64 {
+	var out []uint64
+	for _, r := range d.GetReplicas() {
+		if r.GetRole() == want {
+			out = append(out, r.GetNodeId())
+		}
+	}
+	return out
+}
+
+func sameSet(a, b []uint64) bool {
+	return slices.Equal(slices.Compact(slices.Sorted(slices.Values(a))), slices.Compact(slices.Sorted(slices.Values(b))))
+}
+
 func isMember(d *geologv1.DescribeReplicasResponse, node uint64) bool {
 	return slices.ContainsFunc(d.GetReplicas(), func(r *geologv1.ReplicaStatus) bool { return r.GetNodeId() == node })
 }
 
+// change makes one membership change. A call that failed while its
+// change was on its way (timed out, retried by Admin and then refused:
+// "not a learner", "not a member") may have applied all the same: if the
+// range as its leader now describes it shows the change made, it counts as
+// made. Reporting it failed would fail the move with its work done, and
+// the move planned again from there is how a range once got a fifth
+// voter.
 func change(ctx context.Context, a Admin, cfg Config, c geologv1.ReplicaChange, node uint64) error {
 	resp, err := a.Change(ctx, c, node)
 	if err != nil {
-		return err
+		d, derr := a.Describe(ctx)
+		if derr != nil || !applied(d, c, node) {
+			return err
+		}
+		resp = &geologv1.ChangeReplicasResponse{Voters: voters(d), Learners: learners(d)}
 	}
 	if cfg.OnChange != nil {
 		cfg.OnChange(c, node, resp)
@@ -141,8 +268,8 @@ func change(ctx context.Context, a Admin, cfg Config, c geologv1.ReplicaChange, 
 }
 
 // waitCaughtUp polls the leader until the learner to is within
-// cfg.LagEntriesMax of its last index.
-func waitCaughtUp(ctx context.Context, a Admin, to uint64, cfg Config) error {
+// cfg.LagEntriesMax of its last index, and returns the last description.
+func waitCaughtUp(ctx context.Context, a Admin, to uint64, cfg Config) (*geologv1.DescribeReplicasResponse, error) {
 	poll := cfg.PollInterval
 	if poll <= 0 {
 		poll = 100 * time.Millisecond
@@ -151,21 +278,21 @@ func waitCaughtUp(ctx context.Context, a Admin, to uint64, cfg Config) error {
 	for {
 		d, err := a.Describe(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		i := slices.IndexFunc(d.GetReplicas(), func(r *geologv1.ReplicaStatus) bool { return r.GetNodeId() == to })
 		if i < 0 {
-			return fmt.Errorf("replicamove: node %d is no longer a member of the range", to)
+			return nil, fmt.Errorf("replicamove: node %d is no longer a member of the range", to)
 		}
 		if CaughtUp(d, d.Replicas[i], cfg.LagEntriesMax) {
 			if cfg.OnCaughtUp != nil {
 				cfg.OnCaughtUp(to, time.Since(start))
 			}
-			return nil
+			return d, nil
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(poll):
 		}
 	}
