@@ -27,6 +27,9 @@ func (n *Node) fetch(ctx context.Context, req *geologv1.FetchRequest, send func(
 		return err
 	}
 	rd, err := n.rangeOf(ctx, req.GetStream(), req.GetRange())
+	if err == nil {
+		err = rd.readable()
+	}
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,9 @@ import (
 // records, that producers spread over every range.
 func (n *Node) readRangeOf(ctx context.Context, stream string, r uint32, key []byte) (*rangeDriver, error) {
 	rd, err := n.rangeOf(ctx, stream, r)
+	if err == nil {
+		err = rd.readable()
+	}
 	if err != nil || len(key) == 0 {
 		return rd, err
 	}
@@ -33,6 +36,19 @@ func (n *Node) readRangeOf(ctx context.Context, stream string, r uint32, key []b
 		return nil, apierr.New(apierr.InvalidArgument, "key %q belongs to range %d of stream %q, not range %d", clip(key), want, stream, r)
 	}
 	return rd, nil
+}
+
+// readable refuses a read of a range this node holds no replica of
+// (rangeDriver.noReplica): its store is empty, or a copy left from before
+// its replica moved away, so answering from it would show a reader a log
+// shorter than one it read elsewhere. NOT_LEADER, retriable, as Kafka's
+// NOT_LEADER_OR_FOLLOWER: the SDK reads at its next address.
+func (d *rangeDriver) readable() error {
+	if d == nil || !d.noReplica.Load() {
+		return nil
+	}
+	return apierr.New(apierr.NotLeader, "stream %s range %d: this node holds no replica of the range; read at one of its replicas",
+		d.cfg.stream, d.cfg.rangeID)
 }
 
 // clip shortens a key for an error message.

@@ -3,26 +3,26 @@ package regionsvc
 import (
 	"context"
 	"fmt"
-	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	"github.com/geolog/geolog/keyspace"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
 // TestReadAtNonReplicaNode: in a region of more nodes than the
 // replication factor, a read of a range at a node that holds no replica
-// of it must not answer an empty log: it serves the records or refuses
-// (a typed error a client retries elsewhere). Found by splitfwd
-// (notes/splitfwd.md "Left"): node 4 of each 4-node region answers 0
-// records, next offset 0, no error, for a range holding 30, so a reader
-// that moves to it sees the log go backwards, and an SDK subscriber given
-// every address of the region stalls. Skipped until read routing is
-// fixed; run with GEOLOG_NONREPLICA_READ=1.
+// of it must not answer an empty log (a reader that moved there would see
+// the log go backwards; found by splitfwd): it refuses with a retriable
+// NOT_LEADER, and an SDK subscriber given that node's address first reads
+// every record from a replica.
 func TestReadAtNonReplicaNode(t *testing.T) {
-	if testing.Short() || os.Getenv("GEOLOG_NONREPLICA_READ") == "" {
-		t.Skip("known gap (notes/splitfwd.md): set GEOLOG_NONREPLICA_READ=1")
+	if testing.Short() {
+		t.Skip("multi-region cluster")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -48,12 +48,30 @@ func TestReadAtNonReplicaNode(t *testing.T) {
 	})
 	for _, region := range w.regions {
 		spec, _ := w.nodes[region][1].streamSpec("nr")
+		var outside uint64
 		for id, c := range w.conns[region] {
 			res, err := c.Read(ctx, &geologv1.ReadRequest{Stream: "nr", Range: r, FromOffset: 0, MaxRecords: 100})
-			if err == nil && len(res.GetRecords()) != count {
+			member := slices.Contains(spec.replicasOf(r), id)
+			switch {
+			case err == nil && len(res.GetRecords()) == count:
+			case err == nil:
 				t.Errorf("%s node %d (replicas %v): read at 0 answered %d records, next offset %d, no error; the range holds %d",
 					region, id, spec.replicasOf(r), len(res.GetRecords()), res.GetNextOffset(), count)
+			case member || rpcerr.CodeOf(err) != apierr.NotLeader || !rpcerr.IsRetriable(err):
+				t.Errorf("%s node %d (replicas %v): %v", region, id, spec.replicasOf(r), err)
+			default:
+				outside = id
 			}
 		}
+		if outside == 0 {
+			t.Fatalf("%s: no node refused the read; replicas %v of %d nodes", region, spec.replicasOf(r), w.size)
+		}
+		addrs := []string{w.addrs[region][outside]}
+		for id := uint64(1); id <= uint64(w.size); id++ {
+			if id != outside {
+				addrs = append(addrs, w.addrs[region][id])
+			}
+		}
+		subscribeAt(t, ctx, strings.Join(addrs, ","), "nr", r).waitFor(t, ctx, count)
 	}
 }

@@ -146,6 +146,12 @@ type rangeDriver struct {
 	// the tasks' heartbeats carry (reading the manager from a task's
 	// goroutine would deadlock against a reconcile that waits for it).
 	taskFloor atomic.Uint64
+	// noReplica is set while this node's replica is neither a voter nor a
+	// learner of the range's Raft group, as it last applied its
+	// configuration (a node of a region larger than the replication
+	// factor, or one whose replica moved away): its store is not the
+	// range's log, so reads are refused (readable).
+	noReplica atomic.Bool
 	// roleP is the range's current home (see homing.go); never nil after
 	// open.
 	roleP atomic.Pointer[rangeRole]

@@ -463,6 +463,11 @@ func (d *rangeDriver) releaseAcks() {
 // runs after every Ready cycle, and before an ack is sent (propose), so
 // that a reader who was told of a record finds it.
 func (d *rangeDriver) publishCommitted() {
+	if id := d.cfg.repl.nodeID; d.rep.IsVoter() || d.rep.HasLearner(id) {
+		d.noReplica.Store(false)
+	} else if !d.noReplica.Load() {
+		d.noReplica.Store(true)
+	}
 	d.publishSplitEnd() // before readers see the marker's offset committed
 	if !d.splitSeen.Load() && d.rep.SplitPending() {
 		d.splitSeen.Store(true)

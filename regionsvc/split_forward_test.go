@@ -12,6 +12,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/client"
+	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/keyspace"
 	"github.com/geolog/geolog/pki"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
@@ -38,7 +39,13 @@ func TestSplitMirroredCatalogueWithoutReplica(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	w := newWorld(t, []string{"us", "eu"}, 4, 10*time.Millisecond, 0)
+	// The stream's ranges are homed in both regions: their splits are
+	// ordered by the lease store (split_reserve.go claimSplit).
+	store := homing.NewMemStore()
+	w := newWorldWith(t, []string{"us", "eu"}, 4, 10*time.Millisecond, 0, nil, func(_ string, _ uint64, cfg *Config) {
+		cfg.LeaseStore, cfg.LeaseTTL, cfg.LeaseHeartbeat, cfg.MaxClockOffset = store, testLeaseTTL, testLeaseHeartbeat, testMaxClockOffset
+		cfg.FailoverDisabled = true
+	})
 	homes := createGeoStream(t, ctx, w, "sf", 8)
 	r, outsider := pickCatalogueOutsider(t, ctx, w, "eu", "sf", homes)
 	moveCatalogueLeader(t, ctx, w, "eu", outsider)
