@@ -46,6 +46,7 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 		return 0, nil
 	}
 	r.shareFloor()
+	r.saveLeaderFloor() // floor.go
 	if r.rn.HasReady() || r.forkPending() {
 		return 0, nil
 	}

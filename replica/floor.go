@@ -36,7 +36,10 @@ import (
 // arrives), so a restarted follower holds to it until its leader's next
 // floor message: found by the simulator with floors set on leaders only
 // (seeds 45 and 169 of the minute runs, a follower restarted and
-// compacting before it heard its leader's floor again). A replica that
+// compacting before it heard its leader's floor again). A leader keeps
+// its own floor there the same way (saveLeaderFloor, keepSharedFloor): one
+// that crashes never steps down, and restarted as a follower it holds to
+// the floor it had (seed 743 of the minute runs). A replica that
 // never heard a floor (a new one, installed by a snapshot) compacts by
 // retention alone until it does.
 //
@@ -144,11 +147,39 @@ func (r *Replica) noteFloor(offset uint64) {
 	}
 }
 
-// keepSharedFloor records the learned floor in the state (the caller
-// saves it).
+// keepSharedFloor records the floor to hold to after a restart in the
+// state (the caller saves it): a leader's own (its driver's), else the
+// learned one.
 func (r *Replica) keepSharedFloor() {
-	if f := &r.floorShare; f.learnedSet {
+	if r.isLeader && r.floorSet {
+		r.state.SharedFloor = r.floorOffset + 1
+	} else if f := &r.floorShare; f.learnedSet {
 		r.state.SharedFloor = f.learned + 1
+	}
+}
+
+// saveLeaderFloor saves a leader's own floor as the one to hold to after
+// a restart, at once when it is the first or below the saved one (the
+// saved one rises with every compaction point, keepSharedFloor). A
+// leader that crashes never steps down (stepDownFloor), and its driver's
+// floor was only in memory: restarted as a follower with no floor saved,
+// it compacted by retention alone before its new leader's first floor
+// message, deleting what a divergent mirror needed to fork at its epoch's
+// start (seed 743 of the minute runs: r0's leader of range 1, the home
+// at epoch 3 from 15, crashed at 6480 ms, restarted and compacted to 31 at
+// 6825; r1 then forked at 31, keeping its epoch-2 records [15, 31)).
+func (r *Replica) saveLeaderFloor() {
+	if !r.isLeader || !r.floorSet {
+		return
+	}
+	if s := r.state.SharedFloor; s != 0 && s-1 <= r.floorOffset {
+		return
+	}
+	prev := r.state
+	r.state.SharedFloor = r.floorOffset + 1
+	if err := r.cfg.State.Save(r.state); err != nil {
+		r.state = prev
+		r.logger.Warn("cannot save the compaction floor", "floor", r.floorOffset, "error", err)
 	}
 }
 

@@ -120,7 +120,6 @@ func TestLearnedFloorSurvivesRestart(t *testing.T) {
 // follower, it must hold to that floor until its new leader's first floor
 // message, not compact by retention alone (seed 743 of the minute runs).
 func TestLeaderFloorSurvivesRestart(t *testing.T) {
-	t.Skip("open product bug (notes/seeds.md, cause 3): saving the leader's floor fixes it but makes sim seed 486 fail, not triaged")
 	c := newClusterOpts(t, 3, 3, withCompaction(2000))
 	c.elect(1)
 	const floor = 9

@@ -55,10 +55,9 @@ func TestDownDivergentCopyKeepsFloor(t *testing.T) {
 // compacted by retention alone to 31 at 6825 ms, and r1, resent from 31,
 // forked there, keeping its epoch-2 records [15, 31): "region 1 node 1
 // range 1: forked at 31 to epoch 3, the range's epoch 3 starts at 15" at
-// 7155 ms. Fixed by a leader saving its own floor as the one to hold to
-// after a restart (cc975ef, reverted: seed 486 then fails; notes/seeds.md).
+// 7155 ms. A leader saves its own floor as the one to hold to after a
+// restart (replica floor.go saveLeaderFloor).
 func TestRestartedLeaderKeepsFloor(t *testing.T) {
-	t.Skip("open product bug (notes/seeds.md, cause 3): saving the leader's floor fixes it but makes seed 486 fail, not triaged")
 	if _, err := Run(Options{Seed: 743, Steps: 8000, Regions: 3}); err != nil {
 		t.Fatal(err)
 	}
