@@ -47,7 +47,7 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 	}
 	r.shareFloor()
 	r.saveLeaderFloor() // floor.go
-	if r.rn.HasReady() || r.forkPending() {
+	if r.rn.HasReady() || r.forkPending() || r.holdsAll() {
 		return 0, nil
 	}
 	cands, err := r.cfg.Log.RetentionCandidates()
