@@ -139,6 +139,32 @@ func TestLeaderFloorSurvivesRestart(t *testing.T) {
 	}
 }
 
+// TestLeaderLowerFloorSurvivesRestart: a leader whose driver's floor is
+// below the one it learned as a follower (floors fall when a takeover
+// lowers a mirror's resend point) and that crashes restarts holding to
+// its own, lower floor, not the learned one it saved before it led.
+func TestLeaderLowerFloorSurvivesRestart(t *testing.T) {
+	c := newClusterOpts(t, 3, 3, withCompaction(2000))
+	c.elect(2)
+	c.replicas[2].SetCompactionFloor(20, true)
+	c.compact(2) // node 1 learns and saves 20
+	c.transfer(1)
+	const floor = 9
+	c.replicas[1].SetCompactionFloor(floor, true)
+	c.compact(1)
+	c.proposeN(7, 0, 40, "a")
+	c.tick(2)
+	c.stop(1)
+	c.start(1)
+	if f, ok := c.replicas[1].LearnedCompactionFloor(); !ok || f != floor {
+		t.Fatalf("the leader restarted with learned floor %d (%v), want its own %d", f, ok, floor)
+	}
+	c.compact(1)
+	if start := c.logs[1].StartOffset(); start > floor {
+		t.Fatalf("the leader restarted and compacted to offset %d, past its floor %d", start, floor)
+	}
+}
+
 // TestUnheardFloorHoldsCompaction: a follower that has heard from no
 // leader whether there is a floor compacts nothing, and once it hears,
 // holds to the floor or, told there is none, compacts by retention.
