@@ -39,18 +39,16 @@ func (w *world) compact() {
 				// their leader shares (replica floor.go).
 				rep.SetCompactionFloor(w.geo.floor(r, n.region), rep.IsLeader() || w.opt.mut.floorEverywhere)
 			}
-			before := n.stores[r].StartOffset()
+			var before uint64
+			if w.tracing() {
+				before = n.stores[r].StartOffset()
+			}
 			if _, err := rep.Compact(); err != nil {
 				w.err = fmt.Errorf("%v range %d: compact: %w", n, r, err)
 				return
 			}
-			if after := n.stores[r].StartOffset(); after != before && w.tracing() {
-				f, ok := rep.LearnedCompactionFloor()
-				var floor uint64
-				if w.geo != nil {
-					floor = w.geo.floor(r, n.region)
-				}
-				w.tracef("%s range %d: compacted [%d, %d) (leader %v, sim floor %d, learned %d %v)", traceName(n), r, before, after, rep.IsLeader(), floor, f, ok)
+			if w.tracing() {
+				w.traceCompaction(n, r, before)
 			}
 		}
 	}

@@ -71,3 +71,19 @@ func (w *world) traceLeaders() {
 		}
 	}
 }
+
+// traceCompaction writes a line if node n's log of range r starts past
+// before now: with the floors the simulator and the replica hold to.
+func (w *world) traceCompaction(n *node, r int, before uint64) {
+	after := n.stores[r].StartOffset()
+	if after == before {
+		return
+	}
+	rep := n.replicas[r]
+	f, ok := rep.LearnedCompactionFloor()
+	var floor uint64
+	if w.geo != nil {
+		floor = w.geo.floor(r, n.region)
+	}
+	w.tracef("%s range %d: compacted [%d, %d) (leader %v, sim floor %d, learned %d %v)", traceName(n), r, before, after, rep.IsLeader(), floor, f, ok)
+}
