@@ -55,7 +55,9 @@ FUZZ_TARGETS := \
 FUZZ_TIME ?=
 
 # make sim: the deterministic simulator. SEED=n replays one seed (add
-# SIMLOG=true for the replicas' logs); otherwise RUNS seeds from FIRST,
+# SIMLOG=true for the replicas' logs, SIMTRACE=true for a line per home,
+# crash, compaction, connect, overlapping batch and fork, naming regions
+# and epochs: sim/trace.go); otherwise RUNS seeds from FIRST,
 # JOBS processes at once (default: one per core), stopping at the first
 # failing seed (KEEPGOING=true: run them all, reporting each). Each seed
 # is STEPS virtual ms of faults (default 60000, a simulated minute; make
@@ -67,6 +69,7 @@ RUNS      ?= 1000
 FIRST     ?= 1
 STEPS     ?= 60000
 SIMLOG    ?= false
+SIMTRACE  ?= false
 REGIONS   ?= 3
 JOBS      ?= $(shell nproc 2>/dev/null || echo 1)
 KEEPGOING ?= false
@@ -169,7 +172,7 @@ chaos: build
 
 sim:
 	@if [ -n "$(SEED)" ]; then \
-		$(GO) test -count=1 -v -run 'TestSimulator$$' ./sim -args -seed=$(SEED) -steps=$(STEPS) -regions=$(REGIONS) -simlog=$(SIMLOG); \
+		$(GO) test -count=1 -v -run 'TestSimulator$$' ./sim -args -seed=$(SEED) -steps=$(STEPS) -regions=$(REGIONS) -simlog=$(SIMLOG) -simtrace=$(SIMTRACE); \
 	else \
 		GOGC=400 $(GO) test -count=1 -v -timeout 0 -run 'TestSimulator$$' ./sim -args -runs=$(RUNS) -first=$(FIRST) -steps=$(STEPS) -regions=$(REGIONS) -jobs=$(JOBS) -keepgoing=$(KEEPGOING); \
 	fi

@@ -46,7 +46,8 @@ func (r *Replica) Compact() (deletedSegments int, err error) {
 		return 0, nil
 	}
 	r.shareFloor()
-	if r.rn.HasReady() || r.forkPending() {
+	r.saveLeaderFloor() // floor.go
+	if r.rn.HasReady() || r.forkPending() || r.holdsAll() {
 		return 0, nil
 	}
 	cands, err := r.cfg.Log.RetentionCandidates()

@@ -488,7 +488,11 @@ func TestForkAfterCompaction(t *testing.T) {
 	c.elect(1)
 	c.proposeN(7, 0, 60, "a")
 	c.tick(2)
-	// Only node 2 compacts: the leader and node 3 retain everything.
+	// Only node 2 compacts: the leader and node 3 retain everything. The
+	// leader tells node 2 it has no floor (without which node 2 would
+	// compact nothing: floor.go), without compacting itself.
+	c.replicas[1].shareFloor()
+	c.settle()
 	if c.compact(2) == 0 {
 		t.Fatal("node 2 compacted nothing")
 	}

@@ -43,6 +43,7 @@ import (
 //	fail-op <id> after=<k>            fail the node's k-th disk change from now (EIO)
 //	check-logs                        the live nodes' committed frames agree
 //	compact [ids]                     Compact (retention as log compaction)
+//	share-floor [ids]                 a leader sends its floor or that it has none
 //	status [ids] | log <id> | orphans <id>
 //	log-level level=debug|info|warn|error|off  replica and Raft log lines
 //	                                  into the output (off: to the test log)
@@ -188,6 +189,19 @@ func (e *interactionEnv) handleFaults(d *datadriven.TestData) string {
 			n, err := e.upNode(d, id).Compact()
 			fmt.Fprintf(&b, "node %d: compacted %d segments (err %v), log starts at index %d offset %d\n",
 				id, n, err, e.nodes[id].st.FirstIndex(), e.nodes[id].st.StartOffset())
+		}
+	case "share-floor":
+		// share-floor <ids>: each leader sends its floor, or that it has
+		// none, as Compact does first (floor.go), without compacting.
+		for _, id := range e.idArgs(d) {
+			r := e.upNode(d, id)
+			r.floorShare.sentTerm = 0 // send now, whatever was sent before
+			r.shareFloor()
+			if floor, ok := r.compactionFloor(); ok {
+				fmt.Fprintf(&b, "node %d: floor %d\n", id, floor)
+			} else {
+				fmt.Fprintf(&b, "node %d: no floor\n", id)
+			}
 		}
 	case "floor":
 		// floor <id> at=<offset> sets node id's driver floor; floor <id>

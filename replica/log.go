@@ -98,9 +98,10 @@ type HardState struct {
 	// resend to it from its epoch change (notes/simgaps.md, P2).
 	CompactedEpoch uint64
 	// SharedFloor is 1 + the compaction floor this replica last learned
-	// from a leader and kept (0: none; floor.go): a restarted follower
-	// holds to it until its leader's next floor message. Never above the
-	// floor learned since (a lower one is saved as it arrives).
+	// from a leader and kept, or, while it led, its own (0: none;
+	// floor.go): a restarted follower holds to it until its leader's next
+	// floor message. Never above the floor learned or held since (a lower
+	// one is saved as it arrives).
 	SharedFloor uint64
 	// Producers is the idempotence state as of SnapshotIndex (the producer
 	// base, see producers.go), encoded; nil when empty.

@@ -441,8 +441,8 @@ func (r *Replica) Step(m *raftpb.Message) error {
 		r.stepStopped(m) // liveness.go
 		return nil
 	}
-	if offset, ok := floorMessage(m); ok {
-		r.learnFloor(m, offset) // never Raft's (floor.go)
+	if offset, none, ok := floorMessage(m); ok {
+		r.learnFloor(m, offset, none) // never Raft's (floor.go)
 		return nil
 	}
 	r.noteHeard(m)

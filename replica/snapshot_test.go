@@ -130,12 +130,16 @@ func (c *cluster) agree() uint64 {
 	return want
 }
 
+// compact runs node id's Compact, then delivers what it sent: a leader's
+// floor or no-floor message, without which a follower that has heard
+// neither compacts nothing (floor.go).
 func (c *cluster) compact(id uint64) int {
 	c.t.Helper()
 	n, err := c.replicas[id].Compact()
 	if err != nil {
 		c.t.Fatalf("node %d: compact: %v", id, err)
 	}
+	c.settle()
 	return n
 }
 

@@ -619,6 +619,14 @@ func (g *geoWorld) connected(l *link, m *geoMsg) {
 	if o := l.owner; o.up && o.gen == l.ownerGen {
 		at = max(at, o.stores[l.rng].StartOffset()) // (a crashed owner's link is retired at its next drive)
 	}
+	if o := l.owner; g.w.tracing() {
+		var start uint64
+		if o.up && o.gen == l.ownerGen {
+			start = o.stores[l.rng].StartOffset()
+		}
+		g.w.tracef("range %d: %s (epoch %d, log from %d) connected to %s: applied %d, highest %d, log epoch %d; resend point %d",
+			l.rng, traceName(o), home.Epoch, start, traceName(m.s.target), m.applied, m.highest, m.logEpoch, at)
+	}
 	if m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > at {
 		l.cur.Connected(at, m.highest)
 		l.cur.Resend()

@@ -411,6 +411,7 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 // continues at its start.
 func (h *homeWorld) move(r int, home homing.Home, planned bool) {
 	w := h.w
+	w.tracef("range %d: home %s at epoch %d from %d (planned %v)", r, home.Region, home.Epoch, home.StartOffset, planned)
 	h.homes[r] = home
 	h.homeIdx[r] = regionIndex(home.Region)
 	h.history[r] = append(h.history[r], grant{home: home, at: w.now, planned: planned})

@@ -138,7 +138,12 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 	}
 	var stored []byte
 	if cb.First < applied {
-		if stored, err = n.stores[r].ReadFrames(cb.First, len(cb.Frames), min(applied, cb.End)); err != nil {
+		stored, err = n.stores[r].ReadFrames(cb.First, len(cb.Frames), min(applied, cb.End))
+		if w.tracing() {
+			w.tracef("%s range %d: batch [%d, %d) from %s, applied %d, highest %d, log from %d:%s; stored:%s (%v)", traceName(n), r, cb.First, cb.End,
+				traceName(m.s.l.owner), applied, highest, n.stores[r].StartOffset(), traceFrames(cb.Frames), traceFrames(stored), err)
+		}
+		if err != nil {
 			// Retention deleted what the batch overlaps: the Server resets
 			// a mirror whose whole log is of an older epoch than the batch
 			// (CheckedBatch.ResetPoint), else refuses it.
@@ -181,6 +186,7 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 func (g *geoWorld) fork(n *node, r int, m *geoMsg, at, epoch uint64) {
 	q := &n.mirror[r]
 	rep := n.replicas[r]
+	g.w.tracef("%s range %d: fork at %d to epoch %d (committed %d)", traceName(n), r, at, epoch, rep.Committed())
 	q.seq++
 	q.forking, q.term = true, rep.LeaderTerm()
 	seq, gen := q.seq, n.gen

@@ -221,6 +221,7 @@ func (rp *replacer) change(l *node, r int, typ raftpb.ConfChangeType, next int) 
 			return // seen applied already (applied)
 		}
 		rp.phase[r] = next
+		rp.h.w.tracef("%s range %d: %v applied", traceName(rp.n), r, typ)
 		switch typ {
 		case raftpb.ConfChangeRemoveNode:
 			rp.h.res.Replaced.Removed++
@@ -271,6 +272,7 @@ func (rp *replacer) wipe() {
 	n.served = make([]uint64, w.opt.Ranges)
 	n.forkEpoch = make([]uint64, w.opt.Ranges)
 	rp.wipeGen = n.gen + 1
+	w.tracef("%s: disk wiped (replaced)", traceName(n))
 	rp.wipes[n]++
 	rp.h.res.Replaced.Wiped++
 }

@@ -55,11 +55,28 @@ func TestDownDivergentCopyKeepsFloor(t *testing.T) {
 // compacted by retention alone to 31 at 6825 ms, and r1, resent from 31,
 // forked there, keeping its epoch-2 records [15, 31): "region 1 node 1
 // range 1: forked at 31 to epoch 3, the range's epoch 3 starts at 15" at
-// 7155 ms. Fixed by a leader saving its own floor as the one to hold to
-// after a restart (cc975ef, reverted: seed 486 then fails; notes/seeds.md).
+// 7155 ms. A leader saves its own floor as the one to hold to after a
+// restart (replica floor.go saveLeaderFloor).
 func TestRestartedLeaderKeepsFloor(t *testing.T) {
-	t.Skip("open product bug (notes/seeds.md, cause 3): saving the leader's floor fixes it but makes seed 486 fail, not triaged")
 	if _, err := Run(Options{Seed: 743, Steps: 8000, Regions: 3}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNewReplicaHoldsFloor: seed 486 of the minute runs, with the fix
+// above. Range 1 is taken over by r1 at epoch 2 (from 6) while r0 holds
+// epoch 1's log to 32 (its resend point, and the floor, 6). r1n3 is
+// replaced: removed, its disk wiped, added back at 2026 ms; it takes the
+// log [6, ...) by snapshot. Its leader r1n1 crashes at 2135 ms before
+// its next floor message, and r1n3, leaderless and having heard no floor,
+// compacted by retention alone to 25 at 2805 ms. It led the home from
+// 5912 ms, and its resend to r0n3 began at its log start, 25, inside
+// r0n3's epoch-1 frame [24, 26): "batch [25, 65) against applied end 32:
+// ... frame at 25 differs from the mirror's (stored frame at 24 ...) (no
+// fork explains it)" at 6380 ms. A follower that has heard from no leader
+// whether there is a floor compacts nothing (replica floor.go holdsAll).
+func TestNewReplicaHoldsFloor(t *testing.T) {
+	if _, err := Run(Options{Seed: 486, Steps: 6500, Regions: 3}); err != nil {
 		t.Fatal(err)
 	}
 }

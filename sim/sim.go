@@ -38,6 +38,9 @@ type Options struct {
 	Regions int
 	// Logger receives the replicas' logs, default none.
 	Logger hclog.Logger
+	// Trace receives a line per event of the layers above the replicas
+	// (trace.go), default none.
+	Trace io.Writer
 	// mutateNoSettle, in tests, configures the failover agents without
 	// their settle wait (SettleNanos 0: the fix of a takeover right after
 	// a lease-store outage, reverted).
@@ -297,6 +300,7 @@ type world struct {
 	homing     *homeWorld   // Regions > 1
 	orphanLogs *orphanWorld // Regions > 1
 	tampered   bool
+	traceLead  map[[2]int]string // trace.go: leaders last traced
 	// mutateNoLease, set by a test, makes home nodes admit and ack
 	// appends without their lease: the fencing check must report it.
 	mutateNoLease bool
@@ -555,6 +559,10 @@ func (w *world) start(n *node) error {
 			return fmt.Errorf("%v range %d: %w", n, r, err)
 		}
 		n.stores[r], n.replicas[r] = st, rep
+		if w.tracing() {
+			f, ok := rep.LearnedCompactionFloor()
+			w.tracef("%s range %d: start gen %d (committed %d, log [%d, %d), learned floor %d %v)", traceName(n), r, n.gen, rep.Committed(), st.StartOffset(), st.NextOffset(), f, ok)
+		}
 	}
 	return nil
 }
@@ -569,6 +577,11 @@ func (w *world) crash(n *node) {
 	}
 	if w.geo != nil {
 		w.geo.noteDown(n)
+	}
+	if w.tracing() {
+		for r, rep := range n.replicas {
+			w.tracef("%s range %d: crash (leader %v, committed %d, log [%d, ...), epoch %d)", traceName(n), r, rep.IsLeader(), rep.Committed(), n.stores[r].StartOffset(), rep.HighestEpoch())
+		}
 	}
 	n.up = false
 	n.fs = n.fs.Crash()
@@ -667,6 +680,7 @@ func (w *world) step() {
 	if !w.readyAll() {
 		return
 	}
+	w.traceLeaders()
 	if w.geo != nil {
 		w.homing.step()
 		w.geo.step()

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"flag"
+	"os"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -14,6 +15,7 @@ var (
 	stepsFlag = flag.Int("steps", 3000, "virtual milliseconds under faults per run (make sim: 60000, a simulated minute)")
 	regions   = flag.Int("regions", 3, "regions (the home and its mirrors)")
 	verbose   = flag.Bool("simlog", false, "log the replicas (useful with -seed)")
+	traceFlag = flag.Bool("simtrace", false, "trace the layers above the replicas: homes, crashes, compactions, connects, overlapping batches, forks (useful with -seed; trace.go)")
 	jobsFlag  = flag.Int("jobs", 1, "processes running seeds at once (make sim: one per core); each seed runs alone in its process, as it replays")
 	keepGoing = flag.Bool("keepgoing", false, "run every seed, reporting each failing one, instead of stopping at the first")
 	childFlag = flag.String("simchild", "", "internal: run this process's share k/n of the seeds and report each on stdout")
@@ -69,6 +71,9 @@ func simulate(t *testing.T, regions int, seeds []int64) {
 		opt := Options{Seed: seed, Steps: *stepsFlag, Regions: regions, mut: mutations{tolerateOldHomeReads: *known}}
 		if *verbose {
 			opt.Logger = hclog.New(&hclog.LoggerOptions{Level: hclog.Debug})
+		}
+		if *traceFlag {
+			opt.Trace = os.Stderr
 		}
 		res, err := Run(opt)
 		s.add(res, err)

@@ -39,9 +39,16 @@ func (w *world) compact() {
 				// their leader shares (replica floor.go).
 				rep.SetCompactionFloor(w.geo.floor(r, n.region), rep.IsLeader() || w.opt.mut.floorEverywhere)
 			}
+			var before uint64
+			if w.tracing() {
+				before = n.stores[r].StartOffset()
+			}
 			if _, err := rep.Compact(); err != nil {
 				w.err = fmt.Errorf("%v range %d: compact: %w", n, r, err)
 				return
+			}
+			if w.tracing() {
+				w.traceCompaction(n, r, before)
 			}
 		}
 	}
