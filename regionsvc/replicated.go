@@ -467,6 +467,7 @@ func (d *rangeDriver) publishCommitted() {
 		d.noReplica.Store(false)
 	} else if !d.noReplica.Load() {
 		d.noReplica.Store(true)
+		d.notify() // subscriptions waiting here end (subscribe.go)
 	}
 	d.publishSplitEnd() // before readers see the marker's offset committed
 	if !d.splitSeen.Load() && d.rep.SplitPending() {

@@ -76,6 +76,11 @@ func (n *Node) subscribe(req *geologv1.SubscribeRequest, stream geologv1.Log_Sub
 	principal := n.limits.quotas.principal(ctx)
 	var behind time.Time // since when next is past the servable end
 	for {
+		// A replica that left the range's group (or never was in it)
+		// ends the subscription: its copy no longer grows.
+		if err := rd.readable(); err != nil {
+			return err
+		}
 		if err := n.waitQuota(ctx, principal); err != nil {
 			return err
 		}
