@@ -64,11 +64,19 @@ const (
 	// after a session without answers, its ranges move, and it joins again
 	// once healed. No target.
 	KindMemberPartition Kind = "member-partition"
+	// KindSplit splits range Target.Range at its midpoint through the
+	// Admin SplitRange RPC, asked of the nodes of the range's home region
+	// in turn (following leader hints), as `geolog ranges split` does. It
+	// lasts as long as the RPC; Duration is ignored. The workload follows
+	// (producers refresh their range map, readers read the parent to its
+	// split offset, then the children) and the final reads cover every
+	// range of the stream's map at the end (docs/split.md).
+	KindSplit Kind = "split"
 )
 
 // kinds lists every Kind, for validation.
 var kinds = []Kind{KindKill, KindPause, KindPartition, KindLatency, KindDisk, KindClockSkew, KindReplicatorStop, KindLeaseStoreOutage, KindRehome,
-	KindMemberKill, KindMemberPartition}
+	KindMemberKill, KindMemberPartition, KindSplit}
 
 // Target says what a fault hits. Selectors are resolved when the fault
 // starts (a leader is whoever leads then):

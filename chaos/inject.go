@@ -279,6 +279,9 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func(),
 		return in.cutLinks(ctx, links, "blackhole", mark)
 	case KindMemberKill, KindMemberPartition:
 		return in.memberFault(f, mark, ev)
+	case KindSplit:
+		ev.What, err = in.split(ctx, rng, mark)
+		return func(context.Context) error { return nil }, err
 	case KindRehome:
 		to, err := in.region(ctx, f.Target.A, rng)
 		if err != nil {

@@ -193,18 +193,30 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 	// and to equal it (a returning home forks its divergent tail off only
 	// once the new home's replicator reaches it). With homing the home is
 	// where the cluster says it is now.
-	finalHomes := slices.Clone(homes)
+	// Ranges may have split (a split fault, or the nodes' own splitter):
+	// the final reads cover every range of the stream's map.
+	spans, allHomes, err := wl.rangeMap(ctx, homes[0], homes)
+	if err != nil {
+		wl.waitConsumers(nil, 0)
+		res.Err = fmt.Errorf("chaos: the stream's range map at the end: %w", err)
+		return res
+	}
+	if spans != nil {
+		rec.setSpans(spans, allHomes)
+	}
+	rangeCount := uint32(len(allHomes))
+	finalHomes := slices.Clone(allHomes)
 	if cl.Caps().LeaseTTL > 0 {
 		for r, h := range in.currentHomes(ctx) {
 			finalHomes[r] = h.region
 		}
 		rec.setFinalHomes(finalHomes)
 	}
-	tails := make([]uint64, sc.Workload.Ranges)
+	tails := make([]uint64, rangeCount)
 	// One deadline for every copy: a mirror that never converges costs
 	// the wait once.
 	deadline := time.Now().Add(mirrorConvergeMax)
-	for r := range sc.Workload.Ranges {
+	for r := range rangeCount {
 		home := finalHomes[r]
 		want, err := wl.readCopy(ctx, home, r, 0, true)
 		rec.setFinal(home, r, err == nil)
@@ -392,7 +404,7 @@ func sameLog(a, b []Observation) bool {
 func maxLag(h *History) time.Duration {
 	lag := time.Duration(-1)
 	for _, o := range h.Reads {
-		if o.Final || strings.HasPrefix(o.Source, "tail") || o.Region == h.Homes[o.Range] || o.AppendUnixNanos == 0 {
+		if o.Final || strings.HasPrefix(o.Source, "tail") || int(o.Range) >= len(h.Homes) || o.Region == h.Homes[o.Range] || o.AppendUnixNanos == 0 {
 			continue
 		}
 		lag = max(lag, time.Duration(h.Start.UnixNano()+o.At-o.AppendUnixNanos))

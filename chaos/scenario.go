@@ -189,6 +189,7 @@ func Scenarios() []Scenario {
 		memberKillLoop(full, 40*time.Second),
 		memberPartitioned(full, 40*time.Second),
 		coordinatorFailover(full, 40*time.Second),
+		splitUnderLoad(full, 30*time.Second),
 	}
 }
 
@@ -443,6 +444,35 @@ func consumerFaults(shape Shape, d time.Duration) Scenario {
 			{Kind: KindMemberKill, Start: D(6 * time.Second), Duration: D(time.Second)},
 			{Kind: KindMemberPartition, Start: D(11 * time.Second), Duration: D(5 * time.Second)},
 			{Kind: KindKill, Target: Target{Node: "cursors:leader"}, Start: D(18 * time.Second), Duration: D(2 * time.Second)},
+		},
+		Duration: D(d),
+	}
+}
+
+// splitUnderLoad splits ranges while producers append keyed records,
+// consumers in every region subscribe and a consumer group consumes: range
+// 0, then range 1, then range 2 (range 0's left child: a child splits
+// again). Every range is homed in the first region (without a lease store
+// a stream homed in several regions does not split). The checkers read
+// the stream's range map at the end: per-key order across parent and
+// children, no loss or duplicate in any range, nothing in a parent at or
+// past its split offset, every key in a range that owns its hash.
+func splitUnderLoad(shape Shape, d time.Duration) Scenario {
+	shape = consumerShape(shape)
+	regions := shape.Regions
+	if len(regions) == 0 {
+		regions = (&Shape{}).defaults().Regions
+	}
+	return Scenario{
+		Name: "split-under-load",
+		Description: "split range 0, then range 1, then range 0's left child (2) under keyed producers, consumers and a consumer group: " +
+			"per-key order across parent and children, no loss, no duplicate, nothing past a split offset",
+		Shape:    shape,
+		Workload: Workload{Home: regions[0], Ranges: 2, KeysPerRange: 6, Group: GroupWorkload{Members: 2}},
+		Faults: []Fault{
+			{Kind: KindSplit, Target: Target{Range: 0}, Start: D(d / 6)},
+			{Kind: KindSplit, Target: Target{Range: 1}, Start: D(d * 2 / 6)},
+			{Kind: KindSplit, Target: Target{Range: 2}, Start: D(d * 3 / 6)},
 		},
 		Duration: D(d),
 	}
