@@ -45,10 +45,14 @@ const (
 	// divergent tail (now in an orphan log) that returned after its node
 	// could know of the newer epoch (checktimeline.go).
 	SplitRead AnomalyKind = "split-read"
+	// Replicas: a range ended with another number of voters than the
+	// replication factor, or with a learner, in a region (checkReplicas:
+	// scenarios that join, drain or replace nodes).
+	Replicas AnomalyKind = "replicas"
 )
 
 // AnomalyKinds lists the kinds in report order.
-var AnomalyKinds = []AnomalyKind{Lost, Duplicated, Inconsistent, OutOfOrder, Unexpected, Gap, Stale, NonLinearizable, SplitRead}
+var AnomalyKinds = []AnomalyKind{Lost, Duplicated, Inconsistent, OutOfOrder, Unexpected, Gap, Stale, NonLinearizable, SplitRead, Replicas}
 
 // Anomaly is one finding.
 type Anomaly struct {
@@ -385,6 +389,7 @@ func CheckQueue(h *History) QueueResult {
 	checkEpochs(h, q.add)
 	checkSplitReads(h, orphans, q.add)
 	checkSpans(h, orphanedAck, q.add)
+	checkReplicas(h, q.add)
 	sort.Strings(q.Unverified)
 	sort.Strings(q.Unconverged)
 	return q

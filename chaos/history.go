@@ -164,6 +164,11 @@ type History struct {
 	// any of them split (empty: ranges 0..len(Homes)-1 as created). Homes
 	// then covers every range id, children included.
 	Spans []RangeSpan `json:"spans,omitempty"`
+	// ReplicationFactor, when set (scenarios that join, drain or replace
+	// nodes), is the voters every range must end with in every region;
+	// Replicas are what the ranges' leaders described at the end.
+	ReplicationFactor int          `json:"replication_factor,omitempty"`
+	Replicas          []ReplicaSet `json:"replicas,omitempty"`
 }
 
 // RangeSpan is one range of the stream's range map at the end of a run:
@@ -263,6 +268,12 @@ func (r *recorder) setOrphans(recs []OrphanRecord) {
 func (r *recorder) setSpans(spans []RangeSpan, homes []string) {
 	r.mu.Lock()
 	r.h.Spans, r.h.Homes = spans, homes
+	r.mu.Unlock()
+}
+
+func (r *recorder) setReplicas(sets []ReplicaSet, factor int) {
+	r.mu.Lock()
+	r.h.Replicas, r.h.ReplicationFactor = sets, factor
 	r.mu.Unlock()
 }
 

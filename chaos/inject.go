@@ -98,6 +98,8 @@ func (in *injector) check(f Fault) error {
 		return fmt.Errorf("%w: no lease store the harness can stop", ErrUnsupported)
 	case f.Kind == KindLeaseStoreOutage && f.Params.StoreMode != "stop" && (caps.LeaseTTL == 0 || !caps.WAN):
 		return fmt.Errorf("%w: a lease-store cut needs homing and the WAN emulator", ErrUnsupported)
+	case f.Kind == KindJoin && !canJoin(in.cl):
+		return fmt.Errorf("%w: join needs a cluster that starts nodes (LocalCluster with spare nodes)", ErrUnsupported)
 	case f.Kind == KindRehome && caps.LeaseTTL == 0:
 		return fmt.Errorf("%w: rehome needs homing (a lease store)", ErrUnsupported)
 	}
@@ -281,6 +283,12 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func(),
 		return in.memberFault(f, mark, ev)
 	case KindSplit:
 		ev.What, err = in.split(ctx, rng, mark)
+		return func(context.Context) error { return nil }, err
+	case KindJoin:
+		ev.What, err = in.join(ctx, f.Target.A, mark)
+		return func(context.Context) error { return nil }, err
+	case KindDrain:
+		ev.What, err = in.drain(ctx, f, rng, mark)
 		return func(context.Context) error { return nil }, err
 	case KindRehome:
 		to, err := in.region(ctx, f.Target.A, rng)

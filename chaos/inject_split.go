@@ -13,7 +13,10 @@ import (
 
 // splitAttemptsMax bounds the calls one split fault makes (nodes of the
 // home region in turn, leader hints followed, retriable errors retried).
-const splitAttemptsMax = 12
+const splitAttemptsMax = 20
+
+// splitWaitMax bounds one split fault, past the fault window if need be.
+const splitWaitMax = time.Minute
 
 // split splits range rng at its midpoint (Admin SplitRange), asking the
 // nodes of its home region in turn and following leader hints, as
@@ -25,6 +28,11 @@ func (in *injector) split(ctx context.Context, rng uint32, mark func()) (string,
 	if err != nil {
 		return "", err
 	}
+	// A split asked for is seen through even when the fault window closes
+	// meanwhile: an abandoned attempt may still take effect, and the
+	// fault's event should say so.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), splitWaitMax)
+	defer cancel()
 	nodes := regionNodes(in.cl, home)
 	req := &geologv1.SplitRangeRequest{Stream: in.stream, Range: rng}
 	mark()
@@ -50,11 +58,18 @@ func (in *injector) split(ctx context.Context, rng uint32, mark func()) (string,
 		}
 		ae := rpcerr.FromError(err)
 		errs = append(errs, fmt.Errorf("%s: %w", n.NodeRef, ae))
-		if !ae.Retriable || ae.Code == apierr.RangeSplit {
+		if ae.Code == apierr.RangeSplit && attempt > 0 {
+			// An earlier attempt whose answer was lost (a timeout) took
+			// effect.
+			return fmt.Sprintf("split r%d (an attempt without answer took effect: %v)", rng, errors.Join(errs...)), nil
+		}
+		// SPLIT_IN_PROGRESS: the stream's previous split is still being
+		// recorded (its catalogue record, its claim); it passes.
+		if !ae.Retriable && ae.Code != apierr.SplitInProgress {
 			break
 		}
 		hint = ae.LeaderHint
-		if !sleepUntil(ctx, time.Now().Add(time.Duration(attempt+1)*100*time.Millisecond)) {
+		if !sleepUntil(ctx, time.Now().Add(min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second))) {
 			break
 		}
 	}

@@ -255,6 +255,12 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 	if in.group != nil {
 		rec.setGroup(in.group.finish(ctx, rec.finalValues(), groupCatchUpMax))
 	}
+	if slices.ContainsFunc(sc.Faults, func(f Fault) bool { return f.Kind == KindJoin || f.Kind == KindDrain }) {
+		// The placement is part of the verdict: every range ends with its
+		// replication factor of voters (moves under way get a minute).
+		factor := min(3, sc.Shape.NodesPerRegion)
+		rec.setReplicas(in.replicaSets(ctx, rangeCount, factor, replicasSettleMax), factor)
+	}
 	h := rec.finish()
 
 	var vizDir string
@@ -380,6 +386,10 @@ func failovers(h *History) (out []time.Duration, unrecovered int) {
 // groupCatchUpMax bounds the wait for the group's members to process
 // every record of the final log.
 const groupCatchUpMax = time.Minute
+
+// replicasSettleMax bounds the wait for every range to have its
+// replication factor of voters at the end of a scenario that moved them.
+const replicasSettleMax = time.Minute
 
 // mirrorConvergeMax bounds the wait for the mirrors' copies to equal the
 // home's in the final reads (all of them together).

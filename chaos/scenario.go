@@ -31,6 +31,10 @@ type Shape struct {
 	LeaseStore     bool     `json:"lease_store,omitempty"`
 	LeaseTTL       Duration `json:"lease_ttl,omitempty"`
 	MaxClockOffset Duration `json:"max_clock_offset,omitempty"`
+	// SpareNodes are nodes per region planned (ids after NodesPerRegion,
+	// certificates issued) but not started: a join fault starts one with
+	// --join (LocalCluster only).
+	SpareNodes int `json:"spare_nodes,omitempty"`
 	// NodeFlags are added to every geologd command line.
 	NodeFlags []string `json:"node_flags,omitempty"`
 }

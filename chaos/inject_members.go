@@ -1,0 +1,173 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/geolog/geolog/internal/rpcerr"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// joiner is a cluster that can start a spare node joining a region.
+type joiner interface {
+	Join(ctx context.Context, region string) (Node, error)
+}
+
+func canJoin(c Cluster) bool {
+	_, ok := c.(joiner)
+	return ok
+}
+
+// join starts a spare node in region (KindJoin).
+func (in *injector) join(ctx context.Context, region string, mark func()) (string, error) {
+	j, ok := in.cl.(joiner)
+	if !ok {
+		return "", ErrUnsupported
+	}
+	mark()
+	n, err := j.Join(ctx, region)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("join %s at %s", n.NodeRef, n.Addr), nil
+}
+
+// drainWaitDefault bounds a decommission's wait for the drained node to
+// hold no replica when the fault gives no Duration.
+const drainWaitDefault = 2 * time.Minute
+
+// drain drains f's node and, with Params.Decommission, waits for it to
+// hold no replica, decommissions it and stops it (KindDrain), through the
+// Admin API of the region's other nodes, as `geolog nodes drain` and
+// `geolog nodes decommission` do.
+func (in *injector) drain(ctx context.Context, f Fault, rng uint32, mark func()) (string, error) {
+	nodes, err := in.resolveNodes(ctx, f.Target.Node, rng)
+	if err != nil {
+		return "", err
+	}
+	if len(nodes) != 1 {
+		return "", fmt.Errorf("chaos: drain one node, not %v", nodes)
+	}
+	victim := nodes[0]
+	id := uint64(victim.ID)
+	mark()
+	if _, err := in.setNodeState(ctx, victim, id, geologv1.NodeState_NODE_STATE_DRAINING); err != nil {
+		return "", fmt.Errorf("drain %s: %w", victim.NodeRef, err)
+	}
+	if !f.Params.Decommission {
+		return fmt.Sprintf("drain %s", victim.NodeRef), nil
+	}
+	wait := f.Duration.Std()
+	if wait <= 0 {
+		wait = drainWaitDefault
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		// The region's nodes refuse while it holds a replica (retriable).
+		_, err := in.setNodeState(ctx, victim, id, geologv1.NodeState_NODE_STATE_DECOMMISSIONED)
+		if err == nil {
+			break
+		}
+		if !rpcerr.IsRetriable(err) || time.Now().After(deadline) {
+			return "", fmt.Errorf("decommission %s: %w", victim.NodeRef, err)
+		}
+		if !sleepUntil(ctx, time.Now().Add(time.Second)) {
+			return "", ctx.Err()
+		}
+	}
+	// It left the region for good: stop it, as an operator would (not
+	// through in.kill: the heal must not restart it).
+	if err := in.cl.Kill(victim.NodeRef); err != nil && !errors.Is(err, ErrUnsupported) {
+		in.log.Warn("stopping a decommissioned node", "node", victim.NodeRef, "error", err)
+	}
+	return fmt.Sprintf("decommission %s", victim.NodeRef), nil
+}
+
+// setNodeState asks the region's nodes other than victim in turn.
+func (in *injector) setNodeState(ctx context.Context, victim Node, id uint64, state geologv1.NodeState) (*geologv1.SetNodeStateResponse, error) {
+	var errs []error
+	for _, n := range regionNodes(in.cl, victim.Region) {
+		if n.NodeRef == victim.NodeRef {
+			continue
+		}
+		c, err := in.conn(n.Addr)
+		if err != nil {
+			return nil, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := geologv1.NewAdminClient(c).SetNodeState(cctx, &geologv1.SetNodeStateRequest{NodeId: id, State: state})
+		cancel()
+		if err == nil {
+			return resp, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", n.NodeRef, rpcerr.FromError(err)))
+		if !rpcerr.IsRetriable(err) {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// ReplicaSet is one range's replicas in one region at the end of a run,
+// as its leader described them (Admin DescribeReplicas).
+type ReplicaSet struct {
+	Range    uint32   `json:"range"`
+	Region   string   `json:"region"`
+	Voters   []uint64 `json:"voters"`
+	Learners []uint64 `json:"learners,omitempty"`
+	Err      string   `json:"err,omitempty"`
+}
+
+// replicaSets describes every range's replicas in every region, waiting
+// (up to wait) until each has want voters and no learner: a move under way
+// at the end holds one more for a moment, a broken one for good.
+func (in *injector) replicaSets(ctx context.Context, rangeCount uint32, want int, wait time.Duration) []ReplicaSet {
+	deadline := time.Now().Add(wait)
+	for {
+		var out []ReplicaSet
+		settled := true
+		for _, region := range in.regions {
+			for r := range rangeCount {
+				rs := in.describeReplicas(ctx, region, r)
+				settled = settled && rs.Err == "" && len(rs.Voters) == want && len(rs.Learners) == 0
+				out = append(out, rs)
+			}
+		}
+		if settled || time.Now().After(deadline) || !sleepUntil(ctx, time.Now().Add(time.Second)) {
+			return out
+		}
+	}
+}
+
+func (in *injector) describeReplicas(ctx context.Context, region string, r uint32) ReplicaSet {
+	rs := ReplicaSet{Range: r, Region: region}
+	var errs []error
+	for _, n := range regionNodes(in.cl, region) {
+		c, err := in.conn(n.Addr)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := geologv1.NewAdminClient(c).DescribeReplicas(cctx, &geologv1.DescribeReplicasRequest{Stream: in.stream, Range: r})
+		cancel()
+		if err != nil || resp.GetLeaderId() == 0 {
+			errs = append(errs, fmt.Errorf("%s: %v", n.NodeRef, err))
+			continue
+		}
+		for _, rep := range resp.GetReplicas() {
+			if rep.GetRole() == "voter" {
+				rs.Voters = append(rs.Voters, rep.GetNodeId())
+			} else {
+				rs.Learners = append(rs.Learners, rep.GetNodeId())
+			}
+		}
+		slices.Sort(rs.Voters)
+		return rs
+	}
+	rs.Err = errors.Join(errs...).Error()
+	return rs
+}
