@@ -100,6 +100,8 @@ func (in *injector) check(f Fault) error {
 		return fmt.Errorf("%w: a lease-store cut needs homing and the WAN emulator", ErrUnsupported)
 	case f.Kind == KindJoin && !canJoin(in.cl):
 		return fmt.Errorf("%w: join needs a cluster that starts nodes (LocalCluster with spare nodes)", ErrUnsupported)
+	case f.Kind == KindDrain && !canOperate(in.cl):
+		return fmt.Errorf("%w: drain needs the cluster's operator credentials (LocalCluster)", ErrUnsupported)
 	case f.Kind == KindRehome && caps.LeaseTTL == 0:
 		return fmt.Errorf("%w: rehome needs homing (a lease store)", ErrUnsupported)
 	}

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
@@ -9,11 +10,44 @@ import (
 
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"google.golang.org/grpc"
 )
 
 // joiner is a cluster that can start a spare node joining a region.
 type joiner interface {
 	Join(ctx context.Context, region string) (Node, error)
+}
+
+// operator is a cluster whose superuser's credentials the harness holds:
+// node membership (drain, decommission) is an operator's act on the whole
+// region, which the harness's own principal may not do (admin on its
+// streams only, chaosGrants).
+type operator interface {
+	OperatorTLS() *tls.Config
+}
+
+// opConn is a connection to addr as the cluster's operator.
+func (in *injector) opConn(addr string) (*grpc.ClientConn, error) {
+	op, ok := in.cl.(operator)
+	if !ok {
+		return nil, ErrUnsupported
+	}
+	in.connsMu.Lock()
+	defer in.connsMu.Unlock()
+	if c, ok := in.conns["operator|"+addr]; ok {
+		return c, nil
+	}
+	c, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(transportCreds(op.OperatorTLS())))
+	if err != nil {
+		return nil, err
+	}
+	in.conns["operator|"+addr] = c
+	return c, nil
+}
+
+func canOperate(c Cluster) bool {
+	_, ok := c.(operator)
+	return ok
 }
 
 func canJoin(c Cluster) bool {
@@ -53,6 +87,10 @@ func (in *injector) drain(ctx context.Context, f Fault, rng uint32, mark func())
 	}
 	victim := nodes[0]
 	id := uint64(victim.ID)
+	// A decommission is seen through when the window closes meanwhile:
+	// the workload goes on until every fault returned.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.Duration.Std()+time.Minute)
+	defer cancel()
 	mark()
 	if _, err := in.setNodeState(ctx, victim, id, geologv1.NodeState_NODE_STATE_DRAINING); err != nil {
 		return "", fmt.Errorf("drain %s: %w", victim.NodeRef, err)
@@ -93,7 +131,7 @@ func (in *injector) setNodeState(ctx context.Context, victim Node, id uint64, st
 		if n.NodeRef == victim.NodeRef {
 			continue
 		}
-		c, err := in.conn(n.Addr)
+		c, err := in.opConn(n.Addr)
 		if err != nil {
 			return nil, err
 		}

@@ -4,15 +4,15 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"maps"
-	"slices"
 	"sync"
 	"time"
 
@@ -368,12 +368,17 @@ func (c *LocalCluster) writeEnv() error {
 
 func (c *LocalCluster) Regions() []string      { return c.regions }
 func (c *LocalCluster) ClientTLS() *tls.Config { return c.tls }
+
+// OperatorTLS is the superuser's TLS configuration (principal
+// "operator"), nil when the nodes run --insecure: the injector changes
+// node membership (drain, decommission) as the operator would.
+func (c *LocalCluster) OperatorTLS() *tls.Config { return c.opTLS }
 func (c *LocalCluster) Nodes() []Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.nodes)
 }
-func (c *LocalCluster) WANControl() string     { return c.control }
+func (c *LocalCluster) WANControl() string { return c.control }
 
 // Dir is the cluster's folder (data, logs, env, pids).
 func (c *LocalCluster) Dir() string { return c.cfg.Dir }

@@ -194,13 +194,15 @@ func Scenarios() []Scenario {
 		memberPartitioned(full, 40*time.Second),
 		coordinatorFailover(full, 40*time.Second),
 		splitUnderLoad(full, 30*time.Second),
+		joinAndDrain(Shape{Regions: []string{"us"}}, 40*time.Second),
 	}
 }
 
-// Slice is the short fixed-seed slice that make test runs: five scenarios
+// Slice is the short fixed-seed slice that make test runs: six scenarios
 // on small clusters, one of them with homing (a one-node home region killed
 // and returned), one with a consumer group under member and coordinator
-// faults, about three minutes on two cores.
+// faults, one splitting ranges under load, about three and a half minutes
+// on two cores.
 func Slice() []Scenario {
 	region := Shape{Regions: []string{"us"}}
 	two := Shape{Regions: []string{"us", "eu"}, NodesPerRegion: 1}
@@ -210,6 +212,7 @@ func Slice() []Scenario {
 		leaderKillLoop(region, 20*time.Second),
 		zombieLeader(region, 17*time.Second),
 		regionLinkCut(two, 20*time.Second),
+		splitUnderLoad(region, 21*time.Second),
 		consumerFaults(region, 25*time.Second),
 		regionKillAndReturn(twoHoming, 8*time.Second, 22*time.Second),
 	}
@@ -477,6 +480,38 @@ func splitUnderLoad(shape Shape, d time.Duration) Scenario {
 			{Kind: KindSplit, Target: Target{Range: 0}, Start: D(d / 6)},
 			{Kind: KindSplit, Target: Target{Range: 1}, Start: D(d * 2 / 6)},
 			{Kind: KindSplit, Target: Target{Range: 2}, Start: D(d * 3 / 6)},
+		},
+		Duration: D(d),
+	}
+}
+
+// rebalanceFlags make the region's rebalancer act within seconds (its
+// defaults are tens of seconds), as TestRegionGrowsThreeToSixProc runs it.
+var rebalanceFlags = []string{"--rebalance-interval", "1s", "--rebalance-moves-max", "3", "--leader-balance-interval", "1s"}
+
+// joinAndDrain grows a region by a node that joins with --join (the
+// rebalancer moves replicas onto it), then drains and decommissions
+// another node while producers, consumers and the tail readers run. The
+// checkers as always, and every range must end with its replication
+// factor of voters in every region (a move that never finished, or two
+// concurrent moves of one range, leave a fourth).
+func joinAndDrain(shape Shape, d time.Duration) Scenario {
+	shape.SpareNodes = max(shape.SpareNodes, 1)
+	shape.NodeFlags = append(slices.Clone(shape.NodeFlags), rebalanceFlags...)
+	regions := shape.Regions
+	if len(regions) == 0 {
+		regions = (&Shape{}).defaults().Regions
+	}
+	return Scenario{
+		Name: "join-and-drain",
+		Description: "a fourth node joins the home region under load (--join), replicas move onto it; then node 2 is drained and " +
+			"decommissioned while producers run: no loss, no duplicate, per-key order, every range ends with 3 voters",
+		Shape:    shape,
+		Workload: Workload{Home: regions[0], Ranges: 6, KeysPerRange: 2},
+		Faults: []Fault{
+			{Kind: KindJoin, Target: Target{A: regions[0]}, Start: D(4 * time.Second)},
+			{Kind: KindDrain, Target: Target{Node: regions[0] + ":n2"}, Params: Params{Decommission: true},
+				Start: D(d * 2 / 5), Duration: D(2 * time.Minute)},
 		},
 		Duration: D(d),
 	}
