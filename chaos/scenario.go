@@ -195,6 +195,7 @@ func Scenarios() []Scenario {
 		coordinatorFailover(full, 40*time.Second),
 		splitUnderLoad(full, 30*time.Second),
 		joinAndDrain(Shape{Regions: []string{"us"}}, 40*time.Second),
+		killThenReplace(Shape{Regions: []string{"us"}}, 45*time.Second),
 	}
 }
 
@@ -512,6 +513,32 @@ func joinAndDrain(shape Shape, d time.Duration) Scenario {
 			{Kind: KindJoin, Target: Target{A: regions[0]}, Start: D(4 * time.Second)},
 			{Kind: KindDrain, Target: Target{Node: regions[0] + ":n2"}, Params: Params{Decommission: true},
 				Start: D(d * 2 / 5), Duration: D(2 * time.Minute)},
+		},
+		Duration: D(d),
+	}
+}
+
+// killThenReplace: a fourth node joins, then node 3 is killed for longer
+// than the dead-node time (geologd --dead-node-after, 5s here): the
+// rebalancer rebuilds its replicas on the others from the live voters.
+// It returns at the end (the heal restarts it); every range must end with
+// 3 voters, nothing lost.
+func killThenReplace(shape Shape, d time.Duration) Scenario {
+	shape.SpareNodes = max(shape.SpareNodes, 1)
+	shape.NodeFlags = append(slices.Clone(shape.NodeFlags), append(slices.Clone(rebalanceFlags), "--dead-node-after", "5s")...)
+	regions := shape.Regions
+	if len(regions) == 0 {
+		regions = (&Shape{}).defaults().Regions
+	}
+	return Scenario{
+		Name: "kill-then-replace",
+		Description: "a fourth node joins; node 3 is SIGKILLed for 25s, past the 5s dead-node time: its replicas are rebuilt on the " +
+			"others under load; it returns at the end; no loss, every range ends with 3 voters",
+		Shape:    shape,
+		Workload: Workload{Home: regions[0], Ranges: 6, KeysPerRange: 2},
+		Faults: []Fault{
+			{Kind: KindJoin, Target: Target{A: regions[0]}, Start: D(3 * time.Second)},
+			{Kind: KindKill, Target: Target{Node: regions[0] + ":n3"}, Start: D(12 * time.Second), Duration: D(d - 15*time.Second)},
 		},
 		Duration: D(d),
 	}
