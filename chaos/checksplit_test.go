@@ -116,3 +116,28 @@ func TestCheckersAcrossSplit(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckReplicas: after a join or drain every range must end with the
+// replication factor of voters and no learner in every region: four
+// voters (two concurrent moves of one range), a learner left behind, two
+// voters, or a range whose replicas could not be described are found.
+func TestCheckReplicas(t *testing.T) {
+	h := goodHistory().history()
+	h.ReplicationFactor = 3
+	h.Replicas = []ReplicaSet{{Range: 0, Region: "us", Voters: []uint64{1, 3, 4}}, {Range: 0, Region: "eu", Voters: []uint64{1, 2, 3}}}
+	if q := CheckQueue(h); q.Total() != 0 {
+		t.Fatalf("three voters each: %v", q.Anomalies)
+	}
+	for _, bad := range []ReplicaSet{
+		{Range: 1, Region: "us", Voters: []uint64{1, 2, 3, 4}},
+		{Range: 1, Region: "us", Voters: []uint64{1, 2, 3}, Learners: []uint64{4}},
+		{Range: 1, Region: "us", Voters: []uint64{1, 2}},
+		{Range: 1, Region: "us", Err: "no leader"},
+	} {
+		c := *h
+		c.Replicas = append(slices.Clone(h.Replicas), bad)
+		if q := CheckQueue(&c); q.Counts[Replicas] != 1 {
+			t.Errorf("%+v: %d replicas anomalies, want 1 (%v)", bad, q.Counts[Replicas], q.Anomalies)
+		}
+	}
+}
