@@ -47,13 +47,20 @@ func checkSpans(h *History, orphanedAck map[string]bool, add func(Anomaly)) {
 	}
 }
 
-// checkReplicas: with History.ReplicationFactor set, every range ends with
+// checkReplicas: a range a kill past the dead-node time left on the dead
+// node (FaultEvent.NotReplaced) is an anomaly; with
+// History.ReplicationFactor set, every range ends with
 // exactly that many voters and no learner in every region (a move that
 // never finished, or two moves of one range, leave more; a lost replica
 // never rebuilt, fewer). A range whose replicas could not be described
 // leaves the history unverified only through its final reads; here it is
 // an anomaly too, since the scenario's point is the placement.
 func checkReplicas(h *History, add func(Anomaly)) {
+	for _, ev := range h.Faults {
+		for _, r := range ev.NotReplaced {
+			add(Anomaly{Kind: Replicas, Range: r, Detail: fmt.Sprintf("%s: the range still named the dead node as a replica when it returned", ev.What)})
+		}
+	}
 	if h.ReplicationFactor == 0 {
 		return
 	}

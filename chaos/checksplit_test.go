@@ -141,3 +141,17 @@ func TestCheckReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckNotReplaced: a range that still named a node killed past the
+// dead-node time when it returned is a replicas anomaly.
+func TestCheckNotReplaced(t *testing.T) {
+	h := goodHistory().history()
+	h.Faults = []FaultEvent{{What: "kill [us:n3]"}}
+	if q := CheckQueue(h); q.Counts[Replicas] != 0 {
+		t.Fatalf("every range rebuilt: %v", q.Anomalies)
+	}
+	h.Faults[0].NotReplaced = []uint32{1}
+	if q := CheckQueue(h); q.Counts[Replicas] != 1 {
+		t.Errorf("range 1 left on the dead node: %v", q.Anomalies)
+	}
+}

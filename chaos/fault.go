@@ -140,6 +140,11 @@ type Params struct {
 	AllRanges   bool     `json:"all_ranges,omitempty"`
 	// Decommission: a drain goes on to decommission the node.
 	Decommission bool `json:"decommission,omitempty"`
+	// Replaced: a kill longer than the nodes' dead-node time; just before
+	// the node restarts, no range of the stream may still name it as a
+	// replica (the rebalancer rebuilt them elsewhere), or the event
+	// records the ranges that do (FaultEvent.NotReplaced).
+	Replaced bool `json:"replaced,omitempty"`
 }
 
 // Fault is one fault of a scenario's schedule: it starts Start after the

@@ -110,6 +110,9 @@ type FaultEvent struct {
 	// was hit; Coordinator marks a fault on the group's coordinator.
 	MemberRanges []uint32 `json:"member_ranges,omitempty"`
 	Coordinator  bool     `json:"coordinator,omitempty"`
+	// NotReplaced are the ranges that still named the killed node as a
+	// replica just before a Params.Replaced kill was reverted.
+	NotReplaced []uint32 `json:"not_replaced,omitempty"`
 	// Sides are the two resolved sides of a link fault (partition,
 	// latency, replicator-stop, lease-store cut): regions ("us"), nodes
 	// ("us:n2"), "client" or "pg".

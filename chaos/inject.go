@@ -214,6 +214,9 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func(),
 		switch f.Kind {
 		case KindKill:
 			revert, err = in.kill(ctx, nodes, f.Params.DropReplies, mark)
+			if err == nil && f.Params.Replaced {
+				revert = in.replacedBefore(revert, nodes, ev)
+			}
 		case KindPause:
 			revert, err = in.pause(nodes, mark)
 		default:

@@ -209,3 +209,22 @@ func (in *injector) describeReplicas(ctx context.Context, region string, r uint3
 	rs.Err = errors.Join(errs...).Error()
 	return rs
 }
+
+// replacedBefore wraps the revert of a kill past the dead-node time: it
+// first records in ev the ranges whose replicas in the victims' region
+// still name a victim (they were not rebuilt elsewhere while it was dead).
+func (in *injector) replacedBefore(revert func(context.Context) error, victims []Node, ev *FaultEvent) func(context.Context) error {
+	return func(ctx context.Context) error {
+		for r := range uint32(len(in.homes)) {
+			rs := in.describeReplicas(ctx, victims[0].Region, r)
+			held := rs.Err != ""
+			for _, v := range victims {
+				held = held || slices.Contains(rs.Voters, uint64(v.ID)) || slices.Contains(rs.Learners, uint64(v.ID))
+			}
+			if held {
+				ev.NotReplaced = append(ev.NotReplaced, r)
+			}
+		}
+		return revert(ctx)
+	}
+}

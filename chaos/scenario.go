@@ -520,9 +520,9 @@ func joinAndDrain(shape Shape, d time.Duration) Scenario {
 
 // killThenReplace: a fourth node joins, then node 3 is killed for longer
 // than the dead-node time (geologd --dead-node-after, 5s here): the
-// rebalancer rebuilds its replicas on the others from the live voters.
-// It returns at the end (the heal restarts it); every range must end with
-// 3 voters, nothing lost.
+// rebalancer rebuilds its replicas on the others from the live voters:
+// just before it restarts no range may name it (Params.Replaced). It
+// returns at the end; every range must end with 3 voters, nothing lost.
 func killThenReplace(shape Shape, d time.Duration) Scenario {
 	shape.SpareNodes = max(shape.SpareNodes, 1)
 	shape.NodeFlags = append(slices.Clone(shape.NodeFlags), append(slices.Clone(rebalanceFlags), "--dead-node-after", "5s")...)
@@ -538,7 +538,8 @@ func killThenReplace(shape Shape, d time.Duration) Scenario {
 		Workload: Workload{Home: regions[0], Ranges: 6, KeysPerRange: 2},
 		Faults: []Fault{
 			{Kind: KindJoin, Target: Target{A: regions[0]}, Start: D(3 * time.Second)},
-			{Kind: KindKill, Target: Target{Node: regions[0] + ":n3"}, Start: D(12 * time.Second), Duration: D(d - 15*time.Second)},
+			{Kind: KindKill, Target: Target{Node: regions[0] + ":n3"}, Params: Params{Replaced: true},
+				Start: D(12 * time.Second), Duration: D(d - 15*time.Second)},
 		},
 		Duration: D(d),
 	}
