@@ -144,7 +144,9 @@ test-alerts:
 test-loaded:
 	@./scripts/test_loaded.sh $(if $(filter command line environment,$(origin RUNS)),$(RUNS),5)
 
-# make chaos: every chaos scenario (chaos.Scenarios(), about 8 minutes)
+# make chaos: every chaos scenario (chaos.Scenarios(), about 9 minutes;
+# join-and-drain and kill-then-replace start nodes, so they run only with
+# CHAOS_PROVISION=local and are skipped on the terraform cluster)
 # on one cluster provisioned through terraform/local (scripts/chaos_tf.sh:
 # apply 3 regions x 3 nodes with homing (lease TTL 3s), failpoints and the
 # chaos links on ports 7700-7767, run geolog-chaos attached to its env file,

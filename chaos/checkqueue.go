@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 )
 
@@ -20,7 +21,9 @@ const (
 	Duplicated AnomalyKind = "duplicated"
 	// Inconsistent: two observations of one offset disagree (value or
 	// epoch; an ack counts as an observation), or a record was seen past
-	// the home's final tail, or in another range than it was appended to.
+	// the home's final tail, or in another range than it was appended to,
+	// or (after splits, checkSpans) in a range that does not own its key
+	// or at or past the split offset of a range that split.
 	Inconsistent AnomalyKind = "inconsistent"
 	// OutOfOrder: two acknowledged records of one producer and key whose
 	// offsets are in the opposite order of their sequence numbers.
@@ -42,10 +45,14 @@ const (
 	// divergent tail (now in an orphan log) that returned after its node
 	// could know of the newer epoch (checktimeline.go).
 	SplitRead AnomalyKind = "split-read"
+	// Replicas: a range ended with another number of voters than the
+	// replication factor, or with a learner, in a region (checkReplicas:
+	// scenarios that join, drain or replace nodes).
+	Replicas AnomalyKind = "replicas"
 )
 
 // AnomalyKinds lists the kinds in report order.
-var AnomalyKinds = []AnomalyKind{Lost, Duplicated, Inconsistent, OutOfOrder, Unexpected, Gap, Stale, NonLinearizable, SplitRead}
+var AnomalyKinds = []AnomalyKind{Lost, Duplicated, Inconsistent, OutOfOrder, Unexpected, Gap, Stale, NonLinearizable, SplitRead, Replicas}
 
 // Anomaly is one finding.
 type Anomaly struct {
@@ -256,13 +263,13 @@ func CheckQueue(h *History) QueueResult {
 			continue
 		}
 		finalLen[FinalKey(o.Region, o.Range)] = max(finalLen[FinalKey(o.Region, o.Range)], o.Offset+1)
-		if o.Region == h.FinalHome(o.Range) && homeFinal[o.Range] != nil {
+		if o.Range < h.RangeCount() && o.Region == h.FinalHome(o.Range) && homeFinal[o.Range] != nil {
 			homeFinal[o.Range][o.Value] = true
 			homeTail[o.Range] = max(homeTail[o.Range], o.Offset+1)
 		}
 	}
 	for _, o := range h.Reads {
-		if homeFinal[o.Range] != nil && o.Offset >= homeTail[o.Range] && !orphans.holds(o.Range, o.Offset, o.Epoch, o.Value) {
+		if o.Range < h.RangeCount() && homeFinal[o.Range] != nil && o.Offset >= homeTail[o.Range] && !orphans.holds(o.Range, o.Offset, o.Epoch, o.Value) {
 			q.add(Anomaly{Kind: Inconsistent, Range: o.Range, Offset: o.Offset, Value: o.Value,
 				Detail: fmt.Sprintf("%s read it past the home's final tail %d", o.Source, homeTail[o.Range])})
 		}
@@ -280,7 +287,18 @@ func CheckQueue(h *History) QueueResult {
 	}
 	for i := range h.Ops {
 		op := &h.Ops[i]
-		if op.Kind != OpAppend || homeFinal[op.Range] == nil {
+		if op.Kind != OpAppend {
+			continue
+		}
+		if op.Range >= h.RangeCount() {
+			// A range the history has no home of (a split's child the
+			// final reads did not cover): nothing to judge it against.
+			if k := FinalKey("?", op.Range); op.Outcome == OK && !slices.Contains(q.Unverified, k) {
+				q.Unverified = append(q.Unverified, k)
+			}
+			continue
+		}
+		if homeFinal[op.Range] == nil {
 			continue
 		}
 		present := homeFinal[op.Range][op.Value]
@@ -357,16 +375,21 @@ func CheckQueue(h *History) QueueResult {
 		list := byKey[k]
 		sort.Slice(list, func(i, j int) bool { return list[i].seq < list[j].seq })
 		for i := 1; i < len(list); i++ {
-			if list[i].offset <= list[i-1].offset {
+			// A key's records after a split are in a child, whose id is
+			// above every id the stream had (keyspace: ids grow, never
+			// reused), so a key's place in its log is (range, offset).
+			if list[i].rng < list[i-1].rng || (list[i].rng == list[i-1].rng && list[i].offset <= list[i-1].offset) {
 				q.add(Anomaly{Kind: OutOfOrder, Range: list[i].rng, Offset: list[i].offset, Value: list[i].value,
-					Detail: fmt.Sprintf("producer %d key %s: seq %d at offset %d, seq %d at offset %d",
-						k.producer, k.key, list[i-1].seq, list[i-1].offset, list[i].seq, list[i].offset)})
+					Detail: fmt.Sprintf("producer %d key %s: seq %d at %d/%d, seq %d at %d/%d",
+						k.producer, k.key, list[i-1].seq, list[i-1].rng, list[i-1].offset, list[i].seq, list[i].rng, list[i].offset)})
 			}
 		}
 	}
 	checkFinalEpochs(h, q.add)
 	checkEpochs(h, q.add)
 	checkSplitReads(h, orphans, q.add)
+	checkSpans(h, orphanedAck, q.add)
+	checkReplicas(h, q.add)
 	sort.Strings(q.Unverified)
 	sort.Strings(q.Unconverged)
 	return q

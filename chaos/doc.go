@@ -48,6 +48,37 @@
 // commits accepted from old generations (all must be 0), and per member
 // fault the time until every range the victim owned was assigned again.
 //
+// # Splits, joins and drains
+//
+// A split fault (KindSplit) splits a range through Admin SplitRange while
+// the workload runs. The workload follows: producers refresh their range
+// map (an ack names the range it landed in), a consumer's Subscribe reads
+// the parent to its split offset, then the children (recorded under the
+// child's range id); once it has read the parent to its end it hands over
+// to one consumer per child, each from its own position, and a tail
+// reader that reaches a parent's end starts one per child. After the
+// faults the harness reads the stream's range map (DescribeStream): the
+// final reads cover every range id, children included (homed with their
+// parent), and History.Spans records each range's hash slice and split
+// offset. The checkers then also judge: per producer and key, acks follow
+// sequence numbers in (range, offset) order (a child's id is above every
+// id the stream had, so a key's records in its parent come first); every
+// acked and finally read record is in a range whose slice holds its key's
+// hash, and below its range's split offset (Inconsistent otherwise). Loss
+// and duplicates need nothing more: a value seen at two positions is a
+// duplicate whichever ranges hold them.
+//
+// Join (KindJoin) starts a spare node of the shape (Shape.SpareNodes) with
+// --join (LocalCluster only; its Raft traffic does not ride the WAN
+// emulator); drain (KindDrain) drains a node and, with
+// Params.Decommission, waits until it holds no replica, decommissions it
+// and stops it, as the cluster's operator (Admin SetNodeState with the
+// superuser's certificate: the harness's own principal is admin of its
+// streams only). A scenario with either ends by describing every range's
+// replicas in every region (Admin DescribeReplicas), waiting up to a
+// minute for moves under way: each range must have exactly the
+// replication factor of voters and no learner (anomaly "replicas").
+//
 // # Homing in the checks
 //
 // A record acked by a home that then died (or lost the lease store) and

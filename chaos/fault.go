@@ -64,11 +64,30 @@ const (
 	// after a session without answers, its ranges move, and it joins again
 	// once healed. No target.
 	KindMemberPartition Kind = "member-partition"
+	// KindSplit splits range Target.Range at its midpoint through the
+	// Admin SplitRange RPC, asked of the nodes of the range's home region
+	// in turn (following leader hints), as `geolog ranges split` does. It
+	// lasts as long as the RPC; Duration is ignored. The workload follows
+	// (producers refresh their range map, readers read the parent to its
+	// split offset, then the children) and the final reads cover every
+	// range of the stream's map at the end (docs/split.md).
+	KindSplit Kind = "split"
+	// KindJoin starts a spare node (Shape.SpareNodes) in region Target.A
+	// with --join: it joins the running region and the rebalancer moves
+	// replicas onto it. It lasts until the node answers; Duration is
+	// ignored. Needs a cluster that can start nodes (LocalCluster).
+	KindJoin Kind = "join"
+	// KindDrain drains Target.Node (Admin SetNodeState DRAINING): it takes
+	// no new replica and the rebalancer moves its replicas away. With
+	// Params.Decommission it then waits (up to Duration, default 2m)
+	// until the node holds no replica, decommissions it and stops its
+	// process. Permanent: nothing is reverted.
+	KindDrain Kind = "drain"
 )
 
 // kinds lists every Kind, for validation.
 var kinds = []Kind{KindKill, KindPause, KindPartition, KindLatency, KindDisk, KindClockSkew, KindReplicatorStop, KindLeaseStoreOutage, KindRehome,
-	KindMemberKill, KindMemberPartition}
+	KindMemberKill, KindMemberPartition, KindSplit, KindJoin, KindDrain}
 
 // Target says what a fault hits. Selectors are resolved when the fault
 // starts (a leader is whoever leads then):
@@ -119,6 +138,13 @@ type Params struct {
 	DropReplies bool     `json:"drop_replies,omitempty"`
 	StoreMode   string   `json:"store_mode,omitempty"`
 	AllRanges   bool     `json:"all_ranges,omitempty"`
+	// Decommission: a drain goes on to decommission the node.
+	Decommission bool `json:"decommission,omitempty"`
+	// Replaced: a kill longer than the nodes' dead-node time; just before
+	// the node restarts, no range of the stream may still name it as a
+	// replica (the rebalancer rebuilt them elsewhere), or the event
+	// records the ranges that do (FaultEvent.NotReplaced).
+	Replaced bool `json:"replaced,omitempty"`
 }
 
 // Fault is one fault of a scenario's schedule: it starts Start after the
@@ -229,6 +255,13 @@ func (f Fault) Validate() error {
 			return checkSelector(f.Target.A)
 		}
 		return nil
+	case KindJoin:
+		if f.Target.A == "" || strings.Contains(f.Target.A, ":") {
+			return fmt.Errorf("chaos: join needs target.a, a region")
+		}
+		return nil
+	case KindDrain:
+		return needNode()
 	case KindRehome:
 		if f.Target.A == "" || strings.Contains(f.Target.A, ":") {
 			return fmt.Errorf("chaos: rehome needs target.a, a region")

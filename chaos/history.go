@@ -110,6 +110,9 @@ type FaultEvent struct {
 	// was hit; Coordinator marks a fault on the group's coordinator.
 	MemberRanges []uint32 `json:"member_ranges,omitempty"`
 	Coordinator  bool     `json:"coordinator,omitempty"`
+	// NotReplaced are the ranges that still named the killed node as a
+	// replica just before a Params.Replaced kill was reverted.
+	NotReplaced []uint32 `json:"not_replaced,omitempty"`
 	// Sides are the two resolved sides of a link fault (partition,
 	// latency, replicator-stop, lease-store cut): regions ("us"), nodes
 	// ("us:n2"), "client" or "pg".
@@ -160,6 +163,36 @@ type History struct {
 	ProducerRegions []string `json:"producer_regions,omitempty"`
 	// Group is what the consumer group did (nil without one).
 	Group *GroupHistory `json:"group,omitempty"`
+	// Spans are the stream's ranges at the end, from its range map, when
+	// any of them split (empty: ranges 0..len(Homes)-1 as created). Homes
+	// then covers every range id, children included.
+	Spans []RangeSpan `json:"spans,omitempty"`
+	// ReplicationFactor, when set (scenarios that join, drain or replace
+	// nodes), is the voters every range must end with in every region;
+	// Replicas are what the ranges' leaders described at the end.
+	ReplicationFactor int          `json:"replication_factor,omitempty"`
+	Replicas          []ReplicaSet `json:"replicas,omitempty"`
+}
+
+// RangeSpan is one range of the stream's range map at the end of a run:
+// the hash slice it owns (inclusive bounds), and for a range that split,
+// its children and split offset (its log is [0, SplitOffset)).
+type RangeSpan struct {
+	Range       uint32   `json:"range"`
+	HashStart   uint64   `json:"hash_start"`
+	HashEnd     uint64   `json:"hash_end"`
+	Children    []uint32 `json:"children,omitempty"`
+	SplitOffset uint64   `json:"split_offset,omitempty"`
+}
+
+// span is range rng's RangeSpan, or nil when the history has none.
+func (h *History) span(rng uint32) *RangeSpan {
+	for i := range h.Spans {
+		if h.Spans[i].Range == rng {
+			return &h.Spans[i]
+		}
+	}
+	return nil
 }
 
 // FinalHome is range rng's home at the end: where its log is judged.
@@ -167,7 +200,10 @@ func (h *History) FinalHome(rng uint32) string {
 	if int(rng) < len(h.FinalHomes) && h.FinalHomes[rng] != "" {
 		return h.FinalHomes[rng]
 	}
-	return h.Homes[rng]
+	if int(rng) < len(h.Homes) {
+		return h.Homes[rng]
+	}
+	return "" // no such range in the history
 }
 
 // RangeCount is the number of ranges.
@@ -227,6 +263,20 @@ func (r *recorder) setFinalHomes(homes []string) {
 func (r *recorder) setOrphans(recs []OrphanRecord) {
 	r.mu.Lock()
 	r.h.Orphans, r.h.OrphansRead = recs, true
+	r.mu.Unlock()
+}
+
+// setSpans records the stream's ranges at the end (split ones and their
+// children) and the home of every range id.
+func (r *recorder) setSpans(spans []RangeSpan, homes []string) {
+	r.mu.Lock()
+	r.h.Spans, r.h.Homes = spans, homes
+	r.mu.Unlock()
+}
+
+func (r *recorder) setReplicas(sets []ReplicaSet, factor int) {
+	r.mu.Lock()
+	r.h.Replicas, r.h.ReplicationFactor = sets, factor
 	r.mu.Unlock()
 }
 

@@ -98,6 +98,10 @@ func (in *injector) check(f Fault) error {
 		return fmt.Errorf("%w: no lease store the harness can stop", ErrUnsupported)
 	case f.Kind == KindLeaseStoreOutage && f.Params.StoreMode != "stop" && (caps.LeaseTTL == 0 || !caps.WAN):
 		return fmt.Errorf("%w: a lease-store cut needs homing and the WAN emulator", ErrUnsupported)
+	case f.Kind == KindJoin && !canJoin(in.cl):
+		return fmt.Errorf("%w: join needs a cluster that starts nodes (LocalCluster with spare nodes)", ErrUnsupported)
+	case f.Kind == KindDrain && !canOperate(in.cl):
+		return fmt.Errorf("%w: drain needs the cluster's operator credentials (LocalCluster)", ErrUnsupported)
 	case f.Kind == KindRehome && caps.LeaseTTL == 0:
 		return fmt.Errorf("%w: rehome needs homing (a lease store)", ErrUnsupported)
 	}
@@ -210,6 +214,9 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func(),
 		switch f.Kind {
 		case KindKill:
 			revert, err = in.kill(ctx, nodes, f.Params.DropReplies, mark)
+			if err == nil && f.Params.Replaced {
+				revert = in.replacedBefore(revert, nodes, ev)
+			}
 		case KindPause:
 			revert, err = in.pause(nodes, mark)
 		default:
@@ -279,6 +286,15 @@ func (in *injector) apply(ctx context.Context, f Fault, rng uint32, mark func(),
 		return in.cutLinks(ctx, links, "blackhole", mark)
 	case KindMemberKill, KindMemberPartition:
 		return in.memberFault(f, mark, ev)
+	case KindSplit:
+		ev.What, err = in.split(ctx, rng, mark)
+		return func(context.Context) error { return nil }, err
+	case KindJoin:
+		ev.What, err = in.join(ctx, f.Target.A, mark)
+		return func(context.Context) error { return nil }, err
+	case KindDrain:
+		ev.What, err = in.drain(ctx, f, rng, mark)
+		return func(context.Context) error { return nil }, err
 	case KindRehome:
 		to, err := in.region(ctx, f.Target.A, rng)
 		if err != nil {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -133,6 +135,11 @@ type LocalCluster struct {
 
 	mu     sync.Mutex
 	closed bool
+	// joinArgs are the flags a joining node shares with the region's
+	// others, per region (all but the per-node ones); joined counts the
+	// spare nodes started per region.
+	joinArgs map[string][]string
+	joined   map[string]int
 }
 
 // StartLocal starts a cluster of shape and waits until every node answers.
@@ -155,6 +162,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 		}
 	}
 	c := &LocalCluster{cfg: cfg, shape: shape, regions: shape.Regions, procs: map[NodeRef]*proc{},
+		joinArgs: map[string][]string{}, joined: map[string]int{},
 		ports: &portAllocator{r: portlock.Range{Min: cfg.PortMin, Max: cfg.PortMax}}}
 	defer func() {
 		if err != nil {
@@ -292,6 +300,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 			}
 			args = append(args, "--kek-file", kek)
 		}
+		shared := len(args)
 		for _, r := range shape.Regions {
 			if r != ref.Region {
 				args = append(args, "--region-addrs", r+"="+strings.Join(p.remote[r], ","))
@@ -304,6 +313,9 @@ func StartLocal(ctx context.Context, cfg LocalConfig, shape Shape) (_ *LocalClus
 		}
 		for _, f := range shape.NodeFlags {
 			args = append(args, strings.ReplaceAll(f, "{lease-store}", leaseStoreURL[ref.Region]))
+		}
+		if ref.ID == 1 {
+			c.joinArgs[ref.Region] = slices.Clone(args[shared:])
 		}
 		name := ref.Region + "-n" + strconv.Itoa(ref.ID)
 		c.procs[ref] = &proc{name: name, bin: filepath.Join(cfg.BinDir, "geologd"), args: args,
@@ -356,8 +368,17 @@ func (c *LocalCluster) writeEnv() error {
 
 func (c *LocalCluster) Regions() []string      { return c.regions }
 func (c *LocalCluster) ClientTLS() *tls.Config { return c.tls }
-func (c *LocalCluster) Nodes() []Node          { return c.nodes }
-func (c *LocalCluster) WANControl() string     { return c.control }
+
+// OperatorTLS is the superuser's TLS configuration (principal
+// "operator"), nil when the nodes run --insecure: the injector changes
+// node membership (drain, decommission) as the operator would.
+func (c *LocalCluster) OperatorTLS() *tls.Config { return c.opTLS }
+func (c *LocalCluster) Nodes() []Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.nodes)
+}
+func (c *LocalCluster) WANControl() string { return c.control }
 
 // Dir is the cluster's folder (data, logs, env, pids).
 func (c *LocalCluster) Dir() string { return c.cfg.Dir }
@@ -372,7 +393,9 @@ func (c *LocalCluster) Caps() Caps {
 }
 
 func (c *LocalCluster) proc(n NodeRef) (*proc, error) {
+	c.mu.Lock()
 	p, ok := c.procs[n]
+	c.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("chaos: no node %s", n)
 	}
@@ -434,9 +457,10 @@ func (c *LocalCluster) Close() error {
 		return nil
 	}
 	c.closed = true
+	procs := maps.Clone(c.procs)
 	c.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, p := range c.procs {
+	for _, p := range procs {
 		wg.Add(1)
 		go func() { defer wg.Done(); p.stop(10 * time.Second) }()
 	}
@@ -475,7 +499,7 @@ func makePKI(dir string, shape Shape) (client, operator *tls.Config, err error) 
 		return nil, nil, err
 	}
 	for _, r := range shape.Regions {
-		for i := 1; i <= shape.NodesPerRegion; i++ {
+		for i := 1; i <= shape.NodesPerRegion+shape.SpareNodes; i++ {
 			pair, err := pki.CreateNode(ca, r, uint64(i), []string{"127.0.0.1", "localhost"}, pki.Options{})
 			if err == nil {
 				err = write(fmt.Sprintf("%s-n%d", r, i), pki.NodeCertFile, pki.NodeKeyFile, pair)
@@ -579,3 +603,67 @@ const (
 	chaosPrincipal    = "chaos"
 	operatorPrincipal = "operator"
 )
+
+// Join starts the next spare node of region (Shape.SpareNodes) with
+// --join through the region's first node, and waits until it answers. It
+// shares the others' flags; its Raft traffic does not ride the WAN
+// emulator (the region's nodes dial the address it advertises), so link
+// faults between nodes of a region do not reach it.
+func (c *LocalCluster) Join(ctx context.Context, region string) (Node, error) {
+	c.mu.Lock()
+	shared, ok := c.joinArgs[region]
+	i := c.joined[region] + 1
+	if !ok || i > c.shape.SpareNodes {
+		c.mu.Unlock()
+		return Node{}, fmt.Errorf("%w: no spare node left in region %q", ErrUnsupported, region)
+	}
+	c.joined[region] = i
+	var seed Node
+	for _, n := range c.nodes {
+		if n.Region == region && n.ID == 1 {
+			seed = n
+		}
+	}
+	c.mu.Unlock()
+	ref := NodeRef{region, c.shape.NodesPerRegion + i}
+	addr, err := c.ports.addr()
+	if err != nil {
+		return Node{}, err
+	}
+	debug, err := c.ports.addr()
+	if err != nil {
+		return Node{}, err
+	}
+	name := ref.Region + "-n" + strconv.Itoa(ref.ID)
+	args := []string{"--data-dir", filepath.Join(c.cfg.Dir, "data", name), "--listen", addr, "--advertise-addr", addr,
+		"--region", region, "--node-id", strconv.Itoa(ref.ID), "--join", seed.Addr, "--fsync", "always",
+		"--debug-addr", debug, "--debug-failpoints", "--log-level", c.cfg.LogLevel}
+	if c.tls == nil {
+		args = append(args, "--insecure")
+	} else {
+		args = append(args, "--certs-dir", filepath.Join(c.cfg.Dir, "certs", name), "--superusers", operatorPrincipal)
+	}
+	if !c.cfg.NoAtRest {
+		kek, err := makeKEK(c.cfg.Dir, ref)
+		if err != nil {
+			return Node{}, err
+		}
+		args = append(args, "--kek-file", kek)
+	}
+	pr := &proc{name: name, bin: filepath.Join(c.cfg.BinDir, "geologd"), args: append(args, shared...),
+		env:     []string{"GOMAXPROCS=" + strconv.Itoa(c.cfg.GOMAXPROCS)},
+		logPath: filepath.Join(c.cfg.Dir, name+".log"), pidPath: filepath.Join(c.cfg.Dir, "pids", name+".pid")}
+	if err := pr.start(); err != nil {
+		return Node{}, err
+	}
+	n := Node{NodeRef: ref, Addr: addr, ClientAddr: addr, DebugAddr: debug}
+	c.mu.Lock()
+	c.procs[ref] = pr
+	c.nodes = append(c.nodes, n)
+	c.mu.Unlock()
+	err = waitFor(ctx, 60*time.Second, func() bool { return pr.running() && answers(ctx, n.Addr, c.opTLS) })
+	if err != nil || !pr.running() {
+		return n, fmt.Errorf("chaos: joining %s did not come up (%s): %v", ref, pr.logPath, err)
+	}
+	return n, nil
+}

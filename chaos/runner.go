@@ -193,18 +193,30 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 	// and to equal it (a returning home forks its divergent tail off only
 	// once the new home's replicator reaches it). With homing the home is
 	// where the cluster says it is now.
-	finalHomes := slices.Clone(homes)
+	// Ranges may have split (a split fault, or the nodes' own splitter):
+	// the final reads cover every range of the stream's map.
+	spans, allHomes, err := wl.rangeMap(ctx, homes[0], homes)
+	if err != nil {
+		wl.waitConsumers(nil, 0)
+		res.Err = fmt.Errorf("chaos: the stream's range map at the end: %w", err)
+		return res
+	}
+	if spans != nil {
+		rec.setSpans(spans, allHomes)
+	}
+	rangeCount := uint32(len(allHomes))
+	finalHomes := slices.Clone(allHomes)
 	if cl.Caps().LeaseTTL > 0 {
 		for r, h := range in.currentHomes(ctx) {
 			finalHomes[r] = h.region
 		}
 		rec.setFinalHomes(finalHomes)
 	}
-	tails := make([]uint64, sc.Workload.Ranges)
+	tails := make([]uint64, rangeCount)
 	// One deadline for every copy: a mirror that never converges costs
 	// the wait once.
 	deadline := time.Now().Add(mirrorConvergeMax)
-	for r := range sc.Workload.Ranges {
+	for r := range rangeCount {
 		home := finalHomes[r]
 		want, err := wl.readCopy(ctx, home, r, 0, true)
 		rec.setFinal(home, r, err == nil)
@@ -242,6 +254,12 @@ func Run(ctx context.Context, cfg RunConfig, sc Scenario) (res Result) {
 	res.ConsumersBehind = wl.waitConsumers(tails, 30*time.Second)
 	if in.group != nil {
 		rec.setGroup(in.group.finish(ctx, rec.finalValues(), groupCatchUpMax))
+	}
+	if slices.ContainsFunc(sc.Faults, func(f Fault) bool { return f.Kind == KindJoin || f.Kind == KindDrain }) {
+		// The placement is part of the verdict: every range ends with its
+		// replication factor of voters (moves under way get a minute).
+		factor := min(3, sc.Shape.NodesPerRegion)
+		rec.setReplicas(in.replicaSets(ctx, rangeCount, factor, replicasSettleMax), factor)
 	}
 	h := rec.finish()
 
@@ -369,6 +387,10 @@ func failovers(h *History) (out []time.Duration, unrecovered int) {
 // every record of the final log.
 const groupCatchUpMax = time.Minute
 
+// replicasSettleMax bounds the wait for every range to have its
+// replication factor of voters at the end of a scenario that moved them.
+const replicasSettleMax = time.Minute
+
 // mirrorConvergeMax bounds the wait for the mirrors' copies to equal the
 // home's in the final reads (all of them together).
 const mirrorConvergeMax = 90 * time.Second
@@ -392,7 +414,7 @@ func sameLog(a, b []Observation) bool {
 func maxLag(h *History) time.Duration {
 	lag := time.Duration(-1)
 	for _, o := range h.Reads {
-		if o.Final || strings.HasPrefix(o.Source, "tail") || o.Region == h.Homes[o.Range] || o.AppendUnixNanos == 0 {
+		if o.Final || strings.HasPrefix(o.Source, "tail") || int(o.Range) >= len(h.Homes) || o.Region == h.Homes[o.Range] || o.AppendUnixNanos == 0 {
 			continue
 		}
 		lag = max(lag, time.Duration(h.Start.UnixNano()+o.At-o.AppendUnixNanos))

@@ -31,6 +31,10 @@ type Shape struct {
 	LeaseStore     bool     `json:"lease_store,omitempty"`
 	LeaseTTL       Duration `json:"lease_ttl,omitempty"`
 	MaxClockOffset Duration `json:"max_clock_offset,omitempty"`
+	// SpareNodes are nodes per region planned (ids after NodesPerRegion,
+	// certificates issued) but not started: a join fault starts one with
+	// --join (LocalCluster only).
+	SpareNodes int `json:"spare_nodes,omitempty"`
 	// NodeFlags are added to every geologd command line.
 	NodeFlags []string `json:"node_flags,omitempty"`
 }
@@ -189,13 +193,17 @@ func Scenarios() []Scenario {
 		memberKillLoop(full, 40*time.Second),
 		memberPartitioned(full, 40*time.Second),
 		coordinatorFailover(full, 40*time.Second),
+		splitUnderLoad(full, 30*time.Second),
+		joinAndDrain(Shape{Regions: []string{"us"}}, 40*time.Second),
+		killThenReplace(Shape{Regions: []string{"us"}}, 45*time.Second),
 	}
 }
 
-// Slice is the short fixed-seed slice that make test runs: five scenarios
+// Slice is the short fixed-seed slice that make test runs: six scenarios
 // on small clusters, one of them with homing (a one-node home region killed
 // and returned), one with a consumer group under member and coordinator
-// faults, about three minutes on two cores.
+// faults, one splitting ranges under load, about three and a half minutes
+// on two cores.
 func Slice() []Scenario {
 	region := Shape{Regions: []string{"us"}}
 	two := Shape{Regions: []string{"us", "eu"}, NodesPerRegion: 1}
@@ -205,6 +213,7 @@ func Slice() []Scenario {
 		leaderKillLoop(region, 20*time.Second),
 		zombieLeader(region, 17*time.Second),
 		regionLinkCut(two, 20*time.Second),
+		splitUnderLoad(region, 21*time.Second),
 		consumerFaults(region, 25*time.Second),
 		regionKillAndReturn(twoHoming, 8*time.Second, 22*time.Second),
 	}
@@ -443,6 +452,94 @@ func consumerFaults(shape Shape, d time.Duration) Scenario {
 			{Kind: KindMemberKill, Start: D(6 * time.Second), Duration: D(time.Second)},
 			{Kind: KindMemberPartition, Start: D(11 * time.Second), Duration: D(5 * time.Second)},
 			{Kind: KindKill, Target: Target{Node: "cursors:leader"}, Start: D(18 * time.Second), Duration: D(2 * time.Second)},
+		},
+		Duration: D(d),
+	}
+}
+
+// splitUnderLoad splits ranges while producers append keyed records,
+// consumers in every region subscribe and a consumer group consumes: range
+// 0, then range 1, then range 2 (range 0's left child: a child splits
+// again). Every range is homed in the first region (without a lease store
+// a stream homed in several regions does not split). The checkers read
+// the stream's range map at the end: per-key order across parent and
+// children, no loss or duplicate in any range, nothing in a parent at or
+// past its split offset, every key in a range that owns its hash.
+func splitUnderLoad(shape Shape, d time.Duration) Scenario {
+	shape = consumerShape(shape)
+	regions := shape.Regions
+	if len(regions) == 0 {
+		regions = (&Shape{}).defaults().Regions
+	}
+	return Scenario{
+		Name: "split-under-load",
+		Description: "split range 0, then range 1, then range 0's left child (2) under keyed producers, consumers and a consumer group: " +
+			"per-key order across parent and children, no loss, no duplicate, nothing past a split offset",
+		Shape:    shape,
+		Workload: Workload{Home: regions[0], Ranges: 2, KeysPerRange: 6, Group: GroupWorkload{Members: 2}},
+		Faults: []Fault{
+			{Kind: KindSplit, Target: Target{Range: 0}, Start: D(d / 6)},
+			{Kind: KindSplit, Target: Target{Range: 1}, Start: D(d * 2 / 6)},
+			{Kind: KindSplit, Target: Target{Range: 2}, Start: D(d * 3 / 6)},
+		},
+		Duration: D(d),
+	}
+}
+
+// rebalanceFlags make the region's rebalancer act within seconds (its
+// defaults are tens of seconds), as TestRegionGrowsThreeToSixProc runs it.
+var rebalanceFlags = []string{"--rebalance-interval", "1s", "--rebalance-moves-max", "3", "--leader-balance-interval", "1s"}
+
+// joinAndDrain grows a region by a node that joins with --join (the
+// rebalancer moves replicas onto it), then drains and decommissions
+// another node while producers, consumers and the tail readers run. The
+// checkers as always, and every range must end with its replication
+// factor of voters in every region (a move that never finished, or two
+// concurrent moves of one range, leave a fourth).
+func joinAndDrain(shape Shape, d time.Duration) Scenario {
+	shape.SpareNodes = max(shape.SpareNodes, 1)
+	shape.NodeFlags = append(slices.Clone(shape.NodeFlags), rebalanceFlags...)
+	regions := shape.Regions
+	if len(regions) == 0 {
+		regions = (&Shape{}).defaults().Regions
+	}
+	return Scenario{
+		Name: "join-and-drain",
+		Description: "a fourth node joins the home region under load (--join), replicas move onto it; then node 2 is drained and " +
+			"decommissioned while producers run: no loss, no duplicate, per-key order, every range ends with 3 voters",
+		Shape:    shape,
+		Workload: Workload{Home: regions[0], Ranges: 6, KeysPerRange: 2},
+		Faults: []Fault{
+			{Kind: KindJoin, Target: Target{A: regions[0]}, Start: D(4 * time.Second)},
+			{Kind: KindDrain, Target: Target{Node: regions[0] + ":n2"}, Params: Params{Decommission: true},
+				Start: D(d * 2 / 5), Duration: D(2 * time.Minute)},
+		},
+		Duration: D(d),
+	}
+}
+
+// killThenReplace: a fourth node joins, then node 3 is killed for longer
+// than the dead-node time (geologd --dead-node-after, 5s here): the
+// rebalancer rebuilds its replicas on the others from the live voters:
+// just before it restarts no range may name it (Params.Replaced). It
+// returns at the end; every range must end with 3 voters, nothing lost.
+func killThenReplace(shape Shape, d time.Duration) Scenario {
+	shape.SpareNodes = max(shape.SpareNodes, 1)
+	shape.NodeFlags = append(slices.Clone(shape.NodeFlags), append(slices.Clone(rebalanceFlags), "--dead-node-after", "5s")...)
+	regions := shape.Regions
+	if len(regions) == 0 {
+		regions = (&Shape{}).defaults().Regions
+	}
+	return Scenario{
+		Name: "kill-then-replace",
+		Description: "a fourth node joins; node 3 is SIGKILLed for 25s, past the 5s dead-node time: its replicas are rebuilt on the " +
+			"others under load; it returns at the end; no loss, every range ends with 3 voters",
+		Shape:    shape,
+		Workload: Workload{Home: regions[0], Ranges: 6, KeysPerRange: 2},
+		Faults: []Fault{
+			{Kind: KindJoin, Target: Target{A: regions[0]}, Start: D(3 * time.Second)},
+			{Kind: KindKill, Target: Target{Node: regions[0] + ":n3"}, Params: Params{Replaced: true},
+				Start: D(12 * time.Second), Duration: D(d - 15*time.Second)},
 		},
 		Duration: D(d),
 	}

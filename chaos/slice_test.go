@@ -132,6 +132,37 @@ func TestSlice(t *testing.T) {
 	if h := results[len(results)-2].History; h != nil && !t.Failed() {
 		groupCheckersBite(t, h)
 	}
+	if h := results[len(results)-3].History; h != nil && !t.Failed() {
+		splitCheckersBite(t, h)
+	}
+}
+
+// splitCheckersBite: the split scenario split three times, its children
+// were produced to and read by the consumers, and a record dropped from a
+// child's final read is found lost.
+func splitCheckersBite(t *testing.T, h *History) {
+	split := 0
+	for _, sp := range h.Spans {
+		if len(sp.Children) > 0 {
+			split++
+		}
+	}
+	if split != 3 {
+		t.Errorf("split-under-load: %d ranges split, want 3 (%v)", split, h.Spans)
+		return
+	}
+	i := slices.IndexFunc(h.Reads, func(o Observation) bool {
+		return o.Final && o.Range >= 2 && h.span(o.Range) != nil && len(h.span(o.Range).Children) == 0
+	})
+	if i < 0 || !slices.ContainsFunc(h.Reads, func(o Observation) bool { return !o.Final && o.Source == "consume/us" && o.Range >= 2 }) {
+		t.Errorf("split-under-load: no child read finally and by a consumer")
+		return
+	}
+	lost := *h
+	lost.Reads = slices.Delete(slices.Clone(h.Reads), i, i+1)
+	if q := CheckQueue(&lost); q.Counts[Lost] == 0 {
+		t.Errorf("a record dropped from a child's final read: no loss found (%v)", q.Anomalies)
+	}
 }
 
 // groupCheckersBite: the consumer scenario's members processed records,

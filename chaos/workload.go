@@ -44,8 +44,11 @@ type workload struct {
 	readWG      sync.WaitGroup
 	tailCancel  context.CancelFunc
 	tailWG      sync.WaitGroup
-	consumed    map[string][]*atomic.Uint64 // region → range → next offset delivered
-	outstanding atomic.Int64                // records produced, callback not yet run
+	posMu       sync.Mutex
+	positions   map[regionRange]*consumerPos // consumers' progress; ranges appear as they split
+	tailsMu     sync.Mutex
+	tailStarted map[uint32]bool // ranges with a tail reader
+	outstanding atomic.Int64    // records produced, callback not yet run
 }
 
 // newClient returns an SDK client that knows region's nodes.
@@ -59,7 +62,8 @@ func newClient(cl Cluster, region string) (*client.Client, error) {
 
 func newWorkload(w Workload, cl Cluster, stream string, regions, homes []string, rec *recorder, log hclog.Logger) (*workload, error) {
 	wl := &workload{w: w, cl: cl, stream: stream, regions: regions, homes: homes, rec: rec, log: log,
-		clients: map[string]*client.Client{}, stopProduce: make(chan struct{}), consumed: map[string][]*atomic.Uint64{}}
+		clients: map[string]*client.Client{}, stopProduce: make(chan struct{}), positions: map[regionRange]*consumerPos{},
+		tailStarted: map[uint32]bool{}}
 	for _, r := range regions {
 		c, err := newClient(cl, r)
 		if err != nil {
@@ -67,10 +71,6 @@ func newWorkload(w Workload, cl Cluster, stream string, regions, homes []string,
 			return nil, err
 		}
 		wl.clients[r] = c
-		wl.consumed[r] = make([]*atomic.Uint64, w.Ranges)
-		for i := range wl.consumed[r] {
-			wl.consumed[r][i] = &atomic.Uint64{}
-		}
 	}
 	// KeysPerRange keys in each range, interleaved so that writing them in
 	// turn spreads the load over the ranges.
@@ -206,27 +206,80 @@ func (wl *workload) startReaders(ctx context.Context) {
 	tctx, tcancel := context.WithCancel(ctx)
 	wl.tailCancel = tcancel
 	for r := range wl.w.Ranges {
-		wl.tailWG.Add(1)
-		go wl.readTail(tctx, r)
+		wl.startTail(tctx, r, wl.homes[r])
 	}
 }
 
+// regionRange names one consumer: a region's reader of a range.
+type regionRange struct {
+	region string
+	rng    uint32
+}
+
+// consumerPos is a consumer's progress in a range: the next offset to
+// deliver and the epoch of the record before it (checked on resuming).
+type consumerPos struct {
+	next, epoch atomic.Uint64
+}
+
+// position returns the progress of region's consumer of range r, created
+// at 0 the first time (a split's child).
+func (wl *workload) position(region string, r uint32) *consumerPos {
+	wl.posMu.Lock()
+	defer wl.posMu.Unlock()
+	p := wl.positions[regionRange{region, r}]
+	if p == nil {
+		p = &consumerPos{}
+		wl.positions[regionRange{region, r}] = p
+	}
+	return p
+}
+
+// startTail starts the tail reader of range r, homed in home, once.
+func (wl *workload) startTail(ctx context.Context, r uint32, home string) {
+	wl.tailsMu.Lock()
+	defer wl.tailsMu.Unlock()
+	if wl.tailStarted[r] {
+		return
+	}
+	wl.tailStarted[r] = true
+	wl.tailWG.Add(1)
+	go wl.readTail(ctx, r, home)
+}
+
+// consume follows range r in region from the consumer's position,
+// resubscribing where a subscription gives up. The SDK follows a split:
+// after the parent's last record it yields the children's (Range tells
+// them apart), each recorded under its own range. Once the parent was
+// read to its end (a subscription yielded a child's record), a new
+// subscription would read the children from 0 again: this consumer hands
+// over to one consumer per child, each from its own position.
 func (wl *workload) consume(ctx context.Context, region string, r uint32) {
 	defer wl.readWG.Done()
 	c := wl.clients[region]
 	source := "consume/" + region
-	var epoch uint64 // of the record at consumed-1, checked on resuming
+	pos := wl.position(region, r)
+	ended := false // a child's record came: r was read to its end
 	for ctx.Err() == nil {
-		next := wl.consumed[region][r].Load()
-		for rec, err := range c.Subscribe(ctx, wl.stream, r, client.StartAt{Offset: next, Epoch: epoch}) {
+		if ended {
+			if end, ok := wl.rangeEnd(ctx, c, r, pos.next.Load()); ok {
+				for _, child := range end.Children {
+					wl.readWG.Add(1)
+					go wl.consume(ctx, region, child)
+				}
+				return
+			}
+		}
+		for rec, err := range c.Subscribe(ctx, wl.stream, r, client.StartAt{Offset: pos.next.Load(), Epoch: pos.epoch.Load()}) {
 			var fe *client.ForkError
 			if errors.As(err, &fe) {
 				// It delivered a divergent tail (the RPO): read the log
 				// again from where it forked, as an application would.
-				wl.log.Info("consumer read a divergent tail; reading again from the fork", "region", region, "range", r,
+				wl.log.Info("consumer read a divergent tail; reading again from the fork", "region", region, "range", fe.Range,
 					"fork_offset", fe.Offset, "delivered_end", fe.DeliveredEnd)
-				wl.consumed[region][r].Store(fe.Offset)
-				epoch = 0 // the fork point is checked by the log's own order
+				fp := wl.position(region, fe.Range)
+				fp.next.Store(fe.Offset)
+				fp.epoch.Store(0) // the fork point is checked by the log's own order
 				break
 			}
 			if err != nil {
@@ -235,13 +288,27 @@ func (wl *workload) consume(ctx context.Context, region string, r uint32) {
 				}
 				break
 			}
-			wl.rec.addReads(Observation{Source: source, Region: region, Range: r, Offset: rec.Offset, Epoch: rec.Epoch,
+			wl.rec.addReads(Observation{Source: source, Region: region, Range: rec.Range, Offset: rec.Offset, Epoch: rec.Epoch,
 				Key: string(rec.Key), Value: string(rec.Value), At: wl.rec.now(), AppendUnixNanos: rec.AppendTime.UnixNano()})
-			wl.consumed[region][r].Store(rec.Offset + 1)
-			epoch = rec.Epoch
+			p := pos
+			if rec.Range != r {
+				ended, p = true, wl.position(region, rec.Range)
+			}
+			p.next.Store(rec.Offset + 1)
+			p.epoch.Store(rec.Epoch)
 		}
 		sleepUntil(ctx, time.Now().Add(300*time.Millisecond))
 	}
+}
+
+// rangeEnd reports whether range r split with its log ending at or before
+// offset, and where its keys continue (a read there answers RANGE_SPLIT).
+func (wl *workload) rangeEnd(ctx context.Context, c *client.Client, r uint32, offset uint64) (client.RangeEnd, bool) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := c.Read(rctx, wl.stream, r, offset, client.ReadOptions{MaxRecords: 1})
+	end, ok := client.RangeEnded(err)
+	return end, ok && offset >= end.SplitOffset
 }
 
 // readTail reads range r at its home with consistency "home" every
@@ -253,9 +320,9 @@ func (wl *workload) consume(ctx context.Context, region string, r uint32) {
 // under the reader) or is gone, the reader's copy is of a timeline that is
 // not the log's any more, and it starts over from offset 0 as a new
 // source ("tail#1", ...), whose reads the checkers take in order again.
-func (wl *workload) readTail(ctx context.Context, r uint32) {
+func (wl *workload) readTail(ctx context.Context, r uint32, home string) {
 	defer wl.tailWG.Done()
-	c := wl.clients[wl.homes[r]]
+	c := wl.clients[home]
 	source := "tail"
 	hashes := []uint64{0} // hashes[n]: ChainHash of records [0, n)
 	var last client.StoredRecord
@@ -285,6 +352,14 @@ func (wl *workload) readTail(ctx context.Context, r uint32) {
 			res, err := c.Read(rctx, wl.stream, r, readFrom, client.ReadOptions{Consistency: client.ConsistencyHome, MaxRecords: 2000})
 			cancel()
 			ret := wl.rec.now()
+			if end, ok := client.RangeEnded(err); ok && readFrom >= end.SplitOffset {
+				// Read to its end (a split): the children have their own
+				// readers, homed where the parent is.
+				for _, child := range end.Children {
+					wl.startTail(ctx, child, home)
+				}
+				return
+			}
 			if err != nil {
 				if from > 0 && client.CodeOf(err) == client.CodeOffsetOutOfRange {
 					restart(err.Error())
@@ -302,9 +377,19 @@ func (wl *workload) readTail(ctx context.Context, r uint32) {
 				}
 				recs = recs[1:]
 			}
+			if len(recs) == 0 {
+				// Nothing new: the range may have ended at a split
+				// (reading from before its end does not say so).
+				if end, ok := wl.rangeEnd(ctx, c, r, from); ok {
+					for _, child := range end.Children {
+						wl.startTail(ctx, child, home)
+					}
+					return
+				}
+			}
 			var obs []Observation
 			for _, rec := range recs {
-				obs = append(obs, Observation{Source: source, Region: wl.homes[r], Range: r, Offset: rec.Offset, Epoch: rec.Epoch,
+				obs = append(obs, Observation{Source: source, Region: home, Range: r, Offset: rec.Offset, Epoch: rec.Epoch,
 					Key: string(rec.Key), Value: string(rec.Value), At: ret, AppendUnixNanos: rec.AppendTime.UnixNano()})
 				if rec.Offset != uint64(len(hashes)-1) {
 					broken = true
@@ -347,7 +432,7 @@ func (wl *workload) waitConsumers(tails []uint64, timeout time.Duration) []strin
 		behind = behind[:0]
 		for _, region := range wl.regions {
 			for r, t := range tails {
-				if got := wl.consumed[region][r].Load(); got < t {
+				if got := wl.position(region, uint32(r)).next.Load(); got < t {
 					behind = append(behind, fmt.Sprintf("%s/%d at %d of %d", region, r, got, t))
 				}
 			}
@@ -380,6 +465,9 @@ func (wl *workload) readCopy(ctx context.Context, region string, r uint32, minTa
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		res, err := c.Read(rctx, wl.stream, r, next, opts)
 		cancel()
+		if end, ok := client.RangeEnded(err); ok && next >= end.SplitOffset && next >= minTail {
+			return obs, nil // the range split: its log ends there
+		}
 		if err != nil {
 			return nil, fmt.Errorf("final read of %s/%d at %d: %w", region, r, next, err)
 		}
