@@ -224,7 +224,11 @@ func (e *env) listNodes(ctx context.Context, a *adminDialer, asJSON bool) error 
 	}
 	fmt.Fprintf(e.stdout, "\nmoves under way (rebalancer on node %d): %d\n", doc.RebalancerNode, len(doc.Moves))
 	for _, m := range doc.Moves {
-		fmt.Fprintf(e.stdout, "  %s/%d  %d -> %d  %s  %s\n", m.Stream, m.Range, m.From, m.To, m.Reason, m.Running)
+		to := strconv.FormatUint(m.To, 10)
+		if m.To == 0 {
+			to = "(removed)" // an excess voter taken off, no replacement
+		}
+		fmt.Fprintf(e.stdout, "  %s/%d  %d -> %s  %s  %s\n", m.Stream, m.Range, m.From, to, m.Reason, m.Running)
 	}
 	return nil
 }
