@@ -352,7 +352,10 @@ func TestSequenceGapBehindFailedBatchIsRewound(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 1)
 	c := newClient(t, fake.Addr())
-	p := newProducer(t, c, "s", client.InflightBatchesMax(5))
+	// The batch held below answers nothing until the window is full; on a
+	// busy machine that outlasts the 1 s attempt timeout, whose resend of
+	// the window would make the in-flight count below never match.
+	p := newProducer(t, c, "s", client.InflightBatchesMax(5), client.AppendAttemptTimeout(0))
 	ctx := testCtx(t)
 	warmUp(t, p)
 
@@ -393,8 +396,9 @@ func TestFinalErrorFailsOnlyItsBatch(t *testing.T) {
 	fake := startFake(t, clienttest.Config{RecordBytesMax: 100})
 	fake.MustCreateStream("s", 1)
 	c := newClient(t, fake.Addr())
-	// 250 bytes: no two of these records share a batch.
-	p := newProducer(t, c, "s", client.BatchBytesMax(250))
+	// 250 bytes: no two of these records share a batch. No attempt
+	// timeout: the held batch must not be resent (see above).
+	p := newProducer(t, c, "s", client.BatchBytesMax(250), client.AppendAttemptTimeout(0))
 	ctx := testCtx(t)
 	warmUp(t, p)
 
