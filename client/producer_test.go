@@ -151,7 +151,7 @@ func TestLingerZeroBatchesBehindFullWindow(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 1)
 	c := newClient(t, fake.Addr())
-	p := newProducer(t, c, "s", client.InflightBatchesMax(1))
+	p := newProducer(t, c, "s", client.InflightBatchesMax(1), client.AppendAttemptTimeout(0)) // the held batch is not resent
 	ctx := testCtx(t)
 
 	start := time.Now()
@@ -221,7 +221,7 @@ func TestInflightWindowBound(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 1)
 	c := newClient(t, fake.Addr())
-	p := newProducer(t, c, "s", client.InflightBatchesMax(3))
+	p := newProducer(t, c, "s", client.InflightBatchesMax(3), client.AppendAttemptTimeout(0)) // the held batches are not resent
 	ctx := testCtx(t)
 	warmUp(t, p)
 
@@ -523,7 +523,7 @@ func TestCancelBufferedRecord(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 1)
 	c := newClient(t, fake.Addr())
-	p := newProducer(t, c, "s", client.InflightBatchesMax(1))
+	p := newProducer(t, c, "s", client.InflightBatchesMax(1), client.AppendAttemptTimeout(0)) // the held batch is not resent
 	ctx := testCtx(t)
 
 	hold := make(chan struct{})
