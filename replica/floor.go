@@ -132,7 +132,13 @@ func (r *Replica) shareFloor() {
 	f := &r.floorShare
 	floor, ok := r.compactionFloor()
 	f.rounds++
-	if f.sentOffset == floor && f.sentNone == !ok && f.sentTerm == r.term && f.rounds < floorShareRounds {
+	unchanged := f.sentOffset == floor && f.sentNone == !ok && f.sentTerm == r.term
+	// An unchanged floor is sent again every floorShareRounds calls. While
+	// the group is quiesced, neither that nor a no-floor message is sent:
+	// an idle range sends nothing, and both only let a follower compact
+	// (one that has not heard compacts nothing, which keeps more). A
+	// changed floor is sent at once, quiesced or not.
+	if (unchanged && f.rounds < floorShareRounds) || (r.quiesce.on && (unchanged || !ok)) {
 		return
 	}
 	var msgs []*raftpb.Message
