@@ -88,6 +88,15 @@ func (r *Replica) compactable(cands []segment.SegmentInfo) int {
 	// Only what is published: a reader never finds the start past the
 	// committed end.
 	limit := min(r.appliedIndex, r.markedIndex())
+	if r.split.index != 0 {
+		// A split marker is the range's fence against appends (split.go):
+		// a replica whose log lost it (retention here, or a snapshot
+		// from a leader whose log did) would take appends after the
+		// split. The segment that holds it stays, and with it every
+		// snapshot of this log carries it. A split range takes no more
+		// appends, so this keeps at most one segment.
+		limit = min(limit, r.split.index-1)
+	}
 	if first, ok := r.pins.min(); ok {
 		limit = min(limit, first-1)
 	}

@@ -344,6 +344,8 @@ func (r *Replica) replayLog(headers []batch.Header) error {
 		}
 		if h.Index > r.state.SnapshotIndex || r.state.SnapshotIndex == 0 {
 			r.recordHeader(h) // the base covers the frames up to the compaction point
+		} else if h.Type == batch.TypeSplit {
+			r.noteSplitFrame(h) // committed below the compaction point: still the fence
 		}
 	}
 	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, r.state.SnapshotAppendUnixNanos)

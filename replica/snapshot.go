@@ -446,6 +446,9 @@ type StagedSnapshot struct {
 	staging *segment.Staging
 	// decision is the newest compaction marker in the body.
 	decision batch.Compaction
+	// split is the split marker in the body (Index 0: none): below the
+	// snapshot index, so committed, and the range's fence (split.go).
+	split batch.Header
 }
 
 // Discard drops a staged snapshot that will not be installed. A nil
@@ -518,7 +521,7 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 			r.cfg.Orphans.discard(forks)
 		}
 	}()
-	decision, err := r.stageFrames(st, body, d, base)
+	decision, split, err := r.stageFrames(st, body, d, base)
 	if err != nil {
 		return nil, err
 	}
@@ -542,7 +545,7 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 		}
 	}
 	ok = true
-	return &StagedSnapshot{staging: st, base: base, decision: decision, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
+	return &StagedSnapshot{staging: st, base: base, decision: decision, split: split, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
 		AppendUnixNanos: appendTime, Conf: proto.Clone(meta.GetConfState()).(*raftpb.ConfState), Producers: base.encode(),
 		CompactedEpoch: d.CompactedEpoch}}, nil
 }
@@ -574,10 +577,12 @@ func checkSnapshotMessage(m *raftpb.Message) (snapshotDesc, error) {
 // stageFrames reads the snapshot body's frames (as many as d describes, or
 // fewer where compaction by key removed some) into the staging st, records
 // those past the producer base's index in base, raises the epoch floor to
-// the data frames' and returns the newest compaction decision among them.
-func (r *Replica) stageFrames(st *segment.Staging, body io.Reader, d snapshotDesc, base *producerBase) (batch.Compaction, error) {
+// the data frames' and returns the newest compaction decision among them
+// and the split marker's header (Index 0: none).
+func (r *Replica) stageFrames(st *segment.Staging, body io.Reader, d snapshotDesc, base *producerBase) (batch.Compaction, batch.Header, error) {
 	fr := frameReader{r: body}
 	var decision batch.Compaction
+	var split batch.Header
 	for i := uint64(0); i < d.Frames; i++ {
 		frame, err := fr.next()
 		if err == io.EOF && i > 0 {
@@ -587,17 +592,20 @@ func (r *Replica) stageFrames(st *segment.Staging, body io.Reader, d snapshotDes
 			break
 		}
 		if err != nil {
-			return decision, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
+			return decision, split, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
 		}
 		h, err := st.Append(frame)
 		if err != nil {
-			return decision, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
+			return decision, split, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
 		}
 		if h.Index > d.ProducersIndex {
 			base.record(h)
 		}
 		if h.Type == batch.TypeData {
 			r.raiseEpoch(h.Epoch)
+		}
+		if h.Type == batch.TypeSplit {
+			split = h
 		}
 		if h.Type == batch.TypeCompact {
 			if _, c, err := batch.DecodeCompaction(frame); err == nil && c.Point > decision.Point {
@@ -606,9 +614,9 @@ func (r *Replica) stageFrames(st *segment.Staging, body io.Reader, d snapshotDes
 		}
 	}
 	if err := fr.end(); err != nil {
-		return decision, fmt.Errorf("%w: after %d frames: %w", ErrSnapshotInvalid, d.Frames, err)
+		return decision, split, fmt.Errorf("%w: after %d frames: %w", ErrSnapshotInvalid, d.Frames, err)
 	}
-	return decision, nil
+	return decision, split, nil
 }
 
 // frameReader reads whole frames from a snapshot body.
@@ -742,6 +750,9 @@ func (r *Replica) installSnapshot(snap *raftpb.Snapshot) error {
 	}
 	if err := r.rebuildDedup(); err != nil {
 		return err
+	}
+	if st.split.Index != 0 {
+		r.noteSplitFrame(st.split) // at or below the snapshot index: rebuildDedup skips it
 	}
 	r.lastAppendUnixNanos = max(r.lastAppendUnixNanos, m.AppendUnixNanos)
 	r.logAppendUnixNanos = max(r.logAppendUnixNanos, m.AppendUnixNanos)
