@@ -53,6 +53,15 @@ import (
 // (reads, second takeovers, rehomes, replaced replicas), set by tests:
 // each check must report its own.
 type mutations struct {
+	// movesAlways: every run of one region moves replicas (moves.go).
+	movesAlways bool
+	// moveConcurrent: the planner's snapshot shows no move under way and
+	// its moves carry no Planned voters, so two moves of a range may run
+	// at once (the one-change-per-range rule undone).
+	moveConcurrent bool
+	// moveNoHandOff: a range leader proposes its own removal without
+	// handing its lead off first.
+	moveNoHandOff bool
 	// readNoLease: home reads skip View.CheckRead (the fix bb6ec9d
 	// undone in the simulator's read path).
 	readNoLease bool

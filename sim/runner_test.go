@@ -174,6 +174,7 @@ func (s *summary) add(res Result, err error) {
 	t.Geo = t.Geo.add(res.Geo)
 	t.Homing = t.Homing.add(res.Homing)
 	t.Orphans = t.Orphans.add(res.Orphans)
+	t.Moves = t.Moves.add(res.Moves)
 	t.VirtualMs += res.VirtualMs
 }
 
@@ -205,6 +206,9 @@ func (s *summary) report(t *testing.T, of int) {
 	if s.regions > 1 {
 		t.Logf("sim: %d seeds of %d regions%s%s%s", s.seeds, s.regions, tot.Geo, tot.Homing, tot.Orphans)
 	}
+	if tot.Moves.Spares > 0 {
+		t.Logf("sim: %d seeds with moves%s", tot.Moves.Runs, tot.Moves)
+	}
 	if s.failed > 0 {
 		return
 	}
@@ -231,5 +235,8 @@ func (s *summary) exercised(t *testing.T) {
 		h.Reads.Local == 0 || h.Reads.HomeReads == 0 || h.Reads.Fenced == 0 || h.Reads.ForkExplained == 0 ||
 		h.Rehomes.Moved == 0 || h.Rehomes.StopLeaderChanges == 0 || h.Replaced.Promoted == 0) {
 		t.Fatalf("homing went unexercised: %v", h)
+	}
+	if m := tot.Moves; s.regions == 1 && (m.Joined == 0 || m.Drained == 0 || m.Done == 0 || m.HandOffs == 0 || m.AimedCrashes == 0 || m.AimedPartition == 0) {
+		t.Fatalf("replica moves went unexercised: %v", m)
 	}
 }

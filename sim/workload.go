@@ -31,7 +31,13 @@ func (w *world) produce() {
 				// No answer: the request, its reply or the node was lost.
 				// Resend the same batch, same sequence, anywhere.
 				w.res.Retries++
-				b.target = 1 + w.rng.IntN(w.opt.Nodes)
+				to := 1 + w.rng.IntN(w.perRegion)
+				if w.moves.on && b.hinted {
+					// With moves the leader may be on a node that joined:
+					// the producer resends where the hint said, once.
+					to = b.target
+				}
+				b.target, b.hinted = to, false
 				w.sendRequest(p, r, b)
 			}
 		}
@@ -105,6 +111,9 @@ func (w *world) admit(n *node, r int) (uint64, error) {
 // ackable is the lease check before a node acks res (homing.go), then
 // the check of the ack against the store's truth (which fails the run).
 func (w *world) ackable(n *node, r int, res replica.Result, epoch uint64) error {
+	if err := w.moves.ackable(n, r, res); err != nil && w.err == nil {
+		w.err = err
+	}
 	if w.homing == nil {
 		return nil
 	}
@@ -136,8 +145,8 @@ func (w *world) reply(e *event) {
 			p.home[e.rng] = w.homeRegion(e.rng) // it describes the stream again
 		}
 		if hint := apierr.As(e.res.Err).LeaderHint; strings.HasPrefix(hint, "node:") {
-			if id, err := strconv.Atoi(strings.TrimPrefix(hint, "node:")); err == nil && id >= 1 && id <= w.opt.Nodes {
-				b.target = id
+			if id, err := strconv.Atoi(strings.TrimPrefix(hint, "node:")); err == nil && id >= 1 && id <= w.perRegion {
+				b.target, b.hinted = id, true
 			}
 		}
 		b.sentAt = w.now - replyTimeout + 5 + w.rng.Int64N(20) // retry soon
@@ -174,6 +183,9 @@ func (w *world) reply(e *event) {
 func (w *world) busy() bool {
 	if w.homing != nil && w.homing.busy() {
 		return true // a replica replacement under way (replace.go)
+	}
+	if w.moves.busy() {
+		return true // moves under way (moves.go)
 	}
 	for _, p := range w.prods {
 		for _, b := range p.batch {
@@ -406,9 +418,17 @@ func (w *world) finalCheck() error {
 			return fmt.Errorf("range %d: acked %q at %d is lost (%d acked records lost; the log has %d)", r, w.acked[r][first], first, lost, len(w.canonical[r]))
 		}
 		for _, n := range w.regionNodes(w.homeRegion(r)) {
+			if !w.moves.member(r, uint64(n.id)) {
+				continue // removed: it keeps what it had (moves.go)
+			}
 			if c := n.replicas[r].Committed(); c != uint64(len(w.canonical[r])) {
 				return fmt.Errorf("range %d: node %d committed %d, the log has %d", r, n.id, c, len(w.canonical[r]))
 			}
+		}
+	}
+	if w.moves.on {
+		if err := w.moves.final(); err != nil {
+			return err
 		}
 	}
 	if w.geo != nil {
