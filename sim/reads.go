@@ -59,6 +59,13 @@ type mutations struct {
 	// its moves carry no Planned voters, so two moves of a range may run
 	// at once (the one-change-per-range rule undone).
 	moveConcurrent bool
+	// moveAskUnchecked: the check of one change asked per range at a
+	// time is off (to show what the configuration checks catch).
+	moveAskUnchecked bool
+	// moveStray: a node removed from a range restarts its replica as a
+	// new group of its own (a stray that bootstraps instead of staying
+	// removed): what it acks must not count.
+	moveStray bool
 	// moveNoHandOff: a range leader proposes its own removal without
 	// handing its lead off first.
 	moveNoHandOff bool

@@ -552,6 +552,9 @@ func (w *world) start(n *node) error {
 	}
 	for r := 0; r < w.opt.Ranges; r++ {
 		dir := filepath.Join("/data", strconv.Itoa(r))
+		if err := w.moves.stray(n, r, replica.FileState{FS: n.fs, Dir: dir}); err != nil {
+			return err
+		}
 		var headers []batch.Header
 		st, err := segment.Open(segment.Config{
 			Dir: dir, FS: n.fs, SegmentBytesMax: w.segmentBytesMax, Logger: w.opt.Logger, Now: w.clock,
