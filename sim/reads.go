@@ -53,6 +53,8 @@ import (
 // (reads, second takeovers, rehomes, replaced replicas), set by tests:
 // each check must report its own.
 type mutations struct {
+	// splitAlways: every run of one region splits range 0 (split.go).
+	splitAlways bool
 	// movesAlways: every run of one region moves replicas (moves.go).
 	movesAlways bool
 	// moveConcurrent: the planner's snapshot shows no move under way and

@@ -175,6 +175,7 @@ func (s *summary) add(res Result, err error) {
 	t.Homing = t.Homing.add(res.Homing)
 	t.Orphans = t.Orphans.add(res.Orphans)
 	t.Moves = t.Moves.add(res.Moves)
+	t.Splits = t.Splits.add(res.Splits)
 	t.VirtualMs += res.VirtualMs
 }
 
@@ -208,6 +209,9 @@ func (s *summary) report(t *testing.T, of int) {
 	}
 	if tot.Moves.Spares > 0 {
 		t.Logf("sim: %d seeds with moves%s", tot.Moves.Runs, tot.Moves)
+	}
+	if tot.Splits.Runs > 0 {
+		t.Logf("sim: %d seeds with a split%s", tot.Splits.Runs, tot.Splits)
 	}
 	if s.failed > 0 {
 		return

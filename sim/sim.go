@@ -88,6 +88,8 @@ type Result struct {
 	Orphans OrphanResult
 	// Moves is what replica moves, joins and drains did (moves.go).
 	Moves MoveResult
+	// Splits is what the split did (split.go).
+	Splits SplitResult
 	// VirtualMs is the virtual time the run covered: its faults, the
 	// healing and the final checks.
 	VirtualMs int64
@@ -96,7 +98,7 @@ type Result struct {
 func (r Result) String() string {
 	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
 		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
-		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String() + r.Orphans.String() + r.Moves.String()
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String() + r.Orphans.String() + r.Moves.String() + r.Splits.String()
 }
 
 const (
@@ -303,6 +305,7 @@ type world struct {
 	homing     *homeWorld   // Regions > 1
 	orphanLogs *orphanWorld // Regions > 1
 	moves      *moveWorld   // Regions 1, one run in two (moves.go)
+	splits     *splitWorld  // Regions 1, one run in two (split.go)
 	// perRegion is the nodes of a region: Nodes and the spares that join
 	// during the run (moves.go).
 	perRegion int
@@ -331,6 +334,7 @@ func Run(opt Options) (res Result, err error) {
 	}()
 	w.drawFaults()
 	w.moves = newMoveWorld(w)
+	w.splits = newSplitWorld(w)
 	defer w.moves.stop()
 	if err := w.build(); err != nil {
 		return w.res, err
@@ -483,6 +487,7 @@ func (w *world) heal() {
 func (w *world) tally() {
 	w.res.VirtualMs = w.now
 	w.res.Moves = w.moves.res
+	w.res.Splits = w.splits.res
 	for r := range w.canonical {
 		w.res.Committed += len(w.canonical[r])
 	}
@@ -714,6 +719,7 @@ func (w *world) step() {
 		w.tampered = w.opt.tamper(w)
 	}
 	w.moves.step()
+	w.splits.step()
 	w.produce()
 	if w.err == nil {
 		w.err = w.check()

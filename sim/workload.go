@@ -19,7 +19,7 @@ func (w *world) produce() {
 		for r := range p.batch {
 			b := p.batch[r]
 			switch {
-			case b == nil && newBatches && w.rng.Float64() < 0.05:
+			case b == nil && newBatches && w.rng.Float64() < 0.05 && !w.splits.ended(r):
 				n := 1 + w.rng.IntN(3)
 				b = &inflight{seq: p.nextSeq[r], target: 1 + w.rng.IntN(w.opt.Nodes)}
 				for i := 0; i < n; i++ {
@@ -133,6 +133,9 @@ func (w *world) reply(e *event) {
 	p := w.prods[e.producer-1]
 	seq := e.batchSeq
 	if e.res.Err != nil {
+		if b := p.batch[e.rng]; b != nil && b.seq == seq && e.pid == p.pid(e.rng) && w.splits.refused(p, e.rng, e.res.Err) {
+			return // split.go: the batch is given up
+		}
 		if !rpcerr.IsRetriable(e.res.Err) {
 			w.err = fmt.Errorf("producer %d range %d seq %d: final error %v", p.id, e.rng, seq, e.res.Err)
 			return
@@ -296,6 +299,11 @@ func (w *world) checkHome(n *node, r int, committed uint64) error {
 			if err != nil {
 				return err
 			}
+			if marker, err := w.splits.frame(n, r, h); err != nil {
+				return err
+			} else if marker {
+				n.verified[r] = max(n.verified[r], h.BaseOffset+1)
+			}
 			if h.Type != batch.TypeData {
 				continue
 			}
@@ -359,6 +367,9 @@ func (w *world) epochOrder(n *node, r int, base uint64, frame []byte) error {
 
 func (w *world) canonize(r int, off uint64, v string) error {
 	canon := w.canonical[r]
+	if err := w.splits.canonize(r, off, v); err != nil {
+		return err
+	}
 	if off < uint64(len(canon)) {
 		if canon[off] != v {
 			return fmt.Errorf("range %d offset %d: committed %q here, %q elsewhere", r, off, v, canon[off])
@@ -421,8 +432,8 @@ func (w *world) finalCheck() error {
 			if !w.moves.member(r, uint64(n.id)) {
 				continue // removed: it keeps what it had (moves.go)
 			}
-			if c := n.replicas[r].Committed(); c != uint64(len(w.canonical[r])) {
-				return fmt.Errorf("range %d: node %d committed %d, the log has %d", r, n.id, c, len(w.canonical[r]))
+			if c := n.replicas[r].Committed(); c != w.splits.end(r) {
+				return fmt.Errorf("range %d: node %d committed %d, the log has %d", r, n.id, c, w.splits.end(r))
 			}
 		}
 	}
@@ -430,6 +441,9 @@ func (w *world) finalCheck() error {
 		if err := w.moves.final(); err != nil {
 			return err
 		}
+	}
+	if err := w.splits.final(); err != nil {
+		return err
 	}
 	if w.geo != nil {
 		if err := w.homing.finalTaken(); err != nil {
