@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/replicamove"
@@ -121,6 +122,7 @@ type moveWorld struct {
 	// asking is, per range, the Change calls the simulator is carrying
 	// out (at most one).
 	asking []int
+	loop   *placement.Loop
 	// strays are the (node, range) replicas a test's mutation restarted
 	// as groups of their own (moveStray): not the range's group.
 	strays map[[2]int]bool
@@ -133,6 +135,7 @@ type move struct {
 	r        int
 	from, to uint64
 	kind     string // planner's reason, "operator", "cleanup"
+	loop     bool   // the rebalancer's Loop started it (Done at its end)
 	calls    chan *adminCall
 	answers  chan adminAnswer
 	cur      *adminCall
@@ -179,6 +182,8 @@ func newMoveWorld(w *world) *moveWorld {
 	m.applied = make([]uint64, w.opt.Ranges)
 	m.members = make([]map[uint64]bool, w.opt.Ranges)
 	m.asking = make([]int, w.opt.Ranges)
+	// regionsvc's defaults: MovesMax 2, DeadNodeAfter 5 minutes.
+	m.loop = placement.NewLoop(placement.LoopConfig{MovesMax: 2, DeadAfter: 5 * time.Minute})
 	for r := range m.conf {
 		m.conf[r] = &raftpb.ConfState{}
 		m.members[r] = map[uint64]bool{}
@@ -342,26 +347,35 @@ func (m *moveWorld) moving(r int) bool {
 	return slices.ContainsFunc(m.moves, func(mv *move) bool { return mv.r == r })
 }
 
-// plan runs the planner and starts its moves; a learner left behind by
-// a move that failed is removed first, as the rebalancer's cleanup does.
+// plan runs the rebalancer's core (placement.Loop, as
+// regionsvc/rebalance.go drives it) and starts its moves and learner
+// removals, each with Planned: the voters the snapshot gave.
 func (m *moveWorld) plan() {
-	for r := range m.conf {
-		if ls := m.conf[r].GetLearners(); len(ls) > 0 && !m.moving(r) {
-			m.res.Cleanups++
-			m.start(r, ls[0], 0, "cleanup", nil)
+	w := m.w
+	if w.opt.mut.moveConcurrent {
+		// The Loop's bookkeeping and Planned undone: the planner alone.
+		for _, mv := range placement.Plan(m.region(), placement.Config{MovesMax: 2}) {
+			m.res.Planned++
+			m.start(int(mv.Range.Range), mv.From, mv.To, mv.Reason.String(), nil).loop = false
 		}
+		return
 	}
-	for _, mv := range placement.Plan(m.region(), placement.Config{MovesMax: 2}) {
+	down := map[uint64]bool{}
+	for _, n := range w.regionNodes(0) {
+		down[uint64(n.id)] = n.gen > 0 && !n.up
+	}
+	now := w.clock()
+	m.loop.Observe(now, down)
+	reg := m.region()
+	moves, cleanups := m.loop.Next(now, reg)
+	for _, c := range cleanups {
+		m.res.Cleanups++
+		m.start(int(c.Range.Range), c.Learner, 0, "cleanup", nil)
+	}
+	for _, mv := range moves {
 		r := int(mv.Range.Range)
-		if m.moving(r) && !m.w.opt.mut.moveConcurrent {
-			continue
-		}
 		m.res.Planned++
-		var planned []uint64
-		if !m.w.opt.mut.moveConcurrent {
-			planned = slices.Clone(m.conf[r].GetVoters())
-		}
-		m.start(r, mv.From, mv.To, mv.Reason.String(), planned)
+		m.start(r, mv.From, mv.To, mv.Reason.String(), slices.Clone(reg.Ranges[r].Replicas))
 	}
 }
 
@@ -389,9 +403,10 @@ func (m *moveWorld) operator() {
 
 // start runs one move's replicamove call on its goroutine and takes its
 // first Admin call. to 0: remove from (Excess, cleanup).
-func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64) {
+func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64) *move {
 	w := m.w
-	mv := &move{r: r, from: from, to: to, kind: kind, calls: make(chan *adminCall), answers: make(chan adminAnswer), proposed: -1, faultAt: -1}
+	mv := &move{r: r, from: from, to: to, kind: kind, calls: make(chan *adminCall), answers: make(chan adminAnswer), proposed: -1, faultAt: -1,
+		loop: kind != "operator"}
 	if w.now < int64(w.opt.Steps) && m.rng.IntN(2) == 0 {
 		mv.faultAt, mv.fault = w.now+m.rng.Int64N(400), m.rng.IntN(6)
 	}
@@ -400,7 +415,10 @@ func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64)
 	go func() {
 		ctx := context.Background()
 		var err error
-		if to == 0 {
+		if kind == "cleanup" {
+			// rebalancer.startCleanup: the learner's removal, as is.
+			_, err = adm.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+		} else if to == 0 {
 			err = replicamove.Remove(ctx, adm, from, m.rf, replicamove.Config{})
 		} else {
 			err = replicamove.Replace(ctx, adm, from, to, replicamove.Config{PollInterval: 1, LagEntriesMax: moveCatchUpLag, Planned: planned})
@@ -412,6 +430,7 @@ func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64)
 	}()
 	m.took(mv)
 	m.moves = append(m.moves, mv)
+	return mv
 }
 
 // simAdmin is replicamove.Admin over the simulator: each call waits for
@@ -480,8 +499,12 @@ func (m *moveWorld) serve(mv *move) {
 		if w.now-mv.since < movePollMs {
 			return
 		}
-		if l := w.leaderOf(0, mv.r); l != nil {
+		if mv.outcome != nil {
+			m.answer(mv, *mv.outcome)
+		} else if l := w.leaderOf(0, mv.r); l != nil && !w.opt.mut.describeFresh {
 			m.answer(mv, adminAnswer{desc: describe(l, mv.r)})
+		} else if l != nil && (mv.proposed < 0 || w.now-mv.proposed >= moveAttemptMs) {
+			m.describeFresh(mv, l)
 		} else if w.now-mv.since >= moveCallMs {
 			m.answer(mv, adminAnswer{err: apierr.New(apierr.Unavailable, "range %d: no leader", mv.r)})
 		}
@@ -513,6 +536,25 @@ func describe(l *node, r int) *geologv1.DescribeReplicasResponse {
 	add(conf.GetLearners(), "learner")
 	slices.SortFunc(d.Replicas, func(a, b *geologv1.ReplicaStatus) int { return int(a.GetNodeId()) - int(b.GetNodeId()) })
 	return d
+}
+
+// describeFresh is the fix the simulator proposes for DescribeReplicas
+// (mutations.describeFresh; notes/simmoves.md): the leader answers once a
+// ReadIndex confirmed it and it applied everything committed before the
+// call, so its configuration is the range's latest, not one its
+// predecessors already changed.
+func (m *moveWorld) describeFresh(mv *move, l *node) {
+	mv.proposed = m.w.now
+	seq, gen, c := mv.seq, l.gen, mv.cur
+	l.replicas[mv.r].ReadIndex(func(_ uint64, err error) {
+		if mv.seq != seq || mv.cur != c || !l.up || l.gen != gen {
+			return
+		}
+		mv.proposed = -1
+		if err == nil && l.replicas[mv.r].IsLeader() {
+			mv.outcome = &adminAnswer{desc: describe(l, mv.r)}
+		}
+	})
 }
 
 // propose is regionsvc's ChangeReplicas at the leader of now.
@@ -592,6 +634,9 @@ func (m *moveWorld) finish(mv *move) {
 		m.res.Done++
 		w.tracef("range %d: %s move %d -> %d done", mv.r, mv.kind, mv.from, mv.to)
 	}
+	if mv.loop {
+		m.loop.Done(placement.RangeID{Stream: "sim", Range: uint32(mv.r)})
+	}
 	mv.cur = nil
 }
 
@@ -632,7 +677,7 @@ func (m *moveWorld) busy() bool {
 	if !m.on {
 		return false
 	}
-	return len(m.moves) > 0 || m.final() != nil
+	return len(m.moves) > 0 || m.final() != nil || len(placement.Plan(m.region(), placement.Config{MovesMax: 2})) > 0
 }
 
 // final is the end state every range must reach.

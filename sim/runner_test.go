@@ -43,7 +43,7 @@ func runChild(t *testing.T, share string) {
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	for seed := *firstFlag + k; seed < *firstFlag+int64(*runsFlag); seed += n {
-		res, err := Run(Options{Seed: seed, Steps: *stepsFlag, Regions: *regions, mut: mutations{tolerateOldHomeReads: *known}})
+		res, err := Run(Options{Seed: seed, Steps: *stepsFlag, Regions: *regions, mut: mutations{tolerateOldHomeReads: *known, describeFresh: *known}})
 		rep := childReport{Seed: seed, Res: res}
 		if err != nil {
 			rep.Err = err.Error()

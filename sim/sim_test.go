@@ -68,7 +68,7 @@ func simulate(t *testing.T, regions int, seeds []int64) {
 	var s summary
 	s.start(regions, *stepsFlag, 1)
 	for _, seed := range seeds {
-		opt := Options{Seed: seed, Steps: *stepsFlag, Regions: regions, mut: mutations{tolerateOldHomeReads: *known}}
+		opt := Options{Seed: seed, Steps: *stepsFlag, Regions: regions, mut: mutations{tolerateOldHomeReads: *known, describeFresh: *known}}
 		if *verbose {
 			opt.Logger = hclog.New(&hclog.LoggerOptions{Level: hclog.Debug})
 		}
