@@ -180,6 +180,14 @@ func (s *splitWorld) frame(n *node, r int, h batch.Header) (bool, error) {
 	return false, nil
 }
 
+// ack: nothing is acked at or past the split offset.
+func (s *splitWorld) ack(r int, off uint64, v string) error {
+	if s.on && r == s.r && s.offset >= 0 && off >= uint64(s.offset) {
+		return fmt.Errorf("range %d: %q acked at %d, at or past the split marker at %d", r, v, off, s.offset)
+	}
+	return nil
+}
+
 // canonize: a record answered RANGE_SPLIT is never in the log.
 func (s *splitWorld) canonize(r int, off uint64, v string) error {
 	if s.on && r == s.r && s.abandoned[v] {

@@ -171,6 +171,10 @@ func (w *world) reply(e *event) {
 			return
 		}
 		w.acked[e.rng][off] = v
+		if err := w.splits.ack(e.rng, off, v); err != nil {
+			w.err = err
+			return
+		}
 		if int(off) < len(w.canonical[e.rng]) && w.canonical[e.rng][off] != v {
 			w.err = fmt.Errorf("range %d offset %d acked as %q but committed as %q", e.rng, off, v, w.canonical[e.rng][off])
 			return
