@@ -9,7 +9,7 @@ import (
 // clean and split.
 func TestSplitSeeds(t *testing.T) {
 	var tot SplitResult
-	for seed := int64(1); seed <= 6; seed++ {
+	for seed := int64(1); seed <= 4; seed++ {
 		res, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{splitAlways: true}})
 		if err != nil {
 			t.Fatalf("%v\n%v", err, res)
@@ -31,9 +31,6 @@ func TestSplitSeeds(t *testing.T) {
 // without retention until the fence is built. This test fails once it
 // is: then let split.go split in every run.
 func TestSplitRetentionGap(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a minute of virtual faults")
-	}
 	_, err := Run(Options{Seed: 148, Steps: 60000, Regions: 1, mut: mutations{splitCompacting: true}})
 	if err == nil || !strings.Contains(err.Error(), "past the split marker") {
 		t.Fatalf("seed 148 splitting under retention: got %v, want a record acked past the split marker", err)
