@@ -254,6 +254,23 @@
 // on a node that joined). TestMovesOneChangePerRange and
 // TestMovesRemovedReplicaAcks run the checks against broken variants.
 //
+// Found by it (notes/simmoves.md): regionsvc's DescribeReplicas answers a
+// new leader's applied configuration, which may lag its log, and a move
+// then takes a range below its replication factor (seed 459 of one region
+// with moves: TestMovesStaleDescribe; -known runs the fix proposed, a
+// Describe after a ReadIndex).
+//
+// # Splits, the parent's side (split.go)
+//
+// With Regions = 1 and no retention, one run in two has range 0's leader
+// append a split marker (as regionsvc's proposeSplit); producers give up
+// batches answered RANGE_SPLIT. Checks: one split offset in every copy,
+// nothing committed or acked past it, no batch answered RANGE_SPLIT in the
+// log, every member ends at the marker. The children are not simulated.
+// Runs with retention split only with -splitretention: a marker retention
+// deleted no longer fences appends (docs/split.md's known gap;
+// TestSplitRetentionGap).
+//
 // The range driver's cores (package rangecore, which regionsvc's range
 // driver drives too): the epoch start gate (gate.go: a new home's leader
 // holds its epoch's appends, runs a ReadIndex, has its node compare the
@@ -269,8 +286,9 @@
 // (Options.mut, reads_test.go, rehome_test.go, homing_test.go).
 //
 // Not yet simulated: moves, joins and drains with more than one region
-// (moves.go runs in one-region runs only), splits, the timeline fence
-// for local reads (the pre-knowledge window is unbounded here), the rest of the range driver (its loop's batching
+// (moves.go runs in one-region runs only), split children and splits
+// with regions, the timeline fence for local reads (the pre-knowledge
+// window is unbounded here), the rest of the range driver (its loop's batching
 // and ordering of events, quiescence, start-up elections, the maintenance
 // sweep: notes/simdriver.md), raftnet. See notes/simhome.md,
 // notes/simspeed.md and notes/simfaults.md.
