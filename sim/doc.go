@@ -228,6 +228,49 @@
 // the replacement is done (a change Raft dropped blocks the range's next
 // one for 10 s). The checks of every node hold from its new start.
 //
+// # Replica moves, joins and drains (moves.go)
+//
+// With Regions = 1, one run in two gives the region one or two spare
+// nodes (new Raft ids, in no range's initial configuration) whose
+// process starts at a random time (the join), and marks one node
+// draining at another. The real planner (placement.Plan) decides the
+// moves from the region as the range leaders describe it (repairs,
+// the drain, spread, balance), operator moves (`geolog replicas
+// replace`, without the planned-voters check) start now and then, and
+// each move runs the real internal/replicamove.Replace (or Remove) on a
+// goroutine whose Admin calls the simulator answers at the range leader
+// of the virtual moment, as regionsvc's admin server and range router
+// do (refusals, the leader handing off before its own removal, retries
+// at the leader of now); the goroutine runs only while the simulator
+// waits for its next call, so a seed replays exactly. One move in two
+// draws a crash or a partition of its source, its target or the range
+// leader during the move. Checks: every configuration a replica holds
+// is single (no joint state), with at most one learner and RF to RF+1
+// voters; one membership change asked per range at a time; no replica
+// acks an append of a range whose latest configuration it is not in;
+// at the end every range has RF voters, no learner, none on the drained
+// node, and every member holds the whole log. With moves on, producers
+// follow a NOT_LEADER hint once on their next resend (the leader may be
+// on a node that joined). TestMovesOneChangePerRange and
+// TestMovesRemovedReplicaAcks run the checks against broken variants.
+//
+// Found by it (notes/simmoves.md): regionsvc's DescribeReplicas answers a
+// new leader's applied configuration, which may lag its log, and a move
+// then takes a range below its replication factor (seed 459 of one region
+// with moves: TestMovesStaleDescribe; -known runs the fix proposed, a
+// Describe after a ReadIndex).
+//
+// # Splits, the parent's side (split.go)
+//
+// With Regions = 1 and no retention, one run in two has range 0's leader
+// append a split marker (as regionsvc's proposeSplit); producers give up
+// batches answered RANGE_SPLIT. Checks: one split offset in every copy,
+// nothing committed or acked past it, no batch answered RANGE_SPLIT in the
+// log, every member ends at the marker. The children are not simulated.
+// Runs with retention split only with -splitretention: a marker retention
+// deleted no longer fences appends (docs/split.md's known gap;
+// TestSplitRetentionGap).
+//
 // The range driver's cores (package rangecore, which regionsvc's range
 // driver drives too): the epoch start gate (gate.go: a new home's leader
 // holds its epoch's appends, runs a ReadIndex, has its node compare the
@@ -242,9 +285,10 @@
 // Each check has a deliberately broken variant a test runs
 // (Options.mut, reads_test.go, rehome_test.go, homing_test.go).
 //
-// Not yet simulated: a replacement by a new node id (the product's
-// procedure), the timeline fence for local reads (the pre-knowledge window
-// is unbounded here), the rest of the range driver (its loop's batching
+// Not yet simulated: moves, joins and drains with more than one region
+// (moves.go runs in one-region runs only), split children and splits
+// with regions, the timeline fence for local reads (the pre-knowledge
+// window is unbounded here), the rest of the range driver (its loop's batching
 // and ordering of events, quiescence, start-up elections, the maintenance
 // sweep: notes/simdriver.md), raftnet. See notes/simhome.md,
 // notes/simspeed.md and notes/simfaults.md.

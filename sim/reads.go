@@ -53,6 +53,31 @@ import (
 // (reads, second takeovers, rehomes, replaced replicas), set by tests:
 // each check must report its own.
 type mutations struct {
+	// describeFresh: the moves' DescribeReplicas answers after a
+	// ReadIndex (moves.go describeFresh: the fix proposed for a Describe
+	// at a new leader whose configuration lags its log; -known sets it).
+	describeFresh bool
+	// splitAlways: every run of one region splits range 0 (split.go).
+	splitAlways bool
+	// splitCompacting: runs that compact split too (split.go: retention
+	// deletes the marker, a known gap).
+	splitCompacting bool
+	// movesAlways: every run of one region moves replicas (moves.go).
+	movesAlways bool
+	// moveConcurrent: the planner's snapshot shows no move under way and
+	// its moves carry no Planned voters, so two moves of a range may run
+	// at once (the one-change-per-range rule undone).
+	moveConcurrent bool
+	// moveAskUnchecked: the check of one change asked per range at a
+	// time is off (to show what the configuration checks catch).
+	moveAskUnchecked bool
+	// moveStray: a node removed from a range restarts its replica as a
+	// new group of its own (a stray that bootstraps instead of staying
+	// removed): what it acks must not count.
+	moveStray bool
+	// moveNoHandOff: a range leader proposes its own removal without
+	// handing its lead off first.
+	moveNoHandOff bool
 	// readNoLease: home reads skip View.CheckRead (the fix bb6ec9d
 	// undone in the simulator's read path).
 	readNoLease bool

@@ -43,7 +43,7 @@ func runChild(t *testing.T, share string) {
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	for seed := *firstFlag + k; seed < *firstFlag+int64(*runsFlag); seed += n {
-		res, err := Run(Options{Seed: seed, Steps: *stepsFlag, Regions: *regions, mut: mutations{tolerateOldHomeReads: *known}})
+		res, err := Run(Options{Seed: seed, Steps: *stepsFlag, Regions: *regions, mut: mutations{tolerateOldHomeReads: *known, describeFresh: *known, splitCompacting: *splitRetention}})
 		rep := childReport{Seed: seed, Res: res}
 		if err != nil {
 			rep.Err = err.Error()
@@ -69,7 +69,7 @@ func runParallel(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestSimulator$", "-test.timeout=0",
 			"-simchild="+strconv.Itoa(k)+"/"+strconv.Itoa(jobs), "-first="+strconv.FormatInt(*firstFlag, 10),
 			"-runs="+strconv.Itoa(*runsFlag), "-steps="+strconv.Itoa(*stepsFlag), "-regions="+strconv.Itoa(*regions),
-			"-keepgoing="+strconv.FormatBool(*keepGoing), "-known="+strconv.FormatBool(*known))
+			"-keepgoing="+strconv.FormatBool(*keepGoing), "-known="+strconv.FormatBool(*known), "-splitretention="+strconv.FormatBool(*splitRetention))
 		cmd.Stderr = os.Stderr
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
@@ -174,6 +174,8 @@ func (s *summary) add(res Result, err error) {
 	t.Geo = t.Geo.add(res.Geo)
 	t.Homing = t.Homing.add(res.Homing)
 	t.Orphans = t.Orphans.add(res.Orphans)
+	t.Moves = t.Moves.add(res.Moves)
+	t.Splits = t.Splits.add(res.Splits)
 	t.VirtualMs += res.VirtualMs
 }
 
@@ -205,6 +207,12 @@ func (s *summary) report(t *testing.T, of int) {
 	if s.regions > 1 {
 		t.Logf("sim: %d seeds of %d regions%s%s%s", s.seeds, s.regions, tot.Geo, tot.Homing, tot.Orphans)
 	}
+	if tot.Moves.Spares > 0 {
+		t.Logf("sim: %d seeds with moves%s", tot.Moves.Runs, tot.Moves)
+	}
+	if tot.Splits.Runs > 0 {
+		t.Logf("sim: %d seeds with a split%s", tot.Splits.Runs, tot.Splits)
+	}
 	if s.failed > 0 {
 		return
 	}
@@ -231,5 +239,8 @@ func (s *summary) exercised(t *testing.T) {
 		h.Reads.Local == 0 || h.Reads.HomeReads == 0 || h.Reads.Fenced == 0 || h.Reads.ForkExplained == 0 ||
 		h.Rehomes.Moved == 0 || h.Rehomes.StopLeaderChanges == 0 || h.Replaced.Promoted == 0) {
 		t.Fatalf("homing went unexercised: %v", h)
+	}
+	if m := tot.Moves; s.regions == 1 && (m.Joined == 0 || m.Drained == 0 || m.Done == 0 || m.HandOffs == 0 || m.AimedCrashes == 0 || m.AimedPartition == 0) {
+		t.Fatalf("replica moves went unexercised: %v", m)
 	}
 }

@@ -86,6 +86,10 @@ type Result struct {
 	Homing HomingResult
 	// Orphans is what the orphan-log checks read (Regions > 1).
 	Orphans OrphanResult
+	// Moves is what replica moves, joins and drains did (moves.go).
+	Moves MoveResult
+	// Splits is what the split did (split.go).
+	Splits SplitResult
 	// VirtualMs is the virtual time the run covered: its faults, the
 	// healing and the final checks.
 	VirtualMs int64
@@ -94,7 +98,7 @@ type Result struct {
 func (r Result) String() string {
 	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
 		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
-		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String() + r.Orphans.String()
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String() + r.Orphans.String() + r.Moves.String() + r.Splits.String()
 }
 
 const (
@@ -246,6 +250,7 @@ type inflight struct {
 	attempt uint64
 	sentAt  int64
 	target  int
+	hinted  bool // target is a NOT_LEADER's hint (moves.go)
 }
 
 type producer struct {
@@ -299,8 +304,13 @@ type world struct {
 	geo        *geoWorld    // Regions > 1
 	homing     *homeWorld   // Regions > 1
 	orphanLogs *orphanWorld // Regions > 1
-	tampered   bool
-	traceLead  map[[2]int]string // trace.go: leaders last traced
+	moves      *moveWorld   // Regions 1, one run in two (moves.go)
+	splits     *splitWorld  // Regions 1, one run in two (split.go)
+	// perRegion is the nodes of a region: Nodes and the spares that join
+	// during the run (moves.go).
+	perRegion int
+	tampered  bool
+	traceLead map[[2]int]string // trace.go: leaders last traced
 	// mutateNoLease, set by a test, makes home nodes admit and ack
 	// appends without their lease: the fencing check must report it.
 	mutateNoLease bool
@@ -323,6 +333,9 @@ func Run(opt Options) (res Result, err error) {
 		}
 	}()
 	w.drawFaults()
+	w.moves = newMoveWorld(w)
+	w.splits = newSplitWorld(w)
+	defer w.moves.stop()
 	if err := w.build(); err != nil {
 		return w.res, err
 	}
@@ -337,6 +350,9 @@ func Run(opt Options) (res Result, err error) {
 	}
 	if w.err == nil && w.busy() {
 		w.err = fmt.Errorf("liveness: producers still waiting %d ms after the faults ended", settleMsMax)
+		if err := w.moves.final(); w.moves.on && err != nil {
+			w.err = fmt.Errorf("liveness: %d moves under way %d ms after the faults ended: %w", len(w.moves.moves), settleMsMax, err)
+		}
 	}
 	if w.err == nil {
 		w.err = w.finalCheck()
@@ -423,10 +439,18 @@ func (w *world) build() error {
 		}
 	}
 	for g := 0; g < opt.Regions; g++ {
-		for i := 0; i < opt.Nodes; i++ {
-			n := &node{region: g, id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(w.rng.Uint64(), w.rng.Uint64()))), served: make([]uint64, opt.Ranges),
+		for i := 0; i < w.perRegion; i++ {
+			src := w.rng
+			if i >= opt.Nodes {
+				src = w.moves.rng // a spare: the run's other draws stay as they were
+			}
+			n := &node{region: g, id: i + 1, fs: vfs.NewMem(rand.New(rand.NewPCG(src.Uint64(), src.Uint64()))), served: make([]uint64, opt.Ranges),
 				forkEpoch: make([]uint64, opt.Ranges), logStart: make([]uint64, opt.Ranges)}
 			w.nodes = append(w.nodes, n)
+			if i >= opt.Nodes {
+				n.downTill = w.moves.joinAt[i-opt.Nodes] // it joins then
+				continue
+			}
 			if err := w.start(n); err != nil {
 				return err
 			}
@@ -462,6 +486,8 @@ func (w *world) heal() {
 // tally adds up the run's counters.
 func (w *world) tally() {
 	w.res.VirtualMs = w.now
+	w.res.Moves = w.moves.res
+	w.res.Splits = w.splits.res
 	for r := range w.canonical {
 		w.res.Committed += len(w.canonical[r])
 	}
@@ -476,12 +502,12 @@ func (w *world) tally() {
 	w.res.SnapshotsInstalled += w.installedBefore
 }
 
-// node returns node id (1..Nodes) of region g.
-func (w *world) node(g, id int) *node { return w.nodes[g*w.opt.Nodes+id-1] }
+// node returns node id (1..Nodes, then the spares: moves.go) of region g.
+func (w *world) node(g, id int) *node { return w.nodes[g*w.perRegion+id-1] }
 
 // regionNodes returns region g's nodes.
 func (w *world) regionNodes(g int) []*node {
-	return w.nodes[g*w.opt.Nodes : (g+1)*w.opt.Nodes]
+	return w.nodes[g*w.perRegion : (g+1)*w.perRegion]
 }
 
 func (n *node) String() string {
@@ -506,6 +532,7 @@ func (w *world) clock() time.Time { return time.Unix(0, startUnixNano+w.now*int6
 func (w *world) start(n *node) error {
 	n.up = true
 	n.gen++
+	w.moves.started(n)
 	n.stores = make([]*segment.Store, w.opt.Ranges)
 	n.replicas = make([]*replica.Replica, w.opt.Ranges)
 	n.verified = make([]uint64, w.opt.Ranges)
@@ -530,6 +557,9 @@ func (w *world) start(n *node) error {
 	}
 	for r := 0; r < w.opt.Ranges; r++ {
 		dir := filepath.Join("/data", strconv.Itoa(r))
+		if err := w.moves.stray(n, r, replica.FileState{FS: n.fs, Dir: dir}); err != nil {
+			return err
+		}
 		var headers []batch.Header
 		st, err := segment.Open(segment.Config{
 			Dir: dir, FS: n.fs, SegmentBytesMax: w.segmentBytesMax, Logger: w.opt.Logger, Now: w.clock,
@@ -624,7 +654,7 @@ func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 
 // cut reports whether node id of region g is cut off from its region.
 func (w *world) cut(g, id int) bool {
-	return id >= 1 && id <= w.opt.Nodes && w.node(g, id).cutTill > w.now
+	return id >= 1 && id <= w.perRegion && w.node(g, id).cutTill > w.now
 }
 
 // restartDue restarts crashed nodes whose downtime is over.
@@ -688,6 +718,8 @@ func (w *world) step() {
 	if w.opt.tamper != nil && !w.tampered {
 		w.tampered = w.opt.tamper(w)
 	}
+	w.moves.step()
+	w.splits.step()
 	w.produce()
 	if w.err == nil {
 		w.err = w.check()

@@ -19,7 +19,7 @@ func (w *world) produce() {
 		for r := range p.batch {
 			b := p.batch[r]
 			switch {
-			case b == nil && newBatches && w.rng.Float64() < 0.05:
+			case b == nil && newBatches && w.rng.Float64() < 0.05 && !w.splits.ended(r):
 				n := 1 + w.rng.IntN(3)
 				b = &inflight{seq: p.nextSeq[r], target: 1 + w.rng.IntN(w.opt.Nodes)}
 				for i := 0; i < n; i++ {
@@ -31,7 +31,13 @@ func (w *world) produce() {
 				// No answer: the request, its reply or the node was lost.
 				// Resend the same batch, same sequence, anywhere.
 				w.res.Retries++
-				b.target = 1 + w.rng.IntN(w.opt.Nodes)
+				to := 1 + w.rng.IntN(w.perRegion)
+				if w.moves.on && b.hinted {
+					// With moves the leader may be on a node that joined:
+					// the producer resends where the hint said, once.
+					to = b.target
+				}
+				b.target, b.hinted = to, false
 				w.sendRequest(p, r, b)
 			}
 		}
@@ -105,6 +111,9 @@ func (w *world) admit(n *node, r int) (uint64, error) {
 // ackable is the lease check before a node acks res (homing.go), then
 // the check of the ack against the store's truth (which fails the run).
 func (w *world) ackable(n *node, r int, res replica.Result, epoch uint64) error {
+	if err := w.moves.ackable(n, r, res); err != nil && w.err == nil {
+		w.err = err
+	}
 	if w.homing == nil {
 		return nil
 	}
@@ -124,6 +133,9 @@ func (w *world) reply(e *event) {
 	p := w.prods[e.producer-1]
 	seq := e.batchSeq
 	if e.res.Err != nil {
+		if b := p.batch[e.rng]; b != nil && b.seq == seq && e.pid == p.pid(e.rng) && w.splits.refused(p, e.rng, e.res.Err) {
+			return // split.go: the batch is given up
+		}
 		if !rpcerr.IsRetriable(e.res.Err) {
 			w.err = fmt.Errorf("producer %d range %d seq %d: final error %v", p.id, e.rng, seq, e.res.Err)
 			return
@@ -136,8 +148,8 @@ func (w *world) reply(e *event) {
 			p.home[e.rng] = w.homeRegion(e.rng) // it describes the stream again
 		}
 		if hint := apierr.As(e.res.Err).LeaderHint; strings.HasPrefix(hint, "node:") {
-			if id, err := strconv.Atoi(strings.TrimPrefix(hint, "node:")); err == nil && id >= 1 && id <= w.opt.Nodes {
-				b.target = id
+			if id, err := strconv.Atoi(strings.TrimPrefix(hint, "node:")); err == nil && id >= 1 && id <= w.perRegion {
+				b.target, b.hinted = id, true
 			}
 		}
 		b.sentAt = w.now - replyTimeout + 5 + w.rng.Int64N(20) // retry soon
@@ -159,6 +171,10 @@ func (w *world) reply(e *event) {
 			return
 		}
 		w.acked[e.rng][off] = v
+		if err := w.splits.ack(e.rng, off, v); err != nil {
+			w.err = err
+			return
+		}
 		if int(off) < len(w.canonical[e.rng]) && w.canonical[e.rng][off] != v {
 			w.err = fmt.Errorf("range %d offset %d acked as %q but committed as %q", e.rng, off, v, w.canonical[e.rng][off])
 			return
@@ -174,6 +190,9 @@ func (w *world) reply(e *event) {
 func (w *world) busy() bool {
 	if w.homing != nil && w.homing.busy() {
 		return true // a replica replacement under way (replace.go)
+	}
+	if w.moves.busy() {
+		return true // moves under way (moves.go)
 	}
 	for _, p := range w.prods {
 		for _, b := range p.batch {
@@ -264,6 +283,17 @@ func (w *world) check() error {
 // checkHome canonizes what a home replica committed past what was
 // verified, and keeps its frames as the ones every mirror must hold.
 func (w *world) checkHome(n *node, r int, committed uint64) error {
+	if w.geo == nil && n.verified[r] > uint64(len(w.canonical[r])) {
+		// Its log starts past the log the checks know: retention deleted
+		// records it applied before it published them committed (a
+		// leader applies what its followers committed before its own
+		// write; seed 358 of one region: the leader's log started at 203
+		// while its committed end was 202). The other replicas tell
+		// them; this one is read once the log reaches its start. (With
+		// regions not done: a broken variant's test expects the error
+		// this gives, TestDivergentTakerIsChecked.)
+		return nil
+	}
 	for n.verified[r] < committed {
 		from := n.verified[r]
 		frames, err := n.stores[r].ReadFrames(from, 1<<20, committed)
@@ -283,6 +313,11 @@ func (w *world) checkHome(n *node, r int, committed uint64) error {
 			frames = frames[size:]
 			if err != nil {
 				return err
+			}
+			if marker, err := w.splits.frame(n, r, h); err != nil {
+				return err
+			} else if marker {
+				n.verified[r] = max(n.verified[r], h.BaseOffset+1)
 			}
 			if h.Type != batch.TypeData {
 				continue
@@ -347,6 +382,9 @@ func (w *world) epochOrder(n *node, r int, base uint64, frame []byte) error {
 
 func (w *world) canonize(r int, off uint64, v string) error {
 	canon := w.canonical[r]
+	if err := w.splits.canonize(r, off, v); err != nil {
+		return err
+	}
 	if off < uint64(len(canon)) {
 		if canon[off] != v {
 			return fmt.Errorf("range %d offset %d: committed %q here, %q elsewhere", r, off, v, canon[off])
@@ -406,10 +444,21 @@ func (w *world) finalCheck() error {
 			return fmt.Errorf("range %d: acked %q at %d is lost (%d acked records lost; the log has %d)", r, w.acked[r][first], first, lost, len(w.canonical[r]))
 		}
 		for _, n := range w.regionNodes(w.homeRegion(r)) {
-			if c := n.replicas[r].Committed(); c != uint64(len(w.canonical[r])) {
-				return fmt.Errorf("range %d: node %d committed %d, the log has %d", r, n.id, c, len(w.canonical[r]))
+			if !w.moves.member(r, uint64(n.id)) {
+				continue // removed: it keeps what it had (moves.go)
+			}
+			if c := n.replicas[r].Committed(); c != w.splits.end(r) {
+				return fmt.Errorf("range %d: node %d committed %d, the log has %d", r, n.id, c, w.splits.end(r))
 			}
 		}
+	}
+	if w.moves.on {
+		if err := w.moves.final(); err != nil {
+			return err
+		}
+	}
+	if err := w.splits.final(); err != nil {
+		return err
 	}
 	if w.geo != nil {
 		if err := w.homing.finalTaken(); err != nil {

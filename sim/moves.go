@@ -1,0 +1,700 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/replicamove"
+	"github.com/geolog/geolog/placement"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/replica"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Replica moves, joins and drains (Regions 1, one run in two; see
+// notes/simmoves.md). The region gets one or two spare nodes: new Raft
+// ids (Nodes+1, ...), in no range's initial configuration, whose process
+// starts at a random virtual time (the join) and which then count as live
+// nodes of the region. One node of the first Nodes is marked draining at
+// a random time.
+//
+// Who decides is the product: every movePlanMs the real planner
+// (placement.Plan, MovesMax 2) is given the region as its leaders
+// describe it (nodes live or draining, each in a zone of its own; every
+// range's voters and learners at its highest applied configuration, its
+// leader, a move under way as Moving) and its moves run. Besides, now and
+// then an operator move (`geolog replicas replace`: a random voter to a
+// random live node not in the range, no Planned check) starts on a range
+// with no move. Who carries a move out is the product too: each move runs
+// the real internal/replicamove.Replace (or Remove, for a planner's Excess
+// move or a learner left behind) on a goroutine of its own, with the
+// rebalancer's Config (LagEntriesMax 64, Planned: the voters planned
+// from). Its Admin calls (Describe, Change) hand over to the simulator,
+// which answers them at the range leader of the virtual moment, as
+// regionsvc's adminServer (refusals, a leader handing off its lead before
+// its own removal, replica.ProposeConfChange answered once applied, the
+// leader's match indexes) and rangeRouter (calls retried at the leader of
+// now, bounded) do, and waits for the goroutine's next call before it
+// steps on: the goroutine runs only while the simulator waits, so a seed
+// replays exactly. Replace's poll between two Describes is virtual
+// (movePollMs; its real PollInterval is 1 ns).
+//
+// Faults aimed at moves: one move in two draws a crash or a partition of
+// its source, its target or the range leader, 0-400 ms after it starts
+// (a source cut off while it is removed never hears its removal).
+//
+// Checks, every tick: every configuration any replica holds is a single
+// one (no joint state), with at most one learner and between RF and RF+1
+// voters; at most one membership change per range is asked at a time; no
+// replica acks an append of a range whose latest configuration (the one
+// at the highest applied index of any of its replicas) it is not a member
+// of. At the end: every range has exactly RF voters and no learner, none
+// on the drained node, and every member of it committed the whole log
+// (the others are not checked: a removed replica keeps what it had).
+
+const (
+	movePlanMs     = 100   // the planner's period
+	movePollMs     = 20    // a Describe's round trip and Replace's poll
+	moveRetryMs    = 20    // a Change retried at the leader of now
+	moveAttemptMs  = 1000  // a proposed change unanswered: asked again
+	moveCallMs     = 6000  // an Admin call gives up (rangeRouter's rounds)
+	moveOperatorP  = 0.001 // per ms of faults: an operator move starts
+	moveCatchUpLag = 64    // regionsvc's moveCatchUpLagEntriesMax
+)
+
+// MoveResult counts what the moves did (Regions 1).
+type MoveResult struct {
+	Runs                         int // runs with moves (in a sum)
+	Spares, Joined, Drained      int
+	Planned, Operator, Cleanups  int
+	Done, Failed                 int
+	Changes, HandOffs, Refused   int
+	AimedCrashes, AimedPartition int
+}
+
+func (r MoveResult) add(o MoveResult) MoveResult {
+	r.Runs += o.Runs
+	r.Spares += o.Spares
+	r.Joined += o.Joined
+	r.Drained += o.Drained
+	r.Planned += o.Planned
+	r.Operator += o.Operator
+	r.Cleanups += o.Cleanups
+	r.Done += o.Done
+	r.Failed += o.Failed
+	r.Changes += o.Changes
+	r.HandOffs += o.HandOffs
+	r.Refused += o.Refused
+	r.AimedCrashes += o.AimedCrashes
+	r.AimedPartition += o.AimedPartition
+	return r
+}
+
+func (r MoveResult) String() string {
+	if r.Spares == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; moves: %d spares (%d joined), %d drained, %d planned moves, %d operator moves, %d cleanups, %d done, %d failed, %d changes applied, %d leader hand-offs, %d changes refused, %d crashes and %d partitions aimed at moves",
+		r.Spares, r.Joined, r.Drained, r.Planned, r.Operator, r.Cleanups, r.Done, r.Failed, r.Changes, r.HandOffs, r.Refused, r.AimedCrashes, r.AimedPartition)
+}
+
+type moveWorld struct {
+	w       *world
+	rng     *rand.Rand
+	on      bool
+	rf      int
+	joinAt  []int64
+	drainAt int64
+	drained int // the draining node's id (0: none yet)
+	moves   []*move
+	// conf is, per range, the configuration at the highest applied index
+	// any replica showed (applied), and members every node that was ever
+	// a member: the removed are those not in conf.
+	conf    []*raftpb.ConfState
+	applied []uint64
+	members []map[uint64]bool
+	// asking is, per range, the Change calls the simulator is carrying
+	// out (at most one).
+	asking []int
+	loop   *placement.Loop
+	// strays are the (node, range) replicas a test's mutation restarted
+	// as groups of their own (moveStray): not the range's group.
+	strays map[[2]int]bool
+	done   chan struct{}
+	res    MoveResult
+}
+
+// move is one replica move running replicamove on its goroutine.
+type move struct {
+	r        int
+	from, to uint64
+	kind     string // planner's reason, "operator", "cleanup"
+	loop     bool   // the rebalancer's Loop started it (Done at its end)
+	calls    chan *adminCall
+	answers  chan adminAnswer
+	cur      *adminCall
+	since    int64 // when cur came
+	proposed int64 // when cur's change was proposed (-1: not now)
+	seq      int   // answers of older proposals are ignored
+	outcome  *adminAnswer
+	faultAt  int64 // a fault aimed at the move (-1: none)
+	fault    int
+}
+
+type adminCall struct {
+	change bool
+	typ    geologv1.ReplicaChange
+	node   uint64
+	end    bool // the goroutine returned err
+	err    error
+}
+
+type adminAnswer struct {
+	desc *geologv1.DescribeReplicasResponse
+	resp *geologv1.ChangeReplicasResponse
+	err  error
+}
+
+var errRunOver = errors.New("sim: the run is over")
+
+func newMoveWorld(w *world) *moveWorld {
+	m := &moveWorld{w: w, rng: rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x6d6f766573)), rf: w.opt.Nodes, done: make(chan struct{}), strays: map[[2]int]bool{}}
+	w.perRegion = w.opt.Nodes
+	m.on = w.opt.Regions == 1 && (m.rng.IntN(2) == 0 || w.opt.mut.movesAlways)
+	if !m.on {
+		return m
+	}
+	spares := 1 + m.rng.IntN(2)
+	w.perRegion += spares
+	m.res.Spares, m.res.Runs = spares, 1
+	steps := int64(w.opt.Steps)
+	for i := 0; i < spares; i++ {
+		m.joinAt = append(m.joinAt, 100+m.rng.Int64N(max(steps/2, 1)))
+	}
+	m.drainAt = 300 + m.rng.Int64N(max(steps*2/3, 1))
+	m.conf = make([]*raftpb.ConfState, w.opt.Ranges)
+	m.applied = make([]uint64, w.opt.Ranges)
+	m.members = make([]map[uint64]bool, w.opt.Ranges)
+	m.asking = make([]int, w.opt.Ranges)
+	// regionsvc's defaults: MovesMax 2, DeadNodeAfter 5 minutes.
+	m.loop = placement.NewLoop(placement.LoopConfig{MovesMax: 2, DeadAfter: 5 * time.Minute})
+	for r := range m.conf {
+		m.conf[r] = &raftpb.ConfState{}
+		m.members[r] = map[uint64]bool{}
+		for id := 1; id <= w.opt.Nodes; id++ {
+			m.conf[r].Voters = append(m.conf[r].Voters, uint64(id))
+			m.members[r][uint64(id)] = true
+		}
+	}
+	return m
+}
+
+// stop ends the moves' goroutines (they return errRunOver).
+func (m *moveWorld) stop() { close(m.done) }
+
+// step runs once a virtual millisecond, after the Ready cycles.
+func (m *moveWorld) step() {
+	if !m.on {
+		return
+	}
+	w := m.w
+	faults := w.now < int64(w.opt.Steps)
+	if w.now%tickMs == 0 {
+		if w.err = m.observe(); w.err != nil {
+			return
+		}
+	}
+	if m.drained == 0 && w.now >= m.drainAt {
+		m.drained = 1 + m.rng.IntN(w.opt.Nodes)
+		m.res.Drained++
+		w.tracef("node %d: draining", m.drained)
+	}
+	for _, mv := range m.moves {
+		if faults && mv.faultAt >= 0 && w.now >= mv.faultAt {
+			m.aim(mv)
+		}
+		m.serve(mv)
+		if w.err != nil {
+			return
+		}
+	}
+	m.moves = slices.DeleteFunc(m.moves, func(mv *move) bool { return mv.cur == nil })
+	if w.now%movePlanMs == 0 {
+		m.plan()
+	}
+	if faults && m.rng.Float64() < moveOperatorP {
+		m.operator()
+	}
+}
+
+// joined counts a spare's first start.
+func (m *moveWorld) started(n *node) {
+	if m.on && n.gen == 1 && n.id > m.w.opt.Nodes {
+		m.res.Joined++
+		m.w.tracef("%s: joins the region", traceName(n))
+	}
+}
+
+// observe takes every range's configuration at the highest applied index
+// and checks every configuration a replica holds.
+func (m *moveWorld) observe() error {
+	w := m.w
+	for _, n := range w.regionNodes(0) {
+		if !n.up {
+			continue
+		}
+		for r, rep := range n.replicas {
+			if m.strays[[2]int{n.id, r}] {
+				continue
+			}
+			conf := rep.Conf()
+			if err := m.checkConf(conf); err != nil {
+				return fmt.Errorf("%v range %d: %w", n, r, err)
+			}
+			if a := rep.Status().Applied; a > m.applied[r] {
+				m.applied[r], m.conf[r] = a, conf
+				for _, id := range slices.Concat(conf.GetVoters(), conf.GetLearners()) {
+					m.members[r][id] = true
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (m *moveWorld) checkConf(conf *raftpb.ConfState) error {
+	switch {
+	case len(conf.GetVotersOutgoing()) > 0 || len(conf.GetLearnersNext()) > 0:
+		return fmt.Errorf("holds a joint configuration %v (one change at a time)", conf)
+	case len(conf.GetLearners()) > 1:
+		return fmt.Errorf("holds learners %v: two moves of the range at once", conf.GetLearners())
+	case len(conf.GetVoters()) < m.rf:
+		return fmt.Errorf("holds %d voters %v, fewer than its replication factor %d", len(conf.GetVoters()), conf.GetVoters(), m.rf)
+	case len(conf.GetVoters()) > m.rf+1:
+		return fmt.Errorf("holds %d voters %v, more than its replication factor %d + 1 (two moves of the range at once)", len(conf.GetVoters()), conf.GetVoters(), m.rf)
+	}
+	return nil
+}
+
+// stray, under the moveStray mutation, makes a replica removed from its
+// range restart as the only voter of its group, log and all (a stray
+// that forces a group of its own: what it acks must not count).
+func (m *moveWorld) stray(n *node, r int, fs replica.FileState) error {
+	if !m.w.opt.mut.moveStray || !m.removed(r, uint64(n.id)) {
+		return nil
+	}
+	st, ok, err := fs.Load()
+	if err != nil || !ok {
+		return err
+	}
+	st.Conf = &raftpb.ConfState{Voters: []uint64{uint64(n.id)}}
+	m.strays[[2]int{n.id, r}] = true
+	return fs.Save(st)
+}
+
+// removed reports whether node id was a member of range r and is not in
+// its latest configuration.
+func (m *moveWorld) removed(r int, id uint64) bool {
+	if !m.on || !m.members[r][id] {
+		return false
+	}
+	conf := m.conf[r]
+	return !slices.Contains(conf.GetVoters(), id) && !slices.Contains(conf.GetLearners(), id)
+}
+
+// ackable: a replica removed from the range acks nothing for it.
+func (m *moveWorld) ackable(n *node, r int, res replica.Result) error {
+	if res.Err != nil || !m.removed(r, uint64(n.id)) {
+		return nil
+	}
+	return fmt.Errorf("%v range %d: acks an append at %d (duplicate %v) after its removal from the range (latest configuration %v at applied index %d)",
+		n, r, res.BaseOffset, res.Duplicate, m.conf[r], m.applied[r])
+}
+
+// region is the planner's snapshot of the region.
+func (m *moveWorld) region() placement.Region {
+	w := m.w
+	var reg placement.Region
+	for _, n := range w.regionNodes(0) {
+		if n.gen == 0 {
+			continue // a spare not joined yet
+		}
+		st := placement.Live
+		if n.id == m.drained {
+			st = placement.Draining
+		}
+		reg.Nodes = append(reg.Nodes, placement.Node{ID: uint64(n.id), Zone: fmt.Sprintf("z%d", n.id), State: st})
+	}
+	for r := range m.conf {
+		rg := placement.Range{ID: placement.RangeID{Stream: "sim", Range: uint32(r)}, Replicas: slices.Clone(m.conf[r].GetVoters()),
+			Learners: slices.Clone(m.conf[r].GetLearners()), SizeBytes: int64(len(w.canonical[r])), ReplicationFactor: m.rf}
+		if l := w.leaderOf(0, r); l != nil {
+			rg.Leader = uint64(l.id)
+		}
+		rg.Moving = m.moving(r) && !w.opt.mut.moveConcurrent
+		reg.Ranges = append(reg.Ranges, rg)
+	}
+	return reg
+}
+
+func (m *moveWorld) moving(r int) bool {
+	return slices.ContainsFunc(m.moves, func(mv *move) bool { return mv.r == r })
+}
+
+// plan runs the rebalancer's core (placement.Loop, as
+// regionsvc/rebalance.go drives it) and starts its moves and learner
+// removals, each with Planned: the voters the snapshot gave.
+func (m *moveWorld) plan() {
+	w := m.w
+	if w.opt.mut.moveConcurrent {
+		// The Loop's bookkeeping and Planned undone: the planner alone.
+		for _, mv := range placement.Plan(m.region(), placement.Config{MovesMax: 2}) {
+			m.res.Planned++
+			m.start(int(mv.Range.Range), mv.From, mv.To, mv.Reason.String(), nil).loop = false
+		}
+		return
+	}
+	down := map[uint64]bool{}
+	for _, n := range w.regionNodes(0) {
+		down[uint64(n.id)] = n.gen > 0 && !n.up
+	}
+	now := w.clock()
+	m.loop.Observe(now, down)
+	reg := m.region()
+	moves, cleanups := m.loop.Next(now, reg)
+	for _, c := range cleanups {
+		m.res.Cleanups++
+		m.start(int(c.Range.Range), c.Learner, 0, "cleanup", nil)
+	}
+	for _, mv := range moves {
+		r := int(mv.Range.Range)
+		m.res.Planned++
+		m.start(r, mv.From, mv.To, mv.Reason.String(), slices.Clone(reg.Ranges[r].Replicas))
+	}
+}
+
+// operator starts `geolog replicas replace` of a random voter of a
+// random range with no move onto a random live node not in it.
+func (m *moveWorld) operator() {
+	w := m.w
+	r := m.rng.IntN(w.opt.Ranges)
+	if m.moving(r) || len(m.conf[r].GetLearners()) > 0 {
+		return
+	}
+	voters := m.conf[r].GetVoters()
+	var to []uint64
+	for _, n := range w.regionNodes(0) {
+		if id := uint64(n.id); n.gen > 0 && n.id != m.drained && !slices.Contains(voters, id) {
+			to = append(to, id)
+		}
+	}
+	if len(to) == 0 || len(voters) == 0 {
+		return
+	}
+	m.res.Operator++
+	m.start(r, voters[m.rng.IntN(len(voters))], to[m.rng.IntN(len(to))], "operator", nil)
+}
+
+// start runs one move's replicamove call on its goroutine and takes its
+// first Admin call. to 0: remove from (Excess, cleanup).
+func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64) *move {
+	w := m.w
+	mv := &move{r: r, from: from, to: to, kind: kind, calls: make(chan *adminCall), answers: make(chan adminAnswer), proposed: -1, faultAt: -1,
+		loop: kind != "operator"}
+	if w.now < int64(w.opt.Steps) && m.rng.IntN(2) == 0 {
+		mv.faultAt, mv.fault = w.now+m.rng.Int64N(400), m.rng.IntN(6)
+	}
+	w.tracef("range %d: %s move %d -> %d starts (voters %v, learners %v)", r, kind, from, to, m.conf[r].GetVoters(), m.conf[r].GetLearners())
+	adm := &simAdmin{mv: mv, done: m.done}
+	go func() {
+		ctx := context.Background()
+		var err error
+		if kind == "cleanup" {
+			// rebalancer.startCleanup: the learner's removal, as is.
+			_, err = adm.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+		} else if to == 0 {
+			err = replicamove.Remove(ctx, adm, from, m.rf, replicamove.Config{})
+		} else {
+			err = replicamove.Replace(ctx, adm, from, to, replicamove.Config{PollInterval: 1, LagEntriesMax: moveCatchUpLag, Planned: planned})
+		}
+		select {
+		case mv.calls <- &adminCall{end: true, err: err}:
+		case <-m.done:
+		}
+	}()
+	m.took(mv)
+	m.moves = append(m.moves, mv)
+	return mv
+}
+
+// simAdmin is replicamove.Admin over the simulator: each call waits for
+// the simulator's answer.
+type simAdmin struct {
+	mv   *move
+	done chan struct{}
+}
+
+func (a *simAdmin) call(c *adminCall) adminAnswer {
+	select {
+	case a.mv.calls <- c:
+	case <-a.done:
+		return adminAnswer{err: errRunOver}
+	}
+	select {
+	case ans := <-a.mv.answers:
+		return ans
+	case <-a.done:
+		return adminAnswer{err: errRunOver}
+	}
+}
+
+func (a *simAdmin) Change(_ context.Context, c geologv1.ReplicaChange, node uint64) (*geologv1.ChangeReplicasResponse, error) {
+	ans := a.call(&adminCall{change: true, typ: c, node: node})
+	return ans.resp, ans.err
+}
+
+func (a *simAdmin) Describe(context.Context) (*geologv1.DescribeReplicasResponse, error) {
+	ans := a.call(&adminCall{})
+	return ans.desc, ans.err
+}
+
+// answer hands the goroutine its answer and takes its next call.
+func (m *moveWorld) answer(mv *move, ans adminAnswer) {
+	if mv.cur.change {
+		m.asking[mv.r]--
+	}
+	mv.answers <- ans
+	mv.proposed, mv.outcome = -1, nil
+	mv.seq++
+	m.took(mv)
+}
+
+// took takes a move's next call from its goroutine: at most one Change
+// per range at a time.
+func (m *moveWorld) took(mv *move) {
+	w := m.w
+	mv.cur, mv.since = <-mv.calls, w.now
+	if !mv.cur.change {
+		return
+	}
+	if m.asking[mv.r]++; m.asking[mv.r] > 1 && w.err == nil && !w.opt.mut.moveAskUnchecked {
+		w.err = fmt.Errorf("range %d: %d membership changes asked at once (one change per range)", mv.r, m.asking[mv.r])
+	}
+}
+
+// serve carries out a move's Admin call when it can.
+func (m *moveWorld) serve(mv *move) {
+	w, c := m.w, mv.cur
+	if c.end {
+		m.finish(mv)
+		return
+	}
+	if !c.change {
+		if w.now-mv.since < movePollMs {
+			return
+		}
+		if mv.outcome != nil {
+			m.answer(mv, *mv.outcome)
+		} else if l := w.leaderOf(0, mv.r); l != nil && !w.opt.mut.describeFresh {
+			m.answer(mv, adminAnswer{desc: describe(l, mv.r)})
+		} else if l != nil && (mv.proposed < 0 || w.now-mv.proposed >= moveAttemptMs) {
+			m.describeFresh(mv, l)
+		} else if w.now-mv.since >= moveCallMs {
+			m.answer(mv, adminAnswer{err: apierr.New(apierr.Unavailable, "range %d: no leader", mv.r)})
+		}
+		return
+	}
+	switch {
+	case mv.outcome != nil:
+		m.answer(mv, *mv.outcome)
+	case mv.proposed >= 0 && w.now-mv.proposed < moveAttemptMs:
+	case w.now-mv.since >= moveCallMs:
+		m.answer(mv, adminAnswer{err: apierr.New(apierr.Unavailable, "range %d: change %v of node %d not applied in %d ms", mv.r, c.typ, c.node, moveCallMs)})
+	case (w.now-mv.since)%moveRetryMs == 0:
+		mv.proposed = -1
+		m.propose(mv)
+	}
+}
+
+// describe is regionsvc's DescribeReplicas at leader l.
+func describe(l *node, r int) *geologv1.DescribeReplicasResponse {
+	rep := l.replicas[r]
+	st, conf := rep.Status(), rep.Conf()
+	d := &geologv1.DescribeReplicasResponse{LeaderId: st.ID, LastIndex: st.Progress[st.ID].Match, CommittedOffset: rep.Committed()}
+	add := func(ids []uint64, role string) {
+		for _, id := range ids {
+			d.Replicas = append(d.Replicas, &geologv1.ReplicaStatus{NodeId: id, Role: role, MatchIndex: st.Progress[id].Match})
+		}
+	}
+	add(conf.GetVoters(), "voter")
+	add(conf.GetLearners(), "learner")
+	slices.SortFunc(d.Replicas, func(a, b *geologv1.ReplicaStatus) int { return int(a.GetNodeId()) - int(b.GetNodeId()) })
+	return d
+}
+
+// describeFresh is the fix the simulator proposes for DescribeReplicas
+// (mutations.describeFresh; notes/simmoves.md): the leader answers once a
+// ReadIndex confirmed it and it applied everything committed before the
+// call, so its configuration is the range's latest, not one its
+// predecessors already changed.
+func (m *moveWorld) describeFresh(mv *move, l *node) {
+	mv.proposed = m.w.now
+	seq, gen, c := mv.seq, l.gen, mv.cur
+	l.replicas[mv.r].ReadIndex(func(_ uint64, err error) {
+		if mv.seq != seq || mv.cur != c || !l.up || l.gen != gen {
+			return
+		}
+		mv.proposed = -1
+		if err == nil && l.replicas[mv.r].IsLeader() {
+			mv.outcome = &adminAnswer{desc: describe(l, mv.r)}
+		}
+	})
+}
+
+// propose is regionsvc's ChangeReplicas at the leader of now.
+func (m *moveWorld) propose(mv *move) {
+	w, c := m.w, mv.cur
+	l := w.leaderOf(0, mv.r)
+	if l == nil {
+		return
+	}
+	rep, node := l.replicas[mv.r], c.node
+	conf := rep.Conf()
+	isVoter, isLearner := slices.Contains(conf.GetVoters(), node), slices.Contains(conf.GetLearners(), node)
+	var typ raftpb.ConfChangeType
+	var refuse string
+	switch c.typ {
+	case geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER:
+		typ = raftpb.ConfChangeAddLearnerNode
+		if isVoter || isLearner {
+			refuse = "already a member"
+		}
+	case geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE:
+		typ = raftpb.ConfChangeAddNode
+		if !isLearner {
+			refuse = "not a learner"
+		}
+	default:
+		typ = raftpb.ConfChangeRemoveNode
+		if !isVoter && !isLearner {
+			refuse = "not a member"
+		} else if isVoter && len(conf.GetVoters()) <= 1 {
+			refuse = "the last voter"
+		}
+	}
+	if refuse != "" {
+		m.res.Refused++
+		m.answer(mv, adminAnswer{err: apierr.New(apierr.InvalidArgument, "node %d is %s", node, refuse)})
+		return
+	}
+	if typ == raftpb.ConfChangeRemoveNode && node == uint64(l.id) && !w.opt.mut.moveNoHandOff {
+		// handOffBeforeRemoval: the caller retries at the new leader.
+		for _, v := range conf.GetVoters() {
+			if v != node {
+				rep.TransferLeadership(v)
+				m.res.HandOffs++
+				break
+			}
+		}
+		return
+	}
+	mv.proposed = w.now
+	seq := mv.seq
+	cc := &raftpb.ConfChangeV2{Changes: []*raftpb.ConfChangeSingle{{Type: typ.Enum(), NodeId: proto.Uint64(node)}}}
+	rep.ProposeConfChange(cc, func(cs *raftpb.ConfState, err error) {
+		if mv.seq != seq || mv.cur != c {
+			return
+		}
+		mv.proposed = -1
+		if err != nil {
+			if !apierr.IsRetriable(err) {
+				mv.outcome = &adminAnswer{err: err}
+			}
+			return // retried at the leader of now
+		}
+		m.res.Changes++
+		w.tracef("range %d: %v of node %d applied (voters %v, learners %v)", mv.r, c.typ, node, cs.GetVoters(), cs.GetLearners())
+		mv.outcome = &adminAnswer{resp: &geologv1.ChangeReplicasResponse{Voters: cs.GetVoters(), Learners: cs.GetLearners()}}
+	})
+}
+
+// finish ends a move whose goroutine returned.
+func (m *moveWorld) finish(mv *move) {
+	w := m.w
+	if err := mv.cur.err; err != nil {
+		m.res.Failed++
+		w.tracef("range %d: %s move %d -> %d failed: %v", mv.r, mv.kind, mv.from, mv.to, err)
+	} else {
+		m.res.Done++
+		w.tracef("range %d: %s move %d -> %d done", mv.r, mv.kind, mv.from, mv.to)
+	}
+	if mv.loop {
+		m.loop.Done(placement.RangeID{Stream: "sim", Range: uint32(mv.r)})
+	}
+	mv.cur = nil
+}
+
+// aim injects the fault a move drew: a crash or a partition of its
+// source, its target or the range leader.
+func (m *moveWorld) aim(mv *move) {
+	w := m.w
+	mv.faultAt = -1
+	var n *node
+	switch mv.fault % 3 {
+	case 0:
+		n = w.node(0, int(mv.from))
+	case 1:
+		if mv.to != 0 {
+			n = w.node(0, int(mv.to))
+		}
+	default:
+		n = w.leaderOf(0, mv.r)
+	}
+	if n == nil || !n.up {
+		return
+	}
+	if mv.fault < 3 {
+		w.crash(n)
+		m.res.AimedCrashes++
+		w.tracef("%s: crashed during range %d's move %d -> %d", traceName(n), mv.r, mv.from, mv.to)
+		return
+	}
+	n.cutTill = w.now + 100 + m.rng.Int64N(1500)
+	w.res.Partitions++
+	m.res.AimedPartition++
+	w.tracef("%s: cut off during range %d's move %d -> %d", traceName(n), mv.r, mv.from, mv.to)
+}
+
+// busy: moves under way, or a range not yet at RF voters with no learner
+// and none on the drained node.
+func (m *moveWorld) busy() bool {
+	if !m.on {
+		return false
+	}
+	return len(m.moves) > 0 || m.final() != nil || len(placement.Plan(m.region(), placement.Config{MovesMax: 2})) > 0
+}
+
+// final is the end state every range must reach.
+func (m *moveWorld) final() error {
+	for r, conf := range m.conf {
+		switch {
+		case len(conf.GetVoters()) != m.rf || len(conf.GetLearners()) > 0:
+			return fmt.Errorf("range %d: ends with voters %v and learners %v, want %d voters", r, conf.GetVoters(), conf.GetLearners(), m.rf)
+		case m.drained != 0 && slices.Contains(conf.GetVoters(), uint64(m.drained)):
+			return fmt.Errorf("range %d: ends with voters %v, the drained node %d among them", r, conf.GetVoters(), m.drained)
+		}
+	}
+	return nil
+}
+
+// member reports whether node id is in range r's latest configuration
+// (every node when there are no moves).
+func (m *moveWorld) member(r int, id uint64) bool {
+	return !m.on || slices.Contains(m.conf[r].GetVoters(), id) || slices.Contains(m.conf[r].GetLearners(), id)
+}
