@@ -47,13 +47,23 @@ func (n *Node) watchLiveness() {
 		rg.liveness.down = map[uint64]bool{}
 	}
 	changed := false
-	for id := range n.memberAddrs() { // joined nodes too (members.go)
+	members := n.memberAddrs() // joined nodes too (members.go)
+	for id := range members {
 		if id == n.cfg.NodeID {
 			continue
 		}
 		down := rg.transport.PeerDown(raftnet.NodeID(id))
 		if down != rg.liveness.down[id] {
 			rg.liveness.down[id] = down
+			changed = true
+		}
+	}
+	for id, down := range rg.liveness.down {
+		// A node decommissioned (gone from the list, its peer removed
+		// from the transport, which then reports it up) is down for good:
+		// a follower quiesced under it wakes (wakeIfLeaderDown, peerDown).
+		if _, ok := members[id]; !ok && !down {
+			rg.liveness.down[id] = true
 			changed = true
 		}
 	}

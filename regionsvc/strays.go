@@ -176,6 +176,9 @@ func (n *Node) straySuspect(ctx context.Context, d *rangeDriver) bool {
 			return
 		}
 		suspect = confNames(d.rep.Conf(), self) || st.HardState.GetCommit() > 0 || d.store.Size() > 0
+		if suspect {
+			d.flagStray() // readers go elsewhere until it hears a leader (strayhint.go)
+		}
 	})
 	return err == nil && suspect
 }
@@ -220,6 +223,7 @@ func (n *Node) removeStray(ctx context.Context, key strayKey, d *rangeDriver, vo
 			return
 		}
 		d.condemned = true // step() steps nothing more (replicated.go)
+		d.flagStray()      // subscriptions on this driver end now
 		condemned = true
 	})
 	if err != nil {
