@@ -350,3 +350,21 @@ func TestForgedReplicaHint(t *testing.T) {
 	default:
 	}
 }
+
+// TestRemovedReplicaThatHearsRefuses: a follower that applies its own
+// removal (not cut off) refuses at once: its subscription ends with a
+// retriable NOT_LEADER and a read there is refused, with sweeping and
+// hints off (StrayCheckInterval negative), so that only the
+// configuration it applied (confApplied, noReplica) can tell it. It fails
+// if membership is not noted where the configuration changes.
+func TestRemovedReplicaThatHearsRefuses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := newStrayScene(t, ctx, func(c *Config) { c.Rebalance.StrayCheckInterval = -1 })
+	s.moveOffX(t, ctx)
+	checkNotLeader(t, "the subscription at the removed replica", s.sub.waitEnd(t, 15*time.Second))
+	_, err := s.tr.clients[s.x].Read(ctx, &geologv1.ReadRequest{Stream: strayHintStream, MaxRecords: 100})
+	checkNotLeader(t, "a read at the removed replica", err)
+	s.appendN(t, ctx, 5)
+	s.checkEveryRecord(t, ctx, s.y)
+}
