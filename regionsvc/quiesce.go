@@ -22,7 +22,10 @@ import (
 // refuses, or the handshake times out; an idle stream to a peer cut off
 // without a word breaks within the keepalive time, KeepaliveInterval plus
 // KeepaliveTimeout) and, when any peer's state changes, closes the
-// liveness channel every driver selects on. A quiesced follower whose
+// liveness channel every driver selects on. A node decommissioned (gone
+// from the region's node list; the transport forgets its peer and would
+// report it up) counts as down for good, there and in rangeDriver.peerDown,
+// so a follower quiesced under a leader on it wakes too. A quiesced follower whose
 // leader's node is down then wakes, forgets the leader and campaigns on
 // its next ticks (watchLeader); a quiesced leader wakes on any change (a
 // follower it did not wait for is back, or its peers are gone and
