@@ -56,9 +56,9 @@ func (n *Node) watchLiveness() {
 			continue
 		}
 		down := rg.transport.PeerDown(raftnet.NodeID(id))
-		if down != rg.liveness.down[id] {
-			rg.liveness.down[id] = down
-			changed = true
+		if was, ok := rg.liveness.down[id]; !ok || down != was {
+			rg.liveness.down[id] = down // every member, up ones too: one that leaves is seen below
+			changed = changed || down != was
 		}
 	}
 	for id, down := range rg.liveness.down {

@@ -42,7 +42,10 @@ import (
 //     there end with a retriable NOT_LEADER). After strayHintSettle (two
 //     election timeouts: a leader re-adding X would have spoken to it) it
 //     asks again and carries out steps 3-4 (removeStray): condemned,
-//     emptied, reopened passive.
+//     emptied, reopened passive. If raft knows a leader again by then (X
+//     was hearing its own removal as the hint came: the append that
+//     carries it names the leader), it forgets it and tries again, up to
+//     strayHintRoundsMax rounds; a leader re-adding X speaks every round.
 //
 // With sweeping turned off (RebalanceConfig.StrayCheckInterval negative)
 // hints are ignored too: no stray is removed on this node.
@@ -265,25 +268,40 @@ func (n *Node) checkHintedStray(ctx context.Context, key strayKey, d *rangeDrive
 		return // a member, or no leader answered: the hint changes nothing
 	}
 	n.logger.Info("replica removed from its range, as hinted: removing it", "stream", key.stream, "range", key.r, "hinted_by", from)
+	// A replica that hears its removal as the hint comes learns the
+	// leader again from the append that carries it, after it forgot it:
+	// a leader that stopped sending is forgotten for good on the next
+	// round, one that re-adds the node keeps speaking (every round).
+	for round := 0; round < strayHintRoundsMax; round++ {
+		if !n.forgetHintedLeader(ctx, d) || backoff.Sleep(ctx, n.strayHintSettle()) != nil {
+			return
+		}
+		voters, stray := n.askStray(ctx, key)
+		if !stray {
+			return // re-added meanwhile, or no answer: the sweep finds it if it is a stray
+		}
+		if err := n.removeStray(ctx, key, d, voters); err != nil {
+			n.logger.Warn("stray replica not removed", "stream", key.stream, "range", key.r, "error", err)
+			return
+		}
+		if n.localRange(key.stream, key.r) != d {
+			return // removed (or the stream changed meanwhile)
+		}
+	}
+}
+
+// strayHintRoundsMax bounds the rounds of checkHintedStray.
+const strayHintRoundsMax = 3
+
+// forgetHintedLeader makes d's replica, confirmed a stray by its range's
+// leader, forget its leader and flags it (step 3).
+func (n *Node) forgetHintedLeader(ctx context.Context, d *rangeDriver) bool {
 	cctx, cancel := context.WithTimeout(ctx, strayAskTimeout)
-	err := d.exec(cctx, func() {
+	defer cancel()
+	return d.exec(cctx, func() {
 		d.rep.ForgetLeader()
 		d.flagStray()
-	})
-	cancel()
-	if err != nil {
-		return
-	}
-	if backoff.Sleep(ctx, n.strayHintSettle()) != nil {
-		return
-	}
-	voters, stray := n.askStray(ctx, key)
-	if !stray {
-		return // re-added meanwhile, or no answer: the sweep finds it if it is a stray
-	}
-	if err := n.removeStray(ctx, key, d, voters); err != nil {
-		n.logger.Warn("stray replica not removed", "stream", key.stream, "range", key.r, "error", err)
-	}
+	}) == nil
 }
 
 // strayHintSettle is two election timeouts: a leader re-adding this node

@@ -14,6 +14,7 @@ import (
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/raftnet"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -365,6 +366,66 @@ func TestRemovedReplicaThatHearsRefuses(t *testing.T) {
 	checkNotLeader(t, "the subscription at the removed replica", s.sub.waitEnd(t, 15*time.Second))
 	_, err := s.tr.clients[s.x].Read(ctx, &geologv1.ReadRequest{Stream: strayHintStream, MaxRecords: 100})
 	checkNotLeader(t, "a read at the removed replica", err)
+	s.appendN(t, ctx, 5)
+	s.checkEveryRecord(t, ctx, s.y)
+}
+
+// TestDecommissionedPeerCountsDown: a node that leaves the region's node
+// list (decommissioned: the transport forgets its peer, whose PeerDown is
+// then false) is down for good. The liveness watch sees the change (so
+// that a follower quiesced under a leader there wakes), and a driver's
+// peerDown says down (so that the woken follower forgets that leader,
+// watchLeader, and the stray sweep can suspect it). Without it a quiesced
+// follower of a decommissioned leader kept it for ever.
+func TestDecommissionedPeerCountsDown(t *testing.T) {
+	n := &Node{cfg: Config{NodeID: 1, Peers: map[uint64]string{1: "a:1", 2: "a:2", 3: "a:3"}}}
+	tr, err := raftnet.NewGRPCTransport(raftnet.Config{NodeID: 1, Handler: (*raftRouter)(n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	n.region = &region{transport: tr, liveness: livenessWatch{ch: make(chan struct{})}}
+	n.watchLiveness()
+	ch := n.livenessChanged()
+	n.watchLiveness()
+	select {
+	case <-ch:
+		t.Fatal("liveness changed with every peer as it was")
+	default:
+	}
+	rc := &replicationConfig{nodeID: 1, transport: tr, peerGone: func(id uint64) bool { return !n.isRegionPeer(id) }}
+	d := &rangeDriver{cfg: rangeDriverConfig{repl: rc}}
+	if d.peerDown(3) {
+		t.Fatal("node 3 down while a member")
+	}
+	delete(n.cfg.Peers, 3) // decommissioned: gone from the list
+	n.watchLiveness()
+	select {
+	case <-ch:
+	default:
+		t.Fatal("liveness did not change when node 3 left the region")
+	}
+	if !d.peerDown(3) || d.peerDown(2) {
+		t.Fatalf("peerDown: node 3 (gone) %v, node 2 (member) %v", d.peerDown(3), d.peerDown(2))
+	}
+}
+
+// TestHeardRemovalEmptied: a follower that hears its own removal (not
+// cut off) is hinted too, usually while the append that carries the
+// removal is on its way: it forgets its leader, then learns it again from
+// that append. It must still be emptied (the hinted check tries again
+// once the leader stopped speaking to it), within 15 s, with sweeping as
+// good as off. Without the hint its copy stayed on disk, a non-member
+// that knows a leader, which no sweep suspects.
+func TestHeardRemovalEmptied(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := newStrayScene(t, ctx, func(c *Config) { c.Rebalance.StrayCheckInterval = 10 * time.Minute })
+	s.moveOffX(t, ctx)
+	moved := time.Now()
+	checkNotLeader(t, "the subscription at the removed replica", s.sub.waitEnd(t, 15*time.Second))
+	s.checkRemoved(t, ctx, 15*time.Second-time.Since(moved))
+	t.Logf("node %d emptied %v after the move", s.x, time.Since(moved).Round(time.Millisecond))
 	s.appendN(t, ctx, 5)
 	s.checkEveryRecord(t, ctx, s.y)
 }
