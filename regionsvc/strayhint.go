@@ -30,9 +30,12 @@ import (
 //     partitioned at that moment), at most strayHintSendersMax in flight.
 //  2. X trusts nothing in the hint (with TLS only nodes of the region may
 //     call; peerauth.go). It looks the range up locally; a hint for a
-//     range it has no replica of, of another incarnation of the stream,
-//     or within strayHintCheckGap of the range's last hinted check, is
-//     ignored. Otherwise it runs the sweep's trusted check at once
+//     range it has no replica of (or one outside its configuration that
+//     holds nothing), of another incarnation of the stream, or within
+//     strayHintCheckGap of the range's last hinted check, is ignored. A
+//     replica that applied its own removal is checked too: it keeps its
+//     copy and a leader that no longer speaks to it, so no sweep
+//     suspects it. Otherwise it runs the sweep's trusted check at once
 //     (checkHintedStray): DescribeReplicas at the range's leader (step 2
 //     of strays.go). An answer that names X, or no answer from a leader,
 //     ends the matter: a forged hint costs one question.
@@ -233,8 +236,13 @@ func (n *Node) takeRemovedHint(req *geologinternalv1.ReplicaRemovedRequest) (che
 		d = st.ranges[key.r]
 	}
 	n.mu.RUnlock()
-	if d == nil || d.rep == nil || d.noReplica.Load() {
-		return false, nil // nothing here to check, or not a member by its own configuration already
+	if d == nil || d.rep == nil || (d.noReplica.Load() && d.store.Size() == 0) {
+		// Nothing here to check, or nothing to remove: a replica outside
+		// its configuration that holds no data (never a member, or
+		// emptied). One that applied its own removal still holds its
+		// copy, and knows a leader that no longer speaks to it: no sweep
+		// suspects it, so the hint is its way out.
+		return false, nil
 	}
 	now := time.Now().UnixNano()
 	last := d.strayHintAt.Load()
