@@ -281,6 +281,10 @@ func (n *Node) reopenStray(key strayKey, d *rangeDriver) {
 		return
 	}
 	nd := n.openRange(st.spec, st.spec.MetaOffset, key.r)
+	// The range's preferred leader came from a catalogue record applied
+	// once, onto d: the rebalancer reads it here (preferredOf), and
+	// without it plans transfers the ranges undo.
+	nd.balance.pref.Store(d.balance.pref.Load())
 	n.mu.Lock()
 	cur, ok := n.streams[key.stream]
 	if !ok || cur.spec.MetaOffset != st.spec.MetaOffset || int(key.r) >= len(cur.ranges) || cur.ranges[key.r] != d {
