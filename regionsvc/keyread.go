@@ -44,8 +44,12 @@ func (n *Node) readRangeOf(ctx context.Context, stream string, r uint32, key []b
 // shorter than one it read elsewhere. NOT_LEADER, retriable, as Kafka's
 // NOT_LEADER_OR_FOLLOWER: the SDK reads at its next address.
 func (d *rangeDriver) readable() error {
-	if d == nil || !d.noReplica.Load() {
+	if d == nil || (!d.noReplica.Load() && !d.strayFlagged.Load()) {
 		return nil
+	}
+	if !d.noReplica.Load() {
+		return apierr.New(apierr.NotLeader, "stream %s range %d: this node's replica of the range may have been removed from it; read at one of its replicas",
+			d.cfg.stream, d.cfg.rangeID)
 	}
 	return apierr.New(apierr.NotLeader, "stream %s range %d: this node holds no replica of the range; read at one of its replicas",
 		d.cfg.stream, d.cfg.rangeID)

@@ -461,6 +461,13 @@ type Node struct {
 	// that starts it goes through tasks.Go, and Close stops and waits for
 	// them (internal/stopper).
 	tasks *stopper.Stopper
+	// strayHints bounds the replica removal hints in flight
+	// (strayhint.go).
+	strayHints strayHints
+	// testBlockPeer, set by tests, cuts this node off from the peers it
+	// returns true for: their Raft messages are dropped, hints to them
+	// fail (strayhint.go).
+	testBlockPeer atomic.Pointer[func(peer uint64) bool]
 	// dirLock is the node's exclusive lock on its data directory, held from
 	// New to Close: a second node on the same directory fails to start.
 	dirLock io.Closer
@@ -511,16 +518,17 @@ func New(cfg Config) (*Node, error) {
 	}
 	var err error
 	n := &Node{
-		cfg:      cfg,
-		logger:   cfg.Logger.Named("node"),
-		streams:  map[string]*streamState{},
-		closing:  make(chan struct{}),
-		serveErr: make(chan error, 1),
-		files:    vfs.NewCache(cfg.fsys(), cfg.Limits.FileDescriptorsMax),
-		syncs:    newSyncGroup(cfg.GroupCommit),
-		started:  cfg.Now(),
-		book:     newAddrBook(),
-		tasks:    stopper.New(),
+		cfg:        cfg,
+		logger:     cfg.Logger.Named("node"),
+		streams:    map[string]*streamState{},
+		closing:    make(chan struct{}),
+		serveErr:   make(chan error, 1),
+		files:      vfs.NewCache(cfg.fsys(), cfg.Limits.FileDescriptorsMax),
+		syncs:      newSyncGroup(cfg.GroupCommit),
+		started:    cfg.Now(),
+		book:       newAddrBook(),
+		tasks:      stopper.New(),
+		strayHints: newStrayHints(),
 	}
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
@@ -760,6 +768,7 @@ func (n *Node) Start() error {
 	n.grpcServer.RegisterService(n.limits.receiveGated(&geologv1.Admin_ServiceDesc), &adminServer{node: n})
 	geologinternalv1.RegisterNodeDirectoryServer(n.grpcServer, &directoryServer{node: n})
 	geologinternalv1.RegisterRegionCatalogueServer(n.grpcServer, &catalogueServer{node: n}) // split_forward.go
+	geologinternalv1.RegisterReplicaHintsServer(n.grpcServer, &hintServer{node: n})         // strayhint.go
 	n.grpcServer.RegisterService(n.limits.receiveGated(&geologv1.Consumer_ServiceDesc), &consumerServer{node: n})
 	healthpb.RegisterHealthServer(n.grpcServer, &healthServer{node: n}) // health.go
 	if n.replicated() {

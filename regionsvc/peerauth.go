@@ -26,7 +26,7 @@ import (
 //     outside geolog.v1 (Mirror, and whatever internal service is added:
 //     the rule fails closed), Admin.RefreshHomes, and any request that
 //     carries the internal headers (x-geolog-forwarded, x-geolog-propagated);
-//   - Raft and RegionCatalogue take nodes of this region only, and raftnet then binds each
+//   - Raft, RegionCatalogue and ReplicaHints take nodes of this region only, and raftnet then binds each
 //     stream to its caller (authorizeRaftPeer): a stream in another node's
 //     name is refused. The Mirror server binds its streams the same way
 //     (authorizeMirrorSource), and a mirror takes frames only from a node
@@ -60,10 +60,14 @@ const raftMethodPrefix = "/geolog.internal.v1.RaftTransport/"
 // catalogueMethodPrefix is RegionCatalogue's: for nodes of the region.
 const catalogueMethodPrefix = "/geolog.internal.v1.RegionCatalogue/"
 
+// hintsMethodPrefix is ReplicaHints': for nodes of the region.
+const hintsMethodPrefix = "/geolog.internal.v1.ReplicaHints/"
+
 // classOf classifies a gRPC method by its full name.
 func classOf(fullMethod string) callClass {
 	switch {
-	case strings.HasPrefix(fullMethod, raftMethodPrefix), strings.HasPrefix(fullMethod, catalogueMethodPrefix):
+	case strings.HasPrefix(fullMethod, raftMethodPrefix), strings.HasPrefix(fullMethod, catalogueMethodPrefix),
+		strings.HasPrefix(fullMethod, hintsMethodPrefix):
 		return callRegion
 	case fullMethod == geologv1.Admin_RefreshHomes_FullMethodName:
 		return callNode

@@ -55,6 +55,7 @@ func TestCallClasses(t *testing.T) {
 		"/geolog.internal.v1.RaftTransport/Stream":              callRegion,
 		"/geolog.internal.v1.RaftTransport/Snapshot":            callRegion,
 		"/geolog.internal.v1.RegionCatalogue/RecordMirrorSplit": callRegion,
+		"/geolog.internal.v1.ReplicaHints/ReplicaRemoved":       callRegion,
 		// The health service needs no class: any caller the transport
 		// admits may ask (health.go; the interceptors let it through).
 		"/grpc.health.v1.Health/Check": callNode,

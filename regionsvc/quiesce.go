@@ -22,7 +22,10 @@ import (
 // refuses, or the handshake times out; an idle stream to a peer cut off
 // without a word breaks within the keepalive time, KeepaliveInterval plus
 // KeepaliveTimeout) and, when any peer's state changes, closes the
-// liveness channel every driver selects on. A quiesced follower whose
+// liveness channel every driver selects on. A node decommissioned (gone
+// from the region's node list; the transport forgets its peer and would
+// report it up) counts as down for good, there and in rangeDriver.peerDown,
+// so a follower quiesced under a leader on it wakes too. A quiesced follower whose
 // leader's node is down then wakes, forgets the leader and campaigns on
 // its next ticks (watchLeader); a quiesced leader wakes on any change (a
 // follower it did not wait for is back, or its peers are gone and
@@ -47,13 +50,23 @@ func (n *Node) watchLiveness() {
 		rg.liveness.down = map[uint64]bool{}
 	}
 	changed := false
-	for id := range n.memberAddrs() { // joined nodes too (members.go)
+	members := n.memberAddrs() // joined nodes too (members.go)
+	for id := range members {
 		if id == n.cfg.NodeID {
 			continue
 		}
 		down := rg.transport.PeerDown(raftnet.NodeID(id))
-		if down != rg.liveness.down[id] {
-			rg.liveness.down[id] = down
+		if was, ok := rg.liveness.down[id]; !ok || down != was {
+			rg.liveness.down[id] = down // every member, up ones too: one that leaves is seen below
+			changed = changed || down != was
+		}
+	}
+	for id, down := range rg.liveness.down {
+		// A node decommissioned (gone from the list, its peer removed
+		// from the transport, which then reports it up) is down for good:
+		// a follower quiesced under it wakes (wakeIfLeaderDown, peerDown).
+		if _, ok := members[id]; !ok && !down {
+			rg.liveness.down[id] = true
 			changed = true
 		}
 	}

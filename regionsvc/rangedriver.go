@@ -152,6 +152,13 @@ type rangeDriver struct {
 	// factor, or one whose replica moved away): its store is not the
 	// range's log, so reads are refused (readable).
 	noReplica atomic.Bool
+	// strayFlagged is set while this node's replica is a stray suspect
+	// or condemned (strays.go, strayhint.go): reads are refused as with
+	// noReplica, until the replica hears a leader.
+	strayFlagged atomic.Bool
+	// strayHintAt is when a hint last started a check of the range
+	// (unix nanoseconds; strayhint.go).
+	strayHintAt atomic.Int64
 	// roleP is the range's current home (see homing.go); never nil after
 	// open.
 	roleP atomic.Pointer[rangeRole]

@@ -190,6 +190,8 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	rc.liveness = n.livenessChanged
 	rc.addrOf = func(id uint64) string { return n.clientAddr(n.cfg.Region, id) }
 	rc.snapshotBody = n.throttleSnapshot // rebalance_throttle.go
+	rc.onRemoved = n.hintRemoved         // strayhint.go
+	rc.peerGone = func(id uint64) bool { return !n.isRegionPeer(id) }
 	rc.heartbeatTicks, rc.electionTicks = n.cfg.HeartbeatTicks, n.cfg.ElectionTicks
 	if iv := n.cfg.LeaderBalanceInterval; iv > 0 {
 		rc.leaderBalanceTicks = max(1, int(iv/n.cfg.TickInterval))
@@ -496,6 +498,9 @@ type raftRouter Node
 
 func (r *raftRouter) HandleMessages(from raftnet.NodeID, msgs []raftnet.GroupMessage) int {
 	n := (*Node)(r)
+	if n.testPeerBlocked(uint64(from)) {
+		return 0 // a test's cut: lost on the wire
+	}
 	unknown := 0
 	byGroup := map[raftnet.GroupID][]*raftpb.Message{}
 	for _, m := range msgs {

@@ -52,6 +52,12 @@ type replicationConfig struct {
 	// catalogue. paced: a new group waits for pace to admit it.
 	pace  *openPace
 	paced bool
+	// onRemoved, if set, is called on the driver goroutine of a leader
+	// that applied a configuration no longer naming node id (strayhint.go).
+	onRemoved func(d *rangeDriver, id uint64)
+	// peerGone, if set, reports a node that is no longer one of the
+	// region's (decommissioned or unknown): down for good (peerDown).
+	peerGone func(id uint64) bool
 }
 
 // raftInMax bounds the message batches queued for one replica; past it,
@@ -90,12 +96,14 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 		Now:           d.cfg.now,
 		Logger:        d.cfg.logger,
 		HeartbeatTick: rc.heartbeatTicks, ElectionTick: rc.electionTicks,
-		HoldCommits: true, // runReplicated sends them when due
+		HoldCommits:  true,          // runReplicated sends them when due
+		OnConfChange: d.confApplied, // strayhint.go
 	}, headers)
 	if err != nil {
 		return err
 	}
 	d.rep = rep
+	d.noteMembership(rep.Conf()) // then at each change applied (confApplied)
 	d.balance.every = rc.leaderBalanceTicks
 	if d.cfg.appendQueueDelayTarget > 0 && rc.groupID != metaGroupID {
 		d.shedder = newAppendShedder(d.cfg.appendQueueDelayTarget)
@@ -436,6 +444,9 @@ func (d *rangeDriver) ready() {
 		d.failure.Store(f)
 		d.notify()
 	}
+	if d.strayFlagged.Load() && !d.condemned && d.rep.LeaderID() != 0 {
+		d.strayFlagged.Store(false) // a leader speaks to it: no stray (strayhint.go)
+	}
 	c := d.rep.Committed()
 	d.publishCommitted()
 	if c < d.onCommitFrom {
@@ -463,12 +474,6 @@ func (d *rangeDriver) releaseAcks() {
 // runs after every Ready cycle, and before an ack is sent (propose), so
 // that a reader who was told of a record finds it.
 func (d *rangeDriver) publishCommitted() {
-	if id := d.cfg.repl.nodeID; d.rep.IsVoter() || d.rep.HasLearner(id) {
-		d.noReplica.Store(false)
-	} else if !d.noReplica.Load() {
-		d.noReplica.Store(true)
-		d.notify() // subscriptions waiting here end (subscribe.go)
-	}
 	d.publishSplitEnd() // before readers see the marker's offset committed
 	if !d.splitSeen.Load() && d.rep.SplitPending() {
 		d.splitSeen.Store(true)
@@ -604,7 +609,12 @@ type peerDownReporter interface {
 
 func (d *rangeDriver) peerDown(id uint64) bool {
 	pd, ok := d.cfg.repl.transport.(peerDownReporter)
-	return ok && id != 0 && id != d.cfg.repl.nodeID && pd.PeerDown(raftnet.NodeID(id))
+	if !ok || id == 0 || id == d.cfg.repl.nodeID {
+		return false
+	}
+	// A decommissioned node's peer is removed from the transport, which
+	// then reports it up: it is down for good (quiesce.go).
+	return pd.PeerDown(raftnet.NodeID(id)) || (d.cfg.repl.peerGone != nil && d.cfg.repl.peerGone(id))
 }
 
 // campaignDelayTicksMax bounds the random delay before a follower that saw

@@ -23,6 +23,10 @@ import (
 // campaigns for ever (PreVote and CheckQuorum keep the members from
 // following it) and serves its stale prefix to readers.
 //
+// A removed replica that still knows a leader (quiesced when it was
+// removed) is never a suspect: the leader hints it instead, and the hint
+// runs steps 2-4 at once (strayhint.go).
+//
 // Every node sweeps its ranges every strayCheckInterval (collectStrays):
 //
 //  1. A range is a suspect when its replica knows no leader (the atomic
@@ -30,7 +34,9 @@ import (
 //     either its configuration names this node or its log holds data. A
 //     member hears its leader (heartbeats, or a quiesce heartbeat), so a
 //     healthy member is never a suspect; a passive replica that was never
-//     a member holds nothing and is never one either.
+//     a member holds nothing and is never one either. A suspect is
+//     flagged (rangeDriver.strayFlagged): reads and subscriptions there
+//     end with a retriable NOT_LEADER until it hears a leader.
 //  2. A range that is a suspect in strayConfirmSweeps sweeps in a row is
 //     asked about: DescribeReplicas at its leader (rangeRouter). Only an
 //     answer from a leader counts; no answer, or an answer that names this
@@ -176,6 +182,9 @@ func (n *Node) straySuspect(ctx context.Context, d *rangeDriver) bool {
 			return
 		}
 		suspect = confNames(d.rep.Conf(), self) || st.HardState.GetCommit() > 0 || d.store.Size() > 0
+		if suspect {
+			d.flagStray() // readers go elsewhere until it hears a leader (strayhint.go)
+		}
 	})
 	return err == nil && suspect
 }
@@ -220,6 +229,7 @@ func (n *Node) removeStray(ctx context.Context, key strayKey, d *rangeDriver, vo
 			return
 		}
 		d.condemned = true // step() steps nothing more (replicated.go)
+		d.flagStray()      // subscriptions on this driver end now
 		condemned = true
 	})
 	if err != nil {
@@ -271,6 +281,10 @@ func (n *Node) reopenStray(key strayKey, d *rangeDriver) {
 		return
 	}
 	nd := n.openRange(st.spec, st.spec.MetaOffset, key.r)
+	// The range's preferred leader came from a catalogue record applied
+	// once, onto d: the rebalancer reads it here (preferredOf), and
+	// without it plans transfers the ranges undo.
+	nd.balance.pref.Store(d.balance.pref.Load())
 	n.mu.Lock()
 	cur, ok := n.streams[key.stream]
 	if !ok || cur.spec.MetaOffset != st.spec.MetaOffset || int(key.r) >= len(cur.ranges) || cur.ranges[key.r] != d {

@@ -75,6 +75,12 @@ type Config struct {
 	// (commithold.go). A driver that sets it calls SendHeldCommits when
 	// HeldCommitsWait says.
 	HoldCommits bool
+	// OnConfChange, if set, is called on the driver goroutine (within
+	// ProcessReady) each time the configuration changes here: a committed
+	// change applied, or a snapshot's installed; prev and next are the
+	// configurations before and after, the callee's to keep. It must not
+	// call back into the replica other than its getters, nor block.
+	OnConfChange func(prev, next *raftpb.ConfState)
 }
 
 // Op is one append on its way through a replica.
@@ -476,6 +482,14 @@ func (r *Replica) Campaign() error { return r.rn.Campaign() }
 
 // TransferLeadership asks the leader to hand leadership to to.
 func (r *Replica) TransferLeadership(to uint64) { r.rn.TransferLeader(to) }
+
+// confChanged tells Config.OnConfChange that the configuration changed
+// from prev.
+func (r *Replica) confChanged(prev *raftpb.ConfState) {
+	if r.cfg.OnConfChange != nil {
+		r.cfg.OnConfChange(proto.Clone(prev).(*raftpb.ConfState), proto.Clone(r.state.Conf).(*raftpb.ConfState))
+	}
+}
 
 // Conf returns the configuration as last applied here.
 func (r *Replica) Conf() *raftpb.ConfState { return proto.Clone(r.state.Conf).(*raftpb.ConfState) }
@@ -1016,6 +1030,7 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 			r.refuseConfChange(cc, e.GetIndex(), err)
 			return nil
 		}
+		prev := r.state.Conf
 		r.state.Conf = r.rn.ApplyConfChange(cc)
 		r.state.ConfIndex = e.GetIndex()
 		if err := r.cfg.State.Save(r.state); err != nil {
@@ -1030,6 +1045,7 @@ func (r *Replica) apply(e *raftpb.Entry) error {
 			r.pendingConf = nil
 		}
 		r.logger.Info("configuration changed", "index", e.GetIndex(), "voters", r.state.Conf.GetVoters(), "learners", r.state.Conf.GetLearners())
+		r.confChanged(prev)
 	}
 	return nil
 }

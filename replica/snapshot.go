@@ -740,10 +740,12 @@ func (r *Replica) installSnapshot(snap *raftpb.Snapshot) error {
 		st.Discard() // a no-op once the install committed
 		return fmt.Errorf("replica: install snapshot at index %d: %w", m.Index, err)
 	}
+	prevConf := r.state.Conf
 	r.adoptSnapshot(m)
 	if err := r.cfg.State.Save(r.state); err != nil {
 		return fmt.Errorf("replica: save state after installing a snapshot: %w", err)
 	}
+	defer r.confChanged(prevConf) // once the install is done: the callee may read the replica
 	r.base = st.base
 	if st.decision.Point > r.keyDecision.Point {
 		r.keyDecision, r.keyMarkerEnd = st.decision, 0
