@@ -273,7 +273,7 @@ func TestQuiescedStrayLeaderDies(t *testing.T) {
 		}
 	}
 	s.cut(true, others...) // x hears the others again, never the leader
-	died := time.Now() // its transport closes early in stop: x may see it down before stop returns
+	died := time.Now()     // its transport closes early in stop: x may see it down before stop returns
 	s.tr.stop(s.leader)
 	checkNotLeader(t, "the subscription at the removed replica", s.sub.waitEnd(t, 15*time.Second))
 	s.checkRemoved(t, ctx, 20*time.Second-time.Since(died))
