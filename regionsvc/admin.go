@@ -109,38 +109,65 @@ func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.Descri
 	if err != nil {
 		return nil, err
 	}
+	// A leader just elected may not have applied its predecessors'
+	// configuration changes yet: its applied configuration can still name
+	// a voter a committed change removed, and a move planned from it
+	// removes one voter too many (sim seed 459, notes/simmoves.md). So it
+	// answers after a ReadIndex: once it has committed an entry of its
+	// term and applied everything committed before the call.
+	done := make(chan struct{})
 	var resp *geologv1.DescribeReplicasResponse
 	var notLeader error
 	err = rd.exec(ctx, func() {
 		if !rd.rep.IsLeader() {
 			notLeader = rd.hintAddress(rd.rep.NotLeaderError())
+			close(done)
 			return
 		}
-		st := rd.rep.Status()
-		conf := rd.rep.Conf()
-		resp = &geologv1.DescribeReplicasResponse{
-			LeaderId:        st.ID,
-			LastIndex:       st.Progress[st.ID].Match,
-			CommittedOffset: rd.rep.Committed(),
-		}
-		add := func(ids []uint64, role string) {
-			for _, id := range ids {
-				resp.Replicas = append(resp.Replicas, &geologv1.ReplicaStatus{
-					NodeId: id, Address: cmp.Or(s.node.clientAddr(s.node.cfg.Region, id), s.node.peerAddr(id)), Role: role, MatchIndex: st.Progress[id].Match,
-				})
+		rd.rep.ReadIndex(func(_ uint64, err error) {
+			if err != nil {
+				notLeader = rd.hintAddress(err)
+			} else {
+				resp = s.describe(rd)
 			}
-		}
-		add(conf.GetVoters(), "voter")
-		add(conf.GetLearners(), "learner")
-		sort.Slice(resp.Replicas, func(i, j int) bool { return resp.Replicas[i].NodeId < resp.Replicas[j].NodeId })
+			close(done)
+		})
 	})
 	if err != nil {
 		return nil, err
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, apierr.Wrap(apierr.Timeout, ctx.Err(), "confirming the range's leadership")
 	}
 	if notLeader != nil {
 		return nil, notLeader
 	}
 	return resp, nil
+}
+
+// describe is DescribeReplicas' answer at rd's leader, on its driver
+// goroutine.
+func (s *adminServer) describe(rd *rangeDriver) *geologv1.DescribeReplicasResponse {
+	st := rd.rep.Status()
+	conf := rd.rep.Conf()
+	resp := &geologv1.DescribeReplicasResponse{
+		LeaderId:        st.ID,
+		LastIndex:       st.Progress[st.ID].Match,
+		CommittedOffset: rd.rep.Committed(),
+	}
+	add := func(ids []uint64, role string) {
+		for _, id := range ids {
+			resp.Replicas = append(resp.Replicas, &geologv1.ReplicaStatus{
+				NodeId: id, Address: cmp.Or(s.node.clientAddr(s.node.cfg.Region, id), s.node.peerAddr(id)), Role: role, MatchIndex: st.Progress[id].Match,
+			})
+		}
+	}
+	add(conf.GetVoters(), "voter")
+	add(conf.GetLearners(), "learner")
+	sort.Slice(resp.Replicas, func(i, j int) bool { return resp.Replicas[i].NodeId < resp.Replicas[j].NodeId })
+	return resp
 }
 
 func contains(ids []uint64, id uint64) bool {

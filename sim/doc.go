@@ -262,14 +262,13 @@
 //
 // # Splits, the parent's side (split.go)
 //
-// With Regions = 1 and no retention, one run in two has range 0's leader
+// With Regions = 1, one run in two has range 0's leader
 // append a split marker (as regionsvc's proposeSplit); producers give up
 // batches answered RANGE_SPLIT. Checks: one split offset in every copy,
 // nothing committed or acked past it, no batch answered RANGE_SPLIT in the
 // log, every member ends at the marker. The children are not simulated.
-// Runs with retention split only with -splitretention: a marker retention
-// deleted no longer fences appends (docs/split.md's known gap;
-// TestSplitRetentionGap).
+// Retention keeps the marker (TestSplitUnderRetention: seed 148 acked a
+// record after the split when it did not).
 //
 // The range driver's cores (package rangecore, which regionsvc's range
 // driver drives too): the epoch start gate (gate.go: a new home's leader

@@ -501,7 +501,7 @@ func (m *moveWorld) serve(mv *move) {
 		}
 		if mv.outcome != nil {
 			m.answer(mv, *mv.outcome)
-		} else if l := w.leaderOf(0, mv.r); l != nil && !w.opt.mut.describeFresh {
+		} else if l := w.leaderOf(0, mv.r); l != nil && w.opt.mut.describeStale {
 			m.answer(mv, adminAnswer{desc: describe(l, mv.r)})
 		} else if l != nil && (mv.proposed < 0 || w.now-mv.proposed >= moveAttemptMs) {
 			m.describeFresh(mv, l)
@@ -538,8 +538,8 @@ func describe(l *node, r int) *geologv1.DescribeReplicasResponse {
 	return d
 }
 
-// describeFresh is the fix the simulator proposes for DescribeReplicas
-// (mutations.describeFresh; notes/simmoves.md): the leader answers once a
+// describeFresh is regionsvc's DescribeReplicas (admin.go; the fix of
+// notes/simmoves.md finding 1): the leader answers once a
 // ReadIndex confirmed it and it applied everything committed before the
 // call, so its configuration is the range's latest, not one its
 // predecessors already changed.

@@ -53,15 +53,12 @@ import (
 // (reads, second takeovers, rehomes, replaced replicas), set by tests:
 // each check must report its own.
 type mutations struct {
-	// describeFresh: the moves' DescribeReplicas answers after a
-	// ReadIndex (moves.go describeFresh: the fix proposed for a Describe
-	// at a new leader whose configuration lags its log; -known sets it).
-	describeFresh bool
+	// describeStale: the moves' DescribeReplicas answers the leader's
+	// applied configuration at once, as regionsvc did before it answered
+	// after a ReadIndex (moves.go describeFresh; TestMovesStaleDescribe).
+	describeStale bool
 	// splitAlways: every run of one region splits range 0 (split.go).
 	splitAlways bool
-	// splitCompacting: runs that compact split too (split.go: retention
-	// deletes the marker, a known gap).
-	splitCompacting bool
 	// movesAlways: every run of one region moves replicas (moves.go).
 	movesAlways bool
 	// moveConcurrent: the planner's snapshot shows no move under way and

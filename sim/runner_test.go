@@ -43,7 +43,7 @@ func runChild(t *testing.T, share string) {
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	for seed := *firstFlag + k; seed < *firstFlag+int64(*runsFlag); seed += n {
-		res, err := Run(Options{Seed: seed, Steps: *stepsFlag, Regions: *regions, mut: mutations{tolerateOldHomeReads: *known, describeFresh: *known, splitCompacting: *splitRetention}})
+		res, err := Run(Options{Seed: seed, Steps: *stepsFlag, Regions: *regions, mut: mutations{tolerateOldHomeReads: *known}})
 		rep := childReport{Seed: seed, Res: res}
 		if err != nil {
 			rep.Err = err.Error()
@@ -69,7 +69,7 @@ func runParallel(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestSimulator$", "-test.timeout=0",
 			"-simchild="+strconv.Itoa(k)+"/"+strconv.Itoa(jobs), "-first="+strconv.FormatInt(*firstFlag, 10),
 			"-runs="+strconv.Itoa(*runsFlag), "-steps="+strconv.Itoa(*stepsFlag), "-regions="+strconv.Itoa(*regions),
-			"-keepgoing="+strconv.FormatBool(*keepGoing), "-known="+strconv.FormatBool(*known), "-splitretention="+strconv.FormatBool(*splitRetention))
+			"-keepgoing="+strconv.FormatBool(*keepGoing), "-known="+strconv.FormatBool(*known))
 		cmd.Stderr = os.Stderr
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {

@@ -19,10 +19,7 @@ var (
 	jobsFlag  = flag.Int("jobs", 1, "processes running seeds at once (make sim: one per core); each seed runs alone in its process, as it replays")
 	keepGoing = flag.Bool("keepgoing", false, "run every seed, reporting each failing one, instead of stopping at the first")
 	childFlag = flag.String("simchild", "", "internal: run this process's share k/n of the seeds and report each on stdout")
-	known     = flag.Bool("known", false, "count, not fail on, the open issues (reads.go: tolerateOldHomeReads), and run moves with the Describe fix proposed (moves.go: describeFresh)")
-	// splitRetention lets runs that compact split too (split.go: the
-	// known gap of a marker retention deletes).
-	splitRetention = flag.Bool("splitretention", false, "split in runs that compact too (split.go: the known gap of docs/split.md)")
+	known     = flag.Bool("known", false, "count, not fail on, the open issues (reads.go: tolerateOldHomeReads)")
 )
 
 // TestSimulator runs the simulator over many seeds of -regions regions
@@ -71,7 +68,7 @@ func simulate(t *testing.T, regions int, seeds []int64) {
 	var s summary
 	s.start(regions, *stepsFlag, 1)
 	for _, seed := range seeds {
-		opt := Options{Seed: seed, Steps: *stepsFlag, Regions: regions, mut: mutations{tolerateOldHomeReads: *known, describeFresh: *known, splitCompacting: *splitRetention}}
+		opt := Options{Seed: seed, Steps: *stepsFlag, Regions: regions, mut: mutations{tolerateOldHomeReads: *known}}
 		if *verbose {
 			opt.Logger = hclog.New(&hclog.LoggerOptions{Level: hclog.Debug})
 		}

@@ -74,12 +74,6 @@ type splitWorld struct {
 func newSplitWorld(w *world) *splitWorld {
 	s := &splitWorld{w: w, rng: rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x73706c6974)), answered: -1, offset: -1, abandoned: map[string]bool{}}
 	s.on = w.opt.Regions == 1 && (s.rng.IntN(2) == 0 || w.opt.mut.splitAlways)
-	if w.compaction && !w.opt.mut.splitCompacting {
-		// Retention may delete the marker's segment, and with it the
-		// replica's fence against appends (a known gap, docs/split.md
-		// "Not built"; TestSplitRetentionGap).
-		s.on = false
-	}
 	if s.on {
 		s.at = 200 + s.rng.Int64N(max(int64(w.opt.Steps)*2/3, 1))
 		s.next = s.at
