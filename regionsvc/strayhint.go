@@ -124,7 +124,7 @@ func removedNodes(prev, next *raftpb.ConfState) []uint64 {
 	return out
 }
 
-// flagStray marks d a stray suspect (or condemned): reads and
+// flagStray marks d a confirmed stray (or condemned): reads and
 // subscriptions there end with a retriable NOT_LEADER (readable) until
 // its replica hears a leader (ready clears it). Driver goroutine.
 func (d *rangeDriver) flagStray() {

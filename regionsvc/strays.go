@@ -34,9 +34,11 @@ import (
 //     either its configuration names this node or its log holds data. A
 //     member hears its leader (heartbeats, or a quiesce heartbeat), so a
 //     healthy member is never a suspect; a passive replica that was never
-//     a member holds nothing and is never one either. A suspect is
-//     flagged (rangeDriver.strayFlagged): reads and subscriptions there
-//     end with a retriable NOT_LEADER until it hears a leader.
+//     a member holds nothing and is never one either. A suspect keeps
+//     serving its committed prefix (a member cut off from its quorum is
+//     one too); once its leader confirms it is no member (step 3, or a
+//     hint), it is flagged (rangeDriver.strayFlagged): reads and
+//     subscriptions there end with a retriable NOT_LEADER.
 //  2. A range that is a suspect in strayConfirmSweeps sweeps in a row is
 //     asked about: DescribeReplicas at its leader (rangeRouter). Only an
 //     answer from a leader counts; no answer, or an answer that names this
@@ -181,10 +183,11 @@ func (n *Node) straySuspect(ctx context.Context, d *rangeDriver) bool {
 		if st.Lead != 0 {
 			return
 		}
+		// A suspect still serves its committed prefix: a member cut off
+		// from a quorum (a region that lost two of three nodes) is one
+		// too, and its readers keep what they can read. Only a confirmed
+		// stray refuses (steps 3-4, strayhint.go).
 		suspect = confNames(d.rep.Conf(), self) || st.HardState.GetCommit() > 0 || d.store.Size() > 0
-		if suspect {
-			d.flagStray() // readers go elsewhere until it hears a leader (strayhint.go)
-		}
 	})
 	return err == nil && suspect
 }
