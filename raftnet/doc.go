@@ -79,8 +79,15 @@
 //     receiver's per-sender state. Idle groups cost nothing: there is no
 //     per-group state, goroutine or timer anywhere in the package.
 //  12. Stats returns counters (sent, received, batches, bytes, drops by
-//     reason, unknown groups, streams, snapshots). Telemetry is wired
-//     outside, from Stats; the package imports none.
+//     reason, unknown groups, streams, snapshots) and what waits in the
+//     peers' queues now (QueuedMessages, QueuedBytes). Telemetry is wired
+//     outside, from Stats (regionsvc's geolog.raft.* metrics); the package
+//     imports none. A peer that stops reading (stuck process, or a network
+//     that stops delivering without breaking the connection) blocks only
+//     its own sender goroutine in gRPC's flow control: its queue fills to
+//     its bound and further messages to it are dropped and counted, while
+//     every other peer's queue, and every group whose quorum is elsewhere,
+//     goes on (TestStuckPeerDoesNotStallQuorum).
 //  13. Security: ClientTLS (or ClientCredentials) secures outgoing
 //     connections; the server side is the grpc.Server's (ServerTLS feeds
 //     ServerOptions). Mutual TLS is a setting of those. AuthorizePeer binds

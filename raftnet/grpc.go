@@ -257,7 +257,17 @@ func (t *GRPCTransport) dial(addr string) (*grpc.ClientConn, error) {
 }
 
 // Stats implements Transport.
-func (t *GRPCTransport) Stats() Stats { return t.stats.snapshot() }
+func (t *GRPCTransport) Stats() Stats {
+	s := t.stats.snapshot()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, p := range t.peers {
+		messages, bytes := p.queued()
+		s.QueuedMessages += uint64(messages)
+		s.QueuedBytes += uint64(bytes)
+	}
+	return s
+}
 
 // Close implements Transport. It stops every peer (queued messages are
 // discarded without a report), cancels snapshot transfers and waits for

@@ -116,6 +116,13 @@ func (p *peer) enqueue(group GroupID, data []byte) error {
 	return nil
 }
 
+// queued returns the messages and bytes waiting in the queue.
+func (p *peer) queued() (messages, bytes int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue), p.queueBytes
+}
+
 // take moves the oldest queued messages, up to the batch bounds, to dst.
 func (p *peer) take(dst []queuedMessage) []queuedMessage {
 	p.mu.Lock()

@@ -133,6 +133,14 @@ type Stats struct {
 	SnapshotsReceiveFailed uint64
 	// SnapshotBytesReceived counts body bytes of SnapshotsReceived.
 	SnapshotBytesReceived uint64
+
+	// QueuedMessages and QueuedBytes are gauges, not counters: the
+	// messages (and their encoded bytes) accepted by Send and not yet
+	// handed to the network, over all peers, when Stats was called. Each
+	// peer's share is bounded by Config.QueueMessagesMax and QueueBytesMax
+	// (gRPC); the simulator's transport, whose queues are the network's,
+	// reports 0.
+	QueuedMessages, QueuedBytes uint64
 }
 
 // MessagesDropped is the number of messages Send accepted or refused that

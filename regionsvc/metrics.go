@@ -98,6 +98,9 @@ func newNodeMetrics(n *Node, mp metric.MeterProvider) (*nodeMetrics, error) {
 	if err := registerOperatorMetrics(n, m); err != nil { // metrics_ops.go
 		return nil, err
 	}
+	if err := registerRaftTransportMetrics(n, m); err != nil { // raftmetrics.go
+		return nil, err
+	}
 	return &nm, nil
 }
 

@@ -336,9 +336,11 @@ func (r *Replica) deliver(msgs []*raftpb.Message) {
 			remote = append(remote, m)
 		}
 	}
-	if len(remote) > 0 {
-		r.cfg.Send(remote)
-	}
+	// The driver is woken before the peers' messages are handed on: Go
+	// runs the goroutine readied last first on this processor, and that
+	// should be the transport's sender carrying a follower's ack (on the
+	// commit path of the leader's appends), not the driver's Ready cycle
+	// (tens of microseconds) for the local half.
 	if len(local) > 0 {
 		w := &r.writer
 		w.mu.Lock()
@@ -346,6 +348,9 @@ func (r *Replica) deliver(msgs []*raftpb.Message) {
 		w.pending.Store(true)
 		w.mu.Unlock()
 		signal(w.written)
+	}
+	if len(remote) > 0 {
+		r.cfg.Send(remote)
 	}
 }
 

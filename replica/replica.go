@@ -69,6 +69,14 @@ type Config struct {
 	// MaxInflightMsgs bounds append messages in flight per follower,
 	// default 256.
 	MaxInflightMsgs int
+	// MaxInflightBytes bounds the entry bytes of append messages in flight
+	// per follower, default 8 MiB (Raft may pass it by one message). The
+	// transport's queue to a peer is shared by every range the node
+	// replicates to it and bounded (raftnet: 64 MiB, then it drops): without
+	// this bound one range catching a follower up (MaxInflightMsgs of
+	// MaxSizePerMsg: 256 MiB) fills that queue alone, and the heartbeats
+	// and appends of every other range to that peer are dropped with it.
+	MaxInflightBytes uint64
 	// HoldCommits lets a leader hold the appends that only carry a new
 	// commit index to a caught-up follower while appends come
 	// continuously, for the next append (which carries it) to replace
@@ -296,11 +304,17 @@ func withDefaults(cfg Config) Config {
 	if cfg.MaxInflightMsgs == 0 {
 		cfg.MaxInflightMsgs = 256
 	}
+	if cfg.MaxInflightBytes == 0 {
+		cfg.MaxInflightBytes = max(maxInflightBytesDefault, cfg.MaxSizePerMsg)
+	}
 	if cfg.CompactionHoldBackBytesMax == 0 {
 		cfg.CompactionHoldBackBytesMax = 64 << 20
 	}
 	return cfg
 }
+
+// maxInflightBytesDefault is Config.MaxInflightBytes's default.
+const maxInflightBytesDefault = 8 << 20
 
 // loadState loads the hard state (a new group's first, saved), its commit
 // index raised to the newest commit mark the log holds (commitmark.go;
@@ -371,6 +385,7 @@ func (r *Replica) startRaft() error {
 		Applied:                   r.appliedIndex,
 		MaxSizePerMsg:             cfg.MaxSizePerMsg,
 		MaxInflightMsgs:           cfg.MaxInflightMsgs,
+		MaxInflightBytes:          cfg.MaxInflightBytes,
 		MaxUncommittedEntriesSize: 1 << 30,
 		CheckQuorum:               true,
 		PreVote:                   true,

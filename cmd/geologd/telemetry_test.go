@@ -167,7 +167,8 @@ func TestMetricsExposition(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"geolog_append_acked_records_total", "geolog_node_ready", "geolog_disk_free_bytes",
-		"geolog_append_commit_duration_seconds_bucket", "geolog_segment_fsync_duration_seconds_count", "target_info"} {
+		"geolog_append_commit_duration_seconds_bucket", "geolog_segment_fsync_duration_seconds_count", "target_info",
+		"geolog_raft_dropped_messages_total", "geolog_raft_send_queue_messages"} {
 		if !seen[want] {
 			t.Errorf("the scrape lacks %s", want)
 		}
