@@ -58,7 +58,7 @@ func (e *env) replicas(ctx context.Context, args []string) error {
 	defer a.close()
 	stream, r := pos[0], uint32(rng)
 	change := func(c geologv1.ReplicaChange, node uint64) error {
-		resp, err := rangeAdmin{a: a, timeout: e.timeout, stream: stream, r: r}.Change(ctx, c, node)
+		resp, err := rangeAdmin{a: a, timeout: e.timeout, stream: stream, r: r}.Change(ctx, c, node, nil)
 		if err == nil {
 			fmt.Fprintf(e.stdout, "%s %d: voters %v learners %v\n", strings.ToLower(strings.TrimPrefix(c.String(), "REPLICA_CHANGE_")), node, resp.Voters, resp.Learners)
 		}
@@ -106,11 +106,11 @@ type rangeAdmin struct {
 	r       uint32
 }
 
-func (ra rangeAdmin) Change(ctx context.Context, c geologv1.ReplicaChange, node uint64) (*geologv1.ChangeReplicasResponse, error) {
+func (ra rangeAdmin) Change(ctx context.Context, c geologv1.ReplicaChange, node uint64, expectVoters []uint64) (*geologv1.ChangeReplicasResponse, error) {
 	var resp *geologv1.ChangeReplicasResponse
 	err := ra.a.call(ctx, ra.timeout, func(ctx context.Context, ac geologv1.AdminClient) error {
 		var err error
-		resp, err = ac.ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: ra.stream, Range: ra.r, Change: c, NodeId: node})
+		resp, err = ac.ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: ra.stream, Range: ra.r, Change: c, NodeId: node, ExpectedVoters: expectVoters})
 		return err
 	})
 	return resp, err

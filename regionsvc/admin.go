@@ -3,6 +3,7 @@ package regionsvc
 import (
 	"cmp"
 	"context"
+	"slices"
 	"sort"
 	"time"
 
@@ -44,19 +45,15 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 	if !s.node.isRegionPeer(node) && req.GetChange() != geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE {
 		return nil, apierr.New(apierr.InvalidArgument, "node %d is not a node of this region", node)
 	}
-	var typ raftpb.ConfChangeType
-	switch req.GetChange() {
-	case geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER:
-		typ = raftpb.ConfChangeAddLearnerNode
-	case geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE:
-		typ = raftpb.ConfChangeAddNode
-	case geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE:
-		typ = raftpb.ConfChangeRemoveNode
-	default:
-		return nil, apierr.New(apierr.InvalidArgument, "unknown change %v", req.GetChange())
+	typ, err := confChangeType(req.GetChange())
+	if err != nil {
+		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if err := caughtUpLeader(cctx, rd); err != nil {
+		return nil, err
+	}
 	type outcome struct {
 		cs  *raftpb.ConfState
 		err error
@@ -66,6 +63,14 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 		// Refuse what would make no sense for the group as it is now.
 		conf := rd.rep.Conf()
 		isVoter, isLearner := contains(conf.GetVoters(), node), contains(conf.GetLearners(), node)
+		// The caller's expectation is checked in the step that proposes,
+		// against this leader's configuration once it applied everything
+		// committed before the call (caughtUpLeader); a change proposed
+		// since is pending, and Raft refuses another while it is.
+		if exp := req.GetExpectedVoters(); len(exp) > 0 && !sameVoters(conf.GetVoters(), exp) {
+			done <- outcome{err: apierr.New(apierr.InvalidArgument, "the range's voters changed: %v, not the expected %v (describe the range again)", conf.GetVoters(), exp)}
+			return
+		}
 		switch {
 		case typ == raftpb.ConfChangeAddLearnerNode && (isVoter || isLearner):
 			done <- outcome{err: apierr.New(apierr.InvalidArgument, "node %d is already a member", node)}
@@ -109,42 +114,59 @@ func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.Descri
 	if err != nil {
 		return nil, err
 	}
-	// A leader just elected may not have applied its predecessors'
-	// configuration changes yet: its applied configuration can still name
-	// a voter a committed change removed, and a move planned from it
-	// removes one voter too many (sim seed 459, notes/simmoves.md). So it
-	// answers after a ReadIndex: once it has committed an entry of its
-	// term and applied everything committed before the call.
-	done := make(chan struct{})
+	if err := caughtUpLeader(ctx, rd); err != nil {
+		return nil, err
+	}
 	var resp *geologv1.DescribeReplicasResponse
 	var notLeader error
 	err = rd.exec(ctx, func() {
 		if !rd.rep.IsLeader() {
 			notLeader = rd.hintAddress(rd.rep.NotLeaderError())
-			close(done)
 			return
 		}
-		rd.rep.ReadIndex(func(_ uint64, err error) {
-			if err != nil {
-				notLeader = rd.hintAddress(err)
-			} else {
-				resp = s.describe(rd)
-			}
-			close(done)
-		})
+		resp = s.describe(rd)
 	})
 	if err != nil {
 		return nil, err
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return nil, apierr.Wrap(apierr.Timeout, ctx.Err(), "confirming the range's leadership")
 	}
 	if notLeader != nil {
 		return nil, notLeader
 	}
 	return resp, nil
+}
+
+// caughtUpLeader returns once rd's replica, as leader, has committed an
+// entry of its term and applied everything committed before the call (a
+// ReadIndex), or NOT_LEADER. A leader just elected may not have applied
+// its predecessors' configuration changes yet: its applied configuration
+// can still name a voter a committed change removed, and a move decided
+// from it removes one voter too many (sim seeds 459, 92, 125;
+// notes/simmoves.md). Membership is described and changed only after it.
+func caughtUpLeader(ctx context.Context, rd *rangeDriver) error {
+	done := make(chan struct{})
+	var rerr error
+	err := rd.exec(ctx, func() {
+		if !rd.rep.IsLeader() {
+			rerr = rd.hintAddress(rd.rep.NotLeaderError())
+			close(done)
+			return
+		}
+		rd.rep.ReadIndex(func(_ uint64, err error) {
+			if err != nil {
+				rerr = rd.hintAddress(err)
+			}
+			close(done)
+		})
+	})
+	if err != nil {
+		return err
+	}
+	select {
+	case <-done:
+		return rerr
+	case <-ctx.Done():
+		return apierr.Wrap(apierr.Timeout, ctx.Err(), "confirming the range's leadership")
+	}
 }
 
 // describe is DescribeReplicas' answer at rd's leader, on its driver
@@ -168,6 +190,24 @@ func (s *adminServer) describe(rd *rangeDriver) *geologv1.DescribeReplicasRespon
 	add(conf.GetLearners(), "learner")
 	sort.Slice(resp.Replicas, func(i, j int) bool { return resp.Replicas[i].NodeId < resp.Replicas[j].NodeId })
 	return resp
+}
+
+// confChangeType is Raft's change type for c.
+func confChangeType(c geologv1.ReplicaChange) (raftpb.ConfChangeType, error) {
+	switch c {
+	case geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER:
+		return raftpb.ConfChangeAddLearnerNode, nil
+	case geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE:
+		return raftpb.ConfChangeAddNode, nil
+	case geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE:
+		return raftpb.ConfChangeRemoveNode, nil
+	}
+	return 0, apierr.New(apierr.InvalidArgument, "unknown change %v", c)
+}
+
+// sameVoters reports whether a and b hold the same node ids.
+func sameVoters(a, b []uint64) bool {
+	return slices.Equal(slices.Compact(slices.Sorted(slices.Values(a))), slices.Compact(slices.Sorted(slices.Values(b))))
 }
 
 func contains(ids []uint64, id uint64) bool {

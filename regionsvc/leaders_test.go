@@ -217,7 +217,7 @@ func TestLearnerCatchUpThrottled(t *testing.T) {
 	// Let the bucket fill to its burst from the preload's (voter) sends.
 	time.Sleep(500 * time.Millisecond)
 	start := time.Now()
-	if _, err := rr.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, 4); err != nil {
+	if _, err := rr.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, 4, nil); err != nil {
 		t.Fatal(err)
 	}
 	pollUntil(t, ctx, "learner 4 caught up", func() bool {

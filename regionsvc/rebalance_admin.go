@@ -58,11 +58,11 @@ func rpcErr(err error) error {
 }
 
 // Change implements replicamove.Admin.
-func (rr *rangeRouter) Change(ctx context.Context, c geologv1.ReplicaChange, node uint64) (*geologv1.ChangeReplicasResponse, error) {
+func (rr *rangeRouter) Change(ctx context.Context, c geologv1.ReplicaChange, node uint64, expectVoters []uint64) (*geologv1.ChangeReplicasResponse, error) {
 	var resp *geologv1.ChangeReplicasResponse
 	err := rr.call(ctx, func(ctx context.Context, a rangeAdminCalls) error {
 		var err error
-		resp, err = a.ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: rr.stream, Range: rr.r, Change: c, NodeId: node})
+		resp, err = a.ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: rr.stream, Range: rr.r, Change: c, NodeId: node, ExpectedVoters: expectVoters})
 		return err
 	})
 	return resp, err

@@ -77,7 +77,7 @@ func (rb *rebalancer) startCleanup(c placement.Cleanup) {
 		ctx, cancel := context.WithTimeout(lctx, time.Minute)
 		defer cancel()
 		admin := &rangeRouter{n: rb.n, stream: c.Range.Stream, r: c.Range.Range}
-		if _, err := admin.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, c.Learner); err != nil {
+		if _, err := admin.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, c.Learner, nil); err != nil { // a learner: the voters stay
 			rb.logger.Warn("learner removal failed", "range", c.Range.String(), "learner", c.Learner, "error", err)
 		}
 		rb.end(sctx, gen, c.Range)

@@ -218,7 +218,7 @@ func TestStraySweepSparesMembers(t *testing.T) {
 		_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "spare", Range: uint32(r), Records: []*geologv1.Record{{Value: []byte("x")}}})
 		return err
 	})
-	if _, err := (&rangeRouter{n: tr.nodes[1], stream: "spare", r: uint32(r)}).Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, 4); err != nil {
+	if _, err := (&rangeRouter{n: tr.nodes[1], stream: "spare", r: uint32(r)}).Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, 4, nil); err != nil {
 		t.Fatalf("add learner 4: %v", err)
 	}
 	d := tr.nodes[4].localRange("spare", uint32(r))

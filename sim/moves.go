@@ -143,15 +143,21 @@ type move struct {
 	proposed int64 // when cur's change was proposed (-1: not now)
 	seq      int   // answers of older proposals are ignored
 	outcome  *adminAnswer
-	faultAt  int64 // a fault aimed at the move (-1: none)
-	fault    int
+	// caughtUp is the leader whose ReadIndex for cur's change answered
+	// (regionsvc's caughtUpLeader), and caughtGen its generation; the
+	// change is proposed at it next (nil: none).
+	caughtUp  *node
+	caughtGen int
+	faultAt   int64 // a fault aimed at the move (-1: none)
+	fault     int
 }
 
 type adminCall struct {
 	change bool
 	typ    geologv1.ReplicaChange
 	node   uint64
-	end    bool // the goroutine returned err
+	expect []uint64 // ChangeReplicasRequest.expected_voters
+	end    bool     // the goroutine returned err
 	err    error
 }
 
@@ -417,7 +423,7 @@ func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64)
 		var err error
 		if kind == "cleanup" {
 			// rebalancer.startCleanup: the learner's removal, as is.
-			_, err = adm.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+			_, err = adm.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from, nil)
 		} else if to == 0 {
 			err = replicamove.Remove(ctx, adm, from, m.rf, replicamove.Config{})
 		} else {
@@ -454,8 +460,8 @@ func (a *simAdmin) call(c *adminCall) adminAnswer {
 	}
 }
 
-func (a *simAdmin) Change(_ context.Context, c geologv1.ReplicaChange, node uint64) (*geologv1.ChangeReplicasResponse, error) {
-	ans := a.call(&adminCall{change: true, typ: c, node: node})
+func (a *simAdmin) Change(_ context.Context, c geologv1.ReplicaChange, node uint64, expect []uint64) (*geologv1.ChangeReplicasResponse, error) {
+	ans := a.call(&adminCall{change: true, typ: c, node: node, expect: expect})
 	return ans.resp, ans.err
 }
 
@@ -513,13 +519,46 @@ func (m *moveWorld) serve(mv *move) {
 	switch {
 	case mv.outcome != nil:
 		m.answer(mv, *mv.outcome)
+	case mv.caughtUp != nil:
+		l := mv.caughtUp
+		mv.caughtUp, mv.proposed = nil, -1
+		if l.up && l.gen == mv.caughtGen && w.leaderOf(0, mv.r) == l {
+			m.propose(mv)
+		}
 	case mv.proposed >= 0 && w.now-mv.proposed < moveAttemptMs:
 	case w.now-mv.since >= moveCallMs:
 		m.answer(mv, adminAnswer{err: apierr.New(apierr.Unavailable, "range %d: change %v of node %d not applied in %d ms", mv.r, c.typ, c.node, moveCallMs)})
 	case (w.now-mv.since)%moveRetryMs == 0:
 		mv.proposed = -1
-		m.propose(mv)
+		if w.opt.mut.describeStale {
+			m.propose(mv)
+		} else {
+			m.catchUp(mv)
+		}
 	}
+}
+
+// catchUp is regionsvc's ChangeReplicas' first step (caughtUpLeader): a
+// ReadIndex at the leader of now; once it answers, the change is
+// proposed there (serve).
+func (m *moveWorld) catchUp(mv *move) {
+	w := m.w
+	l := w.leaderOf(0, mv.r)
+	if l == nil {
+		return
+	}
+	mv.proposed = w.now
+	seq, gen, c := mv.seq, l.gen, mv.cur
+	l.replicas[mv.r].ReadIndex(func(_ uint64, err error) {
+		if mv.seq != seq || mv.cur != c || !l.up || l.gen != gen {
+			return
+		}
+		if err != nil {
+			mv.proposed = -1 // retried at the leader of now
+			return
+		}
+		mv.caughtUp, mv.caughtGen = l, gen
+	})
 }
 
 // describe is regionsvc's DescribeReplicas at leader l.
@@ -538,8 +577,9 @@ func describe(l *node, r int) *geologv1.DescribeReplicasResponse {
 	return d
 }
 
-// describeFresh is regionsvc's DescribeReplicas (admin.go; the fix of
-// notes/simmoves.md finding 1): the leader answers once a
+// describeFresh is regionsvc's DescribeReplicas (admin.go
+// caughtUpLeader; the fix of notes/simmoves.md finding 1): the leader
+// answers once a
 // ReadIndex confirmed it and it applied everything committed before the
 // call, so its configuration is the range's latest, not one its
 // predecessors already changed.
@@ -569,6 +609,13 @@ func (m *moveWorld) propose(mv *move) {
 	isVoter, isLearner := slices.Contains(conf.GetVoters(), node), slices.Contains(conf.GetLearners(), node)
 	var typ raftpb.ConfChangeType
 	var refuse string
+	if len(c.expect) > 0 && !w.opt.mut.changeUnexpected && !slices.Equal(slices.Sorted(slices.Values(conf.GetVoters())), slices.Sorted(slices.Values(c.expect))) {
+		// regionsvc's ChangeReplicas: the voters the change was decided
+		// from are no longer the range's.
+		m.res.Refused++
+		m.answer(mv, adminAnswer{err: apierr.New(apierr.InvalidArgument, "the range's voters changed: %v, not the expected %v", conf.GetVoters(), c.expect)})
+		return
+	}
 	switch c.typ {
 	case geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER:
 		typ = raftpb.ConfChangeAddLearnerNode

@@ -39,7 +39,7 @@ func TestMovesOneChangePerRange(t *testing.T) {
 		want string
 	}{
 		{mutations{movesAlways: true, moveConcurrent: true}, "membership changes asked at once"},
-		{mutations{movesAlways: true, moveConcurrent: true, moveAskUnchecked: true}, "fewer than its replication factor"},
+		{mutations{movesAlways: true, moveConcurrent: true, moveAskUnchecked: true, changeUnexpected: true}, "fewer than its replication factor"},
 	} {
 		_, err := Run(Options{Seed: 1, Steps: 3000, Regions: 1, mut: c.mut})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -51,33 +51,35 @@ func TestMovesOneChangePerRange(t *testing.T) {
 // TestMovesRemovedReplicaAcks: a replica removed from its range that
 // restarts as the only voter of a group of its own (a stray) acks
 // appends; the check that a removed replica acks nothing reports it
-// (seed 18 is the first of 1-60 that this check, not another, catches).
+// (seed 2 is the first of 1-80 that this check, not another, catches).
 func TestMovesRemovedReplicaAcks(t *testing.T) {
-	_, err := Run(Options{Seed: 18, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
+	_, err := Run(Options{Seed: 2, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
 	if err == nil || !strings.Contains(err.Error(), "after its removal from the range") {
 		t.Fatalf("got %v, want a removed replica's ack reported", err)
 	}
-	if _, err := Run(Options{Seed: 18, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
+	if _, err := Run(Options{Seed: 2, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
 		t.Fatalf("without the mutation: %v", err)
 	}
 }
 
-// TestMovesStaleDescribe: the product's DescribeReplicas answers the
-// leader's applied configuration, which may lag what its log already
-// commits (a new leader that has not applied its predecessors' changes);
-// replicamove.Replace then takes a range below its replication factor.
-// Seed 459 of one region with moves (3 s): node 2 was moved off range 0
-// (voters [1 3 4]); the drain move 3 -> 2 planned from [1 3 4] asks a
-// new leader whose applied configuration still is [1 2 3 4]: StepOf finds
-// its target a voter already and the Planned check four voters, so it
-// removes node 3: voters [1 4]. regionsvc's Describe now answers after a
-// ReadIndex (describeFresh), and the seed is clean.
+// TestMovesStaleDescribe: regionsvc's DescribeReplicas and
+// ChangeReplicas used the leader's applied configuration, which may lag
+// what its log already commits (a new leader that has not applied its
+// predecessors' changes); replicamove.Replace then took a range below its
+// replication factor. First found at seed 459 of 3 s with moves in every
+// run (node 2 moved off range 0, voters [1 3 4]; the drain move 3 -> 2,
+// planned from [1 3 4], asked a new leader whose applied configuration
+// still was [1 2 3 4]: StepOf found its target a voter already and the
+// Planned check four voters, so it removed node 3: voters [1 4]); with
+// today's draws seed 92 of a minute (range 1 left with voters [4 5]).
+// Both now answer after a ReadIndex (admin.go caughtUpLeader), and the
+// seed is clean.
 func TestMovesStaleDescribe(t *testing.T) {
-	_, err := Run(Options{Seed: 459, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, describeStale: true}})
+	_, err := Run(Options{Seed: 92, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
 	if err == nil || !strings.Contains(err.Error(), "fewer than its replication factor") {
-		t.Fatalf("seed 459 with the old Describe: got %v, want a range below its replication factor", err)
+		t.Fatalf("seed 92 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
 	}
-	if _, err := Run(Options{Seed: 459, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
-		t.Fatalf("seed 459 with a Describe after a ReadIndex: %v", err)
+	if _, err := Run(Options{Seed: 92, Steps: 60000, Regions: 1}); err != nil {
+		t.Fatalf("seed 92 with both after a ReadIndex: %v", err)
 	}
 }

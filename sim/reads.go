@@ -53,10 +53,15 @@ import (
 // (reads, second takeovers, rehomes, replaced replicas), set by tests:
 // each check must report its own.
 type mutations struct {
-	// describeStale: the moves' DescribeReplicas answers the leader's
-	// applied configuration at once, as regionsvc did before it answered
-	// after a ReadIndex (moves.go describeFresh; TestMovesStaleDescribe).
+	// describeStale: the moves' DescribeReplicas and ChangeReplicas use
+	// the leader's applied configuration at once, as regionsvc did before
+	// both waited for a ReadIndex (moves.go describeFresh and catchUp;
+	// TestMovesStaleDescribe).
 	describeStale bool
+	// changeUnexpected: ChangeReplicas ignores the voters the change was
+	// decided from (expected_voters), as regionsvc did before it checked
+	// them.
+	changeUnexpected bool
 	// splitAlways: every run of one region splits range 0 (split.go).
 	splitAlways bool
 	// movesAlways: every run of one region moves replicas (moves.go).

@@ -21,7 +21,10 @@ import (
 // hints, retrying a bounded number of times); Replace adds no retry of its
 // own beyond the catch-up poll.
 type Admin interface {
-	Change(ctx context.Context, change geologv1.ReplicaChange, node uint64) (*geologv1.ChangeReplicasResponse, error)
+	// Change makes one membership change at the range leader; with
+	// expectVoters set, only while the range's voters are exactly those
+	// (ChangeReplicasRequest.expected_voters).
+	Change(ctx context.Context, change geologv1.ReplicaChange, node uint64, expectVoters []uint64) (*geologv1.ChangeReplicasResponse, error)
 	Describe(ctx context.Context) (*geologv1.DescribeReplicasResponse, error)
 }
 
@@ -113,7 +116,7 @@ func Replace(ctx context.Context, a Admin, from, to uint64, cfg Config) error {
 		if err := cfg.checkPlanned(d, 0); err != nil {
 			return err
 		}
-		if err := change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, to); err != nil {
+		if err := change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, to, d); err != nil {
 			return err
 		}
 		step = StepCatchUp
@@ -125,20 +128,18 @@ func Replace(ctx context.Context, a Admin, from, to uint64, cfg Config) error {
 		step = StepRemove
 	}
 	if step == StepRemove && from != 0 {
-		if cfg.Planned != nil {
-			if d, err = a.Describe(ctx); err != nil {
-				return err
-			}
-			if n := len(voters(d)); n <= len(cfg.Planned) && isMember(d, from) {
-				// Another move removed a voter meanwhile: removing from too
-				// would leave the range below what it was planned with.
-				return fmt.Errorf("%w: %d voters %v, planned from %v", ErrConfigChanged, n, voters(d), cfg.Planned)
-			}
+		if d, err = a.Describe(ctx); err != nil {
+			return err
+		}
+		if n := len(voters(d)); cfg.Planned != nil && n <= len(cfg.Planned) && isMember(d, from) {
+			// Another move removed a voter meanwhile: removing from too
+			// would leave the range below what it was planned with.
+			return fmt.Errorf("%w: %d voters %v, planned from %v", ErrConfigChanged, n, voters(d), cfg.Planned)
 		}
 		// Removing the range leader itself: the leader hands leadership
 		// to another voter first and answers NOT_LEADER, which Admin
 		// retries at the new leader (regionsvc/admin.go).
-		return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+		return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from, d)
 	}
 	return nil
 }
@@ -167,12 +168,12 @@ func catchUpAndPromote(ctx context.Context, a Admin, to uint64, cfg Config) erro
 		if !slices.Contains(learners(d), to) {
 			return err
 		}
-		if _, rerr := a.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, to); rerr != nil {
+		if _, rerr := a.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, to, voters(d)); rerr != nil {
 			return errors.Join(err, fmt.Errorf("replicamove: removing learner %d: %w", to, rerr))
 		}
 		return err
 	}
-	return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, to)
+	return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, to, d)
 }
 
 // checkPlanned returns ErrConfigChanged unless d's voters are cfg.Planned
@@ -208,7 +209,7 @@ func Remove(ctx context.Context, a Admin, from uint64, votersMin int, cfg Config
 	if vs := voters(d); slices.Contains(vs, from) && len(vs)-1 < votersMin {
 		return fmt.Errorf("%w: removing node %d would leave %d voters, fewer than %d", ErrConfigChanged, from, len(vs)-1, votersMin)
 	}
-	return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from)
+	return change(ctx, a, cfg, geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, from, d)
 }
 
 // applied reports whether d shows change c of node made.
@@ -251,9 +252,12 @@ func isMember(d *geologv1.DescribeReplicasResponse, node uint64) bool {
 // range as its leader now describes it shows the change made, it counts as
 // made. Reporting it failed would fail the move with its work done, and
 // the move planned again from there is how a range once got a fifth
-// voter.
-func change(ctx context.Context, a Admin, cfg Config, c geologv1.ReplicaChange, node uint64) error {
-	resp, err := a.Change(ctx, c, node)
+// voter. d is the description the change was decided from: the leader
+// makes it only while the range's voters are still d's, so a change that
+// overtook d (another move's, or this one's own earlier attempt) fails
+// it, and the description after it decides as above.
+func change(ctx context.Context, a Admin, cfg Config, c geologv1.ReplicaChange, node uint64, d *geologv1.DescribeReplicasResponse) error {
+	resp, err := a.Change(ctx, c, node, voters(d))
 	if err != nil {
 		d, derr := a.Describe(ctx)
 		if derr != nil || !applied(d, c, node) {

@@ -3,6 +3,7 @@ package replicamove
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -23,9 +24,20 @@ type fakeRange struct {
 	// failAfter, if set, is a change that applies and then answers an
 	// error (a call that timed out while its change was on its way).
 	failAfter string
+	// beforeChange, if set, runs at the start of each Change (another
+	// move's change overtaking the description this one decided from).
+	beforeChange func()
+	// ignoreExpected: Change ignores the expected voters.
+	ignoreExpected bool
 }
 
-func (f *fakeRange) Change(_ context.Context, c geologv1.ReplicaChange, node uint64) (*geologv1.ChangeReplicasResponse, error) {
+func (f *fakeRange) Change(_ context.Context, c geologv1.ReplicaChange, node uint64, expect []uint64) (*geologv1.ChangeReplicasResponse, error) {
+	if f.beforeChange != nil {
+		f.beforeChange()
+	}
+	if len(expect) > 0 && !f.ignoreExpected && !sameSet(f.voters, expect) {
+		return nil, fmt.Errorf("the range's voters changed: %v, not the expected %v", f.voters, expect)
+	}
 	f.changes = append(f.changes, c.String())
 	switch c {
 	case geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER:
@@ -166,6 +178,31 @@ func TestReplaceOverlappingMoves(t *testing.T) {
 	}
 }
 
+// TestChangeOvertaken: a change that lands between a move's last
+// description and its own change (another move's removal, committed
+// after the Describe) makes the leader refuse the change decided from
+// that description: the move fails and the range keeps its voters. With
+// the expectation ignored, Replace removes its source as well and the
+// range is left with two voters.
+func TestChangeOvertaken(t *testing.T) {
+	ctx := context.Background()
+	for _, ignore := range []bool{false, true} {
+		f := &fakeRange{voters: []uint64{1, 2, 3}, last: 100, catchUp: 100, ignoreExpected: ignore}
+		f.beforeChange = func() {
+			if slices.Contains(f.voters, 4) && slices.Contains(f.voters, 2) {
+				f.voters = slices.DeleteFunc(f.voters, func(id uint64) bool { return id == 2 }) // another move's
+			}
+		}
+		err := Replace(ctx, f, 1, 4, Config{PollInterval: time.Millisecond, Planned: []uint64{1, 2, 3}})
+		switch {
+		case !ignore && (err == nil || !sameSet(f.voters, []uint64{1, 3, 4})):
+			t.Fatalf("overtaken removal: %v, voters %v, want refused and voters 1 3 4", err, f.voters)
+		case ignore && (err != nil || !sameSet(f.voters, []uint64{3, 4})):
+			t.Fatalf("the test's premise: without the expectation the removal goes through (%v, voters %v)", err, f.voters)
+		}
+	}
+}
+
 // TestRemoveExcessVoter: Remove takes a voter off while at least
 // votersMin remain, refuses below, and leaves a range the node has left.
 func TestRemoveExcessVoter(t *testing.T) {
@@ -195,7 +232,7 @@ func TestRemoveExcessVoter(t *testing.T) {
 	}
 	// A change that did not apply stays an error.
 	f = &fakeRange{voters: []uint64{1, 2, 3}, last: 100, catchUp: 100}
-	if err := change(ctx, refuse{f}, Config{}, geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, 4); err == nil {
+	if err := change(ctx, refuse{f}, Config{}, geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, 4, nil); err == nil {
 		t.Fatal("a refused promotion of a non-member counted as made")
 	}
 }
@@ -203,6 +240,6 @@ func TestRemoveExcessVoter(t *testing.T) {
 // refuse is an Admin whose changes all fail without applying.
 type refuse struct{ *fakeRange }
 
-func (refuse) Change(context.Context, geologv1.ReplicaChange, uint64) (*geologv1.ChangeReplicasResponse, error) {
+func (refuse) Change(context.Context, geologv1.ReplicaChange, uint64, []uint64) (*geologv1.ChangeReplicasResponse, error) {
 	return nil, errors.New("refused")
 }

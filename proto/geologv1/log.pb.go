@@ -4337,9 +4337,17 @@ type ChangeReplicasRequest struct {
 	Range  uint32                 `protobuf:"varint,2,opt,name=range,proto3" json:"range,omitempty"`
 	Change ReplicaChange          `protobuf:"varint,3,opt,name=change,proto3,enum=geolog.v1.ReplicaChange" json:"change,omitempty"`
 	// node_id is the Raft id of the region node concerned.
-	NodeId        uint64 `protobuf:"varint,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeId uint64 `protobuf:"varint,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// expected_voters, if set, are the range's voters the caller decided
+	// the change from (its last DescribeReplicas): the leader proposes the
+	// change only while its configuration has exactly these voters, checked
+	// in the step that proposes it, and otherwise answers INVALID_ARGUMENT
+	// ("the range's voters changed"). Without it a change decided from a
+	// description that another change has since overtaken could take the
+	// range below its replication factor.
+	ExpectedVoters []uint64 `protobuf:"varint,5,rep,packed,name=expected_voters,json=expectedVoters,proto3" json:"expected_voters,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ChangeReplicasRequest) Reset() {
@@ -4398,6 +4406,13 @@ func (x *ChangeReplicasRequest) GetNodeId() uint64 {
 		return x.NodeId
 	}
 	return 0
+}
+
+func (x *ChangeReplicasRequest) GetExpectedVoters() []uint64 {
+	if x != nil {
+		return x.ExpectedVoters
+	}
+	return nil
 }
 
 type ChangeReplicasResponse struct {
@@ -5735,12 +5750,13 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1f\n" +
 	"\vtail_offset\x18\x02 \x01(\x04R\n" +
 	"tailOffset\x12\x16\n" +
-	"\x06leader\x18\x03 \x01(\bR\x06leader\"\x90\x01\n" +
+	"\x06leader\x18\x03 \x01(\bR\x06leader\"\xb9\x01\n" +
 	"\x15ChangeReplicasRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05range\x18\x02 \x01(\rR\x05range\x120\n" +
 	"\x06change\x18\x03 \x01(\x0e2\x18.geolog.v1.ReplicaChangeR\x06change\x12\x17\n" +
-	"\anode_id\x18\x04 \x01(\x04R\x06nodeId\"L\n" +
+	"\anode_id\x18\x04 \x01(\x04R\x06nodeId\x12'\n" +
+	"\x0fexpected_voters\x18\x05 \x03(\x04R\x0eexpectedVoters\"L\n" +
 	"\x16ChangeReplicasResponse\x12\x16\n" +
 	"\x06voters\x18\x01 \x03(\x04R\x06voters\x12\x1a\n" +
 	"\blearners\x18\x02 \x03(\x04R\blearners\"G\n" +
