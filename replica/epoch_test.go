@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/geolog/geolog/segment"
-
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 )
@@ -81,16 +79,7 @@ func TestStaleEpochRefused(t *testing.T) {
 // answers a new home's open with (notes/simgaps.md, P2): without it they
 // would report none, and a new home would not resend to a divergent tail.
 func TestEpochSurvivesWholeLogCompaction(t *testing.T) {
-	base := time.Unix(1_800_000_000, 0)
-	c := newClusterOpts(t, 3, 3, func(c *cluster) {
-		c.storeCfg = func(_ uint64, cfg *segment.Config) {
-			cfg.SegmentBytesMax = segment.SegmentBytesMaxMin
-			cfg.RetentionAge = time.Minute
-		}
-	})
-	for _, id := range c.ids {
-		c.clock[id] = base
-	}
+	c, base := ageRetentionCluster(t)
 	c.elect(1)
 	var res []Result
 	for i := uint64(0); i < 20; i++ {
@@ -169,16 +158,7 @@ func TestStateWithoutCompactedEpochLoads(t *testing.T) {
 // after a restart too, as a mirror must to answer a new home's open with
 // it (notes/simgaps.md P2): without it, highest epoch 0.
 func TestSnapshotCarriesCompactedEpoch(t *testing.T) {
-	base := time.Unix(1_800_000_000, 0)
-	c := newClusterOpts(t, 3, 3, func(c *cluster) {
-		c.storeCfg = func(_ uint64, cfg *segment.Config) {
-			cfg.SegmentBytesMax = segment.SegmentBytesMaxMin
-			cfg.RetentionAge = time.Minute
-		}
-	})
-	for _, id := range c.ids {
-		c.clock[id] = base
-	}
+	c, base := ageRetentionCluster(t)
 	c.elect(1)
 	c.cut[3] = true
 	var res []Result

@@ -55,6 +55,23 @@ func withCompaction(retentionBytes int64) func(c *cluster) {
 	}
 }
 
+// ageRetentionCluster is a cluster of three with tiny segments, a
+// retention of a minute and every node's clock at base (move the clocks
+// past it to make retention delete).
+func ageRetentionCluster(t *testing.T) (*cluster, time.Time) {
+	base := time.Unix(1_800_000_000, 0)
+	c := newClusterOpts(t, 3, 3, func(c *cluster) {
+		c.storeCfg = func(_ uint64, cfg *segment.Config) {
+			cfg.SegmentBytesMax = segment.SegmentBytesMaxMin
+			cfg.RetentionAge = time.Minute
+		}
+	})
+	for _, id := range c.ids {
+		c.clock[id] = base
+	}
+	return c, base
+}
+
 // proposeN proposes n batches of 3 records from producer at the leader,
 // tagged tag-i, and settles; it returns the replies.
 func (c *cluster) proposeN(producer, seq uint64, n int, tag string) []Result {
@@ -247,16 +264,7 @@ func TestRestartAfterInstall(t *testing.T) {
 // TestRestartAfterCompaction: every replica compacts its whole log away (by
 // age) and restarts; the group goes on at the same offsets.
 func TestRestartAfterCompaction(t *testing.T) {
-	base := time.Unix(1_800_000_000, 0)
-	c := newClusterOpts(t, 3, 3, func(c *cluster) {
-		c.storeCfg = func(_ uint64, cfg *segment.Config) {
-			cfg.SegmentBytesMax = segment.SegmentBytesMaxMin
-			cfg.RetentionAge = time.Minute
-		}
-	})
-	for _, id := range c.ids {
-		c.clock[id] = base
-	}
+	c, base := ageRetentionCluster(t)
 	c.elect(1)
 	c.proposeN(7, 0, 20, "a")
 	c.tick(2)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
-	"github.com/geolog/geolog/segment"
 )
 
 // TestRetentionKeepsSplitMarker: retention that would delete a split
@@ -15,16 +14,7 @@ import (
 // range still refuses appends after every replica compacted and
 // restarted, and a follower rebuilt by snapshot holds the marker too.
 func TestRetentionKeepsSplitMarker(t *testing.T) {
-	base := time.Unix(1_800_000_000, 0)
-	c := newClusterOpts(t, 3, 3, func(c *cluster) {
-		c.storeCfg = func(_ uint64, cfg *segment.Config) {
-			cfg.SegmentBytesMax = segment.SegmentBytesMaxMin
-			cfg.RetentionAge = time.Minute
-		}
-	})
-	for _, id := range c.ids {
-		c.clock[id] = base
-	}
+	c, base := ageRetentionCluster(t)
 	c.elect(1)
 	c.cut[3] = true // rebuilt from a snapshot below
 	c.proposeN(7, 0, 20, "a")
