@@ -249,6 +249,11 @@ type Config struct {
 	// openAwakeMax bounds the node's awake groups as new streams' ranges
 	// start (openpace.go), default openAwakeMaxDefault; tests set it.
 	openAwakeMax int
+	// hintAttempts and hintPendingRetry override strayHintAttemptsMax
+	// and pendingHintRetry (strayhint.go, hintpending.go) when positive;
+	// tests set them.
+	hintAttempts     int
+	hintPendingRetry time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -464,6 +469,9 @@ type Node struct {
 	// strayHints bounds the replica removal hints in flight
 	// (strayhint.go).
 	strayHints strayHints
+	// pendingHints holds the hints whose attempts ran out, retried at a
+	// low rate (hintpending.go).
+	pendingHints *pendingHints
 	// testBlockPeer, set by tests, cuts this node off from the peers it
 	// returns true for: their Raft messages are dropped, hints to them
 	// fail (strayhint.go).
@@ -518,17 +526,18 @@ func New(cfg Config) (*Node, error) {
 	}
 	var err error
 	n := &Node{
-		cfg:        cfg,
-		logger:     cfg.Logger.Named("node"),
-		streams:    map[string]*streamState{},
-		closing:    make(chan struct{}),
-		serveErr:   make(chan error, 1),
-		files:      vfs.NewCache(cfg.fsys(), cfg.Limits.FileDescriptorsMax),
-		syncs:      newSyncGroup(cfg.GroupCommit),
-		started:    cfg.Now(),
-		book:       newAddrBook(),
-		tasks:      stopper.New(),
-		strayHints: newStrayHints(),
+		cfg:          cfg,
+		logger:       cfg.Logger.Named("node"),
+		streams:      map[string]*streamState{},
+		closing:      make(chan struct{}),
+		serveErr:     make(chan error, 1),
+		files:        vfs.NewCache(cfg.fsys(), cfg.Limits.FileDescriptorsMax),
+		syncs:        newSyncGroup(cfg.GroupCommit),
+		started:      cfg.Now(),
+		book:         newAddrBook(),
+		tasks:        stopper.New(),
+		strayHints:   newStrayHints(),
+		pendingHints: newPendingHints(pendingHintsMax),
 	}
 	n.cleaner = compact.NewCleaner(compact.CleanerConfig{BytesPerSecond: cfg.CompactionBytesPerSecond,
 		MemoryBytesMax: cfg.CompactionMemoryBytesMax, Logger: n.logger})
@@ -815,6 +824,7 @@ func (n *Node) startRegionTasks() {
 	n.tasks.Go(n.keepCatalogueVoters) // members_voters.go
 	n.tasks.Go(n.registerAddress)     // members_move.go
 	n.tasks.Go(n.collectStrays)       // strays.go
+	n.tasks.Go(n.retryPendingHints)   // hintpending.go
 	if len(n.cfg.Regions) > 0 {
 		n.tasks.Go(n.recordMirrorSplits) // split_mirror.go: only a node with other regions mirrors
 	}

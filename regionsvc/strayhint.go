@@ -28,6 +28,9 @@ import (
 //     and the range. It never blocks the driver: the hint is sent by a
 //     node task, up to strayHintAttemptsMax times with backoff (X may be
 //     partitioned at that moment), at most strayHintSendersMax in flight.
+//     A hint whose attempts run out is kept pending and retried at a low
+//     rate until it is answered (hintpending.go): X may stay cut off for
+//     longer than the retries, and nothing else would tell it.
 //  2. X trusts nothing in the hint (with TLS only nodes of the region may
 //     call; peerauth.go). It looks the range up locally; a hint for a
 //     range it has no replica of (or one outside its configuration that
@@ -162,7 +165,11 @@ func (n *Node) hintRemoved(d *rangeDriver, id uint64) {
 // sendRemovedHint delivers req to node id, retrying with backoff.
 func (n *Node) sendRemovedHint(ctx context.Context, id uint64, req *geologinternalv1.ReplicaRemovedRequest) {
 	var last error
-	for attempt := 0; attempt < strayHintAttemptsMax; attempt++ {
+	attempts := strayHintAttemptsMax
+	if n.cfg.hintAttempts > 0 {
+		attempts = n.cfg.hintAttempts
+	}
+	for attempt := 0; attempt < attempts; attempt++ {
 		if attempt > 0 {
 			if backoff.Sleep(ctx, backoff.Delay(attempt-1, strayHintRetryMin, strayHintRetryMax, nil)) != nil {
 				return
@@ -173,12 +180,22 @@ func (n *Node) sendRemovedHint(ctx context.Context, id uint64, req *geologintern
 			n.logger.Debug("replica removal hint delivered", "stream", req.GetStream(), "range", req.GetRange(), "node", id, "attempts", attempt+1)
 			return
 		}
-		if code := rpcerr.CodeOf(last); code != apierr.Unavailable && code != apierr.Timeout && !rpcerr.IsRetriable(last) {
-			break
+		if !hintRetriable(last) {
+			n.logger.Info("replica removal hint refused", "stream", req.GetStream(), "range", req.GetRange(), "node", id, "error", last)
+			return
 		}
 	}
-	n.logger.Info("replica removal hint not delivered; the node's stray sweep remains", "stream", req.GetStream(), "range", req.GetRange(),
+	n.logger.Info("replica removal hint not delivered yet; kept pending", "stream", req.GetStream(), "range", req.GetRange(),
 		"node", id, "error", last)
+	n.addPendingHint(id, req)
+}
+
+// hintRetriable reports whether a hint that failed with err may be
+// delivered later (the node was unreachable or busy). Any other answer
+// is the receiver's decision: the hint was delivered.
+func hintRetriable(err error) bool {
+	code := rpcerr.CodeOf(err)
+	return code == apierr.Unavailable || code == apierr.Timeout || rpcerr.IsRetriable(err)
 }
 
 // callRemovedHint is one attempt of sendRemovedHint.
