@@ -22,11 +22,12 @@
 //     bytes; when it is full, Send drops the message, counts it and returns
 //     ErrQueueFull, except for control messages (heartbeats, votes and
 //     pre-votes, their answers, MsgTimeoutNow, MsgAppResp), which may use a
-//     reserve past the bound (QueueReserveMessages, QueueReserveBytes) and
-//     are dropped with ErrReserveFull only once it is full too: a queue full
-//     of appends costs appends, not leadership or elections. The queue is
-//     still one FIFO (step 4). While a peer is unreachable (its last stream failed and
-//     the transport is backing off, or the simulated link is cut) Send
+//     reserve past the bound (QueueReserveMessages, QueueReserveBytes;
+//     gRPC only, the simulator's link bound has none) and are dropped with
+//     ErrReserveFull only once it is full too: a queue full of appends
+//     costs appends, not leadership or elections. The queue is still one
+//     FIFO (step 4). While a peer is unreachable (its last stream failed
+//     and the transport is backing off, or the simulated link is cut) Send
 //     returns ErrPeerUnreachable at once. On any error the caller calls
 //     RawNode.ReportUnreachable(to): Raft tolerates loss.
 //  3. Only messages that belong on the wire are carried: the sender is this
