@@ -64,6 +64,14 @@ type Config struct {
 	// 64 MiB. A single message larger than this is still queued on an empty
 	// queue, so that MessageBytesMax alone bounds message size.
 	QueueBytesMax int
+	// QueueReserveMessages and QueueReserveBytes, default 1024 and 1 MiB,
+	// are a peer queue's headroom for control messages (heartbeats, votes
+	// and pre-votes, their answers, MsgTimeoutNow, MsgAppResp): once the
+	// queue is at QueueMessagesMax or QueueBytesMax, Send refuses anything
+	// else with ErrQueueFull but still queues these until the queue is at
+	// the bounds plus the reserve (then ErrReserveFull). A slow peer, or a
+	// large catch-up, then costs appends, not leadership or elections.
+	QueueReserveMessages, QueueReserveBytes int
 	// BatchMessagesMax bounds the messages in one RaftBatch, default 1024.
 	BatchMessagesMax int
 	// BatchBytesMax bounds the encoded message bytes in one RaftBatch,
@@ -114,6 +122,8 @@ func (c *Config) setDefaults() error {
 	}
 	setInt(&c.QueueMessagesMax, 4096)
 	setInt(&c.QueueBytesMax, 64<<20)
+	setInt(&c.QueueReserveMessages, 1024)
+	setInt(&c.QueueReserveBytes, 1<<20)
 	setInt(&c.BatchMessagesMax, 1024)
 	setInt(&c.BatchBytesMax, 4<<20)
 	setInt(&c.MessageBytesMax, 32<<20)

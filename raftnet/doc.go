@@ -20,8 +20,14 @@
 //     caller's goroutine (the caller may reuse the message at once) and
 //     queues it for its peer. A peer's queue is bounded in messages and
 //     bytes; when it is full, Send drops the message, counts it and returns
-//     ErrQueueFull. While a peer is unreachable (its last stream failed and
-//     the transport is backing off, or the simulated link is cut) Send
+//     ErrQueueFull, except for control messages (heartbeats, votes and
+//     pre-votes, their answers, MsgTimeoutNow, MsgAppResp), which may use a
+//     reserve past the bound (QueueReserveMessages, QueueReserveBytes;
+//     gRPC only, the simulator's link bound has none) and are dropped with
+//     ErrReserveFull only once it is full too: a queue full of appends
+//     costs appends, not leadership or elections. The queue is still one
+//     FIFO (step 4). While a peer is unreachable (its last stream failed
+//     and the transport is backing off, or the simulated link is cut) Send
 //     returns ErrPeerUnreachable at once. On any error the caller calls
 //     RawNode.ReportUnreachable(to): Raft tolerates loss.
 //  3. Only messages that belong on the wire are carried: the sender is this
@@ -85,7 +91,8 @@
 //     imports none. A peer that stops reading (stuck process, or a network
 //     that stops delivering without breaking the connection) blocks only
 //     its own sender goroutine in gRPC's flow control: its queue fills to
-//     its bound and further messages to it are dropped and counted, while
+//     its bound (and reserve) and further messages to it are dropped and
+//     counted (DroppedQueueFull, DroppedReserveFull), while
 //     every other peer's queue, and every group whose quorum is elsewhere,
 //     goes on (TestStuckPeerDoesNotStallQuorum).
 //  13. Security: ClientTLS (or ClientCredentials) secures outgoing

@@ -184,7 +184,7 @@ func (t *GRPCTransport) send(group GroupID, msg *raftpb.Message) error {
 	if err != nil {
 		return err
 	}
-	return p.enqueue(group, data)
+	return p.enqueue(group, data, isControl(msg.GetType()))
 }
 
 // PeerDown reports whether the last attempt to open a stream to node failed

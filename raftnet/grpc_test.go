@@ -175,7 +175,8 @@ func TestQueueOverflowDropsAndReports(t *testing.T) {
 	}
 	full := 0
 	for g := range 20 {
-		err := a.tr.Send(GroupID(g+1), msg(raftpb.MsgHeartbeat, 1, 2, uint64(g+1)))
+		// MsgApp: a heartbeat would find the reserve (TestControlReserve).
+		err := a.tr.Send(GroupID(g+1), appMsg(1, 2, uint64(g+1), 0))
 		switch {
 		case err == nil:
 		case errors.Is(err, ErrQueueFull):

@@ -12,6 +12,7 @@ import (
 	"github.com/geolog/geolog/internal/backoff"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
 	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
 )
 
@@ -32,6 +33,27 @@ const (
 type queuedMessage struct {
 	group GroupID
 	data  []byte
+}
+
+// isControl reports whether a message of type typ may use a peer queue's
+// reserve (Config.QueueReserveMessages, QueueReserveBytes) once the queue is
+// at its bound: the small messages that keep leadership and elections alive
+// and acknowledge appends. None carries entries, so each is tens of bytes.
+// MsgAppResp is one: a follower's queue to its leader also carries the
+// appends of the ranges the follower leads, and an acknowledgement lost to
+// that bulk stalls the leader's commit and its window of appends in flight
+// until a heartbeat round recovers it; there is at most one per append
+// received, so they cannot flood the reserve. Client-driven messages
+// (MsgProp, MsgReadIndex and its answer, MsgTransferLeader) are not: their
+// volume is the clients', and they would crowd out the heartbeats.
+func isControl(typ raftpb.MessageType) bool {
+	switch typ {
+	case raftpb.MsgHeartbeat, raftpb.MsgHeartbeatResp,
+		raftpb.MsgVote, raftpb.MsgVoteResp, raftpb.MsgPreVote, raftpb.MsgPreVoteResp,
+		raftpb.MsgTimeoutNow, raftpb.MsgAppResp:
+		return true
+	}
+	return false
 }
 
 // peer is the outbound side towards one node: a bounded FIFO queue filled
@@ -91,8 +113,13 @@ func newPeer(t *GRPCTransport, id NodeID, addr string) (*peer, error) {
 }
 
 // enqueue appends one encoded message unless the peer is backing off or the
-// queue is at a bound. It never blocks beyond the queue lock.
-func (p *peer) enqueue(group GroupID, data []byte) error {
+// queue is at a bound: QueueMessagesMax and QueueBytesMax for any message,
+// those plus the reserve for a control message (isControl), so that
+// heartbeats and votes still get through a queue full of appends, and the
+// queue still has a bound. The queue stays one FIFO: a control message
+// waits behind the appends queued before it, but it is not dropped. It
+// never blocks beyond the queue lock.
+func (p *peer) enqueue(group GroupID, data []byte, control bool) error {
 	p.mu.Lock()
 	switch {
 	case p.stopped:
@@ -101,10 +128,16 @@ func (p *peer) enqueue(group GroupID, data []byte) error {
 	case p.state == stateBackoff:
 		p.mu.Unlock()
 		return fmt.Errorf("%w: node %d", ErrPeerUnreachable, p.id)
-	case len(p.queue) >= p.t.cfg.QueueMessagesMax,
-		len(p.queue) > 0 && p.queueBytes+len(data) > p.t.cfg.QueueBytesMax:
-		p.mu.Unlock()
-		return fmt.Errorf("%w: node %d", ErrQueueFull, p.id)
+	case p.atBound(len(data), 0, 0):
+		if !control {
+			p.mu.Unlock()
+			return fmt.Errorf("%w: node %d", ErrQueueFull, p.id)
+		}
+		if p.atBound(len(data), p.t.cfg.QueueReserveMessages, p.t.cfg.QueueReserveBytes) {
+			p.mu.Unlock()
+			return fmt.Errorf("%w: node %d, and its reserve for control messages too", ErrReserveFull, p.id)
+		}
+		p.t.stats.reserveAccepted.Add(1)
 	}
 	p.queue = append(p.queue, queuedMessage{group: group, data: data})
 	p.queueBytes += len(data)
@@ -114,6 +147,14 @@ func (p *peer) enqueue(group GroupID, data []byte) error {
 	default: // already signalled
 	}
 	return nil
+}
+
+// atBound reports whether a message of size bytes finds the queue at its
+// bound plus extra messages and extraBytes; p.mu held. A message larger
+// than the byte bound is still queued on an empty queue.
+func (p *peer) atBound(size, extra, extraBytes int) bool {
+	return len(p.queue) >= p.t.cfg.QueueMessagesMax+extra ||
+		len(p.queue) > 0 && p.queueBytes+size > p.t.cfg.QueueBytesMax+extraBytes
 }
 
 // queued returns the messages and bytes waiting in the queue.

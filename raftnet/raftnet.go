@@ -2,6 +2,7 @@ package raftnet
 
 import (
 	"errors"
+	"fmt"
 	"io"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -89,8 +90,18 @@ type Stats struct {
 	// BytesSent counts the encoded bytes of MessagesSent.
 	BytesSent uint64
 	// DroppedQueueFull counts messages Send refused because the peer's queue
-	// was at its bound.
+	// was at its bound (Config.QueueMessagesMax, QueueBytesMax): appends,
+	// proposals and the other messages that may not use the reserve.
 	DroppedQueueFull uint64
+	// DroppedReserveFull counts control messages (heartbeats, votes, their
+	// answers, MsgTimeoutNow, MsgAppResp) Send refused because the peer's
+	// queue was at its bound plus its reserve for them
+	// (QueueReserveMessages, QueueReserveBytes).
+	DroppedReserveFull uint64
+	// ReserveAccepted counts control messages Send accepted while the peer's
+	// queue was at its bound: each would have been dropped without the
+	// reserve.
+	ReserveAccepted uint64
 	// DroppedUnreachable counts messages Send refused because the peer was
 	// unknown, unreachable (backing off after a failure) or the transport was
 	// closed.
@@ -137,16 +148,16 @@ type Stats struct {
 	// QueuedMessages and QueuedBytes are gauges, not counters: the
 	// messages (and their encoded bytes) accepted by Send and not yet
 	// handed to the network, over all peers, when Stats was called. Each
-	// peer's share is bounded by Config.QueueMessagesMax and QueueBytesMax
-	// (gRPC); the simulator's transport, whose queues are the network's,
-	// reports 0.
+	// peer's share is bounded by Config.QueueMessagesMax plus
+	// QueueReserveMessages and QueueBytesMax plus QueueReserveBytes (gRPC);
+	// the simulator's transport, whose queues are the network's, reports 0.
 	QueuedMessages, QueuedBytes uint64
 }
 
 // MessagesDropped is the number of messages Send accepted or refused that
 // never reached the network.
 func (s Stats) MessagesDropped() uint64 {
-	return s.DroppedQueueFull + s.DroppedUnreachable + s.DroppedStreamBroken + s.DroppedInvalid
+	return s.DroppedQueueFull + s.DroppedReserveFull + s.DroppedUnreachable + s.DroppedStreamBroken + s.DroppedInvalid
 }
 
 var (
@@ -157,6 +168,10 @@ var (
 	ErrUnknownNode = errors.New("raftnet: unknown node")
 	// ErrQueueFull is returned by Send when the peer's queue is at its bound.
 	ErrQueueFull = errors.New("raftnet: peer queue full")
+	// ErrReserveFull is returned by Send for a control message when the
+	// peer's queue is at its bound plus its reserve for control messages.
+	// It wraps ErrQueueFull.
+	ErrReserveFull = fmt.Errorf("%w, reserve too", ErrQueueFull)
 	// ErrPeerUnreachable is returned by Send while the peer is unreachable:
 	// its last stream failed and the transport is backing off (gRPC), or the
 	// link is cut (simulator).

@@ -10,7 +10,7 @@ import (
 type counters struct {
 	messagesSent, batchesSent, bytesSent                          atomic.Uint64
 	droppedQueueFull, droppedUnreachable, droppedStreamBroken     atomic.Uint64
-	droppedInvalid                                                atomic.Uint64
+	droppedInvalid, droppedReserveFull, reserveAccepted           atomic.Uint64
 	messagesReceived, batchesReceived, bytesReceived              atomic.Uint64
 	unknownGroupMessages, streamsRejected                         atomic.Uint64
 	streamsOpened, streamsFailed                                  atomic.Uint64
@@ -27,6 +27,8 @@ func (c *counters) snapshot() Stats {
 		DroppedUnreachable:     c.droppedUnreachable.Load(),
 		DroppedStreamBroken:    c.droppedStreamBroken.Load(),
 		DroppedInvalid:         c.droppedInvalid.Load(),
+		DroppedReserveFull:     c.droppedReserveFull.Load(),
+		ReserveAccepted:        c.reserveAccepted.Load(),
 		MessagesReceived:       c.messagesReceived.Load(),
 		BatchesReceived:        c.batchesReceived.Load(),
 		BytesReceived:          c.bytesReceived.Load(),
@@ -46,6 +48,8 @@ func (c *counters) snapshot() Stats {
 // countSendRefusal counts a message Send refused with err under its reason.
 func (c *counters) countSendRefusal(err error) {
 	switch {
+	case errors.Is(err, ErrReserveFull):
+		c.droppedReserveFull.Add(1)
 	case errors.Is(err, ErrQueueFull):
 		c.droppedQueueFull.Add(1)
 	case errors.Is(err, ErrInvalidMessage), errors.Is(err, ErrMessageTooLarge):

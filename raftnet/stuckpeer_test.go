@@ -58,6 +58,8 @@ func TestStuckPeerDoesNotStallQuorum(t *testing.T) {
 		groups           = 4
 		queueMessagesMax = 64
 		queueBytesMax    = 1 << 20
+		reserveMax       = 16 // heartbeats, votes, acks past the bound
+		reserveBytesMax  = 64 << 10
 	)
 	var nodes []*raftNode
 	var tns []*testNode
@@ -73,6 +75,8 @@ func TestStuckPeerDoesNotStallQuorum(t *testing.T) {
 			c.Handler = h
 			c.QueueMessagesMax = queueMessagesMax
 			c.QueueBytesMax = queueBytesMax
+			c.QueueReserveMessages = reserveMax
+			c.QueueReserveBytes = reserveBytesMax
 		})
 		n.tr = tn.tr
 		nodes = append(nodes, n)
@@ -156,8 +160,9 @@ func TestStuckPeerDoesNotStallQuorum(t *testing.T) {
 		times = append(times, round(nodes[:2], 30*time.Second))
 		for _, tn := range tns[:2] {
 			s := tn.tr.Stats()
-			// Node 1 or 2 queues for two peers: at most two queues' bound.
-			if s.QueuedMessages > 2*queueMessagesMax || s.QueuedBytes > 2*queueBytesMax {
+			// Node 1 or 2 queues for two peers: at most two queues' bound
+			// and reserve.
+			if s.QueuedMessages > 2*(queueMessagesMax+reserveMax) || s.QueuedBytes > 2*(queueBytesMax+reserveBytesMax) {
 				t.Fatalf("node %d queues %d messages, %d bytes: over the bound", tn.id, s.QueuedMessages, s.QueuedBytes)
 			}
 		}

@@ -77,6 +77,7 @@ func (n *Node) observeRaftTransport(o metric.Observer, ins *raftTransportInstrum
 	o.ObserveInt64(ins.sent, int64(s.MessagesSent))
 	o.ObserveInt64(ins.batches, int64(s.BatchesSent))
 	o.ObserveInt64(ins.dropped, int64(s.DroppedQueueFull), raftDropQueueFull)
+	o.ObserveInt64(ins.dropped, int64(s.DroppedReserveFull), metric.WithAttributes(attribute.String("reason", "reserve_full")))
 	o.ObserveInt64(ins.dropped, int64(s.DroppedUnreachable), raftDropUnreachable)
 	o.ObserveInt64(ins.dropped, int64(s.DroppedStreamBroken), raftDropStreamBroken)
 	o.ObserveInt64(ins.dropped, int64(s.DroppedInvalid), raftDropInvalid)
