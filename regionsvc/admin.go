@@ -3,11 +3,11 @@ package regionsvc
 import (
 	"cmp"
 	"context"
-	"slices"
 	"sort"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/replicamove"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -67,7 +67,7 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 		// against this leader's configuration once it applied everything
 		// committed before the call (caughtUpLeader); a change proposed
 		// since is pending, and Raft refuses another while it is.
-		if exp := req.GetExpectedVoters(); len(exp) > 0 && !sameVoters(conf.GetVoters(), exp) {
+		if exp := req.GetExpectedVoters(); len(exp) > 0 && !replicamove.SameVoters(conf.GetVoters(), exp) {
 			done <- outcome{err: apierr.New(apierr.InvalidArgument, "the range's voters changed: %v, not the expected %v (describe the range again)", conf.GetVoters(), exp)}
 			return
 		}
@@ -203,11 +203,6 @@ func confChangeType(c geologv1.ReplicaChange) (raftpb.ConfChangeType, error) {
 		return raftpb.ConfChangeRemoveNode, nil
 	}
 	return 0, apierr.New(apierr.InvalidArgument, "unknown change %v", c)
-}
-
-// sameVoters reports whether a and b hold the same node ids.
-func sameVoters(a, b []uint64) bool {
-	return slices.Equal(slices.Compact(slices.Sorted(slices.Values(a))), slices.Compact(slices.Sorted(slices.Values(b))))
 }
 
 func contains(ids []uint64, id uint64) bool {

@@ -3,6 +3,7 @@ package regionsvc
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -260,6 +261,25 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 		}
 		return fmt.Errorf("no leader answered")
 	})
+	// A change decided from voters the range no longer has is refused,
+	// whichever way they are listed, and changes nothing.
+	refuseStale := func(expect []uint64) {
+		t.Helper()
+		for id := uint64(1); ctx.Err() == nil; id = id%3 + 1 {
+			_, err := tr.admins[id].ChangeReplicas(ctx, &geologv1.ChangeReplicasRequest{Stream: "m",
+				Change: geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, NodeId: 3, ExpectedVoters: expect})
+			if code := rpcerr.CodeOf(err); code == apierr.NotLeader || rpcerr.IsRetriable(err) {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			if rpcerr.CodeOf(err) != apierr.InvalidArgument || !strings.Contains(err.Error(), "voters changed") {
+				t.Fatalf("remove 3 expecting %v: %v", expect, err)
+			}
+			return
+		}
+	}
+	refuseStale([]uint64{4, 1, 2})
+	refuseStale([]uint64{1, 2})
 	admin(geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE, 4)
 	admin(geologv1.ReplicaChange_REPLICA_CHANGE_REMOVE, 1)
 	// A bad request gets a typed error.

@@ -648,7 +648,7 @@ func (m *moveWorld) propose(mv *move) {
 	isVoter, isLearner := slices.Contains(conf.GetVoters(), node), slices.Contains(conf.GetLearners(), node)
 	var typ raftpb.ConfChangeType
 	var refuse string
-	if len(c.expect) > 0 && !w.opt.mut.changeUnexpected && !slices.Equal(slices.Sorted(slices.Values(conf.GetVoters())), slices.Sorted(slices.Values(c.expect))) {
+	if len(c.expect) > 0 && !w.opt.mut.changeUnexpected && !replicamove.SameVoters(conf.GetVoters(), c.expect) {
 		// regionsvc's ChangeReplicas: the voters the change was decided
 		// from are no longer the range's.
 		m.res.Refused++

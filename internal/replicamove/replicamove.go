@@ -187,7 +187,7 @@ func (cfg Config) checkPlanned(d *geologv1.DescribeReplicasResponse, learner uin
 		want = []uint64{learner}
 	}
 	vs, ls := voters(d), learners(d)
-	if !sameSet(vs, cfg.Planned) || !sameSet(ls, want) {
+	if !SameVoters(vs, cfg.Planned) || !SameVoters(ls, want) {
 		return fmt.Errorf("%w: voters %v learners %v, planned from voters %v", ErrConfigChanged, vs, ls, cfg.Planned)
 	}
 	return nil
@@ -238,7 +238,10 @@ func role(d *geologv1.DescribeReplicasResponse, want string) []uint64 {
 	return out
 }
 
-func sameSet(a, b []uint64) bool {
+// SameVoters reports whether a and b hold the same node ids, in any order
+// and ignoring repeats: how a range's voters are compared wherever a change
+// names the voters it was decided from.
+func SameVoters(a, b []uint64) bool {
 	return slices.Equal(slices.Compact(slices.Sorted(slices.Values(a))), slices.Compact(slices.Sorted(slices.Values(b))))
 }
 

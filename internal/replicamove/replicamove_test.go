@@ -35,7 +35,7 @@ func (f *fakeRange) Change(_ context.Context, c geologv1.ReplicaChange, node uin
 	if f.beforeChange != nil {
 		f.beforeChange()
 	}
-	if len(expect) > 0 && !f.ignoreExpected && !sameSet(f.voters, expect) {
+	if len(expect) > 0 && !f.ignoreExpected && !SameVoters(f.voters, expect) {
 		return nil, fmt.Errorf("the range's voters changed: %v, not the expected %v", f.voters, expect)
 	}
 	f.changes = append(f.changes, c.String())
@@ -146,7 +146,7 @@ func TestReplaceOverlappingMoves(t *testing.T) {
 	if err := Replace(ctx, f, 6, 4, cfgA); err != nil {
 		t.Fatalf("A: %v", err)
 	}
-	if !errors.Is(errB, ErrConfigChanged) || !sameSet(f.voters, []uint64{2, 3, 4}) || len(f.learners) != 0 {
+	if !errors.Is(errB, ErrConfigChanged) || !SameVoters(f.voters, []uint64{2, 3, 4}) || len(f.learners) != 0 {
 		t.Fatalf("B: %v; voters %v learners %v, want B refused and 2 3 4", errB, f.voters, f.learners)
 	}
 
@@ -162,11 +162,11 @@ func TestReplaceOverlappingMoves(t *testing.T) {
 	if err := Replace(ctx, f, 6, 4, cfg); !errors.Is(err, ErrConfigChanged) {
 		t.Fatalf("A with B's learner beside its own: %v", err)
 	}
-	if !sameSet(f.voters, planned) || !sameSet(f.learners, []uint64{5}) {
+	if !SameVoters(f.voters, planned) || !SameVoters(f.learners, []uint64{5}) {
 		t.Fatalf("after A stopped: voters %v learners %v, want 2 3 6 and learner 5", f.voters, f.learners)
 	}
 	f.onDescribe = nil
-	if err := Replace(ctx, f, 6, 5, cfg); err != nil || !sameSet(f.voters, []uint64{2, 3, 5}) || len(f.learners) != 0 {
+	if err := Replace(ctx, f, 6, 5, cfg); err != nil || !SameVoters(f.voters, []uint64{2, 3, 5}) || len(f.learners) != 0 {
 		t.Fatalf("B resumed: %v; voters %v learners %v", err, f.voters, f.learners)
 	}
 
@@ -195,9 +195,9 @@ func TestChangeOvertaken(t *testing.T) {
 		}
 		err := Replace(ctx, f, 1, 4, Config{PollInterval: time.Millisecond, Planned: []uint64{1, 2, 3}})
 		switch {
-		case !ignore && (err == nil || !sameSet(f.voters, []uint64{1, 3, 4})):
+		case !ignore && (err == nil || !SameVoters(f.voters, []uint64{1, 3, 4})):
 			t.Fatalf("overtaken removal: %v, voters %v, want refused and voters 1 3 4", err, f.voters)
-		case ignore && (err != nil || !sameSet(f.voters, []uint64{3, 4})):
+		case ignore && (err != nil || !SameVoters(f.voters, []uint64{3, 4})):
 			t.Fatalf("the test's premise: without the expectation the removal goes through (%v, voters %v)", err, f.voters)
 		}
 	}
@@ -208,10 +208,10 @@ func TestChangeOvertaken(t *testing.T) {
 func TestRemoveExcessVoter(t *testing.T) {
 	ctx := context.Background()
 	f := &fakeRange{voters: []uint64{2, 3, 4, 5}, last: 100}
-	if err := Remove(ctx, f, 5, 3, Config{}); err != nil || !sameSet(f.voters, []uint64{2, 3, 4}) {
+	if err := Remove(ctx, f, 5, 3, Config{}); err != nil || !SameVoters(f.voters, []uint64{2, 3, 4}) {
 		t.Fatalf("remove: %v, voters %v", err, f.voters)
 	}
-	if err := Remove(ctx, f, 4, 3, Config{}); !errors.Is(err, ErrConfigChanged) || !sameSet(f.voters, []uint64{2, 3, 4}) {
+	if err := Remove(ctx, f, 4, 3, Config{}); !errors.Is(err, ErrConfigChanged) || !SameVoters(f.voters, []uint64{2, 3, 4}) {
 		t.Fatalf("remove below the factor: %v, voters %v", err, f.voters)
 	}
 	if err := Remove(ctx, f, 5, 3, Config{}); err != nil || len(f.changes) != 1 {
@@ -220,13 +220,13 @@ func TestRemoveExcessVoter(t *testing.T) {
 	// A removal that applied though its call failed is done; one that did
 	// not apply is an error.
 	f = &fakeRange{voters: []uint64{2, 3, 4, 5}, last: 100, failAfter: "REPLICA_CHANGE_REMOVE"}
-	if err := Remove(ctx, f, 5, 3, Config{}); err != nil || !sameSet(f.voters, []uint64{2, 3, 4}) {
+	if err := Remove(ctx, f, 5, 3, Config{}); err != nil || !SameVoters(f.voters, []uint64{2, 3, 4}) {
 		t.Fatalf("removal applied, call failed: %v, voters %v", err, f.voters)
 	}
 	for _, c := range []string{"REPLICA_CHANGE_ADD_LEARNER", "REPLICA_CHANGE_PROMOTE", "REPLICA_CHANGE_REMOVE"} {
 		f = &fakeRange{voters: []uint64{1, 2, 3}, last: 100, catchUp: 100, failAfter: c}
 		err := Replace(ctx, f, 1, 4, Config{PollInterval: time.Millisecond, Planned: []uint64{1, 2, 3}})
-		if err != nil || !sameSet(f.voters, []uint64{2, 3, 4}) || len(f.changes) != 3 {
+		if err != nil || !SameVoters(f.voters, []uint64{2, 3, 4}) || len(f.changes) != 3 {
 			t.Fatalf("move whose %s applied, call failed: %v, voters %v, changes %v", c, err, f.voters, f.changes)
 		}
 	}
