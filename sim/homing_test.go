@@ -113,7 +113,7 @@ func TestDivergentTakerIsChecked(t *testing.T) {
 	// Seed 297 is the first of 1-400 that finds it today (46, 123 and 85
 	// with earlier draws: every change of the draws moves it).
 	findMutation(t, "a takeover by a divergent copy", 297, 317, 3000, mutations{takerDivergent: true, tolerateOldHomeReads: true},
-		"a gap", "past the start", "counted as orphaned", "starts at", "(invariant 8)", "is lost", "no fork explains it")
+		"a gap", "past the start", "counted as orphaned", "starts at", "(invariant 8)", "is lost", "no fork explains it", "never forked off")
 }
 
 // TestSecondTakeovers: a range already taken over is taken over again
