@@ -29,10 +29,13 @@ const (
 	stateBackoff
 )
 
-// queuedMessage is one encoded message waiting for its peer's stream.
+// queuedMessage is one encoded message waiting for its peer's stream:
+// data is its RaftBatch field (encodeFramed), size the raftpb.Message's
+// encoded size, which the queue's bounds and the counters count.
 type queuedMessage struct {
 	group GroupID
 	data  []byte
+	size  int
 }
 
 // isControl reports whether a message of type typ may use a peer queue's
@@ -119,7 +122,7 @@ func newPeer(t *GRPCTransport, id NodeID, addr string) (*peer, error) {
 // queue still has a bound. The queue stays one FIFO: a control message
 // waits behind the appends queued before it, but it is not dropped. It
 // never blocks beyond the queue lock.
-func (p *peer) enqueue(group GroupID, data []byte, control bool) error {
+func (p *peer) enqueue(group GroupID, data []byte, size int, control bool) error {
 	p.mu.Lock()
 	switch {
 	case p.stopped:
@@ -128,19 +131,19 @@ func (p *peer) enqueue(group GroupID, data []byte, control bool) error {
 	case p.state == stateBackoff:
 		p.mu.Unlock()
 		return fmt.Errorf("%w: node %d", ErrPeerUnreachable, p.id)
-	case p.atBound(len(data), 0, 0):
+	case p.atBound(size, 0, 0):
 		if !control {
 			p.mu.Unlock()
 			return fmt.Errorf("%w: node %d", ErrQueueFull, p.id)
 		}
-		if p.atBound(len(data), p.t.cfg.QueueReserveMessages, p.t.cfg.QueueReserveBytes) {
+		if p.atBound(size, p.t.cfg.QueueReserveMessages, p.t.cfg.QueueReserveBytes) {
 			p.mu.Unlock()
 			return fmt.Errorf("%w: node %d, and its reserve for control messages too", ErrReserveFull, p.id)
 		}
 		p.t.stats.reserveAccepted.Add(1)
 	}
-	p.queue = append(p.queue, queuedMessage{group: group, data: data})
-	p.queueBytes += len(data)
+	p.queue = append(p.queue, queuedMessage{group: group, data: data, size: size})
+	p.queueBytes += size
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -170,7 +173,7 @@ func (p *peer) take(dst []queuedMessage) []queuedMessage {
 	defer p.mu.Unlock()
 	n, size := 0, 0
 	for n < len(p.queue) && n < p.t.cfg.BatchMessagesMax {
-		l := len(p.queue[n].data)
+		l := p.queue[n].size
 		if n > 0 && size+l > p.t.cfg.BatchBytesMax {
 			break
 		}
@@ -292,7 +295,7 @@ func (p *peer) session() (established bool, lost []queuedMessage, err error) {
 	// answered the timer is stopped, and if it fired first, Stop says so and
 	// the stream is dead anyway.
 	timer := time.AfterFunc(p.t.cfg.HandshakeTimeout, cancel)
-	stream, err := p.client.Stream(ctx)
+	stream, err := p.client.Stream(ctx, wireCodecOption)
 	if err != nil {
 		timer.Stop()
 		return false, nil, fromStatus(err)
@@ -349,8 +352,7 @@ func (p *peer) session() (established bool, lost []queuedMessage, err error) {
 		return fromStatus(err)
 	}
 
-	batch := &geologinternalv1.RaftBatch{FromNode: self, ToNode: uint64(p.id)}
-	var wire []*geologinternalv1.GroupMessage // reused: SendMsg encodes before returning
+	var batch wireBatch
 	var items []queuedMessage
 	for {
 		clear(items)
@@ -365,20 +367,13 @@ func (p *peer) session() (established bool, lost []queuedMessage, err error) {
 				return true, nil, ctx.Err()
 			}
 		}
-		for len(wire) < len(items) {
-			wire = append(wire, new(geologinternalv1.GroupMessage))
-		}
-		batch.Messages = wire[:len(items)]
+		batch.reset(p.t.self, p.id)
 		size := 0
-		for i, it := range items {
-			wire[i].GroupId = uint64(it.group)
-			wire[i].Message = it.data
-			size += len(it.data)
+		for _, it := range items {
+			batch.msgs = append(batch.msgs, it.data)
+			size += it.size
 		}
-		err := stream.Send(batch)
-		for i := range items {
-			wire[i].Message = nil
-		}
+		err := sendWire(stream, &batch)
 		if err != nil {
 			if errors.Is(err, io.EOF) { // the stream ended: its status says why
 				return true, items, endErr(<-ended)

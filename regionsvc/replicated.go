@@ -96,7 +96,8 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 		Now:           d.cfg.now,
 		Logger:        d.cfg.logger,
 		HeartbeatTick: rc.heartbeatTicks, ElectionTick: rc.electionTicks,
-		HoldCommits:  true,          // runReplicated sends them when due
+		HoldCommits:  true, // runReplicated sends them when due
+		MergeAppends: true,
 		OnConfChange: d.confApplied, // strayhint.go
 	}, headers)
 	if err != nil {

@@ -75,7 +75,9 @@
 // With Config.HoldCommits, step 3 holds a leader's appends that only carry
 // a new commit index to a caught-up follower while appends come
 // continuously (commithold.go: the next append carries it); the driver
-// calls SendHeldCommits once HeldCommitsWait has passed.
+// calls SendHeldCommits once HeldCommitsWait has passed. With
+// Config.MergeAppends, step 3 first merges the appends of the Ready to one
+// follower that continue one another into one message (appendmerge.go).
 //
 // Around the Ready cycles, the driver also (snapshot.go, compact.go):
 //

@@ -83,6 +83,9 @@ type Config struct {
 	// (commithold.go). A driver that sets it calls SendHeldCommits when
 	// HeldCommitsWait says.
 	HoldCommits bool
+	// MergeAppends merges the appends of a Ready to one follower that
+	// continue one another into one message (appendmerge.go).
+	MergeAppends bool
 	// OnConfChange, if set, is called on the driver goroutine (within
 	// ProcessReady) each time the configuration changes here: a committed
 	// change applied, or a snapshot's installed; prev and next are the
@@ -830,6 +833,9 @@ func (r *Replica) ProcessReady() error {
 	// so that its followers write in parallel with it (Raft thesis
 	// 10.2.1). Acks of appends and votes wait in appendMsg's responses
 	// until what they promise is durable.
+	if r.cfg.MergeAppends {
+		msgs = mergeAppends(msgs, r.cfg.MaxSizePerMsg)
+	}
 	if msgs = r.holdCommits(msgs); len(msgs) > 0 {
 		r.send(msgs)
 	}
