@@ -16,9 +16,9 @@ import (
 // through replica.Propose like regionsvc's proposeSplit), again every
 // splitRetryMs until one is answered or a replica's log holds one. From
 // then on producers stop starting batches on the range, and a batch
-// answered RANGE_SPLIT is given up (it must never be in the range).
-// The children are not simulated yet: no Raft group is created for them
-// and no producer moves to them.
+// answered RANGE_SPLIT waits for the children and goes to the child that
+// owns its key (it must never be in the parent). Once the marker is
+// committed the children open as Raft groups of their own (children.go).
 //
 // Checks: every replica's committed log holds the marker at one offset
 // (the split offset, the same in every copy, across crashes,
@@ -33,6 +33,10 @@ const splitRetryMs = 200
 // SplitResult counts what the split did (Regions 1).
 type SplitResult struct {
 	Runs, Proposed, Answered, Refused, Abandoned int
+	// Children counts the runs whose children opened; ChildRecords the
+	// records committed in them; Moved the batches answered RANGE_SPLIT
+	// that went to a child; Resplit the runs whose child split again.
+	Children, ChildRecords, Moved, Resplit int
 }
 
 func (r SplitResult) add(o SplitResult) SplitResult {
@@ -41,6 +45,10 @@ func (r SplitResult) add(o SplitResult) SplitResult {
 	r.Answered += o.Answered
 	r.Refused += o.Refused
 	r.Abandoned += o.Abandoned
+	r.Children += o.Children
+	r.ChildRecords += o.ChildRecords
+	r.Moved += o.Moved
+	r.Resplit += o.Resplit
 	return r
 }
 
@@ -48,8 +56,8 @@ func (r SplitResult) String() string {
 	if r.Runs == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; splits: %d ranges split, %d markers proposed (%d answered, %d refused), %d batches answered RANGE_SPLIT",
-		r.Runs, r.Proposed, r.Answered, r.Refused, r.Abandoned)
+	return fmt.Sprintf("; splits: %d ranges split, %d markers proposed (%d answered, %d refused), %d batches answered RANGE_SPLIT (%d moved to a child); children opened in %d runs, %d records committed in them, %d children split again",
+		r.Runs, r.Proposed, r.Answered, r.Refused, r.Abandoned, r.Moved, r.Children, r.ChildRecords, r.Resplit)
 }
 
 type splitWorld struct {
@@ -69,6 +77,7 @@ type splitWorld struct {
 	abandoned  map[string]bool
 	refusedAny bool
 	res        SplitResult
+	kids       children // children.go
 }
 
 func newSplitWorld(w *world) *splitWorld {
@@ -79,6 +88,7 @@ func newSplitWorld(w *world) *splitWorld {
 		s.next = s.at
 		s.res.Runs = 1
 	}
+	s.kids = newChildren(s)
 	return s
 }
 
@@ -91,7 +101,11 @@ func (s *splitWorld) ended(r int) bool {
 // step asks for the marker when due.
 func (s *splitWorld) step() {
 	w := s.w
-	if !s.on || s.answered >= 0 || s.offset >= 0 || w.now < s.next {
+	if !s.on {
+		return
+	}
+	s.stepChildren() // children.go
+	if s.answered >= 0 || s.offset >= 0 || w.now < s.next {
 		return
 	}
 	if len(w.canonical[s.r]) == 0 {
@@ -112,7 +126,7 @@ func (s *splitWorld) step() {
 	if rep.SplitPending() {
 		return // its marker is on its way
 	}
-	dec := batch.Split{MapVersion: 1, Parent: uint32(s.r), HashStart: 0, HashEnd: math.MaxUint64, At: 1 << 63,
+	dec := batch.Split{MapVersion: 1, Parent: uint32(s.r), HashStart: 0, HashEnd: math.MaxUint64, At: s.kids.at,
 		Left: uint32(w.opt.Ranges), Right: uint32(w.opt.Ranges) + 1}
 	s.res.Proposed++
 	w.tracef("%s range %d: split marker proposed", traceName(l), s.r)
@@ -149,6 +163,7 @@ func (s *splitWorld) refused(p *producer, r int, err error) bool {
 		}
 		p.batch[r] = nil
 		s.res.Abandoned++
+		s.moveToChild(p, b) // children.go
 	}
 	return true
 }
@@ -164,6 +179,7 @@ func (s *splitWorld) frame(n *node, r int, h batch.Header) (bool, error) {
 		case s.offset < 0:
 			s.offset = int64(h.BaseOffset)
 			s.w.tracef("%s range %d: split marker committed at %d", traceName(n), r, h.BaseOffset)
+			s.committed() // children.go: the catalogue opens the children
 		case uint64(s.offset) != h.BaseOffset:
 			return true, fmt.Errorf("%v range %d: split marker committed at %d, at %d in another copy", n, r, h.BaseOffset, s.offset)
 		}
@@ -212,8 +228,12 @@ func (s *splitWorld) end(r int) uint64 {
 	return n
 }
 
-// final: a split asked for is in the log once healed.
+// final: a split asked for is in the log once healed, and its children
+// hold the rest of its keys' records (children.go).
 func (s *splitWorld) final() error {
+	if err := s.finalChildren(); err != nil {
+		return err
+	}
 	if s.on && s.offset < 0 && s.res.Proposed > 0 {
 		return fmt.Errorf("range %d: split asked for (%d markers proposed, %d answered at %d) and never committed", s.r, s.res.Proposed, s.res.Answered, s.answered)
 	}
