@@ -62,10 +62,6 @@ const (
 	// of its key is still unanswered on the parent (the refused one then
 	// lands after later records of the key).
 	childEarly
-	// childOpenEarly: the children open when the marker is proposed, not
-	// once it committed (the parent may still commit records of a key
-	// that already has records in a child).
-	childOpenEarly
 )
 
 type children struct {
@@ -79,13 +75,17 @@ type children struct {
 	// pending is, per producer, a batch the parent answered RANGE_SPLIT
 	// before the children opened.
 	pending map[int][]string
-	// keyNext is, per producer, the next record number of its key.
+	// keyNext is, per producer, the next record number of its key (the
+	// first split's only: it counts along the key's whole lineage).
 	keyNext map[int]uint64
 	// parentNext is, per producer, the records of its key in the parent
-	// (below the split offset); last, per child and producer, the number
-	// of the last record of the key the child committed.
+	// and its ancestors (below their split offsets); last, per child and
+	// producer, the number of the last record of the key the child
+	// committed.
 	parentNext map[int]uint64
 	last       [2]map[int]uint64
+	// resplit: whether a child splits again was drawn.
+	resplit bool
 }
 
 func newChildren(s *splitWorld) children {
@@ -96,10 +96,12 @@ func newChildren(s *splitWorld) children {
 	}
 	var hs []uint64
 	for id := 1; id <= s.w.opt.Producers; id++ {
-		hs = append(hs, keyHash(id))
+		if h := keyHash(id); h >= s.lo && h <= s.hi {
+			hs = append(hs, h)
+		}
 	}
 	slices.Sort(hs)
-	k.at = 1 << 63
+	k.at = s.lo + (s.hi-s.lo)/2 + 1
 	if len(hs) > 1 {
 		k.at = hs[1+s.rng.IntN(len(hs)-1)]
 	}
@@ -108,58 +110,101 @@ func newChildren(s *splitWorld) children {
 
 func keyHash(pid int) uint64 { return keyspace.Hash([]byte(fmt.Sprintf("p%d", pid))) }
 
-// child reports whether range r is a child of the split.
-func (s *splitWorld) child(r int) bool { return s.on && r >= s.w.opt.Ranges }
-
-// trueOwner is the child owning key p<pid> (its range index).
-func (s *splitWorld) trueOwner(pid int) int {
-	c := s.w.opt.Ranges
-	if keyHash(pid) >= s.kids.at {
-		c++
+// root is the first split.
+func (s *splitWorld) root() *splitWorld {
+	for s.parent != nil {
+		s = s.parent
 	}
-	return c
+	return s
 }
 
-// owner is the child producer p sends its key's batches to.
+// childOf is the split range r is a child of (nil: none).
+func (s *splitWorld) childOf(r int) *splitWorld {
+	for x := s.root(); x != nil; x = x.sub {
+		if x.on && (r == x.c0 || r == x.c0+1) {
+			return x
+		}
+	}
+	return nil
+}
+
+// child reports whether range r is a child of a split.
+func (s *splitWorld) child(r int) bool { return s.childOf(r) != nil }
+
+// trueOwner is the child of s owning key p<pid> (its range; -1: the key
+// is not in the range that splits).
+func (s *splitWorld) trueOwner(pid int) int {
+	h := keyHash(pid)
+	switch {
+	case h < s.lo || h > s.hi:
+		return -1
+	case h < s.kids.at:
+		return s.c0
+	}
+	return s.c0 + 1
+}
+
+// owner is the child of s producer p sends its key's batches to.
 func (s *splitWorld) owner(p *producer) int {
 	c := s.trueOwner(p.pid(s.r))
-	if s.w.opt.mut.child == childWrongRoute {
-		c = 2*s.w.opt.Ranges + 1 - c
+	if c >= 0 && s.w.opt.mut.child == childWrongRoute {
+		c = 2*s.c0 + 1 - c
 	}
 	return c
 }
 
 // peers are a child's first voters (nil: the default, 1..Nodes).
 func (s *splitWorld) peers(r int) []uint64 {
-	if s.child(r) {
-		return s.kids.voters
+	if x := s.childOf(r); x != nil {
+		return x.kids.voters
 	}
 	return nil
 }
 
 // member reports whether node id is in range r's latest configuration.
 func (s *splitWorld) member(r int, id uint64) bool {
-	if s.child(r) && !s.w.moves.on {
-		return slices.Contains(s.kids.voters, id)
+	if x := s.childOf(r); x != nil && !s.w.moves.on {
+		return slices.Contains(x.kids.voters, id)
 	}
 	return s.w.moves.member(r, id)
 }
 
-// accepts reports whether producer p may start a new batch on range r.
+// accepts reports whether producer p may start a new batch on range r:
+// not on a range that split, and on a child only if it owns p's key and
+// no batch of the key is unanswered on the parent or waits to move.
 func (s *splitWorld) accepts(p *producer, r int) bool {
-	switch {
-	case !s.on:
-		return true
-	case r == s.r:
-		return !s.ended(r)
-	case !s.child(r):
-		return true
-	case r != s.owner(p):
-		return false
-	case s.w.opt.mut.child == childEarly:
-		return true
+	for x := s; x != nil; x = x.sub {
+		switch {
+		case !x.on:
+		case x.ended(r):
+			return false
+		case r != x.c0 && r != x.c0+1:
+		case r != x.owner(p):
+			return false
+		case s.w.opt.mut.child != childEarly && s.keyBusy(p):
+			return false
+		}
 	}
-	return p.batch[s.r] == nil && s.kids.pending[p.id] == nil
+	return true
+}
+
+// keyBusy reports whether producer p has a batch of its key unanswered
+// on a range of the splits, or waiting to move to a child.
+func (s *splitWorld) keyBusy(p *producer) bool {
+	for x := s.root(); x != nil; x = x.sub {
+		if !x.on {
+			continue
+		}
+		if x.kids.pending[p.id] != nil || p.batch[x.r] != nil {
+			return true
+		}
+		for c := x.c0; x.kids.open && c < x.c0+2; c++ {
+			if p.batch[c] != nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // name is the value of producer p's record of sequence seq on range r:
@@ -193,15 +238,19 @@ func (s *splitWorld) committed() {
 }
 
 // busy: a batch waits for the children.
-func (s *splitWorld) busy() bool { return len(s.kids.pending) > 0 }
+func (s *splitWorld) busy() bool {
+	for x := s; x != nil; x = x.sub {
+		if len(x.kids.pending) > 0 {
+			return true
+		}
+	}
+	return false
+}
 
-// stepChildren opens the children when due and sends the batches that
-// wait for them.
+// stepChildren opens the children when due, sends the batches that wait
+// for them and, one first split in two, splits a child again.
 func (s *splitWorld) stepChildren() {
 	w, k := s.w, &s.kids
-	if !k.open && w.opt.mut.child == childOpenEarly && s.res.Proposed > 0 && k.openAt < 0 {
-		k.openAt = w.now
-	}
 	if !k.open && k.openAt >= 0 && w.now >= k.openAt {
 		if w.err = s.openChildren(); w.err != nil {
 			return
@@ -225,6 +274,34 @@ func (s *splitWorld) stepChildren() {
 		w.tracef("producer %d: batch %v refused by the split goes to range %d", p.id, vals, c)
 		w.sendRequest(p, c, b)
 	}
+	if s.parent == nil && !k.resplit {
+		k.resplit = true
+		s.splitAgain()
+	}
+}
+
+// splitAgain, one first split in two (every one with the resplit
+// mutation), splits the child with more of the producers' keys later in
+// the faults.
+func (s *splitWorld) splitAgain() {
+	w := s.w
+	if !(s.rng.IntN(2) == 0 || w.opt.mut.resplitAlways) || w.now+300 >= int64(w.opt.Steps) {
+		return
+	}
+	keys := [2]int{}
+	for id := 1; id <= w.opt.Producers; id++ {
+		keys[s.trueOwner(id)-s.c0]++
+	}
+	x := &splitWorld{w: w, rng: s.rng, on: true, r: s.c0, answered: -1, offset: -1, abandoned: map[string]bool{},
+		parent: s, c0: len(w.canonical), lo: s.lo, hi: s.kids.at - 1, version: s.version + 1}
+	if keys[1] > keys[0] {
+		x.r, x.lo, x.hi = s.c0+1, s.kids.at, s.hi
+	}
+	x.at = w.now + 100 + s.rng.Int64N(int64(w.opt.Steps)-w.now-200)
+	x.next = x.at
+	x.kids = newChildren(x)
+	s.sub = x
+	w.tracef("range %d: splits again at %d ms", x.r, x.at)
 }
 
 // openChildren opens the two children: every table of a range grows by
@@ -232,7 +309,11 @@ func (s *splitWorld) stepChildren() {
 func (s *splitWorld) openChildren() error {
 	w, k := s.w, &s.kids
 	k.open = true
-	s.res.Children = 1
+	if s.parent == nil {
+		s.res.Children = 1
+	} else {
+		s.res.Resplit = 1
+	}
 	k.voters = nil
 	if w.moves.on {
 		k.voters = slices.Clone(w.moves.conf[s.r].GetVoters())
@@ -242,7 +323,10 @@ func (s *splitWorld) openChildren() error {
 			k.voters = append(k.voters, uint64(id))
 		}
 	}
-	w.tracef("range %d: split at hash %#x; children %d and %d open on %v", s.r, k.at, w.opt.Ranges, w.opt.Ranges+1, k.voters)
+	if len(w.canonical) != s.c0 {
+		return fmt.Errorf("range %d: its children would be ranges %d and %d, the ranges are %d", s.r, s.c0, s.c0+1, len(w.canonical))
+	}
+	w.tracef("range %d: split at hash %#x; children %d and %d open on %v", s.r, k.at, s.c0, s.c0+1, k.voters)
 	for i := 0; i < 2; i++ {
 		w.canonical = append(w.canonical, nil)
 		w.acked = append(w.acked, map[uint64]string{})
@@ -279,7 +363,7 @@ func (s *splitWorld) openChildren() error {
 		n.timelines = append(n.timelines, make([]rangecore.Timeline, 2)...)
 		n.epochs, n.fresh = append(n.epochs, 0, 0), append(n.fresh, 0, 0)
 		n.divergence, n.tailChecked = append(n.divergence, divergence{}, divergence{}), append(n.tailChecked, 0, 0)
-		for c := w.opt.Ranges; c < w.opt.Ranges+2; c++ {
+		for c := s.c0; c < s.c0+2; c++ {
 			if err := w.openReplica(n, c); err != nil {
 				return err
 			}
@@ -291,7 +375,7 @@ func (s *splitWorld) openChildren() error {
 // canonizeChild checks a record child c committed at off and adds it to
 // the child's log.
 func (s *splitWorld) canonizeChild(c int, off uint64, v string) error {
-	w, k := s.w, &s.kids
+	w := s.w
 	canon := w.canonical[c]
 	if off < uint64(len(canon)) {
 		if canon[off] != v {
@@ -302,79 +386,112 @@ func (s *splitWorld) canonizeChild(c int, off uint64, v string) error {
 	if off != uint64(len(canon)) {
 		return fmt.Errorf("range %d: committed offset %d after %d: a gap", c, off, len(canon))
 	}
+	x := s.childOf(c)
+	pid, n, err := x.checkChild(c, off, v)
+	if err != nil {
+		return err
+	}
+	if err := s.canonize(c, off, v); err != nil {
+		return err // c split in turn: split.go's checks of a parent
+	}
+	if a, ok := w.acked[c][off]; ok && a != v {
+		return fmt.Errorf("range %d offset %d: acked %q, committed %q", c, off, a, v)
+	}
+	x.kids.last[c-x.c0][pid] = n
+	w.seen[c][v] = off
+	w.canonical[c] = append(canon, v)
+	x.res.ChildRecords++
+	return nil
+}
+
+// checkChild checks record v, committed at off in s's child c, against
+// the split: its key, where else it is, and the key's order.
+func (s *splitWorld) checkChild(c int, off uint64, v string) (int, uint64, error) {
+	w, k, root := s.w, &s.kids, s.root().r
 	var pid, rr int
 	var n uint64
-	if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &pid, &rr, &n); err != nil || rr != s.r {
-		return fmt.Errorf("range %d offset %d: foreign record %q (a child holds records of its parent %d's keys)", c, off, v, s.r)
+	if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &pid, &rr, &n); err != nil || rr != root {
+		return 0, 0, fmt.Errorf("range %d offset %d: foreign record %q (a child holds records of range %d's keys, named there)", c, off, v, root)
 	}
-	i, other := c-w.opt.Ranges, 2*w.opt.Ranges+1-c
-	h := keyHash(pid)
-	if (i == 0) != (h < k.at) {
-		return fmt.Errorf("range %d offset %d: %q, whose key p%d hashes to %#x, is in the child that does not own it (split at %#x)", c, off, v, pid, h, k.at)
+	i, other := c-s.c0, 2*s.c0+1-c
+	if h := keyHash(pid); s.trueOwner(pid) != c {
+		return 0, 0, fmt.Errorf("range %d offset %d: %q, whose key p%d hashes to %#x, is in the child that does not own it (range %d owns [%#x, %#x], split at %#x)", c, off, v, pid, h, s.r, s.lo, s.hi, k.at)
 	}
 	if _, ok := k.last[1-i][pid]; ok {
-		return fmt.Errorf("range %d offset %d: key p%d has records in both children %d and %d", c, off, pid, c, other)
+		return 0, 0, fmt.Errorf("range %d offset %d: key p%d has records in both children %d and %d", c, off, pid, c, other)
 	}
-	if at, ok := w.seen[s.r][v]; ok {
-		return fmt.Errorf("range %d offset %d: %q is in the parent too, at %d (below its split offset %d)", c, off, v, at, s.offset)
+	for x := s; x != nil; x = x.parent {
+		if at, ok := w.seen[x.r][v]; ok {
+			return 0, 0, fmt.Errorf("range %d offset %d: %q is in range %d too, at %d (below its split offset %d)", c, off, v, x.r, at, x.offset)
+		}
 	}
 	if at, ok := w.seen[c][v]; ok {
-		return fmt.Errorf("range %d: %q committed twice, at %d and %d", c, v, at, off)
+		return 0, 0, fmt.Errorf("range %d: %q committed twice, at %d and %d", c, v, at, off)
 	}
 	if s.offset < 0 || uint64(len(w.canonical[s.r])) != uint64(s.offset) {
-		return fmt.Errorf("range %d offset %d: %q committed before the parent's log up to its split offset was (parent read to %d, split at %d)", c, off, v, len(w.canonical[s.r]), s.offset)
+		return 0, 0, fmt.Errorf("range %d offset %d: %q committed before the parent's log up to its split offset was (parent %d read to %d, split at %d)", c, off, v, s.r, len(w.canonical[s.r]), s.offset)
 	}
 	want := s.parentRecords(pid)
 	if last, ok := k.last[i][pid]; ok {
 		want = last + 1
 	}
 	if n != want {
-		return fmt.Errorf("range %d offset %d: key p%d's record %d after its record %d (the parent holds %d of its records below the split offset %d): per-key order broken across the split",
-			c, off, pid, n, int64(want)-1, s.parentRecords(pid), s.offset)
+		return 0, 0, fmt.Errorf("range %d offset %d: key p%d's record %d after its record %d (range %d and its ancestors hold %d of its records below their split offsets): per-key order broken across the split",
+			c, off, pid, n, int64(want)-1, s.r, s.parentRecords(pid))
 	}
-	if a, ok := w.acked[c][off]; ok && a != v {
-		return fmt.Errorf("range %d offset %d: acked %q, committed %q", c, off, a, v)
-	}
-	k.last[i][pid] = n
-	w.seen[c][v] = off
-	w.canonical[c] = append(canon, v)
-	s.res.ChildRecords++
-	return nil
+	return pid, n, nil
 }
 
 // parentRecords is the number of records of producer pid's key in the
-// parent, below its split offset (read once the parent's log is whole).
+// range that split and its ancestors, below their split offsets (read
+// once their logs are whole).
 func (s *splitWorld) parentRecords(pid int) uint64 {
 	k := &s.kids
 	if k.parentNext == nil {
 		k.parentNext = map[int]uint64{}
-		for _, v := range s.w.canonical[s.r] {
-			var p, rr int
-			var n uint64
-			if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &p, &rr, &n); err == nil {
-				k.parentNext[p] = max(k.parentNext[p], n+1)
+		for x := s; x != nil; x = x.parent {
+			for _, v := range s.w.canonical[x.r] {
+				var p, rr int
+				var n uint64
+				if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &p, &rr, &n); err == nil {
+					k.parentNext[p] = max(k.parentNext[p], n+1)
+				}
 			}
 		}
 	}
 	return k.parentNext[pid]
 }
 
-// finalChildren: a reader of each key, finishing the parent up to its
-// split offset, then reading the child owning the key, gets every record
-// the key's producer named, in order, once; the other child holds none.
+// finalChildren: a reader of each key, finishing each range that split
+// up to its split offset, then reading the child owning the key, gets
+// every record the key's producer named, in order, once; the other
+// child holds none.
 func (s *splitWorld) finalChildren() error {
-	w, k := s.w, &s.kids
+	w := s.w
 	if !s.on || s.offset < 0 {
 		return nil
 	}
-	if !k.open {
-		return fmt.Errorf("range %d: split at %d, its children never opened", s.r, s.offset)
+	for x := s; x != nil; x = x.sub {
+		if x.offset >= 0 && !x.kids.open {
+			return fmt.Errorf("range %d: split at %d, its children never opened", x.r, x.offset)
+		}
 	}
 	for _, p := range w.prods {
 		pid := p.pid(s.r)
 		key := fmt.Sprintf("p%d/", pid)
 		var got []string
-		for _, r := range []int{s.r, s.trueOwner(pid)} {
+		path := []int{s.r}
+		for x := s; x != nil; x = x.sub {
+			if x.offset < 0 || path[len(path)-1] != x.r {
+				break
+			}
+			c := x.trueOwner(pid)
+			if _, ok := x.kids.last[1-(c-x.c0)][pid]; ok {
+				return fmt.Errorf("key p%d: records in range %d, which does not own it", pid, 2*x.c0+1-c)
+			}
+			path = append(path, c)
+		}
+		for _, r := range path {
 			for _, v := range w.canonical[r] {
 				if strings.HasPrefix(v, key) {
 					got = append(got, v)
@@ -383,16 +500,11 @@ func (s *splitWorld) finalChildren() error {
 		}
 		for i, v := range got {
 			if want := fmt.Sprintf("p%d/r%d/s%d", pid, s.r, i); v != want {
-				return fmt.Errorf("key p%d read across the split (parent %d to its offset %d, then its child): record %d is %q, want %q", pid, s.r, s.offset, i, v, want)
+				return fmt.Errorf("key p%d read across the splits (ranges %v, each to its split offset): record %d is %q, want %q", pid, path, i, v, want)
 			}
 		}
-		if uint64(len(got)) != k.keyNext[p.id] {
-			return fmt.Errorf("key p%d read across the split: %d records, its producer named %d", pid, len(got), k.keyNext[p.id])
-		}
-		for c := w.opt.Ranges; c < w.opt.Ranges+2; c++ {
-			if _, ok := k.last[c-w.opt.Ranges][pid]; ok && c != s.trueOwner(pid) {
-				return fmt.Errorf("key p%d: records in range %d, which does not own it", pid, c)
-			}
+		if uint64(len(got)) != s.kids.keyNext[p.id] {
+			return fmt.Errorf("key p%d read across the splits (ranges %v): %d records, its producer named %d", pid, path, len(got), s.kids.keyNext[p.id])
 		}
 	}
 	return nil

@@ -488,7 +488,7 @@ func (w *world) heal() {
 func (w *world) tally() {
 	w.res.VirtualMs = w.now
 	w.res.Moves = w.moves.res
-	w.res.Splits = w.splits.res
+	w.res.Splits = w.splits.result()
 	for r := range w.canonical {
 		w.res.Committed += len(w.canonical[r])
 	}

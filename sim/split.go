@@ -78,10 +78,20 @@ type splitWorld struct {
 	refusedAny bool
 	res        SplitResult
 	kids       children // children.go
+	// A split of a child (children.go): parent is the split whose child
+	// this one splits (nil: the first), sub the split of one of this
+	// one's children; c0 is the left child's range (the right's is
+	// c0+1); lo and hi bound the hashes the range owns; version is the
+	// map version the split makes.
+	parent, sub *splitWorld
+	c0          int
+	lo, hi      uint64
+	version     uint64
 }
 
 func newSplitWorld(w *world) *splitWorld {
-	s := &splitWorld{w: w, rng: rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x73706c6974)), answered: -1, offset: -1, abandoned: map[string]bool{}}
+	s := &splitWorld{w: w, rng: rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x73706c6974)), answered: -1, offset: -1, abandoned: map[string]bool{},
+		c0: w.opt.Ranges, hi: math.MaxUint64, version: 1}
 	s.on = w.opt.Regions == 1 && (s.rng.IntN(2) == 0 || w.opt.mut.splitAlways)
 	if s.on {
 		s.at = 200 + s.rng.Int64N(max(int64(w.opt.Steps)*2/3, 1))
@@ -98,8 +108,35 @@ func (s *splitWorld) ended(r int) bool {
 	return s.on && r == s.r && (s.answered >= 0 || s.offset >= 0 || s.refusedAny)
 }
 
-// step asks for the marker when due.
+// of is the split of range r (nil: none; the first split's and its
+// children's).
+func (s *splitWorld) of(r int) *splitWorld {
+	for x := s; x != nil; x = x.sub {
+		if x.on && x.r == r {
+			return x
+		}
+	}
+	return nil
+}
+
+// result adds up what the splits did.
+func (s *splitWorld) result() SplitResult {
+	var res SplitResult
+	for x := s; x != nil; x = x.sub {
+		res = res.add(x.res)
+	}
+	return res
+}
+
+// step runs every split.
 func (s *splitWorld) step() {
+	for x := s; x != nil && s.w.err == nil; x = x.sub {
+		x.stepOne()
+	}
+}
+
+// stepOne asks for the marker when due, and opens the children.
+func (s *splitWorld) stepOne() {
 	w := s.w
 	if !s.on {
 		return
@@ -126,8 +163,8 @@ func (s *splitWorld) step() {
 	if rep.SplitPending() {
 		return // its marker is on its way
 	}
-	dec := batch.Split{MapVersion: 1, Parent: uint32(s.r), HashStart: 0, HashEnd: math.MaxUint64, At: s.kids.at,
-		Left: uint32(w.opt.Ranges), Right: uint32(w.opt.Ranges) + 1}
+	dec := batch.Split{MapVersion: s.version, Parent: uint32(s.r), HashStart: s.lo, HashEnd: s.hi, At: s.kids.at,
+		Left: uint32(s.c0), Right: uint32(s.c0) + 1}
 	s.res.Proposed++
 	w.tracef("%s range %d: split marker proposed", traceName(l), s.r)
 	rep.Propose(&replica.Op{RecordCount: 1, Frame: batch.EncodeSplit(nil, batch.Header{}, dec), Reply: func(res replica.Result) {
@@ -150,7 +187,7 @@ func (s *splitWorld) step() {
 // refused handles a producer's RANGE_SPLIT answer: the batch is given
 // up; true if err is one.
 func (s *splitWorld) refused(p *producer, r int, err error) bool {
-	if !s.on || apierr.CodeOf(err) != apierr.RangeSplit {
+	if s = s.of(r); s == nil || apierr.CodeOf(err) != apierr.RangeSplit {
 		return false
 	}
 	s.refusedAny = true
@@ -171,7 +208,7 @@ func (s *splitWorld) refused(p *producer, r int, err error) bool {
 // frame checks a committed frame of range r at base on node n against
 // the split; it reports whether the frame is the marker.
 func (s *splitWorld) frame(n *node, r int, h batch.Header) (bool, error) {
-	if !s.on || r != s.r {
+	if s = s.of(r); s == nil {
 		return false, nil
 	}
 	if h.Type == batch.TypeSplit {
@@ -201,7 +238,7 @@ func (s *splitWorld) frame(n *node, r int, h batch.Header) (bool, error) {
 
 // ack: nothing is acked at or past the split offset.
 func (s *splitWorld) ack(r int, off uint64, v string) error {
-	if s.on && r == s.r && s.offset >= 0 && off >= uint64(s.offset) {
+	if s = s.of(r); s != nil && s.offset >= 0 && off >= uint64(s.offset) {
 		return fmt.Errorf("range %d: %q acked at %d, at or past the split marker at %d", r, v, off, s.offset)
 	}
 	return nil
@@ -209,10 +246,13 @@ func (s *splitWorld) ack(r int, off uint64, v string) error {
 
 // canonize: a record answered RANGE_SPLIT is never in the log.
 func (s *splitWorld) canonize(r int, off uint64, v string) error {
-	if s.on && r == s.r && s.abandoned[v] {
+	if s = s.of(r); s == nil {
+		return nil
+	}
+	if s.abandoned[v] {
 		return fmt.Errorf("range %d: %q committed at %d, but it was answered RANGE_SPLIT", r, v, off)
 	}
-	if s.on && r == s.r && s.offset >= 0 && off >= uint64(s.offset) {
+	if s.offset >= 0 && off >= uint64(s.offset) {
 		return fmt.Errorf("range %d: %q committed at %d, past the split marker at %d", r, v, off, s.offset)
 	}
 	return nil
@@ -222,7 +262,7 @@ func (s *splitWorld) canonize(r int, off uint64, v string) error {
 // marker if it split.
 func (s *splitWorld) end(r int) uint64 {
 	n := uint64(len(s.w.canonical[r]))
-	if s.on && r == s.r && s.offset >= 0 {
+	if x := s.of(r); x != nil && x.offset >= 0 {
 		n++
 	}
 	return n
@@ -234,8 +274,10 @@ func (s *splitWorld) final() error {
 	if err := s.finalChildren(); err != nil {
 		return err
 	}
-	if s.on && s.offset < 0 && s.res.Proposed > 0 {
-		return fmt.Errorf("range %d: split asked for (%d markers proposed, %d answered at %d) and never committed", s.r, s.res.Proposed, s.res.Answered, s.answered)
+	for x := s; x != nil; x = x.sub {
+		if x.on && x.offset < 0 && x.res.Proposed > 0 {
+			return fmt.Errorf("range %d: split asked for (%d markers proposed, %d answered at %d) and never committed", x.r, x.res.Proposed, x.res.Answered, x.answered)
+		}
 	}
 	return nil
 }
