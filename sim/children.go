@@ -86,10 +86,13 @@ type children struct {
 	last       [2]map[int]uint64
 	// resplit: whether a child splits again was drawn.
 	resplit bool
+	// faultAt is when a fault aimed at a child's leader strikes (-1:
+	// none): a crash or a partition, 0-300 ms after the children open.
+	faultAt int64
 }
 
 func newChildren(s *splitWorld) children {
-	k := children{s: s, openAt: -1, pending: map[int][]string{}, keyNext: map[int]uint64{},
+	k := children{s: s, openAt: -1, faultAt: -1, pending: map[int][]string{}, keyNext: map[int]uint64{},
 		last: [2]map[int]uint64{{}, {}}}
 	if !s.on {
 		return k
@@ -274,10 +277,40 @@ func (s *splitWorld) stepChildren() {
 		w.tracef("producer %d: batch %v refused by the split goes to range %d", p.id, vals, c)
 		w.sendRequest(p, c, b)
 	}
+	if k.faultAt >= 0 && w.now >= k.faultAt {
+		k.faultAt = -1
+		s.aimFault()
+	}
 	if s.parent == nil && !k.resplit {
 		k.resplit = true
 		s.splitAgain()
 	}
+}
+
+// aimFault crashes or cuts off the leader of one of the children (or,
+// with none, one of their voters), while the faults run.
+func (s *splitWorld) aimFault() {
+	w := s.w
+	if w.now >= int64(w.opt.Steps) {
+		return
+	}
+	c := s.c0 + s.rng.IntN(2)
+	n := w.leaderOf(0, c)
+	if n == nil {
+		n = w.node(0, int(s.kids.voters[s.rng.IntN(len(s.kids.voters))]))
+	}
+	if s.rng.IntN(2) == 0 {
+		if n.up {
+			w.tracef("%s: crash aimed at range %d, a child of the split", traceName(n), c)
+			w.crash(n)
+			s.res.ChildFaults++
+		}
+		return
+	}
+	w.tracef("%s: partition aimed at range %d, a child of the split", traceName(n), c)
+	n.cutTill = w.now + 100 + s.rng.Int64N(1500)
+	w.res.Partitions++
+	s.res.ChildFaults++
 }
 
 // splitAgain, one first split in two (every one with the resplit
@@ -327,6 +360,9 @@ func (s *splitWorld) openChildren() error {
 		return fmt.Errorf("range %d: its children would be ranges %d and %d, the ranges are %d", s.r, s.c0, s.c0+1, len(w.canonical))
 	}
 	w.tracef("range %d: split at hash %#x; children %d and %d open on %v", s.r, k.at, s.c0, s.c0+1, k.voters)
+	if s.rng.IntN(2) == 0 {
+		k.faultAt = w.now + s.rng.Int64N(300)
+	}
 	for i := 0; i < 2; i++ {
 		w.canonical = append(w.canonical, nil)
 		w.acked = append(w.acked, map[uint64]string{})

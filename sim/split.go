@@ -35,8 +35,9 @@ type SplitResult struct {
 	Runs, Proposed, Answered, Refused, Abandoned int
 	// Children counts the runs whose children opened; ChildRecords the
 	// records committed in them; Moved the batches answered RANGE_SPLIT
-	// that went to a child; Resplit the runs whose child split again.
-	Children, ChildRecords, Moved, Resplit int
+	// that went to a child; Resplit the runs whose child split again;
+	// ChildFaults the crashes and partitions aimed at a child's leader.
+	Children, ChildRecords, Moved, Resplit, ChildFaults int
 }
 
 func (r SplitResult) add(o SplitResult) SplitResult {
@@ -49,6 +50,7 @@ func (r SplitResult) add(o SplitResult) SplitResult {
 	r.ChildRecords += o.ChildRecords
 	r.Moved += o.Moved
 	r.Resplit += o.Resplit
+	r.ChildFaults += o.ChildFaults
 	return r
 }
 
@@ -56,8 +58,8 @@ func (r SplitResult) String() string {
 	if r.Runs == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; splits: %d ranges split, %d markers proposed (%d answered, %d refused), %d batches answered RANGE_SPLIT (%d moved to a child); children opened in %d runs, %d records committed in them, %d children split again",
-		r.Runs, r.Proposed, r.Answered, r.Refused, r.Abandoned, r.Moved, r.Children, r.ChildRecords, r.Resplit)
+	return fmt.Sprintf("; splits: %d ranges split, %d markers proposed (%d answered, %d refused), %d batches answered RANGE_SPLIT (%d moved to a child); children opened in %d runs, %d records committed in them, %d children split again, %d faults aimed at children",
+		r.Runs, r.Proposed, r.Answered, r.Refused, r.Abandoned, r.Moved, r.Children, r.ChildRecords, r.Resplit, r.ChildFaults)
 }
 
 type splitWorld struct {
