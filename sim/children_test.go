@@ -10,12 +10,12 @@ import (
 )
 
 // TestSplitChildren: runs of one region that split range 0 open its
-// children and write to them, clean; on seeds 3 and 4 a child splits in
-// turn (children.go). Part of make test's fixed slice.
+// children and write to them, clean; on seed 2 a child splits in turn
+// (children.go). Part of make test's fixed slice.
 func TestSplitChildren(t *testing.T) {
 	var tot SplitResult
-	for seed := int64(1); seed <= 4; seed++ {
-		res, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{splitAlways: true, resplitAlways: seed > 2}})
+	for seed := int64(1); seed <= 2; seed++ {
+		res, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{splitAlways: true, resplitAlways: seed == 2}})
 		if err != nil {
 			t.Fatalf("%v\n%v", err, res)
 		}

@@ -291,7 +291,7 @@
 // (mutations.child): producers routing to the wrong child
 // (TestChildWrongRouteCaught), and starting on the child while a batch
 // of the key is unanswered on the parent (TestChildEarlyCaught).
-// TestSplitChildren, in make test, splits four seeds of 3 s, two of them
+// TestSplitChildren, in make test, splits two seeds of 3 s, the second
 // twice.
 //
 // The range driver's cores (package rangecore, which regionsvc's range
