@@ -147,13 +147,34 @@ func (s *splitWorld) trueOwner(pid int) int {
 	return s.c0 + 1
 }
 
-// owner is the child of s producer p sends its key's batches to.
-func (s *splitWorld) owner(p *producer) int {
-	c := s.trueOwner(p.pid(s.r))
-	if c >= 0 && s.w.opt.mut.child == childWrongRoute {
-		c = 2*s.c0 + 1 - c
+// route is the range producer p sends its key's batches to: the active
+// range owning its hash in the stream's range map as the splits whose
+// children opened made it (keyspace.RangeMap.Lookup, as the SDK routes).
+func (s *splitWorld) route(p *producer) int {
+	root := s.root()
+	id := root.rmap.Lookup(keyHash(p.pid(root.r)))
+	if r, _ := root.rmap.Get(id); r.Parent != keyspace.NoRange && s.w.opt.mut.child == childWrongRoute {
+		parent, _ := root.rmap.Get(r.Parent)
+		id = parent.Left + parent.Right - id // its sibling
 	}
-	return c
+	return root.simID(id)
+}
+
+// simID is the simulator's range of range map id (the map holds range 0
+// and the splits' children: ids 1, 2, ... are ranges Ranges, Ranges+1, ...).
+func (s *splitWorld) simID(id uint32) int {
+	if id == 0 {
+		return s.root().r
+	}
+	return int(id) + s.w.opt.Ranges - 1
+}
+
+// mapID is range r's id in the range map.
+func (s *splitWorld) mapID(r int) uint32 {
+	if r == s.root().r {
+		return 0
+	}
+	return uint32(r - s.w.opt.Ranges + 1)
 }
 
 // peers are a child's first voters (nil: the default, 1..Nodes).
@@ -173,22 +194,19 @@ func (s *splitWorld) member(r int, id uint64) bool {
 }
 
 // accepts reports whether producer p may start a new batch on range r:
-// not on a range that split, and on a child only if it owns p's key and
-// no batch of the key is unanswered on the parent or waits to move.
+// on a range of the splits' lineage, only on the one its key routes to,
+// not once it split, and while no batch of the key is unanswered or
+// waits to move.
 func (s *splitWorld) accepts(p *producer, r int) bool {
-	for x := s; x != nil; x = x.sub {
-		switch {
-		case !x.on:
-		case x.ended(r):
-			return false
-		case r != x.c0 && r != x.c0+1:
-		case r != x.owner(p):
-			return false
-		case s.w.opt.mut.child != childEarly && s.keyBusy(p):
-			return false
-		}
+	switch {
+	case !s.on || (r != s.r && !s.child(r)):
+		return true
+	case s.of(r) != nil && s.of(r).ended(r):
+		return false
+	case r != s.route(p):
+		return false
 	}
-	return true
+	return s.w.opt.mut.child == childEarly || !s.keyBusy(p)
 }
 
 // keyBusy reports whether producer p has a batch of its key unanswered
@@ -267,7 +285,7 @@ func (s *splitWorld) stepChildren() {
 		if vals == nil {
 			continue
 		}
-		c := s.owner(p)
+		c := s.route(p)
 		if p.batch[c] != nil {
 			continue // childEarly: one is in flight already
 		}
@@ -359,6 +377,18 @@ func (s *splitWorld) openChildren() error {
 	if len(w.canonical) != s.c0 {
 		return fmt.Errorf("range %d: its children would be ranges %d and %d, the ranges are %d", s.r, s.c0, s.c0+1, len(w.canonical))
 	}
+	root := s.root()
+	m, err := root.rmap.Split(root.mapID(s.r), k.at, uint64(s.offset))
+	if err == nil {
+		err = m.Validate()
+	}
+	if err != nil {
+		return fmt.Errorf("range %d: the range map does not take its split at %#x: %w", s.r, k.at, err)
+	}
+	if l, _ := root.rmap.NextIDs(); root.simID(l) != s.c0 {
+		return fmt.Errorf("range %d: the range map's children start at %d, the simulator's at range %d", s.r, l, s.c0)
+	}
+	root.rmap = m
 	w.tracef("range %d: split at hash %#x; children %d and %d open on %v", s.r, k.at, s.c0, s.c0+1, k.voters)
 	if s.rng.IntN(2) == 0 {
 		k.faultAt = w.now + s.rng.Int64N(300)
@@ -516,16 +546,19 @@ func (s *splitWorld) finalChildren() error {
 		pid := p.pid(s.r)
 		key := fmt.Sprintf("p%d/", pid)
 		var got []string
-		path := []int{s.r}
 		for x := s; x != nil; x = x.sub {
-			if x.offset < 0 || path[len(path)-1] != x.r {
-				break
+			if c := x.trueOwner(pid); c >= 0 {
+				if _, ok := x.kids.last[1-(c-x.c0)][pid]; ok {
+					return fmt.Errorf("key p%d: records in range %d, which does not own it", pid, 2*x.c0+1-c)
+				}
 			}
-			c := x.trueOwner(pid)
-			if _, ok := x.kids.last[1-(c-x.c0)][pid]; ok {
-				return fmt.Errorf("key p%d: records in range %d, which does not own it", pid, 2*x.c0+1-c)
-			}
-			path = append(path, c)
+		}
+		// The reader's path: the key's range in the final map, after its
+		// ancestors (keyspace.RangeMap.Ancestors, nearest first).
+		leaf := s.rmap.Lookup(keyHash(pid))
+		path := []int{s.simID(leaf)}
+		for _, a := range s.rmap.Ancestors(leaf) {
+			path = append([]int{s.simID(a)}, path...)
 		}
 		for _, r := range path {
 			for _, v := range w.canonical[r] {

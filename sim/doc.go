@@ -278,7 +278,8 @@
 // compacted, snapshotted, moved and drained by the planner), and one
 // time in two a crash or a partition is aimed at a child's leader. A
 // batch the parent answered RANGE_SPLIT goes, same records, to the child
-// owning its key's hash; a producer starts nothing on its child while a
+// owning its key's hash in the stream's range map (keyspace.RangeMap,
+// split as the children open: Split, Validate, Lookup); a producer starts nothing on its child while a
 // batch of its key is unanswered or waits to move. One split run in two,
 // the child with more keys splits again (ranges Ranges+2, Ranges+3).
 // Checks: a child's record is of a key whose hash it owns, in no other

@@ -7,6 +7,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/keyspace"
 	"github.com/geolog/geolog/replica"
 )
 
@@ -89,6 +90,10 @@ type splitWorld struct {
 	c0          int
 	lo, hi      uint64
 	version     uint64
+	// rmap is the stream's range map as the splits whose children opened
+	// made it (the first split's only; its range 0 is range r, owning
+	// every hash: children.go).
+	rmap keyspace.RangeMap
 }
 
 func newSplitWorld(w *world) *splitWorld {
@@ -99,6 +104,7 @@ func newSplitWorld(w *world) *splitWorld {
 		s.at = 200 + s.rng.Int64N(max(int64(w.opt.Steps)*2/3, 1))
 		s.next = s.at
 		s.res.Runs = 1
+		s.rmap = keyspace.NewRangeMap(1)
 	}
 	s.kids = newChildren(s)
 	return s
