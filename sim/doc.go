@@ -260,15 +260,40 @@
 // with moves: TestMovesStaleDescribe; -known runs the fix proposed, a
 // Describe after a ReadIndex).
 //
-// # Splits, the parent's side (split.go)
+// # Splits (split.go, children.go)
 //
 // With Regions = 1, one run in two has range 0's leader
-// append a split marker (as regionsvc's proposeSplit); producers give up
-// batches answered RANGE_SPLIT. Checks: one split offset in every copy,
-// nothing committed or acked past it, no batch answered RANGE_SPLIT in the
-// log, every member ends at the marker. The children are not simulated.
+// append a split marker (as regionsvc's proposeSplit) at a hash boundary
+// drawn between the producers' keys. Checks on the parent's side: one
+// split offset in every copy, nothing committed or acked past it, no
+// batch answered RANGE_SPLIT in the log, every member ends at the marker.
 // Retention keeps the marker (TestSplitUnderRetention: seed 148 acked a
 // record after the split when it did not).
+//
+// Once the checks see the marker committed, the children open a
+// catalogue round trip later as Raft groups of their own (ranges Ranges
+// and Ranges+1) on the parent's voters, on every live node (a node down
+// then opens them when it starts), as regionsvc's applySplit does; from
+// then on they are ranges like the others (ticked, crashed, cut off,
+// compacted, snapshotted, moved and drained by the planner), and one
+// time in two a crash or a partition is aimed at a child's leader. A
+// batch the parent answered RANGE_SPLIT goes, same records, to the child
+// owning its key's hash in the stream's range map (keyspace.RangeMap,
+// split as the children open: Split, Validate, Lookup); a producer starts nothing on its child while a
+// batch of its key is unanswered or waits to move. One split run in two,
+// the child with more keys splits again (ranges Ranges+2, Ranges+3).
+// Checks: a child's record is of a key whose hash it owns, in no other
+// range of the split (the parent, the other child), committed once the
+// parent's log up to its split offset is whole, and its key's next
+// record after those in the parent and its ancestors; at the end a
+// reader of each key, finishing each range that split up to its split
+// offset and then reading the child owning the key, gets every record
+// the key's producer named, in order, once. Broken variants
+// (mutations.child): producers routing to the wrong child
+// (TestChildWrongRouteCaught), and starting on the child while a batch
+// of the key is unanswered on the parent (TestChildEarlyCaught).
+// TestSplitChildren, in make test, splits two seeds of 3 s, the second
+// twice.
 //
 // The range driver's cores (package rangecore, which regionsvc's range
 // driver drives too): the epoch start gate (gate.go: a new home's leader
@@ -285,8 +310,8 @@
 // (Options.mut, reads_test.go, rehome_test.go, homing_test.go).
 //
 // Not yet simulated: moves, joins and drains with more than one region
-// (moves.go runs in one-region runs only), split children and splits
-// with regions, the timeline fence for local reads (the pre-knowledge
+// (moves.go runs in one-region runs only), splits with regions (the
+// mirrors' copies of the parent and their children), the timeline fence for local reads (the pre-knowledge
 // window is unbounded here), the rest of the range driver (its loop's batching
 // and ordering of events, quiescence, start-up elections, the maintenance
 // sweep: notes/simdriver.md), raftnet. See notes/simhome.md,

@@ -64,6 +64,10 @@ type mutations struct {
 	changeUnexpected bool
 	// splitAlways: every run of one region splits range 0 (split.go).
 	splitAlways bool
+	// child breaks the split's children (children.go).
+	child childMutation
+	// resplitAlways: every first split's child splits again (children.go).
+	resplitAlways bool
 	// movesAlways: every run of one region moves replicas (moves.go).
 	movesAlways bool
 	// moveConcurrent: the planner's snapshot shows no move under way and

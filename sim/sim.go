@@ -124,8 +124,9 @@ type event struct {
 	pid      int // the producer's id for the range when it sent the request
 	rng      int
 	attempt  uint64
-	batchSeq uint64 // reply: the batch's base sequence
-	count    int    // reply: the batch's record count
+	batchSeq uint64   // reply: the batch's base sequence
+	count    int      // reply: the batch's record count
+	values   []string // reply: the batch's records (a split child's are named in its parent: children.go)
 	res      replica.Result
 	// snapshot
 	from    int
@@ -487,7 +488,7 @@ func (w *world) heal() {
 func (w *world) tally() {
 	w.res.VirtualMs = w.now
 	w.res.Moves = w.moves.res
-	w.res.Splits = w.splits.res
+	w.res.Splits = w.splits.result()
 	for r := range w.canonical {
 		w.res.Committed += len(w.canonical[r])
 	}
@@ -533,66 +534,80 @@ func (w *world) start(n *node) error {
 	n.up = true
 	n.gen++
 	w.moves.started(n)
-	n.stores = make([]*segment.Store, w.opt.Ranges)
-	n.replicas = make([]*replica.Replica, w.opt.Ranges)
-	n.verified = make([]uint64, w.opt.Ranges)
-	n.writing = make([]bool, w.opt.Ranges)
-	n.marking = make([]bool, w.opt.Ranges)
+	ranges := len(w.canonical) // Ranges, and the children of a split (children.go)
+	n.stores = make([]*segment.Store, ranges)
+	n.replicas = make([]*replica.Replica, ranges)
+	n.verified = make([]uint64, ranges)
+	n.writing = make([]bool, ranges)
+	n.marking = make([]bool, ranges)
 	n.dying = false
-	n.mirror = make([]mirrorQueue, w.opt.Ranges)
-	n.gates = make([]rangecore.StartGate[*gateOp], w.opt.Ranges)
-	n.timelines = make([]rangecore.Timeline, w.opt.Ranges)
-	n.epochs = make([]uint64, w.opt.Ranges)
-	n.fresh = make([]uint64, w.opt.Ranges)
-	n.divergence = make([]divergence, w.opt.Ranges)
-	n.tailChecked = make([]uint64, w.opt.Ranges)
+	n.mirror = make([]mirrorQueue, ranges)
+	n.gates = make([]rangecore.StartGate[*gateOp], ranges)
+	n.timelines = make([]rangecore.Timeline, ranges)
+	n.epochs = make([]uint64, ranges)
+	n.fresh = make([]uint64, ranges)
+	n.divergence = make([]divergence, ranges)
+	n.tailChecked = make([]uint64, ranges)
 	if w.homing != nil {
 		if err := w.homing.startNode(n); err != nil {
 			return err
 		}
 	}
-	peers := make([]uint64, w.opt.Nodes)
-	for i := range peers {
-		peers[i] = uint64(i + 1)
-	}
-	for r := 0; r < w.opt.Ranges; r++ {
-		dir := filepath.Join("/data", strconv.Itoa(r))
-		if err := w.moves.stray(n, r, replica.FileState{FS: n.fs, Dir: dir}); err != nil {
+	for r := 0; r < ranges; r++ {
+		if err := w.openReplica(n, r); err != nil {
 			return err
 		}
-		var headers []batch.Header
-		st, err := segment.Open(segment.Config{
-			Dir: dir, FS: n.fs, SegmentBytesMax: w.segmentBytesMax, Logger: w.opt.Logger, Now: w.clock,
-			RetentionBytes: w.retentionBytes, RetentionAge: w.retentionAge,
-			OnRecover: func(h batch.Header) error { headers = append(headers, h); return nil },
-		})
-		if err != nil {
-			return fmt.Errorf("%v range %d: open after crash: %w", n, r, err)
+	}
+	return nil
+}
+
+// openReplica opens node n's replica of range r: its log, its state and
+// its Raft group of the range's first voters (1..Nodes, or a split
+// child's: children.go).
+func (w *world) openReplica(n *node, r int) error {
+	peers := w.splits.peers(r)
+	if peers == nil {
+		peers = make([]uint64, w.opt.Nodes)
+		for i := range peers {
+			peers[i] = uint64(i + 1)
 		}
-		var orphans *replica.OrphanStore
-		if w.geo != nil {
-			if orphans, err = replica.OpenOrphans(n.fs, filepath.Join(dir, replica.OrphanDirName), w.opt.Logger); err != nil {
-				return fmt.Errorf("%v range %d: open orphans: %w", n, r, err)
-			}
+	}
+	dir := filepath.Join("/data", strconv.Itoa(r))
+	if err := w.moves.stray(n, r, replica.FileState{FS: n.fs, Dir: dir}); err != nil {
+		return err
+	}
+	var headers []batch.Header
+	st, err := segment.Open(segment.Config{
+		Dir: dir, FS: n.fs, SegmentBytesMax: w.segmentBytesMax, Logger: w.opt.Logger, Now: w.clock,
+		RetentionBytes: w.retentionBytes, RetentionAge: w.retentionAge,
+		OnRecover: func(h batch.Header) error { headers = append(headers, h); return nil },
+	})
+	if err != nil {
+		return fmt.Errorf("%v range %d: open after crash: %w", n, r, err)
+	}
+	var orphans *replica.OrphanStore
+	if w.geo != nil {
+		if orphans, err = replica.OpenOrphans(n.fs, filepath.Join(dir, replica.OrphanDirName), w.opt.Logger); err != nil {
+			return fmt.Errorf("%v range %d: open orphans: %w", n, r, err)
 		}
-		region, group, from, gen := n.region, r, n.id, n.gen
-		rep, err := replica.New(replica.Config{
-			NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers, HeartbeatTick: 2, ElectionTick: 8,
-			Log: &syncCrashLog{Store: st, w: w, n: n}, State: replica.FileState{FS: n.fs, Dir: dir}, Orphans: orphans,
-			Send: func(msgs []*raftpb.Message) { w.sendRaft(region, group, msgs) },
-			SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
-				return w.sendSnapshot(region, group, from, gen, m, body)
-			},
-			Now: w.clock, Logger: w.opt.Logger,
-		}, headers)
-		if err != nil {
-			return fmt.Errorf("%v range %d: %w", n, r, err)
-		}
-		n.stores[r], n.replicas[r] = st, rep
-		if w.tracing() {
-			f, ok := rep.LearnedCompactionFloor()
-			w.tracef("%s range %d: start gen %d (committed %d, log [%d, %d), learned floor %d %v)", traceName(n), r, n.gen, rep.Committed(), st.StartOffset(), st.NextOffset(), f, ok)
-		}
+	}
+	region, group, from, gen := n.region, r, n.id, n.gen
+	rep, err := replica.New(replica.Config{
+		NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers, HeartbeatTick: 2, ElectionTick: 8,
+		Log: &syncCrashLog{Store: st, w: w, n: n}, State: replica.FileState{FS: n.fs, Dir: dir}, Orphans: orphans,
+		Send: func(msgs []*raftpb.Message) { w.sendRaft(region, group, msgs) },
+		SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
+			return w.sendSnapshot(region, group, from, gen, m, body)
+		},
+		Now: w.clock, Logger: w.opt.Logger,
+	}, headers)
+	if err != nil {
+		return fmt.Errorf("%v range %d: %w", n, r, err)
+	}
+	n.stores[r], n.replicas[r] = st, rep
+	if w.tracing() {
+		f, ok := rep.LearnedCompactionFloor()
+		w.tracef("%s range %d: start gen %d (committed %d, log [%d, %d), learned floor %d %v)", traceName(n), r, n.gen, rep.Committed(), st.StartOffset(), st.NextOffset(), f, ok)
 	}
 	return nil
 }

@@ -19,11 +19,11 @@ func (w *world) produce() {
 		for r := range p.batch {
 			b := p.batch[r]
 			switch {
-			case b == nil && newBatches && w.rng.Float64() < 0.05 && !w.splits.ended(r):
+			case b == nil && newBatches && w.rng.Float64() < 0.05 && w.splits.accepts(p, r):
 				n := 1 + w.rng.IntN(3)
 				b = &inflight{seq: p.nextSeq[r], target: 1 + w.rng.IntN(w.opt.Nodes)}
 				for i := 0; i < n; i++ {
-					b.values = append(b.values, fmt.Sprintf("p%d/r%d/s%d", p.pid(r), r, b.seq+uint64(i)))
+					b.values = append(b.values, w.splits.name(p, r, b.seq+uint64(i))) // children.go
 				}
 				p.batch[r] = b
 				w.sendRequest(p, r, b)
@@ -92,7 +92,7 @@ func (w *world) request(e *event) {
 						return
 					}
 					w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, pid: pid, rng: e.rng,
-						batchSeq: seq, count: len(values), res: res})
+						batchSeq: seq, count: len(values), values: values, res: res})
 				},
 			})
 		},
@@ -161,6 +161,9 @@ func (w *world) reply(e *event) {
 	// Record the ack: every record of the batch at its offset.
 	for i := 0; i < e.count; i++ {
 		v := fmt.Sprintf("p%d/r%d/s%d", e.pid, e.rng, seq+uint64(i))
+		if w.splits.child(e.rng) {
+			v = e.values[i] // a split child's records are named in the parent (children.go)
+		}
 		off := e.res.BaseOffset + uint64(i)
 		if e.pid != p.pid(e.rng) && off >= w.homing.epochStart(e.rng, e.res.Epoch) {
 			w.homing.orphan(e.rng, off, v, e.res.Epoch) // acked before a takeover, heard after it
@@ -193,6 +196,9 @@ func (w *world) busy() bool {
 	}
 	if w.moves.busy() {
 		return true // moves under way (moves.go)
+	}
+	if w.splits.busy() {
+		return true // batches refused by a split, waiting for its children (children.go)
 	}
 	for _, p := range w.prods {
 		for _, b := range p.batch {
@@ -385,6 +391,9 @@ func (w *world) epochOrder(n *node, r int, base uint64, frame []byte) error {
 }
 
 func (w *world) canonize(r int, off uint64, v string) error {
+	if w.splits.child(r) {
+		return w.splits.canonizeChild(r, off, v) // children.go
+	}
 	canon := w.canonical[r]
 	if err := w.splits.canonize(r, off, v); err != nil {
 		return err
