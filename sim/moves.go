@@ -77,6 +77,10 @@ type MoveResult struct {
 	Done, Failed                 int
 	Changes, HandOffs, Refused   int
 	AimedCrashes, AimedPartition int
+	// dead.go: nodes dead (for good), dead nodes back, repair moves
+	// planned, nodes decommissioned.
+	DeadNodes, DeadForever, Returned int
+	Repairs, Decommissioned          int
 }
 
 func (r MoveResult) add(o MoveResult) MoveResult {
@@ -94,6 +98,11 @@ func (r MoveResult) add(o MoveResult) MoveResult {
 	r.Refused += o.Refused
 	r.AimedCrashes += o.AimedCrashes
 	r.AimedPartition += o.AimedPartition
+	r.DeadNodes += o.DeadNodes
+	r.DeadForever += o.DeadForever
+	r.Returned += o.Returned
+	r.Repairs += o.Repairs
+	r.Decommissioned += o.Decommissioned
 	return r
 }
 
@@ -102,7 +111,14 @@ func (r MoveResult) String() string {
 		return ""
 	}
 	return fmt.Sprintf("; moves: %d spares (%d joined), %d drained, %d planned moves, %d operator moves, %d cleanups, %d done, %d failed, %d changes applied, %d leader hand-offs, %d changes refused, %d crashes and %d partitions aimed at moves",
-		r.Spares, r.Joined, r.Drained, r.Planned, r.Operator, r.Cleanups, r.Done, r.Failed, r.Changes, r.HandOffs, r.Refused, r.AimedCrashes, r.AimedPartition)
+		r.Spares, r.Joined, r.Drained, r.Planned, r.Operator, r.Cleanups, r.Done, r.Failed, r.Changes, r.HandOffs, r.Refused, r.AimedCrashes, r.AimedPartition) + r.deadString()
+}
+
+func (r MoveResult) deadString() string {
+	if r.DeadNodes == 0 && r.Decommissioned == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d dead nodes (%d for good, %d back), %d repair moves, %d decommissioned", r.DeadNodes, r.DeadForever, r.Returned, r.Repairs, r.Decommissioned)
 }
 
 type moveWorld struct {
@@ -127,6 +143,7 @@ type moveWorld struct {
 	// strays are the (node, range) replicas a test's mutation restarted
 	// as groups of their own (moveStray): not the range's group.
 	strays map[[2]int]bool
+	dead   deadWorld // dead.go
 	done   chan struct{}
 	res    MoveResult
 }
@@ -189,8 +206,7 @@ func newMoveWorld(w *world) *moveWorld {
 	m.applied = make([]uint64, w.opt.Ranges)
 	m.members = make([]map[uint64]bool, w.opt.Ranges)
 	m.asking = make([]int, w.opt.Ranges)
-	// regionsvc's defaults: MovesMax 2, DeadNodeAfter 5 minutes.
-	m.loop = placement.NewLoop(placement.LoopConfig{MovesMax: 2, DeadAfter: 5 * time.Minute})
+	m.loop = newPlacementLoop(5 * time.Minute)
 	for r := range m.conf {
 		m.conf[r] = &raftpb.ConfState{}
 		m.members[r] = map[uint64]bool{}
@@ -199,7 +215,14 @@ func newMoveWorld(w *world) *moveWorld {
 			m.members[r][uint64(id)] = true
 		}
 	}
+	m.drawDead()
 	return m
+}
+
+// newPlacementLoop is the rebalancer's core with regionsvc's defaults
+// (MovesMax 2, DeadNodeAfter 5 minutes) but for the dead-node time.
+func newPlacementLoop(deadAfter time.Duration) *placement.Loop {
+	return placement.NewLoop(placement.LoopConfig{MovesMax: 2, DeadAfter: deadAfter})
 }
 
 // stop ends the moves' goroutines (they return errRunOver).
@@ -218,10 +241,11 @@ func (m *moveWorld) step() {
 		}
 	}
 	if m.drained == 0 && w.now >= m.drainAt {
-		m.drained = 1 + m.rng.IntN(w.opt.Nodes)
+		m.drained = m.drainNode()
 		m.res.Drained++
 		w.tracef("node %d: draining", m.drained)
 	}
+	m.stepDead()
 	for _, mv := range m.moves {
 		if faults && mv.faultAt >= 0 && w.now >= mv.faultAt {
 			m.aim(mv)
@@ -245,6 +269,11 @@ func (m *moveWorld) started(n *node) {
 	if m.on && n.gen == 1 && n.id > m.w.opt.Nodes {
 		m.res.Joined++
 		m.w.tracef("%s: joins the region", traceName(n))
+	}
+	if m.on && n.region == 0 && n.id == m.dead.id && !m.dead.returned {
+		m.dead.returned = true
+		m.res.Returned++
+		m.w.tracef("%s: back after its death", traceName(n))
 	}
 }
 
@@ -371,7 +400,12 @@ func (m *moveWorld) region() placement.Region {
 			continue // a spare not joined yet
 		}
 		st := placement.Live
-		if n.id == m.drained {
+		switch {
+		case n.id == m.dead.decommissioned && w.opt.mut.decommLive:
+			// st stays Live: the catalogue's state ignored
+		case n.id == m.dead.decommissioned:
+			st = placement.Decommissioned // the catalogue's node state
+		case n.id == m.drained:
 			st = placement.Draining
 		}
 		reg.Nodes = append(reg.Nodes, placement.Node{ID: uint64(n.id), Zone: fmt.Sprintf("z%d", n.id), State: st})
@@ -408,6 +442,13 @@ func (m *moveWorld) plan() {
 	down := map[uint64]bool{}
 	for _, n := range w.regionNodes(0) {
 		down[uint64(n.id)] = n.gen > 0 && !n.up
+		if m.dead.on {
+			// What the Raft transport finds: a node cut off is down too.
+			down[uint64(n.id)] = n.gen > 0 && (!n.up || n.cutTill > w.now)
+		}
+		if w.opt.mut.deadIgnored && down[uint64(n.id)] {
+			down[uint64(n.id)] = false
+		}
 	}
 	now := w.clock()
 	m.loop.Observe(now, down)
@@ -420,6 +461,9 @@ func (m *moveWorld) plan() {
 	for _, mv := range moves {
 		r := int(mv.Range.Range)
 		m.res.Planned++
+		if mv.Reason == placement.Repair {
+			m.res.Repairs++
+		}
 		m.start(r, mv.From, mv.To, mv.Reason.String(), slices.Clone(reg.Ranges[r].Replicas))
 	}
 }
@@ -433,9 +477,10 @@ func (m *moveWorld) operator() {
 		return
 	}
 	voters := m.conf[r].GetVoters()
+	dead := m.loop.Dead(w.clock()) // the operator sees the node list
 	var to []uint64
 	for _, n := range w.regionNodes(0) {
-		if id := uint64(n.id); n.gen > 0 && n.id != m.drained && !slices.Contains(voters, id) {
+		if id := uint64(n.id); n.gen > 0 && n.id != m.drained && !slices.Contains(voters, id) && !slices.Contains(dead, id) && !m.gone(n) {
 			to = append(to, id)
 		}
 	}
@@ -456,6 +501,9 @@ func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64)
 		mv.faultAt, mv.fault = w.now+m.rng.Int64N(400), m.rng.IntN(6)
 	}
 	w.tracef("range %d: %s move %d -> %d starts (voters %v, learners %v)", r, kind, from, to, m.conf[r].GetVoters(), m.conf[r].GetLearners())
+	if err := m.checkTarget(r, to, kind); err != nil && w.err == nil {
+		w.err = err
+	}
 	adm := &simAdmin{mv: mv, done: m.done}
 	go func() {
 		ctx := context.Background()
@@ -681,12 +729,9 @@ func (m *moveWorld) propose(mv *move) {
 	}
 	if typ == raftpb.ConfChangeRemoveNode && node == uint64(l.id) && !w.opt.mut.moveNoHandOff {
 		// handOffBeforeRemoval: the caller retries at the new leader.
-		for _, v := range conf.GetVoters() {
-			if v != node {
-				rep.TransferLeadership(v)
-				m.res.HandOffs++
-				break
-			}
+		if to := m.handOffTarget(l, rep, conf.GetVoters()); to != 0 {
+			rep.TransferLeadership(to)
+			m.res.HandOffs++
 		}
 		return
 	}
@@ -708,6 +753,35 @@ func (m *moveWorld) propose(mv *move) {
 		w.tracef("range %d: %v of node %d applied (voters %v, learners %v)", mv.r, c.typ, node, cs.GetVoters(), cs.GetLearners())
 		mv.outcome = &adminAnswer{resp: &geologv1.ChangeReplicasResponse{Voters: cs.GetVoters(), Learners: cs.GetLearners()}}
 	})
+}
+
+// handOffTarget is regionsvc's handOffBeforeRemoval's choice: the
+// voter other than leader l with the highest match index (then the
+// lowest id) that the transport does not find down (in dead runs: the
+// run before them handed off to the first other voter, and the draws of
+// their seeds stay so).
+func (m *moveWorld) handOffTarget(l *node, rep *replica.Replica, voters []uint64) uint64 {
+	if !m.dead.on {
+		for _, v := range voters {
+			if v != uint64(l.id) {
+				return v
+			}
+		}
+		return 0
+	}
+	st := rep.Status()
+	var to, match uint64
+	for _, id := range voters {
+		n := m.w.node(0, int(id))
+		pr, ok := st.Progress[id]
+		if id == uint64(l.id) || !ok || pr.IsLearner || !n.up || n.cutTill > m.w.now {
+			continue
+		}
+		if to == 0 || pr.Match > match || (pr.Match == match && id < to) {
+			to, match = id, pr.Match
+		}
+	}
+	return to
 }
 
 // finish ends a move whose goroutine returned.
@@ -763,7 +837,7 @@ func (m *moveWorld) busy() bool {
 	if !m.on {
 		return false
 	}
-	return len(m.moves) > 0 || m.final() != nil || len(placement.Plan(m.region(), placement.Config{MovesMax: 2})) > 0
+	return len(m.moves) > 0 || m.final() != nil || m.deadBusy() || len(placement.Plan(m.loop.Overlay(m.w.clock(), m.region()), placement.Config{MovesMax: 2})) > 0
 }
 
 // final is the end state every range must reach.
@@ -776,11 +850,14 @@ func (m *moveWorld) final() error {
 			return fmt.Errorf("range %d: ends with voters %v, the drained node %d among them", r, conf.GetVoters(), m.drained)
 		}
 	}
-	return nil
+	return m.finalDead()
 }
 
 // member reports whether node id is in range r's latest configuration
 // (every node when there are no moves).
 func (m *moveWorld) member(r int, id uint64) bool {
+	if m.on && m.dead.gone[int(id)] {
+		return false // stopped for good: its disk is not read (final)
+	}
 	return !m.on || slices.Contains(m.conf[r].GetVoters(), id) || slices.Contains(m.conf[r].GetLearners(), id)
 }
