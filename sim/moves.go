@@ -67,6 +67,11 @@ const (
 	moveCallMs     = 6000  // an Admin call gives up (rangeRouter's rounds)
 	moveOperatorP  = 0.001 // per ms of faults: an operator move starts
 	moveCatchUpLag = 64    // regionsvc's moveCatchUpLagEntriesMax
+	// moveTimeoutMs bounds a move (regionsvc's MoveTimeout, 10 min by
+	// default, scaled as the dead-node time is: a move whose learner's
+	// node died for good waits for its catch-up until then). Its Admin
+	// calls then fail with the context's error, as rangeRouter's do.
+	moveTimeoutMs = 30000
 )
 
 // MoveResult counts what the moves did (Regions 1).
@@ -81,6 +86,7 @@ type MoveResult struct {
 	// planned, nodes decommissioned.
 	DeadNodes, DeadForever, Returned int
 	Repairs, Decommissioned          int
+	TimedOut                         int // moves that ran out of time
 }
 
 func (r MoveResult) add(o MoveResult) MoveResult {
@@ -103,6 +109,7 @@ func (r MoveResult) add(o MoveResult) MoveResult {
 	r.Returned += o.Returned
 	r.Repairs += o.Repairs
 	r.Decommissioned += o.Decommissioned
+	r.TimedOut += o.TimedOut
 	return r
 }
 
@@ -118,7 +125,7 @@ func (r MoveResult) deadString() string {
 	if r.DeadNodes == 0 && r.Decommissioned == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; %d dead nodes (%d for good, %d back), %d repair moves, %d decommissioned", r.DeadNodes, r.DeadForever, r.Returned, r.Repairs, r.Decommissioned)
+	return fmt.Sprintf("; %d dead nodes (%d for good, %d back), %d repair moves, %d decommissioned, %d moves timed out", r.DeadNodes, r.DeadForever, r.Returned, r.Repairs, r.Decommissioned, r.TimedOut)
 }
 
 type moveWorld struct {
@@ -144,8 +151,12 @@ type moveWorld struct {
 	// as groups of their own (moveStray): not the range's group.
 	strays map[[2]int]bool
 	dead   deadWorld // dead.go
-	done   chan struct{}
-	res    MoveResult
+	// downSince is, per node found down (observeDown), since when;
+	// deadAfterMs the loop's dead-node time.
+	downSince   map[uint64]int64
+	deadAfterMs int64
+	done        chan struct{}
+	res         MoveResult
 }
 
 // move is one replica move running replicamove on its goroutine.
@@ -158,6 +169,8 @@ type move struct {
 	answers  chan adminAnswer
 	cur      *adminCall
 	since    int64 // when cur came
+	started  int64 // when the move started
+	timedOut bool  // past moveTimeoutMs: every call fails
 	proposed int64 // when cur's change was proposed (-1: not now)
 	seq      int   // answers of older proposals are ignored
 	outcome  *adminAnswer
@@ -206,7 +219,8 @@ func newMoveWorld(w *world) *moveWorld {
 	m.applied = make([]uint64, w.opt.Ranges)
 	m.members = make([]map[uint64]bool, w.opt.Ranges)
 	m.asking = make([]int, w.opt.Ranges)
-	m.loop = newPlacementLoop(5 * time.Minute)
+	m.downSince = map[uint64]int64{}
+	m.loop = m.newPlacementLoop(5 * time.Minute)
 	for r := range m.conf {
 		m.conf[r] = &raftpb.ConfState{}
 		m.members[r] = map[uint64]bool{}
@@ -221,8 +235,41 @@ func newMoveWorld(w *world) *moveWorld {
 
 // newPlacementLoop is the rebalancer's core with regionsvc's defaults
 // (MovesMax 2, DeadNodeAfter 5 minutes) but for the dead-node time.
-func newPlacementLoop(deadAfter time.Duration) *placement.Loop {
+func (m *moveWorld) newPlacementLoop(deadAfter time.Duration) *placement.Loop {
+	m.deadAfterMs = deadAfter.Milliseconds()
+	if m.w.opt.mut.targetUnreachable {
+		deadAfter = 0 // observeDown reports the dead only
+	}
 	return placement.NewLoop(placement.LoopConfig{MovesMax: 2, DeadAfter: deadAfter})
+}
+
+// observeDown is what the Raft transport finds down: nodes whose process
+// is down, and in dead-node runs those cut off too (downSince keeps
+// since when).
+func (m *moveWorld) observeDown() map[uint64]bool {
+	w := m.w
+	down := map[uint64]bool{}
+	for _, n := range w.regionNodes(0) {
+		id := uint64(n.id)
+		down[id] = n.gen > 0 && !n.up
+		if m.dead.on {
+			down[id] = n.gen > 0 && (!n.up || n.cutTill > w.now)
+		}
+		if _, ok := m.downSince[id]; down[id] && !ok {
+			m.downSince[id] = w.now
+		} else if !down[id] {
+			delete(m.downSince, id)
+		}
+		switch {
+		case w.opt.mut.deadIgnored:
+			down[id] = false
+		case w.opt.mut.targetUnreachable:
+			// The loop as before Node.Unreachable: a node down for less
+			// than the dead-node time is not told apart from a live one.
+			down[id] = down[id] && w.now-m.downSince[id] >= m.deadAfterMs
+		}
+	}
+	return down
 }
 
 // stop ends the moves' goroutines (they return errRunOver).
@@ -439,19 +486,8 @@ func (m *moveWorld) plan() {
 		}
 		return
 	}
-	down := map[uint64]bool{}
-	for _, n := range w.regionNodes(0) {
-		down[uint64(n.id)] = n.gen > 0 && !n.up
-		if m.dead.on {
-			// What the Raft transport finds: a node cut off is down too.
-			down[uint64(n.id)] = n.gen > 0 && (!n.up || n.cutTill > w.now)
-		}
-		if w.opt.mut.deadIgnored && down[uint64(n.id)] {
-			down[uint64(n.id)] = false
-		}
-	}
 	now := w.clock()
-	m.loop.Observe(now, down)
+	m.loop.Observe(now, m.observeDown())
 	reg := m.region()
 	moves, cleanups := m.loop.Next(now, reg)
 	for _, c := range cleanups {
@@ -477,10 +513,12 @@ func (m *moveWorld) operator() {
 		return
 	}
 	voters := m.conf[r].GetVoters()
-	dead := m.loop.Dead(w.clock()) // the operator sees the node list
 	var to []uint64
 	for _, n := range w.regionNodes(0) {
-		if id := uint64(n.id); n.gen > 0 && n.id != m.drained && !slices.Contains(voters, id) && !slices.Contains(dead, id) && !m.gone(n) {
+		// The operator sees the node list: no node dead or gone.
+		since, down := m.downSince[uint64(n.id)]
+		dead := down && w.now-since >= m.deadAfterMs
+		if id := uint64(n.id); n.gen > 0 && n.id != m.drained && !slices.Contains(voters, id) && !dead && !m.gone(n) {
 			to = append(to, id)
 		}
 	}
@@ -496,7 +534,7 @@ func (m *moveWorld) operator() {
 func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64) *move {
 	w := m.w
 	mv := &move{r: r, from: from, to: to, kind: kind, calls: make(chan *adminCall), answers: make(chan adminAnswer), proposed: -1, faultAt: -1,
-		loop: kind != "operator"}
+		loop: kind != "operator", started: w.now}
 	if w.now < int64(w.opt.Steps) && m.rng.IntN(2) == 0 {
 		mv.faultAt, mv.fault = w.now+m.rng.Int64N(400), m.rng.IntN(6)
 	}
@@ -586,6 +624,15 @@ func (m *moveWorld) serve(mv *move) {
 	w, c := m.w, mv.cur
 	if c.end {
 		m.finish(mv)
+		return
+	}
+	if w.now-mv.started >= moveTimeoutMs {
+		if !mv.timedOut {
+			mv.timedOut = true
+			m.res.TimedOut++
+			w.tracef("range %d: %s move %d -> %d times out", mv.r, mv.kind, mv.from, mv.to)
+		}
+		m.answer(mv, adminAnswer{err: context.DeadlineExceeded})
 		return
 	}
 	if !c.change {

@@ -76,7 +76,7 @@ func TestMovesRemovedReplicaAcks(t *testing.T) {
 // runs with moves) seed 125 ("holds 2 voters [3 4]"). Both now answer
 // after a ReadIndex (admin.go caughtUpLeader), and the seed is clean.
 func TestMovesStaleDescribe(t *testing.T) {
-	_, err := Run(Options{Seed: 125, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
+	_, err := Run(Options{Seed: 125, Steps: 60000, Regions: 1, mut: mutations{describeStale: true, targetUnreachable: true, targetUnchecked: true}})
 	if err == nil || !strings.Contains(err.Error(), "fewer than its replication factor") {
 		t.Fatalf("seed 125 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
 	}

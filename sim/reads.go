@@ -76,6 +76,14 @@ type mutations struct {
 	// decommLive: the planner is given a decommissioned node as live
 	// (the catalogue's node state ignored).
 	decommLive bool
+	// targetUnreachable: the rebalancer's loop does not tell a node down
+	// for less than the dead-node time from a live one (placement before
+	// Node.Unreachable: notes/simdead.md finding 1).
+	targetUnreachable bool
+	// targetUnchecked: the check that no move of the rebalancer starts
+	// onto a node found unreachable is off (to run targetUnreachable
+	// into what follows).
+	targetUnchecked bool
 	// moveConcurrent: the planner's snapshot shows no move under way and
 	// its moves carry no Planned voters, so two moves of a range may run
 	// at once (the one-change-per-range rule undone).
