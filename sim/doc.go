@@ -267,12 +267,16 @@
 // and its process stops for good 0-3 s later or runs on. A range
 // leader's hand-off before its removal picks, as regionsvc's
 // handOffBeforeRemoval, the best-matched voter the transport finds up.
-// Checks: no move starts onto a decommissioned node or onto one the
-// loop takes as dead; at the end every range has RF voters, all on
-// nodes up and not decommissioned; the moves' checks (a removed replica
-// acks nothing, the stray that came back included) hold throughout.
-// TestDeadNodeIgnored, TestDecommissionedTarget and TestDeadStrayAcks
-// run them against broken variants.
+// A move is bounded (regionsvc's MoveTimeout, scaled to 30 virtual s):
+// its Admin calls then fail with the context's error. Checks: no move
+// starts onto a decommissioned node or onto one the transport found
+// down for the dead-node time, and none of the rebalancer's onto a node
+// found down now (placement's Node.Unreachable: notes/simdead.md
+// finding 1); at the end every range has RF voters, all on nodes up and
+// not decommissioned; the moves' checks (a removed replica acks
+// nothing, the stray that came back included) hold throughout.
+// TestDeadNodeIgnored, TestDecommissionedTarget, TestDeadStrayAcks and
+// TestUnreachableTarget run them against broken variants.
 //
 // Found by it (notes/simmoves.md): regionsvc's DescribeReplicas answers a
 // new leader's applied configuration, which may lag its log, and a move
