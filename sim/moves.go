@@ -804,18 +804,9 @@ func (m *moveWorld) propose(mv *move) {
 
 // handOffTarget is regionsvc's handOffBeforeRemoval's choice: the
 // voter other than leader l with the highest match index (then the
-// lowest id) that the transport does not find down (in dead runs: the
-// run before them handed off to the first other voter, and the draws of
-// their seeds stay so).
+// lowest id) that the transport does not find down (the simulator
+// handed off to the first other voter before: notes/simdead.md).
 func (m *moveWorld) handOffTarget(l *node, rep *replica.Replica, voters []uint64) uint64 {
-	if !m.dead.on {
-		for _, v := range voters {
-			if v != uint64(l.id) {
-				return v
-			}
-		}
-		return 0
-	}
 	st := rep.Status()
 	var to, match uint64
 	for _, id := range voters {
