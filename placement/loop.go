@@ -99,7 +99,8 @@ func (l *Loop) Dead(now time.Time) []uint64 {
 // Next returns the moves and learner removals to start now, given reg
 // with the ranges' current voters (Replicas) and learners: the dead nodes
 // (Dead) are marked so in reg's node list (live or draining nodes only;
-// a decommissioned one stays so), ranges under way are left alone, and
+// a decommissioned one stays so), the others found down now Unreachable
+// (no move goes to them), ranges under way are left alone, and
 // the count returned keeps what is under way within MovesMax, and the
 // moves under way count as done (their ranges' replicas as they will be).
 // A range with
@@ -146,13 +147,17 @@ func (l *Loop) Next(now time.Time, reg Region) ([]Move, []Cleanup) {
 	return moves, cleanups
 }
 
-// Overlay returns reg with the dead nodes' state set to Dead.
+// Overlay returns reg with the dead nodes' state set to Dead and the
+// other nodes unreachable now marked Unreachable (no target of a move).
 func (l *Loop) Overlay(now time.Time, reg Region) Region {
 	dead := l.Dead(now)
 	reg.Nodes = slices.Clone(reg.Nodes)
 	for i, n := range reg.Nodes {
 		if slices.Contains(dead, n.ID) && (n.State == Live || n.State == Draining) {
 			reg.Nodes[i].State = Dead
+		}
+		if _, down := l.downSince[n.ID]; down {
+			reg.Nodes[i].Unreachable = true
 		}
 	}
 	reg.Ranges = slices.Clone(reg.Ranges)

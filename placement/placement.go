@@ -72,6 +72,12 @@ type Node struct {
 	ID    uint64
 	Zone  string
 	State NodeState
+	// Unreachable: the node is down now, but not for the dead-node time
+	// yet (Loop.Overlay sets it). It keeps its replicas (they are not
+	// repaired) and counts in the balance, but takes no new replica nor
+	// leadership: a learner there could not catch up, and its move would
+	// hold the range, and one of the moves allowed, until it timed out.
+	Unreachable bool
 }
 
 // RangeID names a range of a stream.
@@ -222,7 +228,7 @@ func (l *load) target(others []uint64, exclude ...uint64) uint64 {
 		return a < b
 	}
 	for _, id := range l.live {
-		if slices.Contains(others, id) || slices.Contains(exclude, id) {
+		if slices.Contains(others, id) || slices.Contains(exclude, id) || l.nodes[id].Unreachable {
 			continue
 		}
 		if best == 0 || better(id, best) {

@@ -165,7 +165,7 @@ func checkSpread(t *testing.T, reg Region, zones int) {
 }
 
 func TestChooseSpreadsOverZonesThenLoad(t *testing.T) {
-	reg := Region{Nodes: []Node{{1, "a", Live}, {2, "a", Live}, {3, "b", Live}, {4, "c", Live}, {5, "c", Draining}}}
+	reg := Region{Nodes: []Node{{ID: 1, Zone: "a"}, {ID: 2, Zone: "a"}, {ID: 3, Zone: "b"}, {ID: 4, Zone: "c"}, {ID: 5, Zone: "c", State: Draining}}}
 	ids, err := Choose(reg, 3)
 	if err != nil {
 		t.Fatal(err)

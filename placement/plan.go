@@ -228,6 +228,9 @@ func (p *planner) balanceOne(ranges []Range) bool {
 			if p.l.replicas[src]-p.l.replicas[dst] < 2 {
 				break
 			}
+			if p.l.nodes[dst].Unreachable {
+				continue
+			}
 			if r, ok := p.movable(ranges, src, dst); ok {
 				p.add(r, src, dst, Balance)
 				return true
@@ -315,7 +318,7 @@ func LeaderTransfers(reg Region, transfersMax int) []Transfer {
 func (l *load) leastLeading(ids []uint64, below int) uint64 {
 	var best uint64
 	for _, id := range ids {
-		if l.state(id) != Live || l.leaders[id] >= below {
+		if l.state(id) != Live || l.nodes[id].Unreachable || l.leaders[id] >= below {
 			continue
 		}
 		if best == 0 || l.leaders[id] < l.leaders[best] || (l.leaders[id] == l.leaders[best] && id < best) {

@@ -254,6 +254,30 @@
 // on a node that joined). TestMovesOneChangePerRange and
 // TestMovesRemovedReplicaAcks run the checks against broken variants.
 //
+// Dead nodes and decommissions (dead.go): one run with moves in two
+// scales the dead-node time (DeadNodeAfter, --dead-node-time) to
+// 0.5-1.5 virtual s, has the loop observe a node down while its process
+// is down or a partition cuts it off, and kills one of the first Nodes
+// nodes for longer than that: it comes back on its disk after 0.3-2.8 s
+// more (its stale replicas are strays whose configuration still names
+// them voters), or, one time in three, never (a spare more joins then,
+// so the region keeps RF live nodes besides the drained one). One such
+// run in two decommissions the drained node once no configuration names
+// it (regionsvc refuses before): the planner is given it decommissioned,
+// and its process stops for good 0-3 s later or runs on. A range
+// leader's hand-off before its removal picks, as regionsvc's
+// handOffBeforeRemoval, the best-matched voter the transport finds up.
+// A move is bounded (regionsvc's MoveTimeout, scaled to 30 virtual s):
+// its Admin calls then fail with the context's error. Checks: no move
+// starts onto a decommissioned node or onto one the transport found
+// down for the dead-node time, and none of the rebalancer's onto a node
+// found down now (placement's Node.Unreachable: notes/simdead.md
+// finding 1); at the end every range has RF voters, all on nodes up and
+// not decommissioned; the moves' checks (a removed replica acks
+// nothing, the stray that came back included) hold throughout.
+// TestDeadNodeIgnored, TestDecommissionedTarget, TestDeadStrayAcks and
+// TestUnreachableTarget run them against broken variants.
+//
 // Found by it (notes/simmoves.md): regionsvc's DescribeReplicas answers a
 // new leader's applied configuration, which may lag its log, and a move
 // then takes a range below its replication factor (seed 459 of one region
@@ -309,9 +333,12 @@
 // Each check has a deliberately broken variant a test runs
 // (Options.mut, reads_test.go, rehome_test.go, homing_test.go).
 //
-// Not yet simulated: moves, joins and drains with more than one region
-// (moves.go runs in one-region runs only), splits with regions (the
-// mirrors' copies of the parent and their children), the timeline fence for local reads (the pre-knowledge
+// Not yet simulated: moves, joins, drains, dead nodes and decommissions
+// with more than one region (moves.go and dead.go run in one-region runs
+// only), the stray sweep that removes a stray's data (regionsvc
+// strays.go: a stray that came back stays as it is), splits with regions
+// (the mirrors' copies of the parent and their children), the timeline
+// fence for local reads (the pre-knowledge
 // window is unbounded here), the rest of the range driver (its loop's batching
 // and ordering of events, quiescence, start-up elections, the maintenance
 // sweep: notes/simdriver.md), raftnet. See notes/simhome.md,

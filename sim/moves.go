@@ -67,6 +67,11 @@ const (
 	moveCallMs     = 6000  // an Admin call gives up (rangeRouter's rounds)
 	moveOperatorP  = 0.001 // per ms of faults: an operator move starts
 	moveCatchUpLag = 64    // regionsvc's moveCatchUpLagEntriesMax
+	// moveTimeoutMs bounds a move (regionsvc's MoveTimeout, 10 min by
+	// default, scaled as the dead-node time is: a move whose learner's
+	// node died for good waits for its catch-up until then). Its Admin
+	// calls then fail with the context's error, as rangeRouter's do.
+	moveTimeoutMs = 30000
 )
 
 // MoveResult counts what the moves did (Regions 1).
@@ -77,6 +82,11 @@ type MoveResult struct {
 	Done, Failed                 int
 	Changes, HandOffs, Refused   int
 	AimedCrashes, AimedPartition int
+	// dead.go: nodes dead (for good), dead nodes back, repair moves
+	// planned, nodes decommissioned.
+	DeadNodes, DeadForever, Returned int
+	Repairs, Decommissioned          int
+	TimedOut                         int // moves that ran out of time
 }
 
 func (r MoveResult) add(o MoveResult) MoveResult {
@@ -94,6 +104,12 @@ func (r MoveResult) add(o MoveResult) MoveResult {
 	r.Refused += o.Refused
 	r.AimedCrashes += o.AimedCrashes
 	r.AimedPartition += o.AimedPartition
+	r.DeadNodes += o.DeadNodes
+	r.DeadForever += o.DeadForever
+	r.Returned += o.Returned
+	r.Repairs += o.Repairs
+	r.Decommissioned += o.Decommissioned
+	r.TimedOut += o.TimedOut
 	return r
 }
 
@@ -102,7 +118,14 @@ func (r MoveResult) String() string {
 		return ""
 	}
 	return fmt.Sprintf("; moves: %d spares (%d joined), %d drained, %d planned moves, %d operator moves, %d cleanups, %d done, %d failed, %d changes applied, %d leader hand-offs, %d changes refused, %d crashes and %d partitions aimed at moves",
-		r.Spares, r.Joined, r.Drained, r.Planned, r.Operator, r.Cleanups, r.Done, r.Failed, r.Changes, r.HandOffs, r.Refused, r.AimedCrashes, r.AimedPartition)
+		r.Spares, r.Joined, r.Drained, r.Planned, r.Operator, r.Cleanups, r.Done, r.Failed, r.Changes, r.HandOffs, r.Refused, r.AimedCrashes, r.AimedPartition) + r.deadString()
+}
+
+func (r MoveResult) deadString() string {
+	if r.DeadNodes == 0 && r.Decommissioned == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d dead nodes (%d for good, %d back), %d repair moves, %d decommissioned, %d moves timed out", r.DeadNodes, r.DeadForever, r.Returned, r.Repairs, r.Decommissioned, r.TimedOut)
 }
 
 type moveWorld struct {
@@ -127,8 +150,13 @@ type moveWorld struct {
 	// strays are the (node, range) replicas a test's mutation restarted
 	// as groups of their own (moveStray): not the range's group.
 	strays map[[2]int]bool
-	done   chan struct{}
-	res    MoveResult
+	dead   deadWorld // dead.go
+	// downSince is, per node found down (observeDown), since when;
+	// deadAfterMs the loop's dead-node time.
+	downSince   map[uint64]int64
+	deadAfterMs int64
+	done        chan struct{}
+	res         MoveResult
 }
 
 // move is one replica move running replicamove on its goroutine.
@@ -141,6 +169,8 @@ type move struct {
 	answers  chan adminAnswer
 	cur      *adminCall
 	since    int64 // when cur came
+	started  int64 // when the move started
+	timedOut bool  // past moveTimeoutMs: every call fails
 	proposed int64 // when cur's change was proposed (-1: not now)
 	seq      int   // answers of older proposals are ignored
 	outcome  *adminAnswer
@@ -189,8 +219,8 @@ func newMoveWorld(w *world) *moveWorld {
 	m.applied = make([]uint64, w.opt.Ranges)
 	m.members = make([]map[uint64]bool, w.opt.Ranges)
 	m.asking = make([]int, w.opt.Ranges)
-	// regionsvc's defaults: MovesMax 2, DeadNodeAfter 5 minutes.
-	m.loop = placement.NewLoop(placement.LoopConfig{MovesMax: 2, DeadAfter: 5 * time.Minute})
+	m.downSince = map[uint64]int64{}
+	m.loop = m.newPlacementLoop(5 * time.Minute)
 	for r := range m.conf {
 		m.conf[r] = &raftpb.ConfState{}
 		m.members[r] = map[uint64]bool{}
@@ -199,7 +229,47 @@ func newMoveWorld(w *world) *moveWorld {
 			m.members[r][uint64(id)] = true
 		}
 	}
+	m.drawDead()
 	return m
+}
+
+// newPlacementLoop is the rebalancer's core with regionsvc's defaults
+// (MovesMax 2, DeadNodeAfter 5 minutes) but for the dead-node time.
+func (m *moveWorld) newPlacementLoop(deadAfter time.Duration) *placement.Loop {
+	m.deadAfterMs = deadAfter.Milliseconds()
+	if m.w.opt.mut.targetUnreachable {
+		deadAfter = 0 // observeDown reports the dead only
+	}
+	return placement.NewLoop(placement.LoopConfig{MovesMax: 2, DeadAfter: deadAfter})
+}
+
+// observeDown is what the Raft transport finds down: nodes whose process
+// is down, and in dead-node runs those cut off too (downSince keeps
+// since when).
+func (m *moveWorld) observeDown() map[uint64]bool {
+	w := m.w
+	down := map[uint64]bool{}
+	for _, n := range w.regionNodes(0) {
+		id := uint64(n.id)
+		down[id] = n.gen > 0 && !n.up
+		if m.dead.on {
+			down[id] = n.gen > 0 && (!n.up || n.cutTill > w.now)
+		}
+		if _, ok := m.downSince[id]; down[id] && !ok {
+			m.downSince[id] = w.now
+		} else if !down[id] {
+			delete(m.downSince, id)
+		}
+		switch {
+		case w.opt.mut.deadIgnored:
+			down[id] = false
+		case w.opt.mut.targetUnreachable:
+			// The loop as before Node.Unreachable: a node down for less
+			// than the dead-node time is not told apart from a live one.
+			down[id] = down[id] && w.now-m.downSince[id] >= m.deadAfterMs
+		}
+	}
+	return down
 }
 
 // stop ends the moves' goroutines (they return errRunOver).
@@ -218,10 +288,11 @@ func (m *moveWorld) step() {
 		}
 	}
 	if m.drained == 0 && w.now >= m.drainAt {
-		m.drained = 1 + m.rng.IntN(w.opt.Nodes)
+		m.drained = m.drainNode()
 		m.res.Drained++
 		w.tracef("node %d: draining", m.drained)
 	}
+	m.stepDead()
 	for _, mv := range m.moves {
 		if faults && mv.faultAt >= 0 && w.now >= mv.faultAt {
 			m.aim(mv)
@@ -245,6 +316,11 @@ func (m *moveWorld) started(n *node) {
 	if m.on && n.gen == 1 && n.id > m.w.opt.Nodes {
 		m.res.Joined++
 		m.w.tracef("%s: joins the region", traceName(n))
+	}
+	if m.on && n.region == 0 && n.id == m.dead.id && !m.dead.returned {
+		m.dead.returned = true
+		m.res.Returned++
+		m.w.tracef("%s: back after its death", traceName(n))
 	}
 }
 
@@ -371,7 +447,12 @@ func (m *moveWorld) region() placement.Region {
 			continue // a spare not joined yet
 		}
 		st := placement.Live
-		if n.id == m.drained {
+		switch {
+		case n.id == m.dead.decommissioned && w.opt.mut.decommLive:
+			// st stays Live: the catalogue's state ignored
+		case n.id == m.dead.decommissioned:
+			st = placement.Decommissioned // the catalogue's node state
+		case n.id == m.drained:
 			st = placement.Draining
 		}
 		reg.Nodes = append(reg.Nodes, placement.Node{ID: uint64(n.id), Zone: fmt.Sprintf("z%d", n.id), State: st})
@@ -405,12 +486,8 @@ func (m *moveWorld) plan() {
 		}
 		return
 	}
-	down := map[uint64]bool{}
-	for _, n := range w.regionNodes(0) {
-		down[uint64(n.id)] = n.gen > 0 && !n.up
-	}
 	now := w.clock()
-	m.loop.Observe(now, down)
+	m.loop.Observe(now, m.observeDown())
 	reg := m.region()
 	moves, cleanups := m.loop.Next(now, reg)
 	for _, c := range cleanups {
@@ -420,6 +497,9 @@ func (m *moveWorld) plan() {
 	for _, mv := range moves {
 		r := int(mv.Range.Range)
 		m.res.Planned++
+		if mv.Reason == placement.Repair {
+			m.res.Repairs++
+		}
 		m.start(r, mv.From, mv.To, mv.Reason.String(), slices.Clone(reg.Ranges[r].Replicas))
 	}
 }
@@ -435,7 +515,10 @@ func (m *moveWorld) operator() {
 	voters := m.conf[r].GetVoters()
 	var to []uint64
 	for _, n := range w.regionNodes(0) {
-		if id := uint64(n.id); n.gen > 0 && n.id != m.drained && !slices.Contains(voters, id) {
+		// The operator sees the node list: no node dead or gone.
+		since, down := m.downSince[uint64(n.id)]
+		dead := down && w.now-since >= m.deadAfterMs
+		if id := uint64(n.id); n.gen > 0 && n.id != m.drained && !slices.Contains(voters, id) && !dead && !m.gone(n) {
 			to = append(to, id)
 		}
 	}
@@ -451,11 +534,14 @@ func (m *moveWorld) operator() {
 func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64) *move {
 	w := m.w
 	mv := &move{r: r, from: from, to: to, kind: kind, calls: make(chan *adminCall), answers: make(chan adminAnswer), proposed: -1, faultAt: -1,
-		loop: kind != "operator"}
+		loop: kind != "operator", started: w.now}
 	if w.now < int64(w.opt.Steps) && m.rng.IntN(2) == 0 {
 		mv.faultAt, mv.fault = w.now+m.rng.Int64N(400), m.rng.IntN(6)
 	}
 	w.tracef("range %d: %s move %d -> %d starts (voters %v, learners %v)", r, kind, from, to, m.conf[r].GetVoters(), m.conf[r].GetLearners())
+	if err := m.checkTarget(r, to, kind); err != nil && w.err == nil {
+		w.err = err
+	}
 	adm := &simAdmin{mv: mv, done: m.done}
 	go func() {
 		ctx := context.Background()
@@ -538,6 +624,15 @@ func (m *moveWorld) serve(mv *move) {
 	w, c := m.w, mv.cur
 	if c.end {
 		m.finish(mv)
+		return
+	}
+	if w.now-mv.started >= moveTimeoutMs {
+		if !mv.timedOut {
+			mv.timedOut = true
+			m.res.TimedOut++
+			w.tracef("range %d: %s move %d -> %d times out", mv.r, mv.kind, mv.from, mv.to)
+		}
+		m.answer(mv, adminAnswer{err: context.DeadlineExceeded})
 		return
 	}
 	if !c.change {
@@ -681,12 +776,9 @@ func (m *moveWorld) propose(mv *move) {
 	}
 	if typ == raftpb.ConfChangeRemoveNode && node == uint64(l.id) && !w.opt.mut.moveNoHandOff {
 		// handOffBeforeRemoval: the caller retries at the new leader.
-		for _, v := range conf.GetVoters() {
-			if v != node {
-				rep.TransferLeadership(v)
-				m.res.HandOffs++
-				break
-			}
+		if to := m.handOffTarget(l, rep, conf.GetVoters()); to != 0 {
+			rep.TransferLeadership(to)
+			m.res.HandOffs++
 		}
 		return
 	}
@@ -708,6 +800,26 @@ func (m *moveWorld) propose(mv *move) {
 		w.tracef("range %d: %v of node %d applied (voters %v, learners %v)", mv.r, c.typ, node, cs.GetVoters(), cs.GetLearners())
 		mv.outcome = &adminAnswer{resp: &geologv1.ChangeReplicasResponse{Voters: cs.GetVoters(), Learners: cs.GetLearners()}}
 	})
+}
+
+// handOffTarget is regionsvc's handOffBeforeRemoval's choice: the
+// voter other than leader l with the highest match index (then the
+// lowest id) that the transport does not find down (the simulator
+// handed off to the first other voter before: notes/simdead.md).
+func (m *moveWorld) handOffTarget(l *node, rep *replica.Replica, voters []uint64) uint64 {
+	st := rep.Status()
+	var to, match uint64
+	for _, id := range voters {
+		n := m.w.node(0, int(id))
+		pr, ok := st.Progress[id]
+		if id == uint64(l.id) || !ok || pr.IsLearner || !n.up || n.cutTill > m.w.now {
+			continue
+		}
+		if to == 0 || pr.Match > match || (pr.Match == match && id < to) {
+			to, match = id, pr.Match
+		}
+	}
+	return to
 }
 
 // finish ends a move whose goroutine returned.
@@ -763,7 +875,7 @@ func (m *moveWorld) busy() bool {
 	if !m.on {
 		return false
 	}
-	return len(m.moves) > 0 || m.final() != nil || len(placement.Plan(m.region(), placement.Config{MovesMax: 2})) > 0
+	return len(m.moves) > 0 || m.final() != nil || m.deadBusy() || len(placement.Plan(m.loop.Overlay(m.w.clock(), m.region()), placement.Config{MovesMax: 2})) > 0
 }
 
 // final is the end state every range must reach.
@@ -776,11 +888,14 @@ func (m *moveWorld) final() error {
 			return fmt.Errorf("range %d: ends with voters %v, the drained node %d among them", r, conf.GetVoters(), m.drained)
 		}
 	}
-	return nil
+	return m.finalDead()
 }
 
 // member reports whether node id is in range r's latest configuration
 // (every node when there are no moves).
 func (m *moveWorld) member(r int, id uint64) bool {
+	if m.on && m.dead.gone[int(id)] {
+		return false // stopped for good: its disk is not read (final)
+	}
 	return !m.on || slices.Contains(m.conf[r].GetVoters(), id) || slices.Contains(m.conf[r].GetLearners(), id)
 }

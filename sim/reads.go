@@ -70,6 +70,24 @@ type mutations struct {
 	resplitAlways bool
 	// movesAlways: every run of one region moves replicas (moves.go).
 	movesAlways bool
+	// deadAlways, deadForever, decommAlways: every run with moves has a
+	// dead node (one that never comes back), and decommissions its
+	// drained node (dead.go).
+	deadAlways, deadForever, decommAlways bool
+	// deadIgnored: the rebalancer's loop never learns a node is down,
+	// so never takes one as dead (dead.go).
+	deadIgnored bool
+	// decommLive: the planner is given a decommissioned node as live
+	// (the catalogue's node state ignored).
+	decommLive bool
+	// targetUnreachable: the rebalancer's loop does not tell a node down
+	// for less than the dead-node time from a live one (placement before
+	// Node.Unreachable: notes/simdead.md finding 1).
+	targetUnreachable bool
+	// targetUnchecked: the check that no move of the rebalancer starts
+	// onto a node found unreachable is off (to run targetUnreachable
+	// into what follows).
+	targetUnchecked bool
 	// moveConcurrent: the planner's snapshot shows no move under way and
 	// its moves carry no Planned voters, so two moves of a range may run
 	// at once (the one-change-per-range rule undone).

@@ -473,7 +473,7 @@ func (w *world) build() error {
 func (w *world) heal() {
 	for _, n := range w.nodes {
 		n.cutTill = 0
-		if !n.up && w.err == nil {
+		if !n.up && w.err == nil && !w.moves.gone(n) { // gone: dead.go
 			w.err = w.start(n)
 		}
 	}
