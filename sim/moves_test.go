@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -51,14 +52,15 @@ func TestMovesOneChangePerRange(t *testing.T) {
 // TestMovesRemovedReplicaAcks: a replica removed from its range that
 // restarts as the only voter of a group of its own (a stray) acks
 // appends; the check that a removed replica acks nothing reports it
-// (seed 5 is the first of 1-80 that this check, not another, catches;
-// seed 2 was until split runs opened children: notes/simchildren.md).
+// (seed 44 is the first of 1-200 that this check, not another, catches
+// with dead nodes and split children drawn; seed 2, then 5, were before:
+// notes/simchildren.md, notes/simdead.md).
 func TestMovesRemovedReplicaAcks(t *testing.T) {
-	_, err := Run(Options{Seed: 5, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
+	_, err := Run(Options{Seed: 44, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
 	if err == nil || !strings.Contains(err.Error(), "after its removal from the range") {
 		t.Fatalf("got %v, want a removed replica's ack reported", err)
 	}
-	if _, err := Run(Options{Seed: 5, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
+	if _, err := Run(Options{Seed: 44, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
 		t.Fatalf("without the mutation: %v", err)
 	}
 }
@@ -68,20 +70,28 @@ func TestMovesRemovedReplicaAcks(t *testing.T) {
 // what its log already commits (a new leader that has not applied its
 // predecessors' changes); replicamove.Replace then took a range below its
 // replication factor. First found at seed 459 of 3 s with moves in every
-// run (node 2 moved off range 0, voters [1 3 4]; the drain move 3 -> 2,
-// planned from [1 3 4], asked a new leader whose applied configuration
-// still was [1 2 3 4]: StepOf found its target a voter already and the
-// Planned check four voters, so it removed node 3: voters [1 4]); with
-// the draws before dead nodes seed 92 of a minute (range 1 left with
-// voters [4 5]); with today's (dead.go draws a dead node in half the
-// runs with moves) seed 125 ("holds 2 voters [3 4]"). Both now answer
-// after a ReadIndex (admin.go caughtUpLeader), and the seed is clean.
+// run, then at seeds 92 and 125 of a minute. Both now answer after a
+// ReadIndex (admin.go caughtUpLeader) and every change carries the voters
+// it was decided from (replicamove TestChangeOvertaken, regionsvc
+// TestReplaceReplicaThroughAdmin). Since the planner no longer targets an
+// unreachable node (placement Node.Unreachable) and split runs open
+// children (other draws), no seed of 1-400 of a minute nor 1-2000 of 3 s
+// with moves (with and without dead nodes) reaches the interleaving with
+// the old Describe (the mutation describeStale, kept for a rescan:
+// SIMSCAN); the seeds that found it stay as regressions.
 func TestMovesStaleDescribe(t *testing.T) {
-	_, err := Run(Options{Seed: 125, Steps: 60000, Regions: 1, mut: mutations{describeStale: true, targetUnreachable: true, targetUnchecked: true}})
-	if err == nil || !strings.Contains(err.Error(), "fewer than its replication factor") {
-		t.Fatalf("seed 125 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
+	for _, seed := range []int64{92, 125} {
+		if _, err := Run(Options{Seed: seed, Steps: 60000, Regions: 1}); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
 	}
-	if _, err := Run(Options{Seed: 125, Steps: 60000, Regions: 1}); err != nil {
-		t.Fatalf("seed 125 with both after a ReadIndex: %v", err)
+	if os.Getenv("SIMSCAN") == "" {
+		return
+	}
+	mut := mutations{describeStale: true, targetUnreachable: true, targetUnchecked: true}
+	for seed := int64(1); seed <= 400; seed++ {
+		if _, err := Run(Options{Seed: seed, Steps: 60000, Regions: 1, mut: mut}); err != nil {
+			t.Logf("seed %d with the old Describe: %v", seed, err)
+		}
 	}
 }
