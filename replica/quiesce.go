@@ -2,6 +2,7 @@ package replica
 
 import (
 	"bytes"
+	"slices"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -150,6 +151,7 @@ func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 		}
 		to = append(to, id)
 	}
+	slices.Sort(to) // in id order, not the map's: the simulator replays its sends
 	msgs := make([]*raftpb.Message, 0, len(to))
 	for _, id := range to {
 		msgs = append(msgs, &raftpb.Message{Type: raftpb.MsgHeartbeat.Enum(), To: proto.Uint64(id),

@@ -51,7 +51,7 @@
 // covered and the fault mix (crashes, partitions, drops, region
 // partitions, broken and timed-out streams, zombie sources, lease-store
 // outages, home regions cut off, takeovers, forks, orphaned acks, resends,
-// orphan logs read). `make test` runs seeds 1-20 of 3 virtual seconds.
+// orphan logs read). `make test` runs seeds 1-25 of 3 virtual seconds.
 //
 // The engine: events (Raft messages, requests, replies, snapshots, log
 // and commit-mark writes, WAN messages) wait in a heap by (due time,

@@ -53,11 +53,11 @@ func TestMovesOneChangePerRange(t *testing.T) {
 // appends; the check that a removed replica acks nothing reports it
 // (seed 2 is the first of 1-80 that this check, not another, catches).
 func TestMovesRemovedReplicaAcks(t *testing.T) {
-	_, err := Run(Options{Seed: 2, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
+	_, err := Run(Options{Seed: 2, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true, legacyLoop: true}})
 	if err == nil || !strings.Contains(err.Error(), "after its removal from the range") {
 		t.Fatalf("got %v, want a removed replica's ack reported", err)
 	}
-	if _, err := Run(Options{Seed: 2, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
+	if _, err := Run(Options{Seed: 2, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, legacyLoop: true}}); err != nil {
 		t.Fatalf("without the mutation: %v", err)
 	}
 }
@@ -75,11 +75,11 @@ func TestMovesRemovedReplicaAcks(t *testing.T) {
 // Both now answer after a ReadIndex (admin.go caughtUpLeader), and the
 // seed is clean.
 func TestMovesStaleDescribe(t *testing.T) {
-	_, err := Run(Options{Seed: 92, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
+	_, err := Run(Options{Seed: 92, Steps: 60000, Regions: 1, mut: mutations{describeStale: true, legacyLoop: true}})
 	if err == nil || !strings.Contains(err.Error(), "fewer than its replication factor") {
 		t.Fatalf("seed 92 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
 	}
-	if _, err := Run(Options{Seed: 92, Steps: 60000, Regions: 1}); err != nil {
+	if _, err := Run(Options{Seed: 92, Steps: 60000, Regions: 1, mut: mutations{legacyLoop: true}}); err != nil {
 		t.Fatalf("seed 92 with both after a ReadIndex: %v", err)
 	}
 }
