@@ -65,6 +65,15 @@
 // read again only when its log or the range's home changed; forks are
 // looked for only when a replica's highest epoch passed its last fork).
 //
+// Each replica runs under regionsvc's loop body, rangecore.Driver
+// (driver.go): ticks, Raft messages and finished log writes reach the
+// replica as the Driver's events, and its Ready cycles are the Driver's,
+// so the simulator runs the product's ack ordering, quiescence and the
+// campaign of a follower whose leader's node is found down (its failure
+// detector: a node is down while it is crashed or either side is cut off).
+// A few tests whose seeds were found before keep the simulator's old loop
+// (mutations.legacyLoop) until they are scanned again.
+//
 // # What a run does
 //
 //  1. Start Regions regions of Nodes nodes, each node with its own
