@@ -99,7 +99,8 @@ type startHold struct {
 // preferred is the group's preferred leader (for a new group, its first
 // campaigner). It campaigns if this node is the preferred leader, else
 // starts the hold (not in a new group: its voters open within moments of
-// each other and its first campaigner campaigns at once).
+// each other and its first campaigner campaigns at once; notes/fds10k.md
+// on a hold at creation).
 func (d *Driver) Start(preferred uint64, electionTicks int) {
 	rep := d.rep
 	if rep.SoleVoter() || !rep.IsVoter() {

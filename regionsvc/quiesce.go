@@ -25,11 +25,11 @@ import (
 // liveness channel every driver selects on. A node decommissioned (gone
 // from the region's node list; the transport forgets its peer and would
 // report it up) counts as down for good, there and in rangeDriver.peerDown,
-// so a follower quiesced under a leader on it wakes too. A quiesced follower whose
-// leader's node is down then wakes, forgets the leader and campaigns on
-// its next ticks (rangecore.Driver's watchLeader); a quiesced leader wakes on any change (a
-// follower it did not wait for is back, or its peers are gone and
-// CheckQuorum must run). A follower never quiesces under a leader whose
+// so a follower quiesced under a leader on it wakes too. A quiesced
+// follower whose leader's node is down then wakes, forgets the leader and
+// campaigns on its next ticks (rangecore.Driver's watchLeader); a
+// quiesced leader wakes on any change (a follower it did not wait for is
+// back, or its peers are gone and CheckQuorum must run). A follower never quiesces under a leader whose
 // node is down already. This is CockroachDB's rule: a quiesced replica
 // relies on node liveness, not on Raft's election timeout, to notice a
 // dead leader.

@@ -15,17 +15,17 @@ package regionsvc
 // first campaigner, the same node) campaigns at once, and, in a group
 // that existed before (not a new one: see startElection), the other
 // voters hold their Raft clock while they know no leader, for
-// startHoldElections election timeouts (startHoldDownElections while the
-// preferred leader's node is found down): they vote, they do not time
-// out. So each
-// group sees one campaign, from the node that would lead it anyway (no
+// rangecore.StartHoldElections election timeouts
+// (rangecore.StartHoldDownElections while the preferred leader's node is
+// found down): they vote, they do not time out. So each group sees one
+// campaign, from the node that would lead it anyway (no
 // transfer later), paced by the opening of the ranges. A preferred
 // leader whose node is dead, or that never campaigns (its range did not
 // open), costs its group the hold, then Raft elects as before.
 // A held replica that learns a leader, or refuses the preferred leader its
 // vote (its log is behind), stops holding at its next tick;
 // the preferred leader campaigns again whenever a peer's liveness changes
-// until a leader is known (campaignAtStart).
+// until a leader is known (rangecore.Driver's campaignAtStart).
 
 // The hold's lengths are rangecore.StartHoldElections and
 // rangecore.StartHoldDownElections election timeouts (25: 20 s at the
