@@ -51,14 +51,14 @@ func TestMovesOneChangePerRange(t *testing.T) {
 // TestMovesRemovedReplicaAcks: a replica removed from its range that
 // restarts as the only voter of a group of its own (a stray) acks
 // appends; the check that a removed replica acks nothing reports it
-// (seed 7 is the first of 1-80 that this check, not another, catches,
+// (seed 18 is the first of 1-80 that this check, not another, catches,
 // since rangecore.Driver runs the simulator's replicas; seed 2 before).
 func TestMovesRemovedReplicaAcks(t *testing.T) {
-	_, err := Run(Options{Seed: 7, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
+	_, err := Run(Options{Seed: 18, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
 	if err == nil || !strings.Contains(err.Error(), "after its removal from the range") {
 		t.Fatalf("got %v, want a removed replica's ack reported", err)
 	}
-	if _, err := Run(Options{Seed: 7, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
+	if _, err := Run(Options{Seed: 18, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
 		t.Fatalf("without the mutation: %v", err)
 	}
 }
@@ -72,16 +72,16 @@ func TestMovesRemovedReplicaAcks(t *testing.T) {
 // planned from [1 3 4], asked a new leader whose applied configuration
 // still was [1 2 3 4]: StepOf found its target a voter already and the
 // Planned check four voters, so it removed node 3: voters [1 4]); with
-// today's draws seed 17 of a minute (range 0 left with voters [4 5] at
-// 35,471 ms; seed 92 before rangecore.Driver ran the simulator's
+// today's draws seed 100 of a minute (range 1 left with voters [3 4] at
+// 37,451 ms; seed 92 before rangecore.Driver ran the simulator's
 // replicas). Both now answer after a ReadIndex (admin.go
 // caughtUpLeader), and the seed is clean.
 func TestMovesStaleDescribe(t *testing.T) {
-	_, err := Run(Options{Seed: 17, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
+	_, err := Run(Options{Seed: 100, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
 	if err == nil || !strings.Contains(err.Error(), "fewer than its replication factor") {
-		t.Fatalf("seed 17 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
+		t.Fatalf("seed 100 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
 	}
-	if _, err := Run(Options{Seed: 17, Steps: 60000, Regions: 1}); err != nil {
-		t.Fatalf("seed 17 with both after a ReadIndex: %v", err)
+	if _, err := Run(Options{Seed: 100, Steps: 60000, Regions: 1}); err != nil {
+		t.Fatalf("seed 100 with both after a ReadIndex: %v", err)
 	}
 }
