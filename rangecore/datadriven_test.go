@@ -42,6 +42,7 @@ func TestDataDriven(t *testing.T) {
 }
 
 type ddHarness struct {
+	drv    *driverHarness // driver_test.go
 	tl     Timeline
 	gate   StartGate[string]
 	leader Leader
@@ -78,6 +79,15 @@ func ddErr(d *datadriven.TestData) error {
 
 func (h *ddHarness) run(t *testing.T, d *datadriven.TestData) string {
 	switch d.Cmd {
+	case "group":
+		var veto uint64
+		if d.HasArg("veto") {
+			veto = ddUint(t, d, "veto", 0)
+		}
+		h.drv = newDriverHarness(t, ddUint(t, d, "size", 3), d.HasArg("nodetector"), veto)
+		return strings.Join(h.drv.state(), "\n")
+	case "start", "propose", "tick", "down", "up", "state":
+		return h.drv.run(t, d)
 	case "learn", "history", "fence":
 		return h.runTimeline(t, d)
 	case "check":

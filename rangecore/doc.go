@@ -11,7 +11,10 @@
 // epochstart.go) drives them on its goroutine with the real replica,
 // transport and lease store; the simulator (package sim) drives the same
 // cores on its virtual network, disks and clock, so that what it checks is
-// the product's logic, not a restatement of it. The driver's loop itself
-// (proposal batching, held commits, commit marks, quiescence, start-up
-// elections) is not in here yet: see notes/simdriver.md.
+// the product's logic, not a restatement of it. Driver is the driver
+// loop's body: the Ready cycles and the acks they hold, quiescence, the
+// campaign after a leader found down and the start-up election, taking
+// events and returning effects; regionsvc's loop only selects on its
+// channels and feeds it, and the simulator feeds it from its event heap
+// (notes/simdriver2.md).
 package rangecore

@@ -14,7 +14,11 @@
 // Raft messages, the log writer's completions, the node's tick (only while
 // its replica is not quiesced: an idle range wakes for nothing but its own
 // events, quiesce.go), the node's liveness changes, a maintenance ticker
-// and stop:
+// and stop, and hands each event to the loop's body, rangecore.Driver,
+// which decides what it does (the Ready cycles and their acks, quiescence,
+// the campaign after a leader found down, the start-up hold) with no
+// goroutine, channel or clock of its own; the simulator (package sim)
+// runs the same Driver on its virtual network, disks and clock:
 //
 //  1. Validate and encode a request's frame on the caller's goroutine
 //     (parallel across connections); the leader only patches offset, epoch
@@ -32,7 +36,7 @@
 //     write, when it completes the quorum, in the Ready cycle that steps
 //     it, before more proposals are taken in. Acks given during a Ready
 //     cycle are sent at that cycle's end, after the committed offset it
-//     reached is published (ready): in a group of one, whose write carries
+//     reached is published (rangecore.Driver.Ready): in a group of one, whose write carries
 //     the commit mark, a reader told of a record finds it; in a larger
 //     group the ack may come before this node's copy is applied and
 //     published (read-your-writes: min_offset or home reads).

@@ -135,7 +135,7 @@ func (d *rangeDriver) startGroup() {
 	if d.dormant == nil {
 		d.startElection(d.firstCampaigner())
 	}
-	d.campaignIfSole()
+	d.core.CampaignIfSole()
 }
 
 // admitted runs as the pace admits a dormant group (it counted it).

@@ -25,11 +25,11 @@ import (
 // liveness channel every driver selects on. A node decommissioned (gone
 // from the region's node list; the transport forgets its peer and would
 // report it up) counts as down for good, there and in rangeDriver.peerDown,
-// so a follower quiesced under a leader on it wakes too. A quiesced follower whose
-// leader's node is down then wakes, forgets the leader and campaigns on
-// its next ticks (watchLeader); a quiesced leader wakes on any change (a
-// follower it did not wait for is back, or its peers are gone and
-// CheckQuorum must run). A follower never quiesces under a leader whose
+// so a follower quiesced under a leader on it wakes too. A quiesced
+// follower whose leader's node is down then wakes, forgets the leader and
+// campaigns on its next ticks (rangecore.Driver's watchLeader); a
+// quiesced leader wakes on any change (a follower it did not wait for is
+// back, or its peers are gone and CheckQuorum must run). A follower never quiesces under a leader whose
 // node is down already. This is CockroachDB's rule: a quiesced replica
 // relies on node liveness, not on Raft's election timeout, to notice a
 // dead leader.
@@ -102,41 +102,12 @@ func (d *rangeDriver) tickIfAwake() <-chan struct{} {
 	return d.cfg.repl.tick()
 }
 
-// maybeQuiesce runs on a tick, before it is handed to the replica: a
-// leader whose group is idle quiesces instead of ticking (it returns
-// true). Not while a campaign is planned, the disk is full or the range's
-// preferred leader could take leadership now (leaderbalance.go); and not
-// over a transport without a failure detector, whose quiesced followers
-// could never learn that their leader died (a group of one has none).
-func (d *rangeDriver) maybeQuiesce() bool {
-	if !d.rep.IsLeader() || d.campaignInTicks != 0 || d.rep.DiskFull() != nil {
-		return false
-	}
-	if _, ok := d.cfg.repl.transport.(peerDownReporter); !ok && !d.rep.SoleVoter() {
-		return false
-	}
-	if d.balance.every > 0 && !d.rep.SoleVoter() &&
-		preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, d.balance.pref.Load(), d.rep.Status(), d.peerDown) != 0 {
-		return false
-	}
-	return d.rep.Quiesce(func(id uint64) bool { return !d.peerDown(id) })
-}
-
-// wakeIfLeaderDown wakes a quiesced follower whose leader's node is down:
-// after it stepped a quiesce heartbeat (the leader may have died since it
-// sent it) and when liveness changed. A quiesced leader wakes on any
-// change of liveness.
-func (d *rangeDriver) wakeIfLeaderDown(livenessChanged bool) {
-	if !d.rep.Quiesced() {
-		return
-	}
-	if d.rep.IsLeader() {
-		if livenessChanged {
-			d.rep.Unquiesce()
-		}
-		return
-	}
-	if d.peerDown(d.rep.LeaderID()) {
-		d.rep.Unquiesce()
-	}
+// mayQuiesce is the range's veto on its leader's quiescence
+// (rangecore.Driver quiesces an idle leader on a tick instead of ticking
+// it, unless a campaign is planned, the disk is full or the transport has
+// no failure detector): not while the range's preferred leader could take
+// leadership now (leaderbalance.go).
+func (d *rangeDriver) mayQuiesce() bool {
+	return d.balance.every <= 0 ||
+		preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, d.balance.pref.Load(), d.rep.Status(), d.peerDown) == 0
 }

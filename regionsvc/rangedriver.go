@@ -10,6 +10,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/rangecore"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
 	"github.com/hashicorp/go-hclog"
@@ -191,10 +192,9 @@ type rangeDriver struct {
 	// maintainCh carries the node's maintenance requests (maintenance.go),
 	// at most one pending.
 	maintainCh chan struct{}
-	// holdAcks is set during a Ready cycle: acks are held in heldAcks
-	// until the cycle's end (ready). Driver goroutine.
-	holdAcks bool
-	heldAcks []func()
+	// core is the driver loop's body (rangecore.Driver): Ready cycles
+	// and their acks, quiescence, campaigns. Driver goroutine.
+	core *rangecore.Driver
 	// onCommitFrom is the committed offset cfg.repl.onCommit was last
 	// called up to (driver goroutine).
 	onCommitFrom uint64
@@ -204,18 +204,6 @@ type rangeDriver struct {
 	// dormant, while not nil, is the channel closed when the node's pace
 	// admits this new group (openpace.go; driver goroutine).
 	dormant <-chan struct{}
-	// campaignInTicks counts down to a campaign after the leader's node was
-	// found down (see watchLeader); 0 when none is planned.
-	campaignInTicks int
-	// hold is the voter's wait at start for its group's preferred
-	// leader to campaign (startup.go). Driver goroutine.
-	hold startHold
-	// holdFor is the preferred leader the hold waits for, 0 once it
-	// refused it a vote or the hold ended (any goroutine).
-	holdFor atomic.Uint64
-	// preferredAtStart is set while this replica is its group's
-	// preferred leader at start and knows no leader yet (startup.go).
-	preferredAtStart bool
 	// balance is the preferred-leader state (leaderbalance.go).
 	balance leaderBalance
 	// durable is when the log became durable up to which offset

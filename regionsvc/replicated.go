@@ -104,6 +104,10 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 		return err
 	}
 	d.rep = rep
+	d.core = rangecore.NewDriver(rep, rangecore.DriverConfig{
+		NodeID: rc.nodeID, PeerDown: d.peerDownFunc(), Publish: d.publishCommitted, AfterReady: d.afterReady,
+		MayQuiesce: d.mayQuiesce, OnRefused: d.peerRefused, Rand: rand.IntN, Logger: d.logger,
+	})
 	d.noteMembership(rep.Conf()) // then at each change applied (confApplied)
 	d.balance.every = rc.leaderBalanceTicks
 	if d.cfg.appendQueueDelayTarget > 0 && rc.groupID != metaGroupID {
@@ -116,7 +120,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 // reported to Raft as an unreachable peer (after the Ready cycle).
 func (d *rangeDriver) sendRaft(msgs []*raftpb.Message) {
 	for _, m := range msgs {
-		d.noteVoteRefused(m) // startup.go
+		d.core.NoteSent(m) // the start-up hold (rangecore/elect.go)
 		if err := d.cfg.repl.transport.Send(d.cfg.repl.groupID, m); err != nil {
 			select {
 			case d.unreachable <- m.GetTo():
@@ -162,8 +166,9 @@ func (d *rangeDriver) runReplicated() {
 	// Taken before any check of a peer's liveness, so that no change
 	// after the check goes unseen (quiesce.go).
 	liveness := d.cfg.repl.liveness()
-	held := newHeldCommitTimer()
-	defer held.t.Stop()
+	held := time.NewTimer(time.Hour) // the held commits' (rangecore.HeldCommitTimer)
+	held.Stop()
+	defer held.Stop()
 	for {
 		tick := d.tickIfAwake() // nil while quiesced or dormant
 		select {
@@ -174,34 +179,21 @@ func (d *rangeDriver) runReplicated() {
 		case msgs := <-d.raftIn:
 			d.step(msgs)
 		case <-d.rep.LogWritten():
-			// Acks of durable entries (MsgStorageAppendResp, the leader's
-			// own MsgAppResp): stepped, and what they commit answered,
-			// before the drain takes more proposals into the cycle.
-			d.ready()
+			d.core.Handle(rangecore.Event{Kind: rangecore.EventLogWritten})
 		case <-tick:
-			if d.holdStart() {
-				break // waiting for the preferred leader's campaign
+			if d.core.Handle(rangecore.Event{Kind: rangecore.EventTick}).Ticked {
+				d.handOffIfDiskFull()
+				d.balanceLeader()
 			}
-			if d.maybeQuiesce() {
-				break // an idle leader quiesces instead of ticking
-			}
-			d.rep.Tick()
-			d.watchLeader()
-			d.handOffIfDiskFull()
-			d.balanceLeader()
 		case <-liveness:
 			liveness = d.cfg.repl.liveness()
-			d.wakeIfLeaderDown(true)
-			if d.preferredAtStart {
-				d.campaignAtStart() // startup.go
-			}
+			d.core.Handle(rangecore.Event{Kind: rangecore.EventLiveness})
 		case to := <-d.unreachable:
-			d.rep.ReportUnreachable(to)
+			d.core.Handle(rangecore.Event{Kind: rangecore.EventUnreachable, To: to})
 		case fn := <-d.execCh:
 			fn()
-		case <-held.t.C:
-			held.core.Fired()
-			d.rep.SendHeldCommits()
+		case <-held.C:
+			d.core.Handle(rangecore.Event{Kind: rangecore.EventHeldCommits})
 		case <-d.maintainCh:
 			// The node's sweep (maintenance.go): retention runs as
 			// Raft log compaction (see snapshot.go).
@@ -215,32 +207,12 @@ func (d *rangeDriver) runReplicated() {
 		// as possible: with one event per cycle, messages would wait behind
 		// an fsync each.
 		d.drainReplicated()
-		d.ready()
-		held.arm(d.rep)
-	}
-}
-
-// heldCommitTimer wakes the driver when the commit-only appends its
-// replica holds are due (replica.Config.HoldCommits; the decisions are
-// rangecore.HeldCommitTimer's).
-type heldCommitTimer struct {
-	t    *time.Timer
-	core rangecore.HeldCommitTimer
-}
-
-func newHeldCommitTimer() *heldCommitTimer {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return &heldCommitTimer{t: t}
-}
-
-// arm sets or stops the timer for the replica's held commits.
-func (h *heldCommitTimer) arm(rep *replica.Replica) {
-	switch a, wait := h.core.Arm(rep.HeldCommitsWait()); a {
-	case rangecore.TimerReset:
-		h.t.Reset(wait)
-	case rangecore.TimerStop:
-		h.t.Stop()
+		switch e := d.core.Cycle(); e.Timer {
+		case rangecore.TimerReset:
+			held.Reset(e.Wait)
+		case rangecore.TimerStop:
+			held.Stop()
+		}
 	}
 }
 
@@ -251,22 +223,6 @@ func (d *rangeDriver) firstCampaigner() uint64 {
 		return first
 	}
 	return d.cfg.repl.peers[0]
-}
-
-// campaignIfSole makes the sole voter of a group of one (a region of one
-// node) campaign as soon as its driver runs: no one else can elect it, and
-// it need not wait an election timeout for a vote of its own. It runs on
-// the driver goroutine, not in openRangeDriver: a stream of thousands of
-// ranges then elects them in parallel (each election makes its hard state
-// durable) instead of one after another on the catalogue's goroutine.
-func (d *rangeDriver) campaignIfSole() {
-	if !d.rep.SoleVoter() {
-		return
-	}
-	if err := d.rep.Campaign(); err != nil {
-		d.logger.Warn("campaign as the sole voter", "error", err)
-	}
-	d.ready()
 }
 
 // runLogWriter is the replica's log-writer goroutine: it runs WriteLog
@@ -367,18 +323,17 @@ func (d *rangeDriver) runMarkWriter(stop <-chan struct{}, done chan<- struct{}) 
 	}
 }
 
-// drainEventsMax bounds the events taken into one Ready cycle.
-const drainEventsMax = 4096
-
+// drainReplicated takes the events already queued, up to
+// rangecore.DrainEventsMax, into the Ready cycle to come.
 func (d *rangeDriver) drainReplicated() {
-	for n := 0; n < drainEventsMax; n++ {
+	for n := 0; n < rangecore.DrainEventsMax; n++ {
 		select {
 		case op := <-d.inbox:
 			d.propose(op)
 		case msgs := <-d.raftIn:
 			d.step(msgs)
 		case to := <-d.unreachable:
-			d.rep.ReportUnreachable(to)
+			d.core.Handle(rangecore.Event{Kind: rangecore.EventUnreachable, To: to})
 		default:
 			return
 		}
@@ -392,13 +347,7 @@ func (d *rangeDriver) step(msgs []*raftpb.Message) {
 	if d.condemned {
 		return // a stray being removed (strays.go): nothing it acks may count
 	}
-	for _, m := range msgs {
-		if err := d.rep.Step(m); errors.Is(err, replica.ErrInvalidMessage) {
-			d.peerRefused(err, m.GetFrom())
-		}
-	}
-	d.rep.AnswerCommitted()
-	d.wakeIfLeaderDown(false) // a quiesce heartbeat from a leader found down since
+	d.core.Handle(rangecore.Event{Kind: rangecore.EventMessages, Msgs: msgs})
 }
 
 // peerRefusedLogInterval bounds how often a range logs the peer messages
@@ -414,7 +363,7 @@ type inboundEnder interface {
 // peerRefused counts, and logs now and then, a Raft message the replica
 // refused: a peer sent what no correct member sends. The stream that
 // carried it ends.
-func (d *rangeDriver) peerRefused(err error, from uint64) {
+func (d *rangeDriver) peerRefused(from uint64, err error) {
 	d.cfg.metrics.peerRefused.Add(context.Background(), 1, peerRaft)
 	if e, ok := d.cfg.repl.transport.(inboundEnder); ok {
 		e.EndInbound(raftnet.NodeID(from))
@@ -425,22 +374,16 @@ func (d *rangeDriver) peerRefused(err error, from uint64) {
 	}
 }
 
-// ready runs Ready cycles until Raft has nothing more, then publishes the
-// committed offset to readers.
-func (d *rangeDriver) ready() {
-	// Acks given during a cycle wait until its end (holdAcks), when the
-	// committed offset it reached is published: the replica answers a
-	// proposal when it applies it, before it publishes the applied end.
-	// Each cycle's acks leave at its end, not behind the cycles after it.
-	for i := 0; i < 16 && d.rep.HasReady(); i++ {
-		d.holdAcks = true
-		err := d.rep.ProcessReady()
-		d.releaseAcks()
-		if err != nil {
-			d.logger.Error("replica failed", "error", err)
-			break
-		}
-	}
+// ready runs Ready cycles until Raft has nothing more (rangecore.Driver:
+// each cycle's acks wait until its end, when the committed offset it
+// reached is published, and leave then, not behind the cycles after it),
+// then afterReady.
+func (d *rangeDriver) ready() { d.core.Ready() }
+
+// afterReady runs after the Ready cycles (rangecore.DriverConfig): it
+// notes a failure, publishes the committed offset to readers and hands
+// what committed to onCommit.
+func (d *rangeDriver) afterReady(error) {
 	if f := d.rep.Failure(); f != nil && d.failure.Load() == nil {
 		d.failure.Store(f)
 		d.notify()
@@ -457,18 +400,6 @@ func (d *rangeDriver) ready() {
 		d.onCommitFrom = c
 	}
 	d.noteLogEpoch() // a fork, or a newer epoch's frames, may lift a fence
-}
-
-// releaseAcks publishes the committed offset and sends the acks held
-// during a Ready cycle (see ready).
-func (d *rangeDriver) releaseAcks() {
-	d.holdAcks = false
-	d.publishCommitted()
-	held := d.heldAcks
-	d.heldAcks = nil
-	for _, ack := range held {
-		ack()
-	}
 }
 
 // publishCommitted publishes the replica's committed offset to readers. It
@@ -556,8 +487,8 @@ func (d *rangeDriver) propose(op *appendOp) {
 				res.committedAt = time.Now()
 				res.durableAt = d.durable.durableAt(r.BaseOffset + uint64(r.RecordCount))
 			}
-			if d.holdAcks {
-				d.heldAcks = append(d.heldAcks, func() { op.reply(res) })
+			if d.core.Holding() { // to the Ready cycle's end (rangecore.Driver)
+				d.core.Hold(func() { op.reply(res) })
 				return
 			}
 			op.reply(res)
@@ -608,6 +539,15 @@ type peerDownReporter interface {
 	PeerDown(node raftnet.NodeID) bool
 }
 
+// peerDownFunc is the failure detector the range's core asks (nil: the
+// transport has none).
+func (d *rangeDriver) peerDownFunc() func(uint64) bool {
+	if _, ok := d.cfg.repl.transport.(peerDownReporter); !ok {
+		return nil
+	}
+	return d.peerDown
+}
+
 func (d *rangeDriver) peerDown(id uint64) bool {
 	pd, ok := d.cfg.repl.transport.(peerDownReporter)
 	if !ok || id == 0 || id == d.cfg.repl.nodeID {
@@ -616,37 +556,6 @@ func (d *rangeDriver) peerDown(id uint64) bool {
 	// A decommissioned node's peer is removed from the transport, which
 	// then reports it up: it is down for good (quiesce.go).
 	return pd.PeerDown(raftnet.NodeID(id)) || (d.cfg.repl.peerGone != nil && d.cfg.repl.peerGone(id))
-}
-
-// campaignDelayTicksMax bounds the random delay before a follower that saw
-// its leader's node go down campaigns. The delay makes it unlikely that both
-// surviving voters of a group campaign in the same tick (a split vote, which
-// costs a normal election timeout); pre-vote keeps a campaign harmless while
-// the leader is in fact alive and heard by the others.
-const campaignDelayTicksMax = 3
-
-// watchLeader runs on every tick of a follower. When the transport finds the
-// leader's node down (its port refuses connections, or the handshake times
-// out), the follower forgets the leader, so that it grants pre-votes at once
-// instead of after an election timeout, and campaigns itself after a short
-// random delay. A process crash is so detected within one reconnect attempt
-// (tens of milliseconds) instead of Raft's randomized timeout, and more than
-// once (a lagging follower's pre-vote fails, the next one's wins).
-func (d *rangeDriver) watchLeader() {
-	if lead := d.rep.LeaderID(); lead != 0 && d.peerDown(lead) {
-		d.rep.ForgetLeader()
-		d.campaignInTicks = 1 + rand.IntN(campaignDelayTicksMax)
-		return
-	}
-	if d.campaignInTicks == 0 {
-		return
-	}
-	d.campaignInTicks--
-	if d.campaignInTicks == 0 && d.rep.LeaderID() == 0 && d.rep.IsVoter() {
-		if err := d.rep.Campaign(); err != nil {
-			d.logger.Debug("campaign after the leader's node went down", "error", err)
-		}
-	}
 }
 
 // stopReplicated hands leadership away if it can (so the group does not

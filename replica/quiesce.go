@@ -2,8 +2,10 @@ package replica
 
 import (
 	"bytes"
+	"slices"
 
 	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/quorum"
 	"go.etcd.io/raft/v3/raftpb"
 	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
@@ -115,8 +117,9 @@ func (r *Replica) idleAt(term, lead uint64, leader bool) bool {
 // applied here, or a follower does not hold every entry in Raft's
 // replicate state. live(id), if not nil, says whether a follower's node is
 // up: a follower that is down is not waited for (it catches up when it is
-// back: the driver wakes the leader when liveness changes). For the driver
-// goroutine.
+// back: the driver wakes the leader when liveness changes), but a leader
+// whose live voters are no quorum does not quiesce (it ticks on, and its
+// quorum check steps it down). For the driver goroutine.
 func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 	if r.quiesce.on {
 		return true
@@ -150,6 +153,13 @@ func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 		}
 		to = append(to, id)
 	}
+	if live != nil && !quorumLive(r.cfg.NodeID, full.Config.Voters, live) {
+		// Cut off from a quorum: it keeps ticking, so that its quorum
+		// check steps it down (quiesced, it would lead on, unseen, until
+		// it heard the new leader's term).
+		return false
+	}
+	slices.Sort(to) // in id order, not the map's: the simulator replays its sends
 	msgs := make([]*raftpb.Message, 0, len(to))
 	for _, id := range to {
 		msgs = append(msgs, &raftpb.Message{Type: raftpb.MsgHeartbeat.Enum(), To: proto.Uint64(id),
@@ -160,6 +170,26 @@ func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 		r.cfg.Send(msgs)
 	}
 	r.quiesce = quiesceState{on: true, term: st.GetTerm(), lead: r.cfg.NodeID, index: last, leaderState: true}
+	return true
+}
+
+// quorumLive reports whether the live voters (this replica, self, and
+// those live says are up) are a quorum of each half of voters.
+func quorumLive(self uint64, voters quorum.JointConfig, live func(id uint64) bool) bool {
+	for _, half := range voters {
+		if len(half) == 0 {
+			continue
+		}
+		up := 0
+		for id := range half {
+			if id == self || live(id) {
+				up++
+			}
+		}
+		if up <= len(half)/2 {
+			return false
+		}
+	}
 	return true
 }
 

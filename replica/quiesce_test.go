@@ -123,6 +123,33 @@ func TestQuiesceOnlyWhenIdle(t *testing.T) {
 	}
 }
 
+// TestCutOffLeaderDoesNotQuiesce: a leader whose followers are all found
+// down does not quiesce (it would lead on unseen, not ticking, so never
+// running its quorum check); it ticks, and steps down.
+func TestCutOffLeaderDoesNotQuiesce(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	c.tick(2)
+	c.cut[2], c.cut[3] = true, true
+	alone := func(id uint64) bool { return false }
+	if c.replicas[1].Quiesce(alone) {
+		t.Fatal("a leader cut off from every follower quiesced")
+	}
+	if !c.replicas[1].Quiesce(func(id uint64) bool { return id != 3 }) {
+		t.Fatal("a leader with one of two followers up did not quiesce")
+	}
+	c.replicas[1].Unquiesce()
+	for i := 0; i < 30 && c.replicas[1].IsLeader(); i++ {
+		if !c.replicas[1].Quiesce(alone) {
+			c.replicas[1].Tick()
+		}
+		c.settle()
+	}
+	if c.replicas[1].IsLeader() {
+		t.Fatal("a leader cut off from its quorum still leads after three election timeouts")
+	}
+}
+
 // TestQuiescedFollowerElectsWhenWoken: the leader of a quiesced group
 // dies; the followers, woken (their driver saw the leader's node down),
 // forget it and elect a new leader, which takes appends.

@@ -423,6 +423,7 @@ func (s *splitWorld) openChildren() error {
 			continue // it opens them when it starts
 		}
 		n.stores, n.replicas = append(n.stores, nil, nil), append(n.replicas, nil, nil)
+		n.drivers = append(n.drivers, nil, nil)
 		n.verified, n.writing, n.marking = append(n.verified, 0, 0), append(n.writing, false, false), append(n.marking, false, false)
 		n.mirror = append(n.mirror, mirrorQueue{}, mirrorQueue{})
 		n.gates = append(n.gates, make([]rangecore.StartGate[*gateOp], 2)...)

@@ -49,7 +49,7 @@ func TestDeadNodeIgnored(t *testing.T) {
 	}
 	// With no other target than the dead node, the range stays on it.
 	_, err = Run(Options{Seed: 4, Steps: 3000, Regions: 1, mut: mut})
-	if err == nil || !strings.Contains(err.Error(), "dead since") {
+	if err == nil || !(strings.Contains(err.Error(), "dead since") || strings.Contains(err.Error(), "which the rebalancer takes as dead")) {
 		t.Fatalf("seed 4 with the dead node ignored: got %v, want a range left on the dead node", err)
 	}
 }
@@ -65,7 +65,7 @@ func TestDecommissionedTarget(t *testing.T) {
 	}
 	mut.decommLive = true
 	_, err := Run(Options{Seed: 20, Steps: 3000, Regions: 1, mut: mut})
-	if err == nil || !strings.Contains(err.Error(), "repair move onto node 2, which is decommissioned") {
+	if err == nil || !strings.Contains(err.Error(), "onto node 2, which is decommissioned") {
 		t.Fatalf("seed 20 with the decommissioned node listed live: got %v, want a repair onto it reported", err)
 	}
 }
@@ -74,17 +74,18 @@ func TestDecommissionedTarget(t *testing.T) {
 // the loop moved away comes back; with its removed replica restarting
 // as a group of its own (moveStray: a stray that does not stay removed)
 // it acks appends, and the check that a removed replica acks nothing
-// reports it (seed 310: node 2 dies, range 0 moves off it, it comes
-// back and acks at offset 15).
+// reports it (seed 14 with today's draws: node 3's removed replica of
+// range 1 acks at offset 22; seed 310 before rangecore.Driver ran the
+// simulator's replicas).
 func TestDeadStrayAcks(t *testing.T) {
 	mut := mutations{movesAlways: true, deadAlways: true}
-	if _, err := Run(Options{Seed: 310, Steps: 3000, Regions: 1, mut: mut}); err != nil {
-		t.Fatalf("seed 310: %v", err)
+	if _, err := Run(Options{Seed: 14, Steps: 3000, Regions: 1, mut: mut}); err != nil {
+		t.Fatalf("seed 14: %v", err)
 	}
 	mut.moveStray = true
-	_, err := Run(Options{Seed: 310, Steps: 3000, Regions: 1, mut: mut})
-	if err == nil || !strings.Contains(err.Error(), "node 2 range 0: acks an append") {
-		t.Fatalf("seed 310 with the dead node's stray as a group of its own: got %v, want its ack reported", err)
+	_, err := Run(Options{Seed: 14, Steps: 3000, Regions: 1, mut: mut})
+	if err == nil || !strings.Contains(err.Error(), "node 3 range 1: acks an append") {
+		t.Fatalf("seed 14 with the dead node's stray as a group of its own: got %v, want its ack reported", err)
 	}
 }
 
@@ -93,10 +94,10 @@ func TestDeadStrayAcks(t *testing.T) {
 // time taken as live) plans a move onto a node that is down; the check
 // of the rebalancer's targets reports it (notes/simdead.md finding 1:
 // seed 282 of a minute held a range's repair 30 s on such a move; seed
-// 5 of 3 s with moves, with split children drawn, plans a drain onto
-// node 4 while it is down).
+// 3 of 3 s with moves, with today's draws, plans a repair onto node 5
+// while it is down).
 func TestUnreachableTarget(t *testing.T) {
-	for _, seed := range []int64{5} {
+	for _, seed := range []int64{3} {
 		if _, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}

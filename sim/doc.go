@@ -51,7 +51,7 @@
 // covered and the fault mix (crashes, partitions, drops, region
 // partitions, broken and timed-out streams, zombie sources, lease-store
 // outages, home regions cut off, takeovers, forks, orphaned acks, resends,
-// orphan logs read). `make test` runs seeds 1-20 of 3 virtual seconds.
+// orphan logs read). `make test` runs seeds 1-25 of 3 virtual seconds.
 //
 // The engine: events (Raft messages, requests, replies, snapshots, log
 // and commit-mark writes, WAN messages) wait in a heap by (due time,
@@ -64,6 +64,15 @@
 // replica is read from what was verified on; a replica's divergence is
 // read again only when its log or the range's home changed; forks are
 // looked for only when a replica's highest epoch passed its last fork).
+//
+// Each replica runs under regionsvc's loop body, rangecore.Driver
+// (driver.go): ticks, Raft messages and finished log writes reach the
+// replica as the Driver's events, and its Ready cycles are the Driver's,
+// so the simulator runs the product's ack ordering, quiescence and the
+// campaign of a follower whose leader's node is found down (its failure
+// detector: a node is down while it is crashed or either side is cut off).
+// A few tests whose seeds were found before keep the simulator's old loop
+// (mutations.legacyLoop) until they are scanned again.
 //
 // # What a run does
 //

@@ -92,10 +92,12 @@ func TestShortStartIsChecked(t *testing.T) {
 		// record counted as orphaned that the new home's log holds, as the
 		// new home's log going on past a gap at the short start, or as
 		// a mirror forking where the store says the epoch does not start
-		// (its committed end then falls back where no fork explains it).
+		// (its committed end then falls back where no fork explains it),
+		// or as a copy whose log holds the new epoch's frames on top of
+		// the old tail it never forked off.
 		if !(strings.Contains(err.Error(), "past the start") || strings.Contains(err.Error(), "counted as orphaned") ||
 			strings.Contains(err.Error(), "the range's epoch 2 starts at") || strings.Contains(err.Error(), "(invariant 8)") ||
-			strings.Contains(err.Error(), ": a gap")) {
+			strings.Contains(err.Error(), ": a gap") || strings.Contains(err.Error(), "never forked off")) {
 			t.Fatalf("seed %d: a takeover below the taker's tail, unreported: %v", seed, err)
 		}
 		t.Log(err)
@@ -110,9 +112,11 @@ func TestShortStartIsChecked(t *testing.T) {
 // intervening epoch's start: the range's log keeps the divergent records
 // and loses the acked ones of that epoch. The checker must report it.
 func TestDivergentTakerIsChecked(t *testing.T) {
-	// Seed 297 is the first of 1-400 that finds it today (46, 123 and 85
-	// with earlier draws: every change of the draws moves it).
-	findMutation(t, "a takeover by a divergent copy", 297, 317, 3000, mutations{takerDivergent: true, tolerateOldHomeReads: true},
+	// Seed 192 is the first of 1-400 that finds it today, since
+	// rangecore.Driver runs the simulator's replicas (297, 46, 123 and 85
+	// with earlier draws: every change of the draws moves it; seed 84
+	// fails otherwise under the mutation: home replicas disagree at 0).
+	findMutation(t, "a takeover by a divergent copy", 192, 212, 3000, mutations{takerDivergent: true, tolerateOldHomeReads: true},
 		"a gap", "past the start", "counted as orphaned", "starts at", "(invariant 8)", "is lost", "no fork explains it", "never forked off")
 }
 
@@ -142,8 +146,10 @@ func TestSecondTakeovers(t *testing.T) {
 // home's frame then commits at the new epoch's start in the new home's
 // log. The checker must report it.
 func TestTakerInFlightIsChecked(t *testing.T) {
-	// Seed 1275 is the first of 1-3000 that finds it today (227 and 1152
-	// with earlier draws: every change of the draws moves it).
-	findMutation(t, "a takeover below an apply in flight", 1275, 1295, 3000, mutations{noStartGate: true, tolerateOldHomeReads: true},
+	// Seed 1275 is the first of 1-3000 that finds it with the simulator's
+	// old loop (227 and 1152 with earlier draws: every change of the draws
+	// moves it); under rangecore.Driver's no seed of 1-1500 does, so it
+	// keeps the old loop (legacyLoop).
+	findMutation(t, "a takeover below an apply in flight", 1275, 1295, 3000, mutations{noStartGate: true, tolerateOldHomeReads: true, legacyLoop: true},
 		"a divergent copy answering a home read", "past the start", "counted as orphaned", "no fork explains it", "starts at")
 }

@@ -123,7 +123,7 @@ func TestOrphanHeldAgainstItsEpochsTimeline(t *testing.T) {
 // 13054 ms, unless an orphaned record is held against its own epoch's
 // timeline (wasInLog).
 func TestOldHomeCommitAfterGrantIsOrphaned(t *testing.T) {
-	res, err := Run(Options{Seed: 104, Steps: 13100, Regions: 3})
+	res, err := Run(Options{Seed: 104, Steps: 13100, Regions: 3, mut: mutations{legacyLoop: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,6 +53,12 @@ import (
 // (reads, second takeovers, rehomes, replaced replicas), set by tests:
 // each check must report its own.
 type mutations struct {
+	// legacyLoop: the simulator's own driver loop from before
+	// rangecore.Driver ran in it (driver.go): replicas ticked, stepped
+	// and readied directly, one Ready cycle a millisecond, no
+	// quiescence, no ack holding. Only for the tests whose seeds were
+	// found with it (re-scan them and drop it: notes/simdriver2.md).
+	legacyLoop bool
 	// describeStale: the moves' DescribeReplicas and ChangeReplicas use
 	// the leader's applied configuration at once, as regionsvc did before
 	// both waited for a ReadIndex (moves.go describeFresh and catchUp;

@@ -90,6 +90,9 @@ type Result struct {
 	Moves MoveResult
 	// Splits is what the split did (split.go).
 	Splits SplitResult
+	// QuiescedTicks counts the ticks a replica skipped quiesced
+	// (driver.go).
+	QuiescedTicks int
 	// VirtualMs is the virtual time the run covered: its faults, the
 	// healing and the final checks.
 	VirtualMs int64
@@ -98,7 +101,7 @@ type Result struct {
 func (r Result) String() string {
 	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
 		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
-		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + r.Geo.String() + r.Homing.String() + r.Orphans.String() + r.Moves.String() + r.Splits.String()
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + fmt.Sprintf("; %d ticks skipped quiesced", r.QuiescedTicks) + r.Geo.String() + r.Homing.String() + r.Orphans.String() + r.Moves.String() + r.Splits.String()
 }
 
 const (
@@ -162,6 +165,11 @@ type node struct {
 	cutTill  int64
 	stores   []*segment.Store
 	replicas []*replica.Replica
+	// drivers run, per range, the range driver's loop body on the
+	// replica (driver.go); down is the node's view of its region's peers
+	// (by Raft id - 1) at its last tick.
+	drivers  []*rangecore.Driver
+	down     []bool
 	verified []uint64 // per range: committed offsets already checked
 	// served is, per range, the highest committed end the node has
 	// published in any incarnation: it never publishes less (invariant 8).
@@ -537,6 +545,7 @@ func (w *world) start(n *node) error {
 	ranges := len(w.canonical) // Ranges, and the children of a split (children.go)
 	n.stores = make([]*segment.Store, ranges)
 	n.replicas = make([]*replica.Replica, ranges)
+	n.drivers, n.down = make([]*rangecore.Driver, ranges), nil
 	n.verified = make([]uint64, ranges)
 	n.writing = make([]bool, ranges)
 	n.marking = make([]bool, ranges)
@@ -605,6 +614,7 @@ func (w *world) openReplica(n *node, r int) error {
 		return fmt.Errorf("%v range %d: %w", n, r, err)
 	}
 	n.stores[r], n.replicas[r] = st, rep
+	n.drivers[r] = w.newDriver(n, r, rep) // driver.go
 	if w.tracing() {
 		f, ok := rep.LearnedCompactionFloor()
 		w.tracef("%s range %d: start gen %d (committed %d, log [%d, %d), learned floor %d %v)", traceName(n), r, n.gen, rep.Committed(), st.StartOffset(), st.NextOffset(), f, ok)
@@ -631,6 +641,7 @@ func (w *world) crash(n *node) {
 	n.up = false
 	n.fs = n.fs.Crash()
 	n.stores, n.replicas, n.mirror, n.gates, n.timelines = nil, nil, nil, nil, nil
+	n.drivers = nil
 	n.downTill = w.now + 50 + w.rng.Int64N(1000)
 	w.res.Crashes++
 }
@@ -707,11 +718,7 @@ func (w *world) injectFaults() {
 func (w *world) step() {
 	w.restartDue()
 	if w.now%tickMs == 0 {
-		for _, n := range w.nodes {
-			for _, r := range n.replicas {
-				r.Tick()
-			}
-		}
+		w.tickDrivers() // driver.go
 	}
 	if w.compaction && w.now%compactMs == compactMs/4 { // between ticks
 		w.compact()
@@ -741,18 +748,17 @@ func (w *world) step() {
 	}
 }
 
-// readyAll runs every replica's Ready cycle; false if the run failed.
+// readyAll runs every replica's Ready cycles (rangecore.Driver.Cycle: the
+// driver's AfterReady schedules the writes, or fails the run); false if
+// the run failed.
 func (w *world) readyAll() bool {
 	for _, n := range w.nodes {
 		for r, rep := range n.replicas {
-			if rep.HasReady() {
-				if err := rep.ProcessReady(); err != nil {
-					if w.failed(n, r, err); w.err != nil {
-						return false
-					}
-					break // the node died
+			if rep.HasReady() && !w.readyOne(n, r) {
+				if w.err != nil {
+					return false
 				}
-				w.scheduleWrite(n, r)
+				break // the node died
 			}
 			if n.region == w.homeRegion(r) && rep.IsLeader() && w.leaders[r] != uint64(n.id) {
 				w.leaders[r] = uint64(n.id)
@@ -771,7 +777,7 @@ func (w *world) deliver(e *event) {
 			w.res.Dropped++
 			return
 		}
-		n.replicas[e.group].Step(e.msg)
+		w.stepRaft(n, e.group, e.msg) // driver.go
 	case evRequest:
 		w.request(e)
 	case evReply:
@@ -791,7 +797,11 @@ func (w *world) deliver(e *event) {
 		n.writing[e.group] = false
 		if err := n.replicas[e.group].WriteLog(); err != nil {
 			w.failed(n, e.group, fmt.Errorf("write log: %w", err))
+			return
 		}
+		// What it made durable here is stepped and answered at once
+		// (regionsvc's loop on LogWritten).
+		w.logWritten(n, e.group) // driver.go
 	case evMark:
 		n := w.node(e.region, e.to)
 		if !n.up || n.gen != e.fromGen {

@@ -10,7 +10,7 @@ import (
 
 var (
 	seedFlag  = flag.Int64("seed", -1, "replay one seed")
-	runsFlag  = flag.Int("runs", 20, "number of seeds to run, starting at -first")
+	runsFlag  = flag.Int("runs", 25, "number of seeds to run, starting at -first (make test: 25, the first that exercise every part, rangecore.Driver in the loop)")
 	firstFlag = flag.Int64("first", 1, "first seed of a multi-seed run")
 	stepsFlag = flag.Int("steps", 3000, "virtual milliseconds under faults per run (make sim: 60000, a simulated minute)")
 	regions   = flag.Int("regions", 3, "regions (the home and its mirrors)")

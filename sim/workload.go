@@ -87,12 +87,14 @@ func (w *world) request(e *event) {
 					if res.Err == nil && !res.Duplicate && n.replicas[e.rng].Committed() < res.BaseOffset+uint64(res.RecordCount) {
 						w.res.AckedAhead++
 					}
-					if w.rng.Float64() < w.lostReplyP {
-						w.res.LostReplies++ // an ambiguous ack: committed, but the producer never hears
-						return
-					}
-					w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, pid: pid, rng: e.rng,
-						batchSeq: seq, count: len(values), values: values, res: res})
+					w.ack(n, e.rng, gen, func() { // at the Ready cycle's end (driver.go)
+						if w.rng.Float64() < w.lostReplyP {
+							w.res.LostReplies++ // an ambiguous ack: committed, but the producer never hears
+							return
+						}
+						w.push(&event{at: w.now + 1 + w.rng.Int64N(3), kind: evReply, producer: p.id, pid: pid, rng: e.rng,
+							batchSeq: seq, count: len(values), values: values, res: res})
+					})
 				},
 			})
 		},

@@ -1,0 +1,229 @@
+package rangecore
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/replica"
+	"github.com/geolog/geolog/segment"
+	"github.com/geolog/geolog/vfs"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// driverHarness runs a group of three replicas, each under a Driver, on an
+// in-memory network and disks: messages are delivered by settle, log and
+// mark writes run at once after each Cycle. Commands (testdata/driver*.txt):
+//
+//	group [size=3] [nodetector] [veto=1]   new replicas (nodetector: no
+//	                              failure detector; veto: node 1 vetoes
+//	                              its quiescence)
+//	start node=1 preferred=1      Driver.Start and CampaignIfSole, then settle
+//	propose node=1 value=a        EventPropose, then settle
+//	tick [n=1]                    EventTick on each live replica not
+//	                              quiesced (settle after each round)
+//	down node=1 / up node=1       the node stops (its messages are lost)
+//	                              or comes back; every live node gets an
+//	                              EventLiveness
+//	state                         each node's role, leader, quiescence
+//
+// Outputs list what happened: acks with the committed offset published
+// before them, and whether each tick reached the replica.
+type driverHarness struct {
+	nodes []*ddNode
+	queue []*raftpb.Message
+	log   []string
+}
+
+type ddNode struct {
+	id        uint64
+	rep       *replica.Replica
+	drv       *Driver
+	down      bool
+	published uint64
+}
+
+func newDriverHarness(t *testing.T, size uint64, noDetector bool, veto uint64) *driverHarness {
+	h := &driverHarness{}
+	now := func() time.Time { return time.Unix(1_800_000_000, 0) }
+	var peers []uint64
+	for id := uint64(1); id <= size; id++ {
+		peers = append(peers, id)
+	}
+	for _, id := range peers {
+		n := &ddNode{id: id}
+		fs := vfs.NewMem(rand.New(rand.NewPCG(id, 7)))
+		dir := filepath.Join("/data", fmt.Sprint(id))
+		st, err := segment.Open(segment.Config{Dir: dir, FS: fs, Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := replica.New(replica.Config{
+			NodeID: id, Stream: "t", Peers: peers, HeartbeatTick: 1, ElectionTick: 10,
+			Log: st, State: replica.FileState{FS: fs, Dir: dir}, Now: now,
+			Send: func(msgs []*raftpb.Message) {
+				for _, m := range msgs {
+					h.queue = append(h.queue, proto.Clone(m).(*raftpb.Message))
+				}
+			},
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.rep = rep
+		cfg := DriverConfig{
+			NodeID:  id,
+			Publish: func() { n.published = rep.Committed() },
+			Rand:    func(k int) int { return int(id-1) % k }, // n2 waits 2 ticks, n3 3
+		}
+		if !noDetector {
+			cfg.PeerDown = func(p uint64) bool { return h.nodes[p-1].down }
+		}
+		if veto == id {
+			cfg.MayQuiesce = func() bool { return false }
+		}
+		n.drv = NewDriver(rep, cfg)
+		h.nodes = append(h.nodes, n)
+	}
+	return h
+}
+
+// settle delivers messages and runs cycles and writes until nothing moves.
+func (h *driverHarness) settle(t *testing.T) {
+	for round := 0; round < 200; round++ {
+		moved := false
+		q := h.queue
+		h.queue = nil
+		for _, m := range q {
+			to, from := h.nodes[m.GetTo()-1], h.nodes[m.GetFrom()-1]
+			if to.down || from.down {
+				continue
+			}
+			moved = true
+			to.drv.Handle(Event{Kind: EventMessages, Msgs: []*raftpb.Message{m}})
+		}
+		for _, n := range h.nodes {
+			if n.down {
+				continue
+			}
+			if n.rep.HasReady() {
+				moved = true
+			}
+			n.drv.Cycle()
+			if n.rep.HasLogWrites() {
+				moved = true
+				if err := n.rep.WriteLog(); err != nil {
+					t.Fatal(err)
+				}
+				n.drv.Handle(Event{Kind: EventLogWritten})
+			}
+			if n.rep.HasMarkWrite() {
+				if err := n.rep.WriteMark(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if !moved && len(h.queue) == 0 {
+			return
+		}
+	}
+	t.Fatal("settle: the group never settled")
+}
+
+func (h *driverHarness) run(t *testing.T, d *datadriven.TestData) string {
+	h.log = nil
+	node := func() *ddNode { return h.nodes[ddUint(t, d, "node", 1)-1] }
+	switch d.Cmd {
+	case "start":
+		node().drv.Start(ddUint(t, d, "preferred", 0), 10) // as regionsvc's startGroup
+		node().drv.CampaignIfSole()
+		h.settle(t)
+	case "propose":
+		n := node()
+		var v string
+		d.ScanArgs(t, "value", &v)
+		h.propose(n, v)
+		h.settle(t)
+	case "tick":
+		for i := uint64(0); i < ddUint(t, d, "n", 1); i++ {
+			var ticked []string
+			for _, n := range h.nodes {
+				switch {
+				case n.down:
+				case n.rep.Quiesced():
+					ticked = append(ticked, fmt.Sprintf("n%d quiesced", n.id))
+				case n.drv.Handle(Event{Kind: EventTick}).Ticked:
+					ticked = append(ticked, fmt.Sprintf("n%d ticked", n.id))
+				default:
+					ticked = append(ticked, fmt.Sprintf("n%d not ticked", n.id))
+				}
+			}
+			h.log = append(h.log, "tick: "+strings.Join(ticked, ", "))
+			h.settle(t)
+		}
+	case "down", "up":
+		node().down = d.Cmd == "down"
+		for _, n := range h.nodes {
+			if !n.down {
+				n.drv.Handle(Event{Kind: EventLiveness})
+			}
+		}
+		h.settle(t)
+	case "state":
+	default:
+		t.Fatalf("unknown command %s", d.Cmd)
+	}
+	return strings.Join(append(h.log, h.state()...), "\n")
+}
+
+func (h *driverHarness) propose(n *ddNode, v string) {
+	frame := batch.Encode(nil, batch.Header{Type: batch.TypeData}, []batch.Record{{Value: []byte(v)}})
+	n.drv.Handle(Event{Kind: EventPropose, Op: &replica.Op{Frame: frame, RecordCount: 1,
+		Reply: func(r replica.Result) {
+			if r.Err != nil {
+				h.log = append(h.log, fmt.Sprintf("n%d refused %s: %v", n.id, v, apiCode(r.Err)))
+				return
+			}
+			// Propose holds the ack to its cycle's end: never given
+			// while a cycle is under way, and after the cycle's Publish.
+			h.log = append(h.log, fmt.Sprintf("n%d acked %s at %d (in a cycle %v, published %d of committed %d)",
+				n.id, v, r.BaseOffset, n.drv.Holding(), n.published, n.rep.Committed()))
+		}}})
+}
+
+func apiCode(err error) string {
+	s := err.Error()
+	if i := strings.IndexByte(s, ':'); i > 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func (h *driverHarness) state() []string {
+	var out []string
+	for _, n := range h.nodes {
+		if n.down {
+			out = append(out, fmt.Sprintf("n%d: down", n.id))
+			continue
+		}
+		role := "follower"
+		if n.rep.IsLeader() {
+			role = "leader"
+		}
+		s := fmt.Sprintf("n%d: %s, leader %d, committed %d", n.id, role, n.rep.LeaderID(), n.rep.Committed())
+		if n.rep.Quiesced() {
+			s += ", quiesced"
+		}
+		if n.drv.CampaignPlanned() {
+			s += ", campaign planned"
+		}
+		out = append(out, s)
+	}
+	return out
+}

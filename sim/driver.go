@@ -1,0 +1,145 @@
+package sim
+
+import (
+	"github.com/geolog/geolog/rangecore"
+	"github.com/geolog/geolog/replica"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// The range driver's loop body runs here as it runs in regionsvc: each
+// replica has a rangecore.Driver, and the simulator hands it the events
+// its heap delivers (Raft messages, ticks, liveness changes), then runs
+// its Ready cycles once per virtual millisecond (readyAll), where the
+// product runs them after each drain of its channels. So the sim runs the
+// product's ack ordering (a cycle's acks leave at its end), quiescence
+// (an idle leader stops ticking; its followers follow on its quiesce
+// heartbeat; a quiesced follower wakes when its leader's node is found
+// down) and the campaign of a follower whose leader's node is found down.
+//
+// The failure detector is the simulator's knowledge: a peer is down while
+// its process is down or either node is cut off from the region (what a
+// transport's failed connections show, without the keepalive's delay).
+// Each node's view is compared on every tick, and a change is an
+// EventLiveness for each of its ranges, as regionsvc's watchLiveness
+// closes the channel its drivers select on.
+
+// newDriver returns the driver of range r's replica on n (start).
+func (w *world) newDriver(n *node, r int, rep *replica.Replica) *rangecore.Driver {
+	return rangecore.NewDriver(rep, rangecore.DriverConfig{
+		NodeID:   uint64(n.id),
+		PeerDown: func(id uint64) bool { return w.peerDown(n, id) },
+		AfterReady: func(err error) {
+			if !n.up || n.replicas == nil || n.replicas[r] != rep {
+				return // a crash in the cycles' writes: the process is gone
+			}
+			if err != nil {
+				w.failed(n, r, err)
+				return
+			}
+			w.scheduleWrite(n, r)
+		},
+		Rand:   w.rng.IntN,
+		Logger: w.opt.Logger,
+	})
+}
+
+// peerDown is n's failure detector: whether its region's node id is down
+// or cut off, or n itself is.
+func (w *world) peerDown(n *node, id uint64) bool {
+	if id == 0 || int(id) > w.perRegion || int(id) == n.id {
+		return false
+	}
+	p := w.node(n.region, int(id))
+	return !p.up || w.cut(n.region, p.id) || w.cut(n.region, n.id)
+}
+
+// tickDrivers runs a tick on every node: a liveness change first (an
+// EventLiveness for each of the node's ranges), then the tick of each
+// replica that is not quiesced.
+func (w *world) tickDrivers() {
+	if w.opt.mut.legacyLoop {
+		for _, n := range w.nodes {
+			for _, r := range n.replicas {
+				r.Tick()
+			}
+		}
+		return
+	}
+	for _, n := range w.nodes {
+		if !n.up {
+			continue
+		}
+		if w.livenessChanged(n) {
+			for _, d := range n.drivers {
+				d.Handle(rangecore.Event{Kind: rangecore.EventLiveness})
+			}
+		}
+		for r, d := range n.drivers {
+			if !n.up {
+				break // a campaign's cycle crashed it
+			}
+			if n.replicas[r].Quiesced() {
+				w.res.QuiescedTicks++
+				continue
+			}
+			d.Handle(rangecore.Event{Kind: rangecore.EventTick})
+		}
+	}
+}
+
+// livenessChanged reports whether n's view of its peers changed since it
+// last looked, and keeps the new view.
+func (w *world) livenessChanged(n *node) bool {
+	if len(n.down) != w.perRegion {
+		n.down = make([]bool, w.perRegion)
+	}
+	changed := false
+	for i := range n.down {
+		if down := w.peerDown(n, uint64(i+1)); down != n.down[i] {
+			n.down[i], changed = down, true
+		}
+	}
+	return changed
+}
+
+// ack sends a reply after the Ready cycle under way on n's range r, as
+// regionsvc's propose holds its acks (rangecore.Driver.Hold).
+func (w *world) ack(n *node, r int, gen int, send func()) {
+	if n.up && n.gen == gen && n.drivers != nil && n.drivers[r].Holding() {
+		n.drivers[r].Hold(send)
+		return
+	}
+	send()
+}
+
+// stepRaft hands a Raft message to n's range r.
+func (w *world) stepRaft(n *node, r int, m *raftpb.Message) {
+	if w.opt.mut.legacyLoop {
+		n.replicas[r].Step(m)
+		return
+	}
+	n.drivers[r].Handle(rangecore.Event{Kind: rangecore.EventMessages, Msgs: []*raftpb.Message{m}})
+}
+
+// logWritten tells n's range r that its log writer made entries durable.
+func (w *world) logWritten(n *node, r int) {
+	if !w.opt.mut.legacyLoop {
+		n.drivers[r].Handle(rangecore.Event{Kind: rangecore.EventLogWritten})
+	}
+}
+
+// readyOne runs the Ready cycles of n's range r (its driver's AfterReady
+// schedules the writes, or fails the run); false if the run failed or
+// the node died.
+func (w *world) readyOne(n *node, r int) bool {
+	if !w.opt.mut.legacyLoop {
+		n.drivers[r].Cycle() // the held-commit timer: HoldCommits is off in the sim
+		return w.err == nil && n.up
+	}
+	if err := n.replicas[r].ProcessReady(); err != nil {
+		w.failed(n, r, err)
+		return false
+	}
+	w.scheduleWrite(n, r)
+	return true
+}
