@@ -86,8 +86,13 @@ func TestSplitByLoad(t *testing.T) {
 	tr.createStream(ctx, "sp", 2)
 	lo, hi := keyspace.HashStart(1, 2), keyspace.HashEnd(1, 2)
 	keys := keysInHashes(lo, lo+(hi-lo)/4, 32)
-	p := &splitProducer{tr: tr, stream: "sp", rng: 1, pid: 94, keys: keys}
-	p.run(ctx, nil) // until the range answers RANGE_SPLIT
+	// Until the range answers RANGE_SPLIT, however fast appends are here:
+	// the split needs loadSplitLooks looks over the rate and a catalogue
+	// round, and a fast machine acks a thousand records before that.
+	p := &splitProducer{tr: tr, stream: "sp", rng: 1, pid: 94, keys: keys, batchesMax: 1 << 40}
+	start := time.Now()
+	p.run(ctx, nil)
+	t.Logf("range 1 split by load after %d records, %v", len(p.acked), time.Since(start).Round(time.Millisecond))
 	if p.refuse == nil {
 		t.Fatalf("range 1 did not split by load after %d records", len(p.acked))
 	}

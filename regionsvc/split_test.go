@@ -31,11 +31,14 @@ func keysOf(r, rangeCount uint32, count int) [][]byte {
 // until the range answers RANGE_SPLIT or stop closes. A batch whose
 // outcome is unknown is resent with its sequence until it is answered.
 type splitProducer struct {
-	tr     *testRegion
-	stream string
-	rng    uint32
-	pid    uint64
-	keys   [][]byte
+	tr *testRegion
+	// batchesMax bounds the batches run sends (splitProducerBatchesMax
+	// if 0).
+	batchesMax uint64
+	stream     string
+	rng        uint32
+	pid        uint64
+	keys       [][]byte
 
 	mu     sync.Mutex
 	acked  []*geologv1.AppendResponse // acked[seq]
@@ -54,9 +57,13 @@ func (p *splitProducer) request(seq uint64) *geologv1.AppendRequest {
 const splitProducerBatchesMax = 1000
 
 // run produces until the range splits, stop closes, ctx ends or it sent
-// splitProducerBatchesMax batches.
+// batchesMax batches (splitProducerBatchesMax if 0).
 func (p *splitProducer) run(ctx context.Context, stop <-chan struct{}) {
-	for seq := uint64(0); seq < splitProducerBatchesMax; seq++ {
+	batchesMax := p.batchesMax
+	if batchesMax == 0 {
+		batchesMax = splitProducerBatchesMax
+	}
+	for seq := uint64(0); seq < batchesMax; seq++ {
 		for {
 			select {
 			case <-stop:
