@@ -22,6 +22,10 @@
 # GEOLOG_BENCH_PORT, default 9600. Idle ranges hold no file descriptors
 # (regionsvc LimitsConfig.FileDescriptorsMax bounds them node-wide);
 # READY_SECONDS (default 600) bounds each wait for /readyz.
+# PROFILE_DIR=dir keeps, at each idle point, every node's heap profile
+# (heap-<label>-n<i>.pb.gz, for go tool pprof -sample_index=inuse_space
+# or alloc_space) and its MemStats (memstats-<label>-n<i>.txt: HeapInuse,
+# HeapIdle, HeapReleased beside the RSS; -gc- after a forced collection).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${GEOLOG_BENCH_BIN:-$PWD/bin}
@@ -106,7 +110,27 @@ measure() {
 			"$(( $(awk '/VmRSS/ {print $2}' "/proc/${PIDS[i]}/status") / 1024 ))" "$g" \
 			"$(find "/proc/${PIDS[i]}/fd" -mindepth 1 -maxdepth 1 | wc -l)" "$(uptime)"
 	done
+	[ -n "${PROFILE_DIR:-}" ] && profile "$1"
 	printf '%s lease store: %.1f transactions/s over %ds    [%s]\n' "$1" "$(echo "($x1 - $x0) / $IDLE" | bc -l)" "$IDLE" "$(uptime)"
+}
+
+# profile LABEL: heap profiles and MemStats of every node into PROFILE_DIR.
+profile() {
+	local i tag
+	tag=$(echo "$1" | tr ' ' '-')
+	mkdir -p "$PROFILE_DIR"
+	for i in 0 1 2; do
+		{
+			grep VmRSS "/proc/${PIDS[i]}/status"
+			curl -s "http://127.0.0.1:$((BASE+11+i))/debug/pprof/heap?debug=1" | sed -n '/^# runtime.MemStats/,$p'
+		} >"$PROFILE_DIR/memstats-$tag-n$((i+1)).txt"
+		# gc=1: a collection first, so inuse is the live heap now.
+		curl -s -o "$PROFILE_DIR/heap-$tag-n$((i+1)).pb.gz" "http://127.0.0.1:$((BASE+11+i))/debug/pprof/heap?gc=1"
+		{
+			grep VmRSS "/proc/${PIDS[i]}/status"
+			curl -s "http://127.0.0.1:$((BASE+11+i))/debug/pprof/heap?debug=1" | sed -n '/^# runtime.MemStats/,$p'
+		} >"$PROFILE_DIR/memstats-$tag-gc-n$((i+1)).txt"
+	done
 }
 
 echo "$RANGES ranges, 3 nodes, GEOLOGD_FLAGS='$GEOLOGD_FLAGS', bin $BIN"

@@ -198,7 +198,6 @@ type Store struct {
 	log       hclog.Logger
 	lock      io.Closer // the directory lock, released by Close
 	fdatasync func(f vfs.File) error
-	bufs      sync.Pool // *[]byte of readChunkBytes
 
 	// wmu serialises the mutators (Append, TruncateSuffix,
 	// TruncateSuffixAtIndex, DeletePrefix, ApplyRetention, Close). The
@@ -288,7 +287,6 @@ func Open(cfg Config) (*Store, error) {
 	s := &Store{cfg: cfg, fs: cfg.FS, log: cfg.Logger, lock: lock,
 		fdatasync: func(f vfs.File) error { return f.Datasync() }}
 	s.syncCond = sync.NewCond(&s.syncMu)
-	s.bufs.New = func() any { b := make([]byte, readChunkBytes); return &b }
 	if cfg.SyncGroup != nil {
 		s.fdatasync = cfg.SyncGroup.Datasync
 	}
@@ -457,14 +455,24 @@ func (s *Store) corruption(g *segment, pos int64, offset uint64, err error) *Cor
 	return e
 }
 
+// readBufs pools the read buffers of every Store of the process. A pool
+// per Store kept a buffer per Store once it had read from disk: a node
+// restarted with 3,000 idle ranges reads each one's Raft log (terms, at
+// the first appends after the restart) and then held 3,000 buffers of 64
+// KiB (~190 MB live, times the GC's growth factor in RSS) that a freshly
+// created node, whose entries were still cached, never took
+// (notes/restartmem.md). Shared, the pool holds about as many buffers as
+// reads run at once.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, readChunkBytes); return &b }}
+
 // getBuf returns a pooled read buffer.
-func (s *Store) getBuf() *[]byte { return s.bufs.Get().(*[]byte) }
+func (s *Store) getBuf() *[]byte { return readBufs.Get().(*[]byte) }
 
 // putBuf returns a buffer to the pool unless a large frame grew it.
 func (s *Store) putBuf(b *[]byte) {
 	if cap(*b) == readChunkBytes {
 		*b = (*b)[:readChunkBytes]
-		s.bufs.Put(b)
+		readBufs.Put(b)
 	}
 }
 

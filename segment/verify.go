@@ -66,7 +66,6 @@ func Verify(cfg Config) (*VerifyReport, error) {
 	}
 	defer lock.Close()
 	s := &Store{cfg: cfg, fs: cfg.FS, log: cfg.Logger}
-	s.bufs.New = func() any { b := make([]byte, readChunkBytes); return &b }
 	rep := &VerifyReport{}
 	if s.startRec, err = s.loadStartRecord(); err != nil {
 		return rep, err
