@@ -176,7 +176,7 @@ func (t *GRPCTransport) send(group GroupID, msg *raftpb.Message) error {
 	if t.closed.Load() {
 		return ErrClosed
 	}
-	data, size, err := encodeFramed(t.self, group, msg, t.cfg.MessageBytesMax)
+	data, err := encodeMessage(t.self, group, msg, false, t.cfg.MessageBytesMax)
 	if err != nil {
 		return err
 	}
@@ -184,7 +184,7 @@ func (t *GRPCTransport) send(group GroupID, msg *raftpb.Message) error {
 	if err != nil {
 		return err
 	}
-	return p.enqueue(group, data, size, isControl(msg.GetType()))
+	return p.enqueue(group, data, isControl(msg.GetType()))
 }
 
 // PeerDown reports whether the last attempt to open a stream to node failed

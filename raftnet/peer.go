@@ -29,13 +29,10 @@ const (
 	stateBackoff
 )
 
-// queuedMessage is one encoded message waiting for its peer's stream:
-// data is its RaftBatch field (encodeFramed), size the raftpb.Message's
-// encoded size, which the queue's bounds and the counters count.
+// queuedMessage is one encoded message waiting for its peer's stream.
 type queuedMessage struct {
 	group GroupID
 	data  []byte
-	size  int
 }
 
 // isControl reports whether a message of type typ may use a peer queue's
@@ -122,7 +119,7 @@ func newPeer(t *GRPCTransport, id NodeID, addr string) (*peer, error) {
 // queue still has a bound. The queue stays one FIFO: a control message
 // waits behind the appends queued before it, but it is not dropped. It
 // never blocks beyond the queue lock.
-func (p *peer) enqueue(group GroupID, data []byte, size int, control bool) error {
+func (p *peer) enqueue(group GroupID, data []byte, control bool) error {
 	p.mu.Lock()
 	switch {
 	case p.stopped:
@@ -131,19 +128,19 @@ func (p *peer) enqueue(group GroupID, data []byte, size int, control bool) error
 	case p.state == stateBackoff:
 		p.mu.Unlock()
 		return fmt.Errorf("%w: node %d", ErrPeerUnreachable, p.id)
-	case p.atBound(size, 0, 0):
+	case p.atBound(len(data), 0, 0):
 		if !control {
 			p.mu.Unlock()
 			return fmt.Errorf("%w: node %d", ErrQueueFull, p.id)
 		}
-		if p.atBound(size, p.t.cfg.QueueReserveMessages, p.t.cfg.QueueReserveBytes) {
+		if p.atBound(len(data), p.t.cfg.QueueReserveMessages, p.t.cfg.QueueReserveBytes) {
 			p.mu.Unlock()
 			return fmt.Errorf("%w: node %d, and its reserve for control messages too", ErrReserveFull, p.id)
 		}
 		p.t.stats.reserveAccepted.Add(1)
 	}
-	p.queue = append(p.queue, queuedMessage{group: group, data: data, size: size})
-	p.queueBytes += size
+	p.queue = append(p.queue, queuedMessage{group: group, data: data})
+	p.queueBytes += len(data)
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -173,7 +170,7 @@ func (p *peer) take(dst []queuedMessage) []queuedMessage {
 	defer p.mu.Unlock()
 	n, size := 0, 0
 	for n < len(p.queue) && n < p.t.cfg.BatchMessagesMax {
-		l := p.queue[n].size
+		l := len(p.queue[n].data)
 		if n > 0 && size+l > p.t.cfg.BatchBytesMax {
 			break
 		}
@@ -295,7 +292,7 @@ func (p *peer) session() (established bool, lost []queuedMessage, err error) {
 	// answered the timer is stopped, and if it fired first, Stop says so and
 	// the stream is dead anyway.
 	timer := time.AfterFunc(p.t.cfg.HandshakeTimeout, cancel)
-	stream, err := p.client.Stream(ctx, wireCodecOption)
+	stream, err := p.client.Stream(ctx)
 	if err != nil {
 		timer.Stop()
 		return false, nil, fromStatus(err)
@@ -352,7 +349,8 @@ func (p *peer) session() (established bool, lost []queuedMessage, err error) {
 		return fromStatus(err)
 	}
 
-	var batch wireBatch
+	batch := &geologinternalv1.RaftBatch{FromNode: self, ToNode: uint64(p.id)}
+	var wire []*geologinternalv1.GroupMessage // reused: SendMsg encodes before returning
 	var items []queuedMessage
 	for {
 		clear(items)
@@ -367,13 +365,20 @@ func (p *peer) session() (established bool, lost []queuedMessage, err error) {
 				return true, nil, ctx.Err()
 			}
 		}
-		batch.reset(p.t.self, p.id)
-		size := 0
-		for _, it := range items {
-			batch.msgs = append(batch.msgs, it.data)
-			size += it.size
+		for len(wire) < len(items) {
+			wire = append(wire, new(geologinternalv1.GroupMessage))
 		}
-		err := sendWire(stream, &batch)
+		batch.Messages = wire[:len(items)]
+		size := 0
+		for i, it := range items {
+			wire[i].GroupId = uint64(it.group)
+			wire[i].Message = it.data
+			size += len(it.data)
+		}
+		err := stream.Send(batch)
+		for i := range items {
+			wire[i].Message = nil
+		}
 		if err != nil {
 			if errors.Is(err, io.EOF) { // the stream ended: its status says why
 				return true, items, endErr(<-ended)
