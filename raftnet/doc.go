@@ -17,11 +17,9 @@
 //     transport finds nodes in an address book the caller keeps current
 //     (SetPeer, RemovePeer).
 //  2. Send never blocks. It validates and encodes the message on the
-//     caller's goroutine (the caller may reuse the message at once), once:
-//     straight into the bytes it has in a RaftBatch on the wire
-//     (wirebatch.go), and queues it for its peer. A peer's queue is bounded
-//     in messages and bytes (counting the encoded raftpb.Message); when it
-//     is full, Send drops the message, counts it and returns
+//     caller's goroutine (the caller may reuse the message at once) and
+//     queues it for its peer. A peer's queue is bounded in messages and
+//     bytes; when it is full, Send drops the message, counts it and returns
 //     ErrQueueFull, except for control messages (heartbeats, votes and
 //     pre-votes, their answers, MsgTimeoutNow, MsgAppResp), which may use a
 //     reserve past the bound (QueueReserveMessages, QueueReserveBytes;
@@ -45,8 +43,7 @@
 //     break this on purpose: LinkFaults.Reorder, DuplicateRate.)
 //  5. Batching. One sender goroutine per peer drains the queue into one
 //     RaftBatch per stream send, up to BatchMessagesMax and BatchBytesMax (a
-//     single larger message travels alone), sent as the queued messages'
-//     bytes without a second marshal. While a send is in progress new
+//     single larger message travels alone). While a send is in progress new
 //     messages accumulate, so batches grow with load without a timer.
 //  6. Loss is reported. When a stream breaks, or a peer is removed, the
 //     batch being sent and everything queued are dropped, counted, and
