@@ -18,35 +18,12 @@ RATE=${RATE:-10000}
 PRODUCERS=${PRODUCERS:-8}
 RANGES=${RANGES:-8}
 BASE=${GEOLOG_BENCH_PORT:-19580}
-PEERS="1=127.0.0.1:$((BASE+1)),2=127.0.0.1:$((BASE+2)),3=127.0.0.1:$((BASE+3))"
-export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BASE+3))"
 
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
 . "$(dirname "$0")/benchlib.sh"
-pki_setup local 3
-PIDS=()
-for i in 1 2 3; do
-	# shellcheck disable=SC2046,SC2086
-	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--debug-addr "127.0.0.1:$((BASE+10+i))" \
-		--fsync always --log-level warn $(node_security $i) $(node_atrest) ${GEOLOGD_FLAGS:-} >"$RUNDIR/n$i.log" 2>&1 &
-	PIDS+=($!)
-done
-trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
-for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
-for i in $(seq 1 20); do
-	"$BIN/geolog" bench --stream bc --ranges "$RANGES" --producers 1 --count 5000 >/dev/null 2>&1 && break
-	sleep 0.5
-done
+DEBUG=on start_region3 --fsync always --log-level warn
+warm_stream bc "$RANGES" 5000
 settle
-# cpu_ticks prints the summed utime+stime (clock ticks) of the node processes.
-cpu_ticks() {
-	local t=0 p
-	for p in "${PIDS[@]}"; do
-		t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat")))
-	done
-	echo $t
-}
 CURLS=()
 if [ -n "${PROFILE:-}" ]; then
 	mkdir -p "$PROFILE"

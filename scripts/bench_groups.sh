@@ -22,28 +22,14 @@ RUNDIR=$PWD/run/bench-groups
 DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-5}
 BASE=${GEOLOG_BENCH_PORT:-7480}
-PEERS="1=127.0.0.1:$((BASE+1)),2=127.0.0.1:$((BASE+2)),3=127.0.0.1:$((BASE+3))"
-export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BASE+3))"
 
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
 . "$(dirname "$0")/benchlib.sh"   # TLS=on (default) or off, as make bench-region
-pki_setup local 3
 RANGES=${RANGES:-64}
 CURSORS=${CURSORS:-1024}
 PROFILE=${PROFILE:-off}
-GEOLOGD_FLAGS=${GEOLOGD_FLAGS:-}
 REBALANCE=${REBALANCE:-on}
-PIDS=()
-for i in 1 2 3; do
-	debug=""
-	[ "$PROFILE" = on ] && debug="--debug-addr 127.0.0.1:$((BASE+10+i))"
-	# shellcheck disable=SC2046,SC2086
-	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn $(node_security $i) $debug $GEOLOGD_FLAGS >"$RUNDIR/n$i.log" 2>&1 &
-	PIDS+=($!)
-done
-trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
-for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
+DEBUG=$PROFILE start_region3 --fsync always --log-level warn
 
 # cpu_seconds: user+system CPU seconds of the three nodes so far.
 cpu_seconds() {

@@ -15,25 +15,11 @@ RUNDIR=$PWD/run/bench-hops
 DURATION=${DURATION:-8s}
 TRACE_SECONDS=${TRACE_SECONDS:-3}
 BASE=${GEOLOG_BENCH_PORT:-7490}
-PEERS="1=127.0.0.1:$((BASE+1)),2=127.0.0.1:$((BASE+2)),3=127.0.0.1:$((BASE+3))"
-export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BASE+3))"
 
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
 . "$(dirname "$0")/benchlib.sh"
-pki_setup local 3
-PIDS=()
-for i in 1 2 3; do
-	# shellcheck disable=SC2046,SC2086
-	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn --debug-addr "127.0.0.1:$((BASE+10+i))" $(node_security $i) ${GEOLOGD_FLAGS:-} >"$RUNDIR/n$i.log" 2>&1 &
-	PIDS+=($!)
-done
-trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
-for _ in $(seq 1 20); do
-	"$BIN/geolog" bench --stream bs --ranges 1 --producers 1 --count 2000 >/dev/null 2>&1 && break
-	sleep 0.5
-done
+DEBUG=on start_region3 --fsync always --log-level warn
+warm_stream bs 1 2000
 settle
 echo "load $(cut -d' ' -f1 /proc/loadavg) at $(date -u +%H:%M:%S), binaries $BIN" >&2
 TRACERS=()

@@ -14,31 +14,14 @@ RUNDIR=$PWD/run/bench-region
 DURATION=${DURATION:-10s}
 RANGES=${RANGES:-8}
 BASE=${GEOLOG_BENCH_PORT:-7480}
-PEERS="1=127.0.0.1:$((BASE+1)),2=127.0.0.1:$((BASE+2)),3=127.0.0.1:$((BASE+3))"
-export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BASE+3))"
 
 rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
 . "$(dirname "$0")/benchlib.sh"
-pki_setup local 3
-PIDS=()
-for i in 1 2 3; do
-	# shellcheck disable=SC2046,SC2086
-	"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$PEERS" \
-		--fsync always --log-level warn $(node_security $i) $(node_atrest) ${GEOLOGD_FLAGS:-} >"$RUNDIR/n$i.log" 2>&1 &
-	PIDS+=($!)
-done
-trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
-for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
-# Create the streams and write a little first: a new stream's ranges elect
-# leaders and every node applies the catalogue record; that start-up (about a
-# second) is not what these runs measure.
+start_region3 --fsync always --log-level warn
+# Create the streams and write a little first (warm_stream).
 for s in bs b8 bh bt; do
 	r=$RANGES; [ "$s" = bs ] && r=1
-	# A node that just started answers "catalogue catching up" for a moment.
-	for i in $(seq 1 20); do
-		"$BIN/geolog" bench --stream "$s" --ranges "$r" --producers 1 --count 2000 >/dev/null 2>&1 && break
-		sleep 0.5
-	done
+	warm_stream "$s" "$r" 2000
 done
 settle; run "one at a time"        --stream bs --ranges 1 --producers 1 --duration "$DURATION" --sync
 settle; run "8 producers"          --stream b8 --producers 8 --duration "$DURATION"

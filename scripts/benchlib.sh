@@ -1,4 +1,4 @@
-# Shared by bench.sh, bench_region.sh and bench_idle.sh.
+# Shared by the benchmark scripts (bench*.sh).
 #
 # Transport security: TLS=on (the default) makes a development PKI under
 # $RUNDIR/certs with bin/geolog certs and runs the nodes with TLS and
@@ -58,4 +58,58 @@ settle() { sync; sleep 3; }
 # last_rate prints the records/s of the last run, as an integer.
 last_rate() {
 	tail -1 "$RUNDIR/results.jsonl" | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["records_per_sec"]))'
+}
+
+# start_region3 FLAGS...: starts a 3-node region from $BIN on 127.0.0.1
+# ports BASE+1..3, data in $RUNDIR/nI and logs in $RUNDIR/nI.log (or
+# $LOGDIR/nI.log), each node with FLAGS, its transport security and
+# at-rest flags and $GEOLOGD_FLAGS; DEBUG=on also gives node I
+# --debug-addr 127.0.0.1:BASE+10+I. Exports GEOLOG_ADDR (and the client's
+# certificates), fills PIDS, stops the nodes on exit (stop_region, plus
+# $ON_EXIT if set) and returns once a node answers.
+start_region3() {
+	local peers="1=127.0.0.1:$((BASE+1)),2=127.0.0.1:$((BASE+2)),3=127.0.0.1:$((BASE+3))" i debug
+	export GEOLOG_ADDR="127.0.0.1:$((BASE+1)),127.0.0.1:$((BASE+2)),127.0.0.1:$((BASE+3))"
+	pki_setup local 3
+	PIDS=()
+	for i in 1 2 3; do
+		debug=""
+		[ "${DEBUG:-off}" = on ] && debug="--debug-addr 127.0.0.1:$((BASE+10+i))"
+		# shellcheck disable=SC2046,SC2086
+		"$BIN/geologd" --data-dir "$RUNDIR/n$i" --listen "127.0.0.1:$((BASE+i))" --node-id $i --peers "$peers" \
+			"$@" $debug $(node_security $i) $(node_atrest) ${GEOLOGD_FLAGS:-} >"${LOGDIR:-$RUNDIR}/n$i.log" 2>&1 &
+		PIDS+=($!)
+	done
+	trap 'stop_region; eval "${ON_EXIT:-}"' EXIT
+	for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+# stop_region stops the nodes start_region3 started.
+stop_region() {
+	[ ${#PIDS[@]} -eq 0 ] && return 0
+	kill -TERM "${PIDS[@]}" 2>/dev/null || true
+	wait "${PIDS[@]}" 2>/dev/null || true
+}
+
+# warm_stream STREAM RANGES COUNT writes COUNT records to STREAM (made
+# with RANGES ranges), retrying while a node that just started answers
+# "catalogue catching up": a new stream's elections and the catalogue
+# record (about a second) are not what a benchmark measures.
+warm_stream() {
+	local i
+	for i in $(seq 1 20); do
+		"$BIN/geolog" bench --stream "$1" --ranges "$2" --producers 1 --count "$3" >/dev/null 2>&1 && return 0
+		sleep 0.5
+	done
+	echo "warm_stream $1: no node took $3 records in 20 tries" >&2
+	return 1
+}
+
+# cpu_ticks prints the summed utime+stime (clock ticks) of the processes in PIDS.
+cpu_ticks() {
+	local t=0 p
+	for p in "${PIDS[@]}"; do
+		t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat")))
+	done
+	echo $t
 }
