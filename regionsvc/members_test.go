@@ -101,15 +101,21 @@ func (tr *testRegion) voters(ctx context.Context, stream string, ranges uint32) 
 	tr.t.Helper()
 	out := make([][]uint64, ranges)
 	for r := uint32(0); r < ranges; r++ {
-		for ctx.Err() == nil && out[r] == nil {
+		var last any = "no answer"
+		for out[r] == nil {
+			if ctx.Err() != nil {
+				tr.t.Fatalf("voters of %s range %d: %v; the last answer: %v", stream, r, ctx.Err(), last)
+			}
 			for id, a := range tr.admins {
 				if tr.nodes[id] == nil {
 					continue
 				}
 				d, err := a.DescribeReplicas(ctx, &geologv1.DescribeReplicasRequest{Stream: stream, Range: r})
 				if err != nil {
+					last = fmt.Errorf("node %d: %w", id, err)
 					continue
 				}
+				last = d
 				for _, rs := range d.Replicas {
 					if rs.Role == "voter" {
 						out[r] = append(out[r], rs.NodeId)
@@ -133,7 +139,9 @@ func (tr *testRegion) voters(ctx context.Context, stream string, ranges uint32) 
 // (The decommissioned node itself is not asked: it is cut off.)
 func TestNodeJoinsRunningRegion(t *testing.T) {
 	tr := newTestRegion(t, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	// Generous: a busy machine (make test beside other work) has taken
+	// over a minute for the steps below.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	tr.createStream(ctx, "before", 3)
 	tr.joinNode(4, 2)
