@@ -10,6 +10,7 @@ import (
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/mailbox"
 	"github.com/geolog/geolog/rangecore"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/segment"
@@ -179,14 +180,14 @@ type rangeDriver struct {
 	// before the driver runs.
 	orphans *replica.OrphanStore
 
-	inbox    chan *appendOp
+	inbox    *mailbox.Box[*appendOp] // memory follows what is queued (idle ranges hold none)
 	stopCh   chan struct{}
 	doneCh   chan struct{}
 	stopOnce sync.Once
 
 	// The Raft member and its inputs.
 	rep         *replica.Replica
-	raftIn      chan []*raftpb.Message
+	raftIn      *mailbox.Box[[]*raftpb.Message]
 	unreachable chan uint64
 	execCh      chan func()
 	// maintainCh carries the node's maintenance requests (maintenance.go),
@@ -237,7 +238,7 @@ func openRangeDriver(cfg rangeDriverConfig) *rangeDriver {
 		cfg:      cfg,
 		logger:   cfg.logger.Named("range").With("stream", cfg.stream, "range", cfg.rangeID),
 		notifyCh: make(chan struct{}),
-		inbox:    make(chan *appendOp, cfg.inboxOpsMax),
+		inbox:    mailbox.New[*appendOp](cfg.inboxOpsMax),
 		stopCh:   make(chan struct{}),
 		doneCh:   make(chan struct{}),
 	}
@@ -308,12 +309,12 @@ func (d *rangeDriver) submit(ctx context.Context, op *appendOp) {
 	if !op.receivedAt.IsZero() {
 		op.queuedAt = time.Now()
 	}
-	select {
-	case d.inbox <- op:
-	case <-d.stopCh:
+	switch err := d.inbox.Put(ctx, d.stopCh, op); {
+	case err == nil:
+	case errors.Is(err, mailbox.ErrStopped):
 		op.reply(appendResult{err: apierr.New(apierr.ShuttingDown, "node is shutting down")})
-	case <-ctx.Done():
-		op.reply(appendResult{err: apierr.Wrap(apierr.Timeout, ctx.Err(), "range %d inbox full", d.cfg.rangeID)})
+	default:
+		op.reply(appendResult{err: apierr.Wrap(apierr.Timeout, err, "range %d inbox full", d.cfg.rangeID)})
 	}
 }
 
@@ -328,14 +329,13 @@ func (d *rangeDriver) diskFull() bool {
 func (d *rangeDriver) refuseQueued() {
 	e := apierr.New(apierr.ShuttingDown, "node is shutting down")
 	for {
-		select {
-		case op := <-d.inbox:
-			op.reply(appendResult{err: e})
-		default:
+		op, ok := d.inbox.Take()
+		if !ok {
 			d.failure.CompareAndSwap(nil, e)
 			d.notify()
 			return
 		}
+		op.reply(appendResult{err: e})
 	}
 }
 

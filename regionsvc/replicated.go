@@ -13,6 +13,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/internal/mailbox"
 	"github.com/geolog/geolog/raftnet"
 	"github.com/geolog/geolog/rangecore"
 	"github.com/geolog/geolog/replica"
@@ -69,7 +70,7 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	if rc.raftInMax == 0 {
 		rc.raftInMax = raftInMaxDefault
 	}
-	d.raftIn = make(chan []*raftpb.Message, rc.raftInMax)
+	d.raftIn = mailbox.New[[]*raftpb.Message](rc.raftInMax)
 	d.unreachable = make(chan uint64, 64)
 	d.execCh = make(chan func(), 16)
 	d.maintainCh = make(chan struct{}, 1)
@@ -133,12 +134,7 @@ func (d *rangeDriver) sendRaft(msgs []*raftpb.Message) {
 // deliverRaft queues messages from the transport for the driver; it never
 // blocks (a full queue drops: Raft retransmits).
 func (d *rangeDriver) deliverRaft(msgs []*raftpb.Message) bool {
-	select {
-	case d.raftIn <- msgs:
-		return true
-	default:
-		return false
-	}
+	return d.raftIn.TryPut(msgs)
 }
 
 // runReplicated is the driver loop of a replicated range: one goroutine owns
@@ -174,10 +170,10 @@ func (d *rangeDriver) runReplicated() {
 		select {
 		case <-d.dormant:
 			d.admitted() // openpace.go
-		case op := <-d.inbox:
-			d.propose(op)
-		case msgs := <-d.raftIn:
-			d.step(msgs)
+		case <-d.inbox.Ready():
+			d.takeOne()
+		case <-d.raftIn.Ready():
+			d.takeRaft()
 		case <-d.rep.LogWritten():
 			d.core.Handle(rangecore.Event{Kind: rangecore.EventLogWritten})
 		case <-tick:
@@ -325,19 +321,46 @@ func (d *rangeDriver) runMarkWriter(stop <-chan struct{}, done chan<- struct{}) 
 
 // drainReplicated takes the events already queued, up to
 // rangecore.DrainEventsMax, into the Ready cycle to come.
+// Appends and peers' messages are taken in turn, so that neither waits
+// behind the other's backlog.
 func (d *rangeDriver) drainReplicated() {
-	for n := 0; n < rangecore.DrainEventsMax; n++ {
+	for n := 0; n < rangecore.DrainEventsMax; {
+		took := d.takeOne()
+		if took {
+			n++
+		}
+		if d.takeRaft() {
+			n++
+			took = true
+		}
 		select {
-		case op := <-d.inbox:
-			d.propose(op)
-		case msgs := <-d.raftIn:
-			d.step(msgs)
 		case to := <-d.unreachable:
 			d.core.Handle(rangecore.Event{Kind: rangecore.EventUnreachable, To: to})
+			n++
 		default:
-			return
+			if !took {
+				return
+			}
 		}
 	}
+}
+
+// takeOne proposes the oldest queued append, if any.
+func (d *rangeDriver) takeOne() bool {
+	op, ok := d.inbox.Take()
+	if ok {
+		d.propose(op)
+	}
+	return ok
+}
+
+// takeRaft steps the oldest queued batch of peers' messages, if any.
+func (d *rangeDriver) takeRaft() bool {
+	msgs, ok := d.raftIn.Take()
+	if ok {
+		d.step(msgs)
+	}
+	return ok
 }
 
 // step steps messages from peers, then answers at once the appends their
