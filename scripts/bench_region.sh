@@ -9,7 +9,7 @@
 # HALF_RATE fixes the half-rate run's records/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=$PWD/bin
+BIN=${GEOLOG_BENCH_BIN:-$PWD/bin} # GEOLOG_BENCH_BIN=dir: another build (an A/B)
 RUNDIR=$PWD/run/bench-region
 DURATION=${DURATION:-10s}
 RANGES=${RANGES:-8}

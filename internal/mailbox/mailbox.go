@@ -3,8 +3,9 @@
 // holds. A buffered channel of the same bound allocates its whole buffer
 // when it is made: a range's append inbox of 4,096 slots is 32 KiB, kept
 // for every range on the node whether it ever sees an append or not. A
-// Box holds no buffer while empty, grows by doubling up to its bound, and
-// lets a large buffer go when a burst has drained.
+// Box starts with no buffer, grows by doubling up to its bound, and lets
+// a large buffer go once a burst that used under a quarter of it has
+// drained (so steady bursts of one size do not reallocate it each time).
 //
 // The consumer selects on Ready (beside its other channels) and then
 // calls Take until it reports nothing or the consumer has taken enough;
@@ -21,8 +22,9 @@ import (
 // ErrStopped is Put's answer when its stop channel closed first.
 var ErrStopped = errors.New("mailbox: stopped")
 
-// keepSlots is the largest buffer kept once the box is empty again: an
-// active range keeps a small one instead of growing it on every burst.
+// keepSlots is the largest buffer always kept once the box is empty
+// again: an active range keeps a small one instead of growing it on every
+// burst. A larger one is kept while bursts still use a quarter of it.
 const keepSlots = 64
 
 // Box is the queue. The zero value is not usable: use New.
@@ -34,6 +36,7 @@ type Box[T any] struct {
 	buf   []T // a ring: n items from head
 	head  int
 	n     int
+	peak  int           // the most items held since the box was last empty
 	space chan struct{} // closed when a Take frees a slot; nil: no Put waits
 }
 
@@ -109,9 +112,10 @@ func (b *Box[T]) Take() (v T, ok bool) {
 	b.n--
 	if b.n == 0 {
 		b.head = 0
-		if len(b.buf) > keepSlots {
-			b.buf = nil
+		if len(b.buf) > keepSlots && 4*b.peak <= len(b.buf) {
+			b.buf = nil // the last burst used under a quarter: let it go
 		}
+		b.peak = 0
 	}
 	b.setReady(b.n > 0)
 	if b.space != nil {
@@ -128,6 +132,7 @@ func (b *Box[T]) push(v T) {
 	}
 	b.buf[(b.head+b.n)%len(b.buf)] = v
 	b.n++
+	b.peak = max(b.peak, b.n)
 	if b.n == 1 {
 		b.setReady(true)
 	}

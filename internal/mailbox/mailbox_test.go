@@ -83,29 +83,38 @@ func TestReadyFollowsContents(t *testing.T) {
 	}
 }
 
-// TestMemoryFollowsContents: no buffer while empty; a burst's large
-// buffer is let go once drained, a small one kept.
+// TestMemoryFollowsContents: no buffer in a new box; a large buffer is
+// kept while bursts use it and let go after one that used under a
+// quarter; a small one is kept.
 func TestMemoryFollowsContents(t *testing.T) {
 	b := New[int](4096)
 	if b.buf != nil {
 		t.Fatalf("a new box holds %d slots", len(b.buf))
 	}
-	for i := 0; i < 1000; i++ {
-		b.TryPut(i)
-	}
-	if len(b.buf) < 1000 || len(b.buf) > 4096 {
-		t.Fatalf("%d slots for 1000 items", len(b.buf))
-	}
-	for {
-		if _, ok := b.Take(); !ok {
-			break
+	burst := func(n int) {
+		for i := 0; i < n; i++ {
+			b.TryPut(i)
+		}
+		for {
+			if _, ok := b.Take(); !ok {
+				return
+			}
 		}
 	}
-	if b.buf != nil {
-		t.Fatalf("a drained box keeps %d slots", len(b.buf))
+	burst(1000)
+	if len(b.buf) < 1000 || len(b.buf) > 4096 {
+		t.Fatalf("%d slots kept after a burst of 1000", len(b.buf))
 	}
-	b.TryPut(1)
-	b.Take()
+	kept := &b.buf[0]
+	burst(900)
+	if len(b.buf) == 0 || &b.buf[0] != kept {
+		t.Fatal("a burst of the same size reallocated the buffer")
+	}
+	burst(10)
+	if b.buf != nil {
+		t.Fatalf("a box drained after a small burst keeps %d slots", len(b.buf))
+	}
+	burst(1)
 	if len(b.buf) == 0 || len(b.buf) > keepSlots {
 		t.Fatalf("a small buffer of %d slots", len(b.buf))
 	}
@@ -187,4 +196,52 @@ func TestManyProducers(t *testing.T) {
 	if ready(b) {
 		t.Fatal("ready after everything was taken")
 	}
+}
+
+// BenchmarkBox and BenchmarkChannel: eight producers, one consumer that
+// takes everything queued, as a range's driver does.
+func BenchmarkBox(b *testing.B) {
+	box := New[*int](4096)
+	v := new(int)
+	var wg sync.WaitGroup
+	per := b.N/8 + 1
+	for p := 0; p < 8; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < per; i++ {
+				box.Put(context.Background(), nil, v)
+			}
+		}()
+	}
+	for got := 0; got < 8*per; {
+		<-box.Ready()
+		for {
+			if _, ok := box.Take(); !ok {
+				break
+			}
+			got++
+		}
+	}
+	wg.Wait()
+}
+
+func BenchmarkChannel(b *testing.B) {
+	ch := make(chan *int, 4096)
+	v := new(int)
+	var wg sync.WaitGroup
+	per := b.N/8 + 1
+	for p := 0; p < 8; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < per; i++ {
+				ch <- v
+			}
+		}()
+	}
+	for got := 0; got < 8*per; got++ {
+		<-ch
+	}
+	wg.Wait()
 }
