@@ -194,3 +194,70 @@ func TestSnapshotCarriesCompactedEpoch(t *testing.T) {
 		t.Fatalf("node 3 restarted: highest epoch %d, want 3", e)
 	}
 }
+
+// TestInstalledBodyEpochSurvivesCompaction: a follower catches up by a
+// snapshot whose body holds epoch-3 frames while the leader's compacted
+// part is of epoch 1 (the sender's compacted epoch); retention then
+// deletes the whole installed body there, and the follower restarts. It
+// must still know its log ends in epoch 3: the body's frames lie at or
+// below the snapshot index, so compaction deletes them without reading
+// their epochs (moveCompactionPoint) and only the install can record it.
+// Without that the restarted replica reports epoch 1, and as a mirror it
+// tells a new home its log ends in epoch 1: the home resends from its own
+// log start and the mirror forks there, past where epoch 3 began, moving
+// the range's own records into its orphan log (seeds 321154 and 322084 of
+// the three-region simulator, notes/simfork.md).
+func TestInstalledBodyEpochSurvivesCompaction(t *testing.T) {
+	c, base := ageRetentionCluster(t)
+	c.elect(1)
+	c.cut[3] = true
+	var res []Result
+	propose := func(epoch uint64, tag string, from uint64) {
+		for i := uint64(0); i < 10; i++ {
+			o := op(7, from+2*i, 2, fmt.Sprintf("%s-%d", tag, i), &res)
+			o.Epoch = epoch
+			c.replicas[1].Propose(o)
+			c.settle()
+		}
+	}
+	propose(1, "e1", 0)
+	for _, id := range c.ids {
+		c.clock[id] = base.Add(time.Hour)
+	}
+	propose(3, "e3", 20)
+	c.tick(20) // node 3 no longer counts as active: nothing held back for it
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatalf("append: %v", r.Err)
+		}
+	}
+	// Retention deletes the epoch-1 frames on nodes 1 and 2, not the
+	// epoch-3 ones: node 3 needs a snapshot whose body holds them.
+	for _, id := range []uint64{1, 2} {
+		if c.compact(id) == 0 || c.logs[id].StartOffset() == 0 {
+			t.Fatalf("node %d: nothing compacted", id)
+		}
+		if h, _, err := c.states[id].Load(); err != nil || h.CompactedEpoch != 1 {
+			t.Fatalf("node %d state: compacted epoch %d (%v), want 1", id, h.CompactedEpoch, err)
+		}
+	}
+	delete(c.cut, 3)
+	c.tick(5)
+	committed := c.replicas[1].Committed()
+	if got := c.replicas[3].Stats().SnapshotsInstalled; got != 1 || c.replicas[3].Committed() != committed {
+		t.Fatalf("node 3: %d snapshots installed, committed %d; want 1, %d", got, c.replicas[3].Committed(), committed)
+	}
+	// A floor node 3 learns from its leader (one that has heard of none
+	// keeps its whole log), past every offset it holds.
+	c.replicas[1].SetCompactionFloor(committed, true)
+	c.compact(1)
+	c.clock[3] = base.Add(3 * time.Hour)
+	if c.compact(3) == 0 || c.logs[3].StartOffset() != committed {
+		t.Fatalf("node 3: log starts at %d, want compacted whole to %d", c.logs[3].StartOffset(), committed)
+	}
+	c.stop(3)
+	c.start(3)
+	if e := c.replicas[3].HighestEpoch(); e != 3 {
+		t.Fatalf("node 3 restarted with its installed epoch-3 body compacted away: highest epoch %d, want 3", e)
+	}
+}

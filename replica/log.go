@@ -91,7 +91,9 @@ type HardState struct {
 	SnapshotNextOffset      uint64
 	SnapshotAppendUnixNanos int64
 	// CompactedEpoch is the highest homing epoch of a data frame that
-	// compaction deleted (0: none, or a state saved before it was kept).
+	// compaction deleted, or that an installed snapshot's body held (at
+	// or below the compaction point, compaction deletes those without
+	// reading them) (0: none, or a state saved before it was kept).
 	// A log that retention deleted whole still knows its epoch after a
 	// restart (HighestEpoch, the mirror's log epoch): without it a
 	// restarted mirror would report no log epoch, and a new home would not
@@ -123,8 +125,9 @@ type SnapshotMeta struct {
 	AppendUnixNanos int64
 	Conf            *raftpb.ConfState
 	Producers       []byte
-	// CompactedEpoch is the sender's compacted epoch (snapshotDesc), which
-	// the install raises HardState.CompactedEpoch to.
+	// CompactedEpoch is the higher of the sender's compacted epoch
+	// (snapshotDesc) and the body's data frames' highest: the install
+	// raises HardState.CompactedEpoch to it.
 	CompactedEpoch uint64
 }
 

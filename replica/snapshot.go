@@ -521,7 +521,7 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 			r.cfg.Orphans.discard(forks)
 		}
 	}()
-	decision, split, err := r.stageFrames(st, body, d, base)
+	staged, err := r.stageFrames(st, body, d, base)
 	if err != nil {
 		return nil, err
 	}
@@ -545,9 +545,14 @@ func (r *Replica) ReceiveSnapshot(m *raftpb.Message, body io.Reader) (*StagedSna
 		}
 	}
 	ok = true
-	return &StagedSnapshot{staging: st, base: base, decision: decision, split: split, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
+	// Every frame of the body lies at or below the snapshot index, which
+	// becomes the compaction point: compaction deletes them later without
+	// reading them (moveCompactionPoint reads only past it), so their epoch
+	// is recorded as compacted now, or a log that retention deleted whole
+	// would forget it on a restart (notes/simfork.md).
+	return &StagedSnapshot{staging: st, base: base, decision: staged.decision, split: staged.split, meta: SnapshotMeta{Index: index, Term: term, NextOffset: d.NextOffset,
 		AppendUnixNanos: appendTime, Conf: proto.Clone(meta.GetConfState()).(*raftpb.ConfState), Producers: base.encode(),
-		CompactedEpoch: d.CompactedEpoch}}, nil
+		CompactedEpoch: max(d.CompactedEpoch, staged.epoch)}}, nil
 }
 
 // checkSnapshotMessage checks the snapshot message m's envelope (type,
@@ -574,15 +579,23 @@ func checkSnapshotMessage(m *raftpb.Message) (snapshotDesc, error) {
 	return d, nil
 }
 
+// stagedBody is what stageFrames found in a snapshot body.
+type stagedBody struct {
+	// decision is the newest compaction decision among the frames.
+	decision batch.Compaction
+	// split is the split marker's header (Index 0: none).
+	split batch.Header
+	// epoch is the highest epoch of a data frame (0: none).
+	epoch uint64
+}
+
 // stageFrames reads the snapshot body's frames (as many as d describes, or
 // fewer where compaction by key removed some) into the staging st, records
 // those past the producer base's index in base, raises the epoch floor to
-// the data frames' and returns the newest compaction decision among them
-// and the split marker's header (Index 0: none).
-func (r *Replica) stageFrames(st *segment.Staging, body io.Reader, d snapshotDesc, base *producerBase) (batch.Compaction, batch.Header, error) {
+// the data frames' and returns what it found (stagedBody).
+func (r *Replica) stageFrames(st *segment.Staging, body io.Reader, d snapshotDesc, base *producerBase) (stagedBody, error) {
 	fr := frameReader{r: body}
-	var decision batch.Compaction
-	var split batch.Header
+	var out stagedBody
 	for i := uint64(0); i < d.Frames; i++ {
 		frame, err := fr.next()
 		if err == io.EOF && i > 0 {
@@ -592,31 +605,32 @@ func (r *Replica) stageFrames(st *segment.Staging, body io.Reader, d snapshotDes
 			break
 		}
 		if err != nil {
-			return decision, split, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
+			return out, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
 		}
 		h, err := st.Append(frame)
 		if err != nil {
-			return decision, split, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
+			return out, fmt.Errorf("%w: frame %d of %d: %w", ErrSnapshotInvalid, i+1, d.Frames, err)
 		}
 		if h.Index > d.ProducersIndex {
 			base.record(h)
 		}
 		if h.Type == batch.TypeData {
 			r.raiseEpoch(h.Epoch)
+			out.epoch = max(out.epoch, h.Epoch)
 		}
 		if h.Type == batch.TypeSplit {
-			split = h
+			out.split = h
 		}
 		if h.Type == batch.TypeCompact {
-			if _, c, err := batch.DecodeCompaction(frame); err == nil && c.Point > decision.Point {
-				decision = c
+			if _, c, err := batch.DecodeCompaction(frame); err == nil && c.Point > out.decision.Point {
+				out.decision = c
 			}
 		}
 	}
 	if err := fr.end(); err != nil {
-		return decision, split, fmt.Errorf("%w: after %d frames: %w", ErrSnapshotInvalid, d.Frames, err)
+		return out, fmt.Errorf("%w: after %d frames: %w", ErrSnapshotInvalid, d.Frames, err)
 	}
-	return decision, split, nil
+	return out, nil
 }
 
 // frameReader reads whole frames from a snapshot body.
