@@ -780,7 +780,7 @@ func (r *Replica) adoptSnapshot(m SnapshotMeta) {
 	// The leader's log below the body is this log's compacted part now:
 	// its epoch stays known (HighestEpoch) with no frame of it left.
 	r.state.CompactedEpoch = max(r.state.CompactedEpoch, m.CompactedEpoch)
-	r.raiseEpoch(m.CompactedEpoch, m.NextOffset) // deleted below the body
+	r.raiseEpoch(m.CompactedEpoch, m.NextOffset) // its frames were below the snapshot's end
 	if r.state.Raft.GetCommit() < m.Index {
 		hs := proto.Clone(r.state.Raft).(*raftpb.HardState)
 		hs.Commit = proto.Uint64(m.Index)
