@@ -149,8 +149,10 @@ type forkState struct {
 	// unapplied holds the indexes of fork entries in the log (as Raft sees
 	// it) that are not applied here.
 	unapplied []uint64
-	// epoch is the highest epoch of a data frame seen in the log.
-	epoch atomic.Uint64
+	// epoch is the highest epoch of a data frame seen in the log; starts
+	// is where the epochs seen start at the latest (epochstarts.go).
+	epoch  atomic.Uint64
+	starts epochStarts
 	// recovered says New completed a fork's truncation.
 	recovered bool
 }
@@ -289,8 +291,11 @@ func (r *Replica) HighestEpoch() uint64 {
 	return e
 }
 
-// raiseEpoch notes a data frame's epoch.
-func (r *Replica) raiseEpoch(epoch uint64) {
+// raiseEpoch notes a data frame's epoch and its offset at (or any offset
+// past a frame of that epoch: where the epoch starts at the latest, for
+// staleMirrored).
+func (r *Replica) raiseEpoch(epoch, at uint64) {
+	r.fork.starts.note(epoch, at)
 	for {
 		cur := r.fork.epoch.Load()
 		if epoch <= cur || r.fork.epoch.CompareAndSwap(cur, epoch) {
@@ -341,7 +346,7 @@ func (r *Replica) forkBlocksAppends() error {
 func (r *Replica) noteFrame(h batch.Header) {
 	switch h.Type {
 	case batch.TypeData:
-		r.raiseEpoch(h.Epoch)
+		r.raiseEpoch(h.Epoch, h.BaseOffset)
 	case batch.TypeFork:
 		if h.Index > r.appliedIndex && !slices.Contains(r.fork.unapplied, h.Index) {
 			r.fork.unapplied = append(r.fork.unapplied, h.Index)
@@ -751,7 +756,7 @@ func (r *Replica) completeFork(m *ForkMeta) error {
 func (r *Replica) recoverFork(headers []batch.Header) error {
 	for _, h := range headers {
 		if h.Type == batch.TypeData {
-			r.raiseEpoch(h.Epoch)
+			r.raiseEpoch(h.Epoch, h.BaseOffset)
 		}
 	}
 	m := r.state.Forking

@@ -13,7 +13,9 @@ import (
 // start past it); otherwise the reply is a
 // retriable OFFSET_OUT_OF_RANGE whose TailOffset is that tail (after a
 // leader change the tail may be ahead of the committed end until the new
-// leader's first entry commits). The reply comes once the entry commits.
+// leader's first entry commits). A frame of an epoch older than one known
+// to start at or below its offset is refused with STALE_EPOCH
+// (epochstarts.go). The reply comes once the entry commits.
 // The caller (the replicator's server) has validated the frame.
 func (r *Replica) ProposeVerbatim(op *Op) {
 	if r.failure.Load() != nil {
@@ -41,7 +43,7 @@ func (r *Replica) ProposeVerbatim(op *Op) {
 		op.Reply(Result{Err: apierr.New(apierr.InvalidArgument, "stream %s range %d: a mirrored frame must be a valid data frame or compaction marker", r.cfg.Stream, r.cfg.Range)})
 		return
 	}
-	if err := r.staleEpoch(h.Epoch); err != nil {
+	if err := r.staleMirrored(h); err != nil { // epochstarts.go
 		op.Reply(Result{Err: err})
 		return
 	}

@@ -357,13 +357,13 @@ func (r *Replica) replayLog(headers []batch.Header) error {
 		return fmt.Errorf("replica: %w: %w", ErrStateCorrupt, err)
 	}
 	r.dedup = r.base.table(r.cfg.ProducersMax)
-	r.raiseEpoch(r.state.CompactedEpoch) // the epoch of what retention deleted
+	r.raiseEpoch(r.state.CompactedEpoch, r.cfg.Log.StartOffset()) // the epoch of what retention deleted, below the log
 	if f := r.state.SharedFloor; f != 0 {
 		r.floorShare.learned, r.floorShare.learnedSet = f-1, true // floor.go
 	}
 	for _, h := range headers {
 		if h.Type == batch.TypeData {
-			r.raiseEpoch(h.Epoch) // every frame held, compacted-over ones too
+			r.raiseEpoch(h.Epoch, h.BaseOffset) // every frame held, compacted-over ones too
 		}
 		if h.Index > r.state.SnapshotIndex || r.state.SnapshotIndex == 0 {
 			r.recordHeader(h) // the base covers the frames up to the compaction point

@@ -615,7 +615,7 @@ func (r *Replica) stageFrames(st *segment.Staging, body io.Reader, d snapshotDes
 			base.record(h)
 		}
 		if h.Type == batch.TypeData {
-			r.raiseEpoch(h.Epoch)
+			r.raiseEpoch(h.Epoch, h.BaseOffset)
 			out.epoch = max(out.epoch, h.Epoch)
 		}
 		if h.Type == batch.TypeSplit {
@@ -794,7 +794,7 @@ func (r *Replica) adoptSnapshot(m SnapshotMeta) {
 	// The leader's log below the body is this log's compacted part now:
 	// its epoch stays known (HighestEpoch) with no frame of it left.
 	r.state.CompactedEpoch = max(r.state.CompactedEpoch, m.CompactedEpoch)
-	r.raiseEpoch(m.CompactedEpoch)
+	r.raiseEpoch(m.CompactedEpoch, m.NextOffset) // its frames were below the snapshot's end
 	if r.state.Raft.GetCommit() < m.Index {
 		hs := proto.Clone(r.state.Raft).(*raftpb.HardState)
 		hs.Commit = proto.Uint64(m.Index)
