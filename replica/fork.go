@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sync/atomic"
 
@@ -166,10 +167,13 @@ type forkState struct {
 // nothing and only raises the epoch; one repeating the last fork (same at
 // and epoch, nothing appended since) is answered at once with its record.
 //
-// A fork below the compaction point (at < the log's start here) resets
-// the log: every replica orphans what it holds at offsets >= at and drops
-// the rest (what it retains below at, which retention deleted on the
-// proposer already), and the log continues, empty, at at. The caller
+// A fork below what the log retains here (at at or below its start
+// offset, and below the compaction point) resets the log: every replica
+// orphans what it holds at offsets >= at and drops the rest (what it
+// retains below at, which retention deleted on the proposer already), and
+// the log continues, empty, at at. A fork below the compaction point but
+// past the log's start (a log installed from a snapshot retains frames
+// below its compaction point) keeps what lies below at, as any other. The caller
 // asserts that nothing the log holds from at on is the range's: a mirror
 // whose every frame is of an older epoch than a new home's batch from at
 // (replicator.Forker, notes/simgaps.md P1).
@@ -253,17 +257,32 @@ func (r *Replica) ProposeFork(at, epoch uint64, reply func(ForkResult)) {
 
 // forkKeepIndex returns the Raft index of the last entry a fork at
 // offset at keeps (0 at the tail: the fork entry itself follows; 0 below
-// the floor: a reset, see resetFork), given the log's floor and tail; at
-// must end a batch.
+// the floor where the log retains no frame ending at at: a reset, see
+// resetFork), given the compaction point's offset (floor) and the tail;
+// at must end a batch.
+//
+// Below the compaction point the log may still retain frames: a replica
+// that installed a snapshot holds the leader's retained log up to the
+// snapshot index, and its compaction point is that index, at its log's
+// end. A fork there cuts after the retained frame ending at at, as on a
+// follower whose compaction point passed the kept index: a reset would
+// drop what retention kept for a lagging mirror (the compaction floor),
+// and that mirror could then never catch up (seed 311323 of the
+// three-region simulator: a mirror group forked at 1226 just after a
+// snapshot to 1242 whose body started at 1212, while another region's
+// mirror still needed 1223 on).
 func (r *Replica) forkKeepIndex(at, floor, tail uint64) (uint64, *apierr.Error) {
 	name := fmt.Sprintf("stream %s range %d", r.cfg.Stream, r.cfg.Range)
+	log := r.cfg.Log
 	switch {
-	case at == tail, at < floor:
+	case at == tail:
 		return 0, nil
 	case at == floor:
 		return r.state.SnapshotIndex, nil
+	case at < floor && (log.FirstIndex() == 0 || at <= log.StartOffset()):
+		return 0, nil
 	}
-	frames, err := r.cfg.Log.ReadFrames(at-1, 1, at)
+	frames, err := log.ReadFrames(at-1, 1, at)
 	h, herr := batch.DecodeHeader(frames)
 	if err != nil || herr != nil {
 		return 0, apierr.New(apierr.Unavailable, "%s: read the log at offset %d: %v", name, at-1, errors.Join(err, herr))
@@ -537,10 +556,12 @@ func (r *Replica) cutAtFork(m *ForkMeta, base *producerBase, index, at uint64) e
 // keeps (at keepIndex). Past the fork the log continues from that record:
 // its time, not the orphaned tail's (from the old home's clock, possibly
 // later than the new home's records that follow), is the fork frame's and
-// the log's newest. Every replica reads the same frame here.
+// the log's newest. Every replica that retains the frame reads the same
+// one here; a log installed from a snapshot retains frames below its
+// compaction point, so the frame is read wherever it is not that point.
 func (r *Replica) keptAppendUnixNanos(keepIndex uint64) int64 {
 	t := r.state.SnapshotAppendUnixNanos
-	if keepIndex > r.state.SnapshotIndex {
+	if keepIndex != r.state.SnapshotIndex {
 		if f, err := r.cfg.Log.ReadFramesByIndex(keepIndex, keepIndex+1, 1); err == nil && len(f) > 0 {
 			if kh, err := batch.DecodeHeader(f); err == nil && kh.Index == keepIndex {
 				t = kh.AppendTimeUnixNanos
@@ -815,15 +836,29 @@ func (p *producerBase) dropFrom(offset uint64) {
 // forkGaps counts the indexes in [first, index] that forks moved out of
 // this replica's log: the gaps before fork frames that follow a retained
 // entry (a snapshot body has that many frames fewer than indexes).
+//
+// A fork may cut below an earlier one (a newer home that started lower,
+// on a log that retains frames below the earlier fork's point): its gap
+// then swallows the earlier fork's frame and gap, which count no more.
+// Gaps nest or are apart (a fork keeps an entry of the log, never one in
+// a gap), so a fork is swallowed when a later one kept an entry below
+// its index.
 func (r *Replica) forkGaps(first, index uint64) uint64 {
 	if r.cfg.Orphans == nil {
 		return 0
 	}
 	var n uint64
-	for _, f := range r.cfg.Orphans.Forks() {
-		if f.PrevIndex != 0 && f.PrevIndex >= first && f.Index <= index {
+	low := uint64(math.MaxUint64) // the lowest entry a later fork kept
+	forks := r.cfg.Orphans.Forks()
+	for i := len(forks) - 1; i >= 0; i-- {
+		f := forks[i]
+		if f.PrevIndex == 0 || f.Index > index {
+			continue
+		}
+		if f.PrevIndex >= first && f.Index <= low {
 			n += f.Index - f.PrevIndex - 1
 		}
+		low = min(low, f.PrevIndex)
 	}
 	return n
 }

@@ -97,7 +97,19 @@ func (h *homeWorld) raised(n *node, r int, home homing.Home) {
 		return
 	}
 	from := cur.StartOffset
+	h.w.tracef("range %d: %v raised epoch %d's start from %d to %d", r, traceName(n), home.Epoch, from, home.StartOffset)
 	h.homes[r].StartOffset = home.StartOffset
+	// n's group committed its log to the raised start (the gate raises to
+	// a ReadIndex's end), so a home replica published it. Until the raise
+	// n's copy, its old-epoch frames past the grant's start, was a
+	// divergent tail the checks skipped, and the old home's copies too:
+	// the raise makes both current at once, and the old home's region is
+	// checked first in a step (seed 320367 of the three-region minute
+	// runs: region 0's copy, committed to 107 under epoch 1, was held
+	// against the grant's 101 before region 2's leader, which raised the
+	// start to 107, was checked in the same step). Their frames past the
+	// canonical log wait for the home's check, as checkMirror says.
+	h.w.homeCommitted[r] = max(h.w.homeCommitted[r], home.StartOffset)
 	if hist := h.history[r]; len(hist) > 0 && hist[len(hist)-1].home.Epoch == home.Epoch {
 		hist[len(hist)-1].home.StartOffset = home.StartOffset
 	}
