@@ -231,6 +231,7 @@ type Replica struct {
 
 	// quorum, and the stopped* fields once the replica stopped: liveness.go.
 	quorum            quorumWatch
+	succession        successionWatch // succession.go
 	stoppedOthers     atomic.Bool
 	stoppedLeader     atomic.Uint64
 	stoppedLeaderTerm atomic.Uint64
@@ -446,6 +447,7 @@ func (r *Replica) Tick() {
 	}
 	r.rn.Tick()
 	r.watchQuorum()
+	r.watchLeader() // succession.go
 }
 
 // Step hands Raft a message from a peer. Messages for another replica or
@@ -472,6 +474,7 @@ func (r *Replica) Step(m *raftpb.Message) error {
 		return nil
 	}
 	r.noteHeard(m)
+	r.noteLeaderContact(m) // succession.go
 	if m.GetType() == raftpb.MsgApp {
 		r.holdBackAfterFork(m)
 	}
