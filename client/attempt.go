@@ -94,14 +94,24 @@ func (d *rangeDriver) markUnresponsive(addr string, now time.Time) {
 	d.unresponsive, d.unresponsiveUntil = addr, now.Add(timeout)
 }
 
-// electing says whether the range's last error, err, is a NOT_LEADER while
-// it has given up on its leader (isUnresponsive): the other replicas are
-// electing a new one, which takes about an election timeout, so the range
-// asks them again at the shortest backoff rather than a growing one (an
-// exponential backoff would overshoot the election by up to as long again).
+// electing says whether the range's last error, err, is a NOT_LEADER or a
+// NOT_HOME while it has given up on its leader (isUnresponsive): the other
+// replicas are electing a new one, which takes about an election timeout,
+// so the range asks them again at the shortest backoff rather than a
+// growing one (an exponential backoff would overshoot the election by up
+// to as long again). A mirror region's node redirects to the home leader
+// it heard of last, so its NOT_HOME is part of the same search.
 func (d *rangeDriver) electing(err error) bool {
 	e := apierr.As(err)
-	return e != nil && e.Code == apierr.NotLeader && d.isUnresponsive(d.unresponsive)
+	return e != nil && (e.Code == apierr.NotLeader || e.Code == apierr.NotHome) && d.isUnresponsive(d.unresponsive)
+}
+
+// staleNotHome says whether e is a NOT_HOME whose hint names the address
+// the range gave up on (isUnresponsive): the mirror region's view of the
+// home's leader predates the election under way, so asking that node
+// again brings nothing new until the home's next heartbeat reaches it.
+func (d *rangeDriver) staleNotHome(e *Error, from string) bool {
+	return e.Code == apierr.NotHome && d.isUnresponsive(leaderHint(e, from))
 }
 
 // isUnresponsive says whether addr is the address the range last gave up

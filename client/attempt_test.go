@@ -165,3 +165,54 @@ func TestCutOffLeaderNotFollowedBack(t *testing.T) {
 		t.Fatalf("acked at offset %d, want 1", got)
 	}
 }
+
+// TestStaleNotHomeHintNotWaitedOn: while the home's other replicas elect a
+// leader to replace a cut-off one, a mirror region's node answers NOT_HOME
+// naming the cut-off leader (its view of the home is from before the
+// fault). The range neither follows that hint nor keeps asking the mirror
+// node at a growing backoff (it would sit there until the mirror heard of
+// the new leader, or for seconds of backoff): it moves on along the ring
+// and asks the home's follower and the mirror node in turn at the
+// shortest backoff, 50 ms here (the longest is 5 s). Twelve requests to
+// each take about 1.2 s paced; the test allows 15 s.
+func TestStaleNotHomeHintNotWaitedOn(t *testing.T) {
+	c := startCluster(t, 3)
+	c.MustCreateStream("s", 1)
+	cl := newClient(t, c.AddrList(), client.RetryBackoff(50*time.Millisecond, 5*time.Second))
+	p := newProducer(t, cl, "s", client.AppendAttemptTimeout(time.Minute), client.DeliveryTimeout(2*time.Minute))
+	ctx := testCtx(t)
+	warm := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("warm")}, warm.cb(0))
+	warm.wait(t)
+	streams0 := c.Node(0).Stats().AppendStreams
+
+	cutOff := apierr.New(apierr.NotLeader, "node 0 leads but has heard from no quorum")
+	cutOff.LeaderCutOff = true
+	c.Node(0).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Err: cutOff} })
+	notHome := apierr.New(apierr.NotHome, "range 0 is homed in region us; region eu holds a read-only mirror")
+	notHome.LeaderHint = c.Node(0).Addr()
+	c.Node(1).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Err: notHome} })
+	requests := func(i int) int64 { return c.Node(i).Stats().AppendRequests }
+	base1, base2 := requests(1), requests(2)
+	rs := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("v0")}, rs.cb(0))
+	waitFor(t, "a request to the mirror node", func() bool { return requests(1) > base1 })
+	start := time.Now()
+	for time.Since(start) < 15*time.Second && (requests(1)-base1 < 12 || requests(2)-base2 < 12) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n1, n2 := requests(1)-base1, requests(2)-base2; n1 < 12 || n2 < 12 {
+		t.Fatalf("in %v the mirror node got %d requests and the home's follower %d, want 12 each: the range waited on the stale NOT_HOME", time.Since(start), n1, n2)
+	}
+	if n := c.Node(0).Stats().AppendStreams; n != streams0 {
+		t.Fatalf("the range followed the stale hint back to the cut-off leader: %d streams there, %d before the fault", n, streams0)
+	}
+	c.SetLeader(2)
+	rs.wait(t)
+	if err := rs.errs[0]; err != nil {
+		t.Fatalf("record: %v", err)
+	}
+	if got := rs.res[0].Offset; got != 1 {
+		t.Fatalf("acked at offset %d, want 1", got)
+	}
+}

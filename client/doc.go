@@ -95,7 +95,10 @@
 //     next address of the ring; if it says the leader is cut off from its
 //     quorum (LeaderCutOff), the move is at once, no hint leads back to
 //     that node for the attempt timeout, and while the others elect (they
-//     answer NOT_LEADER) the range asks them at the shortest backoff. LEASE_EXPIRED (a home that could not renew
+//     answer NOT_LEADER, a mirror region's nodes NOT_HOME) the range asks
+//     them at the shortest backoff. A NOT_HOME whose hint names that node
+//     (the mirror heard of no newer leader yet) moves on as NOT_LEADER
+//     without a hint does. LEASE_EXPIRED (a home that could not renew
 //     its lease, perhaps taken over by another region) moves it back to the
 //     next bootstrap address, whose node redirects it. A stream that failed before its node
 //     answered anything (the node is down) or SHUTTING_DOWN marks the

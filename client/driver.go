@@ -680,9 +680,11 @@ const hintHopsImmediateMax = 3
 //
 //   - a leader hint naming another address: go there (learning it), and
 //     cache it as the range's leader;
-//   - NOT_LEADER without a usable hint: the range's leader in the client's
-//     cache if another producer learned one, else the next address in the
-//     ring;
+//   - NOT_LEADER without a usable hint, or NOT_HOME whose hint names the
+//     address the range gave up on (a mirror region's view of the home,
+//     stale until the home's next heartbeat): the range's leader in the
+//     client's cache if another producer learned one, else the next
+//     address in the ring;
 //   - LEASE_EXPIRED: the next bootstrap address (the client's own nodes
 //     know where the range went if another region took it over);
 //   - a stream that failed before the node answered anything (it could not
@@ -700,7 +702,7 @@ func (d *rangeDriver) retarget(e *Error, replied bool) (immediate bool) {
 		pool.setLeader(d.p.stream, d.rng, hint)
 		d.hintHops++
 		immediate = d.hintHops <= hintHopsImmediateMax
-	case e.Code == apierr.NotLeader:
+	case e.Code == apierr.NotLeader || d.staleNotHome(e, from):
 		if e.LeaderCutOff {
 			// The leader is cut off from its followers, which may go on
 			// naming it until they elect another: follow no hint back to

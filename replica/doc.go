@@ -120,7 +120,13 @@
 // error from its log or state store) steps and ticks no more, as a crashed
 // one; if it led, it first sends its most caught-up follower a
 // MsgTimeoutNow, so the group elects without waiting for a timeout, and
-// its refusals name the new leader (StoppedAppendError).
+// its refusals name the new leader (StoppedAppendError). Followers of a
+// leader that fell silent do not wait for Raft's randomised timer (one to
+// two election timeouts): the first of them by id campaigns one tick after
+// an election timeout, the others a tick apart, and a follower that lost
+// its leader campaigns again every few ticks while none is elected
+// (succession.go); pre-vote and CheckQuorum still keep a leader the others
+// hear from being challenged.
 //
 // Idempotence survives leader changes because the table is derived from the
 // log: every replica records every batch as it queues it for its log

@@ -62,6 +62,10 @@ type Config struct {
 	// ElectionTick and HeartbeatTick are in Tick calls, defaults 10 and 1.
 	ElectionTick  int
 	HeartbeatTick int
+	// RandomElectionsOnly leaves elections to Raft's randomised timer
+	// alone: no succession campaign (succession.go). For the simulator,
+	// whose pinned seeds were found before succession.
+	RandomElectionsOnly bool
 	// ProducersMax bounds the idempotence table, default 100,000.
 	ProducersMax int
 	// MaxSizePerMsg bounds one append message, default 1 MiB.
@@ -231,6 +235,7 @@ type Replica struct {
 
 	// quorum, and the stopped* fields once the replica stopped: liveness.go.
 	quorum            quorumWatch
+	succession        successionWatch // succession.go
 	stoppedOthers     atomic.Bool
 	stoppedLeader     atomic.Uint64
 	stoppedLeaderTerm atomic.Uint64
@@ -446,6 +451,7 @@ func (r *Replica) Tick() {
 	}
 	r.rn.Tick()
 	r.watchQuorum()
+	r.watchLeader() // succession.go
 }
 
 // Step hands Raft a message from a peer. Messages for another replica or
@@ -472,6 +478,7 @@ func (r *Replica) Step(m *raftpb.Message) error {
 		return nil
 	}
 	r.noteHeard(m)
+	r.noteLeaderContact(m) // succession.go
 	if m.GetType() == raftpb.MsgApp {
 		r.holdBackAfterFork(m)
 	}
