@@ -71,8 +71,9 @@
 // so the simulator runs the product's ack ordering, quiescence and the
 // campaign of a follower whose leader's node is found down (its failure
 // detector: a node is down while it is crashed or either side is cut off).
-// A few tests whose seeds were found before keep the simulator's old loop
-// (mutations.legacyLoop) until they are scanned again.
+// One test whose seed was found before (TestTakerInFlightIsChecked) keeps
+// the simulator's old loop (mutations.legacyLoop): no seed under the
+// Driver was found to reach its case (notes/legacyloop.md).
 //
 // # What a run does
 //

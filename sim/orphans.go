@@ -146,7 +146,11 @@ func (w *world) checkFork(n *node, r int, f replica.ForkRecord, served uint64) e
 	}
 	for i, rec := range recs {
 		off, v := f.FirstOffset+uint64(i), rec.value
-		if was, ok := o.wasInLog(r, off, rec); !ok {
+		held := rec
+		if w.opt.mut.orphanAnyEpoch {
+			held.epoch = ^uint64(0) // no timeline's: held against every one
+		}
+		if was, ok := o.wasInLog(r, off, held); !ok {
 			return fmt.Errorf("it holds %q at %d (epoch %d), where the range's log held %q before the takeover", v, off, rec.epoch, was)
 		}
 		if prev, ok := o.held[r][v]; ok && prev != off {

@@ -56,9 +56,15 @@ type mutations struct {
 	// legacyLoop: the simulator's own driver loop from before
 	// rangecore.Driver ran in it (driver.go): replicas ticked, stepped
 	// and readied directly, one Ready cycle a millisecond, no
-	// quiescence, no ack holding. Only for the tests whose seeds were
-	// found with it (re-scan them and drop it: notes/simdriver2.md).
+	// quiescence, no ack holding. Only for TestTakerInFlightIsChecked,
+	// whose case no seed under the Driver was found to reach
+	// (notes/legacyloop.md).
 	legacyLoop bool
+	// orphanAnyEpoch: an orphaned record is held against every timeline
+	// the checks noted, not its own epoch's (sim/orphans.go before
+	// 3d8f3d8: an old home's record committed after the grant fails
+	// against a later epoch's record at its offset).
+	orphanAnyEpoch bool
 	// describeStale: the moves' DescribeReplicas and ChangeReplicas use
 	// the leader's applied configuration at once, as regionsvc did before
 	// both waited for a ReadIndex (moves.go describeFresh and catchUp;

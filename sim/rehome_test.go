@@ -28,17 +28,16 @@ func TestRehomeFollowerTailsIsFound(t *testing.T) {
 // committed records (Raft's reason never to reuse an id with an empty
 // disk). The checker must report what that leader serves.
 func TestReplaceEarlyWipeIsFound(t *testing.T) {
-	// Seed 17 found it with the draws of the simfaults branch; merged with
-	// simspeed's the draws moved. Re-found with the simtriage branch's
-	// (SIMSCAN=1, seeds 1-400: 218 s on one core): seed 300, the first.
-	// Some seeds (33, 74, 130 of the scan) leave the blank node's group
-	// in a storm of messages for good, a few hundred events per virtual
-	// ms each carrying the log, which cost minutes of wall time a seed
-	// until eventsMax ended them (a few seconds each). Under
-	// rangecore.Driver's loop no seed of 1-400 finds it (33, 64 and 300
-	// end in such storms): it keeps the old loop (legacyLoop).
-	findMutation(t, "a replaced node wiped too early", 300, 320, 3000,
-		mutations{replaceEarlyWipe: true, tolerateOldHomeReads: true, eventsMax: 200_000, legacyLoop: true},
+	// Seed 17 found it with the draws of the simfaults branch, 300 with
+	// the simtriage branch's, both under the simulator's old loop. Some
+	// seeds leave the blank node's group in a storm of messages for good,
+	// a few hundred events per virtual ms each carrying the log, which
+	// cost minutes of wall time a seed until eventsMax ended them (a few
+	// seconds each). Under rangecore.Driver's loop (SIMSCAN 1-3000,
+	// notes/legacyloop.md) seed 2248 is the first that finds it: "range 0:
+	// node 3 committed 13, the log has 37"; 28 seeds end in such storms.
+	findMutation(t, "a replaced node wiped too early", 2248, 2270, 3000,
+		mutations{replaceEarlyWipe: true, tolerateOldHomeReads: true, eventsMax: 200_000},
 		"before it began", "is lost", "the log has", "committed twice", "(invariant 8)", "no fork explains it", "is not the home's")
 }
 
@@ -47,22 +46,25 @@ func TestReplaceEarlyWipeIsFound(t *testing.T) {
 // it).
 const rehomeFollowerTailsSeed = 148
 
-// TestRehomeWaitsForDivergentTarget: seed 545 of the minute runs. Range
-// 1 is rehomed to r1 at epoch 2, taken over by r0 at epoch 3 (fork point
-// 38, at 4300 ms) while r1 holds epoch 2's log to 60, then rehomed back to
-// r1 from r0's final tail 50 (5196 ms). r1's copy reaches 50, but from 38
-// on it holds epoch 2's records, not epoch 3's: it must fork them off
-// before the range continues from it, as regionsvc's waitRegionTail
-// reads the target's candidate tail (0 while divergent). Reading its raw
-// committed end (mutations.rehomeDivergent, the simulator before this
-// fix), epoch 4 starts at 50 on r1's epoch-2 records: "region 1 node 2:
-// range 1 offset 50: producer 102 sequence 5 after 3" at 5197 ms.
+// TestRehomeWaitsForDivergentTarget: a planned rehome's target holding
+// a divergent tail must fork it off before the range continues from it,
+// as regionsvc's waitRegionTail reads the target's candidate tail (0
+// while divergent). Reading its raw committed end
+// (mutations.rehomeDivergent, the simulator before this fix), the new
+// epoch starts on the target's older records. Found first (seed 545 of
+// the minute runs) with the simulator's old loop: range 1 rehomed to r1
+// at epoch 2, taken over by r0 at epoch 3 (fork point 38) while r1 held
+// epoch 2's log to 60, then rehomed back to r1 from r0's final tail 50:
+// "producer 102 sequence 5 after 3". Under rangecore.Driver's loop seed
+// 1217 is the first of 1-1500 (6,000 ms) the mutation fails: "node 2
+// range 0: its log ends in epoch 4 frames (at 26) on top of an older
+// epoch's tail from the fork point 26, never forked off" at 3040 ms.
 func TestRehomeWaitsForDivergentTarget(t *testing.T) {
-	if _, err := Run(Options{Seed: 545, Steps: 6000, Regions: 3, mut: mutations{legacyLoop: true}}); err != nil {
+	if _, err := Run(Options{Seed: 1217, Steps: 6000, Regions: 3}); err != nil {
 		t.Fatal(err)
 	}
 	// The seed still reaches the case: the raw committed end fails it.
-	if _, err := Run(Options{Seed: 545, Steps: 6000, Regions: 3, mut: mutations{rehomeDivergent: true, legacyLoop: true}}); err == nil {
-		t.Fatal("seed 545 no longer rehomes to a divergent copy: find another (make sim RUNS=n with mutations.rehomeDivergent)")
+	if _, err := Run(Options{Seed: 1217, Steps: 6000, Regions: 3, mut: mutations{rehomeDivergent: true}}); err == nil {
+		t.Fatal("seed 1217 no longer rehomes to a divergent copy: find another (make sim RUNS=n with mutations.rehomeDivergent)")
 	}
 }
