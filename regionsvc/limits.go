@@ -2,8 +2,10 @@ package regionsvc
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"net"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,8 +70,9 @@ type LimitsConfig struct {
 	// RequestsReceivingMax bounds the unary client requests being read
 	// and decoded at once, default 8: each may reach the receive limit
 	// (BatchBytesMax + 1 MiB). RequestsWaitingMax bounds those admitted
-	// to wait for one of these slots, default 256: each holds at most
-	// its stream's flow-control window (4 MiB) until it is read.
+	// to wait for one of these slots, default 256 (fewer under a memory
+	// limit: waitingMaxDefault): each holds at most its stream's
+	// flow-control window (4 MiB) until it is read.
 	RequestsReceivingMax, RequestsWaitingMax int
 	// StreamsPerConnectionMax bounds the concurrent RPCs of a connection,
 	// default 1024.
@@ -120,11 +123,29 @@ const (
 // budgets drain as appends are answered and reads sent.
 const overloadRetryAfter = 100 * time.Millisecond
 
+// streamWindowBytes is the server's flow-control window per stream
+// (baseServerOptions): what a request waiting to be read may hold.
+const streamWindowBytes = 4 << 20
+
+// waitingMaxDefault is RequestsWaitingMax's default: 256, or fewer under
+// a memory limit (GOMEMLIMIT, --memory-limit) so that the requests
+// waiting to be read, each holding up to a stream window, hold at most a
+// quarter of it (at least 16 of them). gRPC hands out a connection's
+// window as the bytes arrive, not as they are read, so only the stream
+// windows bound them: 256 x 4 MiB is 1 GiB, over a 700 MiB limit.
+func waitingMaxDefault(memoryLimit int64) int {
+	n := int64(256)
+	if memoryLimit > 0 && memoryLimit < math.MaxInt64 {
+		n = min(n, max(16, memoryLimit/4/streamWindowBytes))
+	}
+	return int(n)
+}
+
 func (c *LimitsConfig) setDefaults(fileLimit int) {
 	setDefault(&c.AppendBytesInflightMax, 128<<20)
 	setDefault(&c.ReadBytesInflightMax, 128<<20)
 	setDefault(&c.RequestsReceivingMax, 8)
-	setDefault(&c.RequestsWaitingMax, 256)
+	setDefault(&c.RequestsWaitingMax, waitingMaxDefault(debug.SetMemoryLimit(-1)))
 	setDefault(&c.receiveWait, receiveWaitMax)
 	setDefault(&c.StreamsPerConnectionMax, 1024)
 	setDefault(&c.ConnectionsMax, max(64, fileLimit/4))

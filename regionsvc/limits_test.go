@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -401,4 +402,24 @@ func TestTapGatesOnlyGatedMethods(t *testing.T) {
 	waitUntil(t, context.Background(), 10*time.Second, "the slots returned", func() bool {
 		return l.waiting.inUse() == 0 && l.receiving.inUse() == 0
 	})
+}
+
+// TestWaitingMaxFollowsMemoryLimit: without a memory limit 256 requests
+// may wait to be read; under one, the waiting requests' stream windows
+// hold at most a quarter of it, never fewer than 16 requests.
+func TestWaitingMaxFollowsMemoryLimit(t *testing.T) {
+	for _, c := range []struct {
+		limit int64
+		want  int
+	}{
+		{math.MaxInt64, 256}, // none set
+		{0, 256},
+		{700 << 20, 43},
+		{8 << 30, 256},
+		{64 << 20, 16},
+	} {
+		if got := waitingMaxDefault(c.limit); got != c.want {
+			t.Errorf("memory limit %d: %d may wait, want %d", c.limit, got, c.want)
+		}
+	}
 }

@@ -725,7 +725,7 @@ func (n *Node) baseServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
 		grpc.MaxSendMsgSize(readBytesMax + (4 << 20)),
 		experimental.BufferPool(grpcBufferPool), // bufpool.go
-		grpc.InitialWindowSize(4 << 20),
+		grpc.InitialWindowSize(streamWindowBytes),
 		grpc.InitialConnWindowSize(16 << 20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.StatsHandler(otelgrpc.NewServerHandler(
