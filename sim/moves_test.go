@@ -51,16 +51,16 @@ func TestMovesOneChangePerRange(t *testing.T) {
 // TestMovesRemovedReplicaAcks: a replica removed from its range that
 // restarts as the only voter of a group of its own (a stray) acks
 // appends; the check that a removed replica acks nothing reports it
-// (seed 14 is the first of 1-300 that this check, not another, catches
-// with dead nodes, split children and rangecore.Driver's loop; seeds 2,
-// 5, 18 and 44 were before: notes/simchildren.md, notes/simdead.md,
+// (seed 9 is the first of 1-300 that this check, not another, catches
+// since the simulator's replicas elect by succession; seeds 14, 2, 5, 18
+// and 44 were before: notes/simchildren.md, notes/simdead.md,
 // notes/simdriver2.md).
 func TestMovesRemovedReplicaAcks(t *testing.T) {
-	_, err := Run(Options{Seed: 14, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
+	_, err := Run(Options{Seed: 9, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
 	if err == nil || !strings.Contains(err.Error(), "after its removal from the range") {
 		t.Fatalf("got %v, want a removed replica's ack reported", err)
 	}
-	if _, err := Run(Options{Seed: 14, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
+	if _, err := Run(Options{Seed: 9, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
 		t.Fatalf("without the mutation: %v", err)
 	}
 }
@@ -76,14 +76,17 @@ func TestMovesRemovedReplicaAcks(t *testing.T) {
 // Planned check four voters, so it removed node 3: voters [1 4]); with
 // today's draws (dead nodes, split children, rangecore.Driver's loop)
 // seed 100 of a minute (range 1 left with voters [3 4] at 37,451 ms;
-// seeds 92 and 125 before). Both now answer after a ReadIndex (admin.go
-// caughtUpLeader), and the seed is clean.
+// seeds 92 and 125 before); since the simulator's replicas elect by
+// succession seed 988 is the first of 1-1300 (node 5 of range 0 holds
+// voters [4 5] at 39,841 ms; seed 500 fails under the mutation with two
+// nodes committing different records at one offset). Both now answer
+// after a ReadIndex (admin.go caughtUpLeader), and the seed is clean.
 func TestMovesStaleDescribe(t *testing.T) {
-	_, err := Run(Options{Seed: 100, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
+	_, err := Run(Options{Seed: 988, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
 	if err == nil || !strings.Contains(err.Error(), "fewer than its replication factor") {
-		t.Fatalf("seed 100 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
+		t.Fatalf("seed 988 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
 	}
-	if _, err := Run(Options{Seed: 100, Steps: 60000, Regions: 1}); err != nil {
-		t.Fatalf("seed 100 with both after a ReadIndex: %v", err)
+	if _, err := Run(Options{Seed: 988, Steps: 60000, Regions: 1}); err != nil {
+		t.Fatalf("seed 988 with both after a ReadIndex: %v", err)
 	}
 }

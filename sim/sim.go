@@ -601,10 +601,10 @@ func (w *world) openReplica(n *node, r int) error {
 		}
 	}
 	region, group, from, gen := n.region, r, n.id, n.gen
-	// RandomElectionsOnly: the mutation tests' seeds predate succession
-	// (replica/succession.go, notes/isolated.md).
+	// The replicas elect as the product's do: by succession
+	// (replica/succession.go) beside Raft's random timer.
 	rep, err := replica.New(replica.Config{
-		NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers, HeartbeatTick: 2, ElectionTick: 8, RandomElectionsOnly: true,
+		NodeID: uint64(n.id), Stream: "sim", Range: uint32(r), Peers: peers, HeartbeatTick: 2, ElectionTick: 8,
 		Log: &syncCrashLog{Store: st, w: w, n: n}, State: replica.FileState{FS: n.fs, Dir: dir}, Orphans: orphans,
 		Send: func(msgs []*raftpb.Message) { w.sendRaft(region, group, msgs) },
 		SendSnapshot: func(m *raftpb.Message, body io.ReadCloser) error {
