@@ -62,10 +62,6 @@ type Config struct {
 	// ElectionTick and HeartbeatTick are in Tick calls, defaults 10 and 1.
 	ElectionTick  int
 	HeartbeatTick int
-	// RandomElectionsOnly leaves elections to Raft's randomised timer
-	// alone: no succession campaign (succession.go). For the simulator,
-	// whose pinned seeds were found before succession.
-	RandomElectionsOnly bool
 	// ProducersMax bounds the idempotence table, default 100,000.
 	ProducersMax int
 	// MaxSizePerMsg bounds one append message, default 1 MiB.

@@ -74,9 +74,6 @@ func (r *Replica) noteLeaderContact(m *raftpb.Message) {
 // leader last), or both may have campaigned at the same moment (a split
 // vote, which Raft alone settles only after another random timeout).
 func (r *Replica) watchLeader() {
-	if r.cfg.RandomElectionsOnly {
-		return
-	}
 	w := &r.succession
 	w.tick++
 	st := r.rn.BasicStatus()
