@@ -114,6 +114,10 @@ func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.Descri
 	if err != nil {
 		return nil, err
 	}
+	// Bounded as ChangeReplicas is: a caller without a deadline gets a
+	// retriable TIMEOUT, not a call that waits for a quorum forever.
+	ctx, cancel := context.WithTimeout(ctx, describeConfirmMax)
+	defer cancel()
 	if err := caughtUpLeader(ctx, rd); err != nil {
 		return nil, err
 	}
@@ -134,6 +138,10 @@ func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.Descri
 	}
 	return resp, nil
 }
+
+// describeConfirmMax bounds DescribeReplicas' wait for its leader to
+// confirm itself.
+const describeConfirmMax = 10 * time.Second
 
 // caughtUpLeader returns once rd's replica, as leader, has committed an
 // entry of its term and applied everything committed before the call (a

@@ -110,7 +110,9 @@ func (tr *testRegion) voters(ctx context.Context, stream string, ranges uint32) 
 				if tr.nodes[id] == nil {
 					continue
 				}
-				d, err := a.DescribeReplicas(ctx, &geologv1.DescribeReplicasRequest{Stream: stream, Range: r})
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second) // one node's hang is not the test's
+				d, err := a.DescribeReplicas(cctx, &geologv1.DescribeReplicasRequest{Stream: stream, Range: r})
+				cancel()
 				if err != nil {
 					last = fmt.Errorf("node %d: %w", id, err)
 					continue

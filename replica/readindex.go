@@ -11,10 +11,11 @@ import (
 // replica's leadership (ReadIndex) and then for the confirmed index to be
 // applied here.
 type readRequest struct {
-	key   uint64
-	index uint64 // the read index, once Raft confirmed it (0 before)
-	term  uint64
-	reply func(committedEnd uint64, err error)
+	key       uint64
+	confirmed bool   // Raft confirmed the read at index
+	index     uint64 // the read index (0 is one: a new group of one voter has committed nothing)
+	term      uint64
+	reply     func(committedEnd uint64, err error)
 }
 
 // readsPendingMax bounds the reads waiting at once; more are refused with a
@@ -64,8 +65,8 @@ func (r *Replica) processReads(states []raft.ReadState) {
 		for _, rq := range r.reads {
 			// Raft confirms in order; a state also confirms every earlier
 			// request of the same term.
-			if rq.key <= key && rq.index == 0 {
-				rq.index = rs.Index
+			if rq.key <= key && !rq.confirmed {
+				rq.confirmed, rq.index = true, rs.Index
 			}
 		}
 	}
@@ -76,7 +77,7 @@ func (r *Replica) processReads(states []raft.ReadState) {
 			e := r.notLeader()
 			e.Message += ": leadership changed before the read was confirmed"
 			rq.reply(0, e)
-		case rq.index != 0 && r.appliedIndex >= rq.index:
+		case rq.confirmed && r.appliedIndex >= rq.index:
 			rq.reply(r.appliedEnd, nil)
 		default:
 			kept = append(kept, rq)
