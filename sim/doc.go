@@ -71,9 +71,12 @@
 // so the simulator runs the product's ack ordering, quiescence and the
 // campaign of a follower whose leader's node is found down (its failure
 // detector: a node is down while it is crashed or either side is cut off).
-// One test whose seed was found before (TestTakerInFlightIsChecked) keeps
-// the simulator's old loop (mutations.legacyLoop): no seed under the
-// Driver was found to reach its case (notes/legacyloop.md).
+// The simulator's own loop from before (one Ready cycle a virtual ms) is
+// gone; the last case only it reached, a takeover granted below frames
+// in flight in the taker's log (TestTakerInFlightIsChecked), is opened on
+// purpose under the Driver: no random fault, the home region cut off,
+// and the taker's followers' log writes held (Options.holdWrite, a slow
+// disk) from before the cut until the grant (notes/takerdirected.md).
 //
 // # What a run does
 //

@@ -57,14 +57,6 @@ func (w *world) peerDown(n *node, id uint64) bool {
 // EventLiveness for each of the node's ranges), then the tick of each
 // replica that is not quiesced.
 func (w *world) tickDrivers() {
-	if w.opt.mut.legacyLoop {
-		for _, n := range w.nodes {
-			for _, r := range n.replicas {
-				r.Tick()
-			}
-		}
-		return
-	}
 	for _, n := range w.nodes {
 		if !n.up {
 			continue
@@ -114,32 +106,18 @@ func (w *world) ack(n *node, r int, gen int, send func()) {
 
 // stepRaft hands a Raft message to n's range r.
 func (w *world) stepRaft(n *node, r int, m *raftpb.Message) {
-	if w.opt.mut.legacyLoop {
-		n.replicas[r].Step(m)
-		return
-	}
 	n.drivers[r].Handle(rangecore.Event{Kind: rangecore.EventMessages, Msgs: []*raftpb.Message{m}})
 }
 
 // logWritten tells n's range r that its log writer made entries durable.
 func (w *world) logWritten(n *node, r int) {
-	if !w.opt.mut.legacyLoop {
-		n.drivers[r].Handle(rangecore.Event{Kind: rangecore.EventLogWritten})
-	}
+	n.drivers[r].Handle(rangecore.Event{Kind: rangecore.EventLogWritten})
 }
 
 // readyOne runs the Ready cycles of n's range r (its driver's AfterReady
 // schedules the writes, or fails the run); false if the run failed or
 // the node died.
 func (w *world) readyOne(n *node, r int) bool {
-	if !w.opt.mut.legacyLoop {
-		n.drivers[r].Cycle() // the held-commit timer: HoldCommits is off in the sim
-		return w.err == nil && n.up
-	}
-	if err := n.replicas[r].ProcessReady(); err != nil {
-		w.failed(n, r, err)
-		return false
-	}
-	w.scheduleWrite(n, r)
-	return true
+	n.drivers[r].Cycle() // the held-commit timer: HoldCommits is off in the sim
+	return w.err == nil && n.up
 }

@@ -53,13 +53,6 @@ import (
 // (reads, second takeovers, rehomes, replaced replicas), set by tests:
 // each check must report its own.
 type mutations struct {
-	// legacyLoop: the simulator's own driver loop from before
-	// rangecore.Driver ran in it (driver.go): replicas ticked, stepped
-	// and readied directly, one Ready cycle a millisecond, no
-	// quiescence, no ack holding. Only for TestTakerInFlightIsChecked,
-	// whose case no seed under the Driver was found to reach
-	// (notes/legacyloop.md).
-	legacyLoop bool
 	// orphanAnyEpoch: an orphaned record is held against every timeline
 	// the checks noted, not its own epoch's (sim/orphans.go before
 	// 3d8f3d8: an old home's record committed after the grant fails

@@ -61,6 +61,11 @@ type Options struct {
 	// true: it breaks the system behind its checks, to show the checker
 	// finds what it broke.
 	tamper func(w *world) bool
+	// holdWrite, in tests, holds node n's log write of range r while it
+	// returns true (asked each virtual ms the write is due): a slow disk
+	// placed on purpose, to open a window a test needs
+	// (TestTakerInFlightIsChecked).
+	holdWrite func(w *world, n *node, r int) bool
 }
 
 // Result summarises a run.
@@ -795,6 +800,11 @@ func (w *world) deliver(e *event) {
 		n := w.node(e.region, e.to)
 		if !n.up || n.gen != e.fromGen {
 			return // the writes died with the process
+		}
+		if w.opt.holdWrite != nil && w.opt.holdWrite(w, n, e.group) {
+			e.at = w.now + 1
+			w.push(e) // held: n.writing stays set
+			return
 		}
 		n.writing[e.group] = false
 		if err := n.replicas[e.group].WriteLog(); err != nil {
