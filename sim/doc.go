@@ -76,7 +76,9 @@
 // in flight in the taker's log (TestTakerInFlightIsChecked), is opened on
 // purpose under the Driver: no random fault, the home region cut off,
 // and the taker's followers' log writes held (Options.holdWrite, a slow
-// disk) from before the cut until the grant (notes/takerdirected.md).
+// disk) from before the cut until the grant; in a second form the
+// taker's leader crashes meanwhile and its successor holds the frames as
+// its predecessor's entries (notes/takerdirected.md).
 //
 // # What a run does
 //

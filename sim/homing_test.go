@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -140,65 +141,91 @@ func TestSecondTakeovers(t *testing.T) {
 }
 
 // TestTakerInFlightIsChecked: a failover agent offers its region's
-// committed end while its leader's log holds more (here a verbatim apply
-// in flight), as regionsvc's localTails reads d.committed, and the store
-// grants the takeover from there. Without the new home's start gate
-// (noStartGate: the product before epochstart.go) the old home's frames
-// then commit past the new epoch's start in the new home's log. The
-// checker must report it; with the gate the same run is clean and the
-// start raised. The window is opened on purpose (takerInFlight), so every
-// seed reaches it: under rangecore.Driver no seed of a scan did
-// (notes/legacyloop.md, notes/takerdirected.md).
+// committed end while its leader's log holds more (a verbatim apply in
+// flight, or a predecessor's entries a new leader has not committed yet),
+// as regionsvc's localTails reads d.committed, and the store grants the
+// takeover from there. Without the new home's start gate (noStartGate:
+// the product before epochstart.go) the old home's frames then commit
+// past the new epoch's start in the new home's log. The checker must
+// report it; with the gate the same run is clean and the start raised.
+// The window is opened on purpose (takerInFlight), so every seed reaches
+// it: under rangecore.Driver no seed of a scan did (notes/legacyloop.md,
+// notes/takerdirected.md).
 func TestTakerInFlightIsChecked(t *testing.T) {
 	want := []string{"a divergent copy answering a home read", "past the start", "counted as orphaned",
 		"no fork explains it", "starts at", "never forked off"}
-	for seed := int64(1); seed <= 6; seed++ {
-		res, err := takerInFlight(seed, mutations{})
-		if err != nil {
-			t.Fatalf("seed %d, the gate on: %v", seed, err)
+	for _, predecessor := range []bool{false, true} {
+		for seed := int64(1); seed <= 4; seed++ {
+			res, err := takerInFlight(seed, mutations{}, predecessor)
+			if err != nil {
+				t.Fatalf("seed %d (predecessor %v), the gate on: %v", seed, predecessor, err)
+			}
+			if res.Homing.InFlightTakers == 0 || res.Homing.StartsRaised == 0 {
+				t.Fatalf("seed %d (predecessor %v): the window was not opened (%d takers with frames in flight, %d starts raised)",
+					seed, predecessor, res.Homing.InFlightTakers, res.Homing.StartsRaised)
+			}
+			res, err = takerInFlight(seed, mutations{noStartGate: true}, predecessor)
+			if res.Homing.InFlightTakers == 0 {
+				t.Fatalf("seed %d (predecessor %v), no gate: no taker had frames in flight: %v", seed, predecessor, err)
+			}
+			found := false
+			for _, w := range want {
+				found = found || err != nil && strings.Contains(err.Error(), w)
+			}
+			if !found {
+				t.Fatalf("seed %d (predecessor %v): a takeover below frames in flight, without the start gate, unreported: %v", seed, predecessor, err)
+			}
+			t.Logf("predecessor %v: %v", predecessor, err)
 		}
-		if res.Homing.InFlightTakers == 0 || res.Homing.StartsRaised == 0 {
-			t.Fatalf("seed %d: the window was not opened (%d takers with frames in flight, %d starts raised)",
-				seed, res.Homing.InFlightTakers, res.Homing.StartsRaised)
-		}
-		res, err = takerInFlight(seed, mutations{noStartGate: true})
-		if res.Homing.InFlightTakers == 0 {
-			t.Fatalf("seed %d, no gate: no taker had frames in flight: %v", seed, err)
-		}
-		found := false
-		for _, w := range want {
-			found = found || err != nil && strings.Contains(err.Error(), w)
-		}
-		if !found {
-			t.Fatalf("seed %d: a takeover below an apply in flight, without the start gate, unreported: %v", seed, err)
-		}
-		t.Log(err)
 	}
 }
 
-// takerInFlight runs seed with a takeover granted below an apply in
-// flight, on purpose: two regions, no random fault (no loss, crash,
-// partition, outage, rehome, replacement or second takeover); region 0
-// is cut off the WAN at cutAt ms for a lease TTL and a second more, so
-// that region 1's agent takes both ranges over; from 150 ms before the
-// cut until range 0's grant, region 1's followers of range 0 hold their
-// log writes (a slow disk: Options.holdWrite). The mirror leader's
-// verbatim apply of the last batch that crossed is then in its log,
-// uncommitted (no quorum has it durably), while the agent reads its
+// takerInFlight runs seed with a takeover granted below frames in flight
+// in the taker's log, on purpose: two regions, no random fault (no loss,
+// crash, partition, outage, rehome, replacement or second takeover);
+// region 0 is cut off the WAN at cutAt ms for a lease TTL and a second
+// more, so that region 1's agent takes both ranges over; from 150 ms
+// before the cut until range 0's grant, region 1's followers of range 0
+// hold their log writes (a slow disk: Options.holdWrite). The mirror
+// leader's verbatim apply of the last batch that crossed is then in its
+// log, uncommitted (no quorum has it durably), while the agent reads its
 // committed end and the store grants the takeover at that end; released,
 // the apply commits there, at epoch 1.
-func takerInFlight(seed int64, mut mutations) (Result, error) {
-	const cutAt, r = 1000, 0
+//
+// With predecessor, that leader crashes at crashAt and stays down past
+// the grant: the hold is lifted until another leader is elected (a vote
+// is answered once it is durable), which holds the apply as its
+// predecessor's entry, then put back on the remaining follower, so the
+// new leader's entry of its term, and with it the apply, commits only
+// after the grant.
+func takerInFlight(seed int64, mut mutations, predecessor bool) (Result, error) {
+	const cutAt, crashAt, r = 1000, 1200, 0
+	crashed := false
 	return Run(Options{Seed: seed, Steps: 4000, Regions: 2, mut: mut,
 		tamper: func(w *world) bool {
-			w.dropP, w.dupP, w.lostReplyP, w.crashP, w.cutP, w.syncCrashP = 0, 0, 0, 0, 0, 0
-			w.geo.lossP, w.geo.partP = 0, 0
-			h := w.homing
-			h.outageP, h.secondAt, h.rehomer.at, h.replacer.at = 0, -1, -1, -1
-			h.failAt, h.failFor = cutAt, leaseTTLMs+maxOffsetMs+1000
+			if w.now == 0 {
+				w.dropP, w.dupP, w.lostReplyP, w.crashP, w.cutP, w.syncCrashP = 0, 0, 0, 0, 0, 0
+				w.geo.lossP, w.geo.partP = 0, 0
+				h := w.homing
+				h.outageP, h.secondAt, h.rehomer.at, h.replacer.at = 0, -1, -1, -1
+				h.failAt, h.failFor = cutAt, leaseTTLMs+maxOffsetMs+1000
+			}
+			if !predecessor || w.now < crashAt {
+				return !predecessor
+			}
+			l := w.leaderOf(1, r)
+			if l == nil || w.homing.taken(r) {
+				w.err = fmt.Errorf("takerInFlight: no leader of range 0 in region 1 to crash at %d ms, or taken over already", w.now)
+				return true
+			}
+			w.crash(l)
+			l.downTill, crashed = 3000, true
 			return true
 		},
 		holdWrite: func(w *world, n *node, rr int) bool {
-			return rr == r && n.region == 1 && !n.replicas[r].IsLeader() && w.now >= cutAt-150 && !w.homing.taken(r)
+			if rr != r || n.region != 1 || n.replicas[r].IsLeader() || w.homing.taken(r) || w.now < cutAt-150 {
+				return false
+			}
+			return !crashed || w.leaderOf(1, r) != nil
 		}})
 }
