@@ -38,8 +38,9 @@ import (
 // So a crashed peer is found down a backoff after the crash (3-5 virtual
 // ms from a stream that was up a while), a cut-off one a keepalive
 // timeout plus a handshake timeout after the cut (some 1,000 virtual ms),
-// a cut shorter than the keepalive timeout never, and a peer that came
-// back is up once either side dials it. Not modelled: the messages the
+// a cut shorter than the keepalive timeout breaks no open stream (only a
+// dial begun during it may fail), and a peer that came back is up once
+// either side dials it. Not modelled: the messages the
 // product's Send refuses while its sender backs off (the simulated network
 // carries them), gRPC's own reconnect backoff under ours, snapshot
 // streams.

@@ -73,9 +73,9 @@
 // product's reconnect backoff, handshake and keepalive timeouts scaled
 // as the tick is (100 ms in regionsvc). So a crashed peer is found down a
 // backoff after the crash (a few virtual ms), a cut-off one a keepalive
-// and a handshake timeout after the cut (some 1,000 virtual ms), one cut
-// off for less never, and one that came back only once either side
-// dials it: a dead leader is believed up for that long, its clients
+// and a handshake timeout after the cut (some 1,000 virtual ms), a
+// shorter cut breaks no open stream, and one that came back is up only
+// once either side dials it: a dead leader is believed up for that long, its clients
 // pointed at it and its quiesced followers waiting.
 //
 // Each replica runs under regionsvc's loop body, rangecore.Driver

@@ -21,8 +21,8 @@ import (
 // again once a stream opens, as raftnet.GRPCTransport.PeerDown, with the
 // product's reconnect backoff, handshake and keepalive timeouts (scaled
 // to the simulator's tick). So a crashed leader is still believed up for
-// a backoff, a cut-off one for a keepalive and a handshake timeout (one
-// cut off for less is never found down), and a peer that came back is
+// a backoff, a cut-off one for a keepalive and a handshake timeout (a
+// shorter cut breaks no open stream), and a peer that came back is
 // believed down until either side dials it. Each node's view is compared
 // on every tick, and a change is an EventLiveness for each of its ranges,
 // as regionsvc's watchLiveness closes the channel its drivers select on.
