@@ -125,7 +125,10 @@ func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 		return true
 	}
 	st := r.rn.BasicStatus()
-	if !r.isLeader || !r.idleAt(st.GetTerm(), r.cfg.NodeID, true) || r.rn.HasReady() || r.HasLogWrites() || len(r.held.msgs) > 0 {
+	// A leader whose quorum watch found no quorum does not quiesce even
+	// when its followers answer again: only a tick clears the watch, and
+	// quiesced it would refuse every append for ever.
+	if !r.isLeader || r.quorum.lost || !r.idleAt(st.GetTerm(), r.cfg.NodeID, true) || r.rn.HasReady() || r.HasLogWrites() || len(r.held.msgs) > 0 {
 		return false
 	}
 	last := r.tailIndex

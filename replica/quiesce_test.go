@@ -216,3 +216,55 @@ func TestClientWakesQuiescedFollower(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestLeaderWithoutQuorumDoesNotQuiesce: a leader whose quorum watch
+// found no quorum (it refuses appends) does not quiesce when its
+// followers answer again before its next tick: only a tick clears the
+// watch, and a quiesced leader does not tick, so it would refuse every
+// append for ever. It ticks on, the watch clears, and it takes appends.
+func TestLeaderWithoutQuorumDoesNotQuiesce(t *testing.T) {
+	c := newCluster(t, 3)
+	c.elect(1)
+	var warm []Result
+	c.replicas[1].Propose(op(5, 0, 1, "warm", &warm))
+	c.settle()
+	checkAcks(t, warm, 1)
+	// The followers' answers are lost: the leader's quorum watch fires
+	// within an election timeout, before Raft's own check deposes it.
+	answers := func(m *raftpb.Message) bool {
+		t := m.GetType()
+		return t == raftpb.MsgHeartbeatResp || t == raftpb.MsgAppResp
+	}
+	c.drop = answers
+	l := c.replicas[1]
+	for i := 0; i < 30 && !l.quorum.lost; i++ {
+		l.Tick()
+		c.settle()
+	}
+	if !l.quorum.lost || !l.IsLeader() {
+		t.Fatalf("quorum watch lost=%v, leads=%v: want a leader that heard no quorum", l.quorum.lost, l.IsLeader())
+	}
+	var refused []Result
+	l.Propose(op(5, 1, 1, "refused", &refused))
+	checkRetriableNotLeader(t, refused, "")
+	// The answers flow again: the followers answer the heartbeats of its
+	// next tick (the watch ran before they did), and the group is idle.
+	c.drop = nil
+	l.Tick()
+	c.settle()
+	if !l.IsLeader() {
+		t.Fatal("the leader stepped down: the test needs it leading")
+	}
+	if l.Quiesce(nil) {
+		t.Fatal("a leader whose quorum watch has not cleared quiesced")
+	}
+	l.Tick()
+	c.settle()
+	var res []Result
+	l.Propose(op(5, 1, 1, "after", &res))
+	c.settle()
+	checkAcks(t, res, 1)
+	if !l.Quiesce(nil) {
+		t.Fatal("an idle leader that hears its quorum did not quiesce")
+	}
+}

@@ -623,6 +623,7 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 		return
 	}
 	if r.quorum.lost {
+		r.wakeForClient() // its ticks clear the watch once a quorum answers
 		op.Reply(Result{Err: r.noQuorumError()})
 		return
 	}
@@ -670,6 +671,36 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 			Epoch: epoch, AppendTimeUnixNanos: now,
 		})
 	}
+}
+
+// forgetDroppedProposals runs as this replica stops leading, before its
+// pending proposals are answered. The idempotence table takes a batch
+// when it is proposed (a retry in the same cycle is a duplicate), but
+// Raft hands the entry to the log writer only at the next Ready: a leader
+// deposed in between may have it overwritten in Raft's memory by the new
+// leader's append, never written. A proposal of this leader whose entry
+// no Ready handed over (no index noted) may be such a one, and the table
+// would answer the producer's retry, were this replica to lead again, as
+// a duplicate at offsets that hold another batch: it is rebuilt from the
+// log, after the writes queued, as Raft handed them. An entry Raft still
+// holds is recorded again when a later Ready hands it over.
+func (r *Replica) forgetDroppedProposals() error {
+	dropped := false
+	for _, p := range r.proposals {
+		if p.index == 0 && p.op.ProducerID != 0 {
+			dropped = true
+			break
+		}
+	}
+	if !dropped {
+		return nil
+	}
+	r.writer.wmu.Lock()
+	defer r.writer.wmu.Unlock()
+	if err := r.writeQueued(); err != nil {
+		return err
+	}
+	return r.rebuildDedup()
 }
 
 // answeredByProducer checks op against its producer's batches in the
@@ -903,6 +934,11 @@ func (r *Replica) noteRole(ss *raft.SoftState) raft.BasicStatus {
 			r.proposeNext = r.tailOffset
 			r.proposedEpoch.Store(0) // a new leader's floor is its log's
 			r.logger.Info("became leader", "term", r.rn.BasicStatus().GetTerm(), "next_offset", r.proposeNext)
+		}
+		if wasLeader && !r.isLeader {
+			if err := r.forgetDroppedProposals(); err != nil {
+				r.fail(err)
+			}
 		}
 		r.leadershipChanged(wasLeader)
 		if wasLeader && !r.isLeader {

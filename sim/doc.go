@@ -65,12 +65,25 @@
 // read again only when its log or the range's home changed; forks are
 // looked for only when a replica's highest epoch passed its last fork).
 //
+// The failure detector the range drivers ask (detector.go) is the
+// transport's, raftnet.GRPCTransport.PeerDown, modelled: each node's
+// sender towards each peer of its region dials on its first send, backs
+// off and redials, and a peer is down once a dial failed after the last
+// stream that worked, up once a stream to or from it opens, with the
+// product's reconnect backoff, handshake and keepalive timeouts scaled
+// as the tick is (100 ms in regionsvc). So a crashed peer is found down a
+// backoff after the crash (a few virtual ms), a cut-off one a keepalive
+// and a handshake timeout after the cut (some 1,000 virtual ms), a
+// shorter cut breaks no open stream, and one that came back is up only
+// once either side dials it: a dead leader is believed up for that long, its clients
+// pointed at it and its quiesced followers waiting.
+//
 // Each replica runs under regionsvc's loop body, rangecore.Driver
 // (driver.go): ticks, Raft messages and finished log writes reach the
 // replica as the Driver's events, and its Ready cycles are the Driver's,
 // so the simulator runs the product's ack ordering, quiescence and the
 // campaign of a follower whose leader's node is found down (its failure
-// detector: a node is down while it is crashed or either side is cut off).
+// detector: the transport's, modelled above).
 // The simulator's own loop from before (one Ready cycle a virtual ms) is
 // gone; the last case only it reached, a takeover granted below frames
 // in flight in the taker's log (TestTakerInFlightIsChecked), is opened on
@@ -356,6 +369,6 @@
 // fence for local reads (the pre-knowledge
 // window is unbounded here), the rest of the range driver (its loop's batching
 // and ordering of events, quiescence, start-up elections, the maintenance
-// sweep: notes/simdriver.md), raftnet. See notes/simhome.md,
+// sweep: notes/simdriver.md), raftnet but for its failure detector. See notes/simhome.md,
 // notes/simspeed.md and notes/simfaults.md.
 package sim

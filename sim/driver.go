@@ -16,12 +16,16 @@ import (
 // heartbeat; a quiesced follower wakes when its leader's node is found
 // down) and the campaign of a follower whose leader's node is found down.
 //
-// The failure detector is the simulator's knowledge: a peer is down while
-// its process is down or either node is cut off from the region (what a
-// transport's failed connections show, without the keepalive's delay).
-// Each node's view is compared on every tick, and a change is an
-// EventLiveness for each of its ranges, as regionsvc's watchLiveness
-// closes the channel its drivers select on.
+// The failure detector is each node's transport's (detector.go): a peer
+// is down once a dial to it failed after the last stream that worked, up
+// again once a stream opens, as raftnet.GRPCTransport.PeerDown, with the
+// product's reconnect backoff, handshake and keepalive timeouts (scaled
+// to the simulator's tick). So a crashed leader is still believed up for
+// a backoff, a cut-off one for a keepalive and a handshake timeout (a
+// shorter cut breaks no open stream), and a peer that came back is
+// believed down until either side dials it. Each node's view is compared
+// on every tick, and a change is an EventLiveness for each of its ranges,
+// as regionsvc's watchLiveness closes the channel its drivers select on.
 
 // newDriver returns the driver of range r's replica on n (start).
 func (w *world) newDriver(n *node, r int, rep *replica.Replica) *rangecore.Driver {
@@ -43,14 +47,17 @@ func (w *world) newDriver(n *node, r int, rep *replica.Replica) *rangecore.Drive
 	})
 }
 
-// peerDown is n's failure detector: whether its region's node id is down
-// or cut off, or n itself is.
+// peerDown is n's failure detector: whether its transport finds its
+// region's node id down (detector.go).
 func (w *world) peerDown(n *node, id uint64) bool {
 	if id == 0 || int(id) > w.perRegion || int(id) == n.id {
 		return false
 	}
-	p := w.node(n.region, int(id))
-	return !p.up || w.cut(n.region, p.id) || w.cut(n.region, n.id)
+	if w.opt.mut.instantDetector {
+		p := w.node(n.region, int(id))
+		return !p.up || w.cut(n.region, p.id) || w.cut(n.region, n.id)
+	}
+	return w.linksOf(n).peers[id-1].down
 }
 
 // tickDrivers runs a tick on every node: a liveness change first (an

@@ -161,6 +161,10 @@ type mutations struct {
 	// complete, missing the new home's first acks), so that long sweeps
 	// (make sim SIMFLAGS=-known) go on past it.
 	tolerateOldHomeReads bool
+	// instantDetector: the failure detector knows at once that a peer's
+	// process is down or a cut divides them, and that it is back, as the
+	// simulator's did before detector.go (TestDetectorDelays).
+	instantDetector bool
 }
 
 // readMs is how often, in virtual milliseconds, each reader reads (at a

@@ -217,6 +217,9 @@ type node struct {
 	// downLogEpoch is, per range, the epoch its log ended in when it last
 	// went down (geo.go resendPoint: a down copy's resend point).
 	downLogEpoch []uint64
+	// links are its transport's senders towards its region's peers, its
+	// failure detector (detector.go).
+	links peerLinks
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -665,6 +668,7 @@ func (w *world) push(e *event) {
 func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 	for _, m := range msgs {
 		from, to := int(m.GetFrom()), int(m.GetTo())
+		w.linkSent(region, from, to) // detector.go
 		if replica.IsFloorMessage(m) {
 			w.sendFloor(region, group, m) // floor.go: no draw
 			continue
@@ -724,6 +728,7 @@ func (w *world) injectFaults() {
 // step advances one virtual millisecond.
 func (w *world) step() {
 	w.restartDue()
+	w.watchLinks() // detector.go
 	if w.now%tickMs == 0 {
 		w.tickDrivers() // driver.go
 	}
