@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/geolog/geolog/atrest"
 	"github.com/geolog/geolog/batch"
@@ -223,9 +224,12 @@ type OrphanStore struct {
 	// a second writer of the same fork finds it written.
 	writeMu sync.Mutex
 
-	mu     sync.RWMutex    // guards the fields below
-	forks  []ForkRecord    // by index
-	sealed map[uint64]bool // the forks whose files are sealed, by index
+	mu    sync.RWMutex // guards the fields below
+	forks []ForkRecord // by index
+	// epochMax is the highest epoch of the forks (maxEpoch: read on
+	// every append, without the lock); forks are only ever added.
+	epochMax atomic.Uint64
+	sealed   map[uint64]bool // the forks whose files are sealed, by index
 	// keys holds the data key of each fork's first unit (0: a fork in
 	// the clear, or without frames); gens counts the replacements of each
 	// fork's file (Reseal), so that positions read from one file are never
@@ -299,6 +303,7 @@ func OpenOrphans(fsys vfs.FS, dir string, logger hclog.Logger, opts ...OrphanOpt
 				return nil, err
 			}
 			o.forks = append(o.forks, rec)
+			o.noteEpoch(rec.Epoch)
 			o.sealed[rec.Index], o.keys[rec.Index] = sealed, key
 		default:
 			o.logger.Warn("ignoring unexpected file", "name", name)
@@ -446,14 +451,13 @@ func (o *OrphanStore) Fork(index uint64) (ForkRecord, bool) {
 }
 
 // maxEpoch is the highest epoch a fork raised the range to, 0 if none.
-func (o *OrphanStore) maxEpoch() uint64 {
-	o.mu.RLock()
-	defer o.mu.RUnlock()
-	var e uint64
-	for _, f := range o.forks {
-		e = max(e, f.Epoch)
+func (o *OrphanStore) maxEpoch() uint64 { return o.epochMax.Load() }
+
+// noteEpoch raises epochMax to a fork's epoch e (under mu).
+func (o *OrphanStore) noteEpoch(e uint64) {
+	if e > o.epochMax.Load() {
+		o.epochMax.Store(e)
 	}
-	return e
 }
 
 // frameSource hands the frames of a fork being written to emit, in order;
@@ -597,6 +601,7 @@ func (o *OrphanStore) commitLocked(p *pendingFork) error {
 	o.mu.Lock()
 	i, _ := slices.BinarySearchFunc(o.forks, p.rec.Index, func(f ForkRecord, index uint64) int { return cmpUint64(f.Index, index) })
 	o.forks = slices.Insert(o.forks, i, p.rec)
+	o.noteEpoch(p.rec.Epoch)
 	o.sealed[p.rec.Index], o.keys[p.rec.Index] = p.sealed, p.key
 	o.mu.Unlock()
 	rec := p.rec

@@ -396,6 +396,7 @@ func (s *splitWorld) openChildren() error {
 	for i := 0; i < 2; i++ {
 		w.canonical = append(w.canonical, nil)
 		w.acked = append(w.acked, map[uint64]string{})
+		w.ackedEnds = append(w.ackedEnds, 0)
 		w.lastSeq = append(w.lastSeq, map[int]int64{})
 		w.seen = append(w.seen, map[string]uint64{})
 		w.leaders = append(w.leaders, 0)

@@ -122,7 +122,7 @@ func (h *homeWorld) raised(n *node, r int, home homing.Home) {
 	for v, o := range h.orphans[r] {
 		if held[o.off] == v {
 			delete(h.orphans[r], v)
-			h.w.acked[r][o.off] = v
+			h.w.noteAcked(r, o.off, v)
 			h.res.Orphaned--
 		}
 	}

@@ -396,7 +396,7 @@ func (h *homeWorld) granted(r int, home homing.Home) {
 	}
 	for off, v := range w.acked[r] {
 		if off >= home.StartOffset {
-			delete(w.acked[r], off)
+			w.unack(r, off)
 			h.orphan(r, off, v, h.epochAt(r, off))
 		}
 	}

@@ -434,10 +434,7 @@ func (rw *readWorld) homeRead(rd *reader) {
 		}
 	}
 	issued := w.homing.homes[r]
-	ackedEnd := uint64(0)
-	for off := range w.acked[r] {
-		ackedEnd = max(ackedEnd, off+1)
-	}
+	ackedEnd := w.ackedEnd(r)
 	rd.pendingSince = w.now
 	srcGen, atGen := src.gen, at.gen
 	src.replicas[r].ReadIndex(func(tail uint64, err error) {

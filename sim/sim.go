@@ -304,7 +304,10 @@ type world struct {
 	compactedBefore, installedBefore int
 
 	canonical [][]string          // per range, the committed log
-	acked     []map[uint64]string // per range: offset → value acked
+	acked     []map[uint64]string // per range: offset → value acked (ack, unack)
+	// ackedEnds caches, per range, the end of what is acked (ackedEnd);
+	// -1: to recompute.
+	ackedEnds []int64
 	lastSeq   []map[int]int64     // per range: producer → last sequence in canonical order
 	seen      []map[string]uint64 // per range: value → offset
 	leaders   []uint64            // per range: last leader seen
@@ -438,6 +441,7 @@ func (w *world) build() error {
 	opt := w.opt
 	w.canonical = make([][]string, opt.Ranges)
 	w.acked = make([]map[uint64]string, opt.Ranges)
+	w.ackedEnds = make([]int64, opt.Ranges)
 	w.lastSeq = make([]map[int]int64, opt.Ranges)
 	w.seen = make([]map[string]uint64, opt.Ranges)
 	w.leaders = make([]uint64, opt.Ranges)

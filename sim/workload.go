@@ -175,7 +175,7 @@ func (w *world) reply(e *event) {
 			w.err = fmt.Errorf("range %d offset %d acked as %q and as %q", e.rng, off, prev, v)
 			return
 		}
-		w.acked[e.rng][off] = v
+		w.noteAcked(e.rng, off, v)
 		if err := w.splits.ack(e.rng, off, v); err != nil {
 			w.err = err
 			return
@@ -485,4 +485,32 @@ func (w *world) finalCheck() error {
 		return w.finalMirrors()
 	}
 	return nil
+}
+
+// noteAcked records that v was acked at offset off of range r.
+func (w *world) noteAcked(r int, off uint64, v string) {
+	w.acked[r][off] = v
+	if w.ackedEnds[r] >= 0 {
+		w.ackedEnds[r] = max(w.ackedEnds[r], int64(off)+1)
+	}
+}
+
+// unack forgets the record acked at off of range r (it is counted in an
+// orphan log instead).
+func (w *world) unack(r int, off uint64) {
+	delete(w.acked[r], off)
+	w.ackedEnds[r] = -1
+}
+
+// ackedEnd is the end of what is acked in range r: one past the highest
+// offset acked, 0 if none.
+func (w *world) ackedEnd(r int) uint64 {
+	if w.ackedEnds[r] < 0 {
+		end := uint64(0)
+		for off := range w.acked[r] {
+			end = max(end, off+1)
+		}
+		w.ackedEnds[r] = int64(end)
+	}
+	return uint64(w.ackedEnds[r])
 }
