@@ -83,15 +83,44 @@ func (d *rangeDriver) checkAttempt(now time.Time) {
 	d.backoffUntil = time.Time{} // another node: no reason to wait
 }
 
-// markUnresponsive records addr as the address the range gave up on for
-// want of a reply (or because it leads cut off from its followers), for
-// the attempt timeout from now (AppendAttemptTimeoutDefault when off).
+// givenUpMax bounds the addresses a range remembers giving up on.
+const givenUpMax = 8
+
+// markUnresponsive records addr as an address the range gave up on for
+// want of a reply (or because it leads cut off from its followers, or its
+// home's lease expired), for the attempt timeout from now
+// (AppendAttemptTimeoutDefault when off).
 func (d *rangeDriver) markUnresponsive(addr string, now time.Time) {
 	timeout := d.p.cfg.attemptTimeoutCapped()
 	if timeout <= 0 {
 		timeout = AppendAttemptTimeoutDefault
 	}
-	d.unresponsive, d.unresponsiveUntil = addr, now.Add(timeout)
+	if d.givenUp == nil {
+		d.givenUp = make(map[string]time.Time, 1)
+	}
+	soonest := ""
+	for a, until := range d.givenUp {
+		if !now.Before(until) {
+			delete(d.givenUp, a)
+		} else if soonest == "" || until.Before(d.givenUp[soonest]) {
+			soonest = a
+		}
+	}
+	if _, ok := d.givenUp[addr]; !ok && len(d.givenUp) >= givenUpMax {
+		delete(d.givenUp, soonest)
+	}
+	d.givenUp[addr] = now.Add(timeout)
+}
+
+// givingUp reports whether the range gave up on some address within the
+// attempt timeout before now.
+func (d *rangeDriver) givingUp(now time.Time) bool {
+	for _, until := range d.givenUp {
+		if now.Before(until) {
+			return true
+		}
+	}
+	return false
 }
 
 // electing says whether the range's last error, err, is a NOT_LEADER or a
@@ -103,7 +132,7 @@ func (d *rangeDriver) markUnresponsive(addr string, now time.Time) {
 // it heard of last, so its NOT_HOME is part of the same search.
 func (d *rangeDriver) electing(err error) bool {
 	e := apierr.As(err)
-	return e != nil && (e.Code == apierr.NotLeader || e.Code == apierr.NotHome) && d.isUnresponsive(d.unresponsive)
+	return e != nil && (e.Code == apierr.NotLeader || e.Code == apierr.NotHome) && d.givingUp(time.Now())
 }
 
 // staleNotHome says whether e is a NOT_HOME whose hint names the address
@@ -114,10 +143,11 @@ func (d *rangeDriver) staleNotHome(e *Error, from string) bool {
 	return e.Code == apierr.NotHome && d.isUnresponsive(leaderHint(e, from))
 }
 
-// isUnresponsive says whether addr is the address the range last gave up
-// on for want of a reply, within the attempt timeout since.
+// isUnresponsive says whether addr is an address the range gave up on
+// (markUnresponsive) within the attempt timeout.
 func (d *rangeDriver) isUnresponsive(addr string) bool {
-	return addr != "" && addr == d.unresponsive && time.Now().Before(d.unresponsiveUntil)
+	until, ok := d.givenUp[addr]
+	return addr != "" && ok && time.Now().Before(until)
 }
 
 // usableHint is the leader hint of e (leaderHint), unless it names the
@@ -129,12 +159,13 @@ func (d *rangeDriver) usableHint(e *Error, from string) string {
 	return ""
 }
 
-// skipUnresponsive returns addr, or the ring's next address after it if
-// addr is the unresponsive one (the pool marks it down only for a short
-// backoff, after which the ring would lead straight back to it).
+// skipUnresponsive returns addr, or the ring's first address after it
+// that the range did not give up on (the pool marks an address down only
+// for a short backoff, after which the ring would lead straight back to
+// it); if it gave up on every one it passes, the last.
 func (d *rangeDriver) skipUnresponsive(addr string) string {
-	if d.isUnresponsive(addr) {
-		return d.p.c.pool.next(addr)
+	for i := 0; i < givenUpMax && d.isUnresponsive(addr); i++ {
+		addr = d.p.c.pool.next(addr)
 	}
 	return addr
 }

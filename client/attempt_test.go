@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,6 +212,78 @@ func TestStaleNotHomeHintNotWaitedOn(t *testing.T) {
 	rs.wait(t)
 	if err := rs.errs[0]; err != nil {
 		t.Fatalf("record: %v", err)
+	}
+	if got := rs.res[0].Offset; got != 1 {
+		t.Fatalf("acked at offset %d, want 1", got)
+	}
+}
+
+// TestLeaseExpiredHomeNotReturnedTo: the home's leader (node 0) cannot
+// renew its lease and answers LEASE_EXPIRED; the client's own nodes (1
+// and 2, a mirror region: the only addresses it was given) answer
+// NOT_HOME naming it until another region takes the range over. The
+// range does not follow that hint back to the expired home (its mark
+// lasts the attempt timeout, a minute here) and asks its own nodes at the
+// shortest backoff (50 ms; the longest is a minute), so that it finds the
+// new home as soon as they know it. The new home's first answer is
+// PRODUCER_STATE_LOST (the takeover cut the producer's batches off): the
+// range resends under a fresh id at once, not after the growing backoff
+// of the retries before (a minute by then). Twelve requests to each of
+// nodes 1 and 2 take about 1.2 s paced, the resend milliseconds; the
+// test allows 15 s for each, a quarter of the backoff it must not wait.
+func TestLeaseExpiredHomeNotReturnedTo(t *testing.T) {
+	c := startCluster(t, 3)
+	c.MustCreateStream("s", 1)
+	c.SetLeader(0)
+	cl := newClient(t, c.Node(1).Addr()+","+c.Node(2).Addr(), client.RetryBackoff(50*time.Millisecond, time.Minute))
+	p := newProducer(t, cl, "s", client.AppendAttemptTimeout(time.Minute), client.DeliveryTimeout(5*time.Minute))
+	ctx := testCtx(t)
+	warm := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("warm")}, warm.cb(0))
+	warm.wait(t)
+	requests := func(i int) int64 { return c.Node(i).Stats().AppendRequests }
+	base0, base1, base2 := requests(0), requests(1), requests(2)
+
+	expired := apierr.New(apierr.LeaseExpired, "node 0 may serve until its lease's expiry; last heartbeat failed")
+	expired.Retriable = true
+	c.Node(0).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Err: expired} })
+	notHome := apierr.New(apierr.NotHome, "range 0 is homed in region us (epoch 1); region eu holds a read-only mirror")
+	notHome.LeaderHint = c.Node(0).Addr()
+	for _, i := range []int{1, 2} {
+		c.Node(i).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault { return clienttest.Fault{Err: notHome} })
+	}
+	rs := newResults()
+	p.Produce(ctx, &client.Record{Key: []byte("k"), Value: []byte("v0")}, rs.cb(0))
+	waitFor(t, "the expired home's answer", func() bool { return requests(0) > base0 })
+	start := time.Now()
+	for time.Since(start) < 15*time.Second && (requests(1)-base1 < 12 || requests(2)-base2 < 12) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n1, n2 := requests(1)-base1, requests(2)-base2; n1 < 12 || n2 < 12 {
+		t.Fatalf("in %v the client's nodes got %d and %d requests, want 12 each: the range backed off on the expired home's region", time.Since(start), n1, n2)
+	}
+	if n := requests(0) - base0; n != 1 {
+		t.Fatalf("the expired home got %d requests, want 1: the range followed the stale NOT_HOME back to it", n)
+	}
+
+	// Region eu takes the range over: node 2 leads it, node 1 redirects
+	// there, and node 2's first answer is PRODUCER_STATE_LOST.
+	var lost atomic.Bool
+	stateLost := apierr.New(apierr.ProducerStateLost, "this range holds no batch of the producer; a failover cut its last ones off")
+	c.Node(2).SetAppendFault(func(int64, *geologv1.AppendRequest) clienttest.Fault {
+		if lost.CompareAndSwap(false, true) {
+			return clienttest.Fault{Err: stateLost}
+		}
+		return clienttest.Fault{}
+	})
+	c.Node(1).SetAppendFault(nil)
+	c.SetLeader(2)
+	rs.wait(t)
+	if err := rs.errs[0]; err != nil {
+		t.Fatalf("record: %v", err)
+	}
+	if !lost.Load() {
+		t.Fatal("the new home never answered PRODUCER_STATE_LOST: the test did not test the resend")
 	}
 	if got := rs.res[0].Offset; got != 1 {
 		t.Fatalf("acked at offset %d, want 1", got)

@@ -100,7 +100,15 @@
 //     (the mirror heard of no newer leader yet) moves on as NOT_LEADER
 //     without a hint does. LEASE_EXPIRED (a home that could not renew
 //     its lease, perhaps taken over by another region) moves it back to the
-//     next bootstrap address, whose node redirects it. A stream that failed before its node
+//     next bootstrap address, whose node redirects it; that node too is
+//     given up on for the attempt timeout (as a cut-off leader is), so a
+//     mirror's NOT_HOME naming it does not lead back there, and the
+//     client's own nodes are asked at the shortest backoff until the
+//     takeover (the first such move is at once, later ones, as when every
+//     node of the client's region answers LEASE_EXPIRED, wait the
+//     backoff). PRODUCER_STATE_LOST on a producer id the range had
+//     acknowledged (a takeover's fork cut its batches off) resends under a
+//     fresh id at once (step 6). A stream that failed before its node
 //     answered anything (the node is down) or SHUTTING_DOWN marks the
 //     address failed and moves on the same way. Any other retriable failure
 //     (a working stream broke, an overloaded leader) keeps the address; if

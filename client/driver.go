@@ -121,10 +121,10 @@ type rangeDriver struct {
 	lastErr        error
 	timer          *time.Timer
 	timerDue       time.Time
-	// unresponsive is the address the range last gave up on for want of
-	// a reply, until unresponsiveUntil (attempt.go).
-	unresponsive      string
-	unresponsiveUntil time.Time
+	// givenUp holds the addresses the range gave up on lately (for want of
+	// a reply, a leader cut off from its followers, a home whose lease
+	// expired), each until when (attempt.go); at most givenUpMax.
+	givenUp map[string]time.Time
 	// splitEnded is set once the range split and the driver handed its
 	// records to the children (split.go): run returns.
 	splitEnded bool
@@ -605,9 +605,17 @@ func (d *rangeDriver) onErrorReply(i int, e *Error) {
 		// under this id, and never will: resend them all under a fresh id.
 		d.log.Warn("the range lost the producer's state; continuing under a fresh producer id",
 			"expected", e.ExpectedSequence, "base_sequence", b.baseSeq, "fork_epoch", e.ForkEpoch, "fork_offset", e.ForkOffset)
+		// The node that answered holds the range: under an id that had
+		// been acknowledged the resend goes at once (after a takeover this
+		// is the new home's first answer); a fresh id lost again waits the
+		// backoff.
+		worked := d.pidAcked
 		d.closeConn()
 		d.renumber()
 		d.rewind(e)
+		if worked {
+			d.backoffUntil = time.Time{}
+		}
 
 	case e.Code == apierr.DuplicateOutOfWindow:
 		// b was appended long ago and its ack lost; the server can no
@@ -717,7 +725,18 @@ func (d *rangeDriver) retarget(e *Error, replied bool) (immediate bool) {
 		// store, or from the other regions): another region may have
 		// taken the range over, and only the client's own nodes can say
 		// (they redirect with NOT_HOME). If they are that home, they
-		// answer LEASE_EXPIRED too until it recovers.
+		// answer LEASE_EXPIRED too until it recovers. The node is given
+		// up on as an unresponsive one: a mirror region's NOT_HOME naming
+		// it (its view predates the takeover) is not followed back to it,
+		// and the mirror's nodes are asked at the shortest backoff
+		// (electing) until the takeover, whose new home then redirects
+		// at once (the hints followed so far are history). The first
+		// lease expiry in a while moves on at once; more (every node of
+		// the client's own region may answer it) wait the usual backoff.
+		now := time.Now()
+		immediate = !d.givingUp(now)
+		d.markUnresponsive(from, now)
+		d.hintHops = 0
 		pool.forgetLeader(d.p.stream, d.rng, from)
 		d.addr = pool.nextBootstrap(from)
 	case !replied || e.Code == apierr.ShuttingDown:
