@@ -243,18 +243,39 @@ func (m *moveWorld) newPlacementLoop(deadAfter time.Duration) *placement.Loop {
 	return placement.NewLoop(placement.LoopConfig{MovesMax: 2, DeadAfter: deadAfter})
 }
 
-// observeDown is what the Raft transport finds down: nodes whose process
-// is down, and in dead-node runs those cut off too (downSince keeps
-// since when).
-func (m *moveWorld) observeDown() map[uint64]bool {
+// rebalancerNode is the node whose rebalancer plans this round, nil if
+// none. In the product it is the catalogue's leader (regionsvc's
+// leadsCatalogue: the node that believes it leads the catalogue group),
+// which the simulator has not: its stand-in is the leader of range 0, a
+// Raft group of the region like the catalogue, as leaderOf finds it (the
+// lowest-id live node that believes it leads). So, as in the product,
+// the rebalancer moves with elections, none plans while the group has no
+// leader, and a leader cut off plans on until it steps down. The
+// lowest-id live node would stand in for a catalogue that never changes
+// leader but when its leader crashes.
+//
+// The product's loops are one per node, each observing its own
+// transport every round; the simulator's is one (its moves under way
+// outlive a change of rebalancer node, where the product cancels them),
+// fed by the rebalancer node of the round: when that node changes, a
+// node down in both views keeps its unreachable time, and one the new
+// node finds down starts from then (the product's new leader may have
+// found it down earlier).
+func (m *moveWorld) rebalancerNode() *node { return m.w.leaderOf(0, 0) }
+
+// observeDown is what rebalancer node rb's Raft transport finds down
+// (regionsvc's rebalancer.observe asks transport.PeerDown of each
+// member): its failure detector (detector.go, world.peerDown), so a
+// crash is found a reconnect backoff later, a cut-off node a keepalive
+// and a handshake timeout later, and a node back once a stream to it
+// opens; rb itself is never down, nor is a spare that has not joined
+// (no member yet). downSince keeps since when, as the loop does.
+func (m *moveWorld) observeDown(rb *node) map[uint64]bool {
 	w := m.w
 	down := map[uint64]bool{}
 	for _, n := range w.regionNodes(0) {
 		id := uint64(n.id)
-		down[id] = n.gen > 0 && !n.up
-		if m.dead.on {
-			down[id] = n.gen > 0 && (!n.up || n.cutTill > w.now)
-		}
+		down[id] = n.gen > 0 && w.peerDown(rb, id)
 		if _, ok := m.downSince[id]; down[id] && !ok {
 			m.downSince[id] = w.now
 		} else if !down[id] {
@@ -486,8 +507,15 @@ func (m *moveWorld) plan() {
 		}
 		return
 	}
+	rb := m.rebalancerNode()
+	if rb == nil {
+		// No node leads the catalogue: none plans (each node's loop
+		// observes on in the product; the one loop here waits, and its
+		// unreachable times are those of the last rebalancer node).
+		return
+	}
 	now := w.clock()
-	m.loop.Observe(now, m.observeDown())
+	m.loop.Observe(now, m.observeDown(rb))
 	reg := m.region()
 	moves, cleanups := m.loop.Next(now, reg)
 	for _, c := range cleanups {
@@ -804,15 +832,15 @@ func (m *moveWorld) propose(mv *move) {
 
 // handOffTarget is regionsvc's handOffBeforeRemoval's choice: the
 // voter other than leader l with the highest match index (then the
-// lowest id) that the transport does not find down (the simulator
-// handed off to the first other voter before: notes/simdead.md).
+// lowest id) that l's transport does not find down (its failure
+// detector, world.peerDown; the simulator handed off to the first other
+// voter before: notes/simdead.md).
 func (m *moveWorld) handOffTarget(l *node, rep *replica.Replica, voters []uint64) uint64 {
 	st := rep.Status()
 	var to, match uint64
 	for _, id := range voters {
-		n := m.w.node(0, int(id))
 		pr, ok := st.Progress[id]
-		if id == uint64(l.id) || !ok || pr.IsLearner || !n.up || n.cutTill > m.w.now {
+		if id == uint64(l.id) || !ok || pr.IsLearner || m.w.peerDown(l, id) {
 			continue
 		}
 		if to == 0 || pr.Match > match || (pr.Match == match && id < to) {
