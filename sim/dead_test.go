@@ -80,22 +80,24 @@ func TestDecommissionedTarget(t *testing.T) {
 // the loop moved away comes back; with its removed replica restarting
 // as a group of its own (moveStray: a stray that does not stay removed)
 // it acks appends, and the check that a removed replica acks nothing
-// reports it (seed 105 since the rebalancer asks its own node's failure
-// detector, moves.go observeDown: node 2, dead at 254 ms, repaired off
-// range 1 at 1,100-1,313 ms, comes back at 3,000 ms and acks at offset 0
-// at 3,256 ms; seed 11 when the failure detector came to have the
-// transport's delays, detector.go; seed 160 when the replicas came to
-// elect by succession, 14 before, 310 before rangecore.Driver ran the
-// simulator's replicas).
+// reports it (seed 277 since the rebalancer asks its own node's failure
+// detector, moves.go observeDown, the only one of 1-900 where the node
+// that acks is the dead one, moved off by a repair: node 1, dead at 920
+// ms, its repair off range 1 started at 2,600 ms, back at 2,763 ms, the
+// repair done at 2,825 ms, acks at offset 32 at 3,173 ms; the other
+// seeds' acks come from drained or moved nodes; seed 11 when the failure
+// detector came to have the transport's delays, detector.go; seed 160
+// when the replicas came to elect by succession, 14 before, 310 before
+// rangecore.Driver ran the simulator's replicas).
 func TestDeadStrayAcks(t *testing.T) {
 	mut := mutations{movesAlways: true, deadAlways: true}
-	if _, err := Run(Options{Seed: 105, Steps: 3000, Regions: 1, mut: mut}); err != nil {
-		t.Fatalf("seed 105: %v", err)
+	if _, err := Run(Options{Seed: 277, Steps: 3000, Regions: 1, mut: mut}); err != nil {
+		t.Fatalf("seed 277: %v", err)
 	}
 	mut.moveStray = true
-	_, err := Run(Options{Seed: 105, Steps: 3000, Regions: 1, mut: mut})
-	if err == nil || !strings.Contains(err.Error(), "node 2 range 1: acks an append") {
-		t.Fatalf("seed 105 with the dead node's stray as a group of its own: got %v, want its ack reported", err)
+	_, err := Run(Options{Seed: 277, Steps: 3000, Regions: 1, mut: mut})
+	if err == nil || !strings.Contains(err.Error(), "node 1 range 1: acks an append") {
+		t.Fatalf("seed 277 with the dead node's stray as a group of its own: got %v, want its ack reported", err)
 	}
 }
 
@@ -104,13 +106,14 @@ func TestDeadStrayAcks(t *testing.T) {
 // time taken as live) plans a move onto a node that is down; the check
 // of the rebalancer's targets reports it (notes/simdead.md finding 1:
 // seed 282 of a minute held a range's repair 30 s on such a move; seed
-// 13 of 3 s with moves, the first of 1-13 when the failure detector came
-// to have the transport's delays (detector.go), plans a drain onto node 4
-// down for 1,500 ms, and since the rebalancer asks its own node's
-// detector (moves.go observeDown) down for 1,200 ms, seed 7 the first of
-// 1-13; seed 1 when the replicas came to elect by succession, 3 before).
+// 14 of 3 s with moves since the rebalancer asks its own node's failure
+// detector (moves.go observeDown) plans a drain onto node 1 found down
+// 200 ms before (seed 1, the first of 1-14, onto a node found down in
+// that very round); seed 13, the first of 1-13, when the failure
+// detector came to have the transport's delays (detector.go); seed 1
+// when the replicas came to elect by succession, 3 before).
 func TestUnreachableTarget(t *testing.T) {
-	for _, seed := range []int64{13} {
+	for _, seed := range []int64{14} {
 		if _, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}

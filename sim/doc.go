@@ -270,7 +270,11 @@
 // takes as down are those its own failure detector finds down (the
 // transport's, above), as regionsvc's asks its Raft transport: a crash
 // a backoff later, a cut a keepalive and a handshake timeout later, a
-// node back once a stream to it opens (TestRebalancerDetector).
+// node back once a stream to it opens (TestRebalancerDetector). That
+// node's senders towards every joined node are started as the
+// catalogue's traffic would (its leader replicates to every member), so
+// a node dead for good that no range sends to any more is still found
+// down (TestRebalancerFindsSilentDead).
 // Operator moves (`geolog replicas replace`, without the planned-voters
 // check) start now and then, and
 // each move runs the real internal/replicamove.Replace (or Remove) on a

@@ -293,6 +293,30 @@ func (m *moveWorld) observeDown(rb *node) map[uint64]bool {
 	return down
 }
 
+// catalogueLinks starts the rebalancer node's senders towards every
+// joined node (step, every virtual ms). A transport finds down only a
+// peer it has a sender for, started by a first send, and the catalogue's
+// leader has one towards every member: every joined node is a voter or a
+// learner of the catalogue group (regionsvc/members_voters.go), which
+// its leader replicates to from its election on (at least one quiesce
+// heartbeat before it goes idle). The simulator carries no catalogue
+// traffic, so the senders its ranges' traffic has not started start
+// here (linkStart): without them, a rebalancer node restarted after a
+// node died for good never sent to it, never found it down, and its loop
+// forgot the node was dead (seed 720081 of one region planned drains
+// onto such a node until the run ended).
+func (m *moveWorld) catalogueLinks() {
+	rb := m.rebalancerNode()
+	if rb == nil {
+		return
+	}
+	for _, n := range m.w.regionNodes(0) {
+		if n.gen > 0 {
+			m.w.linkStart(rb, n.id)
+		}
+	}
+}
+
 // stop ends the moves' goroutines (they return errRunOver).
 func (m *moveWorld) stop() { close(m.done) }
 
@@ -303,6 +327,7 @@ func (m *moveWorld) step() {
 	}
 	w := m.w
 	faults := w.now < int64(w.opt.Steps)
+	m.catalogueLinks()
 	if w.now%tickMs == 0 {
 		if w.err = m.observe(); w.err != nil {
 			return

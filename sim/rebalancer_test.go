@@ -136,3 +136,78 @@ func TestRebalancerDetector(t *testing.T) {
 		t.Fatal("no seed of 1-40 runs with moves and without a dead node")
 	}
 }
+
+// silentDeadScenario runs seed (one region, moves on, a node dead for
+// good, no random or aimed fault): once the dead node holds no replica
+// and no move is under way, every node's transport forgets its sender
+// towards it (as if each had restarted since: no range sends to it any
+// more). It returns when that was (-1: the scenario did not come
+// about), the first planning round after it that did not find the dead
+// node down, and when a move onto it started after it (-1: none).
+func silentDeadScenario(seed int64) (forgotAt, missedAt, movedAt int64, err error) {
+	forgotAt, missedAt, movedAt = -1, -1, -1
+	tamper := func(w *world) bool {
+		m := w.moves
+		if w.now == 0 {
+			w.crashP, w.cutP, w.syncCrashP = 0, 0, 0
+		}
+		for _, mv := range m.moves {
+			mv.faultAt = -1
+		}
+		d := m.dead.id
+		switch {
+		case d == 0:
+		case forgotAt < 0 && w.now < int64(w.opt.Steps) && m.empty(uint64(d)) && len(m.moves) == 0:
+			forgotAt = w.now
+			for _, n := range w.regionNodes(0) {
+				if n.up {
+					w.linksOf(n).peers[d-1] = peerLink{}
+				}
+			}
+		case forgotAt >= 0:
+			if _, ok := m.downSince[uint64(d)]; !ok && w.now%movePlanMs == 0 && missedAt < 0 {
+				missedAt = w.now
+			}
+			for _, mv := range m.moves {
+				if mv.to == uint64(d) && movedAt < 0 {
+					movedAt = w.now
+				}
+			}
+		}
+		return false
+	}
+	_, err = Run(Options{Seed: seed, Steps: 6000, Regions: 1, tamper: tamper,
+		mut: mutations{movesAlways: true, deadAlways: true, deadForever: true}})
+	return forgotAt, missedAt, movedAt, err
+}
+
+// TestRebalancerFindsSilentDead: a node dead for good that no range
+// holds any more and no transport has a sender towards (each restarted
+// since, say) is still found down by the rebalancer's node at every
+// round, as the catalogue's leader, which replicates to every member,
+// finds it, and no move goes onto it; else the loop forgets it is dead
+// and plans moves onto it (seed 720081 of a minute, one region: drains
+// onto the dead node 2, each timing out).
+func TestRebalancerFindsSilentDead(t *testing.T) {
+	ran := 0
+	for seed := int64(1); seed <= 20 && ran < 2; seed++ {
+		forgotAt, missedAt, movedAt, err := silentDeadScenario(seed)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		if forgotAt < 0 {
+			continue
+		}
+		ran++
+		if missedAt >= 0 {
+			t.Errorf("seed %d: the dead node, which no transport had a sender towards from %d ms, was not found down at %d ms", seed, forgotAt, missedAt)
+		}
+		if movedAt >= 0 {
+			t.Errorf("seed %d: a move onto the dead node started at %d ms (no sender towards it from %d ms)", seed, movedAt, forgotAt)
+		}
+		t.Logf("seed %d: senders forgotten at %d ms", seed, forgotAt)
+	}
+	if ran == 0 {
+		t.Fatal("no seed of 1-20 emptied its dead node")
+	}
+}
