@@ -26,8 +26,9 @@ import (
 // a random time.
 //
 // Who decides is the product: every movePlanMs the real planner
-// (placement.Plan, MovesMax 2) is given the region as its leaders
-// describe it (nodes live or draining, each in a zone of its own; every
+// (placement.Plan, MovesMax 2, under placement.Loop, on the rebalancer
+// node with the nodes its failure detector finds down: observeDown) is
+// given the region as its leaders describe it (nodes live or draining, each in a zone of its own; every
 // range's voters and learners at its highest applied configuration, its
 // leader, a move under way as Moving) and its moves run. Besides, now and
 // then an operator move (`geolog replicas replace`: a random voter to a
