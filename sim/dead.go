@@ -14,9 +14,10 @@ import (
 // The run's dead-node time (regionsvc's RebalanceConfig.DeadNodeAfter,
 // geologd's --dead-node-time; 5 min by default) is scaled to the
 // simulator's seconds: deadAfterMs, 500-1500 virtual ms. The rebalancer's
-// core (placement.Loop) observes a node down while its process is down
-// or a partition cuts it off (what the Raft transport finds: a node cut
-// off long enough is taken as dead while it still runs). At a random
+// core (placement.Loop) observes a node down while the rebalancer node's
+// failure detector finds it down (moves.go observeDown: a crash found a
+// backoff later, a cut a keepalive and a handshake timeout later; a node
+// cut off long enough is taken as dead while it still runs). At a random
 // time one of the first Nodes nodes dies: its process stops for longer
 // than the dead-node time and then starts again on its disk (a stray
 // comes back: its configuration still names it a voter of the ranges

@@ -136,6 +136,19 @@ func (w *world) linkSent(g, from, to int) {
 	}
 }
 
+// linkStart starts n's sender towards its region's node id if it has
+// none, as a first send would, without counting as one (no data unacked
+// across a cut): the traffic of a group the simulator does not carry
+// (moves.go observeDown: the catalogue's).
+func (w *world) linkStart(n *node, id int) {
+	if !n.up || id < 1 || id > w.perRegion || id == n.id {
+		return
+	}
+	if l := &w.linksOf(n).peers[id-1]; l.phase == linkIdle {
+		l.phase, l.at = linkDialing, w.now
+	}
+}
+
 // watchLinks moves every live node's senders on to now (step, every
 // virtual ms).
 func (w *world) watchLinks() {

@@ -261,10 +261,22 @@
 // With Regions = 1, one run in two gives the region one or two spare
 // nodes (new Raft ids, in no range's initial configuration) whose
 // process starts at a random time (the join), and marks one node
-// draining at another. The real planner (placement.Plan) decides the
-// moves from the region as the range leaders describe it (repairs,
-// the drain, spread, balance), operator moves (`geolog replicas
-// replace`, without the planned-voters check) start now and then, and
+// draining at another. The real planner (placement.Plan, under the
+// rebalancer's placement.Loop) decides the moves from the region as the
+// range leaders describe it (repairs, the drain, spread, balance). It
+// runs on one node, as regionsvc's rebalancer runs on the catalogue's
+// leader: here the leader of range 0 (the simulator has no catalogue
+// group; none plans while range 0 has no leader), and the nodes it
+// takes as down are those its own failure detector finds down (the
+// transport's, above), as regionsvc's asks its Raft transport: a crash
+// a backoff later, a cut a keepalive and a handshake timeout later, a
+// node back once a stream to it opens (TestRebalancerDetector). That
+// node's senders towards every joined node are started as the
+// catalogue's traffic would (its leader replicates to every member), so
+// a node dead for good that no range sends to any more is still found
+// down (TestRebalancerFindsSilentDead).
+// Operator moves (`geolog replicas replace`, without the planned-voters
+// check) start now and then, and
 // each move runs the real internal/replicamove.Replace (or Remove) on a
 // goroutine whose Admin calls the simulator answers at the range leader
 // of the virtual moment, as regionsvc's admin server and range router
@@ -284,9 +296,10 @@
 //
 // Dead nodes and decommissions (dead.go): one run with moves in two
 // scales the dead-node time (DeadNodeAfter, --dead-node-time) to
-// 0.5-1.5 virtual s, has the loop observe a node down while its process
-// is down or a partition cuts it off, and kills one of the first Nodes
-// nodes for longer than that: it comes back on its disk after 0.3-2.8 s
+// 0.5-1.5 virtual s (the loop takes a node its rebalancer node found
+// down that long as dead: a node cut off long enough while it still
+// runs, too), and kills one of the first Nodes nodes for longer than
+// that: it comes back on its disk after 0.3-2.8 s
 // more (its stale replicas are strays whose configuration still names
 // them voters), or, one time in three, never (a spare more joins then,
 // so the region keeps RF live nodes besides the drained one). One such
@@ -294,12 +307,13 @@
 // it (regionsvc refuses before): the planner is given it decommissioned,
 // and its process stops for good 0-3 s later or runs on. A range
 // leader's hand-off before its removal picks, as regionsvc's
-// handOffBeforeRemoval, the best-matched voter the transport finds up.
+// handOffBeforeRemoval, the best-matched voter the leader's transport
+// (its failure detector) does not find down.
 // A move is bounded (regionsvc's MoveTimeout, scaled to 30 virtual s):
 // its Admin calls then fail with the context's error. Checks: no move
-// starts onto a decommissioned node or onto one the transport found
-// down for the dead-node time, and none of the rebalancer's onto a node
-// found down now (placement's Node.Unreachable: notes/simdead.md
+// starts onto a decommissioned node or onto one the rebalancer's node
+// found down for the dead-node time, and none of the rebalancer's onto a
+// node it finds down now (placement's Node.Unreachable: notes/simdead.md
 // finding 1); at the end every range has RF voters, all on nodes up and
 // not decommissioned; the moves' checks (a removed replica acks
 // nothing, the stray that came back included) hold throughout.

@@ -26,8 +26,9 @@ import (
 // a random time.
 //
 // Who decides is the product: every movePlanMs the real planner
-// (placement.Plan, MovesMax 2) is given the region as its leaders
-// describe it (nodes live or draining, each in a zone of its own; every
+// (placement.Plan, MovesMax 2, under placement.Loop, on the rebalancer
+// node with the nodes its failure detector finds down: observeDown) is
+// given the region as its leaders describe it (nodes live or draining, each in a zone of its own; every
 // range's voters and learners at its highest applied configuration, its
 // leader, a move under way as Moving) and its moves run. Besides, now and
 // then an operator move (`geolog replicas replace`: a random voter to a
@@ -243,18 +244,39 @@ func (m *moveWorld) newPlacementLoop(deadAfter time.Duration) *placement.Loop {
 	return placement.NewLoop(placement.LoopConfig{MovesMax: 2, DeadAfter: deadAfter})
 }
 
-// observeDown is what the Raft transport finds down: nodes whose process
-// is down, and in dead-node runs those cut off too (downSince keeps
-// since when).
-func (m *moveWorld) observeDown() map[uint64]bool {
+// rebalancerNode is the node whose rebalancer plans this round, nil if
+// none. In the product it is the catalogue's leader (regionsvc's
+// leadsCatalogue: the node that believes it leads the catalogue group),
+// which the simulator has not: its stand-in is the leader of range 0, a
+// Raft group of the region like the catalogue, as leaderOf finds it (the
+// lowest-id live node that believes it leads). So, as in the product,
+// the rebalancer moves with elections, none plans while the group has no
+// leader, and a leader cut off plans on until it steps down. The
+// lowest-id live node would stand in for a catalogue that never changes
+// leader but when its leader crashes.
+//
+// The product's loops are one per node, each observing its own
+// transport every round; the simulator's is one (its moves under way
+// outlive a change of rebalancer node, where the product cancels them),
+// fed by the rebalancer node of the round: when that node changes, a
+// node down in both views keeps its unreachable time, and one the new
+// node finds down starts from then (the product's new leader may have
+// found it down earlier).
+func (m *moveWorld) rebalancerNode() *node { return m.w.leaderOf(0, 0) }
+
+// observeDown is what rebalancer node rb's Raft transport finds down
+// (regionsvc's rebalancer.observe asks transport.PeerDown of each
+// member): its failure detector (detector.go, world.peerDown), so a
+// crash is found a reconnect backoff later, a cut-off node a keepalive
+// and a handshake timeout later, and a node back once a stream to it
+// opens; rb itself is never down, nor is a spare that has not joined
+// (no member yet). downSince keeps since when, as the loop does.
+func (m *moveWorld) observeDown(rb *node) map[uint64]bool {
 	w := m.w
 	down := map[uint64]bool{}
 	for _, n := range w.regionNodes(0) {
 		id := uint64(n.id)
-		down[id] = n.gen > 0 && !n.up
-		if m.dead.on {
-			down[id] = n.gen > 0 && (!n.up || n.cutTill > w.now)
-		}
+		down[id] = n.gen > 0 && w.peerDown(rb, id)
 		if _, ok := m.downSince[id]; down[id] && !ok {
 			m.downSince[id] = w.now
 		} else if !down[id] {
@@ -272,6 +294,30 @@ func (m *moveWorld) observeDown() map[uint64]bool {
 	return down
 }
 
+// catalogueLinks starts the rebalancer node's senders towards every
+// joined node (step, every virtual ms). A transport finds down only a
+// peer it has a sender for, started by a first send, and the catalogue's
+// leader has one towards every member: every joined node is a voter or a
+// learner of the catalogue group (regionsvc/members_voters.go), which
+// its leader replicates to from its election on (at least one quiesce
+// heartbeat before it goes idle). The simulator carries no catalogue
+// traffic, so the senders its ranges' traffic has not started start
+// here (linkStart): without them, a rebalancer node restarted after a
+// node died for good never sent to it, never found it down, and its loop
+// forgot the node was dead (seed 720081 of one region planned drains
+// onto such a node until the run ended).
+func (m *moveWorld) catalogueLinks() {
+	rb := m.rebalancerNode()
+	if rb == nil {
+		return
+	}
+	for _, n := range m.w.regionNodes(0) {
+		if n.gen > 0 {
+			m.w.linkStart(rb, n.id)
+		}
+	}
+}
+
 // stop ends the moves' goroutines (they return errRunOver).
 func (m *moveWorld) stop() { close(m.done) }
 
@@ -282,6 +328,7 @@ func (m *moveWorld) step() {
 	}
 	w := m.w
 	faults := w.now < int64(w.opt.Steps)
+	m.catalogueLinks()
 	if w.now%tickMs == 0 {
 		if w.err = m.observe(); w.err != nil {
 			return
@@ -400,9 +447,19 @@ func (m *moveWorld) removed(r int, id uint64) bool {
 // which holds a quorum of the new (seed 1043 of a minute, once: elected
 // at term 42 with its removal at index 278 in its log). So the ack
 // counts only if the frame acked, same Raft index and term, is on a
-// majority of the latest configuration's voters.
+// majority of the latest configuration's voters. A duplicate (an
+// answer from the idempotence table) names a batch committed before,
+// which the latest voters' logs, or the node's own, may no longer show
+// (one caught up by a snapshot past it, one restarted behind it: seeds
+// 723668 and 724647 of a minute, a node elected under the configuration
+// before its removal answering a retry); once the range committed past
+// it, the workload holds its records against those committed at its
+// offsets (reply: "acked as ... but committed as"), so it passes here.
 func (m *moveWorld) ackable(n *node, r int, res replica.Result) error {
 	if res.Err != nil || !m.removed(r, uint64(n.id)) {
+		return nil
+	}
+	if res.Duplicate && res.BaseOffset+uint64(max(res.RecordCount, 1)) <= uint64(len(m.w.canonical[r])) {
 		return nil
 	}
 	if h, ok := frameHeaderAt(n, r, res.BaseOffset); ok {
@@ -486,8 +543,15 @@ func (m *moveWorld) plan() {
 		}
 		return
 	}
+	rb := m.rebalancerNode()
+	if rb == nil {
+		// No node leads the catalogue: none plans (each node's loop
+		// observes on in the product; the one loop here waits, and its
+		// unreachable times are those of the last rebalancer node).
+		return
+	}
 	now := w.clock()
-	m.loop.Observe(now, m.observeDown())
+	m.loop.Observe(now, m.observeDown(rb))
 	reg := m.region()
 	moves, cleanups := m.loop.Next(now, reg)
 	for _, c := range cleanups {
@@ -804,15 +868,15 @@ func (m *moveWorld) propose(mv *move) {
 
 // handOffTarget is regionsvc's handOffBeforeRemoval's choice: the
 // voter other than leader l with the highest match index (then the
-// lowest id) that the transport does not find down (the simulator
-// handed off to the first other voter before: notes/simdead.md).
+// lowest id) that l's transport does not find down (its failure
+// detector, world.peerDown; the simulator handed off to the first other
+// voter before: notes/simdead.md).
 func (m *moveWorld) handOffTarget(l *node, rep *replica.Replica, voters []uint64) uint64 {
 	st := rep.Status()
 	var to, match uint64
 	for _, id := range voters {
-		n := m.w.node(0, int(id))
 		pr, ok := st.Progress[id]
-		if id == uint64(l.id) || !ok || pr.IsLearner || !n.up || n.cutTill > m.w.now {
+		if id == uint64(l.id) || !ok || pr.IsLearner || m.w.peerDown(l, id) {
 			continue
 		}
 		if to == 0 || pr.Match > match || (pr.Match == match && id < to) {

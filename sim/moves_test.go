@@ -52,7 +52,8 @@ func TestMovesOneChangePerRange(t *testing.T) {
 // restarts as the only voter of a group of its own (a stray) acks
 // appends; the check that a removed replica acks nothing reports it
 // (seed 3 is the first that this check, not another, catches since the
-// failure detector has the transport's delays, detector.go; seed 9 when
+// failure detector has the transport's delays, detector.go, and still is
+// since the rebalancer asks its own node's detector; seed 9 when
 // the replicas came to elect by succession; seeds 14, 2, 5, 18 and 44
 // were before: notes/simchildren.md, notes/simdead.md,
 // notes/simdriver2.md).
@@ -85,8 +86,10 @@ func TestMovesRemovedReplicaAcks(t *testing.T) {
 // first of 1-1437 (node 3 of range 1 holds voters [1 4] at 26,871 ms;
 // under the mutation seeds 336 and 770 fail with two moves of a range at
 // once, 544 with two records acked at one offset, 903 with producers
-// still waiting). Both now answer after a ReadIndex (admin.go
-// caughtUpLeader), and the seed is clean.
+// still waiting); since the rebalancer asks its own node's detector
+// (moves.go observeDown) node 4 of range 1 holds voters [1 4] at 26,841
+// ms. Both now answer after a ReadIndex (admin.go caughtUpLeader), and
+// the seed is clean.
 func TestMovesStaleDescribe(t *testing.T) {
 	_, err := Run(Options{Seed: 1437, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
 	if err == nil || !strings.Contains(err.Error(), "fewer than its replication factor") {
