@@ -201,6 +201,30 @@ func (t *GRPCTransport) PeerDown(node NodeID) bool {
 	return p != nil && p.down.Load()
 }
 
+// PeerKnown reports whether the transport has a verdict on node: a stream
+// to it opened or failed to open, or it opened one to this node. A node
+// this one never sent to has none, and PeerDown answers false for it; a
+// caller choosing where to put data (the rebalancer picking a move's
+// target) must not read that as "up". Probe starts the dial that gives a
+// verdict.
+func (t *GRPCTransport) PeerKnown(node NodeID) bool {
+	t.mu.RLock()
+	p := t.peers[node]
+	t.mu.RUnlock()
+	return p != nil && p.known.Load()
+}
+
+// Probe starts a sender towards node if it has none, so that the
+// transport reaches a verdict on it (PeerKnown) without a message to send:
+// the sender dials at once and keeps an idle stream, whose keepalive finds
+// a later cut. A node without an address is left alone.
+func (t *GRPCTransport) Probe(node NodeID) {
+	if node == t.self {
+		return
+	}
+	_, _ = t.peer(node)
+}
+
 // peer returns the peer for node, starting it on first use.
 func (t *GRPCTransport) peer(node NodeID) (*peer, error) {
 	t.mu.RLock()

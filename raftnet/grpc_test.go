@@ -475,6 +475,43 @@ func TestPeerDownDetector(t *testing.T) {
 	waitFor(t, 5*time.Second, "peer up after it reached us", func() bool { return !a.tr.PeerDown(2) })
 }
 
+// TestPeerKnownProbe: the transport has no verdict on a node it never
+// dialled nor heard from (PeerKnown false, and PeerDown's false then means
+// nothing); Probe dials without a message to send and gives one: up for
+// a live peer, down for an address that refuses. Probing itself or a node
+// without an address does nothing.
+func TestPeerKnownProbe(t *testing.T) {
+	a, b := startNode(t, 1, "", nil), startNode(t, 2, "", nil)
+	connect(t, a, b)
+	if a.tr.PeerKnown(2) || a.tr.PeerKnown(3) {
+		t.Fatal("a verdict on a peer never contacted")
+	}
+	a.tr.Probe(2)
+	waitFor(t, 5*time.Second, "a verdict on the live peer", func() bool { return a.tr.PeerKnown(2) })
+	if a.tr.PeerDown(2) || b.rec.count() != 0 {
+		t.Fatalf("probed live peer: down %v, %d messages delivered", a.tr.PeerDown(2), b.rec.count())
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := l.Addr().String()
+	l.Close()
+	if err := a.tr.SetPeer(3, gone); err != nil {
+		t.Fatal(err)
+	}
+	if a.tr.PeerKnown(3) {
+		t.Fatal("a verdict on a peer given an address only")
+	}
+	a.tr.Probe(3)
+	waitFor(t, 5*time.Second, "a verdict on the refusing address", func() bool { return a.tr.PeerKnown(3) && a.tr.PeerDown(3) })
+	a.tr.Probe(1)
+	a.tr.Probe(9)
+	if a.tr.PeerKnown(1) || a.tr.PeerKnown(9) {
+		t.Fatal("a verdict on itself or on a node without an address")
+	}
+}
+
 // TestInboundStreamEndsBackoff: a sender backing off from a peer that went
 // away redials at once when that peer opens a stream to us, instead of
 // finishing its backoff (here at least 15 s: a restarted node would

@@ -79,6 +79,10 @@ type peer struct {
 	// one that worked (or before any worked): the peer's process is gone,
 	// stopped or cut off. Cleared when a stream opens. See PeerDown.
 	down atomic.Bool
+	// known is set once a stream to the peer opened or failed to open, or
+	// the peer opened one to this node: from then on down is a verdict.
+	// Before, the peer is neither up nor down as far as this node knows.
+	known atomic.Bool
 
 	mu         sync.Mutex
 	state      peerState
@@ -222,6 +226,7 @@ func (p *peer) run() {
 		p.report(lost)
 		if !established {
 			p.down.Store(true)
+			p.known.Store(true)
 		}
 		switch {
 		case established:
@@ -265,6 +270,7 @@ func (p *peer) run() {
 // that grew while it was gone).
 func (p *peer) heardFrom() {
 	p.down.Store(false)
+	p.known.Store(true)
 	select {
 	case p.redial <- struct{}{}:
 	default:
@@ -315,6 +321,7 @@ func (p *peer) session() (established bool, lost []queuedMessage, err error) {
 	}
 	p.setState(stateConnected)
 	p.down.Store(false)
+	p.known.Store(true)
 	p.t.stats.streamsOpened.Add(1)
 	p.logger.Debug("stream to peer open")
 

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/geolog/geolog/membership"
 	"github.com/geolog/geolog/placement"
 	"github.com/hashicorp/go-hclog"
 )
@@ -19,7 +20,14 @@ import (
 //  1. Every node notes which region members the Raft transport finds down
 //     (placement.Loop.Observe). A node down for DeadNodeAfter is dead: this
 //     node's placement of new ranges avoids it (placementRegion reads
-//     n.deadNodes), and the leader's planner repairs its ranges.
+//     n.deadNodes), and the leader's planner repairs its ranges. The
+//     transport has a verdict only on a node it has dialled or heard from,
+//     so each round probes every member it has none on
+//     (raftnet.GRPCTransport.Probe): every node then keeps a stream to
+//     every member, and a node that died while this one followed is known
+//     down here, with its time, when leadership arrives. A member still
+//     without a verdict (just joined, or this node just started) is no
+//     target of a move until the dial answers.
 //  2. On the catalogue leader: a snapshot of every range's current voters
 //     and learners and its leader, asked of the range leaders
 //     (DescribeReplicas: the Raft configuration is the truth, the
@@ -241,6 +249,7 @@ func (rb *rebalancer) round(ctx context.Context) {
 		rb.logger.Debug("snapshot incomplete: no moves this round", "error", err)
 		return
 	}
+	rb.markUnknown(&reg)
 	moves, cleanups := rb.loop.Next(now, reg)
 	if len(moves) > 0 {
 		planned := make(map[placement.RangeID]placement.Range, len(reg.Ranges))
@@ -263,11 +272,21 @@ func (rb *rebalancer) round(ctx context.Context) {
 }
 
 // observe feeds the transport's view of the members to the loop and
-// publishes the dead nodes (every node, leader or not).
+// publishes the dead nodes (every node, leader or not). A member the
+// transport has no verdict on is probed; it is not down (a follower would
+// otherwise count a live node's time towards dead), and markUnknown keeps
+// it from being a move's target.
 func (rb *rebalancer) observe(now time.Time) {
 	down := map[uint64]bool{}
+	tr := rb.n.region.transport
 	for _, m := range rb.n.memberNodes() {
-		if m.ID != rb.n.cfg.NodeID && rb.n.region.transport.PeerDown(raftnetID(m.ID)) {
+		if m.ID == rb.n.cfg.NodeID || m.State == membership.Decommissioned {
+			continue
+		}
+		if !tr.PeerKnown(raftnetID(m.ID)) {
+			tr.Probe(raftnetID(m.ID))
+		}
+		if tr.PeerDown(raftnetID(m.ID)) {
 			down[m.ID] = true
 		}
 	}
@@ -283,6 +302,19 @@ func (rb *rebalancer) observe(now time.Time) {
 	rb.mu.Lock()
 	rb.status.unreachable, rb.status.dead = unreachable, dead
 	rb.mu.Unlock()
+}
+
+// markUnknown marks Unreachable (no target of a move) the members the
+// transport has no verdict on yet: PeerDown answers "up" for them only
+// because nothing was tried. Without it, a node that came to lead the
+// catalogue planned moves onto a member that had died while it followed,
+// each holding its range and a MovesMax slot until MoveTimeout.
+func (rb *rebalancer) markUnknown(reg *placement.Region) {
+	for i, nd := range reg.Nodes {
+		if nd.ID != rb.n.cfg.NodeID && !rb.n.region.transport.PeerKnown(raftnetID(nd.ID)) {
+			reg.Nodes[i].Unreachable = true
+		}
+	}
 }
 
 // stopLeading cancels the moves under way and forgets them.

@@ -84,10 +84,13 @@ const (
 
 // peerLink is a node's sender towards one peer (raftnet's peer).
 type peerLink struct {
-	phase    linkPhase
-	at       int64
-	down     bool // what PeerDown answers
-	failures int  // the backoff's attempt
+	phase linkPhase
+	at    int64
+	down  bool // what PeerDown answers
+	// known: a dial towards the peer failed or opened, or the peer opened
+	// one to this node while this sender ran (PeerKnown answers it).
+	known    bool
+	failures int // the backoff's attempt
 	// peerGen is the incarnation of the peer the open stream reaches.
 	peerGen int
 	// synLost: the dial under way met a cut (its SYN waits for a retry).
@@ -183,7 +186,7 @@ func (w *world) moveLink(n *node, ls *peerLinks, id int) {
 		case !p.up:
 			w.linkFailed(ls, l) // refused
 		default:
-			*l = peerLink{phase: linkOpen, at: w.now, peerGen: p.gen, failures: l.failures, lastSent: l.lastSent}
+			*l = peerLink{phase: linkOpen, at: w.now, peerGen: p.gen, failures: l.failures, lastSent: l.lastSent, known: true}
 			w.heardFrom(p, n.id)
 		}
 	case linkOpen:
@@ -231,7 +234,7 @@ func (w *world) linkBroke(ls *peerLinks, l *peerLink) {
 
 // linkFailed ends a dial that failed: the peer is down.
 func (w *world) linkFailed(ls *peerLinks, l *peerLink) {
-	l.down = true
+	l.down, l.known = true, true
 	w.backOff(ls, l)
 }
 
@@ -249,6 +252,9 @@ func (w *world) heardFrom(p *node, id int) {
 	ls := w.linksOf(p)
 	l := &ls.peers[id-1]
 	l.down = false
+	// The product's transport has a peer to tell only if its sender was
+	// started.
+	l.known = l.known || l.phase != linkIdle
 	if l.phase == linkBackoff {
 		l.failures, l.at = 0, w.now
 	}

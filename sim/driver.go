@@ -60,6 +60,15 @@ func (w *world) peerDown(n *node, id uint64) bool {
 	return w.linksOf(n).peers[id-1].down
 }
 
+// peerKnown is raftnet.GRPCTransport.PeerKnown for n's transport: whether
+// its detector has a verdict on its region's node id (detector.go).
+func (w *world) peerKnown(n *node, id uint64) bool {
+	if id == 0 || int(id) > w.perRegion || int(id) == n.id || w.opt.mut.instantDetector {
+		return true
+	}
+	return w.linksOf(n).peers[id-1].known
+}
+
 // tickDrivers runs a tick on every node: a liveness change first (an
 // EventLiveness for each of the node's ranges), then the tick of each
 // replica that is not quiesced.

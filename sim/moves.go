@@ -318,6 +318,23 @@ func (m *moveWorld) catalogueLinks() {
 	}
 }
 
+// probeMembers is each node's rebalancer round probing the members its
+// transport has no sender towards (regionsvc's rebalancer.observe calls
+// raftnet.GRPCTransport.Probe): every live node starts a sender towards
+// every joined node, so each has a verdict on each.
+func (m *moveWorld) probeMembers() {
+	for _, n := range m.w.regionNodes(0) {
+		if !n.up {
+			continue
+		}
+		for _, p := range m.w.regionNodes(0) {
+			if p.gen > 0 && p.id != m.dead.decommissioned {
+				m.w.linkStart(n, p.id)
+			}
+		}
+	}
+}
+
 // stop ends the moves' goroutines (they return errRunOver).
 func (m *moveWorld) stop() { close(m.done) }
 
@@ -551,8 +568,18 @@ func (m *moveWorld) plan() {
 		return
 	}
 	now := w.clock()
+	m.probeMembers()
 	m.loop.Observe(now, m.observeDown(rb))
 	reg := m.region()
+	if !w.opt.mut.unknownAsUp {
+		// regionsvc's rebalancer.markUnknown: a member rb's transport
+		// has no verdict on is no target.
+		for i, nd := range reg.Nodes {
+			if !w.peerKnown(rb, nd.ID) {
+				reg.Nodes[i].Unreachable = true
+			}
+		}
+	}
 	moves, cleanups := m.loop.Next(now, reg)
 	for _, c := range cleanups {
 		m.res.Cleanups++

@@ -165,6 +165,10 @@ type mutations struct {
 	// process is down or a cut divides them, and that it is back, as the
 	// simulator's did before detector.go (TestDetectorDelays).
 	instantDetector bool
+	// unknownAsUp: the rebalancer takes a member its node's transport has
+	// no verdict on (never dialled) as a possible target, as
+	// raftnet.GRPCTransport.PeerDown's "not down" reads.
+	unknownAsUp bool
 }
 
 // readMs is how often, in virtual milliseconds, each reader reads (at a

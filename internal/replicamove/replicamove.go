@@ -305,8 +305,12 @@ func waitCaughtUp(ctx context.Context, a Admin, to uint64, cfg Config) (*geologv
 	}
 }
 
-// CaughtUp reports whether replica r is within lagMax entries of the
-// leader's last index in d.
+// CaughtUp reports whether replica r has answered the leader (a match
+// index above 0: every range's log starts at index 1) and is within lagMax
+// entries of the leader's last index in d. Without the first half, a
+// learner on a node that is down or cut off, which never answered, would
+// count as caught up on a range whose log is shorter than lagMax, and a
+// move would promote it and then remove a live voter.
 func CaughtUp(d *geologv1.DescribeReplicasResponse, r *geologv1.ReplicaStatus, lagMax uint64) bool {
-	return r.GetMatchIndex()+lagMax >= d.GetLastIndex()
+	return r.GetMatchIndex() > 0 && r.GetMatchIndex()+lagMax >= d.GetLastIndex()
 }

@@ -109,6 +109,34 @@ func TestReplaceSteps(t *testing.T) {
 	}
 }
 
+// TestSilentLearnerNotPromoted: on a range whose log is shorter than
+// LagEntriesMax, a learner that never answered (match index 0: its node
+// is down or cut off) is not taken as caught up; the move waits, and
+// promotes it only once it has answered. It fails without CaughtUp's
+// match-above-0 clause (the learner was promoted and node 1 removed).
+func TestSilentLearnerNotPromoted(t *testing.T) {
+	f := &fakeRange{voters: []uint64{1, 2, 3}, last: 12}
+	describes := 0
+	f.onDescribe = func() {
+		describes++
+		if describes == 20 {
+			f.catchUp = 1 // the learner's node answers from here on
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if CaughtUp(&geologv1.DescribeReplicasResponse{LastIndex: 12},
+		&geologv1.ReplicaStatus{NodeId: 4, Role: "learner"}, 64) {
+		t.Fatal("a learner with match index 0 counts as caught up")
+	}
+	if err := Replace(ctx, f, 1, 4, Config{PollInterval: time.Millisecond, LagEntriesMax: 64}); err != nil {
+		t.Fatal(err)
+	}
+	if describes < 20 || f.match == 0 || !slices.Equal(f.voters, []uint64{2, 3, 4}) {
+		t.Fatalf("promoted after %d descriptions, learner's match %d, voters %v", describes, f.match, f.voters)
+	}
+}
+
 // TestReplaceOverlappingMoves: two moves of node 6's replica of one range,
 // planned from the same view (voters 2, 3, 6) by two rebalancer
 // leaderships, 6->4 and 6->5. Whichever way they interleave, at most one
