@@ -1,6 +1,7 @@
 package homing
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -352,25 +353,22 @@ func scanHome(row pgx.Row) (Home, error) {
 }
 
 func queryHomes(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]Home, error) {
+	return queryRows(ctx, tx, scanHomes, sql, args...)
+}
+
+// queryRows runs sql in tx and hands its rows to scan.
+func queryRows[T any](ctx context.Context, tx pgx.Tx, scan func(pgx.Rows) ([]T, error), sql string, args ...any) ([]T, error) {
 	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
-	return scanHomes(rows)
+	return scan(rows)
 }
 
 // scanHomes reads home rows, sorted by key, and closes rows.
 func scanHomes(rows pgx.Rows) ([]Home, error) {
-	defer rows.Close()
-	out := []Home{}
-	for rows.Next() {
-		h, err := scanHome(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, h)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Home, error) { return scanHome(r) })
+	if err != nil {
 		return nil, err
 	}
 	// Sorted here, not by ORDER BY: collations differ between databases.
@@ -394,36 +392,16 @@ func scanLiveness(row pgx.Row) (Liveness, error) {
 }
 
 func queryLiveness(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]Liveness, error) {
-	rows, err := tx.Query(ctx, sql, args...)
+	return queryRows(ctx, tx, scanLivenesses, sql, args...)
+}
+
+// scanLivenesses reads liveness rows, sorted by node, and closes rows.
+func scanLivenesses(rows pgx.Rows) ([]Liveness, error) {
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Liveness, error) { return scanLiveness(r) })
 	if err != nil {
 		return nil, err
 	}
-	return scanLivenesses(rows)
-}
-
-// scanLivenesses reads liveness rows and closes rows.
-func scanLivenesses(rows pgx.Rows) ([]Liveness, error) {
-	defer rows.Close()
-	out := []Liveness{}
-	for rows.Next() {
-		l, err := scanLiveness(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, l)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	slices.SortFunc(out, func(a, b Liveness) int {
-		switch {
-		case a.NodeID < b.NodeID:
-			return -1
-		case a.NodeID > b.NodeID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b Liveness) int { return cmp.Compare(a.NodeID, b.NodeID) })
 	return out, nil
 }
 
