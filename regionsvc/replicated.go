@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +22,7 @@ import (
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 )
 
 // replicationConfig makes a range driver a member of the range's Raft group
@@ -603,15 +606,22 @@ func (d *rangeDriver) stopReplicated(stopWriter func()) {
 	d.refuseQueued()
 }
 
-// transferee picks the most caught-up follower.
+// transferee picks the most caught-up follower, the lowest id of those
+// level (not whichever the map's order met last).
 func (d *rangeDriver) transferee() uint64 {
-	st := d.rep.Status()
+	return mostCaughtUp(d.cfg.repl.nodeID, d.rep.Status().Progress)
+}
+
+// mostCaughtUp is the voter other than self with the highest match index,
+// the lowest id among equals; 0 if there is none.
+func mostCaughtUp(self uint64, progress map[uint64]tracker.Progress) uint64 {
 	var best, bestMatch uint64
-	for id, pr := range st.Progress {
-		if id == d.cfg.repl.nodeID || pr.IsLearner {
+	for _, id := range slices.Sorted(maps.Keys(progress)) {
+		pr := progress[id]
+		if id == self || pr.IsLearner {
 			continue
 		}
-		if pr.Match >= bestMatch {
+		if best == 0 || pr.Match > bestMatch {
 			best, bestMatch = id, pr.Match
 		}
 	}
