@@ -86,7 +86,7 @@ func (h *ddHarness) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		h.drv = newDriverHarness(t, ddUint(t, d, "size", 3), d.HasArg("nodetector"), veto)
 		return strings.Join(h.drv.state(), "\n")
-	case "start", "propose", "tick", "down", "up", "state":
+	case "start", "propose", "tick", "down", "up", "state", "diskfull":
 		return h.drv.run(t, d)
 	case "learn", "history", "fence":
 		return h.runTimeline(t, d)

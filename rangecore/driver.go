@@ -2,12 +2,15 @@ package rangecore
 
 import (
 	"errors"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/geolog/geolog/replica"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 )
 
 // Driver is the body of a replicated range's driver loop: what it does
@@ -29,6 +32,10 @@ import (
 //     published (DriverConfig.Publish) and then the held acks leave: a
 //     reader told of a record finds it, and each cycle's acks leave at its
 //     end, not behind the cycles after it (Holding, Hold, Propose).
+//   - A full disk's hand-off: a leader whose log refuses writes for want
+//     of space hands leadership, on each tick, to its most caught-up
+//     follower whose node is not found down (MostCaughtUp: the lowest id
+//     of those level), which can append where it cannot.
 //   - Quiescence (replica/quiesce.go): a leader whose group is idle
 //     quiesces on a tick instead of ticking, unless a campaign is planned,
 //     its disk is full, its host vetoes (a preferred leader could take over
@@ -270,7 +277,39 @@ func (d *Driver) tick() bool {
 	}
 	d.rep.Tick()
 	d.watchLeader()
+	d.handOffIfDiskFull()
 	return true
+}
+
+// handOffIfDiskFull makes a leader whose log refuses writes for want of
+// space hand leadership to its most caught-up follower whose node is not
+// found down (on each tick it is full): it can neither append nor count
+// itself towards a quorum, and a follower with space can. A group of one
+// keeps its leader, which refuses appends until space returns.
+func (d *Driver) handOffIfDiskFull() {
+	if d.rep.DiskFull() == nil || !d.rep.IsLeader() {
+		return
+	}
+	if to := MostCaughtUp(d.cfg.NodeID, d.rep.Status().Progress); to != 0 && !d.peerDown(to) {
+		d.rep.TransferLeadership(to)
+	}
+}
+
+// MostCaughtUp is the voter other than self with the highest match index
+// in a leader's progress, the lowest id among equals (not whichever the
+// map's order meets last); 0 if there is none.
+func MostCaughtUp(self uint64, progress map[uint64]tracker.Progress) uint64 {
+	var best, bestMatch uint64
+	for _, id := range slices.Sorted(maps.Keys(progress)) {
+		pr := progress[id]
+		if id == self || pr.IsLearner {
+			continue
+		}
+		if best == 0 || pr.Match > bestMatch {
+			best, bestMatch = id, pr.Match
+		}
+	}
+	return best
 }
 
 func (d *Driver) peerDown(id uint64) bool {

@@ -1,6 +1,7 @@
 package rangecore
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -31,6 +33,10 @@ import (
 //	down node=1 / up node=1       the node stops (its messages are lost)
 //	                              or comes back; every live node gets an
 //	                              EventLiveness
+//	diskfull node=1 on|off        the node's disk refuses writes that
+//	                              grow a file (vfs.Faults.SetNoSpace); its
+//	                              queued log writes wait, as regionsvc's
+//	                              log writer's retries do, until off
 //	state                         each node's role, leader, quiescence
 //
 // Outputs list what happened: acks with the committed offset published
@@ -47,6 +53,7 @@ type ddNode struct {
 	drv       *Driver
 	down      bool
 	published uint64
+	faults    *vfs.Faults
 }
 
 func newDriverHarness(t *testing.T, size uint64, noDetector bool, veto uint64) *driverHarness {
@@ -57,8 +64,8 @@ func newDriverHarness(t *testing.T, size uint64, noDetector bool, veto uint64) *
 		peers = append(peers, id)
 	}
 	for _, id := range peers {
-		n := &ddNode{id: id}
-		fs := vfs.NewMem(rand.New(rand.NewPCG(id, 7)))
+		n := &ddNode{id: id, faults: &vfs.Faults{}}
+		fs := vfs.WithFaults(vfs.NewMem(rand.New(rand.NewPCG(id, 7))), n.faults)
 		dir := filepath.Join("/data", fmt.Sprint(id))
 		st, err := segment.Open(segment.Config{Dir: dir, FS: fs, Now: now})
 		if err != nil {
@@ -117,11 +124,16 @@ func (h *driverHarness) settle(t *testing.T) {
 			}
 			n.drv.Cycle()
 			if n.rep.HasLogWrites() {
-				moved = true
-				if err := n.rep.WriteLog(); err != nil {
+				err := n.rep.WriteLog()
+				switch {
+				case errors.Is(err, segment.ErrNoSpace):
+					// Kept queued: written once the disk has room.
+				case err != nil:
 					t.Fatal(err)
+				default:
+					moved = true
+					n.drv.Handle(Event{Kind: EventLogWritten})
 				}
-				n.drv.Handle(Event{Kind: EventLogWritten})
 			}
 			if n.rep.HasMarkWrite() {
 				if err := n.rep.WriteMark(); err != nil {
@@ -175,6 +187,9 @@ func (h *driverHarness) run(t *testing.T, d *datadriven.TestData) string {
 			}
 		}
 		h.settle(t)
+	case "diskfull":
+		node().faults.SetNoSpace(d.HasArg("on"))
+		h.settle(t)
 	case "state":
 	default:
 		t.Fatalf("unknown command %s", d.Cmd)
@@ -226,4 +241,29 @@ func (h *driverHarness) state() []string {
 		out = append(out, s)
 	}
 	return out
+}
+
+// TestMostCaughtUp: the hand-off target (a leader stopping or whose disk
+// is full) is the voter with the most of the log, never a learner or the
+// leader itself, and the lowest id among equals, whatever the map's order.
+func TestMostCaughtUp(t *testing.T) {
+	pr := func(match uint64, learner bool) tracker.Progress {
+		return tracker.Progress{Match: match, IsLearner: learner}
+	}
+	cases := []struct {
+		progress map[uint64]tracker.Progress
+		want     uint64
+	}{
+		{map[uint64]tracker.Progress{1: pr(50, false), 2: pr(40, false), 3: pr(45, false)}, 3},
+		{map[uint64]tracker.Progress{1: pr(50, false), 2: pr(45, false), 3: pr(45, false), 4: pr(45, false)}, 2},
+		{map[uint64]tracker.Progress{1: pr(50, false), 4: pr(90, true), 5: pr(0, false)}, 5},
+		{map[uint64]tracker.Progress{1: pr(50, false), 4: pr(90, true)}, 0},
+	}
+	for i, c := range cases {
+		for range 20 { // map order varies between iterations
+			if got := MostCaughtUp(1, c.progress); got != c.want {
+				t.Fatalf("case %d: got %d, want %d", i, got, c.want)
+			}
+		}
+	}
 }

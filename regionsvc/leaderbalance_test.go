@@ -176,28 +176,3 @@ func TestLeaderReturnsToPreferredNode(t *testing.T) {
 		})
 	}
 }
-
-// TestMostCaughtUp: the hand-off target (a leader stopping or whose disk
-// is full) is the voter with the most of the log, never a learner or the
-// leader itself, and the lowest id among equals, whatever the map's order.
-func TestMostCaughtUp(t *testing.T) {
-	pr := func(match uint64, learner bool) tracker.Progress {
-		return tracker.Progress{Match: match, IsLearner: learner}
-	}
-	cases := []struct {
-		progress map[uint64]tracker.Progress
-		want     uint64
-	}{
-		{map[uint64]tracker.Progress{1: pr(50, false), 2: pr(40, false), 3: pr(45, false)}, 3},
-		{map[uint64]tracker.Progress{1: pr(50, false), 2: pr(45, false), 3: pr(45, false), 4: pr(45, false)}, 2},
-		{map[uint64]tracker.Progress{1: pr(50, false), 4: pr(90, true), 5: pr(0, false)}, 5},
-		{map[uint64]tracker.Progress{1: pr(50, false), 4: pr(90, true)}, 0},
-	}
-	for i, c := range cases {
-		for range 20 { // map order varies between iterations
-			if got := mostCaughtUp(1, c.progress); got != c.want {
-				t.Fatalf("case %d: got %d, want %d", i, got, c.want)
-			}
-		}
-	}
-}

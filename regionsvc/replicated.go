@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math/rand/v2"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,7 +20,6 @@ import (
 	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/vfs"
 	"go.etcd.io/raft/v3/raftpb"
-	"go.etcd.io/raft/v3/tracker"
 )
 
 // replicationConfig makes a range driver a member of the range's Raft group
@@ -181,8 +178,7 @@ func (d *rangeDriver) runReplicated() {
 			d.core.Handle(rangecore.Event{Kind: rangecore.EventLogWritten})
 		case <-tick:
 			if d.core.Handle(rangecore.Event{Kind: rangecore.EventTick}).Ticked {
-				d.handOffIfDiskFull()
-				d.balanceLeader()
+				d.balanceLeader() // a full disk's hand-off is the core's
 			}
 		case <-liveness:
 			liveness = d.cfg.repl.liveness()
@@ -279,19 +275,6 @@ const (
 	diskFullRetryMin = 20 * time.Millisecond
 	diskFullRetryMax = 2 * time.Second
 )
-
-// handOffIfDiskFull makes a leader whose log refuses writes for space hand
-// leadership to its most caught-up follower (on a tick): it can neither
-// append nor count itself, and a follower with space can. A group of one
-// keeps its leader, which refuses appends until space returns.
-func (d *rangeDriver) handOffIfDiskFull() {
-	if d.rep.DiskFull() == nil || !d.rep.IsLeader() {
-		return
-	}
-	if to := d.transferee(); to != 0 && !d.peerDown(to) {
-		d.rep.TransferLeadership(to)
-	}
-}
 
 // runMarkWriter is the replica's commit-mark goroutine: it runs WriteMark
 // whenever a commit mark is wanted that no log write will carry (replica's
@@ -606,26 +589,9 @@ func (d *rangeDriver) stopReplicated(stopWriter func()) {
 	d.refuseQueued()
 }
 
-// transferee picks the most caught-up follower, the lowest id of those
-// level (not whichever the map's order met last).
+// transferee picks the most caught-up follower (rangecore.MostCaughtUp).
 func (d *rangeDriver) transferee() uint64 {
-	return mostCaughtUp(d.cfg.repl.nodeID, d.rep.Status().Progress)
-}
-
-// mostCaughtUp is the voter other than self with the highest match index,
-// the lowest id among equals; 0 if there is none.
-func mostCaughtUp(self uint64, progress map[uint64]tracker.Progress) uint64 {
-	var best, bestMatch uint64
-	for _, id := range slices.Sorted(maps.Keys(progress)) {
-		pr := progress[id]
-		if id == self || pr.IsLearner {
-			continue
-		}
-		if best == 0 || pr.Match > bestMatch {
-			best, bestMatch = id, pr.Match
-		}
-	}
-	return best
+	return rangecore.MostCaughtUp(d.cfg.repl.nodeID, d.rep.Status().Progress)
 }
 
 // metaGroupID is the catalogue's Raft group; ranges get groups derived from
