@@ -49,6 +49,10 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 	if err != nil {
 		return nil, err
 	}
+	rf := 0 // the range's replication factor, as the rebalancer counts it
+	if spec, ok := s.node.streamSpec(req.GetStream()); ok {
+		rf = len(s.node.rangeReplicas(spec, req.GetRange()))
+	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := caughtUpLeader(cctx, rd); err != nil {
@@ -74,6 +78,12 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 		switch {
 		case typ == raftpb.ConfChangeAddLearnerNode && (isVoter || isLearner):
 			done <- outcome{err: apierr.New(apierr.InvalidArgument, "node %d is already a member", node)}
+			return
+		case typ == raftpb.ConfChangeAddLearnerNode && rf > 0 && len(conf.GetVoters()) > rf:
+			// A move cut short after its promotion left a voter too many;
+			// a replace now would take the range to two past its factor.
+			// The excess goes first (the rebalancer removes it).
+			done <- outcome{err: apierr.New(apierr.InvalidArgument, "the range has %d voters %v, more than its replication factor %d: remove one before adding a learner", len(conf.GetVoters()), conf.GetVoters(), rf)}
 			return
 		case typ == raftpb.ConfChangeAddNode && !isLearner:
 			done <- outcome{err: apierr.New(apierr.InvalidArgument, "node %d is not a learner: add it as a learner first", node)}

@@ -483,3 +483,45 @@ func TestRebalanceRemovesExcessVoter(t *testing.T) {
 	})
 	tr.replicaCounts(ctx, "excess", ranges)
 }
+
+// TestAddLearnerPastFactorRefused: a range left with a voter more than
+// its replication factor (a move cut short after its promotion) takes no
+// learner until one voter is removed: a replace then would take it two
+// past its factor (the simulator's seed 766151). The refusal is typed
+// (INVALID_ARGUMENT, naming the factor); once the excess voter is
+// removed the same learner is taken. It fails without the check in
+// ChangeReplicas (the learner is added beside four voters).
+func TestAddLearnerPastFactorRefused(t *testing.T) {
+	tr := newTestRegionRF(t, 5, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tr.createStream(ctx, "past", 1)
+	v := tr.voters(ctx, "past", 1)[0]
+	var spare []uint64
+	for id := uint64(1); id <= 5; id++ {
+		if !slices.Contains(v, id) {
+			spare = append(spare, id)
+		}
+	}
+	if len(v) != 3 || len(spare) != 2 {
+		t.Fatalf("voters %v, want three of five nodes", v)
+	}
+	rr := &rangeRouter{n: tr.nodes[v[0]], stream: "past", r: 0}
+	cfg := replicamove.Config{PollInterval: 10 * time.Millisecond}
+	if err := replicamove.Replace(ctx, rr, 0, spare[0], cfg); err != nil { // a fourth voter
+		t.Fatal(err)
+	}
+	_, err := rr.Change(ctx, geologv1.ReplicaChange_REPLICA_CHANGE_ADD_LEARNER, spare[1], nil)
+	if rpcerr.CodeOf(err) != apierr.InvalidArgument || !strings.Contains(err.Error(), "more than its replication factor 3") {
+		t.Fatalf("a learner beside four voters: got %v, want INVALID_ARGUMENT naming the factor", err)
+	}
+	if err := replicamove.Remove(ctx, rr, v[0], 3, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := replicamove.Replace(ctx, rr, v[1], spare[1], cfg); err != nil {
+		t.Fatalf("a replace once the range is back to its factor: %v", err)
+	}
+	if got := tr.voters(ctx, "past", 1)[0]; len(got) != 3 || !slices.Contains(got, spare[1]) {
+		t.Fatalf("voters %v, want three with node %d", got, spare[1])
+	}
+}

@@ -846,6 +846,12 @@ func (m *moveWorld) propose(mv *move) {
 		typ = raftpb.ConfChangeAddLearnerNode
 		if isVoter || isLearner {
 			refuse = "already a member"
+		} else if len(conf.GetVoters()) > m.rf && !w.opt.mut.addPastFactor {
+			// regionsvc's ChangeReplicas: a voter too many (a move cut
+			// short after its promotion) goes before any learner comes.
+			m.res.Refused++
+			m.answer(mv, adminAnswer{err: apierr.New(apierr.InvalidArgument, "the range has %d voters, more than its replication factor %d", len(conf.GetVoters()), m.rf)})
+			return
 		}
 	case geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE:
 		typ = raftpb.ConfChangeAddNode

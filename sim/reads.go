@@ -169,6 +169,11 @@ type mutations struct {
 	// no verdict on (never dialled) as a possible target, as
 	// raftnet.GRPCTransport.PeerDown's "not down" reads.
 	unknownAsUp bool
+	// addPastFactor: ChangeReplicas adds a learner to a range that holds
+	// more voters than its replication factor (seed 766151 of a minute,
+	// one region: an operator's replace on a range a failed repair had
+	// left with four voters took it to five).
+	addPastFactor bool
 }
 
 // readMs is how often, in virtual milliseconds, each reader reads (at a
