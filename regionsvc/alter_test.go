@@ -40,6 +40,7 @@ func TestAlterStreamRetention(t *testing.T) {
 		{&geologv1.AlterStreamRequest{Name: "r", RetentionMaxAgeMs: int64p(retentionAgeMillisMax + 1)}, apierr.InvalidArgument},
 		{&geologv1.AlterStreamRequest{Name: "nope", RetentionMaxBytes: int64p(1)}, apierr.StreamNotFound},
 		{&geologv1.AlterStreamRequest{Name: cursorStreamName, RetentionMaxBytes: int64p(1)}, apierr.InvalidArgument},
+		{&geologv1.AlterStreamRequest{Name: "r", MirrorHoldMaxBytes: int64p(-2)}, apierr.InvalidArgument},
 	} {
 		if _, err := c.AlterStream(ctx, tc.req); rpcerr.CodeOf(err) != tc.code {
 			t.Errorf("AlterStream(%v): %v, want %v", tc.req, err, tc.code)
@@ -57,10 +58,15 @@ func TestAlterStreamRetention(t *testing.T) {
 		d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "r"})
 		return err == nil && d.GetRanges()[0].GetStartOffset() > 0
 	})
+	// The mirror hold alone, and it keeps the retention.
+	resp, err = c.AlterStream(ctx, &geologv1.AlterStreamRequest{Name: "r", MirrorHoldMaxBytes: int64p(-1), MirrorHoldMaxMs: int64p(60_000)})
+	if ret := resp.GetStream().GetRetention(); err != nil || ret.GetMirrorHoldMaxBytes() != -1 || ret.GetMirrorHoldMaxMs() != 60_000 || ret.GetMaxBytes() != 8192 {
+		t.Fatalf("alter the mirror hold: %v %v", resp, err)
+	}
 	n.Close()
 	_, c = testNode(t, dir, mut)
 	d, err = c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "r"})
-	if err != nil || d.GetStream().GetRetention().GetMaxBytes() != 8192 {
+	if ret := d.GetStream().GetRetention(); err != nil || ret.GetMaxBytes() != 8192 || ret.GetMirrorHoldMaxBytes() != -1 || ret.GetMirrorHoldMaxMs() != 60_000 {
 		t.Fatalf("after a restart: %v %v", d.GetStream(), err)
 	}
 }
