@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -40,12 +42,16 @@ func TestMirrorHoldDefaults(t *testing.T) {
 	}
 }
 
-// TestMirrorHoldBound: with the eu region cut off, the us home of two
-// streams keeps writing. The stream whose hold bound the backlog passes
-// ("released") lets retention run on: the home's log start passes eu's
-// applied end, and the home says so (hold_released, behind_log_start, the
-// gauges). The stream whose bound the backlog stays within ("held") keeps
-// its log from eu's applied end, though its retention would delete it.
+// TestMirrorHoldBound: with the ap region cut off, the us home of three
+// streams keeps writing; eu stays in touch. Of the streams whose hold bound
+// the backlog passes, by bytes ("released") or by age ("aged"), retention
+// runs on: the home's log start and eu's mirror's start pass ap's applied
+// end (the home's heartbeats no longer tell eu to hold for ap), and the
+// home says so (hold_released, behind_log_start, the gauges). The stream
+// whose bound the backlog stays within ("held") keeps its log from ap's
+// applied end on the home and on eu, though its retention would delete it.
+// The bounds leave eu, which lags by up to a few dozen records while the
+// test writes, far within them.
 func TestMirrorHoldBound(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-region cluster")
@@ -53,63 +59,85 @@ func TestMirrorHoldBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	reader := sdkmetric.NewManualReader()
-	w := newWorldWith(t, []string{"us", "eu"}, 1, 2*time.Millisecond, 0, nil, func(region string, _ uint64, cfg *Config) {
+	w := newWorldWith(t, []string{"us", "eu", "ap"}, 1, 2*time.Millisecond, 0, nil, func(region string, _ uint64, cfg *Config) {
 		cfg.SegmentBytesMax = 8 << 10
 		cfg.MaintenanceInterval = 50 * time.Millisecond
 		if region == "us" {
 			cfg.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 		}
 	})
-	us, eu := w.conns["us"][1], w.conns["eu"][1]
-	holds := map[string]int64{"released": 64 << 10, "held": 16 << 20}
-	for name, hold := range holds {
-		waitUntil(t, ctx, time.Minute, "stream "+name+" created", func() bool {
-			_, err := us.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: 1, Regions: []string{"us", "eu"},
-				RangeHomes: []string{"us"}, Retention: &geologv1.RetentionPolicy{MaxBytes: 16 << 10, MirrorHoldMaxBytes: hold}})
-			return err == nil || strings.Contains(err.Error(), "STREAM_EXISTS") || strings.Contains(err.Error(), "already exists")
-		})
+	us, eu, ap := w.conns["us"][1], w.conns["eu"][1], w.conns["ap"][1]
+	retention := map[string]*geologv1.RetentionPolicy{
+		"released": {MaxBytes: 16 << 10, MirrorHoldMaxBytes: 256 << 10},
+		"aged":     {MaxAgeMs: 200, MirrorHoldMaxBytes: -1, MirrorHoldMaxMs: 5000},
+		"held":     {MaxBytes: 16 << 10, MirrorHoldMaxBytes: 16 << 20},
 	}
-	value := strings.Repeat("v", 1000)
-	appendN := func(name string, n int) {
-		for i := 0; i < n; i++ {
-			waitUntil(t, ctx, time.Minute, "append to "+name, func() bool {
-				_, err := us.Append(ctx, &geologv1.AppendRequest{Stream: name, Range: 0,
-					Records: []*geologv1.Record{{Value: []byte(fmt.Sprintf("%d%s", i, value))}}})
-				return err == nil
-			})
-		}
+	for name, ret := range retention {
+		createMirrorHoldStream(t, ctx, us, name, ret)
 	}
-	for name := range holds {
-		appendN(name, 5)
-		waitUntil(t, ctx, time.Minute, name+" mirrored in eu", func() bool { return rangeInfo(ctx, eu, name).GetTailOffset() == 5 })
+	for name := range retention {
+		appendValues(t, ctx, us, name, 5)
+		waitUntil(t, ctx, time.Minute, name+" mirrored in ap", func() bool { return rangeInfo(ctx, ap, name).GetTailOffset() == 5 })
 	}
-	if _, err := w.net.CutRegion("eu", wan.CutBlackhole); err != nil {
+	if _, err := w.net.CutRegion("ap", wan.CutBlackhole); err != nil {
 		t.Fatal(err)
 	}
-	for name := range holds {
-		appendN(name, 200) // about 200 KiB: past 64 KiB, within 16 MiB
+	for name := range retention {
+		appendValues(t, ctx, us, name, 600) // about 600 KiB: past 256 KiB, within 16 MiB
 	}
-	euEnd := map[string]uint64{}
-	for name := range holds {
-		euEnd[name] = rangeInfo(ctx, eu, name).GetTailOffset()
+	apEnd := map[string]uint64{}
+	for name := range retention {
+		apEnd[name] = rangeInfo(ctx, ap, name).GetTailOffset()
 	}
-	waitUntil(t, ctx, time.Minute, "the released stream's home start past eu's end", func() bool {
-		return rangeInfo(ctx, us, "released").GetStartOffset() > euEnd["released"]
-	})
-	p := homeProgress(t, ctx, us, "released")
-	if !p.GetHoldReleased() || !p.GetBehindLogStart() || !strings.Contains(p.GetState(), "behind the home's log start") {
-		t.Fatalf("released stream: the home reports eu as %+v", p)
+	for _, name := range []string{"released", "aged"} {
+		waitUntil(t, ctx, time.Minute, name+": the home's and eu's starts past ap's end", func() bool {
+			return rangeInfo(ctx, us, name).GetStartOffset() > apEnd[name] && rangeInfo(ctx, eu, name).GetStartOffset() > apEnd[name]
+		})
+		p := homeProgress(t, ctx, us, name, "ap")
+		if !p.GetHoldReleased() || !p.GetBehindLogStart() || !strings.Contains(p.GetState(), "behind the home's log start") {
+			t.Fatalf("%s: the home reports ap as %+v", name, p)
+		}
+		if p := homeProgress(t, ctx, us, name, "eu"); p.GetHoldReleased() || p.GetBehindLogStart() {
+			t.Fatalf("%s: the home reports eu as %+v", name, p)
+		}
 	}
 	// Retention ran its rounds on the held stream meanwhile (same interval,
-	// same writes): it still keeps what eu lacks.
-	if start := rangeInfo(ctx, us, "held").GetStartOffset(); start > euEnd["held"] {
-		t.Fatalf("held stream: the home's start %d passed eu's applied end %d within the hold bound", start, euEnd["held"])
+	// same writes): the home and eu still keep what ap lacks.
+	for region, c := range map[string]geologv1.LogClient{"us": us, "eu": eu} {
+		if start := rangeInfo(ctx, c, "held").GetStartOffset(); start > apEnd["held"] {
+			t.Fatalf("held stream: %s's start %d passed ap's applied end %d within the hold bound", region, start, apEnd["held"])
+		}
 	}
-	if p := homeProgress(t, ctx, us, "held"); p.GetHoldReleased() || p.GetBehindLogStart() {
-		t.Fatalf("held stream: the home reports eu as %+v", p)
+	if p := homeProgress(t, ctx, us, "held", "ap"); p.GetHoldReleased() || p.GetBehindLogStart() {
+		t.Fatalf("held stream: the home reports ap as %+v", p)
 	}
-	if got := holdGauges(t, reader); got != [2]int64{1, 1} {
-		t.Fatalf("gauges released, behind_start for eu = %v, want [1 1]", got)
+	if got := holdGauges(t, reader, "ap"); got != [2]int64{2, 2} {
+		t.Fatalf("gauges released, behind_start for ap = %v, want [2 2]", got)
+	}
+	if got := holdGauges(t, reader, "eu"); got != [2]int64{0, 0} {
+		t.Fatalf("gauges released, behind_start for eu = %v, want [0 0]", got)
+	}
+}
+
+func createMirrorHoldStream(t *testing.T, ctx context.Context, c geologv1.LogClient, name string, ret *geologv1.RetentionPolicy) {
+	t.Helper()
+	waitUntil(t, ctx, time.Minute, "stream "+name+" created", func() bool {
+		_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: name, RangeCount: 1, Regions: []string{"us", "eu", "ap"},
+			RangeHomes: []string{"us"}, Retention: ret})
+		return err == nil || rpcerr.CodeOf(err) == apierr.StreamExists
+	})
+}
+
+// appendValues appends n records of about 1 KiB to range 0 of stream.
+func appendValues(t *testing.T, ctx context.Context, c geologv1.LogClient, stream string, n int) {
+	t.Helper()
+	value := strings.Repeat("v", 1000)
+	for i := 0; i < n; i++ {
+		waitUntil(t, ctx, time.Minute, "append to "+stream, func() bool {
+			_, err := c.Append(ctx, &geologv1.AppendRequest{Stream: stream, Range: 0,
+				Records: []*geologv1.Record{{Value: []byte(fmt.Sprintf("%d%s", i, value))}}})
+			return err == nil
+		})
 	}
 }
 
@@ -123,21 +151,21 @@ func rangeInfo(ctx context.Context, c geologv1.LogClient, stream string) *geolog
 	return d.GetRanges()[0]
 }
 
-// homeProgress is the home's report of eu's mirror of stream's range 0.
-func homeProgress(t *testing.T, ctx context.Context, c geologv1.LogClient, stream string) *geologv1.RegionProgress {
+// homeProgress is the home's report of region's mirror of stream's range 0.
+func homeProgress(t *testing.T, ctx context.Context, c geologv1.LogClient, stream, region string) *geologv1.RegionProgress {
 	t.Helper()
 	for _, p := range rangeInfo(ctx, c, stream).GetReplication() {
-		if p.GetRegion() == "eu" {
+		if p.GetRegion() == region {
 			return p
 		}
 	}
-	t.Fatalf("stream %s: the home reports no progress of eu", stream)
+	t.Fatalf("stream %s: the home reports no progress of %s", stream, region)
 	return nil
 }
 
 // holdGauges reads geolog.replication.mirrors_released and
-// mirrors_behind_start for region eu.
-func holdGauges(t *testing.T, reader *sdkmetric.ManualReader) [2]int64 {
+// mirrors_behind_start for region.
+func holdGauges(t *testing.T, reader *sdkmetric.ManualReader, region string) [2]int64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
@@ -151,7 +179,7 @@ func holdGauges(t *testing.T, reader *sdkmetric.ManualReader) [2]int64 {
 				continue
 			}
 			for _, p := range g.DataPoints {
-				if r, _ := p.Attributes.Value("region"); r.AsString() != "eu" {
+				if r, _ := p.Attributes.Value("region"); r.AsString() != region {
 					continue
 				}
 				switch m.Name {
