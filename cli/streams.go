@@ -194,6 +194,10 @@ type streamJSON struct {
 	// DeleteRetention and MinCompactionLag: "" for the server's defaults.
 	DeleteRetention  string `json:"delete_retention,omitempty"`
 	MinCompactionLag string `json:"min_compaction_lag,omitempty"`
+	// MirrorHoldBytes and MirrorHoldAge: left out for the defaults (twice
+	// the retention), -1 and a negative age for no bound.
+	MirrorHoldBytes int64  `json:"mirror_hold_bytes,omitempty"`
+	MirrorHoldAge   string `json:"mirror_hold_age,omitempty"`
 }
 
 func toStreamJSON(s client.StreamInfo) streamJSON {
@@ -204,6 +208,10 @@ func toStreamJSON(s client.StreamInfo) streamJSON {
 	}
 	if s.MinCompactionLag != 0 {
 		j.MinCompactionLag = s.MinCompactionLag.String()
+	}
+	j.MirrorHoldBytes = s.MirrorHoldBytes
+	if s.MirrorHoldAge != 0 {
+		j.MirrorHoldAge = s.MirrorHoldAge.String()
 	}
 	if !s.Created.IsZero() {
 		j.Created = s.Created.UTC().Format(time.RFC3339)
