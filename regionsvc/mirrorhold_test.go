@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/apierr"
+	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/segment"
 	"github.com/geolog/geolog/wan"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -38,6 +40,57 @@ func TestMirrorHoldDefaults(t *testing.T) {
 	for _, bad := range [][2]int64{{-2, 0}, {0, -2}, {retentionBytesMax + 1, 0}} {
 		if checkMirrorHold(bad[0], bad[1]) == nil {
 			t.Errorf("mirror hold %v accepted", bad)
+		}
+	}
+}
+
+// TestHoldState: on a home log of many segments, a mirror inside the
+// active segment is neither released nor behind; one whose segments
+// behind pass the bytes bound, or whose lag passes the age bound, is
+// released; one below the log's start is behind it (and released) once
+// its position is known; one whose position is unknown counts from 0:
+// released only when the whole log passes the bound.
+func TestHoldState(t *testing.T) {
+	s, err := segment.Open(segment.Config{Dir: t.TempDir(), Fsync: segment.FsyncNever, SegmentBytesMax: segment.SegmentBytesMaxMin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	value := []batch.Record{{Value: make([]byte, 200)}}
+	for off := uint64(0); off < 100; off++ {
+		if err := s.Append(batch.Encode(nil, batch.Header{BaseOffset: off, Epoch: 1, AppendTimeUnixNanos: int64(off + 1)}, value)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DeletePrefix(20); err != nil {
+		t.Fatal(err)
+	}
+	start, end, whole := s.StartOffset(), s.NextOffset(), s.Size()
+	if start == 0 || start > 20 {
+		t.Fatalf("start %d after deleting below 20", start)
+	}
+	d := &rangeDriver{store: s}
+	bound := mirrorHold{bytes: whole / 2, age: time.Minute}
+	for _, c := range []struct {
+		name             string
+		hold             mirrorHold
+		applied          uint64
+		known            bool
+		lag              time.Duration
+		released, behind bool
+	}{
+		{"at the end", bound, end, true, 0, false, false},
+		{"one record behind", bound, end - 1, true, 0, false, false},
+		{"at the start", bound, start, true, 0, true, false},
+		{"at the start, no bytes bound", mirrorHold{age: time.Minute}, start, true, 0, false, false},
+		{"lag past the age bound", bound, end, true, 2 * time.Minute, true, false},
+		{"below the start", mirrorHold{}, start - 1, true, 0, true, true},
+		{"unknown, the log within the bound", mirrorHold{bytes: whole}, 0, false, 0, false, false},
+		{"unknown, the log past the bound", bound, 0, false, 0, true, false},
+	} {
+		released, behind := holdState(d, c.hold, c.applied, c.known, c.lag)
+		if released != c.released || behind != c.behind {
+			t.Errorf("%s (applied %d of [%d, %d)): released %v behind %v, want %v %v", c.name, c.applied, start, end, released, behind, c.released, c.behind)
 		}
 	}
 }
