@@ -184,13 +184,14 @@ func (n *Node) alteredLocked(st *streamState, spec streamSpec) *streamState {
 	return next
 }
 
-// setRetention gives st's ranges its spec's retention.
+// setRetention gives st's ranges its spec's retention and mirror hold.
 func (n *Node) setRetention(st *streamState) {
 	age, bytes := time.Duration(st.spec.RetentionAgeMillis)*time.Millisecond, st.spec.RetentionBytes
 	for r, d := range st.ranges {
 		if d == nil || d.store == nil {
 			continue // a range that failed to open takes it when it opens
 		}
+		d.setMirrorHold(st.spec)
 		if err := d.store.SetRetention(age, bytes); err != nil {
 			n.logger.Error("set retention", "stream", st.spec.Name, "range", r, "error", err)
 		}

@@ -175,7 +175,7 @@ func (n *Node) compactionFloor(stream string, rng uint32, regions int) (uint64, 
 	if repl == nil {
 		return 0, false
 	}
-	progress := repl.progress(stream, rng, n.cfg.Now(), mirrorHold{})
+	progress := repl.progress(stream, rng, n.cfg.Now())
 	if len(progress) < regions-1 {
 		return 0, false
 	}

@@ -95,11 +95,7 @@ func (n *Node) mirrorFloor(stream string, rng uint32) (uint64, bool) {
 	if repl == nil {
 		return 0, false
 	}
-	spec, ok := n.streamSpec(stream)
-	if !ok {
-		return 0, false
-	}
-	progress := repl.progress(stream, rng, n.cfg.Now(), spec.mirrorHold())
+	progress := repl.progress(stream, rng, n.cfg.Now())
 	if len(progress) == 0 {
 		return 0, false
 	}
@@ -118,11 +114,27 @@ func (n *Node) mirrorFloor(stream string, rng uint32) (uint64, bool) {
 	return floor, true
 }
 
-// holdState works out, on the home leader, whether a mirror at appliedEnd
+// setMirrorHold gives d spec's mirror hold bound.
+func (d *rangeDriver) setMirrorHold(spec streamSpec) {
+	h := spec.mirrorHold()
+	d.hold.Store(&h)
+}
+
+// mirrorHold is d's mirror hold bound (none before the node set it).
+func (d *rangeDriver) mirrorHold() mirrorHold {
+	if h := d.hold.Load(); h != nil {
+		return *h
+	}
+	return mirrorHold{}
+}
+
+// holdState works out, on the home leader of d, whether a mirror at appliedEnd
 // (known: the mirror answered this task at least once; else appliedEnd is
 // 0, the task's worst case) with timeLag is behind d's log start, and
 // whether it is released: past the hold bound, or behind the start, where
 // holding keeps nothing it can use.
+//
+// hold is d's bound (d.mirrorHold(); a parameter so that tests set it).
 func holdState(d *rangeDriver, hold mirrorHold, appliedEnd uint64, known bool, timeLag time.Duration) (released, behindStart bool) {
 	if d == nil || d.store == nil {
 		return false, false

@@ -641,9 +641,9 @@ func (m *replicationManager) close() {
 }
 
 // progress reports, for a range led here, each mirror's position as the
-// replicator tasks know it, and whether it is past hold (the stream's
-// bound) or behind the range's log start (mirrorhold.go).
-func (m *replicationManager) progress(stream string, rng uint32, now time.Time, hold mirrorHold) []*geologv1.RegionProgress {
+// replicator tasks know it, and whether it is past the stream's hold
+// bound or behind the range's log start (mirrorhold.go).
+func (m *replicationManager) progress(stream string, rng uint32, now time.Time) []*geologv1.RegionProgress {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []*geologv1.RegionProgress
@@ -656,7 +656,7 @@ func (m *replicationManager) progress(stream string, rng uint32, now time.Time, 
 		p := lagProgress(k.region, lag)
 		p.State = st.Phase.String()
 		p.LastError = st.LastError
-		released, behind := holdState(rt.d, hold, lag.AppliedEnd, st.Streams > 0, lag.TimeLag)
+		released, behind := holdState(rt.d, rt.d.mirrorHold(), lag.AppliedEnd, st.Streams > 0, lag.TimeLag)
 		p.HoldReleased = released
 		p.BehindLogStart = behind || st.BehindSourceStart
 		switch {
@@ -705,7 +705,7 @@ func (n *Node) rangeReplication(spec streamSpec, r uint32, d *rangeDriver) []*ge
 	}
 	now := n.cfg.Now()
 	if d.isHome() {
-		return repl.progress(spec.Name, r, now, spec.mirrorHold())
+		return repl.progress(spec.Name, r, now)
 	}
 	if !slices.Contains(spec.Regions, n.cfg.Region) {
 		return nil
