@@ -45,12 +45,12 @@ type streamSpec struct {
 	Regions            []string `json:"regions"`
 	RetentionAgeMillis int64    `json:"retention_age_ms"`
 	RetentionBytes     int64    `json:"retention_bytes"`
+	CreatedUnixNanos   int64    `json:"created_unix_nanos"`
 	// MirrorHoldBytes and MirrorHoldAgeMillis bound how far behind a
 	// mirror region may fall and still hold the home's retention back
 	// (mirrorhold.go): 0 the default (twice the retention), -1 none.
 	MirrorHoldBytes     int64 `json:"mirror_hold_bytes,omitempty"`
 	MirrorHoldAgeMillis int64 `json:"mirror_hold_age_ms,omitempty"`
-	CreatedUnixNanos    int64 `json:"created_unix_nanos"`
 	// Homes[i] is the region range i is homed in; empty (catalogues written
 	// before multi-region) means every range in Regions[0].
 	Homes []string `json:"homes,omitempty"`
@@ -281,17 +281,16 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 		return streamSpec{}, err
 	}
 	spec := streamSpec{
-		Homes:               homes,
-		Name:                req.GetName(),
-		RangeCount:          req.GetRangeCount(),
-		Regions:             append([]string(nil), regions...),
-		RetentionAgeMillis:  ret.GetMaxAgeMs(),
-		RetentionBytes:      ret.GetMaxBytes(),
-		MirrorHoldBytes:     ret.GetMirrorHoldMaxBytes(),
-		MirrorHoldAgeMillis: ret.GetMirrorHoldMaxMs(),
-		CreatedUnixNanos:    nowUnixNanos,
-		ReplicationFactor:   req.GetReplicationFactor(),
+		Homes:              homes,
+		Name:               req.GetName(),
+		RangeCount:         req.GetRangeCount(),
+		Regions:            append([]string(nil), regions...),
+		RetentionAgeMillis: ret.GetMaxAgeMs(),
+		RetentionBytes:     ret.GetMaxBytes(),
+		CreatedUnixNanos:   nowUnixNanos,
+		ReplicationFactor:  req.GetReplicationFactor(),
 	}
+	spec.MirrorHoldBytes, spec.MirrorHoldAgeMillis = ret.GetMirrorHoldMaxBytes(), ret.GetMirrorHoldMaxMs()
 	if err := cleanupFromRequest(req, &spec); err != nil {
 		return streamSpec{}, err
 	}
