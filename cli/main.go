@@ -39,9 +39,10 @@ usage: geolog [global flags] <command> [flags] [args]
 commands:
   streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread]
                  [--retention-age 168h] [--retention-bytes N] [--replication-factor 1|3|5]
+                 [--mirror-hold-bytes N] [--mirror-hold-age D]
   streams list [--json | --format T]
   streams describe <name> [--json | --format T]
-  streams alter <name> [--retention-age D] [--retention-bytes N]
+  streams alter <name> [--retention-age D] [--retention-bytes N] [--mirror-hold-bytes N] [--mirror-hold-age D]
                        change a stream's retention in every region of it
   streams delete <name>
   ranges <stream> [--json | --format T]

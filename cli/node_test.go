@@ -172,6 +172,12 @@ func TestNodeStreamsAlter(t *testing.T) {
 	if out != "2h0m0s 1048576\n" {
 		t.Fatalf("describe after the alter: %q", out)
 	}
+	// The mirror hold: set at creation (-1: no bound), changed alone.
+	mustRun(t, addr, "", "streams", "create", "mh", "--ranges", "1", "--mirror-hold-bytes", "-1", "--mirror-hold-age", "2h")
+	mustRun(t, addr, "", "streams", "alter", "mh", "--mirror-hold-bytes", "1048576")
+	if out := mustRun(t, addr, "", "streams", "describe", "mh", "--format", "{{.stream.mirror_hold_bytes}} {{.stream.mirror_hold_age}}"); out != "1048576 2h0m0s\n" {
+		t.Fatalf("describe after the mirror hold's alter: %q", out)
+	}
 	if _, _, code := run(t, testCtx(t), "", "--addr", addr, "streams", "alter", "al"); code != 2 {
 		t.Fatalf("an alter of nothing: exit %d", code)
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"slices"
 	"strings"
@@ -60,6 +61,7 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 	home := fs.String("home", "", "home region of the ranges: one of --regions, or spread (range i in region i mod count); default: the region of the node that takes the request if listed, else the first")
 	age := fs.Duration("retention-age", 0, "delete records older than this (0 keeps them)")
 	size := fs.Int64("retention-bytes", 0, "bound each range's size (0: no bound)")
+	holdBytes, holdAge := mirrorHoldFlags(fs)
 	replication := fs.Uint("replication-factor", 0, "replicas of each range in each region: 1, 3 or 5 (0: the region's default, 3)")
 	cleanup := fs.String("cleanup", "delete", "delete (retention only), compact (keep the newest record of each key; records need keys) or compact,delete")
 	delRet := fs.Duration("delete-retention", 0, "with --cleanup compact: how long a tombstone stays readable (0: the server's default, 24h)")
@@ -69,7 +71,7 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("usage: streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread] [--retention-age D] [--retention-bytes N] [--replication-factor 1|3|5] [--cleanup delete|compact|compact,delete] [--delete-retention D] [--min-compaction-lag D]")
+		return usagef("usage: streams create <name> [--ranges N] [--regions a,b] [--home REGION|spread] [--retention-age D] [--retention-bytes N] [--mirror-hold-bytes N] [--mirror-hold-age D] [--replication-factor 1|3|5] [--cleanup delete|compact|compact,delete] [--delete-retention D] [--min-compaction-lag D]")
 	}
 	policy, err := parseCleanup(*cleanup)
 	if err != nil {
@@ -104,7 +106,7 @@ func (e *env) streamsCreate(ctx context.Context, args []string) error {
 	defer c.Close()
 	info, err := c.CreateStream(ctx, client.StreamConfig{
 		Name: pos[0], RangeCount: uint32(*ranges), Regions: regs, HomeRegion: *home, ReplicationFactor: uint32(*replication),
-		RetentionAge: *age, RetentionBytes: *size,
+		RetentionAge: *age, RetentionBytes: *size, MirrorHoldBytes: *holdBytes, MirrorHoldAge: *holdAge,
 		Cleanup: policy, DeleteRetention: *delRet, MinCompactionLag: *minLag,
 	})
 	if err != nil {
@@ -192,6 +194,10 @@ type streamJSON struct {
 	// DeleteRetention and MinCompactionLag: "" for the server's defaults.
 	DeleteRetention  string `json:"delete_retention,omitempty"`
 	MinCompactionLag string `json:"min_compaction_lag,omitempty"`
+	// MirrorHoldBytes and MirrorHoldAge: left out for the defaults (twice
+	// the retention), -1 and a negative age for no bound.
+	MirrorHoldBytes int64  `json:"mirror_hold_bytes,omitempty"`
+	MirrorHoldAge   string `json:"mirror_hold_age,omitempty"`
 }
 
 func toStreamJSON(s client.StreamInfo) streamJSON {
@@ -202,6 +208,10 @@ func toStreamJSON(s client.StreamInfo) streamJSON {
 	}
 	if s.MinCompactionLag != 0 {
 		j.MinCompactionLag = s.MinCompactionLag.String()
+	}
+	j.MirrorHoldBytes = s.MirrorHoldBytes
+	if s.MirrorHoldAge != 0 {
+		j.MirrorHoldAge = s.MirrorHoldAge.String()
 	}
 	if !s.Created.IsZero() {
 		j.Created = s.Created.UTC().Format(time.RFC3339)
@@ -370,12 +380,13 @@ func (e *env) streamsAlter(ctx context.Context, args []string) error {
 	fs := e.flagSet("streams alter")
 	age := fs.Duration("retention-age", 0, "delete records older than this (0: no bound by age)")
 	size := fs.Int64("retention-bytes", 0, "bound each range's size (0: no bound)")
+	holdBytes, holdAge := mirrorHoldFlags(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 || (!isSet(fs, "retention-age") && !isSet(fs, "retention-bytes")) {
-		return usagef("usage: streams alter <name> [--retention-age D] [--retention-bytes N] (at least one)")
+	if len(pos) != 1 || !slices.ContainsFunc([]string{"retention-age", "retention-bytes", "mirror-hold-bytes", "mirror-hold-age"}, func(f string) bool { return isSet(fs, f) }) {
+		return usagef("usage: streams alter <name> [--retention-age D] [--retention-bytes N] [--mirror-hold-bytes N] [--mirror-hold-age D] (at least one)")
 	}
 	if *age < 0 || *size < 0 {
 		return usagef("--retention-age and --retention-bytes must not be negative")
@@ -386,6 +397,12 @@ func (e *env) streamsAlter(ctx context.Context, args []string) error {
 	}
 	if isSet(fs, "retention-bytes") {
 		change.RetentionBytes = size
+	}
+	if isSet(fs, "mirror-hold-bytes") {
+		change.MirrorHoldBytes = holdBytes
+	}
+	if isSet(fs, "mirror-hold-age") {
+		change.MirrorHoldAge = holdAge
 	}
 	c, err := e.client()
 	if err != nil {
@@ -399,4 +416,10 @@ func (e *env) streamsAlter(ctx context.Context, args []string) error {
 	fmt.Fprintf(e.stdout, "altered stream %s: retention %s / %s (applied at each range's next maintenance round)\n",
 		s.Name, durationText(s.RetentionAge), bytesLimitText(s.RetentionBytes))
 	return nil
+}
+
+// mirrorHoldFlags defines --mirror-hold-bytes and --mirror-hold-age on fs.
+func mirrorHoldFlags(fs *flag.FlagSet) (*int64, *time.Duration) {
+	return fs.Int64("mirror-hold-bytes", 0, "how far (bytes of the home's log) a mirror region may fall behind and still hold the home's retention back (0: twice --retention-bytes, -1: no bound)"),
+		fs.Duration("mirror-hold-age", 0, "how long a mirror region may lag and still hold the home's retention back (0: twice --retention-age, negative: no bound)")
 }

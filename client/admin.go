@@ -22,6 +22,12 @@ type StreamConfig struct {
 	RetentionAge time.Duration
 	// RetentionBytes bounds each range's size; 0 means no bound.
 	RetentionBytes int64
+	// MirrorHoldBytes and MirrorHoldAge bound how far behind its home a
+	// mirror region may fall and still hold the home's retention back
+	// (docs/operator-guide.md): 0 means the server's default, twice the
+	// retention of the kind; a negative value no bound.
+	MirrorHoldBytes int64
+	MirrorHoldAge   time.Duration
 	// HomeRegion is where the ranges are homed: one of Regions, or
 	// "spread" (range i in Regions[i % len(Regions)]). Default: the region
 	// of the node that takes the request if listed, else Regions[0].
@@ -69,7 +75,11 @@ type StreamInfo struct {
 	Regions        []string
 	RetentionAge   time.Duration
 	RetentionBytes int64
-	Created        time.Time
+	// MirrorHoldBytes and MirrorHoldAge are as set (0 the default,
+	// negative none; see StreamConfig).
+	MirrorHoldBytes int64
+	MirrorHoldAge   time.Duration
+	Created         time.Time
 	// RangeHomes[i] is the region range i was homed in at creation.
 	RangeHomes []string
 	// Cleanup, DeleteRetention and MinCompactionLag are as created (the
@@ -168,8 +178,10 @@ func (c *Client) CreateStream(ctx context.Context, sc StreamConfig) (*StreamInfo
 		HomeRegion:        sc.HomeRegion,
 		ReplicationFactor: sc.ReplicationFactor,
 		Retention: &geologv1.RetentionPolicy{
-			MaxAgeMs: sc.RetentionAge.Milliseconds(),
-			MaxBytes: sc.RetentionBytes,
+			MaxAgeMs:           sc.RetentionAge.Milliseconds(),
+			MaxBytes:           sc.RetentionBytes,
+			MirrorHoldMaxBytes: holdBytes(sc.MirrorHoldBytes),
+			MirrorHoldMaxMs:    compactionMillis(sc.MirrorHoldAge),
 		},
 		Cleanup: sc.Cleanup,
 	}
@@ -232,7 +244,14 @@ type StreamChange struct {
 	RetentionAge *time.Duration
 	// RetentionBytes bounds each range's size (0: no bound).
 	RetentionBytes *int64
+	// MirrorHoldBytes and MirrorHoldAge: see StreamConfig.
+	MirrorHoldBytes *int64
+	MirrorHoldAge   *time.Duration
 }
+
+// holdBytes is a mirror hold in bytes as the API takes it: 0 the
+// default, -1 none.
+func holdBytes(b int64) int64 { return max(b, -1) }
 
 // AlterStream changes a stream's retention in every region of it and
 // returns the stream as it is now; its ranges apply the new retention at
@@ -246,6 +265,14 @@ func (c *Client) AlterStream(ctx context.Context, name string, change StreamChan
 	if change.RetentionAge != nil {
 		ms := change.RetentionAge.Milliseconds()
 		req.RetentionMaxAgeMs = &ms
+	}
+	if change.MirrorHoldBytes != nil {
+		b := holdBytes(*change.MirrorHoldBytes)
+		req.MirrorHoldMaxBytes = &b
+	}
+	if change.MirrorHoldAge != nil {
+		ms := compactionMillis(*change.MirrorHoldAge)
+		req.MirrorHoldMaxMs = &ms
 	}
 	var resp *geologv1.AlterStreamResponse
 	err := c.call(ctx, true, func(ctx context.Context, api geologv1.LogClient) (err error) {
@@ -323,13 +350,15 @@ func epochsFromProto(es []*geologv1.EpochStart) []EpochStart {
 
 func streamInfoFromProto(s *geologv1.StreamInfo) StreamInfo {
 	info := StreamInfo{
-		Name:           s.GetName(),
-		RangeCount:     s.GetRangeCount(),
-		Regions:        s.GetRegions(),
-		RetentionAge:   time.Duration(s.GetRetention().GetMaxAgeMs()) * time.Millisecond,
-		RetentionBytes: s.GetRetention().GetMaxBytes(),
-		RangeHomes:     s.GetRangeHomes(),
-		Cleanup:        s.GetCleanup(),
+		Name:            s.GetName(),
+		RangeCount:      s.GetRangeCount(),
+		Regions:         s.GetRegions(),
+		RetentionAge:    time.Duration(s.GetRetention().GetMaxAgeMs()) * time.Millisecond,
+		RetentionBytes:  s.GetRetention().GetMaxBytes(),
+		MirrorHoldBytes: s.GetRetention().GetMirrorHoldMaxBytes(),
+		MirrorHoldAge:   time.Duration(s.GetRetention().GetMirrorHoldMaxMs()) * time.Millisecond,
+		RangeHomes:      s.GetRangeHomes(),
+		Cleanup:         s.GetCleanup(),
 	}
 	if cp := s.GetCompaction(); cp != nil {
 		info.DeleteRetention = time.Duration(cp.GetDeleteRetentionMs()) * time.Millisecond

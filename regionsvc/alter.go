@@ -29,14 +29,19 @@ import (
 
 // alterWant is what an AlterStream request changes; nil leaves a value.
 type alterWant struct {
-	retentionAgeMillis, retentionBytes *int64
+	retentionAgeMillis, retentionBytes   *int64
+	mirrorHoldBytes, mirrorHoldAgeMillis *int64
 }
 
 func alterWantOf(req *geologv1.AlterStreamRequest) (alterWant, error) {
-	w := alterWant{retentionAgeMillis: req.RetentionMaxAgeMs, retentionBytes: req.RetentionMaxBytes}
+	w := alterWant{retentionAgeMillis: req.RetentionMaxAgeMs, retentionBytes: req.RetentionMaxBytes,
+		mirrorHoldBytes: req.MirrorHoldMaxBytes, mirrorHoldAgeMillis: req.MirrorHoldMaxMs}
+	if err := checkMirrorHold(req.GetMirrorHoldMaxBytes(), req.GetMirrorHoldMaxMs()); err != nil {
+		return w, err
+	}
 	switch {
-	case w.retentionAgeMillis == nil && w.retentionBytes == nil:
-		return w, apierr.New(apierr.InvalidArgument, "alter stream %q: nothing to change (give retention_max_age_ms or retention_max_bytes)", req.GetName())
+	case w.retentionAgeMillis == nil && w.retentionBytes == nil && w.mirrorHoldBytes == nil && w.mirrorHoldAgeMillis == nil:
+		return w, apierr.New(apierr.InvalidArgument, "alter stream %q: nothing to change (give retention_max_age_ms, retention_max_bytes, mirror_hold_max_bytes or mirror_hold_max_ms)", req.GetName())
 	case w.retentionAgeMillis != nil && (*w.retentionAgeMillis < 0 || *w.retentionAgeMillis > retentionAgeMillisMax):
 		return w, apierr.New(apierr.InvalidArgument, "retention max_age_ms %d is outside 0..%d (100 years)", *w.retentionAgeMillis, int64(retentionAgeMillisMax))
 	case w.retentionBytes != nil && *w.retentionBytes < 0:
@@ -52,6 +57,12 @@ func (w alterWant) apply(spec streamSpec) streamSpec {
 	}
 	if w.retentionBytes != nil {
 		spec.RetentionBytes = *w.retentionBytes
+	}
+	if w.mirrorHoldBytes != nil {
+		spec.MirrorHoldBytes = *w.mirrorHoldBytes
+	}
+	if w.mirrorHoldAgeMillis != nil {
+		spec.MirrorHoldAgeMillis = *w.mirrorHoldAgeMillis
 	}
 	return spec
 }
@@ -138,7 +149,8 @@ func (n *Node) waitAltered(ctx context.Context, spec streamSpec) error {
 		if !ok || st.spec.MetaOffset != spec.MetaOffset {
 			return false, apierr.New(apierr.StreamNotFound, "stream %q was deleted while it was altered", spec.Name)
 		}
-		return st.spec.RetentionAgeMillis == spec.RetentionAgeMillis && st.spec.RetentionBytes == spec.RetentionBytes, nil
+		return st.spec.RetentionAgeMillis == spec.RetentionAgeMillis && st.spec.RetentionBytes == spec.RetentionBytes &&
+			st.spec.MirrorHoldBytes == spec.MirrorHoldBytes && st.spec.MirrorHoldAgeMillis == spec.MirrorHoldAgeMillis, nil
 	})
 }
 
@@ -166,18 +178,20 @@ func (n *Node) applyAlter(at uint64, spec streamSpec) {
 func (n *Node) alteredLocked(st *streamState, spec streamSpec) *streamState {
 	s := st.spec
 	s.RetentionAgeMillis, s.RetentionBytes = spec.RetentionAgeMillis, spec.RetentionBytes
+	s.MirrorHoldBytes, s.MirrorHoldAgeMillis = spec.MirrorHoldBytes, spec.MirrorHoldAgeMillis
 	next := &streamState{spec: s, ranges: st.ranges}
 	n.streams[s.Name] = next
 	return next
 }
 
-// setRetention gives st's ranges its spec's retention.
+// setRetention gives st's ranges its spec's retention and mirror hold.
 func (n *Node) setRetention(st *streamState) {
 	age, bytes := time.Duration(st.spec.RetentionAgeMillis)*time.Millisecond, st.spec.RetentionBytes
 	for r, d := range st.ranges {
 		if d == nil || d.store == nil {
 			continue // a range that failed to open takes it when it opens
 		}
+		d.setMirrorHold(st.spec)
 		if err := d.store.SetRetention(age, bytes); err != nil {
 			n.logger.Error("set retention", "stream", st.spec.Name, "range", r, "error", err)
 		}

@@ -46,6 +46,11 @@ type streamSpec struct {
 	RetentionAgeMillis int64    `json:"retention_age_ms"`
 	RetentionBytes     int64    `json:"retention_bytes"`
 	CreatedUnixNanos   int64    `json:"created_unix_nanos"`
+	// MirrorHoldBytes and MirrorHoldAgeMillis bound how far behind a
+	// mirror region may fall and still hold the home's retention back
+	// (mirrorhold.go): 0 the default (twice the retention), -1 none.
+	MirrorHoldBytes     int64 `json:"mirror_hold_bytes,omitempty"`
+	MirrorHoldAgeMillis int64 `json:"mirror_hold_age_ms,omitempty"`
 	// Homes[i] is the region range i is homed in; empty (catalogues written
 	// before multi-region) means every range in Regions[0].
 	Homes []string `json:"homes,omitempty"`
@@ -99,15 +104,12 @@ var validReplicationFactors = []uint32{0, 1, 3, 5}
 func (s streamSpec) info() *geologv1.StreamInfo {
 	cleanup, compaction := s.cleanupInfo()
 	return &geologv1.StreamInfo{
-		Cleanup:    cleanup,
-		Compaction: compaction,
-		Name:       s.Name,
-		RangeCount: s.RangeCount,
-		Regions:    append([]string(nil), s.Regions...),
-		Retention: &geologv1.RetentionPolicy{
-			MaxAgeMs: s.RetentionAgeMillis,
-			MaxBytes: s.RetentionBytes,
-		},
+		Cleanup:           cleanup,
+		Compaction:        compaction,
+		Name:              s.Name,
+		RangeCount:        s.RangeCount,
+		Regions:           append([]string(nil), s.Regions...),
+		Retention:         s.retentionInfo(),
 		CreatedUnixNanos:  s.CreatedUnixNanos,
 		RangeHomes:        s.homes(),
 		ReplicationFactor: s.ReplicationFactor,
@@ -184,6 +186,10 @@ func (w createWant) diff(existing streamSpec) string {
 	}
 	if w.spec.RetentionBytes != existing.RetentionBytes {
 		d = append(d, fmt.Sprintf("retention max_bytes %d (the stream has %d)", w.spec.RetentionBytes, existing.RetentionBytes))
+	}
+	if w.spec.MirrorHoldBytes != existing.MirrorHoldBytes || w.spec.MirrorHoldAgeMillis != existing.MirrorHoldAgeMillis {
+		d = append(d, fmt.Sprintf("mirror hold max_bytes %d, max_ms %d (the stream has %d, %d)", w.spec.MirrorHoldBytes, w.spec.MirrorHoldAgeMillis,
+			existing.MirrorHoldBytes, existing.MirrorHoldAgeMillis))
 	}
 	if w.spec.ReplicationFactor != existing.ReplicationFactor {
 		d = append(d, fmt.Sprintf("replication_factor %d (the stream has %d)", w.spec.ReplicationFactor, existing.ReplicationFactor))
@@ -264,6 +270,9 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 	if ret.GetMaxBytes() > retentionBytesMax {
 		return streamSpec{}, apierr.New(apierr.InvalidArgument, "retention max_bytes %d is over the maximum of %d", ret.GetMaxBytes(), int64(retentionBytesMax))
 	}
+	if err := checkMirrorHold(ret.GetMirrorHoldMaxBytes(), ret.GetMirrorHoldMaxMs()); err != nil {
+		return streamSpec{}, err
+	}
 	if !slices.Contains(validReplicationFactors, req.GetReplicationFactor()) {
 		return streamSpec{}, apierr.New(apierr.InvalidArgument, "replication_factor %d: must be 1, 3 or 5 (0: the region's default)", req.GetReplicationFactor())
 	}
@@ -281,6 +290,7 @@ func specFromRequest(req *geologv1.CreateStreamRequest, defaultRegion string, no
 		CreatedUnixNanos:   nowUnixNanos,
 		ReplicationFactor:  req.GetReplicationFactor(),
 	}
+	spec.MirrorHoldBytes, spec.MirrorHoldAgeMillis = ret.GetMirrorHoldMaxBytes(), ret.GetMirrorHoldMaxMs()
 	if err := cleanupFromRequest(req, &spec); err != nil {
 		return streamSpec{}, err
 	}

@@ -16,6 +16,8 @@ import (
 //	geolog.disk.free_bytes, .total_bytes the data directory's file system
 //	geolog.replication.lag.seconds       a mirror's time lag behind its home
 //	geolog.replication.lag.records       its offset lag
+//	geolog.replication.mirrors_released  home ranges led here whose mirror in a region is past the hold bound
+//	geolog.replication.mirrors_behind_start  ... whose mirror is behind the home's log start
 //	geolog.range.leader                  1 where this node leads the range's group
 //	geolog.range.home                    1 where the range is homed in this region
 //	geolog.range.epoch                   the range's homing epoch as known here
@@ -33,11 +35,14 @@ type opsGauges struct {
 	lagRecords                 metric.Int64ObservableGauge
 	leader, home, epoch, lease metric.Int64ObservableGauge
 	leaseRemaining             metric.Float64ObservableGauge
+	// released and behindStart count home ranges led here by mirror
+	// region (mirrorhold.go).
+	released, behindStart metric.Int64ObservableGauge
 }
 
 func (g *opsGauges) instruments() []metric.Observable {
 	return []metric.Observable{g.ready, g.unready, g.diskFree, g.diskTotal, g.lagSeconds, g.lagRecords,
-		g.leader, g.home, g.epoch, g.lease, g.leaseRemaining}
+		g.leader, g.home, g.epoch, g.lease, g.leaseRemaining, g.released, g.behindStart}
 }
 
 func newOpsGauges(m metric.Meter) (*opsGauges, error) {
@@ -54,6 +59,8 @@ func newOpsGauges(m metric.Meter) (*opsGauges, error) {
 		{&g.leader, "geolog.range.leader", "1 where this node leads the range's Raft group in its region, else 0", ""},
 		{&g.home, "geolog.range.home", "1 where the range is homed in this node's region, else 0", ""},
 		{&g.epoch, "geolog.range.epoch", "the range's homing epoch as this node knows it", ""},
+		{&g.released, "geolog.replication.mirrors_released", "home ranges led by this node whose mirror in the region (label region) is further behind than the stream's mirror hold bound: the home's retention no longer waits for it", "{range}"},
+		{&g.behindStart, "geolog.replication.mirrors_behind_start", "home ranges led by this node whose mirror in the region (label region) has its applied end below the home's log start: retention deleted records it never received", "{range}"},
 		{&g.lease, "geolog.range.lease_held", "on the home leader of a range, with homing: 1 while its lease lets it acknowledge, else 0", ""},
 	}
 	var err error
@@ -134,12 +141,21 @@ func (n *Node) observeOps(o metric.Observer, g *opsGauges) {
 		}
 	}
 	n.mu.RUnlock()
+	holds := map[string]*[2]int64{} // by mirror region: released, behind the start
+	for _, region := range n.knownRegions() {
+		holds[region] = &[2]int64{}
+	}
 	for _, or := range all {
-		n.observeRange(o, g, or)
+		n.observeRange(o, g, or, holds)
+	}
+	for region, c := range holds {
+		a := metric.WithAttributes(attribute.String("region", region))
+		o.ObserveInt64(g.released, c[0], a)
+		o.ObserveInt64(g.behindStart, c[1], a)
 	}
 }
 
-func (n *Node) observeRange(o metric.Observer, g *opsGauges, or observedRange) {
+func (n *Node) observeRange(o metric.Observer, g *opsGauges, or observedRange, holds map[string]*[2]int64) {
 	d := or.d
 	attrs := metric.WithAttributes(attribute.String("stream", or.spec.Name), attribute.Int("range", int(or.r)))
 	role := d.role()
@@ -163,6 +179,15 @@ func (n *Node) observeRange(o metric.Observer, g *opsGauges, or observedRange) {
 			attribute.String("region", p.GetRegion()), attribute.String("side", side))
 		o.ObserveFloat64(g.lagSeconds, float64(p.GetTimeLagMillis())/1000, la)
 		o.ObserveInt64(g.lagRecords, int64(p.GetOffsetLag()), la)
+		if role.home {
+			c := holds[p.GetRegion()]
+			if c == nil {
+				c = &[2]int64{}
+				holds[p.GetRegion()] = c
+			}
+			c[0] += boolGauge(p.GetHoldReleased())
+			c[1] += boolGauge(p.GetBehindLogStart())
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/replicator"
+	"github.com/geolog/geolog/segment"
 	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/metadata"
 )
@@ -51,7 +52,7 @@ func isPropagated(ctx context.Context) bool {
 func createRequest(spec streamSpec) *geologv1.CreateStreamRequest {
 	cleanup, compaction := spec.cleanupInfo()
 	return &geologv1.CreateStreamRequest{Name: spec.Name, RangeCount: spec.RangeCount, Regions: spec.Regions,
-		Retention:  &geologv1.RetentionPolicy{MaxAgeMs: spec.RetentionAgeMillis, MaxBytes: spec.RetentionBytes},
+		Retention:  spec.retentionInfo(),
 		RangeHomes: spec.homes(), Cleanup: cleanup, Compaction: compaction, ReplicationFactor: spec.ReplicationFactor}
 }
 
@@ -148,6 +149,7 @@ func (n *Node) describeRemote(ctx context.Context, addr, stream string) (streamS
 	si := resp.GetStream()
 	return streamSpec{Name: si.GetName(), RangeCount: si.GetRangeCount(), Regions: si.GetRegions(), Homes: si.GetRangeHomes(),
 		RetentionAgeMillis: si.GetRetention().GetMaxAgeMs(), RetentionBytes: si.GetRetention().GetMaxBytes(),
+		MirrorHoldBytes: si.GetRetention().GetMirrorHoldMaxBytes(), MirrorHoldAgeMillis: si.GetRetention().GetMirrorHoldMaxMs(),
 		Cleanup: si.GetCleanup(), DeleteRetentionMillis: si.GetCompaction().GetDeleteRetentionMs(),
 		MinCompactionLagMillis: si.GetCompaction().GetMinLagMs(), CreatedUnixNanos: si.GetCreatedUnixNanos()}, nil
 }
@@ -445,6 +447,11 @@ var _ replicator.Source = driverSource{}
 
 func (s driverSource) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error) {
 	frames, err := s.d.store.ReadFrames(from, maxBytes, min(endOffset, s.d.committed.Load()))
+	if errors.Is(err, segment.ErrOutOfRange) {
+		// Below the log's start (retention deleted it): the replicator's
+		// sentinel, so that the task reports the mirror behind it.
+		err = fmt.Errorf("%w: %w", replicator.ErrOutOfRange, err)
+	}
 	if err != nil || s.epoch == 0 || s.d.rep == nil || s.d.rep.HighestEpoch() <= s.epoch {
 		return frames, err // the common case: no newer epoch anywhere in the log
 	}
@@ -495,6 +502,7 @@ type taskKey struct {
 
 type runningTask struct {
 	task   *replicator.Task
+	d      *rangeDriver // the home range it ships
 	cancel context.CancelFunc
 	done   chan struct{}
 	ended  atomic.Bool
@@ -603,7 +611,7 @@ func (m *replicationManager) start(k taskKey, d *rangeDriver) {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rt := &runningTask{task: task, cancel: cancel, done: make(chan struct{})}
+	rt := &runningTask{task: task, d: d, cancel: cancel, done: make(chan struct{})}
 	m.tasks[k] = rt
 	go func() {
 		defer close(rt.done)
@@ -633,7 +641,8 @@ func (m *replicationManager) close() {
 }
 
 // progress reports, for a range led here, each mirror's position as the
-// replicator tasks know it.
+// replicator tasks know it, and whether it is past the stream's hold
+// bound or behind the range's log start (mirrorhold.go).
 func (m *replicationManager) progress(stream string, rng uint32, now time.Time) []*geologv1.RegionProgress {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -647,13 +656,34 @@ func (m *replicationManager) progress(stream string, rng uint32, now time.Time) 
 		p := lagProgress(k.region, lag)
 		p.State = st.Phase.String()
 		p.LastError = st.LastError
-		if rt.ended.Load() {
+		released, behind := holdState(rt.d, rt.d.mirrorHold(), lag.AppliedEnd, st.Streams > 0, lag.TimeLag)
+		p.HoldReleased = released
+		p.BehindLogStart = behind || st.BehindSourceStart
+		switch {
+		case rt.ended.Load():
 			p.State = "ended"
+		case p.BehindLogStart:
+			p.State += "; behind the home's log start"
+		case released:
+			p.State += "; past the mirror hold bound"
 		}
 		out = append(out, p)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Region < out[j].Region })
 	return out
+}
+
+// committedEnd is the committed end of a home range this node runs tasks
+// for (0 if none).
+func (m *replicationManager) committedEnd(stream string, rng uint32) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, rt := range m.tasks {
+		if k.stream == stream && k.rng == rng {
+			return rt.d.committed.Load()
+		}
+	}
+	return 0
 }
 
 func lagProgress(region string, lag replicator.LagStatus) *geologv1.RegionProgress {
@@ -762,28 +792,6 @@ func (n *Node) createStreamRegions(ctx context.Context, w createWant) (*geologv1
 // opened 4,096 ranges in about 30 s on a loaded 2-core machine.
 func createTimeout(rangeCount uint32) time.Duration {
 	return 30*time.Second + time.Duration(rangeCount)*20*time.Millisecond
-}
-
-// mirrorFloor is the lowest offset the mirrors of a home range have yet to
-// apply, as the replicator tasks on this node (its leader) know it: log
-// compaction keeps everything from there on. A node that does not lead the
-// range knows no floor and holds back nothing (see notes/README.md: a
-// follower that compacted past a mirror's position and then becomes leader
-// cannot ship that part; the mirror's lag then grows and its task reports
-// the error, nothing is skipped).
-func (n *Node) mirrorFloor(stream string, rng uint32) (uint64, bool) {
-	repl := n.repl.Load()
-	if repl == nil {
-		return 0, false
-	}
-	now := n.cfg.Now()
-	floor, ok := uint64(0), false
-	for _, p := range repl.progress(stream, rng, now) {
-		if !ok || p.AppliedEndOffset < floor {
-			floor, ok = p.AppliedEndOffset, true
-		}
-	}
-	return floor, ok
 }
 
 // homeTail is the committed end offset of a range as its home leader

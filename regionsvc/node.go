@@ -666,6 +666,7 @@ func (n *Node) openRangeWith(spec streamSpec, metaOffset uint64, r uint32, paced
 		}
 	}
 	d := openRangeDriver(cfg)
+	d.setMirrorHold(spec) // mirrorhold.go
 	d.setRole(n.initialRole(spec.Name, r, spec))
 	d.learnSplitEnd(spec.RangeMap) // split_read.go
 	return d

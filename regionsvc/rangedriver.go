@@ -148,6 +148,11 @@ type rangeDriver struct {
 	// the tasks' heartbeats carry (reading the manager from a task's
 	// goroutine would deadlock against a reconcile that waits for it).
 	taskFloor atomic.Uint64
+	// hold is the stream's mirror hold bound (mirrorhold.go), set by the
+	// node at open and at an alter (nil: no bound). An atomic, not the
+	// node's spec: compact reads it on the driver goroutine, which must
+	// not take the node's lock.
+	hold atomic.Pointer[mirrorHold]
 	// noReplica is set while this node's replica is neither a voter nor a
 	// learner of the range's Raft group, as it last applied its
 	// configuration (a node of a region larger than the replication

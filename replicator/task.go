@@ -134,6 +134,11 @@ type TaskStats struct {
 	Refusals uint64
 	// LastError is the cause of the last reconnect or stop.
 	LastError string
+	// BehindSourceStart says the last read from the Source was below its
+	// log's start (it failed with ErrOutOfRange): retention at the home
+	// deleted records the mirror has yet to receive, and the task cannot
+	// ship them. It clears at the next read that succeeds.
+	BehindSourceStart bool
 }
 
 // taskEvent is what a session reports to Run.
@@ -309,6 +314,9 @@ func (t *Task) step() error {
 // read executes a Read action: read, check, send, report.
 func (t *Task) read(a Action) {
 	frames, err := t.cfg.Source.ReadFrames(a.From, a.MaxBytes, t.tail)
+	t.mu.Lock()
+	t.stats.BehindSourceStart = errors.Is(err, ErrOutOfRange)
+	t.mu.Unlock()
 	if err != nil {
 		t.logger.Warn("source read failed", "from", a.From, "error", err)
 		t.core.ReadFailed(err)

@@ -527,3 +527,21 @@ func TestFailbackForksLongerMirror(t *testing.T) {
 		t.Fatalf("orphans: %d frames, want the old home's %d", len(got), len(tail))
 	}
 }
+
+// TestBehindSourceStart: a mirror whose applied end is below the source's
+// log start (retention deleted what it lacks) cannot be shipped to; the
+// task says so in its stats rather than only retrying.
+func TestBehindSourceStart(t *testing.T) {
+	g := newLogGen(17, 64)
+	g.next = 40 // the home's log starts at 40; the mirror is empty
+	src := NewMemSource(40)
+	g.fill(t, src, 5, 4)
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	rt := startTask(t, taskConfig(t, src, newDialer(t), node.addr))
+	waitFor(t, 10*time.Second, "the task reports the mirror behind the source's start", func() bool {
+		return rt.task.Stats().BehindSourceStart
+	})
+	if m := node.store.Range(testStream, testRange); m.AppliedEnd() != 0 {
+		t.Fatalf("the mirror applied up to %d from a source starting at 40", m.AppliedEnd())
+	}
+}

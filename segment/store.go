@@ -361,6 +361,21 @@ func (s *Store) StartOffset() uint64 { return s.startOffset.Load() }
 // Size returns the bytes of all segment log files (indexes excluded).
 func (s *Store) Size() int64 { return s.sizeBytes.Load() }
 
+// SizeFrom returns the bytes of the segment log files that begin at
+// offset off or later: the log from off to its end, less the part of the
+// segment holding off (under by at most one segment, so that a position
+// inside the active segment counts nothing). off at or below the log's
+// start counts the whole log.
+func (s *Store) SizeFrom(off uint64) int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var size int64
+	for i := len(s.segs) - 1; i >= 0 && s.segs[i].baseOffset >= off; i-- {
+		size += s.segs[i].size
+	}
+	return size
+}
+
 // FirstIndex returns the Raft index of the oldest retained frame that
 // carries one, or 0 if no retained frame does.
 func (s *Store) FirstIndex() uint64 { return s.firstIndex.Load() }

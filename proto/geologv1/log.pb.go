@@ -1653,9 +1653,20 @@ type RetentionPolicy struct {
 	MaxAgeMs int64 `protobuf:"varint,1,opt,name=max_age_ms,json=maxAgeMs,proto3" json:"max_age_ms,omitempty"`
 	// max_bytes bounds each range's size by deleting its oldest segments;
 	// 0 means no bound.
-	MaxBytes      int64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MaxBytes int64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// mirror_hold_max_bytes and mirror_hold_max_ms bound how far behind
+	// its home a mirror region of a range may fall and still hold the
+	// home's retention back (docs/operator-guide.md, "A mirror region
+	// behind the home's log start"): bytes of the home's log from the
+	// mirror's applied end to the home's committed end, and the mirror's
+	// time lag. A mirror past either bound no longer holds anything:
+	// retention deletes what it has yet to ship. 0 is the default, twice
+	// the retention of the same kind (none when the retention has none); -1
+	// no bound (the mirror holds retention back however far behind).
+	MirrorHoldMaxBytes int64 `protobuf:"varint,3,opt,name=mirror_hold_max_bytes,json=mirrorHoldMaxBytes,proto3" json:"mirror_hold_max_bytes,omitempty"`
+	MirrorHoldMaxMs    int64 `protobuf:"varint,4,opt,name=mirror_hold_max_ms,json=mirrorHoldMaxMs,proto3" json:"mirror_hold_max_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RetentionPolicy) Reset() {
@@ -1698,6 +1709,20 @@ func (x *RetentionPolicy) GetMaxAgeMs() int64 {
 func (x *RetentionPolicy) GetMaxBytes() int64 {
 	if x != nil {
 		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *RetentionPolicy) GetMirrorHoldMaxBytes() int64 {
+	if x != nil {
+		return x.MirrorHoldMaxBytes
+	}
+	return 0
+}
+
+func (x *RetentionPolicy) GetMirrorHoldMaxMs() int64 {
+	if x != nil {
+		return x.MirrorHoldMaxMs
 	}
 	return 0
 }
@@ -2035,10 +2060,19 @@ type RegionProgress struct {
 	// other side (the home's heartbeat, or the mirror's ack).
 	HeartbeatAgeMillis int64 `protobuf:"varint,5,opt,name=heartbeat_age_millis,json=heartbeatAgeMillis,proto3" json:"heartbeat_age_millis,omitempty"`
 	// state is the replicator's phase ("streaming", "backoff", ...) or "mirror".
-	State         string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
-	LastError     string `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	State     string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	LastError string `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// hold_released (reported by the home leader): the mirror is behind by
+	// more than the stream's mirror hold bound (RetentionPolicy
+	// mirror_hold_max_bytes, mirror_hold_max_ms), so the home's retention
+	// no longer waits for it.
+	HoldReleased bool `protobuf:"varint,8,opt,name=hold_released,json=holdReleased,proto3" json:"hold_released,omitempty"`
+	// behind_log_start (reported by the home leader): the mirror's applied
+	// end is below the home's log start: retention deleted records the
+	// mirror never received, and it cannot catch up by replication.
+	BehindLogStart bool `protobuf:"varint,9,opt,name=behind_log_start,json=behindLogStart,proto3" json:"behind_log_start,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegionProgress) Reset() {
@@ -2118,6 +2152,20 @@ func (x *RegionProgress) GetLastError() string {
 		return x.LastError
 	}
 	return ""
+}
+
+func (x *RegionProgress) GetHoldReleased() bool {
+	if x != nil {
+		return x.HoldReleased
+	}
+	return false
+}
+
+func (x *RegionProgress) GetBehindLogStart() bool {
+	if x != nil {
+		return x.BehindLogStart
+	}
+	return false
 }
 
 type CreateStreamRequest struct {
@@ -4901,8 +4949,12 @@ type AlterStreamRequest struct {
 	RetentionMaxAgeMs *int64 `protobuf:"varint,2,opt,name=retention_max_age_ms,json=retentionMaxAgeMs,proto3,oneof" json:"retention_max_age_ms,omitempty"`
 	// The new retention size in bytes per range (0: no bound by size).
 	RetentionMaxBytes *int64 `protobuf:"varint,3,opt,name=retention_max_bytes,json=retentionMaxBytes,proto3,oneof" json:"retention_max_bytes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The new mirror hold bounds (RetentionPolicy; 0: the default, -1: no
+	// bound).
+	MirrorHoldMaxBytes *int64 `protobuf:"varint,4,opt,name=mirror_hold_max_bytes,json=mirrorHoldMaxBytes,proto3,oneof" json:"mirror_hold_max_bytes,omitempty"`
+	MirrorHoldMaxMs    *int64 `protobuf:"varint,5,opt,name=mirror_hold_max_ms,json=mirrorHoldMaxMs,proto3,oneof" json:"mirror_hold_max_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *AlterStreamRequest) Reset() {
@@ -4952,6 +5004,20 @@ func (x *AlterStreamRequest) GetRetentionMaxAgeMs() int64 {
 func (x *AlterStreamRequest) GetRetentionMaxBytes() int64 {
 	if x != nil && x.RetentionMaxBytes != nil {
 		return *x.RetentionMaxBytes
+	}
+	return 0
+}
+
+func (x *AlterStreamRequest) GetMirrorHoldMaxBytes() int64 {
+	if x != nil && x.MirrorHoldMaxBytes != nil {
+		return *x.MirrorHoldMaxBytes
+	}
+	return 0
+}
+
+func (x *AlterStreamRequest) GetMirrorHoldMaxMs() int64 {
+	if x != nil && x.MirrorHoldMaxMs != nil {
+		return *x.MirrorHoldMaxMs
 	}
 	return 0
 }
@@ -5513,11 +5579,13 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"nextOffset\x12\x1f\n" +
 	"\vtail_offset\x18\x03 \x01(\x04R\n" +
 	"tailOffset\x12\x16\n" +
-	"\x06frames\x18\x04 \x01(\fR\x06frames\"L\n" +
+	"\x06frames\x18\x04 \x01(\fR\x06frames\"\xac\x01\n" +
 	"\x0fRetentionPolicy\x12\x1c\n" +
 	"\n" +
 	"max_age_ms\x18\x01 \x01(\x03R\bmaxAgeMs\x12\x1b\n" +
-	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\"\x84\x03\n" +
+	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\x121\n" +
+	"\x15mirror_hold_max_bytes\x18\x03 \x01(\x03R\x12mirrorHoldMaxBytes\x12+\n" +
+	"\x12mirror_hold_max_ms\x18\x04 \x01(\x03R\x0fmirrorHoldMaxMs\"\x84\x03\n" +
 	"\n" +
 	"StreamInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
@@ -5559,7 +5627,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fsplit_offset\x18\x11 \x01(\x04H\x02R\vsplitOffset\x88\x01\x01B\x18\n" +
 	"\x16_timeline_fence_offsetB\t\n" +
 	"\a_parentB\x0f\n" +
-	"\r_split_offset\"\x84\x02\n" +
+	"\r_split_offset\"\xd3\x02\n" +
 	"\x0eRegionProgress\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12,\n" +
 	"\x12applied_end_offset\x18\x02 \x01(\x04R\x10appliedEndOffset\x12\x1d\n" +
@@ -5569,7 +5637,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x14heartbeat_age_millis\x18\x05 \x01(\x03R\x12heartbeatAgeMillis\x12\x14\n" +
 	"\x05state\x18\x06 \x01(\tR\x05state\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\a \x01(\tR\tlastError\"\x80\x03\n" +
+	"last_error\x18\a \x01(\tR\tlastError\x12#\n" +
+	"\rhold_released\x18\b \x01(\bR\fholdReleased\x12(\n" +
+	"\x10behind_log_start\x18\t \x01(\bR\x0ebehindLogStart\"\x80\x03\n" +
 	"\x13CreateStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vrange_count\x18\x02 \x01(\rR\n" +
@@ -5790,13 +5860,17 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\")\n" +
 	"\x13DeleteStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
-	"\x14DeleteStreamResponse\"\xc4\x01\n" +
+	"\x14DeleteStreamResponse\"\xdf\x02\n" +
 	"\x12AlterStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x124\n" +
 	"\x14retention_max_age_ms\x18\x02 \x01(\x03H\x00R\x11retentionMaxAgeMs\x88\x01\x01\x123\n" +
-	"\x13retention_max_bytes\x18\x03 \x01(\x03H\x01R\x11retentionMaxBytes\x88\x01\x01B\x17\n" +
+	"\x13retention_max_bytes\x18\x03 \x01(\x03H\x01R\x11retentionMaxBytes\x88\x01\x01\x126\n" +
+	"\x15mirror_hold_max_bytes\x18\x04 \x01(\x03H\x02R\x12mirrorHoldMaxBytes\x88\x01\x01\x120\n" +
+	"\x12mirror_hold_max_ms\x18\x05 \x01(\x03H\x03R\x0fmirrorHoldMaxMs\x88\x01\x01B\x17\n" +
 	"\x15_retention_max_age_msB\x16\n" +
-	"\x14_retention_max_bytes\"D\n" +
+	"\x14_retention_max_bytesB\x18\n" +
+	"\x16_mirror_hold_max_bytesB\x15\n" +
+	"\x13_mirror_hold_max_ms\"D\n" +
 	"\x13AlterStreamResponse\x12-\n" +
 	"\x06stream\x18\x01 \x01(\v2\x15.geolog.v1.StreamInfoR\x06stream\"`\n" +
 	"\x10CompactionPolicy\x12.\n" +
