@@ -64,35 +64,8 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 	}
 	done := make(chan outcome, 1)
 	err = rd.exec(cctx, func() {
-		// Refuse what would make no sense for the group as it is now.
-		conf := rd.rep.Conf()
-		isVoter, isLearner := contains(conf.GetVoters(), node), contains(conf.GetLearners(), node)
-		// The caller's expectation is checked in the step that proposes,
-		// against this leader's configuration once it applied everything
-		// committed before the call (caughtUpLeader); a change proposed
-		// since is pending, and Raft refuses another while it is.
-		if exp := req.GetExpectedVoters(); len(exp) > 0 && !replicamove.SameVoters(conf.GetVoters(), exp) {
-			done <- outcome{err: apierr.New(apierr.InvalidArgument, "the range's voters changed: %v, not the expected %v (describe the range again)", conf.GetVoters(), exp)}
-			return
-		}
-		switch {
-		case typ == raftpb.ConfChangeAddLearnerNode && (isVoter || isLearner):
-			done <- outcome{err: apierr.New(apierr.InvalidArgument, "node %d is already a member", node)}
-			return
-		case typ == raftpb.ConfChangeAddLearnerNode && rf > 0 && len(conf.GetVoters()) > rf:
-			// A move cut short after its promotion left a voter too many;
-			// a replace now would take the range to two past its factor.
-			// The excess goes first (the rebalancer removes it).
-			done <- outcome{err: apierr.New(apierr.InvalidArgument, "the range has %d voters %v, more than its replication factor %d: remove one before adding a learner", len(conf.GetVoters()), conf.GetVoters(), rf)}
-			return
-		case typ == raftpb.ConfChangeAddNode && !isLearner:
-			done <- outcome{err: apierr.New(apierr.InvalidArgument, "node %d is not a learner: add it as a learner first", node)}
-			return
-		case typ == raftpb.ConfChangeRemoveNode && !isVoter && !isLearner:
-			done <- outcome{err: apierr.New(apierr.InvalidArgument, "node %d is not a member", node)}
-			return
-		case typ == raftpb.ConfChangeRemoveNode && isVoter && len(conf.GetVoters()) <= 1:
-			done <- outcome{err: apierr.New(apierr.InvalidArgument, "node %d is the last voter", node)}
+		if err := refuseChange(rd.rep.Conf(), typ, node, rf, req.GetExpectedVoters()); err != nil {
+			done <- outcome{err: err}
 			return
 		}
 		if typ == raftpb.ConfChangeRemoveNode && node == rd.cfg.repl.nodeID && rd.rep.IsLeader() {
@@ -117,6 +90,36 @@ func (s *adminServer) ChangeReplicas(ctx context.Context, req *geologv1.ChangeRe
 	case <-cctx.Done():
 		return nil, apierr.Wrap(apierr.Timeout, cctx.Err(), "membership change not applied")
 	}
+}
+
+// refuseChange refuses a membership change of node that makes no sense
+// for the group as it is now (conf; rf: the range's replication factor, 0
+// unknown), or one decided from voters other than expect.
+func refuseChange(conf *raftpb.ConfState, typ raftpb.ConfChangeType, node uint64, rf int, expect []uint64) error {
+	isVoter, isLearner := contains(conf.GetVoters(), node), contains(conf.GetLearners(), node)
+	// The caller's expectation is checked in the step that proposes,
+	// against this leader's configuration once it applied everything
+	// committed before the call (caughtUpLeader); a change proposed since
+	// is pending, and Raft refuses another while it is.
+	if len(expect) > 0 && !replicamove.SameVoters(conf.GetVoters(), expect) {
+		return apierr.New(apierr.InvalidArgument, "the range's voters changed: %v, not the expected %v (describe the range again)", conf.GetVoters(), expect)
+	}
+	switch {
+	case typ == raftpb.ConfChangeAddLearnerNode && (isVoter || isLearner):
+		return apierr.New(apierr.InvalidArgument, "node %d is already a member", node)
+	case typ == raftpb.ConfChangeAddLearnerNode && rf > 0 && len(conf.GetVoters()) > rf:
+		// A move cut short after its promotion left a voter too many; a
+		// replace now would take the range to two past its factor. The
+		// excess goes first (the rebalancer removes it).
+		return apierr.New(apierr.InvalidArgument, "the range has %d voters %v, more than its replication factor %d: remove one before adding a learner", len(conf.GetVoters()), conf.GetVoters(), rf)
+	case typ == raftpb.ConfChangeAddNode && !isLearner:
+		return apierr.New(apierr.InvalidArgument, "node %d is not a learner: add it as a learner first", node)
+	case typ == raftpb.ConfChangeRemoveNode && !isVoter && !isLearner:
+		return apierr.New(apierr.InvalidArgument, "node %d is not a member", node)
+	case typ == raftpb.ConfChangeRemoveNode && isVoter && len(conf.GetVoters()) <= 1:
+		return apierr.New(apierr.InvalidArgument, "node %d is the last voter", node)
+	}
+	return nil
 }
 
 func (s *adminServer) DescribeReplicas(ctx context.Context, req *geologv1.DescribeReplicasRequest) (*geologv1.DescribeReplicasResponse, error) {
