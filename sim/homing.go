@@ -446,7 +446,7 @@ func (h *homeWorld) newTimeline(r int, home homing.Home) {
 		for _, v := range w.canonical[r] {
 			var pid, rr int
 			var seq int64
-			if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &pid, &rr, &seq); err == nil {
+			if err := scanRecord(v, &pid, &rr, &seq); err == nil {
 				w.lastSeq[r][pid] = seq
 			}
 		}

@@ -220,6 +220,10 @@ type node struct {
 	// links are its transport's senders towards its region's peers, its
 	// failure detector (detector.go).
 	links peerLinks
+	// confs are, per range, its replica's configuration as last read
+	// (moves.go node.conf); orphans its orphan stores (Regions > 1).
+	confs   []confSeen
+	orphans []*replica.OrphanStore
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -629,6 +633,12 @@ func (w *world) openReplica(n *node, r int) error {
 		return fmt.Errorf("%v range %d: %w", n, r, err)
 	}
 	n.stores[r], n.replicas[r] = st, rep
+	if orphans != nil {
+		if len(n.orphans) <= r {
+			n.orphans = append(n.orphans, make([]*replica.OrphanStore, r+1-len(n.orphans))...)
+		}
+		n.orphans[r] = orphans
+	}
 	n.drivers[r] = w.newDriver(n, r, rep) // driver.go
 	if w.tracing() {
 		f, ok := rep.LearnedCompactionFloor()
