@@ -335,6 +335,8 @@ type world struct {
 	perRegion int
 	tampered  bool
 	traceLead map[[2]int]string // trace.go: leaders last traced
+	// spareEvents are delivered Raft events for raftEvent to reuse.
+	spareEvents []*event
 	// mutateNoLease, set by a test, makes home nodes admit and ack
 	// appends without their lease: the fencing check must report it.
 	mutateNoLease bool
@@ -680,6 +682,26 @@ func (w *world) push(e *event) {
 	w.events.push(e)
 }
 
+// raftEvent returns the event of Raft message m reaching node to of
+// region g's range group at, reusing one delivered before: Raft messages
+// are most of the events, and nothing keeps their event once delivered.
+func (w *world) raftEvent(at int64, g, group, to int, m *raftpb.Message) *event {
+	var e *event
+	if k := len(w.spareEvents); k > 0 {
+		e, w.spareEvents = w.spareEvents[k-1], w.spareEvents[:k-1]
+	} else {
+		e = new(event)
+	}
+	*e = event{at: at, kind: evRaft, region: g, group: group, to: to, msg: m}
+	return e
+}
+
+// spareEvent keeps delivered Raft event e for raftEvent.
+func (w *world) spareEvent(e *event) {
+	*e = event{}
+	w.spareEvents = append(w.spareEvents, e)
+}
+
 func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 	for _, m := range msgs {
 		from, to := int(m.GetFrom()), int(m.GetTo())
@@ -698,8 +720,7 @@ func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 			w.res.Duped++
 		}
 		for c := 0; c < copies; c++ {
-			w.push(&event{at: w.now + 1 + w.rng.Int64N(8), kind: evRaft, region: region, group: group, to: to,
-				msg: cloneMessage(m)})
+			w.push(w.raftEvent(w.now+1+w.rng.Int64N(8), region, group, to, cloneMessage(m)))
 		}
 	}
 }
@@ -799,6 +820,7 @@ func (w *world) readyAll() bool {
 func (w *world) deliver(e *event) {
 	switch e.kind {
 	case evRaft:
+		defer w.spareEvent(e)
 		n := w.node(e.region, e.to)
 		if !n.up || w.cut(e.region, e.to) {
 			w.res.Dropped++
