@@ -224,6 +224,9 @@ type node struct {
 	// (moves.go node.conf); orphans its orphan stores (Regions > 1).
 	confs   []confSeen
 	orphans []*replica.OrphanStore
+	// tailEpochs are, per range, its log's epoch at its committed end as
+	// last read (geo.go tailEpoch).
+	tailEpochs []tailEpochSeen
 }
 
 // pid is the producer's id for range r in its current incarnation.
