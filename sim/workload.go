@@ -344,7 +344,13 @@ func (w *world) checkHome(n *node, r int, committed uint64) error {
 				if off < n.verified[r] || off >= committed {
 					continue
 				}
-				if err := w.canonize(r, off, string(rec.Value)); err != nil {
+				var v string
+				if canon := w.canonical[r]; off < uint64(len(canon)) && canon[off] == string(rec.Value) {
+					v = canon[off] // the same value, without a copy: most records are checked again
+				} else {
+					v = string(rec.Value)
+				}
+				if err := w.canonize(r, off, v); err != nil {
 					return fmt.Errorf("%v: %w", n, err)
 				}
 				n.verified[r] = off + 1
