@@ -453,6 +453,10 @@ func (o *OrphanStore) Fork(index uint64) (ForkRecord, bool) {
 // maxEpoch is the highest epoch a fork raised the range to, 0 if none.
 func (o *OrphanStore) maxEpoch() uint64 { return o.epochMax.Load() }
 
+// MaxEpoch is the highest epoch of the forks the store holds, 0 if none:
+// no fork of Forks is of a higher one. Safe from any goroutine.
+func (o *OrphanStore) MaxEpoch() uint64 { return o.maxEpoch() }
+
 // noteEpoch raises epochMax to a fork's epoch e (under mu).
 func (o *OrphanStore) noteEpoch(e uint64) {
 	if e > o.epochMax.Load() {

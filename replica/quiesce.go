@@ -135,28 +135,11 @@ func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 	if st.GetCommit() != last || r.appliedIndex != last {
 		return false
 	}
-	full := r.rn.Status()
-	var to []uint64
-	for id, pr := range full.Progress {
-		if id == r.cfg.NodeID {
-			continue
-		}
-		if live != nil && !live(id) {
-			if pr.RecentActive && pr.Match != last {
-				// Not until Raft's quorum check (a ticking leader's, each
-				// election timeout) found it inactive: until then it holds
-				// compaction back (compact.go), and a quiesced leader
-				// would hold it for ever.
-				return false
-			}
-			continue
-		}
-		if pr.Match != last || pr.State != tracker.StateReplicate {
-			return false
-		}
-		to = append(to, id)
+	to, ok := r.quiesceTargets(last, live)
+	if !ok {
+		return false
 	}
-	if live != nil && !quorumLive(r.cfg.NodeID, full.Config.Voters, live) {
+	if live != nil && !quorumLive(r.cfg.NodeID, r.rn.Status().Config.Voters, live) {
 		// Cut off from a quorum: it keeps ticking, so that its quorum
 		// check steps it down (quiesced, it would lead on, unseen, until
 		// it heard the new leader's term).
@@ -174,6 +157,37 @@ func (r *Replica) Quiesce(live func(id uint64) bool) bool {
 	}
 	r.quiesce = quiesceState{on: true, term: st.GetTerm(), lead: r.cfg.NodeID, index: last, leaderState: true}
 	return true
+}
+
+// quiesceTargets returns the followers a leader whose log ends at index
+// last sends its quiesce heartbeat to (Quiesce), or false if one keeps it
+// from quiescing. It visits Raft's progress in place (RawNode.WithProgress)
+// rather than through Status, which copies every peer's progress: a busy
+// group's idle leader asks on every tick. live must not change anything.
+func (r *Replica) quiesceTargets(last uint64, live func(id uint64) bool) ([]uint64, bool) {
+	var to []uint64
+	ok := true
+	r.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if !ok || id == r.cfg.NodeID {
+			return
+		}
+		if live != nil && !live(id) {
+			if pr.RecentActive && pr.Match != last {
+				// Not until Raft's quorum check (a ticking leader's, each
+				// election timeout) found it inactive: until then it holds
+				// compaction back (compact.go), and a quiesced leader
+				// would hold it for ever.
+				ok = false
+			}
+			return
+		}
+		if pr.Match != last || pr.State != tracker.StateReplicate {
+			ok = false
+			return
+		}
+		to = append(to, id)
+	})
+	return to, ok
 }
 
 // quorumLive reports whether the live voters (this replica, self, and

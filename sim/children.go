@@ -238,9 +238,9 @@ func (s *splitWorld) name(p *producer, r int, seq uint64) string {
 	case s.child(r):
 		n := k.keyNext[p.id]
 		k.keyNext[p.id] = n + 1
-		return fmt.Sprintf("p%d/r%d/s%d", p.pid(r), s.r, n)
+		return recordName(p.pid(r), s.r, n)
 	}
-	return fmt.Sprintf("p%d/r%d/s%d", p.pid(r), r, seq)
+	return recordName(p.pid(r), r, seq)
 }
 
 // moveToChild takes a batch the parent answered RANGE_SPLIT to the
@@ -478,7 +478,7 @@ func (s *splitWorld) checkChild(c int, off uint64, v string) (int, uint64, error
 	w, k, root := s.w, &s.kids, s.root().r
 	var pid, rr int
 	var n uint64
-	if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &pid, &rr, &n); err != nil || rr != root {
+	if err := scanRecord(v, &pid, &rr, &n); err != nil || rr != root {
 		return 0, 0, fmt.Errorf("range %d offset %d: foreign record %q (a child holds records of range %d's keys, named there)", c, off, v, root)
 	}
 	i, other := c-s.c0, 2*s.c0+1-c
@@ -521,7 +521,7 @@ func (s *splitWorld) parentRecords(pid int) uint64 {
 			for _, v := range s.w.canonical[x.r] {
 				var p, rr int
 				var n uint64
-				if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &p, &rr, &n); err == nil {
+				if err := scanRecord(v, &p, &rr, &n); err == nil {
 					k.parentNext[p] = max(k.parentNext[p], n+1)
 				}
 			}

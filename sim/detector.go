@@ -170,7 +170,11 @@ func (w *world) watchLinks() {
 
 // moveLink moves n's sender towards peer id on to now.
 func (w *world) moveLink(n *node, ls *peerLinks, id int) {
-	l, p := &ls.peers[id-1], w.node(n.region, id)
+	l := &ls.peers[id-1]
+	if l.phase == linkIdle || (l.phase == linkBackoff && w.now < l.at) {
+		return // nothing moves: a sender never started, or backing off
+	}
+	p := w.node(n.region, id)
 	cut := w.cut(n.region, n.id) || w.cut(n.region, id)
 	if l.phase == linkBackoff && w.now >= l.at {
 		l.phase, l.at, l.synLost = linkDialing, w.now, false

@@ -52,6 +52,10 @@
 // partitions, broken and timed-out streams, zombie sources, lease-store
 // outages, home regions cut off, takeovers, forks, orphaned acks, resends,
 // orphan logs read). `make test` runs seeds 1-25 of 3 virtual seconds.
+// TestScheduleDigests pins three short seeds' traces and results: a
+// change meant to leave every schedule as it was (a faster simulator:
+// notes/simfast.md) must leave it passing; one that changes schedules on
+// purpose pins the new digests it prints.
 //
 // The engine: events (Raft messages, requests, replies, snapshots, log
 // and commit-mark writes, WAN messages) wait in a heap by (due time,

@@ -14,5 +14,5 @@ func (w *world) sendFloor(region, group int, m *raftpb.Message) {
 		w.res.Dropped++
 		return
 	}
-	w.push(&event{at: w.now + 1, kind: evRaft, region: region, group: group, to: int(m.GetTo()), msg: cloneMessage(m)})
+	w.push(w.raftEvent(w.now+1, region, group, int(m.GetTo()), cloneMessage(m)))
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
+	"github.com/geolog/geolog/replica"
 	"github.com/geolog/geolog/replicator"
 )
 
@@ -249,7 +250,7 @@ func (g *geoWorld) resendPoint(n *node, r int) uint64 {
 	var e uint64
 	switch {
 	case n.up:
-		e = logEpoch(n, r, n.replicas[r].Committed(), false)
+		e = n.tailEpoch(r)
 	case n.downLogEpoch != nil:
 		e = n.downLogEpoch[r]
 	}
@@ -257,6 +258,38 @@ func (g *geoWorld) resendPoint(n *node, r int) uint64 {
 		return min(end, g.w.homing.epochStart(r, e))
 	}
 	return end
+}
+
+// tailEpochSeen is logEpoch of a replica's committed end, and what it was
+// read on (tailEpoch).
+type tailEpochSeen struct {
+	rep                       *replica.Replica
+	gen                       int
+	committed, highest, start uint64
+	valid                     bool
+	epoch                     uint64
+}
+
+// tailEpoch is logEpoch(n, r, committed end, false), read again only when
+// what it depends on changed (as divergentCached: the replica, its
+// incarnation, committed end, highest epoch or log start): the
+// compaction floor asks it of every copy, for every replica, every
+// compaction round.
+func (n *node) tailEpoch(r int) uint64 {
+	rep := n.replicas[r]
+	key := tailEpochSeen{rep: rep, gen: n.gen, committed: rep.Committed(), highest: rep.HighestEpoch(), start: n.stores[r].StartOffset(), valid: true}
+	if len(n.tailEpochs) <= r {
+		n.tailEpochs = append(n.tailEpochs, make([]tailEpochSeen, r+1-len(n.tailEpochs))...)
+	}
+	if c := n.tailEpochs[r]; c.valid {
+		c.epoch = 0
+		if c == key {
+			return n.tailEpochs[r].epoch
+		}
+	}
+	key.epoch = logEpoch(n, r, key.committed, false)
+	n.tailEpochs[r] = key
+	return key.epoch
 }
 
 // noteDown records, as node n goes down, the epoch each of its logs ends

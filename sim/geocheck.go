@@ -23,7 +23,11 @@ func (w *world) checkMirror(n *node, r int, committed uint64) error {
 	canon := w.canonical[r]
 	for n.verified[r] < committed && n.verified[r] < uint64(len(canon)) {
 		from := n.verified[r]
-		frames, err := n.stores[r].ReadFrames(from, 1<<20, committed)
+		// Frames from the home's canonical end on are not looked at (the
+		// loop stops at the first past it): they are not read either, as
+		// a mirror ahead of the checks would otherwise be read to its
+		// committed end after every step.
+		frames, err := n.stores[r].ReadFrames(from, 1<<20, min(committed, uint64(len(canon))))
 		if err != nil {
 			return fmt.Errorf("%v range %d: read committed [%d, %d): %w", n, r, from, committed, err)
 		}

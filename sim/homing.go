@@ -446,7 +446,7 @@ func (h *homeWorld) newTimeline(r int, home homing.Home) {
 		for _, v := range w.canonical[r] {
 			var pid, rr int
 			var seq int64
-			if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &pid, &rr, &seq); err == nil {
+			if err := scanRecord(v, &pid, &rr, &seq); err == nil {
 				w.lastSeq[r][pid] = seq
 			}
 		}
@@ -583,6 +583,9 @@ type cut struct {
 // first runs with readers); one catching up by Raft may fork and grow
 // past the fork point in one step (seed 246).
 func (h *homeWorld) cutting(n *node, r int, committed uint64) bool {
+	if len(h.cutAt) == 0 {
+		return false // the checks ask every replica after every step
+	}
 	c, ok := h.cutAt[cutKey{n, r}]
 	if !ok {
 		return false

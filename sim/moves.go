@@ -400,11 +400,11 @@ func (m *moveWorld) observe() error {
 			if m.strays[[2]int{n.id, r}] {
 				continue
 			}
-			conf := rep.Conf()
+			conf := n.conf(r, rep)
 			if err := m.checkConf(conf); err != nil {
 				return fmt.Errorf("%v range %d: %w", n, r, err)
 			}
-			if a := rep.Status().Applied; a > m.applied[r] {
+			if a := rep.AppliedIndex(); a > m.applied[r] {
 				m.applied[r], m.conf[r] = a, conf
 				for _, id := range slices.Concat(conf.GetVoters(), conf.GetLearners()) {
 					m.members[r][id] = true
@@ -413,6 +413,28 @@ func (m *moveWorld) observe() error {
 		}
 	}
 	return nil
+}
+
+// confSeen is a replica's configuration as last read (node.conf).
+type confSeen struct {
+	rep   *replica.Replica
+	index uint64
+	conf  *raftpb.ConfState
+}
+
+// conf returns rep's configuration (Replica.Conf, node n's replica of
+// range r), read again only when its index changed: observe asks it of
+// every replica every tick, and Conf copies it by reflection. The copy
+// kept is only read.
+func (n *node) conf(r int, rep *replica.Replica) *raftpb.ConfState {
+	if len(n.confs) <= r {
+		n.confs = append(n.confs, make([]confSeen, r+1-len(n.confs))...)
+	}
+	c := &n.confs[r]
+	if idx := rep.ConfIndex(); c.rep != rep || c.index != idx || c.conf == nil {
+		*c = confSeen{rep: rep, index: idx, conf: rep.Conf()}
+	}
+	return c.conf
 }
 
 func (m *moveWorld) checkConf(conf *raftpb.ConfState) error {

@@ -220,6 +220,13 @@ type node struct {
 	// links are its transport's senders towards its region's peers, its
 	// failure detector (detector.go).
 	links peerLinks
+	// confs are, per range, its replica's configuration as last read
+	// (moves.go node.conf); orphans its orphan stores (Regions > 1).
+	confs   []confSeen
+	orphans []*replica.OrphanStore
+	// tailEpochs are, per range, its log's epoch at its committed end as
+	// last read (geo.go tailEpoch).
+	tailEpochs []tailEpochSeen
 }
 
 // pid is the producer's id for range r in its current incarnation.
@@ -331,6 +338,8 @@ type world struct {
 	perRegion int
 	tampered  bool
 	traceLead map[[2]int]string // trace.go: leaders last traced
+	// spareEvents are delivered Raft events for raftEvent to reuse.
+	spareEvents []*event
 	// mutateNoLease, set by a test, makes home nodes admit and ack
 	// appends without their lease: the fencing check must report it.
 	mutateNoLease bool
@@ -629,6 +638,12 @@ func (w *world) openReplica(n *node, r int) error {
 		return fmt.Errorf("%v range %d: %w", n, r, err)
 	}
 	n.stores[r], n.replicas[r] = st, rep
+	if orphans != nil {
+		if len(n.orphans) <= r {
+			n.orphans = append(n.orphans, make([]*replica.OrphanStore, r+1-len(n.orphans))...)
+		}
+		n.orphans[r] = orphans
+	}
 	n.drivers[r] = w.newDriver(n, r, rep) // driver.go
 	if w.tracing() {
 		f, ok := rep.LearnedCompactionFloor()
@@ -670,6 +685,26 @@ func (w *world) push(e *event) {
 	w.events.push(e)
 }
 
+// raftEvent returns the event of Raft message m reaching node to of
+// region g's range group at, reusing one delivered before: Raft messages
+// are most of the events, and nothing keeps their event once delivered.
+func (w *world) raftEvent(at int64, g, group, to int, m *raftpb.Message) *event {
+	var e *event
+	if k := len(w.spareEvents); k > 0 {
+		e, w.spareEvents = w.spareEvents[k-1], w.spareEvents[:k-1]
+	} else {
+		e = new(event)
+	}
+	*e = event{at: at, kind: evRaft, region: g, group: group, to: to, msg: m}
+	return e
+}
+
+// spareEvent keeps delivered Raft event e for raftEvent.
+func (w *world) spareEvent(e *event) {
+	*e = event{}
+	w.spareEvents = append(w.spareEvents, e)
+}
+
 func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 	for _, m := range msgs {
 		from, to := int(m.GetFrom()), int(m.GetTo())
@@ -688,8 +723,7 @@ func (w *world) sendRaft(region, group int, msgs []*raftpb.Message) {
 			w.res.Duped++
 		}
 		for c := 0; c < copies; c++ {
-			w.push(&event{at: w.now + 1 + w.rng.Int64N(8), kind: evRaft, region: region, group: group, to: to,
-				msg: cloneMessage(m)})
+			w.push(w.raftEvent(w.now+1+w.rng.Int64N(8), region, group, to, cloneMessage(m)))
 		}
 	}
 }
@@ -789,6 +823,7 @@ func (w *world) readyAll() bool {
 func (w *world) deliver(e *event) {
 	switch e.kind {
 	case evRaft:
+		defer w.spareEvent(e)
 		n := w.node(e.region, e.to)
 		if !n.up || w.cut(e.region, e.to) {
 			w.res.Dropped++

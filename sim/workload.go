@@ -64,8 +64,9 @@ func (w *world) request(e *event) {
 		return
 	}
 	recs := make([]batch.Record, len(b.values))
+	key := "p" + strconv.Itoa(pid)
 	for i, v := range b.values {
-		recs[i] = batch.Record{Key: []byte(fmt.Sprintf("p%d", pid)), Value: []byte(v)}
+		recs[i] = batch.Record{Key: []byte(key), Value: []byte(v)}
 	}
 	h := batch.Header{Type: batch.TypeData, ProducerID: uint64(pid), BaseSequence: b.seq}
 	seq, values := b.seq, b.values
@@ -162,7 +163,7 @@ func (w *world) reply(e *event) {
 	}
 	// Record the ack: every record of the batch at its offset.
 	for i := 0; i < e.count; i++ {
-		v := fmt.Sprintf("p%d/r%d/s%d", e.pid, e.rng, seq+uint64(i))
+		v := recordName(e.pid, e.rng, seq+uint64(i))
 		if w.splits.child(e.rng) {
 			v = e.values[i] // a split child's records are named in the parent (children.go)
 		}
@@ -231,8 +232,9 @@ func (w *world) check() error {
 			committed, highest := rep.Committed(), rep.HighestEpoch()
 			// A fork raises the replica's highest epoch to the fork's:
 			// none was applied since noteForks last looked if it is not
-			// above the last fork's.
-			if w.homing != nil && highest > n.forkEpoch[r] {
+			// above the last fork's, nor if its orphan store holds none
+			// of a higher epoch (noteForks looks at those only).
+			if w.homing != nil && highest > n.forkEpoch[r] && n.orphans[r].MaxEpoch() > n.forkEpoch[r] {
 				before, served := n.forkEpoch[r], n.served[r]
 				if err := w.homing.noteForks(n, r); err != nil {
 					return err
@@ -342,7 +344,13 @@ func (w *world) checkHome(n *node, r int, committed uint64) error {
 				if off < n.verified[r] || off >= committed {
 					continue
 				}
-				if err := w.canonize(r, off, string(rec.Value)); err != nil {
+				var v string
+				if canon := w.canonical[r]; off < uint64(len(canon)) && canon[off] == string(rec.Value) {
+					v = canon[off] // the same value, without a copy: most records are checked again
+				} else {
+					v = string(rec.Value)
+				}
+				if err := w.canonize(r, off, v); err != nil {
 					return fmt.Errorf("%v: %w", n, err)
 				}
 				n.verified[r] = off + 1
@@ -415,7 +423,7 @@ func (w *world) canonize(r int, off uint64, v string) error {
 	var pid int
 	var seq int64
 	var rr int
-	if _, err := fmt.Sscanf(v, "p%d/r%d/s%d", &pid, &rr, &seq); err != nil || rr != r {
+	if err := scanRecord(v, &pid, &rr, &seq); err != nil || rr != r {
 		return fmt.Errorf("range %d offset %d: foreign record %q", r, off, v)
 	}
 	if last, ok := w.lastSeq[r][pid]; ok && seq != last+1 {
@@ -513,4 +521,64 @@ func (w *world) ackedEnd(r int) uint64 {
 		w.ackedEnds[r] = int64(end)
 	}
 	return uint64(w.ackedEnds[r])
+}
+
+// recordName names the record of producer pid's sequence seq in range r
+// ("p<pid>/r<r>/s<seq>", as fmt's %d writes them).
+func recordName(pid, r int, seq uint64) string {
+	b := make([]byte, 0, 24)
+	b = append(b, 'p')
+	b = strconv.AppendInt(b, int64(pid), 10)
+	b = append(b, '/', 'r')
+	b = strconv.AppendInt(b, int64(r), 10)
+	b = append(b, '/', 's')
+	b = strconv.AppendUint(b, seq, 10)
+	return string(b)
+}
+
+// scanRecord is fmt.Sscanf(v, "p%d/r%d/s%d", pid, r, seq) (seq an *int64
+// or *uint64), without fmt's scanner for the names recordName writes:
+// nothing but "p", "/r" and "/s" each before up to 18 decimal digits
+// that do not start with a zero unless alone. Anything else (a record a
+// test tampered with) goes to Sscanf, so the answer is fmt's.
+func scanRecord(v string, pid, r *int, seq any) error {
+	if p, rr, s, ok := parseRecordName(v); ok {
+		switch q := seq.(type) {
+		case *int64:
+			*pid, *r, *q = int(p), int(rr), int64(s)
+			return nil
+		case *uint64:
+			*pid, *r, *q = int(p), int(rr), s
+			return nil
+		}
+	}
+	_, err := fmt.Sscanf(v, "p%d/r%d/s%d", pid, r, seq)
+	return err
+}
+
+// parseRecordName reads v as recordName wrote it (see scanRecord).
+func parseRecordName(v string) (pid, r, seq uint64, ok bool) {
+	var nums [3]uint64
+	for i, tag := range [3]string{"p", "/r", "/s"} {
+		rest, found := strings.CutPrefix(v, tag)
+		if !found {
+			return 0, 0, 0, false
+		}
+		d := 0
+		for d < len(rest) && rest[d] >= '0' && rest[d] <= '9' {
+			d++
+		}
+		if d == 0 || d > 18 || (d > 1 && rest[0] == '0') {
+			return 0, 0, 0, false
+		}
+		n, err := strconv.ParseUint(rest[:d], 10, 64)
+		if err != nil {
+			return 0, 0, 0, false
+		}
+		nums[i], v = n, rest[d:]
+	}
+	if v != "" {
+		return 0, 0, 0, false
+	}
+	return nums[0], nums[1], nums[2], true
 }
