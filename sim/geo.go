@@ -299,6 +299,9 @@ func (g *geoWorld) noteDown(n *node) {
 		n.downLogEpoch = make([]uint64, len(n.replicas))
 	}
 	for r, rep := range n.replicas {
+		if rep == nil {
+			continue // not opened: the process died in its start-up; as at its last crash
+		}
 		n.downLogEpoch[r] = logEpoch(n, r, rep.Committed(), false)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -358,7 +359,7 @@ func Run(opt Options) (res Result, err error) {
 	defer func() { crand.Reader = saved }()
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("seed %d: panic: %v", opt.Seed, p)
+			err = fmt.Errorf("seed %d: panic: %v\n%s", opt.Seed, p, debug.Stack())
 		}
 	}()
 	w.drawFaults()
@@ -656,6 +657,9 @@ func (w *world) openReplica(n *node, r int) error {
 // kept.
 func (w *world) crash(n *node) {
 	for _, rep := range n.replicas {
+		if rep == nil {
+			continue // not opened yet: the process died in its start-up
+		}
 		st := rep.Stats()
 		w.compactedBefore += int(st.SegmentsCompacted)
 		w.installedBefore += int(st.SnapshotsInstalled)
@@ -665,6 +669,10 @@ func (w *world) crash(n *node) {
 	}
 	if w.tracing() {
 		for r, rep := range n.replicas {
+			if rep == nil {
+				w.tracef("%s range %d: crash before it opened", traceName(n), r)
+				continue
+			}
 			w.tracef("%s range %d: crash (leader %v, committed %d, log [%d, ...), epoch %d)", traceName(n), r, rep.IsLeader(), rep.Committed(), n.stores[r].StartOffset(), rep.HighestEpoch())
 		}
 	}
@@ -737,7 +745,14 @@ func (w *world) cut(g, id int) bool {
 func (w *world) restartDue() {
 	for _, n := range w.nodes {
 		if !n.up && w.now >= n.downTill && w.err == nil {
-			w.err = w.start(n)
+			if err := w.start(n); err != nil && n.dying {
+				// The process died in an fdatasync of its start-up (a
+				// fork or a snapshot completed at open): down again,
+				// the ranges it did not open yet as they were.
+				w.crash(n)
+			} else if err != nil {
+				w.err = err
+			}
 		}
 	}
 }
@@ -803,6 +818,9 @@ func (w *world) step() {
 // driver's AfterReady schedules the writes, or fails the run); false if
 // the run failed.
 func (w *world) readyAll() bool {
+	if w.err != nil {
+		return false
+	}
 	for _, n := range w.nodes {
 		for r, rep := range n.replicas {
 			if rep.HasReady() && !w.readyOne(n, r) {
