@@ -320,12 +320,14 @@ func TestMarkInStateStillOpens(t *testing.T) {
 	}
 }
 
-// TestTruncationKeepsTheMark: a follower's log write carries a commit mark
-// after entries that a new leader then overwrites; the truncation cuts
-// that mark with them, and appends it again, so that the follower,
-// restarted right after, publishes what it published.
-func TestTruncationKeepsTheMark(t *testing.T) {
-	c := newCluster(t, 5)
+// overwriteTailSetup brings cluster c to where node 2's uncommitted tail
+// (entry e, after a and b) is about to be overwritten: node 2 holds a, b
+// and e, has published 4 (a and b), the write that carried e also carried
+// the mark covering b, and one of nodes 3-5 leads without having
+// committed anything in its term. Node 2 is cut off; reconnecting it
+// makes the new leader's first entry truncate e away.
+func overwriteTailSetup(t *testing.T, c *cluster) {
+	t.Helper()
 	c.elect(1)
 	var res []Result
 	c.replicas[1].Propose(op(7, 0, 2, "a", &res))
@@ -359,6 +361,15 @@ func TestTruncationKeepsTheMark(t *testing.T) {
 	if l < 3 {
 		t.Fatalf("leader %d, want one of 3, 4, 5", l)
 	}
+}
+
+// TestTruncationKeepsTheMark: a follower's log write carries a commit mark
+// after entries that a new leader then overwrites; the truncation cuts
+// that mark with them, and appends it again, so that the follower,
+// restarted right after, publishes what it published.
+func TestTruncationKeepsTheMark(t *testing.T) {
+	c := newCluster(t, 5)
+	overwriteTailSetup(t, c)
 	c.cut[2] = false
 	c.tick(2)
 	if vals := c.logValues(2); len(vals) != 4 {
@@ -592,32 +603,7 @@ func TestTruncationCrashKeepsTheMark(t *testing.T) {
 			}
 		}
 	})
-	c.elect(1)
-	var res []Result
-	c.replicas[1].Propose(op(7, 0, 2, "a", &res))
-	c.settle()
-	c.tick(2)
-	c.cut[2] = true
-	c.replicas[1].Propose(op(7, 2, 2, "b", &res))
-	c.settle()
-	c.tick(2)
-	c.cut[3], c.cut[4], c.cut[5], c.cut[2] = true, true, true, false
-	c.replicas[1].Propose(op(7, 4, 2, "e", &res))
-	c.settle()
-	c.tick(2)
-	if got := c.replicas[2].Committed(); got != 4 {
-		t.Fatalf("node 2 published %d, want 4 (a and b)", got)
-	}
-	c.cut[1], c.cut[2], c.cut[3], c.cut[4], c.cut[5] = true, true, false, false, false
-	c.drop = func(m *raftpb.Message) bool { return m.GetType() == raftpb.MessageType_MsgAppResp }
-	l := uint64(0)
-	for i := 0; i < 200 && l < 3; i++ {
-		c.tick(1)
-		l = c.leader()
-	}
-	if l < 3 {
-		t.Fatalf("leader %d, want one of 3, 4, 5", l)
-	}
+	overwriteTailSetup(t, c)
 	c.cut[2] = false
 	armed = true // the next fdatasync on node 2 is the truncating write's
 	c.tick(2)
