@@ -29,6 +29,7 @@ import (
 //	campaign <id> | transfer from=<id> to=<id>
 //	propose <id> producer=<p> seq=<s> records=<n> [tag=<t>] [epoch=<e>] [count=<k>]
 //	                                  an append; its answer prints when it comes
+//	propose <id> split                a split marker (range 0 into 1 and 2)
 //	fork <id> at=<offset> epoch=<e>   ProposeFork; its answer prints when it comes
 //	process-ready [ids]               one Ready cycle each
 //	write-log [ids]                   WriteLog + WriteMark (even when held)
@@ -282,6 +283,10 @@ func (e *interactionEnv) cmdPropose(d *datadriven.TestData) string {
 		name := fmt.Sprintf("p%d", e.replies)
 		answered := false
 		op := envOp(producer, seq+uint64(k*n), n, t)
+		if d.HasArg("split") {
+			op = &Op{RecordCount: 1, Frame: batch.EncodeSplit(nil, batch.Header{},
+				batch.Split{MapVersion: 2, HashEnd: ^uint64(0), At: 1 << 63, Left: 1, Right: 2})}
+		}
 		op.Epoch = uint64(e.intArg(d, "epoch", 0))
 		op.Reply = func(res Result) {
 			answered = true

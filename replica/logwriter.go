@@ -581,9 +581,14 @@ func (r *Replica) saveMarkBeforeCut() error {
 
 // markAgain appends the newest durable commit mark again (after a
 // truncation), or saves it in the state where the log cannot take it. The
-// caller holds wmu, which every durable mark was written under.
+// caller holds wmu, which every mark appended to the log was written
+// under; markMu, as in WriteMark and saveMarkBeforeCut, keeps a WriteMark
+// that read an idle writer just before this write began from saving its
+// newer mark before this older one lands over it in the state.
 func (r *Replica) markAgain() error {
 	w := &r.writer
+	w.markMu.Lock()
+	defer w.markMu.Unlock()
 	w.mu.Lock()
 	done := w.markDone
 	w.mu.Unlock()

@@ -718,10 +718,10 @@ func (r *Replica) answeredByProducer(op *Op, epoch uint64, leaderConfirmed bool)
 	verdict, orig, err := r.dedup.Check(op.ProducerID, op.BaseSequence, op.RecordCount, epoch)
 	switch verdict {
 	case dedup.Reject:
-		if err := r.splitBlocksAppends(); err != nil {
+		if serr := r.splitBlocksAppends(); serr != nil && splitMovesRejected(err) {
 			// A pipelined batch after one refused for the split follows a
-			// gap here: it too goes to a child.
-			op.Reply(Result{Err: err})
+			// gap here: it too goes to a child (split.go).
+			op.Reply(Result{Err: serr})
 			return true
 		}
 		if !leaderConfirmed {

@@ -11,8 +11,8 @@ import (
 // proposes a split marker (batch.TypeSplit) like any append. From the
 // moment the marker is in this replica's log (proposed here, or written
 // from a leader's entries: committed or not), the replica refuses every
-// append that is not already in its log with RANGE_SPLIT. So no record
-// follows the marker in any copy of the log:
+// append that is not already in its log. So no record follows the marker
+// in any copy of the log:
 //
 //   - a leader proposes nothing after its own marker (pending is set as
 //     it proposes it, before the log writer has the entry);
@@ -24,9 +24,22 @@ import (
 //     marker is truncated away where it was written (rebuildDedup forgets
 //     it and the replay of what is left notes what remains);
 //   - a retry of a batch already in the log is answered from the
-//     idempotence table, with its offset, before the split is checked: a
-//     batch answered RANGE_SPLIT is not in this range, and a producer may
-//     send it to a child without duplicating it.
+//     idempotence table, with its offset, before the split is checked.
+//
+// The refusal says RANGE_SPLIT (the producer sends the batch to a child)
+// only once this replica has applied the marker: the marker is committed,
+// this log holds every batch the range will ever hold, and one not in
+// its idempotence table is not in the range. Before that the refusal is
+// a retriable UNAVAILABLE: a leader deposed while its marker was on its
+// way does not hold what its successor committed meanwhile (a producer's
+// batch whose answer was lost and that it resends here), and its marker
+// may never commit (seed 864430 of one region: the batch answered
+// RANGE_SPLIT there was in the log at the next leader, and would have
+// been in a child too). A rejection of the idempotence table turns into
+// RANGE_SPLIT only where it says the batch is not in the range (a
+// sequence gap: a pipelined batch behind one refused for the split; a
+// producer whose state the range lost), never for a batch it holds but
+// no longer remembers (DUPLICATE_OUT_OF_WINDOW) or one that overlaps.
 //
 // A mirror (ProposeVerbatim) holds the marker as the home shipped it and
 // refuses any frame after it alike.
@@ -64,13 +77,25 @@ func (r *Replica) forgetUnappliedSplit() {
 }
 
 // splitBlocksAppends is the error for an append once the log holds a
-// split marker (see above).
+// split marker (see above): RANGE_SPLIT once the marker is applied here,
+// a retriable UNAVAILABLE until then.
 func (r *Replica) splitBlocksAppends() error {
-	if !r.split.has() {
+	switch {
+	case !r.split.has():
 		return nil
+	case r.split.index == 0 || r.split.index > r.appliedIndex:
+		return apierr.New(apierr.Unavailable, "stream %s range %d: a split marker is in this replica's log, not yet committed: retry (the range either splits or goes on)",
+			r.cfg.Stream, r.cfg.Range)
 	}
 	return apierr.New(apierr.RangeSplit, "stream %s range %d split at offset %d: describe the stream again and append to the child that owns the keys",
 		r.cfg.Stream, r.cfg.Range, r.split.offset)
+}
+
+// splitMovesRejected reports whether the idempotence table's rejection
+// err says that the batch is not in this range (see above).
+func splitMovesRejected(err error) bool {
+	c := apierr.CodeOf(err)
+	return c == apierr.SequenceGap || c == apierr.ProducerStateLost
 }
 
 // proposingSplit notes, before frame is proposed, that it is a split
