@@ -1,7 +1,11 @@
 package regionsvc
 
 import (
+	"cmp"
 	"context"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
@@ -10,14 +14,17 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
-// Altering a stream's retention (Log.AlterStream), in every region of it, as
-// a deletion goes (delete.go):
+// Altering a stream's retention (Log.AlterStream), in every region of it:
 //
-//  1. the stream's other regions, each through one of its nodes (the
-//     request marked propagated);
-//  2. this region: with replication an "alter" record in the catalogue,
-//     carrying the whole new spec, which every node applies (applyAlter);
-//     without it, the node alone, its catalogue file first.
+//  1. this region: an "alter" record in the catalogue, carrying the whole
+//     new spec, which every node applies (applyAlter);
+//  2. the stream's other regions at once, each through one of its nodes
+//     (the request marked propagated). A region that cannot be reached
+//     does not keep the others from the change: the answer is then a
+//     retriable UNAVAILABLE naming the regions not yet altered, and
+//     altering again completes it. So an operator can change a stream's
+//     mirror hold while a mirror region is cut off, which is when it
+//     matters (docs/operator-guide.md; TestAlterStreamRegionCutOff).
 //
 // An alter sets values, so applying it twice, or in two regions in either
 // order, ends the same; a resend after a retriable error completes one
@@ -96,24 +103,52 @@ func (n *Node) alterStream(ctx context.Context, req *geologv1.AlterStreamRequest
 		return streamSpec{}, err
 	}
 	spec := want.apply(st.spec)
+	if err := n.alterStreamReplicated(ctx, spec, req, forwarded); err != nil {
+		return streamSpec{}, err
+	}
 	if origin {
-		for _, region := range spec.Regions {
-			if region == n.cfg.Region {
-				continue
-			}
-			if err := n.alterInRegion(ctx, region, req); err != nil {
-				return streamSpec{}, apierr.Wrap(apierr.Unavailable, err, "stream %q is not yet altered in region %s (altering it again completes it)", name, region)
-			}
+		if err := n.alterOtherRegions(ctx, spec, req); err != nil {
+			return streamSpec{}, err
 		}
 	}
-	return spec, n.alterStreamReplicated(ctx, spec, req, forwarded)
+	return spec, nil
 }
 
-func (n *Node) alterInRegion(ctx context.Context, region string, req *geologv1.AlterStreamRequest) error {
-	return n.propagateToRegion(ctx, region, func(cctx context.Context, _ string, c geologv1.LogClient) error {
-		_, err := c.AlterStream(cctx, req)
-		return err
-	})
+// alterOtherRegions propagates req to spec's other regions, all at once;
+// it names those it could not alter.
+func (n *Node) alterOtherRegions(ctx context.Context, spec streamSpec, req *geologv1.AlterStreamRequest) error {
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		missing []string
+		first   error
+	)
+	for _, region := range spec.Regions {
+		if region == n.cfg.Region {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := n.propagateToRegion(ctx, region, func(cctx context.Context, _ string, c geologv1.LogClient) error {
+				_, err := c.AlterStream(cctx, req)
+				return err
+			})
+			if err != nil {
+				mu.Lock()
+				missing = append(missing, region)
+				first = cmp.Or(first, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(missing) == 0 {
+		return nil
+	}
+	slices.Sort(missing)
+	return apierr.Wrap(apierr.Unavailable, first, "stream %q is altered in region %s and not yet in %s (altering it again completes it)",
+		spec.Name, n.cfg.Region, strings.Join(missing, ", "))
 }
 
 // alterStreamReplicated proposes the new spec to the region's catalogue
@@ -155,7 +190,11 @@ func (n *Node) waitAltered(ctx context.Context, spec streamSpec) error {
 }
 
 // applyAlter applies a catalogue "alter" record, on the catalogue
-// driver's goroutine.
+// driver's goroutine. The applied catalogue (catalog.json) is saved with
+// the new spec before the node serves it: AlterStream answers once this
+// node serves it (waitAltered), and a node restarted right after must not
+// serve the old spec until its catalogue group replays the alter
+// (TestAlterStreamRetention restarts at once and reads it back).
 func (n *Node) applyAlter(at uint64, spec streamSpec) {
 	n.mu.Lock()
 	st, ok := n.streams[spec.Name]
@@ -163,25 +202,34 @@ func (n *Node) applyAlter(at uint64, spec streamSpec) {
 		n.mu.Unlock()
 		return // a deleted stream, or a newer one of the name
 	}
-	next := n.alteredLocked(st, spec)
 	specs := n.specsLocked()
+	for i := range specs {
+		if specs[i].Name == spec.Name {
+			specs[i] = altered(specs[i], spec)
+		}
+	}
 	n.mu.Unlock()
-	n.setRetention(next)
 	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
+	n.mu.Lock()
+	st, ok = n.streams[spec.Name]
+	if !ok || st.spec.MetaOffset != spec.MetaOffset {
+		n.mu.Unlock()
+		return
+	}
+	next := &streamState{spec: altered(st.spec, spec), ranges: st.ranges} // readers that hold st keep a consistent spec
+	n.streams[spec.Name] = next
+	n.mu.Unlock()
+	n.setRetention(next)
 	n.logger.Info("stream altered", "stream", spec.Name, "retention_age_ms", spec.RetentionAgeMillis, "retention_bytes", spec.RetentionBytes, "catalogue_offset", at)
 }
 
-// alteredLocked replaces st by a state with spec's retention (readers that
-// hold st keep a consistent spec); n.mu is held.
-func (n *Node) alteredLocked(st *streamState, spec streamSpec) *streamState {
-	s := st.spec
+// altered is s with the values an alter sets taken from spec.
+func altered(s, spec streamSpec) streamSpec {
 	s.RetentionAgeMillis, s.RetentionBytes = spec.RetentionAgeMillis, spec.RetentionBytes
 	s.MirrorHoldBytes, s.MirrorHoldAgeMillis = spec.MirrorHoldBytes, spec.MirrorHoldAgeMillis
-	next := &streamState{spec: s, ranges: st.ranges}
-	n.streams[s.Name] = next
-	return next
+	return s
 }
 
 // setRetention gives st's ranges its spec's retention and mirror hold.

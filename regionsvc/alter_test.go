@@ -3,12 +3,14 @@ package regionsvc
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/wan"
 )
 
 func int64p(v int64) *int64 { return &v }
@@ -72,14 +74,59 @@ func TestAlterStreamRetention(t *testing.T) {
 	}
 	n.Close()
 	_, c = testNode(t, dir, mut)
-	// The node serves its saved catalogue at once; an alter applied just
-	// before the close may reach it only when the catalogue group replays
-	// (applyAlter publishes the spec before it saves the file).
-	waitUntil(t, ctx, time.Minute, "the alters after a restart", func() bool {
-		d, err = c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "r"})
-		ret := d.GetStream().GetRetention()
-		return err == nil && ret.GetMaxBytes() == 8192 && ret.GetMirrorHoldMaxBytes() == -1 && ret.GetMirrorHoldMaxMs() == 60_000
+	// The node serves its saved catalogue at once, and an answered alter
+	// is in it (applyAlter saves the file before the node serves the
+	// spec): read back at once, not after the catalogue group replays.
+	d, err = c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "r"})
+	if ret := d.GetStream().GetRetention(); err != nil || ret.GetMaxBytes() != 8192 || ret.GetMirrorHoldMaxBytes() != -1 || ret.GetMirrorHoldMaxMs() != 60_000 {
+		t.Fatalf("the alters right after a restart: %v %v", ret, err)
+	}
+}
+
+// TestAlterStreamRegionCutOff: with the ap region cut off, an alter
+// through us applies in us and eu and answers a retriable UNAVAILABLE
+// naming ap (so a mirror hold can be changed during the outage it is
+// for); once ap is back, the same alter again completes it there.
+func TestAlterStreamRegionCutOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-region cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := newWorld(t, []string{"us", "eu", "ap"}, 1, 2*time.Millisecond, 0)
+	us, eu, ap := w.conns["us"][1], w.conns["eu"][1], w.conns["ap"][1]
+	createMirrorHoldStream(t, ctx, us, "cut", &geologv1.RetentionPolicy{MaxBytes: 1 << 20})
+	holdOf := func(c geologv1.LogClient) int64 {
+		d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "cut"})
+		if err != nil {
+			return 0
+		}
+		return d.GetStream().GetRetention().GetMirrorHoldMaxBytes()
+	}
+	if _, err := w.net.CutRegion("ap", wan.CutReset); err != nil {
+		t.Fatal(err)
+	}
+	req := &geologv1.AlterStreamRequest{Name: "cut", MirrorHoldMaxBytes: int64p(4 << 20)}
+	_, err := us.AlterStream(ctx, req)
+	if e := rpcerr.FromError(err); e == nil || e.Code != apierr.Unavailable || !e.Retriable || !strings.Contains(e.Message, "not yet in ap") {
+		t.Fatalf("alter with ap cut off: %v, want a retriable UNAVAILABLE naming ap", err)
+	}
+	if got := [2]int64{holdOf(us), holdOf(eu)}; got != [2]int64{4 << 20, 4 << 20} {
+		t.Fatalf("with ap cut off, the hold in us and eu: %v, want 4 MiB in both", got)
+	}
+	if _, err := w.net.HealRegion("ap"); err != nil {
+		t.Fatal(err)
+	}
+	if h := holdOf(ap); h != 0 {
+		t.Fatalf("ap's hold before the alter is sent again: %d", h)
+	}
+	waitUntil(t, ctx, time.Minute, "the alter sent again completes in ap", func() bool {
+		_, err := us.AlterStream(ctx, req)
+		return err == nil
 	})
+	if h := holdOf(ap); h != 4<<20 {
+		t.Fatalf("ap's hold after the alter completed: %d", h)
+	}
 }
 
 // TestAlterStreamMultiRegion: an alter through a node of the stream's
