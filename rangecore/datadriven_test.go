@@ -84,9 +84,10 @@ func (h *ddHarness) run(t *testing.T, d *datadriven.TestData) string {
 		if d.HasArg("veto") {
 			veto = ddUint(t, d, "veto", 0)
 		}
-		h.drv = newDriverHarness(t, ddUint(t, d, "size", 3), d.HasArg("nodetector"), veto)
+		h.drv = newDriverHarness(t, ddUint(t, d, "size", 3), d.HasArg("nodetector"), veto,
+			int(ddUint(t, d, "balance", 0)), ddUint(t, d, "groupid", 0))
 		return strings.Join(h.drv.state(), "\n")
-	case "start", "propose", "tick", "down", "up", "state", "diskfull":
+	case "start", "propose", "tick", "down", "up", "state", "diskfull", "name-leader":
 		return h.drv.run(t, d)
 	case "learn", "history", "fence":
 		return h.runTimeline(t, d)

@@ -13,7 +13,8 @@
 // cores on its virtual network, disks and clock, so that what it checks is
 // the product's logic, not a restatement of it. Driver is the driver
 // loop's body: the Ready cycles and the acks they hold, quiescence, the
-// campaign after a leader found down and the start-up election, taking
+// campaign after a leader found down, the start-up election, a full
+// disk's hand-off and leader balance (balance.go), taking
 // events and returning effects; regionsvc's loop only selects on its
 // channels and feeds it, and the simulator feeds it from its event heap
 // (notes/simdriver2.md).

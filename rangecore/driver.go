@@ -36,10 +36,13 @@ import (
 //     of space hands leadership, on each tick, to its most caught-up
 //     follower whose node is not found down (MostCaughtUp: the lowest id
 //     of those level), which can append where it cannot.
+//   - Leader balance (balance.go): a leader that is not its range's
+//     preferred leader hands leadership to it, on a tick, once that one is
+//     up and caught up.
 //   - Quiescence (replica/quiesce.go): a leader whose group is idle
 //     quiesces on a tick instead of ticking, unless a campaign is planned,
-//     its disk is full, its host vetoes (a preferred leader could take over
-//     now) or there is no failure detector; a quiesced follower wakes when
+//     its disk is full, its preferred leader could take over now, its host
+//     vetoes or there is no failure detector; a quiesced follower wakes when
 //     its leader's node is found down (after a quiesce heartbeat and on a
 //     liveness change), a quiesced leader on any liveness change.
 //   - Campaign after a leader found down (the tick's watchLeader): the
@@ -67,6 +70,7 @@ type Driver struct {
 	// preferredAtStart is set while this replica is its group's preferred
 	// leader at start and knows no leader yet.
 	preferredAtStart bool
+	balance          balance // balance.go
 }
 
 // DriverConfig is what a Driver asks of its host: answers and hooks it
@@ -84,9 +88,20 @@ type DriverConfig struct {
 	// AfterReady, if set, runs after the Ready cycles of each Ready (err:
 	// the cycle that failed, already logged).
 	AfterReady func(err error)
-	// MayQuiesce, if set, may veto a leader's quiescence (regionsvc: the
-	// range's preferred leader could take leadership now).
+	// MayQuiesce, if set, may veto a leader's quiescence.
 	MayQuiesce func() bool
+	// LeaderBalanceTicks is how many ticks a leader leads between checks
+	// that it is its range's preferred leader (balance.go); 0: off.
+	LeaderBalanceTicks int
+	// GroupID picks the range's preferred leader among its voters where
+	// the host names none (PreferredLeader).
+	GroupID uint64
+	// PreferredLeader, if set, is the node the host names to lead the
+	// range (0: none); any goroutine may change what it returns.
+	PreferredLeader func() uint64
+	// OnBalanceTransfer, if set, is told of each hand-off to the
+	// preferred leader (the simulator counts them).
+	OnBalanceTransfer func(to uint64)
 	// OnRefused, if set, is told of a message the replica refused as one
 	// no correct peer sends (replica.ErrInvalidMessage).
 	OnRefused func(from uint64, err error)
@@ -278,6 +293,7 @@ func (d *Driver) tick() bool {
 	d.rep.Tick()
 	d.watchLeader()
 	d.handOffIfDiskFull()
+	d.balanceLeader() // balance.go
 	return true
 }
 

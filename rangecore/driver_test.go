@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,9 +24,14 @@ import (
 // in-memory network and disks: messages are delivered by settle, log and
 // mark writes run at once after each Cycle. Commands (testdata/driver*.txt):
 //
-//	group [size=3] [nodetector] [veto=1]   new replicas (nodetector: no
-//	                              failure detector; veto: node 1 vetoes
-//	                              its quiescence)
+//	group [size=3] [nodetector] [veto=1] [balance=<ticks> groupid=<g>]
+//	                              new replicas (nodetector: no failure
+//	                              detector; veto: node 1 vetoes its
+//	                              quiescence; balance: leader balance every
+//	                              that many ticks, the group id picking
+//	                              the preferred leader)
+//	name-leader node=2            the host names the preferred leader
+//	                              (node=0: none)
 //	start node=1 preferred=1      Driver.Start and CampaignIfSole, then settle
 //	propose node=1 value=a        EventPropose, then settle
 //	tick [n=1]                    EventTick on each live replica not
@@ -45,6 +51,7 @@ type driverHarness struct {
 	nodes []*ddNode
 	queue []*raftpb.Message
 	log   []string
+	named atomic.Uint64 // the preferred leader the host names (name-leader)
 }
 
 type ddNode struct {
@@ -56,7 +63,7 @@ type ddNode struct {
 	faults    *vfs.Faults
 }
 
-func newDriverHarness(t *testing.T, size uint64, noDetector bool, veto uint64) *driverHarness {
+func newDriverHarness(t *testing.T, size uint64, noDetector bool, veto uint64, balanceTicks int, groupID uint64) *driverHarness {
 	h := &driverHarness{}
 	now := func() time.Time { return time.Unix(1_800_000_000, 0) }
 	var peers []uint64
@@ -85,9 +92,10 @@ func newDriverHarness(t *testing.T, size uint64, noDetector bool, veto uint64) *
 		}
 		n.rep = rep
 		cfg := DriverConfig{
-			NodeID:  id,
-			Publish: func() { n.published = rep.Committed() },
-			Rand:    func(k int) int { return int(id-1) % k }, // n2 waits 2 ticks, n3 3
+			NodeID:             id,
+			Publish:            func() { n.published = rep.Committed() },
+			Rand:               func(k int) int { return int(id-1) % k }, // n2 waits 2 ticks, n3 3
+			LeaderBalanceTicks: balanceTicks, GroupID: groupID, PreferredLeader: h.named.Load,
 		}
 		if !noDetector {
 			cfg.PeerDown = func(p uint64) bool { return h.nodes[p-1].down }
@@ -190,6 +198,8 @@ func (h *driverHarness) run(t *testing.T, d *datadriven.TestData) string {
 	case "diskfull":
 		node().faults.SetNoSpace(d.HasArg("on"))
 		h.settle(t)
+	case "name-leader":
+		h.named.Store(ddUint(t, d, "node", 0))
 	case "state":
 	default:
 		t.Fatalf("unknown command %s", d.Cmd)

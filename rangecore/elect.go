@@ -38,7 +38,7 @@ func (d *Driver) maybeQuiesce() bool {
 	if d.cfg.PeerDown == nil && !sole {
 		return false
 	}
-	if d.cfg.MayQuiesce != nil && !sole && !d.cfg.MayQuiesce() {
+	if !sole && (d.preferredCouldLead() || d.cfg.MayQuiesce != nil && !d.cfg.MayQuiesce()) {
 		return false
 	}
 	return rep.Quiesce(func(id uint64) bool { return !d.peerDown(id) })

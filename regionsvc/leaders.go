@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/placement"
+	"github.com/geolog/geolog/rangecore"
 )
 
 // Leader balancing by the rebalancer (issue 12, item 2: range leaders
@@ -192,7 +193,7 @@ func (n *Node) preferredOf(id placement.RangeID, voters []uint64) uint64 {
 	if !ok || int(id.Range) >= len(st.ranges) || st.ranges[id.Range] == nil {
 		return 0
 	}
-	return preferredAmong(groupFor(st.spec.MetaOffset, id.Range), st.ranges[id.Range].balance.pref.Load(), slices.Sorted(slices.Values(voters)))
+	return rangecore.PreferredAmong(uint64(groupFor(st.spec.MetaOffset, id.Range)), st.ranges[id.Range].balance.pref.Load(), slices.Sorted(slices.Values(voters)))
 }
 
 // streamMetaOffset is the catalogue offset of stream's creation record (0

@@ -101,13 +101,3 @@ func (d *rangeDriver) tickIfAwake() <-chan struct{} {
 	}
 	return d.cfg.repl.tick()
 }
-
-// mayQuiesce is the range's veto on its leader's quiescence
-// (rangecore.Driver quiesces an idle leader on a tick instead of ticking
-// it, unless a campaign is planned, the disk is full or the transport has
-// no failure detector): not while the range's preferred leader could take
-// leadership now (leaderbalance.go).
-func (d *rangeDriver) mayQuiesce() bool {
-	return d.balance.every <= 0 ||
-		preferredTransferee(d.cfg.repl.nodeID, d.cfg.repl.groupID, d.balance.pref.Load(), d.rep.Status(), d.peerDown) == 0
-}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/geolog/geolog/internal/grpcdial"
+	"github.com/geolog/geolog/rangecore"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
@@ -184,7 +185,7 @@ func (n *Node) completeReplication(rc *replicationConfig) {
 	// voters by group id, so that a new stream's range leaders (who do most
 	// of the work: client appends, one append message per follower) start
 	// spread over the region's nodes instead of all on the lowest id.
-	rc.firstCampaigner = preferredLeader(rc.groupID, rc.peers)
+	rc.firstCampaigner = rangecore.PreferredLeader(uint64(rc.groupID), rc.peers)
 	rc.transport = n.learnerTransport(rc.groupID) // rebalance_throttle.go
 	rc.tick = n.tick
 	rc.liveness = n.livenessChanged

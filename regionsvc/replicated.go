@@ -107,10 +107,10 @@ func (d *rangeDriver) openReplica(headers []batch.Header) error {
 	d.rep = rep
 	d.core = rangecore.NewDriver(rep, rangecore.DriverConfig{
 		NodeID: rc.nodeID, PeerDown: d.peerDownFunc(), Publish: d.publishCommitted, AfterReady: d.afterReady,
-		MayQuiesce: d.mayQuiesce, OnRefused: d.peerRefused, Rand: rand.IntN, Logger: d.logger,
+		OnRefused: d.peerRefused, Rand: rand.IntN, Logger: d.logger,
+		LeaderBalanceTicks: rc.leaderBalanceTicks, GroupID: uint64(rc.groupID), PreferredLeader: d.balance.pref.Load,
 	})
 	d.noteMembership(rep.Conf()) // then at each change applied (confApplied)
-	d.balance.every = rc.leaderBalanceTicks
 	if d.cfg.appendQueueDelayTarget > 0 && rc.groupID != metaGroupID {
 		d.shedder = newAppendShedder(d.cfg.appendQueueDelayTarget)
 	}
@@ -177,9 +177,7 @@ func (d *rangeDriver) runReplicated() {
 		case <-d.rep.LogWritten():
 			d.core.Handle(rangecore.Event{Kind: rangecore.EventLogWritten})
 		case <-tick:
-			if d.core.Handle(rangecore.Event{Kind: rangecore.EventTick}).Ticked {
-				d.balanceLeader() // a full disk's hand-off is the core's
-			}
+			d.core.Handle(rangecore.Event{Kind: rangecore.EventTick}) // leader balance and a full disk's hand-off are the core's
 		case <-liveness:
 			liveness = d.cfg.repl.liveness()
 			d.core.Handle(rangecore.Event{Kind: rangecore.EventLiveness})

@@ -1,5 +1,7 @@
 package regionsvc
 
+import "github.com/geolog/geolog/rangecore"
+
 // Start-up elections: one campaign per group, from its preferred leader.
 //
 // When a node (or a whole region) starts, every one of its groups must
@@ -41,7 +43,7 @@ func (d *rangeDriver) startElection(first uint64) {
 	}
 	preferred := first
 	if !d.rep.IsNewGroup() {
-		preferred = preferredAmong(d.cfg.repl.groupID, d.balance.pref.Load(), d.rep.Status().Config.Voters[0].Slice())
+		preferred = rangecore.PreferredAmong(uint64(d.cfg.repl.groupID), d.balance.pref.Load(), d.rep.Status().Config.Voters[0].Slice())
 	}
 	d.core.Start(preferred, d.cfg.repl.electionTicks)
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/geolog/geolog/rangecore"
 	"go.etcd.io/raft/v3"
 )
 
@@ -69,7 +70,7 @@ func TestRestartElectsPreferredLeaders(t *testing.T) {
 				st := driverStatus(ctx, t, d)
 				if st.RaftState == raft.StateLeader {
 					leader, term = st.Lead, st.GetTerm()
-					preferred = preferredLeader(d.cfg.repl.groupID, st.Config.Voters[0].Slice())
+					preferred = rangecore.PreferredLeader(uint64(d.cfg.repl.groupID), st.Config.Voters[0].Slice())
 				}
 			}
 			if leader != 0 {

@@ -41,7 +41,7 @@ func TestDeadSeeds(t *testing.T) {
 // its own node's failure detector, moves.go observeDown; seed 7 before
 // that; seed 1 before the simulator's replicas elected by succession).
 func TestDeadNodeIgnored(t *testing.T) {
-	mut := mutations{movesAlways: true, deadAlways: true, deadForever: true}
+	mut := mutations{movesAlways: true, deadAlways: true, deadForever: true, noLeaderBalance: true}
 	for _, seed := range []int64{7, 4} {
 		if _, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mut}); err != nil {
 			t.Fatalf("seed %d with a node dead for good: %v", seed, err)
@@ -116,10 +116,10 @@ func TestDeadStrayAcks(t *testing.T) {
 // when the replicas came to elect by succession, 3 before).
 func TestUnreachableTarget(t *testing.T) {
 	for _, seed := range []int64{14} {
-		if _, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
+		if _, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, noLeaderBalance: true}}); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
-		_, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, targetUnreachable: true}})
+		_, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, targetUnreachable: true, noLeaderBalance: true}})
 		if err == nil || !strings.Contains(err.Error(), "which the rebalancer finds unreachable") {
 			t.Fatalf("seed %d with unreachable nodes taken as live: got %v, want a move onto one reported", seed, err)
 		}

@@ -21,9 +21,9 @@ var scheduleDigests = []struct {
 	steps   int
 	digest  string
 }{
-	{seed: 1, regions: 1, steps: 3000, digest: "4211c225a3080a92e7039466b8ccb756782594df7cf0ae9b938709896ab20a8b"},
-	{seed: 2, regions: 1, steps: 3000, digest: "20ce315d1077f947b69e58d20c242aa2059d47b6337d4d647657e4c2b81676c4"},
-	{seed: 1, regions: 3, steps: 3000, digest: "660fe3d4192f8ff1062788df8f10d97e57c8ddd34dd71e386310f86df1ee9a15"},
+	{seed: 1, regions: 1, steps: 3000, digest: "6e475a30307c81a696a7ec449f1dd7e3f7db82271a3ca978e07f1ab072a14ba9"},
+	{seed: 2, regions: 1, steps: 3000, digest: "5c3b6142aa30f324be59884ca5ee026a8e03bda845d0dadc1c503762cb881c51"},
+	{seed: 1, regions: 3, steps: 3000, digest: "7ee3104a8018593dc10ddc5a71988dc1f0cc604a28770f439c7d690d356b44cb"},
 }
 
 // TestScheduleDigests: the seeds of scheduleDigests run as pinned.

@@ -85,9 +85,13 @@
 // Each replica runs under regionsvc's loop body, rangecore.Driver
 // (driver.go): ticks, Raft messages and finished log writes reach the
 // replica as the Driver's events, and its Ready cycles are the Driver's,
-// so the simulator runs the product's ack ordering, quiescence and the
+// so the simulator runs the product's ack ordering, quiescence, the
 // campaign of a follower whose leader's node is found down (its failure
-// detector: the transport's, modelled above).
+// detector: the transport's, modelled above), a full disk's hand-off and
+// leader balance: half the runs (drawn apart from the run's generator,
+// so the others replay as before) hand each range's leadership to its
+// preferred voter, checked every 1 to 3 virtual seconds led, as geologd
+// does every --leader-balance-interval.
 // The simulator's own loop from before (one Ready cycle a virtual ms) is
 // gone; the last case only it reached, a takeover granted below frames
 // in flight in the taker's log (TestTakerInFlightIsChecked), is opened on

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"math/rand/v2"
+
 	"github.com/geolog/geolog/rangecore"
 	"github.com/geolog/geolog/replica"
 	"go.etcd.io/raft/v3/raftpb"
@@ -44,7 +46,30 @@ func (w *world) newDriver(n *node, r int, rep *replica.Replica) *rangecore.Drive
 		},
 		Rand:   w.rng.IntN,
 		Logger: w.opt.Logger,
+		// Leader balance as regionsvc runs it (rangecore/balance.go), in
+		// the runs that draw it (balanceDraw): the group id picks the
+		// preferred leader (the catalogue names none here).
+		LeaderBalanceTicks: w.balanceTicks, GroupID: uint64(r),
+		OnBalanceTransfer: func(uint64) { w.res.BalanceTransfers++ },
 	})
+}
+
+// balanceStream seeds the draw of a run's leader balance apart from the
+// run's generator, so that a run without it replays exactly as before
+// leader balance came into the simulator.
+const balanceStream = 0x62616c616e6365
+
+// drawBalance draws whether this run balances leaders (half the runs)
+// and how often: every 1 to 3 virtual seconds led (geologd's default is
+// 10 s; shorter here, so that a minute sees several rounds).
+func (w *world) drawBalance() {
+	if w.opt.mut.noLeaderBalance {
+		return
+	}
+	if b := rand.New(rand.NewPCG(uint64(w.opt.Seed), balanceStream)); b.IntN(2) == 0 {
+		w.balanceTicks = (1000 + b.IntN(2001)) / tickMs
+	}
+	w.res.LeaderBalanceTicks = w.balanceTicks
 }
 
 // peerDown is n's failure detector: whether its transport finds its

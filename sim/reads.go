@@ -54,6 +54,10 @@ import (
 // (reads, second takeovers, rehomes, replaced replicas), set by tests:
 // each check must report its own.
 type mutations struct {
+	// noLeaderBalance: the run does not balance leaders, whatever it
+	// draws (a test that pins a seed's schedule from before leader
+	// balance came into the simulator).
+	noLeaderBalance bool
 	// orphanAnyEpoch: an orphaned record is held against every timeline
 	// the checks noted, not its own epoch's (sim/orphans.go before
 	// 3d8f3d8: an old home's record committed after the grant fails

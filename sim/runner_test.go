@@ -139,6 +139,7 @@ type summary struct {
 	lastProgress         time.Time
 	seeds, failed        int
 	compacting           int
+	balancing            int
 	total                Result
 }
 
@@ -154,6 +155,9 @@ func (s *summary) add(res Result, err error) {
 	}
 	if res.Compaction {
 		s.compacting++
+	}
+	if res.LeaderBalanceTicks > 0 {
+		s.balancing++
 	}
 	t := &s.total
 	t.Acked += res.Acked
@@ -177,6 +181,7 @@ func (s *summary) add(res Result, err error) {
 	t.Moves = t.Moves.add(res.Moves)
 	t.Splits = t.Splits.add(res.Splits)
 	t.VirtualMs += res.VirtualMs
+	t.BalanceTransfers += res.BalanceTransfers
 }
 
 // progress logs a line every minute of a long run.
@@ -207,6 +212,7 @@ func (s *summary) report(t *testing.T, of int) {
 	if s.regions > 1 {
 		t.Logf("sim: %d seeds of %d regions%s%s%s", s.seeds, s.regions, tot.Geo, tot.Homing, tot.Orphans)
 	}
+	t.Logf("sim: %d seeds balancing leaders: %d hand-offs to a preferred leader", s.balancing, tot.BalanceTransfers)
 	if tot.Moves.Spares > 0 {
 		t.Logf("sim: %d seeds with moves%s", tot.Moves.Runs, tot.Moves)
 	}
@@ -231,6 +237,9 @@ func (s *summary) exercised(t *testing.T) {
 	}
 	if tot.SegmentsCompacted == 0 || tot.SnapshotsInstalled == 0 {
 		t.Fatal("no snapshot was installed in any run: compaction and catch-up went unexercised")
+	}
+	if tot.BalanceTransfers == 0 {
+		t.Fatal("no leader was handed to its preferred node in any run: leader balance went unexercised")
 	}
 	if g := tot.Geo; s.regions > 1 && (g.Frames == 0 || g.Partitions == 0 || g.Broken == 0 || g.TimedOut == 0 || g.Duplicates == 0) {
 		t.Fatalf("replication went unexercised: %v", g)

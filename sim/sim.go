@@ -99,6 +99,10 @@ type Result struct {
 	// QuiescedTicks counts the ticks a replica skipped quiesced
 	// (driver.go).
 	QuiescedTicks int
+	// LeaderBalanceTicks is the run's leader balance interval in ticks (0:
+	// off); BalanceTransfers counts the hand-offs to preferred leaders
+	// (driver.go).
+	LeaderBalanceTicks, BalanceTransfers int
 	// VirtualMs is the virtual time the run covered: its faults, the
 	// healing and the final checks.
 	VirtualMs int64
@@ -107,7 +111,7 @@ type Result struct {
 func (r Result) String() string {
 	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
 		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
-		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + fmt.Sprintf("; %d ticks skipped quiesced", r.QuiescedTicks) + r.Geo.String() + r.Homing.String() + r.Orphans.String() + r.Moves.String() + r.Splits.String()
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + fmt.Sprintf("; %d ticks skipped quiesced; leader balance every %d ticks: %d transfers", r.QuiescedTicks, r.LeaderBalanceTicks, r.BalanceTransfers) + r.Geo.String() + r.Homing.String() + r.Orphans.String() + r.Moves.String() + r.Splits.String()
 }
 
 const (
@@ -303,6 +307,9 @@ type world struct {
 	// syncCrashP is the chance that a replica's log Sync is where its
 	// process dies (syncCrashLog).
 	syncCrashP float64
+	// balanceTicks is the run's leader balance interval (drawBalance; 0:
+	// off).
+	balanceTicks int
 	// compaction runs: segment size, retention, compaction period.
 	compaction      bool
 	segmentBytesMax int64
@@ -363,6 +370,7 @@ func Run(opt Options) (res Result, err error) {
 		}
 	}()
 	w.drawFaults()
+	w.drawBalance() // driver.go
 	w.moves = newMoveWorld(w)
 	w.splits = newSplitWorld(w)
 	defer w.moves.stop()

@@ -119,7 +119,7 @@ func TestSimulatorIsDeterministic(t *testing.T) {
 // error, and then panicked on the range it never opened.
 func TestStartUpSyncDeath(t *testing.T) {
 	var trace strings.Builder
-	if _, err := Run(Options{Seed: 820615, Steps: 60000, Regions: 3, Trace: &trace}); err != nil {
+	if _, err := Run(Options{Seed: 820615, Steps: 60000, Regions: 3, Trace: &trace, mut: mutations{noLeaderBalance: true}}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(trace.String(), "crash before it opened") {
