@@ -202,10 +202,17 @@ func (n *Node) applyAlter(at uint64, spec streamSpec) {
 		n.mu.Unlock()
 		return // a deleted stream, or a newer one of the name
 	}
+	if at <= st.spec.AlteredAt {
+		// A record this node applied (and saved) before it restarted,
+		// which the catalogue group replays: applied again it would put
+		// its older values back until the newer alters replay too.
+		n.mu.Unlock()
+		return
+	}
 	specs := n.specsLocked()
 	for i := range specs {
 		if specs[i].Name == spec.Name {
-			specs[i] = altered(specs[i], spec)
+			specs[i] = altered(specs[i], spec, at)
 		}
 	}
 	n.mu.Unlock()
@@ -218,17 +225,19 @@ func (n *Node) applyAlter(at uint64, spec streamSpec) {
 		n.mu.Unlock()
 		return
 	}
-	next := &streamState{spec: altered(st.spec, spec), ranges: st.ranges} // readers that hold st keep a consistent spec
+	next := &streamState{spec: altered(st.spec, spec, at), ranges: st.ranges} // readers that hold st keep a consistent spec
 	n.streams[spec.Name] = next
 	n.mu.Unlock()
 	n.setRetention(next)
 	n.logger.Info("stream altered", "stream", spec.Name, "retention_age_ms", spec.RetentionAgeMillis, "retention_bytes", spec.RetentionBytes, "catalogue_offset", at)
 }
 
-// altered is s with the values an alter sets taken from spec.
-func altered(s, spec streamSpec) streamSpec {
+// altered is s with the values an alter (the catalogue record at at)
+// sets taken from spec.
+func altered(s, spec streamSpec, at uint64) streamSpec {
 	s.RetentionAgeMillis, s.RetentionBytes = spec.RetentionAgeMillis, spec.RetentionBytes
 	s.MirrorHoldBytes, s.MirrorHoldAgeMillis = spec.MirrorHoldBytes, spec.MirrorHoldAgeMillis
+	s.AlteredAt = at
 	return s
 }
 

@@ -60,6 +60,7 @@ func TestAlterStreamRetention(t *testing.T) {
 		d, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "r"})
 		return err == nil && d.GetRanges()[0].GetStartOffset() > 0
 	})
+	first := n.streamSpecOf(t, "r") // as the first alter left it, with its catalogue offset
 	// The mirror hold alone, and it keeps the retention.
 	resp, err = c.AlterStream(ctx, &geologv1.AlterStreamRequest{Name: "r", MirrorHoldMaxBytes: int64p(-1), MirrorHoldMaxMs: int64p(60_000)})
 	if ret := resp.GetStream().GetRetention(); err != nil || ret.GetMirrorHoldMaxBytes() != -1 || ret.GetMirrorHoldMaxMs() != 60_000 || ret.GetMaxBytes() != 8192 {
@@ -73,7 +74,7 @@ func TestAlterStreamRetention(t *testing.T) {
 		t.Fatalf("the range's mirror hold after the alter: %+v", h)
 	}
 	n.Close()
-	_, c = testNode(t, dir, mut)
+	n, c = testNode(t, dir, mut)
 	// The node serves its saved catalogue at once, and an answered alter
 	// is in it (applyAlter saves the file before the node serves the
 	// spec): read back at once, not after the catalogue group replays.
@@ -81,6 +82,24 @@ func TestAlterStreamRetention(t *testing.T) {
 	if ret := d.GetStream().GetRetention(); err != nil || ret.GetMaxBytes() != 8192 || ret.GetMirrorHoldMaxBytes() != -1 || ret.GetMirrorHoldMaxMs() != 60_000 {
 		t.Fatalf("the alters right after a restart: %v %v", ret, err)
 	}
+	// The catalogue group replays the first alter after the restart: the
+	// node applied it before, and it does not put its older values back.
+	n.applyAlter(first.AlteredAt, first)
+	if s := n.streamSpecOf(t, "r"); s.MirrorHoldBytes != -1 || s.MirrorHoldAgeMillis != 60_000 {
+		t.Fatalf("after the first alter replayed: mirror hold %d bytes, %d ms; want -1, 60000", s.MirrorHoldBytes, s.MirrorHoldAgeMillis)
+	}
+}
+
+// streamSpecOf is the node's spec of stream.
+func (n *Node) streamSpecOf(t *testing.T, stream string) streamSpec {
+	t.Helper()
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	st, ok := n.streams[stream]
+	if !ok {
+		t.Fatalf("no stream %q", stream)
+	}
+	return st.spec
 }
 
 // TestAlterStreamRegionCutOff: with the ap region cut off, an alter

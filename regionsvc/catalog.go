@@ -51,6 +51,11 @@ type streamSpec struct {
 	// (mirrorhold.go): 0 (the default) and -1 none.
 	MirrorHoldBytes     int64 `json:"mirror_hold_bytes,omitempty"`
 	MirrorHoldAgeMillis int64 `json:"mirror_hold_age_ms,omitempty"`
+	// AlteredAt is, in a replicated region, the catalogue offset of the
+	// last "alter" record this node applied to the stream (alter.go):
+	// the catalogue group replaying an older one after a restart does not
+	// put its values back over the saved newer ones. Per region.
+	AlteredAt uint64 `json:"altered_at,omitempty"`
 	// Homes[i] is the region range i is homed in; empty (catalogues written
 	// before multi-region) means every range in Regions[0].
 	Homes []string `json:"homes,omitempty"`

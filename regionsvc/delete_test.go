@@ -137,3 +137,30 @@ func TestDeleteStreamHoming(t *testing.T) {
 		}
 	}
 }
+
+// TestDeletedStreamStaysGoneAfterRestart: a node restarted after it
+// deleted a stream does not bring it back while its catalogue group
+// replays the stream's creation and deletion: the stream answers
+// STREAM_NOT_FOUND from the start, and its files do not come back.
+func TestDeletedStreamStaysGoneAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	n, c := testNode(t, dir, nil)
+	ctx := ctxT(t)
+	createStream(t, c, "gone", 1)
+	if _, err := c.Append(ctx, &geologv1.AppendRequest{Stream: "gone", Range: 0, Records: recs("a", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeleteStream(ctx, &geologv1.DeleteStreamRequest{Name: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	_, c = testNode(t, dir, nil)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if _, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "gone"}); rpcerr.CodeOf(err) != apierr.StreamNotFound {
+			t.Fatalf("the deleted stream after a restart: %v, want STREAM_NOT_FOUND", err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "streams", "gone")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("the deleted stream's files came back after a restart: %v", err)
+		}
+	}
+}
