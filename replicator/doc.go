@@ -167,6 +167,24 @@
 // from there, so that whichever region takes the range over still holds
 // every other mirror's resend point. See notes/simgaps.md.
 //
+// # A mirror behind the home's log start
+//
+// The home's retention may delete what a mirror has yet to receive (the
+// mirror hold released it: regionsvc/mirrorhold.go). The Task's read
+// below the Source's start then fails with ErrOutOfRange; a Source that
+// says where it starts (SourceStarter) is read from there instead, and the
+// batch goes flagged from_source_start (the Cursor sees it as covering the
+// skipped offsets, as for a compacted hole). The Server refuses a flagged
+// batch with ErrSkipRefused (INVALID_ARGUMENT; the stream ends) unless its
+// start is above the mirror's applied end, its end within the heartbeat's
+// committed tail, and the mirror a Skipper; it then calls SkipTo (the
+// mirror's log starts and ends at the batch's start, its older frames
+// deleted as the home's were) and applies the batch. A skip deletes,
+// never orphans: what the mirror held below the home's start is taken for
+// a prefix of the home's log. (A divergent tail of an older home, if the
+// mirror still held one there, is not told apart and goes too: the home's
+// frames that would show it are gone. notes/mirrorskip2.md.)
+//
 // # Limits
 //
 // Everything is bounded: in-flight bytes and requests (WindowBytes 8 MiB,
@@ -178,10 +196,9 @@
 //
 // # Not yet
 //
-//   - A mirror whose applied end is below the home's retention start cannot
-//     catch up: the Source read fails and the Task retries with backoff,
-//     logging each failure. It needs the segment transfer that Raft
-//     snapshots will bring.
+//   - A Source without SourceStarter cannot ship to a mirror below its
+//     start: the read fails and the Task retries with backoff, logging
+//     each failure (TaskStats.BehindSourceStart).
 //   - The Server applies one request of a range at a time and answers it
 //     once applied; a MirrorRange that pipelined proposals would let one
 //     stream fill the mirror's Raft pipeline.
