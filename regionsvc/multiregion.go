@@ -523,6 +523,7 @@ func (s driverSource) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([
 	}
 	return frames, nil
 }
+
 var _ replicator.SourceStarter = driverSource{}
 
 // StartOffset implements replicator.SourceStarter: the log's start on
