@@ -17,16 +17,15 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// TestMirrorHoldDefaults: by default there is no hold bound, whatever the
-// retention (a released mirror cannot catch up yet); -1 is none; an
-// explicit bound stands.
+// TestMirrorHoldDefaults: the hold bound defaults to twice the retention
+// of its kind, none without one; -1 is none; an explicit bound stands.
 func TestMirrorHoldDefaults(t *testing.T) {
 	for _, c := range []struct {
 		spec streamSpec
 		want mirrorHold
 	}{
 		{streamSpec{}, mirrorHold{}},
-		{streamSpec{RetentionBytes: 100, RetentionAgeMillis: 1000}, mirrorHold{}}, // the default: none
+		{streamSpec{RetentionBytes: 100, RetentionAgeMillis: 1000}, mirrorHold{bytes: 200, age: 2 * time.Second}},
 		{streamSpec{RetentionBytes: 100, MirrorHoldBytes: -1, MirrorHoldAgeMillis: 5}, mirrorHold{age: 5 * time.Millisecond}},
 		{streamSpec{MirrorHoldBytes: 7}, mirrorHold{bytes: 7}},
 	} {
