@@ -179,11 +179,13 @@
 // start is above the mirror's applied end, its end within the heartbeat's
 // committed tail, and the mirror a Skipper; it then calls SkipTo (the
 // mirror's log starts and ends at the batch's start, its older frames
-// deleted as the home's were) and applies the batch. A skip deletes,
-// never orphans: what the mirror held below the home's start is taken for
-// a prefix of the home's log. (A divergent tail of an older home, if the
-// mirror still held one there, is not told apart and goes too: the home's
-// frames that would show it are gone. notes/mirrorskip2.md.)
+// deleted as the home's were) and applies the batch. A skip deletes what
+// the mirror held below the home's start: a prefix of the home's log.
+// But when the mirror's log ends in an older epoch than the batch's first
+// frame (LogEpocher), part of it may be an old home's divergent tail,
+// which the home's deleted frames would have shown; the Server then first
+// forks the mirror at its log's start (Forker, SourceStarter), moving all
+// it retains into its orphan log, and skips after.
 //
 // # Limits
 //

@@ -118,7 +118,10 @@ type Skipper interface {
 	// SkipTo moves the mirror's log start and end to offset at, on every
 	// replica of its group, durably: its frames are deleted (they are a
 	// prefix of the home's log that the home deleted too) and the applied
-	// end becomes at. It must refuse an at not above the applied end.
+	// end becomes at. It must refuse an at not above the applied end. (A
+	// mirror whose log ends in an older epoch than the batch is forked at
+	// its start first, when it is a Forker, LogEpocher and SourceStarter:
+	// Server.orphanBeforeSkip.)
 	SkipTo(ctx context.Context, at uint64) error
 }
 
@@ -276,6 +279,15 @@ func (m *MemMirror) Fork(ctx context.Context, at, epoch uint64) (uint64, error) 
 	m.frames = m.frames[:i]
 	m.end = at
 	return at, nil
+}
+
+var _ SourceStarter = (*MemMirror)(nil)
+
+// StartOffset is the log's start (Retain, Fork, SkipTo move it).
+func (m *MemMirror) StartOffset() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.start
 }
 
 var _ Skipper = (*MemMirror)(nil)

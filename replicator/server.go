@@ -766,6 +766,9 @@ func (s *Server) skipTo(ctx context.Context, mr MirrorRange, d decodedBatch, app
 	case !ok:
 		return skipRefusal("the mirror cannot skip from %d to the home's start %d", applied, d.first)
 	}
+	if err := s.orphanBeforeSkip(ctx, mr, d, applied); err != nil {
+		return err
+	}
 	if err := sk.SkipTo(ctx, d.first); err != nil {
 		return err
 	}
@@ -775,6 +778,42 @@ func (s *Server) skipTo(ctx context.Context, mr MirrorRange, d decodedBatch, app
 	s.stats.skips.Add(1)
 	s.logger.Warn("skipped to the home's log start: retention there deleted what this mirror had not received",
 		"from", applied, "to", d.first)
+	return nil
+}
+
+// orphanBeforeSkip moves what mr retains into its orphan log (a fork at
+// its log's start, Forker) before a skip, when its log ends in an older
+// epoch than the batch's first frame: then part of it may be an old
+// home's divergent tail, which the home's frames would have shown (the
+// usual resend from the epoch change, Task's evConnected) had its
+// retention not deleted them. What cannot be told apart is kept, in the
+// orphan log, not deleted. A mirror that is no Forker, LogEpocher and
+// SourceStarter (its log's start) skips without it.
+func (s *Server) orphanBeforeSkip(ctx context.Context, mr MirrorRange, d decodedBatch, applied uint64) error {
+	fk, isForker := mr.(Forker)
+	le, isLogEpocher := mr.(LogEpocher)
+	st, isStarter := mr.(SourceStarter)
+	if !isForker || !isLogEpocher || !isStarter {
+		return nil
+	}
+	h, err := batch.DecodeHeader(d.frames) // validated by decodeBatch
+	if err != nil {
+		return newRefusal(ErrMalformed, "first frame: %v", err)
+	}
+	start, logEpoch := st.StartOffset(), le.LogEpoch()
+	if logEpoch == 0 || logEpoch >= h.Epoch || applied <= start {
+		return nil // of the home's epoch already, or nothing retained
+	}
+	at, err := fk.Fork(ctx, start, h.Epoch)
+	if err != nil {
+		return err
+	}
+	if at != start {
+		return apierr.New(apierr.Internal, "mirror forked at %d, asked %d", at, start)
+	}
+	s.stats.forks.Add(1)
+	s.logger.Warn("moved a mirror's log of an older epoch into the orphan log before skipping to the home's start",
+		"from", start, "to", applied, "mirror_epoch", logEpoch, "epoch", h.Epoch, "home_start", d.first)
 	return nil
 }
 

@@ -95,6 +95,9 @@ func TestServerSkip(t *testing.T) {
 		t.Fatalf("the batch after the skip answered %v", resp)
 	}
 	got := m.Frames()
+	if len(m.Orphans()) != 0 {
+		t.Fatalf("a mirror of the home's epoch orphaned %d frames before its skip", len(m.Orphans()))
+	}
 	if m.Skips() != 1 || node.srv.Stats().Skips != 1 || len(got) != 3 || !SameData(got[0], frames[5]) || !SameData(got[2], frames[7]) {
 		t.Fatalf("after the skip: %d skips (server %d), %d frames", m.Skips(), node.srv.Stats().Skips, len(got))
 	}
@@ -131,4 +134,37 @@ func TestTaskSkipsToSourceStart(t *testing.T) {
 	waitFor(t, 10*time.Second, "the task no longer reports the mirror behind the start", func() bool {
 		return !rt.task.Stats().BehindSourceStart
 	})
+}
+
+// TestServerSkipOrphansOlderEpoch: a mirror whose log ends in an older
+// epoch than the home's start may hold an old home's divergent tail that
+// the home's deleted frames would have shown: before skipping, what it
+// retains goes to its orphan log (a fork at its start), not away. A mirror
+// of the home's epoch skips without (TestServerSkip checks none there).
+func TestServerSkipOrphansOlderEpoch(t *testing.T) {
+	g := newLogGen(35, 100)
+	old := [][]byte{g.frame(2), g.frame(2), g.frame(2)}
+	g.epoch = 2
+	g.next += 20 // the home's retention deleted what lies between
+	start := g.next
+	home := [][]byte{g.frame(2), g.frame(2)}
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	if err := m.Seed(old...); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, node.addr)
+	c.mustAnswer(openReq(2))
+	r := batchReq(2, CompressionZstd, home...)
+	r.Batch.FromSourceStart = true
+	if resp := c.mustAnswer(r); resp.GetError() != nil || resp.GetAppliedEndOffset() != frameNext(home[1]) {
+		t.Fatalf("flagged batch answered %v", resp)
+	}
+	orphans, got := m.Orphans(), m.Frames()
+	if len(orphans) != len(old) || !SameData(orphans[0], old[0]) || !SameData(orphans[2], old[2]) {
+		t.Fatalf("%d frames orphaned, want the mirror's %d", len(orphans), len(old))
+	}
+	if m.Skips() != 1 || m.StartOffset() != start || len(got) != 2 || !SameData(got[0], home[0]) || node.srv.Stats().Forks != 1 {
+		t.Fatalf("after the skip: %d skips, start %d (want %d), %d frames, %d forks", m.Skips(), m.StartOffset(), start, len(got), node.srv.Stats().Forks)
+	}
 }
