@@ -420,6 +420,6 @@ func (e *env) streamsAlter(ctx context.Context, args []string) error {
 
 // mirrorHoldFlags defines --mirror-hold-bytes and --mirror-hold-age on fs.
 func mirrorHoldFlags(fs *flag.FlagSet) (*int64, *time.Duration) {
-	return fs.Int64("mirror-hold-bytes", 0, "how far (bytes of the home's log) a mirror region may fall behind and still hold the home's retention back (0 or -1: no bound)"),
-		fs.Duration("mirror-hold-age", 0, "how long a mirror region may lag and still hold the home's retention back (0 or negative: no bound)")
+	return fs.Int64("mirror-hold-bytes", 0, "how far (bytes of the home's log) a mirror region may fall behind and still hold the home's retention back (0: twice --retention-bytes, -1: no bound)"),
+		fs.Duration("mirror-hold-age", 0, "how long a mirror region may lag and still hold the home's retention back (0: twice --retention-age, negative: no bound)")
 }

@@ -24,8 +24,8 @@ type StreamConfig struct {
 	RetentionBytes int64
 	// MirrorHoldBytes and MirrorHoldAge bound how far behind its home a
 	// mirror region may fall and still hold the home's retention back
-	// (docs/operator-guide.md): 0 (the default) or a negative value means
-	// no bound.
+	// (docs/operator-guide.md): 0 means the server's default, twice the
+	// retention of the kind; a negative value no bound.
 	MirrorHoldBytes int64
 	MirrorHoldAge   time.Duration
 	// HomeRegion is where the ranges are homed: one of Regions, or
@@ -75,8 +75,8 @@ type StreamInfo struct {
 	Regions        []string
 	RetentionAge   time.Duration
 	RetentionBytes int64
-	// MirrorHoldBytes and MirrorHoldAge are as set (0 or negative: no
-	// bound; see StreamConfig).
+	// MirrorHoldBytes and MirrorHoldAge are as set (0 the default,
+	// negative none; see StreamConfig).
 	MirrorHoldBytes int64
 	MirrorHoldAge   time.Duration
 	Created         time.Time

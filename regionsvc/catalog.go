@@ -48,7 +48,7 @@ type streamSpec struct {
 	CreatedUnixNanos   int64    `json:"created_unix_nanos"`
 	// MirrorHoldBytes and MirrorHoldAgeMillis bound how far behind a
 	// mirror region may fall and still hold the home's retention back
-	// (mirrorhold.go): 0 (the default) and -1 none.
+	// (mirrorhold.go): 0 the default (twice the retention), -1 none.
 	MirrorHoldBytes     int64 `json:"mirror_hold_bytes,omitempty"`
 	MirrorHoldAgeMillis int64 `json:"mirror_hold_age_ms,omitempty"`
 	// AlteredAt is, in a replicated region, the catalogue offset of the

@@ -23,11 +23,13 @@ import (
 // (it caught up): the release is worked out afresh at every compaction
 // round, never recorded.
 
-// The default is no bound, as before the bound existed: a released mirror
-// cannot catch up yet (the skip to the home's log start is not built,
-// notes/mirrorskip.md), so releasing one is an operator's choice of disk
-// headroom over that region's copy, made per stream. Once the skip
-// exists, the default should become a multiple of the retention.
+// mirrorHoldDefaultFactor is the default bound as a multiple of the
+// retention of the same kind: a mirror may trail by twice what retention
+// keeps, so the disks of the home and of the other mirrors hold at most
+// twice the retention on its account. A mirror released by it, once back,
+// skips to the home's log start (replicator.Skipper, replica.ProposeSkip)
+// and follows from there: it loses what retention deleted, not its copy.
+const mirrorHoldDefaultFactor = 2
 
 // mirrorHold is a stream's bound on a mirror's hold: bytes of the home's
 // log from the mirror's applied end to the home's committed end, and the
@@ -37,15 +39,21 @@ type mirrorHold struct {
 	age   time.Duration
 }
 
-// mirrorHold resolves s's settings: a positive value bounds, 0 (the
-// default) and -1 do not.
+// mirrorHold resolves s's settings: 0 the default (mirrorHoldDefaultFactor
+// times the retention of the kind, none without one), negative none.
 func (s streamSpec) mirrorHold() mirrorHold {
 	var h mirrorHold
-	if s.MirrorHoldBytes > 0 {
+	switch {
+	case s.MirrorHoldBytes > 0:
 		h.bytes = s.MirrorHoldBytes
+	case s.MirrorHoldBytes == 0 && s.RetentionBytes > 0:
+		h.bytes = mirrorHoldDefaultFactor * s.RetentionBytes
 	}
-	if s.MirrorHoldAgeMillis > 0 {
+	switch {
+	case s.MirrorHoldAgeMillis > 0:
 		h.age = time.Duration(s.MirrorHoldAgeMillis) * time.Millisecond
+	case s.MirrorHoldAgeMillis == 0 && s.RetentionAgeMillis > 0:
+		h.age = mirrorHoldDefaultFactor * time.Duration(s.RetentionAgeMillis) * time.Millisecond
 	}
 	return h
 }
@@ -61,9 +69,9 @@ func (h mirrorHold) exceeded(bytesBehind int64, timeLag time.Duration) bool {
 func checkMirrorHold(bytes, ms int64) error {
 	switch {
 	case bytes < -1 || bytes > retentionBytesMax:
-		return apierr.New(apierr.InvalidArgument, "mirror_hold_max_bytes %d is outside -1..%d (0 or -1: no bound)", bytes, int64(retentionBytesMax))
+		return apierr.New(apierr.InvalidArgument, "mirror_hold_max_bytes %d is outside -1..%d (-1: no bound, 0: twice the retention)", bytes, int64(retentionBytesMax))
 	case ms < -1 || ms > retentionAgeMillisMax:
-		return apierr.New(apierr.InvalidArgument, "mirror_hold_max_ms %d is outside -1..%d (0 or -1: no bound)", ms, int64(retentionAgeMillisMax))
+		return apierr.New(apierr.InvalidArgument, "mirror_hold_max_ms %d is outside -1..%d (-1: no bound, 0: twice the retention)", ms, int64(retentionAgeMillisMax))
 	}
 	return nil
 }

@@ -17,16 +17,15 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// TestMirrorHoldDefaults: by default there is no hold bound, whatever the
-// retention (a released mirror cannot catch up yet); -1 is none; an
-// explicit bound stands.
+// TestMirrorHoldDefaults: the hold bound defaults to twice the retention
+// of its kind, none without one; -1 is none; an explicit bound stands.
 func TestMirrorHoldDefaults(t *testing.T) {
 	for _, c := range []struct {
 		spec streamSpec
 		want mirrorHold
 	}{
 		{streamSpec{}, mirrorHold{}},
-		{streamSpec{RetentionBytes: 100, RetentionAgeMillis: 1000}, mirrorHold{}}, // the default: none
+		{streamSpec{RetentionBytes: 100, RetentionAgeMillis: 1000}, mirrorHold{bytes: 200, age: 2 * time.Second}},
 		{streamSpec{RetentionBytes: 100, MirrorHoldBytes: -1, MirrorHoldAgeMillis: 5}, mirrorHold{age: 5 * time.Millisecond}},
 		{streamSpec{MirrorHoldBytes: 7}, mirrorHold{bytes: 7}},
 	} {
@@ -171,6 +170,48 @@ func TestMirrorHoldBound(t *testing.T) {
 	if got := holdGauges(t, reader, "eu"); got != [2]int64{0, 0} {
 		t.Fatalf("gauges released, behind_start for eu = %v, want [0 0]", got)
 	}
+
+	// ap returns: behind the home's log start, it skips to it (a batch
+	// from the start, flagged from_source_start; replica.ProposeSkip) and
+	// then holds what the home holds, from the same start. Nothing is
+	// written meanwhile, so the home's start stays where it is.
+	if _, err := w.net.HealRegion("ap"); err != nil {
+		t.Fatal(err)
+	}
+	home := rangeInfo(ctx, us, "released")
+	waitUntil(t, ctx, time.Minute, "released: ap skipped to the home's start and caught up", func() bool {
+		got := rangeInfo(ctx, ap, "released")
+		return got.GetStartOffset() == home.GetStartOffset() && got.GetTailOffset() == home.GetTailOffset()
+	})
+	_, err := ap.Read(ctx, &geologv1.ReadRequest{Stream: "released", FromOffset: apEnd["released"], MaxRecords: 1})
+	if e := rpcerr.FromError(err); e.Code != apierr.OffsetOutOfRange || e.StartOffset != home.GetStartOffset() {
+		t.Fatalf("a read in ap at %d, below the skip to %d: %v (start %d)", apEnd["released"], home.GetStartOffset(), err, e.StartOffset)
+	}
+	resp, err := ap.Read(ctx, &geologv1.ReadRequest{Stream: "released", FromOffset: home.GetStartOffset(), MaxRecords: 1})
+	if err != nil || len(resp.GetRecords()) != 1 || resp.GetRecords()[0].GetOffset() != home.GetStartOffset() {
+		t.Fatalf("a read in ap at the skip's %d: %v, %v", home.GetStartOffset(), resp, err)
+	}
+	// The aged stream's home deleted its whole log (start = tail): a skip
+	// rides on a batch, so ap waits for the next record, then skips to it.
+	appendValues(t, ctx, us, "aged", 1)
+	waitUntil(t, ctx, time.Minute, "aged: ap skipped with the next record", func() bool {
+		return rangeInfo(ctx, ap, "aged").GetTailOffset() == rangeInfo(ctx, us, "aged").GetTailOffset()
+	})
+	_, err = ap.Read(ctx, &geologv1.ReadRequest{Stream: "aged", FromOffset: apEnd["aged"], MaxRecords: 1})
+	if e := rpcerr.FromError(err); e.Code != apierr.OffsetOutOfRange || e.StartOffset <= apEnd["aged"] {
+		t.Fatalf("aged: a read in ap at %d, below the skip: %v (start %d)", apEnd["aged"], err, e.StartOffset)
+	}
+	for _, name := range []string{"released", "aged"} {
+		waitUntil(t, ctx, time.Minute, name+": the home no longer reports ap behind its start", func() bool {
+			p := homeProgress(t, ctx, us, name, "ap")
+			return !p.GetBehindLogStart() && !p.GetHoldReleased()
+		})
+	}
+	// And it keeps following.
+	appendValues(t, ctx, us, "released", 3)
+	waitUntil(t, ctx, time.Minute, "released: ap follows after the skip", func() bool {
+		return rangeInfo(ctx, ap, "released").GetTailOffset() == rangeInfo(ctx, us, "released").GetTailOffset()
+	})
 }
 
 func createMirrorHoldStream(t *testing.T, ctx context.Context, c geologv1.LogClient, name string, ret *geologv1.RetentionPolicy) {

@@ -423,6 +423,54 @@ func (m *mirrorRange) Fork(ctx context.Context, at, epoch uint64) (uint64, error
 	}
 }
 
+var _ replicator.Skipper = (*mirrorRange)(nil)
+
+// SkipTo implements replicator.Skipper: the mirror group (led here) moves
+// its log's start and end to offset at, the home's log start, on every
+// replica (replica.ProposeSkip); its frames below at are deleted, as the
+// home's retention deleted them there. It returns once the skip is
+// committed and the driver publishes at as the committed end. Readers
+// below at then get OFFSET_OUT_OF_RANGE with start at, as at the home.
+func (m *mirrorRange) SkipTo(ctx context.Context, at uint64) error {
+	d := m.d
+	timeout := func() error { return apierr.Wrap(apierr.Timeout, ctx.Err(), "skip to %d", at) }
+	for {
+		done := make(chan replica.SkipResult, 1)
+		if err := d.exec(ctx, func() { d.rep.ProposeSkip(at, func(r replica.SkipResult) { done <- r }) }); err != nil {
+			return err
+		}
+		var res replica.SkipResult
+		select {
+		case res = <-done:
+		case <-ctx.Done():
+			return timeout()
+		}
+		if res.Err == nil {
+			// The driver publishes the moved log right after the reply.
+			for d.committed.Load() < at {
+				select {
+				case <-d.changed():
+				case <-time.After(10 * time.Millisecond):
+				case <-ctx.Done():
+					return timeout()
+				}
+			}
+			d.logger.Warn("skipped to the home's log start: retention there deleted what this mirror had not received",
+				"to", at, "skip_index", res.Index)
+			return nil
+		}
+		// Appends in flight, or a fork or skip pending: retry shortly.
+		if e := apierr.As(res.Err); e.Code != apierr.Unavailable {
+			return res.Err
+		}
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			return timeout()
+		}
+	}
+}
+
 // raiseEpoch records that the range has seen homing epoch e.
 func (d *rangeDriver) raiseEpoch(e uint64) {
 	for {
@@ -475,6 +523,14 @@ func (s driverSource) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([
 	}
 	return frames, nil
 }
+
+var _ replicator.SourceStarter = driverSource{}
+
+// StartOffset implements replicator.SourceStarter: the log's start on
+// this node (retention deletes below it), where a task ships from to a
+// mirror that is behind it.
+func (s driverSource) StartOffset() uint64 { return s.d.store.StartOffset() }
+
 func (s driverSource) CommittedEnd() uint64         { return s.d.committed.Load() }
 func (s driverSource) TailChanged() <-chan struct{} { return s.d.changed() }
 

@@ -128,6 +128,9 @@ type ForkMeta struct {
 	// Tail is the frames from the fork entry on, rewritten to continue at
 	// Record.At: the fork frame, then the control frames after it.
 	Tail [][]byte
+	// Skip says the entry is a skip (skip.go), not a fork: Record is not
+	// in the orphan log, and Reset is set.
+	Skip bool
 }
 
 // ForkResult is the outcome of ProposeFork: the fork as recorded (see
@@ -146,7 +149,10 @@ type forkProposal struct {
 // forkState is a replica's fork bookkeeping (driver goroutine but epoch).
 type forkState struct {
 	proposal *forkProposal
-	seq      uint64
+	// skip is a skip proposed here and not applied (skip.go); seq numbers
+	// both kinds of proposal.
+	skip *skipProposal
+	seq  uint64
 	// unapplied holds the indexes of fork entries in the log (as Raft sees
 	// it) that are not applied here.
 	unapplied []uint64
@@ -343,10 +349,10 @@ func (r *Replica) ReadOrphans(forkIndex, from uint64, maxBytes int) ([]byte, err
 	return r.cfg.Orphans.ReadFrames(forkIndex, from, maxBytes)
 }
 
-// forkPending reports whether a fork is proposed here or in the log and
-// not applied here.
+// forkPending reports whether a fork or a skip (skip.go) is proposed
+// here or in the log and not applied here.
 func (r *Replica) forkPending() bool {
-	return r.fork.proposal != nil || len(r.fork.unapplied) > 0
+	return r.fork.proposal != nil || r.fork.skip != nil || len(r.fork.unapplied) > 0
 }
 
 // forkBlocksAppends is the error for an append while a fork is pending:
@@ -355,7 +361,7 @@ func (r *Replica) forkBlocksAppends() error {
 	if !r.forkPending() {
 		return nil
 	}
-	return apierr.New(apierr.Unavailable, "stream %s range %d: a fork is being applied; appends continue at its offset once it is",
+	return apierr.New(apierr.Unavailable, "stream %s range %d: a fork or skip is being applied; appends continue at its offset once it is",
 		r.cfg.Stream, r.cfg.Range)
 }
 
@@ -419,6 +425,12 @@ func (r *Replica) supersedeFork(term uint64) {
 		e.Message += ": the fork was superseded by a new leader"
 		p.reply(ForkResult{Err: e})
 	}
+	if p := r.fork.skip; p != nil && p.term < term {
+		r.fork.skip = nil
+		e := r.notLeader()
+		e.Message += ": the skip was superseded by a new leader"
+		p.reply(SkipResult{Err: e})
+	}
 }
 
 // failFork answers this replica's fork proposal with err.
@@ -435,6 +447,9 @@ func (r *Replica) applyFork(e *raftpb.Entry) error {
 	h, payload, err := batch.DecodeControl(e.Data)
 	if err != nil {
 		return fmt.Errorf("replica: committed fork entry %d: %w", index, err)
+	}
+	if isSkipPayload(payload) {
+		return r.applySkip(index, e.GetTerm(), h, payload)
 	}
 	d, err := decodeForkDesc(payload)
 	if err != nil {
@@ -658,7 +673,14 @@ func (r *Replica) forkTail(index, term uint64, h batch.Header, d forkDesc) ([][]
 	d.PrevIndex = d.KeepIndex
 	fh := h
 	fh.BaseOffset, fh.Term, fh.Index = d.At, term, index
-	out := [][]byte{batch.EncodeControl(nil, fh, d.encode())}
+	return r.entriesAfter(index, batch.EncodeControl(nil, fh, d.encode()), d.At, fh.AppendTimeUnixNanos)
+}
+
+// entriesAfter returns first (the fork or skip frame at index, as it is
+// applied) and the entries after it in the log, which must be control
+// entries, moved to offset at with append time appendUnixNanos.
+func (r *Replica) entriesAfter(index uint64, first []byte, at uint64, appendUnixNanos int64) ([][]byte, error) {
+	out := [][]byte{first}
 	size := len(out[0])
 	last := r.cfg.Log.LastIndex()
 	for lo := index + 1; lo <= last; {
@@ -681,7 +703,7 @@ func (r *Replica) forkTail(index, term uint64, h batch.Header, d forkDesc) ([][]
 			f := slices.Clone(frames[:n])
 			// Control entries after the fork take its time: theirs may
 			// come from the orphaned tail's.
-			batch.Patch(f, d.At, th.Epoch, fh.AppendTimeUnixNanos)
+			batch.Patch(f, at, th.Epoch, appendUnixNanos)
 			out = append(out, f)
 			if size += n; size > forkTailBytesMax {
 				return nil, fmt.Errorf("replica: %d bytes of entries follow fork entry %d", size, index)
@@ -784,17 +806,20 @@ func (r *Replica) recoverFork(headers []batch.Header) error {
 	if m == nil {
 		return nil
 	}
-	if r.cfg.Orphans == nil {
+	switch {
+	case m.Skip: // a skip orphans nothing (skip.go)
+	case r.cfg.Orphans == nil:
 		return fmt.Errorf("replica: a fork at index %d was being applied, and no orphan store is configured", m.Record.Index)
-	}
-	if _, ok := r.cfg.Orphans.Fork(m.Record.Index); !ok {
-		return fmt.Errorf("%w: the fork at index %d being applied is missing", ErrOrphansCorrupt, m.Record.Index)
+	default:
+		if _, ok := r.cfg.Orphans.Fork(m.Record.Index); !ok {
+			return fmt.Errorf("%w: the fork at index %d being applied is missing", ErrOrphansCorrupt, m.Record.Index)
+		}
 	}
 	if err := r.completeFork(m); err != nil {
 		return err
 	}
 	r.fork.recovered = true
-	r.logger.Warn("completed an interrupted fork", "index", m.Record.Index, "at", m.Record.At)
+	r.logger.Warn("completed an interrupted fork or skip", "index", m.Record.Index, "at", m.Record.At, "skip", m.Skip)
 	return nil
 }
 
@@ -814,6 +839,8 @@ func (r *Replica) openForks() error {
 // (ProposeFork repeating the last fork is answered with its record).
 func (r *Replica) settleForkAfterInstall() {
 	r.failFork(apierr.New(apierr.Unavailable, "stream %s range %d: the outcome of the fork is unknown after a snapshot (retry it)",
+		r.cfg.Stream, r.cfg.Range))
+	r.failSkip(apierr.New(apierr.Unavailable, "stream %s range %d: the outcome of the skip is unknown after a snapshot (retry it)",
 		r.cfg.Stream, r.cfg.Range))
 }
 

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"testing"
 
@@ -98,6 +99,35 @@ func FuzzForkRecord(f *testing.F) {
 		}
 		if !bytes.Equal(rec.encode(), b) {
 			t.Fatal("round trip changed the bytes")
+		}
+	})
+}
+
+// FuzzSkipDesc: any bytes decode to a skip entry's payload or
+// ErrSkipInvalid, never a panic; a decoded one re-encodes to the same
+// bytes, is recognised as a skip (isSkipPayload) and never as a fork, and
+// names no index before it (a skip frame never ends a gap).
+func FuzzSkipDesc(f *testing.F) {
+	f.Add(skipDesc{At: 40, Proposer: 1, ProposalTerm: 2, ProposalSeq: 1}.encode())
+	f.Add(append(binary.LittleEndian.AppendUint64(nil, 7), skipDesc{At: 40}.encode()[8:]...))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := decodeSkipDesc(b)
+		if err != nil {
+			if !errors.Is(err, ErrSkipInvalid) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if !bytes.Equal(d.encode(), b) || !isSkipPayload(b) {
+			t.Fatal("round trip changed the bytes, or the payload is not a skip's")
+		}
+		if _, err := decodeForkDesc(b); err == nil {
+			t.Fatal("a skip payload decodes as a fork's")
+		}
+		frame := batch.EncodeControl(nil, batch.Header{Type: batch.TypeFork, Epoch: 1, Index: 50}, b)
+		if prev, err := batch.ForkPrevIndex(frame); err != nil || prev != 0 {
+			t.Fatalf("ForkPrevIndex = %d, %v; a skip names none", prev, err)
 		}
 	})
 }

@@ -547,6 +547,9 @@ func describeFrame(frame []byte) string {
 	if err != nil {
 		return "undecodable: " + err.Error()
 	}
+	if _, payload, err := batch.DecodeControl(frame); err == nil && h.Type == batch.TypeFork && isSkipPayload(payload) {
+		return fmt.Sprintf("%d/%d skip at %d epoch=%d", h.Index, h.Term, h.BaseOffset, h.Epoch)
+	}
 	if h.Type != batch.TypeData {
 		return fmt.Sprintf("%d/%d %s at %d epoch=%d", h.Index, h.Term, h.Type, h.BaseOffset, h.Epoch)
 	}

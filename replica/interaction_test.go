@@ -123,6 +123,8 @@ func (e *interactionEnv) handle(d *datadriven.TestData) string {
 		b.WriteString(e.cmdPropose(d))
 	case "fork":
 		e.cmdFork(d)
+	case "skip":
+		e.cmdSkip(d)
 	case "process-ready":
 		for _, id := range e.idArgs(d) {
 			e.readyNode(id)
@@ -321,6 +323,19 @@ func (e *interactionEnv) cmdFork(d *datadriven.TestData) {
 		}
 		fmt.Fprintf(&e.out, "fork (node %d): ok index=%d at=%d epoch=%d orphaned records=%d offsets [%d,%d)\n",
 			id, res.Index, res.At, res.Epoch, res.Records, res.FirstOffset, res.NextOffset)
+	})
+}
+
+// cmdSkip proposes on node <id> a skip to offset at= (ProposeSkip) and
+// prints its answer when it comes.
+func (e *interactionEnv) cmdSkip(d *datadriven.TestData) {
+	id := e.idArg(d)
+	e.upNode(d, id).ProposeSkip(uint64(e.intArg(d, "at", 0)), func(res SkipResult) {
+		if res.Err != nil {
+			fmt.Fprintf(&e.out, "skip (node %d): %s\n", id, describeErr(res.Err))
+			return
+		}
+		fmt.Fprintf(&e.out, "skip (node %d): ok index=%d at=%d\n", id, res.Index, res.At)
 	})
 }
 

@@ -188,7 +188,12 @@ func entryHeader(e *raftpb.Entry) (batch.Header, bool, error) {
 			// As proposed: a fork frame follows its predecessor (the
 			// frame that ends a gap is rewritten where the fork applies,
 			// and Raft never sends it).
-			if d, err := decodeForkDesc(e.GetData()[batch.HeaderSize:size]); err != nil || d.PrevIndex != 0 {
+			payload := e.GetData()[batch.HeaderSize:size]
+			if isSkipPayload(payload) {
+				if _, err := decodeSkipDesc(payload); err != nil {
+					return h, false, invalid("entry %d: skip frame: %v", e.GetIndex(), err)
+				}
+			} else if d, err := decodeForkDesc(payload); err != nil || d.PrevIndex != 0 {
 				return h, false, invalid("entry %d: fork frame %+v: %v", e.GetIndex(), d, err)
 			}
 		case h.Type != batch.TypeData && h.Type != batch.TypeCompact && h.Type != batch.TypeSplit:

@@ -51,6 +51,19 @@ func dataEntry(index, term, base uint64, value string) *raftpb.Entry {
 	return &raftpb.Entry{Index: proto.Uint64(index), Term: proto.Uint64(term), Type: raftpb.EntryNormal.Enum(), Data: frame}
 }
 
+// skipEntry is a leader's skip entry (skip.go) at index and term, at the
+// log's next offset base, skipping to at; mangle changes its payload
+// (which is cut by cut bytes, if given) before the frame is encoded.
+func skipEntry(index, term, base, at uint64, mangle func([]byte), cut ...int) *raftpb.Entry {
+	payload := skipDesc{At: at, Proposer: 1, ProposalTerm: term}.encode()
+	mangle(payload)
+	for _, n := range cut {
+		payload = payload[:len(payload)-n]
+	}
+	frame := batch.EncodeControl(nil, batch.Header{Type: batch.TypeFork, BaseOffset: base, Epoch: 1}, payload)
+	return &raftpb.Entry{Index: proto.Uint64(index), Term: proto.Uint64(term), Type: raftpb.EntryNormal.Enum(), Data: frame}
+}
+
 // appendFrom builds the MsgApp node from would send to node to, after the
 // last entry of to's log.
 func (c *cluster) appendFrom(from, to uint64, ents ...*raftpb.Entry) *raftpb.Message {
@@ -166,6 +179,12 @@ func TestPeerMessagesRefused(t *testing.T) {
 		}()},
 		{"data frames that do not chain", 2, c.appendFrom(1, 2, dataEntry(c.replicas[2].tailIndex+1, term, 6, "x"),
 			dataEntry(c.replicas[2].tailIndex+2, term, 9, "y"))},
+		{"a skip frame naming an index before it", 2, c.appendFrom(1, 2, skipEntry(c.replicas[2].tailIndex+1, term, 6, 40,
+			func(b []byte) { b[0] = 3 }))},
+		{"a skip frame of another version", 2, c.appendFrom(1, 2, skipEntry(c.replicas[2].tailIndex+1, term, 6, 40,
+			func(b []byte) { b[batch.ForkPrevIndexBytes+len(skipDescMagic)] = 9 }))},
+		{"a skip frame cut short", 2, c.appendFrom(1, 2, skipEntry(c.replicas[2].tailIndex+1, term, 6, 40,
+			func(b []byte) { b[len(b)-1] = 0xee }, 8))},
 	}
 	for _, tc := range cases {
 		before := [3]nodeView{c.view(1), c.view(2), c.view(3)}
@@ -191,6 +210,10 @@ func TestPeerMessagesRefused(t *testing.T) {
 	good := c.appendFrom(1, 2, dataEntry(c.replicas[2].tailIndex+1, term, 6, "x"))
 	if err := CheckPeerMessage(good); err != nil {
 		t.Fatalf("a well-formed append: %v", err)
+	}
+	skip := c.appendFrom(1, 2, skipEntry(c.replicas[2].tailIndex+1, term, 6, 40, func([]byte) {}))
+	if err := CheckPeerMessage(skip); err != nil {
+		t.Fatalf("a well-formed skip entry: %v", err)
 	}
 }
 

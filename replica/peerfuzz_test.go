@@ -87,7 +87,11 @@ func (c *cluster) fuzzMessage(r *fuzzReader, to uint64) *raftpb.Message {
 			e.Data, _ = proto.Marshal(cc)
 		case 4:
 			d := forkDesc{At: add(next, r.delta()), KeepIndex: add(index, r.delta()), Proposer: from, ProposalTerm: term}
-			e.Data = batch.EncodeControl(nil, batch.Header{Type: batch.TypeFork, BaseOffset: next, Epoch: uint64(r.byte()%4) + 1}, d.encode())
+			payload := d.encode()
+			if r.byte()%2 == 0 { // a skip (skip.go), maybe to where the log already is
+				payload = skipDesc{At: add(next, r.delta()), Proposer: from, ProposalTerm: term}.encode()
+			}
+			e.Data = batch.EncodeControl(nil, batch.Header{Type: batch.TypeFork, BaseOffset: next, Epoch: uint64(r.byte()%4) + 1}, payload)
 		default:
 			e.Data = make([]byte, int(r.byte()))
 			for j := range e.Data {

@@ -1252,6 +1252,7 @@ func (r *Replica) fail(err error) {
 	}
 	r.proposals, r.duplicates = nil, nil
 	r.failFork(f)
+	r.failSkip(f)
 	if p := r.pendingConf; p != nil {
 		p.reply(nil, f)
 		r.pendingConf = nil

@@ -154,6 +154,9 @@ type forkingDisk struct {
 	Reset     bool       `json:"reset,omitempty"`
 	Producers []byte     `json:"producers,omitempty"`
 	Tail      [][]byte   `json:"tail"`
+	// Added with skips (ForkMeta.Skip); a binary without them finds no
+	// such fork in its orphan log and refuses to open.
+	Skip bool `json:"skip,omitempty"`
 }
 
 // installingDisk is HardState.Installing on disk.
@@ -184,7 +187,7 @@ func encodeState(h HardState) ([]byte, error) {
 		Producers: h.Producers, CompactedEpoch: h.CompactedEpoch, SharedFloor: h.SharedFloor,
 	}
 	if m := h.Forking; m != nil {
-		d.Forking = &forkingDisk{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}
+		d.Forking = &forkingDisk{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail, Skip: m.Skip}
 	}
 	if m := h.Installing; m != nil {
 		d.Installing = &installingDisk{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,
@@ -217,7 +220,7 @@ func decodeState(b []byte) (HardState, error) {
 		Producers: d.Producers, CompactedEpoch: d.CompactedEpoch, SharedFloor: d.SharedFloor,
 	}
 	if m := d.Forking; m != nil {
-		h.Forking = &ForkMeta{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail}
+		h.Forking = &ForkMeta{Record: m.Record, Reset: m.Reset, Producers: m.Producers, Tail: m.Tail, Skip: m.Skip}
 	}
 	if m := d.Installing; m != nil {
 		h.Installing = &SnapshotMeta{Index: m.Index, Term: m.Term, NextOffset: m.NextOffset, AppendUnixNanos: m.AppendUnixNanos,

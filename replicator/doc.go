@@ -167,6 +167,26 @@
 // from there, so that whichever region takes the range over still holds
 // every other mirror's resend point. See notes/simgaps.md.
 //
+// # A mirror behind the home's log start
+//
+// The home's retention may delete what a mirror has yet to receive (the
+// mirror hold released it: regionsvc/mirrorhold.go). The Task's read
+// below the Source's start then fails with ErrOutOfRange; a Source that
+// says where it starts (SourceStarter) is read from there instead, and the
+// batch goes flagged from_source_start (the Cursor sees it as covering the
+// skipped offsets, as for a compacted hole). The Server refuses a flagged
+// batch with ErrSkipRefused (INVALID_ARGUMENT; the stream ends) unless its
+// start is above the mirror's applied end, its end within the heartbeat's
+// committed tail, and the mirror a Skipper; it then calls SkipTo (the
+// mirror's log starts and ends at the batch's start, its older frames
+// deleted as the home's were) and applies the batch. A skip deletes what
+// the mirror held below the home's start: a prefix of the home's log.
+// But when the mirror's log ends in an older epoch than the batch's first
+// frame (LogEpocher), part of it may be an old home's divergent tail,
+// which the home's deleted frames would have shown; the Server then first
+// forks the mirror at its log's start (Forker, SourceStarter), moving all
+// it retains into its orphan log, and skips after.
+//
 // # Limits
 //
 // Everything is bounded: in-flight bytes and requests (WindowBytes 8 MiB,
@@ -178,10 +198,9 @@
 //
 // # Not yet
 //
-//   - A mirror whose applied end is below the home's retention start cannot
-//     catch up: the Source read fails and the Task retries with backoff,
-//     logging each failure. It needs the segment transfer that Raft
-//     snapshots will bring.
+//   - A Source without SourceStarter cannot ship to a mirror below its
+//     start: the read fails and the Task retries with backoff, logging
+//     each failure (TaskStats.BehindSourceStart).
 //   - The Server applies one request of a range at a time and answers it
 //     once applied; a MirrorRange that pipelined proposals would let one
 //     stream fill the mirror's Raft pipeline.

@@ -56,6 +56,21 @@ var ErrProtocol = errors.New("replicator: protocol violation by the mirror")
 // production equivalent; a driver treats any read error alike).
 var ErrOutOfRange = errors.New("replicator: offset out of range")
 
+// ErrSkipRefused reports a batch flagged from_source_start (the home's log
+// start, past what the mirror holds) that the mirror may not skip to: its
+// applied end is at or past the batch's start (a skip never moves a log
+// backwards), the batch ends past the home's committed tail (an offset
+// the source never had), or the mirror cannot skip (no Skipper). Wire
+// code INVALID_ARGUMENT (it reads as ErrMalformed at the source); the
+// stream ends, and the source reconnects and learns the applied end.
+var ErrSkipRefused = errors.New("replicator: skip refused")
+
+// skipRefusal is ErrSkipRefused with a formatted message. It is not in
+// refusalCodes: INVALID_ARGUMENT maps back to ErrMalformed.
+func skipRefusal(format string, args ...any) *Refusal {
+	return &Refusal{API: apierr.New(apierr.InvalidArgument, "%s: %s", ErrSkipRefused, fmt.Sprintf(format, args...)), Sentinel: ErrSkipRefused}
+}
+
 // ErrClosed reports use of a closed Server.
 var ErrClosed = errors.New("replicator: closed")
 

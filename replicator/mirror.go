@@ -109,6 +109,22 @@ type Forker interface {
 	Fork(ctx context.Context, at, epoch uint64) (uint64, error)
 }
 
+// Skipper is implemented by mirrors that can skip what their home's
+// retention deleted before they received it: when a batch flagged
+// from_source_start starts at the home's log start, past the mirror's
+// applied end, the Server calls SkipTo with that start, then applies the
+// batch.
+type Skipper interface {
+	// SkipTo moves the mirror's log start and end to offset at, on every
+	// replica of its group, durably: its frames are deleted (they are a
+	// prefix of the home's log that the home deleted too) and the applied
+	// end becomes at. It must refuse an at not above the applied end. (A
+	// mirror whose log ends in an older epoch than the batch is forked at
+	// its start first, when it is a Forker, LogEpocher and SourceStarter:
+	// Server.orphanBeforeSkip.)
+	SkipTo(ctx context.Context, at uint64) error
+}
+
 // MemMirrorStore is the in-memory twin of a destination node: it mirrors
 // any range it is asked for (creating it on first Open), unless told it is
 // not the leader.
@@ -237,6 +253,7 @@ type MemMirror struct {
 	held         int           // Apply calls waiting on hold now
 	applyErr     error
 	orphans      [][]byte // frames cut by Fork, in order
+	skips        int      // SkipTo calls that moved the log
 }
 
 var _ Forker = (*MemMirror)(nil)
@@ -262,6 +279,37 @@ func (m *MemMirror) Fork(ctx context.Context, at, epoch uint64) (uint64, error) 
 	m.frames = m.frames[:i]
 	m.end = at
 	return at, nil
+}
+
+var _ SourceStarter = (*MemMirror)(nil)
+
+// StartOffset is the log's start (Retain, Fork, SkipTo move it).
+func (m *MemMirror) StartOffset() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.start
+}
+
+var _ Skipper = (*MemMirror)(nil)
+
+// SkipTo implements Skipper: the frames are dropped, and the log starts
+// and ends at at.
+func (m *MemMirror) SkipTo(ctx context.Context, at uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if at <= m.end {
+		return skipRefusal("skip to %d, the mirror's end is %d", at, m.end)
+	}
+	m.frames, m.start, m.end = nil, at, at
+	m.skips++
+	return nil
+}
+
+// Skips counts the SkipTo calls that moved the log.
+func (m *MemMirror) Skips() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.skips
 }
 
 var _ LogEpocher = (*MemMirror)(nil)

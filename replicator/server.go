@@ -119,7 +119,7 @@ type rangeState struct {
 }
 
 type serverCounters struct {
-	streams, requests, refusals, gaps, batches, frameBytes, wireBytes, duplicates, forks atomic.Uint64
+	streams, requests, refusals, gaps, batches, frameBytes, wireBytes, duplicates, forks, skips atomic.Uint64
 }
 
 // ServerStats are a server's counters since it was created.
@@ -144,6 +144,9 @@ type ServerStats struct {
 	Duplicates uint64
 	// Forks counts divergent tails cut (Forker.Fork).
 	Forks uint64
+	// Skips counts mirrors moved to their home's log start
+	// (Skipper.SkipTo).
+	Skips uint64
 }
 
 var _ geologinternalv1.MirrorServer = (*Server)(nil)
@@ -208,6 +211,7 @@ func (s *Server) Stats() ServerStats {
 		WireBytes:  s.stats.wireBytes.Load(),
 		Duplicates: s.stats.duplicates.Load(),
 		Forks:      s.stats.forks.Load(),
+		Skips:      s.stats.skips.Load(),
 	}
 }
 
@@ -578,6 +582,12 @@ func (s *Server) checkRequest(st *rangeState, mr MirrorRange, open openRequest, 
 		if d, err = decodeBatch(b, open.epoch, s.cfg.UncompressedBytesMax, s.dec); err != nil {
 			return decodedBatch{}, err
 		}
+		if d.fromSourceStart && d.end > hb.CommittedEnd {
+			// The source's committed tail bounds what it can have read
+			// (Task.request reads it after the batch): a skip past it is
+			// to offsets the source never had.
+			return decodedBatch{}, skipRefusal("batch from the home's start [%d, %d) past its committed tail %d", d.first, d.end, hb.CommittedEnd)
+		}
 	}
 	// The heartbeat fences first, and reaches the lag before the apply: a
 	// blocked apply then shows as offset lag at once.
@@ -611,7 +621,7 @@ func (g *groupApply) extend(d decodedBatch, wireBytes int) bool {
 	switch {
 	case g.run.frames == nil:
 		g.run = d
-	case d.first == g.run.end:
+	case d.first == g.run.end && !d.fromSourceStart:
 		if !g.merged {
 			g.run.frames = append(make([]byte, 0, 2*(len(g.run.frames)+len(d.frames))), g.run.frames...)
 			g.merged = true
@@ -691,6 +701,12 @@ func (s *Server) apply(ctx context.Context, mr MirrorRange, d decodedBatch) (uin
 // (the retry after it must not cut another).
 func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, forked bool) (uint64, error) {
 	applied := mr.AppliedEnd()
+	if d.fromSourceStart {
+		if err := s.skipTo(ctx, mr, d, applied); err != nil {
+			return mr.AppliedEnd(), err
+		}
+		applied = d.first
+	}
 	if d.first > applied {
 		return applied, gapRefusal(d.first, applied)
 	}
@@ -734,6 +750,71 @@ func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, 
 		return end, apierr.New(apierr.Internal, "mirror applied to %d, batch ends at %d", end, d.end)
 	}
 	return end, nil
+}
+
+// skipTo moves mr's log to d.first, the home's log start, for a batch
+// flagged from_source_start: only forward (the home's start is above the
+// mirror's applied end, else ErrSkipRefused), and only through a Skipper.
+// The batch itself is from the current home (fenced and checked as any),
+// and its frames are the home's from its start, so the skip goes nowhere
+// the home's log does not go.
+func (s *Server) skipTo(ctx context.Context, mr MirrorRange, d decodedBatch, applied uint64) error {
+	sk, ok := mr.(Skipper)
+	switch {
+	case d.first <= applied:
+		return skipRefusal("batch from the home's start %d, the mirror's applied end %d is not below it", d.first, applied)
+	case !ok:
+		return skipRefusal("the mirror cannot skip from %d to the home's start %d", applied, d.first)
+	}
+	if err := s.orphanBeforeSkip(ctx, mr, d, applied); err != nil {
+		return err
+	}
+	if err := sk.SkipTo(ctx, d.first); err != nil {
+		return err
+	}
+	if end := mr.AppliedEnd(); end != d.first {
+		return apierr.New(apierr.Internal, "mirror skipped to %d, its applied end is %d", d.first, end)
+	}
+	s.stats.skips.Add(1)
+	s.logger.Warn("skipped to the home's log start: retention there deleted what this mirror had not received",
+		"from", applied, "to", d.first)
+	return nil
+}
+
+// orphanBeforeSkip moves what mr retains into its orphan log (a fork at
+// its log's start, Forker) before a skip, when its log ends in an older
+// epoch than the batch's first frame: then part of it may be an old
+// home's divergent tail, which the home's frames would have shown (the
+// usual resend from the epoch change, Task's evConnected) had its
+// retention not deleted them. What cannot be told apart is kept, in the
+// orphan log, not deleted. A mirror that is no Forker, LogEpocher and
+// SourceStarter (its log's start) skips without it.
+func (s *Server) orphanBeforeSkip(ctx context.Context, mr MirrorRange, d decodedBatch, applied uint64) error {
+	fk, isForker := mr.(Forker)
+	le, isLogEpocher := mr.(LogEpocher)
+	st, isStarter := mr.(SourceStarter)
+	if !isForker || !isLogEpocher || !isStarter {
+		return nil
+	}
+	h, err := batch.DecodeHeader(d.frames) // validated by decodeBatch
+	if err != nil {
+		return newRefusal(ErrMalformed, "first frame: %v", err)
+	}
+	start, logEpoch := st.StartOffset(), le.LogEpoch()
+	if logEpoch == 0 || logEpoch >= h.Epoch || applied <= start {
+		return nil // of the home's epoch already, or nothing retained
+	}
+	at, err := fk.Fork(ctx, start, h.Epoch)
+	if err != nil {
+		return err
+	}
+	if at != start {
+		return apierr.New(apierr.Internal, "mirror forked at %d, asked %d", at, start)
+	}
+	s.stats.forks.Add(1)
+	s.logger.Warn("moved a mirror's log of an older epoch into the orphan log before skipping to the home's start",
+		"from", start, "to", applied, "mirror_epoch", logEpoch, "epoch", h.Epoch, "home_start", d.first)
+	return nil
 }
 
 // forkAndApply cuts mr's divergent tail at fp (mr is a Forker) and applies

@@ -33,6 +33,15 @@ type Source interface {
 	TailChanged() <-chan struct{}
 }
 
+// SourceStarter is implemented by Sources that know their log's start
+// (segment.Store.StartOffset in production): a Task whose read falls below
+// it ships from there, flagged from_source_start, and the mirror skips to
+// it (Skipper).
+type SourceStarter interface {
+	// StartOffset is the lowest offset ReadFrames can return.
+	StartOffset() uint64
+}
+
 // MemSource is the in-memory twin of a home range: a slice of data frames
 // with dense offsets and a committed end that the test moves. It counts
 // what is read from it so that tests can check that a slow mirror slows the
@@ -150,6 +159,31 @@ func (s *MemSource) TailChanged() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.changed
+}
+
+var _ SourceStarter = (*MemSource)(nil)
+
+// StartOffset implements SourceStarter.
+func (s *MemSource) StartOffset() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.start
+}
+
+// Retain deletes the frames that end at or below start, as the home's
+// retention deletes segments: reads below start then fail with
+// ErrOutOfRange. start must be a frame boundary at or below the end of
+// the appended frames.
+func (s *MemSource) Retain(start uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := sort.Search(len(s.frames), func(i int) bool { return frameBase(s.frames[i]) >= start })
+	if start > s.next || start < s.start || (i < len(s.frames) && frameBase(s.frames[i]) != start) {
+		return fmt.Errorf("%w: %d is not a frame boundary in [%d, %d]", ErrOutOfRange, start, s.start, s.next)
+	}
+	s.frames = append([][]byte(nil), s.frames[i:]...)
+	s.start = start
+	return nil
 }
 
 // Frames returns the source's frames (shared, not to be modified).

@@ -137,8 +137,12 @@ type TaskStats struct {
 	// BehindSourceStart says the last read from the Source was below its
 	// log's start (it failed with ErrOutOfRange): retention at the home
 	// deleted records the mirror has yet to receive, and the task cannot
-	// ship them. It clears at the next read that succeeds.
+	// ship them. It clears at the next read that succeeds: when the
+	// Source says where its log starts (SourceStarter), at once, as the
+	// task ships from there, flagged, and the mirror skips (Skips counts
+	// those batches).
 	BehindSourceStart bool
+	Skips             uint64
 }
 
 // taskEvent is what a session reports to Run.
@@ -313,12 +317,23 @@ func (t *Task) step() error {
 
 // read executes a Read action: read, check, send, report.
 func (t *Task) read(a Action) {
-	frames, err := t.cfg.Source.ReadFrames(a.From, a.MaxBytes, t.tail)
+	from := a.From
+	frames, err := t.cfg.Source.ReadFrames(from, a.MaxBytes, t.tail)
+	behind := errors.Is(err, ErrOutOfRange)
+	if ss, ok := t.cfg.Source.(SourceStarter); ok && behind {
+		// Retention deleted [a.From, start) here before the mirror had
+		// it: ship from the start, flagged, and the mirror skips to it.
+		if start := ss.StartOffset(); start > a.From {
+			from = start
+			frames, err = t.cfg.Source.ReadFrames(from, a.MaxBytes, t.tail)
+		}
+	}
+	skip := from != a.From
 	t.mu.Lock()
-	t.stats.BehindSourceStart = errors.Is(err, ErrOutOfRange)
+	t.stats.BehindSourceStart = errors.Is(err, ErrOutOfRange) // a skip's read from the start clears it
 	t.mu.Unlock()
 	if err != nil {
-		t.logger.Warn("source read failed", "from", a.From, "error", err)
+		t.logger.Warn("source read failed", "from", from, "error", err)
 		t.core.ReadFailed(err)
 		return
 	}
@@ -327,13 +342,13 @@ func (t *Task) read(a Action) {
 		return
 	}
 	first, end, count, err := scanFrames(frames)
-	if err == nil && first > a.From && frameCompacted(frames) {
-		// The home compacted [a.From, first) away: the batch covers that
+	if err == nil && first > from && frameCompacted(frames) {
+		// The home compacted [from, first) away: the batch covers that
 		// hole too, so that it continues where the mirror stands.
-		first = a.From
+		first = from
 	}
-	if err == nil && (first > a.From || end <= a.From) {
-		err = fmt.Errorf("%w: source returned [%d, %d) for a read from %d", ErrOutOfRange, first, end, a.From)
+	if err == nil && (first > from || end <= from) {
+		err = fmt.Errorf("%w: source returned [%d, %d) for a read from %d", ErrOutOfRange, first, end, from)
 	}
 	if err != nil {
 		t.logger.Error("source returned bad frames", "from", a.From, "error", err)
@@ -349,9 +364,17 @@ func (t *Task) read(a Action) {
 		EndOffset:         end,
 		FrameCount:        count,
 		UncompressedBytes: uint64(len(frames)),
+		FromSourceStart:   skip,
 	})
 	t.send(outgoing{req: req, frames: frames})
 	t.ships.sent(first, end, len(frames))
+	if skip {
+		t.mu.Lock()
+		t.stats.Skips++
+		t.mu.Unlock()
+		t.logger.Warn("mirror is behind this log's start: shipping from the start, the mirror skips", "from", a.From, "start", first)
+		first = a.From // the cursor ships on from where it stood; the batch covers the skipped offsets
+	}
 	t.core.ReadDone(first, end, len(frames))
 }
 

@@ -537,7 +537,9 @@ func TestBehindSourceStart(t *testing.T) {
 	src := NewMemSource(40)
 	g.fill(t, src, 5, 4)
 	node := startMirror(t, NewMemMirrorStore(), nil)
-	rt := startTask(t, taskConfig(t, src, newDialer(t), node.addr))
+	// A source that does not say where it starts: the task cannot skip
+	// (TestTaskSkipsToSourceStart is the one that does).
+	rt := startTask(t, taskConfig(t, noStartSource{src}, newDialer(t), node.addr))
 	waitFor(t, 10*time.Second, "the task reports the mirror behind the source's start", func() bool {
 		return rt.task.Stats().BehindSourceStart
 	})

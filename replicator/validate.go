@@ -81,6 +81,9 @@ type decodedBatch struct {
 	first, end uint64
 	frameCount int
 	frames     []byte
+	// fromSourceStart: first is the home's log start (MirrorBatch's
+	// from_source_start), past what the source was to send next.
+	fromSourceStart bool
 }
 
 // decodeBatch decompresses and validates b, a batch sent by a home at
@@ -131,7 +134,7 @@ func decodeBatch(b *geologinternalv1.MirrorBatch, homeEpoch uint64, uncompressed
 	if err := checkFrames(frames, first, end, count, homeEpoch); err != nil {
 		return decodedBatch{}, err
 	}
-	return decodedBatch{first: first, end: end, frameCount: int(count), frames: frames}, nil
+	return decodedBatch{first: first, end: end, frameCount: int(count), frames: frames, fromSourceStart: b.GetFromSourceStart()}, nil
 }
 
 // checkFrames checks that frames holds exactly count whole, valid data

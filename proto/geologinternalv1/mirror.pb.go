@@ -346,8 +346,16 @@ type MirrorBatch struct {
 	// uncompressed_bytes is the size of the frames, i.e. of payload once
 	// decompressed (equal to its length under COMPRESSION_NONE).
 	UncompressedBytes uint64 `protobuf:"varint,6,opt,name=uncompressed_bytes,json=uncompressedBytes,proto3" json:"uncompressed_bytes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// from_source_start says first_offset is the home's log start, past the
+	// offset the home was to send next: retention at the home deleted what
+	// lies between. A mirror whose applied end is below first_offset first
+	// moves its log's start and end to first_offset (a skip), then applies
+	// the batch; a mirror at or past first_offset refuses the batch
+	// (INVALID_ARGUMENT: a skip never moves a log backwards). Absent (false)
+	// from an older home, which never sends such a batch.
+	FromSourceStart bool `protobuf:"varint,7,opt,name=from_source_start,json=fromSourceStart,proto3" json:"from_source_start,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *MirrorBatch) Reset() {
@@ -420,6 +428,13 @@ func (x *MirrorBatch) GetUncompressedBytes() uint64 {
 		return x.UncompressedBytes
 	}
 	return 0
+}
+
+func (x *MirrorBatch) GetFromSourceStart() bool {
+	if x != nil {
+		return x.FromSourceStart
+	}
+	return false
 }
 
 // ReplicateResponse answers one ReplicateRequest.
@@ -530,7 +545,7 @@ const file_geolog_internal_v1_mirror_proto_rawDesc = "" +
 	"home_epoch\x18\x03 \x01(\x04R\thomeEpoch\x12$\n" +
 	"\x0eleader_node_id\x18\x04 \x01(\x04R\fleaderNodeId\x121\n" +
 	"\x12retain_from_offset\x18\x05 \x01(\x04H\x00R\x10retainFromOffset\x88\x01\x01B\x15\n" +
-	"\x13_retain_from_offset\"\xfc\x01\n" +
+	"\x13_retain_from_offset\"\xa8\x02\n" +
 	"\vMirrorBatch\x12!\n" +
 	"\ffirst_offset\x18\x01 \x01(\x04R\vfirstOffset\x12\x1d\n" +
 	"\n" +
@@ -539,7 +554,8 @@ const file_geolog_internal_v1_mirror_proto_rawDesc = "" +
 	"frameCount\x12A\n" +
 	"\vcompression\x18\x04 \x01(\x0e2\x1f.geolog.internal.v1.CompressionR\vcompression\x12\x18\n" +
 	"\apayload\x18\x05 \x01(\fR\apayload\x12-\n" +
-	"\x12uncompressed_bytes\x18\x06 \x01(\x04R\x11uncompressedBytes\"\xc4\x01\n" +
+	"\x12uncompressed_bytes\x18\x06 \x01(\x04R\x11uncompressedBytes\x12*\n" +
+	"\x11from_source_start\x18\a \x01(\bR\x0ffromSourceStart\"\xc4\x01\n" +
 	"\x11ReplicateResponse\x12,\n" +
 	"\x12applied_end_offset\x18\x01 \x01(\x04R\x10appliedEndOffset\x12#\n" +
 	"\rhighest_epoch\x18\x02 \x01(\x04R\fhighestEpoch\x12,\n" +

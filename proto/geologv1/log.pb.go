@@ -1660,9 +1660,11 @@ type RetentionPolicy struct {
 	// behind the home's log start"): bytes of the home's log from the
 	// mirror's applied end to the home's committed end, and the mirror's
 	// time lag. A mirror past either bound no longer holds anything:
-	// retention deletes what it has yet to ship, and that region's copy
-	// can no longer catch up. 0 (the default) and -1 mean no bound: the
-	// mirror holds retention back however far behind.
+	// retention deletes what it has yet to ship (the mirror, once back,
+	// skips to the home's log start and follows from there). 0 is the
+	// default, twice the retention of the same kind (none when the
+	// retention has none); -1 no bound (the mirror holds retention back
+	// however far behind).
 	MirrorHoldMaxBytes int64 `protobuf:"varint,3,opt,name=mirror_hold_max_bytes,json=mirrorHoldMaxBytes,proto3" json:"mirror_hold_max_bytes,omitempty"`
 	MirrorHoldMaxMs    int64 `protobuf:"varint,4,opt,name=mirror_hold_max_ms,json=mirrorHoldMaxMs,proto3" json:"mirror_hold_max_ms,omitempty"`
 	unknownFields      protoimpl.UnknownFields
