@@ -216,7 +216,7 @@ func (n *Node) applyAlter(at uint64, spec streamSpec) {
 		}
 	}
 	n.mu.Unlock()
-	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs, at); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.mu.Lock()

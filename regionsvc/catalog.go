@@ -344,8 +344,14 @@ func rangeHomes(req *geologv1.CreateStreamRequest, regions []string, nodeRegion 
 }
 
 type catalogDisk struct {
-	Version int          `json:"version"`
-	Streams []streamSpec `json:"streams"`
+	Version int `json:"version"`
+	// AppliedTo is the catalogue offset after the last stream record
+	// (create, delete, alter, split, split-reserve) the file reflects: the
+	// catalogue group replays its whole log after a restart, and the
+	// stream records below it are not applied again (applyMetaRecord);
+	// 0 in files written before it, which replay everything.
+	AppliedTo uint64       `json:"applied_to,omitempty"`
+	Streams   []streamSpec `json:"streams"`
 }
 
 // catalogBytesMax bounds the applied catalogue file read at start: a
@@ -375,40 +381,42 @@ func checkNotSingleNodeDir(fsys vfs.FS, dataDir string) error {
 }
 
 // loadCatalog reads the applied catalogue (the stream definitions this
-// node applied before it stopped, see applyMetaRecord); a missing file is
-// an empty catalogue.
-func loadCatalog(fsys vfs.FS, dataDir string) ([]streamSpec, error) {
+// node applied before it stopped, see applyMetaRecord) and the catalogue
+// offset it reflects (catalogDisk.AppliedTo); a missing file is an empty
+// catalogue.
+func loadCatalog(fsys vfs.FS, dataDir string) ([]streamSpec, uint64, error) {
 	b, err := vfs.ReadFile(fsys, filepath.Join(dataDir, catalogFile), catalogBytesMax)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("regionsvc: read catalogue: %w", err)
+		return nil, 0, fmt.Errorf("regionsvc: read catalogue: %w", err)
 	}
 	var c catalogDisk
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("regionsvc: catalogue %s is corrupt: %w", catalogFile, err)
+		return nil, 0, fmt.Errorf("regionsvc: catalogue %s is corrupt: %w", catalogFile, err)
 	}
 	if c.Version != catalogVersion {
-		return nil, fmt.Errorf("regionsvc: catalogue version %d, this build reads %d", c.Version, catalogVersion)
+		return nil, 0, fmt.Errorf("regionsvc: catalogue version %d, this build reads %d", c.Version, catalogVersion)
 	}
 	for _, s := range c.Streams {
 		if err := validateStreamNameOrInternal(s.Name); err != nil || s.RangeCount == 0 || s.RangeCount > rangeCountMax {
-			return nil, fmt.Errorf("regionsvc: catalogue holds an invalid stream %q", s.Name)
+			return nil, 0, fmt.Errorf("regionsvc: catalogue holds an invalid stream %q", s.Name)
 		}
 		if m := s.RangeMap; m != nil && (m.Initial != s.RangeCount || m.Validate() != nil) {
-			return nil, fmt.Errorf("regionsvc: catalogue holds stream %q with an invalid range map", s.Name)
+			return nil, 0, fmt.Errorf("regionsvc: catalogue holds stream %q with an invalid range map", s.Name)
 		}
 	}
-	return c.Streams, nil
+	return c.Streams, c.AppliedTo, nil
 }
 
 // saveCatalog replaces the applied catalogue atomically and durably
-// (vfs.WriteFileAtomic).
-func saveCatalog(fsys vfs.FS, dataDir string, specs []streamSpec) error {
+// (vfs.WriteFileAtomic): specs as the stream record at catalogue offset
+// at left them.
+func saveCatalog(fsys vfs.FS, dataDir string, specs []streamSpec, at uint64) error {
 	sorted := append([]streamSpec(nil), specs...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
-	b, err := json.MarshalIndent(catalogDisk{Version: catalogVersion, Streams: sorted}, "", "  ")
+	b, err := json.MarshalIndent(catalogDisk{Version: catalogVersion, AppliedTo: at + 1, Streams: sorted}, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -178,7 +178,7 @@ func (n *Node) applyDelete(at uint64, del streamSpec) {
 	specs := n.specsLocked()
 	n.mu.Unlock()
 	n.closeDeleted(st)
-	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs, at); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.noteDeleted(del.Name)

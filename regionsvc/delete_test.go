@@ -1,11 +1,14 @@
 package regionsvc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/internal/rpcerr"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/hashicorp/go-hclog"
 )
 
 // checkDeleted checks that no node of w holds stream: it answers
@@ -141,7 +145,11 @@ func TestDeleteStreamHoming(t *testing.T) {
 // TestDeletedStreamStaysGoneAfterRestart: a node restarted after it
 // deleted a stream does not bring it back while its catalogue group
 // replays the stream's creation and deletion: the stream answers
-// STREAM_NOT_FOUND from the start, and its files do not come back.
+// STREAM_NOT_FOUND from the start, its files do not come back, and the
+// replay neither creates nor deletes it again (the stream records the
+// saved catalogue reflects are not applied twice: catalogDisk.AppliedTo).
+// A stream created after it is applied from the replay as usual when the
+// saved catalogue predates it.
 func TestDeletedStreamStaysGoneAfterRestart(t *testing.T) {
 	dir := t.TempDir()
 	n, c := testNode(t, dir, nil)
@@ -153,8 +161,13 @@ func TestDeletedStreamStaysGoneAfterRestart(t *testing.T) {
 	if _, err := c.DeleteStream(ctx, &geologv1.DeleteStreamRequest{Name: "gone"}); err != nil {
 		t.Fatal(err)
 	}
+	createStream(t, c, "kept", 1)
+	applied := n.region.metaApplied.Load()
 	n.Close()
-	_, c = testNode(t, dir, nil)
+	logs := &lockedBuffer{}
+	n, c = testNode(t, dir, func(cfg *Config) {
+		cfg.Logger = hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})
+	})
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if _, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "gone"}); rpcerr.CodeOf(err) != apierr.StreamNotFound {
 			t.Fatalf("the deleted stream after a restart: %v, want STREAM_NOT_FOUND", err)
@@ -163,4 +176,31 @@ func TestDeletedStreamStaysGoneAfterRestart(t *testing.T) {
 			t.Fatalf("the deleted stream's files came back after a restart: %v", err)
 		}
 	}
+	waitUntil(t, ctx, 10*time.Second, "the catalogue replayed", func() bool { return n.region.metaApplied.Load() >= applied })
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if (strings.Contains(line, "stream created") || strings.Contains(line, "stream deleted")) && strings.Contains(line, "stream=gone") {
+			t.Fatalf("the catalogue's replay applied the deleted stream's records again: %s", line)
+		}
+	}
+	if _, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "kept"}); err != nil {
+		t.Fatalf("the stream kept: %v", err)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that a logger and a test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -66,6 +66,10 @@ type region struct {
 	applied chan struct{}
 	// metaApplied is the catalogue offset applied up to (exclusive).
 	metaApplied atomic.Uint64
+	// catalogueSavedTo is the catalogue offset the applied catalogue
+	// loaded at start reflects (catalogDisk.AppliedTo): the replay skips
+	// the stream records below it (set before the catalogue range opens).
+	catalogueSavedTo uint64
 	tickCh      chan struct{}
 	// liveness is the peers' liveness as the ticker last saw it
 	// (quiesce.go).
@@ -121,10 +125,11 @@ func (n *Node) openRegion() error {
 	// Streams this node applied before a restart (all committed) open at
 	// once, from the applied catalogue it keeps, before the catalogue range
 	// starts applying (which skips streams that exist).
-	specs, err := loadCatalog(n.cfg.fsys(), n.cfg.DataDir)
+	specs, savedTo, err := loadCatalog(n.cfg.fsys(), n.cfg.DataDir)
 	if err != nil {
 		return err
 	}
+	rg.catalogueSavedTo = savedTo
 	for _, spec := range specs {
 		n.addReplicatedStream(spec, false) // not paced: see openpace.go
 	}
@@ -242,6 +247,34 @@ func (n *Node) applyMeta(d *rangeDriver, from, to uint64) {
 	n.mu.Unlock()
 }
 
+// isStreamOp says whether a catalogue record's op changes a stream's
+// definition (the records catalog.json reflects).
+func isStreamOp(op string) bool {
+	switch op {
+	case "create", "delete", "alter", opSplit, opSplitReserve:
+		return true
+	}
+	return false
+}
+
+// replayedStreamRecord is a stream record the catalogue group replays
+// after a restart that the loaded applied catalogue already reflects: it
+// is not applied again (a deleted stream's creation would open its ranges
+// until its deletion replayed; an older alter would serve its values
+// until the newer ones replayed). What the node keeps in memory alone of
+// it is noted: which names it deleted (a retried DeleteStream answers as
+// done).
+func (n *Node) replayedStreamRecord(rec metaRecord) {
+	switch rec.Op {
+	case "create":
+		n.forgetDeleted(rec.Spec.Name)
+	case "delete":
+		if _, ok := n.streamSpec(rec.Spec.Name); !ok {
+			n.noteDeleted(rec.Spec.Name)
+		}
+	}
+}
+
 func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	var rec metaRecord
 	err := json.Unmarshal(value, &rec)
@@ -251,6 +284,10 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 	}
 	if err == nil && rec.Op == opRangeLeaders {
 		n.applyRangeLeaders(at, rec) // leaders.go
+		return
+	}
+	if err == nil && at < n.region.catalogueSavedTo && isStreamOp(rec.Op) {
+		n.replayedStreamRecord(rec)
 		return
 	}
 	if err == nil && rec.Op == opSplit {
@@ -297,7 +334,7 @@ func (n *Node) applyMetaRecord(at uint64, value []byte) {
 		specs = append(specs, st.spec)
 	}
 	n.mu.RUnlock()
-	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs, at); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.logger.Info("stream created", "stream", spec.Name, "ranges", spec.RangeCount, "catalogue_offset", at)

@@ -98,7 +98,7 @@ func (n *Node) applySplit(at uint64, spec streamSpec) {
 	}
 	specs := n.specsLocked()
 	n.mu.Unlock()
-	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs, at); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.logger.Info("range split", "stream", s.Name, "version", next.Version, "ranges", len(next.Ranges), "catalogue_offset", at)

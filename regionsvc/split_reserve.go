@@ -136,7 +136,7 @@ func (n *Node) applySplitReserve(at uint64, rec metaRecord) {
 	n.streams[s.Name] = &streamState{spec: s, ranges: st.ranges}
 	specs := n.specsLocked()
 	n.mu.Unlock()
-	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs); err != nil {
+	if err := saveCatalog(n.cfg.fsys(), n.cfg.DataDir, specs, at); err != nil {
 		n.logger.Error("save applied catalogue", "error", err)
 	}
 	n.logger.Info("split reserved", "stream", s.Name, "range", dec.Parent, "version", dec.MapVersion, "at", dec.At, "catalogue_offset", at)
