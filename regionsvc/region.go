@@ -70,7 +70,7 @@ type region struct {
 	// loaded at start reflects (catalogDisk.AppliedTo): the replay skips
 	// the stream records below it (set before the catalogue range opens).
 	catalogueSavedTo uint64
-	tickCh      chan struct{}
+	tickCh           chan struct{}
 	// liveness is the peers' liveness as the ticker last saw it
 	// (quiesce.go).
 	liveness livenessWatch
