@@ -1,14 +1,12 @@
 package regionsvc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -164,7 +162,7 @@ func TestDeletedStreamStaysGoneAfterRestart(t *testing.T) {
 	createStream(t, c, "kept", 1)
 	applied := n.region.metaApplied.Load()
 	n.Close()
-	logs := &lockedBuffer{}
+	logs := &syncBuffer{} // contract_test.go
 	n, c = testNode(t, dir, func(cfg *Config) {
 		cfg.Logger = hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})
 	})
@@ -185,22 +183,4 @@ func TestDeletedStreamStaysGoneAfterRestart(t *testing.T) {
 	if _, err := c.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "kept"}); err != nil {
 		t.Fatalf("the stream kept: %v", err)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer that a logger and a test share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -328,12 +328,11 @@ func (m *MemMirror) LogEpoch() uint64 {
 func (m *MemMirror) Retain(start uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	i := sort.Search(len(m.frames), func(i int) bool { return frameBase(m.frames[i]) >= start })
-	if start > m.end || start < m.start || (i < len(m.frames) && frameBase(m.frames[i]) != start) {
-		return fmt.Errorf("%w: %d is not a frame boundary in [%d, %d]", ErrOutOfRange, start, m.start, m.end)
+	frames, err := retainFrames(m.frames, start, m.start, m.end) // source.go
+	if err != nil {
+		return err
 	}
-	m.frames = append([][]byte(nil), m.frames[i:]...)
-	m.start = start
+	m.frames, m.start = frames, start
 	return nil
 }
 

@@ -177,13 +177,22 @@ func (s *MemSource) StartOffset() uint64 {
 func (s *MemSource) Retain(start uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	i := sort.Search(len(s.frames), func(i int) bool { return frameBase(s.frames[i]) >= start })
-	if start > s.next || start < s.start || (i < len(s.frames) && frameBase(s.frames[i]) != start) {
-		return fmt.Errorf("%w: %d is not a frame boundary in [%d, %d]", ErrOutOfRange, start, s.start, s.next)
+	frames, err := retainFrames(s.frames, start, s.start, s.next)
+	if err != nil {
+		return err
 	}
-	s.frames = append([][]byte(nil), s.frames[i:]...)
-	s.start = start
+	s.frames, s.start = frames, start
 	return nil
+}
+
+// retainFrames is frames (which hold [lo, hi)) from the frame at start
+// on, copied; ErrOutOfRange if start is no frame boundary in [lo, hi].
+func retainFrames(frames [][]byte, start, lo, hi uint64) ([][]byte, error) {
+	i := sort.Search(len(frames), func(i int) bool { return frameBase(frames[i]) >= start })
+	if start > hi || start < lo || (i < len(frames) && frameBase(frames[i]) != start) {
+		return nil, fmt.Errorf("%w: %d is not a frame boundary in [%d, %d]", ErrOutOfRange, start, lo, hi)
+	}
+	return append([][]byte(nil), frames[i:]...), nil
 }
 
 // Frames returns the source's frames (shared, not to be modified).
