@@ -417,6 +417,44 @@ func TestServerForksDivergentTail(t *testing.T) {
 	}
 }
 
+// TestServerForksStraddledTail: a mirror whose log ends in an old home's
+// frame [5, 7) that spans the new home's frame boundary at 6 (the old
+// home's uncommitted tail committed on the mirror after it reported its
+// applied end, so the new home resent from the frame holding 7): the batch
+// from 6 shows the fork at 5, where the mirror's frame begins. The mirror
+// cuts [5, 7) into its orphan log and names 5 as the gap's end; the batch
+// from 5 then applies. Before, it was refused as corrupt for ever (sim
+// seed 1700391).
+func TestServerForksStraddledTail(t *testing.T) {
+	g := newLogGen(33, 100)
+	common := []([]byte){g.frame(2), g.frame(3)} // [0,5), epoch 1, both homes
+	old := *g
+	old.seqs = map[uint64]uint64{}
+	tail := old.frame(2) // [5,7), epoch 1, only the old home
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	if err := m.Seed(append(append([][]byte{}, common...), tail)...); err != nil {
+		t.Fatal(err)
+	}
+	g.epoch = 2
+	next := []([]byte){g.frame(1), g.frame(2)} // [5,6) [6,8), epoch 2
+	c := dialRaw(t, node.addr)
+	c.mustAnswer(openReq(2))
+	r := refusalOf(t, c.mustAnswer(batchReq(2, CompressionNone, next[1])))
+	if !errors.Is(r, ErrGap) || r.ExpectedOffset() != 5 {
+		t.Fatalf("the batch from 6 over the old home's [5, 7): %v, want a gap at 5 after the fork", r)
+	}
+	if orphans := m.Orphans(); len(orphans) != 1 || !SameData(orphans[0], tail) || node.srv.Stats().Forks != 1 {
+		t.Fatalf("orphans: %d frames, forks %d; want the old home's frame, one fork", len(orphans), node.srv.Stats().Forks)
+	}
+	if resp := c.mustAnswer(batchReq(2, CompressionNone, next...)); resp.GetError() != nil || resp.GetAppliedEndOffset() != 8 {
+		t.Fatalf("the batch from 5 answered %v", resp)
+	}
+	if got := m.Frames(); len(got) != 4 || !SameData(got[2], next[0]) || !SameData(got[3], next[1]) {
+		t.Fatalf("mirror after the fork holds %d frames", len(got))
+	}
+}
+
 // TestServerGroupsQueuedRequests: requests that arrive while an apply is
 // in progress are served together, one apply per run of batches that
 // extend each other, with the answers serving them one at a time would

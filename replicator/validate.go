@@ -209,18 +209,8 @@ func overlapSuffix(d decodedBatch, applied uint64, stored []byte) (int, error) {
 			return p, nil
 		}
 		if q < len(stored) {
-			// A newer home's frame where the mirror holds an older epoch's
-			// (straddling or differing): the mirror's log forked off at
-			// base, which a Forker may cut (DESIGN.md "Divergent tails").
-			if ssize, err := batch.FrameSize(stored[q:]); err == nil && ssize <= len(stored)-q {
-				s := stored[q : q+ssize]
-				if sh, err := batch.DecodeHeader(s); err == nil && sh.BaseOffset == base && frameEpoch(f) > sh.Epoch &&
-					(frameNext(f) > applied || !sameData(f, s)) {
-					r := newRefusal(ErrDiverged, "frame at %d is of homing epoch %d, the mirror holds epoch %d there: the mirror forked off the home's log at %d",
-						base, frameEpoch(f), sh.Epoch, base)
-					r.fork = &forkPoint{at: base, epoch: frameEpoch(f), storedEpoch: sh.Epoch}
-					return 0, r
-				}
+			if r := forkedOff(f, stored[q:], applied); r != nil {
+				return 0, r
 			}
 		}
 		if frameNext(f) > applied {
@@ -244,6 +234,36 @@ func overlapSuffix(d decodedBatch, applied uint64, stored []byte) (int, error) {
 		q += ssize
 	}
 	return p, nil
+}
+
+// forkedOff is the refusal naming the fork point when f, a home's frame
+// below the mirror's applied end, is of a newer epoch than the mirror's
+// frame at the head of stored and the two differ (in data, or in where
+// they begin or end): the mirror holds an older home's tail there, which a
+// Forker may cut (DESIGN.md "Divergent tails"). The fork is where the
+// mirror's frame begins. When that is below f's base the frame spans the
+// home's frame boundary at f's base, so it is none of the home's frames;
+// this is the first frame of stored (read from the one holding the
+// batch's first offset), the one a resend from the mirror's tail meets
+// when an old home's uncommitted tail committed on the mirror after it
+// reported its applied end (sim seed 1700391). nil when f does not show a
+// fork.
+func forkedOff(f, stored []byte, applied uint64) *Refusal {
+	ssize, err := batch.FrameSize(stored)
+	if err != nil || ssize > len(stored) {
+		return nil
+	}
+	s := stored[:ssize]
+	sh, err := batch.DecodeHeader(s)
+	base := frameBase(f)
+	if err != nil || sh.BaseOffset > base || frameEpoch(f) <= sh.Epoch ||
+		(sh.BaseOffset == base && frameNext(f) <= applied && sameData(f, s)) {
+		return nil
+	}
+	r := newRefusal(ErrDiverged, "frame at %d is of homing epoch %d, the mirror holds epoch %d in its frame at %d: the mirror forked off the home's log at %d",
+		base, frameEpoch(f), sh.Epoch, sh.BaseOffset, sh.BaseOffset)
+	r.fork = &forkPoint{at: sh.BaseOffset, epoch: frameEpoch(f), storedEpoch: sh.Epoch}
+	return r
 }
 
 // resetPoint is where a mirror whose frames below its applied end are
