@@ -101,9 +101,13 @@ vet:
 # here (GEOLOG_REQUIRE_CHROMIUM: it fails rather than skips without it).
 # -timeout is per package binary and only a guard against a hang: on a
 # machine busy with other work deploy's TestRelease (a cold -trimpath
-# build) ran past 15 minutes, so it is 30.
+# build) ran past 15 minutes, so it is 30. regionsvc's tests run in
+# parallel (t.Parallel; regionsvc/homing_test.go's TestMain says which do
+# not), UNIT_PARALLEL at a time: they mostly wait, one after another they
+# used 30% of a core for 15 minutes, 4 at a time 82% for under 5.
+UNIT_PARALLEL ?= 4
 unit: chromium
-	GEOLOG_REQUIRE_CHROMIUM=1 $(GO) test -race -count=1 -timeout 30m -skip '^TestSlice$$' ./...
+	GEOLOG_REQUIRE_CHROMIUM=1 $(GO) test -race -count=1 -timeout 30m -parallel $(UNIT_PARALLEL) -skip '^TestSlice$$' ./...
 
 # Headless Chromium for console.TestConsoleInChromium, from Debian's
 # chromium package with apt-get when missing (scripts/chromium.sh).

@@ -29,6 +29,7 @@ import (
 // again (the rules are kept); once alice removes the rule, every node
 // refuses it.
 func TestACLProc(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

@@ -109,6 +109,7 @@ func aclValues(t *testing.T, ctx context.Context, lc geologv1.LogClient, stream 
 // resource, and after a restart the node holds what it held before (a
 // removed rule stays removed).
 func TestACLGrantsProduce(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	w := newACLWorld(t, []string{"us"}, 2, nil)
@@ -204,6 +205,7 @@ func TestACLGrantsProduce(t *testing.T) {
 // other; a principal without one is refused in both and writes nothing
 // to either; a rule removed in the other region goes in the first.
 func TestACLInEveryRegion(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	w := newACLWorld(t, []string{"us", "eu"}, 1, nil)
@@ -258,6 +260,7 @@ func TestACLInEveryRegion(t *testing.T) {
 // TestACLRemovalCutsSubscription: removing alice's consume right ends
 // her open subscription with PERMISSION_DENIED before its next record.
 func TestACLRemovalCutsSubscription(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	w := newACLWorld(t, []string{"us"}, 1, nil)
@@ -303,6 +306,7 @@ func TestACLRemovalCutsSubscription(t *testing.T) {
 // there, and a removal made while cut off as well, without anyone making
 // the changes again.
 func TestACLSyncCompletesAMissedRegion(t *testing.T) {
+	// Not parallel: it sets the package's aclSyncInterval.
 	// Restored in a cleanup registered before the world's, so it runs
 	// after the nodes (whose ACL sync loops read it) are closed.
 	was := aclSyncInterval

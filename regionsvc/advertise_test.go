@@ -79,6 +79,7 @@ func (d *strictDialer) check(t *testing.T) {
 // hints and leaders the nodes give (raw Append, DescribeStream) are all
 // advertised addresses too.
 func TestHintsAreAdvertisedAddresses(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

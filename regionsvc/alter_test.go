@@ -20,6 +20,7 @@ func int64p(v int64) *int64 { return &v }
 // next maintenance round (its start moves up), and the change outlives a
 // restart; bad requests are typed errors that change nothing.
 func TestAlterStreamRetention(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	mut := func(cfg *Config) {
 		cfg.SegmentBytesMax = 4096
@@ -107,6 +108,7 @@ func (n *Node) streamSpecOf(t *testing.T, stream string) streamSpec {
 // naming ap (so a mirror hold can be changed during the outage it is
 // for); once ap is back, the same alter again completes it there.
 func TestAlterStreamRegionCutOff(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
@@ -152,6 +154,7 @@ func TestAlterStreamRegionCutOff(t *testing.T) {
 // mirror region reaches every node of both regions (each region's
 // catalogue), and the home's ranges apply it.
 func TestAlterStreamMultiRegion(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

@@ -76,6 +76,7 @@ func grepTree(t *testing.T, dir string, needles ...[]byte) {
 // and a restart with the wrong KEK, without one, or with a keyring that
 // lacks the data keys refuses to start with an error that says so.
 func TestAtRestNode(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, kek := newKEKFile(t)
 	withKEK := func(k atrest.KEKProvider) func(*Config) {

@@ -19,6 +19,7 @@ import (
 // logged with bob's name. With --no-authz, bob may append, and the node
 // says so loudly at start.
 func TestAuthzProc(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

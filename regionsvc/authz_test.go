@@ -66,6 +66,7 @@ func wantDenied(t *testing.T, what string, err error) {
 // TestAuthorizeRequest decides requests of each kind against a policy:
 // the permission each method needs, on the stream or group it names.
 func TestAuthorizeRequest(t *testing.T) {
+	t.Parallel()
 	n := authzNode(&authz.Policy{Superusers: []string{"root"}, Rules: []authz.Rule{
 		{Principal: "writer", Resource: "orders", Perms: authz.Of(authz.Produce)},
 		{Principal: "user.*", Resource: "chat.*", Perms: authz.Of(authz.Consume)},
@@ -134,6 +135,7 @@ func (s *fakeStream) SendMsg(any) error { s.sent++; return nil }
 // it is opened, and again at its next message once the policy changed;
 // a right taken away cuts it off.
 func TestOpenStreamRecheckedOnPolicyChange(t *testing.T) {
+	t.Parallel()
 	rule := authz.Rule{Principal: "reader", Resource: "orders", Perms: authz.Of(authz.Consume)}
 	n := authzNode(&authz.Policy{Rules: []authz.Rule{rule}})
 	fs := &fakeStream{ctx: callerCtx(t, pki.ClientIdentity("reader")), req: &geologv1.SubscribeRequest{Stream: "orders"}}
@@ -166,6 +168,7 @@ func TestOpenStreamRecheckedOnPolicyChange(t *testing.T) {
 // open: a stream that named its caller on every message would refuse the
 // second message as from no one.
 func TestStreamCallerNamedAtOpen(t *testing.T) {
+	t.Parallel()
 	rule := authz.Rule{Principal: "reader", Resource: "orders", Perms: authz.Of(authz.Consume)}
 	n := authzNode(&authz.Policy{Rules: []authz.Rule{rule}})
 	fs := &fakeStream{ctx: callerCtx(t, pki.ClientIdentity("reader")), req: &geologv1.SubscribeRequest{Stream: "orders"}}
@@ -186,6 +189,7 @@ func TestStreamCallerNamedAtOpen(t *testing.T) {
 // TestRefusalLogIsRateLimited: past the burst, refusals in a window are
 // counted and reported with the first line of the next window.
 func TestRefusalLogIsRateLimited(t *testing.T) {
+	t.Parallel()
 	var l refusalLog
 	now := time.Unix(1000, 0)
 	for i := range refusalLogBurst {

@@ -17,6 +17,7 @@ import (
 // names, is the same) with the same set, and one consume need for a commit
 // of one stream's ranges.
 func TestCommitCursorsNeedsOncePerStream(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range 300 {
 		req := &geologv1.CommitCursorsRequest{Cursor: "g"}

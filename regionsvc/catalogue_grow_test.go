@@ -19,6 +19,7 @@ import (
 // catalogue keeps its founding voter only (the create finds no quorum
 // once node 1 is gone).
 func TestCatalogueGrowsFromOneFounder(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegionRF(t, 1, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -61,6 +62,7 @@ func TestCatalogueGrowsFromOneFounder(t *testing.T) {
 // three nodes are members (draining counts, decommissioned does not),
 // never an even count grown to. It fails on any other count.
 func TestCatalogueVotersWant(t *testing.T) {
+	t.Parallel()
 	nodes := func(states ...membership.State) []membership.Node {
 		var out []membership.Node
 		for i, s := range states {

@@ -13,6 +13,7 @@ import (
 // (64 positions of one stream) goes through commitwire, not the generic
 // decoder, and decodes to the request sent.
 func TestAPICodecDecodesCommitsWithCommitwire(t *testing.T) {
+	// Not parallel: testing.AllocsPerRun refuses to run in a parallel test.
 	req := &geologv1.CommitCursorsRequest{Cursor: "bench-7"}
 	for r := range 64 {
 		req.Positions = append(req.Positions, &geologv1.CursorPosition{Stream: "bench-cursors", Range: uint32(r), Offset: 12345})

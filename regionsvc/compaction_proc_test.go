@@ -45,6 +45,7 @@ func readAll(ctx context.Context, c *client.Client, stream string) ([]string, []
 // the API in us and in eu gives the same records at the same offsets (the
 // newest of each key, tombstones gone), field for field.
 func TestCompactedStreamRealProcesses(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

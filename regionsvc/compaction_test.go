@@ -99,6 +99,7 @@ func latestOf(offsets map[string]uint64, values map[string]string) []string {
 // without a key and tombstones with a value are refused with typed
 // errors; and all of it survives a restart.
 func TestCompactedStreamOnANode(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, c := testNode(t, dir, compactingNode())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -229,6 +230,7 @@ func checkSubscribe(t *testing.T, ctx context.Context, c geologv1.LogClient, wan
 // key. The mirror compacted at the home's decisions (markers shipped with
 // the data), with its own segment boundaries.
 func TestCompactedStreamTwoRegions(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

@@ -19,6 +19,7 @@ import (
 // TestConsumerBadInput sends every Consumer RPC requests it must refuse:
 // each gets its typed error, and neither the group nor the cursor changes.
 func TestConsumerBadInput(t *testing.T) {
+	t.Parallel()
 	n, lc := testNode(t, t.TempDir(), nil)
 	ctx := ctxT(t)
 	createStream(t, lc, "s", 2)
@@ -194,6 +195,7 @@ func describeState(t *testing.T, ctx context.Context, cc geologv1.ConsumerClient
 // TestConsumerMalformedWire: random bytes to every Consumer RPC get a
 // status, never a crash.
 func TestConsumerMalformedWire(t *testing.T) {
+	t.Parallel()
 	n, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "s", 1)
 	conn, err := grpc.NewClient(n.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -21,6 +21,7 @@ import (
 // holes and markers, serves the same cursors and group, and still keeps
 // every register where it was.
 func TestCursorStreamCompacted(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cfg := func(cfg *Config) {
 		compactingNode()(cfg)

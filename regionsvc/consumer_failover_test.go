@@ -87,6 +87,7 @@ func runMember(ctx context.Context, g *client.GroupConsumer, log *processedLog, 
 // processes every record of eu's copy from there. No commit in eu's log
 // regresses or comes from an old incarnation.
 func TestGroupRegionFailover(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster with a lease store")
 	}
@@ -255,6 +256,7 @@ func checkRegionCursorLog(t *testing.T, ctx context.Context, w *homingWorld, reg
 // commit lands in its orphan log, and us merges it back: the cursor rises
 // to it at eu (it was above what eu held), and eu's log stays clean.
 func TestCursorOrphansMergedBack(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster with a lease store")
 	}

@@ -24,6 +24,7 @@ import (
 // coordinator change), the member keeps consuming, and the range's log
 // passes cursors.CheckLog.
 func TestCursorsAcrossLeaderChanges(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("leader changes of a 3-node region")
 	}
@@ -227,6 +228,7 @@ func checkCursorRange(t *testing.T, ctx context.Context, tr *testRegion, r uint3
 // the log's start (a fork) after the reader's wait: it waits again rather
 // than read the state half-built.
 func TestCursorReadAfterRebuild(t *testing.T) {
+	t.Parallel()
 	cr := &cursorRange{state: cursors.NewState(cursors.Limits{}), appliedCh: make(chan struct{}), stop: make(chan struct{})}
 	apply := func(offset uint64, applied uint64) {
 		st := cursors.NewState(cursors.Limits{})

@@ -38,6 +38,7 @@ func appendN(t *testing.T, ctx context.Context, c geologv1.LogClient, stream str
 // replication, and refuses bad commits with typed errors that change
 // nothing; the cursors survive a restart.
 func TestCursorsOneNode(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, lc := testNode(t, dir, nil)
 	ctx := ctxT(t)
@@ -108,6 +109,7 @@ func TestCursorsOneNode(t *testing.T) {
 // TestGroupOneNode runs a group of two members on one node: join,
 // incremental handover, fenced fetch and commit, leave.
 func TestGroupOneNode(t *testing.T) {
+	t.Parallel()
 	n, lc := testNode(t, t.TempDir(), nil)
 	ctx := ctxT(t)
 	createStream(t, lc, "orders", 4)
@@ -229,6 +231,7 @@ func TestGroupOneNode(t *testing.T) {
 // commit (forwarding it to the coordinator), and every node's copy reads
 // it with CONSISTENCY_HOME.
 func TestCursorsRegion(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -296,6 +299,7 @@ func TestCursorsRegion(t *testing.T) {
 // TestGroupLagMetrics: the lag of a group per range is exported as
 // geolog.group.lag.records and .seconds.
 func TestGroupLagMetrics(t *testing.T) {
+	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	n, lc := testNode(t, t.TempDir(), func(cfg *Config) { cfg.MeterProvider = mp })
@@ -356,6 +360,7 @@ func TestGroupLagMetrics(t *testing.T) {
 // catalogue leader and waits for the stream, then reads the commit. The
 // laggard is made by holding its catalogue driver's goroutine.
 func TestCursorHomeReadOnCatalogueLaggard(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -31,6 +31,7 @@ import (
 //     node finds us's fork while a node is down, and says which one did
 //     not answer (geolog orphans list too).
 func TestFailoverClientContract(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster with a lease store")
 	}

@@ -22,6 +22,7 @@ import (
 // says why the history is incomplete; once the store is back, the full
 // history, which it then keeps.
 func TestEpochHistoryWithoutTheLeaseStore(t *testing.T) {
+	t.Parallel()
 	store := homing.NewMemStore()
 	addr := freeAddr(t)
 	_, c := testNode(t, t.TempDir(), func(cfg *Config) {
@@ -73,6 +74,7 @@ func TestEpochHistoryWithoutTheLeaseStore(t *testing.T) {
 // (it holds no orphan log), refuses an unknown scope, and a cluster-wide
 // listing of a stream no node holds is STREAM_NOT_FOUND.
 func TestListOrphansScopes(t *testing.T) {
+	t.Parallel()
 	n, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "s", 2)
 	conn, err := grpcConn(n.Addr())
@@ -99,6 +101,7 @@ func TestListOrphansScopes(t *testing.T) {
 // a silent node makes it partial; a node that does not hold the stream
 // has answered unless its region is one of the stream's.
 func TestMergeOrphans(t *testing.T) {
+	t.Parallel()
 	fork := func(rng uint32, idx uint64) *geologv1.OrphanFork {
 		return &geologv1.OrphanFork{Range: rng, ForkIndex: idx}
 	}
@@ -157,6 +160,7 @@ func (d *lyingDirectory) Identify(context.Context, *geologinternalv1.IdentifyReq
 // node configured at that address (same region, same Raft id for a peer)
 // and only if it is a plausible host:port.
 func TestIdentifyTrustsOnlyWhatMatches(t *testing.T) {
+	t.Parallel()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -203,6 +207,7 @@ func TestIdentifyTrustsOnlyWhatMatches(t *testing.T) {
 // lost is the lowest start of the first epoch after its newest batch and
 // of every later one (a takeover may continue below an earlier start).
 func TestForkPoint(t *testing.T) {
+	t.Parallel()
 	h := func(starts ...uint64) []*geologv1.EpochStart {
 		var out []*geologv1.EpochStart
 		for i, s := range starts {

@@ -25,6 +25,7 @@ type ackedRecord struct {
 // it was acked with, no record may appear twice, and per key the log holds
 // the producer's sequence in order.
 func TestKill9DuringProduce(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

@@ -20,6 +20,7 @@ import (
 // reach a region (UNAVAILABLE, retriable) is completed by sending it
 // again once the region is back.
 func TestCreateStreamIsIdempotent(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

@@ -23,6 +23,7 @@ import (
 // keeps node 4 as a voter or ends with more or fewer than three voters, a
 // rebuilt replica misses or duplicates a record, or an append fails.
 func TestDeadNodeRebuiltProc(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

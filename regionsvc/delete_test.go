@@ -88,6 +88,7 @@ func deleteAndRecreate(t *testing.T, ctx context.Context, w *world, stream, from
 // each region's catalogue, and to the other region as a creation does),
 // and the name takes a new stream.
 func TestDeleteStreamMultiRegion(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
@@ -105,6 +106,7 @@ func TestDeleteStreamMultiRegion(t *testing.T) {
 // starts at epoch 1 where its spec homes it, not where the old one was
 // last moved.
 func TestDeleteStreamHoming(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
@@ -149,6 +151,7 @@ func TestDeleteStreamHoming(t *testing.T) {
 // A stream created after it is applied from the replay as usual when the
 // saved catalogue predates it.
 func TestDeletedStreamStaysGoneAfterRestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, c := testNode(t, dir, nil)
 	ctx := ctxT(t)

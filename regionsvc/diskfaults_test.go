@@ -18,6 +18,7 @@ import (
 // the log), but the committed prefix, durable before the failure, is
 // still read; describe says why appends stop.
 func TestFsyncFailureKeepsReads(t *testing.T) {
+	t.Parallel()
 	t.Run("own fdatasync", func(t *testing.T) { testFsyncFailureKeepsReads(t, false) })
 	t.Run("group commit", func(t *testing.T) { testFsyncFailureKeepsReads(t, true) })
 }
@@ -110,6 +111,7 @@ func (f *faultRegion) leaderOf() uint64 {
 }
 
 func TestLeaderDiskFullHandsOff(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := newFaultRegion(t, ctx, "full", nil)

@@ -73,6 +73,7 @@ func fillDisk(t *testing.T, dir string) string {
 // ballast is removed appends succeed again without a restart; no
 // acknowledged record is lost.
 func TestDiskFullProc(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

@@ -25,6 +25,7 @@ import (
 // (epochstart.go) the first epoch-2 record is acked at 20 while the
 // history says epoch 2 starts at 17.
 func TestNewHomeRaisesAShortStart(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster with a lease store")
 	}

@@ -74,6 +74,7 @@ func (s *rawSub) records() []rawRecord {
 // ends with a ForkError at the fork offset, and every divergent record a
 // reader saw is in the orphan log with its offset and epoch.
 func TestFailbackFencesLocalReads(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster with a lease store")
 	}

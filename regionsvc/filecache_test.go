@@ -43,6 +43,7 @@ func openFilesUnder(t *testing.T, dirs map[uint64]string) int {
 // lock). Without the node's file cache every range holds its segment
 // file and its directory lock open: over 100 descriptors per node here.
 func TestRangesBeyondFileBudget(t *testing.T) {
+	t.Parallel()
 	const budget, ranges = 16, 48
 	tr := newTestRegionWith(t, 3, 3, func(cfg *Config) {
 		cfg.Fsync = segment.FsyncAlways // an unsynced file keeps its descriptor

@@ -14,6 +14,7 @@ import (
 // acked, and none is acked while only the leader's flushes succeed: the
 // ack still waits for a quorum's durable copies.
 func TestGroupCommitRegion(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := newFaultRegion(t, ctx, "gc", func(cfg *Config) { cfg.GroupCommit, cfg.Fsync = true, segment.FsyncAlways })

@@ -119,6 +119,7 @@ func (m *memberProc) processed() []string {
 // are monotonic) and every member commit came from the range's owner in
 // its current incarnation (no member of an old generation committed).
 func TestGroupMemberKillLoop(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

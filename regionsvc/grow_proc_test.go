@@ -29,6 +29,7 @@ import (
 // moves of it at once), a move loses or duplicates a record, or an append
 // fails while replicas move.
 func TestRegionGrowsThreeToSixProc(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

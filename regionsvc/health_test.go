@@ -38,6 +38,7 @@ func waitReady(t *testing.T, n *Node, want bool) []string {
 // whose log is corrupt makes it unready, and the reason names the range;
 // the gRPC health service says the same; a closed node is not ready.
 func TestReadyNamesAnUnservedRange(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, c := testNode(t, dir, nil)
 	if reasons := waitReady(t, n, true); len(reasons) != 0 {
@@ -99,6 +100,7 @@ func TestReadyNamesAnUnservedRange(t *testing.T) {
 // gRPC health service (Check and Watch) says SERVING; the reasons are
 // bounded however many ranges wait.
 func TestReadyOnceTheRegionElected(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx := ctxT(t)
 	tr.retry(ctx, "create", func(ctx context.Context, c geologv1.LogClient) error {
@@ -145,6 +147,7 @@ func TestReadyOnceTheRegionElected(t *testing.T) {
 // and authorization on, a caller without a verified identity is refused
 // the Log service (UNAUTHENTICATED) but answered by the health service.
 func TestHealthNeedsNoRights(t *testing.T) {
+	t.Parallel()
 	n := authzNode(&authz.Policy{})
 	n.closing = make(chan struct{})
 	srv := grpc.NewServer(n.interceptors()...)

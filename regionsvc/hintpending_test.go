@@ -15,6 +15,7 @@ import (
 // stream, incarnation or range this node no longer has. It fails if the
 // set grows past its cap, keeps duplicates, or keeps hints for nothing.
 func TestPendingHintsBounded(t *testing.T) {
+	t.Parallel()
 	hint := func(stream string, meta uint64, r uint32) *geologinternalv1.ReplicaRemovedRequest {
 		return &geologinternalv1.ReplicaRemovedRequest{Region: "r", NodeId: 1, Stream: stream, StreamMetaOffset: meta, Range: r}
 	}
@@ -62,6 +63,7 @@ func TestPendingHintsBounded(t *testing.T) {
 // pending hints the hint is given up and x keeps its stale copy and its
 // subscriber for ever.
 func TestRemovedReplicaToldAfterLongCut(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s := newStrayScene(t, ctx, func(c *Config) {

@@ -191,6 +191,7 @@ func checkKeyedReads(t *testing.T, ctx context.Context, c geologv1.LogClient, st
 // range and an oversized key are refused with INVALID_ARGUMENT; and all
 // of it holds again after a restart (recovery rebuilds the indexes).
 func TestReadByKey(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	small := func(c *Config) { c.SegmentBytesMax = 4096 }
 	n, c := testNode(t, dir, small)
@@ -248,6 +249,7 @@ func TestReadByKey(t *testing.T) {
 // read by key from the start offset returns the retained records of the
 // key, and one from below it is OFFSET_OUT_OF_RANGE with the start.
 func TestReadByKeyAcrossRetention(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), func(c *Config) { c.SegmentBytesMax = 2048; c.MaintenanceInterval = 20 * time.Millisecond })
 	ctx := ctxLong(t)
 	if _, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "chat", RangeCount: 1,
@@ -347,6 +349,7 @@ func (f *keyFollower) check(want []*geologv1.StoredRecord) {
 // records in offset order, the retained ones first and then those
 // appended while it follows the tail, and nothing of other keys.
 func TestSubscribeByKey(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), func(c *Config) { c.SegmentBytesMax = 4096 })
 	createStream(t, c, "chat", 2)
 	ctx := ctxLong(t)
@@ -372,6 +375,7 @@ func TestSubscribeByKey(t *testing.T) {
 // leader, answers reads by key at every consistency with the records of
 // the key, and its subscription by key follows the tail.
 func TestReadByKeyReplicated(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegionWith(t, 3, 3, func(c *Config) { c.SegmentBytesMax = 4096 })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -424,6 +428,7 @@ func (tr *testRegion) leaderAppend(ctx context.Context, req *geologv1.AppendRequ
 // consistency, return the records of the key, and subscriptions by key
 // follow the tail in both.
 func TestReadByKeyOnMirror(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
@@ -461,6 +466,7 @@ func TestReadByKeyOnMirror(t *testing.T) {
 // subscription delivers the same; and a restart, which checks the key
 // index files of the rewritten segments, keeps it so.
 func TestReadByKeyCompacted(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, c := testNode(t, dir, compactingNode())
 	ctx := ctxLong(t)

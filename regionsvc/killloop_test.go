@@ -28,6 +28,7 @@ var killLoopDuration = flag.Duration("killloop", 20*time.Second, "how long TestL
 // order intact. It logs the failover time (kill → first ack from the new
 // leader) percentiles.
 func TestLeaderKillLoop(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

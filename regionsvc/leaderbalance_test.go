@@ -42,6 +42,7 @@ func (tr *testRegion) moveLeader(ctx context.Context, stream string, r uint32, t
 // preferred node comes back to it once the leader's balance interval
 // passes, and a node configured without balancing keeps what it leads.
 func TestLeaderReturnsToPreferredNode(t *testing.T) {
+	t.Parallel()
 	for _, balance := range []bool{true, false} {
 		t.Run(fmt.Sprintf("balance=%v", balance), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

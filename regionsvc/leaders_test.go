@@ -109,6 +109,7 @@ func (tr *testRegion) leaderTransfers() (n int64) {
 // id picks) or with the preference not recorded (transfers are undone and
 // planned again).
 func TestRebalanceBalancesLeaders(t *testing.T) {
+	t.Parallel()
 	const ranges = 12
 	tr := newTestRegionWith(t, 3, 3, leaderBalanceConfig(2))
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -197,6 +198,7 @@ func fmtCounts(c map[uint64]int) string {
 // learners left unthrottled (no bytes counted, the catch-up takes a
 // fraction of a second).
 func TestLearnerCatchUpThrottled(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegionWith(t, 4, 3, func(c *Config) {
 		c.Rebalance = RebalanceConfig{TransferBytesPerSecond: 1 << 20} // bucket only: no rebalancer
 	})
@@ -249,6 +251,7 @@ func TestLearnerCatchUpThrottled(t *testing.T) {
 // (the oldest answers), not for every range another node leads (about
 // two thirds of them). It fails with a full snapshot every round.
 func TestRebalanceSnapshotIncremental(t *testing.T) {
+	t.Parallel()
 	const ranges = 60
 	tr := newTestRegionWith(t, 3, 3, rebalanceConfig(2))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -163,6 +163,7 @@ func createProbeStream(t *testing.T, conn *grpc.ClientConn, name string) {
 // unread), INVALID_ARGUMENT for the second (refused on their record count,
 // counted on the wire: no record decoded); none is appended.
 func TestProbeEmptyRecords(t *testing.T) {
+	t.Parallel()
 	p, conn := probeNode(t)
 	createProbeStream(t, conn, "e")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -197,6 +198,7 @@ func TestProbeEmptyRecords(t *testing.T) {
 // The node takes what its budgets hold and refuses the rest with
 // OVERLOADED (RESOURCE_EXHAUSTED, a retry-after), answering every one.
 func TestProbeLargeBatches(t *testing.T) {
+	t.Parallel()
 	p, conn := probeNode(t)
 	createProbeStream(t, conn, "l")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -222,6 +224,7 @@ func TestProbeLargeBatches(t *testing.T) {
 // more: the node sends what its read budget holds and refuses the rest
 // with OVERLOADED.
 func TestProbeLargeReads(t *testing.T) {
+	t.Parallel()
 	p, conn := probeNode(t)
 	createProbeStream(t, conn, "r")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -265,6 +268,7 @@ func TestProbeLargeReads(t *testing.T) {
 // one message of the read budget until it is cut off with SLOW_CONSUMER;
 // the node serves other subscribers meanwhile and after.
 func TestProbeIdleSubscribers(t *testing.T) {
+	t.Parallel()
 	p, conn := probeNode(t, "--subscriber-send-timeout", "3s")
 	createProbeStream(t, conn, "s")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -324,6 +328,7 @@ func TestProbeIdleSubscribers(t *testing.T) {
 // address; those past its bounds are closed at once, and the rest once
 // their handshake times out.
 func TestProbeIdleConnections(t *testing.T) {
+	t.Parallel()
 	limit, err := regionsvc.RaiseFileLimit()
 	if err != nil {
 		t.Fatal(err)
@@ -401,6 +406,7 @@ func nodeFileLimit(t *testing.T, pid int) int {
 // serves. A retention that would overflow is refused, and leaves the name
 // free: the accepted creates leave room below the bound for its one range.
 func TestProbeRangeCap(t *testing.T) {
+	t.Parallel()
 	p, conn := probeNode(t)
 	c := geologv1.NewLogClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -452,6 +458,7 @@ func TestProbeRangeCap(t *testing.T) {
 // node reads a few at a time, refuses the rest with OVERLOADED, and its
 // peak memory stays under rssMax.
 func TestProbeWaitingLargeRequests(t *testing.T) {
+	t.Parallel()
 	p, conn := probeNode(t)
 	createProbeStream(t, conn, "w")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

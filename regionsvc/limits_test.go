@@ -25,6 +25,7 @@ import (
 
 // TestQuotaBuckets walks the token buckets on a fake clock.
 func TestQuotaBuckets(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	q := newQuotas(10, 1000, func() time.Time { return now })
 	if newQuotas(0, 0, time.Now) != nil {
@@ -61,6 +62,7 @@ func TestQuotaBuckets(t *testing.T) {
 // TestKeyMustBelongToRange: a record whose key hashes to another range is
 // refused with INVALID_ARGUMENT, and nothing is appended.
 func TestKeyMustBelongToRange(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "k", 4)
 	ctx := ctxT(t)
@@ -82,6 +84,7 @@ func TestKeyMustBelongToRange(t *testing.T) {
 // holds (it wrapped negative, the ranges never opened and the name was
 // stuck) is refused; the name stays free.
 func TestRetentionOverflowRefused(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), nil)
 	ctx := ctxT(t)
 	for _, ret := range []*geologv1.RetentionPolicy{{MaxAgeMs: 9_300_000_000_000}, {MaxAgeMs: 1 << 62}, {MaxBytes: 1<<62 + 1}} {
@@ -101,6 +104,7 @@ func TestRetentionOverflowRefused(t *testing.T) {
 // range bound is refused before anything is created; the ranges it has
 // all serve, and a deletion makes room.
 func TestRangesMaxRefusesUpFront(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, c := testNode(t, dir, func(cfg *Config) { cfg.Limits.RangesMax = 100 })
 	ctx := ctxT(t)
@@ -135,6 +139,7 @@ func TestRangesMaxRefusesUpFront(t *testing.T) {
 // are gone, the deletion survives a restart, and the name takes a new
 // stream that starts empty.
 func TestDeleteStream(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, c := testNode(t, dir, nil)
 	ctx := ctxT(t)
@@ -171,6 +176,7 @@ func TestDeleteStream(t *testing.T) {
 // every receive slot is taken, get a retriable OVERLOADED with a
 // retry-after; they succeed once the budget is back.
 func TestBudgetsRefuseWithRetryAfter(t *testing.T) {
+	t.Parallel()
 	n, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "b", 1)
 	ctx := ctxT(t)
@@ -225,6 +231,7 @@ func TestBudgetsRefuseWithRetryAfter(t *testing.T) {
 // with SLOW_CONSUMER once a message waited SubscriberSendTimeout, and what
 // the node held for it is returned; the node serves on.
 func TestSlowSubscriberCutOff(t *testing.T) {
+	t.Parallel()
 	n, c := testNode(t, t.TempDir(), func(cfg *Config) { cfg.Limits.SubscriberSendTimeout = time.Second })
 	createStream(t, c, "s", 1)
 	ctx := ctxT(t)
@@ -260,6 +267,7 @@ func TestSlowSubscriberCutOff(t *testing.T) {
 // its requests with a retry-after, which the SDK waited out instead of
 // retrying at its own (here 1 ms) backoff.
 func TestQuotaSDKBacksOff(t *testing.T) {
+	t.Parallel()
 	const rate = 64 << 10
 	n, _ := testNode(t, t.TempDir(), func(cfg *Config) { cfg.Limits.QuotaBytesPerSecond = rate })
 	ctx := ctxT(t)
@@ -316,6 +324,7 @@ func TestQuotaSDKBacksOff(t *testing.T) {
 // past RequestsWaitingMax is refused at once with OVERLOADED, so what
 // waits stays bounded.
 func TestSmallRequestsWaitForReceiveSlots(t *testing.T) {
+	t.Parallel()
 	const commits = 256
 	n, lc := testNode(t, t.TempDir(), func(cfg *Config) {
 		cfg.Limits.RequestsReceivingMax = 2
@@ -376,6 +385,7 @@ func TestSmallRequestsWaitForReceiveSlots(t *testing.T) {
 // once with OVERLOADED when none is free, so that no request of the API
 // is read outside the bound.
 func TestTapGatesOnlyGatedMethods(t *testing.T) {
+	t.Parallel()
 	cfg := LimitsConfig{RequestsReceivingMax: 1, RequestsWaitingMax: 1}
 	cfg.setDefaults(1024)
 	l := newLimits(cfg, time.Now, nil, hclog.NewNullLogger())
@@ -408,6 +418,7 @@ func TestTapGatesOnlyGatedMethods(t *testing.T) {
 // may wait to be read; under one, the waiting requests' stream windows
 // hold at most a quarter of it, never fewer than 16 requests.
 func TestWaitingMaxFollowsMemoryLimit(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		limit int64
 		want  int

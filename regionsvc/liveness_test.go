@@ -18,6 +18,7 @@ import (
 // the range waited for the followers' election timeout, and the stopped
 // node answered UNAVAILABLE, holding its producers, until a restart.
 func TestLeaderFsyncFailureHandsOff(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := newFaultRegion(t, ctx, "eio", func(cfg *Config) {

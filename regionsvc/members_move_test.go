@@ -15,6 +15,7 @@ import (
 // moved, the recorded address wins over --peers. It fails if a move is
 // taken without TLS, refused with it, or --peers keeps the old address.
 func TestMoveNeedsTLS(t *testing.T) {
+	t.Parallel()
 	for _, secure := range []bool{true, false} {
 		n := &Node{cfg: Config{Region: "local"}, region: &region{}}
 		if secure {

@@ -23,6 +23,7 @@ import (
 // node 4 is missing from a node's list, or no range of the new stream is
 // on it.
 func TestTLSNodeJoinsProc(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}
@@ -120,6 +121,7 @@ func rangeOnNode(t *testing.T, ctx context.Context, admins []geologv1.AdminClien
 // It fails if the move is refused (NODE_ID_IN_USE, as before), a node
 // keeps the old address, or node 4 is not reached at the new one.
 func TestTLSNodeMovesProc(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

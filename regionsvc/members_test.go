@@ -140,6 +140,7 @@ func (tr *testRegion) voters(ctx context.Context, stream string, ranges uint32) 
 // serve its range, or if a bad request is accepted.
 // (The decommissioned node itself is not asked: it is cut off.)
 func TestNodeJoinsRunningRegion(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	// Generous: a busy machine (make test beside other work) has taken
 	// over a minute for the steps below.
@@ -289,6 +290,7 @@ func (tr *testRegion) appendAndReadFrom(ctx context.Context, id uint64, stream s
 // created afterwards is served by the joined node. It fails if either
 // restart loses the node list or the joined node cannot serve.
 func TestJoinedNodeRestarts(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -326,6 +328,7 @@ func TestJoinedNodeRestarts(t *testing.T) {
 // and 4 in c, no range is on both 1 and 2. It fails if a zone is not
 // listed on every node or a range doubles up in zone a.
 func TestZonesSpreadNewRanges(t *testing.T) {
+	t.Parallel()
 	zones := map[uint64]string{1: "a", 2: "a", 3: "b", 4: "c"}
 	tr := newTestRegionWith(t, 4, 3, func(c *Config) { c.Zone = zones[c.NodeID] })
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -350,6 +353,7 @@ func TestZonesSpreadNewRanges(t *testing.T) {
 // the region may forward a join, a stranger may not. It fails if a
 // forged join is admitted or an honest one refused.
 func TestJoinIdentity(t *testing.T) {
+	t.Parallel()
 	n := &Node{cfg: Config{TLS: &tls.Config{}, Region: "local"}, region: &region{}}
 	n.region.members.list = &membership.List{}
 	if err := n.region.members.list.Seed([]membership.Node{{ID: 1, Addr: "h:1"}, {ID: 2, Addr: "h:2"}}); err != nil {

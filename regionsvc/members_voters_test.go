@@ -53,6 +53,7 @@ func (tr *testRegion) waitCatalogueConf(ctx context.Context, id uint64, voters, 
 // voter is not replaced, the leaving one stays a voter, or the create finds
 // no quorum (the founders kept as voters).
 func TestCatalogueKeepsVotersOverLiveNodes(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -85,6 +86,7 @@ func TestCatalogueKeepsVotersOverLiveNodes(t *testing.T) {
 // TestNextVoterChange: the voter rules' steps, one case each. It fails on
 // any other step.
 func TestNextVoterChange(t *testing.T) {
+	t.Parallel()
 	live := func(id uint64) membership.Node { return membership.Node{ID: id, State: membership.Live} }
 	in := func(id uint64, zone string, st membership.State) membership.Node {
 		return membership.Node{ID: id, Zone: zone, State: st}

@@ -10,6 +10,7 @@ import (
 )
 
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	_, c := testNode(t, t.TempDir(), func(cfg *Config) { cfg.MeterProvider = mp })

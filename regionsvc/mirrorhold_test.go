@@ -20,6 +20,7 @@ import (
 // TestMirrorHoldDefaults: the hold bound defaults to twice the retention
 // of its kind, none without one; -1 is none; an explicit bound stands.
 func TestMirrorHoldDefaults(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		spec streamSpec
 		want mirrorHold
@@ -51,6 +52,7 @@ func TestMirrorHoldDefaults(t *testing.T) {
 // its position is known; one whose position is unknown counts from 0:
 // released only when the whole log passes the bound.
 func TestHoldState(t *testing.T) {
+	t.Parallel()
 	s, err := segment.Open(segment.Config{Dir: t.TempDir(), Fsync: segment.FsyncNever, SegmentBytesMax: segment.SegmentBytesMaxMin})
 	if err != nil {
 		t.Fatal(err)
@@ -106,6 +108,7 @@ func TestHoldState(t *testing.T) {
 // The bounds leave eu, which lags by up to a few dozen records while the
 // test writes, far within them.
 func TestMirrorHoldBound(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

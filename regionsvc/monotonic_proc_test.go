@@ -33,6 +33,7 @@ import (
 // node served only up to the commit index of its last election until a
 // leader told it more: here, until the peers resumed.)
 func TestReadsNeverShrinkAcrossKill9(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

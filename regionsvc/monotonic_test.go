@@ -24,6 +24,7 @@ import (
 // OFFSET_OUT_OF_RANGE (final) and one within it is served as soon as the
 // mirror catches up.
 func TestReadPastLaggingMirror(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

@@ -441,6 +441,7 @@ func createGeoStream(t *testing.T, ctx context.Context, w *world, name string, r
 // a prefix of its home log; after they stop, every mirror equals its home
 // (a hash over each range), with every acked record at its offset.
 func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
@@ -572,6 +573,7 @@ func TestMultiRegionMirrorsArePrefixes(t *testing.T) {
 // Append RPC answers NOT_HOME. Reads with consistency home see what was
 // acked before them in every region.
 func TestMirrorRefusesAppends(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
@@ -638,6 +640,7 @@ func TestMirrorRefusesAppends(t *testing.T) {
 // it) under load: the range's new leader resumes shipping where the
 // mirrors are.
 func TestMirrorCatchesUpAfterLinkCut(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
@@ -733,6 +736,7 @@ func freeAddr(t *testing.T) string { return portlock.Addr(t) }
 // committed end) made the next batch look like a gap, and the source lost
 // a round trip resending it (tens of times a second under load).
 func TestMirrorApplyPublishesItsEnd(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

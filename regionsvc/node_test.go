@@ -103,6 +103,7 @@ func wantCode(t *testing.T, err error, code apierr.Code) {
 }
 
 func TestAppendReadRoundTrip(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "s", 2)
 	ctx := ctxT(t)
@@ -156,6 +157,7 @@ func TestAppendReadRoundTrip(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), func(cfg *Config) { cfg.RecordBytesMax = 1000 })
 	createStream(t, c, "s", 1)
 	ctx := ctxT(t)
@@ -210,6 +212,7 @@ func TestBadInput(t *testing.T) {
 // TestMalformedWire sends bytes that are not a valid AppendRequest: gRPC
 // must answer with a status, and the server must stay up.
 func TestMalformedWire(t *testing.T) {
+	t.Parallel()
 	n, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "s", 1)
 	conn, err := grpc.NewClient(n.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -229,6 +232,7 @@ func TestMalformedWire(t *testing.T) {
 }
 
 func TestIdempotentAppend(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, c := testNode(t, dir, nil)
 	createStream(t, c, "s", 1)
@@ -272,6 +276,7 @@ func TestIdempotentAppend(t *testing.T) {
 }
 
 func TestAppendStreamPipelined(t *testing.T) {
+	t.Parallel()
 	// The subject is order within a pipeline, not shedding: on a busy
 	// machine 300 requests queue past the 100 ms target and the node
 	// would answer OVERLOADED (shed_test.go covers that).
@@ -332,6 +337,7 @@ func TestAppendStreamPipelined(t *testing.T) {
 }
 
 func TestSubscribeFollowsTail(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "s", 1)
 	ctx := ctxT(t)
@@ -367,6 +373,7 @@ func TestSubscribeFollowsTail(t *testing.T) {
 }
 
 func TestSubscribeFromTime(t *testing.T) {
+	t.Parallel()
 	var nowSec atomic.Int64 // the driver reads the clock too (the commit mark's linger)
 	nowSec.Store(1000)
 	_, c := testNode(t, t.TempDir(), func(cfg *Config) { cfg.Now = func() time.Time { return time.Unix(nowSec.Load(), 0) } })
@@ -396,6 +403,7 @@ func TestSubscribeFromTime(t *testing.T) {
 }
 
 func TestMinOffsetRead(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "s", 1)
 	ctx := ctxT(t)
@@ -426,6 +434,7 @@ func TestMinOffsetRead(t *testing.T) {
 }
 
 func TestStreamsSurviveRestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, c := testNode(t, dir, nil)
 	createStream(t, c, "a", 2)
@@ -462,6 +471,7 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 // TestCloseEndsAppendStreams: an open AppendStream does not hold shutdown
 // up; it ends with a typed, retriable SHUTTING_DOWN.
 func TestCloseEndsAppendStreams(t *testing.T) {
+	t.Parallel()
 	n, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "s", 1)
 	st, err := c.AppendStream(ctxT(t))
@@ -488,6 +498,7 @@ func TestCloseEndsAppendStreams(t *testing.T) {
 // stops that range with a typed CORRUPTION error after restart; the other
 // ranges serve on, and nothing on disk is changed.
 func TestCorruptRangeIsNotServed(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, c := testNode(t, dir, nil)
 	createStream(t, c, "s", 2)
@@ -540,6 +551,7 @@ func TestCorruptRangeIsNotServed(t *testing.T) {
 // with ErrSingleNodeDataDir, and left as it was; a directory this build
 // wrote (streams.json beside meta/) opens.
 func TestSingleNodeDataDirRefused(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	old := []byte(`{"version": 1, "streams": [{"name": "s", "range_count": 1, "regions": ["local"]}]}`)
 	if err := os.WriteFile(filepath.Join(dir, catalogFile), old, 0o600); err != nil {

@@ -21,6 +21,7 @@ import (
 // NOT_LEADER, and an SDK subscriber given that node's address first reads
 // every record from a replica.
 func TestReadAtNonReplicaNode(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

@@ -24,6 +24,7 @@ import (
 // sides; with the link cut, eu's time lag grows past the cut's length
 // and its record lag counts what it misses.
 func TestShipmentSpansAndLag(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

@@ -13,6 +13,7 @@ import (
 // range still elects, quiesces and takes an append, and the count goes
 // back to zero. Without the pacing all 96 are awake at once.
 func TestRangesOpenPacedByAwakeGroups(t *testing.T) {
+	t.Parallel()
 	const bound, slack, ranges = 2, 24, 96
 	tr := newTestRegionWith(t, 3, 3, func(cfg *Config) { cfg.openAwakeMax = bound })
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
@@ -49,6 +50,7 @@ func TestRangesOpenPacedByAwakeGroups(t *testing.T) {
 // admitted leaves the queue, so the pace neither admits nor counts it
 // (a deleted stream's ranges would hold places among the awake for ever).
 func TestOpenPaceSkipsStoppedGroups(t *testing.T) {
+	t.Parallel()
 	p := &openPace{max: 1}
 	stopped, next := p.enqueue(), p.enqueue()
 	if p.cancel(stopped) {

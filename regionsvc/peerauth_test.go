@@ -16,6 +16,7 @@ import (
 // later shows up here): a geolog.v1 method is public, anything else is
 // for nodes.
 func TestCallClasses(t *testing.T) {
+	t.Parallel()
 	want := map[string]callClass{
 		"/geolog.v1.Log/Append":                                 callPublic,
 		"/geolog.v1.Log/AppendStream":                           callPublic,
@@ -92,6 +93,7 @@ func TestCallClasses(t *testing.T) {
 // TestInsecureNodeChecksNothing: without TLS the node lets every call
 // through (geologd says so at start), even with the internal headers.
 func TestInsecureNodeChecksNothing(t *testing.T) {
+	t.Parallel()
 	n := &Node{cfg: Config{Region: "us"}}
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(forwardedKey, "1"))
 	for _, m := range []string{"/geolog.v1.Log/Append", "/geolog.internal.v1.RaftTransport/Stream", "/geolog.v1.Admin/RefreshHomes"} {
@@ -110,6 +112,7 @@ func TestInsecureNodeChecksNothing(t *testing.T) {
 // TestSecureNodeWantsAnIdentity: with TLS, a call without a verified
 // certificate is UNAUTHENTICATED, whatever it calls.
 func TestSecureNodeWantsAnIdentity(t *testing.T) {
+	t.Parallel()
 	n := &Node{cfg: Config{Region: "us", TLS: &tls.Config{}}, logger: hclog.NewNullLogger()}
 	err := n.authorizeCall(context.Background(), "/geolog.v1.Log/ListStreams")
 	var e *apierr.Error
@@ -129,6 +132,7 @@ func TestSecureNodeWantsAnIdentity(t *testing.T) {
 // permission table, and each entry is a served method. A public method
 // left out of the table is refused to a client, whatever the policy.
 func TestMethodPermsComplete(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, []string{"us", "eu"}, 1, 0, 0)
 	served := map[string]bool{}
 	for service, info := range w.nodes["us"][1].grpcServer.GetServiceInfo() {

@@ -58,6 +58,7 @@ func mixedRecs(prefix string, r uint32, n int) []*geologv1.Record {
 // form and in the records form read back the same, each at the offsets
 // the append answered; a resent batch is answered as the duplicate it is.
 func TestProducedAppendRoundTrip(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "s", 2)
 	ctx := ctxT(t)
@@ -92,6 +93,7 @@ func TestProducedAppendRoundTrip(t *testing.T) {
 // it came, and it is byte for byte the frame it encodes from the same
 // records in the records form.
 func TestProducedFrameMatchesEncoded(t *testing.T) {
+	t.Parallel()
 	n, c := testNode(t, t.TempDir(), nil)
 	createStream(t, c, "s", 2)
 	in := mixedRecs("a", 0, 9)
@@ -121,6 +123,7 @@ func TestProducedFrameMatchesEncoded(t *testing.T) {
 // with its code (and a bad frame with INVALID_ARGUMENT naming the batch
 // error), nothing of any of them is appended, and the node goes on.
 func TestProducedBadInput(t *testing.T) {
+	t.Parallel()
 	_, c := testNode(t, t.TempDir(), func(cfg *Config) { cfg.RecordBytesMax = 1000; cfg.BatchBytesMax = 4000 })
 	createStream(t, c, "s", 2)
 	if _, err := c.CreateStream(ctxT(t), &geologv1.CreateStreamRequest{Name: "kv", RangeCount: 1,

@@ -70,6 +70,7 @@ func (tr *testRegion) crash(id uint64) {
 // followers, woken by the node's liveness watch, elect a new leader that
 // takes appends.
 func TestIdleRangesQuiesce(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

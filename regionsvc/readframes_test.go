@@ -134,6 +134,7 @@ func sameStored(a, b []*geologv1.StoredRecord) bool {
 // Fails on any frame not cut right (records below from, past the end or
 // the fence, past max_records) or a wrong next offset.
 func TestFrameFormEqualsRecordsForm(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
 	d := frameLog(t, rng, 120)
 	tail := d.store.NextOffset()

@@ -234,6 +234,7 @@ func noneOn(id uint64) func([][]uint64) error {
 // (the driver does not run), if more than 2 moves are ever under way, if
 // the counts end uneven, or if the log is damaged.
 func TestRebalanceOntoJoinedNode(t *testing.T) {
+	t.Parallel()
 	joinUnderLoad(t, 6, 0, 0)
 }
 
@@ -244,6 +245,7 @@ func TestRebalanceOntoJoinedNode(t *testing.T) {
 //
 //	GEOLOG_REBALANCE_FIGURE=12,2000,1024 go test ./regionsvc -run TestRebalanceFigure -count=1 -v
 func TestRebalanceFigure(t *testing.T) {
+	t.Parallel()
 	var ranges, records, size int
 	if _, err := fmt.Sscanf(os.Getenv("GEOLOG_REBALANCE_FIGURE"), "%d,%d,%d", &ranges, &records, &size); err != nil {
 		t.Skip("GEOLOG_REBALANCE_FIGURE=ranges,records,bytes not set")
@@ -369,6 +371,7 @@ func (tr *testRegion) preload(ctx context.Context, stream string, ranges uint32,
 // the refusal is missing, the drain leaves a replica on node 4, or the
 // decommission is refused once node 4 is empty.
 func TestRebalanceDrainThenDecommission(t *testing.T) {
+	t.Parallel()
 	const ranges = 4
 	tr := newTestRegionWith(t, 3, 3, rebalanceConfig(2))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -413,6 +416,7 @@ func TestRebalanceDrainThenDecommission(t *testing.T) {
 // marks it dead and every range it held is repaired to three voters on
 // nodes 1-3. It fails if the ranges keep node 4 as a voter.
 func TestRebalanceRepairsDeadNode(t *testing.T) {
+	t.Parallel()
 	const ranges = 4
 	tr := newTestRegionWith(t, 4, 3, rebalanceConfig(2))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -444,6 +448,7 @@ func TestRebalanceRepairsDeadNode(t *testing.T) {
 // leaves an over-replicated range alone (it stays on four: no move can
 // take a replica to a node the range does not hold).
 func TestRebalanceRemovesExcessVoter(t *testing.T) {
+	t.Parallel()
 	const ranges = 2
 	tr := newTestRegionWith(t, 4, 3, rebalanceConfig(2))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -492,6 +497,7 @@ func TestRebalanceRemovesExcessVoter(t *testing.T) {
 // removed the same learner is taken. It fails without the check in
 // ChangeReplicas (the learner is added beside four voters).
 func TestAddLearnerPastFactorRefused(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegionRF(t, 5, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -49,6 +49,7 @@ func leaderOf(ctx context.Context, clients map[string]geologv1.LogClient, skip, 
 // leader and resumes it: the stale leader must not ack it, and the log must
 // not hold it.
 func TestStaleLeaderGetsNoAck(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

@@ -110,6 +110,7 @@ func (tr *testRegion) retry(ctx context.Context, what string, fn func(ctx contex
 }
 
 func TestRegionReplicates(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -199,6 +200,7 @@ func TestRegionReplicates(t *testing.T) {
 // 1-3, move range 0's replica from node 1 to node 4 (learner, catch-up,
 // promote, remove) while appends go on; node 4 then serves the whole log.
 func TestReplaceReplicaThroughAdmin(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegionRF(t, 4, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -307,6 +309,7 @@ func TestReplaceReplicaThroughAdmin(t *testing.T) {
 // catalogue leader); a stream that was never created is STREAM_NOT_FOUND
 // everywhere.
 func TestStreamNotFoundIsFinal(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -46,6 +46,7 @@ func (w *world) joinWorld(region string, id, member uint64) string {
 // reaches b, through node 4. It fails if a never learns node 4, learns b's
 // founding nodes' direct addresses, or cannot create the stream.
 func TestOtherRegionsLearnJoinedNode(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	w := newWorld(t, []string{"a", "b"}, 3, time.Millisecond, 0)
@@ -83,6 +84,7 @@ func TestOtherRegionsLearnJoinedNode(t *testing.T) {
 // only when it names the region asked, lists each id once, and is bounded;
 // a decommissioned node is left out. It fails if a bad answer is taken.
 func TestRegionMembersAnswerChecked(t *testing.T) {
+	t.Parallel()
 	good := &geologinternalv1.MembersResponse{Region: "b", Members: []*geologinternalv1.JoinMember{
 		{NodeId: 2, Address: "h2:1", State: "live"}, {NodeId: 1, Address: "h1:1", State: "draining"},
 		{NodeId: 3, Address: "h3:1", State: "decommissioned"}}}
@@ -112,6 +114,7 @@ func TestRegionMembersAnswerChecked(t *testing.T) {
 // seeds are, until the grace has passed. It fails if a node behind a seed
 // is dialled directly or a joined node is never given.
 func TestRegionAddrsSeedsStandForTheirNodes(t *testing.T) {
+	t.Parallel()
 	n := &Node{cfg: Config{Region: "a", Regions: map[string][]string{"b": {"link1:1", "link2:1"}}}, book: newAddrBook()}
 	n.regionDir.learned = map[string][]learnedMember{"b": {{1, "b1:1"}, {2, "b2:1"}, {4, "b4:1"}}}
 	n.regionDir.started = time.Now()

@@ -54,6 +54,7 @@ func startFakeStopNodes(t *testing.T, resps []*geologv1.RefreshHomesResponse) []
 // followers' 16, below acked records. Range 1's leader reported 20: that
 // is its tail, whatever a follower said.
 func TestStopTakesOnlyLeaderTails(t *testing.T) {
+	t.Parallel()
 	follower := func(id uint64, tail0, tail1 uint64) *geologv1.RefreshHomesResponse {
 		return &geologv1.RefreshHomesResponse{HomesVersion: 7, LivenessNodeId: id, Tails: []*geologv1.RangeTail{
 			{Range: 0, TailOffset: tail0}, {Range: 1, TailOffset: tail1}}}
@@ -85,6 +86,7 @@ func TestStopTakesOnlyLeaderTails(t *testing.T) {
 // end holds a divergent tail and offers 0 (no candidate); a fence at or
 // past its end, or none, leaves its committed end.
 func TestCandidateTails(t *testing.T) {
+	t.Parallel()
 	at := func(o uint64) *uint64 { return &o }
 	resp := &geologv1.DescribeStreamResponse{Ranges: []*geologv1.RangeInfo{
 		{Range: 0, TailOffset: 40, TimelineFenceOffset: at(12)}, // divergent from 12 on
@@ -114,6 +116,7 @@ func TestCandidateTails(t *testing.T) {
 //     read) from any node of the old home, and once the move is cancelled
 //     home reads are answered again.
 func TestStoppedRangeAnswersOnlyItsFinalTail(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("two regions of three nodes")
 	}

@@ -63,6 +63,7 @@ func unitKeys(t *testing.T, dir string) map[atrest.KeyID]int {
 // reaches 0). Every record reads back identical, and with the old key
 // retired from the keyring the node still starts and reads them all.
 func TestResealAfterRotation(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, kek := newKEKFile(t)
 	withKEK := func(reseal bool) func(*Config) {
@@ -163,6 +164,7 @@ func TestResealAfterRotation(t *testing.T) {
 // rotation period starts new data keys without a restart, and every record
 // written under the older ones still reads back identical.
 func TestRotationWhileRunning(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, kek := newKEKFile(t)
 	n, c := testNode(t, dir, func(cfg *Config) {

@@ -63,6 +63,7 @@ func codeIs(k string, spellings ...string) bool {
 // CANCELED, never INTERNAL (every successful AppendStream used to be counted
 // INTERNAL, so an error-rate alert fired on healthy traffic).
 func TestAppendStreamStatusInMetrics(t *testing.T) {
+	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	n, raw := testNode(t, t.TempDir(), func(cfg *Config) { cfg.MeterProvider = mp })
@@ -141,6 +142,7 @@ func TestAppendStreamStatusInMetrics(t *testing.T) {
 // locked" for each range and serve anyway), and the directory is free again
 // once the first node closes.
 func TestSecondNodeOnDataDirRefused(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	first, raw := testNode(t, dir, nil)
 	createStream(t, raw, "s", 2)

@@ -46,6 +46,7 @@ func overloadShedder(t *testing.T, t0 time.Time) (*appendShedder, []*shedEntry) 
 // after the one before, admitting the others; arrivals behind a young
 // queue are admitted.
 func TestAppendShedderRefusesAtCoDelPace(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	s, pending := overloadShedder(t, t0)
@@ -79,6 +80,7 @@ func TestAppendShedderRefusesAtCoDelPace(t *testing.T) {
 // senders do not slow down), refusals come at most one per target once
 // the run has four, not ever faster.
 func TestAppendShedderPaceCapped(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	s, pending := overloadShedder(t, t0)
 	_ = pending // stay pending: the queue stands throughout
@@ -108,6 +110,7 @@ func TestAppendShedderPaceCapped(t *testing.T) {
 // the target ends the overload; so does an interval without commits, even
 // with an append whose answer never comes.
 func TestAppendShedderOverloadEnds(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	s, pending := overloadShedder(t, t0)
@@ -142,6 +145,7 @@ func TestAppendShedderOverloadEnds(t *testing.T) {
 // TestAppendShedderPendingBound: past appendShedPendingMax unanswered
 // appends, new ones go untracked.
 func TestAppendShedderPendingBound(t *testing.T) {
+	t.Parallel()
 	s := newAppendShedder(time.Millisecond)
 	now := time.Unix(1000, 0)
 	for range appendShedPendingMax {
@@ -162,6 +166,7 @@ func TestAppendShedderPendingBound(t *testing.T) {
 // never proposed, so its resend is acknowledged as a new append, never
 // as a duplicate, and the log holds every acknowledged append once.
 func TestSlowDiskShedsAppends(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a region with a slow disk")
 	}

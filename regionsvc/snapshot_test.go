@@ -41,13 +41,19 @@ func (tr *testRegion) rangeDriverOf(id uint64, stream string, r uint32) *rangeDr
 // retention compacts its log past the follower's, and the restarted
 // follower catches up by segment transfer; all three nodes then serve the
 // same records at the same offsets, and the follower reads by key.
-func TestSnapshotCatchUpThroughRegion(t *testing.T) { testSnapshotCatchUp(t, false) }
+func TestSnapshotCatchUpThroughRegion(t *testing.T) {
+	t.Parallel()
+	testSnapshotCatchUp(t, false)
+}
 
 // TestSnapshotCatchUpSealed is TestSnapshotCatchUpThroughRegion with
 // encryption at rest on, each node under its own KEK: segment transfer
 // ships frames the follower seals under its own key, and no node's data
 // directory holds a record value in the clear.
-func TestSnapshotCatchUpSealed(t *testing.T) { testSnapshotCatchUp(t, true) }
+func TestSnapshotCatchUpSealed(t *testing.T) {
+	t.Parallel()
+	testSnapshotCatchUp(t, true)
+}
 
 func testSnapshotCatchUp(t *testing.T, sealed bool) {
 	var tr *testRegion

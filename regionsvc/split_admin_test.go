@@ -74,6 +74,7 @@ func (tr *testRegion) waitMaps(ctx context.Context, stream string, version uint6
 // the reserved split again finishes it; a split range answers
 // RANGE_SPLIT, a boundary outside the range INVALID_ARGUMENT.
 func TestSplitRangeAdmin(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -129,6 +130,7 @@ func TestSplitRangeAdmin(t *testing.T) {
 // every node at once each succeed or answer SPLIT_IN_PROGRESS; the map
 // counts exactly the successes, and every node holds the same one.
 func TestSplitRangeRacing(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -166,6 +168,7 @@ func TestSplitRangeRacing(t *testing.T) {
 // in the lease store where the parent is, at its epoch, from offset 0,
 // before the split is recorded; they take appends of their keys.
 func TestSplitRangeHomes(t *testing.T) {
+	t.Parallel()
 	store := homing.NewMemStore()
 	tr := newTestRegionWith(t, 3, 3, func(cfg *Config) {
 		cfg.Region = "us"

@@ -15,6 +15,7 @@ import (
 // producer is told RANGE_SPLIT, every node's map shows the split, and the
 // range that stayed small does not split.
 func TestSplitBySize(t *testing.T) {
+	t.Parallel()
 	const thresholdBytes = 8 << 10
 	tr := newTestRegionWith(t, 3, 3, func(c *Config) {
 		c.MaintenanceInterval = 200 * time.Millisecond

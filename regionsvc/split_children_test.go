@@ -104,6 +104,7 @@ func (p *keyProducer) acked() int {
 // answers RANGE_SPLIT, not INVALID_ARGUMENT, to a stale producer. A
 // restarted node reopens the children from its catalogue.
 func TestSplitKeyOrderAcrossChildren(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

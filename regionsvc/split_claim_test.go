@@ -22,6 +22,7 @@ import (
 // parent's children are homed where the parent is. Without the claim both
 // take version 1 and children 2 and 3.
 func TestSplitsAcrossHomes(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
@@ -115,6 +116,7 @@ func TestSplitsAcrossHomes(t *testing.T) {
 // region does not split (INVALID_ARGUMENT naming the regions); one homed
 // in a single region does.
 func TestSplitAcrossHomesNeedsLeaseStore(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

@@ -34,6 +34,7 @@ import (
 // contradicts the record is RANGE_SPLIT. Without the forwarded request eu
 // never records the split.
 func TestSplitMirroredCatalogueWithoutReplica(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}
@@ -281,6 +282,7 @@ func (s *regionSubscriber) waitFor(t *testing.T, ctx context.Context, want int) 
 // only from a node of the region in its own name. It fails if a forged
 // sender is admitted or an honest one refused.
 func TestSplitSenderIdentity(t *testing.T) {
+	t.Parallel()
 	n := &Node{cfg: Config{TLS: &tls.Config{}, Region: "eu"}, logger: hclog.NewNullLogger()}
 	req := &geologinternalv1.RecordMirrorSplitRequest{Region: "eu", NodeId: 3, Stream: "s"}
 	for _, c := range []struct {
@@ -316,6 +318,7 @@ func TestSplitSenderIdentity(t *testing.T) {
 // the catalogue leader's own log) passes before it is recorded. Each
 // refusal is typed; the split already recorded is answered as recorded.
 func TestCheckMirrorSplit(t *testing.T) {
+	t.Parallel()
 	m := keyspace.NewRangeMap(2)
 	next, err := splitDecision("s", m, 1, 0)
 	if err != nil {
@@ -358,6 +361,7 @@ func TestCheckMirrorSplit(t *testing.T) {
 // TestMirrorSplitRetries: a failed request waits longer each time, up to
 // mirrorSplitRetryMax; a success, or the candidate gone, forgets it.
 func TestMirrorSplitRetries(t *testing.T) {
+	t.Parallel()
 	rs := mirrorSplitRetries{}
 	c := mirrorSplitCandidate{stream: "s", rng: 1}
 	now := time.Unix(1000, 0)

@@ -13,6 +13,7 @@ import (
 // TestLoadBoundary: the boundary halves the sampled records, not the
 // hash space; too few samples, or load that one key carries, give none.
 func TestLoadBoundary(t *testing.T) {
+	t.Parallel()
 	lo, hi := uint64(1000), uint64(1_000_000)
 	// 90 records on 30 keys in the lowest tenth of the range: the
 	// midpoint would leave every one of them on the left.
@@ -77,6 +78,7 @@ func keysInHashes(lo, hi uint64, count int) [][]byte {
 // the hash midpoint would leave every one of them in one child. Every
 // acked record is below the split offset on every replica.
 func TestSplitByLoad(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegionWith(t, 3, 3, func(c *Config) {
 		c.MaintenanceInterval = 200 * time.Millisecond
 		c.SplitRangeRecordsPerSecond = 40
@@ -119,6 +121,7 @@ func TestSplitByLoad(t *testing.T) {
 // one key is not split (no boundary spreads it), however long it stays
 // hot; the node records that it looked and found none.
 func TestNoSplitForOneHotKey(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegionWith(t, 3, 3, func(c *Config) {
 		c.MaintenanceInterval = 200 * time.Millisecond
 		c.SplitRangeRecordsPerSecond = 40

@@ -21,6 +21,7 @@ import (
 // it catches up with the parent, marker included, then records the split
 // and takes the children's records.
 func TestSplitMirrored(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-region cluster")
 	}

@@ -23,6 +23,7 @@ import (
 // retriable, naming the split offset and both children; a subscription
 // delivers the records and then ends with the same answer.
 func TestSplitReadEnds(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -118,6 +119,7 @@ func checkSubscriptionEnds(t *testing.T, ctx context.Context, c geologv1.LogClie
 // map: reads below the split offset are bounded by it, reads at or past
 // it answer the end, and a subscription waiting learns of it.
 func TestSplitEndFromMap(t *testing.T) {
+	t.Parallel()
 	m := keyspace.NewRangeMap(2)
 	split, err := m.Split(1, m.Ranges[1].HashStart+1000, 40)
 	if err != nil {

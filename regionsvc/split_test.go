@@ -189,6 +189,7 @@ func (tr *testRegion) readAll(ctx context.Context, id uint64, stream string, r u
 // batch already in the log still gets its original offset; a second
 // split is refused.
 func TestSplitMarkerEndsRange(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegion(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

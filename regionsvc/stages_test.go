@@ -14,6 +14,7 @@ import (
 )
 
 func TestStagesOf(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
@@ -39,6 +40,7 @@ func TestStagesOf(t *testing.T) {
 }
 
 func TestDurableLog(t *testing.T) {
+	t.Parallel()
 	var l durableLog
 	t0 := time.Unix(1000, 0)
 	if !l.durableAt(1).IsZero() {
@@ -83,6 +85,7 @@ func TestDurableLog(t *testing.T) {
 // does not gets none; and every stage is a series of
 // geolog.append.stage_duration, the fsync rounds split by role.
 func TestAppendTiming(t *testing.T) {
+	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	tr := newTestRegionWith(t, 3, 3, func(cfg *Config) {

@@ -32,6 +32,7 @@ func driverStatus(ctx context.Context, t *testing.T, d *rangeDriver) raft.Status
 // Leader balance is off, so no transfer hides a random election. Without
 // the hold about one range in three would elect another voter first.
 func TestRestartElectsPreferredLeaders(t *testing.T) {
+	t.Parallel()
 	const ranges = 24
 	tr := newTestRegionWith(t, 3, 3, func(cfg *Config) {
 		cfg.LeaderBalanceInterval = -1

@@ -236,6 +236,7 @@ func checkNotLeader(t *testing.T, what string, err error) {
 // hint x stays a quiesced voter of its own configuration for ever: the
 // subscription waits and the old records stay served.
 func TestRemovedReplicaToldByLeader(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s := newStrayScene(t, ctx, func(c *Config) { c.Rebalance.StrayCheckInterval = 10 * time.Minute })
@@ -260,6 +261,7 @@ func TestRemovedReplicaToldByLeader(t *testing.T) {
 // fails if a flagged suspect keeps serving its subscription (it would
 // wait until the replica is stopped, and then for ever).
 func TestQuiescedStrayLeaderDies(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s := newStrayScene(t, ctx, func(c *Config) { c.Rebalance.StrayCheckInterval = 500 * time.Millisecond })
@@ -290,6 +292,7 @@ func TestQuiescedStrayLeaderDies(t *testing.T) {
 // incarnation of the stream, or again at once for the same range starts
 // no check. It fails if the hint is acted on without the leader's word.
 func TestForgedReplicaHint(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := newStrayScene(t, ctx, func(c *Config) { c.Rebalance.StrayCheckInterval = 10 * time.Minute })
@@ -369,6 +372,7 @@ func TestForgedReplicaHint(t *testing.T) {
 // configuration it applied (confApplied, noReplica) can tell it. It fails
 // if membership is not noted where the configuration changes.
 func TestRemovedReplicaThatHearsRefuses(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := newStrayScene(t, ctx, func(c *Config) { c.Rebalance.StrayCheckInterval = -1 })
@@ -388,6 +392,7 @@ func TestRemovedReplicaThatHearsRefuses(t *testing.T) {
 // watchLeader, and the stray sweep can suspect it). Without it a quiesced
 // follower of a decommissioned leader kept it for ever.
 func TestDecommissionedPeerCountsDown(t *testing.T) {
+	t.Parallel()
 	n := &Node{cfg: Config{NodeID: 1, Peers: map[uint64]string{1: "a:1", 2: "a:2", 3: "a:3"}}}
 	tr, err := raftnet.NewGRPCTransport(raftnet.Config{NodeID: 1, Handler: (*raftRouter)(n)})
 	if err != nil {
@@ -431,6 +436,7 @@ func TestDecommissionedPeerCountsDown(t *testing.T) {
 // off. It fails with one round only, or with hints to a replica that
 // applied its removal ignored.
 func TestHeardRemovalEmptied(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := newStrayScene(t, ctx, func(c *Config) { c.Rebalance.StrayCheckInterval = 10 * time.Minute })

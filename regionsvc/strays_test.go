@@ -28,6 +28,7 @@ import (
 // fails with the sweep off (the old replica stays a voter of its own
 // configuration, its data on disk, its records served).
 func TestStrayReplicasRemovedOnReturn(t *testing.T) {
+	t.Parallel()
 	const ranges = 4
 	tr := newTestRegionWith(t, 4, 3, func(c *Config) {
 		rebalanceConfig(2)(c)
@@ -191,6 +192,7 @@ func dirBytes(dir string) int64 {
 // It fails if a member is taken for a stray or if the removal goes ahead
 // (the leader check of step 3 undone).
 func TestStraySweepSparesMembers(t *testing.T) {
+	t.Parallel()
 	tr := newTestRegionWith(t, 4, 3, func(c *Config) { c.Rebalance.StrayCheckInterval = -1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

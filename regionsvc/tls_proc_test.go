@@ -107,6 +107,7 @@ func replicaStates(t *testing.T, ctx context.Context, procs []*nodeproc.Proc, di
 // certificate, are refused with the region's leaders, log and terms as
 // they were, and the region goes on serving.
 func TestTLSRegion(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}
@@ -319,6 +320,7 @@ func tailAt(t *testing.T, ctx context.Context, c *client.Client, stream string) 
 // compromised or confused node of the home region). The mirror's epoch
 // and log stay the home's, and replication from the real home goes on.
 func TestTLSMirrorOnlyFromHome(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}
@@ -464,6 +466,7 @@ func presented(addr string, cfg *tls.Config) (*big.Int, error) {
 // (Raft between the nodes, the producers' own) carry on, and no append
 // fails.
 func TestTLSCertificateRotation(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}
@@ -547,6 +550,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 // keeps serving; its /metrics says how long the certificate in use has
 // left.
 func TestTLSReloadOnSIGHUP(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}
@@ -589,6 +593,7 @@ func TestTLSReloadOnSIGHUP(t *testing.T) {
 // names another node than its flags it refuses too; with --insecure it
 // starts and says so in its log.
 func TestGeologdWantsTLSOrInsecure(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real-process test")
 	}

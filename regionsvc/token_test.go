@@ -70,6 +70,7 @@ func bearer(ctx context.Context, tok string) context.Context {
 // certificate are UNAUTHENTICATED, and nothing is written; a
 // subscription opened with a token ends when the token expires.
 func TestBearerTokens(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	is := newTestIssuer(t)
@@ -136,6 +137,7 @@ func TestBearerTokens(t *testing.T) {
 // TestTokenNeedsTLS: a node serving plaintext refuses a call that carries
 // a bearer token (the secret went in the clear).
 func TestTokenNeedsTLS(t *testing.T) {
+	t.Parallel()
 	n := &Node{cfg: Config{Region: "us"}, logger: hclog.NewNullLogger()}
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer x.y.z"))
 	_, err := n.authenticateToken(ctx, geologv1.Log_Append_FullMethodName)
@@ -151,6 +153,7 @@ func TestTokenNeedsTLS(t *testing.T) {
 // counted in geolog.auth.refused_calls by code, method and reason, and
 // by no principal (the label set stays bounded whoever calls).
 func TestRefusalsCounted(t *testing.T) {
+	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	am, err := newAuthMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
 	if err != nil {
@@ -206,6 +209,7 @@ func TestRefusalsCounted(t *testing.T) {
 // token or with a bad one, and refused every internal service even with a
 // valid token; nothing it was refused is written.
 func TestTokenWithoutCertificate(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	is := newTestIssuer(t)

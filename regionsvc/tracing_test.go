@@ -26,6 +26,7 @@ import (
 //	  geolog.v1.Log/Append (client) → geolog.v1.Log/Append (server)
 //	    geolog.append → geolog.raft.commit, then geolog.append.ack
 func TestAppendSpanTree(t *testing.T) {
+	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer tp.Shutdown(context.Background())
