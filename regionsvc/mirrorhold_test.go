@@ -194,16 +194,21 @@ func TestMirrorHoldBound(t *testing.T) {
 	if err != nil || len(resp.GetRecords()) != 1 || resp.GetRecords()[0].GetOffset() != home.GetStartOffset() {
 		t.Fatalf("a read in ap at the skip's %d: %v, %v", home.GetStartOffset(), resp, err)
 	}
-	// The aged stream's home deleted its whole log (start = tail): a skip
-	// rides on a batch, so ap waits for the next record, then skips to it.
-	appendValues(t, ctx, us, "aged", 1)
-	waitUntil(t, ctx, time.Minute, "aged: ap skipped with the next record", func() bool {
-		return rangeInfo(ctx, ap, "aged").GetTailOffset() == rangeInfo(ctx, us, "aged").GetTailOffset()
+	// The aged stream's home deleted its whole log (start = tail), no
+	// record to carry the flag: the home sends a skip marker (a flagged
+	// batch of no frames) and ap skips to its tail with nothing written.
+	waitUntil(t, ctx, time.Minute, "aged: ap skipped to the idle home's empty log", func() bool {
+		h, got := rangeInfo(ctx, us, "aged"), rangeInfo(ctx, ap, "aged")
+		return h.GetStartOffset() == h.GetTailOffset() && got.GetStartOffset() == h.GetStartOffset() && got.GetTailOffset() == h.GetTailOffset()
 	})
 	_, err = ap.Read(ctx, &geologv1.ReadRequest{Stream: "aged", FromOffset: apEnd["aged"], MaxRecords: 1})
 	if e := rpcerr.FromError(err); e.Code != apierr.OffsetOutOfRange || e.StartOffset <= apEnd["aged"] {
 		t.Fatalf("aged: a read in ap at %d, below the skip: %v (start %d)", apEnd["aged"], err, e.StartOffset)
 	}
+	appendValues(t, ctx, us, "aged", 1)
+	waitUntil(t, ctx, time.Minute, "aged: ap follows after the skip", func() bool {
+		return rangeInfo(ctx, ap, "aged").GetTailOffset() == rangeInfo(ctx, us, "aged").GetTailOffset()
+	})
 	for _, name := range []string{"released", "aged"} {
 		waitUntil(t, ctx, time.Minute, name+": the home no longer reports ap behind its start", func() bool {
 			p := homeProgress(t, ctx, us, name, "ap")

@@ -631,7 +631,10 @@ func (r *Replica) propose(op *Op, leaderConfirmed bool) {
 		return
 	}
 	if r.quorum.lost {
-		r.wakeForClient() // its ticks clear the watch once a quorum answers
+		// Quiesce refuses while quorum.lost, so this leader ticks already;
+		// kept as defence: the ticks are what clear the watch once a
+		// quorum answers, and a quiesced leader would never clear it.
+		r.wakeForClient()
 		op.Reply(Result{Err: r.noQuorumError()})
 		return
 	}

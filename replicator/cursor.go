@@ -384,12 +384,13 @@ func (c *Cursor) refusedFinal(r *Refusal) {
 }
 
 // ReadDone reports that the frames [first, end), bytes long, were read for
-// the outstanding Read and sent as one batch.
+// the outstanding Read and sent as one batch (0 bytes: a skip marker, the
+// source's whole log deleted up to end).
 func (c *Cursor) ReadDone(first, end uint64, bytes int) {
 	if c.phase != PhaseStreaming || !c.reading {
 		panic(fmt.Sprintf("replicator: ReadDone without a Read outstanding (phase %v)", c.phase))
 	}
-	if end <= c.next || first > c.next || bytes <= 0 {
+	if end <= c.next || first > c.next || bytes < 0 {
 		panic(fmt.Sprintf("replicator: ReadDone [%d, %d) of %d bytes for a read from %d", first, end, bytes, c.next))
 	}
 	c.reading = false

@@ -185,7 +185,10 @@
 // frame (LogEpocher), part of it may be an old home's divergent tail,
 // which the home's deleted frames would have shown; the Server then first
 // forks the mirror at its log's start (Forker, SourceStarter), moving all
-// it retains into its orphan log, and skips after.
+// it retains into its orphan log, and skips after. A Source whose whole
+// log retention deleted has no frame to flag: the Task sends a skip
+// marker, a flagged batch of no frames at the Source's start, and the
+// Server skips with the home's epoch standing in for the first frame's.
 //
 // # Limits
 //

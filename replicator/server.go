@@ -706,6 +706,9 @@ func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, 
 			return mr.AppliedEnd(), err
 		}
 		applied = d.first
+		if d.skipMarker() {
+			return applied, nil
+		}
 	}
 	if d.first > applied {
 		return applied, gapRefusal(d.first, applied)
@@ -788,7 +791,10 @@ func (s *Server) skipTo(ctx context.Context, mr MirrorRange, d decodedBatch, app
 // usual resend from the epoch change, Task's evConnected) had its
 // retention not deleted them. What cannot be told apart is kept, in the
 // orphan log, not deleted. A mirror that is no Forker, LogEpocher and
-// SourceStarter (its log's start) skips without it.
+// SourceStarter (its log's start) skips without it. A skip marker has no
+// frame: the home's epoch stands in for the first frame's, which is never
+// above it, so a mirror of an older epoch than the home's keeps its log
+// in the orphan log then.
 func (s *Server) orphanBeforeSkip(ctx context.Context, mr MirrorRange, d decodedBatch, applied uint64) error {
 	fk, isForker := mr.(Forker)
 	le, isLogEpocher := mr.(LogEpocher)
@@ -796,15 +802,19 @@ func (s *Server) orphanBeforeSkip(ctx context.Context, mr MirrorRange, d decoded
 	if !isForker || !isLogEpocher || !isStarter {
 		return nil
 	}
-	h, err := batch.DecodeHeader(d.frames) // validated by decodeBatch
-	if err != nil {
-		return newRefusal(ErrMalformed, "first frame: %v", err)
+	epoch := d.homeEpoch
+	if !d.skipMarker() {
+		h, err := batch.DecodeHeader(d.frames) // validated by decodeBatch
+		if err != nil {
+			return newRefusal(ErrMalformed, "first frame: %v", err)
+		}
+		epoch = h.Epoch
 	}
 	start, logEpoch := st.StartOffset(), le.LogEpoch()
-	if logEpoch == 0 || logEpoch >= h.Epoch || applied <= start {
+	if logEpoch == 0 || logEpoch >= epoch || applied <= start {
 		return nil // of the home's epoch already, or nothing retained
 	}
-	at, err := fk.Fork(ctx, start, h.Epoch)
+	at, err := fk.Fork(ctx, start, epoch)
 	if err != nil {
 		return err
 	}
@@ -813,7 +823,7 @@ func (s *Server) orphanBeforeSkip(ctx context.Context, mr MirrorRange, d decoded
 	}
 	s.stats.forks.Add(1)
 	s.logger.Warn("moved a mirror's log of an older epoch into the orphan log before skipping to the home's start",
-		"from", start, "to", applied, "mirror_epoch", logEpoch, "epoch", h.Epoch, "home_start", d.first)
+		"from", start, "to", applied, "mirror_epoch", logEpoch, "epoch", epoch, "home_start", d.first)
 	return nil
 }
 

@@ -136,6 +136,48 @@ func TestTaskSkipsToSourceStart(t *testing.T) {
 	})
 }
 
+// TestTaskSkipsToEmptySource: a mirror that stopped at frame 3 while the
+// home's retention deleted its whole log (an idle stream under age
+// retention) gets a skip marker, a batch of no frames flagged
+// from_source_start at the home's start and tail, and skips there without
+// waiting for a record; the next records then follow. The server refuses
+// a marker that covers offsets or carries bytes.
+func TestTaskSkipsToEmptySource(t *testing.T) {
+	g := newLogGen(37, 64)
+	src := NewMemSource(0)
+	g.fill(t, src, 6, 4)
+	all := src.Frames()
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	if err := m.Seed(all[:3]...); err != nil {
+		t.Fatal(err)
+	}
+	end := src.CommittedEnd()
+	if err := src.Retain(end); err != nil {
+		t.Fatal(err)
+	}
+	rt := startTask(t, taskConfig(t, src, newDialer(t), node.addr))
+	waitFor(t, 10*time.Second, "the mirror skips to the empty home's start", func() bool {
+		return m.AppliedEnd() == end
+	})
+	if st := rt.task.Stats(); st.Skips != 1 || m.Skips() != 1 || m.StartOffset() != end {
+		t.Fatalf("task skips %d, mirror skips %d, mirror start %d; want 1, 1, %d", st.Skips, m.Skips(), m.StartOffset(), end)
+	}
+	g.fill(t, src, 2, 4)
+	waitFor(t, 10*time.Second, "the next records follow", func() bool {
+		return m.AppliedEnd() == src.CommittedEnd()
+	})
+	assertMirrored(t, src, m)
+
+	c := dialRaw(t, startMirror(t, NewMemMirrorStore(), nil).addr)
+	c.mustAnswer(openReq(1))
+	marker := &geologinternalv1.ReplicateRequest{Heartbeat: heartbeatPB(1, 6),
+		Batch: &geologinternalv1.MirrorBatch{FirstOffset: 4, EndOffset: 6, FromSourceStart: true}}
+	if r := refusalOf(t, c.mustAnswer(marker)); !errors.Is(r, ErrMalformed) {
+		t.Fatalf("a marker covering [4, 6): %v, want ErrMalformed", r)
+	}
+}
+
 // TestServerSkipOrphansOlderEpoch: a mirror whose log ends in an older
 // epoch than the home's start may hold an old home's divergent tail that
 // the home's deleted frames would have shown: before skipping, what it

@@ -337,6 +337,10 @@ func (t *Task) read(a Action) {
 		t.core.ReadFailed(err)
 		return
 	}
+	if len(frames) == 0 && skip {
+		t.skipMarker(a.From, from)
+		return
+	}
 	if len(frames) == 0 {
 		t.core.ReadEmpty()
 		return
@@ -376,6 +380,21 @@ func (t *Task) read(a Action) {
 		first = a.From // the cursor ships on from where it stood; the batch covers the skipped offsets
 	}
 	t.core.ReadDone(first, end, len(frames))
+}
+
+// skipMarker ships a batch of no frames flagged from_source_start at
+// start, the source's log start and committed tail: retention deleted the
+// whole log (an idle stream under age retention), from where the mirror
+// stood (from) on, so no frame can carry the flag; the mirror skips to
+// start without waiting for the next record (TestTaskSkipsToEmptySource).
+func (t *Task) skipMarker(from, start uint64) {
+	t.send(outgoing{req: t.request(&geologinternalv1.MirrorBatch{FirstOffset: start, EndOffset: start, FromSourceStart: true})})
+	t.ships.sent(start, start, 0)
+	t.mu.Lock()
+	t.stats.Skips++
+	t.mu.Unlock()
+	t.logger.Warn("mirror is behind this log's start and the log is empty: the mirror skips to it", "from", from, "start", start)
+	t.core.ReadDone(from, start, 0)
 }
 
 // scanFrames walks concatenated frames by their length and header fields

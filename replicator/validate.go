@@ -84,7 +84,16 @@ type decodedBatch struct {
 	// fromSourceStart: first is the home's log start (MirrorBatch's
 	// from_source_start), past what the source was to send next.
 	fromSourceStart bool
+	// homeEpoch is the epoch of the home that sent it: a skip marker
+	// (skipMarker) has no frame to give one.
+	homeEpoch uint64
 }
+
+// skipMarker says whether d is a batch of no frames flagged
+// from_source_start, first == end: the home's retention deleted its whole
+// log, so no frame can carry the flag, and the mirror skips to first, the
+// home's log start and committed tail, with nothing to apply.
+func (d decodedBatch) skipMarker() bool { return d.fromSourceStart && d.frameCount == 0 }
 
 // decodeBatch decompresses and validates b, a batch sent by a home at
 // epoch homeEpoch. Every failure is an ErrMalformed refusal. dec may be nil
@@ -94,6 +103,12 @@ type decodedBatch struct {
 func decodeBatch(b *geologinternalv1.MirrorBatch, homeEpoch uint64, uncompressedBytesMax int, dec *zstd.Decoder) (decodedBatch, error) {
 	first, end, count := b.GetFirstOffset(), b.GetEndOffset(), b.GetFrameCount()
 	size := b.GetUncompressedBytes()
+	if count == 0 && b.GetFromSourceStart() {
+		if end != first || size != 0 || len(b.GetPayload()) != 0 || b.GetCompression() != CompressionNone {
+			return decodedBatch{}, newRefusal(ErrMalformed, "a skip marker (no frames, from the home's start) must cover no offset and carry nothing: [%d, %d), %d bytes", first, end, size)
+		}
+		return decodedBatch{first: first, end: end, frames: []byte{}, fromSourceStart: true, homeEpoch: homeEpoch}, nil
+	}
 	switch {
 	case count == 0:
 		return decodedBatch{}, newRefusal(ErrMalformed, "batch of no frames")
@@ -134,7 +149,7 @@ func decodeBatch(b *geologinternalv1.MirrorBatch, homeEpoch uint64, uncompressed
 	if err := checkFrames(frames, first, end, count, homeEpoch); err != nil {
 		return decodedBatch{}, err
 	}
-	return decodedBatch{first: first, end: end, frameCount: int(count), frames: frames, fromSourceStart: b.GetFromSourceStart()}, nil
+	return decodedBatch{first: first, end: end, frameCount: int(count), frames: frames, fromSourceStart: b.GetFromSourceStart(), homeEpoch: homeEpoch}, nil
 }
 
 // checkFrames checks that frames holds exactly count whole, valid data

@@ -339,7 +339,8 @@ type MirrorBatch struct {
 	// [first_offset, end_offset) densely, each frame starting where the
 	// previous one ends.
 	EndOffset uint64 `protobuf:"varint,2,opt,name=end_offset,json=endOffset,proto3" json:"end_offset,omitempty"`
-	// frame_count is the number of frames (at least 1).
+	// frame_count is the number of frames (at least 1; 0 only in a skip
+	// marker, see from_source_start).
 	FrameCount  uint32      `protobuf:"varint,3,opt,name=frame_count,json=frameCount,proto3" json:"frame_count,omitempty"`
 	Compression Compression `protobuf:"varint,4,opt,name=compression,proto3,enum=geolog.internal.v1.Compression" json:"compression,omitempty"`
 	Payload     []byte      `protobuf:"bytes,5,opt,name=payload,proto3" json:"payload,omitempty"`
@@ -351,8 +352,11 @@ type MirrorBatch struct {
 	// lies between. A mirror whose applied end is below first_offset first
 	// moves its log's start and end to first_offset (a skip), then applies
 	// the batch; a mirror at or past first_offset refuses the batch
-	// (INVALID_ARGUMENT: a skip never moves a log backwards). Absent (false)
-	// from an older home, which never sends such a batch.
+	// (INVALID_ARGUMENT: a skip never moves a log backwards). A home whose
+	// retention deleted its whole log sends a skip marker: no frames, no
+	// payload, first_offset = end_offset = its log start and committed tail;
+	// the mirror skips there with nothing to apply. Absent (false) from an
+	// older home, which never sends such a batch.
 	FromSourceStart bool `protobuf:"varint,7,opt,name=from_source_start,json=fromSourceStart,proto3" json:"from_source_start,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
