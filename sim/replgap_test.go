@@ -80,3 +80,22 @@ func TestNewReplicaHoldsFloor(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStraddledTailIsForked: seed 1700391 of the minute runs. Range 0 is
+// taken over by r0 at epoch 4 from 1205 while r1n2 holds the old home's
+// epoch-3 frame [1205, 1207) in its log, not yet committed: leading r1's
+// copy again, it reported its applied end 1205 to the new home, then
+// committed that frame. The new home's resend from the frame holding 1207
+// met it: the batch's frame [1206, 1208) straddles the mirror's applied
+// end 1207, "frame [1206, 1208) straddles the applied end 1207
+// (CORRUPTION) (no fork explains it)" at 52595 ms. The mirror's frame
+// spans the home's frame boundary at 1206, so it is none of the home's:
+// the fork is at its start, 1205 (replicator validate.go forkedOff).
+func TestStraddledTailIsForked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("53 simulated seconds")
+	}
+	if _, err := Run(Options{Seed: 1700391, Steps: 53000, Regions: 3}); err != nil {
+		t.Fatal(err)
+	}
+}
