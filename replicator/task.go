@@ -500,9 +500,18 @@ func (t *Task) handle(ev taskEvent) {
 		t.lag.Applied(at)
 		t.mu.Unlock()
 		t.sess.startSender(t)
-		if at < applied {
-			t.logger.Info("mirror's log ends in an older epoch: resending from this log's epoch change", "mirror_epoch", ev.resp.GetLogEpoch(),
-				"applied_end", applied, "from", at)
+		if ev.resp.LogEpoch != nil && ev.resp.GetLogEpoch() < t.cfg.Epoch && applied > 0 {
+			// Resend even from the applied end itself: the mirror's leader
+			// may hold an old home's uncommitted tail past it, which
+			// commits after this answer; its applied end must not move the
+			// cursor past what this source sent before the mirror has
+			// compared a batch of ours (sim seed 1700391: a heartbeat's
+			// answer moved it there, and the next batch started inside
+			// that tail).
+			if at < applied {
+				t.logger.Info("mirror's log ends in an older epoch: resending from this log's epoch change", "mirror_epoch", ev.resp.GetLogEpoch(),
+					"applied_end", applied, "from", at)
+			}
 			t.core.Connected(at, ev.resp.GetHighestEpoch())
 			t.core.Resend()
 			return

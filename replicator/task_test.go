@@ -528,6 +528,58 @@ func TestFailbackForksLongerMirror(t *testing.T) {
 	}
 }
 
+// TestResendWhileMirrorTailCommits: a new home (epoch 2) that has written
+// nothing yet connects to a mirror whose log ends, at the home's own end,
+// in epoch 1; then the mirror's log grows by an old home's frame [20, 22)
+// (its leader's uncommitted tail committing after the open's answer), and
+// its answers to heartbeats say 22. The new home's frames [20, 22) and
+// [22, 24) begin where the old frame begins and end where it ends: had
+// those answers moved the task past what it sent, it would ship from 22,
+// where nothing overlaps to compare, and the mirror would keep the old
+// home's records as if they were the new home's. The task stays in resend
+// mode until the mirror answers a batch of its own (sim seed 1700391), so
+// it ships from 20 and the mirror forks the old frame off.
+func TestResendWhileMirrorTailCommits(t *testing.T) {
+	g := newLogGen(43, 100)
+	src := NewMemSource(0)
+	appendFrames := func(n int) {
+		t.Helper()
+		for range n {
+			if err := src.AppendCommitted(g.frame(2)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	appendFrames(10) // [0, 20), epoch 1, both homes
+	old := *g
+	old.seqs = map[uint64]uint64{}
+	stale := old.frame(2) // [20, 22), epoch 1, only the old home
+	node := startMirror(t, NewMemMirrorStore(), nil)
+	m := node.store.Range(testStream, testRange)
+	if err := m.Seed(src.Frames()...); err != nil {
+		t.Fatal(err)
+	}
+	cfg := taskConfig(t, src, newDialer(t), node.addr)
+	cfg.Epoch = 2
+	rt := startTask(t, cfg)
+	waitFor(t, 10*time.Second, "the stream open", func() bool { return rt.task.Stats().Streams == 1 })
+	if err := m.Seed(stale); err != nil {
+		t.Fatal(err)
+	}
+	beats := rt.task.Stats().Heartbeats
+	waitFor(t, 10*time.Second, "heartbeats answered with the grown end", func() bool { return rt.task.Stats().Heartbeats >= beats+5 })
+	g.epoch = 2
+	appendFrames(2) // [20, 22) [22, 24), epoch 2
+	waitFor(t, 10*time.Second, "the mirror to hold the new home's frames", func() bool {
+		got := m.Frames()
+		return len(got) == 12 && frameEpoch(got[10]) == 2
+	})
+	assertMirrored(t, src, m)
+	if got := m.Orphans(); len(got) != 1 || !SameData(got[0], stale) {
+		t.Fatalf("orphans: %d frames, want the old home's one", len(got))
+	}
+}
+
 // TestBehindSourceStart: a mirror whose applied end is below the source's
 // log start (retention deleted what it lacks) cannot be shipped to; the
 // task says so in its stats rather than only retrying.

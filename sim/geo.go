@@ -663,10 +663,15 @@ func (g *geoWorld) connected(l *link, m *geoMsg) {
 		g.w.tracef("range %d: %s (epoch %d, log from %d) connected to %s: applied %d, highest %d, log epoch %d; resend point %d",
 			l.rng, traceName(o), home.Epoch, start, traceName(m.s.target), m.applied, m.highest, m.logEpoch, at)
 	}
-	if m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > at {
-		l.cur.Connected(at, m.highest)
+	if m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > 0 {
+		// As the Task: in resend mode from the applied end too, where
+		// the mirror's leader may hold an old home's uncommitted tail
+		// that commits after this answer (seed 1700391).
+		l.cur.Connected(min(at, m.applied), m.highest)
 		l.cur.Resend()
-		g.res.Resends++
+		if at < m.applied {
+			g.res.Resends++
+		}
 		return
 	}
 	l.cur.Connected(m.applied, m.highest)
