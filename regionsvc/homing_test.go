@@ -38,11 +38,12 @@ import (
 // they mostly wait, for elections, lease terms, WAN delays and other
 // processes. One after another under -race the 210 took 888 s of wall
 // time for 269 s of CPU (30% of one core); each builds its own nodes,
-// ports, folders and database. Four stay sequential, and run before the
+// ports, folders and database. Five stay sequential, and run before the
 // parallel ones: the two goroutine-leak tests (leak_test.go), which must
 // see no other test's goroutines, TestACLSyncCompletesAMissedRegion,
-// which sets a package variable, and the allocation count of
-// TestAPICodecDecodesCommitsWithCommitwire.
+// which sets a package variable, the allocation count of
+// TestAPICodecDecodesCommitsWithCommitwire, and TestIdleRangesQuiesce,
+// which counts Raft messages over a silence.
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 
 var homingRegionSize = flag.Int("homingsize", 1, "nodes per region in the homing tests (3 for the full shape)")
