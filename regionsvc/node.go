@@ -103,6 +103,13 @@ type Config struct {
 	GroupCommit bool
 	// SegmentBytesMax is the segment roll size, default 64 MiB.
 	SegmentBytesMax int64
+	// ZeroAheadBytes bounds the zeros each range's log keeps written past
+	// its last frame, so that an append overwrites blocks the file has and
+	// its fdatasync flushes data alone, not the file's size and block map
+	// (segment.Config.ZeroAheadBytes). Default ZeroAheadBytesDefault;
+	// negative turns it off. A range that writes little keeps less (a
+	// quarter of its segment, at least 64 KiB).
+	ZeroAheadBytes int64
 	// Epoch stamped on every batch without a lease store, default 1.
 	Epoch uint64
 	// LeaseStore, if set, turns homing on (see homing.go): which region is
@@ -312,6 +319,9 @@ func (c *Config) fsys() vfs.FS {
 	return c.FS
 }
 
+// ZeroAheadBytesDefault is Config.ZeroAheadBytes's default.
+const ZeroAheadBytesDefault = 1 << 20
+
 // setLogDefaults sets the defaults and checks the bounds of the log each
 // range keeps: records, batches, segments, producers.
 func (c *Config) setLogDefaults() error {
@@ -326,6 +336,14 @@ func (c *Config) setLogDefaults() error {
 	}
 	if c.SegmentBytesMax <= 0 {
 		c.SegmentBytesMax = 64 << 20
+	}
+	switch {
+	case c.ZeroAheadBytes == 0:
+		c.ZeroAheadBytes = ZeroAheadBytesDefault
+	case c.ZeroAheadBytes < 0:
+		c.ZeroAheadBytes = 0
+	case c.ZeroAheadBytes > segment.ZeroAheadBytesMax:
+		return fmt.Errorf("regionsvc: ZeroAheadBytes %d exceeds %d", c.ZeroAheadBytes, segment.ZeroAheadBytesMax)
 	}
 	if c.Epoch == 0 {
 		c.Epoch = 1
@@ -684,6 +702,7 @@ func newSyncGroup(on bool) *vfs.SyncGroup {
 // rangeConfig completes a range driver's configuration from the node's.
 func (n *Node) rangeConfig(stream string, r uint32, store segment.Config, rc *replicationConfig) rangeDriverConfig {
 	store.SegmentBytesMax = n.cfg.SegmentBytesMax
+	store.ZeroAheadBytes = n.cfg.ZeroAheadBytes
 	store.Fsync = n.cfg.Fsync
 	store.Now = n.cfg.Now
 	store.FS = n.files

@@ -94,6 +94,10 @@ func (s *Store) append(frame []byte, check func([]byte) (batch.Header, error)) e
 	if pos+int64(len(unit)) > segmentFileBytesMax {
 		return fmt.Errorf("%w: segment %s of %d bytes cannot take %d more", ErrInvalidFrame, g.name(), pos, len(unit))
 	}
+	if err := s.zeroAheadFor(g, len(unit)); err != nil {
+		s.fail(err)
+		return s.failed()
+	}
 	if _, err := g.f.WriteAt(unit, pos); err != nil {
 		if vfs.IsNoSpace(err) {
 			return s.outOfSpace(g, pos, err)
@@ -122,6 +126,7 @@ func (s *Store) append(frame []byte, check func([]byte) (batch.Header, error)) e
 		})
 	}
 	g.size += int64(len(unit))
+	g.padded = max(0, g.padded-int64(len(unit)))
 	g.nextOffset = h.NextOffset()
 	g.maxAppendTimeUnixNanos = h.AppendTimeUnixNanos
 	if h.Index != 0 {
@@ -135,6 +140,7 @@ func (s *Store) append(frame []byte, check func([]byte) (batch.Header, error)) e
 		s.lastIndex.Store(h.Index)
 	}
 	s.sizeBytes.Add(int64(len(unit)))
+	s.appendedBytes.Add(int64(len(unit)))
 	s.nextOffset.Store(g.nextOffset)
 	s.appends.Add(1)
 	s.mu.Unlock()
@@ -170,6 +176,12 @@ func (s *Store) roll() error {
 	old := s.active()
 	if !old.hasRecords() {
 		panic(fmt.Sprintf("segment: roll of segment %s, which holds no record", old.name()))
+	}
+	// A sealed segment ends at its last frame: the fdatasync below makes
+	// the cut durable before the next segment exists.
+	if err := old.trimPadding(); err != nil {
+		s.fail(err)
+		return s.failed()
 	}
 	if s.cfg.Fsync == FsyncAlways {
 		// The caller holds wmu, so every append counted so far is in old.
@@ -287,9 +299,13 @@ func (s *Store) Sync() error {
 	g := s.segs[len(s.segs)-1]
 	g.acquire()
 	target, targetAppends := s.nextOffset.Load(), s.appends.Load()
+	appended := s.appendedBytes.Load()
 	s.mu.RUnlock()
 
 	err := s.fdatasync(g.f)
+	if err == nil {
+		s.noteSyncRound(appended)
+	}
 	if rerr := g.release(); rerr != nil {
 		s.log.Warn("close segment file", "segment", g.name(), "error", rerr)
 	}

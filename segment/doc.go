@@ -301,6 +301,15 @@
 // write), and segments that do not join up. Empty segment files are fine
 // where they can occur: as the last segment.
 //
+// Padding rule. With zero-ahead (Config.ZeroAheadBytes, zeroahead.go) the
+// last segment's file may go on past its last frame in zeros that no frame
+// has been written over yet. A tail that is all zeros from the first bad
+// frame's position to the end of the file is that padding: it is cut off
+// as a torn tail would be (the outcome the torn tail rule gives it too, as
+// no valid frame follows zeros), logged at debug, not as a loss. Roll cuts
+// the padding off a segment before the fdatasync that seals it, and Close
+// before its own, so sealed segments end at their last frame.
+//
 // Under FsyncAlways a sealed segment is complete on disk before the next one
 // is created, so only the last segment can have a torn tail.
 package segment

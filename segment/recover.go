@@ -32,6 +32,7 @@ const (
 type recoveryPlan struct {
 	tornAt       int64 // position to truncate the last segment at, or -1
 	tornBytes    int64 // bytes dropped with it
+	padding      bool  // the bytes at tornAt are zero-ahead's zeros, not a torn frame
 	indexRewrite map[*segment]string
 	orphans      []string // index files without a log
 	// keyRewrite holds the sealed segments whose key index file must be
@@ -247,6 +248,20 @@ func (s *Store) recoverSegment(base uint64, last bool, prev []*segment, q *seq, 
 			}
 		}
 		if err != nil {
+			if last {
+				// Zeros to the end of the file are zero-ahead's padding
+				// (zeroahead.go): cut off as a torn tail would be, but
+				// not one. (Were they not, no valid frame would follow
+				// them either: the torn-tail rule would cut them too.)
+				pad, zerr := zeroTail(f, framePos, fileSize, zeroTailBytesMax)
+				if zerr != nil {
+					return g, fmt.Errorf("segment: read %s at position %d: %w", g.name(), framePos, zerr)
+				}
+				if pad {
+					plan.tornAt, plan.tornBytes, plan.padding = framePos, fileSize-framePos, true
+					break
+				}
+			}
 			if isKeyError(err) {
 				// Never a torn tail: the bytes may be fine, the key is not here.
 				return g, fmt.Errorf("segment: open %s at position %d (offset %d): %w", g.name(), framePos, q.offset, err)
@@ -380,8 +395,12 @@ func (s *Store) applyPlan(segs []*segment, plan *recoveryPlan) error {
 		if err := g.f.Datasync(); err != nil {
 			return fmt.Errorf("segment: sync truncated %s: %w", g.name(), err)
 		}
-		s.log.Warn("truncated torn tail", "segment", g.name(), "position", plan.tornAt,
-			"offset", g.nextOffset, "bytes", plan.tornBytes)
+		if plan.padding {
+			s.log.Debug("cut off zero padding", "segment", g.name(), "position", plan.tornAt, "bytes", plan.tornBytes)
+		} else {
+			s.log.Warn("truncated torn tail", "segment", g.name(), "position", plan.tornAt,
+				"offset", g.nextOffset, "bytes", plan.tornBytes)
+		}
 	}
 	for _, g := range segs {
 		reason, ok := plan.indexRewrite[g]

@@ -151,6 +151,7 @@ func (s *Store) truncate(c cut, what string, at uint64) error {
 		s.fail(err)
 		return s.failed()
 	}
+	g.padded = 0 // cut off with the frames (zeroahead.go)
 	// Sync whatever the policy: Raft must not see the dropped suffix again.
 	if err := s.fdatasync(g.f); err != nil {
 		s.fail(err)

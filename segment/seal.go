@@ -198,7 +198,7 @@ func (s *Store) RollStale() (bool, error) {
 // FileUnitKeys counts the units of the log file at path by data key (0:
 // plain frames), reading it whole in chunks: what an offline tool checks
 // before a data key is retired. A unit cut short at the end (a torn
-// write, which recovery truncates) ends the count; a length no unit can
+// write, which recovery truncates) or zero-ahead's zeros end the count; a length no unit can
 // have is an error wrapping batch.ErrCorrupt.
 func FileUnitKeys(fsys vfs.FS, path string) (map[atrest.KeyID]int, error) {
 	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
@@ -216,6 +216,9 @@ func FileUnitKeys(fsys vfs.FS, path string) (map[atrest.KeyID]int, error) {
 		n, err := f.ReadAt(h[:min(int64(len(h)), size-pos)], pos)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("segment: read %s: %w", path, err)
+		}
+		if allZero(h[:n]) {
+			break // zero-ahead's padding (zeroahead.go): no unit starts with zeros
 		}
 		unit, err := atrest.UnitSize(h[:n])
 		if err != nil {

@@ -79,6 +79,12 @@ type segment struct {
 	// set by the appender (roll, recovery, a rewrite's swap) and closed
 	// with the last reference.
 	sealed atomic.Pointer[sealedKeys]
+	// padded is the zeros written past size on the active segment
+	// (zeroahead.go): its file ends at size+padded. noZeroAhead turns
+	// zero-ahead off for the segment (the device refused zeros for space).
+	// The appender's (wmu).
+	padded      int64
+	noZeroAhead bool
 }
 
 // hasRecords reports whether g holds a record. Only such a segment may be

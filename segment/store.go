@@ -118,6 +118,14 @@ type Config struct {
 	// next). Default nil: each store fdatasyncs its files itself.
 	SyncGroup *vfs.SyncGroup
 
+	// ZeroAheadBytes, if positive, makes the active segment keep up to
+	// this many bytes of zeros written past its last frame, so that
+	// appends overwrite blocks the file has rather than grow it and an
+	// fdatasync flushes data alone (zeroahead.go). At most
+	// ZeroAheadBytesMax; ignored unless Fsync is FsyncAlways. Default 0:
+	// off.
+	ZeroAheadBytes int64
+
 	// testHooks lets this package's tests observe and fail fdatasync.
 	testHooks testHooks
 }
@@ -236,6 +244,14 @@ type Store struct {
 	// appends counts the frames ever appended (written under mu): Sync
 	// waits for a count, not an offset, since control frames take none.
 	appends atomic.Uint64
+	// appendedBytes counts the bytes ever appended (written under mu);
+	// syncBytes is the moving average of what one Sync round's
+	// fdatasync covered, which zero-ahead goes by (zeroahead.go), and
+	// syncedBytes appendedBytes at the last round (both the round
+	// leader's, under syncing).
+	appendedBytes atomic.Int64
+	syncBytes     atomic.Int64
+	syncedBytes   int64
 
 	// Group commit; see Sync. durableAppends is the append count the last
 	// fdatasync covered; durable the offset it covered.
@@ -328,6 +344,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Fsync != FsyncAlways && c.Fsync != FsyncNever {
 		return bad("unknown Fsync policy %d", c.Fsync)
 	}
+	if c.ZeroAheadBytes < 0 || c.ZeroAheadBytes > ZeroAheadBytesMax {
+		return bad("ZeroAheadBytes %d outside [0, %d]", c.ZeroAheadBytes, ZeroAheadBytesMax)
+	}
+	if c.Fsync != FsyncAlways {
+		c.ZeroAheadBytes = 0
+	}
 	if c.RetentionAge < 0 || c.RetentionBytes < 0 {
 		return bad("negative retention (age %v, bytes %d)", c.RetentionAge, c.RetentionBytes)
 	}
@@ -414,6 +436,7 @@ func (s *Store) outOfSpace(g *segment, pos int64, err error) error {
 		s.fail(fmt.Errorf("%w (and the partial frame could not be cut off: %w)", err, terr))
 		return s.failed()
 	}
+	g.padded = 0 // cut off with the partial frame
 	e := fmt.Errorf("%w: %w", ErrNoSpace, err)
 	if s.noSpace.Swap(&e) == nil {
 		s.log.Warn("log device is full: refusing appends until space is freed", "segment", g.name(), "error", err)
@@ -506,6 +529,13 @@ func (s *Store) Close() error {
 
 	err := s.failed()
 	g := s.active()
+	if err == nil {
+		// A clean restart finds no padding to judge (zeroahead.go);
+		// recovery would cut it off all the same.
+		if terr := g.trimPadding(); terr != nil {
+			s.log.Warn("could not cut the zero padding off the log", "error", terr)
+		}
+	}
 	if err == nil && s.cfg.Fsync == FsyncAlways {
 		if serr := s.fdatasync(g.f); serr != nil {
 			s.fail(serr)

@@ -50,6 +50,7 @@ func run() int {
 	fsync := fs.String("fsync", "always", "durability: always, or never (benchmarks only: acks mean page cache)")
 	recordBytesMax := fs.Int("record-bytes-max", 1<<20, "largest record accepted (key+value+headers)")
 	segmentBytesMax := fs.Int64("segment-bytes-max", 64<<20, "segment roll size")
+	zeroAhead := fs.Int64("log-zero-ahead-bytes", regionsvc.ZeroAheadBytesDefault, "zeros each range's log keeps written past its last frame, so that appends overwrite blocks the file has and an fdatasync flushes data alone (a range that writes little keeps less: a quarter of its segment, at least 64 KiB); -1 turns it off; at most 16 MiB")
 	nodeID := fs.Uint64("node-id", 0, "this node's Raft id in its region (with --peers)")
 	peersFlag := fs.String("peers", "", "replicate: every node of the region as id=host:port,... (this one included); empty runs a region of one")
 	join := fs.String("join", "", "join a running region on this node's first start, through any node of it (host:port); instead of --peers, with --node-id (never a decommissioned one) and a --listen the region's nodes reach")
@@ -292,6 +293,7 @@ func run() int {
 		Fsync:                 policy,
 		GroupCommit:           *groupCommit,
 		SegmentBytesMax:       *segmentBytesMax,
+		ZeroAheadBytes:        *zeroAhead,
 		SyncConcurrencyMax:    *syncConcurrency,
 		MeterProvider:         meterProvider,
 		TracerProvider:        tracerProvider,
