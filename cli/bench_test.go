@@ -138,8 +138,8 @@ func TestRunBenchStopsOnContext(t *testing.T) {
 }
 
 // TestBenchFloor: bench floor measures write+fdatasync of 4 KiB and 1 MiB
-// with one and with --writers writers, and the loopback round trip, and
-// leaves nothing behind in --dir.
+// with one and with --writers writers, the 4 KiB write over zeros too,
+// and the loopback round trip, and leaves nothing behind in --dir.
 func TestBenchFloor(t *testing.T) {
 	dir := t.TempDir()
 	out, errOut, code := run(t, testCtx(t), "", "bench", "floor", "--dir", dir, "--writers", "2", "--count", "20", "--rtts", "50", "--json")
@@ -157,7 +157,7 @@ func TestBenchFloor(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
 		t.Fatalf("%v: %q", err, out)
 	}
-	want := []struct{ size, writers, count int }{{4096, 1, 20}, {4096, 2, 40}, {1 << 20, 1, 10}, {1 << 20, 2, 20}, {64, 0, 50}}
+	want := []struct{ size, writers, count int }{{4096, 1, 20}, {4096, 2, 40}, {4096, 1, 20}, {4096, 2, 40}, {1 << 20, 1, 10}, {1 << 20, 2, 20}, {64, 0, 50}}
 	if len(rows) != len(want) {
 		t.Fatalf("rows %+v", rows)
 	}
@@ -165,6 +165,9 @@ func TestBenchFloor(t *testing.T) {
 		r := rows[i]
 		if r.SizeBytes != w.size || r.Writers != w.writers || r.Count != w.count || r.P50Ms <= 0 || r.P99Ms < r.P50Ms {
 			t.Errorf("row %d: %+v, want size %d, writers %d, count %d and 0 < p50 <= p99", i, r, w.size, w.writers, w.count)
+		}
+		if overwrite := i == 2 || i == 3; overwrite != strings.HasPrefix(r.What, "overwrite+") {
+			t.Errorf("row %d is %q", i, r.What)
 		}
 	}
 	if left, _ := os.ReadDir(dir); len(left) != 0 {

@@ -32,7 +32,9 @@ type floorRow struct {
 // benchFloor prints this machine's physical floor, which every benchmark
 // figure stands beside: a write + fdatasync of 4 KiB and of 1 MiB with one
 // writer and with --writers at once (as many as the benchmark has replicas
-// on this disk), and the loopback TCP round trip.
+// on this disk), the same 4 KiB write over zeros written and synced
+// before (what a range's log does with zero-ahead: segment/zeroahead.go),
+// and the loopback TCP round trip.
 func (e *env) benchFloor(ctx context.Context, args []string) error {
 	fs := e.flagSet("bench floor")
 	dir := fs.String("dir", os.TempDir(), "where to write (on the disk the benchmark's nodes use)")
@@ -53,16 +55,19 @@ func (e *env) benchFloor(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(work)
 	var rows []floorRow
-	for _, size := range []int{4 << 10, 1 << 20} {
+	for _, run := range []struct {
+		size      int
+		overwrite bool
+	}{{4 << 10, false}, {4 << 10, true}, {1 << 20, false}} {
 		n := *count4k
-		if size > 4<<10 {
+		if run.size > 4<<10 {
 			n = max(*count4k/10, 10)
 		}
 		for _, w := range slices.Compact([]int{1, *writers}) {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			r, err := fsyncFloor(ctx, work, size, w, n)
+			r, err := fsyncFloor(ctx, work, run.size, w, n, run.overwrite)
 			if err != nil {
 				return err
 			}
@@ -92,8 +97,10 @@ func (e *env) benchFloor(ctx context.Context, args []string) error {
 
 // fsyncFloor has each of writers goroutines append size bytes to its own
 // file and fdatasync it, n times, and returns the latencies of write +
-// fdatasync over all of them.
-func fsyncFloor(ctx context.Context, dir string, size, writers, n int) (floorRow, error) {
+// fdatasync over all of them. With overwrite, each file is first filled
+// with n writes' worth of zeros and fdatasynced (untimed), and the timed
+// writes go over them: the file's size and block map never change.
+func fsyncFloor(ctx context.Context, dir string, size, writers, n int, overwrite bool) (floorRow, error) {
 	buf := make([]byte, size)
 	for i := range buf {
 		buf[i] = byte(i*7 + 1)
@@ -112,9 +119,15 @@ func fsyncFloor(ctx context.Context, dir string, size, writers, n int) (floorRow
 				return
 			}
 			defer f.Close()
+			if overwrite {
+				if err := zeroFill(f, int64(size)*int64(n)); err != nil {
+					errs[w] = err
+					return
+				}
+			}
 			for i := 0; i < n && ctx.Err() == nil; i++ {
 				t0 := time.Now()
-				if _, err := f.Write(buf); err != nil {
+				if _, err := f.WriteAt(buf, int64(i)*int64(size)); err != nil {
 					errs[w] = err
 					return
 				}
@@ -134,7 +147,27 @@ func fsyncFloor(ctx context.Context, dir string, size, writers, n int) (floorRow
 		}
 	}
 	all := slices.Concat(lat...)
-	return floorSummary(fmt.Sprintf("write+fdatasync %s", sizeText(size)), size, writers, all, elapsed), nil
+	what := "write+fdatasync"
+	if overwrite {
+		what = "overwrite+fdatasync"
+	}
+	return floorSummary(fmt.Sprintf("%s %s", what, sizeText(size)), size, writers, all, elapsed), nil
+}
+
+// zeroFill writes n zero bytes to the start of f and fdatasyncs them.
+func zeroFill(f *os.File, n int64) error {
+	zeros := make([]byte, min(n, 1<<20))
+	for at := int64(0); at < n; {
+		k, err := f.WriteAt(zeros[:min(int64(len(zeros)), n-at)], at)
+		if err != nil {
+			return err
+		}
+		at += int64(k)
+	}
+	if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+		return fmt.Errorf("fdatasync: %w", err)
+	}
+	return nil
 }
 
 // rttFloor measures n round trips of 64 bytes over loopback TCP.

@@ -72,7 +72,8 @@ commands:
                        move a group's positions (refused while it has members)
   bench floor [--dir D] [--writers 3] [--json]
                        this machine's floor: write+fdatasync of 4 KiB and 1 MiB
-                       with 1 and --writers writers, loopback round trip
+                       with 1 and --writers writers, 4 KiB over zeros written
+                       before (zero-ahead's), loopback round trip
   bench cursors [--cursors 1000] [--batch 500] [--concurrency 8] [--duration 10s]
   bench rebalance [--ranges 64] [--members 8] [--rounds 5] [--session 3s]
   bench e2e --consume-addr host:port,... [--stream S] [--rate 1000] [--duration 20s] [--producers 8]
