@@ -35,6 +35,7 @@ type verifyLine struct {
 	NextOffset    uint64   `json:"next_offset"`
 	RecordedStart *uint64  `json:"recorded_start,omitempty"`
 	TornTailBytes int64    `json:"torn_tail_bytes,omitempty"`
+	PaddingBytes  int64    `json:"padding_bytes,omitempty"`
 	Repairs       []string `json:"repairs,omitempty"`
 	Damaged       []string `json:"damaged,omitempty"`
 	Error         string   `json:"error,omitempty"`
@@ -140,7 +141,7 @@ func verifyRange(d rangeDir, keyring *atrest.Keyring) verifyLine {
 			rs := rep.RecordedStart
 			l.RecordedStart = &rs
 		}
-		l.TornTailBytes, l.Repairs, l.Damaged = rep.TornTailBytes, rep.Repairs, rep.Damaged
+		l.TornTailBytes, l.PaddingBytes, l.Repairs, l.Damaged = rep.TornTailBytes, rep.PaddingBytes, rep.Repairs, rep.Damaged
 		if rep.InstallPending {
 			l.Repairs = append(l.Repairs, "an install (snapshot) committed and not rolled forward: the node completes it when it opens the range")
 		}
@@ -186,6 +187,9 @@ func (e *env) printVerify(lines []verifyLine, asJSON bool) error {
 		notes = append(notes, l.Damaged...)
 		if l.TornTailBytes > 0 {
 			notes = append(notes, fmt.Sprintf("torn tail of %d bytes (an interrupted write; cut off when the node opens the range)", l.TornTailBytes))
+		}
+		if l.PaddingBytes > 0 {
+			notes = append(notes, fmt.Sprintf("%d bytes of zeros past the last frame (zero-ahead's, left by a crash; cut off when the node opens the range)", l.PaddingBytes))
 		}
 		if n := len(l.Repairs); n > 0 {
 			notes = append(notes, fmt.Sprintf("%d index files to rebuild", n))

@@ -5,6 +5,7 @@
 #   records/s (half the 150,000 target) and at half the measured 8-producer
 #   rate; one-at-a-time produce. 1 KiB records throughout.
 # Prints one JSON line per run to run/bench/results.jsonl and a summary.
+# GEOLOGD_FLAGS adds flags to the node (an A/B: --log-zero-ahead-bytes -1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/bin
@@ -19,7 +20,7 @@ rm -rf "$RUNDIR"; mkdir -p "$RUNDIR"
 . "$(dirname "$0")/benchlib.sh"
 pki_setup local 1
 # shellcheck disable=SC2046
-"$BIN/geologd" --data-dir "$RUNDIR/data" --listen "$ADDR" --fsync always --log-level warn $(node_security 1) >"$RUNDIR/geologd.log" 2>&1 &
+"$BIN/geologd" --data-dir "$RUNDIR/data" --listen "$ADDR" --fsync always --log-level warn $(node_security 1) ${GEOLOGD_FLAGS:-} >"$RUNDIR/geologd.log" 2>&1 &
 NODE_PID=$!
 trap 'kill -TERM $NODE_PID 2>/dev/null; wait $NODE_PID 2>/dev/null || true' EXIT
 for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done

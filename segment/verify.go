@@ -25,6 +25,10 @@ type VerifyReport struct {
 	// TornTailBytes is the torn tail Open would cut off the last segment
 	// (an interrupted write: normal after a crash, not a problem).
 	TornTailBytes int64
+	// PaddingBytes is zero-ahead's zeros past the last segment's last
+	// frame that Open would cut off (zeroahead.go: left by a crash, or by
+	// a node that was killed; not a problem).
+	PaddingBytes int64
 	// Repairs lists what Open would rebuild or remove beside the log:
 	// index files missing or stale, key index files, orphan index files.
 	// Index files are caches; a missing one is no problem.
@@ -94,7 +98,10 @@ func Verify(cfg Config) (*VerifyReport, error) {
 	for _, g := range segs {
 		rep.Bytes += g.size
 	}
-	if plan.tornAt >= 0 {
+	switch {
+	case plan.tornAt >= 0 && plan.padding:
+		rep.PaddingBytes = plan.tornBytes
+	case plan.tornAt >= 0:
 		rep.TornTailBytes = plan.tornBytes
 		rep.Bytes += plan.tornBytes // on disk until Open cuts it
 	}

@@ -109,6 +109,11 @@ func TestZeroAheadCrash(t *testing.T) {
 		crashed := e.mem.Crash()
 		_ = s.Close()
 		cfg.FS = crashed
+		// Offline, Verify tells the padding from a torn tail.
+		rep, err := Verify(cfg)
+		if err != nil || rep.PaddingBytes == 0 || rep.TornTailBytes != 0 {
+			t.Fatalf("seed %d: Verify after the crash: %+v, %v; want padding and no torn tail", seed, rep, err)
+		}
 		s = mustOpen(t, cfg)
 		checkLog(t, s, &m)
 		if n := torn.Load(); n != 0 {
