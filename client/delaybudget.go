@@ -2,8 +2,21 @@ package client
 
 import "time"
 
-// QueueDelayTargetDefault is QueueDelayTarget's default.
-const QueueDelayTargetDefault = 100 * time.Millisecond
+// QueueDelayTargetDefault is QueueDelayTarget's default. 50 ms, not
+// 100: at full speed a record waits about the target to be sent and as
+// long again in flight, and in alternated bench_region runs 100 ms gave
+// a p99 of 600-705 ms at full speed where 50 ms gave 254-324 ms, at the
+// same records/s (notes/netbase.md).
+const QueueDelayTargetDefault = 50 * time.Millisecond
+
+// The network round trip's least value (netBase) is kept over two spans
+// of netBaseSpan, the current one and the one before (so over the last
+// 5-10 s), and counts for at most netBaseMax: a path no round trip of
+// which came under that in 10 s is not a network's.
+const (
+	netBaseSpan = 5 * time.Second
+	netBaseMax  = 2 * time.Second
+)
 
 // delayLimitFloorBytes is the least the queueing-delay bound goes down to
 // (or BufferedBytesMax, if smaller), whatever the batch bound: a producer
@@ -19,8 +32,8 @@ const delayLimitFloorBytes = 64 << 10
 //
 // By Little's law, the time a byte waits to be sent is the unsent bytes
 // divided by the rate they leave, which in a steady state is the rate the
-// stream acknowledges. So the bound is the acknowledged rate, measured over
-// windows of at least the target, times the target.
+// stream acknowledges. So the bound is the acknowledged rate times the
+// target, plus what the network's round trip adds (below).
 //
 // Why unsent bytes, not all bytes held (notes/sdkqueue.md): below capacity
 // a range holds the batch in flight plus the records that gather behind
@@ -36,24 +49,35 @@ const delayLimitFloorBytes = 64 << 10
 // 4.6 s).
 //
 // At full speed the batch a range cuts is what gathered within the bound,
-// so a bound of B gives batches of about B and a round trip R(B); the rate
-// is B/R(B) and the next bound B × target/R(B): it shrinks while a round
-// trip takes longer than the target and grows while shorter, settling
-// where a batch's round trip is about the target (a record waits about one
-// round trip to be sent and one in flight). No measured base enters it: a
-// least round trip measured on the producer's own batches rises with the
-// bound at full speed (they queue behind each other), and a bound of rate
-// × (base + target) then grows without end, rate × max(base, target)
-// stays wherever it started (notes/sdkqueue.md). The price: a stream whose
-// round trip alone exceeds the target (a remote leader) is held to the
-// floor with one batch in flight per range, as with the bound this
-// replaced; raise the target or InflightBatchesMax for it.
+// so a bound of B gives batches of about B and a round trip R(B) = N +
+// S(B): the network's part N, and the server's S, which grows with B (the
+// batch queues behind the producer's own bytes). The bound is the rate
+// times (target + base), with the base the least network round trip seen
+// lately: a batch's round trip less the server's own time for it, which
+// the server reports with each acknowledgement (AppendResponse.timing).
+// The rate is B/R(B) and the next bound B × (target + N)/(N + S(B)): it
+// shrinks while the server's part exceeds the target and grows while it
+// is less, settling where a batch spends about the target on the server
+// (a record waits about one round trip to be sent and one in flight).
+//
+// The base must not be the least round trip of the producer's own batches
+// (the bound this replaced): at full speed those queue behind each other
+// on the server, the least round trip rises with the bound, and a bound of
+// rate × (base + target) grows without end, rate × max(base, target)
+// stays wherever it started (notes/sdkqueue.md). The network's part does
+// not grow with the queue on the server, so it can enter the bound: a
+// stream whose network round trip alone exceeds the target (a remote
+// leader) keeps a round trip's worth of records gathering behind its
+// batch in flight, instead of being held at the floor. A server that
+// reports no times (an older one) leaves the base at zero: the bound is
+// then rate × target, and a remote leader is held near the floor.
 //
 // The bound moves by at most a factor of two per window, up or down, so
 // that one noisy window (a pause, a burst of acknowledgements) does not
-// swing it; it starts at 64 KiB (a producer's first second is not queued
-// behind a bound far above its rate: the bound doubles per window until it
-// covers the rate) and stays within [64 KiB, BufferedBytesMax].
+// swing it; a window lasts at least target + base. It starts at 64 KiB (a
+// producer's first second is not queued behind a bound far above its
+// rate: the bound doubles per window until it covers the rate) and stays
+// within [64 KiB, BufferedBytesMax].
 //
 // delayLimit is a deterministic core: the caller passes the time in and
 // serializes calls (byteBudget's mutex).
@@ -64,6 +88,11 @@ type delayLimit struct {
 	limitBytes  int64
 	windowStart time.Time // zero until the first acknowledgement
 	windowBytes int64     // acknowledged since windowStart
+
+	// The least network round trip in the current span (from netStart)
+	// and in the span before it; negative: none seen.
+	netStart        time.Time
+	netCur, netPrev time.Duration
 }
 
 func newDelayLimit(target time.Duration, ceilBytes int64) *delayLimit {
@@ -73,6 +102,8 @@ func newDelayLimit(target time.Duration, ceilBytes int64) *delayLimit {
 		floorBytes: floorBytes,
 		ceilBytes:  ceilBytes,
 		limitBytes: floorBytes,
+		netCur:     -1,
+		netPrev:    -1,
 	}
 }
 
@@ -83,8 +114,31 @@ func (l *delayLimit) limit() int64 { return l.limitBytes }
 // flight: twice the unsent bound (see delayLimit).
 func (l *delayLimit) heldLimit() int64 { return 2 * l.limitBytes }
 
+// netRoundTrip records a batch's network round trip at now: its round
+// trip less the time the server reported spending on it.
+func (l *delayLimit) netRoundTrip(d time.Duration, now time.Time) {
+	d = min(max(d, 0), netBaseMax)
+	if l.netStart.IsZero() || now.Sub(l.netStart) >= netBaseSpan {
+		l.netStart, l.netPrev, l.netCur = now, l.netCur, d
+		return
+	}
+	if l.netCur < 0 || d < l.netCur {
+		l.netCur = d
+	}
+}
+
+// base is the least network round trip of the last one to two spans (0
+// when none was seen).
+func (l *delayLimit) base() time.Duration {
+	b := l.netCur
+	if l.netPrev >= 0 && (b < 0 || l.netPrev < b) {
+		b = l.netPrev
+	}
+	return max(b, 0)
+}
+
 // acked counts n bytes acknowledged at now and, once a window of the
-// target has passed, sets the bound from the window's rate.
+// target and the base has passed, sets the bound from the window's rate.
 func (l *delayLimit) acked(n int64, now time.Time) {
 	if l.windowStart.IsZero() {
 		// The first acknowledgement opens the first window: before it,
@@ -93,11 +147,12 @@ func (l *delayLimit) acked(n int64, now time.Time) {
 		return
 	}
 	l.windowBytes += n
+	span := l.target + l.base()
 	elapsed := now.Sub(l.windowStart)
-	if elapsed < l.target {
+	if elapsed < span {
 		return
 	}
-	want := int64(float64(l.windowBytes) * float64(l.target) / float64(elapsed))
+	want := int64(float64(l.windowBytes) * float64(span) / float64(elapsed))
 	want = min(max(want, l.limitBytes/2), 2*l.limitBytes)
 	l.limitBytes = min(max(want, l.floorBytes), l.ceilBytes)
 	l.windowStart, l.windowBytes = now, 0

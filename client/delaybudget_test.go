@@ -69,51 +69,106 @@ func TestDelayLimitFollowsTheRate(t *testing.T) {
 
 // atCapacity runs a model of a range at capacity for rounds round trips:
 // each round the range sends what the bound let gather (one batch of
-// limit bytes), served in fixed + limit/rate (queueing behind the
-// producer's own bytes). It returns the last round trip.
-func atCapacity(l *delayLimit, fixed time.Duration, bytesPerSecond float64, rounds int) time.Duration {
+// limit bytes); its round trip is the network's part, net(limit), plus
+// the server's, fixed + limit/rate (the batch queues behind the producer's
+// own bytes), which the server reports. It returns the last round trip.
+func atCapacity(l *delayLimit, net func(int64) time.Duration, fixed time.Duration, bytesPerSecond float64, rounds int) time.Duration {
 	now := time.Unix(1000, 0)
 	var rtt time.Duration
 	for range rounds {
 		b := l.limit()
-		rtt = fixed + time.Duration(float64(b)/bytesPerSecond*float64(time.Second))
+		n := net(b)
+		rtt = n + fixed + time.Duration(float64(b)/bytesPerSecond*float64(time.Second))
 		now = now.Add(rtt)
+		l.netRoundTrip(n, now)
 		l.acked(b, now)
 	}
 	return rtt
 }
 
+// flat is a network round trip that does not depend on the batch.
+func flat(d time.Duration) func(int64) time.Duration { return func(int64) time.Duration { return d } }
+
 // TestDelayLimitAtCapacity: at full speed the batch a range sends is what
-// the bound let gather, so the bound settles where a batch's round trip is
-// about the target (a record waits about one round trip to be sent and one
-// in flight), from above (a bound of 1 MiB, a 0.5 s round trip here) as
-// from below (64 KiB, 21 ms). A bound of rate × (base + target), with the base
-// the least round trip of the producer's own batches, would grow without
-// end here (to BufferedBytesMax: seconds of queue), and one of rate ×
-// max(base, target) would stay at 1 MiB. A round trip whose fixed part
-// exceeds the target (a remote leader) holds the bound at its floor.
+// the bound let gather, so the bound settles where a batch spends about
+// the target on the server (a record waits about one round trip to be sent
+// and one in flight), from above (a bound of 1 MiB, a 0.5 s round trip
+// here) as from below (64 KiB, 21 ms), and when the network's part grows
+// with the batch (its transfer). A bound of rate × (base + target), with
+// the base the least round trip of the producer's own batches, would grow
+// without end here (to BufferedBytesMax: seconds of queue), and one of
+// rate × max(base, target) would stay at 1 MiB: the base is the network's
+// part alone. A leader whose network round trip alone exceeds the target
+// (a remote one) is not held at the floor: the bound covers that round
+// trip and the target.
 func TestDelayLimitAtCapacity(t *testing.T) {
 	const target = 100 * time.Millisecond
+	lan := flat(200 * time.Microsecond)
+	transfer := func(b int64) time.Duration {
+		return 200*time.Microsecond + time.Duration(float64(b)/100e6*float64(time.Second))
+	}
 	for _, c := range []struct {
 		name  string
+		net   func(int64) time.Duration
 		fixed time.Duration
 		rate  float64 // what the server takes, bytes/s
 		start int64
 	}{
-		{"bound starts below", 20 * time.Millisecond, 50e6, 64 << 10},
-		{"bound starts above", 20 * time.Millisecond, 2e6, 1 << 20},
+		{"bound starts below", lan, 20 * time.Millisecond, 50e6, 64 << 10},
+		{"bound starts above", lan, 20 * time.Millisecond, 2e6, 1 << 20},
+		{"transfer time", transfer, 20 * time.Millisecond, 50e6, 1 << 20},
 	} {
 		l := newDelayLimit(target, 64<<20)
 		l.limitBytes = c.start
-		rtt := atCapacity(l, c.fixed, c.rate, 500)
-		if rtt < target*3/4 || rtt > target*5/4 {
+		rtt := atCapacity(l, c.net, c.fixed, c.rate, 500)
+		if rtt < target*3/4 || rtt > target*5/4+c.net(l.limit()) {
 			t.Errorf("%s: round trip settled at %v (bound %d B), want about the target %v", c.name, rtt, l.limit(), target)
 		}
 	}
+	// 150 ms of network, 5 ms on the server: the server's part settles
+	// at about the target (95 ms: a batch of about 4.75 MB at 50 MB/s).
 	l := newDelayLimit(target, 64<<20)
-	l.limitBytes = 1 << 20
-	if rtt := atCapacity(l, 150*time.Millisecond, 50e6, 500); l.limit() != delayLimitFloorBytes || rtt > 160*time.Millisecond {
-		t.Errorf("remote leader: bound %d B, round trip %v; want the floor", l.limit(), rtt)
+	const wan = 150 * time.Millisecond
+	rtt := atCapacity(l, flat(wan), 5*time.Millisecond, 50e6, 500)
+	if l.base() != wan || l.limit() < 4<<20 || rtt < wan+target*3/4 || rtt > wan+target*5/4 {
+		t.Errorf("remote leader: base %v, bound %d B, round trip %v; want a base of %v, a bound of MBs and a round trip of about %v",
+			l.base(), l.limit(), rtt, wan, wan+target)
+	}
+}
+
+// TestDelayLimitNetBase: the base is the least network round trip of the
+// current span and the one before, forgets what is older, is 0 before any
+// sample, and is capped.
+func TestDelayLimitNetBase(t *testing.T) {
+	l := newDelayLimit(50*time.Millisecond, 64<<20)
+	if b := l.base(); b != 0 {
+		t.Fatalf("base %v before any round trip", b)
+	}
+	now := time.Unix(1000, 0)
+	l.netRoundTrip(80*time.Millisecond, now)
+	l.netRoundTrip(60*time.Millisecond, now.Add(time.Second))
+	l.netRoundTrip(90*time.Millisecond, now.Add(2*time.Second))
+	if b := l.base(); b != 60*time.Millisecond {
+		t.Fatalf("base %v, want the least, 60ms", b)
+	}
+	// A new span: the last one's least still counts.
+	l.netRoundTrip(100*time.Millisecond, now.Add(netBaseSpan))
+	if b := l.base(); b != 60*time.Millisecond {
+		t.Fatalf("base %v one span on, want 60ms still", b)
+	}
+	// Two spans on: 60 ms is forgotten (the path changed).
+	l.netRoundTrip(120*time.Millisecond, now.Add(2*netBaseSpan))
+	if b := l.base(); b != 100*time.Millisecond {
+		t.Fatalf("base %v two spans on, want 100ms", b)
+	}
+	l.netRoundTrip(-time.Second, now.Add(2*netBaseSpan+time.Second))
+	if b := l.base(); b != 0 {
+		t.Fatalf("base %v after a negative round trip, want 0", b)
+	}
+	m := newDelayLimit(50*time.Millisecond, 64<<20)
+	m.netRoundTrip(time.Hour, now)
+	if b := m.base(); b != netBaseMax {
+		t.Fatalf("base %v, want the cap %v", b, netBaseMax)
 	}
 }
 

@@ -67,7 +67,8 @@
 //     (and, with a linger, until the linger passes or a batch fills). Batches
 //     form while they wait. Produce admits a record only while the producer
 //     holds fewer unsent bytes than its queueing-delay bound (delaybudget.go:
-//     what the stream acknowledged over the last QueueDelayTarget) and
+//     what the stream acknowledged over the last QueueDelayTarget plus the
+//     network's round trip to the leader) and
 //     fewer bytes in all than BufferedBytesMax;
 //     past either Produce blocks, or fails the record with ErrBufferFull
 //     under FailWhenFull.

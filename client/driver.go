@@ -331,7 +331,10 @@ func (d *rangeDriver) cut(now time.Time) *batch {
 			b.deadline = pr.deadline
 		}
 	}
-	b.req = &geologv1.AppendRequest{Stream: d.p.stream, Range: d.rng, WantTiming: d.p.cfg.timing}
+	// The queueing-delay bound needs the server's time for each batch
+	// (netRoundTrip), as WithTiming does.
+	wantTiming := d.p.cfg.timing || d.p.budget.delay != nil
+	b.req = &geologv1.AppendRequest{Stream: d.p.stream, Range: d.rng, WantTiming: wantTiming}
 	d.number(b)
 	if d.p.cfg.recordsForm || d.p.recordsOnly.Load() || !b.frame() {
 		b.toRecordsForm()
@@ -548,6 +551,9 @@ func (d *rangeDriver) onReply(resp *geologv1.AppendResponse) {
 		return
 	}
 	b.resp, b.repliedAt = resp, time.Now()
+	if lt := resp.GetTiming(); lt != nil {
+		d.p.budget.netRoundTrip(b.repliedAt.Sub(b.sentAt)-serverTime(lt), b.repliedAt)
+	}
 	if b.pid == d.pid {
 		d.pidAcked = true
 	}
@@ -987,6 +993,17 @@ func (d *rangeDriver) shutdown() {
 		d.p.budget.dequeue(int64(left.sizeBytes))
 		d.fail(left, closed)
 	}
+}
+
+// serverTime is the time a leader reports having spent on an append, from
+// receiving it to answering it. A forged or wrapped-around figure only
+// shortens the network round trip netRoundTrip takes (to no less than 0).
+func serverTime(lt *geologv1.AppendTiming) time.Duration {
+	var sum uint64
+	for _, ns := range []uint64{lt.GetAdmissionNanos(), lt.GetQueueNanos(), lt.GetLeaderWriteNanos(), lt.GetQuorumNanos(), lt.GetAckNanos()} {
+		sum += min(ns, uint64(time.Hour))
+	}
+	return time.Duration(sum)
 }
 
 // timing is pr's Timing in b, acknowledged (nil unless on).

@@ -244,24 +244,24 @@ func DeliveryTimeout(d time.Duration) ProducerOpt {
 
 // QueueDelayTarget bounds how long records wait in the producer before
 // they are sent at full speed, overriding the default of
-// QueueDelayTargetDefault (100 ms); 0 turns it off, leaving only
+// QueueDelayTargetDefault (50 ms); 0 turns it off, leaving only
 // BufferedBytesMax. The producer holds its unsent records (produced and
 // not yet cut into a batch, across all ranges) to at most what the stream
-// acknowledged over the last target of time: by Little's law, past
-// capacity a record then waits about the target before it is sent and
-// about as long in its batch's round trip, instead of the seconds a full
-// BufferedBytesMax takes to drain. Records in flight do not count
-// against it, so below capacity, with a batch in flight and the next
-// gathering behind it, the bound binds only when a round trip alone
-// exceeds the target. A stream whose round
-// trip alone exceeds the target (a remote leader) is held near 64 KiB
-// unsent: raise the target or InflightBatchesMax for it. Past the bound,
+// acknowledged over the last target of time plus the network's round trip
+// to the leader (the least recent round trip less the time the leader
+// reports spending on the batch): by Little's law, past capacity a record
+// then waits about the target before it is sent and about as long in its
+// batch's round trip, instead of the seconds a full BufferedBytesMax takes
+// to drain. Records in flight do not count against it, so below capacity,
+// with a batch in flight and the next gathering behind it, the bound binds
+// only when the server's part of a round trip alone exceeds the target; a
+// far leader's network round trip does not make it bind. Past the bound,
 // Produce blocks until there is room (bounded by its context and the
 // delivery timeout), or fails at once with FailWhenFull. All bytes held,
 // unsent and in flight, are bounded by twice that bound (a producer over
 // many ranges has a batch in flight on each). The bound starts at 64 KiB,
-// moves within a factor of two per window of the target, and stays
-// between 64 KiB and BufferedBytesMax.
+// moves within a factor of two per window (the target plus the network's
+// round trip), and stays between 64 KiB and BufferedBytesMax.
 func QueueDelayTarget(d time.Duration) ProducerOpt {
 	return func(c *producerConfig) { c.queueDelayTarget = d }
 }

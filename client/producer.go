@@ -558,6 +558,17 @@ func (b *byteBudget) release(n int64, acked bool, now time.Time) {
 	b.mu.Unlock()
 }
 
+// netRoundTrip records a batch's network round trip (its round trip less
+// the server's reported time) for the queueing-delay bound.
+func (b *byteBudget) netRoundTrip(d time.Duration, now time.Time) {
+	if b.delay == nil {
+		return
+	}
+	b.mu.Lock()
+	b.delay.netRoundTrip(d, now)
+	b.mu.Unlock()
+}
+
 // drop returns n bytes that were never sent: dequeue and release.
 func (b *byteBudget) drop(n int64) {
 	b.dequeue(n)

@@ -11,6 +11,7 @@ import (
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/client/clienttest"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestQueueDelayBoundBindsFirst: the queueing-delay bound counts the
@@ -120,5 +121,71 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 	}
 	if count != 1 || len(fake.Records("s", 0)) != 11 {
 		t.Fatalf("log holds %d records, \"again\" %d times; want 11 and once", len(fake.Records("s", 0)), count)
+	}
+}
+
+// largestBatch produces 1 KiB records on one range of a fake whose every
+// append takes delay on the server or network on the way (the reply's
+// timing leaves the latter out), for as long as until returns false, and
+// returns the largest append request the fake saw. The queueing-delay
+// target is 50 ms and the producer has one batch in flight, so a round
+// trip of 150 ms exceeds it by far.
+func largestBatch(t *testing.T, delay, network time.Duration, until func(largest int) bool) int {
+	fake := startFake(t, clienttest.Config{})
+	fake.MustCreateStream("s", 1)
+	c := newClient(t, fake.Addr())
+	p := newProducer(t, c, "s", client.QueueDelayTarget(50*time.Millisecond), client.InflightBatchesMax(1))
+	ctx := testCtx(t)
+	var mu sync.Mutex
+	largest := 0
+	fake.SetAppendFault(func(_ int64, req *geologv1.AppendRequest) clienttest.Fault {
+		mu.Lock()
+		largest = max(largest, proto.Size(req))
+		mu.Unlock()
+		return clienttest.Fault{Delay: delay, Network: network}
+	})
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		value := bytes.Repeat([]byte("v"), 1024)
+		for pctx.Err() == nil {
+			p.Produce(pctx, &client.Record{Value: value}, func(client.ProduceResult, error) {})
+		}
+	}()
+	defer func() { stop(); <-done }()
+	for {
+		mu.Lock()
+		l := largest
+		mu.Unlock()
+		if !until(l) {
+			return l
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return l
+		}
+	}
+}
+
+// TestQueueDelayBoundCoversTheNetwork: a producer whose leader is far
+// (150 ms of network round trip, a 50 ms target) is not held at the
+// bound's floor: the network's part of the round trip, which the server's
+// reported time tells from its own, enters the bound, so batches grow
+// past what the floor allows (64 KiB unsent, 128 KiB held). The same
+// 150 ms spent on the server is queueing, and the producer stays held.
+func TestQueueDelayBoundCoversTheNetwork(t *testing.T) {
+	const past = 160 << 10 // no batch reaches this under the floor
+	// Until the test's context ends (20 s): the bound doubles per window
+	// of about 200 ms and needs two.
+	far := largestBatch(t, 0, 150*time.Millisecond, func(l int) bool { return l <= past })
+	if far <= past {
+		t.Fatalf("remote leader: largest batch %d B, want past %d (held at the floor)", far, past)
+	}
+	watch := time.Now().Add(3 * time.Second)
+	slow := largestBatch(t, 150*time.Millisecond, 0, func(int) bool { return time.Now().Before(watch) })
+	if slow > past {
+		t.Fatalf("slow server: largest batch %d B, want at most %d: its time counted as network", slow, past)
 	}
 }

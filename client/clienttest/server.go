@@ -84,6 +84,10 @@ type Fault struct {
 	Hold <-chan struct{}
 	// Delay delays processing.
 	Delay time.Duration
+	// Network delays the reply as a network's round trip would: after
+	// Delay, and left out of the time the reply reports the fake spent
+	// on the request (AppendResponse.timing, when asked for).
+	Network time.Duration
 	// Err fails the request with this error without applying it: as
 	// AppendResponse.error on AppendStream, as the status otherwise. Use
 	// an *apierr.Error.
@@ -537,8 +541,8 @@ func waitFault(ctx context.Context, f Fault) bool {
 			return false
 		}
 	}
-	if f.Delay > 0 {
-		t := time.NewTimer(f.Delay)
+	if d := f.Delay + f.Network; d > 0 {
+		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -547,6 +551,16 @@ func waitFault(ctx context.Context, f Fault) bool {
 		}
 	}
 	return true
+}
+
+// timeSpent is the reply's timing for a request the fake received at
+// received and answered now: all of it, as the ack stage, but the fault's
+// network time; nil unless the request asked for it.
+func timeSpent(req *geologv1.AppendRequest, received time.Time, f Fault) *geologv1.AppendTiming {
+	if !req.GetWantTiming() {
+		return nil
+	}
+	return &geologv1.AppendTiming{AckNanos: uint64(max(time.Since(received)-f.Network, 0))}
 }
 
 var errDropped = status.Error(codes.Unavailable, "clienttest: stream dropped by fault injection")
@@ -633,6 +647,7 @@ func (s *Server) AppendStream(stream geologv1.Log_AppendStreamServer) error {
 }
 
 func (s *Server) serveStreamRequest(ctx context.Context, stream geologv1.Log_AppendStreamServer, req *geologv1.AppendRequest) error {
+	received := time.Now()
 	f := s.nextAppendFault(req)
 	if !waitFault(ctx, f) || ctx.Err() != nil {
 		// A real server fails the requests of a stream whose client went
@@ -656,6 +671,9 @@ func (s *Server) serveStreamRequest(ctx context.Context, stream geologv1.Log_App
 		}
 		if f.SkipReply {
 			return nil
+		}
+		if resp.GetError() == nil && !resp.GetDuplicate() {
+			resp.Timing = timeSpent(req, received, f)
 		}
 	}
 	return stream.Send(resp)
