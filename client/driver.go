@@ -340,7 +340,7 @@ func (d *rangeDriver) cut(now time.Time) *batch {
 		b.toRecordsForm()
 	}
 	if keyless {
-		d.p.rotateSticky(d.rng)
+		d.p.rotateSticky(d.rng, b.sizeBytes)
 	}
 	return b
 }

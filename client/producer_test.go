@@ -71,6 +71,12 @@ func TestProduceRoutesByKey(t *testing.T) {
 	}
 }
 
+// TestKeylessRecordsStickToARangePerBatch: keyless records go to one
+// sticky range a batch at a time, and move on once the sticky range's
+// batches carried 16 KiB (Kafka's batch.size, as its uniform sticky
+// partitioner, KIP-794): small batches stay on it, so that a producer
+// below capacity does not send each record in an append of its own to
+// the next idle range.
 func TestKeylessRecordsStickToARangePerBatch(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 4)
@@ -79,11 +85,13 @@ func TestKeylessRecordsStickToARangePerBatch(t *testing.T) {
 	p := newProducer(t, c, "s", client.Linger(time.Hour))
 	ctx := testCtx(t)
 
-	var prev uint32 = 99
-	for round := range 3 {
+	// round produces n records of size bytes and returns the one range
+	// they all landed in.
+	round := func(name string, n, size int) uint32 {
+		t.Helper()
 		rs := newResults()
-		for i := range 10 {
-			p.Produce(ctx, &client.Record{Value: fmt.Appendf(nil, "%d-%d", round, i)}, rs.cb(i))
+		for i := range n {
+			p.Produce(ctx, &client.Record{Value: bytes.Repeat([]byte{'a' + byte(i%26)}, size)}, rs.cb(i))
 		}
 		if err := p.Flush(ctx); err != nil {
 			t.Fatal(err)
@@ -95,11 +103,28 @@ func TestKeylessRecordsStickToARangePerBatch(t *testing.T) {
 		rng := rs.res[0].Range
 		for _, r := range rs.res {
 			if r.Range != rng {
-				t.Fatalf("round %d: keyless records of one batch landed in ranges %d and %d", round, rng, r.Range)
+				t.Fatalf("%s: keyless records of one batch landed in ranges %d and %d", name, rng, r.Range)
 			}
 		}
+		return rng
+	}
+	// Batches of 10 x 100 B: 1 KB each, far below 16 KiB: the same range.
+	first := round("small 0", 10, 100)
+	for i := 1; i < 5; i++ {
+		if rng := round(fmt.Sprintf("small %d", i), 10, 100); rng != first {
+			t.Fatalf("small batch %d went to range %d, the sticky range was %d: moved before taking 16 KiB", i, rng, first)
+		}
+	}
+	// Batches of 10 x 2 KB: each takes the sticky range past 16 KiB, so
+	// the next goes elsewhere.
+	prev := round("large 0", 10, 2000)
+	if prev != first {
+		t.Fatalf("the first large batch went to range %d, the sticky range was %d", prev, first)
+	}
+	for i := 1; i < 4; i++ {
+		rng := round(fmt.Sprintf("large %d", i), 10, 2000)
 		if rng == prev {
-			t.Fatalf("round %d: sticky range %d did not move after a batch", round, prev)
+			t.Fatalf("large batch %d: sticky range %d did not move after 20 KB", i, prev)
 		}
 		prev = rng
 	}
