@@ -60,8 +60,8 @@
 // # Producer contract
 //
 // A Producer routes each record to a range (keyspace.RangeForKey of its key;
-// keyless records go to a sticky range that changes once its batches carried
-// 16 KiB, as Kafka's uniform sticky partitioner does), and
+// keyless records go to a sticky range that changes once it took 16 KiB of
+// them, as Kafka's uniform sticky partitioner does), and
 // each range is driven by one goroutine that owns that range's state:
 //
 //  1. Records wait in the range's buffer until the in-flight window has room

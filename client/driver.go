@@ -324,9 +324,7 @@ func (d *rangeDriver) cut(now time.Time) *batch {
 	// queueing-delay bound (delaybudget.go), which counts unsent bytes.
 	d.p.budget.dequeue(int64(b.sizeBytes))
 
-	keyless := false
 	for _, pr := range b.recs {
-		keyless = keyless || len(pr.rec.Key) == 0
 		if !pr.deadline.IsZero() && (b.deadline.IsZero() || pr.deadline.Before(b.deadline)) {
 			b.deadline = pr.deadline
 		}
@@ -338,9 +336,6 @@ func (d *rangeDriver) cut(now time.Time) *batch {
 	d.number(b)
 	if d.p.cfg.recordsForm || d.p.recordsOnly.Load() || !b.frame() {
 		b.toRecordsForm()
-	}
-	if keyless {
-		d.p.rotateSticky(d.rng, b.sizeBytes)
 	}
 	return b
 }

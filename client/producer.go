@@ -42,8 +42,8 @@ type Producer struct {
 	rangeCount atomic.Uint32
 	drivers    []atomic.Pointer[rangeDriver]
 	sticky     atomic.Uint32
-	// stickyTaken is what the sticky range's batches carried since it
-	// became sticky (rotateSticky).
+	// stickyTaken is the bytes of keyless records routed to the sticky
+	// range since it became sticky (tookSticky).
 	stickyTaken atomic.Int64
 
 	// routeMu is held for reading while a record is routed and enqueued,
@@ -178,7 +178,11 @@ func (p *Producer) Produce(ctx context.Context, rec *Record, cb func(ProduceResu
 	}
 	pr := &promisedRecord{rec: rec, wire: wire, cb: cb, ctx: ctx, deadline: deadline, enqueued: now, sizeBytes: size}
 	p.routeMu.RLock()
-	d := p.driver(p.route(rec.Key, rangeCount)) // split.go
+	rng := p.route(rec.Key, rangeCount) // split.go
+	if len(rec.Key) == 0 {
+		p.tookSticky(rng, size)
+	}
+	d := p.driver(rng)
 	if d == nil || !p.addOutstanding() {
 		p.routeMu.RUnlock()
 		p.budget.drop(int64(size))
@@ -376,22 +380,24 @@ func (p *Producer) wakeAll() {
 	}
 }
 
-// stickyBytesMax is how much the sticky range takes before keyless
-// records move on (or BatchBytesMax, if smaller): Kafka's batch.size
-// default, as its uniform sticky partitioner (KIP-794) switches after a
-// batch.size of records.
+// stickyBytesMax is how many bytes of keyless records the sticky range
+// takes before they move on (or BatchBytesMax, if smaller): Kafka's
+// batch.size default, as its uniform sticky partitioner (KIP-794)
+// switches after producing batch.size bytes to a partition.
 const stickyBytesMax = 16 << 10
 
-// rotateSticky counts a batch of n bytes with keyless records that range
-// rng cut and, once the sticky range's batches carried stickyBytesMax since
-// it became sticky, moves keyless records off it to another range at
-// random. Records spread over the ranges a batch at a time, and a batch is
-// not one record: below capacity, with linger 0, the batch a range cuts
-// at once is its first record, and moving on after every cut sent each
-// keyless record in an append of its own to the next idle range (a
-// producer of 500 records/s over 8 ranges: some 400 appends/s instead of
-// tens, each costing the region a Raft round and three fdatasyncs).
-func (p *Producer) rotateSticky(rng uint32, n int) {
+// tookSticky counts n bytes of a keyless record routed to range rng and,
+// once the sticky range took stickyBytesMax since it became sticky, moves
+// keyless records on to another range at random. Below capacity, records
+// that gather behind the sticky range's batch in flight go out together;
+// moving on after every batch a range cut (the rule before) sent each
+// keyless record of a producer below capacity in an append of its own to
+// whichever range was idle (with linger 0 the batch an idle range cuts is
+// its first record): some 400 appends/s for a producer of 500 records/s
+// over 8 ranges, each costing the region a Raft round and three
+// fdatasyncs. At full speed it still spreads a producer over the ranges
+// every 16 KiB, so every range's pipeline stays full.
+func (p *Producer) tookSticky(rng uint32, n int) {
 	count := p.rangeCount.Load()
 	if count <= 1 || p.sticky.Load() != rng {
 		return

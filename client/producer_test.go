@@ -71,23 +71,24 @@ func TestProduceRoutesByKey(t *testing.T) {
 	}
 }
 
-// TestKeylessRecordsStickToARangePerBatch: keyless records go to one
-// sticky range a batch at a time, and move on once the sticky range's
-// batches carried 16 KiB (Kafka's batch.size, as its uniform sticky
-// partitioner, KIP-794): small batches stay on it, so that a producer
+// TestKeylessRecordsStickToARange: keyless records go to one sticky range
+// and move on, to another range, once it took 16 KiB of them (Kafka's
+// batch.size, as its uniform sticky partitioner, KIP-794): a producer
 // below capacity does not send each record in an append of its own to
-// the next idle range.
-func TestKeylessRecordsStickToARangePerBatch(t *testing.T) {
+// the next idle range, and one at full speed still spreads over the
+// ranges every 16 KiB.
+func TestKeylessRecordsStickToARange(t *testing.T) {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 4)
 	c := newClient(t, fake.Addr())
-	// A long linger: the records of a round form one batch, sent by Flush.
-	p := newProducer(t, c, "s", client.Linger(time.Hour))
+	// A long linger: the records wait for Flush, so none is cut while
+	// they are produced (and no queueing-delay bound: 100 KB unsent).
+	p := newProducer(t, c, "s", client.Linger(time.Hour), client.QueueDelayTarget(0))
 	ctx := testCtx(t)
 
-	// round produces n records of size bytes and returns the one range
-	// they all landed in.
-	round := func(name string, n, size int) uint32 {
+	// ranges produces n records of size bytes and returns the range each
+	// landed in, in the order they were produced.
+	ranges := func(n, size int) []uint32 {
 		t.Helper()
 		rs := newResults()
 		for i := range n {
@@ -100,33 +101,40 @@ func TestKeylessRecordsStickToARangePerBatch(t *testing.T) {
 		if len(rs.errs) != 0 {
 			t.Fatal(rs.errs)
 		}
-		rng := rs.res[0].Range
-		for _, r := range rs.res {
-			if r.Range != rng {
-				t.Fatalf("%s: keyless records of one batch landed in ranges %d and %d", name, rng, r.Range)
-			}
+		got := make([]uint32, n)
+		for i := range n {
+			got[i] = rs.res[i].Range
 		}
-		return rng
+		return got
 	}
-	// Batches of 10 x 100 B: 1 KB each, far below 16 KiB: the same range.
-	first := round("small 0", 10, 100)
-	for i := 1; i < 5; i++ {
-		if rng := round(fmt.Sprintf("small %d", i), 10, 100); rng != first {
-			t.Fatalf("small batch %d went to range %d, the sticky range was %d: moved before taking 16 KiB", i, rng, first)
+	// 100 records of 100 B: 10 KB, below 16 KiB: all in one range.
+	small := ranges(100, 100)
+	for i, r := range small {
+		if r != small[0] {
+			t.Fatalf("small record %d went to range %d, the first to %d: moved before 16 KiB", i, r, small[0])
 		}
 	}
-	// Batches of 10 x 2 KB: each takes the sticky range past 16 KiB, so
-	// the next goes elsewhere.
-	prev := round("large 0", 10, 2000)
-	if prev != first {
-		t.Fatalf("the first large batch went to range %d, the sticky range was %d", prev, first)
-	}
-	for i := 1; i < 4; i++ {
-		rng := round(fmt.Sprintf("large %d", i), 10, 2000)
-		if rng == prev {
-			t.Fatalf("large batch %d: sticky range %d did not move after 20 KB", i, prev)
+	// Records of 1000 B: runs of about 16 (16 KiB), each in another range
+	// than the run before. The sticky range had taken 10 KB already, so
+	// the first run is shorter.
+	large := ranges(100, 1000)
+	var runs []int
+	for i := range large {
+		if i == 0 || large[i] != large[i-1] {
+			runs = append(runs, 0)
 		}
-		prev = rng
+		runs[len(runs)-1]++
+	}
+	if len(runs) < 5 {
+		t.Fatalf("100 records of 1000 B in %d runs %v, want a new range about every 16 KiB", len(runs), runs)
+	}
+	for _, n := range runs[1 : len(runs)-1] {
+		if n != runs[1] || n < 12 || n > 17 {
+			t.Fatalf("runs of %v records, want runs of 16 KiB each (12-17 records)", runs)
+		}
+	}
+	if runs[0] >= runs[1] {
+		t.Fatalf("first run of %d records after 10 KB in the same range, want fewer than %d", runs[0], runs[1])
 	}
 }
 
