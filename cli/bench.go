@@ -440,7 +440,7 @@ func (e *env) bench(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.BatchBytesMax, "batch-bytes", 1<<20, "batch bytes max")
 	fs.Int64Var(&cfg.BufferedBytesMax, "buffer-bytes", 64<<20, "bytes each producer may buffer before Produce blocks")
 	fs.DurationVar(&cfg.QueueDelayTarget, "queue-delay-target", client.QueueDelayTargetDefault,
-		"each producer's queueing-delay target: its unsent records are held to what the stream acknowledged over this much time, all it holds to twice that (0: off, bytes only)")
+		"each producer's queueing-delay target: its unsent records are held to what the stream acknowledged over this much time plus the network's round trip, all it holds to twice that (0: off, bytes only)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to produce (unless --count)")
 	fs.Int64Var(&cfg.Count, "count", 0, "total records to produce (overrides --duration)")
 	fs.IntVar(&cfg.Keys, "keys", 0, "distinct keys, round robin (0: keyless records)")

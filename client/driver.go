@@ -994,11 +994,9 @@ func (d *rangeDriver) shutdown() {
 // receiving it to answering it. A forged or wrapped-around figure only
 // shortens the network round trip netRoundTrip takes (to no less than 0).
 func serverTime(lt *geologv1.AppendTiming) time.Duration {
-	var sum uint64
-	for _, ns := range []uint64{lt.GetAdmissionNanos(), lt.GetQueueNanos(), lt.GetLeaderWriteNanos(), lt.GetQuorumNanos(), lt.GetAckNanos()} {
-		sum += min(ns, uint64(time.Hour))
-	}
-	return time.Duration(sum)
+	stage := func(ns uint64) time.Duration { return time.Duration(min(ns, uint64(time.Hour))) }
+	return stage(lt.GetAdmissionNanos()) + stage(lt.GetQueueNanos()) + stage(lt.GetLeaderWriteNanos()) +
+		stage(lt.GetQuorumNanos()) + stage(lt.GetAckNanos())
 }
 
 // timing is pr's Timing in b, acknowledged (nil unless on).
