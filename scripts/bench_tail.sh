@@ -9,6 +9,8 @@ set -euo pipefail
 ROOT=$1; BASE=$2; TAG=$3; RATE=${4:-}
 cd "$ROOT"
 BIN=$ROOT/bin
+# The nodes' data goes when the script ends (full-speed runs write GBs);
+# the logs, profiles and results stay in OUT.
 RUNDIR=/tmp/tail/run-$TAG; OUT=/tmp/tail/out-$TAG
 rm -rf "$RUNDIR" "$OUT"; mkdir -p "$RUNDIR" "$OUT"
 DURATION=${DURATION:-10s}; RANGES=8
@@ -22,7 +24,7 @@ for i in 1 2 3; do
     --fsync always --log-level warn --debug-addr 127.0.0.1:$((BASE+10+i)) $(node_security $i) ${GEOLOGD_FLAGS:-} >"$OUT/n$i.log" 2>&1 &
   PIDS+=($!)
 done
-trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true' EXIT
+trap 'kill -TERM ${PIDS[*]} 2>/dev/null; wait ${PIDS[*]} 2>/dev/null || true; rm -rf "$RUNDIR"' EXIT
 for i in $(seq 1 100); do "$BIN/geolog" streams list >/dev/null 2>&1 && break; sleep 0.1; done
 for s in b8 bh; do
   for i in $(seq 1 20); do "$BIN/geolog" bench --stream "$s" --ranges 8 --producers 1 --count 2000 >/dev/null 2>&1 && break; sleep 0.5; done
