@@ -5,10 +5,11 @@
 #   records/s (half the 150,000 target) and at half the measured 8-producer
 #   rate; one-at-a-time produce. 1 KiB records throughout.
 # Prints one JSON line per run to run/bench/results.jsonl and a summary.
-# GEOLOGD_FLAGS adds flags to the node (an A/B: --log-zero-ahead-bytes -1).
+# GEOLOGD_FLAGS adds flags to the node (an A/B: --log-zero-ahead-bytes -1);
+# GEOLOG_BENCH_BIN=dir runs another build's geologd and geolog.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=$PWD/bin
+BIN=${GEOLOG_BENCH_BIN:-$PWD/bin} # GEOLOG_BENCH_BIN=dir: another build (an A/B)
 RUNDIR=$PWD/run/bench
 PORT=${GEOLOG_BENCH_PORT:-7472}
 ADDR=127.0.0.1:$PORT
