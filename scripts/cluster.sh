@@ -49,6 +49,9 @@
 # data directory written with encryption on refuses to start without its
 # KEK: switch ATREST with up --fresh.
 #
+# GEOLOGD_FLAGS adds flags to every node's command line (an A/B:
+# GEOLOGD_FLAGS="--log-zero-ahead-bytes -1" make up).
+#
 # A node reaches another region only through the WAN: its --region-addrs
 # list that region's nodes at the listen addresses of the links from its own
 # region. Clients do not: every leader and home hint names a node's
@@ -324,7 +327,7 @@ up() {
 			fi
 			GOMAXPROCS=$NODE_PROCS start "$name" "$BIN/geologd" --data-dir "$DIR/data/$name" --listen "127.0.0.1:$(node_port $r $i)" \
 				--region "$reg" --node-id "$i" --peers "$(IFS=,; echo "${peers[*]}")" "${remote[@]}" "${homing[@]}" "${security[@]}" \
-				--fsync always --debug-addr "127.0.0.1:$(debug_port $r $i)" --log-level "$LOG_LEVEL"
+				--fsync always --debug-addr "127.0.0.1:$(debug_port $r $i)" --log-level "$LOG_LEVEL" ${GEOLOGD_FLAGS:-}
 		done
 	done
 	echo "cluster: started $(( 3 * ${#NODES[@]} )) nodes ($([[ $TLS == on ]] && echo "TLS, certificates in run/cluster/certs" || echo "INSECURE: no TLS"); $([[ $ATREST == on ]] && echo "encryption at rest, KEKs in run/cluster/keks" || echo "no encryption at rest")); waiting until each answers"
