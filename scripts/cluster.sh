@@ -76,7 +76,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-BIN=$ROOT/bin
+BIN=${GEOLOG_CLUSTER_BIN:-$ROOT/bin} # GEOLOG_CLUSTER_BIN=dir: another build (an A/B; down needs it too)
 DIR=$ROOT/run/cluster
 PIDS=$DIR/pids
 BASE=${GEOLOG_CLUSTER_PORT:-7500}
