@@ -274,6 +274,26 @@ func (c *Cursor) Resend() {
 	}
 }
 
+// ResumeAt decides where shipping resumes on a stream the mirror opened
+// with applied (its applied end) and logEpoch (the epoch its log ends in,
+// nil if it did not say), for a source at homeEpoch: from is the offset
+// to pass to Connected, and resend whether to call Resend after it. A
+// mirror whose log ends in an older epoch than the source's may hold
+// another home's divergent tail past where this log left that epoch, so
+// shipping resumes at epochStart(logEpoch, applied) (the first offset
+// below applied this log holds in an epoch after logEpoch; offsets below
+// the source's log start count as older) and in resend mode, even when
+// that is the applied end itself: the mirror's leader may hold an old
+// home's uncommitted tail past it, which commits after this answer (sim
+// seed 1700391). Otherwise it resumes at applied. The Task and the
+// simulator's replicator both call it, each with its own search.
+func ResumeAt(applied uint64, logEpoch *uint64, homeEpoch uint64, epochStart func(after, end uint64) uint64) (from uint64, resend bool) {
+	if logEpoch == nil || *logEpoch >= homeEpoch || applied == 0 {
+		return applied, false
+	}
+	return min(epochStart(*logEpoch, applied), applied), true
+}
+
 // OpenRefused reports that the mirror refused the open request; the stream
 // is over.
 func (c *Cursor) OpenRefused(r *Refusal) {

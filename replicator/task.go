@@ -483,14 +483,7 @@ func (t *Task) handle(ev taskEvent) {
 		}
 		t.logger.Debug("stream open", "addr", t.addr, "applied_end", ev.resp.GetAppliedEndOffset())
 		applied := ev.resp.GetAppliedEndOffset()
-		at := applied
-		if ev.resp.LogEpoch != nil && ev.resp.GetLogEpoch() < t.cfg.Epoch && applied > 0 {
-			// The mirror's log ends in an older epoch than this home's: what
-			// it holds past where this log left that epoch may be another
-			// home's divergent tail. Resend from there; the mirror compares
-			// and forks if it differs.
-			at = t.epochStart(ev.resp.GetLogEpoch(), applied)
-		}
+		at, resend := ResumeAt(applied, ev.resp.LogEpoch, t.cfg.Epoch, t.epochStart)
 		t.mu.Lock()
 		t.stats.Streams++
 		// The mirror needs this log from at on (its end, or the resend's
@@ -500,23 +493,14 @@ func (t *Task) handle(ev taskEvent) {
 		t.lag.Applied(at)
 		t.mu.Unlock()
 		t.sess.startSender(t)
-		if ev.resp.LogEpoch != nil && ev.resp.GetLogEpoch() < t.cfg.Epoch && applied > 0 {
-			// Resend even from the applied end itself: the mirror's leader
-			// may hold an old home's uncommitted tail past it, which
-			// commits after this answer; its applied end must not move the
-			// cursor past what this source sent before the mirror has
-			// compared a batch of ours (sim seed 1700391: a heartbeat's
-			// answer moved it there, and the next batch started inside
-			// that tail).
-			if at < applied {
-				t.logger.Info("mirror's log ends in an older epoch: resending from this log's epoch change", "mirror_epoch", ev.resp.GetLogEpoch(),
-					"applied_end", applied, "from", at)
-			}
-			t.core.Connected(at, ev.resp.GetHighestEpoch())
-			t.core.Resend()
-			return
+		if resend && at < applied {
+			t.logger.Info("mirror's log ends in an older epoch: resending from this log's epoch change", "mirror_epoch", ev.resp.GetLogEpoch(),
+				"applied_end", applied, "from", at)
 		}
-		t.core.Connected(applied, ev.resp.GetHighestEpoch())
+		t.core.Connected(at, ev.resp.GetHighestEpoch())
+		if resend {
+			t.core.Resend()
+		}
 	case evResponse:
 		d := ev.resp.GetError()
 		if d != nil {

@@ -640,8 +640,8 @@ func (g *geoWorld) answered(m *geoMsg) {
 	}
 }
 
-// connected resumes a cursor on an open stream, as a Task does: a mirror
-// whose log ends in an older epoch than the source's may hold another
+// connected resumes a cursor on an open stream where
+// replicator.ResumeAt says, as a Task does: a mirror whose log ends in an older epoch than the source's may hold another
 // home's divergent tail past where this log left that epoch; shipping
 // resumes there (Cursor.Resend) and the mirror compares. As the Task's
 // search of its log (Task.epochStart) finds it: offsets below the
@@ -651,30 +651,31 @@ func (g *geoWorld) answered(m *geoMsg) {
 // of the minute runs; the floor keeps a divergent copy's resend point).
 func (g *geoWorld) connected(l *link, m *geoMsg) {
 	home := g.w.homing.homes[l.rng]
-	at := g.w.homing.resendFrom(l.rng, m.logEpoch, l.owner)
-	if o := l.owner; o.up && o.gen == l.ownerGen {
-		at = max(at, o.stores[l.rng].StartOffset()) // (a crashed owner's link is retired at its next drive)
+	o := l.owner
+	owned := o.up && o.gen == l.ownerGen // (a crashed owner's link is retired at its next drive)
+	var start uint64
+	if owned {
+		start = o.stores[l.rng].StartOffset()
 	}
-	if o := l.owner; g.w.tracing() {
-		var start uint64
-		if o.up && o.gen == l.ownerGen {
-			start = o.stores[l.rng].StartOffset()
-		}
+	epochStart := func(after, _ uint64) uint64 {
+		return max(g.w.homing.resendFrom(l.rng, after, o), start)
+	}
+	var logEpoch *uint64
+	if m.logEpoch != 0 {
+		logEpoch = &m.logEpoch
+	}
+	from, resend := replicator.ResumeAt(m.applied, logEpoch, home.Epoch, epochStart)
+	if g.w.tracing() {
 		g.w.tracef("range %d: %s (epoch %d, log from %d) connected to %s: applied %d, highest %d, log epoch %d; resend point %d",
-			l.rng, traceName(o), home.Epoch, start, traceName(m.s.target), m.applied, m.highest, m.logEpoch, at)
+			l.rng, traceName(o), home.Epoch, start, traceName(m.s.target), m.applied, m.highest, m.logEpoch, epochStart(m.logEpoch, m.applied))
 	}
-	if m.logEpoch != 0 && m.logEpoch < home.Epoch && m.applied > 0 {
-		// As the Task: in resend mode from the applied end too, where
-		// the mirror's leader may hold an old home's uncommitted tail
-		// that commits after this answer (seed 1700391).
-		l.cur.Connected(min(at, m.applied), m.highest)
+	l.cur.Connected(from, m.highest)
+	if resend {
 		l.cur.Resend()
-		if at < m.applied {
+		if from < m.applied {
 			g.res.Resends++
 		}
-		return
 	}
-	l.cur.Connected(m.applied, m.highest)
 }
 
 // silent reports whether the stream's open, or its oldest unanswered
