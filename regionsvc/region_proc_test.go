@@ -71,8 +71,12 @@ func TestStaleLeaderGetsNoAck(t *testing.T) {
 	appendTo := func(addr, value string, seq uint64, timeout time.Duration) (*geologv1.AppendResponse, error) {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
+		// WaitForReady: this client's connection to addr may be in its
+		// reconnect backoff (a first dial that found the process not
+		// listening yet, on a busy machine), which would fail the one
+		// attempt at once with the old "connection refused".
 		return clients[addr].Append(cctx, &geologv1.AppendRequest{Stream: "z", ProducerId: 1, BaseSequence: seq,
-			Records: []*geologv1.Record{{Value: []byte(value)}}})
+			Records: []*geologv1.Record{{Value: []byte(value)}}}, grpc.WaitForReady(true))
 	}
 	// One attempt each: 30 s leaves a busy machine time for an fsync'd
 	// quorum write.
