@@ -640,15 +640,16 @@ func (g *geoWorld) answered(m *geoMsg) {
 	}
 }
 
-// connected resumes a cursor on an open stream where
-// replicator.ResumeAt says, as a Task does: a mirror whose log ends in an older epoch than the source's may hold another
-// home's divergent tail past where this log left that epoch; shipping
-// resumes there (Cursor.Resend) and the mirror compares. As the Task's
-// search of its log (Task.epochStart) finds it: offsets below the
-// source's log start count as older, so a resend never starts below
-// what the source retains (else a mirror whose log epoch a restart
-// lowered would wait for ever for a read that cannot succeed: seed 116
-// of the minute runs; the floor keeps a divergent copy's resend point).
+// connected resumes a cursor on an open stream where replicator.ResumeAt
+// says, as a Task does: a mirror whose log ends in an older epoch than the
+// source's may hold another home's divergent tail past where this log left
+// that epoch; shipping resumes there (Cursor.Resend) and the mirror
+// compares. The search stands in for the Task's of its log
+// (Task.epochStart): offsets below the source's log start count as older,
+// so a resend never starts below what the source retains (else a mirror
+// whose log epoch a restart lowered would wait for ever for a read that
+// cannot succeed: seed 116 of the minute runs; the floor keeps a divergent
+// copy's resend point).
 func (g *geoWorld) connected(l *link, m *geoMsg) {
 	home := g.w.homing.homes[l.rng]
 	o := l.owner
