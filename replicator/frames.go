@@ -104,3 +104,43 @@ func SplitFrames(buf []byte) ([][]byte, error) {
 	}
 	return out, nil
 }
+
+// FrameReader reads a log's frames with Source.ReadFrames's contract
+// (endOffset bounds by BaseOffset; the first frame always comes whole).
+type FrameReader interface {
+	ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error)
+}
+
+// ReadOverlap reads what a mirror stores where a batch of frameBytes bytes
+// from first overlaps it, below end (the lesser of its applied end and the
+// batch's end): the stored frames a comparison (overlapSuffix) needs. The
+// read is sized for an identical overlap, whose frames have the batch's
+// sizes. Where the mirror's frame differs (another home's divergent frame)
+// and is larger than the batch's frame at that offset, that read stops
+// before it, and the comparison would find no frame there instead of the
+// frame to fork off (sim seed 3501631): so the frame at the read's end is
+// read too, whole, if it starts below end.
+func ReadOverlap(r FrameReader, first uint64, frameBytes int, end uint64) ([]byte, error) {
+	stored, err := r.ReadFrames(first, frameBytes, end)
+	if err != nil || len(stored) == 0 {
+		return stored, err
+	}
+	next := first
+	for p := 0; p < len(stored); {
+		size, err := batch.FrameSize(stored[p:])
+		if err != nil || size > len(stored)-p {
+			return stored, nil // the comparison reports the unreadable frame
+		}
+		next = frameNext(stored[p : p+size])
+		p += size
+	}
+	if next >= end {
+		return stored, nil
+	}
+	more, err := r.ReadFrames(next, 1, end)
+	if err != nil {
+		return stored, nil // the comparison reports what is missing
+	}
+	return append(stored, more...), nil
+}
+

@@ -718,7 +718,7 @@ func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, 
 		// What the batch overlaps must be what the mirror holds. The stored
 		// frames of an identical overlap have the same sizes, so a read of
 		// the batch's size covers them.
-		stored, err := mr.ReadFrames(d.first, len(d.frames), min(applied, d.end))
+		stored, err := ReadOverlap(mr, d.first, len(d.frames), min(applied, d.end))
 		if err != nil {
 			// Retention deleted what the batch overlaps here. If every
 			// frame this mirror holds is of an older epoch than the batch,

@@ -60,7 +60,7 @@ func CheckBatch(b *geologinternalv1.MirrorBatch, homeEpoch uint64) (CheckedBatch
 // whose applied end is applied: a batch starting past it is refused with
 // ErrGap (ExpectedOffset = applied); the part below it must be what the
 // mirror holds there (stored: the mirror's frames from the one holding
-// First, as MirrorRange.ReadFrames(First, len(Frames), min(applied, End))
+// First, as ReadOverlap(mirror, First, len(Frames), min(applied, End))
 // returns them; nil when First >= applied), else an ErrDiverged refusal
 // (a fork point, if any, is for a Forker: the simulator has none yet). It
 // returns the frames to Apply: those at and past applied, none for a

@@ -23,7 +23,7 @@ var scheduleDigests = []struct {
 }{
 	{seed: 1, regions: 1, steps: 3000, digest: "6e475a30307c81a696a7ec449f1dd7e3f7db82271a3ca978e07f1ab072a14ba9"},
 	{seed: 2, regions: 1, steps: 3000, digest: "5c3b6142aa30f324be59884ca5ee026a8e03bda845d0dadc1c503762cb881c51"},
-	{seed: 1, regions: 3, steps: 3000, digest: "7ee3104a8018593dc10ddc5a71988dc1f0cc604a28770f439c7d690d356b44cb"},
+	{seed: 1, regions: 3, steps: 3000, digest: "a1ff0de6a71b0af6d3be42f812efd461a2700b7a31bada742795d56826f24331"},
 }
 
 // TestScheduleDigests: the seeds of scheduleDigests run as pinned.

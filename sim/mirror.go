@@ -138,7 +138,7 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 	}
 	var stored []byte
 	if cb.First < applied {
-		stored, err = n.stores[r].ReadFrames(cb.First, len(cb.Frames), min(applied, cb.End))
+		stored, err = replicator.ReadOverlap(n.stores[r], cb.First, len(cb.Frames), min(applied, cb.End))
 		if w.tracing() {
 			w.tracef("%s range %d: batch [%d, %d) from %s, applied %d, highest %d, log from %d:%s; stored:%s (%v)", traceName(n), r, cb.First, cb.End,
 				traceName(m.s.l.owner), applied, highest, n.stores[r].StartOffset(), traceFrames(cb.Frames), traceFrames(stored), err)
