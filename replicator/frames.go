@@ -143,4 +143,3 @@ func ReadOverlap(r FrameReader, first uint64, frameBytes int, end uint64) ([]byt
 	}
 	return append(stored, more...), nil
 }
-
