@@ -715,9 +715,9 @@ func (s *Server) applyOnce(ctx context.Context, mr MirrorRange, d decodedBatch, 
 	}
 	suffix := 0
 	if d.first < applied {
-		// What the batch overlaps must be what the mirror holds. The stored
-		// frames of an identical overlap have the same sizes, so a read of
-		// the batch's size covers them.
+		// What the batch overlaps must be what the mirror holds: a read of
+		// the batch's size covers an identical overlap, and ReadOverlap adds
+		// the one stored frame that read may cut off where they differ.
 		stored, err := ReadOverlap(mr, d.first, len(d.frames), min(applied, d.end))
 		if err != nil {
 			// Retention deleted what the batch overlaps here. If every
