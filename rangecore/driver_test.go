@@ -143,11 +143,6 @@ func (h *driverHarness) settle(t *testing.T) {
 					n.drv.Handle(Event{Kind: EventLogWritten})
 				}
 			}
-			if n.rep.HasMarkWrite() {
-				if err := n.rep.WriteMark(); err != nil {
-					t.Fatal(err)
-				}
-			}
 		}
 		if !moved && len(h.queue) == 0 {
 			return

@@ -121,6 +121,9 @@ func checkOffsetInRange(ctx context.Context, rd *rangeDriver, offset uint64) err
 	if rd.waitCommitted(wctx, offset) == nil {
 		return nil
 	}
+	if e := rd.relearning(); e != nil {
+		return e // its tail may be below the position: retriable, never out of range
+	}
 	e := apierr.As(outOfRange(offset, rd.store.StartOffset(), rd.committed.Load()))
 	e.Message = "a position past the range's tail: " + e.Message
 	return e
@@ -184,6 +187,9 @@ func (n *Node) getCursors(ctx context.Context, req *geologv1.GetCursorsRequest) 
 // on a state that still holds it (readAfter: the applier may have rebuilt
 // the state from the log's start since the wait, after a fork).
 func (n *Node) cursorRead(ctx context.Context, cr *cursorRange, c geologv1.Consistency, fn func(s *cursors.State)) error {
+	if e := cr.d.relearning(); e != nil && !confirmRead(c) {
+		return e // its state may be older than one it answered before
+	}
 	end, err := n.cursorReadEnd(ctx, cr, c)
 	if err != nil {
 		return err

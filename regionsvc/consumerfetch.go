@@ -40,6 +40,9 @@ func (n *Node) fetch(ctx context.Context, req *geologv1.FetchRequest, send func(
 	if err != nil {
 		return err
 	}
+	if e := cr.d.relearning(); e != nil {
+		return e // its group state may be older than one it fenced on
+	}
 	check := func() error {
 		var err error
 		cr.read(func(s *cursors.State) {

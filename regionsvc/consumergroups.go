@@ -91,6 +91,9 @@ func resetTarget(ctx context.Context, rd *rangeDriver, req *geologv1.ResetGroupR
 	if f := rd.failure.Load(); f != nil {
 		return 0, f
 	}
+	if e := rd.relearning(); e != nil {
+		return 0, e // "latest" would be below what it served
+	}
 	switch to := req.GetTo().(type) {
 	case *geologv1.ResetGroupRequest_ToEarliest:
 		return rd.store.StartOffset(), nil
@@ -200,7 +203,9 @@ func (n *Node) describeGroup(ctx context.Context, req *geologv1.DescribeGroupReq
 		}
 	}
 	if g != nil && g.Stream != "" {
-		resp.Ranges = n.rangeLags(ctx, g, ps)
+		if resp.Ranges, err = n.rangeLags(ctx, g, ps); err != nil {
+			return nil, err
+		}
 	}
 	return resp, nil
 }
@@ -222,8 +227,10 @@ func (n *Node) describeMembers(cr *cursorRange, g *cursors.Group, resp *geologv1
 }
 
 // rangeLags is each range's position and lag for g's stream, against this
-// node's copy of the stream (none if the stream is not placed here).
-func (n *Node) rangeLags(ctx context.Context, g *cursors.Group, ps []cursors.Position) []*geologv1.RangeLag {
+// node's copy of the stream (none if the stream is not placed here). A copy
+// relearning its commit index knows no tail to measure from: the answer
+// is refused (retriable), and the SDK asks another node.
+func (n *Node) rangeLags(ctx context.Context, g *cursors.Group, ps []cursors.Position) ([]*geologv1.RangeLag, error) {
 	st, err := n.lookupStream(ctx, g.Stream)
 	now := n.cfg.Now()
 	var out []*geologv1.RangeLag
@@ -242,11 +249,14 @@ func (n *Node) rangeLags(ctx context.Context, g *cursors.Group, ps []cursors.Pos
 			}
 		}
 		if err == nil && int(r) < len(st.ranges) {
+			if e := st.ranges[r].relearning(); e != nil {
+				return nil, e
+			}
 			rl.TailOffset, rl.LagRecords, rl.LagMillis = rangeLag(st.ranges[r], rl.Committed, now)
 		}
 		out = append(out, rl)
 	}
-	return out
+	return out, nil
 }
 
 // rangeLag is a position's lag on a copy of a range: the tail, how many

@@ -186,7 +186,7 @@ func checkNoTakeoverCandidate(ctx context.Context, t *testing.T, w *homingWorld,
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tails := candidateTails(d); len(tails) != 1 || tails[0] != 0 {
+	if tails, _ := candidateTails(d); len(tails) != 1 || tails[0] != 0 {
 		t.Errorf("us's tails for another region's agent: %v, want [0] (no candidate; committed %d, fence %d)", tails, d.GetRanges()[0].GetTailOffset(), fence)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)

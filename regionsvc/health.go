@@ -46,6 +46,8 @@ func (n *Node) Ready() (bool, []string) {
 			r.add(fmt.Sprintf("the catalogue range is not served: %v", meta.failure.Load()))
 		case meta.rep.LeaderID() == 0:
 			r.add("the catalogue range has no leader yet")
+		case meta.rep.Relearning():
+			r.add("the catalogue range is relearning its commit index after a machine restart")
 		case n.region.metaApplied.Load() < meta.committed.Load():
 			r.add(fmt.Sprintf("the catalogue has applied %d of %d committed records", n.region.metaApplied.Load(), meta.committed.Load()))
 		}
@@ -75,6 +77,9 @@ func (n *Node) rangeUnready(d *rangeDriver) string {
 	}
 	if d.rep != nil && slices.Contains(d.cfg.repl.peers, n.cfg.NodeID) && d.rep.LeaderID() == 0 {
 		return "no Raft leader yet"
+	}
+	if d.rep != nil && d.rep.Relearning() {
+		return "relearning the commit index after a machine restart (reads go to other replicas)"
 	}
 	if n.cfg.LeaseStore != nil && d.role().region == "" {
 		return "its home region is not known yet"

@@ -41,10 +41,19 @@ func (n *Node) readRangeOf(ctx context.Context, stream string, r uint32, key []b
 // readable refuses a read of a range this node holds no replica of
 // (rangeDriver.noReplica): its store is empty, or a copy left from before
 // its replica moved away, so answering from it would show a reader a log
-// shorter than one it read elsewhere. NOT_LEADER, retriable, as Kafka's
-// NOT_LEADER_OR_FOLLOWER: the SDK reads at its next address.
+// shorter than one it read elsewhere. It refuses one of a replica that is
+// relearning its commit index after the machine's crash too (replica's
+// relearn.go): until it has, it may publish less than it published before
+// the crash. NOT_LEADER, retriable, as Kafka's NOT_LEADER_OR_FOLLOWER: the
+// SDK reads at its next address.
 func (d *rangeDriver) readable() error {
-	if d == nil || (!d.noReplica.Load() && !d.strayFlagged.Load()) {
+	if d == nil {
+		return nil
+	}
+	if e := d.relearning(); e != nil {
+		return e
+	}
+	if !d.noReplica.Load() && !d.strayFlagged.Load() {
 		return nil
 	}
 	if !d.noReplica.Load() {
@@ -53,6 +62,19 @@ func (d *rangeDriver) readable() error {
 	}
 	return apierr.New(apierr.NotLeader, "stream %s range %d: this node holds no replica of the range; read at one of its replicas",
 		d.cfg.stream, d.cfg.rangeID)
+}
+
+// relearning refuses what this node's copy of d may not answer while its
+// replica relearns the commit index after the machine's crash (replica's
+// relearn.go): its committed end may be below what it published before.
+// NOT_LEADER, retriable: the SDK reads at its next address. nil when not
+// relearning.
+func (d *rangeDriver) relearning() *apierr.Error {
+	if rep := d.rep; rep != nil && rep.Relearning() {
+		return apierr.New(apierr.NotLeader, "stream %s range %d: this node's replica is relearning the commit index after a machine restart; read at another of its replicas",
+			d.cfg.stream, d.cfg.rangeID)
+	}
+	return nil
 }
 
 // clip shortens a key for an error message.

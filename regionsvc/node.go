@@ -1026,6 +1026,7 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 		}
 		if rd.rep != nil {
 			ri.Leader = n.clientAddr(n.cfg.Region, rd.rep.LeaderID())
+			ri.Relearning = rd.rep.Relearning()
 		}
 		ri.HomeLeader = n.homeLeaderAddr(rd)
 		if rd.store != nil {

@@ -95,10 +95,17 @@ func TestCandidateTails(t *testing.T) {
 		{Range: 3, TailOffset: 40},
 		{Range: 4, TailOffset: 5, TimelineFenceOffset: at(0)}, // provisional: anything
 	}}
-	got := candidateTails(resp)
+	got, relearning := candidateTails(resp)
 	want := []uint64{0, 40, 40, 40, 0}
-	if !slices.Equal(got, want) {
-		t.Fatalf("candidate tails %v, want %v", got, want)
+	if !slices.Equal(got, want) || relearning {
+		t.Fatalf("candidate tails %v (relearning %v), want %v", got, relearning, want)
+	}
+	// A copy relearning its commit index after a machine restart is no
+	// candidate either, whatever its tail, and says so.
+	resp.Ranges[3].Relearning = true
+	got, relearning = candidateTails(resp)
+	if want := []uint64{0, 40, 40, 0, 0}; !slices.Equal(got, want) || !relearning {
+		t.Fatalf("with range 3 relearning: candidate tails %v (relearning %v), want %v", got, relearning, want)
 	}
 }
 

@@ -150,13 +150,11 @@ func (d *rangeDriver) runReplicated() {
 	// The replica's log writes (append, fsync, then the acks that waited
 	// for them) run on their own goroutine, so that this one keeps
 	// stepping messages and proposals while an fsync is in flight.
-	writerStop, writerDone, markDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	writerStop, writerDone := make(chan struct{}), make(chan struct{})
 	go d.runLogWriter(writerStop, writerDone)
-	go d.runMarkWriter(writerStop, markDone)
 	stopWriter := func() {
 		close(writerStop)
 		<-writerDone
-		<-markDone
 	}
 	d.startGroup() // openpace.go, startup.go
 	// Taken before any check of a peer's liveness, so that no change
@@ -273,35 +271,6 @@ const (
 	diskFullRetryMin = 20 * time.Millisecond
 	diskFullRetryMax = 2 * time.Second
 )
-
-// runMarkWriter is the replica's commit-mark goroutine: it runs WriteMark
-// whenever a commit mark is wanted that no log write will carry (replica's
-// commitmark.go: the log writer appends the mark with the entries it
-// writes; WriteMark appends one alone when none are queued), until stop.
-// While the replica expects a log write to carry the mark soon
-// (MarkLinger: appends one at a time), it waits for that first, at most
-// the linger.
-func (d *rangeDriver) runMarkWriter(stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	linger := time.NewTimer(time.Hour)
-	linger.Stop()
-	defer linger.Stop()
-	for {
-		select {
-		case <-d.rep.MarkWrites():
-		case <-linger.C:
-		case <-stop:
-			return
-		}
-		if wait := d.rep.MarkLinger(); wait > 0 {
-			linger.Reset(wait)
-			continue
-		}
-		if err := d.rep.WriteMark(); err != nil {
-			d.logger.Error("commit mark write failed", "error", err)
-		}
-	}
-}
 
 // drainReplicated takes the events already queued, up to
 // rangecore.DrainEventsMax, into the Ready cycle to come.
@@ -579,7 +548,9 @@ func (d *rangeDriver) stopReplicated(stopWriter func()) {
 	if err := d.rep.WriteLog(); err != nil {
 		d.logger.Warn("log write on shutdown", "error", err)
 	}
-	if err := d.rep.WriteMark(); err != nil {
+	// A clean mark: a restart in a later boot (a planned reboot) trusts
+	// it and serves readers at once (replica's relearn.go).
+	if err := d.rep.SaveCleanMark(); err != nil {
 		d.logger.Warn("commit mark on shutdown", "error", err)
 	}
 	d.rep.Close()

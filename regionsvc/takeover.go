@@ -174,8 +174,14 @@ func (a *failoverAgent) localTails(ctx context.Context, keys []homing.RangeKey) 
 	return out
 }
 
-// candidateTail is this copy's takeoverTail.
+// candidateTail is this copy's takeoverTail. A copy relearning its commit
+// index after the machine's crash is no candidate: its committed end may
+// be below what it published, and below where the log it holds leaves the
+// range's timeline (a divergent tail its fence would not show).
 func (d *rangeDriver) candidateTail() (uint64, bool) {
+	if d.rep != nil && d.rep.Relearning() {
+		return 0, false
+	}
 	var fence *uint64
 	if f := d.fenceNow(); f != nil {
 		fence = &f.offset
@@ -229,8 +235,11 @@ func (a *failoverAgent) surveyTails(ctx context.Context, asks []homing.TailAsk) 
 }
 
 // remoteTails asks region for the committed tails of a stream's ranges, as
-// one of its nodes sees them (candidateTails); nil when no node answers.
+// one of its nodes sees them (candidateTails); nil when no node answers. A
+// node whose copy of a range is relearning (candidateTails: 0) is passed
+// over for the next, if one answers with none relearning.
 func (n *Node) remoteTails(ctx context.Context, region, stream string) []uint64 {
+	var fallback []uint64
 	for _, addr := range n.regionAddrs(region) {
 		conn, err := n.peerConn(addr)
 		if err != nil {
@@ -242,9 +251,15 @@ func (n *Node) remoteTails(ctx context.Context, region, stream string) []uint64 
 		if err != nil {
 			continue
 		}
-		return candidateTails(resp)
+		tails, relearning := candidateTails(resp)
+		if !relearning {
+			return tails
+		}
+		if fallback == nil {
+			fallback = tails
+		}
 	}
-	return nil
+	return fallback
 }
 
 // candidateTails is a node's committed tail of each of a stream's ranges,
@@ -252,12 +267,19 @@ func (n *Node) remoteTails(ctx context.Context, region, stream string) []uint64 
 // a divergent tail (takeoverTail): no offset of it may be continued from
 // until it forks, so it is no takeover candidate (the core takes a higher
 // tail) and a planned rehome's target waits for it to fork and catch up.
-func candidateTails(resp *geologv1.DescribeStreamResponse) []uint64 {
+// A relearning copy's (RangeInfo.relearning) is 0 too, and relearning
+// says there was one.
+func candidateTails(resp *geologv1.DescribeStreamResponse) (tails []uint64, relearning bool) {
 	out := make([]uint64, len(resp.GetRanges()))
 	for _, ri := range resp.GetRanges() {
-		if int(ri.GetRange()) < len(out) {
-			out[ri.GetRange()], _ = takeoverTail(ri.GetTailOffset(), ri.TimelineFenceOffset)
+		if int(ri.GetRange()) >= len(out) {
+			continue
 		}
+		if ri.GetRelearning() {
+			relearning = true
+			continue
+		}
+		out[ri.GetRange()], _ = takeoverTail(ri.GetTailOffset(), ri.TimelineFenceOffset)
 	}
-	return out
+	return out, relearning
 }

@@ -18,23 +18,27 @@ import (
 // append carries anyway: every MsgApp names the leader's commit index.
 //
 // So while appends come continuously (the range's last two log writes were
-// queued at most markLingerMax apart, as for the commit mark's linger), a
+// queued at most commitHoldMax apart), a
 // leader holds a commit-only append to a follower that holds every entry
 // it names (Raft's replicate state, its match at the append's index),
 // instead of sending it. Any later message to that follower carrying a
 // commit index at least as high (an append with entries, a heartbeat)
-// replaces it; what is still held markLingerMax after the first was held
+// replaces it; what is still held commitHoldMax after the first was held
 // is sent (the driver calls SendHeldCommits when HeldCommitsWait says).
 //
 // Why it is safe: only a follower's knowledge of the commit index waits,
 // never what is durable or acked (the leader's commit index moves on
 // durable MsgAppResps only, and acks follow it); Raft already tolerates
 // the loss of any message, and a held one is sent late, not lost. What it
-// costs: a follower learns a commit up to markLingerMax later at the end
-// of a burst; while appends come continuously it publishes no later than
-// before, since its commit mark waited for the next append's write anyway
-// (MarkLinger). A leader holding one does not quiesce; a leader that steps
-// down drops them (its followers learn the commit from the next leader).
+// costs: a follower learns a commit up to commitHoldMax later at the end
+// of a burst, and while appends come continuously it publishes what the
+// next append names (one gap between appends later). A leader holding one
+// does not quiesce; a leader that steps down drops them (its followers
+// learn the commit from the next leader).
+
+// commitHoldMax bounds how long a commit-only append is held, and how far
+// apart two log writes may be for appends to count as continuous.
+const commitHoldMax = 5 * time.Millisecond
 
 // heldCommits are the commit-only appends a leader holds, at most one per
 // follower, and when the first was held.
@@ -87,12 +91,12 @@ func (r *Replica) replaceHeld(m *raftpb.Message) {
 }
 
 // appendsContinuous reports whether the range's last two log writes were
-// queued at most markLingerMax apart.
+// queued at most commitHoldMax apart.
 func (r *Replica) appendsContinuous() bool {
 	w := &r.writer
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return !w.writeQueuedAt.IsZero() && w.writeGap <= markLingerMax && r.cfg.Now().Sub(w.writeQueuedAt) <= markLingerMax
+	return !w.writeQueuedAt.IsZero() && w.writeGap <= commitHoldMax && r.cfg.Now().Sub(w.writeQueuedAt) <= commitHoldMax
 }
 
 // caughtUp reports whether follower id is in Raft's replicate state with
@@ -110,12 +114,12 @@ func (r *Replica) caughtUp(id, index uint64) bool {
 
 // HeldCommitsWait returns how long, by Config.Now's clock, until the
 // commit-only appends held now must be sent (SendHeldCommits), at most
-// markLingerMax; false if none are held. For the driver goroutine.
+// commitHoldMax; false if none are held. For the driver goroutine.
 func (r *Replica) HeldCommitsWait() (time.Duration, bool) {
 	if len(r.held.msgs) == 0 {
 		return 0, false
 	}
-	return min(max(r.held.since.Add(markLingerMax).Sub(r.cfg.Now()), 0), markLingerMax), true
+	return min(max(r.held.since.Add(commitHoldMax).Sub(r.cfg.Now()), 0), commitHoldMax), true
 }
 
 // SendHeldCommits sends the commit-only appends held. For the driver

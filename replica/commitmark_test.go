@@ -1,7 +1,9 @@
 package replica
 
 import (
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -88,9 +90,13 @@ func TestPublicationWaitsForTheMark(t *testing.T) {
 	}
 }
 
-// TestCommitMarkSurvivesCrash: FileState's mark is durable once SaveCommit
-// returns (a machine crash keeps it), Load raises the state's commit index
-// to it and never lowers it, and a damaged record is ignored, not trusted.
+// TestCommitMarkSurvivesCrash: FileState's mark record. A durable one
+// (SaveCommit) survives the machine's crash; an unsynced one (WriteCommit)
+// survives the process's, is trusted in the boot that wrote it and not in
+// a later one (the machine's crash may have lost it); a clean one is
+// trusted in any boot, as is a record of the first layout (always
+// synced). Load raises the state's commit index to the record's and never
+// lowers it, and a damaged record is ignored, not trusted.
 func TestCommitMarkSurvivesCrash(t *testing.T) {
 	mem := vfs.NewMem(rand.New(rand.NewPCG(2, 2)))
 	if err := mem.MkdirAll("/r", 0o755); err != nil {
@@ -105,66 +111,117 @@ func TestCommitMarkSurvivesCrash(t *testing.T) {
 	if err := fst.Save(hs); err != nil {
 		t.Fatal(err)
 	}
-	load := func(fs vfs.FS) uint64 {
+	load := func(fs vfs.FS) (uint64, bool) {
 		t.Helper()
 		h, ok, err := FileState{FS: fs, Dir: "/r"}.Load()
 		if !ok || err != nil {
 			t.Fatalf("load: %v %v", ok, err)
 		}
-		return h.Raft.GetCommit()
+		return h.Raft.GetCommit(), h.MarkTrusted
 	}
-	if got := load(mem); got != 7 {
-		t.Fatalf("no mark: commit %d, want 7", got)
+	if got, trusted := load(mem); got != 7 || !trusted {
+		t.Fatalf("first mark: commit %d (trusted %v), want 7, trusted", got, trusted)
 	}
 	for i, mark := range []uint64{30, 31, 95} {
-		if err := fst.SaveCommit(mark); err != nil {
+		if err := fst.SaveCommit(mark, false); err != nil {
 			t.Fatal(err)
 		}
 		for seed := 0; seed < 5; seed++ {
-			if got := load(mem.Crash()); got != mark {
-				t.Fatalf("mark %d (save %d): commit %d after a crash", mark, i, got)
+			if got, trusted := load(mem.Crash()); got != mark || trusted {
+				t.Fatalf("mark %d (save %d): commit %d (trusted %v) after a crash, want it untrusted", mark, i, got, trusted)
 			}
 		}
+		if got, trusted := load(mem); got != mark || !trusted {
+			t.Fatalf("mark %d (save %d): commit %d (trusted %v) in the same boot", mark, i, got, trusted)
+		}
+	}
+	// Unsynced: trusted in this boot, and after a crash at most as high
+	// and never trusted.
+	if err := fst.WriteCommit(120); err != nil {
+		t.Fatal(err)
+	}
+	if got, trusted := load(mem); got != 120 || !trusted {
+		t.Fatalf("unsynced mark: commit %d (trusted %v), want 120, trusted", got, trusted)
+	}
+	for seed := 0; seed < 5; seed++ {
+		if got, trusted := load(mem.Crash()); got > 120 || got < 95 || trusted {
+			t.Fatalf("unsynced mark after a crash: commit %d (trusted %v)", got, trusted)
+		}
+	}
+	// Clean: trusted after a crash (the next boot).
+	if err := fst.SaveCommit(121, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, trusted := load(mem.Crash()); got != 121 || !trusted {
+		t.Fatalf("clean mark after a crash: commit %d (trusted %v), want 121, trusted", got, trusted)
 	}
 	// A state saved later with a lower commit index does not lower it.
 	if err := fst.Save(hs); err != nil {
 		t.Fatal(err)
 	}
-	if got := load(mem); got != 95 {
-		t.Fatalf("after a state save: commit %d, want 95", got)
+	if got, _ := load(mem); got != 121 {
+		t.Fatalf("after a state save: commit %d, want 121", got)
 	}
-	// A damaged mark is ignored: the state's own commit index stands.
-	w, err := mem.OpenFile("/r/"+commitFileName, 2, 0)
+	// The first layout (16 bytes, always synced) is read and trusted.
+	v1 := binary.LittleEndian.AppendUint64(nil, 130)
+	v1 = binary.LittleEndian.AppendUint32(v1, commitMagic)
+	v1 = binary.LittleEndian.AppendUint32(v1, crc32.Checksum(v1, castagnoli))
+	writeRecord := func(b []byte) {
+		t.Helper()
+		if err := mem.Remove("/r/" + commitFileName); err != nil {
+			t.Fatal(err)
+		}
+		w, err := mem.OpenFile("/r/"+commitFileName, os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.WriteAt(b, 0)
+		w.Close()
+	}
+	writeRecord(v1)
+	if got, trusted := load(mem.Crash()); got != 7 {
+		_ = trusted // the file's entry was not synced: the crash may drop it
+	}
+	if got, trusted := load(mem); got != 130 || !trusted {
+		t.Fatalf("first layout: commit %d (trusted %v), want 130, trusted", got, trusted)
+	}
+	// A damaged mark is ignored, and not trusted: the state's own commit
+	// index stands.
+	writeRecord(encodeCommit(140, bootDigest(mem.BootID()), false))
+	w, err := mem.OpenFile("/r/"+commitFileName, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.WriteAt([]byte{0xee}, 3)
 	w.Close()
-	if got := load(mem); got != 7 {
-		t.Fatalf("damaged mark: commit %d, want the state's 7", got)
+	if got, trusted := load(mem); got != 7 || trusted {
+		t.Fatalf("damaged mark: commit %d (trusted %v), want the state's 7, untrusted", got, trusted)
 	}
-	for _, b := range [][]byte{nil, make([]byte, commitRecordBytes), encodeCommit(1)[:15]} {
-		if _, ok := decodeCommit(b); ok {
+	for _, b := range [][]byte{nil, make([]byte, commitRecordBytes), encodeCommit(1, bootDigest("b"), false)[:31], v1[:15]} {
+		if c := decodeCommit(b); c.ok {
 			t.Fatalf("decodeCommit accepted %x", b)
 		}
 	}
-	if v, ok := decodeCommit(encodeCommit(1 << 60)); !ok || v != 1<<60 {
-		t.Fatalf("round trip: %d %v", v, ok)
+	if c := decodeCommit(encodeCommit(1<<60, bootDigest("b"), true)); !c.ok || c.index != 1<<60 || !c.synced || c.boot != bootDigest("b") {
+		t.Fatalf("round trip: %+v", c)
+	}
+	if bootDigest("") != ([commitBootBytes]byte{}) || (commitRecord{ok: true}).trusted("") {
+		t.Fatal("an unknown boot is trusted")
 	}
 }
 
 // FuzzCommitMark: any bytes decode to a mark or are refused, never a
-// panic; a decoded mark re-encodes to the same bytes, and FileState.Load
-// of any commit file content yields the state's commit index or a higher
-// mark, never an error.
+// panic; a decoded mark re-encodes to a record that decodes the same, and
+// FileState.Load of any commit file content yields the state's commit
+// index or a higher mark, never an error.
 func FuzzCommitMark(f *testing.F) {
-	f.Add(encodeCommit(0))
-	f.Add(encodeCommit(1 << 62))
-	f.Add(encodeCommit(17)[:9])
+	f.Add(encodeCommit(0, bootDigest("x"), false))
+	f.Add(encodeCommit(1<<62, bootDigest("x"), true))
+	f.Add(encodeCommit(17, bootDigest("x"), false)[:9])
 	f.Add([]byte("GCMK"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if v, ok := decodeCommit(b); ok && string(encodeCommit(v)) != string(b) {
-			t.Fatal("round trip changed the bytes")
+		if c := decodeCommit(b); c.ok && decodeCommit(encodeCommit(c.index, c.boot, c.synced)) != c {
+			t.Fatal("round trip changed the record")
 		}
 		mem := vfs.NewMem(rand.New(rand.NewPCG(3, 3)))
 		if err := mem.MkdirAll("/r", 0o755); err != nil {
@@ -218,8 +275,8 @@ func (l *countingLog) OpenMark() uint64 {
 // makes the leader's entries durable commits them, and carries their
 // commit mark: one fdatasync per log write, none of its own, and what the
 // write holds is published as soon as it is applied (before its ack
-// leaves: a reader told of a record finds it). No mark is left to WriteMark
-// or the state, and a restart publishes the same.
+// leaves: a reader told of a record finds it). No mark goes to the state's
+// record, and a restart publishes the same.
 func TestMarkRidesWithTheLogWrite(t *testing.T) {
 	var cl *countingLog
 	c := newClusterOpts(t, 1, 1, func(c *cluster) {
@@ -238,9 +295,6 @@ func TestMarkRidesWithTheLogWrite(t *testing.T) {
 		if err := r.ProcessReady(); err != nil {
 			t.Fatal(err)
 		}
-		if r.HasMarkWrite() {
-			t.Fatalf("append %d: a mark left to WriteMark while a log write is queued", i)
-		}
 		syncs := cl.syncs
 		if err := r.WriteLog(); err != nil {
 			t.Fatal(err)
@@ -256,9 +310,6 @@ func TestMarkRidesWithTheLogWrite(t *testing.T) {
 		end += 2
 		if got := r.Committed(); got != end || len(res) != i+1 {
 			t.Fatalf("append %d: published %d after its write, want %d (%d answered)", i, got, end, len(res))
-		}
-		if r.HasMarkWrite() {
-			t.Fatalf("append %d: a lone mark wanted for entries whose write carried one", i)
 		}
 	}
 	st.mu.Lock()
@@ -389,89 +440,17 @@ type countingState struct {
 	commits int
 }
 
-func (s *countingState) SaveCommit(index uint64) error {
+func (s *countingState) WriteCommit(index uint64) error {
 	s.mu.Lock()
 	s.commits++
 	s.mu.Unlock()
-	return s.MemState.SaveCommit(index)
+	return s.MemState.WriteCommit(index)
 }
 
 func (s *countingState) saved() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.commits
-}
-
-// TestMarkLingersForTheNextWrite: appends one at a time (each sent once
-// the one before is answered, 1 ms apart) save no lone commit mark on
-// any replica: each append's log write carries the mark of the one
-// before, so readers see every record but the newest, and the newest once
-// the linger is over. A range written sparsely saves its mark at once.
-func TestMarkLingersForTheNextWrite(t *testing.T) {
-	states := map[uint64]*countingState{}
-	c := newClusterOpts(t, 3, 3, func(c *cluster) {
-		c.repCfg = func(id uint64, cfg *Config) {
-			states[id] = &countingState{MemState: cfg.State.(*MemState)}
-			cfg.State = states[id]
-		}
-	})
-	c.lingerMarks = true
-	now := time.Unix(1_000_000, 0)
-	setClock := func(d time.Duration) {
-		now = now.Add(d)
-		for _, id := range c.ids {
-			c.clock[id] = now
-		}
-	}
-	setClock(0)
-	c.elect(1)
-	var res []Result
-	appendOne := func(i int) {
-		t.Helper()
-		c.replicas[1].Propose(op(7, uint64(i), 1, fmt.Sprint(i), &res))
-		c.settle()
-		if len(res) != i+1 || res[i].Err != nil {
-			t.Fatalf("append %d not answered: %v", i, res)
-		}
-	}
-	// Two appends set the pace (1 ms apart); from then on no lone mark.
-	for i := range 2 {
-		setClock(time.Millisecond)
-		appendOne(i)
-	}
-	saved := map[uint64]int{}
-	for _, id := range c.ids {
-		saved[id] = states[id].saved()
-	}
-	for i := 2; i < 12; i++ {
-		setClock(time.Millisecond)
-		appendOne(i)
-		for _, id := range c.ids {
-			if n := states[id].saved() - saved[id]; n != 0 {
-				t.Fatalf("append %d: node %d saved %d lone marks while appends came 1 ms apart", i, id, n)
-			}
-			if got := c.replicas[id].Committed(); got != uint64(i) {
-				t.Fatalf("append %d: node %d published %d, want %d (all but the newest)", i, id, got, i)
-			}
-		}
-	}
-	// The producer stops: the linger ends and the newest is published.
-	setClock(markLingerMax)
-	c.settle()
-	for _, id := range c.ids {
-		if got := c.replicas[id].Committed(); got != 12 {
-			t.Fatalf("after the linger: node %d published %d, want 12", id, got)
-		}
-		saved[id] = states[id].saved()
-	}
-	// A sparse append (long after the last) is published without a linger.
-	setClock(time.Second)
-	appendOne(12)
-	for _, id := range c.ids {
-		if got := c.replicas[id].Committed(); got != 13 {
-			t.Fatalf("sparse append: node %d published %d, want 13", id, got)
-		}
-	}
 }
 
 // TestHeldCommitsRideTheNextAppend: with Config.HoldCommits, a leader
@@ -534,10 +513,10 @@ func TestHeldCommitsRideTheNextAppend(t *testing.T) {
 		t.Fatal("the leader holds no commit after the last append")
 	}
 	// The producer stops: the hold ends, the followers learn the last
-	// commit (and their marks' linger ends), and publish everything.
-	setClock(markLingerMax)
+	// commit, and publish everything.
+	setClock(commitHoldMax)
 	c.settle()
-	setClock(markLingerMax)
+	setClock(commitHoldMax)
 	c.settle()
 	if commitOnly == 0 {
 		t.Fatal("the held commit was never sent")

@@ -68,12 +68,6 @@ func (n *memNode) run() error {
 			}
 			moved = true
 		}
-		if n.r.HasMarkWrite() {
-			if err := n.r.WriteMark(); err != nil {
-				return err
-			}
-			moved = true
-		}
 		if f := n.r.Failure(); f != nil {
 			return f
 		}

@@ -644,9 +644,6 @@ func TestForkConfigured(t *testing.T) {
 			if r := c.replicas[id]; r.HasLogWrites() {
 				r.WriteLog()
 			}
-			if r := c.replicas[id]; r.HasMarkWrite() {
-				r.WriteMark()
-			}
 		}
 		q := c.queue
 		c.queue = nil

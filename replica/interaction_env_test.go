@@ -192,7 +192,7 @@ func (e *interactionEnv) readyNode(id uint64) bool {
 	return true
 }
 
-// writeNode runs node id's log writer (WriteLog, then WriteMark) unless
+// writeNode runs node id's log writer (WriteLog) unless
 // it is held; it reports whether anything was written.
 func (e *interactionEnv) writeNode(id uint64) bool {
 	r := e.up(id)
@@ -211,12 +211,6 @@ func (e *interactionEnv) writeNode(id uint64) bool {
 			fmt.Fprintf(&e.out, "node %d: write log: %v\n", id, err)
 		} else if e.verbose {
 			fmt.Fprintf(&e.out, "node %d: log written, durable through index %d\n", id, e.nodes[id].st.LastIndex())
-		}
-		moved = true
-	}
-	if r.HasMarkWrite() {
-		if err := r.WriteMark(); err != nil {
-			fmt.Fprintf(&e.out, "node %d: write mark: %v\n", id, err)
 		}
 		moved = true
 	}
@@ -462,11 +456,12 @@ func (e *interactionEnv) status(id uint64) string {
 	if f := r.Failure(); f != nil {
 		role = "stopped"
 	}
-	r.writer.mu.Lock()
-	mark := r.writer.markDone
-	r.writer.mu.Unlock()
+	mark := r.markedIndex()
 	s := fmt.Sprintf("%d: %s term=%d lead=%d commit=%d applied=%d durable=%d committed=%d mark=%d pending=%d",
 		id, role, st.GetTerm(), st.Lead, st.GetCommit(), st.Applied, nd.st.LastIndex(), r.Committed(), mark, r.Pending())
+	if r.Relearning() {
+		s += " relearning"
+	}
 	if e.cut[id] {
 		s += " partitioned"
 	}

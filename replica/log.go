@@ -105,6 +105,12 @@ type HardState struct {
 	// floor message. Never above the floor learned or held since (a lower
 	// one is saved as it arrives).
 	SharedFloor uint64
+	// MarkTrusted (from Load, never saved) says the commit index covers
+	// everything the replica published before it stopped: the commit
+	// mark's record was synced, or written in this boot. MarkSynced says
+	// the record was synced (SaveCommit with clean): a WriteCommit must
+	// not land over it unsynced.
+	MarkTrusted, MarkSynced bool
 	// Producers is the idempotence state as of SnapshotIndex (the producer
 	// base, see producers.go), encoded; nil when empty.
 	Producers []byte
@@ -145,16 +151,18 @@ type StateStore interface {
 	// higher of the one saved with it and the last commit mark.
 	Load() (HardState, bool, error)
 	Save(HardState) error
-	// SaveCommit durably records that the log's entries up to index are
-	// committed (and held here): Load returns at least index as the commit
-	// index from then on. Cheaper than Save: a few bytes rewritten in
-	// place, one fdatasync. A torn record is detected and ignored (Load
-	// falls back to the commit index saved with the state). Log writes
-	// carry the mark (FrameLog.AppendMark, no fdatasync of its own); this
-	// saves it when no log write is under way (or the log cannot hold
-	// one), and held every mark before marks went into the log (those
-	// data directories still open).
-	SaveCommit(index uint64) error
+	// WriteCommit records that the log's entries up to index are
+	// committed (and held here), without an fdatasync: a few bytes
+	// rewritten in place, stamped with the machine's boot. Load returns at
+	// least index as the commit index from then on, with MarkTrusted,
+	// across the process's crash; after the machine's, Load may return
+	// less, and MarkTrusted false (commitmark.go: the replica relearns
+	// what it published). A torn record is detected and ignored.
+	WriteCommit(index uint64) error
+	// SaveCommit is WriteCommit made durable (one fdatasync). clean makes
+	// the record trusted in a later boot too: a replica's last mark, on
+	// Close, after which nothing is published.
+	SaveCommit(index uint64, clean bool) error
 }
 
 // Configuration-change payloads start with a byte saying which kind of

@@ -38,9 +38,8 @@ import (
 //   - Config.Send: called from both (the transport is goroutine-safe).
 //   - The commit mark wanted and durable (markWant, markDone):
 //     logWriter.mu. WriteLog appends a mark after each write's frames;
-//     WriteMark, on a third goroutine (or the log writer's), one call at a
-//     time (markMu), appends one alone under wmu when no write is queued;
-//     commitmark.go.
+//     the state's mark record (record) is written under markMu, by the
+//     driver's publication and by WriteLog's truncations; commitmark.go.
 //
 // Everything else stays on the driver goroutine: the hard state (term and
 // vote are saved synchronously before anything that depends on them is
@@ -86,25 +85,25 @@ type logWriter struct {
 	// markWant is the commit index ProcessReady wants marked durable,
 	// markDone the one the last mark saved (commitmark.go).
 	markWant, markDone uint64
-	// markMu is held by WriteMark while it saves a mark.
+	// writeQueuedAt and writeGap are when the last write with frames was
+	// queued and how long after the one before it (commithold.go).
+	writeQueuedAt time.Time
+	writeGap      time.Duration
+
+	// markMu is held while the state's mark record is written; record is
+	// the index it holds (written by this process; commitmark.go).
 	markMu sync.Mutex
-	// markWantedAt is when markWant last rose above markDone (the oldest
-	// wanted mark's age), writeQueuedAt and writeGap when the last write
-	// with frames was queued and how long after the one before it: what
-	// MarkLinger decides from (commitmark.go).
-	markWantedAt, writeQueuedAt time.Time
-	writeGap                    time.Duration
+	record uint64
 
 	// pending is set with local or err: the driver has work (HasReady).
 	pending atomic.Bool
-	// queued, marks and written are signals (capacity 1): writes were
-	// queued for WriteLog; a mark is wanted from WriteMark; WriteLog or
-	// WriteMark left work for the driver.
-	queued, marks, written chan struct{}
+	// queued and written are signals (capacity 1): writes were queued for
+	// WriteLog; WriteLog left work for the driver.
+	queued, written chan struct{}
 }
 
 func newLogWriter() logWriter {
-	return logWriter{queued: make(chan struct{}, 1), marks: make(chan struct{}, 1), written: make(chan struct{}, 1)}
+	return logWriter{queued: make(chan struct{}, 1), written: make(chan struct{}, 1)}
 }
 
 func signal(ch chan struct{}) {
@@ -201,15 +200,9 @@ func (r *Replica) writeQueued() error {
 		w.pending.Store(true)
 	}
 	wake := err != nil || markedNew
-	// A mark wanted since the writer took the queue goes with the next
-	// write, or alone (WriteMark) if none is queued.
-	again := w.markWant > w.markDone && len(w.queue) == 0
 	w.mu.Unlock()
 	if wake {
 		signal(w.written)
-	}
-	if again {
-		signal(w.marks)
 	}
 	return err
 }
@@ -278,8 +271,8 @@ func (r *Replica) DiskFull() *apierr.Error { return r.diskFull.Load() }
 
 // appendFrames writes the frames of writes, then a commit mark at mark
 // (if not 0) when frames were written, and makes them durable with one
-// Sync. It returns the mark written (0: none): a mark the log cannot take
-// is left to WriteMark.
+// Sync. It returns the mark written (0: none): what a mark the log cannot
+// take covers is published under the state's record (commitmark.go).
 func (r *Replica) appendFrames(writes []*logWrite, mark uint64) (uint64, error) {
 	n := 0
 	for _, lw := range writes {
@@ -553,48 +546,38 @@ func (r *Replica) persistEntries(ents []*raftpb.Entry) error {
 	return nil
 }
 
-// saveMarkBeforeCut saves the newest durable commit mark in the state
-// before a truncation may cut the log's copy of it. The truncation can
-// reach the disk while the mark appended again after the replacing
-// entries (markAgain) does not: a crash before their fdatasync left a log
-// whose newest mark was older than what the replica had published, and
-// the restarted replica published less than before (invariant 8; the
-// simulator's seed 800578 of three regions: 217 after 218). One
-// fdatasync, on truncations only (a new leader overwriting this replica's
-// uncommitted tail). Under markMu, as WriteMark, so that an older mark
-// never overwrites a newer one in the state. The caller holds wmu.
+// saveMarkBeforeCut brings the state's mark record up to the newest
+// durable commit mark before a truncation may cut the log's copy of it.
+// The truncation can reach the disk while the mark appended again after
+// the replacing entries (markAgain) does not: a crash before their
+// fdatasync left a log whose newest mark was older than what the replica
+// had published, and the restarted replica published less than before
+// (invariant 8; the simulator's seed 800578 of three regions: 217 after
+// 218). Publication writes the record only for what no log mark covers,
+// so the record may hold less. The caller holds wmu.
 func (r *Replica) saveMarkBeforeCut() error {
 	w := &r.writer
-	w.markMu.Lock()
-	defer w.markMu.Unlock()
 	w.mu.Lock()
 	done := w.markDone
 	w.mu.Unlock()
-	if done == 0 {
-		return nil
-	}
-	if err := r.cfg.State.SaveCommit(done); err != nil {
+	if err := r.saveRecord(done); err != nil {
 		return fmt.Errorf("replica: commit mark %d before a truncation: %w", done, err)
 	}
 	return nil
 }
 
 // markAgain appends the newest durable commit mark again (after a
-// truncation), or saves it in the state where the log cannot take it. The
-// caller holds wmu, which every mark appended to the log was written
-// under; markMu, as in WriteMark and saveMarkBeforeCut, keeps a WriteMark
-// that read an idle writer just before this write began from saving its
-// newer mark before this older one lands over it in the state.
+// truncation), or brings the state's record up to it where the log cannot
+// take it. The caller holds wmu, which every mark appended to the log was
+// written under.
 func (r *Replica) markAgain() error {
 	w := &r.writer
-	w.markMu.Lock()
-	defer w.markMu.Unlock()
 	w.mu.Lock()
 	done := w.markDone
 	w.mu.Unlock()
 	marked, err := r.appendMark(done)
 	if err == nil && marked < done {
-		err = r.cfg.State.SaveCommit(done)
+		err = r.saveRecord(done)
 	}
 	if err != nil {
 		return fmt.Errorf("replica: commit mark %d after a truncation: %w", done, err)

@@ -310,7 +310,7 @@ func TestLogWriterGoroutines(t *testing.T) {
 		nodes[id] = &node{r: r, log: st, in: make(chan []*raftpb.Message, 1024), exec: make(chan func()), stop: make(chan struct{})}
 	}
 	for _, n := range nodes {
-		n.done.Add(3)
+		n.done.Add(2)
 		go func() { // the driver
 			defer n.done.Done()
 			tick := time.NewTicker(2 * time.Millisecond)
@@ -344,19 +344,6 @@ func TestLogWriterGoroutines(t *testing.T) {
 				select {
 				case <-n.r.LogWrites():
 					if err := n.r.WriteLog(); err != nil {
-						t.Error(err)
-					}
-				case <-n.stop:
-					return
-				}
-			}
-		}()
-		go func() { // the mark writer
-			defer n.done.Done()
-			for {
-				select {
-				case <-n.r.MarkWrites():
-					if err := n.r.WriteMark(); err != nil {
 						t.Error(err)
 					}
 				case <-n.stop:

@@ -106,15 +106,12 @@ func (g *memGroup) run(rounds int, rng *rand.Rand) {
 		g.net.Deliver(rng)
 		for id := uint64(1); id <= 3; id++ {
 			r := g.replicas[id]
-			for r.HasReady() || r.HasLogWrites() || r.HasMarkWrite() {
+			for r.HasReady() || r.HasLogWrites() {
 				if err := r.ProcessReady(); err != nil {
 					g.t.Fatalf("node %d: %v", id, err)
 				}
 				if err := r.WriteLog(); err != nil {
 					g.t.Fatalf("node %d: write log: %v", id, err)
-				}
-				if err := r.WriteMark(); err != nil {
-					g.t.Fatalf("node %d: write mark: %v", id, err)
 				}
 			}
 			for _, to := range g.unreachable[id] {

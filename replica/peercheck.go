@@ -116,6 +116,16 @@ func checkShape(m *raftpb.Message) error {
 			return invalid("%s names %d, past the bound %d", t, v, uint64(peerNumberMax))
 		}
 	}
+	if t == raftpb.MsgReadIndex || t == raftpb.MsgReadIndexResp {
+		// A read index forwarded by a follower (a restarted replica
+		// relearning its commit index: relearn.go), and its answer,
+		// carry the request's context as their one entry.
+		if ents := m.GetEntries(); len(ents) != 1 || len(ents[0].GetData()) > readContextBytesMax ||
+			ents[0].GetIndex() != 0 || ents[0].GetTerm() != 0 || ents[0].GetType() != raftpb.EntryNormal {
+			return invalid("%s from node %d without one small context entry", t, m.GetFrom())
+		}
+		return nil
+	}
 	if len(m.GetEntries()) > 0 && t != raftpb.MsgApp {
 		return invalid("%s carries entries", t)
 	}
@@ -124,6 +134,10 @@ func checkShape(m *raftpb.Message) error {
 	}
 	return nil
 }
+
+// readContextBytesMax bounds a read index request's context (this
+// replica's own are 8 bytes, or relearnContext's).
+const readContextBytesMax = 64
 
 // checkEntries checks an append's entries against the message: indexes
 // follow m.Index, terms do not decrease from m.LogTerm nor pass m.Term,

@@ -96,7 +96,7 @@ func (r *Replica) Unquiesce() { r.quiesce.on = false }
 // given.
 func (r *Replica) idleAt(term, lead uint64, leader bool) bool {
 	if r.failure.Load() != nil || r.diskFull.Load() != nil || len(r.proposals) > 0 || len(r.duplicates) > 0 ||
-		len(r.reads) > 0 || r.pendingConf != nil || r.fork.proposal != nil || r.fork.skip != nil || r.staged != nil {
+		len(r.reads) > 0 || r.relearn.on || r.pendingConf != nil || r.fork.proposal != nil || r.fork.skip != nil || r.staged != nil {
 		return false
 	}
 	st := r.rn.BasicStatus()

@@ -238,6 +238,13 @@ type Replica struct {
 
 	// quiesce is the group's quiescence (quiesce.go).
 	quiesce quiesceState
+	// relearn is the relearning after a machine's crash (relearn.go);
+	// relearning mirrors relearn.on for readers.
+	relearn    relearnState
+	relearning atomic.Bool
+	// markTrusted and markSynced are Load's HardState.MarkTrusted and
+	// MarkSynced, for startRelearning.
+	markTrusted, markSynced bool
 }
 
 // New opens a replica over an already opened log. rebuild is called with
@@ -268,6 +275,9 @@ func New(cfg Config, headers []batch.Header) (*Replica, error) {
 		return nil, err
 	}
 	if err := r.initApplied(); err != nil {
+		return nil, err
+	}
+	if err := r.startRelearning(r.markTrusted, r.markSynced); err != nil {
 		return nil, err
 	}
 	if err := r.recoverKeyCompaction(headers); err != nil {
@@ -344,6 +354,7 @@ func (r *Replica) loadState() error {
 	if st.Conf == nil {
 		st.Conf = &raftpb.ConfState{}
 	}
+	r.markTrusted, r.markSynced = st.MarkTrusted, st.MarkSynced
 	r.state = withCommit(st, cfg.Log.OpenMark())
 	r.fresh = !ok
 	r.storage = &logStorage{log: cfg.Log, state: &r.state, snapshot: r.snapshot}
@@ -446,6 +457,7 @@ func (r *Replica) Tick() {
 		return
 	}
 	r.rn.Tick()
+	r.askRelearn(true)
 	r.watchQuorum()
 	r.watchLeader() // succession.go
 }
@@ -857,7 +869,6 @@ func (r *Replica) ProcessReady() error {
 		r.fail(err)
 		return err
 	}
-	r.publish() // what a mark WriteLog saved covers
 	if !r.rn.HasReady() {
 		r.stepped, r.snapStepped = r.stepped[:0], false
 		return nil
@@ -905,7 +916,13 @@ func (r *Replica) ProcessReady() error {
 	}
 	r.answerCommittedIndex(st.GetCommit(), st.GetTerm())
 	r.raftCommit.Store(r.state.Raft.GetCommit())
+	r.takeRelearnAnswers(rd.ReadStates)
 	r.processReads(rd.ReadStates)
+	if err := r.finishRelearning(); err != nil {
+		r.fail(err)
+		return err
+	}
+	r.askRelearn(false)
 	for _, rep := range r.snapReports {
 		r.rn.ReportSnapshot(rep.to, rep.status)
 	}

@@ -167,12 +167,6 @@ func (c *cluster) settle() {
 					moved = true
 				}
 			}
-			if r := c.replicas[id]; r != nil && !c.holdWrites[id] && r.HasMarkWrite() && !(c.lingerMarks && r.MarkLinger() > 0) {
-				if err := r.WriteMark(); err != nil {
-					c.t.Fatalf("node %d: write mark: %v", id, err)
-				}
-				moved = true
-			}
 		}
 		q := c.queue
 		c.queue = nil

@@ -562,7 +562,10 @@ type flakyState struct {
 
 func (f *flakyState) Load() (HardState, bool, error) { return f.inner.Load() }
 
-func (f *flakyState) SaveCommit(index uint64) error { return f.inner.SaveCommit(index) }
+func (f *flakyState) SaveCommit(index uint64, clean bool) error {
+	return f.inner.SaveCommit(index, clean)
+}
+func (f *flakyState) WriteCommit(index uint64) error { return f.inner.WriteCommit(index) }
 
 func (f *flakyState) Save(h HardState) error {
 	switch {

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -22,16 +23,33 @@ import (
 // segment store leaves names starting with "_" alone).
 const stateFileName = "_raftstate"
 
-// commitFileName holds the commit mark (SaveCommit): one record of
-// commitRecordBytes, rewritten in place.
+// commitFileName holds the commit mark's record (SaveCommit, WriteCommit),
+// rewritten in place.
 const commitFileName = "_commit"
 
-// commitRecordBytes is the commit mark's record: the index (u64), a magic
-// (u32) and a CRC32C of both (u32), little-endian. Sixteen bytes at offset
-// 0 never straddle a sector: a write is whole or detected by its CRC.
-const commitRecordBytes = 16
-
-const commitMagic = 0x4b4d4347 // "GCMK"
+// The commit mark's record, little-endian, at offset 0 (never straddling a
+// sector: a write is whole, or detected by its CRC):
+//
+//   - the current one, commitRecordBytes: the index (u64), the digest of
+//     the boot it was written in (commitBootBytes), flags (u32:
+//     commitFlagSynced), a magic (u32) and a CRC32C of the 28 bytes
+//     before (u32);
+//   - the one before boots were recorded, commitRecordV1Bytes: the index
+//     (u64), a magic (u32) and a CRC32C of both (u32). It was always
+//     fdatasynced, as a synced record is.
+//
+// A record written without a Datasync (WriteCommit) is trusted only by a
+// reader of the same boot (vfs.FS.BootID): a process's crash keeps it in
+// the page cache, a machine's may lose it or tear it. A synced one
+// (SaveCommit with clean) is trusted in any boot.
+const (
+	commitRecordBytes   = 32
+	commitRecordV1Bytes = 16
+	commitBootBytes     = 12
+	commitMagic         = 0x4b4d4347 // "GCMK", the first record's
+	commitMagicV2       = 0x324d4347 // "GCM2"
+	commitFlagSynced    = 1
+)
 
 // termVoteFileName holds Raft's term and vote when they change alone
 // (SaveTermVote): two slots of termVoteSlotBytes, rewritten in place, so
@@ -88,20 +106,58 @@ func withTermVote(h HardState, term, vote uint64) HardState {
 	return h
 }
 
-func encodeCommit(index uint64) []byte {
+// bootDigest is the digest of a boot ID a commit record holds (all zero
+// for an unknown boot, which no reader trusts).
+func bootDigest(boot string) (d [commitBootBytes]byte) {
+	if boot != "" {
+		sum := sha256.Sum256([]byte(boot))
+		copy(d[:], sum[:])
+	}
+	return d
+}
+
+func encodeCommit(index uint64, boot [commitBootBytes]byte, synced bool) []byte {
 	b := binary.LittleEndian.AppendUint64(make([]byte, 0, commitRecordBytes), index)
-	b = binary.LittleEndian.AppendUint32(b, commitMagic)
+	b = append(b, boot[:]...)
+	var flags uint32
+	if synced {
+		flags |= commitFlagSynced
+	}
+	b = binary.LittleEndian.AppendUint32(b, flags)
+	b = binary.LittleEndian.AppendUint32(b, commitMagicV2)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
-// decodeCommit returns the mark's index; ok is false for a record that is
-// missing, torn or damaged.
-func decodeCommit(b []byte) (index uint64, ok bool) {
-	if len(b) != commitRecordBytes || binary.LittleEndian.Uint32(b[8:]) != commitMagic ||
-		binary.LittleEndian.Uint32(b[12:]) != crc32.Checksum(b[:12], castagnoli) {
-		return 0, false
+// commitRecord is a decoded commit mark record.
+type commitRecord struct {
+	index  uint64
+	boot   [commitBootBytes]byte
+	synced bool
+	ok     bool // false: missing, torn or damaged
+}
+
+// trusted reports whether the record covers everything published before
+// it was read in boot: it was synced, or written in this boot (a
+// process's crash keeps what it wrote).
+func (c commitRecord) trusted(boot string) bool {
+	return c.ok && (c.synced || (boot != "" && c.boot == bootDigest(boot)))
+}
+
+// decodeCommit decodes a record of either layout; ok is false for one that
+// is missing, torn or damaged.
+func decodeCommit(b []byte) commitRecord {
+	if len(b) >= commitRecordBytes && binary.LittleEndian.Uint32(b[24:]) == commitMagicV2 &&
+		binary.LittleEndian.Uint32(b[28:]) == crc32.Checksum(b[:28], castagnoli) {
+		c := commitRecord{index: binary.LittleEndian.Uint64(b), ok: true}
+		copy(c.boot[:], b[8:20])
+		c.synced = binary.LittleEndian.Uint32(b[20:])&commitFlagSynced != 0
+		return c
 	}
-	return binary.LittleEndian.Uint64(b), true
+	if len(b) >= commitRecordV1Bytes && binary.LittleEndian.Uint32(b[8:]) == commitMagic &&
+		binary.LittleEndian.Uint32(b[12:]) == crc32.Checksum(b[:12], castagnoli) {
+		return commitRecord{index: binary.LittleEndian.Uint64(b), synced: true, ok: true}
+	}
+	return commitRecord{}
 }
 
 // withCommit raises h's Raft commit index to the mark's.
@@ -263,10 +319,11 @@ func (f FileState) Load() (HardState, bool, error) {
 	if err != nil {
 		return h, false, err
 	}
-	mark, err := f.loadCommit()
+	rec, err := f.loadCommit()
 	if err != nil {
 		return h, false, err
 	}
+	h.MarkTrusted, h.MarkSynced = rec.trusted(f.FS.BootID()), rec.synced
 	tv, err := vfs.ReadFile(f.FS, filepath.Join(f.Dir, termVoteFileName), 2*termVoteSlotBytes)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return h, false, err
@@ -274,7 +331,7 @@ func (f FileState) Load() (HardState, bool, error) {
 	if term, vote, ok, _ := decodeTermVote(tv); ok {
 		h = withTermVote(h, term, vote)
 	}
-	return withCommit(h, mark), true, nil
+	return withCommit(h, rec.index), true, nil
 }
 
 // SaveTermVote durably records a new Raft term and vote, in place (see
@@ -323,28 +380,43 @@ func (f FileState) SaveTermVote(term, vote uint64) error {
 	return nil
 }
 
-// loadCommit reads the commit mark: 0 when there is none, or when its
-// record is torn or damaged (the state's own commit index then stands).
-func (f FileState) loadCommit() (uint64, error) {
+// loadCommit reads the commit mark's record (not ok when there is none,
+// or it is torn or damaged: the state's own commit index then stands).
+func (f FileState) loadCommit() (commitRecord, error) {
 	r, err := f.FS.OpenFile(filepath.Join(f.Dir, commitFileName), os.O_RDONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
+		return commitRecord{}, nil
 	}
 	if err != nil {
-		return 0, err
+		return commitRecord{}, err
 	}
 	defer r.Close()
 	b := make([]byte, commitRecordBytes)
-	if n, err := r.ReadAt(b, 0); n < len(b) && err != nil && !errors.Is(err, io.EOF) {
-		return 0, err
+	n, err := r.ReadAt(b, 0)
+	if n < len(b) && err != nil && !errors.Is(err, io.EOF) {
+		return commitRecord{}, err
 	}
-	mark, _ := decodeCommit(b)
-	return mark, nil
+	return decodeCommit(b[:n]), nil
 }
 
-// SaveCommit rewrites the commit mark in place and fdatasyncs it; the
-// first one creates the file and syncs the directory.
-func (f FileState) SaveCommit(index uint64) error {
+// SaveCommit rewrites the commit mark's record in place, stamped with this
+// boot, and fdatasyncs it (the first one creates the file and syncs the
+// directory). clean marks it synced: trusted after a reboot too, so it is
+// for a replica's last mark (Close) only; any later WriteCommit must come
+// after a SaveCommit without clean, or a machine's crash could leave the
+// clean record under newer, lost ones.
+func (f FileState) SaveCommit(index uint64, clean bool) error {
+	return f.writeCommit(index, clean, true)
+}
+
+// WriteCommit rewrites the commit mark's record in place, stamped with this
+// boot, without an fdatasync: it survives the process's crash, not the
+// machine's, and a reader of another boot does not trust it.
+func (f FileState) WriteCommit(index uint64) error {
+	return f.writeCommit(index, false, false)
+}
+
+func (f FileState) writeCommit(index uint64, clean, sync bool) error {
 	name := filepath.Join(f.Dir, commitFileName)
 	w, err := f.FS.OpenFile(name, os.O_WRONLY, 0)
 	created := false
@@ -355,11 +427,11 @@ func (f FileState) SaveCommit(index uint64) error {
 	if err != nil {
 		return err
 	}
-	if _, err := w.WriteAt(encodeCommit(index), 0); err != nil {
+	if _, err := w.WriteAt(encodeCommit(index, bootDigest(f.FS.BootID()), clean && !f.CommitNoSync), 0); err != nil {
 		w.Close()
 		return err
 	}
-	if !f.CommitNoSync {
+	if sync && !f.CommitNoSync {
 		if err := w.Datasync(); err != nil {
 			w.Close()
 			return err
@@ -368,7 +440,7 @@ func (f FileState) SaveCommit(index uint64) error {
 	if err := w.Close(); err != nil {
 		return err
 	}
-	if created {
+	if created && sync {
 		return f.FS.SyncDir(f.Dir)
 	}
 	return nil
@@ -420,7 +492,7 @@ func (f FileState) ensureCommitFile(index uint64) error {
 	if !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return f.SaveCommit(index)
+	return f.SaveCommit(index, false)
 }
 
 // MemState is the in-memory twin of FileState.
@@ -452,11 +524,16 @@ func (m *MemState) Load() (HardState, bool, error) {
 	if err != nil {
 		return h, false, err
 	}
+	h.MarkTrusted = true
 	return withCommit(withTermVote(h, m.term, m.vote), m.mark), true, nil
 }
 
 // SaveCommit keeps the mark.
-func (m *MemState) SaveCommit(index uint64) error {
+func (m *MemState) SaveCommit(index uint64, clean bool) error { return m.WriteCommit(index) }
+
+// WriteCommit keeps the mark. A MemState has no machine to crash: what it
+// keeps is trusted (a restart over it is a process's).
+func (m *MemState) WriteCommit(index uint64) error {
 	m.mu.Lock()
 	m.mark = index
 	m.mu.Unlock()

@@ -59,11 +59,11 @@ func TestCommitMarkSavedOnAFullDisk(t *testing.T) {
 	if err := st.Save(h); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := st.loadCommit(); err != nil || got != 3 {
-		t.Fatalf("commit mark after the first Save: %d, %v; want the state's 3", got, err)
+	if got, err := st.loadCommit(); err != nil || got.index != 3 {
+		t.Fatalf("commit mark after the first Save: %d, %v; want the state's 3", got.index, err)
 	}
 	mem.SetSpaceBytes(mem.UsedBytes()) // not a byte free
-	if err := st.SaveCommit(9); err != nil {
+	if err := st.SaveCommit(9, false); err != nil {
 		t.Fatalf("a lone mark on a full disk: %v", err)
 	}
 	got, ok, err := st.Load()

@@ -165,6 +165,9 @@ func (a *agent) tail(g, r int) (uint64, bool) {
 	}
 	rep := l.replicas[r]
 	c := rep.Committed()
+	if rep.Relearning() {
+		return 0, false // its committed end may be behind (candidateTail)
+	}
 	if !w.opt.mut.takerDivergent && a.h.divergent(r, l) {
 		a.h.res.DivergentTakers++
 		return 0, false

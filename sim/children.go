@@ -425,7 +425,7 @@ func (s *splitWorld) openChildren() error {
 		}
 		n.stores, n.replicas = append(n.stores, nil, nil), append(n.replicas, nil, nil)
 		n.drivers = append(n.drivers, nil, nil)
-		n.verified, n.writing, n.marking = append(n.verified, 0, 0), append(n.writing, false, false), append(n.marking, false, false)
+		n.verified, n.writing = append(n.verified, 0, 0), append(n.writing, false, false)
 		n.mirror = append(n.mirror, mirrorQueue{}, mirrorQueue{})
 		n.gates = append(n.gates, make([]rangecore.StartGate[*gateOp], 2)...)
 		n.timelines = append(n.timelines, make([]rangecore.Timeline, 2)...)

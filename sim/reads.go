@@ -336,6 +336,11 @@ func (rw *readWorld) localRead(rd *reader) {
 		rd.gen, rd.wipes = 0, wipes // its disk was wiped: it starts over
 	}
 	rep, st := n.replicas[rd.rng], n.stores[rd.rng]
+	if rep.Relearning() {
+		// Refused (regionsvc's readable): the SDK reads at another node.
+		rd.node, rd.gen = 1+rw.rng.IntN(w.opt.Nodes), 0
+		return
+	}
 	end := rep.Committed()
 	if w.opt.mut.readShort && end > 0 && rw.rng.IntN(2) == 0 {
 		end-- // a node that now and then serves less than it committed
@@ -575,7 +580,10 @@ type tailWait struct {
 func (rw *readWorld) serveHome(rd *reader) error {
 	w, r, tw := rw.w, rd.rng, rd.wait
 	at, tail, home := tw.at, tw.tail, tw.home
-	if !at.up || at.gen != tw.gen {
+	// A copy relearning its commit index refuses reads (regionsvc's
+	// readable, when the read is taken; the copy relearns only from a
+	// restart, which changes its gen).
+	if !at.up || at.gen != tw.gen || at.replicas[r].Relearning() {
 		rd.wait, rd.pendingSince = nil, -1
 		w.homing.res.Reads.HomeRefused++
 		return nil

@@ -480,8 +480,8 @@ func (rh *rehomer) poll() bool {
 func (rh *rehomer) reached(k homing.RangeKey, tail uint64) bool {
 	h, r := rh.h, int(k.Range)
 	l := h.w.leaderOf(rh.to, r)
-	if l == nil || l.replicas[r].Committed() < tail {
-		return false
+	if l == nil || l.replicas[r].Relearning() || l.replicas[r].Committed() < tail {
+		return false // a relearning copy is no candidate (candidateTail)
 	}
 	return h.w.opt.mut.rehomeDivergent || !h.divergent(r, l)
 }

@@ -159,7 +159,6 @@ const (
 	evSnap       // a MsgSnap and its body reach their receiver
 	evSnapStatus // a snapshot's outcome reaches its sender
 	evWrite      // a replica's log writer runs (WriteLog) on what is queued
-	evMark       // a replica's commit-mark writer runs (WriteMark)
 	evGeo        // a replication stream's message crosses the WAN (geo.go)
 	evGeoConnect // a cursor's Connect action, after its delay
 	evFunc       // a node's driver runs fn (gate.go), unless it crashed since
@@ -185,7 +184,6 @@ type node struct {
 	// published in any incarnation: it never publishes less (invariant 8).
 	served  []uint64
 	writing []bool // per range: an evWrite is due
-	marking []bool // per range: an evMark is due
 	dying   bool   // a Sync was where the process died (syncCrashLog)
 	cutWAN  bool   // its partition cuts it off the WAN too (geo.go)
 	// mirror serving, per range (regions other than the home; geo.go):
@@ -579,7 +577,6 @@ func (w *world) start(n *node) error {
 	n.drivers, n.down = make([]*rangecore.Driver, ranges), nil
 	n.verified = make([]uint64, ranges)
 	n.writing = make([]bool, ranges)
-	n.marking = make([]bool, ranges)
 	n.dying = false
 	n.mirror = make([]mirrorQueue, ranges)
 	n.gates = make([]rangecore.StartGate[*gateOp], ranges)
@@ -885,15 +882,6 @@ func (w *world) deliver(e *event) {
 		// What it made durable here is stepped and answered at once
 		// (regionsvc's loop on LogWritten).
 		w.logWritten(n, e.group) // driver.go
-	case evMark:
-		n := w.node(e.region, e.to)
-		if !n.up || n.gen != e.fromGen {
-			return
-		}
-		n.marking[e.group] = false
-		if err := n.replicas[e.group].WriteMark(); err != nil {
-			w.failed(n, e.group, fmt.Errorf("write commit mark: %w", err))
-		}
 	case evGeo:
 		w.geo.deliver(e.geo)
 	case evGeoConnect:
@@ -913,11 +901,6 @@ func (w *world) deliver(e *event) {
 // and for messages to pile up behind the write. A crash loses what is
 // queued.
 func (w *world) scheduleWrite(n *node, r int) {
-	if !n.marking[r] && n.replicas[r].HasMarkWrite() {
-		// The commit mark's own goroutine: one small fdatasync.
-		n.marking[r] = true
-		w.push(&event{at: w.now + w.rng.Int64N(3), kind: evMark, region: n.region, group: r, to: n.id, fromGen: n.gen})
-	}
 	if n.writing[r] || !n.replicas[r].HasLogWrites() {
 		return
 	}

@@ -191,6 +191,9 @@ func (c *Cache) MkdirAll(dir string, perm os.FileMode) error { return c.base.Mkd
 // SyncDir passes through.
 func (c *Cache) SyncDir(dir string) error { return c.base.SyncDir(dir) }
 
+// BootID is the base's.
+func (c *Cache) BootID() string { return c.base.BootID() }
+
 // Lock takes an in-process exclusive lock on dir, holding no descriptor;
 // see the type's documentation for other processes.
 func (c *Cache) Lock(dir string) (io.Closer, error) {

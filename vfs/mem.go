@@ -76,6 +76,8 @@ type Mem struct {
 	// spaceBytes bounds the bytes of file data (0: no bound); see
 	// SetSpaceBytes.
 	spaceBytes int64
+	// boot counts the crashes this Mem descends from (BootID).
+	boot uint64
 }
 
 // NewMem returns an empty in-memory file system (just the root directory,
@@ -84,6 +86,9 @@ type Mem struct {
 func NewMem(rng *rand.Rand) *Mem {
 	return &Mem{rng: rng, root: newDirNode(), locked: map[string]bool{}}
 }
+
+// BootID names the boot: a Crash's result is a new one.
+func (m *Mem) BootID() string { return "mem-boot-" + strconv.FormatUint(m.boot, 10) }
 
 // SetHook installs fn (nil removes it), called before every operation,
 // outside Mem's lock, with the operation and the path it concerns. A
@@ -177,6 +182,7 @@ func (m *Mem) Crash() *Mem {
 	defer m.mu.Unlock()
 	c := NewMem(rand.New(rand.NewPCG(m.rng.Uint64(), m.rng.Uint64())))
 	c.root = m.crashDir(m.root, map[*memNode]*memNode{}, map[*memNode]bool{})
+	c.boot = m.boot + 1
 	return c
 }
 

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -35,6 +36,21 @@ func (osFS) Rename(oldname, newname string) error        { return os.Rename(oldn
 func (osFS) ReadDir(dir string) ([]fs.DirEntry, error)   { return os.ReadDir(dir) }
 func (osFS) Stat(name string) (fs.FileInfo, error)       { return os.Stat(name) }
 func (osFS) MkdirAll(dir string, perm os.FileMode) error { return os.MkdirAll(dir, perm) }
+
+// BootID is the kernel's boot_id: a random UUID drawn at each boot.
+func (osFS) BootID() string {
+	bootOnce.Do(func() {
+		if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+			bootID = strings.TrimSpace(string(b))
+		}
+	})
+	return bootID
+}
+
+var (
+	bootOnce sync.Once
+	bootID   string
+)
 
 func (osFS) SyncDir(dir string) error {
 	d, err := os.Open(dir)

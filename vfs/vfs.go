@@ -58,6 +58,13 @@ type FS interface {
 	// an error wrapping ErrLocked at once; it never waits. The lock dies
 	// with the process.
 	Lock(dir string) (io.Closer, error)
+	// BootID names the machine's current boot ("" if unknown): writes
+	// made without a Datasync survive a process's crash, read back by
+	// any later process of the same boot, but not a machine's. A file
+	// written unsynced with the boot it was written in tells a later
+	// reader whether it may trust what it reads (replica's commit mark).
+	// Mem's boot changes with each Crash.
+	BootID() string
 }
 
 // File is an open file. It is safe for concurrent use; ReadAt and WriteAt

@@ -1889,9 +1889,14 @@ type RangeInfo struct {
 	// split, and it owns [hash_start, hash_end] for appends), and
 	// split_offset is where its log ends: its records are [0, split_offset),
 	// its keys' later records are in the child owning their hash.
-	Parent        *uint32  `protobuf:"varint,15,opt,name=parent,proto3,oneof" json:"parent,omitempty"`
-	Children      []uint32 `protobuf:"varint,16,rep,packed,name=children,proto3" json:"children,omitempty"`
-	SplitOffset   *uint64  `protobuf:"varint,17,opt,name=split_offset,json=splitOffset,proto3,oneof" json:"split_offset,omitempty"`
+	Parent      *uint32  `protobuf:"varint,15,opt,name=parent,proto3,oneof" json:"parent,omitempty"`
+	Children    []uint32 `protobuf:"varint,16,rep,packed,name=children,proto3" json:"children,omitempty"`
+	SplitOffset *uint64  `protobuf:"varint,17,opt,name=split_offset,json=splitOffset,proto3,oneof" json:"split_offset,omitempty"`
+	// relearning: the answering node's copy restarted after its machine
+	// crashed and is relearning the range's commit index from its group's
+	// leader; until then tail_offset may be below what it served before,
+	// it serves no reads, and it is no takeover candidate.
+	Relearning    bool `protobuf:"varint,18,opt,name=relearning,proto3" json:"relearning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2043,6 +2048,13 @@ func (x *RangeInfo) GetSplitOffset() uint64 {
 		return *x.SplitOffset
 	}
 	return 0
+}
+
+func (x *RangeInfo) GetRelearning() bool {
+	if x != nil {
+		return x.Relearning
+	}
+	return false
 }
 
 // RegionProgress is one mirror's position and lag. Lag is measured so that
@@ -5602,7 +5614,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
 	"compaction\x12-\n" +
-	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"\x82\x05\n" +
+	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"\xa2\x05\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -5626,7 +5638,10 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\x15timeline_fence_offset\x18\x0e \x01(\x04H\x00R\x13timelineFenceOffset\x88\x01\x01\x12\x1b\n" +
 	"\x06parent\x18\x0f \x01(\rH\x01R\x06parent\x88\x01\x01\x12\x1a\n" +
 	"\bchildren\x18\x10 \x03(\rR\bchildren\x12&\n" +
-	"\fsplit_offset\x18\x11 \x01(\x04H\x02R\vsplitOffset\x88\x01\x01B\x18\n" +
+	"\fsplit_offset\x18\x11 \x01(\x04H\x02R\vsplitOffset\x88\x01\x01\x12\x1e\n" +
+	"\n" +
+	"relearning\x18\x12 \x01(\bR\n" +
+	"relearningB\x18\n" +
 	"\x16_timeline_fence_offsetB\t\n" +
 	"\a_parentB\x0f\n" +
 	"\r_split_offset\"\xd3\x02\n" +
