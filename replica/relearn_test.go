@@ -174,4 +174,3 @@ func TestRelearnRequestShape(t *testing.T) {
 		t.Fatal("relearn contexts misread")
 	}
 }
-
