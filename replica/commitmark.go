@@ -109,11 +109,32 @@ func (r *Replica) saveRecord(index uint64) error {
 	if index <= w.record || r.relearning.Load() {
 		return nil
 	}
-	if err := r.cfg.State.WriteCommit(index); err != nil {
+	if w.recorder == nil {
+		cw, err := r.cfg.State.OpenCommitWriter()
+		if err != nil {
+			return fmt.Errorf("replica: open the commit mark: %w", err)
+		}
+		w.recorder = cw
+	}
+	if err := w.recorder.WriteCommit(index); err != nil {
 		return fmt.Errorf("replica: commit mark %d: %w", index, err)
 	}
 	w.record = index
 	return nil
+}
+
+// closeRecorder closes the commit mark's writer, if open; a later
+// saveRecord opens it again.
+func (r *Replica) closeRecorder() {
+	w := &r.writer
+	w.markMu.Lock()
+	defer w.markMu.Unlock()
+	if w.recorder != nil {
+		if err := w.recorder.Close(); err != nil {
+			r.logger.Warn("close the commit mark", "error", err)
+		}
+		w.recorder = nil
+	}
 }
 
 // publishNow publishes end at once, dropping the points waiting: the state

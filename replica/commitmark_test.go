@@ -440,12 +440,18 @@ type countingState struct {
 	commits int
 }
 
-func (s *countingState) WriteCommit(index uint64) error {
-	s.mu.Lock()
-	s.commits++
-	s.mu.Unlock()
-	return s.MemState.WriteCommit(index)
+func (s *countingState) OpenCommitWriter() (CommitWriter, error) { return countingWriter{s}, nil }
+
+type countingWriter struct{ s *countingState }
+
+func (w countingWriter) WriteCommit(index uint64) error {
+	w.s.mu.Lock()
+	w.s.commits++
+	w.s.mu.Unlock()
+	return w.s.MemState.WriteCommit(index)
 }
+
+func (countingWriter) Close() error { return nil }
 
 func (s *countingState) saved() int {
 	s.mu.Lock()

@@ -151,18 +151,29 @@ type StateStore interface {
 	// higher of the one saved with it and the last commit mark.
 	Load() (HardState, bool, error)
 	Save(HardState) error
-	// WriteCommit records that the log's entries up to index are
+	// OpenCommitWriter opens the commit mark's record for WriteCommit,
+	// which records that the log's entries up to index are
 	// committed (and held here), without an fdatasync: a few bytes
 	// rewritten in place, stamped with the machine's boot. Load returns at
 	// least index as the commit index from then on, with MarkTrusted,
 	// across the process's crash; after the machine's, Load may return
 	// less, and MarkTrusted false (commitmark.go: the replica relearns
 	// what it published). A torn record is detected and ignored.
-	WriteCommit(index uint64) error
-	// SaveCommit is WriteCommit made durable (one fdatasync). clean makes
+	//
+	// The writer keeps what it needs open (a descriptor) until Close:
+	// publication writes the record at every commit no log mark covers.
+	OpenCommitWriter() (CommitWriter, error)
+	// SaveCommit is a CommitWriter's WriteCommit made durable (one fdatasync). clean makes
 	// the record trusted in a later boot too: a replica's last mark, on
 	// Close, after which nothing is published.
 	SaveCommit(index uint64, clean bool) error
+}
+
+// CommitWriter rewrites a StateStore's commit mark record in place, without
+// an fdatasync (StateStore.OpenCommitWriter).
+type CommitWriter interface {
+	WriteCommit(index uint64) error
+	Close() error
 }
 
 // Configuration-change payloads start with a byte saying which kind of

@@ -92,8 +92,9 @@ type logWriter struct {
 
 	// markMu is held while the state's mark record is written; record is
 	// the index it holds (written by this process; commitmark.go).
-	markMu sync.Mutex
-	record uint64
+	markMu   sync.Mutex
+	record   uint64
+	recorder CommitWriter // open once a record was written (saveRecord)
 
 	// pending is set with local or err: the driver has work (HasReady).
 	pending atomic.Bool

@@ -1297,6 +1297,7 @@ func (r *Replica) Close() {
 	r.writer.closed = true
 	r.writer.queue, r.writer.queuedBytes, r.writer.local = nil, 0, nil
 	r.writer.mu.Unlock()
+	r.closeRecorder()
 }
 
 // raftLogger routes etcd raft's logging to hclog. A message is formatted

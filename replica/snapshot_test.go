@@ -565,7 +565,7 @@ func (f *flakyState) Load() (HardState, bool, error) { return f.inner.Load() }
 func (f *flakyState) SaveCommit(index uint64, clean bool) error {
 	return f.inner.SaveCommit(index, clean)
 }
-func (f *flakyState) WriteCommit(index uint64) error { return f.inner.WriteCommit(index) }
+func (f *flakyState) OpenCommitWriter() (CommitWriter, error) { return f.inner.OpenCommitWriter() }
 
 func (f *flakyState) Save(h HardState) error {
 	switch {

@@ -416,6 +416,37 @@ func (f FileState) WriteCommit(index uint64) error {
 	return f.writeCommit(index, false, false)
 }
 
+// OpenCommitWriter opens the commit mark's file for WriteCommit, which then
+// costs one write (the file is created, and its directory synced, first
+// if it is missing).
+func (f FileState) OpenCommitWriter() (CommitWriter, error) {
+	name := filepath.Join(f.Dir, commitFileName)
+	w, err := f.FS.OpenFile(name, os.O_WRONLY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := f.ensureCommitFile(0); err != nil {
+			return nil, err
+		}
+		w, err = f.FS.OpenFile(name, os.O_WRONLY, 0)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &fileCommitWriter{f: w, boot: bootDigest(f.FS.BootID())}, nil
+}
+
+// fileCommitWriter is FileState's CommitWriter.
+type fileCommitWriter struct {
+	f    vfs.File
+	boot [commitBootBytes]byte
+}
+
+func (w *fileCommitWriter) WriteCommit(index uint64) error {
+	_, err := w.f.WriteAt(encodeCommit(index, w.boot, false), 0)
+	return err
+}
+
+func (w *fileCommitWriter) Close() error { return w.f.Close() }
+
 func (f FileState) writeCommit(index uint64, clean, sync bool) error {
 	name := filepath.Join(f.Dir, commitFileName)
 	w, err := f.FS.OpenFile(name, os.O_WRONLY, 0)
@@ -530,6 +561,13 @@ func (m *MemState) Load() (HardState, bool, error) {
 
 // SaveCommit keeps the mark.
 func (m *MemState) SaveCommit(index uint64, clean bool) error { return m.WriteCommit(index) }
+
+// OpenCommitWriter returns m itself.
+func (m *MemState) OpenCommitWriter() (CommitWriter, error) { return memCommitWriter{m}, nil }
+
+type memCommitWriter struct{ *MemState }
+
+func (memCommitWriter) Close() error { return nil }
 
 // WriteCommit keeps the mark. A MemState has no machine to crash: what it
 // keeps is trusted (a restart over it is a process's).
