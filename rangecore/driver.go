@@ -20,9 +20,9 @@ import (
 // loop, or the simulator's event heap) hands it events one at a time
 // (Handle), runs the Ready cycles after each batch of events it drained
 // (Cycle), and does what the returned Effects ask (run the node's per-tick
-// checks, set or stop the held-commit timer). The replica's log writer and
-// commit-mark writer stay the host's (goroutines woken by the replica's
-// LogWrites and MarkWrites, or the simulator's write events); the driver
+// checks, set or stop the held-commit timer). The replica's log writer
+// stays the host's (a goroutine woken by the replica's LogWrites, or the
+// simulator's write events); the driver
 // sees their outcome as EventLogWritten.
 //
 // What it decides:

@@ -15,18 +15,16 @@
 // goroutine (the range driver, or the simulator) owns it and calls, in any
 // interleaving: Tick on its ticker, Step for each message from a peer,
 // Propose for each append, and ProcessReady whenever HasReady. A second
-// goroutine, the log writer, calls WriteLog whenever LogWrites receives,
-// and a third (or the second) WriteMark whenever MarkWrites receives (the
-// simulator calls them after a virtual disk latency; the range driver
-// first waits what MarkLinger asks, so that the next append's log write
-// carries the mark of a producer's appends one at a time); the driver wakes for
-// ProcessReady when LogWritten receives. WriteLog makes the commit mark
-// durable with the entries it writes (a mark frame after them, one
-// fdatasync for both); WriteMark saves a mark only when no log write is
-// queued or in progress, alone in the state (StateStore.SaveCommit: one
-// small fdatasync beside the log's, the price a quiet range's readers pay
-// for the mark, as before). Raft runs with
-// AsyncStorageWrites (logwriter.go says what the goroutines share).
+// goroutine, the log writer, calls WriteLog whenever LogWrites receives
+// (the simulator calls it after a virtual disk latency); the driver wakes
+// for ProcessReady when LogWritten receives. WriteLog makes the commit
+// mark durable with the entries it writes (a mark frame after them, one
+// fdatasync for both); a commit no log mark covers is recorded in the
+// state's mark record, unsynced, before it is published (commitmark.go;
+// after a machine's crash the replica relearns its commit index:
+// relearn.go). A replica shutting down gracefully saves a clean mark
+// (SaveCleanMark) before Close. Raft runs with AsyncStorageWrites
+// (logwriter.go says what the goroutines share).
 // ProcessReady does, in this order:
 //
 //  1. Step what WriteLog delivered to this replica's Raft
@@ -52,10 +50,10 @@
 //  5. Apply committed entries (Raft hands them over once they are durable
 //     here): answer the proposals they settle, apply configuration changes
 //     (saving the configuration durably), and want a commit mark covering
-//     them (the next WriteLog carries it, or WriteMark writes it alone);
-//     publish the committed offset once a durable mark covers it
-//     (commitmark.go: a restarted replica publishes at once what it
-//     published before).
+//     them (the next WriteLog carries it); publish the committed offset
+//     once a mark covers it, the log's or the state's record
+//     (commitmark.go: a replica restarted by a process's crash publishes
+//     at once what it published before).
 //  6. Answer the proposals of the current term that Raft's commit index
 //     covers: a quorum has them durably, this replica's own write may still
 //     be in flight.

@@ -171,8 +171,8 @@ func (r *Replica) writeQueued() error {
 	if err == nil {
 		// The mark is durable before the acks that waited for the write
 		// are delivered: the driver that steps them and applies what they
-		// commit finds it (no lone mark written for entries whose write
-		// carried one).
+		// commit finds it (no record written in the state for entries
+		// whose write carried their mark).
 		w.mu.Lock()
 		if markedNew = marked > w.markDone; markedNew {
 			w.markDone = marked
