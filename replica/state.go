@@ -431,6 +431,9 @@ func (f FileState) OpenCommitWriter() (CommitWriter, error) {
 	if err != nil {
 		return nil, err
 	}
+	// It stays open, but costs no descriptor while idle: a node's file
+	// cache may close it between writes.
+	vfs.Unsynced(w)
 	return &fileCommitWriter{f: w, boot: bootDigest(f.FS.BootID())}, nil
 }
 

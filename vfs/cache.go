@@ -309,14 +309,33 @@ type cachedFile struct {
 	writesInFlight              int
 	// syncFailed is set by a failed Datasync: the file stays dirty (FS,
 	// 3).
-	syncFailed     bool
+	syncFailed bool
+	// unsyncedOK: the file's writes need no Datasync (Unsynced): it is
+	// never dirty for want of one.
+	unsyncedOK     bool
 	pinned, closed bool
 	elem           *list.Element // in Cache.idle
 	// opening is closed when a reopen under way ends.
 	opening chan struct{}
 }
 
-func (cf *cachedFile) dirty() bool { return cf.syncFailed || cf.writesSynced < cf.writesStarted }
+func (cf *cachedFile) dirty() bool {
+	return cf.syncFailed || (!cf.unsyncedOK && cf.writesSynced < cf.writesStarted)
+}
+
+// Unsynced declares that f's writes need no Datasync: its writer only
+// needs them to outlive the process (the page cache keeps them) and never
+// syncs them, so a Cache may close the file's descriptor while it is idle
+// with writes unsynced, as it does a clean file's (a write after reopens
+// it). Other Files are unchanged.
+func Unsynced(f File) {
+	if cf, ok := f.(*cachedFile); ok {
+		cf.c.mu.Lock()
+		cf.unsyncedOK = true
+		cf.c.idleIfEvictableLocked(cf)
+		cf.c.mu.Unlock()
+	}
+}
 
 // access says what a call does with the file.
 type access int

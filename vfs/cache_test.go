@@ -373,3 +373,38 @@ func TestCacheConcurrentUse(t *testing.T) {
 		t.Fatalf("stats %+v: nothing was evicted, the test tested nothing", st)
 	}
 }
+
+// A file declared Unsynced is evicted while idle with unsynced writes, as
+// a clean one; a write after reopens it and finds what was written.
+func TestCacheEvictsUnsyncedFiles(t *testing.T) {
+	base := newCountFS(t)
+	c := NewCache(base, 1)
+	rec, err := c.OpenFile("/rec", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
+	Unsynced(rec)
+	if _, err := rec.WriteAt([]byte("record-1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.OpenFile("/other", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	writeSynced(t, other, []byte("y"))
+	if st := c.Stats(); st.Descriptors != 1 || base.live.Load() != 1 {
+		t.Fatalf("stats %+v, live %d: want the unsynced file evicted, within the budget of 1", st, base.live.Load())
+	}
+	if _, err := rec.WriteAt([]byte("record-2"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := cacheRead(t, rec, 8); string(got) != "record-2" {
+		t.Fatalf("reopened file reads %q", got)
+	}
+	// Without the declaration it would be kept (TestCacheKeepsDirtyFiles).
+	if st := c.Stats(); st.Reopens == 0 {
+		t.Fatalf("stats %+v: the unsynced file was never reopened", st)
+	}
+}
