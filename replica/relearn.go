@@ -28,7 +28,9 @@ import (
 //     and a leader answers only once it has committed an entry of its
 //     own term, so the index answered covers every entry committed
 //     before the crash, and with them everything this replica published.
-//     A group of one answers once its own election's entry commits.
+//     A leader asks only once an entry of its own term is committed: etcd
+//     raft answers a sole voter at once with its commit index, which may
+//     be the stale one it restarted with.
 //  3. Once it applied up to that index it stops relearning, and stamps
 //     the state's record with the new boot (from then on a process's
 //     crash keeps what it publishes, as in 1).
@@ -104,9 +106,24 @@ func (r *Replica) askRelearn(tick bool) {
 	if lead == 0 || (lead == rl.lead && rl.ticks > 0) {
 		return
 	}
+	if r.isLeader && !r.committedInTerm() {
+		// etcd raft answers a sole voter's read index at once with its
+		// commit index, before its election's entry commits (a group of
+		// more holds the request until then): that index may be the
+		// stale one this replica restarted with. Ask once an entry of
+		// this term is committed, which covers every entry before it.
+		return
+	}
 	rl.seq++
 	rl.lead, rl.ticks = lead, r.cfg.ElectionTick
 	r.rn.ReadIndex(relearnContext(rl.seq))
+}
+
+// committedInTerm reports whether this leader's commit index reaches an
+// entry of its own term (etcd raft's committedEntryInCurrentTerm).
+func (r *Replica) committedInTerm() bool {
+	t, err := r.storage.Term(r.state.Raft.GetCommit())
+	return err == nil && t == r.term
 }
 
 // takeRelearnAnswers takes the read indexes answered to relearn requests

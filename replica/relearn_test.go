@@ -174,3 +174,78 @@ func TestRelearnRequestShape(t *testing.T) {
 		t.Fatal("relearn contexts misread")
 	}
 }
+
+// TestRelearnSoleVoterWaitsForItsTerm: etcd raft answers a sole voter's
+// ReadIndex at once with its commit index, before its own election's entry
+// commits: a replica that held a longer log than its durable marks say
+// (here the leader of three, whose last commit no log mark covered), then
+// restarted after its machine's crash as the only voter of its group,
+// must not end relearning on that stale index. At every step, a replica
+// that no longer relearns publishes at least what it published before.
+func TestRelearnSoleVoterWaitsForItsTerm(t *testing.T) {
+	c, disk := memNodeCluster(t, 3, 1)
+	c.elect(1)
+	var res []Result
+	for i := range 6 {
+		c.replicas[1].Propose(op(7, uint64(2*i), 2, fmt.Sprint(i), &res))
+		c.settle()
+	}
+	before := c.replicas[1].Committed()
+	if before != 12 {
+		t.Fatalf("leader published %d, want 12", before)
+	}
+	found := false
+	c.stop(1)
+	base := *disk
+	for seed := range 16 {
+		img := base.Crash()
+		// The image's group is node 1 alone (as after a forced recovery,
+		// or a stray restarted as its own group).
+		fst := FileState{FS: img, Dir: "/node"}
+		st, ok, err := fst.Load()
+		if !ok || err != nil {
+			t.Fatalf("image %d: load the state: %v %v", seed, ok, err)
+		}
+		st.Conf = &raftpb.ConfState{Voters: []uint64{1}}
+		if err := fst.Save(st); err != nil {
+			t.Fatal(err)
+		}
+		*disk = img
+		c.cut[1] = true
+		c.start(1)
+		r := c.replicas[1]
+		if !r.Relearning() {
+			t.Fatalf("image %d: not relearning after the machine's crash", seed)
+		}
+		found = found || r.Committed() < before
+		check := func(when string) {
+			t.Helper()
+			if !r.Relearning() && r.Committed() < before {
+				t.Fatalf("image %d, %s: relearned, publishing %d, below the %d it published before", seed, when, r.Committed(), before)
+			}
+		}
+		for tick := 0; tick < 40 && (r.Relearning() || !r.IsLeader()); tick++ {
+			r.Tick()
+			check("after a tick")
+			for r.HasReady() || r.HasLogWrites() {
+				for r.HasReady() { // Ready cycles run ahead of a slow disk
+					if err := r.ProcessReady(); err != nil {
+						t.Fatal(err)
+					}
+					check("after a Ready cycle")
+				}
+				if err := r.WriteLog(); err != nil {
+					t.Fatal(err)
+				}
+				check("after a log write")
+			}
+		}
+		if r.Relearning() || !r.IsLeader() {
+			t.Fatalf("image %d: relearning %v, leader %v after 40 ticks alone", seed, r.Relearning(), r.IsLeader())
+		}
+		c.stop(1)
+	}
+	if !found {
+		t.Fatal("no image restarted below what was published: the test shows nothing")
+	}
+}
