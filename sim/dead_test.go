@@ -81,25 +81,31 @@ func TestDecommissionedTarget(t *testing.T) {
 // the loop moved away comes back; with its removed replica restarting
 // as a group of its own (moveStray: a stray that does not stay removed)
 // it acks appends, and the check that a removed replica acks nothing
-// reports it (seed 103 since every node's rebalancer probes every
-// member, moves.go probeMembers, the first of 1-1200 where the node that
-// acks is the dead one, moved off by a repair: node 1, dead at 494 ms,
-// its repair off range 1 from 1,400 ms to 2,279 ms, back at 3,000 ms,
-// acks at offset 1 at 3,297 ms; the other seeds' acks come from drained
-// or moved nodes; seed 277 when the rebalancer came to ask its own
+// reports it (seed 924 since publication stopped waiting for lone
+// commit marks, replica's relearn.go, the first of 1-924 where the node
+// that acks is the dead one, moved off by a repair: node 2, dead at 480
+// ms, its repair off range 1 from 2,400 ms to 2,743 ms, back at 2,790
+// ms, acks at offset 9 at 2,898 ms; the other seeds' acks come from
+// drained or moved nodes, and seed 103 now fails first on the stray's
+// relearning: as a group of one, Raft answers its read index at once
+// with the commit index it restarted with, 16, below the 19 it
+// published; seed 103 since every node's rebalancer probes every
+// member, moves.go probeMembers: node 1, dead at 494 ms, its repair off
+// range 1 from 1,400 ms to 2,279 ms, back at 3,000 ms, acks at offset 1
+// at 3,297 ms; seed 277 when the rebalancer came to ask its own
 // node's failure detector, moves.go observeDown; seed 11 when the failure
 // detector came to have the transport's delays, detector.go; seed 160
 // when the replicas came to elect by succession, 14 before, 310 before
 // rangecore.Driver ran the simulator's replicas).
 func TestDeadStrayAcks(t *testing.T) {
 	mut := mutations{movesAlways: true, deadAlways: true}
-	if _, err := Run(Options{Seed: 103, Steps: 3000, Regions: 1, mut: mut}); err != nil {
-		t.Fatalf("seed 103: %v", err)
+	if _, err := Run(Options{Seed: 924, Steps: 3000, Regions: 1, mut: mut}); err != nil {
+		t.Fatalf("seed 924: %v", err)
 	}
 	mut.moveStray = true
-	_, err := Run(Options{Seed: 103, Steps: 3000, Regions: 1, mut: mut})
-	if err == nil || !strings.Contains(err.Error(), "node 1 range 1: acks an append") {
-		t.Fatalf("seed 103 with the dead node's stray as a group of its own: got %v, want its ack reported", err)
+	_, err := Run(Options{Seed: 924, Steps: 3000, Regions: 1, mut: mut})
+	if err == nil || !strings.Contains(err.Error(), "node 2 range 1: acks an append") {
+		t.Fatalf("seed 924 with the dead node's stray as a group of its own: got %v, want its ack reported", err)
 	}
 }
 
@@ -108,14 +114,16 @@ func TestDeadStrayAcks(t *testing.T) {
 // time taken as live) plans a move onto a node that is down; the check
 // of the rebalancer's targets reports it (notes/simdead.md finding 1:
 // seed 282 of a minute held a range's repair 30 s on such a move; seed
-// 14 of 3 s with moves since the rebalancer asks its own node's failure
-// detector (moves.go observeDown) plans a drain onto node 1 found down
-// 200 ms before (seed 1, the first of 1-14, onto a node found down in
-// that very round); seed 13, the first of 1-13, when the failure
+// 22 of 3 s with moves since publication stopped waiting for lone commit
+// marks (replica's relearn.go) plans a drain of range 3 onto node 5
+// found down 300 ms before, at 1,901 ms (seed 1, the first of 1-22, onto
+// a node found down in that very round); seed 14 since the rebalancer
+// asks its own node's failure detector (moves.go observeDown), a drain
+// onto node 1 found down 200 ms before; seed 13, the first of 1-13, when the failure
 // detector came to have the transport's delays (detector.go); seed 1
 // when the replicas came to elect by succession, 3 before).
 func TestUnreachableTarget(t *testing.T) {
-	for _, seed := range []int64{14} {
+	for _, seed := range []int64{22} {
 		if _, err := Run(Options{Seed: seed, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, noLeaderBalance: true}}); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}

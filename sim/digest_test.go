@@ -21,9 +21,9 @@ var scheduleDigests = []struct {
 	steps   int
 	digest  string
 }{
-	{seed: 1, regions: 1, steps: 3000, digest: "6e475a30307c81a696a7ec449f1dd7e3f7db82271a3ca978e07f1ab072a14ba9"},
-	{seed: 2, regions: 1, steps: 3000, digest: "5c3b6142aa30f324be59884ca5ee026a8e03bda845d0dadc1c503762cb881c51"},
-	{seed: 1, regions: 3, steps: 3000, digest: "a1ff0de6a71b0af6d3be42f812efd461a2700b7a31bada742795d56826f24331"},
+	{seed: 1, regions: 1, steps: 3000, digest: "ceb9d491d83b6f6b2ab2bcfa8ed72399cf53a4d26a4d746c7403422842f245d1"},
+	{seed: 2, regions: 1, steps: 3000, digest: "1e5d3877bd5e46ab23bc531cfff84e40ea2b1fa2c53a8e9d3296b1679ff66813"},
+	{seed: 1, regions: 3, steps: 3000, digest: "7c46affea897434c0b73a343121a44c5250783d5e2748b5aeed4519595da9382"},
 }
 
 // TestScheduleDigests: the seeds of scheduleDigests run as pinned.

@@ -35,7 +35,9 @@ func TestFencingIsChecked(t *testing.T) {
 // every region's liveness has expired, and an agent without the wait
 // takes homes that were about to renew. The checker must report it.
 func TestUnnecessaryTakeoverIsChecked(t *testing.T) {
-	// Seed 25 is the first that finds it since the failure detector has
+	// Seed 86 is the first that finds it since publication stopped
+	// waiting for lone commit marks (replica's relearn.go; 125 the next,
+	// no seed of 1-150 fails otherwise); 25 since the failure detector has
 	// the transport's delays (detector.go); 89 since simgaps' compaction
 	// floor on divergent copies (seed 36 before it fails otherwise: an
 	// orphan log holding what the first home's log did not, the same on
@@ -43,7 +45,7 @@ func TestUnnecessaryTakeoverIsChecked(t *testing.T) {
 	// planned rehomes and replaced replicas came (then 64, 89). Start
 	// there, 5 s each, to keep the test short: every change of the draws
 	// moves it.
-	for seed := int64(25); seed <= 46; seed++ {
+	for seed := int64(86); seed <= 107; seed++ {
 		_, err := Run(Options{Seed: seed, Steps: 5000, Regions: 3, mutateNoSettle: true, mut: mutations{noLeaderBalance: true}})
 		if err == nil {
 			continue
@@ -54,7 +56,7 @@ func TestUnnecessaryTakeoverIsChecked(t *testing.T) {
 		t.Log(err)
 		return
 	}
-	t.Fatal("no seed of 25-46 found the reverted settle wait")
+	t.Fatal("no seed of 86-107 found the reverted settle wait")
 }
 
 // TestClockSkewPastTheMaxOffsetIsFound: clocks skewed past the max
@@ -115,13 +117,14 @@ func TestShortStartIsChecked(t *testing.T) {
 // intervening epoch's start: the range's log keeps the divergent records
 // and loses the acked ones of that epoch. The checker must report it.
 func TestDivergentTakerIsChecked(t *testing.T) {
-	// Seed 192 is the first that finds it today, since the failure
-	// detector has the transport's delays (detector.go; 398 the next; no
-	// seed before it fails otherwise); 329 when the simulator's replicas
-	// came to elect by succession, 192 under rangecore.Driver with random
-	// elections only, 297, 46, 123 and 85 with earlier draws: every change
-	// of the draws moves it.
-	findMutation(t, "a takeover by a divergent copy", 192, 212, 3000, mutations{takerDivergent: true, tolerateOldHomeReads: true, noLeaderBalance: true},
+	// Seed 143 is the first that finds it today, since publication
+	// stopped waiting for lone commit marks (replica's relearn.go; 160
+	// the next; no seed before it fails otherwise); 192 since the failure
+	// detector has the transport's delays (detector.go; 398 the next);
+	// 329 when the simulator's replicas came to elect by succession, 192
+	// under rangecore.Driver with random elections only, 297, 46, 123 and
+	// 85 with earlier draws: every change of the draws moves it.
+	findMutation(t, "a takeover by a divergent copy", 143, 163, 3000, mutations{takerDivergent: true, tolerateOldHomeReads: true, noLeaderBalance: true},
 		"a gap", "past the start", "counted as orphaned", "starts at", "(invariant 8)", "is lost", "no fork explains it", "never forked off")
 }
 

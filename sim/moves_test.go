@@ -51,18 +51,20 @@ func TestMovesOneChangePerRange(t *testing.T) {
 // TestMovesRemovedReplicaAcks: a replica removed from its range that
 // restarts as the only voter of a group of its own (a stray) acks
 // appends; the check that a removed replica acks nothing reports it
-// (seed 3 is the first that this check, not another, catches since the
-// failure detector has the transport's delays, detector.go, and still is
+// (seed 38 is the first that this check, not another, catches since
+// publication stopped waiting for lone commit marks, replica's
+// relearn.go: node 3 of range 1 acks at offset 41 at 3,033 ms; seed 3
+// since the failure detector has the transport's delays, detector.go, and still is
 // since the rebalancer asks its own node's detector; seed 9 when
 // the replicas came to elect by succession; seeds 14, 2, 5, 18 and 44
 // were before: notes/simchildren.md, notes/simdead.md,
 // notes/simdriver2.md).
 func TestMovesRemovedReplicaAcks(t *testing.T) {
-	_, err := Run(Options{Seed: 3, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
+	_, err := Run(Options{Seed: 38, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true, moveStray: true}})
 	if err == nil || !strings.Contains(err.Error(), "after its removal from the range") {
 		t.Fatalf("got %v, want a removed replica's ack reported", err)
 	}
-	if _, err := Run(Options{Seed: 3, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
+	if _, err := Run(Options{Seed: 38, Steps: 3000, Regions: 1, mut: mutations{movesAlways: true}}); err != nil {
 		t.Fatalf("without the mutation: %v", err)
 	}
 }
@@ -90,15 +92,17 @@ func TestMovesRemovedReplicaAcks(t *testing.T) {
 // (moves.go observeDown) node 4 of range 1 holds voters [1 4] at 26,841
 // ms; since every node's rebalancer probes every member (moves.go
 // probeMembers) seed 358 is the first of 1-358 (node 1 of range 1 holds
-// voters [1 4] at 30,911 ms). Both now answer after a ReadIndex
+// voters [1 4] at 30,911 ms); since publication stopped waiting for lone
+// commit marks (replica's relearn.go) seed 315 is the first of 1-315
+// (node 2 of range 0 holds voters [2 5] at 36,431 ms). Both now answer after a ReadIndex
 // (admin.go caughtUpLeader), and the seed is clean.
 func TestMovesStaleDescribe(t *testing.T) {
-	_, err := Run(Options{Seed: 358, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
+	_, err := Run(Options{Seed: 315, Steps: 60000, Regions: 1, mut: mutations{describeStale: true}})
 	if err == nil || !strings.Contains(err.Error(), "fewer than its replication factor") {
-		t.Fatalf("seed 358 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
+		t.Fatalf("seed 315 with the old Describe and ChangeReplicas: got %v, want a range below its replication factor", err)
 	}
-	if _, err := Run(Options{Seed: 358, Steps: 60000, Regions: 1}); err != nil {
-		t.Fatalf("seed 358 with both after a ReadIndex: %v", err)
+	if _, err := Run(Options{Seed: 315, Steps: 60000, Regions: 1}); err != nil {
+		t.Fatalf("seed 315 with both after a ReadIndex: %v", err)
 	}
 }
 
