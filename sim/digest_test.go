@@ -21,8 +21,8 @@ var scheduleDigests = []struct {
 	steps   int
 	digest  string
 }{
-	{seed: 1, regions: 1, steps: 3000, digest: "ceb9d491d83b6f6b2ab2bcfa8ed72399cf53a4d26a4d746c7403422842f245d1"},
-	{seed: 2, regions: 1, steps: 3000, digest: "1e5d3877bd5e46ab23bc531cfff84e40ea2b1fa2c53a8e9d3296b1679ff66813"},
+	{seed: 1, regions: 1, steps: 3000, digest: "afe8192d74b55d74ed77beb66c9ce15ffbb37e7e308e86b2f9156c0de19397ac"},
+	{seed: 2, regions: 1, steps: 3000, digest: "d1503f416b0a4075ed3a93ebc8c605b7111b2b3c44df92877e6b14d74939ee16"},
 	{seed: 1, regions: 3, steps: 3000, digest: "7c46affea897434c0b73a343121a44c5250783d5e2748b5aeed4519595da9382"},
 }
 

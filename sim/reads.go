@@ -179,6 +179,14 @@ type mutations struct {
 	// one region: an operator's replace on a range a failed repair had
 	// left with four voters took it to five).
 	addPastFactor bool
+	// startSyncCrashP is no mutation: when above the run's drawn
+	// syncCrashP, it is the chance that a Sync of a node's start-up (a
+	// fork or a snapshot completed as a restart opens its replicas) is where
+	// its process dies, until heal stops the sync faults, so that a test
+	// reaches a start-up death on a seed of a short scan
+	// (TestStartUpSyncDeath). It draws nothing more: a run without it
+	// replays as before.
+	startSyncCrashP float64
 }
 
 // readMs is how often, in virtual milliseconds, each reader reads (at a

@@ -185,6 +185,7 @@ type node struct {
 	served  []uint64
 	writing []bool // per range: an evWrite is due
 	dying   bool   // a Sync was where the process died (syncCrashLog)
+	opening bool   // restartDue is starting it (syncCrashLog)
 	cutWAN  bool   // its partition cuts it off the WAN too (geo.go)
 	// mirror serving, per range (regions other than the home; geo.go):
 	// requests waiting for the one being applied, as the replicator's
@@ -254,7 +255,11 @@ type syncCrashLog struct {
 }
 
 func (l *syncCrashLog) Sync() error {
-	if l.w.rng.Float64() < l.w.syncCrashP {
+	p := l.w.syncCrashP
+	if l.n.opening && p > 0 {
+		p = max(p, l.w.opt.mut.startSyncCrashP)
+	}
+	if l.w.rng.Float64() < p {
 		l.n.dying = true
 		return errSyncCrash
 	}
@@ -750,7 +755,10 @@ func (w *world) cut(g, id int) bool {
 func (w *world) restartDue() {
 	for _, n := range w.nodes {
 		if !n.up && w.now >= n.downTill && w.err == nil {
-			if err := w.start(n); err != nil && n.dying {
+			n.opening = true
+			err := w.start(n)
+			n.opening = false
+			if err != nil && n.dying {
 				// The process died in an fdatasync of its start-up (a
 				// fork or a snapshot completed at open): down again,
 				// the ranges it did not open yet as they were.

@@ -116,10 +116,19 @@ func TestSimulatorIsDeterministic(t *testing.T) {
 // the ranges it had not opened yet left as they were; the run goes on.
 // Seed 820615 of three regions (node 3, restarting at 52,028 ms, dies in
 // the sync after the fork at 503 of range 0) failed the run with that
-// error, and then panicked on the range it never opened.
+// error, and then panicked on the range it never opened. Since a
+// relearning leader waits for its term's entry (replica's relearn.go)
+// seed 820615 no longer dies in a start-up, nor did any of some 1,000
+// others at the run's drawn sync-crash rate (a sync of a restart's open
+// is rare); mutations.startSyncCrashP 1 (no mutation: every Sync of a
+// restart's start-up dies, until heal) reaches it at seed 31, the first
+// of 1-31: node r0n2, down since 20,868 ms, dies in a sync of range 1's
+// open at 21,181, 21,336 and 21,698 ms (range 0 opened, range 1 not),
+// then opens both at 22,198 ms, range 1's log cut to [524, 530) by
+// region 0's fork at 530 to epoch 4.
 func TestStartUpSyncDeath(t *testing.T) {
 	var trace strings.Builder
-	if _, err := Run(Options{Seed: 820615, Steps: 60000, Regions: 3, Trace: &trace, mut: mutations{noLeaderBalance: true}}); err != nil {
+	if _, err := Run(Options{Seed: 31, Steps: 60000, Regions: 3, Trace: &trace, mut: mutations{noLeaderBalance: true, startSyncCrashP: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(trace.String(), "crash before it opened") {
