@@ -110,19 +110,3 @@ func TestMovesStaleDescribe(t *testing.T) {
 	}
 }
 
-// TestAddPastFactor: a repair cut short after its promotion leaves a
-// range with a voter too many; an operator's replace on it then took it
-// to two past its factor (seed 766151 of a minute, one region: repair
-// 1 -> 5 fails at 32,364 ms with voters [1 2 3 5], the operator's move
-// 5 -> 4 adds its learner, and node 3 of range 0 holds voters
-// [1 2 3 4 5] at 45,951 ms). regionsvc's ChangeReplicas refuses a
-// learner while the range has more voters than its factor.
-func TestAddPastFactor(t *testing.T) {
-	_, err := Run(Options{Seed: 766151, Steps: 60000, Regions: 1, mut: mutations{addPastFactor: true, noLeaderBalance: true}})
-	if err == nil || !strings.Contains(err.Error(), "more than its replication factor 3 + 1") {
-		t.Fatalf("seed 766151 with a learner added past the factor: got %v, want five voters reported", err)
-	}
-	if _, err := Run(Options{Seed: 766151, Steps: 60000, Regions: 1, mut: mutations{noLeaderBalance: true}}); err != nil {
-		t.Fatalf("seed 766151: %v", err)
-	}
-}
