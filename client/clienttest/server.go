@@ -638,15 +638,25 @@ func (s *Server) AppendStream(stream geologv1.Log_AppendStreamServer) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		err := s.serveStreamRequest(ctx, stream, req)
-		s.outstanding(req, -1)
+		released := false
+		release := func() { // once: the request is no longer in flight
+			if !released {
+				released = true
+				s.outstanding(req, -1)
+			}
+		}
+		err := s.serveStreamRequest(ctx, stream, req, release)
+		release()
 		if err != nil {
 			return err
 		}
 	}
 }
 
-func (s *Server) serveStreamRequest(ctx context.Context, stream geologv1.Log_AppendStreamServer, req *geologv1.AppendRequest) error {
+// serveStreamRequest answers req; release, called before the answer is
+// sent, uncounts it from what is in flight: once the client has the
+// answer it may send another, which must not be counted beside this one.
+func (s *Server) serveStreamRequest(ctx context.Context, stream geologv1.Log_AppendStreamServer, req *geologv1.AppendRequest, release func()) error {
 	received := time.Now()
 	f := s.nextAppendFault(req)
 	if !waitFault(ctx, f) || ctx.Err() != nil {
@@ -676,6 +686,7 @@ func (s *Server) serveStreamRequest(ctx context.Context, stream geologv1.Log_App
 			resp.Timing = timeSpent(req, received, f)
 		}
 	}
+	release()
 	return stream.Send(resp)
 }
 
