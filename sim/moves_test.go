@@ -109,4 +109,3 @@ func TestMovesStaleDescribe(t *testing.T) {
 		t.Fatalf("seed 396 with both after a ReadIndex: %v", err)
 	}
 }
-

@@ -169,4 +169,3 @@ func TestTwoForksBetweenChecks(t *testing.T) {
 		t.Fatal("no fork's orphan log read: the seed no longer reaches the case")
 	}
 }
-
