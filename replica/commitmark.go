@@ -106,7 +106,7 @@ func (r *Replica) saveRecord(index uint64) error {
 	w := &r.writer
 	w.markMu.Lock()
 	defer w.markMu.Unlock()
-	if index <= w.record || r.relearning.Load() {
+	if index <= w.record.Load() || r.relearning.Load() {
 		return nil
 	}
 	if w.recorder == nil {
@@ -119,7 +119,7 @@ func (r *Replica) saveRecord(index uint64) error {
 	if err := w.recorder.WriteCommit(index); err != nil {
 		return fmt.Errorf("replica: commit mark %d: %w", index, err)
 	}
-	w.record = index
+	w.record.Store(index)
 	return nil
 }
 
@@ -159,5 +159,5 @@ func (r *Replica) markedIndex() uint64 {
 	w := &r.writer
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return max(w.markDone, w.record)
+	return max(w.markDone, w.record.Load())
 }

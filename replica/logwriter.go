@@ -91,9 +91,10 @@ type logWriter struct {
 	writeGap      time.Duration
 
 	// markMu is held while the state's mark record is written; record is
-	// the index it holds (written by this process; commitmark.go).
+	// the index it holds (written by this process, under markMu, read
+	// anywhere; commitmark.go).
 	markMu   sync.Mutex
-	record   uint64
+	record   atomic.Uint64
 	recorder CommitWriter // open once a record was written (saveRecord)
 
 	// pending is set with local or err: the driver has work (HasReady).

@@ -87,7 +87,7 @@ func (r *Replica) startRelearning(trusted, synced bool) error {
 			return fmt.Errorf("replica: commit mark %d on open: %w", commit, err)
 		}
 	}
-	r.writer.record = commit
+	r.writer.record.Store(commit)
 	return nil
 }
 
@@ -169,7 +169,7 @@ func (r *Replica) SaveCleanMark() error {
 	w.markMu.Lock()
 	defer w.markMu.Unlock()
 	w.mu.Lock()
-	index := max(w.markDone, w.record)
+	index := max(w.markDone, w.record.Load())
 	w.mu.Unlock()
 	if err := r.cfg.State.SaveCommit(index, true); err != nil {
 		return fmt.Errorf("replica: clean commit mark %d: %w", index, err)
