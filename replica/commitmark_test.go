@@ -137,9 +137,14 @@ func TestCommitMarkSurvivesCrash(t *testing.T) {
 	}
 	// Unsynced: trusted in this boot, and after a crash at most as high
 	// and never trusted.
-	if err := fst.WriteCommit(120); err != nil {
+	cw, err := fst.OpenCommitWriter()
+	if err != nil {
 		t.Fatal(err)
 	}
+	if err := cw.WriteCommit(120); err != nil {
+		t.Fatal(err)
+	}
+	cw.Close()
 	if got, trusted := load(mem); got != 120 || !trusted {
 		t.Fatalf("unsynced mark: commit %d (trusted %v), want 120, trusted", got, trusted)
 	}

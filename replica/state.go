@@ -406,14 +406,33 @@ func (f FileState) loadCommit() (commitRecord, error) {
 // after a SaveCommit without clean, or a machine's crash could leave the
 // clean record under newer, lost ones.
 func (f FileState) SaveCommit(index uint64, clean bool) error {
-	return f.writeCommit(index, clean, true)
-}
-
-// WriteCommit rewrites the commit mark's record in place, stamped with this
-// boot, without an fdatasync: it survives the process's crash, not the
-// machine's, and a reader of another boot does not trust it.
-func (f FileState) WriteCommit(index uint64) error {
-	return f.writeCommit(index, false, false)
+	name := filepath.Join(f.Dir, commitFileName)
+	w, err := f.FS.OpenFile(name, os.O_WRONLY, 0)
+	created := false
+	if errors.Is(err, fs.ErrNotExist) {
+		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_WRONLY, 0o600)
+		created = true
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := w.WriteAt(encodeCommit(index, bootDigest(f.FS.BootID()), clean && !f.CommitNoSync), 0); err != nil {
+		w.Close()
+		return err
+	}
+	if !f.CommitNoSync {
+		if err := w.Datasync(); err != nil {
+			w.Close()
+			return err
+		}
+	}
+	if err := w.Close(); err != nil {
+		return err
+	}
+	if created {
+		return f.FS.SyncDir(f.Dir)
+	}
+	return nil
 }
 
 // OpenCommitWriter opens the commit mark's file for WriteCommit, which then
@@ -449,36 +468,6 @@ func (w *fileCommitWriter) WriteCommit(index uint64) error {
 }
 
 func (w *fileCommitWriter) Close() error { return w.f.Close() }
-
-func (f FileState) writeCommit(index uint64, clean, sync bool) error {
-	name := filepath.Join(f.Dir, commitFileName)
-	w, err := f.FS.OpenFile(name, os.O_WRONLY, 0)
-	created := false
-	if errors.Is(err, fs.ErrNotExist) {
-		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_WRONLY, 0o600)
-		created = true
-	}
-	if err != nil {
-		return err
-	}
-	if _, err := w.WriteAt(encodeCommit(index, bootDigest(f.FS.BootID()), clean && !f.CommitNoSync), 0); err != nil {
-		w.Close()
-		return err
-	}
-	if sync && !f.CommitNoSync {
-		if err := w.Datasync(); err != nil {
-			w.Close()
-			return err
-		}
-	}
-	if err := w.Close(); err != nil {
-		return err
-	}
-	if created && sync {
-		return f.FS.SyncDir(f.Dir)
-	}
-	return nil
-}
 
 // Save replaces the state durably.
 func (f FileState) Save(h HardState) error {
