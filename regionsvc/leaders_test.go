@@ -141,12 +141,23 @@ func TestRebalanceBalancesLeaders(t *testing.T) {
 	tr.dirs[4] = t.TempDir()
 	tr.startJoined(4, addr4, 2)
 	var after map[uint64]int
-	bctx, bcancel := context.WithTimeout(ctx, 2*time.Minute)
+	// Seconds on a quiet machine; the bound is for a starved one (make
+	// test-loaded once took over two minutes here), and the failure says
+	// where it stood.
+	bctx, bcancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer bcancel()
+	var state string
+	t.Cleanup(func() {
+		if t.Failed() && state != "" {
+			t.Logf("last state of the balance: %s", state)
+		}
+	})
 	pollUntil(t, bctx, "leaders balanced over nodes 1-4", func() bool {
 		var ok bool
 		after, ok = leaderCounts(tr.rangeLeaders("lead", ranges), 4)
-		return ok && spread(after) <= 1 && tr.rebalancerIdle() == nil && tr.transfersUnderWay() == 0
+		idle, under := tr.rebalancerIdle(), tr.transfersUnderWay()
+		state = fmt.Sprintf("leaders %v (every range led: %v), rebalancer idle: %v, transfers under way %d, replica moves done %d", after, ok, idle, under, tr.movesDone())
+		return ok && spread(after) <= 1 && idle == nil && under == 0
 	})
 	took := time.Since(start)
 	during := p.phase()

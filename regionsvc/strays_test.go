@@ -37,22 +37,17 @@ func TestStrayReplicasRemovedOnReturn(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	tr.createStream(ctx, "stray", ranges)
-	var held []uint32 // node 4's ranges
 	tr.waitVoters(ctx, "placed on node 4", "stray", ranges, func(v [][]uint64) error {
-		held = held[:0]
-		for r, ids := range v {
+		for _, ids := range v {
 			if slices.Contains(ids, 4) {
-				held = append(held, uint32(r))
+				return nil
 			}
 		}
-		if len(held) == 0 {
-			return errors.New("nothing placed on node 4")
-		}
-		return nil
+		return errors.New("nothing placed on node 4")
 	})
 	clients := map[uint64]geologv1.LogClient{1: tr.clients[1], 2: tr.clients[2], 3: tr.clients[3]}
 	p := startProducer(t, "stray", ranges, clients, 0)
-	tr.waitStrayData(ctx, held)
+	held := tr.waitStrayData(ctx, ranges) // node 4's ranges
 	tr.stop(4)
 	tr.waitVoters(ctx, "node 4's ranges repaired", "stray", ranges, noneOn(4))
 	if _, err := tr.admins[1].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 4, State: geologv1.NodeState_NODE_STATE_DRAINING}); err != nil {
@@ -92,18 +87,33 @@ func TestStrayReplicasRemovedOnReturn(t *testing.T) {
 	t.Logf("node 4's %d stray replicas removed; range %d moved back onto it; acked per range %v", len(held), back, sent)
 }
 
-// waitStrayData waits until node 4's copy of each range in held has
-// records, so that a stray has something to remove.
-func (tr *testRegion) waitStrayData(ctx context.Context, held []uint32) {
+// waitStrayData waits until node 4 is a voter of some ranges and its copy
+// of each has records, so that a stray has something to remove, and
+// returns those ranges. Placement is read again with the data: the
+// rebalancer may still move a replica off node 4 meanwhile (a loaded
+// machine once saw the test wait 4 minutes for records on a copy that
+// had been moved away).
+func (tr *testRegion) waitStrayData(ctx context.Context, ranges uint32) []uint32 {
 	tr.t.Helper()
-	for _, r := range held {
-		for tr.nodes[4].localRange("stray", r).committed.Load() < 5 {
-			if ctx.Err() != nil {
-				tr.t.Fatalf("node 4's range %d has no records", r)
+	var held []uint32
+	tr.waitVoters(ctx, "node 4 holds records", "stray", ranges, func(v [][]uint64) error {
+		held = held[:0]
+		for r, ids := range v {
+			if !slices.Contains(ids, 4) {
+				continue
 			}
-			time.Sleep(20 * time.Millisecond)
+			d := tr.nodes[4].localRange("stray", uint32(r))
+			if d == nil || d.committed.Load() < 5 {
+				return fmt.Errorf("node 4's copy of range %d has no records yet", r)
+			}
+			held = append(held, uint32(r))
 		}
-	}
+		if len(held) == 0 {
+			return errors.New("nothing placed on node 4")
+		}
+		return nil
+	})
+	return held
 }
 
 // waitStrayGone waits until node 4's replica of range r is no stray: its
