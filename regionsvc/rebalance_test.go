@@ -119,6 +119,14 @@ func (p *testProducer) phase() []time.Duration {
 	return out
 }
 
+// failed returns the error the producer stopped on, or nil while it
+// runs.
+func (p *testProducer) failed() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
 // finish stops the producer and returns the records acked per range.
 func (p *testProducer) finish() []uint64 {
 	close(p.stop)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -45,9 +46,14 @@ func TestStrayReplicasRemovedOnReturn(t *testing.T) {
 		}
 		return errors.New("nothing placed on node 4")
 	})
-	clients := map[uint64]geologv1.LogClient{1: tr.clients[1], 2: tr.clients[2], 3: tr.clients[3]}
-	p := startProducer(t, "stray", ranges, clients, 0)
-	held := tr.waitStrayData(ctx, ranges) // node 4's ranges
+	// Appends go through every node, node 4 too: a follower refuses an
+	// append (NOT_LEADER), and node 4 may win a range's first election
+	// (as placed here it is range 1's first campaigner). Without node 4
+	// the producer stalled on that range, stopped after a minute, and no
+	// copy got records. Node 4 is tried last; while it is down, its
+	// calls fail and are retried like any refusal.
+	p := startProducer(t, "stray", ranges, maps.Clone(tr.clients), 0)
+	held := tr.waitStrayData(ctx, ranges, p) // node 4's ranges
 	tr.stop(4)
 	tr.waitVoters(ctx, "node 4's ranges repaired", "stray", ranges, noneOn(4))
 	if _, err := tr.admins[1].SetNodeState(ctx, &geologv1.SetNodeStateRequest{NodeId: 4, State: geologv1.NodeState_NODE_STATE_DRAINING}); err != nil {
@@ -90,13 +96,16 @@ func TestStrayReplicasRemovedOnReturn(t *testing.T) {
 // waitStrayData waits until node 4 is a voter of some ranges and its copy
 // of each has records, so that a stray has something to remove, and
 // returns those ranges. Placement is read again with the data: the
-// rebalancer may still move a replica off node 4 meanwhile (a loaded
-// machine once saw the test wait 4 minutes for records on a copy that
-// had been moved away).
-func (tr *testRegion) waitStrayData(ctx context.Context, ranges uint32) []uint32 {
+// rebalancer may still move a replica off node 4 meanwhile. A producer
+// that stopped (no node acked an append in a minute) fails the test at
+// once: no copy gets records after it.
+func (tr *testRegion) waitStrayData(ctx context.Context, ranges uint32, p *testProducer) []uint32 {
 	tr.t.Helper()
 	var held []uint32
 	tr.waitVoters(ctx, "node 4 holds records", "stray", ranges, func(v [][]uint64) error {
+		if err := p.failed(); err != nil {
+			tr.t.Fatalf("producer: %v", err)
+		}
 		held = held[:0]
 		for r, ids := range v {
 			if !slices.Contains(ids, 4) {
