@@ -54,9 +54,10 @@ type balance struct {
 	seen uint64
 }
 
-// balanceLeader runs on every tick the replica ticks: a leader that has
-// led for the wait hands leadership to the preferred leader if it is not
-// that leader and the preferred one can take it at once.
+// balanceLeader runs on every tick the replica ticks, before the
+// replica's tick (Driver.tick): a leader that has led for the wait hands
+// leadership to the preferred leader if it is not that leader and the
+// preferred one can take it at once.
 func (d *Driver) balanceLeader() {
 	b, every := &d.balance, d.cfg.LeaderBalanceTicks
 	if every <= 0 || d.rep.SoleVoter() {

@@ -290,10 +290,15 @@ func (d *Driver) tick() bool {
 	if d.maybeQuiesce() {
 		return false // an idle leader quiesces instead of ticking
 	}
+	// Leader balance reads the followers' recent activity before the
+	// tick: a tick that ends an election timeout runs CheckQuorum, which
+	// marks every follower not recently active, and a check after it, on
+	// a wait that is a multiple of the election timeout, would never see
+	// the preferred leader active (balance.go).
+	d.balanceLeader()
 	d.rep.Tick()
 	d.watchLeader()
 	d.handOffIfDiskFull()
-	d.balanceLeader() // balance.go
 	return true
 }
 
