@@ -339,13 +339,7 @@ func (f FileState) Load() (HardState, bool, error) {
 // first one creates the file with both slots and syncs the directory.
 // For a change of term or vote alone; anything else goes through Save.
 func (f FileState) SaveTermVote(term, vote uint64) error {
-	name := filepath.Join(f.Dir, termVoteFileName)
-	w, err := f.FS.OpenFile(name, os.O_RDWR, 0)
-	created := false
-	if errors.Is(err, fs.ErrNotExist) {
-		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
-		created = true
-	}
+	w, created, err := f.openInPlace(termVoteFileName, os.O_RDWR)
 	if err != nil {
 		return err
 	}
@@ -363,13 +357,34 @@ func (f FileState) SaveTermVote(term, vote uint64) error {
 		copy(both[at:], data)
 		data, at = both, 0
 	}
+	return f.writeInPlace(w, created, data, at, true)
+}
+
+// openInPlace opens name in the state's directory for a rewrite in place
+// with flag (os.O_WRONLY or os.O_RDWR), creating it if it is missing
+// (created: writeInPlace then syncs the directory).
+func (f FileState) openInPlace(name string, flag int) (w vfs.File, created bool, err error) {
+	path := filepath.Join(f.Dir, name)
+	w, err = f.FS.OpenFile(path, flag, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		w, err = f.FS.OpenFile(path, os.O_CREATE|flag, 0o600)
+		created = true
+	}
+	return w, created, err
+}
+
+// writeInPlace writes data at at in w, fdatasyncs it if sync, closes it
+// and, if openInPlace created it, syncs the directory.
+func (f FileState) writeInPlace(w vfs.File, created bool, data []byte, at int64, sync bool) error {
 	if _, err := w.WriteAt(data, at); err != nil {
 		w.Close()
 		return err
 	}
-	if err := w.Datasync(); err != nil {
-		w.Close()
-		return err
+	if sync {
+		if err := w.Datasync(); err != nil {
+			w.Close()
+			return err
+		}
 	}
 	if err := w.Close(); err != nil {
 		return err
@@ -406,33 +421,11 @@ func (f FileState) loadCommit() (commitRecord, error) {
 // after a SaveCommit without clean, or a machine's crash could leave the
 // clean record under newer, lost ones.
 func (f FileState) SaveCommit(index uint64, clean bool) error {
-	name := filepath.Join(f.Dir, commitFileName)
-	w, err := f.FS.OpenFile(name, os.O_WRONLY, 0)
-	created := false
-	if errors.Is(err, fs.ErrNotExist) {
-		w, err = f.FS.OpenFile(name, os.O_CREATE|os.O_WRONLY, 0o600)
-		created = true
-	}
+	w, created, err := f.openInPlace(commitFileName, os.O_WRONLY)
 	if err != nil {
 		return err
 	}
-	if _, err := w.WriteAt(encodeCommit(index, bootDigest(f.FS.BootID()), clean && !f.CommitNoSync), 0); err != nil {
-		w.Close()
-		return err
-	}
-	if !f.CommitNoSync {
-		if err := w.Datasync(); err != nil {
-			w.Close()
-			return err
-		}
-	}
-	if err := w.Close(); err != nil {
-		return err
-	}
-	if created {
-		return f.FS.SyncDir(f.Dir)
-	}
-	return nil
+	return f.writeInPlace(w, created, encodeCommit(index, bootDigest(f.FS.BootID()), clean && !f.CommitNoSync), 0, !f.CommitNoSync)
 }
 
 // OpenCommitWriter opens the commit mark's file for WriteCommit, which then
