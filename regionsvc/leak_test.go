@@ -2,12 +2,15 @@ package regionsvc
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/geolog/geolog/homing/pgtest"
+	"github.com/geolog/geolog/segment"
 
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -76,4 +79,34 @@ func TestCloseAfterRehomeLeavesNoGoroutine(t *testing.T) {
 		produceN(t, ctx, w.world, "eu", "lk", 5, "w")
 	})
 	goleak.VerifyNone(t, before)
+}
+
+// TestCloseDuringStreamOpenLeavesNoGoroutine: a node closed while its
+// catalogue applies a stream's creation (opening the stream's ranges on the
+// catalogue driver's goroutine) stops those ranges too, though they were
+// not yet listed when Close began. The nodes close at once after the
+// create returned (once one node applied it), so the others' applies
+// overlap their Close; a few rounds make the overlap likely.
+func TestCloseDuringStreamOpenLeavesNoGoroutine(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	for round := range 4 {
+		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			// Durable opens (each range's Raft state is fsynced) widen the
+			// window in which an apply is still opening ranges.
+			tr := newTestRegionWith(t, 3, 3, func(c *Config) { c.Fsync = segment.FsyncAlways })
+			tr.retry(ctx, "create", func(ctx context.Context, c geologv1.LogClient) error {
+				_, err := c.CreateStream(ctx, &geologv1.CreateStreamRequest{Name: "s", RangeCount: 64})
+				return err
+			})
+			var wg sync.WaitGroup
+			for _, n := range tr.nodes {
+				wg.Add(1)
+				go func() { defer wg.Done(); n.Close() }()
+			}
+			wg.Wait()
+		})
+		goleak.VerifyNone(t, before)
+	}
 }

@@ -864,6 +864,40 @@ func (n *Node) Addr() string {
 // Close stops serving: subscribers are ended, every range makes what it has
 // written durable and acks it, queued appends are refused with a retriable
 // SHUTTING_DOWN, then the gRPC server stops (gracefully for up to 5 s).
+// stopRanges stops every range driver of the node, the catalogue's too.
+// A catalogue record applied while the first ones stop (applies run on the
+// catalogue driver's goroutine) can open ranges after the node's ranges
+// were listed, so it lists them again until a listing finds none left
+// running: once the catalogue driver stopped, nothing opens more.
+func (n *Node) stopRanges() {
+	stopped := make(map[*rangeDriver]bool)
+	for {
+		n.mu.RLock()
+		var next []*rangeDriver
+		for _, st := range n.streams {
+			for _, rd := range st.ranges {
+				if rd != nil && !stopped[rd] {
+					next = append(next, rd)
+				}
+			}
+		}
+		if n.replicated() && n.region.meta != nil && !stopped[n.region.meta] {
+			next = append(next, n.region.meta)
+		}
+		n.mu.RUnlock()
+		if len(next) == 0 {
+			return
+		}
+		var wg sync.WaitGroup
+		for _, rd := range next {
+			stopped[rd] = true
+			wg.Add(1)
+			go func() { defer wg.Done(); rd.stop() }()
+		}
+		wg.Wait()
+	}
+}
+
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		close(n.closing)
@@ -886,21 +920,7 @@ func (n *Node) Close() error {
 		if n.replServer != nil {
 			n.replServer.Close()
 		}
-		n.mu.RLock()
-		var all []*rangeDriver
-		for _, st := range n.streams {
-			all = append(all, st.ranges...)
-		}
-		if n.replicated() && n.region.meta != nil {
-			all = append(all, n.region.meta)
-		}
-		n.mu.RUnlock()
-		var wg sync.WaitGroup
-		for _, rd := range all {
-			wg.Add(1)
-			go func() { defer wg.Done(); rd.stop() }()
-		}
-		wg.Wait()
+		n.stopRanges()
 		if n.replicated() {
 			close(n.region.stopCh)
 			n.region.transport.Close()
