@@ -129,7 +129,7 @@ func (rb *rebalancer) balanceLeaders(ctx context.Context, now time.Time, reg pla
 		rb.logger.Warn("recording preferred leaders failed", "transfers", len(transfers), "error", err)
 		return
 	}
-	wait := 10*rb.n.cfg.LeaderBalanceInterval + 5*time.Second
+	wait := rb.transferWait()
 	for _, t := range transfers {
 		rb.logger.Info("moving range leader", "range", t.Range.String(), "from", t.From, "to", t.To)
 		rb.pending[t.Range] = pendingTransfer{to: t.To, deadline: now.Add(wait)}
@@ -157,12 +157,19 @@ func (rb *rebalancer) leaderView(now time.Time, reg placement.Region) placement.
 		r := &reg.Ranges[i]
 		seen[r.ID] = true
 		r.Moving = r.Moving || moving[r.ID] || len(r.Learners) > 0
-		if p := rb.n.preferredOf(r.ID, r.Replicas); p != 0 && p != r.Leader && !rb.n.region.transport.PeerDown(raftnetID(p)) {
-			// The range hands leadership to its preferred leader by
-			// itself (a leader elected elsewhere under load goes back):
-			// balance the preferences, not the moment's leaders, so
-			// that such an election costs no transfer.
-			r.Leader = p
+		// The range hands leadership to its preferred leader by itself (a
+		// leader elected elsewhere under load goes back): balance the
+		// preferences, not the moment's leaders, so that such an election
+		// costs no transfer; but only for a while (unmetPreferences).
+		p := rb.n.preferredOf(r.ID, r.Replicas)
+		if p != 0 && rb.n.region.transport.PeerDown(raftnetID(p)) {
+			p = 0 // a node down takes no leadership: count the real leader
+		}
+		var late bool
+		r.Leader, late = rb.unmet.counted(now, r.ID, r.Leader, p, rb.transferWait())
+		if late {
+			rb.logger.Warn("range leader is not its preferred leader after the transfer wait: balancing counts the real leader",
+				"range", r.ID.String(), "leader", r.Leader, "preferred", p)
 		}
 		if p, ok := rb.pending[r.ID]; ok {
 			if r.Leader == p.to || now.After(p.deadline) {
@@ -177,10 +184,60 @@ func (rb *rebalancer) leaderView(now time.Time, reg placement.Region) placement.
 			delete(rb.pending, id) // the stream is gone
 		}
 	}
+	for id := range rb.unmet {
+		if !seen[id] {
+			delete(rb.unmet, id)
+		}
+	}
 	rb.mu.Lock()
 	rb.status.transfers = len(rb.pending)
 	rb.mu.Unlock()
 	return reg
+}
+
+// transferWait is how long a recorded leader transfer, or a range's
+// preference, counts as done without its range's leader being the one
+// named: ten of the ranges' own balance checks, and slack for the
+// catalogue record to apply.
+func (rb *rebalancer) transferWait() time.Duration {
+	return 10*rb.n.cfg.LeaderBalanceInterval + 5*time.Second
+}
+
+// unmetPreferences holds, per range whose leader is not its preferred
+// leader, since when that has been so (loop goroutine). Balancing counts
+// a range's preferred leader as its leader only for a transfer wait from
+// then: a preference the range never carries out (its node stays behind,
+// or refuses leadership) is not counted forever, else the region would
+// look balanced while one node leads more than its share and nothing
+// would plan again.
+type unmetPreferences map[placement.RangeID]unmetPreference
+
+type unmetPreference struct {
+	pref  uint64
+	since time.Time
+	late  bool // the wait ran out (and it was said)
+}
+
+// counted returns the leader balancing counts for range id, whose leader
+// is leader and whose preferred leader is pref (0: none that can lead), and
+// late when this call is the first to find pref unmet for longer than wait.
+func (u unmetPreferences) counted(now time.Time, id placement.RangeID, leader, pref uint64, wait time.Duration) (counted uint64, late bool) {
+	if pref == 0 || pref == leader {
+		delete(u, id)
+		return leader, false
+	}
+	m, ok := u[id]
+	if !ok || m.pref != pref {
+		m = unmetPreference{pref: pref, since: now}
+	}
+	if now.Sub(m.since) < wait {
+		u[id] = m
+		return pref, false
+	}
+	late = !m.late
+	m.late = true
+	u[id] = m
+	return leader, late
 }
 
 // preferredOf is range id's preferred leader among voters as its replica

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/geolog/geolog/placement"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -304,5 +305,43 @@ func TestRebalanceSnapshotIncremental(t *testing.T) {
 	const bound = ranges / 4
 	if perRound > bound {
 		t.Fatalf("%.1f remote describes per round, want at most %d", perRound, bound)
+	}
+}
+
+// TestUnmetPreferenceCountsForAWhile: a range's preferred leader counts as
+// its leader for the transfer wait from when the range was first seen led
+// by another node; after that the real leader counts (said once), until
+// the preference is met, changes, or can no longer lead.
+func TestUnmetPreferenceCountsForAWhile(t *testing.T) {
+	u := unmetPreferences{}
+	id := placement.RangeID{Stream: "s", Range: 3}
+	t0 := time.Unix(1000, 0)
+	const wait = 10 * time.Second
+	check := func(at time.Duration, leader, pref, wantCounted uint64, wantLate bool) {
+		t.Helper()
+		got, late := u.counted(t0.Add(at), id, leader, pref, wait)
+		if got != wantCounted || late != wantLate {
+			t.Fatalf("at %v leader %d pref %d: counted %d late %v, want %d %v", at, leader, pref, got, late, wantCounted, wantLate)
+		}
+	}
+	check(0, 1, 1, 1, false)              // met
+	check(time.Second, 1, 2, 2, false)    // unmet from 1 s: the preference counts
+	check(10*time.Second, 1, 2, 2, false) // 9 s unmet
+	check(11*time.Second, 1, 2, 1, true)  // the wait ran out: the real leader, said
+	check(12*time.Second, 3, 2, 3, false) // still late, said once
+	check(13*time.Second, 3, 4, 4, false) // a new preference: a new wait
+	check(22*time.Second, 3, 4, 4, false) // 9 s into it
+	check(23*time.Second, 4, 4, 4, false) // met: forgotten
+	check(24*time.Second, 1, 4, 4, false) // an election elsewhere: counted as 4 again
+	check(25*time.Second, 1, 0, 1, false) // 4 can no longer lead: forgotten
+	check(60*time.Second, 1, 4, 4, false) // 4 back: a full wait again
+	check(69*time.Second, 1, 4, 4, false)
+	check(70*time.Second, 1, 4, 1, true)
+	if len(u) != 1 {
+		t.Fatalf("%d entries, want 1", len(u))
+	}
+	check(71*time.Second, 4, 4, 4, false)
+	if len(u) != 0 {
+		t.Fatalf("%d entries after the preference was met, want 0", len(u))
 	}
 }

@@ -145,6 +145,7 @@ type rebalancer struct {
 	// leaders.go); leaderTransfers counts those recorded, peakTransfers
 	// the most ever under way at once.
 	pending                        map[placement.RangeID]pendingTransfer
+	unmet                          unmetPreferences
 	leaderTransfers, peakTransfers atomic.Int64
 	// cache is each range's last described configuration, changed the
 	// ranges whose move ended since (loop goroutine,
@@ -190,7 +191,7 @@ func (n *Node) newRebalancer() error {
 	rb := &rebalancer{n: n, cfg: cfg, logger: n.cfg.Logger.Named("rebalance"),
 		loop:    placement.NewLoop(placement.LoopConfig{MovesMax: cfg.MovesMax, DeadAfter: cfg.DeadNodeAfter}),
 		ended:   make(chan moveEnd, cfg.MovesMax),
-		pending: map[placement.RangeID]pendingTransfer{}, changed: map[placement.RangeID]bool{}}
+		pending: map[placement.RangeID]pendingTransfer{}, unmet: unmetPreferences{}, changed: map[placement.RangeID]bool{}}
 	if err := rb.registerMetrics(n.cfg.MeterProvider); err != nil {
 		return err
 	}
@@ -327,6 +328,7 @@ func (rb *rebalancer) stopLeading() {
 	rb.cancelMoves, rb.leaderCtx = nil, nil
 	rb.loop.Reset()
 	clear(rb.pending)
+	clear(rb.unmet)
 	rb.cache = nil
 	clear(rb.changed)
 	rb.mu.Lock()
