@@ -12,10 +12,11 @@ import (
 // the region's lowest live node (standing in for its catalogue leader),
 // every failoverScanMs. Its ops are carried out at once: liveness reads
 // and takeovers are MemStore calls (cancelled when the node cannot reach
-// the store), a tails survey reads each answering region's range leaders'
-// committed ends. Refreshes are left to the heartbeats. It is offered
-// every range homed outside its region (the home directory), so a range
-// taken over can be taken over again (second.go).
+// the store), a tails survey reads the copies regionsvc reads: its own
+// node's for its region, one answering node's for each other (survey).
+// Refreshes are left to the heartbeats. It is offered every range homed
+// outside its region (the home directory), so a range taken over can be
+// taken over again (second.go).
 type agent struct {
 	h      *homeWorld
 	region int
@@ -105,18 +106,7 @@ func (a *agent) do(n *node, op homing.TakeoverOp) {
 		live, err := h.store.Liveness(a.ctx(n), op.Region)
 		a.core.LivenessRead(op.Round, live, err)
 	case homing.OpSurveyTails:
-		rep := homing.TailReport{Remote: map[string]map[string][]uint64{}, Local: map[homing.RangeKey]uint64{}}
-		for _, ask := range op.Asks {
-			if g := regionIndex(ask.Region); !w.geo.partitioned(g) && !w.geo.partitioned(a.region) {
-				rep.Remote[ask.Region] = map[string][]uint64{"sim": a.tails(g)}
-			}
-		}
-		for _, k := range op.Keys {
-			if tail, ok := a.tail(a.region, int(k.Range)); ok {
-				rep.Local[k] = tail
-			}
-		}
-		a.core.TailsRead(op.Round, rep)
+		a.core.TailsRead(op.Round, a.survey(n, op))
 	case homing.OpTakeover:
 		if w.opt.mutateShortStart {
 			for i := range op.Ranges {
@@ -136,52 +126,130 @@ func (a *agent) do(n *node, op homing.TakeoverOp) {
 	}
 }
 
-// tails is region g's committed end per range, by its leaders (0 where
-// none leads).
-func (a *agent) tails(g int) []uint64 {
-	w := a.h.w
+// survey reads the tails op asks for on node n (the agent's), as
+// regionsvc's failoverAgent does: its region's from n's own copies
+// (localTails), whatever their Raft role; each other region's from one
+// of its nodes that answers (remoteTails), none while n is cut off the
+// WAN.
+func (a *agent) survey(n *node, op homing.TakeoverOp) homing.TailReport {
+	rep := homing.TailReport{Remote: map[string]map[string][]uint64{}, Local: map[homing.RangeKey]uint64{}}
+	if n == nil {
+		return rep
+	}
+	if !a.h.unreachable(n) {
+		for _, ask := range op.Asks {
+			if t := a.remoteTails(regionIndex(ask.Region)); t != nil {
+				rep.Remote[ask.Region] = map[string][]uint64{"sim": t}
+			}
+		}
+	}
+	for _, k := range op.Keys {
+		if tail, ok := a.copyTail(n, int(k.Range)); ok {
+			rep.Local[k] = tail
+		}
+	}
+	return rep
+}
+
+// remoteTails is region g's tail of every range as regionsvc's
+// remoteTails reads it: a DescribeStream of its nodes in order (the
+// configured addresses), the first answer in which no copy relearns its
+// commit index, else the first answer, in which a relearning copy's
+// range has 0 (candidateTails); nil when no node answers (down, or cut
+// off the WAN). The node answering need not lead any range: a follower's
+// committed end may lag its leader's. Options.mut.takerRelearning takes
+// the first answer, relearning copies' raw ends in it.
+func (a *agent) remoteTails(g int) []uint64 {
+	h, w := a.h, a.h.w
+	var from, fallback *node
+	for _, n := range w.regionNodes(g) {
+		if !n.up || h.unreachable(n) {
+			continue // its DescribeStream fails
+		}
+		if w.opt.mut.takerRelearning || !a.relearning(n) {
+			from = n
+			break
+		}
+		if fallback == nil {
+			fallback = n
+		}
+	}
+	if from == nil {
+		from = fallback
+	}
+	if from == nil {
+		return nil
+	}
 	out := make([]uint64, w.opt.Ranges)
 	for r := range out {
-		out[r], _ = a.tail(g, r)
+		out[r], _ = a.copyTail(from, r)
 	}
 	return out
 }
 
-// tail is region g's committed end of range r, by its leader, and
-// whether the region may take the range over (a candidate). A copy whose
-// log ends in an epoch older than the range's and runs past where the
-// range's log left that epoch holds a divergent tail (it has not forked
-// yet): it is no candidate. Taking over at its tail would keep the
-// divergent records below the new epoch's start and lose what the
-// intervening epoch acked there (found by the simulator, seed 46 of the
-// first runs with second takeovers: regionsvc's failoverAgent.localTails
-// and remoteTails report the raw committed end; see notes/simfaults.md).
-// Options.mut.takerDivergent reports the raw end, as they do.
-func (a *agent) tail(g, r int) (uint64, bool) {
-	w := a.h.w
-	l := w.leaderOf(g, r)
-	if l == nil {
-		return 0, false
+// relearning reports whether one of node n's copies relearns its commit
+// index (a DescribeStream answer with RangeInfo.relearning set).
+func (a *agent) relearning(n *node) bool {
+	for r := range a.h.w.opt.Ranges {
+		if n.replicas[r].Relearning() {
+			return true
+		}
 	}
-	rep := l.replicas[r]
+	return false
+}
+
+// copyTail is node n's copy of range r as a takeover candidate
+// (regionsvc's rangeDriver.candidateTail, whose DescribeStream answer
+// candidateTails reads the same way): its committed end as n knows it,
+// whatever n's Raft role, and whether the region may take the range over
+// from it. A copy relearning its commit index after the machine's crash
+// is no candidate: its committed end may be below what it published, and
+// below where its log leaves the range's timeline, so that the divergent
+// check below passes a divergent tail and the new home's start gate then
+// raises the start over it (Options.mut.takerRelearning takes it all the
+// same). A copy whose log ends in an epoch older than the range's and
+// runs past where the range's log left that epoch holds a divergent tail
+// (it has not forked yet): it is no candidate. Taking over at its tail
+// would keep the divergent records below the new epoch's start and lose
+// what the intervening epoch acked there (found by the simulator, seed
+// 46 of the first runs with second takeovers, when regionsvc's
+// failoverAgent.localTails and remoteTails reported the raw committed
+// end; see notes/simfaults.md). Options.mut.takerDivergent reports the
+// raw end, as they did.
+func (a *agent) copyTail(n *node, r int) (uint64, bool) {
+	h, w := a.h, a.h.w
+	rep := n.replicas[r]
 	c := rep.Committed()
-	if rep.Relearning() {
-		return 0, false // its committed end may be behind (candidateTail)
-	}
-	if !w.opt.mut.takerDivergent && a.h.divergent(r, l) {
-		a.h.res.DivergentTakers++
+	if rep.Relearning() && !w.opt.mut.takerRelearning {
 		return 0, false
 	}
-	if rep.Pending() > 0 || l.stores[r].NextOffset() > c {
-		// A verbatim apply in flight, or frames in the leader's log past
-		// its committed end (a new leader commits its predecessor's
-		// entries with its first own), may commit past the tail read now,
-		// at the old epoch (seed 227). A candidate all the same, as in
-		// regionsvc: the new home raises the epoch's start to its log's
-		// end before its first frame (epochstart.go).
-		a.h.res.InFlightTakers++
+	if !w.opt.mut.takerDivergent && h.divergent(r, n) {
+		h.res.DivergentTakers++
+		return 0, false
+	}
+	if a.inFlight(n.region, r, c) {
+		// A verbatim apply in flight, frames in a leader's log past its
+		// committed end (a new leader commits its predecessor's entries
+		// with its first own), or a follower's copy behind what its group
+		// holds may commit past the tail read now, at the old epoch (seed
+		// 227). A candidate all the same, as in regionsvc: the new home
+		// raises the epoch's start to its log's end before its first
+		// frame (epochstart.go).
+		h.res.InFlightTakers++
 	}
 	return c, true
+}
+
+// inFlight reports whether region g's group of range r may still commit
+// past tail at the old epoch: a live copy has an append in flight or
+// frames in its log past tail.
+func (a *agent) inFlight(g, r int, tail uint64) bool {
+	for _, n := range a.h.w.regionNodes(g) {
+		if n.up && (n.replicas[r].Pending() > 0 || n.stores[r].NextOffset() > tail) {
+			return true
+		}
+	}
+	return false
 }
 
 // divergent reports whether node n's copy of range r holds a divergent

@@ -162,8 +162,22 @@
 // 50 ms as regionsvc's agent drives it, whose takeovers go through the
 // store's own decision (MemStore.Takeover: decideTakeover, refused while
 // any node of the home may be live); the most caught-up region takes the
-// range at its leader's committed end. Homing reads per-node clocks,
-// skewed within half the max clock offset either way.
+// range at the committed end it reported. The tails are read from the
+// copies regionsvc reads (agent.go survey), not from the range leaders:
+// the agent's own region's from its node's copies (regionsvc's
+// localTails: the node the agent runs on, here the region's lowest live
+// node, standing in for its catalogue leader), whatever their Raft role;
+// each other region's from the first of its nodes, in order, that
+// answers (up and on the WAN) with no copy relearning its commit index,
+// else the first that answers (remoteTails), where a relearning copy's
+// range reports 0. So a follower's committed end, which may lag its
+// leader's, can be a takeover's start (the new home's start gate raises
+// it: epochstart.go), and a copy relearning after a machine crash, whose
+// committed end may be below what it published and below where its log
+// leaves the range's timeline, is no candidate (candidateTail;
+// Options.mut.takerRelearning takes it, which no seed has caught yet).
+// Homing reads per-node clocks, skewed within half the max clock offset
+// either way.
 //
 // On a grant the range's log continues at the fork point (the grant's
 // StartOffset) in the new home at the new epoch: the producers move there
@@ -227,7 +241,7 @@
 // Task's search of its log), where a fork may cut (isStart), and which
 // copies are stale (a divergent tail under any epoch). A copy whose log
 // ends in an older epoch than the range's past that epoch's end is no
-// takeover candidate (agent.tail). A fork a replica recorded is checked
+// takeover candidate (agent.copyTail). A fork a replica recorded is checked
 // once its cut is published (cutting).
 //
 // Planned rehomes (rehome.go): one run in two without a failover moves
@@ -236,8 +250,9 @@
 // rehomeDriver: stops that install the prepare's homes or heartbeat,
 // final tails once the leaders' appends in flight are answered
 // (replica.Pending, then ReadIndex), drained tails, confirms and waits
-// (for the target's copy: its leader's committed end, none while it
-// holds a divergent tail, as regionsvc's candidate tail),
+// (for the target's copy: the coordinator's own copy's committed end,
+// none while it relearns or holds a divergent tail, as regionsvc's
+// waitRegionTail reads its candidate tail),
 // with a leader change (one stop in two) or a crash (one in four) during
 // the stop; one move in two is followed by another. Checks: a complete's
 // epoch is above the last, and no acked record lies at or past the new

@@ -44,10 +44,12 @@ type HomingResult struct {
 	Failovers, Takeovers, Orphaned, Abandoned int
 	// SecondTakeovers counts takeovers of a range already taken over,
 	// DivergentTakers the tails surveyed that a divergent tail made no
-	// candidate (agent.tail).
+	// candidate (agent.copyTail).
 	SecondTakeovers, DivergentTakers int
-	// InFlightTakers counts the tails surveyed while an apply was in
-	// flight (agent.tail): candidates, whose start the new home raises.
+	// InFlightTakers counts the tails surveyed while the region's group
+	// held more than the copy read (an apply in flight, a leader's log
+	// past its committed end, a follower behind: agent.copyTail):
+	// candidates, whose start the new home raises.
 	InFlightTakers int
 	// StartsRaised counts epoch starts a new home raised to its log's
 	// end, StartWaits the start gate's rounds run again (something in
@@ -333,8 +335,9 @@ func (h *homeWorld) checkAck(n *node, r int, epoch uint64, duplicate bool) error
 // failoverScanMs and the most caught-up surviving region takes its
 // ranges over through the store's own decision (MemStore.Takeover:
 // decideTakeover, refused while any node of the home may be live),
-// continuing at its leader's committed end. The producers stay with the
-// old home (they are local to it) and meet its fencing.
+// continuing at the committed end its agent's survey read (agent.go
+// survey). The producers stay with the old home (they are local to it)
+// and meet its fencing.
 //
 // On a grant (granted, newTimeline) the canonical log is cut at the fork
 // point (the grant's StartOffset) and the new home's records follow it

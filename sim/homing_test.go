@@ -195,9 +195,10 @@ func TestTakerInFlightIsChecked(t *testing.T) {
 // before the cut until range 0's grant, region 1's followers of range 0
 // hold their log writes (a slow disk: Options.holdWrite). The mirror
 // leader's verbatim apply of the last batch that crossed is then in its
-// log, uncommitted (no quorum has it durably), while the agent reads its
-// committed end and the store grants the takeover at that end; released,
-// the apply commits there, at epoch 1.
+// log, uncommitted (no quorum has it durably), while the agent reads the
+// committed end of its node's copy (that leader's, or a follower's, at
+// most the leader's) and the store grants the takeover at that end;
+// released, the apply commits past it, at epoch 1.
 //
 // With predecessor, that leader crashes at crashAt and stays down past
 // the grant: the hold is lifted until another leader is elected (a vote

@@ -20,9 +20,10 @@ import (
 // final tails: a range's leader once every append it proposed is answered
 // (replica.Pending), by a ReadIndex (regionsvc's finalTail), the others
 // their committed end; a confirm heartbeats; the drained tails are the
-// old home leader's ReadIndex; the waits for the target's copy poll its
-// leader's committed end, none while it holds a divergent tail (reached;
-// bounded at 3 s, as a driver's context). One
+// old home leader's ReadIndex; the waits for the target's copy poll the
+// coordinator's own copy's committed end, none while it relearns or
+// holds a divergent tail (reached; bounded at 3 s, as a driver's
+// context). One
 // stop in two sees a leader change of a range of the old home (a Raft
 // leadership transfer), one in four a node of the old home crash. A run
 // whose first move completed early enough moves the ranges on again.
@@ -469,9 +470,12 @@ func (rh *rehomer) poll() bool {
 }
 
 // reached reports whether the target's copy of k reached tail, as
-// regionsvc's waitRegionTail reads it: its leader's committed end, taken
-// as 0 while the copy holds a divergent tail (candidateTail), which it
-// must fork off before the range may continue from it. Seed 545 of the
+// regionsvc's waitRegionTail reads it on the coordinator, a node of the
+// target: its own copy's committed end, whatever its Raft role (a
+// follower's may lag its leader's: the wait is then longer), taken as 0
+// while the copy relearns its commit index or holds a divergent tail
+// (candidateTail), which it must fork off before the range may continue
+// from it. Seed 545 of the
 // minute runs: range 1, rehomed to r1 at epoch 2, taken over by r0 at
 // epoch 3 (fork point 38) while r1 held epoch 2's log to 60, was rehomed
 // back to r1 from r0's final tail 50 before r1 forked: r1's epoch 4 began
@@ -479,11 +483,11 @@ func (rh *rehomer) poll() bool {
 // Options.mut.rehomeDivergent reads the raw committed end.
 func (rh *rehomer) reached(k homing.RangeKey, tail uint64) bool {
 	h, r := rh.h, int(k.Range)
-	l := h.w.leaderOf(rh.to, r)
-	if l == nil || l.replicas[r].Relearning() || l.replicas[r].Committed() < tail {
+	n := rh.coordinator()
+	if n == nil || n.replicas[r].Relearning() || n.replicas[r].Committed() < tail {
 		return false // a relearning copy is no candidate (candidateTail)
 	}
-	return h.w.opt.mut.rehomeDivergent || !h.divergent(r, l)
+	return h.w.opt.mut.rehomeDivergent || !h.divergent(r, n)
 }
 
 // advance moves the leaders' final tails on: a leader whose appends in

@@ -51,11 +51,13 @@ func TestReplaceEarlyWipeIsFound(t *testing.T) {
 
 // rehomeFollowerTailsSeed is the first seed that finds the mutation of
 // TestRehomeFollowerTailsIsFound today (every change of the draws moves
-// it): 1782 since publication stopped waiting for lone commit marks
-// (replica's relearn.go), the first of 1-1782, none failing otherwise
-// ("range 0: a planned rehome to r1 starts epoch 2 at 12, but
-// "p2/r0/s0" was acked at 12" at 555 ms); 148 before.
-const rehomeFollowerTailsSeed = 1782
+// it): 1980 since the wait for the target's copy reads the
+// coordinator's own copy (reached), the first of 1-1980, 407 failing
+// otherwise ("range 1: node 1 committed 28, the log has 26"): "range 1:
+// a planned rehome to r1 starts epoch 2 at 63, but "p2/r1/s22" was
+// acked at 63"; 1782 since publication stopped waiting for lone commit
+// marks (replica's relearn.go); 148 before.
+const rehomeFollowerTailsSeed = 1980
 
 // TestRehomeWaitsForDivergentTarget: a planned rehome's target holding
 // a divergent tail must fork it off before the range continues from it,
