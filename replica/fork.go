@@ -541,6 +541,7 @@ func (r *Replica) forkLog(index, term uint64, h batch.Header, d forkDesc) (ForkR
 // takes base as the producer base: the last step of forkLog, once the
 // orphaned tail is in the orphan store.
 func (r *Replica) cutAtFork(m *ForkMeta, base *producerBase, index, at uint64) error {
+	r.logCuts.Add(1) // before the log changes: snapshot bodies being read
 	prev := r.state
 	r.state.Forking = m
 	if err := r.cfg.State.Save(r.state); err != nil {

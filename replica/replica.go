@@ -194,6 +194,9 @@ type Replica struct {
 	// held are the commit-only appends a leader holds (commithold.go).
 	held heldCommits
 	pins snapshotPins
+	// logCuts counts the forks and installed snapshots that replaced the
+	// log's frames, raised before each does (snapshotBody.readFailed).
+	logCuts atomic.Uint64
 	// keyDecision is the newest compaction marker applied (compact.go),
 	// keyMarkerEnd the offset after it.
 	keyDecision  batch.Compaction

@@ -8,6 +8,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
@@ -39,6 +40,14 @@ var (
 	// indexes or offsets other than described, bytes past the last frame.
 	// Nothing was installed.
 	ErrSnapshotInvalid = errors.New("replica: invalid snapshot")
+	// ErrSnapshotSourceChanged is a snapshot body's read error on its
+	// sender: the sender's log replaced the frames the body still had to
+	// send (a fork applied after the snapshot was taken moved them to the
+	// orphan log, or an installed snapshot replaced the log). The transfer
+	// fails (raftnet's sender cancels it, so the receiver's body fails
+	// too) and Raft sends another snapshot; nothing was installed. A
+	// compaction cannot do it: the body pins its frames.
+	ErrSnapshotSourceChanged = errors.New("replica: the log changed under a snapshot being sent")
 	// ErrSnapshotStale reports a snapshot at or below the commit index:
 	// there is nothing to install. Step the message anyway (StepSnapshot
 	// with no staged body), so that Raft answers the leader.
@@ -278,6 +287,22 @@ type snapshotBody struct {
 	next, end  uint64
 	buf        []byte
 	closeOnce  sync.Once
+	// cuts is the replica's logCuts, cutsAt its value when the body was
+	// made: a frame found missing after they differ is
+	// ErrSnapshotSourceChanged, not a log that lost frames (nil: not
+	// checked).
+	cuts   *atomic.Uint64
+	cutsAt uint64
+}
+
+// readFailed is the error of a body whose log read at index next failed
+// with err: ErrSnapshotSourceChanged if the log's frames were replaced
+// since the body was made.
+func (b *snapshotBody) readFailed(err error) error {
+	if b.cuts != nil && b.cuts.Load() != b.cutsAt {
+		return fmt.Errorf("%w: frames from index %d are gone (%w)", ErrSnapshotSourceChanged, b.next, err)
+	}
+	return err
 }
 
 func (b *snapshotBody) Read(p []byte) (int, error) {
@@ -312,19 +337,19 @@ func (b *snapshotBody) Read(p []byte) (int, error) {
 		}
 		frames, err := b.log.ReadFramesByIndex(b.next, b.end, snapshotReadBytes)
 		if err != nil {
-			return 0, fmt.Errorf("replica: read snapshot frames at index %d: %w", b.next, err)
+			return 0, b.readFailed(fmt.Errorf("replica: read snapshot frames at index %d: %w", b.next, err))
 		}
 		var last []byte
 		for rest := frames; len(rest) > 0; {
 			size, err := batch.FrameSize(rest)
 			if err != nil || size > len(rest) {
-				return 0, fmt.Errorf("replica: log returned a bad frame after index %d: %w", b.next, err)
+				return 0, b.readFailed(fmt.Errorf("replica: log returned a bad frame after index %d: %w", b.next, err))
 			}
 			last, rest = rest[:size], rest[size:]
 		}
 		h, err := batch.DecodeHeader(last)
 		if err != nil || h.Index < b.next {
-			return 0, fmt.Errorf("replica: log returned no frame at index %d: %w", b.next, err)
+			return 0, b.readFailed(fmt.Errorf("replica: log returned no frame at index %d: %w", b.next, err))
 		}
 		b.next = h.Index + 1 // past a fork's gap too
 		b.buf = frames
@@ -411,7 +436,7 @@ func (r *Replica) sendSnapshot(m *raftpb.Message) {
 		}
 	}
 	body := &snapshotBody{log: r.cfg.Log, pins: &r.pins, pinned: d.FirstIndex, producers: r.state.Producers,
-		orphans: r.cfg.Orphans, forks: forks, next: d.FirstIndex, end: d.FirstIndex}
+		orphans: r.cfg.Orphans, forks: forks, next: d.FirstIndex, end: d.FirstIndex, cuts: &r.logCuts, cutsAt: r.logCuts.Load()}
 	if d.Frames > 0 {
 		body.end = index + 1
 	}
@@ -750,6 +775,7 @@ func (r *Replica) installSnapshot(snap *raftpb.Snapshot) error {
 		st.Discard()
 		return fmt.Errorf("replica: save state before installing a snapshot: %w", err)
 	}
+	r.logCuts.Add(1) // before the log changes: snapshot bodies being read
 	if err := r.cfg.Log.Install(st.staging); err != nil {
 		st.Discard() // a no-op once the install committed
 		return fmt.Errorf("replica: install snapshot at index %d: %w", m.Index, err)

@@ -21,9 +21,9 @@ var scheduleDigests = []struct {
 	steps   int
 	digest  string
 }{
-	{seed: 1, regions: 1, steps: 3000, digest: "afe8192d74b55d74ed77beb66c9ce15ffbb37e7e308e86b2f9156c0de19397ac"},
-	{seed: 2, regions: 1, steps: 3000, digest: "d1503f416b0a4075ed3a93ebc8c605b7111b2b3c44df92877e6b14d74939ee16"},
-	{seed: 1, regions: 3, steps: 3000, digest: "7c46affea897434c0b73a343121a44c5250783d5e2748b5aeed4519595da9382"},
+	{seed: 1, regions: 1, steps: 3000, digest: "7e21ad5d85996f7553ef23c8107e135116fd47b2465271c6a490b871ed7e7385"},
+	{seed: 2, regions: 1, steps: 3000, digest: "19e50e7d8c65844d42269bbf9d938352e7c8484310d30fc3fbb0d21a7e6e6d07"},
+	{seed: 1, regions: 3, steps: 3000, digest: "70a6ee433c329481a91182261c929447ed3e173c2eb1f4a4a76aac93b4d9ccfc"},
 }
 
 // TestScheduleDigests: the seeds of scheduleDigests run as pinned.

@@ -169,3 +169,21 @@ func TestTwoForksBetweenChecks(t *testing.T) {
 		t.Fatal("no fork's orphan log read: the seed no longer reaches the case")
 	}
 }
+
+// TestForkUnderSnapshotBody: seed 5802123 of the three-region minute
+// runs. At 3709 ms r0n3, leading range 1, sent a snapshot at index 28
+// whose body held frames 6-28 and, in the same cycle, applied a fork at
+// offset 12 that moved the frames past index 8 to its orphan log; the
+// body, read after, found no frame at index 9, and the receiver took it
+// for an invalid snapshot. The body now says the sender's log changed
+// under it (replica.ErrSnapshotSourceChanged): the transfer fails, as
+// raftnet's sender fails it, and Raft sends another.
+func TestForkUnderSnapshotBody(t *testing.T) {
+	res, err := Run(Options{Seed: 5802123, Steps: 4000, Regions: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.SnapsSourceChanged == 0 {
+		t.Fatalf("no snapshot body found its sender's log changed: the seed no longer reaches the case (%d snapshots sent, %d failed)", res.SnapshotsSent, res.SnapsFailed)
+	}
+}

@@ -86,6 +86,10 @@ type Result struct {
 	SegmentsCompacted          int
 	SnapshotsSent, SnapsFailed int
 	SnapshotsInstalled         int
+	// SnapsSourceChanged counts the failed snapshots whose sender's log
+	// replaced the body's frames while it was read (a fork after the
+	// snapshot was taken: replica.ErrSnapshotSourceChanged).
+	SnapsSourceChanged int
 	// Geo is what replication between regions did (Regions > 1).
 	Geo GeoResult
 	// Homing is what the leases and the lease store did (Regions > 1).
@@ -109,9 +113,9 @@ type Result struct {
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed, %d installed",
+	return fmt.Sprintf("seed %d: %d acked (%d ahead of the leader's own write), %d committed, %d retries (%d answered as duplicates), %d crashes, %d partitions, %d messages dropped, %d duplicated, %d replies lost, %d leader changes; compaction %v: %d segments compacted, %d snapshots sent, %d failed (%d by a fork under the body), %d installed",
 		r.Seed, r.Acked, r.AckedAhead, r.Committed, r.Retries, r.Duplicates, r.Crashes, r.Partitions, r.Dropped, r.Duped, r.LostReplies, r.LeaderChanges,
-		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapshotsInstalled) + fmt.Sprintf("; %d ticks skipped quiesced; leader balance every %d ticks: %d transfers", r.QuiescedTicks, r.LeaderBalanceTicks, r.BalanceTransfers) + r.Geo.String() + r.Homing.String() + r.Orphans.String() + r.Moves.String() + r.Splits.String()
+		r.Compaction, r.SegmentsCompacted, r.SnapshotsSent, r.SnapsFailed, r.SnapsSourceChanged, r.SnapshotsInstalled) + fmt.Sprintf("; %d ticks skipped quiesced; leader balance every %d ticks: %d transfers", r.QuiescedTicks, r.LeaderBalanceTicks, r.BalanceTransfers) + r.Geo.String() + r.Homing.String() + r.Orphans.String() + r.Moves.String() + r.Splits.String()
 }
 
 const (
