@@ -63,18 +63,31 @@ func (f *replyForms) opt() client.Opt {
 	return client.DialOptions(grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream))
 }
 
+// formStream notes each reply with the last request sent before it. A
+// bidirectional stream (the producer's appends) sends and receives on two
+// goroutines, so req is under mu.
 type formStream struct {
 	grpc.ClientStream
 	f   *replyForms
+	mu  sync.Mutex
 	req any
 }
 
-func (s *formStream) SendMsg(m any) error { s.req = m; return s.ClientStream.SendMsg(m) }
+func (s *formStream) SendMsg(m any) error {
+	s.mu.Lock()
+	s.req = m
+	s.mu.Unlock()
+	return s.ClientStream.SendMsg(m)
+}
+
 func (s *formStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	if err == nil {
-		s.f.note(s.req, m)
+		s.mu.Lock()
+		req := s.req
 		s.req = nil
+		s.mu.Unlock()
+		s.f.note(req, m)
 	}
 	return err
 }
