@@ -30,7 +30,7 @@ import (
 //	indexed term=5 [err=x]            StartGate.Indexed
 //	done epoch=2 term=5 end=10 [err=inflight|x]   StartGate.Done
 //	stop                              StartGate.Stop
-//	check lease-epoch=2 lease-start=10 epoch=2 end=12 log-start=0 first=1
+//	check lease-epoch=2 lease-start=10 epoch=2 end=12 log-start=0 first=1 [diverge=11]
 //	                                  CheckStart
 func TestDataDriven(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
@@ -143,8 +143,8 @@ func (h *ddHarness) starts() string {
 
 func (h *ddHarness) runCheck(t *testing.T, d *datadriven.TestData) string {
 	c := CheckStart(ddUint(t, d, "lease-epoch", 0), ddUint(t, d, "lease-start", 0), ddUint(t, d, "epoch", 0),
-		ddUint(t, d, "end", 0), ddUint(t, d, "log-start", 0), ddUint(t, d, "first", 0))
-	return [...]string{"ok", "not home", "below", "keep", "raise"}[c]
+		ddUint(t, d, "end", 0), ddUint(t, d, "log-start", 0), ddUint(t, d, "first", 0), ddUint(t, d, "diverge", NoFence))
+	return [...]string{"ok", "not home", "below", "keep", "raise", "fork", "diverged below"}[c]
 }
 
 func (h *ddHarness) runGate(t *testing.T, d *datadriven.TestData) string {

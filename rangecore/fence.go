@@ -120,7 +120,7 @@ func (t *Timeline) HistoryWanted() bool { return t.historyWanted }
 // none). It returns what the node should read from the store.
 func (t *Timeline) Fence(role Role, logEpoch, heard uint64) (*Fence, Want) {
 	if role.Home {
-		return nil, WantNothing // the home's log is the range's
+		return t.homeFence(role, logEpoch)
 	}
 	if role.Region == "" {
 		// Homing on, no home known: the copy may be anything.
@@ -149,4 +149,32 @@ func (t *Timeline) Fence(role Role, logEpoch, heard uint64) (*Fence, Want) {
 		}
 	}
 	return f, want
+}
+
+// homeFence is Fence for the home's own copy. The home's log is the
+// range's, but for a tail it may hold from an earlier time as home: a
+// region that lost the range with an unreplicated tail and takes it back
+// after another epoch. Its frames past the start of an epoch between its
+// log's and its own (DivergeAt) are that tail, which its start gate forks
+// off before the epoch's first frame (StartFork); until then they are
+// fenced. Epochs between whose starts are unknown fence everything until
+// the history is read.
+func (t *Timeline) homeFence(role Role, logEpoch uint64) (*Fence, Want) {
+	if role.Epoch == 0 || logEpoch+1 >= role.Epoch {
+		return nil, WantNothing
+	}
+	for e := logEpoch + 1; e < role.Epoch; e++ {
+		if _, ok := t.starts[e]; !ok {
+			t.historyWanted = true
+			return &Fence{Offset: 0, LogEpoch: logEpoch}, WantHistory
+		}
+	}
+	at := DivergeAt(logEpoch, role.Epoch, t.starts)
+	var f *Fence
+	for e, s := range t.starts {
+		if e > logEpoch && e < role.Epoch && s == at && (f == nil || e < f.Epoch) {
+			f = &Fence{Offset: s, Epoch: e, LogEpoch: logEpoch}
+		}
+	}
+	return f, WantNothing
 }

@@ -186,17 +186,57 @@ const (
 	StartKeep
 	// StartRaise: raise the recorded start to the log's end (RaiseStart).
 	StartRaise
+	// StartFork: the log holds a divergent tail from the divergence point
+	// (DivergeAt) on, at or above the recorded start: raise the start to
+	// that point (if below it), fork the log there to the epoch (its tail
+	// to the orphan log), then confirm again.
+	StartFork
+	// StartDivergedBelow: the log diverges from the range's below the
+	// recorded start (retriable; no takeover records a start past its
+	// region's consistent prefix, so it is not expected).
+	StartDivergedBelow
 )
+
+// DivergeAt is where a range leader's log, whose highest epoch is
+// logEpoch, leaves the range's timeline as a new home at epoch sees it:
+// the lowest recorded start of an epoch between the two (logEpoch <
+// e < epoch), from the range's epoch history (starts: epoch -> start).
+// Every offset at or past start(e) holds a record of epoch e or later, and
+// the log holds none later than logEpoch, so its frames from there on are
+// a divergent tail (rangecore.Timeline's fence, for the home). NoFence
+// when no such epoch is recorded.
+//
+// The case: a region that was home (logEpoch), lost the range with an
+// unreplicated tail, and takes it back (epoch) while its agent's copy
+// lagged below the intervening epoch's start, so the copy passed as a
+// candidate; its group's leader still holds that tail. Raising the start
+// over it would keep the old tail below the new epoch's first frame and
+// drop what the intervening epoch made of those offsets.
+func DivergeAt(logEpoch, epoch uint64, starts map[uint64]uint64) uint64 {
+	at := uint64(NoFence)
+	for e, s := range starts {
+		if e > logEpoch && e < epoch {
+			at = min(at, s)
+		}
+	}
+	return at
+}
 
 // CheckStart compares a range leader's log, ending at end (committed, with
 // nothing in flight), its retained part starting at logStart with a frame
 // of firstEpoch (0: none, or unreadable), with the lease store's record of
 // the range: its lease at leaseEpoch starting at leaseStart. epoch is the
-// epoch the leader confirms.
-func CheckStart(leaseEpoch, leaseStart, epoch, end, logStart, firstEpoch uint64) StartCheck {
+// epoch the leader confirms; divergeAt is where its log leaves the range's
+// timeline (DivergeAt; NoFence: nowhere known), checked first: a log
+// that diverges is forked, never confirmed over its divergent tail.
+func CheckStart(leaseEpoch, leaseStart, epoch, end, logStart, firstEpoch, divergeAt uint64) StartCheck {
 	switch {
 	case leaseEpoch != epoch:
 		return StartNotHome
+	case divergeAt < end && divergeAt >= leaseStart:
+		return StartFork
+	case divergeAt < end:
+		return StartDivergedBelow
 	case end == leaseStart:
 		return StartOK
 	case end < leaseStart:

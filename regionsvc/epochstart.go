@@ -103,8 +103,9 @@ func (d *rangeDriver) confirmStart(epoch uint64) {
 			return
 		}
 		logStart, firstEpoch := d.firstRetained(end)
+		logEpoch := d.rep.HighestEpoch()
 		go func() {
-			err := d.cfg.confirmStart(d, epoch, end, logStart, firstEpoch)
+			err := d.cfg.confirmStart(d, epoch, end, logStart, firstEpoch, logEpoch)
 			if xerr := d.exec(context.Background(), func() { d.gateDone(epoch, term, end, err) }); xerr != nil {
 				d.logger.Debug("epoch start confirmed as the range closed", "epoch", epoch, "error", xerr)
 			}
@@ -159,16 +160,39 @@ func (d *rangeDriver) refuseHeld() {
 }
 
 // confirmStart is the node's part of a range leader's start confirmation
-// (rangeDriverConfig.confirmStart): the range's log ends at end, and its
-// retained part starts at logStart with a frame of firstEpoch (0: none);
-// the recorded start of epoch must be end, raised to it if it is lower.
-// Off the driver goroutine: it may write the lease store.
-func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart, firstEpoch uint64) error {
+// (rangeDriverConfig.confirmStart): the range's log ends at end, its
+// highest epoch is logEpoch, and its retained part starts at logStart with
+// a frame of firstEpoch (0: none); the recorded start of epoch must be
+// end, raised to it if it is lower. A log that holds a divergent tail
+// (rangecore.DivergeAt, from the range's epoch history when epochs lie
+// between logEpoch and epoch) is not confirmed over it: the start is
+// raised to where it diverges, the log forked there (its tail to the
+// orphan log), and the gate runs another round. Off the driver goroutine:
+// it may read and write the lease store.
+func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart, firstEpoch, logEpoch uint64) error {
 	lease, err := n.homing.homes.Lease(d.cfg.stream, d.cfg.rangeID)
 	if err != nil {
 		return homingErr(err)
 	}
-	switch rangecore.CheckStart(lease.Epoch, lease.StartOffset, epoch, end, logStart, firstEpoch) {
+	ctx, cancel := context.WithTimeout(context.Background(), n.storeTimeout())
+	defer cancel()
+	key := homing.RangeKey{Stream: d.cfg.stream, Range: d.cfg.rangeID}
+	divergeAt := uint64(rangecore.NoFence)
+	if lease.Epoch == epoch && logEpoch+1 < epoch {
+		recs, err := n.homing.store.History(ctx, key)
+		if err != nil {
+			return homingErr(err)
+		}
+		starts := map[uint64]uint64{}
+		for _, r := range recs {
+			if r.Key == key {
+				starts[r.Epoch] = max(starts[r.Epoch], r.StartOffset)
+			}
+		}
+		divergeAt = rangecore.DivergeAt(logEpoch, epoch, starts)
+	}
+	to := end
+	switch rangecore.CheckStart(lease.Epoch, lease.StartOffset, epoch, end, logStart, firstEpoch, divergeAt) {
 	case rangecore.StartNotHome:
 		return n.notHome(d)
 	case rangecore.StartOK:
@@ -176,13 +200,23 @@ func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart, firstEpoch uin
 	case rangecore.StartBelow:
 		return apierr.New(apierr.Unavailable, "stream %s range %d: the log ends at %d, below the start %d of epoch %d: it appends once it reaches it",
 			d.cfg.stream, d.cfg.rangeID, end, lease.StartOffset, epoch)
+	case rangecore.StartDivergedBelow:
+		d.logger.Warn("epoch start not confirmed: the log diverges from the range's below it", "epoch", epoch, "start_offset", lease.StartOffset,
+			"diverge_offset", divergeAt, "log_epoch", logEpoch, "log_end", end)
+		return apierr.New(apierr.Unavailable, "stream %s range %d: the log diverges at %d, below the start %d of epoch %d",
+			d.cfg.stream, d.cfg.rangeID, divergeAt, lease.StartOffset, epoch)
 	case rangecore.StartKeep:
 		d.logger.Warn("epoch start not confirmed: the log was deleted past it", "epoch", epoch, "start_offset", lease.StartOffset, "log_start", logStart, "log_end", end)
 		return nil
+	case rangecore.StartFork:
+		to = divergeAt
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), n.storeTimeout())
-	defer cancel()
-	_, err = n.homing.homes.RaiseStart(ctx, homing.RangeKey{Stream: d.cfg.stream, Range: d.cfg.rangeID}, epoch, lease.StartOffset, end)
+	if to != lease.StartOffset {
+		_, err = n.homing.homes.RaiseStart(ctx, key, epoch, lease.StartOffset, to)
+	}
+	if err == nil && to < end {
+		return n.forkDivergent(ctx, d, epoch, to, end, logEpoch)
+	}
 	switch {
 	case errors.Is(err, homing.ErrStartMoved):
 		// Another leader raised it first: learn where, for the next try.
@@ -193,4 +227,19 @@ func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart, firstEpoch uin
 		return n.notHome(d) // the range moved on, or is moving: retriable elsewhere
 	}
 	return homingErr(err)
+}
+
+// forkDivergent forks a new home's log at at, where it leaves the range's
+// timeline (its frames of logEpoch from there to end are the tail its
+// region held when it lost the range before, the range's offsets there
+// being the intervening epoch's), to epoch: the tail goes to the orphan
+// log, acks kept there, and the log continues at at. It answers
+// errStartInFlight so that the gate confirms again on the forked log.
+func (n *Node) forkDivergent(ctx context.Context, d *rangeDriver, epoch, at, end, logEpoch uint64) error {
+	d.logger.Warn("new home's log holds a divergent tail: forking it off before the epoch's first frame", "epoch", epoch,
+		"fork_offset", at, "log_end", end, "log_epoch", logEpoch)
+	if _, err := d.forkAt(ctx, at, epoch); err != nil {
+		return err
+	}
+	return errStartInFlight
 }

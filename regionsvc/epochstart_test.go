@@ -9,6 +9,7 @@ import (
 
 	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/homing"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
 
 // TestNewHomeRaisesAShortStart: a new home whose log holds more of the old
@@ -78,16 +79,106 @@ func TestNewHomeRaisesAShortStart(t *testing.T) {
 	}
 }
 
+// TestNewHomeForksItsDivergentTail: a region that was home, lost the
+// range while its log held frames past where the next epoch starts, and
+// takes it back two epochs later must not raise its new epoch's start over
+// those frames (they are not the range's: every offset past the
+// intervening epoch's start is of that epoch or later). Its start gate
+// forks them off into the orphan log and its first frame lands where the
+// intervening epoch starts (seed 6500375 of the simulator, where a
+// takeover by a region whose agent's copy lagged did it).
+//
+// Made with the lease store's own operations: us home at epoch 1 with 20
+// records (17, then 3), moved to eu at epoch 2 starting at 17 (eu appends nothing, so
+// its start stays at 17), then back to us at epoch 3 starting at 17. us's
+// log holds epoch-1 frames to 20. Without the fork (rangecore.DivergeAt
+// in Node.confirmStart) the first epoch-3 record is acked at 20.
+func TestNewHomeForksItsDivergentTail(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("multi-region cluster with a lease store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newHomingWorld(t, []string{"us", "eu"}, 1)
+	createHomedStream(t, ctx, w.world, "ef", 1, "us")
+	// Two batches: epoch 2's start (a takeover's tail, a committed end)
+	// falls between batches, where a fork can cut.
+	appendAt(t, ctx, w, "us", "ef", 17)
+	appendAt(t, ctx, w, "us", "ef", 3)
+	waitUntil(t, ctx, 2*time.Minute, "eu's mirror holds the 20 records", func() bool {
+		tl := w.tails(ctx, "ef")
+		return tl["eu"] != nil && tl["eu"][0] >= 20
+	})
+	store, err := homing.OpenSQL(ctx, homing.SQLConfig{URL: w.pgURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	key := homing.RangeKey{Stream: "ef", Range: 0}
+	moveShortFrom(t, ctx, store, key, 1, "eu", 17)
+	moveShortFrom(t, ctx, store, key, 2, "us", 17)
+	// Until its gate forks, the home's copy serves nothing past 17
+	// (rangecore's homeFence).
+	for i, lc := range w.conns["us"] {
+		waitUntil(t, ctx, 2*time.Minute, fmt.Sprintf("us node %d fences its divergent tail at 17", i), func() bool {
+			d, err := lc.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "ef"})
+			if err != nil || len(d.GetRanges()) == 0 {
+				return false
+			}
+			ri := d.GetRanges()[0]
+			// The role is stored after the fence it gives (updateFenceFor).
+			return ri.GetHomeRegion() == "us" && ri.GetEpoch() == 3 &&
+				ri.TimelineFenceOffset != nil && ri.GetTimelineFenceOffset() == 17 && ri.GetTailOffset() == 20
+		})
+	}
+
+	c, err := client.New(w.regionAddrs("us"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p, err := c.NewProducer("ef", client.DeliveryTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	res, err := p.ProduceSync(ctx, &client.Record{Key: []byte("back"), Value: []byte("back/0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Epoch != 3 || res[0].Offset != 17 {
+		t.Fatalf("the returning home's first record acked at %d under epoch %d, want 17 under epoch 3 (forked where epoch 2 starts)", res[0].Offset, res[0].Epoch)
+	}
+	hist, err := store.History(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 3 || hist[2].StartOffset != 17 {
+		t.Fatalf("history %+v: want epoch 3 to start at 17, where its first frame is", hist)
+	}
+	got := readValues(t, ctx, c, "ef", 15, 3)
+	if want := []string{"after/15", "after/16", "back/0"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("offsets 15-17 hold %q, want %q", got, want)
+	}
+}
+
 // moveShort moves key's home to region to at epoch 2 starting at start
 // (PrepareRehome, then CompleteRehome once the old home confirmed it
 // stopped: its next heartbeat).
 func moveShort(t *testing.T, ctx context.Context, store homing.Store, key homing.RangeKey, to string, start uint64) {
 	t.Helper()
-	if _, err := store.PrepareRehome(ctx, homing.RehomeRequest{Key: key, Epoch: 1, To: to}); err != nil {
+	moveShortFrom(t, ctx, store, key, 1, to, start)
+}
+
+// moveShortFrom is moveShort from epoch (to epoch + 1).
+func moveShortFrom(t *testing.T, ctx context.Context, store homing.Store, key homing.RangeKey, epoch uint64, to string, start uint64) {
+	t.Helper()
+	if _, err := store.PrepareRehome(ctx, homing.RehomeRequest{Key: key, Epoch: epoch, To: to}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, ctx, 2*time.Minute, "the move completed", func() bool {
-		_, err := store.CompleteRehome(ctx, homing.RehomeRequest{Key: key, Epoch: 1, To: to, StartOffset: start,
+		_, err := store.CompleteRehome(ctx, homing.RehomeRequest{Key: key, Epoch: epoch, To: to, StartOffset: start,
 			NowNanos: time.Now().UnixNano(), MaxOffsetNanos: int64(testMaxClockOffset)})
 		if err != nil && !errors.Is(err, homing.ErrNotDrained) {
 			t.Fatal(err)

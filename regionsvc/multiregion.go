@@ -384,7 +384,17 @@ func (m *mirrorRange) LogEpoch() uint64 {
 // divergent tail at offset at into the range's orphan log, on every
 // replica (replica.ProposeFork), and continues at at under epoch.
 func (m *mirrorRange) Fork(ctx context.Context, at, epoch uint64) (uint64, error) {
-	d := m.d
+	return m.d.forkAt(ctx, at, epoch)
+}
+
+// forkAt has the range's group (led here) cut its log's tail from offset
+// at into the orphan log on every replica (replica.ProposeFork) and
+// continue at at under epoch, retrying while appends are in flight; it
+// returns once the driver publishes the cut log. The caller asserts that
+// nothing the log holds from at on is the range's: a mirror's divergent
+// tail (mirrorRange.Fork), or a new home's own (the start gate,
+// Node.confirmStart). Off the driver goroutine.
+func (d *rangeDriver) forkAt(ctx context.Context, at, epoch uint64) (uint64, error) {
 	for {
 		done := make(chan replica.ForkResult, 1)
 		if err := d.exec(ctx, func() { d.rep.ProposeFork(at, epoch, func(r replica.ForkResult) { done <- r }) }); err != nil {

@@ -109,7 +109,7 @@ type rangeDriverConfig struct {
 	// confirmStart, if set (homing on, several regions), confirms or
 	// raises the recorded start of a new epoch to the log's end before
 	// its first append (epochstart.go); it may block.
-	confirmStart func(d *rangeDriver, epoch, end, logStart, firstEpoch uint64) error
+	confirmStart func(d *rangeDriver, epoch, end, logStart, firstEpoch, logEpoch uint64) error
 	// compaction, if set, makes the range compacted by key (compaction.go).
 	compaction *compactionConfig
 }

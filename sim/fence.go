@@ -6,7 +6,8 @@ import (
 	"github.com/geolog/geolog/rangecore"
 )
 
-// The timeline fence of a home read served on another region's copy, run
+// The timeline fence of a home read (on another region's copy, or on the
+// home's own while it holds a tail from an earlier time as home), run
 // by the product's own core (rangecore.Timeline, which regionsvc's range
 // driver drives in regionsvc/timeline.go): the copy's node knows the
 // range's home record (its role: the store's current record, as a fresh
@@ -21,8 +22,12 @@ import (
 // (rangecore.NoFence: all of it).
 func (h *homeWorld) fence(n *node, r int) uint64 {
 	rep, tl := n.replicas[r], &n.timelines[r]
-	role := rangecore.Role{Home: true}
-	if _, home := n.core.View().Home(rangeKey(r)); !home {
+	cur, home := n.core.View().Home(rangeKey(r))
+	role := rangecore.Role{Home: true, Region: regionName(n.region), Epoch: cur.Epoch}
+	if h.w.opt.mut.homeNoFence {
+		role = rangecore.Role{Home: true}
+	}
+	if !home {
 		// regionsvc's roleOf: the directory's record of a home elsewhere;
 		// of its own region without the view's lease, nothing known.
 		role = rangecore.Role{}

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"context"
+
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
 	"github.com/geolog/geolog/rangecore"
@@ -74,8 +76,9 @@ func (h *homeWorld) confirmRound(n *node, r int, epoch uint64) {
 		}
 		if err = n.gates[r].Indexed(term, err, gateLeader(rep)); err == nil {
 			logStart, first := firstRetained(n, r, end)
+			logEpoch := rep.HighestEpoch()
 			h.w.later(n, 1+h.w.rng.Int64N(3), func() {
-				h.gateDone(n, r, epoch, term, end, h.checkStart(n, r, epoch, end, logStart, first))
+				h.checkStart(n, r, epoch, end, logStart, first, logEpoch, func(err error) { h.gateDone(n, r, epoch, term, end, err) })
 			})
 			return
 		}
@@ -117,21 +120,73 @@ func (h *homeWorld) confirmed(r int, epoch uint64) {
 
 // checkStart is the node's part of a confirmation (regionsvc's
 // Node.confirmStart): its lease against the log's end, through
-// rangecore.CheckStart, raising the recorded start if it says so.
-func (h *homeWorld) checkStart(n *node, r int, epoch, end, logStart, first uint64) error {
+// rangecore.CheckStart, raising the recorded start if it says so, or
+// raising it to where the log diverges (rangecore.DivergeAt, from the
+// store's epoch history) and forking the log there; done gets the answer
+// (once the fork is applied, when there is one).
+func (h *homeWorld) checkStart(n *node, r int, epoch, end, logStart, first, logEpoch uint64, done func(error)) {
 	lease, err := n.core.View().Lease(rangeKey(r), h.w.nodeNanos(n))
 	if err != nil {
-		return apierr.New(apierr.Unavailable, "%v range %d: no lease at epoch %d: %v", n, r, epoch, err)
+		done(apierr.New(apierr.Unavailable, "%v range %d: no lease at epoch %d: %v", n, r, epoch, err))
+		return
 	}
-	switch rangecore.CheckStart(lease.Epoch, lease.StartOffset, epoch, end, logStart, first) {
+	divergeAt := uint64(rangecore.NoFence)
+	if lease.Epoch == epoch && logEpoch+1 < epoch && !h.w.opt.mut.homeNoFork {
+		if h.unreachable(n) {
+			done(apierr.New(apierr.Unavailable, "%v range %d: the lease store is unreachable", n, r))
+			return
+		}
+		recs, err := h.store.History(context.Background(), rangeKey(r))
+		if err != nil {
+			done(apierr.New(apierr.Unavailable, "%v range %d: epoch history: %v", n, r, err))
+			return
+		}
+		starts := map[uint64]uint64{}
+		for _, rec := range recs {
+			starts[rec.Epoch] = max(starts[rec.Epoch], rec.StartOffset)
+		}
+		divergeAt = rangecore.DivergeAt(logEpoch, epoch, starts)
+	}
+	switch rangecore.CheckStart(lease.Epoch, lease.StartOffset, epoch, end, logStart, first, divergeAt) {
 	case rangecore.StartNotHome:
-		return apierr.New(apierr.Unavailable, "%v range %d: the lease is at epoch %d, not %d", n, r, lease.Epoch, epoch)
+		done(apierr.New(apierr.Unavailable, "%v range %d: the lease is at epoch %d, not %d", n, r, lease.Epoch, epoch))
 	case rangecore.StartBelow:
-		return apierr.New(apierr.Unavailable, "%v range %d: the log ends at %d, below epoch %d's start %d", n, r, end, epoch, lease.StartOffset)
+		done(apierr.New(apierr.Unavailable, "%v range %d: the log ends at %d, below epoch %d's start %d", n, r, end, epoch, lease.StartOffset))
+	case rangecore.StartDivergedBelow:
+		done(apierr.New(apierr.Unavailable, "%v range %d: the log diverges at %d, below epoch %d's start %d", n, r, divergeAt, epoch, lease.StartOffset))
 	case rangecore.StartRaise:
-		return h.raiseStart(n, r, epoch, lease.StartOffset, end)
+		done(h.raiseStart(n, r, epoch, lease.StartOffset, end))
+	case rangecore.StartFork:
+		if divergeAt != lease.StartOffset {
+			if err := h.raiseStart(n, r, epoch, lease.StartOffset, divergeAt); err != nil {
+				done(err)
+				return
+			}
+		}
+		h.forkDivergent(n, r, epoch, divergeAt, done)
+	default:
+		done(nil)
 	}
-	return nil
+}
+
+// forkDivergent forks n's log of range r at at to epoch (regionsvc's
+// Node.forkDivergent): the new home's own divergent tail goes to the
+// orphan log. done gets rangecore.ErrStartInFlight once it is applied
+// (the gate confirms again on the forked log), or the fork's error.
+func (h *homeWorld) forkDivergent(n *node, r int, epoch, at uint64, done func(error)) {
+	rep, gen := n.replicas[r], n.gen
+	h.w.tracef("%s range %d: new home forks its divergent tail at %d to epoch %d (committed %d)", traceName(n), r, at, epoch, rep.Committed())
+	h.res.HomeForks++
+	rep.ProposeFork(at, epoch, func(fr replica.ForkResult) {
+		if !n.up || n.gen != gen {
+			return
+		}
+		if fr.Err != nil {
+			done(fr.Err)
+			return
+		}
+		done(rangecore.ErrStartInFlight)
+	})
 }
 
 // firstRetained is where n's log of range r retains from and the epoch of

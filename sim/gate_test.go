@@ -18,3 +18,31 @@ func TestDriverCoresSeeds(t *testing.T) {
 		}
 	}
 }
+
+// TestHomeForksItsDivergentTail replays seed 6500375 (three regions): range
+// 0 was homed in region 0 at epoch 1, region 2 took it over at epoch 2 from
+// 49 while region 0's group held epoch-1 frames to 104, and region 0 took
+// it back at epoch 3 (its agent's copy, a replaced node, was empty). Its
+// leader's log then held that unreplicated tail past epoch 2's start. The
+// start gate must fork it off at 49 (rangecore.DivergeAt, StartFork),
+// not raise the start over it; and until it does, home reads must not
+// serve it (the home's own timeline fence, rangecore's homeFence). Each
+// fix undone fails the seed: homeNoFork with the tail kept under epoch
+// 3's frames, homeNoFence with a home read of a record the fork replaced.
+func TestHomeForksItsDivergentTail(t *testing.T) {
+	const seed, steps = 6500375, 5000
+	res, err := Run(Options{Seed: seed, Steps: steps, Regions: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Homing.HomeForks == 0 {
+		t.Fatalf("no new home forked its divergent tail: the seed no longer reaches the case")
+	}
+	for name, m := range map[string]mutations{"homeNoFork": {homeNoFork: true}, "homeNoFence": {homeNoFence: true}} {
+		if _, err := Run(Options{Seed: seed, Steps: steps, Regions: 3, mut: m}); err == nil {
+			t.Errorf("%s: seed %d ran clean with the fix undone", name, seed)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+}

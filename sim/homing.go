@@ -55,6 +55,9 @@ type HomingResult struct {
 	// end, StartWaits the start gate's rounds run again (something in
 	// flight) and the held appends it refused (gate.go).
 	StartsRaised, StartWaits int
+	// HomeForks counts new homes' leaders that forked their own log's
+	// divergent tail off before their epoch's first frame (gate.go).
+	HomeForks int
 	// NewHomeAcks counts records acked by a new home, at an epoch above 1.
 	NewHomeAcks int
 	// Forks counts forks seen applied (a replica cut a divergent tail
@@ -73,7 +76,7 @@ func (h HomingResult) String() string {
 	}
 	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over (%d a second time; %d divergent copies no candidate, %d copies applying taken), %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
 		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.InFlightTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) +
-		fmt.Sprintf(", %d epoch starts raised (%d appends waited)", h.StartsRaised, h.StartWaits) + h.Reads.String() + h.Rehomes.String() + h.Replaced.String()
+		fmt.Sprintf(", %d epoch starts raised (%d appends waited, %d divergent tails of a new home forked)", h.StartsRaised, h.StartWaits, h.HomeForks) + h.Reads.String() + h.Rehomes.String() + h.Replaced.String()
 }
 
 // add sums two runs' counters.
@@ -91,6 +94,7 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.DivergentTakers += o.DivergentTakers
 	h.InFlightTakers += o.InFlightTakers
 	h.StartsRaised += o.StartsRaised
+	h.HomeForks += o.HomeForks
 	h.StartWaits += o.StartWaits
 	h.NewHomeAcks += o.NewHomeAcks
 	h.Reads = h.Reads.add(o.Reads)

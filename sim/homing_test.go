@@ -124,7 +124,12 @@ func TestDivergentTakerIsChecked(t *testing.T) {
 	// 329 when the simulator's replicas came to elect by succession, 192
 	// under rangecore.Driver with random elections only, 297, 46, 123 and
 	// 85 with earlier draws: every change of the draws moves it.
-	findMutation(t, "a takeover by a divergent copy", 143, 163, 3000, mutations{takerDivergent: true, tolerateOldHomeReads: true, noLeaderBalance: true},
+	// The new home's own fork of a divergent tail (gate.go checkStart,
+	// rangecore.DivergeAt) and its fence (homeFence) are off here: with
+	// them a divergent taker's start past where its log diverges is
+	// refused for good (StartDivergedBelow), so the same seeds fail on
+	// liveness instead (160, 192, 316, 329, 373 of 1-400).
+	findMutation(t, "a takeover by a divergent copy", 143, 163, 3000, mutations{takerDivergent: true, homeNoFork: true, homeNoFence: true, tolerateOldHomeReads: true, noLeaderBalance: true},
 		"a gap", "past the start", "counted as orphaned", "starts at", "(invariant 8)", "is lost", "no fork explains it", "never forked off")
 }
 

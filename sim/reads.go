@@ -115,8 +115,8 @@ type mutations struct {
 	// readNoLease: home reads skip View.CheckRead (the fix bb6ec9d
 	// undone in the simulator's read path).
 	readNoLease bool
-	// noReadFence: a home read on another region's copy skips the
-	// timeline fence (the fix 6c9c4c5 undone).
+	// noReadFence: a home read skips the timeline fence (the fix 6c9c4c5
+	// undone; on the home's own copy, homeNoFence alone).
 	noReadFence bool
 	// readShort: a node now and then serves a consumer one record less
 	// than it committed.
@@ -133,6 +133,16 @@ type mutations struct {
 	// one minute seed in ten surveys a relearning copy, but none whose
 	// lowered committed end hid a divergent tail, what the check is for.
 	takerRelearning bool
+	// homeNoFork: a new home's start gate takes no epoch history, so it
+	// raises its epoch's start over its own divergent tail (a region home
+	// before an intervening epoch, back with its unreplicated tail) instead
+	// of forking it off (gate.go checkStart; regionsvc before
+	// rangecore.DivergeAt, seed 6500375).
+	homeNoFork bool
+	// homeNoFence: the home's own copy is never fenced, its divergent
+	// tail served to home reads until the gate forks it (fence.go; the
+	// home role without its epoch, rangecore's Fence before homeFence).
+	homeNoFence bool
 	// noStartGate: a new home appends without confirming its epoch's
 	// start at its log's end (epochstart.go): the product before the
 	// gate, its takeover's start final at the grant.
@@ -615,18 +625,18 @@ func (rw *readWorld) serveHome(rd *reader) error {
 		return nil
 	}
 	rd.wait, rd.pendingSince = nil, -1
-	if tw.forwarded {
-		// The timeline fence (the fix 6c9c4c5, rangecore.Timeline as
-		// regionsvc's driver runs it: fence.go): a copy whose log's epoch
-		// is older than the home's may hold a divergent tail from the
-		// lowest start of an epoch newer than its log's on (two takeovers
-		// while its region was away: the first's start, seed 293); it
-		// serves below that fence only.
-		if fence := w.homing.fence(at, r); !w.opt.mut.noReadFence && fence < tail {
-			w.homing.res.Reads.HomeRefused++
-			w.homing.res.Reads.Fenced++
-			return nil
-		}
+	// The timeline fence (the fix 6c9c4c5, rangecore.Timeline as
+	// regionsvc's driver runs it: fence.go): a copy whose log's epoch is
+	// older than the home's may hold a divergent tail from the lowest start
+	// of an epoch newer than its log's on (two takeovers while its region
+	// was away: the first's start, seed 293); it serves below that fence
+	// only. So may the home's own copy, until its start gate forks it off,
+	// when its log is two epochs behind (seed 6500375: rangecore's
+	// homeFence).
+	if fence := w.homing.fence(at, r); !w.opt.mut.noReadFence && fence < tail {
+		w.homing.res.Reads.HomeRefused++
+		w.homing.res.Reads.Fenced++
+		return nil
 	}
 	from := max(tail-min(tail, uint64(1+rw.rng.IntN(8))), at.stores[r].StartOffset())
 	w.homing.res.Reads.HomeReads++
