@@ -131,6 +131,9 @@ type BenchResult struct {
 	// BreakdownUntimed counts acknowledged records without the leader's
 	// timing (duplicates, answered from the leader's table).
 	BreakdownUntimed int64 `json:"breakdown_untimed,omitempty"`
+	// MachineCPU is how the machine's CPUs spent the run (Linux;
+	// benchcpu.go): a p99 is read beside its steal.
+	MachineCPU *MachineCPU `json:"machine_cpu,omitempty"`
 }
 
 // LatencySummary holds latency percentiles in milliseconds.
@@ -247,6 +250,7 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 		st.stages = newBenchStages()
 	}
 	var stop atomic.Bool
+	cpuStart, cpuStartOK := readCPUTicks()
 	start := time.Now()
 	if cfg.Count == 0 {
 		t := time.AfterFunc(cfg.Duration, func() { stop.Store(true) })
@@ -282,6 +286,7 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpuEnd, cpuEndOK := readCPUTicks()
 	close(progressDone)
 	progressWG.Wait()
 
@@ -307,6 +312,9 @@ func RunBench(ctx context.Context, c *client.Client, cfg BenchConfig, progress i
 		res.MBPerSec = float64(st.ackBytes.Load()) / secs / 1e6
 	}
 	res.Breakdown, res.BreakdownUntimed = st.stages.summaries()
+	if cpuStartOK && cpuEndOK {
+		res.MachineCPU = machineCPU(cpuStart, cpuEnd)
+	}
 	ms := func(us int64) float64 { return float64(us) / 1000 }
 	res.LatencyMs = LatencySummary{
 		P50:  ms(st.hist.ValueAtQuantile(50)),
@@ -520,5 +528,8 @@ func printBench(w io.Writer, r *BenchResult) {
 	fmt.Fprintf(w, "throughput  %.0f records/s, %.2f MB/s\n", r.RecordsPerSec, r.MBPerSec)
 	fmt.Fprintf(w, "latency ms  p50 %.3f  p99 %.3f  p99.9 %.3f  max %.3f  mean %.3f\n",
 		r.LatencyMs.P50, r.LatencyMs.P99, r.LatencyMs.P999, r.LatencyMs.Max, r.LatencyMs.Mean)
+	if m := r.MachineCPU; m != nil {
+		fmt.Fprintf(w, "machine cpu busy %.1f%%  iowait %.1f%%  steal %.1f%% (taken by the host: a VM's CPU cap, each period a stall)\n", m.BusyPct, m.IowaitPct, m.StealPct)
+	}
 	printBreakdown(w, r.Breakdown, r.BreakdownUntimed)
 }

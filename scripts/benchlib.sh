@@ -39,7 +39,9 @@ node_security() {
 # run NAME FLAGS... runs geolog bench
 # with 1 KiB records over $RANGES ranges, appends its JSON result to
 # $RUNDIR/results.jsonl and prints one summary line (with the load
-# average when the run started: figures from a busy machine say so); settle lets the page
+# average when the run started: figures from a busy machine say so; and
+# the machine's CPU during the run: busy, and steal, the share a VM's host
+# took, which stalls every vCPU for the rest of its period); settle lets the page
 # cache drain between runs (full-speed runs leave gigabytes for writeback).
 run() {
 	local name=$1; shift
@@ -49,8 +51,8 @@ run() {
 	"$BIN/geolog" bench --json --record-bytes 1024 --ranges "$RANGES" ${BENCH_FLAGS:-} "$@" | tee -a "$RUNDIR/results.jsonl" >/dev/null
 	tail -1 "$RUNDIR/results.jsonl" | python3 -c '
 import json,sys
-r=json.load(sys.stdin); l=r["latency_ms"]
-print("%-28s TLS %-3s at-rest %-3s %9.0f rec/s %8.1f MB/s  p50 %7.3f ms  p99 %7.3f ms  p99.9 %7.3f ms  max %7.3f ms  errors %d  load %s" % (sys.argv[1], sys.argv[2], sys.argv[3], r["records_per_sec"], r["mb_per_sec"], l["p50"], l["p99"], l["p999"], l["max"], r["errors"], sys.argv[4]))' "$name" "$TLS" "$ATREST" "$load"
+r=json.load(sys.stdin); l=r["latency_ms"]; m=r.get("machine_cpu") or {}
+print("%-28s TLS %-3s at-rest %-3s %9.0f rec/s %8.1f MB/s  p50 %7.3f ms  p99 %7.3f ms  p99.9 %7.3f ms  max %7.3f ms  errors %d  load %s  cpu busy %.0f%% steal %.1f%%" % (sys.argv[1], sys.argv[2], sys.argv[3], r["records_per_sec"], r["mb_per_sec"], l["p50"], l["p99"], l["p999"], l["max"], r["errors"], sys.argv[4], m.get("busy_pct", float("nan")), m.get("steal_pct", float("nan"))))' "$name" "$TLS" "$ATREST" "$load"
 }
 
 settle() { sync; sleep 3; }
