@@ -23,7 +23,7 @@ var scheduleDigests = []struct {
 }{
 	{seed: 1, regions: 1, steps: 3000, digest: "7e21ad5d85996f7553ef23c8107e135116fd47b2465271c6a490b871ed7e7385"},
 	{seed: 2, regions: 1, steps: 3000, digest: "19e50e7d8c65844d42269bbf9d938352e7c8484310d30fc3fbb0d21a7e6e6d07"},
-	{seed: 1, regions: 3, steps: 3000, digest: "08c6feb397ec6b124b95c0d53839b63fcca808f07e5a9af4f3abbd7a2c71a247"},
+	{seed: 1, regions: 3, steps: 3000, digest: "37e64443f14dfa7d73ce5c296075f0022c57c217569ed4fbda853d412563dfec"},
 }
 
 // TestScheduleDigests: the seeds of scheduleDigests run as pinned.

@@ -153,6 +153,7 @@ func (h *homeWorld) checkStart(n *node, r int, epoch, end, logStart, first, logE
 	case rangecore.StartBelow:
 		done(apierr.New(apierr.Unavailable, "%v range %d: the log ends at %d, below epoch %d's start %d", n, r, end, epoch, lease.StartOffset))
 	case rangecore.StartDivergedBelow:
+		h.res.DivergedBelow++
 		done(apierr.New(apierr.Unavailable, "%v range %d: the log diverges at %d, below epoch %d's start %d", n, r, divergeAt, epoch, lease.StartOffset))
 	case rangecore.StartRaise:
 		done(h.raiseStart(n, r, epoch, lease.StartOffset, end))

@@ -58,6 +58,11 @@ type HomingResult struct {
 	// HomeForks counts new homes' leaders that forked their own log's
 	// divergent tail off before their epoch's first frame (gate.go).
 	HomeForks int
+	// DivergedBelow counts confirmations refused because the log
+	// diverges below the recorded start (rangecore.StartDivergedBelow:
+	// no sound takeover records such a start; a range so refused stays
+	// refused).
+	DivergedBelow int
 	// NewHomeAcks counts records acked by a new home, at an epoch above 1.
 	NewHomeAcks int
 	// Forks counts forks seen applied (a replica cut a divergent tail
@@ -76,7 +81,7 @@ func (h HomingResult) String() string {
 	}
 	return fmt.Sprintf("; homing: %d heartbeats (%d failed), %d lease-store outages, %d appends refused without a lease, %d home regions cut off, %d ranges taken over (%d a second time; %d divergent copies no candidate, %d copies applying taken), %d acked records orphaned, %d batches abandoned, %d records acked by a new home, %d replicas forked",
 		h.Heartbeats, h.Failed, h.Outages, h.Refused, h.Failovers, h.Takeovers, h.SecondTakeovers, h.DivergentTakers, h.InFlightTakers, h.Orphaned, h.Abandoned, h.NewHomeAcks, h.Forks) +
-		fmt.Sprintf(", %d epoch starts raised (%d appends waited, %d divergent tails of a new home forked)", h.StartsRaised, h.StartWaits, h.HomeForks) + h.Reads.String() + h.Rehomes.String() + h.Replaced.String()
+		fmt.Sprintf(", %d epoch starts raised (%d appends waited, %d divergent tails of a new home forked, %d starts above a divergence refused)", h.StartsRaised, h.StartWaits, h.HomeForks, h.DivergedBelow) + h.Reads.String() + h.Rehomes.String() + h.Replaced.String()
 }
 
 // add sums two runs' counters.
@@ -95,6 +100,7 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.InFlightTakers += o.InFlightTakers
 	h.StartsRaised += o.StartsRaised
 	h.HomeForks += o.HomeForks
+	h.DivergedBelow += o.DivergedBelow
 	h.StartWaits += o.StartWaits
 	h.NewHomeAcks += o.NewHomeAcks
 	h.Reads = h.Reads.add(o.Reads)
