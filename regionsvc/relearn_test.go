@@ -111,3 +111,38 @@ func TestRelearningCopyServesNoReader(t *testing.T) {
 		t.Error("relearned, no takeover candidate")
 	}
 }
+
+// TestHeardEpochIsNoCandidate: a copy that heard, from a replicator's
+// heartbeat, of an epoch newer than both its log's and its directory's
+// (its start unknown, so nothing fences a divergent tail past it) offers
+// no takeover tail until the directory names that epoch.
+func TestHeardEpochIsNoCandidate(t *testing.T) {
+	d := relearningRange(t)
+	for range 50 {
+		d.rep.Tick()
+		for d.rep.HasReady() || d.rep.HasLogWrites() {
+			if err := d.rep.ProcessReady(); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.rep.WriteLog(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	d.roleP.Store(&rangeRole{region: "eu", epoch: 2, start: 10})
+	if _, ok := d.candidateTail(); !ok {
+		t.Fatal("a relearned copy with nothing heard is no candidate")
+	}
+	d.raiseEpoch(2)
+	if _, ok := d.candidateTail(); !ok {
+		t.Fatal("a copy that heard the directory's own epoch is no candidate")
+	}
+	d.raiseEpoch(3)
+	if tail, ok := d.candidateTail(); ok {
+		t.Fatalf("a copy that heard epoch 3 (the directory says 2) offers itself at %d", tail)
+	}
+	d.roleP.Store(&rangeRole{region: "ap", epoch: 3, start: 10})
+	if _, ok := d.candidateTail(); !ok {
+		t.Fatal("the directory names epoch 3: still no candidate")
+	}
+}

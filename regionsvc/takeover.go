@@ -182,11 +182,34 @@ func (d *rangeDriver) candidateTail() (uint64, bool) {
 	if d.rep != nil && d.rep.Relearning() {
 		return 0, false
 	}
+	if d.heardUnplaced() {
+		return 0, false
+	}
 	var fence *uint64
 	if f := d.fenceNow(); f != nil {
 		fence = &f.offset
 	}
 	return takeoverTail(d.committed.Load(), fence)
+}
+
+// heardUnplaced reports whether this copy heard, from a home's replicator
+// heartbeat, of an epoch newer than both its log's and the directory's:
+// one whose start it does not know yet. Its fence then waits for the
+// store's answer (timeline.go: a heartbeat's epoch does not fence), so a
+// divergent tail past that start would not show in its candidate tail;
+// it is no takeover candidate until the store places the epoch (one round
+// trip, asked at once). Its region's agent then takes nothing at it, and
+// the other regions' agents, which may rank this region best from its
+// DescribeStream, take the range at their own tails after failoverGrace.
+// Without this, a region that was home, lost the range with a tail of its
+// own and then heard the new home's heartbeat could win a takeover past
+// that tail, whose start the new home's gate refuses for good
+// (rangecore.StartDivergedBelow).
+func (d *rangeDriver) heardUnplaced() bool {
+	if d.rep == nil {
+		return false
+	}
+	return d.highestEpoch.Load() > max(d.role().epoch, d.rep.HighestEpoch())
 }
 
 // takeoverTail is a copy's tail as a candidate to take its range over (or
