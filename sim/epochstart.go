@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
@@ -119,6 +120,8 @@ func (h *homeWorld) raised(n *node, r int, home homing.Home) {
 		h.w.err = err
 		return
 	}
+	h.fillFromCuts(r, from, home.StartOffset, held)
+	h.restoreCanon(r, from, home.StartOffset, held)
 	for v, o := range h.orphans[r] {
 		if held[o.off] == v {
 			delete(h.orphans[r], v)
@@ -177,4 +180,89 @@ func (h *homeWorld) startOf(r int, home homing.Home) uint64 {
 		}
 	}
 	return home.StartOffset
+}
+
+// canonCut is what a grant cut off range r's canonical log: the records
+// from offset at on.
+type canonCut struct {
+	at     uint64
+	values []string
+}
+
+// canonCutsMax bounds the cuts kept per range.
+const canonCutsMax = 8
+
+// saveCut keeps the canonical records a grant cuts off range r at at.
+func (h *homeWorld) saveCut(r int, at uint64, values []string) {
+	cuts := append(h.canonCuts[r], canonCut{at: at, values: slices.Clone(values)})
+	if len(cuts) > canonCutsMax {
+		cuts = cuts[len(cuts)-canonCutsMax:]
+	}
+	h.canonCuts[r] = cuts
+}
+
+// cutValue is the canonical record a grant cut off range r at offset off,
+// the latest cut's that holds it.
+func (h *homeWorld) cutValue(r int, off uint64) (string, bool) {
+	cuts := h.canonCuts[r]
+	for i := len(cuts) - 1; i >= 0; i-- {
+		if c := cuts[i]; off >= c.at && off < c.at+uint64(len(c.values)) {
+			return c.values[off-c.at], true
+		}
+	}
+	return "", false
+}
+
+// fillFromCuts adds to held (range r's records by offset in [from, to),
+// as the raising node's log retains them) the records below what it
+// retains, from the canonical records the grant's cut took: the raise
+// keeps them in the range's log as it keeps the retained ones, so their
+// acks stand too (seed 6681378: a record acked at 16, below the raiser's
+// retained 18, was left counted as orphaned).
+func (h *homeWorld) fillFromCuts(r int, from, to uint64, held map[uint64]string) {
+	for off := from; off < to; off++ {
+		if _, ok := held[off]; ok {
+			continue
+		}
+		if v, ok := h.cutValue(r, off); ok {
+			held[off] = v
+		}
+	}
+}
+
+// restoreCanon puts back range r's canonical records in [from, to) after
+// its epoch's start was raised from from to to: the range's log holds the
+// old epoch's records there again (the raise keeps them), which the
+// grant's cut had taken (newTimeline). held has them: what the raising
+// node's log retains, and below that (retention deleted them: seed
+// 6681378, a takeover from 0 by a region whose copies had compacted
+// [0, 18), raised to 92) the records the cut took, which the checks
+// verified when they were canonical (fillFromCuts). It restores only a canonical
+// log that stands at from (the gate holds the epoch's appends until the
+// raise) and stops at the first offset it has no record for; the
+// producers' last sequences are read again from the log, as at a cut.
+func (h *homeWorld) restoreCanon(r int, from, to uint64, held map[uint64]string) {
+	w := h.w
+	if uint64(len(w.canonical[r])) != from {
+		return
+	}
+	for off := from; off < to; off++ {
+		v, ok := held[off]
+		if !ok {
+			break
+		}
+		if _, dup := w.seen[r][v]; dup {
+			break
+		}
+		w.seen[r][v] = off
+		w.canonical[r] = append(w.canonical[r], v)
+	}
+	clear(w.lastSeq[r])
+	for _, v := range w.canonical[r] {
+		var pid, rr int
+		var seq int64
+		if err := scanRecord(v, &pid, &rr, &seq); err == nil {
+			w.lastSeq[r][pid] = seq
+		}
+	}
 }

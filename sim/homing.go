@@ -144,6 +144,10 @@ type homeWorld struct {
 	// history is, per range, every epoch granted after the first: its
 	// home record and when the simulator saw the grant.
 	history [][]grant
+	// canonCuts are, by range, the canonical records grants cut off
+	// (newTimeline), latest last: a raise of the epoch's start puts back
+	// what its log holds below the new start (raised, restoreCanon).
+	canonCuts map[int][]canonCut
 	// rng draws this layer's faults (second takeovers, rehomes,
 	// replacements) apart from the run's generator, so that the
 	// earlier layers' seeds draw what they drew.
@@ -160,6 +164,7 @@ func newHomeWorld(w *world) *homeWorld {
 	h.rng = rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x6661756c7473))
 	h.secondPlan()
 	h.history = make([][]grant, w.opt.Ranges)
+	h.canonCuts = map[int][]canonCut{}
 	h.cutAt = map[cutKey]cut{}
 	h.reads = newReadWorld(w, &h.res.Reads)
 	h.rehomer = newRehomer(h)
@@ -451,6 +456,7 @@ func (h *homeWorld) newTimeline(r int, home homing.Home) {
 	at := home.StartOffset
 	canon := w.canonical[r]
 	if uint64(len(canon)) > at {
+		h.saveCut(r, at, canon[at:])
 		for _, v := range canon[at:] {
 			delete(w.seen[r], v)
 		}
