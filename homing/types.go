@@ -406,3 +406,13 @@ func (r RehomeRequest) validate(needTo bool) error {
 func fmtNanos(n int64) string {
 	return time.Unix(0, n).UTC().Format("15:04:05.000000000")
 }
+
+// EpochStarts maps each epoch of an epoch history to its start offset
+// (the highest recorded, should a history hold an epoch twice).
+func EpochStarts(recs []EpochRecord) map[uint64]uint64 {
+	starts := make(map[uint64]uint64, len(recs))
+	for _, r := range recs {
+		starts[r.Epoch] = max(starts[r.Epoch], r.StartOffset)
+	}
+	return starts
+}

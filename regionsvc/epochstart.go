@@ -183,13 +183,7 @@ func (n *Node) confirmStart(d *rangeDriver, epoch, end, logStart, firstEpoch, lo
 		if err != nil {
 			return homingErr(err)
 		}
-		starts := map[uint64]uint64{}
-		for _, r := range recs {
-			if r.Key == key {
-				starts[r.Epoch] = max(starts[r.Epoch], r.StartOffset)
-			}
-		}
-		divergeAt = rangecore.DivergeAt(logEpoch, epoch, starts)
+		divergeAt = rangecore.DivergeAt(logEpoch, epoch, homing.EpochStarts(recs))
 	}
 	to := end
 	switch rangecore.CheckStart(lease.Epoch, lease.StartOffset, epoch, end, logStart, firstEpoch, divergeAt) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,20 +48,7 @@ func TestNewHomeRaisesAShortStart(t *testing.T) {
 	key := homing.RangeKey{Stream: "es", Range: 0}
 	moveShort(t, ctx, store, key, "eu", 17)
 
-	c, err := client.New(w.regionAddrs("eu"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	p, err := c.NewProducer("es", client.DeliveryTimeout(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	res, err := p.ProduceSync(ctx, &client.Record{Key: []byte("after"), Value: []byte("after/0")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, res := produceOne(t, ctx, w, "eu", "es", "after/0")
 	if res[0].Epoch != 2 || res[0].Offset != 20 {
 		t.Fatalf("the new home's first record acked at %d under epoch %d, want 20 under epoch 2", res[0].Offset, res[0].Epoch)
 	}
@@ -133,20 +121,7 @@ func TestNewHomeForksItsDivergentTail(t *testing.T) {
 		})
 	}
 
-	c, err := client.New(w.regionAddrs("us"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	p, err := c.NewProducer("ef", client.DeliveryTimeout(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	res, err := p.ProduceSync(ctx, &client.Record{Key: []byte("back"), Value: []byte("back/0")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, res := produceOne(t, ctx, w, "us", "ef", "back/0")
 	if res[0].Epoch != 3 || res[0].Offset != 17 {
 		t.Fatalf("the returning home's first record acked at %d under epoch %d, want 17 under epoch 3 (forked where epoch 2 starts)", res[0].Offset, res[0].Epoch)
 	}
@@ -161,6 +136,29 @@ func TestNewHomeForksItsDivergentTail(t *testing.T) {
 	if want := []string{"after/15", "after/16", "back/0"}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("offsets 15-17 hold %q, want %q", got, want)
 	}
+}
+
+// produceOne appends one record of value (its key the part before "/") to
+// stream from region, waiting for its ack; the client stays open for the
+// test's reads (closed at its end).
+func produceOne(t *testing.T, ctx context.Context, w *homingWorld, region, stream, value string) (*client.Client, []client.ProduceResult) {
+	t.Helper()
+	c, err := client.New(w.regionAddrs(region))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	p, err := c.NewProducer(stream, client.DeliveryTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	key, _, _ := strings.Cut(value, "/")
+	res, err := p.ProduceSync(ctx, &client.Record{Key: []byte(key), Value: []byte(value)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, res
 }
 
 // moveShort moves key's home to region to at epoch 2 starting at start

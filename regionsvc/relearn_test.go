@@ -90,17 +90,7 @@ func TestRelearningCopyServesNoReader(t *testing.T) {
 		t.Errorf("reset to latest on a relearning copy: %d, %v", off, err)
 	}
 	// Relearned: served again.
-	for range 50 {
-		d.rep.Tick()
-		for d.rep.HasReady() || d.rep.HasLogWrites() {
-			if err := d.rep.ProcessReady(); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.rep.WriteLog(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	tickRange(t, d, 50)
 	if d.rep.Relearning() {
 		t.Fatal("a group of one still relearning after 50 ticks")
 	}
@@ -118,17 +108,7 @@ func TestRelearningCopyServesNoReader(t *testing.T) {
 // no takeover tail until the directory names that epoch.
 func TestHeardEpochIsNoCandidate(t *testing.T) {
 	d := relearningRange(t)
-	for range 50 {
-		d.rep.Tick()
-		for d.rep.HasReady() || d.rep.HasLogWrites() {
-			if err := d.rep.ProcessReady(); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.rep.WriteLog(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	tickRange(t, d, 50)
 	d.roleP.Store(&rangeRole{region: "eu", epoch: 2, start: 10})
 	if _, ok := d.candidateTail(); !ok {
 		t.Fatal("a relearned copy with nothing heard is no candidate")
@@ -144,5 +124,22 @@ func TestHeardEpochIsNoCandidate(t *testing.T) {
 	d.roleP.Store(&rangeRole{region: "ap", epoch: 3, start: 10})
 	if _, ok := d.candidateTail(); !ok {
 		t.Fatal("the directory names epoch 3: still no candidate")
+	}
+}
+
+// tickRange ticks d's replica n times, running its Ready cycles and log
+// writes after each (a group of one relearns and leads within 50).
+func tickRange(t *testing.T, d *rangeDriver, n int) {
+	t.Helper()
+	for range n {
+		d.rep.Tick()
+		for d.rep.HasReady() || d.rep.HasLogWrites() {
+			if err := d.rep.ProcessReady(); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.rep.WriteLog(); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

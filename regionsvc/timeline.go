@@ -270,10 +270,6 @@ func (n *Node) serveEpochWants(ctx context.Context) {
 			w.mu.Unlock()
 			continue
 		}
-		starts := make(map[uint64]uint64, len(recs))
-		for _, r := range recs {
-			starts[r.Epoch] = r.StartOffset
-		}
-		d.learnEpochStarts(starts, true)
+		d.learnEpochStarts(homing.EpochStarts(recs), true)
 	}
 }

@@ -257,12 +257,5 @@ func (h *homeWorld) restoreCanon(r int, from, to uint64, held map[uint64]string)
 		w.seen[r][v] = off
 		w.canonical[r] = append(w.canonical[r], v)
 	}
-	clear(w.lastSeq[r])
-	for _, v := range w.canonical[r] {
-		var pid, rr int
-		var seq int64
-		if err := scanRecord(v, &pid, &rr, &seq); err == nil {
-			w.lastSeq[r][pid] = seq
-		}
-	}
+	w.rereadLastSeqs(r)
 }

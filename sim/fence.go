@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 
+	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/rangecore"
 )
 
@@ -38,11 +39,7 @@ func (h *homeWorld) fence(n *node, r int) uint64 {
 	f, want := tl.Fence(role, rep.HighestEpoch(), 0)
 	if want == rangecore.WantHistory && !h.unreachable(n) {
 		if recs, err := h.store.History(context.Background(), rangeKey(r)); err == nil {
-			starts := make(map[uint64]uint64, len(recs))
-			for _, rec := range recs {
-				starts[rec.Epoch] = rec.StartOffset
-			}
-			tl.LearnHistory(starts)
+			tl.LearnHistory(homing.EpochStarts(recs))
 			f, _ = tl.Fence(role, rep.HighestEpoch(), 0)
 		}
 	}

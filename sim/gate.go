@@ -5,6 +5,7 @@ import (
 
 	"github.com/geolog/geolog/apierr"
 	"github.com/geolog/geolog/batch"
+	"github.com/geolog/geolog/homing"
 	"github.com/geolog/geolog/rangecore"
 	"github.com/geolog/geolog/replica"
 )
@@ -141,11 +142,7 @@ func (h *homeWorld) checkStart(n *node, r int, epoch, end, logStart, first, logE
 			done(apierr.New(apierr.Unavailable, "%v range %d: epoch history: %v", n, r, err))
 			return
 		}
-		starts := map[uint64]uint64{}
-		for _, rec := range recs {
-			starts[rec.Epoch] = max(starts[rec.Epoch], rec.StartOffset)
-		}
-		divergeAt = rangecore.DivergeAt(logEpoch, epoch, starts)
+		divergeAt = rangecore.DivergeAt(logEpoch, epoch, homing.EpochStarts(recs))
 	}
 	switch rangecore.CheckStart(lease.Epoch, lease.StartOffset, epoch, end, logStart, first, divergeAt) {
 	case rangecore.StartNotHome:

@@ -461,14 +461,7 @@ func (h *homeWorld) newTimeline(r int, home homing.Home) {
 			delete(w.seen[r], v)
 		}
 		w.canonical[r] = canon[:at:at]
-		clear(w.lastSeq[r])
-		for _, v := range w.canonical[r] {
-			var pid, rr int
-			var seq int64
-			if err := scanRecord(v, &pid, &rr, &seq); err == nil {
-				w.lastSeq[r][pid] = seq
-			}
-		}
+		w.rereadLastSeqs(r)
 	}
 	for base := range w.canonFrames[r] {
 		if base >= at {
@@ -724,4 +717,18 @@ func (h *homeWorld) finalTaken() error {
 		}
 	}
 	return nil
+}
+
+// rereadLastSeqs reads each producer's last sequence in range r's
+// canonical log again, after a cut (newTimeline) or a restore
+// (restoreCanon) changed it.
+func (w *world) rereadLastSeqs(r int) {
+	clear(w.lastSeq[r])
+	for _, v := range w.canonical[r] {
+		var pid, rr int
+		var seq int64
+		if err := scanRecord(v, &pid, &rr, &seq); err == nil {
+			w.lastSeq[r][pid] = seq
+		}
+	}
 }
