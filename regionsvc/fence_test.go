@@ -172,8 +172,8 @@ func TestFailbackFencesLocalReads(t *testing.T) {
 
 // checkNoTakeoverCandidate: us, holding a divergent tail from fence on,
 // offers no tail to take range 0 over at, neither to its own region's
-// failover agent (localTails) nor to another region's (remoteTails reads
-// DescribeStream: candidateTails), and a planned rehome's wait for its
+// failover agent (localTails) nor to another region's (tailsOf reads
+// every node's DescribeStream: candidatesOf), and a planned rehome's wait for its
 // copy finds nothing there (notes/simfaults.md, product bug 2: it offered
 // its committed end, past the fence).
 func checkNoTakeoverCandidate(ctx context.Context, t *testing.T, w *homingWorld, us geologv1.LogClient, fence uint64) {
@@ -186,8 +186,13 @@ func checkNoTakeoverCandidate(ctx context.Context, t *testing.T, w *homingWorld,
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tails, _ := candidateTails(d); len(tails) != 1 || tails[0] != 0 {
-		t.Errorf("us's tails for another region's agent: %v, want [0] (no candidate; committed %d, fence %d)", tails, d.GetRanges()[0].GetTailOffset(), fence)
+	if c := candidatesOf(d, 1)[0]; c == nil || !c.barred {
+		t.Errorf("us's copy for another region's agent: %+v, want barred (committed %d, fence %d)", c, d.GetRanges()[0].GetTailOffset(), fence)
+	}
+	// Read over every node of us (the others' DescribeStream answers), as
+	// a rehome's coordinator there reads them (us is cut off the others).
+	if tails := w.nodes["us"][1].tailsOf(ctx, "us", "fence"); len(tails) != 1 || tails[0] != 0 {
+		t.Errorf("us's tails read over its nodes: %v, want [0] (no candidate)", tails)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()

@@ -1016,6 +1016,10 @@ func (n *Node) listStreams() []*geologv1.StreamInfo {
 	return out
 }
 
+// diskFullStatus is RangeInfo.status of a copy whose appends are refused
+// for want of disk space: its log is whole and served.
+const diskFullStatus = "appends refused: out of disk space (reads are served; appends resume once space is freed)"
+
 func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.DescribeStreamResponse, error) {
 	if err := validateStreamNameOrInternal(name); err != nil {
 		return nil, err
@@ -1042,11 +1046,12 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 		if f := rd.failure.Load(); f != nil {
 			ri.Status = f.Error()
 		} else if rd.diskFull() {
-			ri.Status = "appends refused: out of disk space (reads are served; appends resume once space is freed)"
+			ri.Status = diskFullStatus
 		}
 		if rd.rep != nil {
 			ri.Leader = n.clientAddr(n.cfg.Region, rd.rep.LeaderID())
 			ri.Relearning = rd.rep.Relearning()
+			ri.EpochUnplaced = rd.heardUnplaced()
 		}
 		ri.HomeLeader = n.homeLeaderAddr(rd)
 		if rd.store != nil {

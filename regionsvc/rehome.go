@@ -400,7 +400,7 @@ func (d *rehomeDriver) do(ctx context.Context, op homing.RehomeOp) {
 	n, c := d.n, d.core
 	switch op.Kind {
 	case homing.OpReadTails:
-		t := n.regionTailsOf(ctx, op.Region, d.spec.Name)
+		t := n.tailsOf(ctx, op.Region, d.spec.Name)
 		c.TailsRead(d.now(), d.tailsOf(op.Keys, t), t != nil)
 	case homing.OpAwaitTails:
 		c.TailsAwaited(d.now(), d.awaitTails(ctx, op.Region, op.Tails))
@@ -615,23 +615,6 @@ func (n *Node) storeWrite(ctx context.Context, fn func() error) error {
 	}
 }
 
-// regionTailsOf is a region's committed tails of a stream's ranges, from
-// this node's copy when the region is its own.
-func (n *Node) regionTailsOf(ctx context.Context, region, stream string) []uint64 {
-	if region != n.cfg.Region {
-		return n.remoteTails(ctx, region, stream)
-	}
-	st, err := n.lookupStream(ctx, stream)
-	if err != nil {
-		return nil
-	}
-	out := make([]uint64, len(st.ranges))
-	for r, d := range st.ranges {
-		out[r] = d.committed.Load()
-	}
-	return out
-}
-
 // regionAddrs is how this node reaches a region's nodes.
 func (n *Node) regionAddrList(region string) []string {
 	if region == n.cfg.Region {
@@ -743,14 +726,8 @@ func (n *Node) waitRegionTail(ctx context.Context, region, stream string, r uint
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for {
-		var have uint64
-		if region == n.cfg.Region {
-			d, err := n.rangeOf(ctx, stream, r)
-			if err != nil {
-				return err
-			}
-			have, _ = d.candidateTail() // 0 while it holds a divergent tail
-		} else if t := n.remoteTails(ctx, region, stream); int(r) < len(t) {
+		var have uint64 // 0 while a copy holds a divergent tail (regionTails)
+		if t := n.tailsOf(ctx, region, stream); int(r) < len(t) {
 			have = t[r]
 		}
 		if have >= tail {

@@ -3,7 +3,6 @@ package regionsvc
 import (
 	"context"
 	"net"
-	"slices"
 	"testing"
 	"time"
 
@@ -79,33 +78,6 @@ func TestStopTakesOnlyLeaderTails(t *testing.T) {
 		if got.seen[id] != 7 {
 			t.Errorf("node %d: seen %d, want 7", id, got.seen[id])
 		}
-	}
-}
-
-// TestCandidateTails: a copy whose timeline fence is below its committed
-// end holds a divergent tail and offers 0 (no candidate); a fence at or
-// past its end, or none, leaves its committed end.
-func TestCandidateTails(t *testing.T) {
-	t.Parallel()
-	at := func(o uint64) *uint64 { return &o }
-	resp := &geologv1.DescribeStreamResponse{Ranges: []*geologv1.RangeInfo{
-		{Range: 0, TailOffset: 40, TimelineFenceOffset: at(12)}, // divergent from 12 on
-		{Range: 1, TailOffset: 40, TimelineFenceOffset: at(40)}, // fenced at its end: a prefix
-		{Range: 2, TailOffset: 40, TimelineFenceOffset: at(90)},
-		{Range: 3, TailOffset: 40},
-		{Range: 4, TailOffset: 5, TimelineFenceOffset: at(0)}, // provisional: anything
-	}}
-	got, relearning := candidateTails(resp)
-	want := []uint64{0, 40, 40, 40, 0}
-	if !slices.Equal(got, want) || relearning {
-		t.Fatalf("candidate tails %v (relearning %v), want %v", got, relearning, want)
-	}
-	// A copy relearning its commit index after a machine restart is no
-	// candidate either, whatever its tail, and says so.
-	resp.Ranges[3].Relearning = true
-	got, relearning = candidateTails(resp)
-	if want := []uint64{0, 40, 40, 0, 0}; !slices.Equal(got, want) || !relearning {
-		t.Fatalf("with range 3 relearning: candidate tails %v (relearning %v), want %v", got, relearning, want)
 	}
 }
 

@@ -82,7 +82,7 @@ func TestRelearningCopyServesNoReader(t *testing.T) {
 			t.Errorf("%s: %v, want a retriable NOT_LEADER naming the relearning", name, err)
 		}
 	}
-	if tail, ok := d.candidateTail(); ok {
+	if tail, ok := candidateTail(d); ok {
 		t.Errorf("a relearning copy offers itself to take its range over at %d", tail)
 	}
 	req := &geologv1.ResetGroupRequest{To: &geologv1.ResetGroupRequest_ToLatest{ToLatest: true}}
@@ -97,7 +97,7 @@ func TestRelearningCopyServesNoReader(t *testing.T) {
 	if err := d.readable(); err != nil {
 		t.Errorf("relearned, reads refused: %v", err)
 	}
-	if _, ok := d.candidateTail(); !ok {
+	if _, ok := candidateTail(d); !ok {
 		t.Error("relearned, no takeover candidate")
 	}
 }
@@ -110,19 +110,19 @@ func TestHeardEpochIsNoCandidate(t *testing.T) {
 	d := relearningRange(t)
 	tickRange(t, d, 50)
 	d.roleP.Store(&rangeRole{region: "eu", epoch: 2, start: 10})
-	if _, ok := d.candidateTail(); !ok {
+	if _, ok := candidateTail(d); !ok {
 		t.Fatal("a relearned copy with nothing heard is no candidate")
 	}
 	d.raiseEpoch(2)
-	if _, ok := d.candidateTail(); !ok {
+	if _, ok := candidateTail(d); !ok {
 		t.Fatal("a copy that heard the directory's own epoch is no candidate")
 	}
 	d.raiseEpoch(3)
-	if tail, ok := d.candidateTail(); ok {
+	if tail, ok := candidateTail(d); ok {
 		t.Fatalf("a copy that heard epoch 3 (the directory says 2) offers itself at %d", tail)
 	}
 	d.roleP.Store(&rangeRole{region: "ap", epoch: 3, start: 10})
-	if _, ok := d.candidateTail(); !ok {
+	if _, ok := candidateTail(d); !ok {
 		t.Fatal("the directory names epoch 3: still no candidate")
 	}
 }
@@ -142,4 +142,13 @@ func tickRange(t *testing.T, d *rangeDriver, n int) {
 			}
 		}
 	}
+}
+
+// candidateTail is d's copy's tail if it is a takeover candidate.
+func candidateTail(d *rangeDriver) (uint64, bool) {
+	c := d.candidate()
+	if c.relearning || c.barred {
+		return 0, false
+	}
+	return c.tail, true
 }

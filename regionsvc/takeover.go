@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	geologv1 "github.com/geolog/geolog/proto/geologv1"
-
 	"github.com/geolog/geolog/homing"
 )
 
@@ -158,38 +156,46 @@ func (a *failoverAgent) note(notes []homing.TakeoverNote) {
 	}
 }
 
-// localTails is this node's committed tail of each of keys it can serve
-// (a replica, not failed, holding no divergent tail: takeoverTail).
+// localTails is this region's tail of each of keys it may take over at
+// (regionTails: its best copy's, over every node of the region); a key
+// missing is one the region is no candidate for.
 func (a *failoverAgent) localTails(ctx context.Context, keys []homing.RangeKey) map[homing.RangeKey]uint64 {
 	out := map[homing.RangeKey]uint64{}
+	byStream := map[string][]uint32{}
 	for _, k := range keys {
-		d, err := a.n.rangeOf(ctx, k.Stream, k.Range)
-		if err != nil || d.rep == nil || d.failure.Load() != nil {
-			continue
-		}
-		if t, ok := d.candidateTail(); ok {
-			out[k] = t
+		byStream[k.Stream] = append(byStream[k.Stream], k.Range)
+	}
+	for stream, ranges := range byStream {
+		tails, ok, _ := a.n.regionTails(ctx, a.n.cfg.Region, stream)
+		for _, r := range ranges {
+			if int(r) < len(ok) && ok[r] {
+				out[homing.RangeKey{Stream: stream, Range: r}] = tails[r]
+			}
 		}
 	}
 	return out
 }
 
-// candidateTail is this copy's takeoverTail. A copy relearning its commit
-// index after the machine's crash is no candidate: its committed end may
-// be below what it published, and below where the log it holds leaves the
-// range's timeline (a divergent tail its fence would not show).
-func (d *rangeDriver) candidateTail() (uint64, bool) {
-	if d.rep != nil && d.rep.Relearning() {
-		return 0, false
-	}
-	if d.heardUnplaced() {
-		return 0, false
+// candidate is this copy as a takeover candidate (regionTails). A copy
+// relearning its commit index after the machine's crash is passed over:
+// its committed end may be below what it published, and below where the
+// log it holds leaves the range's timeline (a divergent tail its fence
+// would not show). A copy holding a divergent tail (takeoverTail), or one
+// that heard of an epoch it cannot place yet (heardUnplaced), bars its
+// region from taking the range.
+func (d *rangeDriver) candidate() copyCandidate {
+	c := copyCandidate{tail: d.committed.Load(), barred: d.heardUnplaced()}
+	if d.rep != nil {
+		c.relearning = d.rep.Relearning()
 	}
 	var fence *uint64
 	if f := d.fenceNow(); f != nil {
 		fence = &f.offset
 	}
-	return takeoverTail(d.committed.Load(), fence)
+	if _, fine := takeoverTail(c.tail, fence); !fine {
+		c.barred = true
+	}
+	return c
 }
 
 // heardUnplaced reports whether this copy heard, from a home's replicator
@@ -241,7 +247,7 @@ func (a *failoverAgent) surveyTails(ctx context.Context, asks []homing.TailAsk) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := n.remoteTails(ctx, q.Region, q.Stream)
+			t := n.tailsOf(ctx, q.Region, q.Stream)
 			if t == nil {
 				return // no node answered: not a candidate
 			}
@@ -255,54 +261,4 @@ func (a *failoverAgent) surveyTails(ctx context.Context, asks []homing.TailAsk) 
 	}
 	wg.Wait()
 	return out
-}
-
-// remoteTails asks region for the committed tails of a stream's ranges, as
-// one of its nodes sees them (candidateTails); nil when no node answers. A
-// node whose copy of a range is relearning (candidateTails: 0) is passed
-// over for the next, if one answers with none relearning.
-func (n *Node) remoteTails(ctx context.Context, region, stream string) []uint64 {
-	var fallback []uint64
-	for _, addr := range n.regionAddrs(region) {
-		conn, err := n.peerConn(addr)
-		if err != nil {
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		resp, err := geologv1.NewLogClient(conn).DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: stream})
-		cancel()
-		if err != nil {
-			continue
-		}
-		tails, relearning := candidateTails(resp)
-		if !relearning {
-			return tails
-		}
-		if fallback == nil {
-			fallback = tails
-		}
-	}
-	return fallback
-}
-
-// candidateTails is a node's committed tail of each of a stream's ranges,
-// by range, from its DescribeStream answer; 0 for a range whose copy holds
-// a divergent tail (takeoverTail): no offset of it may be continued from
-// until it forks, so it is no takeover candidate (the core takes a higher
-// tail) and a planned rehome's target waits for it to fork and catch up.
-// A relearning copy's (RangeInfo.relearning) is 0 too, and relearning
-// says there was one.
-func candidateTails(resp *geologv1.DescribeStreamResponse) (tails []uint64, relearning bool) {
-	out := make([]uint64, len(resp.GetRanges()))
-	for _, ri := range resp.GetRanges() {
-		if int(ri.GetRange()) >= len(out) {
-			continue
-		}
-		if ri.GetRelearning() {
-			relearning = true
-			continue
-		}
-		out[ri.GetRange()], _ = takeoverTail(ri.GetTailOffset(), ri.TimelineFenceOffset)
-	}
-	return out, relearning
 }

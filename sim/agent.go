@@ -12,8 +12,8 @@ import (
 // the region's lowest live node (standing in for its catalogue leader),
 // every failoverScanMs. Its ops are carried out at once: liveness reads
 // and takeovers are MemStore calls (cancelled when the node cannot reach
-// the store), a tails survey reads the copies regionsvc reads: its own
-// node's for its region, one answering node's for each other (survey).
+// the store), a tails survey reads the copies regionsvc reads: every
+// node of each region that answers (survey).
 // Refreshes are left to the heartbeats. It is offered every range homed
 // outside its region (the home directory), so a range taken over can be
 // taken over again (second.go).
@@ -127,117 +127,135 @@ func (a *agent) do(n *node, op homing.TakeoverOp) {
 }
 
 // survey reads the tails op asks for on node n (the agent's), as
-// regionsvc's failoverAgent does: its region's from n's own copies
-// (localTails), whatever their Raft role; each other region's from one
-// of its nodes that answers (remoteTails), none while n is cut off the
-// WAN.
+// regionsvc's failoverAgent does: each region's from every node of it
+// that answers n (regionTails: its own region's over the region's
+// network, the others' over the WAN, none while n is cut off it),
+// combined as regionsvc's regionCandidates combines them (regionTail).
 func (a *agent) survey(n *node, op homing.TakeoverOp) homing.TailReport {
+	h := a.h
 	rep := homing.TailReport{Remote: map[string]map[string][]uint64{}, Local: map[homing.RangeKey]uint64{}}
 	if n == nil {
 		return rep
 	}
-	if !a.h.unreachable(n) {
+	if !h.unreachable(n) {
 		for _, ask := range op.Asks {
-			if t := a.remoteTails(regionIndex(ask.Region)); t != nil {
+			if t := a.remoteTails(n, regionIndex(ask.Region)); t != nil {
 				rep.Remote[ask.Region] = map[string][]uint64{"sim": t}
 			}
 		}
 	}
+	local := h.answering(n, n.region)
 	for _, k := range op.Keys {
-		if tail, ok := a.copyTail(n, int(k.Range)); ok {
+		if tail, ok := a.candidateTail(local, n.region, int(k.Range)); ok {
 			rep.Local[k] = tail
 		}
 	}
 	return rep
 }
 
-// remoteTails is region g's tail of every range as regionsvc's
-// remoteTails reads it: a DescribeStream of its nodes in order (the
-// configured addresses), the first answer in which no copy relearns its
-// commit index, else the first answer, in which a relearning copy's
-// range has 0 (candidateTails); nil when no node answers (down, or cut
-// off the WAN). The node answering need not lead any range: a follower's
-// committed end may lag its leader's. Options.mut.takerRelearning takes
-// the first answer, relearning copies' raw ends in it.
-func (a *agent) remoteTails(g int) []uint64 {
-	h, w := a.h, a.h.w
-	var from, fallback *node
-	for _, n := range w.regionNodes(g) {
-		if !n.up || h.unreachable(n) {
-			continue // its DescribeStream fails
-		}
-		if w.opt.mut.takerRelearning || !a.relearning(n) {
-			from = n
-			break
-		}
-		if fallback == nil {
-			fallback = n
-		}
-	}
-	if from == nil {
-		from = fallback
-	}
-	if from == nil {
+// remoteTails is region g's tail of every range as regionsvc's tailsOf
+// reads it from node n: 0 for a range the region is no candidate for;
+// nil when no node answers (down, or cut off the WAN).
+func (a *agent) remoteTails(n *node, g int) []uint64 {
+	ns := a.h.answering(n, g)
+	if len(ns) == 0 {
 		return nil
 	}
-	out := make([]uint64, w.opt.Ranges)
+	out := make([]uint64, a.h.w.opt.Ranges)
 	for r := range out {
-		out[r], _ = a.copyTail(from, r)
+		out[r], _ = a.candidateTail(ns, g, r)
 	}
 	return out
 }
 
-// relearning reports whether one of node n's copies relearns its commit
-// index (a DescribeStream answer with RangeInfo.relearning set).
-func (a *agent) relearning(n *node) bool {
-	for r := range a.h.w.opt.Ranges {
-		if n.replicas[r].Relearning() {
-			return true
-		}
-	}
-	return false
-}
-
-// copyTail is node n's copy of range r as a takeover candidate
-// (regionsvc's rangeDriver.candidateTail, whose DescribeStream answer
-// candidateTails reads the same way): its committed end as n knows it,
-// whatever n's Raft role, and whether the region may take the range over
-// from it. A copy relearning its commit index after the machine's crash
-// is no candidate: its committed end may be below what it published, and
-// below where its log leaves the range's timeline, so that the divergent
-// check below passes a divergent tail and the new home's start gate then
-// raises the start over it (Options.mut.takerRelearning takes it all the
-// same). A copy whose log ends in an epoch older than the range's and
-// runs past where the range's log left that epoch holds a divergent tail
-// (it has not forked yet): it is no candidate. Taking over at its tail
-// would keep the divergent records below the new epoch's start and lose
-// what the intervening epoch acked there (found by the simulator, seed
-// 46 of the first runs with second takeovers, when regionsvc's
-// failoverAgent.localTails and remoteTails reported the raw committed
-// end; see notes/simfaults.md). Options.mut.takerDivergent reports the
-// raw end, as they did.
-func (a *agent) copyTail(n *node, r int) (uint64, bool) {
-	h, w := a.h, a.h.w
-	rep := n.replicas[r]
-	c := rep.Committed()
-	if rep.Relearning() && !w.opt.mut.takerRelearning {
-		return 0, false
-	}
-	if !w.opt.mut.takerDivergent && h.divergent(r, n) {
+// candidateTail is region g's tail of range r from the copies on ns
+// (regionTail), counting a region barred by a divergent copy
+// (Result.DivergentTakers) and a candidate whose group may still commit
+// past its tail at the old epoch (Result.InFlightTakers: a verbatim apply
+// in flight, frames in a leader's log past its committed end (a new leader
+// commits its predecessor's entries with its first own), or a copy behind
+// what its group holds (seed 227). A candidate all the same, as in
+// regionsvc: the new home raises the epoch's start to its log's end
+// before its first frame (epochstart.go).
+func (a *agent) candidateTail(ns []*node, g, r int) (uint64, bool) {
+	h := a.h
+	tail, ok, barred := h.regionTail(ns, r, h.w.opt.mut.takerDivergent)
+	if barred {
 		h.res.DivergentTakers++
-		return 0, false
 	}
-	if a.inFlight(n.region, r, c) {
-		// A verbatim apply in flight, frames in a leader's log past its
-		// committed end (a new leader commits its predecessor's entries
-		// with its first own), or a follower's copy behind what its group
-		// holds may commit past the tail read now, at the old epoch (seed
-		// 227). A candidate all the same, as in regionsvc: the new home
-		// raises the epoch's start to its log's end before its first
-		// frame (epochstart.go).
+	if ok && a.inFlight(g, r, tail) {
 		h.res.InFlightTakers++
 	}
-	return c, true
+	return tail, ok
+}
+
+// answering is the nodes of region g whose DescribeStream reaches node n
+// (regionsvc's regionTails asks them all at once): n itself; in its own
+// region, the live nodes neither of them cut off the region; in another,
+// the live nodes on the WAN (the caller checks n's own reach).
+func (h *homeWorld) answering(n *node, g int) []*node {
+	w := h.w
+	var out []*node
+	for _, m := range w.regionNodes(g) {
+		switch {
+		case !m.up:
+		case m == n:
+			out = append(out, m)
+		case g == n.region:
+			if !w.cut(g, m.id) && !w.cut(g, n.id) {
+				out = append(out, m)
+			}
+		case !h.unreachable(m):
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// regionTail is a region's tail of range r from its copies on ns, as
+// regionsvc's regionCandidates combines them: the highest committed end
+// of a copy not relearning its commit index, and whether the region is a
+// candidate at all (a copy answered, and none holds a divergent tail:
+// barred).
+//
+// A copy relearning after its machine's crash is passed over: its
+// committed end may be below what it published and below where its log
+// leaves the range's timeline, so that the divergent check below would
+// pass a divergent tail and the new home's start gate then raise the
+// start over it (Options.mut.takerRelearning counts it all the same).
+// A copy whose log ends in an epoch older than the range's and runs past
+// where the range's log left that epoch holds a divergent tail (it has
+// not forked yet), and bars its region: taking over at its tail would
+// keep the divergent records below the new epoch's start and lose what
+// the intervening epoch acked there (found by the simulator, seed 46 of
+// the first runs with second takeovers, when regionsvc's agent reported
+// the raw committed end; see notes/simfaults.md). takeDivergent
+// (Options.mut.takerDivergent, rehomeDivergent) counts it as any copy.
+//
+// The region's best copy, not the agent's node's: a follower's committed
+// end may lag its leader's, and a replica added back empty holds nothing
+// (seed 6681378: a takeover "from 0" against the region's 92).
+// Options.mut.takerOwnCopy reads only the first of ns (the agent's node,
+// or the coordinator's), as regionsvc's agent did.
+func (h *homeWorld) regionTail(ns []*node, r int, takeDivergent bool) (tail uint64, ok, barred bool) {
+	mut := h.w.opt.mut
+	if mut.takerOwnCopy && len(ns) > 1 {
+		ns = ns[:1]
+	}
+	for _, m := range ns {
+		rep := m.replicas[r]
+		switch {
+		case rep.Relearning() && !mut.takerRelearning:
+		case !takeDivergent && h.divergent(r, m):
+			barred = true
+		default:
+			tail, ok = max(tail, rep.Committed()), true
+		}
+	}
+	if barred {
+		return 0, false, true
+	}
+	return tail, ok, false
 }
 
 // inFlight reports whether region g's group of range r may still commit

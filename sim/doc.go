@@ -162,20 +162,22 @@
 // 50 ms as regionsvc's agent drives it, whose takeovers go through the
 // store's own decision (MemStore.Takeover: decideTakeover, refused while
 // any node of the home may be live); the most caught-up region takes the
-// range at the committed end it reported. The tails are read from the
-// copies regionsvc reads (agent.go survey), not from the range leaders:
-// the agent's own region's from its node's copies (regionsvc's
-// localTails: the node the agent runs on, here the region's lowest live
-// node, standing in for its catalogue leader), whatever their Raft role;
-// each other region's from the first of its nodes, in order, that
-// answers (up and on the WAN) with no copy relearning its commit index,
-// else the first that answers (remoteTails), where a relearning copy's
-// range reports 0. So a follower's committed end, which may lag its
-// leader's, can be a takeover's start (the new home's start gate raises
-// it: epochstart.go), and a copy relearning after a machine crash, whose
-// committed end may be below what it published and below where its log
-// leaves the range's timeline, is no candidate (candidateTail;
-// Options.mut.takerRelearning takes it, which no seed has caught yet).
+// range at the committed end it reported. The tails are read as
+// regionsvc reads them (agent.go survey): each region's from every node
+// of it that answers the agent's node (regionTails; its own region over
+// the region's network, the others over the WAN), the region's tail of a
+// range being its best copy's (the highest committed end of a copy not
+// relearning its commit index after a machine crash: its committed end
+// may be below what it published and below where its log leaves the
+// range's timeline), and no tail at all while one of its copies holds a
+// divergent tail (candidate tails: homeWorld.regionTail). Copies lag
+// their leader, and a node's commit index may trail the entries its
+// group holds, so a takeover's start can lie below the region's log end
+// (the new home's start gate raises it: epochstart.go).
+// Options.mut.takerOwnCopy reads the agent's node's copy alone, as
+// regionsvc did before regionTails (seed 6681378: a takeover "from 0"
+// against the region's 92); Options.mut.takerRelearning counts a
+// relearning copy, which no seed has caught yet.
 // Homing reads per-node clocks, skewed within half the max clock offset
 // either way.
 //
@@ -241,7 +243,7 @@
 // Task's search of its log), where a fork may cut (isStart), and which
 // copies are stale (a divergent tail under any epoch). A copy whose log
 // ends in an older epoch than the range's past that epoch's end is no
-// takeover candidate (agent.copyTail). A fork a replica recorded is checked
+// takeover candidate (homeWorld.regionTail). A fork a replica recorded is checked
 // once its cut is published (cutting).
 //
 // Planned rehomes (rehome.go): one run in two without a failover moves

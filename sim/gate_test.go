@@ -29,16 +29,30 @@ func TestDriverCoresSeeds(t *testing.T) {
 // serve it (the home's own timeline fence, rangecore's homeFence). Each
 // fix undone fails the seed: homeNoFork with the tail kept under epoch
 // 3's frames, homeNoFence with a home read of a record the fork replaced.
+//
+// Region 0 wins only as the seed first ran, its tail read from its
+// agent's node alone (takerOwnCopy): read from the region's best copy
+// (regionTail), its copy holding the divergent tail bars it and no new
+// home has a tail to fork (checked too). The gate's fork stays the line behind that bar (a copy whose
+// fence cannot show its tail yet), so the replay keeps the old reading.
 func TestHomeForksItsDivergentTail(t *testing.T) {
 	const seed, steps = 6500375, 5000
 	res, err := Run(Options{Seed: seed, Steps: steps, Regions: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if res.Homing.HomeForks != 0 || res.Homing.DivergentTakers == 0 {
+		t.Errorf("region 0's divergent copy read as its region's: %d home forks, %d tails barred; want none, and some", res.Homing.HomeForks, res.Homing.DivergentTakers)
+	}
+	own := mutations{takerOwnCopy: true}
+	res, err = Run(Options{Seed: seed, Steps: steps, Regions: 3, mut: own})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if res.Homing.HomeForks == 0 {
 		t.Fatalf("no new home forked its divergent tail: the seed no longer reaches the case")
 	}
-	for name, m := range map[string]mutations{"homeNoFork": {homeNoFork: true}, "homeNoFence": {homeNoFence: true}} {
+	for name, m := range map[string]mutations{"homeNoFork": {homeNoFork: true, takerOwnCopy: true}, "homeNoFence": {homeNoFence: true, takerOwnCopy: true}} {
 		if _, err := Run(Options{Seed: seed, Steps: steps, Regions: 3, mut: m}); err == nil {
 			t.Errorf("%s: seed %d ran clean with the fix undone", name, seed)
 		} else {
@@ -55,9 +69,12 @@ func TestHomeForksItsDivergentTail(t *testing.T) {
 // retains any more, from what the grant's cut took (restoreCanon), and
 // their acks (fillFromCuts): without the first the home's next frame
 // at 18 reads as a gap, without the second a record acked at 16 stays
-// counted as orphaned while the range's log holds it.
+// counted as orphaned while the range's log holds it. The takeover "from
+// 0" needs the agent's own copy read as its region's (takerOwnCopy, the
+// reading of the seed's first run); read from the region's best copy, no
+// start of the seed's seven takeovers is raised.
 func TestRaiseBelowRetainedKeepsRecords(t *testing.T) {
-	res, err := Run(Options{Seed: 6681378, Steps: 60000, Regions: 3})
+	res, err := Run(Options{Seed: 6681378, Steps: 60000, Regions: 3, mut: mutations{takerOwnCopy: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,11 +44,11 @@ type HomingResult struct {
 	Failovers, Takeovers, Orphaned, Abandoned int
 	// SecondTakeovers counts takeovers of a range already taken over,
 	// DivergentTakers the tails surveyed that a divergent tail made no
-	// candidate (agent.copyTail).
+	// candidate (homeWorld.regionTail).
 	SecondTakeovers, DivergentTakers int
 	// InFlightTakers counts the tails surveyed while the region's group
 	// held more than the copy read (an apply in flight, a leader's log
-	// past its committed end, a follower behind: agent.copyTail):
+	// past its committed end, a follower behind: agent.candidateTail):
 	// candidates, whose start the new home raises.
 	InFlightTakers int
 	// StartsRaised counts epoch starts a new home raised to its log's

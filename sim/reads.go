@@ -121,18 +121,21 @@ type mutations struct {
 	// readShort: a node now and then serves a consumer one record less
 	// than it committed.
 	readShort bool
-	// takerDivergent: a failover agent reports its region's raw
-	// committed end, a divergent tail included (agent.copyTail).
+	// takerDivergent: a failover agent counts a copy holding a
+	// divergent tail at its raw committed end (homeWorld.regionTail).
 	takerDivergent bool
-	// takerRelearning: a failover agent takes a copy relearning its
-	// commit index as a candidate at its raw committed end, and another
-	// region's first answer whatever relearns in it (agent.copyTail and
-	// remoteTails; regionsvc before candidateTail and
-	// RangeInfo.relearning). No seed has caught it yet (3,000 of 3 s,
-	// 1,000 of a minute from 9100001, 1,500 of 20 s from 9200001): about
-	// one minute seed in ten surveys a relearning copy, but none whose
-	// lowered committed end hid a divergent tail, what the check is for.
+	// takerRelearning: a failover agent counts a copy relearning its
+	// commit index at its raw committed end (homeWorld.regionTail;
+	// regionsvc before RangeInfo.relearning). No seed has caught it yet
+	// (3,000 of 3 s, 1,000 of a minute from 9100001, 1,500 of 20 s from
+	// 9200001): about one minute seed in ten surveys a relearning copy,
+	// but none whose lowered committed end hid a divergent tail, what
+	// the check is for.
 	takerRelearning bool
+	// takerOwnCopy: a region's tail is read from one node's copy (the
+	// agent's, or a rehome's coordinator's), whatever it holds
+	// (homeWorld.regionTail; regionsvc's localTails before regionTails).
+	takerOwnCopy bool
 	// homeNoFork: a new home's start gate takes no epoch history, so it
 	// raises its epoch's start over its own divergent tail (a region home
 	// before an intervening epoch, back with its unreplicated tail) instead
@@ -152,8 +155,8 @@ type mutations struct {
 	rehomeShortTail bool
 	// rehomeDivergent: a planned rehome's wait for the target's copy
 	// takes its raw committed end, a divergent tail included
-	// (rehome.go reached; regionsvc's waitRegionTail reads the candidate
-	// tail).
+	// (rehome.go reached; regionsvc's waitRegionTail reads the region's
+	// candidate tail).
 	rehomeDivergent bool
 	// rehomeFollowerTails: a stop whose leader fails to report a final
 	// tail takes its followers' committed ends as final (regionsvc's

@@ -471,23 +471,23 @@ func (rh *rehomer) poll() bool {
 
 // reached reports whether the target's copy of k reached tail, as
 // regionsvc's waitRegionTail reads it on the coordinator, a node of the
-// target: its own copy's committed end, whatever its Raft role (a
-// follower's may lag its leader's: the wait is then longer), taken as 0
-// while the copy relearns its commit index or holds a divergent tail
-// (candidateTail), which it must fork off before the range may continue
-// from it. Seed 545 of the
-// minute runs: range 1, rehomed to r1 at epoch 2, taken over by r0 at
-// epoch 3 (fork point 38) while r1 held epoch 2's log to 60, was rehomed
-// back to r1 from r0's final tail 50 before r1 forked: r1's epoch 4 began
-// on its epoch-2 records [38, 50), in place of epoch 3's.
-// Options.mut.rehomeDivergent reads the raw committed end.
+// target: the region's best copy over the nodes answering it
+// (homeWorld.regionTail), none while every copy relearns its commit index
+// or one holds a divergent tail, which it must fork off before the range
+// may continue from it. Seed 545 of the minute runs: range 1, rehomed to
+// r1 at epoch 2, taken over by r0 at epoch 3 (fork point 38) while r1
+// held epoch 2's log to 60, was rehomed back to r1 from r0's final tail
+// 50 before r1 forked: r1's epoch 4 began on its epoch-2 records [38,
+// 50), in place of epoch 3's. Options.mut.rehomeDivergent reads the raw
+// committed end.
 func (rh *rehomer) reached(k homing.RangeKey, tail uint64) bool {
-	h, r := rh.h, int(k.Range)
+	h := rh.h
 	n := rh.coordinator()
-	if n == nil || n.replicas[r].Relearning() || n.replicas[r].Committed() < tail {
-		return false // a relearning copy is no candidate (candidateTail)
+	if n == nil {
+		return false
 	}
-	return h.w.opt.mut.rehomeDivergent || !h.divergent(r, n)
+	have, ok, _ := h.regionTail(h.answering(n, n.region), int(k.Range), h.w.opt.mut.rehomeDivergent)
+	return ok && have >= tail
 }
 
 // advance moves the leaders' final tails on: a leader whose appends in

@@ -1896,7 +1896,13 @@ type RangeInfo struct {
 	// crashed and is relearning the range's commit index from its group's
 	// leader; until then tail_offset may be below what it served before,
 	// it serves no reads, and it is no takeover candidate.
-	Relearning    bool `protobuf:"varint,18,opt,name=relearning,proto3" json:"relearning,omitempty"`
+	Relearning bool `protobuf:"varint,18,opt,name=relearning,proto3" json:"relearning,omitempty"`
+	// epoch_unplaced: the answering node's copy heard, from the home's
+	// replicator, of an epoch newer than any it can place in the log (its
+	// start is not known here yet), so timeline_fence_offset may not show a
+	// divergent tail yet; the copy is no takeover candidate, and its region
+	// none for this range, until the node learns where that epoch starts.
+	EpochUnplaced bool `protobuf:"varint,19,opt,name=epoch_unplaced,json=epochUnplaced,proto3" json:"epoch_unplaced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2053,6 +2059,13 @@ func (x *RangeInfo) GetSplitOffset() uint64 {
 func (x *RangeInfo) GetRelearning() bool {
 	if x != nil {
 		return x.Relearning
+	}
+	return false
+}
+
+func (x *RangeInfo) GetEpochUnplaced() bool {
+	if x != nil {
+		return x.EpochUnplaced
 	}
 	return false
 }
@@ -5614,7 +5627,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
 	"compaction\x12-\n" +
-	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"\xa2\x05\n" +
+	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"\xc9\x05\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -5641,7 +5654,8 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\fsplit_offset\x18\x11 \x01(\x04H\x02R\vsplitOffset\x88\x01\x01\x12\x1e\n" +
 	"\n" +
 	"relearning\x18\x12 \x01(\bR\n" +
-	"relearningB\x18\n" +
+	"relearning\x12%\n" +
+	"\x0eepoch_unplaced\x18\x13 \x01(\bR\repochUnplacedB\x18\n" +
 	"\x16_timeline_fence_offsetB\t\n" +
 	"\a_parentB\x0f\n" +
 	"\r_split_offset\"\xd3\x02\n" +

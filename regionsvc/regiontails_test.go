@@ -1,0 +1,96 @@
+package regionsvc
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/geolog/geolog/homing"
+	geologv1 "github.com/geolog/geolog/proto/geologv1"
+)
+
+// TestRegionCandidates: a region's tail of a range is its best copy's (a
+// follower, or a node outside the range's group, holds less); a copy
+// relearning its commit index is passed over, one holding a divergent
+// tail or an epoch it cannot place bars the region, and a range no copy
+// reported is no candidate.
+func TestRegionCandidates(t *testing.T) {
+	t.Parallel()
+	at := func(o uint64) *uint64 { return &o }
+	nodeA := &geologv1.DescribeStreamResponse{Ranges: []*geologv1.RangeInfo{
+		{Range: 0, Status: "ok", TailOffset: 40},
+		{Range: 1, Status: "ok", TailOffset: 40, TimelineFenceOffset: at(12)}, // divergent from 12 on
+		{Range: 2, Status: "ok", TailOffset: 40, TimelineFenceOffset: at(40)}, // fenced at its end: a prefix
+		{Range: 3, Status: "ok", TailOffset: 90, Relearning: true},
+		{Range: 4, Status: "ok", TailOffset: 7, EpochUnplaced: true},
+		{Range: 5, Status: "corrupt: frame at 3", TailOffset: 70},
+	}}
+	nodeB := &geologv1.DescribeStreamResponse{Ranges: []*geologv1.RangeInfo{
+		{Range: 0, Status: "ok", TailOffset: 52}, // the group's leader
+		{Range: 1, Status: "ok", TailOffset: 10},
+		{Range: 2, Status: "ok", TailOffset: 44},
+		{Range: 3, Status: "ok", TailOffset: 61},
+		{Range: 4, Status: "ok", TailOffset: 9},
+		{Range: 5, Status: diskFullStatus, TailOffset: 30},
+		{Range: 9, Status: "ok", TailOffset: 99}, // a range this node does not know: ignored
+	}}
+	outside := &geologv1.DescribeStreamResponse{Ranges: []*geologv1.RangeInfo{
+		{Range: 0, Status: "ok"}, {Range: 1, Status: "ok"}, {Range: 2, Status: "ok"},
+		{Range: 3, Status: "ok"}, {Range: 4, Status: "ok"}, {Range: 5, Status: "ok"},
+	}}
+	const ranges = 7
+	tails, ok := regionCandidates(ranges, [][]*copyCandidate{candidatesOf(nodeA, ranges), nil, candidatesOf(nodeB, ranges), candidatesOf(outside, ranges)})
+	wantTails := []uint64{52, 0, 44, 61, 0, 30, 0}
+	wantOK := []bool{true, false, true, true, false, true, false}
+	if !slices.Equal(tails, wantTails) || !slices.Equal(ok, wantOK) {
+		t.Fatalf("region's tails %v (candidates %v), want %v (%v)", tails, ok, wantTails, wantOK)
+	}
+	// Every copy of range 3 relearning: no candidate.
+	tails, ok = regionCandidates(ranges, [][]*copyCandidate{candidatesOf(nodeA, ranges)})
+	if ok[3] || tails[3] != 0 {
+		t.Errorf("range 3 with its only copy relearning: tail %d, candidate %v", tails[3], ok[3])
+	}
+}
+
+// TestRegionTailIsItsBestCopy: in a region of four nodes whose ranges have
+// three replicas each, every node's failover agent offers the region's
+// whole mirror of each range (not the copy on its own node, empty on the
+// node outside the range's group), and another region reads the same.
+func TestRegionTailIsItsBestCopy(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("multi-region cluster with a lease store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newHomingWorldMut(t, []string{"us", "eu"}, 4, testLeaseTTL, func(_ string, _ uint64, cfg *Config) {
+		cfg.ReplicationFactor = 3
+	})
+	createHomedStream(t, ctx, w.world, "bc", 1, "us")
+	appendAt(t, ctx, w, "us", "bc", 20)
+	waitUntil(t, ctx, 2*time.Minute, "eu's mirror holds the 20 records", func() bool {
+		tl := w.tails(ctx, "bc")
+		return tl["eu"] != nil && tl["eu"][0] >= 20
+	})
+	key := homing.RangeKey{Stream: "bc", Range: 0}
+	outside := 0
+	for i, n := range w.nodes["eu"] {
+		if d, err := n.rangeOf(ctx, "bc", 0); err == nil && !slices.Contains(d.rep.Conf().Voters, n.cfg.NodeID) {
+			outside++
+		}
+		waitUntil(t, ctx, time.Minute, fmt.Sprintf("eu node %d's agent offers the region's 20", i), func() bool {
+			tail, ok := (&failoverAgent{n: n}).localTails(ctx, []homing.RangeKey{key})[key]
+			return ok && tail == 20
+		})
+	}
+	if outside != 1 {
+		t.Fatalf("%d eu nodes outside range 0's group, want 1 (4 nodes, 3 replicas)", outside)
+	}
+	for i, n := range w.nodes["us"] {
+		if tails := n.tailsOf(ctx, "eu", "bc"); !slices.Equal(tails, []uint64{20}) {
+			t.Errorf("us node %d reads eu's tails as %v, want [20]", i, tails)
+		}
+	}
+}
