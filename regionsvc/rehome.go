@@ -1,7 +1,6 @@
 package regionsvc
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -487,15 +486,16 @@ func (d *rehomeDriver) doMove(ctx context.Context, op homing.RehomeOp) {
 	}
 }
 
-// awaitTails waits, range after range, until region's copy of each has
-// its tail; the errors are of the ranges that did not get there.
+// awaitTails waits, for all the ranges at once, until region's copy of
+// each has its tail; the errors are of the ranges that did not get there.
 func (d *rehomeDriver) awaitTails(ctx context.Context, region string, tails map[homing.RangeKey]uint64) map[homing.RangeKey]error {
+	want := make(map[uint32]uint64, len(tails))
+	for k, t := range tails {
+		want[k.Range] = t
+	}
 	errs := map[homing.RangeKey]error{}
-	keys := slices.SortedFunc(maps.Keys(tails), func(a, b homing.RangeKey) int { return cmp.Compare(a.Range, b.Range) })
-	for _, k := range keys {
-		if err := d.n.waitRegionTail(ctx, region, d.spec.Name, k.Range, tails[k]); err != nil {
-			errs[k] = err
-		}
+	for r, err := range d.n.waitRegionTails(ctx, region, d.spec.Name, want) {
+		errs[homing.RangeKey{Stream: d.spec.Name, Range: r}] = err
 	}
 	return errs
 }
@@ -720,23 +720,56 @@ func attemptTimeout(round int) time.Duration {
 	return min(2*time.Second<<min(round, 3), 16*time.Second)
 }
 
-// waitRegionTail waits until region's copy of the range has tail (a copy
-// holding a divergent tail has nothing until it forks: candidateTails).
+// waitRegionTail waits until region's copy of range r has tail
+// (waitRegionTails).
 func (n *Node) waitRegionTail(ctx context.Context, region, stream string, r uint32, tail uint64) error {
+	return n.waitRegionTails(ctx, region, stream, map[uint32]uint64{r: tail})[r]
+}
+
+// waitRegionTails waits, for up to a minute, until region's copy of each
+// range of want has its tail there, and returns a Timeout error for each
+// that did not. This node's own copy answers first when it may be
+// continued from (takeoverTail; not relearning), which is the rule when
+// the target is caught up; else the region's tail (tailsOf: its best copy,
+// none while a copy holds a divergent tail until it forks), one survey
+// of the region for all the ranges still waiting at each poll.
+func (n *Node) waitRegionTails(ctx context.Context, region, stream string, want map[uint32]uint64) map[uint32]error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	pending := maps.Clone(want)
+	have := map[uint32]uint64{}
 	for {
-		var have uint64 // 0 while a copy holds a divergent tail (regionTails)
-		if t := n.tailsOf(ctx, region, stream); int(r) < len(t) {
-			have = t[r]
+		if region == n.cfg.Region {
+			for r, tail := range pending {
+				if d, err := n.rangeOf(ctx, stream, r); err == nil {
+					if c := d.candidate(); !c.relearning && !c.barred && c.tail >= tail {
+						delete(pending, r)
+					}
+				}
+			}
 		}
-		if have >= tail {
+		if len(pending) > 0 {
+			t := n.tailsOf(ctx, region, stream)
+			for r, tail := range pending {
+				if int(r) < len(t) {
+					have[r] = t[r]
+				}
+				if have[r] >= tail {
+					delete(pending, r)
+				}
+			}
+		}
+		if len(pending) == 0 {
 			return nil
 		}
 		select {
 		case <-time.After(5 * time.Millisecond):
 		case <-ctx.Done():
-			return apierr.New(apierr.Timeout, "region %s's copy of %s/%d did not reach offset %d (at %d)", region, stream, r, tail, have)
+			errs := map[uint32]error{}
+			for r, tail := range pending {
+				errs[r] = apierr.New(apierr.Timeout, "region %s's copy of %s/%d did not reach offset %d (at %d)", region, stream, r, tail, have[r])
+			}
+			return errs
 		}
 	}
 }

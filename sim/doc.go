@@ -254,7 +254,7 @@
 // (replica.Pending, then ReadIndex), drained tails, confirms and waits
 // (for the target's copy: the coordinator's own copy's committed end,
 // none while it relearns or holds a divergent tail, as regionsvc's
-// waitRegionTail reads its candidate tail),
+// waitRegionTails reads its candidate tail),
 // with a leader change (one stop in two) or a crash (one in four) during
 // the stop; one move in two is followed by another. Checks: a complete's
 // epoch is above the last, and no acked record lies at or past the new

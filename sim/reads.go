@@ -155,7 +155,7 @@ type mutations struct {
 	rehomeShortTail bool
 	// rehomeDivergent: a planned rehome's wait for the target's copy
 	// takes its raw committed end, a divergent tail included
-	// (rehome.go reached; regionsvc's waitRegionTail reads the region's
+	// (rehome.go reached; regionsvc's waitRegionTails reads the region's
 	// candidate tail).
 	rehomeDivergent bool
 	// rehomeFollowerTails: a stop whose leader fails to report a final

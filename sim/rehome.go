@@ -470,11 +470,12 @@ func (rh *rehomer) poll() bool {
 }
 
 // reached reports whether the target's copy of k reached tail, as
-// regionsvc's waitRegionTail reads it on the coordinator, a node of the
-// target: the region's best copy over the nodes answering it
-// (homeWorld.regionTail), none while every copy relearns its commit index
-// or one holds a divergent tail, which it must fork off before the range
-// may continue from it. Seed 545 of the minute runs: range 1, rehomed to
+// regionsvc's waitRegionTails reads it on the coordinator, a node of the
+// target: its own copy, if it may be continued from (not relearning its
+// commit index, no divergent tail) and reached tail; else the region's
+// best copy over the nodes answering it (homeWorld.regionTail), none
+// while every copy relearns or one holds a divergent tail, which it must
+// fork off before the range may continue from it. Seed 545 of the minute runs: range 1, rehomed to
 // r1 at epoch 2, taken over by r0 at epoch 3 (fork point 38) while r1
 // held epoch 2's log to 60, was rehomed back to r1 from r0's final tail
 // 50 before r1 forked: r1's epoch 4 began on its epoch-2 records [38,
@@ -485,6 +486,9 @@ func (rh *rehomer) reached(k homing.RangeKey, tail uint64) bool {
 	n := rh.coordinator()
 	if n == nil {
 		return false
+	}
+	if own, ok, _ := h.regionTail([]*node{n}, int(k.Range), h.w.opt.mut.rehomeDivergent); ok && own >= tail {
+		return true
 	}
 	have, ok, _ := h.regionTail(h.answering(n, n.region), int(k.Range), h.w.opt.mut.rehomeDivergent)
 	return ok && have >= tail
