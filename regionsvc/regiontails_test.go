@@ -57,7 +57,8 @@ func TestRegionCandidates(t *testing.T) {
 // TestRegionTailIsItsBestCopy: in a region of four nodes whose ranges have
 // three replicas each, every node's failover agent offers the region's
 // whole mirror of each range (not the copy on its own node, empty on the
-// node outside the range's group), and another region reads the same.
+// node outside the range's group), a planned rehome coordinated by any of
+// them finds it caught up, and another region reads the same.
 func TestRegionTailIsItsBestCopy(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -84,6 +85,13 @@ func TestRegionTailIsItsBestCopy(t *testing.T) {
 			tail, ok := (&failoverAgent{n: n}).localTails(ctx, []homing.RangeKey{key})[key]
 			return ok && tail == 20
 		})
+	}
+	// A planned rehome to eu coordinated by any of its nodes finds the
+	// region's copy caught up (the outside node's own copy never grows).
+	for i, n := range w.nodes["eu"] {
+		if err := n.waitRegionTail(ctx, "eu", "bc", 0, 20); err != nil {
+			t.Errorf("eu node %d: a rehome's wait for eu's copy to reach 20: %v", i, err)
+		}
 	}
 	if outside != 1 {
 		t.Fatalf("%d eu nodes outside range 0's group, want 1 (4 nodes, 3 replicas)", outside)
