@@ -1052,6 +1052,7 @@ func (n *Node) describeStream(ctx context.Context, name string) (*geologv1.Descr
 			ri.Leader = n.clientAddr(n.cfg.Region, rd.rep.LeaderID())
 			ri.Relearning = rd.rep.Relearning()
 			ri.EpochUnplaced = rd.heardUnplaced()
+			ri.NotMember = !rd.member()
 		}
 		ri.HomeLeader = n.homeLeaderAddr(rd)
 		if rd.store != nil {

@@ -71,8 +71,8 @@ func candidatesOf(resp *geologv1.DescribeStreamResponse, ranges int) []*copyCand
 	out := make([]*copyCandidate, ranges)
 	for _, ri := range resp.GetRanges() {
 		r := int(ri.GetRange())
-		if r >= ranges || (ri.GetStatus() != "ok" && ri.GetStatus() != diskFullStatus) {
-			continue // its copy failed (corrupt): as ownCandidates skips it
+		if r >= ranges || ri.GetNotMember() || (ri.GetStatus() != "ok" && ri.GetStatus() != diskFullStatus) {
+			continue // not the range's log, or failed (corrupt): as ownCandidates skips it
 		}
 		_, fine := takeoverTail(ri.GetTailOffset(), ri.TimelineFenceOffset)
 		out[r] = &copyCandidate{tail: ri.GetTailOffset(), relearning: ri.GetRelearning(), barred: !fine || ri.GetEpochUnplaced()}
@@ -80,11 +80,12 @@ func candidatesOf(resp *geologv1.DescribeStreamResponse, ranges int) []*copyCand
 	return out
 }
 
-// ownCandidates is this node's copies of st's ranges as candidates.
+// ownCandidates is this node's copies of st's ranges as candidates: those
+// that are the range's log (member) and not failed.
 func ownCandidates(st *streamState) []*copyCandidate {
 	out := make([]*copyCandidate, len(st.ranges))
 	for r, d := range st.ranges {
-		if d.rep == nil || d.store == nil || d.failure.Load() != nil {
+		if d.rep == nil || d.store == nil || d.failure.Load() != nil || !d.member() {
 			continue
 		}
 		c := d.candidate()
@@ -149,4 +150,14 @@ func (n *Node) tailsOf(ctx context.Context, region, stream string) []uint64 {
 		return nil
 	}
 	return tails
+}
+
+// member reports whether this node's copy is the range's log: the node is
+// a voter or a learner of the range's group, as the copy last applied its
+// configuration, and the copy is no stray suspect (strays.go). Every node
+// opens a copy of every range; a node outside the group holds an empty
+// one, and one the range moved away from a stale one, neither of which
+// is the region's tail (RangeInfo.not_member).
+func (d *rangeDriver) member() bool {
+	return d.rep != nil && !d.noReplica.Load() && !d.strayFlagged.Load()
 }

@@ -14,8 +14,9 @@ import (
 // TestRegionCandidates: a region's tail of a range is its best copy's (a
 // follower, or a node outside the range's group, holds less); a copy
 // relearning its commit index is passed over, one holding a divergent
-// tail or an epoch it cannot place bars the region, and a range no copy
-// reported is no candidate.
+// tail or an epoch it cannot place bars the region, a copy that is not
+// the range's log counts for nothing, and a range no copy reported is no
+// candidate.
 func TestRegionCandidates(t *testing.T) {
 	t.Parallel()
 	at := func(o uint64) *uint64 { return &o }
@@ -36,9 +37,15 @@ func TestRegionCandidates(t *testing.T) {
 		{Range: 5, Status: diskFullStatus, TailOffset: 30},
 		{Range: 9, Status: "ok", TailOffset: 99}, // a range this node does not know: ignored
 	}}
+	// A node outside the groups: empty copies, or stale ones left where a
+	// range moved away (divergent, or past the group's end after a fork
+	// there): none is the range's log.
 	outside := &geologv1.DescribeStreamResponse{Ranges: []*geologv1.RangeInfo{
-		{Range: 0, Status: "ok"}, {Range: 1, Status: "ok"}, {Range: 2, Status: "ok"},
-		{Range: 3, Status: "ok"}, {Range: 4, Status: "ok"}, {Range: 5, Status: "ok"},
+		{Range: 0, Status: "ok", NotMember: true, TailOffset: 80},
+		{Range: 1, Status: "ok", NotMember: true},
+		{Range: 2, Status: "ok", NotMember: true, TailOffset: 50, TimelineFenceOffset: at(20)},
+		{Range: 3, Status: "ok", NotMember: true}, {Range: 4, Status: "ok", NotMember: true},
+		{Range: 5, Status: "ok", NotMember: true}, {Range: 6, Status: "ok", NotMember: true, TailOffset: 3},
 	}}
 	const ranges = 7
 	tails, ok := regionCandidates(ranges, [][]*copyCandidate{candidatesOf(nodeA, ranges), nil, candidatesOf(nodeB, ranges), candidatesOf(outside, ranges)})
@@ -80,6 +87,13 @@ func TestRegionTailIsItsBestCopy(t *testing.T) {
 	for i, n := range w.nodes["eu"] {
 		if d, err := n.rangeOf(ctx, "bc", 0); err == nil && !slices.Contains(d.rep.Conf().Voters, n.cfg.NodeID) {
 			outside++
+			desc, err := n.describeStream(ctx, "bc")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ri := desc.GetRanges()[0]; !ri.GetNotMember() {
+				t.Errorf("eu node %d, outside range 0's group, describes its copy (tail %d) as a member's", i, ri.GetTailOffset())
+			}
 		}
 		waitUntil(t, ctx, time.Minute, fmt.Sprintf("eu node %d's agent offers the region's 20", i), func() bool {
 			tail, ok := (&failoverAgent{n: n}).localTails(ctx, []homing.RangeKey{key})[key]

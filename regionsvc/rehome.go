@@ -729,10 +729,10 @@ func (n *Node) waitRegionTail(ctx context.Context, region, stream string, r uint
 // waitRegionTails waits, for up to a minute, until region's copy of each
 // range of want has its tail there, and returns a Timeout error for each
 // that did not. This node's own copy answers first when it may be
-// continued from (takeoverTail; not relearning), which is the rule when
-// the target is caught up; else the region's tail (tailsOf: its best copy,
-// none while a copy holds a divergent tail until it forks), one survey
-// of the region for all the ranges still waiting at each poll.
+// continued from (a member, not relearning, not barred), the rule when
+// the target is caught up; else the region's tail (tailsOf: its best
+// copy, none while a copy holds a divergent tail until it forks), one
+// survey of the region for all the ranges still waiting at each poll.
 func (n *Node) waitRegionTails(ctx context.Context, region, stream string, want map[uint32]uint64) map[uint32]error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -741,7 +741,7 @@ func (n *Node) waitRegionTails(ctx context.Context, region, stream string, want 
 	for {
 		if region == n.cfg.Region {
 			for r, tail := range pending {
-				if d, err := n.rangeOf(ctx, stream, r); err == nil {
+				if d, err := n.rangeOf(ctx, stream, r); err == nil && d.member() {
 					if c := d.candidate(); !c.relearning && !c.barred && c.tail >= tail {
 						delete(pending, r)
 					}

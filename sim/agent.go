@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/geolog/geolog/homing"
 )
@@ -214,9 +215,10 @@ func (h *homeWorld) answering(n *node, g int) []*node {
 
 // regionTail is a region's tail of range r from its copies on ns, as
 // regionsvc's regionCandidates combines them: the highest committed end
-// of a copy not relearning its commit index, and whether the region is a
-// candidate at all (a copy answered, and none holds a divergent tail:
-// barred).
+// of a copy that is the range's log (its node a voter or a learner in the
+// configuration it applied) and not relearning its commit index, and
+// whether the region is a candidate at all (such a copy answered, and
+// none holds a divergent tail: barred).
 //
 // A copy relearning after its machine's crash is passed over: its
 // committed end may be below what it published and below where its log
@@ -244,7 +246,11 @@ func (h *homeWorld) regionTail(ns []*node, r int, takeDivergent bool) (tail uint
 	}
 	for _, m := range ns {
 		rep := m.replicas[r]
+		conf := rep.Conf()
 		switch {
+		case !slices.Contains(conf.GetVoters(), uint64(m.id)) && !slices.Contains(conf.GetLearners(), uint64(m.id)):
+			// Not the range's log (a replica removed, as it applied
+			// its configuration): RangeInfo.not_member.
 		case rep.Relearning() && !mut.takerRelearning:
 		case !takeDivergent && h.divergent(r, m):
 			barred = true

@@ -1903,6 +1903,13 @@ type RangeInfo struct {
 	// divergent tail yet; the copy is no takeover candidate, and its region
 	// none for this range, until the node learns where that epoch starts.
 	EpochUnplaced bool `protobuf:"varint,19,opt,name=epoch_unplaced,json=epochUnplaced,proto3" json:"epoch_unplaced,omitempty"`
+	// not_member: the answering node's copy is not the range's log: the
+	// node is neither a voter nor a learner of the range's group (as its
+	// copy last applied the configuration: a node of a region larger than
+	// the replication factor, or one the range moved away from), or the
+	// copy is a stray awaiting collection. Its offsets are not the range's
+	// tail, it serves no reads, and it is no takeover candidate.
+	NotMember     bool `protobuf:"varint,20,opt,name=not_member,json=notMember,proto3" json:"not_member,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2066,6 +2073,13 @@ func (x *RangeInfo) GetRelearning() bool {
 func (x *RangeInfo) GetEpochUnplaced() bool {
 	if x != nil {
 		return x.EpochUnplaced
+	}
+	return false
+}
+
+func (x *RangeInfo) GetNotMember() bool {
+	if x != nil {
+		return x.NotMember
 	}
 	return false
 }
@@ -5627,7 +5641,7 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"compaction\x18\b \x01(\v2\x1b.geolog.v1.CompactionPolicyR\n" +
 	"compaction\x12-\n" +
-	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"\xc9\x05\n" +
+	"\x12replication_factor\x18\t \x01(\rR\x11replicationFactor\"\xe8\x05\n" +
 	"\tRangeInfo\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\rR\x05range\x12\x1d\n" +
 	"\n" +
@@ -5655,7 +5669,9 @@ const file_geolog_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"relearning\x18\x12 \x01(\bR\n" +
 	"relearning\x12%\n" +
-	"\x0eepoch_unplaced\x18\x13 \x01(\bR\repochUnplacedB\x18\n" +
+	"\x0eepoch_unplaced\x18\x13 \x01(\bR\repochUnplaced\x12\x1d\n" +
+	"\n" +
+	"not_member\x18\x14 \x01(\bR\tnotMemberB\x18\n" +
 	"\x16_timeline_fence_offsetB\t\n" +
 	"\a_parentB\x0f\n" +
 	"\r_split_offset\"\xd3\x02\n" +
