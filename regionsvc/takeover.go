@@ -110,7 +110,18 @@ func (a *failoverAgent) do(ctx context.Context, op homing.TakeoverOp) {
 		cancel()
 		a.core.LivenessRead(op.Round, live, err)
 	case homing.OpSurveyTails:
-		a.core.TailsRead(op.Round, homing.TailReport{Remote: a.surveyTails(ctx, op.Asks), Local: a.localTails(ctx, op.Keys)})
+		// Both at once: each waits up to a second for a node that does
+		// not answer.
+		var rep homing.TailReport
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rep.Remote = a.surveyTails(ctx, op.Asks)
+		}()
+		rep.Local = a.localTails(ctx, op.Keys)
+		wg.Wait()
+		a.core.TailsRead(op.Round, rep)
 	case homing.OpTakeover:
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		res, err := n.homing.homes.Takeover(cctx, op.Region, op.Ranges)
@@ -157,22 +168,31 @@ func (a *failoverAgent) note(notes []homing.TakeoverNote) {
 }
 
 // localTails is this region's tail of each of keys it may take over at
-// (regionTails: its best copy's, over every node of the region); a key
-// missing is one the region is no candidate for.
+// (regionTails: its best copy's, over every node of the region, the
+// streams at once); a key missing is one the region is no candidate for.
 func (a *failoverAgent) localTails(ctx context.Context, keys []homing.RangeKey) map[homing.RangeKey]uint64 {
 	out := map[homing.RangeKey]uint64{}
 	byStream := map[string][]uint32{}
 	for _, k := range keys {
 		byStream[k.Stream] = append(byStream[k.Stream], k.Range)
 	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for stream, ranges := range byStream {
-		tails, ok, _ := a.n.regionTails(ctx, a.n.cfg.Region, stream)
-		for _, r := range ranges {
-			if int(r) < len(ok) && ok[r] {
-				out[homing.RangeKey{Stream: stream, Range: r}] = tails[r]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tails, ok, _ := a.n.regionTails(ctx, a.n.cfg.Region, stream)
+			mu.Lock()
+			defer mu.Unlock()
+			for _, r := range ranges {
+				if int(r) < len(ok) && ok[r] {
+					out[homing.RangeKey{Stream: stream, Range: r}] = tails[r]
+				}
 			}
-		}
+		}()
 	}
+	wg.Wait()
 	return out
 }
 
