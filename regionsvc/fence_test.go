@@ -172,14 +172,14 @@ func TestFailbackFencesLocalReads(t *testing.T) {
 
 // checkNoTakeoverCandidate: us, holding a divergent tail from fence on,
 // offers no tail to take range 0 over at, neither to its own region's
-// failover agent (localTails) nor to another region's (tailsOf reads
+// failover agent (surveyTails' Local) nor to another region's (tailsOf reads
 // every node's DescribeStream: candidatesOf), and a planned rehome's wait for its
 // copy finds nothing there (notes/simfaults.md, product bug 2: it offered
 // its committed end, past the fence).
 func checkNoTakeoverCandidate(ctx context.Context, t *testing.T, w *homingWorld, us geologv1.LogClient, fence uint64) {
 	t.Helper()
 	key := homing.RangeKey{Stream: "fence", Range: 0}
-	if tail, ok := (&failoverAgent{n: w.nodes["us"][1]}).localTails(ctx, []homing.RangeKey{key})[key]; ok {
+	if tail, ok := (&failoverAgent{n: w.nodes["us"][1]}).surveyTails(ctx, nil, []homing.RangeKey{key}).Local[key]; ok {
 		t.Errorf("us offers its divergent copy to take range 0 over at %d (fence %d)", tail, fence)
 	}
 	d, err := us.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "fence"})

@@ -96,7 +96,7 @@ func TestRegionTailIsItsBestCopy(t *testing.T) {
 			}
 		}
 		waitUntil(t, ctx, time.Minute, fmt.Sprintf("eu node %d's agent offers the region's 20", i), func() bool {
-			tail, ok := (&failoverAgent{n: n}).localTails(ctx, []homing.RangeKey{key})[key]
+			tail, ok := (&failoverAgent{n: n}).surveyTails(ctx, nil, []homing.RangeKey{key}).Local[key]
 			return ok && tail == 20
 		})
 	}

@@ -110,18 +110,7 @@ func (a *failoverAgent) do(ctx context.Context, op homing.TakeoverOp) {
 		cancel()
 		a.core.LivenessRead(op.Round, live, err)
 	case homing.OpSurveyTails:
-		// Both at once: each waits up to a second for a node that does
-		// not answer.
-		var rep homing.TailReport
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rep.Remote = a.surveyTails(ctx, op.Asks)
-		}()
-		rep.Local = a.localTails(ctx, op.Keys)
-		wg.Wait()
-		a.core.TailsRead(op.Round, rep)
+		a.core.TailsRead(op.Round, a.surveyTails(ctx, op.Asks, op.Keys))
 	case homing.OpTakeover:
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		res, err := n.homing.homes.Takeover(cctx, op.Region, op.Ranges)
@@ -165,35 +154,6 @@ func (a *failoverAgent) note(notes []homing.TakeoverNote) {
 	if granted > 0 {
 		n.metrics.takeovers.Add(context.Background(), int64(granted))
 	}
-}
-
-// localTails is this region's tail of each of keys it may take over at
-// (regionTails: its best copy's, over every node of the region, the
-// streams at once); a key missing is one the region is no candidate for.
-func (a *failoverAgent) localTails(ctx context.Context, keys []homing.RangeKey) map[homing.RangeKey]uint64 {
-	out := map[homing.RangeKey]uint64{}
-	byStream := map[string][]uint32{}
-	for _, k := range keys {
-		byStream[k.Stream] = append(byStream[k.Stream], k.Range)
-	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for stream, ranges := range byStream {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tails, ok, _ := a.n.regionTails(ctx, a.n.cfg.Region, stream)
-			mu.Lock()
-			defer mu.Unlock()
-			for _, r := range ranges {
-				if int(r) < len(ok) && ok[r] {
-					out[homing.RangeKey{Stream: stream, Range: r}] = tails[r]
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return out
 }
 
 // candidate is this copy as a takeover candidate (regionTails). A copy
@@ -256,29 +216,54 @@ func takeoverTail(committed uint64, fence *uint64) (uint64, bool) {
 	return committed, true
 }
 
-// surveyTails asks, at once, each (region, stream) of asks for the
-// stream's range tails: region → stream → tails.
-func (a *failoverAgent) surveyTails(ctx context.Context, asks []homing.TailAsk) map[string]map[string][]uint64 {
-	n := a.n
-	out := map[string]map[string][]uint64{}
-	var mu sync.Mutex
+// surveyTails reads, all at once, each other region's tails of a stream
+// that asks names (Remote: a region none of whose nodes answered is
+// absent) and this region's of keys (Local: a key missing is one this
+// region is no candidate for), every one from all the region's nodes
+// (regionTails: its best copies). Each may wait a second for a node that
+// does not answer.
+func (a *failoverAgent) surveyTails(ctx context.Context, asks []homing.TailAsk, keys []homing.RangeKey) homing.TailReport {
+	own := a.n.cfg.Region
+	all := slices.Clone(asks)
+	for _, k := range keys {
+		if q := (homing.TailAsk{Region: own, Stream: k.Stream}); !slices.Contains(all, q) {
+			all = append(all, q)
+		}
+	}
+	type surveyed struct {
+		tails    []uint64
+		ok       []bool
+		answered bool
+	}
+	got := make([]surveyed, len(all))
 	var wg sync.WaitGroup
-	for _, q := range asks {
+	for i, q := range all {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := n.tailsOf(ctx, q.Region, q.Stream)
-			if t == nil {
-				return // no node answered: not a candidate
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if out[q.Region] == nil {
-				out[q.Region] = map[string][]uint64{}
-			}
-			out[q.Region][q.Stream] = t
+			g := &got[i]
+			g.tails, g.ok, g.answered = a.n.regionTails(ctx, q.Region, q.Stream)
 		}()
 	}
 	wg.Wait()
-	return out
+	rep := homing.TailReport{Remote: map[string]map[string][]uint64{}, Local: map[homing.RangeKey]uint64{}}
+	ownOf := map[string]surveyed{}
+	for i, q := range all {
+		switch g := got[i]; {
+		case !g.answered:
+		case q.Region == own:
+			ownOf[q.Stream] = g
+		default:
+			if rep.Remote[q.Region] == nil {
+				rep.Remote[q.Region] = map[string][]uint64{}
+			}
+			rep.Remote[q.Region][q.Stream] = g.tails
+		}
+	}
+	for _, k := range keys {
+		if g := ownOf[k.Stream]; int(k.Range) < len(g.ok) && g.ok[k.Range] {
+			rep.Local[k] = g.tails[k.Range]
+		}
+	}
+	return rep
 }

@@ -155,7 +155,7 @@ func TestSecondTakeovers(t *testing.T) {
 // TestTakerInFlightIsChecked: a failover agent offers its region's
 // committed end while its leader's log holds more (a verbatim apply in
 // flight, or a predecessor's entries a new leader has not committed yet),
-// as regionsvc's localTails reads d.committed, and the store grants the
+// as regionsvc's regionTails reads d.committed, and the store grants the
 // takeover from there. Without the new home's start gate (noStartGate:
 // the product before epochstart.go) the old home's frames then commit
 // past the new epoch's start in the new home's log. The checker must
