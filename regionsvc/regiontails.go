@@ -30,10 +30,10 @@ type copyCandidate struct {
 	relearning bool
 	// barred: the copy holds a divergent tail (its timeline fence is below
 	// its committed end: takeoverTail) or heard of an epoch it cannot place
-	// yet (heardUnplaced). Its group's log runs past where the range's
-	// timeline left it, and the other copies' nodes may not know it yet:
-	// the region is no candidate for the range until the copy forks or
-	// places the epoch.
+	// yet (heardUnplaced). Its group's log runs (unplaced: may run) past
+	// where the range's timeline left it, and the other copies' nodes may
+	// not know it yet: the region is no candidate for the range until the
+	// copy forks or places the epoch.
 	barred bool
 }
 
