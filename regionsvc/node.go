@@ -128,6 +128,13 @@ type Config struct {
 	// FailoverDisabled turns the takeover agent off (operators then move
 	// homes by hand).
 	FailoverDisabled bool
+	// TailSurveyTimeout bounds how long a takeover's or a rehome's survey
+	// waits for one node's copies of a stream (regiontails.go), default
+	// 1 s: a node that has not answered by then counts for nothing. The
+	// node keeps its connections to other regions' nodes open (warmRegionConns),
+	// so an answer takes one round trip; raise it only for links slower
+	// than that.
+	TailSurveyTimeout time.Duration
 	// KEK, if set, turns encryption at rest on: the node's data keys live
 	// in <DataDir>/keys, wrapped by this provider (geologd --kek-file), and
 	// every range's log is sealed under them (see atrest.go). Without it a
@@ -297,6 +304,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxClockOffset == 0 {
 		c.MaxClockOffset = 500 * time.Millisecond
+	}
+	if c.TailSurveyTimeout <= 0 {
+		c.TailSurveyTimeout = time.Second
 	}
 	if err := c.setReplicationDefaults(); err != nil {
 		return err

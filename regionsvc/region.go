@@ -515,10 +515,12 @@ func (n *Node) peerConn(addr string) (*grpc.ClientConn, error) {
 // Config.ClientCredentials, else Config.ClientTLS, else plaintext.
 // peerDialConfig is the dial configuration of the node's connections to
 // other nodes (forwarding, identity, admin calls): keepalive with no call in
-// flight too, and a reconnect backoff short enough for a restarted peer.
+// flight too, a reconnect backoff short enough for a restarted peer, and
+// no idle timeout (gRPC's default closes a connection after 30 minutes
+// without a call; a takeover's survey must find it open: warmRegionConns).
 func (n *Node) peerDialConfig() grpcdial.Config {
 	return grpcdial.Config{Credentials: n.dialCredentials(), PermitWithoutStream: true, BackoffMax: 2 * time.Second,
-		Extra: n.peerTracing()} // tracing.go
+		Extra: append(n.peerTracing(), grpc.WithIdleTimeout(0))} // tracing.go
 }
 
 func (n *Node) dialCredentials() credentials.TransportCredentials {

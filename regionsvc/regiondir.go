@@ -130,6 +130,7 @@ func (n *Node) runRegionDir(ctx context.Context) {
 	n.regionDir.started = time.Now()
 	n.regionDir.mu.Unlock()
 	for {
+		n.warmRegionConns() // before the refresh, which may wait for a region that does not answer
 		next := regionDirRefreshInterval
 		if !n.refreshRegionDir(ctx) {
 			next = regionDirRetryInterval
@@ -138,6 +139,30 @@ func (n *Node) runRegionDir(ctx context.Context) {
 		case <-time.After(next):
 		case <-ctx.Done():
 			return
+		}
+	}
+}
+
+// warmRegionConns makes sure this node has a connection open, or being
+// opened, to every node of every other region it knows (regionAddrs), the
+// connections peerConn gives. A takeover's survey and a rehome's wait ask
+// those nodes with a short deadline (Config.TailSurveyTimeout) and take a
+// node that has not answered by then for absent; over a cold connection
+// an answer needs the TCP, TLS and HTTP/2 handshakes first, three or four
+// round trips instead of one, so a region behind a long WAN link could
+// miss a survey and another region take over in its place. peerConn's
+// connections never go idle (peerDialConfig), and one that broke (a
+// restarted node, a cut link) stays closed until its next call: this
+// opens it again, every regionDirRefreshInterval.
+func (n *Node) warmRegionConns() {
+	for region := range n.cfg.Regions {
+		if region == n.cfg.Region {
+			continue
+		}
+		for _, addr := range n.regionAddrs(region) {
+			if c, err := n.peerConn(addr); err == nil {
+				c.Connect() // a connection open or opening is left as it is
+			}
 		}
 	}
 }

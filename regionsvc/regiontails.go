@@ -3,7 +3,6 @@ package regionsvc
 import (
 	"context"
 	"sync"
-	"time"
 
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 )
@@ -121,7 +120,7 @@ func (n *Node) regionTails(ctx context.Context, region, stream string) (tails []
 			if err != nil {
 				return
 			}
-			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			cctx, cancel := context.WithTimeout(ctx, n.cfg.TailSurveyTimeout)
 			defer cancel()
 			resp, err := geologv1.NewLogClient(conn).DescribeStream(cctx, &geologv1.DescribeStreamRequest{Name: stream})
 			if err != nil {

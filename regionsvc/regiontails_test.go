@@ -7,8 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/geolog/geolog/client"
 	"github.com/geolog/geolog/homing"
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
+	"github.com/geolog/geolog/wan"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 )
 
 // TestRegionCandidates: a region's tail of a range is its best copy's (a
@@ -115,4 +119,100 @@ func TestRegionTailIsItsBestCopy(t *testing.T) {
 			t.Errorf("us node %d reads eu's tails as %v, want [20]", i, tails)
 		}
 	}
+}
+
+// TestSurveyFindsWarmConnections: a takeover's survey of another region
+// answers in one round trip, because the node keeps its connections to
+// that region's nodes open before any call and opens them again after
+// they break (warmRegionConns). Over a cold connection the HTTP/2
+// handshake alone is a round trip (TLS adds one, TCP one more on a real
+// WAN), so on a long link a survey bounded by Config.TailSurveyTimeout
+// would miss the region, and another region could take over in its
+// place. The link here is 1.5 s each way and the bound 5 s: an answer
+// over an open connection takes 3 s, over a new one at least 6.
+func TestSurveyFindsWarmConnections(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("two regions behind a slow WAN link")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const oneWay = 1500 * time.Millisecond
+	w := newWorldWith(t, []string{"us", "eu"}, 2, oneWay, 0, nil, func(_ string, _ uint64, cfg *Config) {
+		cfg.TailSurveyTimeout = 5 * time.Second
+	})
+	// Created in eu (its nodes propagate it to us): no us node has called
+	// an eu node through peerConn.
+	c, err := client.New(w.regionAddrs("eu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitUntil(t, ctx, 2*time.Minute, "stream created in both regions", func() bool {
+		_, err := c.CreateStream(ctx, client.StreamConfig{Name: "ws", RangeCount: 2, Regions: w.regions, HomeRegion: "eu"})
+		if err != nil && client.CodeOf(err) != client.CodeStreamExists {
+			t.Logf("create stream: %v", err)
+		}
+		if err != nil && client.CodeOf(err) != client.CodeStreamExists {
+			return false
+		}
+		for _, lc := range w.conns["us"] {
+			if _, err := lc.DescribeStream(ctx, &geologv1.DescribeStreamRequest{Name: "ws"}); err != nil {
+				return false
+			}
+		}
+		return true
+	})
+	ready := func(n *Node) bool {
+		for _, addr := range n.regionAddrs("eu") {
+			n.peerConnsMu.Lock()
+			pc := n.peerConns[addr]
+			n.peerConnsMu.Unlock()
+			if pc == nil || pc.GetState() != connectivity.Ready {
+				return false
+			}
+		}
+		return true
+	}
+	survey := func(when string) {
+		t.Helper()
+		for id, n := range w.nodes["us"] {
+			waitUntil(t, ctx, time.Minute, fmt.Sprintf("%s: us node %d's connections to eu open", when, id), func() bool { return ready(n) })
+			start := time.Now()
+			if _, _, answered := n.regionTails(ctx, "eu", "ws"); !answered {
+				t.Errorf("%s: us node %d's survey of eu: no node answered within %s (took %s)", when, id, n.cfg.TailSurveyTimeout, time.Since(start))
+			}
+		}
+	}
+	survey("before any call")
+	// Every us->eu connection reset: pick_first leaves a broken connection
+	// closed until its next call; the node opens it again.
+	var open []*grpc.ClientConn
+	for _, n := range w.nodes["us"] {
+		n.peerConnsMu.Lock()
+		for _, addr := range n.regionAddrs("eu") {
+			open = append(open, n.peerConns[addr])
+		}
+		n.peerConnsMu.Unlock()
+	}
+	for id := uint64(1); id <= 2; id++ {
+		l, err := w.net.Link(fmt.Sprintf("us->eu.n%d", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Cut(wan.CutReset); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Heal(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pc := range open {
+		wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+		if !pc.WaitForStateChange(wctx, connectivity.Ready) {
+			t.Fatalf("a us->eu connection still reads ready a minute after its link was reset")
+		}
+		wcancel()
+	}
+	survey("after the links reset")
 }
