@@ -97,4 +97,7 @@ func TestDeployFilesHaveValidFlags(t *testing.T) {
 	if code, _ := geologd(t, "--data-dir", "x", "--no-such-flag", "--check-flags"); code != 2 {
 		t.Errorf("an unknown flag passed --check-flags (exit %d)", code)
 	}
+	if code, stderr := geologd(t, "--data-dir", "x", "--tail-survey-timeout", "0s", "--check-flags"); code != 2 || !strings.Contains(stderr, "--tail-survey-timeout must be positive") {
+		t.Errorf("--tail-survey-timeout 0s passed --check-flags (exit %d)\n%s", code, stderr)
+	}
 }

@@ -85,6 +85,7 @@ func run() int {
 	maxClockOffset := fs.Duration("max-clock-offset", 500*time.Millisecond, "homing: the cluster's maximum clock offset (the same on every node)")
 	failoverOrder := fs.String("failover-order", "", "homing: preferred regions to take over a failed home, comma-separated (default: each stream's region order)")
 	noFailover := fs.Bool("no-failover", false, "homing: never take over a failed home region automatically")
+	tailSurveyTimeout := fs.Duration("tail-survey-timeout", time.Second, "homing: how long a failover's or a planned rehome's survey waits for one node's tails before counting it out; raise it only where a round trip between regions comes near this")
 	httpAddr := fs.String("http-addr", "", "serve /metrics (Prometheus), /healthz and /readyz on this address (e.g. 0.0.0.0:7480); off by default")
 	debugAddr := fs.String("debug-addr", "", "serve /metrics, /healthz, /readyz and /debug/pprof on this address (e.g. 127.0.0.1:6060; keep it private); off by default")
 	otlpEndpoint := fs.String("otlp-endpoint", "", "export traces over OTLP/gRPC to this URL (http://host:4317 plaintext, https:// TLS); default: OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing")
@@ -135,6 +136,10 @@ func run() int {
 	}
 	if *rebalanceInterval < 0 || *strayCheck < 0 || *deadNodeAfter <= 0 || *movesMax < 1 || *transferRate < 0 || *leaderTransfersMax < 0 {
 		fmt.Fprintf(os.Stderr, "geologd: --rebalance-interval and --stray-check-interval must be 0 or positive, --dead-node-after positive, --rebalance-moves-max at least 1, --rebalance-transfer-bytes-per-second and --rebalance-leader-transfers-max 0 or positive\n")
+		return 2
+	}
+	if *tailSurveyTimeout <= 0 {
+		fmt.Fprintf(os.Stderr, "geologd: --tail-survey-timeout must be positive, not %v\n", *tailSurveyTimeout)
 		return 2
 	}
 	if *leaderBalance < 0 {
@@ -284,6 +289,7 @@ func run() int {
 		MaxClockOffset:        *maxClockOffset,
 		FailoverOrder:         order,
 		FailoverDisabled:      *noFailover,
+		TailSurveyTimeout:     *tailSurveyTimeout,
 		DataDir:               *dataDir,
 		ListenAddr:            *listen,
 		AdvertiseAddr:         *advertise,
