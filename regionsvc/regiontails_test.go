@@ -152,8 +152,6 @@ func TestSurveyFindsWarmConnections(t *testing.T) {
 		_, err := c.CreateStream(ctx, client.StreamConfig{Name: "ws", RangeCount: 2, Regions: w.regions, HomeRegion: "eu"})
 		if err != nil && client.CodeOf(err) != client.CodeStreamExists {
 			t.Logf("create stream: %v", err)
-		}
-		if err != nil && client.CodeOf(err) != client.CodeStreamExists {
 			return false
 		}
 		for _, lc := range w.conns["us"] {
@@ -163,11 +161,17 @@ func TestSurveyFindsWarmConnections(t *testing.T) {
 		}
 		return true
 	})
-	ready := func(n *Node) bool {
+	conns := func(n *Node) []*grpc.ClientConn { // n's peerConns to eu's nodes (nil: none yet)
+		var out []*grpc.ClientConn
 		for _, addr := range n.regionAddrs("eu") {
 			n.peerConnsMu.Lock()
-			pc := n.peerConns[addr]
+			out = append(out, n.peerConns[addr])
 			n.peerConnsMu.Unlock()
+		}
+		return out
+	}
+	ready := func(n *Node) bool {
+		for _, pc := range conns(n) {
 			if pc == nil || pc.GetState() != connectivity.Ready {
 				return false
 			}
@@ -189,11 +193,7 @@ func TestSurveyFindsWarmConnections(t *testing.T) {
 	// closed until its next call; the node opens it again.
 	var open []*grpc.ClientConn
 	for _, n := range w.nodes["us"] {
-		n.peerConnsMu.Lock()
-		for _, addr := range n.regionAddrs("eu") {
-			open = append(open, n.peerConns[addr])
-		}
-		n.peerConnsMu.Unlock()
+		open = append(open, conns(n)...)
 	}
 	for id := uint64(1); id <= 2; id++ {
 		l, err := w.net.Link(fmt.Sprintf("us->eu.n%d", id))
