@@ -819,7 +819,8 @@ func (n *Node) Start() error {
 		n.bookDone = make(chan struct{})
 		go n.runAddrBook()
 		if len(n.cfg.Regions) > 0 {
-			n.tasks.Go(n.runRegionDir) // regiondir.go
+			n.tasks.Go(n.runRegionDir)       // regiondir.go
+			n.tasks.Go(n.runWarmRegionConns) // regiondir.go
 		}
 		n.aclSyncDone = make(chan struct{})
 		go n.runACLSync()

@@ -130,7 +130,6 @@ func (n *Node) runRegionDir(ctx context.Context) {
 	n.regionDir.started = time.Now()
 	n.regionDir.mu.Unlock()
 	for {
-		n.warmRegionConns() // before the refresh, which may wait for a region that does not answer
 		next := regionDirRefreshInterval
 		if !n.refreshRegionDir(ctx) {
 			next = regionDirRetryInterval
@@ -153,7 +152,7 @@ func (n *Node) runRegionDir(ctx context.Context) {
 // miss a survey and another region take over in its place. peerConn's
 // connections never go idle (peerDialConfig), and one that broke (a
 // restarted node, a cut link) stays closed until its next call: this
-// opens it again, every regionDirRefreshInterval.
+// opens it again.
 func (n *Node) warmRegionConns() {
 	for region := range n.cfg.Regions {
 		if region == n.cfg.Region {
@@ -163,6 +162,21 @@ func (n *Node) warmRegionConns() {
 			if c, err := n.peerConn(addr); err == nil {
 				c.Connect() // a connection open or opening is left as it is
 			}
+		}
+	}
+}
+
+// runWarmRegionConns runs warmRegionConns at once, then every
+// regionDirRefreshInterval until ctx ends: on its own, so that a region
+// whose nodes do not answer the directory's calls (each waited for up to
+// membersTimeout, in turn) delays no other region's connections.
+func (n *Node) runWarmRegionConns(ctx context.Context) {
+	for {
+		n.warmRegionConns()
+		select {
+		case <-time.After(regionDirRefreshInterval):
+		case <-ctx.Done():
+			return
 		}
 	}
 }
