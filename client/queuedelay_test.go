@@ -128,14 +128,16 @@ func TestQueueDelayBoundBindsFirst(t *testing.T) {
 // append takes delay on the server or network on the way (the reply's
 // timing leaves the latter out), for as long as until returns false, and
 // returns the largest append request the fake saw. The queueing-delay
-// target is 50 ms and the producer has one batch in flight, so a round
-// trip of 150 ms exceeds it by far.
-func largestBatch(t *testing.T, delay, network time.Duration, until func(largest int) bool) int {
+// target is target and the producer has one batch in flight.
+func largestBatch(t *testing.T, target, delay, network time.Duration, until func(largest int) bool) int {
 	fake := startFake(t, clienttest.Config{})
 	fake.MustCreateStream("s", 1)
 	c := newClient(t, fake.Addr())
-	p := newProducer(t, c, "s", client.QueueDelayTarget(50*time.Millisecond), client.InflightBatchesMax(1))
-	ctx := testCtx(t)
+	p := newProducer(t, c, "s", client.QueueDelayTarget(target), client.InflightBatchesMax(1))
+	// A minute, not testCtx's 20 s: at a 750 ms round trip the bound
+	// takes about 9 s to let a batch past the floor on a quiet machine.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	var mu sync.Mutex
 	largest := 0
 	fake.SetAppendFault(func(_ int64, req *geologv1.AppendRequest) clienttest.Fault {
@@ -170,21 +172,31 @@ func largestBatch(t *testing.T, delay, network time.Duration, until func(largest
 }
 
 // TestQueueDelayBoundCoversTheNetwork: a producer whose leader is far
-// (150 ms of network round trip, a 50 ms target) is not held at the
+// (750 ms of network round trip, a 250 ms target) is not held at the
 // bound's floor: the network's part of the round trip, which the server's
 // reported time tells from its own, enters the bound, so batches grow
 // past what the floor allows (64 KiB unsent, 128 KiB held). The same
-// 150 ms spent on the server is queueing, and the producer stays held.
+// 750 ms spent on the server is queueing, and the producer stays held.
+//
+// The times are long so that a loaded machine does not decide it. The
+// bound grows only while a round trip exceeds the least one seen by less
+// than the target, and a batch past the floor needs the producer to make
+// 160 KiB within a round trip (213 records/s here, 1,070 at 150 ms). With
+// 150 ms and a 50 ms target the test failed once on a CI run beside the
+// chaos suite, held at the floor for 20 s (largest batch 127,910 B):
+// most likely its process, starved of CPU, delayed round trips past the
+// target.
 func TestQueueDelayBoundCoversTheNetwork(t *testing.T) {
 	const past = 160 << 10 // no batch reaches this under the floor
-	// Until the test's context ends (20 s): the bound doubles per window
-	// of about 200 ms and needs two.
-	far := largestBatch(t, 0, 150*time.Millisecond, func(l int) bool { return l <= past })
+	const target, trip = 250 * time.Millisecond, 750 * time.Millisecond
+	// Until largestBatch's context ends: the bound moves by at most a
+	// factor of two per window of a second or more.
+	far := largestBatch(t, target, 0, trip, func(l int) bool { return l <= past })
 	if far <= past {
 		t.Fatalf("remote leader: largest batch %d B, want past %d (held at the floor)", far, past)
 	}
-	watch := time.Now().Add(3 * time.Second)
-	slow := largestBatch(t, 150*time.Millisecond, 0, func(int) bool { return time.Now().Before(watch) })
+	watch := time.Now().Add(6 * time.Second)
+	slow := largestBatch(t, target, trip, 0, func(int) bool { return time.Now().Before(watch) })
 	if slow > past {
 		t.Fatalf("slow server: largest batch %d B, want at most %d: its time counted as network", slow, past)
 	}
