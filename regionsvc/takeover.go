@@ -220,8 +220,8 @@ func takeoverTail(committed uint64, fence *uint64) (uint64, bool) {
 // that asks names (Remote: a region none of whose nodes answered is
 // absent) and this region's of keys (Local: a key missing is one this
 // region is no candidate for), every one from all the region's nodes
-// (regionTails: its best copies). Each may wait a second for a node that
-// does not answer.
+// (regionTails: its best copies). Each may wait Config.TailSurveyTimeout
+// for a node that does not answer.
 func (a *failoverAgent) surveyTails(ctx context.Context, asks []homing.TailAsk, keys []homing.RangeKey) homing.TailReport {
 	own := a.n.cfg.Region
 	all := slices.Clone(asks)
