@@ -12,6 +12,7 @@ import (
 	"github.com/geolog/geolog/internal/grpcdial"
 
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
+	"google.golang.org/grpc"
 )
 
 // Advertised addresses. A node listens at Config.ListenAddr and its peers
@@ -246,16 +247,28 @@ func (n *Node) refreshAddrBook(ctx context.Context) bool {
 }
 
 // identify asks the node at tg who it is, and checks the answer against
-// what this node's configuration says is there. It dials a connection of
-// its own, closed after the call: a node that is not up yet must not leave
-// the node's shared connection to it (peerConn) backing off, failing the
-// forwards that follow as soon as it is up.
+// what this node's configuration says is there. A peer of this node's
+// region is asked over a connection of its own, closed after the call: a
+// peer that is not up yet (a region starting) must not leave the node's
+// shared connection to it (peerConn) backing off, failing the forwards
+// that follow as soon as it is up. Another region's node is asked over the
+// shared connection, which warmRegionConns keeps open anyway: a
+// connection of its own would spend three or four round trips of a WAN
+// link on handshakes, past identifyTimeout on a long one.
 func (n *Node) identify(ctx context.Context, tg identifyTarget) (nodeIdentity, error) {
-	conn, err := grpcdial.Dial(tg.addr, n.peerDialConfig())
+	var conn *grpc.ClientConn
+	var err error
+	if tg.region == n.cfg.Region {
+		conn, err = grpcdial.Dial(tg.addr, n.peerDialConfig())
+		if err == nil {
+			defer conn.Close()
+		}
+	} else {
+		conn, err = n.peerConn(tg.addr)
+	}
 	if err != nil {
 		return nodeIdentity{}, err
 	}
-	defer conn.Close()
 	cctx, cancel := context.WithTimeout(ctx, identifyTimeout)
 	defer cancel()
 	resp, err := geologinternalv1.NewNodeDirectoryClient(conn).Identify(cctx,

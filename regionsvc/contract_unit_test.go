@@ -170,7 +170,14 @@ func TestIdentifyTrustsOnlyWhatMatches(t *testing.T) {
 	geologinternalv1.RegisterNodeDirectoryServer(srv, dir)
 	go srv.Serve(lis)
 	defer srv.Stop()
-	n := &Node{cfg: Config{Region: "us", NodeID: 1}}
+	// eu's node is asked over the node's shared connection (peerConn),
+	// which is for addresses the configuration names.
+	n := &Node{cfg: Config{Region: "us", NodeID: 1, Regions: map[string][]string{"eu": {lis.Addr().String()}}}}
+	defer func() {
+		for _, c := range n.peerConns {
+			c.Close()
+		}
+	}()
 	peer := identifyTarget{addr: lis.Addr().String(), region: "us", id: 2}
 	remote := identifyTarget{addr: lis.Addr().String(), region: "eu"}
 	for _, c := range []struct {

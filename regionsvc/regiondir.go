@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/geolog/geolog/internal/grpcdial"
 	"github.com/geolog/geolog/membership"
 	"github.com/geolog/geolog/pki"
 	geologinternalv1 "github.com/geolog/geolog/proto/geologinternalv1"
@@ -225,14 +224,16 @@ func (n *Node) askRegionMembers(ctx context.Context, region string) ([]learnedMe
 }
 
 // regionMembersAt asks the node at addr for its region's members and
-// checks the answer (step 2 above). Like identify, it dials a connection
-// of its own, closed after the call.
+// checks the answer (step 2 above). It asks over the node's shared
+// connection to addr (peerConn), the one warmRegionConns keeps open: over
+// a long WAN link a connection of its own would spend three or four round
+// trips on its handshakes before the question, and a round trip past
+// membersTimeout/4 would then never be answered in time.
 func (n *Node) regionMembersAt(ctx context.Context, addr, region string) ([]learnedMember, error) {
-	conn, err := grpcdial.Dial(addr, n.peerDialConfig())
+	conn, err := n.peerConn(addr)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
 	cctx, cancel := context.WithTimeout(ctx, membersTimeout)
 	defer cancel()
 	var p peer.Peer

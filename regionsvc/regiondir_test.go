@@ -80,6 +80,37 @@ func TestOtherRegionsLearnJoinedNode(t *testing.T) {
 	})
 }
 
+// TestRegionDirOverALongLink: regions a and b behind a link of 700 ms each
+// way, so one round trip (1.4 s) fits the 2 s bounds of Members and
+// Identify, but a connection opened for the call does not (its HTTP/2
+// handshake costs a round trip before the question). Node 3 joins b after
+// a's nodes started with only b's founding nodes (through the link) in
+// their Regions. Every node of a learns node 3 from b's members and
+// identifies b's founding nodes behind the link, so it gives node 3's own
+// address after the link's. It fails if either call opens a connection of
+// its own (neither is ever answered in time: nothing is learned).
+func TestRegionDirOverALongLink(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("two regions behind a slow WAN link")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := newWorld(t, []string{"a", "b"}, 2, 700*time.Millisecond, 0)
+	addr3 := w.joinWorld("b", 3, 1)
+	want := append(slices.Clone(w.remote["a"]["b"]), addr3)
+	for id, n := range w.nodes["a"] {
+		waitUntil(t, ctx, 2*time.Minute, fmt.Sprintf("a%d learns b's node 3 behind b's identified seeds", id), func() bool {
+			return slices.Equal(n.regionAddrs("b"), want)
+		})
+		for _, seed := range w.remote["a"]["b"] {
+			if ni, ok := n.book.identity(seed); !ok || ni.region != "b" {
+				t.Errorf("a%d: seed %s identified as %+v (%v)", id, seed, ni, ok)
+			}
+		}
+	}
+}
+
 // TestRegionMembersAnswerChecked: another region's Members answer is taken
 // only when it names the region asked, lists each id once, and is bounded;
 // a decommissioned node is left out. It fails if a bad answer is taken.
