@@ -180,6 +180,12 @@ func (a *agent) remoteTails(n *node, g int) []uint64 {
 // before its first frame (epochstart.go).
 func (a *agent) candidateTail(ns []*node, g, r int) (uint64, bool) {
 	h := a.h
+	for _, m := range ns {
+		if h.hidesDivergent(r, m) {
+			h.res.RelearningTakers++
+			break
+		}
+	}
 	tail, ok, barred := h.regionTail(ns, r, h.w.opt.mut.takerDivergent)
 	if barred {
 		h.res.DivergentTakers++
@@ -224,7 +230,10 @@ func (h *homeWorld) answering(n *node, g int) []*node {
 // committed end may be below what it published and below where its log
 // leaves the range's timeline, so that the divergent check below would
 // pass a divergent tail and the new home's start gate then raise the
-// start over it (Options.mut.takerRelearning counts it all the same).
+// start over it (Options.mut.takerRelearning counts it all the same:
+// TestTakerRelearningIsChecked; the product's gate then forks the tail
+// off at the intervening epoch's start, rangecore.DivergeAt, so the
+// checks report it only with homeNoFork too).
 // A copy whose log ends in an epoch older than the range's and runs past
 // where the range's log left that epoch holds a divergent tail (it has
 // not forked yet), and bars its region: taking over at its tail would
@@ -286,6 +295,23 @@ func (h *homeWorld) divergent(r int, n *node) bool {
 	rep := n.replicas[r]
 	e := rep.HighestEpoch()
 	return e < h.homes[r].Epoch && rep.Committed() > h.epochStart(r, e)
+}
+
+// hidesDivergent reports whether node n's copy of range r relearns its
+// commit index with a divergent tail its lowered committed end hides:
+// its log ends in an epoch older than the range's and runs past where
+// the range's log left that epoch, while its committed end (what its
+// durable marks cover, replica's relearn.go) is at or below it, so that
+// divergent passes it (Result.Homing.RelearningTakers: the window
+// Options.mut.takerRelearning needs).
+func (h *homeWorld) hidesDivergent(r int, n *node) bool {
+	rep := n.replicas[r]
+	if !rep.Relearning() {
+		return false
+	}
+	e := rep.HighestEpoch()
+	at := h.epochStart(r, e)
+	return e < h.homes[r].Epoch && rep.Committed() <= at && n.stores[r].NextOffset() > at
 }
 
 // regionIndex is the index of region name "r<g>".

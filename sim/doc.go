@@ -177,7 +177,17 @@
 // Options.mut.takerOwnCopy reads the agent's node's copy alone, as
 // regionsvc did before regionTails (seed 6681378: a takeover "from 0"
 // against the region's 92); Options.mut.takerRelearning counts a
-// relearning copy, which no seed has caught yet.
+// relearning copy, which no random seed reaches: TestTakerRelearningIsChecked
+// opens the window on purpose (takerRelearn: region 0's copies, their
+// log writes held and their followers cut off their region as the
+// divergent tail commits, crash and relearn with committed ends at the
+// intervening epoch's start, their logs past it; region 1, home at
+// epoch 2, cut off before region 0 is back; Result.Homing.RelearningTakers
+// counts the surveys that saw such a copy). The checks report the
+// mutation only with the new home's fork of its divergent tail off
+// (homeNoFork): the start gate's fork at the intervening epoch's start
+// (rangecore.DivergeAt) keeps the run clean whatever the takeover's
+// start (notes/takerrelearning.md).
 // Homing reads per-node clocks, skewed within half the max clock offset
 // either way.
 //

@@ -51,6 +51,14 @@ type HomingResult struct {
 	// past its committed end, a follower behind: agent.candidateTail):
 	// candidates, whose start the new home raises.
 	InFlightTakers int
+	// RelearningTakers counts the tails surveyed in which a copy
+	// relearning its commit index held a divergent tail its lowered
+	// committed end hid: its log ends in an epoch older than the range's
+	// and runs past where the range's log left that epoch, its committed
+	// end at or below it (homeWorld.regionTail passes the copy over;
+	// Options.mut.takerRelearning counts it at that end). Not in String,
+	// so that the pinned schedule digests stay as they were.
+	RelearningTakers int
 	// StartsRaised counts epoch starts a new home raised to its log's
 	// end, StartWaits the start gate's rounds run again (something in
 	// flight) and the held appends it refused (gate.go).
@@ -98,6 +106,7 @@ func (h HomingResult) add(o HomingResult) HomingResult {
 	h.SecondTakeovers += o.SecondTakeovers
 	h.DivergentTakers += o.DivergentTakers
 	h.InFlightTakers += o.InFlightTakers
+	h.RelearningTakers += o.RelearningTakers
 	h.StartsRaised += o.StartsRaised
 	h.HomeForks += o.HomeForks
 	h.DivergedBelow += o.DivergedBelow

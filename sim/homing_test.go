@@ -242,3 +242,199 @@ func takerInFlight(seed int64, mut mutations, predecessor bool) (Result, error) 
 			return !crashed || w.leaderOf(1, r) != nil
 		}})
 }
+
+// TestTakerRelearningIsChecked: a failover agent that counts a copy
+// relearning its commit index after its machine's crash at its raw
+// committed end (takerRelearning: regionsvc's regionCandidates before
+// copyCandidate.relearning) takes a range over at a tail its durable
+// marks lowered below where its log leaves the range's timeline, which
+// hides the divergent tail from the divergent check. The window is
+// opened on purpose (takerRelearn), every seed reaches it:
+//
+//  1. the product's agent (no mutation) surveys the hidden divergent
+//     tail (RelearningTakers), passes the relearning copies over, and
+//     the run is clean, range 0 never taken back by them;
+//  2. with takerRelearning, and the new home's start gate without its
+//     fork of a divergent tail (homeNoFork: the gate before
+//     rangecore.DivergeAt, which then raises the epoch's start over the
+//     divergent records), region 0 takes range 0 over at or below the
+//     intervening epoch's start and the checker reports it;
+//  3. with takerRelearning and the product's gate, region 0 takes range
+//     0 over the same way, and the gate forks the divergent tail off at
+//     the intervening epoch's start before its first frame
+//     (HomeForks): the run is clean. The gate's fork is what keeps the
+//     product sound even without the agent's check (notes/takerrelearning.md).
+func TestTakerRelearningIsChecked(t *testing.T) {
+	want := []string{"no fork explains it", "a divergent copy answering a home read", "past the start", "counted as orphaned",
+		"starts at", "(invariant 8)", "is lost", "a gap", "never forked off"}
+	for seed := int64(1); seed <= 3; seed++ {
+		run, res, err := takerRelearn(seed, mutations{homeNoFork: true})
+		if err != nil {
+			t.Fatalf("seed %d, the product's agent: %v", seed, err)
+		}
+		if res.Homing.RelearningTakers == 0 || run.retaken {
+			t.Fatalf("seed %d, the product's agent: the window was not opened (%d surveys of a relearning copy hiding a divergent tail), or range 0 was taken back at %d",
+				seed, res.Homing.RelearningTakers, run.retakenAt)
+		}
+		run, res, err = takerRelearn(seed, mutations{takerRelearning: true, homeNoFork: true})
+		if res.Homing.RelearningTakers == 0 || !run.retaken || !run.relearning || run.retakenAt > run.forkAt {
+			t.Fatalf("seed %d, takerRelearning: no takeover at a relearning copy's lowered tail (%d surveys of one; taken back %v at %d, relearning %v; epoch 2 from %d): %v",
+				seed, res.Homing.RelearningTakers, run.retaken, run.retakenAt, run.relearning, run.forkAt, err)
+		}
+		found := false
+		for _, w := range want {
+			found = found || err != nil && strings.Contains(err.Error(), w)
+		}
+		if !found {
+			t.Fatalf("seed %d: a takeover at a relearning copy's lowered tail (%d, epoch 2 from %d), unreported: %v", seed, run.retakenAt, run.forkAt, err)
+		}
+		t.Logf("taken back at %d (epoch 2 from %d): %v", run.retakenAt, run.forkAt, err)
+		run, res, err = takerRelearn(seed, mutations{takerRelearning: true})
+		if err != nil || !run.retaken || res.Homing.HomeForks == 0 {
+			t.Fatalf("seed %d, takerRelearning under the product's gate: taken back %v, %d divergent tails of a new home forked: %v",
+				seed, run.retaken, res.Homing.HomeForks, err)
+		}
+	}
+}
+
+// relearnRun is what takerRelearn saw of its window.
+type relearnRun struct {
+	// end is region 0's log of range 0, committed on every copy, when
+	// its writes were held; forkAt is epoch 2's start (region 1's
+	// takeover): end, unless region 1's gate raised it.
+	end, forkAt uint64
+	// retaken: region 0 took range 0 back (epoch 3), at retakenAt, with
+	// every copy of region 0 up relearning (relearning).
+	retaken, relearning bool
+	retakenAt           uint64
+}
+
+// takerRelearn runs seed with region 0's copies of range 0 relearning
+// their commit index over a divergent tail their durable marks do not
+// cover while region 0's agent may take the range back. Two regions, no
+// random fault (as takerInFlight):
+//
+//   - from 800 ms, at the first moment every copy of range 0 in region
+//     0 holds its log committed, all alike (end), region 0 holds its
+//     log writes of range 0 (Options.holdWrite) for 300 ms: nothing
+//     commits, and the home leader's cursor ships region 1 everything
+//     up to end;
+//   - then region 0 is cut off the WAN for 2 s (as the failover plan's
+//     cut) and the writes are released: each copy writes what piled up
+//     at once, its commit mark (replica's commitmark.go: the commit index
+//     when the entries were queued) at most end; once a follower wrote
+//     it, it is cut off its region (a node partition), so that it acks
+//     the leader but never learns the commit of what lies past end
+//     (neither from a later log write's mark nor in the state's mark
+//     record). The leader commits and acks it at epoch 1: a divergent
+//     tail past end, which never crosses; the leader's later writes of
+//     range 0 are held (their marks would cover it);
+//   - 200 ms later every node of region 0 crashes (the machine's crash:
+//     unsynced writes, the mark record among them, lost); the followers
+//     come back 100 ms later, relearning, their committed end at most
+//     end, their logs past it in epoch 1; the leader stays down until
+//     the faults end; the followers' log writes stay held, so that no
+//     leader of theirs commits an entry of its term and answers their
+//     relearning read index (they may elect: the vote is saved apart
+//     from the log writer);
+//   - region 1 takes range 0 over at end (epoch 2) and acks its
+//     producers' records past it; 100 ms before region 0 is back on the
+//     WAN, region 1 is cut off in turn until the faults end, so its
+//     replicator never makes region 0's copies fork;
+//   - region 0's agent, a settle wait after it is back, finds region 1
+//     dead and surveys its own copies: relearning, each with a divergent
+//     tail its committed end hides (Result.Homing.RelearningTakers).
+//     The product's agent passes them over; takerRelearning takes range
+//     0 at their committed end, and the hold is lifted: its copies
+//     elect, relearn, and the new home's start gate confirms its epoch.
+//
+// The faults end at 6,000 ms: the healing releases the writes, brings
+// region 1 and the leader back, and region 0's copies fork at epoch 2's
+// start.
+func takerRelearn(seed int64, mut mutations) (relearnRun, Result, error) {
+	const (
+		r                   = 0
+		armAt, armBy, quiet = 800, 1500, 300
+		cutFor, crashAfter  = 2000, 200
+		steps               = 6000
+	)
+	var (
+		run                    relearnRun
+		holdAt, cutAt, crashAt int64 = -1, -1, -1
+		leader                 *node
+	)
+	res, err := Run(Options{Seed: seed, Steps: steps, Regions: 2, mut: mut,
+		tamper: func(w *world) bool {
+			h := w.homing
+			ns := w.regionNodes(0)
+			switch {
+			case w.now == 0:
+				w.dropP, w.dupP, w.lostReplyP, w.crashP, w.cutP, w.syncCrashP = 0, 0, 0, 0, 0, 0
+				w.geo.lossP, w.geo.partP = 0, 0
+				h.outageP, h.secondAt, h.rehomer.at, h.replacer.at = 0, -1, -1, -1
+				h.failAt = -1
+			case holdAt < 0 && w.now >= armAt:
+				if w.now > armBy {
+					w.err = fmt.Errorf("takerRelearn: region 0's copies of range %d never alike from %d to %d ms", r, armAt, armBy)
+					return true
+				}
+				e := ns[0].stores[r].NextOffset()
+				for _, n := range ns {
+					if !n.up || n.stores[r].NextOffset() != e || n.replicas[r].Committed() != e {
+						return false
+					}
+				}
+				if leader = w.leaderOf(0, r); leader != nil {
+					holdAt, run.end = w.now, e
+					w.tracef("takerRelearn: region 0 holds its log writes of range %d at %d", r, e)
+				}
+			case cutAt < 0 && holdAt >= 0 && w.now == holdAt+quiet:
+				cutAt = w.now
+				w.geo.cutTill[0] = cutAt + cutFor
+				h.res.Failovers++
+				w.tracef("takerRelearn: region 0 cut off the WAN, its writes released (leader %s)", traceName(leader))
+			case cutAt >= 0 && crashAt < 0:
+				for _, n := range ns {
+					if n != leader && n.cutTill == 0 && n.stores[r].NextOffset() > run.end {
+						n.cutTill = steps
+						w.tracef("takerRelearn: %s wrote to %d, cut off its region", traceName(n), n.stores[r].NextOffset())
+					}
+				}
+				if w.now < cutAt+crashAfter {
+					return false
+				}
+				crashAt = w.now
+				for _, n := range ns {
+					if n.up {
+						w.crash(n)
+					}
+					n.cutTill, n.downTill = 0, crashAt+100
+				}
+				leader.downTill = steps
+			case crashAt >= 0 && w.now == cutAt+cutFor-100:
+				w.geo.cutTill[1] = steps
+				h.res.Failovers++
+			}
+			if home := h.homes[r]; home.Epoch == 2 {
+				run.forkAt = home.StartOffset
+			} else if home.Epoch > 2 && home.Region == regionName(0) && !run.retaken {
+				run.retaken, run.retakenAt, run.relearning = true, home.StartOffset, true
+				for _, n := range ns {
+					run.relearning = run.relearning && (!n.up || n.replicas[r].Relearning())
+				}
+			}
+			return w.now >= steps
+		},
+		holdWrite: func(w *world, n *node, rr int) bool {
+			switch {
+			case rr != r || n.region != 0 || holdAt < 0 || w.now >= steps || run.retaken:
+				return false
+			case cutAt < 0:
+				return true // the quiet: nothing commits, all crosses
+			case n.gen == 1:
+				return n.replicas[r].Committed() > run.end // a mark past end
+			}
+			return true // relearning: no entry of a new term commits
+		}})
+	return run, res, err
+}

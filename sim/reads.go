@@ -126,11 +126,19 @@ type mutations struct {
 	takerDivergent bool
 	// takerRelearning: a failover agent counts a copy relearning its
 	// commit index at its raw committed end (homeWorld.regionTail;
-	// regionsvc before RangeInfo.relearning). No seed has caught it yet
+	// regionsvc before RangeInfo.relearning). No random seed reaches it
 	// (3,000 of 3 s, 1,000 of a minute from 9100001, 1,500 of 20 s from
-	// 9200001): about one minute seed in ten surveys a relearning copy,
-	// but none whose lowered committed end hid a divergent tail, what
-	// the check is for.
+	// 9200001: about one minute seed in ten surveys a relearning copy,
+	// none whose lowered committed end hid a divergent tail), so
+	// TestTakerRelearningIsChecked opens the window on purpose
+	// (takerRelearn: a taker whose relearning copies' durable marks
+	// stop at the intervening epoch's start while their logs run past
+	// it in the older epoch; Result.Homing.RelearningTakers). Reported
+	// ("no fork explains it": a consumer's epoch-2 record replaced by
+	// the old epoch's) only with homeNoFork as well: the product's start
+	// gate forks the new home's divergent tail at the intervening
+	// epoch's start whatever the takeover's start (rangecore.DivergeAt),
+	// so with the gate whole the run is clean (notes/takerrelearning.md).
 	takerRelearning bool
 	// takerOwnCopy: a region's tail is read from one node's copy (the
 	// agent's, or a rehome's coordinator's), whatever it holds

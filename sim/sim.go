@@ -65,7 +65,7 @@ type Options struct {
 	// holdWrite, in tests, holds node n's log write of range r while it
 	// returns true (asked each virtual ms the write is due): a slow disk
 	// placed on purpose, to open a window a test needs
-	// (TestTakerInFlightIsChecked).
+	// (TestTakerInFlightIsChecked, TestTakerRelearningIsChecked).
 	holdWrite func(w *world, n *node, r int) bool
 }
 
