@@ -156,8 +156,18 @@ type moveWorld struct {
 	// deadAfterMs the loop's dead-node time.
 	downSince   map[uint64]int64
 	deadAfterMs int64
-	done        chan struct{}
-	res         MoveResult
+	// operatorP is the chance, per virtual ms of faults, that an
+	// operator move starts (moveOperatorP; drawn the same whatever its
+	// value). A directed test sets 0 and starts its own (start).
+	operatorP float64
+	// pastFactor counts the learners asked of a leader whose range held
+	// more voters than its replication factor (a move cut short after
+	// its promotion): refused, as regionsvc's ChangeReplicas does (also
+	// counted in res.Refused), or proposed under addPastFactor. Kept
+	// out of MoveResult so that the pinned schedule digests stay.
+	pastFactor int
+	done       chan struct{}
+	res        MoveResult
 }
 
 // move is one replica move running replicamove on its goroutine.
@@ -202,7 +212,8 @@ type adminAnswer struct {
 var errRunOver = errors.New("sim: the run is over")
 
 func newMoveWorld(w *world) *moveWorld {
-	m := &moveWorld{w: w, rng: rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x6d6f766573)), rf: w.opt.Nodes, done: make(chan struct{}), strays: map[[2]int]bool{}}
+	m := &moveWorld{w: w, rng: rand.New(rand.NewPCG(uint64(w.opt.Seed), 0x6d6f766573)), rf: w.opt.Nodes, done: make(chan struct{}), strays: map[[2]int]bool{},
+		operatorP: moveOperatorP}
 	w.perRegion = w.opt.Nodes
 	m.on = w.opt.Regions == 1 && (m.rng.IntN(2) == 0 || w.opt.mut.movesAlways)
 	if !m.on {
@@ -370,7 +381,7 @@ func (m *moveWorld) step() {
 	if w.now%movePlanMs == 0 {
 		m.plan()
 	}
-	if faults && m.rng.Float64() < moveOperatorP {
+	if faults && m.rng.Float64() < m.operatorP {
 		m.operator()
 	}
 }
@@ -677,6 +688,18 @@ func (m *moveWorld) start(r int, from, to uint64, kind string, planned []uint64)
 	return mv
 }
 
+// expire ends move mv's context now, as moveTimeoutMs does (regionsvc's
+// MoveTimeout; the rebalancer's moves cancelled when its node stops
+// leading the catalogue, or an operator's replace interrupted, end the
+// same way): its current call and every later one fail with the
+// context's error, and replicamove returns. A directed test places it
+// (TestAddPastFactor: a move cut short between its promotion and its
+// removal, which leaves its range a voter past its factor).
+func (m *moveWorld) expire(mv *move) {
+	mv.started = min(mv.started, m.w.now-moveTimeoutMs)
+	m.w.tracef("range %d: %s move %d -> %d cut short", mv.r, mv.kind, mv.from, mv.to)
+}
+
 // simAdmin is replicamove.Admin over the simulator: each call waits for
 // the simulator's answer.
 type simAdmin struct {
@@ -868,11 +891,16 @@ func (m *moveWorld) propose(mv *move) {
 		typ = raftpb.ConfChangeAddLearnerNode
 		if isVoter || isLearner {
 			refuse = "already a member"
-		} else if len(conf.GetVoters()) > m.rf && !w.opt.mut.addPastFactor {
+		} else if len(conf.GetVoters()) > m.rf && w.opt.mut.addPastFactor {
+			m.pastFactor++
+			w.tracef("range %d: learner %d asked beside voters %v, past the factor %d (addPastFactor: proposed)", mv.r, node, conf.GetVoters(), m.rf)
+		} else if len(conf.GetVoters()) > m.rf {
 			// regionsvc's ChangeReplicas: a voter too many (a move cut
 			// short after its promotion) goes before any learner comes.
+			m.pastFactor++
 			m.res.Refused++
-			m.answer(mv, adminAnswer{err: apierr.New(apierr.InvalidArgument, "the range has %d voters, more than its replication factor %d", len(conf.GetVoters()), m.rf)})
+			w.tracef("range %d: learner %d refused beside voters %v, past the factor %d", mv.r, node, conf.GetVoters(), m.rf)
+			m.answer(mv, adminAnswer{err: apierr.New(apierr.InvalidArgument, "the range has %d voters %v, more than its replication factor %d: remove one before adding a learner", len(conf.GetVoters()), conf.GetVoters(), m.rf)})
 			return
 		}
 	case geologv1.ReplicaChange_REPLICA_CHANGE_PROMOTE:

@@ -205,9 +205,14 @@ type mutations struct {
 	// raftnet.GRPCTransport.PeerDown's "not down" reads.
 	unknownAsUp bool
 	// addPastFactor: ChangeReplicas adds a learner to a range that holds
-	// more voters than its replication factor (seed 766151 of a minute,
-	// one region: an operator's replace on a range a failed repair had
-	// left with four voters took it to five).
+	// more voters than its replication factor (moves.go propose; seed
+	// 766151 of a minute, one region, once: an operator's replace on a
+	// range a failed repair had left with four voters took it to five).
+	// No seed of the later scans reached the case; TestAddPastFactor
+	// opens it on purpose (addPastFactorRun: a replace cut short between
+	// its promotion and its removal, moveWorld.expire, then an operator's
+	// replace on the range), and the configuration check reports the
+	// five voters ("more than its replication factor 3 + 1").
 	addPastFactor bool
 	// startSyncCrashP is no mutation: when above the run's drawn
 	// syncCrashP, it is the chance that a Sync of a node's start-up (a
