@@ -222,6 +222,13 @@
 // fork point and epoch, and only a fork lets a committed end fall back; a
 // replica not forked yet is not checked past the fork point; after
 // healing every mirror, the old home included, holds the new home's log.
+// The mirror reads what a batch overlaps as the Server does
+// (replicator.ReadOverlap: on to the stored frame where a read of the
+// batch's size stops, an older home's larger frame; seed 3501631).
+// Options.mut.readOverlapShort reads as before that fix; no seed found
+// reaches the case any more, so TestLargerDivergentFrameIsForked opens it
+// on purpose (largerFrame: producers' batch sizes placed with
+// Options.batchRecords; Result.Geo.LargerFrameForks; notes/largerframe.md).
 //
 // The home's own log holds the new epoch from the fork point on (a home
 // replica is never skipped as divergent: epochOrder reports an older

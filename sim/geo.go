@@ -42,6 +42,12 @@ type GeoResult struct {
 	Resends int
 	// Partitions counts region partitions; Dropped WAN messages lost in one.
 	Partitions, Dropped int
+	// LargerFrameForks counts the forks of a mirror whose divergent frame
+	// at the fork point was larger than the batch's frame there and lay
+	// past a read sized for an identical overlap (mirror.go
+	// noteLargerFrame: what replicator.ReadOverlap reads on for). Not in
+	// String, so that the pinned schedule digests stay as they were.
+	LargerFrameForks int
 }
 
 func (g GeoResult) String() string {
@@ -68,6 +74,7 @@ func (g GeoResult) add(o GeoResult) GeoResult {
 	g.Resends += o.Resends
 	g.Partitions += o.Partitions
 	g.Dropped += o.Dropped
+	g.LargerFrameForks += o.LargerFrameForks
 	return g
 }
 

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 )
@@ -435,6 +436,251 @@ func takerRelearn(seed int64, mut mutations) (relearnRun, Result, error) {
 				return n.replicas[r].Committed() > run.end // a mark past end
 			}
 			return true // relearning: no entry of a new term commits
+		}})
+	return run, res, err
+}
+
+// largerRun is what largerFrame saw of its window.
+type largerRun struct {
+	// mirrorEnd is the log's end when region 2 was cut off (every copy
+	// alike); start is region 1's end after the small frame (the
+	// takeover's start), oldEnd the old home's end after its large frame.
+	mirrorEnd, start, oldEnd uint64
+	// phase is the last phase reached; heldAt, cutAt and releasedAt when
+	// region 2's writes were held, region 0 cut off, and the writes
+	// released.
+	phase                     int
+	heldAt, cutAt, releasedAt int64
+}
+
+// largerFrame runs seed with a mirror region holding, at the new epoch's
+// start, an older home's frame larger than the new home's frame there,
+// below a batch of the new home that starts lower. Three regions, one
+// range, no random fault (as takerInFlight); the producers' new batches
+// of the range are placed (Options.batchRecords):
+//
+//   - from 600 ms none starts; once every batch is acked and every copy
+//     of every region holds the same committed log (mirrorEnd), region 2
+//     is cut off the WAN for 300 ms (its stream from the home is
+//     swallowed: the source gives it up 1.5 s later) and one batch of one
+//     record starts: a small frame [mirrorEnd, start), which region 1
+//     commits;
+//   - then region 1 is cut off the WAN, and one batch of bigRecords
+//     records starts: a large frame [start, oldEnd) the home commits and
+//     acks at epoch 1, which only region 2 will get;
+//   - region 2's log writes of the range are held (Options.holdWrite)
+//     from then on: the home's source opens a new stream to it and ships
+//     [mirrorEnd, oldEnd) as one batch, which its leader proposes and
+//     cannot commit;
+//   - 20 ms later (its followers have the entries: Raft messages take
+//     1-8 ms) region 0 is cut off the WAN for a lease TTL and a second more
+//     (as the failover plan's cut), region 1 is back on it, and region
+//     2's leader crashes (down until the faults end); the hold is lifted
+//     while region 2 elects (a vote is answered once it is durable) and
+//     put back on the new leader's follower: the new leader holds its
+//     predecessor's entries, the large frame among them, past its
+//     committed end mirrorEnd, and commits none of them;
+//   - region 1 takes the range over at start (epoch 2), and one batch of
+//     one record starts: the producers move to the new home and it
+//     commits a small frame at start;
+//   - once it has, and region 2's leader has answered an open of the new
+//     home's source (applied mirrorEnd, log epoch 1: a resend from
+//     mirrorEnd), the writes are released: region 2 commits the old
+//     home's frames to oldEnd before the new home's batch
+//     [mirrorEnd, start+1) arrives (the WAN between regions 1 and 2 is
+//     set to 80 ms). The batch overlaps a frame of its size at mirrorEnd,
+//     then the large frame at start where its own is small: a read of
+//     its bytes from mirrorEnd stops before the large frame.
+//
+// The producers start batches as drawn again a second after the release;
+// the faults end at 9,000 ms.
+func largerFrame(seed int64, mut mutations, trace io.Writer) (largerRun, Result, error) {
+	const (
+		r               = 0
+		warmMs, quietBy = 600, 3000
+		cut2For         = 300
+		bigRecords      = 40
+		steps           = 9000
+		phaseWarm       = 0
+		phaseQuiet      = 1
+		phaseSmall      = 2
+		phaseBig        = 3
+		phaseShip       = 4
+		phaseTakeover   = 5
+		phaseOpen       = 6
+		phaseReleased   = 7
+		windowBy        = 7000
+		afterReleaseMs  = 1000
+		spreadMs        = 20
+	)
+	var (
+		run     largerRun
+		allow   int // batches the hook lets start in this phase
+		size    int // their records
+		leader  *node
+		applyAt int64
+	)
+	run.heldAt, run.cutAt, run.releasedAt = -1, -1, -1
+	settled := func(w *world, regions ...int) (uint64, bool) {
+		var end uint64
+		first := true
+		for _, g := range regions {
+			for _, n := range w.regionNodes(g) {
+				if !n.up {
+					return 0, false
+				}
+				c := n.replicas[r].Committed()
+				if c != n.stores[r].NextOffset() || (!first && c != end) {
+					return 0, false
+				}
+				end, first = c, false
+			}
+		}
+		return end, true
+	}
+	idle := func(w *world) bool {
+		for _, p := range w.prods {
+			if p.batch[r] != nil {
+				return false
+			}
+		}
+		return true
+	}
+	fail := func(w *world, format string, args ...any) bool {
+		w.err = fmt.Errorf("largerFrame (phase %d): "+format, append([]any{run.phase}, args...)...)
+		return true
+	}
+	res, err := Run(Options{Seed: seed, Steps: steps, Regions: 3, Ranges: 1, mut: mut, Trace: trace,
+		batchRecords: func(w *world, p *producer, rr int) int {
+			if rr != r || run.phase == phaseWarm || (run.phase == phaseReleased && w.now >= run.releasedAt+afterReleaseMs) {
+				return -1
+			}
+			if allow == 0 {
+				return 0
+			}
+			allow--
+			return size
+		},
+		tamper: func(w *world) bool {
+			h, g := w.homing, w.geo
+			switch run.phase {
+			case phaseWarm:
+				if w.now == 0 {
+					w.dropP, w.dupP, w.lostReplyP, w.crashP, w.cutP, w.syncCrashP = 0, 0, 0, 0, 0, 0
+					g.lossP, g.partP = 0, 0
+					h.outageP, h.secondAt, h.rehomer.at, h.replacer.at = 0, -1, -1, -1
+					h.failAt = -1
+					g.delayMs[1][2], g.delayMs[2][1] = 80, 80
+				}
+				if w.now >= warmMs {
+					run.phase = phaseQuiet
+				}
+			case phaseQuiet:
+				if w.now > quietBy {
+					return fail(w, "the range never settled in every region by %d ms", quietBy)
+				}
+				end, ok := settled(w, 0, 1, 2)
+				if !ok || !idle(w) {
+					return false
+				}
+				run.mirrorEnd, run.phase = end, phaseSmall
+				g.cutTill[2] = w.now + cut2For
+				allow, size = 1, 1
+				w.tracef("largerFrame: every copy at %d; region 2 cut off the WAN, one small batch", end)
+			case phaseSmall:
+				end, ok := settled(w, 0, 1)
+				if !ok || !idle(w) || end == run.mirrorEnd {
+					return false
+				}
+				if c := w.leaderOf(2, r); c == nil || c.replicas[r].Committed() != run.mirrorEnd {
+					return fail(w, "region 2 got the small frame, or has no leader")
+				}
+				run.start, run.phase = end, phaseBig
+				g.cutTill[1] = steps
+				allow, size = 1, bigRecords
+				w.tracef("largerFrame: regions 0 and 1 at %d; region 1 cut off the WAN, one batch of %d records", end, bigRecords)
+			case phaseBig:
+				end, ok := settled(w, 0)
+				if !ok || !idle(w) || end == run.start {
+					return false
+				}
+				run.oldEnd, run.phase, run.heldAt = end, phaseShip, w.now
+				w.tracef("largerFrame: region 0 at %d; region 2's writes held", end)
+			case phaseShip:
+				if w.now > run.heldAt+5000 {
+					return fail(w, "region 2 never took [%d, %d) in one batch", run.mirrorEnd, run.oldEnd)
+				}
+				l := w.leaderOf(2, r)
+				if l == nil || l.mirror[r].applying == nil {
+					return false
+				}
+				b := l.mirror[r].applying.batch
+				if b.GetFirstOffset() != run.mirrorEnd || b.GetEndOffset() != run.oldEnd {
+					return fail(w, "region 2's leader applies [%d, %d), not [%d, %d)", b.GetFirstOffset(), b.GetEndOffset(), run.mirrorEnd, run.oldEnd)
+				}
+				if leader == nil {
+					leader, applyAt = l, w.now
+				}
+				if l != leader {
+					return fail(w, "region 2's leader changed while it applied")
+				}
+				if w.now < applyAt+spreadMs {
+					return false // its followers get the entries (held, uncommitted)
+				}
+				run.cutAt, run.phase = w.now, phaseTakeover
+				g.cutTill[0] = w.now + leaseTTLMs + maxOffsetMs + 1000
+				h.res.Failovers++
+				g.cutTill[1] = w.now
+				w.crash(leader)
+				leader.downTill = steps
+				w.tracef("largerFrame: region 0 cut off the WAN, region 1 back, %s crashed", traceName(leader))
+			case phaseTakeover:
+				home := h.homes[r]
+				if home.Epoch == 1 {
+					if w.now > run.cutAt+4000 {
+						return fail(w, "no takeover")
+					}
+					return false
+				}
+				if home.Region != regionName(1) || home.StartOffset != run.start {
+					return fail(w, "taken over by %s from %d, not by r1 from %d", home.Region, home.StartOffset, run.start)
+				}
+				run.phase = phaseOpen
+				allow, size = 1, 1
+			case phaseOpen:
+				if w.now > windowBy {
+					return fail(w, "the new home never committed past %d with region 2's leader answering its open", run.start)
+				}
+				if l := w.leaderOf(1, r); l == nil || l.replicas[r].Committed() <= run.start {
+					return false
+				}
+				f := w.leaderOf(2, r)
+				if f == nil {
+					return false
+				}
+				for _, e := range w.events {
+					if m := e.geo; e.kind == evGeo && m.kind == gmOpened && m.err == nil && m.s.target == f && m.s.l.src == 1 && m.applied == run.mirrorEnd {
+						run.phase, run.releasedAt = phaseReleased, w.now
+						w.tracef("largerFrame: %s answered the new home's open at %d: region 2's writes released", traceName(f), m.applied)
+						break
+					}
+				}
+			case phaseReleased:
+				return w.now >= run.releasedAt+afterReleaseMs
+			}
+			return false
+		},
+		holdWrite: func(w *world, n *node, rr int) bool {
+			if rr != r || n.region != 2 || run.heldAt < 0 || run.releasedAt >= 0 || w.now >= steps {
+				return false
+			}
+			if run.cutAt < 0 {
+				return true // nothing commits
+			}
+			// After the crash: none while region 2 elects (a vote is
+			// answered once it is durable), then its followers'.
+			l := w.leaderOf(2, r)
+			return l != nil && l != n
 		}})
 	return run, res, err
 }

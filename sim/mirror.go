@@ -138,7 +138,12 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 	}
 	var stored []byte
 	if cb.First < applied {
-		stored, err = replicator.ReadOverlap(n.stores[r], cb.First, len(cb.Frames), min(applied, cb.End))
+		if w.opt.mut.readOverlapShort {
+			// The read before 18de08e: sized for an identical overlap.
+			stored, err = n.stores[r].ReadFrames(cb.First, len(cb.Frames), min(applied, cb.End))
+		} else {
+			stored, err = replicator.ReadOverlap(n.stores[r], cb.First, len(cb.Frames), min(applied, cb.End))
+		}
 		if w.tracing() {
 			w.tracef("%s range %d: batch [%d, %d) from %s, applied %d, highest %d, log from %d:%s; stored:%s (%v)", traceName(n), r, cb.First, cb.End,
 				traceName(m.s.l.owner), applied, highest, n.stores[r].StartOffset(), traceFrames(cb.Frames), traceFrames(stored), err)
@@ -166,6 +171,7 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 		var ref *replicator.Refusal
 		if errors.As(err, &ref) && !m.forked {
 			if at, epoch, ok := ref.ForkPoint(); ok {
+				g.noteLargerFrame(n, r, cb, applied, at)
 				g.fork(n, r, m, at, epoch)
 				return
 			}
@@ -178,6 +184,46 @@ func (g *geoWorld) handleBatch(n *node, r int, m *geoMsg, applied, highest uint6
 		return
 	}
 	g.apply(n, r, m, frames)
+}
+
+// noteLargerFrame counts (GeoResult.LargerFrameForks) a fork at at whose
+// stored frame there is larger than the batch's frame at at and lies past
+// what a read sized for an identical overlap returns (the batch's bytes
+// from its first offset): the frame replicator.ReadOverlap reads on for
+// (sim seed 3501631), which Options.mut.readOverlapShort does not.
+func (g *geoWorld) noteLargerFrame(n *node, r int, cb replicator.CheckedBatch, applied, at uint64) {
+	if cb.First >= at {
+		return // the first frame of a read always comes whole
+	}
+	end := min(applied, cb.End)
+	short, err := n.stores[r].ReadFrames(cb.First, len(cb.Frames), end)
+	if err != nil || frameAt(short, at) != nil {
+		return
+	}
+	stored, err := n.stores[r].ReadFrames(at, 1, end)
+	if err != nil {
+		return
+	}
+	if s, f := frameAt(stored, at), frameAt(cb.Frames, at); s != nil && f != nil && len(s) > len(f) {
+		g.res.LargerFrameForks++
+		g.w.tracef("%s range %d: the fork's frame at %d (%d bytes) is larger than the batch's (%d bytes), past a read of the batch's %d bytes from %d",
+			traceName(n), r, at, len(s), len(f), len(cb.Frames), cb.First)
+	}
+}
+
+// frameAt is the frame of frames whose base offset is at, or nil.
+func frameAt(frames []byte, at uint64) []byte {
+	for len(frames) > 0 {
+		size, err := batch.FrameSize(frames)
+		if err != nil || size > len(frames) {
+			return nil
+		}
+		if h, err := batch.DecodeHeader(frames[:size]); err == nil && h.BaseOffset == at {
+			return frames[:size]
+		}
+		frames = frames[size:]
+	}
+	return nil
 }
 
 // fork cuts the mirror's divergent tail off at at, raising it to epoch

@@ -187,3 +187,39 @@ func TestForkUnderSnapshotBody(t *testing.T) {
 		t.Fatalf("no snapshot body found its sender's log changed: the seed no longer reaches the case (%d snapshots sent, %d failed)", res.SnapshotsSent, res.SnapsFailed)
 	}
 }
+
+// TestLargerDivergentFrameIsForked: a mirror whose log holds, at a new
+// epoch's start, an older home's divergent frame larger than the new
+// home's frame there must fork it off when the new home's batch, starting
+// lower, overlaps it. The read of what the batch overlaps, sized for an
+// identical overlap (the batch's bytes), stops before that frame; the
+// comparison then found no frame at the start and refused the batch as a
+// divergence with no fork, the range's mirror stuck (seed 3501631,
+// fixed in 18de08e: replicator.ReadOverlap reads the frame where that
+// read stops too). No seed found reaches it since publication stopped
+// waiting for lone marks, so the window is opened on purpose
+// (largerFrame), and every seed reaches it:
+//
+//  1. as the product reads (no mutation), the mirror forks the larger
+//     frame off (Result.Geo.LargerFrameForks) and the run is clean;
+//  2. with readOverlapShort (the read before 18de08e), the checker
+//     reports the refusal: "mirror has no frame at <start> below its
+//     applied end <end>" (no fork explains it).
+func TestLargerDivergentFrameIsForked(t *testing.T) {
+	for seed := int64(1); seed <= 4; seed++ {
+		run, res, err := largerFrame(seed, mutations{}, nil)
+		if err != nil {
+			t.Fatalf("seed %d, the product's read: %v (%+v)", seed, err, run)
+		}
+		if res.Geo.LargerFrameForks == 0 || res.Homing.Takeovers == 0 {
+			t.Fatalf("seed %d: the window was not opened (%d forks of a larger frame past an identical-size read, %d takeovers; %+v)",
+				seed, res.Geo.LargerFrameForks, res.Homing.Takeovers, run)
+		}
+		run, res, err = largerFrame(seed, mutations{readOverlapShort: true}, nil)
+		want := fmt.Sprintf("mirror has no frame at %d below its applied end %d", run.start, run.oldEnd)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "no fork explains it") {
+			t.Fatalf("seed %d, readOverlapShort: a larger divergent frame past an identical-size read, unreported (want %q): %v (%+v)", seed, want, err, run)
+		}
+		t.Logf("seed %d (start %d, old frame to %d, region 2 at %d), readOverlapShort: %v", seed, run.start, run.oldEnd, run.mirrorEnd, err)
+	}
+}

@@ -67,6 +67,14 @@ type Options struct {
 	// placed on purpose, to open a window a test needs
 	// (TestTakerInFlightIsChecked, TestTakerRelearningIsChecked).
 	holdWrite func(w *world, n *node, r int) bool
+	// batchRecords, in tests, is asked how many records producer p's
+	// new batch of range r holds when it is about to start one (after
+	// its draws, so the run's other draws stay as they were): 0 starts
+	// none now, a negative count keeps the drawn 1-3. The model's
+	// producers decide its frames' sizes; a test that needs a frame of
+	// a given size at a given time places it with this
+	// (TestLargerDivergentFrameIsForked).
+	batchRecords func(w *world, p *producer, r int) int
 }
 
 // Result summarises a run.

@@ -21,6 +21,15 @@ func (w *world) produce() {
 			switch {
 			case b == nil && newBatches && w.rng.Float64() < 0.05 && w.splits.accepts(p, r):
 				n := 1 + w.rng.IntN(3)
+				if f := w.opt.batchRecords; f != nil {
+					k := f(w, p, r)
+					if k == 0 {
+						break // the test starts none now
+					}
+					if k > 0 {
+						n = k
+					}
+				}
 				b = &inflight{seq: p.nextSeq[r], target: 1 + w.rng.IntN(w.opt.Nodes)}
 				for i := 0; i < n; i++ {
 					b.values = append(b.values, w.splits.name(p, r, b.seq+uint64(i))) // children.go
