@@ -58,8 +58,9 @@ type nodeIdentity struct {
 
 // addrBook holds what the node learned of other nodes' advertised
 // addresses, by the address it reaches each at (so it holds at most one
-// entry per configured address: its size is bounded by the configuration,
-// whatever the answers say).
+// entry per address the node knows, identifyTargets: its size is bounded
+// by the configuration and the region directory, whatever the answers
+// say, and an address no longer known is forgotten, retain).
 type addrBook struct {
 	mu       sync.RWMutex
 	byTarget map[string]nodeIdentity
@@ -129,6 +130,24 @@ func (b *addrBook) set(target string, ni nodeIdentity) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.byTarget[target] = ni
+}
+
+// retain forgets what the nodes at addresses other than targets said: a
+// node that left, or moved (a restart at a new address leaves its old
+// address's entry naming the same node, and lookup would then give either
+// address), and keeps the book bounded by what the node knows now.
+func (b *addrBook) retain(targets []identifyTarget) {
+	keep := make(map[string]bool, len(targets))
+	for _, tg := range targets {
+		keep[tg.addr] = true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for target := range b.byTarget {
+		if !keep[target] {
+			delete(b.byTarget, target)
+		}
+	}
 }
 
 // AdvertiseAddr is the address the node gives clients for itself (after
@@ -219,6 +238,7 @@ func (n *Node) runAddrBook() {
 // and reports whether all answered.
 func (n *Node) refreshAddrBook(ctx context.Context) bool {
 	targets := n.identifyTargets()
+	n.book.retain(targets)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	all := true

@@ -483,13 +483,16 @@ type Node struct {
 	bookDone  chan struct{}
 	// cursors serves cursors and consumer groups (cursorstream.go).
 	cursors *cursorService
-	// peerConns are client connections to the region's other nodes, for
-	// forwarding; bounded by the number of peers.
-	peerConnsMu sync.Mutex
-	peerConns   map[string]*grpc.ClientConn
-	grpcServer  *grpc.Server
-	listener    net.Listener
-	keyring     *atrest.Keyring // nil: encryption at rest is off
+	// peerConns are client connections to the region's other nodes and
+	// to other regions' (peerConn), bounded by the addresses the node
+	// knows: forgetPeerConns closes those of addresses no longer known,
+	// which peerConnsUnknown times.
+	peerConnsMu      sync.Mutex
+	peerConns        map[string]*grpc.ClientConn
+	peerConnsUnknown map[string]time.Time
+	grpcServer       *grpc.Server
+	listener         net.Listener
+	keyring          *atrest.Keyring // nil: encryption at rest is off
 	// tasks is the node's stopper: every goroutine that outlives the call
 	// that starts it goes through tasks.Go, and Close stops and waits for
 	// them (internal/stopper).
@@ -819,9 +822,12 @@ func (n *Node) Start() error {
 		n.bookDone = make(chan struct{})
 		go n.runAddrBook()
 		if len(n.cfg.Regions) > 0 {
-			n.tasks.Go(n.runRegionDir)       // regiondir.go
-			n.tasks.Go(n.runWarmRegionConns) // regiondir.go
+			n.tasks.Go(n.runRegionDir) // regiondir.go
 		}
+		// Other regions' connections kept open, and every peer
+		// connection of an address no longer known closed (one region
+		// too: a peer gone from its list), regiondir.go.
+		n.tasks.Go(n.runWarmRegionConns)
 		n.aclSyncDone = make(chan struct{})
 		go n.runACLSync()
 		if err := n.startHoming(); err != nil {

@@ -56,6 +56,10 @@ const (
 	// regionDirRetryInterval is how soon it asks a region that has not
 	// answered yet.
 	regionDirRetryInterval = 500 * time.Millisecond
+	// peerConnForgetAfter is how long an address must have been unknown
+	// (no member of the region, no address of another region's) before
+	// its peer connection is closed (forgetPeerConns).
+	peerConnForgetAfter = 3 * regionDirRefreshInterval
 	// membersTimeout bounds one Members call.
 	membersTimeout = 2 * time.Second
 	// regionMembersMax bounds the members taken from another region's
@@ -165,12 +169,54 @@ func (n *Node) warmRegionConns() {
 	}
 }
 
-// runWarmRegionConns runs warmRegionConns at once, then every
-// regionDirRefreshInterval until ctx ends: on its own, so that a region
-// whose nodes do not answer the directory's calls (each waited for up to
-// membersTimeout, in turn) delays no other region's connections.
+// forgetPeerConns closes the peer connections (peerConn) to addresses
+// this node no longer knows: neither a member of its region
+// (isKnownPeerAddr) nor an address regionAddrs gives for another region.
+// A node that left, or another region's member list that changed, would
+// otherwise leave its connections open, each redialling a dead address
+// for ever, and another region's answers (up to regionMembersMax new
+// addresses every regionDirRefreshInterval, each dialled by
+// warmRegionConns) would grow them without bound. An address is forgotten
+// once it has been unknown for peerConnForgetAfter at successive calls
+// (now is the time of this call), so that a member list changing back and
+// forth, or a call in flight to a node just gone, is not cut at once.
+func (n *Node) forgetPeerConns(now time.Time) {
+	n.peerConnsMu.Lock()
+	defer n.peerConnsMu.Unlock()
+	for addr, c := range n.peerConns {
+		if n.isKnownPeerAddr(addr) || n.isOtherRegionAddr(addr) {
+			delete(n.peerConnsUnknown, addr)
+			continue
+		}
+		since, ok := n.peerConnsUnknown[addr]
+		if !ok {
+			if n.peerConnsUnknown == nil {
+				n.peerConnsUnknown = map[string]time.Time{}
+			}
+			n.peerConnsUnknown[addr] = now
+			continue
+		}
+		if now.Sub(since) >= peerConnForgetAfter {
+			c.Close()
+			delete(n.peerConns, addr)
+			delete(n.peerConnsUnknown, addr)
+		}
+	}
+	for addr := range n.peerConnsUnknown {
+		if _, ok := n.peerConns[addr]; !ok {
+			delete(n.peerConnsUnknown, addr)
+		}
+	}
+}
+
+// runWarmRegionConns runs warmRegionConns and forgetPeerConns at once,
+// then every regionDirRefreshInterval until ctx ends: on its own, so that
+// a region whose nodes do not answer the directory's calls (each waited
+// for up to membersTimeout, in turn) delays no other region's
+// connections.
 func (n *Node) runWarmRegionConns(ctx context.Context) {
 	for {
+		n.forgetPeerConns(time.Now())
 		n.warmRegionConns()
 		select {
 		case <-time.After(regionDirRefreshInterval):

@@ -3,6 +3,7 @@ package regionsvc
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ import (
 	geologv1 "github.com/geolog/geolog/proto/geologv1"
 	"github.com/geolog/geolog/wan"
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 )
 
 // joinWorld starts node id of region joining it through member's address,
@@ -161,5 +164,82 @@ func TestRegionAddrsSeedsStandForTheirNodes(t *testing.T) {
 	n.book.set("link2:1", nodeIdentity{region: "b", id: 2, advertise: "x:2"})
 	if got := n.regionAddrs("b"); !slices.Equal(got, []string{"link1:1", "link2:1", "b4:1"}) {
 		t.Fatalf("both seeds identified: %v", got)
+	}
+}
+
+// TestForgetPeerConns: a peer connection to an address the node no longer
+// knows (another region's member that left its answer, a peer of its own
+// region gone from its list) is closed once the address has been unknown
+// for peerConnForgetAfter, and one whose address came back is kept. It
+// fails if the connections of departed nodes stay open (each redials a
+// dead address for ever, and another region's changing answers would
+// grow them without bound) or if a known address's is closed.
+func TestForgetPeerConns(t *testing.T) {
+	t.Parallel()
+	const seed, joined, back, peer = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"
+	n := &Node{cfg: Config{Region: "a", NodeID: 1, Peers: map[uint64]string{1: "127.0.0.1:5", 2: peer},
+		Regions: map[string][]string{"b": {seed}}}, book: newAddrBook()}
+	n.regionDir.started = time.Now().Add(-2 * regionDirSeedGrace)
+	n.regionDir.learned = map[string][]learnedMember{"b": {{4, joined}, {5, back}}}
+	defer func() {
+		for _, c := range n.peerConns {
+			c.Close()
+		}
+	}()
+	conns := map[string]*grpc.ClientConn{}
+	for _, addr := range []string{seed, joined, back, peer} {
+		c, err := n.peerConn(addr)
+		if err != nil {
+			t.Fatalf("%s: %v", addr, err)
+		}
+		conns[addr] = c
+	}
+	// joined and back leave b's answer, the peer leaves the region.
+	n.regionDir.learned["b"] = nil
+	delete(n.cfg.Peers, 2)
+	now := time.Now()
+	n.forgetPeerConns(now)
+	if len(n.peerConns) != 4 {
+		t.Fatalf("closed at once: %v", slices.Sorted(maps.Keys(n.peerConns)))
+	}
+	// back returns before the wait is over.
+	n.regionDir.learned["b"] = []learnedMember{{5, back}}
+	n.forgetPeerConns(now.Add(peerConnForgetAfter / 2))
+	n.forgetPeerConns(now.Add(peerConnForgetAfter))
+	if got := slices.Sorted(maps.Keys(n.peerConns)); !slices.Equal(got, []string{seed, back}) {
+		t.Fatalf("after the wait: %v, want the seed's and back's", got)
+	}
+	for addr, c := range conns {
+		closed := c.GetState() == connectivity.Shutdown
+		if closed != (addr == joined || addr == peer) {
+			t.Errorf("%s: closed %v", addr, closed)
+		}
+	}
+	if _, err := n.peerConn(joined); err == nil {
+		t.Errorf("a connection to %s, an address no longer known, was opened again", joined)
+	}
+}
+
+// TestAddrBookForgetsUnknownTargets: the address book forgets what a node
+// said at an address the node no longer asks (a node restarted at a new
+// address names itself at both); lookup then gives the new one. It fails
+// if the old entry stays (lookup could give either address).
+func TestAddrBookForgetsUnknownTargets(t *testing.T) {
+	t.Parallel()
+	b := newAddrBook()
+	b.set("old:1", nodeIdentity{region: "a", id: 2, advertise: "a-2-old:7400"})
+	b.set("new:1", nodeIdentity{region: "a", id: 2, advertise: "a-2-new:7400"})
+	b.set("b:1", nodeIdentity{region: "b", id: 1, advertise: "b-1:7400"})
+	b.retain([]identifyTarget{{addr: "new:1", region: "a", id: 2}, {addr: "b:1", region: "b"}})
+	if _, ok := b.identity("old:1"); ok {
+		t.Fatal("old:1 still in the book")
+	}
+	for range 20 {
+		if got := b.lookup("a", 2); got != "a-2-new:7400" {
+			t.Fatalf("lookup of a's node 2: %q", got)
+		}
+	}
+	if got := b.lookup("b", 1); got != "b-1:7400" {
+		t.Fatalf("lookup of b's node 1: %q", got)
 	}
 }
