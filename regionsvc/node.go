@@ -824,10 +824,7 @@ func (n *Node) Start() error {
 		if len(n.cfg.Regions) > 0 {
 			n.tasks.Go(n.runRegionDir) // regiondir.go
 		}
-		// Other regions' connections kept open, and every peer
-		// connection of an address no longer known closed (one region
-		// too: a peer gone from its list), regiondir.go.
-		n.tasks.Go(n.runWarmRegionConns)
+		n.tasks.Go(n.runWarmRegionConns) // regiondir.go: with one region too (forgetPeerConns)
 		n.aclSyncDone = make(chan struct{})
 		go n.runACLSync()
 		if err := n.startHoming(); err != nil {
