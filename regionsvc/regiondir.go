@@ -202,11 +202,6 @@ func (n *Node) forgetPeerConns(now time.Time) {
 			delete(n.peerConnsUnknown, addr)
 		}
 	}
-	for addr := range n.peerConnsUnknown {
-		if _, ok := n.peerConns[addr]; !ok {
-			delete(n.peerConnsUnknown, addr)
-		}
-	}
 }
 
 // runWarmRegionConns runs warmRegionConns and forgetPeerConns at once,
