@@ -495,7 +495,16 @@ func (d *rangeDriver) raiseEpoch(e uint64) {
 // frames of the range's log. With epoch set (a replicator task's), it
 // ships only frames of that epoch or older: once the range's log holds a
 // newer home's frames (this region is a mirror now), the task is stale and
-// must not pass them on as its own.
+// must not pass them on as its own. And it ships nothing past the range's
+// timeline fence (servableEnd): a region that takes a range back after
+// another epoch may hold a tail of its own from its earlier time as home
+// (acked, never replicated, orphaned by the takeover), which its start
+// gate forks off before the new epoch's first frame (epochstart.go) and
+// which the fence keeps from local readers until then. Shipped before the
+// fork, that tail would stay in the mirrors for good: the task's cursor is
+// past the fork point by then, and a mirror compares only what a batch
+// overlaps (seed 7705544: a mirror forked at 297 where epoch 3 starts at
+// 286, keeping the old epoch's records between).
 type driverSource struct {
 	d     *rangeDriver
 	epoch uint64
@@ -503,8 +512,17 @@ type driverSource struct {
 
 var _ replicator.Source = driverSource{}
 
+// end is the end of what the source ships: the committed end, or for a
+// task the fence if lower.
+func (s driverSource) end() uint64 {
+	if s.epoch == 0 {
+		return s.d.committed.Load()
+	}
+	return s.d.servableEnd()
+}
+
 func (s driverSource) ReadFrames(from uint64, maxBytes int, endOffset uint64) ([]byte, error) {
-	frames, err := s.d.store.ReadFrames(from, maxBytes, min(endOffset, s.d.committed.Load()))
+	frames, err := s.d.store.ReadFrames(from, maxBytes, min(endOffset, s.end()))
 	if errors.Is(err, segment.ErrOutOfRange) {
 		// Below the log's start (retention deleted it): the replicator's
 		// sentinel, so that the task reports the mirror behind it.
@@ -541,7 +559,7 @@ var _ replicator.SourceStarter = driverSource{}
 // mirror that is behind it.
 func (s driverSource) StartOffset() uint64 { return s.d.store.StartOffset() }
 
-func (s driverSource) CommittedEnd() uint64         { return s.d.committed.Load() }
+func (s driverSource) CommittedEnd() uint64         { return s.end() }
 func (s driverSource) TailChanged() <-chan struct{} { return s.d.changed() }
 
 // replicationManager runs the replicator tasks of the ranges this node

@@ -412,7 +412,7 @@ func (g *geoWorld) drive(l *link) {
 	if l.cur == nil {
 		return
 	}
-	l.cur.TailAdvanced(l.owner.replicas[l.rng].Committed())
+	l.cur.TailAdvanced(g.shippable(l))
 	if w.now%geoTickMs == 0 {
 		l.cur.Tick()
 	}
@@ -494,13 +494,24 @@ func (g *geoWorld) exec(l *link, a replicator.Action) {
 	}
 }
 
+// shippable is the end of what l's cursor may ship: the owner's committed
+// end, or its copy's timeline fence if lower (regionsvc's driverSource:
+// a new home's tail from its earlier time as home, which its start gate
+// forks off, is not shipped before; seed 7705544).
+func (g *geoWorld) shippable(l *link) uint64 {
+	end := l.owner.replicas[l.rng].Committed()
+	if h := g.w.homing; h != nil && !g.w.opt.mut.shipPastFence {
+		end = min(end, h.fence(l.owner, l.rng))
+	}
+	return end
+}
+
 // read executes a Read: the owner's committed frames from a.From, as a
 // replicator.Task reads and ships them.
 func (g *geoWorld) read(l *link, a replicator.Action) {
-	rep, st := l.owner.replicas[l.rng], l.owner.stores[l.rng]
-	committed := rep.Committed()
-	g.w.homeCommitted[l.rng] = max(g.w.homeCommitted[l.rng], committed)
-	frames, err := st.ReadFrames(a.From, a.MaxBytes, committed)
+	st := l.owner.stores[l.rng]
+	g.w.homeCommitted[l.rng] = max(g.w.homeCommitted[l.rng], l.owner.replicas[l.rng].Committed())
+	frames, err := st.ReadFrames(a.From, a.MaxBytes, g.shippable(l))
 	switch {
 	case err != nil:
 		l.cur.ReadFailed(err)

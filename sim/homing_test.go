@@ -684,3 +684,34 @@ func largerFrame(seed int64, mut mutations, trace io.Writer) (largerRun, Result,
 		}})
 	return run, res, err
 }
+
+// TestHomeShipsNothingPastItsFence replays seed 7705544 (a minute, three
+// regions; found by the seed loops on 5013a6a's model): region 0, home of
+// range 0 at epoch 1, lost it to region 2 (epoch 2 from 286) with its own
+// records [286, 298) acked and never replicated, and took it back at epoch
+// 3 from 286. Its new leader's cursor to region 1 shipped the log from 230
+// before the start gate forked that tail off (at 286), so region 1's
+// mirror held the old epoch's records past 286; its next batch, an epoch-3
+// frame at 297, made it fork only at 297, keeping them. The home's source
+// now ships nothing past its copy's timeline fence (regionsvc's
+// driverSource; geoWorld.shippable), which stands at 286 until the fork.
+// Without that (shipPastFence) the run fails as it did.
+func TestHomeShipsNothingPastItsFence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a minute of three regions, twice")
+	}
+	opt := Options{Seed: 7705544, Steps: 60000, Regions: 3}
+	res, err := Run(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Homing.HomeForks == 0 {
+		t.Fatal("no new home forked a divergent tail of its own: the seed no longer reaches the case")
+	}
+	opt.mut.shipPastFence = true
+	_, err = Run(opt)
+	if err == nil || !strings.Contains(err.Error(), "forked at") || !strings.Contains(err.Error(), "starts at") {
+		t.Fatalf("shipped past the fence: want the mirror's late fork reported, got %v", err)
+	}
+	t.Log(err)
+}

@@ -222,6 +222,12 @@ type mutations struct {
 	// (TestStartUpSyncDeath). It draws nothing more: a run without it
 	// replays as before.
 	startSyncCrashP float64
+	// shipPastFence: a home's replication ships its committed log past
+	// its copy's timeline fence, as regionsvc's driverSource did before
+	// seed 7705544: a region that takes a range back ships the tail of
+	// its own earlier epoch before its start gate forks it off, and a
+	// mirror keeps it (geoWorld.shippable).
+	shipPastFence bool
 	// readOverlapShort: a mirror reads the frames a batch overlaps with a
 	// read sized for an identical overlap (the batch's bytes from its
 	// first offset), as replicator's Server and the simulator did before
