@@ -52,6 +52,15 @@ type RehomeResult struct {
 	Started, Moved, Cancelled, StopLeaderChanges, StopCrashes, Cut int
 	// CancelRetries counts cancels that failed and were retried.
 	CancelRetries int
+	// DivergentWaits counts waits for the target's copy to reach the
+	// final tails (OpAwaitTails after a stop, whose end the new epoch
+	// starts at) that found a copy holding a divergent tail whose raw
+	// committed end reached the tail awaited: the product's read
+	// (reached) waits for it to fork and catch up,
+	// Options.mut.rehomeDivergent ends the wait there
+	// (TestRehomeWaitsForDivergentTarget). Not in String, so that
+	// the pinned schedule digests stay as they were.
+	DivergentWaits int
 }
 
 func (r RehomeResult) String() string {
@@ -67,6 +76,7 @@ func (r RehomeResult) add(o RehomeResult) RehomeResult {
 	r.StopCrashes += o.StopCrashes
 	r.Cut += o.Cut
 	r.CancelRetries += o.CancelRetries
+	r.DivergentWaits += o.DivergentWaits
 	return r
 }
 
@@ -86,6 +96,11 @@ type rehomer struct {
 	notes []homing.RehomeNote
 	// results are the finished moves' outcomes.
 	results []homing.RangeRehomeResult
+	// stopped: the move under way stopped the old home (its waits
+	// are for the final tails); divergentOp is the wait last counted in
+	// DivergentWaits.
+	stopped     bool
+	divergentOp *homing.RehomeOp
 }
 
 // stopState is a stop (or a drained-tails read) under way: the nodes that
@@ -218,7 +233,7 @@ func (rh *rehomer) start() {
 		h.w.err = err
 		return
 	}
-	rh.core = core
+	rh.core, rh.stopped = core, false
 	h.res.Rehomes.Started++
 }
 
@@ -273,6 +288,7 @@ func (rh *rehomer) do(op homing.RehomeOp) {
 		rh.op, rh.since = &op, h.w.now
 		switch op.Kind {
 		case homing.OpStop:
+			rh.stopped = true
 			rh.stopFaults(op.Keys)
 			rh.stop = rh.refresh(rh.from, op.Homes, op.Keys, op.Homes == nil)
 		case homing.OpDrainedTails:
@@ -436,6 +452,7 @@ func (rh *rehomer) poll() bool {
 	case homing.OpAwaitTails:
 		errs := map[homing.RangeKey]error{}
 		for k, tail := range op.Tails {
+			rh.noteDivergentWait(op, k, tail)
 			if !rh.reached(k, tail) {
 				errs[k] = fmt.Errorf("%s's copy of %v did not reach %d", regionName(rh.to), k, tail)
 			}
@@ -492,6 +509,31 @@ func (rh *rehomer) reached(k homing.RangeKey, tail uint64) bool {
 	}
 	have, ok, _ := h.regionTail(h.answering(n, n.region), int(k.Range), h.w.opt.mut.rehomeDivergent)
 	return ok && have >= tail
+}
+
+// noteDivergentWait counts (DivergentWaits, once per wait) a wait for
+// the target's copy of k to reach its final tail that meets a copy whose
+// raw committed end reached tail while it holds a divergent tail: the
+// window Options.mut.rehomeDivergent needs. It only reads.
+func (rh *rehomer) noteDivergentWait(op *homing.RehomeOp, k homing.RangeKey, tail uint64) {
+	h := rh.h
+	n := rh.coordinator()
+	if n == nil || !rh.stopped || rh.divergentOp == op {
+		return
+	}
+	r := int(k.Range)
+	ns := h.answering(n, n.region)
+	raw, ok, _ := h.regionTail(ns, r, true)
+	if !ok || raw < tail {
+		return
+	}
+	for _, m := range ns {
+		if h.divergent(r, m) && m.replicas[r].Committed() >= tail {
+			rh.divergentOp = op
+			h.res.Rehomes.DivergentWaits++
+			return
+		}
+	}
 }
 
 // advance moves the leaders' final tails on: a leader whose appends in
